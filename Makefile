@@ -1,0 +1,44 @@
+# Every target creates its own virtualenv (.venv) on first use; only Python 3.11 and make needed.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PKG_DIRS := consensus storage apps net jepsen
+
+.PHONY: demo test lint typecheck pytest soak bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/phalanx demo
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check phalanx $(PKG_DIRS) tests bench
+
+# mypy cannot follow setuptools' editable import hook, so it checks a tree of symlinks
+# that lays the mapped folders out as the one `phalanx` package they install as.
+typecheck: $(STAMP)
+	@rm -rf .typecheck && mkdir -p .typecheck/phalanx
+	@for f in phalanx/*; do ln -s ../../$$f .typecheck/phalanx/; done
+	@for d in $(PKG_DIRS); do ln -s ../../$$d .typecheck/phalanx/$$d; done
+	cd .typecheck && ../$(VENV)/bin/mypy --strict --config-file ../pyproject.toml -p phalanx
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+soak: $(STAMP)
+	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all
+
+bench: $(STAMP)
+	$(PY) bench/storage.py
+	$(PY) bench/sim.py
+
+clean:
+	rm -rf $(VENV) .typecheck .mypy_cache .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,2 @@
+"""Applications and the replica layer: the `StateMachine` API, the checkpoint-and-replay
+engine that applies committed entries exactly once, and the example apps (KV store)."""

@@ -1,0 +1,146 @@
+"""Vocabulary shared by every consensus core: ids, client requests, log entries, hard state.
+
+Rules:
+- Pure data. This module imports nothing from trio, sockets, clocks or random.
+- Every type is a frozen, slotted, keyword-only dataclass with immutable fields, so it can be
+  hashed, compared, put in a trace and encoded by `phalanx.net.codec` without copying.
+- Protocol messages subclass `Message`; the codec registers each concrete message class
+  under a stable type id (see `phalanx.net.wire`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NewType
+
+NodeId = NewType("NodeId", str)
+"""A replica's identity: stable across restarts, unique in a cluster (e.g. ``"n1"``)."""
+
+
+class LocalProtocolError(Exception):
+    """Our own misuse of a core or a contract (a bug in the caller), never a faulty peer.
+
+    A faulty or Byzantine peer's input is dropped and counted by the core; it never raises.
+    """
+
+
+class Message:
+    """Base class of every protocol message. Subclasses are frozen slotted dataclasses."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientRequest:
+    """One client command, the unit that the replica layer deduplicates and applies.
+
+    Attributes:
+        client_id: the client's session id.
+        request_no: strictly increasing per client; a retry reuses the same number, and the
+            replica layer answers a retry from its session table instead of applying twice.
+        command: the application's command, opaque to consensus (encoded by the app).
+        read_only: a query that does not change state; cores may serve it without a log
+            entry (Raft ReadIndex) but never without establishing linearizability.
+    """
+
+    client_id: str
+    request_no: int
+    command: bytes
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.request_no < 0:
+            raise ValueError(f"request_no must be >= 0, got {self.request_no}")
+
+
+class EntryKind(enum.IntEnum):
+    """What a log entry carries."""
+
+    NOOP = 0
+    """Appended by a new leader to commit entries of earlier terms (Raft §5.4.2)."""
+    COMMAND = 1
+    """A batch of client requests, applied in order."""
+    CONFIG = 2
+    """A membership change; `Entry.config` holds the new configuration."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Configuration:
+    """A cluster membership: voters, an optional outgoing voter set (joint consensus), learners.
+
+    Invariant: `voters_outgoing` is non-empty exactly while a joint configuration is in force.
+    Tuples are kept sorted so that equal configurations compare and encode equal.
+    """
+
+    voters: tuple[NodeId, ...]
+    voters_outgoing: tuple[NodeId, ...] = ()
+    learners: tuple[NodeId, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("voters", "voters_outgoing", "learners"):
+            value: tuple[NodeId, ...] = getattr(self, name)
+            if list(value) != sorted(set(value)):
+                raise ValueError(f"Configuration.{name} must be sorted and unique: {value!r}")
+        overlap = set(self.learners) & (set(self.voters) | set(self.voters_outgoing))
+        if overlap:
+            raise ValueError(f"a node cannot be both voter and learner: {sorted(overlap)}")
+
+    @property
+    def joint(self) -> bool:
+        return bool(self.voters_outgoing)
+
+    def members(self) -> tuple[NodeId, ...]:
+        """Every node that receives replication, sorted (voters of both halves and learners)."""
+        return tuple(sorted(set(self.voters) | set(self.voters_outgoing) | set(self.learners)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entry:
+    """One position of the replicated log (Raft) or one sequence number (PBFT).
+
+    Invariant: `kind == COMMAND` iff `requests` is non-empty; `kind == CONFIG` iff `config`
+    is set.
+    """
+
+    index: int
+    term: int
+    kind: EntryKind
+    requests: tuple[ClientRequest, ...] = ()
+    config: Configuration | None = None
+
+    def __post_init__(self) -> None:
+        if self.index < 1:
+            raise ValueError(f"log indexes start at 1, got {self.index}")
+        if (self.kind is EntryKind.COMMAND) != bool(self.requests):
+            raise ValueError("a COMMAND entry carries requests and only a COMMAND entry does")
+        if (self.kind is EntryKind.CONFIG) != (self.config is not None):
+            raise ValueError("a CONFIG entry carries a configuration and only a CONFIG entry does")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardState:
+    """What a core must find again after a crash, written atomically before dependent sends.
+
+    Attributes:
+        term: Raft's current term (0 for cores without terms).
+        vote: the candidate voted for in `term`, if any (Raft).
+        view: PBFT's current view (0 for cores without views).
+        commit: the highest index known committed; restoring it is an optimisation, never a
+            safety requirement.
+    """
+
+    term: int = 0
+    vote: NodeId | None = None
+    view: int = 0
+    commit: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotMeta:
+    """Where a checkpoint sits in the log: the last index and term it covers, and the
+    membership in force at that index."""
+
+    index: int
+    term: int
+    config: Configuration

@@ -1,0 +1,2 @@
+"""The fault-injection vocabulary (histories, workloads, nemeses, checkers) and its backends:
+the deterministic simulator (`jepsen.sim`) and, later, real local clusters."""

@@ -1,0 +1,2 @@
+"""Wire formats and transports: the strict msgpack codec (`codec.py`) and, later, TCP/TLS
+transport, gossip and cluster-sending."""
