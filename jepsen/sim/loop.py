@@ -1,0 +1,99 @@
+"""The simulator's event loop (virtual time in integer nanoseconds) and its trace.
+
+Owns: `EventLoop`, a heap of `(time_ns, seq, callback)` where `seq` increases with every
+schedule call and breaks ties, so events at the same instant run in the order they were
+scheduled; and `Trace`, the readable event log whose sha256 identifies a run.
+
+Rules:
+- Single-threaded and deterministic: no clocks, no threads, no global randomness, no `id()`.
+  Virtual time only moves forward, to the next scheduled event.
+- Must not import consensus cores, storage or the network model; everything above schedules
+  plain callbacks.
+- Invariant: `now` never decreases; an event is never scheduled in the past.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import deque
+from collections.abc import Callable
+
+Callback = Callable[[], None]
+
+
+class EventLoop:
+    """A virtual-time scheduler. `now` is nanoseconds since the simulation began."""
+
+    __slots__ = ("_heap", "_seq", "events_run", "now")
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._seq = 0
+        self._heap: list[tuple[int, int, Callback]] = []
+        self.events_run = 0
+
+    def call_at(self, when_ns: int, callback: Callback) -> None:
+        """Run `callback` at virtual time `when_ns` (>= now)."""
+        if when_ns < self.now:
+            raise ValueError(f"cannot schedule at {when_ns} ns, before now={self.now} ns")
+        self._seq += 1
+        heapq.heappush(self._heap, (when_ns, self._seq, callback))
+
+    def call_later(self, delay_ns: int, callback: Callback) -> None:
+        if delay_ns < 0:
+            raise ValueError(f"delay must be >= 0, got {delay_ns}")
+        self.call_at(self.now + delay_ns, callback)
+
+    def run_until(self, until_ns: int, *, stop: Callable[[], bool] | None = None) -> None:
+        """Run every event due at or before `until_ns`, then leave `now == until_ns`.
+
+        With `stop`, return early (at the time of the last event run) once it returns True;
+        it is checked after each event.
+        """
+        heap = self._heap
+        pop = heapq.heappop
+        while heap and heap[0][0] <= until_ns:
+            when, _, callback = pop(heap)
+            self.now = when
+            self.events_run += 1
+            callback()
+            if stop is not None and stop():
+                return
+        self.now = max(self.now, until_ns)
+
+    def pending(self) -> int:
+        return len(self._heap)
+
+
+class Trace:
+    """The readable log of a run: one line per event, hashed as it is written.
+
+    Keeps the last `tail` lines for failure reports, and every line only when `keep_all`
+    (for `--trace FILE`), so long sweeps do not hold whole traces in memory.
+    """
+
+    __slots__ = ("_hash", "_tail", "count", "lines", "loop")
+
+    def __init__(self, loop: EventLoop, *, keep_all: bool = False, tail: int = 40) -> None:
+        self.loop = loop
+        self._hash = hashlib.sha256()
+        self._tail: deque[str] = deque(maxlen=tail)
+        self.lines: list[str] | None = [] if keep_all else None
+        self.count = 0
+
+    def __call__(self, text: str) -> None:
+        now = self.loop.now
+        line = f"t={now // 1_000_000}.{now % 1_000_000:06d}ms {text}"
+        self._hash.update(line.encode())
+        self._hash.update(b"\n")
+        self._tail.append(line)
+        self.count += 1
+        if self.lines is not None:
+            self.lines.append(line)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def tail(self) -> list[str]:
+        return list(self._tail)

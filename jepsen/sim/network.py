@@ -1,0 +1,158 @@
+"""The simulated network: seeded latency, loss, duplication, reordering and directed cuts.
+
+Owns: `NetworkConfig` (the packet-level knobs) and `SimNetwork`, which carries messages
+between simulated nodes through the `EventLoop`. Each message optionally goes through the
+wire codec (encode at send, decode at delivery), so an unencodable message fails the run
+exactly as it would fail a real cluster.
+
+Model:
+- Latency is `min_latency + Exp(mean_jitter)`, scaled by `delay_factor`; independent draws
+  reorder messages naturally.
+- Loss and duplication are per-message Bernoulli draws; a duplicate gets its own latency.
+- Partitions are a set of blocked *directed* links `(src, dst)`, so asymmetric partitions are
+  natural. A link is checked at send and again at delivery: a message in flight when a cut
+  happens is lost, as a TCP connection reset would lose it.
+
+Rules:
+- All randomness comes from the injected `random.Random`; no clocks, no global random.
+- Never iterates a set to decide behaviour (membership tests only).
+- Must not import consensus cores or storage; nodes are plain names and delivery a callback.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+
+from phalanx.consensus.types import Message
+from phalanx.jepsen.sim.loop import EventLoop, Trace
+
+Deliver = Callable[[str, str, Message], None]
+Encode = Callable[[Message], bytes]
+Decode = Callable[[bytes], Message]
+
+
+@dataclass(slots=True, kw_only=True)
+class NetworkConfig:
+    """Packet-level behaviour. Mutable: the nemesis changes loss/duplicate/delay at run time."""
+
+    min_latency_ns: int = 100_000
+    mean_jitter_ns: int = 900_000
+    loss: float = 0.0
+    duplicate: float = 0.0
+    delay_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.min_latency_ns < 0 or self.mean_jitter_ns < 0:
+            raise ValueError("latencies must be >= 0")
+        for name in ("loss", "duplicate"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be a probability, got {p}")
+        if self.delay_factor <= 0:
+            raise ValueError(f"delay_factor must be > 0, got {self.delay_factor}")
+
+
+@dataclass(slots=True)
+class NetworkStats:
+    sent: int = 0
+    delivered: int = 0
+    dropped_partition: int = 0
+    dropped_loss: int = 0
+    duplicated: int = 0
+    bytes_sent: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+class SimNetwork:
+    """Carries messages between named nodes in virtual time."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        rng: random.Random,
+        trace: Trace,
+        deliver: Deliver,
+        *,
+        config: NetworkConfig | None = None,
+        encode: Encode | None = None,
+        decode: Decode | None = None,
+        trace_messages: bool = True,
+    ) -> None:
+        if (encode is None) != (decode is None):
+            raise ValueError("give both encode and decode, or neither")
+        self.loop = loop
+        self.rng = rng
+        self.trace = trace
+        self.config = config if config is not None else NetworkConfig()
+        self.stats = NetworkStats()
+        self._deliver = deliver
+        self._encode = encode
+        self._decode = decode
+        self._blocked: set[tuple[str, str]] = set()
+        self._trace_messages = trace_messages
+
+    # -- partitions -------------------------------------------------------------------------
+
+    def block(self, links: Iterable[tuple[str, str]]) -> None:
+        """Cut each directed link `(src, dst)`: messages from src to dst are dropped."""
+        self._blocked.update(links)
+
+    def heal(self) -> None:
+        self._blocked.clear()
+
+    def blocked(self, src: str, dst: str) -> bool:
+        return (src, dst) in self._blocked
+
+    def blocked_links(self) -> list[tuple[str, str]]:
+        return sorted(self._blocked)
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _latency(self) -> int:
+        cfg = self.config
+        jitter = self.rng.expovariate(1.0 / cfg.mean_jitter_ns) if cfg.mean_jitter_ns else 0.0
+        return int((cfg.min_latency_ns + jitter) * cfg.delay_factor)
+
+    def send(self, src: str, dst: str, message: Message) -> None:
+        stats = self.stats
+        stats.sent += 1
+        name = type(message).__name__
+        stats.by_type[name] = stats.by_type.get(name, 0) + 1
+        payload: bytes | Message = message
+        if self._encode is not None:
+            data = self._encode(message)
+            stats.bytes_sent += len(data)
+            payload = data
+        if (src, dst) in self._blocked:
+            stats.dropped_partition += 1
+            return
+        cfg = self.config
+        rng = self.rng
+        if cfg.loss and rng.random() < cfg.loss:
+            stats.dropped_loss += 1
+            if self._trace_messages:
+                self.trace(f"{src}->{dst} LOST {message}")
+            return
+        copies = 1
+        if cfg.duplicate and rng.random() < cfg.duplicate:
+            copies = 2
+            stats.duplicated += 1
+        for _ in range(copies):
+            self.loop.call_later(self._latency(), partial(self._arrive, src, dst, payload))
+
+    def _arrive(self, src: str, dst: str, payload: bytes | Message) -> None:
+        if (src, dst) in self._blocked:
+            self.stats.dropped_partition += 1
+            return
+        if isinstance(payload, bytes):
+            assert self._decode is not None  # set together with _encode (checked in __init__)
+            message = self._decode(payload)
+        else:
+            message = payload
+        self.stats.delivered += 1
+        if self._trace_messages:
+            self.trace(f"{src}->{dst} {message}")
+        self._deliver(src, dst, message)

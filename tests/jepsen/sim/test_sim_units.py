@@ -1,0 +1,238 @@
+"""Unit tests of the simulator's pure parts: event loop, trace, network model, fault schedules,
+invariant checker."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
+from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
+
+
+def test_loop_orders_by_time_then_schedule_order() -> None:
+    loop = EventLoop()
+    seen: list[str] = []
+    loop.call_at(5, lambda: seen.append("b"))
+    loop.call_at(3, lambda: seen.append("a"))
+    loop.call_at(5, lambda: seen.append("c"))
+    loop.call_at(9, lambda: seen.append("late"))
+    loop.run_until(5)
+    assert seen == ["a", "b", "c"]
+    assert loop.now == 5
+    with pytest.raises(ValueError, match="before now"):
+        loop.call_at(4, lambda: None)
+    loop.run_until(100)
+    assert seen[-1] == "late"
+    assert loop.now == 100
+
+
+def test_trace_hash_depends_on_content_and_time() -> None:
+    def digest(times: list[int], texts: list[str]) -> str:
+        loop = EventLoop()
+        trace = Trace(loop, keep_all=True)
+        for t, text in zip(times, texts, strict=True):
+            loop.run_until(t)
+            trace(text)
+        return trace.hexdigest()
+
+    base = digest([1, 2], ["x", "y"])
+    assert base == digest([1, 2], ["x", "y"])
+    assert base != digest([1, 3], ["x", "y"])
+    assert base != digest([1, 2], ["x", "z"])
+
+
+class Ping(Message):
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __str__(self) -> str:
+        return f"Ping {self.n}"
+
+
+Got = list[tuple[str, str, int]]
+
+
+def _network(seed: int, config: NetworkConfig) -> tuple[EventLoop, SimNetwork, Got]:
+    loop = EventLoop()
+    got: list[tuple[str, str, int]] = []
+
+    def deliver(src: str, dst: str, m: Message) -> None:
+        assert isinstance(m, Ping)
+        got.append((src, dst, m.n))
+
+    net = SimNetwork(loop, random.Random(seed), Trace(loop), deliver, config=config)
+    return loop, net, got
+
+
+def test_network_delivers_reorders_and_respects_directed_cuts() -> None:
+    loop, net, got = _network(1, NetworkConfig())
+    for i in range(200):
+        net.send("a", "b", Ping(i))
+    net.block([("b", "a")])
+    net.send("b", "a", Ping(999))
+    loop.run_until(10**10)
+    assert sorted(n for _, _, n in got) == list(range(200))
+    assert [n for _, _, n in got] != list(range(200)), "jittered latency must reorder"
+    assert net.stats.dropped_partition == 1
+    net.heal()
+    net.send("b", "a", Ping(7))
+    loop.run_until(2 * 10**10)
+    assert got[-1] == ("b", "a", 7)
+
+
+def test_network_cut_drops_messages_in_flight() -> None:
+    loop, net, got = _network(2, NetworkConfig())
+    net.send("a", "b", Ping(1))
+    net.block([("a", "b")])
+    loop.run_until(10**10)
+    assert got == []
+
+
+def test_network_loss_and_duplication_rates() -> None:
+    loop, net, got = _network(3, NetworkConfig(loss=0.3, duplicate=0.2))
+    for i in range(2000):
+        net.send("a", "b", Ping(i))
+    loop.run_until(10**11)
+    assert 500 < net.stats.dropped_loss < 700
+    assert net.stats.duplicated > 200
+    assert len(got) == 2000 - net.stats.dropped_loss + net.stats.duplicated
+
+
+def test_network_is_deterministic_per_seed() -> None:
+    def run(seed: int) -> list[tuple[str, str, int]]:
+        loop, net, got = _network(seed, NetworkConfig(loss=0.1, duplicate=0.1))
+        for i in range(300):
+            net.send("a", "b", Ping(i))
+        loop.run_until(10**10)
+        return got
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+# -- nemesis ----------------------------------------------------------------------------------
+
+NODES = ("n1", "n2", "n3", "n4", "n5")
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), kinds=st.sets(st.sampled_from(nemesis.FAULT_KINDS), min_size=1))
+def test_schedules_pair_starts_with_stops_and_spare_a_majority(seed: int, kinds: set[str]) -> None:
+    faults = tuple(k for k in nemesis.FAULT_KINDS if k in kinds)
+    duration = 5_000_000_000
+    sched = nemesis.generate_schedule(
+        random.Random(seed), nodes=NODES, faults=faults, duration_ns=duration
+    )
+    assert sched == nemesis.generate_schedule(
+        random.Random(seed), nodes=NODES, faults=faults, duration_ns=duration
+    )
+    assert nemesis.schedule_from_json(nemesis.schedule_to_json(sched)) == sched
+    open_: dict[int, nemesis.FaultEvent] = {}
+    down: dict[int, tuple[str, ...]] = {}
+    last = 0
+    for e in sched:
+        assert e.at_ns >= last
+        last = e.at_ns
+        assert e.at_ns < duration
+        assert e.fault in faults or (e.fault == "kill" and "lose-unfsynced" in faults)
+        if e.action == "start":
+            open_[e.episode] = e
+            if e.fault in ("kill", "pause"):
+                down[e.episode] = e.nodes
+            assert sum(len(d) for d in down.values()) <= 2
+            assert len(open_) <= 2
+        else:
+            assert open_.pop(e.episode).fault == e.fault
+            down.pop(e.episode, None)
+    assert not open_
+
+
+def test_parse_faults() -> None:
+    assert nemesis.parse_faults("all") == nemesis.FAULT_KINDS
+    assert nemesis.parse_faults("none") == ()
+    assert nemesis.parse_faults("loss,kill") == ("kill", "loss")
+    with pytest.raises(nemesis.ScheduleError, match="bogus"):
+        nemesis.parse_faults("kill,bogus")
+
+
+def test_fault_event_rejects_bad_json() -> None:
+    with pytest.raises(nemesis.ScheduleError):
+        nemesis.schedule_from_json('[{"at_ns": 1, "action": "explode", "fault": "kill"}]')
+    with pytest.raises(nemesis.ScheduleError):
+        nemesis.schedule_from_json('{"not": "a list"}')
+
+
+# -- invariants -------------------------------------------------------------------------------
+
+
+def _cmd(index: int, term: int, tag: str = "c") -> Entry:
+    req = ClientRequest(client_id=tag, request_no=index, command=b"x")
+    return Entry(index=index, term=term, kind=EntryKind.COMMAND, requests=(req,))
+
+
+def test_election_safety_flags_two_leaders_in_a_term() -> None:
+    chk = InvariantChecker()
+    chk.observe_role("n1", role="leader", term=2, log=None, at_ns=1)
+    chk.observe_role("n1", role="leader", term=2, log=None, at_ns=2)
+    chk.observe_role("n2", role="follower", term=2, log=None, at_ns=3)
+    assert chk.ok
+    chk.observe_role("n2", role="leader", term=2, log=None, at_ns=4)
+    assert [v.invariant for v in chk.violations] == ["election-safety"]
+
+
+def test_state_machine_safety_and_leader_completeness() -> None:
+    chk = InvariantChecker()
+    chk.observe_apply("n1", _cmd(1, 1), 0)
+    chk.observe_apply("n2", _cmd(1, 1), 0)
+    assert chk.ok
+    complete = LogMirror(entries=[_cmd(1, 1), _cmd(2, 2)])
+    chk.observe_role("n3", role="leader", term=3, log=complete, at_ns=5)
+    assert chk.ok
+    snapshotted = LogMirror(snapshot_index=1, snapshot_term=1)
+    chk.observe_role("n2", role="leader", term=4, log=snapshotted, at_ns=6)
+    assert chk.ok
+    chk.observe_role("n4", role="leader", term=5, log=LogMirror(entries=[_cmd(1, 5, "z")]), at_ns=7)
+    assert [v.invariant for v in chk.violations] == ["leader-completeness"]
+    chk.observe_apply("n3", _cmd(1, 2), 8)
+    assert [v.invariant for v in chk.violations][-1] == "state-machine-safety"
+
+
+def test_log_matching() -> None:
+    chk = InvariantChecker()
+    a = LogMirror(entries=[_cmd(1, 1), _cmd(2, 1), _cmd(3, 2)])
+    b = LogMirror(entries=[_cmd(1, 1), _cmd(2, 1), _cmd(3, 3)])  # diverges at the tail: fine
+    chk.check_log_matching({"a": a, "b": b}, 0)
+    assert chk.ok
+    c = LogMirror(entries=[_cmd(1, 1), _cmd(2, 1, "other"), _cmd(3, 2)])
+    chk.check_log_matching({"a": a, "c": c}, 0)
+    assert [v.invariant for v in chk.violations] == ["log-matching"]
+
+
+def test_monotone_commit_allows_lower_after_restart_only() -> None:
+    chk = InvariantChecker()
+    chk.observe_commit("n1", incarnation=0, commit=5, at_ns=0)
+    chk.observe_commit("n1", incarnation=1, commit=2, at_ns=1)
+    assert chk.ok
+    chk.observe_commit("n1", incarnation=1, commit=1, at_ns=2)
+    assert [v.invariant for v in chk.violations] == ["monotone-commit"]
+
+
+def test_log_mirror_truncate_and_snapshot() -> None:
+    log = LogMirror(entries=[_cmd(1, 1), _cmd(2, 1), _cmd(3, 1)])
+    log.truncate_from(2)
+    assert log.last_index() == 1
+    with pytest.raises(ValueError, match="expected 2"):
+        log.append([_cmd(3, 1)])
+    log.install_snapshot(10, 4)
+    assert log.last_index() == 10
+    assert log.get(10) is None
+    log.append([_cmd(11, 4)])
+    assert log.get(11) == _cmd(11, 4)
