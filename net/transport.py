@@ -1,0 +1,611 @@
+"""Authenticated replica-to-replica transport: TCP + mutual TLS + length-prefixed frames, on trio.
+
+This module owns the peer links of one node: a listener that accepts authenticated peers and
+delivers their messages, and one reconnecting dialer task per peer that drains a bounded
+send queue. It knows nothing about consensus; messages are opaque objects turned into bytes
+by an injected `encode`/`decode` pair (normally `phalanx.net.codec`).
+
+Connection model (one direction per TCP connection):
+- Every node dials every peer for its *own* outbound messages and receives only on the
+  connections it accepted. A pair of nodes therefore has two connections, each used one way;
+  there is no tie-breaking between simultaneous dials and no shared state between directions.
+- Acceptor: TLS handshake (cluster CA, client certificate REQUIRED), then the node id is read
+  from the verified certificate (`phalanx.pki.node_id_from_peercert`). A peer with no
+  certificate, a certificate from another CA, a certificate naming no node (e.g. a client
+  certificate) or naming a node outside the configured peer set is refused: logged with the
+  reason, counted in `connections_refused`, connection closed. An accepted peer is sent one
+  empty frame (the *welcome*); after that the acceptor never writes again. A newer
+  connection from the same node replaces (closes) the older one, so one peer cannot pile up
+  connections.
+- Dialer: TCP connect, TLS handshake, check that the server's certificate names exactly the
+  node we meant to reach (else refused, logged, counted in `outbound_refused`), then wait for
+  the welcome before taking anything off the send queue. Under TLS 1.3 the client finishes
+  its handshake before the server has judged the client certificate; the welcome is how the
+  dialer learns it was accepted, so no frame is ever written into a connection that is
+  about to be refused. After the welcome, any byte from the acceptor is a protocol violation.
+- Reconnect: after a failed dial or a lost connection the dialer sleeps
+  `Backoff.delay(attempt, rng)` (jittered exponential, injectable rng/base/cap) and retries
+  forever; `attempt` resets after a welcome.
+
+Delivery guarantees: best effort, FIFO per link while a connection lasts. Frames dequeued into
+a connection that then breaks are lost (counted in `frames_lost`); consensus cores retransmit.
+
+Send queues: one bounded queue of encoded frames per peer. `send_nowait` REFUSES THE NEWEST
+frame when the queue is full (returns False, counted in `queue_full_drops`): the caller learns
+of the backpressure immediately and older, already-accepted messages keep their order.
+`send` waits for room instead.
+
+Inbound: ``(src, message)`` pairs, src the authenticated node id, into a bounded trio memory
+channel (`Transport.inbound`). When the consumer is slow the reading tasks block, and TCP flow
+control pushes back on the senders.
+
+Peer input is normal input: a malformed frame (codec `decode_error`, or a stream that ends
+inside a frame) or an oversized frame closes only that connection, logged and counted; the
+node keeps serving everyone else. Nothing here `assert`s on peer bytes.
+
+Must not import: consensus cores, storage, apps, the codec (it is injected). Runs under trio
+with real sockets and the real clock (handshake timeouts, backoff sleeps); the deterministic
+simulator never runs this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from phalanx.consensus.types import LocalProtocolError, NodeId
+from phalanx.net.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    FrameError,
+    FrameTooLarge,
+    encode_frame,
+)
+
+from phalanx.pki import node_id_from_peercert
+
+logger = logging.getLogger(__name__)
+
+RECEIVE_CHUNK = 64 * 1024
+"""Bytes requested per `receive_some`."""
+
+SEND_BATCH_BYTES = 256 * 1024
+"""A dialer coalesces queued frames into one write up to about this many bytes."""
+
+WELCOME = encode_frame(b"")
+"""The acceptor's single write: an empty frame meaning "authenticated, go ahead"."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerAddress:
+    """Where a peer's listener can be reached."""
+
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in [1, 65535], got {self.port}")
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backoff:
+    """Jittered exponential backoff ("equal jitter").
+
+    The envelope for attempt ``k`` is ``e = min(cap, base * multiplier**k)``; the delay is
+    uniform in ``[e/2, e]``, so it is never zero (no hot reconnect loop) and retries from many
+    nodes spread out instead of arriving in lock-step.
+    """
+
+    base: float = 0.05
+    cap: float = 5.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base <= self.cap:
+            raise ValueError(f"need 0 < base <= cap, got base={self.base} cap={self.cap}")
+        if self.multiplier < 1:
+            raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
+
+    def envelope(self, attempt: int) -> float:
+        """The upper bound of the delay before retry number `attempt` (0-based)."""
+        if attempt < 0:
+            raise ValueError(f"attempt must be >= 0, got {attempt}")
+        bound = self.base
+        for _ in range(attempt):
+            bound *= self.multiplier
+            if bound >= self.cap:
+                return self.cap
+        return min(bound, self.cap)
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """The delay before retry number `attempt`, drawn from `rng`."""
+        envelope = self.envelope(attempt)
+        return envelope / 2 + rng.uniform(0, envelope / 2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportStatistics:
+    """A snapshot of a transport's counters (monotonic, except `queued_frames`)."""
+
+    bytes_in: int
+    bytes_out: int
+    frames_in: int
+    frames_out: int
+    connections_accepted: int
+    connections_refused: int
+    """Inbound connections refused: failed TLS handshake or unacceptable identity."""
+    connections_replaced: int
+    """Inbound connections closed because the same peer connected again."""
+    outbound_established: int
+    outbound_refused: int
+    """Dials whose server named the wrong node id (or none)."""
+    dial_failures: int
+    """Dials that failed for any reason, including `outbound_refused` ones."""
+    malformed_frames: int
+    oversized_frames: int
+    queue_full_drops: int
+    frames_lost: int
+    """Frames dequeued into a connection that broke before they were written."""
+    queued_frames: int
+    """Frames currently waiting in all send queues."""
+
+
+class _Counters:
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "connections_accepted",
+        "connections_refused",
+        "connections_replaced",
+        "dial_failures",
+        "frames_in",
+        "frames_lost",
+        "frames_out",
+        "malformed_frames",
+        "outbound_established",
+        "outbound_refused",
+        "oversized_frames",
+        "queue_full_drops",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    bytes_in: int
+    bytes_out: int
+    connections_accepted: int
+    connections_refused: int
+    connections_replaced: int
+    dial_failures: int
+    frames_in: int
+    frames_lost: int
+    frames_out: int
+    malformed_frames: int
+    outbound_established: int
+    outbound_refused: int
+    oversized_frames: int
+    queue_full_drops: int
+
+
+class _DialFailed(Exception):
+    """A dial attempt did not yield an authenticated, welcomed link."""
+
+
+class _LinkClosed(Exception):
+    """An established outbound link ended."""
+
+
+def _describe(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, trio.BrokenResourceError) and cause is not None:
+        exc = cause
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS error: {exc.reason or exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _remote(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except OSError:
+        return "<unknown>"
+    return f"{host}:{port}"
+
+
+class Transport:
+    """The peer links of node `node_id`. Usually created by `open_peer_transport`.
+
+    Args:
+        node_id: this node.
+        peers: every other replica and where its listener is. Must not contain `node_id`.
+        server_context: `phalanx.pki.peer_server_context` (client certificates required).
+        client_context: `phalanx.pki.peer_client_context`.
+        encode, decode, decode_error: the codec. `decode` must raise only `decode_error` on
+            bad bytes; anything else it raises is a codec bug and propagates.
+        max_frame_size: the largest payload sent or accepted.
+        send_queue_capacity: frames queued per peer before `send_nowait` refuses.
+        inbound_capacity: messages buffered for the consumer of `inbound`.
+        backoff, rng: reconnect delays (`rng` is only used for jitter).
+        handshake_timeout: seconds allowed for TCP connect + TLS handshake + welcome.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: NodeId,
+        peers: Mapping[NodeId, PeerAddress],
+        server_context: ssl.SSLContext,
+        client_context: ssl.SSLContext,
+        encode: Callable[[Any], bytes],
+        decode: Callable[[bytes], object],
+        decode_error: type[Exception],
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        send_queue_capacity: int = 1024,
+        inbound_capacity: int = 1024,
+        backoff: Backoff | None = None,
+        rng: random.Random,
+        handshake_timeout: float = 10.0,
+    ) -> None:
+        if node_id in peers:
+            raise ValueError(f"peers must not contain this node ({node_id!r})")
+        if send_queue_capacity < 1 or inbound_capacity < 1:
+            raise ValueError("send_queue_capacity and inbound_capacity must be >= 1")
+        if not server_context.verify_mode == ssl.CERT_REQUIRED:
+            raise ValueError("server_context must require client certificates (CERT_REQUIRED)")
+        if not client_context.verify_mode == ssl.CERT_REQUIRED:
+            raise ValueError("client_context must verify the server (CERT_REQUIRED)")
+        self.node_id = node_id
+        # Sorted so that task start order and statistics never depend on the caller's dict.
+        self._peers = dict(sorted(peers.items()))
+        self._server_context = server_context
+        self._client_context = client_context
+        self._encode = encode
+        self._decode = decode
+        self._decode_error = decode_error
+        self._max_frame_size = max_frame_size
+        self._backoff = backoff if backoff is not None else Backoff()
+        self._rng = rng
+        self._handshake_timeout = handshake_timeout
+        self._counters = _Counters()
+        self._queues: dict[
+            NodeId, tuple[trio.MemorySendChannel[bytes], trio.MemoryReceiveChannel[bytes]]
+        ] = {
+            peer: trio.open_memory_channel[bytes](send_queue_capacity) for peer in self._peers
+        }
+        self._inbound_send, self.inbound = trio.open_memory_channel[tuple[NodeId, object]](
+            inbound_capacity
+        )
+        """Authenticated ``(src, message)`` pairs, in per-connection arrival order."""
+        self._inbound_scopes: dict[NodeId, trio.CancelScope] = {}
+
+    @property
+    def peers(self) -> Mapping[NodeId, PeerAddress]:
+        return dict(self._peers)
+
+    # ----------------------------------------------------------------------------------------
+    # Sending
+
+    def _frame(self, dst: NodeId, message: object) -> bytes:
+        if dst not in self._queues:
+            raise LocalProtocolError(f"{dst!r} is not a configured peer of {self.node_id!r}")
+        return encode_frame(self._encode(message), max_frame_size=self._max_frame_size)
+
+    def send_nowait(self, dst: NodeId, message: object) -> bool:
+        """Queue `message` for `dst` without blocking.
+
+        Returns:
+            True if queued; False if `dst`'s queue is full (the message is refused, counted in
+            `queue_full_drops`, and the queue is left unchanged).
+
+        Raises:
+            LocalProtocolError: `dst` is not a configured peer.
+            ValueError: the encoded message exceeds `max_frame_size`.
+        """
+        frame = self._frame(dst, message)
+        try:
+            self._queues[dst][0].send_nowait(frame)
+        except trio.WouldBlock:
+            self._counters.queue_full_drops += 1
+            return False
+        return True
+
+    async def send(self, dst: NodeId, message: object) -> None:
+        """Queue `message` for `dst`, waiting while the queue is full (backpressure)."""
+        frame = self._frame(dst, message)
+        await self._queues[dst][0].send(frame)
+
+    def statistics(self) -> TransportStatistics:
+        c = self._counters
+        queued = sum(
+            send.statistics().current_buffer_used for send, _ in self._queues.values()
+        )
+        return TransportStatistics(
+            bytes_in=c.bytes_in,
+            bytes_out=c.bytes_out,
+            frames_in=c.frames_in,
+            frames_out=c.frames_out,
+            connections_accepted=c.connections_accepted,
+            connections_refused=c.connections_refused,
+            connections_replaced=c.connections_replaced,
+            outbound_established=c.outbound_established,
+            outbound_refused=c.outbound_refused,
+            dial_failures=c.dial_failures,
+            malformed_frames=c.malformed_frames,
+            oversized_frames=c.oversized_frames,
+            queue_full_drops=c.queue_full_drops,
+            frames_lost=c.frames_lost,
+            queued_frames=queued,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Accepting
+
+    async def serve_peer_listener(
+        self,
+        listeners: Sequence[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept peer connections on `listeners` forever (until cancelled).
+
+        Calls ``task_status.started(listeners)`` once accepting.
+        """
+        await trio.serve_listeners(
+            self._handle_inbound, list(listeners), task_status=task_status
+        )
+
+    def _refuse(self, remote: str, reason: str) -> None:
+        self._counters.connections_refused += 1
+        logger.warning("%s: refused peer connection from %s: %s", self.node_id, remote, reason)
+
+    async def _handle_inbound(self, stream: trio.SocketStream) -> None:
+        remote = _remote(stream)
+        tls = trio.SSLStream(stream, self._server_context, server_side=True)
+        try:
+            await self._serve_inbound(tls, remote)
+        finally:
+            await trio.aclose_forcefully(tls)
+
+    async def _serve_inbound(self, tls: trio.SSLStream[trio.SocketStream], remote: str) -> None:
+        with trio.move_on_after(self._handshake_timeout) as timeout:
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                self._refuse(remote, f"TLS handshake failed ({_describe(exc)})")
+                return
+        if timeout.cancelled_caught:
+            self._refuse(remote, f"TLS handshake timed out after {self._handshake_timeout}s")
+            return
+        src = node_id_from_peercert(tls.getpeercert())
+        if src is None:
+            self._refuse(remote, "certificate names no phalanx node")
+            return
+        if src not in self._peers:
+            self._refuse(remote, f"node {src!r} is not in the configured peer set")
+            return
+        with trio.CancelScope() as scope:
+            previous = self._inbound_scopes.get(src)
+            self._inbound_scopes[src] = scope
+            if previous is not None:
+                previous.cancel()
+                self._counters.connections_replaced += 1
+                logger.info("%s: new connection from %s replaces the older one", self.node_id, src)
+            try:
+                self._counters.connections_accepted += 1
+                logger.info("%s: accepted peer %s from %s", self.node_id, src, remote)
+                await self._receive_loop(tls, src)
+            finally:
+                if self._inbound_scopes.get(src) is scope:
+                    del self._inbound_scopes[src]
+
+    async def _receive_loop(self, tls: trio.SSLStream[trio.SocketStream], src: NodeId) -> None:
+        c = self._counters
+        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
+        try:
+            await tls.send_all(WELCOME)
+            while True:
+                data = await tls.receive_some(RECEIVE_CHUNK)
+                if not data:
+                    decoder.eof()
+                    logger.info("%s: peer %s closed its connection", self.node_id, src)
+                    return
+                c.bytes_in += len(data)
+                decoder.feed(data)
+                while (payload := decoder.next_frame()) is not None:
+                    try:
+                        message = self._decode(payload)
+                    except self._decode_error as exc:
+                        c.malformed_frames += 1
+                        logger.warning(
+                            "%s: closing connection from %s: malformed frame (%s)",
+                            self.node_id,
+                            src,
+                            exc,
+                        )
+                        return
+                    c.frames_in += 1
+                    await self._inbound_send.send((src, message))
+        except FrameTooLarge as exc:
+            c.oversized_frames += 1
+            logger.warning("%s: closing connection from %s: %s", self.node_id, src, exc)
+        except FrameError as exc:
+            c.malformed_frames += 1
+            logger.warning(
+                "%s: closing connection from %s: malformed frame (%s)", self.node_id, src, exc
+            )
+        except trio.BrokenResourceError as exc:
+            logger.info("%s: connection from %s lost (%s)", self.node_id, src, _describe(exc))
+
+    # ----------------------------------------------------------------------------------------
+    # Dialing
+
+    async def run_peer_link(self, dst: NodeId) -> None:
+        """Keep a link to `dst` up and drain its send queue into it, forever (until cancelled)."""
+        if dst not in self._queues:
+            raise LocalProtocolError(f"{dst!r} is not a configured peer of {self.node_id!r}")
+        attempt = 0
+        while True:
+            address = self._peers[dst]
+            try:
+                tls = await self._dial(dst, address)
+            except _DialFailed as exc:
+                self._counters.dial_failures += 1
+                delay = self._backoff.delay(attempt, self._rng)
+                logger.info(
+                    "%s: dial %s at %s failed (%s); retry %d in %.3fs",
+                    self.node_id,
+                    dst,
+                    address,
+                    exc,
+                    attempt + 1,
+                    delay,
+                )
+                attempt += 1
+                await trio.sleep(delay)
+                continue
+            attempt = 0
+            self._counters.outbound_established += 1
+            logger.info("%s: link to %s at %s established", self.node_id, dst, address)
+            try:
+                await self._pump(dst, tls)
+            except _LinkClosed as exc:
+                logger.info("%s: link to %s closed (%s)", self.node_id, dst, exc)
+            finally:
+                await trio.aclose_forcefully(tls)
+            await trio.sleep(self._backoff.delay(attempt, self._rng))
+
+    async def _dial(
+        self, dst: NodeId, address: PeerAddress
+    ) -> trio.SSLStream[trio.SocketStream]:
+        with trio.move_on_after(self._handshake_timeout):
+            try:
+                tcp = await trio.open_tcp_stream(address.host, address.port)
+            except OSError as exc:
+                raise _DialFailed(_describe(exc)) from None
+            tls = trio.SSLStream(tcp, self._client_context, server_hostname=None)
+            try:
+                await self._handshake_and_welcome(dst, address, tls)
+            except BaseException:
+                await trio.aclose_forcefully(tls)
+                raise
+            return tls
+        raise _DialFailed(f"no welcome within {self._handshake_timeout}s")
+
+    async def _handshake_and_welcome(
+        self, dst: NodeId, address: PeerAddress, tls: trio.SSLStream[trio.SocketStream]
+    ) -> None:
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError as exc:
+            raise _DialFailed(f"TLS handshake failed ({_describe(exc)})") from None
+        named = node_id_from_peercert(tls.getpeercert())
+        if named != dst:
+            self._counters.outbound_refused += 1
+            reason = f"server at {address} is {named!r}, expected {dst!r}"
+            logger.warning("%s: refused link: %s", self.node_id, reason)
+            raise _DialFailed(reason)
+        decoder = FrameDecoder(max_frame_size=1)
+        while True:
+            try:
+                data = await tls.receive_some(RECEIVE_CHUNK)
+            except trio.BrokenResourceError as exc:
+                raise _DialFailed(f"refused by {dst} ({_describe(exc)})") from None
+            if not data:
+                raise _DialFailed(f"{dst} closed the connection before welcoming us")
+            self._counters.bytes_in += len(data)
+            try:
+                decoder.feed(data)
+                welcome = decoder.next_frame()
+            except FrameError as exc:
+                raise _DialFailed(f"bad welcome from {dst} ({exc})") from None
+            if welcome is None:
+                continue
+            if welcome or decoder.buffered:
+                raise _DialFailed(f"bad welcome from {dst} (unexpected bytes)")
+            return
+
+    async def _pump(self, dst: NodeId, tls: trio.SSLStream[trio.SocketStream]) -> None:
+        """Write queued frames to `dst` until the link breaks; raises `_LinkClosed`."""
+        queue = self._queues[dst][1]
+        reason: list[str] = []
+        in_flight = 0  # frames taken off the queue and not yet known to be written
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                # The acceptor writes nothing after the welcome: EOF, an error or any byte
+                # ends the link.
+                try:
+                    data = await tls.receive_some(RECEIVE_CHUNK)
+                except trio.BrokenResourceError as exc:
+                    reason.append(_describe(exc))
+                else:
+                    reason.append("unexpected bytes from acceptor" if data else "peer closed")
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            while True:
+                frame = await queue.receive()
+                batch, size = [frame], len(frame)
+                while size < SEND_BATCH_BYTES:
+                    try:
+                        frame = queue.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    batch.append(frame)
+                    size += len(frame)
+                in_flight = len(batch)
+                try:
+                    await tls.send_all(b"".join(batch))
+                except trio.BrokenResourceError as exc:
+                    reason.append(_describe(exc))
+                    nursery.cancel_scope.cancel()
+                    break
+                in_flight = 0
+                self._counters.frames_out += len(batch)
+                self._counters.bytes_out += size
+        self._counters.frames_lost += in_flight
+        raise _LinkClosed(reason[0] if reason else "cancelled")
+
+    def _close_inbound(self) -> None:
+        self._inbound_send.close()
+
+
+@asynccontextmanager
+async def open_peer_transport(
+    *, listeners: Sequence[trio.SocketListener], **config: Any
+) -> AsyncIterator[Transport]:
+    """Run a `Transport` (its listener and one link task per peer) for the `async with` body.
+
+    `config` is passed to `Transport`. On exit every connection is closed and `inbound` ends.
+
+    Example::
+
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        async with open_peer_transport(listeners=listeners, node_id=..., ...) as transport:
+            transport.send_nowait(NodeId("n2"), message)
+            async for src, message in transport.inbound:
+                ...
+    """
+    transport = Transport(**config)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(transport.serve_peer_listener, listeners)
+            for peer in transport.peers:
+                nursery.start_soon(transport.run_peer_link, peer)
+            try:
+                yield transport
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        transport._close_inbound()
