@@ -1,0 +1,656 @@
+"""The strict msgpack codec: registered frozen dataclasses to and from canonical bytes.
+
+Owns: `Registry` (stable type id <-> class, with an encoder and a decoder compiled once per
+class from its type hints), the wire shape below, `DecodeError` and `EncodeError`.
+Must not import: trio, sockets, clocks, random, pickle, or any protocol module. Protocols
+register their classes into a registry (the project's default one is `phalanx.net.wire`);
+the codec knows none of them.
+
+Wire shape:
+    A message is the msgpack array ``[type_id, f1, f2, ...]``, its fields in declaration
+    order (`dataclasses.fields`). Every field is always present, defaults included, so a
+    missing or an extra field is an arity error. A field whose type is a dataclass, a union of
+    dataclasses or a base class (`phalanx.consensus.types.Message`: "any registered subclass")
+    is itself such an array, carrying its own type id.
+
+Field types (checked when a class is registered; anything else is a `TypeError` then):
+    ===============================  ==============================================
+    None, bool, str, bytes           the msgpack nil, bool, str (utf-8), bin
+    int                              msgpack int, -2**63 .. 2**64-1; bool is not int
+    tuple[T, ...], tuple[A, B]       array (fixed tuples check their arity)
+    frozenset[T]                     array sorted by each element's encoded bytes;
+                                     a duplicate element is a decode error
+    X | None                         nil or X
+    enum.Enum / IntEnum subclass     the member's value (all int or all str)
+    typing.NewType                   its supertype
+    dataclass, union of them, base   ``[type_id, ...]`` of a registered subclass
+    ===============================  ==============================================
+    Deliberately unsupported: float (no canonical form is needed anywhere), dict/Mapping and
+    list/set (messages are immutable; use a tuple of pairs), other unions, `Any`, `object`.
+
+Invariants:
+- Canonical: `encode` is a function of the object's value, so equal objects give equal
+  bytes and `canonical_bytes` is `encode` (optionally without some top-level fields, for
+  signatures). Why: the array is built from the field values in a fixed order with exact
+  type checks (True never passes as 1, an IntEnum never as its int); msgpack-python always
+  writes the shortest form of every int, str, bin and array header; frozensets are sorted
+  by the bytes of their elements; there are no maps and no floats. Registered classes must
+  compare by value (``eq=True`` and no ``compare=False`` field), so "equal" means "equal
+  field values".
+- Strict: `decode` raises `DecodeError` and nothing else on any bytes: oversize frame,
+  malformed msgpack, trailing bytes, invalid utf-8, ext types, unknown type id, wrong field
+  type, arity, excessive nesting, duplicate set elements, out-of-range enum values, and the
+  `ValueError`/`TypeError` of a class's `__post_init__`. The message names the class and
+  field path (``Entry.requests[1]: ClientRequest.request_no: expected int, got str``).
+  Whatever `decode` returns is a valid object that `encode` accepts again.
+- Our own misuse raises: `TypeError` at registration, `EncodeError` when encoding a value
+  that does not fit its declared type (or the size and depth limits peers enforce).
+- Deterministic and pure: no clocks, no randomness, no set iteration in the output, no pickle.
+  Type ids and field order are the schema: changing either changes the wire format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar, overload
+
+import msgpack  # type: ignore[import-untyped]  # no stubs shipped; see module docstring
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_SIZE",
+    "DecodeError",
+    "EncodeError",
+    "Registry",
+]
+
+T = TypeVar("T")
+
+Encoder = Callable[[object, int], object]
+"""Checks a value against its declared type and returns its msgpack-ready form. The int is
+the nesting depth of the array that contains the value."""
+Decoder = Callable[[object, int], object]
+"""Checks an unpacked msgpack value against the declared type and rebuilds the field."""
+
+INT_MIN: Final = -(2**63)
+INT_MAX: Final = 2**64 - 1
+TYPE_ID_MAX: Final = 0xFFFF
+DEFAULT_MAX_SIZE: Final = 16 * 1024 * 1024
+DEFAULT_MAX_DEPTH: Final = 32
+
+
+class DecodeError(Exception):
+    """Bytes from a peer or a disk are not a valid encoding of a registered message.
+
+    This is normal input, never a bug: the receiver drops the frame and counts it.
+    """
+
+
+class EncodeError(Exception):
+    """Our own misuse: a value does not fit its declared field type, its class is not
+    registered, or the frame would exceed the size or depth limits that peers enforce."""
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
+
+
+def _pack(value: object) -> bytes:
+    # strict_types: only exact list/int/str/bytes/bool/None reach the packer, so a subclass
+    # (an IntEnum, a str subclass) that slipped past a check fails loudly instead of
+    # silently taking another encoding.
+    data: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True, datetime=False)
+    return data
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Spec:
+    """One registered class with its compiled field codecs."""
+
+    type_id: int
+    cls: type
+    names: tuple[str, ...]
+    encode: Encoder
+    decode: Decoder
+
+
+class Registry:
+    """A table of stable type ids for frozen dataclasses, and the codec over them.
+
+    Args:
+        max_size: the largest frame, in bytes, that `decode` accepts and `encode` produces.
+        max_depth: the deepest nesting of msgpack arrays (a message is depth 1, each tuple,
+            frozenset or nested message inside it one more) that either direction accepts.
+
+    Determinism: the encoding depends only on the registered ids and the object's value.
+    Registration is meant for import time; encode and decode never mutate the registry.
+    """
+
+    def __init__(
+        self, *, max_size: int = DEFAULT_MAX_SIZE, max_depth: int = DEFAULT_MAX_DEPTH
+    ) -> None:
+        if type(max_size) is not int or max_size < 1:
+            raise ValueError(f"max_size must be a positive int, got {max_size!r}")
+        if type(max_depth) is not int or max_depth < 1:
+            raise ValueError(f"max_depth must be a positive int, got {max_depth!r}")
+        self.max_size: Final = max_size
+        self.max_depth: Final = max_depth
+        self._by_id: dict[int, _Spec] = {}
+        self._by_class: dict[type, _Spec] = {}
+        self._referenced: dict[type, str] = {}  # concrete dataclass -> where it is used
+        self._expected: dict[type, Decoder] = {
+            object: self._polymorphic((object,), "a registered message")[1]
+        }
+
+    # ----------------------------------------------------------------------------------
+    # Registration (our own code; misuse raises TypeError)
+
+    def register(self, type_id: int, cls: type) -> None:
+        """Register `cls` under `type_id` and compile its codec.
+
+        Re-registering the very same pair is a no-op; any other reuse of an id or a class
+        raises. Every field type must be supported (see the module docstring) and resolvable
+        by `typing.get_type_hints` now; dataclasses it refers to may be registered later.
+
+        Raises:
+            TypeError: `cls` is not a frozen, value-comparing dataclass, an id or the class is
+                already taken, or a field has an unsupported type.
+        """
+        if type(type_id) is not int or not 1 <= type_id <= TYPE_ID_MAX:
+            raise TypeError(f"type id must be an int in 1..{TYPE_ID_MAX}, got {type_id!r}")
+        if not isinstance(cls, type):
+            raise TypeError(f"can only register classes, got {cls!r}")
+        taken = self._by_id.get(type_id)
+        if taken is not None and taken.cls is cls:
+            return
+        if taken is not None:
+            raise TypeError(f"type id {type_id} is already {taken.cls.__qualname__}")
+        if cls in self._by_class:
+            other = self._by_class[cls].type_id
+            raise TypeError(f"{cls.__qualname__} is already registered as type id {other}")
+        spec = self._compile(type_id, cls)
+        self._by_id[type_id] = spec
+        self._by_class[cls] = spec
+
+    def register_many(self, mapping: Mapping[int, type]) -> None:
+        """Register every ``type_id: cls`` pair, in ascending id order."""
+        for type_id in sorted(mapping):
+            self.register(type_id, mapping[type_id])
+
+    def message(self, type_id: int) -> Callable[[type[T]], type[T]]:
+        """Class decorator form of `register`: ``@registry.message(101)``."""
+
+        def decorate(cls: type[T]) -> type[T]:
+            self.register(type_id, cls)
+            return cls
+
+        return decorate
+
+    def type_id(self, cls: type) -> int:
+        """The id `cls` is registered under. Raises `KeyError` if it is not registered."""
+        return self._by_class[cls].type_id
+
+    def classes(self) -> dict[int, type]:
+        """A copy of the table, ``type_id -> class``, in ascending id order."""
+        return {tid: self._by_id[tid].cls for tid in sorted(self._by_id)}
+
+    def unregistered(self) -> tuple[str, ...]:
+        """Dataclasses that registered fields refer to but that are not registered yet,
+        as ``"Class (used by Owner.field)"``, sorted. Empty once the schema is complete."""
+        missing = [
+            f"{cls.__qualname__} (used by {where})"
+            for cls, where in self._referenced.items()
+            if cls not in self._by_class
+        ]
+        return tuple(sorted(missing))
+
+    def __contains__(self, cls: object) -> bool:
+        return cls in self._by_class
+
+    # ----------------------------------------------------------------------------------
+    # Encoding and decoding
+
+    def encode(self, obj: object) -> bytes:
+        """The canonical bytes of a registered message (see the module docstring).
+
+        Raises:
+            EncodeError: the class is not registered, a field value does not fit its
+                declared type, or the frame exceeds `max_size` or `max_depth`.
+        """
+        spec = self._by_class.get(type(obj))
+        if spec is None:
+            raise EncodeError(f"{_kind(obj)} is not a registered message class")
+        try:
+            data = _pack(spec.encode(obj, 0))
+        except (ValueError, TypeError, OverflowError) as exc:  # pragma: no cover - defensive
+            raise EncodeError(f"{_kind(obj)}: msgpack refused the value: {exc}") from exc
+        if len(data) > self.max_size:
+            raise EncodeError(
+                f"{_kind(obj)} encodes to {len(data)} bytes, over max_size={self.max_size}"
+            )
+        return data
+
+    def canonical_bytes(self, obj: object, *, omit: tuple[str, ...] = ()) -> bytes:
+        """The bytes to sign or hash for `obj`: `encode(obj)` with the top-level fields named
+        in `omit` left out (a signature does not cover itself).
+
+        Equal objects give equal bytes. With `omit`, the result is ``[type_id, ...]`` with
+        fewer fields than the class has, so it is never a valid frame of any message.
+
+        Raises:
+            EncodeError: as `encode`, or a name in `omit` is not a field of the class.
+        """
+        if not omit:
+            return self.encode(obj)
+        spec = self._by_class.get(type(obj))
+        if spec is None:
+            raise EncodeError(f"{_kind(obj)} is not a registered message class")
+        unknown = [name for name in omit if name not in spec.names]
+        if unknown:
+            raise EncodeError(f"{spec.cls.__qualname__} has no field(s) {unknown}")
+        full = typing.cast(list[object], spec.encode(obj, 0))
+        kept = [full[0]] + [
+            value for name, value in zip(spec.names, full[1:], strict=True) if name not in omit
+        ]
+        return _pack(kept)
+
+    @overload
+    def decode(
+        self, data: bytes | bytearray | memoryview, *, expected: type[T], canonical: bool = False
+    ) -> T: ...
+
+    @overload
+    def decode(
+        self,
+        data: bytes | bytearray | memoryview,
+        *,
+        expected: None = None,
+        canonical: bool = False,
+    ) -> object: ...
+
+    def decode(
+        self,
+        data: bytes | bytearray | memoryview,
+        *,
+        expected: type[T] | None = None,
+        canonical: bool = False,
+    ) -> T | object:
+        """Decode one frame into a registered message, checking everything.
+
+        Args:
+            data: exactly one encoded message; trailing bytes are an error.
+            expected: a class (registered, or a base such as `Message`) the result must be
+                an instance of.
+            canonical: also require that `data` is the canonical encoding of the result
+                (rejects re-ordered frozensets and over-long msgpack forms, so one message
+                has exactly one accepted encoding). Costs one re-encode.
+
+        Raises:
+            DecodeError: on any input that is not a valid frame; never anything else.
+            TypeError: `data` is not bytes-like (our own misuse).
+        """
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"decode takes bytes, got {_kind(data)}")
+        size = len(data)
+        if size > self.max_size:
+            raise DecodeError(f"frame of {size} bytes exceeds max_size={self.max_size}")
+        try:
+            raw = msgpack.unpackb(
+                data,
+                raw=False,
+                use_list=True,
+                strict_map_key=True,
+                max_str_len=size,
+                max_bin_len=size,
+                max_array_len=size,
+                max_map_len=0,
+                max_ext_len=0,
+                ext_hook=_reject_ext,
+            )
+        except Exception as exc:  # msgpack raises many types; all mean "malformed"
+            raise DecodeError(f"malformed msgpack: {type(exc).__name__}: {exc}") from None
+        root = object if expected is None else expected
+        decoder = self._expected.get(root)
+        if decoder is None:
+            if not isinstance(root, type):
+                raise TypeError(f"expected must be a class, got {root!r}")
+            decoder = self._expected[root] = self._polymorphic((root,), root.__qualname__)[1]
+        obj = decoder(raw, 0)
+        if canonical:
+            try:
+                again = self.encode(obj)
+            except EncodeError as exc:
+                raise DecodeError(f"not canonically re-encodable: {exc}") from None
+            if again != data:
+                raise DecodeError(f"non-canonical encoding of {_kind(obj)}")
+        return obj
+
+    # ----------------------------------------------------------------------------------
+    # Compilation: one encoder/decoder pair per field type, built once at registration.
+
+    def _compile(self, type_id: int, cls: type) -> _Spec:
+        name = cls.__qualname__
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{name} is not a dataclass")
+        params = cls.__dataclass_params__  # type: ignore[attr-defined]
+        if not params.frozen:
+            raise TypeError(f"{name} must be a frozen dataclass (messages are immutable)")
+        if not params.eq:
+            raise TypeError(f"{name} must compare by value (eq=True): canonical bytes need it")
+        try:
+            hints = typing.get_type_hints(cls, localns={cls.__name__: cls})
+        except Exception as exc:
+            raise TypeError(f"cannot resolve the type hints of {name}: {exc}") from exc
+        for attr, hint in hints.items():
+            if isinstance(hint, dataclasses.InitVar):
+                raise TypeError(f"{name}.{attr}: InitVar fields cannot be decoded")
+        names: list[str] = []
+        pairs: list[tuple[str, Encoder, Decoder]] = []
+        for field in dataclasses.fields(cls):
+            where = f"{name}.{field.name}"
+            if not field.init:
+                raise TypeError(f"{where}: init=False fields cannot be decoded")
+            if not field.compare:
+                raise TypeError(f"{where}: compare=False breaks 'equal objects, equal bytes'")
+            enc, dec = self._build(hints[field.name], where)
+            names.append(field.name)
+            pairs.append((field.name, enc, dec))
+        return self._spec(type_id, cls, tuple(names), tuple(pairs))
+
+    def _spec(
+        self,
+        type_id: int,
+        cls: type,
+        names: tuple[str, ...],
+        pairs: tuple[tuple[str, Encoder, Decoder], ...],
+    ) -> _Spec:
+        max_depth = self.max_depth
+        label = cls.__qualname__
+        arity = len(pairs) + 1
+        constructor: Callable[..., object] = cls
+
+        def encode(value: object, depth: int) -> object:
+            if depth >= max_depth:
+                raise EncodeError(f"{label}: nesting deeper than max_depth={max_depth}")
+            depth += 1
+            out: list[object] = [type_id]
+            for field_name, enc, _ in pairs:
+                try:
+                    out.append(enc(getattr(value, field_name), depth))
+                except EncodeError as exc:
+                    raise EncodeError(f"{label}.{field_name}: {exc}") from None
+            return out
+
+        def decode(raw: object, depth: int) -> object:
+            # The caller checked that raw is a non-empty list starting with type_id.
+            items = typing.cast(list[object], raw)
+            if depth >= max_depth:
+                raise DecodeError(f"{label}: nesting deeper than max_depth={max_depth}")
+            if len(items) != arity:
+                raise DecodeError(f"{label}: expected {arity - 1} fields, got {len(items) - 1}")
+            depth += 1
+            kwargs: dict[str, object] = {}
+            for (field_name, _, dec), item in zip(pairs, items[1:], strict=True):
+                try:
+                    kwargs[field_name] = dec(item, depth)
+                except DecodeError as exc:
+                    raise DecodeError(f"{label}.{field_name}: {exc}") from None
+            try:
+                return constructor(**kwargs)
+            except (ValueError, TypeError) as exc:
+                raise DecodeError(f"{label} rejected its fields: {exc}") from None
+
+        return _Spec(type_id=type_id, cls=cls, names=names, encode=encode, decode=decode)
+
+    def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:
+        """Compile the codec pair for one declared type, or raise TypeError naming `where`."""
+        if tp is None or tp is type(None):
+            return _scalar(type(None), "None")
+        if tp is bool or tp is str or tp is bytes:
+            return _scalar(typing.cast(type, tp), typing.cast(type, tp).__name__)
+        if tp is int:
+            return _int_codec()
+        if isinstance(tp, typing.NewType):
+            return self._build(tp.__supertype__, where)
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        if origin is tuple:
+            if len(args) == 2 and args[1] is Ellipsis:
+                return self._tuple_of(self._build(args[0], f"{where}[]"), where)
+            if args == ((),):  # tuple[()]
+                args = ()
+            parts = tuple(self._build(a, f"{where}[{i}]") for i, a in enumerate(args))
+            return self._fixed_tuple(parts)
+        if origin is frozenset:
+            return self._frozenset_of(self._build(args[0], f"{where}[]"))
+        if origin is typing.Union or origin is types.UnionType:
+            return self._union(args, where)
+        if isinstance(tp, type) and tp is not typing.Any:
+            if issubclass(tp, enum.Enum):
+                return _enum_codec(tp, where)
+            if dataclasses.is_dataclass(tp):
+                self._referenced.setdefault(tp, where)
+                return self._polymorphic((tp,), tp.__qualname__)
+            if tp.__module__ != "builtins":
+                # A plain class is a base: "any registered subclass" (e.g. `Message`).
+                return self._polymorphic((tp,), f"registered {tp.__qualname__}")
+        raise TypeError(f"{where}: unsupported field type {tp!r} (see phalanx.net.codec)")
+
+    def _union(self, args: tuple[object, ...], where: str) -> tuple[Encoder, Decoder]:
+        members = [a for a in args if a is not type(None)]
+        optional = len(members) < len(args)
+        if len(members) == 1:
+            inner = self._build(members[0], where)
+        else:
+            allowed: list[type] = []
+            for member in members:
+                ok = isinstance(member, type) and not issubclass(member, enum.Enum)
+                if not ok or typing.cast(type, member).__module__ == "builtins":
+                    raise TypeError(
+                        f"{where}: unions may only join dataclasses or message bases "
+                        f"(and None), got {member!r}"
+                    )
+                self._build(member, where)  # validates and records the member
+                allowed.append(typing.cast(type, member))
+            label = " | ".join(t.__qualname__ for t in allowed)
+            inner = self._polymorphic(tuple(allowed), label)
+        return _optional(inner) if optional else inner
+
+    def _polymorphic(self, allowed: tuple[type, ...], label: str) -> tuple[Encoder, Decoder]:
+        by_id, by_class = self._by_id, self._by_class
+
+        def encode(value: object, depth: int) -> object:
+            spec = by_class.get(type(value))
+            if spec is None:
+                raise EncodeError(f"{_kind(value)} is not a registered message class")
+            if not isinstance(value, allowed):
+                raise EncodeError(f"expected {label}, got {_kind(value)}")
+            return spec.encode(value, depth)
+
+        def decode(raw: object, depth: int) -> object:
+            if type(raw) is not list or not raw:
+                raise DecodeError(f"expected {label} as [type_id, ...], got {_kind(raw)}")
+            type_id = raw[0]
+            if type(type_id) is not int:
+                raise DecodeError(f"expected an int type id, got {_kind(type_id)}")
+            spec = by_id.get(type_id)
+            if spec is None:
+                raise DecodeError(f"unknown type id {type_id}")
+            if not issubclass(spec.cls, allowed):
+                raise DecodeError(f"expected {label}, got {spec.cls.__qualname__}")
+            return spec.decode(raw, depth)
+
+        return encode, decode
+
+    def _tuple_of(self, element: tuple[Encoder, Decoder], where: str) -> tuple[Encoder, Decoder]:
+        max_depth = self.max_depth
+        enc_el, dec_el = element
+
+        def encode(value: object, depth: int) -> object:
+            if type(value) is not tuple:
+                raise EncodeError(f"expected tuple, got {_kind(value)}")
+            if depth >= max_depth:
+                raise EncodeError(f"nesting deeper than max_depth={max_depth}")
+            depth += 1
+            try:
+                return [enc_el(item, depth) for item in value]
+            except EncodeError:
+                for i, item in enumerate(value):
+                    try:
+                        enc_el(item, depth)
+                    except EncodeError as exc:
+                        raise EncodeError(f"[{i}]: {exc}") from None
+                raise  # pragma: no cover - a deterministic encoder fails again above
+
+        def decode(raw: object, depth: int) -> object:
+            if type(raw) is not list:
+                raise DecodeError(f"expected array, got {_kind(raw)}")
+            if depth >= max_depth:
+                raise DecodeError(f"nesting deeper than max_depth={max_depth}")
+            depth += 1
+            out = []
+            for i, item in enumerate(raw):
+                try:
+                    out.append(dec_el(item, depth))
+                except DecodeError as exc:
+                    raise DecodeError(f"[{i}]: {exc}") from None
+            return tuple(out)
+
+        return encode, decode
+
+    def _fixed_tuple(self, parts: tuple[tuple[Encoder, Decoder], ...]) -> tuple[Encoder, Decoder]:
+        max_depth = self.max_depth
+        n = len(parts)
+
+        def encode(value: object, depth: int) -> object:
+            if type(value) is not tuple or len(value) != n:
+                raise EncodeError(f"expected a tuple of {n}, got {value!r:.80}")
+            if depth >= max_depth:
+                raise EncodeError(f"nesting deeper than max_depth={max_depth}")
+            depth += 1
+            out: list[object] = []
+            for i, ((enc, _), item) in enumerate(zip(parts, value, strict=True)):
+                try:
+                    out.append(enc(item, depth))
+                except EncodeError as exc:
+                    raise EncodeError(f"[{i}]: {exc}") from None
+            return out
+
+        def decode(raw: object, depth: int) -> object:
+            if type(raw) is not list or len(raw) != n:
+                raise DecodeError(f"expected an array of {n}, got {_describe(raw)}")
+            if depth >= max_depth:
+                raise DecodeError(f"nesting deeper than max_depth={max_depth}")
+            depth += 1
+            out: list[object] = []
+            for i, ((_, dec), item) in enumerate(zip(parts, raw, strict=True)):
+                try:
+                    out.append(dec(item, depth))
+                except DecodeError as exc:
+                    raise DecodeError(f"[{i}]: {exc}") from None
+            return tuple(out)
+
+        return encode, decode
+
+    def _frozenset_of(self, element: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
+        enc_list, dec_list = self._tuple_of(element, "")
+
+        def encode(value: object, depth: int) -> object:
+            if type(value) is not frozenset:
+                raise EncodeError(f"expected frozenset, got {_kind(value)}")
+            items = typing.cast(list[object], enc_list(tuple(value), depth))
+            # Canonical order: by encoded bytes, independent of hash seeds and insertion.
+            return sorted(items, key=_pack)
+
+        def decode(raw: object, depth: int) -> object:
+            items = typing.cast(tuple[object, ...], dec_list(raw, depth))
+            result = frozenset(items)
+            if len(result) != len(items):
+                raise DecodeError("duplicate element in a frozenset")
+            return result
+
+        return encode, decode
+
+
+def _describe(raw: object) -> str:
+    if type(raw) is list:
+        return f"an array of {len(raw)}"
+    return _kind(raw)
+
+
+def _scalar(py_type: type, label: str) -> tuple[Encoder, Decoder]:
+    def encode(value: object, depth: int) -> object:
+        if type(value) is not py_type:
+            raise EncodeError(f"expected {label}, got {_kind(value)}")
+        return value
+
+    def decode(raw: object, depth: int) -> object:
+        if type(raw) is not py_type:
+            raise DecodeError(f"expected {label}, got {_kind(raw)}")
+        return raw
+
+    return encode, decode
+
+
+def _int_codec() -> tuple[Encoder, Decoder]:
+    def encode(value: object, depth: int) -> object:
+        if type(value) is not int:
+            raise EncodeError(f"expected int, got {_kind(value)}")
+        if not INT_MIN <= value <= INT_MAX:
+            raise EncodeError(f"int {value} is outside the msgpack range")
+        return value
+
+    def decode(raw: object, depth: int) -> object:
+        if type(raw) is not int:  # msgpack only yields ints within range
+            raise DecodeError(f"expected int, got {_kind(raw)}")
+        return raw
+
+    return encode, decode
+
+
+def _optional(inner: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
+    enc_inner, dec_inner = inner
+
+    def encode(value: object, depth: int) -> object:
+        return None if value is None else enc_inner(value, depth)
+
+    def decode(raw: object, depth: int) -> object:
+        return None if raw is None else dec_inner(raw, depth)
+
+    return encode, decode
+
+
+def _enum_codec(tp: type[enum.Enum], where: str) -> tuple[Encoder, Decoder]:
+    if issubclass(tp, enum.Flag):
+        raise TypeError(f"{where}: Flag enums have no single canonical value; use a tuple")
+    members: dict[object, enum.Enum] = {m.value: m for m in tp}
+    value_types = {type(v) for v in members}
+    if not members or not (value_types == {int} or value_types == {str}):
+        raise TypeError(f"{where}: enum {tp.__qualname__} values must be all int or all str")
+    (value_type,) = value_types
+    if value_type is int and not all(INT_MIN <= v <= INT_MAX for v in members):  # type: ignore[operator]
+        raise TypeError(f"{where}: enum {tp.__qualname__} has values outside the msgpack range")
+    label = tp.__qualname__
+
+    def encode(value: object, depth: int) -> object:
+        if type(value) is not tp:
+            raise EncodeError(f"expected {label}, got {_kind(value)}")
+        return value.value
+
+    def decode(raw: object, depth: int) -> object:
+        if type(raw) is not value_type:
+            raise DecodeError(f"expected {label} ({value_type.__name__}), got {_kind(raw)}")
+        member = members.get(raw)
+        if member is None:
+            raise DecodeError(f"{raw!r:.40} is not a {label}")
+        return member
+
+    return encode, decode

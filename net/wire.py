@@ -1,0 +1,140 @@
+"""The project's default codec registry and its table of STABLE type ids.
+
+Owns: the one `Registry` every node, the simulator and the harness encode with, the ids of
+the shared consensus types, and the reserved id ranges below. Must not import trio,
+sockets, clocks, or any protocol package at import time (protocol modules import this one
+and register their own classes through `register_all`; importing them here would cycle).
+
+Reserved type id ranges (a type id is part of the wire format: never reuse or renumber one):
+
+    =========  ==================================================================
+    ids        owner
+    =========  ==================================================================
+    1-49       shared consensus types (`phalanx.consensus.types`, registered here)
+    100-199    Raft messages (`phalanx.consensus.raft.messages`)
+    200-299    PBFT messages
+    300-399    leaderless (PnyxDB-style) messages
+    400-499    applications (KV commands and results, ...)
+    500-599    runtime and client protocol
+    =========  ==================================================================
+
+Shared ids: 1 ClientRequest, 2 Configuration, 3 Entry, 4 HardState, 5 SnapshotMeta.
+
+Invariants: every id registered in the default registry lies in a reserved range;
+`register_all` is idempotent for identical pairs and refuses any conflicting one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final, TypeVar, overload
+
+from phalanx.consensus.types import (
+    ClientRequest,
+    Configuration,
+    Entry,
+    HardState,
+    SnapshotMeta,
+)
+from phalanx.net.codec import Registry
+
+__all__ = [
+    "RANGES",
+    "SHARED_TYPES",
+    "canonical_bytes",
+    "decode",
+    "default_registry",
+    "encode",
+    "register_all",
+]
+
+T = TypeVar("T")
+
+RANGES: Final[Mapping[str, range]] = MappingProxyType(
+    {
+        "shared": range(1, 50),
+        "raft": range(100, 200),
+        "pbft": range(200, 300),
+        "leaderless": range(300, 400),
+        "apps": range(400, 500),
+        "runtime": range(500, 600),
+    }
+)
+"""The reserved type id ranges, by owner."""
+
+SHARED_TYPES: Final[Mapping[int, type]] = MappingProxyType(
+    {
+        1: ClientRequest,
+        2: Configuration,
+        3: Entry,
+        4: HardState,
+        5: SnapshotMeta,
+    }
+)
+"""The stable ids of `phalanx.consensus.types`."""
+
+
+def _range_of(type_id: int) -> str | None:
+    for owner, ids in RANGES.items():
+        if type_id in ids:
+            return owner
+    return None
+
+
+def register_all(mapping: Mapping[int, type], *, registry: Registry | None = None) -> None:
+    """Register ``type_id: class`` pairs into the default registry (or `registry`).
+
+    Call it once at the bottom of a messages module, e.g.
+    ``register_all({100: RequestVote, 101: RequestVoteResponse, ...})``.
+
+    Raises:
+        TypeError: an id lies outside every reserved range, an id or a class is already
+            registered differently, or a class is not encodable (see `Registry.register`).
+            Nothing is registered when an id is out of range.
+    """
+    outside = [tid for tid in mapping if type(tid) is not int or _range_of(tid) is None]
+    if outside:
+        raise TypeError(f"type ids {outside} lie outside every reserved range of phalanx.net.wire")
+    (_DEFAULT if registry is None else registry).register_many(mapping)
+
+
+def default_registry() -> Registry:
+    """The process-wide registry, with the shared consensus types already registered."""
+    return _DEFAULT
+
+
+def encode(obj: object) -> bytes:
+    """`Registry.encode` on the default registry."""
+    return _DEFAULT.encode(obj)
+
+
+@overload
+def decode(
+    data: bytes | bytearray | memoryview, *, expected: type[T], canonical: bool = False
+) -> T: ...
+
+
+@overload
+def decode(
+    data: bytes | bytearray | memoryview, *, expected: None = None, canonical: bool = False
+) -> object: ...
+
+
+def decode(
+    data: bytes | bytearray | memoryview,
+    *,
+    expected: type[T] | None = None,
+    canonical: bool = False,
+) -> T | object:
+    """`Registry.decode` on the default registry."""
+    return _DEFAULT.decode(data, expected=expected, canonical=canonical)
+
+
+def canonical_bytes(obj: object, *, omit: tuple[str, ...] = ()) -> bytes:
+    """`Registry.canonical_bytes` on the default registry: the bytes to sign or hash."""
+    return _DEFAULT.canonical_bytes(obj, omit=omit)
+
+
+_DEFAULT: Final = Registry()
+register_all(SHARED_TYPES)
