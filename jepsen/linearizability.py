@@ -44,7 +44,16 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeAlias, TypeVar
 
-from phalanx.jepsen.history import FAIL, History, Key, Op, OpPair, Value, value_to_json
+from phalanx.jepsen.history import (
+    FAIL,
+    History,
+    HistoryError,
+    Key,
+    Op,
+    OpPair,
+    Value,
+    value_to_json,
+)
 from phalanx.jepsen.models import Model, RegisterModel
 
 S = TypeVar("S", bound=Hashable)
@@ -207,6 +216,7 @@ def check(
         history = History.of(history)
     chosen: Model[S, C] = model if model is not None else RegisterModel()  # type: ignore[assignment]
     position = {op.index: pos for pos, op in enumerate(history.ops)}
+    lines = {op.index: line for op, line in zip(history.ops, history.lines, strict=True)}
     by_key: dict[Key, list[OpPair]] = {}
     for pair in history.pairs:
         by_key.setdefault(pair.invoke.key, []).append(pair)
@@ -216,6 +226,7 @@ def check(
             pairs,
             chosen,
             position=position,
+            lines=lines,
             time_limit=time_limit,
             step_limit=step_limit,
             clock=clock,
@@ -235,6 +246,7 @@ def check_key(
     model: Model[S, C],
     *,
     position: dict[int, int] | None = None,
+    lines: dict[int, int] | None = None,
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     step_limit: int | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -243,13 +255,19 @@ def check_key(
 
     `position` maps op index -> position in the history (real-time order); by default the
     op indexes themselves are used, which is equivalent for histories from one file.
+    `lines` maps op index -> source line, so model errors can name the line.
     """
     pos = position if position is not None else {}
     live = [p for p in pairs if p.outcome != FAIL]
     calls: list[OpPair] = []
     args: list[C] = []
     for pair in live:
-        arg = model.prepare(pair)
+        try:
+            arg = model.prepare(pair)
+        except HistoryError as exc:
+            if lines is None or exc.line is not None:
+                raise
+            raise HistoryError(str(exc), line=lines.get(pair.invoke.index)) from None
         if arg is not None:
             calls.append(pair)
             args.append(arg)
