@@ -16,9 +16,9 @@ import trio
 import trio.testing
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from phalanx.consensus.types import NodeId
 
 from phalanx import pki
-from phalanx.consensus.types import NodeId
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,8 @@ def test_certificates_carry_identity_and_usage(cluster: dict[str, pki.Credential
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     ca = x509.load_pem_x509_certificate(cluster["ca"].certificate.read_bytes())
     constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
-    assert constraints.ca and constraints.path_length == 0
+    assert constraints.ca
+    assert constraints.path_length == 0
     assert node.issuer == ca.subject
 
 
@@ -200,4 +201,4 @@ def test_node_id_extraction(peercert: dict[str, Any] | None, expected: str | Non
 
 def test_naive_now_is_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        pki.create_ca(now=datetime.datetime(2024, 1, 1))  # noqa: DTZ001
+        pki.create_ca(now=datetime.datetime(2024, 1, 1))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from phalanx.net.framing import (
     HEADER_SIZE,
     FrameDecoder,
@@ -23,7 +23,7 @@ MAX = 64
 def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def _decode_all(decoder: FrameDecoder, chunks: list[bytes]) -> list[bytes]:
