@@ -1,0 +1,155 @@
+"""The application contract: what a replicated state machine offers the replica layer.
+
+Owns: the `StateMachine` and `StateSnapshot` protocols, the optional `EndorsementHooks` the
+leaderless core uses (key access sets and a local accept/reject vote), and the typed errors an
+application raises on malformed snapshot data.
+
+Must not import: anything from `phalanx.consensus` cores, `phalanx.storage`, trio, sockets or
+clocks. Applications never see consensus (the ABCI rule, house style 7.1); they see opaque
+command bytes in commit order.
+
+Invariants every application must keep:
+- `apply` and `query` are functions of (state, input bytes) only: no clocks, no randomness, no
+  set-iteration order, no `id()`. Two replicas that apply the same commands hold equal state
+  and return equal bytes.
+- `apply` never raises on any input: a malformed or invalid command yields a typed error
+  *result* (bytes), because peer and client input is normal input.
+- `snapshot()` is O(1) and isolated: mutating the machine afterwards never changes what the
+  snapshot serialises to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+class SnapshotFormatError(Exception):
+    """Checkpoint bytes that do not parse as this application's (or the replica's) format.
+
+    Raised by `restore`; checkpoint data may come from disk or from a peer, so it is input,
+    never asserted on.
+    """
+
+
+class StateSnapshot(Protocol):
+    """An immutable, O(1)-taken view of a state machine's state, serialised on demand."""
+
+    def chunks(self) -> Iterator[bytes]:
+        """Serialise the state as a sequence of byte chunks whose concatenation `restore`
+        accepts.
+
+        Each `next()` must do bounded work (well under a millisecond or two of CPU), so a
+        checkpoint writer can interleave serialisation with applying new commands without
+        stalling them. A step that produces no output yet (sorting, say) yields `b""`.
+
+        Determinism: MUST be deterministic: equal states give equal concatenated bytes on
+        every replica and in every process (so PBFT checkpoint digests agree). In particular,
+        never rely on dict/set/hash-map iteration order: sort.
+        """
+        ...
+
+
+class StateMachine(Protocol):
+    """A deterministic application replicated by phalanx.
+
+    Commands, query requests and results are opaque bytes here; each application defines and
+    encodes its own typed commands (see `phalanx.apps.kv`).
+    """
+
+    def apply(self, command: bytes) -> bytes:
+        """Execute one committed command and return its result.
+
+        Determinism: MUST be deterministic (state and `command` only).
+        Errors: MUST NOT raise on any input; malformed or invalid commands get a typed error
+        result. An exception escaping `apply` is a bug in the application and stops the replica.
+        """
+        ...
+
+    def query(self, request: bytes) -> bytes:
+        """Answer a read-only request against the current state without changing it.
+
+        Determinism: MUST be deterministic given the state (replicas at the same applied index
+        give the same answer). Errors: like `apply`, never raises; a request that is not a
+        read gets a typed error result.
+        """
+        ...
+
+    def snapshot(self) -> StateSnapshot:
+        """Take an O(1) snapshot of the current state (e.g. share a persistent map).
+
+        Determinism: the snapshot's serialisation MUST be deterministic (see `StateSnapshot`).
+        Isolation: later `apply` calls MUST NOT change the snapshot.
+        """
+        ...
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state with the one serialised in `data`.
+
+        Determinism: MUST be deterministic. Errors: raises `SnapshotFormatError` when `data`
+        is malformed; the machine's state is then unchanged.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyAccess:
+    """The keys a command may read and write, for conflict detection (PnyxDB §1.3).
+
+    Tuples are sorted and unique so that equal accesses compare and encode equal.
+    `read_prefixes` covers range reads (a scan reads every key starting with the prefix).
+    """
+
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    read_prefixes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("reads", "writes", "read_prefixes"):
+            value: tuple[str, ...] = getattr(self, name)
+            if list(value) != sorted(set(value)):
+                raise ValueError(f"KeyAccess.{name} must be sorted and unique: {value!r}")
+
+    def conflicts_with(self, other: KeyAccess) -> bool:
+        """True when one command writes something the other reads or writes."""
+
+        def writes_hit(writes: tuple[str, ...], access: KeyAccess) -> bool:
+            touched = set(access.reads) | set(access.writes)
+            return any(
+                key in touched or any(key.startswith(p) for p in access.read_prefixes)
+                for key in writes
+            )
+
+        return writes_hit(self.writes, other) or writes_hit(other.writes, self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """A replica's local accept/reject vote on a command (PnyxDB's application-level vote)."""
+
+    accept: bool
+    reason: str = ""
+
+
+@runtime_checkable
+class EndorsementHooks(Protocol):
+    """Optional hooks for the leaderless (endorsement) core; consensus never reads app state
+    except through them."""
+
+    def access(self, command: bytes) -> KeyAccess:
+        """The keys `command` reads and writes.
+
+        Determinism: MUST be deterministic and depend on `command` only (not on state), so
+        every replica computes the same conflicts. Never raises: a malformed command touches
+        no keys (and `check` rejects it).
+        """
+        ...
+
+    def check(self, command: bytes) -> Verdict:
+        """Whether this replica is willing to endorse `command` in its current state.
+
+        Determinism: need NOT be deterministic across replicas (it is a local policy vote,
+        e.g. a validity check against local state); it MUST NOT change state or raise.
+        """
+        ...

@@ -1,0 +1,255 @@
+"""The KV store: a `StateMachine` over a persistent map from `str` keys to `bytes` values.
+
+Owns: command execution (put, get, delete, compare-and-set, prefix scan), the KV checkpoint
+format, and the `EndorsementHooks` of the KV app.
+
+Must not import: consensus cores, storage, trio, clocks.
+
+Invariants:
+- `apply`/`query` never raise: bytes that do not decode to a KV command, or a command over the
+  size limits, get a `KvError` result and change nothing.
+- State is an `immutables.Map` (a HAMT): `snapshot()` shares it in O(1), and later writes
+  path-copy, so a snapshot never changes.
+- Determinism: no behaviour depends on the map's (hash-seeded) iteration order; scans and
+  checkpoints sort keys.
+
+Checkpoint format (version 1), a stream of msgpack objects, concatenated:
+    ["phalanx.kv", 1, count]
+    [k1, v1, k2, v2, ...]        # up to CHUNK_KEYS pairs per array, repeated
+Keys are strictly ascending (by code point) across the whole stream, so equal states give
+equal bytes on every replica; `restore` checks the header, types, limits, the order and the
+count, and raises `SnapshotFormatError` otherwise.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import immutables
+import msgpack  # type: ignore[import-untyped]  # no stubs shipped
+from phalanx.apps import kv_wire
+from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
+from phalanx.apps.kv_types import (
+    MAX_KEY_BYTES,
+    MAX_SCAN_LIMIT,
+    MAX_VALUE_BYTES,
+    CasResult,
+    CompareAndSet,
+    Delete,
+    Deleted,
+    Done,
+    Get,
+    KvCommand,
+    KvError,
+    KvErrorCode,
+    KvResult,
+    Put,
+    Scan,
+    ScanResult,
+    Value,
+)
+from phalanx.apps.sorted_steps import sorted_in_steps
+
+CHUNK_KEYS = 4096
+"""Pairs per checkpoint array, and the bound on the work of one serialisation step."""
+_MAGIC = "phalanx.kv"
+_VERSION = 1
+
+
+class KvSnapshot:
+    """An O(1) snapshot of a `KvStateMachine`, serialised in bounded steps."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: immutables.Map[str, bytes]) -> None:
+        self._data = data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def chunks(self) -> Iterator[bytes]:
+        data = self._data
+        yield msgpack.packb([_MAGIC, _VERSION, len(data)])
+        for keys in sorted_in_steps(data.keys(), run=CHUNK_KEYS):
+            if keys is None:
+                yield b""
+                continue
+            flat: list[str | bytes] = []
+            for key in keys:
+                flat.append(key)
+                flat.append(data[key])
+            yield msgpack.packb(flat)
+
+
+class KvStateMachine:
+    """A replicated key-value store. Keys are `str`, values `bytes` (see `kv_types` limits)."""
+
+    def __init__(self) -> None:
+        # Invariant: every key is a str within MAX_KEY_BYTES, every value bytes within
+        # MAX_VALUE_BYTES.
+        self._data: immutables.Map[str, bytes] = immutables.Map()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: str) -> bytes | None:
+        """Local read of one key (tests and tools; clients go through `query`)."""
+        return self._data.get(key)
+
+    # ---------------------------------------------------------------- StateMachine
+
+    def apply(self, command: bytes) -> bytes:
+        return kv_wire.encode_result(self.execute(kv_wire.decode_command(command)))
+
+    def query(self, request: bytes) -> bytes:
+        cmd = kv_wire.decode_command(request)
+        if not isinstance(cmd, KvError | Get | Scan):
+            cmd = KvError(
+                code=KvErrorCode.NOT_A_QUERY,
+                message=f"{type(cmd).__name__} changes state; submit it as a command",
+            )
+        return kv_wire.encode_result(self.execute(cmd))
+
+    def snapshot(self) -> KvSnapshot:
+        return KvSnapshot(self._data)
+
+    def restore(self, data: bytes) -> None:
+        self._data = _parse_checkpoint(data)
+
+    # ---------------------------------------------------------------- typed execution
+
+    def execute(self, cmd: KvCommand | KvError) -> KvResult:
+        """Execute a typed command (an already-decoded `KvError` is passed through)."""
+        if isinstance(cmd, KvError):
+            return cmd
+        problem = validate(cmd)
+        if problem is not None:
+            return problem
+        data = self._data
+        match cmd:
+            case Put(key=key, value=value):
+                self._data = data.set(key, value)
+                return Done()
+            case Get(key=key):
+                return Value(value=data.get(key))
+            case Delete(key=key):
+                if key in data:
+                    self._data = data.delete(key)
+                    return Deleted(existed=True)
+                return Deleted(existed=False)
+            case CompareAndSet(key=key, expected=expected, new=new):
+                current = data.get(key)
+                if current != expected:
+                    return CasResult(succeeded=False, current=current)
+                self._data = data.set(key, new)
+                return CasResult(succeeded=True, current=new)
+            case Scan(prefix=prefix, limit=limit):
+                # NB: O(n) in the number of keys: a HAMT has no order. Fine for an example
+                # app; an ordered persistent map would make this O(log n + limit).
+                matches = sorted(k for k in data if k.startswith(prefix))
+                items = tuple((k, data[k]) for k in matches[:limit])
+                return ScanResult(items=items, more=len(matches) > limit)
+
+    # ---------------------------------------------------------------- EndorsementHooks
+
+    def access(self, command: bytes) -> KeyAccess:
+        cmd = kv_wire.decode_command(command)
+        match cmd:
+            case Put(key=key) | Delete(key=key):
+                return KeyAccess(writes=(key,))
+            case Get(key=key):
+                return KeyAccess(reads=(key,))
+            case CompareAndSet(key=key):
+                return KeyAccess(reads=(key,), writes=(key,))
+            case Scan(prefix=prefix):
+                return KeyAccess(read_prefixes=(prefix,))
+            case KvError():
+                return KeyAccess()
+
+    def check(self, command: bytes) -> Verdict:
+        cmd = kv_wire.decode_command(command)
+        if isinstance(cmd, KvError):
+            return Verdict(accept=False, reason=cmd.message)
+        problem = validate(cmd)
+        if problem is not None:
+            return Verdict(accept=False, reason=problem.message)
+        return Verdict(accept=True)
+
+
+def _key_too_large(key: str) -> bool:
+    # A code point takes at most 4 bytes of UTF-8: skip the encode for short keys.
+    if len(key) * 4 <= MAX_KEY_BYTES:
+        return False
+    return len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES
+
+
+def validate(cmd: KvCommand) -> KvError | None:
+    """The size and range checks every command passes before it runs (state-independent)."""
+    key = cmd.prefix if isinstance(cmd, Scan) else cmd.key
+    if _key_too_large(key):
+        return KvError(code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes")
+    value = b""
+    if isinstance(cmd, Put):
+        value = cmd.value
+    elif isinstance(cmd, CompareAndSet):
+        value = cmd.new
+    if len(value) > MAX_VALUE_BYTES:
+        return KvError(
+            code=KvErrorCode.VALUE_TOO_LARGE, message=f"value exceeds {MAX_VALUE_BYTES} bytes"
+        )
+    if isinstance(cmd, Scan) and not 1 <= cmd.limit <= MAX_SCAN_LIMIT:
+        return KvError(
+            code=KvErrorCode.INVALID_LIMIT,
+            message=f"scan limit must be in 1..{MAX_SCAN_LIMIT}, got {cmd.limit}",
+        )
+    return None
+
+
+def _parse_checkpoint(data: bytes) -> immutables.Map[str, bytes]:
+    """Decode the KV checkpoint format (module docstring); raise `SnapshotFormatError`."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
+    unpacker.feed(data)
+    try:
+        header = next(unpacker)
+    except (StopIteration, ValueError, msgpack.UnpackException) as exc:
+        raise SnapshotFormatError(f"KV checkpoint header unreadable: {exc}") from exc
+    if (
+        not isinstance(header, list)
+        or len(header) != 3
+        or header[0] != _MAGIC
+        or header[1] != _VERSION
+        or type(header[2]) is not int
+        or header[2] < 0
+    ):
+        raise SnapshotFormatError(f"not a version-{_VERSION} KV checkpoint header: {header!r}")
+    count: int = header[2]
+    pairs: dict[str, bytes] = {}
+    previous: str | None = None
+    # NB: bulk-building a million-node map triggers many full cyclic-GC passes that find
+    # nothing (the map is acyclic); pausing the collector makes restore ~3x faster.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for flat in unpacker:
+            if not isinstance(flat, list) or len(flat) % 2:
+                raise SnapshotFormatError("KV checkpoint chunk is not a list of key/value pairs")
+            keys = flat[0::2]
+            values = flat[1::2]
+            for key, value in zip(keys, values, strict=True):
+                if type(key) is not str or type(value) is not bytes:
+                    raise SnapshotFormatError("KV checkpoint: non-str key or non-bytes value")
+                if previous is not None and not previous < key:
+                    raise SnapshotFormatError(f"KV checkpoint keys not ascending at {key!r}")
+                if len(value) > MAX_VALUE_BYTES or _key_too_large(key):
+                    raise SnapshotFormatError(f"KV checkpoint entry over the size limits: {key!r}")
+                previous = key
+            pairs.update(zip(keys, values, strict=True))
+        if len(pairs) != count:
+            raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {len(pairs)}")
+        return immutables.Map(pairs)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise SnapshotFormatError(f"KV checkpoint body unreadable: {exc}") from exc
+    finally:
+        if gc_was_enabled:
+            gc.enable()

@@ -1,0 +1,153 @@
+"""The KV store's typed commands and results, and their stable wire type ids (400-499).
+
+Owns: the command and result dataclasses of `phalanx.apps.kv`, the size limits, and the
+`KV_TYPE_IDS` table the codec registers.
+
+Must not import: consensus cores, storage, trio, clocks. Pure data.
+
+Invariants:
+- Keys are `str` (at most `MAX_KEY_BYTES` bytes of UTF-8), values are `bytes` (at most
+  `MAX_VALUE_BYTES`). Limits are checked by the state machine, not in `__post_init__`, so an
+  oversize command still decodes and gets a typed `KvError` result instead of a decode error.
+- Type ids never change once released: they are part of the on-wire and on-disk format.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeAlias
+
+MAX_KEY_BYTES = 1024
+"""Largest key, in bytes of UTF-8."""
+MAX_VALUE_BYTES = 1 << 20
+"""Largest value, in bytes."""
+MAX_SCAN_LIMIT = 10_000
+"""Largest `Scan.limit`."""
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Put:
+    """Set `key` to `value`. Result: `Done`."""
+
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Get:
+    """Read `key`. Result: `Value` (value None when absent). A query."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delete:
+    """Remove `key`. Result: `Deleted(existed=...)`."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompareAndSet:
+    """Set `key` to `new` iff its current value equals `expected` (None means "absent").
+
+    Result: `CasResult(succeeded, current)` where `current` is the value after the command.
+    """
+
+    key: str
+    expected: bytes | None
+    new: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scan:
+    """Up to `limit` (key, value) pairs whose key starts with `prefix`, in ascending key order
+    (by Unicode code point). Result: `ScanResult`. A query."""
+
+    prefix: str
+    limit: int
+
+
+KvCommand: TypeAlias = Put | Get | Delete | CompareAndSet | Scan
+READ_COMMANDS = (Get, Scan)
+
+# --------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done:
+    """A `Put` took effect."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Value:
+    """The value of a key, or None when the key is absent."""
+
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deleted:
+    """A `Delete` took effect; `existed` tells whether the key was present."""
+
+    existed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CasResult:
+    """Outcome of a `CompareAndSet`: whether it swapped, and the key's value afterwards."""
+
+    succeeded: bool
+    current: bytes | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanResult:
+    """Matching pairs in ascending key order; `more` is True when the limit cut the scan short."""
+
+    items: tuple[tuple[str, bytes], ...]
+    more: bool
+
+
+class KvErrorCode(enum.IntEnum):
+    """Why a command was refused. The command had no effect."""
+
+    MALFORMED = 1
+    """The bytes do not decode to a KV command."""
+    KEY_TOO_LARGE = 2
+    VALUE_TOO_LARGE = 3
+    INVALID_LIMIT = 4
+    """`Scan.limit` outside 1..MAX_SCAN_LIMIT."""
+    NOT_A_QUERY = 5
+    """A write command was sent as a read-only query."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvError:
+    """A typed refusal: `code` for programs, `message` for people."""
+
+    code: KvErrorCode
+    message: str
+
+
+KvResult: TypeAlias = Done | Value | Deleted | CasResult | ScanResult | KvError
+
+KV_TYPE_IDS: dict[int, type] = {
+    400: Put,
+    401: Get,
+    402: Delete,
+    403: CompareAndSet,
+    404: Scan,
+    420: Done,
+    421: Value,
+    422: Deleted,
+    423: CasResult,
+    424: ScanResult,
+    425: KvError,
+}
+"""Stable codec type ids (the 400-499 range is reserved for apps in `phalanx.net.wire`)."""

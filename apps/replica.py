@@ -1,0 +1,430 @@
+"""The replica layer: the checkpoint-and-replay engine between a consensus core and an app.
+
+Owns: applying committed entries to a `StateMachine` exactly once and in index order; the
+session table that deduplicates client retries by (client id, request number) and answers them
+from a cached reply; checkpoints every N entries or B bytes of commands, taken in O(1) and
+serialised and written off the hot path; WAL prefix compaction once a checkpoint is durable;
+recovery (newest checkpoint + WAL suffix replay); installing a checkpoint from a peer.
+
+Must not import: trio, sockets, clocks, random, any consensus core. It is consensus-agnostic:
+drivers (the simulator, the runtime, the local demo) call it with committed entries, in the
+`Ready` order of `phalanx.consensus.core`, and route the returned results to clients.
+
+Invariants:
+- applied_index only grows by one per `apply`, or jumps to a checkpoint's index in
+  `restore_latest`/`install`. An entry at or below applied_index is skipped (and counted); one
+  beyond applied_index + 1 is our caller's bug (`LocalProtocolError`).
+- A write request (client_id, n) changes state at most once: it runs iff n is greater than the
+  client's last applied request number. n equal to it gets the cached reply; a smaller n gets
+  `EXPIRED` (its reply is gone; the client has moved on). The session table is part of every
+  checkpoint, so this holds across restarts and state transfer.
+- Determinism: with `InlineCheckpointWriter`, the same entries give the same results,
+  checkpoints and WAL calls; nothing depends on set order, `id()` or time.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import immutables
+from phalanx.apps.envelope import (
+    Session,
+    Sessions,
+    decode_meta,
+    encode_meta,
+    envelope_chunks,
+    parse_envelope,
+)
+from phalanx.apps.interface import SnapshotFormatError, StateMachine
+from phalanx.apps.writer import CheckpointJob, CheckpointWriter, InlineCheckpointWriter
+from phalanx.consensus.core import CheckpointTaken
+from phalanx.consensus.types import (
+    Configuration,
+    Entry,
+    EntryKind,
+    LocalProtocolError,
+    SnapshotMeta,
+)
+from phalanx.storage.interface import (
+    Checkpoint,
+    CheckpointStore,
+    StorageError,
+    WriteAheadLog,
+)
+
+REPLAY_BATCH = 1024
+"""WAL records read per batch during replay."""
+
+
+class RecoveryError(StorageError):
+    """Recovery cannot rebuild the state: the WAL does not reach back to the checkpoint, or a
+    WAL record is not an entry."""
+
+
+class ApplyStatus(enum.Enum):
+    APPLIED = "applied"
+    """The request ran now; `result` is its reply."""
+    DUPLICATE = "duplicate"
+    """A retry of the client's latest request: not run again; `result` is the cached reply."""
+    EXPIRED = "expired"
+    """A retry of an older request: not run; its reply is no longer kept (`result` empty)."""
+    READ = "read"
+    """A read-only request carried in the log: answered by `query`, no session change."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Applied:
+    """The outcome of one client request of a committed entry, to route to its client."""
+
+    index: int
+    client_id: str
+    request_no: int
+    status: ApplyStatus
+    result: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointPolicy:
+    """Checkpoint after `every_entries` applied entries or `every_bytes` bytes of commands
+    since the last one, whichever comes first (0 disables that trigger)."""
+
+    every_entries: int = 10_000
+    every_bytes: int = 64 << 20
+    compact_lag: int = 0
+    """Entries kept in the WAL below a durable checkpoint (lets lagging peers catch up from the
+    log instead of a snapshot)."""
+
+    def __post_init__(self) -> None:
+        if self.every_entries < 0 or self.every_bytes < 0 or self.compact_lag < 0:
+            raise ValueError(f"checkpoint policy values must be >= 0: {self!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryReport:
+    checkpoint_index: int
+    """Index of the checkpoint loaded (0 when none was)."""
+    replayed: int
+    """WAL entries applied after it."""
+    applied_index: int
+    problems: tuple[str, ...] = ()
+    """Corrupt newer checkpoints skipped on the way (see `LoadedCheckpoint.problems`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaStatus:
+    applied_index: int
+    sessions: int
+    checkpoint_index: int
+    checkpoint_in_flight: int | None
+    checkpoints_written: int
+    checkpoint_failures: int
+    last_checkpoint_error: str | None
+    skipped_entries: int
+
+
+class Replica:
+    """Applies committed entries to `machine`, deduplicates retries, checkpoints and recovers.
+
+    Args:
+        machine: the application.
+        checkpoints: where checkpoints go (and come from on restart).
+        wal: the log the driver appends entries to; compacted after durable checkpoints and
+            replayed on restart. Optional (a replica without one never compacts or replays).
+        decode_entry: turns a WAL payload back into its `Entry` (the driver's encoding).
+        writer: how checkpoints are written; default `InlineCheckpointWriter(checkpoints)`.
+        policy: when to checkpoint.
+        config: the membership in force before the first CONFIG entry (for `SnapshotMeta`).
+    """
+
+    def __init__(
+        self,
+        machine: StateMachine,
+        *,
+        checkpoints: CheckpointStore,
+        wal: WriteAheadLog | None = None,
+        decode_entry: Callable[[bytes], Entry] | None = None,
+        writer: CheckpointWriter | None = None,
+        policy: CheckpointPolicy | None = None,
+        config: Configuration | None = None,
+    ) -> None:
+        if wal is not None and decode_entry is None:
+            raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
+        self._machine = machine
+        self._store = checkpoints
+        self._wal = wal
+        self._decode_entry = decode_entry
+        self._writer = writer if writer is not None else InlineCheckpointWriter(checkpoints)
+        self._policy = policy if policy is not None else CheckpointPolicy()
+        self._config = config
+        # Invariant: the state of `machine` and `_sessions` is exactly that after `_applied`.
+        self._applied = 0
+        self._applied_term = 0
+        self._sessions: Sessions = immutables.Map()
+        self._entries_since = 0
+        self._bytes_since = 0
+        self._checkpoint_index = 0
+        self._in_flight: int | None = None
+        self._taken: list[CheckpointTaken] = []
+        self._written = 0
+        self._failures = 0
+        self._last_error: str | None = None
+        self._skipped = 0
+        self._replaying = False
+
+    # ---------------------------------------------------------------- reading
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    @property
+    def machine(self) -> StateMachine:
+        return self._machine
+
+    def session(self, client_id: str) -> Session | None:
+        """The client's deduplication record, if it has one."""
+        return self._sessions.get(client_id)
+
+    def snapshot_meta(self) -> SnapshotMeta | None:
+        """Where the current state sits in the log (None until a configuration is known)."""
+        if self._config is None:
+            return None
+        return SnapshotMeta(index=self._applied, term=self._applied_term, config=self._config)
+
+    def query(self, request: bytes) -> bytes:
+        """Answer a read-only request against the applied state (a `ReadState`'s answer, once
+        `applied_index` reached its index)."""
+        return self._machine.query(request)
+
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(
+            applied_index=self._applied,
+            sessions=len(self._sessions),
+            checkpoint_index=self._checkpoint_index,
+            checkpoint_in_flight=self._in_flight,
+            checkpoints_written=self._written,
+            checkpoint_failures=self._failures,
+            last_checkpoint_error=self._last_error,
+            skipped_entries=self._skipped,
+        )
+
+    # ---------------------------------------------------------------- applying
+
+    def apply(self, entry: Entry) -> tuple[Applied, ...]:
+        """Apply one committed entry; return the outcome of each of its client requests.
+
+        Ordering: entries must come in index order. A re-delivered entry (index <=
+        applied_index) is skipped and returns (). Raises `LocalProtocolError` on a gap.
+        """
+        if entry.index <= self._applied:
+            self._skipped += 1
+            return ()
+        if entry.index != self._applied + 1:
+            raise LocalProtocolError(
+                f"entry {entry.index} applied after {self._applied}: committed entries must be "
+                "applied in order without gaps"
+            )
+        out: list[Applied] = []
+        size = 0
+        if entry.kind is EntryKind.CONFIG:
+            self._config = entry.config
+        for request in entry.requests:
+            size += len(request.command)
+            out.append(self._apply_request(entry.index, request.client_id, request.request_no,
+                                           request.command, request.read_only))
+        self._applied = entry.index
+        self._applied_term = entry.term
+        self._entries_since += 1
+        self._bytes_since += size
+        if not self._replaying:
+            self._collect()
+            if self._due():
+                self.checkpoint_now()
+        return tuple(out)
+
+    def apply_many(self, entries: Iterable[Entry]) -> tuple[Applied, ...]:
+        out: list[Applied] = []
+        for entry in entries:
+            out.extend(self.apply(entry))
+        return tuple(out)
+
+    def _apply_request(
+        self, index: int, client_id: str, request_no: int, command: bytes, read_only: bool
+    ) -> Applied:
+        if read_only:
+            status, result = ApplyStatus.READ, self._machine.query(command)
+        else:
+            session = self._sessions.get(client_id)
+            if session is not None and request_no == session.request_no:
+                status, result = ApplyStatus.DUPLICATE, session.result
+            elif session is not None and request_no < session.request_no:
+                status, result = ApplyStatus.EXPIRED, b""
+            else:
+                status, result = ApplyStatus.APPLIED, self._machine.apply(command)
+                self._sessions = self._sessions.set(
+                    client_id, Session(request_no=request_no, result=result)
+                )
+        return Applied(
+            index=index, client_id=client_id, request_no=request_no, status=status, result=result
+        )
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _due(self) -> bool:
+        p = self._policy
+        return (p.every_entries > 0 and self._entries_since >= p.every_entries) or (
+            p.every_bytes > 0 and self._bytes_since >= p.every_bytes
+        )
+
+    def checkpoint_now(self) -> bool:
+        """Start a checkpoint of the current state; False if one is already in flight (the
+        policy then triggers again after it completes). O(1) on the calling thread."""
+        self._collect()
+        if self._writer.busy or self._applied == 0 or self._applied == self._checkpoint_index:
+            return False
+        chunks = envelope_chunks(
+            index=self._applied, sessions=self._sessions, app=self._machine.snapshot()
+        )
+        meta = self.snapshot_meta()
+        self._in_flight = self._applied
+        self._entries_since = 0
+        self._bytes_since = 0
+        self._writer.start(
+            CheckpointJob(
+                index=self._applied,
+                chunks=chunks,
+                meta=encode_meta(meta) if meta is not None else b"",
+            )
+        )
+        self._collect()
+        return True
+
+    def poll(self) -> tuple[CheckpointTaken, ...]:
+        """Checkpoints made durable since the last call, for the core (`CheckpointTaken`).
+
+        Also finishes completed checkpoint jobs (compacting the WAL); drivers call it
+        regularly, e.g. after each batch of applies or when idle.
+        """
+        self._collect()
+        taken, self._taken = tuple(self._taken), []
+        return taken
+
+    def _collect(self) -> None:
+        done = self._writer.poll()
+        if done is None:
+            return
+        self._in_flight = None
+        if done.error is not None:
+            self._failures += 1
+            self._last_error = done.error
+            return
+        self._written += 1
+        self._checkpoint_index = max(self._checkpoint_index, done.index)
+        self._taken.append(CheckpointTaken(index=done.index, data=done.data))
+        self._compact(done.index)
+
+    def _compact(self, index: int) -> None:
+        upto = index - self._policy.compact_lag
+        if self._wal is not None and upto >= self._wal.first_index():
+            self._wal.compact_prefix(upto)
+
+    # ---------------------------------------------------------------- recovery
+
+    def restore_latest(self, *, replay_upto: int | None = None) -> RecoveryReport:
+        """Load the newest valid checkpoint, then replay the WAL suffix after it.
+
+        Args:
+            replay_upto: the highest index known committed (entries past it may be
+                uncommitted and must not be applied); default: the end of the WAL.
+
+        Raises:
+            RecoveryError: the WAL starts after the checkpoint (entries missing) or holds a
+                record that does not decode.
+            SnapshotFormatError: the stored checkpoint does not parse.
+        """
+        loaded = self._store.load_latest()
+        checkpoint_index = 0
+        if loaded.checkpoint is not None:
+            ckpt = loaded.checkpoint
+            meta = decode_meta(ckpt.meta) if ckpt.meta else None
+            self._load(ckpt.index, ckpt.data, meta)
+            checkpoint_index = ckpt.index
+        replayed = self._replay(replay_upto)
+        return RecoveryReport(
+            checkpoint_index=checkpoint_index,
+            replayed=replayed,
+            applied_index=self._applied,
+            problems=loaded.problems,
+        )
+
+    def _replay(self, replay_upto: int | None) -> int:
+        if self._wal is None or self._decode_entry is None:
+            return 0
+        hi = self._wal.last_index()
+        if replay_upto is not None:
+            hi = min(hi, replay_upto)
+        lo = self._applied + 1
+        if lo > hi:
+            return 0
+        if self._wal.first_index() > lo:
+            raise RecoveryError(
+                f"WAL starts at {self._wal.first_index()} but state is at {self._applied}: "
+                f"entries {lo}..{self._wal.first_index() - 1} are missing"
+            )
+        self._replaying = True
+        try:
+            for start in range(lo, hi + 1, REPLAY_BATCH):
+                stop = min(start + REPLAY_BATCH, hi + 1)
+                for offset, payload in enumerate(self._wal.read(start, stop)):
+                    try:
+                        entry = self._decode_entry(payload)
+                    except Exception as exc:
+                        raise RecoveryError(f"WAL record {start + offset}: {exc}") from exc
+                    if entry.index != start + offset:
+                        raise RecoveryError(
+                            f"WAL record {start + offset} holds entry {entry.index}"
+                        )
+                    self.apply(entry)
+        finally:
+            self._replaying = False
+        self._entries_since = self._bytes_since = 0
+        return hi - lo + 1
+
+    def install(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Install a checkpoint obtained from peers (Raft InstallSnapshot, PBFT state
+        transfer): restore the state, store the checkpoint durably, compact the WAL below it.
+
+        Raises:
+            SnapshotFormatError: `data` does not parse or is not at `meta.index`.
+            LocalProtocolError: it would move the state backwards.
+        """
+        if meta.index <= self._applied:
+            raise LocalProtocolError(
+                f"checkpoint at {meta.index} is not ahead of applied index {self._applied}"
+            )
+        self._load(meta.index, data, meta)
+        # NB: a checkpoint still in flight (older) completes normally; it is just superseded.
+        self._store.save(Checkpoint(meta.index, data, encode_meta(meta)))
+        self._checkpoint_index = meta.index
+        self._compact(meta.index)
+
+    def _load(self, index: int, data: bytes, meta: SnapshotMeta | None) -> None:
+        parsed = parse_envelope(data)
+        if parsed.index != index:
+            raise SnapshotFormatError(
+                f"checkpoint data is at index {parsed.index}, expected {index}"
+            )
+        self._machine.restore(parsed.app_data)
+        self._sessions = parsed.sessions
+        self._applied = index
+        self._checkpoint_index = index
+        self._entries_since = self._bytes_since = 0
+        if meta is not None:
+            self._applied_term = meta.term
+            self._config = meta.config
+
+    def close(self) -> None:
+        self._writer.close()
+        self._collect()
