@@ -1,0 +1,56 @@
+"""Opening one node's storage: the WAL, hard state and checkpoints in one directory.
+
+Owns: the `Storage` bundle and `open_file_storage`. `phalanx.storage.memory.MemoryDisk`
+builds the same bundle over a `MemoryDirectory`.
+Must not import: `phalanx.consensus`, `phalanx.storage.memory` (memory imports this).
+
+All three structures share one flat directory; their file names do not overlap
+(`wal-*.seg`, `wal.meta`, `hardstate`, `checkpoint-*.ckpt`, plus `*.tmp` while saving).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.storage.checkpoint import FileCheckpointStore
+from phalanx.storage.directory import Directory, OsDirectory
+from phalanx.storage.hardstate import FileHardStateStore
+from phalanx.storage.interface import SyncPolicy
+from phalanx.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Storage:
+    """One node's durable state. `wal.recovery` says what opening found (e.g. a torn tail
+    that was cut off); `checkpoints.load_latest().problems` must be reported by the caller."""
+
+    wal: Wal
+    hard_state: FileHardStateStore
+    checkpoints: FileCheckpointStore
+    directory: Directory | None = None
+
+    def close(self) -> None:
+        """Close the WAL (without syncing) and release descriptors."""
+        self.wal.close()
+        if self.directory is not None:
+            self.directory.close()
+
+
+def open_file_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
+                      segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                      keep_checkpoints: int = 3) -> Storage:
+    """Open (creating if needed) and recover the storage in directory `path`.
+
+    Raises:
+        CorruptionError: the WAL holds corruption a crash cannot explain; run
+            `phalanx.storage.repair.repair_wal` deliberately, then open again.
+    """
+    directory = OsDirectory(path)
+    try:
+        wal = Wal.open(directory, sync=sync, segment_bytes=segment_bytes)
+    except BaseException:
+        directory.close()
+        raise
+    return Storage(wal=wal, hard_state=FileHardStateStore(directory, sync=sync),
+                   checkpoints=FileCheckpointStore(directory, keep=keep_checkpoints, sync=sync),
+                   directory=directory)
