@@ -3,9 +3,10 @@ the reload of what a core restarts from.
 
 Owns: `ReadyPersister`, shared by every driver (the deterministic simulator now, the trio
 runtime later): `persist(ready)` installs a snapshot, truncates, appends encoded entries and
-writes the hard state, and syncs when `must_sync`; `save_checkpoint` stores a checkpoint the
-replica layer made and compacts the log under it; `load()` returns the `DurableState` a core
-and its replica restart from.
+writes the hard state, and syncs when `must_sync`; `load()` returns the `DurableState` a core
+restarts from. Checkpoints the replica layer takes, and the log compaction under them, are
+the replica layer's (`phalanx.apps.replica`); the metadata format is shared
+(`phalanx.apps.envelope.encode_meta` is the codec's `SnapshotMeta` frame).
 
 Rules:
 - Storage backends and the codec are injected; this module imports no backend, no trio and
@@ -18,6 +19,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -78,15 +80,28 @@ class ReadyPersister:
         self.codec = codec
         self.syncs = 0
 
-    def persist(self, ready: Ready) -> None:
-        """Step 1 of the ordering rule. Returns once durable if `ready.must_sync`."""
+    def persist(
+        self, ready: Ready, *, install: Callable[[SnapshotMeta, bytes], None] | None = None
+    ) -> None:
+        """Step 1 of the ordering rule. Returns once durable if `ready.must_sync`.
+
+        Args:
+            install: restores the state machine from `ready.snapshot` and stores the
+                checkpoint durably (the replica layer's `install`). Without it, the
+                checkpoint is stored here and restoring the state is the caller's job.
+        """
         wal = self.wal
         if ready.snapshot is not None:
             meta = ready.snapshot.meta
-            self.checkpoints.save(
-                Checkpoint(index=meta.index, data=ready.snapshot.data, meta=self.codec.encode(meta))
-            )
-            # Reset the log: nothing before or at the snapshot survives, later entries come
+            if install is not None:
+                install(meta, ready.snapshot.data)
+            else:
+                self.checkpoints.save(
+                    Checkpoint(
+                        index=meta.index, data=ready.snapshot.data, meta=self.codec.encode(meta)
+                    )
+                )
+            # Reset the log: nothing at or before the snapshot survives; later entries come
             # with this Ready or later ones.
             if wal.last_index() >= wal.first_index():
                 wal.truncate_suffix(wal.first_index())
@@ -101,12 +116,6 @@ class ReadyPersister:
         if ready.must_sync:
             wal.sync()
             self.syncs += 1
-
-    def save_checkpoint(self, meta: SnapshotMeta, data: bytes) -> None:
-        """Store a checkpoint durably, then drop the log records it covers."""
-        self.checkpoints.save(Checkpoint(index=meta.index, data=data, meta=self.codec.encode(meta)))
-        if self.wal.first_index() <= meta.index:
-            self.wal.compact_prefix(min(meta.index, self.wal.last_index()))
 
     def load(self) -> DurableState:
         """The durable restart point. Raises `StorageError` on undecodable records or a gap."""

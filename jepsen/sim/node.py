@@ -1,0 +1,297 @@
+"""One simulated replica: a consensus core driven by the `Ready` ordering rule over a memory
+disk and the replica layer, with crash, restart, pause and clock-rate skew.
+
+Owns: `SimNode`. It carries out every `Ready` exactly as `phalanx.consensus.core.Ready`
+orders: persist (through `phalanx.persistence.ReadyPersister`; the memory disk's fsync is
+instantaneous in virtual time) → send → apply committed entries in order → answer rejected
+requests and reads → feed `Persisted(number)` back. Inputs produced while handling a Ready
+(Persisted, CheckpointTaken) are queued and stepped after it, never re-entrantly.
+
+Faults:
+- `crash(lose_unfsynced)`: the core, the replica and every queued input vanish; with
+  `lose_unfsynced` the memory disk also loses (or tears) its un-fsynced writes (a machine
+  crash), otherwise written data survive (a process crash: the page cache survives).
+- `restart()`: reopen storage, `load()` the durable state, rebuild core and replica.
+- `pause()/resume()`: no ticks; messages and client requests queue until resumed.
+- `clock_rate`: the tick period is divided by it (a fast clock ticks more often).
+
+Rules: deterministic (a per-node `random.Random`, virtual time only); the core, replica and
+invariant checker are injected, so the node knows no protocol beyond the `Core` contract.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from phalanx.apps.replica import ApplyStatus, Replica
+from phalanx.consensus.core import (
+    Core,
+    Input,
+    Persisted,
+    ReadState,
+    Ready,
+    Receive,
+    Submit,
+    Tick,
+)
+from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
+from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.storage.files import Storage
+from phalanx.storage.memory import MemoryDisk
+
+from phalanx.persistence import Codec, DurableState, ReadyPersister
+
+CoreFactory = Callable[[str, DurableState, random.Random], Core]
+ReplicaFactory = Callable[[str, Storage, DurableState], Replica]
+"""Builds a node's replica over its storage and restores it (checkpoint + committed replay)."""
+
+
+class ClientSink(Protocol):
+    def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None: ...
+
+    def reject(self, node: str, request: ClientRequest, leader_hint: str | None) -> None: ...
+
+
+@dataclass(slots=True)
+class NodeStats:
+    steps: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    applied: int = 0
+
+
+class SimNode:
+    def __init__(
+        self,
+        name: str,
+        *,
+        loop: EventLoop,
+        rng: random.Random,
+        trace: Trace,
+        send: Callable[[str, str, Message], None],
+        clients: ClientSink,
+        checker: InvariantChecker,
+        make_core: CoreFactory,
+        make_replica: ReplicaFactory,
+        codec: Codec,
+        observe: Callable[[Core], tuple[str, int, int]],
+        tick_ns: int,
+    ) -> None:
+        self.name = name
+        self.loop = loop
+        self.rng = rng
+        self.trace = trace
+        self._send = send
+        self.clients = clients
+        self.checker = checker
+        self.make_core = make_core
+        self.make_replica = make_replica
+        self.codec = codec
+        self.observe = observe
+        self.tick_ns = tick_ns
+        self.clock_rate = 1.0
+        self.disk = MemoryDisk(name)
+        self.stats = NodeStats()
+        self.incarnation = 0
+        self.core: Core | None = None
+        self.replica: Replica | None = None
+        self.persister: ReadyPersister | None = None
+        self.log = LogMirror()
+        self.paused = False
+        self._paused_inbox: list[Input] = []
+        self._inputs: deque[Input] = deque()
+        self._stepping = False
+        self._reads: list[ReadState] = []
+        self._client_requests: dict[tuple[str, int], ClientRequest] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        return self.core is not None
+
+    def start(self) -> None:
+        """Boot (or reboot) from whatever the disk holds durably."""
+        if self.core is not None:
+            raise RuntimeError(f"{self.name} is already running")
+        storage = self.disk.open()
+        self.persister = ReadyPersister(
+            wal=storage.wal,
+            hard_state=storage.hard_state,
+            checkpoints=storage.checkpoints,
+            codec=self.codec,
+        )
+        durable = self.persister.load()
+        if durable.snapshot is not None:
+            self.log = LogMirror(
+                snapshot_index=durable.snapshot.index,
+                snapshot_term=durable.snapshot.term,
+                entries=durable.entries,
+            )
+        else:
+            self.log = LogMirror(entries=durable.entries)
+        self.replica = self.make_replica(self.name, storage, durable)
+        self.core = self.make_core(self.name, durable, self.rng)
+        self.incarnation += 1
+        self.trace(
+            f"{self.name} START incarnation={self.incarnation} hard_state={durable.hard_state} "
+            f"snapshot={durable.snapshot.index if durable.snapshot else 0} "
+            f"log={len(durable.entries)}"
+        )
+        self._schedule_tick(self.incarnation)
+
+    def crash(self, *, lose_unfsynced: bool) -> None:
+        if self.core is None:
+            return
+        self.core = None
+        self.replica = None
+        self.persister = None
+        self.paused = False
+        self._paused_inbox.clear()
+        self._inputs.clear()
+        self._reads.clear()
+        self._client_requests.clear()
+        self.stats.crashes += 1
+        if lose_unfsynced:
+            self.disk.crash(self.rng)
+        self.trace(f"{self.name} CRASH lose_unfsynced={lose_unfsynced}")
+
+    def restart(self) -> None:
+        if self.core is None:
+            self.stats.restarts += 1
+            self.start()
+
+    def pause(self) -> None:
+        if self.core is not None and not self.paused:
+            self.paused = True
+            self.trace(f"{self.name} PAUSE")
+
+    def resume(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        self.trace(f"{self.name} RESUME")
+        inbox, self._paused_inbox = self._paused_inbox, []
+        for inp in inbox:
+            self.step(inp)
+        self._schedule_tick(self.incarnation)
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def _schedule_tick(self, incarnation: int) -> None:
+        period = max(1, int(self.tick_ns / self.clock_rate))
+        self.loop.call_later(period, lambda: self._on_tick(incarnation))
+
+    def _on_tick(self, incarnation: int) -> None:
+        if incarnation != self.incarnation or self.core is None or self.paused:
+            return  # a stale timer of an earlier life, or paused (resume re-arms)
+        self.step(Tick())
+        self._schedule_tick(incarnation)
+
+    def deliver(self, src: str, message: Message) -> None:
+        if self.core is None:
+            return
+        self.step(Receive(src=NodeId(src), message=message))
+
+    def submit(self, request: ClientRequest) -> None:
+        if self.core is None:
+            return
+        self._client_requests[(request.client_id, request.request_no)] = request
+        self.step(Submit(request=request))
+
+    def step(self, inp: Input) -> None:
+        """Feed one input and carry out the resulting Readys (and the inputs they cause)."""
+        if self.core is None:
+            return
+        if self.paused:
+            self._paused_inbox.append(inp)
+            return
+        self._inputs.append(inp)
+        if self._stepping:
+            return
+        self._stepping = True
+        try:
+            while self._inputs and self.core is not None:
+                core = self.core
+                ready = core.step(self._inputs.popleft())
+                self.stats.steps += 1
+                if not ready.is_empty:
+                    self._handle(ready)
+                self._observe(core)
+        finally:
+            self._stepping = False
+
+    # -- the Ready ordering rule ------------------------------------------------------------
+
+    def _handle(self, ready: Ready) -> None:
+        persister, replica = self.persister, self.replica
+        assert persister is not None
+        assert replica is not None
+        # 1. Persist first.
+        if ready.has_persistence:
+            persister.persist(ready, install=replica.install)
+            if ready.snapshot is not None:
+                meta = ready.snapshot.meta
+                self.log.install_snapshot(meta.index, meta.term)
+                self.trace(f"{self.name} INSTALL snapshot index={meta.index} term={meta.term}")
+            if ready.truncate_from is not None:
+                self.log.truncate_from(ready.truncate_from)
+            if ready.entries:
+                self.log.append(ready.entries)
+        # 2. Then send.
+        for send in ready.messages:
+            self._send(self.name, send.to, send.message)
+        # 3. Apply committed entries in order.
+        now = self.loop.now
+        for entry in ready.committed:
+            self.checker.observe_apply(self.name, entry, now)
+            for outcome in replica.apply(entry):
+                if outcome.status is not ApplyStatus.EXPIRED:
+                    self._answer(outcome.client_id, outcome.request_no, outcome.result)
+            self.stats.applied += 1
+        # 4. Answer rejections now and reads once applied.
+        for rejection in ready.rejected:
+            key = (rejection.request.client_id, rejection.request.request_no)
+            if self._client_requests.pop(key, None) is not None:
+                self.clients.reject(self.name, rejection.request, rejection.leader_hint)
+        if ready.reads:
+            self._reads.extend(ready.reads)
+        if self._reads:
+            self._serve_reads(replica)
+        # 5. Report durability.
+        if ready.has_persistence:
+            self._inputs.append(Persisted(number=ready.number))
+        if ready.committed:
+            # The replica layer checkpoints synchronously (inline writer) and compacts the WAL
+            # once the checkpoint is durable; the core learns of it after this Ready.
+            self._inputs.extend(replica.poll())
+
+    def _serve_reads(self, replica: Replica) -> None:
+        applied = replica.applied_index
+        waiting: list[ReadState] = []
+        for read in self._reads:
+            if read.index <= applied:
+                request = read.request
+                self._answer(
+                    request.client_id, request.request_no, replica.query(request.command)
+                )
+            else:
+                waiting.append(read)
+        self._reads = waiting
+
+    def _answer(self, client_id: str, request_no: int, result: bytes) -> None:
+        if self._client_requests.pop((client_id, request_no), None) is not None:
+            self.clients.answer(self.name, client_id, request_no, result)
+
+    def _observe(self, core: Core) -> None:
+        role, term, commit = self.observe(core)
+        at = self.loop.now
+        self.checker.observe_role(self.name, role=role, term=term, log=self.log, at_ns=at)
+        self.checker.observe_commit(
+            self.name, incarnation=self.incarnation, commit=commit, at_ns=at
+        )

@@ -1,0 +1,98 @@
+"""What the simulator needs to know about each protocol: how to build a core from durable
+state, the replica layer over the KV app, the codec, and how to observe a core cheaply.
+
+Owns: `ProtocolSetup` and `protocol_setup(name, ...)`; `PROTOCOLS` lists the names the CLI
+offers (PBFT and the leaderless core join here when they exist).
+
+Rules: the only module of the simulator that imports concrete cores. Observation reads
+attributes instead of `status()` on the hot path (status builds a dataclass per call), and
+must not change the core.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.consensus.core import Core, Snapshot
+from phalanx.consensus.raft.config import RaftConfig, RaftRestoredState
+from phalanx.consensus.raft.core import RaftCore
+from phalanx.consensus.raft.messages import RAFT_MESSAGES
+from phalanx.consensus.types import Configuration, Entry, HardState, NodeId
+from phalanx.net import wire
+from phalanx.net.codec import Registry
+from phalanx.storage.files import Storage
+
+from phalanx.persistence import DurableState
+
+PROTOCOLS: tuple[str, ...] = ("raft",)
+
+Observation = tuple[str, int, int]
+"""(role, term, commit index) of a core."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolSetup:
+    names: tuple[str, ...]
+    codec: Registry
+    make_core: Callable[[str, DurableState, random.Random], Core]
+    make_replica: Callable[[str, Storage, DurableState], Replica]
+    observe: Callable[[Core], Observation]
+    leader_role: str
+
+
+def _decode_entry(data: bytes) -> Entry:
+    return wire.decode(data, expected=Entry)
+
+
+def protocol_setup(
+    name: str, *, bugs: frozenset[str], nodes: int, checkpoint_every: int = 200
+) -> ProtocolSetup:
+    """The setup of protocol `name` for a cluster of `nodes` replicas `n1..nN`."""
+    if name != "raft":
+        raise ValueError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}")
+    wire.register_all(RAFT_MESSAGES)
+    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    voters = tuple(NodeId(n) for n in names)
+    bootstrap = Configuration(voters=voters)
+
+    def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
+        replica = Replica(
+            KvStateMachine(),
+            checkpoints=storage.checkpoints,
+            wal=storage.wal,
+            decode_entry=_decode_entry,
+            policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0, compact_lag=20),
+            config=bootstrap,
+        )
+        # Only the checkpoint: the core re-emits committed entries after it on restart.
+        replica.restore_latest(replay_upto=0)
+        return replica
+
+    def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
+        snapshot = None
+        if durable.snapshot is not None and durable.snapshot_data is not None:
+            snapshot = Snapshot(meta=durable.snapshot, data=durable.snapshot_data)
+        restored = RaftRestoredState(
+            hard_state=durable.hard_state or HardState(),
+            snapshot=snapshot,
+            entries=durable.entries,
+        )
+        config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs)
+        return RaftCore(config, rng=rng, restored=restored)
+
+    def observe(core: Core) -> Observation:
+        assert isinstance(core, RaftCore)  # built by make_core above
+        return core.role.value, core.term, core.commit
+
+    return ProtocolSetup(
+        names=names,
+        codec=wire.default_registry(),
+        make_core=make_core,
+        make_replica=make_replica,
+        observe=observe,
+        leader_role="leader",
+    )

@@ -1,0 +1,357 @@
+"""One seeded simulation: build a cluster, inject a fault schedule, heal, check everything.
+
+Owns: `RunConfig`, `RunResult` and `run(config)`. A run is a pure function of its config:
+every random draw comes from child generators of `random.Random(seed)`, time is virtual,
+and the result carries the sha256 of the trace so two runs can be compared.
+
+Phases:
+1. Fault phase `[0, time_ns)`: nodes boot, clients run closed loops, the nemesis schedule
+   (`phalanx.jepsen.nemesis.generate_schedule`) is interpreted; log matching is checked
+   every `check_every_ns`.
+2. Heal at `time_ns`: every node restarted/resumed, links restored, packet faults off.
+3. Liveness window `[time_ns, time_ns + liveness_ns)`: every pending operation must
+   complete by its end; halfway through, clients stop and one final read per key is issued,
+   which must succeed.
+4. Checks: invariant violations, linearizability (`phalanx.jepsen.linearizability.check`,
+   step-limited so the verdict is deterministic), liveness.
+
+Rules: no clocks or global randomness in anything the run does (wall time is measured only
+around it, for reports); protocols are reached through `phalanx.jepsen.sim.protocols`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from phalanx.apps import kv_wire
+from phalanx.consensus.types import ClientRequest, Message
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.history import HistoryRecorder, Op
+from phalanx.jepsen.linearizability import check as check_linearizable
+from phalanx.jepsen.sim.clients import ClientConfig, SimClient, ValueCounter
+from phalanx.jepsen.sim.invariants import InvariantChecker
+from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
+from phalanx.jepsen.sim.node import SimNode
+from phalanx.jepsen.sim.protocols import protocol_setup
+
+_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    seed: int
+    protocol: str = "raft"
+    nodes: int = 3
+    faults: tuple[str, ...] = nemesis.FAULT_KINDS
+    bugs: frozenset[str] = frozenset()
+    time_ns: int = 3_000 * _MS
+    liveness_ns: int = 3_000 * _MS
+    clients: int = 4
+    keys: int = 3
+    tick_ns: int = 10 * _MS
+    check_every_ns: int = 250 * _MS
+    use_codec: bool = True
+    keep_trace: bool = False
+    lin_step_limit: int = 200_000
+
+    def replay_command(self) -> str:
+        faults = ",".join(self.faults) if self.faults else "none"
+        if self.faults == nemesis.FAULT_KINDS:
+            faults = "all"
+        bugs = "".join(f" --bug {b}" for b in sorted(self.bugs))
+        return (
+            f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
+            f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}{bugs} "
+            f"--trace trace-{self.seed}.txt"
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class RunResult:
+    config: RunConfig
+    violations: list[str]
+    trace_hash: str
+    trace_tail: list[str]
+    trace_lines: list[str] | None
+    history: tuple[Op, ...]
+    linearizable: object
+    ops_ok: int
+    ops_info: int
+    deliveries: int
+    events: int
+    wall_s: float
+    schedule: nemesis.Schedule = ()
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self) -> str:
+        lines = [
+            f"seed {self.config.seed}: FAILED",
+            f"  replay: {self.config.replay_command()}",
+        ]
+        lines += [f"  violation: {v}" for v in self.violations]
+        lines.append(f"  last {len(self.trace_tail)} trace lines:")
+        lines += [f"    {line}" for line in self.trace_tail]
+        return "\n".join(lines)
+
+
+class _Cluster:
+    """Wires nodes, network and clients for one run; interprets the nemesis schedule."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        root = random.Random(cfg.seed)
+        self.loop = EventLoop()
+        self.trace = Trace(self.loop, keep_all=cfg.keep_trace)
+        self.recorder = HistoryRecorder()
+        setup = protocol_setup(cfg.protocol, bugs=cfg.bugs, nodes=cfg.nodes)
+        self.checker = InvariantChecker(leader_role=setup.leader_role)
+        self.names = setup.names
+        codec = setup.codec
+        self.network = SimNetwork(
+            self.loop,
+            random.Random(root.getrandbits(64)),
+            self.trace,
+            self._deliver,
+            config=NetworkConfig(),
+            encode=codec.encode if cfg.use_codec else None,
+            decode=codec.decode if cfg.use_codec else None,
+        )
+        self.client_rng = random.Random(root.getrandbits(64))
+        self.sched_rng = random.Random(root.getrandbits(64))
+        self.nodes: dict[str, SimNode] = {}
+        for name in self.names:
+            self.nodes[name] = SimNode(
+                name,
+                loop=self.loop,
+                rng=random.Random(root.getrandbits(64)),
+                trace=self.trace,
+                send=self.network.send,
+                clients=self,
+                checker=self.checker,
+                make_core=setup.make_core,
+                make_replica=setup.make_replica,
+                codec=codec,
+                observe=setup.observe,
+                tick_ns=cfg.tick_ns,
+            )
+        values = ValueCounter()
+        keys = [f"k{i}" for i in range(cfg.keys)]
+        self.keys = keys
+        self.clients: dict[str, SimClient] = {}
+        for i in range(cfg.clients + cfg.keys):
+            client = SimClient(
+                i,
+                loop=self.loop,
+                rng=random.Random(root.getrandbits(64)),
+                nodes=self.names,
+                keys=keys,
+                recorder=self.recorder,
+                transport=self,
+                encode=kv_wire.encode_command,
+                values=values,
+                config=ClientConfig(),
+            )
+            self.clients[f"c{i}"] = client
+        self._by_session: dict[str, SimClient] = {}
+        self._partitions: dict[int, list[tuple[str, str]]] = {}
+        self._client_rtt_ns = 500_000
+
+    # -- transport seams ---------------------------------------------------------------------
+
+    def _deliver(self, src: str, dst: str, message: Message) -> None:
+        self.nodes[dst].deliver(src, message)
+
+    def submit(self, client: SimClient, node: str, request: ClientRequest) -> None:
+        self._by_session[request.client_id] = client
+        target = self.nodes[node]
+        self.loop.call_later(self._client_rtt_ns, lambda: target.submit(request))
+
+    def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None:
+        client = self._by_session.get(client_id)
+        if client is None:
+            return
+        decoded = kv_wire.decode_result(result)
+        self.loop.call_later(
+            self._client_rtt_ns, lambda: client.on_result(node, request_no, decoded)
+        )
+
+    def reject(self, node: str, request: ClientRequest, leader_hint: str | None) -> None:
+        client = self._by_session.get(request.client_id)
+        if client is None:
+            return
+        self.loop.call_later(
+            self._client_rtt_ns,
+            lambda: client.on_rejected(node, request.request_no, leader_hint),
+        )
+
+    # -- nemesis ----------------------------------------------------------------------------
+
+    def leader(self) -> str | None:
+        best: tuple[int, str] | None = None
+        for name in self.names:
+            core = self.nodes[name].core
+            if core is None:
+                continue
+            st = core.status()
+            if st.role == self.checker.leader_role and (best is None or st.term > best[0]):
+                best = (st.term, name)
+        return None if best is None else best[1]
+
+    def apply_fault(self, event: nemesis.FaultEvent) -> None:
+        start = event.action == "start"
+        kind = event.fault
+        self.trace(f"NEMESIS {event.describe()}")
+        self.recorder.nemesis(f=kind, value=event.describe(), time=self.loop.now)
+        cfg = self.network.config
+        if kind == nemesis.KILL:
+            for name in event.nodes:
+                if start:
+                    self.nodes[name].crash(lose_unfsynced=event.value >= 1.0)
+                else:
+                    self.nodes[name].restart()
+        elif kind == nemesis.PAUSE:
+            for name in event.nodes:
+                if start:
+                    self.nodes[name].pause()
+                else:
+                    self.nodes[name].resume()
+        elif kind in nemesis.PARTITIONS:
+            if start:
+                self._partitions[event.episode] = self._links(event)
+            else:
+                self._partitions.pop(event.episode, None)
+            self.network.heal()
+            for links in self._partitions.values():
+                self.network.block(links)
+        elif kind == nemesis.LOSS:
+            cfg.loss = event.value if start else 0.0
+        elif kind == nemesis.DUPLICATE:
+            cfg.duplicate = event.value if start else 0.0
+        elif kind == nemesis.DELAY:
+            cfg.delay_factor = event.value if start else 1.0
+        elif kind == nemesis.CLOCK_SKEW:
+            for name in event.nodes:
+                self.nodes[name].clock_rate = event.value if start else 1.0
+
+    def _links(self, event: nemesis.FaultEvent) -> list[tuple[str, str]]:
+        names = self.names
+        if event.fault == nemesis.ISOLATE_LEADER:
+            leader = self.leader()
+            if leader is None:
+                return []
+            self.trace(f"NEMESIS isolate-leader resolves to {leader}")
+            groups: tuple[tuple[str, ...], ...] = (
+                (leader,),
+                tuple(n for n in names if n != leader),
+            )
+        else:
+            groups = event.groups
+        if event.fault == nemesis.PARTITION_RING:
+            ring = list(groups[0])
+            allowed = {
+                (ring[i], ring[(i + d) % len(ring)]) for i in range(len(ring)) for d in (-1, 0, 1)
+            }
+            return [(a, b) for a in names for b in names if a != b and (a, b) not in allowed]
+        if event.fault == nemesis.PARTITION_ASYMMETRIC:
+            return [(a, b) for a in groups[0] for b in groups[1]]
+        side = {n: i for i, g in enumerate(groups) for n in g}
+        return [
+            (a, b) for a in names for b in names if a != b and side.get(a, -1) != side.get(b, -1)
+        ]
+
+    def heal_all(self) -> None:
+        self.trace("NEMESIS heal all")
+        self._partitions.clear()
+        self.network.heal()
+        cfg = self.network.config
+        cfg.loss, cfg.duplicate, cfg.delay_factor = 0.0, 0.0, 1.0
+        for name in self.names:
+            node = self.nodes[name]
+            node.clock_rate = 1.0
+            node.resume()
+            node.restart()
+
+    def check_logs(self) -> None:
+        self.checker.check_log_matching(
+            {n: self.nodes[n].log for n in self.names}, self.loop.now
+        )
+
+
+def run(cfg: RunConfig) -> RunResult:
+    """Run one seeded simulation and check it (see the module docstring)."""
+    wall0 = time.perf_counter()
+    c = _Cluster(cfg)
+    loop = c.loop
+    schedule = nemesis.generate_schedule(
+        c.sched_rng, nodes=c.names, faults=cfg.faults, duration_ns=cfg.time_ns
+    )
+    for event in schedule:
+        loop.call_at(event.at_ns, lambda e=event: c.apply_fault(e))  # type: ignore[misc]
+    for name in c.names:
+        c.nodes[name].start()
+    workers = [c.clients[f"c{i}"] for i in range(cfg.clients)]
+    final_readers = [c.clients[f"c{cfg.clients + k}"] for k in range(cfg.keys)]
+    for client in workers:
+        loop.call_at(20 * _MS, client.start)
+    t = 0
+    while t < cfg.time_ns:
+        t = min(cfg.time_ns, t + cfg.check_every_ns)
+        loop.run_until(t)
+        c.check_logs()
+    c.heal_all()
+    end = cfg.time_ns + cfg.liveness_ns
+    for client in workers:
+        client.enter_liveness(end)
+    half = cfg.time_ns + cfg.liveness_ns // 2
+    loop.run_until(half)
+    for client in workers:
+        client.stop()
+    for k, reader in enumerate(final_readers):
+        reader.enter_liveness(end)
+        reader.issue("read", c.keys[k])
+    while loop.now < end:
+        loop.run_until(min(end, loop.now + cfg.check_every_ns))
+        c.check_logs()
+    violations = [str(v) for v in c.checker.violations]
+    for client in workers + final_readers:
+        violations += [f"liveness: {s}" for s in client.stuck()]
+    for reader in final_readers:
+        if reader.ok < 1:
+            violations.append(f"liveness: final read by {reader.session} did not succeed")
+    history = c.recorder.history()
+    lin = check_linearizable(history, time_limit=None, step_limit=cfg.lin_step_limit)
+    if lin.valid is False:
+        violations.append(
+            f"linearizability: history not linearizable on keys {list(lin.failing_keys)}: "
+            + "; ".join(str(r.to_json())[:400] for r in lin.keys if r.valid is False)
+        )
+    ops_ok = sum(cl.ok for cl in workers)
+    return RunResult(
+        config=cfg,
+        violations=violations,
+        trace_hash=c.trace.hexdigest(),
+        trace_tail=c.trace.tail(),
+        trace_lines=c.trace.lines,
+        history=history.ops,
+        linearizable=lin.valid,
+        ops_ok=ops_ok,
+        ops_info=sum(cl.infos for cl in workers),
+        deliveries=c.network.stats.delivered,
+        events=loop.events_run,
+        wall_s=time.perf_counter() - wall0,
+        schedule=schedule,
+        stats={
+            "crashes": sum(n.stats.crashes for n in c.nodes.values()),
+            "elections": len(c.checker.leaders),
+            "applied_max": max(c.checker.applied, default=0),
+            "dropped_loss": c.network.stats.dropped_loss,
+            "dropped_partition": c.network.stats.dropped_partition,
+        },
+    )
