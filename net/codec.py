@@ -172,10 +172,10 @@ class Registry:
         if taken is not None and taken.cls is cls:
             return
         if taken is not None:
-            raise TypeError(f"type id {type_id} is already {taken.cls.__qualname__}")
+            raise TypeError(f"type id {type_id} is already {taken.cls.__name__}")
         if cls in self._by_class:
             other = self._by_class[cls].type_id
-            raise TypeError(f"{cls.__qualname__} is already registered as type id {other}")
+            raise TypeError(f"{cls.__name__} is already registered as type id {other}")
         spec = self._compile(type_id, cls)
         self._by_id[type_id] = spec
         self._by_class[cls] = spec
@@ -206,7 +206,7 @@ class Registry:
         """Dataclasses that registered fields refer to but that are not registered yet,
         as ``"Class (used by Owner.field)"``, sorted. Empty once the schema is complete."""
         missing = [
-            f"{cls.__qualname__} (used by {where})"
+            f"{cls.__name__} (used by {where})"
             for cls, where in self._referenced.items()
             if cls not in self._by_class
         ]
@@ -255,7 +255,7 @@ class Registry:
             raise EncodeError(f"{_kind(obj)} is not a registered message class")
         unknown = [name for name in omit if name not in spec.names]
         if unknown:
-            raise EncodeError(f"{spec.cls.__qualname__} has no field(s) {unknown}")
+            raise EncodeError(f"{spec.cls.__name__} has no field(s) {unknown}")
         full = typing.cast(list[object], spec.encode(obj, 0))
         kept = [full[0]] + [
             value for name, value in zip(spec.names, full[1:], strict=True) if name not in omit
@@ -322,7 +322,7 @@ class Registry:
         if decoder is None:
             if not isinstance(root, type):
                 raise TypeError(f"expected must be a class, got {root!r}")
-            decoder = self._expected[root] = self._polymorphic((root,), root.__qualname__)[1]
+            decoder = self._expected[root] = self._polymorphic((root,), root.__name__)[1]
         obj = decoder(raw, 0)
         if canonical:
             try:
@@ -337,7 +337,7 @@ class Registry:
     # Compilation: one encoder/decoder pair per field type, built once at registration.
 
     def _compile(self, type_id: int, cls: type) -> _Spec:
-        name = cls.__qualname__
+        name = cls.__name__
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"{name} is not a dataclass")
         params = cls.__dataclass_params__  # type: ignore[attr-defined]
@@ -373,7 +373,7 @@ class Registry:
         pairs: tuple[tuple[str, Encoder, Decoder], ...],
     ) -> _Spec:
         max_depth = self.max_depth
-        label = cls.__qualname__
+        label = cls.__name__
         arity = len(pairs) + 1
         constructor: Callable[..., object] = cls
 
@@ -437,11 +437,13 @@ class Registry:
             if issubclass(tp, enum.Enum):
                 return _enum_codec(tp, where)
             if dataclasses.is_dataclass(tp):
+                if not tp.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+                    raise TypeError(f"{where}: {tp.__name__} must be a frozen dataclass")
                 self._referenced.setdefault(tp, where)
-                return self._polymorphic((tp,), tp.__qualname__)
+                return self._polymorphic((tp,), tp.__name__)
             if tp.__module__ != "builtins":
                 # A plain class is a base: "any registered subclass" (e.g. `Message`).
-                return self._polymorphic((tp,), f"registered {tp.__qualname__}")
+                return self._polymorphic((tp,), f"registered {tp.__name__}")
         raise TypeError(f"{where}: unsupported field type {tp!r} (see phalanx.net.codec)")
 
     def _union(self, args: tuple[object, ...], where: str) -> tuple[Encoder, Decoder]:
@@ -460,7 +462,7 @@ class Registry:
                     )
                 self._build(member, where)  # validates and records the member
                 allowed.append(typing.cast(type, member))
-            label = " | ".join(t.__qualname__ for t in allowed)
+            label = " | ".join(t.__name__ for t in allowed)
             inner = self._polymorphic(tuple(allowed), label)
         return _optional(inner) if optional else inner
 
@@ -485,7 +487,7 @@ class Registry:
             if spec is None:
                 raise DecodeError(f"unknown type id {type_id}")
             if not issubclass(spec.cls, allowed):
-                raise DecodeError(f"expected {label}, got {spec.cls.__qualname__}")
+                raise DecodeError(f"expected {label}, got {spec.cls.__name__}")
             return spec.decode(raw, depth)
 
         return encode, decode
@@ -634,11 +636,11 @@ def _enum_codec(tp: type[enum.Enum], where: str) -> tuple[Encoder, Decoder]:
     members: dict[object, enum.Enum] = {m.value: m for m in tp}
     value_types = {type(v) for v in members}
     if not members or not (value_types == {int} or value_types == {str}):
-        raise TypeError(f"{where}: enum {tp.__qualname__} values must be all int or all str")
+        raise TypeError(f"{where}: enum {tp.__name__} values must be all int or all str")
     (value_type,) = value_types
     if value_type is int and not all(INT_MIN <= v <= INT_MAX for v in members):  # type: ignore[operator]
-        raise TypeError(f"{where}: enum {tp.__qualname__} has values outside the msgpack range")
-    label = tp.__qualname__
+        raise TypeError(f"{where}: enum {tp.__name__} has values outside the msgpack range")
+    label = tp.__name__
 
     def encode(value: object, depth: int) -> object:
         if type(value) is not tp:
