@@ -145,12 +145,13 @@ class ThreadedCheckpointWriter:
         self._busy = False
         return done
 
-    def wait(self, timeout: float | None = None) -> CheckpointDone | None:
-        """Block until the current job completes (tests, shutdown); then like `poll`."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every started job has finished (tests, shutdown); completions are
+        still collected with `poll`. False if `timeout` (seconds) passed first."""
         self._jobs.put(None)  # a barrier: the worker handles jobs in order
         reached = self._barrier.wait(timeout)
         self._barrier.clear()
-        return self.poll() if reached else None
+        return reached
 
     def close(self) -> None:
         if self._thread.is_alive():
