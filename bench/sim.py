@@ -1,0 +1,44 @@
+"""Simulator throughput: message deliveries and committed client ops per wall-clock second.
+
+Runs fault-free seeds of a 3- and a 5-node Raft cluster (codec on, as in sweeps) and prints
+deliveries/wall-s and ok ops/wall-s against the target of 20,000 deliveries per wall-second
+on one core. Usage: `python bench/sim.py [--seeds N] [--time SECONDS]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from phalanx.jepsen.sim.run import RunConfig, run
+
+TARGET_DELIVERIES_PER_S = 20_000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--time", type=float, default=3.0, help="virtual seconds per seed")
+    parser.add_argument("--faults", default="none", help="'none' (default) or 'all'")
+    args = parser.parse_args()
+    faults: tuple[str, ...] = () if args.faults == "none" else RunConfig(seed=0).faults
+    print(f"{'nodes':>5} {'deliveries/s':>13} {'ok ops/s':>9} {'sim s/wall s':>12}  vs target")
+    for nodes in (3, 5):
+        deliveries = ops = 0
+        wall = virtual = 0.0
+        for seed in range(args.seeds):
+            cfg = RunConfig(seed=seed, nodes=nodes, faults=faults, time_ns=int(args.time * 1e9))
+            result = run(cfg)
+            deliveries += result.deliveries
+            ops += result.ops_ok
+            wall += result.wall_s
+            virtual += (cfg.time_ns + cfg.liveness_ns) / 1e9
+        rate = deliveries / wall
+        verdict = "OK" if rate >= TARGET_DELIVERIES_PER_S else "BELOW"
+        print(
+            f"{nodes:>5} {rate:>13,.0f} {ops / wall:>9,.0f} {virtual / wall:>12.2f}  "
+            f"{verdict} ({rate / TARGET_DELIVERIES_PER_S:.0%} of {TARGET_DELIVERIES_PER_S:,})"
+        )
+
+
+if __name__ == "__main__":
+    main()
