@@ -21,7 +21,9 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
-from phalanx.consensus.types import LocalProtocolError, NodeId
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError, NodeId
+from phalanx.net import wire
+from phalanx.net.codec import DecodeError, EncodeError
 from phalanx.net.framing import encode_frame
 from phalanx.net.transport import (
     WELCOME,
@@ -456,3 +458,39 @@ def test_backoff_validates_its_parameters() -> None:
     with pytest.raises(ValueError, match="multiplier"):
         Backoff(multiplier=0.5)
 
+
+
+# --------------------------------------------------------------------------------------------
+# With the project's codec (phalanx.net.wire)
+
+
+async def test_wire_codec_messages_cross_the_transport_and_bad_ones_are_dropped(
+    creds: dict[str, pki.CredentialPaths], logs: LogWaiter
+) -> None:
+    codec: dict[str, Any] = {
+        "encode": wire.encode,
+        "decode": wire.decode,
+        "decode_error": DecodeError,
+    }
+    entry = Entry(
+        index=3,
+        term=2,
+        kind=EntryKind.COMMAND,
+        requests=(ClientRequest(client_id="c1", request_no=7, command=b"put x 1"),),
+    )
+    l1, l2 = await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2), N3: PeerAddress(host=HOST, port=1)}
+    async with node(creds, N1, l1, peers, **codec) as t1, node(creds, N2, l2, peers, **codec) as t2:
+        assert t1.send_nowait(N2, entry)
+        assert await receive(t2) == (N1, entry)
+        with pytest.raises(EncodeError):
+            t1.send_nowait(N2, object())  # our misuse surfaces at the call site
+        async with raw_peer(creds, "n3", peers[N2]) as bad:
+            await welcomed(bad)
+            await bad.send_all(encode_frame(b"\x92\xcd\x03\xe7\x90"))  # unknown type id 999
+            assert await read_until_closed(bad) == b""
+        (message,) = await logs.wait_for("malformed frame")
+        assert "closing connection from n3" in message
+        t1.send_nowait(N2, entry)
+        assert await receive(t2) == (N1, entry)
+        assert t2.statistics().malformed_frames == 1
