@@ -311,6 +311,8 @@ class Transport:
         Raises:
             LocalProtocolError: `dst` is not a configured peer.
             ValueError: the encoded message exceeds `max_frame_size`.
+            Whatever `encode` raises for a message it cannot encode (`EncodeError` from
+            `phalanx.net.codec`): encoding happens here, at the call site, never in a link task.
         """
         frame = self._frame(dst, message)
         try:
