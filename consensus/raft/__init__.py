@@ -1,1 +1,57 @@
-"""Raft (Ongaro, "Consensus: Bridging Theory and Practice", 2014), sans-IO."""
+"""Raft (Ongaro, "Consensus: Bridging Theory and Practice", 2014), sans-IO.
+
+Public API: `RaftCore`, `RaftConfig`, `RaftRestoredState`, `RaftStatus`, the Raft inputs
+(`Campaign`, `ProposeConfChange` with `ConfChange`, `TransferLeadership`), the messages and
+`RAFT_MESSAGES` (codec ids), and `BUG_NAMES` (test-only switches).
+"""
+
+from phalanx.consensus.raft.confchange import ConfChange, ConfChangeError
+from phalanx.consensus.raft.config import (
+    BUG_NAMES,
+    Campaign,
+    ProposeConfChange,
+    RaftConfig,
+    RaftRestoredState,
+    RaftStatus,
+    TransferLeadership,
+)
+from phalanx.consensus.raft.core import RaftCore, RaftInput, Role
+from phalanx.consensus.raft.messages import (
+    RAFT_MESSAGES,
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    RaftMessage,
+    RequestVote,
+    RequestVoteResponse,
+    TimeoutNow,
+)
+
+__all__ = [
+    "BUG_NAMES",
+    "RAFT_MESSAGES",
+    "AppendEntries",
+    "AppendEntriesResponse",
+    "Campaign",
+    "ConfChange",
+    "ConfChangeError",
+    "Heartbeat",
+    "HeartbeatResponse",
+    "InstallSnapshot",
+    "InstallSnapshotResponse",
+    "ProposeConfChange",
+    "RaftConfig",
+    "RaftCore",
+    "RaftInput",
+    "RaftMessage",
+    "RaftRestoredState",
+    "RaftStatus",
+    "RequestVote",
+    "RequestVoteResponse",
+    "Role",
+    "TimeoutNow",
+    "TransferLeadership",
+]

@@ -1,0 +1,172 @@
+"""Raft configuration, restored state, Raft-specific inputs and status.
+
+Owns: `RaftConfig` (static tuning and the test-only `bugs` switches), `RaftRestoredState`
+(what a driver reloads from disk after a crash), the Raft-specific inputs (`Campaign`,
+`ProposeConfChange`, `TransferLeadership`) and `RaftStatus`.
+
+Rules: pure data; imports only `phalanx.consensus` modules. Invalid configuration is our
+own misuse and raises `LocalProtocolError` at construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from phalanx.consensus.core import CoreStatus, Snapshot
+from phalanx.consensus.raft.confchange import ConfChange
+from phalanx.consensus.types import (
+    Configuration,
+    Entry,
+    HardState,
+    LocalProtocolError,
+    NodeId,
+)
+
+BUG_NAMES: frozenset[str] = frozenset({
+    "commit_on_minority",
+    "skip_vote_term_check",
+    "forget_persist_vote",
+    "truncate_matching_suffix",
+})
+"""Deliberate, test-only bugs (see `RaftConfig.bugs`). Each is minimal and realistic:
+
+- ``commit_on_minority``: an off-by-one in the commit quorum: the leader commits an index
+  acknowledged by floor(n/2) voters instead of a majority.
+- ``skip_vote_term_check``: a candidate counts a granted RequestVoteResponse from an
+  *earlier* term (a delayed answer to a previous campaign) as a vote in its current term.
+- ``forget_persist_vote``: granting a vote does not put the vote in `Ready.hard_state`, so a
+  crash forgets it and the node may vote twice in one term.
+- ``truncate_matching_suffix``: a follower truncates its log after prev_log_index on every
+  non-empty AppendEntries, even when the entries already match (a stale, reordered message
+  then erases acknowledged entries).
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RaftConfig:
+    """Static configuration of one Raft node.
+
+    Attributes:
+        node_id: this node.
+        voters: the bootstrap configuration's voters (ignored when restored state holds a
+            configuration). A node joining an existing cluster passes ``()`` and learns its
+            configuration from the leader.
+        learners: the bootstrap configuration's learners.
+        election_ticks: the election timeout is drawn uniformly from
+            [election_ticks, 2*election_ticks) with the injected rng, at every reset (§3.4).
+        heartbeat_ticks: a leader sends heartbeats every this many ticks (< election_ticks).
+        max_inflight: AppendEntries per follower in flight at once (REPLICATE state).
+        max_batch_entries / max_batch_bytes: at most this many entries / estimated bytes per
+            AppendEntries (the first entry is always sent).
+        pre_vote: run a pre-vote round before a real election (§9.6).
+        check_quorum: a leader steps down when it has not heard from a quorum within an
+            election timeout, and voters ignore RequestVote while they heard from a leader
+            within the minimum election timeout (§4.2.3, §6.2).
+        snapshot_chunk_size: bytes of snapshot data per InstallSnapshot.
+        log_tail_after_compaction: entries kept before a checkpoint's index when compacting,
+            so slightly lagging followers still get entries instead of a snapshot.
+        bugs: TEST-ONLY deliberate bugs (names in `BUG_NAMES`), for checking that the
+            simulator's checkers can fail. Empty in every real deployment.
+    """
+
+    node_id: NodeId
+    voters: tuple[NodeId, ...]
+    learners: tuple[NodeId, ...] = ()
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    max_inflight: int = 64
+    max_batch_entries: int = 64
+    max_batch_bytes: int = 1 << 20
+    pre_vote: bool = True
+    check_quorum: bool = True
+    snapshot_chunk_size: int = 64 * 1024
+    log_tail_after_compaction: int = 100
+    bugs: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = self.bugs - BUG_NAMES
+        if unknown:
+            raise LocalProtocolError(f"unknown Raft bug switches: {sorted(unknown)}")
+        if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
+            raise LocalProtocolError("need 1 <= heartbeat_ticks < election_ticks")
+        for name in ("max_inflight", "max_batch_entries", "max_batch_bytes",
+                     "snapshot_chunk_size"):
+            if getattr(self, name) < 1:
+                raise LocalProtocolError(f"RaftConfig.{name} must be >= 1")
+        if self.log_tail_after_compaction < 0:
+            raise LocalProtocolError("RaftConfig.log_tail_after_compaction must be >= 0")
+
+    def bootstrap_config(self) -> Configuration:
+        return Configuration(voters=tuple(sorted(set(self.voters))),
+                             learners=tuple(sorted(set(self.learners))))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RaftRestoredState:
+    """What a driver reloads from disk after a crash: the hard state, the latest snapshot
+    (meta and data) if any, and the durable log entries after it (entries at or below the
+    snapshot index are ignored)."""
+
+    hard_state: HardState
+    snapshot: Snapshot | None = None
+    entries: tuple[Entry, ...] = ()
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Campaign:
+    """Start an election now (with a pre-vote round when `RaftConfig.pre_vote`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProposeConfChange:
+    """At the leader: change the membership by joint consensus (§4.3).
+
+    The leader appends C_old,new, and C_new automatically once C_old,new commits. Refused
+    (see `RaftStatus.conf_change_error`) when not leader, when a change is in progress, when
+    the leader has not yet committed an entry of its term, or when promoting a learner that
+    has not caught up with the commit index.
+    """
+
+    change: ConfChange
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransferLeadership:
+    """At the leader: hand leadership to voter `to` (§3.10)."""
+
+    to: NodeId
+
+
+# ------------------------------------------------------------------------------ status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RaftStatus(CoreStatus):
+    """`CoreStatus` plus Raft's state.
+
+    Attributes:
+        vote: the vote in `term`.
+        last_index / last_term: the end of the in-memory log.
+        applied: the last index handed out in `Ready.committed` (or installed by snapshot).
+        durable_index: the log prefix known durable (`Persisted`).
+        snapshot_index: the latest checkpoint this node can serve.
+        config: the configuration in force (latest in the log).
+        progress: at a leader, per follower "match=.. next=.. state".
+        lead_transferee: the target of a leadership transfer in progress.
+        conf_change_error: why the last `ProposeConfChange` was refused, if it was.
+    """
+
+    vote: NodeId | None = None
+    last_index: int = 0
+    last_term: int = 0
+    applied: int = 0
+    durable_index: int = 0
+    snapshot_index: int = 0
+    config: Configuration = field(default_factory=lambda: Configuration(voters=()))
+    progress: Mapping[NodeId, str] = field(default_factory=dict)
+    lead_transferee: NodeId | None = None
+    conf_change_error: str | None = None

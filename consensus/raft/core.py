@@ -1,0 +1,655 @@
+"""The Raft core: a sans-IO, deterministic Raft node (Ongaro's dissertation, 2014).
+
+Owns: roles and terms, elections (with pre-vote §9.6 and check-quorum §6.2), log
+replication with per-follower flow control (`progress.py`), commitment (§3.6.2), snapshot
+transfer in chunks (§5.3), joint-consensus membership changes (§4.3, `confchange.py`),
+leadership transfer (§3.10) and ReadIndex reads (§6.4, `readonly.py`).
+
+Rules:
+- Implements `phalanx.consensus.core.Core`. No I/O, clocks or global randomness: time is
+  `Tick`, randomness the injected `random.Random` (election timeouts only).
+- `step` handles terms once for every role (as etcd's `Step`), then dispatches with
+  `match self.role:`; `_become_*` are the only methods that change `role`.
+- Persistence before dependence: term, vote and entries go out in `Ready` (persisted before
+  its messages are sent), and the node never counts its *own* vote or entries towards a
+  quorum before `Persisted` says they are durable (`_self_vote_number`, `durable`).
+- Peer input is never trusted: malformed messages (`validate.py`) and impossible ones
+  (a match beyond our log, an unknown peer) are dropped and counted in `status().dropped`.
+- Batching: each client `Submit` at the leader becomes one COMMAND entry at once (no added
+  latency); AppendEntries carry up to `max_batch_entries` entries, so entries proposed while
+  a follower's window is full go out together.
+- Lease reads are not implemented: every read goes through ReadIndex, which needs no clock
+  assumption.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from typing import TypeAlias
+
+from phalanx.consensus.core import (
+    CheckpointInstalled,
+    CheckpointTaken,
+    Input,
+    Persisted,
+    ReadState,
+    Ready,
+    Receive,
+    Rejection,
+    Send,
+    Snapshot,
+    Submit,
+    Tick,
+)
+from phalanx.consensus.quorum import JointConfig, VoteResult
+from phalanx.consensus.raft import confchange
+from phalanx.consensus.raft.config import (
+    Campaign,
+    ProposeConfChange,
+    RaftConfig,
+    RaftRestoredState,
+    RaftStatus,
+    TransferLeadership,
+)
+from phalanx.consensus.raft.log import RaftLog
+from phalanx.consensus.raft.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    RequestVote,
+    RequestVoteResponse,
+    TimeoutNow,
+)
+from phalanx.consensus.raft.progress import Progress
+from phalanx.consensus.raft.readonly import ReadOnly
+from phalanx.consensus.raft.replication import Replication
+from phalanx.consensus.raft.validate import drop_reason
+from phalanx.consensus.types import (
+    ClientRequest,
+    Configuration,
+    Entry,
+    EntryKind,
+    HardState,
+    LocalProtocolError,
+    Message,
+    NodeId,
+    SnapshotMeta,
+)
+
+RaftInput: TypeAlias = Input | Campaign | ProposeConfChange | TransferLeadership
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+_UNBOUNDED = 1 << 62
+
+
+class RaftCore(Replication):
+    """One Raft node. See the module docstring for the rules it keeps."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        *,
+        rng: random.Random,
+        restored: RaftRestoredState | None,
+    ) -> None:
+        self.cfg = config
+        self.id = config.node_id
+        self._rng = rng
+        hs = restored.hard_state if restored is not None else HardState()
+        snap = restored.snapshot if restored is not None else None
+        if snap is not None:
+            self.log = RaftLog(offset=snap.meta.index, offset_term=snap.meta.term,
+                               base_config=snap.meta.config)
+        else:
+            self.log = RaftLog(offset=0, offset_term=0, base_config=config.bootstrap_config())
+        if restored is not None:
+            self.log.append([e for e in restored.entries if e.index > self.log.offset])
+        self.snapshot: Snapshot | None = snap
+        """The latest checkpoint this node can send in InstallSnapshot."""
+        self.term = hs.term
+        self.vote: NodeId | None = hs.vote
+        self.commit = min(max(hs.commit, self.log.offset), self.log.last_index())
+        # Invariant: log.offset <= applied <= commit <= last_index.
+        self.applied = self.log.offset
+        self.durable = self.log.last_index()
+        """Invariant: entries 1..durable of the in-memory log are durable on disk."""
+        self.config: Configuration = self.log.latest_config()[1]
+        self.role = Role.FOLLOWER
+        self.leader: NodeId | None = None
+        self.votes: dict[NodeId, bool] = {}
+        self.prs: dict[NodeId, Progress] = {}
+        self.readonly = ReadOnly()
+        self.lead_transferee: NodeId | None = None
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_timeout = 0
+        self.dropped: dict[str, int] = {}
+        self.conf_change_error: str | None = None
+        self._read_ctx = 0
+        self._snap_recv: tuple[int, int, int, list[bytes], int] | None = None
+        """Follower: (leader term, index, term, chunks, bytes received) of a snapshot."""
+        self._ready_no = 0
+        self._pending_durable: list[tuple[int, int]] = []
+        """(Ready number, log last index after it) for Readys not yet `Persisted`."""
+        self._self_vote_number = 0
+        """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
+        self._last_hs = HardState(term=hs.term, vote=hs.vote, commit=hs.commit)
+        self._reset_out()
+        self._reset_election_timeout()
+
+    # ------------------------------------------------------------------------ Core API
+
+    @property
+    def node_id(self) -> NodeId:
+        return self.id
+
+    def step(self, inp: RaftInput, /) -> Ready:
+        """Feed one input; return what the driver must do (see `Ready`)."""
+        self._reset_out()
+        match inp:
+            case Receive(src=src, message=m):
+                self._receive(src, m)
+            case Tick():
+                self._tick()
+            case Submit(request=r):
+                self._submit(r)
+            case Persisted(number=n):
+                self._persisted(n)
+            case CheckpointTaken(index=index, data=data):
+                self._checkpoint_taken(index, data)
+            case CheckpointInstalled(meta=meta, data=data):
+                if meta.index <= self.applied and (
+                        self.snapshot is None or meta.index > self.snapshot.meta.index):
+                    self.snapshot = Snapshot(meta=meta, data=data)
+            case Campaign():
+                self._campaign(transfer=False)
+            case ProposeConfChange(change=change):
+                self._propose_conf_change(change)
+            case TransferLeadership(to=to):
+                self._transfer_leadership(to)
+            case _:
+                raise LocalProtocolError(f"not a Raft input: {inp!r}")
+        return self._finish()
+
+    def status(self) -> RaftStatus:
+        return RaftStatus(
+            node=self.id,
+            role=self.role.value,
+            term=self.term,
+            commit_index=self.commit,
+            leader=self.leader,
+            dropped=dict(sorted(self.dropped.items())),
+            vote=self.vote,
+            last_index=self.log.last_index(),
+            last_term=self.log.last_term(),
+            applied=self.applied,
+            durable_index=self.durable,
+            snapshot_index=self.snapshot.meta.index if self.snapshot else 0,
+            config=self.config,
+            progress={p: pr.describe() for p, pr in self.prs.items()},
+            lead_transferee=self.lead_transferee,
+            conf_change_error=self.conf_change_error,
+        )
+
+    # ------------------------------------------------------------------------ output
+
+    def _reset_out(self) -> None:
+        self._msgs: list[Send] = []
+        self._new_entries: list[Entry] = []
+        self._truncate: int | None = None
+        self._snap_out: Snapshot | None = None
+        self._reads: list[ReadState] = []
+        self._rejected: list[Rejection] = []
+
+    def _finish(self) -> Ready:
+        committed: tuple[Entry, ...] = ()
+        hi = min(self.commit, self.durable)
+        if hi > self.applied:
+            committed = self.log.slice(self.applied + 1, hi + 1, max_entries=_UNBOUNDED,
+                                       max_bytes=_UNBOUNDED)
+            self.applied = hi
+        vote = self.vote
+        if "forget_persist_vote" in self.cfg.bugs and vote != self.id:
+            # BUG (test-only): a vote granted to another node is never written.
+            vote = self._last_hs.vote if self._last_hs.term == self.term else None
+        hs: HardState | None = HardState(term=self.term, vote=vote, commit=self.commit)
+        must_sync = bool(self._new_entries) or self._truncate is not None or (
+            self._snap_out is not None)
+        if hs == self._last_hs:
+            hs = None
+        else:
+            assert hs is not None
+            must_sync = must_sync or hs.term != self._last_hs.term or hs.vote != self._last_hs.vote
+            self._last_hs = hs
+        number = 0
+        if hs is not None or must_sync:
+            self._ready_no += 1
+            number = self._ready_no
+            if must_sync:
+                self._pending_durable.append((number, self.log.last_index()))
+            if self._self_vote_number == -1:
+                self._self_vote_number = number
+        return Ready(
+            number=number,
+            snapshot=self._snap_out,
+            truncate_from=self._truncate,
+            entries=tuple(self._new_entries),
+            hard_state=hs,
+            must_sync=must_sync,
+            messages=tuple(self._msgs),
+            committed=committed,
+            reads=tuple(self._reads),
+            rejected=tuple(self._rejected),
+        )
+
+    def _persisted(self, n: int) -> None:
+        if n > self._ready_no or n < 0:
+            raise LocalProtocolError(f"Persisted({n}) but the last Ready was {self._ready_no}")
+        pend = self._pending_durable
+        while pend and pend[0][0] <= n:
+            self.durable = max(self.durable, pend.pop(0)[1])
+        # Invariant kept by `_truncate_log`: recorded indexes never exceed the current log.
+        self.durable = min(self.durable, self.log.last_index())
+        if self.role is Role.CANDIDATE and 0 < self._self_vote_number <= n:
+            self._self_vote_number = 0
+            self.votes[self.id] = True
+            self._tally()
+        elif self.role is Role.LEADER and self._maybe_commit():
+            self._after_commit()
+
+    # ------------------------------------------------------------------------ roles
+
+    def _reset_election_timeout(self) -> None:
+        self.election_elapsed = 0
+        e = self.cfg.election_ticks
+        self.randomized_timeout = self._rng.randrange(e, 2 * e)
+
+    def _become_follower(self, term: int, leader: NodeId | None) -> None:
+        if self.role is Role.LEADER:
+            for r in self.readonly.drain():
+                self._rejected.append(Rejection(request=r, reason="leadership lost",
+                                                leader_hint=leader))
+            self.prs = {}
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.role = Role.FOLLOWER
+        self.leader = leader
+        self.lead_transferee = None
+        self._self_vote_number = 0
+        self._reset_election_timeout()
+
+    def _become_pre_candidate(self) -> None:
+        self.role = Role.PRE_CANDIDATE
+        self.leader = None
+        self.votes = {self.id: True}
+        self._reset_election_timeout()
+
+    def _become_candidate(self) -> None:
+        if self.role is Role.LEADER:
+            raise LocalProtocolError("a leader cannot become candidate")
+        self.term += 1
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+        self.leader = None
+        self.votes = {}
+        self._self_vote_number = -1  # counted once the Ready carrying it is Persisted
+        self._reset_election_timeout()
+
+    def _become_leader(self) -> None:
+        self.role = Role.LEADER
+        self.leader = self.id
+        self.lead_transferee = None
+        self.readonly = ReadOnly()
+        self.heartbeat_elapsed = 0
+        self.election_elapsed = 0
+        self.prs = {}
+        self._sync_progress()
+        # Ref: §3.6.2 / §6.4: a new leader commits a no-op to learn what is committed.
+        self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
+                                  kind=EntryKind.NOOP)])
+        self._broadcast_append()
+
+    def _promotable(self) -> bool:
+        return self.id in self.config.voters or self.id in self.config.voters_outgoing
+
+    # ------------------------------------------------------------------------ time
+
+    def _tick(self) -> None:
+        match self.role:
+            case Role.LEADER:
+                self.heartbeat_elapsed += 1
+                self.election_elapsed += 1
+                if self.election_elapsed >= self.cfg.election_ticks:
+                    self.election_elapsed = 0
+                    self.lead_transferee = None  # Ref: §3.10: abort after an election timeout
+                    if self.cfg.check_quorum and not self._quorum_active():
+                        self._become_follower(self.term, None)  # Ref: §6.2
+                        return
+                if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+                    self.heartbeat_elapsed = 0
+                    self._broadcast_heartbeat()
+            case Role.FOLLOWER | Role.PRE_CANDIDATE | Role.CANDIDATE:
+                self.election_elapsed += 1
+                if self.election_elapsed >= self.randomized_timeout:
+                    self.election_elapsed = 0
+                    if self._promotable():
+                        self._campaign(transfer=False)
+
+    def _quorum_active(self) -> bool:
+        active = [self.id]
+        for p, pr in self.prs.items():
+            if pr.recent_active:
+                active.append(p)
+            pr.recent_active = False
+        return JointConfig.of(self.config).has_quorum(active)
+
+    # ------------------------------------------------------------------------ elections
+
+    def _campaign(self, *, transfer: bool) -> None:
+        if not self._promotable() or self.role is Role.LEADER:
+            return
+        pre = self.cfg.pre_vote and not transfer
+        if pre:
+            self._become_pre_candidate()
+        else:
+            self._become_candidate()
+        term = self.term + 1 if pre else self.term
+        for v in JointConfig.of(self.config).voters():
+            if v != self.id:
+                self._send(v, RequestVote(
+                    term=term, candidate_id=self.id, last_log_index=self.log.last_index(),
+                    last_log_term=self.log.last_term(), pre_vote=pre,
+                    leadership_transfer=transfer))
+        self._tally()
+
+    def _tally(self) -> None:
+        result = JointConfig.of(self.config).vote_result(self.votes)
+        if result is VoteResult.WON:
+            if self.role is Role.PRE_CANDIDATE:
+                self._campaign_after_pre_vote()
+            elif self.role is Role.CANDIDATE:
+                self._become_leader()
+        elif result is VoteResult.LOST:
+            self._become_follower(self.term, None)
+
+    def _campaign_after_pre_vote(self) -> None:
+        self._become_candidate()
+        for v in JointConfig.of(self.config).voters():
+            if v != self.id:
+                self._send(v, RequestVote(
+                    term=self.term, candidate_id=self.id,
+                    last_log_index=self.log.last_index(), last_log_term=self.log.last_term()))
+        self._tally()
+
+    def _handle_request_vote(self, src: NodeId, m: RequestVote) -> None:
+        # Ref: §3.6.1 (election restriction) and §9.6 (pre-vote: no state change).
+        can_vote = (self.vote == src or (self.vote is None and self.leader is None)
+                    or (m.pre_vote and m.term > self.term))
+        if can_vote and self.log.is_up_to_date(m.last_log_index, m.last_log_term):
+            if m.pre_vote:
+                self._send(src, RequestVoteResponse(term=m.term, vote_granted=True,
+                                                    pre_vote=True))
+                return
+            self.vote = src
+            self._reset_election_timeout()
+            self._send(src, RequestVoteResponse(term=self.term, vote_granted=True))
+            return
+        self._send(src, RequestVoteResponse(term=self.term, vote_granted=False,
+                                            pre_vote=m.pre_vote))
+
+    def _handle_vote_response(self, src: NodeId, m: RequestVoteResponse) -> None:
+        if m.pre_vote != (self.role is Role.PRE_CANDIDATE):
+            self._drop("stale_vote_response")
+            return
+        if src not in self.votes:
+            self.votes[src] = m.vote_granted
+        self._tally()
+
+    # ------------------------------------------------------------------------ receive
+
+    def _receive(self, src: NodeId, m: Message) -> None:
+        if src == self.id:
+            self._drop("from_self")
+            return
+        reason = drop_reason(src, m)
+        if reason is not None:
+            self._drop(reason)
+            return
+        term: int = m.term  # type: ignore[attr-defined]
+        if term > self.term:
+            if isinstance(m, RequestVote):
+                in_lease = (self.cfg.check_quorum and self.leader is not None
+                            and self.election_elapsed < self.cfg.election_ticks)
+                if in_lease and not m.leadership_transfer:
+                    self._drop("vote_in_lease")  # Ref: §4.2.3 disruptive servers
+                    return
+            if (isinstance(m, RequestVote) and m.pre_vote) or (
+                    isinstance(m, RequestVoteResponse) and m.pre_vote and m.vote_granted):
+                pass  # Ref: §9.6: pre-votes never change terms
+            else:
+                leader = src if isinstance(m, AppendEntries | Heartbeat | InstallSnapshot) \
+                    else None
+                self._become_follower(term, leader)
+        elif term < self.term:
+            if ("skip_vote_term_check" in self.cfg.bugs and isinstance(m, RequestVoteResponse)
+                    and not m.pre_vote and self.role is Role.CANDIDATE):
+                self._handle_vote_response(src, m)  # BUG (test-only): counts a stale vote
+            elif isinstance(m, AppendEntries | Heartbeat) and (
+                    self.cfg.check_quorum or self.cfg.pre_vote):
+                # A stale leader learns our term and steps down (etcd; needed with pre-vote,
+                # where a partitioned node never bumps others' terms).
+                self._send(src, AppendEntriesResponse(term=self.term, success=False))
+            elif isinstance(m, RequestVote) and m.pre_vote:
+                self._send(src, RequestVoteResponse(term=self.term, vote_granted=False,
+                                                    pre_vote=True))
+            else:
+                self._drop("stale_term")
+            return
+
+        if isinstance(m, RequestVote):
+            self._handle_request_vote(src, m)
+            return
+        match self.role:
+            case Role.LEADER:
+                self._step_leader(src, m)
+            case Role.CANDIDATE | Role.PRE_CANDIDATE:
+                self._step_candidate(src, m)
+            case Role.FOLLOWER:
+                self._step_follower(src, m)
+
+    def _step_candidate(self, src: NodeId, m: Message) -> None:
+        match m:
+            case RequestVoteResponse():
+                self._handle_vote_response(src, m)
+            case AppendEntries() | Heartbeat() | InstallSnapshot():
+                # Ref: §3.4: a candidate recognises a leader of its term.
+                self._become_follower(self.term, src)
+                self._step_follower(src, m)
+            case _:
+                self._drop("unexpected_message")
+
+    def _step_follower(self, src: NodeId, m: Message) -> None:
+        match m:
+            case AppendEntries():
+                self._accept_leader(src)
+                self._handle_append_entries(src, m)
+            case Heartbeat():
+                self._accept_leader(src)
+                self._commit_to(min(m.leader_commit, self.log.last_index()))
+                self._send(src, HeartbeatResponse(term=self.term, context=m.context))
+            case InstallSnapshot():
+                self._accept_leader(src)
+                self._handle_install_snapshot(src, m)
+            case TimeoutNow():
+                if self.leader == src:
+                    self._campaign(transfer=True)  # Ref: §3.10
+                else:
+                    self._drop("timeout_now_not_from_leader")
+            case _:
+                self._drop("unexpected_message")
+
+    def _accept_leader(self, src: NodeId) -> None:
+        self.election_elapsed = 0
+        self.leader = src
+
+    def _step_leader(self, src: NodeId, m: Message) -> None:
+        pr = self.prs.get(src)
+        if pr is None:
+            self._drop("unknown_peer")
+            return
+        match m:
+            case AppendEntriesResponse():
+                pr.recent_active = True
+                self._handle_append_response(src, pr, m)
+            case HeartbeatResponse():
+                pr.recent_active = True
+                self._handle_heartbeat_response(src, pr, m)
+            case InstallSnapshotResponse():
+                pr.recent_active = True
+                self._handle_snapshot_response(src, pr, m)
+            case AppendEntries() | Heartbeat() | InstallSnapshot():
+                self._drop("second_leader_in_term")
+            case RequestVoteResponse():
+                self._drop("stale_vote_response")
+            case _:
+                self._drop("unexpected_message")
+
+    # ------------------------------------------------------------------------ client
+
+    def _submit(self, request: ClientRequest) -> None:
+        if self.role is not Role.LEADER:
+            self._rejected.append(Rejection(request=request, reason="not leader",
+                                            leader_hint=self.leader))
+            return
+        if request.read_only:
+            self.readonly.add(request)
+            if not self.readonly.rounds:
+                self._start_read_round()
+            return
+        if self.lead_transferee is not None:
+            self._rejected.append(Rejection(request=request,
+                                            reason="leadership transfer in progress",
+                                            leader_hint=self.lead_transferee))
+            return
+        self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
+                                  kind=EntryKind.COMMAND, requests=(request,))])
+        self._broadcast_append(allow_empty=False)
+
+    def _start_read_round(self) -> None:
+        # Ref: §6.4 step 1: only once the leader committed an entry of its own term.
+        if self.log.term_at(self.commit) != self.term:
+            return
+        self._read_ctx += 1
+        rnd = self.readonly.start_round(index=self.commit, context=self._read_ctx)
+        if rnd is None:
+            return
+        self._ack_read(self._read_ctx, self.id)
+        if self.readonly.rounds:
+            self._broadcast_heartbeat(context=self._read_ctx)
+
+    def _ack_read(self, context: int, node: NodeId) -> None:
+        joint = JointConfig.of(self.config)
+        for request, index in self.readonly.ack(context, node, joint.has_quorum):
+            self._reads.append(ReadState(request=request, index=index))
+
+    def _broadcast_heartbeat(self, context: int = 0) -> None:
+        if context == 0 and self.readonly.queued and not self.readonly.rounds:
+            self._start_read_round()
+            if self.readonly.rounds:
+                return  # that round's heartbeat went out
+        for p, pr in self.prs.items():
+            self._send(p, Heartbeat(term=self.term, leader_id=self.id,
+                                    leader_commit=min(pr.match, self.commit), context=context))
+
+    # ------------------------------------------------------------------------ membership
+
+    def _sync_progress(self) -> None:
+        """Make `prs` track exactly the members of `config` other than us (sorted)."""
+        if self.role is not Role.LEADER:
+            return
+        old = self.prs
+        self.prs = {}
+        for p in self.config.members():
+            if p != self.id:
+                self.prs[p] = old.get(p) or Progress(next_index=self.log.last_index() + 1,
+                                                      max_inflight=self.cfg.max_inflight)
+        if self.lead_transferee is not None and self.lead_transferee not in self.prs:
+            self.lead_transferee = None
+
+    def _propose_conf_change(self, change: confchange.ConfChange) -> None:
+        self.conf_change_error = None
+        if self.role is not Role.LEADER:
+            self.conf_change_error = "not leader"
+            return
+        cfg_index, cfg = self.log.latest_config()
+        if cfg_index > self.commit or cfg.joint:
+            self.conf_change_error = "a membership change is in progress"
+            return
+        if self.log.term_at(self.commit) != self.term:
+            self.conf_change_error = "leader has not committed an entry of its term yet"
+            return
+        for n in change.add_voters:
+            pr = self.prs.get(n)
+            if n in cfg.learners and (pr is None or pr.match < self.commit):
+                self.conf_change_error = f"learner {n} has not caught up"
+                return
+        try:
+            new = confchange.enter_joint(cfg, change)
+        except confchange.ConfChangeError as e:
+            self.conf_change_error = str(e)
+            return
+        self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
+                                  kind=EntryKind.CONFIG, config=new)])
+        self._broadcast_append(allow_empty=False)
+
+    def _transfer_leadership(self, to: NodeId) -> None:
+        if self.role is not Role.LEADER or to == self.id or to not in self.config.voters:
+            return
+        self.lead_transferee = to
+        self.election_elapsed = 0
+        pr = self.prs[to]
+        if pr.match == self.log.last_index():
+            self._send(to, TimeoutNow(term=self.term, leader_id=self.id))
+        else:
+            self._send_append(to, allow_empty=False)
+
+    def _after_commit(self) -> None:
+        """Leader: propagate a new commit index, finish joint changes, step down if removed."""
+        self._broadcast_append()
+        cfg_index, cfg = self.log.latest_config()
+        if cfg_index <= self.commit:
+            if cfg.joint:
+                self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
+                                          kind=EntryKind.CONFIG,
+                                          config=confchange.leave_joint(cfg))])
+                self._broadcast_append(allow_empty=False)
+            elif self.id not in cfg.voters:
+                self._become_follower(self.term, None)  # Ref: §4.2.2 removing the leader
+        if self.readonly.queued and not self.readonly.rounds:
+            self._start_read_round()
+
+    # ------------------------------------------------------------------------ snapshots
+
+    def _checkpoint_taken(self, index: int, data: bytes) -> None:
+        if index > self.applied:
+            raise LocalProtocolError(f"checkpoint at {index} beyond applied {self.applied}")
+        if self.snapshot is not None and index <= self.snapshot.meta.index:
+            return
+        term = self.log.term_at(index)
+        if term is None:
+            raise LocalProtocolError(f"checkpoint at {index} is already compacted")
+        meta = SnapshotMeta(index=index, term=term, config=self.log.config_at(index))
+        self.snapshot = Snapshot(meta=meta, data=data)
+        self.log.compact(max(self.log.offset, index - self.cfg.log_tail_after_compaction))

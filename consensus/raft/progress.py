@@ -1,0 +1,151 @@
+"""Per-follower replication progress and flow control (after etcd's tracker, §3.5, §10.2.1).
+
+Owns: `Progress` (what the leader knows of one follower: match, next, state, in-flight
+window) and `Inflights` (a bounded window of unacknowledged AppendEntries).
+
+Rules:
+- Pure: imports only the standard library. The leader creates, updates and discards these.
+- States (etcd's `tracker/state.go`):
+  * PROBE: the leader does not know where the follower's log matches. It sends one
+    AppendEntries at a time and waits (``paused``) for an answer or a heartbeat response.
+  * REPLICATE: the follower's log matches up to `match`; the leader streams entries
+    optimistically (`next` advances on send) while `inflights` has room (pipelining).
+  * SNAPSHOT: the follower needs an InstallSnapshot; entries are not sent until it completes.
+- Invariants: 0 <= match < next; in REPLICATE, inflight indexes are ascending and <= next - 1.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+
+class ProgressState(enum.Enum):
+    PROBE = "probe"
+    REPLICATE = "replicate"
+    SNAPSHOT = "snapshot"
+
+
+class Inflights:
+    """A bounded FIFO of the last index of every AppendEntries sent and not yet acknowledged."""
+
+    __slots__ = ("_q", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"inflight capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._q: deque[int] = deque()
+
+    def full(self) -> bool:
+        return len(self._q) >= self.capacity
+
+    def count(self) -> int:
+        return len(self._q)
+
+    def add(self, last_index: int) -> None:
+        if self.full():
+            raise ValueError("inflights window is full")
+        self._q.append(last_index)
+
+    def free_le(self, index: int) -> None:
+        """Forget every in-flight message whose last index is <= `index` (acknowledged)."""
+        q = self._q
+        while q and q[0] <= index:
+            q.popleft()
+
+    def reset(self) -> None:
+        self._q.clear()
+
+
+class Progress:
+    """What the leader knows about one follower's log."""
+
+    __slots__ = (
+        "inflights",
+        "match",
+        "next",
+        "paused",
+        "recent_active",
+        "snapshot_index",
+        "snapshot_offset",
+        "state",
+    )
+
+    def __init__(self, *, next_index: int, max_inflight: int) -> None:
+        self.match = 0
+        self.next = next_index
+        # Invariant: match < next.
+        self.state = ProgressState.PROBE
+        self.paused = False
+        """PROBE only: an AppendEntries is outstanding; wait for its answer or a heartbeat."""
+        self.inflights = Inflights(max_inflight)
+        self.recent_active = False
+        """Heard from since the last check-quorum round (§6.2)."""
+        self.snapshot_index = 0
+        """SNAPSHOT only: the snapshot being sent."""
+        self.snapshot_offset = 0
+        """SNAPSHOT only: the next byte offset to send."""
+
+    def become_probe(self) -> None:
+        if self.state is ProgressState.SNAPSHOT:
+            self.next = max(self.match + 1, self.snapshot_index + 1)
+        else:
+            self.next = self.match + 1
+        self.state = ProgressState.PROBE
+        self.paused = False
+        self.inflights.reset()
+        self.snapshot_index = 0
+        self.snapshot_offset = 0
+
+    def become_replicate(self) -> None:
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.paused = False
+        self.inflights.reset()
+
+    def become_snapshot(self, index: int) -> None:
+        self.state = ProgressState.SNAPSHOT
+        self.paused = False
+        self.inflights.reset()
+        self.snapshot_index = index
+        self.snapshot_offset = 0
+
+    def is_blocked(self) -> bool:
+        """Whether the leader must not send entries now (flow control)."""
+        if self.state is ProgressState.PROBE:
+            return self.paused
+        if self.state is ProgressState.REPLICATE:
+            return self.inflights.full()
+        return True
+
+    def maybe_update(self, match: int) -> bool:
+        """A successful AppendEntriesResponse up to `match`; False if it is stale."""
+        if match <= self.match:
+            if match + 1 > self.next:  # pragma: no cover - defensive, cannot happen
+                self.next = match + 1
+            return False
+        self.match = match
+        self.next = max(self.next, match + 1)
+        self.paused = False
+        self.inflights.free_le(match)
+        return True
+
+    def sent_entries(self, last: int) -> None:
+        """Record an AppendEntries whose last entry is `last` (possibly empty: last = next-1)."""
+        if self.state is ProgressState.REPLICATE:
+            if last >= self.next:
+                self.next = last + 1
+                self.inflights.add(last)
+        elif self.state is ProgressState.PROBE:
+            self.paused = True
+
+    def describe(self) -> str:
+        extra = ""
+        if self.state is ProgressState.REPLICATE:
+            extra = f" inflight={self.inflights.count()}"
+        elif self.state is ProgressState.SNAPSHOT:
+            extra = f" snap={self.snapshot_index}"
+        elif self.paused:
+            extra = " paused"
+        return f"match={self.match} next={self.next} {self.state.value}{extra}"

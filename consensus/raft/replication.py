@@ -1,0 +1,352 @@
+"""Log replication for the Raft core: AppendEntries and InstallSnapshot on both sides (§3.5,
+§5.3), flow control through `Progress`, and the commit rule (§3.6.2).
+
+Owns: the leader's sending (batching, pipelining, probing, chunked snapshots), the
+follower's consistency check, conflict truncation and snapshot reassembly, and local log
+updates (`_append_local`, `_truncate_log`, `_install_snapshot`) that also record what the
+`Ready` must persist.
+
+Rules:
+- A base class of `RaftCore` (core.py), split out to keep files cohesive. It never changes
+  `role` or `term`; the two hooks it needs from the core are abstract methods.
+- A follower truncates its log only at a real term conflict, never a matching suffix: a
+  stale, reordered AppendEntries whose entries all match changes nothing (Ref: §3.5).
+- The leader's own acknowledgement is `durable` (what `Persisted` confirmed), never its
+  in-memory last index.
+- Peer input is dropped and counted (`_drop`), never raised on.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+
+from phalanx.consensus.core import Send, Snapshot
+from phalanx.consensus.quorum import JointConfig
+from phalanx.consensus.raft.config import RaftConfig
+from phalanx.consensus.raft.log import RaftLog
+from phalanx.consensus.raft.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    TimeoutNow,
+)
+from phalanx.consensus.raft.progress import Progress, ProgressState
+from phalanx.consensus.types import (
+    Configuration,
+    Entry,
+    EntryKind,
+    LocalProtocolError,
+    Message,
+    NodeId,
+    SnapshotMeta,
+)
+
+_INF = 1 << 62
+
+
+class Replication(abc.ABC):
+    """Replication half of `RaftCore` (state is declared here, initialised by the core)."""
+
+    cfg: RaftConfig
+    id: NodeId
+    log: RaftLog
+    term: int
+    commit: int
+    applied: int
+    durable: int
+    config: Configuration
+    prs: dict[NodeId, Progress]
+    snapshot: Snapshot | None
+    lead_transferee: NodeId | None
+    dropped: dict[str, int]
+    _msgs: list[Send]
+    _new_entries: list[Entry]
+    _truncate: int | None
+    _snap_out: Snapshot | None
+    _pending_durable: list[tuple[int, int]]
+    _snap_recv: tuple[int, int, int, list[bytes], int] | None
+
+    @abc.abstractmethod
+    def _sync_progress(self) -> None:
+        """Leader: make `prs` match `config` (the core owns roles)."""
+
+    @abc.abstractmethod
+    def _after_commit(self) -> None:
+        """Leader: react to a commit index that just advanced."""
+
+    @abc.abstractmethod
+    def _ack_read(self, context: int, node: NodeId) -> None:
+        """Leader: `node` acknowledged the ReadIndex round `context`."""
+
+    def _send(self, to: NodeId, message: Message) -> None:
+        self._msgs.append(Send(to=to, message=message))
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    # ------------------------------------------------------------------ local log updates
+
+    def _append_local(self, entries: list[Entry]) -> None:
+        self.log.append(entries)
+        self._new_entries.extend(entries)
+        if any(e.kind is EntryKind.CONFIG for e in entries):
+            self.config = self.log.latest_config()[1]  # Ref: §4.1: in force once appended
+            self._sync_progress()
+
+    def _truncate_log(self, index: int) -> None:
+        if index <= self.commit:
+            raise LocalProtocolError(f"truncating committed index {index} (commit {self.commit})")
+        had_config = bool(self.log.configs) and self.log.configs[-1][0] >= index
+        self.log.truncate_from(index)
+        self._new_entries = [e for e in self._new_entries if e.index < index]
+        self._truncate = index if self._truncate is None else min(self._truncate, index)
+        self.durable = min(self.durable, index - 1)
+        self._pending_durable = [(n, min(i, index - 1)) for n, i in self._pending_durable]
+        if had_config:
+            self.config = self.log.latest_config()[1]
+            self._sync_progress()
+
+    def _install_snapshot(self, snap: Snapshot) -> None:
+        meta = snap.meta
+        self.log.restore(index=meta.index, term=meta.term, config=meta.config)
+        self._snap_out = snap
+        self.snapshot = snap
+        self.commit = max(self.commit, meta.index)
+        self.applied = meta.index
+        self._new_entries = []
+        self._truncate = None
+        self.durable = min(self.durable, meta.index)
+        self._pending_durable = [(n, min(i, meta.index)) for n, i in self._pending_durable]
+        self.config = meta.config
+        self._sync_progress()
+
+    def _commit_to(self, index: int) -> None:
+        if index > self.commit:
+            self.commit = index
+
+    # ------------------------------------------------------------------ leader: sending
+
+    def _broadcast_append(self, *, allow_empty: bool = True) -> None:
+        for p in self.prs:
+            self._send_append(p, allow_empty=allow_empty)
+
+    def _send_append(self, p: NodeId, *, allow_empty: bool) -> bool:
+        """Send `p` what flow control allows; True if a message went out."""
+        pr = self.prs[p]
+        if pr.is_blocked():
+            return False
+        last = self.log.last_index()
+        if pr.next > last + 1:
+            pr.next = last + 1
+        prev = pr.next - 1
+        prev_term = self.log.term_at(prev)
+        if prev_term is None:  # compacted: the follower needs a snapshot (Ref: §5.3)
+            if self.snapshot is None:
+                raise LocalProtocolError("log compacted without a snapshot to send")
+            pr.become_snapshot(self.snapshot.meta.index)
+            self._send_snapshot_chunk(p, pr)
+            return True
+        ents: tuple[Entry, ...] = ()
+        if pr.next <= last:
+            ents = self.log.slice(pr.next, last + 1, max_entries=self.cfg.max_batch_entries,
+                                  max_bytes=self.cfg.max_batch_bytes)
+        if not ents and not allow_empty:
+            return False
+        self._send(p, AppendEntries(term=self.term, leader_id=self.id, prev_log_index=prev,
+                                    prev_log_term=prev_term, entries=ents,
+                                    leader_commit=self.commit))
+        pr.sent_entries(prev + len(ents))
+        return True
+
+    def _send_snapshot_chunk(self, p: NodeId, pr: Progress) -> None:
+        snap = self.snapshot
+        if snap is None:
+            raise LocalProtocolError("no snapshot to send")
+        if snap.meta.index != pr.snapshot_index:
+            pr.become_snapshot(snap.meta.index)  # a newer checkpoint: start over
+        off = pr.snapshot_offset
+        chunk = snap.data[off: off + self.cfg.snapshot_chunk_size]
+        self._send(p, InstallSnapshot(
+            term=self.term, leader_id=self.id, last_included_index=snap.meta.index,
+            last_included_term=snap.meta.term, config=snap.meta.config, offset=off,
+            data=chunk, done=off + len(chunk) >= len(snap.data)))
+
+    # ------------------------------------------------------------------ leader: responses
+
+    def _maybe_commit(self) -> bool:
+        acked = {p: pr.match for p, pr in self.prs.items()}
+        acked[self.id] = self.durable
+        joint = JointConfig.of(self.config)
+        if "commit_on_minority" in self.cfg.bugs:
+            idx = _minority_committed(joint, acked)
+        else:
+            idx = joint.committed_index(acked)
+        # Ref: §3.6.2 (Figure 3.7): only entries of the current term commit by counting.
+        if idx > self.commit and self.log.term_at(idx) == self.term:
+            self.commit = idx
+            return True
+        return False
+
+    def _handle_append_response(self, p: NodeId, pr: Progress, m: AppendEntriesResponse) -> None:
+        last = self.log.last_index()
+        if m.success:
+            if m.match_index > last:
+                self._drop("match_beyond_log")
+                return
+            if not pr.maybe_update(m.match_index):
+                return  # stale or duplicate
+            if pr.state is ProgressState.PROBE:
+                pr.become_replicate()
+            elif pr.state is ProgressState.SNAPSHOT and pr.match >= pr.snapshot_index:
+                pr.become_probe()
+            if self._maybe_commit():
+                self._after_commit()
+            if p not in self.prs:
+                return  # the commit removed it (or us) from the configuration
+            while pr.next <= self.log.last_index() and self._send_append(p, allow_empty=False):
+                pass  # Ref: §10.2.1 pipelining within the inflight window
+            if p == self.lead_transferee and pr.match == self.log.last_index():
+                self._send(p, TimeoutNow(term=self.term, leader_id=self.id))  # Ref: §3.10
+            return
+        if m.reject_index == 0 and m.conflict_index == 0:
+            return  # a stale-leader notice at our own term: nothing to learn
+        if pr.state is ProgressState.SNAPSHOT:
+            return
+        if pr.state is ProgressState.REPLICATE and m.reject_index <= pr.match:
+            return  # stale
+        if pr.state is ProgressState.PROBE and m.reject_index != pr.next - 1:
+            return  # stale
+        # Ref: §5.3 fast backtracking with the conflict term / first index hints.
+        if m.conflict_term > 0:
+            k = self.log.last_index_of_term(m.conflict_term, at_most=m.reject_index)
+            nxt = k + 1 if k > 0 else m.conflict_index
+        else:
+            nxt = m.conflict_index
+        nxt = max(pr.match + 1, min(nxt, m.reject_index))
+        pr.become_probe()
+        pr.next = nxt
+        self._send_append(p, allow_empty=True)
+
+    def _handle_heartbeat_response(self, p: NodeId, pr: Progress, m: HeartbeatResponse) -> None:
+        if pr.state is ProgressState.SNAPSHOT:
+            self._send_snapshot_chunk(p, pr)  # retransmit the outstanding chunk
+        else:
+            last = self.log.last_index()
+            if pr.state is ProgressState.PROBE:
+                pr.paused = False
+            elif pr.inflights.full() and pr.match < last:
+                pr.become_probe()  # the window may hold lost messages: probe again
+            if pr.match < last:
+                self._send_append(p, allow_empty=pr.state is ProgressState.PROBE)
+        if m.context:
+            self._ack_read(m.context, p)
+
+    def _handle_snapshot_response(self, p: NodeId, pr: Progress,
+                                  m: InstallSnapshotResponse) -> None:
+        snap = self.snapshot
+        if (pr.state is not ProgressState.SNAPSHOT or snap is None
+                or m.last_included_index != pr.snapshot_index):
+            self._drop("stale_snapshot_response")
+            return
+        if m.done:
+            pr.match = max(pr.match, m.last_included_index)
+            pr.become_probe()
+            if self._maybe_commit():
+                self._after_commit()
+            if p in self.prs:
+                self._send_append(p, allow_empty=True)
+            return
+        if m.next_offset > len(snap.data):
+            self._drop("malformed")
+            return
+        pr.snapshot_offset = m.next_offset
+        self._send_snapshot_chunk(p, pr)
+
+    # ------------------------------------------------------------------ follower
+
+    def _handle_append_entries(self, src: NodeId, m: AppendEntries) -> None:
+        prev, prev_term, ents = m.prev_log_index, m.prev_log_term, m.entries
+        if prev < self.commit:
+            # Our prefix up to commit equals every leader's (Leader Completeness): check the
+            # rest against our commit point instead of an index we may have compacted.
+            ents = tuple(e for e in ents if e.index > self.commit)
+            prev = self.commit
+            prev_term = self.log.term_at(prev) or 0
+        last = self.log.last_index()
+        if prev > last:
+            self._send(src, AppendEntriesResponse(
+                term=self.term, success=False, reject_index=m.prev_log_index,
+                conflict_index=last + 1, conflict_term=0))
+            return
+        if not self.log.match_term(prev, prev_term):
+            self._send(src, AppendEntriesResponse(
+                term=self.term, success=False, reject_index=m.prev_log_index,
+                conflict_index=self.log.first_index_of_term(prev),
+                conflict_term=self.log.term_at(prev) or 0))
+            return
+        if "truncate_matching_suffix" in self.cfg.bugs and ents and ents[0].index <= last:
+            # BUG (test-only): overwrite everything after prev, even a matching suffix.
+            self._truncate_log(ents[0].index)
+            self._append_local(list(ents))
+        elif ents:
+            ci = self.log.find_conflict(ents)  # Ref: §3.5: truncate only at a real conflict
+            if ci:
+                if ci <= self.commit:
+                    self._drop("conflict_below_commit")
+                    return
+                if ci <= last:
+                    self._truncate_log(ci)
+                self._append_local(list(ents[ci - ents[0].index:]))
+        match = prev + len(ents)
+        self._commit_to(min(m.leader_commit, match))
+        self._send(src, AppendEntriesResponse(term=self.term, success=True, match_index=match))
+
+    def _handle_install_snapshot(self, src: NodeId, m: InstallSnapshot) -> None:
+        idx = m.last_included_index
+        if idx <= self.commit:
+            self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
+                                                    next_offset=0, done=True))
+            return
+        rec = self._snap_recv
+        if m.offset == 0:
+            rec = (self.term, idx, m.last_included_term, [], 0)
+        elif rec is None or rec[:3] != (self.term, idx, m.last_included_term) or (
+                rec[4] != m.offset):
+            same = rec is not None and rec[:3] == (self.term, idx, m.last_included_term)
+            expected = rec[4] if rec is not None and same else 0
+            self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
+                                                    next_offset=expected, done=False))
+            return
+        chunks = rec[3]
+        chunks.append(m.data)
+        received = rec[4] + len(m.data)
+        if not m.done:
+            self._snap_recv = (rec[0], rec[1], rec[2], chunks, received)
+            self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
+                                                    next_offset=received, done=False))
+            return
+        self._snap_recv = None
+        if self.log.match_term(idx, m.last_included_term):
+            # Ref: §5.3 (Figure 5.3, step 6): our log already holds it; keep what follows.
+            self._commit_to(idx)
+        else:
+            meta = SnapshotMeta(index=idx, term=m.last_included_term, config=m.config)
+            self._install_snapshot(Snapshot(meta=meta, data=b"".join(chunks)))
+        self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
+                                                next_offset=received, done=True))
+
+
+def _minority_committed(joint: JointConfig, acked: Mapping[NodeId, int]) -> int:
+    """BUG (test-only, ``commit_on_minority``): the commit rule with an off-by-one quorum."""
+
+    def half(voters: tuple[NodeId, ...]) -> int:
+        if not voters:
+            return _INF
+        idx = sorted((acked.get(v, 0) for v in voters), reverse=True)
+        return idx[max(1, len(idx) // 2) - 1]  # should be len // 2 + 1
+
+    r = min(half(joint.incoming.voters), half(joint.outgoing.voters))
+    return 0 if r == _INF else r
