@@ -32,6 +32,10 @@ from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 
 CHUNK_SESSIONS = 2048
+"""Sessions per checkpoint array (part of the format)."""
+SORT_RUN = 2048
+STEP_SESSIONS = 256
+"""Sessions handled per serialisation step (bounds the work of one step)."""
 _MAGIC = "phalanx.replica"
 _VERSION = 1
 
@@ -54,14 +58,18 @@ def envelope_chunks(
     """Serialise a checkpoint in bounded steps (each `next()` does bounded work; steps with no
     output yet yield `b""`)."""
     yield msgpack.packb([_MAGIC, _VERSION, index, len(sessions)])
-    for ids in sorted_in_steps(sessions.keys(), run=CHUNK_SESSIONS):
-        if ids is None:
+    flat: list[object] = []
+    for ids in sorted_in_steps(sessions.keys(), run=SORT_RUN, step=STEP_SESSIONS):
+        if ids is not None:
+            for client_id in ids:
+                session = sessions[client_id]
+                flat.extend((client_id, session.request_no, session.result))
+        if len(flat) >= 3 * CHUNK_SESSIONS:
+            yield msgpack.packb(flat[: 3 * CHUNK_SESSIONS])
+            del flat[: 3 * CHUNK_SESSIONS]
+        else:
             yield b""
-            continue
-        flat: list[object] = []
-        for client_id in ids:
-            session = sessions[client_id]
-            flat.extend((client_id, session.request_no, session.result))
+    if flat:
         yield msgpack.packb(flat)
     yield from app.chunks()
 

@@ -52,7 +52,11 @@ from phalanx.apps.kv_types import (
 from phalanx.apps.sorted_steps import sorted_in_steps
 
 CHUNK_KEYS = 4096
-"""Pairs per checkpoint array, and the bound on the work of one serialisation step."""
+"""Pairs per checkpoint array (part of the format: changing it changes the bytes)."""
+SORT_RUN = 2048
+STEP_KEYS = 256
+"""Keys sorted, merged or looked up per serialisation step: bounds one step to well under a
+millisecond, so the applying thread never waits long for the GIL."""
 _MAGIC = "phalanx.kv"
 _VERSION = 1
 
@@ -71,14 +75,18 @@ class KvSnapshot:
     def chunks(self) -> Iterator[bytes]:
         data = self._data
         yield msgpack.packb([_MAGIC, _VERSION, len(data)])
-        for keys in sorted_in_steps(data.keys(), run=CHUNK_KEYS):
-            if keys is None:
+        flat: list[str | bytes] = []
+        for keys in sorted_in_steps(data.keys(), run=SORT_RUN, step=STEP_KEYS):
+            if keys is not None:
+                for key in keys:
+                    flat.append(key)
+                    flat.append(data[key])
+            if len(flat) >= 2 * CHUNK_KEYS:
+                yield msgpack.packb(flat[: 2 * CHUNK_KEYS])
+                del flat[: 2 * CHUNK_KEYS]
+            else:
                 yield b""
-                continue
-            flat: list[str | bytes] = []
-            for key in keys:
-                flat.append(key)
-                flat.append(data[key])
+        if flat:
             yield msgpack.packb(flat)
 
 

@@ -2,8 +2,8 @@
 
 Owns: `sorted_in_steps`, a generator that sorts an iterable of keys run by run and merges the
 runs, yielding control (`None`) between bounded pieces of work. A single `sorted()` of a
-million strings holds the GIL for about a second; this does the same work in steps of at most
-`run` elements each.
+million strings holds the GIL for about a second; this does the same work in steps well under
+a millisecond.
 
 Must not import: anything outside the standard library. Pure and deterministic: the output
 order is the total order of the keys, independent of the input order.
@@ -16,14 +16,14 @@ import itertools
 from collections.abc import Iterable, Iterator
 
 
-def sorted_in_steps(keys: Iterable[str], *, run: int) -> Iterator[list[str] | None]:
-    """Yield the keys in ascending order, as lists of at most `run` keys.
+def sorted_in_steps(keys: Iterable[str], *, run: int, step: int) -> Iterator[list[str] | None]:
+    """Yield the keys in ascending order, as lists of at most `step` keys.
 
-    While it is still sorting runs it yields `None` after each run (a step boundary with no
-    output yet). Every `next()` does O(run log run) work.
+    While it is still sorting runs of `run` keys it yields `None` after each run (a step
+    boundary with no output yet). One `next()` does O(run log run) or O(step log runs) work.
     """
-    if run < 1:
-        raise ValueError(f"run must be >= 1, got {run}")
+    if run < 1 or step < 1:
+        raise ValueError(f"run and step must be >= 1, got {run} and {step}")
     source = iter(keys)
     runs: list[list[str]] = []
     while True:
@@ -33,12 +33,10 @@ def sorted_in_steps(keys: Iterable[str], *, run: int) -> Iterator[list[str] | No
         piece.sort()
         runs.append(piece)
         yield None
-    if len(runs) == 1:
-        yield runs[0]
-        return
-    merged = heapq.merge(*runs)
+    merged: Iterator[str] = iter(runs[0]) if len(runs) == 1 else heapq.merge(*runs)
     while True:
-        out = list(itertools.islice(merged, run))
+        out = list(itertools.islice(merged, step))
         if not out:
             return
         yield out
+

@@ -13,11 +13,13 @@ Invariants:
 - A completion is reported only after `CheckpointStore.save` returned (the checkpoint is
   durable). A failed save is reported as a completion with `error` set, never swallowed.
 - The threaded writer yields the GIL after every serialisation step, so the applying thread
-  waits at most about one step (a fraction of a millisecond) for it.
+  waits at most about one step (a fraction of a millisecond) for it, and it concatenates the
+  steps' output through an in-memory file so that no single copy holds the GIL either.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -66,14 +68,46 @@ class CheckpointWriter(Protocol):
         ...
 
 
-def _join(chunks: Iterator[bytes], pause: bool) -> bytes:
-    parts: list[bytes] = []
-    for chunk in chunks:
-        if chunk:
-            parts.append(chunk)
-        if pause:
+def _join(chunks: Iterator[bytes]) -> bytes:
+    return b"".join(chunk for chunk in chunks if chunk)
+
+
+def _join_yielding(chunks: Iterator[bytes]) -> bytes:
+    """Concatenate the chunks without holding the GIL for long.
+
+    After every step it releases the GIL (`time.sleep(0)`), and it gathers the chunks in an
+    in-memory file (`memfd`): `os.write`/`os.pread` copy with the GIL released, whereas one
+    `b"".join` of a 30 MB checkpoint holds it for ~10-20 ms (mostly page faults).
+    """
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is None:  # not Linux: plain join, stepping still yields
+        parts: list[bytes] = []
+        for chunk in chunks:
+            if chunk:
+                parts.append(chunk)
+            time.sleep(0)
+        return b"".join(parts)
+    fd: int = memfd_create("phalanx-checkpoint")
+    try:
+        total = 0
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+                total += written
             time.sleep(0)  # release the GIL: let the applying thread run (not a clock read)
-    return b"".join(parts)
+        pieces: list[bytes] = []
+        offset = 0
+        while offset < total:
+            piece = os.pread(fd, total - offset, offset)
+            if not piece:
+                raise OSError(f"memfd shrank while reading the checkpoint at {offset}")
+            pieces.append(piece)
+            offset += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    finally:
+        os.close(fd)
 
 
 class InlineCheckpointWriter:
@@ -92,7 +126,7 @@ class InlineCheckpointWriter:
         if self._busy:
             raise RuntimeError("a checkpoint is already being written")
         self._busy = True
-        data = _join(job.chunks, pause=False)
+        data = _join(job.chunks)
         try:
             self._store.save(Checkpoint(job.index, data, job.meta))
         except Exception as exc:  # reported, not swallowed: see CheckpointDone.error
@@ -168,7 +202,7 @@ class ThreadedCheckpointWriter:
             if job is _STOP:
                 return
             try:
-                data = _join(job.chunks, pause=True)
+                data = _join_yielding(job.chunks)
                 self._store.save(Checkpoint(job.index, data, job.meta))
             except Exception as exc:  # reported to the replica via poll()
                 self._done.append(CheckpointDone(index=job.index, data=b"", error=repr(exc)))
