@@ -376,15 +376,26 @@ class Registry:
         label = cls.__name__
         arity = len(pairs) + 1
         constructor: Callable[..., object] = cls
+        # Fast path: a scalar field whose value has exactly its type skips the call.
+        encoders = tuple((name, enc, _exact(dec)) for name, enc, dec in pairs)
+        decoders = tuple((name, dec, _exact(dec)) for name, _, dec in pairs)
 
         def encode(value: object, depth: int) -> object:
             if depth >= max_depth:
                 raise EncodeError(f"{label}: nesting deeper than max_depth={max_depth}")
             depth += 1
             out: list[object] = [type_id]
-            for field_name, enc, _ in pairs:
+            for field_name, enc, exact in encoders:
+                item = getattr(value, field_name)
+                if type(item) is int:
+                    if exact is int and INT_MIN <= item <= INT_MAX:
+                        out.append(item)
+                        continue
+                elif type(item) is exact:
+                    out.append(item)
+                    continue
                 try:
-                    out.append(enc(getattr(value, field_name), depth))
+                    out.append(enc(item, depth))
                 except EncodeError as exc:
                     raise EncodeError(f"{label}.{field_name}: {exc}") from None
             return out
@@ -398,7 +409,10 @@ class Registry:
                 raise DecodeError(f"{label}: expected {arity - 1} fields, got {len(items) - 1}")
             depth += 1
             kwargs: dict[str, object] = {}
-            for (field_name, _, dec), item in zip(pairs, items[1:], strict=True):
+            for (field_name, dec, exact), item in zip(decoders, items[1:]):  # noqa: B905
+                if type(item) is exact:
+                    kwargs[field_name] = item
+                    continue
                 try:
                     kwargs[field_name] = dec(item, depth)
                 except DecodeError as exc:
@@ -412,12 +426,10 @@ class Registry:
 
     def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:
         """Compile the codec pair for one declared type, or raise TypeError naming `where`."""
-        if tp is None or tp is type(None):
-            return _scalar(type(None), "None")
-        if tp is bool or tp is str or tp is bytes:
-            return _scalar(typing.cast(type, tp), typing.cast(type, tp).__name__)
-        if tp is int:
-            return _int_codec()
+        if tp is None:
+            tp = type(None)
+        if tp in _SCALARS:
+            return _SCALARS[tp]
         if isinstance(tp, typing.NewType):
             return self._build(tp.__supertype__, where)
         origin = typing.get_origin(tp)
@@ -495,12 +507,16 @@ class Registry:
     def _tuple_of(self, element: tuple[Encoder, Decoder], where: str) -> tuple[Encoder, Decoder]:
         max_depth = self.max_depth
         enc_el, dec_el = element
+        exact = _exact(dec_el)
+        fast_encode = exact is not None and exact is not int
 
         def encode(value: object, depth: int) -> object:
             if type(value) is not tuple:
                 raise EncodeError(f"expected tuple, got {_kind(value)}")
             if depth >= max_depth:
                 raise EncodeError(f"nesting deeper than max_depth={max_depth}")
+            if fast_encode and all(type(item) is exact for item in value):
+                return list(value)
             depth += 1
             try:
                 return [enc_el(item, depth) for item in value]
@@ -517,6 +533,8 @@ class Registry:
                 raise DecodeError(f"expected array, got {_kind(raw)}")
             if depth >= max_depth:
                 raise DecodeError(f"nesting deeper than max_depth={max_depth}")
+            if exact is not None and all(type(item) is exact for item in raw):
+                return tuple(raw)
             depth += 1
             out = []
             for i, item in enumerate(raw):
@@ -588,6 +606,11 @@ def _describe(raw: object) -> str:
     return _kind(raw)
 
 
+def _exact(decoder: Decoder) -> type | None:
+    """The type a decoder passes through unchanged (an exact-type scalar), else None."""
+    return _EXACT.get(decoder)
+
+
 def _scalar(py_type: type, label: str) -> tuple[Encoder, Decoder]:
     def encode(value: object, depth: int) -> object:
         if type(value) is not py_type:
@@ -616,6 +639,14 @@ def _int_codec() -> tuple[Encoder, Decoder]:
         return raw
 
     return encode, decode
+
+
+_SCALARS: Final[dict[object, tuple[Encoder, Decoder]]] = {
+    t: _scalar(t, "None" if t is type(None) else t.__name__)
+    for t in (type(None), bool, str, bytes)
+}
+_SCALARS[int] = _int_codec()
+_EXACT: Final[dict[Decoder, type]] = {dec: t for t, (_, dec) in _SCALARS.items()}  # type: ignore[misc]
 
 
 def _optional(inner: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
