@@ -84,6 +84,11 @@ def test_reads_must_agree_on_one_order_of_concurrent_writes() -> None:
     base = (W(0, 1), W(1, 2), (0, "ok"), (1, "ok"))
     assert verdict(*base, R(2), (2, "ok", 1), R(2), (2, "ok", 2)) is False
     assert verdict(*base, R(2), (2, "ok", 2), R(2), (2, "ok", 2)) is True
+    # The search tries write 1 before write 2 first; this read needs the other order.
+    assert verdict(*base, R(2), (2, "ok", 1), R(2), (2, "ok", 1)) is True
+    three = (W(0, 1), W(1, 2), W(3, 3), (0, "ok"), (1, "ok"), (3, "ok"))
+    assert verdict(*three, R(2), (2, "ok", 1)) is True
+    assert verdict(*three, R(2), (2, "ok", 2)) is True
 
 
 def test_new_value_seen_then_old_value_seen_is_invalid() -> None:
