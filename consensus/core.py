@@ -147,8 +147,9 @@ class Ready:
     Ordering (the whole contract):
         1. **Persist first.** If `snapshot` is set, install it (restore the state machine,
            store the checkpoint, reset the log after it). Then drop every log entry with index
-           >= `truncate_from` (when set), append `entries`, and write `hard_state` (when set)
-           atomically. If `must_sync`, make all of it durable (fsync) before step 2.
+           >= `truncate_from` (when set), append `entries`, and write `hard_state` and
+           `core_state` (when set) atomically. If `must_sync`, make all of it durable
+           (fsync) before step 2.
         2. **Then send** `messages`. A message may depend on state from step 1 (a vote, an
            appended entry); sending it before that state is durable breaks safety.
         3. **Apply in order.** Apply `committed` entries to the state machine strictly in
@@ -164,6 +165,9 @@ class Ready:
 
     Attributes:
         number: increases by one for every Ready that has persistence work; 0 otherwise.
+        core_state: a core-specific durable record (a frozen dataclass registered with the
+            codec, e.g. PBFT's `PbftDurableState`) that replaces the previously written one;
+            the driver hands the last one back to the core on restart.
     """
 
     number: int = 0
@@ -176,6 +180,7 @@ class Ready:
     committed: tuple[Entry, ...] = ()
     reads: tuple[ReadState, ...] = ()
     rejected: tuple[Rejection, ...] = ()
+    core_state: object | None = None
 
     @property
     def has_persistence(self) -> bool:
@@ -184,6 +189,7 @@ class Ready:
             or self.truncate_from is not None
             or bool(self.entries)
             or self.hard_state is not None
+            or self.core_state is not None
         )
 
     @property

@@ -1,0 +1,155 @@
+"""Injected cryptography for the Byzantine cores: protocols and a fast deterministic stand-in.
+
+Owns: the `Signer`, `Verifier`, `Authenticator`, `Hasher` protocols (and `Crypto`, all four
+together) that a Byzantine core receives at construction, `signing_view` (what a signature
+or a MAC covers), and `FastCrypto`, a cheap deterministic implementation for the simulator
+and unit tests.
+
+Must not import: `phalanx.net` (the real Ed25519/HMAC implementation lives in
+`phalanx.net.crypto` and plugs in through these protocols), trio, clocks, global random.
+
+Invariants:
+- A signature or a MAC covers the canonical encoding of the object with its `signature` and
+  `auth` fields emptied (`signing_view`), so a message can carry its own signature.
+- `verify` and `verify_mac` never raise on any input: a malformed signature is just invalid.
+- `FastCrypto` is deterministic: same keys, same object, same bytes. It is NOT secure
+  against anyone who knows the cluster secret (every simulated node does); in simulation a
+  Byzantine node is scripted by the simulator, which only signs as the nodes it controls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+from collections.abc import Callable
+from typing import Protocol
+
+from phalanx.consensus.types import NodeId
+
+Encoder = Callable[[object], bytes]
+"""Canonical bytes of a frozen dataclass: equal values give equal bytes."""
+
+_COVERED_OUT = ("signature", "auth")
+
+
+def signing_view(obj: object) -> object:
+    """`obj` with its `signature`/`auth` fields (when it has them) set to ``b""``."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    names = {f.name for f in dataclasses.fields(obj)}
+    blank = {name: b"" for name in _COVERED_OUT if name in names}
+    return dataclasses.replace(obj, **blank) if blank else obj
+
+
+def repr_encoding(obj: object) -> bytes:
+    """A canonical stand-in encoding for frozen dataclasses of ints, strs, bytes, bools,
+    tuples and IntEnums: their `repr`. Deterministic, not a wire format."""
+    return repr(obj).encode("utf-8")
+
+
+class Signer(Protocol):
+    @property
+    def node_id(self) -> NodeId: ...
+
+    def sign(self, obj: object) -> bytes:
+        """This node's signature over `signing_view(obj)`."""
+        ...
+
+
+class Verifier(Protocol):
+    def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
+        """Whether `signature` is `node`'s signature over `signing_view(obj)`; never raises."""
+        ...
+
+
+class Authenticator(Protocol):
+    def mac(self, peer: NodeId, obj: object) -> bytes:
+        """A MAC over `signing_view(obj)` with the key this node shares with `peer`."""
+        ...
+
+    def verify_mac(self, peer: NodeId, obj: object, tag: bytes) -> bool:
+        """Whether `tag` is `peer`'s MAC for this node over `signing_view(obj)`."""
+        ...
+
+
+class Hasher(Protocol):
+    def digest(self, data: bytes) -> bytes:
+        """A collision-resistant digest of `data`."""
+        ...
+
+    def encode(self, obj: object) -> bytes:
+        """The canonical bytes of `obj` (what gets hashed for a batch digest)."""
+        ...
+
+
+class Crypto(Signer, Verifier, Authenticator, Hasher, Protocol):
+    """Everything a Byzantine core needs; the simulator injects `FastCrypto`, the runtime
+    `phalanx.net.crypto.Ed25519Crypto`."""
+
+
+def digest_of(crypto: Hasher, obj: object) -> bytes:
+    """The digest of an object's canonical encoding."""
+    return crypto.digest(crypto.encode(obj))
+
+
+class FastCrypto:
+    """Deterministic keyed-BLAKE2b signatures and MACs, for simulation and tests.
+
+    Every node's signing key is derived from `cluster_secret` and its id, so any instance
+    can verify any node's signature. Forged or mutated signatures fail verification.
+    """
+
+    __slots__ = ("_encode", "_node_id", "_secret")
+
+    def __init__(
+        self,
+        node_id: NodeId,
+        *,
+        cluster_secret: bytes = b"phalanx-sim",
+        encode: Encoder = repr_encoding,
+    ) -> None:
+        self._node_id = node_id
+        self._secret = cluster_secret
+        self._encode = encode
+
+    @property
+    def node_id(self) -> NodeId:
+        return self._node_id
+
+    def _key(self, label: bytes) -> bytes:
+        return hashlib.blake2b(self._secret + b"\x00" + label, digest_size=32).digest()
+
+    def _tag(self, key: bytes, obj: object) -> bytes:
+        data = self._encode(signing_view(obj))
+        return hashlib.blake2b(data, key=key, digest_size=32).digest()
+
+    def sign(self, obj: object) -> bytes:
+        return self._tag(self._key(b"sig:" + self._node_id.encode()), obj)
+
+    def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
+        try:
+            expected = self._tag(self._key(b"sig:" + node.encode()), obj)
+        except (TypeError, ValueError):
+            return False
+        return hmac.compare_digest(expected, signature)
+
+    def _pair_key(self, peer: NodeId) -> bytes:
+        a, b = sorted((self._node_id, peer))
+        return self._key(b"mac:" + a.encode() + b"\x00" + b.encode())
+
+    def mac(self, peer: NodeId, obj: object) -> bytes:
+        return self._tag(self._pair_key(peer), obj)
+
+    def verify_mac(self, peer: NodeId, obj: object, tag: bytes) -> bool:
+        try:
+            expected = self._tag(self._pair_key(peer), obj)
+        except (TypeError, ValueError):
+            return False
+        return hmac.compare_digest(expected, tag)
+
+    def digest(self, data: bytes) -> bytes:
+        return hashlib.blake2b(data, digest_size=32).digest()
+
+    def encode(self, obj: object) -> bytes:
+        return self._encode(obj)

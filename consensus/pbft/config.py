@@ -1,0 +1,105 @@
+"""PBFT configuration: membership, batching, checkpoints, water marks, timeouts, bug switches.
+
+Owns: `PbftConfig` and its validation, the primary of a view (view mod n), quorum sizes.
+Must not import: anything beyond `phalanx.consensus.types` and `phalanx.consensus.quorum`.
+Invariant: a constructed config is valid; every derived quantity is a pure function of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.consensus.quorum import byzantine_quorum, max_byzantine_faults, reply_quorum
+from phalanx.consensus.types import NodeId
+
+KNOWN_BUGS = frozenset({"commit_on_2f", "skip_view_check", "accept_unsigned_view_change"})
+"""Deliberate bugs the simulator sweep switches on to prove its checkers catch them:
+
+- ``commit_on_2f``: commit on 2f matching commits instead of 2f+1.
+- ``skip_view_check``: accept pre-prepares, prepares and commits of another view.
+- ``accept_unsigned_view_change``: skip signature checks on ViewChange messages (received
+  directly or inside a NewView).
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PbftConfig:
+    """One replica's PBFT parameters.
+
+    Attributes:
+        node_id: this replica.
+        replicas: the cluster, in a fixed order (primary of view v is replicas[v mod n]).
+        checkpoint_interval: K, the replica layer checkpoints every K sequence numbers.
+        log_window: L, high water mark = low water mark + L (Castro-Liskov use 2K).
+        batch_size: the primary flushes a batch once it holds this many requests.
+        batch_ticks: ... or once the oldest pending request waited this many ticks.
+        view_change_ticks: base view-change timeout; doubles per consecutive view change.
+        max_view_change_ticks: cap of the doubled timeout.
+        fetch_ticks: ticks before a state-transfer fetch is retried with another peer.
+        max_pending: bound on buffered client requests (a flood is dropped and counted).
+        bugs: deliberate bugs (see `KNOWN_BUGS`); unknown names raise.
+    """
+
+    node_id: NodeId
+    replicas: tuple[NodeId, ...]
+    checkpoint_interval: int = 8
+    log_window: int = 16
+    batch_size: int = 4
+    batch_ticks: int = 1
+    view_change_ticks: int = 20
+    max_view_change_ticks: int = 640
+    fetch_ticks: int = 10
+    max_pending: int = 1024
+    bugs: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if len(self.replicas) < 1 or len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"replicas must be non-empty and unique: {self.replicas!r}")
+        if self.node_id not in self.replicas:
+            raise ValueError(f"{self.node_id!r} is not one of the replicas {self.replicas!r}")
+        unknown = sorted(self.bugs - KNOWN_BUGS)
+        if unknown:
+            raise ValueError(f"unknown PBFT bug switch(es) {unknown}; known: {sorted(KNOWN_BUGS)}")
+        for name in (
+            "checkpoint_interval",
+            "batch_size",
+            "batch_ticks",
+            "view_change_ticks",
+            "fetch_ticks",
+            "max_pending",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.log_window < self.checkpoint_interval:
+            raise ValueError("log_window must be >= checkpoint_interval")
+        if self.max_view_change_ticks < self.view_change_ticks:
+            raise ValueError("max_view_change_ticks must be >= view_change_ticks")
+
+    @property
+    def n(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def f(self) -> int:
+        return max_byzantine_faults(self.n)
+
+    @property
+    def quorum(self) -> int:
+        """2f+1 (n - f in general): prepared certificates, stable checkpoints, view changes."""
+        return byzantine_quorum(self.n)
+
+    @property
+    def commit_quorum(self) -> int:
+        """2f+1 matching commits, or one fewer under the ``commit_on_2f`` bug."""
+        return self.quorum - 1 if "commit_on_2f" in self.bugs else self.quorum
+
+    @property
+    def weak_quorum(self) -> int:
+        """f+1: at least one honest replica among them."""
+        return reply_quorum(self.f)
+
+    def primary(self, view: int) -> NodeId:
+        return self.replicas[view % self.n]
+
+    def peers(self) -> tuple[NodeId, ...]:
+        return tuple(r for r in self.replicas if r != self.node_id)

@@ -1,0 +1,826 @@
+"""The PBFT core (Castro and Liskov, OSDI'99 / TOCS'02): a sans-IO `phalanx.consensus.core.Core`.
+
+Owns: dispatch of inputs (role-free: the primary of view v is replicas[v mod n]), request
+batching at the primary, the three-phase normal case, in-order execution into
+`Ready.committed`, checkpoint handling, view-change timers with exponential backoff, and
+state transfer. Pure sub-machines live next door: `log.py` (message log, predicates, water
+marks), `checkpoint.py` (stability), `view_change.py` (ViewChange/NewView checks and the O
+set), `safety.py` (the only signer of votes).
+
+Must not import: trio, sockets, clocks, global random, `phalanx.net`. Crypto is injected.
+
+Invariants:
+- Peer input never raises: it is dropped and counted by reason in `status().dropped`.
+- Own pre-prepares, prepares and commits count towards a quorum only after `Persisted`
+  reports the Ready that recorded them (their signature record and prepared certificates
+  travel in `Ready.core_state`, written before the messages are sent).
+- `Ready.committed` holds one entry per seq, strictly increasing and gap-free, each seq once
+  (a state-transfer `Ready.snapshot` jumps the sequence forward first).
+- The replica never participates in a view lower than `view` (persisted), and never
+  signs two different votes for one (view, seq) (SafetyRules).
+- Determinism: no set iteration order, `id()`, clocks or randomness affects any output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import assert_never
+
+from phalanx.consensus.core import (
+    CheckpointInstalled,
+    CheckpointTaken,
+    CoreStatus,
+    Input,
+    Persisted,
+    Ready,
+    Receive,
+    Rejection,
+    Send,
+    Snapshot,
+    Submit,
+    Tick,
+)
+from phalanx.consensus.crypto import Crypto, digest_of
+from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
+from phalanx.consensus.pbft.config import PbftConfig
+from phalanx.consensus.pbft.log import AddResult, MessageLog
+from phalanx.consensus.pbft.messages import (
+    Checkpoint,
+    CheckpointData,
+    Commit,
+    CommittedBatch,
+    FetchCheckpoint,
+    FetchCommitted,
+    ForwardRequest,
+    NewView,
+    PbftDurableState,
+    Prepare,
+    PrePrepare,
+    ViewChange,
+    VoteKind,
+)
+from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
+from phalanx.consensus.pbft.view_change import (
+    NewViewPlan,
+    check_new_view,
+    check_view_change,
+    compute_new_view,
+)
+from phalanx.consensus.types import (
+    ClientRequest,
+    Configuration,
+    Entry,
+    EntryKind,
+    HardState,
+    LocalProtocolError,
+    Message,
+    NodeId,
+    SnapshotMeta,
+)
+
+_PBFT_TYPES = (
+    PrePrepare,
+    Prepare,
+    Commit,
+    Checkpoint,
+    ViewChange,
+    NewView,
+    ForwardRequest,
+    FetchCheckpoint,
+    CheckpointData,
+    FetchCommitted,
+    CommittedBatch,
+)
+_Vote = PrePrepare | Prepare | Commit
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PbftRestoredState:
+    """What the driver gives back to a restarting core.
+
+    Attributes:
+        durable: the last `Ready.core_state` written.
+        executed: the seq the restored state machine is at (its checkpoint's index).
+        checkpoint_data: the data of the checkpoint at `executed`, if the replica holds it
+            (served to lagging peers).
+    """
+
+    durable: PbftDurableState
+    executed: int = 0
+    checkpoint_data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PbftStatus(CoreStatus):
+    """`CoreStatus` plus PBFT's view, water marks and stable checkpoint."""
+
+    view: int = 0
+    view_active: bool = True
+    low_water: int = 0
+    high_water: int = 0
+    stable_digest: bytes = b""
+    pending_requests: int = 0
+    log_slots: int = 0
+    transferring: bool = False
+
+
+class PbftCore:
+    """One PBFT replica. See the module docstring for the rules it keeps."""
+
+    def __init__(
+        self,
+        config: PbftConfig,
+        *,
+        crypto: Crypto,
+        restored: PbftRestoredState | None = None,
+    ) -> None:
+        if crypto.node_id != config.node_id:
+            raise LocalProtocolError("crypto and config belong to different nodes")
+        d = restored.durable if restored is not None else PbftDurableState()
+        self._cfg = config
+        self._me = config.node_id
+        self._crypto = crypto
+        self._safety = SafetyRules(crypto, d.safety)
+        self._view = d.view
+        self._active = d.view_active
+        stable = StableCheckpoint(seq=d.stable_seq, digest=d.stable_digest, proof=d.stable_proof)
+        self._checkpoints = CheckpointTracker(quorum=config.quorum, stable=stable)
+        self._log = MessageLog(low=d.stable_seq, window=config.log_window)
+        for proof in d.prepared:
+            self._log.prepared_certs[proof.pre_prepare.seq] = proof
+        self._executed = restored.executed if restored is not None else 0
+        if restored is not None and restored.checkpoint_data is not None:
+            data = restored.checkpoint_data
+            self._checkpoints.record_own(self._executed, crypto.digest(data), data)
+        # A primary never reuses a seq it pre-prepared in this view (even before a crash).
+        own_pp = [
+            v.seq for v in d.safety.votes if v.kind is VoteKind.PRE_PREPARE and v.view == self._view
+        ]
+        self._next_seq = max([self._executed, d.stable_seq, *own_pp])
+        self._pending: list[ClientRequest] = []
+        self._pending_age = 0
+        self._in_progress: set[tuple[str, int]] = set()
+        self._client_done: dict[str, int] = {}
+        self._waiting: dict[tuple[str, int], ClientRequest] = {}
+        self._timer: int | None = None
+        self._backoff = 0
+        self._latest_vc: dict[NodeId, ViewChange] = {}
+        self._new_view_sent = -1
+        self._future: list[tuple[NodeId, PrePrepare | Prepare | Commit]] = []
+        self._committed: dict[int, tuple[int, bytes, tuple[ClientRequest, ...]]] = {}
+        self._history: dict[int, tuple[int, bytes, tuple[ClientRequest, ...]]] = {}
+        self._fetched: dict[int, dict[NodeId, CommittedBatch]] = {}
+        self._transfer: StableCheckpoint | None = None
+        self._transfer_try = 0
+        self._transfer_ticks = 0
+        self._gap_ticks = config.fetch_ticks if restored is not None else 0
+        self._dropped: dict[str, int] = {}
+        self._ready_number = 0
+        self._persisted = 0
+        self._awaiting: list[tuple[int, _Vote]] = []
+        # Per-step accumulators (reset by `_begin`).
+        self._out: list[Send] = []
+        self._exec_out: list[Entry] = []
+        self._snapshot_out: Snapshot | None = None
+        self._rejected_out: list[Rejection] = []
+        self._new_own: list[_Vote] = []
+        self._durable_dirty = False
+        self._hard_dirty = False
+        if restored is not None and self._executed < d.stable_seq:
+            self._start_transfer(stable, send=False)
+        self._resend_view_change = not self._active
+
+    # ----------------------------------------------------------------------------------
+    # Core protocol
+
+    @property
+    def node_id(self) -> NodeId:
+        return self._me
+
+    @property
+    def view(self) -> int:
+        return self._view
+
+    @property
+    def executed(self) -> int:
+        return self._executed
+
+    def is_primary(self) -> bool:
+        return self._cfg.primary(self._view) == self._me
+
+    def status(self) -> PbftStatus:
+        role = "primary" if self.is_primary() else "backup"
+        if not self._active:
+            role = "view_change"
+        return PbftStatus(
+            node=self._me,
+            role=role,
+            term=self._view,
+            commit_index=self._executed,
+            leader=self._cfg.primary(self._view) if self._active else None,
+            dropped=dict(sorted(self._dropped.items())),
+            view=self._view,
+            view_active=self._active,
+            low_water=self._log.low,
+            high_water=self._log.high,
+            stable_digest=self._checkpoints.stable.digest,
+            pending_requests=len(self._pending) + len(self._waiting),
+            log_slots=len(self._log),
+            transferring=self._transfer is not None,
+        )
+
+    def step(self, inp: Input, /) -> Ready:
+        self._begin()
+        if self._resend_view_change:
+            self._resend_view_change = False
+            self._broadcast_view_change()
+        match inp:
+            case Receive(src=src, message=message):
+                self._receive(src, message)
+            case Tick():
+                self._tick()
+            case Submit(request=request):
+                self._submit(request)
+            case Persisted(number=number):
+                self._on_persisted(number)
+            case CheckpointTaken(index=index, data=data):
+                self._checkpoint_taken(index, data)
+            case CheckpointInstalled(meta=meta, data=data):
+                if meta.index > self._executed:
+                    self._executed = meta.index
+                    self._checkpoints.record_own(meta.index, self._crypto.digest(data), data)
+            case _:
+                assert_never(inp)
+        return self._finish()
+
+    def _begin(self) -> None:
+        self._out = []
+        self._exec_out = []
+        self._snapshot_out = None
+        self._rejected_out = []
+        self._new_own = []
+        self._durable_dirty = False
+        self._hard_dirty = False
+
+    def _finish(self) -> Ready:
+        # Own votes always ride on a persisted Ready (even an identical re-sign after a restart).
+        durable = self._safety.take_dirty() or self._durable_dirty or bool(self._new_own)
+        number = 0
+        if durable or self._hard_dirty or self._snapshot_out is not None:
+            self._ready_number += 1
+            number = self._ready_number
+        for vote in self._new_own:
+            self._awaiting.append((number, vote))
+        core_state = self.durable_state() if durable else None
+        hard = HardState(view=self._view, commit=self._executed) if self._hard_dirty else None
+        return Ready(
+            number=number,
+            snapshot=self._snapshot_out,
+            hard_state=hard,
+            core_state=core_state,
+            must_sync=durable or hard is not None,
+            messages=tuple(self._out),
+            committed=tuple(self._exec_out),
+            rejected=tuple(self._rejected_out),
+        )
+
+    def durable_state(self) -> PbftDurableState:
+        """What must survive a crash (also carried by `Ready.core_state` when it changes)."""
+        stable = self._checkpoints.stable
+        return PbftDurableState(
+            view=self._view,
+            view_active=self._active,
+            stable_seq=stable.seq,
+            stable_digest=stable.digest,
+            stable_proof=stable.proof,
+            safety=self._safety.data,
+            prepared=self._log.certificates(),
+        )
+
+    # ----------------------------------------------------------------------------------
+    # Helpers
+
+    def _drop(self, reason: str) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+
+    def _send(self, to: NodeId, message: Message) -> None:
+        self._out.append(Send(to=to, message=message))
+
+    def _broadcast(self, message: Message) -> None:
+        for peer in self._cfg.peers():
+            self._send(peer, message)
+
+    def _timeout(self) -> int:
+        base = self._cfg.view_change_ticks
+        return min(base << min(self._backoff, 30), self._cfg.max_view_change_ticks)
+
+    # ----------------------------------------------------------------------------------
+    # Client requests and batching
+
+    def _submit(self, request: ClientRequest) -> None:
+        key = (request.client_id, request.request_no)
+        if request.request_no <= self._client_done.get(request.client_id, -1):
+            return  # already executed: the replica layer answers from its session table
+        if key in self._in_progress or key in self._waiting:
+            return
+        if self._active and self.is_primary():
+            if len(self._pending) >= self._cfg.max_pending:
+                self._rejected_out.append(Rejection(request=request, reason="overloaded"))
+                return
+            self._pending.append(request)
+            self._in_progress.add(key)
+            if len(self._pending) >= self._cfg.batch_size:
+                self._flush()
+            return
+        if len(self._waiting) >= self._cfg.max_pending:
+            self._rejected_out.append(Rejection(request=request, reason="overloaded"))
+            return
+        self._waiting[key] = request
+        if self._active:
+            self._send(
+                self._cfg.primary(self._view), ForwardRequest(request=request, replica=self._me)
+            )
+
+    def _flush(self) -> None:
+        while self._pending and self._next_seq + 1 <= self._log.high:
+            batch = tuple(self._pending[: self._cfg.batch_size])
+            del self._pending[: self._cfg.batch_size]
+            seq = self._next_seq + 1
+            pp = PrePrepare(
+                view=self._view,
+                seq=seq,
+                digest=digest_of(self._crypto, batch),
+                batch=batch,
+                replica=self._me,
+            )
+            self._propose(pp)
+        self._pending_age = 0
+
+    def _propose(self, pp: PrePrepare) -> None:
+        """Sign and send one of our own pre-prepares (normal case or NewView's O set)."""
+        signed = self._safety.sign_pre_prepare(pp)  # a conflict here is our own bug
+        self._next_seq = max(self._next_seq, pp.seq)
+        self._log.add_pre_prepare(signed, counted=False)
+        self._log.slot(pp.view, pp.seq).prepare_sent = True
+        for r in pp.batch:
+            self._in_progress.add((r.client_id, r.request_no))
+        self._broadcast(signed)
+        self._new_own.append(signed)
+
+    # ----------------------------------------------------------------------------------
+    # Receive
+
+    def _receive(self, src: NodeId, msg: Message) -> None:
+        if src not in self._cfg.replicas or src == self._me:
+            self._drop("unknown_sender")
+            return
+        if not isinstance(msg, _PBFT_TYPES):
+            self._drop("unknown_message")
+            return
+        if msg.replica != src:
+            self._drop("sender_mismatch")
+            return
+        match msg:
+            case PrePrepare() | Prepare() | Commit():
+                if self._view_ok(src, msg):
+                    self._on_vote(msg)
+            case Checkpoint():
+                self._on_checkpoint(msg)
+            case ViewChange():
+                self._on_view_change(msg)
+            case NewView():
+                self._on_new_view(msg)
+            case ForwardRequest():
+                if not (self._active and self.is_primary()):
+                    self._drop("not_primary")
+                else:
+                    self._submit(msg.request)
+            case FetchCheckpoint():
+                data = self._checkpoints.own_data(msg.seq)
+                if data is None:
+                    self._drop("fetch_unavailable")
+                else:
+                    self._send(src, CheckpointData(seq=msg.seq, data=data, replica=self._me))
+            case CheckpointData():
+                self._on_checkpoint_data(msg)
+            case FetchCommitted():
+                for seq in range(max(msg.from_seq, 1), self._executed + 1):
+                    found = self._history.get(seq)
+                    if found is not None:
+                        view, digest, batch = found
+                        reply = CommittedBatch(
+                            seq=seq, view=view, digest=digest, batch=batch, replica=self._me
+                        )
+                        self._send(src, reply)
+            case CommittedBatch():
+                self._on_committed_batch(msg)
+            case _:
+                assert_never(msg)
+
+    def _view_ok(self, src: NodeId, msg: PrePrepare | Prepare | Commit) -> bool:
+        if "skip_view_check" in self._cfg.bugs:
+            return True
+        if msg.view == self._view and self._active:
+            return True
+        if msg.view < self._view:
+            self._drop("wrong_view")
+        elif len(self._future) < self._cfg.log_window * self._cfg.n * 2:
+            self._future.append((src, msg))  # replayed once we enter that view
+        else:
+            self._drop("future_view_overflow")
+        return False
+
+    def _on_vote(self, msg: PrePrepare | Prepare | Commit) -> None:
+        primary = self._cfg.primary(msg.view)
+        if not self._log.in_window(msg.seq):
+            self._drop("out_of_window")
+            return
+        match msg:
+            case PrePrepare():
+                if msg.replica != primary:
+                    self._drop("not_primary")
+                    return
+                if msg.digest != digest_of(self._crypto, msg.batch):
+                    self._drop("bad_digest")
+                    return
+                if not self._crypto.verify(msg.replica, msg, msg.signature):
+                    self._drop("bad_signature")
+                    return
+                result = self._log.add_pre_prepare(msg, counted=True)
+                if result is AddResult.ADDED:
+                    self._send_prepare(msg)
+            case Prepare():
+                if msg.replica == primary:
+                    self._drop("prepare_from_primary")
+                    return
+                if not self._crypto.verify(msg.replica, msg, msg.signature):
+                    self._drop("bad_signature")
+                    return
+                result = self._log.add_prepare(msg)
+            case Commit():
+                if not self._crypto.verify_mac(msg.replica, msg, msg.auth):
+                    self._drop("bad_auth")
+                    return
+                result = self._log.add_commit(msg)
+            case _:
+                assert_never(msg)
+        if result is not AddResult.ADDED:
+            self._drop(result.value)
+            return
+        self._progress(msg.view, msg.seq)
+
+    def _send_prepare(self, pp: PrePrepare) -> None:
+        prepare = Prepare(view=pp.view, seq=pp.seq, digest=pp.digest, replica=self._me)
+        try:
+            signed = self._safety.sign_prepare(prepare)
+        except SafetyViolation:
+            self._drop("safety_refused")
+            return
+        self._log.slot(pp.view, pp.seq).prepare_sent = True
+        self._broadcast(signed)
+        self._new_own.append(signed)
+
+    def _progress(self, view: int, seq: int) -> None:
+        slot = self._log.peek(view, seq)
+        if slot is None or slot.pre_prepare is None:
+            return
+        pp = slot.pre_prepare
+        q = self._cfg.quorum
+        if not slot.commit_sent and self._log.prepared(view, seq, q):
+            slot.commit_sent = True
+            self._log.record_prepared(view, seq, q)
+            self._durable_dirty = True
+            commit = Commit(view=view, seq=seq, digest=pp.digest, replica=self._me)
+            for peer in self._cfg.peers():
+                tag = self._crypto.mac(peer, commit)
+                self._send(
+                    peer, Commit(view=view, seq=seq, digest=pp.digest, replica=self._me, auth=tag)
+                )
+            self._new_own.append(commit)
+        if not slot.committed and self._log.committed_local(view, seq, q, self._cfg.commit_quorum):
+            slot.committed = True
+            if seq > self._executed and seq not in self._committed:
+                self._committed[seq] = (view, pp.digest, pp.batch)
+            self._execute()
+
+    def _execute(self) -> None:
+        progressed = False
+        while self._executed + 1 in self._committed:
+            seq = self._executed + 1
+            view, digest, batch = self._committed.pop(seq)
+            kind = EntryKind.COMMAND if batch else EntryKind.NOOP
+            self._exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
+            self._executed = seq
+            self._history[seq] = (view, digest, batch)
+            for r in batch:
+                key = (r.client_id, r.request_no)
+                done = self._client_done.get(r.client_id, -1)
+                self._client_done[r.client_id] = max(done, r.request_no)
+                self._waiting.pop(key, None)
+                self._in_progress.discard(key)
+            progressed = True
+        if progressed and self._active:
+            self._backoff = 0
+            self._timer = None  # restarted on the next Tick if requests still wait
+            self._gap_ticks = 0
+
+    def _on_persisted(self, number: int) -> None:
+        if number > self._ready_number:
+            raise LocalProtocolError(
+                f"Persisted({number}) but the last Ready was {self._ready_number}"
+            )
+        self._persisted = max(self._persisted, number)
+        ready = [v for n, v in self._awaiting if n <= self._persisted]
+        self._awaiting = [(n, v) for n, v in self._awaiting if n > self._persisted]
+        for vote in ready:
+            if not self._log.in_window(vote.seq):
+                continue
+            match vote:
+                case PrePrepare():
+                    slot = self._log.slot(vote.view, vote.seq)
+                    if slot.pre_prepare == vote:
+                        slot.pre_prepare_counted = True
+                case Prepare():
+                    self._log.add_prepare(vote)
+                case Commit():
+                    self._log.add_commit(vote)
+                case _:
+                    assert_never(vote)
+            self._progress(vote.view, vote.seq)
+
+    # ----------------------------------------------------------------------------------
+    # Time
+
+    def _tick(self) -> None:
+        if self._active and self.is_primary() and self._pending:
+            self._pending_age += 1
+            if self._pending_age >= self._cfg.batch_ticks:
+                self._flush()
+        if self._active:
+            if self._waiting and not self.is_primary():
+                self._timer = self._timeout() if self._timer is None else self._timer - 1
+                if self._timer <= 0:
+                    self._start_view_change(self._view + 1)
+            else:
+                self._timer = None
+        elif self._timer is None:
+            self._timer = self._timeout()
+        else:
+            self._timer -= 1
+            if self._timer <= 0:
+                self._start_view_change(self._view + 1)
+        if self._transfer is not None:
+            self._transfer_ticks += 1
+            if self._transfer_ticks >= self._cfg.fetch_ticks:
+                self._transfer_try += 1
+                self._send_fetch()
+        elif self._gap_ticks >= self._cfg.fetch_ticks or self._committed:
+            self._gap_ticks += 1
+            if self._gap_ticks >= self._cfg.fetch_ticks:
+                self._gap_ticks = 0
+                self._broadcast(FetchCommitted(from_seq=self._executed + 1, replica=self._me))
+
+    # ----------------------------------------------------------------------------------
+    # Checkpoints and state transfer
+
+    def _checkpoint_taken(self, index: int, data: bytes) -> None:
+        if index > self._executed:
+            raise LocalProtocolError(f"checkpoint at {index} beyond executed {self._executed}")
+        if index <= self._checkpoints.stable.seq:
+            return
+        digest = self._crypto.digest(data)
+        self._checkpoints.record_own(index, digest, data)
+        cp = Checkpoint(seq=index, digest=digest, replica=self._me)
+        cp = Checkpoint(seq=index, digest=digest, replica=self._me, signature=self._safety.sign(cp))
+        self._broadcast(cp)
+        self._checkpoint_vote(cp)
+
+    def _on_checkpoint(self, cp: Checkpoint) -> None:
+        if not self._crypto.verify(cp.replica, cp, cp.signature):
+            self._drop("bad_signature")
+            return
+        if cp.seq <= self._checkpoints.stable.seq:
+            self._drop("stale_checkpoint")
+            return
+        own = self._checkpoints.own_digest(cp.seq)
+        if own is not None and own != cp.digest:
+            self._drop("checkpoint_digest_mismatch")
+            return
+        self._checkpoint_vote(cp)
+
+    def _checkpoint_vote(self, cp: Checkpoint) -> None:
+        stable = self._checkpoints.add_vote(cp)
+        if stable is not None:
+            self._stable_moved(stable)
+
+    def _adopt_stable(self, stable: StableCheckpoint) -> None:
+        if self._checkpoints.adopt(stable):
+            self._stable_moved(stable)
+
+    def _stable_moved(self, stable: StableCheckpoint) -> None:
+        """A new stable checkpoint: move the water marks and collect garbage (§4.3)."""
+        self._log.gc(stable.seq, self._cfg.log_window)
+        self._safety.prune(stable.seq)
+        for table in (self._history, self._fetched):
+            for seq in [s for s in table if s <= stable.seq]:
+                del table[seq]
+        self._durable_dirty = True
+        if self._executed < stable.seq:
+            self._start_transfer(stable, send=True)
+        if self._active and self.is_primary():
+            self._next_seq = max(self._next_seq, stable.seq)
+            self._flush()
+
+    def _start_transfer(self, target: StableCheckpoint, *, send: bool) -> None:
+        if self._transfer is not None and self._transfer.seq >= target.seq:
+            return
+        self._transfer = target
+        self._transfer_try = 0
+        if send:
+            self._send_fetch()
+        else:
+            self._transfer_ticks = self._cfg.fetch_ticks
+
+    def _send_fetch(self) -> None:
+        assert self._transfer is not None
+        sources = [c.replica for c in self._transfer.proof if c.replica != self._me]
+        sources = sources or list(self._cfg.peers())
+        peer = sources[self._transfer_try % len(sources)]
+        self._transfer_ticks = 0
+        self._send(peer, FetchCheckpoint(seq=self._transfer.seq, replica=self._me))
+
+    def _on_checkpoint_data(self, msg: CheckpointData) -> None:
+        target = self._transfer
+        if target is None or msg.seq != target.seq:
+            self._drop("unexpected_checkpoint_data")
+            return
+        if self._crypto.digest(msg.data) != target.digest:
+            self._drop("bad_checkpoint_digest")
+            return
+        meta = SnapshotMeta(
+            index=target.seq,
+            term=self._view,
+            config=Configuration(voters=tuple(sorted(self._cfg.replicas))),
+        )
+        self._snapshot_out = Snapshot(meta=meta, data=msg.data)
+        self._transfer = None
+        self._executed = target.seq
+        self._checkpoints.record_own(target.seq, target.digest, msg.data)
+        self._hard_dirty = True
+        for seq in [s for s in self._committed if s <= target.seq]:
+            del self._committed[seq]
+        self._history.clear()
+        self._broadcast(FetchCommitted(from_seq=target.seq + 1, replica=self._me))
+        self._execute()
+
+    def _on_committed_batch(self, msg: CommittedBatch) -> None:
+        if not self._executed < msg.seq <= self._executed + self._cfg.log_window:
+            self._drop("unexpected_committed_batch")
+            return
+        if msg.seq in self._committed:
+            return
+        if msg.digest != digest_of(self._crypto, msg.batch):
+            self._drop("bad_digest")
+            return
+        replies = self._fetched.setdefault(msg.seq, {})
+        replies.setdefault(msg.replica, msg)
+        matching = [r for r in replies.values() if (r.view, r.digest) == (msg.view, msg.digest)]
+        if len(matching) >= self._cfg.weak_quorum:
+            del self._fetched[msg.seq]
+            self._committed[msg.seq] = (msg.view, msg.digest, msg.batch)
+            self._execute()
+
+    # ----------------------------------------------------------------------------------
+    # View change (Castro-Liskov §4.4)
+
+    def _start_view_change(self, new_view: int) -> None:
+        if new_view <= self._view and not self._active:
+            return
+        self._view = new_view
+        self._active = False
+        self._backoff += 1
+        self._timer = self._timeout()
+        self._durable_dirty = True
+        self._hard_dirty = True
+        for r in self._pending:
+            self._waiting[(r.client_id, r.request_no)] = r
+        self._pending = []
+        self._in_progress.clear()
+        self._log.drop_views_below(new_view)
+        self._broadcast_view_change()
+
+    def _broadcast_view_change(self) -> None:
+        stable = self._checkpoints.stable
+        vc = ViewChange(
+            new_view=self._view,
+            stable_seq=stable.seq,
+            checkpoint_proof=stable.proof,
+            prepared_proofs=self._log.certificates(),
+            replica=self._me,
+        )
+        vc = ViewChange(
+            new_view=vc.new_view,
+            stable_seq=vc.stable_seq,
+            checkpoint_proof=vc.checkpoint_proof,
+            prepared_proofs=vc.prepared_proofs,
+            replica=self._me,
+            signature=self._safety.sign(vc),
+        )
+        self._broadcast(vc)
+        self._add_view_change(vc)
+
+    def _on_view_change(self, vc: ViewChange) -> None:
+        reason = check_view_change(self._cfg, self._crypto, vc)
+        if reason is not None:
+            self._drop(reason)
+            return
+        if vc.new_view < self._view or (vc.new_view == self._view and self._active):
+            self._drop("stale_view_change")
+            return
+        self._add_view_change(vc)
+
+    def _add_view_change(self, vc: ViewChange) -> None:
+        old = self._latest_vc.get(vc.replica)
+        if old is not None and old.new_view >= vc.new_view:
+            return
+        self._latest_vc[vc.replica] = vc
+        # Liveness (§4.5.2): f+1 replicas want a higher view; join the smallest of them.
+        higher = sorted(v.new_view for v in self._latest_vc.values() if v.new_view > self._view)
+        if len(higher) >= self._cfg.weak_quorum:
+            self._start_view_change(higher[0])
+        self._maybe_new_view()
+
+    def _maybe_new_view(self) -> None:
+        v = self._view
+        if self._active or self._cfg.primary(v) != self._me or self._new_view_sent >= v:
+            return
+        vcs = tuple(
+            self._latest_vc[r] for r in sorted(self._latest_vc) if self._latest_vc[r].new_view == v
+        )
+        if len(vcs) < self._cfg.quorum:
+            return
+        vcs = vcs[: self._cfg.quorum]
+        self._new_view_sent = v
+        plan = compute_new_view(self._cfg, self._crypto, v, vcs)
+        signed = tuple(self._safety.sign_pre_prepare(pp) for pp in plan.pre_prepares)
+        nv = NewView(view=v, view_changes=vcs, pre_prepares=signed, replica=self._me)
+        nv = NewView(
+            view=v,
+            view_changes=vcs,
+            pre_prepares=signed,
+            replica=self._me,
+            signature=self._safety.sign(nv),
+        )
+        self._broadcast(nv)
+        self._enter_view(v, plan, signed)
+
+    def _on_new_view(self, nv: NewView) -> None:
+        if nv.view < self._view or (nv.view == self._view and self._active):
+            self._drop("stale_new_view")
+            return
+        reason, plan = check_new_view(self._cfg, self._crypto, nv)
+        if reason is not None or plan is None:
+            self._drop(reason or "bad_new_view")
+            return
+        self._enter_view(nv.view, plan, nv.pre_prepares)
+
+    def _enter_view(self, v: int, plan: NewViewPlan, pre_prepares: tuple[PrePrepare, ...]) -> None:
+        self._view = v
+        self._active = True
+        self._timer = None
+        self._durable_dirty = True
+        self._hard_dirty = True
+        self._log.drop_views_below(v)
+        if plan.stable.seq > self._checkpoints.stable.seq:
+            self._adopt_stable(plan.stable)
+        self._next_seq = max(self._next_seq if self.is_primary() else 0, plan.max_seq)
+        self._next_seq = max(self._next_seq, self._checkpoints.stable.seq)
+        for pp in pre_prepares:
+            if not self._log.in_window(pp.seq):
+                continue
+            for r in pp.batch:
+                self._in_progress.add((r.client_id, r.request_no))
+            if self.is_primary():
+                self._log.add_pre_prepare(pp, counted=False)
+                self._log.slot(v, pp.seq).prepare_sent = True
+                self._new_own.append(pp)
+            elif self._log.add_pre_prepare(pp, counted=True) is AddResult.ADDED:
+                self._send_prepare(pp)
+        primary = self._cfg.primary(v)
+        waiting = [self._waiting[k] for k in sorted(self._waiting)]
+        if primary == self._me:
+            self._waiting = {}
+            for r in waiting:
+                if (r.client_id, r.request_no) not in self._in_progress:
+                    self._pending.append(r)
+                    self._in_progress.add((r.client_id, r.request_no))
+            self._flush()
+        else:
+            for r in waiting:
+                self._send(primary, ForwardRequest(request=r, replica=self._me))
+        future, self._future = self._future, []
+        for src, msg in future:
+            if msg.view == v:
+                self._on_vote(msg)
+            elif msg.view > v:
+                self._future.append((src, msg))

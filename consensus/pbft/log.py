@@ -1,0 +1,158 @@
+"""The PBFT message log: pre-prepares, prepares and commits per (view, seq), the prepared and
+committed-local predicates, prepared certificates, and the water marks.
+
+Owns: `MessageLog` (pure bookkeeping, no crypto, no I/O). The core validates and
+authenticates a message before it reaches the log; the log decides what it proves.
+Must not import: the core, crypto, or anything outside `phalanx.consensus`.
+
+Invariants:
+- At most one pre-prepare per (view, seq); a replica's first prepare/commit per (view, seq)
+  wins (a second, different one is equivocation and is reported, not stored).
+- Only slots with low < seq <= high are kept (`gc` drops the rest); `low` is the last
+  stable checkpoint (Castro-Liskov §4.3).
+- Own votes are stored only once they are durable (the core adds them on `Persisted`).
+- `prepared_certs` keeps, per seq above low, the certificate of the highest view.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from phalanx.consensus.pbft.messages import Commit, Prepare, PreparedProof, PrePrepare
+from phalanx.consensus.types import NodeId
+
+
+class AddResult(enum.Enum):
+    ADDED = "added"
+    DUPLICATE = "duplicate"
+    EQUIVOCATION = "equivocation"
+
+
+@dataclass(slots=True)
+class Slot:
+    """Everything known about one (view, seq)."""
+
+    pre_prepare: PrePrepare | None = None
+    pre_prepare_counted: bool = False
+    prepares: dict[NodeId, Prepare] = field(default_factory=dict)
+    commits: dict[NodeId, Commit] = field(default_factory=dict)
+    prepare_sent: bool = False
+    commit_sent: bool = False
+    committed: bool = False
+
+
+class MessageLog:
+    """Per-(view, seq) slots between the water marks."""
+
+    __slots__ = ("_slots", "high", "low", "prepared_certs")
+
+    def __init__(self, *, low: int, window: int) -> None:
+        # Invariant: low < seq <= high for every stored slot.
+        self.low = low
+        self.high = low + window
+        self._slots: dict[tuple[int, int], Slot] = {}
+        self.prepared_certs: dict[int, PreparedProof] = {}
+
+    def in_window(self, seq: int) -> bool:
+        return self.low < seq <= self.high
+
+    def slot(self, view: int, seq: int) -> Slot:
+        key = (view, seq)
+        found = self._slots.get(key)
+        if found is None:
+            found = self._slots[key] = Slot()
+        return found
+
+    def peek(self, view: int, seq: int) -> Slot | None:
+        return self._slots.get((view, seq))
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def add_pre_prepare(self, pp: PrePrepare, *, counted: bool) -> AddResult:
+        slot = self.slot(pp.view, pp.seq)
+        if slot.pre_prepare is not None:
+            return AddResult.DUPLICATE if slot.pre_prepare == pp else AddResult.EQUIVOCATION
+        slot.pre_prepare = pp
+        slot.pre_prepare_counted = counted
+        return AddResult.ADDED
+
+    def add_prepare(self, p: Prepare) -> AddResult:
+        votes = self.slot(p.view, p.seq).prepares
+        old = votes.get(p.replica)
+        if old is not None:
+            return AddResult.DUPLICATE if old.digest == p.digest else AddResult.EQUIVOCATION
+        votes[p.replica] = p
+        return AddResult.ADDED
+
+    def add_commit(self, c: Commit) -> AddResult:
+        votes = self.slot(c.view, c.seq).commits
+        old = votes.get(c.replica)
+        if old is not None:
+            return AddResult.DUPLICATE if old.digest == c.digest else AddResult.EQUIVOCATION
+        votes[c.replica] = c
+        return AddResult.ADDED
+
+    def matching_prepares(self, view: int, seq: int) -> tuple[Prepare, ...]:
+        """Prepares matching the slot's pre-prepare, from replicas other than its primary,
+        in replica order."""
+        slot = self._slots.get((view, seq))
+        if slot is None or slot.pre_prepare is None:
+            return ()
+        pp = slot.pre_prepare
+        return tuple(
+            slot.prepares[r]
+            for r in sorted(slot.prepares)
+            if r != pp.replica and slot.prepares[r].digest == pp.digest
+        )
+
+    def prepared(self, view: int, seq: int, quorum: int) -> bool:
+        """prepared(m, v, n, i): a counted pre-prepare and quorum-1 matching prepares from
+        distinct backups (Castro-Liskov §4.2)."""
+        slot = self._slots.get((view, seq))
+        if slot is None or slot.pre_prepare is None or not slot.pre_prepare_counted:
+            return False
+        return len(self.matching_prepares(view, seq)) >= quorum - 1
+
+    def committed_local(self, view: int, seq: int, quorum: int, commit_quorum: int) -> bool:
+        """committed-local(m, v, n, i): prepared and `commit_quorum` matching commits."""
+        if not self.prepared(view, seq, quorum):
+            return False
+        slot = self._slots[(view, seq)]
+        assert slot.pre_prepare is not None  # implied by prepared()
+        digest = slot.pre_prepare.digest
+        return sum(1 for c in slot.commits.values() if c.digest == digest) >= commit_quorum
+
+    def record_prepared(self, view: int, seq: int, quorum: int) -> PreparedProof:
+        """Build and keep the prepared certificate of (view, seq) (must be prepared)."""
+        slot = self._slots[(view, seq)]
+        assert slot.pre_prepare is not None
+        proof = PreparedProof(
+            pre_prepare=slot.pre_prepare,
+            prepares=self.matching_prepares(view, seq)[: quorum - 1],
+        )
+        old = self.prepared_certs.get(seq)
+        if old is None or old.pre_prepare.view <= view:
+            self.prepared_certs[seq] = proof
+        return proof
+
+    def certificates(self) -> tuple[PreparedProof, ...]:
+        """The prepared certificates above low, by seq (the P set of a ViewChange)."""
+        return tuple(self.prepared_certs[s] for s in sorted(self.prepared_certs))
+
+    def drop_views_below(self, view: int) -> None:
+        """Forget the slots of views before `view` (after a view change)."""
+        for key in [k for k in self._slots if k[0] < view]:
+            del self._slots[key]
+
+    def gc(self, low: int, window: int) -> None:
+        """Move the low water mark to a new stable checkpoint and drop what it covers."""
+        if low <= self.low:
+            return
+        self.low = low
+        self.high = low + window
+        for key in [k for k in self._slots if k[1] <= low]:
+            del self._slots[key]
+        for seq in [s for s in self.prepared_certs if s <= low]:
+            del self.prepared_certs[seq]

@@ -1,0 +1,270 @@
+"""PBFT messages and durable records, after Castro and Liskov (OSDI'99; TOCS'02).
+
+Owns: every message the PBFT core sends or receives, the records it persists
+(`SignedVote`, `SafetyData`, `PbftDurableState`), the closed union `PbftMessage` and the
+stable codec ids `PBFT_MESSAGES` (200-299, see `phalanx.net.wire`).
+
+Must not import: `phalanx.net` (the codec registers these classes, not the reverse), trio,
+clocks, random.
+
+Authentication (who signs what, and why):
+- Messages that travel as proofs are signed (Ed25519 in production): `PrePrepare` and
+  `Prepare` (they form the prepared certificates carried by `ViewChange`), `Checkpoint`
+  (stable-checkpoint certificates), `ViewChange` and `NewView`.
+- `Commit` never travels as a proof, so it carries an HMAC `auth` over the key shared by
+  sender and receiver (Castro-Liskov §3.2 authenticators; one Send per receiver carries
+  that receiver's MAC). This is the cheap normal-case path.
+- State-transfer and forwarding messages are unauthenticated beyond the transport's
+  sender authentication: their contents are checked against certificates (checkpoint
+  data against a stable-checkpoint digest) or by f+1 matching replies.
+
+Invariants: every class is a frozen, slotted, keyword-only dataclass whose fields are ints,
+strs, bytes, bools, tuples, IntEnums or nested such dataclasses. A signature or MAC covers
+the canonical bytes of the message with `signature`/`auth` emptied.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from phalanx.consensus.types import ClientRequest, Message, NodeId
+
+
+def _short(digest: bytes) -> str:
+    return digest[:2].hex()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrePrepare(Message):
+    """<PRE-PREPARE, v, n, d>_sig(p) with the batch m (Castro-Liskov §4.2). An empty batch is the
+    null request that a NewView uses to fill a gap (§4.4)."""
+
+    view: int
+    seq: int
+    digest: bytes
+    batch: tuple[ClientRequest, ...]
+    replica: NodeId
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return (
+            f"PrePrepare v={self.view} n={self.seq} d={_short(self.digest)} |m|={len(self.batch)}"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepare(Message):
+    """<PREPARE, v, n, d, i>_sig(i) (Castro-Liskov §4.2)."""
+
+    view: int
+    seq: int
+    digest: bytes
+    replica: NodeId
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return f"Prepare v={self.view} n={self.seq} d={_short(self.digest)} i={self.replica}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Commit(Message):
+    """<COMMIT, v, n, D(m), i>_mac(i), authenticated by a pairwise MAC (Castro-Liskov §4.2)."""
+
+    view: int
+    seq: int
+    digest: bytes
+    replica: NodeId
+    auth: bytes = b""
+
+    def __str__(self) -> str:
+        return f"Commit v={self.view} n={self.seq} d={_short(self.digest)} i={self.replica}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint(Message):
+    """<CHECKPOINT, n, d, i>_sig(i): the state digest after executing seq n (Castro-Liskov §4.3)."""
+
+    seq: int
+    digest: bytes
+    replica: NodeId
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return f"Checkpoint n={self.seq} d={_short(self.digest)} i={self.replica}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedProof:
+    """A prepared certificate Pm: the pre-prepare and 2f matching prepares from distinct
+    backups (Castro-Liskov §4.4)."""
+
+    pre_prepare: PrePrepare
+    prepares: tuple[Prepare, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewChange(Message):
+    """<VIEW-CHANGE, v+1, n, C, P, i>_sig(i) (Castro-Liskov §4.4): the stable checkpoint seq n
+    with its proof C (2f+1 checkpoints) and the prepared certificates P above n."""
+
+    new_view: int
+    stable_seq: int
+    checkpoint_proof: tuple[Checkpoint, ...]
+    prepared_proofs: tuple[PreparedProof, ...]
+    replica: NodeId
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return (
+            f"ViewChange v={self.new_view} n={self.stable_seq} "
+            f"|P|={len(self.prepared_proofs)} i={self.replica}"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewView(Message):
+    """<NEW-VIEW, v+1, V, O>_sig(p) (Castro-Liskov §4.4): 2f+1 view changes V and the
+    pre-prepares O the new primary re-issues for the sequence numbers above min-s."""
+
+    view: int
+    view_changes: tuple[ViewChange, ...]
+    pre_prepares: tuple[PrePrepare, ...]
+    replica: NodeId
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return f"NewView v={self.view} |V|={len(self.view_changes)} |O|={len(self.pre_prepares)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForwardRequest(Message):
+    """A client request a backup relays to the primary (Castro-Liskov §4.1)."""
+
+    request: ClientRequest
+    replica: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchCheckpoint(Message):
+    """State transfer: ask for the checkpoint data at `seq` (Castro-Liskov TOCS §5.3)."""
+
+    seq: int
+    replica: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointData(Message):
+    """State transfer: the checkpoint data at `seq`; the receiver checks its digest against
+    the stable-checkpoint certificate it holds."""
+
+    seq: int
+    data: bytes
+    replica: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchCommitted(Message):
+    """State transfer: ask for the committed batches from `from_seq` on."""
+
+    from_seq: int
+    replica: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedBatch(Message):
+    """State transfer: the batch committed at `seq` (in `view`); accepted once f+1 distinct
+    replicas report the same view, digest and batch."""
+
+    seq: int
+    view: int
+    digest: bytes
+    batch: tuple[ClientRequest, ...]
+    replica: NodeId
+
+
+PbftMessage: TypeAlias = (
+    PrePrepare
+    | Prepare
+    | Commit
+    | Checkpoint
+    | ViewChange
+    | NewView
+    | ForwardRequest
+    | FetchCheckpoint
+    | CheckpointData
+    | FetchCommitted
+    | CommittedBatch
+)
+
+# --------------------------------------------------------------------------------------------
+# Durable records
+
+
+class VoteKind(enum.IntEnum):
+    PRE_PREPARE = 0
+    PREPARE = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignedVote:
+    """One pre-prepare or prepare this replica signed, as SafetyRules records it."""
+
+    kind: VoteKind
+    view: int
+    seq: int
+    digest: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SafetyData:
+    """SafetyRules' persisted record: every vote signed for a seq above `floor`, sorted by
+    (kind, view, seq)."""
+
+    floor: int = 0
+    votes: tuple[SignedVote, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PbftDurableState:
+    """What a PBFT replica must find again after a crash (the `Ready.core_state` record).
+
+    Attributes:
+        view: the current view (the highest view this replica moved to).
+        view_active: False while waiting for the NewView of `view`.
+        stable_seq, stable_digest, stable_proof: the last stable checkpoint and its
+            certificate (2f+1 signed checkpoints; empty at seq 0).
+        safety: what SafetyRules signed.
+        prepared: the prepared certificates above the stable checkpoint (they go into the
+            next ViewChange: forgetting one could let a committed request be dropped).
+    """
+
+    view: int = 0
+    view_active: bool = True
+    stable_seq: int = 0
+    stable_digest: bytes = b""
+    stable_proof: tuple[Checkpoint, ...] = ()
+    safety: SafetyData = SafetyData()
+    prepared: tuple[PreparedProof, ...] = ()
+
+
+PBFT_MESSAGES: dict[int, type] = {
+    200: PrePrepare,
+    201: Prepare,
+    202: Commit,
+    203: Checkpoint,
+    204: PreparedProof,
+    205: ViewChange,
+    206: NewView,
+    207: ForwardRequest,
+    208: FetchCheckpoint,
+    209: CheckpointData,
+    210: FetchCommitted,
+    211: CommittedBatch,
+    220: SignedVote,
+    221: SafetyData,
+    222: PbftDurableState,
+}
+"""Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`."""

@@ -1,0 +1,189 @@
+"""View-change validation and the NewView computation (Castro-Liskov §4.4, signature variant).
+
+Owns: the checks of a `ViewChange` (its signature, its stable-checkpoint certificate, each
+prepared certificate), the computation of the pre-prepares a new primary must re-issue (the
+O set: for each seq between min-s and max-s, the batch of the highest-view prepared
+certificate, or a null request), and the verification of a received `NewView` by
+recomputing O. Pure functions of their arguments: no state, no I/O.
+Must not import: the core, trio, clocks, random, `phalanx.net`.
+
+Every check returns a drop reason (str) or None; peer input never raises here.
+Invariant (safety): if a request committed at seq n in some view < v, then at least f+1
+honest replicas among any 2f+1 view changes carry a prepared certificate for it at n, so O
+re-issues it at n (Castro-Liskov TOCS Thm. 4.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from phalanx.consensus.crypto import Hasher, Verifier, digest_of
+from phalanx.consensus.pbft.checkpoint import StableCheckpoint
+from phalanx.consensus.pbft.config import PbftConfig
+from phalanx.consensus.pbft.messages import (
+    Checkpoint,
+    NewView,
+    PreparedProof,
+    PrePrepare,
+    ViewChange,
+)
+
+
+class _Crypto(Verifier, Hasher, Protocol):
+    """What this module needs from the injected crypto."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewViewPlan:
+    """What a NewView establishes: the stable checkpoint at min-s and the O set (unsigned)."""
+
+    stable: StableCheckpoint
+    pre_prepares: tuple[PrePrepare, ...]
+
+    @property
+    def max_seq(self) -> int:
+        return self.pre_prepares[-1].seq if self.pre_prepares else self.stable.seq
+
+
+def check_checkpoint_proof(
+    config: PbftConfig, crypto: _Crypto, seq: int, proof: tuple[Checkpoint, ...]
+) -> str | None:
+    """A stable-checkpoint certificate: a quorum of distinct replicas' valid checkpoints for
+    `seq`, all with one digest (empty at seq 0)."""
+    if seq == 0:
+        return None if not proof else "bad_checkpoint_proof"
+    replicas = {c.replica for c in proof}
+    if len(replicas) != len(proof) or len(proof) < config.quorum:
+        return "bad_checkpoint_proof"
+    if len({c.digest for c in proof}) != 1 or any(c.seq != seq for c in proof):
+        return "bad_checkpoint_proof"
+    if not replicas <= set(config.replicas):
+        return "bad_checkpoint_proof"
+    for c in proof:
+        if not crypto.verify(c.replica, c, c.signature):
+            return "bad_signature"
+    return None
+
+
+def check_prepared_proof(
+    config: PbftConfig, crypto: _Crypto, proof: PreparedProof, *, new_view: int, low: int
+) -> str | None:
+    """A prepared certificate from a view before `new_view` for a seq in (low, low + L]."""
+    pp = proof.pre_prepare
+    if not pp.view < new_view or not low < pp.seq <= low + config.log_window:
+        return "bad_prepared_proof"
+    if pp.replica != config.primary(pp.view) or pp.digest != digest_of(crypto, pp.batch):
+        return "bad_prepared_proof"
+    backups = {p.replica for p in proof.prepares}
+    if len(backups) != len(proof.prepares) or len(backups) < config.quorum - 1:
+        return "bad_prepared_proof"
+    if pp.replica in backups or not backups <= set(config.replicas):
+        return "bad_prepared_proof"
+    if any((p.view, p.seq, p.digest) != (pp.view, pp.seq, pp.digest) for p in proof.prepares):
+        return "bad_prepared_proof"
+    if not crypto.verify(pp.replica, pp, pp.signature):
+        return "bad_signature"
+    for p in proof.prepares:
+        if not crypto.verify(p.replica, p, p.signature):
+            return "bad_signature"
+    return None
+
+
+def check_view_change(config: PbftConfig, crypto: _Crypto, vc: ViewChange) -> str | None:
+    """Whether `vc` is well formed and correctly signed (the signature check is skipped
+    under the ``accept_unsigned_view_change`` bug)."""
+    if vc.replica not in config.replicas or vc.new_view < 1 or vc.stable_seq < 0:
+        return "bad_view_change"
+    if "accept_unsigned_view_change" not in config.bugs and not crypto.verify(
+        vc.replica, vc, vc.signature
+    ):
+        return "bad_signature"
+    reason = check_checkpoint_proof(config, crypto, vc.stable_seq, vc.checkpoint_proof)
+    if reason is not None:
+        return reason
+    seqs = [p.pre_prepare.seq for p in vc.prepared_proofs]
+    if len(set(seqs)) != len(seqs):
+        return "bad_prepared_proof"
+    for proof in vc.prepared_proofs:
+        reason = check_prepared_proof(
+            config, crypto, proof, new_view=vc.new_view, low=vc.stable_seq
+        )
+        if reason is not None:
+            return reason
+    return None
+
+
+def compute_new_view(
+    config: PbftConfig, crypto: Hasher, view: int, view_changes: tuple[ViewChange, ...]
+) -> NewViewPlan:
+    """The NewView content for `view` from (already checked) view changes (§4.4):
+    min-s is the latest stable checkpoint among them; for each seq in (min-s, max-s], O
+    re-issues the batch of the prepared certificate of the highest view, or a null request.
+    """
+    if not view_changes:
+        raise ValueError("compute_new_view needs at least one view change")
+    base = max(view_changes, key=lambda vc: (vc.stable_seq, vc.replica))
+    stable = StableCheckpoint(
+        seq=base.stable_seq,
+        digest=base.checkpoint_proof[0].digest if base.checkpoint_proof else b"",
+        proof=base.checkpoint_proof,
+    )
+    best: dict[int, PrePrepare] = {}
+    for vc in view_changes:
+        for proof in vc.prepared_proofs:
+            pp = proof.pre_prepare
+            if pp.seq <= stable.seq:
+                continue
+            old = best.get(pp.seq)
+            if old is None or pp.view > old.view:
+                best[pp.seq] = pp
+    max_s = max(best, default=stable.seq)
+    primary = config.primary(view)
+    null_digest = digest_of(crypto, ())
+    o_set: list[PrePrepare] = []
+    for seq in range(stable.seq + 1, max_s + 1):
+        chosen = best.get(seq)
+        if chosen is None:
+            o_set.append(
+                PrePrepare(view=view, seq=seq, digest=null_digest, batch=(), replica=primary)
+            )
+        else:
+            o_set.append(
+                PrePrepare(
+                    view=view, seq=seq, digest=chosen.digest, batch=chosen.batch, replica=primary
+                )
+            )
+    return NewViewPlan(stable=stable, pre_prepares=tuple(o_set))
+
+
+def check_new_view(
+    config: PbftConfig, crypto: _Crypto, nv: NewView
+) -> tuple[str | None, NewViewPlan | None]:
+    """Verify a NewView by checking its view changes and recomputing O; return
+    (drop reason, None) or (None, plan)."""
+    primary = config.primary(nv.view)
+    if nv.view < 1 or nv.replica != primary:
+        return "bad_new_view", None
+    if not crypto.verify(primary, nv, nv.signature):
+        return "bad_signature", None
+    senders = [vc.replica for vc in nv.view_changes]
+    if len(set(senders)) != len(senders) or len(senders) < config.quorum:
+        return "bad_new_view", None
+    for vc in nv.view_changes:
+        if vc.new_view != nv.view:
+            return "bad_new_view", None
+        reason = check_view_change(config, crypto, vc)
+        if reason is not None:
+            return reason, None
+    plan = compute_new_view(config, crypto, nv.view, nv.view_changes)
+    if len(plan.pre_prepares) != len(nv.pre_prepares):
+        return "bad_new_view", None
+    for want, got in zip(plan.pre_prepares, nv.pre_prepares, strict=True):
+        if want != PrePrepare(
+            view=got.view, seq=got.seq, digest=got.digest, batch=got.batch, replica=got.replica
+        ):
+            return "bad_new_view", None
+        if not crypto.verify(primary, got, got.signature):
+            return "bad_signature", None
+    return None, plan
