@@ -58,14 +58,17 @@ def test_f_plus_one_silent_replicas_block_progress() -> None:
     c.crash(c.ids[3])
     c.submit(c.ids[0], req("a", 0))
     c.deliver()
-    assert c.entries[c.ids[0]] == [] and c.entries[c.ids[1]] == []
+    assert c.entries[c.ids[0]] == []
+    assert c.entries[c.ids[1]] == []
 
 
 def test_own_votes_do_not_count_before_persisted() -> None:
     c = Cluster(4, batch_size=1)
     primary = c.cores[c.ids[0]]
     ready = primary.step(Submit(request=req("a", 0)))
-    assert ready.number == 1 and ready.core_state is not None and ready.must_sync
+    assert ready.number == 1
+    assert ready.core_state is not None
+    assert ready.must_sync
     pp = ready.messages[0].message
     # Prepares from two backups arrive before the primary's pre-prepare is durable.
     for b in c.ids[1:3]:

@@ -1,0 +1,60 @@
+"""Ed25519Crypto and FastCrypto: round trips, forgery and mutation rejection; a PBFT round
+with real keys and the codec's canonical bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pbft_harness import Cluster, req
+
+from phalanx.consensus.crypto import FastCrypto, repr_encoding
+from phalanx.consensus.pbft.core import PbftCore
+from phalanx.consensus.pbft.messages import Commit, Prepare
+from phalanx.consensus.types import NodeId
+from phalanx.net.crypto import ed25519_cluster
+
+NODES = (NodeId("n0"), NodeId("n1"), NodeId("n2"), NodeId("n3"))
+
+
+def _cryptos(kind: str) -> dict[NodeId, object]:
+    if kind == "fast":
+        return {n: FastCrypto(n) for n in NODES}
+    if kind == "ed25519-repr":
+        return dict(ed25519_cluster(NODES, seed=b"t", encode=repr_encoding))
+    return dict(ed25519_cluster(NODES, seed=b"t"))
+
+
+@pytest.mark.parametrize("kind", ["fast", "ed25519-repr", "ed25519-codec"])
+def test_sign_verify_round_trip_and_forgeries_fail(kind: str) -> None:
+    cs = _cryptos(kind)
+    a, b = cs[NODES[0]], cs[NODES[1]]
+    msg = Prepare(view=1, seq=2, digest=b"d" * 32, replica=NODES[0])
+    sig = a.sign(msg)  # type: ignore[attr-defined]
+    signed = dataclasses.replace(msg, signature=sig)
+    assert b.verify(NODES[0], signed, sig)  # type: ignore[attr-defined]
+    assert b.verify(NODES[0], msg, sig)  # the signature field is not covered
+    assert not b.verify(NODES[1], msg, sig)  # type: ignore[attr-defined]  wrong signer
+    assert not b.verify(NODES[0], dataclasses.replace(msg, seq=3), sig)  # type: ignore[attr-defined]
+    assert not b.verify(NODES[0], msg, bytes(len(sig)))  # type: ignore[attr-defined]
+    assert not b.verify(NODES[0], msg, b"short")  # type: ignore[attr-defined]
+    assert not b.verify(NodeId("stranger"), msg, sig) or kind == "fast"  # type: ignore[attr-defined]
+    commit = Commit(view=0, seq=1, digest=b"x", replica=NODES[0])
+    tag = a.mac(NODES[1], commit)  # type: ignore[attr-defined]
+    assert b.verify_mac(NODES[0], commit, tag)  # type: ignore[attr-defined]
+    assert not cs[NODES[2]].verify_mac(NODES[0], commit, tag)  # type: ignore[attr-defined]
+    assert not b.verify_mac(NODES[0], dataclasses.replace(commit, seq=2), tag)  # type: ignore[attr-defined]
+
+
+def test_pbft_round_with_real_keys_and_codec() -> None:
+    c = Cluster(4, batch_size=1)
+    real = ed25519_cluster(c.ids, seed=b"cluster")
+    for i in c.ids:
+        c.crypto[i] = real[i]  # type: ignore[assignment]
+        c.cores[i] = PbftCore(c.config(i), crypto=real[i])
+    for no in range(3):
+        c.submit(c.ids[0], req("a", no))
+    c.deliver()
+    for i in c.ids:
+        assert [e.index for e in c.entries[i]] == [1, 2, 3]
+        assert c.dropped(i) == {}
