@@ -55,7 +55,7 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="TEST ONLY: enable a deliberate protocol bug (the sweep should then fail)",
     )
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--time", type=float, default=3.0, help="virtual seconds of faults (default 3)")
+    p.add_argument("--time", type=float, default=2.0, help="virtual seconds of faults (default 2)")
     p.add_argument(
         "--trace", type=Path, default=None, help="write the full trace of a single seed here"
     )

@@ -48,7 +48,7 @@ EncodeCommand = Callable[[KvCommand], bytes]
 class ClientConfig:
     attempt_timeout_ns: int = 60_000_000
     op_timeout_ns: int = 600_000_000
-    think_ns: int = 2_000_000
+    think_ns: int = 10_000_000
     read_weight: int = 4
     write_weight: int = 4
     cas_weight: int = 2
@@ -238,11 +238,8 @@ class SimClient:
                     f"client {self.session} {pending.f} {pending.key} "
                     f"req#{pending.request.request_no} still pending at the liveness deadline"
                 )
-            self._finish(INFO, None, error="timeout")
-            self.infos += 1
-            self.process += 1_000  # a fresh process id after info (Jepsen's rule)
-            self._generation += 1
-            self._request_no = 0
+            # An indeterminate write or cas keeps its invoke value: it may still take effect.
+            self._finish(INFO, None if pending.f == "read" else _SAME, error="timeout")
 
         return fire
 
@@ -307,6 +304,11 @@ class SimClient:
         self.completed += 1
         if type_ == OK:
             self.ok += 1
+        elif type_ == INFO:
+            self.infos += 1
+            self.process += 1_000  # a fresh process id after info (Jepsen's rule)
+            self._generation += 1  # and a fresh session: the old request may still apply
+            self._request_no = 0
         if self.running:
             self.loop.call_later(self.rng.randrange(self.config.think_ns + 1), self._next_op)
 

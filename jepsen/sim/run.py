@@ -47,9 +47,9 @@ class RunConfig:
     nodes: int = 3
     faults: tuple[str, ...] = nemesis.FAULT_KINDS
     bugs: frozenset[str] = frozenset()
-    time_ns: int = 3_000 * _MS
-    liveness_ns: int = 3_000 * _MS
-    clients: int = 4
+    time_ns: int = 2_000 * _MS
+    liveness_ns: int = 2_000 * _MS
+    clients: int = 3
     keys: int = 3
     tick_ns: int = 10 * _MS
     check_every_ns: int = 250 * _MS
