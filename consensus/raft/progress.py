@@ -20,6 +20,10 @@ import enum
 from collections import deque
 
 
+STALL_LIMIT = 2
+"""Heartbeat responses without progress after which a REPLICATE follower is probed again."""
+
+
 class ProgressState(enum.Enum):
     PROBE = "probe"
     REPLICATE = "replicate"
@@ -69,6 +73,7 @@ class Progress:
         "recent_active",
         "snapshot_index",
         "snapshot_offset",
+        "stalled",
         "state",
     )
 
@@ -86,6 +91,9 @@ class Progress:
         """SNAPSHOT only: the snapshot being sent."""
         self.snapshot_offset = 0
         """SNAPSHOT only: the next byte offset to send."""
+        self.stalled = 0
+        """REPLICATE only: heartbeat responses seen since `match` last advanced while entries
+        were outstanding; at `STALL_LIMIT` the leader assumes the window was lost and probes."""
 
     def become_probe(self) -> None:
         if self.state is ProgressState.SNAPSHOT:
@@ -94,9 +102,19 @@ class Progress:
             self.next = self.match + 1
         self.state = ProgressState.PROBE
         self.paused = False
+        self.stalled = 0
         self.inflights.reset()
         self.snapshot_index = 0
         self.snapshot_offset = 0
+
+    def heartbeat_acked(self, last_index: int) -> bool:
+        """A heartbeat response arrived; True if REPLICATE made no progress for `STALL_LIMIT`
+        heartbeats while entries were outstanding (their messages were probably lost)."""
+        if self.state is not ProgressState.REPLICATE or self.match >= last_index:
+            self.stalled = 0
+            return False
+        self.stalled += 1
+        return self.stalled >= STALL_LIMIT or self.inflights.full()
 
     def become_replicate(self) -> None:
         self.state = ProgressState.REPLICATE
@@ -128,6 +146,7 @@ class Progress:
         self.match = match
         self.next = max(self.next, match + 1)
         self.paused = False
+        self.stalled = 0
         self.inflights.free_le(match)
         return True
 

@@ -196,7 +196,9 @@ class Replication(abc.ABC):
             if m.match_index > last:
                 self._drop("match_beyond_log")
                 return
-            if not pr.maybe_update(m.match_index):
+            updated = pr.maybe_update(m.match_index)
+            if not updated and not (pr.state is ProgressState.PROBE
+                                    and m.match_index == pr.match):
                 return  # stale or duplicate
             if pr.state is ProgressState.PROBE:
                 pr.become_replicate()
@@ -237,8 +239,8 @@ class Replication(abc.ABC):
             last = self.log.last_index()
             if pr.state is ProgressState.PROBE:
                 pr.paused = False
-            elif pr.inflights.full() and pr.match < last:
-                pr.become_probe()  # the window may hold lost messages: probe again
+            elif pr.heartbeat_acked(last):
+                pr.become_probe()  # the window probably holds lost messages: probe again
             if pr.match < last:
                 self._send_append(p, allow_empty=pr.state is ProgressState.PROBE)
         if m.context:

@@ -191,11 +191,16 @@ class Cluster:
     # ---------------------------------------------------------------- network
 
     def deliver(self, pred: Callable[[NodeId, NodeId, Message], bool] | None = None,
-                limit: int | None = None) -> int:
-        """Deliver the queued messages matching `pred` (one round: not those they produce)."""
+                limit: int | None = None, skip: int = 0) -> int:
+        """Deliver the queued messages matching `pred` (one round: not those they produce),
+        leaving the first `skip` matching ones queued (to reorder messages)."""
         batch, keep = [], []
         for item in self.queue:
             if (pred is None or pred(*item)) and (limit is None or len(batch) < limit):
+                if skip > 0:
+                    skip -= 1
+                    keep.append(item)
+                    continue
                 batch.append(item)
             else:
                 keep.append(item)
