@@ -164,6 +164,27 @@ class CheckResult:
     def ops(self) -> int:
         return sum(r.ops for r in self.keys)
 
+    def explain(self, *, tail: int = 5) -> list[str]:
+        """Human-readable lines for every key that is not valid (for sweep failure output):
+        the last `tail` steps of the longest linearizable prefix and the op that got stuck."""
+        lines: list[str] = []
+        for r in self.keys:
+            if r.valid is True:
+                continue
+            what = "not linearizable" if r.valid is False else f"unknown ({r.reason})"
+            lines.append(f"key {r.key!r}: {what}; {r.ops} ops, {r.steps} search steps")
+            ce = r.counterexample
+            if ce is None:
+                continue
+            lines.append(f"  longest linearizable prefix: {len(ce.linearized)} ops")
+            for s in ce.linearized[-tail:]:
+                lines.append(f"    {_describe(s.op)}  => {value_to_json(s.state)!r}")
+            if ce.blocked is not None:
+                lines.append(f"  cannot place next: {_describe(ce.blocked)}")
+            for c in ce.candidates:
+                lines.append(f"  also tried: {_describe(c)}")
+        return lines
+
     def to_json(self) -> dict[str, object]:
         """The verdict document printed by ``phalanx jepsen check``: per-key detail only for
         keys that are not valid."""
@@ -434,6 +455,16 @@ def _snapshot(
     if best is not None and len(best.prefix) >= len(stack):
         return best
     return _record(stack, state, None, nxt, n)
+
+
+def _describe(pair: OpPair) -> str:
+    inv, done = pair.invoke, pair.completion
+    result = "" if done is None or pair.outcome != "ok" else f" -> {value_to_json(done.value)!r}"
+    span = f"#{inv.index}..{'' if done is None else f'#{done.index}'}"
+    return (
+        f"{inv.f} {value_to_json(inv.value)!r}{result} [{pair.outcome}] "
+        f"process={inv.process!r} ops {span}"
+    )
 
 
 def pair_to_json(pair: OpPair) -> dict[str, object]:

@@ -10,6 +10,7 @@ import immutables
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from phalanx.jepsen.history import (
     INFO,
     NEMESIS,

@@ -7,6 +7,7 @@ each event's time is its position, and file order is real-time order.
 from __future__ import annotations
 
 import pytest
+
 from phalanx.jepsen.history import History, HistoryError, HistoryRecorder, Op
 from phalanx.jepsen.linearizability import (
     UNKNOWN,
@@ -222,6 +223,9 @@ def test_counterexample_names_the_stale_read_and_the_prefix() -> None:
     assert ce.blocked.completion.value == 1
     assert ce.candidates == ()
     _replay_is_legal(result)
+    text = "\n".join(result.explain())
+    assert "key 'x': not linearizable" in text
+    assert "cannot place next: read None -> 1 [ok] process=1 ops #4..#5" in text
     doc = key_result.to_json()
     assert doc["counterexample"]["blocked"]["result"] == 1  # type: ignore[index, call-overload]
 

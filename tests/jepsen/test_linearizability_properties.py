@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from phalanx.jepsen.history import History, HistoryRecorder, Op, OpPair
 from phalanx.jepsen.linearizability import check
 from phalanx.jepsen.models import RegisterModel
