@@ -1,0 +1,261 @@
+"""PBFT under faults: view change, exponential timeouts, checkpoints and GC, state transfer,
+Byzantine input dropped and counted, equivocating primaries, and the deliberate bugs."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pbft_harness import Cluster, req
+
+from phalanx.consensus.core import Receive
+from phalanx.consensus.crypto import digest_of
+from phalanx.consensus.pbft.messages import (
+    Checkpoint,
+    Commit,
+    NewView,
+    Prepare,
+    PrePrepare,
+    ViewChange,
+)
+from phalanx.consensus.types import Message, NodeId
+
+
+def _pp(c: Cluster, view: int, seq: int, batch: tuple, by: NodeId) -> PrePrepare:  # type: ignore[type-arg]
+    pp = PrePrepare(
+        view=view, seq=seq, digest=digest_of(c.crypto[by], batch), batch=batch, replica=by
+    )
+    return c.byz_sign(by, pp)  # type: ignore[return-value]
+
+
+def _commit(c: Cluster, by: NodeId, to: NodeId, view: int, seq: int, digest: bytes) -> Commit:
+    commit = Commit(view=view, seq=seq, digest=digest, replica=by)
+    return Commit(view=view, seq=seq, digest=digest, replica=by, auth=c.crypto[by].mac(to, commit))
+
+
+def _commands(c: Cluster, node: NodeId) -> list[bytes]:
+    return c.app[node]
+
+
+def test_primary_crash_view_change_preserves_prepared_requests() -> None:
+    c = Cluster(4, batch_size=1)
+    c.filter = lambda s, d, m: not isinstance(m, Commit)
+    c.submit(c.ids[0], req("a", 0))
+    c.deliver()
+    assert all(c.entries[i] == [] for i in c.ids)  # prepared everywhere, committed nowhere
+    c.filter = None
+    c.crash(c.ids[0])
+    for i in c.ids[1:]:
+        c.submit(i, req("b", 0))
+    c.deliver()
+    c.tick(c.config(c.ids[1]).view_change_ticks + 1)
+    c.deliver()
+    for i in c.ids[1:]:
+        assert c.cores[i].view == 1
+        assert _commands(c, i) == [b"a:0", b"b:0"]  # seq 1 re-issued by the NewView O set
+    c.assert_agreement()
+
+
+def test_view_change_timeout_doubles() -> None:
+    c = Cluster(4, batch_size=1, view_change_ticks=5, max_view_change_ticks=1000)
+    c.filter = lambda s, d, m: False
+    node = c.ids[2]
+    c.submit(node, req("a", 0))
+    sent_at: list[int] = []
+    for t in range(1, 200):
+        before = len(c.net)
+        c.tick(1, [node])
+        if any(isinstance(m, ViewChange) for _, _, m in c.net[before:]):
+            sent_at.append(t)
+    gaps = [b - a for a, b in itertools.pairwise(sent_at)]
+    assert sent_at[0] == 6
+    assert gaps[:4] == [10, 20, 40, 80]
+    assert c.cores[node].view == len(sent_at)
+
+
+def test_checkpoints_become_stable_and_collect_garbage() -> None:
+    c = Cluster(4, batch_size=1, checkpoint_interval=4, log_window=8)
+    for no in range(11):
+        c.submit(c.ids[0], req("a", no))
+        c.deliver()
+    for i in c.ids:
+        st_ = c.cores[i].status()
+        assert st_.commit_index == 11
+        assert (st_.low_water, st_.high_water) == (8, 16)
+        assert st_.log_slots <= 3
+        durable = c.durable[i]
+        assert durable.stable_seq == 8
+        assert len({cp.replica for cp in durable.stable_proof}) >= 3
+        assert all(v.seq > 8 for v in durable.safety.votes)
+        assert all(p.pre_prepare.seq > 8 for p in durable.prepared)
+
+
+def test_lagging_replica_catches_up_by_state_transfer() -> None:
+    c = Cluster(4, batch_size=1, checkpoint_interval=4, log_window=8)
+    lag = c.ids[3]
+    c.down.add(lag)
+    for no in range(10):
+        c.submit(c.ids[0], req("a", no))
+        c.deliver()
+    c.down.discard(lag)
+    for no in range(10, 14):
+        c.submit(c.ids[0], req("a", no))
+        c.deliver()
+    c.tick(12)
+    c.deliver()
+    assert c.app[lag] == c.app[c.ids[0]]
+    assert len(c.app[lag]) == 14
+    c.assert_agreement()
+
+
+def test_wrong_checkpoint_data_is_dropped_during_state_transfer() -> None:
+    c = Cluster(4, batch_size=1, checkpoint_interval=4, log_window=8)
+    lag = c.ids[3]
+    c.down.add(lag)
+    for no in range(8):
+        c.submit(c.ids[0], req("a", no))
+        c.deliver()
+    c.down.discard(lag)
+
+    def corrupt(s: NodeId, d: NodeId, m: Message) -> bool:
+        if type(m).__name__ == "CheckpointData":
+            c.inject(s, d, type(m)(seq=m.seq, data=b"garbage", replica=m.replica))  # type: ignore[attr-defined]
+            c.filter = None
+            return False
+        return True
+
+    c.filter = corrupt
+    for no in range(8, 12):
+        c.submit(c.ids[0], req("a", no))
+        c.deliver()
+    assert c.dropped(lag).get("bad_checkpoint_digest") == 1
+    c.tick(12)
+    c.deliver()
+    assert c.app[lag] == c.app[c.ids[0]]
+
+
+def test_byzantine_input_is_dropped_and_counted() -> None:
+    c = Cluster(4, byzantine=(3,), batch_size=1)
+    byz, target = c.ids[3], c.ids[1]
+    c.submit(c.ids[0], req("a", 0))
+    c.deliver()
+    good = c.byz_sign(byz, Prepare(view=0, seq=2, digest=b"d", replica=byz))
+    cases: list[tuple[Message, str]] = [
+        (Prepare(view=0, seq=2, digest=b"d", replica=byz, signature=b"forged"), "bad_signature"),
+        (c.byz_sign(byz, Prepare(view=0, seq=99, digest=b"d", replica=byz)), "out_of_window"),
+        (good, "bad_signature"),  # replaced below by a mutation of a signed message
+        (_pp(c, 0, 3, (req("x", 1),), byz), "not_primary"),
+        (Commit(view=0, seq=2, digest=b"d", replica=byz, auth=b"bad"), "bad_auth"),
+        (Checkpoint(seq=4, digest=b"d", replica=byz, signature=b"forged"), "bad_signature"),
+        (Prepare(view=0, seq=2, digest=b"d", replica=c.ids[2]), "sender_mismatch"),
+    ]
+    cases[2] = (
+        Prepare(view=0, seq=3, digest=b"d", replica=byz, signature=good.signature),
+        "bad_signature",
+    )  # type: ignore[attr-defined]
+    for msg, reason in cases:
+        before = c.dropped(target).get(reason, 0)
+        c.step(target, Receive(src=byz, message=msg))
+        assert c.dropped(target).get(reason, 0) == before + 1, reason
+    # Replays of an old message, and a stale view, are dropped too.
+    c.step(target, Receive(src=byz, message=good))
+    c.step(target, Receive(src=byz, message=good))
+    assert c.dropped(target).get("duplicate") == 1
+    wrong = _pp(c, 0, 1, (req("z", 9),), c.ids[0])
+    c.step(target, Receive(src=c.ids[0], message=wrong))
+    assert c.dropped(target).get("equivocation") == 1
+    assert c.entries[target][0].requests == (req("a", 0),)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.booleans(), min_size=3, max_size=3),
+    st.lists(st.booleans(), min_size=3, max_size=3),
+    st.integers(0, 2**32),
+)
+def test_equivocating_primary_cannot_split_honest_replicas(
+    split1: list[bool], split2: list[bool], seed: int
+) -> None:
+    c = Cluster(4, byzantine=(0,), batch_size=1)
+    byz = c.ids[0]
+    rng = random.Random(seed)
+    for seq, split in ((1, split1), (2, split2)):
+        a, b = (req("a", seq),), (req("b", seq),)
+        for backup, pick_a in zip(c.ids[1:], split, strict=True):
+            c.inject(byz, backup, _pp(c, 0, seq, a if pick_a else b, byz))
+            for batch in (a, b):  # the Byzantine primary commits to everything
+                d = digest_of(c.crypto[byz], batch)
+                c.inject(byz, backup, _commit(c, byz, backup, 0, seq, d))
+    c.deliver(rng)
+    c.assert_agreement()
+
+
+def test_bug_accept_unsigned_view_change_lets_forged_new_view_diverge() -> None:
+    assert _forged_new_view_scenario(frozenset({"accept_unsigned_view_change"}))
+    assert not _forged_new_view_scenario(frozenset())
+
+
+def _forged_new_view_scenario(bugs: frozenset[str]) -> bool:
+    c = Cluster(4, byzantine=(1,), bugs=bugs, batch_size=1, view_change_ticks=3)
+    n0, byz, n2, n3 = c.ids
+    c.filter = lambda s, d, m: not (isinstance(m, Commit) and d != n0)
+    c.submit(n0, req("a", 0))
+    c.deliver()
+    assert c.app[n0] == [b"a:0"]
+    c.filter = lambda s, d, m: d != n0 and s != n0  # n0 partitioned away
+    for i in (n2, n3):
+        c.submit(i, req("b", 0))
+    c.tick(5, [n2, n3])
+    c.deliver()
+    own = c.byz_sign(
+        byz,
+        ViewChange(new_view=1, stable_seq=0, checkpoint_proof=(), prepared_proofs=(), replica=byz),
+    )
+    forged = tuple(
+        ViewChange(
+            new_view=1,
+            stable_seq=0,
+            checkpoint_proof=(),
+            prepared_proofs=(),
+            replica=r,
+            signature=b"forged",
+        )
+        for r in (n2, n3)
+    )
+    nv = c.byz_sign(byz, NewView(view=1, view_changes=(own, *forged), pre_prepares=(), replica=byz))  # type: ignore[arg-type]
+    batch = (req("b", 0),)
+    pp = _pp(c, 1, 1, batch, byz)
+    for i in (n2, n3):
+        c.inject(byz, i, nv)
+        c.inject(byz, i, pp)
+        c.inject(byz, i, _commit(c, byz, i, 1, 1, pp.digest))
+    c.deliver()
+    return c.diverged()
+
+
+def test_bug_skip_view_check_lets_old_view_commit_diverge() -> None:
+    assert _old_view_scenario(frozenset({"skip_view_check"}))
+    assert not _old_view_scenario(frozenset())
+
+
+def _old_view_scenario(bugs: frozenset[str]) -> bool:
+    c = Cluster(4, byzantine=(0,), bugs=bugs, batch_size=1, view_change_ticks=3)
+    byz, n1, n2, n3 = c.ids
+    for i in (n1, n2, n3):
+        c.submit(i, req("w", 0))
+    c.tick(5)
+    c.deliver()
+    assert all(c.cores[i].view == 1 for i in (n1, n2, n3))
+    c.filter = lambda s, d, m: not (isinstance(m, Commit) and m.view == 1 and d != n1)
+    c.submit(n1, req("a", 0))
+    c.deliver()
+    seq = c.cores[n1].executed
+    assert c.app[n1][-1] == b"a:0"
+    pp = _pp(c, 0, seq, (req("b", 0),), byz)
+    for i in (n2, n3):
+        c.inject(byz, i, pp)
+        c.inject(byz, i, _commit(c, byz, i, 0, seq, pp.digest))
+    c.deliver()
+    return c.diverged()
