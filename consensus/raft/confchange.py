@@ -59,7 +59,8 @@ def _sorted(nodes: Iterable[NodeId]) -> tuple[NodeId, ...]:
 
 
 def enter_joint(config: Configuration, change: ConfChange) -> Configuration:
-    """The joint configuration C_old,new for `change` applied to the simple `config`."""
+    """The joint configuration C_old,new for `change` applied to the simple `config`; when
+    the voters do not change (learners only), directly the new simple configuration."""
     if config.joint:
         raise ConfChangeError("configuration is already joint; leave it first")
     voters = set(config.voters)
@@ -85,6 +86,9 @@ def enter_joint(config: Configuration, change: ConfChange) -> Configuration:
         learners.discard(n)
     if not voters:
         raise ConfChangeError("a configuration needs at least one voter")
+    if voters == set(config.voters):
+        # Only learners change: quorums are untouched, so no joint step is needed.
+        return Configuration(voters=config.voters, learners=_sorted(learners))
     return Configuration(
         voters=_sorted(voters),
         voters_outgoing=_sorted(config.voters),

@@ -561,14 +561,19 @@ class RaftCore(Replication):
 
     def _ack_read(self, context: int, node: NodeId) -> None:
         joint = JointConfig.of(self.config)
-        for request, index in self.readonly.ack(context, node, joint.has_quorum):
+        released = self.readonly.ack(context, node, joint.has_quorum)
+        for request, index in released:
             self._reads.append(ReadState(request=request, index=index))
+        if released and self.readonly.queued and not self.readonly.rounds:
+            self._start_read_round()  # reads that arrived during the last round
 
     def _broadcast_heartbeat(self, context: int = 0) -> None:
         if context == 0 and self.readonly.queued and not self.readonly.rounds:
             self._start_read_round()
             if self.readonly.rounds:
                 return  # that round's heartbeat went out
+        if context == 0 and self.readonly.rounds:
+            context = self.readonly.rounds[-1].context  # re-confirm the newest round
         for p, pr in self.prs.items():
             self._send(p, Heartbeat(term=self.term, leader_id=self.id,
                                     leader_commit=min(pr.match, self.commit), context=context))

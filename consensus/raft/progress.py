@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 
-
 STALL_LIMIT = 2
 """Heartbeat responses without progress after which a REPLICATE follower is probed again."""
 

@@ -8,8 +8,8 @@ Protocol (leader side, driven by the core):
   2. `start_round(commit, ctx)` moves every queued read into one round whose read index is
      the leader's commit index now; the core sends a heartbeat tagged with `ctx`.
   3. `ack(ctx, node)` records a follower's heartbeat response; once a quorum (with the
-     leader) acked round r, rounds <= r are released (an ack of a later round also proves
-     leadership at every earlier round's start), in order.
+     leader) acked round r, rounds <= r are released in order. Every heartbeat carries the
+     newest round's context, so a lost heartbeat is made up for by the next one.
 
 Rules:
 - Pure: standard library and `phalanx.consensus.types` only. Concurrent reads are batched:
@@ -65,16 +65,16 @@ class ReadOnly:
         node: NodeId,
         has_quorum: Callable[[Iterable[NodeId]], bool],
     ) -> list[tuple[ClientRequest, int]]:
-        """Record `node`'s ack of round `context`; return the reads now released, in order."""
+        """Record `node`'s ack of a heartbeat tagged `context`; return the reads now released,
+        in order. The heartbeat was sent after every round <= `context` started, so the ack
+        confirms leadership for all of them."""
         target = -1
         for k, rnd in enumerate(self.rounds):
             if rnd.context > context:
                 break
-            if rnd.context == context:
-                rnd.acks.add(node)
-                if has_quorum(rnd.acks):
-                    target = k
-                break
+            rnd.acks.add(node)
+            if has_quorum(rnd.acks):
+                target = k
         if target < 0:
             return []
         released: list[tuple[ClientRequest, int]] = []
