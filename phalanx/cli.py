@@ -11,6 +11,9 @@ import sys
 from collections.abc import Sequence
 
 from phalanx import __version__
+from phalanx.demo_local import add_demo_command
+from phalanx.jepsen.cli import add_jepsen_command
+from phalanx.jepsen.sim.cli import add_sim_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Crash- and Byzantine-fault-tolerant replicated state machines.",
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_demo_command(subparsers)
+    add_sim_command(subparsers)
+    add_jepsen_command(subparsers)
     return parser
 
 
