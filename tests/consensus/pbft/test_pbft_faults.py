@@ -259,3 +259,27 @@ def _old_view_scenario(bugs: frozenset[str]) -> bool:
         c.inject(byz, i, _commit(c, byz, i, 0, seq, pp.digest))
     c.deliver()
     return c.diverged()
+
+
+def test_bug_commit_on_2f_executes_what_only_one_honest_replica_prepared() -> None:
+    assert _commit_on_2f_scenario(frozenset({"commit_on_2f"}))
+    assert not _commit_on_2f_scenario(frozenset())
+
+
+def _commit_on_2f_scenario(bugs: frozenset[str]) -> bool:
+    """Byzantine n3 helps n1 alone: with 2f commits n1 executes a batch that no other honest
+    replica holds a prepared certificate for, so a later NewView built from the other three
+    view changes (n0, n2, n3) may legally drop it: the 2f+1 intersection argument is gone."""
+    c = Cluster(4, byzantine=(3,), bugs=bugs, batch_size=1)
+    n0, n1, n2, byz = c.ids
+    c.filter = lambda s, d, m: d == n1 or d == byz  # only n1 (and n3) hear anything
+    c.submit(n0, req("a", 0))
+    c.deliver()
+    pp = next(m for _, d, m in c.byz_inbox if isinstance(m, PrePrepare))
+    prep = c.byz_sign(byz, Prepare(view=0, seq=1, digest=pp.digest, replica=byz))
+    c.inject(byz, n1, prep)
+    c.inject(byz, n1, _commit(c, byz, n1, 0, 1, pp.digest))
+    c.deliver()
+    others_prepared = any(c.durable.get(i) and c.durable[i].prepared for i in (n0, n2))
+    assert not others_prepared
+    return c.app[n1] == [b"a:0"]
