@@ -55,7 +55,8 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
 from typing import Final, TypeVar, overload
 
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped; see module docstring
@@ -176,7 +177,12 @@ class Registry:
         if cls in self._by_class:
             other = self._by_class[cls].type_id
             raise TypeError(f"{cls.__name__} is already registered as type id {other}")
-        spec = self._compile(type_id, cls)
+        referenced = dict(self._referenced)
+        try:
+            spec = self._compile(type_id, cls)
+        except TypeError:
+            self._referenced = referenced  # a rejected class leaves no references behind
+            raise
         self._by_id[type_id] = spec
         self._by_class[cls] = spec
 
@@ -299,7 +305,7 @@ class Registry:
         """
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"decode takes bytes, got {_kind(data)}")
-        size = len(data)
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
         if size > self.max_size:
             raise DecodeError(f"frame of {size} bytes exceeds max_size={self.max_size}")
         try:
@@ -352,7 +358,6 @@ class Registry:
         for attr, hint in hints.items():
             if isinstance(hint, dataclasses.InitVar):
                 raise TypeError(f"{name}.{attr}: InitVar fields cannot be decoded")
-        names: list[str] = []
         pairs: list[tuple[str, Encoder, Decoder]] = []
         for field in dataclasses.fields(cls):
             where = f"{name}.{field.name}"
@@ -361,24 +366,19 @@ class Registry:
             if not field.compare:
                 raise TypeError(f"{where}: compare=False breaks 'equal objects, equal bytes'")
             enc, dec = self._build(hints[field.name], where)
-            names.append(field.name)
             pairs.append((field.name, enc, dec))
-        return self._spec(type_id, cls, tuple(names), tuple(pairs))
+        return self._spec(type_id, cls, tuple(pairs))
 
     def _spec(
-        self,
-        type_id: int,
-        cls: type,
-        names: tuple[str, ...],
-        pairs: tuple[tuple[str, Encoder, Decoder], ...],
+        self, type_id: int, cls: type, pairs: tuple[tuple[str, Encoder, Decoder], ...]
     ) -> _Spec:
         max_depth = self.max_depth
         label = cls.__name__
         arity = len(pairs) + 1
         constructor: Callable[..., object] = cls
         # Fast path: a scalar field whose value has exactly its type skips the call.
-        encoders = tuple((name, enc, _exact(dec)) for name, enc, dec in pairs)
-        decoders = tuple((name, dec, _exact(dec)) for name, _, dec in pairs)
+        encoders = tuple((name, enc, _EXACT.get(dec)) for name, enc, dec in pairs)
+        decoders = tuple((name, dec, _EXACT.get(dec)) for name, _, dec in pairs)
 
         def encode(value: object, depth: int) -> object:
             if depth >= max_depth:
@@ -422,6 +422,7 @@ class Registry:
             except (ValueError, TypeError) as exc:
                 raise DecodeError(f"{label} rejected its fields: {exc}") from None
 
+        names = tuple(name for name, _, _ in pairs)
         return _Spec(type_id=type_id, cls=cls, names=names, encode=encode, decode=decode)
 
     def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:
@@ -436,11 +437,11 @@ class Registry:
         args = typing.get_args(tp)
         if origin is tuple:
             if len(args) == 2 and args[1] is Ellipsis:
-                return self._tuple_of(self._build(args[0], f"{where}[]"), where)
+                return self._array(None, self._build(args[0], f"{where}[]"))
             if args == ((),):  # tuple[()]
                 args = ()
             parts = tuple(self._build(a, f"{where}[{i}]") for i, a in enumerate(args))
-            return self._fixed_tuple(parts)
+            return self._array(parts, _SCALARS[type(None)])
         if origin is frozenset:
             return self._frozenset_of(self._build(args[0], f"{where}[]"))
         if origin is typing.Union or origin is types.UnionType:
@@ -504,60 +505,32 @@ class Registry:
 
         return encode, decode
 
-    def _tuple_of(self, element: tuple[Encoder, Decoder], where: str) -> tuple[Encoder, Decoder]:
+    def _array(
+        self, parts: tuple[tuple[Encoder, Decoder], ...] | None, element: tuple[Encoder, Decoder]
+    ) -> tuple[Encoder, Decoder]:
+        """A tuple as an array: of fixed `parts` (``tuple[A, B]``) or, if None, of any number
+        of `element` (``tuple[T, ...]``)."""
         max_depth = self.max_depth
-        enc_el, dec_el = element
-        exact = _exact(dec_el)
-        fast_encode = exact is not None and exact is not int
+        exact = None if parts is not None else _EXACT.get(element[1])
+        # An endless repeat is stateless, so one instance serves every call.
+        encoders: Iterable[Encoder] = repeat(element[0])
+        decoders: Iterable[Decoder] = repeat(element[1])
+        if parts is not None:
+            encoders, decoders = [enc for enc, _ in parts], [dec for _, dec in parts]
+        wanted = "array" if parts is None else f"an array of {len(parts)}"
+        wanted_tuple = "tuple" if parts is None else f"a tuple of {len(parts)}"
 
         def encode(value: object, depth: int) -> object:
-            if type(value) is not tuple:
-                raise EncodeError(f"expected tuple, got {_kind(value)}")
+            if type(value) is not tuple or (parts is not None and len(value) != len(parts)):
+                got = f"a tuple of {len(value)}" if type(value) is tuple else _kind(value)
+                raise EncodeError(f"expected {wanted_tuple}, got {got}")
             if depth >= max_depth:
                 raise EncodeError(f"nesting deeper than max_depth={max_depth}")
-            if fast_encode and all(type(item) is exact for item in value):
+            if exact is not None and exact is not int and all(type(x) is exact for x in value):
                 return list(value)
             depth += 1
-            try:
-                return [enc_el(item, depth) for item in value]
-            except EncodeError:
-                for i, item in enumerate(value):
-                    try:
-                        enc_el(item, depth)
-                    except EncodeError as exc:
-                        raise EncodeError(f"[{i}]: {exc}") from None
-                raise  # pragma: no cover - a deterministic encoder fails again above
-
-        def decode(raw: object, depth: int) -> object:
-            if type(raw) is not list:
-                raise DecodeError(f"expected array, got {_kind(raw)}")
-            if depth >= max_depth:
-                raise DecodeError(f"nesting deeper than max_depth={max_depth}")
-            if exact is not None and all(type(item) is exact for item in raw):
-                return tuple(raw)
-            depth += 1
-            out = []
-            for i, item in enumerate(raw):
-                try:
-                    out.append(dec_el(item, depth))
-                except DecodeError as exc:
-                    raise DecodeError(f"[{i}]: {exc}") from None
-            return tuple(out)
-
-        return encode, decode
-
-    def _fixed_tuple(self, parts: tuple[tuple[Encoder, Decoder], ...]) -> tuple[Encoder, Decoder]:
-        max_depth = self.max_depth
-        n = len(parts)
-
-        def encode(value: object, depth: int) -> object:
-            if type(value) is not tuple or len(value) != n:
-                raise EncodeError(f"expected a tuple of {n}, got {value!r:.80}")
-            if depth >= max_depth:
-                raise EncodeError(f"nesting deeper than max_depth={max_depth}")
-            depth += 1
             out: list[object] = []
-            for i, ((enc, _), item) in enumerate(zip(parts, value, strict=True)):
+            for i, (enc, item) in enumerate(zip(encoders, value, strict=False)):
                 try:
                     out.append(enc(item, depth))
                 except EncodeError as exc:
@@ -565,13 +538,16 @@ class Registry:
             return out
 
         def decode(raw: object, depth: int) -> object:
-            if type(raw) is not list or len(raw) != n:
-                raise DecodeError(f"expected an array of {n}, got {_describe(raw)}")
+            if type(raw) is not list or (parts is not None and len(raw) != len(parts)):
+                got = f"an array of {len(raw)}" if type(raw) is list else _kind(raw)
+                raise DecodeError(f"expected {wanted}, got {got}")
             if depth >= max_depth:
                 raise DecodeError(f"nesting deeper than max_depth={max_depth}")
+            if exact is not None and all(type(x) is exact for x in raw):
+                return tuple(raw)
             depth += 1
             out: list[object] = []
-            for i, ((_, dec), item) in enumerate(zip(parts, raw, strict=True)):
+            for i, (dec, item) in enumerate(zip(decoders, raw, strict=False)):
                 try:
                     out.append(dec(item, depth))
                 except DecodeError as exc:
@@ -581,7 +557,7 @@ class Registry:
         return encode, decode
 
     def _frozenset_of(self, element: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
-        enc_list, dec_list = self._tuple_of(element, "")
+        enc_list, dec_list = self._array(None, element)
 
         def encode(value: object, depth: int) -> object:
             if type(value) is not frozenset:
@@ -598,17 +574,6 @@ class Registry:
             return result
 
         return encode, decode
-
-
-def _describe(raw: object) -> str:
-    if type(raw) is list:
-        return f"an array of {len(raw)}"
-    return _kind(raw)
-
-
-def _exact(decoder: Decoder) -> type | None:
-    """The type a decoder passes through unchanged (an exact-type scalar), else None."""
-    return _EXACT.get(decoder)
 
 
 def _scalar(py_type: type, label: str) -> tuple[Encoder, Decoder]:
@@ -642,10 +607,10 @@ def _int_codec() -> tuple[Encoder, Decoder]:
 
 
 _SCALARS: Final[dict[object, tuple[Encoder, Decoder]]] = {
-    t: _scalar(t, "None" if t is type(None) else t.__name__)
-    for t in (type(None), bool, str, bytes)
+    t: _scalar(t, "None" if t is type(None) else t.__name__) for t in (type(None), bool, str, bytes)
 }
 _SCALARS[int] = _int_codec()
+# The type each scalar decoder passes through unchanged: the fast paths skip calling it.
 _EXACT: Final[dict[Decoder, type]] = {dec: t for t, (_, dec) in _SCALARS.items()}  # type: ignore[misc]
 
 

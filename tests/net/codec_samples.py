@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import NewType
 
 from hypothesis import strategies as st
+
 from phalanx.net.codec import INT_MAX, INT_MIN, Registry
 
 Tag = NewType("Tag", str)

@@ -34,6 +34,7 @@ from codec_samples import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
+
 from phalanx.net.codec import INT_MAX, INT_MIN, DecodeError, EncodeError, Registry
 
 
@@ -156,6 +157,9 @@ def test_decode_accepts_bytearray_and_memoryview() -> None:
     data = REGISTRY.encode(sample())
     assert REGISTRY.decode(bytearray(data)) == sample()
     assert REGISTRY.decode(memoryview(data)) == sample()
+    words = memoryview(data[: len(data) // 4 * 4]).cast("I")  # len() counts items, not bytes
+    with pytest.raises(DecodeError, match=f"frame of {len(words) * 4} bytes exceeds"):
+        make_registry(max_size=len(words) + 1).decode(words)
     with pytest.raises(TypeError, match="bytes"):
         REGISTRY.decode(typing.cast(bytes, "not bytes"))
 
@@ -354,6 +358,7 @@ def _one_field(tp: object) -> type:
         (_one_field(Mixed), "all int or all str"),
         (_one_field(frozenset[bytearray]), "unsupported field type"),
         (_one_field(Mutable), "must be a frozen dataclass"),
+        (dataclasses.make_dataclass("Bad", [("a", Leaf), ("b", float)], frozen=True), "float"),
     ],
 )
 def test_register_rejects(cls: type, message: str) -> None:
@@ -361,6 +366,7 @@ def test_register_rejects(cls: type, message: str) -> None:
     with pytest.raises(TypeError, match=message):
         registry.register(1, cls)
     assert registry.classes() == {}
+    assert registry.unregistered() == ()  # a rejected class leaves no references behind
 
 
 def test_register_rejects_fields_that_cannot_round_trip() -> None:

@@ -9,6 +9,7 @@ import msgpack
 from codec_samples import REGISTRY, SAMPLE_TYPES, messages, sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from phalanx.net.codec import DecodeError
 
 SWEEP = 3000
