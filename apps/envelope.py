@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import immutables
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
+
 from phalanx.apps.interface import SnapshotFormatError, StateSnapshot
 from phalanx.apps.sorted_steps import sorted_in_steps
 from phalanx.consensus.types import SnapshotMeta

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 import immutables
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
+
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
 from phalanx.apps.kv_types import (

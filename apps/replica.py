@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import immutables
+
 from phalanx.apps.envelope import (
     Session,
     Sessions,

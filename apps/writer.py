@@ -6,15 +6,15 @@ Owns: the `CheckpointWriter` protocol the replica layer uses, `InlineCheckpointW
 runtime and benchmarks: apply keeps running while the checkpoint is serialised and written).
 
 Must not import: consensus cores, trio, the simulator. Only `ThreadedCheckpointWriter` touches
-threads; nothing here reads a clock.
+threads and reads a clock (to pace its GIL hand-offs); the inline writer does neither.
 
 Invariants:
 - At most one job is in flight per writer (`busy`), and completions come out in start order.
 - A completion is reported only after `CheckpointStore.save` returned (the checkpoint is
   durable). A failed save is reported as a completion with `error` set, never swallowed.
-- The threaded writer yields the GIL after every serialisation step, so the applying thread
-  waits at most about one step (a fraction of a millisecond) for it, and it concatenates the
-  steps' output through an in-memory file so that no single copy holds the GIL either.
+- The threaded writer yields the GIL after at most `slice_ms` of serialisation steps (each step
+  is a fraction of a millisecond), so the applying thread waits about that long at most; it
+  concatenates the steps' output through an in-memory file so no single copy holds the GIL.
 """
 
 from __future__ import annotations
@@ -72,31 +72,39 @@ def _join(chunks: Iterator[bytes]) -> bytes:
     return b"".join(chunk for chunk in chunks if chunk)
 
 
-def _join_yielding(chunks: Iterator[bytes]) -> bytes:
+def _join_yielding(chunks: Iterator[bytes], slice_seconds: float) -> bytes:
     """Concatenate the chunks without holding the GIL for long.
 
-    After every step it releases the GIL (`time.sleep(0)`), and it gathers the chunks in an
+    It runs steps for about `slice_seconds`, then releases the GIL (`time.sleep(0)`) so the
+    applying thread can run; without that, the applier would wait a whole switch interval
+    (5 ms) for the GIL. It gathers the chunks in an
     in-memory file (`memfd`): `os.write`/`os.pread` copy with the GIL released, whereas one
     `b"".join` of a 30 MB checkpoint holds it for ~10-20 ms (mostly page faults).
     """
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is None:  # not Linux: plain join, stepping still yields
         parts: list[bytes] = []
+        deadline = time.perf_counter() + slice_seconds
         for chunk in chunks:
             if chunk:
                 parts.append(chunk)
-            time.sleep(0)
+            if time.perf_counter() >= deadline:
+                time.sleep(0)
+                deadline = time.perf_counter() + slice_seconds
         return b"".join(parts)
     fd: int = memfd_create("phalanx-checkpoint")
     try:
         total = 0
+        deadline = time.perf_counter() + slice_seconds
         for chunk in chunks:
             view = memoryview(chunk)
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
                 total += written
-            time.sleep(0)  # release the GIL: let the applying thread run (not a clock read)
+            if time.perf_counter() >= deadline:
+                time.sleep(0)  # release the GIL: let the applying thread run
+                deadline = time.perf_counter() + slice_seconds
         pieces: list[bytes] = []
         offset = 0
         while offset < total:
@@ -146,9 +154,17 @@ class InlineCheckpointWriter:
 
 
 class ThreadedCheckpointWriter:
-    """Serialises and saves on one daemon worker thread, yielding the GIL between steps."""
+    """Serialises and saves on one daemon worker thread, yielding the GIL every `slice_ms`.
 
-    def __init__(self, store: CheckpointStore) -> None:
+    `slice_ms` trades checkpoint speed against apply latency: the applying thread may wait up
+    to about that long for the GIL. It reads `time.perf_counter`, which is why the simulator
+    uses `InlineCheckpointWriter` instead.
+    """
+
+    def __init__(self, store: CheckpointStore, *, slice_ms: float = 2.0) -> None:
+        if slice_ms <= 0:
+            raise ValueError(f"slice_ms must be > 0, got {slice_ms}")
+        self._slice = slice_ms / 1000
         self._store = store
         self._jobs: queue.SimpleQueue[CheckpointJob | None] = queue.SimpleQueue()
         self._done: deque[CheckpointDone] = deque()
@@ -202,7 +218,7 @@ class ThreadedCheckpointWriter:
             if job is _STOP:
                 return
             try:
-                data = _join_yielding(job.chunks)
+                data = _join_yielding(job.chunks, self._slice)
                 self._store.save(Checkpoint(job.index, data, job.meta))
             except Exception as exc:  # reported to the replica via poll()
                 self._done.append(CheckpointDone(index=job.index, data=b"", error=repr(exc)))

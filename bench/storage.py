@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 import msgpack  # type: ignore[import-untyped]
+
 from phalanx.apps import kv_wire
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.kv_types import Put
@@ -96,7 +97,7 @@ def kv_state_bytes(keys: int) -> bytes:
 
 
 def bench_checkpoint(root: str, keys: int, *, freeze: bool) -> tuple[float, float, float, int]:
-    """Checkpoint a `keys`-key store while applying; return (seconds, max stall ms, p99 ms,
+    """Checkpoint a `keys`-key store while applying; return (seconds, max stall ms, p99.9 ms,
     applies during the checkpoint)."""
     storage = open_file_storage(os.path.join(root, "ckpt"), sync=SyncPolicy.GROUP)
     machine = KvStateMachine()
@@ -109,18 +110,18 @@ def bench_checkpoint(root: str, keys: int, *, freeze: bool) -> tuple[float, floa
         policy=CheckpointPolicy(every_entries=0, every_bytes=0),
         config=CONFIG,
     )
-    entries = [put_entry(i, f"key{i % keys:08d}", b"new") for i in range(1, 400_001)]
-    replica.apply(entries[0])
+    replica.apply(put_entry(1, "key00000000", b"new"))
     gc.collect()
     if freeze:
         gc.freeze()
     latencies: list[float] = []
     start = time.perf_counter()
     assert replica.checkpoint_now()
-    n = 1
-    while replica.status().checkpoint_in_flight is not None and n < len(entries):
+    n = 2
+    while replica.status().checkpoint_in_flight is not None:
+        entry = put_entry(n, f"key{(n * 7919) % keys:08d}", b"new")
         t0 = time.perf_counter()
-        replica.apply(entries[n])
+        replica.apply(entry)
         latencies.append(time.perf_counter() - t0)
         n += 1
     elapsed = time.perf_counter() - start
@@ -131,8 +132,8 @@ def bench_checkpoint(root: str, keys: int, *, freeze: bool) -> tuple[float, floa
     if freeze:
         gc.unfreeze()
     latencies.sort()
-    p99 = latencies[int(len(latencies) * 0.99)] if latencies else 0.0
-    return elapsed, latencies[-1] * 1e3, p99 * 1e3, len(latencies)
+    p999 = latencies[int(len(latencies) * 0.999)] if latencies else 0.0
+    return elapsed, latencies[-1] * 1e3, p999 * 1e3, len(latencies)
 
 
 def bench_recovery(root: str, keys: int, entries: int) -> tuple[float, int, int]:
@@ -207,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                         value=f"{rate:,.0f} rec/s  {rate * 100 / 1e6:.2f} MB/s",
                         target=">= 50,000 rec/s", ok=rate >= 50_000))
         print(f"  checkpoint of {args.keys:,} keys while applying ...", flush=True)
-        secs, stall, p99, applies = bench_checkpoint(root, args.keys, freeze=not args.no_gc_freeze)
+        secs, stall, p999, applies = bench_checkpoint(root, args.keys, freeze=not args.no_gc_freeze)
         rows.append(Row(name=f"checkpoint time, {args.keys:,} keys",
                         value=f"{secs:.2f} s ({applies:,} applies meanwhile)",
                         target="-", ok=None))
         rows.append(Row(name="max apply stall during checkpoint",
-                        value=f"{stall:.2f} ms (p99 {p99:.3f} ms)",
+                        value=f"{stall:.2f} ms (p99.9 {p999:.3f} ms)",
                         target="<= 5 ms", ok=stall <= 5.0))
         print(f"  recovery: {args.keys:,}-key checkpoint + {args.entries:,} entries ...",
               flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import EndorsementHooks, KeyAccess, SnapshotFormatError
 from phalanx.apps.kv import KvStateMachine

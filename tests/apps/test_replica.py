@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import SnapshotFormatError
 from phalanx.apps.kv import KvStateMachine
