@@ -427,5 +427,8 @@ class Replica:
             self._config = meta.config
 
     def close(self) -> None:
+        """Finish the checkpoint in flight (its `CheckpointTaken` stays available to `poll`)
+        and stop the writer. Does not close the storage, which the caller owns."""
+        self._collect()
         self._writer.close()
         self._collect()

@@ -149,8 +149,7 @@ class InlineCheckpointWriter:
         return done
 
     def close(self) -> None:
-        self._done = None
-        self._busy = False
+        """Nothing to release; an uncollected completion stays available to `poll`."""
 
 
 class ThreadedCheckpointWriter:
