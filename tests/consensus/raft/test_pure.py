@@ -40,7 +40,8 @@ def test_log_basics() -> None:
     log = make_log([1, 1, 2, 3])
     assert (log.first_index(), log.last_index(), log.last_term()) == (1, 4, 3)
     assert [log.term_at(i) for i in range(6)] == [0, 1, 1, 2, 3, None]
-    assert log.match_term(3, 2) and not log.match_term(3, 1)
+    assert log.match_term(3, 2)
+    assert not log.match_term(3, 1)
     assert log.first_index_of_term(2) == 1
     assert log.last_index_of_term(1, at_most=4) == 2
     assert log.last_index_of_term(4, at_most=4) == 0
@@ -59,8 +60,10 @@ def test_find_conflict_only_at_real_conflicts() -> None:
 def test_up_to_date() -> None:
     # Ref: §3.6.1: compare last terms, then lengths.
     log = make_log([1, 2, 2])
-    assert log.is_up_to_date(3, 2) and log.is_up_to_date(1, 3)
-    assert not log.is_up_to_date(2, 2) and not log.is_up_to_date(9, 1)
+    assert log.is_up_to_date(3, 2)
+    assert log.is_up_to_date(1, 3)
+    assert not log.is_up_to_date(2, 2)
+    assert not log.is_up_to_date(9, 1)
 
 
 def test_compact_keeps_terms_and_configs() -> None:
@@ -69,10 +72,12 @@ def test_compact_keeps_terms_and_configs() -> None:
     log.append(ents(1, [1, 1]))
     log.append([Entry(index=3, term=2, kind=EntryKind.CONFIG, config=new_cfg)])
     log.append(ents(4, [2, 2]))
-    assert log.config_at(2) == CFG and log.config_at(3) == new_cfg
+    assert log.config_at(2) == CFG
+    assert log.config_at(3) == new_cfg
     log.compact(3)
     assert (log.offset, log.offset_term, log.base_config) == (3, 2, new_cfg)
-    assert log.term_at(2) is None and log.term_at(3) == 2
+    assert log.term_at(2) is None
+    assert log.term_at(3) == 2
     assert log.find_conflict(ents(2, [1, 2, 2])) == 0  # compacted entries count as matching
     log.check_invariants()
     with pytest.raises(LocalProtocolError):
@@ -121,21 +126,25 @@ def test_inflights_bound() -> None:
     with pytest.raises(ValueError, match="full"):
         inf.add(7)
     inf.free_le(4)
-    assert inf.count() == 1 and not inf.full()
+    assert inf.count() == 1
+    assert not inf.full()
 
 
 def test_progress_probe_and_replicate() -> None:
     # Ref: §10.2.1 flow control (etcd's probe/replicate states).
     pr = Progress(next_index=5, max_inflight=2)
-    assert pr.state is ProgressState.PROBE and not pr.is_blocked()
+    assert pr.state is ProgressState.PROBE
+    assert not pr.is_blocked()
     pr.sent_entries(5)
     assert pr.is_blocked()  # one probe at a time
     assert pr.maybe_update(5)
     pr.become_replicate()
     pr.sent_entries(7)
     pr.sent_entries(9)
-    assert pr.next == 10 and pr.is_blocked()  # window full
-    assert pr.maybe_update(7) and not pr.is_blocked()
+    assert pr.next == 10
+    assert pr.is_blocked()
+    assert pr.maybe_update(7)
+    assert not pr.is_blocked()
     assert not pr.maybe_update(6)  # stale
     pr.become_snapshot(20)
     assert pr.is_blocked()
@@ -149,7 +158,8 @@ def test_progress_stall_detection() -> None:
     pr.become_replicate()
     pr.sent_entries(4)
     results = [pr.heartbeat_acked(4) for _ in range(STALL_LIMIT)]
-    assert results[-1] and not any(results[:-1])
+    assert results[-1]
+    assert not any(results[:-1])
     pr.maybe_update(4)
     assert not pr.heartbeat_acked(4)
 
@@ -164,7 +174,8 @@ def n(*names: str) -> tuple[NodeId, ...]:
 def test_enter_and_leave_joint() -> None:
     # Ref: §4.3 joint consensus.
     joint = enter_joint(CFG, ConfChange(add_voters=n("n4"), remove_voters=n("n1")))
-    assert joint.voters == n("n2", "n3", "n4") and joint.voters_outgoing == n("n1", "n2", "n3")
+    assert joint.voters == n("n2", "n3", "n4")
+    assert joint.voters_outgoing == n("n1", "n2", "n3")
     assert leave_joint(joint) == Configuration(voters=n("n2", "n3", "n4"))
     with pytest.raises(ConfChangeError):
         enter_joint(joint, ConfChange(add_voters=n("n5")))
@@ -172,9 +183,12 @@ def test_enter_and_leave_joint() -> None:
 
 def test_learner_changes_skip_joint_and_promotion() -> None:
     with_learner = enter_joint(CFG, ConfChange(add_learners=n("n4")))
-    assert not with_learner.joint and with_learner.learners == n("n4")
+    assert not with_learner.joint
+    assert with_learner.learners == n("n4")
     promoted = enter_joint(with_learner, ConfChange(add_voters=n("n4")))
-    assert promoted.joint and promoted.learners == () and "n4" in promoted.voters
+    assert promoted.joint
+    assert promoted.learners == ()
+    assert "n4" in promoted.voters
 
 
 @pytest.mark.parametrize("change", [
@@ -227,13 +241,15 @@ def test_readonly_rounds_release_in_order() -> None:
     ro.add(req("a"))
     ro.add(req("b"))
     r1 = ro.start_round(index=5, context=1)
-    assert r1 is not None and len(r1.requests) == 2
+    assert r1 is not None
+    assert len(r1.requests) == 2
     ro.add(req("c"))
     assert ro.start_round(index=6, context=2) is not None
     assert ro.ack(1, NodeId("n1"), quorum) == []
     released = ro.ack(2, NodeId("n2"), quorum) + ro.ack(2, NodeId("n1"), quorum)
     assert [(r.command, i) for r, i in released] == [(b"a", 5), (b"b", 5), (b"c", 6)]
-    assert ro.pending() == 0 and ro.start_round(index=7, context=3) is None
+    assert ro.pending() == 0
+    assert ro.start_round(index=7, context=3) is None
     ro.add(req("d"))
     ro.start_round(index=7, context=4)
     ro.add(req("e"))
