@@ -61,13 +61,7 @@ from typing import Final, TypeVar, overload
 
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped; see module docstring
 
-__all__ = [
-    "DEFAULT_MAX_DEPTH",
-    "DEFAULT_MAX_SIZE",
-    "DecodeError",
-    "EncodeError",
-    "Registry",
-]
+__all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "DecodeError", "EncodeError", "Registry"]
 
 T = TypeVar("T")
 
@@ -580,36 +574,22 @@ def _scalar(py_type: type, label: str) -> tuple[Encoder, Decoder]:
     def encode(value: object, depth: int) -> object:
         if type(value) is not py_type:
             raise EncodeError(f"expected {label}, got {_kind(value)}")
+        if type(value) is int and not INT_MIN <= value <= INT_MAX:
+            raise EncodeError(f"int {value} is outside the msgpack range")
         return value
 
     def decode(raw: object, depth: int) -> object:
-        if type(raw) is not py_type:
+        if type(raw) is not py_type:  # msgpack only yields ints within range
             raise DecodeError(f"expected {label}, got {_kind(raw)}")
         return raw
 
     return encode, decode
 
 
-def _int_codec() -> tuple[Encoder, Decoder]:
-    def encode(value: object, depth: int) -> object:
-        if type(value) is not int:
-            raise EncodeError(f"expected int, got {_kind(value)}")
-        if not INT_MIN <= value <= INT_MAX:
-            raise EncodeError(f"int {value} is outside the msgpack range")
-        return value
-
-    def decode(raw: object, depth: int) -> object:
-        if type(raw) is not int:  # msgpack only yields ints within range
-            raise DecodeError(f"expected int, got {_kind(raw)}")
-        return raw
-
-    return encode, decode
-
-
 _SCALARS: Final[dict[object, tuple[Encoder, Decoder]]] = {
-    t: _scalar(t, "None" if t is type(None) else t.__name__) for t in (type(None), bool, str, bytes)
+    t: _scalar(t, "None" if t is type(None) else t.__name__)
+    for t in (type(None), bool, int, str, bytes)
 }
-_SCALARS[int] = _int_codec()
 # The type each scalar decoder passes through unchanged: the fast paths skip calling it.
 _EXACT: Final[dict[Decoder, type]] = {dec: t for t, (_, dec) in _SCALARS.items()}  # type: ignore[misc]
 

@@ -32,7 +32,7 @@ from codec_samples import (
     sample,
     texts,
 )
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.net.codec import INT_MAX, INT_MIN, DecodeError, EncodeError, Registry
@@ -62,6 +62,7 @@ def corrupt(name: str, value: object) -> bytes:
 # Round trips and canonical bytes
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(messages)
 def test_round_trip(obj: object) -> None:
     data = REGISTRY.encode(obj)
@@ -91,6 +92,7 @@ def test_wire_shape_is_type_id_then_fields_in_order() -> None:
     ]
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(st.lists(texts, unique=True, max_size=12), st.randoms(use_true_random=False))
 def test_frozenset_bytes_ignore_construction_order(items: list[str], rnd: Any) -> None:
     shuffled = list(items)
@@ -103,6 +105,7 @@ def test_frozenset_bytes_ignore_construction_order(items: list[str], rnd: Any) -
     assert [pack(x) for x in encoded] == sorted(pack(x) for x in encoded)
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(everything, everything)
 def test_equal_bytes_iff_equal_objects(a: Everything, b: Everything) -> None:
     assert (REGISTRY.encode(a) == REGISTRY.encode(b)) == (a == b)
@@ -437,6 +440,7 @@ def test_decorator_lookup_and_unregistered_references() -> None:
         registry.type_id(Tree)
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(leaves)
 def test_registries_are_independent(leaf: Leaf) -> None:
     other = Registry()

@@ -29,6 +29,7 @@ def check(data: bytes) -> object | None:
     return obj
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(st.binary(max_size=256))
 def test_random_bytes(data: bytes) -> None:
     check(data)
@@ -57,6 +58,7 @@ msgpack_values = st.recursive(
 )
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(type_ids, st.lists(msgpack_values, max_size=22))
 def test_random_msgpack_arrays(type_id: int, fields: list[object]) -> None:
     """Well-formed msgpack of the right outer shape reaches the typed field checks."""
@@ -84,7 +86,7 @@ def mutate(data: bytes, other: bytes, rnd: random.Random) -> bytes:
     return bytes(buf)
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 @given(messages, messages, st.integers(min_value=0, max_value=2**32))
 def test_mutations_of_valid_encodings(a: object, b: object, seed: int) -> None:
     rnd = random.Random(seed)

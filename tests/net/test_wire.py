@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.consensus.types import (
@@ -136,6 +136,7 @@ snapshots = st.builds(
 )
 
 
+@settings(deadline=None)  # CI shares 2 cores: no per-example timing
 @given(st.one_of(entries(), hard_states, snapshots, requests, configurations()))
 def test_shared_types_round_trip(obj: object) -> None:
     data = wire.encode(obj)
