@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import repeat
 from typing import Final, TypeVar, overload
 
-import msgpack  # type: ignore[import-untyped]  # no stubs shipped; see module docstring
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "DecodeError", "EncodeError", "Registry"]
 
@@ -94,6 +94,12 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
+def _at(where: str, exc: Exception) -> str:
+    """Prefix an error with where it happened: ``Entry.requests`` + ``[1]: ...``."""
+    detail = str(exc)
+    return f"{where}{detail}" if detail.startswith("[") else f"{where}: {detail}"
+
+
 def _reject_ext(code: int, data: bytes) -> object:
     raise ValueError(f"msgpack ext type {code} is not allowed")
 
@@ -126,7 +132,8 @@ class Registry:
             frozenset or nested message inside it one more) that either direction accepts.
 
     Determinism: the encoding depends only on the registered ids and the object's value.
-    Registration is meant for import time; encode and decode never mutate the registry.
+    Registration is meant for import time; encode and decode never change the table (decode
+    only caches one decoder per `expected` class).
     """
 
     def __init__(
@@ -391,7 +398,7 @@ class Registry:
                 try:
                     out.append(enc(item, depth))
                 except EncodeError as exc:
-                    raise EncodeError(f"{label}.{field_name}: {exc}") from None
+                    raise EncodeError(_at(f"{label}.{field_name}", exc)) from None
             return out
 
         def decode(raw: object, depth: int) -> object:
@@ -410,7 +417,7 @@ class Registry:
                 try:
                     kwargs[field_name] = dec(item, depth)
                 except DecodeError as exc:
-                    raise DecodeError(f"{label}.{field_name}: {exc}") from None
+                    raise DecodeError(_at(f"{label}.{field_name}", exc)) from None
             try:
                 return constructor(**kwargs)
             except (ValueError, TypeError) as exc:
@@ -528,7 +535,7 @@ class Registry:
                 try:
                     out.append(enc(item, depth))
                 except EncodeError as exc:
-                    raise EncodeError(f"[{i}]: {exc}") from None
+                    raise EncodeError(_at(f"[{i}]", exc)) from None
             return out
 
         def decode(raw: object, depth: int) -> object:
@@ -545,7 +552,7 @@ class Registry:
                 try:
                     out.append(dec(item, depth))
                 except DecodeError as exc:
-                    raise DecodeError(f"[{i}]: {exc}") from None
+                    raise DecodeError(_at(f"[{i}]", exc)) from None
             return tuple(out)
 
         return encode, decode

@@ -206,7 +206,7 @@ DECODE_ERRORS: dict[str, tuple[bytes, str]] = {
     "tuple_not_array": (corrupt("ints", b"\x01"), "Everything.ints: expected array, got bytes"),
     "element_path": (
         corrupt("leaves", [[1, 1, ""], [1, "x", ""]]),
-        "Everything.leaves: \\[1\\]: Leaf.n: expected int, got str",
+        "Everything.leaves\\[1\\]: Leaf.n: expected int, got str",
     ),
     "duplicate_set_element": (corrupt("tags", ["a", "a"]), "Everything.tags: duplicate element"),
     "nested_tuple_depth_in_schema": (corrupt("nested", [[[1]]]), "expected int, got list"),
@@ -274,7 +274,7 @@ def test_decode_error_expected_class() -> None:
         (Other(flag=1, blob=b""), "Other.flag: expected bool, got int"),  # type: ignore[arg-type]
         (Other(flag=True, blob=bytearray()), "expected bytes, got bytearray"),  # type: ignore[arg-type]
         (Tree(value=1, children=[Tree(value=2)]), "Tree.children: expected tuple, got list"),  # type: ignore[arg-type]
-        (Tree(value=1, children=(Tree(value=2), Leaf(n=1))), "children: \\[1\\]: expected Tree"),  # type: ignore[arg-type]
+        (Tree(value=1, children=(Tree(value=2), Leaf(n=1))), "children\\[1\\]: expected Tree"),  # type: ignore[arg-type]
         (Leaf(n=1, s=None), "Leaf.s: expected str, got NoneType"),  # type: ignore[arg-type]
         (object(), "object is not a registered message class"),
         (Tree(value=1.5), "expected int, got float"),  # type: ignore[arg-type]
