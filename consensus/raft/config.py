@@ -33,8 +33,9 @@ BUG_NAMES: frozenset[str] = frozenset({
 
 - ``commit_on_minority``: an off-by-one in the commit quorum: the leader commits an index
   acknowledged by floor(n/2) voters instead of a majority.
-- ``skip_vote_term_check``: a candidate counts a granted RequestVoteResponse from an
-  *earlier* term (a delayed answer to a previous campaign) as a vote in its current term.
+- ``skip_vote_term_check``: a voter tests "is this RequestVote from a newer term?" with
+  ``>=`` instead of ``>``, so a request of its *current* term makes it forget the vote it
+  already cast in that term: it can vote for two candidates in one term.
 - ``forget_persist_vote``: granting a vote does not put the vote in `Ready.hard_state`, so a
   crash forgets it and the node may vote twice in one term.
 - ``truncate_matching_suffix``: a follower truncates its log after prev_log_index on every

@@ -316,6 +316,8 @@ class RaftCore(Replication):
         self.election_elapsed = 0
         self.prs = {}
         self._sync_progress()
+        for p, pr in self.prs.items():
+            pr.recent_active = self.votes.get(p) is True  # its vote is recent contact
         # Ref: §3.6.2 / §6.4: a new leader commits a no-op to learn what is committed.
         self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
                                   kind=EntryKind.NOOP)])
@@ -395,7 +397,10 @@ class RaftCore(Replication):
 
     def _handle_request_vote(self, src: NodeId, m: RequestVote) -> None:
         # Ref: §3.6.1 (election restriction) and §9.6 (pre-vote: no state change).
-        can_vote = (self.vote == src or (self.vote is None and self.leader is None)
+        vote = self.vote
+        if "skip_vote_term_check" in self.cfg.bugs and not m.pre_vote and m.term == self.term:
+            vote = None  # BUG (test-only): `>=` for "a newer term", forgetting this term's vote
+        can_vote = (vote == src or (vote is None and self.leader is None)
                     or (m.pre_vote and m.term > self.term))
         if can_vote and self.log.is_up_to_date(m.last_log_index, m.last_log_term):
             if m.pre_vote:
@@ -443,10 +448,7 @@ class RaftCore(Replication):
                     else None
                 self._become_follower(term, leader)
         elif term < self.term:
-            if ("skip_vote_term_check" in self.cfg.bugs and isinstance(m, RequestVoteResponse)
-                    and not m.pre_vote and self.role is Role.CANDIDATE):
-                self._handle_vote_response(src, m)  # BUG (test-only): counts a stale vote
-            elif isinstance(m, AppendEntries | Heartbeat) and (
+            if isinstance(m, AppendEntries | Heartbeat) and (
                     self.cfg.check_quorum or self.cfg.pre_vote):
                 # A stale leader learns our term and steps down (etcd; needed with pre-vote,
                 # where a partitioned node never bumps others' terms).
