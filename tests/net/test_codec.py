@@ -292,7 +292,10 @@ def test_encode_error_on_fields() -> None:
         "pair": (("a",), "Everything.pair: expected a tuple of 2"),
         "anything": (Tag("x"), "Everything.anything: str is not a registered message class"),
         "either": (Checked(n=1), "Everything.either: expected Leaf \\| Other, got Checked"),
-        "leaf_set": (frozenset({Leaf(n=INT_MAX + 1)}), r"Everything\.leaf_set\[0\]: Leaf\.n: .*outside"),
+        "leaf_set": (
+            frozenset({Leaf(n=INT_MAX + 1)}),
+            r"Everything\.leaf_set\[0\]: Leaf\.n: .*outside",
+        ),
     }
     for name, (value, message) in cases.items():
         bad = dataclasses.replace(sample(), **{name: value})
