@@ -20,8 +20,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
 
 Shared ids: 1 ClientRequest, 2 Configuration, 3 Entry, 4 HardState, 5 SnapshotMeta.
 
-Invariants: every id registered in the default registry lies in a reserved range;
-`register_all` is idempotent for identical pairs and refuses any conflicting one.
+Invariants: `register_all` only accepts ids in a reserved range, is idempotent for identical
+pairs and refuses any conflicting one (register through it, not through the registry directly).
 """
 
 from __future__ import annotations
