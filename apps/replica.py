@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -375,6 +376,10 @@ class Replica:
                 f"entries {lo}..{self._wal.first_index() - 1} are missing"
             )
         self._replaying = True
+        # NB: replay allocates steadily next to a large, acyclic state; full cyclic-GC passes
+        # over millions of map nodes would dominate recovery time, so the collector is paused.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         try:
             for start in range(lo, hi + 1, REPLAY_BATCH):
                 stop = min(start + REPLAY_BATCH, hi + 1)
@@ -390,6 +395,8 @@ class Replica:
                     self.apply(entry)
         finally:
             self._replaying = False
+            if gc_was_enabled:
+                gc.enable()
         self._entries_since = self._bytes_since = 0
         return hi - lo + 1
 
