@@ -50,10 +50,12 @@ def _check(c: Cluster, out: Outcome) -> None:
 
 
 def run_schedule(seed: int, *, steps: int = 400, nodes: int = 3,
-                 bugs: frozenset[str] = frozenset(), membership: bool = False) -> Outcome:
+                 bugs: frozenset[str] = frozenset(), membership: bool = False,
+                 crash_rate: float = 0.02, campaign_rate: float = 0.0,
+                 **config: object) -> Outcome:
     rng = random.Random(seed)
-    c = Cluster(election_ticks=4, snapshot_chunk_size=8, log_tail_after_compaction=2,
-                max_inflight=4, bugs=bugs)
+    c = Cluster(**{"election_ticks": 4, "snapshot_chunk_size": 8,
+                   "log_tail_after_compaction": 2, "max_inflight": 4, "bugs": bugs, **config})
     c.verbose = False
     c.add_nodes(nodes)
     ids = list(c.nodes)
@@ -65,7 +67,9 @@ def run_schedule(seed: int, *, steps: int = 400, nodes: int = 3,
         r = rng.random()
         nid = rng.choice(ids)
         try:
-            if r < 0.40 and c.queue:
+            if rng.random() < campaign_rate:
+                c.step(nid, Campaign())
+            elif r < 0.40 and c.queue:
                 i = rng.randrange(len(c.queue)) if rng.random() < 0.3 else 0
                 src, dst, msg = c.queue[i]
                 if rng.random() < 0.9:
@@ -82,7 +86,7 @@ def run_schedule(seed: int, *, steps: int = 400, nodes: int = 3,
                 c.propose(nid, f"v{req}", request_no=req, read_only=rng.random() < 0.2)
             elif r < 0.84:
                 c.step(nid, Campaign())
-            elif r < 0.86:
+            elif r < 0.86 or rng.random() < crash_rate:
                 if c.nodes[nid].up:
                     c.crash(nid)
                 else:
