@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import enum
 import random
+from collections import deque
 from typing import TypeAlias
 
 from phalanx.consensus.core import (
+    EMPTY_READY,
     CheckpointInstalled,
     CheckpointTaken,
     Input,
@@ -140,7 +142,7 @@ class RaftCore(Replication):
         self._snap_recv: tuple[int, int, int, list[bytes], int] | None = None
         """Follower: (leader term, index, term, chunks, bytes received) of a snapshot."""
         self._ready_no = 0
-        self._pending_durable: list[tuple[int, int]] = []
+        self._pending_durable: deque[tuple[int, int]] = deque()
         """(Ready number, log last index after it) for Readys not yet `Persisted`."""
         self._self_vote_number = 0
         """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
@@ -223,15 +225,13 @@ class RaftCore(Replication):
         if "forget_persist_vote" in self.cfg.bugs and vote != self.id:
             # BUG (test-only): a vote granted to another node is never written.
             vote = self._last_hs.vote if self._last_hs.term == self.term else None
-        hs: HardState | None = HardState(term=self.term, vote=vote, commit=self.commit)
+        last = self._last_hs
         must_sync = bool(self._new_entries) or self._truncate is not None or (
             self._snap_out is not None)
-        if hs == self._last_hs:
-            hs = None
-        else:
-            assert hs is not None
-            must_sync = must_sync or hs.term != self._last_hs.term or hs.vote != self._last_hs.vote
-            self._last_hs = hs
+        hs: HardState | None = None
+        if last.term != self.term or last.vote != vote or last.commit != self.commit:
+            must_sync = must_sync or last.term != self.term or last.vote != vote
+            hs = self._last_hs = HardState(term=self.term, vote=vote, commit=self.commit)
         number = 0
         if hs is not None or must_sync:
             self._ready_no += 1
@@ -240,6 +240,8 @@ class RaftCore(Replication):
                 self._pending_durable.append((number, self.log.last_index()))
             if self._self_vote_number == -1:
                 self._self_vote_number = number
+        elif not (self._msgs or committed or self._reads or self._rejected):
+            return EMPTY_READY
         return Ready(
             number=number,
             snapshot=self._snap_out,
@@ -258,7 +260,7 @@ class RaftCore(Replication):
             raise LocalProtocolError(f"Persisted({n}) but the last Ready was {self._ready_no}")
         pend = self._pending_durable
         while pend and pend[0][0] <= n:
-            self.durable = max(self.durable, pend.pop(0)[1])
+            self.durable = max(self.durable, pend.popleft()[1])
         # Invariant kept by `_truncate_log`: recorded indexes never exceed the current log.
         self.durable = min(self.durable, self.log.last_index())
         if self.role is Role.CANDIDATE and 0 < self._self_vote_number <= n:

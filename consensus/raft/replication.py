@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import abc
+from collections import deque
 from collections.abc import Mapping
 
 from phalanx.consensus.core import Send, Snapshot
@@ -66,7 +67,7 @@ class Replication(abc.ABC):
     _new_entries: list[Entry]
     _truncate: int | None
     _snap_out: Snapshot | None
-    _pending_durable: list[tuple[int, int]]
+    _pending_durable: deque[tuple[int, int]]
     _snap_recv: tuple[int, int, int, list[bytes], int] | None
 
     @abc.abstractmethod
@@ -104,7 +105,7 @@ class Replication(abc.ABC):
         self._new_entries = [e for e in self._new_entries if e.index < index]
         self._truncate = index if self._truncate is None else min(self._truncate, index)
         self.durable = min(self.durable, index - 1)
-        self._pending_durable = [(n, min(i, index - 1)) for n, i in self._pending_durable]
+        self._pending_durable = deque((n, min(i, index - 1)) for n, i in self._pending_durable)
         if had_config:
             self.config = self.log.latest_config()[1]
             self._sync_progress()
@@ -119,7 +120,7 @@ class Replication(abc.ABC):
         self._new_entries = []
         self._truncate = None
         self.durable = min(self.durable, meta.index)
-        self._pending_durable = [(n, min(i, meta.index)) for n, i in self._pending_durable]
+        self._pending_durable = deque((n, min(i, meta.index)) for n, i in self._pending_durable)
         self.config = meta.config
         self._sync_progress()
 

@@ -147,7 +147,33 @@ class Cluster:
         self._handle_ready(nid, node, rd)
 
     def _handle_ready(self, nid: NodeId, node: Node, rd: Ready) -> None:
+        if self.verbose:
+            self._log_ready(nid, node, rd)
         # 1. persist
+        node.disk.persist(rd)
+        if rd.snapshot is not None:
+            node.app = decode_app(rd.snapshot.data)
+            node.applied_index = rd.snapshot.meta.index
+        # 2. send
+        for s in rd.messages:
+            self.queue.append((nid, s.to, s.message))
+        # 3. apply
+        for e in rd.committed:
+            assert e.index == node.applied_index + 1, (nid, e.index, node.applied_index)
+            prev = self.committed_at.setdefault(e.index, e)
+            assert prev == e, f"State Machine Safety violated at {e.index}: {prev} vs {e}"
+            node.applied_index = e.index
+            node.app.extend(r.command.decode() for r in e.requests)
+        # 4. answer
+        for r in rd.reads:
+            node.reads.append((r.request.command.decode(), r.index))
+        for j in rd.rejected:
+            node.rejected.append(j.request.command.decode())
+        # 5. durable
+        if rd.number:
+            self.step(nid, Persisted(number=rd.number))
+
+    def _log_ready(self, nid: NodeId, node: Node, rd: Ready) -> None:
         if rd.snapshot is not None:
             m = rd.snapshot.meta
             self.log(f"{nid} install snapshot {m.index}@{m.term}")
@@ -159,34 +185,15 @@ class Cluster:
         hs = rd.hard_state
         if hs is not None and (hs.term, hs.vote) != (old.term, old.vote):
             self.log(f"{nid} hardstate term={hs.term} vote={hs.vote or '-'}")
-        node.disk.persist(rd)
-        if rd.snapshot is not None:
-            node.app = decode_app(rd.snapshot.data)
-            node.applied_index = rd.snapshot.meta.index
-        # 2. send
         for s in rd.messages:
             self.log(f"{nid}->{s.to} {s.message}")
-            self.queue.append((nid, s.to, s.message))
-        # 3. apply
-        for e in rd.committed:
-            assert e.index == node.applied_index + 1, (nid, e.index, node.applied_index)
-            prev = self.committed_at.setdefault(e.index, e)
-            assert prev == e, f"State Machine Safety violated at {e.index}: {prev} vs {e}"
-            node.applied_index = e.index
-            node.app.extend(r.command.decode() for r in e.requests)
         if rd.committed:
             self.log(f"{nid} apply " + " | ".join(fmt_entry(e) for e in rd.committed))
-        # 4. answer
         for r in rd.reads:
             self.log(f"{nid} read {r.request.command.decode()} at index {r.index}")
-            node.reads.append((r.request.command.decode(), r.index))
         for j in rd.rejected:
             hint = f" (leader {j.leader_hint})" if j.leader_hint else ""
             self.log(f"{nid} reject {j.request.command.decode()}: {j.reason}{hint}")
-            node.rejected.append(j.request.command.decode())
-        # 5. durable
-        if rd.number:
-            self.step(nid, Persisted(number=rd.number))
 
     # ---------------------------------------------------------------- network
 
