@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from phalanx.storage.checkpoint import FileCheckpointStore
 from phalanx.storage.directory import Directory, OsDirectory
 from phalanx.storage.hardstate import FileHardStateStore
-from phalanx.storage.interface import SyncPolicy
+from phalanx.storage.interface import (
+    CheckpointStore,
+    HardStateStore,
+    SyncPolicy,
+    WriteAheadLog,
+)
 from phalanx.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
 
@@ -54,3 +59,10 @@ def open_file_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
     return Storage(wal=wal, hard_state=FileHardStateStore(directory, sync=sync),
                    checkpoints=FileCheckpointStore(directory, keep=keep_checkpoints, sync=sync),
                    directory=directory)
+
+
+def _conformance(wal: Wal, hard_state: FileHardStateStore, checkpoints: FileCheckpointStore,
+                 os_dir: OsDirectory) -> tuple[WriteAheadLog, HardStateStore, CheckpointStore,
+                                               Directory]:
+    """Never called: makes mypy prove the implementations satisfy the Protocols."""
+    return wal, hard_state, checkpoints, os_dir

@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass
 
 from phalanx.storage.checkpoint import FileCheckpointStore
+from phalanx.storage.directory import Directory
 from phalanx.storage.files import Storage
 from phalanx.storage.hardstate import FileHardStateStore
 from phalanx.storage.interface import SyncPolicy
@@ -293,3 +294,8 @@ def _first_index_unchecked(name: str) -> int:
 
 
 __all__ = ["HEADER_SIZE", "Flip", "MemoryDirectory", "MemoryDisk", "SimulatedCrash"]
+
+
+def _conformance(directory: MemoryDirectory) -> Directory:
+    """Never called: makes mypy prove `MemoryDirectory` is a `Directory`."""
+    return directory
