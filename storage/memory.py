@@ -293,7 +293,7 @@ def _first_index_unchecked(name: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-__all__ = ["HEADER_SIZE", "Flip", "MemoryDirectory", "MemoryDisk", "SimulatedCrash"]
+__all__ = ["Flip", "MemoryDirectory", "MemoryDisk", "SimulatedCrash"]
 
 
 def _conformance(directory: MemoryDirectory) -> Directory:
