@@ -1,0 +1,346 @@
+"""Node and cluster configuration files (TOML): what `phalanx cluster init` writes and what
+`phalanx node run`, `phalanx cluster up`, the client and `phalanx status` read.
+
+Layout of a cluster directory made by `phalanx cluster init DIR`:
+
+    DIR/cluster.toml          the cluster: protocol, every node's addresses, client credentials
+    DIR/nodes/<node>.toml     one node's full configuration (`NodeConfig`)
+    DIR/ca/ca.pem, ca.key     the cluster CA (keep ca.key offline in production)
+    DIR/nodes/<node>.pem/.key the node's certificate and key
+    DIR/clients/<name>.pem/.key  client credentials
+    DIR/data/<node>/          the node's durable storage
+    DIR/logs/<node>.log       logs written by `phalanx cluster up`
+
+Rules:
+- Relative paths in a file are resolved against the directory holding that file, so a cluster
+  directory can be moved as a whole.
+- Loading validates everything and raises `ConfigError` naming the file and the key; nothing
+  else escapes `load_*`.
+- Only stdlib `tomllib` reads; `dumps_toml` writes the small subset we use (tables, arrays of
+  tables, strings, ints, floats, bools, lists of strings).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROTOCOLS = ("raft", "pbft")
+FSYNC_MODES = ("every-write", "group", "off")
+
+
+class ConfigError(Exception):
+    """A configuration file is missing, unreadable or invalid."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str, *, where: str) -> Address:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"{where}: expected HOST:PORT, got {text!r}")
+        return cls(host=host.strip("[]"), port=int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerConfig:
+    """Another member of the cluster, as seen by a node or a client."""
+
+    id: str
+    peer_addr: Address
+    client_addr: Address
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimingConfig:
+    """Protocol timing: one tick is `tick_ms` of wall time (the core only counts ticks)."""
+
+    tick_ms: int = 10
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    every_entries: int = 10_000
+    every_bytes: int = 64 << 20
+    keep: int = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """Everything one node needs to run (`phalanx node run DIR/nodes/<id>.toml`)."""
+
+    id: str
+    protocol: str
+    data_dir: Path
+    peer_listen: Address
+    client_listen: Address
+    metrics_listen: Address | None
+    tls: TlsFiles
+    peers: tuple[PeerConfig, ...]
+    fsync: str = "group"
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    source: Path | None = None
+
+    def members(self) -> tuple[str, ...]:
+        """Every node id of the cluster (this node and its peers), sorted."""
+        return tuple(sorted({self.id, *(p.id for p in self.peers)}))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """What a client or an operator tool needs: the nodes and the client credentials."""
+
+    protocol: str
+    nodes: tuple[PeerConfig, ...]
+    ca: Path
+    client_cert: Path
+    client_key: Path
+    directory: Path
+
+    def node_config_path(self, node_id: str) -> Path:
+        return self.directory / "nodes" / f"{node_id}.toml"
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+
+
+class _Table:
+    """Typed access to one TOML table, with errors naming file and key."""
+
+    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+        self._data = data
+        self._where = where
+
+    def _get(self, key: str, kind: type, default: Any) -> Any:
+        if key not in self._data:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self._where}: missing key {key!r}")
+            return default
+        value = self._data[key]
+        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+            raise ConfigError(
+                f"{self._where}.{key}: expected {kind.__name__}, got {type(value).__name__}"
+            )
+        return value
+
+    def text(self, key: str, default: Any = None) -> Any:
+        return self._get(key, str, _REQUIRED if default is None else default)
+
+    def opt_str(self, key: str) -> str | None:
+        value: str | None = self._get(key, str, None)
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int = 1) -> int:
+        value: int = self._get(key, int, default)
+        if value < minimum:
+            raise ConfigError(f"{self._where}.{key}: must be >= {minimum}, got {value}")
+        return value
+
+    def table(self, key: str) -> _Table:
+        value = self._get(key, dict, {})
+        return _Table(value, f"{self._where}.{key}")
+
+    def tables(self, key: str) -> list[_Table]:
+        value = self._get(key, list, [])
+        out = []
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise ConfigError(f"{self._where}.{key}[{i}]: expected a table")
+            out.append(_Table(item, f"{self._where}.{key}[{i}]"))
+        return out
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+
+_REQUIRED: Any = object()
+
+
+def _choice(value: str, choices: Sequence[str], where: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _peer(t: _Table) -> PeerConfig:
+    return PeerConfig(
+        id=t.text("id"),
+        peer_addr=Address.parse(t.text("peer_addr"), where=f"{t.where}.peer_addr"),
+        client_addr=Address.parse(t.text("client_addr"), where=f"{t.where}.client_addr"),
+    )
+
+
+def load_node_config(path: str | Path) -> NodeConfig:
+    """Read and validate `DIR/nodes/<id>.toml`."""
+    path = Path(path).resolve()
+    base = path.parent
+    root = _Table(_read(path), str(path))
+    node = root.table("node")
+    tls = root.table("tls")
+    timing = root.table("timing")
+    ckpt = root.table("checkpoint")
+    metrics = node.opt_str("metrics_listen")
+    peers = tuple(_peer(t) for t in root.tables("peers"))
+    node_id = node.text("id")
+    ids = [p.id for p in peers]
+    if node_id in ids or len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: peer ids must be unique and exclude the node itself")
+    timing_cfg = TimingConfig(
+        tick_ms=timing.integer("tick_ms", 10),
+        election_ticks=timing.integer("election_ticks", 10, minimum=2),
+        heartbeat_ticks=timing.integer("heartbeat_ticks", 1),
+    )
+    if timing_cfg.heartbeat_ticks >= timing_cfg.election_ticks:
+        raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
+    return NodeConfig(
+        id=node_id,
+        protocol=_choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol"),
+        data_dir=base / node.text("data_dir"),
+        peer_listen=Address.parse(node.text("peer_listen"), where=f"{path}: node.peer_listen"),
+        client_listen=Address.parse(
+            node.text("client_listen"), where=f"{path}: node.client_listen"
+        ),
+        metrics_listen=(
+            Address.parse(metrics, where=f"{path}: node.metrics_listen") if metrics else None
+        ),
+        fsync=_choice(node.text("fsync", "group"), FSYNC_MODES, f"{path}: node.fsync"),
+        tls=TlsFiles(
+            ca=base / tls.text("ca"), cert=base / tls.text("cert"), key=base / tls.text("key")
+        ),
+        peers=peers,
+        timing=timing_cfg,
+        checkpoint=CheckpointConfig(
+            every_entries=ckpt.integer("every_entries", 10_000),
+            every_bytes=ckpt.integer("every_bytes", 64 << 20),
+            keep=ckpt.integer("keep", 3),
+        ),
+        source=path,
+    )
+
+
+def load_cluster_config(directory: str | Path) -> ClusterConfig:
+    """Read `DIR/cluster.toml` (DIR may also name the file itself)."""
+    path = Path(directory).resolve()
+    if path.is_dir():
+        path = path / "cluster.toml"
+    base = path.parent
+    root = _Table(_read(path), str(path))
+    cluster = root.table("cluster")
+    client = root.table("client")
+    nodes = tuple(_peer(t) for t in root.tables("nodes"))
+    if not nodes:
+        raise ConfigError(f"{path}: no [[nodes]]")
+    if len({n.id for n in nodes}) != len(nodes):
+        raise ConfigError(f"{path}: node ids must be unique")
+    return ClusterConfig(
+        protocol=_choice(cluster.text("protocol"), PROTOCOLS, f"{path}: cluster.protocol"),
+        nodes=nodes,
+        ca=base / client.text("ca"),
+        client_cert=base / client.text("cert"),
+        client_key=base / client.text("key"),
+        directory=base,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dumps_toml(data: Mapping[str, object]) -> str:
+    """Serialise nested mappings: top-level scalars, tables, and arrays of tables."""
+    lines: list[str] = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, Mapping | list)
+               or (isinstance(v, list) and not any(isinstance(i, Mapping) for i in v))}
+    for k, v in scalars.items():
+        lines.append(f"{k} = {_scalar(v)}")
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            lines += ["", f"[{k}]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in v.items()]
+        elif isinstance(v, list) and v and all(isinstance(i, Mapping) for i in v):
+            for item in v:
+                lines += ["", f"[[{k}]]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in item.items()]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]:
+    """The TOML document for `cfg`, with paths relative to `relative_to` where possible."""
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(p.resolve(), relative_to.resolve())
+
+    node: dict[str, object] = {
+        "id": cfg.id,
+        "protocol": cfg.protocol,
+        "data_dir": rel(cfg.data_dir),
+        "peer_listen": str(cfg.peer_listen),
+        "client_listen": str(cfg.client_listen),
+        "fsync": cfg.fsync,
+    }
+    if cfg.metrics_listen is not None:
+        node["metrics_listen"] = str(cfg.metrics_listen)
+    return {
+        "node": node,
+        "tls": {"ca": rel(cfg.tls.ca), "cert": rel(cfg.tls.cert), "key": rel(cfg.tls.key)},
+        "timing": {
+            "tick_ms": cfg.timing.tick_ms,
+            "election_ticks": cfg.timing.election_ticks,
+            "heartbeat_ticks": cfg.timing.heartbeat_ticks,
+        },
+        "checkpoint": {
+            "every_entries": cfg.checkpoint.every_entries,
+            "every_bytes": cfg.checkpoint.every_bytes,
+            "keep": cfg.checkpoint.keep,
+        },
+        "peers": [
+            {"id": p.id, "peer_addr": str(p.peer_addr), "client_addr": str(p.client_addr)}
+            for p in cfg.peers
+        ],
+    }
