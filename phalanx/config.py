@@ -230,7 +230,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     return NodeConfig(
         id=node_id,
         protocol=_choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol"),
-        data_dir=base / node.text("data_dir"),
+        data_dir=(base / node.text("data_dir")).resolve(),
         peer_listen=Address.parse(node.text("peer_listen"), where=f"{path}: node.peer_listen"),
         client_listen=Address.parse(
             node.text("client_listen"), where=f"{path}: node.client_listen"
@@ -240,7 +240,9 @@ def load_node_config(path: str | Path) -> NodeConfig:
         ),
         fsync=_choice(node.text("fsync", "group"), FSYNC_MODES, f"{path}: node.fsync"),
         tls=TlsFiles(
-            ca=base / tls.text("ca"), cert=base / tls.text("cert"), key=base / tls.text("key")
+            ca=(base / tls.text("ca")).resolve(),
+            cert=(base / tls.text("cert")).resolve(),
+            key=(base / tls.text("key")).resolve(),
         ),
         peers=peers,
         timing=timing_cfg,
@@ -270,9 +272,9 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
     return ClusterConfig(
         protocol=_choice(cluster.text("protocol"), PROTOCOLS, f"{path}: cluster.protocol"),
         nodes=nodes,
-        ca=base / client.text("ca"),
-        client_cert=base / client.text("cert"),
-        client_key=base / client.text("key"),
+        ca=(base / client.text("ca")).resolve(),
+        client_cert=(base / client.text("cert")).resolve(),
+        client_key=(base / client.text("key")).resolve(),
         directory=base,
     )
 
