@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 from phalanx.consensus.core import (
     EMPTY_READY,
@@ -62,6 +62,7 @@ from phalanx.consensus.raft.messages import (
     HeartbeatResponse,
     InstallSnapshot,
     InstallSnapshotResponse,
+    RaftMessage,
     RequestVote,
     RequestVoteResponse,
     TimeoutNow,
@@ -417,8 +418,9 @@ class RaftCore(Replication):
                                             pre_vote=m.pre_vote))
 
     def _handle_vote_response(self, src: NodeId, m: RequestVoteResponse) -> None:
-        if m.pre_vote != (self.role is Role.PRE_CANDIDATE):
-            self._drop("stale_vote_response")
+        if m.pre_vote != (self.role is Role.PRE_CANDIDATE) or (
+                m.pre_vote and m.vote_granted and m.term != self.term + 1):
+            self._drop("stale_vote_response")  # from an earlier round
             return
         if src not in self.votes:
             self.votes[src] = m.vote_granted
@@ -434,7 +436,7 @@ class RaftCore(Replication):
         if reason is not None:
             self._drop(reason)
             return
-        term: int = m.term  # type: ignore[attr-defined]
+        term = cast(RaftMessage, m).term  # drop_reason admitted only Raft messages
         if term > self.term:
             if isinstance(m, RequestVote):
                 in_lease = (self.cfg.check_quorum and self.leader is not None

@@ -510,3 +510,13 @@ def test_bug_commit_on_minority() -> None:
         c = core(pre_vote=False, bugs=bugs)
         make_leader(c)
         assert c.commit == commit  # the leader alone "commits" its no-op with the bug
+
+
+def test_stale_pre_vote_grant_is_not_counted() -> None:
+    c = core(N1, restored=restored(2, [ent(1, 2)]), check_quorum=False)
+    step(c, Campaign())  # pre-votes for term 3
+    recv(c, N2, RequestVoteResponse(term=2, vote_granted=True, pre_vote=True))  # an old round's
+    assert c.role.value == "pre_candidate"
+    assert c.status().dropped["stale_vote_response"] == 1
+    recv(c, N2, RequestVoteResponse(term=3, vote_granted=True, pre_vote=True))
+    assert c.role.value == "candidate"
