@@ -1,0 +1,523 @@
+"""`phalanx cluster init` and `phalanx cluster up`: make a local cluster directory, run it.
+
+Owns:
+    * `init_cluster(directory, ...)`: the CA, node and client credentials, one TOML config per
+      node and ``cluster.toml``, laid out as `phalanx.config` documents. The directory is
+      built under a temporary sibling and renamed into place, so an interrupted init leaves
+      nothing half-written behind.
+    * `NodeProcesses`: node subprocesses of one cluster (start, signal, stop with a grace
+      period, restart), each logging to ``DIR/logs/<id>.log`` and recording its pid in
+      ``DIR/run/<id>.pid`` while it runs. `phalanx cluster up`, the demo and the tests share it.
+    * `add_cluster_command(subparsers)`: the argparse wiring of both subcommands.
+
+Port layout (``--base-port P``): node i (0-based) listens for peers on P+i, for clients on
+P+100+i and serves metrics on P+200+i, so at most 100 nodes. `find_free_base_port` probes for
+a base where every one of those ports can be bound (tests and the demo run in parallel).
+
+Rules:
+    * Never imports the runtime (`phalanx.node`) or the client: nodes are separate processes
+      started as ``python -m phalanx node run CONFIG``.
+    * A clean stop is SIGTERM, then SIGKILL for nodes still running after the grace period.
+    * Errors the operator can fix (no cluster, non-empty directory) raise `ClusterError`, which
+      the CLI prints as one line on stderr with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Final
+
+from phalanx import pki
+from phalanx.config import (
+    PROTOCOLS,
+    Address,
+    ClusterConfig,
+    ConfigError,
+    NodeConfig,
+    PeerConfig,
+    TimingConfig,
+    TlsFiles,
+    dumps_toml,
+    load_cluster_config,
+    node_config_dict,
+)
+
+DEFAULT_BASE_PORT: Final = 7100
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_CLIENT: Final = "admin"
+DEFAULT_GRACE: Final = 10.0
+MAX_NODES: Final = 100
+CLIENT_PORT_OFFSET: Final = 100
+METRICS_PORT_OFFSET: Final = 200
+
+
+class ClusterError(Exception):
+    """An operator-fixable problem with a cluster directory or its processes."""
+
+
+def node_ids(count: int) -> tuple[str, ...]:
+    """The node ids `init_cluster` assigns: ``n1`` .. ``n<count>``."""
+    return tuple(f"n{i + 1}" for i in range(count))
+
+
+def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
+    """The ``cluster.toml`` document for `cluster`, paths relative to its directory."""
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(p.resolve(), cluster.directory.resolve())
+
+    return {
+        "cluster": {"protocol": cluster.protocol},
+        "client": {"ca": rel(cluster.ca), "cert": rel(cluster.client_cert),
+                   "key": rel(cluster.client_key)},
+        "nodes": [
+            {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr)}
+            for n in cluster.nodes
+        ],
+    }
+
+
+def _ports_free(host: str, ports: Iterable[int]) -> bool:
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
+def cluster_ports(base_port: int, nodes: int) -> list[int]:
+    """Every port a cluster of `nodes` nodes at `base_port` listens on."""
+    return [
+        base_port + offset + i
+        for offset in (0, CLIENT_PORT_OFFSET, METRICS_PORT_OFFSET)
+        for i in range(nodes)
+    ]
+
+
+def find_free_base_port(
+    nodes: int, *, host: str = DEFAULT_HOST, rng: random.Random | None = None, attempts: int = 200
+) -> int:
+    """A base port whose whole layout (see module docstring) is bindable on `host` right now.
+
+    Bases are drawn at random from 20000-59000 so concurrent callers rarely race for the same
+    one; a race is still possible between this probe and the nodes binding.
+    """
+    chooser = rng if rng is not None else random.Random()
+    for _ in range(attempts):
+        base = chooser.randrange(20_000, 59_000)
+        if _ports_free(host, cluster_ports(base, nodes)):
+            return base
+    raise ClusterError(f"no free port range found for {nodes} nodes on {host}")
+
+
+def _check_empty(directory: Path) -> None:
+    if directory.exists():
+        if not directory.is_dir():
+            raise ClusterError(f"{directory} exists and is not a directory")
+        if any(directory.iterdir()):
+            raise ClusterError(f"{directory} is not empty; refusing to overwrite it")
+
+
+def init_cluster(
+    directory: str | Path,
+    *,
+    protocol: str = "raft",
+    nodes: int = 3,
+    base_port: int = DEFAULT_BASE_PORT,
+    host: str = DEFAULT_HOST,
+    fsync: str = "group",
+    timing: TimingConfig | None = None,
+    client_name: str = DEFAULT_CLIENT,
+    checkpoint_every: int | None = None,
+) -> ClusterConfig:
+    """Create a cluster directory (see `phalanx.config` for its layout) and return its config.
+
+    Raises:
+        ClusterError: `directory` exists and is not empty, or the arguments are invalid.
+    """
+    if protocol not in PROTOCOLS:
+        raise ClusterError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
+    if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
+        raise ClusterError(f"--base-port {base_port} leaves no room for {nodes} nodes")
+    try:
+        pki.validate_name(client_name)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+    target = Path(directory).absolute()
+    _check_empty(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.init-", dir=target.parent))
+    try:
+        _write_cluster(
+            staging, protocol=protocol, nodes=nodes, base_port=base_port, host=host,
+            fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
+            checkpoint_every=checkpoint_every,
+        )
+        _check_empty(target)
+        os.replace(staging, target)  # an existing empty directory is replaced atomically
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        return load_cluster_config(target)
+    except ConfigError as e:  # pragma: no cover - we just wrote it
+        raise ClusterError(str(e)) from None
+
+
+def _write_cluster(
+    root: Path,
+    *,
+    protocol: str,
+    nodes: int,
+    base_port: int,
+    host: str,
+    fsync: str,
+    timing: TimingConfig,
+    client_name: str,
+    checkpoint_every: int | None,
+) -> None:
+    ca = pki.create_ca()
+    pki.write_ca(ca, root / "ca")
+    ids = node_ids(nodes)
+    members = tuple(
+        PeerConfig(
+            id=node_id,
+            peer_addr=Address(host=host, port=base_port + i),
+            client_addr=Address(host=host, port=base_port + CLIENT_PORT_OFFSET + i),
+        )
+        for i, node_id in enumerate(ids)
+    )
+    hosts = tuple(dict.fromkeys((host, *pki.DEFAULT_HOSTS)))
+    nodes_dir = root / "nodes"
+    for i, me in enumerate(members):
+        paths = pki.write_credentials(pki.issue_node_cert(ca, me.id, hosts=hosts), nodes_dir)
+        (root / "data" / me.id).mkdir(parents=True)
+        cfg = NodeConfig(
+            id=me.id,
+            protocol=protocol,
+            data_dir=root / "data" / me.id,
+            peer_listen=me.peer_addr,
+            client_listen=me.client_addr,
+            metrics_listen=Address(host=host, port=base_port + METRICS_PORT_OFFSET + i),
+            tls=TlsFiles(ca=paths.ca_certificate, cert=paths.certificate, key=paths.private_key),
+            peers=tuple(p for p in members if p.id != me.id),
+            fsync=fsync,
+            timing=timing,
+        )
+        if checkpoint_every is not None:
+            cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
+        doc = node_config_dict(cfg, relative_to=nodes_dir)
+        (nodes_dir / f"{me.id}.toml").write_text(dumps_toml(doc))
+    client = pki.write_credentials(pki.issue_client_cert(ca, client_name), root / "clients")
+    (root / "logs").mkdir()
+    (root / "run").mkdir()
+    cluster = ClusterConfig(
+        protocol=protocol,
+        nodes=members,
+        ca=client.ca_certificate,
+        client_cert=client.certificate,
+        client_key=client.private_key,
+        directory=root,
+    )
+    (root / "cluster.toml").write_text(dumps_toml(cluster_config_dict(cluster)))
+
+
+def open_cluster(directory: str | Path) -> ClusterConfig:
+    """Load ``DIR/cluster.toml`` with an operator-friendly error when there is none."""
+    path = Path(directory)
+    if not (path / "cluster.toml").is_file() and not path.is_file():
+        raise ClusterError(
+            f"no cluster at {directory} (run `phalanx cluster init {directory}` first)"
+        )
+    try:
+        return load_cluster_config(path)
+    except ConfigError as e:
+        raise ClusterError(str(e)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Node processes
+
+
+def node_command(config_path: Path) -> list[str]:
+    """The argv that runs one node in the foreground."""
+    return [sys.executable, "-m", "phalanx", "node", "run", str(config_path)]
+
+
+@dataclass(slots=True)
+class _Running:
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+    started: float
+
+
+class NodeProcesses:
+    """The node subprocesses of one cluster directory.
+
+    Each node runs in its own session (so a terminal's Ctrl-C reaches only the supervisor,
+    which then stops the nodes in order), appends stdout and stderr to ``logs/<id>.log`` and
+    has its pid in ``run/<id>.pid`` while running. Not thread-safe.
+    """
+
+    def __init__(self, cluster: ClusterConfig, *, env: dict[str, str] | None = None) -> None:
+        self.cluster = cluster
+        self._env = env
+        self._running: dict[str, _Running] = {}
+        self._ids = tuple(n.id for n in cluster.nodes)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return self._ids
+
+    def log_path(self, node_id: str) -> Path:
+        return self.cluster.directory / "logs" / f"{node_id}.log"
+
+    def pid_path(self, node_id: str) -> Path:
+        return self.cluster.directory / "run" / f"{node_id}.pid"
+
+    def _check(self, node_id: str) -> None:
+        if node_id not in self._ids:
+            raise ValueError(f"no node {node_id!r} in {self.cluster.directory}")
+
+    def start(self, node_ids: Sequence[str] | None = None) -> None:
+        """Start the given nodes (default: all); a node already running is left alone."""
+        for node_id in node_ids if node_ids is not None else self._ids:
+            self._check(node_id)
+            if self.running(node_id):
+                continue
+            self._reap(node_id)
+            log_path = self.log_path(node_id)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = log_path.open("ab")
+            cmd = node_command(self.cluster.node_config_path(node_id))
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=self._env, cwd=self.cluster.directory,
+            )
+            self._running[node_id] = _Running(process=process, log=log, started=time.monotonic())
+            pid_path = self.pid_path(node_id)
+            pid_path.parent.mkdir(parents=True, exist_ok=True)
+            pid_path.write_text(f"{process.pid}\n")
+
+    def running(self, node_id: str) -> bool:
+        r = self._running.get(node_id)
+        return r is not None and r.process.poll() is None
+
+    def pid(self, node_id: str) -> int | None:
+        r = self._running.get(node_id)
+        return r.process.pid if r is not None and r.process.poll() is None else None
+
+    def exited(self) -> dict[str, int]:
+        """Nodes started by us that have exited since, with their return codes (negative:
+        killed by that signal). Reaps them."""
+        out: dict[str, int] = {}
+        for node_id in self._ids:
+            r = self._running.get(node_id)
+            if r is not None and (code := r.process.poll()) is not None:
+                out[node_id] = code
+                self._reap(node_id)
+        return out
+
+    def signal(self, node_id: str, signum: int) -> None:
+        """Send `signum` to a running node (SIGKILL: crash it)."""
+        self._check(node_id)
+        r = self._running.get(node_id)
+        if r is None or r.process.poll() is not None:
+            raise ClusterError(f"node {node_id} is not running")
+        r.process.send_signal(signum)
+
+    def kill(self, node_id: str) -> int:
+        """SIGKILL a running node and wait for it; returns its return code."""
+        self.signal(node_id, signal.SIGKILL)
+        r = self._running[node_id]
+        code = r.process.wait()
+        self._reap(node_id)
+        return code
+
+    def stop(self, *, grace: float = DEFAULT_GRACE) -> dict[str, int]:
+        """SIGTERM every running node, SIGKILL those still running after `grace` seconds.
+
+        Returns each stopped node's return code (0 for a clean shutdown).
+        """
+        live = {i: r for i, r in self._running.items() if r.process.poll() is None}
+        for r in live.values():
+            with contextlib.suppress(ProcessLookupError):
+                r.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        codes: dict[str, int] = {}
+        for node_id, r in live.items():
+            try:
+                codes[node_id] = r.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                r.process.kill()
+                codes[node_id] = r.process.wait()
+        for node_id in list(self._running):
+            if node_id not in codes and (code := self._running[node_id].process.poll()) is not None:
+                codes[node_id] = code
+            self._reap(node_id)
+        return codes
+
+    def _reap(self, node_id: str) -> None:
+        r = self._running.pop(node_id, None)
+        if r is None:
+            return
+        r.log.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_path(node_id).unlink()
+
+    def __enter__(self) -> NodeProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+_INIT_EPILOG = """\
+examples:
+  phalanx cluster init ./demo-cluster
+  phalanx cluster init ./c5 --nodes 5 --base-port 9000
+
+Writes DIR/cluster.toml, DIR/nodes/<id>.toml (+ certificate and key), DIR/ca/,
+DIR/clients/admin.pem/.key, DIR/data/<id>/, DIR/logs/ and DIR/run/. Node i (0-based)
+listens for peers on BASE+i, for clients on BASE+100+i, and serves Prometheus metrics
+on BASE+200+i. DIR must not exist or be empty.
+"""
+
+_UP_EPILOG = """\
+examples:
+  phalanx cluster up ./demo-cluster
+  phalanx cluster up ./demo-cluster --node n1 --node n2
+
+Runs every node (`phalanx node run DIR/nodes/<id>.toml`) as a subprocess, logging to
+DIR/logs/<id>.log, with its pid in DIR/run/<id>.pid. Ctrl-C (or SIGTERM) stops them:
+SIGTERM to each node, then SIGKILL after --grace seconds. A node that dies is reported
+and not restarted; `up` exits when all nodes have exited (status 0 only if every node
+stopped cleanly on request).
+"""
+
+
+def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``phalanx cluster init`` and ``phalanx cluster up`` on `subparsers`."""
+    cluster = subparsers.add_parser(
+        "cluster", help="create and run a local cluster",
+        description="Create a cluster directory and run its nodes on this machine.",
+    )
+    sub = cluster.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND", required=True)
+    init = sub.add_parser(
+        "init", help="create a cluster directory: CA, certificates, node configs",
+        description="Create a cluster directory: a CA, node and client certificates and "
+                    "one TOML config per node.",
+        epilog=_INIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    init.add_argument("directory", metavar="DIR", help="the cluster directory to create")
+    init.add_argument("--protocol", choices=PROTOCOLS, default="raft",
+                      help="consensus protocol (default: %(default)s)")
+    init.add_argument("--nodes", type=int, default=3, help="number of nodes (default: 3)")
+    init.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT, metavar="P",
+                      help="first port of the layout (default: %(default)s)")
+    init.add_argument("--host", default=DEFAULT_HOST,
+                      help="address every node listens on (default: %(default)s)")
+    init.add_argument("--fsync", choices=("every-write", "group", "off"), default="group",
+                      help="durability mode of the nodes (default: %(default)s)")
+    init.set_defaults(handler=_run_init)
+    up = sub.add_parser(
+        "up", help="run every node of a cluster directory until Ctrl-C",
+        description="Run the nodes of a cluster directory as subprocesses.",
+        epilog=_UP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
+    up.add_argument("--node", action="append", metavar="ID", dest="nodes",
+                    help="run only this node (repeatable; default: all)")
+    up.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
+                    help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
+    up.set_defaults(handler=_run_up)
+
+
+def _run_init(args: argparse.Namespace) -> int:
+    try:
+        cluster = init_cluster(
+            args.directory, protocol=args.protocol, nodes=args.nodes,
+            base_port=args.base_port, host=args.host, fsync=args.fsync,
+        )
+    except ClusterError as e:
+        print(f"phalanx cluster init: {e}", file=sys.stderr)
+        return 1
+    print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes in {args.directory}")
+    for n in cluster.nodes:
+        print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
+    print(f"start it with: phalanx cluster up {args.directory}")
+    return 0
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    try:
+        cluster = open_cluster(args.directory)
+        wanted = args.nodes or [n.id for n in cluster.nodes]
+        unknown = [n for n in wanted if n not in {m.id for m in cluster.nodes}]
+        if unknown:
+            raise ClusterError(f"no node {unknown[0]!r} in {args.directory}")
+    except ClusterError as e:
+        print(f"phalanx cluster up: {e}", file=sys.stderr)
+        return 1
+    return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
+
+
+def supervise(procs: NodeProcesses, node_ids: Sequence[str], *, grace: float) -> int:
+    """Run `node_ids` until SIGINT/SIGTERM or until all of them exit; see `cluster up`."""
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.append(signum)
+
+    previous: dict[int, Any] = {
+        s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        procs.start(node_ids)
+        for node_id in node_ids:
+            print(f"{node_id}: pid {procs.pid(node_id)}, log {procs.log_path(node_id)}",
+                  flush=True)
+        print("cluster up; Ctrl-C stops it", flush=True)
+        failed = False
+        alive = set(node_ids)
+        while alive and not stop_requested:
+            for node_id, code in procs.exited().items():
+                alive.discard(node_id)
+                failed = True
+                print(f"{node_id} exited with status {code}; see {procs.log_path(node_id)}",
+                      file=sys.stderr, flush=True)
+            time.sleep(0.1)
+        if not stop_requested:
+            return 1
+        print("stopping nodes", flush=True)
+        codes = procs.stop(grace=grace)
+        for node_id, code in sorted(codes.items()):
+            if code != 0:
+                failed = True
+                print(f"{node_id} stopped with status {code}", file=sys.stderr, flush=True)
+        return 1 if failed else 0
+    finally:
+        procs.stop(grace=grace)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
