@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -272,14 +272,22 @@ class _Running:
 class NodeProcesses:
     """The node subprocesses of one cluster directory.
 
+    `command` maps a node's config path to the argv that runs it (default `node_command`).
     Each node runs in its own session (so a terminal's Ctrl-C reaches only the supervisor,
     which then stops the nodes in order), appends stdout and stderr to ``logs/<id>.log`` and
     has its pid in ``run/<id>.pid`` while running. Not thread-safe.
     """
 
-    def __init__(self, cluster: ClusterConfig, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        *,
+        env: dict[str, str] | None = None,
+        command: Callable[[Path], list[str]] = node_command,
+    ) -> None:
         self.cluster = cluster
         self._env = env
+        self._command = command
         self._running: dict[str, _Running] = {}
         self._ids = tuple(n.id for n in cluster.nodes)
 
@@ -307,7 +315,7 @@ class NodeProcesses:
             log_path = self.log_path(node_id)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log = log_path.open("ab")
-            cmd = node_command(self.cluster.node_config_path(node_id))
+            cmd = self._command(self.cluster.node_config_path(node_id))
             process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env=self._env, cwd=self.cluster.directory,
