@@ -55,7 +55,9 @@ class RunConfig:
     check_every_ns: int = 250 * _MS
     use_codec: bool = True
     keep_trace: bool = False
-    lin_step_limit: int = 200_000
+    lin_step_limit: int = 20_000
+    max_events: int = 400_000
+    max_bytes_sent: int = 12_000_000
 
     def replay_command(self) -> str:
         faults = ",".join(self.faults) if self.faults else "none"
@@ -300,26 +302,36 @@ def run(cfg: RunConfig) -> RunResult:
     final_readers = [c.clients[f"c{cfg.clients + k}"] for k in range(cfg.keys)]
     for client in workers:
         loop.call_at(20 * _MS, client.start)
+    net_stats = c.network.stats
+
+    def runaway() -> bool:
+        return loop.events_run > cfg.max_events or net_stats.bytes_sent > cfg.max_bytes_sent
+
     t = 0
-    while t < cfg.time_ns:
+    while t < cfg.time_ns and not runaway():
         t = min(cfg.time_ns, t + cfg.check_every_ns)
-        loop.run_until(t)
+        loop.run_until(t, stop=runaway)
         c.check_logs()
     c.heal_all()
     end = cfg.time_ns + cfg.liveness_ns
     for client in workers:
         client.enter_liveness(end)
     half = cfg.time_ns + cfg.liveness_ns // 2
-    loop.run_until(half)
+    loop.run_until(half, stop=runaway)
     for client in workers:
         client.stop()
     for k, reader in enumerate(final_readers):
         reader.enter_liveness(end)
         reader.issue("read", c.keys[k])
-    while loop.now < end:
-        loop.run_until(min(end, loop.now + cfg.check_every_ns))
+    while loop.now < end and not runaway():
+        loop.run_until(min(end, loop.now + cfg.check_every_ns), stop=runaway)
         c.check_logs()
     violations = [str(v) for v in c.checker.violations]
+    if runaway():
+        violations.append(
+            f"runaway: over {cfg.max_events} events or {cfg.max_bytes_sent} bytes sent by "
+            f"t={loop.now / 1e6:.3f}ms (a message storm or a livelock)"
+        )
     for client in workers + final_readers:
         violations += [f"liveness: {s}" for s in client.stuck()]
     for reader in final_readers:

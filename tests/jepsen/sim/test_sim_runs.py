@@ -1,0 +1,61 @@
+"""Whole-cluster simulations: determinism (same seed, same trace and history), a seeded
+sweep across fault mixes that must pass, and the failure report's replay command."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.sim.run import RunConfig, run
+from phalanx.jepsen.sim.sweep import sweep
+
+_MS = 1_000_000
+# Shorter runs than the CLI default keep `make test` within its budget; PHALANX_SIM_SEEDS
+# raises the per-mix seed count (the CLI and `make soak` run the long sweeps).
+SEEDS_PER_MIX = int(os.environ.get("PHALANX_SIM_SEEDS", "6"))
+SHORT = {"time_ns": 1_000 * _MS, "liveness_ns": 1_500 * _MS}
+
+MIXES = {
+    "none": (),
+    "crash": ("kill", "lose-unfsynced", "pause"),
+    "network": ("partition-one", "partition-halves", "partition-ring", "partition-asymmetric",
+                "isolate-leader"),
+    "packets": ("loss", "duplicate", "delay", "clock-skew"),
+    "all": nemesis.FAULT_KINDS,
+}
+
+
+def test_same_seed_same_trace_and_history() -> None:
+    cfg = RunConfig(seed=7, nodes=3, **SHORT)
+    a, b = run(cfg), run(cfg)
+    assert a.trace_hash == b.trace_hash
+    assert a.history == b.history
+    assert a.ops_ok > 50, "a fault-laden run must still do real work"
+    other = run(RunConfig(seed=8, nodes=3, **SHORT))
+    assert other.trace_hash != a.trace_hash
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_sweep_passes(mix: str) -> None:
+    nodes = 5 if mix in ("network", "all") else 3
+    base = RunConfig(seed=0, nodes=nodes, faults=MIXES[mix], **SHORT)
+    result = sweep(base, range(1000, 1000 + SEEDS_PER_MIX), jobs=1)
+    assert result.ok, "\n\n".join(o.report for o in result.failures)
+    assert sum(o.ops_ok for o in result.outcomes) > 100 * SEEDS_PER_MIX
+
+
+def test_failure_report_names_seed_and_replay_command() -> None:
+    cfg = RunConfig(
+        seed=0, nodes=3, faults=("isolate-leader",), bugs=frozenset({"commit_on_minority"}),
+        time_ns=1_500 * _MS, liveness_ns=1_500 * _MS,
+    )
+    result = run(cfg)
+    assert not result.ok
+    report = result.report()
+    assert "seed 0: FAILED" in report
+    assert "phalanx sim --protocol raft --seed-start 0 --seeds 1 --nodes 3" in report
+    assert "--faults isolate-leader" in report
+    assert "--bug commit_on_minority" in report
+    assert len(result.trace_tail) == 40
