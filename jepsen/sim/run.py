@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from phalanx.apps import kv_wire
@@ -36,6 +37,7 @@ from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.protocols import protocol_setup
+from phalanx.net.codec import Registry
 
 _MS = 1_000_000
 
@@ -103,6 +105,13 @@ class RunResult:
         return "\n".join(lines)
 
 
+def _message_decoder(codec: Registry) -> Callable[[bytes], Message]:
+    def decode(data: bytes) -> Message:
+        return codec.decode(data, expected=Message)
+
+    return decode
+
+
 class _Cluster:
     """Wires nodes, network and clients for one run; interprets the nemesis schedule."""
 
@@ -123,7 +132,7 @@ class _Cluster:
             self._deliver,
             config=NetworkConfig(),
             encode=codec.encode if cfg.use_codec else None,
-            decode=codec.decode if cfg.use_codec else None,
+            decode=_message_decoder(codec) if cfg.use_codec else None,
         )
         self.client_rng = random.Random(root.getrandbits(64))
         self.sched_rng = random.Random(root.getrandbits(64))

@@ -59,3 +59,33 @@ def test_failure_report_names_seed_and_replay_command() -> None:
     assert "--faults isolate-leader" in report
     assert "--bug commit_on_minority" in report
     assert len(result.trace_tail) == 40
+
+
+def _cli(argv: list[str]) -> int:
+    import argparse
+
+    from phalanx.jepsen.sim.cli import add_sim_command
+
+    parser = argparse.ArgumentParser(prog="phalanx")
+    add_sim_command(parser.add_subparsers())
+    args = parser.parse_args(["sim", *argv])
+    code: int = args.handler(args)
+    return code
+
+
+def test_cli_exit_codes_and_trace(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    assert _cli(["--seeds", "2", "--faults", "none", "--time", "0.5"]) == 0
+    # Without --nodes, seeds alternate between 3 and 5 nodes: one summary line per size.
+    assert capsys.readouterr().out.count("1 seeds, 1 passed, 0 failed") == 2
+    trace = tmp_path / "t.txt"
+    code = _cli(["--seeds", "1", "--nodes", "3", "--faults", "isolate-leader", "--time", "1.5",
+                 "--bug", "commit_on_minority", "--trace", str(trace)])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "replay: phalanx sim" in out
+    assert trace.read_text().count("\n") > 1000
+    assert _cli(["--faults", "bogus"]) == 2
