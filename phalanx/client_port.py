@@ -1,0 +1,221 @@
+"""The client port of a node: TLS connections speaking `phalanx.net.client_protocol`.
+
+Owns: `serve_client_port` (accepts TLS connections, server-authenticated, client
+certificates optional) and one `_Connection` per client: a reader that decodes frames into
+`ClientCall`/`StatusCall` and hands them to the driver, and a writer that sends the replies
+back, coalescing whatever is ready into one write. Replies may be out of order (pipelining).
+
+Limits and errors (client input is normal input, never asserted on):
+- A connection has at most `max_in_flight` unanswered calls; the reader stops reading while
+  it is at the limit, so TCP flow control pushes back on a client that outruns the node.
+- A malformed frame, an oversized frame, an undecodable payload or a message that is not a
+  call closes THAT connection with a logged reason (counted in `ClientPortStatistics`); the
+  node keeps serving everyone else. A connection that closes drops its waiters in the driver
+  (the client retries with the same ids).
+
+Must not import: consensus cores, storage, apps. The driver is reached through the small
+`CallSink` protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from phalanx.net import wire
+from phalanx.net.client_protocol import ClientCall, ClientReply, StatusCall, StatusReply
+from phalanx.net.codec import DecodeError
+from phalanx.net.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    FrameError,
+    FrameTooLarge,
+    encode_frame,
+)
+
+logger = logging.getLogger(__name__)
+
+RECEIVE_CHUNK = 64 * 1024
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class CallSink(Protocol):
+    """The driver as the client port sees it."""
+
+    async def call(self, call: ClientCall, target: _Connection) -> None: ...
+
+    async def request_status(self, nonce: int, target: _Connection) -> None: ...
+
+    def disconnected(self, target: _Connection) -> None: ...
+
+
+@dataclass(slots=True)
+class ClientPortStatistics:
+    connections_accepted: int = 0
+    connections_open: int = 0
+    handshake_failures: int = 0
+    malformed_frames: int = 0
+    oversized_frames: int = 0
+    unexpected_messages: int = 0
+    calls: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class _Connection:
+    """One client connection; `deliver` is called by the driver's task and never blocks."""
+
+    def __init__(self, remote: str, max_in_flight: int) -> None:
+        self.remote = remote
+        self.closed = False
+        self.slots = trio.Semaphore(max_in_flight)
+        # Unbounded, but never holds more than `max_in_flight` replies: each reply answers
+        # one call that holds a slot until the writer has sent it.
+        self.out_send, self.out_recv = trio.open_memory_channel[ClientReply | StatusReply](
+            math.inf
+        )
+
+    def deliver(self, reply: ClientReply | StatusReply) -> None:
+        if not self.closed:
+            self.out_send.send_nowait(reply)
+
+
+class ClientPort:
+    """Serves client connections for one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        sink: CallSink,
+        *,
+        ssl_context: ssl.SSLContext,
+        node_id: str,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_in_flight: int = 1024,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self._sink = sink
+        self._context = ssl_context
+        self._node_id = node_id
+        self._max_frame_size = max_frame_size
+        self._max_in_flight = max_in_flight
+        self.stats = ClientPortStatistics()
+
+    async def serve(
+        self,
+        listeners: Sequence[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept client connections on `listeners` until cancelled."""
+        await trio.serve_listeners(self._handle, list(listeners), task_status=task_status)
+
+    def _close(self, conn: _Connection, reason: str) -> None:
+        logger.warning("%s: closing client connection from %s: %s", self._node_id, conn.remote,
+                       reason)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            host, port, *_ = stream.socket.getpeername()
+            remote = f"{host}:{port}"
+        except OSError:
+            remote = "<unknown>"
+        tls = trio.SSLStream(stream, self._context, server_side=True)
+        conn = _Connection(remote, self._max_in_flight)
+        try:
+            with trio.move_on_after(HANDSHAKE_TIMEOUT) as timeout:
+                try:
+                    await tls.do_handshake()
+                except trio.BrokenResourceError as exc:
+                    self.stats.handshake_failures += 1
+                    logger.info("%s: client TLS handshake from %s failed: %s", self._node_id,
+                                remote, exc.__cause__ or exc)
+                    return
+            if timeout.cancelled_caught:
+                self.stats.handshake_failures += 1
+                return
+            self.stats.connections_accepted += 1
+            self.stats.connections_open += 1
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, tls, conn, nursery.cancel_scope)
+                    await self._reader(tls, conn)
+                    nursery.cancel_scope.cancel()
+            finally:
+                self.stats.connections_open -= 1
+        finally:
+            conn.closed = True
+            self._sink.disconnected(conn)
+            await trio.aclose_forcefully(tls)
+
+    async def _reader(self, tls: trio.SSLStream[trio.SocketStream], conn: _Connection) -> None:
+        st = self.stats
+        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
+        try:
+            while True:
+                data = await tls.receive_some(RECEIVE_CHUNK)
+                if not data:
+                    return
+                st.bytes_in += len(data)
+                decoder.feed(data)
+                while (payload := decoder.next_frame()) is not None:
+                    try:
+                        message = wire.decode(payload)
+                    except DecodeError as exc:
+                        st.malformed_frames += 1
+                        self._close(conn, f"malformed message ({exc})")
+                        return
+                    if isinstance(message, ClientCall):
+                        await conn.slots.acquire()
+                        st.calls += 1
+                        await self._sink.call(message, conn)
+                    elif isinstance(message, StatusCall):
+                        await conn.slots.acquire()
+                        await self._sink.request_status(message.nonce, conn)
+                    else:
+                        st.unexpected_messages += 1
+                        self._close(conn, f"unexpected message {type(message).__name__}")
+                        return
+        except FrameTooLarge as exc:
+            st.oversized_frames += 1
+            self._close(conn, str(exc))
+        except FrameError as exc:
+            st.malformed_frames += 1
+            self._close(conn, f"malformed frame ({exc})")
+        except trio.BrokenResourceError:
+            return
+
+    async def _writer(
+        self,
+        tls: trio.SSLStream[trio.SocketStream],
+        conn: _Connection,
+        scope: trio.CancelScope,
+    ) -> None:
+        recv = conn.out_recv
+        try:
+            while True:
+                replies = [await recv.receive()]
+                while True:
+                    try:
+                        replies.append(recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                data = b"".join(
+                    encode_frame(wire.encode(r), max_frame_size=self._max_frame_size)
+                    for r in replies
+                )
+                await tls.send_all(data)
+                self.stats.bytes_out += len(data)
+                for _ in replies:
+                    conn.slots.release()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            scope.cancel()
+        except ValueError as exc:  # a reply larger than max_frame_size
+            self._close(conn, f"cannot send reply: {exc}")
+            scope.cancel()

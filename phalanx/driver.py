@@ -1,0 +1,511 @@
+"""The trio driver of one consensus core: the `Ready` ordering rule with group commit.
+
+Owns: `Driver`, which runs ONE core, its replica layer and its group committer under trio.
+One task (`Driver.run`'s core loop) owns the core, the replica and every client waiter, so
+nothing is locked: every other task talks to it through one bounded memory channel of items
+(peer messages, ticks, client calls, status requests, persistence completions, client
+disconnects). A sender blocks while the channel is full (backpressure).
+
+Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
+- Every Ready a step returns is queued, in step order, in `_pending`.
+- When no batch is being persisted, the whole queue becomes one batch. If it has durable work
+  (`GroupCommitter.needs_io`) it is persisted on a worker thread (`trio.to_thread.run_sync`,
+  one fsync for the batch) while the core loop keeps stepping new inputs into the next
+  batch. Otherwise (heartbeats, commit-only hard states) it is completed at once.
+- Completing a batch, in Ready order: release its messages to the transport, apply committed
+  entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
+  and reads whose index is applied; then feed `Persisted(last number)` back, then the
+  replica's `CheckpointTaken`s. No message ever leaves before its Ready is durable, and
+  Readys are completed strictly in step order.
+- The replica (and so the WAL, which it compacts) is only touched by the core task while no
+  batch is on the worker thread; the worker thread touches storage only.
+
+Must not import: sockets, TLS, prometheus (metrics arrive as an injected `DriverObserver`),
+any particular core (the core is injected; only the `Core` contract is used).
+
+Time: ticks come from trio's clock (`tick_seconds`); a loop that falls behind skips ticks
+instead of bursting. Client errors are normal input: an unknown request never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
+
+import trio
+
+from phalanx.apps.replica import ApplyStatus, Replica
+from phalanx.consensus.core import (
+    Core,
+    CoreStatus,
+    Input,
+    Persisted,
+    ReadState,
+    Ready,
+    Receive,
+    Submit,
+    Tick,
+)
+from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.group_commit import GroupCommitter
+from phalanx.net.client_protocol import (
+    ClientCall,
+    ClientReply,
+    ReadConsistency,
+    ReplyStatus,
+    StatusReply,
+)
+
+logger = logging.getLogger(__name__)
+
+DRAIN_LIMIT = 512
+"""Items the core loop takes without yielding before it flushes (bounds batch latency)."""
+
+COMMIT_FLUSH_TICKS = 100
+"""A deferred commit-only hard state is written at most every this many ticks."""
+
+
+class ReplyTarget(Protocol):
+    """Where answers to one client connection go. `deliver` must not block."""
+
+    def deliver(self, reply: ClientReply | StatusReply) -> None: ...
+
+
+class DriverObserver(Protocol):
+    """Metrics hooks (`phalanx.metrics.NodeMetrics` implements them)."""
+
+    def on_fsync(self, seconds: float, readys: int) -> None: ...
+
+    def on_applied(self, entries: int, applied_index: int, commit_index: int) -> None: ...
+
+    def on_status(self, status: CoreStatus, applied_index: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    call: ClientCall
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    nonce: int
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
+class _Disconnected:
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchDone:
+    batch: Sequence[Ready]
+    error: BaseException | None
+
+
+_Item: TypeAlias = Input | _Call | _Status | _Disconnected | _BatchDone
+
+
+@dataclass(slots=True)
+class DriverStatistics:
+    """Counters of one driver (monotonic, except `pending_readys` and `waiters`)."""
+
+    steps: int = 0
+    batches: int = 0
+    io_batches: int = 0
+    fsyncs: int = 0
+    applied_entries: int = 0
+    replies: int = 0
+    redirects: int = 0
+    retries: int = 0
+    dropped_peer_messages: int = 0
+    pending_readys: int = 0
+    waiters: int = 0
+    leader_changes: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Driver:
+    """Runs `core` with `replica` and `committer` under trio (see the module docstring).
+
+    Args:
+        core: the consensus core (freshly built from the durable state).
+        replica: the replica layer, restored from its newest checkpoint.
+        committer: persists batches of Readys.
+        send: hands a message to the transport without blocking; False when refused.
+        tick_seconds: wall time of one `Tick`.
+        status_extra: builds the node-level fields of a `StatusReply` (peers, protocol, ...).
+        observer: metrics hooks.
+        persist_inline: persist on the core task instead of a worker thread (fsync off).
+        capacity: size of the input channel.
+    """
+
+    def __init__(
+        self,
+        *,
+        core: Core,
+        replica: Replica,
+        committer: GroupCommitter,
+        send: Callable[[NodeId, Message], bool],
+        tick_seconds: float,
+        status_reply: Callable[[int, CoreStatus, Replica], StatusReply],
+        observer: DriverObserver | None = None,
+        persist_inline: bool = False,
+        capacity: int = 4096,
+    ) -> None:
+        if tick_seconds <= 0:
+            raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
+        self.core = core
+        self.replica = replica
+        self.committer = committer
+        self._send = send
+        self._tick_seconds = tick_seconds
+        self._status_reply = status_reply
+        self._observer = observer
+        self._persist_inline = persist_inline
+        self._tx, self._rx = trio.open_memory_channel[_Item](capacity)
+        self._pending: list[Ready] = []
+        self._inflight: Sequence[Ready] | None = None
+        self._inflight_snapshot = False
+        self._internal: list[Input] = []
+        self._reads: list[ReadState] = []
+        self._waiters: dict[tuple[str, int], list[ReplyTarget]] = {}
+        self._keys_of: dict[ReplyTarget, set[tuple[str, int]]] = {}
+        self._ticks = 0
+        self._heard: dict[NodeId, int] = {}
+        self._was_leader = False
+        self._leader: NodeId | None = None
+        self._status = core.status()
+        self._nursery: trio.Nursery | None = None
+        self.stats = DriverStatistics()
+        self.node_id = core.node_id
+
+    # ---------------------------------------------------------------------- public (any task)
+
+    async def deliver(self, src: NodeId, message: object) -> None:
+        """A peer's message (waits while the core is busy)."""
+        if not isinstance(message, Message) or isinstance(message, ClientCall | ClientReply):
+            self.stats.dropped_peer_messages += 1
+            return
+        await self._tx.send(Receive(src=src, message=message))
+
+    async def call(self, call: ClientCall, target: ReplyTarget) -> None:
+        """A client's call; the answer goes to `target.deliver`."""
+        await self._tx.send(_Call(call, target))
+
+    async def request_status(self, nonce: int, target: ReplyTarget) -> None:
+        await self._tx.send(_Status(nonce, target))
+
+    def disconnected(self, target: ReplyTarget) -> None:
+        """Forget `target`'s waiters (its connection closed); never blocks."""
+        # A full channel: its waiters are dropped when answered (`deliver` no-ops then).
+        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+            self._tx.send_nowait(_Disconnected(target))
+
+    def status(self) -> CoreStatus:
+        """The core's status as of the last step (read-only; safe from any task)."""
+        return self._status
+
+    def status_reply(self, nonce: int = 0) -> StatusReply:
+        """The node's `StatusReply` as of the last tick."""
+        return self._status_reply(nonce, self._status, self.replica)
+
+    def recently_heard(self, within_ticks: int) -> tuple[str, ...]:
+        """Peers a message arrived from within the last `within_ticks` ticks, sorted."""
+        return tuple(sorted(p for p, t in self._heard.items() if self._ticks - t <= within_ticks))
+
+    @property
+    def applied_index(self) -> int:
+        return self.replica.applied_index
+
+    @property
+    def busy(self) -> bool:
+        """A batch is on the worker thread."""
+        return self._inflight is not None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the ticker and the core loop until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._ticker)
+            task_status.started()
+            await self._core_loop()
+
+    def flush_on_shutdown(self) -> None:
+        """After `run` ended: write a deferred commit-only hard state (clean shutdown)."""
+        if self._inflight is None:
+            self.committer.flush_commit()
+
+    # ---------------------------------------------------------------------- tasks
+
+    async def _ticker(self) -> None:
+        period = self._tick_seconds
+        deadline = trio.current_time()
+        while True:
+            deadline += period
+            await trio.sleep_until(deadline)
+            now = trio.current_time()
+            if now - deadline > 5 * period:
+                deadline = now  # fell behind (a long pause): skip ticks, never burst
+            await self._tx.send(Tick())
+
+    async def _core_loop(self) -> None:
+        rx = self._rx
+        while True:
+            item = await rx.receive()
+            self._handle(item)
+            for _ in range(DRAIN_LIMIT):
+                try:
+                    item = rx.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                self._handle(item)
+            self._flush()
+
+    async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
+        committer = self.committer
+
+        def work() -> bool:
+            synced = committer.persist(batch)
+            if flush_commit:
+                committer.flush_commit()
+            return synced
+
+        error: BaseException | None = None
+        start = time.perf_counter()
+        try:
+            synced = await trio.to_thread.run_sync(work)
+        except Exception as exc:  # storage failure: reported to the core loop, which stops
+            error = exc
+            synced = False
+        if synced:
+            self.stats.fsyncs += 1
+            if self._observer is not None:
+                self._observer.on_fsync(time.perf_counter() - start, len(batch))
+        await self._tx.send(_BatchDone(batch, error))
+
+    # ---------------------------------------------------------------------- the core task
+
+    def _handle(self, item: _Item) -> None:
+        match item:
+            case _BatchDone(batch=batch, error=error):
+                if error is not None:
+                    logger.critical("%s: persistence failed, stopping: %s", self.node_id, error)
+                    raise error
+                self._inflight = None
+                self._inflight_snapshot = False
+                self._complete(batch)
+            case _Call(call=call, target=target):
+                self._on_call(call, target)
+            case _Status(nonce=nonce, target=target):
+                target.deliver(self._status_reply(nonce, self._status, self.replica))
+            case _Disconnected(target=target):
+                for key in self._keys_of.pop(target, ()):
+                    waiters = self._waiters.get(key)
+                    if waiters is not None:
+                        waiters[:] = [w for w in waiters if w is not target]
+                        if not waiters:
+                            del self._waiters[key]
+            case Receive(src=src):
+                self._heard[src] = self._ticks
+                self._step(item)
+            case Tick():
+                self._ticks += 1
+                self._step(item)
+                self._on_tick()
+            case _:
+                self._step(item)
+
+    def _step(self, inp: Input) -> None:
+        ready = self.core.step(inp)
+        self.stats.steps += 1
+        if not ready.is_empty:
+            self._pending.append(ready)
+        while self._internal:
+            internal, self._internal = self._internal, []
+            for follow in internal:
+                ready = self.core.step(follow)
+                self.stats.steps += 1
+                if not ready.is_empty:
+                    self._pending.append(ready)
+
+    def _on_tick(self) -> None:
+        status = self.core.status()
+        self._status = status
+        is_leader = status.role == "leader"
+        if status.leader != self._leader:
+            self._leader = status.leader
+            self.stats.leader_changes += 1
+        if self._was_leader and not is_leader:
+            self._fail_waiters("leadership lost")
+        self._was_leader = is_leader
+        if self._observer is not None:
+            self._observer.on_status(status, self.replica.applied_index)
+        if self._inflight is None:
+            taken = self.replica.poll()
+            if taken:
+                self._internal.extend(taken)
+                self._step_internal()
+            if self._ticks % COMMIT_FLUSH_TICKS == 0 and self.committer.flush_commit_due():
+                self._start_io([], flush_commit=True)
+
+    def _step_internal(self) -> None:
+        internal, self._internal = self._internal, []
+        for inp in internal:
+            self._step(inp)
+
+    def _on_call(self, call: ClientCall, target: ReplyTarget) -> None:
+        request = call.request
+        if request.read_only and call.consistency is ReadConsistency.STALE:
+            if self._inflight_snapshot:
+                self._reply(target, request, ReplyStatus.RETRY, message="installing a snapshot")
+            else:
+                result = self.replica.query(request.command)
+                self._reply(target, request, ReplyStatus.OK, result=result)
+            return
+        key = (request.client_id, request.request_no)
+        self._waiters.setdefault(key, []).append(target)
+        self._keys_of.setdefault(target, set()).add(key)
+        self._step(Submit(request=request))
+
+    # ---------------------------------------------------------------------- batches
+
+    def _flush(self) -> None:
+        while self._inflight is None and self._pending:
+            batch, self._pending = self._pending, []
+            if self._persist_inline:
+                self.committer.persist(batch)
+            elif self.committer.needs_io(batch):
+                self._start_io(batch, flush_commit=False)
+                return
+            else:
+                self.committer.note_deferred(batch)
+            self._complete(batch)
+        self.stats.pending_readys = len(self._pending)
+
+    def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
+        assert self._nursery is not None, "Driver.run is not running"  # our own misuse
+        self._inflight = batch
+        self._inflight_snapshot = any(r.snapshot is not None for r in batch)
+        self.stats.io_batches += 1
+        self._nursery.start_soon(self._persist_batch, batch, flush_commit)
+
+    def _complete(self, batch: Sequence[Ready]) -> None:
+        """Steps 2-5 of the ordering rule for a durable batch, in Ready order."""
+        self.stats.batches += 1
+        replica = self.replica
+        last = 0
+        applied = 0
+        for ready in batch:
+            for send in ready.messages:
+                self._send(send.to, send.message)
+            for entry in ready.committed:
+                for outcome in replica.apply(entry):
+                    if outcome.status is ApplyStatus.EXPIRED:
+                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
+                                     message="expired: a newer request of this client was "
+                                     "already applied")
+                    else:
+                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.OK,
+                                     result=outcome.result)
+                applied += 1
+            for rejection in ready.rejected:
+                hint = rejection.leader_hint
+                status = ReplyStatus.REDIRECT if hint is not None else ReplyStatus.RETRY
+                self._answer(rejection.request.client_id, rejection.request.request_no, status,
+                             leader_hint=hint, message=rejection.reason)
+            if ready.reads:
+                self._reads.extend(ready.reads)
+            if ready.has_persistence:
+                last = max(last, ready.number)
+        if self._reads:
+            self._serve_reads()
+        if applied:
+            self.stats.applied_entries += applied
+            if self._observer is not None:
+                self._observer.on_applied(applied, replica.applied_index,
+                                          self._status.commit_index)
+        if last:
+            self._internal.append(Persisted(number=last))
+        if applied:
+            self._internal.extend(replica.poll())
+        if self._internal:
+            self._step_internal()
+
+    def _serve_reads(self) -> None:
+        applied = self.replica.applied_index
+        waiting: list[ReadState] = []
+        for read in self._reads:
+            if read.index <= applied:
+                request = read.request
+                self._answer(request.client_id, request.request_no, ReplyStatus.OK,
+                             result=self.replica.query(request.command))
+            else:
+                waiting.append(read)
+        self._reads = waiting
+
+    # ---------------------------------------------------------------------- replies
+
+    def _answer(
+        self,
+        client_id: str,
+        request_no: int,
+        status: ReplyStatus,
+        *,
+        result: bytes = b"",
+        leader_hint: str | None = None,
+        message: str = "",
+    ) -> None:
+        key = (client_id, request_no)
+        waiters = self._waiters.pop(key, None)
+        if not waiters:
+            return
+        reply = ClientReply(client_id=client_id, request_no=request_no, status=status,
+                            replica=self.node_id, result=result, leader_hint=leader_hint,
+                            message=message)
+        for target in waiters:
+            keys = self._keys_of.get(target)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._keys_of[target]
+            self._deliver(target, reply)
+
+    def _reply(
+        self,
+        target: ReplyTarget,
+        request: ClientRequest,
+        status: ReplyStatus,
+        *,
+        result: bytes = b"",
+        message: str = "",
+    ) -> None:
+        self._deliver(target, ClientReply(
+            client_id=request.client_id, request_no=request.request_no, status=status,
+            replica=self.node_id, result=result, message=message))
+
+    def _deliver(self, target: ReplyTarget, reply: ClientReply) -> None:
+        st = self.stats
+        st.replies += 1
+        if reply.status is ReplyStatus.REDIRECT:
+            st.redirects += 1
+        elif reply.status is ReplyStatus.RETRY:
+            st.retries += 1
+        target.deliver(reply)
+
+    def _fail_waiters(self, reason: str) -> None:
+        """Answer RETRY to every waiter: this node stopped being leader. Their requests may
+        still commit (under the next leader); the client retries with the same ids and the
+        session table answers a duplicate from its cache."""
+        for client_id, request_no in sorted(self._waiters):
+            self._answer(client_id, request_no, ReplyStatus.RETRY,
+                         leader_hint=self._leader, message=reason)
+        self._reads.clear()
+
+    def waiter_count(self) -> int:
+        return len(self._waiters)

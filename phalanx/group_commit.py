@@ -1,0 +1,136 @@
+"""Group commit: step 1 of the `Ready` ordering rule for a batch of Readys, with one fsync.
+
+Owns: `GroupCommitter`, the synchronous half of the runtime's persistence. The trio driver
+(`phalanx.driver`) collects the Readys a core returns while the previous batch is being made
+durable, then hands the whole batch to `GroupCommitter.persist` on a worker thread; this
+module decides what the batch needs and carries it out through the shared
+`phalanx.persistence.ReadyPersister` (the same code the simulator persists with).
+
+Must not import: trio, sockets, clocks, any consensus core. Callable from any one thread at a
+time (the driver guarantees no other storage access runs concurrently).
+
+Rules and invariants:
+- A batch is persisted in Ready order: snapshots, truncations and entries of each Ready go to
+  the WAL exactly as `ReadyPersister.persist` writes them, but no Ready syncs on its own; the
+  batch ends with one `wal.sync()` when any of its Readys `must_sync`.
+- Hard states replace each other, so only the LAST hard state of a batch is written. A hard
+  state that differs from the last one written only in `commit` is *deferred*: restoring
+  `commit` is an optimisation, never a safety requirement (`HardState` docstring), and writing
+  it costs two fsyncs (temp file + directory). It is written with the next term or vote change,
+  or when the driver asks (`flush_commit`, e.g. periodically and at clean shutdown).
+- `needs_io(batch)` is False exactly when persisting the batch would write nothing durable
+  (only deferrable hard states): the driver then skips the worker thread altogether.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from phalanx.consensus.core import Ready
+from phalanx.consensus.types import HardState, SnapshotMeta
+from phalanx.persistence import ReadyPersister
+
+
+class GroupCommitter:
+    """Persists batches of Readys with at most one WAL fsync per batch.
+
+    Args:
+        persister: the shared Ready persister over this node's storage.
+        install: the replica layer's `install` (restores the state machine from a snapshot
+            and stores the checkpoint); None stores the checkpoint only.
+        saved: the hard state found on disk at start (None if none).
+    """
+
+    def __init__(
+        self,
+        persister: ReadyPersister,
+        *,
+        install: Callable[[SnapshotMeta, bytes], None] | None,
+        saved: HardState | None,
+    ) -> None:
+        self.persister = persister
+        self._install = install
+        self._saved = saved if saved is not None else HardState()
+        self._latest = self._saved
+        self.batches = 0
+        self.syncs = 0
+        self.hard_state_writes = 0
+
+    @property
+    def saved_hard_state(self) -> HardState:
+        """The hard state last written durably."""
+        return self._saved
+
+    def _must_write(self, hs: HardState) -> bool:
+        s = self._saved
+        return hs.term != s.term or hs.vote != s.vote or hs.view != s.view
+
+    def needs_io(self, batch: Sequence[Ready]) -> bool:
+        """Whether persisting `batch` writes anything (False: only deferred hard states)."""
+        for ready in batch:
+            if (
+                ready.snapshot is not None
+                or ready.truncate_from is not None
+                or ready.entries
+                or ready.core_state is not None
+                or ready.must_sync
+                or (ready.hard_state is not None and self._must_write(ready.hard_state))
+            ):
+                return True
+        return False
+
+    def note_deferred(self, batch: Sequence[Ready]) -> None:
+        """Record the hard states of a batch that `needs_io` judged deferrable."""
+        for ready in batch:
+            if ready.hard_state is not None:
+                self._latest = ready.hard_state
+
+    def persist(self, batch: Sequence[Ready]) -> bool:
+        """Carry out step 1 for every Ready of `batch`, in order; returns whether it fsynced.
+
+        Raises whatever the storage raises (`StorageError`); the driver must then stop the
+        node: after a failed write or fsync nothing about the disk can be trusted.
+        """
+        persister = self.persister
+        must_sync = False
+        hs: HardState | None = None
+        for ready in batch:
+            if ready.hard_state is not None:
+                hs = ready.hard_state
+            must_sync = must_sync or ready.must_sync
+            if (
+                ready.snapshot is not None
+                or ready.truncate_from is not None
+                or ready.entries
+                or ready.core_state is not None
+            ):
+                persister.persist(
+                    dataclasses.replace(ready, hard_state=None, must_sync=False),
+                    install=self._install,
+                )
+        if hs is not None:
+            self._latest = hs
+            if self._must_write(hs):
+                self._write_hard_state(hs)
+        if must_sync:
+            persister.wal.sync()
+            self.syncs += 1
+        self.batches += 1
+        return must_sync
+
+    def flush_commit_due(self) -> bool:
+        """Whether a commit-only hard state is waiting to be written."""
+        return self._latest != self._saved
+
+    def flush_commit(self) -> bool:
+        """Write a deferred commit-only hard state, if any; returns whether it wrote."""
+        if self._latest == self._saved:
+            return False
+        self._write_hard_state(self._latest)
+        return True
+
+    def _write_hard_state(self, hs: HardState) -> None:
+        self.persister.hard_state.save(self.persister.codec.encode(hs))
+        self._saved = hs
+        self.hard_state_writes += 1

@@ -1,0 +1,316 @@
+"""One phalanx node under trio: storage + replica + core + driver + peer transport + client
+port + metrics, built from a `NodeConfig`. The public embedding API of the runtime.
+
+Owns: `open_node` (an async context manager yielding a running `Node`), `serve_node` (the
+same, following trio's `task_status` convention), `Node` (status, statistics, bound
+addresses) and the assembly of the parts: it opens the node's storage and loads its durable
+state (`phalanx.persistence`), restores the replica from its newest checkpoint (the core
+re-emits the committed entries after it), builds the Raft core, the mTLS peer transport
+(`phalanx.net.transport`), the TLS client port (`phalanx.client_port`) and the Prometheus
+endpoint (`phalanx.metrics`), and runs `phalanx.driver.Driver` over them.
+
+Embedding example (see `examples/counter_service.py` for a complete one)::
+
+    async with open_node(load_node_config(path), state_machine=MyMachine()) as node:
+        print(node.status())
+        await trio.sleep_forever()
+
+Rules: the node never pickles; everything on the wire and on disk goes through the codec.
+Leaving the `async with` shuts down cleanly (a deferred commit-only hard state is written,
+the checkpoint writer finishes, storage is closed). A crash (SIGKILL) at any instant loses
+nothing acknowledged: a client is answered only after the entry is applied, and applied
+entries were durable on a quorum before they committed.
+
+Must not import: the CLI (`phalanx.cli`), the client library.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from phalanx.apps import kv_wire  # noqa: F401  (registers the KV types with the codec)
+from phalanx.apps.interface import StateMachine
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.apps.writer import ThreadedCheckpointWriter
+from phalanx.client_port import ClientPort, ClientPortStatistics
+from phalanx.config import Address, NodeConfig
+from phalanx.consensus.core import CoreStatus, Snapshot
+from phalanx.consensus.raft import RAFT_MESSAGES, RaftConfig, RaftCore, RaftRestoredState
+from phalanx.consensus.types import Configuration, Entry, HardState, Message, NodeId
+from phalanx.driver import Driver, DriverStatistics
+from phalanx.group_commit import GroupCommitter
+from phalanx.metrics import NodeMetrics, serve_metrics
+from phalanx.net import client_protocol, wire
+from phalanx.net.client_protocol import StatusReply
+from phalanx.net.codec import DecodeError
+from phalanx.net.transport import PeerAddress, Transport, TransportStatistics, open_peer_transport
+from phalanx.persistence import ReadyPersister
+from phalanx.pki import (
+    CredentialPaths,
+    client_server_context,
+    peer_client_context,
+    peer_server_context,
+)
+from phalanx.storage.files import open_file_storage
+from phalanx.storage.interface import SyncPolicy
+
+logger = logging.getLogger(__name__)
+
+COMPACT_LAG = 1000
+"""WAL entries kept below a durable checkpoint, so lagging followers catch up from the log."""
+
+
+class NodeError(Exception):
+    """The node cannot start with this configuration (unsupported protocol, bad storage)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatistics:
+    driver: DriverStatistics
+    transport: TransportStatistics
+    client_port: ClientPortStatistics
+    group_commit_batches: int
+    fsyncs: int
+    hard_state_writes: int
+
+
+def _register_codecs() -> None:
+    wire.register_all(RAFT_MESSAGES)
+    client_protocol.register()
+
+
+def _decode_entry(data: bytes) -> Entry:
+    return wire.decode(data, expected=Entry)
+
+
+class Node:
+    """A running node (yielded by `open_node`). Read-only accessors; safe from any task."""
+
+    def __init__(
+        self,
+        *,
+        config: NodeConfig,
+        driver: Driver,
+        transport: Transport,
+        client_port: ClientPort,
+        metrics: NodeMetrics,
+        peer_address: Address,
+        client_address: Address,
+    ) -> None:
+        self.config = config
+        self.driver = driver
+        self.transport = transport
+        self.client_port = client_port
+        self.metrics = metrics
+        self.peer_address = peer_address
+        """Where the peer listener is bound (the real port when configured with port 0)."""
+        self.client_address = client_address
+        """Where the client port is bound."""
+        self.metrics_port: int | None = None
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def replica(self) -> Replica:
+        return self.driver.replica
+
+    def core_status(self) -> CoreStatus:
+        return self.driver.status()
+
+    def status(self, nonce: int = 0) -> StatusReply:
+        """What `phalanx status` shows: role, term, leader, commit/applied, checkpoint, peers."""
+        return self.driver.status_reply(nonce)
+
+    def statistics(self) -> NodeStatistics:
+        committer = self.driver.committer
+        return NodeStatistics(
+            driver=self.driver.stats,
+            transport=self.transport.statistics(),
+            client_port=self.client_port.stats,
+            group_commit_batches=committer.batches,
+            fsyncs=committer.syncs,
+            hard_state_writes=committer.hard_state_writes,
+        )
+
+
+def _bound(listeners: list[trio.SocketListener], host: str) -> Address:
+    port = listeners[0].socket.getsockname()[1]
+    return Address(host=host, port=int(port))
+
+
+@asynccontextmanager
+async def open_node(
+    config: NodeConfig,
+    *,
+    state_machine: StateMachine | None = None,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Node]:
+    """Run node `config` for the body of the `async with`; yields the running `Node`.
+
+    Args:
+        state_machine: the replicated application (default: the KV store). Every node of a
+            cluster must run the same one.
+        rng: randomness for election timeouts and reconnect jitter (default: OS-seeded).
+
+    Raises:
+        NodeError: an unsupported protocol. Storage errors (`StorageError`) propagate.
+    """
+    if config.protocol != "raft":
+        raise NodeError(f"{config.source or config.id}: the runtime runs protocol 'raft' only, "
+                        f"not {config.protocol!r}")
+    _register_codecs()
+    rng = rng if rng is not None else random.Random()
+    machine = state_machine if state_machine is not None else KvStateMachine()
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_file_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
+                                keep_checkpoints=config.checkpoint.keep)
+    replica: Replica | None = None
+    metrics_server: Any = None
+    try:
+        if storage.wal.recovery.torn_path is not None:
+            logger.warning("%s: cut a torn WAL tail in %s (%s)", config.id,
+                           storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
+        persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
+                                   checkpoints=storage.checkpoints, codec=wire.default_registry())
+        durable = persister.load()
+        for problem in durable.problems:
+            logger.warning("%s: skipped a corrupt checkpoint: %s", config.id, problem)
+        voters = tuple(NodeId(m) for m in config.members())
+        replica = Replica(
+            machine,
+            checkpoints=storage.checkpoints,
+            wal=storage.wal,
+            decode_entry=_decode_entry,
+            writer=ThreadedCheckpointWriter(storage.checkpoints),
+            policy=CheckpointPolicy(every_entries=config.checkpoint.every_entries,
+                                    every_bytes=config.checkpoint.every_bytes,
+                                    compact_lag=COMPACT_LAG),
+            config=Configuration(voters=voters),
+        )
+        # Only the checkpoint: the core re-emits the committed entries after it.
+        replica.restore_latest(replay_upto=0)
+        snapshot = None
+        if durable.snapshot is not None and durable.snapshot_data is not None:
+            snapshot = Snapshot(meta=durable.snapshot, data=durable.snapshot_data)
+        core = RaftCore(
+            RaftConfig(node_id=NodeId(config.id), voters=voters,
+                       election_ticks=config.timing.election_ticks,
+                       heartbeat_ticks=config.timing.heartbeat_ticks),
+            rng=rng,
+            restored=RaftRestoredState(hard_state=durable.hard_state or HardState(),
+                                       snapshot=snapshot, entries=durable.entries),
+        )
+        logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
+                    (durable.hard_state or HardState()).term,
+                    durable.snapshot.index if durable.snapshot else 0, len(durable.entries))
+        committer = GroupCommitter(persister, install=replica.install,
+                                   saved=durable.hard_state)
+        paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
+                                ca_certificate=config.tls.ca)
+        metrics = NodeMetrics(config.id)
+        peer_listeners = await trio.open_tcp_listeners(config.peer_listen.port,
+                                                       host=config.peer_listen.host)
+        client_listeners = await trio.open_tcp_listeners(config.client_listen.port,
+                                                         host=config.client_listen.host)
+        peers = {NodeId(p.id): PeerAddress(host=p.peer_addr.host, port=p.peer_addr.port)
+                 for p in config.peers}
+        async with open_peer_transport(
+            listeners=peer_listeners,
+            node_id=NodeId(config.id),
+            peers=peers,
+            server_context=peer_server_context(paths),
+            client_context=peer_client_context(paths),
+            encode=wire.encode,
+            decode=wire.decode,
+            decode_error=DecodeError,
+            rng=random.Random(rng.getrandbits(64)),
+        ) as transport:
+
+            def send(to: NodeId, message: Message) -> bool:
+                return transport.send_nowait(to, message)
+
+            def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
+                rs = replica.status()
+                return StatusReply(
+                    nonce=nonce, node=config.id, protocol=config.protocol, role=status.role,
+                    term=status.term, leader=status.leader, commit_index=status.commit_index,
+                    applied_index=rs.applied_index, last_checkpoint=rs.checkpoint_index,
+                    peers=tuple(sorted(p.id for p in config.peers)),
+                    connected_peers=driver.recently_heard(2 * config.timing.election_ticks),
+                    dropped_messages=sum(status.dropped.values())
+                    + driver.stats.dropped_peer_messages,
+                )
+
+            driver = Driver(core=core, replica=replica, committer=committer, send=send,
+                            tick_seconds=config.timing.tick_ms / 1000,
+                            status_reply=status_reply, observer=metrics,
+                            persist_inline=config.fsync == "off")
+            client_port = ClientPort(driver, ssl_context=client_server_context(paths),
+                                     node_id=config.id)
+            node = Node(config=config, driver=driver, transport=transport,
+                        client_port=client_port, metrics=metrics,
+                        peer_address=_bound(peer_listeners, config.peer_listen.host),
+                        client_address=_bound(client_listeners, config.client_listen.host))
+
+            def byte_counters() -> dict[str, int]:
+                t, c = transport.statistics(), client_port.stats
+                return {"peer_bytes_in": t.bytes_in, "peer_bytes_out": t.bytes_out,
+                        "client_bytes_in": c.bytes_in, "client_bytes_out": c.bytes_out,
+                        "peer_queue_drops": t.queue_full_drops}
+
+            metrics.add_byte_source(byte_counters)
+            if config.metrics_listen is not None:
+                metrics_server, node.metrics_port = serve_metrics(
+                    metrics.registry, config.metrics_listen.host, config.metrics_listen.port)
+
+            async def forward() -> None:
+                async for src, message in transport.inbound:
+                    await driver.deliver(src, message)
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(driver.run)
+                nursery.start_soon(forward)
+                await nursery.start(client_port.serve, client_listeners)
+                logger.info("%s: serving peers on %s, clients on %s", config.id,
+                            node.peer_address, node.client_address)
+                try:
+                    yield node
+                finally:
+                    nursery.cancel_scope.cancel()
+            driver.flush_on_shutdown()
+            logger.info("%s: stopped", config.id)
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        if replica is not None:
+            replica.close()
+        storage.close()
+
+
+async def serve_node(
+    config: NodeConfig,
+    *,
+    state_machine: StateMachine | None = None,
+    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run node `config` until cancelled; `task_status.started(node)` once it is serving.
+
+    Example::
+
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(serve_node, config)
+    """
+    async with open_node(config, state_machine=state_machine) as node:
+        task_status.started(node)
+        await trio.sleep_forever()
