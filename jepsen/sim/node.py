@@ -41,10 +41,9 @@ from phalanx.consensus.core import (
 from phalanx.consensus.types import ClientRequest, Message, NodeId
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.persistence import Codec, DurableState, ReadyPersister
 from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
-
-from phalanx.persistence import Codec, DurableState, ReadyPersister
 
 CoreFactory = Callable[[str, DurableState, random.Random], Core]
 ReplicaFactory = Callable[[str, Storage, DurableState], Replica]

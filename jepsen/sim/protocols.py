@@ -24,9 +24,8 @@ from phalanx.consensus.raft.messages import RAFT_MESSAGES
 from phalanx.consensus.types import Configuration, Entry, HardState, NodeId
 from phalanx.net import wire
 from phalanx.net.codec import Registry
-from phalanx.storage.files import Storage
-
 from phalanx.persistence import DurableState
+from phalanx.storage.files import Storage
 
 PROTOCOLS: tuple[str, ...] = ("raft",)
 

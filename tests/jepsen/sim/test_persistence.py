@@ -6,6 +6,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from phalanx.consensus.core import Ready, Snapshot
 from phalanx.consensus.types import (
     ClientRequest,
@@ -17,10 +18,9 @@ from phalanx.consensus.types import (
     SnapshotMeta,
 )
 from phalanx.net import wire
+from phalanx.persistence import ReadyPersister
 from phalanx.storage.interface import Checkpoint
 from phalanx.storage.memory import MemoryDisk
-
-from phalanx.persistence import ReadyPersister
 
 CONFIG = Configuration(voters=(NodeId("n1"), NodeId("n2"), NodeId("n3")))
 

@@ -8,6 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
