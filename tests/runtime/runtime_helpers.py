@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
+
 from phalanx import pki
 from phalanx.config import (
     Address,
@@ -112,9 +113,10 @@ class RawClient:
         await trio.aclose_forcefully(self.stream)
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0,
+async def wait_for(predicate: Callable[[], bool], *, within: float = 10.0,
                    what: str = "condition") -> None:
-    """Poll `predicate` until true (deterministic wait with a deadline, no fixed sleeps)."""
-    with trio.fail_after(timeout):
-        while not predicate():
+    """Poll `predicate` until true: a deterministic wait with a deadline, not a fixed sleep
+    (the state it watches lives in other tasks' objects, so there is no event to wait on)."""
+    with trio.fail_after(within):
+        while not predicate():  # noqa: ASYNC110
             await trio.sleep(0.005)

@@ -1,0 +1,211 @@
+"""An in-process 3-node Raft cluster over real TLS sockets: election, client calls, redirects,
+reads, status, malformed client input, reconnect after a node restart, exactly-once across a
+leader crash."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import trio
+import trio.lowlevel
+from runtime_helpers import RawClient, make_cluster, wait_for
+
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import CasResult, CompareAndSet, Get, Put, Value
+from phalanx.config import NodeConfig
+from phalanx.consensus.types import ClientRequest
+from phalanx.net.client_protocol import (
+    ClientCall,
+    ClientReply,
+    ReadConsistency,
+    ReplyStatus,
+    StatusCall,
+    StatusReply,
+)
+from phalanx.node import Node, open_node
+
+
+def put(client_id: str, n: int, key: str, value: bytes) -> ClientCall:
+    command = kv_wire.encode_command(Put(key=key, value=value))
+    return ClientCall(request=ClientRequest(client_id=client_id, request_no=n, command=command))
+
+
+def cas(client_id: str, n: int, key: str, expected: bytes, new: bytes) -> ClientCall:
+    command = kv_wire.encode_command(CompareAndSet(key=key, expected=expected, new=new))
+    return ClientCall(request=ClientRequest(client_id=client_id, request_no=n, command=command))
+
+
+def get(client_id: str, n: int, key: str, *, stale: bool = False) -> ClientCall:
+    return ClientCall(
+        request=ClientRequest(client_id=client_id, request_no=n, read_only=True,
+                              command=kv_wire.encode_command(Get(key=key))),
+        consistency=ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE,
+    )
+
+
+class Cluster:
+    def __init__(self, configs: list[NodeConfig], nursery: trio.Nursery) -> None:
+        self.configs = {c.id: c for c in configs}
+        self.nursery = nursery
+        self.nodes: dict[str, Node] = {}
+        self.scopes: dict[str, trio.CancelScope] = {}
+
+    async def start(self, node_id: str) -> Node:
+        config = self.configs[node_id]
+
+        async def run(task_status: trio.TaskStatus[Node]) -> None:
+            with trio.CancelScope() as scope:
+                self.scopes[node_id] = scope
+                async with open_node(config) as node:
+                    task_status.started(node)
+                    await trio.sleep_forever()
+
+        node = await self.nursery.start(run)
+        self.nodes[node_id] = node
+        return node
+
+    async def stop(self, node_id: str) -> None:
+        self.scopes.pop(node_id).cancel()
+        del self.nodes[node_id]
+        await trio.lowlevel.checkpoint()
+
+    def leaders(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.core_status().role == "leader"]
+
+    async def leader(self) -> Node:
+        def one_leader() -> bool:
+            leaders = self.leaders()
+            return len(leaders) == 1 and all(
+                n.core_status().leader == leaders[0].id for n in self.nodes.values())
+
+        await wait_for(one_leader, what="a single agreed leader")
+        return self.leaders()[0]
+
+    async def client(self, node: Node) -> RawClient:
+        return await RawClient.connect(node.client_address, node.config.tls.ca)
+
+
+@contextlib.asynccontextmanager
+async def cluster(root: Path, **kw: object) -> AsyncIterator[Cluster]:
+    configs = make_cluster(root, **kw)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        c = Cluster(configs, nursery)
+        for config in configs:
+            await c.start(config.id)
+        try:
+            yield c
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def call(client: RawClient, message: ClientCall) -> ClientReply:
+    await client.send(message)
+    reply = await client.receive()
+    assert isinstance(reply, ClientReply)
+    return reply
+
+
+async def test_elects_serves_redirects_and_reports_status(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        leader = await c.leader()
+        client = await c.client(leader)
+        reply = await call(client, put("c1", 1, "k", b"v1"))
+        assert reply.status is ReplyStatus.OK, reply
+        assert reply.replica == leader.id
+        # A linearizable read at the leader sees it.
+        reply = await call(client, get("c1", 2, "k"))
+        assert reply.status is ReplyStatus.OK
+        assert kv_wire.decode_result(reply.result) == Value(value=b"v1")
+        # A follower redirects writes to the leader...
+        follower = next(n for n in c.nodes.values() if n.id != leader.id)
+        fclient = await c.client(follower)
+        reply = await call(fclient, put("c2", 1, "k", b"v2"))
+        assert reply.status is ReplyStatus.REDIRECT
+        assert reply.leader_hint == leader.id
+        # ... and serves stale reads from its applied state once it has applied the write.
+        await wait_for(lambda: follower.replica.applied_index >= leader.replica.applied_index)
+        reply = await call(fclient, get("c2", 2, "k", stale=True))
+        assert reply.status is ReplyStatus.OK
+        assert kv_wire.decode_result(reply.result) == Value(value=b"v1")
+        # Status over the client port.
+        await fclient.send(StatusCall(nonce=7))
+        status = await fclient.receive()
+        assert isinstance(status, StatusReply)
+        assert status.nonce == 7
+        assert status.node == follower.id
+        assert status.role == "follower"
+        assert status.leader == leader.id
+        assert status.applied_index >= 2
+        assert status.peers == tuple(
+            sorted(i for i in c.nodes if i != follower.id))
+        # Pipelining: many calls in flight on one connection, all answered.
+        for n in range(3, 43):
+            await client.send(put("c1", n, f"p{n}", b"x"))
+        replies = [await client.receive() for _ in range(40)]
+        assert sorted(r.request_no for r in replies if isinstance(r, ClientReply)
+                      and r.status is ReplyStatus.OK) == list(range(3, 43))
+        stats = leader.statistics()
+        assert stats.fsyncs >= 1
+        assert stats.driver.applied_entries >= 42
+        assert stats.transport.bytes_out > 0
+        await client.aclose()
+        await fclient.aclose()
+
+
+async def test_malformed_client_frames_close_only_that_connection(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        leader = await c.leader()
+        good = await c.client(leader)
+        bad = await c.client(leader)
+        oversized = await c.client(leader)
+        await bad.send_raw(b"\x00\x00\x00\x03abc")  # a frame that is not a codec message
+        await oversized.send_raw(b"\xff\xff\xff\xff")  # a length beyond max_frame_size
+        for conn in (bad, oversized):
+            with trio.fail_after(5):
+                try:
+                    await conn.receive()
+                except EOFError:
+                    pass
+                else:
+                    raise AssertionError("the node answered a malformed frame")
+        stats = leader.client_port.stats
+        assert stats.malformed_frames == 1
+        assert stats.oversized_frames == 1
+        reply = await call(good, put("c", 1, "k", b"v"))
+        assert reply.status is ReplyStatus.OK
+
+
+async def test_exactly_once_retry_across_leader_crash(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        leader = await c.leader()
+        client = await c.client(leader)
+        assert (await call(client, put("once", 1, "counter", b"a"))).status is ReplyStatus.OK
+        # Request 2, a compare-and-set a -> b (applying it twice would fail the second time),
+        # is sent; the leader dies before we read the answer.
+        await client.send(cas("once", 2, "counter", b"a", b"b"))
+        await wait_for(lambda: all(n.replica.session("once") is not None
+                                   and n.replica.session("once").request_no == 2  # type: ignore[union-attr]
+                                   for n in c.nodes.values()), what="request 2 replicated")
+        old = leader.id
+        await c.stop(old)
+        new = await c.leader()
+        assert new.id != old
+        nclient = await c.client(new)
+        # The retry carries the same ids: it is appended again, committed, and answered from
+        # the session table with the FIRST application's result (a successful swap).
+        applied_before = new.replica.applied_index
+        reply = await call(nclient, cas("once", 2, "counter", b"a", b"b"))
+        assert reply.status is ReplyStatus.OK
+        assert kv_wire.decode_result(reply.result) == CasResult(succeeded=True, current=b"b")
+        assert new.replica.applied_index > applied_before  # it went through the log
+        reply = await call(nclient, get("reader", 1, "counter"))
+        assert kv_wire.decode_result(reply.result) == Value(value=b"b")
+        # The old leader restarts from disk, reconnects and catches up.
+        await c.start(old)
+        restarted = c.nodes[old]
+        await wait_for(lambda: restarted.replica.applied_index >= new.replica.applied_index,
+                       what="restarted node catches up")
+        assert restarted.replica.session("once") == new.replica.session("once")
+        assert new.statistics().transport.outbound_established >= 2
