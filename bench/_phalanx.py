@@ -1,0 +1,263 @@
+"""phalanx side of `bench/kv.py`: a 3-node cluster of real processes and the client adapter.
+
+Owns: making a cluster directory (`phalanx.cluster.init_cluster`, fsync "group", default
+timing), running one node process per node (`python -m phalanx node run CONFIG`, or this
+file's own `node` mode when the CLI subcommand is not wired yet; both call
+`phalanx.node.serve_node` with the same config), one shared `phalanx.client.Client` for all
+closed-loop writers (it pipelines any number of concurrent calls over one TLS connection per
+node), leader failover trials and the RSS-at-N-keys phase.
+
+Must not be imported by the package. Loopback only (`init_cluster` binds 127.0.0.1).
+Invariant: every process started here is stopped through `NodeProcesses` by its pid.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+from _failover import failover_trial
+from _loadgen import Writer, make_value, proc_rss_bytes
+
+from phalanx.client import Client, ClientError, open_client
+from phalanx.cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
+from phalanx.config import ClusterConfig
+
+Log = Callable[[str], None]
+
+
+class PhalanxUnavailable(RuntimeError):
+    """The phalanx cluster could not be set up or stopped answering."""
+
+
+class PhalanxPutError(RuntimeError):
+    """A put failed (wraps `phalanx.client.ClientError` for the load generator's count)."""
+
+
+def _cli_has_node_run() -> bool:
+    out = subprocess.run(
+        [sys.executable, "-m", "phalanx", "node", "run", "--help"],
+        capture_output=True, check=False, timeout=60,
+    )
+    return out.returncode == 0
+
+
+def _bench_node_command(config_path: Path) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "node", str(config_path)]
+
+
+class _SharedClientWriter:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        try:
+            await self._client.put(key.decode(), value)
+        except ClientError as e:
+            raise PhalanxPutError(f"{type(e).__name__}: {e}") from None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class PhalanxCluster:
+    """Three phalanx node processes on loopback plus one shared client."""
+
+    name = "phalanx"
+
+    def __init__(self, *, protocol: str, workdir: str | None, nodes: int = 3) -> None:
+        self._own_dir = workdir is None
+        parent = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
+        self.directory = parent / f"cluster-{protocol}"
+        try:
+            self.config: ClusterConfig = init_cluster(
+                self.directory, protocol=protocol, nodes=nodes,
+                base_port=find_free_base_port(nodes), fsync="group",
+            )
+        except ClusterError as e:
+            raise PhalanxUnavailable(f"cluster init failed: {e}") from None
+        command = None if _cli_has_node_run() else _bench_node_command
+        self.runner = "phalanx node run" if command is None else "bench/_phalanx.py node"
+        self.procs = (
+            NodeProcesses(self.config) if command is None
+            else NodeProcesses(self.config, command=command)
+        )
+        self._client: Client | None = None
+
+    def start(self) -> None:
+        self.procs.start()
+
+    def stop(self) -> None:
+        self.procs.stop(grace=10.0)
+        if self._own_dir:
+            shutil.rmtree(self.directory.parent, ignore_errors=True)
+
+    def server_pids(self) -> Sequence[int]:
+        return [p for n in self.procs.node_ids if (p := self.procs.pid(n)) is not None]
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise RuntimeError("PhalanxCluster.client outside `connected()`")
+        return self._client
+
+    @asynccontextmanager
+    async def connected(self) -> AsyncIterator[Client]:
+        async with open_client(self.config) as client:
+            self._client = client
+            try:
+                yield client
+            finally:
+                self._client = None
+
+    async def open_writer(self, index: int) -> Writer:
+        return _SharedClientWriter(self.client)
+
+    def _check_alive(self) -> None:
+        dead = self.procs.exited()
+        if dead:
+            logs = {n: self.procs.log_path(n) for n in dead}
+            tails = "; ".join(
+                f"{n} exited {code}: "
+                + (logs[n].read_text(errors="replace")[-800:] if logs[n].exists() else "")
+                for n, code in dead.items()
+            )
+            raise PhalanxUnavailable(tails)
+
+    async def leader(self) -> str | None:
+        """The node every running node names as leader, if they agree."""
+        named: set[str] = set()
+        for node in self.procs.node_ids:
+            if self.procs.pid(node) is None:
+                continue
+            try:
+                with trio.move_on_after(1.0) as scope:
+                    reply = await self.client.status(node)
+            except ClientError:
+                return None
+            if scope.cancelled_caught or reply.leader is None:
+                return None
+            named.add(reply.leader)
+        return named.pop() if len(named) == 1 else None
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> str:
+        """Wait for an agreed leader and one acknowledged write; return the leader id."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            lead = await self.leader()
+            if lead is not None:
+                try:
+                    with trio.fail_after(5):
+                        await self.client.put("bench-ready", b"1")
+                    return lead
+                except (ClientError, trio.TooSlowError):
+                    pass
+            await trio.sleep(0.1)
+        raise PhalanxUnavailable(f"no leader / no acknowledged write after {timeout_s} s")
+
+
+async def phalanx_failover(cluster: PhalanxCluster, *, trials: int, log: Log) -> list[float]:
+    """SIGKILL the leader `trials` times (restarting it in between); seconds per trial."""
+    times: list[float] = []
+    writer = _SharedClientWriter(cluster.client)
+    for trial in range(trials):
+        leader = await cluster.wait_ready()
+
+        def kill(node: str = leader) -> None:
+            cluster.procs.kill(node)
+
+        took = await failover_trial(writer.put, kill, prefix=f"fo{trial}-")
+        log(f"phalanx failover trial {trial + 1}: killed {leader}, first ack after "
+            f"{took * 1e3:.0f} ms")
+        times.append(took)
+        cluster.procs.start([leader])
+    await cluster.wait_ready()
+    return times
+
+
+async def phalanx_rss(
+    cluster: PhalanxCluster, *, keys: int, value_size: int, log: Log, concurrency: int = 512
+) -> dict[str, float]:
+    """Load `keys` distinct keys through the client (pipelined), then read every node's RSS."""
+    value = make_value(value_size)
+    width = len(str(keys - 1))
+    next_key = [0]
+    raw = [0]
+    errors = [0]
+    t0 = time.perf_counter()
+    client = cluster.client
+
+    async def loader() -> None:
+        while next_key[0] < keys:
+            i = next_key[0]
+            next_key[0] += 1
+            key = f"k{i:0{width}d}"
+            while True:
+                try:
+                    await client.put(key, value)
+                    break
+                except ClientError:
+                    errors[0] += 1
+                    if errors[0] > 1000:
+                        raise PhalanxUnavailable("RSS load: over 1000 failed puts") from None
+                    await trio.sleep(0.05)
+            raw[0] += len(key.encode()) + len(value)
+            if i and i % 100_000 == 0:
+                rate = i / (time.perf_counter() - t0)
+                rss = max((proc_rss_bytes(p) for p in cluster.server_pids()), default=0)
+                log(f"  RSS load: {i:,} keys ({rate:,.0f}/s), max node RSS {rss / 2**20:,.0f} MiB")
+
+    log(f"phalanx: loading {keys:,} keys with {concurrency} pipelined writers for the RSS phase")
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(loader)
+    load_s = time.perf_counter() - t0
+    await trio.sleep(2.0)  # let followers apply the tail and checkpoints settle
+    out: dict[str, float] = {
+        "keys": float(keys), "raw_bytes": float(raw[0]), "load_s": load_s,
+        "load_errors": float(errors[0]),
+    }
+    for node in cluster.procs.node_ids:
+        pid = cluster.procs.pid(node)
+        out[f"rss_{node}"] = float(proc_rss_bytes(pid)) if pid is not None else math.nan
+    out["max_rss"] = max(v for k, v in out.items() if k.startswith("rss_"))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Fallback node runner (used only while `phalanx node run` is not wired into the CLI)
+
+
+def _node_main(config_path: str) -> int:
+    import signal
+
+    from phalanx.config import load_node_config
+    from phalanx.node import serve_node
+
+    config = load_node_config(config_path)
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve_node, config)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(run)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "node":
+        sys.exit("usage: _phalanx.py node CONFIG (started by bench/kv.py)")
+    sys.exit(_node_main(sys.argv[2]))
