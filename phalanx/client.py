@@ -1,0 +1,766 @@
+"""The client library: `Client`, an async (trio) handle on a phalanx cluster, and its errors.
+
+This module owns the client side of `phalanx.net.client_protocol`: one lazily dialled TLS
+connection per node, pipelining, leader discovery, retries, deadlines, PBFT reply matching
+and the typed KV helpers. `phalanx.client_sync.SyncClient` wraps it for non-async programs.
+
+Must not import: consensus cores (except the pure `pbft.client.ReplyCollector`), storage, the
+runtime (`phalanx.node`), the CLI. Never pickles.
+
+Connections. Each node has one slot. The first send to a node starts one task in the
+client's nursery that dials it (TCP with TCP_NODELAY, TLS 1.3), checks that the server's
+certificate names that node id (`pki.node_id_from_peercert`, unless `verify_node_ids` is
+off), then runs a reader (frames -> replies, dispatched by request number) and a writer (all
+queued frames coalesced into one `send_all`). Any number of concurrent calls share it. When
+the connection fails or the dial fails, every call waiting on that node is told at once,
+and the next send dials again.
+
+Sessions and exactly-once. The replica layer keeps ONE session per client id: a write
+(client_id, n) runs iff n exceeds the session's last number, n equal to it gets the cached
+reply, and a smaller n is refused as expired. Pipelined writes under one id could therefore
+refuse each other. So a `Client` writes through *lanes*: sub-sessions ``<client_id>#<k>``,
+each with at most one write in flight; a lane is reused (lowest first) once its call ends.
+Request numbers come from one per-client counter, so they increase on every lane and are
+unique within the client (replies are matched by number, then checked against the lane id).
+A retry — after a redirect, a RETRY, a lost connection or an attempt timeout — resends the
+SAME encoded frame, so the replica's session table applies the write at most once.
+
+Outcomes (what each error promises):
+- returns: the command took effect exactly once (reads: a value the read observed).
+- `RequestRejected` (and its `KvCommandError`): certainly had no effect.
+- `ClientTimeout`: the overall deadline passed; the command MAY OR MAY NOT have taken
+  effect, now or later (a history checker records it as indeterminate, ``info``).
+- `ClientClosed`: the client was closed; as indeterminate as a timeout.
+
+Raft mode: requests go to the node believed to lead; REDIRECT hints are followed at once;
+RETRY, failures and attempt timeouts rotate to the next node after a jittered backoff.
+PBFT mode: each request goes to every replica and is accepted once f+1 distinct replicas
+(identified by their certificates, not by what they claim) return the same status and
+result (Castro-Liskov §4.1); a replica that equivocates or lies is outvoted.
+
+Not deterministic and not run by the simulator: it uses the real clock and a private
+`random.Random` for backoff jitter.
+"""
+
+from __future__ import annotations
+
+import random
+import ssl
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypedDict, TypeVar, Unpack
+
+import trio
+
+from phalanx import pki
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import (
+    CasResult,
+    CompareAndSet,
+    Delete,
+    Deleted,
+    Done,
+    Get,
+    KvCommand,
+    KvError,
+    KvErrorCode,
+    KvResult,
+    Put,
+    Scan,
+    ScanResult,
+    Value,
+)
+from phalanx.config import ClusterConfig, load_cluster_config
+from phalanx.consensus.pbft.client import ReplyCollector
+from phalanx.consensus.types import ClientRequest, NodeId
+from phalanx.net import client_protocol, wire
+from phalanx.net.client_protocol import (
+    ClientCall,
+    ClientReply,
+    ReadConsistency,
+    ReplyStatus,
+    StatusCall,
+    StatusReply,
+)
+from phalanx.net.codec import DecodeError
+from phalanx.net.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
+from phalanx.net.transport import Backoff
+
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "ClientError",
+    "ClientStatistics",
+    "ClientTimeout",
+    "KvCommandError",
+    "NodeAddress",
+    "ProtocolViolation",
+    "RequestRejected",
+    "open_client",
+]
+
+client_protocol.register()
+
+NodeAddress = tuple[str, str, int]
+"""``(node_id, host, port)`` of a node's client port."""
+
+RECEIVE_CHUNK = 64 * 1024
+_M = TypeVar("_M", ClientReply, StatusReply)
+_K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult)
+
+
+class ClientError(Exception):
+    """Base class of every error this module raises for a call."""
+
+
+class ClientTimeout(ClientError, TimeoutError):
+    """The operation's deadline passed. It MAY OR MAY NOT have taken effect (indeterminate)."""
+
+    def __init__(self, message: str, *, last_error: str | None = None) -> None:
+        super().__init__(message if last_error is None else f"{message} (last: {last_error})")
+        self.last_error = last_error
+
+
+class ClientClosed(ClientError):
+    """The client was closed while (or before) the call ran. Indeterminate, like a timeout."""
+
+
+class RequestRejected(ClientError):
+    """A node refused the request as invalid (`ReplyStatus.ERROR`). It certainly had no effect."""
+
+    def __init__(self, message: str, *, replica: str | None = None) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+class KvCommandError(RequestRejected):
+    """The KV state machine refused the command (a `KvError` result). It had no effect."""
+
+    def __init__(self, error: KvError) -> None:
+        super().__init__(f"{error.code.name}: {error.message}")
+        self.code: KvErrorCode = error.code
+
+
+class ProtocolViolation(ClientError):
+    """A reply's result is not what the command can produce (a buggy or faulty server)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ClientStatistics:
+    """Counters since the client opened (a snapshot: `Client.statistics()` copies them)."""
+
+    calls: int = 0
+    retries: int = 0
+    redirects: int = 0
+    timeouts: int = 0
+    connections_opened: int = 0
+    connection_failures: int = 0
+    replies_dropped: int = 0
+    """Replies for no live call, for another client, or undecodable (connection closed)."""
+
+
+_LOST = None  # a call's inbox item for "the connection to that node failed"
+
+
+class _Call(Generic[_M]):
+    """One request in flight: an inbox of (node, reply-or-_LOST) filled by the readers."""
+
+    __slots__ = ("_event", "client_id", "inbox", "request_no")
+
+    def __init__(self, client_id: str, request_no: int) -> None:
+        self.client_id = client_id
+        self.request_no = request_no
+        self.inbox: deque[tuple[str, _M | None]] = deque()
+        self._event: trio.Event | None = None
+
+    def push(self, node: str, reply: _M | None) -> None:
+        self.inbox.append((node, reply))
+        if self._event is not None:
+            self._event.set()
+
+    async def next(self) -> tuple[str, _M | None]:
+        if not self.inbox:
+            self._event = trio.Event()
+            await self._event.wait()
+        return self.inbox.popleft()
+
+
+class _Slot:
+    """One node: its address, its connection (if any) and what waits on it."""
+
+    __slots__ = ("calls", "connected", "host", "node_id", "outbox", "port", "running",
+                 "statuses", "wake")
+
+    def __init__(self, node_id: str, host: str, port: int) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.running = False  # a connection task exists (dialling or connected)
+        self.connected = False
+        self.outbox: list[bytes] = []
+        self.wake = trio.Event()
+        # Invariant: every call/status here was sent (or queued) on the current connection.
+        self.calls: dict[int, _Call[ClientReply]] = {}
+        self.statuses: dict[int, _Call[StatusReply]] = {}
+
+
+def _normalise_nodes(nodes: Sequence[NodeAddress]) -> dict[str, _Slot]:
+    slots: dict[str, _Slot] = {}
+    for entry in nodes:
+        node_id, host, port = entry
+        pki.validate_name(node_id)
+        if node_id in slots:
+            raise ValueError(f"node {node_id!r} listed twice")
+        slots[node_id] = _Slot(node_id, host, int(port))
+    if not slots:
+        raise ValueError("a client needs at least one node")
+    return slots
+
+
+class Client:
+    """An async handle on a phalanx cluster. Open it with `open_client` / `Client.connect`.
+
+    Concurrency: any number of tasks may call it at once; calls are pipelined over one
+    connection per node.
+
+    Deadlines: every call ends by `timeout` seconds (the attribute; assignable) with
+    `ClientTimeout`. For a shorter bound on one call, use trio's own cancel scopes
+    (``with trio.fail_after(0.5): await client.put(...)``): the outcome of a cancelled write
+    is as indeterminate as a timed-out one.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeAddress],
+        *,
+        ssl_context: ssl.SSLContext,
+        protocol: str = "raft",
+        client_id: str | None = None,
+        timeout: float = 5.0,
+        attempt_timeout: float = 1.0,
+        backoff: Backoff | None = None,
+        verify_node_ids: bool = True,
+        rng: random.Random | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        if protocol not in ("raft", "pbft"):
+            raise ValueError(f"protocol must be 'raft' or 'pbft', got {protocol!r}")
+        if not (timeout > 0 and attempt_timeout > 0):
+            raise ValueError("timeout and attempt_timeout must be > 0")
+        self._nursery: trio.Nursery | None = None  # set by open_client
+        self._slots = _normalise_nodes(nodes)
+        self._order = tuple(self._slots)
+        self._ssl_context = ssl_context
+        self.protocol = protocol
+        self.client_id = uuid.uuid4().hex if client_id is None else client_id
+        self.timeout = timeout
+        self.attempt_timeout = attempt_timeout
+        self._backoff = backoff or Backoff(base=0.02, cap=1.0)
+        self._verify_node_ids = verify_node_ids
+        self._rng = rng or random.Random()
+        self._max_frame_size = max_frame_size
+        self._leader: str = self._order[self._rng.randrange(len(self._order))]
+        self._next_request_no = 1
+        self._next_nonce = 1
+        self._free_lanes: list[int] = []  # a min-heap would do; lanes are few, keep a sorted list
+        self._lane_count = 0
+        self._closed = False
+        self._stats = ClientStatistics()
+
+    # ------------------------------------------------------------------ opening
+
+    @staticmethod
+    def connect(
+        cluster: ClusterConfig | str | Path | Sequence[NodeAddress],
+        **options: Unpack[ClientOptions],
+    ) -> AbstractAsyncContextManager[Client]:
+        """``async with Client.connect(cluster_dir) as client:`` — the same as `open_client`."""
+        return open_client(cluster, **options)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self._order
+
+    @property
+    def leader(self) -> str:
+        """The node this client currently sends to first (its belief about the leader)."""
+        return self._leader
+
+    def statistics(self) -> ClientStatistics:
+        s = self._stats
+        return ClientStatistics(
+            calls=s.calls, retries=s.retries, redirects=s.redirects, timeouts=s.timeouts,
+            connections_opened=s.connections_opened,
+            connection_failures=s.connection_failures, replies_dropped=s.replies_dropped,
+        )
+
+    def _close(self) -> None:
+        self._closed = True
+        for slot in self._slots.values():
+            self._fail_slot(slot)
+
+    # ------------------------------------------------------------------ the core call
+
+    async def call(
+        self,
+        command: bytes,
+        *,
+        read_only: bool = False,
+        consistency: ReadConsistency = ReadConsistency.LINEARIZABLE,
+    ) -> bytes:
+        """Submit one encoded application command and return its encoded result.
+
+        Writes are applied exactly once if this returns, at most once otherwise. Reads
+        (`read_only=True`) are linearizable unless `consistency` is `STALE`, which the
+        contacted node serves from its applied state (possibly behind).
+
+        Raises:
+            ClientTimeout: the deadline passed; the command may or may not have taken effect.
+            RequestRejected: the cluster refused it; it had no effect.
+            ClientClosed: the client was closed.
+        """
+        if self._closed:
+            raise ClientClosed("client is closed")
+        if consistency is ReadConsistency.STALE and not read_only:
+            raise ValueError("STALE consistency only applies to read_only calls")
+        deadline = trio.current_time() + self.timeout
+        lane = None if read_only else self._take_lane()
+        client_id = self.client_id if lane is None else f"{self.client_id}#{lane}"
+        request_no = self._next_request_no
+        self._next_request_no += 1
+        request = ClientRequest(
+            client_id=client_id, request_no=request_no, command=command, read_only=read_only
+        )
+        # One encode per call: every retry and every replica gets these same bytes.
+        frame = encode_frame(
+            wire.encode(ClientCall(request=request, consistency=consistency)),
+            max_frame_size=self._max_frame_size,
+        )
+        call: _Call[ClientReply] = _Call(client_id, request_no)
+        self._stats.calls += 1
+        try:
+            if self.protocol == "pbft":
+                return await self._call_all(call, frame, deadline)
+            # A stale read may be answered by a follower: that says nothing about the leader.
+            learn = consistency is ReadConsistency.LINEARIZABLE
+            return await self._call_leader(call, frame, deadline, learn_leader=learn)
+        finally:
+            for slot in self._slots.values():
+                slot.calls.pop(request_no, None)
+            if lane is not None:
+                self._release_lane(lane)
+
+    def _take_lane(self) -> int:
+        if self._free_lanes:
+            return self._free_lanes.pop(0)
+        self._lane_count += 1
+        return self._lane_count - 1
+
+    def _release_lane(self, lane: int) -> None:
+        lanes = self._free_lanes
+        i = len(lanes)
+        while i > 0 and lanes[i - 1] > lane:
+            i -= 1
+        lanes.insert(i, lane)
+
+    def _timed_out(
+        self, call: _Call[ClientReply] | _Call[StatusReply], last_error: str | None
+    ) -> ClientTimeout:
+        self._stats.timeouts += 1
+        return ClientTimeout(
+            f"call {call.client_id}/{call.request_no} timed out after {self.timeout}s; "
+            "it may or may not have taken effect",
+            last_error=last_error,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("client closed during the call; outcome unknown")
+
+    async def _attempt(
+        self, call: _Call[ClientReply], target: str, until: float, *, learn_leader: bool
+    ) -> tuple[bool, bytes, str | None, str]:
+        """Wait for the attempt at `target` to end, until `until`.
+
+        Returns ``(True, result, None, "")`` on OK (from any node: a late answer to an
+        earlier attempt is as good), ``(False, b"", hint, why)`` to follow a redirect to
+        `hint`, or ``(False, b"", None, why)`` to move on to another node.
+        """
+        with trio.move_on_at(until):
+            while True:
+                node, reply = await call.next()
+                if reply is None:
+                    if node == target:
+                        return False, b"", None, f"connection to {node} lost"
+                    continue
+                if reply.status is ReplyStatus.OK:
+                    if learn_leader:
+                        self._leader = node
+                    return True, reply.result, None, ""
+                if reply.status is ReplyStatus.ERROR:
+                    raise RequestRejected(reply.message or "rejected", replica=node)
+                if node != target:
+                    continue  # a stale REDIRECT/RETRY from an earlier attempt
+                if reply.status is ReplyStatus.REDIRECT:
+                    self._stats.redirects += 1
+                    hint = reply.leader_hint
+                    return False, b"", hint, f"{node} redirected to {hint}"
+                return False, b"", None, f"{node} asked to retry: {reply.message}"
+        return False, b"", None, f"no reply from {target} within {self.attempt_timeout}s"
+
+    async def _call_leader(
+        self, call: _Call[ClientReply], frame: bytes, deadline: float, *, learn_leader: bool
+    ) -> bytes:
+        target = self._leader
+        failures = 0  # attempts that ended without progress: drives the backoff
+        redirects = 0  # redirects followed in a row without a backoff (bounded: no ping-pong)
+        last_error: str | None = None
+        while True:
+            self._check_open()
+            if trio.current_time() >= deadline:
+                raise self._timed_out(call, last_error)
+            self._send(target, call, frame)
+            until = min(deadline, trio.current_time() + self.attempt_timeout)
+            ok, result, hint, why = await self._attempt(call, target, until,
+                                                        learn_leader=learn_leader)
+            if ok:
+                return result
+            if last_error is None or trio.current_time() < deadline:
+                last_error = why  # (an attempt cut short by the deadline says nothing new)
+            self._check_open()
+            self._stats.retries += 1
+            if (hint is not None and hint in self._slots and hint != target
+                    and redirects < len(self._order)):
+                redirects += 1
+                self._leader = target = hint
+                continue
+            redirects = 0
+            target = self._order[(self._order.index(target) + 1) % len(self._order)]
+            self._leader = target
+            await self._back_off(call, failures, deadline, last_error)
+            failures += 1
+
+    async def _back_off(
+        self, call: _Call[ClientReply], attempt: int, deadline: float, last_error: str | None
+    ) -> None:
+        delay = self._backoff.delay(attempt, self._rng)
+        if trio.current_time() + delay >= deadline:
+            await trio.sleep_until(deadline)
+            raise self._timed_out(call, last_error)
+        await trio.sleep(delay)
+
+    async def _call_all(self, call: _Call[ClientReply], frame: bytes, deadline: float) -> bytes:
+        # Ref: Castro-Liskov §4.1 — the client waits for f+1 replies with the same result,
+        # from distinct replicas; the replica is who the certificate says, not the reply.
+        collector = ReplyCollector(tuple(NodeId(n) for n in self._order))
+        attempt = 0
+        last_error: str | None = None
+        while True:
+            self._check_open()
+            if trio.current_time() >= deadline:
+                raise self._timed_out(call, last_error)
+            for node in self._order:
+                self._send(node, call, frame)
+            with trio.move_on_at(min(deadline, trio.current_time() + self.attempt_timeout)):
+                while True:
+                    node, reply = await call.next()
+                    if reply is None:
+                        last_error = f"connection to {node} lost"
+                        continue
+                    if reply.status not in (ReplyStatus.OK, ReplyStatus.ERROR):
+                        last_error = f"{node}: {reply.status.name} {reply.message}"
+                        continue
+                    decided = collector.add(NodeId(node), bytes([reply.status]) + reply.result)
+                    if decided is None:
+                        continue
+                    if decided[0] == ReplyStatus.ERROR:
+                        raise RequestRejected(reply.message or "rejected", replica=node)
+                    return decided[1:]
+            self._check_open()
+            self._stats.retries += 1
+            last_error = last_error or f"fewer than {collector.needed} matching replies"
+            await self._back_off(call, attempt, deadline, last_error)
+            attempt += 1
+
+    # ------------------------------------------------------------------ status
+
+    async def status(self, node: str) -> StatusReply:
+        """Ask `node` for its `StatusReply`.
+
+        Raises:
+            ClientTimeout: no reply within the timeout (node down or unreachable).
+            KeyError: `node` is not one of this client's nodes.
+        """
+        if self._closed:
+            raise ClientClosed("client is closed")
+        slot = self._slots[node]
+        nonce = self._next_nonce
+        self._next_nonce += 1
+        waiter: _Call[StatusReply] = _Call(self.client_id, nonce)
+        slot.statuses[nonce] = waiter
+        deadline = trio.current_time() + self.timeout
+        last_error: str | None = None
+        try:
+            self._queue(slot, encode_frame(wire.encode(StatusCall(nonce=nonce))))
+            with trio.move_on_at(deadline):
+                _, reply = await waiter.next()
+                if reply is not None:
+                    return reply
+                last_error = f"connection to {node} lost"
+            self._check_open()
+            raise self._timed_out(waiter, last_error or f"no status from {node}")
+        finally:
+            slot.statuses.pop(nonce, None)
+
+    # ------------------------------------------------------------------ typed KV helpers
+
+    async def _kv(
+        self,
+        command: KvCommand,
+        expected: type[_K],
+        *,
+        read_only: bool = False,
+        stale: bool = False,
+    ) -> _K:
+        consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
+        raw = await self.call(
+            kv_wire.encode_command(command),
+            read_only=read_only,
+            consistency=consistency,
+        )
+        try:
+            result: KvResult = kv_wire.decode_result(raw)
+        except DecodeError as exc:
+            raise ProtocolViolation(f"undecodable KV result: {exc}") from None
+        if isinstance(result, KvError):
+            raise KvCommandError(result)
+        if not isinstance(result, expected):
+            raise ProtocolViolation(
+                f"{type(command).__name__} answered with {type(result).__name__}"
+            )
+        return result
+
+    async def put(self, key: str, value: bytes) -> None:
+        """Set `key` to `value`."""
+        await self._kv(Put(key=key, value=value), Done)
+
+    async def get(
+        self, key: str, *, stale: bool = False
+    ) -> bytes | None:
+        """The value of `key`, or None if absent. Linearizable unless `stale`."""
+        result = await self._kv(Get(key=key), Value, read_only=True, stale=stale)
+        return result.value
+
+    async def delete(self, key: str) -> bool:
+        """Remove `key`; True if it existed."""
+        result = await self._kv(Delete(key=key), Deleted)
+        return result.existed
+
+    async def cas_result(
+        self, key: str, expected: bytes | None, new: bytes
+    ) -> CasResult:
+        """Compare-and-set with details: whether it swapped and the value afterwards."""
+        command = CompareAndSet(key=key, expected=expected, new=new)
+        return await self._kv(command, CasResult)
+
+    async def cas(
+        self, key: str, expected: bytes | None, new: bytes
+    ) -> bool:
+        """Set `key` to `new` iff its value is `expected` (None: absent). True if it swapped."""
+        return (await self.cas_result(key, expected, new)).succeeded
+
+    async def scan(
+        self,
+        prefix: str,
+        *,
+        limit: int = 1000,
+        stale: bool = False,
+    ) -> list[tuple[str, bytes]]:
+        """Up to `limit` (key, value) pairs whose key starts with `prefix`, in key order."""
+        result = await self._kv(
+            Scan(prefix=prefix, limit=limit), ScanResult, read_only=True, stale=stale,
+        )
+        return list(result.items)
+
+    # ------------------------------------------------------------------ connections
+
+    def _send(self, node: str, call: _Call[ClientReply], frame: bytes) -> None:
+        slot = self._slots[node]
+        slot.calls[call.request_no] = call
+        self._queue(slot, frame)
+
+    def _queue(self, slot: _Slot, frame: bytes) -> None:
+        slot.outbox.append(frame)
+        slot.wake.set()
+        if not slot.running:
+            if self._nursery is None:
+                raise ClientClosed("use open_client(...) to run a Client")
+            slot.running = True
+            self._nursery.start_soon(self._run_connection, slot, name=f"client:{slot.node_id}")
+
+    def _fail_slot(self, slot: _Slot) -> None:
+        """Tell everything waiting on `slot` that its connection is gone."""
+        slot.outbox.clear()
+        calls, statuses = slot.calls, slot.statuses
+        slot.calls, slot.statuses = {}, {}
+        for call in calls.values():
+            call.push(slot.node_id, _LOST)
+        for waiter in statuses.values():
+            waiter.push(slot.node_id, _LOST)
+
+    async def _dial(self, slot: _Slot) -> trio.SSLStream[trio.SocketStream]:
+        tcp = await trio.open_tcp_stream(slot.host, slot.port)  # sets TCP_NODELAY
+        hostname = slot.host if self._ssl_context.check_hostname else None
+        tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=hostname)
+        try:
+            await tls.do_handshake()
+            if self._verify_node_ids:
+                named = pki.node_id_from_peercert(tls.getpeercert())
+                if named != slot.node_id:
+                    raise ssl.SSLError(f"{slot.host}:{slot.port} presented node {named!r}, "
+                                       f"expected {slot.node_id!r}")
+        except BaseException:
+            await trio.aclose_forcefully(tls)
+            raise
+        return tls
+
+    async def _run_connection(self, slot: _Slot) -> None:
+        tls: trio.SSLStream[trio.SocketStream] | None = None
+        try:
+            with trio.move_on_after(self.attempt_timeout):
+                tls = await self._dial(slot)
+        except (OSError, ssl.SSLError, trio.BrokenResourceError):
+            tls = None
+        if tls is None:
+            self._stats.connection_failures += 1
+            slot.running = False
+            self._fail_slot(slot)
+            return
+        self._stats.connections_opened += 1
+        slot.connected = True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, slot, tls, nursery.cancel_scope)
+                await self._read_loop(slot, tls)
+                nursery.cancel_scope.cancel()
+        finally:
+            # Fail before awaiting the close, so no call is queued onto a dying connection.
+            slot.running = slot.connected = False
+            self._fail_slot(slot)
+            await trio.aclose_forcefully(tls)
+
+    async def _write_loop(
+        self, slot: _Slot, tls: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
+    ) -> None:
+        try:
+            while True:
+                if not slot.outbox:
+                    slot.wake = trio.Event()
+                    await slot.wake.wait()
+                    continue
+                batch, slot.outbox = slot.outbox, []
+                await tls.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
+        except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._stats.connection_failures += 1
+            scope.cancel()
+
+    async def _read_loop(self, slot: _Slot, tls: trio.SSLStream[trio.SocketStream]) -> None:
+        """Dispatch replies until EOF or a broken/garbled stream (which ends the connection)."""
+        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
+        node = slot.node_id
+        try:
+            while True:
+                data = await tls.receive_some(RECEIVE_CHUNK)
+                if not data:
+                    return
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    message = wire.decode(frame)
+                    if isinstance(message, ClientReply):
+                        call = slot.calls.get(message.request_no)
+                        if call is not None and call.client_id == message.client_id:
+                            call.push(node, message)
+                            continue
+                    elif isinstance(message, StatusReply):
+                        waiter = slot.statuses.get(message.nonce)
+                        if waiter is not None:
+                            waiter.push(node, message)
+                            continue
+                    self._stats.replies_dropped += 1
+        except (DecodeError, FrameError):
+            self._stats.replies_dropped += 1
+            self._stats.connection_failures += 1
+        except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._stats.connection_failures += 1
+
+
+class ClientOptions(TypedDict, total=False):
+    """Keyword options of `open_client` (see `Client`)."""
+
+    ssl_context: ssl.SSLContext
+    protocol: str
+    client_id: str
+    timeout: float
+    attempt_timeout: float
+    backoff: Backoff
+    verify_node_ids: bool
+    rng: random.Random
+    max_frame_size: int
+
+
+@asynccontextmanager
+async def open_client(
+    cluster: ClusterConfig | str | Path | Sequence[NodeAddress],
+    **options: Unpack[ClientOptions],
+) -> AsyncIterator[Client]:
+    """Open a `Client`; connections are dialled lazily, on first use.
+
+    Args:
+        cluster: a cluster directory (or its ``cluster.toml``), a loaded `ClusterConfig`, or
+            ``(node_id, host, port)`` triples of the nodes' client ports.
+        ssl_context: required with triples; with a cluster it defaults to the cluster CA and
+            the cluster's client certificate (hostname checks off: node ids are pinned).
+        protocol: ``"raft"`` (default with triples) or ``"pbft"``; a cluster's own protocol
+            by default.
+        client_id: the session id (default: a random uuid4 hex). Two live clients must not
+            share one.
+        timeout: the default deadline of each operation, in seconds.
+        attempt_timeout: how long one node gets to answer before the call moves on (same
+            request number), and the bound on dialling a node.
+        backoff: jittered exponential delays between rotations (`net.transport.Backoff`).
+        verify_node_ids: check that each node's certificate names the node id it is
+            listed under.
+
+    Raises:
+        phalanx.config.ConfigError: the cluster directory is invalid.
+    """
+    if isinstance(cluster, str | Path):
+        cluster = load_cluster_config(cluster)
+    if isinstance(cluster, ClusterConfig):
+        nodes: list[NodeAddress] = [
+            (n.id, n.client_addr.host, n.client_addr.port) for n in cluster.nodes
+        ]
+        options.setdefault("protocol", cluster.protocol)
+        if "ssl_context" not in options:
+            options["ssl_context"] = pki.client_context(
+                cluster.ca,
+                certificate=cluster.client_cert,
+                private_key=cluster.client_key,
+                check_hostname=False,
+            )
+    else:
+        nodes = list(cluster)
+    if "ssl_context" not in options:
+        raise TypeError("open_client needs ssl_context when given node addresses")
+    client = Client(nodes, **options)  # validate before anything runs
+    async with trio.open_nursery() as nursery:
+        client._nursery = nursery
+        try:
+            yield client
+        finally:
+            client._close()
+            nursery.cancel_scope.cancel()
