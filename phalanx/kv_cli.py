@@ -1,0 +1,358 @@
+"""`phalanx kv` and `phalanx status`: the operator's view of a running cluster.
+
+Owns: the argparse wiring and output of both commands (`add_kv_command`,
+`add_status_command`), `query_status` (every node's `StatusReply`, concurrently) and
+`run_kv` (one KV command through the client library).
+
+Exit status of `phalanx kv` (for scripts):
+
+    0  success (`get` printed the value)
+    1  a negative answer: `get`/`delete` of an absent key, a `cas` whose comparison failed
+    2  usage error, or no cluster at DIR
+    3  the cluster refused the command: it certainly had no effect
+    4  no answer in time: the command MAY OR MAY NOT have taken effect
+
+`phalanx status` exits 0 when every node answered, 1 when some did not (their rows say
+``unreachable``), 2 on usage errors.
+
+Must not import: the runtime (`phalanx.node`), consensus cores, storage. Talks to nodes only
+through `phalanx.client`. Keys are UTF-8 text; values are bytes: arguments are encoded with
+the file-system encoding (so any byte survives) and values are written raw to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import (
+    CasResult,
+    CompareAndSet,
+    Delete,
+    Deleted,
+    Done,
+    Get,
+    KvCommand,
+    KvError,
+    KvResult,
+    Put,
+    Scan,
+    ScanResult,
+    Value,
+)
+from phalanx.client import ClientError, ClientTimeout, RequestRejected, open_client
+from phalanx.cluster import ClusterError, open_cluster
+from phalanx.config import ClusterConfig
+from phalanx.net.client_protocol import ReadConsistency, StatusReply
+
+EXIT_OK: Final = 0
+EXIT_NEGATIVE: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_REJECTED: Final = 3
+EXIT_UNKNOWN: Final = 4
+
+CLUSTER_ENV: Final = "PHALANX_CLUSTER"
+DEFAULT_TIMEOUT: Final = 5.0
+
+_KV_EPILOG = f"""\
+examples:
+  phalanx kv --cluster ./demo-cluster put greeting hello
+  phalanx kv --cluster ./demo-cluster get greeting          # prints: hello
+  phalanx kv --cluster ./demo-cluster cas greeting hello bonjour
+  phalanx kv --cluster ./demo-cluster cas --if-absent counter 1
+  phalanx kv --cluster ./demo-cluster scan gr               # prints: greeting<TAB>bonjour
+  phalanx kv --cluster ./demo-cluster delete greeting
+
+--cluster defaults to ${CLUSTER_ENV}. Reads are linearizable unless --stale.
+
+exit status:
+  0  success            1  absent key / cas comparison failed
+  2  usage, no cluster  3  refused by the cluster (no effect)
+  4  timed out: the command may or may not have taken effect
+"""
+
+_STATUS_EPILOG = f"""\
+examples:
+  phalanx status --cluster ./demo-cluster
+  phalanx status --cluster ./demo-cluster --json | jq '.[] | select(.role=="leader")'
+
+--json prints a list with one object per node: node, role, term, leader, commit_index,
+applied_index, last_checkpoint, peers, connected_peers, dropped_messages (role
+"unreachable" and an "error" for a node that did not answer). --cluster defaults to
+${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
+"""
+
+
+def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster", metavar="DIR", default=os.environ.get(CLUSTER_ENV),
+        help=f"the cluster directory (default: ${CLUSTER_ENV})",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help="give up after this long (default: %(default)s)",
+    )
+
+
+def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``phalanx kv put|get|delete|cas|scan`` on `subparsers`."""
+    kv = subparsers.add_parser(
+        "kv", help="read and write keys of a running cluster",
+        description="Run one key-value command against a running cluster.",
+        epilog=_KV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_cluster_option(kv)
+    sub = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
+    put = sub.add_parser("put", help="set KEY to VALUE")
+    put.add_argument("key", metavar="KEY")
+    put.add_argument("value", metavar="VALUE")
+    get = sub.add_parser("get", help="print the value of KEY (exit 1 if absent)")
+    get.add_argument("key", metavar="KEY")
+    get.add_argument("--stale", action="store_true",
+                     help="read from one node's applied state, possibly behind (faster)")
+    delete = sub.add_parser("delete", help="remove KEY (exit 1 if it was absent)")
+    delete.add_argument("key", metavar="KEY")
+    cas = sub.add_parser(
+        "cas", help="set KEY to NEW iff it holds OLD (exit 1 if not)",
+        description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.",
+    )
+    cas.add_argument("--if-absent", action="store_true",
+                     help="succeed only if KEY is absent (then give KEY NEW)")
+    cas.add_argument("key", metavar="KEY")
+    cas.add_argument("values", metavar="OLD NEW", nargs="+")
+    scan = sub.add_parser("scan", help="print KEY<TAB>VALUE lines for keys starting with PREFIX")
+    scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="")
+    scan.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    for p in (put, get, delete, cas, scan):
+        p.set_defaults(handler=_kv_main)
+
+
+def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``phalanx status`` on `subparsers`."""
+    status = subparsers.add_parser(
+        "status", help="show every node's role, term, commit and applied index",
+        description="Ask every node of a cluster for its status.",
+        epilog=_STATUS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_cluster_option(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(handler=_status_main)
+
+
+# --------------------------------------------------------------------------------------------
+# kv
+
+
+def _bytes(text: str) -> bytes:
+    return os.fsencode(text)
+
+
+def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
+    """The KV command `args` asks for and whether it is read-only.
+
+    Raises:
+        ValueError: the arguments do not make a command (message for the operator).
+    """
+    match args.kv_command:
+        case "put":
+            return Put(key=args.key, value=_bytes(args.value)), False
+        case "get":
+            return Get(key=args.key), True
+        case "delete":
+            return Delete(key=args.key), False
+        case "cas":
+            values: list[str] = args.values
+            if args.if_absent:
+                if len(values) != 1:
+                    raise ValueError("cas --if-absent takes KEY NEW")
+                return CompareAndSet(key=args.key, expected=None, new=_bytes(values[0])), False
+            if len(values) != 2:
+                raise ValueError("cas takes KEY OLD NEW (or --if-absent KEY NEW)")
+            return CompareAndSet(
+                key=args.key, expected=_bytes(values[0]), new=_bytes(values[1])
+            ), False
+        case "scan":
+            if args.limit < 1:
+                raise ValueError("--limit must be >= 1")
+            return Scan(prefix=args.prefix, limit=args.limit), True
+    raise ValueError(f"unknown kv command {args.kv_command!r}")
+
+
+async def run_kv(
+    cluster: ClusterConfig,
+    command: KvCommand,
+    *,
+    read_only: bool,
+    stale: bool,
+    client_timeout: float,
+) -> KvResult:
+    """Send one KV command and return its decoded result (errors: see `phalanx.client`;
+    `client_timeout` is the client's deadline for the operation)."""
+    consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
+    async with open_client(cluster, timeout=client_timeout) as client:
+        raw = await client.call(
+            kv_wire.encode_command(command), read_only=read_only, consistency=consistency
+        )
+    return kv_wire.decode_result(raw)
+
+
+def _show(value: bytes | None) -> str:
+    return "(absent)" if value is None else os.fsdecode(value)
+
+
+def _print_result(command: KvCommand, result: KvResult) -> int:
+    out = sys.stdout.buffer
+    match result:
+        case KvError():
+            print(f"phalanx kv: refused: {result.message}", file=sys.stderr)
+            return EXIT_REJECTED
+        case Done():
+            return EXIT_OK
+        case Value(value=None):
+            print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
+            return EXIT_NEGATIVE
+        case Value(value=bytes() as value):
+            out.write(value + b"\n")
+            out.flush()
+            return EXIT_OK
+        case Deleted(existed=existed):
+            if not existed:
+                print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
+            return EXIT_OK if existed else EXIT_NEGATIVE
+        case CasResult(succeeded=succeeded, current=current):
+            if not succeeded:
+                print(f"phalanx kv: cas failed: current value is {_show(current)}",
+                      file=sys.stderr)
+            return EXIT_OK if succeeded else EXIT_NEGATIVE
+        case ScanResult(items=items, more=more):
+            for key, value in items:
+                out.write(os.fsencode(key) + b"\t" + value + b"\n")
+            out.flush()
+            if more:
+                print("phalanx kv: more keys match; raise --limit to see them", file=sys.stderr)
+            return EXIT_OK
+    raise TypeError(f"unexpected result {result!r}")
+
+
+def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
+    if not args.cluster:
+        print(f"{prog}: no cluster given (use --cluster DIR or set ${CLUSTER_ENV})",
+              file=sys.stderr)
+        return None
+    try:
+        return open_cluster(args.cluster)
+    except ClusterError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+
+
+def _kv_main(args: argparse.Namespace) -> int:
+    cluster = _open(args, "phalanx kv")
+    if cluster is None:
+        return EXIT_USAGE
+    try:
+        command, read_only = build_command(args)
+    except ValueError as e:
+        print(f"phalanx kv: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    stale = bool(getattr(args, "stale", False))
+    try:
+        result = trio.run(lambda: run_kv(
+            cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout))
+    except ClientTimeout as e:
+        print(f"phalanx kv: timed out, the command may or may not have taken effect: {e}",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    except RequestRejected as e:
+        print(f"phalanx kv: refused: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    except ClientError as e:
+        print(f"phalanx kv: {e}; the command may or may not have taken effect",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    return _print_result(command, result)
+
+
+# --------------------------------------------------------------------------------------------
+# status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus:
+    """One row of `phalanx status`: a node's reply, or why there is none."""
+
+    node: str
+    reply: StatusReply | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        r = self.reply
+        if r is None:
+            return {"node": self.node, "role": "unreachable", "term": None, "leader": None,
+                    "commit_index": None, "applied_index": None, "last_checkpoint": None,
+                    "peers": [], "connected_peers": [], "error": self.error}
+        return {
+            "node": self.node, "role": r.role, "term": r.term, "leader": r.leader,
+            "commit_index": r.commit_index, "applied_index": r.applied_index,
+            "last_checkpoint": r.last_checkpoint, "peers": list(r.peers),
+            "connected_peers": list(r.connected_peers), "dropped_messages": r.dropped_messages,
+            "protocol": r.protocol,
+        }
+
+
+async def query_status(cluster: ClusterConfig, *, client_timeout: float) -> list[NodeStatus]:
+    """Every node's status, asked concurrently, in cluster order (`client_timeout`: how long
+    each node gets to answer)."""
+    rows: dict[str, NodeStatus] = {}
+    async with open_client(cluster, timeout=client_timeout) as client:
+
+        async def ask(node: str) -> None:
+            try:
+                rows[node] = NodeStatus(node=node, reply=await client.status(node))
+            except ClientError as e:
+                rows[node] = NodeStatus(node=node, reply=None, error=str(e) or type(e).__name__)
+
+        async with trio.open_nursery() as nursery:
+            for n in cluster.nodes:
+                nursery.start_soon(ask, n.id)
+    return [rows[n.id] for n in cluster.nodes]
+
+
+def format_status_table(rows: Sequence[NodeStatus]) -> str:
+    """A fixed-width table, one line per node (what `phalanx status` prints)."""
+    header = ("NODE", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "CHECKPOINT", "PEERS")
+    lines: list[tuple[str, ...]] = [header]
+    for row in rows:
+        r = row.reply
+        if r is None:
+            lines.append((row.node, "unreachable", "-", "-", "-", "-", "-", row.error or ""))
+            continue
+        connected = set(r.connected_peers)
+        peers = " ".join(p if p in connected else f"{p}(down)" for p in r.peers)
+        lines.append((r.node, r.role, str(r.term), r.leader or "-", str(r.commit_index),
+                      str(r.applied_index), str(r.last_checkpoint), peers))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1]
+        for line in lines
+    ).rstrip() + "\n"
+
+
+def _status_main(args: argparse.Namespace) -> int:
+    cluster = _open(args, "phalanx status")
+    if cluster is None:
+        return EXIT_USAGE
+    rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
+    if args.json:
+        print(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        sys.stdout.write(format_status_table(rows))
+    return 0 if all(r.reply is not None for r in rows) else 1
