@@ -1,0 +1,81 @@
+"""`phalanx node run CONFIG`: run one node in the foreground until SIGINT or SIGTERM.
+
+Owns: `run_node` (load the config, run `phalanx.node.open_node`, shut down cleanly on
+SIGINT/SIGTERM and exit 0) and `add_node_command` (registers the `node` command group on the
+CLI's argparse subparsers; `phalanx.cli` wires it).
+
+Exit codes: 0 after a clean shutdown; 2 for a configuration error; 1 when the node stopped on
+an error (logged). Must not import the client library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from phalanx.config import ConfigError, NodeConfig, load_node_config
+from phalanx.node import NodeError, open_node
+
+logger = logging.getLogger(__name__)
+
+
+async def _run(config: NodeConfig) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_node(config) as node:
+            print(f"phalanx node {node.id}: peers on {node.peer_address}, clients on "
+                  f"{node.client_address}"
+                  + (f", metrics on port {node.metrics_port}" if node.metrics_port else ""),
+                  flush=True)
+            async for signum in signals:
+                logger.info("%s: %s received, shutting down", node.id,
+                            signal.Signals(signum).name)
+                break
+
+
+def run_node(config_path: str | Path) -> int:
+    """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code."""
+    try:
+        config = load_node_config(config_path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format=f"%(asctime)s {config.id} %(levelname)s %(name)s: %(message)s")
+    try:
+        trio.run(_run, config)
+    except NodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        logger.exception("%s: node stopped on an error", config.id)
+        return 1
+    return 0
+
+
+def _handle_run(args: argparse.Namespace) -> int:
+    return run_node(args.config)
+
+
+def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `phalanx node run CONFIG` on an argparse subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "node", help="run a phalanx node", description="Run a phalanx node.")
+    commands = parser.add_subparsers(dest="node_command", required=True)
+    run = commands.add_parser(
+        "run", help="run one node in the foreground (SIGINT/SIGTERM stop it cleanly)",
+        description="Run the node configured in CONFIG (DIR/nodes/<id>.toml) in the "
+        "foreground until SIGINT or SIGTERM.")
+    run.add_argument("config", metavar="CONFIG", help="the node's TOML configuration file")
+    run.set_defaults(handler=_handle_run)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(run_node(sys.argv[1]) if len(sys.argv) == 2 else 2)
