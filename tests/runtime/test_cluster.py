@@ -5,9 +5,11 @@ leader crash."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import pytest
 import trio
 import trio.lowlevel
 from runtime_helpers import RawClient, make_cluster, wait_for
@@ -15,7 +17,11 @@ from runtime_helpers import RawClient, make_cluster, wait_for
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import CasResult, CompareAndSet, Get, Put, Value
 from phalanx.config import NodeConfig
-from phalanx.consensus.types import ClientRequest
+from phalanx.consensus.core import Ready
+from phalanx.consensus.raft import AppendEntries, RequestVote
+from phalanx.consensus.types import ClientRequest, NodeId
+from phalanx.driver import Driver
+from phalanx.group_commit import GroupCommitter
 from phalanx.net.client_protocol import (
     ClientCall,
     ClientReply,
@@ -209,3 +215,53 @@ async def test_exactly_once_retry_across_leader_crash(tmp_path: Path) -> None:
                        what="restarted node catches up")
         assert restarted.replica.session("once") == new.replica.session("once")
         assert new.statistics().transport.outbound_established >= 2
+
+
+async def test_no_message_leaves_before_its_state_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow disk (every batch waits before it is written) widens the window; every message
+    a node receives must come from a sender whose term and log entries were already durable
+    when it was sent."""
+    original = GroupCommitter.persist
+    durable: dict[int, tuple[int, int]] = {}  # id(committer) -> (durable term, durable last)
+
+    def slow_persist(self: GroupCommitter, batch: Sequence[Ready]) -> bool:
+        time.sleep(0.005)
+        synced = original(self, batch)
+        durable[id(self)] = (self.saved_hard_state.term, self.persister.wal.last_index())
+        return synced
+
+    monkeypatch.setattr(GroupCommitter, "persist", slow_persist)
+    violations: list[str] = []
+    checked = [0]
+    nodes: dict[str, Node] = {}
+    original_deliver = Driver.deliver
+
+    async def checking_deliver(self: Driver, src: NodeId, message: object) -> None:
+        sender = nodes.get(src)
+        if sender is not None and isinstance(message, RequestVote | AppendEntries):
+            term, last = durable.get(id(sender.driver.committer), (0, 0))
+            pre_vote = isinstance(message, RequestVote) and message.pre_vote
+            if not pre_vote and message.term > term:
+                violations.append(f"{src} sent term {message.term} with durable term {term}")
+            if (isinstance(message, AppendEntries) and message.entries
+                    and message.entries[-1].index > last):
+                    violations.append(f"{src} sent entry {message.entries[-1].index} with "
+                                      f"durable log end {last}")
+            checked[0] += 1
+        await original_deliver(self, src, message)
+
+    monkeypatch.setattr(Driver, "deliver", checking_deliver)
+    async with cluster(tmp_path) as c:
+        nodes.update(c.nodes)
+        leader = await c.leader()
+        client = await c.client(leader)
+        for n in range(1, 21):
+            await client.send(put("c", n, f"k{n}", b"v"))
+        for _ in range(20):
+            reply = await client.receive()
+            assert isinstance(reply, ClientReply)
+            assert reply.status is ReplyStatus.OK
+    assert checked[0] > 20
+    assert violations == []
