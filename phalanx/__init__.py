@@ -3,6 +3,62 @@
 Subpackages: `phalanx.consensus` (sans-IO cores), `phalanx.storage` (WAL, checkpoints),
 `phalanx.apps` (StateMachine API, replica layer, KV), `phalanx.net` (codec),
 `phalanx.jepsen` (histories, checkers, simulator).
+
+Client library (loaded lazily, so importing a sans-IO subpackage never pulls in trio, TLS or
+the client): `Client`, `open_client`, `SyncClient` and the client errors, from
+`phalanx.client` and `phalanx.client_sync`.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Client": "phalanx.client",
+    "ClientClosed": "phalanx.client",
+    "ClientError": "phalanx.client",
+    "ClientTimeout": "phalanx.client",
+    "KvCommandError": "phalanx.client",
+    "ProtocolViolation": "phalanx.client",
+    "RequestRejected": "phalanx.client",
+    "open_client": "phalanx.client",
+    "SyncClient": "phalanx.client_sync",
+}
+
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "ClientError",
+    "ClientTimeout",
+    "KvCommandError",
+    "ProtocolViolation",
+    "RequestRejected",
+    "SyncClient",
+    "__version__",
+    "open_client",
+]
+
+if TYPE_CHECKING:
+    from phalanx.client import (
+        Client,
+        ClientClosed,
+        ClientError,
+        ClientTimeout,
+        KvCommandError,
+        ProtocolViolation,
+        RequestRejected,
+        open_client,
+    )
+    from phalanx.client_sync import SyncClient
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'phalanx' has no attribute {name!r}")
+    value: object = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

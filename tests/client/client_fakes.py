@@ -9,7 +9,7 @@ fake nodes of one fake cluster, so tests can check exactly-once application.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,7 +212,7 @@ class FakeNode:
 
 
 async def start_nodes(
-    nursery: trio.Nursery, certs: Certs, behaviours: dict[str, Behaviour],
+    nursery: trio.Nursery, certs: Certs, behaviours: Mapping[str, Behaviour],
     backend: KvBackend | None = None, *, cert_of: dict[str, str] | None = None,
 ) -> dict[str, FakeNode]:
     """Start one fake node per entry; `cert_of` lets a node present another node's cert."""

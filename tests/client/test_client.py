@@ -7,7 +7,7 @@ client timeouts used here only make the unhappy paths quick.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -55,7 +55,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 @asynccontextmanager
 async def cluster(
     certs: Certs,
-    behaviours: dict[str, Behaviour],
+    behaviours: Mapping[str, Behaviour],
     backend: KvBackend | None = None,
     *,
     cert_of: dict[str, str] | None = None,
