@@ -295,8 +295,8 @@ async def _kill_and_restart(
     if old.last_checkpoint == 0:  # so that the restart shows checkpoint + log replay
         progress.say("waiting for the leader's first checkpoint")
         with trio.move_on_after(10):
-            old = await _wait_for("a checkpoint", trio.current_time() + 10, lambda: _leader_ckpt(
-                admin, nodes))
+            old = await _wait_for("a checkpoint", trio.current_time() + 30,
+                                  lambda: _leader_ckpt(admin, nodes))
     victim = old.node
     result.killed, result.old_term = victim, old.term
     restores_before = len(_RESTORED.findall(procs.log_path(victim).read_text(errors="replace")))

@@ -1,0 +1,197 @@
+"""`phalanx kv` / `phalanx status` without a cluster: argument handling, result printing and
+exit codes, the status table and its JSON. (Against real nodes: test_cli_e2e.py.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from phalanx.apps.kv_types import (
+    CasResult,
+    CompareAndSet,
+    Deleted,
+    Done,
+    Get,
+    KvError,
+    KvErrorCode,
+    Put,
+    Scan,
+    ScanResult,
+    Value,
+)
+from phalanx.cluster import init_cluster
+from phalanx.kv_cli import (
+    EXIT_NEGATIVE,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    NodeStatus,
+    _print_result,
+    add_kv_command,
+    add_status_command,
+    build_command,
+    format_status_table,
+)
+from phalanx.net.client_protocol import StatusReply
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phalanx")
+    sub = parser.add_subparsers(dest="command")
+    add_kv_command(sub)
+    add_status_command(sub)
+    return parser
+
+
+def _kv(*argv: str) -> argparse.Namespace:
+    return _parser().parse_args(["kv", "--cluster", "somewhere", *argv])
+
+
+def test_build_command_for_every_subcommand() -> None:
+    assert build_command(_kv("put", "k", "v")) == (Put(key="k", value=b"v"), False)
+    assert build_command(_kv("get", "k")) == (Get(key="k"), True)
+    assert build_command(_kv("cas", "k", "a", "b")) == (
+        CompareAndSet(key="k", expected=b"a", new=b"b"), False)
+    assert build_command(_kv("cas", "--if-absent", "k", "b")) == (
+        CompareAndSet(key="k", expected=None, new=b"b"), False)
+    assert build_command(_kv("scan", "user/", "--limit", "7")) == (
+        Scan(prefix="user/", limit=7), True)
+    assert build_command(_kv("scan")) == (Scan(prefix="", limit=1000), True)
+    cmd, read_only = build_command(_kv("delete", "k"))
+    assert cmd.key == "k"
+    assert not read_only
+
+
+def test_values_keep_arbitrary_bytes_through_argv() -> None:
+    import os
+
+    raw = b"caf\xc3\xa9 \xff"
+    cmd, _ = build_command(_kv("put", "k", os.fsdecode(raw)))
+    assert isinstance(cmd, Put)
+    assert cmd.value == raw
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cas", "k", "only-one"], "KEY OLD NEW"),
+        (["cas", "k", "a", "b", "c"], "KEY OLD NEW"),
+        (["cas", "--if-absent", "k", "a", "b"], "--if-absent takes KEY NEW"),
+        (["scan", "p", "--limit", "0"], "--limit"),
+    ],
+)
+def test_build_command_rejects_bad_shapes(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_command(_kv(*argv))
+
+
+def _exit(command: object, result: object, capsys: pytest.CaptureFixture[bytes]) -> tuple[
+        int, bytes, bytes]:
+    code = _print_result(command, result)  # type: ignore[arg-type]
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_results_map_to_output_and_exit_codes(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    get = Get(key="k")
+    assert _exit(get, Value(value=b"hello"), capsysbinary)[:2] == (EXIT_OK, b"hello\n")
+    code, out, err = _exit(get, Value(value=None), capsysbinary)
+    assert (code, out) == (EXIT_NEGATIVE, b"")
+    assert b"not found: k" in err
+    assert _exit(Put(key="k", value=b"v"), Done(), capsysbinary) == (EXIT_OK, b"", b"")
+    assert _exit(get, Deleted(existed=True), capsysbinary)[0] == EXIT_OK
+    assert _exit(get, Deleted(existed=False), capsysbinary)[0] == EXIT_NEGATIVE
+    assert _exit(get, CasResult(succeeded=True, current=b"n"), capsysbinary)[0] == EXIT_OK
+    code, _, err = _exit(get, CasResult(succeeded=False, current=b"other"), capsysbinary)
+    assert code == EXIT_NEGATIVE
+    assert b"current value is other" in err
+    code, _, err = _exit(get, CasResult(succeeded=False, current=None), capsysbinary)
+    assert b"current value is (absent)" in err
+    code, out, err = _exit(
+        Scan(prefix="", limit=2),
+        ScanResult(items=(("a", b"1"), ("b", b"2")), more=True), capsysbinary)
+    assert (code, out) == (EXIT_OK, b"a\t1\nb\t2\n")
+    assert b"raise --limit" in err
+    code, _, err = _exit(
+        get, KvError(code=KvErrorCode.KEY_TOO_LARGE, message="key too large"), capsysbinary)
+    assert code == EXIT_REJECTED
+    assert b"key too large" in err
+
+
+def test_missing_or_absent_cluster_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PHALANX_CLUSTER", raising=False)
+    parser = _parser()
+    args = parser.parse_args(["kv", "get", "k"])
+    assert args.handler(args) == EXIT_USAGE
+    assert "no cluster given" in capsys.readouterr().err
+    args = parser.parse_args(["kv", "--cluster", str(tmp_path), "get", "k"])
+    assert args.handler(args) == EXIT_USAGE
+    assert f"no cluster at {tmp_path}" in capsys.readouterr().err
+    args = parser.parse_args(["status", "--cluster", str(tmp_path / "x")])
+    assert args.handler(args) == EXIT_USAGE
+    args = parser.parse_args(["kv", "--cluster", str(tmp_path), "cas", "k", "v"])
+    assert args.handler(args) == EXIT_USAGE
+
+
+def test_cluster_option_defaults_to_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PHALANX_CLUSTER", str(tmp_path))
+    assert _parser().parse_args(["kv", "get", "k"]).cluster == str(tmp_path)
+
+
+def test_status_against_stopped_nodes_reports_every_node_unreachable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phalanx.cluster import find_free_base_port
+
+    d = tmp_path / "c"
+    init_cluster(d, nodes=3, base_port=find_free_base_port(3))
+    args = _parser().parse_args(["status", "--cluster", str(d), "--json", "--timeout", "0.5"])
+    assert args.handler(args) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["node"] for r in rows] == ["n1", "n2", "n3"]
+    assert all(r["role"] == "unreachable" and r["term"] is None and r["error"] for r in rows)
+
+
+def _reply(node: str, role: str, connected: tuple[str, ...]) -> StatusReply:
+    return StatusReply(nonce=1, node=node, protocol="raft", role=role, term=3, leader="n1",
+                       commit_index=42, applied_index=41, last_checkpoint=40,
+                       peers=("n2", "n3") if node == "n1" else ("n1", "n3"),
+                       connected_peers=connected)
+
+
+def test_status_table_and_json() -> None:
+    rows = [
+        NodeStatus(node="n1", reply=_reply("n1", "leader", ("n2",))),
+        NodeStatus(node="n2", reply=_reply("n2", "follower", ("n1", "n3"))),
+        NodeStatus(node="n3", reply=None, error="no status from n3"),
+    ]
+    lines = format_status_table(rows).splitlines()
+    assert lines[0].split() == ["NODE", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED",
+                                "CHECKPOINT", "PEERS"]
+    assert lines[1].split() == ["n1", "leader", "3", "n1", "42", "41", "40", "n2", "n3(down)"]
+    assert lines[2].split() == ["n2", "follower", "3", "n1", "42", "41", "40", "n1", "n3"]
+    assert lines[3].split()[:2] == ["n3", "unreachable"]
+    assert lines[1].index("leader") == lines[0].index("ROLE")  # columns line up
+    doc = [r.to_json() for r in rows]
+    assert json.loads(json.dumps(doc)) == doc
+    assert {k: doc[0][k] for k in ("node", "role", "term", "commit_index")} == {
+        "node": "n1", "role": "leader", "term": 3, "commit_index": 42}
+    assert doc[0]["connected_peers"] == ["n2"]
+    assert doc[2]["role"] == "unreachable"
+
+
+def test_help_texts_have_examples_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["kv", "--help"], ["status", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            _parser().parse_args(argv)
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert "examples:" in out
+        assert "exit status" in out.lower()
