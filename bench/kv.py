@@ -35,6 +35,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -368,7 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"machine: {report.machine_start}")
     runners = {"phalanx": bench_phalanx, "etcd": bench_etcd, "pysyncobj": bench_pysyncobj}
     for system in args.systems:
-        runners[system](args, report)
+        try:
+            runners[system](args, report)
+        except Exception as e:  # one system's failure must not lose the others' numbers
+            traceback.print_exc(file=sys.stderr)
+            report.skipped[system] = f"{system} failed: {type(e).__name__}: {e}"
+            log(report.skipped[system])
     report.machine_end = machine_info()
     print_report(report, args, print)
     if args.json:
