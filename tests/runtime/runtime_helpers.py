@@ -22,6 +22,7 @@ from phalanx.net import client_protocol, wire
 from phalanx.net.framing import FrameDecoder, encode_frame
 
 HOST = "127.0.0.1"
+TICK_MS = 10
 
 
 def free_ports(n: int) -> list[int]:
@@ -65,7 +66,7 @@ def make_cluster(
             peers=tuple(PeerConfig(id=o, peer_addr=peer_addr[o], client_addr=client_addr[o])
                         for o in ids if o != node_id),
             fsync=fsync,
-            timing=TimingConfig(tick_ms=10, election_ticks=10, heartbeat_ticks=1),
+            timing=TimingConfig(tick_ms=TICK_MS, election_ticks=10, heartbeat_ticks=1),
             checkpoint=CheckpointConfig(every_entries=checkpoint_every, every_bytes=64 << 20,
                                         keep=3),
         ))
