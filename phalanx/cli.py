@@ -14,6 +14,7 @@ from phalanx import __version__
 from phalanx.demo_local import add_demo_command
 from phalanx.jepsen.cli import add_jepsen_command
 from phalanx.jepsen.sim.cli import add_sim_command
+from phalanx.node_cli import add_node_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_demo_command(subparsers)
+    add_node_command(subparsers)
     add_sim_command(subparsers)
     add_jepsen_command(subparsers)
     return parser
