@@ -445,6 +445,17 @@ restarted node caught up; 1 otherwise.
 """
 
 
+def _cause(error: BaseException) -> BaseException | None:
+    """The `DemoFailed` or `ClientError` in `error` (trio nurseries wrap errors in groups)."""
+    if isinstance(error, DemoFailed | ClientError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            if (found := _cause(inner)) is not None:
+                return found
+    return None
+
+
 def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``phalanx demo`` (and ``phalanx demo --local``) on `subparsers`."""
     parser = subparsers.add_parser(
@@ -481,8 +492,11 @@ def _main(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         result = trio.run(run_demo, options, console)
-    except DemoFailed as e:
-        print(f"phalanx demo: FAILED: {e}", file=sys.stderr)
+    except (DemoFailed, ClientError, BaseExceptionGroup) as e:
+        cause = _cause(e)
+        if cause is None:
+            raise
+        print(f"phalanx demo: FAILED: {cause}", file=sys.stderr)
         return 1
     finally:
         if keep is None:

@@ -297,14 +297,25 @@ async def ledger_keys(
                 raise ClientError(f"ledger scan {prefix!r} returned {result!r}")
             found.update(k for k, _ in result.items)
 
+    failure: ClientError | None = None
+
+    async def scan_or_note(client: Client) -> None:
+        nonlocal failure
+        try:
+            await scan_all(client)
+        except ClientError as e:  # raise it bare, not wrapped in the client's ExceptionGroup
+            failure = e
+
     if node is None:
         async with open_client(cluster, timeout=client_timeout) as client:
-            await scan_all(client)
+            await scan_or_note(client)
     else:
         addr = next(n.client_addr for n in cluster.nodes if n.id == node)
         context = pki.client_context(cluster.ca, certificate=cluster.client_cert,
                                      private_key=cluster.client_key, check_hostname=False)
         async with open_client([(node, addr.host, addr.port)], ssl_context=context,
                                protocol=cluster.protocol, timeout=client_timeout) as client:
-            await scan_all(client)
+            await scan_or_note(client)
+    if failure is not None:
+        raise failure
     return found

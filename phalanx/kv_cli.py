@@ -197,10 +197,17 @@ async def run_kv(
     """Send one KV command and return its decoded result (errors: see `phalanx.client`;
     `client_timeout` is the client's deadline for the operation)."""
     consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
+    failure: ClientError | None = None
+    raw = b""
     async with open_client(cluster, timeout=client_timeout) as client:
-        raw = await client.call(
-            kv_wire.encode_command(command), read_only=read_only, consistency=consistency
-        )
+        try:
+            raw = await client.call(
+                kv_wire.encode_command(command), read_only=read_only, consistency=consistency
+            )
+        except ClientError as e:  # raised here, not wrapped in the client's ExceptionGroup
+            failure = e
+    if failure is not None:
+        raise failure
     return kv_wire.decode_result(raw)
 
 
