@@ -185,13 +185,20 @@ async def phalanx_failover(cluster: PhalanxCluster, *, trials: int, log: Log) ->
 
 
 async def phalanx_rss(
-    cluster: PhalanxCluster, *, keys: int, value_size: int, log: Log, concurrency: int = 256
+    cluster: PhalanxCluster,
+    *,
+    keys: int,
+    value_size: int,
+    log: Log,
+    budget_s: float,
+    concurrency: int = 256,
 ) -> dict[str, float]:
     """Load `keys` distinct keys through the client (pipelined), then read every node's RSS.
 
     The load uses its own client with a long per-call deadline: a bulk load with hundreds of
     writes queued may legitimately take longer than the interactive 5 s default, and a
     timed-out put is simply retried (same key and value, so the state is the same either way).
+    Loading stops taking new keys after `budget_s`; the result then reports the keys loaded.
     """
     value = make_value(value_size)
     width = len(str(keys - 1))
@@ -202,8 +209,11 @@ async def phalanx_rss(
     report_every = max(1, keys // 10)
     t0 = time.perf_counter()
 
+    done = [0]
+    deadline = t0 + budget_s
+
     async def loader(client: Client) -> None:
-        while next_key[0] < keys:
+        while next_key[0] < keys and time.perf_counter() < deadline:
             i = next_key[0]
             next_key[0] += 1
             key = f"k{i:0{width}d}"
@@ -219,6 +229,7 @@ async def phalanx_rss(
                         ) from None
                     await trio.sleep(0.05)
             raw[0] += len(key.encode()) + len(value)
+            done[0] += 1
             if i and i % report_every == 0:
                 rate = i / (time.perf_counter() - t0)
                 rss = max((proc_rss_bytes(p) for p in cluster.server_pids()), default=0)
@@ -229,9 +240,12 @@ async def phalanx_rss(
         for _ in range(concurrency):
             nursery.start_soon(loader, client)
     load_s = time.perf_counter() - t0
+    if done[0] < keys:
+        log(f"  RSS load: budget of {budget_s:g} s reached after {done[0]:,} of {keys:,} keys")
     await trio.sleep(2.0)  # let followers apply the tail and checkpoints settle
     out: dict[str, float] = {
-        "keys": float(keys), "raw_bytes": float(raw[0]), "load_s": load_s,
+        "keys": float(done[0]), "target_keys": float(keys), "raw_bytes": float(raw[0]),
+        "load_s": load_s,
         "load_errors": float(errors[0]),
     }
     for node in cluster.procs.node_ids:
