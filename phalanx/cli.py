@@ -1,38 +1,64 @@
 """The `phalanx` command line: one argparse tree; each subcommand lives beside what it drives.
 
 Subcommands register themselves through `add_*_command(subparsers)` functions in their own
-modules, so this file only wires them together.
+modules. To keep start-up fast (`phalanx kv get` should not import the simulator, the demo
+and rich), only the module of the subcommand being run is imported; the top-level `--help`
+lists every command from the table below without importing any of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from phalanx import __version__
-from phalanx.demo_local import add_demo_command
-from phalanx.jepsen.cli import add_jepsen_command
-from phalanx.jepsen.sim.cli import add_sim_command
-from phalanx.node_cli import add_node_command
+
+# (command, module, registration function, one-line help for the top-level listing)
+COMMANDS: tuple[tuple[str, str, str, str], ...] = (
+    ("demo", "phalanx.demo", "add_demo_command",
+     "a 3-node cluster, a leader crash, and a linearizability check"),
+    ("cluster", "phalanx.cluster", "add_cluster_command", "create and run a local cluster"),
+    ("node", "phalanx.node_cli", "add_node_command", "run a phalanx node"),
+    ("kv", "phalanx.kv_cli", "add_kv_command", "read and write keys of a running cluster"),
+    ("status", "phalanx.kv_cli", "add_status_command",
+     "show every node's role, term, commit and applied index"),
+    ("sim", "phalanx.jepsen.sim.cli", "add_sim_command",
+     "run seeded deterministic simulations and check safety, linearizability, liveness"),
+    ("jepsen", "phalanx.jepsen.cli", "add_jepsen_command",
+     "check recorded client histories (linearizability)"),
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; the full definition of `command` only (all of them when None)."""
     parser = argparse.ArgumentParser(
         prog="phalanx",
         description="Crash- and Byzantine-fault-tolerant replicated state machines.",
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_demo_command(subparsers)
-    add_node_command(subparsers)
-    add_sim_command(subparsers)
-    add_jepsen_command(subparsers)
+    for name, module, function, help_text in COMMANDS:
+        if command is None or command == name:
+            getattr(importlib.import_module(module), function)(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text)
     return parser
 
 
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    names = {c[0] for c in COMMANDS}
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in names else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _chosen_command(argv)
+    parser = build_parser(command) if command else build_parser("")
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:

@@ -3,6 +3,7 @@ console script resolves, and consensus/ stays free of I/O imports."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import tomllib
 from pathlib import Path
@@ -82,3 +83,24 @@ def test_cores_are_sans_io(path: Path) -> None:
         ):
             offending.append(f"random.{node.attr}")
     assert not offending, f"{path.name} uses {offending}"
+
+
+def test_cli_table_matches_what_each_module_registers() -> None:
+    """The lazy top-level listing names exactly the commands the modules register."""
+    from phalanx.cli import COMMANDS, build_parser
+
+    full = build_parser()
+    sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(sub.choices) == sorted(c[0] for c in COMMANDS)
+
+
+def test_cli_runs_a_subcommand_without_importing_the_others() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from phalanx.cli import main\n"
+        "try:\n    main(['jepsen', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'phalanx.demo' not in sys.modules and 'phalanx.jepsen.sim.cli' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
