@@ -150,6 +150,7 @@ class Ready:
            >= `truncate_from` (when set), append `entries`, and write `hard_state` and
            `core_state` (when set) atomically. If `must_sync`, make all of it durable
            (fsync) before step 2.
+        0. `early_messages` may be sent at any point, even before step 1 (see the field).
         2. **Then send** `messages`. A message may depend on state from step 1 (a vote, an
            appended entry); sending it before that state is durable breaks safety.
         3. **Apply in order.** Apply `committed` entries to the state machine strictly in
@@ -171,6 +172,11 @@ class Ready:
     """
 
     number: int = 0
+    early_messages: tuple[Send, ...] = ()
+    """Messages that depend on no state that is not yet durable (a leader's AppendEntries
+    and heartbeats: its term was made durable before it campaigned, and it counts its own
+    entries only after `Persisted`, Raft §10.2.1). The driver may send them at once, before
+    persisting this Ready or any earlier one. Cores put a message here only when that holds."""
     snapshot: Snapshot | None = None
     truncate_from: int | None = None
     entries: tuple[Entry, ...] = ()
@@ -196,6 +202,7 @@ class Ready:
     def is_empty(self) -> bool:
         return not (
             self.has_persistence
+            or self.early_messages
             or self.messages
             or self.committed
             or self.reads
