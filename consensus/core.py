@@ -145,12 +145,12 @@ class Ready:
     """Everything one `step` asks the driver to do, in the order the driver must do it.
 
     Ordering (the whole contract):
+        0. `early_messages` may be sent at any point, even before step 1 (see the field).
         1. **Persist first.** If `snapshot` is set, install it (restore the state machine,
            store the checkpoint, reset the log after it). Then drop every log entry with index
            >= `truncate_from` (when set), append `entries`, and write `hard_state` and
            `core_state` (when set) atomically. If `must_sync`, make all of it durable
            (fsync) before step 2.
-        0. `early_messages` may be sent at any point, even before step 1 (see the field).
         2. **Then send** `messages`. A message may depend on state from step 1 (a vote, an
            appended entry); sending it before that state is durable breaks safety.
         3. **Apply in order.** Apply `committed` entries to the state machine strictly in
