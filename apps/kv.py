@@ -1,11 +1,14 @@
 """The KV store: a `StateMachine` over a persistent map from `str` keys to `bytes` values.
 
-Owns: command execution (put, get, delete, compare-and-set, prefix scan), the KV checkpoint
+Owns: command execution (put, get, delete, compare-and-set, prefix scan, multi-key
+transaction), the KV checkpoint
 format, and the `EndorsementHooks` of the KV app.
 
 Must not import: consensus cores, storage, trio, clocks.
 
 Invariants:
+- A `Txn` is atomic: its compares and the chosen branch's writes run in one `execute`, and
+  a refused `Txn` (limits, duplicate keys) changes nothing.
 - `apply`/`query` never raise: bytes that do not decode to a KV command, or a command over the
   size limits, get a `KvError` result and change nothing.
 - State is an `immutables.Map` (a HAMT): `snapshot()` shares it in O(1), and later writes
@@ -36,6 +39,7 @@ from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
 from phalanx.apps.kv_types import (
     MAX_KEY_BYTES,
     MAX_SCAN_LIMIT,
+    MAX_TXN_OPS,
     MAX_VALUE_BYTES,
     CasResult,
     CompareAndSet,
@@ -50,6 +54,9 @@ from phalanx.apps.kv_types import (
     Put,
     Scan,
     ScanResult,
+    Txn,
+    TxnResult,
+    TxnWrite,
     Value,
 )
 from phalanx.apps.sorted_steps import sorted_in_steps
@@ -161,6 +168,11 @@ class KvStateMachine:
                 matches = sorted(k for k in data if k.startswith(prefix))
                 items = tuple((k, data[k]) for k in matches[:limit])
                 return ScanResult(items=items, more=len(matches) > limit)
+            case Txn(compares=compares, success=success, failure=failure):
+                observed = tuple(data.get(c.key) for c in compares)
+                held = all(o == c.expected for o, c in zip(observed, compares, strict=True))
+                self._data = _write_all(data, success if held else failure)
+                return TxnResult(succeeded=held, observed=observed)
 
     # ---------------------------------------------------------------- EndorsementHooks
 
@@ -175,6 +187,10 @@ class KvStateMachine:
                 return KeyAccess(reads=(key,), writes=(key,))
             case Scan(prefix=prefix):
                 return KeyAccess(read_prefixes=(prefix,))
+            case Txn(compares=compares, success=success, failure=failure):
+                reads = tuple(dict.fromkeys(c.key for c in compares))
+                writes = tuple(dict.fromkeys(w.key for w in success + failure))
+                return KeyAccess(reads=reads, writes=writes)
             case KvError():
                 return KeyAccess()
 
@@ -195,8 +211,52 @@ def _key_too_large(key: str) -> bool:
     return len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES
 
 
+def _write_all(
+    data: immutables.Map[str, bytes], writes: tuple[TxnWrite, ...]
+) -> immutables.Map[str, bytes]:
+    """`data` after `writes` in order (one path-copying mutation for the whole branch)."""
+    if not writes:
+        return data
+    m = data.mutate()
+    for w in writes:
+        if isinstance(w, Put):
+            m[w.key] = w.value
+        elif w.key in m:
+            del m[w.key]
+    return m.finish()
+
+
+def _validate_txn(txn: Txn) -> KvError | None:
+    if len(txn.compares) > MAX_TXN_OPS or max(len(txn.success), len(txn.failure)) > MAX_TXN_OPS:
+        return KvError(
+            code=KvErrorCode.TXN_TOO_LARGE,
+            message=f"a txn holds at most {MAX_TXN_OPS} compares and {MAX_TXN_OPS} writes "
+            "per branch",
+        )
+    for compare in txn.compares:
+        if _key_too_large(compare.key):
+            return KvError(
+                code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes"
+            )
+    for branch in (txn.success, txn.failure):
+        seen: set[str] = set()
+        for write in branch:
+            problem = validate(write)
+            if problem is not None:
+                return problem
+            if write.key in seen:
+                return KvError(
+                    code=KvErrorCode.DUPLICATE_KEY,
+                    message=f"txn branch writes key {write.key!r} twice",
+                )
+            seen.add(write.key)
+    return None
+
+
 def validate(cmd: KvCommand) -> KvError | None:
     """The size and range checks every command passes before it runs (state-independent)."""
+    if isinstance(cmd, Txn):
+        return _validate_txn(cmd)
     key = cmd.prefix if isinstance(cmd, Scan) else cmd.key
     if _key_too_large(key):
         return KvError(code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes")

@@ -24,6 +24,8 @@ MAX_VALUE_BYTES = 1 << 20
 """Largest value, in bytes."""
 MAX_SCAN_LIMIT = 10_000
 """Largest `Scan.limit`."""
+MAX_TXN_OPS = 128
+"""Most compares, and most writes per branch, in one `Txn`."""
 
 # --------------------------------------------------------------------------------------------
 # Commands
@@ -72,7 +74,35 @@ class Scan:
     limit: int
 
 
-KvCommand: TypeAlias = Put | Get | Delete | CompareAndSet | Scan
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compare:
+    """One guard of a `Txn`: the value of `key` equals `expected` (None means "absent")."""
+
+    key: str
+    expected: bytes | None
+
+
+TxnWrite: TypeAlias = Put | Delete
+"""A write a `Txn` branch may hold."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Txn:
+    """An etcd-style transaction, applied atomically in one step.
+
+    If every compare holds, the `success` writes run, else the `failure` writes, in order.
+    Result: `TxnResult`. Limits: at most `MAX_TXN_OPS` compares and writes per branch, each
+    key and value within the usual limits, and no key written twice in one branch (etcd's
+    "duplicate key given in txn request"); otherwise a `KvError` and no effect.
+    Ref: etcd API v3, ``Txn`` (compare / success / failure).
+    """
+
+    compares: tuple[Compare, ...]
+    success: tuple[TxnWrite, ...]
+    failure: tuple[TxnWrite, ...] = ()
+
+
+KvCommand: TypeAlias = Put | Get | Delete | CompareAndSet | Scan | Txn
 READ_COMMANDS = (Get, Scan)
 
 # --------------------------------------------------------------------------------------------
@@ -114,6 +144,16 @@ class ScanResult:
     more: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TxnResult:
+    """Outcome of a `Txn`: whether its compares held (so `success` ran; else `failure` ran),
+    and the compared keys' values when they were evaluated (before either branch's writes),
+    one per compare, in order."""
+
+    succeeded: bool
+    observed: tuple[bytes | None, ...]
+
+
 class KvErrorCode(enum.IntEnum):
     """Why a command was refused. The command had no effect."""
 
@@ -125,6 +165,10 @@ class KvErrorCode(enum.IntEnum):
     """`Scan.limit` outside 1..MAX_SCAN_LIMIT."""
     NOT_A_QUERY = 5
     """A write command was sent as a read-only query."""
+    TXN_TOO_LARGE = 6
+    """A `Txn` with more than `MAX_TXN_OPS` compares or writes in a branch."""
+    DUPLICATE_KEY = 7
+    """A `Txn` branch writes the same key twice."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,7 +179,7 @@ class KvError:
     message: str
 
 
-KvResult: TypeAlias = Done | Value | Deleted | CasResult | ScanResult | KvError
+KvResult: TypeAlias = Done | Value | Deleted | CasResult | ScanResult | TxnResult | KvError
 
 KV_TYPE_IDS: dict[int, type] = {
     400: Put,
@@ -143,11 +187,14 @@ KV_TYPE_IDS: dict[int, type] = {
     402: Delete,
     403: CompareAndSet,
     404: Scan,
+    405: Compare,
+    406: Txn,
     420: Done,
     421: Value,
     422: Deleted,
     423: CasResult,
     424: ScanResult,
     425: KvError,
+    426: TxnResult,
 }
 """Stable codec type ids (the 400-499 range is reserved for apps in `phalanx.net.wire`)."""

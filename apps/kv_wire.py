@@ -29,13 +29,15 @@ from phalanx.apps.kv_types import (
     Put,
     Scan,
     ScanResult,
+    Txn,
+    TxnResult,
     Value,
 )
 from phalanx.net.codec import DecodeError, Registry
 from phalanx.net.wire import default_registry, register_all
 
-_COMMANDS = (Put, Get, Delete, CompareAndSet, Scan)
-_RESULTS = (Done, Value, Deleted, CasResult, ScanResult, KvError)
+_COMMANDS = (Put, Get, Delete, CompareAndSet, Scan, Txn)
+_RESULTS = (Done, Value, Deleted, CasResult, ScanResult, TxnResult, KvError)
 
 REGISTRY: Registry = default_registry()
 """The project's default registry; the KV types live in the apps range (400-499, see

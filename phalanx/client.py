@@ -60,6 +60,7 @@ from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import (
     CasResult,
+    Compare,
     CompareAndSet,
     Delete,
     Deleted,
@@ -72,6 +73,9 @@ from phalanx.apps.kv_types import (
     Put,
     Scan,
     ScanResult,
+    Txn,
+    TxnResult,
+    TxnWrite,
     Value,
 )
 from phalanx.config import ClusterConfig, load_cluster_config
@@ -110,7 +114,7 @@ NodeAddress = tuple[str, str, int]
 
 RECEIVE_CHUNK = 64 * 1024
 _M = TypeVar("_M", ClientReply, StatusReply)
-_K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult)
+_K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult)
 
 
 class ClientError(Exception):
@@ -585,6 +589,26 @@ class Client:
             Scan(prefix=prefix, limit=limit), ScanResult, read_only=True, stale=stale,
         )
         return list(result.items)
+
+    async def txn_result(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[TxnWrite],
+        failure: Sequence[TxnWrite] = (),
+    ) -> TxnResult:
+        """An atomic transaction with details: whether the compares held, and the compared
+        keys' values when evaluated. See `phalanx.apps.kv_types.Txn`."""
+        command = Txn(compares=tuple(compares), success=tuple(success), failure=tuple(failure))
+        return await self._kv(command, TxnResult)
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[TxnWrite],
+        failure: Sequence[TxnWrite] = (),
+    ) -> bool:
+        """Atomically: if every compare holds run `success`, else `failure`. True if they held."""
+        return (await self.txn_result(compares, success, failure)).succeeded
 
     # ------------------------------------------------------------------ connections
 

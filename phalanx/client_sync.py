@@ -26,7 +26,7 @@ from typing import TypeVar, Unpack
 
 import trio
 
-from phalanx.apps.kv_types import CasResult
+from phalanx.apps.kv_types import CasResult, Compare, TxnResult, TxnWrite
 from phalanx.client import (
     Client,
     ClientClosed,
@@ -171,6 +171,22 @@ class SyncClient:
         self, prefix: str, *, limit: int = 1000, stale: bool = False
     ) -> list[tuple[str, bytes]]:
         return self._run(self.client.scan, prefix, limit=limit, stale=stale)
+
+    def txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[TxnWrite],
+        failure: Sequence[TxnWrite] = (),
+    ) -> bool:
+        return self._run(self.client.txn, compares, success, failure)
+
+    def txn_result(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[TxnWrite],
+        failure: Sequence[TxnWrite] = (),
+    ) -> TxnResult:
+        return self._run(self.client.txn_result, compares, success, failure)
 
     def status(self, node: str) -> StatusReply:
         return self._run(self.client.status, node)
