@@ -3,10 +3,11 @@ the reload of what a core restarts from.
 
 Owns: `ReadyPersister`, shared by every driver (the deterministic simulator now, the trio
 runtime later): `persist(ready)` installs a snapshot, truncates, appends encoded entries and
-writes the hard state, and syncs when `must_sync`; `load()` returns the `DurableState` a core
-restarts from. Checkpoints the replica layer takes, and the log compaction under them, are
-the replica layer's (`phalanx.apps.replica`); the metadata format is shared
-(`phalanx.apps.envelope.encode_meta` is the codec's `SnapshotMeta` frame).
+writes the hard state (and `core_state`, in its own store), and syncs when `must_sync`;
+`load()` returns the `DurableState` a core restarts from. Checkpoints the replica layer
+takes, and the log compaction under them, are the replica layer's (`phalanx.apps.replica`);
+the metadata format is shared (`phalanx.apps.envelope.encode_meta` is the codec's
+`SnapshotMeta` frame).
 
 Rules:
 - Storage backends and the codec are injected; this module imports no backend, no trio and
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from phalanx.consensus.core import Ready
-from phalanx.consensus.types import Entry, HardState, SnapshotMeta
+from phalanx.consensus.types import Entry, HardState, LocalProtocolError, SnapshotMeta
 from phalanx.storage.interface import (
     Checkpoint,
     CheckpointStore,
@@ -54,6 +55,7 @@ class DurableState:
         snapshot_data: that checkpoint's bytes (the state machine after `snapshot.index`).
         entries: the log entries after the checkpoint, contiguous, in index order.
         problems: checkpoints skipped as corrupt (to report, never to hide).
+        core_state: the last `Ready.core_state` written (decoded), for cores that use one.
     """
 
     hard_state: HardState | None
@@ -61,6 +63,7 @@ class DurableState:
     snapshot_data: bytes | None
     entries: tuple[Entry, ...]
     problems: tuple[str, ...] = ()
+    core_state: object | None = None
 
 
 class ReadyPersister:
@@ -73,7 +76,9 @@ class ReadyPersister:
         hard_state: HardStateStore,
         checkpoints: CheckpointStore,
         codec: Codec,
+        core_state: HardStateStore | None = None,
     ) -> None:
+        self.core_state = core_state
         self.wal = wal
         self.hard_state = hard_state
         self.checkpoints = checkpoints
@@ -113,6 +118,12 @@ class ReadyPersister:
             wal.append_many([(e.index, encode(e)) for e in ready.entries])
         if ready.hard_state is not None:
             self.hard_state.save(self.codec.encode(ready.hard_state))
+        if ready.core_state is not None:
+            if self.core_state is None:
+                raise LocalProtocolError(
+                    "this core writes Ready.core_state; give ReadyPersister a core_state store"
+                )
+            self.core_state.save(self.codec.encode(ready.core_state))
         if ready.must_sync:
             wal.sync()
             self.syncs += 1
@@ -143,7 +154,13 @@ class ReadyPersister:
                         f"log record {lo + offset} holds entry index {entry.index}"
                     )
                 entries.append(entry)
+        core_state: object | None = None
+        if self.core_state is not None:
+            raw_cs = self.core_state.load()
+            if raw_cs is not None:
+                core_state = self._decode(raw_cs, object, "core state")
         return DurableState(
+            core_state=core_state,
             hard_state=hs,
             snapshot=meta,
             snapshot_data=data,

@@ -2,10 +2,11 @@
 disk and the replica layer, with crash, restart, pause and clock-rate skew.
 
 Owns: `SimNode`. It carries out every `Ready` exactly as `phalanx.consensus.core.Ready`
-orders: persist (through `phalanx.persistence.ReadyPersister`; the memory disk's fsync is
-instantaneous in virtual time) → send → apply committed entries in order → answer rejected
-requests and reads → feed `Persisted(number)` back. Inputs produced while handling a Ready
-(Persisted, CheckpointTaken) are queued and stepped after it, never re-entrantly.
+orders: send `early_messages` → persist (through `phalanx.persistence.ReadyPersister`; the
+memory disk's fsync is instantaneous in virtual time) → send → apply committed entries in
+order → answer rejected requests and reads → feed `Persisted(number)` back. Inputs
+produced while handling a Ready (Persisted, CheckpointTaken) are queued and stepped after
+it, never re-entrantly.
 
 Faults:
 - `crash(lose_unfsynced)`: the core, the replica and every queued input vanish; with
@@ -231,6 +232,12 @@ class SimNode:
         persister, replica = self.persister, self.replica
         assert persister is not None
         assert replica is not None
+        # 0. Early messages (a leader's AppendEntries) need nothing persisted: send them now.
+        for send in ready.early_messages:
+            self._send(self.name, send.to, send.message)
+        # 0. Messages that depend on nothing unpersisted may go at once.
+        for send in ready.early_messages:
+            self._send(self.name, send.to, send.message)
         # 1. Persist first.
         if ready.has_persistence:
             persister.persist(ready, install=replica.install)
