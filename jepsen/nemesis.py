@@ -275,3 +275,35 @@ def generate_schedule(
         episode += 1
     events.sort(key=lambda e: (e.at_ns, e.episode, e.action == "start"))
     return tuple(events)
+
+
+def cut_links(
+    event: FaultEvent, nodes: Sequence[str], *, leader: str | None = None
+) -> list[tuple[str, str]]:
+    """The directed links ``(src, dst)`` a partition event cuts among `nodes`, sorted.
+
+    `leader` resolves `isolate-leader` (no leader known: nothing is cut). Ring: each node
+    keeps only its two neighbours in ``groups[0]``'s order. Asymmetric: ``groups[0]`` →
+    ``groups[1]`` is cut, the reverse flows. Otherwise nodes talk only within their group
+    (nodes in no group form one more side together). Shared by every interpreter of schedules.
+    """
+    names = sorted(nodes)
+    if event.fault not in PARTITIONS:
+        raise ScheduleError(f"{event.fault} is not a partition")
+    groups = event.groups
+    if event.fault == ISOLATE_LEADER:
+        if leader is None:
+            return []
+        groups = ((leader,), tuple(n for n in names if n != leader))
+    if event.fault == PARTITION_RING:
+        ring = list(groups[0]) if groups else []
+        allowed = {
+            (ring[i], ring[(i + d) % len(ring)]) for i in range(len(ring)) for d in (-1, 0, 1)
+        }
+        return [(a, b) for a in names for b in names if a != b and (a, b) not in allowed]
+    if event.fault == PARTITION_ASYMMETRIC:
+        if len(groups) < 2:
+            return []
+        return sorted((a, b) for a in groups[0] for b in groups[1] if a != b)
+    side = {n: i for i, g in enumerate(groups) for n in g}
+    return [(a, b) for a in names for b in names if a != b and side.get(a, -1) != side.get(b, -1)]

@@ -1,0 +1,156 @@
+"""``phalanx jepsen run``: one Jepsen test on a fresh local cluster of real processes.
+
+Owns `add_run_command(jepsen_subparsers)` (the lead wires it under ``phalanx jepsen``) and
+`run(args)`, its handler: parse the options, run `phalanx.jepsen.harness.runner.run_test`,
+print the verdict table, exit 0 valid, 1 invalid, 2 unknown (also: a configuration this
+build cannot run, such as a PBFT cluster).
+
+Must not import the runtime or consensus cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Final
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from phalanx.jepsen.harness.cluster import ClusterUnavailable
+from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunResult, run_test
+from phalanx.jepsen.linearizability import UNKNOWN
+from phalanx.jepsen.nemesis import FAULT_KINDS, ScheduleError, parse_faults
+
+EXIT_VALID: Final = 0
+EXIT_INVALID: Final = 1
+EXIT_UNKNOWN: Final = 2
+
+_DESCRIPTION = f"""\
+Start a fresh local cluster of real node processes (mutual TLS, fsynced storage), every peer
+link through a fault-injection proxy; run a workload while a seeded nemesis schedule kills,
+pauses and partitions nodes and delays, loses or duplicates traffic; then heal everything,
+wait for recovery, read every key once more, check the history and print a verdict.
+
+The run is stored in STORE/<test>/<timestamp>/ (STORE/latest links to it): test.json
+(options, seed, version, schedule), history.jsonl, results.json and cluster/ with every
+node's log and data.
+
+nemesis kinds (--nemesis, comma-separated, `all` or `none`):
+  {", ".join(FAULT_KINDS)}
+The same names and schedule format as `phalanx sim --faults`.
+
+exit status: 0 valid, 1 invalid, 2 unknown (or the configuration cannot run here).
+"""
+
+
+def add_run_command(
+    jepsen_subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """Register ``run`` on the ``phalanx jepsen`` subparsers."""
+    p = jepsen_subparsers.add_parser(
+        "run", help="run a workload on a local cluster under faults and check it",
+        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--protocol", choices=("raft", "pbft"), default="raft")
+    p.add_argument("--nodes", type=_positive_int, default=5)
+    p.add_argument("--workload", choices=("register", "bank", "set"), default="register")
+    p.add_argument("--nemesis", default="kill,pause,partition-one,partition-halves",
+                   metavar="LIST", help="fault kinds (default: %(default)s)")
+    p.add_argument("--time", type=_positive_float, default=60.0, metavar="S",
+                   help="seconds of workload under faults (default: %(default)s)")
+    p.add_argument("--rate", type=_positive_float, default=50.0, metavar="R",
+                   help="operations per second in total (default: %(default)s)")
+    p.add_argument("--concurrency", type=_positive_int, default=5, metavar="C",
+                   help="logical client processes (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keys", type=_positive_int, default=5,
+                   help="keys in use at a time (default: %(default)s)")
+    p.add_argument("--ops-per-key", type=_positive_int, default=150, metavar="N",
+                   help="operations per key before a fresh key replaces it (default: %(default)s)")
+    p.add_argument("--nemesis-scale", type=_positive_float, default=4.0, metavar="X",
+                   help="stretch the schedule's episodes by X (default: %(default)s)")
+    p.add_argument("--store", type=Path, default=Path("store"), metavar="DIR",
+                   help="where runs are stored (default: %(default)s)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
+    """The ``phalanx jepsen run`` handler; returns the exit status."""
+    out = console if console is not None else Console()
+    if args.protocol == "pbft":
+        print("phalanx jepsen run: PBFT clusters are not supported by the runtime yet",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    if args.workload not in WORKLOADS:
+        print(f"phalanx jepsen run: the {args.workload} workload is not available yet "
+              f"(available: {', '.join(WORKLOADS)})", file=sys.stderr)
+        return EXIT_UNKNOWN
+    try:
+        faults = parse_faults(args.nemesis)
+    except ScheduleError as e:
+        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    options = RunOptions(
+        protocol=args.protocol, nodes=args.nodes, workload=args.workload, faults=faults,
+        time_s=args.time, rate=args.rate, concurrency=args.concurrency, seed=args.seed,
+        store=args.store, keys=args.keys, ops_per_key=args.ops_per_key,
+        nemesis_scale=args.nemesis_scale)
+    try:
+        result = trio.run(run_test, options, out)
+    except ClusterUnavailable as e:
+        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    out.print(verdict_table(options, result))
+    for reason in result.reasons:
+        out.print(f"  - {reason}", highlight=False, markup=False)
+    out.print(f"stored in {result.directory}", highlight=False)
+    if result.valid is True:
+        return EXIT_VALID
+    return EXIT_UNKNOWN if result.valid == UNKNOWN else EXIT_INVALID
+
+
+def verdict_table(options: RunOptions, r: RunResult) -> Table:
+    t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
+                    f"seed {options.seed}")
+    t.add_column("operation")
+    for col in ("ok", "info", "fail"):
+        t.add_column(col, justify="right")
+    for f, per in sorted(r.counts.items()):
+        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    tot = r.totals
+    t.add_row("all", *(f"{tot[k]:,}" for k in ("ok", "info", "fail")), style="bold")
+    t.add_section()
+    t.add_row("nemesis events", str(r.nemesis_events), "", "")
+    t.add_row("recovered after heal", "yes" if r.recovered else "NO", "", "")
+    t.add_row("final reads ok", f"{r.final_reads_ok}/{r.final_reads}", "", "")
+    t.add_row(f"{options.workload} checker", _verdict(r.checker.get("valid")), "", "")
+    t.add_row("verdict", _verdict(r.valid), "", "", style="bold")
+    return t
+
+
+def _verdict(valid: object) -> str:
+    if valid is True:
+        return "valid"
+    return "INVALID" if valid is False else str(valid)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value

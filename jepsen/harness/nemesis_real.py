@@ -1,0 +1,152 @@
+"""Interpreting fault schedules (`phalanx.jepsen.nemesis`) on real node processes.
+
+Owns:
+    `RealNemesis`: applies each `FaultEvent` of a schedule to a `RealCluster`, and
+    `heal_all()` at the end of a run. The same events the simulator interprets
+    (`phalanx.jepsen.sim.run`), mapped to the real world:
+
+    * ``kill``: SIGKILL each node (a process crash; the OS keeps its written pages), restart
+      it at the episode's stop. With ``value >= 1`` (``lose-unfsynced``) the kill is
+      recorded as such; losing un-fsynced writes needs the node's test-mode file layer,
+      which the runtime does not have yet, so the data on disk is kept.
+    * ``pause``: SIGSTOP, then SIGCONT at the stop.
+    * partitions (one, halves, ring, asymmetric, isolate-leader): the directed links cut by
+      `nemesis.cut_links` are blocked at their proxies; overlapping episodes compose (a link
+      is blocked while any episode cuts it). ``isolate-leader`` resolves the leader through
+      the nodes' status replies when the episode starts.
+    * ``delay``: every link holds its bytes ``value * DELAY_UNIT`` seconds (the simulator's
+      factor scales a ~0.1 ms base latency; loopback is faster still, so a real delay needs
+      a unit of its own).
+    * ``loss`` / ``duplicate``: the proxies' stalls and resets (see `proxy`).
+    * ``clock-skew``: atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl``,
+      which a node running with the test hooks polls (`phalanx.test_hooks`; a file rather
+      than a signal, so a node that is still starting cannot be killed by it); 1.0 at the
+      stop. The file outlives restarts, so a restarted node keeps its skew.
+
+Every applied event is reported to `record(f, value)` (the history's nemesis ops), with
+what it resolved to (the leader it isolated, the nodes actually killed).
+
+Must not import the runtime or consensus cores. Not deterministic (real processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Callable
+
+from phalanx.cluster import ClusterError
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.harness.cluster import RealCluster
+from phalanx.jepsen.nemesis import FaultEvent
+
+DELAY_UNIT = 0.002
+"""Seconds of one-way delay per unit of a ``delay`` event's factor (3..20 → 6..40 ms)."""
+
+
+class RealNemesis:
+    """Applies fault events to `cluster`; `record(f, value)` logs each one."""
+
+    def __init__(
+        self,
+        cluster: RealCluster,
+        *,
+        record: Callable[[str, str], None],
+        clock_skew: bool,
+    ) -> None:
+        self.cluster = cluster
+        self._record = record
+        self._clock_skew = clock_skew
+        self._cuts: dict[int, list[tuple[str, str]]] = {}
+        self._killed: set[str] = set()
+        self.current: dict[int, str] = {}
+        """Episodes in progress → their description (for the progress display)."""
+        self.applied = 0
+
+    async def apply(self, event: FaultEvent) -> None:
+        start = event.action == "start"
+        kind = event.fault
+        note = ""
+        if kind == nemesis.KILL:
+            note = self._kill(event.nodes) if start else self._restart(event.nodes)
+        elif kind == nemesis.PAUSE:
+            note = self._signal(event.nodes, signal.SIGSTOP if start else signal.SIGCONT)
+        elif kind in nemesis.PARTITIONS:
+            if start:
+                leader = None
+                if kind == nemesis.ISOLATE_LEADER:
+                    leader = await self.cluster.leader()
+                    note = f"leader={leader}"
+                self._cuts[event.episode] = nemesis.cut_links(
+                    event, self.cluster.nodes, leader=leader)
+            else:
+                self._cuts.pop(event.episode, None)
+            self.cluster.network.block(
+                sorted({link for links in self._cuts.values() for link in links}))
+        elif kind == nemesis.LOSS:
+            self.cluster.network.set_loss(event.value if start else 0.0)
+        elif kind == nemesis.DUPLICATE:
+            self.cluster.network.set_duplicate(event.value if start else 0.0)
+        elif kind == nemesis.DELAY:
+            self.cluster.network.set_delay(event.value * DELAY_UNIT if start else 0.0)
+        elif kind == nemesis.CLOCK_SKEW:
+            note = self._skew(event.nodes, event.value if start else 1.0)
+        description = event.describe() + (f" ({note})" if note else "")
+        if start:
+            self.current[event.episode] = description
+        else:
+            self.current.pop(event.episode, None)
+        self.applied += 1
+        self._record(kind, description)
+
+    def _kill(self, nodes: tuple[str, ...]) -> str:
+        done = []
+        for node in nodes:
+            if self.cluster.procs.running(node):
+                self.cluster.procs.kill(node)
+                self.cluster.paused.discard(node)
+                self._killed.add(node)
+                done.append(node)
+        return "killed " + (",".join(done) or "none")
+
+    def _restart(self, nodes: tuple[str, ...]) -> str:
+        todo = [n for n in nodes if n in self._killed]
+        self.cluster.procs.start(todo)
+        self._killed.difference_update(todo)
+        return "restarted " + (",".join(todo) or "none")
+
+    def _signal(self, nodes: tuple[str, ...], signum: int) -> str:
+        done = []
+        for node in nodes:
+            with contextlib.suppress(ClusterError):
+                self.cluster.procs.signal(node, signum)
+                done.append(node)
+                if signum == signal.SIGSTOP:
+                    self.cluster.paused.add(node)
+                else:
+                    self.cluster.paused.discard(node)
+        verb = "stopped" if signum == signal.SIGSTOP else "continued"
+        return f"{verb} " + (",".join(done) or "none")
+
+    def _skew(self, nodes: tuple[str, ...], rate: float) -> str:
+        if not self._clock_skew:
+            return "not applied: the runtime has no clock hook"
+        for node in nodes:
+            ctl = self.cluster.config.directory / "run" / f"{node}.ctl"
+            tmp = ctl.with_suffix(".ctl.tmp")
+            tmp.write_text(json.dumps({"clock_rate": rate}))
+            os.replace(tmp, ctl)
+        return f"clock rate {rate:g} on " + ",".join(nodes)
+
+    def heal_all(self) -> None:
+        """Heal every fault: links, pauses, kills and clock rates."""
+        self.cluster.network.reset()
+        self._cuts.clear()
+        self._signal(tuple(sorted(self.cluster.paused)), signal.SIGCONT)
+        self._restart(tuple(sorted(self._killed)))
+        if self._clock_skew:
+            self._skew(self.cluster.nodes, 1.0)
+        self.current.clear()
+        self._record("heal", "heal all")
