@@ -138,7 +138,10 @@ class LinkProxy:
             async with send:
                 stall_until = -math.inf
                 while True:
-                    data = await source.receive_some(CHUNK)
+                    try:
+                        data = await source.receive_some(CHUNK)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        return
                     if not data:
                         return
                     now = trio.current_time()
@@ -151,19 +154,20 @@ class LinkProxy:
                         return
                     await send.send((max(now + self.delay, stall_until), data))
 
-        async def writer() -> None:
+        async def writer(inner: trio.Nursery) -> None:
             async with receive:
                 async for due, data in receive:
                     await trio.sleep_until(due)
-                    await sink.send_all(data)
+                    try:
+                        await sink.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        inner.cancel_scope.cancel()
+                        return
                     self.stats.bytes_forwarded += len(data)
 
-        try:
-            async with trio.open_nursery() as inner:
-                inner.start_soon(reader)
-                inner.start_soon(writer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        async with trio.open_nursery() as inner:
+            inner.start_soon(reader)
+            inner.start_soon(writer, inner)
         conn.cancel_scope.cancel()  # one direction ended: the connection is over
 
 
