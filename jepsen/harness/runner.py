@@ -153,7 +153,7 @@ class _Run:
         self.counts: Counter[tuple[str, str]] = Counter()
         self.stopped = False
         self.next_process = options.concurrency
-        self.nemesis = RealNemesis(cluster, record=self.record_nemesis, clock_skew=True)
+        self.nemesis = RealNemesis(cluster, record=self.record_nemesis, clock_skew=False)
 
     def stopping(self) -> bool:
         return self.stopped
