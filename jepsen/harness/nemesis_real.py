@@ -18,11 +18,11 @@ Owns:
       factor scales a ~0.1 ms base latency; loopback is faster still, so a real delay needs
       a unit of its own).
     * ``loss`` / ``duplicate``: the proxies' stalls and resets (see `proxy`).
-    * ``clock-skew`` (only with ``clock_skew=True``; the runtime has no tick-rate hook yet,
-      so the runner passes False and the event is recorded as not applied): atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl``,
-      which a node running with the test hooks polls (`phalanx.test_hooks`; a file rather
-      than a signal, so a node that is still starting cannot be killed by it); 1.0 at the
-      stop. The file outlives restarts, so a restarted node keeps its skew.
+    * ``clock-skew``: only with ``clock_skew=True`` (the runtime has no tick-rate hook yet,
+      so the runner passes False and the event is recorded as not applied). Then it
+      atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl`` for the node to
+      poll (a file rather than a signal, so a node that is still starting cannot be killed
+      by it); 1.0 at the stop. The file outlives restarts, so a restarted node keeps its skew.
 
 Every applied event is reported to `record(f, value)` (the history's nemesis ops), with
 what it resolved to (the leader it isolated, the nodes actually killed).
