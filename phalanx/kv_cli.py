@@ -135,6 +135,9 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         p.set_defaults(handler=_kv_main)
 
 
+STATUS_TIMEOUT = 1.5
+
+
 def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``phalanx status`` on `subparsers`."""
     status = subparsers.add_parser(
@@ -144,7 +147,8 @@ def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     _add_cluster_option(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    status.set_defaults(handler=_status_main)
+    # A status probe should not hang on a dead node for the full operation timeout.
+    status.set_defaults(handler=_status_main, timeout=STATUS_TIMEOUT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,6 +328,11 @@ async def query_status(cluster: ClusterConfig, *, client_timeout: float) -> list
         async def ask(node: str) -> None:
             try:
                 rows[node] = NodeStatus(node=node, reply=await client.status(node))
+            except ClientTimeout as e:
+                why = f" ({e.last_error})" if e.last_error else ""
+                rows[node] = NodeStatus(
+                    node=node, reply=None, error=f"no answer within {client_timeout:g}s{why}"
+                )
             except ClientError as e:
                 rows[node] = NodeStatus(node=node, reply=None, error=str(e) or type(e).__name__)
 
