@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen
 
-.PHONY: demo test lint typecheck pytest soak bench clean
+.PHONY: demo test lint typecheck pytest soak bench bench-kv clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -39,6 +39,11 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/storage.py
 	$(PY) bench/sim.py
+
+# phalanx vs PySyncObj vs etcd on loopback (etcd: `apt-get install etcd-server`; skipped if absent).
+bench-kv: $(STAMP)
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	cd bench && ../$(PY) kv.py
 
 clean:
 	rm -rf $(VENV) .typecheck .mypy_cache .pytest_cache .hypothesis build *.egg-info
