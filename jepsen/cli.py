@@ -4,12 +4,14 @@ Owns:
     `add_jepsen_command(subparsers)`, which registers ``phalanx jepsen check`` on the
     top-level parser, and `run_check(args)`, its handler.
 
-``phalanx jepsen check --workload register [--time-limit S] [--step-limit N] FILE`` reads a
-JSON Lines history (see `phalanx.jepsen.history`), checks it, prints a JSON verdict on stdout
-and exits with:
+``phalanx jepsen check --workload register|bank|set [--time-limit S] [--step-limit N]
+[--no-stats] [--report DIR] FILE`` reads a JSON Lines history (see `phalanx.jepsen.history`),
+checks it with the workload's checker and the stats checker (`phalanx.jepsen.checker`),
+prints a JSON verdict on stdout and, with ``--report``, writes a run store with plots and an
+HTML report (`phalanx.jepsen.store`, `phalanx.jepsen.report`). Exits with:
 
-    0  linearizable (``"valid": true``)
-    1  not linearizable (``"valid": false``)
+    0  valid (``"valid": true``)
+    1  invalid (``"valid": false``)
     2  unknown: a key's search budget ran out (``"valid": "unknown"``)
     3  the history could not be read or is malformed (message on stderr, nothing on stdout)
 
@@ -25,11 +27,12 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final, TextIO
 
-from phalanx.jepsen.history import HistoryError, read_history
-from phalanx.jepsen.linearizability import DEFAULT_TIME_LIMIT, UNKNOWN, check
-from phalanx.jepsen.models import MODELS
+from phalanx.jepsen.checker import WORKLOADS, check_history
+from phalanx.jepsen.history import History, HistoryError, read_history
+from phalanx.jepsen.linearizability import DEFAULT_TIME_LIMIT, UNKNOWN
 
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
@@ -37,18 +40,23 @@ EXIT_UNKNOWN: Final = 2
 EXIT_BAD_HISTORY: Final = 3
 
 _DESCRIPTION = """\
-Check a recorded history for linearizability.
+Check a recorded history: register (linearizability), bank or set.
 
 The history is JSON Lines, one event per line:
   {"index": 0, "time": 1500, "process": 3, "type": "invoke", "f": "write", "key": "x", "value": 7}
-with type invoke|ok|fail|info. For the register workload f is read|write|cas, a cas value is
-[expected, new], and null means absent. fail = certainly did not happen; info (or no
-completion) = may or may not have happened. Events of process "nemesis" are ignored.
+with type invoke|ok|fail|info. fail = certainly did not happen; info (or no completion) =
+may or may not have happened. Events of process "nemesis" are ignored by the checkers.
 
-Each key is checked on its own (Wing & Gong search with Lowe's memoisation). The verdict is
-printed as JSON on stdout: "valid" is true, false or "unknown"; for every key that is not
-valid, a counterexample: the longest linearizable prefix, the operation that could not be
-placed after it and the alternatives that were tried.
+register: f is read|write|cas, a cas value is [expected, new], null means absent. Each key
+  is checked on its own (Wing & Gong search with Lowe's memoisation); for every key that is
+  not valid, a counterexample: the longest linearizable prefix, the operation that could
+  not be placed after it and the alternatives that were tried.
+bank: f is init|transfer|read; a read's value is {"account": balance}; every ok read must
+  sum to the total (from init, else the first read) with no negative balance.
+set: f is add (value: an integer element) or read (value: the list of elements); against
+  each key's final read: lost, unexpected and duplicated elements.
+The stats checker (unless --no-stats) requires every kind of operation to succeed once.
+The verdict is printed as JSON on stdout: "valid" is true, false or "unknown".
 
 exit status: 0 valid, 1 invalid, 2 unknown (search budget exhausted), 3 unreadable or
 malformed history.
@@ -72,9 +80,9 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     check_parser.add_argument("history", metavar="FILE", help="the JSON Lines history to check")
     check_parser.add_argument(
         "--workload",
-        choices=sorted(MODELS),
+        choices=WORKLOADS,
         default="register",
-        help="the sequential model to check against (default: %(default)s)",
+        help="the workload the history comes from (default: %(default)s)",
     )
     check_parser.add_argument(
         "--time-limit",
@@ -94,6 +102,19 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     check_parser.add_argument(
         "--compact", action="store_true", help="print the verdict on one line instead of indented"
     )
+    check_parser.add_argument(
+        "--no-stats",
+        dest="stats",
+        action="store_false",
+        help="skip the stats checker (every operation kind must succeed at least once)",
+    )
+    check_parser.add_argument(
+        "--report",
+        metavar="DIR",
+        default=None,
+        help="also write a run store under DIR/check-<workload>/<timestamp>/ with the history, "
+        "results, latency.png, rate.png and index.html (DIR/latest points at it)",
+    )
     check_parser.set_defaults(handler=run_check)
 
 
@@ -112,12 +133,12 @@ def run_check(
     except (OSError, HistoryError) as exc:
         print(f"phalanx jepsen check: cannot read history {args.history}: {exc}", file=err)
         return EXIT_BAD_HISTORY
-    model = MODELS[args.workload]()
     started = clock()
     try:
-        result = check(
+        result = check_history(
+            args.workload,
             history,
-            model,
+            stats=args.stats,
             time_limit=args.time_limit or None,
             step_limit=args.step_limit,
             clock=clock,
@@ -127,14 +148,35 @@ def run_check(
         return EXIT_BAD_HISTORY
     elapsed = clock() - started
     doc = result.to_json()
+    ops = len(history.pairs)
     doc["seconds"] = round(elapsed, 6)
-    doc["ops_per_second"] = round(result.ops / elapsed) if elapsed > 0 else None
+    doc["ops_per_second"] = round(ops / elapsed) if elapsed > 0 else None
+    if args.report is not None:
+        try:
+            doc["report"] = str(_write_report(args, history, doc))
+        except OSError as exc:
+            print(f"phalanx jepsen check: cannot write the report: {exc}", file=err)
     print(json.dumps(doc, indent=None if args.compact else 2), file=out)
     if result.valid is True:
         return EXIT_VALID
     if result.valid == UNKNOWN:
         return EXIT_UNKNOWN
     return EXIT_INVALID
+
+
+def _write_report(args: argparse.Namespace, history: History, doc: dict[str, object]) -> Path:
+    """Write a run store for a checked file and render its report; returns index.html."""
+    from phalanx.jepsen.report import render_report
+    from phalanx.jepsen.store import create_run
+
+    store = create_run(
+        args.report,
+        f"check-{args.workload}",
+        config={"source": str(Path(args.history).resolve()), "workload": args.workload},
+    )
+    store.write_history(history)
+    store.write_results(doc)
+    return render_report(store.path)
 
 
 def _non_negative_float(text: str) -> float:
