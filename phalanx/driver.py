@@ -127,6 +127,8 @@ class DriverStatistics:
     pending_readys: int = 0
     waiters: int = 0
     leader_changes: int = 0
+    early_messages: int = 0
+    proposal_batches: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -143,6 +145,10 @@ class Driver:
         observer: metrics hooks.
         persist_inline: persist on the core task instead of a worker thread (fsync off).
         capacity: size of the input channel.
+        propose_batch: steps the core with several client requests at once (Raft's
+            `ProposeBatch`); with it, the requests that arrive in one pass over the input
+            channel are stepped together at the end of the pass (one log entry, one
+            AppendEntries per follower). Without it, each is a `Submit`.
     """
 
     def __init__(
@@ -157,6 +163,7 @@ class Driver:
         observer: DriverObserver | None = None,
         persist_inline: bool = False,
         capacity: int = 4096,
+        propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -168,6 +175,8 @@ class Driver:
         self._status_reply = status_reply
         self._observer = observer
         self._persist_inline = persist_inline
+        self._propose_batch = propose_batch
+        self._proposals: list[ClientRequest] = []
         self._tx, self._rx = trio.open_memory_channel[_Item](capacity)
         self._pending: list[Ready] = []
         self._inflight: Sequence[Ready] | None = None
@@ -265,6 +274,8 @@ class Driver:
                 except trio.WouldBlock:
                     break
                 self._handle(item)
+            if self._proposals:
+                self._propose()
             self._flush()
 
     async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
@@ -322,17 +333,29 @@ class Driver:
                 self._step(item)
 
     def _step(self, inp: Input) -> None:
-        ready = self.core.step(inp)
-        self.stats.steps += 1
-        if not ready.is_empty:
-            self._pending.append(ready)
+        self._queue(self.core.step(inp))
         while self._internal:
             internal, self._internal = self._internal, []
             for follow in internal:
-                ready = self.core.step(follow)
-                self.stats.steps += 1
-                if not ready.is_empty:
-                    self._pending.append(ready)
+                self._queue(self.core.step(follow))
+
+    def _queue(self, ready: Ready) -> None:
+        """Send a Ready's early messages now (step 0); queue the rest in step order."""
+        self.stats.steps += 1
+        if ready.early_messages:
+            send = self._send
+            for early in ready.early_messages:
+                send(early.to, early.message)
+            self.stats.early_messages += len(ready.early_messages)
+        if not ready.is_empty and not (
+                ready.early_messages and _only_early(ready)):
+            self._pending.append(ready)
+
+    def _propose(self) -> None:
+        requests, self._proposals = tuple(self._proposals), []
+        assert self._propose_batch is not None  # only queued when set
+        self.stats.proposal_batches += 1
+        self._queue(self._propose_batch(requests))
 
     def _on_tick(self) -> None:
         status = self.core.status()
@@ -371,7 +394,10 @@ class Driver:
         key = (request.client_id, request.request_no)
         self._waiters.setdefault(key, []).append(target)
         self._keys_of.setdefault(target, set()).add(key)
-        self._step(Submit(request=request))
+        if self._propose_batch is not None and not request.read_only:
+            self._proposals.append(request)  # stepped together at the end of this pass
+        else:
+            self._step(Submit(request=request))
 
     # ---------------------------------------------------------------------- batches
 
@@ -380,12 +406,21 @@ class Driver:
             batch, self._pending = self._pending, []
             if self._persist_inline:
                 self.committer.persist(batch)
-            elif self.committer.needs_io(batch):
-                self._start_io(batch, flush_commit=False)
-                return
-            else:
-                self.committer.note_deferred(batch)
-            self._complete(batch)
+                self._complete(batch)
+                continue
+            # Readys at the head that write nothing durable (commit notices, heartbeat
+            # answers, applies) complete now instead of waiting behind the next fsync.
+            head = 0
+            committer = self.committer
+            while head < len(batch) and not committer.needs_io(batch[head: head + 1]):
+                head += 1
+            if head:
+                done, batch = batch[:head], batch[head:]
+                committer.note_deferred(done)
+                self._complete(done)
+                self._pending[:0] = batch  # Readys the completion stepped stay behind them
+                continue
+            self._start_io(batch, flush_commit=False)
         self.stats.pending_readys = len(self._pending)
 
     def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
@@ -509,3 +544,9 @@ class Driver:
 
     def waiter_count(self) -> int:
         return len(self._waiters)
+
+
+def _only_early(ready: Ready) -> bool:
+    """Whether nothing of `ready` is left once its early messages are sent."""
+    return not (ready.has_persistence or ready.messages or ready.committed or ready.reads
+                or ready.rejected or ready.number)

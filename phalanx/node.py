@@ -42,9 +42,22 @@ from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.client_port import ClientPort, ClientPortStatistics
 from phalanx.config import Address, NodeConfig
-from phalanx.consensus.core import CoreStatus, Snapshot
-from phalanx.consensus.raft import RAFT_MESSAGES, RaftConfig, RaftCore, RaftRestoredState
-from phalanx.consensus.types import Configuration, Entry, HardState, Message, NodeId
+from phalanx.consensus.core import CoreStatus, Ready, Snapshot
+from phalanx.consensus.raft import (
+    RAFT_MESSAGES,
+    ProposeBatch,
+    RaftConfig,
+    RaftCore,
+    RaftRestoredState,
+)
+from phalanx.consensus.types import (
+    ClientRequest,
+    Configuration,
+    Entry,
+    HardState,
+    Message,
+    NodeId,
+)
 from phalanx.driver import Driver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.metrics import NodeMetrics, serve_metrics
@@ -66,6 +79,17 @@ logger = logging.getLogger(__name__)
 
 COMPACT_LAG = 1000
 """WAL entries kept below a durable checkpoint, so lagging followers catch up from the log."""
+
+
+PIPELINE_DEPTH = 2
+"""AppendEntries in flight per follower (Raft's `max_inflight`).
+
+Small on purpose: entries proposed while a follower's window is full wait at the leader and
+leave together in the next AppendEntries when an answer frees a slot, so the follower writes
+them with one fsync and answers once. With a deep window every write travels alone (one
+message, one answer, one follower batch each) and a CPU-bound node serves ~5x fewer writes
+(measured on 3 local nodes, 64 closed-loop clients: depth 64 -> 264 writes/s, 4 -> 703,
+2 -> 1,480, 1 -> 1,181..1,523). Two keeps one message in flight while the next batch fills."""
 
 
 class NodeError(Exception):
@@ -205,7 +229,8 @@ async def open_node(
         core = RaftCore(
             RaftConfig(node_id=NodeId(config.id), voters=voters,
                        election_ticks=config.timing.election_ticks,
-                       heartbeat_ticks=config.timing.heartbeat_ticks),
+                       heartbeat_ticks=config.timing.heartbeat_ticks,
+                       max_inflight=PIPELINE_DEPTH),
             rng=rng,
             restored=RaftRestoredState(hard_state=durable.hard_state or HardState(),
                                        snapshot=snapshot, entries=durable.entries),
@@ -251,10 +276,14 @@ async def open_node(
                     + driver.stats.dropped_peer_messages,
                 )
 
+            def propose_batch(requests: tuple[ClientRequest, ...]) -> Ready:
+                return core.step(ProposeBatch(requests=requests))
+
             driver = Driver(core=core, replica=replica, committer=committer, send=send,
                             tick_seconds=config.timing.tick_ms / 1000,
                             status_reply=status_reply, observer=metrics,
-                            persist_inline=config.fsync == "off")
+                            persist_inline=config.fsync == "off",
+                            propose_batch=propose_batch)
             client_port = ClientPort(driver, ssl_context=client_server_context(paths),
                                      node_id=config.id)
             node = Node(config=config, driver=driver, transport=transport,

@@ -9,6 +9,7 @@ from phalanx.consensus.raft.confchange import ConfChange, ConfChangeError
 from phalanx.consensus.raft.config import (
     BUG_NAMES,
     Campaign,
+    ProposeBatch,
     ProposeConfChange,
     RaftConfig,
     RaftRestoredState,
@@ -42,6 +43,7 @@ __all__ = [
     "HeartbeatResponse",
     "InstallSnapshot",
     "InstallSnapshotResponse",
+    "ProposeBatch",
     "ProposeConfChange",
     "RaftConfig",
     "RaftCore",

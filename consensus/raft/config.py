@@ -2,7 +2,7 @@
 
 Owns: `RaftConfig` (static tuning and the test-only `bugs` switches), `RaftRestoredState`
 (what a driver reloads from disk after a crash), the Raft-specific inputs (`Campaign`,
-`ProposeConfChange`, `TransferLeadership`) and `RaftStatus`.
+`ProposeBatch`, `ProposeConfChange`, `TransferLeadership`) and `RaftStatus`.
 
 Rules: pure data; imports only `phalanx.consensus` modules. Invalid configuration is our
 own misuse and raises `LocalProtocolError` at construction.
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from phalanx.consensus.core import CoreStatus, Snapshot
 from phalanx.consensus.raft.confchange import ConfChange
 from phalanx.consensus.types import (
+    ClientRequest,
     Configuration,
     Entry,
     HardState,
@@ -120,6 +121,19 @@ class RaftRestoredState:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Campaign:
     """Start an election now (with a pre-vote round when `RaftConfig.pre_vote`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProposeBatch:
+    """Several client requests arriving together: `Submit` for each, but the leader appends
+    the writes as ONE COMMAND entry (applied in order) and sends one AppendEntries per
+    follower for all of them. Reads and refusals are handled exactly as `Submit` would.
+
+    Drivers use it to batch the requests that arrived in one pass over their input queue
+    (group commit at the protocol level: one entry, one message, one encode per batch).
+    """
+
+    requests: tuple[ClientRequest, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,12 +12,16 @@ Rules:
   `match self.role:`; `_become_*` are the only methods that change `role`.
 - Persistence before dependence: term, vote and entries go out in `Ready` (persisted before
   its messages are sent), and the node never counts its *own* vote or entries towards a
-  quorum before `Persisted` says they are durable (`_self_vote_number`, `durable`).
+  quorum before `Persisted` says they are durable (`_self_vote_number`, `durable`). The one
+  exception is `Ready.early_messages`: a leader's AppendEntries and heartbeats (`_send`),
+  which depend on nothing unpersisted (§10.2.1) and so overlap its disk write with the
+  followers'.
 - Peer input is never trusted: malformed messages (`validate.py`) and impossible ones
   (a match beyond our log, an unknown peer) are dropped and counted in `status().dropped`.
 - Batching: each client `Submit` at the leader becomes one COMMAND entry at once (no added
-  latency); AppendEntries carry up to `max_batch_entries` entries, so entries proposed while
-  a follower's window is full go out together.
+  latency); `ProposeBatch` makes one COMMAND entry of all its writes (a driver's batch of
+  requests that arrived together); AppendEntries carry up to `max_batch_entries` entries, so
+  entries proposed while a follower's window is full go out together.
 - Lease reads are not implemented: every read goes through ReadIndex, which needs no clock
   assumption.
 """
@@ -48,6 +52,7 @@ from phalanx.consensus.quorum import JointConfig, VoteResult
 from phalanx.consensus.raft import confchange
 from phalanx.consensus.raft.config import (
     Campaign,
+    ProposeBatch,
     ProposeConfChange,
     RaftConfig,
     RaftRestoredState,
@@ -83,7 +88,7 @@ from phalanx.consensus.types import (
     SnapshotMeta,
 )
 
-RaftInput: TypeAlias = Input | Campaign | ProposeConfChange | TransferLeadership
+RaftInput: TypeAlias = Input | Campaign | ProposeBatch | ProposeConfChange | TransferLeadership
 
 
 class Role(enum.Enum):
@@ -167,6 +172,8 @@ class RaftCore(Replication):
                 self._tick()
             case Submit(request=r):
                 self._submit(r)
+            case ProposeBatch(requests=requests):
+                self._propose_batch(requests)
             case Persisted(number=n):
                 self._persisted(n)
             case CheckpointTaken(index=index, data=data):
@@ -207,8 +214,20 @@ class RaftCore(Replication):
 
     # ------------------------------------------------------------------------ output
 
+    def _send(self, to: NodeId, message: Message) -> None:
+        # Ref: §10.2.1: a leader's AppendEntries and heartbeats depend on nothing that is not
+        # durable: its term was durable before its RequestVotes left (so before it could
+        # win), and it counts its own entries only after `Persisted`. They go out early, in
+        # parallel with the leader's own disk write. Everything else (votes, responses,
+        # anything a follower or candidate says) waits for step 1 of its Ready.
+        if self.role is Role.LEADER and isinstance(message, AppendEntries | Heartbeat):
+            self._early.append(Send(to=to, message=message))
+        else:
+            self._msgs.append(Send(to=to, message=message))
+
     def _reset_out(self) -> None:
         self._msgs: list[Send] = []
+        self._early: list[Send] = []
         self._new_entries: list[Entry] = []
         self._truncate: int | None = None
         self._snap_out: Snapshot | None = None
@@ -241,10 +260,11 @@ class RaftCore(Replication):
                 self._pending_durable.append((number, self.log.last_index()))
             if self._self_vote_number == -1:
                 self._self_vote_number = number
-        elif not (self._msgs or committed or self._reads or self._rejected):
+        elif not (self._msgs or self._early or committed or self._reads or self._rejected):
             return EMPTY_READY
         return Ready(
             number=number,
+            early_messages=tuple(self._early),
             snapshot=self._snap_out,
             truncate_from=self._truncate,
             entries=tuple(self._new_entries),
@@ -552,6 +572,19 @@ class RaftCore(Replication):
         self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
                                   kind=EntryKind.COMMAND, requests=(request,))])
         self._broadcast_append(allow_empty=False)
+
+    def _propose_batch(self, requests: tuple[ClientRequest, ...]) -> None:
+        writes: list[ClientRequest] = []
+        for request in requests:
+            if request.read_only or self.role is not Role.LEADER or (
+                    self.lead_transferee is not None):
+                self._submit(request)  # a read, or refused exactly as a lone Submit
+            else:
+                writes.append(request)
+        if writes:
+            self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
+                                      kind=EntryKind.COMMAND, requests=tuple(writes))])
+            self._broadcast_append(allow_empty=False)
 
     def _start_read_round(self) -> None:
         # Ref: §6.4 step 1: only once the leader committed an entry of its own term.

@@ -20,7 +20,11 @@ import enum
 from collections import deque
 
 STALL_LIMIT = 2
-"""Heartbeat responses without progress after which a REPLICATE follower is probed again."""
+"""Heartbeat responses without progress after which a REPLICATE follower is probed again.
+
+A follower answers messages in order, so a heartbeat response comes after the answers to
+every AppendEntries sent before that heartbeat: two heartbeat rounds without any progress
+mean the window was lost (a dropped connection, a restarted follower)."""
 
 
 class ProgressState(enum.Enum):
@@ -108,12 +112,15 @@ class Progress:
 
     def heartbeat_acked(self, last_index: int) -> bool:
         """A heartbeat response arrived; True if REPLICATE made no progress for `STALL_LIMIT`
-        heartbeats while entries were outstanding (their messages were probably lost)."""
+        heartbeats while entries were outstanding (their messages were probably lost).
+
+        A full window alone is not a stall: a follower that acknowledges more slowly than
+        clients propose keeps it full while making progress."""
         if self.state is not ProgressState.REPLICATE or self.match >= last_index:
             self.stalled = 0
             return False
         self.stalled += 1
-        return self.stalled >= STALL_LIMIT or self.inflights.full()
+        return self.stalled >= STALL_LIMIT
 
     def become_replicate(self) -> None:
         self.state = ProgressState.REPLICATE

@@ -15,6 +15,9 @@ Faults:
 - `restart()`: reopen storage, `load()` the durable state, rebuild core and replica.
 - `pause()/resume()`: no ticks; messages and client requests queue until resumed.
 - `clock_rate`: the tick period is divided by it (a fast clock ticks more often).
+- `crash_point`: called after every carried-out Ready that had persistence; when it returns
+  True the node crashes right there (BUGGIFY-style: after persisting and sending, before
+  any further input), e.g. between granting a vote and hearing the next RequestVote.
 
 Rules: deterministic (a per-node `random.Random`, virtual time only); the core, replica and
 invariant checker are injected, so the node knows no protocol beyond the `Core` contract.
@@ -108,6 +111,7 @@ class SimNode:
         self._stepping = False
         self._reads: list[ReadState] = []
         self._client_requests: dict[tuple[str, int], ClientRequest] = {}
+        self.crash_point: Callable[[SimNode, Ready], bool] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -223,6 +227,9 @@ class SimNode:
                 if not ready.is_empty:
                     self._handle(ready)
                 self._observe(core)
+                if (ready.has_persistence and self.crash_point is not None
+                        and self.crash_point(self, ready)):
+                    self.crash(lose_unfsynced=False)
         finally:
             self._stepping = False
 
@@ -232,9 +239,6 @@ class SimNode:
         persister, replica = self.persister, self.replica
         assert persister is not None
         assert replica is not None
-        # 0. Early messages (a leader's AppendEntries) need nothing persisted: send them now.
-        for send in ready.early_messages:
-            self._send(self.name, send.to, send.message)
         # 0. Messages that depend on nothing unpersisted may go at once.
         for send in ready.early_messages:
             self._send(self.name, send.to, send.message)

@@ -18,7 +18,12 @@ from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import CasResult, CompareAndSet, Get, Put, Value
 from phalanx.config import NodeConfig
 from phalanx.consensus.core import Ready
-from phalanx.consensus.raft import AppendEntries, RequestVote
+from phalanx.consensus.raft import (
+    AppendEntries,
+    AppendEntriesResponse,
+    RequestVote,
+    RequestVoteResponse,
+)
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.driver import Driver
 from phalanx.group_commit import GroupCommitter
@@ -221,15 +226,19 @@ async def test_no_message_leaves_before_its_state_is_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A slow disk (every batch waits before it is written) widens the window; every message
-    a node receives must come from a sender whose term and log entries were already durable
-    when it was sent."""
+    a node receives must depend only on its sender's durable state: the sender's term was
+    durable, a granted vote was durable, an acknowledged log prefix was durable. A leader's
+    AppendEntries may carry entries it has not yet written (`Ready.early_messages`, Raft
+    §10.2.1), but never a term it has not written."""
     original = GroupCommitter.persist
-    durable: dict[int, tuple[int, int]] = {}  # id(committer) -> (durable term, durable last)
+    # id(committer) -> (durable term, durable vote, durable last index)
+    durable: dict[int, tuple[int, str | None, int]] = {}
 
     def slow_persist(self: GroupCommitter, batch: Sequence[Ready]) -> bool:
         time.sleep(0.005)
         synced = original(self, batch)
-        durable[id(self)] = (self.saved_hard_state.term, self.persister.wal.last_index())
+        hs = self.saved_hard_state
+        durable[id(self)] = (hs.term, hs.vote, self.persister.wal.last_index())
         return synced
 
     monkeypatch.setattr(GroupCommitter, "persist", slow_persist)
@@ -240,15 +249,22 @@ async def test_no_message_leaves_before_its_state_is_durable(
 
     async def checking_deliver(self: Driver, src: NodeId, message: object) -> None:
         sender = nodes.get(src)
-        if sender is not None and isinstance(message, RequestVote | AppendEntries):
-            term, last = durable.get(id(sender.driver.committer), (0, 0))
-            pre_vote = isinstance(message, RequestVote) and message.pre_vote
+        kinds = RequestVote | AppendEntries | AppendEntriesResponse | RequestVoteResponse
+        if sender is not None and isinstance(message, kinds):
+            term, vote, last = durable.get(id(sender.driver.committer), (0, None, 0))
+            pre_vote = isinstance(message, RequestVote | RequestVoteResponse) and (
+                message.pre_vote)
             if not pre_vote and message.term > term:
                 violations.append(f"{src} sent term {message.term} with durable term {term}")
-            if (isinstance(message, AppendEntries) and message.entries
-                    and message.entries[-1].index > last):
-                    violations.append(f"{src} sent entry {message.entries[-1].index} with "
-                                      f"durable log end {last}")
+            if (isinstance(message, AppendEntriesResponse) and message.success
+                    and message.match_index > last):
+                violations.append(f"{src} acknowledged {message.match_index} with durable "
+                                  f"log end {last}")
+            if (isinstance(message, RequestVoteResponse) and message.vote_granted
+                    and not message.pre_vote and term == message.term
+                    and vote != self.node_id):
+                violations.append(f"{src} granted a vote to {self.node_id} with durable "
+                                  f"vote {vote}")
             checked[0] += 1
         await original_deliver(self, src, message)
 

@@ -149,6 +149,9 @@ class Cluster:
     def _handle_ready(self, nid: NodeId, node: Node, rd: Ready) -> None:
         if self.verbose:
             self._log_ready(nid, node, rd)
+        # 0. early messages (a leader's AppendEntries) may leave before persisting
+        for s in rd.early_messages:
+            self.queue.append((nid, s.to, s.message))
         # 1. persist
         node.disk.persist(rd)
         if rd.snapshot is not None:
@@ -185,7 +188,7 @@ class Cluster:
         hs = rd.hard_state
         if hs is not None and (hs.term, hs.vote) != (old.term, old.vote):
             self.log(f"{nid} hardstate term={hs.term} vote={hs.vote or '-'}")
-        for s in rd.messages:
+        for s in (*rd.early_messages, *rd.messages):
             self.log(f"{nid}->{s.to} {s.message}")
         if rd.committed:
             self.log(f"{nid} apply " + " | ".join(fmt_entry(e) for e in rd.committed))

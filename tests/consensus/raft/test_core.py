@@ -71,7 +71,8 @@ def recv(c: RaftCore, src: NodeId, m: Message, *, persist: bool = True) -> Ready
 
 
 def sent(rd: Ready, kind: type) -> list[tuple[NodeId, Message]]:
-    return [(s.to, s.message) for s in rd.messages if isinstance(s.message, kind)]
+    return [(s.to, s.message) for s in (*rd.early_messages, *rd.messages)
+            if isinstance(s.message, kind)]
 
 
 def ent(index: int, term: int, cmd: str | None = None) -> Entry:
@@ -161,6 +162,7 @@ def test_rejoining_node_cannot_disrupt_a_leader() -> None:
         rd = recv(c, N3, RequestVote(term=9, candidate_id=N3, last_log_index=5,
                                      last_log_term=5, pre_vote=pre))
         assert rd.messages == ()
+        assert rd.early_messages == ()
         assert c.term == 3
     assert c.status().dropped["vote_in_lease"] == 2
     # A leadership transfer campaign is answered.
@@ -297,6 +299,7 @@ def test_leader_uses_conflict_hint() -> None:
     rd = recv(c, N2, AppendEntriesResponse(term=2, success=False, reject_index=3,
                                            conflict_index=1, conflict_term=0))
     assert rd.messages == ()
+    assert rd.early_messages == ()
 
 
 def test_stale_append_does_not_truncate_matching_suffix() -> None:
