@@ -164,6 +164,23 @@ def test_progress_stall_detection() -> None:
     assert not pr.heartbeat_acked(4)
 
 
+def test_progress_full_window_with_progress_is_not_a_stall() -> None:
+    # Under load the window is full all the time; as long as each heartbeat round sees
+    # progress, the follower must stay in REPLICATE (probing would resend the whole window).
+    pr = Progress(next_index=1, max_inflight=2)
+    pr.become_replicate()
+    last = 0
+    for _ in range(10 * STALL_LIMIT):
+        pr.sent_entries(last + 1)
+        pr.sent_entries(last + 2)
+        assert pr.inflights.full()
+        assert not pr.heartbeat_acked(last + 2)
+        pr.maybe_update(last + 1)
+        last += 2
+        pr.maybe_update(last)
+    assert pr.state is ProgressState.REPLICATE
+
+
 # ---------------------------------------------------------------------------- confchange
 
 
