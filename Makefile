@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen
 
-.PHONY: demo test lint typecheck pytest soak bench bench-kv clean
+.PHONY: demo test lint typecheck pytest soak jepsen bench bench-kv clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -35,6 +35,17 @@ pytest: $(STAMP)
 
 soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all
+
+# The Jepsen matrix on real 5-node clusters: workload x nemesis, 60 s each (~15 min).
+# Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
+JEPSEN_WORKLOADS ?= register bank set
+JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader all
+jepsen: $(STAMP)
+	@status=0; for w in $(JEPSEN_WORKLOADS); do for n in $(JEPSEN_NEMESES); do \
+	  echo "== jepsen: raft, 5 nodes, workload $$w, nemesis $$n"; \
+	  $(VENV)/bin/phalanx jepsen run --protocol raft --nodes 5 --workload $$w --nemesis $$n \
+	    --time 60 --rate 40 --concurrency 5 --store store || status=1; \
+	done; done; exit $$status
 
 bench: $(STAMP)
 	$(PY) bench/storage.py

@@ -67,10 +67,16 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     """Register ``phalanx jepsen`` (with subcommand ``check``) on `subparsers`."""
     jepsen = subparsers.add_parser(
         "jepsen",
-        help="check recorded client histories (linearizability)",
-        description="Jepsen-style tools over recorded histories.",
+        help="run fault-injection tests on real clusters; check recorded histories",
+        description="Jepsen-style testing: `run` a workload against a fresh local cluster under "
+        "a nemesis schedule, or `check` any recorded history.",
     )
     sub = jepsen.add_subparsers(dest="jepsen_command", metavar="SUBCOMMAND", required=True)
+    # Imported here: the harness pulls in trio and the client, which `check` does not need
+    # at import time of this module.
+    from phalanx.jepsen.harness.cli import add_run_command
+
+    add_run_command(sub)
     check_parser = sub.add_parser(
         "check",
         help="check a JSON Lines history; exit 0 valid, 1 invalid, 2 unknown, 3 bad file",

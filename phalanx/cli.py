@@ -27,7 +27,7 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("sim", "phalanx.jepsen.sim.cli", "add_sim_command",
      "run seeded deterministic simulations and check safety, linearizability, liveness"),
     ("jepsen", "phalanx.jepsen.cli", "add_jepsen_command",
-     "check recorded client histories (linearizability)"),
+     "run fault-injection tests on real clusters; check recorded histories"),
 )
 
 
