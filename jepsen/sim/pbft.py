@@ -1,0 +1,337 @@
+"""PBFT in the deterministic simulator: cores with `FastCrypto`, Byzantine replicas, the BFT
+client side (every request to every replica, f+1 matching replies) and the BFT invariants.
+
+Owns: `pbft_setup(...)` (called by `phalanx.jepsen.sim.protocols.protocol_setup`),
+`choose_byzantine` (which replicas lie, and how, for a seed), `BftReplies` (the client-side
+reply filter), `BftChecker` (agreement over honest replicas and validity) and
+`DurableStateCore` (keeps `Ready.core_state` durable for the simulated node).
+
+Invariants checked (on top of linearizability and liveness, which `run` checks):
+- **Agreement**: no two honest replicas execute different request batches at one sequence
+  number. Only the batch is compared: a batch committed in view v at one replica and
+  re-proposed in view v+1 (NewView) at another is the same decision.
+- **Validity**: every request an honest replica executes was issued by a client.
+Byzantine replicas are excluded: `run` gives them a throwaway checker.
+
+Rules: deterministic (Byzantine choices come from `random.Random` seeded with the run seed;
+no clocks, no set-order dependence); imports the PBFT core and `phalanx.jepsen.byzantine`,
+never the event loop or the network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.consensus.core import Core, CoreStatus, Input, Ready
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.pbft import (
+    PBFT_MESSAGES,
+    PbftConfig,
+    PbftCore,
+    PbftDurableState,
+    PbftRestoredState,
+    ReplyCollector,
+)
+from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
+from phalanx.jepsen.byzantine import (
+    BEHAVIOURS,
+    ByzantineCore,
+    TwinsChannel,
+    TwinsCore,
+    corrupt_result,
+)
+from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
+from phalanx.jepsen.sim.protocols import ProtocolSetup
+from phalanx.net import wire
+from phalanx.persistence import DurableState
+from phalanx.storage.files import Storage
+
+# Behaviours a sweep draws from (every one of `BEHAVIOURS`).
+SWEEP_BEHAVIOURS = BEHAVIOURS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ByzantinePlan:
+    """Which replicas are Byzantine in one run, and how.
+
+    Attributes:
+        behaviours: node -> behaviour names (a `ByzantineCore` wrapper).
+        twins: twinned nodes (a `TwinsCore` each); they are Byzantine too.
+        side_a: the honest replicas the A twins talk to (the B twins talk to the others).
+    """
+
+    behaviours: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    twins: tuple[str, ...] = ()
+    side_a: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({n for n, _ in self.behaviours} | set(self.twins)))
+
+    def describe(self) -> str:
+        parts = [f"{n}:{'+'.join(b)}" for n, b in self.behaviours]
+        if self.twins:
+            parts.append(f"twins {','.join(self.twins)} (side A: {','.join(self.side_a)})")
+        return "; ".join(parts) or "none"
+
+
+def choose_byzantine(
+    seed: int,
+    names: tuple[str, ...],
+    *,
+    count: int,
+    twins: int = 0,
+    behaviours: tuple[str, ...] = (),
+) -> ByzantinePlan:
+    """The seeded plan: `count` replicas with behaviours (the given ones, or one or two drawn
+    from `SWEEP_BEHAVIOURS`), plus `twins` twinned replicas. Twins come first in the order,
+    so `twins=2` at n=4 twins two nodes including the view-0 primary half of the time."""
+    if count < 0 or twins < 0 or count + twins > len(names):
+        raise ValueError(f"cannot make {count} + {twins} of {len(names)} replicas Byzantine")
+    unknown = [b for b in behaviours if b not in BEHAVIOURS]
+    if unknown:
+        raise ValueError(f"unknown Byzantine behaviour(s) {unknown}; known: {BEHAVIOURS}")
+    rng = random.Random(f"pbft-byzantine:{seed}")
+    picked = rng.sample(sorted(names), count + twins)
+    twinned = tuple(sorted(picked[:twins]))
+    liars = sorted(picked[twins:])
+    plan: list[tuple[str, tuple[str, ...]]] = []
+    for node in liars:
+        chosen = behaviours or tuple(sorted(rng.sample(SWEEP_BEHAVIOURS, rng.randint(1, 2))))
+        plan.append((node, chosen))
+    honest = [n for n in sorted(names) if n not in picked]
+    rng.shuffle(honest)
+    side_a = tuple(sorted(honest[: (len(honest) + 1) // 2])) if twinned else ()
+    return ByzantinePlan(behaviours=tuple(plan), twins=twinned, side_a=side_a)
+
+
+class BftChecker(InvariantChecker):
+    """`InvariantChecker` with PBFT's agreement (batches per seq) and validity."""
+
+    def __init__(self, issued: set[tuple[str, int, bytes]]) -> None:
+        super().__init__(leader_role="primary")
+        self._issued = issued
+        self._batches: dict[int, tuple[ClientRequest, ...]] = {}
+
+    def observe_apply(self, node: str, entry: Entry, at_ns: int) -> None:
+        for r in entry.requests:
+            if (r.client_id, r.request_no, r.command) not in self._issued:
+                self._violate(
+                    "validity",
+                    at_ns,
+                    f"{node} executed {r.client_id}#{r.request_no} at seq {entry.index}, "
+                    "which no client issued",
+                )
+        known = self._batches.get(entry.index)
+        if known is None:
+            self._batches[entry.index] = entry.requests
+            self.applied[entry.index] = entry
+            self.applied_by[entry.index] = node
+        elif known != entry.requests:
+            self._violate(
+                "agreement",
+                at_ns,
+                f"seq {entry.index}: {self.applied_by[entry.index]} executed "
+                f"{_batch(known)}, {node} executed {_batch(entry.requests)}",
+            )
+
+
+    def check_committed_durable(
+        self, logs: Mapping[str, LogMirror], at_ns: int, *, durable_window: int = 256
+    ) -> None:
+        """Not a PBFT property: decisions live in certificates and checkpoints, not a log."""
+
+    def check_log_matching(self, logs: Mapping[str, LogMirror], at_ns: int) -> None:
+        """Not a PBFT property: PBFT keeps no replicated log (agreement replaces it)."""
+
+
+def _batch(batch: tuple[ClientRequest, ...]) -> str:
+    if not batch:
+        return "[null]"
+    return "[" + ",".join(f"{r.client_id}#{r.request_no}" for r in batch) + "]"
+
+
+class BftReplies:
+    """The BFT client side: every request goes to every replica; a result is accepted once
+    f+1 replicas sent the same one (`ReplyCollector`). Byzantine replicas with
+    ``corrupt_reply`` answer wrong results; the f+1 rule must filter them out."""
+
+    broadcast = True
+
+    def __init__(
+        self, replicas: tuple[str, ...], corrupting: tuple[str, ...], seed: int
+    ) -> None:
+        self._replicas = tuple(NodeId(r) for r in replicas)
+        self._corrupting = frozenset(corrupting)
+        self._rng = random.Random(f"pbft-replies:{seed}")
+        self._collectors: dict[tuple[str, int], ReplyCollector] = {}
+        self._done: set[tuple[str, int]] = set()
+        self.issued: set[tuple[str, int, bytes]] = set()
+        self.corrupted = 0
+
+    def record(self, request: ClientRequest) -> None:
+        """A client issued `request` (validity accepts only these)."""
+        self.issued.add((request.client_id, request.request_no, request.command))
+
+    def reply(self, node: str, client_id: str, request_no: int, result: bytes) -> bytes | None:
+        """Feed `node`'s reply; return the accepted result exactly once, else None."""
+        key = (client_id, request_no)
+        if key in self._done:
+            return None
+        if node in self._corrupting:
+            result = corrupt_result(result, self._rng)
+            self.corrupted += 1
+        collector = self._collectors.get(key)
+        if collector is None:
+            collector = self._collectors[key] = ReplyCollector(self._replicas)
+        decided = collector.add(NodeId(node), result)
+        if decided is None:
+            return None
+        self._done.add(key)
+        del self._collectors[key]
+        return decided
+
+
+class DurableStateCore:
+    """Keeps a PBFT core's `Ready.core_state` durable for the simulated node.
+
+    The record is written (synchronously, like the memory disk's fsync) into `cells[node]`,
+    which survives crashes, and the Ready keeps a `hard_state` so that the driver still
+    persists it and feeds `Persisted` back. Used because `SimNode` does not yet hand
+    `ReadyPersister` a core-state store.
+    """
+
+    def __init__(self, inner: PbftCore, cells: dict[str, PbftDurableState]) -> None:
+        self.inner = inner
+        self._cells = cells
+
+    @property
+    def node_id(self) -> NodeId:
+        return self.inner.node_id
+
+    def status(self) -> CoreStatus:
+        return self.inner.status()
+
+    def step(self, inp: Input, /) -> Ready:
+        ready = self.inner.step(inp)
+        state = ready.core_state
+        if not isinstance(state, PbftDurableState):
+            return ready
+        self._cells[self.node_id] = state
+        hard = ready.hard_state or HardState(view=state.view, commit=self.inner.executed)
+        return dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)
+
+
+def _unwrap(core: Core) -> PbftCore:
+    while not isinstance(core, PbftCore):
+        if isinstance(core, ByzantineCore | DurableStateCore):
+            core = core.inner
+        elif isinstance(core, TwinsCore):
+            core = core.a
+        else:
+            raise TypeError(f"not a PBFT core: {type(core).__name__}")
+    return core
+
+
+def _decode_entry(data: bytes) -> Entry:
+    return wire.decode(data, expected=Entry)
+
+
+def pbft_setup(
+    *,
+    nodes: int,
+    bugs: frozenset[str],
+    seed: int,
+    byzantine: int = 0,
+    twins: int = 0,
+    behaviours: tuple[str, ...] = (),
+) -> ProtocolSetup:
+    """The simulator setup of a PBFT cluster `n1..nN`: `byzantine` replicas with seeded (or
+    the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine`."""
+    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    plan = choose_byzantine(seed, names, count=byzantine, twins=twins, behaviours=behaviours)
+    wire.register_all(PBFT_MESSAGES)
+    replicas = tuple(NodeId(n) for n in names)
+    bootstrap = Configuration(voters=tuple(sorted(replicas)))
+    cells: dict[str, PbftDurableState] = {}
+    liars = dict(plan.behaviours)
+    twinned = frozenset(NodeId(n) for n in plan.twins)
+    side_a = frozenset(NodeId(n) for n in plan.side_a)
+    channel = TwinsChannel()
+    corrupting = tuple(n for n, b in plan.behaviours if "corrupt_reply" in b)
+    replies = BftReplies(names, corrupting, seed)
+    checker = BftChecker(replies.issued)
+
+    def config(node: str) -> PbftConfig:
+        return PbftConfig(
+            node_id=NodeId(node),
+            replicas=replicas,
+            checkpoint_interval=8,
+            log_window=16,
+            batch_size=4,
+            view_change_ticks=20,
+            max_view_change_ticks=80,
+            fetch_ticks=10,
+            bugs=bugs,
+        )
+
+    def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
+        replica = Replica(
+            KvStateMachine(),
+            checkpoints=storage.checkpoints,
+            wal=storage.wal,
+            decode_entry=_decode_entry,
+            policy=CheckpointPolicy(every_entries=8, every_bytes=0, compact_lag=0),
+            config=bootstrap,
+        )
+        replica.restore_latest(replay_upto=0)
+        return replica
+
+    def restored(node: str, durable: DurableState) -> PbftRestoredState:
+        return PbftRestoredState(
+            durable=cells.get(node, PbftDurableState()),
+            executed=durable.snapshot.index if durable.snapshot is not None else 0,
+            checkpoint_data=durable.snapshot_data,
+        )
+
+    def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
+        crypto = FastCrypto(NodeId(node))
+        honest: Core = DurableStateCore(
+            PbftCore(config(node), crypto=crypto, restored=restored(node, durable)), cells
+        )
+        byz_rng = random.Random(f"pbft-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")
+        if NodeId(node) in twinned:
+            return TwinsCore(
+                honest,
+                lambda: PbftCore(config(node), crypto=crypto, restored=restored(node, durable)),
+                side_a=side_a,
+                twinned=twinned,
+                channel=channel,
+                rng=byz_rng,
+            )
+        if node in liars:
+            return ByzantineCore(honest, behaviours=liars[node], crypto=crypto, rng=byz_rng)
+        return honest
+
+    def observe(core: Core) -> tuple[str, int, int]:
+        pbft = _unwrap(core)
+        # Never "primary": PBFT has no log for the leader-completeness check to compare.
+        return "replica", pbft.view, pbft.executed
+
+    return ProtocolSetup(
+        names=names,
+        codec=wire.default_registry(),
+        make_core=make_core,
+        make_replica=make_replica,
+        observe=observe,
+        leader_role="primary",
+        checker=checker,
+        replies=replies,
+        byzantine=plan.nodes,
+        description=f"byzantine: {plan.describe()}",
+    )
