@@ -34,6 +34,8 @@ DUPLICATE = "duplicate"
 DELAY = "delay"
 CLOCK_SKEW = "clock-skew"
 LOSE_UNFSYNCED = "lose-unfsynced"
+CRASH_AFTER_READY = "crash-after-ready"
+STRAGGLE = "straggle"
 
 FAULT_KINDS: tuple[str, ...] = (
     KILL,
@@ -49,8 +51,22 @@ FAULT_KINDS: tuple[str, ...] = (
     CLOCK_SKEW,
     LOSE_UNFSYNCED,
 )
-"""Every fault kind. `lose-unfsynced` is a modifier of `kill`: a kill then also loses the
-node's un-fsynced writes (a machine crash rather than a process crash)."""
+"""Every fault kind both backends (simulator and real cluster) inject. `lose-unfsynced` is a
+modifier of `kill`: a kill then also loses the node's un-fsynced writes (a machine crash
+rather than a process crash)."""
+
+SIM_ONLY_FAULT_KINDS: tuple[str, ...] = (CRASH_AFTER_READY, STRAGGLE)
+"""Faults only the deterministic simulator can inject precisely (BUGGIFY-style):
+
+- `crash-after-ready`: while active, a node crashes (a process crash) right after it carried
+  out a `Ready` that changed durable state, with probability `value` per such Ready, and
+  restarts after a short delay; at most a minority is ever down.
+- `straggle`: while active, each message is, with probability `value`, held back by a long
+  extra delay, so it arrives after later traffic (e.g. after its receiver restarted).
+"""
+
+SIM_FAULT_KINDS: tuple[str, ...] = FAULT_KINDS + SIM_ONLY_FAULT_KINDS
+"""Every fault kind the simulator interprets (`phalanx sim --faults all`)."""
 
 PARTITIONS: tuple[str, ...] = (
     PARTITION_ONE,
@@ -93,7 +109,7 @@ class FaultEvent:
     value: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.fault not in FAULT_KINDS:
+        if self.fault not in SIM_FAULT_KINDS:
             raise ScheduleError(f"unknown fault kind {self.fault!r}")
         if self.action not in ("start", "stop"):
             raise ScheduleError(f"action must be start or stop, got {self.action!r}")
@@ -160,20 +176,23 @@ def schedule_from_json(text: str) -> Schedule:
     return tuple(FaultEvent.from_json(e) for e in raw)
 
 
-def parse_faults(spec: str) -> tuple[str, ...]:
-    """`all`, `none`, or a comma-separated list of fault kinds → sorted-by-vocabulary tuple."""
+def parse_faults(spec: str, *, kinds: tuple[str, ...] = FAULT_KINDS) -> tuple[str, ...]:
+    """`all`, `none`, or a comma-separated list of fault kinds → sorted-by-vocabulary tuple.
+
+    `kinds` is the vocabulary the caller interprets (`SIM_FAULT_KINDS` for the simulator);
+    `all` means all of it."""
     spec = spec.strip()
     if spec == "all":
-        return FAULT_KINDS
+        return kinds
     if spec in ("none", ""):
         return ()
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in FAULT_KINDS]
+    unknown = [n for n in names if n not in kinds]
     if unknown:
         raise ScheduleError(
-            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}"
+            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(kinds)}"
         )
-    return tuple(k for k in FAULT_KINDS if k in names)
+    return tuple(k for k in kinds if k in names)
 
 
 _MS = 1_000_000
@@ -197,7 +216,7 @@ def generate_schedule(
 
     Determinism: consumes `rng` only; the same rng state and arguments give the same result.
     """
-    kinds = [k for k in FAULT_KINDS if k in faults and k != LOSE_UNFSYNCED]
+    kinds = [k for k in SIM_FAULT_KINDS if k in faults and k != LOSE_UNFSYNCED]
     lose_unfsynced = LOSE_UNFSYNCED in faults
     if LOSE_UNFSYNCED in faults and KILL not in faults:
         kinds.append(KILL)
@@ -256,6 +275,10 @@ def generate_schedule(
             value = round(rng.uniform(0.05, 0.4), 3)
         elif kind == DELAY:
             value = round(rng.uniform(3.0, 20.0), 3)
+        elif kind == CRASH_AFTER_READY:
+            value = round(rng.uniform(0.005, 0.05), 3)
+        elif kind == STRAGGLE:
+            value = round(rng.uniform(0.02, 0.2), 3)
         elif kind == CLOCK_SKEW:
             nodes_arg = (rng.choice(node_list),)
             value = round(rng.choice((rng.uniform(0.3, 0.9), rng.uniform(1.1, 3.0))), 3)

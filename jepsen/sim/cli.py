@@ -45,7 +45,7 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument(
         "--faults",
         default="all",
-        help=f"all, none, or a comma list of: {', '.join(nemesis.FAULT_KINDS)}",
+        help=f"all, none, or a comma list of: {', '.join(nemesis.SIM_FAULT_KINDS)}",
     )
     p.add_argument(
         "--bug",
@@ -59,18 +59,28 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument(
         "--trace", type=Path, default=None, help="write the full trace of a single seed here"
     )
+    p.add_argument(
+        "--liveness", type=float, default=2.0,
+        help="virtual seconds after healing in which every operation must complete (default 2)",
+    )
+    p.add_argument(
+        "--no-swarm", action="store_true",
+        help="use every --faults kind and the protocol's default knobs on every seed "
+        "(default: each seed draws a fault subset and protocol knobs from its own seed)",
+    )
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
     p.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
     try:
-        faults = nemesis.parse_faults(args.faults)
+        faults = nemesis.parse_faults(args.faults, kinds=nemesis.SIM_FAULT_KINDS)
     except nemesis.ScheduleError as exc:
         print(f"phalanx sim: {exc}", file=sys.stderr)
         return 2
-    if args.seeds < 1 or args.jobs < 1 or args.time <= 0:
-        print("phalanx sim: --seeds, --jobs and --time must be positive", file=sys.stderr)
+    if args.seeds < 1 or args.jobs < 1 or args.time <= 0 or args.liveness <= 0:
+        print("phalanx sim: --seeds, --jobs, --time and --liveness must be positive",
+              file=sys.stderr)
         return 2
     if args.nodes is not None and args.nodes < 1:
         print("phalanx sim: --nodes must be >= 1", file=sys.stderr)
@@ -82,6 +92,8 @@ def _handle(args: argparse.Namespace) -> int:
         faults=faults,
         bugs=frozenset(args.bug),
         time_ns=int(args.time * 1e9),
+        liveness_ns=int(args.liveness * 1e9),
+        swarm=not args.no_swarm,
         use_codec=not args.no_codec,
     )
     if args.trace is not None:

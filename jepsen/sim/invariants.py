@@ -12,6 +12,10 @@ after a crash) and `InvariantChecker`, which records every violation of:
   index → entry map of applied entries (Raft §5.4.3).
 - **Monotone commit**: a node's commit index never decreases within one incarnation (a
   restart may restore a lower, still safe, commit index).
+- **Committed means durable on a majority**: every applied entry is held (in its log, or
+  covered by its snapshot) by a majority of the nodes' written logs (Raft §5.4's premise;
+  any majority-quorum protocol with a static membership). Checked over the newest
+  `durable_window` applied indices each time, so the cost per check is bounded.
 
 Rules:
 - Pure bookkeeping over values handed in by the simulator; no clocks, no randomness, no
@@ -160,6 +164,33 @@ class InvariantChecker:
                 f"{node} commit index went from {prev[1]} to {commit} without a restart",
             )
         self._commit[node] = (incarnation, commit)
+
+    def check_committed_durable(
+        self, logs: Mapping[str, LogMirror], at_ns: int, *, durable_window: int = 256
+    ) -> None:
+        """Each of the newest `durable_window` applied entries is held by a majority."""
+        if not self.applied:
+            return
+        names = sorted(logs)
+        majority = len(names) // 2 + 1
+        top = max(self.applied)
+        for index in range(max(1, top - durable_window + 1), top + 1):
+            entry = self.applied.get(index)
+            if entry is None:
+                continue
+            holders = [
+                n for n in names
+                if logs[n].snapshot_index >= index or logs[n].get(index) == entry
+            ]
+            if len(holders) < majority:
+                self._violate(
+                    "committed-durable",
+                    at_ns,
+                    f"applied entry {_short(entry)} (applied by {self.applied_by[index]}) "
+                    f"is held by only {','.join(holders) or 'no node'}, not a majority of "
+                    f"{len(names)}",
+                )
+                return
 
     def check_log_matching(self, logs: Mapping[str, LogMirror], at_ns: int) -> None:
         """Every pair of logs agrees below their highest common (index, term)."""

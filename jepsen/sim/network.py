@@ -9,6 +9,9 @@ Model:
 - Latency is `min_latency + Exp(mean_jitter)`, scaled by `delay_factor`; independent draws
   reorder messages naturally.
 - Loss and duplication are per-message Bernoulli draws; a duplicate gets its own latency.
+- Straggling (`straggle`): a per-message Bernoulli draw adds a long extra delay, uniform in
+  `[straggle_min_ns, straggle_max_ns)`, so a message overtakes nothing but is overtaken by
+  everything sent after it (an old RequestVote arriving after its receiver restarted).
 - Partitions are a set of blocked *directed* links `(src, dst)`, so asymmetric partitions are
   natural. A link is checked at send and again at delivery: a message in flight when a cut
   happens is lost, as a TCP connection reset would lose it.
@@ -43,11 +46,16 @@ class NetworkConfig:
     loss: float = 0.0
     duplicate: float = 0.0
     delay_factor: float = 1.0
+    straggle: float = 0.0
+    straggle_min_ns: int = 5_000_000
+    straggle_max_ns: int = 60_000_000
 
     def __post_init__(self) -> None:
         if self.min_latency_ns < 0 or self.mean_jitter_ns < 0:
             raise ValueError("latencies must be >= 0")
-        for name in ("loss", "duplicate"):
+        if not 0 <= self.straggle_min_ns < self.straggle_max_ns:
+            raise ValueError("need 0 <= straggle_min_ns < straggle_max_ns")
+        for name in ("loss", "duplicate", "straggle"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability, got {p}")
@@ -62,6 +70,7 @@ class NetworkStats:
     dropped_partition: int = 0
     dropped_loss: int = 0
     duplicated: int = 0
+    straggled: int = 0
     bytes_sent: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
 
@@ -113,8 +122,13 @@ class SimNetwork:
 
     def _latency(self) -> int:
         cfg = self.config
-        jitter = self.rng.expovariate(1.0 / cfg.mean_jitter_ns) if cfg.mean_jitter_ns else 0.0
-        return int((cfg.min_latency_ns + jitter) * cfg.delay_factor)
+        rng = self.rng
+        jitter = rng.expovariate(1.0 / cfg.mean_jitter_ns) if cfg.mean_jitter_ns else 0.0
+        latency = int((cfg.min_latency_ns + jitter) * cfg.delay_factor)
+        if cfg.straggle and rng.random() < cfg.straggle:
+            self.stats.straggled += 1
+            latency += rng.randrange(cfg.straggle_min_ns, cfg.straggle_max_ns)
+        return latency
 
     def send(self, src: str, dst: str, message: Message) -> None:
         stats = self.stats

@@ -2,7 +2,7 @@
 state, the replica layer over the KV app, the codec, and how to observe a core cheaply.
 
 Owns: `ProtocolSetup` and `protocol_setup(name, ...)`; `PROTOCOLS` lists the names the CLI
-offers (PBFT and the leaderless core join here when they exist).
+offers (PBFT's setup lives in `phalanx.jepsen.sim.pbft`; the leaderless core joins here).
 
 Rules: the only module of the simulator that imports concrete cores. Observation reads
 attributes instead of `status()` on the hot path (status builds a dataclass per call), and
@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
@@ -21,13 +22,14 @@ from phalanx.consensus.core import Core, Snapshot
 from phalanx.consensus.raft.config import RaftConfig, RaftRestoredState
 from phalanx.consensus.raft.core import RaftCore
 from phalanx.consensus.raft.messages import RAFT_MESSAGES
-from phalanx.consensus.types import Configuration, Entry, HardState, NodeId
+from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
+from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.net import wire
 from phalanx.net.codec import Registry
 from phalanx.persistence import DurableState
 from phalanx.storage.files import Storage
 
-PROTOCOLS: tuple[str, ...] = ("raft",)
+PROTOCOLS: tuple[str, ...] = ("raft", "pbft")
 
 Observation = tuple[str, int, int]
 """(role, term, commit index) of a core."""
@@ -41,21 +43,66 @@ class ProtocolSetup:
     make_replica: Callable[[str, Storage, DurableState], Replica]
     observe: Callable[[Core], Observation]
     leader_role: str
+    checker: InvariantChecker | None = None
+    """The protocol's own checker (PBFT: agreement over batches, validity); default Raft's."""
+    replies: ReplyFilter | None = None
+    """BFT clients: requests go to every replica, results need f+1 matching replies."""
+    byzantine: tuple[str, ...] = ()
+    """Nodes that may lie: their executions are not checked (a throwaway checker)."""
+    description: str = ""
+
+
+class ReplyFilter(Protocol):
+    """The client side of a BFT protocol (see `phalanx.jepsen.sim.pbft.BftReplies`)."""
+
+    def record(self, request: ClientRequest) -> None:
+        """A client issued `request`."""
+        ...
+
+    def reply(self, node: str, client_id: str, request_no: int, result: bytes) -> bytes | None:
+        """Feed one replica's reply; the accepted result exactly once, else None."""
+        ...
 
 
 def _decode_entry(data: bytes) -> Entry:
     return wire.decode(data, expected=Entry)
 
 
+Knobs = tuple[tuple[str, int | bool], ...]
+"""Protocol tuning chosen per seed (swarm testing), as sorted `(name, value)` pairs: the
+protocol's own config fields (e.g. Raft's `pre_vote`) plus `checkpoint_every`."""
+
+
 def protocol_setup(
-    name: str, *, bugs: frozenset[str], nodes: int, checkpoint_every: int = 200
+    name: str,
+    *,
+    bugs: frozenset[str],
+    nodes: int,
+    checkpoint_every: int = 200,
+    knobs: Knobs = (),
+    seed: int = 0,
+    byzantine: int = 0,
+    twins: int = 0,
 ) -> ProtocolSetup:
-    """The setup of protocol `name` for a cluster of `nodes` replicas `n1..nN`."""
+    """The setup of protocol `name` for a cluster of `nodes` replicas `n1..nN`.
+
+    `knobs` override configuration fields of the protocol (unknown names raise TypeError:
+    our own misuse) and `checkpoint_every`. `byzantine` replicas (PBFT only) lie with seeded
+    behaviours and `twins` replicas are twinned (`phalanx.jepsen.sim.pbft`)."""
+    if name == "pbft":
+        from phalanx.jepsen.sim import pbft  # it imports this module: resolved at call time
+
+        return pbft.pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins)
+    if byzantine or twins:
+        raise ValueError(f"protocol {name!r} does not tolerate Byzantine replicas")
+    options: dict[str, Any] = dict(knobs)
+    checkpoint_every = int(options.pop("checkpoint_every", checkpoint_every))
     if name != "raft":
         raise ValueError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}")
     wire.register_all(RAFT_MESSAGES)
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     voters = tuple(NodeId(n) for n in names)
+    RaftConfig(node_id=voters[0], voters=voters, bugs=bugs, **options)  # bad knobs raise now
     bootstrap = Configuration(voters=voters)
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
@@ -80,7 +127,7 @@ def protocol_setup(
             snapshot=snapshot,
             entries=durable.entries,
         )
-        config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs)
+        config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs, **options)
         return RaftCore(config, rng=rng, restored=restored)
 
     def observe(core: Core) -> Observation:
