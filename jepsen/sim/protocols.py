@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
@@ -68,31 +68,41 @@ def _decode_entry(data: bytes) -> Entry:
     return wire.decode(data, expected=Entry)
 
 
+Knobs = tuple[tuple[str, int | bool], ...]
+"""Protocol tuning chosen per seed (swarm testing), as sorted `(name, value)` pairs: the
+protocol's own config fields (e.g. Raft's `pre_vote`) plus `checkpoint_every`."""
+
+
 def protocol_setup(
     name: str,
     *,
     bugs: frozenset[str],
     nodes: int,
     checkpoint_every: int = 200,
+    knobs: Knobs = (),
     seed: int = 0,
     byzantine: int = 0,
     twins: int = 0,
 ) -> ProtocolSetup:
     """The setup of protocol `name` for a cluster of `nodes` replicas `n1..nN`.
 
-    `byzantine` replicas (PBFT only) lie with seeded behaviours and `twins` replicas are
-    twinned (`phalanx.jepsen.sim.pbft`)."""
+    `knobs` override configuration fields of the protocol (unknown names raise TypeError:
+    our own misuse) and `checkpoint_every`. `byzantine` replicas (PBFT only) lie with seeded
+    behaviours and `twins` replicas are twinned (`phalanx.jepsen.sim.pbft`)."""
     if name == "pbft":
         from phalanx.jepsen.sim import pbft  # it imports this module: resolved at call time
 
         return pbft.pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins)
     if byzantine or twins:
         raise ValueError(f"protocol {name!r} does not tolerate Byzantine replicas")
+    options: dict[str, Any] = dict(knobs)
+    checkpoint_every = int(options.pop("checkpoint_every", checkpoint_every))
     if name != "raft":
         raise ValueError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}")
     wire.register_all(RAFT_MESSAGES)
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     voters = tuple(NodeId(n) for n in names)
+    RaftConfig(node_id=voters[0], voters=voters, bugs=bugs, **options)  # bad knobs raise now
     bootstrap = Configuration(voters=voters)
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
@@ -117,7 +127,7 @@ def protocol_setup(
             snapshot=snapshot,
             entries=durable.entries,
         )
-        config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs)
+        config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs, **options)
         return RaftCore(config, rng=rng, restored=restored)
 
     def observe(core: Core) -> Observation:

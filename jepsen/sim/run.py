@@ -15,6 +15,13 @@ Phases:
 4. Checks: invariant violations, linearizability (`phalanx.jepsen.linearizability.check`,
    step-limited so the verdict is deterministic), liveness.
 
+Swarm testing (`RunConfig.swarm`, on by default): each seed also draws, from its own
+generator, a random non-empty subset of the configured fault kinds and the protocol's
+tuning knobs (`swarm_choices`), so a sweep covers many fault mixes and configurations
+(pre-vote and check-quorum on and off, short and long election timeouts, pipelining depth,
+batch sizes, checkpoint interval). The choices depend on the seed only, are printed in the
+failure report and are re-derived by the replay command.
+
 Rules: no clocks or global randomness in anything the run does (wall time is measured only
 around it, for reports); protocols are reached through `phalanx.jepsen.sim.protocols`.
 """
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from phalanx.apps import kv_wire
+from phalanx.consensus.core import Ready
 from phalanx.consensus.types import ClientRequest, Message
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import HistoryRecorder, Op
@@ -37,10 +45,11 @@ from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
-from phalanx.jepsen.sim.protocols import protocol_setup
+from phalanx.jepsen.sim.protocols import Knobs, protocol_setup
 from phalanx.net.codec import DecodeError, Registry
 
 _MS = 1_000_000
+_DEFAULT_LIVENESS_NS = 2_000 * _MS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,14 +57,15 @@ class RunConfig:
     seed: int
     protocol: str = "raft"
     nodes: int = 3
-    faults: tuple[str, ...] = nemesis.FAULT_KINDS
+    faults: tuple[str, ...] = nemesis.SIM_FAULT_KINDS
+    swarm: bool = True
     bugs: frozenset[str] = frozenset()
     byzantine: int = 0
     """Byzantine replicas with seeded behaviours (PBFT; `phalanx.jepsen.sim.pbft`)."""
     twins: int = 0
     """Twinned replicas (PBFT); more than f of Byzantine + twins is the must-fail control."""
     time_ns: int = 2_000 * _MS
-    liveness_ns: int = 2_000 * _MS
+    liveness_ns: int = _DEFAULT_LIVENESS_NS
     clients: int = 3
     keys: int = 3
     tick_ns: int = 10 * _MS
@@ -68,16 +78,55 @@ class RunConfig:
 
     def replay_command(self) -> str:
         faults = ",".join(self.faults) if self.faults else "none"
-        if self.faults == nemesis.FAULT_KINDS:
+        if self.faults == nemesis.SIM_FAULT_KINDS:
             faults = "all"
         bugs = "".join(f" --bug {b}" for b in sorted(self.bugs))
         if self.byzantine or self.twins:
             bugs += f" --byzantine {self.byzantine}" + (f" --twins {self.twins}" * bool(self.twins))
+        swarm = "" if self.swarm else " --no-swarm"
+        liveness = ""
+        if self.liveness_ns != _DEFAULT_LIVENESS_NS:
+            liveness = f" --liveness {self.liveness_ns / 1e9:g}"
         return (
             f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
-            f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}{bugs} "
-            f"--trace trace-{self.seed}.txt"
+            f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
+            f"{liveness}{swarm}{bugs} --trace trace-{self.seed}.txt"
         )
+
+
+_KNOB_CHOICES: dict[str, tuple[tuple[str, tuple[int | bool, ...]], ...]] = {
+    "raft": (
+        ("pre_vote", (True, False)),
+        ("check_quorum", (True, False)),
+        ("election_ticks", (3, 5, 10, 20)),
+        ("max_inflight", (1, 4, 64)),
+        ("max_batch_entries", (1, 8, 64)),
+        ("log_tail_after_compaction", (0, 10, 100)),
+        ("checkpoint_every", (25, 100, 400)),
+    ),
+}
+
+
+def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
+    """The fault kinds and protocol knobs of this seed: a pure function of the config.
+
+    Without `swarm`, the configured faults and no knobs (protocol defaults). With it, each
+    configured fault kind is kept with probability 1/2 (at least one is kept), and every knob
+    is drawn from its sane range; `heartbeat_ticks` stays below `election_ticks`.
+    """
+    if not cfg.swarm:
+        return cfg.faults, ()
+    rng = random.Random(f"swarm:{cfg.protocol}:{cfg.seed}")
+    faults = cfg.faults
+    if len(faults) > 1:
+        kept = tuple(k for k in faults if rng.random() < 0.5)
+        faults = kept or (rng.choice(faults),)
+    knobs: dict[str, int | bool] = {
+        name: rng.choice(values) for name, values in _KNOB_CHOICES.get(cfg.protocol, ())
+    }
+    if "election_ticks" in knobs:
+        knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))
+    return faults, tuple(sorted(knobs.items()))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -96,6 +145,8 @@ class RunResult:
     wall_s: float
     schedule: nemesis.Schedule = ()
     stats: dict[str, int] = field(default_factory=dict)
+    faults_used: tuple[str, ...] = ()
+    knobs: Knobs = ()
 
     @property
     def ok(self) -> bool:
@@ -105,6 +156,9 @@ class RunResult:
         lines = [
             f"seed {self.config.seed}: FAILED",
             f"  replay: {self.config.replay_command()}",
+            f"  faults this seed: {', '.join(self.faults_used) or 'none'}",
+            "  knobs this seed: "
+            + (", ".join(f"{k}={v}" for k, v in self.knobs) or "protocol defaults"),
         ]
         lines += [f"  violation: {v}" for v in self.violations]
         lines.append(f"  last {len(self.trace_tail)} trace lines:")
@@ -113,8 +167,18 @@ class RunResult:
 
 
 def _message_decoder(codec: Registry) -> Callable[[bytes], Message]:
+    """`codec.decode` with a bounded memo: heartbeats and their answers repeat byte for byte,
+    and decoding is a pure function of the bytes into an immutable message."""
+    memo: dict[bytes, Message] = {}
+
     def decode(data: bytes) -> Message:
-        return codec.decode(data, expected=Message)
+        message = memo.get(data)
+        if message is None:
+            message = codec.decode(data, expected=Message)
+            if len(memo) >= 4096:
+                memo.clear()
+            memo[data] = message
+        return message
 
     return decode
 
@@ -128,8 +192,9 @@ class _Cluster:
         self.loop = EventLoop()
         self.trace = Trace(self.loop, keep_all=cfg.keep_trace)
         self.recorder = HistoryRecorder()
+        self.faults, self.knobs = swarm_choices(cfg)
         setup = protocol_setup(
-            cfg.protocol, bugs=cfg.bugs, nodes=cfg.nodes,
+            cfg.protocol, bugs=cfg.bugs, nodes=cfg.nodes, knobs=self.knobs,
             seed=cfg.seed, byzantine=cfg.byzantine, twins=cfg.twins,
         )
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
@@ -149,6 +214,11 @@ class _Cluster:
         )
         self.client_rng = random.Random(root.getrandbits(64))
         self.sched_rng = random.Random(root.getrandbits(64))
+        self.buggify_rng = random.Random(root.getrandbits(64))
+        self._crash_after_ready = 0.0
+        self._killed: set[str] = set()
+        self._term_vote: dict[str, tuple[int, str | None]] = {}
+        self._minority = (cfg.nodes - 1) // 2
         self.nodes: dict[str, SimNode] = {}
         for name in self.names:
             self.nodes[name] = SimNode(
@@ -169,6 +239,7 @@ class _Cluster:
                 observe=setup.observe,
                 tick_ns=cfg.tick_ns,
             )
+            self.nodes[name].crash_point = self._crash_point
         values = ValueCounter()
         keys = [f"k{i}" for i in range(cfg.keys)]
         self.keys = keys
@@ -236,6 +307,36 @@ class _Cluster:
 
     # -- nemesis ----------------------------------------------------------------------------
 
+    def _crash_point(self, node: SimNode, ready: Ready) -> bool:
+        """BUGGIFY: maybe crash `node` right after a Ready with persistence (see
+        `nemesis.CRASH_AFTER_READY`), keeping at most a minority down; restart it soon.
+
+        A Ready that changed the durable term or vote other than to vote for itself (a voter's
+        election step: the moment a lost or unpersisted vote matters) crashes with probability
+        1/2, any other with the episode's probability."""
+        hs = ready.hard_state
+        election = False
+        if hs is not None:
+            election = hs.vote != node.name and (
+                self._term_vote.get(node.name) != (hs.term, hs.vote))
+            self._term_vote[node.name] = (hs.term, hs.vote)
+        p = self._crash_after_ready
+        if not p or self.buggify_rng.random() >= (0.5 if election else p):
+            return False
+        down = sum(1 for name in self.names if not self.nodes[name].up)
+        if down >= self._minority:
+            return False
+        name = node.name
+        self.trace(f"NEMESIS crash-after-ready {name}")
+        delay = self.buggify_rng.randrange(100_000, 3 * _MS)
+
+        def restart() -> None:
+            if name not in self._killed:
+                node.restart()
+
+        self.loop.call_later(delay, restart)
+        return True
+
     def leader(self) -> str | None:
         best: tuple[int, str] | None = None
         for name in self.names:
@@ -256,8 +357,10 @@ class _Cluster:
         if kind == nemesis.KILL:
             for name in event.nodes:
                 if start:
+                    self._killed.add(name)
                     self.nodes[name].crash(lose_unfsynced=event.value >= 1.0)
                 else:
+                    self._killed.discard(name)
                     self.nodes[name].restart()
         elif kind == nemesis.PAUSE:
             for name in event.nodes:
@@ -282,6 +385,10 @@ class _Cluster:
         elif kind == nemesis.CLOCK_SKEW:
             for name in event.nodes:
                 self.nodes[name].clock_rate = event.value if start else 1.0
+        elif kind == nemesis.CRASH_AFTER_READY:
+            self._crash_after_ready = event.value if start else 0.0
+        elif kind == nemesis.STRAGGLE:
+            cfg.straggle = event.value if start else 0.0
 
     def _links(self, event: nemesis.FaultEvent) -> list[tuple[str, str]]:
         names = self.names
@@ -312,9 +419,11 @@ class _Cluster:
     def heal_all(self) -> None:
         self.trace("NEMESIS heal all")
         self._partitions.clear()
+        self._killed.clear()
+        self._crash_after_ready = 0.0
         self.network.heal()
         cfg = self.network.config
-        cfg.loss, cfg.duplicate, cfg.delay_factor = 0.0, 0.0, 1.0
+        cfg.loss, cfg.duplicate, cfg.delay_factor, cfg.straggle = 0.0, 0.0, 1.0, 0.0
         for name in self.names:
             node = self.nodes[name]
             node.clock_rate = 1.0
@@ -322,9 +431,9 @@ class _Cluster:
             node.restart()
 
     def check_logs(self) -> None:
-        self.checker.check_log_matching(
-            {n: self.nodes[n].log for n in self.names}, self.loop.now
-        )
+        logs = {n: self.nodes[n].log for n in self.names}
+        self.checker.check_log_matching(logs, self.loop.now)
+        self.checker.check_committed_durable(logs, self.loop.now)
 
 
 def run(cfg: RunConfig) -> RunResult:
@@ -333,7 +442,7 @@ def run(cfg: RunConfig) -> RunResult:
     c = _Cluster(cfg)
     loop = c.loop
     schedule = nemesis.generate_schedule(
-        c.sched_rng, nodes=c.names, faults=cfg.faults, duration_ns=cfg.time_ns
+        c.sched_rng, nodes=c.names, faults=c.faults, duration_ns=cfg.time_ns
     )
     for event in schedule:
         loop.call_at(event.at_ns, lambda e=event: c.apply_fault(e))  # type: ignore[misc]
@@ -406,5 +515,8 @@ def run(cfg: RunConfig) -> RunResult:
             "applied_max": max(c.checker.applied, default=0),
             "dropped_loss": c.network.stats.dropped_loss,
             "dropped_partition": c.network.stats.dropped_partition,
+            "straggled": c.network.stats.straggled,
         },
+        faults_used=c.faults,
+        knobs=c.knobs,
     )
