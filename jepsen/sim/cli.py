@@ -14,11 +14,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from phalanx.consensus.pbft import KNOWN_BUGS
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.protocols import PROTOCOLS
 from phalanx.jepsen.sim.run import RunConfig, run
 from phalanx.jepsen.sim.sweep import sweep
 
+PBFT_BUG_NAMES = tuple(sorted(KNOWN_BUGS))
 BUG_NAMES = (
     "commit_on_minority",
     "skip_vote_term_check",
@@ -51,7 +53,7 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--bug",
         action="append",
         default=[],
-        choices=BUG_NAMES,
+        choices=BUG_NAMES + PBFT_BUG_NAMES,
         help="TEST ONLY: enable a deliberate protocol bug (the sweep should then fail)",
     )
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
@@ -68,6 +70,14 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="use every --faults kind and the protocol's default knobs on every seed "
         "(default: each seed draws a fault subset and protocol knobs from its own seed)",
     )
+    p.add_argument(
+        "--byzantine", type=int, default=0, metavar="K",
+        help="PBFT: K replicas lie with seeded behaviours (K <= f keeps every check passing)",
+    )
+    p.add_argument(
+        "--twins", type=int, default=0, metavar="T",
+        help="PBFT: T twinned replicas (TEST ONLY: K + T > f is the must-fail control)",
+    )
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
     p.set_defaults(handler=_handle)
 
@@ -82,6 +92,12 @@ def _handle(args: argparse.Namespace) -> int:
         print("phalanx sim: --seeds, --jobs, --time and --liveness must be positive",
               file=sys.stderr)
         return 2
+    if args.byzantine < 0 or args.twins < 0:
+        print("phalanx sim: --byzantine and --twins must be >= 0", file=sys.stderr)
+        return 2
+    if (args.byzantine or args.twins) and args.protocol != "pbft":
+        print("phalanx sim: --byzantine and --twins need --protocol pbft", file=sys.stderr)
+        return 2
     if args.nodes is not None and args.nodes < 1:
         print("phalanx sim: --nodes must be >= 1", file=sys.stderr)
         return 2
@@ -91,6 +107,8 @@ def _handle(args: argparse.Namespace) -> int:
         nodes=args.nodes if args.nodes is not None else 3,
         faults=faults,
         bugs=frozenset(args.bug),
+        byzantine=args.byzantine,
+        twins=args.twins,
         time_ns=int(args.time * 1e9),
         liveness_ns=int(args.liveness * 1e9),
         swarm=not args.no_swarm,
@@ -108,15 +126,17 @@ def _handle(args: argparse.Namespace) -> int:
             print(result.report())
         return 0 if result.ok else 1
     if args.nodes is None:
-        # Alternate 3 and 5 nodes by seed, so one sweep covers both quorum sizes.
+        # Alternate two sizes by seed, so one sweep covers both quorum sizes (PBFT: 3f+1).
+        sizes = ((0, 4), (1, 7)) if args.protocol == "pbft" else ((0, 3), (1, 5))
         results = [
             sweep(
-                replace(base, nodes=n),
+                # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
+                replace(base, nodes=n, byzantine=min(args.byzantine, (n - 1) // 3)),
                 range(args.seed_start + off, args.seed_start + args.seeds, 2),
                 jobs=args.jobs,
                 progress=sys.stderr,
             )
-            for off, n in ((0, 3), (1, 5))
+            for off, n in sizes
             if args.seeds > off
         ]
     else:
