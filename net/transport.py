@@ -25,7 +25,9 @@ Connection model (one direction per TCP connection):
   about to be refused. After the welcome, any byte from the acceptor is a protocol violation.
 - Reconnect: after a failed dial or a lost connection the dialer sleeps
   `Backoff.delay(attempt, rng)` (jittered exponential, injectable rng/base/cap) and retries
-  forever; `attempt` resets after a welcome.
+  forever; `attempt` resets after a welcome. An authenticated inbound connection from the
+  peer is proof it is up again (a restart): it cuts the dialer's sleep short and resets
+  `attempt`, so a restarted node is redialled at once, not after a grown backoff.
 
 Delivery guarantees: best effort, FIFO per link while a connection lasts. Frames dequeued into
 a connection that then breaks are lost (counted in `frames_lost`); consensus cores retransmit.
@@ -59,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+
 from phalanx.consensus.types import LocalProtocolError, NodeId
 from phalanx.net.framing import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -67,7 +70,6 @@ from phalanx.net.framing import (
     FrameTooLarge,
     encode_frame,
 )
-
 from phalanx.pki import node_id_from_peercert
 
 logger = logging.getLogger(__name__)
@@ -158,6 +160,8 @@ class TransportStatistics:
     """Frames dequeued into a connection that broke before they were written."""
     queued_frames: int
     """Frames currently waiting in all send queues."""
+    early_redials: int = 0
+    """Reconnect sleeps cut short by an inbound connection from that peer (it restarted)."""
 
 
 class _Counters:
@@ -168,6 +172,7 @@ class _Counters:
         "connections_refused",
         "connections_replaced",
         "dial_failures",
+        "early_redials",
         "frames_in",
         "frames_lost",
         "frames_out",
@@ -188,6 +193,7 @@ class _Counters:
     connections_refused: int
     connections_replaced: int
     dial_failures: int
+    early_redials: int
     frames_in: int
     frames_lost: int
     frames_out: int
@@ -288,6 +294,8 @@ class Transport:
         )
         """Authenticated ``(src, message)`` pairs, in per-connection arrival order."""
         self._inbound_scopes: dict[NodeId, trio.CancelScope] = {}
+        self._redial: dict[NodeId, trio.Event] = {}
+        """Set by an authenticated inbound connection from the peer: redial it now."""
 
     @property
     def peers(self) -> Mapping[NodeId, PeerAddress]:
@@ -348,6 +356,7 @@ class Transport:
             queue_full_drops=c.queue_full_drops,
             frames_lost=c.frames_lost,
             queued_frames=queued,
+            early_redials=c.early_redials,
         )
 
     # ----------------------------------------------------------------------------------------
@@ -396,6 +405,10 @@ class Transport:
         if src not in self._peers:
             self._refuse(remote, f"node {src!r} is not in the configured peer set")
             return
+        redial = self._redial.pop(src, None)
+        if redial is not None:
+            redial.set()
+            self._counters.early_redials += 1
         with trio.CancelScope() as scope:
             previous = self._inbound_scopes.get(src)
             self._inbound_scopes[src] = scope
@@ -474,7 +487,8 @@ class Transport:
                     delay,
                 )
                 attempt += 1
-                await trio.sleep(delay)
+                if await self._sleep_or_redial(dst, delay):
+                    attempt = 0
                 continue
             attempt = 0
             self._counters.outbound_established += 1
@@ -485,7 +499,17 @@ class Transport:
                 logger.info("%s: link to %s closed (%s)", self.node_id, dst, exc)
             finally:
                 await trio.aclose_forcefully(tls)
-            await trio.sleep(self._backoff.delay(attempt, self._rng))
+            await self._sleep_or_redial(dst, self._backoff.delay(attempt, self._rng))
+
+    async def _sleep_or_redial(self, dst: NodeId, delay: float) -> bool:
+        """Sleep `delay` seconds, or less if `dst` connects to us meanwhile (then True)."""
+        event = trio.Event()
+        self._redial[dst] = event
+        with trio.move_on_after(delay):
+            await event.wait()
+        if self._redial.get(dst) is event:
+            del self._redial[dst]
+        return event.is_set()
 
     async def _dial(
         self, dst: NodeId, address: PeerAddress

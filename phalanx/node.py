@@ -64,7 +64,13 @@ from phalanx.metrics import NodeMetrics, serve_metrics
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
-from phalanx.net.transport import PeerAddress, Transport, TransportStatistics, open_peer_transport
+from phalanx.net.transport import (
+    Backoff,
+    PeerAddress,
+    Transport,
+    TransportStatistics,
+    open_peer_transport,
+)
 from phalanx.persistence import ReadyPersister
 from phalanx.pki import (
     CredentialPaths,
@@ -90,6 +96,12 @@ them with one fsync and answers once. With a deep window every write travels alo
 message, one answer, one follower batch each) and a CPU-bound node serves ~5x fewer writes
 (measured on 3 local nodes, 64 closed-loop clients: depth 64 -> 264 writes/s, 4 -> 703,
 2 -> 1,480, 1 -> 1,181..1,523). Two keeps one message in flight while the next batch fills."""
+
+
+PEER_BACKOFF = Backoff(base=0.05, cap=0.5)
+"""Redial delays to a peer: a cluster is a handful of nodes, so a dead peer is cheap to retry
+every half second, and a restarted one is back within that (sooner when it dials us first:
+the transport redials on its inbound connection)."""
 
 
 class NodeError(Exception):
@@ -259,6 +271,7 @@ async def open_node(
             decode=wire.decode,
             decode_error=DecodeError,
             rng=random.Random(rng.getrandbits(64)),
+            backoff=PEER_BACKOFF,
         ) as transport:
 
             def send(to: NodeId, message: Message) -> bool:
