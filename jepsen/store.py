@@ -23,22 +23,29 @@ import os
 import platform
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from phalanx.jepsen.checker import RunResult
 from phalanx.jepsen.history import History, write_history
-from phalanx.jepsen.nemesis import Schedule
 
 TEST_JSON: Final = "test.json"
 HISTORY: Final = "history.jsonl"
 RESULTS: Final = "results.json"
 NODES: Final = "nodes"
 LATEST: Final = "latest"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class JsonEvent(Protocol):
+    """A schedule event (`phalanx.jepsen.nemesis.FaultEvent` or a harness twin)."""
+
+    def to_json(self) -> dict[str, object]: ...
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 def _version(package: str) -> str | None:
@@ -89,7 +96,7 @@ def create_run(
     *,
     config: Mapping[str, object],
     seed: int | None = None,
-    schedule: Schedule = (),
+    schedule: Sequence[JsonEvent] = (),
     now: dt.datetime | None = None,
 ) -> RunStore:
     """Create ``base/<test>/<timestamp>/`` with its ``test.json``, and point ``latest`` at it.
@@ -99,11 +106,11 @@ def create_run(
         now: the run's start (UTC); default the current time.
 
     Raises:
-        ValueError: `test` is not a plain name (letters, digits, ``._-``).
+        ValueError: `test` is not a plain name (letters, digits, ``._+-``).
         OSError: the directory cannot be created.
     """
     if not _NAME.match(test):
-        raise ValueError(f"test name must be letters, digits and ._- only, got {test!r}")
+        raise ValueError(f"test name must be letters, digits and ._+- only, got {test!r}")
     when = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     stamp = when.strftime("%Y%m%dT%H%M%SZ")
     root = Path(base)

@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from phalanx.jepsen.harness.cluster import ClusterUnavailable
-from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunResult, run_test
+from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunOutcome, run_test
+from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS
 from phalanx.jepsen.linearizability import UNKNOWN
-from phalanx.jepsen.nemesis import FAULT_KINDS, ScheduleError, parse_faults
+from phalanx.jepsen.nemesis import ScheduleError, parse_faults
 
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
@@ -35,12 +36,17 @@ pauses and partitions nodes and delays, loses or duplicates traffic; then heal e
 wait for recovery, read every key once more, check the history and print a verdict.
 
 The run is stored in STORE/<test>/<timestamp>/ (STORE/latest links to it): test.json
-(options, seed, version, schedule), history.jsonl, results.json and cluster/ with every
-node's log and data.
+(options, seed, versions, schedule), history.jsonl, results.json, nodes/<id>/ (each node's
+log and data), cluster/ (its configuration), latency.png, rate.png and index.html (the
+report: verdicts, plots with nemesis intervals shaded, per-process timeline,
+counterexamples).
 
 nemesis kinds (--nemesis, comma-separated, `all` or `none`):
-  {", ".join(FAULT_KINDS)}
-The same names and schedule format as `phalanx sim --faults`.
+  {", ".join(REAL_FAULT_KINDS)}
+The shared kinds have the same names and schedule format as `phalanx sim --faults`; `all`
+means every kind above. kill-leader, kill-majority, kill-all, partition-bridge, truncate-wal
+(a torn WAL tail before a killed node restarts) and flip-checkpoint (a flipped bit in its
+newest checkpoint) are real-cluster only.
 
 exit status: 0 valid, 1 invalid, 2 unknown (or the configuration cannot run here).
 """
@@ -83,12 +89,12 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         print("phalanx jepsen run: PBFT clusters are not supported by the runtime yet",
               file=sys.stderr)
         return EXIT_UNKNOWN
-    if args.workload not in WORKLOADS:
+    if args.workload not in WORKLOADS:  # argparse's choices already; a safety net
         print(f"phalanx jepsen run: the {args.workload} workload is not available yet "
               f"(available: {', '.join(WORKLOADS)})", file=sys.stderr)
         return EXIT_UNKNOWN
     try:
-        faults = parse_faults(args.nemesis)
+        faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS)
     except ScheduleError as e:
         print(f"phalanx jepsen run: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
@@ -105,13 +111,15 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     out.print(verdict_table(options, result))
     for reason in result.reasons:
         out.print(f"  - {reason}", highlight=False, markup=False)
-    out.print(f"stored in {result.directory}", highlight=False)
+    out.print(f"stored in {result.directory}", highlight=False, soft_wrap=True)
+    if result.report is not None:
+        out.print(f"report: {result.report}", highlight=False, soft_wrap=True)
     if result.valid is True:
         return EXIT_VALID
     return EXIT_UNKNOWN if result.valid == UNKNOWN else EXIT_INVALID
 
 
-def verdict_table(options: RunOptions, r: RunResult) -> Table:
+def verdict_table(options: RunOptions, r: RunOutcome) -> Table:
     t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
                     f"seed {options.seed}")
     t.add_column("operation")
@@ -125,7 +133,8 @@ def verdict_table(options: RunOptions, r: RunResult) -> Table:
     t.add_row("nemesis events", str(r.nemesis_events), "", "")
     t.add_row("recovered after heal", "yes" if r.recovered else "NO", "", "")
     t.add_row("final reads ok", f"{r.final_reads_ok}/{r.final_reads}", "", "")
-    t.add_row(f"{options.workload} checker", _verdict(r.checker.get("valid")), "", "")
+    for name, valid in r.checkers.items():
+        t.add_row(f"{name} checker", _verdict(valid), "", "")
     t.add_row("verdict", _verdict(r.valid), "", "", style="bold")
     return t
 

@@ -18,6 +18,10 @@ Owns:
       factor scales a ~0.1 ms base latency; loopback is faster still, so a real delay needs
       a unit of its own).
     * ``loss`` / ``duplicate``: the proxies' stalls and resets (see `proxy`).
+    * the real-only kinds of `phalanx.jepsen.harness.schedule`: ``kill-leader`` (the node
+      leading when the episode starts), ``kill-majority``, ``kill-all``, ``partition-bridge``,
+      and the storage faults ``truncate-wal`` / ``flip-checkpoint`` (`storage_faults`),
+      applied to the killed node's data directory just before its restart.
     * ``clock-skew``: only with ``clock_skew=True`` (the runtime has no tick-rate hook yet,
       so the runner passes False and the event is recorded as not applied). Then it
       atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl`` for the node to
@@ -35,12 +39,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 from collections.abc import Callable
 
 from phalanx.cluster import ClusterError
 from phalanx.jepsen import nemesis
+from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.cluster import RealCluster
+from phalanx.jepsen.harness.schedule import AnyEvent
+from phalanx.jepsen.harness.storage_faults import flip_checkpoint_bit, tear_wal_tail
 from phalanx.jepsen.nemesis import FaultEvent
 
 DELAY_UNIT = 0.002
@@ -62,19 +70,30 @@ class RealNemesis:
         self._clock_skew = clock_skew
         self._cuts: dict[int, list[tuple[str, str]]] = {}
         self._killed: set[str] = set()
+        self._episode_kills: dict[int, tuple[str, ...]] = {}
+        self._rng = random.Random(0x5EED)
         self.current: dict[int, str] = {}
         """Episodes in progress → their description (for the progress display)."""
         self.applied = 0
 
-    async def apply(self, event: FaultEvent) -> None:
+    async def apply(self, event: AnyEvent) -> None:
         start = event.action == "start"
         kind = event.fault
         note = ""
         if kind == nemesis.KILL:
             note = self._kill(event.nodes) if start else self._restart(event.nodes)
+        elif kind in real.KILLS:
+            note = await self._episode_kill(event) if start else self._episode_restart(event)
+        elif kind == real.PARTITION_BRIDGE:
+            if start:
+                self._cuts[event.episode] = real.bridge_cuts(event, self.cluster.nodes)
+            else:
+                self._cuts.pop(event.episode, None)
+            self.cluster.network.block(
+                sorted({link for links in self._cuts.values() for link in links}))
         elif kind == nemesis.PAUSE:
             note = self._signal(event.nodes, signal.SIGSTOP if start else signal.SIGCONT)
-        elif kind in nemesis.PARTITIONS:
+        elif kind in nemesis.PARTITIONS and isinstance(event, FaultEvent):
             if start:
                 leader = None
                 if kind == nemesis.ISOLATE_LEADER:
@@ -112,6 +131,31 @@ class RealNemesis:
                 done.append(node)
         return "killed " + (",".join(done) or "none")
 
+    async def _episode_kill(self, event: AnyEvent) -> str:
+        targets = event.nodes
+        if event.fault == real.KILL_LEADER:
+            leader = await self.cluster.leader()
+            targets = () if leader is None else (leader,)
+        before = set(self._killed)
+        note = self._kill(targets)
+        self._episode_kills[event.episode] = tuple(
+            n for n in targets if n in self._killed and n not in before)
+        return note
+
+    def _episode_restart(self, event: AnyEvent) -> str:
+        nodes = self._episode_kills.pop(event.episode, ())
+        notes = [self._damage(event.fault, node) for node in nodes if node in self._killed]
+        return "; ".join([*filter(None, notes), self._restart(nodes)])
+
+    def _damage(self, kind: str, node: str) -> str:
+        """The storage fault of `kind` on a killed node's data (empty: none applies)."""
+        data = self.cluster.data_dir(node)
+        if kind == real.TRUNCATE_WAL:
+            return f"{node}: {tear_wal_tail(data, self._rng)}"
+        if kind == real.FLIP_CHECKPOINT:
+            return f"{node}: {flip_checkpoint_bit(data, self._rng)}"
+        return ""
+
     def _restart(self, nodes: tuple[str, ...]) -> str:
         todo = [n for n in nodes if n in self._killed]
         self.cluster.procs.start(todo)
@@ -147,6 +191,7 @@ class RealNemesis:
         self._cuts.clear()
         self._signal(tuple(sorted(self.cluster.paused)), signal.SIGCONT)
         self._restart(tuple(sorted(self._killed)))
+        self._episode_kills.clear()
         if self._clock_skew:
             self._skew(self.cluster.nodes, 1.0)
         self.current.clear()

@@ -1,23 +1,25 @@
 """One Jepsen test on a real local cluster: workload + nemesis, heal, final reads, check, store.
 
 Owns:
-    `RunOptions`, `RunResult` and `run_test(options, console)`, which:
-      1. creates the run directory ``STORE/<test>/<timestamp>/`` (and ``STORE/latest``) and
-         a fresh proxied cluster in its ``cluster/`` folder (`open_real_cluster`), so every
-         node's log (``cluster/logs``) and data (``cluster/data``) end up in the store;
-      2. waits for a leader, then runs `concurrency` logical client processes (each with its
-         own client session) at `rate` operations per second in total (Poisson arrivals),
-         while the nemesis schedule from `generate_schedule(seed, ...)` is applied in wall
-         time (its virtual times multiplied by `nemesis_scale`, so episodes last long enough
-         for real processes to notice); a process whose operation ends ``info`` continues
-         under a new process id;
+    `RunOptions`, `RunOutcome` and `run_test(options, console)`, which:
+      1. creates the run's store (`phalanx.jepsen.store.create_run`: ``STORE/<test>/<stamp>/``
+         with ``test.json``, and ``STORE/latest``) and a fresh proxied cluster in its
+         ``cluster/`` folder (`open_real_cluster`);
+      2. waits for a leader, performs the workload's setup operations (bank: the opening
+         balances), then runs `concurrency` logical client processes (each with its own
+         client session) driving one `phalanx.jepsen.workloads.Workload` through `perform`
+         at `rate` operations per second in total, while the nemesis schedule
+         (`schedule.real_schedule`) is applied in wall time (virtual times multiplied by
+         `nemesis_scale`, so episodes last long enough for real processes to notice); a
+         process whose operation ends ``info`` continues under a new process id; keys rotate
+         after `ops_per_key` operations (the workload's ``per_key_limit``);
       3. stops the clients, heals everything, waits until every node has applied the
-         leader's commit index, and reads every key once more (the final reads);
-      4. writes ``history.jsonl``, checks it (the workload's checker plus the stats rule:
-         every operation kind must succeed at least once, so a useless run cannot pass) and
-         writes ``test.json`` and ``results.json``.
-    Verdict: True (valid), False (invalid: the checker found a violation, the cluster did
-    not recover after healing, or the stats rule failed) or "unknown" (search budget).
+         leader's commit index, and performs the workload's final operations (reads);
+      4. writes ``history.jsonl``, checks it (the workload's checkers, the stats checker and
+         a ``recovery`` checker: the cluster recovered and every final read succeeded),
+         writes ``results.json``, copies every node's log and data into ``nodes/<id>/``,
+         and renders ``latency.png``, ``rate.png`` and ``index.html``.
+    Verdict: the merge of every checker (False beats "unknown" beats True).
 
 Must not import the runtime or consensus cores. Real time and processes: not deterministic,
 never run by the simulator; the seed fixes the schedule and the workload's choices.
@@ -25,14 +27,11 @@ never run by the simulator; the seed fixes the schedule and the workload's choic
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import random
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -40,19 +39,29 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from phalanx import __version__
 from phalanx.client import open_client
+from phalanx.jepsen.checker import CheckerResult, RunResult
 from phalanx.jepsen.harness.cluster import ClusterUnavailable, RealCluster, open_real_cluster
 from phalanx.jepsen.harness.nemesis_real import RealNemesis
-from phalanx.jepsen.harness.register import RegisterWorkload
-from phalanx.jepsen.history import FAIL, INFO, OK, History, HistoryRecorder, Process, write_history
+from phalanx.jepsen.harness.schedule import AnyEvent, real_schedule
+from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder, OpType, Process
 from phalanx.jepsen.linearizability import UNKNOWN
-from phalanx.jepsen.nemesis import Schedule, generate_schedule, schedule_to_json
+from phalanx.jepsen.report import render_report
+from phalanx.jepsen.store import RunStore, create_run
+from phalanx.jepsen.workloads import (
+    WORKLOAD_CLASSES,
+    Invocation,
+    Workload,
+    WorkloadConfig,
+    make_workload,
+    perform,
+)
 
-WORKLOADS: Final = ("register",)
-"""Workloads this runner can drive now; bank and set come with their Txn support."""
+WORKLOADS: Final = tuple(sorted(WORKLOAD_CLASSES))
+"""Workloads the runner drives: every `phalanx.jepsen.workloads` workload."""
 
-FINAL_READ_ATTEMPTS: Final = 5
+OPERATION_ATTEMPTS: Final = 5
+"""Tries of each setup and final operation (a try that ends ``info`` or ``fail`` is retried)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,32 +84,42 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
-            raise ValueError(f"workload {self.workload!r} is not supported by the runner yet")
+            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
         if self.nodes < 1 or self.concurrency < 1 or self.rate <= 0 or self.time_s <= 0:
             raise ValueError("nodes and concurrency must be >= 1, rate and time > 0")
-        if self.nemesis_scale <= 0:
-            raise ValueError("nemesis_scale must be > 0")
+        if self.nemesis_scale <= 0 or self.keys < 1 or self.ops_per_key < 1:
+            raise ValueError("nemesis_scale must be > 0, keys and ops_per_key >= 1")
 
     @property
     def test_name(self) -> str:
         faults = "+".join(self.faults) if self.faults else "none"
         return f"{self.protocol}-{self.workload}-{faults}-n{self.nodes}"
 
+    def workload_config(self) -> WorkloadConfig:
+        """Each worker paces itself with `Workload.delay`, so the per-worker rate is
+        ``rate / concurrency``."""
+        return WorkloadConfig(seed=self.seed, rate=self.rate / self.concurrency,
+                              per_key_limit=self.ops_per_key, active_keys=self.keys)
+
 
 @dataclass(slots=True, kw_only=True)
-class RunResult:
+class RunOutcome:
+    """What `run_test` found; ``results.json`` holds the same (and the checkers' details)."""
+
     directory: Path
     valid: bool | str = UNKNOWN
     reasons: list[str] = field(default_factory=list)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Per operation kind ``f``: ``{"ok": n, "fail": n, "info": n}``."""
+    """Per operation kind ``f``: ``{"ok": n, "fail": n, "info": n}`` (workers only)."""
     nemesis_events: int = 0
     recovered: bool = False
     final_reads_ok: int = 0
     final_reads: int = 0
     duration_s: float = 0.0
-    checker: dict[str, object] = field(default_factory=dict)
+    checkers: dict[str, object] = field(default_factory=dict)
+    """Checker name → its verdict (True, False, "unknown")."""
     network: dict[str, int] = field(default_factory=dict)
+    report: Path | None = None
 
     @property
     def totals(self) -> dict[str, int]:
@@ -111,45 +130,15 @@ class RunResult:
         return out
 
 
-def make_run_directory(store: Path, test: str) -> Path:
-    """``store/<test>/<UTC timestamp>/``, created, with ``store/latest`` pointing at it."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    run_dir = store / test / stamp
-    run_dir.mkdir(parents=True)
-    latest = store / "latest"
-    with contextlib.suppress(FileNotFoundError):
-        latest.unlink()
-    with contextlib.suppress(OSError):  # best effort: a link, not the data
-        latest.symlink_to(run_dir.relative_to(store), target_is_directory=True)
-    return run_dir
-
-
-def schedule_for(options: RunOptions, nodes: tuple[str, ...]) -> Schedule:
-    """The run's nemesis schedule in unscaled (virtual) time; see `nemesis_scale`."""
-    duration_ns = int(options.time_s / options.nemesis_scale * 1e9)
-    return generate_schedule(random.Random(options.seed), nodes=nodes, faults=options.faults,
-                             duration_ns=duration_ns)
-
-
-def stats_verdict(history: History, functions: tuple[str, ...]) -> list[str]:
-    """Jepsen's stats rule: every operation kind must have succeeded at least once."""
-    ok = {op.f for op in history.ops if op.type == OK and op.process != "nemesis"}
-    return [f"no {f} operation succeeded" for f in functions if f not in ok]
-
-
 class _Run:
     """The mutable state of one run, shared by its tasks."""
 
-    def __init__(self, options: RunOptions, cluster: RealCluster) -> None:
+    def __init__(self, options: RunOptions, cluster: RealCluster, workload: Workload) -> None:
         self.options = options
         self.cluster = cluster
+        self.workload = workload
         self.recorder = HistoryRecorder()
         self.t0 = trio.current_time()
-        rng = random.Random(options.seed)
-        self.rng = random.Random(rng.getrandbits(64) ^ 1)
-        self.workload = RegisterWorkload(
-            recorder=self.recorder, now=self.now, rng=random.Random(rng.getrandbits(64)),
-            keys=options.keys, ops_per_key=options.ops_per_key)
         self.counts: Counter[tuple[str, str]] = Counter()
         self.stopped = False
         self.next_process = options.concurrency
@@ -179,32 +168,39 @@ class _Run:
                                attempt_timeout=min(0.5, o.op_timeout)) as client:
             next_at = trio.current_time()
             while not self.stopping():
-                next_at += self.rng.expovariate(o.rate / o.concurrency)
-                now = trio.current_time()
-                next_at = max(next_at, now - 1.0)  # fell behind: do not burst
+                next_at = max(next_at + self.workload.delay(),
+                              trio.current_time() - 1.0)  # fell behind: do not burst
                 await trio.sleep_until(next_at)
                 if self.stopping():
                     break
-                f, kind = await self.workload.operate(process, client)
-                self.counts[(f, kind)] += 1
+                invocation = self.workload.next_invocation()
+                kind = await perform(self.workload, client, self.recorder, process=process,
+                                     invocation=invocation, now=self.now)
+                self.counts[(invocation.f, kind)] += 1
                 if kind == INFO:
                     process = self.fresh_process()
 
-    async def run_nemesis(self, schedule: Schedule) -> None:
+    async def run_nemesis(self, schedule: tuple[AnyEvent, ...], origin: float) -> None:
+        """Apply `schedule`, whose times count from `origin` (the workload's start)."""
         for event in schedule:
-            await trio.sleep_until(self.t0 + event.at_ns * self.options.nemesis_scale / 1e9)
+            await trio.sleep_until(origin + event.at_ns * self.options.nemesis_scale / 1e9)
             await self.nemesis.apply(event)
 
-    async def final_reads(self, result: RunResult) -> None:
+    async def perform_all(self, invocations: tuple[Invocation, ...]) -> tuple[int, int]:
+        """Perform each invocation until it ends ``ok`` (at most `OPERATION_ATTEMPTS` tries,
+        each under a fresh process); returns (ok, total)."""
+        ok = 0
         async with open_client(self.cluster.config, timeout=self.options.op_timeout) as client:
-            for key in self.workload.keys:
-                result.final_reads += 1
-                for _ in range(FINAL_READ_ATTEMPTS):
-                    kind = await self.workload.final_read(self.fresh_process(), client, key)
+            for invocation in invocations:
+                for _ in range(OPERATION_ATTEMPTS):
+                    kind: OpType = await perform(
+                        self.workload, client, self.recorder, process=self.fresh_process(),
+                        invocation=invocation, now=self.now)
                     if kind == OK:
-                        result.final_reads_ok += 1
+                        ok += 1
                         break
                     await trio.sleep(0.5)
+        return ok, len(invocations)
 
     def describe_faults(self) -> str:
         current = self.nemesis.current
@@ -212,14 +208,9 @@ class _Run:
 
 
 async def _progress(run: _Run, console: Console, total: float) -> None:
-    if not console.is_terminal:
-        await _plain_progress(run, console)
-    else:
-        await _bar_progress(run, console, total)
-
-
-async def _plain_progress(run: _Run, console: Console) -> None:
-    while True:
+    if console.is_terminal:
+        await _bar(run, console, total)
+    while True:  # not a terminal (a log, a CI job): a line every 5 s
         await trio.sleep(5.0)
         console.print(
             f"[{trio.current_time() - run.t0:5.1f}s] ok {run.total(OK):,}, "
@@ -227,7 +218,7 @@ async def _plain_progress(run: _Run, console: Console) -> None:
             f"faults: {run.describe_faults()}", highlight=False, soft_wrap=True, markup=False)
 
 
-async def _bar_progress(run: _Run, console: Console, total: float) -> None:
+async def _bar(run: _Run, console: Console, total: float) -> None:
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[counts]}"), console=console,
                   transient=True) as bar:
@@ -239,32 +230,48 @@ async def _bar_progress(run: _Run, console: Console, total: float) -> None:
             await trio.sleep(0.25)
 
 
-async def run_test(options: RunOptions, console: Console) -> RunResult:
-    """Run one test (see the module docstring); the result is also in the run directory."""
-    run_dir = make_run_directory(options.store, options.test_name)
-    result = RunResult(directory=run_dir)
+def _config_doc(options: RunOptions) -> dict[str, object]:
+    doc = asdict(options)
+    doc["store"] = str(options.store)
+    doc["faults"] = list(options.faults)
+    doc["test"] = options.test_name
+    return doc
+
+
+async def run_test(options: RunOptions, console: Console) -> RunOutcome:
+    """Run one test (see the module docstring); the result is also in the run's store."""
     started = time.monotonic()
-    test_doc = {**asdict(options), "store": str(options.store), "faults": list(options.faults),
-                "version": __version__, "test": options.test_name}
-    async with open_real_cluster(run_dir / "cluster", nodes=options.nodes,
-                                 protocol=options.protocol,
-                                 rng=random.Random(options.seed)) as cluster:
-        schedule = schedule_for(options, cluster.nodes)
-        test_doc["schedule"] = json.loads(schedule_to_json(schedule))
-        (run_dir / "test.json").write_text(json.dumps(test_doc, indent=2, sort_keys=True))
-        console.print(f"cluster of {options.nodes} nodes up in {cluster.config.directory}; "
+    workload = make_workload(options.workload, options.workload_config())
+    rng = random.Random(options.seed)
+    # The schedule names nodes n1..nN, as `init_cluster` does; drawn before the cluster so
+    # that test.json can carry it from the start.
+    node_names = tuple(f"n{i}" for i in range(1, options.nodes + 1))
+    schedule = real_schedule(options, node_names)
+    store = create_run(options.store, options.test_name, config=_config_doc(options),
+                       seed=options.seed, schedule=schedule)
+    outcome = RunOutcome(directory=store.path)
+    cluster_dir = store.path / "cluster"
+    async with open_real_cluster(cluster_dir, nodes=options.nodes, protocol=options.protocol,
+                                 rng=random.Random(rng.getrandbits(64))) as cluster:
+        if cluster.nodes != node_names:
+            raise ClusterUnavailable(f"unexpected node names {cluster.nodes}")
+        console.print(f"cluster of {options.nodes} nodes up in {cluster_dir}; "
                       "waiting for a leader", highlight=False)
         leader = await cluster.wait_for_leader(30.0)
+        run = _Run(options, cluster, workload)
+        setup_ok, setup_n = await run.perform_all(workload.setup_invocations())
+        if setup_ok < setup_n:
+            outcome.reasons.append(f"setup: {setup_n - setup_ok} of {setup_n} operations failed")
         console.print(f"{leader} leads; running {options.workload} for {options.time_s:g} s "
                       f"with {len(schedule)} nemesis events", highlight=False)
-        run = _Run(options, cluster)
+        t_start = trio.current_time()
         async with trio.open_nursery() as outer:
             outer.start_soon(_progress, run, console, options.time_s)
             async with trio.open_nursery() as nursery:
                 for slot in range(options.concurrency):
                     nursery.start_soon(run.worker, slot)
-                nursery.start_soon(run.run_nemesis, schedule)
-                await trio.sleep_until(run.t0 + options.time_s)
+                nursery.start_soon(run.run_nemesis, schedule, t_start)
+                await trio.sleep_until(t_start + options.time_s)
                 run.stopped = True
                 nursery.cancel_scope.deadline = trio.current_time() + options.op_timeout + 5
             run.nemesis.heal_all()
@@ -272,50 +279,69 @@ async def run_test(options: RunOptions, console: Console) -> RunResult:
                           highlight=False)
             try:
                 await cluster.wait_recovered(options.recovery_timeout)
-                result.recovered = True
+                outcome.recovered = True
             except ClusterUnavailable as e:
-                result.reasons.append(str(e))
-            await run.final_reads(result)
+                outcome.reasons.append(str(e))
+            outcome.final_reads_ok, outcome.final_reads = await run.perform_all(
+                workload.final_invocations())
             outer.cancel_scope.cancel()
-        result.network = cluster.network.statistics()
-    history = run.recorder.history()
-    write_history(run_dir / "history.jsonl", history)
-    result.nemesis_events = run.nemesis.applied
+        outcome.network = cluster.network.statistics()
+    outcome.nemesis_events = run.nemesis.applied
     for (f, kind), n in sorted(run.counts.items()):
-        result.counts.setdefault(f, {OK: 0, FAIL: 0, INFO: 0})[kind] = n
+        outcome.counts.setdefault(f, {OK: 0, FAIL: 0, INFO: 0})[kind] = n
+    history = run.recorder.history()
+    store.write_history(history)
     console.print(f"checking {len(history.ops):,} history events", highlight=False)
     limit = options.check_time_limit
-    result.checker = await trio.to_thread.run_sync(
-        lambda: run.workload.check(history, time_limit=limit))
-    stats = stats_verdict(history, run.workload.functions)
-    result.reasons.extend(stats)
-    checked = result.checker.get("valid")
-    if checked is False:
-        result.reasons.append(f"{options.workload} checker: not valid")
-    if checked is False or stats or not result.recovered:
-        result.valid = False
-    elif checked == UNKNOWN:
-        result.valid = UNKNOWN
-    else:
-        result.valid = True
-    result.duration_s = time.monotonic() - started
-    _write_results(run_dir, result)
-    return result
+    checked = await trio.to_thread.run_sync(lambda: workload.check(history, time_limit=limit))
+    merged = _with_recovery(checked, outcome, setup=(setup_ok, setup_n))
+    outcome.valid = merged.valid
+    outcome.checkers = {r.checker: r.valid for r in merged.results}
+    for r in merged.results:
+        if r.valid is False:
+            outcome.reasons.append(f"{r.checker} checker: not valid")
+    outcome.duration_s = time.monotonic() - started
+    doc = merged.to_json()
+    doc.update(_harness_doc(outcome))
+    store.write_results(doc)
+    _collect_nodes(store, cluster_dir, node_names)
+    outcome.report = await trio.to_thread.run_sync(lambda: render_report(store.path))
+    return outcome
 
 
-def _write_results(run_dir: Path, result: RunResult) -> None:
-    doc = {
-        "valid": result.valid,
-        "reasons": result.reasons,
-        "counts": result.counts,
-        "totals": result.totals,
-        "nemesis_events": result.nemesis_events,
-        "recovered": result.recovered,
-        "final_reads": {"ok": result.final_reads_ok, "total": result.final_reads},
-        "duration_s": round(result.duration_s, 3),
-        "network": result.network,
-        "checker": result.checker,
+def _with_recovery(checked: RunResult, o: RunOutcome, *, setup: tuple[int, int]) -> RunResult:
+    """`checked` plus the ``recovery`` checker (module docstring, step 4)."""
+    reads_ok = o.final_reads_ok == o.final_reads
+    recovery = CheckerResult(
+        checker="recovery",
+        valid=o.recovered and reads_ok and setup[0] == setup[1],
+        details={"recovered": o.recovered,
+                 "final_reads": {"ok": o.final_reads_ok, "total": o.final_reads},
+                 "setup": {"ok": setup[0], "total": setup[1]},
+                 "problems": list(o.reasons)},
+    )
+    return RunResult(workload=checked.workload, results=(*checked.results, recovery),
+                     linearizability=checked.linearizability)
+
+
+def _harness_doc(o: RunOutcome) -> dict[str, object]:
+    return {
+        "reasons": o.reasons,
+        "counts": o.counts,
+        "totals": o.totals,
+        "nemesis_events": o.nemesis_events,
+        "recovered": o.recovered,
+        "final_reads": {"ok": o.final_reads_ok, "total": o.final_reads},
+        "duration_s": round(o.duration_s, 3),
+        "network": o.network,
     }
-    tmp = run_dir / "results.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, run_dir / "results.json")
+
+
+def _collect_nodes(store: RunStore, cluster_dir: Path, nodes: tuple[str, ...]) -> None:
+    """Move every node's log and data into ``nodes/<id>/`` (`RunStore.copy_node`), then drop
+    the cluster's copies; the cluster's configuration and certificates stay in ``cluster/``."""
+    for node in nodes:
+        store.copy_node(node, log=cluster_dir / "logs" / f"{node}.log",
+                        data=cluster_dir / "data" / node)
+    for sub in ("data", "logs"):
+        shutil.rmtree(cluster_dir / sub, ignore_errors=True)

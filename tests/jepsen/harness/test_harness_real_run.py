@@ -2,7 +2,9 @@
 SIGKILL + partition nemeses for 30 s, through `phalanx jepsen run`'s handler.
 
 Asserts the verdict (exit 0: valid), that the nemesis really acted (kills, restarts and
-blocked links), and that the store is complete. About 45 s of wall time.
+blocked links), and that the store is complete: test.json, history.jsonl, results.json
+(every checker), each node's log and data, latency.png, rate.png and index.html with the
+nemesis intervals. About 40 s of wall time.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ def test_raft_register_under_kill_and_partition_is_valid_and_stored(tmp_path: Pa
     assert run_dir.parent.name == "raft-register-kill+partition-one+partition-halves-n3"
     test = json.loads((run_dir / "test.json").read_text())
     assert test["seed"] == 3
-    assert test["nodes"] == 3
-    assert test["schedule"]
+    assert test["config"]["nodes"] == 3
+    assert test["nemesis_schedule"]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["valid"] is True
+    assert results["workload"] == "register"
+    assert set(results["checkers"]) == {"linearizable", "stats", "recovery"}
+    assert all(c["valid"] is True for c in results["checkers"].values())
     assert results["recovered"] is True
     assert results["final_reads"]["ok"] == results["final_reads"]["total"] > 0
     assert results["network"]["refused"] + results["network"]["closed_by_partition"] > 0
@@ -54,8 +59,15 @@ def test_raft_register_under_kill_and_partition_is_valid_and_stored(tmp_path: Pa
     assert nemesis_ops[-1].f == "heal"
     assert sum(1 for op in history.ops if op.type == "ok") > 100
     for node in ("n1", "n2", "n3"):
-        assert (run_dir / "cluster" / "logs" / f"{node}.log").stat().st_size > 0
-        assert (run_dir / "cluster" / "data" / node).is_dir()
+        assert (run_dir / "nodes" / node / f"{node}.log").stat().st_size > 0
+        assert any((run_dir / "nodes" / node / "data").glob("wal-*.seg"))
+    for plot in ("latency.png", "rate.png"):
+        assert (run_dir / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (run_dir / "index.html").read_text()
+    assert "valid" in page
+    assert 'class="nem"' in page
+    assert "start kill#" in page
+    assert f"report: {run_dir / 'index.html'}" in " ".join(output.split())
 
 
 def test_pbft_and_unknown_workloads_are_refused_with_exit_2(tmp_path: Path) -> None:

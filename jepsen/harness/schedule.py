@@ -1,0 +1,181 @@
+"""Real-cluster nemesis schedules: the shared vocabulary plus the faults only real processes take.
+
+Owns:
+    `REAL_ONLY_FAULT_KINDS` (the kinds below), `REAL_FAULT_KINDS` (what ``phalanx jepsen run
+    --nemesis`` accepts: every shared `phalanx.jepsen.nemesis.FAULT_KINDS` kind, then these),
+    `HarnessEvent` (a `FaultEvent` twin for them: same fields, same `describe()` and JSON
+    forms, so histories and reports treat both alike) and `real_schedule`.
+
+    * ``kill-leader``: SIGKILL whichever node leads when the episode starts; restart it at
+      the stop.
+    * ``kill-majority``: SIGKILL a random majority; ``kill-all``: every node. Both restart
+      them at the stop (the cluster is unavailable meanwhile and must recover).
+    * ``partition-bridge``: two halves that both see one bridge node (Jepsen's bridge).
+    * ``truncate-wal``: SIGKILL one node; before its restart its newest WAL segment gets a
+      torn tail (a partial record header, as a crash mid-append leaves it), which recovery
+      must cut off.
+    * ``flip-checkpoint``: SIGKILL one node; before its restart one bit of its newest
+      checkpoint file is flipped; the node must report the corrupt checkpoint, fall back to
+      an older one (or its peers) and catch up.
+
+Schedule: `real_schedule` is `generate_schedule` over the shared kinds (unchanged, so a
+shared fault list gives the simulator's schedule for the same seed), merged with episodes of
+the real-only kinds drawn from a second, seed-derived `random.Random`: one at a time, 1..2 s
+(virtual) apart, each lasting 0.5..1.5 s. Episode numbers of real-only events start at
+`REAL_EPISODE_BASE`, so they never collide with shared ones.
+
+Must not import the runtime, consensus cores or storage. Pure and seeded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.nemesis import Action, ScheduleError, generate_schedule
+
+KILL_LEADER: Final = "kill-leader"
+KILL_MAJORITY: Final = "kill-majority"
+KILL_ALL: Final = "kill-all"
+PARTITION_BRIDGE: Final = "partition-bridge"
+TRUNCATE_WAL: Final = "truncate-wal"
+FLIP_CHECKPOINT: Final = "flip-checkpoint"
+
+REAL_ONLY_FAULT_KINDS: Final[tuple[str, ...]] = (
+    KILL_LEADER, KILL_MAJORITY, KILL_ALL, PARTITION_BRIDGE, TRUNCATE_WAL, FLIP_CHECKPOINT)
+REAL_FAULT_KINDS: Final[tuple[str, ...]] = (*nemesis.FAULT_KINDS, *REAL_ONLY_FAULT_KINDS)
+KILLS: Final[tuple[str, ...]] = (KILL_LEADER, KILL_MAJORITY, KILL_ALL, TRUNCATE_WAL,
+                                 FLIP_CHECKPOINT)
+"""Real-only kinds that SIGKILL nodes at the start and restart them at the stop."""
+REAL_EPISODE_BASE: Final = 100_000
+_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HarnessEvent:
+    """One step of a real-only fault episode; fields as `FaultEvent`'s."""
+
+    at_ns: int
+    action: Action
+    fault: str
+    episode: int
+    nodes: tuple[str, ...] = ()
+    groups: tuple[tuple[str, ...], ...] = ()
+    value: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.fault not in REAL_ONLY_FAULT_KINDS:
+            raise ScheduleError(f"not a real-cluster-only fault kind: {self.fault!r}")
+        if self.action not in ("start", "stop") or self.at_ns < 0:
+            raise ScheduleError(f"bad event {self.action!r} at {self.at_ns}")
+
+    def describe(self) -> str:
+        parts = [f"{self.action} {self.fault}#{self.episode}"]
+        if self.nodes:
+            parts.append("nodes=" + ",".join(self.nodes))
+        if self.groups:
+            parts.append("groups=" + "|".join(",".join(g) for g in self.groups))
+        if self.value:
+            parts.append(f"value={self.value:g}")
+        return " ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        return {"at_ns": self.at_ns, "action": self.action, "fault": self.fault,
+                "episode": self.episode, "nodes": list(self.nodes),
+                "groups": [list(g) for g in self.groups], "value": self.value}
+
+
+class AnyEvent(Protocol):
+    """What the real nemesis and the store need of an event (`FaultEvent`, `HarnessEvent`)."""
+
+    @property
+    def at_ns(self) -> int: ...
+    @property
+    def action(self) -> Action: ...
+    @property
+    def fault(self) -> str: ...
+    @property
+    def episode(self) -> int: ...
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+    @property
+    def groups(self) -> tuple[tuple[str, ...], ...]: ...
+    @property
+    def value(self) -> float: ...
+    def describe(self) -> str: ...
+    def to_json(self) -> dict[str, object]: ...
+
+
+class _Options(Protocol):
+    @property
+    def seed(self) -> int: ...
+    @property
+    def faults(self) -> tuple[str, ...]: ...
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def nemesis_scale(self) -> float: ...
+
+
+def bridge_groups(nodes: Sequence[str], rng: random.Random) -> tuple[tuple[str, ...], ...]:
+    """Jepsen's bridge: two halves plus one node in both; as groups ``(left+b, right+b)``."""
+    shuffled = sorted(nodes)
+    rng.shuffle(shuffled)
+    bridge, rest = shuffled[0], shuffled[1:]
+    half = len(rest) // 2
+    return (tuple(sorted([*rest[:half], bridge])), tuple(sorted([*rest[half:], bridge])))
+
+
+def bridge_cuts(event: AnyEvent, nodes: Sequence[str]) -> list[tuple[str, str]]:
+    """Directed links a bridge cuts: between nodes that share no group."""
+    names = sorted(nodes)
+    member = {n: {i for i, g in enumerate(event.groups) if n in g} for n in names}
+    return [(a, b) for a in names for b in names if a != b and not member[a] & member[b]]
+
+
+def real_schedule(options: _Options, nodes: Sequence[str]) -> tuple[AnyEvent, ...]:
+    """The run's schedule in unscaled (virtual) ns from the workload's start (module doc)."""
+    duration_ns = int(options.time_s / options.nemesis_scale * 1e9)
+    shared = tuple(f for f in options.faults if f in nemesis.FAULT_KINDS)
+    base: tuple[AnyEvent, ...] = generate_schedule(
+        random.Random(options.seed), nodes=nodes, faults=shared, duration_ns=duration_ns)
+    extra = _real_only(random.Random(options.seed ^ 0x5EA1), nodes,
+                       [f for f in REAL_ONLY_FAULT_KINDS if f in options.faults], duration_ns)
+    events = [*base, *extra]
+    events.sort(key=lambda e: (e.at_ns, e.episode, e.action == "start"))
+    return tuple(events)
+
+
+def _real_only(rng: random.Random, nodes: Sequence[str], kinds: list[str],
+               duration_ns: int) -> list[HarnessEvent]:
+    names = sorted(nodes)
+    out: list[HarnessEvent] = []
+    if not kinds or not names:
+        return out
+    t = 300 * _MS
+    episode = REAL_EPISODE_BASE
+    while True:
+        t += rng.randrange(1000 * _MS, 2000 * _MS)
+        length = rng.randrange(500 * _MS, 1500 * _MS)
+        if t + length >= duration_ns:
+            return out
+        kind = rng.choice(kinds)
+        targets: tuple[str, ...] = ()
+        groups: tuple[tuple[str, ...], ...] = ()
+        if kind == KILL_MAJORITY:
+            targets = tuple(sorted(rng.sample(names, len(names) // 2 + 1)))
+        elif kind == KILL_ALL:
+            targets = tuple(names)
+        elif kind in (TRUNCATE_WAL, FLIP_CHECKPOINT):
+            targets = (rng.choice(names),)
+        elif kind == PARTITION_BRIDGE:
+            groups = bridge_groups(names, rng)
+        for at, action in ((t, "start"), (t + length, "stop")):
+            out.append(HarnessEvent(at_ns=at, action="start" if action == "start" else "stop",
+                                    fault=kind, episode=episode, nodes=targets, groups=groups))
+        episode += 1
+        t += length
+
