@@ -328,7 +328,7 @@ class _Cluster:
             return False
         name = node.name
         self.trace(f"NEMESIS crash-after-ready {name}")
-        delay = self.buggify_rng.randrange(100_000, 3 * _MS)
+        delay = self.buggify_rng.randrange(50_000, 1 * _MS)
 
         def restart() -> None:
             if name not in self._killed:
