@@ -78,8 +78,8 @@ from phalanx.pki import (
     peer_client_context,
     peer_server_context,
 )
-from phalanx.storage.files import open_file_storage
 from phalanx.storage.interface import SyncPolicy
+from phalanx.storage.volatile import open_node_storage
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ async def open_node(
     rng = rng if rng is not None else random.Random()
     machine = state_machine if state_machine is not None else KvStateMachine()
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_file_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
+    storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
                                 keep_checkpoints=config.checkpoint.keep)
     replica: Replica | None = None
     metrics_server: Any = None
