@@ -11,7 +11,9 @@ Owns:
 
 Rules:
     * Nodes are separate processes (``python -m phalanx node run``) started with
-      ``PHALANX_TEST_HOOKS=1`` in their environment (test-only hooks; off by default).
+      ``PHALANX_TEST_HOOKS=1`` in their environment (test-only hooks; off by default), and
+      with ``volatile_writes`` also ``PHALANX_VOLATILE_WRITES=1``: their storage keeps
+      un-fsynced appends in memory (`phalanx.storage.volatile`), so a SIGKILL loses them.
     * Must not import the runtime or consensus cores: it talks to nodes only through the
       client and signals.
 """
@@ -42,6 +44,7 @@ from phalanx.config import (
 from phalanx.jepsen.harness.proxy import ProxyNetwork
 
 HOOKS_ENV = "PHALANX_TEST_HOOKS"
+VOLATILE_ENV = "PHALANX_VOLATILE_WRITES"
 STATUS_TIMEOUT = 0.5
 HARNESS_TIMING = TimingConfig(tick_ms=10, election_ticks=30, heartbeat_ticks=2)
 """Election timeout 300..600 ms: five Python nodes and the harness share a couple of cores."""
@@ -134,6 +137,7 @@ async def open_real_cluster(
     timing: TimingConfig = HARNESS_TIMING,
     checkpoint_every: int = 500,
     client_timeout: float = 2.0,
+    volatile_writes: bool = False,
 ) -> AsyncIterator[RealCluster]:
     """Create, start and finally stop a proxied cluster in `directory` (see module docstring)."""
     config = init_cluster(directory, protocol=protocol, nodes=nodes,
@@ -143,6 +147,9 @@ async def open_real_cluster(
     network = ProxyNetwork(targets, rng=random.Random(rng.getrandbits(64)))
     env = dict(os.environ)
     env[HOOKS_ENV] = "1"
+    env.pop(VOLATILE_ENV, None)
+    if volatile_writes:
+        env[VOLATILE_ENV] = "1"
     procs = NodeProcesses(config, env=env)
     async with trio.open_nursery() as nursery:
         await nursery.start(network.serve)

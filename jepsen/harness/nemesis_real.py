@@ -6,9 +6,9 @@ Owns:
     (`phalanx.jepsen.sim.run`), mapped to the real world:
 
     * ``kill``: SIGKILL each node (a process crash; the OS keeps its written pages), restart
-      it at the episode's stop. With ``value >= 1`` (``lose-unfsynced``) the kill is
-      recorded as such; losing un-fsynced writes needs the node's test-mode file layer,
-      which the runtime does not have yet, so the data on disk is kept.
+      it at the episode's stop. With ``lose-unfsynced`` in the run's faults the runner starts
+      the nodes with volatile writes (`phalanx.storage.volatile`), so every kill also loses
+      the node's un-fsynced appends (a machine crash); the event's ``value`` is 1.0 then.
     * ``pause``: SIGSTOP, then SIGCONT at the stop.
     * partitions (one, halves, ring, asymmetric, isolate-leader): the directed links cut by
       `nemesis.cut_links` are blocked at their proxies; overlapping episodes compose (a link

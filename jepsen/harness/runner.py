@@ -46,6 +46,7 @@ from phalanx.jepsen.harness.nemesis_real import RealNemesis
 from phalanx.jepsen.harness.schedule import AnyEvent, real_schedule
 from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder, OpType, Process
 from phalanx.jepsen.linearizability import UNKNOWN
+from phalanx.jepsen.nemesis import LOSE_UNFSYNCED
 from phalanx.jepsen.report import render_report
 from phalanx.jepsen.store import RunStore, create_run
 from phalanx.jepsen.workloads import (
@@ -252,7 +253,8 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     outcome = RunOutcome(directory=store.path)
     cluster_dir = store.path / "cluster"
     async with open_real_cluster(cluster_dir, nodes=options.nodes, protocol=options.protocol,
-                                 rng=random.Random(rng.getrandbits(64))) as cluster:
+                                 rng=random.Random(rng.getrandbits(64)),
+                                 volatile_writes=LOSE_UNFSYNCED in options.faults) as cluster:
         if cluster.nodes != node_names:
             raise ClusterUnavailable(f"unexpected node names {cluster.nodes}")
         console.print(f"cluster of {options.nodes} nodes up in {cluster_dir}; "
