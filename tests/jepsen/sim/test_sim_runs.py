@@ -1,5 +1,16 @@
-"""Whole-cluster simulations: determinism (same seed, same trace and history), a seeded
-sweep across fault mixes that must pass, and the failure report's replay command."""
+"""Whole-cluster simulations: determinism (same seed, same trace and history), seeded sweeps
+that must pass, and the failure report's replay command.
+
+The CI sweep (`test_swarm_sweep_passes`) runs SWARM_SEEDS seeds (default 300: half on 3
+nodes, half on 5) on two worker processes. Each seed draws its own subset of every fault kind
+(kill, lose-unfsynced, pause, the five partitions, loss, duplicate, delay, clock-skew,
+crash-after-ready, straggle) and its own Raft knobs (pre-vote, check-quorum, election and
+heartbeat ticks, pipelining, batch size, log tail kept at compaction, checkpoint interval),
+then runs 0.6 virtual seconds of faults and 1.0 s of healed liveness checks with three
+clients over three keys; it is checked for election safety, log matching, leader
+completeness, state-machine safety, committed-durable, monotone commit, linearizability and
+liveness. The CLI default (2 s + 2 s) is richer; `make soak` runs 10,000 such seeds.
+PHALANX_SIM_SEEDS scales the per-mix sweeps, PHALANX_SWARM_SEEDS the swarm sweep."""
 
 from __future__ import annotations
 
@@ -14,7 +25,9 @@ from phalanx.jepsen.sim.sweep import sweep
 _MS = 1_000_000
 # Shorter runs than the CLI default keep `make test` within its budget; PHALANX_SIM_SEEDS
 # raises the per-mix seed count (the CLI and `make soak` run the long sweeps).
-SEEDS_PER_MIX = int(os.environ.get("PHALANX_SIM_SEEDS", "6"))
+SEEDS_PER_MIX = int(os.environ.get("PHALANX_SIM_SEEDS", "2"))
+SWARM_SEEDS = int(os.environ.get("PHALANX_SWARM_SEEDS", "300"))
+SWARM_SHAPE = {"time_ns": 600 * _MS, "liveness_ns": 1_000 * _MS}
 SHORT = {"time_ns": 1_000 * _MS, "liveness_ns": 1_500 * _MS}
 
 MIXES = {
@@ -23,7 +36,7 @@ MIXES = {
     "network": ("partition-one", "partition-halves", "partition-ring", "partition-asymmetric",
                 "isolate-leader"),
     "packets": ("loss", "duplicate", "delay", "clock-skew"),
-    "all": nemesis.FAULT_KINDS,
+    "all": nemesis.SIM_FAULT_KINDS,
 }
 
 
@@ -40,10 +53,22 @@ def test_same_seed_same_trace_and_history() -> None:
 @pytest.mark.parametrize("mix", sorted(MIXES))
 def test_sweep_passes(mix: str) -> None:
     nodes = 5 if mix in ("network", "all") else 3
-    base = RunConfig(seed=0, nodes=nodes, faults=MIXES[mix], **SHORT)
+    base = RunConfig(seed=0, nodes=nodes, faults=MIXES[mix], swarm=False, **SHORT)
     result = sweep(base, range(1000, 1000 + SEEDS_PER_MIX), jobs=1)
     assert result.ok, "\n\n".join(o.report for o in result.failures)
     assert sum(o.ops_ok for o in result.outcomes) > 100 * SEEDS_PER_MIX
+
+
+def test_swarm_sweep_passes() -> None:
+    half = SWARM_SEEDS // 2
+    outcomes = []
+    for nodes, seeds in ((3, range(0, half)), (5, range(half, SWARM_SEEDS))):
+        base = RunConfig(seed=0, nodes=nodes, faults=nemesis.SIM_FAULT_KINDS, **SWARM_SHAPE)
+        result = sweep(base, seeds, jobs=2)
+        assert result.ok, "\n\n".join(o.report for o in result.failures)
+        outcomes += result.outcomes
+    assert len(outcomes) == SWARM_SEEDS
+    assert sum(o.ops_ok for o in outcomes) > 30 * SWARM_SEEDS
 
 
 def test_failure_report_names_seed_and_replay_command() -> None:
