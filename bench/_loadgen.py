@@ -167,8 +167,51 @@ def machine_info() -> str:
     load = os.getloadavg()
     return (
         f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-        f"{os.uname().sysname} {os.uname().release}"
+        f"{os.uname().sysname} {os.uname().release}, {fsync_probe()}"
     )
+
+
+def fsync_probe(directory: str | None = None, rounds: int = 50) -> str:
+    """The disk's append + fdatasync latency right now (p50 and p90 of `rounds` 100-byte
+    appends in a temporary file): every fsync-bound figure of the run scales with it, and on
+    a shared machine it moves by 10x within minutes."""
+    import tempfile
+
+    samples: list[float] = []
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="fsync-probe-") as f:
+        fd = f.fileno()
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            os.write(fd, b"x" * 100)
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return (f"append+fdatasync p50 {samples[len(samples) // 2] * 1e3:.2f} ms "
+            f"p90 {samples[len(samples) * 9 // 10] * 1e3:.2f} ms")
+
+
+def start_profilers(
+    pids: Sequence[int], prefix: str, seconds: float
+) -> list[subprocess.Popen[bytes]]:
+    """py-spy (raw collapsed stacks, 100 Hz) of every pid for `seconds`, into
+    `<prefix>-<pid>.txt`; nothing when py-spy is not installed next to the interpreter or
+    on PATH."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    local = Path(sys.executable).parent / "py-spy"
+    spy = str(local) if local.exists() else shutil.which("py-spy")
+    if spy is None:
+        return []
+    return [
+        subprocess.Popen(
+            [spy, "record", "-r", "100", "-d", str(max(1, round(seconds))), "-f", "raw",
+             "-o", f"{prefix}-{pid}.txt", "--pid", str(pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for pid in pids
+    ]
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 
 import trio
 from _etcd import EtcdCluster, EtcdError, etcd_binary, etcd_version
-from _loadgen import LevelResult, Target, machine_info, make_value, run_level
+from _loadgen import LevelResult, Target, machine_info, make_value, run_level, start_profilers
 from _pso import PsoCluster, PsoError, pysyncobj_version
 
 SYSTEMS = ("phalanx", "etcd", "pysyncobj")
@@ -78,10 +78,18 @@ async def _drive(target: Target, args: argparse.Namespace, report: Report) -> No
     value = make_value(args.value_size)
     for clients in args.clients:
         log(f"{target.name}: {clients} clients, {args.warmup:g} s warmup + {args.duration:g} s")
+        spies = []
+        if args.profile:
+            os.makedirs(args.profile, exist_ok=True)
+            prefix = os.path.join(args.profile, f"{target.name}-c{clients}")
+            spies = start_profilers(target.server_pids(), prefix, args.warmup + args.duration)
+            log(f"  profiling {len(spies)} server(s) into {prefix}-<pid>.txt")
         result = await run_level(
             target, clients=clients, warmup_s=args.warmup, duration_s=args.duration,
             value=value, key_prefix=f"c{clients}-",
         )
+        for spy in spies:
+            await trio.to_thread.run_sync(spy.wait)
         report.levels.append(result)
         log(f"  {_fmt_level(result)}")
 
@@ -339,8 +347,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="phalanx protocol (default raft)")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    p.add_argument("--clients", type=_client_list, default=[1, 16, 64, 256],
-                   help="client counts (default 1,16,64,256)")
+    p.add_argument("--clients", type=_client_list, default=None,
+                   help="client counts (default 1,16,64,256; --quick: 1,16)")
     p.add_argument("--duration", type=float, default=5.0, help="seconds per level (default 5)")
     p.add_argument("--warmup", type=float, default=1.0, help="warmup seconds per level")
     p.add_argument("--value-size", type=int, default=100, help="value bytes (default 100)")
@@ -354,10 +362,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="where the phalanx cluster dir goes")
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: 1 and 16 clients, 2 s, 1 failover trial, no RSS phase")
+                   help="smoke run: 1 and 16 clients (unless --clients), 2 s, 1 failover "
+                   "trial, no RSS phase")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="py-spy every server of each level (raw stacks into DIR); combine "
+                   "with --quick --systems phalanx for a quick profiling run")
     args = p.parse_args(argv)
+    if args.clients is None:
+        args.clients = [1, 16] if args.quick else [1, 16, 64, 256]
     if args.quick:
-        args.clients = [1, 16]
         args.duration = 2.0
         args.warmup = 0.5
         args.failover_trials = 1

@@ -7,16 +7,22 @@ nothing is locked: every other task talks to it through one bounded memory chann
 disconnects). A sender blocks while the channel is full (backpressure).
 
 Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
+- A Ready's `early_messages` go to the transport the moment `step` returns it (step 0: a
+  leader's AppendEntries leave while its own disk write is still to come).
 - Every Ready a step returns is queued, in step order, in `_pending`.
-- When no batch is being persisted, the whole queue becomes one batch. If it has durable work
-  (`GroupCommitter.needs_io`) it is persisted on a worker thread (`trio.to_thread.run_sync`,
-  one fsync for the batch) while the core loop keeps stepping new inputs into the next
-  batch. Otherwise (heartbeats, commit-only hard states) it is completed at once.
+- When no batch is being persisted, the Readys at the head of the queue that write nothing
+  durable (commit notices, heartbeat answers) are completed at once; the rest becomes one
+  batch, persisted with one fsync: on a worker thread (`trio.to_thread.run_sync`) at the
+  leader, which keeps stepping new inputs into the next batch meanwhile; on the core task at
+  a follower (everything it says waits for its disk anyway; AppendEntries that arrive while
+  it writes queue up for the next batch).
 - Completing a batch, in Ready order: release its messages to the transport, apply committed
   entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
   and reads whose index is applied; then feed `Persisted(last number)` back, then the
-  replica's `CheckpointTaken`s. No message ever leaves before its Ready is durable, and
-  Readys are completed strictly in step order.
+  replica's `CheckpointTaken`s. No message other than an early one ever leaves before its
+  Ready is durable, and Readys are completed strictly in step order.
+- Client writes that arrive in one pass over the input channel are stepped together at the
+  end of the pass (`propose_batch`: one log entry, one AppendEntries per follower).
 - The replica (and so the WAL, which it compacts) is only touched by the core task while no
   batch is on the worker thread; the worker thread touches storage only.
 
@@ -65,8 +71,10 @@ logger = logging.getLogger(__name__)
 DRAIN_LIMIT = 512
 """Items the core loop takes without yielding before it flushes (bounds batch latency)."""
 
-COMMIT_FLUSH_TICKS = 100
-"""A deferred commit-only hard state is written at most every this many ticks."""
+COMMIT_FLUSH_TICKS = 1000
+"""A deferred commit-only hard state is written at most every this many ticks (10 s at the
+default 10 ms tick). Each write is a temp file, an fsync, a rename and a directory fsync that
+holds up the persistence pipeline; restoring `commit` is only an optimisation."""
 
 
 class ReplyTarget(Protocol):
@@ -144,6 +152,12 @@ class Driver:
         status_extra: builds the node-level fields of a `StatusReply` (peers, protocol, ...).
         observer: metrics hooks.
         persist_inline: persist on the core task instead of a worker thread (fsync off).
+        follower_inline: persist on the core task while this node is not the leader (as of
+            the last tick). Everything a follower says waits for its disk anyway, so a worker
+            thread buys it nothing and costs two thread hand-offs per batch; while it blocks,
+            arriving AppendEntries queue up and go into the next batch (one fsync). The
+            leader keeps the worker thread: it accepts calls and sends AppendEntries while
+            its disk works.
         capacity: size of the input channel.
         propose_batch: steps the core with several client requests at once (Raft's
             `ProposeBatch`); with it, the requests that arrive in one pass over the input
@@ -162,6 +176,7 @@ class Driver:
         status_reply: Callable[[int, CoreStatus, Replica], StatusReply],
         observer: DriverObserver | None = None,
         persist_inline: bool = False,
+        follower_inline: bool = True,
         capacity: int = 4096,
         propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
     ) -> None:
@@ -175,6 +190,7 @@ class Driver:
         self._status_reply = status_reply
         self._observer = observer
         self._persist_inline = persist_inline
+        self._follower_inline = follower_inline
         self._propose_batch = propose_batch
         self._proposals: list[ClientRequest] = []
         self._tx, self._rx = trio.open_memory_channel[_Item](capacity)
@@ -404,8 +420,9 @@ class Driver:
     def _flush(self) -> None:
         while self._inflight is None and self._pending:
             batch, self._pending = self._pending, []
-            if self._persist_inline:
-                self.committer.persist(batch)
+            if self._persist_inline or (self._follower_inline
+                                        and self._status.role != "leader"):
+                self._persist_here(batch)
                 self._complete(batch)
                 continue
             # Readys at the head that write nothing durable (commit notices, heartbeat
@@ -422,6 +439,14 @@ class Driver:
                 continue
             self._start_io(batch, flush_commit=False)
         self.stats.pending_readys = len(self._pending)
+
+    def _persist_here(self, batch: Sequence[Ready]) -> None:
+        """Step 1 on the core task (blocking it for the write and fsync)."""
+        start = time.perf_counter()
+        if self.committer.persist(batch):
+            self.stats.fsyncs += 1
+            if self._observer is not None:
+                self._observer.on_fsync(time.perf_counter() - start, len(batch))
 
     def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse
