@@ -1,0 +1,154 @@
+"""The driver's pipeline against a scripted core: early messages leave before the disk write,
+ordinary ones only after it; writes arriving in one pass become one proposal; a follower
+persists on the core task, a leader on a worker thread.
+
+The core here is a stand-in that returns fixed Readys, so each test pins one rule of
+`phalanx.driver` without Raft's own behaviour in the way. Synchronisation is by events and
+`wait_for`, never by elapsed time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import trio
+from runtime_helpers import wait_for
+
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.replica import Replica
+from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Send
+from phalanx.consensus.raft import AppendEntries, AppendEntriesResponse
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
+from phalanx.driver import Driver
+from phalanx.group_commit import GroupCommitter
+from phalanx.net import wire
+from phalanx.net.client_protocol import ClientCall, ClientReply, StatusReply
+from phalanx.persistence import ReadyPersister
+from phalanx.storage.memory import MemoryDisk
+
+N1, N2 = NodeId("n1"), NodeId("n2")
+EARLY = AppendEntries(term=1, leader_id=N1, prev_log_index=0, prev_log_term=0, entries=(),
+                      leader_commit=0)
+LATE = AppendEntriesResponse(term=1, success=True, match_index=1)
+
+
+class ScriptedCore:
+    """Every batch of client requests becomes one Ready that appends one entry, sends EARLY
+    early and LATE after persisting."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.node_id = N1
+        self.proposals: list[tuple[ClientRequest, ...]] = []
+        self.persisted: list[int] = []
+        self._number = 0
+
+    def propose(self, requests: tuple[ClientRequest, ...]) -> Ready:
+        self.proposals.append(requests)
+        self._number += 1
+        entry = Entry(index=self._number, term=1, kind=EntryKind.COMMAND, requests=requests)
+        return Ready(number=self._number, entries=(entry,), must_sync=True,
+                     early_messages=(Send(to=N2, message=EARLY),),
+                     messages=(Send(to=N2, message=LATE),))
+
+    def step(self, inp: Input, /) -> Ready:
+        if isinstance(inp, Persisted):
+            self.persisted.append(inp.number)
+        return Ready()
+
+    def status(self) -> CoreStatus:
+        return CoreStatus(node=N1, role=self.role, term=1, commit_index=0, leader=None)
+
+
+class Sink:
+    def deliver(self, reply: ClientReply | StatusReply) -> None:
+        pass
+
+
+class GatedCommitter(GroupCommitter):
+    """Blocks every persist until `gate` is set; records the thread it ran on."""
+
+    def __init__(self) -> None:
+        storage = MemoryDisk("n1").open()
+        super().__init__(ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
+                                        checkpoints=storage.checkpoints,
+                                        codec=wire.default_registry()),
+                         install=None, saved=None)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+        self.threads: list[str] = []
+        self.events: list[str] = []
+
+    def persist(self, batch: Sequence[Ready]) -> bool:
+        self.threads.append(threading.current_thread().name)
+        self.started.set()
+        self.gate.wait(timeout=30)
+        self.events.append("persisted")
+        return super().persist(batch)
+
+
+def make_driver(core: ScriptedCore, committer: GatedCommitter,
+                sent: list[tuple[NodeId, Message]]) -> Driver:
+    def send(to: NodeId, message: Message) -> bool:
+        sent.append((to, message))
+        committer.events.append(type(message).__name__)
+        return True
+
+    def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
+        raise AssertionError("not used")
+
+    replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("r").open().checkpoints)
+    return Driver(core=core, replica=replica, committer=committer, send=send,
+                  tick_seconds=3600.0, status_reply=status_reply,
+                  propose_batch=core.propose)
+
+
+def call(n: int) -> ClientCall:
+    return ClientCall(request=ClientRequest(client_id="c", request_no=n, command=b"x"))
+
+
+async def test_early_messages_leave_before_the_write_and_the_rest_after() -> None:
+
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    committer.gate.clear()
+    driver = make_driver(core, committer, sent)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: committer.started.is_set())
+        await wait_for(lambda: len(sent) >= 1)
+        assert sent == [(N2, EARLY)]  # the write is still blocked: only the early one left
+        committer.gate.set()
+        await wait_for(lambda: len(sent) == 2)
+        assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
+        await wait_for(lambda: core.persisted == [1])
+        nursery.cancel_scope.cancel()
+    assert committer.threads[0] != threading.current_thread().name  # leader: worker thread
+
+
+async def test_writes_of_one_pass_are_one_proposal() -> None:
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent)
+    for n in range(1, 6):  # queued before the loop runs: all in its first pass
+        await driver.call(call(n), Sink())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await wait_for(lambda: core.persisted == [1])
+        nursery.cancel_scope.cancel()
+    assert [[r.request_no for r in p] for p in core.proposals] == [[1, 2, 3, 4, 5]]
+    assert driver.stats.proposal_batches == 1
+    assert sent == [(N2, EARLY), (N2, LATE)]
+
+
+async def test_a_follower_persists_on_the_core_task() -> None:
+    core, committer, sent = ScriptedCore("follower"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: core.persisted == [1])
+        nursery.cancel_scope.cancel()
+    assert committer.threads == [threading.current_thread().name]
+    assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
