@@ -187,6 +187,7 @@ class Driver:
         self.committer = committer
         self._send = send
         self._tick_seconds = tick_seconds
+        self._tick_period = tick_seconds
         self._status_reply = status_reply
         self._observer = observer
         self._persist_inline = persist_inline
@@ -268,10 +269,17 @@ class Driver:
 
     # ---------------------------------------------------------------------- tasks
 
+    def set_clock_rate(self, rate: float) -> None:
+        """Test hook (`phalanx.test_hooks`): tick every ``tick_seconds / rate`` from the next
+        tick on, as if this node's clock ran `rate` times as fast as real time."""
+        if not rate > 0:
+            raise ValueError(f"clock rate must be > 0, got {rate}")
+        self._tick_period = self._tick_seconds / rate
+
     async def _ticker(self) -> None:
-        period = self._tick_seconds
         deadline = trio.current_time()
         while True:
+            period = self._tick_period  # re-read: `set_clock_rate` may change it
             deadline += period
             await trio.sleep_until(deadline)
             now = trio.current_time()

@@ -80,6 +80,7 @@ from phalanx.pki import (
 )
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.volatile import open_node_storage
+from phalanx.test_hooks import control_file, watch_clock_rate
 
 logger = logging.getLogger(__name__)
 
@@ -323,6 +324,8 @@ async def open_node(
                 await nursery.start(driver.run)
                 nursery.start_soon(forward)
                 await nursery.start(client_port.serve, client_listeners)
+                if (ctl := control_file(config.id)) is not None:
+                    nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
                 logger.info("%s: serving peers on %s, clients on %s", config.id,
                             node.peer_address, node.client_address)
                 try:

@@ -14,6 +14,8 @@ Rules:
       ``PHALANX_TEST_HOOKS=1`` in their environment (test-only hooks; off by default), and
       with ``volatile_writes`` also ``PHALANX_VOLATILE_WRITES=1``: their storage keeps
       un-fsynced appends in memory (`phalanx.storage.volatile`), so a SIGKILL loses them.
+      ``PHALANX_TEST_CONTROL_DIR`` is the cluster's ``run/`` folder, where the nemesis writes
+      each node's clock-rate control file (`phalanx.test_hooks`).
     * Must not import the runtime or consensus cores: it talks to nodes only through the
       client and signals.
 """
@@ -45,6 +47,7 @@ from phalanx.jepsen.harness.proxy import ProxyNetwork
 
 HOOKS_ENV = "PHALANX_TEST_HOOKS"
 VOLATILE_ENV = "PHALANX_VOLATILE_WRITES"
+CONTROL_DIR_ENV = "PHALANX_TEST_CONTROL_DIR"
 STATUS_TIMEOUT = 0.5
 HARNESS_TIMING = TimingConfig(tick_ms=10, election_ticks=30, heartbeat_ticks=2)
 """Election timeout 300..600 ms: five Python nodes and the harness share a couple of cores."""
@@ -148,6 +151,7 @@ async def open_real_cluster(
     env = dict(os.environ)
     env[HOOKS_ENV] = "1"
     env.pop(VOLATILE_ENV, None)
+    env[CONTROL_DIR_ENV] = str(config.directory / "run")
     if volatile_writes:
         env[VOLATILE_ENV] = "1"
     procs = NodeProcesses(config, env=env)

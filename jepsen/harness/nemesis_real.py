@@ -22,11 +22,10 @@ Owns:
       leading when the episode starts), ``kill-majority``, ``kill-all``, ``partition-bridge``,
       and the storage faults ``truncate-wal`` / ``flip-checkpoint`` (`storage_faults`),
       applied to the killed node's data directory just before its restart.
-    * ``clock-skew``: only with ``clock_skew=True`` (the runtime has no tick-rate hook yet,
-      so the runner passes False and the event is recorded as not applied). Then it
-      atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl`` for the node to
-      poll (a file rather than a signal, so a node that is still starting cannot be killed
-      by it); 1.0 at the stop. The file outlives restarts, so a restarted node keeps its skew.
+    * ``clock-skew``: atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl``,
+      which the node polls (`phalanx.test_hooks`) and applies to its tick source; 1.0 at
+      the stop. The file outlives restarts, so a restarted node keeps its skew.
+      (``clock_skew=False`` records the event as not applied, for nodes without the hook.)
 
 Every applied event is reported to `record(f, value)` (the history's nemesis ops), with
 what it resolved to (the leader it isolated, the nodes actually killed).

@@ -4,7 +4,8 @@ Owns:
     `RunOptions`, `RunOutcome` and `run_test(options, console)`, which:
       1. creates the run's store (`phalanx.jepsen.store.create_run`: ``STORE/<test>/<stamp>/``
          with ``test.json``, and ``STORE/latest``) and a fresh proxied cluster in its
-         ``cluster/`` folder (`open_real_cluster`);
+         ``cluster/`` folder (`open_real_cluster`; with ``lose-unfsynced`` among the faults its
+         nodes keep un-fsynced writes in memory, so every kill is a machine crash);
       2. waits for a leader, performs the workload's setup operations (bank: the opening
          balances), then runs `concurrency` logical client processes (each with its own
          client session) driving one `phalanx.jepsen.workloads.Workload` through `perform`
@@ -143,7 +144,7 @@ class _Run:
         self.counts: Counter[tuple[str, str]] = Counter()
         self.stopped = False
         self.next_process = options.concurrency
-        self.nemesis = RealNemesis(cluster, record=self.record_nemesis, clock_skew=False)
+        self.nemesis = RealNemesis(cluster, record=self.record_nemesis, clock_skew=True)
 
     def stopping(self) -> bool:
         return self.stopped

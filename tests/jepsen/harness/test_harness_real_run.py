@@ -1,10 +1,11 @@
-"""A short real Jepsen run: a 3-node Raft cluster of real processes, register workload,
-SIGKILL + partition nemeses for 30 s, through `phalanx jepsen run`'s handler.
+"""Short real Jepsen runs through `phalanx jepsen run`'s handler on 3-node Raft clusters of
+real processes: register under SIGKILL + partitions for 30 s, and bank under machine crashes
+(lose-unfsynced), kill-leader, kill-all and a torn WAL tail for 20 s.
 
 Asserts the verdict (exit 0: valid), that the nemesis really acted (kills, restarts and
 blocked links), and that the store is complete: test.json, history.jsonl, results.json
 (every checker), each node's log and data, latency.png, rate.png and index.html with the
-nemesis intervals. About 40 s of wall time.
+nemesis intervals. About 40 s + 30 s of wall time.
 """
 
 from __future__ import annotations
@@ -76,3 +77,33 @@ def test_pbft_and_unknown_workloads_are_refused_with_exit_2(tmp_path: Path) -> N
         args = _parse([*argv, "--store", str(tmp_path / "s")])
         assert args.handler(args, console=console) == EXIT_UNKNOWN
     assert not (tmp_path / "s").exists()
+
+
+def test_bank_under_machine_crashes_leader_kills_kill_all_and_torn_wals_is_valid(
+    tmp_path: Path,
+) -> None:
+    """3 nodes, 20 s: lose-unfsynced kills (volatile writes), kill-leader, kill-all and a
+    torn WAL tail; the seed's schedule has each of them (see `real_schedule`)."""
+    store = tmp_path / "store"
+    args = _parse(["--nodes", "3", "--time", "20", "--workload", "bank", "--nemesis-scale", "2",
+                   "--nemesis", "kill,lose-unfsynced,kill-leader,kill-all,truncate-wal",
+                   "--rate", "40", "--concurrency", "4", "--seed", "13", "--store", str(store)])
+    console = Console(file=(tmp_path / "out.txt").open("w"), width=120)
+    code = args.handler(args, console=console)
+    console.file.close()
+    output = (tmp_path / "out.txt").read_text()
+    assert code == EXIT_VALID, output
+
+    run_dir = (store / "latest").resolve()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert set(results["checkers"]) == {"bank", "stats", "recovery"}
+    assert results["checkers"]["bank"]["valid"] is True
+    assert results["counts"]["transfer"]["ok"] > 20
+    nemesis_ops = [str(op.value) for op in read_history(run_dir / "history.jsonl").nemesis]
+    assert any(v.startswith("start kill-all#") and "killed n1,n2,n3" in v for v in nemesis_ops)
+    assert any(v.startswith("start kill-leader#") and "killed n" in v for v in nemesis_ops)
+    assert any(v.startswith("start kill#") and "value=1" in v for v in nemesis_ops)
+    torn = [v for v in nemesis_ops if "tore wal-" in v]
+    assert torn
+    node = torn[0].split("(")[1].split(":")[0]
+    assert "cut a torn WAL tail" in (run_dir / "nodes" / node / f"{node}.log").read_text()
