@@ -103,15 +103,18 @@ class RealCluster:
                 await trio.sleep(0.05)
         raise ClusterUnavailable(f"no leader within {within:g} s")
 
-    async def wait_recovered(self, within: float) -> None:
-        """Until a leader exists and every node answers and has applied its commit index."""
+    async def wait_recovered(self, within: float, *, min_commit: int = 1) -> None:
+        """Until a leader exists, every node answers, the leader's commit index is at least
+        `min_commit` (a leader that never committed anything has not recovered anything) and
+        every node has applied it."""
         with trio.move_on_after(within):
             while True:
                 st = await self.statuses()
                 leaders = [s for s in st.values() if s.role == "leader"]
                 if len(st) == len(self.nodes) and leaders:
                     target = max(s.commit_index for s in leaders)
-                    if all(s.applied_index >= target for s in st.values()):
+                    if target >= min_commit and all(
+                            s.applied_index >= target for s in st.values()):
                         return
                 await trio.sleep(0.1)
         raise ClusterUnavailable(f"cluster did not recover within {within:g} s")
