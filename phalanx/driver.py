@@ -71,6 +71,12 @@ logger = logging.getLogger(__name__)
 DRAIN_LIMIT = 512
 """Items the core loop takes without yielding before it flushes (bounds batch latency)."""
 
+PROPOSAL_MAX_REQUESTS = 256
+PROPOSAL_MAX_BYTES = 256 * 1024
+"""A batch of client writes is proposed (one log entry) once it holds this many requests or
+command bytes, even mid-pass: entries, and so AppendEntries frames, stay well under the
+transport's frame limit however large the drained backlog is."""
+
 COMMIT_FLUSH_TICKS = 1000
 """A deferred commit-only hard state is written at most every this many ticks (10 s at the
 default 10 ms tick). Each write is a temp file, an fsync, a rename and a directory fsync that
@@ -194,6 +200,7 @@ class Driver:
         self._follower_inline = follower_inline
         self._propose_batch = propose_batch
         self._proposals: list[ClientRequest] = []
+        self._proposal_bytes = 0
         self._tx, self._rx = trio.open_memory_channel[_Item](capacity)
         self._pending: list[Ready] = []
         self._inflight: Sequence[Ready] | None = None
@@ -377,6 +384,7 @@ class Driver:
 
     def _propose(self) -> None:
         requests, self._proposals = tuple(self._proposals), []
+        self._proposal_bytes = 0
         assert self._propose_batch is not None  # only queued when set
         self.stats.proposal_batches += 1
         self._queue(self._propose_batch(requests))
@@ -420,6 +428,10 @@ class Driver:
         self._keys_of.setdefault(target, set()).add(key)
         if self._propose_batch is not None and not request.read_only:
             self._proposals.append(request)  # stepped together at the end of this pass
+            self._proposal_bytes += len(request.command)
+            if (len(self._proposals) >= PROPOSAL_MAX_REQUESTS
+                    or self._proposal_bytes >= PROPOSAL_MAX_BYTES):
+                self._propose()
         else:
             self._step(Submit(request=request))
 

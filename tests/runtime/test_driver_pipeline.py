@@ -20,7 +20,7 @@ from phalanx.apps.replica import Replica
 from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Send
 from phalanx.consensus.raft import AppendEntries, AppendEntriesResponse
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
-from phalanx.driver import Driver
+from phalanx.driver import PROPOSAL_MAX_REQUESTS, Driver
 from phalanx.group_commit import GroupCommitter
 from phalanx.net import wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, StatusReply
@@ -140,6 +140,21 @@ async def test_writes_of_one_pass_are_one_proposal() -> None:
     assert [[r.request_no for r in p] for p in core.proposals] == [[1, 2, 3, 4, 5]]
     assert driver.stats.proposal_batches == 1
     assert sent == [(N2, EARLY), (N2, LATE)]
+
+
+async def test_a_long_pass_is_cut_into_bounded_proposals() -> None:
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent)
+    total = PROPOSAL_MAX_REQUESTS + 3
+    for n in range(1, total + 1):
+        await driver.call(call(n), Sink())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await wait_for(lambda: core.persisted[-1:] == [2])
+        nursery.cancel_scope.cancel()
+    sizes = [len(p) for p in core.proposals]
+    assert sizes == [PROPOSAL_MAX_REQUESTS, 3]
+    assert [r.request_no for p in core.proposals for r in p] == list(range(1, total + 1))
 
 
 async def test_a_follower_persists_on_the_core_task() -> None:
