@@ -38,6 +38,7 @@ from phalanx.consensus.pbft import (
     ReplyCollector,
 )
 from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
+from phalanx.jepsen.attacks import ATTACKS, AttackCore, Collusion
 from phalanx.jepsen.byzantine import (
     BEHAVIOURS,
     ByzantineCore,
@@ -93,15 +94,32 @@ def choose_byzantine(
     so `twins=2` at n=4 twins two nodes including the view-0 primary half of the time."""
     if count < 0 or twins < 0 or count + twins > len(names):
         raise ValueError(f"cannot make {count} + {twins} of {len(names)} replicas Byzantine")
-    unknown = [b for b in behaviours if b not in BEHAVIOURS]
+    unknown = [b for b in behaviours if b not in BEHAVIOURS + ATTACKS]
     if unknown:
-        raise ValueError(f"unknown Byzantine behaviour(s) {unknown}; known: {BEHAVIOURS}")
+        raise ValueError(
+            f"unknown Byzantine behaviour(s) {unknown}; known: {BEHAVIOURS + ATTACKS}"
+        )
+    attacks = [b for b in behaviours if b in ATTACKS]
+    if attacks and (len(attacks) > 1 or len(behaviours) > 1):
+        raise ValueError(f"an attack ({attacks[0]}) is a replica's only behaviour: {behaviours}")
     rng = random.Random(f"pbft-byzantine:{seed}")
     picked = rng.sample(sorted(names), count + twins)
     twinned = tuple(sorted(picked[:twins]))
     liars = sorted(picked[twins:])
+    attack = attacks[0] if attacks else None
+    if not behaviours and count and not twins:
+        # Half the seeds run one targeted attack (`phalanx.jepsen.attacks`) on every liar.
+        draw = random.Random(f"pbft-attack:{seed}")
+        if draw.random() < 0.5:
+            usable = [a for a in ATTACKS if a != "collude" or count >= 2]
+            attack = draw.choice(usable)
+    if attack == "collude":
+        liars = list(names[:count])  # the primaries of views 0 .. count-1
     plan: list[tuple[str, tuple[str, ...]]] = []
     for node in liars:
+        if attack is not None:
+            plan.append((node, (attack,)))
+            continue
         chosen = behaviours or tuple(sorted(rng.sample(SWEEP_BEHAVIOURS, rng.randint(1, 2))))
         plan.append((node, chosen))
     honest = [n for n in sorted(names) if n not in picked]
@@ -229,7 +247,7 @@ class DurableStateCore:
 
 def _unwrap(core: Core) -> PbftCore:
     while not isinstance(core, PbftCore):
-        if isinstance(core, ByzantineCore | DurableStateCore):
+        if isinstance(core, ByzantineCore | DurableStateCore | AttackCore):
             core = core.inner
         elif isinstance(core, TwinsCore):
             core = core.a
@@ -280,6 +298,12 @@ def pbft_setup(
             bugs=bugs,
         )
 
+    colluders = frozenset(NodeId(n) for n, b in plan.behaviours if b == ("collude",))
+    collusion = None
+    if colluders:
+        rng = random.Random(f"pbft-collusion:{seed}")
+        collusion = Collusion(config(names[0]), colluders, rng)
+
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
         replica = Replica(
             KvStateMachine(),
@@ -313,6 +337,11 @@ def pbft_setup(
                 twinned=twinned,
                 channel=channel,
                 rng=byz_rng,
+            )
+        if node in liars and liars[node][0] in ATTACKS:
+            return AttackCore(
+                honest, attack=liars[node][0], config=config(node), crypto=crypto,
+                rng=byz_rng, collusion=collusion,
             )
         if node in liars:
             return ByzantineCore(honest, behaviours=liars[node], crypto=crypto, rng=byz_rng)
