@@ -44,7 +44,7 @@ from phalanx.client import open_client
 from phalanx.jepsen.checker import CheckerResult, RunResult
 from phalanx.jepsen.harness.cluster import ClusterUnavailable, RealCluster, open_real_cluster
 from phalanx.jepsen.harness.nemesis_real import RealNemesis
-from phalanx.jepsen.harness.schedule import AnyEvent, real_schedule
+from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS, AnyEvent, real_schedule
 from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder, OpType, Process
 from phalanx.jepsen.linearizability import UNKNOWN
 from phalanx.jepsen.nemesis import LOSE_UNFSYNCED
@@ -94,7 +94,10 @@ class RunOptions:
 
     @property
     def test_name(self) -> str:
-        faults = "+".join(self.faults) if self.faults else "none"
+        if set(self.faults) == set(REAL_FAULT_KINDS):
+            faults = "all"
+        else:
+            faults = "+".join(self.faults) if self.faults else "none"
         return f"{self.protocol}-{self.workload}-{faults}-n{self.nodes}"
 
     def workload_config(self) -> WorkloadConfig:

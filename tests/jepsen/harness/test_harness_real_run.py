@@ -100,7 +100,9 @@ def test_bank_under_machine_crashes_leader_kills_kill_all_and_torn_wals_is_valid
     assert results["checkers"]["bank"]["valid"] is True
     assert results["counts"]["transfer"]["ok"] > 20
     nemesis_ops = [str(op.value) for op in read_history(run_dir / "history.jsonl").nemesis]
-    assert any(v.startswith("start kill-all#") and "killed n1,n2,n3" in v for v in nemesis_ops)
+    kill_all = [v for v in nemesis_ops if v.startswith("start kill-all#")]
+    assert kill_all
+    assert all("nodes=n1,n2,n3 " in v and "(killed n" in v for v in kill_all)  # live ones
     assert any(v.startswith("start kill-leader#") and "killed n" in v for v in nemesis_ops)
     assert any(v.startswith("start kill#") and "value=1" in v for v in nemesis_ops)
     torn = [v for v in nemesis_ops if "tore wal-" in v]
