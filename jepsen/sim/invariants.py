@@ -12,6 +12,8 @@ after a crash) and `InvariantChecker`, which records every violation of:
   index → entry map of applied entries (Raft §5.4.3).
 - **Monotone commit**: a node's commit index never decreases within one incarnation (a
   restart may restore a lower, still safe, commit index).
+- Violations found elsewhere (a protocol's white-box message watch, e.g. Raft's one vote
+  per term) are recorded through `record`.
 - **Committed means durable on a majority**: every applied entry is held (in its log, or
   covered by its snapshot) by a majority of the nodes' written logs (Raft §5.4's premise;
   any majority-quorum protocol with a static membership). Checked over the newest
@@ -102,6 +104,10 @@ class InvariantChecker:
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    def record(self, invariant: str, at_ns: int, detail: str) -> None:
+        """Record a violation found outside this checker (e.g. a protocol's message watch)."""
+        self._violate(invariant, at_ns, detail)
 
     def _violate(self, invariant: str, at_ns: int, detail: str) -> None:
         key = f"{invariant}:{detail}"

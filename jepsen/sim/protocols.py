@@ -21,8 +21,15 @@ from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, Snapshot
 from phalanx.consensus.raft.config import RaftConfig, RaftRestoredState
 from phalanx.consensus.raft.core import RaftCore
-from phalanx.consensus.raft.messages import RAFT_MESSAGES
-from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
+from phalanx.consensus.raft.messages import RAFT_MESSAGES, RequestVote, RequestVoteResponse
+from phalanx.consensus.types import (
+    ClientRequest,
+    Configuration,
+    Entry,
+    HardState,
+    Message,
+    NodeId,
+)
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.net import wire
 from phalanx.net.codec import Registry
@@ -50,6 +57,9 @@ class ProtocolSetup:
     byzantine: tuple[str, ...] = ()
     """Nodes that may lie: their executions are not checked (a throwaway checker)."""
     description: str = ""
+    watch_send: Callable[[str, str, Message], str | None] | None = None
+    """A white-box check of every message a node sends (state kept per run): returns the
+    text of a violated protocol invariant, or None. Raft's: one vote per term per voter."""
 
 
 class ReplyFilter(Protocol):
@@ -137,8 +147,36 @@ def protocol_setup(
     return ProtocolSetup(
         names=names,
         codec=wire.default_registry(),
+        watch_send=raft_vote_watch(),
         make_core=make_core,
         make_replica=make_replica,
         observe=observe,
         leader_role="leader",
     )
+
+
+def raft_vote_watch() -> Callable[[str, str, Message], str | None]:
+    """Raft's vote safety, seen on the wire: a voter grants at most one candidate a (real,
+    not pre-) vote per term (§3.4, Figure 3.1 `votedFor`), across crashes too: the vote must
+    be durable before the grant is sent. Election safety rests on it, and it is visible even
+    when the second grant arrives too late to elect a second leader. A candidate's own vote
+    is seen as its (non-pre-vote) RequestVote of that term."""
+    votes: dict[tuple[str, int], str] = {}
+
+    def watch(src: str, dst: str, message: Message) -> str | None:
+        if isinstance(message, RequestVote):
+            if message.pre_vote:
+                return None
+            term, to = message.term, src  # a candidate votes for itself
+        elif isinstance(message, RequestVoteResponse):
+            if message.pre_vote or not message.vote_granted:
+                return None
+            term, to = message.term, dst
+        else:
+            return None
+        first = votes.setdefault((src, term), to)
+        if first == to:
+            return None
+        return f"{src} granted its term-{term} vote to {first} and then to {to}"
+
+    return watch

@@ -50,6 +50,8 @@ from phalanx.net.codec import DecodeError, Registry
 
 _MS = 1_000_000
 _DEFAULT_LIVENESS_NS = 2_000 * _MS
+_BOOT_WINDOW_NS = 200 * _MS
+"""`nemesis.generate_schedule`'s default `start_ns`: no episode starts before it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +201,7 @@ class _Cluster:
         )
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies
+        self._watch_send = setup.watch_send
         if setup.description:
             self.trace(f"SETUP {setup.description}")
         self.names = setup.names
@@ -226,7 +229,7 @@ class _Cluster:
                 loop=self.loop,
                 rng=random.Random(root.getrandbits(64)),
                 trace=self.trace,
-                send=self.network.send,
+                send=self._send if setup.watch_send is not None else self.network.send,
                 clients=self,
                 checker=(
                     InvariantChecker(leader_role=setup.leader_role)  # a liar's: not checked
@@ -263,6 +266,14 @@ class _Cluster:
         self._client_rtt_ns = 500_000
 
     # -- transport seams ---------------------------------------------------------------------
+
+    def _send(self, src: str, dst: str, message: Message) -> None:
+        watch = self._watch_send
+        if watch is not None:
+            problem = watch(src, dst, message)
+            if problem is not None:
+                self.checker.record("vote-safety", self.loop.now, problem)
+        self.network.send(src, dst, message)
 
     def _deliver(self, src: str, dst: str, message: Message) -> None:
         self.nodes[dst].deliver(src, message)
@@ -313,7 +324,7 @@ class _Cluster:
 
         A Ready that changed the durable term or vote other than to vote for itself (a voter's
         election step: the moment a lost or unpersisted vote matters) crashes with probability
-        1/2, any other with the episode's probability."""
+        3/4, any other with the episode's probability."""
         hs = ready.hard_state
         election = False
         if hs is not None:
@@ -321,14 +332,14 @@ class _Cluster:
                 self._term_vote.get(node.name) != (hs.term, hs.vote))
             self._term_vote[node.name] = (hs.term, hs.vote)
         p = self._crash_after_ready
-        if not p or self.buggify_rng.random() >= (0.5 if election else p):
+        if not p or self.buggify_rng.random() >= (0.75 if election else p):
             return False
         down = sum(1 for name in self.names if not self.nodes[name].up)
         if down >= self._minority:
             return False
         name = node.name
         self.trace(f"NEMESIS crash-after-ready {name}")
-        delay = self.buggify_rng.randrange(50_000, 1 * _MS)
+        delay = self.buggify_rng.randrange(20_000, 1 * _MS)
 
         def restart() -> None:
             if name not in self._killed:
@@ -347,6 +358,31 @@ class _Cluster:
             if st.role == self.checker.leader_role and (best is None or st.term > best[0]):
                 best = (st.term, name)
         return None if best is None else best[1]
+
+    def boot_buggify(self) -> None:
+        """With the BUGGIFY faults in this seed's mix, `crash-after-ready` is also on (and
+        `straggle` with probability 1/2) from boot until the schedule's first possible episode
+        (`_BOOT_WINDOW_NS`): the first election is where candidates collide most (every
+        node's timer started together)."""
+        rng = self.buggify_rng
+        cfg = self.network.config
+        boot: list[str] = []
+        if nemesis.CRASH_AFTER_READY in self.faults:
+            self._crash_after_ready = round(rng.uniform(0.005, 0.05), 3)
+            boot.append(f"crash-after-ready={self._crash_after_ready:g}")
+        if nemesis.STRAGGLE in self.faults and rng.random() < 0.5:
+            cfg.straggle = round(rng.uniform(0.02, 0.2), 3)
+            boot.append(f"straggle={cfg.straggle:g}")
+        if not boot:
+            return
+        self.trace(f"NEMESIS boot buggify {' '.join(boot)}")
+
+        def stop() -> None:
+            self.trace("NEMESIS boot buggify ends")
+            self._crash_after_ready = 0.0
+            cfg.straggle = 0.0
+
+        self.loop.call_at(_BOOT_WINDOW_NS, stop)
 
     def apply_fault(self, event: nemesis.FaultEvent) -> None:
         start = event.action == "start"
@@ -446,6 +482,7 @@ def run(cfg: RunConfig) -> RunResult:
     )
     for event in schedule:
         loop.call_at(event.at_ns, lambda e=event: c.apply_fault(e))  # type: ignore[misc]
+    c.boot_buggify()
     for name in c.names:
         c.nodes[name].start()
     workers = [c.clients[f"c{i}"] for i in range(cfg.clients)]
