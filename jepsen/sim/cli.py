@@ -34,10 +34,13 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "sim",
         help="run seeded deterministic simulations and check safety, linearizability, liveness",
         description=(
-            "Run N seeded simulations of a cluster under injected faults. Each seed is "
-            "checked for election safety, log matching, leader completeness, state-machine "
-            "safety, linearizability of the client history and liveness after healing. "
-            "A failure prints its seed, a replay command and the end of its trace."
+            "Run N seeded simulations of a cluster under injected faults. Each seed draws its "
+            "own subset of the fault kinds and its own protocol knobs (swarm testing) and is "
+            "checked for vote safety (Raft), election safety, log matching, leader "
+            "completeness, state-machine safety, committed-means-durable-on-a-majority, "
+            "linearizability of the client history and liveness after healing. A failure "
+            "prints its seed, the seed's faults and knobs, a replay command and the end of "
+            "its trace."
         ),
     )
     p.add_argument("--protocol", choices=PROTOCOLS, default="raft")
