@@ -36,10 +36,10 @@ pytest: $(STAMP)
 soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all
 
-# The Jepsen matrix on real 5-node clusters: workload x nemesis, 60 s each (~15 min).
+# The Jepsen matrix on real 5-node clusters: workload x nemesis, 60 s each (~16 min).
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
 JEPSEN_WORKLOADS ?= register bank set
-JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader all
+JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced all
 jepsen: $(STAMP)
 	@status=0; for w in $(JEPSEN_WORKLOADS); do for n in $(JEPSEN_NEMESES); do \
 	  echo "== jepsen: raft, 5 nodes, workload $$w, nemesis $$n"; \
