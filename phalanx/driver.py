@@ -143,6 +143,7 @@ class DriverStatistics:
     leader_changes: int = 0
     early_messages: int = 0
     proposal_batches: int = 0
+    duplicate_calls: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -424,8 +425,16 @@ class Driver:
                 self._reply(target, request, ReplyStatus.OK, result=result)
             return
         key = (request.client_id, request.request_no)
+        waiting = self._waiters.get(key)
         self._waiters.setdefault(key, []).append(target)
         self._keys_of.setdefault(target, set()).add(key)
+        if waiting and not request.read_only and self._was_leader:
+            # A retry of a write this leader already proposed and has not answered: it will
+            # commit or this node will lose leadership (which answers every waiter), so the
+            # retry just waits with it instead of adding a duplicate to the log. (Clients
+            # retry after an attempt timeout; under overload duplicates would snowball.)
+            self.stats.duplicate_calls += 1
+            return
         if self._propose_batch is not None and not request.read_only:
             self._proposals.append(request)  # stepped together at the end of this pass
             self._proposal_bytes += len(request.command)

@@ -58,7 +58,8 @@ class ScriptedCore:
         return Ready()
 
     def status(self) -> CoreStatus:
-        return CoreStatus(node=N1, role=self.role, term=1, commit_index=0, leader=None)
+        leader = N1 if self.role == "leader" else None
+        return CoreStatus(node=N1, role=self.role, term=1, commit_index=0, leader=leader)
 
 
 class Sink:
@@ -90,7 +91,7 @@ class GatedCommitter(GroupCommitter):
 
 
 def make_driver(core: ScriptedCore, committer: GatedCommitter,
-                sent: list[tuple[NodeId, Message]]) -> Driver:
+                sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0) -> Driver:
     def send(to: NodeId, message: Message) -> bool:
         sent.append((to, message))
         committer.events.append(type(message).__name__)
@@ -101,7 +102,7 @@ def make_driver(core: ScriptedCore, committer: GatedCommitter,
 
     replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("r").open().checkpoints)
     return Driver(core=core, replica=replica, committer=committer, send=send,
-                  tick_seconds=3600.0, status_reply=status_reply,
+                  tick_seconds=tick_seconds, status_reply=status_reply,
                   propose_batch=core.propose)
 
 
@@ -167,3 +168,22 @@ async def test_a_follower_persists_on_the_core_task() -> None:
         nursery.cancel_scope.cancel()
     assert committer.threads == [threading.current_thread().name]
     assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
+
+
+async def test_a_retried_write_waits_with_the_first_instead_of_a_second_proposal() -> None:
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    committer.gate.clear()  # the first proposal stays unanswered
+    driver = make_driver(core, committer, sent, tick_seconds=0.01)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await wait_for(lambda: driver.stats.leader_changes == 1)  # a tick saw it lead
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: len(core.proposals) == 1)
+        await driver.call(call(1), Sink())  # the client's retry, same ids
+        await driver.call(call(2), Sink())
+        await wait_for(lambda: len(core.proposals) == 2)
+        committer.gate.set()
+        nursery.cancel_scope.cancel()
+    assert [[r.request_no for r in p] for p in core.proposals] == [[1], [2]]
+    assert driver.stats.duplicate_calls == 1
+    assert driver.waiter_count() == 2  # requests 1 (both callers) and 2 still wait
