@@ -33,13 +33,21 @@ Encoder = Callable[[object], bytes]
 _COVERED_OUT = ("signature", "auth")
 
 
+_COVERED_BY_TYPE: dict[type, tuple[str, ...]] = {}
+"""Per dataclass type, which of `_COVERED_OUT` it has (a hot path: computed once per type)."""
+
+
 def signing_view(obj: object) -> object:
     """`obj` with its `signature`/`auth` fields (when it has them) set to ``b""``."""
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return obj
-    names = {f.name for f in dataclasses.fields(obj)}
-    blank = {name: b"" for name in _COVERED_OUT if name in names}
-    return dataclasses.replace(obj, **blank) if blank else obj
+    cls = type(obj)
+    covered = _COVERED_BY_TYPE.get(cls)
+    if covered is None:
+        if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+            return obj
+        names = {f.name for f in dataclasses.fields(obj)}
+        covered = _COVERED_BY_TYPE[cls] = tuple(n for n in _COVERED_OUT if n in names)
+    blank = {name: b"" for name in covered if getattr(obj, name) != b""}
+    return dataclasses.replace(obj, **blank) if blank else obj  # type: ignore[type-var]
 
 
 def repr_encoding(obj: object) -> bytes:

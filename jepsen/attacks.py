@@ -176,6 +176,8 @@ class AttackCore:
             return
         if not isinstance(msg, PrePrepare | Prepare | Commit) or msg.replica != src:
             return
+        if msg.view != self.inner.status().term:
+            return  # only the view this replica is in (not another attacker's lure)
         kind = {PrePrepare: "pre_prepare", Prepare: "prepare", Commit: "commit"}[type(msg)]
         if self.attack == "cross_view" and kind == "pre_prepare":
             if src == self._cfg.primary(msg.view) and src != self._me:

@@ -40,7 +40,7 @@ class SafetyViolation(LocalProtocolError):
 class SafetyRules:
     """Signs votes, recording each before returning its signature."""
 
-    __slots__ = ("_dirty", "_floor", "_signer", "_votes")
+    __slots__ = ("_data", "_dirty", "_floor", "_signer", "_votes")
 
     def __init__(self, signer: Signer, data: SafetyData | None = None) -> None:
         self._signer = signer
@@ -50,13 +50,15 @@ class SafetyRules:
             (v.kind, v.view, v.seq): v for v in data.votes
         }
         self._dirty = False
+        self._data: SafetyData | None = None  # `data`, until the record changes
 
     @property
     def data(self) -> SafetyData:
         """The record to persist (deterministic order)."""
-        return SafetyData(
-            floor=self._floor, votes=tuple(self._votes[k] for k in sorted(self._votes))
-        )
+        if self._data is None:
+            votes = tuple(self._votes[k] for k in sorted(self._votes))
+            self._data = SafetyData(floor=self._floor, votes=votes)
+        return self._data
 
     def take_dirty(self) -> bool:
         """Whether the record changed since the last call (it must then be persisted)."""
@@ -93,6 +95,7 @@ class SafetyRules:
         for key in [k for k in self._votes if k[2] <= floor]:
             del self._votes[key]
         self._dirty = True
+        self._data = None
 
     def _vote(self, kind: VoteKind, msg: _V) -> _V:
         if msg.seq <= self._floor:
@@ -110,6 +113,7 @@ class SafetyRules:
             kind=kind, view=msg.view, seq=msg.seq, digest=msg.digest, signature=signature
         )
         self._dirty = True
+        self._data = None
         return _with_signature(msg, signature)
 
 
