@@ -48,6 +48,7 @@ from phalanx.config import (
     ClusterConfig,
     ConfigError,
     NodeConfig,
+    PbftFiles,
     PeerConfig,
     TimingConfig,
     TlsFiles,
@@ -55,6 +56,7 @@ from phalanx.config import (
     load_cluster_config,
     node_config_dict,
 )
+from phalanx.pbft_keys import generate_key_file
 
 DEFAULT_BASE_PORT: Final = 7100
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -207,6 +209,17 @@ def _write_cluster(
     )
     hosts = tuple(dict.fromkeys((host, *pki.DEFAULT_HOSTS)))
     nodes_dir = root / "nodes"
+    nodes_dir.mkdir(parents=True, exist_ok=True)
+    pbft_keys: dict[str, Path] = {}
+    if protocol == "pbft":
+        # One signing key per node; every node's config carries every peer's public keys.
+        keyed = []
+        for member in members:
+            pbft_keys[member.id] = nodes_dir / f"{member.id}.pbft.key"
+            public = generate_key_file(pbft_keys[member.id])
+            keyed.append(replace(member, signing_public_key=public.signing_public_key,
+                                 mac_public_key=public.mac_public_key))
+        members = tuple(keyed)
     for i, me in enumerate(members):
         paths = pki.write_credentials(pki.issue_node_cert(ca, me.id, hosts=hosts), nodes_dir)
         (root / "data" / me.id).mkdir(parents=True)
@@ -221,6 +234,7 @@ def _write_cluster(
             peers=tuple(p for p in members if p.id != me.id),
             fsync=fsync,
             timing=timing,
+            pbft=PbftFiles(signing_key=pbft_keys[me.id]) if me.id in pbft_keys else None,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))

@@ -60,6 +60,10 @@ class PeerConfig:
     id: str
     peer_addr: Address
     client_addr: Address
+    signing_public_key: str | None = None
+    """PBFT: the member's Ed25519 public key (hex); `phalanx.pbft_keys` reads it."""
+    mac_public_key: str | None = None
+    """PBFT: the member's X25519 public key (hex) for the pairwise MAC keys."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +90,13 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PbftFiles:
+    """PBFT node settings: `signing_key` is the node's private key file (`phalanx.pbft_keys`)."""
+
+    signing_key: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeConfig:
     """Everything one node needs to run (`phalanx node run DIR/nodes/<id>.toml`)."""
 
@@ -101,6 +112,8 @@ class NodeConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     source: Path | None = None
+    pbft: PbftFiles | None = None
+    """`[pbft]`: required when `protocol` is pbft (with every peer's public keys)."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
@@ -202,6 +215,8 @@ def _peer(t: _Table) -> PeerConfig:
         id=t.text("id"),
         peer_addr=Address.parse(t.text("peer_addr"), where=f"{t.where}.peer_addr"),
         client_addr=Address.parse(t.text("client_addr"), where=f"{t.where}.client_addr"),
+        signing_public_key=t.opt_str("signing_public_key"),
+        mac_public_key=t.opt_str("mac_public_key"),
     )
 
 
@@ -227,9 +242,17 @@ def load_node_config(path: str | Path) -> NodeConfig:
     )
     if timing_cfg.heartbeat_ticks >= timing_cfg.election_ticks:
         raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
+    protocol = _choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol")
+    pbft: PbftFiles | None = None
+    if protocol == "pbft":
+        pbft = PbftFiles(signing_key=(base / root.table("pbft").text("signing_key")).resolve())
+        for p in peers:
+            if not p.signing_public_key or not p.mac_public_key:
+                raise ConfigError(f"{path}: peer {p.id!r} needs signing_public_key and "
+                                  "mac_public_key (protocol pbft)")
     return NodeConfig(
         id=node_id,
-        protocol=_choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol"),
+        protocol=protocol,
         data_dir=(base / node.text("data_dir")).resolve(),
         peer_listen=Address.parse(node.text("peer_listen"), where=f"{path}: node.peer_listen"),
         client_listen=Address.parse(
@@ -252,6 +275,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
             keep=ckpt.integer("keep", 3),
         ),
         source=path,
+        pbft=pbft,
     )
 
 
@@ -328,7 +352,16 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     }
     if cfg.metrics_listen is not None:
         node["metrics_listen"] = str(cfg.metrics_listen)
-    return {
+    peers: list[dict[str, object]] = []
+    for p in cfg.peers:
+        peer: dict[str, object] = {"id": p.id, "peer_addr": str(p.peer_addr),
+                                   "client_addr": str(p.client_addr)}
+        if p.signing_public_key is not None:
+            peer["signing_public_key"] = p.signing_public_key
+        if p.mac_public_key is not None:
+            peer["mac_public_key"] = p.mac_public_key
+        peers.append(peer)
+    doc: dict[str, object] = {
         "node": node,
         "tls": {"ca": rel(cfg.tls.ca), "cert": rel(cfg.tls.cert), "key": rel(cfg.tls.key)},
         "timing": {
@@ -341,8 +374,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
             "every_bytes": cfg.checkpoint.every_bytes,
             "keep": cfg.checkpoint.keep,
         },
-        "peers": [
-            {"id": p.id, "peer_addr": str(p.peer_addr), "client_addr": str(p.client_addr)}
-            for p in cfg.peers
-        ],
+        "peers": peers,
     }
+    if cfg.pbft is not None:
+        doc["pbft"] = {"signing_key": rel(cfg.pbft.signing_key)}
+    return doc

@@ -38,20 +38,12 @@ import trio
 from phalanx.apps import kv_wire  # noqa: F401  (registers the KV types with the codec)
 from phalanx.apps.interface import StateMachine
 from phalanx.apps.kv import KvStateMachine
-from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.client_port import ClientPort, ClientPortStatistics
 from phalanx.config import Address, NodeConfig
-from phalanx.consensus.core import CoreStatus, Ready, Snapshot
-from phalanx.consensus.raft import (
-    RAFT_MESSAGES,
-    ProposeBatch,
-    RaftConfig,
-    RaftCore,
-    RaftRestoredState,
-)
+from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.types import (
-    ClientRequest,
     Configuration,
     Entry,
     HardState,
@@ -61,7 +53,7 @@ from phalanx.consensus.types import (
 from phalanx.driver import Driver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.metrics import NodeMetrics, serve_metrics
-from phalanx.net import client_protocol, wire
+from phalanx.net import wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
 from phalanx.net.transport import (
@@ -77,6 +69,14 @@ from phalanx.pki import (
     client_server_context,
     peer_client_context,
     peer_server_context,
+)
+from phalanx.protocols import (
+    ProtocolError,
+    build_core,
+    checkpoint_policy,
+    node_state_machine,
+    open_core_state_store,
+    register_codecs,
 )
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.volatile import open_node_storage
@@ -117,11 +117,6 @@ class NodeStatistics:
     group_commit_batches: int
     fsyncs: int
     hard_state_writes: int
-
-
-def _register_codecs() -> None:
-    wire.register_all(RAFT_MESSAGES)
-    client_protocol.register()
 
 
 def _decode_entry(data: bytes) -> Entry:
@@ -191,6 +186,7 @@ async def open_node(
     *,
     state_machine: StateMachine | None = None,
     rng: random.Random | None = None,
+    byzantine: str | None = None,
 ) -> AsyncIterator[Node]:
     """Run node `config` for the body of the `async with`; yields the running `Node`.
 
@@ -198,27 +194,34 @@ async def open_node(
         state_machine: the replicated application (default: the KV store). Every node of a
             cluster must run the same one.
         rng: randomness for election timeouts and reconnect jitter (default: OS-seeded).
+        byzantine: a Byzantine mode (`phalanx.protocols.BYZANTINE_MODES`; PBFT only): this
+            node lies on purpose. For tests and demos.
 
     Raises:
-        NodeError: an unsupported protocol. Storage errors (`StorageError`) propagate.
+        NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft.
+            Storage errors (`StorageError`) propagate.
     """
-    if config.protocol != "raft":
-        raise NodeError(f"{config.source or config.id}: the runtime runs protocol 'raft' only, "
-                        f"not {config.protocol!r}")
-    _register_codecs()
+    if config.protocol == "raft" and byzantine is not None:
+        raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
+                        "cluster; this node runs raft")
+    register_codecs(config.protocol)
     rng = rng if rng is not None else random.Random()
-    machine = state_machine if state_machine is not None else KvStateMachine()
+    machine = node_state_machine(
+        state_machine if state_machine is not None else KvStateMachine(), byzantine, rng)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
                                 keep_checkpoints=config.checkpoint.keep)
+    core_state = None
     replica: Replica | None = None
     metrics_server: Any = None
     try:
         if storage.wal.recovery.torn_path is not None:
             logger.warning("%s: cut a torn WAL tail in %s (%s)", config.id,
                            storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
+        core_state = open_core_state_store(config, SyncPolicy(config.fsync))
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
-                                   checkpoints=storage.checkpoints, codec=wire.default_registry())
+                                   checkpoints=storage.checkpoints, codec=wire.default_registry(),
+                                   core_state=core_state.store if core_state else None)
         durable = persister.load()
         for problem in durable.problems:
             logger.warning("%s: skipped a corrupt checkpoint: %s", config.id, problem)
@@ -229,25 +232,17 @@ async def open_node(
             wal=storage.wal,
             decode_entry=_decode_entry,
             writer=ThreadedCheckpointWriter(storage.checkpoints),
-            policy=CheckpointPolicy(every_entries=config.checkpoint.every_entries,
-                                    every_bytes=config.checkpoint.every_bytes,
-                                    compact_lag=COMPACT_LAG),
+            policy=checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),
         )
         # Only the checkpoint: the core re-emits the committed entries after it.
         replica.restore_latest(replay_upto=0)
-        snapshot = None
-        if durable.snapshot is not None and durable.snapshot_data is not None:
-            snapshot = Snapshot(meta=durable.snapshot, data=durable.snapshot_data)
-        core = RaftCore(
-            RaftConfig(node_id=NodeId(config.id), voters=voters,
-                       election_ticks=config.timing.election_ticks,
-                       heartbeat_ticks=config.timing.heartbeat_ticks,
-                       max_inflight=PIPELINE_DEPTH),
-            rng=rng,
-            restored=RaftRestoredState(hard_state=durable.hard_state or HardState(),
-                                       snapshot=snapshot, entries=durable.entries),
-        )
+        try:
+            built = build_core(config, durable=durable, rng=rng, byzantine=byzantine,
+                               raft_max_inflight=PIPELINE_DEPTH)
+        except ProtocolError as e:
+            raise NodeError(str(e)) from None
+        core = built.core
         logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
                     (durable.hard_state or HardState()).term,
                     durable.snapshot.index if durable.snapshot else 0, len(durable.entries))
@@ -290,14 +285,11 @@ async def open_node(
                     + driver.stats.dropped_peer_messages,
                 )
 
-            def propose_batch(requests: tuple[ClientRequest, ...]) -> Ready:
-                return core.step(ProposeBatch(requests=requests))
-
             driver = Driver(core=core, replica=replica, committer=committer, send=send,
                             tick_seconds=config.timing.tick_ms / 1000,
                             status_reply=status_reply, observer=metrics,
                             persist_inline=config.fsync == "off",
-                            propose_batch=propose_batch)
+                            propose_batch=built.propose_batch)
             client_port = ClientPort(driver, ssl_context=client_server_context(paths),
                                      node_id=config.id)
             node = Node(config=config, driver=driver, transport=transport,
@@ -340,6 +332,8 @@ async def open_node(
             metrics_server.server_close()
         if replica is not None:
             replica.close()
+        if core_state is not None:
+            core_state.close()
         storage.close()
 
 
@@ -347,6 +341,7 @@ async def serve_node(
     config: NodeConfig,
     *,
     state_machine: StateMachine | None = None,
+    byzantine: str | None = None,
     task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run node `config` until cancelled; `task_status.started(node)` once it is serving.
@@ -356,6 +351,6 @@ async def serve_node(
         async with trio.open_nursery() as nursery:
             node = await nursery.start(serve_node, config)
     """
-    async with open_node(config, state_machine=state_machine) as node:
+    async with open_node(config, state_machine=state_machine, byzantine=byzantine) as node:
         task_status.started(node)
         await trio.sleep_forever()
