@@ -21,16 +21,18 @@ import trio
 
 from phalanx.config import ConfigError, NodeConfig, load_node_config
 from phalanx.node import NodeError, open_node
+from phalanx.protocols import BYZANTINE_MODES
 
 logger = logging.getLogger(__name__)
 
 
-async def _run(config: NodeConfig) -> None:
+async def _run(config: NodeConfig, byzantine: str | None) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_node(config) as node:
+        async with open_node(config, byzantine=byzantine) as node:
             print(f"phalanx node {node.id}: peers on {node.peer_address}, clients on "
                   f"{node.client_address}"
-                  + (f", metrics on port {node.metrics_port}" if node.metrics_port else ""),
+                  + (f", metrics on port {node.metrics_port}" if node.metrics_port else "")
+                  + (f", BYZANTINE mode {byzantine}" if byzantine else ""),
                   flush=True)
             async for signum in signals:
                 logger.info("%s: %s received, shutting down", node.id,
@@ -38,18 +40,24 @@ async def _run(config: NodeConfig) -> None:
                 break
 
 
-def run_node(config_path: str | Path) -> int:
-    """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code."""
+def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
+    """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code.
+
+    `byzantine` (PBFT only; tests and demos): run the replica in that Byzantine mode."""
     try:
         config = load_node_config(config_path)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if byzantine is not None and config.protocol != "pbft":
+        print(f"error: --byzantine {byzantine} needs a PBFT cluster; {config_path} runs "
+              f"{config.protocol}", file=sys.stderr)
+        return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s {config.id} %(levelname)s %(name)s: %(message)s")
     try:
-        trio.run(_run, config)
+        trio.run(_run, config, byzantine)
     except NodeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -60,7 +68,7 @@ def run_node(config_path: str | Path) -> int:
 
 
 def _handle_run(args: argparse.Namespace) -> int:
-    return run_node(args.config)
+    return run_node(args.config, byzantine=args.byzantine)
 
 
 def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
@@ -73,6 +81,9 @@ def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
         description="Run the node configured in CONFIG (DIR/nodes/<id>.toml) in the "
         "foreground until SIGINT or SIGTERM.")
     run.add_argument("config", metavar="CONFIG", help="the node's TOML configuration file")
+    run.add_argument("--byzantine", metavar="MODE", choices=BYZANTINE_MODES, default=None,
+                     help="PBFT only, for tests and demos: run this replica in a Byzantine "
+                     f"mode ({', '.join(BYZANTINE_MODES)})")
     run.set_defaults(handler=_handle_run)
     return parser
 
