@@ -462,6 +462,11 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "demo", help="a 3-node cluster, a leader crash, and a linearizability check",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--protocol", choices=("raft", "pbft"), default="raft",
+                        help="raft (3 nodes, leader kill) or pbft (4 replicas, one Byzantine, "
+                        "primary kill and view change; phalanx.demo_pbft)")
+    parser.add_argument("--byzantine", default="equivocate", metavar="MODE",
+                        help="pbft: the Byzantine replica's mode (default: %(default)s)")
     parser.add_argument("--local", nargs=argparse.REMAINDER, metavar="ARGS", default=None,
                         help="run the single-process crash/recovery demo with ARGS")
     parser.add_argument("--warmup", type=float, default=3.0, metavar="SECONDS",
@@ -475,6 +480,29 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(handler=_main)
 
 
+def _main_pbft(args: argparse.Namespace, directory: Path, *, delete: bool) -> int:
+    from phalanx.demo_pbft import PbftDemoOptions, main_pbft  # it imports this module
+    from phalanx.protocols import BYZANTINE_MODES
+
+    if args.byzantine not in BYZANTINE_MODES:
+        print(f"phalanx demo: --byzantine must be one of {', '.join(BYZANTINE_MODES)}",
+              file=sys.stderr)
+        return 2
+    options = PbftDemoOptions(warmup=args.warmup, workers=args.workers, seed=args.seed,
+                              mode=args.byzantine, directory=directory)
+    try:
+        return main_pbft(options, Console())
+    except (DemoFailed, ClientError, BaseExceptionGroup) as e:
+        cause = _cause(e)
+        if cause is None:
+            raise
+        print(f"phalanx demo: FAILED: {cause}", file=sys.stderr)
+        return 1
+    finally:
+        if delete:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.local is not None:
         return demo_local.run(args.local)
@@ -486,6 +514,8 @@ def _main(args: argparse.Namespace) -> int:
         print(f"phalanx demo: {keep} is not empty", file=sys.stderr)
         return 2
     directory = keep if keep is not None else Path(tempfile.mkdtemp(prefix="phalanx-demo-"))
+    if args.protocol == "pbft":
+        return _main_pbft(args, directory, delete=keep is None)
     options = DemoOptions(warmup=args.warmup, workers=args.workers, seed=args.seed,
                           directory=directory)
     console = Console()
