@@ -166,13 +166,14 @@ def bench_phalanx(args: argparse.Namespace, report: Report) -> None:
         log(report.skipped["phalanx"])
         return
     try:
-        cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir)
+        nodes = 4 if args.protocol == "pbft" else 3  # PBFT: n = 3f+1 with f = 1
+        cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, nodes=nodes)
     except PhalanxUnavailable as e:
         report.skipped["phalanx"] = str(e)
         log(report.skipped["phalanx"])
         return
     report.versions["phalanx"] = f"phalanx ({args.protocol}, fsync=group)"
-    log(f"phalanx: starting 3 {args.protocol} nodes in {cluster.directory}")
+    log(f"phalanx: starting {nodes} {args.protocol} nodes in {cluster.directory}")
     cluster.start()
     try:
 
