@@ -12,10 +12,9 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 - Every Ready a step returns is queued, in step order, in `_pending`.
 - When no batch is being persisted, the Readys at the head of the queue that write nothing
   durable (commit notices, heartbeat answers) are completed at once; the rest becomes one
-  batch, persisted with one fsync: on a worker thread (`trio.to_thread.run_sync`) at the
-  leader, which keeps stepping new inputs into the next batch meanwhile; on the core task at
-  a follower (everything it says waits for its disk anyway; AppendEntries that arrive while
-  it writes queue up for the next batch).
+  batch, persisted with one fsync on a worker thread (`trio.to_thread.run_sync`) while the
+  core loop keeps stepping new inputs into the next batch (`follower_inline` moves a
+  follower's writes onto the core task).
 - Completing a batch, in Ready order: release its messages to the transport, apply committed
   entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
   and reads whose index is applied; then feed `Persisted(last number)` back, then the
@@ -160,11 +159,11 @@ class Driver:
         observer: metrics hooks.
         persist_inline: persist on the core task instead of a worker thread (fsync off).
         follower_inline: persist on the core task while this node is not the leader (as of
-            the last tick). Everything a follower says waits for its disk anyway, so a worker
-            thread buys it nothing and costs two thread hand-offs per batch; while it blocks,
-            arriving AppendEntries queue up and go into the next batch (one fsync). The
-            leader keeps the worker thread: it accepts calls and sends AppendEntries while
-            its disk works.
+            the last tick), saving two thread hand-offs per batch (~1 ms of single-client
+            latency). Off by default: under overload (256 closed-loop clients, 30 ms fsyncs)
+            the blocked loop delayed ticks and answers long enough for spurious elections
+            and window resends, and throughput collapsed (61-66 writes/s vs 615 with the
+            worker thread in the same benchmark).
         capacity: size of the input channel.
         propose_batch: steps the core with several client requests at once (Raft's
             `ProposeBatch`); with it, the requests that arrive in one pass over the input
@@ -183,7 +182,7 @@ class Driver:
         status_reply: Callable[[int, CoreStatus, Replica], StatusReply],
         observer: DriverObserver | None = None,
         persist_inline: bool = False,
-        follower_inline: bool = True,
+        follower_inline: bool = False,
         capacity: int = 4096,
         propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
     ) -> None:

@@ -1,6 +1,6 @@
 """The driver's pipeline against a scripted core: early messages leave before the disk write,
-ordinary ones only after it; writes arriving in one pass become one proposal; a follower
-persists on the core task, a leader on a worker thread.
+ordinary ones only after it; writes arriving in one pass become one proposal (bounded); a
+leader persists on a worker thread, a follower on the core task only when asked.
 
 The core here is a stand-in that returns fixed Readys, so each test pins one rule of
 `phalanx.driver` without Raft's own behaviour in the way. Synchronisation is by events and
@@ -91,7 +91,8 @@ class GatedCommitter(GroupCommitter):
 
 
 def make_driver(core: ScriptedCore, committer: GatedCommitter,
-                sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0) -> Driver:
+                sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0,
+                follower_inline: bool = False) -> Driver:
     def send(to: NodeId, message: Message) -> bool:
         sent.append((to, message))
         committer.events.append(type(message).__name__)
@@ -103,7 +104,7 @@ def make_driver(core: ScriptedCore, committer: GatedCommitter,
     replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("r").open().checkpoints)
     return Driver(core=core, replica=replica, committer=committer, send=send,
                   tick_seconds=tick_seconds, status_reply=status_reply,
-                  propose_batch=core.propose)
+                  propose_batch=core.propose, follower_inline=follower_inline)
 
 
 def call(n: int) -> ClientCall:
@@ -158,9 +159,9 @@ async def test_a_long_pass_is_cut_into_bounded_proposals() -> None:
     assert [r.request_no for p in core.proposals for r in p] == list(range(1, total + 1))
 
 
-async def test_a_follower_persists_on_the_core_task() -> None:
+async def test_a_follower_persists_on_the_core_task_when_asked() -> None:
     core, committer, sent = ScriptedCore("follower"), GatedCommitter(), []
-    driver = make_driver(core, committer, sent)
+    driver = make_driver(core, committer, sent, follower_inline=True)
     async with trio.open_nursery() as nursery:
         await nursery.start(driver.run)
         await driver.call(call(1), Sink())
@@ -168,6 +169,17 @@ async def test_a_follower_persists_on_the_core_task() -> None:
         nursery.cancel_scope.cancel()
     assert committer.threads == [threading.current_thread().name]
     assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
+
+
+async def test_a_follower_persists_on_a_worker_thread_by_default() -> None:
+    core, committer, sent = ScriptedCore("follower"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: core.persisted == [1])
+        nursery.cancel_scope.cancel()
+    assert committer.threads != [threading.current_thread().name]
 
 
 async def test_a_retried_write_waits_with_the_first_instead_of_a_second_proposal() -> None:
