@@ -13,7 +13,8 @@ Rules and invariants:
 - A batch is persisted in Ready order: snapshots, truncations and entries of each Ready go to
   the WAL exactly as `ReadyPersister.persist` writes them, but no Ready syncs on its own; the
   batch ends with one `wal.sync()` when any of its Readys `must_sync`.
-- Hard states replace each other, so only the LAST hard state of a batch is written. A hard
+- Hard states replace each other, so only the LAST hard state of a batch is written; so do
+  core states (`Ready.core_state`, PBFT): only the last one of a batch is written. A hard
   state that differs from the last one written only in `commit` is *deferred*: restoring
   `commit` is an optimisation, never a safety requirement (`HardState` docstring), and writing
   it costs two fsyncs (temp file + directory). It is written with the next term or vote change,
@@ -95,20 +96,21 @@ class GroupCommitter:
         persister = self.persister
         must_sync = False
         hs: HardState | None = None
+        core_state: object | None = None
         for ready in batch:
             if ready.hard_state is not None:
                 hs = ready.hard_state
+            if ready.core_state is not None:
+                core_state = ready.core_state  # each replaces the last: write only the newest
             must_sync = must_sync or ready.must_sync
-            if (
-                ready.snapshot is not None
-                or ready.truncate_from is not None
-                or ready.entries
-                or ready.core_state is not None
-            ):
+            if ready.snapshot is not None or ready.truncate_from is not None or ready.entries:
                 persister.persist(
-                    dataclasses.replace(ready, hard_state=None, must_sync=False),
+                    dataclasses.replace(ready, hard_state=None, core_state=None,
+                                        must_sync=False),
                     install=self._install,
                 )
+        if core_state is not None:
+            persister.persist(Ready(core_state=core_state))
         if hs is not None:
             self._latest = hs
             if self._must_write(hs):

@@ -66,7 +66,9 @@ class Cluster:
         async def run(task_status: trio.TaskStatus[Node]) -> None:
             with trio.CancelScope() as scope:
                 self.scopes[node_id] = scope
-                async with open_node(self.configs[node_id],
+                # Seeded: under "byz-0" the equivocating primary sends the other batch to
+                # two of its three peers (an unlucky OS seed may pick none of them).
+                async with open_node(self.configs[node_id], rng=random.Random("byz-0"),
                                      byzantine=self.byzantine.get(node_id)) as node:
                     task_status.started(node)
                     await trio.sleep_forever()
