@@ -90,7 +90,10 @@ def choose_byzantine(
     behaviours: tuple[str, ...] = (),
 ) -> ByzantinePlan:
     """The seeded plan: `count` replicas with behaviours (the given ones, or one or two drawn
-    from `SWEEP_BEHAVIOURS`), plus `twins` twinned replicas. Twins come first in the order,
+    from `SWEEP_BEHAVIOURS`), plus `twins` twinned replicas. Without given behaviours and
+    twins, half the seeds instead give every liar one targeted attack from
+    `phalanx.jepsen.attacks.ATTACKS` (``collude`` only with >= 2 liars, who are then n1..nK,
+    the primaries of views 0..K-1). Twins come first in the order,
     so `twins=2` at n=4 twins two nodes including the view-0 primary half of the time."""
     if count < 0 or twins < 0 or count + twins > len(names):
         raise ValueError(f"cannot make {count} + {twins} of {len(names)} replicas Byzantine")
