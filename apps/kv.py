@@ -318,7 +318,10 @@ def _parse_checkpoint(data: bytes) -> immutables.Map[str, bytes]:
                 map(operator.lt, keys, itertools.islice(keys, 1, None))
             ):
                 raise SnapshotFormatError("KV checkpoint keys not strictly ascending")
-            if max(map(len, values)) > MAX_VALUE_BYTES or any(map(_key_too_large, keys)):
+            # A code point is at most 4 UTF-8 bytes: only long keys need the per-key check.
+            if max(map(len, values)) > MAX_VALUE_BYTES or (
+                max(map(len, keys)) * 4 > MAX_KEY_BYTES and any(map(_key_too_large, keys))
+            ):
                 raise SnapshotFormatError("KV checkpoint entry over the size limits")
             previous = keys[-1]
             pairs.update(zip(keys, values, strict=True))

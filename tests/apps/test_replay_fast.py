@@ -53,7 +53,7 @@ put_frames = st.builds(Put, key=st.text(max_size=8), value=st.binary(max_size=8)
 # Near-misses of a Put frame: other type ids, wrong field types, extra/missing fields, maps.
 near_misses = st.lists(
     st.one_of(st.integers(398, 402), st.text(max_size=3), st.binary(max_size=3), st.none(),
-              st.booleans(), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1)),
+              st.booleans(), st.dictionaries(st.text(max_size=2), st.integers(-9, 9), max_size=1)),
     max_size=4,
 ).map(lambda items: msgpack.packb(items, use_bin_type=True))
 
