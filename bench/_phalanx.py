@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from _loadgen import Writer, make_value, proc_rss_bytes
 
 from phalanx.client import Client, ClientError, open_client
 from phalanx.cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
-from phalanx.config import ClusterConfig
+from phalanx.config import ClusterConfig, load_node_config
 
 Log = Callable[[str], None]
 
@@ -120,6 +121,43 @@ class PhalanxCluster:
 
     async def open_writer(self, index: int) -> Writer:
         return _SharedClientWriter(self.client)
+
+    async def diagnostics(self) -> dict[str, float]:
+        """Client counters and the nodes' driver/Raft counters (scraped from their metrics
+        endpoints), summed over nodes; `bench/kv.py` prints their change over each level."""
+        out: dict[str, float] = {}
+        if self._client is not None:
+            stats = self._client.statistics()
+            for name in ("retries", "redirects", "timeouts", "patient_waits", "probes",
+                         "connection_failures"):
+                out[f"client_{name}"] = float(getattr(stats, name))
+        scraped = await trio.to_thread.run_sync(self._scrape)
+        for name, value in scraped.items():
+            out[name] = out.get(name, 0.0) + value
+        return out
+
+    def _scrape(self) -> dict[str, float]:
+        wanted = ("elections", "leader_changes", "peer_queue_drops", "driver_client_redirects",
+                  "driver_client_retries", "driver_duplicate_calls", "driver_overloaded_calls",
+                  "driver_slow_passes", "peer_bytes_out")
+        sums: dict[str, float] = {}
+        for node in self.procs.node_ids:
+            listen = load_node_config(self.config.node_config_path(node)).metrics_listen
+            if listen is None or self.procs.pid(node) is None:
+                continue
+            try:
+                with urllib.request.urlopen(
+                        f"http://{listen.host}:{listen.port}/metrics", timeout=2) as reply:
+                    text = reply.read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if not line.startswith("phalanx_") or "_created" in line:
+                    continue
+                name = line.split("{", 1)[0].removeprefix("phalanx_").removesuffix("_total")
+                if name in wanted:
+                    sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return sums
 
     def _check_alive(self) -> None:
         dead = self.procs.exited()

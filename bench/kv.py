@@ -37,7 +37,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import trio
 from _etcd import EtcdCluster, EtcdError, etcd_binary, etcd_version
@@ -84,10 +84,17 @@ async def _drive(target: Target, args: argparse.Namespace, report: Report) -> No
             prefix = os.path.join(args.profile, f"{target.name}-c{clients}")
             spies = start_profilers(target.server_pids(), prefix, args.warmup + args.duration)
             log(f"  profiling {len(spies)} server(s) into {prefix}-<pid>.txt")
+        probe = getattr(target, "diagnostics", None)  # optional: counters to diff per level
+        before = await probe() if probe is not None else {}
         result = await run_level(
             target, clients=clients, warmup_s=args.warmup, duration_s=args.duration,
             value=value, key_prefix=f"c{clients}-",
         )
+        if probe is not None:
+            after = await probe()
+            delta = {k: v - before.get(k, 0) for k, v in sorted(after.items())}
+            shown = " ".join(f"{k}={v:g}" for k, v in delta.items() if v)
+            result = replace(result, note=(result.note + " " if result.note else "") + shown)
         for spy in spies:
             await trio.to_thread.run_sync(spy.wait)
         report.levels.append(result)

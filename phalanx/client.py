@@ -22,7 +22,7 @@ refuse each other. So a `Client` writes through *lanes*: sub-sessions ``<client_
 each with at most one write in flight; a lane is reused (lowest first) once its call ends.
 Request numbers come from one per-client counter, so they increase on every lane and are
 unique within the client (replies are matched by number, then checked against the lane id).
-A retry — after a redirect, a RETRY, a lost connection or an attempt timeout — resends the
+A retry — after a redirect, a RETRY, a lost connection or a silent node — resends the
 SAME encoded frame, so the replica's session table applies the write at most once.
 
 Outcomes (what each error promises):
@@ -33,7 +33,19 @@ Outcomes (what each error promises):
 - `ClientClosed`: the client was closed; as indeterminate as a timeout.
 
 Raft mode: requests go to the node believed to lead; REDIRECT hints are followed at once;
-RETRY, failures and attempt timeouts rotate to the next node after a jittered backoff.
+RETRY, failures and silent nodes rotate to the next node after a jittered backoff, except
+a RETRY whose hint names the replying node itself ("I lead, but I am overloaded"), which is
+resent to that same node after the backoff.
+
+Slowness is not failure. A call waits for its node as long as the connection to it is
+alive and the node is heard from: when `attempt_timeout` passes without an answer, a status
+probe (at most one per connection per `attempt_timeout`) asks the node whether it still
+leads, and the call keeps waiting while any frame arrived from that node within the last
+`attempt_timeout` (it is answering other calls or the probe: busy, not dead). The call
+moves on only when the node has been silent for `attempt_timeout` (probe unanswered) or
+the probe says it no longer leads. Resending a merely slow call would add a redirect
+round trip and a duplicate proposal per call, and under overload (median latency above the
+attempt timeout) those retries fed the overload they came from.
 PBFT mode: each request goes to every replica and is accepted once f+1 distinct replicas
 (identified by their certificates, not by what they claim) return the same status and
 result (Castro-Liskov §4.1); a replica that equivocates or lies is outvoted.
@@ -44,6 +56,7 @@ Not deterministic and not run by the simulator: it uses the real clock and a pri
 
 from __future__ import annotations
 
+import math
 import random
 import ssl
 import uuid
@@ -159,6 +172,10 @@ class ClientStatistics:
 
     calls: int = 0
     retries: int = 0
+    patient_waits: int = 0
+    """Attempt timeouts that kept waiting because the node was alive (heard from or probed)."""
+    probes: int = 0
+    """Status probes sent to a silent node with calls waiting on it."""
     redirects: int = 0
     timeouts: int = 0
     connections_opened: int = 0
@@ -196,8 +213,9 @@ class _Call(Generic[_M]):
 class _Slot:
     """One node: its address, its connection (if any) and what waits on it."""
 
-    __slots__ = ("calls", "connected", "host", "node_id", "outbox", "port", "running",
-                 "statuses", "wake")
+    __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
+                 "port", "probe_answered", "probe_nonce", "probe_sent", "running", "statuses",
+                 "wake")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.node_id = node_id
@@ -210,6 +228,11 @@ class _Slot:
         # Invariant: every call/status here was sent (or queued) on the current connection.
         self.calls: dict[int, _Call[ClientReply]] = {}
         self.statuses: dict[int, _Call[StatusReply]] = {}
+        self.last_heard = -math.inf  # trio time of the last bytes from the node
+        self.probe_nonce: int | None = None  # a liveness probe in flight on this connection
+        self.probe_sent = -math.inf
+        self.leads: bool | None = None  # the answer to the newest probe: role == "leader"
+        self.probe_answered = -math.inf
 
 
 def _normalise_nodes(nodes: Sequence[NodeAddress]) -> dict[str, _Slot]:
@@ -298,6 +321,7 @@ class Client:
         s = self._stats
         return ClientStatistics(
             calls=s.calls, retries=s.retries, redirects=s.redirects, timeouts=s.timeouts,
+            patient_waits=s.patient_waits, probes=s.probes,
             connections_opened=s.connections_opened,
             connection_failures=s.connection_failures, replies_dropped=s.replies_dropped,
         )
@@ -386,14 +410,62 @@ class Client:
             raise ClientClosed("client closed during the call; outcome unknown")
 
     async def _attempt(
-        self, call: _Call[ClientReply], target: str, until: float, *, learn_leader: bool
+        self, call: _Call[ClientReply], target: str, until: float, deadline: float, *,
+        learn_leader: bool,
     ) -> tuple[bool, bytes, str | None, str]:
         """Wait for the attempt at `target` to end, until `until`.
 
         Returns ``(True, result, None, "")`` on OK (from any node: a late answer to an
         earlier attempt is as good), ``(False, b"", hint, why)`` to follow a redirect to
-        `hint`, or ``(False, b"", None, why)`` to move on to another node.
+        `hint`, or ``(False, b"", None, why)`` to move on to another node. When `until`
+        passes while the node is alive (see the module docstring) the wait goes on, up to
+        `deadline`.
         """
+        while True:
+            outcome = await self._await_reply(call, target, until, learn_leader=learn_leader)
+            if outcome is not None:
+                return outcome
+            if until >= deadline:
+                break
+            wait = self._alive_until(call, target)
+            if wait is None:
+                break
+            self._stats.patient_waits += 1
+            until = min(deadline, wait)
+        return False, b"", None, f"no reply from {target} within {self.attempt_timeout}s"
+
+    def _alive_until(self, call: _Call[ClientReply], target: str) -> float | None:
+        """How long a call still pending on `target` keeps waiting for it, or None to move on.
+
+        Alive means: the call is still registered on the live connection, the newest status
+        probe did not find the node a non-leader, and the node sent something within
+        `attempt_timeout` or a probe sent less than `attempt_timeout` ago is unanswered. A
+        probe is sent here (at most one per connection per `attempt_timeout`) whenever the
+        last one is older than that, so a node that answers other calls but no longer leads
+        (it lost this call) is still found out.
+        """
+        slot = self._slots[target]
+        if not slot.connected or slot.calls.get(call.request_no) is not call:
+            return None
+        now = trio.current_time()
+        if slot.leads is False and now - slot.probe_answered < 2 * self.attempt_timeout:
+            return None  # it told us recently that it does not lead
+        if slot.probe_nonce is None and now - slot.probe_sent >= self.attempt_timeout:
+            slot.probe_nonce = self._next_nonce
+            self._next_nonce += 1
+            slot.probe_sent = now
+            slot.leads = None
+            self._stats.probes += 1
+            self._queue(slot, encode_frame(wire.encode(StatusCall(nonce=slot.probe_nonce))))
+        alive = max(slot.last_heard, slot.probe_sent if slot.probe_nonce is not None else -math.inf)
+        if now - alive < self.attempt_timeout:
+            return alive + self.attempt_timeout
+        return None
+
+    async def _await_reply(
+        self, call: _Call[ClientReply], target: str, until: float, *, learn_leader: bool
+    ) -> tuple[bool, bytes, str | None, str] | None:
+        """One wait of `_attempt`: its outcome, or None when `until` passed first."""
         with trio.move_on_at(until):
             while True:
                 node, reply = await call.next()
@@ -413,8 +485,10 @@ class Client:
                     self._stats.redirects += 1
                     hint = reply.leader_hint
                     return False, b"", hint, f"{node} redirected to {hint}"
+                if reply.leader_hint == node:  # the leader itself: busy, try it again later
+                    return False, b"", node, f"{node} asked to retry: {reply.message}"
                 return False, b"", None, f"{node} asked to retry: {reply.message}"
-        return False, b"", None, f"no reply from {target} within {self.attempt_timeout}s"
+        return None
 
     async def _call_leader(
         self, call: _Call[ClientReply], frame: bytes, deadline: float, *, learn_leader: bool
@@ -429,7 +503,7 @@ class Client:
                 raise self._timed_out(call, last_error)
             self._send(target, call, frame)
             until = min(deadline, trio.current_time() + self.attempt_timeout)
-            ok, result, hint, why = await self._attempt(call, target, until,
+            ok, result, hint, why = await self._attempt(call, target, until, deadline,
                                                         learn_leader=learn_leader)
             if ok:
                 return result
@@ -443,6 +517,10 @@ class Client:
                 self._leader = target = hint
                 continue
             redirects = 0
+            if hint == target:  # the leader asked us to come back later (overloaded)
+                await self._back_off(call, failures, deadline, last_error)
+                failures += 1
+                continue
             target = self._order[(self._order.index(target) + 1) % len(self._order)]
             self._leader = target
             await self._back_off(call, failures, deadline, last_error)
@@ -629,6 +707,8 @@ class Client:
     def _fail_slot(self, slot: _Slot) -> None:
         """Tell everything waiting on `slot` that its connection is gone."""
         slot.outbox.clear()
+        slot.probe_nonce = None
+        slot.leads = None
         calls, statuses = slot.calls, slot.statuses
         slot.calls, slot.statuses = {}, {}
         for call in calls.values():
@@ -701,9 +781,15 @@ class Client:
                 data = await tls.receive_some(RECEIVE_CHUNK)
                 if not data:
                     return
+                slot.last_heard = trio.current_time()
                 decoder.feed(data)
                 while (frame := decoder.next_frame()) is not None:
                     message = wire.decode(frame)
+                    if isinstance(message, StatusReply) and message.nonce == slot.probe_nonce:
+                        slot.probe_nonce = None  # alive (last_heard is already fresh)
+                        slot.leads = message.role == "leader"
+                        slot.probe_answered = slot.last_heard
+                        continue
                     if isinstance(message, ClientReply):
                         call = slot.calls.get(message.request_no)
                         if call is not None and call.client_id == message.client_id:
@@ -753,8 +839,10 @@ async def open_client(
         client_id: the session id (default: a random uuid4 hex). Two live clients must not
             share one.
         timeout: the default deadline of each operation, in seconds.
-        attempt_timeout: how long one node gets to answer before the call moves on (same
-            request number), and the bound on dialling a node.
+        attempt_timeout: how long a node may stay silent (no bytes at all, and then no
+            answer to a status probe) before a call waiting on it moves on (same request
+            number); a node that is heard from is waited for up to the deadline. Also the
+            bound on dialling a node.
         backoff: jittered exponential delays between rotations (`net.transport.Backoff`).
         verify_node_ids: check that each node's certificate names the node id it is
             listed under.

@@ -76,6 +76,16 @@ PROPOSAL_MAX_BYTES = 256 * 1024
 command bytes, even mid-pass: entries, and so AppendEntries frames, stay well under the
 transport's frame limit however large the drained backlog is."""
 
+MAX_PENDING_CALLS = 2048
+"""Client calls a leader holds unanswered before it refuses new writes with RETRY (its own id
+as the leader hint: "I lead, come back later"). Backpressure: past this, a longer queue only
+adds latency (clients would wait past their deadlines for writes that then still apply).
+Closed-loop clients never reach it while each holds one call in flight; a flood does."""
+
+SLOW_PASS_TICKS = 5
+"""A pass of the core loop longer than this many ticks is counted in `slow_passes`: while it
+runs, no tick, heartbeat or vote is handled."""
+
 COMMIT_FLUSH_TICKS = 1000
 """A deferred commit-only hard state is written at most every this many ticks (10 s at the
 default 10 ms tick). Each write is a temp file, an fsync, a rename and a directory fsync that
@@ -143,6 +153,10 @@ class DriverStatistics:
     early_messages: int = 0
     proposal_batches: int = 0
     duplicate_calls: int = 0
+    overloaded_calls: int = 0
+    """Writes refused with RETRY because `max_pending_calls` calls were already waiting."""
+    slow_passes: int = 0
+    """Core-loop passes longer than `SLOW_PASS_TICKS` ticks (heartbeats were late)."""
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -165,6 +179,8 @@ class Driver:
             and window resends, and throughput collapsed (61-66 writes/s vs 615 with the
             worker thread in the same benchmark).
         capacity: size of the input channel.
+        max_pending_calls: unanswered client calls above which a leader answers new writes
+            with RETRY (see `MAX_PENDING_CALLS`).
         propose_batch: steps the core with several client requests at once (Raft's
             `ProposeBatch`); with it, the requests that arrive in one pass over the input
             channel are stepped together at the end of the pass (one log entry, one
@@ -185,9 +201,13 @@ class Driver:
         follower_inline: bool = False,
         capacity: int = 4096,
         propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
+        max_pending_calls: int = MAX_PENDING_CALLS,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
+        if max_pending_calls < 1:
+            raise ValueError(f"max_pending_calls must be >= 1, got {max_pending_calls}")
+        self._max_pending_calls = max_pending_calls
         self.core = core
         self.replica = replica
         self.committer = committer
@@ -296,8 +316,11 @@ class Driver:
 
     async def _core_loop(self) -> None:
         rx = self._rx
+        slow = SLOW_PASS_TICKS * self._tick_seconds
+        clock = time.perf_counter
         while True:
             item = await rx.receive()
+            start = clock()
             self._handle(item)
             for _ in range(DRAIN_LIMIT):
                 try:
@@ -308,6 +331,8 @@ class Driver:
             if self._proposals:
                 self._propose()
             self._flush()
+            if clock() - start > slow:
+                self.stats.slow_passes += 1
 
     async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
         committer = self.committer
@@ -425,13 +450,19 @@ class Driver:
             return
         key = (request.client_id, request.request_no)
         waiting = self._waiters.get(key)
+        if (not waiting and not request.read_only and self._was_leader
+                and len(self._waiters) >= self._max_pending_calls):
+            self.stats.overloaded_calls += 1
+            self._reply(target, request, ReplyStatus.RETRY, leader_hint=self.node_id,
+                        message=f"overloaded: {len(self._waiters)} calls pending")
+            return
         self._waiters.setdefault(key, []).append(target)
         self._keys_of.setdefault(target, set()).add(key)
         if waiting and not request.read_only and self._was_leader:
             # A retry of a write this leader already proposed and has not answered: it will
             # commit or this node will lose leadership (which answers every waiter), so the
             # retry just waits with it instead of adding a duplicate to the log. (Clients
-            # retry after an attempt timeout; under overload duplicates would snowball.)
+            # retry after a lost connection or a silent node; duplicates would snowball.)
             self.stats.duplicate_calls += 1
             return
         if self._propose_batch is not None and not request.read_only:
@@ -571,11 +602,12 @@ class Driver:
         status: ReplyStatus,
         *,
         result: bytes = b"",
+        leader_hint: str | None = None,
         message: str = "",
     ) -> None:
         self._deliver(target, ClientReply(
             client_id=request.client_id, request_no=request.request_no, status=status,
-            replica=self.node_id, result=result, message=message))
+            replica=self.node_id, result=result, leader_hint=leader_hint, message=message))
 
     def _deliver(self, target: ReplyTarget, reply: ClientReply) -> None:
         st = self.stats

@@ -298,10 +298,17 @@ async def open_node(
                         client_address=_bound(client_listeners, config.client_listen.host))
 
             def byte_counters() -> dict[str, int]:
-                t, c = transport.statistics(), client_port.stats
+                t, c, d = transport.statistics(), client_port.stats, driver.stats
                 return {"peer_bytes_in": t.bytes_in, "peer_bytes_out": t.bytes_out,
                         "client_bytes_in": c.bytes_in, "client_bytes_out": c.bytes_out,
-                        "peer_queue_drops": t.queue_full_drops}
+                        "peer_queue_drops": t.queue_full_drops,
+                        "driver_steps": d.steps, "driver_io_batches": d.io_batches,
+                        "driver_proposal_batches": d.proposal_batches,
+                        "driver_client_redirects": d.redirects,
+                        "driver_client_retries": d.retries,
+                        "driver_duplicate_calls": d.duplicate_calls,
+                        "driver_overloaded_calls": d.overloaded_calls,
+                        "driver_slow_passes": d.slow_passes}
 
             metrics.add_byte_source(byte_counters)
             if config.metrics_listen is not None:

@@ -142,6 +142,8 @@ class FakeNode:
     received: list[ClientCall] = field(default_factory=list)
     connections: int = 0
     statuses: int = 0
+    role: str = "follower"
+    """What this node's `StatusReply` says it is (the client's liveness probe reads it)."""
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_ssl_over_tcp_listeners(0, self.server_context, host=HOST)
@@ -203,7 +205,7 @@ class FakeNode:
 
     def status(self, call: StatusCall) -> StatusReply:
         return StatusReply(
-            nonce=call.nonce, node=self.node_id, protocol="raft", role="follower", term=7,
+            nonce=call.nonce, node=self.node_id, protocol="raft", role=self.role, term=7,
             leader=None, commit_index=3, applied_index=3, last_checkpoint=0, peers=(),
         )
 

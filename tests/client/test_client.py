@@ -31,7 +31,8 @@ from client_fakes import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.apps.kv_types import KvErrorCode
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import KvErrorCode, Put
 from phalanx.client import (
     Client,
     ClientClosed,
@@ -225,6 +226,104 @@ async def test_silent_node_is_abandoned_after_attempt_timeout(certs: Certs) -> N
         await client.put("k", b"v")
         assert client.leader == "n2"
     assert nodes["n1"].request_ids() == nodes["n2"].request_ids()
+
+
+async def test_slow_reply_from_a_live_leader_is_waited_for_not_retried(certs: Certs) -> None:
+    # Slowness is not failure: the leader answers after five attempt timeouts; meanwhile it
+    # answers the client's liveness probes as leader, so the call is never resent anywhere.
+    backend = KvBackend()
+
+    async def slow(node: FakeNode, call: ClientCall) -> Action:
+        await trio.sleep(0.5)
+        return await serve_kv(node, call)
+
+    behaviours = {"n1": slow, "n2": serve_kv, "n3": serve_kv}
+    async with cluster(certs, behaviours, backend, attempt_timeout=0.1) as (client, nodes):
+        nodes["n1"].role = "leader"
+        client._leader = "n1"
+        await client.put("k", b"v")
+        stats = client.statistics()
+        assert client.leader == "n1"
+    assert stats.retries == 0
+    assert stats.redirects == 0
+    assert stats.probes >= 1
+    assert stats.patient_waits >= 1
+    assert len(nodes["n1"].received) == 1
+    assert nodes["n2"].received == []
+    assert nodes["n3"].received == []
+    assert backend.applied == [(f"{client.client_id}#0", 1)]
+
+
+async def test_slow_call_waits_while_the_leader_answers_others(certs: Certs) -> None:
+    # The node is heard from (other calls are answered) and its probes say it leads: the one
+    # slow write waits; every call reaches n1 exactly once.
+    backend = KvBackend()
+    release = trio.Event()
+
+    async def one_slow(node: FakeNode, call: ClientCall) -> Action:
+        command = kv_wire.decode_command(call.request.command)
+        if isinstance(command, Put) and command.key == "slow":
+            await release.wait()
+        return await serve_kv(node, call)
+
+    behaviours = {"n1": one_slow, "n2": serve_kv}
+    async with cluster(certs, behaviours, backend, attempt_timeout=0.1) as (client, nodes):
+        nodes["n1"].role = "leader"
+        client._leader = "n1"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.put, "slow", b"1")
+            for i in range(20):
+                await client.put(f"fast{i}", b"2")
+                await trio.sleep(0.02)
+            release.set()
+        stats = client.statistics()
+    assert stats.retries == 0
+    assert stats.patient_waits >= 1
+    assert nodes["n2"].received == []
+    assert len(nodes["n1"].received) == 21
+    assert len(backend.applied) == 21
+
+
+async def test_a_live_leader_that_never_answers_is_not_retried(certs: Certs) -> None:
+    # A node that says it leads and stays connected is trusted until the operation deadline:
+    # the outcome is indeterminate (ClientTimeout), and no other node was sent the call.
+    async def silent(node: FakeNode, call: ClientCall) -> Action:
+        return Silent()
+
+    behaviours = {"n1": silent, "n2": serve_kv}
+    async with cluster(certs, behaviours, KvBackend(), timeout=0.5,
+                       attempt_timeout=0.1) as (client, nodes):
+        nodes["n1"].role = "leader"
+        client._leader = "n1"
+        with pytest.raises(ClientTimeout):
+            await client.put("k", b"v")
+        assert client.statistics().probes >= 2  # re-probed each attempt_timeout
+    assert len(nodes["n1"].received) == 1
+    assert nodes["n2"].received == []
+
+
+async def test_overloaded_leader_retry_is_resent_to_the_same_node(certs: Certs) -> None:
+    # RETRY naming the replying node as leader means "I lead but I'm busy": back off and
+    # come back to it, no rotation through followers (which would only redirect back).
+    backend = KvBackend()
+    answers = iter([ReplyStatus.RETRY] * 2)
+
+    async def busy(node: FakeNode, call: ClientCall) -> Action:
+        if next(answers, None) is not None:
+            return reply(node, call, ReplyStatus.RETRY, leader_hint=node.node_id,
+                         message="overloaded")
+        return await serve_kv(node, call)
+
+    behaviours = {"n1": busy, "n2": redirect_to("n1"), "n3": redirect_to("n1")}
+    async with cluster(certs, behaviours, backend) as (client, nodes):
+        client._leader = "n1"
+        await client.put("k", b"v")
+        assert client.statistics().retries == 2
+    assert len(nodes["n1"].received) == 3
+    assert len(set(nodes["n1"].request_ids())) == 1
+    assert nodes["n2"].received == []
+    assert nodes["n3"].received == []
+    assert len(backend.applied) == 1
 
 
 async def test_unreachable_node_is_skipped(certs: Certs) -> None:

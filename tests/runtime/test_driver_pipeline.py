@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
 import trio
 from runtime_helpers import wait_for
 
@@ -23,7 +24,7 @@ from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, No
 from phalanx.driver import PROPOSAL_MAX_REQUESTS, Driver
 from phalanx.group_commit import GroupCommitter
 from phalanx.net import wire
-from phalanx.net.client_protocol import ClientCall, ClientReply, StatusReply
+from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus, StatusReply
 from phalanx.persistence import ReadyPersister
 from phalanx.storage.memory import MemoryDisk
 
@@ -63,8 +64,11 @@ class ScriptedCore:
 
 
 class Sink:
+    def __init__(self) -> None:
+        self.replies: list[ClientReply | StatusReply] = []
+
     def deliver(self, reply: ClientReply | StatusReply) -> None:
-        pass
+        self.replies.append(reply)
 
 
 class GatedCommitter(GroupCommitter):
@@ -92,7 +96,7 @@ class GatedCommitter(GroupCommitter):
 
 def make_driver(core: ScriptedCore, committer: GatedCommitter,
                 sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0,
-                follower_inline: bool = False) -> Driver:
+                follower_inline: bool = False, max_pending_calls: int = 2048) -> Driver:
     def send(to: NodeId, message: Message) -> bool:
         sent.append((to, message))
         committer.events.append(type(message).__name__)
@@ -104,7 +108,8 @@ def make_driver(core: ScriptedCore, committer: GatedCommitter,
     replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("r").open().checkpoints)
     return Driver(core=core, replica=replica, committer=committer, send=send,
                   tick_seconds=tick_seconds, status_reply=status_reply,
-                  propose_batch=core.propose, follower_inline=follower_inline)
+                  propose_batch=core.propose, follower_inline=follower_inline,
+                  max_pending_calls=max_pending_calls)
 
 
 def call(n: int) -> ClientCall:
@@ -199,3 +204,38 @@ async def test_a_retried_write_waits_with_the_first_instead_of_a_second_proposal
     assert [[r.request_no for r in p] for p in core.proposals] == [[1], [2]]
     assert driver.stats.duplicate_calls == 1
     assert driver.waiter_count() == 2  # requests 1 (both callers) and 2 still wait
+
+
+async def test_an_overloaded_leader_answers_new_writes_with_retry_naming_itself() -> None:
+    # Backpressure: with max_pending_calls unanswered calls, a new write is refused at once
+    # (RETRY, leader hint = this node: "come back later"), not queued; a retry of a write
+    # already waiting still joins it.
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    committer.gate.clear()
+    driver = make_driver(core, committer, sent, tick_seconds=0.01, max_pending_calls=3)
+    sink = Sink()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await wait_for(lambda: driver.stats.leader_changes == 1)
+        for n in (1, 2, 3):
+            await driver.call(call(n), sink)
+        await wait_for(lambda: driver.waiter_count() == 3)
+        await driver.call(call(4), sink)  # over the bound
+        await driver.call(call(2), sink)  # a retry of a waiting write: not new load
+        await wait_for(lambda: len(sink.replies) == 1)
+        await wait_for(lambda: driver.stats.duplicate_calls == 1)
+        committer.gate.set()
+        nursery.cancel_scope.cancel()
+    [refused] = sink.replies
+    assert isinstance(refused, ClientReply)
+    assert refused.request_no == 4
+    assert refused.status is ReplyStatus.RETRY
+    assert refused.leader_hint == "n1"
+    assert driver.stats.overloaded_calls == 1
+    assert [r.request_no for p in core.proposals for r in p] == [1, 2, 3]
+
+
+def test_max_pending_calls_must_be_positive() -> None:
+    core, committer = ScriptedCore("leader"), GatedCommitter()
+    with pytest.raises(ValueError, match="max_pending_calls"):
+        make_driver(core, committer, [], max_pending_calls=0)
