@@ -18,8 +18,8 @@ What is measured, per system and per client count C (default 1, 16, 64, 256):
   with a message when `pysyncobj` is not importable.
 - Failover (phalanx, and etcd for reference): one client keeps writing; the leader process is
   SIGKILLed; reported: time from the kill to the first acknowledged write.
-- RSS (phalanx): `--rss-keys` keys loaded through the client in pipelined batches, then VmRSS of
-  every node vs. the raw key+value bytes.
+- RSS (phalanx): `--rss-keys` keys loaded through the client in pipelined batches
+  (`--rss-batch` puts per Txn command), then VmRSS of every node vs. the raw key+value bytes.
 - CPU: the load generator's and the servers' CPU over each window, in cores, because all
   of it shares one small machine; a generator near 1.0 core is itself a bottleneck.
 
@@ -196,7 +196,7 @@ def bench_phalanx(args: argparse.Namespace, report: Report) -> None:
                 if not args.skip_rss:
                     report.rss.update(await phalanx_rss(
                         cluster, keys=args.rss_keys, value_size=args.value_size, log=log,
-                        budget_s=args.rss_budget,
+                        budget_s=args.rss_budget, batch=args.rss_batch,
                     ))
 
         trio.run(phase)
@@ -365,6 +365,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rss-keys", type=int, default=1_000_000)
     p.add_argument("--rss-budget", type=float, default=900.0,
                    help="seconds the RSS load may take; RSS is then read at the keys loaded")
+    p.add_argument("--rss-batch", type=int, default=100,
+                   help="puts per command (a Txn) in the RSS load, 1..128 (the KV Txn limit); "
+                   "1 = one put per request (default 100)")
     p.add_argument("--skip-rss", action="store_true")
     p.add_argument("--pso-conf", default="", help="JSON SyncObjConf overrides for PySyncObj")
     p.add_argument("--workdir", default=None, help="where the phalanx cluster dir goes")
@@ -376,6 +379,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="py-spy every server of each level (raw stacks into DIR); combine "
                    "with --quick --systems phalanx for a quick profiling run")
     args = p.parse_args(argv)
+    if not 1 <= args.rss_batch <= 128:
+        p.error("--rss-batch must be in 1..128")
     if args.clients is None:
         args.clients = [1, 16] if args.quick else [1, 16, 64, 256]
     if args.quick:
