@@ -14,6 +14,7 @@ Invariant: every process started here is stopped through `NodeProcesses` by its 
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,8 @@ class PhalanxCluster:
 
     name = "phalanx"
 
-    def __init__(self, *, protocol: str, workdir: str | None, nodes: int = 3) -> None:
+    def __init__(self, *, protocol: str, workdir: str | None, nodes: int = 3,
+                 checkpoint_every_bytes: int | None = None) -> None:
         self._own_dir = workdir is None
         parent = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
         self.directory = parent / f"cluster-{protocol}"
@@ -86,6 +88,15 @@ class PhalanxCluster:
             )
         except ClusterError as e:
             raise PhalanxUnavailable(f"cluster init failed: {e}") from None
+        if checkpoint_every_bytes is not None:
+            for node in self.config.nodes:
+                path = self.config.node_config_path(node.id)
+                text, count = re.subn(r"(?m)^every_bytes = \d+$",
+                                      f"every_bytes = {checkpoint_every_bytes}",
+                                      path.read_text())
+                if count != 1:
+                    raise PhalanxUnavailable(f"{path}: no [checkpoint] every_bytes to override")
+                path.write_text(text)
         command = None if _cli_has_node_run() else _bench_node_command
         self.runner = "phalanx node run" if command is None else "bench/_phalanx.py node"
         self.procs = (

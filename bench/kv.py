@@ -174,7 +174,8 @@ def bench_phalanx(args: argparse.Namespace, report: Report) -> None:
         return
     try:
         nodes = 4 if args.protocol == "pbft" else 3  # PBFT: n = 3f+1 with f = 1
-        cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, nodes=nodes)
+        cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, nodes=nodes,
+                                 checkpoint_every_bytes=args.checkpoint_every_bytes)
     except PhalanxUnavailable as e:
         report.skipped["phalanx"] = str(e)
         log(report.skipped["phalanx"])
@@ -368,6 +369,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rss-batch", type=int, default=100,
                    help="puts per command (a Txn) in the RSS load, 1..128 (the KV Txn limit); "
                    "1 = one put per request (default 100)")
+    p.add_argument("--checkpoint-every-bytes", type=int, default=None,
+                   help="override the phalanx nodes' [checkpoint] every_bytes (default: the "
+                   "cluster default); it bounds the in-memory Raft log between checkpoints")
     p.add_argument("--skip-rss", action="store_true")
     p.add_argument("--pso-conf", default="", help="JSON SyncObjConf overrides for PySyncObj")
     p.add_argument("--workdir", default=None, help="where the phalanx cluster dir goes")

@@ -28,6 +28,13 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 Must not import: sockets, TLS, prometheus (metrics arrive as an injected `DriverObserver`),
 any particular core (the core is injected; only the `Core` contract is used).
 
+Backpressure: a leader holding `max_pending_calls` unanswered calls answers a NEW write with
+RETRY naming itself as leader (the client backs off and comes back to it) instead of queueing
+it; a retry of a write already waiting joins it (never a second proposal). Each client
+connection is also bounded (`phalanx.client_port`), so the input channel stays short and a
+tick waits at most one drained pass (`DRAIN_LIMIT` items); passes longer than
+`SLOW_PASS_TICKS` ticks are counted (`slow_passes`, exported by the node's metrics).
+
 Time: ticks come from trio's clock (`tick_seconds`); a loop that falls behind skips ticks
 instead of bursting. Client errors are normal input: an unknown request never raises.
 """
