@@ -34,7 +34,7 @@ pytest: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 soak: $(STAMP)
-	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all
+	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all --jobs 2
 
 # The Jepsen matrix on real 5-node clusters: workload x nemesis, 60 s each (~16 min).
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
