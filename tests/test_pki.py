@@ -16,9 +16,9 @@ import trio
 import trio.testing
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from phalanx.consensus.types import NodeId
 
 from phalanx import pki
+from phalanx.consensus.types import NodeId
 
 
 @pytest.fixture(scope="module")

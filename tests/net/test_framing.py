@@ -8,6 +8,7 @@ import struct
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from phalanx.net.framing import (
     HEADER_SIZE,
     FrameDecoder,

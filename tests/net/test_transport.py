@@ -21,6 +21,8 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
+
+from phalanx import pki
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError, NodeId
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError, EncodeError
@@ -32,8 +34,6 @@ from phalanx.net.transport import (
     Transport,
     open_peer_transport,
 )
-
-from phalanx import pki
 
 HOST = "127.0.0.1"
 GUARD = 15  # seconds: a hang guard only
