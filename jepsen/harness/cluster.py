@@ -88,10 +88,11 @@ class RealCluster:
         return out
 
     async def leader(self) -> str | None:
-        """The node that reports itself leader in the highest term, if any answers."""
+        """The node that reports itself leader (Raft) or active primary (PBFT) in the highest
+        term or view, if any answers."""
         best: tuple[int, str] | None = None
         for s in (await self.statuses()).values():
-            if s.role == "leader" and (best is None or s.term > best[0]):
+            if s.role in LEADER_ROLES and (best is None or s.term > best[0]):
                 best = (s.term, s.node)
         return None if best is None else best[1]
 
@@ -110,7 +111,7 @@ class RealCluster:
         with trio.move_on_after(within):
             while True:
                 st = await self.statuses()
-                leaders = [s for s in st.values() if s.role == "leader"]
+                leaders = [s for s in st.values() if s.role in LEADER_ROLES]
                 if len(st) == len(self.nodes) and leaders:
                     target = max(s.commit_index for s in leaders)
                     if target >= min_commit and all(
@@ -118,6 +119,10 @@ class RealCluster:
                         return
                 await trio.sleep(0.1)
         raise ClusterUnavailable(f"cluster did not recover within {within:g} s")
+
+
+LEADER_ROLES = ("leader", "primary")
+"""Status roles of the node that orders requests: Raft's leader, PBFT's active primary."""
 
 
 def _route_through_proxies(config: ClusterConfig, network: ProxyNetwork) -> None:

@@ -71,9 +71,28 @@ def test_raft_register_under_kill_and_partition_is_valid_and_stored(tmp_path: Pa
     assert f"report: {run_dir / 'index.html'}" in " ".join(output.split())
 
 
-def test_pbft_and_unknown_workloads_are_refused_with_exit_2(tmp_path: Path) -> None:
+def test_pbft_run_under_kill_and_partition_is_valid(tmp_path: Path) -> None:
+    """A 4-replica PBFT cluster (f=1) of real processes: kills and one-node partitions."""
+    store = tmp_path / "store"
+    args = _parse(["--protocol", "pbft", "--nodes", "4", "--time", "15", "--workload", "register",
+                   "--nemesis", "kill,partition-one", "--rate", "30", "--concurrency", "4",
+                   "--seed", "3", "--store", str(store)])
+    console = Console(file=(tmp_path / "out.txt").open("w"), width=120)
+    code = args.handler(args, console=console)
+    console.file.close()
+    output = (tmp_path / "out.txt").read_text()
+    assert code == EXIT_VALID, output
+    run_dir = (store / "latest").resolve()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["checkers"]["recovery"]["valid"] is True
+    nemesis_ops = [str(op.value) for op in read_history(run_dir / "history.jsonl").nemesis]
+    assert any(v.startswith("start kill#") for v in nemesis_ops)
+    assert (run_dir / "index.html").exists()
+
+
+def test_bad_pbft_sizes_and_unknown_nemeses_are_refused_with_exit_2(tmp_path: Path) -> None:
     console = Console(file=(tmp_path / "out.txt").open("w"))
-    for argv in (["--protocol", "pbft"], ["--nemesis", "kill,bogus"]):
+    for argv in (["--protocol", "pbft", "--nodes", "5"], ["--nemesis", "kill,bogus"]):
         args = _parse([*argv, "--store", str(tmp_path / "s")])
         assert args.handler(args, console=console) == EXIT_UNKNOWN
     assert not (tmp_path / "s").exists()
