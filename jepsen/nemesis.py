@@ -66,6 +66,21 @@ SIM_ONLY_FAULT_KINDS: tuple[str, ...] = (CRASH_AFTER_READY, STRAGGLE)
 """
 
 SIM_FAULT_KINDS: tuple[str, ...] = FAULT_KINDS + SIM_ONLY_FAULT_KINDS
+
+KILL_LEADER = "kill-leader"
+KILL_MAJORITY = "kill-majority"
+KILL_ALL = "kill-all"
+PARTITION_BRIDGE = "partition-bridge"
+TRUNCATE_WAL = "truncate-wal"
+FLIP_CHECKPOINT = "flip-checkpoint"
+
+REAL_ONLY_FAULT_KINDS: tuple[str, ...] = (
+    KILL_LEADER, KILL_MAJORITY, KILL_ALL, PARTITION_BRIDGE, TRUNCATE_WAL, FLIP_CHECKPOINT)
+"""Faults only real processes take (interpreted by `phalanx.jepsen.harness`); the simulator's
+`generate_schedule` never draws them, so adding them changes no simulated schedule."""
+
+ALL_FAULT_KINDS: tuple[str, ...] = SIM_FAULT_KINDS + REAL_ONLY_FAULT_KINDS
+"""Every name a `FaultEvent` may carry."""
 """Every fault kind the simulator interprets (`phalanx sim --faults all`)."""
 
 PARTITIONS: tuple[str, ...] = (
@@ -109,7 +124,7 @@ class FaultEvent:
     value: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.fault not in SIM_FAULT_KINDS:
+        if self.fault not in ALL_FAULT_KINDS:
             raise ScheduleError(f"unknown fault kind {self.fault!r}")
         if self.action not in ("start", "stop"):
             raise ScheduleError(f"action must be start or stop, got {self.action!r}")

@@ -18,10 +18,10 @@ Owns:
       factor scales a ~0.1 ms base latency; loopback is faster still, so a real delay needs
       a unit of its own).
     * ``loss`` / ``duplicate``: the proxies' stalls and resets (see `proxy`).
-    * the real-only kinds of `phalanx.jepsen.harness.schedule`: ``kill-leader`` (the node
-      leading when the episode starts), ``kill-majority``, ``kill-all``, ``partition-bridge``,
-      and the storage faults ``truncate-wal`` / ``flip-checkpoint`` (`storage_faults`),
-      applied to the killed node's data directory just before its restart.
+    * the real-only kinds (`phalanx.jepsen.nemesis.REAL_ONLY_FAULT_KINDS`): ``kill-leader``
+      (the node leading when the episode starts), ``kill-majority``, ``kill-all``,
+      ``partition-bridge``, and the storage faults ``truncate-wal`` / ``flip-checkpoint``
+      (`storage_faults`), applied to the killed node's data directory just before its restart.
     * ``clock-skew``: atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl``,
       which the node polls (`phalanx.test_hooks`) and applies to its tick source; 1.0 at
       the stop. The file outlives restarts, so a restarted node keeps its skew.
@@ -46,7 +46,6 @@ from phalanx.cluster import ClusterError
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.cluster import RealCluster
-from phalanx.jepsen.harness.schedule import AnyEvent
 from phalanx.jepsen.harness.storage_faults import flip_checkpoint_bit, tear_wal_tail
 from phalanx.jepsen.nemesis import FaultEvent
 
@@ -75,7 +74,7 @@ class RealNemesis:
         """Episodes in progress → their description (for the progress display)."""
         self.applied = 0
 
-    async def apply(self, event: AnyEvent) -> None:
+    async def apply(self, event: FaultEvent) -> None:
         start = event.action == "start"
         kind = event.fault
         note = ""
@@ -83,7 +82,7 @@ class RealNemesis:
             note = self._kill(event.nodes) if start else self._restart(event.nodes)
         elif kind in real.KILLS:
             note = await self._episode_kill(event) if start else self._episode_restart(event)
-        elif kind == real.PARTITION_BRIDGE:
+        elif kind == nemesis.PARTITION_BRIDGE:
             if start:
                 self._cuts[event.episode] = real.bridge_cuts(event, self.cluster.nodes)
             else:
@@ -130,9 +129,9 @@ class RealNemesis:
                 done.append(node)
         return "killed " + (",".join(done) or "none")
 
-    async def _episode_kill(self, event: AnyEvent) -> str:
+    async def _episode_kill(self, event: FaultEvent) -> str:
         targets = event.nodes
-        if event.fault == real.KILL_LEADER:
+        if event.fault == nemesis.KILL_LEADER:
             leader = await self.cluster.leader()
             targets = () if leader is None else (leader,)
         before = set(self._killed)
@@ -141,7 +140,7 @@ class RealNemesis:
             n for n in targets if n in self._killed and n not in before)
         return note
 
-    def _episode_restart(self, event: AnyEvent) -> str:
+    def _episode_restart(self, event: FaultEvent) -> str:
         nodes = self._episode_kills.pop(event.episode, ())
         notes = [self._damage(event.fault, node) for node in nodes if node in self._killed]
         return "; ".join([*filter(None, notes), self._restart(nodes)])
@@ -149,9 +148,9 @@ class RealNemesis:
     def _damage(self, kind: str, node: str) -> str:
         """The storage fault of `kind` on a killed node's data (empty: none applies)."""
         data = self.cluster.data_dir(node)
-        if kind == real.TRUNCATE_WAL:
+        if kind == nemesis.TRUNCATE_WAL:
             return f"{node}: {tear_wal_tail(data, self._rng)}"
-        if kind == real.FLIP_CHECKPOINT:
+        if kind == nemesis.FLIP_CHECKPOINT:
             return f"{node}: {flip_checkpoint_bit(data, self._rng)}"
         return ""
 

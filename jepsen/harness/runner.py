@@ -44,10 +44,10 @@ from phalanx.client import open_client
 from phalanx.jepsen.checker import CheckerResult, RunResult
 from phalanx.jepsen.harness.cluster import ClusterUnavailable, RealCluster, open_real_cluster
 from phalanx.jepsen.harness.nemesis_real import RealNemesis
-from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS, AnyEvent, real_schedule
+from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS, real_schedule
 from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder, OpType, Process
 from phalanx.jepsen.linearizability import UNKNOWN
-from phalanx.jepsen.nemesis import LOSE_UNFSYNCED
+from phalanx.jepsen.nemesis import LOSE_UNFSYNCED, FaultEvent
 from phalanx.jepsen.report import render_report
 from phalanx.jepsen.store import RunStore, create_run
 from phalanx.jepsen.workloads import (
@@ -185,7 +185,7 @@ class _Run:
                 if kind == INFO:
                     process = self.fresh_process()
 
-    async def run_nemesis(self, schedule: tuple[AnyEvent, ...], origin: float) -> None:
+    async def run_nemesis(self, schedule: tuple[FaultEvent, ...], origin: float) -> None:
         """Apply `schedule`, whose times count from `origin` (the workload's start)."""
         for event in schedule:
             await trio.sleep_until(origin + event.at_ns * self.options.nemesis_scale / 1e9)

@@ -1,10 +1,10 @@
 """Real-cluster nemesis schedules: the shared vocabulary plus the faults only real processes take.
 
 Owns:
-    `REAL_ONLY_FAULT_KINDS` (the kinds below), `REAL_FAULT_KINDS` (what ``phalanx jepsen run
-    --nemesis`` accepts: every shared `phalanx.jepsen.nemesis.FAULT_KINDS` kind, then these),
-    `HarnessEvent` (a `FaultEvent` twin for them: same fields, same `describe()` and JSON
-    forms, so histories and reports treat both alike) and `real_schedule`.
+    `REAL_FAULT_KINDS` (what ``phalanx jepsen run --nemesis`` accepts: every shared
+    `phalanx.jepsen.nemesis.FAULT_KINDS` kind, then the real-only kinds below, which the
+    vocabulary module declares as `REAL_ONLY_FAULT_KINDS`) and `real_schedule`, whose events are
+    plain `FaultEvent`s.
 
     * ``kill-leader``: SIGKILL whichever node leads when the episode starts; restart it at
       the stop.
@@ -31,82 +31,27 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 from phalanx.jepsen import nemesis
-from phalanx.jepsen.nemesis import Action, ScheduleError, generate_schedule
+from phalanx.jepsen.nemesis import (
+    FLIP_CHECKPOINT,
+    KILL_ALL,
+    KILL_LEADER,
+    KILL_MAJORITY,
+    PARTITION_BRIDGE,
+    REAL_ONLY_FAULT_KINDS,
+    TRUNCATE_WAL,
+    FaultEvent,
+    generate_schedule,
+)
 
-KILL_LEADER: Final = "kill-leader"
-KILL_MAJORITY: Final = "kill-majority"
-KILL_ALL: Final = "kill-all"
-PARTITION_BRIDGE: Final = "partition-bridge"
-TRUNCATE_WAL: Final = "truncate-wal"
-FLIP_CHECKPOINT: Final = "flip-checkpoint"
-
-REAL_ONLY_FAULT_KINDS: Final[tuple[str, ...]] = (
-    KILL_LEADER, KILL_MAJORITY, KILL_ALL, PARTITION_BRIDGE, TRUNCATE_WAL, FLIP_CHECKPOINT)
 REAL_FAULT_KINDS: Final[tuple[str, ...]] = (*nemesis.FAULT_KINDS, *REAL_ONLY_FAULT_KINDS)
 KILLS: Final[tuple[str, ...]] = (KILL_LEADER, KILL_MAJORITY, KILL_ALL, TRUNCATE_WAL,
                                  FLIP_CHECKPOINT)
 """Real-only kinds that SIGKILL nodes at the start and restart them at the stop."""
 REAL_EPISODE_BASE: Final = 100_000
 _MS = 1_000_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HarnessEvent:
-    """One step of a real-only fault episode; fields as `FaultEvent`'s."""
-
-    at_ns: int
-    action: Action
-    fault: str
-    episode: int
-    nodes: tuple[str, ...] = ()
-    groups: tuple[tuple[str, ...], ...] = ()
-    value: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.fault not in REAL_ONLY_FAULT_KINDS:
-            raise ScheduleError(f"not a real-cluster-only fault kind: {self.fault!r}")
-        if self.action not in ("start", "stop") or self.at_ns < 0:
-            raise ScheduleError(f"bad event {self.action!r} at {self.at_ns}")
-
-    def describe(self) -> str:
-        parts = [f"{self.action} {self.fault}#{self.episode}"]
-        if self.nodes:
-            parts.append("nodes=" + ",".join(self.nodes))
-        if self.groups:
-            parts.append("groups=" + "|".join(",".join(g) for g in self.groups))
-        if self.value:
-            parts.append(f"value={self.value:g}")
-        return " ".join(parts)
-
-    def to_json(self) -> dict[str, object]:
-        return {"at_ns": self.at_ns, "action": self.action, "fault": self.fault,
-                "episode": self.episode, "nodes": list(self.nodes),
-                "groups": [list(g) for g in self.groups], "value": self.value}
-
-
-class AnyEvent(Protocol):
-    """What the real nemesis and the store need of an event (`FaultEvent`, `HarnessEvent`)."""
-
-    @property
-    def at_ns(self) -> int: ...
-    @property
-    def action(self) -> Action: ...
-    @property
-    def fault(self) -> str: ...
-    @property
-    def episode(self) -> int: ...
-    @property
-    def nodes(self) -> tuple[str, ...]: ...
-    @property
-    def groups(self) -> tuple[tuple[str, ...], ...]: ...
-    @property
-    def value(self) -> float: ...
-    def describe(self) -> str: ...
-    def to_json(self) -> dict[str, object]: ...
 
 
 class _Options(Protocol):
@@ -129,18 +74,18 @@ def bridge_groups(nodes: Sequence[str], rng: random.Random) -> tuple[tuple[str, 
     return (tuple(sorted([*rest[:half], bridge])), tuple(sorted([*rest[half:], bridge])))
 
 
-def bridge_cuts(event: AnyEvent, nodes: Sequence[str]) -> list[tuple[str, str]]:
+def bridge_cuts(event: FaultEvent, nodes: Sequence[str]) -> list[tuple[str, str]]:
     """Directed links a bridge cuts: between nodes that share no group."""
     names = sorted(nodes)
     member = {n: {i for i, g in enumerate(event.groups) if n in g} for n in names}
     return [(a, b) for a in names for b in names if a != b and not member[a] & member[b]]
 
 
-def real_schedule(options: _Options, nodes: Sequence[str]) -> tuple[AnyEvent, ...]:
+def real_schedule(options: _Options, nodes: Sequence[str]) -> tuple[FaultEvent, ...]:
     """The run's schedule in unscaled (virtual) ns from the workload's start (module doc)."""
     duration_ns = int(options.time_s / options.nemesis_scale * 1e9)
     shared = tuple(f for f in options.faults if f in nemesis.FAULT_KINDS)
-    base: tuple[AnyEvent, ...] = generate_schedule(
+    base = generate_schedule(
         random.Random(options.seed), nodes=nodes, faults=shared, duration_ns=duration_ns)
     extra = _real_only(random.Random(options.seed ^ 0x5EA1), nodes,
                        [f for f in REAL_ONLY_FAULT_KINDS if f in options.faults], duration_ns)
@@ -150,9 +95,9 @@ def real_schedule(options: _Options, nodes: Sequence[str]) -> tuple[AnyEvent, ..
 
 
 def _real_only(rng: random.Random, nodes: Sequence[str], kinds: list[str],
-               duration_ns: int) -> list[HarnessEvent]:
+               duration_ns: int) -> list[FaultEvent]:
     names = sorted(nodes)
-    out: list[HarnessEvent] = []
+    out: list[FaultEvent] = []
     if not kinds or not names:
         return out
     t = 300 * _MS
@@ -174,7 +119,7 @@ def _real_only(rng: random.Random, nodes: Sequence[str], kinds: list[str],
         elif kind == PARTITION_BRIDGE:
             groups = bridge_groups(names, rng)
         for at, action in ((t, "start"), (t + length, "stop")):
-            out.append(HarnessEvent(at_ns=at, action="start" if action == "start" else "stop",
+            out.append(FaultEvent(at_ns=at, action="start" if action == "start" else "stop",
                                     fault=kind, episode=episode, nodes=targets, groups=groups))
         episode += 1
         t += length

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.storage_faults import flip_checkpoint_bit, tear_wal_tail
+from phalanx.jepsen.nemesis import FaultEvent
 from phalanx.storage.files import open_file_storage
 from phalanx.storage.interface import Checkpoint
 
@@ -51,17 +52,17 @@ def test_every_episode_starts_then_stops_and_real_only_kinds_are_well_formed(
         else:
             assert open_.pop(e.episode).fault == e.fault  # type: ignore[attr-defined]
         assert e.at_ns < 15 * 10**9
-        if e.fault == real.KILL_MAJORITY:
+        if e.fault == nemesis.KILL_MAJORITY:
             assert len(e.nodes) == 3
-        if e.fault == real.KILL_ALL:
+        if e.fault == nemesis.KILL_ALL:
             assert e.nodes == NODES
-        if e.fault in (real.TRUNCATE_WAL, real.FLIP_CHECKPOINT):
+        if e.fault in (nemesis.TRUNCATE_WAL, nemesis.FLIP_CHECKPOINT):
             assert len(e.nodes) == 1
-        if e.fault == real.PARTITION_BRIDGE:
+        if e.fault == nemesis.PARTITION_BRIDGE:
             left, right = e.groups
             assert len(set(left) & set(right)) == 1
             assert set(left) | set(right) == set(NODES)
-        if e.fault in real.REAL_ONLY_FAULT_KINDS:
+        if e.fault in nemesis.REAL_ONLY_FAULT_KINDS:
             assert e.episode >= real.REAL_EPISODE_BASE
             assert e.describe().startswith(f"{e.action} {e.fault}#{e.episode}")
     assert not open_
@@ -70,7 +71,7 @@ def test_every_episode_starts_then_stops_and_real_only_kinds_are_well_formed(
 
 
 def test_bridge_cuts_only_links_between_the_two_sides() -> None:
-    event = real.HarnessEvent(at_ns=0, action="start", fault=real.PARTITION_BRIDGE,
+    event = FaultEvent(at_ns=0, action="start", fault=nemesis.PARTITION_BRIDGE,
                               episode=real.REAL_EPISODE_BASE,
                               groups=(("n1", "n2", "n3"), ("n3", "n4", "n5")))
     cuts = set(real.bridge_cuts(event, NODES))
