@@ -19,6 +19,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from phalanx.jepsen.harness.byzantine_plan import MODES, ByzantinePlanError
 from phalanx.jepsen.harness.cluster import ClusterUnavailable
 from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunOutcome, run_test
 from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS
@@ -47,6 +48,17 @@ The shared kinds have the same names and schedule format as `phalanx sim --fault
 means every kind above. kill-leader, kill-majority, kill-all, partition-bridge, truncate-wal
 (a torn WAL tail before a killed node restarts) and flip-checkpoint (a flipped bit in its
 newest checkpoint) are real-cluster only.
+
+Byzantine replicas (--protocol pbft; --byzantine, comma-separated items MODE or NODE=MODE):
+  {", ".join(MODES)}
+Each item makes one more replica lie for the whole run: MODE is the runtime's
+`phalanx node run --byzantine MODE` (the behaviours `phalanx sim --byzantine K` draws
+from, under the same names); `twins` starts two processes with the node's identity and
+key, the proxies routing half the honest replicas to each (`phalanx sim --twins T`).
+NODE=MODE pins the node (n1 is the primary of view 0); other items go to seeded nodes.
+More than f Byzantine replicas (n = 3f+1) are refused unless --expect-violation (a
+control run: it may end invalid). Byzantine replicas are named in the history, test.json,
+results.json and the report, and are not waited for by the recovery check.
 
 exit status: 0 valid, 1 invalid, 2 unknown (or the configuration cannot run here).
 """
@@ -79,6 +91,11 @@ def add_run_command(
                    help="stretch the schedule's episodes by X (default: %(default)s)")
     p.add_argument("--store", type=Path, default=Path("store"), metavar="DIR",
                    help="where runs are stored (default: %(default)s)")
+    p.add_argument("--byzantine", default="", metavar="SPEC",
+                   help="PBFT: Byzantine replicas, e.g. equivocate, n1=equivocate, twins, "
+                        "silent,twins (see below; default: none)")
+    p.add_argument("--expect-violation", action="store_true",
+                   help="TEST ONLY: allow more than f Byzantine replicas (a control run)")
     p.set_defaults(handler=run)
 
 
@@ -98,11 +115,16 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     except ScheduleError as e:
         print(f"phalanx jepsen run: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
-    options = RunOptions(
-        protocol=args.protocol, nodes=args.nodes, workload=args.workload, faults=faults,
-        time_s=args.time, rate=args.rate, concurrency=args.concurrency, seed=args.seed,
-        store=args.store, keys=args.keys, ops_per_key=args.ops_per_key,
-        nemesis_scale=args.nemesis_scale)
+    try:
+        options = RunOptions(
+            protocol=args.protocol, nodes=args.nodes, workload=args.workload, faults=faults,
+            time_s=args.time, rate=args.rate, concurrency=args.concurrency, seed=args.seed,
+            store=args.store, keys=args.keys, ops_per_key=args.ops_per_key,
+            nemesis_scale=args.nemesis_scale, byzantine=args.byzantine,
+            expect_violation=args.expect_violation)
+    except ByzantinePlanError as e:
+        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
     try:
         result = trio.run(run_test, options, out)
     except ClusterUnavailable as e:
@@ -131,6 +153,8 @@ def verdict_table(options: RunOptions, r: RunOutcome) -> Table:
     t.add_row("all", *(f"{tot[k]:,}" for k in ("ok", "info", "fail")), style="bold")
     t.add_section()
     t.add_row("nemesis events", str(r.nemesis_events), "", "")
+    if r.byzantine != "none":
+        t.add_row("Byzantine", r.byzantine, "", "")
     t.add_row("recovered after heal", "yes" if r.recovered else "NO", "", "")
     t.add_row("final reads ok", f"{r.final_reads_ok}/{r.final_reads}", "", "")
     for name, valid in r.checkers.items():

@@ -26,7 +26,7 @@ import contextlib
 import os
 import random
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,14 @@ from typing import Any
 import trio
 
 from phalanx.client import Client, ClientError, open_client
-from phalanx.cluster import NodeProcesses, find_free_base_port, init_cluster
+from phalanx.cluster import (
+    CLIENT_PORT_OFFSET,
+    ClusterError,
+    NodeProcesses,
+    find_free_base_port,
+    init_cluster,
+    node_command,
+)
 from phalanx.config import (
     Address,
     ClusterConfig,
@@ -44,8 +51,13 @@ from phalanx.config import (
     node_config_dict,
 )
 from phalanx.consensus.quorum import max_byzantine_faults
-from phalanx.jepsen.harness.proxy import ProxyNetwork
+from phalanx.jepsen.harness.byzantine_plan import ByzantinePlan
+from phalanx.jepsen.harness.proxy import Link, ProxyNetwork
 
+TWIN_B_SUFFIX = "-b"
+"""Twin B of node ``n3`` is the process instance ``n3-b`` (twin A keeps the node's name)."""
+TWINS_DIR = "twins"
+"""Twin B processes live in ``<cluster>/twins/`` (``nodes/``, ``data/``, ``logs/``, ``run/``)."""
 HOOKS_ENV = "PHALANX_TEST_HOOKS"
 VOLATILE_ENV = "PHALANX_VOLATILE_WRITES"
 CONTROL_DIR_ENV = "PHALANX_TEST_CONTROL_DIR"
@@ -63,9 +75,12 @@ class RealCluster:
     """A running cluster under test; see `open_real_cluster`."""
 
     config: ClusterConfig
-    procs: NodeProcesses
+    procs: ClusterProcesses
     network: ProxyNetwork
     admin: Client
+    byzantine: ByzantinePlan = field(default_factory=ByzantinePlan)
+    twin_config: ClusterConfig | None = None
+    """The client view in which every twinned node is its twin B (None: no twins)."""
     paused: set[str] = field(default_factory=set)
 
     @property
@@ -74,6 +89,20 @@ class RealCluster:
 
     def data_dir(self, node: str) -> Path:
         return self.config.directory / "data" / node
+
+    def twin_data_dir(self, node: str) -> Path:
+        return self.config.directory / TWINS_DIR / "data" / node
+
+    @property
+    def honest(self) -> tuple[str, ...]:
+        return self.byzantine.honest(self.nodes)
+
+    def client_config(self, slot: int) -> ClusterConfig:
+        """The config client `slot` uses: with twins, odd slots reach twin B of every
+        twinned node (its requests then enter twin B's side: clients split too)."""
+        if self.twin_config is not None and slot % 2:
+            return self.twin_config
+        return self.config
 
     async def statuses(self, nodes: tuple[str, ...] | None = None) -> dict[str, Any]:
         """The `StatusReply` of every node that answers within `STATUS_TIMEOUT`."""
@@ -106,41 +135,165 @@ class RealCluster:
         raise ClusterUnavailable(f"no leader within {within:g} s")
 
     async def wait_recovered(self, within: float, *, min_commit: int = 1) -> None:
-        """Until a leader exists, every node answers, the leader's commit index is at least
+        """Until a leader exists, every honest node answers, the commit index is at least
         `min_commit` (a leader that never committed anything has not recovered anything) and
-        enough nodes have applied it: all of them for Raft; n - f for PBFT, which tolerates f
-        replicas lagging (a lagging PBFT replica catches up at the next stable checkpoint, and
-        without traffic there may be none)."""
+        enough honest nodes have applied it.
+
+        Raft: every node, up to the leader's commit index. PBFT: the target is the highest
+        commit index an honest replica reports (a Byzantine replica's status is not trusted)
+        and n - f - K honest replicas must have applied it, K the Byzantine ones: f replicas
+        may lag (one catches up at the next stable checkpoint, and without traffic there may
+        be none), and of the 2f+1 replicas of a commit quorum up to K may be liars, so
+        n - f - K >= f + 1 honest ones are guaranteed to hold each decision."""
         n = len(self.nodes)
-        needed = n - max_byzantine_faults(n) if self.config.protocol == "pbft" else n
+        honest = self.honest
+        if self.config.protocol == "pbft":
+            needed = n - max_byzantine_faults(n) - len(self.byzantine.nodes)
+        else:
+            needed = n
+        needed = max(1, needed)
         with trio.move_on_after(within):
             while True:
                 st = await self.statuses()
                 leaders = [s for s in st.values() if s.role in LEADER_ROLES]
-                if len(st) == n and leaders:
-                    target = max(s.commit_index for s in leaders)
-                    caught_up = sum(1 for s in st.values() if s.applied_index >= target)
+                good = [st[h] for h in honest if h in st]
+                if len(good) == len(honest) and leaders:
+                    if self.config.protocol == "pbft":
+                        target = max(s.commit_index for s in good)
+                    else:
+                        target = max(s.commit_index for s in leaders)
+                    caught_up = sum(1 for s in good if s.applied_index >= target)
                     if target >= min_commit and caught_up >= needed:
                         return
                 await trio.sleep(0.1)
         raise ClusterUnavailable(f"cluster did not recover within {within:g} s")
 
 
+class ClusterProcesses:
+    """Every node process of a cluster: each node's own, plus twin B of twinned nodes.
+
+    A signal, kill or start of a twinned node acts on both of its processes (the nemesis
+    names nodes, not processes)."""
+
+    def __init__(self, main: NodeProcesses, twins: NodeProcesses | None = None,
+                 twinned: Sequence[str] = ()) -> None:
+        self.main = main
+        self.twins = twins
+        self.twinned = tuple(sorted(twinned)) if twins is not None else ()
+
+    def _twin(self, node: str) -> NodeProcesses | None:
+        return self.twins if node in self.twinned else None
+
+    def start(self, nodes: Sequence[str] | None = None) -> None:
+        todo = list(nodes) if nodes is not None else list(self.main.node_ids)
+        self.main.start(todo)
+        if self.twins is not None:
+            self.twins.start([n for n in todo if n in self.twinned])
+
+    def running(self, node: str) -> bool:
+        twin = self._twin(node)
+        return self.main.running(node) or (twin is not None and twin.running(node))
+
+    def kill(self, node: str) -> None:
+        for procs in (self.main, self._twin(node)):
+            if procs is not None and procs.running(node):
+                procs.kill(node)
+
+    def signal(self, node: str, signum: int) -> None:
+        """`signum` to every running process of `node`; `ClusterError` if none runs."""
+        sent = False
+        for procs in (self.main, self._twin(node)):
+            if procs is not None and procs.running(node):
+                procs.signal(node, signum)
+                sent = True
+        if not sent:
+            raise ClusterError(f"node {node} is not running")
+
+    def stop(self, *, grace: float) -> None:
+        self.main.stop(grace=grace)
+        if self.twins is not None:
+            self.twins.stop(grace=grace)
+
+
 LEADER_ROLES = ("leader", "primary")
 """Status roles of the node that orders requests: Raft's leader, PBFT's active primary."""
 
 
-def _route_through_proxies(config: ClusterConfig, network: ProxyNetwork) -> None:
-    for me in config.nodes:
-        path = config.node_config_path(me.id)
+def _route_through_proxies(config: ClusterConfig, network: ProxyNetwork,
+                           twins: ClusterConfig | None) -> None:
+    """Point every node config (and every twin B config) at its links' proxies."""
+    configs = [(me.id, me.id, config.node_config_path(me.id)) for me in config.nodes]
+    if twins is not None:
+        configs += [(me.id + TWIN_B_SUFFIX, me.id, twins.node_config_path(me.id))
+                    for me in twins.nodes if me.id + TWIN_B_SUFFIX in network.identities]
+    for instance, node, path in configs:
         cfg = load_node_config(path)
+        if cfg.id != node:
+            raise ClusterError(f"{path} is node {cfg.id}, expected {node}")
         peers = tuple(
             replace(p, peer_addr=Address(host=h, port=port))
             for p in cfg.peers
-            for h, port in [network.address(me.id, p.id)]
+            for h, port in [network.address(instance, p.id)]
         )
         doc = node_config_dict(replace(cfg, peers=peers), relative_to=path.parent)
         path.write_text(dumps_toml(doc))
+
+
+def twin_routes(plan: ByzantinePlan, nodes: Sequence[str]) -> dict[Link, str | None]:
+    """Where each link of a twinned cluster leads (`ProxyNetwork`'s `routes`).
+
+    Side A is twin A of every twinned node plus `plan.side_a`; side B is every twin B plus
+    the other nodes (honest or running a mode), as in `phalanx.jepsen.sim.pbft`. A link to
+    a twinned node reaches the twin on the source's side; a twin's links to the other
+    side's non-twinned nodes are refused (None) for the whole run."""
+    twinned = set(plan.twins)
+    side_a = set(plan.side_a)
+    instances = [*sorted(nodes), *(t + TWIN_B_SUFFIX for t in plan.twins)]
+
+    def side(instance: str) -> str:
+        if instance.endswith(TWIN_B_SUFFIX):
+            return "B"
+        return "A" if instance in twinned or instance in side_a else "B"
+
+    routes: dict[Link, str | None] = {}
+    for a in instances:
+        for b in sorted(nodes):
+            if b in twinned:
+                routes[(a, b)] = b if side(a) == "A" else b + TWIN_B_SUFFIX
+            elif (a in twinned or a.endswith(TWIN_B_SUFFIX)) and side(a) != side(b):
+                routes[(a, b)] = None
+            else:
+                routes[(a, b)] = b
+    return routes
+
+
+def _write_twin_configs(config: ClusterConfig, plan: ByzantinePlan,
+                        base_port: int) -> ClusterConfig | None:
+    """Twin B's node config of every twinned node under ``twins/``: the node's own config
+    (identity, certificate, signing key, peers) with its own data folder and listen ports
+    (``base_port + n + j`` for peers, plus the client offset). Returns the client view in
+    which each twinned node's client address is its twin B's, or None without twins."""
+    if not plan.twins:
+        return None
+    root = config.directory / TWINS_DIR
+    n = len(config.nodes)
+    addresses: dict[str, Address] = {}
+    for j, node in enumerate(plan.twins):
+        src = config.node_config_path(node)
+        cfg = load_node_config(src)
+        host = cfg.peer_listen.host
+        client = Address(host=host, port=base_port + CLIENT_PORT_OFFSET + n + j)
+        addresses[node] = client
+        twin = replace(cfg, data_dir=root / "data" / node,
+                       peer_listen=Address(host=host, port=base_port + n + j),
+                       client_listen=client, metrics_listen=None)
+        path = root / "nodes" / f"{node}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        twin.data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps_toml(node_config_dict(twin, relative_to=path.parent)))
+    nodes = tuple(replace(p, client_addr=addresses[p.id]) if p.id in addresses else p
+                  for p in config.nodes)
+    return replace(config, nodes=nodes, directory=root)
 
 
 @contextlib.asynccontextmanager
@@ -154,28 +307,52 @@ async def open_real_cluster(
     checkpoint_every: int = 500,
     client_timeout: float = 2.0,
     volatile_writes: bool = False,
+    byzantine: ByzantinePlan | None = None,
 ) -> AsyncIterator[RealCluster]:
-    """Create, start and finally stop a proxied cluster in `directory` (see module docstring)."""
+    """Create, start and finally stop a proxied cluster in `directory` (see module docstring).
+
+    `byzantine`: nodes that run ``--byzantine MODE`` and nodes that are twinned (module
+    docstring)."""
+    plan = byzantine if byzantine is not None else ByzantinePlan()
+    base_port = find_free_base_port(nodes + len(plan.twins))
     config = init_cluster(directory, protocol=protocol, nodes=nodes,
-                          base_port=find_free_base_port(nodes), fsync="group", timing=timing,
+                          base_port=base_port, fsync="group", timing=timing,
                           checkpoint_every=checkpoint_every)
+    twin_config = _write_twin_configs(config, plan, base_port)
     targets = {n.id: (n.peer_addr.host, n.peer_addr.port) for n in config.nodes}
-    network = ProxyNetwork(targets, rng=random.Random(rng.getrandbits(64)))
+    identities = {n: n for n in targets}
+    if twin_config is not None:
+        for t in plan.twins:
+            cfg = load_node_config(twin_config.node_config_path(t))
+            targets[t + TWIN_B_SUFFIX] = (cfg.peer_listen.host, cfg.peer_listen.port)
+            identities[t + TWIN_B_SUFFIX] = t
+    network = ProxyNetwork(
+        targets, rng=random.Random(rng.getrandbits(64)), identities=identities,
+        routes=twin_routes(plan, tuple(n.id for n in config.nodes)) if plan.twins else None)
     env = dict(os.environ)
     env[HOOKS_ENV] = "1"
     env.pop(VOLATILE_ENV, None)
     env[CONTROL_DIR_ENV] = str(config.directory / "run")
     if volatile_writes:
         env[VOLATILE_ENV] = "1"
-    procs = NodeProcesses(config, env=env)
+
+    def command(config_path: Path) -> list[str]:
+        mode = plan.mode_of(config_path.stem)
+        return [*node_command(config_path), *(("--byzantine", mode) if mode else ())]
+
+    procs = ClusterProcesses(
+        NodeProcesses(config, env=env, command=command),
+        NodeProcesses(twin_config, env=env) if twin_config is not None else None,
+        plan.twins)
     async with trio.open_nursery() as nursery:
         await nursery.start(network.serve)
-        _route_through_proxies(config, network)
+        _route_through_proxies(config, network, twin_config)
         try:
             procs.start()
             async with open_client(config, timeout=client_timeout,
                                    attempt_timeout=STATUS_TIMEOUT) as admin:
-                yield RealCluster(config=config, procs=procs, network=network, admin=admin)
+                yield RealCluster(config=config, procs=procs, network=network, admin=admin,
+                                  byzantine=plan, twin_config=twin_config)
         finally:
             for node in config.nodes:
                 with contextlib.suppress(Exception):

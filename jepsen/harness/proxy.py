@@ -7,7 +7,14 @@ Owns:
       direction (`phalanx.net.transport`), so this proxy carries exactly `src`'s messages to
       `dst` (plus the acceptor's one-frame welcome and the TLS handshake going back).
     * `ProxyNetwork`: the n*(n-1) proxies of a cluster and the nemesis-facing controls:
-      `block(links)` / `heal()`, `set_delay`, `set_loss`, `set_duplicate`.
+      `block(links)` / `heal()`, `set_delay`, `set_loss`, `set_duplicate`. With twins
+      (two processes of one node, `phalanx.jepsen.harness.cluster`) the links are keyed by
+      source *instance* and destination node: each honest peer's link to a twinned node
+      leads to the twin of its side, and a twin's links to the other side's peers are
+      refused for the whole run. The peer transport keeps one inbound connection per
+      certificate identity and a newer one replaces the older
+      (`phalanx.net.transport`), so two twins reaching one peer would kick each other out
+      in a loop; with the refused links every peer only ever sees one of them.
 
 What each fault does to a link, and why (peer links are mutual TLS; the proxy only sees
 opaque bytes and must never alter them, or TLS would simply reject the stream):
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 import trio
@@ -174,17 +181,55 @@ class LinkProxy:
 Link = tuple[str, str]
 
 
+def _any(identities: Mapping[str, str], node: str) -> str:
+    return min(s for s, n in identities.items() if n == node)
+
+
 class ProxyNetwork:
     """Every directed peer link of a cluster, each through its own `LinkProxy`."""
 
-    def __init__(self, targets: dict[str, tuple[str, int]], *, rng: random.Random) -> None:
-        """`targets`: each node id → its real peer listen address."""
-        names = sorted(targets)
-        self.links: dict[Link, LinkProxy] = {
-            (a, b): LinkProxy(src=a, dst=b, target=targets[b],
-                              rng=random.Random(rng.getrandbits(64)))
-            for a in names for b in names if a != b
-        }
+    def __init__(
+        self,
+        targets: Mapping[str, tuple[str, int]],
+        *,
+        rng: random.Random,
+        identities: Mapping[str, str] | None = None,
+        routes: Mapping[Link, str | None] | None = None,
+    ) -> None:
+        """`targets`: each process instance → its real peer listen address.
+
+        Without `identities` every instance is the node of the same name, and link
+        ``(a, b)`` leads to ``b``. Twins (several instances of one node) pass `identities`
+        (instance → node id) and `routes`: ``(src instance, dst node)`` → the instance that
+        link reaches, or None for a link that is refused for the whole run (a twin never
+        reaches the other side's peers). Links are keyed ``(src instance, dst node)``.
+        """
+        ids = dict(identities) if identities is not None else {t: t for t in targets}
+        if set(ids) != set(targets):
+            raise ValueError("identities must name exactly the instances of targets")
+        self.identities = ids
+        self.node_ids = tuple(sorted(set(ids.values())))
+        self.links: dict[Link, LinkProxy] = {}
+        self._fixed: set[Link] = set()
+        for a in sorted(ids):
+            for b in self.node_ids:
+                if b == ids[a]:
+                    continue
+                to = b if routes is None else routes.get((a, b), b)
+                if to is None:
+                    self._fixed.add((a, b))
+                elif to not in targets or ids[to] != b:
+                    raise ValueError(f"link {a}->{b} routed to {to!r}, not an instance of {b}")
+                self.links[(a, b)] = LinkProxy(
+                    src=a, dst=b, target=targets[to if to is not None else _any(ids, b)],
+                    rng=random.Random(rng.getrandbits(64)))
+        for link in sorted(self._fixed):
+            self.links[link].block()
+
+    @property
+    def fixed(self) -> tuple[Link, ...]:
+        """Links refused for the whole run (twins' other side)."""
+        return tuple(sorted(self._fixed))
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every proxy; runs until cancelled."""
@@ -198,9 +243,18 @@ class ProxyNetwork:
         return ("127.0.0.1", self.links[(src, dst)].port)
 
     def block(self, links: Iterable[Link]) -> None:
-        """Block exactly `links` (and heal every other link)."""
-        wanted = set(links)
-        unknown = wanted - self.links.keys()
+        """Block exactly `links` (and heal every other link but the `fixed` ones).
+
+        `links` are node-level ``(src node, dst node)`` pairs: a link from a twinned node
+        blocks the links of every instance of it."""
+        wanted: set[Link] = set(self._fixed)
+        unknown = []
+        for a, b in links:
+            instances = [s for s in sorted(self.identities) if self.identities[s] == a]
+            keys = [(s, b) for s in instances if (s, b) in self.links]
+            if not keys:
+                unknown.append((a, b))
+            wanted.update(keys)
         if unknown:
             raise ValueError(f"no such links: {sorted(unknown)}")
         for link in sorted(self.links):
@@ -211,7 +265,9 @@ class ProxyNetwork:
                 self.links[link].unblock()
 
     def blocked(self) -> tuple[Link, ...]:
-        return tuple(sorted(k for k, p in self.links.items() if p.blocked))
+        """Links blocked by the nemesis (the `fixed` ones excluded)."""
+        return tuple(sorted(k for k, p in self.links.items()
+                            if p.blocked and k not in self._fixed))
 
     def heal(self) -> None:
         self.block(())

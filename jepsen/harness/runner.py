@@ -13,12 +13,18 @@ Owns:
          (`schedule.real_schedule`) is applied in wall time (virtual times multiplied by
          `nemesis_scale`, so episodes last long enough for real processes to notice); a
          process whose operation ends ``info`` continues under a new process id; keys rotate
-         after `ops_per_key` operations (the workload's ``per_key_limit``);
-      3. stops the clients, heals everything, waits until every node has applied the
-         leader's commit index, and performs the workload's final operations (reads);
+         after `ops_per_key` operations (the workload's ``per_key_limit``); with
+         ``byzantine`` (PBFT) the plan's replicas run their ``--byzantine`` mode or are
+         twinned from the start (`byzantine_plan`, `cluster`), the history opens with a
+         ``byzantine`` nemesis op naming them, and odd client slots reach twin B;
+      3. stops the clients, heals everything, waits until the cluster recovered
+         (`RealCluster.wait_recovered`: Byzantine replicas are not waited for), and performs
+         the workload's final operations (reads; PBFT clients accept f+1 matching replies,
+         so a lying replica cannot make one succeed);
       4. writes ``history.jsonl``, checks it (the workload's checkers, the stats checker and
          a ``recovery`` checker: the cluster recovered and every final read succeeded),
-         writes ``results.json``, copies every node's log and data into ``nodes/<id>/``,
+         writes ``results.json`` (with ``byzantine``: the plan), copies every node's log
+         and data into ``nodes/<id>/`` (twin B of ``n3`` into ``nodes/n3-b/``),
          and renders ``latency.png``, ``rate.png`` and ``index.html``.
     Verdict: the merge of every checker (False beats "unknown" beats True).
 
@@ -42,7 +48,19 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from phalanx.client import open_client
 from phalanx.jepsen.checker import CheckerResult, RunResult
-from phalanx.jepsen.harness.cluster import ClusterUnavailable, RealCluster, open_real_cluster
+from phalanx.jepsen.harness.byzantine_plan import (
+    ByzantinePlan,
+    format_items,
+    parse_byzantine,
+    plan_byzantine,
+)
+from phalanx.jepsen.harness.cluster import (
+    TWIN_B_SUFFIX,
+    TWINS_DIR,
+    ClusterUnavailable,
+    RealCluster,
+    open_real_cluster,
+)
 from phalanx.jepsen.harness.nemesis_real import RealNemesis
 from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS, real_schedule
 from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder, OpType, Process
@@ -83,6 +101,10 @@ class RunOptions:
     nemesis_scale: float = 4.0
     recovery_timeout: float = 60.0
     check_time_limit: float = 60.0
+    byzantine: str = ""
+    """``--byzantine`` spec (`phalanx.jepsen.harness.byzantine_plan`): PBFT replicas that lie."""
+    expect_violation: bool = False
+    """Allow more than f Byzantine replicas: a control run that may end invalid."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -91,6 +113,18 @@ class RunOptions:
             raise ValueError("nodes and concurrency must be >= 1, rate and time > 0")
         if self.nemesis_scale <= 0 or self.keys < 1 or self.ops_per_key < 1:
             raise ValueError("nemesis_scale must be > 0, keys and ops_per_key >= 1")
+        self.byzantine_plan()  # raises ByzantinePlanError (a ValueError) on a bad spec
+
+    def byzantine_plan(self) -> ByzantinePlan:
+        """The run's Byzantine replicas, placed by the seed (`plan_byzantine`)."""
+        return plan_byzantine(parse_byzantine(self.byzantine), self.node_names,
+                              protocol=self.protocol, seed=self.seed,
+                              allow_violation=self.expect_violation)
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """``n1..nN``, as `phalanx.cluster.init_cluster` names them."""
+        return tuple(f"n{i}" for i in range(1, self.nodes + 1))
 
     @property
     def test_name(self) -> str:
@@ -98,7 +132,9 @@ class RunOptions:
             faults = "all"
         else:
             faults = "+".join(self.faults) if self.faults else "none"
-        return f"{self.protocol}-{self.workload}-{faults}-n{self.nodes}"
+        label = self.byzantine_plan().label()
+        byz = f"-{label}" if label else ""
+        return f"{self.protocol}-{self.workload}-{faults}{byz}-n{self.nodes}"
 
     def workload_config(self) -> WorkloadConfig:
         """Each worker paces itself with `Workload.delay`, so the per-worker rate is
@@ -125,6 +161,8 @@ class RunOutcome:
     """Checker name → its verdict (True, False, "unknown")."""
     network: dict[str, int] = field(default_factory=dict)
     report: Path | None = None
+    byzantine: str = "none"
+    """`ByzantinePlan.describe` of the run's Byzantine replicas."""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -169,7 +207,7 @@ class _Run:
     async def worker(self, slot: int) -> None:
         process: Process = slot
         o = self.options
-        async with open_client(self.cluster.config, timeout=o.op_timeout,
+        async with open_client(self.cluster.client_config(slot), timeout=o.op_timeout,
                                attempt_timeout=min(0.5, o.op_timeout)) as client:
             next_at = trio.current_time()
             while not self.stopping():
@@ -240,6 +278,9 @@ def _config_doc(options: RunOptions) -> dict[str, object]:
     doc["store"] = str(options.store)
     doc["faults"] = list(options.faults)
     doc["test"] = options.test_name
+    plan = options.byzantine_plan()
+    doc["byzantine"] = format_items(parse_byzantine(options.byzantine))
+    doc["byzantine_plan"] = plan.to_json()
     return doc
 
 
@@ -250,21 +291,26 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     rng = random.Random(options.seed)
     # The schedule names nodes n1..nN, as `init_cluster` does; drawn before the cluster so
     # that test.json can carry it from the start.
-    node_names = tuple(f"n{i}" for i in range(1, options.nodes + 1))
+    node_names = options.node_names
+    plan = options.byzantine_plan()
     schedule = real_schedule(options, node_names)
     store = create_run(options.store, options.test_name, config=_config_doc(options),
                        seed=options.seed, schedule=schedule)
-    outcome = RunOutcome(directory=store.path)
+    outcome = RunOutcome(directory=store.path, byzantine=plan.describe())
     cluster_dir = store.path / "cluster"
     async with open_real_cluster(cluster_dir, nodes=options.nodes, protocol=options.protocol,
                                  rng=random.Random(rng.getrandbits(64)),
-                                 volatile_writes=LOSE_UNFSYNCED in options.faults) as cluster:
+                                 volatile_writes=LOSE_UNFSYNCED in options.faults,
+                                 byzantine=plan) as cluster:
         if cluster.nodes != node_names:
             raise ClusterUnavailable(f"unexpected node names {cluster.nodes}")
-        console.print(f"cluster of {options.nodes} nodes up in {cluster_dir}; "
-                      "waiting for a leader", highlight=False)
+        byz = f"; Byzantine: {plan.describe()}" if plan.nodes else ""
+        console.print(f"cluster of {options.nodes} nodes up in {cluster_dir}{byz}; "
+                      "waiting for a leader", highlight=False, soft_wrap=True)
         leader = await cluster.wait_for_leader(30.0)
         run = _Run(options, cluster, workload)
+        if plan.nodes:
+            run.record_nemesis("byzantine", plan.describe())
         setup_ok, setup_n = await run.perform_all(workload.setup_invocations())
         if setup_ok < setup_n:
             outcome.reasons.append(f"setup: {setup_n - setup_ok} of {setup_n} operations failed")
@@ -309,8 +355,9 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     outcome.duration_s = time.monotonic() - started
     doc = merged.to_json()
     doc.update(_harness_doc(outcome))
+    doc["byzantine"] = plan.to_json()
     store.write_results(doc)
-    _collect_nodes(store, cluster_dir, node_names)
+    _collect_nodes(store, cluster_dir, node_names, twins=plan.twins)
     outcome.report = await trio.to_thread.run_sync(lambda: render_report(store.path))
     return outcome
 
@@ -343,11 +390,18 @@ def _harness_doc(o: RunOutcome) -> dict[str, object]:
     }
 
 
-def _collect_nodes(store: RunStore, cluster_dir: Path, nodes: tuple[str, ...]) -> None:
-    """Move every node's log and data into ``nodes/<id>/`` (`RunStore.copy_node`), then drop
-    the cluster's copies; the cluster's configuration and certificates stay in ``cluster/``."""
+def _collect_nodes(store: RunStore, cluster_dir: Path, nodes: tuple[str, ...], *,
+                   twins: tuple[str, ...] = ()) -> None:
+    """Move every node's log and data into ``nodes/<id>/`` (`RunStore.copy_node`; twin B of
+    node ``n3`` into ``nodes/n3-b/``), then drop the cluster's copies; the cluster's
+    configuration and certificates stay in ``cluster/``."""
     for node in nodes:
         store.copy_node(node, log=cluster_dir / "logs" / f"{node}.log",
                         data=cluster_dir / "data" / node)
+    twin_dir = cluster_dir / TWINS_DIR
+    for node in twins:
+        store.copy_node(node + TWIN_B_SUFFIX, log=twin_dir / "logs" / f"{node}.log",
+                        data=twin_dir / "data" / node)
     for sub in ("data", "logs"):
         shutil.rmtree(cluster_dir / sub, ignore_errors=True)
+        shutil.rmtree(twin_dir / sub, ignore_errors=True)
