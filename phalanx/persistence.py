@@ -4,14 +4,17 @@ the reload of what a core restarts from.
 Owns: `ReadyPersister`, shared by every driver (the deterministic simulator now, the trio
 runtime later): `persist(ready)` installs a snapshot, truncates, appends encoded entries and
 writes the hard state (and `core_state`, in its own store), and syncs when `must_sync`;
-`load()` returns the `DurableState` a core restarts from. Checkpoints the replica layer
-takes, and the log compaction under them, are the replica layer's (`phalanx.apps.replica`);
-the metadata format is shared (`phalanx.apps.envelope.encode_meta` is the codec's
-`SnapshotMeta` frame).
+`load()` returns the `DurableState` a core restarts from; and `StateJournal`, the
+append-only store of a core's `Ready.core_state` (one fsync per save, deltas computed by
+the core's injected `DeltaRules`). Checkpoints the replica layer takes, and the log
+compaction under them, are the replica layer's (`phalanx.apps.replica`); the metadata format
+is shared (`phalanx.apps.envelope.encode_meta` is the codec's `SnapshotMeta` frame).
 
 Rules:
-- Storage backends and the codec are injected; this module imports no backend, no trio and
-  no clock. Entries, hard state and snapshot metadata are encoded with the codec (never
+- Storage backends, the codec and a core's delta rules are injected; this module imports no
+  backend (only the `Directory` protocol and the legacy hard-state file format, to upgrade
+  a PBFT replica's old whole-file core state), no consensus core, no trio and no clock.
+  Entries, hard state and snapshot metadata are encoded with the codec (never
   pickle); a record that fails to decode is disk corruption and raises `StorageError`.
 - Invariant kept in the WAL: records are the log entries after the newest stored checkpoint
   (possibly overlapping it before compaction), contiguous by index; `load()` drops the
@@ -20,17 +23,23 @@ Rules:
 
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from phalanx.consensus.core import Ready
 from phalanx.consensus.types import Entry, HardState, LocalProtocolError, SnapshotMeta
+from phalanx.storage.directory import Directory
+from phalanx.storage.hardstate import HARD_STATE_NAME, decode_hard_state
 from phalanx.storage.interface import (
     Checkpoint,
     CheckpointStore,
+    CorruptionError,
     HardStateStore,
     StorageError,
+    SyncPolicy,
     WriteAheadLog,
 )
 
@@ -66,6 +75,181 @@ class DurableState:
     core_state: object | None = None
 
 
+class DeltaRules(Protocol):
+    """How a core's durable record changes: `phalanx.consensus.pbft.durable.PbftDeltaRules`."""
+
+    def diff(self, old: object, new: object) -> object | None: ...
+
+    def apply(self, state: object, delta: object) -> object: ...
+
+
+JOURNAL_NAME = "journal"
+_JOURNAL_TMP = "journal.tmp"
+_JOURNAL_MAGIC = b"PHXSJ001"
+_RECORD = struct.Struct("<IIB")  # payload length, crc32(kind byte + payload), kind
+_FULL, _DELTA = 0, 1
+MAX_JOURNAL_RECORD = 64 << 20
+
+
+class StateJournal:
+    """`Ready.core_state` as an append-only, checksummed journal: ONE fsync per save.
+
+    A `HardStateStore` rewrites its whole value through a temp file, a rename and two fsyncs;
+    this journal appends only the delta from the previous record (`DeltaRules.diff`) and
+    fsyncs the journal file once. When the journal outgrows `compact_bytes` (and four times
+    its last full record), the next save rewrites it as one full record (temp file, fsync,
+    rename, directory fsync): rare, and still atomic.
+
+    File format (`journal`): ``b"PHXSJ001"`` then records ``u32 length | u32 crc32(kind,
+    payload) | u8 kind | payload``, kind 0 = the codec-encoded full record, 1 = a delta. The
+    first record is full.
+
+    Crash safety: a save returns only once its record is durable (under `SyncPolicy.OFF`
+    the record is written but not synced). A crash during an append leaves a torn final
+    record: it was never acknowledged (the caller sends nothing before `save_state`
+    returns), so `load_state` drops it and truncates the file there. A checksum failure
+    followed by further bytes is corruption: `CorruptionError`, never a silently shorter
+    history (a forgotten signed vote could let the replica sign a conflicting one).
+
+    A replica upgraded from the whole-file store finds its old `hardstate` value and starts
+    the journal from it.
+
+    Not thread-safe: one owner at a time (the driver's persistence thread).
+    """
+
+    def __init__(
+        self,
+        directory: Directory,
+        *,
+        codec: Codec,
+        rules: DeltaRules,
+        sync: SyncPolicy = SyncPolicy.GROUP,
+        compact_bytes: int = 8 << 20,
+    ) -> None:
+        if compact_bytes < 1:
+            raise ValueError(f"compact_bytes must be >= 1, got {compact_bytes}")
+        self._dir = directory
+        self._codec = codec
+        self._rules = rules
+        self._durable = sync is not SyncPolicy.OFF
+        self._compact_bytes = compact_bytes
+        self._last: object | None = None
+        self._loaded = False
+        self._size = 0
+        self._full_size = 0
+        self.appends = 0
+        self.compactions = 0
+
+    def load_state(self) -> object | None:
+        """The last record saved (None if none); repairs a torn final record."""
+        self._loaded = True
+        names = self._dir.list()
+        if JOURNAL_NAME not in names:
+            self._last = None
+            if HARD_STATE_NAME in names:
+                raw = decode_hard_state(
+                    self._dir.read(HARD_STATE_NAME), path=self._dir.path(HARD_STATE_NAME)
+                )
+                self._last = self._decode(raw, "legacy core state")
+            self._size = 0
+            return self._last
+        data = self._dir.read(JOURNAL_NAME)
+        path = self._dir.path(JOURNAL_NAME)
+        if len(data) < len(_JOURNAL_MAGIC):
+            # Torn during its creation: nothing in it was ever acknowledged.
+            self._dir.remove(JOURNAL_NAME)
+            return self.load_state()
+        if data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
+            raise CorruptionError("core-state journal has a bad magic number", path=path,
+                                  offset=0)
+        state: object | None = None
+        offset = len(_JOURNAL_MAGIC)
+        while offset < len(data):
+            end = offset + _RECORD.size
+            if end > len(data):
+                break  # torn header
+            length, crc, kind = _RECORD.unpack_from(data, offset)
+            if end + length > len(data):
+                break  # torn payload
+            payload = data[end : end + length]
+            if zlib.crc32(payload, zlib.crc32(bytes([kind]))) != crc:
+                if end + length == len(data):
+                    break  # a torn last record (its sectors only partly written)
+                raise CorruptionError("core-state journal record fails its checksum",
+                                      path=path, offset=offset)
+            obj = self._decode(payload, f"journal record at {offset}")
+            if kind == _FULL:
+                state = obj
+                self._full_size = length
+            elif kind == _DELTA and state is not None:
+                try:
+                    state = self._rules.apply(state, obj)
+                except ValueError as exc:
+                    raise StorageError(f"journal record at {offset}: {exc}") from exc
+            else:
+                raise CorruptionError(f"journal record of kind {kind} at {offset}",
+                                      path=path, offset=offset)
+            offset = end + length
+        if offset < len(data):
+            self._dir.truncate(JOURNAL_NAME, offset)
+            if self._durable:
+                self._dir.fsync(JOURNAL_NAME)
+        self._size = offset
+        self._last = state
+        return state
+
+    def save_state(self, state: object) -> None:
+        """Record `state` (replacing the previous one) durably. Raises `StorageError`."""
+        if not self._loaded:
+            self.load_state()
+        try:
+            if self._last is None or self._size == 0 or self._compaction_due():
+                self._rewrite(state)
+            else:
+                delta = self._rules.diff(self._last, state)
+                if delta is None:
+                    return
+                record = self._record(_DELTA, self._codec.encode(delta))
+                self._dir.append(JOURNAL_NAME, record)
+                if self._durable:
+                    self._dir.fsync(JOURNAL_NAME)
+                self._size += len(record)
+                self.appends += 1
+        except OSError as exc:
+            raise StorageError(f"writing the core-state journal failed: {exc}") from exc
+        self._last = state
+
+    def _compaction_due(self) -> bool:
+        return self._size > max(self._compact_bytes, 4 * self._full_size)
+
+    def _rewrite(self, state: object) -> None:
+        payload = self._codec.encode(state)
+        record = _JOURNAL_MAGIC + self._record(_FULL, payload)
+        self._dir.create(_JOURNAL_TMP)
+        self._dir.append(_JOURNAL_TMP, record)
+        if self._durable:
+            self._dir.fsync(_JOURNAL_TMP)
+        self._dir.rename(_JOURNAL_TMP, JOURNAL_NAME)
+        if self._durable:
+            self._dir.fsync_dir()
+        self._size = len(record)
+        self._full_size = len(payload)
+        self.compactions += 1
+
+    @staticmethod
+    def _record(kind: int, payload: bytes) -> bytes:
+        if len(payload) > MAX_JOURNAL_RECORD:
+            raise StorageError(f"core-state record of {len(payload)} bytes is too large")
+        crc = zlib.crc32(payload, zlib.crc32(bytes([kind])))
+        return _RECORD.pack(len(payload), crc, kind) + payload
+
+    def _decode(self, data: bytes, what: str) -> object:
+        try:
+            return self._codec.decode(data)
+        except Exception as exc:  # the codec raises its own DecodeError; any is corruption
+            raise StorageError(f"{what} does not decode: {exc}") from exc
+
+
 class ReadyPersister:
     """Carries out the persistence part of `Ready` on injected storage backends."""
 
@@ -76,7 +260,7 @@ class ReadyPersister:
         hard_state: HardStateStore,
         checkpoints: CheckpointStore,
         codec: Codec,
-        core_state: HardStateStore | None = None,
+        core_state: HardStateStore | StateJournal | None = None,
     ) -> None:
         self.core_state = core_state
         self.wal = wal
@@ -123,7 +307,10 @@ class ReadyPersister:
                 raise LocalProtocolError(
                     "this core writes Ready.core_state; give ReadyPersister a core_state store"
                 )
-            self.core_state.save(self.codec.encode(ready.core_state))
+            if isinstance(self.core_state, StateJournal):
+                self.core_state.save_state(ready.core_state)  # appends a delta, syncs
+            else:
+                self.core_state.save(self.codec.encode(ready.core_state))
         if ready.must_sync:
             wal.sync()
             self.syncs += 1
@@ -155,7 +342,9 @@ class ReadyPersister:
                     )
                 entries.append(entry)
         core_state: object | None = None
-        if self.core_state is not None:
+        if isinstance(self.core_state, StateJournal):
+            core_state = self.core_state.load_state()
+        elif self.core_state is not None:
             raw_cs = self.core_state.load()
             if raw_cs is not None:
                 core_state = self._decode(raw_cs, object, "core state")

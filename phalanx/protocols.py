@@ -43,6 +43,7 @@ from phalanx.consensus.pbft import (
     PbftDurableState,
     PbftRestoredState,
 )
+from phalanx.consensus.pbft.durable import PbftDeltaRules
 from phalanx.consensus.raft import (
     RAFT_MESSAGES,
     ProposeBatch,
@@ -54,10 +55,9 @@ from phalanx.consensus.types import ClientRequest, HardState, NodeId
 from phalanx.jepsen.byzantine import BEHAVIOURS, ByzantineCore, corrupt_result
 from phalanx.net import client_protocol, wire
 from phalanx.pbft_keys import PbftKeyError, load_crypto
-from phalanx.persistence import DurableState
+from phalanx.persistence import DurableState, StateJournal
 from phalanx.storage.directory import OsDirectory
-from phalanx.storage.hardstate import FileHardStateStore
-from phalanx.storage.interface import HardStateStore, SyncPolicy
+from phalanx.storage.interface import SyncPolicy
 
 BYZANTINE_MODES: tuple[str, ...] = BEHAVIOURS
 """Names accepted by `--byzantine` (see `phalanx.jepsen.byzantine`)."""
@@ -108,11 +108,13 @@ def pbft_checkpoint_interval(config: NodeConfig) -> int:
 
 
 class CoreStateStore:
-    """PBFT's `core_state` file (`DATA/pbft/hardstate`): a `HardStateStore` plus `close`."""
+    """PBFT's `core_state` journal (`DATA/pbft/journal`, one fsync per save; an older
+    `DATA/pbft/hardstate` is read once as its start): a `StateJournal` plus `close`."""
 
     def __init__(self, config: NodeConfig, sync: SyncPolicy) -> None:
         self._directory = OsDirectory(str(config.data_dir / "pbft"))
-        self.store: HardStateStore = FileHardStateStore(self._directory, sync=sync)
+        self.store = StateJournal(self._directory, codec=wire.default_registry(),
+                                  rules=PbftDeltaRules(), sync=sync)
 
     def close(self) -> None:
         self._directory.close()

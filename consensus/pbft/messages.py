@@ -1,8 +1,8 @@
 """PBFT messages and durable records, after Castro and Liskov (OSDI'99; TOCS'02).
 
 Owns: every message the PBFT core sends or receives, the records it persists
-(`SignedVote`, `SafetyData`, `PbftDurableState`), the closed union `PbftMessage` and the
-stable codec ids `PBFT_MESSAGES` (200-299, see `phalanx.net.wire`).
+(`SignedVote`, `SafetyData`, `PbftDurableState`, the journal's `PbftStateDelta`), the closed
+union `PbftMessage` and the stable codec ids `PBFT_MESSAGES` (200-299, see `phalanx.net.wire`).
 
 Must not import: `phalanx.net` (the codec registers these classes, not the reverse), trio,
 clocks, random.
@@ -250,6 +250,31 @@ class PbftDurableState:
     prepared: tuple[PreparedProof, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PbftStateDelta:
+    """What changed from one `PbftDurableState` to the next.
+
+    Replay (`PbftDeltaRules.apply`): take the scalars as they are; replace the stable proof
+    when `stable_proof` is not None; drop the votes with seq <= `prune_votes_upto` and the
+    votes keyed (kind, view, seq) in `dropped_votes` (flattened triples), then add or
+    replace `votes`; drop the certificates with seq <= `prune_prepared_upto` and the seqs in
+    `dropped_prepared`, then add or replace `prepared` (keyed by the pre-prepare's seq).
+    """
+
+    view: int
+    view_active: bool
+    stable_seq: int
+    stable_digest: bytes
+    stable_proof: tuple[Checkpoint, ...] | None
+    safety_floor: int
+    prune_votes_upto: int
+    dropped_votes: tuple[int, ...]
+    votes: tuple[SignedVote, ...]
+    prune_prepared_upto: int
+    dropped_prepared: tuple[int, ...]
+    prepared: tuple[PreparedProof, ...]
+
+
 PBFT_MESSAGES: dict[int, type] = {
     200: PrePrepare,
     201: Prepare,
@@ -266,5 +291,6 @@ PBFT_MESSAGES: dict[int, type] = {
     220: SignedVote,
     221: SafetyData,
     222: PbftDurableState,
+    223: PbftStateDelta,
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`."""
