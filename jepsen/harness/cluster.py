@@ -117,6 +117,25 @@ class RealCluster:
                 nursery.start_soon(ask, n)
         return out
 
+    async def node_status(self) -> dict[str, dict[str, object]]:
+        """Every process's status now (twin B of ``n3`` as ``n3-b``), for the results:
+        role, view/term, commit and applied index, dropped messages. Missing: no answer."""
+        out: dict[str, dict[str, object]] = {}
+
+        def doc(s: Any) -> dict[str, object]:
+            return {"role": s.role, "term": s.term, "commit_index": s.commit_index,
+                    "applied_index": s.applied_index, "dropped_messages": s.dropped_messages}
+
+        for node, s in sorted((await self.statuses()).items()):
+            out[node] = doc(s)
+        if self.twin_config is not None:
+            async with open_client(self.twin_config, timeout=STATUS_TIMEOUT,
+                                   attempt_timeout=STATUS_TIMEOUT) as twins:
+                for node in self.byzantine.twins:
+                    with contextlib.suppress(ClientError), trio.move_on_after(STATUS_TIMEOUT):
+                        out[node + TWIN_B_SUFFIX] = doc(await twins.status(node))
+        return out
+
     async def leader(self) -> str | None:
         """The node that reports itself leader (Raft) or active primary (PBFT) in the highest
         term or view, if any answers."""

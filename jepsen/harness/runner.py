@@ -163,6 +163,8 @@ class RunOutcome:
     report: Path | None = None
     byzantine: str = "none"
     """`ByzantinePlan.describe` of the run's Byzantine replicas."""
+    node_status: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Each process's status after the final reads (`RealCluster.node_status`)."""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -336,6 +338,7 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
                 outcome.reasons.append(str(e))
             outcome.final_reads_ok, outcome.final_reads = await run.perform_all(
                 workload.final_invocations())
+            outcome.node_status = await cluster.node_status()
             outer.cancel_scope.cancel()
         outcome.network = cluster.network.statistics()
     outcome.nemesis_events = run.nemesis.applied
@@ -387,6 +390,7 @@ def _harness_doc(o: RunOutcome) -> dict[str, object]:
         "final_reads": {"ok": o.final_reads_ok, "total": o.final_reads},
         "duration_s": round(o.duration_s, 3),
         "network": o.network,
+        "node_status": o.node_status,
     }
 
 
