@@ -151,7 +151,17 @@ class RealCluster:
                 if (found := await self.leader()) is not None:
                     return found
                 await trio.sleep(0.05)
-        raise ClusterUnavailable(f"no leader within {within:g} s")
+        raise ClusterUnavailable(f"no leader within {within:g} s{self._dead_nodes()}")
+
+    def _dead_nodes(self) -> str:
+        """``; n2 exited: <its last log line>`` for every node process that is not running."""
+        notes = []
+        for node in self.nodes:
+            if not self.procs.running(node):
+                log = self.config.directory / "logs" / f"{node}.log"
+                lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+                notes.append(f"; {node} exited: {lines[-1] if lines else 'no log'}")
+        return "".join(notes)
 
     async def wait_recovered(self, within: float, *, min_commit: int = 1) -> None:
         """Until a leader exists, every honest node answers, the commit index is at least
