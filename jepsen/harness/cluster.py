@@ -9,6 +9,21 @@ Owns:
     find the leader and wait for recovery. On exit: paused nodes are continued, every node
     is stopped (SIGTERM, then SIGKILL after a grace period) and the proxies close.
 
+Byzantine replicas (PBFT, `phalanx.jepsen.harness.byzantine_plan.ByzantinePlan`):
+    * a node with a mode runs ``phalanx node run CONFIG --byzantine MODE`` (every start,
+      restarts included);
+    * a twinned node ``t`` runs two processes with one identity, certificate and signing
+      key: twin A is ``t`` itself, twin B (instance ``t-b``) has its own config, data, log
+      and listen ports under ``twins/``. The transport keeps one inbound connection per
+      certificate identity and a newer one closes the older (`phalanx.net.transport`), so
+      two twins dialling one peer would evict each other forever; instead the proxies
+      split the cluster (`twin_routes`): each honest replica of side A reaches twin A,
+      each of side B twin B, and a twin's links to the other side are refused for the
+      whole run, so every replica only ever sees one twin. Clients split too
+      (`RealCluster.client_config`). Kills, pauses and restarts of ``t`` act on both
+      processes (`ClusterProcesses`).
+    * `RealCluster.wait_recovered` waits for honest replicas only.
+
 Rules:
     * Nodes are separate processes (``python -m phalanx node run``) started with
       ``PHALANX_TEST_HOOKS=1`` in their environment (test-only hooks; off by default), and

@@ -27,6 +27,9 @@ Owns:
       the stop. The file outlives restarts, so a restarted node keeps its skew.
       (``clock_skew=False`` records the event as not applied, for nodes without the hook.)
 
+A twinned node's kill, pause and restart act on both of its processes, and a partition
+cutting its links cuts both twins' (`cluster.ClusterProcesses`, `proxy.ProxyNetwork`).
+
 Every applied event is reported to `record(f, value)` (the history's nemesis ops), with
 what it resolved to (the leader it isolated, the nodes actually killed).
 
