@@ -48,7 +48,7 @@ HANDSHAKE_TIMEOUT = 10.0
 class CallSink(Protocol):
     """The driver as the client port sees it."""
 
-    async def call(self, call: ClientCall, target: _Connection) -> None: ...
+    async def calls(self, calls: Sequence[ClientCall], target: _Connection) -> None: ...
 
     async def request_status(self, nonce: int, target: _Connection) -> None: ...
 
@@ -164,6 +164,9 @@ class ClientPort:
                     return
                 st.bytes_in += len(data)
                 decoder.feed(data)
+                # The calls of one read go to the driver as one item (one core pass, one
+                # proposal); a status call or a full connection hands over those before it.
+                calls: list[ClientCall] = []
                 while (payload := decoder.next_frame()) is not None:
                     try:
                         message = wire.decode(payload)
@@ -172,16 +175,24 @@ class ClientPort:
                         self._close(conn, f"malformed message ({exc})")
                         return
                     if isinstance(message, ClientCall):
-                        await conn.slots.acquire()
+                        try:
+                            conn.slots.acquire_nowait()
+                        except trio.WouldBlock:
+                            await self._sink.calls(calls, conn)
+                            calls = []
+                            await conn.slots.acquire()
                         st.calls += 1
-                        await self._sink.call(message, conn)
+                        calls.append(message)
                     elif isinstance(message, StatusCall):
+                        await self._sink.calls(calls, conn)
+                        calls = []
                         await conn.slots.acquire()
                         await self._sink.request_status(message.nonce, conn)
                     else:
                         st.unexpected_messages += 1
                         self._close(conn, f"unexpected message {type(message).__name__}")
                         return
+                await self._sink.calls(calls, conn)
         except FrameTooLarge as exc:
             st.oversized_frames += 1
             self._close(conn, str(exc))

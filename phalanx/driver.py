@@ -122,6 +122,12 @@ class _Call:
 
 
 @dataclass(frozen=True, slots=True)
+class _Calls:
+    calls: Sequence[ClientCall]
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
 class _Status:
     nonce: int
     target: ReplyTarget
@@ -138,7 +144,7 @@ class _BatchDone:
     error: BaseException | None
 
 
-_Item: TypeAlias = Input | _Call | _Status | _Disconnected | _BatchDone
+_Item: TypeAlias = Input | _Call | _Calls | _Status | _Disconnected | _BatchDone
 
 
 @dataclass(slots=True)
@@ -258,6 +264,13 @@ class Driver:
         """A client's call; the answer goes to `target.deliver`."""
         await self._tx.send(_Call(call, target))
 
+    async def calls(self, calls: Sequence[ClientCall], target: ReplyTarget) -> None:
+        """Several calls of one connection, in order, as ONE item of the input channel: the
+        client port hands over every call decoded from one read, so they reach the core in
+        one pass and their writes become one proposal (one entry, one AppendEntries)."""
+        if calls:
+            await self._tx.send(_Calls(calls, target))
+
     async def request_status(self, nonce: int, target: ReplyTarget) -> None:
         await self._tx.send(_Status(nonce, target))
 
@@ -376,6 +389,9 @@ class Driver:
                 self._complete(batch)
             case _Call(call=call, target=target):
                 self._on_call(call, target)
+            case _Calls(calls=calls, target=target):
+                for one in calls:
+                    self._on_call(one, target)
             case _Status(nonce=nonce, target=target):
                 target.deliver(self._status_reply(nonce, self._status, self.replica))
             case _Disconnected(target=target):
