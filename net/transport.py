@@ -29,6 +29,11 @@ Connection model (one direction per TCP connection):
   peer is proof it is up again (a restart): it cuts the dialer's sleep short and resets
   `attempt`, so a restarted node is redialled at once, not after a grown backoff.
 
+Connection state: `connected_peers()` names the peers whose outbound link is established
+(welcomed, not yet broken): the peers this node can send to right now. It is what an operator
+means by "connected" (`phalanx status`); it does not depend on the peer having sent anything
+(two Raft followers never message each other, yet each keeps a live link to the other).
+
 Delivery guarantees: best effort, FIFO per link while a connection lasts. Frames dequeued into
 a connection that then breaks are lost (counted in `frames_lost`); consensus cores retransmit.
 
@@ -296,6 +301,8 @@ class Transport:
         self._inbound_scopes: dict[NodeId, trio.CancelScope] = {}
         self._redial: dict[NodeId, trio.Event] = {}
         """Set by an authenticated inbound connection from the peer: redial it now."""
+        self._linked: set[NodeId] = set()
+        """Peers whose outbound link is established (welcomed and not yet broken)."""
 
     @property
     def peers(self) -> Mapping[NodeId, PeerAddress]:
@@ -334,6 +341,10 @@ class Transport:
         """Queue `message` for `dst`, waiting while the queue is full (backpressure)."""
         frame = self._frame(dst, message)
         await self._queues[dst][0].send(frame)
+
+    def connected_peers(self) -> tuple[NodeId, ...]:
+        """The peers whose outbound link is up right now (welcomed, not broken), sorted."""
+        return tuple(sorted(self._linked))
 
     def statistics(self) -> TransportStatistics:
         c = self._counters
@@ -493,11 +504,13 @@ class Transport:
             attempt = 0
             self._counters.outbound_established += 1
             logger.info("%s: link to %s at %s established", self.node_id, dst, address)
+            self._linked.add(dst)
             try:
                 await self._pump(dst, tls)
             except _LinkClosed as exc:
                 logger.info("%s: link to %s closed (%s)", self.node_id, dst, exc)
             finally:
+                self._linked.discard(dst)
                 await trio.aclose_forcefully(tls)
             await self._sleep_or_redial(dst, self._backoff.delay(attempt, self._rng))
 

@@ -243,7 +243,6 @@ class Driver:
         self._waiters: dict[tuple[str, int], list[ReplyTarget]] = {}
         self._keys_of: dict[ReplyTarget, set[tuple[str, int]]] = {}
         self._ticks = 0
-        self._heard: dict[NodeId, int] = {}
         self._was_leader = False
         self._leader: NodeId | None = None
         self._status = core.status()
@@ -287,10 +286,6 @@ class Driver:
     def status_reply(self, nonce: int = 0) -> StatusReply:
         """The node's `StatusReply` as of the last tick."""
         return self._status_reply(nonce, self._status, self.replica)
-
-    def recently_heard(self, within_ticks: int) -> tuple[str, ...]:
-        """Peers a message arrived from within the last `within_ticks` ticks, sorted."""
-        return tuple(sorted(p for p, t in self._heard.items() if self._ticks - t <= within_ticks))
 
     @property
     def applied_index(self) -> int:
@@ -401,9 +396,6 @@ class Driver:
                         waiters[:] = [w for w in waiters if w is not target]
                         if not waiters:
                             del self._waiters[key]
-            case Receive(src=src):
-                self._heard[src] = self._ticks
-                self._step(item)
             case Tick():
                 self._ticks += 1
                 self._step(item)

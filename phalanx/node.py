@@ -280,7 +280,9 @@ async def open_node(
                     term=status.term, leader=status.leader, commit_index=status.commit_index,
                     applied_index=rs.applied_index, last_checkpoint=rs.checkpoint_index,
                     peers=tuple(sorted(p.id for p in config.peers)),
-                    connected_peers=driver.recently_heard(2 * config.timing.election_ticks),
+                    # The transport's link state, not "heard from recently": followers
+                    # never message each other, yet each is connected to the other.
+                    connected_peers=tuple(str(p) for p in transport.connected_peers()),
                     dropped_messages=sum(status.dropped.values())
                     + driver.stats.dropped_peer_messages,
                 )

@@ -12,7 +12,7 @@ import logging
 import random
 import ssl
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -210,6 +210,28 @@ async def test_two_nodes_exchange_authenticated_messages_in_order(
     assert s2.connections_accepted == 1
     assert s2.connections_refused == 0
     assert s1.queued_frames == 0
+
+
+async def test_connected_peers_is_link_state_not_traffic(
+    creds: dict[str, pki.CredentialPaths],
+) -> None:
+    # No message is ever sent: every node is still connected to every other (links are
+    # dialled eagerly), and a node that goes away drops out of its peers' lists.
+    l1, l2, l3 = await listen(), await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2), N3: address(l3)}
+
+    async def until(predicate: Callable[[], bool]) -> None:
+        with trio.fail_after(GUARD):
+            while not predicate():  # noqa: ASYNC110  (state of other tasks, no event)
+                await trio.sleep(0.005)
+
+    async with node(creds, N1, l1, peers) as t1, node(creds, N2, l2, peers) as t2:
+        async with node(creds, N3, l3, peers) as t3:
+            await until(lambda: t1.connected_peers() == (N2, N3)
+                        and t2.connected_peers() == (N1, N3)
+                        and t3.connected_peers() == (N1, N2))
+            assert t1.statistics().frames_out == 0
+        await until(lambda: t1.connected_peers() == (N2,) and t2.connected_peers() == (N1,))
 
 
 async def test_inbound_channel_ends_when_the_transport_closes(

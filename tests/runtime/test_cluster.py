@@ -165,6 +165,31 @@ async def test_elects_serves_redirects_and_reports_status(tmp_path: Path) -> Non
         await fclient.aclose()
 
 
+async def test_status_reports_links_between_followers_and_drops_a_stopped_node(
+    tmp_path: Path,
+) -> None:
+    # Followers never message each other, so "heard from" showed them "(down)" to each other;
+    # `connected_peers` is the transport's link state.
+    async with cluster(tmp_path) as c:
+        leader = await c.leader()
+        followers = sorted(n for n in c.nodes if n != leader.id)
+        every = tuple(sorted(c.nodes))
+
+        def links(node_id: str) -> tuple[str, ...]:
+            return c.nodes[node_id].status().connected_peers
+
+        for node_id in every:
+            others = tuple(p for p in every if p != node_id)
+            await wait_for(lambda n=node_id, o=others: links(n) == o,  # type: ignore[misc]
+                           what=f"{node_id} linked to {others}")
+        stopped, remaining = followers[0], followers[1]
+        await c.stop(stopped)
+        await wait_for(lambda: links(remaining) == (leader.id,),
+                       what=f"{remaining} sees {stopped} down")
+        await wait_for(lambda: links(leader.id) == (remaining,),
+                       what=f"{leader.id} sees {stopped} down")
+
+
 async def test_malformed_client_frames_close_only_that_connection(tmp_path: Path) -> None:
     async with cluster(tmp_path) as c:
         leader = await c.leader()
