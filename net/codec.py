@@ -61,6 +61,8 @@ from typing import Final, TypeVar, overload
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
+from phalanx.net.codec_fast import compile_fast, pack
+
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "DecodeError", "EncodeError", "Registry"]
 
 T = TypeVar("T")
@@ -104,12 +106,10 @@ def _reject_ext(code: int, data: bytes) -> object:
     raise ValueError(f"msgpack ext type {code} is not allowed")
 
 
-def _pack(value: object) -> bytes:
-    # strict_types: only exact list/int/str/bytes/bool/None reach the packer, so a subclass
-    # (an IntEnum, a str subclass) that slipped past a check fails loudly instead of
-    # silently taking another encoding.
-    data: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True, datetime=False)
-    return data
+# strict_types: only exact list/int/str/bytes/bool/None reach the packer, so a subclass
+# (an IntEnum, a str subclass) that slipped past a check fails loudly instead of silently
+# taking another encoding. One reused Packer per thread (`codec_fast.pack`).
+_pack = pack
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,6 +121,9 @@ class _Spec:
     names: tuple[str, ...]
     encode: Encoder
     decode: Decoder
+    generic_encode: Encoder
+    """The field-by-field walk `encode` falls back to (kept for its error messages)."""
+    generic_decode: Decoder
 
 
 class Registry:
@@ -424,7 +427,21 @@ class Registry:
                 raise DecodeError(f"{label} rejected its fields: {exc}") from None
 
         names = tuple(name for name, _, _ in pairs)
-        return _Spec(type_id=type_id, cls=cls, names=names, encode=encode, decode=decode)
+        fast_encode, fast_decode = compile_fast(
+            type_id=type_id,
+            cls=cls,
+            fields=tuple((name, enc, dec, _EXACT.get(dec)) for name, enc, dec in pairs),
+            max_depth=max_depth,
+            int_min=INT_MIN,
+            int_max=INT_MAX,
+            slow_encode=encode,
+            slow_decode=decode,
+            errors=(EncodeError, DecodeError),
+        )
+        return _Spec(
+            type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,
+            generic_encode=encode, generic_decode=decode,
+        )
 
     def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:
         """Compile the codec pair for one declared type, or raise TypeError naming `where`."""
@@ -513,6 +530,7 @@ class Registry:
         of `element` (``tuple[T, ...]``)."""
         max_depth = self.max_depth
         exact = None if parts is not None else _EXACT.get(element[1])
+        elem_enc, elem_dec = element
         # An endless repeat is stateless, so one instance serves every call.
         encoders: Iterable[Encoder] = repeat(element[0])
         decoders: Iterable[Decoder] = repeat(element[1])
@@ -530,6 +548,11 @@ class Registry:
             if exact is not None and exact is not int and all(type(x) is exact for x in value):
                 return list(value)
             depth += 1
+            if parts is None:
+                try:  # fast path; on an error the loop below says which element
+                    return [elem_enc(item, depth) for item in value]
+                except EncodeError:
+                    pass
             out: list[object] = []
             for i, (enc, item) in enumerate(zip(encoders, value, strict=False)):
                 try:
@@ -547,6 +570,11 @@ class Registry:
             if exact is not None and all(type(x) is exact for x in raw):
                 return tuple(raw)
             depth += 1
+            if parts is None:
+                try:  # fast path; on an error the loop below says which element
+                    return tuple([elem_dec(item, depth) for item in raw])
+                except DecodeError:
+                    pass
             out: list[object] = []
             for i, (dec, item) in enumerate(zip(decoders, raw, strict=False)):
                 try:

@@ -1,0 +1,141 @@
+"""Compiled fast paths for the strict codec (`phalanx.net.codec`).
+
+Owns: `compile_fast`, which turns one registered class's field list into a specialised
+encoder and decoder (straight-line Python source, compiled once at registration, the way
+`dataclasses` builds ``__init__``), and the per-thread msgpack `Packer` (`pack`).
+
+Why: the generic codec walks a tuple of per-field closures for every message; on the
+simulator's and the runtime's hot paths that walk, not msgpack, was most of the cost. The
+compiled functions read every field into a local, check all scalar fields with exact
+``type(x) is T`` tests in one condition, and build the array (or call the constructor) in one
+expression.
+
+Invariants (what makes this safe):
+- Same accepted set, same output: a fast path returns only when every check the generic
+  path makes has passed, in which case the generic path would have produced the identical
+  array or object (fields in declaration order, the same nested codecs). On any doubt (a
+  scalar of the wrong type, an int outside the msgpack range, the depth limit, an arity
+  mismatch, or an error raised by a nested codec or the class's constructor) it calls the
+  generic path, which then raises its precise, path-naming error. Errors are rare, so
+  doing the work twice there costs nothing that matters.
+- The generated source contains only identifiers made here (``f0``, ``f1``, ...) and field
+  names, which `dataclasses` has already required to be identifiers; nothing from input data.
+- Must not import `phalanx.net.codec` (which imports this module), trio, clocks or pickle.
+"""
+
+from __future__ import annotations
+
+import keyword
+import threading
+import typing
+from collections.abc import Callable
+
+import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
+
+__all__ = ["FastField", "compile_fast", "pack"]
+
+Coder = Callable[[object, int], object]
+
+FastField = tuple[str, Coder, Coder, type | None]
+"""One field: (name, generic encoder, generic decoder, the exact scalar type its value
+passes through unchanged, or None when a nested codec must run)."""
+
+_local = threading.local()
+
+
+def pack(value: object) -> bytes:
+    """msgpack-encode `value` (strict types, bin type for bytes) with this thread's Packer.
+
+    A `Packer` is cheap to reuse and costly to build; `msgpack.packb` builds one per call.
+    One per thread, since a Packer keeps an internal buffer between calls."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(
+            use_bin_type=True, strict_types=True, datetime=False, autoreset=True
+        )
+    data: bytes = packer.pack(value)
+    return data
+
+
+def compile_fast(
+    *,
+    type_id: int,
+    cls: type,
+    fields: tuple[FastField, ...],
+    max_depth: int,
+    int_min: int,
+    int_max: int,
+    slow_encode: Coder,
+    slow_decode: Coder,
+    errors: tuple[type[Exception], type[Exception]],
+) -> tuple[Coder, Coder]:
+    """The fast (encode, decode) pair for `cls`; each falls back to its `slow_*` twin.
+
+    `errors` is (EncodeError, DecodeError): a nested codec raising one of them sends the
+    call to the generic path for its precise message."""
+    encode_error, decode_error = errors
+    for name, _, _, _ in fields:
+        if not name.isidentifier() or keyword.iskeyword(name):  # pragma: no cover - dataclasses
+            raise TypeError(f"{cls.__name__}: field name {name!r} is not an identifier")
+    env: dict[str, object] = {
+        "TID": type_id,
+        "CLS": cls,
+        "MAX_DEPTH": max_depth,
+        "INT_MIN": int_min,
+        "INT_MAX": int_max,
+        "SLOW_ENCODE": slow_encode,
+        "SLOW_DECODE": slow_decode,
+        "EncodeError": encode_error,
+        "DecodeError": decode_error,
+    }
+    enc_checks: list[str] = []
+    dec_checks: list[str] = []
+    items: list[str] = []
+    kwargs: list[str] = []
+    for i, (name, enc, dec, exact) in enumerate(fields):
+        var = f"f{i}"
+        if exact is None:
+            env[f"enc{i}"] = enc
+            env[f"dec{i}"] = dec
+            items.append(f"enc{i}({var}, d)")
+            kwargs.append(f"{name}=dec{i}({var}, d)")
+            continue
+        env[f"T{i}"] = exact
+        if exact is int:
+            enc_checks.append(f"type({var}) is int and INT_MIN <= {var} <= INT_MAX")
+        else:
+            enc_checks.append(f"type({var}) is T{i}")
+        dec_checks.append(f"type({var}) is T{i}")  # msgpack only yields in-range ints
+        items.append(var)
+        kwargs.append(f"{name}={var}")
+    names = [f"f{i}" for i in range(len(fields))]
+    reads = "; ".join(f"f{i} = value.{name}" for i, (name, _, _, _) in enumerate(fields))
+    enc_cond = " and ".join(enc_checks) or "True"
+    dec_cond = " and ".join(dec_checks) or "True"
+    unpack = ", ".join(["_", *names]) + ("," if not names else "")
+    source = f"""
+def encode(value, depth):
+    if depth < MAX_DEPTH:
+        {reads or "pass"}
+        if {enc_cond}:
+            d = depth + 1
+            try:
+                return [TID, {", ".join(items)}]
+            except EncodeError:
+                pass
+    return SLOW_ENCODE(value, depth)
+
+def decode(raw, depth):
+    if depth < MAX_DEPTH and len(raw) == {len(fields) + 1}:
+        {unpack} = raw
+        if {dec_cond}:
+            d = depth + 1
+            try:
+                return CLS({", ".join(kwargs)})
+            except (DecodeError, ValueError, TypeError):
+                pass
+    return SLOW_DECODE(raw, depth)
+"""
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"<phalanx codec for {cls.__qualname__}>", "exec"), env, namespace)
+    return typing.cast(Coder, namespace["encode"]), typing.cast(Coder, namespace["decode"])
