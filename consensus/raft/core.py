@@ -48,7 +48,7 @@ from phalanx.consensus.core import (
     Submit,
     Tick,
 )
-from phalanx.consensus.quorum import JointConfig, VoteResult
+from phalanx.consensus.quorum import VoteResult
 from phalanx.consensus.raft import confchange
 from phalanx.consensus.raft.config import (
     Campaign,
@@ -78,7 +78,6 @@ from phalanx.consensus.raft.replication import Replication
 from phalanx.consensus.raft.validate import drop_reason
 from phalanx.consensus.types import (
     ClientRequest,
-    Configuration,
     Entry,
     EntryKind,
     HardState,
@@ -132,7 +131,7 @@ class RaftCore(Replication):
         self.applied = self.log.offset
         self.durable = self.log.last_index()
         """Invariant: entries 1..durable of the in-memory log are durable on disk."""
-        self.config: Configuration = self.log.latest_config()[1]
+        self.config = self.log.latest_config()[1]
         self.role = Role.FOLLOWER
         self.leader: NodeId | None = None
         self.votes: dict[NodeId, bool] = {}
@@ -378,7 +377,7 @@ class RaftCore(Replication):
             if pr.recent_active:
                 active.append(p)
             pr.recent_active = False
-        return JointConfig.of(self.config).has_quorum(active)
+        return self.joint.has_quorum(active)
 
     # ------------------------------------------------------------------------ elections
 
@@ -391,7 +390,7 @@ class RaftCore(Replication):
         else:
             self._become_candidate()
         term = self.term + 1 if pre else self.term
-        for v in JointConfig.of(self.config).voters():
+        for v in self.joint.voters():
             if v != self.id:
                 self._send(v, RequestVote(
                     term=term, candidate_id=self.id, last_log_index=self.log.last_index(),
@@ -400,7 +399,7 @@ class RaftCore(Replication):
         self._tally()
 
     def _tally(self) -> None:
-        result = JointConfig.of(self.config).vote_result(self.votes)
+        result = self.joint.vote_result(self.votes)
         if result is VoteResult.WON:
             if self.role is Role.PRE_CANDIDATE:
                 self._campaign_after_pre_vote()
@@ -411,7 +410,7 @@ class RaftCore(Replication):
 
     def _campaign_after_pre_vote(self) -> None:
         self._become_candidate()
-        for v in JointConfig.of(self.config).voters():
+        for v in self.joint.voters():
             if v != self.id:
                 self._send(v, RequestVote(
                     term=self.term, candidate_id=self.id,
@@ -599,7 +598,7 @@ class RaftCore(Replication):
             self._broadcast_heartbeat(context=self._read_ctx)
 
     def _ack_read(self, context: int, node: NodeId) -> None:
-        joint = JointConfig.of(self.config)
+        joint = self.joint
         released = self.readonly.ack(context, node, joint.has_quorum)
         for request, index in released:
             self._reads.append(ReadState(request=request, index=index))

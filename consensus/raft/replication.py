@@ -58,7 +58,6 @@ class Replication(abc.ABC):
     commit: int
     applied: int
     durable: int
-    config: Configuration
     prs: dict[NodeId, Progress]
     snapshot: Snapshot | None
     lead_transferee: NodeId | None
@@ -69,6 +68,20 @@ class Replication(abc.ABC):
     _snap_out: Snapshot | None
     _pending_durable: deque[tuple[int, int]]
     _snap_recv: tuple[int, int, int, list[bytes], int] | None
+    _config: Configuration
+    joint: JointConfig
+    """`JointConfig.of(config)`, kept in step with `config` (the quorum math of every
+    commit, vote and ReadIndex check; rebuilt only when the configuration changes)."""
+
+    @property
+    def config(self) -> Configuration:
+        """The configuration in force (the latest one in the log, Ref: §4.1)."""
+        return self._config
+
+    @config.setter
+    def config(self, value: Configuration) -> None:
+        self._config = value
+        self.joint = JointConfig.of(value)
 
     @abc.abstractmethod
     def _sync_progress(self) -> None:
@@ -180,7 +193,7 @@ class Replication(abc.ABC):
     def _maybe_commit(self) -> bool:
         acked = {p: pr.match for p, pr in self.prs.items()}
         acked[self.id] = self.durable
-        joint = JointConfig.of(self.config)
+        joint = self.joint
         if "commit_on_minority" in self.cfg.bugs:
             idx = _minority_committed(joint, acked)
         else:

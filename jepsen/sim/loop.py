@@ -71,6 +71,11 @@ class Trace:
 
     Keeps the last `tail` lines for failure reports, and every line only when `keep_all`
     (for `--trace FILE`), so long sweeps do not hold whole traces in memory.
+
+    Message deliveries (`message`) are the bulk of a trace; they are hashed by their wire
+    bytes and rendered as text only when a line is read (`tail`, or eagerly with
+    `keep_all`), so a sweep never formats a message nobody looks at. The hash therefore
+    covers every event's time and text, and for a message its exact bytes.
     """
 
     __slots__ = ("_hash", "_tail", "count", "lines", "loop")
@@ -78,13 +83,13 @@ class Trace:
     def __init__(self, loop: EventLoop, *, keep_all: bool = False, tail: int = 40) -> None:
         self.loop = loop
         self._hash = hashlib.sha256()
-        self._tail: deque[str] = deque(maxlen=tail)
+        self._tail: deque[str | tuple[int, str, object]] = deque(maxlen=tail)
         self.lines: list[str] | None = [] if keep_all else None
         self.count = 0
 
     def __call__(self, text: str) -> None:
         now = self.loop.now
-        line = f"t={now // 1_000_000}.{now % 1_000_000:06d}ms {text}"
+        line = _line(now, text)
         self._hash.update(line.encode())
         self._hash.update(b"\n")
         self._tail.append(line)
@@ -92,8 +97,27 @@ class Trace:
         if self.lines is not None:
             self.lines.append(line)
 
+    def message(self, head: str, message: object, data: bytes) -> None:
+        """Trace ``head + str(message)`` where `data` is the message's wire encoding."""
+        now = self.loop.now
+        h = self._hash
+        h.update(f"t={now} {head}".encode())
+        h.update(data)
+        h.update(b"\n")
+        self._tail.append((now, head, message))
+        self.count += 1
+        if self.lines is not None:
+            self.lines.append(_line(now, f"{head}{message}"))
+
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
     def tail(self) -> list[str]:
-        return list(self._tail)
+        return [
+            item if isinstance(item, str) else _line(item[0], f"{item[1]}{item[2]}")
+            for item in self._tail
+        ]
+
+
+def _line(now: int, text: str) -> str:
+    return f"t={now // 1_000_000}.{now % 1_000_000:06d}ms {text}"

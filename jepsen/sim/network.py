@@ -168,5 +168,8 @@ class SimNetwork:
             message = payload
         self.stats.delivered += 1
         if self._trace_messages:
-            self.trace(f"{src}->{dst} {message}")
+            if isinstance(payload, bytes):
+                self.trace.message(f"{src}->{dst} ", message, payload)
+            else:
+                self.trace(f"{src}->{dst} {message}")
         self._deliver(src, dst, message)
