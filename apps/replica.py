@@ -39,6 +39,7 @@ from phalanx.apps.envelope import (
     envelope_chunks,
     parse_envelope,
 )
+from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import SnapshotFormatError, StateMachine
 from phalanx.apps.writer import CheckpointJob, CheckpointWriter, InlineCheckpointWriter
 from phalanx.consensus.core import CheckpointTaken
@@ -138,6 +139,8 @@ class Replica:
         writer: how checkpoints are written; default `InlineCheckpointWriter(checkpoints)`.
         policy: when to checkpoint.
         config: the membership in force before the first CONFIG entry (for `SnapshotMeta`).
+        gc_pacer: opt-in (`phalanx.apps.gc_pacer`): keeps the cyclic collector's full passes
+            short next to a large state; told of every apply and of every state load.
     """
 
     def __init__(
@@ -150,6 +153,7 @@ class Replica:
         writer: CheckpointWriter | None = None,
         policy: CheckpointPolicy | None = None,
         config: Configuration | None = None,
+        gc_pacer: GcPacer | None = None,
     ) -> None:
         if wal is not None and decode_entry is None:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
@@ -160,6 +164,7 @@ class Replica:
         self._writer = writer if writer is not None else InlineCheckpointWriter(checkpoints)
         self._policy = policy if policy is not None else CheckpointPolicy()
         self._config = config
+        self._gc_pacer = gc_pacer
         # Invariant: the state of `machine` and `_sessions` is exactly that after `_applied`.
         self._applied = 0
         self._applied_term = 0
@@ -251,6 +256,8 @@ class Replica:
             self._collect()
             if self._due():
                 self.checkpoint_now()
+            if self._gc_pacer is not None:
+                self._gc_pacer.note_apply()
         return tuple(out)
 
     def apply_many(self, entries: Iterable[Entry]) -> tuple[Applied, ...]:
@@ -371,6 +378,8 @@ class Replica:
             self._load(ckpt.index, ckpt.data, meta)
             checkpoint_index = ckpt.index
         replayed = self._replay(replay_upto)
+        if self._gc_pacer is not None:
+            self._gc_pacer.settle()
         return RecoveryReport(
             checkpoint_index=checkpoint_index,
             replayed=replayed,
@@ -434,6 +443,8 @@ class Replica:
         self._store.save(Checkpoint(meta.index, data, encode_meta(meta)))
         self._checkpoint_index = meta.index
         self._compact(meta.index)
+        if self._gc_pacer is not None:
+            self._gc_pacer.settle()
 
     def _load(self, index: int, data: bytes, meta: SnapshotMeta | None) -> None:
         parsed = parse_envelope(data)

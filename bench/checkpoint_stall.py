@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import phalanx.apps.writer as writer_module
 import storage as bench
+from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
@@ -59,6 +60,8 @@ def main() -> int:
     parser.add_argument("--stall-ms", type=float, default=20.0)
     parser.add_argument("--gap-ms", type=float, default=4.0)
     parser.add_argument("--no-gc", action="store_true", help="disable the GC during the run")
+    parser.add_argument("--no-pacer", action="store_true",
+                        help="freeze once after loading only (no GcPacer re-freezes)")
     args = parser.parse_args()
 
     clock = _YieldClock(args.gap_ms / 1e3)
@@ -73,6 +76,7 @@ def main() -> int:
         writer=ThreadedCheckpointWriter(storage.checkpoints),
         policy=CheckpointPolicy(every_entries=0, every_bytes=0),
         config=bench.CONFIG,
+        gc_pacer=None if args.no_pacer else GcPacer(),
     )
     replica.apply(bench.put_entry(1, "key00000000", b"new"))
     gc.collect()
