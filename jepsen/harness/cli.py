@@ -93,7 +93,7 @@ def add_run_command(
                    help="where runs are stored (default: %(default)s)")
     p.add_argument("--byzantine", default="", metavar="SPEC",
                    help="PBFT: Byzantine replicas, e.g. equivocate, n1=equivocate, twins, "
-                        "silent,twins (see below; default: none)")
+                        "silent,twins (described above; default: none)")
     p.add_argument("--expect-violation", action="store_true",
                    help="TEST ONLY: allow more than f Byzantine replicas (a control run)")
     p.set_defaults(handler=run)
