@@ -134,12 +134,14 @@ class RealCluster:
 
     async def node_status(self) -> dict[str, dict[str, object]]:
         """Every process's status now (twin B of ``n3`` as ``n3-b``), for the results:
-        role, view/term, commit and applied index, dropped messages. Missing: no answer."""
+        role, view/term, commit and applied index, newest checkpoint, dropped messages.
+        A process that does not answer is missing."""
         out: dict[str, dict[str, object]] = {}
 
         def doc(s: Any) -> dict[str, object]:
             return {"role": s.role, "term": s.term, "commit_index": s.commit_index,
-                    "applied_index": s.applied_index, "dropped_messages": s.dropped_messages}
+                    "applied_index": s.applied_index, "last_checkpoint": s.last_checkpoint,
+                    "dropped_messages": s.dropped_messages}
 
         for node, s in sorted((await self.statuses()).items()):
             out[node] = doc(s)
