@@ -7,13 +7,9 @@ and the typed KV helpers. `phalanx.client_sync.SyncClient` wraps it for non-asyn
 Must not import: consensus cores (except the pure `pbft.client.ReplyCollector`), storage, the
 runtime (`phalanx.node`), the CLI. Never pickles.
 
-Connections. Each node has one slot. The first send to a node starts one task in the
-client's nursery that dials it (TCP with TCP_NODELAY, TLS 1.3), checks that the server's
-certificate names that node id (`pki.node_id_from_peercert`, unless `verify_node_ids` is
-off), then runs a reader (frames -> replies, dispatched by request number) and a writer (all
-queued frames coalesced into one `send_all`). Any number of concurrent calls share it. When
-the connection fails or the dial fails, every call waiting on that node is told at once,
-and the next send dials again.
+Connections (`phalanx.client_conn.ConnectionPool`): one lazily dialled TLS connection per
+node, its node id checked against the certificate, shared by any number of concurrent calls;
+when it fails, every call waiting on that node is told at once and the next send dials again.
 
 Sessions and exactly-once. The replica layer keeps ONE session per client id: a write
 (client_id, n) runs iff n exceeds the session's last number, n equal to it gets the cached
@@ -60,12 +56,10 @@ import math
 import random
 import ssl
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypedDict, TypeVar, Unpack
+from typing import TypedDict, TypeVar, Unpack
 
 import trio
 
@@ -91,6 +85,7 @@ from phalanx.apps.kv_types import (
     TxnWrite,
     Value,
 )
+from phalanx.client_conn import ClientStatistics, ConnectionPool, NodeAddress, PendingCall
 from phalanx.config import ClusterConfig, load_cluster_config
 from phalanx.consensus.pbft.client import ReplyCollector
 from phalanx.consensus.types import ClientRequest, NodeId
@@ -104,7 +99,7 @@ from phalanx.net.client_protocol import (
     StatusReply,
 )
 from phalanx.net.codec import DecodeError
-from phalanx.net.framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
+from phalanx.net.framing import DEFAULT_MAX_FRAME_SIZE, encode_frame
 from phalanx.net.transport import Backoff
 
 __all__ = [
@@ -122,11 +117,6 @@ __all__ = [
 
 client_protocol.register()
 
-NodeAddress = tuple[str, str, int]
-"""``(node_id, host, port)`` of a node's client port."""
-
-RECEIVE_CHUNK = 64 * 1024
-_M = TypeVar("_M", ClientReply, StatusReply)
 _K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult)
 
 
@@ -166,88 +156,6 @@ class ProtocolViolation(ClientError):
     """A reply's result is not what the command can produce (a buggy or faulty server)."""
 
 
-@dataclass(slots=True, kw_only=True)
-class ClientStatistics:
-    """Counters since the client opened (a snapshot: `Client.statistics()` copies them)."""
-
-    calls: int = 0
-    retries: int = 0
-    patient_waits: int = 0
-    """Attempt timeouts that kept waiting because the node was alive (heard from or probed)."""
-    probes: int = 0
-    """Status probes sent to a silent node with calls waiting on it."""
-    redirects: int = 0
-    timeouts: int = 0
-    connections_opened: int = 0
-    connection_failures: int = 0
-    replies_dropped: int = 0
-    """Replies for no live call, for another client, or undecodable (connection closed)."""
-
-
-_LOST = None  # a call's inbox item for "the connection to that node failed"
-
-
-class _Call(Generic[_M]):
-    """One request in flight: an inbox of (node, reply-or-_LOST) filled by the readers."""
-
-    __slots__ = ("_event", "client_id", "inbox", "request_no")
-
-    def __init__(self, client_id: str, request_no: int) -> None:
-        self.client_id = client_id
-        self.request_no = request_no
-        self.inbox: deque[tuple[str, _M | None]] = deque()
-        self._event: trio.Event | None = None
-
-    def push(self, node: str, reply: _M | None) -> None:
-        self.inbox.append((node, reply))
-        if self._event is not None:
-            self._event.set()
-
-    async def next(self) -> tuple[str, _M | None]:
-        if not self.inbox:
-            self._event = trio.Event()
-            await self._event.wait()
-        return self.inbox.popleft()
-
-
-class _Slot:
-    """One node: its address, its connection (if any) and what waits on it."""
-
-    __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
-                 "port", "probe_answered", "probe_nonce", "probe_sent", "running", "statuses",
-                 "wake")
-
-    def __init__(self, node_id: str, host: str, port: int) -> None:
-        self.node_id = node_id
-        self.host = host
-        self.port = port
-        self.running = False  # a connection task exists (dialling or connected)
-        self.connected = False
-        self.outbox: list[bytes] = []
-        self.wake = trio.Event()
-        # Invariant: every call/status here was sent (or queued) on the current connection.
-        self.calls: dict[int, _Call[ClientReply]] = {}
-        self.statuses: dict[int, _Call[StatusReply]] = {}
-        self.last_heard = -math.inf  # trio time of the last bytes from the node
-        self.probe_nonce: int | None = None  # a liveness probe in flight on this connection
-        self.probe_sent = -math.inf
-        self.leads: bool | None = None  # the answer to the newest probe: role == "leader"
-        self.probe_answered = -math.inf
-
-
-def _normalise_nodes(nodes: Sequence[NodeAddress]) -> dict[str, _Slot]:
-    slots: dict[str, _Slot] = {}
-    for entry in nodes:
-        node_id, host, port = entry
-        pki.validate_name(node_id)
-        if node_id in slots:
-            raise ValueError(f"node {node_id!r} listed twice")
-        slots[node_id] = _Slot(node_id, host, int(port))
-    if not slots:
-        raise ValueError("a client needs at least one node")
-    return slots
-
-
 class Client:
     """An async handle on a phalanx cluster. Open it with `open_client` / `Client.connect`.
 
@@ -278,8 +186,12 @@ class Client:
             raise ValueError(f"protocol must be 'raft' or 'pbft', got {protocol!r}")
         if not (timeout > 0 and attempt_timeout > 0):
             raise ValueError("timeout and attempt_timeout must be > 0")
-        self._nursery: trio.Nursery | None = None  # set by open_client
-        self._slots = _normalise_nodes(nodes)
+        self._stats = ClientStatistics()
+        self._pool = ConnectionPool(nodes, ssl_context=ssl_context,
+                                    verify_node_ids=verify_node_ids,
+                                    dial_timeout=attempt_timeout, max_frame_size=max_frame_size,
+                                    stats=self._stats)
+        self._slots = self._pool.slots
         self._order = tuple(self._slots)
         self._ssl_context = ssl_context
         self.protocol = protocol
@@ -296,7 +208,6 @@ class Client:
         self._free_lanes: list[int] = []  # a min-heap would do; lanes are few, keep a sorted list
         self._lane_count = 0
         self._closed = False
-        self._stats = ClientStatistics()
 
     # ------------------------------------------------------------------ opening
 
@@ -328,8 +239,7 @@ class Client:
 
     def _close(self) -> None:
         self._closed = True
-        for slot in self._slots.values():
-            self._fail_slot(slot)
+        self._pool.fail_all()
 
     # ------------------------------------------------------------------ the core call
 
@@ -351,8 +261,7 @@ class Client:
             RequestRejected: the cluster refused it; it had no effect.
             ClientClosed: the client was closed.
         """
-        if self._closed:
-            raise ClientClosed("client is closed")
+        self._check_running()
         if consistency is ReadConsistency.STALE and not read_only:
             raise ValueError("STALE consistency only applies to read_only calls")
         deadline = trio.current_time() + self.timeout
@@ -368,7 +277,7 @@ class Client:
             wire.encode(ClientCall(request=request, consistency=consistency)),
             max_frame_size=self._max_frame_size,
         )
-        call: _Call[ClientReply] = _Call(client_id, request_no)
+        call: PendingCall[ClientReply] = PendingCall(client_id, request_no)
         self._stats.calls += 1
         try:
             if self.protocol == "pbft":
@@ -377,8 +286,7 @@ class Client:
             learn = consistency is ReadConsistency.LINEARIZABLE
             return await self._call_leader(call, frame, deadline, learn_leader=learn)
         finally:
-            for slot in self._slots.values():
-                slot.calls.pop(request_no, None)
+            self._pool.forget(request_no)
             if lane is not None:
                 self._release_lane(lane)
 
@@ -396,7 +304,7 @@ class Client:
         lanes.insert(i, lane)
 
     def _timed_out(
-        self, call: _Call[ClientReply] | _Call[StatusReply], last_error: str | None
+        self, call: PendingCall[ClientReply] | PendingCall[StatusReply], last_error: str | None
     ) -> ClientTimeout:
         self._stats.timeouts += 1
         return ClientTimeout(
@@ -405,12 +313,18 @@ class Client:
             last_error=last_error,
         )
 
+    def _check_running(self) -> None:
+        if self._closed:
+            raise ClientClosed("client is closed")
+        if self._pool.nursery is None:
+            raise ClientClosed("use open_client(...) to run a Client")
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed("client closed during the call; outcome unknown")
 
     async def _attempt(
-        self, call: _Call[ClientReply], target: str, until: float, deadline: float, *,
+        self, call: PendingCall[ClientReply], target: str, until: float, deadline: float, *,
         learn_leader: bool,
     ) -> tuple[bool, bytes, str | None, str]:
         """Wait for the attempt at `target` to end, until `until`.
@@ -434,7 +348,7 @@ class Client:
             until = min(deadline, wait)
         return False, b"", None, f"no reply from {target} within {self.attempt_timeout}s"
 
-    def _alive_until(self, call: _Call[ClientReply], target: str) -> float | None:
+    def _alive_until(self, call: PendingCall[ClientReply], target: str) -> float | None:
         """How long a call still pending on `target` keeps waiting for it, or None to move on.
 
         Alive means: the call is still registered on the live connection, the newest status
@@ -456,14 +370,14 @@ class Client:
             slot.probe_sent = now
             slot.leads = None
             self._stats.probes += 1
-            self._queue(slot, encode_frame(wire.encode(StatusCall(nonce=slot.probe_nonce))))
+            self._pool.queue(slot, encode_frame(wire.encode(StatusCall(nonce=slot.probe_nonce))))
         alive = max(slot.last_heard, slot.probe_sent if slot.probe_nonce is not None else -math.inf)
         if now - alive < self.attempt_timeout:
             return alive + self.attempt_timeout
         return None
 
     async def _await_reply(
-        self, call: _Call[ClientReply], target: str, until: float, *, learn_leader: bool
+        self, call: PendingCall[ClientReply], target: str, until: float, *, learn_leader: bool
     ) -> tuple[bool, bytes, str | None, str] | None:
         """One wait of `_attempt`: its outcome, or None when `until` passed first."""
         with trio.move_on_at(until):
@@ -491,7 +405,7 @@ class Client:
         return None
 
     async def _call_leader(
-        self, call: _Call[ClientReply], frame: bytes, deadline: float, *, learn_leader: bool
+        self, call: PendingCall[ClientReply], frame: bytes, deadline: float, *, learn_leader: bool
     ) -> bytes:
         target = self._leader
         failures = 0  # attempts that ended without progress: drives the backoff
@@ -501,7 +415,7 @@ class Client:
             self._check_open()
             if trio.current_time() >= deadline:
                 raise self._timed_out(call, last_error)
-            self._send(target, call, frame)
+            self._pool.send(target, call, frame)
             until = min(deadline, trio.current_time() + self.attempt_timeout)
             ok, result, hint, why = await self._attempt(call, target, until, deadline,
                                                         learn_leader=learn_leader)
@@ -527,7 +441,7 @@ class Client:
             failures += 1
 
     async def _back_off(
-        self, call: _Call[ClientReply], attempt: int, deadline: float, last_error: str | None
+        self, call: PendingCall[ClientReply], attempt: int, deadline: float, last_error: str | None
     ) -> None:
         delay = self._backoff.delay(attempt, self._rng)
         if trio.current_time() + delay >= deadline:
@@ -535,7 +449,9 @@ class Client:
             raise self._timed_out(call, last_error)
         await trio.sleep(delay)
 
-    async def _call_all(self, call: _Call[ClientReply], frame: bytes, deadline: float) -> bytes:
+    async def _call_all(
+        self, call: PendingCall[ClientReply], frame: bytes, deadline: float
+    ) -> bytes:
         # Ref: Castro-Liskov §4.1 — the client waits for f+1 replies with the same result,
         # from distinct replicas; the replica is who the certificate says, not the reply.
         collector = ReplyCollector(tuple(NodeId(n) for n in self._order))
@@ -546,7 +462,7 @@ class Client:
             if trio.current_time() >= deadline:
                 raise self._timed_out(call, last_error)
             for node in self._order:
-                self._send(node, call, frame)
+                self._pool.send(node, call, frame)
             with trio.move_on_at(min(deadline, trio.current_time() + self.attempt_timeout)):
                 while True:
                     node, reply = await call.next()
@@ -577,17 +493,16 @@ class Client:
             ClientTimeout: no reply within the timeout (node down or unreachable).
             KeyError: `node` is not one of this client's nodes.
         """
-        if self._closed:
-            raise ClientClosed("client is closed")
+        self._check_running()
         slot = self._slots[node]
         nonce = self._next_nonce
         self._next_nonce += 1
-        waiter: _Call[StatusReply] = _Call(self.client_id, nonce)
+        waiter: PendingCall[StatusReply] = PendingCall(self.client_id, nonce)
         slot.statuses[nonce] = waiter
         deadline = trio.current_time() + self.timeout
         last_error: str | None = None
         try:
-            self._queue(slot, encode_frame(wire.encode(StatusCall(nonce=nonce))))
+            self._pool.queue(slot, encode_frame(wire.encode(StatusCall(nonce=nonce))))
             with trio.move_on_at(deadline):
                 _, reply = await waiter.next()
                 if reply is not None:
@@ -690,123 +605,6 @@ class Client:
 
     # ------------------------------------------------------------------ connections
 
-    def _send(self, node: str, call: _Call[ClientReply], frame: bytes) -> None:
-        slot = self._slots[node]
-        slot.calls[call.request_no] = call
-        self._queue(slot, frame)
-
-    def _queue(self, slot: _Slot, frame: bytes) -> None:
-        slot.outbox.append(frame)
-        slot.wake.set()
-        if not slot.running:
-            if self._nursery is None:
-                raise ClientClosed("use open_client(...) to run a Client")
-            slot.running = True
-            self._nursery.start_soon(self._run_connection, slot, name=f"client:{slot.node_id}")
-
-    def _fail_slot(self, slot: _Slot) -> None:
-        """Tell everything waiting on `slot` that its connection is gone."""
-        slot.outbox.clear()
-        slot.probe_nonce = None
-        slot.leads = None
-        calls, statuses = slot.calls, slot.statuses
-        slot.calls, slot.statuses = {}, {}
-        for call in calls.values():
-            call.push(slot.node_id, _LOST)
-        for waiter in statuses.values():
-            waiter.push(slot.node_id, _LOST)
-
-    async def _dial(self, slot: _Slot) -> trio.SSLStream[trio.SocketStream]:
-        tcp = await trio.open_tcp_stream(slot.host, slot.port)  # sets TCP_NODELAY
-        hostname = slot.host if self._ssl_context.check_hostname else None
-        tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=hostname)
-        try:
-            await tls.do_handshake()
-            if self._verify_node_ids:
-                named = pki.node_id_from_peercert(tls.getpeercert())
-                if named != slot.node_id:
-                    raise ssl.SSLError(f"{slot.host}:{slot.port} presented node {named!r}, "
-                                       f"expected {slot.node_id!r}")
-        except BaseException:
-            await trio.aclose_forcefully(tls)
-            raise
-        return tls
-
-    async def _run_connection(self, slot: _Slot) -> None:
-        tls: trio.SSLStream[trio.SocketStream] | None = None
-        try:
-            with trio.move_on_after(self.attempt_timeout):
-                tls = await self._dial(slot)
-        except (OSError, ssl.SSLError, trio.BrokenResourceError):
-            tls = None
-        if tls is None:
-            self._stats.connection_failures += 1
-            slot.running = False
-            self._fail_slot(slot)
-            return
-        self._stats.connections_opened += 1
-        slot.connected = True
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_loop, slot, tls, nursery.cancel_scope)
-                await self._read_loop(slot, tls)
-                nursery.cancel_scope.cancel()
-        finally:
-            # Fail before awaiting the close, so no call is queued onto a dying connection.
-            slot.running = slot.connected = False
-            self._fail_slot(slot)
-            await trio.aclose_forcefully(tls)
-
-    async def _write_loop(
-        self, slot: _Slot, tls: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
-    ) -> None:
-        try:
-            while True:
-                if not slot.outbox:
-                    slot.wake = trio.Event()
-                    await slot.wake.wait()
-                    continue
-                batch, slot.outbox = slot.outbox, []
-                await tls.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
-        except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
-            self._stats.connection_failures += 1
-            scope.cancel()
-
-    async def _read_loop(self, slot: _Slot, tls: trio.SSLStream[trio.SocketStream]) -> None:
-        """Dispatch replies until EOF or a broken/garbled stream (which ends the connection)."""
-        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
-        node = slot.node_id
-        try:
-            while True:
-                data = await tls.receive_some(RECEIVE_CHUNK)
-                if not data:
-                    return
-                slot.last_heard = trio.current_time()
-                decoder.feed(data)
-                while (frame := decoder.next_frame()) is not None:
-                    message = wire.decode(frame)
-                    if isinstance(message, StatusReply) and message.nonce == slot.probe_nonce:
-                        slot.probe_nonce = None  # alive (last_heard is already fresh)
-                        slot.leads = message.role == "leader"
-                        slot.probe_answered = slot.last_heard
-                        continue
-                    if isinstance(message, ClientReply):
-                        call = slot.calls.get(message.request_no)
-                        if call is not None and call.client_id == message.client_id:
-                            call.push(node, message)
-                            continue
-                    elif isinstance(message, StatusReply):
-                        waiter = slot.statuses.get(message.nonce)
-                        if waiter is not None:
-                            waiter.push(node, message)
-                            continue
-                    self._stats.replies_dropped += 1
-        except (DecodeError, FrameError):
-            self._stats.replies_dropped += 1
-            self._stats.connection_failures += 1
-        except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
-            self._stats.connection_failures += 1
-
 
 class ClientOptions(TypedDict, total=False):
     """Keyword options of `open_client` (see `Client`)."""
@@ -870,7 +668,7 @@ async def open_client(
         raise TypeError("open_client needs ssl_context when given node addresses")
     client = Client(nodes, **options)  # validate before anything runs
     async with trio.open_nursery() as nursery:
-        client._nursery = nursery
+        client._pool.nursery = nursery
         try:
             yield client
         finally:

@@ -1,0 +1,292 @@
+"""Client connections: one lazily dialled TLS connection per node and the replies it carries.
+
+Owns: `ConnectionPool` (used by `phalanx.client.Client`), a node's `NodeSlot` (its connection
+state and every call and status request waiting on it), a request's `PendingCall` (the inbox
+the readers fill) and `ClientStatistics` (the counters the client and its pool share).
+
+Connections. The first frame queued for a node starts one task in the client's nursery that
+dials it (TCP with TCP_NODELAY, TLS 1.3, bounded by `dial_timeout`), checks that the server's
+certificate names that node id (`pki.node_id_from_peercert`, unless `verify_node_ids` is off),
+then runs a reader (frames -> replies, dispatched by request number to the waiting
+`PendingCall`, status replies by nonce) and a writer (all queued frames coalesced into one
+`send_all`). Any number of concurrent calls share it. When the connection or the dial fails,
+every call waiting on that node is told at once (`LOST`), and the next frame dials again.
+
+Invariant: every call or status request registered on a slot was sent, or is queued, on the
+slot's current connection (a failed connection clears them when it tells them).
+
+Must not import: `phalanx.client` (which builds on this), consensus cores, storage, the
+runtime. Never pickles. Not deterministic: real sockets, the real clock.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import trio
+
+from phalanx import pki
+from phalanx.net import wire
+from phalanx.net.client_protocol import ClientReply, StatusReply
+from phalanx.net.codec import DecodeError
+from phalanx.net.framing import FrameDecoder, FrameError
+
+NodeAddress = tuple[str, str, int]
+"""``(node_id, host, port)`` of a node's client port."""
+
+RECEIVE_CHUNK = 64 * 1024
+_M = TypeVar("_M", ClientReply, StatusReply)
+
+
+class PoolNotRunning(RuntimeError):
+    """A frame was queued before the pool was given a nursery (our own misuse)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ClientStatistics:
+    """Counters since the client opened (a snapshot: `Client.statistics()` copies them)."""
+
+    calls: int = 0
+    retries: int = 0
+    patient_waits: int = 0
+    """Attempt timeouts that kept waiting because the node was alive (heard from or probed)."""
+    probes: int = 0
+    """Status probes sent to a silent node with calls waiting on it."""
+    redirects: int = 0
+    timeouts: int = 0
+    connections_opened: int = 0
+    connection_failures: int = 0
+    replies_dropped: int = 0
+    """Replies for no live call, for another client, or undecodable (connection closed)."""
+
+
+LOST = None
+"""A call's inbox item for "the connection to that node failed"."""
+
+
+class PendingCall(Generic[_M]):
+    """One request in flight: an inbox of (node, reply-or-LOST) filled by the readers."""
+
+    __slots__ = ("_event", "client_id", "inbox", "request_no")
+
+    def __init__(self, client_id: str, request_no: int) -> None:
+        self.client_id = client_id
+        self.request_no = request_no
+        self.inbox: deque[tuple[str, _M | None]] = deque()
+        self._event: trio.Event | None = None
+
+    def push(self, node: str, reply: _M | None) -> None:
+        self.inbox.append((node, reply))
+        if self._event is not None:
+            self._event.set()
+
+    async def next(self) -> tuple[str, _M | None]:
+        if not self.inbox:
+            self._event = trio.Event()
+            await self._event.wait()
+        return self.inbox.popleft()
+
+
+class NodeSlot:
+    """One node: its address, its connection (if any) and what waits on it."""
+
+    __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
+                 "port", "probe_answered", "probe_nonce", "probe_sent", "running", "statuses",
+                 "wake")
+
+    def __init__(self, node_id: str, host: str, port: int) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.running = False  # a connection task exists (dialling or connected)
+        self.connected = False
+        self.outbox: list[bytes] = []
+        self.wake = trio.Event()
+        # Invariant: every call/status here was sent (or queued) on the current connection.
+        self.calls: dict[int, PendingCall[ClientReply]] = {}
+        self.statuses: dict[int, PendingCall[StatusReply]] = {}
+        self.last_heard = -math.inf  # trio time of the last bytes from the node
+        self.probe_nonce: int | None = None  # a liveness probe in flight on this connection
+        self.probe_sent = -math.inf
+        self.leads: bool | None = None  # the answer to the newest probe: role == "leader"
+        self.probe_answered = -math.inf
+
+
+def normalise_nodes(nodes: Sequence[NodeAddress]) -> dict[str, NodeSlot]:
+    """One slot per node, in the given order; raises ValueError on a bad or repeated id."""
+    slots: dict[str, NodeSlot] = {}
+    for entry in nodes:
+        node_id, host, port = entry
+        pki.validate_name(node_id)
+        if node_id in slots:
+            raise ValueError(f"node {node_id!r} listed twice")
+        slots[node_id] = NodeSlot(node_id, host, int(port))
+    if not slots:
+        raise ValueError("a client needs at least one node")
+    return slots
+
+
+class ConnectionPool:
+    """The connections of one client, one slot per node (see the module docstring).
+
+    Args:
+        nodes: the nodes' client ports.
+        ssl_context: the client's TLS context.
+        verify_node_ids: check that each node's certificate names its node id.
+        dial_timeout: seconds allowed for TCP connect and TLS handshake.
+        max_frame_size: the largest reply frame accepted.
+        stats: the client's counters (the pool updates the connection ones).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeAddress],
+        *,
+        ssl_context: ssl.SSLContext,
+        verify_node_ids: bool,
+        dial_timeout: float,
+        max_frame_size: int,
+        stats: ClientStatistics,
+    ) -> None:
+        self.slots = normalise_nodes(nodes)
+        self.nursery: trio.Nursery | None = None
+        """Where connection tasks run; set by `open_client` before any frame is queued."""
+        self._ssl_context = ssl_context
+        self._verify_node_ids = verify_node_ids
+        self._dial_timeout = dial_timeout
+        self._max_frame_size = max_frame_size
+        self._stats = stats
+
+    def send(self, node: str, call: PendingCall[ClientReply], frame: bytes) -> None:
+        """Register `call` on `node` (its reply is dispatched to it) and queue `frame`."""
+        slot = self.slots[node]
+        slot.calls[call.request_no] = call
+        self.queue(slot, frame)
+
+    def queue(self, slot: NodeSlot, frame: bytes) -> None:
+        """Queue `frame` for `slot`'s connection, dialling it if none is running."""
+        slot.outbox.append(frame)
+        slot.wake.set()
+        if not slot.running:
+            if self.nursery is None:
+                raise PoolNotRunning("use open_client(...) to run a Client")
+            slot.running = True
+            self.nursery.start_soon(self._run_connection, slot, name=f"client:{slot.node_id}")
+
+    def forget(self, request_no: int) -> None:
+        """Unregister the call numbered `request_no` from every node (it ended)."""
+        for slot in self.slots.values():
+            slot.calls.pop(request_no, None)
+
+    def fail_all(self) -> None:
+        """Tell everything waiting on any node that its connection is gone (client closed)."""
+        for slot in self.slots.values():
+            self.fail(slot)
+
+    def fail(self, slot: NodeSlot) -> None:
+        """Tell everything waiting on `slot` that its connection is gone."""
+        slot.outbox.clear()
+        slot.probe_nonce = None
+        slot.leads = None
+        calls, statuses = slot.calls, slot.statuses
+        slot.calls, slot.statuses = {}, {}
+        for call in calls.values():
+            call.push(slot.node_id, LOST)
+        for waiter in statuses.values():
+            waiter.push(slot.node_id, LOST)
+
+    async def _dial(self, slot: NodeSlot) -> trio.SSLStream[trio.SocketStream]:
+        tcp = await trio.open_tcp_stream(slot.host, slot.port)  # sets TCP_NODELAY
+        hostname = slot.host if self._ssl_context.check_hostname else None
+        tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=hostname)
+        try:
+            await tls.do_handshake()
+            if self._verify_node_ids:
+                named = pki.node_id_from_peercert(tls.getpeercert())
+                if named != slot.node_id:
+                    raise ssl.SSLError(f"{slot.host}:{slot.port} presented node {named!r}, "
+                                       f"expected {slot.node_id!r}")
+        except BaseException:
+            await trio.aclose_forcefully(tls)
+            raise
+        return tls
+
+    async def _run_connection(self, slot: NodeSlot) -> None:
+        tls: trio.SSLStream[trio.SocketStream] | None = None
+        try:
+            with trio.move_on_after(self._dial_timeout):
+                tls = await self._dial(slot)
+        except (OSError, ssl.SSLError, trio.BrokenResourceError):
+            tls = None
+        if tls is None:
+            self._stats.connection_failures += 1
+            slot.running = False
+            self.fail(slot)
+            return
+        self._stats.connections_opened += 1
+        slot.connected = True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, slot, tls, nursery.cancel_scope)
+                await self._read_loop(slot, tls)
+                nursery.cancel_scope.cancel()
+        finally:
+            # Fail before awaiting the close, so no call is queued onto a dying connection.
+            slot.running = slot.connected = False
+            self.fail(slot)
+            await trio.aclose_forcefully(tls)
+
+    async def _write_loop(
+        self, slot: NodeSlot, tls: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
+    ) -> None:
+        try:
+            while True:
+                if not slot.outbox:
+                    slot.wake = trio.Event()
+                    await slot.wake.wait()
+                    continue
+                batch, slot.outbox = slot.outbox, []
+                await tls.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
+        except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._stats.connection_failures += 1
+            scope.cancel()
+
+    async def _read_loop(self, slot: NodeSlot, tls: trio.SSLStream[trio.SocketStream]) -> None:
+        """Dispatch replies until EOF or a broken/garbled stream (which ends the connection)."""
+        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
+        node = slot.node_id
+        try:
+            while True:
+                data = await tls.receive_some(RECEIVE_CHUNK)
+                if not data:
+                    return
+                slot.last_heard = trio.current_time()
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    message = wire.decode(frame)
+                    if isinstance(message, StatusReply) and message.nonce == slot.probe_nonce:
+                        slot.probe_nonce = None  # alive (last_heard is already fresh)
+                        slot.leads = message.role == "leader"
+                        slot.probe_answered = slot.last_heard
+                        continue
+                    if isinstance(message, ClientReply):
+                        call = slot.calls.get(message.request_no)
+                        if call is not None and call.client_id == message.client_id:
+                            call.push(node, message)
+                            continue
+                    elif isinstance(message, StatusReply):
+                        waiter = slot.statuses.get(message.nonce)
+                        if waiter is not None:
+                            waiter.push(node, message)
+                            continue
+                    self._stats.replies_dropped += 1
+        except (DecodeError, FrameError):
+            self._stats.replies_dropped += 1
+            self._stats.connection_failures += 1
+        except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._stats.connection_failures += 1
