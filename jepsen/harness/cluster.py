@@ -176,8 +176,11 @@ class RealCluster:
         for node in self.nodes:
             if not self.procs.running(node):
                 log = self.config.directory / "logs" / f"{node}.log"
-                lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-                notes.append(f"; {node} exited: {lines[-1] if lines else 'no log'}")
+                text = log.read_text(errors="replace") if log.is_file() else ""
+                # The last line that says something (a traceback ends in box drawing).
+                lines = [ln.strip(" |+-") for ln in text.splitlines()]
+                said = [ln for ln in lines if ln]
+                notes.append(f"; {node} exited: {said[-1] if said else 'no log'}")
         return "".join(notes)
 
     async def wait_recovered(self, within: float, *, min_commit: int = 1) -> None:
@@ -212,7 +215,8 @@ class RealCluster:
                     if target >= min_commit and caught_up >= needed:
                         return
                 await trio.sleep(0.1)
-        raise ClusterUnavailable(f"cluster did not recover within {within:g} s")
+        raise ClusterUnavailable(
+            f"cluster did not recover within {within:g} s{self._dead_nodes()}")
 
 
 class ClusterProcesses:

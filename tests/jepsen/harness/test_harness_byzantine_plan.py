@@ -183,3 +183,21 @@ def test_run_options_name_the_byzantine_replicas() -> None:
     assert RunOptions(protocol="pbft", nodes=4).test_name == "pbft-register-none-n4"
     with pytest.raises(ByzantinePlanError):
         RunOptions(protocol="pbft", nodes=4, byzantine="twins,n1=silent")
+
+
+def test_a_dead_node_is_named_with_the_last_line_its_log_says(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from phalanx.jepsen.harness.cluster import RealCluster
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "n1.log").write_text(
+        "starting\n  | Traceback (most recent call last):\n"
+        "  | AttributeError: 'Map' object has no attribute 'snapshot'\n  +-----------\n")
+    config: Any = SimpleNamespace(directory=tmp_path, nodes=(SimpleNamespace(id="n1"),
+                                                             SimpleNamespace(id="n2")))
+    procs: Any = SimpleNamespace(running=lambda node: node == "n2")
+    cluster = RealCluster(config=config, procs=procs, network=procs, admin=procs)
+    assert cluster._dead_nodes() == (
+        "; n1 exited: AttributeError: 'Map' object has no attribute 'snapshot'")
