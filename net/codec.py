@@ -61,7 +61,7 @@ from typing import Final, TypeVar, overload
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
-from phalanx.net.codec_fast import compile_fast, pack
+from phalanx.net.codec_fast import EnumInfo, compile_fast, pack
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "DecodeError", "EncodeError", "Registry"]
 
@@ -430,7 +430,9 @@ class Registry:
         fast_encode, fast_decode = compile_fast(
             type_id=type_id,
             cls=cls,
-            fields=tuple((name, enc, dec, _EXACT.get(dec)) for name, enc, dec in pairs),
+            fields=tuple(
+                (name, enc, dec, _EXACT.get(dec), _ENUMS.get(dec)) for name, enc, dec in pairs
+            ),
             max_depth=max_depth,
             int_min=INT_MIN,
             int_max=INT_MAX,
@@ -666,4 +668,9 @@ def _enum_codec(tp: type[enum.Enum], where: str) -> tuple[Encoder, Decoder]:
             raise DecodeError(f"{raw!r:.40} is not a {label}")
         return member
 
+    _ENUMS[decode] = (tp, members, value_type)
     return encode, decode
+
+
+_ENUMS: Final[dict[Decoder, EnumInfo]] = {}
+"""Enum field decoders -> what the compiled fast paths need to inline them."""

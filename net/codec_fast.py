@@ -28,17 +28,21 @@ from __future__ import annotations
 import keyword
 import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
-__all__ = ["FastField", "compile_fast", "pack"]
+__all__ = ["EnumInfo", "FastField", "compile_fast", "pack"]
 
 Coder = Callable[[object, int], object]
 
-FastField = tuple[str, Coder, Coder, type | None]
+EnumInfo = tuple[type, Mapping[object, object], type]
+"""An enum field: (the enum class, wire value -> member, the wire value's type)."""
+
+FastField = tuple[str, Coder, Coder, type | None, EnumInfo | None]
 """One field: (name, generic encoder, generic decoder, the exact scalar type its value
-passes through unchanged, or None when a nested codec must run)."""
+passes through unchanged or None, the enum it holds or None). A field that is neither
+runs its nested codec."""
 
 _local = threading.local()
 
@@ -74,7 +78,7 @@ def compile_fast(
     `errors` is (EncodeError, DecodeError): a nested codec raising one of them sends the
     call to the generic path for its precise message."""
     encode_error, decode_error = errors
-    for name, _, _, _ in fields:
+    for name, *_ in fields:
         if not name.isidentifier() or keyword.iskeyword(name):  # pragma: no cover - dataclasses
             raise TypeError(f"{cls.__name__}: field name {name!r} is not an identifier")
     env: dict[str, object] = {
@@ -92,8 +96,17 @@ def compile_fast(
     dec_checks: list[str] = []
     items: list[str] = []
     kwargs: list[str] = []
-    for i, (name, enc, dec, exact) in enumerate(fields):
+    for i, (name, enc, dec, exact, enum_info) in enumerate(fields):
         var = f"f{i}"
+        if enum_info is not None:
+            # Encode a member as its value; decode a value of the right type through the
+            # value -> member table (KeyError: not a member -> the generic path says so).
+            env[f"E{i}"], env[f"M{i}"], env[f"V{i}"] = enum_info
+            enc_checks.append(f"type({var}) is E{i}")
+            dec_checks.append(f"type({var}) is V{i}")
+            items.append(f"{var}._value_")
+            kwargs.append(f"{name}=M{i}[{var}]")
+            continue
         if exact is None:
             env[f"enc{i}"] = enc
             env[f"dec{i}"] = dec
@@ -109,7 +122,7 @@ def compile_fast(
         items.append(var)
         kwargs.append(f"{name}={var}")
     names = [f"f{i}" for i in range(len(fields))]
-    reads = "; ".join(f"f{i} = value.{name}" for i, (name, _, _, _) in enumerate(fields))
+    reads = "; ".join(f"f{i} = value.{name}" for i, (name, *_) in enumerate(fields))
     enc_cond = " and ".join(enc_checks) or "True"
     dec_cond = " and ".join(dec_checks) or "True"
     unpack = ", ".join(["_", *names]) + ("," if not names else "")
@@ -132,7 +145,7 @@ def decode(raw, depth):
             d = depth + 1
             try:
                 return CLS({", ".join(kwargs)})
-            except (DecodeError, ValueError, TypeError):
+            except (DecodeError, ValueError, TypeError, KeyError):
                 pass
     return SLOW_DECODE(raw, depth)
 """
