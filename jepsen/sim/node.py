@@ -33,6 +33,7 @@ from typing import Protocol
 
 from phalanx.apps.replica import ApplyStatus, Replica
 from phalanx.consensus.core import (
+    EMPTY_READY,
     Core,
     Input,
     Persisted,
@@ -224,18 +225,22 @@ class SimNode:
                 core = self.core
                 ready = core.step(self._inputs.popleft())
                 self.stats.steps += 1
-                if not ready.is_empty:
-                    self._handle(ready)
+                if ready is EMPTY_READY:
+                    # Nothing to persist, send or apply: neither the term nor the commit
+                    # index moved (either would be a hard state to persist), and any role
+                    # change is a step down, which the election-safety check ignores.
+                    continue
+                persists = ready.has_persistence
+                self._handle(ready, persists)
                 self._observe(core)
-                if (ready.has_persistence and self.crash_point is not None
-                        and self.crash_point(self, ready)):
+                if persists and self.crash_point is not None and self.crash_point(self, ready):
                     self.crash(lose_unfsynced=False)
         finally:
             self._stepping = False
 
     # -- the Ready ordering rule ------------------------------------------------------------
 
-    def _handle(self, ready: Ready) -> None:
+    def _handle(self, ready: Ready, persists: bool) -> None:
         persister, replica = self.persister, self.replica
         assert persister is not None
         assert replica is not None
@@ -243,7 +248,7 @@ class SimNode:
         for send in ready.early_messages:
             self._send(self.name, send.to, send.message)
         # 1. Persist first.
-        if ready.has_persistence:
+        if persists:
             persister.persist(ready, install=replica.install)
             if ready.snapshot is not None:
                 meta = ready.snapshot.meta
@@ -274,7 +279,7 @@ class SimNode:
         if self._reads:
             self._serve_reads(replica)
         # 5. Report durability.
-        if ready.has_persistence:
+        if persists:
             self._inputs.append(Persisted(number=ready.number))
         if ready.committed:
             # The replica layer checkpoints synchronously (inline writer) and compacts the WAL
