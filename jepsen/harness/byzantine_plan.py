@@ -16,9 +16,13 @@ Byzantine for the whole run (from its first start, across restarts):
     * ``twins``: the replica is twinned: two processes share its identity, certificate and
       signing key, each talking to its own side of the honest replicas (``phalanx sim
       --twins T``; see `phalanx.jepsen.harness.cluster`).
-    * ``NODE=MODE`` / ``NODE=twins``: the same, on that node (``n1`` is the primary of view
-      0, the one an ``equivocate`` replica needs to be to act at once). Unpinned items go to
-      nodes drawn from the run's seed.
+    * ``any``: one replica whose mode the seed draws from the behaviours; a number ``K``
+      means ``K`` such items, so ``--byzantine 1`` reads as ``phalanx sim --byzantine 1``
+      does (one seeded liar; the runtime takes one behaviour per replica, where the
+      simulator may draw two).
+    * ``NODE=MODE`` / ``NODE=twins`` / ``NODE=any``: the same, on that node (``n1`` is the
+      primary of view 0, the one an ``equivocate`` replica needs to be to act at once).
+      Unpinned items go to nodes drawn from the run's seed.
 
 Validity: n = 3f+1 replicas tolerate f Byzantine ones. A plan with more than f (twins count
 one each: one identity, one key) is refused with `ByzantinePlanError` unless
@@ -42,8 +46,9 @@ from phalanx.consensus.quorum import max_byzantine_faults
 from phalanx.jepsen.byzantine import BEHAVIOURS
 
 TWINS: Final = "twins"
-MODES: Final[tuple[str, ...]] = (*BEHAVIOURS, TWINS)
-"""Everything an item may name: the runtime's Byzantine modes, then ``twins``."""
+ANY: Final = "any"
+MODES: Final[tuple[str, ...]] = (*BEHAVIOURS, TWINS, ANY)
+"""Everything an item may name: the runtime's Byzantine modes, ``twins``, ``any``."""
 
 
 class ByzantinePlanError(ValueError):
@@ -129,6 +134,9 @@ def parse_byzantine(spec: str) -> tuple[ByzantineItem, ...]:
         if not raw.strip():
             raise ByzantinePlanError(f"empty item in --byzantine {spec!r}")
         node, sep, mode = raw.partition("=")
+        if not sep and raw.strip().isdigit():
+            items.extend(ByzantineItem(mode=ANY) for _ in range(int(raw.strip())))
+            continue
         if sep:
             if not node.strip():
                 raise ByzantinePlanError(f"no node before '=' in {raw.strip()!r}")
@@ -153,7 +161,7 @@ def plan_byzantine(
 ) -> ByzantinePlan:
     """Place `items` on `names` (module docstring). Raises `ByzantinePlanError`."""
     if not items:
-        return ByzantinePlan(allow_violation=allow_violation)
+        return ByzantinePlan(allow_violation=allow_violation)  # "0" and "none" too
     if protocol != "pbft":
         raise ByzantinePlanError(f"--byzantine needs --protocol pbft (got {protocol})")
     nodes = sorted(names)
@@ -181,6 +189,9 @@ def plan_byzantine(
     for item in items:
         if item.node is None:
             placed[free.pop()] = item.mode
+    for node in sorted(placed):
+        if placed[node] == ANY:
+            placed[node] = rng.choice(BEHAVIOURS)
     twins = tuple(sorted(n for n, m in placed.items() if m == TWINS))
     modes = tuple(sorted((n, m) for n, m in placed.items() if m != TWINS))
     side_a: tuple[str, ...] = ()

@@ -54,7 +54,8 @@ Byzantine replicas (--protocol pbft; --byzantine, comma-separated items MODE or 
 Each item makes one more replica lie for the whole run: MODE is the runtime's
 `phalanx node run --byzantine MODE` (the behaviours `phalanx sim --byzantine K` draws
 from, under the same names); `twins` starts two processes with the node's identity and
-key, the proxies routing half the honest replicas to each (`phalanx sim --twins T`).
+key, the proxies routing half the honest replicas to each (`phalanx sim --twins T`);
+`any`, or a count K, draws the mode from the seed (`phalanx sim --byzantine K`).
 NODE=MODE pins the node (n1 is the primary of view 0); other items go to seeded nodes.
 More than f Byzantine replicas (n = 3f+1) are refused unless --expect-violation (a
 control run: it may end invalid). Byzantine replicas are named in the history, test.json,

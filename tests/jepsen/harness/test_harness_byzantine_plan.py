@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from rich.console import Console
 
 from phalanx.jepsen.byzantine import BEHAVIOURS
 from phalanx.jepsen.harness.byzantine_plan import (
+    ANY,
     MODES,
     TWINS,
     ByzantineItem,
@@ -33,7 +35,7 @@ N4 = ("n1", "n2", "n3", "n4")
 
 
 def test_modes_are_the_simulator_and_runtime_names_plus_twins() -> None:
-    assert (*BEHAVIOURS, TWINS) == MODES
+    assert (*BEHAVIOURS, TWINS, ANY) == MODES
     assert set(BYZANTINE_MODES) == set(BEHAVIOURS)
 
 
@@ -43,7 +45,10 @@ def test_spec_grammar() -> None:
     assert parse_byzantine(" n1=corrupt-reply , twins") == (
         ByzantineItem(mode="corrupt_reply", node="n1"), ByzantineItem(mode=TWINS))
     assert format_items(parse_byzantine("n2=corrupt-reply,silent")) == "n2=corrupt_reply,silent"
-    for bad in ("lie", "equivocate,,silent", "=silent", "n1=", "n1=bogus"):
+    assert parse_byzantine("2,twins") == (ByzantineItem(mode=ANY), ByzantineItem(mode=ANY),
+                                          ByzantineItem(mode=TWINS))
+    assert parse_byzantine("0") == ()
+    for bad in ("lie", "equivocate,,silent", "=silent", "n1=", "n1=bogus", "-1"):
         with pytest.raises(ByzantinePlanError):
             parse_byzantine(bad)
 
@@ -68,6 +73,15 @@ def test_more_than_f_is_refused_unless_the_run_is_a_control() -> None:
         with pytest.raises(ByzantinePlanError):
             plan_byzantine(parse_byzantine(spec), N4, protocol="pbft", seed=0,
                            allow_violation=True)
+
+
+def test_a_count_reads_as_the_simulators_seeded_liars() -> None:
+    plans = [plan_byzantine(parse_byzantine("1"), N4, protocol="pbft", seed=s) for s in range(40)]
+    assert all(len(p.modes) == 1 and not p.twins for p in plans)
+    assert {m for p in plans for _, m in p.modes} <= set(BEHAVIOURS)
+    assert len({p.modes for p in plans}) > 4  # the seed draws both node and mode
+    with pytest.raises(ByzantinePlanError, match="exceed f=1"):
+        plan_byzantine(parse_byzantine("2"), N4, protocol="pbft", seed=0)
 
 
 def test_pinned_items_stay_put_and_the_plan_describes_itself() -> None:
@@ -96,7 +110,10 @@ def test_a_plan_places_every_item_once_and_splits_the_honest_replicas(
     plan = plan_byzantine(items, names, protocol="pbft", seed=seed)
     assert plan == plan_byzantine(items, names, protocol="pbft", seed=seed)  # seeded
     assert len(plan.nodes) == len(items)
-    assert sorted(m for _, m in plan.modes) == sorted(i.mode for i in items if i.mode != TWINS)
+    drawn = [m for _, m in plan.modes]
+    assert all(m in BEHAVIOURS for m in drawn)
+    assert len(drawn) == sum(1 for i in items if i.mode != TWINS)
+    assert not Counter(i.mode for i in items if i.mode not in (TWINS, ANY)) - Counter(drawn)
     assert len(plan.twins) == sum(1 for i in items if i.mode == TWINS)
     honest = plan.honest(names)
     assert set(honest).isdisjoint(plan.nodes)
