@@ -170,6 +170,8 @@ class DriverStatistics:
     """Writes refused with RETRY because `max_pending_calls` calls were already waiting."""
     slow_passes: int = 0
     """Core-loop passes longer than `SLOW_PASS_TICKS` ticks (heartbeats were late)."""
+    session_replies: int = 0
+    """Retried writes answered from the replica's session table (already applied here)."""
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -463,6 +465,18 @@ class Driver:
                 result = self.replica.query(request.command)
                 self._reply(target, request, ReplyStatus.OK, result=result)
             return
+        if not request.read_only and not self._inflight_snapshot:
+            session = self.replica.session(request.client_id)
+            if session is not None and request.request_no <= session.request_no:
+                # A retry of a write already applied here: answer from the session table (a
+                # PBFT core never orders an executed request again, so nothing else would).
+                self.stats.session_replies += 1
+                if request.request_no == session.request_no:
+                    self._reply(target, request, ReplyStatus.OK, result=session.result)
+                else:
+                    self._reply(target, request, ReplyStatus.ERROR, message="expired: a newer "
+                                "request of this client was already applied")
+                return
         key = (request.client_id, request.request_no)
         waiting = self._waiters.get(key)
         if (not waiting and not request.read_only and self._was_leader

@@ -33,6 +33,9 @@ class PbftConfig:
         log_window: L, high water mark = low water mark + L (Castro-Liskov use 2K).
         batch_size: the primary flushes a batch once it holds this many requests.
         batch_ticks: ... or once the oldest pending request waited this many ticks.
+        max_inflight_batches: a partial batch is proposed at once while fewer than this many
+            of the primary's batches are ordered but not executed; otherwise requests
+            accumulate until one executes (adaptive batching, `requests.RequestBook`).
         view_change_ticks: base view-change timeout; doubles per consecutive view change.
         max_view_change_ticks: cap of the doubled timeout.
         fetch_ticks: ticks before a state-transfer fetch is retried with another peer.
@@ -46,6 +49,7 @@ class PbftConfig:
     log_window: int = 16
     batch_size: int = 4
     batch_ticks: int = 1
+    max_inflight_batches: int = 2
     view_change_ticks: int = 20
     max_view_change_ticks: int = 640
     fetch_ticks: int = 10
@@ -64,6 +68,7 @@ class PbftConfig:
             "checkpoint_interval",
             "batch_size",
             "batch_ticks",
+            "max_inflight_batches",
             "view_change_ticks",
             "fetch_ticks",
             "max_pending",

@@ -43,7 +43,7 @@ from phalanx.consensus.core import (
 from phalanx.consensus.crypto import Crypto, digest_of
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
 from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import AddResult, MessageLog
+from phalanx.consensus.pbft.log import AddResult, FutureVotes, MessageLog
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
     CheckpointData,
@@ -59,6 +59,7 @@ from phalanx.consensus.pbft.messages import (
     ViewChange,
     VoteKind,
 )
+from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
 from phalanx.consensus.pbft.view_change import (
     NewViewPlan,
@@ -157,16 +158,15 @@ class PbftCore:
             v.seq for v in d.safety.votes if v.kind is VoteKind.PRE_PREPARE and v.view == self._view
         ]
         self._next_seq = max([self._executed, d.stable_seq, *own_pp])
-        self._pending: list[ClientRequest] = []
-        self._pending_age = 0
-        self._in_progress: set[tuple[str, int]] = set()
-        self._client_done: dict[str, int] = {}
-        self._waiting: dict[tuple[str, int], ClientRequest] = {}
+        self._requests = RequestBook(max_pending=config.max_pending)
         self._timer: int | None = None
         self._backoff = 0
         self._latest_vc: dict[NodeId, ViewChange] = {}
         self._new_view_sent = -1
-        self._future: list[tuple[NodeId, PrePrepare | Prepare | Commit]] = []
+        self._new_view: NewView | None = None  # ours, for the view we lead (resent to laggards)
+        self._new_view_resent: dict[NodeId, tuple[int, int]] = {}
+        self._ticks = 0
+        self._future = FutureVotes(per_sender=3 * config.log_window)
         self._committed: dict[int, tuple[int, bytes, tuple[ClientRequest, ...]]] = {}
         self._history: dict[int, tuple[int, bytes, tuple[ClientRequest, ...]]] = {}
         self._fetched: dict[int, dict[NodeId, CommittedBatch]] = {}
@@ -224,7 +224,7 @@ class PbftCore:
             low_water=self._log.low,
             high_water=self._log.high,
             stable_digest=self._checkpoints.stable.digest,
-            pending_requests=len(self._pending) + len(self._waiting),
+            pending_requests=len(self._requests),
             log_slots=len(self._log),
             transferring=self._transfer is not None,
         )
@@ -318,33 +318,38 @@ class PbftCore:
     # Client requests and batching
 
     def _submit(self, request: ClientRequest) -> None:
-        key = (request.client_id, request.request_no)
-        if request.request_no <= self._client_done.get(request.client_id, -1):
-            return  # already executed: the replica layer answers from its session table
-        if key in self._in_progress or key in self._waiting:
+        book = self._requests
+        if book.executed(request):
+            return  # already executed: the replica layer answers retries from its sessions
+        if book.known(request):
             return
         if self._active and self.is_primary():
-            if len(self._pending) >= self._cfg.max_pending:
+            if not book.queue_pending(request):
                 self._rejected_out.append(Rejection(request=request, reason="overloaded"))
                 return
-            self._pending.append(request)
-            self._in_progress.add(key)
-            if len(self._pending) >= self._cfg.batch_size:
-                self._flush()
+            self._flush()
             return
-        if len(self._waiting) >= self._cfg.max_pending:
+        if not book.queue_waiting(request):
             self._rejected_out.append(Rejection(request=request, reason="overloaded"))
             return
-        self._waiting[key] = request
         if self._active:
             self._send(
                 self._cfg.primary(self._view), ForwardRequest(request=request, replica=self._me)
             )
 
-    def _flush(self) -> None:
-        while self._pending and self._next_seq + 1 <= self._log.high:
-            batch = tuple(self._pending[: self._cfg.batch_size])
-            del self._pending[: self._cfg.batch_size]
+    def _flush(self, *, force: bool = False) -> None:
+        """Propose batches by the adaptive rule (`RequestBook.should_flush`), or every
+        pending request when `force` (the batch timer ran out, a new view began)."""
+        book = self._requests
+        cfg = self._cfg
+        while book.pending and self._next_seq + 1 <= self._log.high:
+            if not force and not book.should_flush(
+                batch_size=cfg.batch_size,
+                inflight=self._next_seq - self._executed,
+                max_inflight=cfg.max_inflight_batches,
+            ):
+                return
+            batch = book.take_batch(cfg.batch_size)
             seq = self._next_seq + 1
             pp = PrePrepare(
                 view=self._view,
@@ -354,7 +359,6 @@ class PbftCore:
                 replica=self._me,
             )
             self._propose(pp)
-        self._pending_age = 0
 
     def _propose(self, pp: PrePrepare) -> None:
         """Sign and send one of our own pre-prepares (normal case or NewView's O set)."""
@@ -362,8 +366,7 @@ class PbftCore:
         self._next_seq = max(self._next_seq, pp.seq)
         self._log.add_pre_prepare(signed, counted=False)
         self._log.slot(pp.view, pp.seq).prepare_sent = True
-        for r in pp.batch:
-            self._in_progress.add((r.client_id, r.request_no))
+        self._requests.ordered(pp.batch)
         self._broadcast(signed)
         self._new_own.append(signed)
 
@@ -424,11 +427,23 @@ class PbftCore:
             return True
         if msg.view < self._view:
             self._drop("wrong_view")
-        elif len(self._future) < self._cfg.log_window * self._cfg.n * 2:
-            self._future.append((src, msg))  # replayed once we enter that view
-        else:
+            self._resend_new_view(src)
+        elif not self._future.add(src, msg):  # replayed once we enter that view
             self._drop("future_view_overflow")
         return False
+
+    def _resend_new_view(self, src: NodeId) -> None:
+        """`src` speaks in an older view (it restarted, or missed our NewView): send it our
+        NewView, at most once per `fetch_ticks` per peer (the normal-case retransmission
+        that brings a lagging replica into the current view)."""
+        nv = self._new_view
+        if nv is None or nv.view != self._view or not self._active:
+            return
+        last = self._new_view_resent.get(src, (-1, 0))
+        if last[0] == nv.view and self._ticks - last[1] < self._cfg.fetch_ticks:
+            return
+        self._new_view_resent[src] = (nv.view, self._ticks)
+        self._send(src, nv)
 
     def _on_vote(self, msg: PrePrepare | Prepare | Commit) -> None:
         primary = self._cfg.primary(msg.view)
@@ -512,17 +527,14 @@ class PbftCore:
             self._exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
             self._executed = seq
             self._history[seq] = (view, digest, batch)
-            for r in batch:
-                key = (r.client_id, r.request_no)
-                done = self._client_done.get(r.client_id, -1)
-                self._client_done[r.client_id] = max(done, r.request_no)
-                self._waiting.pop(key, None)
-                self._in_progress.discard(key)
+            self._requests.was_executed(batch)
             progressed = True
         if progressed and self._active:
             self._backoff = 0
             self._timer = None  # restarted on the next Tick if requests still wait
             self._gap_ticks = 0
+            if self.is_primary():
+                self._flush()  # a batch left the pipeline: propose what accumulated
 
     def _on_persisted(self, number: int) -> None:
         if number > self._ready_number:
@@ -552,12 +564,14 @@ class PbftCore:
     # Time
 
     def _tick(self) -> None:
-        if self._active and self.is_primary() and self._pending:
-            self._pending_age += 1
-            if self._pending_age >= self._cfg.batch_ticks:
-                self._flush()
+        self._ticks += 1
+        book = self._requests
+        if self._active and self.is_primary() and book.pending:
+            book.pending_age += 1
+            if book.pending_age >= self._cfg.batch_ticks:
+                self._flush(force=True)
         if self._active:
-            if self._waiting and not self.is_primary():
+            if book.waiting and not self.is_primary():
                 self._timer = self._timeout() if self._timer is None else self._timer - 1
                 if self._timer <= 0:
                     self._start_view_change(self._view + 1)
@@ -654,6 +668,9 @@ class PbftCore:
         if target is None or msg.seq != target.seq:
             self._drop("unexpected_checkpoint_data")
             return
+        if target.seq <= self._executed:  # caught up by executing fetched batches meanwhile
+            self._transfer = None
+            return
         if self._crypto.digest(msg.data) != target.digest:
             self._drop("bad_checkpoint_digest")
             return
@@ -702,10 +719,7 @@ class PbftCore:
         self._timer = self._timeout()
         self._durable_dirty = True
         self._hard_dirty = True
-        for r in self._pending:
-            self._waiting[(r.client_id, r.request_no)] = r
-        self._pending = []
-        self._in_progress.clear()
+        self._requests.view_changed()
         self._log.drop_views_below(new_view)
         self._broadcast_view_change()
 
@@ -736,6 +750,7 @@ class PbftCore:
             return
         if vc.new_view < self._view or (vc.new_view == self._view and self._active):
             self._drop("stale_view_change")
+            self._resend_new_view(vc.replica)
             return
         self._add_view_change(vc)
 
@@ -771,6 +786,7 @@ class PbftCore:
             replica=self._me,
             signature=self._safety.sign(nv),
         )
+        self._new_view = nv
         self._broadcast(nv)
         self._enter_view(v, plan, signed)
 
@@ -798,8 +814,7 @@ class PbftCore:
         for pp in pre_prepares:
             if not self._log.in_window(pp.seq):
                 continue
-            for r in pp.batch:
-                self._in_progress.add((r.client_id, r.request_no))
+            self._requests.ordered(pp.batch)
             if self.is_primary():
                 self._log.add_pre_prepare(pp, counted=False)
                 self._log.slot(v, pp.seq).prepare_sent = True
@@ -807,20 +822,14 @@ class PbftCore:
             elif self._log.add_pre_prepare(pp, counted=True) is AddResult.ADDED:
                 self._send_prepare(pp)
         primary = self._cfg.primary(v)
-        waiting = [self._waiting[k] for k in sorted(self._waiting)]
+        book = self._requests
         if primary == self._me:
-            self._waiting = {}
-            for r in waiting:
-                if (r.client_id, r.request_no) not in self._in_progress:
-                    self._pending.append(r)
-                    self._in_progress.add((r.client_id, r.request_no))
-            self._flush()
+            for r in book.take_waiting():
+                if not book.queue_pending(r):
+                    self._rejected_out.append(Rejection(request=r, reason="overloaded"))
+            self._flush(force=True)
         else:
-            for r in waiting:
+            for r in book.waiting_sorted():
                 self._send(primary, ForwardRequest(request=r, replica=self._me))
-        future, self._future = self._future, []
-        for src, msg in future:
-            if msg.view == v:
-                self._on_vote(msg)
-            elif msg.view > v:
-                self._future.append((src, msg))
+        for msg in self._future.take(v):
+            self._on_vote(msg)

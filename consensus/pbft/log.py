@@ -156,3 +156,39 @@ class MessageLog:
             del self._slots[key]
         for seq in [s for s in self.prepared_certs if s <= low]:
             del self.prepared_certs[seq]
+
+
+class FutureVotes:
+    """Votes of views this replica has not entered yet, replayed when it enters their view.
+
+    Bounded per sender (`per_sender`), so a Byzantine replica flooding messages for a far
+    view fills only its own share; `add` returns False when the sender's share is full (the
+    core drops and counts the message). Replay order is arrival order.
+    """
+
+    __slots__ = ("_count", "_items", "_per_sender")
+
+    def __init__(self, *, per_sender: int) -> None:
+        self._per_sender = per_sender
+        self._items: list[tuple[NodeId, PrePrepare | Prepare | Commit]] = []
+        self._count: dict[NodeId, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, src: NodeId, msg: PrePrepare | Prepare | Commit) -> bool:
+        held = self._count.get(src, 0)
+        if held >= self._per_sender:
+            return False
+        self._count[src] = held + 1
+        self._items.append((src, msg))
+        return True
+
+    def take(self, view: int) -> list[PrePrepare | Prepare | Commit]:
+        """The votes of `view`; those of later views stay, those of earlier ones go."""
+        out = [m for _, m in self._items if m.view == view]
+        self._items = [(s, m) for s, m in self._items if m.view > view]
+        self._count = {}
+        for s, _ in self._items:
+            self._count[s] = self._count.get(s, 0) + 1
+        return out

@@ -84,14 +84,15 @@ def test_own_votes_do_not_count_before_persisted() -> None:
     assert any(type(s.message).__name__ == "Commit" for s in out.messages)
 
 
-def test_batch_flushes_on_tick() -> None:
-    c = Cluster(4, batch_size=10, batch_ticks=2)
-    c.submit(c.ids[0], req("a", 0))
-    c.deliver()
-    assert c.entries[c.ids[0]] == []
+def test_batch_flushes_on_tick_while_a_batch_is_in_flight() -> None:
+    c = Cluster(4, batch_size=10, batch_ticks=2, max_inflight_batches=1)
+    c.submit(c.ids[0], req("a", 0))  # nothing in flight: proposed at once
+    c.submit(c.ids[0], req("a", 1))  # batch 1 in flight: waits for it or the batch timer
+    pre_prepares = [m for _, _, m in c.net if type(m).__name__ == "PrePrepare"]
+    assert {m.seq for m in pre_prepares} == {1}  # type: ignore[attr-defined]
     c.step(c.ids[0], Tick())
-    c.deliver()
-    assert c.entries[c.ids[0]] == []
+    assert {m.seq for _, _, m in c.net if type(m).__name__ == "PrePrepare"} == {1}  # type: ignore[attr-defined]
     c.step(c.ids[0], Tick())
+    assert {m.seq for _, _, m in c.net if type(m).__name__ == "PrePrepare"} == {1, 2}  # type: ignore[attr-defined]
     c.deliver()
-    assert [e.index for e in c.entries[c.ids[1]]] == [1]
+    assert [e.index for e in c.entries[c.ids[1]]] == [1, 2]

@@ -8,10 +8,12 @@ the attack; the seeds are the first ones that do, so the budgets below are exact
 | bug                          | attack         | n | scenario seeds | caught by (check)      |
 |------------------------------|----------------|---|----------------|------------------------|
 | commit_on_2f                 | collude        | 7 | 1, 14          | seed 1 (agreement)     |
-| accept_unsigned_view_change  | forge_new_view | 4 | 4, 5           | seed 4 (agreement)     |
+| accept_unsigned_view_change  | forge_new_view | 4 | 4, 5           | seed 5 (agreement)     |
 | skip_view_check              | cross_view     | 4 | 1, 9           | seed 1 (agreement)     |
 
-Bug-on runs stop early at `max_events` (the violation comes first: within 0.25 s of virtual
+Every scenario seed runs (seed 4 of forge_new_view ends in a stall, a liveness violation,
+since the primary resends its NewView to replicas it hears from in older views). Bug-on runs
+stop early at `max_events` (the violation comes first: within 0.25 s of virtual
 time; what follows is the broken cluster thrashing).
 """
 
@@ -65,9 +67,12 @@ def _base(n: int) -> RunConfig:
 def test_bug_is_caught_by_its_attack_within_budget(bug: str, attack: str, n: int) -> None:
     seeds = _scenario_seeds(attack, n, _BUDGET)
     base = dataclasses.replace(_base(n), bugs=frozenset({bug}), max_events=_BUG_ON_MAX_EVENTS)
-    result = sweep(base, seeds, jobs=1, stop_on_failure=True)
+    result = sweep(base, seeds, jobs=1, stop_on_failure=False)
     assert not result.ok, f"{bug} went unnoticed by {attack} on seeds {seeds}"
-    assert "violation: agreement" in result.failures[0].report, result.failures[0].report
+    # A broken cluster may also stall (a liveness violation); the bug must show up as what
+    # it is, a safety violation, on at least one scenario seed.
+    reports = [f.report for f in result.failures]
+    assert any("violation: agreement" in r for r in reports), "\n\n".join(reports)
 
 
 @pytest.mark.parametrize(("bug", "attack", "n"), CASES)

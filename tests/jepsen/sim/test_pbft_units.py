@@ -44,8 +44,7 @@ def _byz(behaviours: tuple[str, ...], seed: int = 1, rate: float = 1.0) -> Byzan
 
 def test_silent_sends_nothing_but_keeps_state() -> None:
     byz = _byz(("silent",))
-    ready = byz.step(Submit(request=_req(1)))
-    ready = byz.step(Submit(request=_req(2)))  # fills a batch: the primary pre-prepares
+    ready = byz.step(Submit(request=_req(1)))  # an idle primary pre-prepares at once
     assert ready.messages == ()
     assert ready.core_state is not None  # its own record is still persisted
     assert byz.mutations["silent"] >= 1
@@ -55,8 +54,7 @@ def test_equivocating_primary_sends_two_digests_that_both_verify() -> None:
     crypto = FastCrypto(NodeId("n2"))
     for seed in range(20):
         byz = _byz(("equivocate",), seed=seed)
-        byz.step(Submit(request=_req(1)))
-        ready = byz.step(Submit(request=_req(2)))
+        ready = byz.step(Submit(request=_req(1)))  # an idle primary pre-prepares at once
         pps = [s.message for s in ready.messages if isinstance(s.message, PrePrepare)]
         digests = {pp.digest for pp in pps}
         if len(digests) == 2:
@@ -68,8 +66,7 @@ def test_equivocating_primary_sends_two_digests_that_both_verify() -> None:
 
 def test_forged_pre_prepare_is_dropped_by_an_honest_backup() -> None:
     byz = _byz(("forge",))
-    byz.step(Submit(request=_req(1)))
-    ready = byz.step(Submit(request=_req(2)))
+    ready = byz.step(Submit(request=_req(1)))  # an idle primary pre-prepares at once
     backup = _core("n2")
     for send in ready.messages:
         if send.to == "n2":
@@ -80,8 +77,7 @@ def test_forged_pre_prepare_is_dropped_by_an_honest_backup() -> None:
 
 def test_mutated_messages_are_resigned_and_never_accepted_into_a_wrong_slot() -> None:
     byz = _byz(("mutate",), rate=1.0)
-    byz.step(Submit(request=_req(1)))
-    ready = byz.step(Submit(request=_req(2)))
+    ready = byz.step(Submit(request=_req(1)))  # an idle primary pre-prepares at once
     crypto = FastCrypto(NodeId("n2"))
     pps = [s.message for s in ready.messages if isinstance(s.message, PrePrepare)]
     assert pps

@@ -1,0 +1,116 @@
+"""Client-request bookkeeping of one PBFT replica, and the primary's adaptive batching rule.
+
+Owns: `RequestBook`: the primary's unbatched requests (`pending`), the requests a backup
+waits to see executed (`waiting`, which drive its view-change timer), the requests already
+in some pre-prepare of the current view (`in_progress`) and, per client, the highest
+request number executed (`done`, the dedup table that keeps a retried request from being
+ordered twice). Also `should_flush`, the batching rule (below).
+
+Must not import: the core, crypto, clocks, randomness.
+
+Batching (the classic adaptive rule): a full batch is proposed at once; a partial batch is
+proposed at once only while fewer than `max_inflight` of the primary's batches are ordered
+but not yet executed. Otherwise requests accumulate while earlier batches are in flight
+(so batches grow with load instead of latency growing with a timer), and the batch is
+proposed when a batch executes, or after `batch_ticks` ticks at the latest.
+
+Invariants: bounded (`max_pending` each for `pending` and `waiting`; a flood is refused
+with a Rejection by the core); iteration orders are list/insertion or sorted, never set
+order.
+"""
+
+from __future__ import annotations
+
+from phalanx.consensus.types import ClientRequest
+
+_Key = tuple[str, int]
+
+
+def _key(r: ClientRequest) -> _Key:
+    return (r.client_id, r.request_no)
+
+
+class RequestBook:
+    """See the module docstring."""
+
+    __slots__ = ("_done", "_in_progress", "_max_pending", "pending", "pending_age", "waiting")
+
+    def __init__(self, *, max_pending: int) -> None:
+        self._max_pending = max_pending
+        self.pending: list[ClientRequest] = []
+        self.pending_age = 0
+        self.waiting: dict[_Key, ClientRequest] = {}
+        self._in_progress: set[_Key] = set()
+        self._done: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.pending) + len(self.waiting)
+
+    def executed(self, r: ClientRequest) -> bool:
+        """Whether `r` (or a later request of its client) was executed here."""
+        return r.request_no <= self._done.get(r.client_id, -1)
+
+    def known(self, r: ClientRequest) -> bool:
+        """Whether `r` is already ordered in this view or queued here."""
+        key = _key(r)
+        return key in self._in_progress or key in self.waiting
+
+    def queue_pending(self, r: ClientRequest) -> bool:
+        """Queue `r` for the primary's next batch; False when full (the caller rejects)."""
+        if len(self.pending) >= self._max_pending:
+            return False
+        self.pending.append(r)
+        self._in_progress.add(_key(r))
+        return True
+
+    def queue_waiting(self, r: ClientRequest) -> bool:
+        """Wait for `r` to execute (a backup); False when full (the caller rejects)."""
+        if len(self.waiting) >= self._max_pending:
+            return False
+        self.waiting[_key(r)] = r
+        return True
+
+    def should_flush(self, *, batch_size: int, inflight: int, max_inflight: int) -> bool:
+        """The adaptive batching rule (module docstring)."""
+        if not self.pending:
+            return False
+        return len(self.pending) >= batch_size or inflight < max_inflight
+
+    def take_batch(self, size: int) -> tuple[ClientRequest, ...]:
+        batch = tuple(self.pending[:size])
+        del self.pending[:size]
+        if not self.pending:
+            self.pending_age = 0
+        return batch
+
+    def ordered(self, batch: tuple[ClientRequest, ...]) -> None:
+        """The requests of a pre-prepare of the current view (ours or the primary's)."""
+        for r in batch:
+            self._in_progress.add(_key(r))
+
+    def was_executed(self, batch: tuple[ClientRequest, ...]) -> None:
+        for r in batch:
+            key = _key(r)
+            done = self._done.get(r.client_id, -1)
+            if r.request_no > done:
+                self._done[r.client_id] = r.request_no
+            self.waiting.pop(key, None)
+            self._in_progress.discard(key)
+
+    def view_changed(self) -> None:
+        """Leaving a view: unbatched requests wait again; nothing is ordered in the next view
+        yet."""
+        for r in self.pending:
+            self.waiting[_key(r)] = r
+        self.pending = []
+        self.pending_age = 0
+        self._in_progress.clear()
+
+    def take_waiting(self) -> list[ClientRequest]:
+        """Every waiting request, in (client, number) order, for a new primary to batch."""
+        out = [self.waiting[k] for k in sorted(self.waiting)]
+        self.waiting = {}
+        return [r for r in out if _key(r) not in self._in_progress]
+
+    def waiting_sorted(self) -> list[ClientRequest]:
+        return [self.waiting[k] for k in sorted(self.waiting)]
