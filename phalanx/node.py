@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 from phalanx.apps import kv_wire  # noqa: F401  (registers the KV types with the codec)
+from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import StateMachine
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
@@ -187,6 +188,7 @@ async def open_node(
     state_machine: StateMachine | None = None,
     rng: random.Random | None = None,
     byzantine: str | None = None,
+    gc_pacer: GcPacer | None = None,
 ) -> AsyncIterator[Node]:
     """Run node `config` for the body of the `async with`; yields the running `Node`.
 
@@ -196,6 +198,8 @@ async def open_node(
         rng: randomness for election timeouts and reconnect jitter (default: OS-seeded).
         byzantine: a Byzantine mode (`phalanx.protocols.BYZANTINE_MODES`; PBFT only): this
             node lies on purpose. For tests and demos.
+        gc_pacer: keep the cyclic GC's full passes off a large state
+            (`phalanx.apps.gc_pacer`; process-global, so opt-in: `phalanx node run` uses one).
 
     Raises:
         NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft.
@@ -234,6 +238,7 @@ async def open_node(
             writer=ThreadedCheckpointWriter(storage.checkpoints),
             policy=checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),
+            gc_pacer=gc_pacer,
         )
         # Only the checkpoint: the core re-emits the committed entries after it.
         replica.restore_latest(replay_upto=0)
@@ -351,6 +356,7 @@ async def serve_node(
     *,
     state_machine: StateMachine | None = None,
     byzantine: str | None = None,
+    gc_pacer: GcPacer | None = None,
     task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run node `config` until cancelled; `task_status.started(node)` once it is serving.
@@ -360,6 +366,7 @@ async def serve_node(
         async with trio.open_nursery() as nursery:
             node = await nursery.start(serve_node, config)
     """
-    async with open_node(config, state_machine=state_machine, byzantine=byzantine) as node:
+    async with open_node(config, state_machine=state_machine, byzantine=byzantine,
+                         gc_pacer=gc_pacer) as node:
         task_status.started(node)
         await trio.sleep_forever()

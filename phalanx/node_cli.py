@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from phalanx.apps.gc_pacer import GcPacer
 from phalanx.config import ConfigError, NodeConfig, load_node_config
 from phalanx.node import NodeError, open_node
 from phalanx.protocols import BYZANTINE_MODES
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 async def _run(config: NodeConfig, byzantine: str | None) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_node(config, byzantine=byzantine) as node:
+        async with open_node(config, byzantine=byzantine, gc_pacer=GcPacer()) as node:
             print(f"phalanx node {node.id}: peers on {node.peer_address}, clients on "
                   f"{node.client_address}"
                   + (f", metrics on port {node.metrics_port}" if node.metrics_port else "")
