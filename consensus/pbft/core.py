@@ -61,6 +61,7 @@ from phalanx.consensus.pbft.messages import (
 )
 from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
+from phalanx.consensus.pbft.transfer import Batch, CatchUp
 from phalanx.consensus.pbft.view_change import (
     NewViewPlan,
     check_new_view,
@@ -167,13 +168,8 @@ class PbftCore:
         self._new_view_resent: dict[NodeId, tuple[int, int]] = {}
         self._ticks = 0
         self._future = FutureVotes(per_sender=3 * config.log_window)
-        self._committed: dict[int, tuple[int, bytes, tuple[ClientRequest, ...]]] = {}
-        self._history: dict[int, tuple[int, bytes, tuple[ClientRequest, ...]]] = {}
-        self._fetched: dict[int, dict[NodeId, CommittedBatch]] = {}
-        self._transfer: StableCheckpoint | None = None
-        self._transfer_try = 0
-        self._transfer_ticks = 0
-        self._gap_ticks = config.fetch_ticks if restored is not None else 0
+        self._committed: dict[int, Batch] = {}  # committed, waiting to execute in order
+        self._catchup = CatchUp(config, restarted=restored is not None)
         self._dropped: dict[str, int] = {}
         self._ready_number = 0
         self._persisted = 0
@@ -226,7 +222,7 @@ class PbftCore:
             stable_digest=self._checkpoints.stable.digest,
             pending_requests=len(self._requests),
             log_slots=len(self._log),
-            transferring=self._transfer is not None,
+            transferring=self._catchup.target is not None,
         )
 
     def step(self, inp: Input, /) -> Ready:
@@ -407,14 +403,8 @@ class PbftCore:
             case CheckpointData():
                 self._on_checkpoint_data(msg)
             case FetchCommitted():
-                for seq in range(max(msg.from_seq, 1), self._executed + 1):
-                    found = self._history.get(seq)
-                    if found is not None:
-                        view, digest, batch = found
-                        reply = CommittedBatch(
-                            seq=seq, view=view, digest=digest, batch=batch, replica=self._me
-                        )
-                        self._send(src, reply)
+                for reply in self._catchup.serve(msg.from_seq, self._executed):
+                    self._send(src, reply)
             case CommittedBatch():
                 self._on_committed_batch(msg)
             case _:
@@ -526,13 +516,15 @@ class PbftCore:
             kind = EntryKind.COMMAND if batch else EntryKind.NOOP
             self._exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
             self._executed = seq
-            self._history[seq] = (view, digest, batch)
+            self._catchup.history[seq] = (view, digest, batch)
             self._requests.was_executed(batch)
             progressed = True
         if progressed and self._active:
             self._backoff = 0
             self._timer = None  # restarted on the next Tick if requests still wait
-            self._gap_ticks = 0
+            self._catchup.progressed()
+        if progressed:
+            self._catchup.caught_up(self._executed)
             if self.is_primary():
                 self._flush()  # a batch left the pipeline: propose what accumulated
 
@@ -583,16 +575,13 @@ class PbftCore:
             self._timer -= 1
             if self._timer <= 0:
                 self._start_view_change(self._view + 1)
-        if self._transfer is not None:
-            self._transfer_ticks += 1
-            if self._transfer_ticks >= self._cfg.fetch_ticks:
-                self._transfer_try += 1
-                self._send_fetch()
-        elif self._gap_ticks >= self._cfg.fetch_ticks or self._committed:
-            self._gap_ticks += 1
-            if self._gap_ticks >= self._cfg.fetch_ticks:
-                self._gap_ticks = 0
-                self._broadcast(FetchCommitted(from_seq=self._executed + 1, replica=self._me))
+        fetch, fetch_committed = self._catchup.tick(
+            executed=self._executed, gap=bool(self._committed)
+        )
+        if fetch is not None:
+            self._send(*fetch)
+        if fetch_committed is not None:
+            self._broadcast(fetch_committed)
 
     # ----------------------------------------------------------------------------------
     # Checkpoints and state transfer
@@ -635,9 +624,7 @@ class PbftCore:
         """A new stable checkpoint: move the water marks and collect garbage (§4.3)."""
         self._log.gc(stable.seq, self._cfg.log_window)
         self._safety.prune(stable.seq)
-        for table in (self._history, self._fetched):
-            for seq in [s for s in table if s <= stable.seq]:
-                del table[seq]
+        self._catchup.gc(stable.seq)
         self._durable_dirty = True
         if self._executed < stable.seq:
             self._start_transfer(stable, send=True)
@@ -646,65 +633,47 @@ class PbftCore:
             self._flush()
 
     def _start_transfer(self, target: StableCheckpoint, *, send: bool) -> None:
-        if self._transfer is not None and self._transfer.seq >= target.seq:
-            return
-        self._transfer = target
-        self._transfer_try = 0
-        if send:
-            self._send_fetch()
-        else:
-            self._transfer_ticks = self._cfg.fetch_ticks
-
-    def _send_fetch(self) -> None:
-        assert self._transfer is not None
-        sources = [c.replica for c in self._transfer.proof if c.replica != self._me]
-        sources = sources or list(self._cfg.peers())
-        peer = sources[self._transfer_try % len(sources)]
-        self._transfer_ticks = 0
-        self._send(peer, FetchCheckpoint(seq=self._transfer.seq, replica=self._me))
+        fetch = self._catchup.start(target, now=send)
+        if fetch is not None:
+            self._send(self._catchup.fetch_source(), fetch)
 
     def _on_checkpoint_data(self, msg: CheckpointData) -> None:
-        target = self._transfer
-        if target is None or msg.seq != target.seq:
-            self._drop("unexpected_checkpoint_data")
-            return
-        if target.seq <= self._executed:  # caught up by executing fetched batches meanwhile
-            self._transfer = None
-            return
-        if self._crypto.digest(msg.data) != target.digest:
-            self._drop("bad_checkpoint_digest")
+        verdict = self._catchup.accept_data(
+            msg, executed=self._executed, digest=self._crypto.digest
+        )
+        if isinstance(verdict, str):
+            self._drop(verdict)
+        if not isinstance(verdict, StableCheckpoint):
             return
         meta = SnapshotMeta(
-            index=target.seq,
+            index=verdict.seq,
             term=self._view,
             config=Configuration(voters=tuple(sorted(self._cfg.replicas))),
         )
         self._snapshot_out = Snapshot(meta=meta, data=msg.data)
-        self._transfer = None
-        self._executed = target.seq
-        self._checkpoints.record_own(target.seq, target.digest, msg.data)
+        self._executed = verdict.seq
+        self._checkpoints.record_own(verdict.seq, verdict.digest, msg.data)
         self._hard_dirty = True
-        for seq in [s for s in self._committed if s <= target.seq]:
+        for seq in [s for s in self._committed if s <= verdict.seq]:
             del self._committed[seq]
-        self._history.clear()
-        self._broadcast(FetchCommitted(from_seq=target.seq + 1, replica=self._me))
+        # Which waiting requests the checkpoint executed is unknown here: forget them (their
+        # clients retransmit; the replica layer answers the executed ones from its sessions)
+        # rather than let them expire the view-change timer.
+        self._requests.waiting.clear()
+        self._broadcast(FetchCommitted(from_seq=verdict.seq + 1, replica=self._me))
         self._execute()
 
     def _on_committed_batch(self, msg: CommittedBatch) -> None:
-        if not self._executed < msg.seq <= self._executed + self._cfg.log_window:
-            self._drop("unexpected_committed_batch")
-            return
-        if msg.seq in self._committed:
-            return
-        if msg.digest != digest_of(self._crypto, msg.batch):
-            self._drop("bad_digest")
-            return
-        replies = self._fetched.setdefault(msg.seq, {})
-        replies.setdefault(msg.replica, msg)
-        matching = [r for r in replies.values() if (r.view, r.digest) == (msg.view, msg.digest)]
-        if len(matching) >= self._cfg.weak_quorum:
-            del self._fetched[msg.seq]
-            self._committed[msg.seq] = (msg.view, msg.digest, msg.batch)
+        verdict = self._catchup.accept_batch(
+            msg,
+            executed=self._executed,
+            queued=self._committed,
+            batch_digest=lambda batch: digest_of(self._crypto, batch),
+        )
+        if isinstance(verdict, str):
+            self._drop(verdict)
+        elif verdict is not None:
+            self._committed[msg.seq] = verdict
             self._execute()
 
     # ----------------------------------------------------------------------------------
