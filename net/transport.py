@@ -40,7 +40,11 @@ a connection that then breaks are lost (counted in `frames_lost`); consensus cor
 Send queues: one bounded queue of encoded frames per peer. `send_nowait` REFUSES THE NEWEST
 frame when the queue is full (returns False, counted in `queue_full_drops`): the caller learns
 of the backpressure immediately and older, already-accepted messages keep their order.
-`send` waits for room instead.
+`send` waits for room instead. While a peer's link is down its queue takes at most
+`down_queue_capacity` frames (refusals counted in `down_drops`): a few messages queued at
+start or across a short redial still arrive, but a long partition does not pile up a backlog
+of stale messages that would all be delivered, decoded and answered when the link returns
+(the consensus cores retransmit what still matters).
 
 Inbound: ``(src, message)`` pairs, src the authenticated node id, into a bounded trio memory
 channel (`Transport.inbound`). When the consumer is slow the reading tasks block, and TCP flow
@@ -167,6 +171,8 @@ class TransportStatistics:
     """Frames currently waiting in all send queues."""
     early_redials: int = 0
     """Reconnect sleeps cut short by an inbound connection from that peer (it restarted)."""
+    down_drops: int = 0
+    """Frames refused because the peer's link was down and `down_queue_capacity` were queued."""
 
 
 class _Counters:
@@ -177,6 +183,7 @@ class _Counters:
         "connections_refused",
         "connections_replaced",
         "dial_failures",
+        "down_drops",
         "early_redials",
         "frames_in",
         "frames_lost",
@@ -198,6 +205,7 @@ class _Counters:
     connections_refused: int
     connections_replaced: int
     dial_failures: int
+    down_drops: int
     early_redials: int
     frames_in: int
     frames_lost: int
@@ -246,6 +254,8 @@ class Transport:
             bad bytes; anything else it raises is a codec bug and propagates.
         max_frame_size: the largest payload sent or accepted.
         send_queue_capacity: frames queued per peer before `send_nowait` refuses.
+        down_queue_capacity: frames queued per peer while its link is down before
+            `send_nowait` refuses (at most `send_queue_capacity`).
         inbound_capacity: messages buffered for the consumer of `inbound`.
         backoff, rng: reconnect delays (`rng` is only used for jitter).
         handshake_timeout: seconds allowed for TCP connect + TLS handshake + welcome.
@@ -263,6 +273,7 @@ class Transport:
         decode_error: type[Exception],
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         send_queue_capacity: int = 1024,
+        down_queue_capacity: int = 64,
         inbound_capacity: int = 1024,
         backoff: Backoff | None = None,
         rng: random.Random,
@@ -270,8 +281,11 @@ class Transport:
     ) -> None:
         if node_id in peers:
             raise ValueError(f"peers must not contain this node ({node_id!r})")
-        if send_queue_capacity < 1 or inbound_capacity < 1:
-            raise ValueError("send_queue_capacity and inbound_capacity must be >= 1")
+        if send_queue_capacity < 1 or inbound_capacity < 1 or down_queue_capacity < 1:
+            raise ValueError("send_queue_capacity, down_queue_capacity and inbound_capacity "
+                             "must be >= 1")
+        self._send_capacity = send_queue_capacity
+        self._down_capacity = min(down_queue_capacity, send_queue_capacity)
         if not server_context.verify_mode == ssl.CERT_REQUIRED:
             raise ValueError("server_context must require client certificates (CERT_REQUIRED)")
         if not client_context.verify_mode == ssl.CERT_REQUIRED:
@@ -321,7 +335,8 @@ class Transport:
 
         Returns:
             True if queued; False if `dst`'s queue is full (the message is refused, counted in
-            `queue_full_drops`, and the queue is left unchanged).
+            `queue_full_drops`, and the queue is left unchanged), or if `dst`'s link is down
+            and `down_queue_capacity` frames are already queued (counted in `down_drops`).
 
         Raises:
             LocalProtocolError: `dst` is not a configured peer.
@@ -330,8 +345,14 @@ class Transport:
             `phalanx.net.codec`): encoding happens here, at the call site, never in a link task.
         """
         frame = self._frame(dst, message)
+        queue = self._queues[dst][0]
+        if dst not in self._linked and self._down_capacity < self._send_capacity:
+            used = queue.statistics().current_buffer_used
+            if self._down_capacity <= used < self._send_capacity:
+                self._counters.down_drops += 1
+                return False
         try:
-            self._queues[dst][0].send_nowait(frame)
+            queue.send_nowait(frame)
         except trio.WouldBlock:
             self._counters.queue_full_drops += 1
             return False
@@ -368,6 +389,7 @@ class Transport:
             frames_lost=c.frames_lost,
             queued_frames=queued,
             early_redials=c.early_redials,
+            down_drops=c.down_drops,
         )
 
     # ----------------------------------------------------------------------------------------

@@ -432,9 +432,12 @@ class Driver:
         self._queue(self._propose_batch(requests))
 
     def _on_tick(self) -> None:
-        status = self.core.status()
+        previous, status = self._status, self.core.status()
         self._status = status
         is_leader = status.role == "leader"
+        if status.leader != self._leader or status.role != previous.role:
+            logger.info("%s: %s in term %d, leader %s", self.node_id, status.role, status.term,
+                        status.leader or "unknown")
         if status.leader != self._leader:
             self._leader = status.leader
             self.stats.leader_changes += 1

@@ -383,6 +383,31 @@ async def test_link_reconnects_after_the_listener_restarts(
     assert stats.frames_lost == 0
 
 
+async def test_a_down_link_queues_only_a_few_frames_then_delivers_them(
+    creds: dict[str, pki.CredentialPaths], logs: LogWaiter
+) -> None:
+    # A long partition must not pile up a backlog of stale messages for the peer: while its
+    # link is down only `down_queue_capacity` frames are kept (the oldest), the rest refused.
+    l1, l2 = await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2)}
+    port2 = peers[N2].port
+    for listener in l2:
+        await listener.aclose()  # n2 is down
+    async with node(creds, N1, l1, peers, down_queue_capacity=5) as t1:
+        await logs.wait_for("dial n2")
+        accepted = [t1.send_nowait(N2, i) for i in range(50)]
+        assert accepted == [True] * 5 + [False] * 45
+        stats = t1.statistics()
+        assert stats.down_drops == 45
+        assert stats.queue_full_drops == 0
+        async with node(creds, N2, await listen(port2), peers) as t2:
+            assert [await receive(t2) for _ in range(5)] == [(N1, i) for i in range(5)]
+            await logs.wait_for("link to n2 at")
+            # Once linked, the full queue capacity applies again.
+            assert all(t1.send_nowait(N2, i) for i in range(5, 20))
+            assert [await receive(t2) for _ in range(15)] == [(N1, i) for i in range(5, 20)]
+
+
 async def test_full_send_queue_refuses_newest_and_send_waits(
     creds: dict[str, pki.CredentialPaths],
 ) -> None:
