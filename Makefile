@@ -36,14 +36,29 @@ pytest: $(STAMP)
 soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all --jobs 2
 
-# The Jepsen matrix on real 5-node clusters: workload x nemesis, 60 s each (~16 min).
+# The Jepsen matrix on real clusters, 60 s per cell (~30 min in all). Raft: 5 nodes, workload
+# x nemesis. PBFT: 4 nodes (f=1), workload x nemesis, then workload x one Byzantine replica
+# (an equivocating primary; twins: two processes with one identity) under kill + partition.
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
 JEPSEN_WORKLOADS ?= register bank set
 JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced all
+JEPSEN_PBFT_WORKLOADS ?= register bank
+JEPSEN_PBFT_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge
+JEPSEN_PBFT_BYZANTINE ?= n1=equivocate twins
 jepsen: $(STAMP)
 	@status=0; for w in $(JEPSEN_WORKLOADS); do for n in $(JEPSEN_NEMESES); do \
 	  echo "== jepsen: raft, 5 nodes, workload $$w, nemesis $$n"; \
 	  $(VENV)/bin/phalanx jepsen run --protocol raft --nodes 5 --workload $$w --nemesis $$n \
+	    --time 60 --rate 40 --concurrency 5 --store store || status=1; \
+	done; done; \
+	for w in $(JEPSEN_PBFT_WORKLOADS); do for n in $(JEPSEN_PBFT_NEMESES); do \
+	  echo "== jepsen: pbft, 4 nodes, workload $$w, nemesis $$n"; \
+	  $(VENV)/bin/phalanx jepsen run --protocol pbft --nodes 4 --workload $$w --nemesis $$n \
+	    --time 60 --rate 40 --concurrency 5 --store store || status=1; \
+	done; for b in $(JEPSEN_PBFT_BYZANTINE); do \
+	  echo "== jepsen: pbft, 4 nodes, workload $$w, kill + partition, Byzantine $$b"; \
+	  $(VENV)/bin/phalanx jepsen run --protocol pbft --nodes 4 --workload $$w \
+	    --nemesis kill,partition-one --byzantine $$b \
 	    --time 60 --rate 40 --concurrency 5 --store store || status=1; \
 	done; done; exit $$status
 
