@@ -1,11 +1,21 @@
 """The PBFT core (Castro and Liskov, OSDI'99 / TOCS'02): a sans-IO `phalanx.consensus.core.Core`.
 
-Owns: dispatch of inputs (role-free: the primary of view v is replicas[v mod n]), request
-batching at the primary, the three-phase normal case, in-order execution into
-`Ready.committed`, checkpoint handling, view-change timers with exponential backoff, and
-state transfer. Pure sub-machines live next door: `log.py` (message log, predicates, water
-marks), `checkpoint.py` (stability), `view_change.py` (ViewChange/NewView checks and the O
-set), `safety.py` (the only signer of votes).
+Owns: dispatch of inputs (role-free: the primary of view v is replicas[v mod n]), the
+three-phase normal case, in-order execution into `Ready.committed`, the view-change timer
+with exponential backoff, and the `Ready` bundle of each step. Split out: `view_flow.py`
+(ViewChange/NewView handling, a base class of `PbftCore`), `checkpoint_flow.py`
+(checkpoints, stable-checkpoint garbage collection, state-transfer glue, a base class too),
+and the pure sub-machines `requests.py` (client requests and the primary's adaptive
+batching), `transfer.py` (catch-up), `log.py` (message log, predicates, water marks, the
+per-sender next-view buffer), `checkpoint.py` (stability), `view_change.py`
+(ViewChange/NewView checks and the O set), `safety.py` (the only signer of votes).
+
+Client requests are not signed by clients: the transport authenticates peers, not
+clients, and a client's request is only as trustworthy as the replica it reached. What
+protects clients is the f+1 matching-reply rule (a Byzantine replica cannot fabricate a
+result) and execution only of requests in a committed pre-prepare; a Byzantine primary can
+invent a request under a client's id (Castro-Liskov sign or MAC requests to prevent it).
+That is a known gap, not checked by the simulator.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`. Crypto is injected.
 
@@ -42,6 +52,7 @@ from phalanx.consensus.core import (
 )
 from phalanx.consensus.crypto import Crypto, digest_of
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
+from phalanx.consensus.pbft.checkpoint_flow import CheckpointFlow
 from phalanx.consensus.pbft.config import PbftConfig
 from phalanx.consensus.pbft.log import AddResult, FutureVotes, MessageLog
 from phalanx.consensus.pbft.messages import (
@@ -62,22 +73,15 @@ from phalanx.consensus.pbft.messages import (
 from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
-from phalanx.consensus.pbft.view_change import (
-    NewViewPlan,
-    check_new_view,
-    check_view_change,
-    compute_new_view,
-)
+from phalanx.consensus.pbft.view_flow import ViewChangeFlow
 from phalanx.consensus.types import (
     ClientRequest,
-    Configuration,
     Entry,
     EntryKind,
     HardState,
     LocalProtocolError,
     Message,
     NodeId,
-    SnapshotMeta,
 )
 
 _PBFT_TYPES = (
@@ -126,7 +130,7 @@ class PbftStatus(CoreStatus):
     transferring: bool = False
 
 
-class PbftCore:
+class PbftCore(CheckpointFlow, ViewChangeFlow):
     """One PBFT replica. See the module docstring for the rules it keeps."""
 
     def __init__(
@@ -422,19 +426,6 @@ class PbftCore:
             self._drop("future_view_overflow")
         return False
 
-    def _resend_new_view(self, src: NodeId) -> None:
-        """`src` speaks in an older view (it restarted, or missed our NewView): send it our
-        NewView, at most once per `fetch_ticks` per peer (the normal-case retransmission
-        that brings a lagging replica into the current view)."""
-        nv = self._new_view
-        if nv is None or nv.view != self._view or not self._active:
-            return
-        last = self._new_view_resent.get(src, (-1, 0))
-        if last[0] == nv.view and self._ticks - last[1] < self._cfg.fetch_ticks:
-            return
-        self._new_view_resent[src] = (nv.view, self._ticks)
-        self._send(src, nv)
-
     def _on_vote(self, msg: PrePrepare | Prepare | Commit) -> None:
         primary = self._cfg.primary(msg.view)
         if not self._log.in_window(msg.seq):
@@ -582,223 +573,3 @@ class PbftCore:
             self._send(*fetch)
         if fetch_committed is not None:
             self._broadcast(fetch_committed)
-
-    # ----------------------------------------------------------------------------------
-    # Checkpoints and state transfer
-
-    def _checkpoint_taken(self, index: int, data: bytes) -> None:
-        if index > self._executed:
-            raise LocalProtocolError(f"checkpoint at {index} beyond executed {self._executed}")
-        if index <= self._checkpoints.stable.seq:
-            return
-        digest = self._crypto.digest(data)
-        self._checkpoints.record_own(index, digest, data)
-        cp = Checkpoint(seq=index, digest=digest, replica=self._me)
-        cp = Checkpoint(seq=index, digest=digest, replica=self._me, signature=self._safety.sign(cp))
-        self._broadcast(cp)
-        self._checkpoint_vote(cp)
-
-    def _on_checkpoint(self, cp: Checkpoint) -> None:
-        if not self._crypto.verify(cp.replica, cp, cp.signature):
-            self._drop("bad_signature")
-            return
-        if cp.seq <= self._checkpoints.stable.seq:
-            self._drop("stale_checkpoint")
-            return
-        own = self._checkpoints.own_digest(cp.seq)
-        if own is not None and own != cp.digest:
-            self._drop("checkpoint_digest_mismatch")
-            return
-        self._checkpoint_vote(cp)
-
-    def _checkpoint_vote(self, cp: Checkpoint) -> None:
-        stable = self._checkpoints.add_vote(cp)
-        if stable is not None:
-            self._stable_moved(stable)
-
-    def _adopt_stable(self, stable: StableCheckpoint) -> None:
-        if self._checkpoints.adopt(stable):
-            self._stable_moved(stable)
-
-    def _stable_moved(self, stable: StableCheckpoint) -> None:
-        """A new stable checkpoint: move the water marks and collect garbage (§4.3)."""
-        self._log.gc(stable.seq, self._cfg.log_window)
-        self._safety.prune(stable.seq)
-        self._catchup.gc(stable.seq)
-        self._durable_dirty = True
-        if self._executed < stable.seq:
-            self._start_transfer(stable, send=True)
-        if self._active and self.is_primary():
-            self._next_seq = max(self._next_seq, stable.seq)
-            self._flush()
-
-    def _start_transfer(self, target: StableCheckpoint, *, send: bool) -> None:
-        fetch = self._catchup.start(target, now=send)
-        if fetch is not None:
-            self._send(self._catchup.fetch_source(), fetch)
-
-    def _on_checkpoint_data(self, msg: CheckpointData) -> None:
-        verdict = self._catchup.accept_data(
-            msg, executed=self._executed, digest=self._crypto.digest
-        )
-        if isinstance(verdict, str):
-            self._drop(verdict)
-        if not isinstance(verdict, StableCheckpoint):
-            return
-        meta = SnapshotMeta(
-            index=verdict.seq,
-            term=self._view,
-            config=Configuration(voters=tuple(sorted(self._cfg.replicas))),
-        )
-        self._snapshot_out = Snapshot(meta=meta, data=msg.data)
-        self._executed = verdict.seq
-        self._checkpoints.record_own(verdict.seq, verdict.digest, msg.data)
-        self._hard_dirty = True
-        for seq in [s for s in self._committed if s <= verdict.seq]:
-            del self._committed[seq]
-        # Which waiting requests the checkpoint executed is unknown here: forget them (their
-        # clients retransmit; the replica layer answers the executed ones from its sessions)
-        # rather than let them expire the view-change timer.
-        self._requests.waiting.clear()
-        self._broadcast(FetchCommitted(from_seq=verdict.seq + 1, replica=self._me))
-        self._execute()
-
-    def _on_committed_batch(self, msg: CommittedBatch) -> None:
-        verdict = self._catchup.accept_batch(
-            msg,
-            executed=self._executed,
-            queued=self._committed,
-            batch_digest=lambda batch: digest_of(self._crypto, batch),
-        )
-        if isinstance(verdict, str):
-            self._drop(verdict)
-        elif verdict is not None:
-            self._committed[msg.seq] = verdict
-            self._execute()
-
-    # ----------------------------------------------------------------------------------
-    # View change (Castro-Liskov §4.4)
-
-    def _start_view_change(self, new_view: int) -> None:
-        if new_view <= self._view and not self._active:
-            return
-        self._view = new_view
-        self._active = False
-        self._backoff += 1
-        self._timer = self._timeout()
-        self._durable_dirty = True
-        self._hard_dirty = True
-        self._requests.view_changed()
-        self._log.drop_views_below(new_view)
-        self._broadcast_view_change()
-
-    def _broadcast_view_change(self) -> None:
-        stable = self._checkpoints.stable
-        vc = ViewChange(
-            new_view=self._view,
-            stable_seq=stable.seq,
-            checkpoint_proof=stable.proof,
-            prepared_proofs=self._log.certificates(),
-            replica=self._me,
-        )
-        vc = ViewChange(
-            new_view=vc.new_view,
-            stable_seq=vc.stable_seq,
-            checkpoint_proof=vc.checkpoint_proof,
-            prepared_proofs=vc.prepared_proofs,
-            replica=self._me,
-            signature=self._safety.sign(vc),
-        )
-        self._broadcast(vc)
-        self._add_view_change(vc)
-
-    def _on_view_change(self, vc: ViewChange) -> None:
-        reason = check_view_change(self._cfg, self._crypto, vc)
-        if reason is not None:
-            self._drop(reason)
-            return
-        if vc.new_view < self._view or (vc.new_view == self._view and self._active):
-            self._drop("stale_view_change")
-            self._resend_new_view(vc.replica)
-            return
-        self._add_view_change(vc)
-
-    def _add_view_change(self, vc: ViewChange) -> None:
-        old = self._latest_vc.get(vc.replica)
-        if old is not None and old.new_view >= vc.new_view:
-            return
-        self._latest_vc[vc.replica] = vc
-        # Liveness (§4.5.2): f+1 replicas want a higher view; join the smallest of them.
-        higher = sorted(v.new_view for v in self._latest_vc.values() if v.new_view > self._view)
-        if len(higher) >= self._cfg.weak_quorum:
-            self._start_view_change(higher[0])
-        self._maybe_new_view()
-
-    def _maybe_new_view(self) -> None:
-        v = self._view
-        if self._active or self._cfg.primary(v) != self._me or self._new_view_sent >= v:
-            return
-        vcs = tuple(
-            self._latest_vc[r] for r in sorted(self._latest_vc) if self._latest_vc[r].new_view == v
-        )
-        if len(vcs) < self._cfg.quorum:
-            return
-        vcs = vcs[: self._cfg.quorum]
-        self._new_view_sent = v
-        plan = compute_new_view(self._cfg, self._crypto, v, vcs)
-        signed = tuple(self._safety.sign_pre_prepare(pp) for pp in plan.pre_prepares)
-        nv = NewView(view=v, view_changes=vcs, pre_prepares=signed, replica=self._me)
-        nv = NewView(
-            view=v,
-            view_changes=vcs,
-            pre_prepares=signed,
-            replica=self._me,
-            signature=self._safety.sign(nv),
-        )
-        self._new_view = nv
-        self._broadcast(nv)
-        self._enter_view(v, plan, signed)
-
-    def _on_new_view(self, nv: NewView) -> None:
-        if nv.view < self._view or (nv.view == self._view and self._active):
-            self._drop("stale_new_view")
-            return
-        reason, plan = check_new_view(self._cfg, self._crypto, nv)
-        if reason is not None or plan is None:
-            self._drop(reason or "bad_new_view")
-            return
-        self._enter_view(nv.view, plan, nv.pre_prepares)
-
-    def _enter_view(self, v: int, plan: NewViewPlan, pre_prepares: tuple[PrePrepare, ...]) -> None:
-        self._view = v
-        self._active = True
-        self._timer = None
-        self._durable_dirty = True
-        self._hard_dirty = True
-        self._log.drop_views_below(v)
-        if plan.stable.seq > self._checkpoints.stable.seq:
-            self._adopt_stable(plan.stable)
-        self._next_seq = max(self._next_seq if self.is_primary() else 0, plan.max_seq)
-        self._next_seq = max(self._next_seq, self._checkpoints.stable.seq)
-        for pp in pre_prepares:
-            if not self._log.in_window(pp.seq):
-                continue
-            self._requests.ordered(pp.batch)
-            if self.is_primary():
-                self._log.add_pre_prepare(pp, counted=False)
-                self._log.slot(v, pp.seq).prepare_sent = True
-                self._new_own.append(pp)
-            elif self._log.add_pre_prepare(pp, counted=True) is AddResult.ADDED:
-                self._send_prepare(pp)
-        primary = self._cfg.primary(v)
-        book = self._requests
-        if primary == self._me:
-            for r in book.take_waiting():
-                if not book.queue_pending(r):
-                    self._rejected_out.append(Rejection(request=r, reason="overloaded"))
-            self._flush(force=True)
-        else:
-            for r in book.waiting_sorted():
-                self._send(primary, ForwardRequest(request=r, replica=self._me))
-        for msg in self._future.take(v):
-            self._on_vote(msg)
