@@ -270,7 +270,11 @@ class ReadyPersister:
         self.syncs = 0
 
     def persist(
-        self, ready: Ready, *, install: Callable[[SnapshotMeta, bytes], None] | None = None
+        self,
+        ready: Ready,
+        *,
+        install: Callable[[SnapshotMeta, bytes], None] | None = None,
+        defer_hard_state: bool = False,
     ) -> None:
         """Step 1 of the ordering rule. Returns once durable if `ready.must_sync`.
 
@@ -278,6 +282,8 @@ class ReadyPersister:
             install: restores the state machine from `ready.snapshot` and stores the
                 checkpoint durably (the replica layer's `install`). Without it, the
                 checkpoint is stored here and restoring the state is the caller's job.
+            defer_hard_state: do not write `ready.hard_state` (the caller judged it a
+                commit-only change, which need not be durable: see `phalanx.group_commit`).
         """
         wal = self.wal
         if ready.snapshot is not None:
@@ -300,7 +306,7 @@ class ReadyPersister:
         if ready.entries:
             encode = self.codec.encode
             wal.append_many([(e.index, encode(e)) for e in ready.entries])
-        if ready.hard_state is not None:
+        if ready.hard_state is not None and not defer_hard_state:
             self.hard_state.save(self.codec.encode(ready.hard_state))
         if ready.core_state is not None:
             if self.core_state is None:

@@ -43,7 +43,7 @@ from phalanx.consensus.core import (
     Submit,
     Tick,
 )
-from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.consensus.types import ClientRequest, HardState, Message, NodeId
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.persistence import Codec, DurableState, ReadyPersister
@@ -105,6 +105,7 @@ class SimNode:
         self.core: Core | None = None
         self.replica: Replica | None = None
         self.persister: ReadyPersister | None = None
+        self._saved_hs = HardState()
         self.log = LogMirror()
         self.paused = False
         self._paused_inbox: list[Input] = []
@@ -132,6 +133,7 @@ class SimNode:
             codec=self.codec,
         )
         durable = self.persister.load()
+        self._saved_hs = durable.hard_state or HardState()
         if durable.snapshot is not None:
             self.log = LogMirror(
                 snapshot_index=durable.snapshot.index,
@@ -247,9 +249,17 @@ class SimNode:
         # 0. Messages that depend on nothing unpersisted may go at once.
         for send in ready.early_messages:
             self._send(self.name, send.to, send.message)
-        # 1. Persist first.
+        # 1. Persist first. Like the runtime's group commit, a hard state that changes only
+        # the commit index is not written (restoring commit is an optimisation, never needed
+        # for safety), so restarts here also start from an older commit index.
         if persists:
-            persister.persist(ready, install=replica.install)
+            hs = ready.hard_state
+            saved = self._saved_hs
+            defer = hs is not None and (
+                hs.term == saved.term and hs.vote == saved.vote and hs.view == saved.view)
+            if hs is not None and not defer:
+                self._saved_hs = hs
+            persister.persist(ready, install=replica.install, defer_hard_state=defer)
             if ready.snapshot is not None:
                 meta = ready.snapshot.meta
                 self.log.install_snapshot(meta.index, meta.term)
