@@ -72,7 +72,7 @@ from phalanx.consensus.raft.messages import (
     RequestVoteResponse,
     TimeoutNow,
 )
-from phalanx.consensus.raft.progress import Progress
+from phalanx.consensus.raft.progress import Progress, stall_limit
 from phalanx.consensus.raft.readonly import ReadOnly
 from phalanx.consensus.raft.replication import Replication
 from phalanx.consensus.raft.validate import drop_reason
@@ -626,8 +626,9 @@ class RaftCore(Replication):
         self.prs = {}
         for p in self.config.members():
             if p != self.id:
-                self.prs[p] = old.get(p) or Progress(next_index=self.log.last_index() + 1,
-                                                      max_inflight=self.cfg.max_inflight)
+                self.prs[p] = old.get(p) or Progress(
+                    next_index=self.log.last_index() + 1, max_inflight=self.cfg.max_inflight,
+                    stall_limit=stall_limit(self.cfg.election_ticks, self.cfg.heartbeat_ticks))
         if self.lead_transferee is not None and self.lead_transferee not in self.prs:
             self.lead_transferee = None
 

@@ -20,11 +20,17 @@ import enum
 from collections import deque
 
 STALL_LIMIT = 2
-"""Heartbeat responses without progress after which a REPLICATE follower is probed again.
+"""Heartbeat answers without progress that mean a lost window, for a follower that answers
+AppendEntries faster than the heartbeat interval (the floor of `Progress.stall_threshold`)."""
 
-A follower answers messages in order, so a heartbeat response comes after the answers to
-every AppendEntries sent before that heartbeat: two heartbeat rounds without any progress
-mean the window was lost (a dropped connection, a restarted follower)."""
+
+def stall_limit(election_ticks: int, heartbeat_ticks: int) -> int:
+    """The most heartbeat answers without progress a REPLICATE window is given, however slow
+    its follower has been: about two election timeouts' worth, never fewer than
+    `STALL_LIMIT`."""
+    if election_ticks < 1 or heartbeat_ticks < 1:
+        raise ValueError("election_ticks and heartbeat_ticks must be >= 1")
+    return max(STALL_LIMIT, -(-2 * election_ticks // heartbeat_ticks))
 
 
 class ProgressState(enum.Enum):
@@ -70,17 +76,24 @@ class Progress:
 
     __slots__ = (
         "inflights",
+        "lag",
         "match",
         "next",
         "paused",
+        "quiet",
         "recent_active",
         "snapshot_index",
         "snapshot_offset",
+        "stall_limit",
         "stalled",
         "state",
     )
 
-    def __init__(self, *, next_index: int, max_inflight: int) -> None:
+    def __init__(self, *, next_index: int, max_inflight: int,
+                 stall_limit: int = STALL_LIMIT) -> None:
+        if stall_limit < 1:
+            raise ValueError(f"stall_limit must be >= 1, got {stall_limit}")
+        self.stall_limit = stall_limit
         self.match = 0
         self.next = next_index
         # Invariant: match < next.
@@ -96,7 +109,12 @@ class Progress:
         """SNAPSHOT only: the next byte offset to send."""
         self.stalled = 0
         """REPLICATE only: heartbeat responses seen since `match` last advanced while entries
-        were outstanding; at `STALL_LIMIT` the leader assumes the window was lost and probes."""
+        were outstanding; at `stall_threshold` the leader assumes the window was lost."""
+        self.quiet = 0
+        """Heartbeat answers since `match` last advanced while it was behind (any state)."""
+        self.lag = 0
+        """How many heartbeat answers this follower's AppendEntries answers trail: the `quiet`
+        count at the latest progress, decaying by one per progress once it is smaller."""
 
     def become_probe(self) -> None:
         if self.state is ProgressState.SNAPSHOT:
@@ -111,16 +129,29 @@ class Progress:
         self.snapshot_offset = 0
 
     def heartbeat_acked(self, last_index: int) -> bool:
-        """A heartbeat response arrived; True if REPLICATE made no progress for `STALL_LIMIT`
-        heartbeats while entries were outstanding (their messages were probably lost).
+        """A heartbeat response arrived; True if REPLICATE made no progress for
+        `stall_threshold()` heartbeats while entries were outstanding (their messages were
+        probably lost).
+
+        Answers to heartbeats that left before the window's AppendEntries precede its answer;
+        `stall_threshold` allows for the follower's learnt `lag` of them.
 
         A full window alone is not a stall: a follower that acknowledges more slowly than
         clients propose keeps it full while making progress."""
-        if self.state is not ProgressState.REPLICATE or self.match >= last_index:
+        if self.match >= last_index:
+            self.stalled = self.quiet = 0
+            return False
+        self.quiet += 1
+        if self.state is not ProgressState.REPLICATE:
             self.stalled = 0
             return False
         self.stalled += 1
-        return self.stalled >= STALL_LIMIT
+        return self.stalled >= self.stall_threshold()
+
+    def stall_threshold(self) -> int:
+        """Heartbeat answers without progress that count as a lost window for this follower:
+        `STALL_LIMIT` more than its learnt `lag`, at most `stall_limit`."""
+        return min(self.stall_limit, STALL_LIMIT + self.lag)
 
     def become_replicate(self) -> None:
         self.state = ProgressState.REPLICATE
@@ -153,6 +184,8 @@ class Progress:
         self.next = max(self.next, match + 1)
         self.paused = False
         self.stalled = 0
+        self.lag = max(self.quiet, self.lag - 1)
+        self.quiet = 0
         self.inflights.free_le(match)
         return True
 

@@ -251,9 +251,10 @@ class Replication(abc.ABC):
             self._send_snapshot_chunk(p, pr)  # retransmit the outstanding chunk
         else:
             last = self.log.last_index()
+            stalled = pr.heartbeat_acked(last)  # counted in PROBE too: it teaches the lag
             if pr.state is ProgressState.PROBE:
                 pr.paused = False
-            elif pr.heartbeat_acked(last):
+            elif stalled:
                 pr.become_probe()  # the window probably holds lost messages: probe again
             if pr.match < last:
                 self._send_append(p, allow_empty=pr.state is ProgressState.PROBE)

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from phalanx.consensus.quorum import JointConfig
 from phalanx.consensus.raft.confchange import ConfChange, ConfChangeError, enter_joint, leave_joint
 from phalanx.consensus.raft.log import RaftLog
-from phalanx.consensus.raft.progress import STALL_LIMIT, Inflights, Progress, ProgressState
+from phalanx.consensus.raft.progress import (
+    STALL_LIMIT,
+    Inflights,
+    Progress,
+    ProgressState,
+    stall_limit,
+)
 from phalanx.consensus.raft.readonly import ReadOnly
 from phalanx.consensus.types import (
     ClientRequest,
@@ -162,6 +168,71 @@ def test_progress_stall_detection() -> None:
     assert not any(results[:-1])
     pr.maybe_update(4)
     assert not pr.heartbeat_acked(4)
+
+
+def test_stall_limit_is_two_election_timeouts_of_heartbeats() -> None:
+    assert stall_limit(10, 1) == 20
+    assert stall_limit(10, 3) == 7  # rounded up
+    assert stall_limit(30, 2) == 30
+    assert stall_limit(2, 1) == 4
+    assert stall_limit(3, 2) == 3
+    assert stall_limit(1, 1) == STALL_LIMIT  # never below the floor
+    with pytest.raises(ValueError, match="must be >= 1"):
+        stall_limit(0, 1)
+    with pytest.raises(ValueError, match="stall_limit"):
+        Progress(next_index=1, max_inflight=1, stall_limit=0)
+
+
+def test_a_follower_whose_answers_trail_heartbeats_is_not_stalled_once_learnt() -> None:
+    # Issue #4: a round trip of five heartbeat intervals puts five heartbeat answers ahead of
+    # each AppendEntries answer. The first such round is taken for a lost window (nothing is
+    # known yet); its late answer teaches the follower's lag, and later rounds are waited for.
+    pr = Progress(next_index=1, max_inflight=2, stall_limit=stall_limit(30, 2))
+    pr.become_replicate()
+    pr.sent_entries(1)
+    assert [pr.heartbeat_acked(1) for _ in range(STALL_LIMIT)][-1]
+    pr.become_probe()
+    for _ in range(3):
+        assert not pr.heartbeat_acked(1)
+    assert pr.maybe_update(1)
+    pr.become_replicate()
+    assert pr.lag == 5
+    for last in range(2, 22):
+        pr.sent_entries(last)
+        for _ in range(5):
+            assert not pr.heartbeat_acked(last)
+        assert pr.maybe_update(last)
+        assert pr.state is ProgressState.REPLICATE
+    # A window that is really lost is still found, STALL_LIMIT answers past the lag.
+    pr.sent_entries(22)
+    results = [pr.heartbeat_acked(22) for _ in range(5 + STALL_LIMIT)]
+    assert results[-1]
+    assert not any(results[:-1])
+
+
+def test_the_learnt_lag_is_capped_and_decays() -> None:
+    pr = Progress(next_index=1, max_inflight=1, stall_limit=6)
+    pr.become_replicate()
+    pr.sent_entries(1)
+    for _ in range(5):
+        pr.heartbeat_acked(1)
+    pr.become_probe()  # (the fifth answer stalled it)
+    for _ in range(10):
+        pr.heartbeat_acked(1)
+    assert pr.maybe_update(1)
+    assert pr.lag == 15
+    assert pr.stall_threshold() == 6  # capped at stall_limit
+    for last in range(2, 12):  # fast answers: the lag decays one per progress
+        pr.become_replicate()
+        pr.sent_entries(last)
+        assert pr.maybe_update(last)
+    assert pr.lag == 5
+    assert pr.stall_threshold() == 6
+    for last in range(12, 16):
+        pr.sent_entries(last)
+        assert pr.maybe_update(last)
+    assert pr.lag == 1
+    assert pr.stall_threshold() == STALL_LIMIT + 1
 
 
 def test_progress_full_window_with_progress_is_not_a_stall() -> None:
