@@ -319,9 +319,18 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
 
     def _submit(self, request: ClientRequest) -> None:
         book = self._requests
-        if book.executed(request):
-            return  # already executed: the replica layer answers retries from its sessions
         if book.known(request):
+            return
+        if book.executed(request):
+            # A retry of an executed request: its client lacks f+1 replies (replicas that
+            # crashed, or caught up by state transfer, never answered it). The runtime
+            # answers it from the session table first; whatever reaches the core is ordered
+            # once more (at most once per view while in progress), so that every replica
+            # answers it from its session table when it executes (a duplicate is not rerun).
+            if not book.latest(request):
+                return  # older than the client's latest: nothing is waiting for it
+            if self._active and self.is_primary() and book.queue_pending(request):
+                self._flush()
             return
         if self._active and self.is_primary():
             if not book.queue_pending(request):

@@ -50,6 +50,10 @@ class RequestBook:
         """Whether `r` (or a later request of its client) was executed here."""
         return r.request_no <= self._done.get(r.client_id, -1)
 
+    def latest(self, r: ClientRequest) -> bool:
+        """Whether `r` is its client's latest executed request (a retry worth re-answering)."""
+        return r.request_no == self._done.get(r.client_id, -1)
+
     def known(self, r: ClientRequest) -> bool:
         """Whether `r` is already ordered in this view or queued here."""
         key = _key(r)

@@ -27,14 +27,29 @@ def test_normal_case_commits_in_order_on_all_replicas(n: int) -> None:
 
 def test_backup_forwards_to_primary_and_requests_are_deduplicated() -> None:
     c = Cluster(4, batch_size=1)
-    c.submit_all(req("a", 1))
-    c.deliver()
-    c.submit_all(req("a", 1))  # retry after execution: never re-ordered
+    c.submit_all(req("a", 1))  # the client sends to every replica; backups forward
     c.deliver()
     c.tick(3)
     c.deliver()
     for i in c.honest():
         assert [r.command for e in c.entries[i] for r in e.requests] == [b"a:1"]
+
+
+def test_a_retry_after_execution_is_ordered_once_more_older_ones_never() -> None:
+    # The client retries when it lacks f+1 replies (crashed or state-transferred replicas
+    # never answered): the primary orders the latest request once more, so every replica
+    # answers it from its session table (the replica layer never runs a duplicate again).
+    c = Cluster(4, batch_size=1)
+    c.submit_all(req("a", 1))
+    c.deliver()
+    c.submit_all(req("a", 1))
+    c.submit_all(req("a", 1))  # while the first retry is in progress: not again
+    c.submit_all(req("a", 0))  # older than the client's latest: nothing waits for it
+    c.deliver()
+    c.tick(3)
+    c.deliver()
+    for i in c.honest():
+        assert [r.command for e in c.entries[i] for r in e.requests] == [b"a:1", b"a:1"]
 
 
 @pytest.mark.parametrize("n", [4, 7])
