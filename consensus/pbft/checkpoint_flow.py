@@ -142,7 +142,9 @@ class CheckpointFlow:
         # clients retransmit; the replica layer answers the executed ones from its sessions)
         # rather than let them expire the view-change timer.
         self._requests.waiting.clear()
-        self._broadcast(FetchCommitted(from_seq=verdict.seq + 1, replica=self._me))
+        self._broadcast(
+            FetchCommitted(from_seq=verdict.seq + 1, replica=self._me, view=self._view)
+        )
         self._execute()
 
     def _on_committed_batch(self, msg: CommittedBatch) -> None:

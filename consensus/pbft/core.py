@@ -418,6 +418,8 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
             case FetchCommitted():
                 for reply in self._catchup.serve(msg.from_seq, self._executed):
                     self._send(src, reply)
+                if msg.view < self._view:
+                    self._resend_new_view(src)  # e.g. a restarted replica's first fetch
             case CommittedBatch():
                 self._on_committed_batch(msg)
             case _:
@@ -576,7 +578,7 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
             if self._timer <= 0:
                 self._start_view_change(self._view + 1)
         fetch, fetch_committed = self._catchup.tick(
-            executed=self._executed, gap=bool(self._committed)
+            executed=self._executed, view=self._view, gap=bool(self._committed)
         )
         if fetch is not None:
             self._send(*fetch)

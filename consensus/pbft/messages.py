@@ -166,10 +166,12 @@ class CheckpointData(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FetchCommitted(Message):
-    """State transfer: ask for the committed batches from `from_seq` on."""
+    """State transfer: ask for the committed batches from `from_seq` on. `view` is the
+    asker's view: a primary of a later view answers a lagging asker with its NewView too."""
 
     from_seq: int
     replica: NodeId
+    view: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

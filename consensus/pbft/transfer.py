@@ -100,7 +100,7 @@ class CatchUp:
         return FetchCheckpoint(seq=self.target.seq, replica=self._cfg.node_id)
 
     def tick(
-        self, *, executed: int, gap: bool
+        self, *, executed: int, view: int, gap: bool
     ) -> tuple[tuple[NodeId, FetchCheckpoint] | None, FetchCommitted | None]:
         """(a FetchCheckpoint to send to its peer, a FetchCommitted to broadcast), each
         optional."""
@@ -115,7 +115,8 @@ class CatchUp:
             self._gap_ticks += 1
             if self._gap_ticks >= self._cfg.fetch_ticks:
                 self._gap_ticks = 0
-                return None, FetchCommitted(from_seq=executed + 1, replica=self._cfg.node_id)
+                ask = FetchCommitted(from_seq=executed + 1, replica=self._cfg.node_id, view=view)
+                return None, ask
         return None, None
 
     def accept_data(

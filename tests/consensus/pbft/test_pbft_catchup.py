@@ -44,6 +44,27 @@ def test_a_replica_left_in_an_older_view_gets_the_new_view_and_rejoins() -> None
     c.assert_agreement()
 
 
+def test_a_restarted_replica_learns_the_current_view_from_its_first_fetch() -> None:
+    # A replica restarted into an older view that sends nothing else (no client traffic)
+    # still rejoins: its first FetchCommitted carries its view, and the primary of the
+    # current view answers with its NewView.
+    c = Cluster(4, batch_size=1, view_change_ticks=4)
+    old = c.ids[0]
+    c.crash(old)  # the primary of view 0 dies: the other three move to view 1
+    for i in c.ids[1:]:
+        c.submit(i, req("a", 0))
+    for _ in range(30):
+        c.tick(1, nodes=list(c.ids[1:]))
+        c.deliver()
+    assert {c.cores[i].view for i in c.ids[1:]} == {1}
+    c.restart(old)
+    assert c.cores[old].view == 0
+    c.tick(1, nodes=[old])
+    c.deliver()
+    assert c.cores[old].view == 1
+    assert c.cores[old].status().view_active
+
+
 def test_the_next_view_buffer_is_bounded_per_sender() -> None:
     ids = tuple(NodeId(f"n{i}") for i in range(4))
     cfg = PbftConfig(node_id=ids[1], replicas=ids, log_window=8, checkpoint_interval=4)
