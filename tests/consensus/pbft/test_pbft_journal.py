@@ -132,7 +132,8 @@ def test_one_fsync_per_save_after_the_first() -> None:
         j.save_state(PbftDurableState(view=1, prepared=tuple(_proof(1, s, 2)
                                                               for s in range(1, seq + 1))))
     assert d.fsyncs - first == 19
-    assert j.appends == 19 and j.compactions == 1
+    assert j.appends == 19
+    assert j.compactions == 1
     j.save_state(PbftDurableState(view=1, prepared=tuple(_proof(1, s, 2) for s in range(1, 20))))
     assert d.fsyncs - first == 19  # unchanged record: nothing written
 
