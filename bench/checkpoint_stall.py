@@ -42,16 +42,24 @@ class _YieldClock:
     def __init__(self, gap_s: float) -> None:
         self.gap_s = gap_s
         self.last = time.perf_counter()
+        self.last_cpu: float | None = None  # per thread: set on the writer's first yield
         self.gaps: list[float] = []
+        self.cpu_gaps: list[float] = []
+        """The same stretches in the writer thread's own CPU time: unlike wall time, not
+        inflated when a loaded machine preempts the thread."""
         self.perf_counter = time.perf_counter
         self.monotonic = time.monotonic
 
     def sleep(self, seconds: float) -> None:
         now = time.perf_counter()
+        cpu = time.thread_time()
         if now - self.last > self.gap_s:
             self.gaps.append(now - self.last)
+        if self.last_cpu is not None and cpu - self.last_cpu > self.gap_s:
+            self.cpu_gaps.append(cpu - self.last_cpu)
         time.sleep(seconds)
         self.last = time.perf_counter()
+        self.last_cpu = time.thread_time()
 
 
 def main() -> int:
@@ -121,6 +129,8 @@ def main() -> int:
           + ", ".join(f"gen{g} {d * 1e3:.0f} ms" for g, d in slow))
     print(f"writer runs longer than {args.gap_ms:g} ms between yields: {len(clock.gaps)}; longest: "
           + ", ".join(f"{g * 1e3:.0f} ms" for g in sorted(clock.gaps, reverse=True)[:5]))
+    print(f"  in writer CPU time: {len(clock.cpu_gaps)}; longest: "
+          + ", ".join(f"{g * 1e3:.1f} ms" for g in sorted(clock.cpu_gaps, reverse=True)[:5]))
     return 0
 
 
