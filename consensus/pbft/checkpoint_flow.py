@@ -115,7 +115,7 @@ class CheckpointFlow:
             self._flush()
 
     def _start_transfer(self, target: StableCheckpoint, *, send: bool) -> None:
-        fetch = self._catchup.start(target, now=send)
+        fetch = self._catchup.start(target, now=send, view=self._view)
         if fetch is not None:
             self._send(self._catchup.fetch_source(), fetch)
 

@@ -413,6 +413,8 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
                     self._drop("fetch_unavailable")
                 else:
                     self._send(src, CheckpointData(seq=msg.seq, data=data, replica=self._me))
+                if msg.view < self._view:
+                    self._resend_new_view(src)  # its certificate names a newer checkpoint
             case CheckpointData():
                 self._on_checkpoint_data(msg)
             case FetchCommitted():

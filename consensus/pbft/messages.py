@@ -148,10 +148,13 @@ class ForwardRequest(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FetchCheckpoint(Message):
-    """State transfer: ask for the checkpoint data at `seq` (Castro-Liskov TOCS §5.3)."""
+    """State transfer: ask for the checkpoint data at `seq` (Castro-Liskov TOCS §5.3).
+    `view` is the asker's view: a primary of a later view answers a lagging asker with its
+    NewView too (whose checkpoint certificate may name a newer, still available state)."""
 
     seq: int
     replica: NodeId
+    view: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,14 +74,16 @@ class CatchUp:
 
     # ------------------------------------------------------------------ state transfer
 
-    def start(self, target: StableCheckpoint, *, now: bool) -> FetchCheckpoint | None:
+    def start(
+        self, target: StableCheckpoint, *, now: bool, view: int
+    ) -> FetchCheckpoint | None:
         """Aim at `target` (if it is newer); the fetch to send now, if `now`."""
         if self.target is not None and self.target.seq >= target.seq:
             return None
         self.target = target
         self._tries = 0
         if now:
-            return self._fetch()
+            return self._fetch(view)
         self._ticks = self._cfg.fetch_ticks  # the next tick sends it
         return None
 
@@ -94,10 +96,10 @@ class CatchUp:
         sources = sources or list(self._cfg.peers())
         return sources[self._tries % len(sources)]
 
-    def _fetch(self) -> FetchCheckpoint:
+    def _fetch(self, view: int) -> FetchCheckpoint:
         assert self.target is not None  # only called while transferring
         self._ticks = 0
-        return FetchCheckpoint(seq=self.target.seq, replica=self._cfg.node_id)
+        return FetchCheckpoint(seq=self.target.seq, replica=self._cfg.node_id, view=view)
 
     def tick(
         self, *, executed: int, view: int, gap: bool
@@ -109,7 +111,7 @@ class CatchUp:
             if self._ticks >= self._cfg.fetch_ticks:
                 self._tries += 1
                 peer = self.fetch_source()
-                return (peer, self._fetch()), None
+                return (peer, self._fetch(view)), None
             return None, None
         if self._gap_ticks >= self._cfg.fetch_ticks or gap:
             self._gap_ticks += 1
