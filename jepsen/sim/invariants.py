@@ -5,7 +5,9 @@ after a crash) and `InvariantChecker`, which records every violation of:
 
 - **Election safety**: at most one leader per term (Raft §5.2).
 - **Log matching**: two logs holding an entry with the same index and term are identical up
-  to that index (Raft §5.3). Checked over whole logs, which is what Raft guarantees.
+  to that index (Raft §5.3). Checked over whole logs, which is what Raft guarantees;
+  incrementally: a pair's agreed prefix is remembered and rescanned only after either log
+  lost an entry (`LogMirror.generation`), which gives the verdict of a full rescan.
 - **Leader completeness**: a node that becomes leader holds every entry applied anywhere
   before it took office (Raft §5.4), unless covered by its snapshot.
 - **State-machine safety**: no two nodes apply different entries at one index; a global
@@ -17,7 +19,8 @@ after a crash) and `InvariantChecker`, which records every violation of:
 - **Committed means durable on a majority**: every applied entry is held (in its log, or
   covered by its snapshot) by a majority of the nodes' written logs (Raft §5.4's premise;
   any majority-quorum protocol with a static membership). Checked over the newest
-  `durable_window` applied indices each time, so the cost per check is bounded.
+  `durable_window` applied indices each time, so the cost per check is bounded; indices
+  found held at the previous check are not re-examined while no log lost an entry since.
 
 Rules:
 - Pure bookkeeping over values handed in by the simulator; no clocks, no randomness, no
@@ -49,16 +52,19 @@ class Violation:
 class LogMirror:
     """One node's log as the driver wrote it: a snapshot point and the entries after it.
 
-    Invariant: `entries[i].index == snapshot_index + 1 + i`.
+    Invariants: `entries[i].index == snapshot_index + 1 + i`; `generation` increases whenever
+    an entry is removed (truncation, snapshot), so a log whose generation is unchanged only
+    grew since it was last looked at. Change it only through its methods.
     """
 
-    __slots__ = ("entries", "snapshot_index", "snapshot_term")
+    __slots__ = ("entries", "generation", "snapshot_index", "snapshot_term")
 
     def __init__(
         self, *, snapshot_index: int = 0, snapshot_term: int = 0, entries: Sequence[Entry] = ()
     ) -> None:
         self.snapshot_index = snapshot_index
         self.snapshot_term = snapshot_term
+        self.generation = 0
         self.entries: list[Entry] = []
         self.append(entries)
 
@@ -76,10 +82,13 @@ class LogMirror:
         self.snapshot_index = index
         self.snapshot_term = term
         self.entries = []
+        self.generation += 1
 
     def truncate_from(self, index: int) -> None:
         pos = max(0, index - self.snapshot_index - 1)
-        del self.entries[pos:]
+        if pos < len(self.entries):
+            del self.entries[pos:]
+            self.generation += 1
 
     def append(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -100,6 +109,13 @@ class InvariantChecker:
         self.applied_by: dict[int, str] = {}
         self._commit: dict[str, tuple[int, int]] = {}  # node -> (incarnation, commit)
         self._seen: set[str] = set()
+        # (a, b) -> (log a, its generation, log b, its generation, v): the two logs were
+        # found identical at every common index <= v.
+        self._agreed: dict[tuple[str, str], tuple[LogMirror, int, LogMirror, int, int]] = {}
+        # The logs (and generations) of the last committed-durable check, and the highest
+        # applied index it found held by a majority (with every lower one in its window).
+        self._durable_logs: tuple[tuple[str, LogMirror, int], ...] = ()
+        self._durable_upto = 0
 
     @property
     def ok(self) -> bool:
@@ -180,14 +196,20 @@ class InvariantChecker:
         names = sorted(logs)
         majority = len(names) // 2 + 1
         top = max(self.applied)
-        for index in range(max(1, top - durable_window + 1), top + 1):
+        state = tuple((n, logs[n], logs[n].generation) for n in names)
+        start = max(1, top - durable_window + 1)
+        if len(state) == len(self._durable_logs) and all(
+            a[0] == b[0] and a[1] is b[1] and a[2] == b[2]
+            for a, b in zip(state, self._durable_logs, strict=True)
+        ):
+            start = max(start, self._durable_upto + 1)  # held then, and no log lost an entry
+        self._durable_logs = state
+        self._durable_upto = 0
+        for index in range(start, top + 1):
             entry = self.applied.get(index)
             if entry is None:
                 continue
-            holders = [
-                n for n in names
-                if logs[n].snapshot_index >= index or logs[n].get(index) == entry
-            ]
+            holders = [n for n in names if _holds(logs[n], index, entry)]
             if len(holders) < majority:
                 self._violate(
                     "committed-durable",
@@ -197,6 +219,7 @@ class InvariantChecker:
                     f"{len(names)}",
                 )
                 return
+        self._durable_upto = top
 
     def check_log_matching(self, logs: Mapping[str, LogMirror], at_ns: int) -> None:
         """Every pair of logs agrees below their highest common (index, term)."""
@@ -208,15 +231,25 @@ class InvariantChecker:
     def _check_pair(self, a: str, la: LogMirror, b: str, lb: LogMirror, at_ns: int) -> None:
         lo = max(la.snapshot_index, lb.snapshot_index) + 1
         hi = min(la.last_index(), lb.last_index())
-        matched = False
-        for index in range(hi, lo - 1, -1):
+        # Indices <= `agreed` were identical at the last check and neither log lost an entry
+        # since, so they still are: scanning down to there gives the full scan's verdict (an
+        # index with equal terms at or below `agreed` only requires what already holds).
+        agreed = lo - 1
+        key = (a, b)
+        known = self._agreed.get(key)
+        if (known is not None and known[0] is la and known[1] == la.generation
+                and known[2] is lb and known[3] == lb.generation):
+            agreed = max(agreed, known[4])
+        matched_at = agreed
+        for index in range(hi, agreed, -1):
             ea = la.get(index)
             eb = lb.get(index)
             if ea is None or eb is None:
                 continue
-            if not matched:
-                matched = ea.term == eb.term
-            if matched and ea != eb:
+            if matched_at == agreed and ea.term == eb.term:
+                matched_at = index
+            if matched_at != agreed and ea is not eb and ea != eb:
+                self._agreed.pop(key, None)
                 self._violate(
                     "log-matching",
                     at_ns,
@@ -224,6 +257,15 @@ class InvariantChecker:
                     f"{_short(ea)} vs {_short(eb)}",
                 )
                 return
+        self._agreed[key] = (la, la.generation, lb, lb.generation, matched_at)
+
+
+def _holds(log: LogMirror, index: int, entry: Entry) -> bool:
+    """`log` holds `entry` at `index`, in its log or covered by its snapshot."""
+    if log.snapshot_index >= index:
+        return True
+    mine = log.get(index)
+    return mine is entry or mine == entry
 
 
 def _short(entry: Entry | None) -> str:

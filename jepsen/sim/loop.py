@@ -43,7 +43,8 @@ class EventLoop:
     def call_later(self, delay_ns: int, callback: Callback) -> None:
         if delay_ns < 0:
             raise ValueError(f"delay must be >= 0, got {delay_ns}")
-        self.call_at(self.now + delay_ns, callback)
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + delay_ns, self._seq, callback))
 
     def run_until(self, until_ns: int, *, stop: Callable[[], bool] | None = None) -> None:
         """Run every event due at or before `until_ns`, then leave `now == until_ns`.
@@ -53,13 +54,20 @@ class EventLoop:
         """
         heap = self._heap
         pop = heapq.heappop
-        while heap and heap[0][0] <= until_ns:
-            when, _, callback = pop(heap)
-            self.now = when
-            self.events_run += 1
-            callback()
-            if stop is not None and stop():
-                return
+        if stop is None:
+            while heap and heap[0][0] <= until_ns:
+                when, _, callback = pop(heap)
+                self.now = when
+                self.events_run += 1
+                callback()
+        else:
+            while heap and heap[0][0] <= until_ns:
+                when, _, callback = pop(heap)
+                self.now = when
+                self.events_run += 1
+                callback()
+                if stop():
+                    return
         self.now = max(self.now, until_ns)
 
     def pending(self) -> int:

@@ -133,43 +133,45 @@ class SimNetwork:
     def send(self, src: str, dst: str, message: Message) -> None:
         stats = self.stats
         stats.sent += 1
+        by_type = stats.by_type
         name = type(message).__name__
-        stats.by_type[name] = stats.by_type.get(name, 0) + 1
+        by_type[name] = by_type.get(name, 0) + 1
         payload: bytes | Message = message
-        if self._encode is not None:
-            data = self._encode(message)
+        encode = self._encode
+        if encode is not None:
+            data = encode(message)
             stats.bytes_sent += len(data)
             payload = data
-        if (src, dst) in self._blocked:
+        blocked = self._blocked
+        if blocked and (src, dst) in blocked:
             stats.dropped_partition += 1
             return
         cfg = self.config
-        rng = self.rng
-        if cfg.loss and rng.random() < cfg.loss:
+        if cfg.loss and self.rng.random() < cfg.loss:
             stats.dropped_loss += 1
             if self._trace_messages:
                 self.trace(f"{src}->{dst} LOST {message}")
             return
-        copies = 1
-        if cfg.duplicate and rng.random() < cfg.duplicate:
-            copies = 2
+        loop = self.loop
+        if cfg.duplicate and self.rng.random() < cfg.duplicate:
             stats.duplicated += 1
-        for _ in range(copies):
-            self.loop.call_later(self._latency(), partial(self._arrive, src, dst, payload))
+            loop.call_later(self._latency(), partial(self._arrive, src, dst, payload))
+        loop.call_later(self._latency(), partial(self._arrive, src, dst, payload))
 
     def _arrive(self, src: str, dst: str, payload: bytes | Message) -> None:
-        if (src, dst) in self._blocked:
+        blocked = self._blocked
+        if blocked and (src, dst) in blocked:
             self.stats.dropped_partition += 1
             return
         if isinstance(payload, bytes):
             assert self._decode is not None  # set together with _encode (checked in __init__)
             message = self._decode(payload)
+            self.stats.delivered += 1
+            if self._trace_messages:
+                self.trace.message(f"{src}->{dst} ", message, payload)
         else:
             message = payload
-        self.stats.delivered += 1
-        if self._trace_messages:
-            if isinstance(payload, bytes):
-                self.trace.message(f"{src}->{dst} ", message, payload)
-            else:
+            self.stats.delivered += 1
+            if self._trace_messages:
                 self.trace(f"{src}->{dst} {message}")
         self._deliver(src, dst, message)
