@@ -79,3 +79,29 @@ def test_the_next_view_buffer_is_bounded_per_sender() -> None:
     # n3's message for the next view still finds room.
     core.step(Receive(src=ids[3], message=Prepare(view=1, seq=1, digest=b"d", replica=ids[3])))
     assert core.status().dropped == {"future_view_overflow": 5}
+
+
+def test_a_fetch_from_an_older_view_is_answered_with_the_new_view() -> None:
+    # A restarted replica transferring to a checkpoint its peers no longer hold only sends
+    # FetchCheckpoint: the primary of the current view answers with its NewView (whose
+    # certificate names a newer checkpoint), at most once per fetch_ticks per peer.
+    from phalanx.consensus.pbft.messages import FetchCheckpoint
+
+    c = Cluster(4, batch_size=1, view_change_ticks=4)
+    old = c.ids[0]
+    c.crash(old)
+    for i in c.ids[1:]:
+        c.submit(i, req("a", 0))
+    for _ in range(30):
+        c.tick(1, nodes=list(c.ids[1:]))
+        c.deliver()
+    primary = c.ids[1]
+    assert c.cores[primary].view == 1
+    ask = FetchCheckpoint(seq=64, replica=old, view=0)
+    ready = c.cores[primary].step(Receive(src=old, message=ask))
+    assert [type(s.message) for s in ready.messages if s.to == old] == [NewView]
+    again = c.cores[primary].step(Receive(src=old, message=ask))
+    assert not [s for s in again.messages if isinstance(s.message, NewView)]
+    current = c.cores[c.ids[2]].step(
+        Receive(src=old, message=FetchCheckpoint(seq=64, replica=old, view=1)))
+    assert not [s for s in current.messages if isinstance(s.message, NewView)]
