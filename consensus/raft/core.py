@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from typing import TypeAlias, cast
+from typing import TypeAlias
 
 from phalanx.consensus.core import (
     EMPTY_READY,
@@ -67,7 +67,6 @@ from phalanx.consensus.raft.messages import (
     HeartbeatResponse,
     InstallSnapshot,
     InstallSnapshotResponse,
-    RaftMessage,
     RequestVote,
     RequestVoteResponse,
     TimeoutNow,
@@ -98,6 +97,9 @@ class Role(enum.Enum):
 
 
 _UNBOUNDED = 1 << 62
+_EARLY_KINDS = (AppendEntries, Heartbeat)
+"""What a leader may send before its Ready is persisted (see `_send`)."""
+_LEADER_KINDS = (AppendEntries, Heartbeat, InstallSnapshot)
 
 
 class RaftCore(Replication):
@@ -169,12 +171,12 @@ class RaftCore(Replication):
                 self._receive(src, m)
             case Tick():
                 self._tick()
+            case Persisted(number=n):
+                self._persisted(n)
             case Submit(request=r):
                 self._submit(r)
             case ProposeBatch(requests=requests):
                 self._propose_batch(requests)
-            case Persisted(number=n):
-                self._persisted(n)
             case CheckpointTaken(index=index, data=data):
                 self._checkpoint_taken(index, data)
             case CheckpointInstalled(meta=meta, data=data):
@@ -219,12 +221,13 @@ class RaftCore(Replication):
         # win), and it counts its own entries only after `Persisted`. They go out early, in
         # parallel with the leader's own disk write. Everything else (votes, responses,
         # anything a follower or candidate says) waits for step 1 of its Ready.
-        if self.role is Role.LEADER and isinstance(message, AppendEntries | Heartbeat):
+        if self.role is Role.LEADER and isinstance(message, _EARLY_KINDS):
             self._early.append(Send(to=to, message=message))
         else:
             self._msgs.append(Send(to=to, message=message))
 
     def _reset_out(self) -> None:
+        """Start the outputs of a step afresh (`_finish` copies the lists into its Ready)."""
         self._msgs: list[Send] = []
         self._early: list[Send] = []
         self._new_entries: list[Entry] = []
@@ -235,7 +238,8 @@ class RaftCore(Replication):
 
     def _finish(self) -> Ready:
         committed: tuple[Entry, ...] = ()
-        hi = min(self.commit, self.durable)
+        commit, durable = self.commit, self.durable
+        hi = commit if commit < durable else durable
         if hi > self.applied:
             committed = self.log.slice(self.applied + 1, hi + 1, max_entries=_UNBOUNDED,
                                        max_bytes=_UNBOUNDED)
@@ -245,12 +249,15 @@ class RaftCore(Replication):
             # BUG (test-only): a vote granted to another node is never written.
             vote = self._last_hs.vote if self._last_hs.term == self.term else None
         last = self._last_hs
-        must_sync = bool(self._new_entries) or self._truncate is not None or (
+        new_entries, msgs, early = self._new_entries, self._msgs, self._early
+        reads, rejected = self._reads, self._rejected
+        must_sync = bool(new_entries) or self._truncate is not None or (
             self._snap_out is not None)
         hs: HardState | None = None
-        if last.term != self.term or last.vote != vote or last.commit != self.commit:
-            must_sync = must_sync or last.term != self.term or last.vote != vote
-            hs = self._last_hs = HardState(term=self.term, vote=vote, commit=self.commit)
+        term = self.term
+        if last.term != term or last.vote != vote or last.commit != commit:
+            must_sync = must_sync or last.term != term or last.vote != vote
+            hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
         number = 0
         if hs is not None or must_sync:
             self._ready_no += 1
@@ -259,20 +266,20 @@ class RaftCore(Replication):
                 self._pending_durable.append((number, self.log.last_index()))
             if self._self_vote_number == -1:
                 self._self_vote_number = number
-        elif not (self._msgs or self._early or committed or self._reads or self._rejected):
+        elif not (msgs or early or committed or reads or rejected):
             return EMPTY_READY
         return Ready(
             number=number,
-            early_messages=tuple(self._early),
+            early_messages=tuple(early) if early else (),
             snapshot=self._snap_out,
             truncate_from=self._truncate,
-            entries=tuple(self._new_entries),
+            entries=tuple(new_entries) if new_entries else (),
             hard_state=hs,
             must_sync=must_sync,
-            messages=tuple(self._msgs),
+            messages=tuple(msgs) if msgs else (),
             committed=committed,
-            reads=tuple(self._reads),
-            rejected=tuple(self._rejected),
+            reads=tuple(reads) if reads else (),
+            rejected=tuple(rejected) if rejected else (),
         )
 
     def _persisted(self, n: int) -> None:
@@ -455,7 +462,7 @@ class RaftCore(Replication):
         if reason is not None:
             self._drop(reason)
             return
-        term = cast(RaftMessage, m).term  # drop_reason admitted only Raft messages
+        term: int = m.term  # type: ignore[attr-defined]  # drop_reason admitted only Raft ones
         if term > self.term:
             if isinstance(m, RequestVote):
                 in_lease = (self.cfg.check_quorum and self.leader is not None
@@ -467,11 +474,10 @@ class RaftCore(Replication):
                     isinstance(m, RequestVoteResponse) and m.pre_vote and m.vote_granted):
                 pass  # Ref: §9.6: pre-votes never change terms
             else:
-                leader = src if isinstance(m, AppendEntries | Heartbeat | InstallSnapshot) \
-                    else None
+                leader = src if isinstance(m, _LEADER_KINDS) else None
                 self._become_follower(term, leader)
         elif term < self.term:
-            if isinstance(m, AppendEntries | Heartbeat) and (
+            if isinstance(m, _EARLY_KINDS) and (
                     self.cfg.check_quorum or self.cfg.pre_vote):
                 # A stale leader learns our term and steps down (etcd; needed with pre-vote,
                 # where a partitioned node never bumps others' terms).
