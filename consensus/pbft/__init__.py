@@ -2,7 +2,9 @@
 
 Public API: `PbftCore`, `PbftConfig`, `PbftRestoredState`, `PbftStatus`, the messages and
 `PBFT_MESSAGES` (codec ids), `SafetyRules`, `ReplyCollector`. Modules: `messages`, `config`,
-`log`, `checkpoint`, `view_change`, `safety`, `core`, `client`.
+`log`, `checkpoint`, `view_change`, `safety`, `core` (with its base classes `view_flow` and
+`checkpoint_flow`), `requests` (client requests, adaptive batching), `transfer` (catch-up),
+`durable` (incremental persistence of the durable record), `client`.
 """
 
 from phalanx.consensus.pbft.client import ReplyCollector
