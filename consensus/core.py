@@ -25,7 +25,7 @@ Rules of this module and of every core:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -39,15 +39,38 @@ from phalanx.consensus.types import (
 )
 
 # --------------------------------------------------------------------------------------------
+# Hot records
+#
+# `Receive`, `Persisted`, `Send` and `Ready` are built once or more per step, so they carry a
+# hand-written `__init__` (the generated one's keyword-only signature and defaults) that fills
+# the slots through their raw setters. A frozen dataclass's generated `__init__` goes through
+# `object.__setattr__` for every field, which costs about twice as much. Everything else
+# (frozen, slots, eq, hash, repr, `dataclasses.fields/replace`) is the dataclass machinery.
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
+    setter: Callable[[object, object], None] = cls.__dict__[name].__set__
+    return setter
+
+
+# --------------------------------------------------------------------------------------------
 # Inputs
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Receive:
     """A message from peer `src`, as authenticated by the transport. May be Byzantine."""
 
     src: NodeId
     message: Message
+
+    def __init__(self, *, src: NodeId, message: Message) -> None:
+        _set_receive_src(self, src)
+        _set_receive_message(self, message)
+
+
+_set_receive_src = _slot_setter(Receive, "src")
+_set_receive_message = _slot_setter(Receive, "message")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +85,7 @@ class Submit:
     request: ClientRequest
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Persisted:
     """Every `Ready` numbered up to and including `number` is durable.
 
@@ -71,6 +94,12 @@ class Persisted:
     """
 
     number: int
+
+    def __init__(self, *, number: int) -> None:
+        _set_persisted_number(self, number)
+
+
+_set_persisted_number = _slot_setter(Persisted, "number")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,12 +129,20 @@ Input: TypeAlias = Receive | Tick | Submit | Persisted | CheckpointTaken | Check
 # Effects
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Send:
     """Send `message` to peer `to`."""
 
     to: NodeId
     message: Message
+
+    def __init__(self, *, to: NodeId, message: Message) -> None:
+        _set_send_to(self, to)
+        _set_send_message(self, message)
+
+
+_set_send_to = _slot_setter(Send, "to")
+_set_send_message = _slot_setter(Send, "message")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +177,7 @@ class Snapshot:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Ready:
     """Everything one `step` asks the driver to do, in the order the driver must do it.
 
@@ -188,6 +225,36 @@ class Ready:
     rejected: tuple[Rejection, ...] = ()
     core_state: object | None = None
 
+    def __init__(
+        self,
+        *,
+        number: int = 0,
+        early_messages: tuple[Send, ...] = (),
+        snapshot: Snapshot | None = None,
+        truncate_from: int | None = None,
+        entries: tuple[Entry, ...] = (),
+        hard_state: HardState | None = None,
+        must_sync: bool = False,
+        messages: tuple[Send, ...] = (),
+        committed: tuple[Entry, ...] = (),
+        reads: tuple[ReadState, ...] = (),
+        rejected: tuple[Rejection, ...] = (),
+        core_state: object | None = None,
+    ) -> None:
+        setters = _READY_SETTERS
+        setters[0](self, number)
+        setters[1](self, early_messages)
+        setters[2](self, snapshot)
+        setters[3](self, truncate_from)
+        setters[4](self, entries)
+        setters[5](self, hard_state)
+        setters[6](self, must_sync)
+        setters[7](self, messages)
+        setters[8](self, committed)
+        setters[9](self, reads)
+        setters[10](self, rejected)
+        setters[11](self, core_state)
+
     @property
     def has_persistence(self) -> bool:
         return (
@@ -210,6 +277,12 @@ class Ready:
         )
 
 
+_READY_SETTERS = tuple(
+    _slot_setter(Ready, name)
+    for name in ("number", "early_messages", "snapshot", "truncate_from", "entries",
+                 "hard_state", "must_sync", "messages", "committed", "reads", "rejected",
+                 "core_state")
+)
 EMPTY_READY = Ready()
 
 # --------------------------------------------------------------------------------------------

@@ -411,13 +411,13 @@ def value_from_json(raw: object, *, where: str = "value") -> Value:
 
     Raises `HistoryError` for anything JSON cannot hold (NaN, infinities, non-string keys).
     """
-    if raw is None or isinstance(raw, bool | int | str):
+    if raw is None or isinstance(raw, _SCALAR_TYPES):
         return raw
     if isinstance(raw, float):
         if not math.isfinite(raw):
             raise HistoryError(f"field '{where}' holds a non-finite number")
         return raw
-    if isinstance(raw, list | tuple):
+    if isinstance(raw, (list, tuple)):
         return tuple(value_from_json(v, where=where) for v in raw)
     if isinstance(raw, Mapping):
         items: dict[str, Value] = {}
@@ -507,6 +507,11 @@ def write_history(path: str | Path, ops: Iterable[Op] | History) -> None:
     Path(path).write_text(text, encoding="utf-8")
 
 
+_SCALAR_TYPES = (bool, int, str)
+"""JSON scalars other than null and floats (a tuple: `isinstance` with `a | b` builds a
+union per call)."""
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -514,4 +519,4 @@ def _is_int(x: object) -> bool:
 def _is_scalar(x: object) -> bool:
     if isinstance(x, float):
         return math.isfinite(x)
-    return x is None or isinstance(x, bool | int | str)
+    return x is None or isinstance(x, _SCALAR_TYPES)

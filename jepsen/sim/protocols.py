@@ -142,7 +142,7 @@ def protocol_setup(
 
     def observe(core: Core) -> Observation:
         assert isinstance(core, RaftCore)  # built by make_core above
-        return core.role.value, core.term, core.commit
+        return core.role._value_, core.term, core.commit  # `_value_`: no Python descriptor
 
     return ProtocolSetup(
         names=names,
