@@ -25,13 +25,16 @@ def sorted_in_steps(keys: Iterable[str], *, run: int, step: int) -> Iterator[lis
     if run < 1 or step < 1:
         raise ValueError(f"run and step must be >= 1, got {run} and {step}")
     source = iter(keys)
-    runs: list[list[str]] = []
+    # Runs are kept as tuples: the cyclic GC untracks a tuple of untracked objects (str) the
+    # first time it sees one, whereas a list stays tracked, and every later young-generation
+    # pass would walk all of its elements (a million keys: tens of ms with the GIL held).
+    runs: list[tuple[str, ...]] = []
     while True:
         piece = list(itertools.islice(source, run))
         if not piece:
             break
         piece.sort()
-        runs.append(piece)
+        runs.append(tuple(piece))
         yield None
     merged: Iterator[str] = iter(runs[0]) if len(runs) == 1 else heapq.merge(*runs)
     while True:
