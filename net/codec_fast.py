@@ -20,13 +20,20 @@ Invariants (what makes this safe):
   doing the work twice there costs nothing that matters.
 - The generated source contains only identifiers made here (``f0``, ``f1``, ...) and field
   names, which `dataclasses` has already required to be identifiers; nothing from input data.
+- Construction: when ``cls(**fields)`` provably does nothing but create the instance, set
+  each slot and call `__post_init__` (the dataclass-generated ``__init__`` of a slotted class
+  with the default ``__new__``, see `_raw_build`), the decoder does exactly that through the
+  slots' raw setters, skipping the frozen ``__init__``'s ``object.__setattr__`` per field.
+  The same object results and the same validation runs; anything else calls ``cls``.
 - Must not import `phalanx.net.codec` (which imports this module), trio, clocks or pickle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import threading
+import types
 import typing
 from collections.abc import Callable, Mapping
 
@@ -121,6 +128,21 @@ def compile_fast(
         dec_checks.append(f"type({var}) is T{i}")  # msgpack only yields in-range ints
         items.append(var)
         kwargs.append(f"{name}={var}")
+    raw_build = _raw_build(cls, [name for name, *_ in fields])
+    if raw_build is None:
+        construct = f"return CLS({', '.join(kwargs)})"
+    else:
+        setters, post_init = raw_build
+        steps = ["obj = NEW(CLS)"]
+        for i, (setter, arg) in enumerate(zip(setters, kwargs, strict=True)):
+            env[f"S{i}"] = setter
+            steps.append(f"S{i}(obj, {arg.split('=', 1)[1]})")
+        if post_init is not None:
+            env["POST"] = post_init
+            steps.append("POST(obj)")
+        steps.append("return obj")
+        env["NEW"] = object.__new__
+        construct = "\n                ".join(steps)
     names = [f"f{i}" for i in range(len(fields))]
     reads = "; ".join(f"f{i} = value.{name}" for i, (name, *_) in enumerate(fields))
     enc_cond = " and ".join(enc_checks) or "True"
@@ -144,7 +166,7 @@ def decode(raw, depth):
         if {dec_cond}:
             d = depth + 1
             try:
-                return CLS({", ".join(kwargs)})
+                {construct}
             except (DecodeError, ValueError, TypeError, KeyError):
                 pass
     return SLOW_DECODE(raw, depth)
@@ -152,3 +174,35 @@ def decode(raw, depth):
     namespace: dict[str, object] = {}
     exec(compile(source, f"<phalanx codec for {cls.__qualname__}>", "exec"), env, namespace)
     return typing.cast(Coder, namespace["encode"]), typing.cast(Coder, namespace["decode"])
+
+
+def _raw_build(
+    cls: type, names: list[str]
+) -> tuple[list[Callable[[object, object], None]], Callable[[object], None] | None] | None:
+    """(slot setters in `names` order, `__post_init__` or None) when ``cls(**kwargs)`` is
+    exactly `object.__new__(cls)`, one slot store per field in declaration order, then
+    `__post_init__()`; else None (build by calling the class).
+
+    That holds for a dataclass whose ``__init__`` is the one `dataclasses` generated (compiled
+    from a string, not written in a file), with no InitVar and every field an ``__init__``
+    parameter given here, whose instances use the default ``__new__`` and keep every field
+    in a slot."""
+    if not dataclasses.is_dataclass(cls) or cls.__new__ is not object.__new__:
+        return None
+    init = cls.__dict__.get("__init__")
+    code = getattr(init, "__code__", None)
+    if code is None or code.co_filename != "<string>":
+        return None
+    fields = dataclasses.fields(cls)
+    if [f.name for f in fields] != names or not all(f.init for f in fields):
+        return None
+    if len(cls.__dataclass_fields__) != len(fields):
+        return None  # InitVar (or ClassVar) pseudo-fields: be conservative
+    setters: list[Callable[[object, object], None]] = []
+    for name in names:
+        slot = next((k.__dict__[name] for k in cls.__mro__ if name in k.__dict__), None)
+        if not isinstance(slot, types.MemberDescriptorType):
+            return None
+        setters.append(slot.__set__)
+    post_init = getattr(cls, "__post_init__", None)
+    return setters, post_init

@@ -4,14 +4,15 @@ shortcut, fall back to it for every error, and the per-thread Packer is safe to 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, fields
 
 import msgpack
 import pytest
 from codec_samples import REGISTRY, Everything, messages, sample
 from hypothesis import given, settings
 
-from phalanx.net.codec import DecodeError, EncodeError, _Spec
-from phalanx.net.codec_fast import pack
+from phalanx.net.codec import DecodeError, EncodeError, Registry, _Spec
+from phalanx.net.codec_fast import _raw_build, pack
 
 
 def spec_of(obj: object) -> _Spec:
@@ -63,3 +64,60 @@ def test_packer_per_thread_gives_identical_bytes() -> None:
         t.join()
     assert len(seen) == 1200
     assert all(b == want for b in seen)
+
+
+# -- construction without the frozen __init__ ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Checked:
+    """A `__post_init__` that validates and one that normalises."""
+
+    n: int
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise ValueError("n must be >= 0")
+        object.__setattr__(self, "tags", tuple(sorted(self.tags)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
+class _OwnInit:
+    """A hand-written __init__ (it doubles n): decoding must call it."""
+
+    n: int
+
+    def __init__(self, *, n: int) -> None:
+        object.__setattr__(self, "n", n * 2)
+
+
+_RAW = Registry()
+_RAW.register_many({1: _Checked, 2: _OwnInit})
+
+
+def test_raw_construction_only_for_generated_inits() -> None:
+    assert _raw_build(_Checked, ["n", "tags"]) is not None
+    assert _raw_build(_OwnInit, ["n"]) is None
+    assert _raw_build(_Checked, ["tags", "n"]) is None  # not the declaration order
+
+
+def test_raw_construction_runs_post_init() -> None:
+    obj = _RAW.decode(msgpack.packb([1, 3, ["b", "a"]], use_bin_type=True))
+    assert obj == _Checked(n=3, tags=("a", "b"))
+    assert obj.tags == ("a", "b")
+    with pytest.raises(DecodeError, match=r"_Checked rejected its fields: n must be >= 0"):
+        _RAW.decode(msgpack.packb([1, -1, []], use_bin_type=True))
+    assert _RAW.decode(_RAW.encode(_OwnInit(n=2))).n == 8  # 2*2 encoded, then *2 decoded
+
+
+@settings(deadline=None)
+@given(messages)
+def test_raw_construction_equals_calling_the_class(obj: object) -> None:
+    spec = spec_of(obj)
+    raw = msgpack.unpackb(pack(spec.encode(obj, 0)), raw=False)
+    got = spec.decode(raw, 0)
+    assert type(got) is type(obj)
+    assert [getattr(got, f.name) for f in fields(obj)] == [  # type: ignore[arg-type]
+        getattr(obj, f.name) for f in fields(obj)  # type: ignore[arg-type]
+    ]
