@@ -165,7 +165,7 @@ class RaftCore(Replication):
 
     def step(self, inp: RaftInput, /) -> Ready:
         """Feed one input; return what the driver must do (see `Ready`)."""
-        self._reset_out()
+        self._clear_out()
         match inp:
             case Receive(src=src, message=m):
                 self._receive(src, m)
@@ -235,6 +235,21 @@ class RaftCore(Replication):
         self._snap_out: Snapshot | None = None
         self._reads: list[ReadState] = []
         self._rejected: list[Rejection] = []
+
+    def _clear_out(self) -> None:
+        """`_reset_out`, keeping the lists that are already empty (most are, most steps)."""
+        if self._msgs:
+            self._msgs = []
+        if self._early:
+            self._early = []
+        if self._new_entries:
+            self._new_entries = []
+        self._truncate = None
+        self._snap_out = None
+        if self._reads:
+            self._reads = []
+        if self._rejected:
+            self._rejected = []
 
     def _finish(self) -> Ready:
         committed: tuple[Entry, ...] = ()
