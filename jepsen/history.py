@@ -102,6 +102,17 @@ class Op:
     node: int | str | None = None
 
     def __post_init__(self) -> None:
+        # Fast path: exact ints and strings and plain scalar values (what recorders write)
+        # pass every check below and need no normalising; anything else takes the checks.
+        if (
+            type(self.index) is int and self.index >= 0 and type(self.time) is int
+            and type(self.process) in _INT_OR_STR and self.type in OP_TYPES
+            and type(self.f) is str and self.f
+            and type(self.key) in _PLAIN_SCALARS and type(self.value) in _PLAIN_SCALARS
+            and type(self.error) in _PLAIN_SCALARS
+            and (self.node is None or type(self.node) in _INT_OR_STR)
+        ):
+            return
         if not _is_int(self.index) or self.index < 0:
             raise HistoryError(f"field 'index' must be a non-negative integer, got {self.index!r}")
         if not _is_int(self.time):
@@ -507,6 +518,9 @@ def write_history(path: str | Path, ops: Iterable[Op] | History) -> None:
     Path(path).write_text(text, encoding="utf-8")
 
 
+_INT_OR_STR = frozenset((int, str))
+_PLAIN_SCALARS = frozenset((type(None), bool, int, str))
+"""Exact types `Op`'s fast path accepts (floats need the finiteness check)."""
 _SCALAR_TYPES = (bool, int, str)
 """JSON scalars other than null and floats (a tuple: `isinstance` with `a | b` builds a
 union per call)."""
