@@ -112,6 +112,13 @@ class RaftLog:
             return self.offset
         return 0
 
+    def between(self, lo: int, hi: int) -> tuple[Entry, ...]:
+        """All entries lo..hi-1 (`slice` without limits). Raises for a range outside the log."""
+        if lo <= self.offset or hi > self.last_index() + 1 or lo > hi:
+            raise LocalProtocolError(f"range [{lo}, {hi}) outside log ({self.offset}, "
+                                     f"{self.last_index()}]")
+        return tuple(self.entries[lo - self.offset - 1: hi - self.offset - 1])
+
     def slice(self, lo: int, hi: int, *, max_entries: int, max_bytes: int) -> tuple[Entry, ...]:
         """Entries lo..hi-1, at most `max_entries`, and at most `max_bytes` (estimated; the
         first entry is always included). Raises for a range outside the log."""
