@@ -256,8 +256,7 @@ class RaftCore(Replication):
         commit, durable = self.commit, self.durable
         hi = commit if commit < durable else durable
         if hi > self.applied:
-            committed = self.log.slice(self.applied + 1, hi + 1, max_entries=_UNBOUNDED,
-                                       max_bytes=_UNBOUNDED)
+            committed = self.log.between(self.applied + 1, hi + 1)
             self.applied = hi
         vote = self.vote
         if "forget_persist_vote" in self.cfg.bugs and vote != self.id:
