@@ -107,6 +107,19 @@ def test_slice_limits() -> None:
         log.slice(0, 3, max_entries=5, max_bytes=100)
 
 
+@given(st.integers(0, 12), st.integers(0, 12), st.integers(0, 4))
+def test_between_is_an_unlimited_slice(lo: int, hi: int, compacted: int) -> None:
+    log = make_log([1] * 10)
+    log.compact(compacted)
+    try:
+        want = log.slice(lo, hi, max_entries=1 << 62, max_bytes=1 << 62)
+    except LocalProtocolError:
+        with pytest.raises(LocalProtocolError):
+            log.between(lo, hi)
+        return
+    assert log.between(lo, hi) == want
+
+
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=30), st.integers(0, 30),
        st.lists(st.integers(1, 6), max_size=10))
 def test_log_append_truncate_property(terms: list[int], cut: int, more: list[int]) -> None:
