@@ -1,11 +1,12 @@
 """Checkpoints and catching up for a PBFT replica (Castro-Liskov §4.3; TOCS §5.3).
 
 Owns: `CheckpointFlow`, the part of `PbftCore` (a base class of it) that signs and collects
-checkpoint votes, moves the water marks when a checkpoint becomes stable (garbage-collecting
-the log, the signer's record and the catch-up tables), and glues the `CatchUp` sub-machine
-(transfer.py) to the core: it starts a state transfer, installs checkpoint data whose digest
-matches the certificate (a `Ready.snapshot`), and queues fetched committed batches that f+1
-replicas agree on for in-order execution.
+checkpoint votes (re-broadcasting its newest vote while that checkpoint is not stable), moves
+the water marks when a checkpoint becomes stable (garbage-collecting the log, the signer's
+record and the catch-up tables), and glues the `CatchUp` sub-machine (transfer.py) to the
+core: it starts a state transfer, installs checkpoint data whose digest matches the
+certificate (a `Ready.snapshot`), and queues fetched committed batches that f+1 replicas
+agree on for in-order execution.
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
@@ -59,6 +60,7 @@ class CheckpointFlow:
     _next_seq: int
     _committed: dict[int, Batch]
     _snapshot_out: Snapshot | None
+    _own_vote: Checkpoint | None
     _durable_dirty: bool
     _hard_dirty: bool
     _drop: Callable[[str], None]
@@ -77,8 +79,19 @@ class CheckpointFlow:
         self._checkpoints.record_own(index, digest, data)
         cp = Checkpoint(seq=index, digest=digest, replica=self._me)
         cp = Checkpoint(seq=index, digest=digest, replica=self._me, signature=self._safety.sign(cp))
+        self._own_vote = cp
         self._broadcast(cp)
         self._checkpoint_vote(cp)
+
+    def _resend_checkpoint_vote(self) -> None:
+        """Re-broadcast our newest vote while its checkpoint is not stable here (periodically,
+        from `_tick`). A stable checkpoint needs 2f+1 matching votes; with f replicas
+        disagreeing (Byzantine, or a diverged state) that is every honest vote, and a vote
+        is otherwise sent once: votes lost to a crash or a partition froze every replica's
+        water marks for good (found by the Jepsen harness, corrupt_reply + kill/pause)."""
+        vote = self._own_vote
+        if vote is not None and vote.seq > self._checkpoints.stable.seq:
+            self._broadcast(vote)
 
     def _on_checkpoint(self, cp: Checkpoint) -> None:
         if not self._crypto.verify(cp.replica, cp, cp.signature):

@@ -39,6 +39,9 @@ class PbftConfig:
         view_change_ticks: base view-change timeout; doubles per consecutive view change.
         max_view_change_ticks: cap of the doubled timeout.
         fetch_ticks: ticks before a state-transfer fetch is retried with another peer.
+        checkpoint_resend_ticks: a replica re-broadcasts its newest signed checkpoint vote
+            this often while that checkpoint is not stable (a lost vote must not freeze the
+            water marks for good).
         max_pending: bound on buffered client requests (a flood is dropped and counted).
         bugs: deliberate bugs (see `KNOWN_BUGS`); unknown names raise.
     """
@@ -53,6 +56,7 @@ class PbftConfig:
     view_change_ticks: int = 20
     max_view_change_ticks: int = 640
     fetch_ticks: int = 10
+    checkpoint_resend_ticks: int = 50
     max_pending: int = 1024
     bugs: frozenset[str] = frozenset()
 
@@ -71,6 +75,7 @@ class PbftConfig:
             "max_inflight_batches",
             "view_change_ticks",
             "fetch_ticks",
+            "checkpoint_resend_ticks",
             "max_pending",
         ):
             if getattr(self, name) < 1:

@@ -151,6 +151,7 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
         self._active = d.view_active
         stable = StableCheckpoint(seq=d.stable_seq, digest=d.stable_digest, proof=d.stable_proof)
         self._checkpoints = CheckpointTracker(quorum=config.quorum, stable=stable)
+        self._own_vote: Checkpoint | None = None
         self._log = MessageLog(low=d.stable_seq, window=config.log_window)
         for proof in d.prepared:
             self._log.prepared_certs[proof.pre_prepare.seq] = proof
@@ -561,6 +562,8 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
 
     def _tick(self) -> None:
         self._ticks += 1
+        if self._ticks % self._cfg.checkpoint_resend_ticks == 0:
+            self._resend_checkpoint_vote()
         book = self._requests
         if self._active and self.is_primary() and book.pending:
             book.pending_age += 1

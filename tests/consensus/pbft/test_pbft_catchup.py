@@ -1,7 +1,7 @@
 """Bringing lagging replicas back: a replica stuck in an older view (it was cut off during the
 view change, or restarted) is sent the NewView by the primary it speaks to and rejoins;
 the next-view buffer is bounded per sender, so one Byzantine flood cannot crowd out the
-honest replicas' messages."""
+honest replicas' messages; a lost checkpoint vote is sent again."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pbft_harness import Cluster, req
 
 from phalanx.consensus.core import Receive
 from phalanx.consensus.pbft import PbftConfig, PbftCore
-from phalanx.consensus.pbft.messages import NewView, Prepare
-from phalanx.consensus.types import NodeId
+from phalanx.consensus.pbft.messages import Checkpoint, NewView, Prepare
+from phalanx.consensus.types import Message, NodeId
 
 
 def test_a_replica_left_in_an_older_view_gets_the_new_view_and_rejoins() -> None:
@@ -105,3 +105,30 @@ def test_a_fetch_from_an_older_view_is_answered_with_the_new_view() -> None:
     current = c.cores[c.ids[2]].step(
         Receive(src=old, message=FetchCheckpoint(seq=64, replica=old, view=1)))
     assert not [s for s in current.messages if isinstance(s.message, NewView)]
+
+
+def test_lost_checkpoint_votes_are_sent_again_so_the_water_marks_still_move() -> None:
+    # With one replica silent (f = 1 at n = 4), a stable checkpoint needs all three honest
+    # votes. Every vote for seq 4 is lost (a partition): before the periodic re-broadcast,
+    # no replica ever had the certificate and the cluster stopped at the high water mark.
+    c = Cluster(4, byzantine=(3,), batch_size=1, checkpoint_interval=4, log_window=8,
+                checkpoint_resend_ticks=5)
+    lost: list[Checkpoint] = []
+
+    def lose_votes(src: NodeId, dst: NodeId, msg: Message) -> bool:
+        if isinstance(msg, Checkpoint):
+            lost.append(msg)
+            return False
+        return True
+
+    c.filter = lose_votes
+    for n in range(4):
+        c.submit_all(req("a", n))
+        c.deliver()
+    assert lost
+    assert {c.cores[i].status().low_water for i in c.honest()} == {0}
+    c.filter = None
+    c.tick(5)
+    c.deliver()
+    assert {c.cores[i].status().low_water for i in c.honest()} == {4}
+    c.assert_agreement()
