@@ -132,3 +132,22 @@ def test_lost_checkpoint_votes_are_sent_again_so_the_water_marks_still_move() ->
     c.deliver()
     assert {c.cores[i].status().low_water for i in c.honest()} == {4}
     c.assert_agreement()
+
+
+def test_a_restarted_replica_votes_again_for_its_unstable_checkpoint() -> None:
+    # The same lost votes, but n0 is also restarted before the heal: its vote died with the
+    # process, so it signs it again from the checkpoint it restarts from.
+    c = Cluster(4, byzantine=(3,), batch_size=1, checkpoint_interval=4, log_window=8,
+                checkpoint_resend_ticks=5)
+    c.filter = lambda src, dst, msg: not isinstance(msg, Checkpoint)
+    for n in range(4):
+        c.submit_all(req("a", n))
+        c.deliver()
+    assert {c.cores[i].status().low_water for i in c.honest()} == {0}
+    c.crash(c.ids[0])
+    c.restart(c.ids[0])
+    c.filter = None
+    c.tick(5)
+    c.deliver()
+    assert {c.cores[i].status().low_water for i in c.honest()} == {4}
+    c.assert_agreement()
