@@ -38,13 +38,14 @@ soak: $(STAMP)
 
 # The Jepsen matrix on real clusters, 60 s per cell (~30 min in all). Raft: 5 nodes, workload
 # x nemesis. PBFT: 4 nodes (f=1), workload x nemesis, then workload x one Byzantine replica
-# (an equivocating primary; twins: two processes with one identity) under kill + partition.
+# (an equivocating primary, a replica corrupting its replies, twins: two processes with one
+# identity) under kill + partition.
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
 JEPSEN_WORKLOADS ?= register bank set
 JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced all
 JEPSEN_PBFT_WORKLOADS ?= register bank
 JEPSEN_PBFT_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge
-JEPSEN_PBFT_BYZANTINE ?= n1=equivocate twins
+JEPSEN_PBFT_BYZANTINE ?= n1=equivocate corrupt_reply twins
 jepsen: $(STAMP)
 	@status=0; for w in $(JEPSEN_WORKLOADS); do for n in $(JEPSEN_NEMESES); do \
 	  echo "== jepsen: raft, 5 nodes, workload $$w, nemesis $$n"; \
