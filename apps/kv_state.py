@@ -35,6 +35,7 @@ Must not import: consensus cores, storage, trio, clocks.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterable, Iterator
 
 import immutables
@@ -45,6 +46,8 @@ __all__ = ["LayeredSnapshot", "LayeredState"]
 
 Overlay = immutables.Map[str, bytes | None]
 _ABSENT = object()  # "this layer says nothing about the key" (None means: deleted)
+REAP_STEP = 512
+"""Entries of a replaced base dropped per write (see `LayeredState._reap`)."""
 
 
 def _lookup(key: str, layers: tuple[Overlay, ...], base: dict[str, bytes]) -> bytes | None:
@@ -68,6 +71,12 @@ class LayeredSnapshot:
         self.folded: dict[str, bytes] | None = None
         """base + levels as one dict, set once `items_in_steps` ran to the end (only when
         there were levels to fold)."""
+
+    def release(self) -> None:
+        """Read from the folded dict from now on (the same contents), dropping the base and
+        levels it was folded from, so the live state can take the old base apart."""
+        if self.folded is not None:
+            self._base, self._levels = self.folded, ()
 
     def covers(self, base: dict[str, bytes], levels: tuple[Overlay, ...]) -> int:
         """How many of `levels` (oldest first) this snapshot's fold replaces, or 0 if it was
@@ -115,9 +124,10 @@ class LayeredSnapshot:
 class LayeredState:
     """The live KV state (see the module docstring)."""
 
-    __slots__ = ("_base", "_len", "_levels", "_live", "_snapshot")
+    __slots__ = ("_base", "_graveyard", "_len", "_levels", "_live", "_snapshot")
 
     def __init__(self, base: dict[str, bytes] | None = None) -> None:
+        self._graveyard: list[dict[str, bytes]] = []  # replaced bases, taken apart in steps
         self._base: dict[str, bytes] = base if base is not None else {}
         self._levels: tuple[Overlay, ...] = ()
         self._live: Overlay = immutables.Map()
@@ -135,6 +145,8 @@ class LayeredState:
 
     def set(self, key: str, value: bytes) -> None:
         self._adopt()
+        if self._graveyard:
+            self._reap()
         if self.get(key) is None:
             self._len += 1
         self._live = self._live.set(key, value)
@@ -144,6 +156,8 @@ class LayeredState:
         if self.get(key) is None:
             return False
         self._adopt()
+        if self._graveyard:
+            self._reap()
         self._len -= 1
         self._live = self._live.set(key, None)
         return True
@@ -151,6 +165,8 @@ class LayeredState:
     def write_all(self, writes: Iterable[tuple[str, bytes | None]]) -> None:
         """Apply (key, value or None to delete) in order, through one map mutation."""
         self._adopt()
+        if self._graveyard:
+            self._reap()
         live = self._live.mutate()
         for key, value in writes:
             before = live.get(key, _ABSENT)
@@ -187,6 +203,22 @@ class LayeredState:
             return
         covered = snap.covers(self._base, self._levels)
         if covered:
+            self._graveyard.append(self._base)
             self._base = snap.folded
             self._levels = self._levels[covered:]
+            snap.release()
         self._snapshot = None
+
+    def _reap(self) -> None:
+        """Take a replaced base apart, `REAP_STEP` entries per write. Dropping a dict of a
+        million entries at once holds the GIL for ~40 ms (a decref per key and value, each a
+        cache miss) and would stall apply; a few hundred per write cost microseconds."""
+        old = self._graveyard[-1]
+        if sys.getrefcount(old) > 3:  # the graveyard, `old` and the call's argument
+            self._graveyard.pop()  # an older snapshot still reads it: it frees it later
+            return
+        for _ in range(REAP_STEP):
+            if not old:
+                self._graveyard.pop()
+                return
+            old.popitem()
