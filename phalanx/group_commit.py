@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from phalanx.consensus.core import Ready
 from phalanx.consensus.types import HardState, SnapshotMeta
-from phalanx.persistence import ReadyPersister
+from phalanx.persistence import ReadyPersister, commit_only_change
 
 
 class GroupCommitter:
@@ -64,8 +64,7 @@ class GroupCommitter:
         return self._saved
 
     def _must_write(self, hs: HardState) -> bool:
-        s = self._saved
-        return hs.term != s.term or hs.vote != s.vote or hs.view != s.view
+        return not commit_only_change(self._saved, hs)
 
     def needs_io(self, batch: Sequence[Ready]) -> bool:
         """Whether persisting `batch` writes anything (False: only deferred hard states)."""

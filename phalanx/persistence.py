@@ -46,6 +46,13 @@ from phalanx.storage.interface import (
 T = TypeVar("T")
 
 
+def commit_only_change(saved: HardState, new: HardState) -> bool:
+    """Whether `new` differs from the durable `saved` at most in `commit`. Such a hard state
+    may be deferred: restoring `commit` is an optimisation, never a safety requirement (the
+    runtime's group commit and the simulator both defer it)."""
+    return new.term == saved.term and new.vote == saved.vote and new.view == saved.view
+
+
 class Codec(Protocol):
     """The part of `phalanx.net.codec.Registry` persistence needs."""
 

@@ -46,7 +46,7 @@ from phalanx.consensus.core import (
 from phalanx.consensus.types import ClientRequest, HardState, Message, NodeId
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
-from phalanx.persistence import Codec, DurableState, ReadyPersister
+from phalanx.persistence import Codec, DurableState, ReadyPersister, commit_only_change
 from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
 
@@ -261,9 +261,7 @@ class SimNode:
         # for safety), so restarts here also start from an older commit index.
         if persists:
             hs = ready.hard_state
-            saved = self._saved_hs
-            defer = hs is not None and (
-                hs.term == saved.term and hs.vote == saved.vote and hs.view == saved.view)
+            defer = hs is not None and commit_only_change(self._saved_hs, hs)
             if hs is not None and not defer:
                 self._saved_hs = hs
             persister.persist(ready, install=replica.install, defer_hard_state=defer)
