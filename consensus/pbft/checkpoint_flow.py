@@ -77,11 +77,15 @@ class CheckpointFlow:
             return
         digest = self._crypto.digest(data)
         self._checkpoints.record_own(index, digest, data)
-        cp = Checkpoint(seq=index, digest=digest, replica=self._me)
-        cp = Checkpoint(seq=index, digest=digest, replica=self._me, signature=self._safety.sign(cp))
-        self._own_vote = cp
+        cp = self._own_vote = self._signed_checkpoint(index, digest)
         self._broadcast(cp)
         self._checkpoint_vote(cp)
+
+    def _signed_checkpoint(self, seq: int, digest: bytes) -> Checkpoint:
+        """Our vote that the state after `seq` has `digest` (signing a checkpoint twice is
+        harmless: the same statement)."""
+        cp = Checkpoint(seq=seq, digest=digest, replica=self._me)
+        return Checkpoint(seq=seq, digest=digest, replica=self._me, signature=self._safety.sign(cp))
 
     def _resend_checkpoint_vote(self) -> None:
         """Re-broadcast our newest vote while its checkpoint is not stable here (periodically,

@@ -161,11 +161,9 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
             digest = crypto.digest(data)
             self._checkpoints.record_own(self._executed, digest, data)
             if self._executed > d.stable_seq:
-                # Our vote for it may have died with the process: sign it again (the same
-                # statement) so `_resend_checkpoint_vote` can repeat it until it is stable.
-                cp = Checkpoint(seq=self._executed, digest=digest, replica=self._me)
-                self._own_vote = Checkpoint(seq=self._executed, digest=digest,
-                                            replica=self._me, signature=self._safety.sign(cp))
+                # Our vote for it may have died with the process: sign it again so
+                # `_resend_checkpoint_vote` can repeat it until it is stable.
+                self._own_vote = self._signed_checkpoint(self._executed, digest)
                 if config.quorum > 1:  # (n = 1 takes its checkpoints stable at once anyway)
                     self._checkpoints.add_vote(self._own_vote)
         # A primary never reuses a seq it pre-prepared in this view (even before a crash).
