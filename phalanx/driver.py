@@ -45,12 +45,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, TypeAlias
+from dataclasses import dataclass
+from typing import TypeAlias
 
 import trio
 
 from phalanx.apps.replica import ApplyStatus, Replica
+from phalanx.client_waiters import ClientWaiters, ReplyTarget
 from phalanx.consensus.core import (
     Core,
     CoreStatus,
@@ -63,6 +64,7 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.driver_stats import DriverObserver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.net.client_protocol import (
     ClientCall,
@@ -99,22 +101,6 @@ default 10 ms tick). Each write is a temp file, an fsync, a rename and a directo
 holds up the persistence pipeline; restoring `commit` is only an optimisation."""
 
 
-class ReplyTarget(Protocol):
-    """Where answers to one client connection go. `deliver` must not block."""
-
-    def deliver(self, reply: ClientReply | StatusReply) -> None: ...
-
-
-class DriverObserver(Protocol):
-    """Metrics hooks (`phalanx.metrics.NodeMetrics` implements them)."""
-
-    def on_fsync(self, seconds: float, readys: int) -> None: ...
-
-    def on_applied(self, entries: int, applied_index: int, commit_index: int) -> None: ...
-
-    def on_status(self, status: CoreStatus, applied_index: int) -> None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class _Call:
     call: ClientCall
@@ -145,34 +131,6 @@ class _BatchDone:
 
 
 _Item: TypeAlias = Input | _Call | _Calls | _Status | _Disconnected | _BatchDone
-
-
-@dataclass(slots=True)
-class DriverStatistics:
-    """Counters of one driver (monotonic, except `pending_readys` and `waiters`)."""
-
-    steps: int = 0
-    batches: int = 0
-    io_batches: int = 0
-    fsyncs: int = 0
-    applied_entries: int = 0
-    replies: int = 0
-    redirects: int = 0
-    retries: int = 0
-    dropped_peer_messages: int = 0
-    pending_readys: int = 0
-    waiters: int = 0
-    leader_changes: int = 0
-    early_messages: int = 0
-    proposal_batches: int = 0
-    duplicate_calls: int = 0
-    overloaded_calls: int = 0
-    """Writes refused with RETRY because `max_pending_calls` calls were already waiting."""
-    slow_passes: int = 0
-    """Core-loop passes longer than `SLOW_PASS_TICKS` ticks (heartbeats were late)."""
-    session_replies: int = 0
-    """Retried writes answered from the replica's session table (already applied here)."""
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Driver:
@@ -242,8 +200,6 @@ class Driver:
         self._inflight_snapshot = False
         self._internal: list[Input] = []
         self._reads: list[ReadState] = []
-        self._waiters: dict[tuple[str, int], list[ReplyTarget]] = {}
-        self._keys_of: dict[ReplyTarget, set[tuple[str, int]]] = {}
         self._ticks = 0
         self._was_leader = False
         self._leader: NodeId | None = None
@@ -251,6 +207,9 @@ class Driver:
         self._nursery: trio.Nursery | None = None
         self.stats = DriverStatistics()
         self.node_id = core.node_id
+        self._waiters = ClientWaiters(core.node_id, self.stats)
+        self._answer = self._waiters.answer
+        self._reply = self._waiters.reply
 
     # ---------------------------------------------------------------------- public (any task)
 
@@ -392,12 +351,7 @@ class Driver:
             case _Status(nonce=nonce, target=target):
                 target.deliver(self._status_reply(nonce, self._status, self.replica))
             case _Disconnected(target=target):
-                for key in self._keys_of.pop(target, ()):
-                    waiters = self._waiters.get(key)
-                    if waiters is not None:
-                        waiters[:] = [w for w in waiters if w is not target]
-                        if not waiters:
-                            del self._waiters[key]
+                self._waiters.forget(target)
             case Tick():
                 self._ticks += 1
                 self._step(item)
@@ -488,8 +442,7 @@ class Driver:
             self._reply(target, request, ReplyStatus.RETRY, leader_hint=self.node_id,
                         message=f"overloaded: {len(self._waiters)} calls pending")
             return
-        self._waiters.setdefault(key, []).append(target)
-        self._keys_of.setdefault(target, set()).add(key)
+        self._waiters.add(key, target)
         if waiting and not request.read_only and self._was_leader:
             # A retry of a write this leader already proposed and has not answered: it will
             # commit or this node will lose leadership (which answers every waiter), so the
@@ -602,61 +555,11 @@ class Driver:
 
     # ---------------------------------------------------------------------- replies
 
-    def _answer(
-        self,
-        client_id: str,
-        request_no: int,
-        status: ReplyStatus,
-        *,
-        result: bytes = b"",
-        leader_hint: str | None = None,
-        message: str = "",
-    ) -> None:
-        key = (client_id, request_no)
-        waiters = self._waiters.pop(key, None)
-        if not waiters:
-            return
-        reply = ClientReply(client_id=client_id, request_no=request_no, status=status,
-                            replica=self.node_id, result=result, leader_hint=leader_hint,
-                            message=message)
-        for target in waiters:
-            keys = self._keys_of.get(target)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._keys_of[target]
-            self._deliver(target, reply)
-
-    def _reply(
-        self,
-        target: ReplyTarget,
-        request: ClientRequest,
-        status: ReplyStatus,
-        *,
-        result: bytes = b"",
-        leader_hint: str | None = None,
-        message: str = "",
-    ) -> None:
-        self._deliver(target, ClientReply(
-            client_id=request.client_id, request_no=request.request_no, status=status,
-            replica=self.node_id, result=result, leader_hint=leader_hint, message=message))
-
-    def _deliver(self, target: ReplyTarget, reply: ClientReply) -> None:
-        st = self.stats
-        st.replies += 1
-        if reply.status is ReplyStatus.REDIRECT:
-            st.redirects += 1
-        elif reply.status is ReplyStatus.RETRY:
-            st.retries += 1
-        target.deliver(reply)
-
     def _fail_waiters(self, reason: str) -> None:
         """Answer RETRY to every waiter: this node stopped being leader. Their requests may
         still commit (under the next leader); the client retries with the same ids and the
         session table answers a duplicate from its cache."""
-        for client_id, request_no in sorted(self._waiters):
-            self._answer(client_id, request_no, ReplyStatus.RETRY,
-                         leader_hint=self._leader, message=reason)
+        self._waiters.fail_all(ReplyStatus.RETRY, leader_hint=self._leader, message=reason)
         self._reads.clear()
 
     def waiter_count(self) -> int:

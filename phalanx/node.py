@@ -51,7 +51,8 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
 )
-from phalanx.driver import Driver, DriverStatistics
+from phalanx.driver import Driver
+from phalanx.driver_stats import DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.metrics import NodeMetrics, serve_metrics
 from phalanx.net import wire
