@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from phalanx.consensus.core import SnapshotData
 from phalanx.storage.interface import Checkpoint, CheckpointStore
 
 
@@ -42,10 +43,14 @@ class CheckpointJob:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointDone:
-    """A finished job: `data` is durable in the store, unless `error` says why it is not."""
+    """A finished job: `data` is durable in the store, unless `error` says why it is not.
+
+    `data` is the checkpoint's bytes (`InlineCheckpointWriter`) or a view that reads the stored
+    file on demand (`ThreadedCheckpointWriter`, the runtime's: see `CheckpointStore.read_view`).
+    """
 
     index: int
-    data: bytes
+    data: SnapshotData
     error: str | None = None
 
 
@@ -216,13 +221,23 @@ class ThreadedCheckpointWriter:
                 continue
             if job is _STOP:
                 return
-            try:
-                data = _join_yielding(job.chunks, self._slice)
-                self._store.save(Checkpoint(job.index, data, job.meta))
-            except Exception as exc:  # reported to the replica via poll()
-                self._done.append(CheckpointDone(index=job.index, data=b"", error=repr(exc)))
-            else:
-                self._done.append(CheckpointDone(index=job.index, data=data))
+            self._done.append(self._write(job))
+            # NB: drop the job before blocking for the next one: its step iterator holds the
+            # state snapshot it serialised, which must not outlive the checkpoint.
+            del job
+
+    def _write(self, job: CheckpointJob) -> CheckpointDone:
+        """Serialise and save `job`, then hand back a view of the stored file instead of the
+        serialised bytes: the replica and the core keep the newest checkpoint for lagging
+        peers, and a view costs a descriptor, not a copy of the whole state in memory."""
+        try:
+            data = _join_yielding(job.chunks, self._slice)
+            self._store.save(Checkpoint(job.index, data, job.meta))
+            del data
+            view = self._store.read_view(job.index)
+        except Exception as exc:  # reported to the replica via poll()
+            return CheckpointDone(index=job.index, data=b"", error=repr(exc))
+        return CheckpointDone(index=job.index, data=view)
 
 
 _STOP = CheckpointJob(index=-1, chunks=iter(()), meta=b"")

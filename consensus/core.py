@@ -53,6 +53,26 @@ def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
     return setter
 
 
+class SnapshotData(Protocol):
+    """The read-only bytes of a durable checkpoint, as a core keeps them to send to peers.
+
+    `bytes` is one (the simulator and tests). The runtime passes a view that reads the
+    checkpoint file on demand (`phalanx.storage.directory.FileRange`), so a core that keeps
+    its newest checkpoint for lagging peers does not hold a second copy of the whole state in
+    memory. Slicing returns `bytes`; a view may raise `OSError` if the disk fails, which a
+    driver treats as fatal (fail-stop), like any other storage error.
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: slice, /) -> bytes: ...
+
+
+def snapshot_bytes(data: SnapshotData) -> bytes:
+    """All of `data` as `bytes` (no copy when it already is `bytes`)."""
+    return data if isinstance(data, bytes) else data[:]
+
+
 # --------------------------------------------------------------------------------------------
 # Inputs
 
@@ -106,13 +126,13 @@ _set_persisted_number = _slot_setter(Persisted, "number")
 class CheckpointTaken:
     """The replica layer made a checkpoint of the state after applying `index` durable.
 
-    `data` is the serialised checkpoint (shared, not copied); a core may keep it to send to a
-    lagging peer (Raft InstallSnapshot, PBFT state transfer) and may discard its log up to
-    `index`.
+    `data` is the serialised checkpoint (shared, not copied; in the runtime a view of the
+    checkpoint file, see `SnapshotData`); a core may keep it to send to a lagging peer (Raft
+    InstallSnapshot, PBFT state transfer) and may discard its log up to `index`.
     """
 
     index: int
-    data: bytes
+    data: SnapshotData
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,10 +191,11 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
-    """A complete checkpoint received from a peer, to install in place of the log prefix."""
+    """A complete checkpoint: received from a peer (to install in place of the log prefix),
+    or a core's own newest one (kept to send). Received ones are always `bytes`."""
 
     meta: SnapshotMeta
-    data: bytes
+    data: SnapshotData
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, init=False)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from phalanx.consensus.core import Ready
+from phalanx.consensus.core import Ready, SnapshotData, snapshot_bytes
 from phalanx.consensus.types import Entry, HardState, LocalProtocolError, SnapshotMeta
 from phalanx.storage.directory import Directory
 from phalanx.storage.hardstate import HARD_STATE_NAME, decode_hard_state
@@ -68,7 +68,8 @@ class DurableState:
     Attributes:
         hard_state: the last saved hard state, None if never saved.
         snapshot: metadata of the newest valid checkpoint, None if none.
-        snapshot_data: that checkpoint's bytes (the state machine after `snapshot.index`).
+        snapshot_data: that checkpoint's bytes (the state machine after `snapshot.index`), as
+            a view that reads the checkpoint file on demand when the store is on disk.
         entries: the log entries after the checkpoint, contiguous, in index order.
         problems: checkpoints skipped as corrupt (to report, never to hide).
         core_state: the last `Ready.core_state` written (decoded), for cores that use one.
@@ -76,10 +77,14 @@ class DurableState:
 
     hard_state: HardState | None
     snapshot: SnapshotMeta | None
-    snapshot_data: bytes | None
+    snapshot_data: SnapshotData | None
     entries: tuple[Entry, ...]
     problems: tuple[str, ...] = ()
     core_state: object | None = None
+
+    def snapshot_bytes(self) -> bytes | None:
+        """`snapshot_data` read into memory (for cores that keep the checkpoint as bytes)."""
+        return None if self.snapshot_data is None else snapshot_bytes(self.snapshot_data)
 
 
 class DeltaRules(Protocol):
@@ -296,11 +301,12 @@ class ReadyPersister:
         if ready.snapshot is not None:
             meta = ready.snapshot.meta
             if install is not None:
-                install(meta, ready.snapshot.data)
+                install(meta, snapshot_bytes(ready.snapshot.data))
             else:
                 self.checkpoints.save(
                     Checkpoint(
-                        index=meta.index, data=ready.snapshot.data, meta=self.codec.encode(meta)
+                        index=meta.index, data=snapshot_bytes(ready.snapshot.data),
+                        meta=self.codec.encode(meta),
                     )
                 )
             # Reset the log: nothing at or before the snapshot survives; later entries come
@@ -334,10 +340,11 @@ class ReadyPersister:
         hs = None if raw_hs is None else self._decode(raw_hs, HardState, "hard state")
         loaded = self.checkpoints.load_latest()
         meta: SnapshotMeta | None = None
-        data: bytes | None = None
+        data: SnapshotData | None = None
         if loaded.checkpoint is not None:
             meta = self._decode(loaded.checkpoint.meta, SnapshotMeta, "checkpoint metadata")
-            data = loaded.checkpoint.data
+            # A view, not the bytes just verified: the core keeps it for lagging peers.
+            data = self.checkpoints.read_view(loaded.checkpoint.index)
         after = 0 if meta is None else meta.index
         first, last = self.wal.first_index(), self.wal.last_index()
         lo = max(first, after + 1)

@@ -207,7 +207,7 @@ def _pbft(config: NodeConfig, durable: DurableState, rng: random.Random,
     restored = PbftRestoredState(
         durable=state,
         executed=durable.snapshot.index if durable.snapshot is not None else 0,
-        checkpoint_data=durable.snapshot_data,
+        checkpoint_data=durable.snapshot_bytes(),
     )
     core: Core = PbftCore(pbft_config(config), crypto=crypto, restored=restored)
     if byzantine is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from phalanx.storage.directory import Directory
+from phalanx.storage.directory import ByteView, Directory
 from phalanx.storage.interface import Checkpoint, LoadedCheckpoint, StorageError, SyncPolicy
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -108,6 +108,26 @@ class FileCheckpointStore:
                 self._dir.remove(checkpoint_name(index))
         except OSError as e:
             raise StorageError(f"saving checkpoint {checkpoint.index} failed: {e}") from e
+
+    def read_view(self, index: int) -> ByteView:
+        """The data of stored checkpoint `index` as a view that reads the file on demand
+        (`Directory.view`): it stays valid after the checkpoint is superseded and removed.
+        The checksum is not re-verified here (the caller saved or loaded this checkpoint).
+
+        Raises:
+            StorageError: no such checkpoint, or its header does not match the file.
+        """
+        name = checkpoint_name(index)
+        try:
+            head = self._dir.read_at(name, 0, _HEADER_SIZE)
+            if len(head) < _HEADER_SIZE:
+                raise StorageError(f"{self._dir.path(name)}: only {len(head)} bytes")
+            magic, stored, meta_len, data_len = _HEAD.unpack_from(head)
+            if magic != _MAGIC or stored != index:
+                raise StorageError(f"{self._dir.path(name)}: not checkpoint {index}")
+            return self._dir.view(name, _HEADER_SIZE + meta_len, data_len)
+        except (OSError, ValueError) as e:
+            raise StorageError(f"reading checkpoint {index} failed: {e}") from e
 
     def load_latest(self) -> LoadedCheckpoint:
         """The newest valid checkpoint, with a problem line for every newer invalid one."""

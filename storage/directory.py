@@ -22,6 +22,77 @@ import os
 from typing import Protocol
 
 
+class ByteView(Protocol):
+    """Read-only bytes that may live on disk: `len()` and slicing (to `bytes`) only.
+
+    `bytes` is one; `FileRange` is the on-disk one. The same shape as
+    `phalanx.consensus.core.SnapshotData`, which is what the views are handed on as.
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: slice, /) -> bytes: ...
+
+
+class FileRange:
+    """A read-only byte range of a file, read with `pread` on demand (never held in memory).
+
+    It keeps its own descriptor, so the range stays readable after the file is renamed over
+    or removed (the inode lives while the descriptor is open); the descriptor is closed when
+    the view is garbage-collected or `close`d. Only valid over a file nobody modifies in place
+    (checkpoint files are written once, to a temp name, then renamed). Slices with a step are
+    refused (`ValueError`); reads past the range come back short, as `bytes` slices do.
+    """
+
+    __slots__ = ("_fd", "_length", "_start")
+
+    def __init__(self, path: str, start: int, length: int) -> None:
+        self._fd: int | None = None
+        if start < 0 or length < 0:
+            raise ValueError(f"bad file range {start}+{length} of {path}")
+        self._fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(self._fd).st_size
+        if start + length > size:
+            self.close()
+            raise ValueError(f"range {start}+{length} is past the end of {path} ({size} bytes)")
+        self._start = start
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, key: slice, /) -> bytes:
+        if not isinstance(key, slice):
+            raise TypeError("FileRange supports slices only")
+        lo, hi, step = key.indices(self._length)
+        if step != 1:
+            raise ValueError("FileRange slices must be contiguous (step 1)")
+        if self._fd is None:
+            raise ValueError("read from a closed FileRange")
+        want = max(0, hi - lo)
+        parts: list[bytes] = []
+        offset = self._start + lo
+        while want > 0:
+            piece = os.pread(self._fd, want, offset)
+            if not piece:
+                raise OSError(f"file range ended early at offset {offset}")
+            parts.append(piece)
+            offset += len(piece)
+            want -= len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def __repr__(self) -> str:
+        return f"FileRange(start={self._start}, length={self._length})"
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class Directory(Protocol):
     """One flat directory of files, with explicit durability."""
 
@@ -41,6 +112,12 @@ class Directory(Protocol):
 
     def read_at(self, name: str, offset: int, length: int) -> bytes:
         """Up to `length` bytes from `offset` (fewer at end of file)."""
+        ...
+
+    def view(self, name: str, offset: int, length: int) -> ByteView:
+        """`length` bytes from `offset` as a read-only view that outlives a later rename or
+        removal of the file. For files that are never modified in place (checkpoints).
+        Raises `ValueError` if the range is past the end of the file."""
         ...
 
     def create(self, name: str) -> None:
@@ -111,6 +188,9 @@ class OsDirectory:
         with open(self.path(name), "rb") as f:
             f.seek(offset)
             return f.read(length)
+
+    def view(self, name: str, offset: int, length: int) -> ByteView:
+        return FileRange(self.path(name), offset, length)
 
     def _fd(self, name: str, *, flags: int = 0) -> int:
         fd = self._fds.get(name)

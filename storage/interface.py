@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from phalanx.storage.directory import ByteView
+
 
 class StorageError(Exception):
     """Base of every storage error."""
@@ -122,6 +124,12 @@ class CheckpointStore(Protocol):
         ...
 
     def load_latest(self) -> LoadedCheckpoint: ...
+
+    def read_view(self, index: int) -> ByteView:
+        """The data of stored checkpoint `index` as a read-only view that may read the disk
+        on demand instead of holding the bytes (`phalanx.storage.directory.ByteView`); it
+        stays valid after the checkpoint is removed. Raises `StorageError` if it is absent."""
+        ...
 
     def indexes(self) -> list[int]:
         """Indexes of the stored checkpoints, ascending (valid or not)."""

@@ -177,6 +177,13 @@ class MemoryDirectory:
     def read_at(self, name: str, offset: int, length: int) -> bytes:
         return bytes(self._inode(name).data[offset:offset + length])
 
+    def view(self, name: str, offset: int, length: int) -> bytes:
+        """A copy: in memory there is nothing to save by reading lazily."""
+        data = self._inode(name).data
+        if offset < 0 or length < 0 or offset + length > len(data):
+            raise ValueError(f"range {offset}+{length} is past the end of {self.path(name)}")
+        return bytes(data[offset:offset + length])
+
     def create(self, name: str) -> None:
         self._tick()
         inode = self._names.get(name)

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Mapping
 
 from phalanx.storage.checkpoint import FileCheckpointStore
-from phalanx.storage.directory import OsDirectory
+from phalanx.storage.directory import ByteView, OsDirectory
 from phalanx.storage.files import Storage, open_file_storage
 from phalanx.storage.hardstate import FileHardStateStore
 from phalanx.storage.interface import SyncPolicy
@@ -87,6 +87,16 @@ class VolatileDirectory:
                 start = max(0, offset - disk_len)
                 out += bytes(buf[start:start + rest])
             return out
+
+    def view(self, name: str, offset: int, length: int) -> ByteView:
+        """The file's view when the range is on disk; a copy while part of it is buffered."""
+        with self._lock:
+            if not self._buffers.get(name):
+                return self._disk.view(name, offset, length)
+        data = self.read_at(name, offset, length)
+        if len(data) != length:
+            raise ValueError(f"range {offset}+{length} is past the end of {self.path(name)}")
+        return data
 
     def create(self, name: str) -> None:
         with self._lock:

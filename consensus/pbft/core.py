@@ -49,6 +49,7 @@ from phalanx.consensus.core import (
     Snapshot,
     Submit,
     Tick,
+    snapshot_bytes,
 )
 from phalanx.consensus.crypto import Crypto, digest_of
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
@@ -252,7 +253,7 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
             case Persisted(number=number):
                 self._on_persisted(number)
             case CheckpointTaken(index=index, data=data):
-                self._checkpoint_taken(index, data)
+                self._checkpoint_taken(index, snapshot_bytes(data))
             case CheckpointInstalled(meta=meta, data=data):
                 if meta.index > self._executed:
                     self._executed = meta.index

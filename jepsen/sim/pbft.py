@@ -323,7 +323,7 @@ def pbft_setup(
         return PbftRestoredState(
             durable=cells.get(node, PbftDurableState()),
             executed=durable.snapshot.index if durable.snapshot is not None else 0,
-            checkpoint_data=durable.snapshot_data,
+            checkpoint_data=durable.snapshot_bytes(),
         )
 
     def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
