@@ -73,6 +73,7 @@ from phalanx.net.client_protocol import (
     ReplyStatus,
     StatusReply,
 )
+from phalanx.phase_trace import PhaseTrace
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ MAX_PENDING_CALLS = 2048
 as the leader hint: "I lead, come back later"). Backpressure: past this, a longer queue only
 adds latency (clients would wait past their deadlines for writes that then still apply).
 Closed-loop clients never reach it while each holds one call in flight; a flood does."""
+
+IDLE_INLINE_READYS = 8
+"""The largest batch `idle_inline` persists on the core task."""
 
 SLOW_PASS_TICKS = 5
 """A pass of the core loop longer than this many ticks is counted in `slow_passes`: while it
@@ -151,6 +155,10 @@ class Driver:
             the blocked loop delayed ticks and answers long enough for spurious elections
             and window resends, and throughput collapsed (61-66 writes/s vs 615 with the
             worker thread in the same benchmark).
+        idle_inline: persist a batch on the core task when it holds at most
+            `IDLE_INLINE_READYS` Readys, installs no snapshot and the input channel is empty
+            (an idle node: a single client's write). Under load the channel is rarely empty
+            and batches are large, so the worker thread keeps stepping during the fsync.
         capacity: size of the input channel.
         max_pending_calls: unanswered client calls above which a leader answers new writes
             with RETRY (see `MAX_PENDING_CALLS`).
@@ -172,9 +180,11 @@ class Driver:
         observer: DriverObserver | None = None,
         persist_inline: bool = False,
         follower_inline: bool = False,
+        idle_inline: bool = False,
         capacity: int = 4096,
         propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
         max_pending_calls: int = MAX_PENDING_CALLS,
+        trace: PhaseTrace | None = None,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -185,12 +195,20 @@ class Driver:
         self.replica = replica
         self.committer = committer
         self._send = send
+        self._trace = trace
+        if trace is not None:
+            def traced_send(to: NodeId, message: Message) -> bool:
+                trace.mark("send", type(message).__name__)
+                return send(to, message)
+
+            self._send = traced_send
         self._tick_seconds = tick_seconds
         self._tick_period = tick_seconds
         self._status_reply = status_reply
         self._observer = observer
         self._persist_inline = persist_inline
         self._follower_inline = follower_inline
+        self._idle_inline = idle_inline
         self._propose_batch = propose_batch
         self._proposals: list[ClientRequest] = []
         self._proposal_bytes = 0
@@ -313,10 +331,14 @@ class Driver:
     async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
         committer = self.committer
 
+        spent = [0.0]
+
         def work() -> bool:
+            begin = time.perf_counter()
             synced = committer.persist(batch)
             if flush_commit:
                 committer.flush_commit()
+            spent[0] = time.perf_counter() - begin
             return synced
 
         error: BaseException | None = None
@@ -326,6 +348,8 @@ class Driver:
         except Exception as exc:  # storage failure: reported to the core loop, which stops
             error = exc
             synced = False
+        if self._trace is not None:
+            self._trace.mark("io_work", f"{spent[0] * 1e6:.0f}us {'sync' if synced else 'nosync'}")
         if synced:
             self.stats.fsyncs += 1
             if self._observer is not None:
@@ -337,6 +361,8 @@ class Driver:
     def _handle(self, item: _Item) -> None:
         match item:
             case _BatchDone(batch=batch, error=error):
+                if self._trace is not None:
+                    self._trace.mark("io_end", str(len(batch)))
                 if error is not None:
                     logger.critical("%s: persistence failed, stopping: %s", self.node_id, error)
                     raise error
@@ -354,10 +380,23 @@ class Driver:
                 self._waiters.forget(target)
             case Tick():
                 self._ticks += 1
-                self._step(item)
+                if self._trace is not None:
+                    self._trace_tick(item, self._trace)
+                else:
+                    self._step(item)
                 self._on_tick()
             case _:
+                if self._trace is not None and isinstance(item, Receive):
+                    self._trace.mark("recv", type(item.message).__name__)
                 self._step(item)
+
+    def _trace_tick(self, tick: Tick, trace: PhaseTrace) -> None:
+        """A traced tick step: marks ``tick_work`` when the tick itself made progress."""
+        before = len(self._pending)
+        self._step(tick)
+        pending = self._pending[before:]
+        if any(r.messages or r.committed or r.has_persistence for r in pending):
+            trace.mark("tick_work", str(len(pending)))
 
     def _step(self, inp: Input) -> None:
         self._queue(self.core.step(inp))
@@ -415,6 +454,8 @@ class Driver:
 
     def _on_call(self, call: ClientCall, target: ReplyTarget) -> None:
         request = call.request
+        if self._trace is not None:
+            self._trace.mark("call", f"{request.client_id}/{request.request_no}")
         if request.read_only and call.consistency is ReadConsistency.STALE:
             if self._inflight_snapshot:
                 self._reply(target, request, ReplyStatus.RETRY, message="installing a snapshot")
@@ -465,7 +506,8 @@ class Driver:
         while self._inflight is None and self._pending:
             batch, self._pending = self._pending, []
             if self._persist_inline or (self._follower_inline
-                                        and self._status.role != "leader"):
+                                        and self._status.role != "leader") or (
+                    self._idle_inline and self._inline_now(batch)):
                 self._persist_here(batch)
                 self._complete(batch)
                 continue
@@ -484,10 +526,24 @@ class Driver:
             self._start_io(batch, flush_commit=False)
         self.stats.pending_readys = len(self._pending)
 
+    def _inline_now(self, batch: Sequence[Ready]) -> bool:
+        """Whether to persist `batch` on the core task: it is small, installs no snapshot,
+        and no input waits (so there is nothing to step while the fsync runs, and the two
+        thread hand-offs, each of which can wait out a GIL switch interval, are saved)."""
+        if len(batch) > IDLE_INLINE_READYS or self._rx.statistics().current_buffer_used:
+            return False
+        return all(r.snapshot is None for r in batch)
+
     def _persist_here(self, batch: Sequence[Ready]) -> None:
         """Step 1 on the core task (blocking it for the write and fsync)."""
         start = time.perf_counter()
-        if self.committer.persist(batch):
+        if self._trace is not None:
+            self._trace.mark("io_inline", str(len(batch)))
+        synced = self.committer.persist(batch)
+        if self._trace is not None:
+            self._trace.mark("io_work", f"{(time.perf_counter() - start) * 1e6:.0f}us "
+                             f"{'sync' if synced else 'nosync'}")
+        if synced:
             self.stats.fsyncs += 1
             if self._observer is not None:
                 self._observer.on_fsync(time.perf_counter() - start, len(batch))
@@ -495,6 +551,8 @@ class Driver:
     def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse
         self._inflight = batch
+        if self._trace is not None:
+            self._trace.mark("io_start", str(len(batch)))
         self._inflight_snapshot = any(r.snapshot is not None for r in batch)
         self.stats.io_batches += 1
         self._nursery.start_soon(self._persist_batch, batch, flush_commit)
@@ -529,6 +587,8 @@ class Driver:
                 last = max(last, ready.number)
         if self._reads:
             self._serve_reads()
+        if applied and self._trace is not None:
+            self._trace.mark("apply", str(applied))
         if applied:
             self.stats.applied_entries += applied
             if self._observer is not None:

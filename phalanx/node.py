@@ -66,6 +66,7 @@ from phalanx.net.transport import (
     open_peer_transport,
 )
 from phalanx.persistence import ReadyPersister
+from phalanx.phase_trace import phase_trace_from_env
 from phalanx.pki import (
     CredentialPaths,
     client_server_context,
@@ -297,7 +298,9 @@ async def open_node(
                             tick_seconds=config.timing.tick_ms / 1000,
                             status_reply=status_reply, observer=metrics,
                             persist_inline=config.fsync == "off",
-                            propose_batch=built.propose_batch)
+                            idle_inline=True,
+                            propose_batch=built.propose_batch,
+                            trace=phase_trace_from_env(config.id))
             client_port = ClientPort(driver, ssl_context=client_server_context(paths),
                                      node_id=config.id)
             node = Node(config=config, driver=driver, transport=transport,

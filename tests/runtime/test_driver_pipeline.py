@@ -21,11 +21,12 @@ from phalanx.apps.replica import Replica
 from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Send
 from phalanx.consensus.raft import AppendEntries, AppendEntriesResponse
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
-from phalanx.driver import PROPOSAL_MAX_REQUESTS, Driver
+from phalanx.driver import DRAIN_LIMIT, PROPOSAL_MAX_REQUESTS, Driver
 from phalanx.group_commit import GroupCommitter
 from phalanx.net import wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus, StatusReply
 from phalanx.persistence import ReadyPersister
+from phalanx.phase_trace import PhaseTrace
 from phalanx.storage.memory import MemoryDisk
 
 N1, N2 = NodeId("n1"), NodeId("n2")
@@ -96,7 +97,8 @@ class GatedCommitter(GroupCommitter):
 
 def make_driver(core: ScriptedCore, committer: GatedCommitter,
                 sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0,
-                follower_inline: bool = False, max_pending_calls: int = 2048) -> Driver:
+                follower_inline: bool = False, max_pending_calls: int = 2048,
+                idle_inline: bool = False, trace: PhaseTrace | None = None) -> Driver:
     def send(to: NodeId, message: Message) -> bool:
         sent.append((to, message))
         committer.events.append(type(message).__name__)
@@ -109,7 +111,8 @@ def make_driver(core: ScriptedCore, committer: GatedCommitter,
     return Driver(core=core, replica=replica, committer=committer, send=send,
                   tick_seconds=tick_seconds, status_reply=status_reply,
                   propose_batch=core.propose, follower_inline=follower_inline,
-                  max_pending_calls=max_pending_calls)
+                  max_pending_calls=max_pending_calls, idle_inline=idle_inline,
+                  trace=trace)
 
 
 def call(n: int) -> ClientCall:
@@ -185,6 +188,36 @@ async def test_a_follower_persists_on_a_worker_thread_by_default() -> None:
         await wait_for(lambda: core.persisted == [1])
         nursery.cancel_scope.cancel()
     assert committer.threads != [threading.current_thread().name]
+
+
+async def test_an_idle_leader_persists_a_small_batch_on_the_core_task() -> None:
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent, idle_inline=True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: core.persisted == [1])
+        nursery.cancel_scope.cancel()
+    assert committer.threads == [threading.current_thread().name]
+    assert driver.stats.io_batches == 0  # no worker-thread hand-off
+    # The ordering rule is unchanged: early message, then the write, then the rest.
+    assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
+
+
+async def test_a_busy_leader_keeps_persisting_on_the_worker_thread() -> None:
+    """Inputs still waiting in the channel when the pass ends: the batch goes to the worker
+    thread, so the loop keeps stepping them while the disk works."""
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent, idle_inline=True)
+    await driver.call(call(1), Sink())
+    for _ in range(DRAIN_LIMIT + 10):  # more than one pass takes: some still wait
+        await driver.deliver(N2, LATE)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await wait_for(lambda: core.persisted == [1])
+        nursery.cancel_scope.cancel()
+    assert committer.threads != [threading.current_thread().name]
+    assert driver.stats.io_batches == 1
 
 
 async def test_a_retried_write_waits_with_the_first_instead_of_a_second_proposal() -> None:

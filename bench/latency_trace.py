@@ -1,0 +1,137 @@
+"""Per-phase latency breakdown of one closed-loop client against a phalanx cluster.
+
+Usage (from bench/): ``../.venv/bin/python latency_trace.py --protocol raft --duration 3``
+
+Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group") with ``PHALANX_TRACE_PHASES``
+set, so every node writes its driver's phase events (`phalanx.phase_trace`), drives ONE
+closed-loop writer and records each put's send and reply times on the same system-wide
+monotonic clock. With one request in flight, every event a node logs between a put's send
+and its reply belongs to that put: the report lists, per node and event, the median offset
+of its first occurrence from the client's send, in time order, plus the client's p50.
+
+Must not be imported by the package. Loopback only. Every process it starts is stopped
+(`PhalanxCluster.stop`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import trio
+from _loadgen import make_value
+from _phalanx import PhalanxCluster
+
+from phalanx.client import ClientError
+from phalanx.phase_trace import ENV_VAR
+
+
+def _load(path: Path) -> list[tuple[int, str, str]]:
+    """(ns, event name, detail); a peer message's type is part of its event's name."""
+    events: list[tuple[int, str, str]] = []
+    for line in path.read_text().splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) < 2:
+            continue
+        detail = parts[2] if len(parts) == 3 else ""
+        name = f"{parts[1]}:{detail}" if parts[1] in ("recv", "send") else parts[1]
+        events.append((int(parts[0]), name, detail))
+    events.sort()
+    return events
+
+
+def breakdown(trace_dir: Path, requests: list[tuple[int, int]]) -> str:
+    """The report: median first-occurrence offset (ms) of each node's events per request."""
+    nodes = {p.stem: _load(p) for p in sorted(trace_dir.glob("*.trace"))}
+    offsets: dict[tuple[str, str], list[float]] = defaultdict(list)
+    counts: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for sent, answered in requests:
+        for node, events in nodes.items():
+            times = [t for t, _, _ in events]
+            lo = bisect.bisect_left(times, sent)
+            hi = bisect.bisect_right(times, answered)
+            seen: dict[str, int] = {}
+            for t, name, _ in events[lo:hi]:
+                if name not in seen:
+                    seen[name] = t
+                counts[(node, name)].append(1)
+            for name, t in seen.items():
+                offsets[(node, name)].append((t - sent) / 1e6)
+    n = len(requests)
+    rows = sorted(
+        ((statistics.median(v), len(v), len(counts[k]), k) for k, v in offsets.items()
+         if len(v) >= n // 2),
+        key=lambda r: r[0],
+    )
+    latencies = sorted((b - a) / 1e6 for a, b in requests)
+    works = sorted(float(d.split("us")[0]) / 1e3 for events in nodes.values()
+                   for _, name, d in events if name == "io_work" and d.endswith(" sync"))
+    out = [f"{n} requests; client p50 {statistics.median(latencies):.3f} ms, "
+           f"p90 {latencies[int(0.9 * (n - 1))]:.3f} ms",
+           f"fsynced persist work (all nodes, {len(works)} batches): p50 "
+           f"{works[len(works) // 2] if works else 0:.3f} ms, p90 "
+           f"{works[int(0.9 * (len(works) - 1))] if works else 0:.3f} ms",
+           f"{'median ms':>10} {'in % reqs':>9} {'per req':>8}  node  event"]
+    for med, present, total, (node, name) in rows:
+        out.append(f"{med:10.3f} {100 * present / n:9.0f} {total / n:8.1f}  {node:5} {name}")
+    return "\n".join(out)
+
+
+async def _drive(cluster: PhalanxCluster, *, warmup: float, duration: float,
+                 value: bytes) -> list[tuple[int, int]]:
+    clock = time.monotonic_ns
+    out: list[tuple[int, int]] = []
+    async with cluster.connected() as client:
+        for _ in range(200):  # until the cluster answers
+            try:
+                await client.put("warm", value)
+                break
+            except ClientError:  # still electing
+                await trio.sleep(0.1)
+        start = clock()
+        seq = 0
+        while clock() - start < (warmup + duration) * 1e9:
+            t0 = clock()
+            await client.put(f"k{seq}", value)
+            t1 = clock()
+            seq += 1
+            if t0 - start >= warmup * 1e9:
+                out.append((t0, t1))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--protocol", choices=("raft", "pbft"), default="raft")
+    p.add_argument("--duration", type=float, default=3.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--value-size", type=int, default=100)
+    p.add_argument("--keep", default=None, help="directory to keep the traces in")
+    args = p.parse_args()
+    trace_dir = Path(args.keep or tempfile.mkdtemp(prefix="phalanx-trace-"))
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    for old in trace_dir.glob("*.trace"):
+        old.unlink()
+    cluster = PhalanxCluster(protocol=args.protocol, workdir=None,
+                             nodes=4 if args.protocol == "pbft" else 3)
+    try:
+        os.environ[ENV_VAR] = str(trace_dir)  # inherited by the node processes only
+        cluster.start()
+        del os.environ[ENV_VAR]
+        requests = trio.run(lambda: _drive(cluster, warmup=args.warmup,
+                                           duration=args.duration,
+                                           value=make_value(args.value_size)))
+    finally:
+        cluster.stop()
+    print(f"load: {os.getloadavg()}")
+    print(breakdown(trace_dir, requests))
+
+
+if __name__ == "__main__":
+    main()
