@@ -11,8 +11,8 @@ Invariants:
   a refused `Txn` (limits, duplicate keys) changes nothing.
 - `apply`/`query` never raise: bytes that do not decode to a KV command, or a command over the
   size limits, get a `KvError` result and change nothing.
-- State is a `LayeredState` (`phalanx.apps.kv_state`): a dict base under persistent
-  overlays; `snapshot()` is O(1) and a snapshot never changes.
+- State is a `LayeredState` (`phalanx.apps.kv_state`): a sorted, sharded dict base under
+  persistent overlays; `snapshot()` is O(1) and a snapshot never changes.
 - Determinism: no behaviour depends on the map's (hash-seeded) iteration order; scans and
   checkpoints sort keys.
 
@@ -35,7 +35,7 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
-from phalanx.apps.kv_state import LayeredSnapshot, LayeredState
+from phalanx.apps.kv_state import LayeredSnapshot, LayeredState, SortedBase
 from phalanx.apps.kv_types import (
     MAX_KEY_BYTES,
     MAX_SCAN_LIMIT,
@@ -61,10 +61,13 @@ from phalanx.apps.kv_types import (
 
 CHUNK_KEYS = 4096
 """Pairs per checkpoint array (part of the format: changing it changes the bytes)."""
-SORT_RUN = 2048
-STEP_KEYS = 256
-"""Keys sorted, merged or looked up per serialisation step: bounds one step to well under a
-millisecond, so the applying thread never waits long for the GIL."""
+WINDOW_KEYS = 4096
+"""Base keys merged per serialisation step: C-level calls only (slicing, zipping), so one
+step stays well under a millisecond."""
+SORT_RUN = 1024
+STEP_KEYS = 512
+"""Overlay keys sorted or merged per serialisation step (Python-level heap merge): bounds one
+step to well under a millisecond, so the applying thread never waits long for the GIL."""
 _MAGIC = "phalanx.kv"
 _VERSION = 1
 
@@ -81,20 +84,20 @@ class KvSnapshot:
         return self._view.length
 
     def chunks(self) -> Iterator[bytes]:
+        """The checkpoint (module docstring), one packed array per step, `b""` between
+        steps that produced none."""
         view = self._view
         yield msgpack.packb([_MAGIC, _VERSION, view.length])
-        flat: list[str | bytes] = []
-        for pairs in view.items_in_steps(run=SORT_RUN, step=STEP_KEYS):
-            if pairs is not None:
-                for key, value in pairs:
-                    flat.append(key)
-                    flat.append(value)
-            if len(flat) >= 2 * CHUNK_KEYS:
-                yield msgpack.packb(flat[: 2 * CHUNK_KEYS])
-                del flat[: 2 * CHUNK_KEYS]
-            else:
+        for out in view.sorted_chunks(
+            chunk=CHUNK_KEYS, window=WINDOW_KEYS, run=SORT_RUN, step=STEP_KEYS
+        ):
+            if out is None:
                 yield b""
-        if flat:
+                continue
+            keys, values = out
+            flat: list[str | bytes] = [b""] * (2 * len(keys))
+            flat[0::2] = keys
+            flat[1::2] = values
             yield msgpack.packb(flat)
 
 
@@ -262,7 +265,7 @@ def validate(cmd: KvCommand) -> KvError | None:
     return None
 
 
-def _parse_checkpoint(data: bytes) -> dict[str, bytes]:
+def _parse_checkpoint(data: bytes) -> SortedBase:
     """Decode the KV checkpoint format (module docstring); raise `SnapshotFormatError`."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
     unpacker.feed(data)
@@ -280,7 +283,10 @@ def _parse_checkpoint(data: bytes) -> dict[str, bytes]:
     ):
         raise SnapshotFormatError(f"not a version-{_VERSION} KV checkpoint header: {header!r}")
     count: int = header[2]
-    pairs: dict[str, bytes] = {}
+    # The base's shards: one per array (arrays hold CHUNK_KEYS pairs when we wrote them);
+    # shorter arrays (another writer's) are coalesced up to CHUNK_KEYS keys per shard.
+    shards: list[dict[str, bytes]] = []
+    held = 0
     previous: str | None = None
     # NB: bulk-loading allocates steadily (the chunks' lists) next to a growing state;
     # pausing the collector keeps its passes from walking it again and again.
@@ -307,10 +313,14 @@ def _parse_checkpoint(data: bytes) -> dict[str, bytes]:
             ):
                 raise SnapshotFormatError("KV checkpoint entry over the size limits")
             previous = keys[-1]
-            pairs.update(zip(keys, values, strict=True))
-        if len(pairs) != count:
-            raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {len(pairs)}")
-        return pairs
+            if shards and len(shards[-1]) + len(keys) <= CHUNK_KEYS:
+                shards[-1].update(zip(keys, values, strict=True))
+            else:
+                shards.append(dict(zip(keys, values, strict=True)))
+            held += len(keys)
+        if held != count:
+            raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {held}")
+        return SortedBase(shards)
     except (ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"KV checkpoint body unreadable: {exc}") from exc
     finally:

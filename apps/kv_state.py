@@ -1,56 +1,141 @@
-"""The KV store's state: a plain `dict` base under persistent overlays, snapshotted in O(1).
+"""The KV store's state: a sorted, sharded dict base under persistent overlays, snapshotted
+in O(1) and serialised in bounded steps.
 
-Owns: `LayeredState` (the live state of `phalanx.apps.kv.KvStateMachine`) and
-`LayeredSnapshot` (an immutable view of it, serialised in bounded steps).
+Owns: `SortedBase` (the immutable base), `LayeredState` (the live state of
+`phalanx.apps.kv.KvStateMachine`) and `LayeredSnapshot` (an immutable view of it).
 
 Layout, newest first:
     live     an `immutables.Map` taking every write (``None`` marks a deleted key)
     levels   older overlays, frozen when a snapshot was taken (oldest first)
-    base     a `dict` that is never mutated after it is installed
+    base     a `SortedBase`, never mutated after it is installed
 A read looks in `live`, then the levels from newest to oldest, then `base`.
 
-Why not one persistent map for everything: a HAMT node per few keys costs memory (~250
-bytes per key at a million keys, against ~45 for a dict slot), a million-key HAMT takes ~1 s
-to build from a checkpoint (a dict: ~0.15 s) and gives the cyclic collector ~300k objects to
-walk (a dict: one). Only recent writes need path copying, so only they live in maps.
+`SortedBase` is a list of plain dicts ("shards") of at most a few thousand keys each, cut
+from the key order: every shard iterates in ascending key order (it was filled in that
+order), and all keys of a shard sort before those of the next. A lookup bisects the shards'
+first keys, then reads one dict. Why this shape:
+- No operation on the base ever covers more than one shard in one C call. A single dict of
+  a million keys cannot be built, grown, copied or dropped without a C call of 15-40 ms
+  with the GIL held (a resize rehashes every entry, reading each key object: a cache miss
+  apiece), and that call stalls the applying thread when it runs on the checkpoint writer.
+- The base is already in key order, so a checkpoint does not sort it: it streams the shards
+  and merges in only the overlay keys (sorted in steps). Dict slices pass through C-level
+  calls (`islice`, `zip`, `msgpack`), with no per-key Python code.
+- A dict of `str` keys and `bytes` values is never tracked by the cyclic collector, so no GC
+  pass walks the base. A HAMT node per few keys (an all-`immutables.Map` state) costs ~250
+  bytes per key at a million keys, against ~30 for a dict slot, and ~300k tracked objects.
 
 Snapshots and folding:
 - `snapshot()` is O(1): the current `live` map becomes the newest level (it is never written
   again) and a fresh `live` starts; the snapshot holds `base` and the levels.
-- Serialising the snapshot (on the checkpoint writer's thread, in bounded steps) also builds
-  the *folded* dict, base plus its levels, as a by-product. Once it is complete, the next
-  write or snapshot on the live state adopts it: `base` becomes the folded dict and the levels
-  it covers are dropped. So the overlays stay about one checkpoint interval deep.
-- Adoption changes where values are stored, never what any key reads: the folded dict
-  holds exactly base-plus-levels at the snapshot, and newer writes sit in newer layers. So
-  results never depend on whether or when a fold was adopted (determinism for the
-  simulator, which writes checkpoints inline and so always adopts at the same point).
+- Serialising the snapshot (`sorted_chunks`, on the checkpoint writer's thread) also builds
+  the *folded* base, base plus its levels, one shard per output chunk, as a by-product. Once
+  it is complete, the next write or snapshot on the live state adopts it: `base` becomes the
+  folded base and the levels it covers are dropped. So the overlays stay about one
+  checkpoint interval deep. The replaced base is taken apart a few hundred entries per write.
+- Adoption changes where values are stored, never what any key reads: the folded base holds
+  exactly base-plus-levels at the snapshot, and newer writes sit in newer layers. So results
+  never depend on whether or when a fold was adopted (determinism for the simulator, which
+  writes checkpoints inline and so always adopts at the same point).
 
 Invariants: `base` and every level are immutable once installed (a snapshot may be reading
 them on another thread); `len(state)` is the number of keys with a value; keys are `str`,
-values `bytes` (checked by the KV app before they get here).
+values `bytes` (checked by the KV app before they get here); a `SortedBase`'s shards are
+non-empty, each in ascending insertion order, and ordered between each other.
 Must not import: consensus cores, storage, trio, clocks.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import itertools
+import operator
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import immutables
 
 from phalanx.apps.sorted_steps import sorted_in_steps
 
-__all__ = ["LayeredSnapshot", "LayeredState"]
+__all__ = ["LayeredSnapshot", "LayeredState", "SortedBase"]
 
 Overlay = immutables.Map[str, bytes | None]
 _ABSENT = object()  # "this layer says nothing about the key" (None means: deleted)
 REAP_STEP = 512
 """Entries of a replaced base dropped per write (see `LayeredState._reap`)."""
+SHARD_KEYS = 4096
+"""Keys per shard of a base built by `SortedBase.from_items`."""
 
 
-def _lookup(key: str, layers: tuple[Overlay, ...], base: dict[str, bytes]) -> bytes | None:
+class SortedBase:
+    """An immutable str -> bytes map kept as ordered dict shards (module docstring)."""
+
+    __slots__ = ("_bounds", "length", "shards")
+
+    def __init__(self, shards: list[dict[str, bytes]]) -> None:
+        """Take ownership of `shards`: non-empty dicts, each filled in ascending key order,
+        every key of one sorting before every key of the next. The order across shards is
+        checked here (O(shards)); the order inside each is the caller's promise (a checkpoint
+        parse checks it on the way in, a fold produces it). Raises `ValueError`."""
+        bounds: list[str] = []
+        previous_last: str | None = None
+        for shard in shards:
+            if not shard:
+                raise ValueError("SortedBase: empty shard")
+            first, last = next(iter(shard)), next(reversed(shard))
+            if first > last or (previous_last is not None and not previous_last < first):
+                raise ValueError("SortedBase: shards out of key order")
+            bounds.append(first)
+            previous_last = last
+        self.shards = shards
+        self._bounds = bounds
+        self.length = sum(map(len, shards))
+
+    @classmethod
+    def from_items(cls, items: Mapping[str, bytes], *, shard_keys: int = SHARD_KEYS) -> SortedBase:
+        """A base holding `items`, in any order (sorts them in one call: tests, small maps)."""
+        if shard_keys < 1:
+            raise ValueError(f"shard_keys must be >= 1, got {shard_keys}")
+        keys = sorted(items)
+        return cls([
+            {k: items[k] for k in keys[lo: lo + shard_keys]}
+            for lo in range(0, len(keys), shard_keys)
+        ])
+
+    def __len__(self) -> int:
+        return self.length
+
+    def get(self, key: str) -> bytes | None:
+        i = bisect.bisect_right(self._bounds, key)
+        return self.shards[i - 1].get(key) if i else None
+
+    def keys_from(self, start: str) -> Iterator[str]:
+        """Keys >= `start`, ascending."""
+        i = max(bisect.bisect_right(self._bounds, start) - 1, 0)
+        for shard in self.shards[i:]:
+            if next(reversed(shard)) < start:
+                continue
+            yield from itertools.dropwhile(start.__gt__, shard)
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        """Every pair, ascending (tests, small maps)."""
+        for shard in self.shards:
+            yield from shard.items()
+
+    def windows(self, size: int) -> Iterator[tuple[list[str], list[bytes]]]:
+        """Keys and values in ascending order, at most `size` per window, each window built
+        by C-level calls over one shard."""
+        for shard in self.shards:
+            keys, values = iter(shard), iter(shard.values())
+            while window := list(itertools.islice(keys, size)):
+                yield window, list(itertools.islice(values, size))
+
+
+_EMPTY = SortedBase([])
+
+
+def _lookup(key: str, layers: tuple[Overlay, ...], base: SortedBase) -> bytes | None:
     """`key` through `layers` (newest LAST) then `base`."""
     for layer in reversed(layers):
         value = layer.get(key, _ABSENT)
@@ -59,26 +144,52 @@ def _lookup(key: str, layers: tuple[Overlay, ...], base: dict[str, bytes]) -> by
     return base.get(key)
 
 
+def _in_levels(layers: tuple[Overlay, ...], key: str) -> bytes | None:
+    """`key`'s value in the newest of `layers` (newest LAST) that has it."""
+    for layer in reversed(layers):
+        value = layer.get(key, _ABSENT)
+        if value is not _ABSENT:
+            return value  # type: ignore[return-value]  # bytes | None
+    raise KeyError(key)
+
+
+def _distinct_keys(levels: tuple[Overlay, ...]) -> Iterator[str]:
+    """Every key of `levels` (oldest first) once: each level's keys that no newer one has."""
+    for i, level in enumerate(levels):
+        newer = levels[i + 1:]
+        if not newer:
+            yield from level
+        else:
+            yield from (k for k in level if not any(k in n for n in newer))
+
+
+def _without_deleted(keys: list[str], values: list[bytes | None]) -> tuple[list[str], list[bytes]]:
+    if None not in values:
+        return keys, values  # type: ignore[return-value]  # no None left
+    kept = list(map(operator.is_not, values, itertools.repeat(None)))
+    return list(itertools.compress(keys, kept)), list(itertools.compress(values, kept))  # type: ignore[arg-type]
+
+
 class LayeredSnapshot:
     """base + levels at one instant. Read-only; safe to serialise on another thread."""
 
     __slots__ = ("_base", "_levels", "folded", "length")
 
-    def __init__(self, base: dict[str, bytes], levels: tuple[Overlay, ...], length: int) -> None:
+    def __init__(self, base: SortedBase, levels: tuple[Overlay, ...], length: int) -> None:
         self._base = base
         self._levels = levels
         self.length = length
-        self.folded: dict[str, bytes] | None = None
-        """base + levels as one dict, set once `items_in_steps` ran to the end (only when
-        there were levels to fold)."""
+        self.folded: SortedBase | None = None
+        """base + levels as one `SortedBase`, set once `sorted_chunks` ran to the end (only
+        when there were levels to fold)."""
 
     def release(self) -> None:
-        """Read from the folded dict from now on (the same contents), dropping the base and
+        """Read from the folded base from now on (the same contents), dropping the base and
         levels it was folded from, so the live state can take the old base apart."""
         if self.folded is not None:
             self._base, self._levels = self.folded, ()
 
-    def covers(self, base: dict[str, bytes], levels: tuple[Overlay, ...]) -> int:
+    def covers(self, base: SortedBase, levels: tuple[Overlay, ...]) -> int:
         """How many of `levels` (oldest first) this snapshot's fold replaces, or 0 if it was
         taken over another base or other levels."""
         n = len(self._levels)
@@ -89,36 +200,88 @@ class LayeredSnapshot:
             return 0
         return n
 
-    def items_in_steps(self, *, run: int, step: int) -> Iterator[list[tuple[str, bytes]] | None]:
-        """Every (key, value) in ascending key order, as lists of at most `step` pairs, with
-        `None` between bounded pieces of work (see `sorted_in_steps`). Building the folded
-        dict rides along."""
+    def sorted_chunks(
+        self, *, chunk: int, window: int, run: int, step: int
+    ) -> Iterator[tuple[list[str], list[bytes]] | None]:
+        """Every (key, value) in ascending key order, as (keys, values) of exactly `chunk`
+        pairs (the last one shorter; none if empty), with `None` between bounded pieces of
+        work. `window` bounds the base keys one step handles (C-level work); `run` and
+        `step` bound the sorting of the overlay keys (see `sorted_in_steps`). Building the
+        folded base rides along."""
+        if min(chunk, window, run, step) < 1:
+            raise ValueError("chunk, window, run and step must be >= 1")
         base, levels = self._base, self._levels
-        shadowed: set[str] = set()
-        for level in levels:
-            level_keys = iter(level.keys())
-            while chunk := list(itertools.islice(level_keys, step)):
-                shadowed.update(chunk)
-                yield None
-        keys_in_order: Iterable[str] = (
-            itertools.chain((k for k in base if k not in shadowed), shadowed)
-            if levels
-            else base
+        # The overlay keys, each once, sorted in steps. No dict of them all is built: growing
+        # a dict of a few hundred thousand keys means resizes of several ms each.
+        sorted_overlay = sorted_in_steps(_distinct_keys(levels), run=run, step=step)
+        overlay_value: Callable[[str], bytes | None] = (
+            levels[0].__getitem__ if len(levels) == 1 else functools.partial(_in_levels, levels)
         )
-        folded: dict[str, bytes] | None = {} if levels else None
-        for ordered in sorted_in_steps(keys_in_order, run=run, step=step):
-            if ordered is None:
-                yield None
-                continue
-            pairs: list[tuple[str, bytes]] = []
-            for key in ordered:
-                value = _lookup(key, levels, base) if levels else base[key]
-                if value is not None:
-                    pairs.append((key, value))
-            if folded is not None:
-                folded.update(pairs)
-            yield pairs
-        self.folded = folded
+        base_windows = base.windows(window)
+        fold: list[dict[str, bytes]] | None = [] if levels else None
+        out_keys: list[str] = []
+        out_values: list[bytes] = []
+        # A two-way merge in windows. Each side keeps a buffer of its next keys, in order;
+        # a side that is not exhausted has no unseen key below its buffer's last key, so
+        # every key up to `high` (the lower of the two last keys) is buffered on both sides.
+        # The side that set `high` empties its buffer, so every round makes progress.
+        b_keys: list[str] = []
+        b_values: list[bytes] = []
+        o_keys: list[str] = []
+        b_done = o_done = False
+        while True:
+            if not b_keys and not b_done:
+                b_keys, b_values = next(base_windows, ([], []))
+                b_done = not b_keys
+            while not o_keys and not o_done:
+                pulled = next(sorted_overlay, _ABSENT)
+                if pulled is _ABSENT:
+                    o_done = True
+                elif pulled is None:
+                    yield None
+                else:
+                    o_keys = pulled  # type: ignore[assignment]  # list[str]
+            if not b_keys and not o_keys:
+                break
+            if not o_keys:  # base only: no deletions to drop
+                kept_keys, kept_values = b_keys, b_values
+                b_keys, b_values = [], []
+            elif not b_keys:
+                keys, o_keys = o_keys, []
+                kept_keys, kept_values = _without_deleted(
+                    keys, list(map(overlay_value, keys))
+                )
+            else:
+                high = min(b_keys[-1], o_keys[-1])
+                b_cut = bisect.bisect_right(b_keys, high)
+                o_cut = bisect.bisect_right(o_keys, high)
+                merged: dict[str, bytes | None] = dict(
+                    zip(b_keys[:b_cut], b_values[:b_cut], strict=True)
+                )
+                del b_keys[:b_cut], b_values[:b_cut]
+                mine = o_keys[:o_cut]
+                del o_keys[:o_cut]
+                merged.update(zip(mine, map(overlay_value, mine), strict=True))
+                keys = sorted(merged)  # two sorted runs: one C-level merge pass
+                kept_keys, kept_values = _without_deleted(
+                    keys, list(map(merged.__getitem__, keys))
+                )
+            out_keys += kept_keys
+            out_values += kept_values
+            while len(out_keys) >= chunk:
+                done_keys, done_values = out_keys[:chunk], out_values[:chunk]
+                del out_keys[:chunk], out_values[:chunk]
+                if fold is not None:
+                    fold.append(dict(zip(done_keys, done_values, strict=True)))
+                    yield None  # a shard, then (next step) the caller packs the chunk
+                yield done_keys, done_values
+            yield None
+        if out_keys:
+            if fold is not None:
+                fold.append(dict(zip(out_keys, out_values, strict=True)))
+            yield out_keys, out_values
+        if fold is not None:
+            self.folded = SortedBase(fold)
 
 
 class LayeredState:
@@ -126,9 +289,10 @@ class LayeredState:
 
     __slots__ = ("_base", "_graveyard", "_len", "_levels", "_live", "_snapshot")
 
-    def __init__(self, base: dict[str, bytes] | None = None) -> None:
-        self._graveyard: list[dict[str, bytes]] = []  # replaced bases, taken apart in steps
-        self._base: dict[str, bytes] = base if base is not None else {}
+    def __init__(self, base: SortedBase | None = None) -> None:
+        # Replaced bases and levels, taken apart in steps.
+        self._graveyard: list[SortedBase | Overlay] = []
+        self._base: SortedBase = base if base is not None else _EMPTY
         self._levels: tuple[Overlay, ...] = ()
         self._live: Overlay = immutables.Map()
         self._len = len(self._base)
@@ -177,8 +341,11 @@ class LayeredState:
         self._live = live.finish()
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
-        """Every key with a value that starts with `prefix`, ascending. O(number of keys)."""
-        candidates = {k for k in self._base if k.startswith(prefix)}
+        """Every key with a value that starts with `prefix`, ascending. O(log n + matches)
+        in the base, O(overlay size) in the overlays."""
+        candidates = set(itertools.takewhile(
+            operator.methodcaller("startswith", prefix), self._base.keys_from(prefix)
+        ))
         for layer in (*self._levels, self._live):
             candidates.update(k for k in layer if k.startswith(prefix))
         return sorted(k for k in candidates if self.get(k) is not None)
@@ -203,22 +370,45 @@ class LayeredState:
             return
         covered = snap.covers(self._base, self._levels)
         if covered:
-            self._graveyard.append(self._base)
+            if self._base is not _EMPTY:
+                self._graveyard.append(self._base)
+            self._graveyard.extend(self._levels[:covered])
             self._base = snap.folded
             self._levels = self._levels[covered:]
             snap.release()
         self._snapshot = None
 
     def _reap(self) -> None:
-        """Take a replaced base apart, `REAP_STEP` entries per write. Dropping a dict of a
-        million entries at once holds the GIL for ~40 ms (a decref per key and value, each a
-        cache miss) and would stall apply; a few hundred per write cost microseconds."""
+        """Take replaced layers apart, about `REAP_STEP` entries per write. Freeing a base of
+        a million keys or a level of a few hundred thousand at once is one C call of 30-40
+        ms (a decref per node, key and value: a cache miss apiece) that would stall apply."""
         old = self._graveyard[-1]
         if sys.getrefcount(old) > 3:  # the graveyard, `old` and the call's argument
             self._graveyard.pop()  # an older snapshot still reads it: it frees it later
             return
-        for _ in range(REAP_STEP):
-            if not old:
+        if isinstance(old, SortedBase):
+            shards = old.shards
+            budget = REAP_STEP
+            while shards and budget > 0:
+                shard = shards[-1]
+                if len(shard) <= budget:
+                    budget -= len(shard)
+                    shards.pop()
+                else:
+                    for _ in range(budget):
+                        shard.popitem()
+                    budget = 0
+            if not shards:
                 self._graveyard.pop()
-                return
-            old.popitem()
+            return
+        # A persistent map: delete a slice of keys from a copy, then let the previous
+        # version go: only the nodes the copy replaced are freed (a slice's worth).
+        doomed = list(itertools.islice(old, REAP_STEP // 2))
+        if len(doomed) == len(old):
+            del old
+            self._graveyard.pop()
+            return
+        smaller = old.mutate()
+        for key in doomed:
+            del smaller[key]
+        self._graveyard[-1] = smaller.finish()

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.apps.kv import KvStateMachine
-from phalanx.apps.kv_state import LayeredSnapshot, LayeredState
+from phalanx.apps.kv_state import LayeredSnapshot, LayeredState, SortedBase
 from phalanx.apps.kv_types import Delete, Put
 
 KEYS = st.sampled_from([f"k{i}" for i in range(12)] + ["", "a", "ab", "abc"])
@@ -24,11 +24,19 @@ OPS = st.lists(
 )
 
 
-def serialise(snap: LayeredSnapshot) -> list[tuple[str, bytes]]:
+def serialise(snap: LayeredSnapshot, chunk: int = 3) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
-    for pairs in snap.items_in_steps(run=3, step=2):  # tiny steps: many boundaries
-        if pairs is not None:
-            out.extend(pairs)
+    sizes: list[int] = []
+    # Tiny windows and steps: many boundaries, and both sides of the merge run dry often.
+    for piece in snap.sorted_chunks(chunk=chunk, window=2, run=3, step=2):
+        if piece is not None:
+            keys, values = piece
+            assert len(keys) == len(values)
+            sizes.append(len(keys))
+            out.extend(zip(keys, values, strict=True))
+    # Exactly `chunk` pairs per chunk, the last one shorter (the format depends on it).
+    assert all(size == chunk for size in sizes[:-1])
+    assert all(0 < size <= chunk for size in sizes[-1:])
     return out
 
 
@@ -37,7 +45,7 @@ def serialise(snap: LayeredSnapshot) -> list[tuple[str, bytes]]:
 def test_behaves_like_one_dict_and_snapshots_are_frozen(
     base: dict[str, bytes], ops: list[tuple[object, object, object]]
 ) -> None:
-    state = LayeredState(dict(base))
+    state = LayeredState(SortedBase.from_items(base, shard_keys=3))
     model = dict(base)
     taken: list[tuple[LayeredSnapshot, list[tuple[str, bytes]]]] = []
     for op, a, b in ops:
@@ -77,7 +85,7 @@ def test_behaves_like_one_dict_and_snapshots_are_frozen(
 
 
 def test_a_completed_fold_is_adopted_and_collapses_the_layers() -> None:
-    state = LayeredState({"a": b"1"})
+    state = LayeredState(SortedBase.from_items({"a": b"1"}))
     for i in range(5):
         state.set(f"k{i}", b"x")
     snap = state.snapshot()
@@ -85,7 +93,8 @@ def test_a_completed_fold_is_adopted_and_collapses_the_layers() -> None:
     state.set("later", b"y")
     assert state.layers() == 2  # not serialised yet: nothing to adopt
     serialise(snap)
-    assert snap.folded == {"a": b"1", **{f"k{i}": b"x" for i in range(5)}}
+    assert snap.folded is not None
+    assert list(snap.folded.items()) == [("a", b"1"), *((f"k{i}", b"x") for i in range(5))]
     state.set("after", b"z")  # a write adopts the fold
     assert state.layers() == 1
     assert state.get("later") == b"y"
