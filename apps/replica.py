@@ -94,7 +94,7 @@ class CheckpointPolicy:
     since the last one, whichever comes first (0 disables that trigger)."""
 
     every_entries: int = 10_000
-    every_bytes: int = 64 << 20
+    every_bytes: int = 16 << 20
     compact_lag: int = 0
     """Entries kept in the WAL below a durable checkpoint (lets lagging peers catch up from the
     log instead of a snapshot)."""
