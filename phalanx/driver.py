@@ -95,6 +95,11 @@ Closed-loop clients never reach it while each holds one call in flight; a flood 
 IDLE_INLINE_READYS = 8
 """The largest batch `idle_inline` persists on the core task."""
 
+EARLY_WRITE_CHECKPOINTS = 2
+"""Scheduling points the core loop yields, after a pass that sent early messages, before it
+may block on an inline write: woken link tasks run in the next scheduler batch, in either
+order with this task, so two let each take the step that writes its frames."""
+
 SLOW_PASS_TICKS = 5
 """A pass of the core loop longer than this many ticks is counted in `slow_passes`: while it
 runs, no tick, heartbeat or vote is handled."""
@@ -209,6 +214,7 @@ class Driver:
         self._persist_inline = persist_inline
         self._follower_inline = follower_inline
         self._idle_inline = idle_inline
+        self._early_sent = False
         self._propose_batch = propose_batch
         self._proposals: list[ClientRequest] = []
         self._proposal_bytes = 0
@@ -324,6 +330,14 @@ class Driver:
                 self._handle(item)
             if self._proposals:
                 self._propose()
+            if self._early_sent:
+                # Let the transport's link tasks write this pass's early messages before a
+                # write on this task (idle_inline) blocks the event loop for an fsync: a
+                # leader's AppendEntries must reach the followers while its own disk works.
+                self._early_sent = False
+                if self._idle_inline:
+                    for _ in range(EARLY_WRITE_CHECKPOINTS):
+                        await trio.lowlevel.checkpoint()
             self._flush()
             if clock() - start > slow:
                 self.stats.slow_passes += 1
@@ -413,6 +427,7 @@ class Driver:
             for early in ready.early_messages:
                 send(early.to, early.message)
             self.stats.early_messages += len(ready.early_messages)
+            self._early_sent = True
         if not ready.is_empty and not (
                 ready.early_messages and _only_early(ready)):
             self._pending.append(ready)

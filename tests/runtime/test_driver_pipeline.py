@@ -10,7 +10,7 @@ The core here is a stand-in that returns fixed Readys, so each test pins one rul
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import trio
@@ -98,8 +98,9 @@ class GatedCommitter(GroupCommitter):
 def make_driver(core: ScriptedCore, committer: GatedCommitter,
                 sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0,
                 follower_inline: bool = False, max_pending_calls: int = 2048,
-                idle_inline: bool = False, trace: PhaseTrace | None = None) -> Driver:
-    def send(to: NodeId, message: Message) -> bool:
+                idle_inline: bool = False, trace: PhaseTrace | None = None,
+                send: Callable[[NodeId, Message], bool] | None = None) -> Driver:
+    def record(to: NodeId, message: Message) -> bool:
         sent.append((to, message))
         committer.events.append(type(message).__name__)
         return True
@@ -108,7 +109,7 @@ def make_driver(core: ScriptedCore, committer: GatedCommitter,
         raise AssertionError("not used")
 
     replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("r").open().checkpoints)
-    return Driver(core=core, replica=replica, committer=committer, send=send,
+    return Driver(core=core, replica=replica, committer=committer, send=send or record,
                   tick_seconds=tick_seconds, status_reply=status_reply,
                   propose_batch=core.propose, follower_inline=follower_inline,
                   max_pending_calls=max_pending_calls, idle_inline=idle_inline,
@@ -202,6 +203,34 @@ async def test_an_idle_leader_persists_a_small_batch_on_the_core_task() -> None:
     assert driver.stats.io_batches == 0  # no worker-thread hand-off
     # The ordering rule is unchanged: early message, then the write, then the rest.
     assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
+
+
+async def test_an_idle_leader_lets_the_transport_write_early_messages_before_its_fsync() -> None:
+    """The transport writes from its own tasks: an inline write must not block the event
+    loop before they took the early messages (they would leave only after the fsync)."""
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), []
+    wire_tx, wire_rx = trio.open_memory_channel[Message](16)
+    driver = make_driver(core, committer, sent, idle_inline=True,
+                         send=lambda to, m: _enqueue(wire_tx, m))
+
+    async def link_task() -> None:  # the transport's per-peer pump
+        async for message in wire_rx:
+            committer.events.append(f"wire {type(message).__name__}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link_task)
+        await nursery.start(driver.run)
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: core.persisted == [1])
+        await wait_for(lambda: len(committer.events) == 3)
+        nursery.cancel_scope.cancel()
+    assert committer.threads == [threading.current_thread().name]  # inline
+    assert committer.events == ["wire AppendEntries", "persisted", "wire AppendEntriesResponse"]
+
+
+def _enqueue(channel: trio.MemorySendChannel[Message], message: Message) -> bool:
+    channel.send_nowait(message)
+    return True
 
 
 async def test_a_busy_leader_keeps_persisting_on_the_worker_thread() -> None:
