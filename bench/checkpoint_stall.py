@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -62,6 +64,20 @@ class _YieldClock:
         self.last_cpu = time.thread_time()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stall:
+    """One slow apply: when, its wall and own-CPU time, and the thread's context switches
+    meanwhile. A voluntary switch ("wait") is a GIL or lock wait; an involuntary one means
+    the OS preempted the thread, so the wall time says more about the machine's load than
+    about the code."""
+
+    at: float
+    wall: float
+    cpu: float
+    waits: int
+    preempted: int
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -91,28 +107,36 @@ def main() -> int:
     gc.freeze()
     if args.no_gc:
         gc.disable()
-    passes: list[tuple[int, float]] = []
-    started = [0.0]
+    passes: list[tuple[int, float, float]] = []
+    started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
+        # The pass runs on the thread that triggered it, so thread_time is its CPU time.
         if phase == "start":
             started[0] = time.perf_counter()
+            started[1] = time.thread_time()
         else:
-            passes.append((int(info["generation"]), time.perf_counter() - started[0]))
+            passes.append((int(info["generation"]), time.perf_counter() - started[0],
+                           time.thread_time() - started[1]))
 
     gc.callbacks.append(on_gc)
-    stalls: list[tuple[float, float]] = []
+    stalls: list[Stall] = []
     begin = time.perf_counter()
     clock.last = begin
     replica.checkpoint_now()
     n = 2
     while replica.status().checkpoint_in_flight is not None:
         entry = bench.put_entry(n, f"key{(n * 7919) % args.keys:08d}", b"new")
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         replica.apply(entry)
         took = time.perf_counter() - t0
         if took * 1e3 > args.stall_ms:
-            stalls.append((t0 - begin, took))
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            stalls.append(Stall(at=t0 - begin, wall=took, cpu=time.thread_time() - c0,
+                                waits=after.ru_nvcsw - usage.ru_nvcsw,
+                                preempted=after.ru_nivcsw - usage.ru_nivcsw))
         n += 1
     gc.callbacks.remove(on_gc)
     gc.enable()
@@ -121,12 +145,16 @@ def main() -> int:
 
     print(f"{n - 2} applies during a {time.perf_counter() - begin:.1f} s checkpoint of "
           f"{args.keys:,} keys (GC {'off' if args.no_gc else 'on'})")
-    worst = sorted(stalls, key=lambda s: -s[1])[:5]
-    print(f"applies slower than {args.stall_ms:g} ms: {len(stalls)}; worst: "
-          + ", ".join(f"{d * 1e3:.0f} ms at {t:.1f} s" for t, d in worst))
-    slow = sorted(passes, key=lambda p: -p[1])[:5]
-    print(f"GC passes: {len(passes)}; slowest: "
-          + ", ".join(f"gen{g} {d * 1e3:.0f} ms" for g, d in slow))
+    worst = sorted(stalls, key=lambda s: -s.wall)[:8]
+    print(f"applies slower than {args.stall_ms:g} ms: {len(stalls)}, of which preempted by the "
+          f"OS: {sum(1 for s in stalls if s.preempted)}; worst (wall / own CPU, GIL waits, "
+          "preemptions):")
+    for s in worst:
+        print(f"  {s.wall * 1e3:.1f} ms / {s.cpu * 1e3:.1f} ms at {s.at:.2f} s, "
+              f"{s.waits} waits, {s.preempted} preemptions")
+    slow = sorted(passes, key=lambda p: -p[2])[:5]
+    print(f"GC passes: {len(passes)}; slowest (CPU / wall): "
+          + ", ".join(f"gen{g} {c * 1e3:.1f} / {d * 1e3:.1f} ms" for g, d, c in slow))
     print(f"writer runs longer than {args.gap_ms:g} ms between yields: {len(clock.gaps)}; longest: "
           + ", ".join(f"{g * 1e3:.0f} ms" for g in sorted(clock.gaps, reverse=True)[:5]))
     print(f"  in writer CPU time: {len(clock.cpu_gaps)}; longest: "

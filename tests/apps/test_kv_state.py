@@ -1,14 +1,23 @@
-"""`LayeredState`: a dict base under persistent overlays behaves exactly like one dict, its
-snapshots never change, and folding only moves values between layers."""
+"""`LayeredState`: a sorted, sharded dict base under persistent overlays behaves exactly like
+one dict, its snapshots never change, folding only moves values between layers, and a
+checkpoint is the documented format byte for byte."""
 
 from __future__ import annotations
 
+import gc
+import itertools
+from unittest import mock
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.apps.kv import KvStateMachine
+from phalanx.apps import kv_state
+from phalanx.apps.kv import CHUNK_KEYS, KvStateMachine
 from phalanx.apps.kv_state import LayeredSnapshot, LayeredState, SortedBase
 from phalanx.apps.kv_types import Delete, Put
+from phalanx.apps.sorted_steps import sorted_in_steps
 
 KEYS = st.sampled_from([f"k{i}" for i in range(12)] + ["", "a", "ab", "abc"])
 VALUES = st.binary(max_size=4)
@@ -43,6 +52,23 @@ def serialise(snap: LayeredSnapshot, chunk: int = 3) -> list[tuple[str, bytes]]:
 @settings(deadline=None, max_examples=300)
 @given(st.dictionaries(KEYS, VALUES, max_size=8), OPS)
 def test_behaves_like_one_dict_and_snapshots_are_frozen(
+    base: dict[str, bytes], ops: list[tuple[object, object, object]]
+) -> None:
+    check_against_one_dict(base, ops)
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.dictionaries(KEYS, VALUES, max_size=8), OPS)
+def test_replaced_layers_taken_apart_in_many_steps_never_change_a_live_snapshot(
+    base: dict[str, bytes], ops: list[tuple[object, object, object]]
+) -> None:
+    # Two entries per write: old bases and levels are dismantled over many writes,
+    # interleaved with snapshots that may still read them.
+    with mock.patch.object(kv_state, "REAP_STEP", 2):
+        check_against_one_dict(base, ops)
+
+
+def check_against_one_dict(
     base: dict[str, bytes], ops: list[tuple[object, object, object]]
 ) -> None:
     state = LayeredState(SortedBase.from_items(base, shard_keys=3))
@@ -133,3 +159,124 @@ def test_checkpoint_bytes_do_not_depend_on_layering() -> None:
     again.restore(b"".join(one.snapshot().chunks()))
     assert len(again) == 300
     assert again.get("key123") == b"v123"
+
+
+def reference_checkpoint(model: dict[str, bytes]) -> bytes:
+    """The KV checkpoint format written out from its documentation (`phalanx.apps.kv`)."""
+    pairs = sorted(model.items())
+    out = [msgpack.packb(["phalanx.kv", 1, len(pairs)])]
+    for lo in range(0, len(pairs), CHUNK_KEYS):
+        out.append(msgpack.packb([x for pair in pairs[lo: lo + CHUNK_KEYS] for x in pair]))
+    return b"".join(out)
+
+
+def test_checkpoint_bytes_are_the_documented_format_over_base_levels_and_deletes() -> None:
+    """Several chunks' worth of keys: a restored base, then overwrites, deletes and new keys
+    below, inside and above its range, over two levels and a fold."""
+    model = {f"m{i:05d}": b"base%d" % i for i in range(0, 9000, 2)}
+    machine = KvStateMachine()
+    machine.restore(reference_checkpoint(model))
+    for i in range(0, 9000, 7):
+        machine.execute(Put(key=f"m{i:05d}", value=b"new%d" % i))
+        model[f"m{i:05d}"] = b"new%d" % i
+    first = b"".join(machine.snapshot().chunks())  # one level, folded
+    assert first == reference_checkpoint(model)
+    for i in range(0, 9000, 5):
+        machine.execute(Delete(key=f"m{i:05d}"))
+        model.pop(f"m{i:05d}", None)
+    for key in ("a", "m", "m04500x", "zz"):
+        machine.execute(Put(key=key, value=b"edge"))
+        model[key] = b"edge"
+    pending = machine.snapshot()  # not serialised yet: its level stays under the next one
+    pending_model = dict(model)
+    machine.execute(Put(key="m00003", value=b"late"))
+    model["m00003"] = b"late"
+    assert b"".join(machine.snapshot().chunks()) == reference_checkpoint(model)
+    machine.execute(Put(key="m00005", value=b"later"))  # adopts the newer fold
+    model["m00005"] = b"later"
+    assert len(pending) == len(pending_model)
+    assert b"".join(pending.chunks()) == reference_checkpoint(pending_model)
+    again = KvStateMachine()
+    again.restore(reference_checkpoint(model))
+    assert b"".join(again.snapshot().chunks()) == reference_checkpoint(model)
+    assert [again.get(k) for k in ("a", "m00003", "m00005", "m00010", "zz")] == [
+        b"edge", b"late", b"later", None, b"edge"
+    ]
+
+
+def test_restored_and_folded_shards_are_never_tracked_by_the_collector() -> None:
+    """The GC never walks the base: its shards hold only str keys and bytes values."""
+    machine = KvStateMachine()
+    machine.restore(reference_checkpoint({f"k{i:05d}": b"v" for i in range(10_000)}))
+    for i in range(0, 10_000, 3):
+        machine.execute(Put(key=f"k{i:05d}", value=b"w"))
+    snap = machine._data.snapshot()
+    for _ in snap.sorted_chunks(chunk=CHUNK_KEYS, window=1000, run=100, step=100):
+        pass
+    assert snap.folded is not None
+    restored = machine._data._base.shards
+    assert len(restored) == 3
+    assert len(snap.folded.shards) == 3
+    assert not any(gc.is_tracked(shard) for shard in [*restored, *snap.folded.shards])
+
+
+def test_sorted_base_lookup_and_order_checks() -> None:
+    base = SortedBase([{"b": b"1", "d": b"2"}, {"f": b"3"}, {"h": b"4", "j": b"5"}])
+    assert len(base) == 5
+    assert [base.get(k) for k in "abcdefghijk"] == [
+        None, b"1", None, b"2", None, b"3", None, b"4", None, b"5", None
+    ]
+    assert list(base.keys_from("c")) == ["d", "f", "h", "j"]
+    assert list(base.keys_from("f")) == ["f", "h", "j"]
+    assert list(base.keys_from("k")) == []
+    with pytest.raises(ValueError, match="empty shard"):
+        SortedBase([{"a": b""}, {}])
+    with pytest.raises(ValueError, match="out of key order"):
+        SortedBase([{"a": b"", "c": b""}, {"b": b""}])  # overlapping ranges
+    with pytest.raises(ValueError, match="out of key order"):
+        SortedBase([{"c": b"", "a": b""}])  # a shard filled in descending order
+    with pytest.raises(ValueError, match="shard_keys"):
+        SortedBase.from_items({}, shard_keys=0)
+    assert len(SortedBase.from_items({})) == 0
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.sets(st.text(max_size=4), max_size=60), st.integers(1, 7), st.integers(1, 7))
+def test_sorted_in_steps_sorts_in_bounded_pieces(keys: set[str], run: int, step: int) -> None:
+    out: list[str] = []
+    for piece in sorted_in_steps(sorted(keys, reverse=True), run=run, step=step):
+        if piece is not None:
+            assert 0 < len(piece) <= step
+            out.extend(piece)
+    assert out == sorted(keys)
+
+
+def test_sorted_in_steps_refuses_repeated_keys() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        list(sorted_in_steps(["b", "a", "b"], run=3, step=2))
+    with pytest.raises(ValueError, match=">= 1"):
+        list(sorted_in_steps(["a"], run=0, step=1))
+
+
+def test_a_folded_base_replaces_the_old_one_which_writes_take_apart() -> None:
+    state = LayeredState(SortedBase.from_items({f"k{i:03d}": b"v" for i in range(40)},
+                                               shard_keys=8))
+    old_shards = state._base.shards  # not the base itself: a reference to it defers reaping
+    for i in range(0, 40, 4):
+        state.set(f"k{i:03d}", b"w")
+    snap = state.snapshot()
+    for _ in snap.sorted_chunks(chunk=8, window=3, run=4, step=4):
+        pass
+    del snap  # nothing reads the old base or the level any more
+    with mock.patch.object(kv_state, "REAP_STEP", 5):
+        state.set("x", b"1")  # adopts the fold; the old base goes to the graveyard
+        assert state._base.shards is not old_shards
+        sizes = [sum(map(len, old_shards))]
+        while state._graveyard:
+            state.set("x", b"1")
+            sizes.append(sum(map(len, old_shards)))
+    # The old base and the level were dismantled a few entries per write, not at once.
+    assert sizes[0] == 40
+    assert sizes[-1] == 0
+    assert all(0 <= a - b <= 5 for a, b in itertools.pairwise(sizes))
+    assert [state.get(f"k{i:03d}") for i in (0, 1, 4)] == [b"w", b"v", b"w"]
