@@ -16,7 +16,8 @@ from phalanx.consensus.raft.config import (
     RaftStatus,
     TransferLeadership,
 )
-from phalanx.consensus.raft.core import RaftCore, RaftInput, Role
+from phalanx.consensus.raft.core import RaftCore, RaftInput
+from phalanx.consensus.raft.election import Role
 from phalanx.consensus.raft.messages import (
     RAFT_MESSAGES,
     AppendEntries,

@@ -10,6 +10,9 @@ Rules:
   `Tick`, randomness the injected `random.Random` (election timeouts only).
 - `step` handles terms once for every role (as etcd's `Step`), then dispatches with
   `match self.role:`; `_become_*` are the only methods that change `role`.
+- Split into base classes to keep files cohesive: `RaftCore(Election(Replication))`;
+  timers, pre-vote, candidacy and voting live in `election.py`, log replication and the
+  commit rule in `replication.py`.
 - Persistence before dependence: term, vote and entries go out in `Ready` (persisted before
   its messages are sent), and the node never counts its *own* vote or entries towards a
   quorum before `Persisted` says they are durable (`_self_vote_number`, `durable`). The one
@@ -28,7 +31,6 @@ Rules:
 
 from __future__ import annotations
 
-import enum
 import random
 from collections import deque
 from typing import TypeAlias
@@ -45,10 +47,10 @@ from phalanx.consensus.core import (
     Rejection,
     Send,
     Snapshot,
+    SnapshotData,
     Submit,
     Tick,
 )
-from phalanx.consensus.quorum import VoteResult
 from phalanx.consensus.raft import confchange
 from phalanx.consensus.raft.config import (
     Campaign,
@@ -59,6 +61,7 @@ from phalanx.consensus.raft.config import (
     RaftStatus,
     TransferLeadership,
 )
+from phalanx.consensus.raft.election import Election, Role
 from phalanx.consensus.raft.log import RaftLog
 from phalanx.consensus.raft.messages import (
     AppendEntries,
@@ -73,7 +76,6 @@ from phalanx.consensus.raft.messages import (
 )
 from phalanx.consensus.raft.progress import Progress, stall_limit
 from phalanx.consensus.raft.readonly import ReadOnly
-from phalanx.consensus.raft.replication import Replication
 from phalanx.consensus.raft.validate import drop_reason
 from phalanx.consensus.types import (
     ClientRequest,
@@ -89,20 +91,13 @@ from phalanx.consensus.types import (
 RaftInput: TypeAlias = Input | Campaign | ProposeBatch | ProposeConfChange | TransferLeadership
 
 
-class Role(enum.Enum):
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
-
-
 _UNBOUNDED = 1 << 62
 _EARLY_KINDS = (AppendEntries, Heartbeat)
 """What a leader may send before its Ready is persisted (see `_send`)."""
 _LEADER_KINDS = (AppendEntries, Heartbeat, InstallSnapshot)
 
 
-class RaftCore(Replication):
+class RaftCore(Election):
     """One Raft node. See the module docstring for the rules it keeps."""
 
     def __init__(
@@ -313,11 +308,6 @@ class RaftCore(Replication):
 
     # ------------------------------------------------------------------------ roles
 
-    def _reset_election_timeout(self) -> None:
-        self.election_elapsed = 0
-        e = self.cfg.election_ticks
-        self.randomized_timeout = self._rng.randrange(e, 2 * e)
-
     def _become_follower(self, term: int, leader: NodeId | None) -> None:
         if self.role is Role.LEADER:
             for r in self.readonly.drain():
@@ -331,23 +321,6 @@ class RaftCore(Replication):
         self.leader = leader
         self.lead_transferee = None
         self._self_vote_number = 0
-        self._reset_election_timeout()
-
-    def _become_pre_candidate(self) -> None:
-        self.role = Role.PRE_CANDIDATE
-        self.leader = None
-        self.votes = {self.id: True}
-        self._reset_election_timeout()
-
-    def _become_candidate(self) -> None:
-        if self.role is Role.LEADER:
-            raise LocalProtocolError("a leader cannot become candidate")
-        self.term += 1
-        self.vote = self.id
-        self.role = Role.CANDIDATE
-        self.leader = None
-        self.votes = {}
-        self._self_vote_number = -1  # counted once the Ready carrying it is Persisted
         self._reset_election_timeout()
 
     def _become_leader(self) -> None:
@@ -365,106 +338,6 @@ class RaftCore(Replication):
         self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
                                   kind=EntryKind.NOOP)])
         self._broadcast_append()
-
-    def _promotable(self) -> bool:
-        return self.id in self.config.voters or self.id in self.config.voters_outgoing
-
-    # ------------------------------------------------------------------------ time
-
-    def _tick(self) -> None:
-        match self.role:
-            case Role.LEADER:
-                self.heartbeat_elapsed += 1
-                self.election_elapsed += 1
-                if self.election_elapsed >= self.cfg.election_ticks:
-                    self.election_elapsed = 0
-                    self.lead_transferee = None  # Ref: §3.10: abort after an election timeout
-                    if self.cfg.check_quorum and not self._quorum_active():
-                        self._become_follower(self.term, None)  # Ref: §6.2
-                        return
-                if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
-                    self.heartbeat_elapsed = 0
-                    self._broadcast_heartbeat()
-            case Role.FOLLOWER | Role.PRE_CANDIDATE | Role.CANDIDATE:
-                self.election_elapsed += 1
-                if self.election_elapsed >= self.randomized_timeout:
-                    self.election_elapsed = 0
-                    if self._promotable():
-                        self._campaign(transfer=False)
-
-    def _quorum_active(self) -> bool:
-        active = [self.id]
-        for p, pr in self.prs.items():
-            if pr.recent_active:
-                active.append(p)
-            pr.recent_active = False
-        return self.joint.has_quorum(active)
-
-    # ------------------------------------------------------------------------ elections
-
-    def _campaign(self, *, transfer: bool) -> None:
-        if not self._promotable() or self.role is Role.LEADER:
-            return
-        pre = self.cfg.pre_vote and not transfer
-        if pre:
-            self._become_pre_candidate()
-        else:
-            self._become_candidate()
-        term = self.term + 1 if pre else self.term
-        for v in self.joint.voters():
-            if v != self.id:
-                self._send(v, RequestVote(
-                    term=term, candidate_id=self.id, last_log_index=self.log.last_index(),
-                    last_log_term=self.log.last_term(), pre_vote=pre,
-                    leadership_transfer=transfer))
-        self._tally()
-
-    def _tally(self) -> None:
-        result = self.joint.vote_result(self.votes)
-        if result is VoteResult.WON:
-            if self.role is Role.PRE_CANDIDATE:
-                self._campaign_after_pre_vote()
-            elif self.role is Role.CANDIDATE:
-                self._become_leader()
-        elif result is VoteResult.LOST:
-            self._become_follower(self.term, None)
-
-    def _campaign_after_pre_vote(self) -> None:
-        self._become_candidate()
-        for v in self.joint.voters():
-            if v != self.id:
-                self._send(v, RequestVote(
-                    term=self.term, candidate_id=self.id,
-                    last_log_index=self.log.last_index(), last_log_term=self.log.last_term()))
-        self._tally()
-
-    def _handle_request_vote(self, src: NodeId, m: RequestVote) -> None:
-        # Ref: §3.6.1 (election restriction) and §9.6 (pre-vote: no state change).
-        vote = self.vote
-        if "skip_vote_term_check" in self.cfg.bugs and not m.pre_vote and m.term == self.term:
-            vote = None  # BUG (test-only): `>=` for "a newer term", forgetting this term's vote
-        can_vote = (vote == src or (vote is None and self.leader is None)
-                    or (m.pre_vote and m.term > self.term))
-        if can_vote and self.log.is_up_to_date(m.last_log_index, m.last_log_term):
-            if m.pre_vote:
-                self._send(src, RequestVoteResponse(term=m.term, vote_granted=True,
-                                                    pre_vote=True))
-                return
-            self.vote = src
-            self._reset_election_timeout()
-            self._send(src, RequestVoteResponse(term=self.term, vote_granted=True))
-            return
-        self._send(src, RequestVoteResponse(term=self.term, vote_granted=False,
-                                            pre_vote=m.pre_vote))
-
-    def _handle_vote_response(self, src: NodeId, m: RequestVoteResponse) -> None:
-        if m.pre_vote != (self.role is Role.PRE_CANDIDATE) or (
-                m.pre_vote and m.vote_granted and m.term != self.term + 1):
-            self._drop("stale_vote_response")  # from an earlier round
-            return
-        if src not in self.votes:
-            self.votes[src] = m.vote_granted
-        self._tally()
 
     # ------------------------------------------------------------------------ receive
 
@@ -706,7 +579,7 @@ class RaftCore(Replication):
 
     # ------------------------------------------------------------------------ snapshots
 
-    def _checkpoint_taken(self, index: int, data: bytes) -> None:
+    def _checkpoint_taken(self, index: int, data: SnapshotData) -> None:
         if index > self.applied:
             raise LocalProtocolError(f"checkpoint at {index} beyond applied {self.applied}")
         if self.snapshot is not None and index <= self.snapshot.meta.index:
