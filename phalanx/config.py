@@ -85,6 +85,10 @@ class TimingConfig:
     heartbeat_ticks: int = 3
 
 
+CHECKPOINT_EVERY_ENTRIES = 10_000
+CHECKPOINT_EVERY_BYTES = 16 << 20
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointConfig:
     """When a node checkpoints (`phalanx.apps.replica.CheckpointPolicy`) and how many it keeps.
@@ -94,8 +98,8 @@ class CheckpointConfig:
     written) on top of the state. 16 MiB is about etcd's default of 100,000 entries of small
     writes; raise it to checkpoint a very large state less often."""
 
-    every_entries: int = 10_000
-    every_bytes: int = 16 << 20
+    every_entries: int = CHECKPOINT_EVERY_ENTRIES
+    every_bytes: int = CHECKPOINT_EVERY_BYTES
     keep: int = 3
 
 
@@ -280,8 +284,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
         peers=peers,
         timing=timing_cfg,
         checkpoint=CheckpointConfig(
-            every_entries=ckpt.integer("every_entries", CheckpointConfig.every_entries),
-            every_bytes=ckpt.integer("every_bytes", CheckpointConfig.every_bytes),
+            every_entries=ckpt.integer("every_entries", CHECKPOINT_EVERY_ENTRIES),
+            every_bytes=ckpt.integer("every_bytes", CHECKPOINT_EVERY_BYTES),
             keep=ckpt.integer("keep", 3),
         ),
         source=path,

@@ -8,6 +8,7 @@ import pytest
 
 from phalanx.config import (
     Address,
+    CheckpointConfig,
     ConfigError,
     NodeConfig,
     PeerConfig,
@@ -140,3 +141,15 @@ def test_toml_writer_escapes_strings() -> None:
 
     doc = {"a": {"s": 'quote " and \\ backslash', "n": 3, "b": True, "l": ["x", "y"]}}
     assert tomllib.loads(dumps_toml(doc)) == doc
+
+
+def test_a_config_without_a_checkpoint_table_gets_the_documented_defaults(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "n1.toml"
+    path.write_text("[node]\nid='n1'\nprotocol='raft'\ndata_dir='d'\npeer_listen='h:1'\n"
+                    "client_listen='h:2'\n[tls]\nca='a'\ncert='b'\nkey='c'\n")
+    checkpoint = load_node_config(path).checkpoint
+    assert (checkpoint.every_entries, checkpoint.every_bytes, checkpoint.keep) == (
+        10_000, 16 << 20, 3)
+    assert checkpoint == CheckpointConfig()
