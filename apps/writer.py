@@ -13,13 +13,14 @@ Invariants:
 - A completion is reported only after `CheckpointStore.save` returned (the checkpoint is
   durable). A failed save is reported as a completion with `error` set, never swallowed.
 - The threaded writer yields the GIL after at most `slice_ms` of serialisation steps (each step
-  is a fraction of a millisecond), so the applying thread waits about that long at most; it
-  concatenates the steps' output through an in-memory file so no single copy holds the GIL.
+  is a fraction of a millisecond), so the applying thread waits about that long at most. It
+  streams the steps' output into the checkpoint file (`CheckpointStore.save_stream`, appends of
+  about 1 MiB, each a `write` with the GIL released) and never holds the whole checkpoint in
+  memory; its completion carries a view of the stored file (`CheckpointStore.read_view`).
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -77,50 +78,16 @@ def _join(chunks: Iterator[bytes]) -> bytes:
     return b"".join(chunk for chunk in chunks if chunk)
 
 
-def _join_yielding(chunks: Iterator[bytes], slice_seconds: float) -> bytes:
-    """Concatenate the chunks without holding the GIL for long.
-
-    It runs steps for about `slice_seconds`, then releases the GIL (`time.sleep(0)`) so the
-    applying thread can run; without that, the applier would wait a whole switch interval
-    (5 ms) for the GIL. It gathers the chunks in an
-    in-memory file (`memfd`): `os.write`/`os.pread` copy with the GIL released, whereas one
-    `b"".join` of a 30 MB checkpoint holds it for ~10-20 ms (mostly page faults).
-    """
-    memfd_create = getattr(os, "memfd_create", None)
-    if memfd_create is None:  # not Linux: plain join, stepping still yields
-        parts: list[bytes] = []
-        deadline = time.perf_counter() + slice_seconds
-        for chunk in chunks:
-            if chunk:
-                parts.append(chunk)
-            if time.perf_counter() >= deadline:
-                time.sleep(0)
-                deadline = time.perf_counter() + slice_seconds
-        return b"".join(parts)
-    fd: int = memfd_create("phalanx-checkpoint")
-    try:
-        total = 0
-        deadline = time.perf_counter() + slice_seconds
-        for chunk in chunks:
-            view = memoryview(chunk)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-                total += written
-            if time.perf_counter() >= deadline:
-                time.sleep(0)  # release the GIL: let the applying thread run
-                deadline = time.perf_counter() + slice_seconds
-        pieces: list[bytes] = []
-        offset = 0
-        while offset < total:
-            piece = os.pread(fd, total - offset, offset)
-            if not piece:
-                raise OSError(f"memfd shrank while reading the checkpoint at {offset}")
-            pieces.append(piece)
-            offset += len(piece)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    finally:
-        os.close(fd)
+def _paced(chunks: Iterator[bytes], slice_seconds: float) -> Iterator[bytes]:
+    """The chunks, releasing the GIL (`time.sleep(0)`) after about `slice_seconds` of
+    serialisation steps, so the applying thread can run; without that, the applier would wait
+    a whole switch interval (5 ms) for the GIL."""
+    deadline = time.perf_counter() + slice_seconds
+    for chunk in chunks:
+        yield chunk
+        if time.perf_counter() >= deadline:
+            time.sleep(0)  # release the GIL: let the applying thread run
+            deadline = time.perf_counter() + slice_seconds
 
 
 class InlineCheckpointWriter:
@@ -231,9 +198,7 @@ class ThreadedCheckpointWriter:
         serialised bytes: the replica and the core keep the newest checkpoint for lagging
         peers, and a view costs a descriptor, not a copy of the whole state in memory."""
         try:
-            data = _join_yielding(job.chunks, self._slice)
-            self._store.save(Checkpoint(job.index, data, job.meta))
-            del data
+            self._store.save_stream(job.index, job.meta, _paced(job.chunks, self._slice))
             view = self._store.read_view(job.index)
         except Exception as exc:  # reported to the replica via poll()
             return CheckpointDone(index=job.index, data=b"", error=repr(exc))

@@ -1,16 +1,22 @@
 """Checkpoints stored as checksummed files written atomically, over a `Directory`.
 
-Owns: `FileCheckpointStore` (implements `CheckpointStore`) and the checkpoint file format.
+Owns: `FileCheckpointStore` (implements `CheckpointStore`) and the checkpoint file formats.
 Must not import: `phalanx.consensus`, `phalanx.apps` (checkpoints are opaque bytes), `os`.
 
-File `checkpoint-<index, 20 digits>.ckpt`:
-    b"PHXCKP01" | u64 index | u32 meta_len | u64 data_len | u32 crc32(all but this field) |
-    meta | data
+File `checkpoint-<index, 20 digits>.ckpt`, in one of two layouts (integers little-endian):
+- v1, written by `save` (the data is in hand, so its length and checksum lead):
+      b"PHXCKP01" | u64 index | u32 meta_len | u64 data_len | u32 crc32(all but this field) |
+      meta | data
+- v2, written by `save_stream` (the data arrives in steps and is never held whole, so its
+  length and checksum trail; the `Directory` is append-only, nothing is patched afterwards):
+      b"PHXCKP02" | u64 index | u32 meta_len | u32 crc32(the fields before it + meta) | meta |
+      data | u64 data_len | u32 crc32(data) | b"PHXEND02"
+Both are read by `load_latest` and `read_view`.
 Save protocol: write `<name>.tmp`, fsync, rename to `<name>`, fsync the directory, then
 remove the oldest beyond `keep`. A crash leaves the previous set plus, at most, a stray temp
 file (ignored, and removed by the next save).
 
-Invariant: `load_latest` returns only a checkpoint whose checksum, lengths and index match;
+Invariant: `load_latest` returns only a checkpoint whose checksums, lengths and index match;
 every newer checkpoint it skipped is named in `problems` (reported, never hidden).
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable, Iterable
 
 from phalanx.storage.directory import ByteView, Directory
 from phalanx.storage.interface import Checkpoint, LoadedCheckpoint, StorageError, SyncPolicy
@@ -28,6 +35,13 @@ _TMP_SUFFIX = ".tmp"
 _MAGIC = b"PHXCKP01"
 _HEAD = struct.Struct("<8sQIQ")  # magic, index, meta_len, data_len; then u32 crc
 _HEADER_SIZE = _HEAD.size + 4
+_MAGIC2 = b"PHXCKP02"
+_HEAD2 = struct.Struct("<8sQI")  # magic, index, meta_len; then u32 crc (with meta)
+_HEADER2_SIZE = _HEAD2.size + 4
+_END2 = b"PHXEND02"
+_TRAIL2 = struct.Struct("<QI8s")  # data_len, crc32(data), end magic
+STREAM_WRITE_BYTES = 1 << 20
+"""`save_stream` gathers steps into appends of about this many bytes (one syscall each)."""
 
 
 def checkpoint_name(index: int) -> str:
@@ -42,26 +56,67 @@ def _parse_name(name: str) -> int | None:
 
 
 def encode_header(checkpoint: Checkpoint) -> bytes:
+    """The v1 header of `checkpoint` (its data's length and checksum lead)."""
     head = _HEAD.pack(_MAGIC, checkpoint.index, len(checkpoint.meta), len(checkpoint.data))
     crc = zlib.crc32(checkpoint.data, zlib.crc32(checkpoint.meta, zlib.crc32(head)))
     return head + crc.to_bytes(4, "little")
 
 
+def encode_header2(index: int, meta: bytes) -> bytes:
+    """The v2 header and metadata (the data's length and checksum go in the trailer)."""
+    head = _HEAD2.pack(_MAGIC2, index, len(meta))
+    crc = zlib.crc32(meta, zlib.crc32(head))
+    return head + crc.to_bytes(4, "little") + meta
+
+
+def _data_range(raw: bytes | memoryview, size: int) -> tuple[int, int, int, int] | str:
+    """(index, meta start, data start, data length) from a file's header (and, for v2, its
+    `size`), or why it is invalid. The v2 trailer is checked by the caller."""
+    if len(raw) < 8:
+        return f"only {size} bytes"
+    magic = bytes(raw[:8])
+    if magic == _MAGIC:
+        if len(raw) < _HEADER_SIZE:
+            return f"only {size} bytes"
+        _, index, meta_len, data_len = _HEAD.unpack_from(raw)
+        if _HEADER_SIZE + meta_len + data_len != size:
+            return f"lengths ({meta_len} + {data_len}) do not match the file size {size}"
+        return index, _HEADER_SIZE, _HEADER_SIZE + meta_len, data_len
+    if magic == _MAGIC2:
+        if len(raw) < _HEADER2_SIZE:
+            return f"only {size} bytes"
+        _, index, meta_len = _HEAD2.unpack_from(raw)
+        data_len = size - _HEADER2_SIZE - meta_len - _TRAIL2.size
+        if data_len < 0:
+            return f"metadata length {meta_len} does not fit the file size {size}"
+        return index, _HEADER2_SIZE, _HEADER2_SIZE + meta_len, data_len
+    return "bad magic number"
+
+
 def decode_checkpoint(raw: bytes) -> Checkpoint | str:
-    """The checkpoint in a file's bytes, or why it is invalid."""
-    if len(raw) < _HEADER_SIZE:
-        return f"only {len(raw)} bytes"
-    magic, index, meta_len, data_len = _HEAD.unpack_from(raw)
-    if magic != _MAGIC:
-        return "bad magic number"
-    if _HEADER_SIZE + meta_len + data_len != len(raw):
-        return f"lengths ({meta_len} + {data_len}) do not match the file size {len(raw)}"
-    crc = int.from_bytes(raw[_HEAD.size:_HEADER_SIZE], "little")
-    body = memoryview(raw)[_HEADER_SIZE:]
-    if zlib.crc32(body, zlib.crc32(raw[:_HEAD.size])) != crc:
-        return "checksum mismatch"
-    meta = bytes(body[:meta_len])
-    return Checkpoint(index=index, data=bytes(body[meta_len:]), meta=meta)
+    """The checkpoint in a file's bytes (either layout), or why it is invalid."""
+    found = _data_range(raw, len(raw))
+    if isinstance(found, str):
+        return found
+    index, meta_at, data_at, data_len = found
+    body = memoryview(raw)
+    if raw[:8] == _MAGIC:
+        crc = int.from_bytes(raw[_HEAD.size:_HEADER_SIZE], "little")
+        if zlib.crc32(body[_HEADER_SIZE:], zlib.crc32(raw[:_HEAD.size])) != crc:
+            return "checksum mismatch"
+    else:
+        crc = int.from_bytes(raw[_HEAD2.size:_HEADER2_SIZE], "little")
+        if zlib.crc32(body[meta_at:data_at], zlib.crc32(raw[:_HEAD2.size])) != crc:
+            return "header checksum mismatch"
+        stored_len, data_crc, end = _TRAIL2.unpack_from(raw, data_at + data_len)
+        if end != _END2:
+            return "no end marker (the file was cut short)"
+        if stored_len != data_len:
+            return f"trailer says {stored_len} data bytes, the file holds {data_len}"
+        if zlib.crc32(body[data_at:data_at + data_len]) != data_crc:
+            return "checksum mismatch"
+    return Checkpoint(index=index, data=bytes(body[data_at:data_at + data_len]),
+                      meta=bytes(body[meta_at:data_at]))
 
 
 class FileCheckpointStore:
@@ -82,50 +137,93 @@ class FileCheckpointStore:
         return sorted(i for i in found if i is not None)
 
     def save(self, checkpoint: Checkpoint) -> None:
-        """Store `checkpoint` durably and atomically, replacing one with the same index.
+        """Store `checkpoint` durably and atomically (v1 layout), replacing one with the same
+        index.
 
         Raises:
             StorageError: I/O failed (the stored set is then unchanged, maybe plus a temp file).
         """
-        if checkpoint.index < 0:
-            raise StorageError(f"checkpoint index {checkpoint.index} is negative")
+
+        def write(tmp: str) -> None:
+            self._dir.append(tmp, encode_header(checkpoint) + checkpoint.meta)
+            self._dir.append(tmp, checkpoint.data)
+
+        self._save(checkpoint.index, write)
+
+    def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes], *,
+                    write_bytes: int = STREAM_WRITE_BYTES) -> int:
+        """Store a checkpoint whose data is the concatenation of `chunks`, durably and
+        atomically (v2 layout), without ever holding the whole data: the chunks are gathered
+        into appends of about `write_bytes`. Returns the data's length.
+
+        Raises:
+            StorageError: I/O failed (as `save`). An exception from `chunks` propagates
+            unchanged, with nothing stored but a stray temp file.
+        """
+        length = 0
+
+        def write(tmp: str) -> None:
+            nonlocal length
+            self._dir.append(tmp, encode_header2(index, meta))
+            crc = 0
+            pending: list[bytes] = []
+            size = 0
+            for chunk in chunks:
+                if not chunk:
+                    continue
+                crc = zlib.crc32(chunk, crc)
+                pending.append(chunk)
+                size += len(chunk)
+                if size >= write_bytes:
+                    self._dir.append(tmp, b"".join(pending))
+                    length += size
+                    pending, size = [], 0
+            length += size
+            self._dir.append(tmp, b"".join(pending) + _TRAIL2.pack(length, crc, _END2))
+
+        self._save(index, write)
+        return length
+
+    def _save(self, index: int, write: Callable[[str], None]) -> None:
+        if index < 0:
+            raise StorageError(f"checkpoint index {index} is negative")
         durable = self._sync is not SyncPolicy.OFF
-        name = checkpoint_name(checkpoint.index)
+        name = checkpoint_name(index)
         tmp = name + _TMP_SUFFIX
         try:
             for stray in self._dir.list():
                 if stray.startswith(CHECKPOINT_PREFIX) and stray.endswith(_TMP_SUFFIX):
                     self._dir.remove(stray)
             self._dir.create(tmp)
-            self._dir.append(tmp, encode_header(checkpoint) + checkpoint.meta)
-            self._dir.append(tmp, checkpoint.data)
+            write(tmp)
             if durable:
                 self._dir.fsync(tmp)
             self._dir.rename(tmp, name)
             if durable:
                 self._dir.fsync_dir()
-            for index in self.indexes()[:-self._keep]:
-                self._dir.remove(checkpoint_name(index))
+            for old in self.indexes()[:-self._keep]:
+                self._dir.remove(checkpoint_name(old))
         except OSError as e:
-            raise StorageError(f"saving checkpoint {checkpoint.index} failed: {e}") from e
+            raise StorageError(f"saving checkpoint {index} failed: {e}") from e
 
     def read_view(self, index: int) -> ByteView:
         """The data of stored checkpoint `index` as a view that reads the file on demand
         (`Directory.view`): it stays valid after the checkpoint is superseded and removed.
-        The checksum is not re-verified here (the caller saved or loaded this checkpoint).
+        Checksums are not re-verified here (the caller saved or loaded this checkpoint).
 
         Raises:
             StorageError: no such checkpoint, or its header does not match the file.
         """
         name = checkpoint_name(index)
         try:
-            head = self._dir.read_at(name, 0, _HEADER_SIZE)
-            if len(head) < _HEADER_SIZE:
-                raise StorageError(f"{self._dir.path(name)}: only {len(head)} bytes")
-            magic, stored, meta_len, data_len = _HEAD.unpack_from(head)
-            if magic != _MAGIC or stored != index:
+            size = self._dir.size(name)
+            found = _data_range(self._dir.read_at(name, 0, _HEADER_SIZE), size)
+            if isinstance(found, str):
+                raise StorageError(f"{self._dir.path(name)}: {found}")
+            stored, _, data_at, data_len = found
+            if stored != index:
                 raise StorageError(f"{self._dir.path(name)}: not checkpoint {index}")
-            return self._dir.view(name, _HEADER_SIZE + meta_len, data_len)
+            return self._dir.view(name, data_at, data_len)
         except (OSError, ValueError) as e:
             raise StorageError(f"reading checkpoint {index} failed: {e}") from e
 

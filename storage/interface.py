@@ -16,7 +16,7 @@ Rules:
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -121,6 +121,10 @@ class CheckpointStore(Protocol):
 
     def save(self, checkpoint: Checkpoint) -> None:
         """Write durably and atomically (temp file, fsync, rename, fsync directory)."""
+        ...
+
+    def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes]) -> int:
+        """As `save`, for data that arrives in steps (never held whole); returns its length."""
         ...
 
     def load_latest(self) -> LoadedCheckpoint: ...

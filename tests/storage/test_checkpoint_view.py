@@ -154,3 +154,77 @@ def test_threaded_writer_hands_the_core_a_file_view(tmp_path: pathlib.Path) -> N
     # The older views still read their (removed) checkpoints, which differ from the newest.
     assert snapshot_bytes(taken[0].data) != loaded.data
     assert len(taken[0].data) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    parts=st.lists(st.binary(max_size=3000), max_size=12),
+    meta=st.binary(max_size=64),
+    step=st.sampled_from([1, 7, 4096]),
+)
+def test_streamed_checkpoints_round_trip(parts: list[bytes], meta: bytes, step: int) -> None:
+    store = FileCheckpointStore(MemoryDirectory("s"), keep=2)
+    written = store.save_stream(5, meta, iter(parts), write_bytes=step)
+    assert written == len(b"".join(parts))
+    loaded = store.load_latest()
+    assert loaded.problems == ()
+    assert loaded.checkpoint == Checkpoint(5, b"".join(parts), meta)
+    assert store.read_view(5)[:] == b"".join(parts)
+
+
+def _stream_file(tmp: pathlib.Path) -> tuple[OsDirectory, FileCheckpointStore, str]:
+    directory = OsDirectory(str(tmp))
+    store = FileCheckpointStore(directory, keep=3)
+    store.save(Checkpoint(1, b"old v1 data", b"m1"))
+    store.save_stream(2, b"meta", iter([PAYLOAD[:5000], PAYLOAD[5000:]]))
+    return directory, store, directory.path("checkpoint-00000000000000000002.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda raw: raw[:-3], "no end marker"),
+        (lambda raw: raw[:26] + bytes([raw[26] ^ 1]) + raw[27:], "header checksum"),
+        (lambda raw: raw[:500] + bytes([raw[500] ^ 4]) + raw[501:], "checksum mismatch"),
+        (lambda raw: raw[:-20] + (1).to_bytes(8, "little") + raw[-12:], "trailer says 1"),
+        (lambda raw: raw[:16] + b"\xff\xff\xff\x00" + raw[20:], "does not fit"),
+        (lambda raw: raw[:10], "only 10 bytes"),
+        (lambda raw: b"PHXCKP09" + raw[8:], "bad magic"),
+    ],
+)
+def test_a_damaged_streamed_checkpoint_is_reported_and_the_older_one_loads(
+    tmp_path: pathlib.Path, damage: object, problem: str
+) -> None:
+    _, store, path = _stream_file(tmp_path)
+    raw = pathlib.Path(path).read_bytes()
+    assert callable(damage)
+    pathlib.Path(path).write_bytes(damage(raw))
+    loaded = store.load_latest()
+    assert loaded.checkpoint == Checkpoint(1, b"old v1 data", b"m1")
+    assert len(loaded.problems) == 1
+    assert problem in loaded.problems[0]
+    assert path in loaded.problems[0]
+
+
+def test_both_layouts_load_and_view(tmp_path: pathlib.Path) -> None:
+    _, store, _ = _stream_file(tmp_path)
+    assert store.load_latest().checkpoint == Checkpoint(2, PAYLOAD, b"meta")
+    assert store.read_view(1)[:] == b"old v1 data"
+    assert store.read_view(2)[:] == PAYLOAD
+
+
+def test_a_failing_stream_stores_nothing(tmp_path: pathlib.Path) -> None:
+    directory, store, _ = _stream_file(tmp_path)
+
+    def broken() -> object:
+        yield b"some data"
+        raise RuntimeError("serialiser failed")
+
+    with pytest.raises(RuntimeError, match="serialiser failed"):
+        store.save_stream(3, b"", broken())  # type: ignore[arg-type]
+    assert store.indexes() == [1, 2]
+    loaded = store.load_latest()
+    assert loaded.checkpoint is not None
+    assert loaded.checkpoint.index == 2
+    store.save_stream(4, b"", iter([b"next"]))  # the stray temp file is cleaned up
+    assert not [n for n in directory.list() if n.endswith(".tmp")]
