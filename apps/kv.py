@@ -35,7 +35,7 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
-from phalanx.apps.kv_state import LayeredSnapshot, LayeredState, SortedBase
+from phalanx.apps.kv_state import SHARD_KEYS, LayeredSnapshot, LayeredState, SortedBase
 from phalanx.apps.kv_types import (
     MAX_KEY_BYTES,
     MAX_SCAN_LIMIT,
@@ -283,8 +283,7 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
     ):
         raise SnapshotFormatError(f"not a version-{_VERSION} KV checkpoint header: {header!r}")
     count: int = header[2]
-    # The base's shards: one per array (arrays hold CHUNK_KEYS pairs when we wrote them);
-    # shorter arrays (another writer's) are coalesced up to CHUNK_KEYS keys per shard.
+    # The base's shards: consecutive arrays coalesced up to SHARD_KEYS keys per shard.
     shards: list[dict[str, bytes]] = []
     held = 0
     previous: str | None = None
@@ -313,7 +312,7 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
             ):
                 raise SnapshotFormatError("KV checkpoint entry over the size limits")
             previous = keys[-1]
-            if shards and len(shards[-1]) + len(keys) <= CHUNK_KEYS:
+            if shards and len(shards[-1]) + len(keys) <= SHARD_KEYS:
                 shards[-1].update(zip(keys, values, strict=True))
             else:
                 shards.append(dict(zip(keys, values, strict=True)))

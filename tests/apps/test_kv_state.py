@@ -207,16 +207,16 @@ def test_checkpoint_bytes_are_the_documented_format_over_base_levels_and_deletes
 def test_restored_and_folded_shards_are_never_tracked_by_the_collector() -> None:
     """The GC never walks the base: its shards hold only str keys and bytes values."""
     machine = KvStateMachine()
-    machine.restore(reference_checkpoint({f"k{i:05d}": b"v" for i in range(10_000)}))
-    for i in range(0, 10_000, 3):
+    machine.restore(reference_checkpoint({f"k{i:05d}": b"v" for i in range(40_000)}))
+    for i in range(0, 40_000, 11):
         machine.execute(Put(key=f"k{i:05d}", value=b"w"))
     snap = machine._data.snapshot()
     for _ in snap.sorted_chunks(chunk=CHUNK_KEYS, window=1000, run=100, step=100):
         pass
     assert snap.folded is not None
     restored = machine._data._base.shards
-    assert len(restored) == 3
-    assert len(snap.folded.shards) == 3
+    assert [len(shard) for shard in restored] == [16384, 16384, 7232]
+    assert [len(shard) for shard in snap.folded.shards] == [16384, 16384, 7232]
     assert not any(gc.is_tracked(shard) for shard in [*restored, *snap.folded.shards])
 
 
