@@ -61,11 +61,11 @@ from phalanx.apps.kv_types import (
 
 CHUNK_KEYS = 4096
 """Pairs per checkpoint array (part of the format: changing it changes the bytes)."""
-WINDOW_KEYS = 4096
-"""Base keys merged per serialisation step: C-level calls only (slicing, zipping), so one
-step stays well under a millisecond."""
+WINDOW_KEYS = 2048
+"""Base keys merged per serialisation step: C-level slicing plus a bisect per overlay key in
+the window, so one step stays well under a millisecond."""
 SORT_RUN = 1024
-STEP_KEYS = 512
+STEP_KEYS = 256
 """Overlay keys sorted or merged per serialisation step (Python-level heap merge): bounds one
 step to well under a millisecond, so the applying thread never waits long for the GIL."""
 _MAGIC = "phalanx.kv"

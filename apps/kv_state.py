@@ -265,6 +265,7 @@ class LayeredSnapshot:
                     yield None
                 else:
                     o_keys = pulled  # type: ignore[assignment]  # list[str]
+                    yield None  # the heap merge's share; the window merge is the next step
             if not b_keys and not o_keys:
                 break
             if not o_keys:  # base only: no deletions to drop

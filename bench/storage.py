@@ -13,7 +13,7 @@ Rows (targets for a 2-core machine):
 Method notes (so the numbers are honest): the apply stall is the max wall time of individual
 `Replica.apply` calls issued back to back for the whole life of the checkpoint, measured with
 `time.perf_counter`. The replica runs with the `GcPacer` the node runtime uses
-(`phalanx.apps.gc_pacer`: freeze the loaded state, re-freeze every 2048 applies), so that a
+(`phalanx.apps.gc_pacer`: freeze the loaded state, re-freeze every 256 applies), so that a
 full cyclic-GC pass does not walk a million immutable map nodes in the middle of an apply;
 `--no-gc-pacer` shows the stall without it.
 """
