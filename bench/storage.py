@@ -12,7 +12,12 @@ Rows (targets for a 2-core machine):
 
 Method notes (so the numbers are honest): the apply stall is the max wall time of individual
 `Replica.apply` calls issued back to back for the whole life of the checkpoint, measured with
-`time.perf_counter`. The replica runs with the `GcPacer` the node runtime uses
+`time.perf_counter`. On a loaded machine the OS preempting the applying thread inflates it;
+an extra row gives the max over the applies during which the thread was not preempted
+(`getrusage(RUSAGE_THREAD).ru_nivcsw` unchanged). That one is closer to what the code costs,
+but still not load-free: a GIL wait includes any time the writer thread, holding the GIL,
+was preempted.
+The replica runs with the `GcPacer` the node runtime uses
 (`phalanx.apps.gc_pacer`: freeze the loaded state, re-freeze every 256 applies), so that a
 full cyclic-GC pass does not walk a million immutable map nodes in the middle of an apply;
 `--no-gc-pacer` shows the stall without it.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -97,9 +103,11 @@ def kv_state_bytes(keys: int) -> bytes:
     return b"".join(parts)
 
 
-def bench_checkpoint(root: str, keys: int, *, pace: bool) -> tuple[float, float, float, int]:
+def bench_checkpoint(
+    root: str, keys: int, *, pace: bool
+) -> tuple[float, float, float, int, float]:
     """Checkpoint a `keys`-key store while applying; return (seconds, max stall ms, p99.9 ms,
-    applies during the checkpoint)."""
+    applies during the checkpoint, max stall ms of the applies the OS did not preempt)."""
     storage = open_file_storage(os.path.join(root, "ckpt"), sync=SyncPolicy.GROUP)
     machine = KvStateMachine()
     machine.restore(kv_state_bytes(keys))
@@ -120,11 +128,18 @@ def bench_checkpoint(root: str, keys: int, *, pace: bool) -> tuple[float, float,
     start = time.perf_counter()
     assert replica.checkpoint_now()
     n = 2
+    unpreempted = 0.0
     while replica.status().checkpoint_in_flight is not None:
         entry = put_entry(n, f"key{(n * 7919) % keys:08d}", b"new")
+        switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
         t0 = time.perf_counter()
         replica.apply(entry)
-        latencies.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        latencies.append(took)
+        if took > unpreempted and (
+            resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw == switches
+        ):
+            unpreempted = took
         n += 1
     elapsed = time.perf_counter() - start
     if replica.status().checkpoints_written != 1:
@@ -134,7 +149,7 @@ def bench_checkpoint(root: str, keys: int, *, pace: bool) -> tuple[float, float,
     gc.unfreeze()
     latencies.sort()
     p999 = latencies[int(len(latencies) * 0.999)] if latencies else 0.0
-    return elapsed, latencies[-1] * 1e3, p999 * 1e3, len(latencies)
+    return elapsed, latencies[-1] * 1e3, p999 * 1e3, len(latencies), unpreempted * 1e3
 
 
 def bench_recovery(root: str, keys: int, entries: int) -> tuple[float, float, int, int]:
@@ -213,13 +228,18 @@ def main(argv: list[str] | None = None) -> int:
                         value=f"{rate:,.0f} rec/s  {rate * 100 / 1e6:.2f} MB/s",
                         target=">= 50,000 rec/s", ok=rate >= 50_000))
         print(f"  checkpoint of {args.keys:,} keys while applying ...", flush=True)
-        secs, stall, p999, applies = bench_checkpoint(root, args.keys, pace=not args.no_gc_pacer)
+        secs, stall, p999, applies, clean = bench_checkpoint(
+            root, args.keys, pace=not args.no_gc_pacer
+        )
         rows.append(Row(name=f"checkpoint time, {args.keys:,} keys",
                         value=f"{secs:.2f} s ({applies:,} applies meanwhile)",
                         target="-", ok=None))
         rows.append(Row(name="max apply stall during checkpoint",
                         value=f"{stall:.2f} ms (p99.9 {p999:.3f} ms)",
                         target="<= 5 ms", ok=stall <= 5.0))
+        rows.append(Row(name="  the same, applies not preempted by the OS",
+                        value=f"{clean:.2f} ms (GIL waits, GC, own work)",
+                        target="-", ok=None))
         print(f"  recovery: {args.keys:,}-key checkpoint + {args.entries:,} entries ...",
               flush=True)
         secs, cpu, index, replayed = bench_recovery(root, args.keys, args.entries)
