@@ -32,7 +32,7 @@ Snapshots and folding:
   the *folded* base, base plus its levels, in shards of whole output chunks, as a by-product. Once
   it is complete, the next write or snapshot on the live state adopts it: `base` becomes the
   folded base and the levels it covers are dropped. So the overlays stay about one
-  checkpoint interval deep. The replaced base is taken apart a few hundred entries per write.
+  checkpoint interval deep. The replaced base and levels are taken apart a piece per write.
 - Adoption changes where values are stored, never what any key reads: the folded base holds
   exactly base-plus-levels at the snapshot, and newer writes sit in newer layers. So results
   never depend on whether or when a fold was adopted (determinism for the simulator, which
@@ -62,8 +62,8 @@ __all__ = ["LayeredSnapshot", "LayeredState", "SortedBase"]
 
 Overlay = immutables.Map[str, bytes | None]
 _ABSENT = object()  # "this layer says nothing about the key" (None means: deleted)
-REAP_STEP = 512
-"""Entries of a replaced base dropped per write (see `LayeredState._reap`)."""
+REAP_STEP = 128
+"""Keys of a replaced level deleted per write (see `LayeredState._reap`): ~0.1 ms."""
 SHARD_KEYS = 16384
 """Keys per shard (at most, except where a restore found larger arrays). A lookup bisects
 the shards' first keys: at a million keys, 16k-key shards cost ~0.3 us per lookup over one
@@ -404,31 +404,23 @@ class LayeredState:
         self._snapshot = None
 
     def _reap(self) -> None:
-        """Take replaced layers apart, about `REAP_STEP` entries per write. Freeing a base of
-        a million keys or a level of a few hundred thousand at once is one C call of 30-40
-        ms (a decref per node, key and value: a cache miss apiece) that would stall apply."""
+        """Take replaced layers apart a piece per write: a shard of a base (at most
+        `SHARD_KEYS` entries: ~0.2 ms), or `REAP_STEP` keys of a level. Freeing a base of a
+        million keys or a level of a few hundred thousand at once is one C call of 30-40 ms
+        (a decref per node, key and value: a cache miss apiece) that would stall apply."""
         old = self._graveyard[-1]
         if sys.getrefcount(old) > 3:  # the graveyard, `old` and the call's argument
             self._graveyard.pop()  # an older snapshot still reads it: it frees it later
             return
         if isinstance(old, SortedBase):
-            shards = old.shards
-            budget = REAP_STEP
-            while shards and budget > 0:
-                shard = shards[-1]
-                if len(shard) <= budget:
-                    budget -= len(shard)
-                    shards.pop()
-                else:
-                    for _ in range(budget):
-                        shard.popitem()
-                    budget = 0
-            if not shards:
+            if old.shards:
+                old.shards.pop()
+            if not old.shards:
                 self._graveyard.pop()
             return
         # A persistent map: delete a slice of keys from a copy, then let the previous
         # version go: only the nodes the copy replaced are freed (a slice's worth).
-        doomed = list(itertools.islice(old, REAP_STEP // 2))
+        doomed = list(itertools.islice(old, REAP_STEP))
         if len(doomed) == len(old):
             del old
             self._graveyard.pop()

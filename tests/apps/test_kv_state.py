@@ -8,6 +8,7 @@ import gc
 import itertools
 from unittest import mock
 
+import immutables
 import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given, settings
@@ -268,15 +269,20 @@ def test_a_folded_base_replaces_the_old_one_which_writes_take_apart() -> None:
     for _ in snap.sorted_chunks(chunk=8, window=3, run=4, step=4):
         pass
     del snap  # nothing reads the old base or the level any more
-    with mock.patch.object(kv_state, "REAP_STEP", 5):
-        state.set("x", b"1")  # adopts the fold; the old base goes to the graveyard
+    with mock.patch.object(kv_state, "REAP_STEP", 3):
+        state.set("x", b"1")  # adopts the fold; the old base and level go to the graveyard
         assert state._base.shards is not old_shards
+        assert isinstance(state._graveyard[-1], immutables.Map)
+        level_sizes: list[int] = []  # no reference kept to the level: it would defer reaping
+        while isinstance(state._graveyard[-1], immutables.Map):
+            level_sizes.append(len(state._graveyard[-1]))
+            state.set("x", b"1")
         sizes = [sum(map(len, old_shards))]
         while state._graveyard:
             state.set("x", b"1")
             sizes.append(sum(map(len, old_shards)))
-    # The old base and the level were dismantled a few entries per write, not at once.
-    assert sizes[0] == 40
-    assert sizes[-1] == 0
-    assert all(0 <= a - b <= 5 for a, b in itertools.pairwise(sizes))
+    # The level, then the old base were dismantled a piece per write, not at once.
+    assert level_sizes == [7, 4, 1]  # 10 keys; the adopting write already took 3
+    assert sizes == [40, 32, 24, 16, 8, 0]
+    assert all(0 <= a - b <= 8 for a, b in itertools.pairwise(sizes))
     assert [state.get(f"k{i:03d}") for i in (0, 1, 4)] == [b"w", b"v", b"w"]
