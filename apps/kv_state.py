@@ -305,6 +305,11 @@ class LayeredSnapshot:
                 else:
                     fold.append(dict(zip(out_keys, out_values, strict=True)))
             yield out_keys, out_values
+        # Drop this frame's references to the layers BEFORE publishing the fold: the applying
+        # thread may adopt it at once, and must then hold the last references to the old
+        # base and levels, to take them apart in steps. Otherwise this frame's teardown would
+        # free them here, in one long call, with the GIL held.
+        del base, levels, base_windows, sorted_overlay, overlay_value
         if fold is not None:
             self.folded = SortedBase(fold)
 
