@@ -83,7 +83,7 @@ def breakdown(trace_dir: Path, requests: list[tuple[int, int]]) -> str:
     return "\n".join(out)
 
 
-async def _drive(cluster: PhalanxCluster, *, warmup: float, duration: float,
+async def _drive(cluster: PhalanxCluster, *, clients: int, warmup: float, duration: float,
                  value: bytes) -> list[tuple[int, int]]:
     clock = time.monotonic_ns
     out: list[tuple[int, int]] = []
@@ -95,14 +95,20 @@ async def _drive(cluster: PhalanxCluster, *, warmup: float, duration: float,
             except ClientError:  # still electing
                 await trio.sleep(0.1)
         start = clock()
-        seq = 0
-        while clock() - start < (warmup + duration) * 1e9:
-            t0 = clock()
-            await client.put(f"k{seq}", value)
-            t1 = clock()
-            seq += 1
-            if t0 - start >= warmup * 1e9:
-                out.append((t0, t1))
+
+        async def writer(index: int) -> None:
+            seq = 0
+            while clock() - start < (warmup + duration) * 1e9:
+                t0 = clock()
+                await client.put(f"k{index}-{seq}", value)
+                t1 = clock()
+                seq += 1
+                if t0 - start >= warmup * 1e9:
+                    out.append((t0, t1))
+
+        async with trio.open_nursery() as nursery:
+            for index in range(clients):
+                nursery.start_soon(writer, index)
     return out
 
 
@@ -110,6 +116,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--protocol", choices=("raft", "pbft"), default="raft")
     p.add_argument("--duration", type=float, default=3.0)
+    p.add_argument("--clients", type=int, default=1,
+                   help="closed-loop writers; above 1 the per-request attribution mixes "
+                   "requests (use the raw traces kept with --keep)")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--value-size", type=int, default=100)
     p.add_argument("--keep", default=None, help="directory to keep the traces in")
@@ -124,12 +133,13 @@ def main() -> None:
         os.environ[ENV_VAR] = str(trace_dir)  # inherited by the node processes only
         cluster.start()
         del os.environ[ENV_VAR]
-        requests = trio.run(lambda: _drive(cluster, warmup=args.warmup,
+        requests = trio.run(lambda: _drive(cluster, clients=args.clients, warmup=args.warmup,
                                            duration=args.duration,
                                            value=make_value(args.value_size)))
     finally:
         cluster.stop()
     print(f"load: {os.getloadavg()}")
+    print(f"{len(requests) / args.duration:.0f} writes/s")
     print(breakdown(trace_dir, requests))
 
 

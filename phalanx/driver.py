@@ -13,8 +13,11 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 - When no batch is being persisted, the Readys at the head of the queue that write nothing
   durable (commit notices, heartbeat answers) are completed at once; the rest becomes one
   batch, persisted with one fsync on a worker thread (`trio.to_thread.run_sync`) while the
-  core loop keeps stepping new inputs into the next batch (`follower_inline` moves a
-  follower's writes onto the core task).
+  core loop keeps stepping new inputs into the next batch. `idle_inline` persists a small
+  batch on the core task when no input waits (each thread hand-off can wait out a GIL
+  switch interval: ~1.9 ms median per hand-off measured under load); a pass that sent early
+  messages first yields so the transport writes them before the loop blocks on the disk.
+  (`follower_inline` moves every follower write onto the core task.)
 - Completing a batch, in Ready order: release its messages to the transport, apply committed
   entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
   and reads whose index is applied; then feed `Persisted(last number)` back, then the
@@ -64,6 +67,7 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.driver_persist import EARLY_WRITE_CHECKPOINTS, PersistPipeline, _BatchDone
 from phalanx.driver_stats import DriverObserver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.net.client_protocol import (
@@ -91,14 +95,6 @@ MAX_PENDING_CALLS = 2048
 as the leader hint: "I lead, come back later"). Backpressure: past this, a longer queue only
 adds latency (clients would wait past their deadlines for writes that then still apply).
 Closed-loop clients never reach it while each holds one call in flight; a flood does."""
-
-IDLE_INLINE_READYS = 8
-"""The largest batch `idle_inline` persists on the core task."""
-
-EARLY_WRITE_CHECKPOINTS = 2
-"""Scheduling points the core loop yields, after a pass that sent early messages, before it
-may block on an inline write: woken link tasks run in the next scheduler batch, in either
-order with this task, so two let each take the step that writes its frames."""
 
 SLOW_PASS_TICKS = 5
 """A pass of the core loop longer than this many ticks is counted in `slow_passes`: while it
@@ -133,16 +129,10 @@ class _Disconnected:
     target: ReplyTarget
 
 
-@dataclass(frozen=True, slots=True)
-class _BatchDone:
-    batch: Sequence[Ready]
-    error: BaseException | None
-
-
 _Item: TypeAlias = Input | _Call | _Calls | _Status | _Disconnected | _BatchDone
 
 
-class Driver:
+class Driver(PersistPipeline):
     """Runs `core` with `replica` and `committer` under trio (see the module docstring).
 
     Args:
@@ -161,9 +151,10 @@ class Driver:
             and window resends, and throughput collapsed (61-66 writes/s vs 615 with the
             worker thread in the same benchmark).
         idle_inline: persist a batch on the core task when it holds at most
-            `IDLE_INLINE_READYS` Readys, installs no snapshot and the input channel is empty
-            (an idle node: a single client's write). Under load the channel is rarely empty
-            and batches are large, so the worker thread keeps stepping during the fsync.
+            `phalanx.driver_persist.IDLE_INLINE_READYS` Readys, installs no snapshot and
+            the input channel is empty (an idle node: a single client's write). Under load
+            the channel is rarely empty and batches are large, so the worker thread keeps
+            stepping during the fsync.
         capacity: size of the input channel.
         max_pending_calls: unanswered client calls above which a leader answers new writes
             with RETRY (see `MAX_PENDING_CALLS`).
@@ -342,33 +333,11 @@ class Driver:
             if clock() - start > slow:
                 self.stats.slow_passes += 1
 
-    async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
-        committer = self.committer
+    def _queued_inputs(self) -> int:
+        return self._rx.statistics().current_buffer_used
 
-        spent = [0.0]
-
-        def work() -> bool:
-            begin = time.perf_counter()
-            synced = committer.persist(batch)
-            if flush_commit:
-                committer.flush_commit()
-            spent[0] = time.perf_counter() - begin
-            return synced
-
-        error: BaseException | None = None
-        start = time.perf_counter()
-        try:
-            synced = await trio.to_thread.run_sync(work)
-        except Exception as exc:  # storage failure: reported to the core loop, which stops
-            error = exc
-            synced = False
-        if self._trace is not None:
-            self._trace.mark("io_work", f"{spent[0] * 1e6:.0f}us {'sync' if synced else 'nosync'}")
-        if synced:
-            self.stats.fsyncs += 1
-            if self._observer is not None:
-                self._observer.on_fsync(time.perf_counter() - start, len(batch))
-        await self._tx.send(_BatchDone(batch, error))
+    async def _post(self, item: _Item) -> None:
+        await self._tx.send(item)
 
     # ---------------------------------------------------------------------- the core task
 
@@ -516,61 +485,6 @@ class Driver:
             self._step(Submit(request=request))
 
     # ---------------------------------------------------------------------- batches
-
-    def _flush(self) -> None:
-        while self._inflight is None and self._pending:
-            batch, self._pending = self._pending, []
-            if self._persist_inline or (self._follower_inline
-                                        and self._status.role != "leader") or (
-                    self._idle_inline and self._inline_now(batch)):
-                self._persist_here(batch)
-                self._complete(batch)
-                continue
-            # Readys at the head that write nothing durable (commit notices, heartbeat
-            # answers, applies) complete now instead of waiting behind the next fsync.
-            head = 0
-            committer = self.committer
-            while head < len(batch) and not committer.needs_io(batch[head: head + 1]):
-                head += 1
-            if head:
-                done, batch = batch[:head], batch[head:]
-                committer.note_deferred(done)
-                self._complete(done)
-                self._pending[:0] = batch  # Readys the completion stepped stay behind them
-                continue
-            self._start_io(batch, flush_commit=False)
-        self.stats.pending_readys = len(self._pending)
-
-    def _inline_now(self, batch: Sequence[Ready]) -> bool:
-        """Whether to persist `batch` on the core task: it is small, installs no snapshot,
-        and no input waits (so there is nothing to step while the fsync runs, and the two
-        thread hand-offs, each of which can wait out a GIL switch interval, are saved)."""
-        if len(batch) > IDLE_INLINE_READYS or self._rx.statistics().current_buffer_used:
-            return False
-        return all(r.snapshot is None for r in batch)
-
-    def _persist_here(self, batch: Sequence[Ready]) -> None:
-        """Step 1 on the core task (blocking it for the write and fsync)."""
-        start = time.perf_counter()
-        if self._trace is not None:
-            self._trace.mark("io_inline", str(len(batch)))
-        synced = self.committer.persist(batch)
-        if self._trace is not None:
-            self._trace.mark("io_work", f"{(time.perf_counter() - start) * 1e6:.0f}us "
-                             f"{'sync' if synced else 'nosync'}")
-        if synced:
-            self.stats.fsyncs += 1
-            if self._observer is not None:
-                self._observer.on_fsync(time.perf_counter() - start, len(batch))
-
-    def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
-        assert self._nursery is not None, "Driver.run is not running"  # our own misuse
-        self._inflight = batch
-        if self._trace is not None:
-            self._trace.mark("io_start", str(len(batch)))
-        self._inflight_snapshot = any(r.snapshot is not None for r in batch)
-        self.stats.io_batches += 1
-        self._nursery.start_soon(self._persist_batch, batch, flush_commit)
 
     def _complete(self, batch: Sequence[Ready]) -> None:
         """Steps 2-5 of the ordering rule for a durable batch, in Ready order."""

@@ -1,0 +1,147 @@
+"""Where the driver persists a batch of Readys: on a worker thread or on the core task.
+
+Owns: `PersistPipeline`, the part of `phalanx.driver.Driver` (a base class of it) that takes
+the Readys queued in step order (`_pending`) and carries out step 1 of the `Ready` ordering
+rule for them as one batch through the `GroupCommitter`: on a worker thread
+(`trio.to_thread.run_sync`, the loop keeps stepping meanwhile; the result comes back as a
+`_BatchDone` item of the input channel), or on the core task (`persist_inline` with fsync
+off, `follower_inline`, or `idle_inline` for a small batch while no input waits). Readys at
+the head of a batch that write nothing durable complete at once. Then `Driver._complete`
+carries out steps 2-5.
+
+Must not import: sockets, TLS, prometheus, any consensus core, `phalanx.driver`.
+
+Invariants: at most one batch is on the worker thread (`_inflight`); while it is, the
+replica and the WAL are not touched by the core task and nothing else is persisted; a
+batch is completed only after it is durable, strictly in step order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from phalanx.consensus.core import CoreStatus, Ready
+from phalanx.driver_stats import DriverObserver, DriverStatistics
+from phalanx.group_commit import GroupCommitter
+from phalanx.phase_trace import PhaseTrace
+
+IDLE_INLINE_READYS = 8
+"""The largest batch `idle_inline` persists on the core task."""
+
+EARLY_WRITE_CHECKPOINTS = 2
+"""Scheduling points the core loop yields, after a pass that sent early messages, before it
+may block on an inline write: woken link tasks run in the next scheduler batch, in either
+order with this task, so two let each take the step that writes its frames."""
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchDone:
+    batch: Sequence[Ready]
+    error: BaseException | None
+
+
+class PersistPipeline:
+    """Step 1 for `Driver`, which provides the state and helpers declared here."""
+
+    committer: GroupCommitter
+    stats: DriverStatistics
+    _observer: DriverObserver | None
+    _trace: PhaseTrace | None
+    _queued_inputs: Callable[[], int]
+    _post: Callable[[_BatchDone], Awaitable[None]]
+    _pending: list[Ready]
+    _inflight: Sequence[Ready] | None
+    _inflight_snapshot: bool
+    _persist_inline: bool
+    _follower_inline: bool
+    _idle_inline: bool
+    _status: CoreStatus
+    _nursery: trio.Nursery | None
+    _complete: Callable[[Sequence[Ready]], None]
+
+    async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
+        committer = self.committer
+
+        spent = [0.0]
+
+        def work() -> bool:
+            begin = time.perf_counter()
+            synced = committer.persist(batch)
+            if flush_commit:
+                committer.flush_commit()
+            spent[0] = time.perf_counter() - begin
+            return synced
+
+        error: BaseException | None = None
+        start = time.perf_counter()
+        try:
+            synced = await trio.to_thread.run_sync(work)
+        except Exception as exc:  # storage failure: reported to the core loop, which stops
+            error = exc
+            synced = False
+        if self._trace is not None:
+            self._trace.mark("io_work", f"{spent[0] * 1e6:.0f}us {'sync' if synced else 'nosync'}")
+        if synced:
+            self.stats.fsyncs += 1
+            if self._observer is not None:
+                self._observer.on_fsync(time.perf_counter() - start, len(batch))
+        await self._post(_BatchDone(batch, error))
+
+    def _flush(self) -> None:
+        while self._inflight is None and self._pending:
+            batch, self._pending = self._pending, []
+            if self._persist_inline or (self._follower_inline
+                                        and self._status.role != "leader") or (
+                    self._idle_inline and self._inline_now(batch)):
+                self._persist_here(batch)
+                self._complete(batch)
+                continue
+            # Readys at the head that write nothing durable (commit notices, heartbeat
+            # answers, applies) complete now instead of waiting behind the next fsync.
+            head = 0
+            committer = self.committer
+            while head < len(batch) and not committer.needs_io(batch[head: head + 1]):
+                head += 1
+            if head:
+                done, batch = batch[:head], batch[head:]
+                committer.note_deferred(done)
+                self._complete(done)
+                self._pending[:0] = batch  # Readys the completion stepped stay behind them
+                continue
+            self._start_io(batch, flush_commit=False)
+        self.stats.pending_readys = len(self._pending)
+
+    def _inline_now(self, batch: Sequence[Ready]) -> bool:
+        """Whether to persist `batch` on the core task: it is small, installs no snapshot,
+        and no input waits (so there is nothing to step while the fsync runs, and the two
+        thread hand-offs, each of which can wait out a GIL switch interval, are saved)."""
+        if len(batch) > IDLE_INLINE_READYS or self._queued_inputs():
+            return False
+        return all(r.snapshot is None for r in batch)
+
+    def _persist_here(self, batch: Sequence[Ready]) -> None:
+        """Step 1 on the core task (blocking it for the write and fsync)."""
+        start = time.perf_counter()
+        if self._trace is not None:
+            self._trace.mark("io_inline", str(len(batch)))
+        synced = self.committer.persist(batch)
+        if self._trace is not None:
+            self._trace.mark("io_work", f"{(time.perf_counter() - start) * 1e6:.0f}us "
+                             f"{'sync' if synced else 'nosync'}")
+        if synced:
+            self.stats.fsyncs += 1
+            if self._observer is not None:
+                self._observer.on_fsync(time.perf_counter() - start, len(batch))
+
+    def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
+        assert self._nursery is not None, "Driver.run is not running"  # our own misuse
+        self._inflight = batch
+        if self._trace is not None:
+            self._trace.mark("io_start", str(len(batch)))
+        self._inflight_snapshot = any(r.snapshot is not None for r in batch)
+        self.stats.io_batches += 1
+        self._nursery.start_soon(self._persist_batch, batch, flush_commit)
