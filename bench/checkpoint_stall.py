@@ -29,11 +29,13 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import phalanx.apps.kv as kv_module
 import phalanx.apps.writer as writer_module
 import storage as bench
 from phalanx.apps.gc_pacer import GcPacer
@@ -85,6 +87,30 @@ class Stall:
     preempted: int
 
 
+class _StepTimer:
+    """Times every serialisation step of the KV snapshot (one `next()` of its chunks) in the
+    writer's own CPU time: the longest one bounds how long the writer holds the GIL beyond
+    its slice."""
+
+    def __init__(self) -> None:
+        self.longest: list[float] = []
+        self.count = 0
+
+    def wrap(self, chunks: Callable[[Any], Iterator[bytes]]) -> Callable[[Any], Iterator[bytes]]:
+        def timed(snapshot: Any) -> Iterator[bytes]:
+            inner = chunks(snapshot)
+            while True:
+                c0 = time.thread_time()
+                try:
+                    chunk = next(inner)
+                except StopIteration:
+                    return
+                self.longest = sorted([*self.longest, time.thread_time() - c0])[-5:]
+                self.count += 1
+                yield chunk
+        return timed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
@@ -99,6 +125,8 @@ def main() -> int:
                         help="freeze once after loading only (no GcPacer re-freezes)")
     args = parser.parse_args()
 
+    steps = _StepTimer()
+    kv_module.KvSnapshot.chunks = steps.wrap(kv_module.KvSnapshot.chunks)  # type: ignore[method-assign]
     clock = _YieldClock(args.gap_ms / 1e3)
     writer_module.time = clock  # type: ignore[assignment]
     root = tempfile.mkdtemp(prefix="phalanx-stall-")
@@ -178,6 +206,8 @@ def main() -> int:
     slow = sorted(passes, key=lambda p: -p[2])[:5]
     print(f"GC passes: {len(passes)}; slowest (CPU / wall): "
           + ", ".join(f"gen{g} {c * 1e3:.1f} / {d * 1e3:.1f} ms" for g, d, c in slow))
+    print(f"serialisation steps: {steps.count}; longest (writer CPU): "
+          + ", ".join(f"{d * 1e3:.2f} ms" for d in reversed(steps.longest)))
     print(f"writer runs longer than {args.gap_ms:g} ms between yields: {len(clock.gaps)}; longest: "
           + ", ".join(f"{g * 1e3:.0f} ms" for g in sorted(clock.gaps, reverse=True)[:5]))
     print(f"  in writer CPU time: {len(clock.cpu_gaps)}; longest: "
