@@ -158,11 +158,10 @@ def _in_levels(layers: tuple[Overlay, ...], key: str) -> bytes | None:
 def _distinct_keys(levels: tuple[Overlay, ...]) -> Iterator[str]:
     """Every key of `levels` (oldest first) once: each level's keys that no newer one has."""
     for i, level in enumerate(levels):
-        newer = levels[i + 1:]
-        if not newer:
-            yield from level
-        else:
-            yield from (k for k in level if not any(k in n for n in newer))
+        keys: Iterator[str] = iter(level)
+        for newer in levels[i + 1:]:  # C-level filters: no Python code per key
+            keys = itertools.filterfalse(newer.__contains__, keys)
+        yield from keys
 
 
 def _merge_into(
