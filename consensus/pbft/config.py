@@ -36,6 +36,12 @@ class PbftConfig:
         max_inflight_batches: a partial batch is proposed at once while fewer than this many
             of the primary's batches are ordered but not executed; otherwise requests
             accumulate until one executes (adaptive batching, `requests.RequestBook`).
+        forward_ticks: a backup relays a client request to the primary (`ForwardRequest`)
+            once it has waited this many ticks without appearing in a pre-prepare; 0 relays
+            at once. Clients send every request to every replica, so the primary normally
+            has its own copy: relaying at once would quadruple the primary's inbound
+            requests for nothing (Castro-Liskov §4.1: backups relay requests a client
+            re-broadcast after its timeout).
         view_change_ticks: base view-change timeout; doubles per consecutive view change.
         max_view_change_ticks: cap of the doubled timeout.
         fetch_ticks: ticks before a state-transfer fetch is retried with another peer.
@@ -53,6 +59,7 @@ class PbftConfig:
     batch_size: int = 4
     batch_ticks: int = 1
     max_inflight_batches: int = 2
+    forward_ticks: int = 3
     view_change_ticks: int = 20
     max_view_change_ticks: int = 640
     fetch_ticks: int = 10
@@ -80,6 +87,8 @@ class PbftConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.forward_ticks < 0:
+            raise ValueError(f"forward_ticks must be >= 0, got {self.forward_ticks}")
         if self.log_window < self.checkpoint_interval:
             raise ValueError("log_window must be >= checkpoint_interval")
         if self.max_view_change_ticks < self.view_change_ticks:

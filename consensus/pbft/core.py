@@ -3,7 +3,8 @@
 Owns: dispatch of inputs (role-free: the primary of view v is replicas[v mod n]), the
 three-phase normal case, in-order execution into `Ready.committed`, the view-change timer
 with exponential backoff, and the `Ready` bundle of each step. Split out: `view_flow.py`
-(ViewChange/NewView handling, a base class of `PbftCore`), `checkpoint_flow.py`
+(ViewChange/NewView handling, a base class of `PbftCore`), `request_flow.py` (client
+requests, batching and relaying to the primary, a base class too), `checkpoint_flow.py`
 (checkpoints, stable-checkpoint garbage collection, state-transfer glue, a base class too),
 and the pure sub-machines `requests.py` (client requests and the primary's adaptive
 batching), `transfer.py` (catch-up), `log.py` (message log, predicates, water marks, the
@@ -71,12 +72,12 @@ from phalanx.consensus.pbft.messages import (
     ViewChange,
     VoteKind,
 )
+from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
 from phalanx.consensus.pbft.view_flow import ViewChangeFlow
 from phalanx.consensus.types import (
-    ClientRequest,
     Entry,
     EntryKind,
     HardState,
@@ -131,7 +132,7 @@ class PbftStatus(CoreStatus):
     transferring: bool = False
 
 
-class PbftCore(CheckpointFlow, ViewChangeFlow):
+class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
     """One PBFT replica. See the module docstring for the rules it keeps."""
 
     def __init__(
@@ -324,71 +325,6 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
         return min(base << min(self._backoff, 30), self._cfg.max_view_change_ticks)
 
     # ----------------------------------------------------------------------------------
-    # Client requests and batching
-
-    def _submit(self, request: ClientRequest) -> None:
-        book = self._requests
-        if book.known(request):
-            return
-        if book.executed(request):
-            # A retry of an executed request: its client lacks f+1 replies (replicas that
-            # crashed, or caught up by state transfer, never answered it). The runtime
-            # answers it from the session table first; whatever reaches the core is ordered
-            # once more (at most once per view while in progress), so that every replica
-            # answers it from its session table when it executes (a duplicate is not rerun).
-            if not book.latest(request):
-                return  # older than the client's latest: nothing is waiting for it
-            if self._active and self.is_primary() and book.queue_pending(request):
-                self._flush()
-            return
-        if self._active and self.is_primary():
-            if not book.queue_pending(request):
-                self._rejected_out.append(Rejection(request=request, reason="overloaded"))
-                return
-            self._flush()
-            return
-        if not book.queue_waiting(request):
-            self._rejected_out.append(Rejection(request=request, reason="overloaded"))
-            return
-        if self._active:
-            self._send(
-                self._cfg.primary(self._view), ForwardRequest(request=request, replica=self._me)
-            )
-
-    def _flush(self, *, force: bool = False) -> None:
-        """Propose batches by the adaptive rule (`RequestBook.should_flush`), or every
-        pending request when `force` (the batch timer ran out, a new view began)."""
-        book = self._requests
-        cfg = self._cfg
-        while book.pending and self._next_seq + 1 <= self._log.high:
-            if not force and not book.should_flush(
-                batch_size=cfg.batch_size,
-                inflight=self._next_seq - self._executed,
-                max_inflight=cfg.max_inflight_batches,
-            ):
-                return
-            batch = book.take_batch(cfg.batch_size)
-            seq = self._next_seq + 1
-            pp = PrePrepare(
-                view=self._view,
-                seq=seq,
-                digest=digest_of(self._crypto, batch),
-                batch=batch,
-                replica=self._me,
-            )
-            self._propose(pp)
-
-    def _propose(self, pp: PrePrepare) -> None:
-        """Sign and send one of our own pre-prepares (normal case or NewView's O set)."""
-        signed = self._safety.sign_pre_prepare(pp)  # a conflict here is our own bug
-        self._next_seq = max(self._next_seq, pp.seq)
-        self._log.add_pre_prepare(signed, counted=False)
-        self._log.slot(pp.view, pp.seq).prepare_sent = True
-        self._requests.ordered(pp.batch)
-        self._broadcast(signed)
-        self._new_own.append(signed)
-
-    # ----------------------------------------------------------------------------------
     # Receive
 
     def _receive(self, src: NodeId, msg: Message) -> None:
@@ -466,6 +402,7 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
                     return
                 result = self._log.add_pre_prepare(msg, counted=True)
                 if result is AddResult.ADDED:
+                    self._requests.ordered(msg.batch)  # no need to relay these any more
                     self._send_prepare(msg)
             case Prepare():
                 if msg.replica == primary:
@@ -573,6 +510,7 @@ class PbftCore(CheckpointFlow, ViewChangeFlow):
         if self._ticks % self._cfg.checkpoint_resend_ticks == 0:
             self._resend_checkpoint_vote()
         book = self._requests
+        self._relay_due()
         if self._active and self.is_primary() and book.pending:
             book.pending_age += 1
             if book.pending_age >= self._cfg.batch_ticks:

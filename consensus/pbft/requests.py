@@ -14,12 +14,19 @@ but not yet executed. Otherwise requests accumulate while earlier batches are in
 (so batches grow with load instead of latency growing with a timer), and the batch is
 proposed when a batch executes, or after `batch_ticks` ticks at the latest.
 
+Relaying (`PbftConfig.forward_ticks`): a backup that queues a request to wait for it also
+notes the tick at which to relay it to the primary; `due_forwards` returns the requests whose
+tick came and that are still waiting and not yet in a pre-prepare of this view. A view
+change drops the notes (the new view relays every waiting request at once).
+
 Invariants: bounded (`max_pending` each for `pending` and `waiting`; a flood is refused
 with a Rejection by the core); iteration orders are list/insertion or sorted, never set
 order.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from phalanx.consensus.types import ClientRequest
 
@@ -33,7 +40,8 @@ def _key(r: ClientRequest) -> _Key:
 class RequestBook:
     """See the module docstring."""
 
-    __slots__ = ("_done", "_in_progress", "_max_pending", "pending", "pending_age", "waiting")
+    __slots__ = ("_done", "_forward_due", "_in_progress", "_max_pending", "pending",
+                 "pending_age", "waiting")
 
     def __init__(self, *, max_pending: int) -> None:
         self._max_pending = max_pending
@@ -42,6 +50,7 @@ class RequestBook:
         self.waiting: dict[_Key, ClientRequest] = {}
         self._in_progress: set[_Key] = set()
         self._done: dict[str, int] = {}
+        self._forward_due: deque[tuple[int, _Key]] = deque()
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.waiting)
@@ -67,12 +76,28 @@ class RequestBook:
         self._in_progress.add(_key(r))
         return True
 
-    def queue_waiting(self, r: ClientRequest) -> bool:
-        """Wait for `r` to execute (a backup); False when full (the caller rejects)."""
+    def queue_waiting(self, r: ClientRequest, *, forward_at: int | None = None) -> bool:
+        """Wait for `r` to execute (a backup); False when full (the caller rejects).
+        `forward_at`: the tick from which `due_forwards` returns it (None: never)."""
         if len(self.waiting) >= self._max_pending:
             return False
-        self.waiting[_key(r)] = r
+        key = _key(r)
+        self.waiting[key] = r
+        if forward_at is not None:
+            self._forward_due.append((forward_at, key))  # ticks only grow: stays sorted
         return True
+
+    def due_forwards(self, now: int) -> list[ClientRequest]:
+        """The waiting requests to relay to the primary at tick `now` (each once): their
+        tick came and no pre-prepare of this view carries them yet."""
+        due = self._forward_due
+        out: list[ClientRequest] = []
+        while due and due[0][0] <= now:
+            _, key = due.popleft()
+            r = self.waiting.get(key)
+            if r is not None and key not in self._in_progress:
+                out.append(r)
+        return out
 
     def should_flush(self, *, batch_size: int, inflight: int, max_inflight: int) -> bool:
         """The adaptive batching rule (module docstring)."""
@@ -109,6 +134,7 @@ class RequestBook:
         self.pending = []
         self.pending_age = 0
         self._in_progress.clear()
+        self._forward_due.clear()
 
     def take_waiting(self) -> list[ClientRequest]:
         """Every waiting request, in (client, number) order, for a new primary to batch."""
