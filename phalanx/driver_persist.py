@@ -32,10 +32,11 @@ from phalanx.phase_trace import PhaseTrace
 IDLE_INLINE_READYS = 8
 """The largest batch `idle_inline` persists on the core task."""
 
-EARLY_WRITE_CHECKPOINTS = 2
+EARLY_WRITE_CHECKPOINTS = 4
 """Scheduling points the core loop yields, after a pass that sent early messages, before it
-may block on an inline write: woken link tasks run in the next scheduler batch, in either
-order with this task, so two let each take the step that writes its frames."""
+may block on an inline write. A woken link task needs two steps to reach its socket write
+(trio's SSL stream takes a lock that checkpoints first), and the tasks of one scheduler batch
+run in either order, so three yields let it write; one more is margin."""
 
 
 @dataclass(frozen=True, slots=True)
