@@ -306,6 +306,43 @@ _READY_SETTERS = tuple(
 )
 EMPTY_READY = Ready()
 
+(_R_NUMBER, _R_EARLY, _R_SNAPSHOT, _R_TRUNCATE, _R_ENTRIES, _R_HS, _R_SYNC, _R_MSGS,
+ _R_COMMITTED, _R_READS, _R_REJECTED, _R_CORE_STATE) = _READY_SETTERS
+_new_object = object.__new__
+
+
+def make_ready(
+    number: int,
+    early_messages: tuple[Send, ...],
+    snapshot: Snapshot | None,
+    truncate_from: int | None,
+    entries: tuple[Entry, ...],
+    hard_state: HardState | None,
+    must_sync: bool,
+    messages: tuple[Send, ...],
+    committed: tuple[Entry, ...],
+    reads: tuple[ReadState, ...],
+    rejected: tuple[Rejection, ...],
+    /,
+) -> Ready:
+    """``Ready(number=..., ..., rejected=...)`` (no `core_state`) for a core's hot path: the
+    same object, built from positional arguments (no keyword matching) straight into the
+    slots."""
+    ready: Ready = _new_object(Ready)
+    _R_NUMBER(ready, number)
+    _R_EARLY(ready, early_messages)
+    _R_SNAPSHOT(ready, snapshot)
+    _R_TRUNCATE(ready, truncate_from)
+    _R_ENTRIES(ready, entries)
+    _R_HS(ready, hard_state)
+    _R_SYNC(ready, must_sync)
+    _R_MSGS(ready, messages)
+    _R_COMMITTED(ready, committed)
+    _R_READS(ready, reads)
+    _R_REJECTED(ready, rejected)
+    _R_CORE_STATE(ready, None)
+    return ready
+
 # --------------------------------------------------------------------------------------------
 # Status and the Core protocol
 

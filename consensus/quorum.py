@@ -86,10 +86,13 @@ class MajorityConfig:
         An empty config commits everything (returns a sentinel larger than any index), which
         makes it neutral inside a joint configuration.
         """
-        if not self.voters:
+        voters = self.voters
+        if not voters:
             return _INFINITE_INDEX
-        indexes = sorted((acked.get(v, 0) for v in self.voters), reverse=True)
-        return indexes[majority(len(indexes)) - 1]
+        get = acked.get
+        indexes = [get(v, 0) for v in voters]
+        indexes.sort(reverse=True)
+        return indexes[len(indexes) // 2]  # the majority(n)-th largest: majority(n) = n//2 + 1
 
     def vote_result(self, votes: Mapping[NodeId, bool]) -> VoteResult:
         """WON once a majority granted, LOST once a majority is out of reach, else PENDING."""
@@ -128,7 +131,10 @@ class JointConfig:
 
     def committed_index(self, acked: Mapping[NodeId, int]) -> int:
         """The largest index committed in both halves. 0 if there are no voters at all."""
-        idx = min(self.incoming.committed_index(acked), self.outgoing.committed_index(acked))
+        if not self.outgoing.voters:  # not joint: the outgoing half is neutral
+            idx = self.incoming.committed_index(acked)
+        else:
+            idx = min(self.incoming.committed_index(acked), self.outgoing.committed_index(acked))
         return 0 if idx == _INFINITE_INDEX else idx
 
     def vote_result(self, votes: Mapping[NodeId, bool]) -> VoteResult:

@@ -6,16 +6,70 @@ Rules:
   hashed, compared, put in a trace and encoded by `phalanx.net.codec` without copying.
 - Protocol messages subclass `Message`; the codec registers each concrete message class
   under a stable type id (see `phalanx.net.wire`).
+- Hot records are decorated with `raw_init` (see there): the same dataclass, a cheaper
+  ``__init__``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import types
 from dataclasses import dataclass
-from typing import NewType
+from typing import NewType, TypeVar
+
+_C = TypeVar("_C", bound=type)
 
 NodeId = NewType("NodeId", str)
 """A replica's identity: stable across restarts, unique in a cluster (e.g. ``"n1"``)."""
+
+
+def raw_init(cls: _C) -> _C:
+    """Give a frozen, slotted, keyword-only dataclass an ``__init__`` that fills its slots
+    through their raw setters, then calls ``__post_init__`` if it has one.
+
+    The generated frozen ``__init__`` goes through `object.__setattr__` for every field,
+    which costs about twice as much; records built once or more per message use this. The
+    signature (keyword-only, the same defaults), the validation, equality, hashing, repr and
+    `dataclasses.fields/replace` are unchanged, and so is the resulting object. The new
+    function carries ``__raw_init__ = True`` (the codec's fast decoder builds such classes
+    the same way). Misuse (not such a dataclass, an `InitVar`, a default factory) raises
+    `TypeError` at import time.
+    """
+    fields = dataclasses.fields(cls)
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"raw_init needs a frozen slotted dataclass, got {cls.__name__}")
+    if len(cls.__dict__["__dataclass_fields__"]) != len(fields):
+        raise TypeError(f"raw_init: {cls.__name__} has InitVar or ClassVar pseudo-fields")
+    env: dict[str, object] = {}
+    args: list[str] = []
+    body: list[str] = []
+    for i, f in enumerate(fields):
+        slot = cls.__dict__.get(f.name)
+        if not f.init or not f.kw_only or not isinstance(slot, types.MemberDescriptorType):
+            raise TypeError(f"raw_init: {cls.__name__}.{f.name} is not a keyword-only slot")
+        if f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"raw_init: {cls.__name__}.{f.name} has a default factory")
+        if f.default is dataclasses.MISSING:
+            args.append(f.name)
+        else:
+            env[f"D{i}"] = f.default
+            args.append(f"{f.name}=D{i}")
+        env[f"S{i}"] = slot.__set__
+        body.append(f"S{i}(self, {f.name})")
+    post_init = getattr(cls, "__post_init__", None)
+    if post_init is not None:
+        env["POST"] = post_init
+        body.append("POST(self)")
+    source = f"def __init__(self, *, {', '.join(args)}):\n    " + "\n    ".join(body or ["pass"])
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"<raw_init {cls.__qualname__}>", "exec"), env, namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]
+    init.__raw_init__ = True  # type: ignore[attr-defined]
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
 
 
 class LocalProtocolError(Exception):
@@ -31,6 +85,7 @@ class Message:
     __slots__ = ()
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientRequest:
     """One client command, the unit that the replica layer deduplicates and applies.
@@ -95,6 +150,7 @@ class Configuration:
         return tuple(sorted(set(self.voters) | set(self.voters_outgoing) | set(self.learners)))
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Entry:
     """One position of the replicated log (Raft) or one sequence number (PBFT).
@@ -118,6 +174,7 @@ class Entry:
             raise ValueError("a CONFIG entry carries a configuration and only a CONFIG entry does")
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HardState:
     """What a core must find again after a crash, written atomically before dependent sends.

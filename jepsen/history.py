@@ -406,8 +406,10 @@ class HistoryRecorder:
             type=type,
             f=f,
             key=key,
-            value=value_from_json(value),
-            error=value_from_json(error),
+            # `value_from_json` returns None and plain scalars unchanged: skip the call then.
+            value=value if value is None or value.__class__ in _SCALAR_TYPES else value_from_json(
+                value),
+            error=error if error is None else value_from_json(error),
             node=node,
         )
         self._ops.append(op)

@@ -61,7 +61,8 @@ from typing import Final, TypeVar, overload
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
-from phalanx.net.codec_fast import EnumInfo, compile_fast, pack
+from phalanx.net.codec_fast import EnumInfo, compile_fast, pack, thread_packer
+from phalanx.net.codec_fast import packers as _packers
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "DecodeError", "EncodeError", "Registry"]
 
@@ -239,7 +240,9 @@ class Registry:
         if spec is None:
             raise EncodeError(f"{_kind(obj)} is not a registered message class")
         try:
-            data = _pack(spec.encode(obj, 0))
+            # `_pack` inlined (one call less on every send).
+            packer = getattr(_packers, "packer", None) or thread_packer()
+            data: bytes = packer.pack(spec.encode(obj, 0))
         except (ValueError, TypeError, OverflowError) as exc:  # pragma: no cover - defensive
             raise EncodeError(f"{_kind(obj)}: msgpack refused the value: {exc}") from exc
         if len(data) > self.max_size:
@@ -547,6 +550,8 @@ class Registry:
                 raise EncodeError(f"expected {wanted_tuple}, got {got}")
             if depth >= max_depth:
                 raise EncodeError(f"nesting deeper than max_depth={max_depth}")
+            if not value:
+                return []  # nothing to check (a fixed-length tuple was checked above)
             if exact is not None and exact is not int and all(type(x) is exact for x in value):
                 return list(value)
             depth += 1
@@ -569,6 +574,8 @@ class Registry:
                 raise DecodeError(f"expected {wanted}, got {got}")
             if depth >= max_depth:
                 raise DecodeError(f"nesting deeper than max_depth={max_depth}")
+            if not raw:
+                return ()  # nothing to check (a fixed-length array was checked above)
             if exact is not None and all(type(x) is exact for x in raw):
                 return tuple(raw)
             depth += 1

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
-__all__ = ["EnumInfo", "FastField", "compile_fast", "pack"]
+__all__ = ["EnumInfo", "FastField", "compile_fast", "pack", "packers", "thread_packer"]
 
 Coder = Callable[[object, int], object]
 
@@ -51,7 +51,8 @@ FastField = tuple[str, Coder, Coder, type | None, EnumInfo | None]
 passes through unchanged or None, the enum it holds or None). A field that is neither
 runs its nested codec."""
 
-_local = threading.local()
+packers = threading.local()
+"""Per-thread `msgpack.Packer` (attribute `packer`); see `thread_packer`."""
 
 
 def pack(value: object) -> bytes:
@@ -59,13 +60,20 @@ def pack(value: object) -> bytes:
 
     A `Packer` is cheap to reuse and costly to build; `msgpack.packb` builds one per call.
     One per thread, since a Packer keeps an internal buffer between calls."""
-    packer = getattr(_local, "packer", None)
+    data: bytes = (getattr(packers, "packer", None) or thread_packer()).pack(value)
+    return data
+
+
+def thread_packer() -> typing.Any:
+    """This thread's `msgpack.Packer` (see `pack`), built on first use. A hot caller may
+    write ``(getattr(packers, "packer", None) or thread_packer()).pack(value)`` as `pack`
+    does, saving a call."""
+    packer = getattr(packers, "packer", None)
     if packer is None:
-        packer = _local.packer = msgpack.Packer(
+        packer = packers.packer = msgpack.Packer(
             use_bin_type=True, strict_types=True, datetime=False, autoreset=True
         )
-    data: bytes = packer.pack(value)
-    return data
+    return packer
 
 
 def compile_fast(
@@ -184,14 +192,16 @@ def _raw_build(
     `__post_init__()`; else None (build by calling the class).
 
     That holds for a dataclass whose ``__init__`` is the one `dataclasses` generated (compiled
-    from a string, not written in a file), with no InitVar and every field an ``__init__``
+    from a string, not written in a file) or `phalanx.consensus.types.raw_init`'s (which
+    does exactly that, through the same setters), with no InitVar and every field an ``__init__``
     parameter given here, whose instances use the default ``__new__`` and keep every field
     in a slot."""
     if not dataclasses.is_dataclass(cls) or cls.__new__ is not object.__new__:
         return None
     init = cls.__dict__.get("__init__")
     code = getattr(init, "__code__", None)
-    if code is None or code.co_filename != "<string>":
+    generated = code is not None and code.co_filename == "<string>"
+    if not (generated or getattr(init, "__raw_init__", False)):
         return None
     fields = dataclasses.fields(cls)
     if [f.name for f in fields] != names or not all(f.init for f in fields):

@@ -10,9 +10,10 @@ Rules:
   `Tick`, randomness the injected `random.Random` (election timeouts only).
 - `step` handles terms once for every role (as etcd's `Step`), then dispatches with
   `match self.role:`; `_become_*` are the only methods that change `role`.
-- Split into base classes to keep files cohesive: `RaftCore(Election(Replication))`;
-  timers, pre-vote, candidacy and voting live in `election.py`, log replication and the
-  commit rule in `replication.py`.
+- Split into base classes to keep files cohesive: `RaftCore(Membership(Election(
+  Replication)))`; membership changes, leadership transfer and the leader's reaction to a
+  commit live in `membership.py`, timers, pre-vote, candidacy and voting in `election.py`,
+  log replication and the commit rule in `replication.py`.
 - Persistence before dependence: term, vote and entries go out in `Ready` (persisted before
   its messages are sent), and the node never counts its *own* vote or entries towards a
   quorum before `Persisted` says they are durable (`_self_vote_number`, `durable`). The one
@@ -50,8 +51,8 @@ from phalanx.consensus.core import (
     SnapshotData,
     Submit,
     Tick,
+    make_ready,
 )
-from phalanx.consensus.raft import confchange
 from phalanx.consensus.raft.config import (
     Campaign,
     ProposeBatch,
@@ -61,8 +62,9 @@ from phalanx.consensus.raft.config import (
     RaftStatus,
     TransferLeadership,
 )
-from phalanx.consensus.raft.election import Election, Role
+from phalanx.consensus.raft.election import Role
 from phalanx.consensus.raft.log import RaftLog
+from phalanx.consensus.raft.membership import Membership
 from phalanx.consensus.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -74,7 +76,7 @@ from phalanx.consensus.raft.messages import (
     RequestVoteResponse,
     TimeoutNow,
 )
-from phalanx.consensus.raft.progress import Progress, stall_limit
+from phalanx.consensus.raft.progress import Progress
 from phalanx.consensus.raft.readonly import ReadOnly
 from phalanx.consensus.raft.validate import drop_reason
 from phalanx.consensus.types import (
@@ -97,7 +99,7 @@ _EARLY_KINDS = (AppendEntries, Heartbeat)
 _LEADER_KINDS = (AppendEntries, Heartbeat, InstallSnapshot)
 
 
-class RaftCore(Election):
+class RaftCore(Membership):
     """One Raft node. See the module docstring for the rules it keeps."""
 
     def __init__(
@@ -149,6 +151,7 @@ class RaftCore(Election):
         self._self_vote_number = 0
         """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
         self._last_hs = HardState(term=hs.term, vote=hs.vote, commit=hs.commit)
+        self._bug_forget_persist_vote = "forget_persist_vote" in config.bugs
         self._reset_out()
         self._reset_election_timeout()
 
@@ -159,8 +162,24 @@ class RaftCore(Election):
         return self.id
 
     def step(self, inp: RaftInput, /) -> Ready:
-        """Feed one input; return what the driver must do (see `Ready`)."""
-        self._clear_out()
+        """Feed one input; return what the driver must do (see `Ready`).
+
+        The output lists are empty on entry: `_finish` hands them over, and a step that
+        raises clears what it had produced."""
+        try:
+            kind = type(inp)
+            if kind is Receive:  # the common inputs first, as the `match` below would
+                self._receive(inp.src, inp.message)  # type: ignore[union-attr]
+            elif kind is Persisted:
+                self._persisted(inp.number)  # type: ignore[union-attr]
+            else:
+                self._dispatch(inp)
+            return self._finish()
+        except BaseException:
+            self._clear_out()
+            raise
+
+    def _dispatch(self, inp: RaftInput) -> None:
         match inp:
             case Receive(src=src, message=m):
                 self._receive(src, m)
@@ -186,7 +205,6 @@ class RaftCore(Election):
                 self._transfer_leadership(to)
             case _:
                 raise LocalProtocolError(f"not a Raft input: {inp!r}")
-        return self._finish()
 
     def status(self) -> RaftStatus:
         return RaftStatus(
@@ -232,7 +250,7 @@ class RaftCore(Election):
         self._rejected: list[Rejection] = []
 
     def _clear_out(self) -> None:
-        """`_reset_out`, keeping the lists that are already empty (most are, most steps)."""
+        """`_reset_out`, keeping the lists that are already empty (after a failed step)."""
         if self._msgs:
             self._msgs = []
         if self._early:
@@ -247,6 +265,8 @@ class RaftCore(Election):
             self._rejected = []
 
     def _finish(self) -> Ready:
+        """The Ready of this step. Hands the output lists over (the next step starts with
+        fresh ones, see `step`)."""
         committed: tuple[Entry, ...] = ()
         commit, durable = self.commit, self.durable
         hi = commit if commit < durable else durable
@@ -254,19 +274,19 @@ class RaftCore(Election):
             committed = self.log.between(self.applied + 1, hi + 1)
             self.applied = hi
         vote = self.vote
-        if "forget_persist_vote" in self.cfg.bugs and vote != self.id:
-            # BUG (test-only): a vote granted to another node is never written.
-            vote = self._last_hs.vote if self._last_hs.term == self.term else None
         last = self._last_hs
-        new_entries, msgs, early = self._new_entries, self._msgs, self._early
-        reads, rejected = self._reads, self._rejected
-        must_sync = bool(new_entries) or self._truncate is not None or (
-            self._snap_out is not None)
-        hs: HardState | None = None
         term = self.term
-        if last.term != term or last.vote != vote or last.commit != commit:
-            must_sync = must_sync or last.term != term or last.vote != vote
+        if self._bug_forget_persist_vote and vote != self.id:
+            # BUG (test-only): a vote granted to another node is never written.
+            vote = last.vote if last.term == term else None
+        new_entries, truncate, snap = self._new_entries, self._truncate, self._snap_out
+        must_sync = bool(new_entries) or truncate is not None or snap is not None
+        hs: HardState | None = None
+        if last.commit != commit or last.term != term or last.vote != vote:
+            if last.term != term or last.vote != vote:
+                must_sync = True
             hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
+        msgs, early, reads, rejected = self._msgs, self._early, self._reads, self._rejected
         number = 0
         if hs is not None or must_sync:
             self._ready_no += 1
@@ -277,19 +297,31 @@ class RaftCore(Election):
                 self._self_vote_number = number
         elif not (msgs or early or committed or reads or rejected):
             return EMPTY_READY
-        return Ready(
-            number=number,
-            early_messages=tuple(early) if early else (),
-            snapshot=self._snap_out,
-            truncate_from=self._truncate,
-            entries=tuple(new_entries) if new_entries else (),
-            hard_state=hs,
-            must_sync=must_sync,
-            messages=tuple(msgs) if msgs else (),
-            committed=committed,
-            reads=tuple(reads) if reads else (),
-            rejected=tuple(rejected) if rejected else (),
-        )
+        # Hand over what was produced; keep the lists that stayed empty (most do).
+        early_t: tuple[Send, ...] = ()
+        if early:
+            early_t = tuple(early)
+            self._early = []
+        msgs_t: tuple[Send, ...] = ()
+        if msgs:
+            msgs_t = tuple(msgs)
+            self._msgs = []
+        entries_t: tuple[Entry, ...] = ()
+        if new_entries:
+            entries_t = tuple(new_entries)
+            self._new_entries = []
+        reads_t: tuple[ReadState, ...] = ()
+        if reads:
+            reads_t = tuple(reads)
+            self._reads = []
+        rejected_t: tuple[Rejection, ...] = ()
+        if rejected:
+            rejected_t = tuple(rejected)
+            self._rejected = []
+        self._truncate = None
+        self._snap_out = None
+        return make_ready(number, early_t, snap, truncate, entries_t, hs, must_sync, msgs_t,
+                          committed, reads_t, rejected_t)
 
     def _persisted(self, n: int) -> None:
         if n > self._ready_no or n < 0:
@@ -508,74 +540,6 @@ class RaftCore(Election):
         for p, pr in self.prs.items():
             self._send(p, Heartbeat(term=self.term, leader_id=self.id,
                                     leader_commit=min(pr.match, self.commit), context=context))
-
-    # ------------------------------------------------------------------------ membership
-
-    def _sync_progress(self) -> None:
-        """Make `prs` track exactly the members of `config` other than us (sorted)."""
-        if self.role is not Role.LEADER:
-            return
-        old = self.prs
-        self.prs = {}
-        for p in self.config.members():
-            if p != self.id:
-                self.prs[p] = old.get(p) or Progress(
-                    next_index=self.log.last_index() + 1, max_inflight=self.cfg.max_inflight,
-                    stall_limit=stall_limit(self.cfg.election_ticks, self.cfg.heartbeat_ticks))
-        if self.lead_transferee is not None and self.lead_transferee not in self.prs:
-            self.lead_transferee = None
-
-    def _propose_conf_change(self, change: confchange.ConfChange) -> None:
-        self.conf_change_error = None
-        if self.role is not Role.LEADER:
-            self.conf_change_error = "not leader"
-            return
-        cfg_index, cfg = self.log.latest_config()
-        if cfg_index > self.commit or cfg.joint:
-            self.conf_change_error = "a membership change is in progress"
-            return
-        if self.log.term_at(self.commit) != self.term:
-            self.conf_change_error = "leader has not committed an entry of its term yet"
-            return
-        for n in change.add_voters:
-            pr = self.prs.get(n)
-            if n in cfg.learners and (pr is None or pr.match < self.commit):
-                self.conf_change_error = f"learner {n} has not caught up"
-                return
-        try:
-            new = confchange.enter_joint(cfg, change)
-        except confchange.ConfChangeError as e:
-            self.conf_change_error = str(e)
-            return
-        self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
-                                  kind=EntryKind.CONFIG, config=new)])
-        self._broadcast_append(allow_empty=False)
-
-    def _transfer_leadership(self, to: NodeId) -> None:
-        if self.role is not Role.LEADER or to == self.id or to not in self.config.voters:
-            return
-        self.lead_transferee = to
-        self.election_elapsed = 0
-        pr = self.prs[to]
-        if pr.match == self.log.last_index():
-            self._send(to, TimeoutNow(term=self.term, leader_id=self.id))
-        else:
-            self._send_append(to, allow_empty=False)
-
-    def _after_commit(self) -> None:
-        """Leader: propagate a new commit index, finish joint changes, step down if removed."""
-        self._broadcast_append()
-        cfg_index, cfg = self.log.latest_config()
-        if cfg_index <= self.commit:
-            if cfg.joint:
-                self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
-                                          kind=EntryKind.CONFIG,
-                                          config=confchange.leave_joint(cfg))])
-                self._broadcast_append(allow_empty=False)
-            elif self.id not in cfg.voters:
-                self._become_follower(self.term, None)  # Ref: §4.2.2 removing the leader
-        if self.readonly.queued and not self.readonly.rounds:
-            self._start_read_round()
 
     # ------------------------------------------------------------------------ snapshots
 

@@ -4,7 +4,8 @@ Owns: the message dataclasses the Raft core exchanges, their one-line trace form
 stable codec ids in `RAFT_MESSAGES`.
 
 Rules:
-- Pure data: imports only `phalanx.consensus.types`. No validation that depends on node state
+- Pure data: imports only `phalanx.consensus.types`. Every message is `raw_init` (a cheaper
+  ``__init__``, the same dataclass). No validation that depends on node state
   (that is the core's job, and a malformed message is dropped and counted, never raised on).
 - Field types are limited to int, str, bytes, bool, None, tuples, and frozen dataclasses from
   `consensus/types.py`, so `phalanx.net.codec` can encode every message.
@@ -16,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from phalanx.consensus.types import Configuration, Entry, Message, NodeId
+from phalanx.consensus.types import Configuration, Entry, Message, NodeId, raw_init
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestVote(Message):
     """Invoked by candidates to gather votes (§3.4, Figure 3.1); a pre-vote (§9.6) when
@@ -42,6 +44,7 @@ class RequestVote(Message):
         return f"{kind} term={self.term} last={self.last_log_index}@{self.last_log_term}{extra}"
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestVoteResponse(Message):
     """A voter's answer (§3.4). For a granted pre-vote, `term` echoes the request's term."""
@@ -55,6 +58,7 @@ class RequestVoteResponse(Message):
         return f"{kind} term={self.term} granted={self.vote_granted}"
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendEntries(Message):
     """Invoked by the leader to replicate log entries (§3.5, Figure 3.1).
@@ -77,6 +81,7 @@ class AppendEntries(Message):
         )
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendEntriesResponse(Message):
     """A follower's answer to `AppendEntries` (§3.5).
@@ -107,6 +112,7 @@ class AppendEntriesResponse(Message):
         )
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat(Message):
     """The leader's empty AppendEntries (§3.4), carrying the ReadIndex round context (§6.4).
@@ -125,6 +131,7 @@ class Heartbeat(Message):
         return f"Heartbeat term={self.term} commit={self.leader_commit}{ctx}"
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatResponse(Message):
     """A follower's acknowledgement of a heartbeat, echoing its ReadIndex `context`."""
@@ -137,6 +144,7 @@ class HeartbeatResponse(Message):
         return f"HeartbeatResponse term={self.term}{ctx}"
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallSnapshot(Message):
     """Invoked by the leader to send chunks of a snapshot to a lagging follower (§5.3,
@@ -160,6 +168,7 @@ class InstallSnapshot(Message):
         )
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallSnapshotResponse(Message):
     """A follower's answer to one snapshot chunk.
@@ -181,6 +190,7 @@ class InstallSnapshotResponse(Message):
         )
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeoutNow(Message):
     """Sent by a leader transferring leadership (§3.10): start an election immediately."""

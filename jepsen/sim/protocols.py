@@ -58,6 +58,8 @@ class ProtocolSetup:
     """Nodes that may lie: their executions are not checked (a throwaway checker)."""
     description: str = ""
     watch_send: Callable[[str, str, Message], str | None] | None = None
+    watch_types: frozenset[type] | None = None
+    """The message classes `watch_send` can object to (None: every class); others skip it."""
     """A white-box check of every message a node sends (state kept per run): returns the
     text of a violated protocol invariant, or None. Raft's: one vote per term per voter."""
 
@@ -148,6 +150,7 @@ def protocol_setup(
         names=names,
         codec=wire.default_registry(),
         watch_send=raft_vote_watch(),
+        watch_types=frozenset({RequestVote, RequestVoteResponse}),
         make_core=make_core,
         make_replica=make_replica,
         observe=observe,

@@ -214,6 +214,8 @@ class _Cluster:
             config=NetworkConfig(),
             encode=codec.encode if cfg.use_codec else None,
             decode=_message_decoder(codec) if cfg.use_codec else None,
+            watch=self._watch if setup.watch_send is not None else None,
+            watch_types=setup.watch_types,
         )
         self.client_rng = random.Random(root.getrandbits(64))
         self.sched_rng = random.Random(root.getrandbits(64))
@@ -229,7 +231,7 @@ class _Cluster:
                 loop=self.loop,
                 rng=random.Random(root.getrandbits(64)),
                 trace=self.trace,
-                send=self._send if setup.watch_send is not None else self.network.send,
+                send=self.network.send,
                 clients=self,
                 checker=(
                     InvariantChecker(leader_role=setup.leader_role)  # a liar's: not checked
@@ -243,6 +245,7 @@ class _Cluster:
                 tick_ns=cfg.tick_ns,
             )
             self.nodes[name].crash_point = self._crash_point
+            self.network.route(name, self.nodes[name].deliver)
         values = ValueCounter()
         keys = [f"k{i}" for i in range(cfg.keys)]
         self.keys = keys
@@ -267,13 +270,12 @@ class _Cluster:
 
     # -- transport seams ---------------------------------------------------------------------
 
-    def _send(self, src: str, dst: str, message: Message) -> None:
+    def _watch(self, src: str, dst: str, message: Message) -> None:
         watch = self._watch_send
         if watch is not None:
             problem = watch(src, dst, message)
             if problem is not None:
                 self.checker.record("vote-safety", self.loop.now, problem)
-        self.network.send(src, dst, message)
 
     def _deliver(self, src: str, dst: str, message: Message) -> None:
         self.nodes[dst].deliver(src, message)
@@ -490,6 +492,8 @@ def run(cfg: RunConfig) -> RunResult:
     for client in workers:
         loop.call_at(20 * _MS, client.start)
     net_stats = c.network.stats
+    loop.event_budget = cfg.max_events
+    c.network.byte_budget = cfg.max_bytes_sent
 
     def runaway() -> bool:
         return loop.events_run > cfg.max_events or net_stats.bytes_sent > cfg.max_bytes_sent
@@ -497,21 +501,21 @@ def run(cfg: RunConfig) -> RunResult:
     t = 0
     while t < cfg.time_ns and not runaway():
         t = min(cfg.time_ns, t + cfg.check_every_ns)
-        loop.run_until(t, stop=runaway)
+        loop.run_until(t)
         c.check_logs()
     c.heal_all()
     end = cfg.time_ns + cfg.liveness_ns
     for client in workers:
         client.enter_liveness(end)
     half = cfg.time_ns + cfg.liveness_ns // 2
-    loop.run_until(half, stop=runaway)
+    loop.run_until(half)
     for client in workers:
         client.stop()
     for k, reader in enumerate(final_readers):
         reader.enter_liveness(end)
         reader.issue("read", c.keys[k])
     while loop.now < end and not runaway():
-        loop.run_until(min(end, loop.now + cfg.check_every_ns), stop=runaway)
+        loop.run_until(min(end, loop.now + cfg.check_every_ns))
         c.check_logs()
     violations = [str(v) for v in c.checker.violations]
     if runaway():

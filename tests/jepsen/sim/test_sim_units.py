@@ -237,3 +237,62 @@ def test_log_mirror_truncate_and_snapshot() -> None:
     assert log.get(10) is None
     log.append([_cmd(11, 4)])
     assert log.get(11) == _cmd(11, 4)
+
+
+def test_run_until_stops_after_the_event_that_exhausts_a_budget() -> None:
+    loop = EventLoop()
+    seen: list[int] = []
+    for t in range(1, 11):
+        loop.call_at(t, lambda t=t: seen.append(t))  # type: ignore[misc]
+    loop.event_budget = 3
+    loop.run_until(100)
+    assert seen == [1, 2, 3, 4]  # stops once events_run (4) exceeds the budget
+    assert loop.now == 4  # the time of the last event run, not `until`
+    loop.event_budget = 1 << 62
+    loop.call_at(6, lambda: setattr(loop, "halted", True))
+    loop.run_until(100)
+    assert seen == [1, 2, 3, 4, 5, 6]  # halted by the callback at t=6 (scheduled after 6's)
+    assert loop.now == 6
+
+
+def test_network_byte_budget_halts_the_loop() -> None:
+    loop = EventLoop()
+    net = SimNetwork(loop, random.Random(0), Trace(loop), lambda s, d, m: None,
+                     encode=lambda m: b"x" * 10, decode=lambda b: Ping(0))
+    net.byte_budget = 25
+    net.send("a", "b", Ping(1))
+    net.send("a", "b", Ping(2))
+    assert not loop.halted
+    net.send("a", "b", Ping(3))
+    assert loop.halted
+
+
+def test_network_routes_and_watches() -> None:
+    loop = EventLoop()
+    fallback: list[tuple[str, str]] = []
+    routed: list[tuple[str, int]] = []
+    watched: list[int] = []
+
+    def watch(src: str, dst: str, m: Message) -> None:
+        assert isinstance(m, Ping)
+        watched.append(m.n)
+
+    def receive(src: str, m: Message) -> None:
+        assert isinstance(m, Ping)
+        routed.append((src, m.n))
+
+    net = SimNetwork(loop, random.Random(3), Trace(loop), lambda s, d, m: fallback.append((s, d)),
+                     watch=watch, watch_types=frozenset({Ping}))
+    net.route("b", receive)
+    net.block([("a", "c")])
+    net.send("a", "b", Ping(1))
+    net.send("a", "c", Ping(2))  # cut, but watched before any fault applies
+    net.send("c", "d", Ping(3))
+    loop.run_until(10**10)
+    assert routed == [("a", 1)]
+    assert fallback == [("c", "d")]
+    assert watched == [1, 2, 3]
+    other = SimNetwork(loop, random.Random(3), Trace(loop), lambda s, d, m: None,
+                       watch=watch, watch_types=frozenset({int}))
+    other.send("a", "b", Ping(4))
+    assert watched == [1, 2, 3], "a class outside watch_types is not watched"

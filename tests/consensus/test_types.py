@@ -1,0 +1,117 @@
+"""`raw_init`: the hot records' cheaper ``__init__`` builds the same objects as the
+dataclass-generated one, keeps their validation, and refuses classes it cannot serve."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from phalanx.consensus.core import Ready, Send, make_ready
+from phalanx.consensus.raft.messages import AppendEntries, RequestVote
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, HardState, NodeId, raw_init
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Plain:
+    """The generated-``__init__`` twin of `_Fast` (the reference behaviour)."""
+
+    a: int
+    b: str = "x"
+    c: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.a < 0:
+            raise ValueError("a must be >= 0")
+
+
+@raw_init
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Fast:
+    a: int
+    b: str = "x"
+    c: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.a < 0:
+            raise ValueError("a must be >= 0")
+
+
+@given(a=st.integers(min_value=0), b=st.text(max_size=5), c=st.lists(st.integers(), max_size=3))
+def test_raw_init_builds_what_the_generated_init_builds(a: int, b: str, c: list[int]) -> None:
+    fast, plain = _Fast(a=a, b=b, c=tuple(c)), _Plain(a=a, b=b, c=tuple(c))
+    assert dataclasses.astuple(fast) == dataclasses.astuple(plain)
+    assert fast == _Fast(a=a, b=b, c=tuple(c))
+    assert hash(fast) == hash(_Fast(a=a, b=b, c=tuple(c)))
+    assert repr(fast) == repr(plain).replace("_Plain", "_Fast")
+    assert dataclasses.replace(fast, a=a + 1).a == a + 1
+    assert _Fast(a=a) == _Fast(a=a, b="x", c=())  # defaults
+
+
+def test_raw_init_keeps_keyword_only_frozen_and_validation() -> None:
+    with pytest.raises(TypeError):
+        _Fast(1)  # type: ignore[misc]  # keyword-only
+    with pytest.raises(TypeError):
+        _Fast()  # type: ignore[call-arg]  # required field missing
+    with pytest.raises(TypeError):
+        _Fast(a=1, d=2)  # type: ignore[call-arg]  # unknown field
+    with pytest.raises(ValueError, match="a must be"):
+        _Fast(a=-1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _Fast(a=1).a = 2  # type: ignore[misc]
+    assert getattr(_Fast.__init__, "__raw_init__", False)
+
+
+def test_hot_records_still_validate() -> None:
+    with pytest.raises(ValueError, match="log indexes start at 1"):
+        Entry(index=0, term=1, kind=EntryKind.NOOP)
+    with pytest.raises(ValueError, match="COMMAND entry carries requests"):
+        Entry(index=1, term=1, kind=EntryKind.COMMAND)
+    with pytest.raises(ValueError, match="request_no"):
+        ClientRequest(client_id="c", request_no=-1, command=b"")
+    assert HardState() == HardState(term=0, vote=None, view=0, commit=0)
+    e = Entry(index=2, term=1, kind=EntryKind.COMMAND,
+              requests=(ClientRequest(client_id="c", request_no=1, command=b"x"),))
+    m = AppendEntries(term=1, leader_id=NodeId("n1"), prev_log_index=1, prev_log_term=1,
+                      entries=(e,), leader_commit=1)
+    assert m == dataclasses.replace(m)
+    assert hash(m) == hash(dataclasses.replace(m))
+    assert RequestVote(term=1, candidate_id=NodeId("n1"), last_log_index=0,
+                       last_log_term=0).pre_vote is False
+
+
+def test_raw_init_refuses_what_it_cannot_serve() -> None:
+    @dataclasses.dataclass(slots=True, kw_only=True)
+    class NotFrozen:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class NoSlots:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Positional:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Factory:
+        a: list[int] = dataclasses.field(default_factory=list)
+
+    for cls in (NotFrozen, NoSlots, Positional, Factory, int):
+        with pytest.raises(TypeError):
+            raw_init(cls)
+
+
+def test_make_ready_builds_the_keyword_ready() -> None:
+    e = Entry(index=1, term=1, kind=EntryKind.NOOP)
+    send = Send(to=NodeId("n2"), message=RequestVote(
+        term=1, candidate_id=NodeId("n1"), last_log_index=0, last_log_term=0))
+    hs = HardState(term=1, vote=NodeId("n1"))
+    fast = make_ready(3, (send,), None, 2, (e,), hs, True, (send, send), (e,), (), ())
+    slow = Ready(number=3, early_messages=(send,), truncate_from=2, entries=(e,), hard_state=hs,
+                 must_sync=True, messages=(send, send), committed=(e,))
+    assert fast == slow
+    assert fast.core_state is None
+    assert fast.has_persistence
