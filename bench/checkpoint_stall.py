@@ -50,8 +50,10 @@ class _YieldClock:
     """Stands in for the writer module's `time`: records how long the writer ran between
     `time.sleep(0)` yields."""
 
-    def __init__(self, gap_s: float) -> None:
+    def __init__(self, gap_s: float, yield_s: float | None = None) -> None:
         self.gap_s = gap_s
+        self.yield_s = yield_s
+        """How long the writer's GIL yields sleep instead of what it asks (`--yield-us`)."""
         self.last = time.perf_counter()
         self.last_cpu: float | None = None  # per thread: set on the writer's first yield
         self.gaps: list[float] = []
@@ -68,7 +70,7 @@ class _YieldClock:
             self.gaps.append(now - self.last)
         if self.last_cpu is not None and cpu - self.last_cpu > self.gap_s:
             self.cpu_gaps.append(cpu - self.last_cpu)
-        time.sleep(seconds)
+        time.sleep(seconds if self.yield_s is None else self.yield_s)
         self.last = time.perf_counter()
         self.last_cpu = time.thread_time()
 
@@ -120,6 +122,9 @@ def main() -> int:
                         help="checkpoints back to back: from the second on, the state has an "
                         "overlay of the previous round's writes, and the previous fold is "
                         "adopted and the replaced base taken apart while applying")
+    parser.add_argument("--yield-us", type=float, default=None,
+                        help="make the writer's GIL yields sleep this long instead (an "
+                        "experiment on the GIL hand-off: 0 is time.sleep(0))")
     parser.add_argument("--no-gc", action="store_true", help="disable the GC during the run")
     parser.add_argument("--no-pacer", action="store_true",
                         help="freeze once after loading only (no GcPacer re-freezes)")
@@ -127,7 +132,8 @@ def main() -> int:
 
     steps = _StepTimer()
     kv_module.KvSnapshot.chunks = steps.wrap(kv_module.KvSnapshot.chunks)  # type: ignore[method-assign]
-    clock = _YieldClock(args.gap_ms / 1e3)
+    clock = _YieldClock(args.gap_ms / 1e3,
+                        None if args.yield_us is None else args.yield_us / 1e6)
     writer_module.time = clock  # type: ignore[assignment]
     root = tempfile.mkdtemp(prefix="phalanx-stall-")
     storage = open_file_storage(os.path.join(root, "ckpt"), sync=SyncPolicy.GROUP)
@@ -200,9 +206,10 @@ def main() -> int:
         print(f"  {s.wall * 1e3:.1f} ms / {s.cpu * 1e3:.1f} ms at {s.at:.2f} s, "
               f"{s.waits} waits, {s.preempted} preemptions")
     clean = sorted((s for s in stalls if not s.preempted), key=lambda s: -s.wall)[:5]
-    print("  worst without an OS preemption (GIL waits, GC, our own work): "
-          + (", ".join(f"{s.wall * 1e3:.1f} ms ({s.cpu * 1e3:.1f} ms CPU)" for s in clean)
-             or "none"))
+    print(f"  without an OS preemption: {sum(1 for s in stalls if not s.preempted)}; worst "
+          "(GIL waits, GC, our own work): "
+          + (", ".join(f"{s.wall * 1e3:.1f} ms ({s.cpu * 1e3:.1f} ms CPU, {s.waits} waits)"
+                       for s in clean) or "none"))
     slow = sorted(passes, key=lambda p: -p[2])[:5]
     print(f"GC passes: {len(passes)}; slowest (CPU / wall): "
           + ", ".join(f"gen{g} {c * 1e3:.1f} / {d * 1e3:.1f} ms" for g, d, c in slow))
