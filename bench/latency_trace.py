@@ -121,7 +121,8 @@ def main() -> None:
                    "requests (use the raw traces kept with --keep)")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--value-size", type=int, default=100)
-    p.add_argument("--keep", default=None, help="directory to keep the traces in")
+    p.add_argument("--keep", default=None,
+                   help="directory to keep the traces (and breakdown.txt) in")
     args = p.parse_args()
     trace_dir = Path(args.keep or tempfile.mkdtemp(prefix="phalanx-trace-"))
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -138,9 +139,11 @@ def main() -> None:
                                            value=make_value(args.value_size)))
     finally:
         cluster.stop()
-    print(f"load: {os.getloadavg()}")
-    print(f"{len(requests) / args.duration:.0f} writes/s")
-    print(breakdown(trace_dir, requests))
+    report = "\n".join((f"load: {os.getloadavg()}",
+                        f"{len(requests) / args.duration:.0f} writes/s",
+                        breakdown(trace_dir, requests)))
+    (trace_dir / "breakdown.txt").write_text(report + "\n")
+    print(report)
 
 
 if __name__ == "__main__":
