@@ -10,7 +10,7 @@ Layout, newest first:
     base     a `SortedBase`, never mutated after it is installed
 A read looks in `live`, then the levels from newest to oldest, then `base`.
 
-`SortedBase` is a list of plain dicts ("shards") of at most a few thousand keys each, cut
+`SortedBase` is a list of plain dicts ("shards") of at most `SHARD_KEYS` keys each, cut
 from the key order: every shard iterates in ascending key order (it was filled in that
 order), and all keys of a shard sort before those of the next. A lookup bisects the shards'
 first keys, then reads one dict. Why this shape:
@@ -29,17 +29,20 @@ Snapshots and folding:
 - `snapshot()` is O(1): the current `live` map becomes the newest level (it is never written
   again) and a fresh `live` starts; the snapshot holds `base` and the levels.
 - Serialising the snapshot (`sorted_chunks`, on the checkpoint writer's thread) also builds
-  the *folded* base, base plus its levels, in shards of whole output chunks, as a by-product. Once
-  it is complete, the next write or snapshot on the live state adopts it: `base` becomes the
-  folded base and the levels it covers are dropped. So the overlays stay about one
-  checkpoint interval deep. The replaced base and levels are taken apart a piece per write.
+  the *folded* base, base plus its levels, in shards of whole output chunks, as a
+  by-product. Once it is complete, the next write or snapshot on the live state adopts it:
+  `base` becomes the folded base and the levels it covers are dropped. So the overlays stay
+  about one checkpoint interval deep.
+- The replaced base and levels are taken apart a piece per write (a shard, or `REAP_STEP`
+  keys of a level), and only once nothing else references them (`sys.getrefcount`): an
+  older snapshot still reading them keeps them whole, and frees them when it goes.
 - Adoption changes where values are stored, never what any key reads: the folded base holds
   exactly base-plus-levels at the snapshot, and newer writes sit in newer layers. So results
   never depend on whether or when a fold was adopted (determinism for the simulator, which
   writes checkpoints inline and so always adopts at the same point).
 
 Invariants: `base` and every level are immutable once installed (a snapshot may be reading
-them on another thread); `len(state)` is the number of keys with a value; keys are `str`,
+them on another thread) until replaced and referenced by nothing else; `len(state)` is the number of keys with a value; keys are `str`,
 values `bytes` (checked by the KV app before they get here); a `SortedBase`'s shards are
 non-empty, each in ascending insertion order, and ordered between each other.
 Must not import: consensus cores, storage, trio, clocks.
