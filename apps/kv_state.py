@@ -42,9 +42,10 @@ Snapshots and folding:
   writes checkpoints inline and so always adopts at the same point).
 
 Invariants: `base` and every level are immutable once installed (a snapshot may be reading
-them on another thread) until replaced and referenced by nothing else; `len(state)` is the number of keys with a value; keys are `str`,
-values `bytes` (checked by the KV app before they get here); a `SortedBase`'s shards are
-non-empty, each in ascending insertion order, and ordered between each other.
+them on another thread), until replaced and referenced by nothing else; `len(state)` is the
+number of keys with a value; keys are `str`, values `bytes` (checked by the KV app before
+they get here); a `SortedBase`'s shards are non-empty, each in ascending insertion order,
+and ordered between each other.
 Must not import: consensus cores, storage, trio, clocks.
 """
 
