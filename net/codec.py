@@ -310,9 +310,12 @@ class Registry:
             DecodeError: on any input that is not a valid frame; never anything else.
             TypeError: `data` is not bytes-like (our own misuse).
         """
-        if not isinstance(data, (bytes, bytearray, memoryview)):
+        if type(data) is bytes:  # the common case first
+            size = len(data)
+        elif not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"decode takes bytes, got {_kind(data)}")
-        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        else:
+            size = data.nbytes if isinstance(data, memoryview) else len(data)
         if size > self.max_size:
             raise DecodeError(f"frame of {size} bytes exceeds max_size={self.max_size}")
         try:

@@ -169,7 +169,7 @@ class InvariantChecker:
         if known is None:
             self.applied[entry.index] = entry
             self.applied_by[entry.index] = node
-        elif known != entry:
+        elif known is not entry and known != entry:  # the leader applies the same object
             self._violate(
                 "state-machine-safety",
                 at_ns,
