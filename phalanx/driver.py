@@ -15,8 +15,11 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   batch, persisted with one fsync on a worker thread (`trio.to_thread.run_sync`) while the
   core loop keeps stepping new inputs into the next batch. `idle_inline` persists a small
   batch on the core task when no input waits (each thread hand-off can wait out a GIL
-  switch interval: ~1.9 ms median per hand-off measured under load); a pass that sent early
-  messages first yields so the transport writes them before the loop blocks on the disk.
+  switch interval: ~1.9 ms median per hand-off measured under load). Before such a write
+  blocks the event loop, messages and replies handed out since the loop last yielded are
+  let go first (the transport and client connections write from their own tasks): a
+  leader's AppendEntries leave during its fsync, a phase's votes are not held behind the
+  next phase's fsync.
   (`follower_inline` moves every follower write onto the core task.)
 - Completing a batch, in Ready order: release its messages to the transport, apply committed
   entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
@@ -205,7 +208,9 @@ class Driver(PersistPipeline):
         self._persist_inline = persist_inline
         self._follower_inline = follower_inline
         self._idle_inline = idle_inline
-        self._early_sent = False
+        self._unsent_output = False
+        self._just_yielded = False
+        self._flush_again = False
         self._propose_batch = propose_batch
         self._proposals: list[ClientRequest] = []
         self._proposal_bytes = 0
@@ -310,9 +315,18 @@ class Driver(PersistPipeline):
         slow = SLOW_PASS_TICKS * self._tick_seconds
         clock = time.perf_counter
         while True:
-            item = await rx.receive()
-            start = clock()
-            self._handle(item)
+            if self._flush_again:  # `_flush` deferred an inline write: let writers run
+                self._flush_again = False
+                for _ in range(EARLY_WRITE_CHECKPOINTS):
+                    await trio.lowlevel.checkpoint()
+                self._unsent_output = False
+                self._just_yielded = True
+                start = clock()
+            else:
+                item = await rx.receive()
+                start = clock()
+                self._just_yielded = False
+                self._handle(item)
             for _ in range(DRAIN_LIMIT):
                 try:
                     item = rx.receive_nowait()
@@ -321,14 +335,6 @@ class Driver(PersistPipeline):
                 self._handle(item)
             if self._proposals:
                 self._propose()
-            if self._early_sent:
-                # Let the transport's link tasks write this pass's early messages before a
-                # write on this task (idle_inline) blocks the event loop for an fsync: a
-                # leader's AppendEntries must reach the followers while its own disk works.
-                self._early_sent = False
-                if self._idle_inline:
-                    for _ in range(EARLY_WRITE_CHECKPOINTS):
-                        await trio.lowlevel.checkpoint()
             self._flush()
             if clock() - start > slow:
                 self.stats.slow_passes += 1
@@ -396,7 +402,7 @@ class Driver(PersistPipeline):
             for early in ready.early_messages:
                 send(early.to, early.message)
             self.stats.early_messages += len(ready.early_messages)
-            self._early_sent = True
+            self._unsent_output = True
         if not ready.is_empty and not (
                 ready.early_messages and _only_early(ready)):
             self._pending.append(ready)
@@ -489,6 +495,7 @@ class Driver(PersistPipeline):
     def _complete(self, batch: Sequence[Ready]) -> None:
         """Steps 2-5 of the ordering rule for a durable batch, in Ready order."""
         self.stats.batches += 1
+        self._unsent_output = True
         replica = self.replica
         last = 0
         applied = 0

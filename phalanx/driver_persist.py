@@ -33,7 +33,7 @@ IDLE_INLINE_READYS = 8
 """The largest batch `idle_inline` persists on the core task."""
 
 EARLY_WRITE_CHECKPOINTS = 4
-"""Scheduling points the core loop yields, after a pass that sent early messages, before it
+"""Scheduling points the core loop yields, after handing out messages or replies, before it
 may block on an inline write. A woken link task needs two steps to reach its socket write
 (trio's SSL stream takes a lock that checkpoints first), and the tasks of one scheduler batch
 run in either order, so three yields let it write; one more is margin."""
@@ -60,6 +60,11 @@ class PersistPipeline:
     _persist_inline: bool
     _follower_inline: bool
     _idle_inline: bool
+    _unsent_output: bool
+    """Messages or client replies were handed out since the core loop last yielded for the
+    tasks that write them (`EARLY_WRITE_CHECKPOINTS`)."""
+    _just_yielded: bool
+    _flush_again: bool
     _status: CoreStatus
     _nursery: trio.Nursery | None
     _complete: Callable[[Sequence[Ready]], None]
@@ -94,10 +99,24 @@ class PersistPipeline:
 
     def _flush(self) -> None:
         while self._inflight is None and self._pending:
-            batch, self._pending = self._pending, []
+            batch = self._pending
+            if self._idle_inline and self._inline_now(batch):
+                if (self._unsent_output and not self._just_yielded
+                        and self.committer.needs_io(batch)):
+                    # Messages or replies this task handed out are not written yet (the
+                    # transport and client connections write from their own tasks): let
+                    # them go before the fsync blocks the event loop. The core loop yields,
+                    # then flushes again (at least one batch per yield: no starvation).
+                    self._flush_again = True
+                    break
+                self._pending = []
+                self._just_yielded = False
+                self._persist_here(batch)
+                self._complete(batch)
+                continue
+            self._pending = []
             if self._persist_inline or (self._follower_inline
-                                        and self._status.role != "leader") or (
-                    self._idle_inline and self._inline_now(batch)):
+                                        and self._status.role != "leader"):
                 self._persist_here(batch)
                 self._complete(batch)
                 continue

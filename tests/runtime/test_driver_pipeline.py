@@ -228,6 +228,42 @@ async def test_an_idle_leader_lets_the_transport_write_early_messages_before_its
     assert committer.events == ["wire AppendEntries", "persisted", "wire AppendEntriesResponse"]
 
 
+class FollowUpCore(ScriptedCore):
+    """`Persisted(1)` makes a second durable Ready (a next phase: PBFT's commit after its
+    prepare), which the driver persists in the same flush."""
+
+    def step(self, inp: Input, /) -> Ready:
+        super().step(inp)
+        if isinstance(inp, Persisted) and inp.number == 1:
+            self._number += 1
+            entry = Entry(index=self._number, term=1, kind=EntryKind.NOOP)
+            return Ready(number=self._number, entries=(entry,), must_sync=True,
+                         messages=(Send(to=N2, message=EARLY),))
+        return Ready()
+
+
+async def test_messages_of_one_batch_are_written_before_the_next_inline_fsync() -> None:
+    core, committer, sent = FollowUpCore("leader"), GatedCommitter(), []
+    wire_tx, wire_rx = trio.open_memory_channel[Message](16)
+    driver = make_driver(core, committer, sent, idle_inline=True,
+                         send=lambda to, m: _enqueue(wire_tx, m))
+
+    async def link_task() -> None:
+        async for message in wire_rx:
+            committer.events.append(f"wire {type(message).__name__}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link_task)
+        await nursery.start(driver.run)
+        await driver.call(call(1), Sink())
+        await wait_for(lambda: core.persisted == [1, 2])
+        await wait_for(lambda: len(committer.events) == 5)
+        nursery.cancel_scope.cancel()
+    assert committer.threads == [threading.current_thread().name] * 2  # both inline
+    assert committer.events == ["wire AppendEntries", "persisted", "wire AppendEntriesResponse",
+                                "persisted", "wire AppendEntries"]
+
+
 def _enqueue(channel: trio.MemorySendChannel[Message], message: Message) -> bool:
     channel.send_nowait(message)
     return True
