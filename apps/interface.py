@@ -133,6 +133,21 @@ class Verdict:
 
 
 @runtime_checkable
+class Housekeeping(Protocol):
+    """An optional hook for a state machine that defers work (freeing replaced structures,
+    adopting a layout its last checkpoint built) to keep `apply` short."""
+
+    def maintain(self) -> None:
+        """Do one bounded piece of deferred work (about a millisecond at most).
+
+        The replica layer calls it each time it is polled: after applies and, in the runtime,
+        on every tick, so an idle replica still finishes its housekeeping. Determinism: MUST
+        NOT change what any query or command returns.
+        """
+        ...
+
+
+@runtime_checkable
 class EndorsementHooks(Protocol):
     """Optional hooks for the leaderless (endorsement) core; consensus never reads app state
     except through them."""

@@ -35,7 +35,8 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
-from phalanx.apps.kv_state import SHARD_KEYS, LayeredSnapshot, LayeredState, SortedBase
+from phalanx.apps.kv_base import SHARD_KEYS, ShardPacker, SortedBase
+from phalanx.apps.kv_state import LayeredSnapshot, LayeredState
 from phalanx.apps.kv_types import (
     MAX_KEY_BYTES,
     MAX_SCAN_LIMIT,
@@ -135,6 +136,10 @@ class KvStateMachine:
 
     def restore(self, data: bytes) -> None:
         self._data = LayeredState(_parse_checkpoint(data))
+
+    def maintain(self) -> None:
+        """`Housekeeping`: adopt a finished fold, free a few pieces of replaced layers."""
+        self._data.maintain()
 
     # ---------------------------------------------------------------- typed execution
 
@@ -283,8 +288,8 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
     ):
         raise SnapshotFormatError(f"not a version-{_VERSION} KV checkpoint header: {header!r}")
     count: int = header[2]
-    # The base's shards: consecutive arrays coalesced up to SHARD_KEYS keys per shard.
-    shards: list[dict[str, bytes]] = []
+    # The base's shards: consecutive arrays coalesced into shards of SHARD_KEYS keys or so.
+    packer = ShardPacker(SHARD_KEYS)
     held = 0
     previous: str | None = None
     # NB: bulk-loading allocates steadily (the chunks' lists) next to a growing state;
@@ -312,14 +317,12 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
             ):
                 raise SnapshotFormatError("KV checkpoint entry over the size limits")
             previous = keys[-1]
-            if shards and len(shards[-1]) + len(keys) <= SHARD_KEYS:
-                shards[-1].update(zip(keys, values, strict=True))
-            else:
-                shards.append(dict(zip(keys, values, strict=True)))
+            packer.add(keys, values)
             held += len(keys)
         if held != count:
             raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {held}")
-        return SortedBase(shards)
+        packer.flush()
+        return SortedBase(packer.shards)
     except (ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"KV checkpoint body unreadable: {exc}") from exc
     finally:

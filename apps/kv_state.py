@@ -1,8 +1,8 @@
-"""The KV store's state: a sorted, sharded dict base under persistent overlays, snapshotted
-in O(1) and serialised in bounded steps.
+"""The KV store's state: a sorted, sharded, packed base under persistent overlays,
+snapshotted in O(1) and serialised in bounded steps.
 
-Owns: `SortedBase` (the immutable base), `LayeredState` (the live state of
-`phalanx.apps.kv.KvStateMachine`) and `LayeredSnapshot` (an immutable view of it).
+Owns: `LayeredState` (the live state of `phalanx.apps.kv.KvStateMachine`) and
+`LayeredSnapshot` (an immutable view of it). The base is `phalanx.apps.kv_base.SortedBase`.
 
 Layout, newest first:
     live     an `immutables.Map` taking every write (``None`` marks a deleted key)
@@ -10,20 +10,18 @@ Layout, newest first:
     base     a `SortedBase`, never mutated after it is installed
 A read looks in `live`, then the levels from newest to oldest, then `base`.
 
-`SortedBase` is a list of plain dicts ("shards") of at most `SHARD_KEYS` keys each, cut
-from the key order: every shard iterates in ascending key order (it was filled in that
-order), and all keys of a shard sort before those of the next. A lookup bisects the shards'
-first keys, then reads one dict. Why this shape:
+`SortedBase` is a list of packed shards of at most `SHARD_KEYS` keys each, cut from the key
+order (see `phalanx.apps.kv_base` for the layout and its memory figures). Why this shape:
 - No operation on the base ever covers more than one shard in one C call. A single dict of
   a million keys cannot be built, grown, copied or dropped without a C call of 15-40 ms
   with the GIL held (a resize rehashes every entry, reading each key object: a cache miss
   apiece), and that call stalls the applying thread when it runs on the checkpoint writer.
 - The base is already in key order, so a checkpoint does not sort it: it streams the shards
-  and merges in only the overlay keys (sorted in steps). Dict slices pass through C-level
-  calls (`islice`, `zip`, `msgpack`), with no per-key Python code.
-- A dict of `str` keys and `bytes` values is never tracked by the cyclic collector, so no GC
-  pass walks the base. A HAMT node per few keys (an all-`immutables.Map` state) costs ~250
-  bytes per key at a million keys, against ~30 for a dict slot, and ~300k tracked objects.
+  and merges in only the overlay keys (sorted in steps). Shard slices pass through C-level
+  calls (slices, `map`, `msgpack`), with no per-key Python code.
+- No GC pass walks the base: a shard's key tuple is untracked once the collector has seen
+  it, and its values are one `bytes`. A HAMT node per few keys (an all-`immutables.Map`
+  state) costs ~250 bytes per key at a million keys and ~300k tracked objects.
 
 Snapshots and folding:
 - `snapshot()` is O(1): the current `live` map becomes the newest level (it is never written
@@ -56,88 +54,21 @@ import functools
 import itertools
 import operator
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 
 import immutables
 
+from phalanx.apps.kv_base import SHARD_KEYS, ShardPacker, SortedBase
 from phalanx.apps.sorted_steps import sorted_in_steps
 
-__all__ = ["LayeredSnapshot", "LayeredState", "SortedBase"]
+__all__ = ["SHARD_KEYS", "LayeredSnapshot", "LayeredState", "SortedBase"]
 
 Overlay = immutables.Map[str, bytes | None]
 _ABSENT = object()  # "this layer says nothing about the key" (None means: deleted)
+MAINTAIN_PIECES = 8
+"""Pieces `maintain` frees per call (~1 ms; the runtime calls it every tick)."""
 REAP_STEP = 128
 """Keys of a replaced level deleted per write (see `LayeredState._reap`): ~0.1 ms."""
-SHARD_KEYS = 16384
-"""Keys per shard (at most, except where a restore found larger arrays). A lookup bisects
-the shards' first keys: at a million keys, 16k-key shards cost ~0.3 us per lookup over one
-dict, 4k-key ones ~0.6 us. Building or growing one such dict takes well under a ms."""
-
-
-class SortedBase:
-    """An immutable str -> bytes map kept as ordered dict shards (module docstring)."""
-
-    __slots__ = ("_bounds", "length", "shards")
-
-    def __init__(self, shards: list[dict[str, bytes]]) -> None:
-        """Take ownership of `shards`: non-empty dicts, each filled in ascending key order,
-        every key of one sorting before every key of the next. The order across shards is
-        checked here (O(shards)); the order inside each is the caller's promise (a checkpoint
-        parse checks it on the way in, a fold produces it). Raises `ValueError`."""
-        bounds: list[str] = []
-        previous_last: str | None = None
-        for shard in shards:
-            if not shard:
-                raise ValueError("SortedBase: empty shard")
-            first, last = next(iter(shard)), next(reversed(shard))
-            if first > last or (previous_last is not None and not previous_last < first):
-                raise ValueError("SortedBase: shards out of key order")
-            bounds.append(first)
-            previous_last = last
-        self.shards = shards
-        self._bounds = bounds
-        self.length = sum(map(len, shards))
-
-    @classmethod
-    def from_items(cls, items: Mapping[str, bytes], *, shard_keys: int = SHARD_KEYS) -> SortedBase:
-        """A base holding `items`, in any order (sorts them in one call: tests, small maps)."""
-        if shard_keys < 1:
-            raise ValueError(f"shard_keys must be >= 1, got {shard_keys}")
-        keys = sorted(items)
-        return cls([
-            {k: items[k] for k in keys[lo: lo + shard_keys]}
-            for lo in range(0, len(keys), shard_keys)
-        ])
-
-    def __len__(self) -> int:
-        return self.length
-
-    def get(self, key: str) -> bytes | None:
-        i = bisect.bisect_right(self._bounds, key)
-        return self.shards[i - 1].get(key) if i else None
-
-    def keys_from(self, start: str) -> Iterator[str]:
-        """Keys >= `start`, ascending."""
-        i = max(bisect.bisect_right(self._bounds, start) - 1, 0)
-        for shard in self.shards[i:]:
-            if next(reversed(shard)) < start:
-                continue
-            yield from itertools.dropwhile(start.__gt__, shard)
-
-    def items(self) -> Iterator[tuple[str, bytes]]:
-        """Every pair, ascending (tests, small maps)."""
-        for shard in self.shards:
-            yield from shard.items()
-
-    def windows(self, size: int) -> Iterator[tuple[list[str], list[bytes]]]:
-        """Keys and values in ascending order, at most `size` per window, each window built
-        by C-level calls over one shard."""
-        for shard in self.shards:
-            keys, values = iter(shard), iter(shard.values())
-            while window := list(itertools.islice(keys, size)):
-                yield window, list(itertools.islice(values, size))
-
-
 _EMPTY = SortedBase([])
 
 
@@ -245,7 +176,7 @@ class LayeredSnapshot:
             levels[0].__getitem__ if len(levels) == 1 else functools.partial(_in_levels, levels)
         )
         base_windows = base.windows(window)
-        fold: list[dict[str, bytes]] | None = [] if levels else None
+        fold = ShardPacker(shard) if levels else None
         out_keys: list[str] = []
         out_values: list[bytes] = []
         # A two-way merge in windows. Each side keeps a buffer of its next keys, in order;
@@ -293,28 +224,23 @@ class LayeredSnapshot:
             while len(out_keys) >= chunk:
                 done_keys, done_values = out_keys[:chunk], out_values[:chunk]
                 del out_keys[:chunk], out_values[:chunk]
-                if fold is not None:
-                    if fold and len(fold[-1]) < shard:
-                        fold[-1].update(zip(done_keys, done_values, strict=True))
-                    else:
-                        fold.append(dict(zip(done_keys, done_values, strict=True)))
-                    yield None  # the fold's share, then (next step) the caller packs the chunk
+                if fold is not None and fold.add(done_keys, done_values):
+                    yield None  # the fold packed a shard; next step the caller packs the chunk
                 yield done_keys, done_values
             yield None
         if out_keys:
             if fold is not None:
-                if fold and len(fold[-1]) < shard:
-                    fold[-1].update(zip(out_keys, out_values, strict=True))
-                else:
-                    fold.append(dict(zip(out_keys, out_values, strict=True)))
+                fold.add(out_keys, out_values)
             yield out_keys, out_values
+        if fold is not None:
+            fold.flush()
         # Drop this frame's references to the layers BEFORE publishing the fold: the applying
         # thread may adopt it at once, and must then hold the last references to the old
         # base and levels, to take them apart in steps. Otherwise this frame's teardown would
         # free them here, in one long call, with the GIL held.
         del base, levels, base_windows, sorted_overlay, overlay_value
         if fold is not None:
-            self.folded = SortedBase(fold)
+            self.folded = SortedBase(fold.shards)
 
 
 class LayeredState:
@@ -410,6 +336,18 @@ class LayeredState:
             self._levels = self._levels[covered:]
             snap.release()
         self._snapshot = None
+
+    def maintain(self, pieces: int | None = None) -> None:
+        """Idle-time housekeeping (`phalanx.apps.interface.Housekeeping`): adopt a finished
+        fold and free up to `pieces` pieces of replaced layers. Without it, an idle state
+        would keep a finished fold beside the layers it replaces (two copies of the values
+        it merged) until the next write. Never changes what any key reads. `pieces`
+        defaults to `MAINTAIN_PIECES`."""
+        self._adopt()
+        for _ in range(MAINTAIN_PIECES if pieces is None else pieces):
+            if not self._graveyard:
+                return
+            self._reap()
 
     def _reap(self) -> None:
         """Take replaced layers apart a piece per write: a shard of a base (at most

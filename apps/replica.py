@@ -40,7 +40,7 @@ from phalanx.apps.envelope import (
     parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
-from phalanx.apps.interface import SnapshotFormatError, StateMachine
+from phalanx.apps.interface import Housekeeping, SnapshotFormatError, StateMachine
 from phalanx.apps.writer import CheckpointJob, CheckpointWriter, InlineCheckpointWriter
 from phalanx.consensus.core import CheckpointTaken
 from phalanx.consensus.types import (
@@ -158,6 +158,7 @@ class Replica:
         if wal is not None and decode_entry is None:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
         self._machine = machine
+        self._maintain = machine.maintain if isinstance(machine, Housekeeping) else None
         self._store = checkpoints
         self._wal = wal
         self._decode_entry = decode_entry
@@ -330,10 +331,13 @@ class Replica:
     def poll(self) -> tuple[CheckpointTaken, ...]:
         """Checkpoints made durable since the last call, for the core (`CheckpointTaken`).
 
-        Also finishes completed checkpoint jobs (compacting the WAL); drivers call it
-        regularly, e.g. after each batch of applies or when idle.
+        Also finishes completed checkpoint jobs (compacting the WAL) and gives a machine with
+        `Housekeeping` one bounded piece of its deferred work; drivers call it regularly,
+        e.g. after each batch of applies and when idle.
         """
         self._collect()
+        if self._maintain is not None:
+            self._maintain()
         taken, self._taken = tuple(self._taken), []
         return taken
 
