@@ -22,7 +22,7 @@ import trio
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.config import ConfigError, NodeConfig, load_node_config
 from phalanx.node import NodeError, open_node
-from phalanx.process_tuning import limit_malloc_arenas
+from phalanx.process_tuning import tune_malloc
 from phalanx.protocols import BYZANTINE_MODES
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s {config.id} %(levelname)s %(name)s: %(message)s")
-    limit_malloc_arenas()
+    tune_malloc()
     try:
         trio.run(_run, config, byzantine)
     except NodeError as exc:

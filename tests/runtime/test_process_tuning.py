@@ -1,4 +1,4 @@
-"""`limit_malloc_arenas`: applied in a fresh process, and it leaves a user's setting alone."""
+"""`tune_malloc`: applied in a fresh process, and it leaves a user's settings alone."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from phalanx.process_tuning import limit_malloc_arenas
+from phalanx.process_tuning import tune_malloc
 
-_PROBE = "from phalanx.process_tuning import limit_malloc_arenas; print(limit_malloc_arenas())"
+_PROBE = "from phalanx.process_tuning import tune_malloc; print(','.join(tune_malloc()))"
 
 
 def _probe(env: dict[str, str]) -> str:
@@ -21,15 +21,21 @@ def _probe(env: dict[str, str]) -> str:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
 def test_applies_on_glibc_unless_the_environment_already_says() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_")}
     try:
-        libc = os.confstr("CS_GNU_LIBC_VERSION")
+        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
     except (ValueError, OSError):  # not glibc
-        libc = None
-    assert _probe(env) == ("True" if libc else "False")
-    assert _probe({**env, "MALLOC_ARENA_MAX": "4"}) == "False"
+        glibc = False
+    both = "MALLOC_ARENA_MAX,MALLOC_MMAP_THRESHOLD_"
+    assert _probe(env) == (both if glibc else "")
+    assert _probe({**env, "MALLOC_ARENA_MAX": "4"}) == (
+        "MALLOC_MMAP_THRESHOLD_" if glibc else "")
+    assert _probe({**env, "MALLOC_ARENA_MAX": "4", "MALLOC_MMAP_THRESHOLD_": "65536"}) == ""
 
 
-def test_refuses_a_count_below_one() -> None:
-    with pytest.raises(ValueError, match="must be >= 1"):
-        limit_malloc_arenas(0)
+def test_refuses_values_out_of_range() -> None:
+    with pytest.raises(ValueError, match="arenas >= 1"):
+        tune_malloc(arenas=0)
+    with pytest.raises(ValueError, match="mmap_threshold >= 4096"):
+        tune_malloc(mmap_threshold=10)
