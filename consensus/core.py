@@ -46,6 +46,8 @@ from phalanx.consensus.types import (
 # the slots through their raw setters. A frozen dataclass's generated `__init__` goes through
 # `object.__setattr__` for every field, which costs about twice as much. Everything else
 # (frozen, slots, eq, hash, repr, `dataclasses.fields/replace`) is the dataclass machinery.
+# `make_ready` builds a `Ready` from positional arguments the same way, for a core's hot path
+# (matching eleven keyword arguments costs more than filling the slots).
 
 
 def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
