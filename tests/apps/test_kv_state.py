@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from phalanx.apps import kv_state
 from phalanx.apps.kv import CHUNK_KEYS, KvStateMachine
+from phalanx.apps.kv_base import SHARD_KEYS
 from phalanx.apps.kv_state import LayeredSnapshot, LayeredState, SortedBase
 from phalanx.apps.kv_types import Delete, Put
 from phalanx.apps.sorted_steps import sorted_in_steps
@@ -218,8 +219,9 @@ def test_the_collector_stops_walking_restored_and_folded_shards() -> None:
         pass
     assert snap.folded is not None
     restored = machine._data._base.shards
-    assert [len(shard) for shard in restored] == [16384, 16384, 7232]
-    assert [len(shard) for shard in snap.folded.shards] == [16384, 16384, 7232]
+    full, rest = divmod(40_000, SHARD_KEYS)
+    assert [len(shard) for shard in restored] == [SHARD_KEYS] * full + [rest]
+    assert [len(shard) for shard in snap.folded.shards] == [SHARD_KEYS] * full + [rest]
     shards = [*restored, *snap.folded.shards]
     gc.collect()
     for shard in shards:
