@@ -1,8 +1,10 @@
 """The client library: `Client`, an async (trio) handle on a phalanx cluster, and its errors.
 
 This module owns the client side of `phalanx.net.client_protocol`: one lazily dialled TLS
-connection per node, pipelining, leader discovery, retries, deadlines, PBFT reply matching
-and the typed KV helpers. `phalanx.client_sync.SyncClient` wraps it for non-async programs.
+connection per node, pipelining, leader discovery, retries, deadlines and PBFT reply
+matching. The typed KV helpers come from `phalanx.client_kv.KvHelpers` and the errors from
+`phalanx.client_errors`, both re-exported here. `phalanx.client_sync.SyncClient` wraps it for
+non-async programs.
 
 Must not import: consensus cores (except the pure `pbft.client.ReplyCollector`), storage, the
 runtime (`phalanx.node`), the CLI. Never pickles.
@@ -59,33 +61,21 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TypedDict, TypeVar, Unpack
+from typing import TypedDict, Unpack
 
 import trio
 
 from phalanx import pki
-from phalanx.apps import kv_wire
-from phalanx.apps.kv_types import (
-    CasResult,
-    Compare,
-    CompareAndSet,
-    Delete,
-    Deleted,
-    Done,
-    Get,
-    KvCommand,
-    KvError,
-    KvErrorCode,
-    KvResult,
-    Put,
-    Scan,
-    ScanResult,
-    Txn,
-    TxnResult,
-    TxnWrite,
-    Value,
-)
 from phalanx.client_conn import ClientStatistics, ConnectionPool, NodeAddress, PendingCall
+from phalanx.client_errors import (
+    ClientClosed,
+    ClientError,
+    ClientTimeout,
+    KvCommandError,
+    ProtocolViolation,
+    RequestRejected,
+)
+from phalanx.client_kv import KvHelpers
 from phalanx.config import ClusterConfig, load_cluster_config
 from phalanx.consensus.pbft.client import ReplyCollector
 from phalanx.consensus.types import ClientRequest, NodeId
@@ -98,7 +88,6 @@ from phalanx.net.client_protocol import (
     StatusCall,
     StatusReply,
 )
-from phalanx.net.codec import DecodeError
 from phalanx.net.framing import DEFAULT_MAX_FRAME_SIZE, encode_frame
 from phalanx.net.transport import Backoff
 
@@ -117,46 +106,7 @@ __all__ = [
 
 client_protocol.register()
 
-_K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult)
-
-
-class ClientError(Exception):
-    """Base class of every error this module raises for a call."""
-
-
-class ClientTimeout(ClientError, TimeoutError):
-    """The operation's deadline passed. It MAY OR MAY NOT have taken effect (indeterminate)."""
-
-    def __init__(self, message: str, *, last_error: str | None = None) -> None:
-        super().__init__(message if last_error is None else f"{message} (last: {last_error})")
-        self.last_error = last_error
-
-
-class ClientClosed(ClientError):
-    """The client was closed while (or before) the call ran. Indeterminate, like a timeout."""
-
-
-class RequestRejected(ClientError):
-    """A node refused the request as invalid (`ReplyStatus.ERROR`). It certainly had no effect."""
-
-    def __init__(self, message: str, *, replica: str | None = None) -> None:
-        super().__init__(message)
-        self.replica = replica
-
-
-class KvCommandError(RequestRejected):
-    """The KV state machine refused the command (a `KvError` result). It had no effect."""
-
-    def __init__(self, error: KvError) -> None:
-        super().__init__(f"{error.code.name}: {error.message}")
-        self.code: KvErrorCode = error.code
-
-
-class ProtocolViolation(ClientError):
-    """A reply's result is not what the command can produce (a buggy or faulty server)."""
-
-
-class Client:
+class Client(KvHelpers):
     """An async handle on a phalanx cluster. Open it with `open_client` / `Client.connect`.
 
     Concurrency: any number of tasks may call it at once; calls are pipelined over one
@@ -514,94 +464,6 @@ class Client:
             slot.statuses.pop(nonce, None)
 
     # ------------------------------------------------------------------ typed KV helpers
-
-    async def _kv(
-        self,
-        command: KvCommand,
-        expected: type[_K],
-        *,
-        read_only: bool = False,
-        stale: bool = False,
-    ) -> _K:
-        consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
-        raw = await self.call(
-            kv_wire.encode_command(command),
-            read_only=read_only,
-            consistency=consistency,
-        )
-        try:
-            result: KvResult = kv_wire.decode_result(raw)
-        except DecodeError as exc:
-            raise ProtocolViolation(f"undecodable KV result: {exc}") from None
-        if isinstance(result, KvError):
-            raise KvCommandError(result)
-        if not isinstance(result, expected):
-            raise ProtocolViolation(
-                f"{type(command).__name__} answered with {type(result).__name__}"
-            )
-        return result
-
-    async def put(self, key: str, value: bytes) -> None:
-        """Set `key` to `value`."""
-        await self._kv(Put(key=key, value=value), Done)
-
-    async def get(
-        self, key: str, *, stale: bool = False
-    ) -> bytes | None:
-        """The value of `key`, or None if absent. Linearizable unless `stale`."""
-        result = await self._kv(Get(key=key), Value, read_only=True, stale=stale)
-        return result.value
-
-    async def delete(self, key: str) -> bool:
-        """Remove `key`; True if it existed."""
-        result = await self._kv(Delete(key=key), Deleted)
-        return result.existed
-
-    async def cas_result(
-        self, key: str, expected: bytes | None, new: bytes
-    ) -> CasResult:
-        """Compare-and-set with details: whether it swapped and the value afterwards."""
-        command = CompareAndSet(key=key, expected=expected, new=new)
-        return await self._kv(command, CasResult)
-
-    async def cas(
-        self, key: str, expected: bytes | None, new: bytes
-    ) -> bool:
-        """Set `key` to `new` iff its value is `expected` (None: absent). True if it swapped."""
-        return (await self.cas_result(key, expected, new)).succeeded
-
-    async def scan(
-        self,
-        prefix: str,
-        *,
-        limit: int = 1000,
-        stale: bool = False,
-    ) -> list[tuple[str, bytes]]:
-        """Up to `limit` (key, value) pairs whose key starts with `prefix`, in key order."""
-        result = await self._kv(
-            Scan(prefix=prefix, limit=limit), ScanResult, read_only=True, stale=stale,
-        )
-        return list(result.items)
-
-    async def txn_result(
-        self,
-        compares: Sequence[Compare],
-        success: Sequence[TxnWrite],
-        failure: Sequence[TxnWrite] = (),
-    ) -> TxnResult:
-        """An atomic transaction with details: whether the compares held, and the compared
-        keys' values when evaluated. See `phalanx.apps.kv_types.Txn`."""
-        command = Txn(compares=tuple(compares), success=tuple(success), failure=tuple(failure))
-        return await self._kv(command, TxnResult)
-
-    async def txn(
-        self,
-        compares: Sequence[Compare],
-        success: Sequence[TxnWrite],
-        failure: Sequence[TxnWrite] = (),
-    ) -> bool:
-        """Atomically: if every compare holds run `success`, else `failure`. True if they held."""
-        return (await self.txn_result(compares, success, failure)).succeeded
 
     # ------------------------------------------------------------------ connections
 
