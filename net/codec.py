@@ -1,7 +1,9 @@
 """The strict msgpack codec: registered frozen dataclasses to and from canonical bytes.
 
 Owns: `Registry` (stable type id <-> class, with an encoder and a decoder compiled once per
-class from its type hints), the wire shape below, `DecodeError` and `EncodeError`.
+class from its type hints) and the wire shape below. The per-field codecs, `DecodeError` and
+`EncodeError` live in `phalanx.net.codec_fields` (re-exported here); the compiled fast paths
+in `phalanx.net.codec_fast`.
 Must not import: trio, sockets, clocks, random, pickle, or any protocol module. Protocols
 register their classes into a registry (the project's default one is `phalanx.net.wire`);
 the codec knows none of them.
@@ -55,52 +57,46 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from itertools import repeat
+from collections.abc import Callable, Mapping
 from typing import Final, TypeVar, overload
 
 import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 
-from phalanx.net.codec_fast import EnumInfo, compile_fast, pack, thread_packer
+from phalanx.net.codec_fast import compile_fast, pack, thread_packer
 from phalanx.net.codec_fast import packers as _packers
+from phalanx.net.codec_fields import (
+    ENUMS,
+    EXACT,
+    INT_MAX,
+    INT_MIN,
+    SCALARS,
+    DecodeError,
+    Decoder,
+    EncodeError,
+    Encoder,
+    array_codec,
+    at_path,
+    enum_codec,
+    frozenset_codec,
+    optional_codec,
+    type_name,
+)
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "DecodeError", "EncodeError", "Registry"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_SIZE",
+    "INT_MAX",
+    "INT_MIN",
+    "DecodeError",
+    "EncodeError",
+    "Registry",
+]
 
 T = TypeVar("T")
 
-Encoder = Callable[[object, int], object]
-"""Checks a value against its declared type and returns its msgpack-ready form. The int is
-the nesting depth of the array that contains the value."""
-Decoder = Callable[[object, int], object]
-"""Checks an unpacked msgpack value against the declared type and rebuilds the field."""
-
-INT_MIN: Final = -(2**63)
-INT_MAX: Final = 2**64 - 1
 TYPE_ID_MAX: Final = 0xFFFF
 DEFAULT_MAX_SIZE: Final = 16 * 1024 * 1024
 DEFAULT_MAX_DEPTH: Final = 32
-
-
-class DecodeError(Exception):
-    """Bytes from a peer or a disk are not a valid encoding of a registered message.
-
-    This is normal input, never a bug: the receiver drops the frame and counts it.
-    """
-
-
-class EncodeError(Exception):
-    """Our own misuse: a value does not fit its declared field type, its class is not
-    registered, or the frame would exceed the size or depth limits that peers enforce."""
-
-
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
-def _at(where: str, exc: Exception) -> str:
-    """Prefix an error with where it happened: ``Entry.requests`` + ``[1]: ...``."""
-    detail = str(exc)
-    return f"{where}{detail}" if detail.startswith("[") else f"{where}: {detail}"
 
 
 def _reject_ext(code: int, data: bytes) -> object:
@@ -238,16 +234,16 @@ class Registry:
         """
         spec = self._by_class.get(type(obj))
         if spec is None:
-            raise EncodeError(f"{_kind(obj)} is not a registered message class")
+            raise EncodeError(f"{type_name(obj)} is not a registered message class")
         try:
             # `_pack` inlined (one call less on every send).
             packer = getattr(_packers, "packer", None) or thread_packer()
             data: bytes = packer.pack(spec.encode(obj, 0))
         except (ValueError, TypeError, OverflowError) as exc:  # pragma: no cover - defensive
-            raise EncodeError(f"{_kind(obj)}: msgpack refused the value: {exc}") from exc
+            raise EncodeError(f"{type_name(obj)}: msgpack refused the value: {exc}") from exc
         if len(data) > self.max_size:
             raise EncodeError(
-                f"{_kind(obj)} encodes to {len(data)} bytes, over max_size={self.max_size}"
+                f"{type_name(obj)} encodes to {len(data)} bytes, over max_size={self.max_size}"
             )
         return data
 
@@ -265,7 +261,7 @@ class Registry:
             return self.encode(obj)
         spec = self._by_class.get(type(obj))
         if spec is None:
-            raise EncodeError(f"{_kind(obj)} is not a registered message class")
+            raise EncodeError(f"{type_name(obj)} is not a registered message class")
         unknown = [name for name in omit if name not in spec.names]
         if unknown:
             raise EncodeError(f"{spec.cls.__name__} has no field(s) {unknown}")
@@ -313,7 +309,7 @@ class Registry:
         if type(data) is bytes:  # the common case first
             size = len(data)
         elif not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"decode takes bytes, got {_kind(data)}")
+            raise TypeError(f"decode takes bytes, got {type_name(data)}")
         else:
             size = data.nbytes if isinstance(data, memoryview) else len(data)
         if size > self.max_size:
@@ -346,7 +342,7 @@ class Registry:
             except EncodeError as exc:
                 raise DecodeError(f"not canonically re-encodable: {exc}") from None
             if again != data:
-                raise DecodeError(f"non-canonical encoding of {_kind(obj)}")
+                raise DecodeError(f"non-canonical encoding of {type_name(obj)}")
         return obj
 
     # ----------------------------------------------------------------------------------
@@ -387,8 +383,8 @@ class Registry:
         arity = len(pairs) + 1
         constructor: Callable[..., object] = cls
         # Fast path: a scalar field whose value has exactly its type skips the call.
-        encoders = tuple((name, enc, _EXACT.get(dec)) for name, enc, dec in pairs)
-        decoders = tuple((name, dec, _EXACT.get(dec)) for name, _, dec in pairs)
+        encoders = tuple((name, enc, EXACT.get(dec)) for name, enc, dec in pairs)
+        decoders = tuple((name, dec, EXACT.get(dec)) for name, _, dec in pairs)
 
         def encode(value: object, depth: int) -> object:
             if depth >= max_depth:
@@ -407,7 +403,7 @@ class Registry:
                 try:
                     out.append(enc(item, depth))
                 except EncodeError as exc:
-                    raise EncodeError(_at(f"{label}.{field_name}", exc)) from None
+                    raise EncodeError(at_path(f"{label}.{field_name}", exc)) from None
             return out
 
         def decode(raw: object, depth: int) -> object:
@@ -426,7 +422,7 @@ class Registry:
                 try:
                     kwargs[field_name] = dec(item, depth)
                 except DecodeError as exc:
-                    raise DecodeError(_at(f"{label}.{field_name}", exc)) from None
+                    raise DecodeError(at_path(f"{label}.{field_name}", exc)) from None
             try:
                 return constructor(**kwargs)
             except (ValueError, TypeError) as exc:
@@ -437,7 +433,7 @@ class Registry:
             type_id=type_id,
             cls=cls,
             fields=tuple(
-                (name, enc, dec, _EXACT.get(dec), _ENUMS.get(dec)) for name, enc, dec in pairs
+                (name, enc, dec, EXACT.get(dec), ENUMS.get(dec)) for name, enc, dec in pairs
             ),
             max_depth=max_depth,
             int_min=INT_MIN,
@@ -455,26 +451,26 @@ class Registry:
         """Compile the codec pair for one declared type, or raise TypeError naming `where`."""
         if tp is None:
             tp = type(None)
-        if tp in _SCALARS:
-            return _SCALARS[tp]
+        if tp in SCALARS:
+            return SCALARS[tp]
         if isinstance(tp, typing.NewType):
             return self._build(tp.__supertype__, where)
         origin = typing.get_origin(tp)
         args = typing.get_args(tp)
         if origin is tuple:
             if len(args) == 2 and args[1] is Ellipsis:
-                return self._array(None, self._build(args[0], f"{where}[]"))
+                return array_codec(None, self._build(args[0], f"{where}[]"), self.max_depth)
             if args == ((),):  # tuple[()]
                 args = ()
             parts = tuple(self._build(a, f"{where}[{i}]") for i, a in enumerate(args))
-            return self._array(parts, _SCALARS[type(None)])
+            return array_codec(parts, SCALARS[type(None)], self.max_depth)
         if origin is frozenset:
-            return self._frozenset_of(self._build(args[0], f"{where}[]"))
+            return frozenset_codec(self._build(args[0], f"{where}[]"), self.max_depth)
         if origin is typing.Union or origin is types.UnionType:
             return self._union(args, where)
         if isinstance(tp, type) and tp is not typing.Any:
             if issubclass(tp, enum.Enum):
-                return _enum_codec(tp, where)
+                return enum_codec(tp, where)
             if dataclasses.is_dataclass(tp):
                 if not tp.__dataclass_params__.frozen:  # type: ignore[attr-defined]
                     raise TypeError(f"{where}: {tp.__name__} must be a frozen dataclass")
@@ -503,7 +499,7 @@ class Registry:
                 allowed.append(typing.cast(type, member))
             label = " | ".join(t.__name__ for t in allowed)
             inner = self._polymorphic(tuple(allowed), label)
-        return _optional(inner) if optional else inner
+        return optional_codec(inner) if optional else inner
 
     def _polymorphic(self, allowed: tuple[type, ...], label: str) -> tuple[Encoder, Decoder]:
         by_id, by_class = self._by_id, self._by_class
@@ -511,17 +507,17 @@ class Registry:
         def encode(value: object, depth: int) -> object:
             spec = by_class.get(type(value))
             if spec is None:
-                raise EncodeError(f"{_kind(value)} is not a registered message class")
+                raise EncodeError(f"{type_name(value)} is not a registered message class")
             if not isinstance(value, allowed):
-                raise EncodeError(f"expected {label}, got {_kind(value)}")
+                raise EncodeError(f"expected {label}, got {type_name(value)}")
             return spec.encode(value, depth)
 
         def decode(raw: object, depth: int) -> object:
             if type(raw) is not list or not raw:
-                raise DecodeError(f"expected {label} as [type_id, ...], got {_kind(raw)}")
+                raise DecodeError(f"expected {label} as [type_id, ...], got {type_name(raw)}")
             type_id = raw[0]
             if type(type_id) is not int:
-                raise DecodeError(f"expected an int type id, got {_kind(type_id)}")
+                raise DecodeError(f"expected an int type id, got {type_name(type_id)}")
             spec = by_id.get(type_id)
             if spec is None:
                 raise DecodeError(f"unknown type id {type_id}")
@@ -530,157 +526,3 @@ class Registry:
             return spec.decode(raw, depth)
 
         return encode, decode
-
-    def _array(
-        self, parts: tuple[tuple[Encoder, Decoder], ...] | None, element: tuple[Encoder, Decoder]
-    ) -> tuple[Encoder, Decoder]:
-        """A tuple as an array: of fixed `parts` (``tuple[A, B]``) or, if None, of any number
-        of `element` (``tuple[T, ...]``)."""
-        max_depth = self.max_depth
-        exact = None if parts is not None else _EXACT.get(element[1])
-        elem_enc, elem_dec = element
-        # An endless repeat is stateless, so one instance serves every call.
-        encoders: Iterable[Encoder] = repeat(element[0])
-        decoders: Iterable[Decoder] = repeat(element[1])
-        if parts is not None:
-            encoders, decoders = [enc for enc, _ in parts], [dec for _, dec in parts]
-        wanted = "array" if parts is None else f"an array of {len(parts)}"
-        wanted_tuple = "tuple" if parts is None else f"a tuple of {len(parts)}"
-
-        def encode(value: object, depth: int) -> object:
-            if type(value) is not tuple or (parts is not None and len(value) != len(parts)):
-                got = f"a tuple of {len(value)}" if type(value) is tuple else _kind(value)
-                raise EncodeError(f"expected {wanted_tuple}, got {got}")
-            if depth >= max_depth:
-                raise EncodeError(f"nesting deeper than max_depth={max_depth}")
-            if not value:
-                return []  # nothing to check (a fixed-length tuple was checked above)
-            if exact is not None and exact is not int and all(type(x) is exact for x in value):
-                return list(value)
-            depth += 1
-            if parts is None:
-                try:  # fast path; on an error the loop below says which element
-                    return [elem_enc(item, depth) for item in value]
-                except EncodeError:
-                    pass
-            out: list[object] = []
-            for i, (enc, item) in enumerate(zip(encoders, value, strict=False)):
-                try:
-                    out.append(enc(item, depth))
-                except EncodeError as exc:
-                    raise EncodeError(_at(f"[{i}]", exc)) from None
-            return out
-
-        def decode(raw: object, depth: int) -> object:
-            if type(raw) is not list or (parts is not None and len(raw) != len(parts)):
-                got = f"an array of {len(raw)}" if type(raw) is list else _kind(raw)
-                raise DecodeError(f"expected {wanted}, got {got}")
-            if depth >= max_depth:
-                raise DecodeError(f"nesting deeper than max_depth={max_depth}")
-            if not raw:
-                return ()  # nothing to check (a fixed-length array was checked above)
-            if exact is not None and all(type(x) is exact for x in raw):
-                return tuple(raw)
-            depth += 1
-            if parts is None:
-                try:  # fast path; on an error the loop below says which element
-                    return tuple([elem_dec(item, depth) for item in raw])
-                except DecodeError:
-                    pass
-            out: list[object] = []
-            for i, (dec, item) in enumerate(zip(decoders, raw, strict=False)):
-                try:
-                    out.append(dec(item, depth))
-                except DecodeError as exc:
-                    raise DecodeError(_at(f"[{i}]", exc)) from None
-            return tuple(out)
-
-        return encode, decode
-
-    def _frozenset_of(self, element: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
-        enc_list, dec_list = self._array(None, element)
-
-        def encode(value: object, depth: int) -> object:
-            if type(value) is not frozenset:
-                raise EncodeError(f"expected frozenset, got {_kind(value)}")
-            items = typing.cast(list[object], enc_list(tuple(value), depth))
-            # Canonical order: by encoded bytes, independent of hash seeds and insertion.
-            return sorted(items, key=_pack)
-
-        def decode(raw: object, depth: int) -> object:
-            items = typing.cast(tuple[object, ...], dec_list(raw, depth))
-            result = frozenset(items)
-            if len(result) != len(items):
-                raise DecodeError("duplicate element in a frozenset")
-            return result
-
-        return encode, decode
-
-
-def _scalar(py_type: type, label: str) -> tuple[Encoder, Decoder]:
-    def encode(value: object, depth: int) -> object:
-        if type(value) is not py_type:
-            raise EncodeError(f"expected {label}, got {_kind(value)}")
-        if type(value) is int and not INT_MIN <= value <= INT_MAX:
-            raise EncodeError(f"int {value} is outside the msgpack range")
-        return value
-
-    def decode(raw: object, depth: int) -> object:
-        if type(raw) is not py_type:  # msgpack only yields ints within range
-            raise DecodeError(f"expected {label}, got {_kind(raw)}")
-        return raw
-
-    return encode, decode
-
-
-_SCALARS: Final[dict[object, tuple[Encoder, Decoder]]] = {
-    t: _scalar(t, "None" if t is type(None) else t.__name__)
-    for t in (type(None), bool, int, str, bytes)
-}
-# The type each scalar decoder passes through unchanged: the fast paths skip calling it.
-_EXACT: Final[dict[Decoder, type]] = {dec: t for t, (_, dec) in _SCALARS.items()}  # type: ignore[misc]
-
-
-def _optional(inner: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
-    enc_inner, dec_inner = inner
-
-    def encode(value: object, depth: int) -> object:
-        return None if value is None else enc_inner(value, depth)
-
-    def decode(raw: object, depth: int) -> object:
-        return None if raw is None else dec_inner(raw, depth)
-
-    return encode, decode
-
-
-def _enum_codec(tp: type[enum.Enum], where: str) -> tuple[Encoder, Decoder]:
-    if issubclass(tp, enum.Flag):
-        raise TypeError(f"{where}: Flag enums have no single canonical value; use a tuple")
-    members: dict[object, enum.Enum] = {m.value: m for m in tp}
-    value_types = {type(v) for v in members}
-    if not members or not (value_types == {int} or value_types == {str}):
-        raise TypeError(f"{where}: enum {tp.__name__} values must be all int or all str")
-    (value_type,) = value_types
-    if value_type is int and not all(INT_MIN <= v <= INT_MAX for v in members):  # type: ignore[operator]
-        raise TypeError(f"{where}: enum {tp.__name__} has values outside the msgpack range")
-    label = tp.__name__
-
-    def encode(value: object, depth: int) -> object:
-        if type(value) is not tp:
-            raise EncodeError(f"expected {label}, got {_kind(value)}")
-        return value.value
-
-    def decode(raw: object, depth: int) -> object:
-        if type(raw) is not value_type:
-            raise DecodeError(f"expected {label} ({value_type.__name__}), got {_kind(raw)}")
-        member = members.get(raw)
-        if member is None:
-            raise DecodeError(f"{raw!r:.40} is not a {label}")
-        return member
-
-    _ENUMS[decode] = (tp, members, value_type)
-    return encode, decode
-
-
-_ENUMS: Final[dict[Decoder, EnumInfo]] = {}
-"""Enum field decoders -> what the compiled fast paths need to inline them."""
