@@ -140,7 +140,7 @@ class ThreadedCheckpointWriter:
     uses `InlineCheckpointWriter` instead.
     """
 
-    def __init__(self, store: CheckpointStore, *, slice_ms: float = 2.0) -> None:
+    def __init__(self, store: CheckpointStore, *, slice_ms: float = 1.0) -> None:
         if slice_ms <= 0:
             raise ValueError(f"slice_ms must be > 0, got {slice_ms}")
         self._slice = slice_ms / 1000
