@@ -140,9 +140,9 @@ class Housekeeping(Protocol):
     def maintain(self) -> None:
         """Do one bounded piece of deferred work (about a millisecond at most).
 
-        The replica layer calls it each time it is polled: after applies and, in the runtime,
-        on every tick, so an idle replica still finishes its housekeeping. Determinism: MUST
-        NOT change what any query or command returns.
+        The runtime calls it (through `Replica.maintain`) on every tick with no persistence
+        in flight, so an idle replica still finishes its housekeeping; the simulator does
+        not. Determinism: MUST NOT change what any query or command returns.
         """
         ...
 

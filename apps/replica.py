@@ -331,15 +331,19 @@ class Replica:
     def poll(self) -> tuple[CheckpointTaken, ...]:
         """Checkpoints made durable since the last call, for the core (`CheckpointTaken`).
 
-        Also finishes completed checkpoint jobs (compacting the WAL) and gives a machine with
-        `Housekeeping` one bounded piece of its deferred work; drivers call it regularly,
-        e.g. after each batch of applies and when idle.
+        Also finishes completed checkpoint jobs (compacting the WAL); drivers call it
+        regularly, e.g. after each batch of applies or when idle.
         """
         self._collect()
-        if self._maintain is not None:
-            self._maintain()
         taken, self._taken = tuple(self._taken), []
         return taken
+
+    def maintain(self) -> None:
+        """Give a machine with `Housekeeping` one bounded piece of its deferred work. Drivers
+        call it when idle (the runtime: on each tick with no persistence in flight), so a
+        quiet replica still frees what its last checkpoint replaced."""
+        if self._maintain is not None:
+            self._maintain()
 
     def _collect(self) -> None:
         done = self._writer.poll()

@@ -430,6 +430,7 @@ class Driver(PersistPipeline):
         if self._observer is not None:
             self._observer.on_status(status, self.replica.applied_index)
         if self._inflight is None:
+            self.replica.maintain()
             taken = self.replica.poll()
             if taken:
                 self._internal.extend(taken)

@@ -303,7 +303,7 @@ def test_a_folded_base_replaces_the_old_one_which_writes_take_apart() -> None:
 
 
 def test_an_idle_state_adopts_its_fold_and_frees_the_old_layers_through_maintain() -> None:
-    """No writes after a checkpoint: `maintain` (the replica calls it on every poll) adopts
+    """No writes after a checkpoint: `maintain` (the runtime calls it on idle ticks) adopts
     the fold and frees the replaced base and level a few pieces per call."""
     machine = KvStateMachine()
     machine.restore(reference_checkpoint({f"k{i:05d}": b"v" for i in range(20)}))

@@ -359,3 +359,34 @@ def test_crash_inside_a_storage_operation(
     for i in range(recovered, len(entries)):
         assert node.commit(entries[i]) == expected[i]
     assert state(node.kv) == state(reference.kv)
+
+
+def test_maintain_reaches_a_machine_with_housekeeping_and_skips_one_without() -> None:
+    calls: list[str] = []
+
+    class Tidy(KvStateMachine):
+        def maintain(self) -> None:
+            calls.append("maintain")
+
+    disk = MemoryDisk("m")
+    storage = disk.open()
+    tidy = Replica(Tidy(), checkpoints=storage.checkpoints, config=CONFIG)
+    tidy.maintain()
+    tidy.poll()  # polling alone never does housekeeping
+    assert calls == ["maintain"]
+    plain = Replica(_NoHousekeeping(), checkpoints=storage.checkpoints, config=CONFIG)
+    plain.maintain()  # nothing to call, nothing raised
+
+
+class _NoHousekeeping:
+    def apply(self, command: bytes) -> bytes:
+        return b""
+
+    def query(self, request: bytes) -> bytes:
+        return b""
+
+    def snapshot(self) -> KvStateMachine:
+        raise AssertionError("not called")
+
+    def restore(self, data: bytes) -> None:
+        raise AssertionError("not called")
