@@ -16,7 +16,8 @@ the GIL for long when it runs on the checkpoint writer's thread (building, walki
 a shard of 4096 keys takes under a millisecond).
 
 GC: a shard's key tuple holds only `str`, so the collector untracks it the first time it
-examines it; the blob and the offsets hold no references. No pass ever walks a base again.
+examines it (`ShardPacker.flush` makes that happen at once); the blob and the offsets hold no
+references. No pass ever walks a base again.
 
 Invariants: a shard's keys are strictly ascending and it has `len(keys) + 1` offsets, the
 first 0 and the last `len(blob)`; a `SortedBase`'s shards are non-empty and every key of one
@@ -27,6 +28,7 @@ Must not import: consensus cores, storage, trio, clocks.
 from __future__ import annotations
 
 import bisect
+import gc
 import itertools
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
@@ -111,10 +113,18 @@ class ShardPacker:
         return True
 
     def flush(self) -> None:
-        """Pack what is pending into a shard (nothing if nothing is)."""
+        """Pack what is pending into a shard (nothing if nothing is), then run one
+        young-generation GC pass, which untracks the shard's new key tuple.
+
+        Why: a tuple is tracked until a pass finds it holds only untracked objects. The
+        checkpoint writer allocates few other containers, so young passes are rare there and
+        the key tuples of ~60 shards piled up between them: one pass then walked ~250k keys,
+        ~4.7 ms with the GIL held, a stall for the applying thread. A pass right after each
+        pack sees one tuple and a few hundred small objects (~0.1 ms)."""
         if self._keys:
             self.shards.append(PackedShard.pack(self._keys, self._values))
             self._keys, self._values = [], []
+            gc.collect(0)
 
 
 class SortedBase:

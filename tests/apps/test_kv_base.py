@@ -73,3 +73,14 @@ def test_bad_shards_are_refused() -> None:
         SortedBase([{"b": b""}, {"a": b""}])
     with pytest.raises(ValueError, match="shard_keys"):
         ShardPacker(0)
+
+
+def test_a_packed_shard_key_tuple_is_untracked_at_once() -> None:
+    """The writer packs shards between rare young GC passes; the packer untracks each key
+    tuple itself so no later pass walks dozens of them at once."""
+    import gc
+
+    packer = ShardPacker(4)
+    packer.add([f"k{i}" for i in range(5)], [b"v"] * 5)
+    (shard,) = packer.shards
+    assert not gc.is_tracked(shard.keys)
