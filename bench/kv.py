@@ -19,7 +19,10 @@ What is measured, per system and per client count C (default 1, 16, 64, 256):
 - Failover (phalanx, and etcd for reference): one client keeps writing; the leader process is
   SIGKILLed; reported: time from the kill to the first acknowledged write.
 - RSS (phalanx): `--rss-keys` keys loaded through the client in pipelined batches
-  (`--rss-batch` puts per Txn command), then VmRSS of every node vs. the raw key+value bytes.
+  (`--rss-batch` puts per Txn command), then VmRSS of every node vs. the raw key+value bytes,
+  once the nodes have settled (the load's last checkpoint written and its replaced layers
+  freed: RSS steady within 1% over 3 s, at most 30 s); the peak seen during the load and the
+  settling is printed beside it.
 - CPU: the load generator's and the servers' CPU over each window, in cores, because all
   of it shares one small machine; a generator near 1.0 core is itself a bottleneck.
 
@@ -333,8 +336,10 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
                         if k.startswith("rss_"))
         rss = report.rss
         out(f"RSS at {rss['keys']:,.0f} keys (raw key+value {rss['raw_bytes'] / 2**20:,.0f} MiB, "
-            f"loaded in {rss['load_s']:.0f} s): {per}; max = "
-            f"{rss['max_rss'] / max(rss['raw_bytes'], 1):.1f}x raw")
+            f"loaded in {rss['load_s']:.0f} s, settled after {rss.get('settle_s', 0):.0f} s): "
+            f"{per}; max = {rss['max_rss'] / max(rss['raw_bytes'], 1):.2f}x raw; peak during "
+            f"the load and settling {rss.get('peak_rss', rss['max_rss']) / 2**20:,.0f} MiB = "
+            f"{rss.get('peak_rss', rss['max_rss']) / max(rss['raw_bytes'], 1):.2f}x raw")
     out("")
     rows = target_rows(report, at=64 if 64 in args.clients else max(args.clients),
                        protocol=args.protocol)
