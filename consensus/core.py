@@ -36,18 +36,18 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
     SnapshotMeta,
+    raw_init,
 )
 
 # --------------------------------------------------------------------------------------------
 # Hot records
 #
-# `Receive`, `Persisted`, `Send` and `Ready` are built once or more per step, so they carry a
-# hand-written `__init__` (the generated one's keyword-only signature and defaults) that fills
-# the slots through their raw setters. A frozen dataclass's generated `__init__` goes through
-# `object.__setattr__` for every field, which costs about twice as much. Everything else
-# (frozen, slots, eq, hash, repr, `dataclasses.fields/replace`) is the dataclass machinery.
-# `make_ready` builds a `Ready` from positional arguments the same way, for a core's hot path
-# (matching eleven keyword arguments costs more than filling the slots).
+# `Receive`, `Persisted`, `Send` and `Ready` are built once or more per step, so they take
+# `phalanx.consensus.types.raw_init`: an `__init__` with the generated one's keyword-only
+# signature and defaults that fills the slots through their raw setters (a frozen dataclass's
+# generated `__init__` goes through `object.__setattr__`, about twice the cost). `make_ready`
+# builds a `Ready` from positional arguments the same way, for a core's hot path (matching
+# eleven keyword arguments costs more than filling the slots).
 
 
 def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
@@ -79,20 +79,13 @@ def snapshot_bytes(data: SnapshotData) -> bytes:
 # Inputs
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, init=False)
+@raw_init
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Receive:
     """A message from peer `src`, as authenticated by the transport. May be Byzantine."""
 
     src: NodeId
     message: Message
-
-    def __init__(self, *, src: NodeId, message: Message) -> None:
-        _set_receive_src(self, src)
-        _set_receive_message(self, message)
-
-
-_set_receive_src = _slot_setter(Receive, "src")
-_set_receive_message = _slot_setter(Receive, "message")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,7 +100,8 @@ class Submit:
     request: ClientRequest
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, init=False)
+@raw_init
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Persisted:
     """Every `Ready` numbered up to and including `number` is durable.
 
@@ -116,12 +110,6 @@ class Persisted:
     """
 
     number: int
-
-    def __init__(self, *, number: int) -> None:
-        _set_persisted_number(self, number)
-
-
-_set_persisted_number = _slot_setter(Persisted, "number")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,20 +139,13 @@ Input: TypeAlias = Receive | Tick | Submit | Persisted | CheckpointTaken | Check
 # Effects
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, init=False)
+@raw_init
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Send:
     """Send `message` to peer `to`."""
 
     to: NodeId
     message: Message
-
-    def __init__(self, *, to: NodeId, message: Message) -> None:
-        _set_send_to(self, to)
-        _set_send_message(self, message)
-
-
-_set_send_to = _slot_setter(Send, "to")
-_set_send_message = _slot_setter(Send, "message")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,7 +181,8 @@ class Snapshot:
     data: SnapshotData
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, init=False)
+@raw_init
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Ready:
     """Everything one `step` asks the driver to do, in the order the driver must do it.
 
@@ -247,36 +229,6 @@ class Ready:
     reads: tuple[ReadState, ...] = ()
     rejected: tuple[Rejection, ...] = ()
     core_state: object | None = None
-
-    def __init__(
-        self,
-        *,
-        number: int = 0,
-        early_messages: tuple[Send, ...] = (),
-        snapshot: Snapshot | None = None,
-        truncate_from: int | None = None,
-        entries: tuple[Entry, ...] = (),
-        hard_state: HardState | None = None,
-        must_sync: bool = False,
-        messages: tuple[Send, ...] = (),
-        committed: tuple[Entry, ...] = (),
-        reads: tuple[ReadState, ...] = (),
-        rejected: tuple[Rejection, ...] = (),
-        core_state: object | None = None,
-    ) -> None:
-        setters = _READY_SETTERS
-        setters[0](self, number)
-        setters[1](self, early_messages)
-        setters[2](self, snapshot)
-        setters[3](self, truncate_from)
-        setters[4](self, entries)
-        setters[5](self, hard_state)
-        setters[6](self, must_sync)
-        setters[7](self, messages)
-        setters[8](self, committed)
-        setters[9](self, reads)
-        setters[10](self, rejected)
-        setters[11](self, core_state)
 
     @property
     def has_persistence(self) -> bool:
