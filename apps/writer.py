@@ -10,8 +10,9 @@ threads and reads a clock (to pace its GIL hand-offs); the inline writer does ne
 
 Invariants:
 - At most one job is in flight per writer (`busy`), and completions come out in start order.
-- A completion is reported only after `CheckpointStore.save` returned (the checkpoint is
-  durable). A failed save is reported as a completion with `error` set, never swallowed.
+- A completion is reported only after `CheckpointStore.save` (inline) or `save_stream`
+  (threaded) returned: the checkpoint is durable. A failed save is reported as a completion
+  with `error` set, never swallowed.
 - The threaded writer yields the GIL after at most `slice_ms` of serialisation steps (each step
   is a fraction of a millisecond), so the applying thread waits about that long at most. It
   streams the steps' output into the checkpoint file (`CheckpointStore.save_stream`, appends of

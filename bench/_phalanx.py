@@ -320,7 +320,6 @@ async def phalanx_rss(
     settle_t0 = time.perf_counter()
     history: list[float] = []
     peak = peak_rss[0]
-    current = sample()
     while True:
         await trio.sleep(1.0)
         current = sample()
