@@ -4,11 +4,12 @@ Owns: `FileCheckpointStore` (implements `CheckpointStore`) and the checkpoint fi
 Must not import: `phalanx.consensus`, `phalanx.apps` (checkpoints are opaque bytes), `os`.
 
 File `checkpoint-<index, 20 digits>.ckpt`, in one of two layouts (integers little-endian):
-- v1, written by `save` (the data is in hand, so its length and checksum lead):
+- v1, written by earlier versions (still read; `encode_header` builds one, for tests):
       b"PHXCKP01" | u64 index | u32 meta_len | u64 data_len | u32 crc32(all but this field) |
       meta | data
-- v2, written by `save_stream` (the data arrives in steps and is never held whole, so its
-  length and checksum trail; the `Directory` is append-only, nothing is patched afterwards):
+- v2, written by `save` and `save_stream` (the data may arrive in steps and is never held
+  whole, so its length and checksum trail; the `Directory` is append-only, nothing is patched
+  afterwards):
       b"PHXCKP02" | u64 index | u32 meta_len | u32 crc32(the fields before it + meta) | meta |
       data | u64 data_len | u32 crc32(data) | b"PHXEND02"
 Both are read by `load_latest` and `read_view`.
@@ -137,18 +138,13 @@ class FileCheckpointStore:
         return sorted(i for i in found if i is not None)
 
     def save(self, checkpoint: Checkpoint) -> None:
-        """Store `checkpoint` durably and atomically (v1 layout), replacing one with the same
-        index.
+        """Store `checkpoint` durably and atomically, replacing one with the same index
+        (`save_stream` of its data in one piece).
 
         Raises:
             StorageError: I/O failed (the stored set is then unchanged, maybe plus a temp file).
         """
-
-        def write(tmp: str) -> None:
-            self._dir.append(tmp, encode_header(checkpoint) + checkpoint.meta)
-            self._dir.append(tmp, checkpoint.data)
-
-        self._save(checkpoint.index, write)
+        self.save_stream(checkpoint.index, checkpoint.meta, (checkpoint.data,))
 
     def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes], *,
                     write_bytes: int = STREAM_WRITE_BYTES) -> int:

@@ -29,7 +29,7 @@ from phalanx.consensus.types import (
     EntryKind,
     NodeId,
 )
-from phalanx.storage.checkpoint import FileCheckpointStore
+from phalanx.storage.checkpoint import FileCheckpointStore, checkpoint_name, encode_header
 from phalanx.storage.directory import FileRange, OsDirectory
 from phalanx.storage.interface import Checkpoint, StorageError, SyncPolicy
 from phalanx.storage.memory import MemoryDirectory
@@ -175,7 +175,9 @@ def test_streamed_checkpoints_round_trip(parts: list[bytes], meta: bytes, step: 
 def _stream_file(tmp: pathlib.Path) -> tuple[OsDirectory, FileCheckpointStore, str]:
     directory = OsDirectory(str(tmp))
     store = FileCheckpointStore(directory, keep=3)
-    store.save(Checkpoint(1, b"old v1 data", b"m1"))
+    legacy = Checkpoint(1, b"old v1 data", b"m1")  # as earlier versions wrote it
+    with open(directory.path(checkpoint_name(1)), "wb") as f:
+        f.write(encode_header(legacy) + legacy.meta + legacy.data)
     store.save_stream(2, b"meta", iter([PAYLOAD[:5000], PAYLOAD[5000:]]))
     return directory, store, directory.path("checkpoint-00000000000000000002.ckpt")
 

@@ -108,7 +108,7 @@ def test_file_storage_hard_state_and_checkpoints(tmp_path: Path) -> None:
                                                                     meta=b"m")
     path = tmp_path / checkpoint_name(3)
     raw = bytearray(path.read_bytes())
-    raw[-1] ^= 4
+    raw[-21] ^= 4  # the last data byte: the 20-byte trailer (length, CRC, end mark) follows
     path.write_bytes(bytes(raw))
     loaded = again.checkpoints.load_latest()
     assert loaded.checkpoint is not None
