@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
-from _loadgen import LOOPBACK, Writer, free_ports, stop_process
+from _loadgen import LOOPBACK, Writer, stop_process
+
+from phalanx.ports import free_ports
 
 
 class EtcdError(RuntimeError):

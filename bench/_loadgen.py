@@ -26,7 +26,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -216,20 +215,6 @@ def start_profilers(
 
 # --------------------------------------------------------------------------------------------
 # Process and port helpers
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports that were free on loopback a moment ago."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def stop_process(proc: subprocess.Popen[bytes], *, grace_s: float = 5.0) -> None:

@@ -30,7 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _loadgen import LOOPBACK, CpuMeter, LevelResult, free_ports, stop_process, summarise
+from _loadgen import LOOPBACK, CpuMeter, LevelResult, stop_process, summarise
+
+from phalanx.ports import free_ports
 
 
 class PsoError(RuntimeError):

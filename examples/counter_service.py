@@ -12,7 +12,6 @@ Run it:  python examples/counter_service.py
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
 from phalanx.net.framing import FrameDecoder, encode_frame
 from phalanx.node import Node, open_node
+from phalanx.ports import free_ports
 
 
 class _Snapshot:
@@ -65,12 +65,7 @@ class TicketMachine:
 def cluster_configs(root: Path, n: int = 3) -> list[NodeConfig]:
     ca = pki.create_ca()
     ids = [f"n{i}" for i in range(1, n + 1)]
-    socks = [socket.socket() for _ in range(2 * n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    ports = free_ports(2 * n)  # outside the ephemeral range: see phalanx.ports
     peer = {i: Address(host="127.0.0.1", port=ports[k]) for k, i in enumerate(ids)}
     client = {i: Address(host="127.0.0.1", port=ports[n + k]) for k, i in enumerate(ids)}
     configs = []

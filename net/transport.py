@@ -117,6 +117,20 @@ class _LinkClosed(Exception):
     """An established outbound link ended."""
 
 
+async def open_tcp_stream_to_other(host: str, port: int) -> trio.SocketStream:
+    """`trio.open_tcp_stream`, refusing a connection to itself with `OSError`.
+
+    When nothing listens on a port inside the kernel's ephemeral range, a dial can be handed
+    that very port as its source and TCP's simultaneous open connects the socket to itself;
+    the socket would then hold the port a restarting node needs (see `phalanx.ports`).
+    """
+    tcp = await trio.open_tcp_stream(host, port)
+    if tcp.socket.getsockname() == tcp.socket.getpeername():
+        await trio.aclose_forcefully(tcp)
+        raise OSError(f"connection to {host}:{port} reached itself (nothing listens there)")
+    return tcp
+
+
 def _describe(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     if isinstance(exc, trio.BrokenResourceError) and cause is not None:
@@ -443,7 +457,7 @@ class Transport:
     ) -> trio.SSLStream[trio.SocketStream]:
         with trio.move_on_after(self._handshake_timeout):
             try:
-                tcp = await trio.open_tcp_stream(address.host, address.port)
+                tcp = await open_tcp_stream_to_other(address.host, address.port)
             except OSError as exc:
                 raise _DialFailed(_describe(exc)) from None
             tls = trio.SSLStream(tcp, self._client_context, server_hostname=None)

@@ -35,6 +35,7 @@ from phalanx.net import wire
 from phalanx.net.client_protocol import ClientReply, StatusReply
 from phalanx.net.codec import DecodeError
 from phalanx.net.framing import FrameDecoder, FrameError
+from phalanx.net.transport import open_tcp_stream_to_other
 
 NodeAddress = tuple[str, str, int]
 """``(node_id, host, port)`` of a node's client port."""
@@ -201,7 +202,7 @@ class ConnectionPool:
             waiter.push(slot.node_id, LOST)
 
     async def _dial(self, slot: NodeSlot) -> trio.SSLStream[trio.SocketStream]:
-        tcp = await trio.open_tcp_stream(slot.host, slot.port)  # sets TCP_NODELAY
+        tcp = await open_tcp_stream_to_other(slot.host, slot.port)  # sets TCP_NODELAY
         hostname = slot.host if self._ssl_context.check_hostname else None
         tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=hostname)
         try:

@@ -12,7 +12,9 @@ Owns:
 
 Port layout (``--base-port P``): node i (0-based) listens for peers on P+i, for clients on
 P+100+i and serves metrics on P+200+i, so at most 100 nodes. `find_free_base_port` probes for
-a base where every one of those ports can be bound (tests and the demo run in parallel).
+a base where every one of those ports can be bound (tests and the demo run in parallel), outside
+the kernel's ephemeral port range so a killed node can always bind its ports again on restart
+(`phalanx.ports`); `cluster init` warns when an explicit ``--base-port`` overlaps that range.
 
 Rules:
     * Never imports the runtime (`phalanx.node`) or the client: nodes are separate processes
@@ -30,12 +32,11 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -57,6 +58,7 @@ from phalanx.config import (
     node_config_dict,
 )
 from phalanx.pbft_keys import generate_key_file
+from phalanx.ports import ephemeral_port_range, listen_window, ports_free
 
 DEFAULT_BASE_PORT: Final = 7100
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -93,16 +95,6 @@ def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
     }
 
 
-def _ports_free(host: str, ports: Iterable[int]) -> bool:
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                return False
-    return True
-
-
 def cluster_ports(base_port: int, nodes: int) -> list[int]:
     """Every port a cluster of `nodes` nodes at `base_port` listens on."""
     return [
@@ -117,15 +109,30 @@ def find_free_base_port(
 ) -> int:
     """A base port whose whole layout (see module docstring) is bindable on `host` right now.
 
-    Bases are drawn at random from 20000-59000 so concurrent callers rarely race for the same
-    one; a race is still possible between this probe and the nodes binding.
+    The layout is kept out of the kernel's ephemeral port range (`phalanx.ports` says why: a
+    restarted node must be able to bind its port again), and bases are drawn at random so
+    concurrent callers rarely race for the same one; a race is still possible between this
+    probe and the nodes binding.
     """
     chooser = rng if rng is not None else random.Random()
+    first, last = listen_window(METRICS_PORT_OFFSET + nodes)
     for _ in range(attempts):
-        base = chooser.randrange(20_000, 59_000)
-        if _ports_free(host, cluster_ports(base, nodes)):
+        base = chooser.randint(first, last)
+        if ports_free(host, cluster_ports(base, nodes)):
             return base
     raise ClusterError(f"no free port range found for {nodes} nodes on {host}")
+
+
+def ephemeral_overlap_warning(base_port: int, nodes: int) -> str | None:
+    """A warning when a cluster layout at `base_port` uses ports the kernel may hand out."""
+    low, high = ephemeral_port_range()
+    clash = [p for p in cluster_ports(base_port, nodes) if low <= p <= high]
+    if not clash:
+        return None
+    return (f"warning: ports {min(clash)}-{max(clash)} lie in this machine's ephemeral port "
+            f"range {low}-{high}; an outbound connection may take a stopped node's port and "
+            f"keep it from restarting (choose a --base-port below "
+            f"{low - METRICS_PORT_OFFSET - nodes})")
 
 
 def _check_empty(directory: Path) -> None:
@@ -486,6 +493,9 @@ def _run_init(args: argparse.Namespace) -> int:
         print(f"phalanx cluster init: {e}", file=sys.stderr)
         return 1
     print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes in {args.directory}")
+    warning = ephemeral_overlap_warning(args.base_port, args.nodes)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     for n in cluster.nodes:
         print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
     print(f"start it with: phalanx cluster up {args.directory}")

@@ -22,12 +22,14 @@ from phalanx.cluster import (
     NodeProcesses,
     add_cluster_command,
     cluster_ports,
+    ephemeral_overlap_warning,
     find_free_base_port,
     init_cluster,
     open_cluster,
     supervise,
 )
 from phalanx.config import load_cluster_config, load_node_config
+from phalanx.ports import ephemeral_port_range, in_ephemeral_range
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,10 +157,11 @@ def test_open_cluster_without_a_cluster_says_what_to_do(tmp_path: Path) -> None:
         open_cluster(tmp_path)
 
 
-def test_free_base_port_is_bindable() -> None:
+def test_free_base_port_is_bindable_and_outside_the_ephemeral_range() -> None:
     base = find_free_base_port(3)
     ports = cluster_ports(base, 3)
     assert len(set(ports)) == 9
+    assert not any(in_ephemeral_range(p) for p in ports)
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
@@ -175,6 +178,15 @@ def test_free_base_port_skips_a_taken_port() -> None:
     assert again != first
 
 
+def test_ephemeral_overlap_warning_names_the_ports_and_a_safe_base() -> None:
+    low, high = ephemeral_port_range()
+    assert ephemeral_overlap_warning(low - 250, 3) is None
+    warning = ephemeral_overlap_warning(low, 3)
+    assert warning is not None
+    assert f"ephemeral port range {low}-{high}" in warning
+    assert f"below {low - 203}" in warning
+
+
 # --------------------------------------------------------------------------------------------
 # command line
 
@@ -184,9 +196,10 @@ def test_cli_init_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     d = tmp_path / "c"
     args = parser.parse_args(["cluster", "init", str(d), "--nodes", "5", "--base-port", "9300"])
     assert args.handler(args) == 0
-    out = capsys.readouterr().out
-    assert "created raft cluster of 5 nodes" in out
-    assert "n5: peers 127.0.0.1:9304, clients 127.0.0.1:9404" in out
+    captured = capsys.readouterr()
+    assert "created raft cluster of 5 nodes" in captured.out
+    assert "n5: peers 127.0.0.1:9304, clients 127.0.0.1:9404" in captured.out
+    assert captured.err == ""  # 9300-9504 is below any ephemeral range we know of
     assert len(load_cluster_config(d).nodes) == 5
     assert args.handler(args) == 1
     err = capsys.readouterr().err
@@ -198,6 +211,10 @@ def test_cli_init_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     up = parser.parse_args(["cluster", "up", str(d), "--node", "n9"])
     assert up.handler(up) == 1
     assert "no node 'n9'" in capsys.readouterr().err
+    low = ephemeral_port_range()[0]
+    risky = parser.parse_args(["cluster", "init", str(tmp_path / "r"), "--base-port", str(low)])
+    assert risky.handler(risky) == 0
+    assert "ephemeral port range" in capsys.readouterr().err
 
 
 def test_cli_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:

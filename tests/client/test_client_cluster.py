@@ -3,7 +3,6 @@ over loopback TLS: the KV helpers end to end, pipelined writes, and a leader cra
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,19 +14,10 @@ from phalanx.client import Client, open_client
 from phalanx.config import Address, NodeConfig, PeerConfig, TimingConfig, TlsFiles
 from phalanx.net.transport import Backoff
 from phalanx.node import Node, open_node
+from phalanx.ports import free_ports
 
 HOST = "127.0.0.1"
 GUARD = 30  # seconds: a hang guard only
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind((HOST, 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def configs(root: Path, ids: tuple[str, ...]) -> tuple[list[NodeConfig], pki.CredentialPaths]:

@@ -3,7 +3,6 @@ and a raw client-protocol connection (the real client library is tested elsewher
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,21 +19,10 @@ from phalanx.config import (
 )
 from phalanx.net import client_protocol, wire
 from phalanx.net.framing import FrameDecoder, encode_frame
+from phalanx.ports import free_ports
 
 HOST = "127.0.0.1"
 TICK_MS = 10
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind((HOST, 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def make_cluster(

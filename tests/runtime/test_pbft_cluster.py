@@ -6,7 +6,6 @@ followed by a view change, and a restart from the durable core state."""
 from __future__ import annotations
 
 import random
-import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,7 +15,7 @@ import pytest
 import trio
 
 from phalanx.client import Client, open_client
-from phalanx.cluster import init_cluster
+from phalanx.cluster import find_free_base_port, init_cluster
 from phalanx.config import ClusterConfig, NodeConfig, load_node_config
 from phalanx.consensus.pbft import PbftStatus
 from phalanx.consensus.pbft.messages import Prepare
@@ -30,25 +29,8 @@ HOST = "127.0.0.1"
 GUARD = 60  # seconds: a hang guard only
 
 
-def _free_base() -> int:
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 40_000)
-        ok = True
-        for port in [base + off + i for off in (0, 100, 200) for i in range(4)]:
-            with socket.socket() as s:
-                try:
-                    s.bind((HOST, port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port range")
-
-
 def make_pbft_cluster(root: Path) -> ClusterConfig:
-    return init_cluster(root / "c", protocol="pbft", nodes=4, base_port=_free_base())
+    return init_cluster(root / "c", protocol="pbft", nodes=4, base_port=find_free_base_port(4))
 
 
 class Cluster:
@@ -117,7 +99,7 @@ def test_cluster_init_writes_pbft_keys_that_load(tmp_path: Path) -> None:
 
 
 def test_byzantine_mode_is_refused_on_raft(tmp_path: Path) -> None:
-    raft = init_cluster(tmp_path / "r", protocol="raft", nodes=3, base_port=_free_base())
+    raft = init_cluster(tmp_path / "r", protocol="raft", nodes=3, base_port=find_free_base_port(4))
     config = load_node_config(raft.node_config_path("n1"))
     durable = DurableState(hard_state=None, snapshot=None, snapshot_data=None, entries=())
     with pytest.raises(ProtocolError, match="PBFT"):
