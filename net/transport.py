@@ -78,6 +78,7 @@ from phalanx.net.framing import (
     FrameTooLarge,
     encode_frame,
 )
+from phalanx.net.tls_stream import TlsStream
 from phalanx.net.transport_types import (
     Backoff,
     PeerAddress,
@@ -321,13 +322,13 @@ class Transport:
 
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         remote = _remote(stream)
-        tls = trio.SSLStream(stream, self._server_context, server_side=True)
+        tls = TlsStream(stream, self._server_context, server_side=True)
         try:
             await self._serve_inbound(tls, remote)
         finally:
             await trio.aclose_forcefully(tls)
 
-    async def _serve_inbound(self, tls: trio.SSLStream[trio.SocketStream], remote: str) -> None:
+    async def _serve_inbound(self, tls: TlsStream, remote: str) -> None:
         with trio.move_on_after(self._handshake_timeout) as timeout:
             try:
                 await tls.do_handshake()
@@ -363,7 +364,7 @@ class Transport:
                 if self._inbound_scopes.get(src) is scope:
                     del self._inbound_scopes[src]
 
-    async def _receive_loop(self, tls: trio.SSLStream[trio.SocketStream], src: NodeId) -> None:
+    async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
         decoder = FrameDecoder(max_frame_size=self._max_frame_size)
         try:
@@ -454,13 +455,13 @@ class Transport:
 
     async def _dial(
         self, dst: NodeId, address: PeerAddress
-    ) -> trio.SSLStream[trio.SocketStream]:
+    ) -> TlsStream:
         with trio.move_on_after(self._handshake_timeout):
             try:
                 tcp = await open_tcp_stream_to_other(address.host, address.port)
             except OSError as exc:
                 raise _DialFailed(_describe(exc)) from None
-            tls = trio.SSLStream(tcp, self._client_context, server_hostname=None)
+            tls = TlsStream(tcp, self._client_context, server_hostname=None)
             try:
                 await self._handshake_and_welcome(dst, address, tls)
             except BaseException:
@@ -470,7 +471,7 @@ class Transport:
         raise _DialFailed(f"no welcome within {self._handshake_timeout}s")
 
     async def _handshake_and_welcome(
-        self, dst: NodeId, address: PeerAddress, tls: trio.SSLStream[trio.SocketStream]
+        self, dst: NodeId, address: PeerAddress, tls: TlsStream
     ) -> None:
         try:
             await tls.do_handshake()
@@ -502,7 +503,7 @@ class Transport:
                 raise _DialFailed(f"bad welcome from {dst} (unexpected bytes)")
             return
 
-    async def _pump(self, dst: NodeId, tls: trio.SSLStream[trio.SocketStream]) -> None:
+    async def _pump(self, dst: NodeId, tls: TlsStream) -> None:
         """Write queued frames to `dst` until the link breaks; raises `_LinkClosed`."""
         queue = self._queues[dst][1]
         reason: list[str] = []

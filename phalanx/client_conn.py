@@ -35,6 +35,7 @@ from phalanx.net import wire
 from phalanx.net.client_protocol import ClientReply, StatusReply
 from phalanx.net.codec import DecodeError
 from phalanx.net.framing import FrameDecoder, FrameError
+from phalanx.net.tls_stream import TlsStream
 from phalanx.net.transport import open_tcp_stream_to_other
 
 NodeAddress = tuple[str, str, int]
@@ -201,10 +202,10 @@ class ConnectionPool:
         for waiter in statuses.values():
             waiter.push(slot.node_id, LOST)
 
-    async def _dial(self, slot: NodeSlot) -> trio.SSLStream[trio.SocketStream]:
+    async def _dial(self, slot: NodeSlot) -> TlsStream:
         tcp = await open_tcp_stream_to_other(slot.host, slot.port)  # sets TCP_NODELAY
         hostname = slot.host if self._ssl_context.check_hostname else None
-        tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=hostname)
+        tls = TlsStream(tcp, self._ssl_context, server_hostname=hostname)
         try:
             await tls.do_handshake()
             if self._verify_node_ids:
@@ -218,7 +219,7 @@ class ConnectionPool:
         return tls
 
     async def _run_connection(self, slot: NodeSlot) -> None:
-        tls: trio.SSLStream[trio.SocketStream] | None = None
+        tls: TlsStream | None = None
         try:
             with trio.move_on_after(self._dial_timeout):
                 tls = await self._dial(slot)
@@ -243,7 +244,7 @@ class ConnectionPool:
             await trio.aclose_forcefully(tls)
 
     async def _write_loop(
-        self, slot: NodeSlot, tls: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
+        self, slot: NodeSlot, tls: TlsStream, scope: trio.CancelScope
     ) -> None:
         try:
             while True:
@@ -257,7 +258,7 @@ class ConnectionPool:
             self._stats.connection_failures += 1
             scope.cancel()
 
-    async def _read_loop(self, slot: NodeSlot, tls: trio.SSLStream[trio.SocketStream]) -> None:
+    async def _read_loop(self, slot: NodeSlot, tls: TlsStream) -> None:
         """Dispatch replies until EOF or a broken/garbled stream (which ends the connection)."""
         decoder = FrameDecoder(max_frame_size=self._max_frame_size)
         node = slot.node_id

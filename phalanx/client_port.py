@@ -38,6 +38,7 @@ from phalanx.net.framing import (
     FrameTooLarge,
     encode_frame,
 )
+from phalanx.net.tls_stream import TlsStream
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class ClientPort:
             remote = f"{host}:{port}"
         except OSError:
             remote = "<unknown>"
-        tls = trio.SSLStream(stream, self._context, server_side=True)
+        tls = TlsStream(stream, self._context, server_side=True)
         conn = _Connection(remote, self._max_in_flight)
         try:
             with trio.move_on_after(HANDSHAKE_TIMEOUT) as timeout:
@@ -154,7 +155,7 @@ class ClientPort:
             self._sink.disconnected(conn)
             await trio.aclose_forcefully(tls)
 
-    async def _reader(self, tls: trio.SSLStream[trio.SocketStream], conn: _Connection) -> None:
+    async def _reader(self, tls: TlsStream, conn: _Connection) -> None:
         st = self.stats
         decoder = FrameDecoder(max_frame_size=self._max_frame_size)
         try:
@@ -204,7 +205,7 @@ class ClientPort:
 
     async def _writer(
         self,
-        tls: trio.SSLStream[trio.SocketStream],
+        tls: TlsStream,
         conn: _Connection,
         scope: trio.CancelScope,
     ) -> None:

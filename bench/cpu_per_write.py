@@ -1,0 +1,159 @@
+"""CPU milliseconds per write, per node, of a 3-node phalanx cluster (real processes, loopback).
+
+Usage (from bench/)::
+
+    ../.venv/bin/python cpu_per_write.py --clients 1,64 --duration 5
+    ../.venv/bin/python cpu_per_write.py --clients 1 --profile /tmp/spy   # + py-spy raw stacks
+
+Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group", 100-byte values), waits for a
+leader, measures each node's idle CPU (utime+stime from /proc/<pid>/stat over `--idle`
+seconds), then drives each client level closed-loop (`_loadgen.run_level`) and prints, per
+node and role, the CPU it spent per acknowledged write (ms), beside throughput, p50 and the
+load average. CPU per write is robust to this machine's clock drift in a way wall-clock
+latency is not: it counts the work done, not how long the cores were shared.
+
+With ``--profile DIR`` every node (or those of ``--profile-role``) is sampled by py-spy
+(``--rate`` Hz, raw collapsed stacks; ``--profile-idle`` keeps waiting threads) during each
+level and the idle phase, into ``DIR/c<clients>-<role>-<node>.txt`` and
+``DIR/idle-<role>-<node>.txt``. Sampling perturbs the figures printed beside.
+
+Must not be imported by the package. Every process it starts is stopped (by pid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+from _loadgen import make_value, proc_cpu_seconds, run_level
+from _phalanx import PhalanxCluster
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f}"
+
+
+def _roles(cluster: PhalanxCluster, leader: str) -> dict[str, str]:
+    return {node: ("leader" if node == leader else "follower") for node in cluster.procs.node_ids}
+
+
+def _pids(cluster: PhalanxCluster) -> dict[str, int]:
+    return {n: p for n in cluster.procs.node_ids if (p := cluster.procs.pid(n)) is not None}
+
+
+def _spy(pids: dict[str, int], roles: dict[str, str], prefix: Path, seconds: float,
+         rate: int, only: str | None, idle: bool) -> list[subprocess.Popen[bytes]]:
+    local = Path(sys.executable).parent / "py-spy"
+    spy = str(local) if local.exists() else shutil.which("py-spy")
+    if spy is None:
+        print("py-spy not found: no profiles", flush=True)
+        return []
+    return [
+        subprocess.Popen(
+            [spy, "record", "-r", str(rate), "-d", str(max(1, round(seconds))), "-f", "raw",
+             *(["--idle"] if idle else []), "-o", f"{prefix}-{roles[node]}-{node}.txt",
+             "--pid", str(pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for node, pid in pids.items()
+        if only is None or roles[node] == only
+    ]
+
+
+async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
+    async with cluster.connected():
+        leader = await cluster.wait_ready()
+        roles = _roles(cluster, leader)
+        pids = _pids(cluster)
+        order = sorted(pids, key=lambda n: (roles[n] != "leader", n))
+        await trio.sleep(1.0)
+        idle_spies: list[subprocess.Popen[bytes]] = []
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            idle_spies = _spy(pids, roles, args.profile / "idle", args.idle, args.rate,
+                              args.profile_role, args.profile_idle)
+        before = {n: proc_cpu_seconds(p) for n, p in pids.items()}
+        t0 = time.perf_counter()
+        await trio.sleep(args.idle)
+        elapsed = time.perf_counter() - t0
+        for proc in idle_spies:
+            await trio.to_thread.run_sync(lambda proc=proc: proc.wait(timeout=60))
+        idle = {n: (proc_cpu_seconds(p) - before[n]) / elapsed for n, p in pids.items()}
+        print(f"idle ({args.idle:.0f} s, {_load()}): "
+              + ", ".join(f"{n} {roles[n]} {idle[n] * 100:.1f}% of a core" for n in order),
+              flush=True)
+        value = make_value(args.value_size)
+        for level in args.clients:
+            spies: list[subprocess.Popen[bytes]] = []
+            # CPU over the level's whole run (warmup included) divided by every write it
+            # acknowledged would mix in the warmup; so bracket the measured window instead:
+            # run_level's own meter sums the servers; here each node is read separately.
+            start = {n: proc_cpu_seconds(p) for n, p in pids.items()}
+            began = time.perf_counter()
+            if args.profile is not None:
+                spies = _spy(pids, roles, args.profile / f"c{level}", args.warmup + args.duration,
+                             args.rate, args.profile_role, args.profile_idle)
+            result = await run_level(cluster, clients=level, warmup_s=args.warmup,
+                                     duration_s=args.duration, value=value,
+                                     key_prefix=f"cpw{level}-")
+            spent = {n: proc_cpu_seconds(p) - start[n] for n, p in pids.items()}
+            wall = time.perf_counter() - began
+            for proc in spies:
+                await trio.to_thread.run_sync(lambda proc=proc: proc.wait(timeout=60))
+            # Writes over the whole bracket: the window's rate times the bracket's span
+            # (the warmup and the drain run at the same closed-loop rate).
+            writes = max(result.throughput * wall, 1.0)
+            per = {n: spent[n] / writes * 1e3 for n in pids}
+            print(f"{level:>4} clients: {result.throughput:8.0f} w/s  p50 {result.p50_ms:6.2f} ms"
+                  f"  errors {result.errors}  {_load()}", flush=True)
+            print("      CPU ms/write: "
+                  + ", ".join(f"{n} {roles[n]} {per[n]:.3f}" for n in order)
+                  + f"  (sum {sum(per.values()):.3f}; loadgen {result.loadgen_cpu * 100:.0f}%"
+                  " of a core)", flush=True)
+
+
+def _client_list(text: str) -> list[int]:
+    levels = [int(x) for x in text.split(",") if x.strip()]
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("client counts must be >= 1")
+    return levels
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--clients", type=_client_list, default=[1, 64])
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU measured first")
+    p.add_argument("--value-size", type=int, default=100)
+    p.add_argument("--profile", type=Path, default=None, help="py-spy raw stacks into DIR")
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    p.add_argument("--profile-role", choices=("leader", "follower"), default=None,
+                   help="profile only the nodes of this role (default: every node)")
+    p.add_argument("--profile-idle", action="store_true",
+                   help="keep py-spy's idle samples (threads waiting in epoll, locks, ...)")
+    p.add_argument("--workdir", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cluster = PhalanxCluster(protocol="raft", workdir=args.workdir)
+    cluster.start()
+    try:
+        trio.run(_measure, cluster, args)
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
