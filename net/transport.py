@@ -64,7 +64,7 @@ from __future__ import annotations
 import logging
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -96,6 +96,7 @@ __all__ = [
     "Transport",
     "TransportStatistics",
     "open_peer_transport",
+    "run_peer_transport",
 ]
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,10 @@ class Transport:
         inbound_capacity: messages buffered for the consumer of `inbound`.
         backoff, rng: reconnect delays (`rng` is only used for jitter).
         handshake_timeout: seconds allowed for TCP connect + TLS handshake + welcome.
+        deliver: where the reading tasks hand each ``(src, message)`` (awaited: a slow
+            consumer blocks them, as a full `inbound` channel would). None: into `inbound`.
+            Delivering straight to the consumer saves a task hop per message. Also settable
+            with `set_deliver` before the transport runs.
     """
 
     def __init__(
@@ -185,6 +190,7 @@ class Transport:
         backoff: Backoff | None = None,
         rng: random.Random,
         handshake_timeout: float = 10.0,
+        deliver: Callable[[NodeId, object], Awaitable[None]] | None = None,
     ) -> None:
         if node_id in peers:
             raise ValueError(f"peers must not contain this node ({node_id!r})")
@@ -224,6 +230,23 @@ class Transport:
         """Set by an authenticated inbound connection from the peer: redial it now."""
         self._linked: set[NodeId] = set()
         """Peers whose outbound link is established (welcomed and not yet broken)."""
+        self._deliver = deliver
+        self._running = False
+        self._last_message: object = None
+        self._last_frame = b""
+        """The last message framed and its frame: a broadcast (the same message to every
+        peer, e.g. AppendEntries to followers at the same index) is encoded once."""
+
+    def set_deliver(self, deliver: Callable[[NodeId, object], Awaitable[None]]) -> None:
+        """Hand inbound messages to `deliver` instead of `inbound` (see `__init__`).
+
+        Raises:
+            LocalProtocolError: the transport is already running (messages may already be
+                queued in `inbound`; switching now could reorder a link's messages).
+        """
+        if self._running:
+            raise LocalProtocolError("set_deliver after the transport started")
+        self._deliver = deliver
 
     @property
     def peers(self) -> Mapping[NodeId, PeerAddress]:
@@ -235,7 +258,12 @@ class Transport:
     def _frame(self, dst: NodeId, message: object) -> bytes:
         if dst not in self._queues:
             raise LocalProtocolError(f"{dst!r} is not a configured peer of {self.node_id!r}")
-        return encode_frame(self._encode(message), max_frame_size=self._max_frame_size)
+        last = self._last_message
+        if message is last or (type(message) is type(last) and message == last):
+            return self._last_frame  # the same message to another peer: same bytes
+        frame = encode_frame(self._encode(message), max_frame_size=self._max_frame_size)
+        self._last_message, self._last_frame = message, frame
+        return frame
 
     def send_nowait(self, dst: NodeId, message: object) -> bool:
         """Queue `message` for `dst` without blocking.
@@ -366,6 +394,7 @@ class Transport:
 
     async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
+        deliver = self._deliver
         decoder = FrameDecoder(max_frame_size=self._max_frame_size)
         try:
             await tls.send_all(WELCOME)
@@ -390,7 +419,10 @@ class Transport:
                         )
                         return
                     c.frames_in += 1
-                    await self._inbound_send.send((src, message))
+                    if deliver is None:
+                        await self._inbound_send.send((src, message))
+                    else:
+                        await deliver(src, message)
         except FrameTooLarge as exc:
             c.oversized_frames += 1
             logger.warning("%s: closing connection from %s: %s", self.node_id, src, exc)
@@ -565,7 +597,20 @@ async def open_peer_transport(
             async for src, message in transport.inbound:
                 ...
     """
-    transport = Transport(**config)
+    async with run_peer_transport(Transport(**config), listeners=listeners) as transport:
+        yield transport
+
+
+@asynccontextmanager
+async def run_peer_transport(
+    transport: Transport, *, listeners: Sequence[trio.SocketListener]
+) -> AsyncIterator[Transport]:
+    """Run an already built `transport` (its listener and link tasks) for the `async with`
+    body, as `open_peer_transport` does: for a caller that must wire the transport into its
+    consumer (`Transport.set_deliver`) before any message can arrive."""
+    if transport._running:
+        raise LocalProtocolError("the transport is already running")
+    transport._running = True
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(transport.serve_peer_listener, listeners)

@@ -32,11 +32,12 @@ from phalanx.phase_trace import PhaseTrace
 IDLE_INLINE_READYS = 8
 """The largest batch `idle_inline` persists on the core task."""
 
-EARLY_WRITE_CHECKPOINTS = 4
+EARLY_WRITE_CHECKPOINTS = 3
 """Scheduling points the core loop yields, after handing out messages or replies, before it
-may block on an inline write. A woken link task needs two steps to reach its socket write
-(trio's SSL stream takes a lock that checkpoints first), and the tasks of one scheduler batch
-run in either order, so three yields let it write; one more is margin."""
+may block on an inline write. A woken link or client-port writer task reaches its socket
+write in one step (`phalanx.net.tls_stream.TlsStream` takes no lock and does not checkpoint
+before writing), and the tasks of one scheduler batch run in either order, so two yields let
+it write; one more is margin (each costs a pass of trio's run loop)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,16 +18,27 @@ Families:
     phalanx_peer_queue_drops_total    messages refused by a full per-peer send queue
 
 Must not import: trio, consensus cores. The driver calls the `on_*` hooks from its one task;
-byte counters are read from the transport and the client port at scrape time.
+they only update plain Python numbers (no prometheus-client metric objects, whose every
+`set`/`inc`/`observe` takes a lock: the hooks run per tick, per batch and per fsync, on the
+hot path). Everything is turned into metric families at scrape time, on the HTTP server's
+thread (`_NodeCollector`), as are the byte counters of the transport and the client port.
+A scrape reads those numbers without a lock: it may miss the observation being recorded at
+that instant (a histogram's count is the sum of its buckets, so it is always consistent).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from phalanx.consensus.core import CoreStatus
@@ -51,35 +62,54 @@ class _Bytes(Collector):
             yield family
 
 
+class _Histogram:
+    """Bucket counts and a sum, updated without a lock by the one driver task."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def family(self, name: str, doc: str, node: str) -> HistogramMetricFamily:
+        counts = list(self.counts)
+        total = self.total
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(_le, self.bounds), "+Inf"), counts, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        family = HistogramMetricFamily(name, doc, labels=["node"])
+        family.add_metric([node], buckets, total)
+        return family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
 class NodeMetrics:
     """The metrics of node `node`; implements `phalanx.driver.DriverObserver`."""
 
     def __init__(self, node: str, *, registry: CollectorRegistry | None = None) -> None:
         self.node = node
         self.registry = registry if registry is not None else CollectorRegistry()
-        r, labels = self.registry, ["node"]
-        self._commits = Counter("phalanx_commits", "Entries applied after commit",
-                                labels, registry=r).labels(node)
-        self._commit_index = Gauge("phalanx_commit_index", "Commit index", labels,
-                                   registry=r).labels(node)
-        self._applied_index = Gauge("phalanx_applied_index", "Applied index", labels,
-                                    registry=r).labels(node)
-        self._lag = Gauge("phalanx_apply_lag", "Commit index minus applied index", labels,
-                          registry=r).labels(node)
-        self._fsync = Histogram("phalanx_fsync_seconds",
-                                "Persist + fsync time of one group-commit batch", labels,
-                                buckets=FSYNC_BUCKETS, registry=r).labels(node)
-        self._batch = Histogram("phalanx_fsync_batch_readys", "Readys made durable per fsync",
-                                labels, buckets=BATCH_BUCKETS, registry=r).labels(node)
-        self._elections = Counter("phalanx_elections", "Terms this node saw begin", labels,
-                                  registry=r).labels(node)
-        self._leader_changes = Counter("phalanx_leader_changes", "Changes of the known leader",
-                                       labels, registry=r).labels(node)
-        self._term = Gauge("phalanx_term", "Current term", labels, registry=r).labels(node)
-        self._is_leader = Gauge("phalanx_is_leader", "1 when this node is leader", labels,
-                                registry=r).labels(node)
+        self.commits = 0
+        self.commit_index = 0
+        self.applied_index = 0
+        self.elections = 0
+        self.leader_changes = 0
+        self.term = 0
+        self.is_leader = 0
+        self.fsync_seconds = _Histogram(FSYNC_BUCKETS)
+        self.fsync_batch_readys = _Histogram(BATCH_BUCKETS)
         self._last_term: int | None = None
         self._last_leader: str | None = None
+        self.registry.register(_NodeCollector(self))
 
     def add_byte_source(self, source: Callable[[], dict[str, int]]) -> None:
         """Register counters read at scrape time (e.g. transport bytes in/out)."""
@@ -88,33 +118,68 @@ class NodeMetrics:
     # -- DriverObserver ---------------------------------------------------------------------
 
     def on_fsync(self, seconds: float, readys: int) -> None:
-        self._fsync.observe(seconds)
-        self._batch.observe(readys)
+        self.fsync_seconds.observe(seconds)
+        self.fsync_batch_readys.observe(readys)
 
     def on_applied(self, entries: int, applied_index: int, commit_index: int) -> None:
-        self._commits.inc(entries)
-        self._applied_index.set(applied_index)
-        self._lag.set(max(0, commit_index - applied_index))
+        self.commits += entries
+        self.applied_index = applied_index
+        self.commit_index = commit_index
 
     def on_status(self, status: CoreStatus, applied_index: int) -> None:
         if self._last_term is not None and status.term > self._last_term:
-            self._elections.inc(status.term - self._last_term)
+            self.elections += status.term - self._last_term
         self._last_term = status.term
         if status.leader != self._last_leader:
             if status.leader is not None:
-                self._leader_changes.inc()
+                self.leader_changes += 1
             self._last_leader = status.leader
-        self._term.set(status.term)
-        self._is_leader.set(1 if status.role == "leader" else 0)
-        self._commit_index.set(status.commit_index)
-        self._applied_index.set(applied_index)
-        self._lag.set(max(0, status.commit_index - applied_index))
+        self.term = status.term
+        self.is_leader = 1 if status.role == "leader" else 0
+        self.commit_index = status.commit_index
+        self.applied_index = applied_index
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (tests, debugging)."""
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+class _NodeCollector(Collector):
+    """`NodeMetrics`' numbers as metric families, built at scrape time."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m, node = self._m, [self._m.node]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["node"])
+            family.add_metric(node, value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["node"])
+            family.add_metric(node, value)
+            return family
+
+        commit, applied = m.commit_index, m.applied_index
+        yield counter("phalanx_commits", "Entries applied after commit", m.commits)
+        yield gauge("phalanx_commit_index", "Commit index", commit)
+        yield gauge("phalanx_applied_index", "Applied index", applied)
+        yield gauge("phalanx_apply_lag", "Commit index minus applied index",
+                    max(0, commit - applied))
+        yield m.fsync_seconds.family("phalanx_fsync_seconds",
+                                     "Persist + fsync time of one group-commit batch", m.node)
+        yield m.fsync_batch_readys.family("phalanx_fsync_batch_readys",
+                                          "Readys made durable per fsync", m.node)
+        yield counter("phalanx_elections", "Terms this node saw begin", m.elections)
+        yield counter("phalanx_leader_changes", "Changes of the known leader",
+                      m.leader_changes)
+        yield gauge("phalanx_term", "Current term", m.term)
+        yield gauge("phalanx_is_leader", "1 when this node is leader", m.is_leader)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:

@@ -48,7 +48,6 @@ from phalanx.consensus.types import (
     Configuration,
     Entry,
     HardState,
-    Message,
     NodeId,
 )
 from phalanx.driver import Driver
@@ -63,7 +62,7 @@ from phalanx.net.transport import (
     PeerAddress,
     Transport,
     TransportStatistics,
-    open_peer_transport,
+    run_peer_transport,
 )
 from phalanx.persistence import ReadyPersister
 from phalanx.phase_trace import phase_trace_from_env
@@ -264,8 +263,7 @@ async def open_node(
                                                          host=config.client_listen.host)
         peers = {NodeId(p.id): PeerAddress(host=p.peer_addr.host, port=p.peer_addr.port)
                  for p in config.peers}
-        async with open_peer_transport(
-            listeners=peer_listeners,
+        transport = Transport(
             node_id=NodeId(config.id),
             peers=peers,
             server_context=peer_server_context(paths),
@@ -275,75 +273,71 @@ async def open_node(
             decode_error=DecodeError,
             rng=random.Random(rng.getrandbits(64)),
             backoff=PEER_BACKOFF,
-        ) as transport:
+        )
 
-            def send(to: NodeId, message: Message) -> bool:
-                return transport.send_nowait(to, message)
+        def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
+            rs = replica.status()
+            return StatusReply(
+                nonce=nonce, node=config.id, protocol=config.protocol, role=status.role,
+                term=status.term, leader=status.leader, commit_index=status.commit_index,
+                applied_index=rs.applied_index, last_checkpoint=rs.checkpoint_index,
+                peers=tuple(sorted(p.id for p in config.peers)),
+                # The transport's link state, not "heard from recently": followers
+                # never message each other, yet each is connected to the other.
+                connected_peers=tuple(str(p) for p in transport.connected_peers()),
+                dropped_messages=sum(status.dropped.values())
+                + driver.stats.dropped_peer_messages,
+            )
 
-            def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
-                rs = replica.status()
-                return StatusReply(
-                    nonce=nonce, node=config.id, protocol=config.protocol, role=status.role,
-                    term=status.term, leader=status.leader, commit_index=status.commit_index,
-                    applied_index=rs.applied_index, last_checkpoint=rs.checkpoint_index,
-                    peers=tuple(sorted(p.id for p in config.peers)),
-                    # The transport's link state, not "heard from recently": followers
-                    # never message each other, yet each is connected to the other.
-                    connected_peers=tuple(str(p) for p in transport.connected_peers()),
-                    dropped_messages=sum(status.dropped.values())
-                    + driver.stats.dropped_peer_messages,
-                )
+        driver = Driver(core=core, replica=replica, committer=committer,
+                        send=transport.send_nowait,
+                        tick_seconds=config.timing.tick_ms / 1000,
+                        status_reply=status_reply, observer=metrics,
+                        persist_inline=config.fsync == "off",
+                        idle_inline=True,
+                        propose_batch=built.propose_batch,
+                        trace=phase_trace_from_env(config.id))
+        client_port = ClientPort(driver, ssl_context=client_server_context(paths),
+                                 node_id=config.id)
+        node = Node(config=config, driver=driver, transport=transport,
+                    client_port=client_port, metrics=metrics,
+                    peer_address=_bound(peer_listeners, config.peer_listen.host),
+                    client_address=_bound(client_listeners, config.client_listen.host))
 
-            driver = Driver(core=core, replica=replica, committer=committer, send=send,
-                            tick_seconds=config.timing.tick_ms / 1000,
-                            status_reply=status_reply, observer=metrics,
-                            persist_inline=config.fsync == "off",
-                            idle_inline=True,
-                            propose_batch=built.propose_batch,
-                            trace=phase_trace_from_env(config.id))
-            client_port = ClientPort(driver, ssl_context=client_server_context(paths),
-                                     node_id=config.id)
-            node = Node(config=config, driver=driver, transport=transport,
-                        client_port=client_port, metrics=metrics,
-                        peer_address=_bound(peer_listeners, config.peer_listen.host),
-                        client_address=_bound(client_listeners, config.client_listen.host))
+        def byte_counters() -> dict[str, int]:
+            t, c, d = transport.statistics(), client_port.stats, driver.stats
+            return {"peer_bytes_in": t.bytes_in, "peer_bytes_out": t.bytes_out,
+                    "client_bytes_in": c.bytes_in, "client_bytes_out": c.bytes_out,
+                    "peer_queue_drops": t.queue_full_drops,
+                    "driver_steps": d.steps, "driver_io_batches": d.io_batches,
+                    "driver_proposal_batches": d.proposal_batches,
+                    "driver_client_redirects": d.redirects,
+                    "driver_client_retries": d.retries,
+                    "driver_duplicate_calls": d.duplicate_calls,
+                    "driver_overloaded_calls": d.overloaded_calls,
+                    "driver_slow_passes": d.slow_passes}
 
-            def byte_counters() -> dict[str, int]:
-                t, c, d = transport.statistics(), client_port.stats, driver.stats
-                return {"peer_bytes_in": t.bytes_in, "peer_bytes_out": t.bytes_out,
-                        "client_bytes_in": c.bytes_in, "client_bytes_out": c.bytes_out,
-                        "peer_queue_drops": t.queue_full_drops,
-                        "driver_steps": d.steps, "driver_io_batches": d.io_batches,
-                        "driver_proposal_batches": d.proposal_batches,
-                        "driver_client_redirects": d.redirects,
-                        "driver_client_retries": d.retries,
-                        "driver_duplicate_calls": d.duplicate_calls,
-                        "driver_overloaded_calls": d.overloaded_calls,
-                        "driver_slow_passes": d.slow_passes}
+        metrics.add_byte_source(byte_counters)
+        if config.metrics_listen is not None:
+            metrics_server, node.metrics_port = serve_metrics(
+                metrics.registry, config.metrics_listen.host, config.metrics_listen.port)
 
-            metrics.add_byte_source(byte_counters)
-            if config.metrics_listen is not None:
-                metrics_server, node.metrics_port = serve_metrics(
-                    metrics.registry, config.metrics_listen.host, config.metrics_listen.port)
-
-            async def forward() -> None:
-                async for src, message in transport.inbound:
-                    await driver.deliver(src, message)
-
-            async with trio.open_nursery() as nursery:
-                await nursery.start(driver.run)
-                nursery.start_soon(forward)
-                await nursery.start(client_port.serve, client_listeners)
-                if (ctl := control_file(config.id)) is not None:
-                    nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
-                logger.info("%s: serving peers on %s, clients on %s", config.id,
-                            node.peer_address, node.client_address)
-                try:
-                    yield node
-                finally:
-                    nursery.cancel_scope.cancel()
-            driver.flush_on_shutdown()
-            logger.info("%s: stopped", config.id)
+        # Peer messages go from the reading tasks straight into the driver's channel.
+        transport.set_deliver(driver.deliver)
+        async with run_peer_transport(transport, listeners=peer_listeners), \
+                trio.open_nursery() as nursery:
+            await nursery.start(driver.run)
+            await nursery.start(client_port.serve, client_listeners)
+            if (ctl := control_file(config.id)) is not None:
+                nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
+            logger.info("%s: serving peers on %s, clients on %s", config.id,
+                        node.peer_address, node.client_address)
+            try:
+                yield node
+            finally:
+                nursery.cancel_scope.cancel()
+        driver.flush_on_shutdown()
+        logger.info("%s: stopped", config.id)
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
