@@ -38,9 +38,9 @@ __all__ = ["TlsStream"]
 _RECEIVE_SIZE = 64 * 1024
 
 YIELD_EVERY = 16
-"""Direct socket calls that complete without blocking are not scheduling points; every this
-many in a row, one is (`trio.lowlevel.checkpoint`), so a peer that keeps the socket readable
-cannot starve the other tasks and cancellation is always delivered."""
+"""`receive_some` and `send_all` calls that complete without blocking are not scheduling
+points; every this many in a row, one is (`trio.lowlevel.checkpoint`), so a peer that keeps
+the socket readable cannot starve the other tasks and cancellation is always delivered."""
 
 _wait_readable = trio.lowlevel.wait_readable
 _wait_writable = trio.lowlevel.wait_writable
@@ -133,6 +133,7 @@ class TlsStream(trio.abc.Stream):
                     raise trio.BrokenResourceError(f"TLS error: {exc}") from exc
                 if self._out.pending and not self._sending:
                     await self._flush()
+                await self._maybe_yield()
                 return data
         finally:
             self._receiving = False
@@ -155,7 +156,6 @@ class TlsStream(trio.abc.Stream):
                     await _wait_readable(raw)
                 except OSError as exc:
                     raise trio.BrokenResourceError(f"socket error: {exc}") from exc
-            await self._maybe_yield()
         if not data:
             self._eof = True
             self._in.write_eof()
@@ -177,6 +177,7 @@ class TlsStream(trio.abc.Stream):
             await self._write_out()
         finally:
             self._release_send()
+        await self._maybe_yield()
 
     async def _flush(self) -> None:
         """Write pending engine output (handshake records, alerts, post-handshake
@@ -206,7 +207,6 @@ class TlsStream(trio.abc.Stream):
                 except OSError as exc:
                     raise trio.BrokenResourceError(f"socket error: {exc}") from exc
                 view = view[sent:]
-            await self._maybe_yield()
 
     async def _maybe_yield(self) -> None:
         self._unyielded += 1

@@ -70,7 +70,7 @@ from typing import Any
 
 import trio
 
-from phalanx.consensus.types import LocalProtocolError, NodeId
+from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 from phalanx.net.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -234,8 +234,9 @@ class Transport:
         self._running = False
         self._last_message: object = None
         self._last_frame = b""
-        """The last message framed and its frame: a broadcast (the same message to every
-        peer, e.g. AppendEntries to followers at the same index) is encoded once."""
+        """The last protocol message framed and its frame: a broadcast (an equal message to
+        every peer, e.g. AppendEntries to followers at the same index) is encoded once.
+        Only `Message`s (frozen dataclasses of immutable fields) are reused this way."""
 
     def set_deliver(self, deliver: Callable[[NodeId, object], Awaitable[None]]) -> None:
         """Hand inbound messages to `deliver` instead of `inbound` (see `__init__`).
@@ -258,6 +259,8 @@ class Transport:
     def _frame(self, dst: NodeId, message: object) -> bytes:
         if dst not in self._queues:
             raise LocalProtocolError(f"{dst!r} is not a configured peer of {self.node_id!r}")
+        if not isinstance(message, Message):  # maybe mutable: never reuse its bytes
+            return encode_frame(self._encode(message), max_frame_size=self._max_frame_size)
         last = self._last_message
         if message is last or (type(message) is type(last) and message == last):
             return self._last_frame  # the same message to another peer: same bytes

@@ -14,6 +14,7 @@ import ssl
 import struct
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,7 +24,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from phalanx import pki
-from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError, NodeId
+from phalanx.consensus.types import (
+    ClientRequest,
+    Entry,
+    EntryKind,
+    LocalProtocolError,
+    Message,
+    NodeId,
+)
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError, EncodeError
 from phalanx.net.framing import encode_frame
@@ -541,3 +549,74 @@ async def test_wire_codec_messages_cross_the_transport_and_bad_ones_are_dropped(
         t1.send_nowait(N2, entry)
         assert await receive(t2) == (N1, entry)
         assert t2.statistics().malformed_frames == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Direct delivery and encode-once
+
+
+async def test_deliver_hands_messages_to_the_consumer_in_order_instead_of_inbound(
+    creds: dict[str, pki.CredentialPaths],
+) -> None:
+    l1, l2 = await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2)}
+    got: list[tuple[NodeId, object]] = []
+    all_in = trio.Event()
+
+    async def deliver(src: NodeId, message: object) -> None:
+        got.append((src, message))
+        if len(got) == 30:
+            all_in.set()
+
+    async with node(creds, N1, l1, peers) as t1, node(creds, N2, l2, peers,
+                                                      deliver=deliver) as t2:
+        for i in range(30):
+            assert t1.send_nowait(N2, {"i": i})
+        with trio.fail_after(GUARD):
+            await all_in.wait()
+        assert got == [(N1, {"i": i}) for i in range(30)]
+        with pytest.raises(trio.WouldBlock):
+            t2.inbound.receive_nowait()
+        with pytest.raises(LocalProtocolError):
+            t2.set_deliver(deliver)  # already running: could reorder a link's messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Note(Message):
+    entries: tuple[Entry, ...]
+
+
+def test_an_equal_protocol_message_to_several_peers_is_encoded_once(
+    creds: dict[str, pki.CredentialPaths],
+) -> None:
+    encoded: list[object] = []
+
+    def counting(message: object) -> bytes:
+        encoded.append(message)
+        return repr(message).encode()
+
+    peers = {N2: PeerAddress(host=HOST, port=1), N3: PeerAddress(host=HOST, port=2)}
+    t = Transport(node_id=N1, peers=peers, server_context=pki.peer_server_context(creds[N1]),
+                  client_context=pki.peer_client_context(creds[N1]), encode=counting,
+                  decode=decode, decode_error=ValueError, rng=random.Random(1))
+    request = ClientRequest(client_id="c", request_no=1, command=b"x")
+
+    def note(index: int) -> _Note:
+        return _Note(entries=(Entry(index=index, term=1, kind=EntryKind.COMMAND,
+                                    requests=(request,)),))
+
+    # Equal but distinct objects (as a core builds one per follower): one encoding.
+    assert t.send_nowait(N2, note(1))
+    assert t.send_nowait(N3, note(1))
+    assert encoded == [note(1)]
+    assert t.send_nowait(N2, note(2))  # a different message is encoded again
+    assert len(encoded) == 2
+    mutable = {"k": 1}  # not a protocol message: never reused (it could change)
+    assert t.send_nowait(N3, mutable)
+    mutable["k"] = 2
+    assert t.send_nowait(N3, mutable)
+    assert len(encoded) == 4
+    n2 = [t._queues[N2][1].receive_nowait() for _ in range(2)]
+    n3 = [t._queues[N3][1].receive_nowait() for _ in range(3)]
+    assert n2[0] == n3[0] == encode_frame(repr(note(1)).encode())
+    assert n3[1:] == [encode_frame(b"{'k': 1}"), encode_frame(b"{'k': 2}")]
