@@ -12,13 +12,18 @@ from dataclasses import dataclass
 from phalanx.consensus.quorum import byzantine_quorum, max_byzantine_faults, reply_quorum
 from phalanx.consensus.types import NodeId
 
-KNOWN_BUGS = frozenset({"commit_on_2f", "skip_view_check", "accept_unsigned_view_change"})
+KNOWN_BUGS = frozenset(
+    {"commit_on_2f", "skip_view_check", "accept_unsigned_view_change", "no_view_fence"}
+)
 """Deliberate bugs the simulator sweep switches on to prove its checkers catch them:
 
 - ``commit_on_2f``: commit on 2f matching commits instead of 2f+1.
 - ``skip_view_check``: accept pre-prepares, prepares and commits of another view.
 - ``accept_unsigned_view_change``: skip signature checks on ViewChange messages (received
   directly or inside a NewView).
+- ``no_view_fence``: a restarted replica forgets the fence (`safety.SafetyRules`): it signs
+  pre-prepares and prepares again in the views where it may have sent some early, before
+  they were durable, so it can equivocate.
 """
 
 

@@ -24,11 +24,17 @@ Invariants:
 - Peer input never raises: it is dropped and counted by reason in `status().dropped`.
 - Own pre-prepares, prepares and commits count towards a quorum only after `Persisted`
   reports the Ready that recorded them (their signature record and prepared certificates
-  travel in `Ready.core_state`, written before the messages are sent).
+  travel in `Ready.core_state`).
+- What leaves before it is durable: only own pre-prepares and prepares, as
+  `Ready.early_messages`, and only in a view whose `early_view` record is durable; a
+  restarted replica is fenced out of signing them in every view up to that record
+  (`safety.py` argues why no restart can then make it equivocate). A commit leaves only
+  after the prepared certificate behind it is durable (`Ready.messages`): the next
+  ViewChange must carry it, or a committed request could be dropped.
 - `Ready.committed` holds one entry per seq, strictly increasing and gap-free, each seq once
   (a state-transfer `Ready.snapshot` jumps the sequence forward first).
 - The replica never participates in a view lower than `view` (persisted), and never
-  signs two different votes for one (view, seq) (SafetyRules).
+  signs two different votes for one (view, seq), even across restarts (SafetyRules).
 - Determinism: no set iteration order, `id()`, clocks or randomness affects any output.
 """
 
@@ -148,7 +154,7 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
         self._cfg = config
         self._me = config.node_id
         self._crypto = crypto
-        self._safety = SafetyRules(crypto, d.safety)
+        self._safety = SafetyRules(crypto, d.safety, fence="no_view_fence" not in config.bugs)
         self._view = d.view
         self._active = d.view_active
         stable = StableCheckpoint(seq=d.stable_seq, digest=d.stable_digest, proof=d.stable_proof)
@@ -188,8 +194,11 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
         self._ready_number = 0
         self._persisted = 0
         self._awaiting: list[tuple[int, _Vote]] = []
+        # The Ready that made `early_view == view` durable (None: not yet, in this view).
+        self._early_ready: int | None = None
         # Per-step accumulators (reset by `_begin`).
         self._out: list[Send] = []
+        self._early: list[Send] = []
         self._exec_out: list[Entry] = []
         self._snapshot_out: Snapshot | None = None
         self._rejected_out: list[Rejection] = []
@@ -265,6 +274,7 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
 
     def _begin(self) -> None:
         self._out = []
+        self._early = []
         self._exec_out = []
         self._snapshot_out = None
         self._rejected_out = []
@@ -273,18 +283,23 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
         self._hard_dirty = False
 
     def _finish(self) -> Ready:
+        safety = self._safety
+        opened = self._active and safety.open_early(self._view)
         # Own votes always ride on a persisted Ready (even an identical re-sign after a restart).
-        durable = self._safety.take_dirty() or self._durable_dirty or bool(self._new_own)
+        durable = safety.take_dirty() or self._durable_dirty or bool(self._new_own)
         number = 0
         if durable or self._hard_dirty or self._snapshot_out is not None:
             self._ready_number += 1
             number = self._ready_number
+        if opened:
+            self._early_ready = number
         for vote in self._new_own:
             self._awaiting.append((number, vote))
         core_state = self.durable_state() if durable else None
         hard = HardState(view=self._view, commit=self._executed) if self._hard_dirty else None
         return Ready(
             number=number,
+            early_messages=tuple(self._early),
             snapshot=self._snapshot_out,
             hard_state=hard,
             core_state=core_state,
@@ -319,6 +334,21 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
     def _broadcast(self, message: Message) -> None:
         for peer in self._cfg.peers():
             self._send(peer, message)
+
+    def _broadcast_vote(self, vote: PrePrepare | Prepare) -> None:
+        """Broadcast one of our own signed pre-prepares or prepares: early (before the
+        Ready that records it is durable) when this view's `early_view` record already is
+        (`SafetyRules`' module docstring argues why that is safe), else after the persist."""
+        early = self._early_ready
+        if (
+            early is not None
+            and early <= self._persisted
+            and self._active
+            and self._safety.early_view == self._view == vote.view
+        ):
+            self._early.extend(Send(to=peer, message=vote) for peer in self._cfg.peers())
+        else:
+            self._broadcast(vote)
 
     def _timeout(self) -> int:
         base = self._cfg.view_change_ticks
@@ -432,7 +462,7 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
             self._drop("safety_refused")
             return
         self._log.slot(pp.view, pp.seq).prepare_sent = True
-        self._broadcast(signed)
+        self._broadcast_vote(signed)
         self._new_own.append(signed)
 
     def _progress(self, view: int, seq: int) -> None:

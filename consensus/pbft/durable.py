@@ -83,6 +83,7 @@ class PbftDeltaRules:
             prune_prepared_upto=prune_prepared,
             dropped_prepared=dropped_prepared,
             prepared=prepared,
+            safety_early_view=new.safety.early_view,
         )
 
     def apply(self, state: object, delta: object) -> PbftDurableState:
@@ -119,6 +120,7 @@ class PbftDeltaRules:
             safety=SafetyData(
                 floor=delta.safety_floor,
                 votes=tuple(votes[k] for k in sorted(votes)),
+                early_view=delta.safety_early_view,
             ),
             prepared=tuple(prepared[s] for s in sorted(prepared)),
         )

@@ -226,10 +226,13 @@ class SignedVote:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SafetyData:
     """SafetyRules' persisted record: every vote signed for a seq above `floor`, sorted by
-    (kind, view, seq)."""
+    (kind, view, seq), and `early_view`: the highest view in which this replica may have
+    sent a pre-prepare or prepare before recording it (-1: none). A replica restarted from
+    this record signs no pre-prepare or prepare in any view <= `early_view` (the fence)."""
 
     floor: int = 0
     votes: tuple[SignedVote, ...] = ()
+    early_view: int = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,6 +281,7 @@ class PbftStateDelta:
     prune_prepared_upto: int
     dropped_prepared: tuple[int, ...]
     prepared: tuple[PreparedProof, ...]
+    safety_early_view: int = -1
 
 
 PBFT_MESSAGES: dict[int, type] = {

@@ -44,6 +44,7 @@ class RequestFlow:
     _new_own: list[PrePrepare | Prepare | Commit]
     _send: Callable[[NodeId, Message], None]
     _broadcast: Callable[[Message], None]
+    _broadcast_vote: Callable[[PrePrepare | Prepare], None]
     is_primary: Callable[[], bool]
 
     def _submit(self, request: ClientRequest) -> None:
@@ -83,6 +84,8 @@ class RequestFlow:
         pending request when `force` (the batch timer ran out, a new view began)."""
         book = self._requests
         cfg = self._cfg
+        if self._safety.fenced(self._view):
+            return  # restarted in this view: we propose again from the next view on
         while book.pending and self._next_seq + 1 <= self._log.high:
             if not force and not book.should_flush(
                 batch_size=cfg.batch_size,
@@ -108,7 +111,7 @@ class RequestFlow:
         self._log.add_pre_prepare(signed, counted=False)
         self._log.slot(pp.view, pp.seq).prepare_sent = True
         self._requests.ordered(pp.batch)
-        self._broadcast(signed)
+        self._broadcast_vote(signed)
         self._new_own.append(signed)
 
     def _relay_due(self) -> None:

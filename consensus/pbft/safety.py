@@ -1,17 +1,37 @@
 """SafetyRules: the only holder of a PBFT replica's signing key (after Aptos' safety-rules).
 
-Owns: signing. Every pre-prepare and prepare is signed here, and only after it is recorded:
-the replica never signs two different pre-prepares, nor two different prepares, for the
-same (view, seq), even across a restart, because the record (`SafetyData`) is persisted
-through `Ready.core_state` in the same Ready as the first message carrying the signature
-(the driver persists before it sends). An identical repeat returns the recorded signature.
+Owns: signing, and the record of what was signed (`SafetyData`, persisted through
+`Ready.core_state`). The rule it keeps: the replica never signs two different pre-prepares,
+nor two different prepares, for the same (view, seq), even across a restart.
+
+Two ways a vote may leave, and why each keeps the rule:
+- **Recorded first** (the default): the vote is recorded here and the record is persisted in
+  the same Ready as the first message carrying the signature (`Ready.messages`; the driver
+  persists before it sends). After a restart the record refuses a conflicting vote and
+  returns the recorded signature for an identical repeat.
+- **Early** (`Ready.early_messages`, sent before the Ready is durable; it takes the
+  pre-prepare and prepare persists off PBFT's critical path): allowed only in a view `v`
+  for which `early_view = v` is already durable (`open_early(v)`, then the core waits for
+  the `Persisted` of that Ready). A crash may then lose the record of an early vote, so a
+  replica restarted from a record with `early_view = e` is **fenced**: it signs no
+  pre-prepare or prepare in any view <= e. Every vote it sent early was in a view <= e
+  (views only grow, and `early_view` was durable before the vote left), so no vote signed
+  after the restart can contradict one sent before it. The fenced replica takes part in
+  view e again only with commits (a commit needs a prepared certificate, which is made
+  durable before the commit leaves, see `PbftCore`), checkpoints and view changes, and
+  fully from the next view on; `early_view` is only ever raised, so the fence survives
+  further restarts. Only votes go early: commits, checkpoints, view changes and new views
+  never do (a view change must report every certificate whose commit left; forgetting one
+  could let a committed request be dropped, so that persist stays on the path).
 
 Must not import: the core, the log, or anything that decides *what* to sign.
 
 Invariants:
-- For each (kind, view, seq) at most one digest is ever signed.
+- For each (kind, view, seq) at most one digest is ever signed, across restarts.
+- Nothing is signed in a view <= `fence` (the `early_view` this instance started from).
 - The record only forgets seqs at or below `floor`, the stable checkpoint: nothing at or
   below a stable checkpoint is ever voted on again (those seqs are outside the water marks).
+- `early_view` never decreases.
 """
 
 from __future__ import annotations
@@ -40,12 +60,18 @@ class SafetyViolation(LocalProtocolError):
 class SafetyRules:
     """Signs votes, recording each before returning its signature."""
 
-    __slots__ = ("_data", "_dirty", "_floor", "_signer", "_votes")
+    __slots__ = ("_data", "_dirty", "_early_view", "_fence", "_floor", "_signer", "_votes")
 
-    def __init__(self, signer: Signer, data: SafetyData | None = None) -> None:
+    def __init__(
+        self, signer: Signer, data: SafetyData | None = None, *, fence: bool = True
+    ) -> None:
+        """`fence=False` is the ``no_view_fence`` deliberate bug (the simulator and a
+        targeted test must catch the equivocation it allows after a restart)."""
         self._signer = signer
         data = data if data is not None else SafetyData()
         self._floor = data.floor
+        self._early_view = data.early_view
+        self._fence = data.early_view if fence else -1
         self._votes: dict[tuple[VoteKind, int, int], SignedVote] = {
             (v.kind, v.view, v.seq): v for v in data.votes
         }
@@ -57,8 +83,29 @@ class SafetyRules:
         """The record to persist (deterministic order)."""
         if self._data is None:
             votes = tuple(self._votes[k] for k in sorted(self._votes))
-            self._data = SafetyData(floor=self._floor, votes=votes)
+            self._data = SafetyData(floor=self._floor, votes=votes, early_view=self._early_view)
         return self._data
+
+    @property
+    def early_view(self) -> int:
+        """The highest view in which votes may go before they are durable (-1: none)."""
+        return self._early_view
+
+    def fenced(self, view: int) -> bool:
+        """Whether this replica may sign no pre-prepare or prepare in `view` (it restarted
+        after possibly sending votes early in it, see the module docstring)."""
+        return view <= self._fence
+
+    def open_early(self, view: int) -> bool:
+        """Record that votes of `view` may be sent before they are durable. The caller must
+        not send any until the record (`data`, now dirty) is durable. Returns False (nothing
+        recorded) when `view` is fenced or not above the current `early_view`."""
+        if view <= self._early_view or self.fenced(view):
+            return False
+        self._early_view = view
+        self._dirty = True
+        self._data = None
+        return True
 
     def take_dirty(self) -> bool:
         """Whether the record changed since the last call (it must then be persisted)."""
@@ -69,8 +116,8 @@ class SafetyRules:
         """`pre_prepare` signed by this replica (the primary of its view).
 
         Raises:
-            SafetyViolation: another digest was already pre-prepared at (view, seq), or seq
-                is at or below the floor.
+            SafetyViolation: another digest was already pre-prepared at (view, seq), seq
+                is at or below the floor, or the view is fenced.
         """
         if pre_prepare.replica != self._signer.node_id:
             raise LocalProtocolError("a replica only signs its own pre-prepares")
@@ -98,6 +145,10 @@ class SafetyRules:
         self._data = None
 
     def _vote(self, kind: VoteKind, msg: _V) -> _V:
+        if msg.view <= self._fence:
+            raise SafetyViolation(
+                f"{kind.name} in view {msg.view}: fenced up to view {self._fence} (restarted)"
+            )
         if msg.seq <= self._floor:
             raise SafetyViolation(f"{kind.name} at seq {msg.seq} <= floor {self._floor}")
         key = (kind, msg.view, msg.seq)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from phalanx.apps.kv import KvStateMachine
@@ -37,7 +37,15 @@ from phalanx.consensus.pbft import (
     PbftRestoredState,
     ReplyCollector,
 )
-from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
+from phalanx.consensus.pbft.messages import Prepare, PrePrepare, VoteKind
+from phalanx.consensus.types import (
+    ClientRequest,
+    Configuration,
+    Entry,
+    HardState,
+    Message,
+    NodeId,
+)
 from phalanx.jepsen.attacks import ATTACKS, AttackCore, Collusion
 from phalanx.jepsen.byzantine import (
     BEHAVIOURS,
@@ -225,11 +233,27 @@ class DurableStateCore:
     which survives crashes, and the Ready keeps a `hard_state` so that the driver still
     persists it and feeds `Persisted` back. Used because `SimNode` does not yet hand
     `ReadyPersister` a core-state store.
+
+    Early votes (`Ready.early_messages`) leave before their Ready is durable, but the
+    simulated disk is synchronous. To exercise that window, a Ready whose early messages
+    carry votes also leaves a *lossy* record in `lossy[node]`: the new record without those
+    votes (what the disk holds if the process dies after sending them, before the record of
+    them is written). The next step of this core clears it (the node did not crash right
+    there); a restart that finds it (the node crashed right after that Ready, the
+    simulator's crash-after-ready fault) starts from it, so a restarted replica may have
+    forgotten votes it sent: the fence (`phalanx.consensus.pbft.safety`) must keep it from
+    contradicting them.
     """
 
-    def __init__(self, inner: PbftCore, cells: dict[str, PbftDurableState]) -> None:
+    def __init__(
+        self,
+        inner: PbftCore,
+        cells: dict[str, PbftDurableState],
+        lossy: dict[str, PbftDurableState] | None = None,
+    ) -> None:
         self.inner = inner
         self._cells = cells
+        self._lossy = lossy
 
     @property
     def node_id(self) -> NodeId:
@@ -239,13 +263,64 @@ class DurableStateCore:
         return self.inner.status()
 
     def step(self, inp: Input, /) -> Ready:
+        lossy = self._lossy
+        if lossy is not None:
+            lossy.pop(self.node_id, None)
         ready = self.inner.step(inp)
         state = ready.core_state
         if not isinstance(state, PbftDurableState):
             return ready
+        if lossy is not None and ready.early_messages:
+            forgotten = _without_early_votes(state, ready)
+            if forgotten is not state:
+                lossy[self.node_id] = forgotten
         self._cells[self.node_id] = state
         hard = ready.hard_state or HardState(view=state.view, commit=self.inner.executed)
         return dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)
+
+
+def _without_early_votes(state: PbftDurableState, ready: Ready) -> PbftDurableState:
+    """`state` without the signature records of the votes `ready` sends early (`state`
+    itself when there are none)."""
+    early: set[tuple[VoteKind, int, int]] = set()
+    for send in ready.early_messages:
+        msg = send.message
+        if isinstance(msg, PrePrepare):
+            early.add((VoteKind.PRE_PREPARE, msg.view, msg.seq))
+        elif isinstance(msg, Prepare):
+            early.add((VoteKind.PREPARE, msg.view, msg.seq))
+    votes = tuple(v for v in state.safety.votes if (v.kind, v.view, v.seq) not in early)
+    if len(votes) == len(state.safety.votes):
+        return state
+    return dataclasses.replace(state, safety=dataclasses.replace(state.safety, votes=votes))
+
+
+def vote_watch(honest: frozenset[str]) -> Callable[[str, str, Message], str | None]:
+    """A white-box check of every pre-prepare and prepare an honest replica sends: one
+    digest per (kind, view, seq) per replica over the whole run, across its restarts (the
+    `SafetyRules` promise; the ``no_view_fence`` bug breaks it after a crash that lost the
+    record of an early vote)."""
+    sent: dict[tuple[str, VoteKind, int, int], bytes] = {}
+
+    def watch(src: str, dst: str, message: Message) -> str | None:
+        if src not in honest:
+            return None
+        if isinstance(message, PrePrepare):
+            kind = VoteKind.PRE_PREPARE
+        elif isinstance(message, Prepare):
+            kind = VoteKind.PREPARE
+        else:
+            return None
+        key = (src, kind, message.view, message.seq)
+        known = sent.setdefault(key, message.digest)
+        if known == message.digest:
+            return None
+        return (
+            f"{src} equivocated: two {kind.name}s for view {message.view} seq {message.seq} "
+            f"({known.hex()[:8]} then {message.digest.hex()[:8]})"
+        )
+
+    return watch
 
 
 def _unwrap(core: Core) -> PbftCore:
@@ -280,6 +355,7 @@ def pbft_setup(
     replicas = tuple(NodeId(n) for n in names)
     bootstrap = Configuration(voters=tuple(sorted(replicas)))
     cells: dict[str, PbftDurableState] = {}
+    lossy: dict[str, PbftDurableState] = {}
     liars = dict(plan.behaviours)
     twinned = frozenset(NodeId(n) for n in plan.twins)
     side_a = frozenset(NodeId(n) for n in plan.side_a)
@@ -320,6 +396,9 @@ def pbft_setup(
         return replica
 
     def restored(node: str, durable: DurableState) -> PbftRestoredState:
+        forgotten = lossy.pop(node, None)  # it crashed right after sending early votes
+        if forgotten is not None:
+            cells[node] = forgotten
         return PbftRestoredState(
             durable=cells.get(node, PbftDurableState()),
             executed=durable.snapshot.index if durable.snapshot is not None else 0,
@@ -329,7 +408,9 @@ def pbft_setup(
     def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
         crypto = FastCrypto(NodeId(node))
         honest: Core = DurableStateCore(
-            PbftCore(config(node), crypto=crypto, restored=restored(node, durable)), cells
+            PbftCore(config(node), crypto=crypto, restored=restored(node, durable)),
+            cells,
+            lossy,
         )
         byz_rng = random.Random(f"pbft-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")
         if NodeId(node) in twinned:
@@ -366,4 +447,6 @@ def pbft_setup(
         replies=replies,
         byzantine=plan.nodes,
         description=f"byzantine: {plan.describe()}",
+        watch_send=vote_watch(frozenset(n for n in names if n not in plan.nodes)),
+        watch_types=frozenset({PrePrepare, Prepare}),
     )

@@ -1,9 +1,9 @@
 """A tiny hand-driven PBFT cluster for tests: cores, an in-flight message list, FastCrypto.
 
-Honours the Ready order: record `core_state` (the "disk"), install a snapshot, queue the
-messages, apply committed entries (the app is a list of commands; a checkpoint every K
-seqs), then feed `Persisted`. Byzantine nodes have no core: tests script their messages
-with `byz_sign` / `inject`.
+Honours the Ready order: queue the early messages, record `core_state` (the "disk"),
+install a snapshot, queue the messages, apply committed entries (the app is a list of
+commands; a checkpoint every K seqs), then feed `Persisted`. Byzantine nodes have no core:
+tests script their messages with `byz_sign` / `inject`.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class Cluster:
         self.handle(node, self.cores[node].step(inp))
 
     def handle(self, node: NodeId, ready: Ready) -> None:
+        for send in ready.early_messages:  # step 0: they may leave before the persist
+            self.net.append((node, send.to, send.message))
         if ready.core_state is not None:
             assert isinstance(ready.core_state, PbftDurableState)
             self.durable[node] = ready.core_state

@@ -10,6 +10,7 @@ the attack; the seeds are the first ones that do, so the budgets below are exact
 | commit_on_2f                 | collude        | 7 | 1, 14          | seed 1 (agreement)     |
 | accept_unsigned_view_change  | forge_new_view | 4 | 4, 5           | seed 5 (agreement)     |
 | skip_view_check              | cross_view     | 4 | 1, 9           | seed 1 (agreement)     |
+| no_view_fence                | (crash-after-ready, honest) | 4 | 0..3 | seed 3 (vote-safety) |
 
 Every scenario seed runs (seed 4 of forge_new_view ends in a stall, a liveness violation,
 since the primary resends its NewView to replicas it hears from in older views). Bug-on runs
@@ -30,6 +31,7 @@ from phalanx.consensus.pbft import PbftConfig, PbftCore
 from phalanx.consensus.pbft.messages import Commit, NewView, Prepare, PrePrepare
 from phalanx.consensus.pbft.view_change import check_new_view
 from phalanx.consensus.types import ClientRequest, NodeId
+from phalanx.jepsen import nemesis
 from phalanx.jepsen.attacks import AttackCore, Collusion
 from phalanx.jepsen.sim.pbft import choose_byzantine
 from phalanx.jepsen.sim.run import RunConfig
@@ -79,6 +81,35 @@ def test_bug_is_caught_by_its_attack_within_budget(bug: str, attack: str, n: int
 def test_same_scenarios_without_the_bug_pass(bug: str, attack: str, n: int) -> None:
     seeds = _scenario_seeds(attack, n, _BUDGET)
     result = sweep(_base(n), seeds, jobs=1)
+    assert result.ok, "\n\n".join(o.report for o in result.failures)
+
+
+# ---------------------------------------------------------------------------------------------
+# no_view_fence: no attack needed, a crash right after a Ready that sent votes early is enough
+# (`phalanx.jepsen.sim.pbft.DurableStateCore` restarts the node from the record without them).
+# Honest n=4, crash-after-ready only: seed 3 is the first to catch it (the primary, restarted
+# in view 0, pre-prepares a new batch at a seq whose lost pre-prepare had already left).
+
+_FENCE_SEEDS = range(4)
+
+
+def _fence_base() -> RunConfig:
+    return RunConfig(seed=0, protocol="pbft", nodes=4, faults=(nemesis.CRASH_AFTER_READY,),
+                     swarm=False, **_SHAPE)
+
+
+def test_no_view_fence_is_caught_as_equivocation_after_a_crash() -> None:
+    base = dataclasses.replace(_fence_base(), bugs=frozenset({"no_view_fence"}),
+                               max_events=_BUG_ON_MAX_EVENTS)
+    result = sweep(base, _FENCE_SEEDS, jobs=1, stop_on_failure=True)
+    assert not result.ok, f"no_view_fence went unnoticed on seeds {list(_FENCE_SEEDS)}"
+    report = result.failures[0].report
+    assert "violation: vote-safety" in report, report
+    assert "equivocated" in report, report
+
+
+def test_same_crash_scenarios_with_the_fence_pass() -> None:
+    result = sweep(_fence_base(), _FENCE_SEEDS, jobs=1)
     assert result.ok, "\n\n".join(o.report for o in result.failures)
 
 
