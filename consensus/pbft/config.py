@@ -54,6 +54,9 @@ class PbftConfig:
             this often while that checkpoint is not stable (a lost vote must not freeze the
             water marks for good).
         max_pending: bound on buffered client requests (a flood is dropped and counted).
+        early_votes: send own pre-prepares and prepares before their record is durable
+            (`Ready.early_messages`, under the restart fence of `safety.SafetyRules`);
+            False sends every vote after its persist (the slower, fence-free variant).
         bugs: deliberate bugs (see `KNOWN_BUGS`); unknown names raise.
     """
 
@@ -70,6 +73,7 @@ class PbftConfig:
     fetch_ticks: int = 10
     checkpoint_resend_ticks: int = 50
     max_pending: int = 1024
+    early_votes: bool = True
     bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

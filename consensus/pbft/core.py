@@ -22,11 +22,12 @@ Must not import: trio, sockets, clocks, global random, `phalanx.net`. Crypto is 
 
 Invariants:
 - Peer input never raises: it is dropped and counted by reason in `status().dropped`.
-- Own pre-prepares, prepares and commits count towards a quorum only after `Persisted`
-  reports the Ready that recorded them (their signature record and prepared certificates
-  travel in `Ready.core_state`).
+- Own commits, and own pre-prepares and prepares sent the recorded-first way, count
+  towards a quorum only after `Persisted` reports the Ready that recorded them (signature
+  records and prepared certificates travel in `Ready.core_state`).
 - What leaves before it is durable: only own pre-prepares and prepares, as
-  `Ready.early_messages`, and only in a view whose `early_view` record is durable; a
+  `Ready.early_messages` (counted at once, persisted only with the next record written
+  for another reason), and only in a view whose `early_view` record is durable; a
   restarted replica is fenced out of signing them in every view up to that record
   (`safety.py` argues why no restart can then make it equivocate). A commit leaves only
   after the prepared certificate behind it is durable (`Ready.messages`): the next
@@ -284,7 +285,7 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
 
     def _finish(self) -> Ready:
         safety = self._safety
-        opened = self._active and safety.open_early(self._view)
+        opened = self._active and self._cfg.early_votes and safety.open_early(self._view)
         # Own votes always ride on a persisted Ready (even an identical re-sign after a restart).
         durable = safety.take_dirty() or self._durable_dirty or bool(self._new_own)
         number = 0
@@ -335,20 +336,20 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
         for peer in self._cfg.peers():
             self._send(peer, message)
 
-    def _broadcast_vote(self, vote: PrePrepare | Prepare) -> None:
-        """Broadcast one of our own signed pre-prepares or prepares: early (before the
-        Ready that records it is durable) when this view's `early_view` record already is
-        (`SafetyRules`' module docstring argues why that is safe), else after the persist."""
+    def _early_ok(self, view: int) -> bool:
+        """Whether our pre-prepare or prepare of `view` may go early: before any record of
+        it is durable, counted at once (`SafetyRules`' module docstring argues why the
+        restart fence makes that safe). Only once this view's `early_view` record is."""
         early = self._early_ready
-        if (
+        return (
             early is not None
             and early <= self._persisted
             and self._active
-            and self._safety.early_view == self._view == vote.view
-        ):
-            self._early.extend(Send(to=peer, message=vote) for peer in self._cfg.peers())
-        else:
-            self._broadcast(vote)
+            and self._safety.early_view == self._view == view
+        )
+
+    def _send_early(self, vote: PrePrepare | Prepare) -> None:
+        self._early.extend(Send(to=peer, message=vote) for peer in self._cfg.peers())
 
     def _timeout(self) -> int:
         base = self._cfg.view_change_ticks
@@ -456,14 +457,19 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
 
     def _send_prepare(self, pp: PrePrepare) -> None:
         prepare = Prepare(view=pp.view, seq=pp.seq, digest=pp.digest, replica=self._me)
+        early = self._early_ok(pp.view)
         try:
-            signed = self._safety.sign_prepare(prepare)
+            signed = self._safety.sign_prepare(prepare, early=early)
         except SafetyViolation:
             self._drop("safety_refused")
             return
         self._log.slot(pp.view, pp.seq).prepare_sent = True
-        self._broadcast_vote(signed)
-        self._new_own.append(signed)
+        if early:
+            self._send_early(signed)
+            self._log.add_prepare(signed)  # the caller runs `_progress`
+        else:
+            self._broadcast(signed)
+            self._new_own.append(signed)
 
     def _progress(self, view: int, seq: int) -> None:
         slot = self._log.peek(view, seq)

@@ -10,7 +10,8 @@ Invariants:
   wins (a second, different one is equivocation and is reported, not stored).
 - Only slots with low < seq <= high are kept (`gc` drops the rest); `low` is the last
   stable checkpoint (Castro-Liskov §4.3).
-- Own votes are stored only once they are durable (the core adds them on `Persisted`).
+- Own votes are stored only once they are durable (the core adds them on `Persisted`),
+  except pre-prepares and prepares sent early, stored at once (see `safety.py`).
 - `prepared_certs` keeps, per seq above low, the certificate of the highest view.
 """
 

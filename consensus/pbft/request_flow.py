@@ -44,7 +44,8 @@ class RequestFlow:
     _new_own: list[PrePrepare | Prepare | Commit]
     _send: Callable[[NodeId, Message], None]
     _broadcast: Callable[[Message], None]
-    _broadcast_vote: Callable[[PrePrepare | Prepare], None]
+    _early_ok: Callable[[int], bool]
+    _send_early: Callable[[PrePrepare | Prepare], None]
     is_primary: Callable[[], bool]
 
     def _submit(self, request: ClientRequest) -> None:
@@ -106,13 +107,17 @@ class RequestFlow:
 
     def _propose(self, pp: PrePrepare) -> None:
         """Sign and send one of our own pre-prepares (normal case or NewView's O set)."""
-        signed = self._safety.sign_pre_prepare(pp)  # a conflict here is our own bug
+        early = self._early_ok(pp.view)
+        signed = self._safety.sign_pre_prepare(pp, early=early)  # a conflict: our own bug
         self._next_seq = max(self._next_seq, pp.seq)
-        self._log.add_pre_prepare(signed, counted=False)
+        self._log.add_pre_prepare(signed, counted=early)
         self._log.slot(pp.view, pp.seq).prepare_sent = True
         self._requests.ordered(pp.batch)
-        self._broadcast_vote(signed)
-        self._new_own.append(signed)
+        if early:
+            self._send_early(signed)
+        else:
+            self._broadcast(signed)
+            self._new_own.append(signed)
 
     def _relay_due(self) -> None:
         """Relay the requests this backup waited on long enough (`forward_ticks`)."""

@@ -9,14 +9,19 @@ Two ways a vote may leave, and why each keeps the rule:
   the same Ready as the first message carrying the signature (`Ready.messages`; the driver
   persists before it sends). After a restart the record refuses a conflicting vote and
   returns the recorded signature for an identical repeat.
-- **Early** (`Ready.early_messages`, sent before the Ready is durable; it takes the
-  pre-prepare and prepare persists off PBFT's critical path): allowed only in a view `v`
-  for which `early_view = v` is already durable (`open_early(v)`, then the core waits for
-  the `Persisted` of that Ready). A crash may then lose the record of an early vote, so a
-  replica restarted from a record with `early_view = e` is **fenced**: it signs no
-  pre-prepare or prepare in any view <= e. Every vote it sent early was in a view <= e
-  (views only grow, and `early_view` was durable before the vote left), so no vote signed
-  after the restart can contradict one sent before it. The fenced replica takes part in
+- **Early** (`early=True`; the vote goes in `Ready.early_messages` and the core counts it
+  at once, which takes the pre-prepare and prepare persists off PBFT's critical path, and
+  most of them off the disk): allowed only in a view `v` for which `early_view = v` is
+  already durable (`open_early(v)`, then the core waits for the `Persisted` of that Ready).
+  The vote is recorded in memory (a conflicting one is refused in this incarnation) and
+  reaches the disk only with the next record written for another reason, so a crash may
+  lose it. Hence a replica restarted from a record with `early_view = e` is **fenced**: it
+  signs no pre-prepare or prepare in any view <= e. Every vote it sent early was in a view
+  <= e (views only grow, and `early_view` was durable before the vote left), so no vote
+  signed after the restart can contradict one sent before it. Counting an early vote of
+  our own at once is safe for the same reason: nothing we say later in that view can
+  contradict it, and every certificate built on it is itself made durable before the
+  commit it justifies leaves. The fenced replica takes part in
   view e again only with commits (a commit needs a prepared certificate, which is made
   durable before the commit leaves, see `PbftCore`), checkpoints and view changes, and
   fully from the next view on; `early_view` is only ever raised, so the fence survives
@@ -112,8 +117,10 @@ class SafetyRules:
         dirty, self._dirty = self._dirty, False
         return dirty
 
-    def sign_pre_prepare(self, pre_prepare: PrePrepare) -> PrePrepare:
-        """`pre_prepare` signed by this replica (the primary of its view).
+    def sign_pre_prepare(self, pre_prepare: PrePrepare, *, early: bool = False) -> PrePrepare:
+        """`pre_prepare` signed by this replica (the primary of its view). `early`: it
+        leaves before any record of it is durable (the caller checked that `early_view`,
+        which must be its view, is); it is recorded in memory only, the fence covers it.
 
         Raises:
             SafetyViolation: another digest was already pre-prepared at (view, seq), seq
@@ -121,13 +128,14 @@ class SafetyRules:
         """
         if pre_prepare.replica != self._signer.node_id:
             raise LocalProtocolError("a replica only signs its own pre-prepares")
-        return self._vote(VoteKind.PRE_PREPARE, pre_prepare)
+        return self._vote(VoteKind.PRE_PREPARE, pre_prepare, early)
 
-    def sign_prepare(self, prepare: Prepare) -> Prepare:
-        """`prepare` signed by this replica. Raises `SafetyViolation` as `sign_pre_prepare`."""
+    def sign_prepare(self, prepare: Prepare, *, early: bool = False) -> Prepare:
+        """`prepare` signed by this replica. `early` and `SafetyViolation` as for
+        `sign_pre_prepare`."""
         if prepare.replica != self._signer.node_id:
             raise LocalProtocolError("a replica only signs its own prepares")
-        return self._vote(VoteKind.PREPARE, prepare)
+        return self._vote(VoteKind.PREPARE, prepare, early)
 
     def sign(self, obj: object) -> bytes:
         """A signature for a message that is not a vote (checkpoint, view change, new view):
@@ -144,7 +152,11 @@ class SafetyRules:
         self._dirty = True
         self._data = None
 
-    def _vote(self, kind: VoteKind, msg: _V) -> _V:
+    def _vote(self, kind: VoteKind, msg: _V, early: bool) -> _V:
+        if early and msg.view != self._early_view:
+            raise LocalProtocolError(
+                f"an early {kind.name} in view {msg.view}, but early_view is {self._early_view}"
+            )
         if msg.view <= self._fence:
             raise SafetyViolation(
                 f"{kind.name} in view {msg.view}: fenced up to view {self._fence} (restarted)"
@@ -163,7 +175,7 @@ class SafetyRules:
         self._votes[key] = SignedVote(
             kind=kind, view=msg.view, seq=msg.seq, digest=msg.digest, signature=signature
         )
-        self._dirty = True
+        self._dirty = self._dirty or not early  # an early vote needs no persist of its own
         self._data = None
         return _with_signature(msg, signature)
 

@@ -234,15 +234,17 @@ class DurableStateCore:
     persists it and feeds `Persisted` back. Used because `SimNode` does not yet hand
     `ReadyPersister` a core-state store.
 
-    Early votes (`Ready.early_messages`) leave before their Ready is durable, but the
-    simulated disk is synchronous. To exercise that window, a Ready whose early messages
-    carry votes also leaves a *lossy* record in `lossy[node]`: the new record without those
-    votes (what the disk holds if the process dies after sending them, before the record of
-    them is written). The next step of this core clears it (the node did not crash right
-    there); a restart that finds it (the node crashed right after that Ready, the
-    simulator's crash-after-ready fault) starts from it, so a restarted replica may have
-    forgotten votes it sent: the fence (`phalanx.consensus.pbft.safety`) must keep it from
-    contradicting them.
+    Early votes (`Ready.early_messages`) leave before any record of them is durable; a
+    crash before the next record is written loses them. Two windows are made reachable by
+    the simulator's crash-after-ready fault (which strikes only after a Ready that
+    persists): a Ready that sends early votes and persists nothing is given a hard state
+    (view, executed; the PBFT core never reads it back), so a crash may follow it at once;
+    a Ready that sends early votes *and* writes a record (for another reason) also leaves
+    a *lossy* record in `lossy[node]`: the new record without those votes (what the disk
+    holds if the process dies after sending them, before the write). The next step of this
+    core clears it (the node did not crash right there); a restart that finds it starts
+    from it. Either way a restarted replica may have forgotten votes it sent: the fence
+    (`phalanx.consensus.pbft.safety`) must keep it from contradicting them.
     """
 
     def __init__(
@@ -269,6 +271,9 @@ class DurableStateCore:
         ready = self.inner.step(inp)
         state = ready.core_state
         if not isinstance(state, PbftDurableState):
+            if lossy is not None and ready.early_messages and not ready.has_persistence:
+                hard = HardState(view=self.inner.view, commit=self.inner.executed)
+                return dataclasses.replace(ready, hard_state=hard)
             return ready
         if lossy is not None and ready.early_messages:
             forgotten = _without_early_votes(state, ready)
