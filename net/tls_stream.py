@@ -82,6 +82,10 @@ class TlsStream(trio.abc.Stream):
         self._send_idle: trio.Event | None = None
         self._eof = False
         self._unyielded = 0
+        self._drained = False
+        self._backlog = b""
+        """Ciphertext `try_send` accepted but the socket did not take; written first by the
+        next `send_all` or flush."""
 
     # ------------------------------------------------------------------ handshake
 
@@ -147,6 +151,11 @@ class TlsStream(trio.abc.Stream):
         if raw is None:
             data = await self.transport_stream.receive_some(_RECEIVE_SIZE)
         else:
+            if self._drained:
+                # The last read emptied the socket: wait before reading instead of paying a
+                # failing recv (a syscall and a BlockingIOError) per message.
+                self._unyielded = 0
+                await _wait_readable(raw)
             while True:
                 try:
                     data = raw.recv(_RECEIVE_SIZE)
@@ -156,6 +165,7 @@ class TlsStream(trio.abc.Stream):
                     await _wait_readable(raw)
                 except OSError as exc:
                     raise trio.BrokenResourceError(f"socket error: {exc}") from exc
+            self._drained = len(data) < _RECEIVE_SIZE
         if not data:
             self._eof = True
             self._in.write_eof()
@@ -170,14 +180,46 @@ class TlsStream(trio.abc.Stream):
             await self.do_handshake()
         await self._acquire_send()
         try:
-            try:
-                self._ssl.write(data)
-            except ssl.SSLError as exc:
-                raise trio.BrokenResourceError(f"TLS error: {exc}") from exc
+            if data:  # b"": only write what `try_send` left behind
+                try:
+                    self._ssl.write(data)
+                except ssl.SSLError as exc:
+                    raise trio.BrokenResourceError(f"TLS error: {exc}") from exc
             await self._write_out()
         finally:
             self._release_send()
         await self._maybe_yield()
+
+    def try_send(self, data: bytes) -> bool:
+        """Encrypt and write `data` now, without blocking, if no other output is being or
+        waiting to be written; False (nothing done) otherwise, or before the handshake.
+
+        True means accepted: the socket took it all, or took part and the rest waits in the
+        backlog (`backlogged`) for the caller to trigger a `send_all` (of ``b""`` if need
+        be). A socket error also leaves the data in the backlog: the next `send_all`
+        reports it. Records keep their order either way.
+        """
+        raw = self._raw
+        if (raw is None or self._sending or self._backlog or self._out.pending
+                or not self._handshaken):
+            return False
+        try:
+            self._ssl.write(data)
+        except ssl.SSLError:
+            return False  # let `send_all` raise it
+        out = self._out.read()
+        try:
+            sent = raw.send(out)
+        except OSError:  # BlockingIOError included: all of it waits
+            sent = 0
+        if sent < len(out):
+            self._backlog = out[sent:]
+        return True
+
+    @property
+    def backlogged(self) -> bool:
+        """`try_send` left bytes that a `send_all` must write."""
+        return bool(self._backlog)
 
     async def _flush(self) -> None:
         """Write pending engine output (handshake records, alerts, post-handshake
@@ -191,8 +233,11 @@ class TlsStream(trio.abc.Stream):
     async def _write_out(self) -> None:
         out = self._out
         raw = self._raw
-        while out.pending:
-            data = out.read()
+        while self._backlog or out.pending:
+            if self._backlog:
+                data, self._backlog = self._backlog, b""
+            else:
+                data = out.read()
             if raw is None:
                 await self.transport_stream.send_all(data)
                 continue

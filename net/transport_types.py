@@ -90,6 +90,8 @@ class TransportStatistics:
     """Frames currently waiting in all send queues."""
     early_redials: int = 0
     """Reconnect sleeps cut short by an inbound connection from that peer (it restarted)."""
+    direct_writes: int = 0
+    """Frames `send_nowait` wrote from the caller's task (no queue, no link task hop)."""
     down_drops: int = 0
     """Frames refused because the peer's link was down and `down_queue_capacity` were queued."""
 
@@ -104,6 +106,7 @@ class TransportCounters:
         "connections_refused",
         "connections_replaced",
         "dial_failures",
+        "direct_writes",
         "down_drops",
         "early_redials",
         "frames_in",
@@ -125,6 +128,7 @@ class TransportCounters:
     connections_accepted: int
     connections_refused: int
     connections_replaced: int
+    direct_writes: int
     dial_failures: int
     down_drops: int
     early_redials: int

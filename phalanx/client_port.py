@@ -67,24 +67,60 @@ class ClientPortStatistics:
     calls: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    direct_replies: int = 0
+    """Replies written from the driver's task (no hand-off to the connection's writer)."""
 
 
 class _Connection:
-    """One client connection; `deliver` is called by the driver's task and never blocks."""
+    """One client connection; `deliver` is called by the driver's task and never blocks.
 
-    def __init__(self, remote: str, max_in_flight: int) -> None:
+    A reply is written at once from the driver's task when nothing is queued before it
+    (`TlsStream.try_send`); otherwise it is queued for the connection's writer task, which
+    keeps the order. `None` on the queue only asks the writer to write what a `try_send`
+    left behind.
+    """
+
+    def __init__(self, remote: str, max_in_flight: int, port: ClientPort) -> None:
         self.remote = remote
         self.closed = False
         self.slots = trio.Semaphore(max_in_flight)
-        # Unbounded, but never holds more than `max_in_flight` replies: each reply answers
-        # one call that holds a slot until the writer has sent it.
-        self.out_send, self.out_recv = trio.open_memory_channel[ClientReply | StatusReply](
-            math.inf
-        )
+        self.tls: TlsStream | None = None
+        """Set once the handshake is done: replies may then be written directly."""
+        self.queued = 0
+        """Entries on the queue not yet written by the writer task."""
+        self._port = port
+        # Unbounded, but never holds more than `max_in_flight` replies (+ wake-ups): each
+        # reply answers one call that holds a slot until its reply is written.
+        self.out_send, self.out_recv = trio.open_memory_channel[
+            ClientReply | StatusReply | None](math.inf)
 
     def deliver(self, reply: ClientReply | StatusReply) -> None:
-        if not self.closed:
-            self.out_send.send_nowait(reply)
+        if self.closed:
+            return
+        port, tls = self._port, self.tls
+        if tls is not None and not self.queued:
+            try:
+                frame = encode_frame(wire.encode(reply), max_frame_size=port.max_frame_size)
+            except ValueError:  # too large: the writer task reports it and closes
+                pass
+            else:
+                if tls.try_send(frame):
+                    port.stats.bytes_out += len(frame)
+                    port.stats.direct_replies += 1
+                    self.slots.release()
+                    if tls.backlogged:  # the writer task writes the rest
+                        self._enqueue(None)
+                    return
+        self._enqueue(reply)
+
+    def _enqueue(self, reply: ClientReply | StatusReply | None) -> None:
+        self.queued += 1
+        self._port.queued_replies += 1
+        self.out_send.send_nowait(reply)
+
+    def written(self, count: int) -> None:
+        self.queued -= count
+        self._port.queued_replies -= count
 
 
 class ClientPort:
@@ -104,9 +140,15 @@ class ClientPort:
         self._sink = sink
         self._context = ssl_context
         self._node_id = node_id
-        self._max_frame_size = max_frame_size
+        self.max_frame_size = max_frame_size
         self._max_in_flight = max_in_flight
         self.stats = ClientPortStatistics()
+        self.queued_replies = 0
+        """Replies (and wake-ups) queued for writer tasks, over all connections."""
+
+    def has_backlog(self) -> bool:
+        """Whether a reply handed to a connection is not written yet."""
+        return self.queued_replies > 0
 
     async def serve(
         self,
@@ -128,7 +170,7 @@ class ClientPort:
         except OSError:
             remote = "<unknown>"
         tls = TlsStream(stream, self._context, server_side=True)
-        conn = _Connection(remote, self._max_in_flight)
+        conn = _Connection(remote, self._max_in_flight, self)
         try:
             with trio.move_on_after(HANDSHAKE_TIMEOUT) as timeout:
                 try:
@@ -141,6 +183,7 @@ class ClientPort:
             if timeout.cancelled_caught:
                 self.stats.handshake_failures += 1
                 return
+            conn.tls = tls
             self.stats.connections_accepted += 1
             self.stats.connections_open += 1
             try:
@@ -152,12 +195,14 @@ class ClientPort:
                 self.stats.connections_open -= 1
         finally:
             conn.closed = True
+            conn.tls = None
+            conn.written(conn.queued)  # whatever is still queued is dropped with it
             self._sink.disconnected(conn)
             await trio.aclose_forcefully(tls)
 
     async def _reader(self, tls: TlsStream, conn: _Connection) -> None:
         st = self.stats
-        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
+        decoder = FrameDecoder(max_frame_size=self.max_frame_size)
         try:
             while True:
                 data = await tls.receive_some(RECEIVE_CHUNK)
@@ -219,13 +264,15 @@ class ClientPort:
                     except trio.WouldBlock:
                         break
                 data = b"".join(
-                    encode_frame(wire.encode(r), max_frame_size=self._max_frame_size)
-                    for r in replies
+                    encode_frame(wire.encode(r), max_frame_size=self.max_frame_size)
+                    for r in replies if r is not None
                 )
                 await tls.send_all(data)
+                conn.written(len(replies))
                 self.stats.bytes_out += len(data)
-                for _ in replies:
-                    conn.slots.release()
+                for r in replies:
+                    if r is not None:
+                        conn.slots.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()
         except ValueError as exc:  # a reply larger than max_frame_size

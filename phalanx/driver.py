@@ -172,6 +172,10 @@ class Driver(PersistPipeline):
             `ProposeBatch`); with it, the requests that arrive in one pass over the input
             channel are stepped together at the end of the pass (one log entry, one
             AppendEntries per follower). Without it, each is a `Submit`.
+        output_pending: whether messages or replies handed out are still unwritten (the
+            transport's and the client port's `has_backlog`). When it says no, an inline
+            write does not first yield to the writer tasks (`EARLY_WRITE_CHECKPOINTS`):
+            everything already went out directly. None: always assume some is pending.
     """
 
     def __init__(
@@ -191,6 +195,7 @@ class Driver(PersistPipeline):
         propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
         max_pending_calls: int = MAX_PENDING_CALLS,
         trace: PhaseTrace | None = None,
+        output_pending: Callable[[], bool] | None = None,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -216,6 +221,7 @@ class Driver(PersistPipeline):
         self._follower_inline = follower_inline
         self._idle_inline = idle_inline
         self._unsent_output = False
+        self._output_pending = output_pending if output_pending is not None else _always
         self._just_yielded = False
         self._flush_again = False
         self._propose_batch = propose_batch
@@ -576,6 +582,10 @@ class Driver(PersistPipeline):
 
     def waiter_count(self) -> int:
         return len(self._waiters)
+
+
+def _always() -> bool:
+    return True
 
 
 def _only_early(ready: Ready) -> bool:

@@ -64,6 +64,7 @@ class PersistPipeline:
     _unsent_output: bool
     """Messages or client replies were handed out since the core loop last yielded for the
     tasks that write them (`EARLY_WRITE_CHECKPOINTS`)."""
+    _output_pending: Callable[[], bool]
     _just_yielded: bool
     _flush_again: bool
     _status: CoreStatus
@@ -103,7 +104,7 @@ class PersistPipeline:
             batch = self._pending
             if self._idle_inline and self._inline_now(batch):
                 if (self._unsent_output and not self._just_yielded
-                        and self.committer.needs_io(batch)):
+                        and self.committer.needs_io(batch) and self._output_pending()):
                     # Messages or replies this task handed out are not written yet (the
                     # transport and client connections write from their own tasks): let
                     # them go before the fsync blocks the event loop. The core loop yields,

@@ -296,7 +296,9 @@ async def open_node(
                         persist_inline=config.fsync == "off",
                         idle_inline=True,
                         propose_batch=built.propose_batch,
-                        trace=phase_trace_from_env(config.id))
+                        trace=phase_trace_from_env(config.id),
+                        output_pending=lambda: (transport.has_backlog()
+                                                or client_port.has_backlog()))
         client_port = ClientPort(driver, ssl_context=client_server_context(paths),
                                  node_id=config.id)
         node = Node(config=config, driver=driver, transport=transport,
