@@ -198,3 +198,39 @@ async def test_concurrent_senders_take_turns_and_a_second_receiver_is_misuse(
             with pytest.raises(trio.BusyResourceError):
                 await s.receive_some()
             nursery.cancel_scope.cancel()
+
+
+async def test_try_send_writes_at_once_or_keeps_the_rest_in_order_for_send_all(
+        creds: dict[str, pki.CredentialPaths]) -> None:
+    async with tls_pair(creds) as (s, c):
+        assert c.try_send(b"direct")  # room in the socket: written from this task
+        assert not c.backlogged
+        assert await receive_exactly(s, 6) == b"direct"
+        big = bytes(range(256)) * (16 * 1024)  # 4 MiB: more than the socket buffers take
+        assert c.try_send(big)
+        assert c.backlogged
+        assert not c.try_send(b"later")  # refused: it would overtake the backlog
+        received: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            async def read() -> None:
+                received.append(await receive_exactly(s, len(big) + 5))
+
+            nursery.start_soon(read)
+            await c.send_all(b"")  # writes the backlog ...
+            assert not c.backlogged
+            await c.send_all(b"after")  # ... and then what follows it
+        assert received == [big + b"after"]
+
+
+async def test_try_send_refuses_before_the_handshake_and_while_a_send_is_blocked(
+        creds: dict[str, pki.CredentialPaths]) -> None:
+    accepted, tcp = await tcp_pair()
+    fresh = TlsStream(tcp, pki.peer_client_context(creds["n2"]))
+    assert not fresh.try_send(b"x")  # no handshake yet
+    await trio.aclose_forcefully(fresh)
+    await trio.aclose_forcefully(accepted)
+    async with tls_pair(creds) as (_s, c), trio.open_nursery() as nursery:
+        nursery.start_soon(c.send_all, b"y" * (8 * 1024 * 1024))  # blocks: nobody reads
+        await trio.testing.wait_all_tasks_blocked()
+        assert not c.try_send(b"z")
+        nursery.cancel_scope.cancel()

@@ -620,3 +620,38 @@ def test_an_equal_protocol_message_to_several_peers_is_encoded_once(
     n3 = [t._queues[N3][1].receive_nowait() for _ in range(3)]
     assert n2[0] == n3[0] == encode_frame(repr(note(1)).encode())
     assert n3[1:] == [encode_frame(b"{'k': 1}"), encode_frame(b"{'k': 2}")]
+
+
+async def settled(predicate: Callable[[], bool]) -> None:
+    with trio.fail_after(GUARD):
+        while not predicate():  # noqa: ASYNC110  (state of other tasks, no event)
+            await trio.sleep(0.005)
+
+
+async def test_frames_are_written_directly_when_nothing_waits_and_stay_in_order_when_large(
+    creds: dict[str, pki.CredentialPaths],
+) -> None:
+    l1, l2 = await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2)}
+    big = 1 << 20
+    async with node(creds, N1, l1, peers, max_frame_size=big) as t1, \
+            node(creds, N2, l2, peers, max_frame_size=big) as t2:
+        assert t1.send_nowait(N2, "first")  # may queue: the link may still be coming up
+        assert await receive(t2) == (N1, "first")
+        await settled(lambda: N2 in t1.connected_peers())
+        before = t1.statistics().direct_writes
+        assert t1.send_nowait(N2, "small")
+        assert t1.statistics().direct_writes == before + 1  # written in this very call
+        assert not t1.has_backlog()
+        assert await receive(t2) == (N1, "small")
+        # Large frames: the socket takes part of the first, the rest waits in the backlog
+        # and the later frames queue behind it; all arrive whole and in order.
+        payloads = [str(i) * 300_000 for i in range(10)]
+        for payload in payloads:
+            assert t1.send_nowait(N2, payload)
+        assert t1.has_backlog()
+        assert [await receive(t2) for _ in payloads] == [(N1, p) for p in payloads]
+        await settled(lambda: not t1.has_backlog())
+        stats = t1.statistics()
+    assert stats.frames_out == 12
+    assert stats.queued_frames == 0

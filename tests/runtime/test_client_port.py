@@ -38,6 +38,7 @@ class RecordingSink:
         self.items: list[tuple[str, ...]] = []
         self.hold = False
         self.held: list[tuple[ClientCall, object]] = []
+        self.port: ClientPort | None = None
 
     async def calls(self, calls: Sequence[ClientCall], target: object) -> None:
         if not calls:
@@ -81,6 +82,7 @@ async def serve(tmp_path: Path, sink: RecordingSink, nursery: trio.Nursery, *,
     paths = pki.write_credentials(pki.issue_node_cert(ca, "n1"), tmp_path / "n1")
     port = ClientPort(sink, ssl_context=pki.client_server_context(paths), node_id="n1",
                       max_in_flight=max_in_flight)
+    sink.port = port
     listeners = await trio.open_tcp_listeners(0, host=HOST)
     await nursery.start(port.serve, listeners)
     address = Address(host=HOST, port=int(listeners[0].socket.getsockname()[1]))
@@ -121,3 +123,21 @@ async def test_a_full_connection_hands_over_what_it_holds_then_waits(tmp_path: P
     assert sink.items[0] == ("call1", "call2")
     assert [n for batch in sink.items for n in batch] == ["call1", "call2", "call3", "call4"]
     assert len(replies) == 4
+
+
+async def test_replies_are_written_from_the_answering_task_when_nothing_is_queued(
+        tmp_path: Path) -> None:
+    sink = RecordingSink()
+    async with trio.open_nursery() as nursery:
+        address, ca = await serve(tmp_path, sink, nursery)
+        client = await RawClient.connect(address, ca)
+        for n in range(1, 4):  # one call at a time: each reply goes out directly
+            await client.send_raw(frame(n))
+            reply = await client.receive()
+            assert isinstance(reply, ClientReply)
+            assert reply.request_no == n
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert sink.port is not None
+    assert sink.port.stats.direct_replies == 3
+    assert not sink.port.has_backlog()
