@@ -13,7 +13,10 @@ task receives at a time (a second concurrent receiver is our own misuse:
 wait). Receiving and sending may overlap. The `SSLObject` calls are synchronous, so they
 never interleave; bytes the TLS engine produces while receiving (TLS 1.3 post-handshake
 messages) are written by the receiver when no send is in progress, else by the sender
-before it returns (the outgoing BIO is FIFO, so records keep their order).
+before it returns (the outgoing BIO is FIFO, so records keep their order). `try_send`
+writes from the calling task without awaiting, only when no other output is being or
+waiting to be written; what the socket does not take waits in a backlog that the next
+`send_all` writes first.
 
 Errors: any TLS failure, or the transport ending without a TLS close_notify, raises
 `trio.BrokenResourceError` (with the `ssl.SSLError` as its cause) like `trio.SSLStream`;

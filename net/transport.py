@@ -37,6 +37,11 @@ means by "connected" (`phalanx status`); it does not depend on the peer having s
 Delivery guarantees: best effort, FIFO per link while a connection lasts. Frames dequeued into
 a connection that then breaks are lost (counted in `frames_lost`); consensus cores retransmit.
 
+Direct writes: while a peer's link is up and nothing is queued for it, `send_nowait` writes
+the frame from the caller's task (`TlsStream.try_send`), with no hand-off to the link task;
+if the socket takes only part of it, the link task writes the rest before anything queued
+after it (`has_backlog` is True until then). Otherwise frames go through the queue below.
+
 Send queues: one bounded queue of encoded frames per peer. `send_nowait` REFUSES THE NEWEST
 frame when the queue is full (returns False, counted in `queue_full_drops`): the caller learns
 of the backpressure immediately and older, already-accepted messages keep their order.
