@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable
 
@@ -29,7 +30,8 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.now = 0
-        self._seq = 0
+        self._seq = itertools.count(1)
+        """The tie-breaker of the next event (1, 2, ...; `next` is cheaper than `+= 1`)."""
         self._heap: list[tuple[int, int, Callback]] = []
         self.events_run = 0
         self.event_budget = 1 << 62
@@ -41,14 +43,12 @@ class EventLoop:
         """Run `callback` at virtual time `when_ns` (>= now)."""
         if when_ns < self.now:
             raise ValueError(f"cannot schedule at {when_ns} ns, before now={self.now} ns")
-        self._seq += 1
-        heapq.heappush(self._heap, (when_ns, self._seq, callback))
+        heapq.heappush(self._heap, (when_ns, next(self._seq), callback))
 
     def call_later(self, delay_ns: int, callback: Callback) -> None:
         if delay_ns < 0:
             raise ValueError(f"delay must be >= 0, got {delay_ns}")
-        self._seq += 1
-        heapq.heappush(self._heap, (self.now + delay_ns, self._seq, callback))
+        _push(self._heap, (self.now + delay_ns, next(self._seq), callback))
 
     def run_until(self, until_ns: int) -> None:
         """Run every event due at or before `until_ns`, then leave `now == until_ns`.
@@ -58,18 +58,28 @@ class EventLoop:
         """
         heap = self._heap
         pop = heapq.heappop
+        # `events_run` is counted in a local and stored on every way out (callbacks do not
+        # read it); `halted` is read after each callback, as a callback may set it.
+        run = self.events_run
         budget = self.event_budget
-        while heap and heap[0][0] <= until_ns:
-            when, _, callback = pop(heap)
-            self.now = when
-            self.events_run += 1
-            callback()
-            if self.halted or self.events_run > budget:
-                return
-        self.now = max(self.now, until_ns)
+        try:
+            while heap and heap[0][0] <= until_ns:
+                when, _, callback = pop(heap)
+                self.now = when
+                run += 1
+                callback()
+                if self.halted or run > budget:
+                    return
+        finally:
+            self.events_run = run
+        if self.now < until_ns:
+            self.now = until_ns
 
     def pending(self) -> int:
         return len(self._heap)
+
+
+_push = heapq.heappush
 
 
 class Trace:
@@ -89,7 +99,7 @@ class Trace:
     def __init__(self, loop: EventLoop, *, keep_all: bool = False, tail: int = 40) -> None:
         self.loop = loop
         self._hash = hashlib.sha256()
-        self._tail: deque[str | tuple[int, str, object]] = deque(maxlen=tail)
+        self._tail: deque[str | tuple[int, str, str, object]] = deque(maxlen=tail)
         self.lines: list[str] | None = [] if keep_all else None
         self.count = 0
 
@@ -103,22 +113,22 @@ class Trace:
         if self.lines is not None:
             self.lines.append(line)
 
-    def message(self, head: str, message: object, data: bytes) -> None:
-        """Trace ``head + str(message)`` where `data` is the message's wire encoding."""
+    def message(self, src: str, dst: str, message: object, data: bytes) -> None:
+        """Trace ``f"{src}->{dst} {message}"`` where `data` is the message's wire encoding."""
         now = self.loop.now
-        # One update of the concatenation: the same digest as three updates, fewer calls.
-        self._hash.update(f"t={now} {head}".encode() + data + b"\n")
-        self._tail.append((now, head, message))
+        # One update of the concatenation: the same digest as separate updates, fewer calls.
+        self._hash.update(f"t={now} {src}->{dst} ".encode() + data + b"\n")
+        self._tail.append((now, src, dst, message))
         self.count += 1
         if self.lines is not None:
-            self.lines.append(_line(now, f"{head}{message}"))
+            self.lines.append(_line(now, f"{src}->{dst} {message}"))
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
     def tail(self) -> list[str]:
         return [
-            item if isinstance(item, str) else _line(item[0], f"{item[1]}{item[2]}")
+            item if isinstance(item, str) else _line(item[0], f"{item[1]}->{item[2]} {item[3]}")
             for item in self._tail
         ]
 

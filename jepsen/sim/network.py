@@ -76,7 +76,19 @@ class NetworkStats:
     duplicated: int = 0
     straggled: int = 0
     bytes_sent: int = 0
-    by_type: dict[str, int] = field(default_factory=dict)
+    by_class: dict[type, int] = field(default_factory=dict)
+    """Messages sent per class (see `by_type` for the names)."""
+
+    def by_type(self) -> dict[str, int]:
+        """Messages sent per class name, sorted by name."""
+        counts: dict[str, int] = {}
+        for cls, n in self.by_class.items():
+            counts[cls.__name__] = counts.get(cls.__name__, 0) + n
+        return dict(sorted(counts.items()))
+
+
+def _no_decode(data: bytes) -> Message:
+    raise RuntimeError("a message arrived encoded, but this network has no decoder")
 
 
 class SimNetwork:
@@ -109,7 +121,9 @@ class SimNetwork:
         """Once `stats.bytes_sent` exceeds it, `loop.halted` is set (a runaway guard)."""
         self._deliver = deliver
         self._encode = encode
-        self._decode = decode
+        self._decode: Decode = decode if decode is not None else _no_decode
+        self._random = rng.random
+        self._call_later = loop.call_later
         self._blocked: set[tuple[str, str]] = set()
         self._trace_messages = trace_messages
         self._watch = watch
@@ -151,45 +165,45 @@ class SimNetwork:
         return latency
 
     def send(self, src: str, dst: str, message: Message) -> None:
+        kind = type(message)
         watch = self._watch
         if watch is not None:
             types = self._watch_types
-            if types is None or type(message) in types:
+            if types is None or kind in types:
                 watch(src, dst, message)
         stats = self.stats
         stats.sent += 1
-        by_type = stats.by_type
-        name = type(message).__name__
-        by_type[name] = by_type.get(name, 0) + 1
-        payload: bytes | Message = message
+        counts = stats.by_class
+        counts[kind] = counts.get(kind, 0) + 1
+        payload: bytes | Message
         encode = self._encode
         if encode is not None:
-            data = encode(message)
-            stats.bytes_sent += len(data)
+            payload = encode(message)
+            stats.bytes_sent += len(payload)
             if stats.bytes_sent > self.byte_budget:
                 self.loop.halted = True
-            payload = data
+        else:
+            payload = message
         blocked = self._blocked
         if blocked and (src, dst) in blocked:
             stats.dropped_partition += 1
             return
         cfg = self.config
-        if cfg.loss and self.rng.random() < cfg.loss:
+        if cfg.loss and self._random() < cfg.loss:
             stats.dropped_loss += 1
             if self._trace_messages:
                 self.trace(f"{src}->{dst} LOST {message}")
             return
-        loop = self.loop
-        if cfg.duplicate and self.rng.random() < cfg.duplicate:
+        if cfg.duplicate and self._random() < cfg.duplicate:
             stats.duplicated += 1
-            loop.call_later(self._latency(), partial(self._arrive, src, dst, payload))
+            self._call_later(self._latency(), partial(self._arrive, src, dst, payload))
         if cfg.straggle:
             latency = self._latency()
         else:  # `_latency()` inlined for the common case (the same draws and arithmetic)
-            jitter = -log(1.0 - self.rng.random()) / (1.0 / cfg.mean_jitter_ns) \
-                if cfg.mean_jitter_ns else 0.0
+            mean = cfg.mean_jitter_ns
+            jitter = -log(1.0 - self._random()) / (1.0 / mean) if mean else 0.0
             latency = int((cfg.min_latency_ns + jitter) * cfg.delay_factor)
-        loop.call_later(latency, partial(self._arrive, src, dst, payload))
+        self._call_later(latency, partial(self._arrive, src, dst, payload))
 
     def _arrive(self, src: str, dst: str, payload: bytes | Message) -> None:
         blocked = self._blocked
@@ -197,18 +211,17 @@ class SimNetwork:
             self.stats.dropped_partition += 1
             return
         if isinstance(payload, bytes):
-            assert self._decode is not None  # set together with _encode (checked in __init__)
             message = self._decode(payload)
             self.stats.delivered += 1
             if self._trace_messages:
-                self.trace.message(f"{src}->{dst} ", message, payload)
+                self.trace.message(src, dst, message, payload)
         else:
             message = payload
             self.stats.delivered += 1
             if self._trace_messages:
                 self.trace(f"{src}->{dst} {message}")
-        routes = self._routes
-        if dst in routes:
-            routes[dst](src, message)
+        receive = self._routes.get(dst)
+        if receive is not None:
+            receive(src, message)
         else:
             self._deliver(src, dst, message)

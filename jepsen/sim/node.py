@@ -206,9 +206,8 @@ class SimNode:
         self._schedule_tick(incarnation)
 
     def deliver(self, src: str, message: Message) -> None:
-        if self.core is None:
-            return
-        self.step(Receive(src=NodeId(src), message=message))
+        if self.core is not None:
+            self.step(Receive(src=NodeId(src), message=message))
 
     def submit(self, request: ClientRequest) -> None:
         if self.core is None:
@@ -223,42 +222,44 @@ class SimNode:
         if self.paused:
             self._paused_inbox.append(inp)
             return
-        self._inputs.append(inp)
+        inputs = self._inputs
+        inputs.append(inp)
         if self._stepping:
             return
         self._stepping = True
-        inputs = self._inputs
         stats = self.stats
         try:
-            while inputs and self.core is not None:
+            while inputs:
                 core = self.core
+                if core is None:
+                    break
                 ready = core.step(inputs.popleft())
                 stats.steps += 1
-                if ready is EMPTY_READY:
-                    # Nothing to persist, send or apply: neither the term nor the commit
-                    # index moved (either would be a hard state to persist), and any role
-                    # change is a step down, which the election-safety check ignores.
-                    continue
-                persists = ready.has_persistence
-                self._handle(ready, persists)
-                self._observe(core)
-                if persists and self.crash_point is not None and self.crash_point(self, ready):
-                    self.crash(lose_unfsynced=False)
+                if ready is not EMPTY_READY:
+                    # (EMPTY_READY: nothing to persist, send or apply: neither the term nor
+                    # the commit index moved (either would be a hard state to persist), and
+                    # any role change is a step down, which the election-safety check
+                    # ignores.)
+                    self._handle(ready, core)
         finally:
             self._stepping = False
 
     # -- the Ready ordering rule ------------------------------------------------------------
 
-    def _handle(self, ready: Ready, persists: bool) -> None:
+    def _handle(self, ready: Ready, core: Core) -> None:
+        """Carry out one Ready of `core`, then hand the checker what it observes."""
         persister, replica = self.persister, self.replica
         assert persister is not None
         assert replica is not None
+        send = self._send
+        name = self.name
         # 0. Messages that depend on nothing unpersisted may go at once.
-        for send in ready.early_messages:
-            self._send(self.name, send.to, send.message)
+        for out in ready.early_messages:
+            send(name, out.to, out.message)
         # 1. Persist first. Like the runtime's group commit, a hard state that changes only
         # the commit index is not written (restoring commit is an optimisation, never needed
         # for safety), so restarts here also start from an older commit index.
+        persists = ready.has_persistence
         if persists:
             hs = ready.hard_state
             defer = hs is not None and commit_only_change(self._saved_hs, hs)
@@ -274,16 +275,19 @@ class SimNode:
             if ready.entries:
                 self.log.append(ready.entries)
         # 2. Then send.
-        for send in ready.messages:
-            self._send(self.name, send.to, send.message)
+        for out in ready.messages:
+            send(name, out.to, out.message)
         # 3. Apply committed entries in order.
-        now = self.loop.now
-        for entry in ready.committed:
-            self.checker.observe_apply(self.name, entry, now)
-            for outcome in replica.apply(entry):
-                if outcome.status is not ApplyStatus.EXPIRED:
-                    self._answer(outcome.client_id, outcome.request_no, outcome.result)
-            self.stats.applied += 1
+        committed = ready.committed
+        if committed:
+            now = self.loop.now
+            observe_apply = self.checker.observe_apply
+            for entry in committed:
+                observe_apply(name, entry, now)
+                for outcome in replica.apply(entry):
+                    if outcome.status is not ApplyStatus.EXPIRED:
+                        self._answer(outcome.client_id, outcome.request_no, outcome.result)
+            self.stats.applied += len(committed)
         # 4. Answer rejections now and reads once applied.
         for rejection in ready.rejected:
             key = (rejection.request.client_id, rejection.request.request_no)
@@ -296,10 +300,24 @@ class SimNode:
         # 5. Report durability.
         if persists:
             self._inputs.append(Persisted(number=ready.number))
-        if ready.committed:
+        if committed:
             # The replica layer checkpoints synchronously (inline writer) and compacts the WAL
             # once the checkpoint is durable; the core learns of it after this Ready.
             self._inputs.extend(replica.poll())
+        # 6. Hand the checker what it observes; maybe crash right here (BUGGIFY).
+        observed = self.observe(core)
+        if observed != self._observed:
+            # (Equal: nothing the checker looks at moved since the last call in this
+            # incarnation, so both checks would find what they found then; violations are
+            # recorded once.)
+            self._observed = observed
+            role, term, commit = observed
+            at = self.loop.now
+            checker = self.checker
+            checker.observe_role(name, role=role, term=term, log=self.log, at_ns=at)
+            checker.observe_commit(name, incarnation=self.incarnation, commit=commit, at_ns=at)
+        if persists and self.crash_point is not None and self.crash_point(self, ready):
+            self.crash(lose_unfsynced=False)
 
     def _serve_reads(self, replica: Replica) -> None:
         applied = replica.applied_index
@@ -317,18 +335,3 @@ class SimNode:
     def _answer(self, client_id: str, request_no: int, result: bytes) -> None:
         if self._client_requests.pop((client_id, request_no), None) is not None:
             self.clients.answer(self.name, client_id, request_no, result)
-
-    def _observe(self, core: Core) -> None:
-        observed = self.observe(core)
-        if observed == self._observed:
-            # Nothing the checker looks at moved since the last call in this incarnation, so
-            # both checks below would find what they found then (violations are recorded
-            # once): skip them.
-            return
-        self._observed = observed
-        role, term, commit = observed
-        at = self.loop.now
-        self.checker.observe_role(self.name, role=role, term=term, log=self.log, at_ns=at)
-        self.checker.observe_commit(
-            self.name, incarnation=self.incarnation, commit=commit, at_ns=at
-        )
