@@ -229,10 +229,8 @@ class SimNode:
         self._stepping = True
         stats = self.stats
         try:
-            while inputs:
+            while inputs and self.core is not None:  # a Ready may crash the node
                 core = self.core
-                if core is None:
-                    break
                 ready = core.step(inputs.popleft())
                 stats.steps += 1
                 if ready is not EMPTY_READY:
