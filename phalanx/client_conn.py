@@ -99,7 +99,7 @@ class NodeSlot:
 
     __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
                  "port", "probe_answered", "probe_nonce", "probe_sent", "running", "statuses",
-                 "tls", "wake")
+                 "wake")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.node_id = node_id
@@ -109,9 +109,6 @@ class NodeSlot:
         self.connected = False
         self.outbox: list[bytes] = []
         self.wake = trio.Event()
-        self.tls: TlsStream | None = None
-        """The established connection: a frame is written directly while the outbox is
-        empty (`TlsStream.try_send`), with no hand-off to the write task."""
         # Invariant: every call/status here was sent (or queued) on the current connection.
         self.calls: dict[int, PendingCall[ClientReply]] = {}
         self.statuses: dict[int, PendingCall[StatusReply]] = {}
@@ -174,14 +171,7 @@ class ConnectionPool:
         self.queue(slot, frame)
 
     def queue(self, slot: NodeSlot, frame: bytes) -> None:
-        """Queue `frame` for `slot`'s connection, dialling it if none is running; written
-        at once when the connection is up and nothing waits before it."""
-        tls = slot.tls
-        if tls is not None and not slot.outbox and tls.try_send(frame):
-            if tls.backlogged:  # the socket took part of it: the write task sends the rest
-                slot.outbox.append(b"")
-                slot.wake.set()
-            return
+        """Queue `frame` for `slot`'s connection, dialling it if none is running."""
         slot.outbox.append(frame)
         slot.wake.set()
         if not slot.running:
@@ -242,7 +232,6 @@ class ConnectionPool:
             return
         self._stats.connections_opened += 1
         slot.connected = True
-        slot.tls = tls
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, slot, tls, nursery.cancel_scope)
@@ -251,7 +240,6 @@ class ConnectionPool:
         finally:
             # Fail before awaiting the close, so no call is queued onto a dying connection.
             slot.running = slot.connected = False
-            slot.tls = None
             self.fail(slot)
             await trio.aclose_forcefully(tls)
 
