@@ -1,8 +1,9 @@
 """`phalanx node run CONFIG`: run one node in the foreground until SIGINT or SIGTERM.
 
-Owns: `run_node` (load the config, run `phalanx.node.open_node`, shut down cleanly on
-SIGINT/SIGTERM and exit 0) and `add_node_command` (registers the `node` command group on the
-CLI's argparse subparsers; `phalanx.cli` wires it).
+Owns: `run_node` (load the config, tune malloc, run `phalanx.node.open_node` with a task that
+trims the C heap after checkpoints, shut down cleanly on SIGINT/SIGTERM and exit 0) and
+`add_node_command` (registers the `node` command group on the CLI's argparse subparsers;
+`phalanx.cli` wires it).
 
 Exit codes: 0 after a clean shutdown; 2 for a configuration error; 1 when the node stopped on
 an error (logged). Must not import the client library.
@@ -21,11 +22,13 @@ import trio
 
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.config import ConfigError, NodeConfig, load_node_config
-from phalanx.node import NodeError, open_node
-from phalanx.process_tuning import tune_malloc
+from phalanx.node import Node, NodeError, open_node
+from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc
 from phalanx.protocols import BYZANTINE_MODES
 
 logger = logging.getLogger(__name__)
+TRIM_POLL_S = 1.0
+"""How often the node looks whether a heap trim is due (a status read: microseconds)."""
 
 
 async def _run(config: NodeConfig, byzantine: str | None) -> None:
@@ -36,10 +39,24 @@ async def _run(config: NodeConfig, byzantine: str | None) -> None:
                   + (f", metrics on port {node.metrics_port}" if node.metrics_port else "")
                   + (f", BYZANTINE mode {byzantine}" if byzantine else ""),
                   flush=True)
-            async for signum in signals:
-                logger.info("%s: %s received, shutting down", node.id,
-                            signal.Signals(signum).name)
-                break
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_release_free_memory, node)
+                async for signum in signals:
+                    logger.info("%s: %s received, shutting down", node.id,
+                                signal.Signals(signum).name)
+                    break
+                nursery.cancel_scope.cancel()
+
+
+async def _release_free_memory(node: Node) -> None:
+    """Trim the C heap after each checkpoint (`phalanx.process_tuning.TrimPolicy`)."""
+    policy = TrimPolicy(now=trio.current_time())
+    while True:
+        await trio.sleep(TRIM_POLL_S)
+        status = node.replica.status()
+        if policy.due(now=trio.current_time(), checkpoints_written=status.checkpoints_written,
+                      in_flight=status.checkpoint_in_flight is not None):
+            await trio.to_thread.run_sync(trim_malloc)
 
 
 def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:

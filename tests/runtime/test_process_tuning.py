@@ -1,4 +1,5 @@
-"""`tune_malloc`: applied in a fresh process, and it leaves a user's settings alone."""
+"""`tune_malloc`: applied in a fresh process, and it leaves a user's settings alone; `trim_malloc`
+and `TrimPolicy`: holes in the heap go back to the OS, once after each checkpoint."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from phalanx.process_tuning import tune_malloc
+from phalanx.process_tuning import TrimPolicy, tune_malloc
 
 _PROBE = "from phalanx.process_tuning import tune_malloc; print(','.join(tune_malloc()))"
 
@@ -40,3 +41,49 @@ def test_refuses_values_out_of_range() -> None:
         tune_malloc(arenas=0)
     with pytest.raises(ValueError, match="mmap_threshold >= 4096"):
         tune_malloc(mmap_threshold=10)
+
+
+_TRIM_PROBE = """
+from phalanx.process_tuning import trim_malloc, tune_malloc
+tune_malloc()
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096
+blocks = [b'x' * 16384 for _ in range(6000)]  # ~94 MiB of heap, below the mmap threshold
+keep = blocks[-1]  # pins the heap's top: what is freed below it is a hole
+del blocks
+before = rss()
+released = trim_malloc()
+print(int(released), (before - rss()) >> 20)
+"""
+
+
+def test_trim_gives_holes_in_the_heap_back_on_glibc() -> None:
+    done = subprocess.run([sys.executable, "-c", _TRIM_PROBE], capture_output=True,
+                          text=True, check=True, timeout=60,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("MALLOC_")})
+    released, freed_mib = map(int, done.stdout.split())
+    try:
+        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION")) and sys.platform.startswith("linux")
+    except (ValueError, OSError):
+        glibc = False
+    if glibc:
+        assert released == 1
+        assert freed_mib > 50
+    else:
+        assert (released, freed_mib) == (0, 0)
+
+
+def test_trim_policy_trims_once_per_checkpoint_after_it_settles() -> None:
+    policy = TrimPolicy(now=0.0, settle=3.0)
+    assert not policy.due(now=1.0, checkpoints_written=0, in_flight=False)
+    assert policy.due(now=3.5, checkpoints_written=0, in_flight=False)  # after start-up
+    assert not policy.due(now=10.0, checkpoints_written=0, in_flight=False)  # nothing new
+    assert not policy.due(now=11.0, checkpoints_written=1, in_flight=False)  # just written
+    assert not policy.due(now=13.0, checkpoints_written=1, in_flight=False)
+    assert not policy.due(now=14.5, checkpoints_written=1, in_flight=True)  # another running
+    assert not policy.due(now=15.0, checkpoints_written=2, in_flight=False)  # restarts the wait
+    assert policy.due(now=18.0, checkpoints_written=2, in_flight=False)
+    assert not policy.due(now=30.0, checkpoints_written=2, in_flight=False)
+    with pytest.raises(ValueError, match="settle"):
+        TrimPolicy(now=0.0, settle=-1)
