@@ -74,10 +74,13 @@ class ClientPortStatistics:
 class _Connection:
     """One client connection; `deliver` is called by the driver's task and never blocks.
 
-    A reply is written at once from the driver's task when nothing is queued before it
-    (`TlsStream.try_send`); otherwise it is queued for the connection's writer task, which
-    keeps the order. `None` on the queue only asks the writer to write what a `try_send`
-    left behind.
+    Replies are encoded as they are delivered. With `ClientPort(batch_replies=True)` they
+    gather until the port's `flush` (the driver calls it once per pass), so the replies of
+    one pass leave in one write; otherwise each is flushed at once. A flush writes directly
+    from the calling task when nothing is queued before it (`TlsStream.try_send`); else it
+    queues the bytes for the connection's writer task, which keeps the order. An entry of
+    the queue is (bytes, replies in them); ``(b"", 0)`` only asks the writer to write what a
+    `try_send` left behind.
     """
 
     def __init__(self, remote: str, max_in_flight: int, port: ClientPort) -> None:
@@ -89,34 +92,51 @@ class _Connection:
         self.queued = 0
         """Entries on the queue not yet written by the writer task."""
         self._port = port
+        self.scope: trio.CancelScope | None = None
+        """The connection's tasks (set while they run)."""
+        self._frames: list[bytes] = []
         # Unbounded, but never holds more than `max_in_flight` replies (+ wake-ups): each
         # reply answers one call that holds a slot until its reply is written.
-        self.out_send, self.out_recv = trio.open_memory_channel[
-            ClientReply | StatusReply | None](math.inf)
+        self.out_send, self.out_recv = trio.open_memory_channel[tuple[bytes, int]](math.inf)
 
     def deliver(self, reply: ClientReply | StatusReply) -> None:
         if self.closed:
             return
-        port, tls = self._port, self.tls
-        if tls is not None and not self.queued:
-            try:
-                frame = encode_frame(wire.encode(reply), max_frame_size=port.max_frame_size)
-            except ValueError:  # too large: the writer task reports it and closes
-                pass
-            else:
-                if tls.try_send(frame):
-                    port.stats.bytes_out += len(frame)
-                    port.stats.direct_replies += 1
-                    self.slots.release()
-                    if tls.backlogged:  # the writer task writes the rest
-                        self._enqueue(None)
-                    return
-        self._enqueue(reply)
+        port = self._port
+        try:
+            frame = encode_frame(wire.encode(reply), max_frame_size=port.max_frame_size)
+        except ValueError as exc:  # a reply larger than max_frame_size: our own limit
+            port._close(self, f"cannot send reply: {exc}")
+            self.closed = True
+            if self.scope is not None:
+                self.scope.cancel()  # ends the reader and the writer: the connection closes
+            return
+        self._frames.append(frame)
+        if not port.batch_replies:
+            self.flush()
+        elif len(self._frames) == 1:
+            port._dirty.append(self)
 
-    def _enqueue(self, reply: ClientReply | StatusReply | None) -> None:
+    def flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if not frames or self.closed:
+            return
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        port, tls = self._port, self.tls
+        if tls is not None and not self.queued and tls.try_send(data):
+            port.stats.bytes_out += len(data)
+            port.stats.direct_replies += len(frames)
+            for _ in frames:
+                self.slots.release()
+            if tls.backlogged:  # the writer task writes the rest
+                self._enqueue(b"", 0)
+            return
+        self._enqueue(data, len(frames))
+
+    def _enqueue(self, data: bytes, replies: int) -> None:
         self.queued += 1
         self._port.queued_replies += 1
-        self.out_send.send_nowait(reply)
+        self.out_send.send_nowait((data, replies))
 
     def written(self, count: int) -> None:
         self.queued -= count
@@ -134,6 +154,7 @@ class ClientPort:
         node_id: str,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_in_flight: int = 1024,
+        batch_replies: bool = False,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -143,12 +164,21 @@ class ClientPort:
         self.max_frame_size = max_frame_size
         self._max_in_flight = max_in_flight
         self.stats = ClientPortStatistics()
+        self.batch_replies = batch_replies
         self.queued_replies = 0
-        """Replies (and wake-ups) queued for writer tasks, over all connections."""
+        """Entries queued for writer tasks, over all connections."""
+        self._dirty: list[_Connection] = []
+
+    def flush(self) -> None:
+        """Write (or queue) the replies delivered since the last flush, one write per
+        connection (`batch_replies`)."""
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
 
     def has_backlog(self) -> bool:
         """Whether a reply handed to a connection is not written yet."""
-        return self.queued_replies > 0
+        return self.queued_replies > 0 or bool(self._dirty)
 
     async def serve(
         self,
@@ -188,6 +218,7 @@ class ClientPort:
             self.stats.connections_open += 1
             try:
                 async with trio.open_nursery() as nursery:
+                    conn.scope = nursery.cancel_scope
                     nursery.start_soon(self._writer, tls, conn, nursery.cancel_scope)
                     await self._reader(tls, conn)
                     nursery.cancel_scope.cancel()
@@ -257,24 +288,17 @@ class ClientPort:
         recv = conn.out_recv
         try:
             while True:
-                replies = [await recv.receive()]
+                entries = [await recv.receive()]
                 while True:
                     try:
-                        replies.append(recv.receive_nowait())
+                        entries.append(recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-                data = b"".join(
-                    encode_frame(wire.encode(r), max_frame_size=self.max_frame_size)
-                    for r in replies if r is not None
-                )
+                data = b"".join(data for data, _ in entries)
                 await tls.send_all(data)
-                conn.written(len(replies))
+                conn.written(len(entries))
                 self.stats.bytes_out += len(data)
-                for r in replies:
-                    if r is not None:
-                        conn.slots.release()
+                for _ in range(sum(replies for _, replies in entries)):
+                    conn.slots.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            scope.cancel()
-        except ValueError as exc:  # a reply larger than max_frame_size
-            self._close(conn, f"cannot send reply: {exc}")
             scope.cancel()

@@ -176,6 +176,9 @@ class Driver(PersistPipeline):
             transport's and the client port's `has_backlog`). When it says no, an inline
             write does not first yield to the writer tasks (`EARLY_WRITE_CHECKPOINTS`):
             everything already went out directly. None: always assume some is pending.
+        after_pass: called at the end of every pass over the input channel and before an
+            inline write blocks the loop (the client port's `flush`: the replies of a pass
+            leave in one write per connection).
     """
 
     def __init__(
@@ -196,6 +199,7 @@ class Driver(PersistPipeline):
         max_pending_calls: int = MAX_PENDING_CALLS,
         trace: PhaseTrace | None = None,
         output_pending: Callable[[], bool] | None = None,
+        after_pass: Callable[[], None] | None = None,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -221,7 +225,8 @@ class Driver(PersistPipeline):
         self._follower_inline = follower_inline
         self._idle_inline = idle_inline
         self._unsent_output = False
-        self._output_pending = output_pending if output_pending is not None else _always
+        self._output_pending = output_pending or (lambda: True)
+        self._after_pass = after_pass or (lambda: None)
         self._just_yielded = False
         self._flush_again = False
         self._propose_batch = propose_batch
@@ -348,6 +353,7 @@ class Driver(PersistPipeline):
             if self._proposals:
                 self._propose()
             self._flush()
+            self._after_pass()
             if clock() - start > slow:
                 self.stats.slow_passes += 1
 
@@ -582,10 +588,6 @@ class Driver(PersistPipeline):
 
     def waiter_count(self) -> int:
         return len(self._waiters)
-
-
-def _always() -> bool:
-    return True
 
 
 def _only_early(ready: Ready) -> bool:

@@ -65,6 +65,7 @@ class PersistPipeline:
     """Messages or client replies were handed out since the core loop last yielded for the
     tasks that write them (`EARLY_WRITE_CHECKPOINTS`)."""
     _output_pending: Callable[[], bool]
+    _after_pass: Callable[[], None]
     _just_yielded: bool
     _flush_again: bool
     _status: CoreStatus
@@ -103,6 +104,7 @@ class PersistPipeline:
         while self._inflight is None and self._pending:
             batch = self._pending
             if self._idle_inline and self._inline_now(batch):
+                self._after_pass()  # replies of this pass go out before the loop blocks
                 if (self._unsent_output and not self._just_yielded
                         and self.committer.needs_io(batch) and self._output_pending()):
                     # Messages or replies this task handed out are not written yet (the

@@ -298,9 +298,10 @@ async def open_node(
                         propose_batch=built.propose_batch,
                         trace=phase_trace_from_env(config.id),
                         output_pending=lambda: (transport.has_backlog()
-                                                or client_port.has_backlog()))
+                                                or client_port.has_backlog()),
+                        after_pass=lambda: client_port.flush())
         client_port = ClientPort(driver, ssl_context=client_server_context(paths),
-                                 node_id=config.id)
+                                 node_id=config.id, batch_replies=True)
         node = Node(config=config, driver=driver, transport=transport,
                     client_port=client_port, metrics=metrics,
                     peer_address=_bound(peer_listeners, config.peer_listen.host),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 import trio
 from runtime_helpers import HOST, RawClient, wait_for
 
@@ -141,3 +142,53 @@ async def test_replies_are_written_from_the_answering_task_when_nothing_is_queue
     assert sink.port is not None
     assert sink.port.stats.direct_replies == 3
     assert not sink.port.has_backlog()
+
+
+async def test_batched_replies_wait_for_flush_and_leave_in_one_write(tmp_path: Path) -> None:
+    sink = RecordingSink()
+    sink.hold = True
+    async with trio.open_nursery() as nursery:
+        address, ca = await serve(tmp_path, sink, nursery)
+        assert sink.port is not None
+        sink.port.batch_replies = True
+        client = await RawClient.connect(address, ca)
+        await client.send_raw(b"".join(map(frame, range(1, 5))))
+        await wait_for(lambda: len(sink.held) == 4)
+        sink.release()  # answered as a driver pass would: nothing is written yet ...
+        assert sink.port.has_backlog()
+        before = sink.port.stats.bytes_out
+        assert before == 0
+        sink.port.flush()  # ... until the end of the pass: one write for the four
+        assert not sink.port.has_backlog()
+        assert sink.port.stats.direct_replies == 4
+        replies = [await client.receive() for _ in range(4)]
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert [r.request_no for r in replies if isinstance(r, ClientReply)] == [1, 2, 3, 4]
+
+
+async def test_a_reply_too_large_to_send_closes_only_its_connection(tmp_path: Path) -> None:
+    class HugeSink(RecordingSink):
+        def _answer(self, c: ClientCall, target: object) -> None:
+            result = b"x" * 2048 if c.request.request_no == 1 else b"ok"
+            target.deliver(ClientReply(  # type: ignore[attr-defined]
+                client_id=c.request.client_id, request_no=c.request.request_no,
+                status=ReplyStatus.OK, replica="n1", result=result))
+
+    sink = HugeSink()
+    async with trio.open_nursery() as nursery:
+        address, ca = await serve(tmp_path, sink, nursery)
+        assert sink.port is not None
+        sink.port.max_frame_size = 1024
+        doomed = await RawClient.connect(address, ca)
+        await doomed.send_raw(frame(1))
+        with trio.fail_after(10), pytest.raises(EOFError):
+            await doomed.receive()
+        other = await RawClient.connect(address, ca)
+        await other.send_raw(frame(2))
+        reply = await other.receive()
+        assert isinstance(reply, ClientReply)
+        assert reply.result == b"ok"
+        await other.aclose()
+        await doomed.aclose()
+        nursery.cancel_scope.cancel()
