@@ -97,6 +97,7 @@ _UNBOUNDED = 1 << 62
 _EARLY_KINDS = (AppendEntries, Heartbeat)
 """What a leader may send before its Ready is persisted (see `_send`)."""
 _LEADER_KINDS = (AppendEntries, Heartbeat, InstallSnapshot)
+_LEADER, _FOLLOWER, _CANDIDATE = Role.LEADER, Role.FOLLOWER, Role.CANDIDATE
 
 
 class RaftCore(Membership):
@@ -234,7 +235,7 @@ class RaftCore(Membership):
         # win), and it counts its own entries only after `Persisted`. They go out early, in
         # parallel with the leader's own disk write. Everything else (votes, responses,
         # anything a follower or candidate says) waits for step 1 of its Ready.
-        if self.role is Role.LEADER and isinstance(message, _EARLY_KINDS):
+        if self.role is _LEADER and isinstance(message, _EARLY_KINDS):
             self._early.append(Send(to=to, message=message))
         else:
             self._msgs.append(Send(to=to, message=message))
@@ -267,11 +268,14 @@ class RaftCore(Membership):
     def _finish(self) -> Ready:
         """The Ready of this step. Hands the output lists over (the next step starts with
         fresh ones, see `step`)."""
+        commit = self.commit
+        hi = self.durable
+        if commit < hi:
+            hi = commit
+        applied = self.applied
         committed: tuple[Entry, ...] = ()
-        commit, durable = self.commit, self.durable
-        hi = commit if commit < durable else durable
-        if hi > self.applied:
-            committed = self.log.between(self.applied + 1, hi + 1)
+        if hi > applied:
+            committed = self.log.between(applied + 1, hi + 1)
             self.applied = hi
         vote = self.vote
         last = self._last_hs
@@ -279,23 +283,30 @@ class RaftCore(Membership):
         if self._bug_forget_persist_vote and vote != self.id:
             # BUG (test-only): a vote granted to another node is never written.
             vote = last.vote if last.term == term else None
-        new_entries, truncate, snap = self._new_entries, self._truncate, self._snap_out
+        new_entries = self._new_entries
+        truncate = self._truncate
+        snap = self._snap_out
         must_sync = bool(new_entries) or truncate is not None or snap is not None
         hs: HardState | None = None
-        if last.commit != commit or last.term != term or last.vote != vote:
-            if last.term != term or last.vote != vote:
-                must_sync = True
+        if last.term != term or last.vote != vote:
+            must_sync = True
             hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
-        msgs, early, reads, rejected = self._msgs, self._early, self._reads, self._rejected
-        number = 0
+        elif last.commit != commit:
+            hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
+        msgs = self._msgs
+        early = self._early
+        reads = self._reads
+        rejected = self._rejected
         if hs is not None or must_sync:
-            self._ready_no += 1
-            number = self._ready_no
+            number = self._ready_no = self._ready_no + 1
             if must_sync:
-                self._pending_durable.append((number, self.log.last_index()))
+                log = self.log
+                self._pending_durable.append((number, log.offset + len(log.entries)))
             if self._self_vote_number == -1:
                 self._self_vote_number = number
-        elif not (msgs or early or committed or reads or rejected):
+        elif msgs or early or committed or reads or rejected:
+            number = 0
+        else:
             return EMPTY_READY
         # Hand over what was produced; keep the lists that stayed empty (most do).
         early_t: tuple[Send, ...] = ()
@@ -318,8 +329,10 @@ class RaftCore(Membership):
         if rejected:
             rejected_t = tuple(rejected)
             self._rejected = []
-        self._truncate = None
-        self._snap_out = None
+        if truncate is not None:
+            self._truncate = None
+        if snap is not None:
+            self._snap_out = None
         return make_ready(number, early_t, snap, truncate, entries_t, hs, must_sync, msgs_t,
                           committed, reads_t, rejected_t)
 
@@ -327,15 +340,21 @@ class RaftCore(Membership):
         if n > self._ready_no or n < 0:
             raise LocalProtocolError(f"Persisted({n}) but the last Ready was {self._ready_no}")
         pend = self._pending_durable
+        durable = self.durable
         while pend and pend[0][0] <= n:
-            self.durable = max(self.durable, pend.popleft()[1])
+            index = pend.popleft()[1]
+            if index > durable:
+                durable = index
         # Invariant kept by `_truncate_log`: recorded indexes never exceed the current log.
-        self.durable = min(self.durable, self.log.last_index())
-        if self.role is Role.CANDIDATE and 0 < self._self_vote_number <= n:
+        log = self.log
+        last = log.offset + len(log.entries)
+        self.durable = last if last < durable else durable
+        role = self.role
+        if role is _CANDIDATE and 0 < self._self_vote_number <= n:
             self._self_vote_number = 0
             self.votes[self.id] = True
             self._tally()
-        elif self.role is Role.LEADER and self._maybe_commit():
+        elif role is _LEADER and self._maybe_commit():
             self._after_commit()
 
     # ------------------------------------------------------------------------ roles
@@ -411,13 +430,13 @@ class RaftCore(Membership):
         if isinstance(m, RequestVote):
             self._handle_request_vote(src, m)
             return
-        match self.role:
-            case Role.LEADER:
-                self._step_leader(src, m)
-            case Role.CANDIDATE | Role.PRE_CANDIDATE:
-                self._step_candidate(src, m)
-            case Role.FOLLOWER:
-                self._step_follower(src, m)
+        role = self.role
+        if role is _LEADER:
+            self._step_leader(src, m)
+        elif role is _FOLLOWER:
+            self._step_follower(src, m)
+        else:  # CANDIDATE, PRE_CANDIDATE
+            self._step_candidate(src, m)
 
     def _step_candidate(self, src: NodeId, m: Message) -> None:
         match m:

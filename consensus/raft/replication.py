@@ -152,11 +152,12 @@ class Replication(abc.ABC):
         pr = self.prs[p]
         if pr.is_blocked():
             return False
-        last = self.log.last_index()
+        log = self.log
+        last = log.offset + len(log.entries)  # log.last_index(), inlined on this hot path
         if pr.next > last + 1:
             pr.next = last + 1
         prev = pr.next - 1
-        prev_term = self.log.term_at(prev)
+        prev_term = log.term_at(prev)
         if prev_term is None:  # compacted: the follower needs a snapshot (Ref: §5.3)
             if self.snapshot is None:
                 raise LocalProtocolError("log compacted without a snapshot to send")
@@ -165,7 +166,7 @@ class Replication(abc.ABC):
             return True
         ents: tuple[Entry, ...] = ()
         if pr.next <= last:
-            ents = self.log.slice(pr.next, last + 1, max_entries=self.cfg.max_batch_entries,
+            ents = log.slice(pr.next, last + 1, max_entries=self.cfg.max_batch_entries,
                                   max_bytes=self.cfg.max_batch_bytes)
         if not ents and not allow_empty:
             return False
