@@ -63,7 +63,9 @@ def states(draw: st.DrawFn) -> PbftDurableState:
                   for i in range(draw(st.integers(0, 3))))
     return PbftDurableState(view=draw(st.integers(0, 3)), view_active=draw(st.booleans()),
                             stable_seq=stable, stable_digest=bytes([stable]),
-                            stable_proof=proof, safety=SafetyData(floor=floor, votes=votes),
+                            stable_proof=proof,
+                            safety=SafetyData(floor=floor, votes=votes,
+                                              early_view=draw(st.integers(-1, 3))),
                             prepared=prepared)
 
 
