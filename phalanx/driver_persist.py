@@ -115,7 +115,10 @@ class PersistPipeline:
                     break
                 self._pending = []
                 self._just_yielded = False
-                self._persist_here(batch)
+                if self.committer.needs_io(batch):
+                    self._persist_here(batch)
+                else:  # only deferrable hard states (commit notices): nothing to write
+                    self.committer.note_deferred(batch)
                 self._complete(batch)
                 continue
             self._pending = []
