@@ -13,7 +13,9 @@ REDIRECT (backups forward requests to the primary inside the core). Read-only re
 linearizable consistency are ordered like writes (a batch member whose `read_only` makes
 the replica answer from `query` at that point of the order): the simplest correct choice;
 stale reads are answered locally like under Raft. `core_state` is persisted (synced)
-before a Ready's messages leave; a restart passes `PbftRestoredState` built from it and the
+before a Ready's messages leave (its early messages, the replica's own pre-prepares and
+prepares, leave at once: the core's restart fence makes that safe, see
+`phalanx.consensus.pbft.safety`); a restart passes `PbftRestoredState` built from it and the
 newest checkpoint.
 
 Byzantine modes (`phalanx node run CONFIG --byzantine MODE`, tests and the demo only):
