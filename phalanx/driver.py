@@ -16,10 +16,11 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   core loop keeps stepping new inputs into the next batch. `idle_inline` persists a small
   batch on the core task when no input waits (each thread hand-off can wait out a GIL
   switch interval: ~1.9 ms median per hand-off measured under load). Before such a write
-  blocks the event loop, messages and replies handed out since the loop last yielded are
-  let go first (the transport and client connections write from their own tasks): a
-  leader's AppendEntries leave during its fsync, a phase's votes are not held behind the
-  next phase's fsync.
+  blocks the event loop, messages and replies handed out are on the wire: the transport and
+  the client port write them directly from this task when nothing is queued before them
+  (`after_pass` flushes the pass's replies); whatever still waits for a writer task
+  (`output_pending`) is let go by yielding first. So a leader's AppendEntries leave during
+  its fsync, and a phase's votes are not held behind the next phase's fsync.
   (`follower_inline` moves every follower write onto the core task.)
 - Completing a batch, in Ready order: release its messages to the transport, apply committed
   entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
