@@ -93,6 +93,7 @@ class Tick:
     """One logical clock tick. Timeouts are counted in ticks (`election_ticks`, ...)."""
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Submit:
     """A client request arriving at this replica."""
@@ -148,6 +149,7 @@ class Send:
     message: Message
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadState:
     """A read-only request whose linearization point is log index `index`.
@@ -159,6 +161,7 @@ class ReadState:
     index: int
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rejection:
     """A client request this replica will not handle; the client should retry elsewhere.

@@ -30,8 +30,9 @@ Semantics:
 Invariants (checked by `History`, violations raise `HistoryError` naming the line):
     indexes strictly increase, times never decrease, pairing per process as above.
 
-Must not import: the simulator, consensus cores, trio, or anything doing I/O besides reading
-and writing the history file itself. Never pickle.
+Must not import: the simulator, consensus cores (only `phalanx.consensus.types.raw_init`, a
+dataclass helper), trio, or anything doing I/O besides reading and writing the history file
+itself. Never pickle.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from pathlib import Path
 from typing import Final, Literal, TypeAlias, cast
 
 import immutables
+
+from phalanx.consensus.types import raw_init
 
 #: A JSON value as held by an `Op`: immutable, hashable.
 Value: TypeAlias = (
@@ -75,6 +78,7 @@ class HistoryError(ValueError):
         super().__init__(f"line {line}: {message}" if line is not None else message)
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Op:
     """One history event (Jepsen op). Ref: Kingsbury, jepsen.history; Herlihy & Wing 1990 §2.
@@ -159,6 +163,7 @@ class Op:
         return out
 
 
+@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpPair:
     """A client operation: its invoke and its completion (None while pending forever).

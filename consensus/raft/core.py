@@ -103,6 +103,11 @@ _LEADER, _FOLLOWER, _CANDIDATE = Role.LEADER, Role.FOLLOWER, Role.CANDIDATE
 class RaftCore(Membership):
     """One Raft node. See the module docstring for the rules it keeps."""
 
+    # A step's outputs besides those `Replication` declares (see `_reset_out`).
+    _early: list[Send]
+    _reads: list[ReadState]
+    _rejected: list[Rejection]
+
     def __init__(
         self,
         config: RaftConfig,
@@ -165,8 +170,8 @@ class RaftCore(Membership):
     def step(self, inp: RaftInput, /) -> Ready:
         """Feed one input; return what the driver must do (see `Ready`).
 
-        The output lists are empty on entry: `_finish` hands them over, and a step that
-        raises clears what it had produced."""
+        The output lists are empty on entry: the step hands them over in its Ready, and a
+        step that raises clears what it had produced."""
         try:
             kind = type(inp)
             if kind is Receive:  # the common inputs first, as the `match` below would
@@ -175,7 +180,75 @@ class RaftCore(Membership):
                 self._persisted(inp.number)  # type: ignore[union-attr]
             else:
                 self._dispatch(inp)
-            return self._finish()
+            # The Ready of this step (inlined: one call less per step). It hands the output
+            # lists over; the next step starts with fresh ones.
+            commit = self.commit
+            hi = self.durable
+            if commit < hi:
+                hi = commit
+            applied = self.applied
+            committed: tuple[Entry, ...] = ()
+            if hi > applied:
+                committed = self.log.between(applied + 1, hi + 1)
+                self.applied = hi
+            vote = self.vote
+            last = self._last_hs
+            term = self.term
+            if self._bug_forget_persist_vote and vote != self.id:
+                # BUG (test-only): a vote granted to another node is never written.
+                vote = last.vote if last.term == term else None
+            new_entries = self._new_entries
+            truncate = self._truncate
+            snap = self._snap_out
+            must_sync = bool(new_entries) or truncate is not None or snap is not None
+            hs: HardState | None = None
+            if last.term != term or last.vote != vote:
+                must_sync = True
+                hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
+            elif last.commit != commit:
+                hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
+            msgs = self._msgs
+            early = self._early
+            reads = self._reads
+            rejected = self._rejected
+            if hs is not None or must_sync:
+                number = self._ready_no = self._ready_no + 1
+                if must_sync:
+                    log = self.log
+                    self._pending_durable.append((number, log.offset + len(log.entries)))
+                if self._self_vote_number == -1:
+                    self._self_vote_number = number
+            elif msgs or early or committed or reads or rejected:
+                number = 0
+            else:
+                return EMPTY_READY
+            # Hand over what was produced; keep the lists that stayed empty (most do).
+            early_t: tuple[Send, ...] = ()
+            if early:
+                early_t = tuple(early)
+                self._early = []
+            msgs_t: tuple[Send, ...] = ()
+            if msgs:
+                msgs_t = tuple(msgs)
+                self._msgs = []
+            entries_t: tuple[Entry, ...] = ()
+            if new_entries:
+                entries_t = tuple(new_entries)
+                self._new_entries = []
+            reads_t: tuple[ReadState, ...] = ()
+            if reads:
+                reads_t = tuple(reads)
+                self._reads = []
+            rejected_t: tuple[Rejection, ...] = ()
+            if rejected:
+                rejected_t = tuple(rejected)
+                self._rejected = []
+            if truncate is not None:
+                self._truncate = None
+            if snap is not None:
+                self._snap_out = None
+            return make_ready(number, early_t, snap, truncate, entries_t, hs, must_sync, msgs_t,
+                              committed, reads_t, rejected_t)
         except BaseException:
             self._clear_out()
             raise
@@ -241,14 +314,14 @@ class RaftCore(Membership):
             self._msgs.append(Send(to=to, message=message))
 
     def _reset_out(self) -> None:
-        """Start the outputs of a step afresh (`_finish` copies the lists into its Ready)."""
-        self._msgs: list[Send] = []
-        self._early: list[Send] = []
-        self._new_entries: list[Entry] = []
-        self._truncate: int | None = None
-        self._snap_out: Snapshot | None = None
-        self._reads: list[ReadState] = []
-        self._rejected: list[Rejection] = []
+        """Start the outputs of a step afresh (`step` copies the lists into its Ready)."""
+        self._msgs = []
+        self._early = []
+        self._new_entries = []
+        self._truncate = None
+        self._snap_out = None
+        self._reads = []
+        self._rejected = []
 
     def _clear_out(self) -> None:
         """`_reset_out`, keeping the lists that are already empty (after a failed step)."""
@@ -264,77 +337,6 @@ class RaftCore(Membership):
             self._reads = []
         if self._rejected:
             self._rejected = []
-
-    def _finish(self) -> Ready:
-        """The Ready of this step. Hands the output lists over (the next step starts with
-        fresh ones, see `step`)."""
-        commit = self.commit
-        hi = self.durable
-        if commit < hi:
-            hi = commit
-        applied = self.applied
-        committed: tuple[Entry, ...] = ()
-        if hi > applied:
-            committed = self.log.between(applied + 1, hi + 1)
-            self.applied = hi
-        vote = self.vote
-        last = self._last_hs
-        term = self.term
-        if self._bug_forget_persist_vote and vote != self.id:
-            # BUG (test-only): a vote granted to another node is never written.
-            vote = last.vote if last.term == term else None
-        new_entries = self._new_entries
-        truncate = self._truncate
-        snap = self._snap_out
-        must_sync = bool(new_entries) or truncate is not None or snap is not None
-        hs: HardState | None = None
-        if last.term != term or last.vote != vote:
-            must_sync = True
-            hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
-        elif last.commit != commit:
-            hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
-        msgs = self._msgs
-        early = self._early
-        reads = self._reads
-        rejected = self._rejected
-        if hs is not None or must_sync:
-            number = self._ready_no = self._ready_no + 1
-            if must_sync:
-                log = self.log
-                self._pending_durable.append((number, log.offset + len(log.entries)))
-            if self._self_vote_number == -1:
-                self._self_vote_number = number
-        elif msgs or early or committed or reads or rejected:
-            number = 0
-        else:
-            return EMPTY_READY
-        # Hand over what was produced; keep the lists that stayed empty (most do).
-        early_t: tuple[Send, ...] = ()
-        if early:
-            early_t = tuple(early)
-            self._early = []
-        msgs_t: tuple[Send, ...] = ()
-        if msgs:
-            msgs_t = tuple(msgs)
-            self._msgs = []
-        entries_t: tuple[Entry, ...] = ()
-        if new_entries:
-            entries_t = tuple(new_entries)
-            self._new_entries = []
-        reads_t: tuple[ReadState, ...] = ()
-        if reads:
-            reads_t = tuple(reads)
-            self._reads = []
-        rejected_t: tuple[Rejection, ...] = ()
-        if rejected:
-            rejected_t = tuple(rejected)
-            self._rejected = []
-        if truncate is not None:
-            self._truncate = None
-        if snap is not None:
-            self._snap_out = None
-        return make_ready(number, early_t, snap, truncate, entries_t, hs, must_sync, msgs_t,
-                          committed, reads_t, rejected_t)
 
     def _persisted(self, n: int) -> None:
         if n > self._ready_no or n < 0:

@@ -46,6 +46,7 @@ from phalanx.consensus.types import (
 )
 
 _INF = 1 << 62
+_CONFIG = EntryKind.CONFIG
 
 
 class Replication(abc.ABC):
@@ -106,9 +107,11 @@ class Replication(abc.ABC):
     def _append_local(self, entries: list[Entry]) -> None:
         self.log.append(entries)
         self._new_entries.extend(entries)
-        if any(e.kind is EntryKind.CONFIG for e in entries):
-            self.config = self.log.latest_config()[1]  # Ref: §4.1: in force once appended
-            self._sync_progress()
+        for e in entries:  # (a loop, not `any(...)`: no generator on this hot path)
+            if e.kind is _CONFIG:
+                self.config = self.log.latest_config()[1]  # Ref: §4.1: in force once appended
+                self._sync_progress()
+                break
 
     def _truncate_log(self, index: int) -> None:
         if index <= self.commit:

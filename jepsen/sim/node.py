@@ -206,9 +206,25 @@ class SimNode:
         self._schedule_tick(incarnation)
 
     def deliver(self, src: str, message: Message) -> None:
-        if self.core is not None:
-            # `NodeId(src)` is the identity at run time; skip the call on this hot path.
-            self.step(Receive(src=src, message=message))  # type: ignore[arg-type]
+        core = self.core
+        if core is None:
+            return
+        # `NodeId(src)` is the identity at run time; skip the call on this hot path.
+        inp = Receive(src=src, message=message)  # type: ignore[arg-type]
+        if self.paused or self._stepping or self._inputs:
+            self.step(inp)
+            return
+        # `step(inp)` for the common case (nothing queued), without the queue round trip.
+        self._stepping = True
+        try:
+            ready = core.step(inp)
+            self.stats.steps += 1
+            if ready is not EMPTY_READY:
+                self._handle(ready, core)
+        finally:
+            self._stepping = False
+        if self._inputs:  # what the Ready caused (Persisted, CheckpointTaken), in order
+            self._drain()
 
     def submit(self, request: ClientRequest) -> None:
         if self.core is None:
@@ -223,10 +239,13 @@ class SimNode:
         if self.paused:
             self._paused_inbox.append(inp)
             return
+        self._inputs.append(inp)
+        if not self._stepping:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Step the queued inputs in order, and those their Readys cause."""
         inputs = self._inputs
-        inputs.append(inp)
-        if self._stepping:
-            return
         self._stepping = True
         stats = self.stats
         try:
@@ -258,7 +277,10 @@ class SimNode:
         # 1. Persist first. Like the runtime's group commit, a hard state that changes only
         # the commit index is not written (restoring commit is an optimisation, never needed
         # for safety), so restarts here also start from an older commit index.
-        persists = ready.has_persistence
+        # `ready.has_persistence`, inlined.
+        persists = (ready.hard_state is not None or bool(ready.entries)
+                    or ready.truncate_from is not None or ready.snapshot is not None
+                    or ready.core_state is not None)
         if persists:
             hs = ready.hard_state
             defer = hs is not None and commit_only_change(self._saved_hs, hs)
