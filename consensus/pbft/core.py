@@ -433,7 +433,8 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
                     return
                 result = self._log.add_pre_prepare(msg, counted=True)
                 if result is AddResult.ADDED:
-                    self._requests.ordered(msg.batch)  # no need to relay these any more
+                    # No need to relay these any more; wait for them to execute.
+                    self._requests.ordered(msg.batch, wait=True)
                     self._send_prepare(msg)
             case Prepare():
                 if msg.replica == primary:

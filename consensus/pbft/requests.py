@@ -112,10 +112,21 @@ class RequestBook:
             self.pending_age = 0
         return batch
 
-    def ordered(self, batch: tuple[ClientRequest, ...]) -> None:
-        """The requests of a pre-prepare of the current view (ours or the primary's)."""
+    def ordered(self, batch: tuple[ClientRequest, ...], *, wait: bool = False) -> None:
+        """The requests of a pre-prepare of the current view (ours or the primary's).
+
+        `wait` (a backup): also wait for each not yet executed (within the `max_pending`
+        bound), so the view-change timer covers it even when the pre-prepare arrived
+        before the client's own copy (which `known` then ignores): a backup waits for
+        every request it knows of until it executes (Castro-Liskov §4.4), else a batch
+        stuck in this view would stall the backup without a timeout."""
+        waiting = self.waiting
         for r in batch:
-            self._in_progress.add(_key(r))
+            key = _key(r)
+            self._in_progress.add(key)
+            if (wait and key not in waiting and not self.executed(r)
+                    and len(waiting) < self._max_pending):
+                waiting[key] = r
 
     def was_executed(self, batch: tuple[ClientRequest, ...]) -> None:
         for r in batch:
@@ -143,4 +154,6 @@ class RequestBook:
         return [r for r in out if _key(r) not in self._in_progress]
 
     def waiting_sorted(self) -> list[ClientRequest]:
-        return [self.waiting[k] for k in sorted(self.waiting)]
+        """The waiting requests no pre-prepare of this view carries, in (client, number)
+        order (what a backup relays to a new primary)."""
+        return [self.waiting[k] for k in sorted(self.waiting) if k not in self._in_progress]

@@ -193,7 +193,7 @@ class ViewChangeFlow:
         for pp in pre_prepares:
             if not self._log.in_window(pp.seq):
                 continue
-            self._requests.ordered(pp.batch)
+            self._requests.ordered(pp.batch, wait=not self.is_primary())
             if self.is_primary():
                 self._log.add_pre_prepare(pp, counted=False)
                 self._log.slot(v, pp.seq).prepare_sent = True

@@ -265,3 +265,28 @@ def test_fence_survives_a_second_restart_and_lifts_in_the_next_view() -> None:
     assert again.data.early_view == 3
     state = PbftDurableState(safety=again.data)
     assert state.safety.early_view == 3
+
+
+def test_backup_times_out_on_a_request_it_learned_only_from_a_stuck_pre_prepare() -> None:
+    # An early pre-prepare often beats the client's own copy of a request to a backup,
+    # which then finds it already ordered (`RequestBook.known`) and ignores it. The backup
+    # must still wait for it: if that batch never commits in this view, its timer is what
+    # starts the view change (Castro-Liskov §4.4). Here prepares are lost.
+    c = _settled()
+    primary = c.ids[0]
+    c.submit(primary, req("b", 0))
+    c.filter = lambda s, d, m: not isinstance(m, Prepare)
+    c.deliver()
+    for i in c.ids[1:]:
+        c.submit(i, req("b", 0))  # the client's copy, after the pre-prepare
+        assert c.cores[i].status().pending_requests == 1
+    c.filter = None
+    c.tick(c.config(c.ids[1]).view_change_ticks + 1)
+    c.deliver()
+    for _ in range(50):
+        if all(c.app[i] == [b"a:0", b"b:0"] for i in c.ids):
+            break
+        c.tick()
+        c.deliver()
+    assert all(c.cores[i].view >= 1 for i in c.ids)
+    assert all(c.app[i] == [b"a:0", b"b:0"] for i in c.ids)
