@@ -49,16 +49,16 @@ SAMPLE_STRIDE = 16
 """Every 16th key of a shard stays a `str` object, the sample a lookup bisects in C before
 a binary search of at most 4 steps over the packed keys."""
 
-SHARD_KEYS = 4096
-"""Keys per shard (about: a piece is never split). A lookup bisects the shards' first keys,
-then the shard's keys, so its cost does not depend on this; packing a shard is one C call
-each for the join and the offsets, ~0.6 ms at 4096 100-byte values (page faults included)."""
+SHARD_KEYS = 2048
+"""Keys per shard. A lookup bisects the shards' first keys, then the shard's sample, so its
+cost hardly depends on this; packing a shard (one C-level pass each to join and to offset the
+keys and the values) is one step of the checkpoint writer: ~0.5 ms at 2048 100-byte values."""
 
 
-def _offsets_of(lengths: Iterable[int]) -> array[int]:
-    """Cumulative offsets (first 0) in the narrowest array type that holds their total."""
-    offsets = list(itertools.accumulate(lengths, initial=0))
-    return array("I" if offsets[-1] < 1 << 32 else "Q", offsets)
+def _offsets_of(lengths: Iterable[int], total: int) -> array[int]:
+    """Cumulative offsets (first 0) of items of `lengths` summing to `total`, in the narrowest
+    array type that holds `total`, built in one C-level pass."""
+    return array("I" if total < 1 << 32 else "Q", itertools.accumulate(lengths, initial=0))
 
 
 class PackedShard:
@@ -72,7 +72,7 @@ class PackedShard:
         if len(offsets) != len(keys) + 1 or offsets[0] != 0 or offsets[-1] != len(blob):
             raise ValueError("PackedShard: offsets do not match the keys and the blob")
         self._kstr = kstr = "".join(keys)
-        self._kpos = kpos = _offsets_of(map(len, keys))
+        self._kpos = kpos = _offsets_of(map(len, keys), len(kstr))
         # Fresh copies, made together, not the caller's key objects: those were made one by
         # one among the many short-lived keys and values of a checkpoint or a restore, and
         # one long-lived object is enough to keep a whole pymalloc arena resident. Made this
@@ -88,7 +88,8 @@ class PackedShard:
         """A shard of `keys` (strictly ascending) and their `values`, in C-level calls."""
         values = values if isinstance(values, list) else list(values)
         keys = keys if isinstance(keys, list | tuple) else list(keys)
-        return cls(keys, b"".join(values), _offsets_of(map(len, values)))
+        blob = b"".join(values)
+        return cls(keys, blob, _offsets_of(map(len, values), len(blob)))
 
     def __len__(self) -> int:
         return len(self._kpos) - 1
@@ -162,9 +163,10 @@ class PackedShard:
 
 
 class ShardPacker:
-    """Collects ascending (keys, values) pieces and packs them into shards of at least
-    `shard_keys` keys (a piece is never split, so a shard may exceed it by less than a piece).
-    The caller keeps the whole-stream order; `add` returns the shard it completed, if any."""
+    """Cuts an ascending stream of (keys, values) pieces into shards of exactly `shard_keys`
+    keys (the last one, packed by `flush`, may be shorter). The caller keeps the
+    whole-stream order; a caller that paces its work adds pieces of at most `shard_keys`
+    keys, so that one `add` packs at most one shard."""
 
     __slots__ = ("_keys", "_shard_keys", "_values", "shards")
 
@@ -177,17 +179,26 @@ class ShardPacker:
         self.shards: list[PackedShard] = []
 
     def add(self, keys: list[str], values: list[bytes]) -> bool:
-        """Add one piece; True if that completed a shard (one `pack`: well under a ms)."""
+        """Add one piece; True if that completed a shard (one `pack` each: about a ms)."""
         self._keys += keys
         self._values += values
-        if len(self._keys) < self._shard_keys:
+        n = self._shard_keys
+        if len(self._keys) < n:
             return False
-        self.flush()
+        while len(self._keys) >= n:
+            self._pack(self._keys[:n], self._values[:n])
+            del self._keys[:n], self._values[:n]
         return True
 
     def flush(self) -> None:
-        """Pack what is pending into a shard (nothing if nothing is), then run one
-        young-generation GC pass, which untracks the shard's new sample tuple.
+        """Pack what is pending into a (last, shorter) shard; nothing if nothing is."""
+        if self._keys:
+            self._pack(self._keys, self._values)
+            self._keys, self._values = [], []
+
+    def _pack(self, keys: list[str], values: list[bytes]) -> None:
+        """Pack one shard, then run one young-generation GC pass, which untracks the shard's
+        new sample tuple.
 
         Why: a tuple is tracked until a pass finds it holds only untracked objects. The
         checkpoint writer allocates few other containers, so young passes are rare there and
@@ -195,10 +206,8 @@ class ShardPacker:
         key in a tuple, one such pass walked ~250k keys: ~4.7 ms with the GIL held, a stall
         for the applying thread). A pass right after each pack sees one small tuple and a few
         hundred small objects (~0.1 ms)."""
-        if self._keys:
-            self.shards.append(PackedShard.pack(self._keys, self._values))
-            self._keys, self._values = [], []
-            gc.collect(0)
+        self.shards.append(PackedShard.pack(keys, values))
+        gc.collect(0)
 
 
 class SortedBase:

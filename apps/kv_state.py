@@ -19,9 +19,10 @@ order (see `phalanx.apps.kv_base` for the layout and its memory figures). Why th
 - The base is already in key order, so a checkpoint does not sort it: it streams the shards
   and merges in only the overlay keys (sorted in steps). Shard slices pass through C-level
   calls (slices, `map`, `msgpack`), with no per-key Python code.
-- No GC pass walks the base: a shard's key tuple is untracked once the collector has seen
-  it, and its values are one `bytes`. A HAMT node per few keys (an all-`immutables.Map`
-  state) costs ~250 bytes per key at a million keys and ~300k tracked objects.
+- No GC pass walks the base: a shard's key sample is untracked once the collector has seen
+  it, and its keys and values are one `str` and one `bytes`. A HAMT node per few keys (an
+  all-`immutables.Map` state) costs ~250 bytes per key at a million keys and ~300k tracked
+  objects.
 
 Snapshots and folding:
 - `snapshot()` is O(1): the current `live` map becomes the newest level (it is never written
@@ -166,7 +167,8 @@ class LayeredSnapshot:
         pairs (the last one shorter; none if empty), with `None` between bounded pieces of
         work. `window` bounds the base keys one step handles (C-level work); `run` and
         `step` bound the sorting of the overlay keys (see `sorted_in_steps`). Building the
-        folded base rides along: whole chunks go into a shard until it holds `shard` keys."""
+        folded base rides along: the output is cut into shards of `shard` keys, one packed
+        per step."""
         if min(chunk, window, run, step, shard) < 1:
             raise ValueError("chunk, window, run, step and shard must be >= 1")
         base, levels = self._base, self._levels
@@ -223,15 +225,20 @@ class LayeredSnapshot:
             out_keys += kept_keys
             out_values += kept_values
             while len(out_keys) >= chunk:
+                yield None  # the window merge above was this step; packing a shard is the next
                 done_keys, done_values = out_keys[:chunk], out_values[:chunk]
                 del out_keys[:chunk], out_values[:chunk]
-                if fold is not None and fold.add(done_keys, done_values):
-                    yield None  # the fold packed a shard; next step the caller packs the chunk
+                if fold is not None:
+                    for lo in range(0, len(done_keys), shard):  # at most one pack per step
+                        if fold.add(done_keys[lo:lo + shard], done_values[lo:lo + shard]):
+                            yield None  # the fold packed a shard
                 yield done_keys, done_values
             yield None
         if out_keys:
             if fold is not None:
-                fold.add(out_keys, out_values)
+                for lo in range(0, len(out_keys), shard):
+                    if fold.add(out_keys[lo:lo + shard], out_values[lo:lo + shard]):
+                        yield None
             yield out_keys, out_values
         if fold is not None:
             fold.flush()

@@ -41,7 +41,12 @@ from phalanx.apps.envelope import (
 )
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import Housekeeping, SnapshotFormatError, StateMachine
-from phalanx.apps.writer import CheckpointJob, CheckpointWriter, InlineCheckpointWriter
+from phalanx.apps.writer import (
+    ApplyProgress,
+    CheckpointJob,
+    CheckpointWriter,
+    InlineCheckpointWriter,
+)
 from phalanx.consensus.core import CheckpointTaken
 from phalanx.consensus.types import (
     Configuration,
@@ -166,6 +171,7 @@ class Replica:
         self._policy = policy if policy is not None else CheckpointPolicy()
         self._config = config
         self._gc_pacer = gc_pacer
+        self._progress = ApplyProgress()  # read by a threaded writer between its steps
         # Invariant: the state of `machine` and `_sessions` is exactly that after `_applied`.
         self._applied = 0
         self._applied_term = 0
@@ -234,6 +240,15 @@ class Replica:
                 f"entry {entry.index} applied after {self._applied}: committed entries must be "
                 "applied in order without gaps"
             )
+        progress = self._progress
+        progress.busy = True
+        try:
+            return self._apply_entry(entry)
+        finally:
+            progress.busy = False
+            progress.applies += 1
+
+    def _apply_entry(self, entry: Entry) -> tuple[Applied, ...]:
         out: list[Applied] = []
         size = 0
         if entry.kind is EntryKind.CONFIG:
@@ -323,6 +338,7 @@ class Replica:
                 index=self._applied,
                 chunks=chunks,
                 meta=encode_meta(meta) if meta is not None else b"",
+                progress=self._progress,
             )
         )
         self._collect()

@@ -34,13 +34,27 @@ from phalanx.consensus.core import SnapshotData
 from phalanx.storage.interface import Checkpoint, CheckpointStore
 
 
+class ApplyProgress:
+    """What the applying thread tells a threaded writer: whether an apply is running (`busy`)
+    and how many have finished (`applies`). Plain attributes, written by the applying thread
+    only; the writer reads them between its steps (both hold the GIL then)."""
+
+    __slots__ = ("applies", "busy")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.applies = 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointJob:
-    """A checkpoint to write: its index, its serialisation steps, and the metadata bytes."""
+    """A checkpoint to write: its index, its serialisation steps, and the metadata bytes;
+    `progress`, if given, lets a threaded writer hand the GIL to a waiting apply reliably."""
 
     index: int
     chunks: Iterator[bytes]
     meta: bytes
+    progress: ApplyProgress | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,17 +100,34 @@ new full switch-interval wait (5 ms) before it asks again. A real sleep lets the
 take the GIL. Same-run A/B (`bench/checkpoint_stall.py --yield-us 50`, load ~6): applies
 that waited > 2.5 ms without being preempted fell from 30 to 8 over five runs."""
 
+_HANDOFF_MAX_SECONDS = 2e-3
+"""How long a yield may keep sleeping while an apply that is waiting for the GIL has not
+run yet (see `_paced`)."""
 
-def _paced(chunks: Iterator[bytes], slice_seconds: float) -> Iterator[bytes]:
+
+def _paced(chunks: Iterator[bytes], slice_seconds: float,
+           progress: ApplyProgress | None = None) -> Iterator[bytes]:
     """The chunks, releasing the GIL (a `_HANDOFF_SECONDS` sleep) after about `slice_seconds`
     of serialisation steps, so the applying thread can run; without that, the applier would
-    wait a whole switch interval (5 ms) for the GIL."""
-    deadline = time.perf_counter() + slice_seconds
+    wait a whole switch interval (5 ms) for the GIL.
+
+    With `progress`: if an apply was running when this thread took the GIL, that apply is now
+    waiting for it, and one short sleep is not always enough: the woken thread may not be
+    scheduled before the sleep ends (on a VM, waking an idle vCPU takes longer), this thread
+    then takes the GIL back, and the apply waits another full switch interval. So the yield
+    goes on sleeping until that apply has finished (or no apply is running, or
+    `_HANDOFF_MAX_SECONDS` passed)."""
+    sleep, clock = time.sleep, time.perf_counter
+    deadline = clock() + slice_seconds
     for chunk in chunks:
         yield chunk
-        if time.perf_counter() >= deadline:
-            time.sleep(_HANDOFF_SECONDS)  # release the GIL: let the applying thread run
-            deadline = time.perf_counter() + slice_seconds
+        if clock() >= deadline:
+            sleep(_HANDOFF_SECONDS)  # release the GIL: let the applying thread run
+            if progress is not None and progress.busy:
+                seen, give_up = progress.applies, clock() + _HANDOFF_MAX_SECONDS
+                while progress.busy and progress.applies == seen and clock() < give_up:
+                    sleep(_HANDOFF_SECONDS)
+            deadline = clock() + slice_seconds
 
 
 class InlineCheckpointWriter:
@@ -207,7 +238,8 @@ class ThreadedCheckpointWriter:
         serialised bytes: the replica and the core keep the newest checkpoint for lagging
         peers, and a view costs a descriptor, not a copy of the whole state in memory."""
         try:
-            self._store.save_stream(job.index, job.meta, _paced(job.chunks, self._slice))
+            self._store.save_stream(job.index, job.meta,
+                                    _paced(job.chunks, self._slice, job.progress))
             view = self._store.read_view(job.index)
         except Exception as exc:  # reported to the replica via poll()
             return CheckpointDone(index=job.index, data=b"", error=repr(exc))

@@ -36,17 +36,24 @@ def test_a_sorted_base_reads_like_a_dict(
 
 @settings(max_examples=100, deadline=None)
 @given(items=ITEMS, piece=st.integers(1, 5), shard_keys=st.integers(1, 12))
-def test_the_packer_cuts_an_ordered_stream_into_ordered_shards(
+def test_the_packer_cuts_an_ordered_stream_into_shards_of_exactly_shard_keys(
     items: dict[str, bytes], piece: int, shard_keys: int
 ) -> None:
     ordered = sorted(items.items())
     packer = ShardPacker(shard_keys)
+    pending = 0
     for lo in range(0, len(ordered), piece):
         cut = ordered[lo: lo + piece]
-        packer.add([k for k, _ in cut], [v for _, v in cut])
+        before = len(packer.shards)
+        assert packer.add([k for k, _ in cut], [v for _, v in cut]) == (
+            pending + len(cut) >= shard_keys)
+        assert len(packer.shards) - before == (pending + len(cut)) // shard_keys
+        pending = (pending + len(cut)) % shard_keys
     packer.flush()
     packer.flush()  # nothing pending: no empty shard
-    assert all(0 < len(s) < shard_keys + piece for s in packer.shards)
+    sizes = [len(s) for s in packer.shards]
+    assert sizes == [shard_keys] * (len(ordered) // shard_keys) + (
+        [len(ordered) % shard_keys] if len(ordered) % shard_keys else [])
     assert list(SortedBase(packer.shards).items()) == ordered
 
 
@@ -103,8 +110,8 @@ def test_a_packed_shard_holds_nothing_the_gc_tracks() -> None:
     shard's sample tuple itself so no later pass walks dozens of them at once."""
     import gc
 
-    packer = ShardPacker(4)
-    packer.add([f"k{i}" for i in range(40)], [b"v"] * 40)
+    packer = ShardPacker(40)
+    packer.add([f"k{i:02d}" for i in range(40)], [b"v"] * 40)
     (shard,) = packer.shards
     held = [r for r in gc.get_referents(shard) if not isinstance(r, type)]
     assert any(isinstance(r, tuple) for r in held)  # the sample

@@ -1,0 +1,77 @@
+"""The threaded writer's GIL yield (`phalanx.apps.writer._paced`): it keeps sleeping while an
+apply that was running when it took the GIL has not finished, up to a bound; it does not wait
+when no apply is running. Time and sleep are faked: each sleep advances the clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.apps import kv_wire, writer
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_types import Put
+from phalanx.apps.replica import Replica
+from phalanx.apps.writer import ApplyProgress, _paced
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind
+from phalanx.storage.memory import MemoryDisk
+
+
+class FakeTime:
+    def __init__(self, progress: ApplyProgress, finish_after: int | None) -> None:
+        self.now = 0.0
+        self.sleeps = 0
+        self.progress = progress
+        self.finish_after = finish_after
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.now += seconds
+        if self.sleeps == self.finish_after:  # the waiting apply got the GIL and finished
+            self.progress.busy = False
+            self.progress.applies += 1
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, *, busy: bool, finish_after: int | None) -> int:
+    progress = ApplyProgress()
+    progress.busy = busy
+    fake = FakeTime(progress, finish_after)
+    monkeypatch.setattr(writer.time, "perf_counter", fake.perf_counter)
+    monkeypatch.setattr(writer.time, "sleep", fake.sleep)
+    assert list(_paced(iter([b"a"]), 0.0, progress)) == [b"a"]
+    return fake.sleeps
+
+
+def test_the_yield_waits_for_a_waiting_apply_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _run(monkeypatch, busy=True, finish_after=4) == 4
+
+
+def test_no_apply_running_means_one_short_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _run(monkeypatch, busy=False, finish_after=None) == 1
+
+
+def test_the_wait_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = _run(monkeypatch, busy=True, finish_after=None)
+    bound = writer._HANDOFF_MAX_SECONDS / writer._HANDOFF_SECONDS
+    assert bound <= sleeps <= bound + 2
+
+
+def test_the_replica_reports_its_applies() -> None:
+    replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("n1").open().checkpoints)
+    progress = replica._progress
+    seen: list[bool] = []
+    machine = replica.machine
+    original = machine.apply
+
+    def spy(command: bytes) -> bytes:
+        seen.append(progress.busy)
+        return original(command)
+
+    machine.apply = spy  # type: ignore[method-assign]
+    for i in (1, 2):
+        command = kv_wire.encode_command(Put(key="k", value=b"v"))
+        request = ClientRequest(client_id="c", request_no=i, command=command)
+        replica.apply(Entry(index=i, term=1, kind=EntryKind.COMMAND, requests=(request,)))
+    assert seen == [True, True]
+    assert (progress.busy, progress.applies) == (False, 2)
