@@ -5,7 +5,8 @@ Owns: `LayeredState` (the live state of `phalanx.apps.kv.KvStateMachine`) and
 `LayeredSnapshot` (an immutable view of it). The base is `phalanx.apps.kv_base.SortedBase`.
 
 Layout, newest first:
-    live     an `immutables.Map` taking every write (``None`` marks a deleted key)
+    live     an `immutables.MapMutation` taking every write in place (``None`` marks a
+             deleted key): no copied path per write, and nothing else ever reads it
     levels   older overlays, frozen when a snapshot was taken (oldest first)
     base     a `SortedBase`, never mutated after it is installed
 A read looks in `live`, then the levels from newest to oldest, then `base`.
@@ -25,10 +26,11 @@ order (see `phalanx.apps.kv_base` for the layout and its memory figures). Why th
   objects.
 
 Snapshots and folding:
-- `snapshot()` is O(1): the current `live` map becomes the newest level (it is never written
-  again) and a fresh `live` starts; the snapshot holds `base` and the levels.
+- `snapshot()` is O(1): the current `live` mutation is finished into a map that becomes the
+  newest level (it is never written again) and a fresh `live` starts; the snapshot holds
+  `base` and the levels.
 - Serialising the snapshot (`sorted_chunks`, on the checkpoint writer's thread) also builds
-  the *folded* base, base plus its levels, in shards of whole output chunks, as a
+  the *folded* base, base plus its levels, in shards of `SHARD_KEYS` keys, as a
   by-product. Once it is complete, the next write or snapshot on the live state adopts it:
   `base` becomes the folded base and the levels it covers are dropped. So the overlays stay
   about one checkpoint interval deep.
@@ -65,6 +67,7 @@ from phalanx.apps.sorted_steps import sorted_in_steps
 __all__ = ["SHARD_KEYS", "LayeredSnapshot", "LayeredState", "SortedBase"]
 
 Overlay = immutables.Map[str, bytes | None]
+LiveLayer = immutables.MapMutation[str, bytes | None]
 _ABSENT = object()  # "this layer says nothing about the key" (None means: deleted)
 MAINTAIN_PIECES = 8
 """Pieces `maintain` frees per call (~1 ms; the runtime calls it on idle ticks): at 100
@@ -261,7 +264,7 @@ class LayeredState:
         self._graveyard: list[SortedBase | Overlay] = []
         self._base: SortedBase = base if base is not None else _EMPTY
         self._levels: tuple[Overlay, ...] = ()
-        self._live: Overlay = immutables.Map()
+        self._live: LiveLayer = immutables.Map().mutate()
         self._len = len(self._base)
         self._snapshot: LayeredSnapshot | None = None  # the newest, until its fold is adopted
 
@@ -280,7 +283,7 @@ class LayeredState:
             self._reap()
         if self.get(key) is None:
             self._len += 1
-        self._live = self._live.set(key, value)
+        self._live[key] = value
 
     def delete(self, key: str) -> bool:
         """Remove `key`; whether it had a value."""
@@ -290,22 +293,21 @@ class LayeredState:
         if self._graveyard:
             self._reap()
         self._len -= 1
-        self._live = self._live.set(key, None)
+        self._live[key] = None
         return True
 
     def write_all(self, writes: Iterable[tuple[str, bytes | None]]) -> None:
-        """Apply (key, value or None to delete) in order, through one map mutation."""
+        """Apply (key, value or None to delete) in order."""
         self._adopt()
         if self._graveyard:
             self._reap()
-        live = self._live.mutate()
+        live = self._live
         for key, value in writes:
             before = live.get(key, _ABSENT)
             had = (_lookup(key, self._levels, self._base) if before is _ABSENT
                    else before) is not None
             self._len += (value is not None) - had
             live[key] = value
-        self._live = live.finish()
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
         """Every key with a value that starts with `prefix`, ascending. O(log n + matches)
@@ -313,16 +315,19 @@ class LayeredState:
         candidates = set(itertools.takewhile(
             operator.methodcaller("startswith", prefix), self._base.keys_from(prefix)
         ))
-        for layer in (*self._levels, self._live):
+        live = self._live.finish()  # O(1); a mutation cannot be iterated
+        self._live = live.mutate()
+        for layer in (*self._levels, live):
             candidates.update(k for k in layer if k.startswith(prefix))
         return sorted(k for k in candidates if self.get(k) is not None)
 
     def snapshot(self) -> LayeredSnapshot:
         """O(1): the live overlay becomes the newest level; see the module docstring."""
         self._adopt()
-        if len(self._live):
-            self._levels = (*self._levels, self._live)
-            self._live = immutables.Map()
+        live = self._live.finish()  # O(1): never written again
+        if len(live):
+            self._levels = (*self._levels, live)
+        self._live = immutables.Map().mutate()
         snap = LayeredSnapshot(self._base, self._levels, self._len)
         self._snapshot = snap
         return snap
