@@ -28,7 +28,7 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps.interface import SnapshotFormatError, StateSnapshot
 from phalanx.apps.sorted_steps import sorted_in_steps
-from phalanx.consensus.types import SnapshotMeta
+from phalanx.consensus.types import SnapshotMeta, raw_init
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 
@@ -41,6 +41,7 @@ _MAGIC = "phalanx.replica"
 _VERSION = 1
 
 
+@raw_init  # built once per applied write
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Session:
     """A client's deduplication record: its latest applied request and the cached reply

@@ -54,6 +54,7 @@ from phalanx.consensus.types import (
     EntryKind,
     LocalProtocolError,
     SnapshotMeta,
+    raw_init,
 )
 from phalanx.storage.interface import (
     Checkpoint,
@@ -82,6 +83,7 @@ class ApplyStatus(enum.Enum):
     """A read-only request carried in the log: answered by `query`, no session change."""
 
 
+@raw_init  # built once per applied request
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Applied:
     """The outcome of one client request of a committed entry, to route to its client."""
