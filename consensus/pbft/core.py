@@ -555,8 +555,12 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
         if self._active:
             if book.waiting and not self.is_primary():
                 self._timer = self._timeout() if self._timer is None else self._timer - 1
-                if self._timer <= 0:
+                # Before blaming the primary, forget what is known executed after all (a
+                # request its client already followed with a later one that executed).
+                if self._timer <= 0 and book.forget_executed():
                     self._start_view_change(self._view + 1)
+                elif self._timer <= 0:
+                    self._timer = None
             else:
                 self._timer = None
         elif self._timer is None:

@@ -153,6 +153,17 @@ class RequestBook:
         self.waiting = {}
         return [r for r in out if _key(r) not in self._in_progress]
 
+    def forget_executed(self) -> bool:
+        """Drop the waiting requests that `executed` reports done: their client already
+        had a later request executed, so they were executed (or will never be). Exact keys
+        are dropped when their own batch executes (`was_executed`); this catches the rest,
+        e.g. a request executed in a sequence number this replica skipped. Returns whether
+        anything still waits. O(waiting): called only when the view-change timer expires."""
+        done = [k for k, r in self.waiting.items() if self.executed(r)]
+        for key in done:
+            del self.waiting[key]
+        return bool(self.waiting)
+
     def waiting_sorted(self) -> list[ClientRequest]:
         """The waiting requests no pre-prepare of this view carries, in (client, number)
         order (what a backup relays to a new primary)."""

@@ -290,3 +290,20 @@ def test_backup_times_out_on_a_request_it_learned_only_from_a_stuck_pre_prepare(
         c.deliver()
     assert all(c.cores[i].view >= 1 for i in c.ids)
     assert all(c.app[i] == [b"a:0", b"b:0"] for i in c.ids)
+
+
+def test_backup_does_not_blame_the_primary_for_a_request_its_client_moved_past() -> None:
+    # A request only this backup heard of (say it skipped the sequence number that executed
+    # it) while the client's next request executes: the timer expiring finds it done, and
+    # the backup stays in the view instead of leaving alone for a view nobody else wants.
+    c = _settled()
+    backup = c.ids[1]
+    c.submit(backup, req("b", 0))
+    c.submit_all(req("b", 1))
+    c.deliver()
+    assert all(c.app[i][-1] == b"b:1" for i in c.ids)
+    assert c.cores[backup].status().pending_requests == 1
+    c.tick(c.config(backup).view_change_ticks + 2)
+    c.deliver()
+    assert all(c.cores[i].view == 0 for i in c.ids)
+    assert c.cores[backup].status().pending_requests == 0
