@@ -12,9 +12,10 @@ magnitude cheaper than a signature. Invariant: `verify`/`verify_mac` never raise
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -24,16 +25,24 @@ from phalanx.consensus.types import NodeId
 from phalanx.net.codec import EncodeError
 
 
-def _codec_bytes(obj: object) -> bytes:
+@functools.cache
+def _canonical_bytes() -> Callable[[object], bytes]:
+    """`phalanx.net.wire.canonical_bytes`, with the PBFT messages registered once per process
+    on first use (imported late: the PBFT messages module imports the consensus layer)."""
     from phalanx.consensus.pbft.messages import PBFT_MESSAGES
     from phalanx.net import wire
 
     wire.register_all(PBFT_MESSAGES)
+    return wire.canonical_bytes
+
+
+def _codec_bytes(obj: object) -> bytes:
+    canonical = _canonical_bytes()
     if isinstance(obj, tuple):
         # A batch: the length-prefixed canonical bytes of its elements (prefix-free).
-        parts = [wire.canonical_bytes(x) for x in obj]
+        parts = [canonical(x) for x in obj]
         return b"T" + b"".join(len(p).to_bytes(4, "big") + p for p in parts)
-    return wire.canonical_bytes(obj)
+    return canonical(obj)
 
 
 class Ed25519Crypto:
