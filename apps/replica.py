@@ -357,9 +357,15 @@ class Replica:
         return taken
 
     def maintain(self) -> None:
-        """Give a machine with `Housekeeping` one bounded piece of its deferred work. Drivers
-        call it when idle (the runtime: on each tick with no persistence in flight), so a
-        quiet replica still frees what its last checkpoint replaced."""
+        """Idle-time work. Drivers call it when idle (the runtime: on each tick with no
+        persistence in flight). Starts a checkpoint that became due while the writer was busy
+        (an apply only starts one when the writer is free, so after a burst the last due
+        checkpoint would otherwise wait for the next write, keeping the overlays and the
+        core's log of the whole burst in memory), then gives a machine with `Housekeeping`
+        one bounded piece of its deferred work, so a quiet replica still frees what its last
+        checkpoint replaced."""
+        if not self._replaying and self._due():
+            self.checkpoint_now()
         if self._maintain is not None:
             self._maintain()
 

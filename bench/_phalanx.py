@@ -34,6 +34,10 @@ from phalanx.client import Client, ClientError, open_client
 from phalanx.cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
 from phalanx.config import ClusterConfig, load_node_config
 
+CHECKPOINT_QUIET_S = 6.0
+"""RSS phase: seconds without a finished checkpoint on any node before the RSS counts as
+settled (a node trims its heap 3 s after a checkpoint; `phalanx.process_tuning.TrimPolicy`)."""
+
 Log = Callable[[str], None]
 
 
@@ -243,7 +247,7 @@ async def phalanx_rss(
     budget_s: float,
     concurrency: int = 256,
     batch: int = 1,
-    settle_s: float = 30.0,
+    settle_s: float = 60.0,
 ) -> dict[str, float]:
     """Load `keys` distinct keys through the client (pipelined), let the nodes settle, then
     read every node's RSS (`max_rss`: the settled figure; `peak_rss`: the highest seen).
@@ -310,9 +314,10 @@ async def phalanx_rss(
         log(f"  RSS load: budget of {budget_s:g} s reached after {done[0]:,} of {keys:,} keys")
     # Settle: the last checkpoint of the load is usually still being written, and its fold
     # coexists with the layers it replaces until the nodes' idle housekeeping frees them.
-    # Sample every second until the largest node RSS has moved less than 1% over three
-    # samples (or `settle_s` passed); the verdict uses that settled figure, and the peak seen
-    # during the load and the settling is reported beside it.
+    # Sample every second until no node has finished a checkpoint for CHECKPOINT_QUIET_S and
+    # the largest node RSS has moved less than 1% over three samples (or `settle_s` passed);
+    # the verdict uses that settled figure, and the peak seen during the load and the
+    # settling is reported beside it.
     def sample() -> dict[str, float]:
         return {f"rss_{node}": float(proc_rss_bytes(pid)) if (pid := cluster.procs.pid(node))
                 is not None else math.nan for node in cluster.procs.node_ids}
@@ -320,17 +325,33 @@ async def phalanx_rss(
     settle_t0 = time.perf_counter()
     history: list[float] = []
     peak = peak_rss[0]
-    while True:
-        await trio.sleep(1.0)
-        current = sample()
-        top = max(current.values())
-        peak = max(peak, top)
-        history.append(top)
-        recent = history[-3:]
-        if len(recent) == 3 and max(recent) - min(recent) < 0.01 * max(recent):
-            break
-        if time.perf_counter() - settle_t0 >= settle_s:
-            break
+    checkpoints: tuple[int, ...] = ()
+    checkpoints_since = settle_t0
+    async with open_client(cluster.config, timeout=5.0) as status_client:
+        while True:
+            await trio.sleep(1.0)
+            current = sample()
+            top = max(current.values())
+            peak = max(peak, top)
+            history.append(top)
+            now = time.perf_counter()
+            # A checkpoint still being written (seconds for a million keys) leaves the RSS
+            # flat until its fold replaces the base; the node trims its heap a few seconds
+            # after. So: settled = no node finished a checkpoint for CHECKPOINT_QUIET_S, and
+            # the RSS moved < 1% over three samples.
+            try:
+                latest = tuple([(await status_client.status(node)).last_checkpoint
+                                for node in cluster.procs.node_ids])
+            except ClientError:
+                latest = ()
+            if latest != checkpoints:
+                checkpoints, checkpoints_since = latest, now
+            recent = history[-3:]
+            if (now - checkpoints_since >= CHECKPOINT_QUIET_S and len(recent) == 3
+                    and max(recent) - min(recent) < 0.01 * max(recent)):
+                break
+            if now - settle_t0 >= settle_s:
+                break
     out: dict[str, float] = {
         "keys": float(done[0]), "target_keys": float(keys), "raw_bytes": float(raw[0]),
         "load_s": load_s,

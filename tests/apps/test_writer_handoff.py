@@ -1,6 +1,8 @@
-"""The threaded writer's GIL yield (`phalanx.apps.writer._paced`): it keeps sleeping while an
-apply that was running when it took the GIL has not finished, up to a bound; it does not wait
-when no apply is running. Time and sleep are faked: each sleep advances the clock."""
+"""The replica and its checkpoint writer taking turns. The threaded writer's GIL yield
+(`phalanx.apps.writer._paced`) keeps sleeping while an apply that was running when it took
+the GIL has not finished, up to a bound, and does not wait when no apply is running (time and
+sleep are faked: each sleep advances the clock). A checkpoint that fell due while the writer
+was busy starts from the idle path (`Replica.maintain`)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,41 @@ def test_the_replica_reports_its_applies() -> None:
         replica.apply(Entry(index=i, term=1, kind=EntryKind.COMMAND, requests=(request,)))
     assert seen == [True, True]
     assert (progress.busy, progress.applies) == (False, 2)
+
+
+class _HeldWriter:
+    """A writer that is busy until the test says otherwise, recording the jobs it gets."""
+
+    def __init__(self) -> None:
+        self.busy = True
+        self.jobs: list[int] = []
+
+    def start(self, job: writer.CheckpointJob) -> None:
+        self.jobs.append(job.index)
+        self.busy = True
+
+    def poll(self) -> writer.CheckpointDone | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_checkpoint_due_while_the_writer_was_busy_starts_when_idle() -> None:
+    from phalanx.apps.replica import CheckpointPolicy
+
+    held = _HeldWriter()
+    replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("n1").open().checkpoints,
+                      writer=held, policy=CheckpointPolicy(every_entries=2, every_bytes=0))
+    for i in (1, 2, 3):
+        command = kv_wire.encode_command(Put(key=f"k{i}", value=b"v"))
+        request = ClientRequest(client_id="c", request_no=i, command=command)
+        replica.apply(Entry(index=i, term=1, kind=EntryKind.COMMAND, requests=(request,)))
+    assert held.jobs == []  # due since entry 2, but the writer was busy
+    replica.maintain()
+    assert held.jobs == []  # still busy: nothing started
+    held.busy = False
+    replica.maintain()  # no write comes: the idle path starts it
+    assert held.jobs == [3]
+    replica.maintain()
+    assert held.jobs == [3]  # not due again
