@@ -105,9 +105,17 @@ class CheckpointPolicy:
     compact_lag: int = 0
     """Entries kept in the WAL below a durable checkpoint (lets lagging peers catch up from the
     log instead of a snapshot)."""
+    idle_calls: int = 0
+    """Also checkpoint after this many `maintain` calls in a row with nothing applied (the
+    runtime calls it on idle ticks: 500 is ~5 s), if at least a quarter of a trigger's worth
+    was applied since the last checkpoint; 0 disables it. After a burst, the tail since the
+    last checkpoint otherwise stays in memory as overlays and the core's log until writes
+    come again, scattered over allocator arenas it keeps resident. Not for protocols whose
+    checkpoints must fall on fixed sequence numbers (PBFT)."""
 
     def __post_init__(self) -> None:
-        if self.every_entries < 0 or self.every_bytes < 0 or self.compact_lag < 0:
+        if (self.every_entries < 0 or self.every_bytes < 0 or self.compact_lag < 0
+                or self.idle_calls < 0):
             raise ValueError(f"checkpoint policy values must be >= 0: {self!r}")
 
 
@@ -174,6 +182,8 @@ class Replica:
         self._config = config
         self._gc_pacer = gc_pacer
         self._progress = ApplyProgress()  # read by a threaded writer between its steps
+        self._idle_since = 0  # applied index at the start of the current idle stretch
+        self._idle_calls = 0  # `maintain` calls since then
         # Invariant: the state of `machine` and `_sessions` is exactly that after `_applied`.
         self._applied = 0
         self._applied_term = 0
@@ -361,13 +371,25 @@ class Replica:
         persistence in flight). Starts a checkpoint that became due while the writer was busy
         (an apply only starts one when the writer is free, so after a burst the last due
         checkpoint would otherwise wait for the next write, keeping the overlays and the
-        core's log of the whole burst in memory), then gives a machine with `Housekeeping`
+        core's log of the whole burst in memory) or that the idle rule asks for
+        (`CheckpointPolicy.idle_calls`), then gives a machine with `Housekeeping`
         one bounded piece of its deferred work, so a quiet replica still frees what its last
         checkpoint replaced."""
-        if not self._replaying and self._due():
-            self.checkpoint_now()
+        if not self._replaying:
+            if self._applied != self._idle_since:
+                self._idle_since, self._idle_calls = self._applied, 0
+            else:
+                self._idle_calls += 1
+            if self._due() or self._idle_due():
+                self.checkpoint_now()
         if self._maintain is not None:
             self._maintain()
+
+    def _idle_due(self) -> bool:
+        p = self._policy
+        return (0 < p.idle_calls <= self._idle_calls
+                and ((p.every_entries > 0 and self._entries_since * 4 >= p.every_entries)
+                     or (p.every_bytes > 0 and self._bytes_since * 4 >= p.every_bytes)))
 
     def _collect(self) -> None:
         done = self._writer.poll()

@@ -68,6 +68,11 @@ PBFT_CHECKPOINT_INTERVAL = 64
 """K: sequence numbers between PBFT checkpoints (water marks span 2K). Bounded so the
 message log stays small whatever `[checkpoint] every_entries` says."""
 
+IDLE_CHECKPOINT_TICKS = 500
+"""Raft: checkpoint after ~5 s of idle ticks (at the default 10 ms tick) if a quarter of a
+trigger's worth was applied since the last one (`CheckpointPolicy.idle_calls`). PBFT never:
+its checkpoints must fall on multiples of K."""
+
 PBFT_BATCH_SIZE = 64
 """Requests per pre-prepare once that many are waiting at the primary (else the next tick
 flushes)."""
@@ -102,7 +107,8 @@ def checkpoint_policy(config: NodeConfig, *, compact_lag: int) -> CheckpointPoli
         return CheckpointPolicy(every_entries=pbft_checkpoint_interval(config), every_bytes=0,
                                 compact_lag=0)
     return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
-                            every_bytes=config.checkpoint.every_bytes, compact_lag=compact_lag)
+                            every_bytes=config.checkpoint.every_bytes, compact_lag=compact_lag,
+                            idle_calls=IDLE_CHECKPOINT_TICKS)
 
 
 def pbft_checkpoint_interval(config: NodeConfig) -> int:

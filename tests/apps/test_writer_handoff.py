@@ -115,3 +115,34 @@ def test_a_checkpoint_due_while_the_writer_was_busy_starts_when_idle() -> None:
     assert held.jobs == [3]
     replica.maintain()
     assert held.jobs == [3]  # not due again
+
+
+def test_an_idle_replica_checkpoints_the_tail_of_a_burst() -> None:
+    from phalanx.apps.replica import CheckpointPolicy
+
+    held = _HeldWriter()
+    held.busy = False
+    replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("n1").open().checkpoints,
+                      writer=held,
+                      policy=CheckpointPolicy(every_entries=8, every_bytes=0, idle_calls=3))
+
+    def write(i: int) -> None:
+        command = kv_wire.encode_command(Put(key=f"k{i}", value=b"v"))
+        request = ClientRequest(client_id="c", request_no=i, command=command)
+        replica.apply(Entry(index=i, term=1, kind=EntryKind.COMMAND, requests=(request,)))
+
+    write(1)  # an eighth of the trigger: too little to checkpoint for
+    for _ in range(10):
+        replica.maintain()
+    assert held.jobs == []
+    write(2)  # a quarter
+    replica.maintain()  # applied something: the idle count starts again
+    replica.maintain()
+    replica.maintain()
+    assert held.jobs == []
+    replica.maintain()  # the third idle call in a row
+    assert held.jobs == [2]
+    held.busy = False
+    for _ in range(10):
+        replica.maintain()
+    assert held.jobs == [2]  # nothing new since
