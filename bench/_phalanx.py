@@ -34,9 +34,10 @@ from phalanx.client import Client, ClientError, open_client
 from phalanx.cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
 from phalanx.config import ClusterConfig, load_node_config
 
-CHECKPOINT_QUIET_S = 6.0
+CHECKPOINT_QUIET_S = 17.0
 """RSS phase: seconds without a finished checkpoint on any node before the RSS counts as
-settled (a node trims its heap 3 s after a checkpoint; `phalanx.process_tuning.TrimPolicy`)."""
+settled (a node trims its heap 3 s and 15 s after a checkpoint;
+`phalanx.process_tuning.TrimPolicy`)."""
 
 Log = Callable[[str], None]
 
@@ -247,7 +248,7 @@ async def phalanx_rss(
     budget_s: float,
     concurrency: int = 256,
     batch: int = 1,
-    settle_s: float = 60.0,
+    settle_s: float = 90.0,
 ) -> dict[str, float]:
     """Load `keys` distinct keys through the client (pipelined), let the nodes settle, then
     read every node's RSS (`max_rss`: the settled figure; `peak_rss`: the highest seen).

@@ -25,7 +25,7 @@ stay resident. `malloc_trim(0)` hands their pages back (`madvise`). On a 3-node 
 0.4-7 ms of C time with the GIL released, holding each malloc arena's lock in turn, so it runs
 on a worker thread and only when there is something to give back: `TrimPolicy` asks for one
 after each checkpoint, once the checkpoint is done and the state had a few seconds to adopt
-its fold and free the layers it replaced.
+its fold, and again later, once it has freed the layers the fold replaced.
 
 Only the node entry point calls this (never library code: an embedding program owns its
 process). A `MALLOC_ARENA_MAX` or `MALLOC_MMAP_THRESHOLD_` already in the environment wins
@@ -81,30 +81,32 @@ def trim_malloc() -> bool:
 
 
 class TrimPolicy:
-    """When to call `trim_malloc`: once after each checkpoint (the fold it builds replaces
-    the whole base, and the Raft log is compacted behind it), `settle` seconds after the
-    checkpoint count last changed and only while no checkpoint is being written; also once
-    `settle` seconds after start (recovery frees its parse buffers). Pure: the caller passes
-    the time and the replica's counters."""
+    """When to call `trim_malloc`: twice after each checkpoint (the fold it builds replaces
+    the whole base, and the Raft log is compacted behind it), `settle` and `again` seconds
+    after the checkpoint count last changed, and only while no checkpoint is being written;
+    also once `settle` seconds after start (recovery frees its parse buffers). The second
+    trim catches what the replica's idle housekeeping freed after the first: it takes the
+    replaced layers apart a few pieces per idle tick, seconds for a million keys. Pure: the
+    caller passes the time and the replica's counters."""
 
-    __slots__ = ("_changed_at", "_pending", "_seen", "settle")
+    __slots__ = ("_due_at", "_seen", "again", "settle")
 
-    def __init__(self, *, now: float, settle: float = 3.0) -> None:
-        if settle < 0:
-            raise ValueError(f"settle must be >= 0, got {settle}")
+    def __init__(self, *, now: float, settle: float = 3.0, again: float = 15.0) -> None:
+        if settle < 0 or again < settle:
+            raise ValueError(f"need 0 <= settle <= again, got {settle}, {again}")
         self.settle = settle
+        self.again = again
         self._seen: int | None = None
-        self._changed_at = now
-        self._pending = True
+        self._due_at: list[float] = [now + settle]
 
     def due(self, *, now: float, checkpoints_written: int, in_flight: bool) -> bool:
-        """Whether to trim now; after True, the next trim waits for the next checkpoint."""
+        """Whether to trim now."""
         if checkpoints_written != self._seen:
             if self._seen is not None:
-                self._pending = True
-                self._changed_at = now
+                self._due_at = [now + self.settle, now + self.again]
             self._seen = checkpoints_written
-        if not self._pending or in_flight or now - self._changed_at < self.settle:
+        if in_flight or not self._due_at or now < self._due_at[0]:
             return False
-        self._pending = False
+        while self._due_at and now >= self._due_at[0]:
+            self._due_at.pop(0)  # one trim covers every time already passed
         return True

@@ -74,16 +74,26 @@ def test_trim_gives_holes_in_the_heap_back_on_glibc() -> None:
         assert (released, freed_mib) == (0, 0)
 
 
-def test_trim_policy_trims_once_per_checkpoint_after_it_settles() -> None:
-    policy = TrimPolicy(now=0.0, settle=3.0)
+def test_trim_policy_trims_twice_per_checkpoint_after_it_settles() -> None:
+    policy = TrimPolicy(now=0.0, settle=3.0, again=15.0)
     assert not policy.due(now=1.0, checkpoints_written=0, in_flight=False)
     assert policy.due(now=3.5, checkpoints_written=0, in_flight=False)  # after start-up
-    assert not policy.due(now=10.0, checkpoints_written=0, in_flight=False)  # nothing new
-    assert not policy.due(now=11.0, checkpoints_written=1, in_flight=False)  # just written
-    assert not policy.due(now=13.0, checkpoints_written=1, in_flight=False)
-    assert not policy.due(now=14.5, checkpoints_written=1, in_flight=True)  # another running
-    assert not policy.due(now=15.0, checkpoints_written=2, in_flight=False)  # restarts the wait
-    assert policy.due(now=18.0, checkpoints_written=2, in_flight=False)
-    assert not policy.due(now=30.0, checkpoints_written=2, in_flight=False)
+    assert not policy.due(now=30.0, checkpoints_written=0, in_flight=False)  # nothing new
+    assert not policy.due(now=31.0, checkpoints_written=1, in_flight=False)  # just written
+    assert not policy.due(now=33.0, checkpoints_written=1, in_flight=False)
+    assert not policy.due(now=34.5, checkpoints_written=1, in_flight=True)  # another running
+    assert not policy.due(now=35.0, checkpoints_written=2, in_flight=False)  # restarts the wait
+    assert policy.due(now=38.0, checkpoints_written=2, in_flight=False)
+    assert not policy.due(now=45.0, checkpoints_written=2, in_flight=False)
+    assert policy.due(now=50.0, checkpoints_written=2, in_flight=False)  # the second trim
+    assert not policy.due(now=90.0, checkpoints_written=2, in_flight=False)
+    late = TrimPolicy(now=0.0)
+    assert late.due(now=100.0, checkpoints_written=0, in_flight=False)
+    assert not late.due(now=101.0, checkpoints_written=0, in_flight=False)
+    assert not late.due(now=200.0, checkpoints_written=3, in_flight=False)
+    assert late.due(now=400.0, checkpoints_written=3, in_flight=False)  # both times passed: once
+    assert not late.due(now=401.0, checkpoints_written=3, in_flight=False)
     with pytest.raises(ValueError, match="settle"):
         TrimPolicy(now=0.0, settle=-1)
+    with pytest.raises(ValueError, match="again"):
+        TrimPolicy(now=0.0, settle=5.0, again=1.0)
