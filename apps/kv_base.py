@@ -42,8 +42,11 @@ import gc
 import itertools
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 __all__ = ["SHARD_KEYS", "PackedShard", "ShardPacker", "SortedBase"]
+
+_Packed = TypeVar("_Packed", str, bytes)
 
 SAMPLE_STRIDE = 16
 """Every 16th key of a shard stays a `str` object, the sample a lookup bisects in C before
@@ -59,6 +62,11 @@ def _offsets_of(lengths: Iterable[int], total: int) -> array[int]:
     """Cumulative offsets (first 0) of items of `lengths` summing to `total`, in the narrowest
     array type that holds `total`, built in one C-level pass."""
     return array("I" if total < 1 << 32 else "Q", itertools.accumulate(lengths, initial=0))
+
+
+def _cut(packed: _Packed, bounds: array[int]) -> list[_Packed]:
+    """The pieces of `packed` between consecutive `bounds`, each a new object (C-level)."""
+    return list(map(packed.__getitem__, map(slice, bounds, itertools.islice(bounds, 1, None))))
 
 
 class PackedShard:
@@ -100,9 +108,7 @@ class PackedShard:
 
     def keys(self, lo: int = 0, hi: int | None = None) -> list[str]:
         """The keys `lo`..`hi` (a slice), each a new `str`, in one C-level pass."""
-        bounds = self._kpos[lo: (len(self) if hi is None else hi) + 1]
-        return list(map(self._kstr.__getitem__,
-                        map(slice, bounds, itertools.islice(bounds, 1, None))))
+        return _cut(self._kstr, self._kpos[lo: (len(self) if hi is None else hi) + 1])
 
     def index_from(self, key: str) -> int:
         """The position of the first key >= `key` (`bisect_left` over the keys)."""
@@ -151,9 +157,7 @@ class PackedShard:
 
     def values(self, lo: int = 0, hi: int | None = None) -> list[bytes]:
         """The values of keys `lo`..`hi` (a slice), each a new `bytes`, in one C-level pass."""
-        bounds = self._offsets[lo: (len(self) if hi is None else hi) + 1]
-        return list(map(self._blob.__getitem__,
-                        map(slice, bounds, itertools.islice(bounds, 1, None))))
+        return _cut(self._blob, self._offsets[lo: (len(self) if hi is None else hi) + 1])
 
     def nbytes(self) -> int:
         """Bytes held by the packed keys and values and their offsets (tests, diagnostics)."""
