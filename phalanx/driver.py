@@ -7,8 +7,11 @@ nothing is locked: every other task talks to it through one bounded memory chann
 disconnects). A sender blocks while the channel is full (backpressure).
 
 Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
-- A Ready's `early_messages` go to the transport the moment `step` returns it (step 0: a
-  leader's AppendEntries leave while its own disk write is still to come).
+- A Ready's `early_messages` (step 0) are held until the pass's client replies are out,
+  then go to the transport, in step order: at the end of the pass, or before any write the
+  pass starts, whichever comes first (`_release_early`). So a leader's AppendEntries leave
+  before its own disk write, and its commit notices (which wake both followers) leave after
+  the reply they follow.
 - Every Ready a step returns is queued, in step order, in `_pending`.
 - When no batch is being persisted, the Readys at the head of the queue that write nothing
   durable (commit notices, heartbeat answers) are completed at once; the rest becomes one
@@ -70,39 +73,35 @@ from phalanx.consensus.core import (
     ReadState,
     Ready,
     Receive,
-    Submit,
+    Send,
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.driver_calls import (
+    MAX_PENDING_CALLS,
+    PROPOSAL_MAX_BYTES,
+    PROPOSAL_MAX_REQUESTS,
+    CallAdmission,
+)
 from phalanx.driver_persist import EARLY_WRITE_CHECKPOINTS, PersistPipeline, _BatchDone
 from phalanx.driver_stats import DriverObserver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.net.client_protocol import (
     ClientCall,
     ClientReply,
-    ReadConsistency,
     ReplyStatus,
     StatusReply,
 )
 from phalanx.phase_trace import PhaseTrace
 from phalanx.ticker import Ticker
 
+__all__ = ["DRAIN_LIMIT", "MAX_PENDING_CALLS", "PROPOSAL_MAX_BYTES", "PROPOSAL_MAX_REQUESTS",
+           "Driver"]
+
 logger = logging.getLogger(__name__)
 
 DRAIN_LIMIT = 512
 """Items the core loop takes without yielding before it flushes (bounds batch latency)."""
-
-PROPOSAL_MAX_REQUESTS = 256
-PROPOSAL_MAX_BYTES = 256 * 1024
-"""A batch of client writes is proposed (one log entry) once it holds this many requests or
-command bytes, even mid-pass: entries, and so AppendEntries frames, stay well under the
-transport's frame limit however large the drained backlog is."""
-
-MAX_PENDING_CALLS = 2048
-"""Client calls a leader holds unanswered before it refuses new writes with RETRY (its own id
-as the leader hint: "I lead, come back later"). Backpressure: past this, a longer queue only
-adds latency (clients would wait past their deadlines for writes that then still apply).
-Closed-loop clients never reach it while each holds one call in flight; a flood does."""
 
 MAX_CATCH_UP_TICKS = 5
 """Ticks the ticker delivers at once after a late wake-up; a longer pause delivers one."""
@@ -143,7 +142,7 @@ class _Disconnected:
 _Item: TypeAlias = Input | _Call | _Calls | _Status | _Disconnected | _BatchDone
 
 
-class Driver(PersistPipeline):
+class Driver(CallAdmission, PersistPipeline):
     """Runs `core` with `replica` and `committer` under trio (see the module docstring).
 
     Args:
@@ -248,7 +247,7 @@ class Driver(PersistPipeline):
         self.node_id = core.node_id
         self._waiters = ClientWaiters(core.node_id, self.stats)
         self._answer = self._waiters.answer
-        self._reply = self._waiters.reply
+        self._early: list[Send] = []
 
     # ---------------------------------------------------------------------- public (any task)
 
@@ -355,6 +354,7 @@ class Driver(PersistPipeline):
                 self._propose()
             self._flush()
             self._after_pass()
+            self._release_early()
             if clock() - start > slow:
                 self.stats.slow_passes += 1
 
@@ -423,24 +423,33 @@ class Driver(PersistPipeline):
                 self._queue(self.core.step(follow))
 
     def _queue(self, ready: Ready) -> None:
-        """Send a Ready's early messages now (step 0); queue the rest in step order."""
+        """Hold a Ready's early messages for `_release_early` (step 0); queue the rest in
+        step order."""
         self.stats.steps += 1
         if ready.early_messages:
-            send = self._send
-            for early in ready.early_messages:
-                send(early.to, early.message)
+            self._early.extend(ready.early_messages)
             self.stats.early_messages += len(ready.early_messages)
-            self._unsent_output = True
         if not ready.is_empty and not (
                 ready.early_messages and _only_early(ready)):
             self._pending.append(ready)
 
-    def _propose(self) -> None:
-        requests, self._proposals = tuple(self._proposals), []
-        self._proposal_bytes = 0
-        assert self._propose_batch is not None  # only queued when set
-        self.stats.proposal_batches += 1
-        self._queue(self._propose_batch(requests))
+    def _release_early(self) -> None:
+        """Hand the early messages held so far to the transport, in step order.
+
+        Held, not sent at step time: within a pass, the client replies go out first
+        (`after_pass`), then the early messages (a leader's commit notices wake both
+        followers, which on a small machine then compete for the cores with the reply's
+        last hop and the client's next request). Before any persistence starts, the pass
+        releases them (`phalanx.driver_persist`): a leader's AppendEntries still leave
+        before its own write. Sending an early message later than it was produced is
+        always allowed (`Ready.early_messages`: they may be sent at any point).
+        """
+        if self._early:
+            early, self._early = self._early, []
+            send = self._send
+            for one in early:
+                send(one.to, one.message)
+            self._unsent_output = True
 
     def _on_tick(self) -> None:
         previous, status = self._status, self.core.status()
@@ -470,54 +479,6 @@ class Driver(PersistPipeline):
         internal, self._internal = self._internal, []
         for inp in internal:
             self._step(inp)
-
-    def _on_call(self, call: ClientCall, target: ReplyTarget) -> None:
-        request = call.request
-        if self._trace is not None:
-            self._trace.mark("call", f"{request.client_id}/{request.request_no}")
-        if request.read_only and call.consistency is ReadConsistency.STALE:
-            if self._inflight_snapshot:
-                self._reply(target, request, ReplyStatus.RETRY, message="installing a snapshot")
-            else:
-                result = self.replica.query(request.command)
-                self._reply(target, request, ReplyStatus.OK, result=result)
-            return
-        if not request.read_only and not self._inflight_snapshot:
-            session = self.replica.session(request.client_id)
-            if session is not None and request.request_no <= session.request_no:
-                # A retry of a write already applied here: answer from the session table (a
-                # PBFT core never orders an executed request again, so nothing else would).
-                self.stats.session_replies += 1
-                if request.request_no == session.request_no:
-                    self._reply(target, request, ReplyStatus.OK, result=session.result)
-                else:
-                    self._reply(target, request, ReplyStatus.ERROR, message="expired: a newer "
-                                "request of this client was already applied")
-                return
-        key = (request.client_id, request.request_no)
-        waiting = self._waiters.get(key)
-        if (not waiting and not request.read_only and self._was_leader
-                and len(self._waiters) >= self._max_pending_calls):
-            self.stats.overloaded_calls += 1
-            self._reply(target, request, ReplyStatus.RETRY, leader_hint=self.node_id,
-                        message=f"overloaded: {len(self._waiters)} calls pending")
-            return
-        self._waiters.add(key, target)
-        if waiting and not request.read_only and self._was_leader:
-            # A retry of a write this leader already proposed and has not answered: it will
-            # commit or this node will lose leadership (which answers every waiter), so the
-            # retry just waits with it instead of adding a duplicate to the log. (Clients
-            # retry after a lost connection or a silent node; duplicates would snowball.)
-            self.stats.duplicate_calls += 1
-            return
-        if self._propose_batch is not None and not request.read_only:
-            self._proposals.append(request)  # stepped together at the end of this pass
-            self._proposal_bytes += len(request.command)
-            if (len(self._proposals) >= PROPOSAL_MAX_REQUESTS
-                    or self._proposal_bytes >= PROPOSAL_MAX_BYTES):
-                self._propose()
-        else:
-            self._step(Submit(request=request))
 
     # ---------------------------------------------------------------------- batches
 
@@ -577,18 +538,6 @@ class Driver(PersistPipeline):
             else:
                 waiting.append(read)
         self._reads = waiting
-
-    # ---------------------------------------------------------------------- replies
-
-    def _fail_waiters(self, reason: str) -> None:
-        """Answer RETRY to every waiter: this node stopped being leader. Their requests may
-        still commit (under the next leader); the client retries with the same ids and the
-        session table answers a duplicate from its cache."""
-        self._waiters.fail_all(ReplyStatus.RETRY, leader_hint=self._leader, message=reason)
-        self._reads.clear()
-
-    def waiter_count(self) -> int:
-        return len(self._waiters)
 
 
 def _only_early(ready: Ready) -> bool:

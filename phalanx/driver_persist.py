@@ -7,7 +7,8 @@ rule for them as one batch through the `GroupCommitter`: on a worker thread
 `_BatchDone` item of the input channel), or on the core task (`persist_inline` with fsync
 off, `follower_inline`, or `idle_inline` for a small batch while no input waits). Readys at
 the head of a batch that write nothing durable complete at once. Then `Driver._complete`
-carries out steps 2-5.
+carries out steps 2-5. Before any write starts (`_before_write`), the replies handed out so
+far and the early messages the driver holds are released, so neither waits behind a write.
 
 Must not import: sockets, TLS, prometheus, any consensus core, `phalanx.driver`.
 
@@ -66,6 +67,8 @@ class PersistPipeline:
     tasks that write them (`EARLY_WRITE_CHECKPOINTS`)."""
     _output_pending: Callable[[], bool]
     _after_pass: Callable[[], None]
+    _release_early: Callable[[], None]
+    """Hands the early messages held so far to the transport (`Driver._release_early`)."""
     _just_yielded: bool
     _flush_again: bool
     _status: CoreStatus
@@ -104,18 +107,21 @@ class PersistPipeline:
         while self._inflight is None and self._pending:
             batch = self._pending
             if self._idle_inline and self._inline_now(batch):
-                self._after_pass()  # replies of this pass go out before the loop blocks
-                if (self._unsent_output and not self._just_yielded
-                        and self.committer.needs_io(batch) and self._output_pending()):
-                    # Messages or replies this task handed out are not written yet (the
-                    # transport and client connections write from their own tasks): let
-                    # them go before the fsync blocks the event loop. The core loop yields,
-                    # then flushes again (at least one batch per yield: no starvation).
-                    self._flush_again = True
-                    break
+                needs_io = self.committer.needs_io(batch)
+                if needs_io:
+                    self._before_write()
+                    if (self._unsent_output and not self._just_yielded
+                            and self._output_pending()):
+                        # Messages or replies this task handed out are not written yet
+                        # (the transport and client connections write from their own
+                        # tasks): let them go before the fsync blocks the event loop. The
+                        # core loop yields, then flushes again (at least one batch per
+                        # yield: no starvation).
+                        self._flush_again = True
+                        break
                 self._pending = []
                 self._just_yielded = False
-                if self.committer.needs_io(batch):
+                if needs_io:
                     self._persist_here(batch)
                 else:  # only deferrable hard states (commit notices): nothing to write
                     self.committer.note_deferred(batch)
@@ -124,6 +130,7 @@ class PersistPipeline:
             self._pending = []
             if self._persist_inline or (self._follower_inline
                                         and self._status.role != "leader"):
+                self._before_write()
                 self._persist_here(batch)
                 self._complete(batch)
                 continue
@@ -141,6 +148,12 @@ class PersistPipeline:
                 continue
             self._start_io(batch, flush_commit=False)
         self.stats.pending_readys = len(self._pending)
+
+    def _before_write(self) -> None:
+        """Before a write starts: the pass's replies so far, then its early messages (a
+        leader's AppendEntries), leave; they never wait behind the write."""
+        self._after_pass()
+        self._release_early()
 
     def _inline_now(self, batch: Sequence[Ready]) -> bool:
         """Whether to persist `batch` on the core task: it is small, installs no snapshot,
@@ -166,6 +179,7 @@ class PersistPipeline:
 
     def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse
+        self._before_write()
         self._inflight = batch
         if self._trace is not None:
             self._trace.mark("io_start", str(len(batch)))

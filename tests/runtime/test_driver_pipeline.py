@@ -18,7 +18,7 @@ from runtime_helpers import wait_for
 
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
-from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Send
+from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Receive, Send
 from phalanx.consensus.raft import AppendEntries, AppendEntriesResponse
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
 from phalanx.driver import DRAIN_LIMIT, PROPOSAL_MAX_REQUESTS, Driver
@@ -337,3 +337,60 @@ def test_max_pending_calls_must_be_positive() -> None:
     core, committer = ScriptedCore("leader"), GatedCommitter()
     with pytest.raises(ValueError, match="max_pending_calls"):
         make_driver(core, committer, [], max_pending_calls=0)
+
+
+NOTICE = AppendEntries(term=1, leader_id=N1, prev_log_index=1, prev_log_term=1, entries=(),
+                       leader_commit=1)
+
+
+class CommittingCore(ScriptedCore):
+    """A follower's answer (`LATE` received) commits the proposed entry, with an early
+    commit notice (as Raft's leader broadcasts after advancing its commit index)."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__(role)
+        self.entries: list[Entry] = []
+
+    def propose(self, requests: tuple[ClientRequest, ...]) -> Ready:
+        ready = super().propose(requests)
+        self.entries.extend(ready.entries)
+        return ready
+
+    def step(self, inp: Input, /) -> Ready:
+        super().step(inp)
+        if isinstance(inp, Receive) and self.entries:
+            committed, self.entries = tuple(self.entries), []
+            return Ready(committed=committed, early_messages=(Send(to=N2, message=NOTICE),))
+        return Ready()
+
+
+class RecordingSink(Sink):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def deliver(self, reply: ClientReply | StatusReply) -> None:
+        super().deliver(reply)
+        self.events.append("reply")
+
+
+@pytest.mark.parametrize("idle_inline", [True, False])
+async def test_the_reply_leaves_before_the_commit_notice(idle_inline: bool) -> None:
+    """Early messages are held to the end of the pass (or the next write): a commit
+    notice, which wakes every follower, leaves after the reply it follows."""
+    core, committer, sent = CommittingCore("leader"), GatedCommitter(), []
+    driver = make_driver(core, committer, sent, idle_inline=idle_inline)
+    sink = RecordingSink(committer.events)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await driver.call(call(1), sink)
+        await wait_for(lambda: core.persisted == [1])
+        await driver.deliver(N2, LATE)  # the follower's answer: the entry commits
+        await wait_for(lambda: len(committer.events) == 5)
+        nursery.cancel_scope.cancel()
+    assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse",
+                                "reply", "AppendEntries"]
+    assert sent[-1] == (N2, NOTICE)
+    [reply] = sink.replies
+    assert isinstance(reply, ClientReply)
+    assert reply.status is ReplyStatus.OK
