@@ -8,6 +8,12 @@ Must not import: trio, sockets, clocks. Canonical bytes come from the codec
 Choice (see `phalanx.consensus.pbft.messages`): messages that travel as proofs are Ed25519
 signed; normal-case commits use HMAC-SHA256 over pairwise keys, which is two orders of
 magnitude cheaper than a signature. Invariant: `verify`/`verify_mac` never raise.
+
+What is covered: with the codec (the default), the canonical bytes of the message without
+its top-level `signature`/`auth` fields (`canonical_bytes(obj, omit=...)`: no blanked copy of
+the message is built); with an injected encoder, `encode(signing_view(obj))`. Either way a
+signature or MAC never covers itself, and equal messages give equal bytes. A MAC of the
+object just MACed for another peer reuses its bytes (one commit, three receivers: one encode).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from phalanx.net.codec import EncodeError
 
 
 @functools.cache
-def _canonical_bytes() -> Callable[[object], bytes]:
+def _canonical_bytes() -> Callable[..., bytes]:
     """`phalanx.net.wire.canonical_bytes`, with the PBFT messages registered once per process
     on first use (imported late: the PBFT messages module imports the consensus layer)."""
     from phalanx.consensus.pbft.messages import PBFT_MESSAGES
@@ -34,6 +40,27 @@ def _canonical_bytes() -> Callable[[object], bytes]:
 
     wire.register_all(PBFT_MESSAGES)
     return wire.canonical_bytes
+
+
+_AUTH_FIELDS = ("signature", "auth")
+_OMITTED: dict[type, tuple[str, ...]] = {}
+"""Per class, which of `_AUTH_FIELDS` it has (computed once per type: a hot path)."""
+
+
+def _omitted(cls: type) -> tuple[str, ...]:
+    found = _OMITTED.get(cls)
+    if found is None:
+        names = getattr(cls, "__dataclass_fields__", {})
+        found = _OMITTED[cls] = tuple(n for n in _AUTH_FIELDS if n in names)
+    return found
+
+
+def _codec_signed_bytes(obj: object) -> bytes:
+    """What a signature or MAC covers under the codec: `obj` without its own tags."""
+    omit = _omitted(type(obj)) if not isinstance(obj, tuple) else ()
+    if not omit:
+        return _codec_bytes(obj)
+    return _canonical_bytes()(obj, omit=omit)
 
 
 def _codec_bytes(obj: object) -> bytes:
@@ -48,7 +75,8 @@ def _codec_bytes(obj: object) -> bytes:
 class Ed25519Crypto:
     """Ed25519 signatures, HMAC-SHA256 MACs, SHA-256 digests."""
 
-    __slots__ = ("_encode", "_mac_keys", "_node_id", "_private", "_public")
+    __slots__ = ("_encode", "_mac_keys", "_mac_memo", "_node_id", "_private", "_public",
+                 "_signed_bytes")
 
     def __init__(
         self,
@@ -64,20 +92,28 @@ class Ed25519Crypto:
         self._public = dict(public_keys)
         self._mac_keys = dict(mac_keys)
         self._encode = encode if encode is not None else _codec_bytes
+        self._signed_bytes: Callable[[object], bytes] = (
+            _codec_signed_bytes if encode is None else self._view_bytes
+        )
+        # The object last MACed and its covered bytes (held, so identity cannot be reused).
+        self._mac_memo: tuple[object, bytes] | None = None
 
     @property
     def node_id(self) -> NodeId:
         return self._node_id
 
+    def _view_bytes(self, obj: object) -> bytes:
+        return self._encode(signing_view(obj))
+
     def sign(self, obj: object) -> bytes:
-        return self._private.sign(self._encode(signing_view(obj)))
+        return self._private.sign(self._signed_bytes(obj))
 
     def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
         key = self._public.get(node)
         if key is None:
             return False
         try:
-            key.verify(signature, self._encode(signing_view(obj)))
+            key.verify(signature, self._signed_bytes(obj))
         except (InvalidSignature, EncodeError, ValueError, TypeError):
             return False
         return True
@@ -86,14 +122,20 @@ class Ed25519Crypto:
         key = self._mac_keys.get(peer)
         if key is None:
             raise KeyError(f"no MAC key shared with {peer!r}")
-        return hmac.new(key, self._encode(signing_view(obj)), hashlib.sha256).digest()
+        memo = self._mac_memo
+        if memo is not None and memo[0] is obj:
+            data = memo[1]
+        else:
+            data = self._signed_bytes(obj)
+            self._mac_memo = (obj, data)
+        return hmac.new(key, data, hashlib.sha256).digest()
 
     def verify_mac(self, peer: NodeId, obj: object, tag: bytes) -> bool:
         key = self._mac_keys.get(peer)
         if key is None:
             return False
         try:
-            expected = hmac.new(key, self._encode(signing_view(obj)), hashlib.sha256).digest()
+            expected = hmac.new(key, self._signed_bytes(obj), hashlib.sha256).digest()
         except (EncodeError, ValueError, TypeError):
             return False
         return hmac.compare_digest(expected, tag)

@@ -1,8 +1,9 @@
 """The PBFT core (Castro and Liskov, OSDI'99 / TOCS'02): a sans-IO `phalanx.consensus.core.Core`.
 
 Owns: dispatch of inputs (role-free: the primary of view v is replicas[v mod n]), the
-three-phase normal case, in-order execution into `Ready.committed`, the view-change timer
-with exponential backoff, and the `Ready` bundle of each step. Split out: `view_flow.py`
+view-change timer with exponential backoff, and the `Ready` bundle of each step. Split out:
+`vote_flow.py` (the three-phase normal case and in-order execution into `Ready.committed`,
+a base class of `PbftCore`), `view_flow.py`
 (ViewChange/NewView handling, a base class of `PbftCore`), `request_flow.py` (client
 requests, batching and relaying to the primary, a base class too), `checkpoint_flow.py`
 (checkpoints, stable-checkpoint garbage collection, state-transfer glue, a base class too),
@@ -59,11 +60,11 @@ from phalanx.consensus.core import (
     Tick,
     snapshot_bytes,
 )
-from phalanx.consensus.crypto import Crypto, digest_of
+from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
 from phalanx.consensus.pbft.checkpoint_flow import CheckpointFlow
 from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import AddResult, FutureVotes, MessageLog
+from phalanx.consensus.pbft.log import FutureVotes, MessageLog
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
     CheckpointData,
@@ -81,12 +82,12 @@ from phalanx.consensus.pbft.messages import (
 )
 from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.requests import RequestBook
-from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
+from phalanx.consensus.pbft.safety import SafetyRules
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
 from phalanx.consensus.pbft.view_flow import ViewChangeFlow
+from phalanx.consensus.pbft.vote_flow import VoteFlow
 from phalanx.consensus.types import (
     Entry,
-    EntryKind,
     HardState,
     LocalProtocolError,
     Message,
@@ -139,7 +140,7 @@ class PbftStatus(CoreStatus):
     transferring: bool = False
 
 
-class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
+class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
     """One PBFT replica. See the module docstring for the rules it keeps."""
 
     def __init__(
@@ -414,130 +415,6 @@ class PbftCore(RequestFlow, CheckpointFlow, ViewChangeFlow):
         elif not self._future.add(src, msg):  # replayed once we enter that view
             self._drop("future_view_overflow")
         return False
-
-    def _on_vote(self, msg: PrePrepare | Prepare | Commit) -> None:
-        primary = self._cfg.primary(msg.view)
-        if not self._log.in_window(msg.seq):
-            self._drop("out_of_window")
-            return
-        match msg:
-            case PrePrepare():
-                if msg.replica != primary:
-                    self._drop("not_primary")
-                    return
-                if msg.digest != digest_of(self._crypto, msg.batch):
-                    self._drop("bad_digest")
-                    return
-                if not self._crypto.verify(msg.replica, msg, msg.signature):
-                    self._drop("bad_signature")
-                    return
-                result = self._log.add_pre_prepare(msg, counted=True)
-                if result is AddResult.ADDED:
-                    # No need to relay these any more; wait for them to execute.
-                    self._requests.ordered(msg.batch, wait=True)
-                    self._send_prepare(msg)
-            case Prepare():
-                if msg.replica == primary:
-                    self._drop("prepare_from_primary")
-                    return
-                if not self._crypto.verify(msg.replica, msg, msg.signature):
-                    self._drop("bad_signature")
-                    return
-                result = self._log.add_prepare(msg)
-            case Commit():
-                if not self._crypto.verify_mac(msg.replica, msg, msg.auth):
-                    self._drop("bad_auth")
-                    return
-                result = self._log.add_commit(msg)
-            case _:
-                assert_never(msg)
-        if result is not AddResult.ADDED:
-            self._drop(result.value)
-            return
-        self._progress(msg.view, msg.seq)
-
-    def _send_prepare(self, pp: PrePrepare) -> None:
-        prepare = Prepare(view=pp.view, seq=pp.seq, digest=pp.digest, replica=self._me)
-        early = self._early_ok(pp.view)
-        try:
-            signed = self._safety.sign_prepare(prepare, early=early)
-        except SafetyViolation:
-            self._drop("safety_refused")
-            return
-        self._log.slot(pp.view, pp.seq).prepare_sent = True
-        if early:
-            self._send_early(signed)
-            self._log.add_prepare(signed)  # the caller runs `_progress`
-        else:
-            self._broadcast(signed)
-            self._new_own.append(signed)
-
-    def _progress(self, view: int, seq: int) -> None:
-        slot = self._log.peek(view, seq)
-        if slot is None or slot.pre_prepare is None:
-            return
-        pp = slot.pre_prepare
-        q = self._cfg.quorum
-        if not slot.commit_sent and self._log.prepared(view, seq, q):
-            slot.commit_sent = True
-            self._log.record_prepared(view, seq, q)
-            self._durable_dirty = True
-            commit = Commit(view=view, seq=seq, digest=pp.digest, replica=self._me)
-            for peer in self._cfg.peers():
-                tag = self._crypto.mac(peer, commit)
-                self._send(
-                    peer, Commit(view=view, seq=seq, digest=pp.digest, replica=self._me, auth=tag)
-                )
-            self._new_own.append(commit)
-        if not slot.committed and self._log.committed_local(view, seq, q, self._cfg.commit_quorum):
-            slot.committed = True
-            if seq > self._executed and seq not in self._committed:
-                self._committed[seq] = (view, pp.digest, pp.batch)
-            self._execute()
-
-    def _execute(self) -> None:
-        progressed = False
-        while self._executed + 1 in self._committed:
-            seq = self._executed + 1
-            view, digest, batch = self._committed.pop(seq)
-            kind = EntryKind.COMMAND if batch else EntryKind.NOOP
-            self._exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
-            self._executed = seq
-            self._catchup.history[seq] = (view, digest, batch)
-            self._requests.was_executed(batch)
-            progressed = True
-        if progressed and self._active:
-            self._backoff = 0
-            self._timer = None  # restarted on the next Tick if requests still wait
-            self._catchup.progressed()
-        if progressed:
-            self._catchup.caught_up(self._executed)
-            if self.is_primary():
-                self._flush()  # a batch left the pipeline: propose what accumulated
-
-    def _on_persisted(self, number: int) -> None:
-        if number > self._ready_number:
-            raise LocalProtocolError(
-                f"Persisted({number}) but the last Ready was {self._ready_number}"
-            )
-        self._persisted = max(self._persisted, number)
-        ready = [v for n, v in self._awaiting if n <= self._persisted]
-        self._awaiting = [(n, v) for n, v in self._awaiting if n > self._persisted]
-        for vote in ready:
-            if not self._log.in_window(vote.seq):
-                continue
-            match vote:
-                case PrePrepare():
-                    slot = self._log.slot(vote.view, vote.seq)
-                    if slot.pre_prepare == vote:
-                        slot.pre_prepare_counted = True
-                case Prepare():
-                    self._log.add_prepare(vote)
-                case Commit():
-                    self._log.add_commit(vote)
-                case _:
-                    assert_never(vote)
-            self._progress(vote.view, vote.seq)
 
     # ----------------------------------------------------------------------------------
     # Time

@@ -8,6 +8,9 @@ Must not import: the core, crypto, or anything outside `phalanx.consensus`.
 Invariants:
 - At most one pre-prepare per (view, seq); a replica's first prepare/commit per (view, seq)
   wins (a second, different one is equivocation and is reported, not stored).
+- Prepares are stored before their signatures are checked (the core checks only those a
+  certificate needs, `unverified_matching`); a prepared certificate (`record_prepared`)
+  holds only prepares marked verified, and a prepare found forged is `discard_prepare`d.
 - Only slots with low < seq <= high are kept (`gc` drops the rest); `low` is the last
   stable checkpoint (Castro-Liskov §4.3).
 - Own votes are stored only once they are durable (the core adds them on `Persisted`),
@@ -37,10 +40,12 @@ class Slot:
     pre_prepare: PrePrepare | None = None
     pre_prepare_counted: bool = False
     prepares: dict[NodeId, Prepare] = field(default_factory=dict)
+    verified: set[NodeId] = field(default_factory=set)  # whose prepare's signature checked
     commits: dict[NodeId, Commit] = field(default_factory=dict)
     prepare_sent: bool = False
     commit_sent: bool = False
     committed: bool = False
+    certified: bool = False  # prepared with verified prepares (the commit may follow)
 
 
 class MessageLog:
@@ -79,13 +84,34 @@ class MessageLog:
         slot.pre_prepare_counted = counted
         return AddResult.ADDED
 
-    def add_prepare(self, p: Prepare) -> AddResult:
-        votes = self.slot(p.view, p.seq).prepares
+    def add_prepare(self, p: Prepare, *, verified: bool = False) -> AddResult:
+        """Store `p` (`verified`: its signature is known good, e.g. our own)."""
+        slot = self.slot(p.view, p.seq)
+        votes = slot.prepares
         old = votes.get(p.replica)
         if old is not None:
             return AddResult.DUPLICATE if old.digest == p.digest else AddResult.EQUIVOCATION
         votes[p.replica] = p
+        if verified:
+            slot.verified.add(p.replica)
         return AddResult.ADDED
+
+    def unverified_matching(self, view: int, seq: int) -> tuple[Prepare, ...]:
+        """The matching prepares (`matching_prepares`) whose signatures are unchecked."""
+        slot = self._slots.get((view, seq))
+        if slot is None:
+            return ()
+        return tuple(p for p in self.matching_prepares(view, seq)
+                     if p.replica not in slot.verified)
+
+    def mark_verified(self, p: Prepare) -> None:
+        self.slot(p.view, p.seq).verified.add(p.replica)
+
+    def discard_prepare(self, p: Prepare) -> None:
+        """Forget `p` (its signature is bad); its sender may send its prepare again."""
+        slot = self._slots.get((p.view, p.seq))
+        if slot is not None and slot.prepares.get(p.replica) is p:
+            del slot.prepares[p.replica]
 
     def add_commit(self, c: Commit) -> AddResult:
         votes = self.slot(c.view, c.seq).commits
@@ -95,30 +121,39 @@ class MessageLog:
         votes[c.replica] = c
         return AddResult.ADDED
 
-    def matching_prepares(self, view: int, seq: int) -> tuple[Prepare, ...]:
+    def matching_prepares(
+        self, view: int, seq: int, *, verified_only: bool = False
+    ) -> tuple[Prepare, ...]:
         """Prepares matching the slot's pre-prepare, from replicas other than its primary,
-        in replica order."""
+        in replica order (`verified_only`: only those whose signatures were checked)."""
         slot = self._slots.get((view, seq))
         if slot is None or slot.pre_prepare is None:
             return ()
         pp = slot.pre_prepare
+        votes = slot.prepares
         return tuple(
-            slot.prepares[r]
-            for r in sorted(slot.prepares)
-            if r != pp.replica and slot.prepares[r].digest == pp.digest
+            votes[r]
+            for r in sorted(votes)
+            if r != pp.replica and votes[r].digest == pp.digest
+            and (not verified_only or r in slot.verified)
         )
 
-    def prepared(self, view: int, seq: int, quorum: int) -> bool:
+    def prepared(
+        self, view: int, seq: int, quorum: int, *, verified_only: bool = False
+    ) -> bool:
         """prepared(m, v, n, i): a counted pre-prepare and quorum-1 matching prepares from
-        distinct backups (Castro-Liskov §4.2)."""
+        distinct backups (Castro-Liskov §4.2); without `verified_only`, counting prepares
+        whose signatures are still unchecked (whether checking them is worth it yet)."""
         slot = self._slots.get((view, seq))
         if slot is None or slot.pre_prepare is None or not slot.pre_prepare_counted:
             return False
-        return len(self.matching_prepares(view, seq)) >= quorum - 1
+        found = self.matching_prepares(view, seq, verified_only=verified_only)
+        return len(found) >= quorum - 1
 
     def committed_local(self, view: int, seq: int, quorum: int, commit_quorum: int) -> bool:
-        """committed-local(m, v, n, i): prepared and `commit_quorum` matching commits."""
-        if not self.prepared(view, seq, quorum):
+        """committed-local(m, v, n, i): prepared (with verified prepares) and
+        `commit_quorum` matching commits."""
+        if not self.prepared(view, seq, quorum, verified_only=True):
             return False
         slot = self._slots[(view, seq)]
         assert slot.pre_prepare is not None  # implied by prepared()
@@ -126,12 +161,13 @@ class MessageLog:
         return sum(1 for c in slot.commits.values() if c.digest == digest) >= commit_quorum
 
     def record_prepared(self, view: int, seq: int, quorum: int) -> PreparedProof:
-        """Build and keep the prepared certificate of (view, seq) (must be prepared)."""
+        """Build and keep the prepared certificate of (view, seq) (must be prepared with
+        verified prepares: only those go into it)."""
         slot = self._slots[(view, seq)]
         assert slot.pre_prepare is not None
         proof = PreparedProof(
             pre_prepare=slot.pre_prepare,
-            prepares=self.matching_prepares(view, seq)[: quorum - 1],
+            prepares=self.matching_prepares(view, seq, verified_only=True)[: quorum - 1],
         )
         old = self.prepared_certs.get(seq)
         if old is None or old.pre_prepare.view <= view:

@@ -3,6 +3,7 @@ Byzantine input dropped and counted, equivocating primaries, and the deliberate 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -142,22 +143,21 @@ def test_byzantine_input_is_dropped_and_counted() -> None:
     c.submit(c.ids[0], req("a", 0))
     c.deliver()
     good = c.byz_sign(byz, Prepare(view=0, seq=2, digest=b"d", replica=byz))
-    cases: list[tuple[Message, str]] = [
-        (Prepare(view=0, seq=2, digest=b"d", replica=byz, signature=b"forged"), "bad_signature"),
-        (c.byz_sign(byz, Prepare(view=0, seq=99, digest=b"d", replica=byz)), "out_of_window"),
-        (good, "bad_signature"),  # replaced below by a mutation of a signed message
-        (_pp(c, 0, 3, (req("x", 1),), byz), "not_primary"),
-        (Commit(view=0, seq=2, digest=b"d", replica=byz, auth=b"bad"), "bad_auth"),
-        (Checkpoint(seq=4, digest=b"d", replica=byz, signature=b"forged"), "bad_signature"),
-        (Prepare(view=0, seq=2, digest=b"d", replica=c.ids[2]), "sender_mismatch"),
+    pp = _pp(c, 0, 3, (req("x", 1),), c.ids[0])
+    primary = c.ids[0]
+    cases: list[tuple[NodeId, Message, str]] = [
+        (byz, c.byz_sign(byz, Prepare(view=0, seq=99, digest=b"d", replica=byz)), "out_of_window"),
+        (byz, _pp(c, 0, 3, (req("x", 1),), byz), "not_primary"),
+        (primary, dataclasses.replace(pp, signature=b"forged"), "bad_signature"),
+        (primary, dataclasses.replace(pp, seq=4), "bad_signature"),  # signed, then mutated
+        (primary, dataclasses.replace(pp, batch=()), "bad_digest"),
+        (byz, Commit(view=0, seq=2, digest=b"d", replica=byz, auth=b"bad"), "bad_auth"),
+        (byz, Checkpoint(seq=4, digest=b"d", replica=byz, signature=b"forged"), "bad_signature"),
+        (byz, Prepare(view=0, seq=2, digest=b"d", replica=c.ids[2]), "sender_mismatch"),
     ]
-    cases[2] = (
-        Prepare(view=0, seq=3, digest=b"d", replica=byz, signature=good.signature),
-        "bad_signature",
-    )  # type: ignore[attr-defined]
-    for msg, reason in cases:
+    for src, msg, reason in cases:
         before = c.dropped(target).get(reason, 0)
-        c.step(target, Receive(src=byz, message=msg))
+        c.step(target, Receive(src=src, message=msg))
         assert c.dropped(target).get(reason, 0) == before + 1, reason
     # Replays of an old message, and a stale view, are dropped too.
     c.step(target, Receive(src=byz, message=good))
@@ -167,6 +167,58 @@ def test_byzantine_input_is_dropped_and_counted() -> None:
     c.step(target, Receive(src=c.ids[0], message=wrong))
     assert c.dropped(target).get("equivocation") == 1
     assert c.entries[target][0].requests == (req("a", 0),)
+
+
+def test_forged_prepare_is_discarded_when_it_would_count() -> None:
+    """Prepares are stored unchecked; the one a certificate needs is checked, and a forged
+    one is dropped and counted then: the replica does not commit on it, and takes the
+    sender's next (valid) prepare."""
+    c = Cluster(4, byzantine=(3,), batch_size=1)
+    byz, target, other = c.ids[3], c.ids[1], c.ids[2]
+    c.filter = lambda s, d, m: not (s == other and isinstance(m, Prepare))
+    c.submit(c.ids[0], req("a", 0))
+    c.deliver()
+    pp = next(m for _, d, m in c.byz_inbox if d == byz and isinstance(m, PrePrepare))
+    commits_from_target = lambda: [m for s, _, m in c.net if s == target and isinstance(m, Commit)]  # noqa: E731
+    forged = Prepare(view=0, seq=pp.seq, digest=pp.digest, replica=byz, signature=b"x" * 32)
+    c.step(target, Receive(src=byz, message=forged))
+    assert c.dropped(target).get("bad_signature") == 1
+    assert commits_from_target() == []
+    assert c.cores[target].durable_state().prepared == ()
+    signed = c.byz_sign(byz, Prepare(view=0, seq=pp.seq, digest=pp.digest, replica=byz))
+    c.step(target, Receive(src=byz, message=signed))
+    assert len(commits_from_target()) == 3
+    (cert,) = c.cores[target].durable_state().prepared
+    assert byz in {p.replica for p in cert.prepares}
+    assert all(c.crypto[target].verify(p.replica, p, p.signature) for p in cert.prepares)
+
+
+def test_only_the_prepares_a_certificate_needs_are_checked() -> None:
+    """A backup checks one peer's prepare per slot and the primary two (of three)."""
+    c = Cluster(4, batch_size=1)
+    calls: dict[NodeId, int] = {}
+    for node in c.ids:
+        c.cores[node]._crypto = _CountingVerify(c.crypto[node], node, calls)  # type: ignore[assignment]
+    for no in range(3):
+        c.submit_all(req("a", no))
+        c.deliver()
+    assert all(len(c.app[n]) == 3 for n in c.ids)
+    assert calls == {c.ids[0]: 6, c.ids[1]: 3, c.ids[2]: 3, c.ids[3]: 3}
+
+
+class _CountingVerify:
+    """A node's crypto that counts the prepares it verifies (the rest delegates)."""
+
+    def __init__(self, inner: object, node: NodeId, calls: dict[NodeId, int]) -> None:
+        self._inner, self._node, self._calls = inner, node, calls
+
+    def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
+        if isinstance(obj, Prepare):
+            self._calls[self._node] = self._calls.get(self._node, 0) + 1
+        return self._inner.verify(node, obj, signature)  # type: ignore[attr-defined,no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
 
 
 @settings(max_examples=40, deadline=None)
