@@ -50,6 +50,7 @@ from phalanx.consensus.pbft.messages import (
     Prepare,
     PrePrepare,
     ViewChange,
+    signed_part,
 )
 from phalanx.consensus.pbft.view_change import check_view_change, compute_new_view
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
@@ -207,7 +208,7 @@ class AttackCore:
 
     def _null_pp(self, view: int, seq: int) -> PrePrepare:
         pp = PrePrepare(view=view, seq=seq, digest=self._null, batch=(), replica=self._me)
-        return dataclasses.replace(pp, signature=self._crypto.sign(pp))
+        return dataclasses.replace(pp, signature=self._crypto.sign(signed_part(pp)))
 
     def _commit_all(self, view: int, seq: int, digest: bytes, extra: list[Send]) -> None:
         commit = Commit(view=view, seq=seq, digest=digest, replica=self._me)
@@ -322,7 +323,8 @@ class AttackCore:
         chosen = tuple(clean[: cfg.quorum])
         plan = compute_new_view(cfg, self._crypto, nv.view, chosen)
         o_set = tuple(
-            dataclasses.replace(pp, signature=self._crypto.sign(pp)) for pp in plan.pre_prepares
+            dataclasses.replace(pp, signature=self._crypto.sign(signed_part(pp)))
+            for pp in plan.pre_prepares
         )
         forged = NewView(view=nv.view, view_changes=chosen, pre_prepares=o_set, replica=self._me)
         forged = dataclasses.replace(forged, signature=self._crypto.sign(forged))

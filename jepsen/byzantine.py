@@ -48,7 +48,7 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.crypto import Crypto, digest_of
-from phalanx.consensus.pbft.messages import Checkpoint, Commit, Prepare, PrePrepare
+from phalanx.consensus.pbft.messages import Checkpoint, Commit, Prepare, PrePrepare, signed_part
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
 BEHAVIOURS: tuple[str, ...] = (
@@ -78,7 +78,7 @@ def resign(message: Message, crypto: Crypto, to: NodeId) -> Message:
     names = {f.name for f in dataclasses.fields(message)}  # type: ignore[arg-type]
     if "signature" in names:
         blank = dataclasses.replace(message, signature=b"")  # type: ignore[type-var]
-        return dataclasses.replace(blank, signature=crypto.sign(blank))  # type: ignore[type-var]
+        return dataclasses.replace(blank, signature=crypto.sign(signed_part(blank)))  # type: ignore[type-var]
     if "auth" in names:
         blank = dataclasses.replace(message, auth=b"")  # type: ignore[type-var]
         return dataclasses.replace(blank, auth=crypto.mac(to, blank))  # type: ignore[type-var]

@@ -11,6 +11,11 @@ Authentication (who signs what, and why):
 - Messages that travel as proofs are signed (Ed25519 in production): `PrePrepare` and
   `Prepare` (they form the prepared certificates carried by `ViewChange`), `Checkpoint`
   (stable-checkpoint certificates), `ViewChange` and `NewView`.
+- What a signature covers is `signed_part(message)`: the message itself, except for a
+  `PrePrepare`, whose signature covers only its header <PRE-PREPARE, v, n, d>
+  (`PrePrepareHeader`), the batch m travelling alongside as in Castro-Liskov §4.2. The
+  digest d binds m: every place that accepts a pre-prepare (on arrival, inside a prepared
+  certificate, in a NewView's O set) checks d = D(m) itself, so a relay cannot swap m.
 - `Commit` never travels as a proof, so it carries an HMAC `auth` over the key shared by
   sender and receiver (Castro-Liskov §3.2 authenticators; one Send per receiver carries
   that receiver's MAC). This is the cheap normal-case path.
@@ -52,6 +57,25 @@ class PrePrepare(Message):
         return (
             f"PrePrepare v={self.view} n={self.seq} d={_short(self.digest)} |m|={len(self.batch)}"
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrePrepareHeader:
+    """<PRE-PREPARE, v, n, d> of replica `replica`: what a pre-prepare's signature covers."""
+
+    view: int
+    seq: int
+    digest: bytes
+    replica: NodeId
+
+
+def signed_part(message: object) -> object:
+    """What `message`'s signature covers: a pre-prepare's header, any other message whole."""
+    if isinstance(message, PrePrepare):
+        return PrePrepareHeader(
+            view=message.view, seq=message.seq, digest=message.digest, replica=message.replica
+        )
+    return message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,6 +321,7 @@ PBFT_MESSAGES: dict[int, type] = {
     209: CheckpointData,
     210: FetchCommitted,
     211: CommittedBatch,
+    212: PrePrepareHeader,
     220: SignedVote,
     221: SafetyData,
     222: PbftDurableState,

@@ -51,6 +51,7 @@ from phalanx.consensus.pbft.messages import (
     SafetyData,
     SignedVote,
     VoteKind,
+    signed_part,
 )
 from phalanx.consensus.types import LocalProtocolError
 
@@ -171,7 +172,7 @@ class SafetyRules:
                     f"refusing a second {kind.name} at view {msg.view} seq {msg.seq}"
                 )
             return _with_signature(msg, previous.signature)
-        signature = self._signer.sign(msg)
+        signature = self._signer.sign(signed_part(msg))
         self._votes[key] = SignedVote(
             kind=kind, view=msg.view, seq=msg.seq, digest=msg.digest, signature=signature
         )

@@ -27,6 +27,7 @@ from phalanx.consensus.pbft.messages import (
     PreparedProof,
     PrePrepare,
     ViewChange,
+    signed_part,
 )
 
 
@@ -82,7 +83,7 @@ def check_prepared_proof(
         return "bad_prepared_proof"
     if any((p.view, p.seq, p.digest) != (pp.view, pp.seq, pp.digest) for p in proof.prepares):
         return "bad_prepared_proof"
-    if not crypto.verify(pp.replica, pp, pp.signature):
+    if not crypto.verify(pp.replica, signed_part(pp), pp.signature):
         return "bad_signature"
     for p in proof.prepares:
         if not crypto.verify(p.replica, p, p.signature):
@@ -184,6 +185,6 @@ def check_new_view(
             view=got.view, seq=got.seq, digest=got.digest, batch=got.batch, replica=got.replica
         ):
             return "bad_new_view", None
-        if not crypto.verify(primary, got, got.signature):
+        if not crypto.verify(primary, signed_part(got), got.signature):
             return "bad_signature", None
     return None, plan

@@ -31,7 +31,7 @@ from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto, digest_of
 from phalanx.consensus.pbft.config import PbftConfig
 from phalanx.consensus.pbft.log import AddResult, MessageLog
-from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare
+from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare, signed_part
 from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
@@ -84,7 +84,7 @@ class VoteFlow:
                 if msg.digest != digest_of(self._crypto, msg.batch):
                     self._drop("bad_digest")
                     return
-                if not self._crypto.verify(msg.replica, msg, msg.signature):
+                if not self._crypto.verify(msg.replica, signed_part(msg), msg.signature):
                     self._drop("bad_signature")
                     return
                 result = self._log.add_pre_prepare(msg, counted=True)

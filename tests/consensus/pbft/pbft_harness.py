@@ -16,6 +16,7 @@ from collections.abc import Callable
 from phalanx.consensus.core import CheckpointTaken, Input, Persisted, Ready, Receive, Submit, Tick
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.pbft import PbftConfig, PbftCore, PbftDurableState, PbftRestoredState
+from phalanx.consensus.pbft.messages import signed_part
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
 
 Filter = Callable[[NodeId, NodeId, Message], bool]
@@ -114,7 +115,7 @@ class Cluster:
 
     def byz_sign(self, node: NodeId, msg: Message) -> Message:
         """`msg` signed by (Byzantine) `node`, bypassing any SafetyRules."""
-        sig = self.crypto[node].sign(msg)
+        sig = self.crypto[node].sign(signed_part(msg))
         return dataclasses.replace(msg, signature=sig)  # type: ignore[type-var]
 
     def deliver(self, rng: random.Random | None = None, max_messages: int = 200_000) -> int:

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 from pbft_harness import Cluster, req
 
-from phalanx.consensus.crypto import FastCrypto, repr_encoding
+from phalanx.consensus.crypto import FastCrypto, digest_of, repr_encoding
 from phalanx.consensus.pbft.core import PbftCore
-from phalanx.consensus.pbft.messages import Commit, Prepare
+from phalanx.consensus.pbft.messages import Commit, Prepare, signed_part
+from phalanx.consensus.pbft.view_change import check_prepared_proof
 from phalanx.consensus.types import NodeId
 from phalanx.net.crypto import ed25519_cluster
 
@@ -58,3 +59,45 @@ def test_pbft_round_with_real_keys_and_codec() -> None:
     for i in c.ids:
         assert [e.index for e in c.entries[i]] == [1, 2, 3]
         assert c.dropped(i) == {}
+
+
+def test_a_pre_prepare_signature_covers_its_header_and_the_digest_binds_the_batch() -> None:
+    """Castro-Liskov §4.2: <PRE-PREPARE, v, n, d> is signed and m travels alongside, so a
+    relay that swaps m in a certificate is caught by d, and one that also fixes d by the
+    signature."""
+    c = Cluster(4, batch_size=1)
+    real = ed25519_cluster(c.ids, seed=b"cluster")
+    for i in c.ids:
+        c.crypto[i] = real[i]  # type: ignore[assignment]
+        c.cores[i] = PbftCore(c.config(i), crypto=real[i])
+    c.submit(c.ids[0], req("a", 0))
+    c.deliver()
+    (proof,) = c.cores[c.ids[1]].durable_state().prepared
+    pp = proof.pre_prepare
+    checker = real[c.ids[2]]
+    config = c.config(c.ids[2])
+    assert checker.verify(pp.replica, signed_part(pp), pp.signature)
+    assert not checker.verify(pp.replica, signed_part(dataclasses.replace(pp, seq=2)),
+                              pp.signature)
+    assert check_prepared_proof(config, checker, proof, new_view=1, low=0) is None
+    other = (req("evil", 1),)
+    swapped = dataclasses.replace(pp, batch=other)
+    assert check_prepared_proof(config, checker, dataclasses.replace(proof, pre_prepare=swapped),
+                                new_view=1, low=0) == "bad_prepared_proof"
+    fixed = dataclasses.replace(swapped, digest=digest_of(checker, other))
+    assert check_prepared_proof(config, checker, dataclasses.replace(proof, pre_prepare=fixed),
+                                new_view=1, low=0) in ("bad_prepared_proof", "bad_signature")
+    assert not checker.verify(pp.replica, signed_part(fixed), pp.signature)
+
+
+def test_mac_bytes_are_reused_only_for_the_same_object() -> None:
+    cs = ed25519_cluster(NODES, seed=b"t")
+    a, b = cs[NODES[0]], cs[NODES[1]]
+    first = Commit(view=0, seq=1, digest=b"x", replica=NODES[0])
+    second = Commit(view=0, seq=2, digest=b"x", replica=NODES[0])
+    t1, t2 = a.mac(NODES[1], first), a.mac(NODES[1], second)
+    assert t1 != t2
+    assert a.mac(NODES[1], dataclasses.replace(first)) == t1  # equal message, equal tag
+    assert b.verify_mac(NODES[0], second, t2)
+    assert not b.verify_mac(NODES[0], second, t1)
+    assert b.verify_mac(NODES[0], dataclasses.replace(first, auth=t1), t1)

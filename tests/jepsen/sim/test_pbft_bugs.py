@@ -28,7 +28,7 @@ import pytest
 from phalanx.consensus.core import Receive
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.pbft import PbftConfig, PbftCore
-from phalanx.consensus.pbft.messages import Commit, NewView, Prepare, PrePrepare
+from phalanx.consensus.pbft.messages import Commit, NewView, Prepare, PrePrepare, signed_part
 from phalanx.consensus.pbft.view_change import check_new_view
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.jepsen import nemesis
@@ -136,7 +136,7 @@ def _primary_pp(view: int = 0, seq: int = 1) -> PrePrepare:
     batch = (ClientRequest(client_id="c", request_no=1, command=b"w"),)
     pp = PrePrepare(view=view, seq=seq, digest=digest_of(crypto, batch), batch=batch,
                     replica=primary)
-    return dataclasses.replace(pp, signature=crypto.sign(pp))
+    return dataclasses.replace(pp, signature=crypto.sign(signed_part(pp)))
 
 
 def test_cross_view_sends_a_signed_null_pre_prepare_for_its_next_view() -> None:
@@ -145,7 +145,8 @@ def test_cross_view_sends_a_signed_null_pre_prepare_for_its_next_view() -> None:
     pps = [s.message for s in ready.messages if isinstance(s.message, PrePrepare)]
     assert {p.view for p in pps} == {2}, "n3 leads view 2 (2 mod 4 = index of n3)"
     assert all(p.seq == 1 and p.batch == () for p in pps)
-    assert all(FastCrypto(NodeId("n2")).verify(NodeId("n3"), p, p.signature) for p in pps)
+    assert all(FastCrypto(NodeId("n2")).verify(NodeId("n3"), signed_part(p), p.signature)
+               for p in pps)
     assert not [s for s in ready.messages if isinstance(s.message, Commit) and s.message.view == 0]
     # A correct replica parks the future-view pre-prepare instead of preparing it.
     honest = PbftCore(_cfg("n2"), crypto=FastCrypto(NodeId("n2")))
