@@ -9,8 +9,10 @@ dials it (TCP with TCP_NODELAY, TLS 1.3, bounded by `dial_timeout`), checks that
 certificate names that node id (`pki.node_id_from_peercert`, unless `verify_node_ids` is off),
 then runs a reader (frames -> replies, dispatched by request number to the waiting
 `PendingCall`, status replies by nonce) and a writer (all queued frames coalesced into one
-`send_all`). Any number of concurrent calls share it. When the connection or the dial fails,
-every call waiting on that node is told at once (`LOST`), and the next frame dials again.
+`send_all`). A frame queued while nothing waits before it is written at once by the caller's
+task (`TlsStream.try_send`); the writer only finishes what the socket did not take. Any
+number of concurrent calls share it. When the connection or the dial fails, every call
+waiting on that node is told at once (`LOST`), and the next frame dials again.
 
 Invariant: every call or status request registered on a slot was sent, or is queued, on the
 slot's current connection (a failed connection clears them when it tells them).
@@ -99,7 +101,7 @@ class NodeSlot:
 
     __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
                  "port", "probe_answered", "probe_nonce", "probe_sent", "running", "statuses",
-                 "wake")
+                 "tls", "wake")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.node_id = node_id
@@ -107,6 +109,9 @@ class NodeSlot:
         self.port = port
         self.running = False  # a connection task exists (dialling or connected)
         self.connected = False
+        self.tls: TlsStream | None = None
+        """The established connection (None while dialling or down): `queue` writes to it
+        directly when nothing waits in `outbox`."""
         self.outbox: list[bytes] = []
         self.wake = trio.Event()
         # Invariant: every call/status here was sent (or queued) on the current connection.
@@ -171,7 +176,19 @@ class ConnectionPool:
         self.queue(slot, frame)
 
     def queue(self, slot: NodeSlot, frame: bytes) -> None:
-        """Queue `frame` for `slot`'s connection, dialling it if none is running."""
+        """Write `frame` to `slot`'s connection now if nothing is queued before it (saves
+        a wake-up of the writer task per call), else queue it, dialling if none is running.
+
+        Order: a direct write (`TlsStream.try_send`) happens only while the outbox is empty
+        and the stream has nothing pending or being written; otherwise the frame joins the
+        outbox behind everything else. What the socket did not take stays in the stream's
+        backlog, which the writer task finishes (and a socket error surfaces there).
+        """
+        tls = slot.tls
+        if tls is not None and not slot.outbox and tls.try_send(frame):
+            if tls.backlogged:
+                slot.wake.set()
+            return
         slot.outbox.append(frame)
         slot.wake.set()
         if not slot.running:
@@ -233,12 +250,14 @@ class ConnectionPool:
         self._stats.connections_opened += 1
         slot.connected = True
         try:
+            slot.tls = tls
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, slot, tls, nursery.cancel_scope)
                 await self._read_loop(slot, tls)
                 nursery.cancel_scope.cancel()
         finally:
             # Fail before awaiting the close, so no call is queued onto a dying connection.
+            slot.tls = None
             slot.running = slot.connected = False
             self.fail(slot)
             await trio.aclose_forcefully(tls)
@@ -249,6 +268,9 @@ class ConnectionPool:
         try:
             while True:
                 if not slot.outbox:
+                    if tls.backlogged:  # the rest of a direct write (`queue`)
+                        await tls.send_all(b"")
+                        continue
                     slot.wake = trio.Event()
                     await slot.wake.wait()
                     continue
