@@ -41,6 +41,7 @@ class Membership(Election):
             return
         old = self.prs
         self.prs = {}
+        self._quorum_changed = True
         for p in self.config.members():
             if p != self.id:
                 self.prs[p] = old.get(p) or Progress(

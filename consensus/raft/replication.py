@@ -73,6 +73,9 @@ class Replication(abc.ABC):
     joint: JointConfig
     """`JointConfig.of(config)`, kept in step with `config` (the quorum math of every
     commit, vote and ReadIndex check; rebuilt only when the configuration changes)."""
+    _quorum_changed: bool
+    """Leader: the configuration or `prs` changed since the last `_maybe_commit`, so an
+    acknowledgement at or below `commit` may still advance it (see `_handle_append_response`)."""
 
     @property
     def config(self) -> Configuration:
@@ -83,6 +86,7 @@ class Replication(abc.ABC):
     def config(self, value: Configuration) -> None:
         self._config = value
         self.joint = JointConfig.of(value)
+        self._quorum_changed = True
 
     @abc.abstractmethod
     def _sync_progress(self) -> None:
@@ -195,6 +199,7 @@ class Replication(abc.ABC):
     # ------------------------------------------------------------------ leader: responses
 
     def _maybe_commit(self) -> bool:
+        self._quorum_changed = False
         acked = {p: pr.match for p, pr in self.prs.items()}
         acked[self.id] = self.durable
         joint = self.joint
@@ -222,7 +227,12 @@ class Replication(abc.ABC):
                 pr.become_replicate()
             elif pr.state is ProgressState.SNAPSHOT and pr.match >= pr.snapshot_index:
                 pr.become_probe()
-            if self._maybe_commit():
+            # An acknowledgement at or below `commit` cannot advance it: the quorum index is
+            # an order statistic of the acknowledged indexes, and raising one of them to a
+            # value <= commit leaves it where the last `_maybe_commit` found it (it has run
+            # after every other change it depends on: `durable` in `_persisted`, the
+            # configuration and `prs` through `_quorum_changed`).
+            if (pr.match > self.commit or self._quorum_changed) and self._maybe_commit():
                 self._after_commit()
             if p not in self.prs:
                 return  # the commit removed it (or us) from the configuration
