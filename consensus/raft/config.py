@@ -68,6 +68,14 @@ class RaftConfig:
         snapshot_chunk_size: bytes of snapshot data per InstallSnapshot.
         log_tail_after_compaction: entries kept before a checkpoint's index when compacting,
             so slightly lagging followers still get entries instead of a snapshot.
+        log_tail_max_bytes: also keep at most this many bytes of that tail (estimated as for
+            `max_batch_bytes`: payload plus a fixed overhead per entry). The kept tail is the
+            longest run of entries ending at the checkpoint's index within BOTH limits, so
+            compaction always reaches at least as far as one of them allows, and an entry
+            larger than this is never kept (0 compacts to the checkpoint's index). Why: after
+            a bulk load each entry is a batch of many commands, and 100 of them held tens of
+            megabytes in memory for no benefit (a follower that far behind is cheaper to
+            send a snapshot anyway).
         bugs: TEST-ONLY deliberate bugs (names in `BUG_NAMES`), for checking that the
             simulator's checkers can fail. Empty in every real deployment.
     """
@@ -84,6 +92,7 @@ class RaftConfig:
     check_quorum: bool = True
     snapshot_chunk_size: int = 64 * 1024
     log_tail_after_compaction: int = 100
+    log_tail_max_bytes: int = 1 << 20
     bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -96,8 +105,9 @@ class RaftConfig:
                      "snapshot_chunk_size"):
             if getattr(self, name) < 1:
                 raise LocalProtocolError(f"RaftConfig.{name} must be >= 1")
-        if self.log_tail_after_compaction < 0:
-            raise LocalProtocolError("RaftConfig.log_tail_after_compaction must be >= 0")
+        for name in ("log_tail_after_compaction", "log_tail_max_bytes"):
+            if getattr(self, name) < 0:
+                raise LocalProtocolError(f"RaftConfig.{name} must be >= 0")
 
     def bootstrap_config(self) -> Configuration:
         return Configuration(voters=tuple(sorted(set(self.voters))),

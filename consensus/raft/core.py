@@ -583,4 +583,6 @@ class RaftCore(Membership):
             raise LocalProtocolError(f"checkpoint at {index} is already compacted")
         meta = SnapshotMeta(index=index, term=term, config=self.log.config_at(index))
         self.snapshot = Snapshot(meta=meta, data=data)
-        self.log.compact(max(self.log.offset, index - self.cfg.log_tail_after_compaction))
+        cfg = self.cfg
+        self.log.compact(self.log.tail_start(index, max_entries=cfg.log_tail_after_compaction,
+                                             max_bytes=cfg.log_tail_max_bytes))

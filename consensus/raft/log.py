@@ -10,7 +10,8 @@ Rules:
   `entries[k].index == offset + 1 + k`; terms never decrease along the log and are >=
   `offset_term`; `configs` holds (index, config) for every CONFIG entry in the log, in order,
   and `base_config` is the configuration in force at `offset`.
-- Operations are O(1) or O(batch) except `first_index_of_term` (O(length of that term)).
+- Operations are O(1) or O(batch) except `first_index_of_term` (O(length of that term))
+  and `tail_start` (O(entries kept), once per checkpoint).
 """
 
 from __future__ import annotations
@@ -137,6 +138,24 @@ class RaftLog:
                 break
             out.append(e)
         return tuple(out)
+
+    def tail_start(self, index: int, *, max_entries: int, max_bytes: int) -> int:
+        """Where to compact to for a checkpoint at `index` (in the log or at the offset),
+        keeping the longest run of entries ending at `index` with at most `max_entries`
+        entries and at most `max_bytes` bytes (`entry_size`). Never below the offset.
+
+        O(entries kept): it sums sizes back from `index` and stops at the first limit."""
+        offset = self.offset
+        if not offset <= index <= offset + len(self.entries):
+            raise LocalProtocolError(f"index {index} not in log [{offset}, {self.last_index()}]")
+        start = max(offset, index - max_entries)
+        entries = self.entries
+        size = 0
+        for i in range(index, start, -1):
+            size += entry_size(entries[i - offset - 1])
+            if size > max_bytes:
+                return i  # entry i does not fit: compact through it
+        return start
 
     def config_at(self, index: int) -> Configuration:
         """The latest configuration at or before `index` (§4.1: a server uses the latest

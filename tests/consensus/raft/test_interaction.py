@@ -33,7 +33,8 @@ from phalanx.consensus.types import Message, NodeId
 
 TESTDATA = Path(__file__).parent / "testdata"
 _INT_FIELDS = {"election_ticks", "heartbeat_ticks", "max_inflight", "max_batch_entries",
-               "max_batch_bytes", "snapshot_chunk_size", "log_tail_after_compaction"}
+               "max_batch_bytes", "snapshot_chunk_size", "log_tail_after_compaction",
+               "log_tail_max_bytes"}
 _BOOL_FIELDS = {"pre_vote", "check_quorum"}
 
 
