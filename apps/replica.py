@@ -197,7 +197,6 @@ class Replica:
         self._failures = 0
         self._last_error: str | None = None
         self._skipped = 0
-        self._replaying = False
 
     # ---------------------------------------------------------------- reading
 
@@ -265,28 +264,34 @@ class Replica:
         size = 0
         if entry.kind is EntryKind.CONFIG:
             self._config = entry.config
-        replaying = self._replaying
         for request in entry.requests:
             size += len(request.command)
-            if replaying and not request.read_only:
-                # Replay fast path: nobody awaits these replies, so no `Applied` is built and
-                # read-only requests (no state change) are not even run.
-                self._apply_write(request.client_id, request.request_no, request.command)
-            elif not replaying:
-                out.append(self._apply_request(entry.index, request.client_id,
-                                               request.request_no, request.command,
-                                               request.read_only))
+            out.append(self._apply_request(entry.index, request.client_id,
+                                           request.request_no, request.command,
+                                           request.read_only))
         self._applied = entry.index
         self._applied_term = entry.term
         self._entries_since += 1
         self._bytes_since += size
-        if not self._replaying:
-            self._collect()
-            if self._due():
-                self.checkpoint_now()
-            if self._gc_pacer is not None:
-                self._gc_pacer.note_apply()
+        self._collect()
+        if self._due():
+            self.checkpoint_now()
+        if self._gc_pacer is not None:
+            self._gc_pacer.note_apply()
         return tuple(out)
+
+    def _replay_entry(self, entry: Entry) -> None:
+        """`apply` of the entry after `applied_index`, for WAL replay: nobody awaits these
+        replies, so no `Applied` is built and read-only requests (no state change) are not
+        even run; no checkpoint starts (the caller decides after the replay)."""
+        if entry.kind is EntryKind.CONFIG:
+            self._config = entry.config
+        apply_write = self._apply_write
+        for request in entry.requests:
+            if not request.read_only:
+                apply_write(request.client_id, request.request_no, request.command)
+        self._applied = entry.index
+        self._applied_term = entry.term
 
     def apply_many(self, entries: Iterable[Entry]) -> tuple[Applied, ...]:
         out: list[Applied] = []
@@ -375,13 +380,12 @@ class Replica:
         (`CheckpointPolicy.idle_calls`), then gives a machine with `Housekeeping`
         one bounded piece of its deferred work, so a quiet replica still frees what its last
         checkpoint replaced."""
-        if not self._replaying:
-            if self._applied != self._idle_since:
-                self._idle_since, self._idle_calls = self._applied, 0
-            else:
-                self._idle_calls += 1
-            if self._due() or self._idle_due():
-                self.checkpoint_now()
+        if self._applied != self._idle_since:
+            self._idle_since, self._idle_calls = self._applied, 0
+        else:
+            self._idle_calls += 1
+        if self._due() or self._idle_due():
+            self.checkpoint_now()
         if self._maintain is not None:
             self._maintain()
 
@@ -455,26 +459,23 @@ class Replica:
                 f"WAL starts at {self._wal.first_index()} but state is at {self._applied}: "
                 f"entries {lo}..{self._wal.first_index() - 1} are missing"
             )
-        self._replaying = True
         # NB: replay allocates steadily next to a large, acyclic state; full cyclic-GC passes
         # over millions of map nodes would dominate recovery time, so the collector is paused.
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        decode, replay_entry = self._decode_entry, self._replay_entry
         try:
             for start in range(lo, hi + 1, REPLAY_BATCH):
                 stop = min(start + REPLAY_BATCH, hi + 1)
-                for offset, payload in enumerate(self._wal.read(start, stop)):
+                for index, payload in enumerate(self._wal.read(start, stop), start):
                     try:
-                        entry = self._decode_entry(payload)
+                        entry = decode(payload)
                     except Exception as exc:
-                        raise RecoveryError(f"WAL record {start + offset}: {exc}") from exc
-                    if entry.index != start + offset:
-                        raise RecoveryError(
-                            f"WAL record {start + offset} holds entry {entry.index}"
-                        )
-                    self.apply(entry)
+                        raise RecoveryError(f"WAL record {index}: {exc}") from exc
+                    if entry.index != index:
+                        raise RecoveryError(f"WAL record {index} holds entry {entry.index}")
+                    replay_entry(entry)
         finally:
-            self._replaying = False
             if gc_was_enabled:
                 gc.enable()
         self._entries_since = self._bytes_since = 0

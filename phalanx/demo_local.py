@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv import KvStateMachine
@@ -32,8 +32,11 @@ from phalanx.storage.interface import SyncPolicy
 CLIENT = "demo-client"
 
 
+_DECODE_ENTRY = wire.default_registry().decoder(Entry)
+
+
 def _decode_entry(data: bytes) -> Entry:
-    return wire.decode(data, expected=Entry)
+    return cast(Entry, _DECODE_ENTRY(data))  # decoder(Entry) yields only an Entry
 
 
 def _entry(index: int) -> Entry:
