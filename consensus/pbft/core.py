@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from phalanx.consensus.core import (
+    EMPTY_READY,
     CheckpointInstalled,
     CheckpointTaken,
     CoreStatus,
@@ -289,6 +290,9 @@ class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
         opened = self._active and self._cfg.early_votes and safety.open_early(self._view)
         # Own votes always ride on a persisted Ready (even an identical re-sign after a restart).
         durable = safety.take_dirty() or self._durable_dirty or bool(self._new_own)
+        if not (durable or opened or self._hard_dirty or self._snapshot_out is not None
+                or self._early or self._out or self._exec_out or self._rejected_out):
+            return EMPTY_READY  # most steps (a backup queueing a client's request, a tick)
         number = 0
         if durable or self._hard_dirty or self._snapshot_out is not None:
             self._ready_number += 1

@@ -8,9 +8,9 @@ Must not import: the core, crypto, or anything outside `phalanx.consensus`.
 Invariants:
 - At most one pre-prepare per (view, seq); a replica's first prepare/commit per (view, seq)
   wins (a second, different one is equivocation and is reported, not stored).
-- Prepares are stored before their signatures are checked (the core checks only those a
-  certificate needs, `unverified_matching`); a prepared certificate (`record_prepared`)
-  holds only prepares marked verified, and a prepare found forged is `discard_prepare`d.
+- A prepare may be stored with its signature unchecked (the core skips the check for one
+  that can no longer be needed); a prepared certificate (`record_prepared`) and the
+  `verified_only` predicates count only prepares marked verified.
 - Only slots with low < seq <= high are kept (`gc` drops the rest); `low` is the last
   stable checkpoint (Castro-Liskov §4.3).
 - Own votes are stored only once they are durable (the core adds them on `Persisted`),
@@ -95,23 +95,6 @@ class MessageLog:
         if verified:
             slot.verified.add(p.replica)
         return AddResult.ADDED
-
-    def unverified_matching(self, view: int, seq: int) -> tuple[Prepare, ...]:
-        """The matching prepares (`matching_prepares`) whose signatures are unchecked."""
-        slot = self._slots.get((view, seq))
-        if slot is None:
-            return ()
-        return tuple(p for p in self.matching_prepares(view, seq)
-                     if p.replica not in slot.verified)
-
-    def mark_verified(self, p: Prepare) -> None:
-        self.slot(p.view, p.seq).verified.add(p.replica)
-
-    def discard_prepare(self, p: Prepare) -> None:
-        """Forget `p` (its signature is bad); its sender may send its prepare again."""
-        slot = self._slots.get((p.view, p.seq))
-        if slot is not None and slot.prepares.get(p.replica) is p:
-            del slot.prepares[p.replica]
 
     def add_commit(self, c: Commit) -> AddResult:
         votes = self.slot(c.view, c.seq).commits

@@ -8,15 +8,17 @@ sequence order into `Ready.committed`, and counts own votes once `Persisted` rep
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
-Signature checks (the costliest CPU of the normal case: one Ed25519 verification is ~3x a
-signature on this hardware): a pre-prepare is checked on arrival (a backup prepares only a
-validly signed one); a prepare is stored unchecked and checked only when a certificate
-needs it (`_certified`), so a replica checks exactly the quorum-1 prepares its prepared
-certificate holds. Safety is unchanged: `prepared` for the commit and for execution, and
-every certificate that goes into a ViewChange, count verified prepares only; an unchecked
-prepare only decides when checking is worth it. A forged prepare is found when it would
-count, then discarded and counted (`bad_signature`). Commits carry pairwise MACs (checked
-on arrival: they are never forwarded).
+Signature checks (the costliest CPU of the normal case: one Ed25519 verification costs
+about three signatures on this hardware): a pre-prepare is checked on arrival (a backup
+prepares only a validly signed one), and so is a prepare, except one that arrives for a slot
+already certified (prepared with quorum-1 verified prepares): it can never be needed, so it
+is stored unchecked. A backup thus checks one peer's prepare per slot and the primary two,
+not three: 8 verifications per batch at n=4 instead of 12, with no check added to the
+critical path (the prepares that complete a certificate were checked on arrival before
+too). Safety is unchanged: `prepared` for the commit and for execution, and every
+certificate that goes into a ViewChange, count verified prepares only. A forged prepare is
+dropped and counted (`bad_signature`) whenever it could count. Commits carry pairwise MACs
+(checked on arrival: they are never forwarded).
 
 Invariants: as `PbftCore`'s (see its module docstring): own commits leave only after the
 certificate behind them is durable; `Ready.committed` is gap-free and in order.
@@ -96,8 +98,15 @@ class VoteFlow:
                 if msg.replica == primary:
                     self._drop("prepare_from_primary")
                     return
-                # Its signature is checked only if a certificate needs it (`_certified`).
-                result = self._log.add_prepare(msg)
+                slot = self._log.peek(msg.view, msg.seq)
+                if slot is not None and slot.certified:
+                    # The certificate is made: this one is never needed, so never checked.
+                    result = self._log.add_prepare(msg)
+                elif self._crypto.verify(msg.replica, msg, msg.signature):
+                    result = self._log.add_prepare(msg, verified=True)
+                else:
+                    self._drop("bad_signature")
+                    return
             case Commit():
                 if not self._crypto.verify_mac(msg.replica, msg, msg.auth):
                     self._drop("bad_auth")
@@ -133,7 +142,7 @@ class VoteFlow:
         pp = slot.pre_prepare
         q = self._cfg.quorum
         if not slot.certified:
-            if not self._certified(view, seq):
+            if not self._log.prepared(view, seq, q, verified_only=True):
                 return
             slot.certified = True
         if not slot.commit_sent:
@@ -152,27 +161,6 @@ class VoteFlow:
             if seq > self._executed and seq not in self._committed:
                 self._committed[seq] = (view, pp.digest, pp.batch)
             self._execute()
-
-    def _certified(self, view: int, seq: int) -> bool:
-        """Whether (view, seq) is prepared with quorum-1 prepares whose signatures hold,
-        checking unchecked ones (in replica order) only while the verified ones fall short:
-        a backup checks one peer's prepare per batch and the primary two, not all three.
-        A forged one is discarded (dropped and counted); its sender may send again."""
-        log = self._log
-        q = self._cfg.quorum
-        if not log.prepared(view, seq, q):
-            return False
-        if log.prepared(view, seq, q, verified_only=True):
-            return True
-        for p in log.unverified_matching(view, seq):
-            if self._crypto.verify(p.replica, p, p.signature):
-                log.mark_verified(p)
-                if log.prepared(view, seq, q, verified_only=True):
-                    return True
-            else:
-                log.discard_prepare(p)
-                self._drop("bad_signature")
-        return False
 
     def _execute(self) -> None:
         progressed = False

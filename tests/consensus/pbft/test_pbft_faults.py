@@ -169,10 +169,9 @@ def test_byzantine_input_is_dropped_and_counted() -> None:
     assert c.entries[target][0].requests == (req("a", 0),)
 
 
-def test_forged_prepare_is_discarded_when_it_would_count() -> None:
-    """Prepares are stored unchecked; the one a certificate needs is checked, and a forged
-    one is dropped and counted then: the replica does not commit on it, and takes the
-    sender's next (valid) prepare."""
+def test_forged_prepare_never_counts() -> None:
+    """A forged prepare that would complete a certificate is dropped and counted: the
+    replica does not commit on it, and takes the sender's next (valid) prepare."""
     c = Cluster(4, byzantine=(3,), batch_size=1)
     byz, target, other = c.ids[3], c.ids[1], c.ids[2]
     c.filter = lambda s, d, m: not (s == other and isinstance(m, Prepare))
@@ -194,7 +193,8 @@ def test_forged_prepare_is_discarded_when_it_would_count() -> None:
 
 
 def test_only_the_prepares_a_certificate_needs_are_checked() -> None:
-    """A backup checks one peer's prepare per slot and the primary two (of three)."""
+    """A backup checks one peer's prepare per slot and the primary two (of three): one that
+    arrives for a certified slot is never needed, stored unchecked, and never counted."""
     c = Cluster(4, batch_size=1)
     calls: dict[NodeId, int] = {}
     for node in c.ids:
@@ -204,6 +204,17 @@ def test_only_the_prepares_a_certificate_needs_are_checked() -> None:
         c.deliver()
     assert all(len(c.app[n]) == 3 for n in c.ids)
     assert calls == {c.ids[0]: 6, c.ids[1]: 3, c.ids[2]: 3, c.ids[3]: 3}
+    # A late forged prepare for a certified slot changes nothing (it is never counted).
+    primary, backup, late = c.ids[0], c.ids[1], c.ids[3]
+    before = c.cores[primary].durable_state().prepared
+    pp = before[0].pre_prepare
+    forged = Prepare(view=0, seq=pp.seq, digest=pp.digest, replica=late, signature=b"x" * 32)
+    c.step(primary, Receive(src=late, message=forged))  # duplicate of late's real prepare
+    c.step(backup, Receive(src=late, message=forged))
+    assert c.cores[primary].durable_state().prepared == before
+    for node in c.ids:
+        for cert in c.cores[node].durable_state().prepared:
+            assert all(c.crypto[node].verify(p.replica, p, p.signature) for p in cert.prepares)
 
 
 class _CountingVerify:
