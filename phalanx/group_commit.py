@@ -11,8 +11,9 @@ time (the driver guarantees no other storage access runs concurrently).
 
 Rules and invariants:
 - A batch is persisted in Ready order: snapshots, truncations and entries of each Ready go to
-  the WAL exactly as `ReadyPersister.persist` writes them, but no Ready syncs on its own; the
-  batch ends with one `wal.sync()` when any of its Readys `must_sync`.
+  the WAL exactly as `ReadyPersister.persist` writes them (`persist_log`, the same code), but
+  no Ready syncs on its own; the batch ends with one `wal.sync()` when any of its Readys
+  `must_sync`.
 - Hard states replace each other, so only the LAST hard state of a batch is written; so do
   core states (`Ready.core_state`, PBFT): only the last one of a batch is written. A hard
   state that differs from the last one written only in `commit` is *deferred*: restoring
@@ -25,7 +26,6 @@ Rules and invariants:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 
 from phalanx.consensus.core import Ready
@@ -103,11 +103,7 @@ class GroupCommitter:
                 core_state = ready.core_state  # each replaces the last: write only the newest
             must_sync = must_sync or ready.must_sync
             if ready.snapshot is not None or ready.truncate_from is not None or ready.entries:
-                persister.persist(
-                    dataclasses.replace(ready, hard_state=None, core_state=None,
-                                        must_sync=False),
-                    install=self._install,
-                )
+                persister.persist_log(ready, install=self._install)
         if core_state is not None:
             persister.persist(Ready(core_state=core_state))
         if hs is not None:

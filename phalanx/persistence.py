@@ -297,6 +297,31 @@ class ReadyPersister:
             defer_hard_state: do not write `ready.hard_state` (the caller judged it a
                 commit-only change, which need not be durable: see `phalanx.group_commit`).
         """
+        self.persist_log(ready, install=install)
+        if ready.hard_state is not None and not defer_hard_state:
+            self.hard_state.save(self.codec.encode(ready.hard_state))
+        if ready.core_state is not None:
+            if self.core_state is None:
+                raise LocalProtocolError(
+                    "this core writes Ready.core_state; give ReadyPersister a core_state store"
+                )
+            if isinstance(self.core_state, StateJournal):
+                self.core_state.save_state(ready.core_state)  # appends a delta, syncs
+            else:
+                self.core_state.save(self.codec.encode(ready.core_state))
+        if ready.must_sync:
+            self.wal.sync()
+            self.syncs += 1
+
+    def persist_log(
+        self,
+        ready: Ready,
+        *,
+        install: Callable[[SnapshotMeta, bytes], None] | None = None,
+    ) -> None:
+        """The log part of step 1, without syncing: install `ready.snapshot`, truncate from
+        `ready.truncate_from`, append `ready.entries` (`persist` minus the hard state, the
+        core state and the sync; group commit writes those once per batch)."""
         wal = self.wal
         if ready.snapshot is not None:
             meta = ready.snapshot.meta
@@ -319,20 +344,6 @@ class ReadyPersister:
         if ready.entries:
             encode = self.codec.encode
             wal.append_many([(e.index, encode(e)) for e in ready.entries])
-        if ready.hard_state is not None and not defer_hard_state:
-            self.hard_state.save(self.codec.encode(ready.hard_state))
-        if ready.core_state is not None:
-            if self.core_state is None:
-                raise LocalProtocolError(
-                    "this core writes Ready.core_state; give ReadyPersister a core_state store"
-                )
-            if isinstance(self.core_state, StateJournal):
-                self.core_state.save_state(ready.core_state)  # appends a delta, syncs
-            else:
-                self.core_state.save(self.codec.encode(ready.core_state))
-        if ready.must_sync:
-            wal.sync()
-            self.syncs += 1
 
     def load(self) -> DurableState:
         """The durable restart point. Raises `StorageError` on undecodable records or a gap."""
