@@ -118,6 +118,8 @@ class PersistPipeline:
                         # core loop yields, then flushes again (at least one batch per
                         # yield: no starvation).
                         self._flush_again = True
+                        if self._trace is not None:
+                            self._trace.mark("yield_for_output")
                         break
                 self._pending = []
                 self._just_yielded = False

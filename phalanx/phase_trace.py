@@ -7,7 +7,8 @@ closed-loop client and lines the events of every node up against each request.
 
 Events the driver marks: ``call`` (a client call reached the core task), ``recv`` (a peer
 message, detail = its type), ``io_start``/``io_end`` (a persistence batch handed to / back
-from the worker thread; ``io_inline`` for one persisted on the core task), ``send`` (a
+from the worker thread; ``io_inline`` for one persisted on the core task;
+``yield_for_output`` when an inline write first lets writer tasks run), ``send`` (a
 message handed to the transport, detail = its type), ``apply`` (committed entries applied)
 and ``reply`` (an answer handed to a client connection).
 

@@ -136,10 +136,14 @@ class Ticker:
         if fd is None:
             return await self._sleep()
         while True:
+            # Wait first: the last read emptied the timer, and the next period has almost
+            # always not ended yet, so reading first would cost a failing `read` (a syscall
+            # and a BlockingIOError) per tick. A period that already ended makes the
+            # descriptor readable at once.
+            await trio.lowlevel.wait_readable(fd)
             try:
                 data = os.read(fd, 8)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(fd)
+            except BlockingIOError:  # a spurious wake-up: wait again
                 continue
             (expirations,) = struct.unpack("=Q", data)
             if expirations:
