@@ -438,10 +438,25 @@ class RaftCore(Membership):
                 self._drop("stale_term")
             return
 
+        role = self.role
+        # The two most common messages first, exactly as `_step_leader` / `_step_follower`
+        # handle them (anything else, or a subclass, takes the general path below).
+        kind = type(m)
+        if role is _LEADER:
+            if kind is AppendEntriesResponse:
+                pr = self.prs.get(src)
+                if pr is not None:
+                    pr.recent_active = True
+                    self._handle_append_response(src, pr, m)  # type: ignore[arg-type]
+                    return
+        elif role is _FOLLOWER and kind is AppendEntries:
+            self.election_elapsed = 0  # _accept_leader(src), inlined
+            self.leader = src
+            self._handle_append_entries(src, m)  # type: ignore[arg-type]
+            return
         if isinstance(m, RequestVote):
             self._handle_request_vote(src, m)
             return
-        role = self.role
         if role is _LEADER:
             self._step_leader(src, m)
         elif role is _FOLLOWER:
@@ -463,12 +478,18 @@ class RaftCore(Membership):
     def _step_follower(self, src: NodeId, m: Message) -> None:
         match m:
             case AppendEntries():
-                self._accept_leader(src)
+                self.election_elapsed = 0  # _accept_leader(src), inlined on this hot path
+                self.leader = src
                 self._handle_append_entries(src, m)
             case Heartbeat():
-                self._accept_leader(src)
-                self._commit_to(min(m.leader_commit, self.log.last_index()))
-                self._send(src, HeartbeatResponse(term=self.term, context=m.context))
+                self.election_elapsed = 0
+                self.leader = src
+                log = self.log
+                commit = min(m.leader_commit, log.offset + len(log.entries))
+                if commit > self.commit:
+                    self.commit = commit
+                self._msgs.append(Send(to=src, message=HeartbeatResponse(term=self.term,
+                                                                         context=m.context)))
             case InstallSnapshot():
                 self._accept_leader(src)
                 self._handle_install_snapshot(src, m)

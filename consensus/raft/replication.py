@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from phalanx.consensus.core import Send, Snapshot
-from phalanx.consensus.quorum import JointConfig
+from phalanx.consensus.quorum import INFINITE_INDEX, JointConfig
 from phalanx.consensus.raft.config import RaftConfig
 from phalanx.consensus.raft.log import RaftLog
 from phalanx.consensus.raft.messages import (
@@ -64,6 +64,7 @@ class Replication(abc.ABC):
     lead_transferee: NodeId | None
     dropped: dict[str, int]
     _msgs: list[Send]
+    _early: list[Send]
     _new_entries: list[Entry]
     _truncate: int | None
     _snap_out: Snapshot | None
@@ -164,7 +165,9 @@ class Replication(abc.ABC):
         if pr.next > last + 1:
             pr.next = last + 1
         prev = pr.next - 1
-        prev_term = log.term_at(prev)
+        # log.term_at(prev), inlined (prev <= last): None when compacted away.
+        k = prev - log.offset
+        prev_term = log.entries[k - 1].term if k > 0 else log.offset_term if k == 0 else None
         if prev_term is None:  # compacted: the follower needs a snapshot (Ref: §5.3)
             if self.snapshot is None:
                 raise LocalProtocolError("log compacted without a snapshot to send")
@@ -177,9 +180,10 @@ class Replication(abc.ABC):
                                   max_bytes=self.cfg.max_batch_bytes)
         if not ents and not allow_empty:
             return False
-        self._send(p, AppendEntries(term=self.term, leader_id=self.id, prev_log_index=prev,
-                                    prev_log_term=prev_term, entries=ents,
-                                    leader_commit=self.commit))
+        # Only a leader sends entries, and they go out early (`RaftCore._send`, §10.2.1).
+        self._early.append(Send(to=p, message=AppendEntries(
+            term=self.term, leader_id=self.id, prev_log_index=prev, prev_log_term=prev_term,
+            entries=ents, leader_commit=self.commit)))
         pr.sent_entries(prev + len(ents))
         return True
 
@@ -205,6 +209,10 @@ class Replication(abc.ABC):
         joint = self.joint
         if "commit_on_minority" in self.cfg.bugs:
             idx = _minority_committed(joint, acked)
+        elif not joint.outgoing.voters:  # not joint: `joint.committed_index`, one call less
+            idx = joint.incoming.committed_index(acked)
+            if idx == INFINITE_INDEX:
+                idx = 0
         else:
             idx = joint.committed_index(acked)
         # Ref: §3.6.2 (Figure 3.7): only entries of the current term commit by counting.
@@ -214,7 +222,8 @@ class Replication(abc.ABC):
         return False
 
     def _handle_append_response(self, p: NodeId, pr: Progress, m: AppendEntriesResponse) -> None:
-        last = self.log.last_index()
+        log = self.log
+        last = log.offset + len(log.entries)  # log.last_index(), inlined on this hot path
         if m.success:
             if m.match_index > last:
                 self._drop("match_beyond_log")
@@ -236,9 +245,10 @@ class Replication(abc.ABC):
                 self._after_commit()
             if p not in self.prs:
                 return  # the commit removed it (or us) from the configuration
-            while pr.next <= self.log.last_index() and self._send_append(p, allow_empty=False):
+            last = log.offset + len(log.entries)  # (the commit may have appended entries)
+            while pr.next <= last and self._send_append(p, allow_empty=False):
                 pass  # Ref: §10.2.1 pipelining within the inflight window
-            if p == self.lead_transferee and pr.match == self.log.last_index():
+            if p == self.lead_transferee and pr.match == last:
                 self._send(p, TimeoutNow(term=self.term, leader_id=self.id))  # Ref: §3.10
             return
         if m.reject_index == 0 and m.conflict_index == 0:
@@ -306,13 +316,16 @@ class Replication(abc.ABC):
             ents = tuple(e for e in ents if e.index > self.commit)
             prev = self.commit
             prev_term = self.log.term_at(prev) or 0
-        last = self.log.last_index()
+        log = self.log
+        offset = log.offset
+        last = offset + len(log.entries)  # log.last_index(), inlined on this hot path
         if prev > last:
             self._send(src, AppendEntriesResponse(
                 term=self.term, success=False, reject_index=m.prev_log_index,
                 conflict_index=last + 1, conflict_term=0))
             return
-        if not self.log.match_term(prev, prev_term):
+        # log.match_term(prev, prev_term), inlined (offset <= commit <= prev <= last here).
+        if (log.entries[prev - offset - 1].term if prev > offset else log.offset_term) != prev_term:
             self._send(src, AppendEntriesResponse(
                 term=self.term, success=False, reject_index=m.prev_log_index,
                 conflict_index=self.log.first_index_of_term(prev),
@@ -332,8 +345,12 @@ class Replication(abc.ABC):
                     self._truncate_log(ci)
                 self._append_local(list(ents[ci - ents[0].index:]))
         match = prev + len(ents)
-        self._commit_to(min(m.leader_commit, match))
-        self._send(src, AppendEntriesResponse(term=self.term, success=True, match_index=match))
+        commit = m.leader_commit if m.leader_commit < match else match
+        if commit > self.commit:  # _commit_to, inlined
+            self.commit = commit
+        # A follower's answer waits for its Ready to be persisted (`RaftCore._send`).
+        self._msgs.append(Send(to=src, message=AppendEntriesResponse(
+            term=self.term, success=True, match_index=match)))
 
     def _handle_install_snapshot(self, src: NodeId, m: InstallSnapshot) -> None:
         idx = m.last_included_index
