@@ -65,6 +65,7 @@ import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
 from phalanx.net.codec_fast import compile_fast, pack, thread_packer
 from phalanx.net.codec_fast import packers as _packers
 from phalanx.net.codec_fields import (
+    ARRAYS,
     ENUMS,
     EXACT,
     INT_MAX,
@@ -499,6 +500,7 @@ class Registry:
             slow_encode=encode,
             slow_decode=decode,
             errors=(EncodeError, DecodeError),
+            arrays=ARRAYS,
         )
         return _Spec(
             type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,

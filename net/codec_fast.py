@@ -87,11 +87,16 @@ def compile_fast(
     slow_encode: Coder,
     slow_decode: Coder,
     errors: tuple[type[Exception], type[Exception]],
+    arrays: Mapping[Coder, tuple[Coder, Coder]] | None = None,
 ) -> tuple[Coder, Coder]:
     """The fast (encode, decode) pair for `cls`; each falls back to its `slow_*` twin.
 
     `errors` is (EncodeError, DecodeError): a nested codec raising one of them sends the
-    call to the generic path for its precise message."""
+    call to the generic path for its precise message. `arrays` maps the decoder of a
+    ``tuple[T, ...]`` field (T not a scalar) to T's (encoder, decoder): such a field's
+    elements are walked inline (the array codec's own call and comprehension saved), with
+    the array codec's checks (an exact tuple / list, the depth limit) made first; anything
+    else calls the array codec."""
     encode_error, decode_error = errors
     for name, *_ in fields:
         if not name.isidentifier() or keyword.iskeyword(name):  # pragma: no cover - dataclasses
@@ -111,8 +116,36 @@ def compile_fast(
     dec_checks: list[str] = []
     items: list[str] = []
     kwargs: list[str] = []
+    enc_pre: list[str] = []
+    dec_pre: list[str] = []
     for i, (name, enc, dec, exact, enum_info) in enumerate(fields):
         var = f"f{i}"
+        element = arrays.get(dec) if arrays is not None and exact is None else None
+        if element is not None and enum_info is None:
+            # Exactly `enc{i}` / `dec{i}` (`array_codec` with no fixed parts and a
+            # non-scalar element) for the common case; anything else calls them.
+            env[f"enc{i}"], env[f"dec{i}"] = enc, dec
+            env[f"EE{i}"], env[f"ED{i}"] = element
+            enc_pre += [
+                f"if type({var}) is tuple and d < MAX_DEPTH:",
+                f"    a{i} = []",
+                f"    for x in {var}:",
+                f"        a{i}.append(EE{i}(x, d + 1))",
+                "else:",
+                f"    a{i} = enc{i}({var}, d)",
+            ]
+            dec_pre += [
+                f"if type({var}) is list and d < MAX_DEPTH:",
+                f"    a{i} = []",
+                f"    for x in {var}:",
+                f"        a{i}.append(ED{i}(x, d + 1))",
+                f"    a{i} = tuple(a{i})",
+                "else:",
+                f"    a{i} = dec{i}({var}, d)",
+            ]
+            items.append(f"a{i}")
+            kwargs.append(f"{name}=a{i}")
+            continue
         if enum_info is not None:
             # Encode a member as its value; decode a value of the right type through the
             # value -> member table (KeyError: not a member -> the generic path says so).
@@ -151,6 +184,9 @@ def compile_fast(
         steps.append("return obj")
         env["NEW"] = object.__new__
         construct = "\n                ".join(steps)
+    if dec_pre:
+        construct = "\n                ".join([*dec_pre, construct])
+    enc_body = "\n                ".join([*enc_pre, f"return [TID, {', '.join(items)}]"])
     names = [f"f{i}" for i in range(len(fields))]
     reads = "; ".join(f"f{i} = value.{name}" for i, (name, *_) in enumerate(fields))
     enc_cond = " and ".join(enc_checks) or "True"
@@ -163,7 +199,7 @@ def encode(value, depth):
         if {enc_cond}:
             d = depth + 1
             try:
-                return [TID, {", ".join(items)}]
+                {enc_body}
             except EncodeError:
                 pass
     return SLOW_ENCODE(value, depth)

@@ -135,6 +135,7 @@ def array_codec(
         encoders, decoders = [enc for enc, _ in parts], [dec for _, dec in parts]
     wanted = "array" if parts is None else f"an array of {len(parts)}"
     wanted_tuple = "tuple" if parts is None else f"a tuple of {len(parts)}"
+    register_array = parts is None and exact is None
 
     def encode(value: object, depth: int) -> object:
         if type(value) is not tuple or (parts is not None and len(value) != len(parts)):
@@ -184,7 +185,14 @@ def array_codec(
                 raise DecodeError(at_path(f"[{i}]", exc)) from None
         return tuple(out)
 
+    if register_array:
+        ARRAYS[decode] = element
     return encode, decode
+
+
+ARRAYS: Final[dict[Decoder, tuple[Encoder, Decoder]]] = {}
+"""``tuple[T, ...]`` field decoders (T not a scalar) -> T's (encoder, decoder), so the
+compiled fast paths can walk such a field's elements inline (see `codec_fast`)."""
 
 
 def frozenset_codec(element: tuple[Encoder, Decoder], max_depth: int) -> tuple[Encoder, Decoder]:

@@ -50,6 +50,12 @@ class EventLoop:
             raise ValueError(f"delay must be >= 0, got {delay_ns}")
         _push(self._heap, (self.now + delay_ns, next(self._seq), callback))
 
+    def raw_queue(self) -> tuple[list[tuple[int, int, Callback]], Callable[[], int]]:
+        """(the heap, the tie-breaker source), for a hot caller that inlines `call_later`:
+        it must push ``(when_ns, next_seq(), callback)`` with ``when_ns >= now`` exactly as
+        `call_later` does (`SimNetwork.send`: one call less per message)."""
+        return self._heap, self._seq.__next__
+
     def run_until(self, until_ns: int) -> None:
         """Run every event due at or before `until_ns`, then leave `now == until_ns`.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 import msgpack
 import pytest
-from codec_samples import REGISTRY, Everything, messages, sample
+from codec_samples import REGISTRY, Everything, Tree, make_registry, messages, sample
 from hypothesis import given, settings
 
 from phalanx.net.codec import DecodeError, EncodeError, Registry, _Spec
@@ -121,3 +121,35 @@ def test_raw_construction_equals_calling_the_class(obj: object) -> None:
     assert [getattr(got, f.name) for f in fields(obj)] == [  # type: ignore[arg-type]
         getattr(obj, f.name) for f in fields(obj)  # type: ignore[arg-type]
     ]
+
+
+def _tree_chain(length: int, *, width: int = 1) -> Tree:
+    tree = Tree(value=0)
+    for i in range(1, length):
+        tree = Tree(value=i, children=(tree,) * width)
+    return tree
+
+
+@pytest.mark.parametrize("max_depth", range(1, 12))
+@pytest.mark.parametrize("length", range(1, 7))
+def test_inline_array_walk_keeps_the_depth_limit_exactly(max_depth: int, length: int) -> None:
+    # `Tree.children` (tuple[Tree, ...]) is walked inline by the compiled paths: at every
+    # depth they accept exactly what the generic walk accepts, and fail the same way.
+    registry = make_registry(max_depth=max_depth)
+    tree = _tree_chain(length, width=2)
+    spec = registry._by_class[type(tree)]
+    try:
+        want: object = spec.generic_encode(tree, 0)
+    except EncodeError as exc:
+        with pytest.raises(EncodeError, match=str(exc).replace("[", r"\[")):
+            registry.encode(tree)
+    else:
+        assert spec.encode(tree, 0) == want
+        data = registry.encode(tree)
+        assert registry.decode(data) == tree
+        raw = msgpack.unpackb(data, raw=False)
+        assert spec.decode(raw, 0) == spec.generic_decode(raw, 0) == tree
+    deeper = make_registry(max_depth=max_depth + 20)
+    if max_depth < 2 * length:  # too deep for `registry`: decoding refuses it too
+        with pytest.raises(DecodeError, match=f"max_depth={max_depth}"):
+            registry.decode(deeper.encode(tree))

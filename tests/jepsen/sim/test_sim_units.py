@@ -296,3 +296,57 @@ def test_network_routes_and_watches() -> None:
                        watch=watch, watch_types=frozenset({int}))
     other.send("a", "b", Ping(4))
     assert watched == [1, 2, 3], "a class outside watch_types is not watched"
+
+
+@pytest.mark.parametrize("memo", [0, 1, 3])
+def test_network_decode_memo_reuses_decoded_messages_by_bytes(memo: int) -> None:
+    loop = EventLoop()
+    decoded: list[bytes] = []
+    got: list[tuple[int, Message]] = []
+
+    def decode(data: bytes) -> Message:
+        decoded.append(data)
+        return Ping(int(data))
+
+    net = SimNetwork(loop, random.Random(4), Trace(loop),
+                     lambda s, d, m: got.append((m.n, m)),  # type: ignore[attr-defined]
+                     encode=lambda m: str(m.n).encode(),  # type: ignore[attr-defined]
+                     decode=decode, decode_memo=memo)
+    for n in (1, 1, 2, 1, 3, 4, 1):
+        net.send("a", "b", Ping(n))
+        loop.run_until(loop.now + 10**9)  # one at a time: arrival order = send order
+    assert [n for n, _ in got] == [1, 1, 2, 1, 3, 4, 1]
+    if memo == 0:
+        assert decoded == [b"1", b"1", b"2", b"1", b"3", b"4", b"1"]
+    elif memo == 1:  # cleared whenever a second distinct frame arrives
+        assert decoded == [b"1", b"2", b"1", b"3", b"4", b"1"]
+        assert got[0][1] is got[1][1]
+    else:
+        assert decoded == [b"1", b"2", b"3", b"4", b"1"]  # the 4th distinct frame cleared it
+        assert got[0][1] is got[1][1] is got[3][1]
+    with pytest.raises(ValueError, match="decode_memo"):
+        SimNetwork(loop, random.Random(4), Trace(loop), lambda s, d, m: None, decode_memo=-1)
+
+
+def test_run_raises_the_young_gc_threshold_only_while_it_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from phalanx.jepsen.sim import run as run_module
+
+    seen: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(run_module, "_run", lambda cfg: seen.append(gc.get_threshold()))
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 9, 8)
+        run_module.run(run_module.RunConfig(seed=1))
+        assert seen == [(run_module.GC_THRESHOLD0, 9, 8)]
+        assert gc.get_threshold() == (700, 9, 8)
+        gc.set_threshold(0, 9, 8)  # automatic collection off: left off
+        run_module.run(run_module.RunConfig(seed=1))
+        assert seen[-1] == (0, 9, 8)
+        gc.set_threshold(50_000, 9, 8)  # already higher: left alone
+        run_module.run(run_module.RunConfig(seed=1))
+        assert seen[-1] == (50_000, 9, 8)
+    finally:
+        gc.set_threshold(*before)
