@@ -9,8 +9,9 @@ dials it (TCP with TCP_NODELAY, TLS 1.3, bounded by `dial_timeout`), checks that
 certificate names that node id (`pki.node_id_from_peercert`, unless `verify_node_ids` is off),
 then runs a reader (frames -> replies, dispatched by request number to the waiting
 `PendingCall`, status replies by nonce) and a writer (all queued frames coalesced into one
-`send_all`). A frame queued while nothing waits before it is written at once by the caller's
-task (`TlsStream.try_send`); the writer only finishes what the socket did not take. Any
+`send_all`). The frame of a call alone on its connection is written at once by the caller's
+task (`TlsStream.try_send`) when nothing waits before it; the writer only finishes what the
+socket did not take. Concurrent calls go through the writer, which coalesces them. Any
 number of concurrent calls share it. When the connection or the dial fails, every call
 waiting on that node is told at once (`LOST`), and the next frame dials again.
 
@@ -173,11 +174,14 @@ class ConnectionPool:
         """Register `call` on `node` (its reply is dispatched to it) and queue `frame`."""
         slot = self.slots[node]
         slot.calls[call.request_no] = call
-        self.queue(slot, frame)
+        # Alone on the connection: write at once. With other calls in flight, more are likely
+        # to come in this scheduler pass: the writer coalesces them into one write, which the
+        # node reads as one batch (one proposal).
+        self.queue(slot, frame, direct=len(slot.calls) == 1)
 
-    def queue(self, slot: NodeSlot, frame: bytes) -> None:
-        """Write `frame` to `slot`'s connection now if nothing is queued before it (saves
-        a wake-up of the writer task per call), else queue it, dialling if none is running.
+    def queue(self, slot: NodeSlot, frame: bytes, *, direct: bool = True) -> None:
+        """Write `frame` to `slot`'s connection now if `direct` and nothing is queued before
+        it (saves a wake-up of the writer task), else queue it, dialling if none is running.
 
         Order: a direct write (`TlsStream.try_send`) happens only while the outbox is empty
         and the stream has nothing pending or being written; otherwise the frame joins the
@@ -185,7 +189,7 @@ class ConnectionPool:
         backlog, which the writer task finishes (and a socket error surfaces there).
         """
         tls = slot.tls
-        if tls is not None and not slot.outbox and tls.try_send(frame):
+        if direct and tls is not None and not slot.outbox and tls.try_send(frame):
             if tls.backlogged:
                 slot.wake.set()
             return
