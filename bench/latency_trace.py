@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import os
 import statistics
 import tempfile
@@ -64,6 +65,7 @@ def breakdown(trace_dir: Path, requests: list[tuple[int, int]]) -> str:
             for name, t in seen.items():
                 offsets[(node, name)].append((t - sent) / 1e6)
     n = len(requests)
+    tails = _reply_tails(nodes, requests)
     rows = sorted(
         ((statistics.median(v), len(v), len(counts[k]), k) for k, v in offsets.items()
          if len(v) >= n // 2),
@@ -77,10 +79,36 @@ def breakdown(trace_dir: Path, requests: list[tuple[int, int]]) -> str:
            f"fsynced persist work (all nodes, {len(works)} batches): p50 "
            f"{works[len(works) // 2] if works else 0:.3f} ms, p90 "
            f"{works[int(0.9 * (len(works) - 1))] if works else 0:.3f} ms",
+           f"reply path (the leader's apply to the client's answer): p50 "
+           f"{_median_ms(tails)}; between answer and next call (the load generator): p50 "
+           f"{_median_ms([b[0] - a[1] for a, b in itertools.pairwise(sorted(requests))])}",
            f"{'median ms':>10} {'in % reqs':>9} {'per req':>8}  node  event"]
     for med, present, total, (node, name) in rows:
         out.append(f"{med:10.3f} {100 * present / n:9.0f} {total / n:8.1f}  {node:5} {name}")
     return "\n".join(out)
+
+
+def _median_ms(values_ns: list[int]) -> str:
+    return f"{statistics.median(values_ns) / 1e6:.3f} ms" if values_ns else "n/a"
+
+
+def _reply_tails(nodes: dict[str, list[tuple[int, str, str]]],
+                 requests: list[tuple[int, int]]) -> list[int]:
+    """Per request (one in flight): its answer time minus the leader's last ``apply`` before
+    it (the leader is the node that logged the request's ``call``)."""
+    tails: list[int] = []
+    for sent, answered in requests:
+        for events in nodes.values():
+            times = [t for t, _, _ in events]
+            lo = bisect.bisect_left(times, sent)
+            hi = bisect.bisect_right(times, answered)
+            window = events[lo:hi]
+            if any(name == "call" for _, name, _ in window):
+                applies = [t for t, name, _ in window if name == "apply"]
+                if applies:
+                    tails.append(answered - applies[-1])
+                break
+    return tails
 
 
 async def _drive(cluster: PhalanxCluster, *, clients: int, warmup: float, duration: float,
