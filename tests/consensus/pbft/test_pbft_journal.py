@@ -109,7 +109,7 @@ def successors(draw: st.DrawFn) -> tuple[PbftDurableState, PbftDurableState]:
     return old, new
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(successors())
 def test_delta_replays_exactly_between_related_records(
     pair: tuple[PbftDurableState, PbftDurableState],
