@@ -153,3 +153,23 @@ def test_inline_array_walk_keeps_the_depth_limit_exactly(max_depth: int, length:
     if max_depth < 2 * length:  # too deep for `registry`: decoding refuses it too
         with pytest.raises(DecodeError, match=f"max_depth={max_depth}"):
             registry.decode(deeper.encode(tree))
+
+
+@pytest.mark.parametrize(
+    ("element", "error"),
+    [
+        ([True, 2, []], "expected an int type id, got bool"),  # True == 1 == Leaf's id
+        ([[1], 2, []], "expected an int type id, got list"),  # unhashable: no lookup crash
+        ([1, 2], r"expected Tree, got Leaf"),  # a registered class the field does not allow
+        ([99, 2, []], "unknown type id 99"),
+        ([], r"expected Tree as \[type_id, ...\], got list"),
+    ],
+)
+def test_inline_element_dispatch_refuses_what_the_generic_walk_refuses(
+        element: list[object], error: str) -> None:
+    tid = REGISTRY.type_id(Tree)
+    raw = [tid, 1, [[tid, 2, []], element]]
+    with pytest.raises(DecodeError, match=error):
+        REGISTRY.decode(msgpack.packb(raw, use_bin_type=True))
+    assert REGISTRY.decode(msgpack.packb([tid, 1, [[tid, 2, []]]], use_bin_type=True)) == Tree(
+        value=1, children=(Tree(value=2),))
