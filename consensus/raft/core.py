@@ -588,9 +588,11 @@ class RaftCore(Membership):
                 return  # that round's heartbeat went out
         if context == 0 and self.readonly.rounds:
             context = self.readonly.rounds[-1].context  # re-confirm the newest round
+        early = self._early  # a leader's heartbeats go out early (`_send`, §10.2.1)
         for p, pr in self.prs.items():
-            self._send(p, Heartbeat(term=self.term, leader_id=self.id,
-                                    leader_commit=min(pr.match, self.commit), context=context))
+            early.append(Send(to=p, message=Heartbeat(
+                term=self.term, leader_id=self.id, leader_commit=min(pr.match, self.commit),
+                context=context)))
 
     # ------------------------------------------------------------------------ snapshots
 

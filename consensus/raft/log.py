@@ -83,11 +83,14 @@ class RaftLog:
     def find_conflict(self, entries: Sequence[Entry]) -> int:
         """The index of the first of `entries` that is beyond our log or differs in term from
         ours; 0 when every entry matches (so nothing must be truncated or appended)."""
+        offset, mine = self.offset, self.entries
         for e in entries:
-            t = self.term_at(e.index)
-            if t is None and e.index <= self.offset:
-                continue  # compacted: it was committed, hence identical (Log Matching)
-            if t != e.term:
+            k = e.index - offset  # `term_at(e.index)`, inlined
+            if k <= 0:
+                if k < 0 or self.offset_term == e.term:
+                    continue  # compacted (committed, hence identical: Log Matching), or equal
+                return e.index
+            if k > len(mine) or mine[k - 1].term != e.term:
                 return e.index
         return 0
 
@@ -117,7 +120,7 @@ class RaftLog:
 
     def between(self, lo: int, hi: int) -> tuple[Entry, ...]:
         """All entries lo..hi-1 (`slice` without limits). Raises for a range outside the log."""
-        if lo <= self.offset or hi > self.last_index() + 1 or lo > hi:
+        if lo <= self.offset or hi > self.offset + len(self.entries) + 1 or lo > hi:
             raise LocalProtocolError(f"range [{lo}, {hi}) outside log ({self.offset}, "
                                      f"{self.last_index()}]")
         return tuple(self.entries[lo - self.offset - 1: hi - self.offset - 1])
@@ -125,7 +128,7 @@ class RaftLog:
     def slice(self, lo: int, hi: int, *, max_entries: int, max_bytes: int) -> tuple[Entry, ...]:
         """Entries lo..hi-1, at most `max_entries`, and at most `max_bytes` (estimated; the
         first entry is always included). Raises for a range outside the log."""
-        if lo <= self.offset or hi > self.last_index() + 1 or lo > hi:
+        if lo <= self.offset or hi > self.offset + len(self.entries) + 1 or lo > hi:
             raise LocalProtocolError(f"slice [{lo}, {hi}) outside log ({self.offset}, "
                                      f"{self.last_index()}]")
         hi = min(hi, lo + max_entries)

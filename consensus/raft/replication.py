@@ -274,7 +274,8 @@ class Replication(abc.ABC):
         if pr.state is ProgressState.SNAPSHOT:
             self._send_snapshot_chunk(p, pr)  # retransmit the outstanding chunk
         else:
-            last = self.log.last_index()
+            log = self.log
+            last = log.offset + len(log.entries)  # log.last_index(), inlined
             stalled = pr.heartbeat_acked(last)  # counted in PROBE too: it teaches the lag
             if pr.state is ProgressState.PROBE:
                 pr.paused = False

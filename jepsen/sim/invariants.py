@@ -92,7 +92,7 @@ class LogMirror:
 
     def append(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
-            expected = self.last_index() + 1
+            expected = self.snapshot_index + len(self.entries) + 1  # last_index() + 1
             if entry.index != expected:
                 raise ValueError(f"log mirror: appending index {entry.index}, expected {expected}")
             self.entries.append(entry)
@@ -241,11 +241,13 @@ class InvariantChecker:
                 and known[2] is lb and known[3] == lb.generation):
             agreed = max(agreed, known[4])
         matched_at = agreed
+        # `la.get(index)` and `lb.get(index)`, inlined: index is within both logs here
+        # (lo <= index <= hi), so each lookup is a plain list index.
+        ea_list, a_base = la.entries, la.snapshot_index + 1
+        eb_list, b_base = lb.entries, lb.snapshot_index + 1
         for index in range(hi, agreed, -1):
-            ea = la.get(index)
-            eb = lb.get(index)
-            if ea is None or eb is None:
-                continue
+            ea = ea_list[index - a_base]
+            eb = eb_list[index - b_base]
             if matched_at == agreed and ea.term == eb.term:
                 matched_at = index
             if matched_at != agreed and ea is not eb and ea != eb:
@@ -264,7 +266,8 @@ def _holds(log: LogMirror, index: int, entry: Entry) -> bool:
     """`log` holds `entry` at `index`, in its log or covered by its snapshot."""
     if log.snapshot_index >= index:
         return True
-    mine = log.get(index)
+    pos = index - log.snapshot_index - 1  # `log.get(index)`, inlined (pos >= 0 here)
+    mine = log.entries[pos] if pos < len(log.entries) else None
     return mine is entry or mine == entry
 
 
