@@ -38,6 +38,8 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 Must not import: sockets, TLS, prometheus (metrics arrive as an injected `DriverObserver`),
 any particular core (the core is injected; only the `Core` contract is used).
 
+Client calls are admitted by `phalanx.driver_calls.CallAdmission` (a base class: stale
+reads, session-table answers, backpressure, duplicate joins, proposal batching).
 Backpressure: a leader holding `max_pending_calls` unanswered calls answers a NEW write with
 RETRY naming itself as leader (the client backs off and comes back to it) instead of queueing
 it; a retry of a write already waiting joins it (never a second proposal). Each client
