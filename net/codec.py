@@ -70,6 +70,7 @@ from phalanx.net.codec_fields import (
     EXACT,
     INT_MAX,
     INT_MIN,
+    OPTIONALS,
     SCALARS,
     DecodeError,
     Decoder,
@@ -501,6 +502,7 @@ class Registry:
             slow_decode=decode,
             errors=(EncodeError, DecodeError),
             arrays=ARRAYS,
+            optionals=OPTIONALS,
         )
         return _Spec(
             type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,

@@ -88,6 +88,7 @@ def compile_fast(
     slow_decode: Coder,
     errors: tuple[type[Exception], type[Exception]],
     arrays: Mapping[Coder, tuple[Coder, Coder]] | None = None,
+    optionals: Mapping[Coder, tuple[Coder, Coder]] | None = None,
 ) -> tuple[Coder, Coder]:
     """The fast (encode, decode) pair for `cls`; each falls back to its `slow_*` twin.
 
@@ -96,7 +97,9 @@ def compile_fast(
     ``tuple[T, ...]`` field (T not a scalar) to T's (encoder, decoder): such a field's
     elements are walked inline (the array codec's own call and comprehension saved), with
     the array codec's checks (an exact tuple / list, the depth limit) made first; anything
-    else calls the array codec."""
+    else calls the array codec. `optionals` maps the decoder of an ``X | None`` field to X's
+    (encoder, decoder): None passes inline, anything else goes to X's coder (the optional
+    codec's own call saved)."""
     encode_error, decode_error = errors
     for name, *_ in fields:
         if not name.isidentifier() or keyword.iskeyword(name):  # pragma: no cover - dataclasses
@@ -154,6 +157,12 @@ def compile_fast(
             dec_checks.append(f"type({var}) is V{i}")
             items.append(f"{var}._value_")
             kwargs.append(f"{name}=M{i}[{var}]")
+            continue
+        inner = optionals.get(dec) if optionals is not None and exact is None else None
+        if inner is not None and enum_info is None:
+            env[f"OE{i}"], env[f"OD{i}"] = inner  # exactly what `optional_codec` calls
+            items.append(f"(None if {var} is None else OE{i}({var}, d))")
+            kwargs.append(f"{name}=(None if {var} is None else OD{i}({var}, d))")
             continue
         if exact is None:
             env[f"enc{i}"] = enc

@@ -84,7 +84,13 @@ def optional_codec(inner: tuple[Encoder, Decoder]) -> tuple[Encoder, Decoder]:
     def decode(raw: object, depth: int) -> object:
         return None if raw is None else dec_inner(raw, depth)
 
+    OPTIONALS[decode] = inner
     return encode, decode
+
+
+OPTIONALS: Final[dict[Decoder, tuple[Encoder, Decoder]]] = {}
+"""``X | None`` field decoders -> X's (encoder, decoder), so the compiled fast paths can
+test for None inline (see `codec_fast`)."""
 
 
 def enum_codec(tp: type[enum.Enum], where: str) -> tuple[Encoder, Decoder]:

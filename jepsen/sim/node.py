@@ -214,17 +214,24 @@ class SimNode:
         if self.paused or self._stepping or self._inputs:
             self.step(inp)
             return
-        # `step(inp)` for the common case (nothing queued), without the queue round trip.
+        # `step(inp)` for the common case (nothing queued), without the queue round trip,
+        # then `_drain()` (inlined) for what the Ready caused (Persisted, CheckpointTaken).
         self._stepping = True
+        stats = self.stats
+        inputs = self._inputs
         try:
             ready = core.step(inp)
-            self.stats.steps += 1
+            stats.steps += 1
             if ready is not EMPTY_READY:
                 self._handle(ready, core)
+            while inputs and self.core is not None:  # a Ready may crash the node
+                core = self.core
+                ready = core.step(inputs.popleft())
+                stats.steps += 1
+                if ready is not EMPTY_READY:
+                    self._handle(ready, core)
         finally:
             self._stepping = False
-        if self._inputs:  # what the Ready caused (Persisted, CheckpointTaken), in order
-            self._drain()
 
     def submit(self, request: ClientRequest) -> None:
         if self.core is None:

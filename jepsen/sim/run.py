@@ -254,7 +254,10 @@ class _Cluster:
                 observe=setup.observe,
                 tick_ns=cfg.tick_ns,
             )
-            self.nodes[name].crash_point = self._crash_point
+            if nemesis.CRASH_AFTER_READY in self.faults:
+                # (Otherwise the probability stays 0 for the whole run and the hook would
+                # only ever answer False: no call per persisted Ready.)
+                self.nodes[name].crash_point = self._crash_point
             self.network.route(name, self.nodes[name].deliver)
         values = ValueCounter()
         keys = [f"k{i}" for i in range(cfg.keys)]

@@ -3,6 +3,7 @@ shortcut, fall back to it for every error, and the per-thread Packer is safe to 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, fields
 
@@ -173,3 +174,24 @@ def test_inline_element_dispatch_refuses_what_the_generic_walk_refuses(
         REGISTRY.decode(msgpack.packb(raw, use_bin_type=True))
     assert REGISTRY.decode(msgpack.packb([tid, 1, [[tid, 2, []]]], use_bin_type=True)) == Tree(
         value=1, children=(Tree(value=2),))
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("maybe", "7", r"Everything\.maybe: expected int, got str"),
+    ("maybe_leaf", Tree(value=1), r"Everything\.maybe_leaf: expected Leaf, got Tree"),
+])
+def test_inline_optional_fields_fall_back_for_the_precise_error(
+        field: str, value: object, error: str) -> None:
+    bad = Everything.__new__(Everything)
+    for f in Everything.__slots__:
+        object.__setattr__(bad, f, getattr(sample(), f))
+    object.__setattr__(bad, field, value)
+    with pytest.raises(EncodeError, match=error):
+        REGISTRY.encode(bad)
+    raw = msgpack.unpackb(REGISTRY.encode(sample()), raw=False)
+    raw[1 + list(Everything.__slots__).index(field)] = "seven"
+    with pytest.raises(DecodeError, match=rf"Everything\.{field}"):
+        REGISTRY.decode(msgpack.packb(raw, use_bin_type=True))
+    for none_or_value in (None, sample().maybe_leaf):
+        ok = dataclasses.replace(sample(), maybe_leaf=none_or_value, maybe=None)
+        assert REGISTRY.decode(REGISTRY.encode(ok)) == ok
