@@ -262,6 +262,10 @@ _READY_SETTERS = tuple(
                  "core_state")
 )
 EMPTY_READY = Ready()
+READY_SETTERS = _READY_SETTERS
+"""The raw setters of `Ready`'s slots, in field order (number, early_messages, snapshot,
+truncate_from, entries, hard_state, must_sync, messages, committed, reads, rejected,
+core_state), for a core that builds its Ready inline as `make_ready` does."""
 
 (_R_NUMBER, _R_EARLY, _R_SNAPSHOT, _R_TRUNCATE, _R_ENTRIES, _R_HS, _R_SYNC, _R_MSGS,
  _R_COMMITTED, _R_READS, _R_REJECTED, _R_CORE_STATE) = _READY_SETTERS
