@@ -10,10 +10,11 @@ Rules:
   `Tick`, randomness the injected `random.Random` (election timeouts only).
 - `step` handles terms once for every role (as etcd's `Step`), then dispatches with
   `match self.role:`; `_become_*` are the only methods that change `role`.
-- Split into base classes to keep files cohesive: `RaftCore(Membership(Election(
-  Replication)))`; membership changes, leadership transfer and the leader's reaction to a
-  commit live in `membership.py`, timers, pre-vote, candidacy and voting in `election.py`,
-  log replication and the commit rule in `replication.py`.
+- Split into base classes to keep files cohesive: `RaftCore(Proposals(Membership(Election(
+  Replication))))`; client proposals and ReadIndex rounds live in `proposals.py`,
+  membership changes, leadership transfer and the leader's reaction to a commit in
+  `membership.py`, timers, pre-vote, candidacy and voting in `election.py`, log replication
+  and the commit rule in `replication.py`.
 - Persistence before dependence: term, vote and entries go out in `Ready` (persisted before
   its messages are sent), and the node never counts its *own* vote or entries towards a
   quorum before `Persisted` says they are durable (`_self_vote_number`, `durable`). The one
@@ -64,7 +65,6 @@ from phalanx.consensus.raft.config import (
 )
 from phalanx.consensus.raft.election import Role
 from phalanx.consensus.raft.log import RaftLog
-from phalanx.consensus.raft.membership import Membership
 from phalanx.consensus.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -77,10 +77,10 @@ from phalanx.consensus.raft.messages import (
     TimeoutNow,
 )
 from phalanx.consensus.raft.progress import Progress
+from phalanx.consensus.raft.proposals import Proposals
 from phalanx.consensus.raft.readonly import ReadOnly
 from phalanx.consensus.raft.validate import drop_reason
 from phalanx.consensus.types import (
-    ClientRequest,
     Entry,
     EntryKind,
     HardState,
@@ -104,13 +104,10 @@ _LEADER_KINDS = (AppendEntries, Heartbeat, InstallSnapshot)
 _LEADER, _FOLLOWER, _CANDIDATE = Role.LEADER, Role.FOLLOWER, Role.CANDIDATE
 
 
-class RaftCore(Membership):
+class RaftCore(Proposals):
     """One Raft node. See the module docstring for the rules it keeps."""
 
-    # A step's outputs besides those `Replication` declares (see `_reset_out`).
-    _early: list[Send]
-    _reads: list[ReadState]
-    _rejected: list[Rejection]
+    # A step's outputs are declared by the base classes (see `_reset_out`).
 
     def __init__(
         self,
@@ -543,73 +540,6 @@ class RaftCore(Membership):
                 self._drop("stale_vote_response")
             case _:
                 self._drop("unexpected_message")
-
-    # ------------------------------------------------------------------------ client
-
-    def _submit(self, request: ClientRequest) -> None:
-        if self.role is not Role.LEADER:
-            self._rejected.append(Rejection(request=request, reason="not leader",
-                                            leader_hint=self.leader))
-            return
-        if request.read_only:
-            self.readonly.add(request)
-            if not self.readonly.rounds:
-                self._start_read_round()
-            return
-        if self.lead_transferee is not None:
-            self._rejected.append(Rejection(request=request,
-                                            reason="leadership transfer in progress",
-                                            leader_hint=self.lead_transferee))
-            return
-        self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
-                                  kind=EntryKind.COMMAND, requests=(request,))])
-        self._broadcast_append(allow_empty=False)
-
-    def _propose_batch(self, requests: tuple[ClientRequest, ...]) -> None:
-        writes: list[ClientRequest] = []
-        for request in requests:
-            if request.read_only or self.role is not Role.LEADER or (
-                    self.lead_transferee is not None):
-                self._submit(request)  # a read, or refused exactly as a lone Submit
-            else:
-                writes.append(request)
-        if writes:
-            self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
-                                      kind=EntryKind.COMMAND, requests=tuple(writes))])
-            self._broadcast_append(allow_empty=False)
-
-    def _start_read_round(self) -> None:
-        # Ref: §6.4 step 1: only once the leader committed an entry of its own term.
-        if self.log.term_at(self.commit) != self.term:
-            return
-        self._read_ctx += 1
-        rnd = self.readonly.start_round(index=self.commit, context=self._read_ctx)
-        if rnd is None:
-            return
-        self._ack_read(self._read_ctx, self.id)
-        if self.readonly.rounds:
-            self._broadcast_heartbeat(context=self._read_ctx)
-
-    def _ack_read(self, context: int, node: NodeId) -> None:
-        joint = self.joint
-        released = self.readonly.ack(context, node, joint.has_quorum)
-        for request, index in released:
-            self._reads.append(ReadState(request=request, index=index))
-        if released and self.readonly.queued and not self.readonly.rounds:
-            self._start_read_round()  # reads that arrived during the last round
-
-    def _broadcast_heartbeat(self, context: int = 0) -> None:
-        if context == 0 and self.readonly.queued and not self.readonly.rounds:
-            self._start_read_round()
-            if self.readonly.rounds:
-                return  # that round's heartbeat went out
-        if context == 0 and self.readonly.rounds:
-            context = self.readonly.rounds[-1].context  # re-confirm the newest round
-        early = self._early  # a leader's heartbeats go out early (`_send`, §10.2.1)
-        for p, pr in self.prs.items():
-            early.append(Send(to=p, message=Heartbeat(
-                term=self.term, leader_id=self.id, leader_commit=min(pr.match, self.commit),
-                context=context)))
 
     # ------------------------------------------------------------------------ snapshots
 
