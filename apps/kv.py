@@ -16,12 +16,15 @@ Invariants:
 - Determinism: no behaviour depends on the map's (hash-seeded) iteration order; scans and
   checkpoints sort keys.
 
-Checkpoint format (version 1), a stream of msgpack objects, concatenated:
-    ["phalanx.kv", 1, count]
+Checkpoint format (version 2), a stream of msgpack objects, concatenated:
+    ["phalanx.kv", 2]
     [k1, v1, k2, v2, ...]        # up to CHUNK_KEYS pairs per array, repeated
+    count                        # an int: how many pairs came before it; the last object
 Keys are strictly ascending (by code point) across the whole stream, so equal states give
 equal bytes on every replica; `restore` checks the header, types, limits, the order and the
-count, and raises `SnapshotFormatError` otherwise.
+count, and raises `SnapshotFormatError` otherwise. The count is a trailer because the writer
+learns it only by merging the overlays into the base (the live state keeps no count: see
+`phalanx.apps.kv_state`). Version 1 (`["phalanx.kv", 1, count]`, no trailer) still loads.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ STEP_KEYS = 256
 """Overlay keys sorted or merged per serialisation step (Python-level heap merge): bounds one
 step to well under a millisecond, so the applying thread never waits long for the GIL."""
 _MAGIC = "phalanx.kv"
-_VERSION = 1
+_VERSION = 2
 
 
 class KvSnapshot:
@@ -83,13 +86,13 @@ class KvSnapshot:
         self._view = view
 
     def __len__(self) -> int:
-        return self._view.length
+        return self._view.count()
 
     def chunks(self) -> Iterator[bytes]:
         """The checkpoint (module docstring), one packed array per step, `b""` between
         steps that produced none."""
         view = self._view
-        yield msgpack.packb([_MAGIC, _VERSION, view.length])
+        yield msgpack.packb([_MAGIC, _VERSION])
         for out in view.sorted_chunks(
             chunk=CHUNK_KEYS, window=WINDOW_KEYS, run=SORT_RUN, step=STEP_KEYS
         ):
@@ -101,6 +104,7 @@ class KvSnapshot:
             flat[0::2] = keys
             flat[1::2] = values
             yield msgpack.packb(flat)
+        yield msgpack.packb(view.count())  # counted by the merge that just ran
 
 
 class KvStateMachine:
@@ -272,33 +276,44 @@ def validate(cmd: KvCommand) -> KvError | None:
 
 
 def _parse_checkpoint(data: bytes) -> SortedBase:
-    """Decode the KV checkpoint format (module docstring); raise `SnapshotFormatError`."""
+    """Decode the KV checkpoint format (module docstring, versions 1 and 2); raise
+    `SnapshotFormatError`."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
     unpacker.feed(data)
     try:
         header = next(unpacker)
     except (StopIteration, ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"KV checkpoint header unreadable: {exc}") from exc
+    # Version 1 declares the count up front, version 2 in a trailer.
+    count: int | None = None
     if (
-        not isinstance(header, list)
-        or len(header) != 3
-        or header[0] != _MAGIC
-        or header[1] != _VERSION
-        or type(header[2]) is not int
-        or header[2] < 0
+        isinstance(header, list)
+        and len(header) == 3
+        and header[:2] == [_MAGIC, 1]
+        and type(header[2]) is int
+        and header[2] >= 0
     ):
-        raise SnapshotFormatError(f"not a version-{_VERSION} KV checkpoint header: {header!r}")
-    count: int = header[2]
+        count = header[2]
+    elif header != [_MAGIC, _VERSION]:
+        raise SnapshotFormatError(
+            f"not a KV checkpoint header (version 1 or {_VERSION}): {header!r}"
+        )
     # The base's shards: consecutive arrays coalesced into shards of SHARD_KEYS keys or so.
     packer = ShardPacker(SHARD_KEYS)
     held = 0
     previous: str | None = None
+    trailer: int | None = None
     # NB: bulk-loading allocates steadily (the chunks' lists) next to a growing state;
     # pausing the collector keeps its passes from walking it again and again.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for flat in unpacker:
+            if trailer is not None:
+                raise SnapshotFormatError("KV checkpoint has data after its count")
+            if type(flat) is int and count is None:
+                trailer = flat
+                continue
             if not isinstance(flat, list) or len(flat) % 2:
                 raise SnapshotFormatError("KV checkpoint chunk is not a list of key/value pairs")
             keys = flat[0::2]
@@ -320,6 +335,10 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
             previous = keys[-1]
             packer.add(keys, values)
             held += len(keys)
+        if count is None:
+            if trailer is None:
+                raise SnapshotFormatError("KV checkpoint ends without its count (truncated?)")
+            count = trailer
         if held != count:
             raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {held}")
         packer.flush()

@@ -126,6 +126,9 @@ def main() -> int:
     parser.add_argument("--yield-us", type=float, default=None,
                         help="make the writer's GIL yields sleep this long instead (an "
                         "experiment on the GIL hand-off: 0 is time.sleep(0))")
+    parser.add_argument("--switch-ms", type=float, default=None,
+                        help="set the interpreter's GIL switch interval (sys.setswitchinterval) "
+                             "to this many ms; default: leave it as it is (5 ms)")
     parser.add_argument("--no-gc", action="store_true", help="disable the GC during the run")
     parser.add_argument("--no-pacer", action="store_true",
                         help="freeze once after loading only (no GcPacer re-freezes)")
@@ -151,6 +154,8 @@ def main() -> int:
     replica.apply(bench.put_entry(1, "key00000000", b"new"))
     gc.collect()
     gc.freeze()
+    if args.switch_ms is not None:
+        sys.setswitchinterval(args.switch_ms / 1e3)
     if args.no_gc:
         gc.disable()
     passes: list[tuple[int, float, float]] = []

@@ -258,6 +258,37 @@ def test_restore_rejects_unsorted_and_miscounted_data() -> None:
         target.restore(miscounted)
 
 
+def test_version_2_count_trailer_is_checked() -> None:
+    """Version 2 carries its key count as a trailing int: a checkpoint cut before it, one
+    whose trailer disagrees, and one with anything after it are all refused; version 1
+    (count in the header) still loads."""
+    import msgpack
+
+    m = KvStateMachine()
+    run(m, Put(key="a", value=b"1"))
+    run(m, Put(key="b", value=b"2"))
+    run(m, Delete(key="a"))
+    data = b"".join(m.snapshot().chunks())
+    head = msgpack.packb(["phalanx.kv", 2])
+    body = msgpack.packb(["b", b"2"])
+    assert data == head + body + msgpack.packb(1)
+    target = KvStateMachine()
+    for bad, why in [
+        (head + body, "without its count"),
+        (head + body + msgpack.packb(2), "declares 2"),
+        (head + body + msgpack.packb(1) + body, "after its count"),
+        (head + msgpack.packb(0) + msgpack.packb(0), "after its count"),
+    ]:
+        with pytest.raises(SnapshotFormatError, match=why):
+            target.restore(bad)
+    target.restore(msgpack.packb(["phalanx.kv", 1, 1]) + body)
+    assert (len(target), target.get("b"), target.get("a")) == (1, b"2", None)
+    empty = b"".join(KvStateMachine().snapshot().chunks())
+    assert empty == head + msgpack.packb(0)
+    target.restore(empty)
+    assert len(target) == 0
+
+
 def test_endorsement_hooks() -> None:
     m = KvStateMachine()
     assert isinstance(m, EndorsementHooks)

@@ -98,7 +98,7 @@ def check_against_one_dict(
         else:
             snap = state.snapshot()
             want = sorted(model.items())
-            assert snap.length == len(want)
+            assert snap.count() == len(want)
             if a:
                 assert serialise(snap) == want
             taken.append((snap, want))
@@ -164,12 +164,16 @@ def test_checkpoint_bytes_do_not_depend_on_layering() -> None:
     assert again.get("key123") == b"v123"
 
 
-def reference_checkpoint(model: dict[str, bytes]) -> bytes:
-    """The KV checkpoint format written out from its documentation (`phalanx.apps.kv`)."""
+def reference_checkpoint(model: dict[str, bytes], version: int = 2) -> bytes:
+    """The KV checkpoint format written out from its documentation (`phalanx.apps.kv`):
+    version 2 (what is written) or version 1 (still loaded)."""
     pairs = sorted(model.items())
-    out = [msgpack.packb(["phalanx.kv", 1, len(pairs)])]
+    header = ["phalanx.kv", 1, len(pairs)] if version == 1 else ["phalanx.kv", 2]
+    out = [msgpack.packb(header)]
     for lo in range(0, len(pairs), CHUNK_KEYS):
         out.append(msgpack.packb([x for pair in pairs[lo: lo + CHUNK_KEYS] for x in pair]))
+    if version == 2:
+        out.append(msgpack.packb(len(pairs)))
     return b"".join(out)
 
 
@@ -178,7 +182,7 @@ def test_checkpoint_bytes_are_the_documented_format_over_base_levels_and_deletes
     below, inside and above its range, over two levels and a fold."""
     model = {f"m{i:05d}": b"base%d" % i for i in range(0, 9000, 2)}
     machine = KvStateMachine()
-    machine.restore(reference_checkpoint(model))
+    machine.restore(reference_checkpoint(model, version=1))
     for i in range(0, 9000, 7):
         machine.execute(Put(key=f"m{i:05d}", value=b"new%d" % i))
         model[f"m{i:05d}"] = b"new%d" % i
