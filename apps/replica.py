@@ -112,11 +112,22 @@ class CheckpointPolicy:
     last checkpoint otherwise stays in memory as overlays and the core's log until writes
     come again, scattered over allocator arenas it keeps resident. Not for protocols whose
     checkpoints must fall on fixed sequence numbers (PBFT)."""
+    aligned: bool = False
+    """Checkpoint exactly at the applied indexes that are multiples of `every_entries`, and
+    never by bytes or idleness: for protocols whose replicas vote on the state at fixed
+    sequence numbers (PBFT, every K), where a checkpoint anywhere else is worthless. A
+    boundary reached while the writer is still busy is snapshotted at once (O(1)) and written
+    when the writer is free; a newer boundary reached meanwhile replaces it, so a slow writer
+    skips boundaries instead of falling ever further behind (peers with faster writers vote
+    for the skipped ones)."""
 
     def __post_init__(self) -> None:
         if (self.every_entries < 0 or self.every_bytes < 0 or self.compact_lag < 0
                 or self.idle_calls < 0):
             raise ValueError(f"checkpoint policy values must be >= 0: {self!r}")
+        if self.aligned and (self.every_entries == 0 or self.every_bytes or self.idle_calls):
+            raise ValueError("an aligned checkpoint policy needs every_entries > 0 and no "
+                             f"byte or idle trigger: {self!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,6 +203,7 @@ class Replica:
         self._bytes_since = 0
         self._checkpoint_index = 0
         self._in_flight: int | None = None
+        self._queued: CheckpointJob | None = None  # aligned policy: next boundary to write
         self._taken: list[CheckpointTaken] = []
         self._written = 0
         self._failures = 0
@@ -275,7 +287,7 @@ class Replica:
         self._bytes_since += size
         self._collect()
         if self._due():
-            self.checkpoint_now()
+            self._start_due()
         if self._gc_pacer is not None:
             self._gc_pacer.note_apply()
         return tuple(out)
@@ -333,9 +345,20 @@ class Replica:
 
     def _due(self) -> bool:
         p = self._policy
+        if p.aligned:
+            applied = self._applied
+            return (applied % p.every_entries == 0 and applied != self._checkpoint_index
+                    and applied != self._in_flight
+                    and (self._queued is None or self._queued.index != applied))
         return (p.every_entries > 0 and self._entries_since >= p.every_entries) or (
             p.every_bytes > 0 and self._bytes_since >= p.every_bytes
         )
+
+    def _start_due(self) -> None:
+        """Start the checkpoint the policy asks for; under an aligned policy, queue it if the
+        writer is busy (replacing an older queued boundary)."""
+        if not self.checkpoint_now() and self._policy.aligned and self._writer.busy:
+            self._queued = self._job()
 
     def checkpoint_now(self) -> bool:
         """Start a checkpoint of the current state; False if one is already in flight (the
@@ -343,23 +366,28 @@ class Replica:
         self._collect()
         if self._writer.busy or self._applied == 0 or self._applied == self._checkpoint_index:
             return False
+        self._start(self._job())
+        self._collect()
+        return True
+
+    def _job(self) -> CheckpointJob:
+        """A checkpoint of the current state: its O(1) snapshot, to be serialised later."""
         chunks = envelope_chunks(
             index=self._applied, sessions=self._sessions, app=self._machine.snapshot()
         )
         meta = self.snapshot_meta()
-        self._in_flight = self._applied
         self._entries_since = 0
         self._bytes_since = 0
-        self._writer.start(
-            CheckpointJob(
-                index=self._applied,
-                chunks=chunks,
-                meta=encode_meta(meta) if meta is not None else b"",
-                progress=self._progress,
-            )
+        return CheckpointJob(
+            index=self._applied,
+            chunks=chunks,
+            meta=encode_meta(meta) if meta is not None else b"",
+            progress=self._progress,
         )
-        self._collect()
-        return True
+
+    def _start(self, job: CheckpointJob) -> None:
+        self._in_flight = job.index
+        self._writer.start(job)
 
     def poll(self) -> tuple[CheckpointTaken, ...]:
         """Checkpoints made durable since the last call, for the core (`CheckpointTaken`).
@@ -380,12 +408,13 @@ class Replica:
         (`CheckpointPolicy.idle_calls`), then gives a machine with `Housekeeping`
         one bounded piece of its deferred work, so a quiet replica still frees what its last
         checkpoint replaced."""
+        self._collect()  # a finished checkpoint lets a queued boundary start
         if self._applied != self._idle_since:
             self._idle_since, self._idle_calls = self._applied, 0
         else:
             self._idle_calls += 1
         if self._due() or self._idle_due():
-            self.checkpoint_now()
+            self._start_due()
         if self._maintain is not None:
             self._maintain()
 
@@ -403,11 +432,16 @@ class Replica:
         if done.error is not None:
             self._failures += 1
             self._last_error = done.error
-            return
-        self._written += 1
-        self._checkpoint_index = max(self._checkpoint_index, done.index)
-        self._taken.append(CheckpointTaken(index=done.index, data=done.data))
-        self._compact(done.index)
+        else:
+            self._written += 1
+            self._checkpoint_index = max(self._checkpoint_index, done.index)
+            self._taken.append(CheckpointTaken(index=done.index, data=done.data))
+            self._compact(done.index)
+        queued = self._queued
+        if queued is not None and not self._writer.busy:
+            self._queued = None
+            if queued.index > self._checkpoint_index:
+                self._start(queued)
 
     def _compact(self, index: int) -> None:
         upto = index - self._policy.compact_lag
@@ -509,6 +543,7 @@ class Replica:
             )
         self._machine.restore(parsed.app_data)
         self._sessions = parsed.sessions
+        self._queued = None  # an older state's boundary: superseded
         self._applied = index
         self._checkpoint_index = index
         self._entries_since = self._bytes_since = 0
@@ -518,7 +553,9 @@ class Replica:
 
     def close(self) -> None:
         """Finish the checkpoint in flight (its `CheckpointTaken` stays available to `poll`)
-        and stop the writer. Does not close the storage, which the caller owns."""
+        and stop the writer; a boundary queued behind it (aligned policy) is dropped. Does
+        not close the storage, which the caller owns."""
+        self._queued = None
         self._collect()
         self._writer.close()
         self._collect()

@@ -146,3 +146,85 @@ def test_an_idle_replica_checkpoints_the_tail_of_a_burst() -> None:
     for _ in range(10):
         replica.maintain()
     assert held.jobs == [2]  # nothing new since
+
+
+class _ManualWriter:
+    """A writer whose jobs finish when the test says so (`finish`)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.jobs: list[int] = []
+        self._done: writer.CheckpointDone | None = None
+
+    def start(self, job: writer.CheckpointJob) -> None:
+        if self.busy:
+            raise RuntimeError("busy")
+        self.jobs.append(job.index)
+        self.busy = True
+        self._job = job
+
+    def finish(self) -> None:
+        data = b"".join(self._job.chunks)
+        self._done = writer.CheckpointDone(index=self._job.index, data=data)
+
+    def poll(self) -> writer.CheckpointDone | None:
+        done, self._done = self._done, None
+        if done is not None:
+            self.busy = False
+        return done
+
+    def close(self) -> None:
+        pass
+
+
+def _put(replica: Replica, i: int) -> None:
+    command = kv_wire.encode_command(Put(key=f"k{i}", value=b"v%d" % i))
+    request = ClientRequest(client_id="c", request_no=i, command=command)
+    replica.apply(Entry(index=i, term=1, kind=EntryKind.COMMAND, requests=(request,)))
+
+
+def test_an_aligned_policy_checkpoints_only_at_multiples_and_queues_the_newest_boundary() -> None:
+    """PBFT's replicas vote on the state every K sequence numbers: a checkpoint that fell due
+    while the writer was busy must not start at whatever index comes next (it did: the
+    replicas' votes then never matched and the water marks froze). A busy writer's boundary
+    is snapshotted at the boundary and written when the writer is free; a newer boundary
+    replaces an older queued one."""
+    from phalanx.apps.envelope import parse_envelope
+    from phalanx.apps.replica import CheckpointPolicy
+
+    manual = _ManualWriter()
+    replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("n1").open().checkpoints,
+                      writer=manual,
+                      policy=CheckpointPolicy(every_entries=4, every_bytes=0, aligned=True))
+    for i in range(1, 6):
+        _put(replica, i)
+    assert manual.jobs == [4]
+    for i in range(6, 14):  # boundaries 8 and 12 come while 4 is still being written
+        _put(replica, i)
+    assert (manual.jobs, replica.status().checkpoint_in_flight) == ([4], 4)
+    manual.finish()
+    replica.maintain()  # 4 completes; the newest queued boundary, 12, starts; 8 is skipped
+    assert manual.jobs == [4, 12]
+    manual.finish()
+    taken = replica.poll()
+    assert [t.index for t in taken] == [4, 12]
+    for _ in range(3):
+        replica.maintain()  # idle at 13, not a boundary: nothing starts
+    assert manual.jobs == [4, 12]
+    # The queued checkpoint holds the state AT its boundary, not when it was written.
+    parsed = parse_envelope(bytes(taken[1].data))
+    at_twelve = KvStateMachine()
+    at_twelve.restore(parsed.app_data)
+    assert (parsed.index, at_twelve.get("k12"), at_twelve.get("k13")) == (12, b"v12", None)
+    for i in range(14, 17):  # a free writer: the boundary starts at once
+        _put(replica, i)
+    assert manual.jobs == [4, 12, 16]
+
+
+def test_an_aligned_policy_needs_an_entry_trigger_only() -> None:
+    from phalanx.apps.replica import CheckpointPolicy
+
+    for bad in ({"every_entries": 0, "every_bytes": 0}, {"every_entries": 4},
+                {"every_entries": 4, "every_bytes": 0, "idle_calls": 5}):
+        with pytest.raises(ValueError, match="aligned"):
+            CheckpointPolicy(aligned=True, **bad)  # type: ignore[arg-type]
