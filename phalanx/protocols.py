@@ -121,7 +121,7 @@ def checkpoint_policy(config: NodeConfig, *, compact_lag: int) -> CheckpointPoli
     """The replica's checkpoint policy: PBFT's must be every K executed sequence numbers."""
     if config.protocol == "pbft":
         return CheckpointPolicy(every_entries=pbft_checkpoint_interval(config), every_bytes=0,
-                                compact_lag=0)
+                                compact_lag=0, aligned=True)
     return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
                             every_bytes=config.checkpoint.every_bytes, compact_lag=compact_lag,
                             idle_calls=IDLE_CHECKPOINT_TICKS)

@@ -394,7 +394,7 @@ def pbft_setup(
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=_decode_entry,
-            policy=CheckpointPolicy(every_entries=8, every_bytes=0, compact_lag=0),
+            policy=CheckpointPolicy(every_entries=8, every_bytes=0, compact_lag=0, aligned=True),
             config=bootstrap,
         )
         replica.restore_latest(replay_upto=0)
