@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -38,48 +39,30 @@ import trio
 
 from phalanx import pki
 from phalanx.client import open_client
-from phalanx.config import (
-    Address,
-    CheckpointConfig,
-    NodeConfig,
-    PeerConfig,
-    TimingConfig,
-    TlsFiles,
-)
+from phalanx.cluster import find_free_base_port, init_cluster
+from phalanx.config import NodeConfig, TimingConfig, load_node_config
 from phalanx.node import Node, open_node
-from phalanx.ports import free_ports
-
-HOST = "127.0.0.1"
 
 
-def _configs(root: Path, *, tick_ms: int) -> tuple[list[NodeConfig], Path]:
-    ca = pki.create_ca()
-    pki.write_ca(ca, root / "ca")
-    ids = ["n1", "n2", "n3"]
-    ports = free_ports(6)
-    peer = {i: Address(host=HOST, port=ports[k]) for k, i in enumerate(ids)}
-    client = {i: Address(host=HOST, port=ports[3 + k]) for k, i in enumerate(ids)}
-    configs = []
-    for node_id in ids:
-        paths = pki.write_credentials(pki.issue_node_cert(ca, node_id), root / "nodes" / node_id)
-        configs.append(NodeConfig(
-            id=node_id, protocol="raft", data_dir=root / "data" / node_id,
-            peer_listen=peer[node_id], client_listen=client[node_id], metrics_listen=None,
-            tls=TlsFiles(ca=paths.ca_certificate, cert=paths.certificate, key=paths.private_key),
-            peers=tuple(PeerConfig(id=o, peer_addr=peer[o], client_addr=client[o])
-                        for o in ids if o != node_id),
-            fsync="group",
-            timing=TimingConfig(tick_ms=tick_ms, election_ticks=10, heartbeat_ticks=3),
-            checkpoint=CheckpointConfig(every_entries=1_000_000, every_bytes=1 << 30, keep=3),
-        ))
-    return configs, root
+def _configs(root: Path, *, tick_ms: int) -> tuple[list[NodeConfig], pki.CredentialPaths]:
+    """A 3-node cluster laid out by `phalanx cluster init` (CA, certificates, configs), with
+    no metrics listeners and checkpoints out of the way of the measured writes."""
+    cluster = init_cluster(
+        root / "cluster", nodes=3, base_port=find_free_base_port(3), fsync="group",
+        timing=TimingConfig(tick_ms=tick_ms, election_ticks=10, heartbeat_ticks=3),
+        checkpoint_every=1_000_000,
+    )
+    configs = [dataclasses.replace(load_node_config(cluster.node_config_path(n.id)),
+                                   metrics_listen=None)
+               for n in cluster.nodes]
+    client = pki.CredentialPaths(certificate=cluster.client_cert, private_key=cluster.client_key,
+                                 ca_certificate=cluster.ca)
+    return configs, client
 
 
 async def _run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="inproc-cpu-") as tmp:
-        configs, root = _configs(Path(tmp), tick_ms=args.tick_ms)
-        client_paths = pki.write_credentials(
-            pki.issue_client_cert(pki.load_ca(root / "ca"), "bench"), root / "client")
+        configs, client_paths = _configs(Path(tmp), tick_ms=args.tick_ms)
         nodes: list[Node] = []
         async with contextlib.AsyncExitStack() as stack:
             for config in configs:
@@ -92,7 +75,7 @@ async def _run(args: argparse.Namespace) -> None:
                                          certificate=client_paths.certificate,
                                          private_key=client_paths.private_key,
                                          check_hostname=False)
-            addresses = [(c.id, HOST, c.client_listen.port) for c in configs]
+            addresses = [(c.id, c.client_listen.host, c.client_listen.port) for c in configs]
             async with open_client(addresses, ssl_context=context) as kv:
                 value = b"v" * args.value_size
                 for i in range(args.warmup):
