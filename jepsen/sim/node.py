@@ -215,23 +215,17 @@ class SimNode:
             self.step(inp)
             return
         # `step(inp)` for the common case (nothing queued), without the queue round trip,
-        # then `_drain()` (inlined) for what the Ready caused (Persisted, CheckpointTaken).
+        # then `_drain()` for what the Ready caused (Persisted, CheckpointTaken).
         self._stepping = True
-        stats = self.stats
-        inputs = self._inputs
         try:
             ready = core.step(inp)
-            stats.steps += 1
+            self.stats.steps += 1
             if ready is not EMPTY_READY:
                 self._handle(ready, core)
-            while inputs and self.core is not None:  # a Ready may crash the node
-                core = self.core
-                ready = core.step(inputs.popleft())
-                stats.steps += 1
-                if ready is not EMPTY_READY:
-                    self._handle(ready, core)
         finally:
             self._stepping = False
+        if self._inputs:
+            self._drain()
 
     def submit(self, request: ClientRequest) -> None:
         if self.core is None:
