@@ -73,7 +73,7 @@ SORT_RUN = 1024
 STEP_KEYS = 256
 """Overlay keys sorted or merged per serialisation step (Python-level heap merge): bounds one
 step to well under a millisecond, so the applying thread never waits long for the GIL."""
-_DONE_BYTES = kv_wire.encode_result(Done())
+_DONE = Done()
 _MAGIC = "phalanx.kv"
 _VERSION = 2
 
@@ -126,14 +126,7 @@ class KvStateMachine:
     # ---------------------------------------------------------------- StateMachine
 
     def apply(self, command: bytes) -> bytes:
-        cmd = kv_wire.decode_command(command)
-        if (type(cmd) is Put and len(cmd.value) <= MAX_VALUE_BYTES
-                and not _key_too_large(cmd.key)):
-            # `execute`'s Put branch, its checks passed, without the dispatch: puts are most
-            # of what a node applies and all of a typical WAL replay.
-            self._data.set(cmd.key, cmd.value)
-            return _DONE_BYTES
-        return kv_wire.encode_result(self.execute(cmd))
+        return kv_wire.encode_result(self.execute(kv_wire.decode_command(command)))
 
     def query(self, request: bytes) -> bytes:
         cmd = kv_wire.decode_command(request)
@@ -158,6 +151,12 @@ class KvStateMachine:
 
     def execute(self, cmd: KvCommand | KvError) -> KvResult:
         """Execute a typed command (an already-decoded `KvError` is passed through)."""
+        if (type(cmd) is Put and len(cmd.value) <= MAX_VALUE_BYTES
+                and not _key_too_large(cmd.key)):
+            # A valid put, ahead of the general checks and the dispatch below: puts are most
+            # of what a node applies and all of a typical WAL replay.
+            self._data.set(cmd.key, cmd.value)
+            return _DONE
         if isinstance(cmd, KvError):
             return cmd
         problem = validate(cmd)
