@@ -41,7 +41,6 @@ import resource
 import sys
 import tempfile
 import time
-import typing
 from dataclasses import dataclass
 
 import msgpack  # type: ignore[import-untyped]
@@ -68,13 +67,6 @@ class Row:
     ok: bool | None  # None: no target
 
 
-_DECODE_ENTRY = wire.default_registry().decoder(Entry)
-
-
-def decode_entry(data: bytes) -> Entry:
-    """`wire.decode(data, expected=Entry)` through the registry's hot-path form (what a node's
-    replay uses)."""
-    return typing.cast(Entry, _DECODE_ENTRY(data))  # decoder(Entry) yields only an Entry
 
 
 def put_entry(index: int, key: str, value: bytes) -> Entry:
@@ -234,7 +226,7 @@ def bench_recovery(root: str, keys: int, entries: int) -> tuple[float, float, in
         machine,
         checkpoints=storage.checkpoints,
         wal=storage.wal,
-        decode_entry=decode_entry,
+        decode_entry=wire.decode_entry,
         policy=CheckpointPolicy(every_entries=0, every_bytes=0),
         config=CONFIG,
     )
@@ -264,7 +256,7 @@ def bench_recovery(root: str, keys: int, entries: int) -> tuple[float, float, in
         KvStateMachine(),
         checkpoints=storage.checkpoints,
         wal=storage.wal,
-        decode_entry=decode_entry,
+        decode_entry=wire.decode_entry,
         policy=CheckpointPolicy(every_entries=0, every_bytes=0),
     )
     report = recovered.restore_latest()

@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv import KvStateMachine
@@ -32,11 +32,6 @@ from phalanx.storage.interface import SyncPolicy
 CLIENT = "demo-client"
 
 
-_DECODE_ENTRY = wire.default_registry().decoder(Entry)
-
-
-def _decode_entry(data: bytes) -> Entry:
-    return cast(Entry, _DECODE_ENTRY(data))  # decoder(Entry) yields only an Entry
 
 
 def _entry(index: int) -> Entry:
@@ -59,7 +54,7 @@ def _open(path: str, every: int) -> tuple[Storage, Replica]:
         KvStateMachine(),
         checkpoints=storage.checkpoints,
         wal=storage.wal,
-        decode_entry=_decode_entry,
+        decode_entry=wire.decode_entry,
         policy=CheckpointPolicy(every_entries=every, every_bytes=0),
         config=Configuration(voters=(NodeId("local"),)),
     )

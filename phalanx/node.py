@@ -46,7 +46,6 @@ from phalanx.config import Address, NodeConfig
 from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.types import (
     Configuration,
-    Entry,
     HardState,
     NodeId,
 )
@@ -121,8 +120,6 @@ class NodeStatistics:
     hard_state_writes: int
 
 
-def _decode_entry(data: bytes) -> Entry:
-    return wire.decode(data, expected=Entry)
 
 
 class Node:
@@ -235,7 +232,7 @@ async def open_node(
             machine,
             checkpoints=storage.checkpoints,
             wal=storage.wal,
-            decode_entry=_decode_entry,
+            decode_entry=wire.decode_entry,
             writer=ThreadedCheckpointWriter(storage.checkpoints),
             policy=checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -50,6 +51,25 @@ def test_golden_bytes_of_an_entry() -> None:
     assert wire.encode(entry) == golden
     assert wire.canonical_bytes(entry) == golden
     assert wire.decode(golden, expected=Entry) == entry
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64) | st.sampled_from([
+    bytes.fromhex("9603010201919501a16303c40178c2c0"),  # the golden entry
+    bytes.fromhex("9603010201919501a16303c40178c2"),  # cut short
+    bytes.fromhex("9604010201919501a16303c40178c2c0"),  # a HardState's id
+    bytes.fromhex("9603010201919501a163a133c40178c2c0"),  # request_no a str
+]))
+def test_decode_entry_matches_decode(data: bytes) -> None:
+    """`wire.decode_entry` (the WAL replay's hot path) returns what `decode(expected=Entry)`
+    returns, and raises a `DecodeError` with the same message where it raises."""
+    def outcome(decode: Callable[[bytes], object]) -> object:
+        try:
+            return decode(data)
+        except DecodeError as exc:
+            return ("DecodeError", str(exc))
+
+    assert outcome(wire.decode_entry) == outcome(lambda d: wire.decode(d, expected=Entry))
 
 
 def test_ranges_do_not_overlap_and_cover_the_shared_ids() -> None:
