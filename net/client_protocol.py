@@ -18,8 +18,15 @@ Semantics:
 - `ReadConsistency.LINEARIZABLE` (default) reads go through the core (Raft ReadIndex, PBFT
   ordering); `STALE` reads are served from the contacted node's applied state, which may be
   behind.
-- PBFT clients send a call to every replica and accept a result once f+1 replicas return the
-  same (status, result); `ClientReply.replica` says who answered.
+- PBFT clients accept a result once f+1 replicas return the same (status, result);
+  `ClientReply.replica` says who answered. A PBFT client sends a call to the primary only
+  (Castro-Liskov §4.1) when enough backups accepted its `ClientHello`, and to every replica
+  otherwise and on a retransmission.
+- `ClientHello` subscribes the connection to the answers for one client: a node that
+  executes a request of session `client_id`, or of one of its lanes ``client_id#k``, and
+  has no call of it waiting, answers it on the newest subscribed connection (a PBFT backup
+  executes requests it only saw in a pre-prepare). `ClientHelloReply.subscribed` says
+  whether the node supports it; a client must not rely on unasked answers otherwise.
 - `StatusCall` / `StatusReply` serve `phalanx status`.
 
 Rules: pure data, no I/O; frozen slotted keyword-only dataclasses; registered through
@@ -93,11 +100,28 @@ class StatusReply(Message):
     dropped_messages: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientHello(Message):
+    """Subscribe this connection to the answers for `client_id` and its lanes (see above)."""
+
+    client_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientHelloReply(Message):
+    """A node's answer to `ClientHello`: whether answers will come unasked."""
+
+    client_id: str
+    subscribed: bool
+
+
 CLIENT_MESSAGES: dict[int, type] = {
     500: ClientCall,
     501: ClientReply,
     502: StatusCall,
     503: StatusReply,
+    504: ClientHello,
+    505: ClientHelloReply,
 }
 
 

@@ -15,8 +15,15 @@ socket did not take. Concurrent calls go through the writer, which coalesces the
 number of concurrent calls share it. When the connection or the dial fails, every call
 waiting on that node is told at once (`LOST`), and the next frame dials again.
 
+Subscriptions (PBFT): a pool made with a `hello` frame (`ClientHello`) writes it first on
+every new connection; the node's `ClientHelloReply` sets the slot's `subscribed`. A call may
+then be registered on a subscribed slot without being sent there (`register`): that node
+answers it unasked once it executes it. A status reply to the slot's probe records the
+primary the node names (`primary_claim`).
+
 Invariant: every call or status request registered on a slot was sent, or is queued, on the
-slot's current connection (a failed connection clears them when it tells them).
+slot's current connection, or the connection is subscribed (a failed connection clears
+them when it tells them, and clears `subscribed` and `primary_claim`).
 
 Must not import: `phalanx.client` (which builds on this), consensus cores, storage, the
 runtime. Never pickles. Not deterministic: real sockets, the real clock.
@@ -35,7 +42,7 @@ import trio
 
 from phalanx import pki
 from phalanx.net import wire
-from phalanx.net.client_protocol import ClientReply, StatusReply
+from phalanx.net.client_protocol import ClientHelloReply, ClientReply, StatusReply
 from phalanx.net.codec import DecodeError
 from phalanx.net.framing import FrameDecoder, FrameError
 from phalanx.net.tls_stream import TlsStream
@@ -64,6 +71,8 @@ class ClientStatistics:
     """Status probes sent to a silent node with calls waiting on it."""
     redirects: int = 0
     timeouts: int = 0
+    primary_only: int = 0
+    """PBFT attempts sent to the primary alone (the backups answer unasked)."""
     connections_opened: int = 0
     connection_failures: int = 0
     replies_dropped: int = 0
@@ -101,8 +110,8 @@ class NodeSlot:
     """One node: its address, its connection (if any) and what waits on it."""
 
     __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
-                 "port", "probe_answered", "probe_nonce", "probe_sent", "running", "statuses",
-                 "tls", "wake")
+                 "port", "primary_claim", "probe_answered", "probe_nonce", "probe_sent",
+                 "running", "statuses", "subscribed", "tls", "wake")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.node_id = node_id
@@ -123,6 +132,8 @@ class NodeSlot:
         self.probe_sent = -math.inf
         self.leads: bool | None = None  # the answer to the newest probe: role == "leader"
         self.probe_answered = -math.inf
+        self.subscribed = False  # the node accepted this connection's `ClientHello`
+        self.primary_claim: str | None = None  # the primary the newest probe answer names
 
 
 def normalise_nodes(nodes: Sequence[NodeAddress]) -> dict[str, NodeSlot]:
@@ -149,6 +160,8 @@ class ConnectionPool:
         dial_timeout: seconds allowed for TCP connect and TLS handshake.
         max_frame_size: the largest reply frame accepted.
         stats: the client's counters (the pool updates the connection ones).
+        hello: a frame written first on every new connection (a PBFT client's
+            `ClientHello`), or None.
     """
 
     def __init__(
@@ -160,8 +173,10 @@ class ConnectionPool:
         dial_timeout: float,
         max_frame_size: int,
         stats: ClientStatistics,
+        hello: bytes | None = None,
     ) -> None:
         self.slots = normalise_nodes(nodes)
+        self._hello = hello
         self.nursery: trio.Nursery | None = None
         """Where connection tasks run; set by `open_client` before any frame is queued."""
         self._ssl_context = ssl_context
@@ -178,6 +193,20 @@ class ConnectionPool:
         # to come in this scheduler pass: the writer coalesces them into one write, which the
         # node reads as one batch (one proposal).
         self.queue(slot, frame, direct=len(slot.calls) == 1)
+
+    def register(self, node: str, call: PendingCall[ClientReply]) -> None:
+        """Register `call` on `node` without sending it there: the caller checked that the
+        slot is connected and subscribed (the node answers it unasked)."""
+        slot = self.slots[node]
+        if not (slot.connected and slot.subscribed):
+            raise ValueError(f"register on {node}, which is not subscribed")  # our misuse
+        slot.calls[call.request_no] = call
+
+    def connect(self, node: str) -> None:
+        """Start dialling `node` if no connection task runs (with a hello, it is sent)."""
+        slot = self.slots[node]
+        if not slot.running:
+            self._start(slot)
 
     def queue(self, slot: NodeSlot, frame: bytes, *, direct: bool = True) -> None:
         """Write `frame` to `slot`'s connection now if `direct` and nothing is queued before
@@ -196,10 +225,16 @@ class ConnectionPool:
         slot.outbox.append(frame)
         slot.wake.set()
         if not slot.running:
-            if self.nursery is None:
-                raise PoolNotRunning("use open_client(...) to run a Client")
-            slot.running = True
-            self.nursery.start_soon(self._run_connection, slot, name=f"client:{slot.node_id}")
+            self._start(slot)
+
+    def _start(self, slot: NodeSlot) -> None:
+        if self.nursery is None:
+            raise PoolNotRunning("use open_client(...) to run a Client")
+        if self._hello is not None:
+            slot.outbox.insert(0, self._hello)
+            slot.wake.set()
+        slot.running = True
+        self.nursery.start_soon(self._run_connection, slot, name=f"client:{slot.node_id}")
 
     def forget(self, request_no: int) -> None:
         """Unregister the call numbered `request_no` from every node (it ended)."""
@@ -216,6 +251,8 @@ class ConnectionPool:
         slot.outbox.clear()
         slot.probe_nonce = None
         slot.leads = None
+        slot.subscribed = False
+        slot.primary_claim = None
         calls, statuses = slot.calls, slot.statuses
         slot.calls, slot.statuses = {}, {}
         for call in calls.values():
@@ -300,7 +337,11 @@ class ConnectionPool:
                     if isinstance(message, StatusReply) and message.nonce == slot.probe_nonce:
                         slot.probe_nonce = None  # alive (last_heard is already fresh)
                         slot.leads = message.role == "leader"
+                        slot.primary_claim = message.leader
                         slot.probe_answered = slot.last_heard
+                        continue
+                    if isinstance(message, ClientHelloReply):
+                        slot.subscribed = message.subscribed
                         continue
                     if isinstance(message, ClientReply):
                         call = slot.calls.get(message.request_no)

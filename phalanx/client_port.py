@@ -8,6 +8,13 @@ back, coalescing whatever is ready into one write. Replies may be out of order (
 Limits and errors (client input is normal input, never asserted on):
 - A connection has at most `max_in_flight` unanswered calls; the reader stops reading while
   it is at the limit, so TCP flow control pushes back on a client that outruns the node.
+- Subscriptions (`ClientHello`, PBFT clients): when the sink is a `SubscribingSink`, a
+  connection may subscribe to the answers for up to `MAX_SUBSCRIPTIONS` client ids; the
+  node then sends it the answers to requests it executes but was not asked here
+  (`phalanx.client_waiters`). Those hold no call slot; at most `max_in_flight` of them wait
+  unwritten per connection, and more are dropped and counted (`unasked_dropped`): a client
+  that does not read them retransmits. The hello is answered with
+  `ClientHelloReply(subscribed=...)`, False when the sink cannot route such answers.
 - A malformed frame, an oversized frame, an undecodable payload or a message that is not a
   call closes THAT connection with a logged reason (counted in `ClientPortStatistics`); the
   node keeps serving everyone else. A connection that closes drops its waiters in the driver
@@ -24,12 +31,19 @@ import math
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import trio
 
 from phalanx.net import wire
-from phalanx.net.client_protocol import ClientCall, ClientReply, StatusCall, StatusReply
+from phalanx.net.client_protocol import (
+    ClientCall,
+    ClientHello,
+    ClientHelloReply,
+    ClientReply,
+    StatusCall,
+    StatusReply,
+)
 from phalanx.net.codec import DecodeError
 from phalanx.net.framing import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -44,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 RECEIVE_CHUNK = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0
+MAX_SUBSCRIPTIONS = 16
+"""Client ids one connection may subscribe to (one per client is the norm)."""
 
 
 class CallSink(Protocol):
@@ -54,6 +70,14 @@ class CallSink(Protocol):
     async def request_status(self, nonce: int, target: _Connection) -> None: ...
 
     def disconnected(self, target: _Connection) -> None: ...
+
+
+@runtime_checkable
+class SubscribingSink(CallSink, Protocol):
+    """A sink that can route unasked answers (`ClientWaiters.subscribe`). `subscribe` is
+    called from the connection's reader task and must not block."""
+
+    def subscribe(self, client_id: str, target: _Connection) -> None: ...
 
 
 @dataclass(slots=True)
@@ -69,6 +93,11 @@ class ClientPortStatistics:
     bytes_out: int = 0
     direct_replies: int = 0
     """Replies written from the driver's task (no hand-off to the connection's writer)."""
+    subscriptions: int = 0
+    unasked_replies: int = 0
+    """Answers sent to a subscribed connection that did not ask this node."""
+    unasked_dropped: int = 0
+    """Unasked answers dropped because too many waited unwritten on their connection."""
 
 
 class _Connection:
@@ -79,8 +108,12 @@ class _Connection:
     one pass leave in one write; otherwise each is flushed at once. A flush writes directly
     from the calling task when nothing is queued before it (`TlsStream.try_send`); else it
     queues the bytes for the connection's writer task, which keeps the order. An entry of
-    the queue is (bytes, replies in them); ``(b"", 0)`` only asks the writer to write what a
-    `try_send` left behind.
+    the queue is (bytes, call slots their replies free, unasked replies in them);
+    ``(b"", 0, 0)`` only asks the writer to write what a `try_send` left behind.
+
+    A reply frees a call slot iff it answers a call read on this connection (`asked`, by
+    (client_id, request_no), counted: a call repeated on one connection is answered per
+    copy); an unasked answer (subscription) holds none.
     """
 
     def __init__(self, remote: str, max_in_flight: int, port: ClientPort) -> None:
@@ -95,14 +128,37 @@ class _Connection:
         self.scope: trio.CancelScope | None = None
         """The connection's tasks (set while they run)."""
         self._frames: list[bytes] = []
-        # Unbounded, but never holds more than `max_in_flight` replies (+ wake-ups): each
-        # reply answers one call that holds a slot until its reply is written.
-        self.out_send, self.out_recv = trio.open_memory_channel[tuple[bytes, int]](math.inf)
+        self._held = 0  # replies in `_frames` that free a call slot
+        self._max_unasked = max_in_flight
+        self.unasked = 0
+        """Unasked answers delivered and not yet written."""
+        self.asked: dict[tuple[str, int], int] = {}
+        """Calls read here and not answered yet, by (client_id, request_no)."""
+        self.subscribed: list[str] = []
+        # Unbounded, but never holds more than `max_in_flight` slot-holding replies and
+        # `max_in_flight` unasked ones (+ wake-ups).
+        self.out_send, self.out_recv = trio.open_memory_channel[tuple[bytes, int, int]](
+            math.inf)
 
-    def deliver(self, reply: ClientReply | StatusReply) -> None:
+    def deliver(self, reply: ClientReply | StatusReply | ClientHelloReply) -> None:
         if self.closed:
             return
         port = self._port
+        held = True
+        if isinstance(reply, ClientReply):
+            key = (reply.client_id, reply.request_no)
+            count = self.asked.get(key)
+            if count is None:
+                if self.unasked >= self._max_unasked:
+                    port.stats.unasked_dropped += 1
+                    return
+                held = False
+                self.unasked += 1
+                port.stats.unasked_replies += 1
+            elif count == 1:
+                del self.asked[key]
+            else:
+                self.asked[key] = count - 1
         try:
             frame = encode_frame(wire.encode(reply), max_frame_size=port.max_frame_size)
         except ValueError as exc:  # a reply larger than max_frame_size: our own limit
@@ -112,6 +168,7 @@ class _Connection:
                 self.scope.cancel()  # ends the reader and the writer: the connection closes
             return
         self._frames.append(frame)
+        self._held += held
         if not port.batch_replies:
             self.flush()
         elif len(self._frames) == 1:
@@ -119,6 +176,7 @@ class _Connection:
 
     def flush(self) -> None:
         frames, self._frames = self._frames, []
+        held, self._held = self._held, 0
         if not frames or self.closed:
             return
         data = frames[0] if len(frames) == 1 else b"".join(frames)
@@ -126,17 +184,22 @@ class _Connection:
         if tls is not None and not self.queued and tls.try_send(data):
             port.stats.bytes_out += len(data)
             port.stats.direct_replies += len(frames)
-            for _ in frames:
-                self.slots.release()
+            self.written_replies(held, len(frames) - held)
             if tls.backlogged:  # the writer task writes the rest
-                self._enqueue(b"", 0)
+                self._enqueue(b"", 0, 0)
             return
-        self._enqueue(data, len(frames))
+        self._enqueue(data, held, len(frames) - held)
 
-    def _enqueue(self, data: bytes, replies: int) -> None:
+    def written_replies(self, held: int, unasked: int) -> None:
+        """Replies are on the wire: free their call slots and unasked room."""
+        for _ in range(held):
+            self.slots.release()
+        self.unasked -= unasked
+
+    def _enqueue(self, data: bytes, held: int, unasked: int) -> None:
         self.queued += 1
         self._port.queued_replies += 1
-        self.out_send.send_nowait((data, replies))
+        self.out_send.send_nowait((data, held, unasked))
 
     def written(self, count: int) -> None:
         self.queued -= count
@@ -188,6 +251,19 @@ class ClientPort:
     ) -> None:
         """Accept client connections on `listeners` until cancelled."""
         await trio.serve_listeners(self._handle, list(listeners), task_status=task_status)
+
+    def _subscribe(self, client_id: str, conn: _Connection) -> bool:
+        """Subscribe `conn` to `client_id`'s unasked answers; whether it is subscribed."""
+        sink = self._sink
+        if not isinstance(sink, SubscribingSink) or "#" in client_id or not client_id:
+            return False  # (a lane id is covered by its client's subscription)
+        if client_id not in conn.subscribed:
+            if len(conn.subscribed) >= MAX_SUBSCRIPTIONS:
+                return False
+            conn.subscribed.append(client_id)
+            self.stats.subscriptions += 1
+        sink.subscribe(client_id, conn)
+        return True
 
     def _close(self, conn: _Connection, reason: str) -> None:
         logger.warning("%s: closing client connection from %s: %s", self._node_id, conn.remote,
@@ -259,7 +335,15 @@ class ClientPort:
                             calls = []
                             await conn.slots.acquire()
                         st.calls += 1
+                        key = (message.request.client_id, message.request.request_no)
+                        conn.asked[key] = conn.asked.get(key, 0) + 1
                         calls.append(message)
+                    elif isinstance(message, ClientHello):
+                        await conn.slots.acquire()
+                        conn.deliver(ClientHelloReply(
+                            client_id=message.client_id,
+                            subscribed=self._subscribe(message.client_id, conn)))
+                        conn.flush()
                     elif isinstance(message, StatusCall):
                         await self._sink.calls(calls, conn)
                         calls = []
@@ -294,11 +378,11 @@ class ClientPort:
                         entries.append(recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-                data = b"".join(data for data, _ in entries)
+                data = b"".join(data for data, _, _ in entries)
                 await tls.send_all(data)
                 conn.written(len(entries))
                 self.stats.bytes_out += len(data)
-                for _ in range(sum(replies for _, replies in entries)):
-                    conn.slots.release()
+                conn.written_replies(sum(held for _, held, _ in entries),
+                                     sum(unasked for _, _, unasked in entries))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()

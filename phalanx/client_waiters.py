@@ -2,16 +2,23 @@
 
 Owns: `ReplyTarget` (where answers to one client connection go) and `ClientWaiters`, the
 table from `(client_id, request_no)` to the connections waiting for that request's answer,
-plus the reverse index used to forget a closed connection. Also the reply counters of
+plus the reverse index used to forget a closed connection, and the subscriptions
+(`phalanx.net.client_protocol.ClientHello`): a client id's newest subscribed connection, which
+gets the OK/ERROR answer of an executed request of that client (or of one of its lanes
+``<client_id>#<k>``) that has no waiter here. A PBFT backup executes requests that reached
+it only inside a pre-prepare, yet the client needs f+1 answers. Also the reply counters of
 `phalanx.driver.DriverStatistics` (`replies`, `redirects`, `retries`), which it updates.
 
 Must not import: trio, sockets, any consensus core, `phalanx.driver` (the driver owns one
-`ClientWaiters` and calls it from its core task only; nothing here is thread-safe).
+`ClientWaiters` and calls it from its core task only; nothing here is thread-safe;
+`subscribe` may come from any task of the same trio thread, as it never runs mid-step).
 
 Invariants:
 - A waiter is answered at most once: `answer` pops the key before delivering.
 - `keys_of[target]` holds exactly the keys whose waiter list contains `target`; a closed
-  connection (`forget`) leaves no entry behind.
+  connection (`forget`) leaves no entry behind, neither a waiter nor a subscription.
+- An answer goes to the waiters of its key if there are any, else (OK/ERROR only) to the
+  subscribed connection: never to both, so a client gets one answer per replica.
 - Iteration order never depends on set order: `fail_all` answers in sorted key order.
 """
 
@@ -43,13 +50,16 @@ class ClientWaiters:
         stats: counters updated per reply delivered.
     """
 
-    __slots__ = ("_keys_of", "_node_id", "_stats", "_waiters")
+    __slots__ = ("_keys_of", "_node_id", "_stats", "_subscribed_by", "_subscribers",
+                 "_waiters")
 
     def __init__(self, node_id: NodeId, stats: _ReplyCounters) -> None:
         self._node_id = node_id
         self._stats = stats
         self._waiters: dict[tuple[str, int], list[ReplyTarget]] = {}
         self._keys_of: dict[ReplyTarget, set[tuple[str, int]]] = {}
+        self._subscribers: dict[str, ReplyTarget] = {}
+        self._subscribed_by: dict[ReplyTarget, list[str]] = {}
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -61,8 +71,29 @@ class ClientWaiters:
         self._waiters.setdefault(key, []).append(target)
         self._keys_of.setdefault(target, set()).add(key)
 
+    def subscribe(self, client_id: str, target: ReplyTarget) -> None:
+        """Unwaited OK/ERROR answers for `client_id` and its lanes go to `target` from now
+        on (the newest subscription of a client id wins)."""
+        old = self._subscribers.get(client_id)
+        if old is target:
+            return
+        if old is not None:
+            self._subscribed_by[old].remove(client_id)
+            if not self._subscribed_by[old]:
+                del self._subscribed_by[old]
+        self._subscribers[client_id] = target
+        self._subscribed_by.setdefault(target, []).append(client_id)
+
+    def subscriber(self, client_id: str) -> ReplyTarget | None:
+        """The connection subscribed to `client_id`'s answers (a lane ``c#k`` is `c`'s)."""
+        if not self._subscribers:
+            return None
+        return self._subscribers.get(client_id.partition("#")[0])
+
     def forget(self, target: ReplyTarget) -> None:
-        """`target`'s connection closed: drop it from every waiter list."""
+        """`target`'s connection closed: drop it from every waiter list and subscription."""
+        for client_id in self._subscribed_by.pop(target, ()):
+            del self._subscribers[client_id]
         for key in self._keys_of.pop(target, ()):
             waiters = self._waiters.get(key)
             if waiters is not None:
@@ -80,10 +111,18 @@ class ClientWaiters:
         leader_hint: str | None = None,
         message: str = "",
     ) -> None:
-        """Answer every waiter of `(client_id, request_no)` (none: a no-op)."""
+        """Answer every waiter of `(client_id, request_no)`; with none, an OK or ERROR
+        answer goes to the client's subscribed connection, if any (else a no-op)."""
         key = (client_id, request_no)
         waiters = self._waiters.pop(key, None)
         if not waiters:
+            if status is ReplyStatus.OK or status is ReplyStatus.ERROR:
+                subscriber = self.subscriber(client_id)
+                if subscriber is not None:
+                    self.deliver(subscriber, ClientReply(
+                        client_id=client_id, request_no=request_no, status=status,
+                        replica=self._node_id, result=result, leader_hint=leader_hint,
+                        message=message))
             return
         reply = ClientReply(client_id=client_id, request_no=request_no, status=status,
                             replica=self._node_id, result=result, leader_hint=leader_hint,

@@ -4,12 +4,19 @@ A `FakeNode` serves `phalanx.net.client_protocol` on 127.0.0.1 with a real `phal
 node certificate. What it answers is decided by its `behaviour` (swappable at any time);
 `KvBackend` is a real `KvStateMachine` behind the replica layer's session rule, shared by the
 fake nodes of one fake cluster, so tests can check exactly-once application.
+
+A node answers a `ClientHello` with `subscribable` (False by default, like a node whose
+driver cannot route unasked answers); a subscribed node can `push` an unasked reply to the
+connection that subscribed, as a PBFT backup answers a request it executed from a
+pre-prepare. `primary` is what its status names as the primary (`StatusReply.leader`).
 """
 
 from __future__ import annotations
 
+import random
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,19 +24,25 @@ import trio
 
 from phalanx import pki
 from phalanx.apps.kv import KvStateMachine
+from phalanx.client import Client, open_client
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import (
     ClientCall,
+    ClientHello,
+    ClientHelloReply,
     ClientReply,
     ReplyStatus,
     StatusCall,
     StatusReply,
 )
 from phalanx.net.framing import FrameDecoder, encode_frame
+from phalanx.net.transport import Backoff
 
 client_protocol.register()
 
 HOST = "127.0.0.1"
+GUARD = 20  # seconds: a hang guard only
+FAST = Backoff(base=0.005, cap=0.02)
 
 
 @dataclass
@@ -144,6 +157,10 @@ class FakeNode:
     statuses: int = 0
     role: str = "follower"
     """What this node's `StatusReply` says it is (the client's liveness probe reads it)."""
+    primary: str | None = None
+    subscribable: bool = False
+    hellos: list[str] = field(default_factory=list)
+    subscriber: tuple[trio.SSLStream[trio.SocketStream], trio.Lock] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_ssl_over_tcp_listeners(0, self.server_context, host=HOST)
@@ -168,6 +185,15 @@ class FakeNode:
                     decoder.feed(data)
                     while (frame := decoder.next_frame()) is not None:
                         message = wire.decode(frame)
+                        if isinstance(message, ClientHello):
+                            self.hellos.append(message.client_id)
+                            if self.subscribable:
+                                self.subscriber = (stream, send_lock)
+                            answer = ClientHelloReply(client_id=message.client_id,
+                                                      subscribed=self.subscribable)
+                            async with send_lock:
+                                await stream.send_all(encode_frame(wire.encode(answer)))
+                            continue
                         if isinstance(message, StatusCall):
                             self.statuses += 1
                             async with send_lock:
@@ -206,8 +232,20 @@ class FakeNode:
     def status(self, call: StatusCall) -> StatusReply:
         return StatusReply(
             nonce=call.nonce, node=self.node_id, protocol="raft", role=self.role, term=7,
-            leader=None, commit_index=3, applied_index=3, last_checkpoint=0, peers=(),
+            leader=self.primary, commit_index=3, applied_index=3, last_checkpoint=0, peers=(),
         )
+
+    async def push(self, reply: ClientReply) -> bool:
+        """Send `reply` unasked to the subscribed connection; False if there is none."""
+        if self.subscriber is None:
+            return False
+        stream, lock = self.subscriber
+        async with lock:
+            try:
+                await stream.send_all(encode_frame(wire.encode(reply)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return False
+        return True
 
     def request_ids(self) -> list[tuple[str, int]]:
         return [(c.request.client_id, c.request.request_no) for c in self.received]
@@ -234,3 +272,26 @@ async def start_nodes(
 
 def addresses(nodes: dict[str, FakeNode]) -> list[tuple[str, str, int]]:
     return [(name, HOST, node.port) for name, node in nodes.items()]
+
+
+@asynccontextmanager
+async def cluster(
+    certs: Certs,
+    behaviours: Mapping[str, Behaviour],
+    backend: KvBackend | None = None,
+    *,
+    cert_of: dict[str, str] | None = None,
+    **options: object,
+) -> AsyncIterator[tuple[Client, dict[str, FakeNode]]]:
+    """Fake nodes and a client of them (fast backoff, 3 s timeout, 0.5 s attempts)."""
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nodes = await start_nodes(nursery, certs, behaviours, backend, cert_of=cert_of)
+            kwargs: dict[str, object] = {
+                "ssl_context": certs.client_context(), "timeout": 3.0,
+                "attempt_timeout": 0.5, "backoff": FAST, "rng": random.Random(7),
+            }
+            kwargs.update(options)
+            async with open_client(addresses(nodes), **kwargs) as client:  # type: ignore[arg-type]
+                yield client, nodes
+            nursery.cancel_scope.cancel()

@@ -7,13 +7,12 @@ client timeouts used here only make the unhappy paths quick.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 from client_fakes import (
+    FAST,
     Action,
     Behaviour,
     Certs,
@@ -22,6 +21,7 @@ from client_fakes import (
     KvBackend,
     Silent,
     addresses,
+    cluster,
     make_certs,
     redirect_to,
     reply,
@@ -42,37 +42,11 @@ from phalanx.client import (
     open_client,
 )
 from phalanx.net.client_protocol import ClientCall, ReadConsistency, ReplyStatus
-from phalanx.net.transport import Backoff
-
-GUARD = 20  # seconds: a hang guard only
-FAST = Backoff(base=0.005, cap=0.02)
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("pki"), ("n1", "n2", "n3", "n4"))
-
-
-@asynccontextmanager
-async def cluster(
-    certs: Certs,
-    behaviours: Mapping[str, Behaviour],
-    backend: KvBackend | None = None,
-    *,
-    cert_of: dict[str, str] | None = None,
-    **options: object,
-) -> AsyncIterator[tuple[Client, dict[str, FakeNode]]]:
-    with trio.fail_after(GUARD):
-        async with trio.open_nursery() as nursery:
-            nodes = await start_nodes(nursery, certs, behaviours, backend, cert_of=cert_of)
-            kwargs: dict[str, object] = {
-                "ssl_context": certs.client_context(), "timeout": 3.0,
-                "attempt_timeout": 0.5, "backoff": FAST, "rng": random.Random(7),
-            }
-            kwargs.update(options)
-            async with open_client(addresses(nodes), **kwargs) as client:  # type: ignore[arg-type]
-                yield client, nodes
-            nursery.cancel_scope.cancel()
 
 
 def ids_seen(nodes: dict[str, FakeNode]) -> set[tuple[str, int]]:
@@ -530,68 +504,6 @@ def test_lanes_are_lowest_free_and_unique(ops: list[bool]) -> None:
         else:
             client._release_lane(held.pop(rng.randrange(len(held))))
     assert sorted(held + client._free_lanes) == list(range(client._lane_count))
-
-
-# --------------------------------------------------------------------------------------------
-# PBFT: f+1 matching replies from distinct replicas
-
-
-async def test_pbft_accepts_f_plus_one_matching_and_outvotes_a_liar(certs: Certs) -> None:
-    backends = {n: KvBackend() for n in ("n1", "n2", "n3", "n4")}
-
-    async def honest(node: FakeNode, call: ClientCall) -> Action:
-        node.backend = backends[node.node_id]
-        return await serve_kv(node, call)
-
-    async def liar(node: FakeNode, call: ClientCall) -> Action:
-        # Lies about the result and claims to be n1, twice: neither may count.
-        return reply(node, call, ReplyStatus.OK, result=b"\x00forged", replica="n1")
-
-    async def down(node: FakeNode, call: ClientCall) -> Action:
-        return Drop()
-
-    behaviours = {"n1": honest, "n2": liar, "n3": honest, "n4": down}
-    async with cluster(certs, behaviours, protocol="pbft") as (client, nodes):
-        await client.put("k", b"v")
-        assert await client.get("k") == b"v"
-    for name in ("n1", "n2", "n3", "n4"):
-        assert len(set(nodes[name].request_ids())) <= 2  # one put, one get
-
-
-async def test_pbft_without_f_plus_one_matching_times_out(certs: Certs) -> None:
-    async def honest(node: FakeNode, call: ClientCall) -> Action:
-        return reply(node, call, ReplyStatus.OK, result=b"honest")
-
-    async def liar(node: FakeNode, call: ClientCall) -> Action:
-        return reply(node, call, ReplyStatus.OK, result=b"forged", replica="n1")
-
-    async def silent(node: FakeNode, call: ClientCall) -> Action:
-        return Silent()
-
-    behaviours = {"n1": honest, "n2": liar, "n3": silent, "n4": silent}
-    async with cluster(certs, behaviours, protocol="pbft", timeout=0.4,
-                       attempt_timeout=0.1) as (client, nodes):
-        with pytest.raises(ClientTimeout):
-            await client.call(b"cmd")
-        # Retransmissions to every replica reuse the request number.
-        assert len(nodes["n1"].received) >= 2
-        assert len(set(nodes["n1"].request_ids())) == 1
-
-
-async def test_pbft_f_plus_one_errors_reject(certs: Certs) -> None:
-    async def refuse(node: FakeNode, call: ClientCall) -> Action:
-        return reply(node, call, ReplyStatus.ERROR, message="malformed")
-
-    async def liar(node: FakeNode, call: ClientCall) -> Action:
-        return reply(node, call, ReplyStatus.OK, result=b"forged")
-
-    async def silent(node: FakeNode, call: ClientCall) -> Action:
-        return Silent()
-
-    behaviours = {"n1": refuse, "n2": liar, "n3": refuse, "n4": silent}
-    async with cluster(certs, behaviours, protocol="pbft") as (client, _):
-        with pytest.raises(RequestRejected, match="malformed"):
-            await client.call(b"cmd")
 
 
 # --------------------------------------------------------------------------------------------
