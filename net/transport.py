@@ -42,6 +42,13 @@ the frame from the caller's task (`TlsStream.try_send`), with no hand-off to the
 if the socket takes only part of it, the link task writes the rest before anything queued
 after it (`has_backlog` is True until then). Otherwise frames go through the queue below.
 
+Holding (`hold_sends`): `send_nowait` holds the frames it would write directly, per peer,
+until the owner calls `flush` (the driver does at the end of each pass over its input and
+before it blocks): then each peer's held frames leave in ONE TLS write (one record, one
+`send` syscall) instead of one per frame. A peer's held frames are written at once when they
+reach `SEND_BATCH_BYTES`. Frames that must queue (the link is down, or frames already wait
+for the link task) go to the queue as without holding; the link task coalesces those.
+
 Send queues: one bounded queue of encoded frames per peer. `send_nowait` REFUSES THE NEWEST
 frame when the queue is full (returns False, counted in `queue_full_drops`): the caller learns
 of the backpressure immediately and older, already-accepted messages keep their order.
@@ -147,6 +154,9 @@ class Transport(PeerDialer):
             consumer blocks them, as a full `inbound` channel would). None: into `inbound`.
             Delivering straight to the consumer saves a task hop per message. Also settable
             with `set_deliver` before the transport runs.
+        hold_sends: hold the frames `send_nowait` would write directly until `flush`, so a
+            peer's frames of one pass leave in one write (see the module docstring). The
+            owner must call `flush` before it blocks or yields.
     """
 
     def __init__(
@@ -167,6 +177,7 @@ class Transport(PeerDialer):
         rng: random.Random,
         handshake_timeout: float = 10.0,
         deliver: Callable[[NodeId, object], Awaitable[None]] | None = None,
+        hold_sends: bool = False,
     ) -> None:
         if node_id in peers:
             raise ValueError(f"peers must not contain this node ({node_id!r})")
@@ -213,6 +224,10 @@ class Transport(PeerDialer):
         self._queued: dict[NodeId, int] = dict.fromkeys(self._peers, 0)
         """Frames put on a peer's queue and not yet written (or lost) by its link task:
         while any are, new frames queue behind them instead of being written directly."""
+        self._hold = hold_sends
+        self._held: dict[NodeId, list[bytes]] = {}
+        """Frames held for `flush` (`hold_sends`), per peer, in send order."""
+        self._held_bytes: dict[NodeId, int] = {}
         self._last_message: object = None
         self._last_frame = b""
         """The last protocol message framed and its frame: a broadcast (an equal message to
@@ -264,17 +279,19 @@ class Transport(PeerDialer):
             `phalanx.net.codec`): encoding happens here, at the call site, never in a link task.
         """
         frame = self._frame(dst, message)
-        link = self._links.get(dst)
-        if link is not None and not self._queued[dst] and link.try_send(frame):
-            # Written from the caller's task: no hand-off to the link task, and the frame
-            # is on its way before the caller blocks (e.g. on an fsync).
-            c = self._counters
-            c.frames_out += 1
-            c.bytes_out += len(frame)
-            c.direct_writes += 1
-            if link.backlogged:  # the socket took part of it: the link task writes the rest
-                self._queues[dst][0].send_nowait(b"")  # (room: the queue is empty)
-                self._queued[dst] += 1
+        if self._hold:
+            held = self._held.get(dst)
+            if held is None and dst in self._links and not self._queued[dst]:
+                self._held[dst] = [frame]
+                self._held_bytes[dst] = len(frame)
+                return True
+            if held is not None:
+                held.append(frame)
+                size = self._held_bytes[dst] = self._held_bytes[dst] + len(frame)
+                if size >= SEND_BATCH_BYTES:
+                    self._write_held(dst, self._held.pop(dst))
+                return True
+        elif self._write_direct(dst, frame, 1):
             return True
         queue = self._queues[dst][0]
         if dst not in self._linked and self._down_capacity < self._send_capacity:
@@ -290,6 +307,47 @@ class Transport(PeerDialer):
         self._queued[dst] += 1
         return True
 
+    def _write_direct(self, dst: NodeId, data: bytes, frames: int) -> bool:
+        """Write `frames` frames (`data`) to `dst` from the caller's task, in one TLS write,
+        if its link is up and nothing waits for the link task; False: nothing done."""
+        link = self._links.get(dst)
+        if link is None or self._queued[dst] or not link.try_send(data):
+            return False
+        # Written from the caller's task: no hand-off to the link task, and the frames are
+        # on their way before the caller blocks (e.g. on an fsync).
+        c = self._counters
+        c.frames_out += frames
+        c.bytes_out += len(data)
+        c.direct_writes += frames
+        c.direct_write_calls += 1
+        if link.backlogged:  # the socket took part of it: the link task writes the rest
+            self._queues[dst][0].send_nowait(b"")  # (room: the queue is empty)
+            self._queued[dst] += 1
+        return True
+
+    def _write_held(self, dst: NodeId, frames: list[bytes]) -> None:
+        self._held_bytes.pop(dst, None)
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        if self._write_direct(dst, data, len(frames)):
+            return
+        # The link went down, or its task is writing: queue them, in order.
+        queue = self._queues[dst][0]
+        for frame in frames:
+            try:
+                queue.send_nowait(frame)
+            except trio.WouldBlock:
+                self._counters.queue_full_drops += 1
+                continue
+            self._queued[dst] += 1
+
+    def flush(self) -> None:
+        """Write the frames held since the last flush (`hold_sends`): one TLS write per
+        peer. Never blocks; a no-op when nothing is held."""
+        if self._held:
+            held, self._held = self._held, {}
+            for dst, frames in held.items():
+                self._write_held(dst, frames)
+
     async def send(self, dst: NodeId, message: object) -> None:
         """Queue `message` for `dst`, waiting while the queue is full (backpressure)."""
         frame = self._frame(dst, message)
@@ -299,7 +357,7 @@ class Transport(PeerDialer):
     def has_backlog(self) -> bool:
         """Whether some frame handed to `send_nowait`/`send` is not written yet (it waits
         for its link task, or for its link to come up)."""
-        return any(self._queued.values())
+        return bool(self._held) or any(self._queued.values())
 
     def connected_peers(self) -> tuple[NodeId, ...]:
         """The peers whose outbound link is up right now (welcomed, not broken), sorted."""
@@ -329,6 +387,7 @@ class Transport(PeerDialer):
             early_redials=c.early_redials,
             down_drops=c.down_drops,
             direct_writes=c.direct_writes,
+            direct_write_calls=c.direct_write_calls,
         )
 
     # ----------------------------------------------------------------------------------------

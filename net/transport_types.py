@@ -92,6 +92,9 @@ class TransportStatistics:
     """Reconnect sleeps cut short by an inbound connection from that peer (it restarted)."""
     direct_writes: int = 0
     """Frames `send_nowait` wrote from the caller's task (no queue, no link task hop)."""
+    direct_write_calls: int = 0
+    """TLS writes those direct frames took: one per frame, or one per peer per `flush` with
+    `hold_sends` (`direct_writes / direct_write_calls` frames per write)."""
     down_drops: int = 0
     """Frames refused because the peer's link was down and `down_queue_capacity` were queued."""
 
@@ -106,6 +109,7 @@ class TransportCounters:
         "connections_refused",
         "connections_replaced",
         "dial_failures",
+        "direct_write_calls",
         "direct_writes",
         "down_drops",
         "early_redials",
@@ -128,6 +132,7 @@ class TransportCounters:
     connections_accepted: int
     connections_refused: int
     connections_replaced: int
+    direct_write_calls: int
     direct_writes: int
     dial_failures: int
     down_drops: int

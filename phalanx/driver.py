@@ -11,7 +11,10 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   then go to the transport, in step order: at the end of the pass, or before any write the
   pass starts, whichever comes first (`_release_early`). So a leader's AppendEntries leave
   before its own disk write, and its commit notices (which wake both followers) leave after
-  the reply they follow.
+  the reply they follow; `lazy` ones (a Raft leader's commit notices) wait further, for the
+  next message to their peer or the next tick (`phalanx.driver_output.PeerOutput`).
+- The transport holds a pass's frames (`flush_sends`): each peer's leave in one write, at
+  the end of the pass, before any write the pass starts, and after a batch's messages.
 - Every Ready a step returns is queued, in step order, in `_pending`.
 - When no batch is being persisted, the Readys at the head of the queue that write nothing
   durable (commit notices, heartbeat answers) are completed at once; the rest becomes one
@@ -25,11 +28,15 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   (`output_pending`) is let go by yielding first. So a leader's AppendEntries leave during
   its fsync, and a phase's votes are not held behind the next phase's fsync.
   (`follower_inline` moves every follower write onto the core task.)
-- Completing a batch, in Ready order: release its messages to the transport, apply committed
-  entries through the replica and answer their clients, answer rejections (REDIRECT/RETRY)
-  and reads whose index is applied; then feed `Persisted(last number)` back, then the
-  replica's `CheckpointTaken`s. No message other than an early one ever leaves before its
-  Ready is durable, and Readys are completed strictly in step order.
+- Completing a batch: release the messages of all its Readys to the transport (in Ready
+  order; then `flush_sends`), then, in Ready order, apply committed entries through the
+  replica and answer their clients, answer rejections (REDIRECT/RETRY) and reads whose
+  index is applied; then feed `Persisted(last number)` back, then the replica's
+  `CheckpointTaken`s. A later Ready's messages may thus leave before an earlier Ready's
+  entries are applied: step 2 depends only on step 1, done for the whole batch, and a
+  message is computed when its Ready is, never from what the driver applies later; steps
+  3-5 keep Ready order. So a follower's answer never waits behind its applies. No message
+  other than an early one ever leaves before its Ready is durable.
 - Client writes that arrive in one pass over the input channel are stepped together at the
   end of the pass (`propose_batch`: one log entry, one AppendEntries per follower).
 - The replica (and so the WAL, which it compacts) is only touched by the core task while no
@@ -75,7 +82,6 @@ from phalanx.consensus.core import (
     ReadState,
     Ready,
     Receive,
-    Send,
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, Message, NodeId
@@ -85,6 +91,7 @@ from phalanx.driver_calls import (
     PROPOSAL_MAX_REQUESTS,
     CallAdmission,
 )
+from phalanx.driver_output import PeerOutput
 from phalanx.driver_persist import EARLY_WRITE_CHECKPOINTS, PersistPipeline, _BatchDone
 from phalanx.driver_stats import DriverObserver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
@@ -181,6 +188,11 @@ class Driver(CallAdmission, PersistPipeline):
         after_pass: called at the end of every pass over the input channel and before an
             inline write blocks the loop (the client port's `flush`: the replies of a pass
             leave in one write per connection).
+        flush_sends: writes what the transport held (`Transport.flush` with `hold_sends`):
+            called after the pass's early messages are released, before any write starts,
+            and after a batch's messages.
+        lazy: names the early messages that may wait for the next message to their peer or
+            the next tick (`phalanx.driver_output`; a Raft leader's commit notices).
     """
 
     def __init__(
@@ -202,6 +214,8 @@ class Driver(CallAdmission, PersistPipeline):
         trace: PhaseTrace | None = None,
         output_pending: Callable[[], bool] | None = None,
         after_pass: Callable[[], None] | None = None,
+        flush_sends: Callable[[], None] | None = None,
+        lazy: Callable[[Message], bool] | None = None,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -249,7 +263,8 @@ class Driver(CallAdmission, PersistPipeline):
         self.node_id = core.node_id
         self._waiters = ClientWaiters(core.node_id, self.stats)
         self._answer = self._waiters.answer
-        self._early: list[Send] = []
+        self._output = PeerOutput(self._send, flush=flush_sends, lazy=lazy, stats=self.stats)
+        self._flush_sends = self._output.flush
 
     # ---------------------------------------------------------------------- public (any task)
 
@@ -357,6 +372,7 @@ class Driver(CallAdmission, PersistPipeline):
             self._flush()
             self._after_pass()
             self._release_early()
+            self._flush_sends()
             if clock() - start > slow:
                 self.stats.slow_passes += 1
 
@@ -399,6 +415,8 @@ class Driver(CallAdmission, PersistPipeline):
                 self._waiters.forget(target)
             case Tick():
                 self._ticks += 1
+                if self._output.release_lazy():
+                    self._unsent_output = True
                 if self._trace is not None:
                     self._trace_tick(item, self._trace)
                 else:
@@ -429,8 +447,7 @@ class Driver(CallAdmission, PersistPipeline):
         step order."""
         self.stats.steps += 1
         if ready.early_messages:
-            self._early.extend(ready.early_messages)
-            self.stats.early_messages += len(ready.early_messages)
+            self._output.hold_early(ready.early_messages)
         if not ready.is_empty and not (
                 ready.early_messages and _only_early(ready)):
             self._pending.append(ready)
@@ -441,16 +458,13 @@ class Driver(CallAdmission, PersistPipeline):
         Held, not sent at step time: within a pass, the client replies go out first
         (`after_pass`), then the early messages (a leader's commit notices wake both
         followers, which on a small machine then compete for the cores with the reply's
-        last hop and the client's next request). Before any persistence starts, the pass
-        releases them (`phalanx.driver_persist`): a leader's AppendEntries still leave
-        before its own write. Sending an early message later than it was produced is
-        always allowed (`Ready.early_messages`: they may be sent at any point).
+        last hop and the client's next request); lazy ones wait longer (`PeerOutput`).
+        Before any persistence starts, the pass releases them (`phalanx.driver_persist`):
+        a leader's AppendEntries still leave before its own write. Sending an early message
+        later than it was produced is always allowed (`Ready.early_messages`: they may be
+        sent at any point).
         """
-        if self._early:
-            early, self._early = self._early, []
-            send = self._send
-            for one in early:
-                send(one.to, one.message)
+        if self._output.release_early():
             self._unsent_output = True
 
     def _on_tick(self) -> None:
@@ -491,9 +505,15 @@ class Driver(CallAdmission, PersistPipeline):
         replica = self.replica
         last = 0
         applied = 0
+        output = self._output
+        sent = False
         for ready in batch:
             for send in ready.messages:
-                self._send(send.to, send.message)
+                output.send(send.to, send.message)
+                sent = True
+        if sent:
+            self._flush_sends()
+        for ready in batch:
             for entry in ready.committed:
                 for outcome in replica.apply(entry):
                     if outcome.status is ApplyStatus.EXPIRED:

@@ -69,6 +69,8 @@ class PersistPipeline:
     _after_pass: Callable[[], None]
     _release_early: Callable[[], None]
     """Hands the early messages held so far to the transport (`Driver._release_early`)."""
+    _flush_sends: Callable[[], None]
+    """Writes what the transport held (one write per peer)."""
     _just_yielded: bool
     _flush_again: bool
     _status: CoreStatus
@@ -156,6 +158,7 @@ class PersistPipeline:
         leader's AppendEntries), leave; they never wait behind the write."""
         self._after_pass()
         self._release_early()
+        self._flush_sends()
 
     def _inline_now(self, batch: Sequence[Ready]) -> bool:
         """Whether to persist `batch` on the core task: it is small, installs no snapshot,

@@ -43,6 +43,9 @@ class DriverStatistics:
     waiters: int = 0
     leader_changes: int = 0
     early_messages: int = 0
+    lazy_messages: int = 0
+    """Early messages held until the next message to their peer or the next tick
+    (`phalanx.driver_output`: a Raft leader's commit notices)."""
     proposal_batches: int = 0
     duplicate_calls: int = 0
     overloaded_calls: int = 0

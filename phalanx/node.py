@@ -44,9 +44,11 @@ from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.client_port import ClientPort, ClientPortStatistics
 from phalanx.config import Address, NodeConfig
 from phalanx.consensus.core import CoreStatus
+from phalanx.consensus.raft.messages import AppendEntries
 from phalanx.consensus.types import (
     Configuration,
     HardState,
+    Message,
     NodeId,
 )
 from phalanx.driver import Driver
@@ -104,6 +106,13 @@ PEER_BACKOFF = Backoff(base=0.05, cap=0.5)
 """Redial delays to a peer: a cluster is a handful of nodes, so a dead peer is cheap to retry
 every half second, and a restarted one is back within that (sooner when it dials us first:
 the transport redials on its inbound connection)."""
+
+
+def raft_commit_notice(message: Message) -> bool:
+    """Whether `message` is a Raft leader's pure commit notice (an AppendEntries with no
+    entries): the driver may hold it for the next message to its follower or the next tick
+    (`phalanx.driver_output`). It only tells the follower a commit index, which only grows."""
+    return type(message) is AppendEntries and not message.entries
 
 
 class NodeError(Exception):
@@ -270,6 +279,7 @@ async def open_node(
             decode_error=DecodeError,
             rng=random.Random(rng.getrandbits(64)),
             backoff=PEER_BACKOFF,
+            hold_sends=True,
         )
 
         def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
@@ -296,7 +306,9 @@ async def open_node(
                         trace=phase_trace_from_env(config.id),
                         output_pending=lambda: (transport.has_backlog()
                                                 or client_port.has_backlog()),
-                        after_pass=lambda: client_port.flush())
+                        after_pass=lambda: client_port.flush(),
+                        flush_sends=transport.flush,
+                        lazy=raft_commit_notice if config.protocol == "raft" else None)
         client_port = ClientPort(driver, ssl_context=client_server_context(paths),
                                  node_id=config.id, batch_replies=True)
         node = Node(config=config, driver=driver, transport=transport,

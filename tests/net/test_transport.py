@@ -36,6 +36,7 @@ from phalanx.net import wire
 from phalanx.net.codec import DecodeError, EncodeError
 from phalanx.net.framing import encode_frame
 from phalanx.net.transport import (
+    SEND_BATCH_BYTES,
     WELCOME,
     Backoff,
     PeerAddress,
@@ -391,8 +392,9 @@ async def test_link_reconnects_after_the_listener_restarts(
     assert stats.frames_lost == 0
 
 
+@pytest.mark.parametrize("hold_sends", [False, True])
 async def test_a_down_link_queues_only_a_few_frames_then_delivers_them(
-    creds: dict[str, pki.CredentialPaths], logs: LogWaiter
+    creds: dict[str, pki.CredentialPaths], logs: LogWaiter, hold_sends: bool
 ) -> None:
     # A long partition must not pile up a backlog of stale messages for the peer: while its
     # link is down only `down_queue_capacity` frames are kept (the oldest), the rest refused.
@@ -401,9 +403,11 @@ async def test_a_down_link_queues_only_a_few_frames_then_delivers_them(
     port2 = peers[N2].port
     for listener in l2:
         await listener.aclose()  # n2 is down
-    async with node(creds, N1, l1, peers, down_queue_capacity=5) as t1:
+    async with node(creds, N1, l1, peers, down_queue_capacity=5,
+                    hold_sends=hold_sends) as t1:
         await logs.wait_for("dial n2")
         accepted = [t1.send_nowait(N2, i) for i in range(50)]
+        t1.flush()  # (holding: frames for a down link are queued at once, never held)
         assert accepted == [True] * 5 + [False] * 45
         stats = t1.statistics()
         assert stats.down_drops == 45
@@ -413,6 +417,7 @@ async def test_a_down_link_queues_only_a_few_frames_then_delivers_them(
             await logs.wait_for("link to n2 at")
             # Once linked, the full queue capacity applies again.
             assert all(t1.send_nowait(N2, i) for i in range(5, 20))
+            t1.flush()
             assert [await receive(t2) for _ in range(15)] == [(N1, i) for i in range(5, 20)]
 
 
@@ -655,3 +660,46 @@ async def test_frames_are_written_directly_when_nothing_waits_and_stay_in_order_
         stats = t1.statistics()
     assert stats.frames_out == 12
     assert stats.queued_frames == 0
+
+
+async def test_held_frames_leave_in_one_write_per_peer_at_flush(
+    creds: dict[str, pki.CredentialPaths],
+) -> None:
+    l1, l2, l3 = await listen(), await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2), N3: address(l3)}
+    big = 1 << 20
+    async with node(creds, N1, l1, peers, hold_sends=True, max_frame_size=big) as t1, \
+            node(creds, N2, l2, peers, max_frame_size=big) as t2, \
+            node(creds, N3, l3, peers, max_frame_size=big) as t3:
+        assert t1.send_nowait(N2, "hello")  # the link may still be coming up: queued
+        assert t1.send_nowait(N3, "hello")
+        t1.flush()
+        assert await receive(t2) == (N1, "hello")
+        assert await receive(t3) == (N1, "hello")
+        await settled(lambda: set(t1.connected_peers()) == {N2, N3} and not t1.has_backlog())
+        before = t1.statistics()
+        for i in range(5):
+            assert t1.send_nowait(N2, i)
+            assert t1.send_nowait(N3, -i)
+        held = t1.statistics()
+        assert held.direct_write_calls == before.direct_write_calls  # nothing written yet
+        assert held.frames_out == before.frames_out
+        assert t1.has_backlog()  # held frames count as not yet written
+        t1.flush()
+        after = t1.statistics()
+        assert after.direct_write_calls == before.direct_write_calls + 2  # one per peer
+        assert after.direct_writes == before.direct_writes + 10
+        assert after.frames_out == before.frames_out + 10
+        t1.flush()  # nothing held: nothing written
+        assert t1.statistics().direct_write_calls == after.direct_write_calls
+        assert [await receive(t2) for _ in range(5)] == [(N1, i) for i in range(5)]
+        assert [await receive(t3) for _ in range(5)] == [(N1, -i) for i in range(5)]
+        # A peer's held frames are written once they reach SEND_BATCH_BYTES, flush or not.
+        await settled(lambda: not t1.has_backlog())
+        half = "x" * (SEND_BATCH_BYTES // 2)
+        calls = t1.statistics().direct_write_calls
+        assert t1.send_nowait(N2, half)
+        assert t1.statistics().direct_write_calls == calls
+        assert t1.send_nowait(N2, half + "y")
+        assert t1.statistics().direct_write_calls == calls + 1
+        assert [await receive(t2) for _ in range(2)] == [(N1, half), (N1, half + "y")]
