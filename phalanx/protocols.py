@@ -161,9 +161,11 @@ def pbft_config(config: NodeConfig) -> PbftConfig:
         batch_size=PBFT_BATCH_SIZE,
         batch_ticks=PBFT_BATCH_TICKS,
         max_inflight_batches=PBFT_MAX_INFLIGHT_BATCHES,
-        # Clients send to every replica: a backup relays only a request the primary has not
-        # put in a pre-prepare after a quarter of the view-change timeout (a loaded primary
-        # takes tens of ms per round; relaying sooner would quadruple its inbound requests).
+        # Clients send to the primary alone and to every replica only on a retransmission
+        # (or while they do not know the primary): a backup relays a request the primary has
+        # not put in a pre-prepare after a quarter of the view-change timeout (a loaded
+        # primary takes tens of ms per round; relaying at once would double its inbound
+        # requests whenever clients retransmit to a primary that is merely slow).
         forward_ticks=max(3, view_change // 4),
         view_change_ticks=view_change,
         max_view_change_ticks=64 * view_change,
