@@ -7,7 +7,8 @@ Rules:
 - Protocol messages subclass `Message`; the codec registers each concrete message class
   under a stable type id (see `phalanx.net.wire`).
 - Hot records are decorated with `raw_init` (see there): the same dataclass, a cheaper
-  ``__init__``.
+  ``__init__``; `maker(cls)` builds such a record cheaper still, from positional arguments,
+  through a layout twin (`slot_twin`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NewType, TypeVar
+from typing import Any, NewType, TypeVar
 
 _C = TypeVar("_C", bound=type)
+_T = TypeVar("_T")
 
 NodeId = NewType("NodeId", str)
 """A replica's identity: stable across restarts, unique in a cluster (e.g. ``"n1"``)."""
@@ -70,6 +73,76 @@ def raw_init(cls: _C) -> _C:
     init.__raw_init__ = True  # type: ignore[attr-defined]
     cls.__init__ = init  # type: ignore[misc]
     return cls
+
+
+_TWINS: dict[type, type] = {}
+_MAKERS: dict[type, Callable[..., Any]] = {}
+
+
+def slot_twin(cls: type) -> type:
+    """A mutable class with exactly the slot layout of the frozen, slotted dataclass `cls`.
+
+    The cheapest way CPython offers to build a frozen slotted record: instantiate the twin
+    (no ``__init__``), store each field with a plain attribute store (the interpreter
+    specialises a store into a slot of a class with the default ``__setattr__``; the frozen
+    class's ``__setattr__`` forbids it), then assign ``obj.__class__ = cls``. The object is
+    then an ordinary instance of `cls`, indistinguishable from one its ``__init__`` built;
+    CPython checks at every assignment that the two layouts are compatible (same base, same
+    slots), so a mismatch raises `TypeError` instead of corrupting anything. The twin shares
+    `cls`'s first base (which must keep the default ``__new__``, ``__init__`` and
+    ``__setattr__``), so it never runs `cls`'s validation itself: a builder calls
+    ``__post_init__`` after the swap (`maker` does). Checked once here: `TypeError` for a
+    class that is not such a dataclass.
+    """
+    twin = _TWINS.get(cls)
+    if twin is not None:
+        return twin
+    params = getattr(cls, "__dataclass_params__", None)
+    slots = cls.__dict__.get("__slots__")
+    base = cls.__base__
+    custom = "__new__" in vars(cls) or any(
+        name in vars(k)
+        for k in cls.__mro__[1:-1]
+        for name in ("__new__", "__init__", "__setattr__"))
+    if (params is None or not params.frozen or not isinstance(slots, tuple) or base is None
+            or custom):
+        raise TypeError(f"slot_twin needs a frozen slotted dataclass, got {cls.__name__}")
+    if tuple(f.name for f in dataclasses.fields(cls)) != slots:
+        raise TypeError(f"slot_twin: {cls.__name__}'s slots are not exactly its fields")
+    twin = type(f"_{cls.__name__}Twin", (base,), {"__slots__": slots})
+    probe = twin()
+    probe.__class__ = cls  # raises TypeError now if the layouts are not compatible
+    _TWINS[cls] = twin
+    return twin
+
+
+def maker(cls: type[_T]) -> Callable[..., _T]:
+    """A function ``make(field0, field1, ...)`` (positional, every field in declaration
+    order, no defaults) that returns the same object as ``cls(field0=..., ...)``, through
+    `slot_twin`, then ``__post_init__`` when `cls` has one (so validation is unchanged).
+
+    About three times cheaper than calling the class with keywords (no keyword dictionary,
+    no setter calls): for records built once or more per message on a hot path. Cached per
+    class. `TypeError` for a class `slot_twin` refuses.
+    """
+    make = _MAKERS.get(cls)
+    if make is not None:
+        return make
+    twin = slot_twin(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    env: dict[str, object] = {"TWIN": twin, "CLS": cls}
+    body = ["obj = TWIN()", *(f"obj.{name} = {name}" for name in names), "obj.__class__ = CLS"]
+    post_init = getattr(cls, "__post_init__", None)
+    if post_init is not None:
+        env["POST"] = post_init
+        body.append("POST(obj)")
+    body.append("return obj")
+    source = f"def make({', '.join(names)}):\n    " + "\n    ".join(body)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<maker {cls.__qualname__}>", "exec"), env, namespace)
+    make = namespace["make"]
+    _MAKERS[cls] = make
+    return make  # type: ignore[no-any-return]
 
 
 class LocalProtocolError(Exception):

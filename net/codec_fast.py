@@ -22,9 +22,11 @@ Invariants (what makes this safe):
   names, which `dataclasses` has already required to be identifiers; nothing from input data.
 - Construction: when ``cls(**fields)`` provably does nothing but create the instance, set
   each slot and call `__post_init__` (the dataclass-generated ``__init__`` of a slotted class
-  with the default ``__new__``, see `_raw_build`), the decoder does exactly that through the
-  slots' raw setters, skipping the frozen ``__init__``'s ``object.__setattr__`` per field.
-  The same object results and the same validation runs; anything else calls ``cls``.
+  with the default ``__new__``, see `_raw_build`), the decoder does exactly that: through a
+  mutable layout twin and ``__class__`` assignment (`_slot_twin`) when the class's own slots
+  are its fields, else through the slots' raw setters, skipping the frozen ``__init__``'s
+  ``object.__setattr__`` per field. The same object results and the same validation runs;
+  anything else calls ``cls``.
 - Must not import `phalanx.net.codec` (which imports this module), trio, clocks or pickle.
 """
 
@@ -183,15 +185,23 @@ def compile_fast(
         construct = f"return CLS({', '.join(kwargs)})"
     else:
         setters, post_init = raw_build
-        steps = ["obj = NEW(CLS)"]
-        for i, (setter, arg) in enumerate(zip(setters, kwargs, strict=True)):
-            env[f"S{i}"] = setter
-            steps.append(f"S{i}(obj, {arg.split('=', 1)[1]})")
+        twin = _slot_twin(cls, [name for name, *_ in fields])
+        if twin is not None:
+            # Plain slot stores into the layout twin, then `__class__ = CLS` (see `_slot_twin`).
+            env["TWIN"] = twin
+            steps = ["obj = TWIN()"]
+            steps += [f"obj.{arg.split('=', 1)[0]} = {arg.split('=', 1)[1]}" for arg in kwargs]
+            steps.append("obj.__class__ = CLS")
+        else:
+            steps = ["obj = NEW(CLS)"]
+            for i, (setter, arg) in enumerate(zip(setters, kwargs, strict=True)):
+                env[f"S{i}"] = setter
+                steps.append(f"S{i}(obj, {arg.split('=', 1)[1]})")
+            env["NEW"] = object.__new__
         if post_init is not None:
             env["POST"] = post_init
             steps.append("POST(obj)")
         steps.append("return obj")
-        env["NEW"] = object.__new__
         construct = "\n                ".join(steps)
     if dec_pre:
         construct = "\n                ".join([*dec_pre, construct])
@@ -227,6 +237,35 @@ def decode(raw, depth):
     namespace: dict[str, object] = {}
     exec(compile(source, f"<phalanx codec for {cls.__qualname__}>", "exec"), env, namespace)
     return typing.cast(Coder, namespace["encode"]), typing.cast(Coder, namespace["decode"])
+
+
+def _slot_twin(cls: type, names: list[str]) -> type | None:
+    """A mutable class with `cls`'s exact slot layout, or None when there is none to make.
+
+    Building a frozen slotted record through it (instantiate the twin, store each field with
+    a plain slot store, then ``obj.__class__ = cls``) gives the very object the raw setters
+    give, about three times cheaper: the frozen class's ``__setattr__`` blocks the
+    interpreter's specialised slot store, the twin's does not. CPython checks layout
+    compatibility at every ``__class__`` assignment (same base, same slots) and raises
+    `TypeError` otherwise; it is also probed once here. Only for a class whose own
+    ``__slots__`` are exactly `names` and whose base chain (below `object`) defines no
+    ``__new__``, ``__init__`` or ``__setattr__`` (the twin shares that base). The same
+    technique as `phalanx.consensus.types.slot_twin` (this module imports no protocol code).
+    """
+    base = cls.__base__
+    if base is None or tuple(names) != cls.__dict__.get("__slots__"):
+        return None
+    if "__new__" in vars(cls) or any(
+        name in vars(k) for k in cls.__mro__[1:-1] for name in ("__new__", "__init__",
+                                                                 "__setattr__")):
+        return None
+    twin = type(f"_{cls.__name__}Twin", (base,), {"__slots__": tuple(names)})
+    try:
+        probe = twin()
+        probe.__class__ = cls
+    except TypeError:  # pragma: no cover - layouts CPython finds incompatible
+        return None
+    return twin
 
 
 def _raw_build(

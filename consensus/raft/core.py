@@ -39,7 +39,7 @@ from typing import TypeAlias
 
 from phalanx.consensus.core import (
     EMPTY_READY,
-    READY_SETTERS,
+    READY_TWIN,
     CheckpointInstalled,
     CheckpointTaken,
     Input,
@@ -53,6 +53,7 @@ from phalanx.consensus.core import (
     SnapshotData,
     Submit,
     Tick,
+    new_send,
 )
 from phalanx.consensus.raft.config import (
     Campaign,
@@ -76,6 +77,9 @@ from phalanx.consensus.raft.messages import (
     RequestVoteResponse,
     TimeoutNow,
 )
+from phalanx.consensus.raft.messages import (
+    new_heartbeat_response as _new_heartbeat_response,
+)
 from phalanx.consensus.raft.progress import Progress
 from phalanx.consensus.raft.proposals import Proposals
 from phalanx.consensus.raft.readonly import ReadOnly
@@ -88,13 +92,12 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
     SnapshotMeta,
+    maker,
 )
 
 RaftInput: TypeAlias = Input | Campaign | ProposeBatch | ProposeConfChange | TransferLeadership
 
-(_R_NUMBER, _R_EARLY, _R_SNAPSHOT, _R_TRUNCATE, _R_ENTRIES, _R_HS, _R_SYNC, _R_MSGS,
- _R_COMMITTED, _R_READS, _R_REJECTED, _R_CORE_STATE) = READY_SETTERS
-_new_object = object.__new__
+_new_hard_state = maker(HardState)  # (term, vote, view, commit): `HardState(...)`, cheaper
 
 
 _UNBOUNDED = 1 << 62
@@ -216,9 +219,9 @@ class RaftCore(Proposals):
             hs: HardState | None = None
             if last.term != term or last.vote != vote:
                 must_sync = True
-                hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
+                hs = self._last_hs = _new_hard_state(term, vote, 0, commit)
             elif last.commit != commit:
-                hs = self._last_hs = HardState(term=term, vote=vote, commit=commit)
+                hs = self._last_hs = _new_hard_state(term, vote, 0, commit)
             reads = self._reads
             rejected = self._rejected
             if hs is not None or must_sync:
@@ -258,20 +261,21 @@ class RaftCore(Proposals):
             if snap is not None:
                 self._snap_out = None
             # `make_ready(number, early_t, ..., rejected_t)`, inlined: one call less per Ready.
-            ready: Ready = _new_object(Ready)
-            _R_NUMBER(ready, number)
-            _R_EARLY(ready, early_t)
-            _R_SNAPSHOT(ready, snap)
-            _R_TRUNCATE(ready, truncate)
-            _R_ENTRIES(ready, entries_t)
-            _R_HS(ready, hs)
-            _R_SYNC(ready, must_sync)
-            _R_MSGS(ready, msgs_t)
-            _R_COMMITTED(ready, committed)
-            _R_READS(ready, reads_t)
-            _R_REJECTED(ready, rejected_t)
-            _R_CORE_STATE(ready, None)
-            return ready
+            ready = READY_TWIN()
+            ready.number = number
+            ready.early_messages = early_t
+            ready.snapshot = snap
+            ready.truncate_from = truncate
+            ready.entries = entries_t
+            ready.hard_state = hs
+            ready.must_sync = must_sync
+            ready.messages = msgs_t
+            ready.committed = committed
+            ready.reads = reads_t
+            ready.rejected = rejected_t
+            ready.core_state = None
+            ready.__class__ = Ready
+            return ready  # type: ignore[no-any-return]
         except BaseException:
             self._clear_out()
             raise
@@ -332,9 +336,9 @@ class RaftCore(Proposals):
         # parallel with the leader's own disk write. Everything else (votes, responses,
         # anything a follower or candidate says) waits for step 1 of its Ready.
         if self.role is _LEADER and isinstance(message, _EARLY_KINDS):
-            self._early.append(Send(to=to, message=message))
+            self._early.append(new_send(to, message))
         else:
-            self._msgs.append(Send(to=to, message=message))
+            self._msgs.append(new_send(to, message))
 
     def _reset_out(self) -> None:
         """Start the outputs of a step afresh (`step` copies the lists into its Ready)."""
@@ -502,8 +506,7 @@ class RaftCore(Proposals):
                 commit = min(m.leader_commit, log.offset + len(log.entries))
                 if commit > self.commit:
                     self.commit = commit
-                self._msgs.append(Send(to=src, message=HeartbeatResponse(term=self.term,
-                                                                         context=m.context)))
+                self._msgs.append(new_send(src, _new_heartbeat_response(self.term, m.context)))
             case InstallSnapshot():
                 self._accept_leader(src)
                 self._handle_install_snapshot(src, m)

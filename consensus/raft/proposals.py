@@ -16,10 +16,10 @@ Rules:
 
 from __future__ import annotations
 
-from phalanx.consensus.core import ReadState, Rejection, Send
+from phalanx.consensus.core import ReadState, Rejection, new_send
 from phalanx.consensus.raft.election import Role
 from phalanx.consensus.raft.membership import Membership
-from phalanx.consensus.raft.messages import Heartbeat
+from phalanx.consensus.raft.messages import new_heartbeat
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
 
 
@@ -91,6 +91,5 @@ class Proposals(Membership):
             context = self.readonly.rounds[-1].context  # re-confirm the newest round
         early = self._early  # a leader's heartbeats go out early (`_send`, §10.2.1)
         for p, pr in self.prs.items():
-            early.append(Send(to=p, message=Heartbeat(
-                term=self.term, leader_id=self.id, leader_commit=min(pr.match, self.commit),
-                context=context)))
+            early.append(new_send(p, new_heartbeat(
+                self.term, self.id, min(pr.match, self.commit), context)))

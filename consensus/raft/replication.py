@@ -22,7 +22,7 @@ import abc
 from collections import deque
 from collections.abc import Mapping
 
-from phalanx.consensus.core import Send, Snapshot
+from phalanx.consensus.core import Send, Snapshot, new_send
 from phalanx.consensus.quorum import INFINITE_INDEX, JointConfig
 from phalanx.consensus.raft.config import RaftConfig
 from phalanx.consensus.raft.log import RaftLog
@@ -33,6 +33,8 @@ from phalanx.consensus.raft.messages import (
     InstallSnapshot,
     InstallSnapshotResponse,
     TimeoutNow,
+    new_append_entries,
+    new_append_entries_response,
 )
 from phalanx.consensus.raft.progress import Progress, ProgressState
 from phalanx.consensus.types import (
@@ -102,7 +104,7 @@ class Replication(abc.ABC):
         """Leader: `node` acknowledged the ReadIndex round `context`."""
 
     def _send(self, to: NodeId, message: Message) -> None:
-        self._msgs.append(Send(to=to, message=message))
+        self._msgs.append(new_send(to, message))
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
@@ -181,9 +183,8 @@ class Replication(abc.ABC):
         if not ents and not allow_empty:
             return False
         # Only a leader sends entries, and they go out early (`RaftCore._send`, §10.2.1).
-        self._early.append(Send(to=p, message=AppendEntries(
-            term=self.term, leader_id=self.id, prev_log_index=prev, prev_log_term=prev_term,
-            entries=ents, leader_commit=self.commit)))
+        self._early.append(new_send(p, new_append_entries(
+            self.term, self.id, prev, prev_term, ents, self.commit)))
         pr.sent_entries(prev + len(ents))
         return True
 
@@ -350,8 +351,8 @@ class Replication(abc.ABC):
         if commit > self.commit:  # _commit_to, inlined
             self.commit = commit
         # A follower's answer waits for its Ready to be persisted (`RaftCore._send`).
-        self._msgs.append(Send(to=src, message=AppendEntriesResponse(
-            term=self.term, success=True, match_index=match)))
+        self._msgs.append(new_send(src, new_append_entries_response(
+            self.term, True, match, 0, 0, 0)))
 
     def _handle_install_snapshot(self, src: NodeId, m: InstallSnapshot) -> None:
         idx = m.last_included_index

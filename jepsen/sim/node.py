@@ -36,12 +36,12 @@ from phalanx.consensus.core import (
     EMPTY_READY,
     Core,
     Input,
-    Persisted,
     ReadState,
     Ready,
-    Receive,
     Submit,
     Tick,
+    new_persisted,
+    new_receive,
 )
 from phalanx.consensus.types import ClientRequest, HardState, Message
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
@@ -210,7 +210,7 @@ class SimNode:
         if core is None:
             return
         # `NodeId(src)` is the identity at run time; skip the call on this hot path.
-        inp = Receive(src=src, message=message)  # type: ignore[arg-type]
+        inp = new_receive(src, message)  # type: ignore[arg-type]
         if self.paused or self._stepping or self._inputs:
             self.step(inp)
             return
@@ -321,7 +321,7 @@ class SimNode:
             self._serve_reads(replica)
         # 5. Report durability.
         if persists:
-            self._inputs.append(Persisted(number=ready.number))
+            self._inputs.append(new_persisted(ready.number))
         if committed:
             # The replica layer checkpoints synchronously (inline writer) and compacts the WAL
             # once the checkpoint is durable; the core learns of it after this Ready.

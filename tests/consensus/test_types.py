@@ -1,5 +1,6 @@
 """`raw_init`: the hot records' cheaper ``__init__`` builds the same objects as the
-dataclass-generated one, keeps their validation, and refuses classes it cannot serve."""
+dataclass-generated one, keeps their validation, and refuses classes it cannot serve; and
+`maker` / `slot_twin`: the positional builders (through a layout twin) do the same."""
 
 from __future__ import annotations
 
@@ -9,9 +10,37 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phalanx.consensus.core import Ready, Send, make_ready
-from phalanx.consensus.raft.messages import AppendEntries, RequestVote
-from phalanx.consensus.types import ClientRequest, Entry, EntryKind, HardState, NodeId, raw_init
+from phalanx.consensus.core import (
+    Persisted,
+    Ready,
+    Receive,
+    Send,
+    make_ready,
+    new_persisted,
+    new_receive,
+    new_send,
+)
+from phalanx.consensus.raft.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    RequestVote,
+    new_append_entries,
+    new_append_entries_response,
+    new_heartbeat,
+    new_heartbeat_response,
+)
+from phalanx.consensus.types import (
+    ClientRequest,
+    Entry,
+    EntryKind,
+    HardState,
+    NodeId,
+    maker,
+    raw_init,
+    slot_twin,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,3 +144,72 @@ def test_make_ready_builds_the_keyword_ready() -> None:
     assert fast == slow
     assert fast.core_state is None
     assert fast.has_persistence
+
+
+@given(a=st.integers(min_value=0), b=st.text(max_size=5), c=st.lists(st.integers(), max_size=3))
+def test_maker_builds_what_the_keyword_constructor_builds(a: int, b: str, c: list[int]) -> None:
+    make = maker(_Fast)
+    fast, slow = make(a, b, tuple(c)), _Fast(a=a, b=b, c=tuple(c))
+    assert type(fast) is _Fast
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert repr(fast) == repr(slow)
+    assert dataclasses.replace(fast) == slow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.a = 2  # type: ignore[misc]
+    assert maker(_Fast) is make  # cached
+
+
+def test_maker_keeps_validation_and_refuses_what_it_cannot_serve() -> None:
+    with pytest.raises(ValueError, match="a must be"):
+        maker(_Fast)(-1, "x", ())
+    with pytest.raises(ValueError, match="log indexes start at 1"):
+        maker(Entry)(0, 1, EntryKind.NOOP, (), None)
+    with pytest.raises(TypeError):
+        maker(_Fast)(1, "x")  # every field, positionally
+
+    @dataclasses.dataclass(slots=True, kw_only=True)
+    class NotFrozen:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class NoSlots:
+        a: int
+
+    class Base:
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            pass
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class CustomBase(Base):
+        a: int
+
+    for cls in (NotFrozen, NoSlots, CustomBase, int):
+        with pytest.raises(TypeError):
+            slot_twin(cls)
+        with pytest.raises(TypeError):
+            maker(cls)
+
+
+def test_hot_path_makers_build_the_keyword_records() -> None:
+    n1, n2 = NodeId("n1"), NodeId("n2")
+    e = Entry(index=2, term=1, kind=EntryKind.COMMAND,
+              requests=(ClientRequest(client_id="c", request_no=1, command=b"x"),))
+    ae = AppendEntries(term=3, leader_id=n1, prev_log_index=1, prev_log_term=1, entries=(e,),
+                       leader_commit=1)
+    pairs: list[tuple[object, object]] = [
+        (new_append_entries(3, n1, 1, 1, (e,), 1), ae),
+        (new_append_entries_response(3, True, 2, 0, 0, 0),
+         AppendEntriesResponse(term=3, success=True, match_index=2)),
+        (new_heartbeat(3, n1, 1, 7), Heartbeat(term=3, leader_id=n1, leader_commit=1, context=7)),
+        (new_heartbeat_response(3, 7), HeartbeatResponse(term=3, context=7)),
+        (new_send(n2, ae), Send(to=n2, message=ae)),
+        (new_receive(n1, ae), Receive(src=n1, message=ae)),
+        (new_persisted(4), Persisted(number=4)),
+    ]
+    for fast, slow in pairs:
+        assert type(fast) is type(slow)
+        assert fast == slow
+        assert hash(fast) == hash(slow)

@@ -13,7 +13,7 @@ from codec_samples import REGISTRY, Everything, Tree, make_registry, messages, s
 from hypothesis import given, settings
 
 from phalanx.net.codec import DecodeError, EncodeError, Registry, _Spec
-from phalanx.net.codec_fast import _raw_build, pack
+from phalanx.net.codec_fast import _raw_build, _slot_twin, pack
 
 
 def spec_of(obj: object) -> _Spec:
@@ -101,6 +101,32 @@ def test_raw_construction_only_for_generated_inits() -> None:
     assert _raw_build(_Checked, ["n", "tags"]) is not None
     assert _raw_build(_OwnInit, ["n"]) is None
     assert _raw_build(_Checked, ["tags", "n"]) is None  # not the declaration order
+
+
+def test_twin_construction_only_for_exact_own_slots() -> None:
+    twin = _slot_twin(_Checked, ["n", "tags"])
+    assert twin is not None
+    obj = twin()
+    obj.n, obj.tags = 1, ()
+    obj.__class__ = _Checked
+    assert obj == _Checked(n=1)
+    assert type(obj) is _Checked
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        obj.n = 2
+    assert _slot_twin(_Checked, ["tags", "n"]) is None  # not the slot order
+    assert _slot_twin(_OwnInit, ["n"]) is not None  # (`_raw_build` already refuses it)
+
+    class Base:
+        __slots__ = ()
+
+        def __setattr__(self, name: str, value: object) -> None:
+            raise AttributeError(name)
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class OnCustomBase(Base):
+        n: int
+
+    assert _slot_twin(OnCustomBase, ["n"]) is None
 
 
 def test_raw_construction_runs_post_init() -> None:
