@@ -51,7 +51,8 @@ certificates, not by what they claim) return the same status and result (Castro-
 replica up front. A request goes to the primary ALONE (§4.1) when f+1 replicas name the
 same primary in their status (probed on first use, after a retransmission and every
 `PRIMARY_REFRESH` seconds) and all but f of the backups are connected and subscribed: the
-backups execute it from the primary's pre-prepare and answer it unasked. Otherwise, and
+backups execute it from the primary's pre-prepare and answer it unasked (a STALE read,
+which each replica answers from its own state, always goes to every replica). Otherwise, and
 when that attempt gets no f+1 matching answers within `attempt_timeout` (or the primary's
 connection fails), it goes to every replica: a backup that gets a request it has not seen
 ordered relays it to the primary and starts its view-change timer, so a primary that
@@ -253,7 +254,10 @@ class Client(KvHelpers):
         self._stats.calls += 1
         try:
             if self.protocol == "pbft":
-                return await self._call_all(call, frame, deadline)
+                # A STALE read is answered by each replica it reaches, from its own state:
+                # the primary alone would give one answer, never f+1.
+                alone = consistency is ReadConsistency.LINEARIZABLE
+                return await self._call_all(call, frame, deadline, alone=alone)
             # A stale read may be answered by a follower: that says nothing about the leader.
             learn = consistency is ReadConsistency.LINEARIZABLE
             return await self._call_leader(call, frame, deadline, learn_leader=learn)
@@ -422,13 +426,13 @@ class Client(KvHelpers):
         await trio.sleep(delay)
 
     async def _call_all(
-        self, call: PendingCall[ClientReply], frame: bytes, deadline: float
+        self, call: PendingCall[ClientReply], frame: bytes, deadline: float, *, alone: bool
     ) -> bytes:
         # Ref: Castro-Liskov §4.1 — the client sends to the primary, waits for f+1 replies
         # with the same result from distinct replicas (the replica is who the certificate
         # says, not the reply), and broadcasts to every replica on a retransmission.
         collector = ReplyCollector(tuple(NodeId(n) for n in self._order))
-        primary = self._primary_alone()
+        primary = self._primary_alone() if alone else None
         attempt = 0
         last_error: str | None = None
         while True:

@@ -164,6 +164,22 @@ async def test_pbft_sends_to_the_primary_alone_once_backups_subscribe(certs: Cer
     assert len(backend.applied) == 6  # warm-up + 5 puts, each once
 
 
+async def test_pbft_stale_reads_go_to_every_replica(certs: Certs) -> None:
+    # Each replica answers a STALE read from its own state: the primary alone would give
+    # one answer, never f+1.
+    backend = KvBackend()
+    async with cluster(certs, dict.fromkeys(NAMES, serve_kv), backend,
+                       protocol="pbft") as (client, nodes):
+        for node in nodes.values():
+            node.primary, node.subscribable = "n1", True
+        await warm_up(client, nodes)
+        assert await client.get("warm", stale=True) == b"up"
+        assert client.statistics().primary_only == 0
+        assert client.statistics().retries == 0
+    for node in nodes.values():
+        assert len(node.received) == 1
+
+
 async def test_pbft_broadcasts_when_nodes_do_not_subscribe(certs: Certs) -> None:
     backend = KvBackend()
     async with cluster(certs, dict.fromkeys(NAMES, serve_kv), backend,
