@@ -1,6 +1,7 @@
 """Backups relay a client request to the primary only after `forward_ticks` ticks, and only
-when no pre-prepare carries it yet (clients send every request to every replica, so the
-primary normally has its own copy)."""
+when no pre-prepare carries it yet. Clients send a request to the primary alone and to every
+replica on a retransmission (`phalanx.client`): a request a backup got directly is one the
+primary was slow with, lost, or ignored, and the backup's view-change timer runs for it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 from pbft_harness import Cluster, req
 
 from phalanx.consensus.pbft.messages import ForwardRequest
+from phalanx.consensus.types import Message, NodeId
 
 
 def _forwards(c: Cluster) -> list[tuple[str, str]]:
@@ -70,5 +72,35 @@ def test_every_request_executes_once_whoever_received_it(delay: int, got: set[in
         c.tick(1)
     c.deliver()
     for i in c.honest():
+        assert [r.command for e in c.entries[i] for r in e.requests] == [b"a:1"]
+    c.assert_agreement()
+
+
+def test_a_primary_that_ignores_a_request_is_replaced_after_the_retransmission() -> None:
+    # A (Byzantine) primary that ignores one client request, even when relayed, but
+    # otherwise follows the protocol. Sent to the primary alone, the request is never
+    # ordered and no backup notices; the client's retransmission to every replica starts
+    # the backups' view-change timers, and the next primary orders it.
+    c = Cluster(4, batch_size=1, forward_ticks=2, view_change_ticks=6)
+    primary, target = c.ids[0], req("a", 1)
+
+    def censor(src: NodeId, dst: NodeId, msg: Message) -> bool:
+        return not (dst == primary and isinstance(msg, ForwardRequest))
+
+    c.filter = censor
+    # First attempt: to the primary alone, which ignores it (never steps it).
+    c.tick(40)
+    c.deliver()
+    assert all(c.cores[i].view == 0 for i in c.ids)
+    assert all(c.entries[i] == [] for i in c.ids)
+    # Retransmission: to every replica (the primary still ignores its copy).
+    for backup in c.ids[1:]:
+        c.submit(backup, target)
+    for _ in range(40):
+        c.tick(1)
+        c.deliver()
+    assert _forwards(c) == []  # every relay to the primary was delivered (and ignored)
+    assert all(c.cores[i].view >= 1 for i in c.ids[1:])
+    for i in c.ids[1:]:
         assert [r.command for e in c.entries[i] for r in e.requests] == [b"a:1"]
     c.assert_agreement()
