@@ -12,7 +12,8 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   pass starts, whichever comes first (`_release_early`). So a leader's AppendEntries leave
   before its own disk write, and its commit notices (which wake both followers) leave after
   the reply they follow; `lazy` ones (a Raft leader's commit notices) wait further, for the
-  next message to their peer or the next tick (`phalanx.driver_output.PeerOutput`).
+  next message to their peer (which may supersede them: then they are dropped) or the next
+  tick (`phalanx.driver_output.PeerOutput`).
 - The transport holds a pass's frames (`flush_sends`): each peer's leave in one write, at
   the end of the pass, before any write the pass starts, and after a batch's messages.
 - Every Ready a step returns is queued, in step order, in `_pending`.
@@ -193,6 +194,8 @@ class Driver(CallAdmission, PersistPipeline):
             and after a batch's messages.
         lazy: names the early messages that may wait for the next message to their peer or
             the next tick (`phalanx.driver_output`; a Raft leader's commit notices).
+        supersedes: ``supersedes(new, held)``: whether `new` makes the lazy message `held`
+            for the same peer useless; `held` is then dropped (`phalanx.driver_output`).
     """
 
     def __init__(
@@ -216,6 +219,7 @@ class Driver(CallAdmission, PersistPipeline):
         after_pass: Callable[[], None] | None = None,
         flush_sends: Callable[[], None] | None = None,
         lazy: Callable[[Message], bool] | None = None,
+        supersedes: Callable[[Message, Message], bool] | None = None,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -263,7 +267,8 @@ class Driver(CallAdmission, PersistPipeline):
         self.node_id = core.node_id
         self._waiters = ClientWaiters(core.node_id, self.stats)
         self._answer = self._waiters.answer
-        self._output = PeerOutput(self._send, flush=flush_sends, lazy=lazy, stats=self.stats)
+        self._output = PeerOutput(self._send, flush=flush_sends, lazy=lazy,
+                                  supersedes=supersedes, stats=self.stats)
         self._flush_sends = self._output.flush
 
     # ---------------------------------------------------------------------- public (any task)

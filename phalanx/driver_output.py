@@ -17,6 +17,14 @@ transport (`send`), in three kinds:
   depends on nothing not yet durable), and a commit index only ever grows, so a late notice
   is never wrong; the tick bounds the delay (a follower learns a commit at most one tick
   later, and a leader's heartbeats carry the commit index too).
+- A held lazy message that the next message to its peer *supersedes* (the injected
+  `supersedes` predicate: for Raft, an AppendEntries of the same term whose `leader_commit`
+  is at least the notice's) is dropped instead of sent (`superseded_messages`): everything
+  it would tell the peer, the newer message tells too, so the follower neither steps nor
+  answers it, and the leader reads no answer. Dropping a message is always safe (the
+  network may), and no flow control waits for an answer to a pure notice (Raft counts only
+  AppendEntries with entries in flight; a probing follower's notice blocks the next
+  AppendEntries, so none can supersede it).
 
 `flush` then hands what the transport held to the wire (`Transport(hold_sends=True)`: one
 write per peer per pass); the driver calls it at the end of each pass, before any write and
@@ -45,10 +53,12 @@ class PeerOutput:
         flush: writes what the transport held (None: it holds nothing).
         lazy: names the early messages that may wait for the next message to their peer or
             the next tick (None: none may).
-        stats: counts `early_messages` and `lazy_messages`.
+        supersedes: ``supersedes(new, held)``: whether `new`, about to go to a peer, makes
+            the lazy message `held` for it useless (then `held` is dropped). None: never.
+        stats: counts `early_messages`, `lazy_messages` and `superseded_messages`.
     """
 
-    __slots__ = ("_early", "_flush", "_lazy", "_send", "_stats", "_waiting")
+    __slots__ = ("_early", "_flush", "_lazy", "_send", "_stats", "_supersedes", "_waiting")
 
     def __init__(
         self,
@@ -56,11 +66,13 @@ class PeerOutput:
         *,
         flush: Callable[[], None] | None,
         lazy: Callable[[Message], bool] | None,
+        supersedes: Callable[[Message, Message], bool] | None = None,
         stats: DriverStatistics,
     ) -> None:
         self._send = send
         self._flush = flush
         self._lazy = lazy
+        self._supersedes = supersedes
         self._stats = stats
         self._early: list[Send] = []
         self._waiting: dict[NodeId, list[Message]] = {}
@@ -100,12 +112,17 @@ class PeerOutput:
         return True
 
     def send(self, to: NodeId, message: Message) -> None:
-        """Hand `message` to the transport now, after the lazy messages held for `to`."""
+        """Hand `message` to the transport now, after the lazy messages held for `to`
+        that it does not supersede (those are dropped)."""
         if self._waiting:
             held = self._waiting.pop(to, None)
             if held is not None:
+                supersedes = self._supersedes
                 for one in held:
-                    self._send(to, one)
+                    if supersedes is not None and supersedes(message, one):
+                        self._stats.superseded_messages += 1
+                    else:
+                        self._send(to, one)
         self._send(to, message)
 
     def release_lazy(self) -> bool:

@@ -46,6 +46,9 @@ class DriverStatistics:
     lazy_messages: int = 0
     """Early messages held until the next message to their peer or the next tick
     (`phalanx.driver_output`: a Raft leader's commit notices)."""
+    superseded_messages: int = 0
+    """Lazy messages dropped because the next message to their peer said all they would
+    (`phalanx.driver_output`: a commit notice followed by a newer AppendEntries)."""
     proposal_batches: int = 0
     duplicate_calls: int = 0
     overloaded_calls: int = 0

@@ -115,6 +115,15 @@ def raft_commit_notice(message: Message) -> bool:
     return type(message) is AppendEntries and not message.entries
 
 
+def raft_notice_superseded(new: Message, held: Message) -> bool:
+    """Whether `new`, going to the follower a commit notice `held` waits for, tells it all
+    the notice would: an AppendEntries of the same term with a commit index at least as
+    high (the follower then commits as far from `new`). The driver drops `held` then
+    (`phalanx.driver_output`)."""
+    return (type(new) is AppendEntries and type(held) is AppendEntries
+            and new.term == held.term and new.leader_commit >= held.leader_commit)
+
+
 class NodeError(Exception):
     """The node cannot start with this configuration (unsupported protocol, bad storage)."""
 
@@ -308,7 +317,9 @@ async def open_node(
                                                 or client_port.has_backlog()),
                         after_pass=lambda: client_port.flush(),
                         flush_sends=transport.flush,
-                        lazy=raft_commit_notice if config.protocol == "raft" else None)
+                        lazy=raft_commit_notice if config.protocol == "raft" else None,
+                        supersedes=(raft_notice_superseded if config.protocol == "raft"
+                                    else None))
         client_port = ClientPort(driver, ssl_context=client_server_context(paths),
                                  node_id=config.id, batch_replies=True)
         node = Node(config=config, driver=driver, transport=transport,

@@ -32,7 +32,7 @@ from phalanx.driver import Driver
 from phalanx.driver_output import PeerOutput
 from phalanx.driver_stats import DriverStatistics
 from phalanx.net.client_protocol import StatusReply
-from phalanx.node import raft_commit_notice
+from phalanx.node import raft_commit_notice, raft_notice_superseded
 from phalanx.storage.memory import MemoryDisk
 
 N3 = NodeId("n3")
@@ -48,8 +48,8 @@ def _append(index: int) -> AppendEntries:
                          entries=(_entry(index),), leader_commit=index - 1)
 
 
-def _output(lazy: bool = True) -> tuple[PeerOutput, list[tuple[NodeId, Message]],
-                                         DriverStatistics]:
+def _output(lazy: bool = True, supersede: bool = False
+            ) -> tuple[PeerOutput, list[tuple[NodeId, Message]], DriverStatistics]:
     sent: list[tuple[NodeId, Message]] = []
 
     def send(to: NodeId, message: Message) -> bool:
@@ -58,6 +58,7 @@ def _output(lazy: bool = True) -> tuple[PeerOutput, list[tuple[NodeId, Message]]
 
     stats = DriverStatistics()
     return PeerOutput(send, flush=None, lazy=raft_commit_notice if lazy else None,
+                      supersedes=raft_notice_superseded if supersede else None,
                       stats=stats), sent, stats
 
 
@@ -65,6 +66,28 @@ def test_the_raft_commit_notice_predicate_names_only_empty_append_entries() -> N
     assert raft_commit_notice(_notice(3))
     assert not raft_commit_notice(_append(4))
     assert not raft_commit_notice(LATE)
+
+
+def test_a_notice_is_superseded_only_by_an_append_of_its_term_committing_as_far() -> None:
+    assert raft_notice_superseded(_append(2), _notice(1))  # leader_commit 1 >= 1
+    assert raft_notice_superseded(_notice(2), _notice(1))
+    assert not raft_notice_superseded(_append(2), _notice(2))  # commits less
+    newer_term = AppendEntries(term=2, leader_id=N1, prev_log_index=1, prev_log_term=1,
+                               entries=(), leader_commit=5)
+    assert not raft_notice_superseded(newer_term, _notice(1))
+    assert not raft_notice_superseded(LATE, _notice(1))
+
+
+def test_a_superseded_notice_is_dropped_and_the_rest_keep_their_order() -> None:
+    out, sent, stats = _output(supersede=True)
+    out.hold_early((Send(to=N2, message=_notice(1)), Send(to=N2, message=_notice(3)),
+                    Send(to=N3, message=_notice(1))))
+    out.release_early()
+    out.send(N2, _append(3))  # commits 2: supersedes notice 1, not notice 3
+    assert sent == [(N2, _notice(3)), (N2, _append(3))]
+    assert stats.superseded_messages == 1
+    out.release_lazy()  # N3's was superseded by nothing: it leaves
+    assert sent[2:] == [(N3, _notice(1))]
 
 
 def test_a_commit_notice_waits_for_the_next_message_to_its_peer_and_goes_first() -> None:
@@ -105,16 +128,25 @@ def test_without_a_predicate_nothing_waits() -> None:
 
 
 _PEERS = (N2, N3)
-_ops = st.lists(st.tuples(st.sampled_from(["early_notice", "early_append", "send", "release",
-                                          "tick"]), st.sampled_from(_PEERS)), max_size=40)
+_ops = st.lists(st.tuples(st.sampled_from(["early_notice", "early_append", "send", "send_stale",
+                                          "release", "tick"]), st.sampled_from(_PEERS)),
+                max_size=40)
 
 
-@given(_ops)
-def test_every_link_stays_fifo_and_nothing_is_lost(ops: list[tuple[str, NodeId]]) -> None:
+def _stale_append(index: int) -> AppendEntries:
+    """An AppendEntries that commits nothing: it supersedes no notice."""
+    return AppendEntries(term=1, leader_id=N1, prev_log_index=index - 1, prev_log_term=1,
+                         entries=(_entry(index),), leader_commit=0)
+
+
+@given(_ops, st.booleans())
+def test_every_link_stays_fifo_and_nothing_is_lost(ops: list[tuple[str, NodeId]],
+                                                    supersede: bool) -> None:
     """Whatever the interleaving: per peer, messages leave in the order they were released
     (or sent), each exactly once once a tick has passed, and a lazy one is held only while
-    nothing else went to its peer since."""
-    out, sent, _ = _output()
+    nothing else went to its peer since; only a notice that a later message to its peer
+    supersedes is ever dropped."""
+    out, sent, stats = _output(supersede=supersede)
     order: dict[NodeId, list[Message]] = {p: [] for p in _PEERS}
     pending: list[Send] = []
     for counter, (op, peer) in enumerate(ops, start=1):
@@ -124,9 +156,10 @@ def test_every_link_stays_fifo_and_nothing_is_lost(ops: list[tuple[str, NodeId]]
         elif op == "early_append":
             pending.append(Send(to=peer, message=_append(counter)))
             out.hold_early((pending[-1],))
-        elif op == "send":
-            order[peer].append(_append(counter))
-            out.send(peer, _append(counter))
+        elif op in ("send", "send_stale"):
+            message = _append(counter) if op == "send" else _stale_append(counter)
+            order[peer].append(message)
+            out.send(peer, message)
         elif op == "release":
             for one in pending:
                 order[one.to].append(one.message)
@@ -134,16 +167,40 @@ def test_every_link_stays_fifo_and_nothing_is_lost(ops: list[tuple[str, NodeId]]
             out.release_early()
         else:
             out.release_lazy()
-        sent_to = {p: [m for to, m in sent if to == p] for p in _PEERS}
         for p in _PEERS:
-            # What left is a prefix of the per-peer order; what waits is lazy only.
-            assert sent_to[p] == order[p][:len(sent_to[p])]
-            assert all(raft_commit_notice(m) for m in order[p][len(sent_to[p]):])
+            left = [m for to, m in sent if to == p]
+            # Per peer: what left, left in order; every released message but a notice
+            # left at once; a notice is held (or dropped) only while nothing went after it.
+            assert _in_order(left, order[p])
+            assert all(m in left for m in order[p] if not raft_commit_notice(m))
+            if left:
+                tail = order[p][order[p].index(left[-1]) + 1:]
+                assert all(raft_commit_notice(m) for m in tail)
     for one in pending:
         order[one.to].append(one.message)
     out.release_early()
     out.release_lazy()
-    assert {p: [m for to, m in sent if to == p] for p in _PEERS} == order
+    assert out.lazy_held == 0
+    dropped = 0
+    for p in _PEERS:
+        left = [m for to, m in sent if to == p]
+        assert _in_order(left, order[p])
+        for k, m in enumerate(order[p]):
+            if m in left:
+                continue
+            # Dropped: only a notice, and only for a later message that left and
+            # supersedes it.
+            assert supersede
+            assert raft_commit_notice(m)
+            assert any(n in left and raft_notice_superseded(n, m) for n in order[p][k + 1:])
+            dropped += 1
+    assert stats.superseded_messages == dropped
+
+
+def _in_order(sub: list[Message], full: list[Message]) -> bool:
+    """Whether `sub` is `full` with some elements left out (same relative order)."""
+    it = iter(full)
+    return all(any(m == f for f in it) for m in sub)
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -172,7 +229,8 @@ class CommittingCore(ScriptedCore):
 
 
 def _driver(core: ScriptedCore, committer: GatedCommitter, events: list[str], *,
-            idle_inline: bool, lazy: bool = True, tick_seconds: float = 3600.0) -> Driver:
+            idle_inline: bool, lazy: bool = True, supersede: bool = False,
+            tick_seconds: float = 3600.0) -> Driver:
     def send(to: NodeId, message: Message) -> bool:
         events.append(f"send {type(message).__name__}"
                       + (" notice" if raft_commit_notice(message) else ""))
@@ -188,7 +246,8 @@ def _driver(core: ScriptedCore, committer: GatedCommitter, events: list[str], *,
                   flush_sends=lambda: events.append("flush"),
                   after_pass=lambda: events.append("after_pass"),
                   output_pending=lambda: False,
-                  lazy=raft_commit_notice if lazy else None)
+                  lazy=raft_commit_notice if lazy else None,
+                  supersedes=raft_notice_superseded if supersede else None)
 
 
 @pytest.mark.parametrize("idle_inline", [True, False])
@@ -223,6 +282,29 @@ async def test_the_commit_notice_rides_with_the_next_write(idle_inline: bool) ->
     answer = second.index("send AppendEntriesResponse")
     assert second[answer + 1] == "flush"  # a batch's messages are flushed at once
     assert driver.stats.lazy_messages == 1
+
+
+@pytest.mark.parametrize("idle_inline", [True, False])
+async def test_the_next_write_supersedes_the_commit_notice(idle_inline: bool) -> None:
+    """With `supersedes`, the held notice is dropped: the next write's AppendEntries
+    commits as far, so the follower neither steps nor answers a notice."""
+    core, committer = CommittingCore("leader"), GatedCommitter()
+    events = committer.events
+    driver = _driver(core, committer, events, idle_inline=idle_inline, supersede=True)
+    sink = RecordingSink(events)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await driver.call(call(1), sink)
+        await wait_for(lambda: core.persisted == [1])
+        await driver.deliver(N2, LATE)
+        await wait_for(lambda: driver.stats.lazy_messages == 1)
+        await driver.call(call(2), sink)
+        await wait_for(lambda: core.persisted == [1, 2])
+        nursery.cancel_scope.cancel()
+    sends = [e for e in events if e.startswith("send")]
+    assert sends == ["send AppendEntries", "send AppendEntriesResponse"] * 2
+    assert driver.stats.superseded_messages == 1
+    assert len(sink.replies) == 1  # the first write was answered; the second waits
 
 
 async def test_a_tick_sends_a_held_commit_notice() -> None:
