@@ -1,13 +1,13 @@
 """The client library: `Client`, an async (trio) handle on a phalanx cluster, and its errors.
 
 This module owns the client side of `phalanx.net.client_protocol`: one lazily dialled TLS
-connection per node, pipelining, leader discovery, retries, deadlines and PBFT reply
-matching. The typed KV helpers come from `phalanx.client_kv.KvHelpers` and the errors from
-`phalanx.client_errors`, both re-exported here. `phalanx.client_sync.SyncClient` wraps it for
-non-async programs.
+connection per node, pipelining, leader discovery, retries and deadlines. The PBFT call
+path comes from `phalanx.client_pbft.PbftCalls`, the typed KV helpers from
+`phalanx.client_kv.KvHelpers` and the errors from `phalanx.client_errors` (re-exported
+here). `phalanx.client_sync.SyncClient` wraps it for non-async programs.
 
-Must not import: consensus cores (except the pure `pbft.client.ReplyCollector`), storage, the
-runtime (`phalanx.node`), the CLI. Never pickles.
+Must not import: consensus cores (except the pure `quorum`), storage, the runtime
+(`phalanx.node`), the CLI. Never pickles.
 
 Connections (`phalanx.client_conn.ConnectionPool`): one lazily dialled TLS connection per
 node, its node id checked against the certificate, shared by any number of concurrent calls;
@@ -44,20 +44,11 @@ moves on only when the node has been silent for `attempt_timeout` (probe unanswe
 the probe says it no longer leads. Resending a merely slow call would add a redirect
 round trip and a duplicate proposal per call, and under overload (median latency above the
 attempt timeout) those retries fed the overload they came from.
-PBFT mode: a request is accepted once f+1 distinct replicas (identified by their
-certificates, not by what they claim) return the same status and result (Castro-Liskov
-§4.1); a replica that equivocates or lies is outvoted. Every connection starts with a
-`ClientHello`, which subscribes it to this client's answers, and the client dials every
-replica up front. A request goes to the primary ALONE (§4.1) when f+1 replicas name the
-same primary in their status (probed on first use, after a retransmission and every
-`PRIMARY_REFRESH` seconds) and all but f of the backups are connected and subscribed: the
-backups execute it from the primary's pre-prepare and answer it unasked (a STALE read,
-which each replica answers from its own state, always goes to every replica). Otherwise, and
-when that attempt gets no f+1 matching answers within `attempt_timeout` (or the primary's
-connection fails), it goes to every replica: a backup that gets a request it has not seen
-ordered relays it to the primary and starts its view-change timer, so a primary that
-ignores requests is replaced. A wrong primary guess costs time (the guessed backup relays
-the request after `forward_ticks`, or the attempt times out), never safety.
+PBFT mode (`phalanx.client_pbft.PbftCalls`): a request is accepted once f+1 distinct
+replicas (identified by their certificates, not by what they claim) return the same status
+and result (Castro-Liskov §4.1). It goes to the primary alone when f+1 replicas name it and
+enough backups subscribed (`ClientHello`) to answer it unasked, and to every replica
+otherwise and on a retransmission; a STALE read always goes to every replica.
 
 Not deterministic and not run by the simulator: it uses the real clock and a private
 `random.Random` for backoff jitter.
@@ -87,10 +78,10 @@ from phalanx.client_errors import (
     RequestRejected,
 )
 from phalanx.client_kv import KvHelpers
+from phalanx.client_pbft import PbftCalls
 from phalanx.config import ClusterConfig, load_cluster_config
-from phalanx.consensus.pbft.client import ReplyCollector
 from phalanx.consensus.quorum import max_byzantine_faults
-from phalanx.consensus.types import ClientRequest, NodeId
+from phalanx.consensus.types import ClientRequest
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import (
     ClientCall,
@@ -119,11 +110,7 @@ __all__ = [
 
 client_protocol.register()
 
-PRIMARY_REFRESH = 2.0
-"""Seconds between a PBFT client's status probes of every replica (who is primary), besides
-the probes on first use and after a retransmission."""
-
-class Client(KvHelpers):
+class Client(KvHelpers, PbftCalls):
     """An async handle on a phalanx cluster. Open it with `open_client` / `Client.connect`.
 
     Concurrency: any number of tasks may call it at once; calls are pipelined over one
@@ -424,93 +411,6 @@ class Client(KvHelpers):
             await trio.sleep_until(deadline)
             raise self._timed_out(call, last_error)
         await trio.sleep(delay)
-
-    async def _call_all(
-        self, call: PendingCall[ClientReply], frame: bytes, deadline: float, *, alone: bool
-    ) -> bytes:
-        # Ref: Castro-Liskov §4.1 — the client sends to the primary, waits for f+1 replies
-        # with the same result from distinct replicas (the replica is who the certificate
-        # says, not the reply), and broadcasts to every replica on a retransmission.
-        collector = ReplyCollector(tuple(NodeId(n) for n in self._order))
-        primary = self._primary_alone() if alone else None
-        attempt = 0
-        last_error: str | None = None
-        while True:
-            self._check_open()
-            if trio.current_time() >= deadline:
-                raise self._timed_out(call, last_error)
-            if primary is not None:
-                self._stats.primary_only += 1
-                self._pool.send(primary, call, frame)
-                for node, slot in self._slots.items():
-                    if node != primary and slot.connected and slot.subscribed:
-                        self._pool.register(node, call)
-            else:
-                for node in self._order:
-                    self._pool.send(node, call, frame)
-            with trio.move_on_at(min(deadline, trio.current_time() + self.attempt_timeout)):
-                while True:
-                    node, reply = await call.next()
-                    if reply is None:
-                        last_error = f"connection to {node} lost"
-                        if node == primary:
-                            break  # retransmit to every replica at once
-                        continue
-                    if reply.status not in (ReplyStatus.OK, ReplyStatus.ERROR):
-                        last_error = f"{node}: {reply.status.name} {reply.message}"
-                        continue
-                    decided = collector.add(NodeId(node), bytes([reply.status]) + reply.result)
-                    if decided is None:
-                        continue
-                    if decided[0] == ReplyStatus.ERROR:
-                        raise RequestRejected(reply.message or "rejected", replica=node)
-                    return decided[1:]
-            self._check_open()
-            self._stats.retries += 1
-            last_error = last_error or f"fewer than {collector.needed} matching replies"
-            self._primary_probed = -math.inf  # who is primary now? (a view change, maybe)
-            if primary is not None:
-                primary = None  # the retransmission goes to every replica, at once
-                continue
-            await self._back_off(call, attempt, deadline, last_error)
-            attempt += 1
-
-    def _primary_alone(self) -> str | None:
-        """The replica a PBFT request may be sent to alone, or None to send it to all.
-
-        That is the primary named by f+1 replicas' newest status answers, if its connection
-        is up and all but f of the other replicas are connected and subscribed. Probes every
-        replica (dialling those not connected) when the last probe is `PRIMARY_REFRESH`
-        old, or was reset by a retransmission.
-        """
-        now = trio.current_time()
-        if now - self._primary_probed >= PRIMARY_REFRESH:
-            self._primary_probed = now
-            self._probe_all()
-        claims: dict[str, int] = {}
-        for slot in self._slots.values():
-            if slot.connected and slot.primary_claim is not None:
-                claims[slot.primary_claim] = claims.get(slot.primary_claim, 0) + 1
-        primary = next((p for p in self._order if claims.get(p, 0) > self._faults), None)
-        if primary is None or not self._slots[primary].connected:
-            return None
-        subscribed = sum(1 for node, slot in self._slots.items()
-                         if node != primary and slot.connected and slot.subscribed)
-        if subscribed < len(self._order) - 1 - self._faults:
-            return None
-        return primary
-
-    def _probe_all(self) -> None:
-        """Ask every replica for its status (its answer sets the slot's `primary_claim`)."""
-        now = trio.current_time()
-        for slot in self._slots.values():
-            if slot.probe_nonce is not None and now - slot.probe_sent < self.attempt_timeout:
-                continue  # one unanswered probe at a time per connection
-            slot.probe_nonce = self._next_nonce
-            self._next_nonce += 1
-            slot.probe_sent = now
-            self._stats.probes += 1
-            self._pool.queue(slot, encode_frame(wire.encode(StatusCall(nonce=slot.probe_nonce))))
 
     # ------------------------------------------------------------------ status
 

@@ -25,8 +25,12 @@ from client_fakes import (
     reply,
     serve_kv,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phalanx.client import Client, ClientTimeout, RequestRejected
+from phalanx.client_conn import NodeSlot
+from phalanx.client_pbft import choose_primary
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
 
 NAMES = ("n1", "n2", "n3", "n4")
@@ -261,3 +265,42 @@ async def test_pbft_lost_primary_connection_retransmits_at_once(certs: Certs) ->
         assert len(nodes[name].received) == 1
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# choose_primary: the rule for sending a request to the primary alone
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 7).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.booleans(), st.booleans(),
+                       st.one_of(st.none(), st.integers(0, n - 1))),
+             min_size=n, max_size=n))))
+def test_choose_primary_needs_f_plus_one_claims_and_enough_subscribed_backups(
+        case: tuple[int, list[tuple[bool, bool, int | None]]]) -> None:
+    n, states = case
+    order = tuple(f"n{i}" for i in range(n))
+    slots = {}
+    for name, (connected, subscribed, claim) in zip(order, states, strict=True):
+        slot = NodeSlot(name, "127.0.0.1", 1)
+        slot.connected, slot.subscribed = connected, subscribed
+        slot.primary_claim = None if claim is None else order[claim]
+        slots[name] = slot
+    f = (n - 1) // 3
+    chosen = choose_primary(slots, order, f)
+    claims = {p: sum(1 for s in slots.values() if s.connected and s.primary_claim == p)
+              for p in order}
+    trusted = [p for p in order if claims[p] > f]
+    if chosen is None:
+        # Nothing qualified: no trusted claim, or the first trusted one lacks its connection
+        # or enough subscribed backups.
+        if trusted:
+            p = trusted[0]
+            ready = sum(1 for q, s in slots.items() if q != p and s.connected and s.subscribed)
+            assert not slots[p].connected or ready < n - 1 - f
+    else:
+        assert chosen == trusted[0]
+        assert slots[chosen].connected
+        assert sum(1 for q, s in slots.items()
+                   if q != chosen and s.connected and s.subscribed) >= n - 1 - f
