@@ -202,12 +202,6 @@ class ConnectionPool:
             raise ValueError(f"register on {node}, which is not subscribed")  # our misuse
         slot.calls[call.request_no] = call
 
-    def connect(self, node: str) -> None:
-        """Start dialling `node` if no connection task runs (with a hello, it is sent)."""
-        slot = self.slots[node]
-        if not slot.running:
-            self._start(slot)
-
     def queue(self, slot: NodeSlot, frame: bytes, *, direct: bool = True) -> None:
         """Write `frame` to `slot`'s connection now if `direct` and nothing is queued before
         it (saves a wake-up of the writer task), else queue it, dialling if none is running.
