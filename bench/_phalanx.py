@@ -82,14 +82,14 @@ class PhalanxCluster:
     name = "phalanx"
 
     def __init__(self, *, protocol: str, workdir: str | None, nodes: int = 3,
-                 checkpoint_every_bytes: int | None = None) -> None:
+                 checkpoint_every_bytes: int | None = None, fsync: str = "group") -> None:
         self._own_dir = workdir is None
         parent = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
         self.directory = parent / f"cluster-{protocol}"
         try:
             self.config: ClusterConfig = init_cluster(
                 self.directory, protocol=protocol, nodes=nodes,
-                base_port=find_free_base_port(nodes), fsync="group",
+                base_port=find_free_base_port(nodes), fsync=fsync,
             )
         except ClusterError as e:
             raise PhalanxUnavailable(f"cluster init failed: {e}") from None

@@ -5,7 +5,7 @@ Usage (from bench/)::
     ../.venv/bin/python cpu_per_write.py --clients 1,64 --duration 5
     ../.venv/bin/python cpu_per_write.py --clients 1 --profile /tmp/spy   # + py-spy raw stacks
 
-Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group", 100-byte values), waits for a
+Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group" unless `--fsync off`, 100-byte values), waits for a
 leader, measures each node's idle CPU (utime+stime from /proc/<pid>/stat over `--idle`
 seconds), then drives each client level closed-loop (`_loadgen.run_level`) and prints, per
 node and role, the CPU it spent per acknowledged write (ms), beside throughput, p50 and the
@@ -141,12 +141,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-idle", action="store_true",
                    help="keep py-spy's idle samples (threads waiting in epoll, locks, ...)")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--fsync", choices=("group", "off"), default="group",
+                   help="the nodes' fsync mode: off takes the disk (whose latency this VM "
+                   "varies 20-fold) out of a CPU comparison; every write then persists on "
+                   "the core task")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cluster = PhalanxCluster(protocol="raft", workdir=args.workdir)
+    cluster = PhalanxCluster(protocol="raft", workdir=args.workdir, fsync=args.fsync)
     cluster.start()
     try:
         trio.run(_measure, cluster, args)
