@@ -1,8 +1,12 @@
 """The simulator's event loop (virtual time in integer nanoseconds) and its trace.
 
-Owns: `EventLoop`, a heap of `(time_ns, seq, callback)` where `seq` increases with every
-schedule call and breaks ties, so events at the same instant run in the order they were
-scheduled; and `Trace`, the readable event log whose sha256 identifies a run.
+Owns: `EventLoop`, a heap of events `(time_ns, seq, function, argument)`, run as
+``function(argument)``, where `seq` increases with every schedule call and breaks ties, so
+events at the same instant run in the order they were scheduled (the heap compares only
+``(time_ns, seq)``: `seq` is unique); and `Trace`, the readable event log whose sha256
+identifies a run. A plain callback is the event ``(time_ns, seq, operator.call, callback)``;
+a hot scheduler (the network's deliveries) pushes its own function and argument instead of
+building a `functools.partial` per event.
 
 Rules:
 - Single-threaded and deterministic: no clocks, no threads, no global randomness, no `id()`.
@@ -19,8 +23,12 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
+from operator import call as _call
+from typing import Any
 
 Callback = Callable[[], None]
+Event = tuple[int, int, Callable[[Any], object], object]
+"""``(time_ns, seq, function, argument)``: run as ``function(argument)``."""
 
 
 class EventLoop:
@@ -32,7 +40,7 @@ class EventLoop:
         self.now = 0
         self._seq = itertools.count(1)
         """The tie-breaker of the next event (1, 2, ...; `next` is cheaper than `+= 1`)."""
-        self._heap: list[tuple[int, int, Callback]] = []
+        self._heap: list[Event] = []
         self.events_run = 0
         self.event_budget = 1 << 62
         """`run_until` stops once `events_run` exceeds this (a runaway guard)."""
@@ -43,17 +51,18 @@ class EventLoop:
         """Run `callback` at virtual time `when_ns` (>= now)."""
         if when_ns < self.now:
             raise ValueError(f"cannot schedule at {when_ns} ns, before now={self.now} ns")
-        heapq.heappush(self._heap, (when_ns, next(self._seq), callback))
+        heapq.heappush(self._heap, (when_ns, next(self._seq), _call, callback))
 
     def call_later(self, delay_ns: int, callback: Callback) -> None:
         if delay_ns < 0:
             raise ValueError(f"delay must be >= 0, got {delay_ns}")
-        _push(self._heap, (self.now + delay_ns, next(self._seq), callback))
+        _push(self._heap, (self.now + delay_ns, next(self._seq), _call, callback))
 
-    def raw_queue(self) -> tuple[list[tuple[int, int, Callback]], Callable[[], int]]:
+    def raw_queue(self) -> tuple[list[Event], Callable[[], int]]:
         """(the heap, the tie-breaker source), for a hot caller that inlines `call_later`:
-        it must push ``(when_ns, next_seq(), callback)`` with ``when_ns >= now`` exactly as
-        `call_later` does (`SimNetwork.send`: one call less per message)."""
+        it must push ``(when_ns, next_seq(), function, argument)`` with ``when_ns >= now``
+        as `call_later` does; the loop then calls ``function(argument)`` (`SimNetwork.send`:
+        one call less per message, and no `functools.partial`)."""
         return self._heap, self._seq.__next__
 
     def run_until(self, until_ns: int) -> None:
@@ -70,10 +79,10 @@ class EventLoop:
         budget = self.event_budget
         try:
             while heap and heap[0][0] <= until_ns:
-                when, _, callback = pop(heap)
+                when, _, function, argument = pop(heap)
                 self.now = when
                 run += 1
-                callback()
+                function(argument)
                 if self.halted or run > budget:
                     return
         finally:
@@ -88,67 +97,102 @@ class EventLoop:
 _push = heapq.heappush
 
 
+TraceRecord = str | tuple[int, str, str, object, bytes]
+"""A line not yet hashed: a rendered text line, or a delivery ``(now, src, dst, message,
+wire bytes)`` (see `Trace.records`)."""
+
+
 class Trace:
-    """The readable log of a run: one line per event, hashed as it is written.
+    """The readable log of a run: one line per event, hashed in order.
 
     Keeps the last `tail` lines for failure reports, and every line only when `keep_all`
     (for `--trace FILE`), so long sweeps do not hold whole traces in memory.
 
     Message deliveries (`message`) are the bulk of a trace; they are hashed by their wire
-    bytes and rendered as text only when a line is read (`tail`, or eagerly with
-    `keep_all`), so a sweep never formats a message nobody looks at. The hash therefore
-    covers every event's time and text, and for a message its exact bytes. The bytes to
-    hash are gathered and fed to sha256 in batches (the digest of a concatenation is the
-    digest of its pieces fed in order), so `hexdigest` is the same as one update per line.
+    bytes and rendered as text only when a line is read (`tail`, `lines`), so a sweep never
+    formats a message nobody looks at. The hash therefore covers every event's time and
+    text, and for a message its exact bytes: a text line hashes as ``line + "\n"``, a
+    delivery as ``f"t={now} {src}->{dst} "`` + its bytes + ``"\n"``.
+
+    Lines are recorded as they happen and hashed in batches of `_BATCH` (the digest of a
+    concatenation is the digest of its pieces fed in order, so `hexdigest` is the same as
+    one update per line): recording a delivery is one tuple appended to a list, which a
+    hot caller may do itself (`records`). Reading `hexdigest`, `tail`, `lines` or `count`
+    first hashes whatever is recorded.
     """
 
-    __slots__ = ("_hash", "_pending", "_tail", "count", "lines", "loop")
+    __slots__ = ("_done", "_hash", "_lines", "_records", "_tail", "loop")
 
     _BATCH = 512
-    """Pieces gathered before they are hashed."""
+    """Records gathered before they are hashed."""
 
     def __init__(self, loop: EventLoop, *, keep_all: bool = False, tail: int = 40) -> None:
         self.loop = loop
         self._hash = hashlib.sha256()
-        self._pending: list[bytes] = []
-        self._tail: deque[str | tuple[int, str, str, object]] = deque(maxlen=tail)
-        self.lines: list[str] | None = [] if keep_all else None
-        self.count = 0
+        self._records: list[TraceRecord] = []
+        self._tail: deque[TraceRecord] = deque(maxlen=tail)
+        self._lines: list[str] | None = [] if keep_all else None
+        self._done = 0
+        """Records already hashed."""
 
     def __call__(self, text: str) -> None:
-        now = self.loop.now
-        line = _line(now, text)
-        pending = self._pending
-        pending += (line.encode(), b"\n")
-        if len(pending) >= self._BATCH:
+        records = self._records
+        records.append(_line(self.loop.now, text))
+        if len(records) >= self._BATCH:
             self._flush()
-        self._tail.append(line)
-        self.count += 1
-        if self.lines is not None:
-            self.lines.append(line)
 
     def message(self, src: str, dst: str, message: object, data: bytes) -> None:
         """Trace ``f"{src}->{dst} {message}"`` where `data` is the message's wire encoding."""
-        now = self.loop.now
-        pending = self._pending
-        pending += (f"t={now} {src}->{dst} ".encode(), data, b"\n")
-        if len(pending) >= self._BATCH:
+        records = self._records
+        records.append((self.loop.now, src, dst, message, data))
+        if len(records) >= self._BATCH:
             self._flush()
-        self._tail.append((now, src, dst, message))
-        self.count += 1
-        if self.lines is not None:
-            self.lines.append(_line(now, f"{src}->{dst} {message}"))
+
+    def records(self) -> tuple[list[TraceRecord], int, Callable[[], None]]:
+        """(the record list, the batch size, the flush function), for a hot caller that
+        inlines `message`: it must append ``(loop.now, src, dst, message, data)`` and call
+        the flush function once the list holds the batch size or more, exactly as `message`
+        does (`SimNetwork`'s deliveries: one call less per message)."""
+        return self._records, self._BATCH, self._flush
 
     def _flush(self) -> None:
-        pending = self._pending
-        self._hash.update(b"".join(pending))
-        pending.clear()
+        records = self._records
+        if not records:
+            return
+        parts: list[bytes] = []
+        lines = self._lines
+        for item in records:
+            if isinstance(item, str):
+                parts += (item.encode(), b"\n")
+                if lines is not None:
+                    lines.append(item)
+            else:
+                now, src, dst, message, data = item
+                parts += (f"t={now} {src}->{dst} ".encode(), data, b"\n")
+                if lines is not None:
+                    lines.append(_line(now, f"{src}->{dst} {message}"))
+        self._hash.update(b"".join(parts))
+        self._tail.extend(records)
+        self._done += len(records)
+        records.clear()
+
+    @property
+    def count(self) -> int:
+        """Lines traced so far."""
+        return self._done + len(self._records)
+
+    @property
+    def lines(self) -> list[str] | None:
+        """Every line so far with `keep_all`, else None."""
+        self._flush()
+        return self._lines
 
     def hexdigest(self) -> str:
         self._flush()
         return self._hash.hexdigest()
 
     def tail(self) -> list[str]:
+        self._flush()
         return [
             item if isinstance(item, str) else _line(item[0], f"{item[1]}->{item[2]} {item[3]}")
             for item in self._tail

@@ -27,12 +27,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import partial
 from heapq import heappush as _push
 from math import log
 
 from phalanx.consensus.types import Message
-from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.jepsen.sim.loop import Event, EventLoop, Trace
 
 Deliver = Callable[[str, str, Message], None]
 Receive = Callable[[str, Message], None]
@@ -134,12 +133,13 @@ class SimNetwork:
         self._memo_size = decode_memo
         self._memo: dict[bytes, Message] = {}
         self._random = rng.random
-        self._call_later = loop.call_later
         heap, next_seq = loop.raw_queue()
-        self._heap: list[tuple[int, int, Callable[[], None]]] = heap
+        self._heap: list[Event] = heap
         self._next_seq = next_seq
+        self._arrive_event = self._arrive  # (one bound method for every delivery event)
         self._blocked: set[tuple[str, str]] = set()
         self._trace_messages = trace_messages
+        self._trace_records, self._trace_batch, self._trace_flush = trace.records()
         self._watch = watch
         self._watch_types = watch_types
         self._routes: dict[str, Receive] = {}
@@ -210,18 +210,22 @@ class SimNetwork:
             return
         if cfg.duplicate and self._random() < cfg.duplicate:
             stats.duplicated += 1
-            self._call_later(self._latency(), partial(self._arrive, src, dst, payload))
+            # `loop.call_later(self._latency(), ...)`, inlined as below.
+            _push(self._heap, (self.loop.now + self._latency(), self._next_seq(),
+                               self._arrive_event, (src, dst, payload)))
         if cfg.straggle:
             latency = self._latency()
         else:  # `_latency()` inlined for the common case (the same draws and arithmetic)
             mean = cfg.mean_jitter_ns
             jitter = -log(1.0 - self._random()) / (1.0 / mean) if mean else 0.0
             latency = int((cfg.min_latency_ns + jitter) * cfg.delay_factor)
-        # `self._call_later(latency, ...)`, inlined (latency >= 0: every term is).
-        arrive: Callable[[], None] = partial(self._arrive, src, dst, payload)
-        _push(self._heap, (self.loop.now + latency, self._next_seq(), arrive))
+        # `loop.call_later(latency, ...)`, inlined (latency >= 0: every term is), as the
+        # event `_arrive((src, dst, payload))`.
+        _push(self._heap, (self.loop.now + latency, self._next_seq(), self._arrive_event,
+                           (src, dst, payload)))
 
-    def _arrive(self, src: str, dst: str, payload: bytes | Message) -> None:
+    def _arrive(self, item: tuple[str, str, bytes | Message]) -> None:
+        src, dst, payload = item
         blocked = self._blocked
         if blocked and (src, dst) in blocked:
             self.stats.dropped_partition += 1
@@ -238,7 +242,11 @@ class SimNetwork:
             message = cached
             self.stats.delivered += 1
             if self._trace_messages:
-                self.trace.message(src, dst, message, payload)
+                # `self.trace.message(src, dst, message, payload)`, inlined.
+                records = self._trace_records
+                records.append((self.loop.now, src, dst, message, payload))
+                if len(records) >= self._trace_batch:
+                    self._trace_flush()
         else:
             message = payload
             self.stats.delivered += 1
