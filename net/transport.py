@@ -50,8 +50,8 @@ reach `SEND_BATCH_BYTES`. Frames that must queue (the link is down, or frames al
 for the link task) go to the queue as without holding; the link task coalesces those. A
 flush that finds the socket busy queues the held frames (their `send_nowait` already said
 True, so a full queue drops them there, counted in `queue_full_drops`); held frames count
-in `has_backlog`. A holding transport never writes between `flush`es, so its owner bounds
-how long a frame waits (the driver: one pass).
+in `has_backlog`. Short of `SEND_BATCH_BYTES`, a held frame waits for `flush`, so the owner
+bounds how long it waits (the driver: one pass).
 
 Send queues: one bounded queue of encoded frames per peer. `send_nowait` REFUSES THE NEWEST
 frame when the queue is full (returns False, counted in `queue_full_drops`): the caller learns
