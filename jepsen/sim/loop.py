@@ -1,19 +1,29 @@
 """The simulator's event loop (virtual time in integer nanoseconds) and its trace.
 
-Owns: `EventLoop`, a heap of events `(time_ns, seq, function, argument)`, run as
-``function(argument)``, where `seq` increases with every schedule call and breaks ties, so
-events at the same instant run in the order they were scheduled (the heap compares only
-``(time_ns, seq)``: `seq` is unique); and `Trace`, the readable event log whose sha256
-identifies a run. A plain callback is the event ``(time_ns, seq, operator.call, callback)``;
-a hot scheduler (the network's deliveries) pushes its own function and argument instead of
-building a `functools.partial` per event.
+Owns: `EventLoop` and `Trace`, the readable event log whose sha256 identifies a run.
+
+The queue: events ``(time_ns, seq, function, argument)``, run as ``function(argument)``,
+where `seq` increases with every schedule call and breaks ties, so events at the same
+instant run in the order they were scheduled (tuples compare only ``(time_ns, seq)``: `seq`
+is unique). A plain callback is the event ``(time_ns, seq, operator.call, callback)``; a hot
+scheduler (the network's deliveries) pushes its own function and argument instead of
+building a `functools.partial` per event (`raw_queue`).
+
+Two heaps, split at a moving `horizon`: `near` holds every event due before it, `far` every
+event at or after it. So the smallest of `near` is the next event while `near` is not
+empty; when it empties, the horizon moves to `HORIZON_NS` past the earliest far event and
+the far events before it move over. The order of events is exactly that of one heap; the
+split keeps the heap that is popped once per event small: a run's many long timers (client
+deadlines, retries, hundreds at a time and mostly never due while their operation is live)
+wait in `far` instead of deepening every pop.
 
 Rules:
 - Single-threaded and deterministic: no clocks, no threads, no global randomness, no `id()`.
   Virtual time only moves forward, to the next scheduled event.
 - Must not import consensus cores, storage or the network model; everything above schedules
   plain callbacks.
-- Invariant: `now` never decreases; an event is never scheduled in the past.
+- Invariants: `now` never decreases; an event is never scheduled in the past; every event in
+  `near` is due before `horizon`, every event in `far` at or after it.
 """
 
 from __future__ import annotations
@@ -30,17 +40,27 @@ Callback = Callable[[], None]
 Event = tuple[int, int, Callable[[Any], object], object]
 """``(time_ns, seq, function, argument)``: run as ``function(argument)``."""
 
+HORIZON_NS = 40_000_000
+"""How far past the earliest far event the horizon moves (see the module docstring): longer
+than the network's latencies and a node's tick, shorter than a client's timeouts."""
+
 
 class EventLoop:
     """A virtual-time scheduler. `now` is nanoseconds since the simulation began."""
 
-    __slots__ = ("_heap", "_seq", "event_budget", "events_run", "halted", "now")
+    __slots__ = ("_far", "_near", "_seq", "event_budget", "events_run", "halted", "horizon",
+                 "now")
 
     def __init__(self) -> None:
         self.now = 0
         self._seq = itertools.count(1)
         """The tie-breaker of the next event (1, 2, ...; `next` is cheaper than `+= 1`)."""
-        self._heap: list[Event] = []
+        self._near: list[Event] = []
+        """The events due before `horizon`, as a heap."""
+        self._far: list[Event] = []
+        """The events due at or after `horizon`, as a heap."""
+        self.horizon = 0
+        """Where `near` ends and `far` begins (read-only outside this class)."""
         self.events_run = 0
         self.event_budget = 1 << 62
         """`run_until` stops once `events_run` exceeds this (a runaway guard)."""
@@ -51,19 +71,24 @@ class EventLoop:
         """Run `callback` at virtual time `when_ns` (>= now)."""
         if when_ns < self.now:
             raise ValueError(f"cannot schedule at {when_ns} ns, before now={self.now} ns")
-        heapq.heappush(self._heap, (when_ns, next(self._seq), _call, callback))
+        event = (when_ns, next(self._seq), _call, callback)
+        _push(self._near if when_ns < self.horizon else self._far, event)
 
     def call_later(self, delay_ns: int, callback: Callback) -> None:
         if delay_ns < 0:
             raise ValueError(f"delay must be >= 0, got {delay_ns}")
-        _push(self._heap, (self.now + delay_ns, next(self._seq), _call, callback))
+        when = self.now + delay_ns
+        event = (when, next(self._seq), _call, callback)
+        _push(self._near if when < self.horizon else self._far, event)
 
-    def raw_queue(self) -> tuple[list[Event], Callable[[], int]]:
-        """(the heap, the tie-breaker source), for a hot caller that inlines `call_later`:
-        it must push ``(when_ns, next_seq(), function, argument)`` with ``when_ns >= now``
-        as `call_later` does; the loop then calls ``function(argument)`` (`SimNetwork.send`:
-        one call less per message, and no `functools.partial`)."""
-        return self._heap, self._seq.__next__
+    def raw_queue(self) -> tuple[list[Event], list[Event], Callable[[], int]]:
+        """(the near heap, the far heap, the tie-breaker source), for a hot caller that
+        inlines `call_later`: for an event at ``when_ns >= now`` it must push
+        ``(when_ns, next_seq(), function, argument)`` with `heapq.heappush` onto the near
+        heap if ``when_ns < loop.horizon`` (read at that moment), else onto the far heap,
+        exactly as `call_later` does; the loop then calls ``function(argument)``
+        (`SimNetwork.send`: one call less per message, and no `functools.partial`)."""
+        return self._near, self._far, self._seq.__next__
 
     def run_until(self, until_ns: int) -> None:
         """Run every event due at or before `until_ns`, then leave `now == until_ns`.
@@ -71,15 +96,26 @@ class EventLoop:
         Returns early (at the time of the last event run) once `halted` is set or
         `events_run` exceeds `event_budget`; both are checked after each event.
         """
-        heap = self._heap
+        near = self._near
+        far = self._far
         pop = heapq.heappop
         # `events_run` is counted in a local and stored on every way out (callbacks do not
         # read it); `halted` is read after each callback, as a callback may set it.
         run = self.events_run
         budget = self.event_budget
         try:
-            while heap and heap[0][0] <= until_ns:
-                when, _, function, argument = pop(heap)
+            while True:
+                if not near:
+                    if not far or far[0][0] > until_ns:
+                        break
+                    # Move the horizon past the earliest far event, and what is due before
+                    # it over (in order: the far heap pops them smallest first).
+                    horizon = self.horizon = far[0][0] + HORIZON_NS
+                    while far and far[0][0] < horizon:
+                        near.append(pop(far))  # (ascending: a valid heap as it is)
+                if near[0][0] > until_ns:
+                    break
+                when, _, function, argument = pop(near)
                 self.now = when
                 run += 1
                 function(argument)
@@ -91,7 +127,7 @@ class EventLoop:
             self.now = until_ns
 
     def pending(self) -> int:
-        return len(self._heap)
+        return len(self._near) + len(self._far)
 
 
 _push = heapq.heappush

@@ -133,8 +133,9 @@ class SimNetwork:
         self._memo_size = decode_memo
         self._memo: dict[bytes, Message] = {}
         self._random = rng.random
-        heap, next_seq = loop.raw_queue()
-        self._heap: list[Event] = heap
+        near, far, next_seq = loop.raw_queue()
+        self._near: list[Event] = near
+        self._far: list[Event] = far
         self._next_seq = next_seq
         self._arrive_event = self._arrive  # (one bound method for every delivery event)
         self._blocked: set[tuple[str, str]] = set()
@@ -211,18 +212,21 @@ class SimNetwork:
         if cfg.duplicate and self._random() < cfg.duplicate:
             stats.duplicated += 1
             # `loop.call_later(self._latency(), ...)`, inlined as below.
-            _push(self._heap, (self.loop.now + self._latency(), self._next_seq(),
-                               self._arrive_event, (src, dst, payload)))
+            when = self.loop.now + self._latency()
+            _push(self._near if when < self.loop.horizon else self._far,
+                  (when, self._next_seq(), self._arrive_event, (src, dst, payload)))
         if cfg.straggle:
             latency = self._latency()
         else:  # `_latency()` inlined for the common case (the same draws and arithmetic)
             mean = cfg.mean_jitter_ns
             jitter = -log(1.0 - self._random()) / (1.0 / mean) if mean else 0.0
             latency = int((cfg.min_latency_ns + jitter) * cfg.delay_factor)
-        # `loop.call_later(latency, ...)`, inlined (latency >= 0: every term is), as the
-        # event `_arrive((src, dst, payload))`.
-        _push(self._heap, (self.loop.now + latency, self._next_seq(), self._arrive_event,
-                           (src, dst, payload)))
+        # `loop.call_later(latency, ...)`, inlined (`EventLoop.raw_queue`; latency >= 0:
+        # every term is), as the event `_arrive((src, dst, payload))`.
+        loop = self.loop
+        when = loop.now + latency
+        _push(self._near if when < loop.horizon else self._far,
+              (when, self._next_seq(), self._arrive_event, (src, dst, payload)))
 
     def _arrive(self, item: tuple[str, str, bytes | Message]) -> None:
         src, dst, payload = item

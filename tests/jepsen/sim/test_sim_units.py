@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
-from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.jepsen.sim.loop import HORIZON_NS, EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 
 
@@ -31,6 +31,48 @@ def test_loop_orders_by_time_then_schedule_order() -> None:
     loop.run_until(100)
     assert seen[-1] == "late"
     assert loop.now == 100
+
+
+# A scheduled event: (delay, the delays of the events it schedules when it runs).
+_delays = st.one_of(
+    st.integers(0, 3),
+    st.integers(0, 3 * HORIZON_NS),
+    st.sampled_from([HORIZON_NS - 1, HORIZON_NS, HORIZON_NS + 1, 2 * HORIZON_NS]),
+)
+_plans = st.lists(st.tuples(_delays, st.lists(_delays, max_size=3)), min_size=1, max_size=40)
+
+
+@settings(deadline=None, max_examples=150)
+@given(plans=_plans, stops=st.lists(st.integers(0, 4 * HORIZON_NS), max_size=4))
+def test_loop_runs_events_in_time_then_schedule_order(
+    plans: list[tuple[int, list[int]]], stops: list[int]
+) -> None:
+    """The near/far split of the queue (the horizon) never changes the order: events run
+    sorted by (time, scheduling order), including those scheduled while running, across
+    `run_until` boundaries, exactly as one heap would run them."""
+    loop = EventLoop()
+    ran: list[tuple[int, int]] = []  # (time, schedule number) of each event run
+    scheduled: list[tuple[int, int]] = []  # (time, schedule number) of each event scheduled
+
+    def schedule(delay: int, children: list[int]) -> None:
+        number = len(scheduled)
+        scheduled.append((loop.now + delay, number))
+
+        def run() -> None:
+            ran.append((loop.now, number))
+            for child in children:
+                schedule(child, [])
+
+        loop.call_later(delay, run)
+
+    for delay, children in plans:
+        schedule(delay, children)
+    for stop in sorted(stops):
+        loop.run_until(max(stop, loop.now))
+        assert all(when <= loop.now for when, _ in ran)
+    loop.run_until(10 * HORIZON_NS)
+    assert loop.pending() == 0
+    assert ran == sorted(scheduled)  # each exactly once, in (time, scheduling order)
 
 
 def test_trace_hash_depends_on_content_and_time() -> None:
