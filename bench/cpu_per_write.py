@@ -5,12 +5,13 @@ Usage (from bench/)::
     ../.venv/bin/python cpu_per_write.py --clients 1,64 --duration 5
     ../.venv/bin/python cpu_per_write.py --clients 1 --profile /tmp/spy   # + py-spy raw stacks
 
-Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group" unless `--fsync off`, 100-byte values), waits for a
-leader, measures each node's idle CPU (utime+stime from /proc/<pid>/stat over `--idle`
-seconds), then drives each client level closed-loop (`_loadgen.run_level`) and prints, per
-node and role, the CPU it spent per acknowledged write (ms), beside throughput, p50 and the
-load average. CPU per write is robust to this machine's clock drift in a way wall-clock
-latency is not: it counts the work done, not how long the cores were shared.
+Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group" unless `--fsync off`, 100-byte
+values), waits for a leader, measures each node's idle CPU (utime+stime from
+/proc/<pid>/stat over `--idle` seconds), then drives each client level closed-loop
+(`_loadgen.run_level`) and prints, per node and role, the CPU it spent per acknowledged
+write (ms), beside throughput, p50 and the load average. CPU per write is robust to this
+machine's clock drift in a way wall-clock latency is not: it counts the work done, not
+how long the cores were shared.
 
 With ``--profile DIR`` every node (or those of ``--profile-role``) is sampled by py-spy
 (``--rate`` Hz, raw collapsed stacks; ``--profile-idle`` keeps waiting threads) during each
