@@ -300,6 +300,12 @@ class Driver(CallAdmission, PersistPipeline):
         with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
             self._tx.send_nowait(_Disconnected(target))
 
+    def subscribe(self, client_id: str, target: ReplyTarget) -> None:
+        """Answers for `client_id` (and its lanes) executed here with no waiter go to
+        `target` (`ClientWaiters.subscribe`: a PBFT client sends a request to the primary
+        alone, and the backups answer it unasked); never blocks."""
+        self._waiters.subscribe(client_id, target)
+
     def status(self) -> CoreStatus:
         """The core's status as of the last step (read-only; safe from any task)."""
         return self._status

@@ -137,6 +137,8 @@ def test_four_nodes_serve_kv_and_survive_a_restart(tmp_path: Path) -> None:
                 await _kv_round(client, "after", 5)
                 applied = {n: node.driver.applied_index for n, node in c.nodes.items()}
                 assert min(applied.values()) > 0
+                # Requests went to the primary alone (the backups answered them unasked).
+                assert client.statistics().primary_only > 0
 
     trio.run(main)
 
