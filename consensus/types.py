@@ -181,6 +181,15 @@ class ClientRequest:
         if self.request_no < 0:
             raise ValueError(f"request_no must be >= 0, got {self.request_no}")
 
+    def __eq__(self, other: object) -> bool:
+        # The dataclass-generated `__eq__` (the same result: same class, then field by field
+        # in order), without building two tuples: the simulator's checkers compare every
+        # applied entry's requests across nodes. `__hash__` stays the generated one.
+        if not isinstance(other, ClientRequest) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.client_id == other.client_id and self.request_no == other.request_no
+                and self.command == other.command and self.read_only == other.read_only)
+
 
 class EntryKind(enum.IntEnum):
     """What a log entry carries."""
@@ -245,6 +254,15 @@ class Entry:
             raise ValueError("a COMMAND entry carries requests and only a COMMAND entry does")
         if (self.kind is EntryKind.CONFIG) != (self.config is not None):
             raise ValueError("a CONFIG entry carries a configuration and only a CONFIG entry does")
+
+    def __eq__(self, other: object) -> bool:
+        # The dataclass-generated `__eq__` (see `ClientRequest.__eq__`); `requests` compares
+        # element by element with identity first, as the generated tuple comparison does.
+        if not isinstance(other, Entry) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.index == other.index and self.term == other.term
+                and self.kind == other.kind and self.requests == other.requests
+                and self.config == other.config)
 
 
 @raw_init

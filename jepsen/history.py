@@ -30,23 +30,23 @@ Semantics:
 Invariants (checked by `History`, violations raise `HistoryError` naming the line):
     indexes strictly increase, times never decrease, pairing per process as above.
 
-Must not import: the simulator, consensus cores (only `phalanx.consensus.types.raw_init`, a
-dataclass helper), trio, or anything doing I/O besides reading and writing the history file
-itself. Never pickle.
+Must not import: the simulator, consensus cores (only `phalanx.consensus.types.raw_init` and
+`maker`, dataclass helpers), trio, or anything doing I/O besides reading and writing the
+history file itself. Never pickle.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, TypeAlias, cast
 
 import immutables
 
-from phalanx.consensus.types import raw_init
+from phalanx.consensus.types import maker, raw_init
 
 #: A JSON value as held by an `Op`: immutable, hashable.
 Value: TypeAlias = (
@@ -161,6 +161,11 @@ class Op:
         if self.node is not None:
             out["node"] = self.node
         return out
+
+
+_new_op: Callable[
+    [int, int, Process, OpType, str, Key, Value, Value, int | str | None], Op] = maker(Op)
+"""``Op(index, time, process, type, f, key, value, error, node)`` by position (`maker`)."""
 
 
 @raw_init
@@ -404,18 +409,14 @@ class HistoryRecorder:
     ) -> Op:
         if self._ops and time < self._ops[-1].time:
             raise HistoryError(f"time went backwards ({time} after {self._ops[-1].time})")
-        op = Op(
-            index=len(self._ops),
-            time=time,
-            process=process,
-            type=type,
-            f=f,
-            key=key,
-            # `value_from_json` returns None and plain scalars unchanged: skip the call then.
-            value=value if value is None or value.__class__ in _SCALAR_TYPES else value_from_json(
-                value),
-            error=error if error is None else value_from_json(error),
-            node=node,
+        # `Op(index=..., ..., node=...)`, positionally through `_new_op` (the same object and
+        # validation, cheaper). `value_from_json` returns None and plain scalars unchanged:
+        # skip the call then.
+        op = _new_op(
+            len(self._ops), time, process, type, f, key,
+            value if value is None or value.__class__ in _SCALAR_TYPES else value_from_json(value),
+            error if error is None else value_from_json(error),
+            node,
         )
         self._ops.append(op)
         return op

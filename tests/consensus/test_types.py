@@ -213,3 +213,36 @@ def test_hot_path_makers_build_the_keyword_records() -> None:
         assert type(fast) is type(slow)
         assert fast == slow
         assert hash(fast) == hash(slow)
+
+
+_requests = st.builds(
+    ClientRequest,
+    client_id=st.sampled_from(["c1", "c2"]),
+    request_no=st.integers(0, 2),
+    command=st.sampled_from([b"", b"x"]),
+    read_only=st.booleans(),
+)
+_entries = st.builds(
+    Entry,
+    index=st.integers(1, 2),
+    term=st.integers(0, 1),
+    kind=st.just(EntryKind.COMMAND),
+    requests=st.lists(_requests, min_size=1, max_size=2).map(tuple),
+)
+
+
+@given(a=_entries, b=_entries)
+def test_hand_written_eq_is_the_generated_one(a: Entry, b: Entry) -> None:
+    """`Entry` and `ClientRequest` spell out the dataclass `__eq__`: equal exactly when
+    every field is, in which case the (generated) hashes agree; other classes are not
+    equal."""
+    fields_equal = dataclasses.astuple(a) == dataclasses.astuple(b)
+    assert (a == b) is fields_equal
+    assert (a != b) is not fields_equal
+    if fields_equal:
+        assert hash(a) == hash(b)
+    ra, rb = a.requests[0], b.requests[0]
+    assert (ra == rb) is (dataclasses.astuple(ra) == dataclasses.astuple(rb))
+    assert a != (a.index, a.term, a.kind, a.requests, a.config)
+    assert ra != "c1"
+    assert a == dataclasses.replace(a, requests=tuple(dataclasses.replace(r) for r in a.requests))
