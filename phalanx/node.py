@@ -338,7 +338,11 @@ async def open_node(
                     "driver_client_retries": d.retries,
                     "driver_duplicate_calls": d.duplicate_calls,
                     "driver_overloaded_calls": d.overloaded_calls,
-                    "driver_slow_passes": d.slow_passes}
+                    "driver_slow_passes": d.slow_passes,
+                    "driver_lazy_messages": d.lazy_messages,
+                    "driver_superseded_messages": d.superseded_messages,
+                    "peer_frames_out": t.frames_out,
+                    "peer_direct_write_calls": t.direct_write_calls}
 
         metrics.add_byte_source(byte_counters)
         if config.metrics_listen is not None:

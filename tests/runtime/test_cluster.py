@@ -307,3 +307,29 @@ async def test_no_message_leaves_before_its_state_is_durable(
             assert reply.status is ReplyStatus.OK
     assert checked[0] > 20
     assert violations == []
+
+
+async def test_sequential_writes_carry_commits_in_the_next_append_and_followers_catch_up(
+    tmp_path: Path,
+) -> None:
+    """A closed-loop client: each write's commit notice is superseded by the next write's
+    AppendEntries (never sent on its own), the last one leaves with a tick, and every
+    follower applies everything; the peer links write a pass's frames per peer at once."""
+    async with cluster(tmp_path) as c:
+        leader = await c.leader()
+        client = await c.client(leader)
+        for n in range(1, 21):
+            reply = await call(client, put("c1", n, f"k{n}", b"v"))
+            assert reply.status is ReplyStatus.OK, reply
+        followers = [node for node in c.nodes.values() if node.id != leader.id]
+        await wait_for(lambda: all(f.replica.applied_index == leader.replica.applied_index
+                                   for f in followers))
+        driver = leader.statistics().driver
+        assert driver.superseded_messages >= 10  # two followers, 19 superseded writes each
+        assert driver.lazy_messages >= driver.superseded_messages
+        transport = leader.statistics().transport
+        assert 0 < transport.direct_write_calls <= transport.direct_writes
+        scraped = leader.metrics.exposition().decode()
+        assert "phalanx_driver_superseded_messages_total" in scraped
+        assert "phalanx_peer_direct_write_calls_total" in scraped
+        await client.aclose()
