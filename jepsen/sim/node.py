@@ -36,14 +36,14 @@ from phalanx.consensus.core import (
     EMPTY_READY,
     Core,
     Input,
+    Persisted,
     ReadState,
     Ready,
+    Receive,
     Submit,
     Tick,
-    new_persisted,
-    new_receive,
 )
-from phalanx.consensus.types import ClientRequest, HardState, Message
+from phalanx.consensus.types import ClientRequest, HardState, Message, slot_twin
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.persistence import Codec, DurableState, ReadyPersister, commit_only_change
@@ -51,6 +51,8 @@ from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
 
 _TICK = Tick()
+_RECEIVE_TWIN = slot_twin(Receive)
+_PERSISTED_TWIN = slot_twin(Persisted)
 
 CoreFactory = Callable[[str, DurableState, random.Random], Core]
 ReplicaFactory = Callable[[str, Storage, DurableState], Replica]
@@ -209,8 +211,12 @@ class SimNode:
         core = self.core
         if core is None:
             return
-        # `NodeId(src)` is the identity at run time; skip the call on this hot path.
-        inp = new_receive(src, message)  # type: ignore[arg-type]
+        # `Receive(src=src, message=message)` through its layout twin (`types.slot_twin`;
+        # `NodeId(src)` is the identity at run time): no call on this hot path.
+        inp = _RECEIVE_TWIN()
+        inp.src = src
+        inp.message = message
+        inp.__class__ = Receive
         if self.paused or self._stepping or self._inputs:
             self.step(inp)
             return
@@ -321,7 +327,10 @@ class SimNode:
             self._serve_reads(replica)
         # 5. Report durability.
         if persists:
-            self._inputs.append(new_persisted(ready.number))
+            done = _PERSISTED_TWIN()  # `Persisted(number=ready.number)`, as in `deliver`
+            done.number = ready.number
+            done.__class__ = Persisted
+            self._inputs.append(done)
         if committed:
             # The replica layer checkpoints synchronously (inline writer) and compacts the WAL
             # once the checkpoint is durable; the core learns of it after this Ready.
