@@ -16,15 +16,22 @@ Invariants:
 - Determinism: no behaviour depends on the map's (hash-seeded) iteration order; scans and
   checkpoints sort keys.
 
-Checkpoint format (version 2), a stream of msgpack objects, concatenated:
-    ["phalanx.kv", 2]
-    [k1, v1, k2, v2, ...]        # up to CHUNK_KEYS pairs per array, repeated
-    count                        # an int: how many pairs came before it; the last object
-Keys are strictly ascending (by code point) across the whole stream, so equal states give
-equal bytes on every replica; `restore` checks the header, types, limits, the order and the
-count, and raises `SnapshotFormatError` otherwise. The count is a trailer because the writer
-learns it only by merging the overlays into the base (the live state keeps no count: see
-`phalanx.apps.kv_state`). Version 1 (`["phalanx.kv", 1, count]`, no trailer) still loads.
+Checkpoint format (version 3), a stream of msgpack objects, concatenated:
+    ["phalanx.kv", 3]
+    [keys, key_offsets, values, value_offsets]   # one array per shard, repeated
+    count                                         # an int: how many keys came before it
+A shard is the state's own packed shard (`phalanx.apps.kv_base.PackedShard`): `keys` is the
+shard's keys concatenated (a str) and `values` their values concatenated (bytes); each
+`*_offsets` holds the N + 1 offsets (first 0, last the length of the str in code points or of
+the bytes) as little-endian unsigned integers of 4 bytes, or 8 when the last one does not fit
+in 4. Keys are strictly ascending (by code point) across the whole stream, and the shards are
+the ones the content-defined cut rule makes of the keys (`phalanx.apps.kv_base`), so equal
+states give equal bytes on every replica. Writing a shard nothing changed is a copy of its
+parts; loading one is a few C calls. `restore` checks the header, types, offsets, limits, the
+order, the cut rule at each shard's end and the count, and raises `SnapshotFormatError`
+otherwise (cut keys inside a shard are checked by the first checkpoint that reuses it).
+Versions 1 (`["phalanx.kv", 1, count]`, then `[k1, v1, k2, v2, ...]` arrays) and 2 (the same
+arrays after `["phalanx.kv", 2]`, then the count) still load.
 """
 
 from __future__ import annotations
@@ -32,13 +39,22 @@ from __future__ import annotations
 import gc
 import itertools
 import operator
+import sys
+from array import array
 from collections.abc import Iterator
 
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
-from phalanx.apps.kv_base import SHARD_KEYS, ShardPacker, SortedBase
+from phalanx.apps.kv_base import (
+    MAX_SHARD_KEYS,
+    SHARD_KEYS,
+    PackedShard,
+    ShardPacker,
+    SortedBase,
+    is_cut,
+)
 from phalanx.apps.kv_state import LayeredSnapshot, LayeredState
 from phalanx.apps.kv_types import (
     MAX_KEY_BYTES,
@@ -63,8 +79,6 @@ from phalanx.apps.kv_types import (
     Value,
 )
 
-CHUNK_KEYS = 4096
-"""Pairs per checkpoint array (part of the format: changing it changes the bytes)."""
 WINDOW_KEYS = 1024
 """Base keys merged per serialisation step: C-level slicing of the packed keys and values (a
 new `str` and `bytes` per pair, ~0.35 ms per 1000 of each) plus a bisect per overlay key in
@@ -75,7 +89,7 @@ STEP_KEYS = 256
 step to well under a millisecond, so the applying thread never waits long for the GIL."""
 _DONE = Done()
 _MAGIC = "phalanx.kv"
-_VERSION = 2
+_VERSION = 3
 
 
 class KvSnapshot:
@@ -90,22 +104,53 @@ class KvSnapshot:
         return self._view.count()
 
     def chunks(self) -> Iterator[bytes]:
-        """The checkpoint (module docstring), one packed array per step, `b""` between
+        """The checkpoint (module docstring), one packed shard per step, `b""` between
         steps that produced none."""
         view = self._view
         yield msgpack.packb([_MAGIC, _VERSION])
-        for out in view.sorted_chunks(
-            chunk=CHUNK_KEYS, window=WINDOW_KEYS, run=SORT_RUN, step=STEP_KEYS
-        ):
-            if out is None:
+        for shard in view.shards(window=WINDOW_KEYS, run=SORT_RUN, step=STEP_KEYS):
+            if shard is None:
                 yield b""
                 continue
-            keys, values = out
-            flat: list[str | bytes] = [b""] * (2 * len(keys))
-            flat[0::2] = keys
-            flat[1::2] = values
-            yield msgpack.packb(flat)
-        yield msgpack.packb(view.count())  # counted by the merge that just ran
+            kstr, kpos, blob, offsets = shard.packed()
+            yield msgpack.packb([kstr, _offsets_out(kpos), blob, _offsets_out(offsets)])
+        yield msgpack.packb(view.count())  # counted by the fold that just ran
+
+
+def _offsets_out(offsets: array[int]) -> bytes:
+    """Offsets as the format stores them: little-endian, 4 bytes each if the last fits."""
+    width = "I" if offsets[-1] < 1 << 32 else "Q"
+    if offsets.typecode != width or sys.byteorder == "big":
+        offsets = array(width, offsets)
+        if sys.byteorder == "big":
+            offsets.byteswap()
+    return offsets.tobytes()
+
+
+def _offsets_in(raw: bytes, total: int, what: str) -> array[int]:
+    """Offsets stored by `_offsets_out` over `total` code points or bytes; checks the width,
+    the count, and the first and last (not the order: see `_lengths`). Raises
+    `SnapshotFormatError`."""
+    offsets = array("I" if total < 1 << 32 else "Q")
+    if len(raw) % offsets.itemsize or len(raw) < 2 * offsets.itemsize:
+        raise SnapshotFormatError(f"KV checkpoint shard: malformed {what} offsets")
+    offsets.frombytes(raw)
+    if sys.byteorder == "big":
+        offsets.byteswap()
+    if offsets[0] != 0 or offsets[-1] != total:
+        raise SnapshotFormatError(f"KV checkpoint shard: {what} offsets out of range")
+    return offsets
+
+
+def _lengths(offsets: array[int], what: str) -> array[int]:
+    """The lengths between consecutive `offsets`; raises `SnapshotFormatError` if one is
+    negative (an offset decreased: an unsigned array refuses it)."""
+    try:
+        return array(offsets.typecode, map(
+            operator.sub, itertools.islice(offsets, 1, None), offsets))
+    except OverflowError:
+        raise SnapshotFormatError(
+            f"KV checkpoint shard: {what} offsets out of order") from None
 
 
 class KvStateMachine:
@@ -283,7 +328,7 @@ def validate(cmd: KvCommand) -> KvError | None:
 
 
 def _parse_checkpoint(data: bytes) -> SortedBase:
-    """Decode the KV checkpoint format (module docstring, versions 1 and 2); raise
+    """Decode the KV checkpoint format (module docstring, versions 1 to 3); raise
     `SnapshotFormatError`."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
     unpacker.feed(data)
@@ -291,7 +336,7 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
         header = next(unpacker)
     except (StopIteration, ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"KV checkpoint header unreadable: {exc}") from exc
-    # Version 1 declares the count up front, version 2 in a trailer.
+    # Version 1 declares the count up front, versions 2 and 3 in a trailer.
     count: int | None = None
     if (
         isinstance(header, list)
@@ -301,57 +346,116 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
         and header[2] >= 0
     ):
         count = header[2]
-    elif header != [_MAGIC, _VERSION]:
+    elif header not in ([_MAGIC, 2], [_MAGIC, _VERSION]):
         raise SnapshotFormatError(
-            f"not a KV checkpoint header (version 1 or {_VERSION}): {header!r}"
+            f"not a KV checkpoint header (version 1 to {_VERSION}): {header!r}"
         )
-    # The base's shards: consecutive arrays coalesced into shards of SHARD_KEYS keys or so.
-    packer = ShardPacker(SHARD_KEYS)
-    held = 0
-    previous: str | None = None
-    trailer: int | None = None
-    # NB: bulk-loading allocates steadily (the chunks' lists) next to a growing state;
-    # pausing the collector keeps its passes from walking it again and again.
+    # NB: bulk-loading allocates steadily next to a growing state; pausing the collector
+    # keeps its passes from walking it again and again.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for flat in unpacker:
-            if trailer is not None:
-                raise SnapshotFormatError("KV checkpoint has data after its count")
-            if type(flat) is int and count is None:
-                trailer = flat
-                continue
-            if not isinstance(flat, list) or len(flat) % 2:
-                raise SnapshotFormatError("KV checkpoint chunk is not a list of key/value pairs")
-            keys = flat[0::2]
-            values = flat[1::2]
-            # Checks run as C-level map/all passes: a million keys take ~0.1 s, not ~1 s.
-            if not keys:
-                raise SnapshotFormatError("KV checkpoint holds an empty chunk")
-            if set(map(type, keys)) != {str} or set(map(type, values)) != {bytes}:
-                raise SnapshotFormatError("KV checkpoint: non-str key or non-bytes value")
-            if (previous is not None and not previous < keys[0]) or not all(
-                map(operator.lt, keys, itertools.islice(keys, 1, None))
-            ):
-                raise SnapshotFormatError("KV checkpoint keys not strictly ascending")
-            # A code point is at most 4 UTF-8 bytes: only long keys need the per-key check.
-            if max(map(len, values)) > MAX_VALUE_BYTES or (
-                max(map(len, keys)) * 4 > MAX_KEY_BYTES and any(map(_key_too_large, keys))
-            ):
-                raise SnapshotFormatError("KV checkpoint entry over the size limits")
-            previous = keys[-1]
-            packer.add(keys, values)
-            held += len(keys)
+        if header == [_MAGIC, _VERSION]:
+            shards, trailer = _parse_shards(unpacker)
+        else:
+            shards, trailer = _parse_pairs(unpacker)
         if count is None:
             if trailer is None:
                 raise SnapshotFormatError("KV checkpoint ends without its count (truncated?)")
             count = trailer
+        elif trailer is not None:
+            raise SnapshotFormatError("KV checkpoint has data after its last chunk")
+        held = sum(map(len, shards))
         if held != count:
             raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {held}")
-        packer.flush()
-        return SortedBase(packer.shards)
+        return SortedBase(shards)
     except (ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"KV checkpoint body unreadable: {exc}") from exc
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def _check_keys(keys: list[str], previous: str | None, longest: int) -> None:
+    """Strictly ascending after `previous`, and within the key size limit (`longest`: the
+    most code points of any; C-level passes: a million keys take ~0.1 s, not ~1 s). Raises
+    `SnapshotFormatError`."""
+    if (previous is not None and not previous < keys[0]) or not all(
+        map(operator.lt, keys, itertools.islice(keys, 1, None))
+    ):
+        raise SnapshotFormatError("KV checkpoint keys not strictly ascending")
+    # A code point is at most 4 UTF-8 bytes: only long keys need the per-key check.
+    if longest * 4 > MAX_KEY_BYTES and any(map(_key_too_large, keys)):
+        raise SnapshotFormatError("KV checkpoint key over the size limit")
+
+
+def _parse_shards(unpacker: msgpack.Unpacker) -> tuple[list[PackedShard], int | None]:
+    """Version 3's shards (and trailer): each checked, then adopted as it is."""
+    shards: list[PackedShard] = []
+    previous: str | None = None
+    open_ended = False  # the previous shard ended without a cut: it must have been the last
+    trailer: int | None = None
+    for item in unpacker:
+        if trailer is not None:
+            raise SnapshotFormatError("KV checkpoint has data after its count")
+        if type(item) is int:
+            trailer = item
+            continue
+        if type(item) is not list or len(item) != 4:
+            raise SnapshotFormatError("KV checkpoint shard is not [keys, offsets, values, offsets]")
+        kstr, kraw, blob, vraw = item
+        if type(kstr) is not str or type(kraw) is not bytes or type(blob) is not bytes or (
+            type(vraw) is not bytes
+        ):
+            raise SnapshotFormatError("KV checkpoint shard: wrong field types")
+        kpos = _offsets_in(kraw, len(kstr), "key")
+        offsets = _offsets_in(vraw, len(blob), "value")
+        if len(kpos) != len(offsets):
+            raise SnapshotFormatError("KV checkpoint shard: key and value counts differ")
+        if open_ended:
+            raise SnapshotFormatError("KV checkpoint shard ends where the cut rule does not cut")
+        if max(_lengths(offsets, "value")) > MAX_VALUE_BYTES:
+            raise SnapshotFormatError("KV checkpoint value over the size limit")
+        # Key offsets that decrease need no check of their own: they cut an empty key after
+        # another one, which fails the order check ("" sorts first).
+        keys = list(map(kstr.__getitem__, map(slice, kpos, itertools.islice(kpos, 1, None))))
+        _check_keys(keys, previous, max(map(len, keys)))
+        # The cut rule at the shard's end: a cut key, or a full shard, or the last shard
+        # (checked when another follows). Cut keys inside are not looked for here (a CRC
+        # per key): the first fold that would reuse the shard checks it (`follows`).
+        open_ended = not is_cut(keys[-1], SHARD_KEYS) and len(keys) < MAX_SHARD_KEYS
+        if len(keys) > MAX_SHARD_KEYS:
+            raise SnapshotFormatError("KV checkpoint shard over the size limit")
+        previous = keys[-1]
+        del keys
+        shards.append(PackedShard.from_packed(kstr, kpos, blob, offsets))
+    return shards, trailer
+
+
+def _parse_pairs(unpacker: msgpack.Unpacker) -> tuple[list[PackedShard], int | None]:
+    """Versions 1 and 2: arrays of key/value pairs (and version 2's trailer), packed into
+    shards by the cut rule as they come."""
+    packer = ShardPacker(SHARD_KEYS)
+    previous: str | None = None
+    trailer: int | None = None
+    for flat in unpacker:
+        if trailer is not None:
+            raise SnapshotFormatError("KV checkpoint has data after its count")
+        if type(flat) is int:
+            trailer = flat
+            continue
+        if not isinstance(flat, list) or len(flat) % 2:
+            raise SnapshotFormatError("KV checkpoint chunk is not a list of key/value pairs")
+        keys = flat[0::2]
+        values = flat[1::2]
+        if not keys:
+            raise SnapshotFormatError("KV checkpoint holds an empty chunk")
+        if set(map(type, keys)) != {str} or set(map(type, values)) != {bytes}:
+            raise SnapshotFormatError("KV checkpoint: non-str key or non-bytes value")
+        _check_keys(keys, previous, max(map(len, keys)))
+        if max(map(len, values)) > MAX_VALUE_BYTES:
+            raise SnapshotFormatError("KV checkpoint entry over the size limits")
+        previous = keys[-1]
+        packer.add(keys, values)
+    packer.flush()
+    return packer.shards, trailer

@@ -11,15 +11,17 @@ Layout, newest first:
     base     a `SortedBase`, never mutated after it is installed
 A read looks in `live`, then the levels from newest to oldest, then `base`.
 
-`SortedBase` is a list of packed shards of at most `SHARD_KEYS` keys each, cut from the key
-order (see `phalanx.apps.kv_base` for the layout and its memory figures). Why this shape:
+`SortedBase` is a list of packed shards of about `SHARD_KEYS` keys each, cut where the keys
+say (see `phalanx.apps.kv_base` for the layout, the cut rule and the memory figures). Why
+this shape:
 - No operation on the base ever covers more than one shard in one C call. A single dict of
   a million keys cannot be built, grown, copied or dropped without a C call of 15-40 ms
   with the GIL held (a resize rehashes every entry, reading each key object: a cache miss
   apiece), and that call stalls the applying thread when it runs on the checkpoint writer.
-- The base is already in key order, so a checkpoint does not sort it: it streams the shards
-  and merges in only the overlay keys (sorted in steps). Shard slices pass through C-level
-  calls (slices, `map`, `msgpack`), with no per-key Python code.
+- The base is already in key order, so a checkpoint does not sort it: it walks the shards
+  and merges in only the overlay keys (sorted in steps). A shard no overlay key falls in is
+  passed on as it is; the others pass through C-level calls (slices, `map`, joins), with no
+  per-key Python code.
 - No GC pass walks the base: a shard's key sample is untracked once the collector has seen
   it, and its keys and values are one `str` and one `bytes`. A HAMT node per few keys (an
   all-`immutables.Map` state) costs ~250 bytes per key at a million keys and ~300k tracked
@@ -29,9 +31,10 @@ Snapshots and folding:
 - `snapshot()` is O(1): the current `live` mutation is finished into a map that becomes the
   newest level (it is never written again) and a fresh `live` starts; the snapshot holds
   `base` and the levels.
-- Serialising the snapshot (`sorted_chunks`, on the checkpoint writer's thread) also builds
-  the *folded* base, base plus its levels, in shards of `SHARD_KEYS` keys, as a
-  by-product. Once it is complete, the next write or snapshot on the live state adopts it:
+- Serialising the snapshot (`shards`, on the checkpoint writer's thread) also builds the
+  *folded* base, base plus its levels, as a by-product: the very shards it serialised,
+  untouched ones shared with the old base. Once it is complete, the next write or snapshot
+  on the live state adopts it:
   `base` becomes the folded base and the levels it covers are dropped. So the overlays stay
   about one checkpoint interval deep.
 - The replaced base and levels are taken apart a piece per write (a shard, or `REAP_STEP`
@@ -61,7 +64,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import immutables
 
-from phalanx.apps.kv_base import SHARD_KEYS, ShardPacker, SortedBase
+from phalanx.apps.kv_base import SHARD_KEYS, PackedShard, ShardPacker, SortedBase
 from phalanx.apps.sorted_steps import sorted_in_steps
 
 __all__ = ["SHARD_KEYS", "LayeredSnapshot", "LayeredState", "SortedBase"]
@@ -126,6 +129,21 @@ def _merge_into(
         lo = i
 
 
+def _rewritten(
+    shard: PackedShard, changes: list[str], value_of: Callable[[str], bytes | None]
+) -> PackedShard | None:
+    """`shard` with the overlay's `changes` (ascending keys) applied, if every one of them
+    sets a key it already holds (else None: a key added or deleted moves the cut)."""
+    at: list[tuple[int, bytes]] = []
+    for key in changes:
+        value = value_of(key)
+        i = shard.position(key)
+        if value is None or i < 0:
+            return None
+        at.append((i, value))
+    return shard.with_values(at)
+
+
 def _without_deleted(keys: list[str], values: list[bytes | None]) -> tuple[list[str], list[bytes]]:
     if None not in values:
         return keys, values  # type: ignore[return-value]  # no None left
@@ -152,7 +170,7 @@ class LayeredSnapshot:
         self._levels = levels
         self._count: int | None = None
         self.folded: SortedBase | None = None
-        """base + levels as one `SortedBase`, set once `sorted_chunks` ran to the end (only
+        """base + levels as one `SortedBase`, set once `shards` ran to the end (only
         when there were levels to fold)."""
 
     def count(self) -> int:
@@ -179,17 +197,20 @@ class LayeredSnapshot:
             return 0
         return n
 
-    def sorted_chunks(
-        self, *, chunk: int, window: int, run: int, step: int, shard: int = SHARD_KEYS
-    ) -> Iterator[tuple[list[str], list[bytes]] | None]:
-        """Every (key, value) in ascending key order, as (keys, values) of exactly `chunk`
-        pairs (the last one shorter; none if empty), with `None` between bounded pieces of
-        work. `window` bounds the base keys one step handles (C-level work); `run` and
-        `step` bound the sorting of the overlay keys (see `sorted_in_steps`). Building the
-        folded base rides along: the output is cut into shards of `shard` keys, one packed
-        per step."""
-        if min(chunk, window, run, step, shard) < 1:
-            raise ValueError("chunk, window, run, step and shard must be >= 1")
+    def shards(
+        self, *, window: int, run: int, step: int, shard: int = SHARD_KEYS
+    ) -> Iterator[PackedShard | None]:
+        """The shards the cut rule with mean `shard` makes of base + levels (see
+        `phalanx.apps.kv_base`), in key order, with `None` between bounded pieces of work.
+
+        A base shard that no overlay key falls in (at or below its last key), met with
+        nothing pending, comes out as it is, with no work per key, if it follows the same
+        rule (`PackedShard.follows`: known, or checked once); any other is cut into windows
+        of at most `window` keys, merged with the overlay keys among them and re-cut. `run`
+        and `step` bound the sorting of the overlay keys (see `sorted_in_steps`). When the
+        whole walk ran and there were levels, `folded` is the result."""
+        if min(window, run, step, shard) < 1:
+            raise ValueError("window, run, step and shard must be >= 1")
         base, levels = self._base, self._levels
         # The overlay keys, each once, sorted in steps. No dict of them all is built: growing
         # a dict of a few hundred thousand keys means resizes of several ms each.
@@ -197,10 +218,11 @@ class LayeredSnapshot:
         overlay_value: Callable[[str], bytes | None] = (
             levels[0].__getitem__ if len(levels) == 1 else functools.partial(_in_levels, levels)
         )
-        base_windows = base.windows(window)
-        fold = ShardPacker(shard) if levels else None
-        out_keys: list[str] = []
-        out_values: list[bytes] = []
+        packer = ShardPacker(shard)
+        shards = base.shards
+        n_shards = len(shards)
+        made = 0  # packer.shards handed out so far
+        si = wi = 0  # the next base window: shard si, from key wi
         # A two-way merge in windows. Each side keeps a buffer of its next keys, in order;
         # a side that is not exhausted has no unseen key below its buffer's last key, so
         # every key up to `high` (the lower of the two last keys) is buffered on both sides.
@@ -208,12 +230,68 @@ class LayeredSnapshot:
         b_keys: list[str] = []
         b_values: list[bytes] = []
         o_keys: list[str] = []
-        b_done = o_done = False
-        emitted = 0
+        b_done = not n_shards
+        o_done = not levels
         while True:
             if not b_keys and not b_done:
-                b_keys, b_values = next(base_windows, ([], []))
-                b_done = not b_keys
+                if wi == 0 and not packer.pending:
+                    # A shard start with nothing pending: the shard is reusable if the next
+                    # overlay key (if any) sorts after its last key, which the cut rule made
+                    # its end (unless it is the base's last shard: keys after that one may
+                    # join it). An overlay key below its first key would start it.
+                    while not o_keys and not o_done:
+                        pulled = next(sorted_overlay, _ABSENT)
+                        if pulled is _ABSENT:
+                            o_done = True
+                        else:
+                            if pulled is not None:
+                                o_keys = pulled  # type: ignore[assignment]  # list[str]
+                            yield None
+                    current = shards[si]
+                    last = si + 1 == n_shards
+                    last_key = current.key_at(len(current) - 1)
+                    if (not o_keys or (not last and o_keys[0] > last_key)) and current.follows(
+                            shard, last=last):
+                        packer.reuse(current)
+                        si += 1
+                        b_done = si == n_shards
+                        yield from packer.shards[made:]
+                        made = len(packer.shards)
+                        continue
+                    # Touched. If every overlay key in it rewrites one of its keys, its keys,
+                    # and so its cut, stay: splice the new values in (no key cut apart).
+                    # (Buffer the overlay keys up to its last key, a shard's worth at most.)
+                    while (o_keys and not o_done and o_keys[-1] <= last_key
+                           and len(o_keys) <= len(current)):
+                        pulled = next(sorted_overlay, _ABSENT)
+                        if pulled is _ABSENT:
+                            o_done = True
+                        elif pulled is not None:
+                            o_keys += pulled  # type: ignore[arg-type]  # list[str]
+                    upto = bisect.bisect_right(o_keys, last_key)
+                    # All of them buffered, and none after the base's last shard, which
+                    # later keys might join.
+                    if o_keys and (upto < len(o_keys) or o_done) and (
+                            not last or upto == len(o_keys)) and current.follows(
+                            shard, last=last):
+                        updated = _rewritten(current, o_keys[:upto], overlay_value)
+                        if updated is not None:
+                            del o_keys[:upto]
+                            packer.reuse(updated)
+                            si += 1
+                            b_done = si == n_shards
+                            yield None
+                            yield from packer.shards[made:]
+                            made = len(packer.shards)
+                            continue
+                current = shards[si]
+                hi = min(wi + window, len(current))
+                b_keys, b_values = current.keys(wi, hi), current.values(wi, hi)
+                if hi == len(current):
+                    si, wi = si + 1, 0
+                    b_done = si == n_shards
+                else:
+                    wi = hi
             while not o_keys and not o_done:
                 pulled = next(sorted_overlay, _ABSENT)
                 if pulled is _ABSENT:
@@ -242,36 +320,21 @@ class LayeredSnapshot:
                 mine = o_keys[:o_cut]
                 del o_keys[:o_cut]
                 _merge_into(kept_keys, kept_values, mine, overlay_value)
-            out_keys += kept_keys
-            out_values += kept_values
-            while len(out_keys) >= chunk:
-                yield None  # the window merge above was this step; packing a shard is the next
-                done_keys, done_values = out_keys[:chunk], out_values[:chunk]
-                del out_keys[:chunk], out_values[:chunk]
-                if fold is not None:
-                    for lo in range(0, len(done_keys), shard):  # at most one pack per step
-                        if fold.add(done_keys[lo:lo + shard], done_values[lo:lo + shard]):
-                            yield None  # the fold packed a shard
-                emitted += chunk
-                yield done_keys, done_values
+            if packer.add(kept_keys, kept_values):
+                yield None  # the merge above was this step; handing out shards is cheap
+                yield from packer.shards[made:]
+                made = len(packer.shards)
             yield None
-        if out_keys:
-            if fold is not None:
-                for lo in range(0, len(out_keys), shard):
-                    if fold.add(out_keys[lo:lo + shard], out_values[lo:lo + shard]):
-                        yield None
-            emitted += len(out_keys)
-            yield out_keys, out_values
-        if fold is not None:
-            fold.flush()
-        self._count = emitted
+        packer.flush()
+        yield from packer.shards[made:]
+        self._count = sum(map(len, packer.shards))
         # Drop this frame's references to the layers BEFORE publishing the fold: the applying
         # thread may adopt it at once, and must then hold the last references to the old
         # base and levels, to take them apart in steps. Otherwise this frame's teardown would
         # free them here, in one long call, with the GIL held.
-        del base, levels, base_windows, sorted_overlay, overlay_value
-        if fold is not None:
-            self.folded = SortedBase(fold.shards)
+        del base, levels, shards, sorted_overlay, overlay_value
+        if self._levels:
+            self.folded = SortedBase(packer.shards)
 
 
 class LayeredState:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import itertools
+import sys
+import zlib
 from array import array
 from unittest import mock
 
@@ -16,8 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.apps import kv_state
-from phalanx.apps.kv import CHUNK_KEYS, KvStateMachine
-from phalanx.apps.kv_base import SHARD_KEYS
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_base import (
+    MAX_SHARD_KEYS_FACTOR,
+    SHARD_KEYS,
+    PackedShard,
+    ShardPacker,
+)
 from phalanx.apps.kv_state import LayeredSnapshot, LayeredState, SortedBase
 from phalanx.apps.kv_types import Delete, Put
 from phalanx.apps.sorted_steps import sorted_in_steps
@@ -36,19 +43,66 @@ OPS = st.lists(
 )
 
 
-def serialise(snap: LayeredSnapshot, chunk: int = 3) -> list[tuple[str, bytes]]:
-    out: list[tuple[str, bytes]] = []
-    sizes: list[int] = []
+def reference_cut(keys: list[str], mean: int) -> list[list[str]]:
+    """The cut rule of `phalanx.apps.kv_base`, written out from its documentation: a shard
+    ends after a key whose CRC-32 is divisible by `mean`, or at 4 x `mean` keys
+    (`MAX_SHARD_KEYS_FACTOR`)."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    for key in keys:
+        current.append(key)
+        if zlib.crc32(key.encode("utf-8", "surrogatepass")) % mean == 0 or (
+            len(current) == MAX_SHARD_KEYS_FACTOR * mean
+        ):
+            shards.append(current)
+            current = []
+    return [*shards, current] if current else shards
+
+
+@settings(max_examples=100, deadline=None)
+@given(keys=st.sets(st.text(max_size=6), max_size=120), piece=st.integers(1, 9),
+       shard_keys=st.integers(1, 12))
+def test_the_packer_cuts_a_stream_by_the_documented_rule_however_it_is_fed(
+    keys: set[str], piece: int, shard_keys: int
+) -> None:
+    ordered = sorted(keys)
+    packer = ShardPacker(shard_keys)
+    for lo in range(0, len(ordered), piece):
+        cut = ordered[lo: lo + piece]
+        before = len(packer.shards)
+        assert packer.add(cut, [k.encode() for k in cut]) == (len(packer.shards) > before)
+        assert packer.pending < MAX_SHARD_KEYS_FACTOR * shard_keys
+    packer.flush()
+    packer.flush()  # nothing pending: no empty shard
+    assert [shard.keys() for shard in packer.shards] == reference_cut(ordered, shard_keys)
+    for shard in packer.shards:
+        keys = shard.keys()
+        assert shard.values() == [k.encode() for k in keys]
+
+
+def test_the_packer_reuses_a_shard_only_with_nothing_pending() -> None:
+    packer = ShardPacker(1000)
+    key = next(k for k in map(str, range(10)) if zlib.crc32(k.encode()) % 1000)  # not a cut
+    shard = PackedShard.pack(["x"], [b""])
+    packer.reuse(shard)
+    assert packer.shards == [shard]
+    packer.add([key], [b""])
+    assert packer.pending == 1
+    with pytest.raises(RuntimeError, match="pending"):
+        packer.reuse(shard)
+
+
+def walk(snap: LayeredSnapshot, shard: int = 3) -> list[PackedShard]:
     # Tiny windows and steps: many boundaries, and both sides of the merge run dry often.
-    for piece in snap.sorted_chunks(chunk=chunk, window=2, run=3, step=2):
-        if piece is not None:
-            keys, values = piece
-            assert len(keys) == len(values)
-            sizes.append(len(keys))
-            out.extend(zip(keys, values, strict=True))
-    # Exactly `chunk` pairs per chunk, the last one shorter (the format depends on it).
-    assert all(size == chunk for size in sizes[:-1])
-    assert all(0 < size <= chunk for size in sizes[-1:])
+    return [piece for piece in snap.shards(window=2, run=3, step=2, shard=shard)
+            if piece is not None]
+
+
+def serialise(snap: LayeredSnapshot, shard: int = 3) -> list[tuple[str, bytes]]:
+    made = walk(snap, shard)
+    out = [pair for piece in made for pair in zip(piece.keys(), piece.values(), strict=True)]
+    # Exactly the shards the cut rule makes of the keys, however the layers lay.
+    assert [piece.keys() for piece in made] == reference_cut([k for k, _ in out], shard)
     return out
 
 
@@ -164,14 +218,28 @@ def test_checkpoint_bytes_do_not_depend_on_layering() -> None:
     assert again.get("key123") == b"v123"
 
 
-def reference_checkpoint(model: dict[str, bytes], version: int = 2) -> bytes:
+def reference_checkpoint(model: dict[str, bytes], version: int = 3) -> bytes:
     """The KV checkpoint format written out from its documentation (`phalanx.apps.kv`):
-    version 2 (what is written) or version 1 (still loaded)."""
+    version 3 (what is written), or versions 1 and 2 (still loaded)."""
     pairs = sorted(model.items())
+    if version == 3:
+        out = [msgpack.packb(["phalanx.kv", 3])]
+        values = dict(pairs)
+        for keys in reference_cut([k for k, _ in pairs], SHARD_KEYS):
+            kstr = "".join(keys)
+            blob = b"".join(values[k] for k in keys)
+            kpos = array("I", itertools.accumulate(map(len, keys), initial=0))
+            offsets = array("I", itertools.accumulate((len(values[k]) for k in keys), initial=0))
+            for a in (kpos, offsets):
+                if sys.byteorder == "big":
+                    a.byteswap()
+            out.append(msgpack.packb([kstr, kpos.tobytes(), blob, offsets.tobytes()]))
+        out.append(msgpack.packb(len(pairs)))
+        return b"".join(out)
     header = ["phalanx.kv", 1, len(pairs)] if version == 1 else ["phalanx.kv", 2]
     out = [msgpack.packb(header)]
-    for lo in range(0, len(pairs), CHUNK_KEYS):
-        out.append(msgpack.packb([x for pair in pairs[lo: lo + CHUNK_KEYS] for x in pair]))
+    for lo in range(0, len(pairs), 4096):
+        out.append(msgpack.packb([x for pair in pairs[lo: lo + 4096] for x in pair]))
     if version == 2:
         out.append(msgpack.packb(len(pairs)))
     return b"".join(out)
@@ -220,20 +288,21 @@ def test_the_collector_stops_walking_restored_and_folded_shards() -> None:
     for i in range(0, 40_000, 11):
         machine.execute(Put(key=f"k{i:05d}", value=b"w"))
     snap = machine._data.snapshot()
-    for _ in snap.sorted_chunks(chunk=CHUNK_KEYS, window=1000, run=100, step=100):
+    for _ in snap.shards(window=1000, run=100, step=100):
         pass
     assert snap.folded is not None
     restored = machine._data._base.shards
-    full, rest = divmod(40_000, SHARD_KEYS)
-    assert [len(shard) for shard in restored] == [SHARD_KEYS] * full + [rest]
-    assert [len(shard) for shard in snap.folded.shards] == [SHARD_KEYS] * full + [rest]
+    keys = [f"k{i:05d}" for i in range(40_000)]
+    assert [shard.keys() for shard in restored] == reference_cut(keys, SHARD_KEYS)
+    assert [shard.keys() for shard in snap.folded.shards] == reference_cut(keys, SHARD_KEYS)
     shards = [*restored, *snap.folded.shards]
     gc.collect()
     for shard in shards:
         referents = [r for r in gc.get_referents(shard) if not isinstance(r, type)]
-        # the packed keys and their offsets, the key sample, the values and their offsets
+        # the packed keys and their offsets, the key sample, the values and their offsets,
+        # and the mean of the cut rule it follows
         assert sorted(type(r).__name__ for r in referents) == [
-            "array", "array", "bytes", "str", "tuple"]
+            "array", "array", "bytes", "int", "str", "tuple"]
         for r in referents:
             if isinstance(r, array):
                 # An array is GC-tracked, but a pass visits nothing through it but its type.
@@ -284,10 +353,12 @@ def test_a_folded_base_replaces_the_old_one_which_writes_take_apart() -> None:
     state = LayeredState(SortedBase.from_items({f"k{i:03d}": b"v" for i in range(40)},
                                                shard_keys=8))
     old_shards = state._base.shards  # not the base itself: a reference to it defers reaping
+    old_sizes = [len(shard) for shard in old_shards]
+    assert len(old_sizes) > 2
     for i in range(0, 40, 4):
         state.set(f"k{i:03d}", b"w")
     snap = state.snapshot()
-    for _ in snap.sorted_chunks(chunk=8, window=3, run=4, step=4):
+    for _ in snap.shards(window=3, run=4, step=4, shard=8):
         pass
     del snap  # nothing reads the old base or the level any more
     with mock.patch.object(kv_state, "REAP_STEP", 3):
@@ -304,8 +375,7 @@ def test_a_folded_base_replaces_the_old_one_which_writes_take_apart() -> None:
             sizes.append(sum(map(len, old_shards)))
     # The level, then the old base were dismantled a piece per write, not at once.
     assert level_sizes == [7, 4, 1]  # 10 keys; the adopting write already took 3
-    assert sizes == [40, 32, 24, 16, 8, 0]
-    assert all(0 <= a - b <= 8 for a, b in itertools.pairwise(sizes))
+    assert sizes == [sum(old_sizes[:n]) for n in range(len(old_sizes), -1, -1)]
     assert [state.get(f"k{i:03d}") for i in (0, 1, 4)] == [b"w", b"v", b"w"]
 
 
@@ -318,7 +388,7 @@ def test_an_idle_state_adopts_its_fold_and_frees_the_old_layers_through_maintain
         machine.execute(Put(key=f"k{i:05d}", value=b"w"))
     state = machine._data
     snap = state.snapshot()
-    for _ in snap.sorted_chunks(chunk=4, window=3, run=4, step=4):
+    for _ in snap.shards(window=3, run=4, step=4):
         pass
     del snap
     before = {f"k{i:05d}": state.get(f"k{i:05d}") for i in range(21)}
@@ -334,3 +404,66 @@ def test_an_idle_state_adopts_its_fold_and_frees_the_old_layers_through_maintain
     assert calls > 1  # freed in pieces, not at once
     assert {k: state.get(k) for k in before} == before
     assert len(state) == 20
+
+
+@pytest.mark.parametrize("change", ["update", "insert", "delete a cut key", "append"])
+def test_a_fold_reuses_every_shard_a_change_does_not_reach(change: str) -> None:
+    """Content-defined cuts: one changed key re-cuts its own shard (a deleted cut key also
+    merges the next one in), and every other shard of the base comes out as the very same
+    object, with no work per key."""
+    model = {f"k{i:06d}": b"v%d" % i for i in range(0, 40_000, 2)}
+    machine = KvStateMachine()
+    machine.restore(reference_checkpoint(model))
+    state = machine._data
+    old = list(state._base.shards)
+    assert len(old) > 10
+    middle = old[len(old) // 2]
+    if change == "update":
+        key, value = middle.key_at(3), b"new"
+    elif change == "insert":
+        key = next(k for k in (middle.key_at(j)[:-1] + "1" for j in range(len(middle) - 1))
+                   if zlib.crc32(k.encode()) % SHARD_KEYS)  # odd: not in the base, not a cut
+        value = b"new"
+    elif change == "delete a cut key":
+        key, value = middle.key_at(len(middle) - 1), None
+        assert zlib.crc32(key.encode()) % SHARD_KEYS == 0
+    else:
+        key, value = "zzz", b"new"
+    if value is None:
+        state.delete(key)
+        del model[key]
+    else:
+        state.set(key, value)
+        model[key] = value
+    snap = state.snapshot()
+    made = [piece for piece in snap.shards(window=100, run=64, step=64) if piece is not None]
+    assert [p.keys() for p in made] == reference_cut(sorted(model), SHARD_KEYS)
+    assert [v for p in made for v in p.values()] == [model[k] for k in sorted(model)]
+    fresh = [p for p in made if not any(p is o for o in old)]
+    assert len(fresh) == 1
+    # A rewrite keeps the keys: the new shard shares them, only its values were spliced.
+    assert (fresh[0].packed()[0] is middle.packed()[0]) == (change == "update")
+    assert len(made) - len(fresh) == len(old) - (2 if change == "delete a cut key" else 1)
+    assert snap.folded is not None
+    assert snap.folded.shards == made
+
+
+def test_a_shard_not_cut_by_the_packer_is_checked_once_then_reused_or_re_cut() -> None:
+    """A checkpoint's shards (or shards built by hand) are not known to follow the rule: the
+    first fold checks each one it would reuse, reuses those that follow it and re-cuts the
+    others."""
+    keys = [f"k{i:03d}" for i in range(60)]
+    canonical = reference_cut(keys, 3)
+    assert len(canonical) > 4
+    # The rule's own shards, but built by hand; then the same keys cut every 10 keys.
+    by_hand = SortedBase([dict.fromkeys(cut, b"v") for cut in canonical])
+    wrong = SortedBase([dict.fromkeys(keys[lo:lo + 10], b"v") for lo in range(0, 60, 10)])
+    for base, reused in ((by_hand, len(canonical) - 1), (wrong, 0)):
+        assert all(shard.cut_by == 0 for shard in base.shards)
+        state = LayeredState(base)
+        state.set(canonical[2][0], b"w")  # touches one shard
+        snap = state.snapshot()
+        made = [p for p in snap.shards(window=4, run=4, step=4, shard=3) if p is not None]
+        assert [p.keys() for p in made] == canonical
+        assert sum(any(p is o for o in base.shards) for p in made) == reused
+        assert all(p.cut_by == 3 for p in made)
