@@ -292,34 +292,11 @@ class Replica:
             self._gc_pacer.note_apply()
         return tuple(out)
 
-    def _replay_entry(self, entry: Entry) -> None:
-        """`apply` of the entry after `applied_index`, for WAL replay: nobody awaits these
-        replies, so no `Applied` is built and read-only requests (no state change) are not
-        even run; no checkpoint starts (the caller decides after the replay)."""
-        if entry.kind is EntryKind.CONFIG:
-            self._config = entry.config
-        apply_write = self._apply_write
-        for request in entry.requests:
-            if not request.read_only:
-                apply_write(request.client_id, request.request_no, request.command)
-        self._applied = entry.index
-        self._applied_term = entry.term
-
     def apply_many(self, entries: Iterable[Entry]) -> tuple[Applied, ...]:
         out: list[Applied] = []
         for entry in entries:
             out.extend(self.apply(entry))
         return tuple(out)
-
-    def _apply_write(self, client_id: str, request_no: int, command: bytes) -> None:
-        """`_apply_request` of a write without building its `Applied` (replay): the same
-        session rule, the same state change."""
-        session = self._sessions.get(client_id)
-        if session is None or request_no > session.request_no:
-            result = self._machine.apply(command)
-            self._sessions = self._sessions.set(
-                client_id, Session(request_no=request_no, result=result)
-            )
 
     def _apply_request(
         self, index: int, client_id: str, request_no: int, command: bytes, read_only: bool
@@ -497,7 +474,12 @@ class Replica:
         # over millions of map nodes would dominate recovery time, so the collector is paused.
         gc_was_enabled = gc.isenabled()
         gc.disable()
-        decode, replay_entry = self._decode_entry, self._replay_entry
+        # `apply` of each entry, lean: nobody awaits these replies, so no `Applied` is built
+        # and read-only requests (no state change) are not even run; the session table is
+        # updated in place (a mutation, finished at the end) rather than copied per write;
+        # no checkpoint starts (the caller decides after the replay).
+        decode, machine_apply = self._decode_entry, self._machine.apply
+        sessions = self._sessions.mutate()
         try:
             for start in range(lo, hi + 1, REPLAY_BATCH):
                 stop = min(start + REPLAY_BATCH, hi + 1)
@@ -508,8 +490,21 @@ class Replica:
                         raise RecoveryError(f"WAL record {index}: {exc}") from exc
                     if entry.index != index:
                         raise RecoveryError(f"WAL record {index} holds entry {entry.index}")
-                    replay_entry(entry)
+                    if entry.kind is EntryKind.CONFIG:
+                        self._config = entry.config
+                    for request in entry.requests:
+                        if request.read_only:
+                            continue
+                        # the session rule of `_apply_request`: only a newer request runs
+                        session = sessions.get(request.client_id)
+                        if session is None or request.request_no > session.request_no:
+                            sessions[request.client_id] = Session(
+                                request_no=request.request_no,
+                                result=machine_apply(request.command))
+                    self._applied = entry.index
+                    self._applied_term = entry.term
         finally:
+            self._sessions = sessions.finish()
             if gc_was_enabled:
                 gc.enable()
         self._entries_since = self._bytes_since = 0
