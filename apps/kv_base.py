@@ -382,6 +382,19 @@ class SortedBase:
         self.length = sum(map(len, packed))
 
     @classmethod
+    def ordered(cls, shards: list[PackedShard], firsts: list[str]) -> SortedBase:
+        """A base of `shards`, already in order with their `firsts` keys (a `ShardPacker`'s
+        output, our own invariant: not checked again, so that building a base of ~1000
+        shards is not one long step)."""
+        if len(firsts) != len(shards):
+            raise ValueError("SortedBase.ordered: one first key per shard")
+        base = cls.__new__(cls)
+        base.shards = shards
+        base._bounds = firsts
+        base.length = sum(map(len, shards))
+        return base
+
+    @classmethod
     def from_items(cls, items: Mapping[str, bytes], *, shard_keys: int = SHARD_KEYS) -> SortedBase:
         """A base holding `items`, in any order, cut by the rule with mean `shard_keys` (sorts
         them in one call: tests, small maps)."""

@@ -268,6 +268,7 @@ class LayeredSnapshot:
                             o_done = True
                         elif pulled is not None:
                             o_keys += pulled  # type: ignore[arg-type]  # list[str]
+                        yield None
                     upto = bisect.bisect_right(o_keys, last_key)
                     # All of them buffered, and none after the base's last shard, which
                     # later keys might join.
@@ -327,14 +328,22 @@ class LayeredSnapshot:
             yield None
         packer.flush()
         yield from packer.shards[made:]
-        self._count = sum(map(len, packer.shards))
+        made_shards = packer.shards
+        self._count = sum(map(len, made_shards))
+        if self._levels:
+            # The fold's index of first keys, a few hundred shards per step (a base of a
+            # million keys has ~1000 shards: all at once would be one step of ~2 ms).
+            firsts: list[str] = []
+            for lo in range(0, len(made_shards), 256):
+                yield None
+                firsts += [shard.key_at(0) for shard in made_shards[lo:lo + 256]]
         # Drop this frame's references to the layers BEFORE publishing the fold: the applying
         # thread may adopt it at once, and must then hold the last references to the old
         # base and levels, to take them apart in steps. Otherwise this frame's teardown would
         # free them here, in one long call, with the GIL held.
         del base, levels, shards, sorted_overlay, overlay_value
         if self._levels:
-            self.folded = SortedBase(packer.shards)
+            self.folded = SortedBase.ordered(made_shards, firsts)
 
 
 class LayeredState:
