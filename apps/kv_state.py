@@ -336,7 +336,7 @@ class LayeredSnapshot:
             firsts: list[str] = []
             for lo in range(0, len(made_shards), 256):
                 yield None
-                firsts += [shard.key_at(0) for shard in made_shards[lo:lo + 256]]
+                firsts += [piece.key_at(0) for piece in made_shards[lo:lo + 256]]
         # Drop this frame's references to the layers BEFORE publishing the fold: the applying
         # thread may adopt it at once, and must then hold the last references to the old
         # base and levels, to take them apart in steps. Otherwise this frame's teardown would
