@@ -145,8 +145,11 @@ class PackedShard:
         if self.cut_by == mean:
             return True
         n = len(self)
+        most = MAX_SHARD_KEYS_FACTOR * mean
+        if n > most:
+            return False
         cuts = cut_positions(self.keys(), mean)
-        if cuts == [n - 1] or (not cuts and (last or n == MAX_SHARD_KEYS_FACTOR * mean)):
+        if cuts == [n - 1] or (not cuts and (last or n == most)):
             self.cut_by = mean
             return True
         return False

@@ -452,16 +452,29 @@ def test_a_shard_not_cut_by_the_packer_is_checked_once_then_reused_or_re_cut() -
     """A checkpoint's shards (or shards built by hand) are not known to follow the rule: the
     first fold checks each one it would reuse, reuses those that follow it and re-cuts the
     others."""
-    keys = [f"k{i:03d}" for i in range(60)]
+    keys = [f"k{i:05d}" for i in range(3000)]
     canonical = reference_cut(keys, 3)
-    assert len(canonical) > 4
-    # The rule's own shards, but built by hand; then the same keys cut every 10 keys.
+    # The rule's own shards, but built by hand; the same keys cut every 10 keys; and the
+    # rule's shards with a full one (4 x 3 keys, no cut key) joined to the next: one shard
+    # over the size limit whose only cut key is its last, still not the rule's.
     by_hand = SortedBase([dict.fromkeys(cut, b"v") for cut in canonical])
-    wrong = SortedBase([dict.fromkeys(keys[lo:lo + 10], b"v") for lo in range(0, 60, 10)])
-    for base, reused in ((by_hand, len(canonical) - 1), (wrong, 0)):
+    wrong = SortedBase([dict.fromkeys(keys[lo:lo + 10], b"v") for lo in range(0, 3000, 10)])
+    def is_cut(key: str) -> bool:
+        return zlib.crc32(key.encode()) % 3 == 0
+
+    full = next(j for j, cut in enumerate(canonical[:-2]) if len(cut) == 12 and not any(
+        map(is_cut, cut)) and is_cut(canonical[j + 1][-1]))
+    joined = SortedBase([*(dict.fromkeys(cut, b"v") for cut in canonical[:full]),
+                         dict.fromkeys(canonical[full] + canonical[full + 1], b"v"),
+                         *(dict.fromkeys(cut, b"v") for cut in canonical[full + 2:])])
+    # A shard of `wrong` is reused only if it happens to be one of the rule's.
+    by_chance = sum(shard.keys() in canonical[:-1] for shard in wrong.shards)
+    assert by_chance < len(wrong.shards) // 2
+    for base, reused in ((by_hand, len(canonical) - 1), (wrong, by_chance),
+                         (joined, len(canonical) - 3)):
         assert all(shard.cut_by == 0 for shard in base.shards)
         state = LayeredState(base)
-        state.set(canonical[2][0], b"w")  # touches one shard
+        state.set(canonical[-1][0], b"w")  # touches the last shard
         snap = state.snapshot()
         made = [p for p in snap.shards(window=4, run=4, step=4, shard=3) if p is not None]
         assert [p.keys() for p in made] == canonical
