@@ -45,7 +45,8 @@ Invariants: a shard's keys are strictly ascending; it has `len(keys) + 1` value 
 first 0 and the last `len(blob)`, and as many key offsets over its packed keys; a
 `SortedBase`'s shards are non-empty and every key of one sorts before every key of the next;
 a shard with `cut_by` set is exactly what that rule makes of its keys.
-Shards are immutable once built.
+Shards are immutable once built (`cut_by` is a cache of a fact about the keys, set at most
+once per rule).
 Must not import: consensus cores, storage, trio, clocks.
 """
 
