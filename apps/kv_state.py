@@ -135,12 +135,22 @@ def _rewritten(
     """`shard` with the overlay's `changes` (ascending keys) applied, if every one of them
     sets a key it already holds (else None: a key added or deleted moves the cut)."""
     at: list[tuple[int, bytes]] = []
-    for key in changes:
-        value = value_of(key)
-        i = shard.position(key)
-        if value is None or i < 0:
-            return None
-        at.append((i, value))
+    if len(changes) * 16 < len(shard):  # a few: look each one up
+        for key in changes:
+            value = value_of(key)
+            i = shard.position(key)
+            if value is None or i < 0:
+                return None
+            at.append((i, value))
+    else:  # many: cut the keys apart once (C-level) and bisect them in order
+        keys = shard.keys()
+        i = 0
+        for key in changes:
+            value = value_of(key)
+            i = bisect.bisect_left(keys, key, i)
+            if value is None or i == len(keys) or keys[i] != key:
+                return None
+            at.append((i, value))
     return shard.with_values(at)
 
 
