@@ -129,6 +129,10 @@ def main() -> int:
     parser.add_argument("--switch-ms", type=float, default=None,
                         help="set the interpreter's GIL switch interval (sys.setswitchinterval) "
                              "to this many ms; default: leave it as it is (5 ms)")
+    parser.add_argument("--changed", type=int, default=1,
+                        help="keys rewritten before the first checkpoint (spread over the key "
+                             "space; 100000 rewrites every shard, as bench/storage.py's second "
+                             "checkpoint does)")
     parser.add_argument("--no-gc", action="store_true", help="disable the GC during the run")
     parser.add_argument("--no-pacer", action="store_true",
                         help="freeze once after loading only (no GcPacer re-freezes)")
@@ -152,6 +156,8 @@ def main() -> int:
         gc_pacer=None if args.no_pacer else GcPacer(),
     )
     replica.apply(bench.put_entry(1, "key00000000", b"new"))
+    for i in range(2, args.changed + 1):
+        replica.apply(bench.put_entry(i, f"key{(i * 7919) % args.keys:08d}", b"changed"))
     gc.collect()
     gc.freeze()
     if args.switch_ms is not None:
@@ -174,7 +180,7 @@ def main() -> int:
     stalls: list[Stall] = []
     begin = time.perf_counter()
     clock.last = begin
-    n = 2
+    n = max(args.changed, 1) + 1
     durations: list[float] = []
     for _ in range(args.rounds):
         started_round = time.perf_counter()
