@@ -1,7 +1,8 @@
 """`phalanx node run CONFIG`: run one node in the foreground until SIGINT or SIGTERM.
 
-Owns: `run_node` (load the config, tune malloc, run `phalanx.node.open_node` with a task that
-trims the C heap after checkpoints, shut down cleanly on SIGINT/SIGTERM and exit 0) and
+Owns: `run_node` (re-execute on the system allocator, load the config, tune malloc, run
+`phalanx.node.open_node` with a task that trims the C heap after checkpoints, shut down
+cleanly on SIGINT/SIGTERM and exit 0) and
 `add_node_command` (registers the `node` command group on the CLI's argparse subparsers;
 `phalanx.cli` wires it).
 
@@ -23,7 +24,7 @@ import trio
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.config import ConfigError, NodeConfig, load_node_config
 from phalanx.node import Node, NodeError, open_node
-from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc
+from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc, use_system_malloc
 from phalanx.protocols import BYZANTINE_MODES
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,10 @@ async def _release_free_memory(node: Node) -> None:
 def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
     """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code.
 
-    `byzantine` (PBFT only; tests and demos): run the replica in that Byzantine mode."""
+    `byzantine` (PBFT only; tests and demos): run the replica in that Byzantine mode.
+    First, on glibc, the process re-executes itself on the system allocator unless
+    `PYTHONMALLOC` is set (`phalanx.process_tuning.use_system_malloc`)."""
+    use_system_malloc()
     try:
         config = load_node_config(config_path)
     except ConfigError as exc:
@@ -99,7 +103,10 @@ def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="run one node in the foreground (SIGINT/SIGTERM stop it cleanly)",
         description="Run the node configured in CONFIG (DIR/nodes/<id>.toml) in the "
-        "foreground until SIGINT or SIGTERM.")
+        "foreground until SIGINT or SIGTERM. On glibc the node runs on the system allocator "
+        "(it re-executes itself with PYTHONMALLOC=malloc, which keeps its memory close to its "
+        "live data); set PYTHONMALLOC yourself to choose otherwise, e.g. "
+        "PYTHONMALLOC=pymalloc.")
     run.add_argument("config", metavar="CONFIG", help="the node's TOML configuration file")
     run.add_argument("--byzantine", metavar="MODE", choices=BYZANTINE_MODES, default=None,
                      help="PBFT only, for tests and demos: run this replica in a Byzantine "

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from phalanx.process_tuning import TrimPolicy, tune_malloc
+from phalanx.process_tuning import TrimPolicy, system_malloc_exec, tune_malloc
 
 _PROBE = "from phalanx.process_tuning import tune_malloc; print(','.join(tune_malloc()))"
 
@@ -97,3 +97,40 @@ def test_trim_policy_trims_twice_per_checkpoint_after_it_settles() -> None:
         TrimPolicy(now=0.0, settle=-1)
     with pytest.raises(ValueError, match="again"):
         TrimPolicy(now=0.0, settle=5.0, again=1.0)
+
+
+def test_a_node_re_executes_on_the_system_allocator_unless_told_otherwise() -> None:
+    """`phalanx node run` re-executes itself once with PYTHONMALLOC=malloc on glibc, with the
+    same interpreter and arguments; a PYTHONMALLOC already set (the user's, or the re-executed
+    process's own) and other C libraries leave the process alone."""
+    argv = ["/venv/bin/python", "/venv/bin/phalanx", "node", "run", "n1.toml"]
+    plan = system_malloc_exec({"HOME": "/h"}, argv, "/venv/bin/python", glibc=True)
+    assert plan == ("/venv/bin/python", argv, {"HOME": "/h", "PYTHONMALLOC": "malloc"})
+    path, again_argv, again_env = plan
+    assert system_malloc_exec(again_env, again_argv, path, glibc=True) is None  # no loop
+    assert system_malloc_exec({"PYTHONMALLOC": "pymalloc"}, argv, argv[0], glibc=True) is None
+    assert system_malloc_exec({}, argv, argv[0], glibc=False) is None
+    assert system_malloc_exec({}, argv[:1], argv[0], glibc=True) is None
+    module = ["/usr/bin/python3", "-m", "phalanx", "node", "run", "n1.toml"]
+    assert system_malloc_exec({}, module, "/usr/bin/python3", glibc=True) == (
+        "/usr/bin/python3", module, {"PYTHONMALLOC": "malloc"})
+
+
+def test_the_re_executed_process_runs_on_the_system_allocator() -> None:
+    """End to end in a child process: the entry point's call re-executes it (same pid), and
+    the new image sees PYTHONMALLOC=malloc."""
+    code = ("import os, sys; from phalanx.process_tuning import use_system_malloc; "
+            "print(os.getpid(), os.environ.get('PYTHONMALLOC'), flush=True); "
+            "use_system_malloc()")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True, timeout=60)
+    lines = done.stdout.split()
+    try:
+        glibc = bool(os.confstr("CS_GNU_LIBC_VERSION")) and sys.platform.startswith("linux")
+    except (ValueError, OSError):
+        glibc = False
+    if glibc:  # two runs of the same pid: before and after the exec
+        assert lines == [lines[0], "None", lines[0], "malloc"]
+    else:
+        assert lines[1:] == ["None"]
