@@ -8,12 +8,10 @@ statistics, never by elapsed time.
 from __future__ import annotations
 
 import trio
-from test_transport import GUARD, HOST, N1, N2, address, creds, listen, node, receive
+from transport_fakes import GUARD, HOST, N1, N2, address, listen, node, receive
 
 from phalanx import pki
 from phalanx.net.transport import Backoff, PeerAddress
-
-__all__ = ["creds"]  # the module-scoped fixture, shared with test_transport
 
 LONG = Backoff(base=600.0, cap=600.0)
 
