@@ -355,10 +355,9 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        if header == [_MAGIC, _VERSION]:
-            shards, trailer = _parse_shards(unpacker)
-        else:
-            shards, trailer = _parse_pairs(unpacker)
+        body = _Body(unpacker)
+        shards = _parse_shards(body) if header == [_MAGIC, _VERSION] else _parse_pairs(body)
+        trailer = body.trailer
         if count is None:
             if trailer is None:
                 raise SnapshotFormatError("KV checkpoint ends without its count (truncated?)")
@@ -389,18 +388,30 @@ def _check_keys(keys: list[str], previous: str | None, longest: int) -> None:
         raise SnapshotFormatError("KV checkpoint key over the size limit")
 
 
-def _parse_shards(unpacker: msgpack.Unpacker) -> tuple[list[PackedShard], int | None]:
-    """Version 3's shards (and trailer): each checked, then adopted as it is."""
+class _Body:
+    """The objects after a checkpoint's header, in order, with the count trailer (an int: the
+    last object of versions 2 and 3) kept apart in `trailer`; anything after it is refused."""
+
+    def __init__(self, unpacker: msgpack.Unpacker) -> None:
+        self._unpacker = unpacker
+        self.trailer: int | None = None
+
+    def __iter__(self) -> Iterator[object]:
+        for item in self._unpacker:
+            if self.trailer is not None:
+                raise SnapshotFormatError("KV checkpoint has data after its count")
+            if type(item) is int:
+                self.trailer = item
+            else:
+                yield item
+
+
+def _parse_shards(body: _Body) -> list[PackedShard]:
+    """Version 3's shards: each checked, then adopted as it is."""
     shards: list[PackedShard] = []
     previous: str | None = None
     open_ended = False  # the previous shard ended without a cut: it must have been the last
-    trailer: int | None = None
-    for item in unpacker:
-        if trailer is not None:
-            raise SnapshotFormatError("KV checkpoint has data after its count")
-        if type(item) is int:
-            trailer = item
-            continue
+    for item in body:
         if type(item) is not list or len(item) != 4:
             raise SnapshotFormatError("KV checkpoint shard is not [keys, offsets, values, offsets]")
         kstr, kraw, blob, vraw = item
@@ -429,21 +440,15 @@ def _parse_shards(unpacker: msgpack.Unpacker) -> tuple[list[PackedShard], int | 
         previous = keys[-1]
         del keys
         shards.append(PackedShard.from_packed(kstr, kpos, blob, offsets))
-    return shards, trailer
+    return shards
 
 
-def _parse_pairs(unpacker: msgpack.Unpacker) -> tuple[list[PackedShard], int | None]:
-    """Versions 1 and 2: arrays of key/value pairs (and version 2's trailer), packed into
-    shards by the cut rule as they come."""
+def _parse_pairs(body: _Body) -> list[PackedShard]:
+    """Versions 1 and 2: arrays of key/value pairs, packed into shards by the cut rule as
+    they come."""
     packer = ShardPacker(SHARD_KEYS)
     previous: str | None = None
-    trailer: int | None = None
-    for flat in unpacker:
-        if trailer is not None:
-            raise SnapshotFormatError("KV checkpoint has data after its count")
-        if type(flat) is int:
-            trailer = flat
-            continue
+    for flat in body:
         if not isinstance(flat, list) or len(flat) % 2:
             raise SnapshotFormatError("KV checkpoint chunk is not a list of key/value pairs")
         keys = flat[0::2]
@@ -458,4 +463,4 @@ def _parse_pairs(unpacker: msgpack.Unpacker) -> tuple[list[PackedShard], int | N
         previous = keys[-1]
         packer.add(keys, values)
     packer.flush()
-    return packer.shards, trailer
+    return packer.shards
