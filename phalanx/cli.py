@@ -55,7 +55,18 @@ def _chosen_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _runs_a_node(argv: Sequence[str]) -> bool:
+    """`phalanx node run CONFIG ...` (and not a request for its help)."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[:2] == ["node", "run"] and not {"-h", "--help"} & set(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and _runs_a_node(sys.argv[1:]):
+        # Before the node runtime is imported (~0.7 s), so the re-executed interpreter is
+        # the only one that imports it (`phalanx.process_tuning.use_system_malloc`).
+        from phalanx.process_tuning import use_system_malloc
+        use_system_malloc()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _chosen_command(argv)
     parser = build_parser(command) if command else build_parser("")

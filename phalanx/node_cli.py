@@ -1,10 +1,9 @@
 """`phalanx node run CONFIG`: run one node in the foreground until SIGINT or SIGTERM.
 
-Owns: `run_node` (re-execute on the system allocator, load the config, tune malloc, run
-`phalanx.node.open_node` with a task that trims the C heap after checkpoints, shut down
-cleanly on SIGINT/SIGTERM and exit 0) and
+Owns: `run_node` (load the config, tune malloc, run `phalanx.node.open_node` with a task that
+trims the C heap after checkpoints, shut down cleanly on SIGINT/SIGTERM and exit 0) and
 `add_node_command` (registers the `node` command group on the CLI's argparse subparsers;
-`phalanx.cli` wires it).
+`phalanx.cli` wires it). The allocator switch happens earlier, in `phalanx.cli.main`.
 
 Exit codes: 0 after a clean shutdown; 2 for a configuration error; 1 when the node stopped on
 an error (logged). Must not import the client library.
@@ -24,7 +23,7 @@ import trio
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.config import ConfigError, NodeConfig, load_node_config
 from phalanx.node import Node, NodeError, open_node
-from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc, use_system_malloc
+from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc
 from phalanx.protocols import BYZANTINE_MODES
 
 logger = logging.getLogger(__name__)
@@ -64,9 +63,9 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
     """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code.
 
     `byzantine` (PBFT only; tests and demos): run the replica in that Byzantine mode.
-    First, on glibc, the process re-executes itself on the system allocator unless
-    `PYTHONMALLOC` is set (`phalanx.process_tuning.use_system_malloc`)."""
-    use_system_malloc()
+    The `phalanx node run` command has already put the process on the system allocator by
+    then (`phalanx.cli.main`, `phalanx.process_tuning.use_system_malloc`); this function
+    never re-executes its caller's process."""
     try:
         config = load_node_config(config_path)
     except ConfigError as exc:

@@ -14,9 +14,11 @@ data) with most of it in arenas of free pools. glibc's malloc takes the same blo
 heap, and `malloc_trim` (below) hands free pages inside it back: the same run ended at 183-195
 MiB (1.9x). The cost, same-window A/B on 3 nodes: no change at 1 client (p50 1.56-1.66 ms
 against 1.58-1.62), ~6% fewer writes/s at 64 clients (7,467 / 6,293 against 7,956 / 6,737).
-`PYTHONMALLOC` must be set before the interpreter starts, so `phalanx node run` re-executes
-itself once with it (`use_system_malloc`); a `PYTHONMALLOC` already in the environment wins
-(`PYTHONMALLOC=pymalloc phalanx node run ...` keeps Python's allocator).
+`PYTHONMALLOC` must be set before the interpreter starts, so the `phalanx node run` command
+re-executes itself once with it (`use_system_malloc`, called by `phalanx.cli.main` before it
+imports the node runtime, ~0.7 s of imports that the re-executed interpreter alone then pays);
+a `PYTHONMALLOC` already in the environment wins (`PYTHONMALLOC=pymalloc phalanx node run ...`
+keeps Python's allocator).
 
 Why, arenas: glibc's malloc gives each thread that allocates its own arena (up to 8 per
 core). A node allocates from the core task's thread, trio's worker threads (fsync,
@@ -82,8 +84,8 @@ def system_malloc_exec(
 def use_system_malloc() -> None:
     """Re-execute this process (same pid, same arguments) on glibc's malloc (module docstring),
     unless `system_malloc_exec` says not to. Call first thing in a process's entry point,
-    before it starts threads or opens anything; only `phalanx node run` does (an embedding
-    program owns its process)."""
+    before it starts threads or opens anything; only the `phalanx node run` command does (an
+    embedding program owns its process)."""
     plan = system_malloc_exec(os.environ, sys.orig_argv, sys.executable, glibc=_glibc())
     if plan is not None:
         path, argv, env = plan

@@ -134,3 +134,16 @@ def test_the_re_executed_process_runs_on_the_system_allocator() -> None:
         assert lines == [lines[0], "None", lines[0], "malloc"]
     else:
         assert lines[1:] == ["None"]
+
+
+def test_only_the_node_run_command_re_executes() -> None:
+    """`phalanx.cli.main` switches allocators for `phalanx node run CONFIG` alone (before it
+    imports the node runtime), never for help, other commands, or an in-process call."""
+    from phalanx.cli import _runs_a_node
+
+    assert _runs_a_node(["node", "run", "n1.toml"])
+    assert _runs_a_node(["node", "run", "n1.toml", "--byzantine", "silent"])
+    assert not _runs_a_node(["node", "run", "--help"])
+    assert not _runs_a_node(["node", "-h"])
+    assert not _runs_a_node(["kv", "--cluster", "c", "get", "node"])
+    assert not _runs_a_node(["cluster", "up", "c"])
