@@ -50,13 +50,7 @@ from phalanx.consensus.types import (
 # generated `__init__` goes through `object.__setattr__`, about twice the cost). Cheaper
 # still, for a hot path: `new_send`, `new_receive`, `new_persisted` and `make_ready` build
 # them from positional arguments through a layout twin (`phalanx.consensus.types.maker`,
-# `slot_twin`; no keyword matching, no setter calls), and `READY_TWIN` lets a core build its
-# Ready inline the same way.
-
-
-def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
-    setter: Callable[[object, object], None] = cls.__dict__[name].__set__
-    return setter
+# `slot_twin`; no keyword matching, no setter calls).
 
 
 class SnapshotData(Protocol):
@@ -259,18 +253,7 @@ class Ready:
         )
 
 
-_READY_SETTERS = tuple(
-    _slot_setter(Ready, name)
-    for name in ("number", "early_messages", "snapshot", "truncate_from", "entries",
-                 "hard_state", "must_sync", "messages", "committed", "reads", "rejected",
-                 "core_state")
-)
 EMPTY_READY = Ready()
-READY_SETTERS = _READY_SETTERS
-"""The raw setters of `Ready`'s slots, in field order (number, early_messages, snapshot,
-truncate_from, entries, hard_state, must_sync, messages, committed, reads, rejected,
-core_state), for a core that fills a `Ready` slot by slot (`READY_TWIN` is cheaper)."""
-
 
 def make_ready(
     number: int,
@@ -307,9 +290,8 @@ def make_ready(
 
 
 READY_TWIN: type = slot_twin(Ready)
-"""`Ready`'s layout twin (`phalanx.consensus.types.slot_twin`), for a core that builds its
-Ready inline as `make_ready` does: instantiate it, store all twelve fields, then assign
-``__class__ = Ready``."""
+"""`Ready`'s layout twin (`phalanx.consensus.types.slot_twin`), through which `make_ready`
+builds: instantiate it, store all twelve fields, then assign ``__class__ = Ready``."""
 
 new_send: Callable[[NodeId, Message], Send] = maker(Send)
 """``Send(to=..., message=...)`` from positional arguments, cheaper (`types.maker`)."""
