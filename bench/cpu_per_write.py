@@ -1,4 +1,4 @@
-"""CPU milliseconds per write, per node, of a 3-node phalanx cluster (real processes, loopback).
+"""CPU milliseconds per write, per node, of a phalanx cluster (real processes, loopback).
 
 Usage (from bench/)::
 
@@ -142,6 +142,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-idle", action="store_true",
                    help="keep py-spy's idle samples (threads waiting in epoll, locks, ...)")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--protocol", choices=("raft", "pbft"), default="raft",
+                   help="raft: 3 nodes (roles leader/follower); pbft: 4 replicas (the node "
+                   "the client names first is the one called leader)")
     p.add_argument("--fsync", choices=("group", "off"), default="group",
                    help="the nodes' fsync mode: off takes the disk (whose latency this VM "
                    "varies 20-fold) out of a CPU comparison; every write then persists on "
@@ -151,7 +154,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cluster = PhalanxCluster(protocol="raft", workdir=args.workdir, fsync=args.fsync)
+    cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, fsync=args.fsync,
+                             nodes=4 if args.protocol == "pbft" else 3)
     cluster.start()
     try:
         trio.run(_measure, cluster, args)

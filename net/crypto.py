@@ -9,6 +9,14 @@ Choice (see `phalanx.consensus.pbft.messages`): messages that travel as proofs a
 signed; normal-case commits use HMAC-SHA256 over pairwise keys, which is two orders of
 magnitude cheaper than a signature. Invariant: `verify`/`verify_mac` never raise.
 
+Keys arrive as `cryptography` objects (PEM files, certificates and key derivation stay
+there); signing and verification run in libsodium through PyNaCl (`nacl.bindings`), which
+on this project's 2-core benchmark machine verifies in 76-98 us against 161-169 us for
+`cryptography`'s OpenSSL backend (sign 22-39 us against 47-53): a PBFT batch at n=4 costs
+8 verifications and 4 signatures, on a path whose throughput is CPU-bound. Ed25519 is
+deterministic (RFC 8032), so both libraries give the same signature for the same key and
+bytes (a test checks it); libsodium also refuses non-canonical and small-order encodings.
+
 What is covered: with the codec (the default), the canonical bytes of the message without
 its top-level `signature`/`auth` fields (`canonical_bytes(obj, omit=...)`: no blanked copy of
 the message is built); with an injected encoder, `encode(signing_view(obj))`. Either way a
@@ -23,12 +31,25 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+from nacl import bindings as sodium
+from nacl.exceptions import BadSignatureError, CryptoError
 
 from phalanx.consensus.crypto import Encoder, signing_view
 from phalanx.consensus.types import NodeId
 from phalanx.net.codec import EncodeError
+
+_SIGNATURE_BYTES = 64
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
 @functools.cache
@@ -88,8 +109,10 @@ class Ed25519Crypto:
         encode: Encoder | None = None,
     ) -> None:
         self._node_id = node_id
-        self._private = private_key
-        self._public = dict(public_keys)
+        # libsodium's secret key: the 32-byte seed followed by the public key.
+        seed = private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        self._private = seed + _raw_public(private_key.public_key())
+        self._public = {n: _raw_public(k) for n, k in public_keys.items()}
         self._mac_keys = dict(mac_keys)
         self._encode = encode if encode is not None else _codec_bytes
         self._signed_bytes: Callable[[object], bytes] = (
@@ -106,15 +129,15 @@ class Ed25519Crypto:
         return self._encode(signing_view(obj))
 
     def sign(self, obj: object) -> bytes:
-        return self._private.sign(self._signed_bytes(obj))
+        return sodium.crypto_sign(self._signed_bytes(obj), self._private)[:_SIGNATURE_BYTES]
 
     def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
         key = self._public.get(node)
-        if key is None:
+        if key is None or type(signature) is not bytes or len(signature) != _SIGNATURE_BYTES:
             return False
         try:
-            key.verify(signature, self._signed_bytes(obj))
-        except (InvalidSignature, EncodeError, ValueError, TypeError):
+            sodium.crypto_sign_open(signature + self._signed_bytes(obj), key)
+        except (BadSignatureError, CryptoError, EncodeError, ValueError, TypeError):
             return False
         return True
 

@@ -47,6 +47,32 @@ def test_sign_verify_round_trip_and_forgeries_fail(kind: str) -> None:
     assert not b.verify_mac(NODES[0], dataclasses.replace(commit, seq=2), tag)  # type: ignore[attr-defined]
 
 
+def test_libsodium_signatures_are_the_rfc8032_signatures_cryptography_makes() -> None:
+    """Signing runs in libsodium (PyNaCl) while keys come from `cryptography`: Ed25519 is
+    deterministic, so both must give the same bytes, and each must accept the other's."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from phalanx.net.crypto import Ed25519Crypto, _codec_signed_bytes
+
+    key = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    ours = Ed25519Crypto(NODES[0], private_key=key, public_keys={NODES[0]: key.public_key()},
+                         mac_keys={})
+    for seq in range(5):
+        msg = Prepare(view=seq, seq=seq * 7 + 1, digest=bytes([seq]) * 32, replica=NODES[0])
+        sig = ours.sign(msg)
+        assert sig == key.sign(_codec_signed_bytes(msg))
+        key.public_key().verify(sig, _codec_signed_bytes(msg))  # raises if not valid
+        assert ours.verify(NODES[0], msg, sig)
+        flipped = bytes([sig[0] ^ 1]) + sig[1:]
+        assert not ours.verify(NODES[0], msg, flipped)
+        with pytest.raises(InvalidSignature):
+            key.public_key().verify(flipped, _codec_signed_bytes(msg))
+    # Malformed signatures are refused, never raised (Byzantine input is normal input).
+    for bad in (b"", sig + b"\x00", sig[:63], bytearray(sig), "x" * 64, None, 7):
+        assert not ours.verify(NODES[0], msg, bad)  # type: ignore[arg-type]
+
+
 def test_pbft_round_with_real_keys_and_codec() -> None:
     c = Cluster(4, batch_size=1)
     real = ed25519_cluster(c.ids, seed=b"cluster")
