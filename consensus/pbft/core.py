@@ -429,9 +429,15 @@ class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
             self._resend_checkpoint_vote()
         book = self._requests
         self._relay_due()
-        if self._active and self.is_primary() and book.pending:
-            book.pending_age += 1
-            if book.pending_age >= self._cfg.batch_ticks:
+        if self._active and self.is_primary():
+            room = self._next_seq - self._executed < self._cfg.max_inflight_batches
+            if book.pending:
+                book.pending_age += 1
+            if room:
+                # Only the expected returning clients can hold requests back now.
+                if book.tick() and book.pending:
+                    self._flush()
+            elif book.pending and book.pending_age >= self._cfg.batch_ticks:
                 self._flush(force=True)
         if self._active:
             if book.waiting and not self.is_primary():

@@ -8,11 +8,25 @@ ordered twice). Also `should_flush`, the batching rule (below).
 
 Must not import: the core, crypto, clocks, randomness.
 
-Batching (the classic adaptive rule): a full batch is proposed at once; a partial batch is
-proposed at once only while fewer than `max_inflight` of the primary's batches are ordered
-but not yet executed. Otherwise requests accumulate while earlier batches are in flight
-(so batches grow with load instead of latency growing with a timer), and the batch is
-proposed when a batch executes, or after `batch_ticks` ticks at the latest.
+Batching (the classic adaptive rule, plus returning clients): a full batch is proposed at
+once; a partial batch is proposed only while fewer than `max_inflight` of the primary's
+batches are ordered but not yet executed. Otherwise requests accumulate while earlier
+batches are in flight (so batches grow with load instead of latency growing with a timer),
+and the batch is proposed when a batch executes, or after `batch_ticks` ticks at the latest.
+
+Returning clients (`served`, `returning`): when the primary executes requests, the clients
+they answer usually send their next request at once (closed-loop clients, the common case
+of a KV store's callers). Proposing the moment a batch executes would take only the
+requests that waited meanwhile and leave the returning clients to the batch after, so a
+loaded cluster settles into two half-size batches per round trip, each paying the full
+fixed cost of a batch (at n=4 about 24 peer messages, 8 signature checks and 4 signatures
+and an fsync per replica). So after executing, the primary expects back as many requests
+as it just executed plus those already pending, and proposes a partial batch once that many
+are pending. An expectation that fails is bounded (`tick`): while the pipeline has room,
+the second tick that finds requests pending drops it (at most two ticks of extra wait; not
+the first, which may fall while the clients are coming back: under load the last of them
+is back 10 ms or more after the first) and they go at once; waiting then stays off until
+the primary executes again. One closed-loop client never waits (it is expected back alone).
 
 Relaying (`PbftConfig.forward_ticks`): a backup that queues a request to wait for it also
 notes the tick at which to relay it to the primary; `due_forwards` returns the requests whose
@@ -40,13 +54,24 @@ def _key(r: ClientRequest) -> _Key:
 class RequestBook:
     """See the module docstring."""
 
-    __slots__ = ("_done", "_forward_due", "_in_progress", "_max_pending", "pending",
-                 "pending_age", "waiting")
+    __slots__ = (
+        "_done",
+        "_forward_due",
+        "_in_progress",
+        "_max_pending",
+        "_waited",
+        "pending",
+        "pending_age",
+        "returning",
+        "waiting",
+    )
 
     def __init__(self, *, max_pending: int) -> None:
         self._max_pending = max_pending
         self.pending: list[ClientRequest] = []
         self.pending_age = 0
+        self.returning = 0
+        self._waited = 0
         self.waiting: dict[_Key, ClientRequest] = {}
         self._in_progress: set[_Key] = set()
         self._done: dict[str, int] = {}
@@ -101,9 +126,28 @@ class RequestBook:
 
     def should_flush(self, *, batch_size: int, inflight: int, max_inflight: int) -> bool:
         """The adaptive batching rule (module docstring)."""
-        if not self.pending:
+        n = len(self.pending)
+        if not n:
             return False
-        return len(self.pending) >= batch_size or inflight < max_inflight
+        return n >= batch_size or (inflight < max_inflight and n >= self.returning)
+
+    def served(self, executed: int) -> None:
+        """The primary executed `executed` requests: expect their clients back."""
+        self.returning = executed + len(self.pending)
+        self._waited = 0
+
+    def tick(self) -> bool:
+        """A tick at the primary while its pipeline has room. The expectation fails at the
+        second tick that finds requests pending since it was set (the first may fall while
+        the clients are coming back); waiting then stops until the next `served`. Returns
+        whether it failed now (the pending requests should go at once)."""
+        if not self.pending or not self.returning:
+            return False
+        self._waited += 1
+        if self._waited < 2:
+            return False
+        self.returning = 0
+        return True
 
     def take_batch(self, size: int) -> tuple[ClientRequest, ...]:
         batch = tuple(self.pending[:size])
@@ -144,6 +188,7 @@ class RequestBook:
             self.waiting[_key(r)] = r
         self.pending = []
         self.pending_age = 0
+        self.returning = 0
         self._in_progress.clear()
         self._forward_due.clear()
 

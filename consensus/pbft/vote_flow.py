@@ -164,6 +164,7 @@ class VoteFlow:
 
     def _execute(self) -> None:
         progressed = False
+        requests = 0
         while self._executed + 1 in self._committed:
             seq = self._executed + 1
             view, digest, batch = self._committed.pop(seq)
@@ -172,6 +173,7 @@ class VoteFlow:
             self._executed = seq
             self._catchup.history[seq] = (view, digest, batch)
             self._requests.was_executed(batch)
+            requests += len(batch)
             progressed = True
         if progressed and self._active:
             self._backoff = 0
@@ -180,7 +182,10 @@ class VoteFlow:
         if progressed:
             self._catchup.caught_up(self._executed)
             if self.is_primary():
-                self._flush()  # a batch left the pipeline: propose what accumulated
+                # A batch left the pipeline: propose what accumulated, once the clients
+                # just answered are back (`requests.RequestBook.served`).
+                self._requests.served(requests)
+                self._flush()
 
     def _on_persisted(self, number: int) -> None:
         if number > self._ready_number:

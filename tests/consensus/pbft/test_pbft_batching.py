@@ -1,6 +1,7 @@
 """Adaptive batching at the primary: propose at once when idle or when a batch is full;
-accumulate while `max_inflight_batches` batches are in flight; propose the accumulated
-requests as soon as a batch executes."""
+accumulate while `max_inflight_batches` batches are in flight; once a batch executes,
+propose the accumulated requests when the clients it answered are back, or at the next tick
+(`RequestBook.served`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ def test_requests_accumulate_while_batches_are_in_flight_then_go_as_one() -> Non
     # Two lone batches went at once; the other five wait for one of them to execute.
     assert [len(pp.batch) for pp in _pre_prepares(c)] == [1, 1]
     c.deliver()
+    # Executing them, the primary expects their callers back (1 + 5 pending): this burst
+    # came from one pipelining caller, so nobody comes back and the second tick sends the
+    # five (the first may fall while callers are on their way back).
+    assert [len(e.requests) for e in c.entries[c.ids[1]]] == [1, 1]
+    c.tick()
+    assert [len(e.requests) for e in c.entries[c.ids[1]]] == [1, 1]
+    c.tick()
+    c.deliver()
     batches = [len(e.requests) for e in c.entries[c.ids[1]]]
     assert batches == [1, 1, 5]
     assert [r.request_no for e in c.entries[c.ids[2]] for r in e.requests] == list(range(7))
@@ -52,11 +61,86 @@ def test_a_full_batch_goes_even_while_batches_are_in_flight() -> None:
     assert [r.request_no for e in c.entries[c.ids[3]] for r in e.requests] == list(range(7))
 
 
+def _closed_loop(c: Cluster, clients: int, rounds: int) -> list[int]:
+    """`clients` callers that each send their next request once f+1 replicas executed the
+    previous one; the sizes of the batches the backups executed."""
+    primary, backup = c.ids[0], c.ids[1]
+    sent = dict.fromkeys(range(clients), 0)
+    for i in range(clients):
+        c.submit(primary, req(f"c{i}", 0))
+    for _ in range(rounds):
+        c.deliver()
+        done = {r.client_id: r.request_no for e in c.entries[backup] for r in e.requests}
+        for i in range(clients):
+            if done.get(f"c{i}") == sent[i]:
+                sent[i] += 1
+                c.submit(primary, req(f"c{i}", sent[i]))
+    c.deliver()
+    return [len(e.requests) for e in c.entries[backup]]
+
+
+def test_returning_clients_join_one_batch_instead_of_splitting_into_two() -> None:
+    # Twelve closed-loop callers: the first request goes alone (an idle primary), the other
+    # eleven wait for it; from then on every caller answered comes back before the
+    # primary proposes, so each round trip orders one batch of all twelve. Without the
+    # expectation the callers would split into two groups that alternate.
+    # (The old rule, measured on this harness: [1, 11, 1, 11, ...], twice the batches.)
+    c = Cluster(4, batch_size=64, max_inflight_batches=1)
+    assert _closed_loop(c, clients=12, rounds=6) == [1] + [12] * 6
+    c.assert_agreement()
+    one = Cluster(4, batch_size=64, max_inflight_batches=1)
+    assert _closed_loop(one, clients=1, rounds=6) == [1] * 7  # one caller: never waits
+
+
+def test_an_expectation_that_fails_costs_one_tick_then_waiting_stops() -> None:
+    c = Cluster(4, batch_size=64, max_inflight_batches=1)
+    primary = c.ids[0]
+    book = c.cores[primary]._requests
+
+    def batches() -> list[int]:  # the primary's proposals so far (view 0)
+        core = c.cores[primary]
+        slots = [core._log.slot(0, seq).pre_prepare for seq in range(1, core._next_seq + 1)]
+        return [len(pp.batch) for pp in slots if pp is not None]
+
+    for i in range(5):
+        c.submit(primary, req(f"c{i}", 0))
+    c.deliver()
+    # c0 went alone; executing it, the primary expects c0 back beside the four pending.
+    assert batches() == [1]
+    assert book.returning == 5
+    c.submit(primary, req("c0", 1))
+    assert batches() == [1, 5]  # all back: one batch of five
+    c.deliver()
+    assert book.returning == 5
+    c.submit(primary, req("c0", 2))  # only one of the five callers comes back
+    c.deliver()
+    assert batches() == [1, 5]  # still waiting for the other four...
+    c.tick()
+    assert batches() == [1, 5]  # ... through the tick after they were served ...
+    c.tick()
+    assert batches() == [1, 5, 1]  # ... but not through a second one
+    c.deliver()
+    assert book.returning == 1  # one caller expected back: the next request goes at once
+    c.tick(3)
+    c.submit(primary, req("c1", 1))
+    assert batches() == [1, 5, 1, 1]  # proposed at once
+    c.deliver()
+    c.assert_agreement()
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 200), st.integers(1, 64), st.integers(0, 5), st.integers(1, 4))
-def test_flush_rule(pending: int, batch_size: int, inflight: int, window: int) -> None:
+@given(st.integers(0, 200), st.integers(1, 64), st.integers(0, 5), st.integers(1, 4),
+       st.integers(0, 100))
+def test_flush_rule(pending: int, batch_size: int, inflight: int, window: int,
+                    executed: int) -> None:
     book = RequestBook(max_pending=1000)
+    book.served(executed)  # nothing pending yet: expects `executed` back
     for no in range(pending):
         assert book.queue_pending(req("c", no))
+    flush = book.should_flush(batch_size=batch_size, inflight=inflight, max_inflight=window)
+    assert flush == (pending > 0 and (pending >= batch_size
+                                      or (inflight < window and pending >= executed)))
+    assert not book.tick()  # the first tick after `served` never drops the expectation
+    assert book.tick() == (pending > 0 and executed > 0)  # the second drops a pending one
     flush = book.should_flush(batch_size=batch_size, inflight=inflight, max_inflight=window)
     assert flush == (pending > 0 and (pending >= batch_size or inflight < window))

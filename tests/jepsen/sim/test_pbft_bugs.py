@@ -87,10 +87,13 @@ def test_same_scenarios_without_the_bug_pass(bug: str, attack: str, n: int) -> N
 # ---------------------------------------------------------------------------------------------
 # no_view_fence: no attack needed, a crash right after a Ready that sent votes early is enough
 # (`phalanx.jepsen.sim.pbft.DurableStateCore` restarts the node from the record without them).
-# Honest n=4, crash-after-ready only: seed 6 is the first to catch it (the primary, restarted
-# in view 0, pre-prepares a new batch at a seq whose lost pre-prepare had already left).
+# Honest n=4, crash-after-ready only: the primary, restarted in view 0, pre-prepares a new
+# batch at a seq whose lost pre-prepare had already left. Seeds 44, 48 and 52 catch it (6 of
+# seeds 0-79 do: the primary's batching waits for returning clients, so the two clients of
+# this shape share fewer, larger batches and a crash lands between an early pre-prepare and
+# its persist less often than when each request had its own).
 
-_FENCE_SEEDS = range(7)
+_FENCE_SEEDS = range(40, 53)
 
 
 def _fence_base() -> RunConfig:
