@@ -451,11 +451,18 @@ class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
             else:
                 self._timer = None
         elif self._timer is None:
-            self._timer = self._timeout()
+            # Liveness rule 1 (§4.5.2): a view change's timer starts only once 2f+1
+            # replicas ask for this view or a later one; a replica that left a view early
+            # (or alone) waits for the others instead of racing ahead one view per timeout,
+            # where equal capped timeouts could keep it one view ahead of them for good.
+            if self._view_change_backed():
+                self._timer = self._timeout()
         else:
             self._timer -= 1
             if self._timer <= 0:
                 self._start_view_change(self._view + 1)
+        if not self._active and self._ticks % self._cfg.fetch_ticks == 0:
+            self._rebroadcast_view_change()  # a lost ViewChange must not stall rule 1 for good
         fetch, fetch_committed = self._catchup.tick(
             executed=self._executed, view=self._view, gap=bool(self._committed)
         )

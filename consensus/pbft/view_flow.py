@@ -8,6 +8,12 @@ The pure checks and the O set are `view_change.py`'s; signing is `SafetyRules`'.
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
+Liveness (§4.5.2): a replica that left a view starts the timer of the view change only once
+2f+1 replicas (itself included) ask for that view or a later one (rule 1), joins the smallest
+view f+1 replicas ask for above its own (rule 2), and doubles the timeout per consecutive
+view change (rule 3, capped). While in a view change it re-broadcasts its ViewChange every
+`fetch_ticks` (a lost one would otherwise keep the others' timers from starting).
+
 Invariants: the view only grows; a replica joins a higher view only on its own timeout or
 when f+1 replicas ask for views above its own (the smallest of them); a primary sends at
 most one NewView per view; a NewView is resent to one peer at most once per `fetch_ticks`.
@@ -95,14 +101,27 @@ class ViewChangeFlow:
         self._view = new_view
         self._active = False
         self._backoff += 1
-        self._timer = self._timeout()
+        self._timer = None  # started by `_tick` once the view change is backed
         self._durable_dirty = True
         self._hard_dirty = True
         self._requests.view_changed()
         self._log.drop_views_below(new_view)
         self._broadcast_view_change()
 
-    def _broadcast_view_change(self) -> None:
+    def _view_change_backed(self) -> bool:
+        """Whether 2f+1 replicas (this one included) ask for this view or a later one."""
+        v = self._view
+        return sum(vc.new_view >= v for vc in self._latest_vc.values()) >= self._cfg.quorum
+
+    def _rebroadcast_view_change(self) -> None:
+        """Broadcast our ViewChange for the current view again (it may have been lost)."""
+        own = self._latest_vc.get(self._me)
+        if own is not None and own.new_view == self._view:
+            self._broadcast(own)
+
+    def _own_view_change(self) -> ViewChange:
+        """Our signed ViewChange for the current view, from our stable checkpoint and the
+        prepared certificates above it."""
         stable = self._checkpoints.stable
         vc = ViewChange(
             new_view=self._view,
@@ -111,7 +130,7 @@ class ViewChangeFlow:
             prepared_proofs=self._log.certificates(),
             replica=self._me,
         )
-        vc = ViewChange(
+        return ViewChange(
             new_view=vc.new_view,
             stable_seq=vc.stable_seq,
             checkpoint_proof=vc.checkpoint_proof,
@@ -119,6 +138,9 @@ class ViewChangeFlow:
             replica=self._me,
             signature=self._safety.sign(vc),
         )
+
+    def _broadcast_view_change(self) -> None:
+        vc = self._own_view_change()
         self._broadcast(vc)
         self._add_view_change(vc)
 
@@ -148,12 +170,21 @@ class ViewChangeFlow:
         v = self._view
         if self._active or self._cfg.primary(v) != self._me or self._new_view_sent >= v:
             return
-        vcs = tuple(
-            self._latest_vc[r] for r in sorted(self._latest_vc) if self._latest_vc[r].new_view == v
+        latest = self._latest_vc
+        others = tuple(
+            latest[r] for r in sorted(latest) if r != self._me and latest[r].new_view == v
         )
-        if len(vcs) < self._cfg.quorum:
+        own = latest.get(self._me)
+        if own is None or own.new_view != v or 1 + len(others) < self._cfg.quorum:
             return
-        vcs = vcs[: self._cfg.quorum]
+        if own.stable_seq < self._checkpoints.stable.seq:
+            # Our checkpoint became stable after we asked for this view. V must carry it:
+            # min-s is the latest stable checkpoint in V, and we can no longer sign a
+            # pre-prepare at or below our own (`SafetyRules` pruned those records).
+            own = latest[self._me] = self._own_view_change()
+            self._broadcast(own)
+        # V always holds our own ViewChange, so min-s is at least our stable checkpoint.
+        vcs = (own, *others[: self._cfg.quorum - 1])
         self._new_view_sent = v
         plan = compute_new_view(self._cfg, self._crypto, v, vcs)
         signed = tuple(self._safety.sign_pre_prepare(pp) for pp in plan.pre_prepares)
