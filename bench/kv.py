@@ -1,8 +1,9 @@
 """KV write benchmark: phalanx vs PySyncObj vs etcd, 3 nodes on loopback, same run, ratios.
 
 Run: `.venv/bin/python bench/kv.py` (a few minutes), `--quick` for a smoke run (1 and 16
-clients, 2 s per level, no RSS phase). `--help` lists the flags; `--protocol` selects the
-phalanx protocol (raft now; pbft when it lands).
+clients, 2 s per level, no RSS phase). `--help` lists the flags; `--protocol pbft` runs a
+4-replica PBFT cluster as "phalanx" and, by default, phalanx's 3-node Raft cluster beside it
+as "raft" (same load, same run).
 
 What is measured, per system and per client count C (default 1, 16, 64, 256):
 - C closed-loop clients, each writing put after put with 100-byte values to unique keys;
@@ -47,7 +48,10 @@ from _etcd import EtcdCluster, EtcdError, etcd_binary, etcd_version
 from _loadgen import LevelResult, Target, machine_info, make_value, run_level, start_profilers
 from _pso import PsoCluster, PsoError, pysyncobj_version
 
-SYSTEMS = ("phalanx", "etcd", "pysyncobj")
+SYSTEMS = ("phalanx", "raft", "etcd", "pysyncobj")
+"""`raft` is phalanx's own 3-node Raft cluster beside a `--protocol pbft` run (the PBFT
+issue's "beside Raft in the same run"; load levels only, no failover or RSS phase)."""
+PBFT_DEFAULT_SYSTEMS = "phalanx,raft"
 
 
 def log(msg: str) -> None:
@@ -164,6 +168,36 @@ def bench_pysyncobj(args: argparse.Namespace, report: Report) -> None:
     except PsoError as e:
         report.skipped["pysyncobj"] = f"PySyncObj failed: {e}"
         log(report.skipped["pysyncobj"])
+    finally:
+        cluster.stop()
+
+
+def bench_raft(args: argparse.Namespace, report: Report) -> None:
+    """phalanx's Raft cluster beside a PBFT run: the same load levels, nothing else."""
+    from _phalanx import PhalanxCluster, PhalanxUnavailable
+
+    try:
+        cluster = PhalanxCluster(protocol="raft", workdir=args.workdir, nodes=3,
+                                 checkpoint_every_bytes=args.checkpoint_every_bytes)
+    except PhalanxUnavailable as e:
+        report.skipped["raft"] = str(e)
+        log(report.skipped["raft"])
+        return
+    cluster.name = "raft"
+    report.versions["raft"] = "phalanx (raft, 3 nodes, fsync=group)"
+    log(f"raft: starting 3 phalanx raft nodes in {cluster.directory}")
+    cluster.start()
+    try:
+
+        async def phase() -> None:
+            async with cluster.connected():
+                log(f"raft: leader {await cluster.wait_ready()}")
+                await _drive(cluster, args, report)
+
+        trio.run(phase)
+    except PhalanxUnavailable as e:
+        report.skipped["raft"] = f"raft failed: {e}"
+        log(report.skipped["raft"])
     finally:
         cluster.stop()
 
@@ -311,7 +345,7 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
                 continue
             out(f"{r.system:<10} {r.clients:>7} {r.throughput:>10,.0f} {_ms(r.p50_ms):>8} "
                 f"{_ms(r.p99_ms):>8} {r.errors:>6} {r.loadgen_cpu:>7.2f} {r.server_cpu:>7.2f}")
-    out("(cpu = cores used over the window: gen = load generator, srv = the 3 servers; "
+    out("(cpu = cores used over the window: gen = load generator, srv = the servers; "
         "PySyncObj's clients run inside its servers)")
     notes = [(r.system, r.clients, r.note) for r in report.levels if r.note]
     for system, clients, note in notes:
@@ -322,7 +356,7 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
         ph = report.level("phalanx", c)
         assert ph is not None  # filtered above
         parts = []
-        for peer in ("etcd", "pysyncobj"):
+        for peer in ("raft", "etcd", "pysyncobj"):
             other = report.level(peer, c)
             if other is not None and other.throughput > 0:
                 parts.append(f"phalanx/{peer} {ph.throughput / other.throughput:.2f}x")
@@ -371,8 +405,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--protocol", default="raft", choices=("raft", "pbft"),
                    help="phalanx protocol (default raft)")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--systems", default=None,
+                   help=f"comma-separated subset of {','.join(SYSTEMS)} (default: phalanx,etcd,"
+                   f"pysyncobj; with --protocol pbft: {PBFT_DEFAULT_SYSTEMS})")
     p.add_argument("--clients", type=_client_list, default=None,
                    help="client counts (default 1,16,64,256; --quick: 1,16)")
     p.add_argument("--duration", type=float, default=5.0, help="seconds per level (default 5)")
@@ -409,6 +444,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.warmup = 0.5
         args.failover_trials = 1
         args.skip_rss = True
+    if args.systems is None:
+        args.systems = (PBFT_DEFAULT_SYSTEMS if args.protocol == "pbft"
+                        else "phalanx,etcd,pysyncobj")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
@@ -423,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = Report(machine_start=machine_info())
     log(f"machine: {report.machine_start}")
-    runners = {"phalanx": bench_phalanx, "etcd": bench_etcd, "pysyncobj": bench_pysyncobj}
+    runners = {"phalanx": bench_phalanx, "raft": bench_raft, "etcd": bench_etcd,
+               "pysyncobj": bench_pysyncobj}
     for system in args.systems:
         try:
             runners[system](args, report)
