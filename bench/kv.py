@@ -174,59 +174,42 @@ def bench_pysyncobj(args: argparse.Namespace, report: Report) -> None:
 
 def bench_raft(args: argparse.Namespace, report: Report) -> None:
     """phalanx's Raft cluster beside a PBFT run: the same load levels, nothing else."""
-    from _phalanx import PhalanxCluster, PhalanxUnavailable
-
-    try:
-        cluster = PhalanxCluster(protocol="raft", workdir=args.workdir, nodes=3,
-                                 checkpoint_every_bytes=args.checkpoint_every_bytes)
-    except PhalanxUnavailable as e:
-        report.skipped["raft"] = str(e)
-        log(report.skipped["raft"])
-        return
-    cluster.name = "raft"
-    report.versions["raft"] = "phalanx (raft, 3 nodes, fsync=group)"
-    log(f"raft: starting 3 phalanx raft nodes in {cluster.directory}")
-    cluster.start()
-    try:
-
-        async def phase() -> None:
-            async with cluster.connected():
-                log(f"raft: leader {await cluster.wait_ready()}")
-                await _drive(cluster, args, report)
-
-        trio.run(phase)
-    except PhalanxUnavailable as e:
-        report.skipped["raft"] = f"raft failed: {e}"
-        log(report.skipped["raft"])
-    finally:
-        cluster.stop()
+    bench_phalanx(args, report, system="raft", protocol="raft")
 
 
-def bench_phalanx(args: argparse.Namespace, report: Report) -> None:
+def bench_phalanx(args: argparse.Namespace, report: Report, *, system: str = "phalanx",
+                  protocol: str | None = None) -> None:
+    """The phalanx cluster of `protocol` (default `--protocol`), reported as `system`; the
+    failover and RSS phases only for the cluster under test ("phalanx")."""
+    protocol = protocol or args.protocol
+    extras = system == "phalanx"
     try:
         from _phalanx import PhalanxCluster, PhalanxUnavailable, phalanx_failover, phalanx_rss
     except ImportError as e:
-        report.skipped["phalanx"] = f"phalanx runtime/client not importable: {e}"
-        log(report.skipped["phalanx"])
+        report.skipped[system] = f"phalanx runtime/client not importable: {e}"
+        log(report.skipped[system])
         return
     try:
-        nodes = 4 if args.protocol == "pbft" else 3  # PBFT: n = 3f+1 with f = 1
-        cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, nodes=nodes,
+        nodes = 4 if protocol == "pbft" else 3  # PBFT: n = 3f+1 with f = 1
+        cluster = PhalanxCluster(protocol=protocol, workdir=args.workdir, nodes=nodes,
                                  checkpoint_every_bytes=args.checkpoint_every_bytes)
     except PhalanxUnavailable as e:
-        report.skipped["phalanx"] = str(e)
-        log(report.skipped["phalanx"])
+        report.skipped[system] = str(e)
+        log(report.skipped[system])
         return
-    report.versions["phalanx"] = f"phalanx ({args.protocol}, fsync=group)"
-    log(f"phalanx: starting {nodes} {args.protocol} nodes in {cluster.directory}")
+    cluster.name = system
+    report.versions[system] = f"phalanx ({protocol}, {nodes} nodes, fsync=group)"
+    log(f"{system}: starting {nodes} {protocol} nodes in {cluster.directory}")
     cluster.start()
     try:
 
         async def phase() -> None:
             async with cluster.connected():
                 leader = await cluster.wait_ready()
-                log(f"phalanx: leader {leader}")
+                log(f"{system}: leader {leader}")
                 await _drive(cluster, args, report)
+                if not extras:
+                    return
                 if not args.skip_failover:
                     report.failover_s["phalanx"] = await phalanx_failover(
                         cluster, trials=args.failover_trials, log=log
@@ -239,8 +222,8 @@ def bench_phalanx(args: argparse.Namespace, report: Report) -> None:
 
         trio.run(phase)
     except PhalanxUnavailable as e:
-        report.skipped["phalanx"] = f"phalanx failed: {e}"
-        log(report.skipped["phalanx"])
+        report.skipped[system] = f"{system} failed: {e}"
+        log(report.skipped[system])
     finally:
         cluster.stop()
 
