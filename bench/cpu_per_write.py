@@ -25,16 +25,36 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 from _loadgen import make_value, proc_cpu_seconds, run_level
 from _phalanx import PhalanxCluster
+
+from phalanx.config import load_node_config
+
+
+def _commit_index(cluster: PhalanxCluster) -> float | None:
+    """The first node's `phalanx_commit_index` (Prometheus), or None when unavailable:
+    with it, writes per index = requests per PBFT batch (per Raft entry batch)."""
+    node = cluster.config.nodes[0].id
+    listen = load_node_config(cluster.config.node_config_path(node)).metrics_listen
+    if listen is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{listen.host}:{listen.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"(?m)^phalanx_commit_index(?:\{[^}]*\})? (\S+)", text)
+    return float(found.group(1)) if found else None
 
 
 def _load() -> str:
@@ -98,6 +118,7 @@ async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
             # acknowledged would mix in the warmup; so bracket the measured window instead:
             # run_level's own meter sums the servers; here each node is read separately.
             start = {n: proc_cpu_seconds(p) for n, p in pids.items()}
+            index0 = await trio.to_thread.run_sync(_commit_index, cluster)
             began = time.perf_counter()
             if args.profile is not None:
                 spies = _spy(pids, roles, args.profile / f"c{level}", args.warmup + args.duration,
@@ -107,14 +128,18 @@ async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
                                      key_prefix=f"cpw{level}-")
             spent = {n: proc_cpu_seconds(p) - start[n] for n, p in pids.items()}
             wall = time.perf_counter() - began
+            index1 = await trio.to_thread.run_sync(_commit_index, cluster)
             for proc in spies:
                 await trio.to_thread.run_sync(lambda proc=proc: proc.wait(timeout=60))
             # Writes over the whole bracket: the window's rate times the bracket's span
             # (the warmup and the drain run at the same closed-loop rate).
             writes = max(result.throughput * wall, 1.0)
             per = {n: spent[n] / writes * 1e3 for n in pids}
+            batching = ""
+            if index0 is not None and index1 is not None and index1 > index0:
+                batching = f"  {writes / (index1 - index0):.1f} writes per log index"
             print(f"{level:>4} clients: {result.throughput:8.0f} w/s  p50 {result.p50_ms:6.2f} ms"
-                  f"  errors {result.errors}  {_load()}", flush=True)
+                  f"  errors {result.errors}{batching}  {_load()}", flush=True)
             print("      CPU ms/write: "
                   + ", ".join(f"{n} {roles[n]} {per[n]:.3f}" for n in order)
                   + f"  (sum {sum(per.values()):.3f}; loadgen {result.loadgen_cpu * 100:.0f}%"
