@@ -20,6 +20,8 @@ from phalanx.jepsen.sim.protocols import PROTOCOLS
 from phalanx.jepsen.sim.run import RunConfig, run
 from phalanx.jepsen.sim.sweep import sweep
 
+_DEFAULTS = RunConfig(seed=0)
+
 PBFT_BUG_NAMES = tuple(sorted(KNOWN_BUGS))
 BUG_NAMES = (
     "commit_on_minority",
@@ -81,6 +83,13 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--twins", type=int, default=0, metavar="T",
         help="PBFT: T twinned replicas (TEST ONLY: K + T > f is the must-fail control)",
     )
+    p.add_argument("--clients", type=int, default=_DEFAULTS.clients,
+                   help=f"concurrent client sessions (default {_DEFAULTS.clients})")
+    p.add_argument("--keys", type=int, default=_DEFAULTS.keys,
+                   help=f"keys the clients read and write (default {_DEFAULTS.keys})")
+    p.add_argument("--max-events", type=int, default=_DEFAULTS.max_events,
+                   help="event budget of one seed; a run that exceeds it fails "
+                   f"(default {_DEFAULTS.max_events:,})")
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
     p.set_defaults(handler=_handle)
 
@@ -104,6 +113,9 @@ def _handle(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nodes < 1:
         print("phalanx sim: --nodes must be >= 1", file=sys.stderr)
         return 2
+    if min(args.clients, args.keys, args.max_events) < 1:
+        print("phalanx sim: --clients, --keys and --max-events must be >= 1", file=sys.stderr)
+        return 2
     base = RunConfig(
         seed=args.seed_start,
         protocol=args.protocol,
@@ -116,6 +128,9 @@ def _handle(args: argparse.Namespace) -> int:
         liveness_ns=int(args.liveness * 1e9),
         swarm=not args.no_swarm,
         use_codec=not args.no_codec,
+        clients=args.clients,
+        keys=args.keys,
+        max_events=args.max_events,
     )
     if args.trace is not None:
         if args.seeds != 1:

@@ -60,6 +60,11 @@ ReplicaFactory = Callable[[str, Storage, DurableState], Replica]
 
 
 class ClientSink(Protocol):
+    answers_all: bool
+    """True (BFT): a node answers every request it executes, not only those submitted to it,
+    as a real PBFT replica answers a client's subscribed connection
+    (`phalanx.client_waiters`): a client that sent to the primary alone gets f+1 answers."""
+
     def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None: ...
 
     def reject(self, node: str, request: ClientRequest, leader_hint: str | None) -> None: ...
@@ -364,5 +369,6 @@ class SimNode:
         self._reads = waiting
 
     def _answer(self, client_id: str, request_no: int, result: bytes) -> None:
-        if self._client_requests.pop((client_id, request_no), None) is not None:
+        asked = self._client_requests.pop((client_id, request_no), None) is not None
+        if asked or self.clients.answers_all:
             self.clients.answer(self.name, client_id, request_no, result)

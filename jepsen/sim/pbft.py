@@ -1,5 +1,6 @@
 """PBFT in the deterministic simulator: cores with `FastCrypto`, Byzantine replicas, the BFT
-client side (every request to every replica, f+1 matching replies) and the BFT invariants.
+client side (a request to the primary alone once f+1 replicas name it, retransmissions to
+every replica, f+1 matching replies, as `phalanx.client_pbft`) and the BFT invariants.
 
 Owns: `pbft_setup(...)` (called by `phalanx.jepsen.sim.protocols.protocol_setup`),
 `choose_byzantine` (which replicas lie, and how, for a seed), `BftReplies` (the client-side
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from phalanx.apps.kv import KvStateMachine
@@ -186,9 +187,12 @@ def _batch(batch: tuple[ClientRequest, ...]) -> str:
 
 
 class BftReplies:
-    """The BFT client side: every request goes to every replica; a result is accepted once
-    f+1 replicas sent the same one (`ReplyCollector`). Byzantine replicas with
-    ``corrupt_reply`` answer wrong results; the f+1 rule must filter them out."""
+    """The BFT client side, as `phalanx.client_pbft` does it: a request goes to the primary
+    alone when more than f replicas name the same one, else to every replica, and every
+    retransmission goes to every replica (`targets`); every replica answers what it executes
+    (the real replicas answer subscribed connections); a result is accepted once f+1
+    replicas sent the same one (`ReplyCollector`). Byzantine replicas with ``corrupt_reply``
+    answer wrong results; the f+1 rule must filter them out."""
 
     broadcast = True
 
@@ -200,12 +204,28 @@ class BftReplies:
         self._rng = random.Random(f"pbft-replies:{seed}")
         self._collectors: dict[tuple[str, int], ReplyCollector] = {}
         self._done: set[tuple[str, int]] = set()
+        self._sent: set[tuple[str, int]] = set()
         self.issued: set[tuple[str, int, bytes]] = set()
         self.corrupted = 0
 
     def record(self, request: ClientRequest) -> None:
         """A client issued `request` (validity accepts only these)."""
         self.issued.add((request.client_id, request.request_no, request.command))
+
+    def targets(self, request: ClientRequest, claims: Sequence[str | None]) -> tuple[str, ...]:
+        """Where `request` goes: its first send to the replica that more than f of `claims`
+        (each replica's answer to "who is primary?", in replica order) name, if any; else,
+        and on every retransmission, to every replica."""
+        key = (request.client_id, request.request_no)
+        everyone = tuple(str(r) for r in self._replicas)
+        if key in self._sent:
+            return everyone
+        self._sent.add(key)
+        faults = (len(self._replicas) - 1) // 3
+        for candidate in everyone:
+            if sum(claim == candidate for claim in claims) > faults:
+                return (candidate,)
+        return everyone
 
     def reply(self, node: str, client_id: str, request_no: int, result: bytes) -> bytes | None:
         """Feed `node`'s reply; return the accepted result exactly once, else None."""

@@ -12,7 +12,7 @@ must not change the core.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,7 +53,7 @@ class ProtocolSetup:
     checker: InvariantChecker | None = None
     """The protocol's own checker (PBFT: agreement over batches, validity); default Raft's."""
     replies: ReplyFilter | None = None
-    """BFT clients: requests go to every replica, results need f+1 matching replies."""
+    """BFT clients: where requests go (`targets`), results need f+1 matching replies."""
     byzantine: tuple[str, ...] = ()
     """Nodes that may lie: their executions are not checked (a throwaway checker)."""
     description: str = ""
@@ -69,6 +69,10 @@ class ReplyFilter(Protocol):
 
     def record(self, request: ClientRequest) -> None:
         """A client issued `request`."""
+        ...
+
+    def targets(self, request: ClientRequest, claims: Sequence[str | None]) -> tuple[str, ...]:
+        """The replicas to send `request` to, given each replica's claim of who is primary."""
         ...
 
     def reply(self, node: str, client_id: str, request_no: int, result: bytes) -> bytes | None:

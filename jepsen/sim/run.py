@@ -96,10 +96,15 @@ class RunConfig:
         liveness = ""
         if self.liveness_ns != _DEFAULT_LIVENESS_NS:
             liveness = f" --liveness {self.liveness_ns / 1e9:g}"
+        default = RunConfig(seed=self.seed)  # the CLI's defaults: only differences are shown
+        shape = "".join(f" --{flag} {value}" for flag, value, base in (
+            ("clients", self.clients, default.clients), ("keys", self.keys, default.keys),
+            ("max-events", self.max_events, default.max_events)) if value != base)
+        shape += "" if self.use_codec else " --no-codec"
         return (
             f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
             f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
-            f"{liveness}{swarm}{bugs} --trace trace-{self.seed}.txt"
+            f"{liveness}{shape}{swarm}{bugs} --trace trace-{self.seed}.txt"
         )
 
 
@@ -207,6 +212,7 @@ class _Cluster:
         )
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies
+        self.answers_all = setup.replies is not None
         self._watch_send = setup.watch_send
         if setup.description:
             self.trace(f"SETUP {setup.description}")
@@ -295,9 +301,11 @@ class _Cluster:
 
     def submit(self, client: SimClient, node: str, request: ClientRequest) -> None:
         self._by_session[request.client_id] = client
-        if self.replies is not None:  # BFT: to every replica, f+1 matching replies
+        if self.replies is not None:  # BFT: the primary or every replica; f+1 replies
             self.replies.record(request)
-            for name in self.names:
+            cores = [self.nodes[name].core for name in self.names]
+            claims = [None if c is None else c.status().leader for c in cores]
+            for name in self.replies.targets(request, claims):
                 each = self.nodes[name]
                 self.loop.call_later(self._client_rtt_ns, partial(each.submit, request))
             return

@@ -147,3 +147,19 @@ def test_checker_validity_rejects_requests_no_client_issued() -> None:
     checker = BftChecker({("c", 1, b"x1")})
     checker.observe_apply("n1", _entry(1, _req(3)), 0)
     assert [v.invariant for v in checker.violations] == ["validity"]
+
+
+def test_sim_clients_send_to_the_primary_f_plus_1_name_and_retransmit_to_all() -> None:
+    # As `phalanx.client_pbft`: alone to the primary that more than f replicas name, to
+    # everyone when they do not agree, and every retransmission to everyone.
+    names = ("n1", "n2", "n3", "n4")
+    replies = BftReplies(names, (), seed=0)
+    r = ClientRequest(client_id="c", request_no=1, command=b"x")
+    assert replies.targets(r, ["n2", "n2", None, "n1"]) == ("n2",)
+    assert replies.targets(r, ["n2", "n2", "n2", "n2"]) == names  # the retransmission
+    lone = ClientRequest(client_id="c", request_no=2, command=b"x")
+    assert replies.targets(lone, ["n3", None, None, None]) == names  # one replica's word
+    seven = BftReplies(tuple(f"n{i}" for i in range(1, 8)), (), seed=0)
+    claims = ["n2", "n2", None, None, None, None, None]  # f = 2: two names are not enough
+    assert len(seven.targets(r, claims)) == 7
+    assert seven.targets(lone, ["n2", "n2", "n2", None, None, None, None]) == ("n2",)

@@ -114,3 +114,23 @@ def test_cli_exit_codes_and_trace(tmp_path: object, capsys: pytest.CaptureFixtur
     assert "replay: phalanx sim" in out
     assert trace.read_text().count("\n") > 1000
     assert _cli(["--faults", "bogus"]) == 2
+
+
+def test_a_replay_command_reproduces_a_non_default_run(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The bug-control sweeps run 2 clients on 2 keys with a smaller event budget: the replay
+    # command printed for one of their seeds must carry all of that, or it replays another run.
+    import shlex
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    cfg = RunConfig(seed=5, protocol="pbft", nodes=4, byzantine=1, time_ns=600 * _MS,
+                    liveness_ns=1_200 * _MS, clients=2, keys=2, max_events=30_000,
+                    use_codec=False)
+    expected = run(cfg).trace_hash
+    argv = shlex.split(cfg.replay_command())
+    assert argv[:2] == ["phalanx", "sim"]
+    argv = [a if not a.startswith("trace-") else str(tmp_path / a) for a in argv[2:]]
+    assert _cli(argv) in (0, 1)
+    assert f"trace hash {expected}" in capsys.readouterr().out
