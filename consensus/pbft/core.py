@@ -434,8 +434,7 @@ class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
             if book.pending:
                 book.pending_age += 1
             if room:
-                # Only the expected returning clients can hold requests back now.
-                if book.tick() and book.pending:
+                if book.tick():  # the expected returning clients are late: stop waiting
                     self._flush()
             elif book.pending and book.pending_age >= self._cfg.batch_ticks:
                 self._flush(force=True)
