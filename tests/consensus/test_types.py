@@ -111,15 +111,21 @@ def test_hot_records_still_validate() -> None:
                        last_log_term=0).pre_vote is False
 
 
+@dataclasses.dataclass(slots=True, kw_only=True)
+class _NotFrozen:
+    """Refused by `raw_init`, `maker` and `slot_twin` (mutable)."""
+
+    a: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _NoSlots:
+    """Refused by `raw_init`, `maker` and `slot_twin` (no slots)."""
+
+    a: int
+
+
 def test_raw_init_refuses_what_it_cannot_serve() -> None:
-    @dataclasses.dataclass(slots=True, kw_only=True)
-    class NotFrozen:
-        a: int
-
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class NoSlots:
-        a: int
-
     @dataclasses.dataclass(frozen=True, slots=True)
     class Positional:
         a: int
@@ -128,7 +134,7 @@ def test_raw_init_refuses_what_it_cannot_serve() -> None:
     class Factory:
         a: list[int] = dataclasses.field(default_factory=list)
 
-    for cls in (NotFrozen, NoSlots, Positional, Factory, int):
+    for cls in (_NotFrozen, _NoSlots, Positional, Factory, int):
         with pytest.raises(TypeError):
             raw_init(cls)
 
@@ -168,14 +174,6 @@ def test_maker_keeps_validation_and_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(TypeError):
         maker(_Fast)(1, "x")  # every field, positionally
 
-    @dataclasses.dataclass(slots=True, kw_only=True)
-    class NotFrozen:
-        a: int
-
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class NoSlots:
-        a: int
-
     class Base:
         __slots__ = ()
 
@@ -186,7 +184,7 @@ def test_maker_keeps_validation_and_refuses_what_it_cannot_serve() -> None:
     class CustomBase(Base):
         a: int
 
-    for cls in (NotFrozen, NoSlots, CustomBase, int):
+    for cls in (_NotFrozen, _NoSlots, CustomBase, int):
         with pytest.raises(TypeError):
             slot_twin(cls)
         with pytest.raises(TypeError):
