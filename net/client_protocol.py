@@ -15,6 +15,11 @@ Semantics:
   names the node to try, when known. The request was certainly not appended here.
 - `ReplyStatus.RETRY`: transient (election in progress, overloaded); try again, same ids.
 - `ReplyStatus.ERROR`: the request itself is invalid (`message` says why); retrying will not help.
+- `ReplyStatus.FORBIDDEN`: the connection's certificate has no role that allows this call
+  (`message` says which role it needs); nothing was appended.
+- `ReplyStatus.UNAVAILABLE`: the node's storage cannot take writes now (disk full, broken
+  storage; `message` says why); nothing was appended here. Another node, or the same one
+  later, may succeed.
 - `ReadConsistency.LINEARIZABLE` (default) reads go through the core (Raft ReadIndex, PBFT
   ordering); `STALE` reads are served from the contacted node's applied state, which may be
   behind.
@@ -47,6 +52,8 @@ class ReplyStatus(enum.IntEnum):
     REDIRECT = 1
     RETRY = 2
     ERROR = 3
+    FORBIDDEN = 4
+    UNAVAILABLE = 5
 
 
 class ReadConsistency(enum.IntEnum):
