@@ -320,6 +320,10 @@ class CoreStatus:
     commit_index: int
     leader: NodeId | None
     dropped: Mapping[str, int] = field(default_factory=dict)
+    recovering: bool = False
+    """This node lost durable state (an empty or unreadable data directory: amnesia) and
+    neither votes nor campaigns until it has caught up from a leader; the driver records
+    the end of recovery durably once this turns False."""
 
 
 class Core(Protocol):

@@ -123,6 +123,14 @@ class RaftRestoredState:
     hard_state: HardState
     snapshot: Snapshot | None = None
     entries: tuple[Entry, ...] = ()
+    recovering: bool = False
+    """The node lost durable state it once had (amnesia: an empty data directory of a
+    known member, a missing hard state, a log cut short by repair), so it may have voted or
+    acknowledged entries it no longer remembers. It then neither votes (nor pre-votes) nor
+    campaigns until its log holds, durably and matching the leader's, everything a leader
+    of its current term had committed when it first heard from that leader (Protocol-Aware
+    Recovery, FAST'18). On leaving recovery it takes that leader as its vote for the term,
+    so it never votes twice in a term it may have voted in before."""
 
 
 # ------------------------------------------------------------------------------ inputs

@@ -162,6 +162,9 @@ class RaftCore(Proposals):
         """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
         self._last_hs = HardState(term=hs.term, vote=hs.vote, commit=hs.commit)
         self._bug_forget_persist_vote = "forget_persist_vote" in config.bugs
+        self.recovering = restored is not None and restored.recovering
+        """Amnesia (`RaftRestoredState.recovering`): no votes, no campaigns until
+        `_maybe_recovered` finds the log caught up."""
         self._reset_out()
         self._reset_election_timeout()
 
@@ -184,6 +187,8 @@ class RaftCore(Proposals):
                 self._persisted(inp.number)  # type: ignore[union-attr]
             else:
                 self._dispatch(inp)
+            if self.recovering:
+                self._maybe_recovered()
             # The Ready of this step (inlined: one call less per step). It hands the output
             # lists over; the next step starts with fresh ones.
             commit = self.commit
@@ -311,7 +316,23 @@ class RaftCore(Proposals):
             progress={p: pr.describe() for p, pr in self.prs.items()},
             lead_transferee=self.lead_transferee,
             conf_change_error=self.conf_change_error,
+            recovering=self.recovering,
         )
+
+    def _maybe_recovered(self) -> None:
+        """Leave recovery once this follower holds, durably and matching its leader's log,
+        an entry of the leader's own term that the leader reports committed: every entry
+        committed in an earlier term precedes it in the leader's log (Leader Completeness;
+        the leader was elected without our vote, which we withheld), so whatever we may
+        have acknowledged before losing our state is back. The leader becomes our vote for
+        this term: we may have voted in it before and must not vote again."""
+        if (self.role is not Role.FOLLOWER or self.leader is None
+                or self.durable < self.commit or self.commit == 0
+                or self.log.term_at(self.commit) != self.term):
+            return
+        self.recovering = False
+        if self.vote is None:
+            self.vote = self.leader
 
     # ------------------------------------------------------------------------ output
 
@@ -489,10 +510,15 @@ class RaftCore(Proposals):
                 self.election_elapsed = 0
                 self.leader = src
                 log = self.log
-                commit = min(m.leader_commit, log.offset + len(log.entries))
+                last = log.offset + len(log.entries)
+                commit = min(m.leader_commit, last)
                 if commit > self.commit:
                     self.commit = commit
-                self._msgs.append(new_send(src, _new_heartbeat_response(self.term, m.context)))
+                # The leader believes we match at least its `leader_commit`: past our log
+                # end, we lost acknowledged entries (see `HeartbeatResponse.lost_from`).
+                lost_from = last + 1 if m.leader_commit > last else 0
+                self._msgs.append(new_send(src, _new_heartbeat_response(self.term, m.context,
+                                                                        lost_from)))
             case InstallSnapshot():
                 self._accept_leader(src)
                 self._handle_install_snapshot(src, m)

@@ -46,6 +46,7 @@ class Election(Replication):
     randomized_timeout: int
     _rng: random.Random
     _self_vote_number: int
+    recovering: bool
 
     @abc.abstractmethod
     def _become_follower(self, term: int, leader: NodeId | None) -> None:
@@ -82,6 +83,8 @@ class Election(Replication):
         self._reset_election_timeout()
 
     def _promotable(self) -> bool:
+        if self.recovering:
+            return False  # amnesia: no candidacy until caught up (RaftRestoredState)
         return self.id in self.config.voters or self.id in self.config.voters_outgoing
 
     # ------------------------------------------------------------------------ time
@@ -155,6 +158,13 @@ class Election(Replication):
 
     def _handle_request_vote(self, src: NodeId, m: RequestVote) -> None:
         # Ref: §3.6.1 (election restriction) and §9.6 (pre-vote: no state change).
+        if self.recovering:
+            # Amnesia: we may have voted in this term before losing our state, and our log
+            # may lack entries we acknowledged; neither vote nor pre-vote until caught up.
+            self._drop("vote_while_recovering")
+            self._send(src, RequestVoteResponse(term=self.term, vote_granted=False,
+                                                pre_vote=m.pre_vote))
+            return
         vote = self.vote
         if "skip_vote_term_check" in self.cfg.bugs and not m.pre_vote and m.term == self.term:
             vote = None  # BUG (test-only): `>=` for "a newer term", forgetting this term's vote

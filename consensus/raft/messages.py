@@ -135,14 +135,22 @@ class Heartbeat(Message):
 @raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatResponse(Message):
-    """A follower's acknowledgement of a heartbeat, echoing its ReadIndex `context`."""
+    """A follower's acknowledgement of a heartbeat, echoing its ReadIndex `context`.
+
+    `lost_from` is 0, or the follower's last index + 1 when the heartbeat named a commit
+    index beyond its log: the heartbeat's commit is min(match, commit), so the follower lost
+    entries it had acknowledged (a lost or repaired disk). The leader lowers its `match` for
+    the follower and probes from there; without it the leader would treat every rejection
+    below the old `match` as stale and never send the missing entries."""
 
     term: int
     context: int = 0
+    lost_from: int = 0
 
     def __str__(self) -> str:
         ctx = f" ctx={self.context}" if self.context else ""
-        return f"HeartbeatResponse term={self.term}{ctx}"
+        lost = f" lost_from={self.lost_from}" if self.lost_from else ""
+        return f"HeartbeatResponse term={self.term}{ctx}{lost}"
 
 
 @raw_init
@@ -239,5 +247,5 @@ new_append_entries_response: Callable[[int, bool, int, int, int, int], AppendEnt
 """(term, success, match_index, reject_index, conflict_index, conflict_term)"""
 new_heartbeat: Callable[[int, NodeId, int, int], Heartbeat] = maker(Heartbeat)
 """(term, leader_id, leader_commit, context)"""
-new_heartbeat_response: Callable[[int, int], HeartbeatResponse] = maker(HeartbeatResponse)
+new_heartbeat_response: Callable[[int, int, int], HeartbeatResponse] = maker(HeartbeatResponse)
 """(term, context)"""

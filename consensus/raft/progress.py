@@ -153,6 +153,13 @@ class Progress:
         `STALL_LIMIT` more than its learnt `lag`, at most `stall_limit`."""
         return min(self.stall_limit, STALL_LIMIT + self.lag)
 
+    def forget_after(self, match: int) -> None:
+        """The follower lost its entries after `match` (a lost or repaired disk): match may
+        go down here and only here; probe from `match + 1`."""
+        self.match = min(self.match, match)
+        self.become_probe()
+        self.next = self.match + 1
+
     def become_replicate(self) -> None:
         self.state = ProgressState.REPLICATE
         self.next = self.match + 1

@@ -287,6 +287,10 @@ class Replication(abc.ABC):
         self._send_append(p, allow_empty=True)
 
     def _handle_heartbeat_response(self, p: NodeId, pr: Progress, m: HeartbeatResponse) -> None:
+        if 0 < m.lost_from <= pr.match and pr.state is not ProgressState.SNAPSHOT:
+            # The follower lost entries it acknowledged: lower its match (our commit stays:
+            # it only grows) and probe from its log end.
+            pr.forget_after(m.lost_from - 1)
         if pr.state is ProgressState.SNAPSHOT:
             self._send_snapshot_chunk(p, pr)  # retransmit the outstanding chunk
         else:

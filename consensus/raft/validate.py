@@ -54,7 +54,7 @@ def drop_reason(src: NodeId, m: Message) -> str | None:
                 return "malformed"
             return None
         case HeartbeatResponse():
-            return "malformed" if min(m.term, m.context) < 0 else None
+            return "malformed" if min(m.term, m.context, m.lost_from) < 0 else None
         case RequestVote():
             if m.candidate_id != src:
                 return "spoofed_sender"

@@ -202,7 +202,7 @@ def test_hot_path_makers_build_the_keyword_records() -> None:
         (new_append_entries_response(3, True, 2, 0, 0, 0),
          AppendEntriesResponse(term=3, success=True, match_index=2)),
         (new_heartbeat(3, n1, 1, 7), Heartbeat(term=3, leader_id=n1, leader_commit=1, context=7)),
-        (new_heartbeat_response(3, 7), HeartbeatResponse(term=3, context=7)),
+        (new_heartbeat_response(3, 7, 2), HeartbeatResponse(term=3, context=7, lost_from=2)),
         (new_send(n2, ae), Send(to=n2, message=ae)),
         (new_receive(n1, ae), Receive(src=n1, message=ae)),
         (new_persisted(4), Persisted(number=4)),
