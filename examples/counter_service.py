@@ -21,6 +21,7 @@ import trio
 from phalanx import pki
 from phalanx.config import Address, NodeConfig, PeerConfig, TlsFiles
 from phalanx.consensus.types import ClientRequest
+from phalanx.identity import prepare_data_dir
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
 from phalanx.net.framing import FrameDecoder, encode_frame
@@ -71,6 +72,10 @@ def cluster_configs(root: Path, n: int = 3) -> list[NodeConfig]:
     configs = []
     for node_id in ids:
         paths = pki.write_credentials(pki.issue_node_cert(ca, node_id), root / node_id)
+        # A new node of a new cluster: without this mark an empty data directory counts
+        # as a lost disk, and the node waits to recover from peers before it votes.
+        prepare_data_dir(root / node_id / "data", node=node_id,
+                         ca_certificate=paths.ca_certificate)
         configs.append(NodeConfig(
             id=node_id, protocol="raft", data_dir=root / node_id / "data",
             peer_listen=peer[node_id], client_listen=client[node_id], metrics_listen=None,

@@ -57,6 +57,7 @@ from phalanx.config import (
     load_cluster_config,
     node_config_dict,
 )
+from phalanx.identity import prepare_data_dir
 from phalanx.pbft_keys import generate_key_file
 from phalanx.ports import ephemeral_port_range, listen_window, ports_free
 
@@ -229,7 +230,7 @@ def _write_cluster(
         members = tuple(keyed)
     for i, me in enumerate(members):
         paths = pki.write_credentials(pki.issue_node_cert(ca, me.id, hosts=hosts), nodes_dir)
-        (root / "data" / me.id).mkdir(parents=True)
+        prepare_data_dir(root / "data" / me.id, node=me.id, ca_certificate=paths.ca_certificate)
         cfg = NodeConfig(
             id=me.id,
             protocol=protocol,

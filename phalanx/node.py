@@ -26,6 +26,7 @@ Must not import: the CLI (`phalanx.cli`), the client library.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -54,6 +55,14 @@ from phalanx.consensus.types import (
 from phalanx.driver import Driver
 from phalanx.driver_stats import DriverStatistics
 from phalanx.group_commit import GroupCommitter
+from phalanx.identity import (
+    Identity,
+    IdentityError,
+    amnesia,
+    cluster_fingerprint,
+    read_identity,
+    write_identity,
+)
 from phalanx.metrics import NodeMetrics, serve_metrics
 from phalanx.net import wire
 from phalanx.net.client_protocol import StatusReply
@@ -205,6 +214,7 @@ async def open_node(
     rng: random.Random | None = None,
     byzantine: str | None = None,
     gc_pacer: GcPacer | None = None,
+    bootstrap: bool = False,
 ) -> AsyncIterator[Node]:
     """Run node `config` for the body of the `async with`; yields the running `Node`.
 
@@ -216,6 +226,9 @@ async def open_node(
             node lies on purpose. For tests and demos.
         gc_pacer: keep the cyclic GC's full passes off a large state
             (`phalanx.apps.gc_pacer`; process-global, so opt-in: `phalanx node run` uses one).
+        bootstrap: an empty data directory without an IDENTITY file is a new node of a new
+            cluster (not a lost disk). `phalanx.identity.prepare_data_dir` (which `phalanx
+            cluster init` runs) marks a new node's directory instead.
 
     Raises:
         NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft.
@@ -225,6 +238,7 @@ async def open_node(
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
                         "cluster; this node runs raft")
     register_codecs(config.protocol)
+    identity, cluster_id = _check_identity(config)
     rng = rng if rng is not None else random.Random()
     machine = node_state_machine(
         state_machine if state_machine is not None else KvStateMachine(), byzantine, rng)
@@ -245,6 +259,27 @@ async def open_node(
         durable = persister.load()
         for problem in durable.problems:
             logger.warning("%s: skipped a corrupt checkpoint: %s", config.id, problem)
+        verdict = amnesia(
+            identity=identity,
+            has_state=(durable.hard_state is not None or durable.snapshot is not None
+                       or bool(durable.entries) or durable.core_state is not None),
+            has_hard_state=durable.hard_state is not None or durable.core_state is not None,
+            bootstrap=bootstrap, single_voter=len(config.members()) == 1)
+        if verdict.reason:
+            if verdict.recovering:
+                logger.error(
+                    "%s: %s. Starting in RECOVERY MODE: this node will not vote or campaign "
+                    "until it has caught up from the leader (`phalanx status` shows "
+                    "'recovering'); a majority of the other nodes must be up. If this really "
+                    "is a new node of a new cluster, stop it and start it with --bootstrap.",
+                    config.id, verdict.reason)
+            else:
+                logger.error("%s: %s", config.id, verdict.reason)
+        recorded = identity.state if identity is not None else None
+        if recorded != verdict.next_state:
+            write_identity(config.data_dir, Identity(cluster=cluster_id, node=config.id,
+                                                     state=verdict.next_state))
+        durable = dataclasses.replace(durable, recovering=verdict.recovering)
         voters = tuple(NodeId(m) for m in config.members())
         replica = Replica(
             machine,
@@ -355,6 +390,8 @@ async def open_node(
                 trio.open_nursery() as nursery:
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
+            nursery.start_soon(_record_membership, config, cluster_id, driver,
+                               verdict.next_state)
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
             logger.info("%s: serving peers on %s, clients on %s", config.id,
@@ -376,12 +413,52 @@ async def open_node(
         storage.close()
 
 
+def _check_identity(config: NodeConfig) -> tuple[Identity | None, str]:
+    """The data directory's IDENTITY (None if it has none) and this cluster's fingerprint.
+    Raises `NodeError` (one line) for another node's or another cluster's directory."""
+    where = config.source or config.id
+    try:
+        cluster_id = cluster_fingerprint(config.tls.ca)
+        identity = read_identity(config.data_dir)
+    except IdentityError as e:
+        raise NodeError(f"{where}: {e}") from None
+    if identity is not None and identity.node != config.id:
+        raise NodeError(f"{where}: data directory {config.data_dir} belongs to node "
+                        f"{identity.node}, not {config.id}; fix data_dir in the config")
+    if identity is not None and identity.cluster != cluster_id:
+        raise NodeError(f"{where}: data directory {config.data_dir} belongs to another "
+                        f"cluster (its CA differs from {config.tls.ca}); fix data_dir or the "
+                        "tls paths in the config")
+    return identity, cluster_id
+
+
+IDENTITY_POLL_SECONDS = 0.2
+
+
+async def _record_membership(config: NodeConfig, cluster_id: str, driver: Driver,
+                             state: str) -> None:
+    """Keep IDENTITY's state in step with the core: ``member`` once a new node has a term
+    (it may have voted since), ``member`` once a recovering node caught up."""
+    while state != "member":
+        await trio.sleep(IDENTITY_POLL_SECONDS)
+        status = driver.status()
+        if status.recovering or (state == "new" and status.term == 0):
+            continue
+        await trio.to_thread.run_sync(write_identity, config.data_dir, Identity(
+            cluster=cluster_id, node=config.id, state="member"))
+        if state == "recovering":
+            logger.warning("%s: recovered: caught up from leader %s at index %d; voting "
+                           "again", config.id, status.leader, status.commit_index)
+        state = "member"
+
+
 async def serve_node(
     config: NodeConfig,
     *,
     state_machine: StateMachine | None = None,
     byzantine: str | None = None,
     gc_pacer: GcPacer | None = None,
+    bootstrap: bool = False,
     task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run node `config` until cancelled; `task_status.started(node)` once it is serving.
@@ -392,6 +469,6 @@ async def serve_node(
             node = await nursery.start(serve_node, config)
     """
     async with open_node(config, state_machine=state_machine, byzantine=byzantine,
-                         gc_pacer=gc_pacer) as node:
+                         gc_pacer=gc_pacer, bootstrap=bootstrap) as node:
         task_status.started(node)
         await trio.sleep_forever()

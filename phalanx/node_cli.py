@@ -31,9 +31,10 @@ TRIM_POLL_S = 1.0
 """How often the node looks whether a heap trim is due (a status read: microseconds)."""
 
 
-async def _run(config: NodeConfig, byzantine: str | None) -> None:
+async def _run(config: NodeConfig, byzantine: str | None, bootstrap: bool) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_node(config, byzantine=byzantine, gc_pacer=GcPacer()) as node:
+        async with open_node(config, byzantine=byzantine, gc_pacer=GcPacer(),
+                             bootstrap=bootstrap) as node:
             print(f"phalanx node {node.id}: peers on {node.peer_address}, clients on "
                   f"{node.client_address}"
                   + (f", metrics on port {node.metrics_port}" if node.metrics_port else "")
@@ -59,10 +60,13 @@ async def _release_free_memory(node: Node) -> None:
             await trio.to_thread.run_sync(trim_malloc)
 
 
-def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
+def run_node(config_path: str | Path, *, byzantine: str | None = None,
+             bootstrap: bool = False) -> int:
     """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code.
 
     `byzantine` (PBFT only; tests and demos): run the replica in that Byzantine mode.
+    `bootstrap`: an empty data directory without IDENTITY is a new cluster's node
+    (`phalanx.node.open_node`).
     The `phalanx node run` command has already put the process on the system allocator by
     then (`phalanx.cli.main`, `phalanx.process_tuning.use_system_malloc`); this function
     never re-executes its caller's process."""
@@ -80,7 +84,7 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
                             format=f"%(asctime)s {config.id} %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
-        trio.run(_run, config, byzantine)
+        trio.run(_run, config, byzantine, bootstrap)
     except NodeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -91,7 +95,7 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
 
 
 def _handle_run(args: argparse.Namespace) -> int:
-    return run_node(args.config, byzantine=args.byzantine)
+    return run_node(args.config, byzantine=args.byzantine, bootstrap=args.bootstrap)
 
 
 def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
@@ -110,6 +114,11 @@ def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--byzantine", metavar="MODE", choices=BYZANTINE_MODES, default=None,
                      help="PBFT only, for tests and demos: run this replica in a Byzantine "
                      f"mode ({', '.join(BYZANTINE_MODES)})")
+    run.add_argument("--bootstrap", action="store_true",
+                     help="the data directory is empty because this is a NEW node of a NEW "
+                     "cluster (cluster init marks new directories, so this is for clusters "
+                     "laid out by hand). Without it an empty directory is treated as a lost "
+                     "disk: the node recovers from its peers before it votes")
     run.set_defaults(handler=_handle_run)
     return parser
 

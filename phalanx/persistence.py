@@ -73,6 +73,8 @@ class DurableState:
         entries: the log entries after the checkpoint, contiguous, in index order.
         problems: checkpoints skipped as corrupt (to report, never to hide).
         core_state: the last `Ready.core_state` written (decoded), for cores that use one.
+        recovering: the node lost durable state it once had (`phalanx.identity.amnesia`
+            decides; `load` always says False): the core starts in recovery mode.
     """
 
     hard_state: HardState | None
@@ -81,6 +83,7 @@ class DurableState:
     entries: tuple[Entry, ...]
     problems: tuple[str, ...] = ()
     core_state: object | None = None
+    recovering: bool = False
 
     def snapshot_bytes(self) -> bytes | None:
         """`snapshot_data` read into memory (for cores that keep the checkpoint as bytes)."""

@@ -217,7 +217,8 @@ def _raft(config: NodeConfig, durable: DurableState, rng: random.Random,
                    max_inflight=max_inflight),
         rng=rng,
         restored=RaftRestoredState(hard_state=durable.hard_state or HardState(),
-                                   snapshot=snapshot, entries=durable.entries),
+                                   snapshot=snapshot, entries=durable.entries,
+                                   recovering=durable.recovering),
     )
 
     def propose_batch(requests: tuple[ClientRequest, ...]) -> Ready:

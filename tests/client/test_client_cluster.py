@@ -12,6 +12,7 @@ import trio
 from phalanx import pki
 from phalanx.client import Client, open_client
 from phalanx.config import Address, NodeConfig, PeerConfig, TimingConfig, TlsFiles
+from phalanx.identity import prepare_data_dir
 from phalanx.net.transport import Backoff
 from phalanx.node import Node, open_node
 from phalanx.ports import free_ports
@@ -28,6 +29,8 @@ def configs(root: Path, ids: tuple[str, ...]) -> tuple[list[NodeConfig], pki.Cre
     out = []
     for node_id in ids:
         paths = pki.write_credentials(pki.issue_node_cert(ca, node_id), root / "nodes" / node_id)
+        prepare_data_dir(root / "data" / node_id, node=node_id,
+                         ca_certificate=paths.ca_certificate)
         out.append(NodeConfig(
             id=node_id, protocol="raft", data_dir=root / "data" / node_id,
             peer_listen=peer[node_id], client_listen=client[node_id], metrics_listen=None,

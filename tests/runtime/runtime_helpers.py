@@ -17,6 +17,7 @@ from phalanx.config import (
     TimingConfig,
     TlsFiles,
 )
+from phalanx.identity import prepare_data_dir
 from phalanx.net import client_protocol, wire
 from phalanx.net.framing import FrameDecoder, encode_frame
 from phalanx.ports import free_ports
@@ -43,6 +44,8 @@ def make_cluster(
     configs = []
     for k, node_id in enumerate(ids):
         paths = pki.write_credentials(pki.issue_node_cert(ca, node_id), root / "nodes" / node_id)
+        prepare_data_dir(root / "data" / node_id, node=node_id,
+                         ca_certificate=paths.ca_certificate)
         configs.append(NodeConfig(
             id=node_id,
             protocol="raft",

@@ -1,0 +1,168 @@
+"""Amnesia on a real (in-process, TLS) 3-node Raft cluster: the hardening issue's attack.
+
+n1 stops; a put is acknowledged by n2 and n3; n2 and n3 stop; n3 comes back with an empty
+data directory (a replaced disk). With the IDENTITY check n3 starts in recovery mode: n1 and
+n3 elect nobody, and once n2 returns the write is there and n3 votes again. The control
+starts n3 with `bootstrap=True` (what every node did before: an empty directory was a new
+node): n1 and n3 elect a leader and the acknowledged write reads as absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+import trio.lowlevel
+from runtime_helpers import RawClient, make_cluster, wait_for
+
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import Get, Put, Value
+from phalanx.config import NodeConfig
+from phalanx.consensus.types import ClientRequest
+from phalanx.identity import IDENTITY_NAME
+from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
+from phalanx.node import Node, NodeError, open_node
+
+
+class Nodes:
+    def __init__(self, configs: list[NodeConfig], nursery: trio.Nursery) -> None:
+        self.configs = {c.id: c for c in configs}
+        self.nursery = nursery
+        self.nodes: dict[str, Node] = {}
+        self.scopes: dict[str, trio.CancelScope] = {}
+
+    async def start(self, node_id: str, *, bootstrap: bool = False) -> Node:
+        config = self.configs[node_id]
+
+        async def run(task_status: trio.TaskStatus[Node]) -> None:
+            with trio.CancelScope() as scope:
+                self.scopes[node_id] = scope
+                async with open_node(config, bootstrap=bootstrap) as node:
+                    task_status.started(node)
+                    await trio.sleep_forever()
+
+        node = await self.nursery.start(run)
+        self.nodes[node_id] = node
+        return node
+
+    async def stop(self, node_id: str) -> None:
+        self.scopes.pop(node_id).cancel()
+        del self.nodes[node_id]
+        for _ in range(5):
+            await trio.lowlevel.checkpoint()
+
+    def leader(self) -> Node | None:
+        leaders = [n for n in self.nodes.values() if n.core_status().role == "leader"]
+        return leaders[0] if len(leaders) == 1 else None
+
+    async def wait_leader(self) -> Node:
+        await wait_for(lambda: self.leader() is not None, what="a leader")
+        leader = self.leader()
+        assert leader is not None
+        return leader
+
+
+async def call(node: Node, n: int, command: bytes, *, read_only: bool = False) -> ClientReply:
+    client = await RawClient.connect(node.client_address, node.config.tls.ca)
+    try:
+        await client.send(ClientCall(request=ClientRequest(
+            client_id="amnesia", request_no=n, command=command, read_only=read_only)))
+        with trio.fail_after(10):
+            reply = await client.receive()
+        assert isinstance(reply, ClientReply)
+        return reply
+    finally:
+        await client.aclose()
+
+
+def identity_state(config: NodeConfig) -> str:
+    return str(json.loads((config.data_dir / IDENTITY_NAME).read_text())["state"])
+
+
+async def acknowledged_write_then_lose_n3_disk(nodes: Nodes) -> None:
+    for node_id in ("n1", "n2", "n3"):
+        await nodes.start(node_id)
+    await nodes.wait_leader()
+    await nodes.stop("n1")
+    leader = await nodes.wait_leader()
+    reply = await call(leader, 1, kv_wire.encode_command(Put(key="k", value=b"acked")))
+    assert reply.status is ReplyStatus.OK
+    await wait_for(lambda: all(identity_state(nodes.configs[i]) == "member"
+                               for i in ("n2", "n3")), what="IDENTITY member on n2, n3")
+    await nodes.stop("n2")
+    await nodes.stop("n3")
+    shutil.rmtree(nodes.configs["n3"].data_dir)
+
+
+async def test_node_with_a_lost_disk_recovers_before_it_votes(tmp_path: Path) -> None:
+    configs = make_cluster(tmp_path)
+    async with trio.open_nursery() as nursery:
+        nodes = Nodes(configs, nursery)
+        await acknowledged_write_then_lose_n3_disk(nodes)
+        await nodes.start("n1")
+        n3 = await nodes.start("n3")
+        assert n3.core_status().recovering
+        assert identity_state(configs[2]) == "recovering"
+        # ~10 election timeouts (10 ticks of 10 ms): n1 must never win with n3's vote.
+        with trio.move_on_after(1.5):
+            while True:
+                assert nodes.leader() is None, "n1 won with the vote of a node that lost its disk"
+                await trio.sleep(0.02)
+        assert n3.core_status().recovering
+        assert n3.core_status().dropped.get("vote_while_recovering", 0) > 0
+        await nodes.start("n2")
+        leader = await nodes.wait_leader()
+        assert leader.id == "n2"
+        reply = await call(leader, 2, kv_wire.encode_command(Get(key="k")), read_only=True)
+        assert reply.status is ReplyStatus.OK
+        assert kv_wire.decode_result(reply.result) == Value(value=b"acked")
+        await wait_for(lambda: not n3.core_status().recovering, what="n3 caught up")
+        await wait_for(lambda: identity_state(configs[2]) == "member",
+                       what="n3's IDENTITY back to member")
+        nursery.cancel_scope.cancel()
+
+
+async def test_control_without_the_check_the_write_is_lost(tmp_path: Path) -> None:
+    """Today's behaviour (every empty directory is a new node): the attack succeeds."""
+    configs = make_cluster(tmp_path)
+    async with trio.open_nursery() as nursery:
+        nodes = Nodes(configs, nursery)
+        await acknowledged_write_then_lose_n3_disk(nodes)
+        await nodes.start("n1")
+        await nodes.start("n3", bootstrap=True)
+        leader = await nodes.wait_leader()
+        reply = await call(leader, 2, kv_wire.encode_command(Get(key="k")), read_only=True)
+        assert reply.status is ReplyStatus.OK
+        assert kv_wire.decode_result(reply.result) == Value(value=None)
+        nursery.cancel_scope.cancel()
+
+
+async def test_missing_hard_state_is_amnesia_too(tmp_path: Path) -> None:
+    configs = make_cluster(tmp_path)
+    async with trio.open_nursery() as nursery:
+        nodes = Nodes(configs, nursery)
+        for node_id in ("n1", "n2", "n3"):
+            await nodes.start(node_id)
+        await nodes.wait_leader()
+        await wait_for(lambda: identity_state(configs[2]) == "member", what="n3 member")
+        await nodes.stop("n3")
+        hard_state = [p for p in configs[2].data_dir.iterdir() if p.name.startswith("hardstate")]
+        assert hard_state, sorted(p.name for p in configs[2].data_dir.iterdir())
+        for p in hard_state:
+            p.unlink()
+        n3 = await nodes.start("n3")
+        assert n3.core_status().recovering
+        await wait_for(lambda: not n3.core_status().recovering, what="n3 caught up")
+        nursery.cancel_scope.cancel()
+
+
+async def test_another_nodes_data_directory_is_refused(tmp_path: Path) -> None:
+    configs = make_cluster(tmp_path)
+    wrong = dataclasses.replace(configs[0], data_dir=configs[1].data_dir)
+    with pytest.raises(NodeError, match="belongs to node n2, not n1"):
+        async with open_node(wrong):
+            pass
