@@ -65,7 +65,7 @@ from phalanx.net.transport import (
     TransportStatistics,
     run_peer_transport,
 )
-from phalanx.persistence import ReadyPersister
+from phalanx.persistence import LostStateError, ReadyPersister
 from phalanx.phase_trace import phase_trace_from_env
 from phalanx.pki import (
     CredentialPaths,
@@ -82,6 +82,7 @@ from phalanx.protocols import (
     register_codecs,
 )
 from phalanx.storage.interface import SyncPolicy
+from phalanx.storage.lock import DirectoryLocked, lock_data_dir
 from phalanx.storage.volatile import open_node_storage
 from phalanx.test_hooks import control_file, watch_clock_rate
 
@@ -218,7 +219,9 @@ async def open_node(
             (`phalanx.apps.gc_pacer`; process-global, so opt-in: `phalanx node run` uses one).
 
     Raises:
-        NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft.
+        NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft, a
+            data directory another process holds (`phalanx.storage.lock`), a lost durable
+            state on a node with no peers.
             Storage errors (`StorageError`) propagate.
     """
     if config.protocol == "raft" and byzantine is not None:
@@ -229,8 +232,16 @@ async def open_node(
     machine = node_state_machine(
         state_machine if state_machine is not None else KvStateMachine(), byzantine, rng)
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
-                                keep_checkpoints=config.checkpoint.keep)
+    try:  # before anything in the directory is read (`phalanx.storage.lock`)
+        dir_lock = lock_data_dir(str(config.data_dir))
+    except DirectoryLocked as e:
+        raise NodeError(f"{config.id}: {e}") from None
+    try:
+        storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
+                                    keep_checkpoints=config.checkpoint.keep)
+    except BaseException:
+        dir_lock.release()
+        raise
     core_state = None
     replica: Replica | None = None
     metrics_server: Any = None
@@ -242,9 +253,17 @@ async def open_node(
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
                                    checkpoints=storage.checkpoints, codec=wire.default_registry(),
                                    core_state=core_state.store if core_state else None)
-        durable = persister.load()
+        try:  # with peers, a log lost to corruption is recovered from them
+            durable = persister.load(recover_lost=bool(config.peers))
+        except LostStateError as e:
+            raise NodeError(f"{config.id}: the durable state in {config.data_dir} is lost "
+                            f"({e}) and this node has no peers to recover from; restore a "
+                            "backup of the data directory") from None
         for problem in durable.problems:
             logger.warning("%s: skipped a corrupt checkpoint: %s", config.id, problem)
+        if durable.lost_reason is not None:
+            logger.warning("%s: this node's log lost entries (%s); it catches up from the "
+                           "leader", config.id, durable.lost_reason)
         voters = tuple(NodeId(m) for m in config.members())
         replica = Replica(
             machine,
@@ -374,6 +393,7 @@ async def open_node(
         if core_state is not None:
             core_state.close()
         storage.close()
+        dir_lock.release()
 
 
 async def serve_node(

@@ -8,6 +8,9 @@ Layout in the directory:
 - `wal-<first index, 20 digits>.seg`: records `first, first+1, ...` (format: `records.py`).
 - `wal.meta`: the compaction point, replaced atomically (temp file, fsync, rename, fsync
   directory). Missing means 0.
+- `wal.lost`: present when the log lost records it once held (`repair_wal` cut it, or the
+  persister found it unusable against the checkpoints); one line saying why. It stays until
+  `clear_lost()`: the node must recover what it lost from its peers before trusting its log.
 
 Crash-safety protocol (each rule closes one crash state recovery could not explain):
 - A segment is fsynced before the next one is created, so only the final segment can hold a
@@ -52,6 +55,8 @@ SEGMENT_PREFIX = "wal-"
 SEGMENT_SUFFIX = ".seg"
 META_NAME = "wal.meta"
 _META_TMP = "wal.meta.tmp"
+LOST_NAME = "wal.lost"
+_LOST_TMP = "wal.lost.tmp"
 _META_MAGIC = b"PHXWAL01"
 _META = struct.Struct("<8sQI")
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -98,6 +103,27 @@ def write_meta(directory: Directory, compacted: int, *, durable: bool) -> None:
     if durable:
         directory.fsync(_META_TMP)
     directory.rename(_META_TMP, META_NAME)
+    if durable:
+        directory.fsync_dir()
+
+
+def read_lost(directory: Directory) -> str | None:
+    """Why the log lost records (the `wal.lost` marker), or None if it never did."""
+    if LOST_NAME not in directory.list():
+        return None
+    text = directory.read(LOST_NAME).decode("utf-8", "replace").strip()
+    return text or "the log lost records (no reason recorded)"
+
+
+def write_lost(directory: Directory, reason: str, *, durable: bool) -> None:
+    """Atomically record that the log lost records, and why (kept if already recorded)."""
+    if LOST_NAME in directory.list():
+        return  # the first loss is the one that matters; it still stands
+    directory.create(_LOST_TMP)
+    directory.append(_LOST_TMP, " ".join(reason.split()).encode() + b"\n")
+    if durable:
+        directory.fsync(_LOST_TMP)
+    directory.rename(_LOST_TMP, LOST_NAME)
     if durable:
         directory.fsync_dir()
 
@@ -405,6 +431,49 @@ class Wal:
                 removed = True
             if removed and durable:
                 self._dir.fsync_dir()
+        except OSError as e:
+            self._poison(e)
+
+    def reset(self, compacted: int, *, lost: str | None = None) -> None:
+        """Drop every record and restart the log, empty, after `compacted` (which may be
+        below the current compaction point), durably. With `lost`, first record durably that
+        the log lost records (`wal.lost`), so a crash in between still says so.
+
+        For a log that cannot continue from the newest checkpoint (it ends behind it, or a
+        gap separates them): see `phalanx.persistence.ReadyPersister.load`.
+        """
+        self._check_usable()
+        durable = self._sync is not SyncPolicy.OFF
+        try:
+            if lost is not None:
+                write_lost(self._dir, lost, durable=durable)
+            while self._segs:
+                seg = self._segs.pop()
+                self._dirty.pop(seg.name, None)
+                self._dir.remove(seg.name)
+            if durable:
+                self._dir.fsync_dir()
+            write_meta(self._dir, compacted, durable=durable)
+            self._compacted = compacted
+        except OSError as e:
+            self._poison(e)
+
+    def lost(self) -> str | None:
+        """Why this log lost records it once held (`wal.lost`), or None."""
+        self._check_usable()
+        try:
+            return read_lost(self._dir)
+        except OSError as e:
+            raise StorageError(f"reading {self._dir.path(LOST_NAME)} failed: {e}") from e
+
+    def clear_lost(self) -> None:
+        """Forget the `wal.lost` marker (the node recovered what it lost from its peers)."""
+        self._check_usable()
+        try:
+            if LOST_NAME in self._dir.list():
+                self._dir.remove(LOST_NAME)
+                if self._sync is not SyncPolicy.OFF:
+                    self._dir.fsync_dir()
         except OSError as e:
             self._poison(e)
 
