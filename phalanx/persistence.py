@@ -341,11 +341,17 @@ class ReadyPersister:
         ready: Ready,
         *,
         install: Callable[[SnapshotMeta, bytes], None] | None = None,
+        again: bool = False,
     ) -> None:
         """The log part of step 1, without syncing: install `ready.snapshot`, truncate from
         `ready.truncate_from`, append `ready.entries` (`persist` minus the hard state, the
-        core state and the sync; group commit writes those once per batch)."""
+        core state and the sync; group commit writes those once per batch).
+
+        `again`: this Ready was (partly) written before a storage failure and the WAL was
+        rewound (`WriteAheadLog.rewind`) since: entries it still holds are written again."""
         wal = self.wal
+        if again and ready.entries and wal.last_index() >= ready.entries[0].index:
+            wal.truncate_suffix(ready.entries[0].index)
         if ready.snapshot is not None:
             meta = ready.snapshot.meta
             if install is not None:

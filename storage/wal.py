@@ -145,6 +145,7 @@ class _Segment:
     first: int
     offsets: array[int]  # file offset of each record; record i has index first + i
     size: int  # bytes in the file (all of them valid records)
+    synced: int = 0  # bytes the last successful fsync made durable (what `rewind` keeps)
 
     @property
     def last(self) -> int:
@@ -218,7 +219,8 @@ class Wal:
             if res.corrupt_offset is not None:
                 raise CorruptionError(f"WAL record is corrupt: {res.reason}", path=path,
                                       offset=res.corrupt_offset)
-            seg = _Segment(name=name, first=first, offsets=res.offsets, size=res.valid_end)
+            seg = _Segment(name=name, first=first, offsets=res.offsets, size=res.valid_end,
+                           synced=res.valid_end)
             if res.torn:
                 if pos != len(listed) - 1:
                     raise CorruptionError(f"damaged record in a non-final segment: {res.reason}",
@@ -320,9 +322,11 @@ class Wal:
                 offsets.append(pos)
                 pos += step
                 i += 1
-            # NB: if this write fails the log is poisoned, so `offsets` need no rollback.
+            # NB: if this write fails the log is poisoned (`rewind` trims `offsets`).
             self._dir.append(seg.name, buf)
             seg.size = pos
+            if self._sync is SyncPolicy.OFF:
+                seg.synced = pos  # nothing is ever synced: nothing to rewind to
             self._dirty[seg.name] = None
 
     def _writable_segment(self, index: int, payload_len: int) -> _Segment:
@@ -335,6 +339,7 @@ class Wal:
             if self._sync is not SyncPolicy.OFF and seg.name in self._dirty:
                 # Rule: a segment is durable before its successor exists.
                 self._dir.fsync(seg.name)
+                seg.synced = seg.size
                 del self._dirty[seg.name]
         seg = _Segment(name=segment_name(index), first=index, offsets=array("q"), size=0)
         self._dir.create(seg.name)
@@ -403,6 +408,7 @@ class Wal:
                 seg = segs[-1]
                 keep = from_index - seg.first
                 seg.size = seg.offsets[keep]
+                seg.synced = min(seg.synced, seg.size)
                 del seg.offsets[keep:]
                 self._dir.truncate(seg.name, seg.size)
                 self._dirty[seg.name] = None
@@ -433,6 +439,44 @@ class Wal:
                 self._dir.fsync_dir()
         except OSError as e:
             self._poison(e)
+
+    def rewind(self) -> None:
+        """After an I/O error (disk full, EIO): make the log usable again at its last
+        durable record. Every segment is cut back to what its last successful fsync made
+        durable, and segments created since are removed; nothing written after that fsync is
+        trusted (after a failed fsync the page cache may hold bytes the disk does not).
+        The log then ends at its last durable record; the caller writes the rest again.
+
+        Raises:
+            StorageError: cutting back failed too (the log stays poisoned; try again later).
+        """
+        if self._closed:
+            raise StorageError("the WAL is closed")
+        durable = self._sync is not SyncPolicy.OFF
+        try:
+            segs = self._segs
+            removed = False
+            while segs and segs[-1].synced == 0:
+                seg = segs.pop()
+                self._dir.remove(seg.name)
+                removed = True
+            for seg in segs:
+                tail = len(seg.offsets) > 0 and seg.offsets[-1] >= seg.synced
+                if seg.size > seg.synced or tail:
+                    keep = bisect_right(seg.offsets, seg.synced - 1)
+                    del seg.offsets[keep:]
+                    seg.size = seg.synced
+                    self._dir.truncate(seg.name, seg.size)
+                    if durable:
+                        self._dir.fsync(seg.name)
+            if durable and (removed or self._dir_dirty):
+                self._dir.fsync_dir()
+        except OSError as e:
+            self._poisoned = e
+            raise StorageError(f"WAL rewind failed: {e}") from e
+        self._dirty.clear()
+        self._dir_dirty = False
+        self._poisoned = None
 
     def reset(self, compacted: int, *, lost: str | None = None) -> None:
         """Drop every record and restart the log, empty, after `compacted` (which may be
@@ -491,6 +535,9 @@ class Wal:
     def _sync_now(self) -> None:
         for name in self._dirty:
             self._dir.fsync(name)
+        for seg in self._segs:
+            if seg.name in self._dirty:
+                seg.synced = seg.size
         self._dirty.clear()
         if self._dir_dirty:
             self._dir.fsync_dir()

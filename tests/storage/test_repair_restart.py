@@ -30,7 +30,7 @@ from phalanx.net import wire
 from phalanx.persistence import DurableState, LostStateError, ReadyPersister
 from phalanx.storage.directory import OsDirectory
 from phalanx.storage.files import Storage, open_file_storage
-from phalanx.storage.interface import Checkpoint, CorruptionError
+from phalanx.storage.interface import Checkpoint, CorruptionError, StorageError
 from phalanx.storage.records import scan
 from phalanx.storage.repair import repair_wal
 from phalanx.storage.wal import list_segments
@@ -184,3 +184,37 @@ def test_every_checkpoint_corrupt_starts_empty_or_refuses_in_one_line(tmp_path: 
     assert durable.log_lost
     _follow(durable, _persister(st))
     st.close()
+
+
+def test_rewind_after_a_failed_write_keeps_only_what_was_synced(tmp_path: Path) -> None:
+    """fsyncgate: after a failed write or fsync nothing written since the last successful
+    fsync is trusted; `rewind` cuts back to it and the log is writable again."""
+    st = open_file_storage(str(tmp_path), segment_bytes=4096)
+    wal = st.wal
+    wal.append_many([(i, b"x" * 100) for i in range(1, 11)])
+    wal.sync()
+    wal.append_many([(i, b"y" * 100) for i in range(11, 61)])  # rolls into new segments
+    real_fsync = OsDirectory.fsync
+
+    def failing(d: OsDirectory, name: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    OsDirectory.fsync = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StorageError, match="No space left"):
+            wal.sync()
+        with pytest.raises(StorageError, match="failed earlier"):
+            wal.append(61, b"z")
+    finally:
+        OsDirectory.fsync = real_fsync  # type: ignore[method-assign]
+    wal.rewind()
+    assert wal.last_index() >= 10
+    assert wal.read(1, 11) == [b"x" * 100] * 10
+    last = wal.last_index()
+    wal.append_many([(i, b"w") for i in range(last + 1, 70)])
+    wal.sync()
+    st.close()
+    reopened = open_file_storage(str(tmp_path), segment_bytes=4096)
+    assert reopened.wal.last_index() == 69
+    assert reopened.wal.read(last + 1, 70) == [b"w"] * (69 - last)
+    reopened.close()
