@@ -18,8 +18,10 @@ import trio
 from runtime_helpers import wait_for
 from test_cluster import call, cluster, get, put
 
+from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Value
+from phalanx.client import StorageUnavailable, open_client
 from phalanx.net.client_protocol import ReplyStatus
 from phalanx.storage.directory import OsDirectory
 
@@ -84,3 +86,21 @@ async def test_disk_full_node_stays_up_refuses_writes_and_resumes(
         await client.aclose()
         await other.aclose()
         await trio.lowlevel.checkpoint()
+
+
+async def test_client_library_reports_storage_unavailable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node's disk full: the client tries each, then raises `StorageUnavailable` with
+    the nodes' reason instead of a bare timeout."""
+    disk = DiskFull(monkeypatch)
+    async with cluster(tmp_path) as c:
+        leader = await c.leader()
+        ca = leader.config.tls.ca
+        disk.roots.update(str(n.config.data_dir) for n in c.nodes.values())
+        addresses = [(n.id, n.client_address.host, n.client_address.port)
+                     for n in c.nodes.values()]
+        context = pki.client_context(ca, check_hostname=False)
+        async with open_client(addresses, ssl_context=context, timeout=2.0,
+                               attempt_timeout=0.5) as client:
+            with pytest.raises(StorageUnavailable, match="No space left on device"):
+                await client.put("k", b"v")
