@@ -29,6 +29,8 @@ Outcomes (what each error promises):
 - `ClientTimeout`: the overall deadline passed; the command MAY OR MAY NOT have taken
   effect, now or later (a history checker records it as indeterminate, ``info``).
 - `ClientClosed`: the client was closed; as indeterminate as a timeout.
+- `StorageUnavailable` (a `ClientTimeout`): the deadline passed and the last node tried
+  answered UNAVAILABLE (its storage cannot take writes: disk full); as indeterminate.
 
 Raft mode: requests go to the node believed to lead; REDIRECT hints are followed at once;
 RETRY, failures and silent nodes rotate to the next node after a jittered backoff, except
@@ -76,6 +78,7 @@ from phalanx.client_errors import (
     KvCommandError,
     ProtocolViolation,
     RequestRejected,
+    StorageUnavailable,
 )
 from phalanx.client_kv import KvHelpers
 from phalanx.client_pbft import PbftCalls
@@ -105,10 +108,14 @@ __all__ = [
     "NodeAddress",
     "ProtocolViolation",
     "RequestRejected",
+    "StorageUnavailable",
     "open_client",
 ]
 
 client_protocol.register()
+
+_UNAVAILABLE = " is unavailable: "
+"""How a last error records an UNAVAILABLE answer (`StorageUnavailable` at the deadline)."""
 
 class Client(KvHelpers, PbftCalls):
     """An async handle on a phalanx cluster. Open it with `open_client` / `Client.connect`.
@@ -270,6 +277,11 @@ class Client(KvHelpers, PbftCalls):
         self, call: PendingCall[ClientReply] | PendingCall[StatusReply], last_error: str | None
     ) -> ClientTimeout:
         self._stats.timeouts += 1
+        if last_error is not None and _UNAVAILABLE in last_error:
+            return StorageUnavailable(
+                f"call {call.client_id}/{call.request_no}: {last_error.split(_UNAVAILABLE)[1]} "
+                f"(node {last_error.split(_UNAVAILABLE)[0]}); it may or may not have taken "
+                "effect", last_error=last_error)
         return ClientTimeout(
             f"call {call.client_id}/{call.request_no} timed out after {self.timeout}s; "
             "it may or may not have taken effect",
@@ -358,6 +370,8 @@ class Client(KvHelpers, PbftCalls):
                     raise RequestRejected(reply.message or "rejected", replica=node)
                 if node != target:
                     continue  # a stale REDIRECT/RETRY from an earlier attempt
+                if reply.status is ReplyStatus.UNAVAILABLE:  # its disk: try the others
+                    return False, b"", None, f"{node}{_UNAVAILABLE}{reply.message}"
                 if reply.status is ReplyStatus.REDIRECT:
                     self._stats.redirects += 1
                     hint = reply.leader_hint

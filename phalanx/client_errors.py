@@ -22,6 +22,13 @@ class ClientTimeout(ClientError, TimeoutError):
         self.last_error = last_error
 
 
+class StorageUnavailable(ClientTimeout):
+    """The deadline passed and the last node tried answered that its storage cannot take
+    writes now (`ReplyStatus.UNAVAILABLE`: disk full, broken storage; the message says why).
+    Indeterminate like any timeout (an earlier attempt may have taken effect); the client
+    tried the other nodes meanwhile."""
+
+
 class ClientClosed(ClientError):
     """The client was closed while (or before) the call ran. Indeterminate, like a timeout."""
 

@@ -55,6 +55,11 @@ connection is also bounded (`phalanx.client_port`), so the input channel stays s
 tick waits at most one drained pass (`DRAIN_LIMIT` items); passes longer than
 `SLOW_PASS_TICKS` ticks are counted (`slow_passes`, exported by the node's metrics).
 
+Storage failures (disk full, EIO) make the driver *storage-unavailable* instead of stopping
+the node (`phalanx.driver_persist`): the failed batch is held and retried, the core is not
+stepped (peer messages are dropped, ticks only time the retries), client calls other than
+stale reads are answered `ReplyStatus.UNAVAILABLE`, status calls as usual.
+
 Time: ticks come from a periodic timer (`phalanx.ticker.Ticker`: a timerfd, else trio's
 clock) every `tick_seconds`; a loop that falls behind more than `MAX_CATCH_UP_TICKS` ticks
 skips them instead of bursting. Inputs are queued with `send_nowait` first (`_put`), so a
@@ -93,7 +98,12 @@ from phalanx.driver_calls import (
     CallAdmission,
 )
 from phalanx.driver_output import PeerOutput
-from phalanx.driver_persist import EARLY_WRITE_CHECKPOINTS, PersistPipeline, _BatchDone
+from phalanx.driver_persist import (
+    EARLY_WRITE_CHECKPOINTS,
+    PersistPipeline,
+    _BatchDone,
+    is_storage_failure,
+)
 from phalanx.driver_stats import DriverObserver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.net.client_protocol import (
@@ -259,6 +269,9 @@ class Driver(CallAdmission, PersistPipeline):
         self._internal: list[Input] = []
         self._reads: list[ReadState] = []
         self._ticks = 0
+        self._storage_error: str | None = None
+        self._retry_at = 0
+        self._retrying = False
         self._was_leader = False
         self._leader: NodeId | None = None
         self._status = core.status()
@@ -317,6 +330,11 @@ class Driver(CallAdmission, PersistPipeline):
     @property
     def applied_index(self) -> int:
         return self.replica.applied_index
+
+    @property
+    def storage_error(self) -> str | None:
+        """Why storage is unavailable (what clients are told), or None while it works."""
+        return self._storage_error
 
     @property
     def busy(self) -> bool:
@@ -379,7 +397,10 @@ class Driver(CallAdmission, PersistPipeline):
                     break
                 self._handle(item)
             if self._proposals:
-                self._propose()
+                if self._storage_error is None:
+                    self._propose()
+                else:  # their waiters were answered when the storage failed
+                    self._proposals, self._proposal_bytes = [], 0
             self._flush()
             self._after_pass()
             self._release_early()
@@ -405,13 +426,24 @@ class Driver(CallAdmission, PersistPipeline):
     # ---------------------------------------------------------------------- the core task
 
     def _handle(self, item: _Item) -> None:
+        if self._storage_error is not None and not isinstance(item, _BatchDone | _Status):
+            self._handle_unavailable(item)
+            return
         match item:
             case _BatchDone(batch=batch, error=error):
                 if self._trace is not None:
                     self._trace.mark("io_end", str(len(batch)))
+                self._retrying = False
                 if error is not None:
-                    logger.critical("%s: persistence failed, stopping: %s", self.node_id, error)
-                    raise error
+                    if not is_storage_failure(error):
+                        logger.critical("%s: persistence failed, stopping: %s", self.node_id,
+                                        error)
+                        raise error
+                    self._storage_failed(batch, error)
+                    return
+                if self._storage_error is not None:
+                    logger.warning("%s: storage is writable again; resuming", self.node_id)
+                    self._storage_error = None
                 self._inflight = None
                 self._inflight_snapshot = False
                 self._complete(batch)
@@ -437,6 +469,22 @@ class Driver(CallAdmission, PersistPipeline):
                 if self._trace is not None and isinstance(item, Receive):
                     self._trace.mark("recv", type(item.message).__name__)
                 self._step(item)
+
+    def _handle_unavailable(self, item: _Item) -> None:
+        """An input while storage is unavailable: the core is not stepped."""
+        match item:
+            case _Call(call=call, target=target):
+                self._refuse_unavailable(call, target)
+            case _Calls(calls=calls, target=target):
+                for one in calls:
+                    self._refuse_unavailable(one, target)
+            case _Disconnected(target=target):
+                self._waiters.forget(target)
+            case Tick():
+                self._ticks += 1
+                self._storage_tick()
+            case Receive():
+                self.stats.dropped_peer_messages += 1
 
     def _trace_tick(self, tick: Tick, trace: PhaseTrace) -> None:
         """A traced tick step: marks ``tick_work`` when the tick itself made progress."""

@@ -3,6 +3,8 @@
 
 Owns: `CallAdmission` (a base class of `Driver`) and its rules, in the order they apply:
 - a STALE read is answered at once from the applied state (RETRY while a snapshot installs);
+  while storage is unavailable, every other call is answered UNAVAILABLE
+  (`_refuse_unavailable`);
 - a write whose `request_no` the session table already holds is answered from it (OK with
   the cached result, or ERROR for an older one): it is never proposed twice;
 - a leader holding `max_pending_calls` unanswered calls answers a NEW write with RETRY
@@ -58,6 +60,7 @@ class CallAdmission:
     _waiters: ClientWaiters
     _propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None
     _proposals: list[ClientRequest]
+    _storage_error: str | None
     _proposal_bytes: int
     _reads: list[ReadState]
     _step: Callable[[Input], None]
@@ -111,6 +114,16 @@ class CallAdmission:
                 self._propose()
         else:
             self._step(Submit(request=request))
+
+    def _refuse_unavailable(self, call: ClientCall, target: ReplyTarget) -> None:
+        """While storage is unavailable (`phalanx.driver_persist`): a STALE read is served
+        as always; anything else is answered UNAVAILABLE with the reason."""
+        request = call.request
+        if request.read_only and call.consistency is ReadConsistency.STALE:
+            self._on_call(call, target)
+        else:
+            self._waiters.reply(target, request, ReplyStatus.UNAVAILABLE,
+                                message=self._storage_error or "storage unavailable")
 
     def _propose(self) -> None:
         """Step the writes batched so far as one proposal (one log entry)."""

@@ -15,10 +15,22 @@ Must not import: sockets, TLS, prometheus, any consensus core, `phalanx.driver`.
 Invariants: at most one batch is on the worker thread (`_inflight`); while it is, the
 replica and the WAL are not touched by the core task and nothing else is persisted; a
 batch is completed only after it is durable, strictly in step order.
+
+Storage failures (disk full, EIO: `StorageError`/`OSError` from a write or fsync) never stop
+the node. The failed batch stays `_inflight` (nothing after it persists; none of its
+messages leave, so a follower acknowledges nothing it could not persist) and the driver is
+*storage-unavailable* (`_storage_error`, see `phalanx.driver`): the core is no longer
+stepped (to its peers the node looks paused: a leader stops heartbeating and the others
+elect a new one), client writes and linearizable reads are answered
+`ReplyStatus.UNAVAILABLE` ("storage unavailable: No space left on device"), stale reads are
+still served. Every `STORAGE_RETRY_TICKS` the batch is tried again on the worker thread
+(`GroupCommitter.retry`: WAL rewound to its last durable record, batch rewritten, synced);
+once that succeeds, the batch completes and the node carries on where it stopped.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -26,9 +38,13 @@ from dataclasses import dataclass
 import trio
 
 from phalanx.consensus.core import CoreStatus, Ready
+from phalanx.consensus.types import NodeId
 from phalanx.driver_stats import DriverObserver, DriverStatistics
 from phalanx.group_commit import GroupCommitter
 from phalanx.phase_trace import PhaseTrace
+from phalanx.storage.interface import StorageError
+
+logger = logging.getLogger(__name__)
 
 IDLE_INLINE_READYS = 8
 """The largest batch `idle_inline` persists on the core task."""
@@ -41,10 +57,31 @@ before writing), and the tasks of one scheduler batch run in either order, so tw
 it write; one more is margin (each costs a pass of trio's run loop)."""
 
 
+STORAGE_RETRY_TICKS = 100
+"""Ticks between attempts to persist a batch after a storage failure (1 s at 10 ms ticks)."""
+
+
+def storage_error_text(error: BaseException) -> str:
+    """`error` for a client: the OS's own words where an `OSError` caused it ("No space
+    left on device"), else the error's message."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__
+    return str(error)
+
+
+def is_storage_failure(error: BaseException) -> bool:
+    """Whether persisting failed on the storage itself (not a bug of ours)."""
+    return isinstance(error, StorageError | OSError)
+
+
 @dataclass(frozen=True, slots=True)
 class _BatchDone:
     batch: Sequence[Ready]
     error: BaseException | None
+    retry: bool = False
 
 
 class PersistPipeline:
@@ -74,18 +111,26 @@ class PersistPipeline:
     _just_yielded: bool
     _flush_again: bool
     _status: CoreStatus
+    node_id: NodeId
     _nursery: trio.Nursery | None
     _complete: Callable[[Sequence[Ready]], None]
+    _fail_waiters: Callable[[str], None]
+    _ticks: int
+    _storage_error: str | None
+    """Set while storage is unavailable: what clients are told (module docstring)."""
+    _retry_at: int
+    _retrying: bool
 
-    async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool) -> None:
+    async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool,
+                             retry: bool = False) -> None:
         committer = self.committer
 
         spent = [0.0]
 
         def work() -> bool:
             begin = time.perf_counter()
-            synced = committer.persist(batch)
-            if flush_commit:
+            synced = committer.retry(batch) if retry else committer.persist(batch)
+            if flush_commit and not retry:
                 committer.flush_commit()
             spent[0] = time.perf_counter() - begin
             return synced
@@ -103,7 +148,28 @@ class PersistPipeline:
             self.stats.fsyncs += 1
             if self._observer is not None:
                 self._observer.on_fsync(time.perf_counter() - start, len(batch))
-        await self._post(_BatchDone(batch, error))
+        await self._post(_BatchDone(batch, error, retry))
+
+    def _storage_failed(self, batch: Sequence[Ready], error: BaseException) -> None:
+        """`batch` could not be made durable: hold it and become storage-unavailable."""
+        first = self._storage_error is None
+        self._storage_error = f"storage unavailable: {storage_error_text(error)}"
+        self._inflight = batch
+        self._retrying = False
+        self._retry_at = self._ticks + STORAGE_RETRY_TICKS
+        self.stats.storage_failures += 1
+        if first:
+            logger.critical("%s: persisting failed (%s); refusing writes and retrying every "
+                            "%d ticks", self.node_id, error, STORAGE_RETRY_TICKS)
+            self._fail_waiters(self._storage_error)
+
+    def _storage_tick(self) -> None:
+        """A tick while storage is unavailable: retry the held batch when due."""
+        if self._retrying or self._ticks < self._retry_at or self._inflight is None:
+            return
+        assert self._nursery is not None, "Driver.run is not running"  # our own misuse
+        self._retrying = True
+        self._nursery.start_soon(self._persist_batch, self._inflight, False, True)
 
     def _flush(self) -> None:
         while self._inflight is None and self._pending:
@@ -126,7 +192,8 @@ class PersistPipeline:
                 self._pending = []
                 self._just_yielded = False
                 if needs_io:
-                    self._persist_here(batch)
+                    if not self._persist_here(batch):
+                        break
                 else:  # only deferrable hard states (commit notices): nothing to write
                     self.committer.note_deferred(batch)
                 self._complete(batch)
@@ -135,7 +202,8 @@ class PersistPipeline:
             if self._persist_inline or (self._follower_inline
                                         and self._status.role != "leader"):
                 self._before_write()
-                self._persist_here(batch)
+                if not self._persist_here(batch):
+                    break
                 self._complete(batch)
                 continue
             # Readys at the head that write nothing durable (commit notices, heartbeat
@@ -168,12 +236,19 @@ class PersistPipeline:
             return False
         return all(r.snapshot is None for r in batch)
 
-    def _persist_here(self, batch: Sequence[Ready]) -> None:
-        """Step 1 on the core task (blocking it for the write and fsync)."""
+    def _persist_here(self, batch: Sequence[Ready]) -> bool:
+        """Step 1 on the core task (blocking it for the write and fsync); False when the
+        storage failed (the batch is held: `_storage_failed`)."""
         start = time.perf_counter()
         if self._trace is not None:
             self._trace.mark("io_inline", str(len(batch)))
-        synced = self.committer.persist(batch)
+        try:
+            synced = self.committer.persist(batch)
+        except Exception as exc:
+            if not is_storage_failure(exc):
+                raise
+            self._storage_failed(batch, exc)
+            return False
         if self._trace is not None:
             self._trace.mark("io_work", f"{(time.perf_counter() - start) * 1e6:.0f}us "
                              f"{'sync' if synced else 'nosync'}")
@@ -181,6 +256,7 @@ class PersistPipeline:
             self.stats.fsyncs += 1
             if self._observer is not None:
                 self._observer.on_fsync(time.perf_counter() - start, len(batch))
+        return True
 
     def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse

@@ -31,6 +31,8 @@ class DriverStatistics:
     """Counters of one driver (monotonic, except `pending_readys` and `waiters`)."""
 
     steps: int = 0
+    storage_failures: int = 0
+    """Failed attempts to persist a batch (disk full, EIO): `phalanx.driver_persist`."""
     batches: int = 0
     io_batches: int = 0
     fsyncs: int = 0

@@ -20,6 +20,9 @@ Rules and invariants:
   `commit` is an optimisation, never a safety requirement (`HardState` docstring), and writing
   it costs two fsyncs (temp file + directory). It is written with the next term or vote change,
   or when the driver asks (`flush_commit`, e.g. periodically and at clean shutdown).
+- After a storage failure (disk full, EIO) nothing of the failed batch is trusted:
+  `retry(batch)` rewinds the WAL to its last durable record and writes the batch again,
+  hard state included, then syncs (`phalanx.driver` retries until it succeeds).
 - `needs_io(batch)` is False exactly when persisting the batch would write nothing durable
   (only deferrable hard states): the driver then skips the worker thread altogether.
 """
@@ -86,11 +89,12 @@ class GroupCommitter:
             if ready.hard_state is not None:
                 self._latest = ready.hard_state
 
-    def persist(self, batch: Sequence[Ready]) -> bool:
+    def persist(self, batch: Sequence[Ready], *, again: bool = False) -> bool:
         """Carry out step 1 for every Ready of `batch`, in order; returns whether it fsynced.
 
-        Raises whatever the storage raises (`StorageError`); the driver must then stop the
-        node: after a failed write or fsync nothing about the disk can be trusted.
+        Raises whatever the storage raises (`StorageError`, `OSError`). Nothing of a failed
+        batch counts as durable (after a failed write or fsync the disk's contents are
+        unknown): the driver holds the batch back and calls `retry(batch)` later.
         """
         persister = self.persister
         must_sync = False
@@ -103,7 +107,7 @@ class GroupCommitter:
                 core_state = ready.core_state  # each replaces the last: write only the newest
             must_sync = must_sync or ready.must_sync
             if ready.snapshot is not None or ready.truncate_from is not None or ready.entries:
-                persister.persist_log(ready, install=self._install)
+                persister.persist_log(ready, install=self._install, again=again)
         if core_state is not None:
             persister.persist(Ready(core_state=core_state))
         if hs is not None:
@@ -115,6 +119,18 @@ class GroupCommitter:
             self.syncs += 1
         self.batches += 1
         return must_sync
+
+    def retry(self, batch: Sequence[Ready]) -> bool:
+        """Persist a batch whose earlier attempt failed: rewind the WAL to its last durable
+        record (`WriteAheadLog.rewind`: nothing written after the last successful fsync is
+        trusted), then write the whole batch again and sync it. Raises as `persist` does
+        (the batch is still not durable then)."""
+        self.persister.wal.rewind()
+        self.persist(batch, again=True)
+        self._write_hard_state(self._latest)  # a failed save may have left either value
+        self.persister.wal.sync()
+        self.syncs += 1
+        return True
 
     def flush_commit_due(self) -> bool:
         """Whether a commit-only hard state is waiting to be written."""

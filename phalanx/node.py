@@ -74,7 +74,7 @@ from phalanx.net.transport import (
     TransportStatistics,
     run_peer_transport,
 )
-from phalanx.persistence import ReadyPersister
+from phalanx.persistence import LostStateError, ReadyPersister
 from phalanx.phase_trace import phase_trace_from_env
 from phalanx.pki import (
     CredentialPaths,
@@ -91,6 +91,7 @@ from phalanx.protocols import (
     register_codecs,
 )
 from phalanx.storage.interface import SyncPolicy
+from phalanx.storage.lock import DirectoryLocked, lock_data_dir
 from phalanx.storage.volatile import open_node_storage
 from phalanx.test_hooks import control_file, watch_clock_rate
 
@@ -231,20 +232,30 @@ async def open_node(
             cluster init` runs) marks a new node's directory instead.
 
     Raises:
-        NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft.
+        NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft, a
+            data directory another process holds (`phalanx.storage.lock`), a lost durable
+            state on a node with no peers.
             Storage errors (`StorageError`) propagate.
     """
     if config.protocol == "raft" and byzantine is not None:
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
                         "cluster; this node runs raft")
     register_codecs(config.protocol)
-    identity, cluster_id = _check_identity(config)
     rng = rng if rng is not None else random.Random()
     machine = node_state_machine(
         state_machine if state_machine is not None else KvStateMachine(), byzantine, rng)
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
-                                keep_checkpoints=config.checkpoint.keep)
+    try:  # before anything in the directory is read (`phalanx.storage.lock`)
+        dir_lock = lock_data_dir(str(config.data_dir))
+    except DirectoryLocked as e:
+        raise NodeError(f"{config.id}: {e}") from None
+    try:
+        identity, cluster_id = _check_identity(config)
+        storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
+                                    keep_checkpoints=config.checkpoint.keep)
+    except BaseException:
+        dir_lock.release()
+        raise
     core_state = None
     replica: Replica | None = None
     metrics_server: Any = None
@@ -256,7 +267,12 @@ async def open_node(
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
                                    checkpoints=storage.checkpoints, codec=wire.default_registry(),
                                    core_state=core_state.store if core_state else None)
-        durable = persister.load()
+        try:  # with peers, a log lost to corruption is recovered from them
+            durable = persister.load(recover_lost=bool(config.peers))
+        except LostStateError as e:
+            raise NodeError(f"{config.id}: the durable state in {config.data_dir} is lost "
+                            f"({e}) and this node has no peers to recover from; restore a "
+                            "backup of the data directory") from None
         for problem in durable.problems:
             logger.warning("%s: skipped a corrupt checkpoint: %s", config.id, problem)
         verdict = amnesia(
@@ -264,7 +280,8 @@ async def open_node(
             has_state=(durable.hard_state is not None or durable.snapshot is not None
                        or bool(durable.entries) or durable.core_state is not None),
             has_hard_state=durable.hard_state is not None or durable.core_state is not None,
-            bootstrap=bootstrap, single_voter=len(config.members()) == 1)
+            state_lost=durable.lost_reason, bootstrap=bootstrap,
+            single_voter=len(config.members()) == 1)
         if verdict.reason:
             if verdict.recovering:
                 logger.error(
@@ -391,7 +408,7 @@ async def open_node(
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
             nursery.start_soon(_record_membership, config, cluster_id, driver,
-                               verdict.next_state)
+                               verdict.next_state, persister)
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
             logger.info("%s: serving peers on %s, clients on %s", config.id,
@@ -411,6 +428,7 @@ async def open_node(
         if core_state is not None:
             core_state.close()
         storage.close()
+        dir_lock.release()
 
 
 def _check_identity(config: NodeConfig) -> tuple[Identity | None, str]:
@@ -436,9 +454,10 @@ IDENTITY_POLL_SECONDS = 0.2
 
 
 async def _record_membership(config: NodeConfig, cluster_id: str, driver: Driver,
-                             state: str) -> None:
+                             state: str, persister: ReadyPersister) -> None:
     """Keep IDENTITY's state in step with the core: ``member`` once a new node has a term
-    (it may have voted since), ``member`` once a recovering node caught up."""
+    (it may have voted since), ``member`` once a recovering node caught up (and then the
+    storage's lost-log mark goes: what the log lost is back)."""
     while state != "member":
         await trio.sleep(IDENTITY_POLL_SECONDS)
         status = driver.status()
@@ -447,6 +466,7 @@ async def _record_membership(config: NodeConfig, cluster_id: str, driver: Driver
         await trio.to_thread.run_sync(write_identity, config.data_dir, Identity(
             cluster=cluster_id, node=config.id, state="member"))
         if state == "recovering":
+            await trio.to_thread.run_sync(persister.clear_log_lost)
             logger.warning("%s: recovered: caught up from leader %s at index %d; voting "
                            "again", config.id, status.leader, status.commit_index)
         state = "member"

@@ -18,7 +18,14 @@ Rules:
   pickle); a record that fails to decode is disk corruption and raises `StorageError`.
 - Invariant kept in the WAL: records are the log entries after the newest stored checkpoint
   (possibly overlapping it before compaction), contiguous by index; `load()` drops the
-  overlap and raises `StorageError` on a gap.
+  overlap. A log that cannot continue from the newest valid checkpoint is reset to start
+  right after it (`WriteAheadLog.reset`) so the next append lines up, never left for the
+  first append to trip over: one that ends behind the checkpoint (a crash between installing
+  a snapshot and compacting, or `repair_wal` cut it below the checkpoint), or one separated
+  from it by a gap (the newer checkpoints, or all of them, are corrupt). The gap loses state
+  the node held: the reset records it (`wal.lost`), and `DurableState.lost_reason` reports
+  every such loss, including a repair's, until `clear_log_lost()`. With
+  `load(recover_lost=False)` a gap raises `LostStateError` instead, touching nothing.
 """
 
 from __future__ import annotations
@@ -73,8 +80,15 @@ class DurableState:
         entries: the log entries after the checkpoint, contiguous, in index order.
         problems: checkpoints skipped as corrupt (to report, never to hide).
         core_state: the last `Ready.core_state` written (decoded), for cores that use one.
+        lost_reason: why this node's durable log lost entries it once held (a WAL repair
+            cut it, or it could not continue from any valid checkpoint and was dropped), or
+            None. Such a node may have acknowledged entries it no longer has (amnesia): it
+            must catch up from its peers (AppendEntries / InstallSnapshot) before its log
+            counts, and should not vote until then. Persisted until
+            `ReadyPersister.clear_log_lost()`.
         recovering: the node lost durable state it once had (`phalanx.identity.amnesia`
-            decides; `load` always says False): the core starts in recovery mode.
+            decides, from `lost_reason` among others; `load` always says False): the core
+            starts in recovery mode.
     """
 
     hard_state: HardState | None
@@ -83,11 +97,21 @@ class DurableState:
     entries: tuple[Entry, ...]
     problems: tuple[str, ...] = ()
     core_state: object | None = None
+    lost_reason: str | None = None
     recovering: bool = False
+
+    @property
+    def log_lost(self) -> bool:
+        """Whether the durable log lost entries it once held (see `lost_reason`)."""
+        return self.lost_reason is not None
 
     def snapshot_bytes(self) -> bytes | None:
         """`snapshot_data` read into memory (for cores that keep the checkpoint as bytes)."""
         return None if self.snapshot_data is None else snapshot_bytes(self.snapshot_data)
+
+
+class LostStateError(StorageError):
+    """`load(recover_lost=False)`: the log cannot continue from any valid checkpoint."""
 
 
 class DeltaRules(Protocol):
@@ -321,11 +345,17 @@ class ReadyPersister:
         ready: Ready,
         *,
         install: Callable[[SnapshotMeta, bytes], None] | None = None,
+        again: bool = False,
     ) -> None:
         """The log part of step 1, without syncing: install `ready.snapshot`, truncate from
         `ready.truncate_from`, append `ready.entries` (`persist` minus the hard state, the
-        core state and the sync; group commit writes those once per batch)."""
+        core state and the sync; group commit writes those once per batch).
+
+        `again`: this Ready was (partly) written before a storage failure and the WAL was
+        rewound (`WriteAheadLog.rewind`) since: entries it still holds are written again."""
         wal = self.wal
+        if again and ready.entries and wal.last_index() >= ready.entries[0].index:
+            wal.truncate_suffix(ready.entries[0].index)
         if ready.snapshot is not None:
             meta = ready.snapshot.meta
             if install is not None:
@@ -348,8 +378,18 @@ class ReadyPersister:
             encode = self.codec.encode
             wal.append_many([(e.index, encode(e)) for e in ready.entries])
 
-    def load(self) -> DurableState:
-        """The durable restart point. Raises `StorageError` on undecodable records or a gap."""
+    def load(self, *, recover_lost: bool = True) -> DurableState:
+        """The durable restart point; makes the WAL continue from the newest valid checkpoint
+        (see the module docstring).
+
+        Args:
+            recover_lost: when the log cannot continue from any valid checkpoint, drop it and
+                start after the checkpoint (the node catches up from its peers); False raises
+                `LostStateError` instead (a node with no peers has no one to recover from).
+
+        Raises:
+            StorageError: undecodable records; `LostStateError` as above.
+        """
         raw_hs = self.hard_state.load()
         hs = None if raw_hs is None else self._decode(raw_hs, HardState, "hard state")
         loaded = self.checkpoints.load_latest()
@@ -360,12 +400,21 @@ class ReadyPersister:
             # A view, not the bytes just verified: the core keeps it for lagging peers.
             data = self.checkpoints.read_view(loaded.checkpoint.index)
         after = 0 if meta is None else meta.index
-        first, last = self.wal.first_index(), self.wal.last_index()
+        wal = self.wal
+        first, last = wal.first_index(), wal.last_index()
+        if first > after + 1:  # a gap: what lay between is gone from this node
+            held = "no valid checkpoint" if meta is None else f"checkpoint {after}"
+            skipped = (f"; {len(loaded.problems)} corrupt checkpoint(s) skipped, first: "
+                       f"{loaded.problems[0]}" if loaded.problems else "")
+            why = (f"the log starts at index {first} but the newest valid state is {held}"
+                   f"{skipped}")
+            if not recover_lost:
+                raise LostStateError(why)
+            wal.reset(after, lost=f"dropped the log after index {after}: {why}")
+        elif last < after:  # ends behind the checkpoint: nothing of it is needed
+            wal.reset(after)
+        first, last = wal.first_index(), wal.last_index()
         lo = max(first, after + 1)
-        if lo > after + 1 and lo <= last:
-            raise StorageError(
-                f"log starts at {first} but the newest checkpoint covers only up to {after}"
-            )
         entries: list[Entry] = []
         if lo <= last:
             for offset, payload in enumerate(self.wal.read(lo, last + 1)):
@@ -389,7 +438,13 @@ class ReadyPersister:
             snapshot_data=data,
             entries=tuple(entries),
             problems=loaded.problems,
+            lost_reason=wal.lost(),
         )
+
+    def clear_log_lost(self) -> None:
+        """The node recovered what its log lost from its peers: stop reporting it
+        (`DurableState.lost_reason`). For the core's recovering mode to call."""
+        self.wal.clear_lost()
 
     def _decode(self, data: bytes, cls: type[T], what: str) -> T:
         try:

@@ -91,6 +91,24 @@ class WriteAheadLog(Protocol):
         """Make everything written so far durable."""
         ...
 
+    def rewind(self) -> None:
+        """After an I/O error: cut the log back to its last durable record and make it
+        usable again (raises `StorageError` if that fails too)."""
+        ...
+
+    def reset(self, compacted: int, *, lost: str | None = None) -> None:
+        """Drop every record; the log restarts empty after `compacted` (even one below the
+        current compaction point), durably. `lost`: record first that the log lost records."""
+        ...
+
+    def lost(self) -> str | None:
+        """Why the log lost records it once held (repair, or a reset with `lost`), or None."""
+        ...
+
+    def clear_lost(self) -> None:
+        """Forget that the log lost records (the node recovered them from its peers)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -9,7 +9,10 @@ first problem on (the corrupt record, a torn record in a non-final segment, or a
 fsyncs. It never invents data. The report says exactly which indexes were lost, so the caller
 can re-fetch them from peers (CTRL: a truncated *committed* entry must be repaired from a
 replica, never silently forgotten). A corrupt meta file is reset to just before the first
-surviving record.
+surviving record. A cut also leaves the WAL's `wal.lost` marker, which
+`phalanx.persistence.ReadyPersister.load` reports as `DurableState.lost_reason`: the node may
+have acknowledged what was dropped, so it must catch up from its peers before it trusts its
+log (and, once the Raft core's recovering mode exists, before it votes).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from phalanx.storage.directory import Directory
 from phalanx.storage.interface import CorruptionError
 from phalanx.storage.records import DEFAULT_MAX_RECORD_BYTES, scan
-from phalanx.storage.wal import list_segments, read_meta, write_meta
+from phalanx.storage.wal import list_segments, read_meta, write_lost, write_meta
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +92,8 @@ def repair_wal(directory: Directory, *,
             directory.fsync(name)
         directory.fsync_dir()
         path = directory.path(name)
+        write_lost(directory, f"repair_wal dropped the log from index {lost_from} on: {why} "
+                   f"(file {path}, offset {cut})", durable=True)
         return RepairReport(problem=f"{why} (file {path}, offset {cut})", path=path,
                             offset=cut, lost_from_index=lost_from, removed=removed,
                             meta_reset=meta_reset)

@@ -8,6 +8,9 @@ Layout in the directory:
 - `wal-<first index, 20 digits>.seg`: records `first, first+1, ...` (format: `records.py`).
 - `wal.meta`: the compaction point, replaced atomically (temp file, fsync, rename, fsync
   directory). Missing means 0.
+- `wal.lost`: present when the log lost records it once held (`repair_wal` cut it, or the
+  persister found it unusable against the checkpoints); one line saying why. It stays until
+  `clear_lost()`: the node must recover what it lost from its peers before trusting its log.
 
 Crash-safety protocol (each rule closes one crash state recovery could not explain):
 - A segment is fsynced before the next one is created, so only the final segment can hold a
@@ -52,6 +55,8 @@ SEGMENT_PREFIX = "wal-"
 SEGMENT_SUFFIX = ".seg"
 META_NAME = "wal.meta"
 _META_TMP = "wal.meta.tmp"
+LOST_NAME = "wal.lost"
+_LOST_TMP = "wal.lost.tmp"
 _META_MAGIC = b"PHXWAL01"
 _META = struct.Struct("<8sQI")
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -102,6 +107,27 @@ def write_meta(directory: Directory, compacted: int, *, durable: bool) -> None:
         directory.fsync_dir()
 
 
+def read_lost(directory: Directory) -> str | None:
+    """Why the log lost records (the `wal.lost` marker), or None if it never did."""
+    if LOST_NAME not in directory.list():
+        return None
+    text = directory.read(LOST_NAME).decode("utf-8", "replace").strip()
+    return text or "the log lost records (no reason recorded)"
+
+
+def write_lost(directory: Directory, reason: str, *, durable: bool) -> None:
+    """Atomically record that the log lost records, and why (kept if already recorded)."""
+    if LOST_NAME in directory.list():
+        return  # the first loss is the one that matters; it still stands
+    directory.create(_LOST_TMP)
+    directory.append(_LOST_TMP, " ".join(reason.split()).encode() + b"\n")
+    if durable:
+        directory.fsync(_LOST_TMP)
+    directory.rename(_LOST_TMP, LOST_NAME)
+    if durable:
+        directory.fsync_dir()
+
+
 def list_segments(directory: Directory) -> list[tuple[int, str]]:
     """(first index, name) of every segment, ascending."""
     found = []
@@ -119,6 +145,7 @@ class _Segment:
     first: int
     offsets: array[int]  # file offset of each record; record i has index first + i
     size: int  # bytes in the file (all of them valid records)
+    synced: int = 0  # bytes the last successful fsync made durable (what `rewind` keeps)
 
     @property
     def last(self) -> int:
@@ -192,7 +219,8 @@ class Wal:
             if res.corrupt_offset is not None:
                 raise CorruptionError(f"WAL record is corrupt: {res.reason}", path=path,
                                       offset=res.corrupt_offset)
-            seg = _Segment(name=name, first=first, offsets=res.offsets, size=res.valid_end)
+            seg = _Segment(name=name, first=first, offsets=res.offsets, size=res.valid_end,
+                           synced=res.valid_end)
             if res.torn:
                 if pos != len(listed) - 1:
                     raise CorruptionError(f"damaged record in a non-final segment: {res.reason}",
@@ -294,9 +322,11 @@ class Wal:
                 offsets.append(pos)
                 pos += step
                 i += 1
-            # NB: if this write fails the log is poisoned, so `offsets` need no rollback.
+            # NB: if this write fails the log is poisoned (`rewind` trims `offsets`).
             self._dir.append(seg.name, buf)
             seg.size = pos
+            if self._sync is SyncPolicy.OFF:
+                seg.synced = pos  # nothing is ever synced: nothing to rewind to
             self._dirty[seg.name] = None
 
     def _writable_segment(self, index: int, payload_len: int) -> _Segment:
@@ -309,6 +339,7 @@ class Wal:
             if self._sync is not SyncPolicy.OFF and seg.name in self._dirty:
                 # Rule: a segment is durable before its successor exists.
                 self._dir.fsync(seg.name)
+                seg.synced = seg.size
                 del self._dirty[seg.name]
         seg = _Segment(name=segment_name(index), first=index, offsets=array("q"), size=0)
         self._dir.create(seg.name)
@@ -377,6 +408,7 @@ class Wal:
                 seg = segs[-1]
                 keep = from_index - seg.first
                 seg.size = seg.offsets[keep]
+                seg.synced = min(seg.synced, seg.size)
                 del seg.offsets[keep:]
                 self._dir.truncate(seg.name, seg.size)
                 self._dirty[seg.name] = None
@@ -408,6 +440,87 @@ class Wal:
         except OSError as e:
             self._poison(e)
 
+    def rewind(self) -> None:
+        """After an I/O error (disk full, EIO): make the log usable again at its last
+        durable record. Every segment is cut back to what its last successful fsync made
+        durable, and segments created since are removed; nothing written after that fsync is
+        trusted (after a failed fsync the page cache may hold bytes the disk does not).
+        The log then ends at its last durable record; the caller writes the rest again.
+
+        Raises:
+            StorageError: cutting back failed too (the log stays poisoned; try again later).
+        """
+        if self._closed:
+            raise StorageError("the WAL is closed")
+        durable = self._sync is not SyncPolicy.OFF
+        try:
+            segs = self._segs
+            removed = False
+            while segs and segs[-1].synced == 0:
+                seg = segs.pop()
+                self._dir.remove(seg.name)
+                removed = True
+            for seg in segs:
+                tail = len(seg.offsets) > 0 and seg.offsets[-1] >= seg.synced
+                if seg.size > seg.synced or tail:
+                    keep = bisect_right(seg.offsets, seg.synced - 1)
+                    del seg.offsets[keep:]
+                    seg.size = seg.synced
+                    self._dir.truncate(seg.name, seg.size)
+                    if durable:
+                        self._dir.fsync(seg.name)
+            if durable and (removed or self._dir_dirty):
+                self._dir.fsync_dir()
+        except OSError as e:
+            self._poisoned = e
+            raise StorageError(f"WAL rewind failed: {e}") from e
+        self._dirty.clear()
+        self._dir_dirty = False
+        self._poisoned = None
+
+    def reset(self, compacted: int, *, lost: str | None = None) -> None:
+        """Drop every record and restart the log, empty, after `compacted` (which may be
+        below the current compaction point), durably. With `lost`, first record durably that
+        the log lost records (`wal.lost`), so a crash in between still says so.
+
+        For a log that cannot continue from the newest checkpoint (it ends behind it, or a
+        gap separates them): see `phalanx.persistence.ReadyPersister.load`.
+        """
+        self._check_usable()
+        durable = self._sync is not SyncPolicy.OFF
+        try:
+            if lost is not None:
+                write_lost(self._dir, lost, durable=durable)
+            while self._segs:
+                seg = self._segs.pop()
+                self._dirty.pop(seg.name, None)
+                self._dir.remove(seg.name)
+            if durable:
+                self._dir.fsync_dir()
+            write_meta(self._dir, compacted, durable=durable)
+            self._compacted = compacted
+        except OSError as e:
+            self._poison(e)
+
+    def lost(self) -> str | None:
+        """Why this log lost records it once held (`wal.lost`), or None."""
+        self._check_usable()
+        try:
+            return read_lost(self._dir)
+        except OSError as e:
+            raise StorageError(f"reading {self._dir.path(LOST_NAME)} failed: {e}") from e
+
+    def clear_lost(self) -> None:
+        """Forget the `wal.lost` marker (the node recovered what it lost from its peers)."""
+        self._check_usable()
+        try:
+            if LOST_NAME in self._dir.list():
+                self._dir.remove(LOST_NAME)
+                if self._sync is not SyncPolicy.OFF:
+                    self._dir.fsync_dir()
+        except OSError as e:
+            self._poison(e)
+
     def sync(self) -> None:
         """fsync every file written since the last sync, then the directory if it changed.
         A no-op under `SyncPolicy.OFF`."""
@@ -422,6 +535,9 @@ class Wal:
     def _sync_now(self) -> None:
         for name in self._dirty:
             self._dir.fsync(name)
+        for seg in self._segs:
+            if seg.name in self._dirty:
+                seg.synced = seg.size
         self._dirty.clear()
         if self._dir_dirty:
             self._dir.fsync_dir()
