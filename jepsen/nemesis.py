@@ -34,6 +34,7 @@ DUPLICATE = "duplicate"
 DELAY = "delay"
 CLOCK_SKEW = "clock-skew"
 LOSE_UNFSYNCED = "lose-unfsynced"
+LOSE_DISK = "lose-disk"
 CRASH_AFTER_READY = "crash-after-ready"
 STRAGGLE = "straggle"
 
@@ -50,10 +51,15 @@ FAULT_KINDS: tuple[str, ...] = (
     DELAY,
     CLOCK_SKEW,
     LOSE_UNFSYNCED,
+    LOSE_DISK,
 )
 """Every fault kind both backends (simulator and real cluster) inject. `lose-unfsynced` is a
 modifier of `kill`: a kill then also loses the node's un-fsynced writes (a machine crash
-rather than a process crash)."""
+rather than a process crash). `lose-disk` kills one node and restarts it with an empty data
+directory (a replaced disk: its IDENTITY file is gone too), so it must recover from its
+peers before it votes; an interpreter loses at most one node's disk at a time and turns the
+episode into a plain kill while another node is still recovering (two lost disks of three
+are data loss, not a fault to survive)."""
 
 SIM_ONLY_FAULT_KINDS: tuple[str, ...] = (CRASH_AFTER_READY, STRAGGLE)
 """Faults only the deterministic simulator can inject precisely (BUGGIFY-style):
@@ -259,12 +265,13 @@ def generate_schedule(
         nodes_arg: tuple[str, ...] = ()
         groups: tuple[tuple[str, ...], ...] = ()
         value = 0.0
-        if kind in (KILL, PAUSE):
+        if kind in (KILL, PAUSE, LOSE_DISK):
             budget = minority - len(down_now)
             candidates = [x for x in node_list if x not in down_now]
             if budget <= 0 or not candidates:
                 continue
-            nodes_arg = tuple(sorted(rng.sample(candidates, rng.randint(1, budget))))
+            count = 1 if kind == LOSE_DISK else rng.randint(1, budget)
+            nodes_arg = tuple(sorted(rng.sample(candidates, count)))
             if kind == KILL and lose_unfsynced:
                 value = 1.0
         elif kind == PARTITION_ONE:
@@ -309,7 +316,7 @@ def generate_schedule(
                     value=value,
                 )
             )
-        active.append((t + length, nodes_arg if kind in (KILL, PAUSE) else ()))
+        active.append((t + length, nodes_arg if kind in (KILL, PAUSE, LOSE_DISK) else ()))
         episode += 1
     events.sort(key=lambda e: (e.at_ns, e.episode, e.action == "start"))
     return tuple(events)

@@ -61,6 +61,7 @@ from phalanx.identity import (
     amnesia,
     cluster_fingerprint,
     read_identity,
+    recovers_lost_state,
     write_identity,
 )
 from phalanx.metrics import NodeMetrics, serve_metrics
@@ -282,6 +283,12 @@ async def open_node(
             has_hard_state=durable.hard_state is not None or durable.core_state is not None,
             state_lost=durable.lost_reason, bootstrap=bootstrap,
             single_voter=len(config.members()) == 1)
+        if verdict.recovering and not recovers_lost_state(config.protocol):
+            logger.error("%s: %s. %s has no recovery mode: until it has caught up by state "
+                         "transfer this replica counts as one of the f faulty replicas the "
+                         "cluster tolerates", config.id, verdict.reason, config.protocol)
+            verdict = dataclasses.replace(verdict, reason="", recovering=False,
+                                          next_state="member")
         if verdict.reason:
             if verdict.recovering:
                 logger.error(

@@ -29,6 +29,7 @@ BUG_NAMES: frozenset[str] = frozenset({
     "skip_vote_term_check",
     "forget_persist_vote",
     "truncate_matching_suffix",
+    "ignore_recovering",
 })
 """Deliberate, test-only bugs (see `RaftConfig.bugs`). Each is minimal and realistic:
 
@@ -42,6 +43,9 @@ BUG_NAMES: frozenset[str] = frozenset({
 - ``truncate_matching_suffix``: a follower truncates its log after prev_log_index on every
   non-empty AppendEntries, even when the entries already match (a stale, reordered message
   then erases acknowledged entries).
+- ``ignore_recovering``: a node restored in recovery mode (it lost its disk) votes and
+  campaigns at once, as every node did before amnesia was detected, so it can help elect a
+  leader that lacks an entry it had acknowledged.
 """
 
 

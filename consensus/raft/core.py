@@ -162,7 +162,8 @@ class RaftCore(Proposals):
         """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
         self._last_hs = HardState(term=hs.term, vote=hs.vote, commit=hs.commit)
         self._bug_forget_persist_vote = "forget_persist_vote" in config.bugs
-        self.recovering = restored is not None and restored.recovering
+        self.recovering = (restored is not None and restored.recovering
+                           and "ignore_recovering" not in config.bugs)
         """Amnesia (`RaftRestoredState.recovering`): no votes, no campaigns until
         `_maybe_recovered` finds the log caught up."""
         self._reset_out()

@@ -42,10 +42,12 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 from collections.abc import Callable
 
 from phalanx.cluster import ClusterError
+from phalanx.identity import IdentityError, read_identity, recovers_lost_state
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.cluster import RealCluster
@@ -83,6 +85,8 @@ class RealNemesis:
         note = ""
         if kind == nemesis.KILL:
             note = self._kill(event.nodes) if start else self._restart(event.nodes)
+        elif kind == nemesis.LOSE_DISK:
+            note = self._kill(event.nodes) if start else self._lose_disk(event.nodes)
         elif kind in real.KILLS:
             note = await self._episode_kill(event) if start else self._episode_restart(event)
         elif kind == nemesis.PARTITION_BRIDGE:
@@ -156,6 +160,31 @@ class RealNemesis:
         if kind == nemesis.FLIP_CHECKPOINT:
             return f"{node}: {flip_checkpoint_bit(data, self._rng)}"
         return ""
+
+    def _lose_disk(self, nodes: tuple[str, ...]) -> str:
+        """Wipe each killed node's data directory (IDENTITY included), then restart it: it
+        must recover from its peers before it votes. One lost disk at a time, and only for a
+        protocol with a recovery mode (`nemesis.LOSE_DISK`); otherwise a plain restart."""
+        notes = []
+        for node in nodes:
+            if node not in self._killed:
+                continue
+            others = [n for n in self.cluster.nodes if n != node and self._recovering(n)]
+            if not recovers_lost_state(self.cluster.config.protocol) or others:
+                why = "recovering: " + ",".join(others) if others else "no recovery mode"
+                notes.append(f"{node}: disk kept ({why})")
+                continue
+            shutil.rmtree(self.cluster.data_dir(node), ignore_errors=True)
+            notes.append(f"{node}: data directory wiped")
+        return "; ".join([*notes, self._restart(nodes)])
+
+    def _recovering(self, node: str) -> bool:
+        """Whether `node` lost its disk and has not caught up yet (its IDENTITY says so)."""
+        try:
+            identity = read_identity(self.cluster.data_dir(node))
+        except IdentityError:
+            return True
+        return identity is None or identity.state == "recovering"
 
     def _restart(self, nodes: tuple[str, ...]) -> str:
         todo = [n for n in nodes if n in self._killed]

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from phalanx.consensus.pbft import KNOWN_BUGS
+from phalanx.consensus.raft.config import BUG_NAMES as RAFT_BUG_NAMES
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.protocols import PROTOCOLS
 from phalanx.jepsen.sim.run import RunConfig, run
@@ -23,12 +24,7 @@ from phalanx.jepsen.sim.sweep import sweep
 _DEFAULTS = RunConfig(seed=0)
 
 PBFT_BUG_NAMES = tuple(sorted(KNOWN_BUGS))
-BUG_NAMES = (
-    "commit_on_minority",
-    "skip_vote_term_check",
-    "forget_persist_vote",
-    "truncate_matching_suffix",
-)
+BUG_NAMES = tuple(sorted(RAFT_BUG_NAMES))
 
 
 def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

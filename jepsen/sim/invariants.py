@@ -21,6 +21,9 @@ after a crash) and `InvariantChecker`, which records every violation of:
   any majority-quorum protocol with a static membership). Checked over the newest
   `durable_window` applied indices each time, so the cost per check is bounded; indices
   found held at the previous check are not re-examined while no log lost an entry since.
+  A node recovering from a lost disk counts as a holder: it neither votes nor campaigns
+  until it holds every committed entry again (`RaftRestoredState.recovering`), so no
+  election quorum can do without a node that holds the entry.
 
 Rules:
 - Pure bookkeeping over values handed in by the simulator; no clocks, no randomness, no
@@ -188,9 +191,11 @@ class InvariantChecker:
         self._commit[node] = (incarnation, commit)
 
     def check_committed_durable(
-        self, logs: Mapping[str, LogMirror], at_ns: int, *, durable_window: int = 256
+        self, logs: Mapping[str, LogMirror], at_ns: int, *, durable_window: int = 256,
+        recovering: frozenset[str] = frozenset(),
     ) -> None:
-        """Each of the newest `durable_window` applied entries is held by a majority."""
+        """Each of the newest `durable_window` applied entries is held by a majority
+        (`recovering` nodes count as holders: see the module docstring)."""
         if not self.applied:
             return
         names = sorted(logs)
@@ -209,7 +214,7 @@ class InvariantChecker:
             entry = self.applied.get(index)
             if entry is None:
                 continue
-            holders = [n for n in names if _holds(logs[n], index, entry)]
+            holders = [n for n in names if n in recovering or _holds(logs[n], index, entry)]
             if len(holders) < majority:
                 self._violate(
                     "committed-durable",

@@ -13,6 +13,9 @@ Faults:
   `lose_unfsynced` the memory disk also loses (or tears) its un-fsynced writes (a machine
   crash), otherwise written data survive (a process crash: the page cache survives).
 - `restart()`: reopen storage, `load()` the durable state, rebuild core and replica.
+- `lose_disk()`: a crash that also replaces the disk with an empty one, IDENTITY included
+  (`phalanx.identity`, modelled by `identity`): the restart then decides, as the runtime
+  does (`phalanx.identity.amnesia`), that the node must recover before it votes.
 - `pause()/resume()`: no ticks; messages and client requests queue until resumed.
 - `clock_rate`: the tick period is divided by it (a fast clock ticks more often).
 - `crash_point`: called after every carried-out Ready that had persistence; when it returns
@@ -25,6 +28,7 @@ invariant checker are injected, so the node knows no protocol beyond the `Core` 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable
@@ -44,6 +48,7 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, HardState, Message, slot_twin
+from phalanx.identity import Identity, amnesia
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.persistence import Codec, DurableState, ReadyPersister, commit_only_change
@@ -109,6 +114,8 @@ class SimNode:
         self.tick_ns = tick_ns
         self.clock_rate = 1.0
         self.disk = MemoryDisk(name)
+        self.identity: Identity | None = Identity(cluster="sim", node=name, state="new")
+        """The IDENTITY file of the disk (`phalanx.identity`); None once the disk is lost."""
         self.stats = NodeStats()
         self.incarnation = 0
         self.core: Core | None = None
@@ -144,6 +151,16 @@ class SimNode:
             codec=self.codec,
         )
         durable = self.persister.load()
+        verdict = amnesia(
+            identity=self.identity,
+            has_state=(durable.hard_state is not None or durable.snapshot is not None
+                       or bool(durable.entries) or durable.core_state is not None),
+            has_hard_state=durable.hard_state is not None or durable.core_state is not None,
+            state_lost=durable.lost_reason)
+        self.identity = Identity(cluster="sim", node=self.name, state=verdict.next_state)
+        if verdict.recovering:
+            durable = dataclasses.replace(durable, recovering=True)
+            self.trace(f"{self.name} RECOVERING {verdict.reason}")
         self._saved_hs = durable.hard_state or HardState()
         if durable.snapshot is not None:
             self.log = LogMirror(
@@ -180,6 +197,18 @@ class SimNode:
             self.disk.crash(self.rng)
         self.trace(f"{self.name} CRASH lose_unfsynced={lose_unfsynced}")
 
+    @property
+    def recovering(self) -> bool:
+        """Lost its disk and has not caught up yet (as its IDENTITY records)."""
+        return self.identity is None or self.identity.state == "recovering"
+
+    def lose_disk(self) -> None:
+        """Crash, and come back (at `restart`) with an empty disk and no IDENTITY."""
+        self.crash(lose_unfsynced=False)
+        self.disk = MemoryDisk(self.name)
+        self.identity = None
+        self.trace(f"{self.name} LOSE DISK")
+
     def restart(self) -> None:
         if self.core is None:
             self.stats.restarts += 1
@@ -210,6 +239,13 @@ class SimNode:
         if incarnation != self.incarnation or self.core is None or self.paused:
             return  # a stale timer of an earlier life, or paused (resume re-arms)
         self.step(_TICK)
+        identity = self.identity
+        if identity is not None and identity.state != "member" and self.core is not None:
+            status = self.core.status()  # as the runtime's `_record_membership` does
+            if not status.recovering and (identity.state == "recovering" or status.term > 0):
+                if identity.state == "recovering":
+                    self.trace(f"{self.name} RECOVERED at commit {status.commit_index}")
+                self.identity = dataclasses.replace(identity, state="member")
         self._schedule_tick(incarnation)
 
     def deliver(self, src: str, message: Message) -> None:

@@ -172,7 +172,8 @@ class BftChecker(InvariantChecker):
 
 
     def check_committed_durable(
-        self, logs: Mapping[str, LogMirror], at_ns: int, *, durable_window: int = 256
+        self, logs: Mapping[str, LogMirror], at_ns: int, *, durable_window: int = 256,
+        recovering: frozenset[str] = frozenset(),
     ) -> None:
         """Not a PBFT property: decisions live in certificates and checkpoints, not a log."""
 

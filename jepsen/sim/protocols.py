@@ -57,6 +57,9 @@ class ProtocolSetup:
     byzantine: tuple[str, ...] = ()
     """Nodes that may lie: their executions are not checked (a throwaway checker)."""
     description: str = ""
+    recovers_lost_disk: bool = False
+    """The core has a recovery mode for a node that lost its disk (`DurableState.recovering`):
+    the `lose-disk` fault wipes a node's disk only then (else it is a plain kill)."""
     watch_send: Callable[[str, str, Message], str | None] | None = None
     watch_types: frozenset[type] | None = None
     """The message classes `watch_send` can object to (None: every class); others skip it."""
@@ -142,6 +145,7 @@ def protocol_setup(
             hard_state=durable.hard_state or HardState(),
             snapshot=snapshot,
             entries=durable.entries,
+            recovering=durable.recovering,
         )
         config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs, **options)
         return RaftCore(config, rng=rng, restored=restored)
@@ -159,6 +163,7 @@ def protocol_setup(
         make_replica=make_replica,
         observe=observe,
         leader_role="leader",
+        recovers_lost_disk=True,
     )
 
 

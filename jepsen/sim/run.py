@@ -213,6 +213,7 @@ class _Cluster:
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies
         self.answers_all = setup.replies is not None
+        self.recovers_lost_disk = setup.recovers_lost_disk
         self._watch_send = setup.watch_send
         if setup.description:
             self.trace(f"SETUP {setup.description}")
@@ -421,6 +422,18 @@ class _Cluster:
                 else:
                     self._killed.discard(name)
                     self.nodes[name].restart()
+        elif kind == nemesis.LOSE_DISK:
+            for name in event.nodes:
+                if not start:
+                    self._killed.discard(name)
+                    self.nodes[name].restart()
+                    continue
+                self._killed.add(name)
+                others = any(self.nodes[o].recovering for o in self.names if o != name)
+                if self.recovers_lost_disk and not others:
+                    self.nodes[name].lose_disk()
+                else:  # one lost disk at a time, and only where the core can recover
+                    self.nodes[name].crash(lose_unfsynced=False)
         elif kind == nemesis.PAUSE:
             for name in event.nodes:
                 if start:
@@ -492,7 +505,9 @@ class _Cluster:
     def check_logs(self) -> None:
         logs = {n: self.nodes[n].log for n in self.names}
         self.checker.check_log_matching(logs, self.loop.now)
-        self.checker.check_committed_durable(logs, self.loop.now)
+        self.checker.check_committed_durable(
+            logs, self.loop.now,
+            recovering=frozenset(n for n in self.names if self.nodes[n].recovering))
 
 
 GC_THRESHOLD0 = 10_000
