@@ -70,6 +70,16 @@ class RaftConfig:
             election timeout, and voters ignore RequestVote while they heard from a leader
             within the minimum election timeout (§4.2.3, §6.2).
         snapshot_chunk_size: bytes of snapshot data per InstallSnapshot.
+        snapshot_window_bytes: snapshot bytes a leader sends one follower beyond what it
+            acknowledged (at least one chunk is always allowed). The transfer's flow control:
+            enough to keep a loopback or LAN link busy, small enough that a lost window costs
+            little to resend.
+        snapshot_retain_log_bytes: while a follower receives a snapshot, a newer checkpoint
+            compacts the leader's log only down to that snapshot's index, so the follower
+            catches up through entries after installing it instead of needing the newer
+            snapshot too, as long as the kept entries stay within this many bytes (estimated
+            as for `max_batch_bytes`); beyond that, compaction proceeds and the follower gets
+            the newer snapshot once the one in progress is installed. 0 never retains.
         log_tail_after_compaction: entries kept before a checkpoint's index when compacting,
             so slightly lagging followers still get entries instead of a snapshot.
         log_tail_max_bytes: also keep at most this many bytes of that tail (estimated as for
@@ -94,7 +104,9 @@ class RaftConfig:
     max_batch_bytes: int = 1 << 20
     pre_vote: bool = True
     check_quorum: bool = True
-    snapshot_chunk_size: int = 64 * 1024
+    snapshot_chunk_size: int = 256 * 1024
+    snapshot_window_bytes: int = 4 << 20
+    snapshot_retain_log_bytes: int = 64 << 20
     log_tail_after_compaction: int = 100
     log_tail_max_bytes: int = 1 << 20
     bugs: frozenset[str] = frozenset()
@@ -106,10 +118,11 @@ class RaftConfig:
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
             raise LocalProtocolError("need 1 <= heartbeat_ticks < election_ticks")
         for name in ("max_inflight", "max_batch_entries", "max_batch_bytes",
-                     "snapshot_chunk_size"):
+                     "snapshot_chunk_size", "snapshot_window_bytes"):
             if getattr(self, name) < 1:
                 raise LocalProtocolError(f"RaftConfig.{name} must be >= 1")
-        for name in ("log_tail_after_compaction", "log_tail_max_bytes"):
+        for name in ("log_tail_after_compaction", "log_tail_max_bytes",
+                     "snapshot_retain_log_bytes"):
             if getattr(self, name) < 0:
                 raise LocalProtocolError(f"RaftConfig.{name} must be >= 0")
 

@@ -80,9 +80,10 @@ from phalanx.consensus.raft.messages import (
 from phalanx.consensus.raft.messages import (
     new_heartbeat_response as _new_heartbeat_response,
 )
-from phalanx.consensus.raft.progress import Progress
+from phalanx.consensus.raft.progress import Progress, ProgressState
 from phalanx.consensus.raft.proposals import Proposals
 from phalanx.consensus.raft.readonly import ReadOnly
+from phalanx.consensus.raft.replication import SnapshotReassembly
 from phalanx.consensus.raft.validate import drop_reason
 from phalanx.consensus.types import (
     Entry,
@@ -153,8 +154,8 @@ class RaftCore(Proposals):
         self.dropped: dict[str, int] = {}
         self.conf_change_error: str | None = None
         self._read_ctx = 0
-        self._snap_recv: tuple[int, int, int, list[bytes], int] | None = None
-        """Follower: (leader term, index, term, chunks, bytes received) of a snapshot."""
+        self._snap_recv: SnapshotReassembly | None = None
+        """Follower: the prefix received so far of a snapshot being installed."""
         self._ready_no = 0
         self._pending_durable: deque[tuple[int, int]] = deque()
         """(Ready number, log last index after it) for Readys not yet `Persisted`."""
@@ -570,5 +571,16 @@ class RaftCore(Proposals):
         meta = SnapshotMeta(index=index, term=term, config=self.log.config_at(index))
         self.snapshot = Snapshot(meta=meta, data=data)
         cfg = self.cfg
-        self.log.compact(self.log.tail_start(index, max_entries=cfg.log_tail_after_compaction,
-                                             max_bytes=cfg.log_tail_max_bytes))
+        log = self.log
+        upto = log.tail_start(index, max_entries=cfg.log_tail_after_compaction,
+                              max_bytes=cfg.log_tail_max_bytes)
+        # A follower receiving an older snapshot keeps it (`Progress.snapshot`): keep the
+        # entries after it too, within `snapshot_retain_log_bytes`, so it catches up from
+        # there instead of needing this newer snapshot as well.
+        sending = [pr.snapshot_index for pr in self.prs.values()
+                   if pr.state is ProgressState.SNAPSHOT and pr.snapshot_index < upto]
+        if sending and cfg.snapshot_retain_log_bytes:
+            floor = log.tail_start(index, max_entries=index - log.offset,
+                                   max_bytes=cfg.snapshot_retain_log_bytes)
+            upto = max(min(sending), floor)
+        log.compact(upto)

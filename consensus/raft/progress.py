@@ -11,6 +11,10 @@ Rules:
   * REPLICATE: the follower's log matches up to `match`; the leader streams entries
     optimistically (`next` advances on send) while `inflights` has room (pipelining).
   * SNAPSHOT: the follower needs an InstallSnapshot; entries are not sent until it completes.
+    The snapshot being sent is pinned in `snapshot` (a newer checkpoint does not replace it)
+    and goes out as a window of chunks: `snapshot_offset` is what the follower acknowledged,
+    `snapshot_sent` how far the leader has sent; `snapshot_sent - snapshot_offset` never
+    exceeds the window (one chunk until the follower's first answer says where it is).
 - Invariants: 0 <= match < next; in REPLICATE, inflight indexes are ascending and <= next - 1.
 """
 
@@ -18,6 +22,10 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (a type only: this module imports nothing but the standard library)
+    from phalanx.consensus.core import Snapshot
 
 STALL_LIMIT = 2
 """Heartbeat answers without progress that mean a lost window, for a follower that answers
@@ -31,6 +39,10 @@ def stall_limit(election_ticks: int, heartbeat_ticks: int) -> int:
     if election_ticks < 1 or heartbeat_ticks < 1:
         raise ValueError("election_ticks and heartbeat_ticks must be >= 1")
     return max(STALL_LIMIT, -(-2 * election_ticks // heartbeat_ticks))
+
+
+SNAPSHOT_MAX_BACKOFF = 3
+"""Snapshot retransmissions in a row double the timeout at most this many times (8x)."""
 
 
 class ProgressState(enum.Enum):
@@ -82,8 +94,14 @@ class Progress:
         "paused",
         "quiet",
         "recent_active",
+        "snapshot",
+        "snapshot_backoff",
         "snapshot_index",
+        "snapshot_known",
+        "snapshot_last_out",
         "snapshot_offset",
+        "snapshot_quiet",
+        "snapshot_sent",
         "stall_limit",
         "stalled",
         "state",
@@ -103,10 +121,26 @@ class Progress:
         self.inflights = Inflights(max_inflight)
         self.recent_active = False
         """Heard from since the last check-quorum round (§6.2)."""
+        self.snapshot: Snapshot | None = None
+        """SNAPSHOT only: the snapshot being sent, pinned until the transfer ends."""
         self.snapshot_index = 0
-        """SNAPSHOT only: the snapshot being sent."""
+        """SNAPSHOT only: the index of `snapshot`."""
         self.snapshot_offset = 0
-        """SNAPSHOT only: the next byte offset to send."""
+        """SNAPSHOT only: the byte offset the follower acknowledged (it holds the prefix)."""
+        self.snapshot_sent = 0
+        """SNAPSHOT only: the byte offset up to which chunks were sent (since the last
+        rewind); `snapshot_offset <= snapshot_sent`."""
+        self.snapshot_last_out = False
+        """SNAPSHOT only: the final chunk was sent (since the last rewind)."""
+        self.snapshot_known = False
+        """SNAPSHOT only: the follower answered once, so `snapshot_offset` is where it is
+        (until then the window is one chunk: it may already hold a prefix)."""
+        self.snapshot_quiet = 0
+        """SNAPSHOT only: heartbeat answers since the acknowledged offset last advanced while
+        chunks were outstanding (the retransmission timer)."""
+        self.snapshot_backoff = 0
+        """SNAPSHOT only: retransmissions in a row without progress (each doubles the
+        timeout, up to `SNAPSHOT_MAX_BACKOFF` doublings)."""
         self.stalled = 0
         """REPLICATE only: heartbeat responses seen since `match` last advanced while entries
         were outstanding; at `stall_threshold` the leader assumes the window was lost."""
@@ -125,8 +159,7 @@ class Progress:
         self.paused = False
         self.stalled = 0
         self.inflights.reset()
-        self.snapshot_index = 0
-        self.snapshot_offset = 0
+        self._reset_snapshot(None, 0)
 
     def heartbeat_acked(self, last_index: int) -> bool:
         """A heartbeat response arrived; True if REPLICATE made no progress for
@@ -166,12 +199,53 @@ class Progress:
         self.paused = False
         self.inflights.reset()
 
-    def become_snapshot(self, index: int) -> None:
+    def become_snapshot(self, snapshot: Snapshot) -> None:
         self.state = ProgressState.SNAPSHOT
         self.paused = False
         self.inflights.reset()
+        self._reset_snapshot(snapshot, snapshot.meta.index)
+
+    def _reset_snapshot(self, snapshot: Snapshot | None, index: int) -> None:
+        self.snapshot = snapshot
         self.snapshot_index = index
-        self.snapshot_offset = 0
+        self.snapshot_offset = self.snapshot_sent = 0
+        self.snapshot_last_out = self.snapshot_known = False
+        self.snapshot_quiet = self.snapshot_backoff = 0
+
+    def snapshot_acked(self, next_offset: int) -> bool:
+        """The follower answered a chunk: it holds `next_offset` bytes. True if that is news:
+        the first answer, more than acknowledged before, or less (the follower lost its
+        prefix, e.g. it restarted: sending goes back there). The same offset again (an
+        answer to a duplicate or to a chunk after a gap) changes nothing: only the timeout
+        resends, so duplicate answers can never multiply the transfer."""
+        if self.snapshot_known and next_offset == self.snapshot_offset:
+            return False
+        if next_offset < self.snapshot_offset or self.snapshot_sent < next_offset:
+            self.snapshot_sent = next_offset
+            self.snapshot_last_out = False
+        self.snapshot_known = True
+        self.snapshot_offset = next_offset
+        self.snapshot_quiet = self.snapshot_backoff = 0
+        return True
+
+    def snapshot_heartbeat(self) -> bool:
+        """A heartbeat answer arrived while in SNAPSHOT; True if the outstanding chunks are
+        presumed lost and must be sent again from `snapshot_offset` (the timeout: `stall_limit`
+        answers without progress, doubled per retransmission in a row). Heartbeat answers
+        travel behind the chunks on the same ordered link, so the timer runs only once the
+        follower has processed (or never got) what was sent before them: it is measured
+        behind the window, whatever its size."""
+        if self.snapshot_sent <= self.snapshot_offset and not self.snapshot_last_out:
+            self.snapshot_quiet = 0
+            return False
+        self.snapshot_quiet += 1
+        if self.snapshot_quiet < self.stall_limit << self.snapshot_backoff:
+            return False
+        self.snapshot_quiet = 0
+        self.snapshot_backoff = min(self.snapshot_backoff + 1, SNAPSHOT_MAX_BACKOFF)
+        self.snapshot_sent = self.snapshot_offset
+        self.snapshot_last_out = False
+        return True
 
     def is_blocked(self) -> bool:
         """Whether the leader must not send entries now (flow control)."""

@@ -6,6 +6,15 @@ follower's consistency check, conflict truncation and snapshot reassembly, and l
 updates (`_append_local`, `_truncate_log`, `_install_snapshot`) that also record what the
 `Ready` must persist.
 
+Snapshot transfer (see docs/reliability_snapshot.md): the leader pins the snapshot it
+started sending a follower (`Progress.snapshot`; a newer checkpoint does not replace it) and
+sends it as a window of `snapshot_chunk_size` chunks, at most `snapshot_window_bytes` beyond
+the offset the follower acknowledged (one chunk until the follower's first answer says
+where it is, so a follower holding a prefix resumes there). Answers carry the follower's
+next offset; only a heartbeat-counted timeout (`Progress.snapshot_heartbeat`) resends, from
+the acknowledged offset, never from zero. The follower keeps one growing buffer per
+snapshot (leader term, index, term) and never drops a valid prefix on a retransmission.
+
 Rules:
 - A base class of `RaftCore` (core.py), split out to keep files cohesive. It never changes
   `role` or `term`; the two hooks it needs from the core are abstract methods.
@@ -46,6 +55,18 @@ from phalanx.consensus.types import (
     slot_twin,
 )
 
+
+class SnapshotReassembly:
+    """Follower: the prefix received so far of one snapshot, identified by `key` = (leader
+    term, last included index, last included term). One buffer, grown in place."""
+
+    __slots__ = ("buf", "key")
+
+    def __init__(self, key: tuple[int, int, int]) -> None:
+        self.key = key
+        self.buf = bytearray()
+
+
 _SEND_TWIN = slot_twin(Send)
 _AE_TWIN = slot_twin(AppendEntries)
 _AER_TWIN = slot_twin(AppendEntriesResponse)
@@ -73,7 +94,7 @@ class Replication(abc.ABC):
     _truncate: int | None
     _snap_out: Snapshot | None
     _pending_durable: deque[tuple[int, int]]
-    _snap_recv: tuple[int, int, int, list[bytes], int] | None
+    _snap_recv: SnapshotReassembly | None
     _config: Configuration
     joint: JointConfig
     """`JointConfig.of(config)`, kept in step with `config` (the quorum math of every
@@ -175,8 +196,8 @@ class Replication(abc.ABC):
         if prev_term is None:  # compacted: the follower needs a snapshot (Ref: §5.3)
             if self.snapshot is None:
                 raise LocalProtocolError("log compacted without a snapshot to send")
-            pr.become_snapshot(self.snapshot.meta.index)
-            self._send_snapshot_chunk(p, pr)
+            pr.become_snapshot(self.snapshot)
+            self._send_snapshot_chunks(p, pr)
             return True
         ents: tuple[Entry, ...] = ()
         if pr.next <= last:
@@ -203,18 +224,29 @@ class Replication(abc.ABC):
         pr.sent_entries(prev + len(ents))
         return True
 
-    def _send_snapshot_chunk(self, p: NodeId, pr: Progress) -> None:
-        snap = self.snapshot
+    def _send_snapshot_chunks(self, p: NodeId, pr: Progress) -> None:
+        """Send `p` the chunks of its pinned snapshot that the window allows."""
+        snap = pr.snapshot
         if snap is None:
             raise LocalProtocolError("no snapshot to send")
-        if snap.meta.index != pr.snapshot_index:
-            pr.become_snapshot(snap.meta.index)  # a newer checkpoint: start over
-        off = pr.snapshot_offset
-        chunk = snap.data[off: off + self.cfg.snapshot_chunk_size]
-        self._send(p, InstallSnapshot(
-            term=self.term, leader_id=self.id, last_included_index=snap.meta.index,
-            last_included_term=snap.meta.term, config=snap.meta.config, offset=off,
-            data=chunk, done=off + len(chunk) >= len(snap.data)))
+        data = snap.data
+        total = len(data)
+        meta = snap.meta
+        cs = self.cfg.snapshot_chunk_size
+        limit = self.cfg.snapshot_window_bytes if pr.snapshot_known else cs
+        while not pr.snapshot_last_out:
+            off = pr.snapshot_sent
+            n = min(cs, total - off)
+            outstanding = off - pr.snapshot_offset
+            if outstanding > 0 and outstanding + n > limit:
+                return  # the window is full
+            done = off + n >= total
+            self._send(p, InstallSnapshot(
+                term=self.term, leader_id=self.id, last_included_index=meta.index,
+                last_included_term=meta.term, config=meta.config, offset=off,
+                data=data[off: off + n], done=done))
+            pr.snapshot_sent = off + n
+            pr.snapshot_last_out = done
 
     # ------------------------------------------------------------------ leader: responses
 
@@ -292,7 +324,8 @@ class Replication(abc.ABC):
             # it only grows) and probe from its log end.
             pr.forget_after(m.lost_from - 1)
         if pr.state is ProgressState.SNAPSHOT:
-            self._send_snapshot_chunk(p, pr)  # retransmit the outstanding chunk
+            if pr.snapshot_heartbeat():  # the timeout: resend from the acknowledged offset
+                self._send_snapshot_chunks(p, pr)
         else:
             log = self.log
             last = log.offset + len(log.entries)  # log.last_index(), inlined
@@ -308,7 +341,7 @@ class Replication(abc.ABC):
 
     def _handle_snapshot_response(self, p: NodeId, pr: Progress,
                                   m: InstallSnapshotResponse) -> None:
-        snap = self.snapshot
+        snap = pr.snapshot
         if (pr.state is not ProgressState.SNAPSHOT or snap is None
                 or m.last_included_index != pr.snapshot_index):
             self._drop("stale_snapshot_response")
@@ -324,8 +357,8 @@ class Replication(abc.ABC):
         if m.next_offset > len(snap.data):
             self._drop("malformed")
             return
-        pr.snapshot_offset = m.next_offset
-        self._send_snapshot_chunk(p, pr)
+        if pr.snapshot_acked(m.next_offset):
+            self._send_snapshot_chunks(p, pr)
 
     # ------------------------------------------------------------------ follower
 
@@ -392,21 +425,27 @@ class Replication(abc.ABC):
             self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
                                                     next_offset=0, done=True))
             return
+        key = (self.term, idx, m.last_included_term)
         rec = self._snap_recv
-        if m.offset == 0:
-            rec = (self.term, idx, m.last_included_term, [], 0)
-        elif rec is None or rec[:3] != (self.term, idx, m.last_included_term) or (
-                rec[4] != m.offset):
-            same = rec is not None and rec[:3] == (self.term, idx, m.last_included_term)
-            expected = rec[4] if rec is not None and same else 0
+        if rec is None or rec.key != key:
+            if m.offset != 0:
+                self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
+                                                        next_offset=0, done=False))
+                return
+            rec = self._snap_recv = SnapshotReassembly(key)
+        buf = rec.buf
+        got = len(buf)
+        end = m.offset + len(m.data)
+        if not m.offset <= got <= end:
+            # After a gap (a chunk was lost) or a duplicate of what we hold: keep the prefix
+            # and say where we are (the leader resends only after its timeout).
             self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
-                                                    next_offset=expected, done=False))
+                                                    next_offset=got, done=False))
             return
-        chunks = rec[3]
-        chunks.append(m.data)
-        received = rec[4] + len(m.data)
+        if end > got:
+            buf += memoryview(m.data)[got - m.offset:]
+        received = len(buf)
         if not m.done:
-            self._snap_recv = (rec[0], rec[1], rec[2], chunks, received)
             self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
                                                     next_offset=received, done=False))
             return
@@ -416,7 +455,9 @@ class Replication(abc.ABC):
             self._commit_to(idx)
         else:
             meta = SnapshotMeta(index=idx, term=m.last_included_term, config=m.config)
-            self._install_snapshot(Snapshot(meta=meta, data=b"".join(chunks)))
+            data = bytes(buf)
+            del buf, rec  # (the buffer goes now: one more copy only while `bytes` copies it)
+            self._install_snapshot(Snapshot(meta=meta, data=data))
         self._send(src, InstallSnapshotResponse(term=self.term, last_included_index=idx,
                                                 next_offset=received, done=True))
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from phalanx.consensus.core import Snapshot
 from phalanx.consensus.quorum import JointConfig
 from phalanx.consensus.raft.confchange import ConfChange, ConfChangeError, enter_joint, leave_joint
 from phalanx.consensus.raft.log import RaftLog
@@ -24,6 +25,7 @@ from phalanx.consensus.types import (
     EntryKind,
     LocalProtocolError,
     NodeId,
+    SnapshotMeta,
 )
 
 CFG = Configuration(voters=(NodeId("n1"), NodeId("n2"), NodeId("n3")))
@@ -165,7 +167,9 @@ def test_progress_probe_and_replicate() -> None:
     assert pr.maybe_update(7)
     assert not pr.is_blocked()
     assert not pr.maybe_update(6)  # stale
-    pr.become_snapshot(20)
+    pr.become_snapshot(Snapshot(meta=SnapshotMeta(index=20, term=1,
+                                                  config=CFG),
+                                data=b""))
     assert pr.is_blocked()
     pr.match = 20
     pr.become_probe()

@@ -1,0 +1,213 @@
+"""Snapshot catch-up of a restarted Raft follower on a real 3-node cluster (separate processes,
+loopback TLS, real disks): how long until it has caught up, and how many bytes it was sent.
+
+Steps: start a cluster, stop one follower (SIGKILL), load `--state-mb` of KV state through the
+client (the checkpoint is about that size), wait until the leader's newest checkpoint covers
+the load (its log is compacted past the follower, so only a snapshot can catch it up), then
+restart the follower (`--wipe`: with an empty data directory) and poll its status until its
+applied index reaches the leader's. Bytes: the follower's `peer_bytes_in` metric (everything it
+received since it restarted, all of it from the leader) and the change of the leader's
+`peer_bytes_out` (to both followers). Target (docs/reliability_snapshot.md): bytes received
+<= 2x the checkpoint, time near disk/loopback speed.
+
+Usage: .venv/bin/python bench/snapshot_catchup.py [--state-mb 100] [--wipe] [--json]
+       (the 1 GB run: --state-mb 1024; it needs ~3x that in free disk and a few minutes)
+Must not be imported by the package. Every process started here is stopped by its pid
+(`NodeProcesses`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import urllib.request
+
+import trio
+from _loadgen import make_value
+from _phalanx import PhalanxCluster, PhalanxUnavailable
+
+from phalanx.client import ClientError
+from phalanx.config import load_node_config
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def scrape(cluster: PhalanxCluster, node: str, name: str) -> float:
+    """One counter from `node`'s metrics endpoint (0 if absent)."""
+    listen = load_node_config(cluster.config.node_config_path(node)).metrics_listen
+    if listen is None:
+        raise PhalanxUnavailable(f"{node} has no metrics endpoint")
+    with urllib.request.urlopen(f"http://{listen.host}:{listen.port}/metrics",
+                                timeout=5) as reply:
+        text = reply.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        base = line.split("{", 1)[0].split(" ", 1)[0]
+        if base in (f"phalanx_{name}", f"phalanx_{name}_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def newest_checkpoint_size(cluster: PhalanxCluster, node: str) -> tuple[int, int]:
+    """(index, bytes) of the newest checkpoint file in `node`'s data directory."""
+    data_dir = load_node_config(cluster.config.node_config_path(node)).data_dir
+    best = (0, 0)
+    for path in data_dir.rglob("checkpoint-*.ckpt"):
+        index = int(path.name.removeprefix("checkpoint-").removesuffix(".ckpt"))
+        best = max(best, (index, path.stat().st_size))
+    return best
+
+
+async def load(cluster: PhalanxCluster, state_bytes: int, value_size: int,
+               concurrency: int) -> int:
+    """Put distinct keys until `state_bytes` of values are stored; returns the key count."""
+    keys = max(1, state_bytes // value_size)
+    value = make_value(value_size)
+    next_key = [0]
+    done = [0]
+    t0 = time.perf_counter()
+    step = max(1, keys // 10)
+
+    async def writer() -> None:
+        while next_key[0] < keys:
+            i = next_key[0]
+            next_key[0] += 1
+            for _attempt in range(100):
+                try:
+                    await cluster.client.put(f"k{i:08d}", value)
+                    break
+                except ClientError:
+                    await trio.sleep(0.05)
+            else:
+                raise PhalanxUnavailable(f"put k{i} failed 100 times")
+            done[0] += 1
+            if done[0] % step == 0:
+                mb = done[0] * value_size / 2**20
+                log(f"  loaded {done[0]:,}/{keys:,} keys ({mb:,.0f} MiB, "
+                    f"{mb / (time.perf_counter() - t0):,.1f} MiB/s)")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(writer)
+    return keys
+
+
+async def status_applied(cluster: PhalanxCluster, node: str) -> tuple[int, int]:
+    """(applied index, last checkpoint) of `node`, or (-1, -1) if it does not answer."""
+    try:
+        with trio.move_on_after(2.0):
+            reply = await cluster.client.status(node)
+            return reply.applied_index, reply.last_checkpoint
+    except ClientError:
+        pass
+    return -1, -1
+
+
+async def run(args: argparse.Namespace) -> dict[str, float]:
+    cluster = PhalanxCluster(protocol="raft", workdir=args.workdir,
+                             checkpoint_every_bytes=args.checkpoint_every_mb << 20)
+    log(f"cluster in {cluster.directory} ({cluster.runner})")
+    cluster.start()
+    try:
+        async with cluster.connected():
+            leader = await cluster.wait_ready()
+            follower = next(n for n in cluster.procs.node_ids if n != leader)
+            log(f"leader {leader}; stopping follower {follower}")
+            cluster.procs.kill(follower)
+            t0 = time.perf_counter()
+            keys = await load(cluster, args.state_mb << 20, args.value_kb << 10,
+                              args.concurrency)
+            log(f"loaded {keys:,} keys in {time.perf_counter() - t0:.1f} s")
+            # The last byte trigger's checkpoint may still be written; wait until the newest
+            # checkpoint stays the same for 3 s (the tail after it, under a quarter of a
+            # trigger, is not checkpointed when idle: the follower gets it as entries).
+            log("waiting for the leader's checkpoints to settle")
+            deadline = time.monotonic() + args.timeout
+            seen, since = (0, 0), time.monotonic()
+            while True:
+                index, size = newest_checkpoint_size(cluster, leader)
+                if (index, size) != seen:
+                    seen, since = (index, size), time.monotonic()
+                elif index > 0 and time.monotonic() - since >= 3:
+                    break
+                if time.monotonic() > deadline:
+                    raise PhalanxUnavailable("the leader's checkpoints did not settle")
+                await trio.sleep(0.5)
+            log(f"leader checkpoint at {index}: {size / 2**20:,.1f} MiB")
+            if args.wipe:
+                data_dir = load_node_config(cluster.config.node_config_path(follower)).data_dir
+                shutil.rmtree(data_dir)
+                data_dir.mkdir(parents=True)
+                log(f"wiped {data_dir}")
+            target, _ = await status_applied(cluster, leader)
+            out_before = scrape(cluster, leader, "peer_bytes_out")
+            log(f"restarting {follower}; catching up to index {target}")
+            t1 = time.perf_counter()
+            cluster.procs.start([follower])
+            last_log = t1
+            up = 0.0
+            while True:
+                got, _ = await status_applied(cluster, follower)
+                now = time.perf_counter()
+                if got >= 0 and not up:
+                    up = now - t1
+                    log(f"  {follower} answers after {up:.2f} s (process start, restore)")
+                if got >= target:
+                    break
+                if now - t1 > args.timeout:
+                    raise PhalanxUnavailable(f"{follower} not caught up after {args.timeout} s "
+                                             f"(applied {got} of {target})")
+                if now - last_log >= 5:
+                    rx = scrape(cluster, follower, "peer_bytes_in")
+                    log(f"  {now - t1:,.0f} s: {follower} applied {got}, received "
+                        f"{rx / 2**20:,.1f} MiB")
+                    last_log = now
+                await trio.sleep(0.05)
+            took = time.perf_counter() - t1
+            received = scrape(cluster, follower, "peer_bytes_in")
+            sent = scrape(cluster, leader, "peer_bytes_out") - out_before
+    finally:
+        cluster.stop()
+    return {"checkpoint_bytes": float(size), "catch_up_s": took, "start_s": up,
+            "follower_bytes_in": received, "leader_bytes_out": sent,
+            "ratio": received / size, "mib_per_s": size / 2**20 / took}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--state-mb", type=int, default=100,
+                   help="KV state to load, MiB (the checkpoint is about this size; 1024 for "
+                        "the 1 GB run)")
+    p.add_argument("--value-kb", type=int, default=64, help="value size per key, KiB")
+    p.add_argument("--concurrency", type=int, default=16, help="concurrent writers")
+    p.add_argument("--checkpoint-every-mb", type=int, default=16,
+                   help="[checkpoint] every_bytes of the nodes, MiB")
+    p.add_argument("--wipe", action="store_true",
+                   help="restart the follower with an empty data directory")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per wait")
+    p.add_argument("--workdir", default=None, help="where to put the cluster (default: tmp)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    args = p.parse_args()
+    try:
+        r = trio.run(run, args)
+    except PhalanxUnavailable as e:
+        sys.exit(f"snapshot_catchup: {e}")
+    if args.json:
+        print(json.dumps(r))
+        return
+    mib = r["checkpoint_bytes"] / 2**20
+    print(f"checkpoint {mib:,.1f} MiB: follower caught up in {r['catch_up_s']:.2f} s "
+          f"({r['mib_per_s']:,.0f} MiB/s); it received {r['follower_bytes_in'] / 2**20:,.1f} MiB "
+          f"({r['ratio']:.2f}x the checkpoint); the leader sent "
+          f"{r['leader_bytes_out'] / 2**20:,.1f} MiB to both followers meanwhile; the "
+          f"follower process answered {r['start_s']:.2f} s after its start")
+
+
+if __name__ == "__main__":
+    main()
