@@ -71,8 +71,9 @@ class RecordingSink:
         pass
 
 
-def frame(n: int) -> bytes:
-    request = ClientRequest(client_id="c", request_no=n, command=b"x")
+def frame(n: int, client_id: str = "c", *, read_only: bool = False) -> bytes:
+    request = ClientRequest(client_id=client_id, request_no=n, command=b"x",
+                            read_only=read_only)
     return encode_frame(wire.encode(ClientCall(request=request)))
 
 

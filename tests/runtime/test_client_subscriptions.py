@@ -208,7 +208,7 @@ async def test_unasked_answers_hold_no_call_slot_and_are_bounded(tmp_path: Path)
         assert conn.slots.value == 2  # type: ignore[attr-defined]
         assert conn.unasked == 0  # type: ignore[attr-defined]
         sink.hold = True
-        await client.send_raw(frame(5) + frame(6) + frame(7))
+        await client.send_raw(frame(5, "me") + frame(6, "me") + frame(7, "me"))
         await wait_for(lambda: len(sink.held) == 2)  # the third waits for a slot
         sink.release()
         port.flush()
