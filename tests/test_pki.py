@@ -129,7 +129,8 @@ def test_client_certificates_carry_their_role(tmp_path: Path, role: str) -> None
     assert pki.identity_from_certificate(paths.certificate) == pki.Identity(
         kind="client", name="bob", role=role)
     session = pki.new_client_id(paths.certificate)
-    assert session.startswith("bob/") and len(session) == 4 + 32
+    assert session.startswith("bob/")
+    assert len(session) == 4 + 32
     with pytest.raises(ValueError, match="invalid client role"):
         pki.issue_client_cert(ca, "bob", role="root")
     node = pki.write_credentials(pki.issue_node_cert(ca, "n1"), tmp_path)

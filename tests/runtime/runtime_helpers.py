@@ -1,7 +1,7 @@
 """Test helpers for the runtime: local cluster configs with fresh certificates and free ports,
 and a raw client-protocol connection (the real client library is tested elsewhere).
 
-`make_cluster(root)` also issues the admin client certificate ``tester`` (`tester`): a
+`make_cluster(root)` also issues the admin client certificate ``tester`` (`cluster_client`): a
 client port requires one, and a client may only use its own session ids (``tester``,
 ``tester/...``, ``tester#...``)."""
 
@@ -69,7 +69,7 @@ def make_cluster(
 TESTER = "tester"
 
 
-def tester(config: NodeConfig) -> pki.CredentialPaths:
+def cluster_client(config: NodeConfig) -> pki.CredentialPaths:
     """The ``tester`` client credentials of the `make_cluster` cluster `config` belongs to."""
     root = config.tls.ca.parents[2]  # root/nodes/<id>/ca.pem
     return pki.CredentialPaths(certificate=root / "clients" / f"{TESTER}.pem",

@@ -21,6 +21,7 @@ from test_client_subscriptions import SubscribingSink
 from phalanx import pki
 from phalanx.client_port import ClientPort
 from phalanx.config import Address
+from phalanx.net import client_protocol
 from phalanx.net.client_protocol import (
     ClientHello,
     ClientHelloReply,
@@ -29,6 +30,8 @@ from phalanx.net.client_protocol import (
     StatusCall,
     StatusReply,
 )
+
+client_protocol.register()
 
 
 class Port:
@@ -62,6 +65,12 @@ class Port:
         return await RawClient.connect(self.address, who)
 
 
+async def refused(p: Port, who: Path | pki.CredentialPaths, data: bytes) -> None:
+    """Connect as `who` and send `data`; the port must close the connection unanswered."""
+    client = await p.connect(who)
+    await exchange(client, data, 1)
+
+
 async def exchange(client: RawClient, data: bytes, count: int) -> list[object]:
     await client.send_raw(data)
     with trio.fail_after(10):
@@ -75,10 +84,10 @@ async def test_a_client_without_a_certificate_is_refused_at_the_handshake(
         port = await p.serve(sink, nursery)
         # Before: the handshake succeeded and this write was applied.
         with pytest.raises((EOFError, trio.BrokenResourceError)):
-            anonymous = await p.connect(p.ca)
-            await exchange(anonymous, frame(1, "alice"), 1)
+            await refused(p, p.ca, frame(1, "alice"))
         await wait_for(lambda: port.stats.handshake_failures == 1)
-        assert sink.items == [] and port.stats.connections_accepted == 0
+        assert sink.items == []
+        assert port.stats.connections_accepted == 0
         nursery.cancel_scope.cancel()
 
 
@@ -87,9 +96,9 @@ async def test_a_node_certificate_is_not_a_client(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         port = await p.serve(sink, nursery)
         with pytest.raises((EOFError, trio.BrokenResourceError)):
-            node = await p.connect(p.other_node)
-            await exchange(node, frame(1, "n2"), 1)
-        assert sink.items == [] and port.stats.unauthenticated == 1
+            await refused(p, p.other_node, frame(1, "n2"))
+        assert sink.items == []
+        assert port.stats.unauthenticated == 1
         nursery.cancel_scope.cancel()
 
 
@@ -157,7 +166,8 @@ async def test_the_insecure_mode_lets_anyone_in(tmp_path: Path) -> None:
         await p.serve(sink, nursery, secure=False)
         anonymous = await p.connect(p.ca)
         (reply,) = await exchange(anonymous, frame(1, "anyone"), 1)
-        assert isinstance(reply, ClientReply) and reply.status is ReplyStatus.OK
+        assert isinstance(reply, ClientReply)
+        assert reply.status is ReplyStatus.OK
         await anonymous.aclose()
         nursery.cancel_scope.cancel()
 

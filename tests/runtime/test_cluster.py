@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
-from runtime_helpers import RawClient, make_cluster, tester, wait_for
+from runtime_helpers import RawClient, cluster_client, make_cluster, wait_for
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import CasResult, CompareAndSet, Get, Put, Value
@@ -95,7 +95,7 @@ class Cluster:
         return self.leaders()[0]
 
     async def client(self, node: Node) -> RawClient:
-        return await RawClient.connect(node.client_address, tester(node.config))
+        return await RawClient.connect(node.client_address, cluster_client(node.config))
 
 
 @contextlib.asynccontextmanager

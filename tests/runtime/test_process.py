@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import trio
-from runtime_helpers import RawClient, make_cluster, tester
+from runtime_helpers import RawClient, cluster_client, make_cluster
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Get, Put, Value
@@ -43,7 +43,7 @@ def spawn(path: Path, log: Path) -> subprocess.Popen[bytes]:
 
 async def status_of(config: NodeConfig) -> StatusReply | None:
     try:
-        client = await RawClient.connect(config.client_listen, tester(config))
+        client = await RawClient.connect(config.client_listen, cluster_client(config))
     except OSError:
         return None
     try:
@@ -68,7 +68,7 @@ async def find_leader(configs: list[NodeConfig]) -> NodeConfig:
 
 async def call_once(config: NodeConfig, request: ClientRequest) -> ClientReply | None:
     try:
-        client = await RawClient.connect(config.client_listen, tester(config))
+        client = await RawClient.connect(config.client_listen, cluster_client(config))
     except OSError:
         return None
     try:
