@@ -5,6 +5,7 @@ The attacks:
 - a node given another node's certificate used to start, pass as that node to its peers
   and keep replacing their connections (276 replacements in 18 s and a leader change);
 - a read-only client could write; a client could write under another client's session id.
+The explicit insecure mode (``[client] auth = "none"``) still lets anyone in, loudly.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from runtime_helpers import make_cluster
+from runtime_helpers import RawClient, make_cluster
 from test_cluster import cluster
 from test_process import write_configs
 
@@ -24,8 +25,8 @@ from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import KvError, KvErrorCode, Put
 from phalanx.client import Forbidden, open_client
-from phalanx.net.client_protocol import ReadConsistency
-from phalanx.node import NodeError, open_node
+from phalanx.net.client_protocol import ReadConsistency, StatusCall, StatusReply
+from phalanx.node import NodeError, open_node, serve_node
 
 
 async def test_a_node_with_another_nodes_certificate_refuses_to_start(tmp_path: Path) -> None:
@@ -85,3 +86,19 @@ async def test_roles_and_sessions_hold_through_the_client_library(tmp_path: Path
                 with pytest.raises(Forbidden, match="session 'reader/1#0' does not belong"):
                     await client.put("k", b"spoofed")
             assert sum(n.client_port.stats.forbidden_calls for n in c.nodes.values()) >= 2
+
+
+async def test_the_insecure_mode_serves_anyone_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    configs = [dataclasses.replace(c, client_auth="none") for c in make_cluster(tmp_path, n=1)]
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(serve_node, configs[0])
+            anonymous = await RawClient.connect(node.client_address, configs[0].tls.ca)
+            await anonymous.send(StatusCall(nonce=1))
+            status = await anonymous.receive()
+            assert isinstance(status, StatusReply)
+            assert status.client_auth == "none"
+            await anonymous.aclose()
+            nursery.cancel_scope.cancel()
+    assert any(r.levelname == "WARNING" and "INSECURE" in r.getMessage() for r in caplog.records)
