@@ -169,5 +169,5 @@ def test_client_auth_is_required_unless_the_config_says_none(tmp_path: Path) -> 
     assert doc["client"] == {"auth": "none"}
     assert "client" not in node_config_dict(config, relative_to=tmp_path)
     path.write_text(base + "[client]\nauth='optional'\n")
-    with pytest.raises(ConfigError, match="client.auth: expected one of required, none"):
+    with pytest.raises(ConfigError, match=r"client\.auth: expected one of required, none"):
         load_node_config(path)
