@@ -88,9 +88,10 @@ examples:
   phalanx status --cluster ./demo-cluster --json | jq '.[] | select(.role=="leader")'
 
 --json prints a list with one object per node: node, role, term, leader, commit_index,
-applied_index, last_checkpoint, peers, connected_peers, dropped_messages (role
-"unreachable" and an "error" for a node that did not answer). --cluster defaults to
-${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
+applied_index, last_checkpoint, peers, connected_peers, dropped_messages, protocol,
+client_auth (role "unreachable" and an "error" for a node that did not answer). A node
+running with [client] auth = "none" (no client authentication) is named in a WARNING on
+stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
 """
 
 
