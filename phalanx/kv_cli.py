@@ -33,6 +33,7 @@ from typing import Final
 
 import trio
 
+from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import (
     CasResult,
@@ -273,15 +274,27 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
         print(f"{prog}: {e}", file=sys.stderr)
         return None
     name = getattr(args, "client_name", None)
-    if name is None:
-        return cluster
-    cert = cluster.directory / "clients" / f"{name}.pem"
-    key = cert.with_suffix(".key")
-    if not (cert.is_file() and key.is_file()):
-        print(f"{prog}: no client {name!r}: {cert} and {key} must exist (issue one with "
-              f"`phalanx cert issue-client {name} --cluster {args.cluster}`)", file=sys.stderr)
+    if name is not None:
+        cert = cluster.directory / "clients" / f"{name}.pem"
+        key = cert.with_suffix(".key")
+        if not (cert.is_file() and key.is_file()):
+            print(f"{prog}: no client {name!r}: {cert} and {key} must exist (issue one with "
+                  f"`phalanx cert issue-client {name} --cluster {args.cluster}`)",
+                  file=sys.stderr)
+            return None
+        cluster = replace(cluster, client_cert=cert, client_key=key)
+    try:
+        identity = pki.identity_from_certificate(cluster.client_cert)
+    except (OSError, ValueError) as e:
+        identity = None
+        why = f"cannot read it ({getattr(e, 'strerror', None) or e})"
+    else:
+        why = "it names no phalanx client"
+    if identity is None or identity.kind != "client":
+        print(f"{prog}: {cluster.client_cert} is not a usable client certificate: {why}",
+              file=sys.stderr)
         return None
-    return replace(cluster, client_cert=cert, client_key=key)
+    return cluster
 
 
 def _kv_main(args: argparse.Namespace) -> int:

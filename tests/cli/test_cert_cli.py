@@ -33,6 +33,20 @@ def test_issue_client_writes_a_certificate_with_the_role(tmp_path: Path) -> None
         issue_client(tmp_path / "nowhere", "x", "admin")
 
 
+
+def test_kv_refuses_a_node_certificate_as_a_client(
+        tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    cluster = tmp_path / "c"
+    init_cluster(cluster, nodes=1, base_port=9000)
+    for suffix in (".pem", ".key"):
+        (cluster / "clients" / f"n1{suffix}").write_bytes(
+            (cluster / "nodes" / f"n1{suffix}").read_bytes())
+    code, _, err = _kv_here(cluster, capsysbinary, "--as", "n1", "get", "k")
+    assert code == 2
+    assert err.endswith(b"n1.pem is not a usable client certificate: it names no phalanx "
+                        b"client\n")
+
+
 def test_a_read_only_client_is_refused_writes_with_exit_3(
     running_cluster: tuple[Path, subprocess.Popen[str]], capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
