@@ -377,6 +377,11 @@ async def open_node(
                     "peer_direct_write_calls": t.direct_write_calls}
 
         metrics.add_byte_source(byte_counters)
+        metrics.add_byte_source(lambda: {  # client authentication and authorization
+            "client_handshake_failures": client_port.stats.handshake_failures,
+            "client_unauthenticated": client_port.stats.unauthenticated,
+            "client_forbidden_calls": client_port.stats.forbidden_calls,
+            "client_forbidden_subscriptions": client_port.stats.forbidden_subscriptions})
         if config.metrics_listen is not None:
             metrics_server, node.metrics_port = serve_metrics(
                 metrics.registry, config.metrics_listen.host, config.metrics_listen.port)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from prometheus_client import generate_latest
 from runtime_helpers import RawClient, make_cluster
 from test_cluster import cluster
 from test_process import write_configs
@@ -86,6 +87,8 @@ async def test_roles_and_sessions_hold_through_the_client_library(tmp_path: Path
                 with pytest.raises(Forbidden, match="session 'reader/1#0' does not belong"):
                     await client.put("k", b"spoofed")
             assert sum(n.client_port.stats.forbidden_calls for n in c.nodes.values()) >= 2
+            scraped = b"".join(generate_latest(n.metrics.registry) for n in c.nodes.values())
+            assert b"phalanx_client_forbidden_calls_total" in scraped
 
 
 async def test_the_insecure_mode_serves_anyone_and_says_so(
