@@ -29,6 +29,8 @@ from phalanx.consensus.types import ClientRequest
 from phalanx.pki import CLIENT_ROLES, identity_from_peercert
 
 READ_ONLY, READ_WRITE, ADMIN = CLIENT_ROLES
+MAX_SHOWN_ID = 80
+"""A refusal quotes at most this many characters of the session id it refuses."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +70,8 @@ def needed_role(request: ClientRequest) -> str:
 def refusal(principal: Principal, request: ClientRequest) -> str | None:
     """Why `principal` may not send `request` (the FORBIDDEN reply's message), or None."""
     if not owns_client_id(principal.name, request.client_id):
-        return (f"session {request.client_id!r} does not belong to client "
+        shown = request.client_id[:MAX_SHOWN_ID]  # the id is the client's: keep replies small
+        return (f"session {shown!r} does not belong to client "
                 f"{principal.name!r} (use ids {principal.name!r}, "
                 f"'{principal.name}/...' or '{principal.name}#...')")
     needed = needed_role(request)
