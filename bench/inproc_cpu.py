@@ -76,7 +76,8 @@ async def _run(args: argparse.Namespace) -> None:
                                          private_key=client_paths.private_key,
                                          check_hostname=False)
             addresses = [(c.id, c.client_listen.host, c.client_listen.port) for c in configs]
-            async with open_client(addresses, ssl_context=context) as kv:
+            async with open_client(addresses, ssl_context=context,
+                                   client_id=pki.new_client_id(client_paths.certificate)) as kv:
                 value = b"v" * args.value_size
                 for i in range(args.warmup):
                     await kv.put(f"w{i}", value)

@@ -5,6 +5,8 @@ increasing ticket numbers per queue. Three nodes run in this one process on loop
 certificates generated into a temporary directory; the program takes tickets through the
 leader's client port (raw client protocol), kills the leader, and takes more from the new
 one: numbers never repeat, and a retried request (same ids) gets the same ticket back.
+Each client (alice, bob) has its own client certificate: the client port requires one, and
+a client may only use its own session ids.
 
 Run it:  python examples/counter_service.py
 """
@@ -83,13 +85,26 @@ def cluster_configs(root: Path, n: int = 3) -> list[NodeConfig]:
                          key=paths.private_key),
             peers=tuple(PeerConfig(id=o, peer_addr=peer[o], client_addr=client[o])
                         for o in ids if o != node_id)))
+    for name in CLIENTS:  # read-write certificates, one per client (its session id: its name)
+        pki.write_credentials(pki.issue_client_cert(ca, name), root / "clients")
     return configs
+
+
+CLIENTS = ("alice", "bob")
+
+
+def client_credentials(node: Node, name: str) -> tuple[Path, Path]:
+    """Client `name`'s certificate and key (`cluster_configs` wrote them beside the nodes')."""
+    clients = node.config.tls.ca.parent.parent / "clients"
+    return clients / f"{name}.pem", clients / f"{name}.key"
 
 
 async def take(node: Node, client_id: str, request_no: int, queue: str) -> ClientReply:
     """One call over the node's TLS client port."""
     tcp = await trio.open_tcp_stream(node.client_address.host, node.client_address.port)
-    context = pki.client_context(node.config.tls.ca, check_hostname=False)
+    cert, key = client_credentials(node, client_id)
+    context = pki.client_context(node.config.tls.ca, certificate=cert, private_key=key,
+                                 check_hostname=False)
     tls = trio.SSLStream(tcp, context, server_hostname="127.0.0.1")
     request = ClientRequest(client_id=client_id, request_no=request_no,
                             command=f"take:{queue}".encode())

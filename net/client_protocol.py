@@ -1,6 +1,8 @@
 """The client protocol: what a client and a node say to each other over a client connection.
 
-One TLS connection (server-authenticated; client certificates optional) carries frames
+One TLS connection (mutually authenticated: the client presents a cluster-CA client
+certificate, whose name owns its session ids and whose role limits its calls,
+`phalanx.client_auth`; only a node in the insecure mode lets clients without one in) carries frames
 (`phalanx.net.framing`) of codec-encoded messages (type ids 500-599 in `phalanx.net.wire`).
 A client may pipeline: it sends any number of `ClientCall`s and matches each `ClientReply`
 by (client_id, request_no); replies may come back in any order.
@@ -105,6 +107,8 @@ class StatusReply(Message):
     peers: tuple[str, ...]
     connected_peers: tuple[str, ...] = ()
     dropped_messages: int = 0
+    client_auth: str = "required"
+    """The node's `[client] auth` mode: ``none`` means it serves anyone (insecure)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

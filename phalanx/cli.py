@@ -24,6 +24,8 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("kv", "phalanx.kv_cli", "add_kv_command", "read and write keys of a running cluster"),
     ("status", "phalanx.kv_cli", "add_status_command",
      "show every node's role, term, commit and applied index"),
+    ("cert", "phalanx.cert_cli", "add_cert_command",
+     "issue client certificates (roles read-only, read-write, admin)"),
     ("sim", "phalanx.jepsen.sim.cli", "add_sim_command",
      "run seeded deterministic simulations and check safety, linearizability, liveness"),
     ("jepsen", "phalanx.jepsen.cli", "add_jepsen_command",

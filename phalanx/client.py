@@ -25,7 +25,9 @@ SAME encoded frame, so the replica's session table applies the write at most onc
 
 Outcomes (what each error promises):
 - returns: the command took effect exactly once (reads: a value the read observed).
-- `RequestRejected` (and its `KvCommandError`): certainly had no effect.
+- `RequestRejected` (and its `KvCommandError`, `Forbidden`): certainly had no effect.
+  `Forbidden`: the client certificate's role does not allow the call (a read-only client's
+  write) or the session id is not the certificate's.
 - `ClientTimeout`: the overall deadline passed; the command MAY OR MAY NOT have taken
   effect, now or later (a history checker records it as indeterminate, ``info``).
 - `ClientClosed`: the client was closed; as indeterminate as a timeout.
@@ -75,6 +77,7 @@ from phalanx.client_errors import (
     ClientClosed,
     ClientError,
     ClientTimeout,
+    Forbidden,
     KvCommandError,
     ProtocolViolation,
     RequestRejected,
@@ -82,7 +85,7 @@ from phalanx.client_errors import (
 )
 from phalanx.client_kv import KvHelpers
 from phalanx.client_pbft import PbftCalls
-from phalanx.config import ClusterConfig, load_cluster_config
+from phalanx.config import ClusterConfig, ConfigError, load_cluster_config
 from phalanx.consensus.quorum import max_byzantine_faults
 from phalanx.consensus.types import ClientRequest
 from phalanx.net import client_protocol, wire
@@ -104,6 +107,7 @@ __all__ = [
     "ClientError",
     "ClientStatistics",
     "ClientTimeout",
+    "Forbidden",
     "KvCommandError",
     "NodeAddress",
     "ProtocolViolation",
@@ -368,6 +372,8 @@ class Client(KvHelpers, PbftCalls):
                     return True, reply.result, None, ""
                 if reply.status is ReplyStatus.ERROR:
                     raise RequestRejected(reply.message or "rejected", replica=node)
+                if reply.status is ReplyStatus.FORBIDDEN:
+                    raise Forbidden(f"forbidden by {node}: {reply.message}", replica=node)
                 if node != target:
                     continue  # a stale REDIRECT/RETRY from an earlier attempt
                 if reply.status is ReplyStatus.UNAVAILABLE:  # its disk: try the others
@@ -488,8 +494,12 @@ async def open_client(
             the cluster's client certificate (hostname checks off: node ids are pinned).
         protocol: ``"raft"`` (default with triples) or ``"pbft"``; a cluster's own protocol
             by default.
-        client_id: the session id (default: a random uuid4 hex). Two live clients must not
-            share one.
+        client_id: the session id. Two live clients must not share one. A secured node
+            accepts only ids its client certificate owns (``<name>``, ``<name>/...``,
+            ``<name>#...``; `phalanx.client_auth`): with a cluster the default is
+            ``<name>/<uuid4 hex>`` for the cluster's client certificate
+            (`phalanx.pki.new_client_id`); with triples, pass one (default: a random uuid4
+            hex, which only a node in the insecure mode accepts).
         timeout: the default deadline of each operation, in seconds.
         attempt_timeout: how long a node may stay silent (no bytes at all, and then no
             answer to a status probe) before a call waiting on it moves on (same request
@@ -500,7 +510,8 @@ async def open_client(
             listed under.
 
     Raises:
-        phalanx.config.ConfigError: the cluster directory is invalid.
+        phalanx.config.ConfigError: the cluster directory is invalid, or its client
+            certificate names no client.
     """
     if isinstance(cluster, str | Path):
         cluster = load_cluster_config(cluster)
@@ -509,6 +520,12 @@ async def open_client(
             (n.id, n.client_addr.host, n.client_addr.port) for n in cluster.nodes
         ]
         options.setdefault("protocol", cluster.protocol)
+        if "client_id" not in options:
+            try:
+                options["client_id"] = pki.new_client_id(cluster.client_cert)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"{cluster.client_cert}: not a usable client certificate "
+                                  f"({e})") from None
         if "ssl_context" not in options:
             options["ssl_context"] = pki.client_context(
                 cluster.ca,

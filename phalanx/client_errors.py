@@ -41,6 +41,12 @@ class RequestRejected(ClientError):
         self.replica = replica
 
 
+class Forbidden(RequestRejected):
+    """The cluster refused the call for this client (`ReplyStatus.FORBIDDEN`): its
+    certificate's role does not allow it, or the session id is not the certificate's. It
+    certainly had no effect; retrying with the same certificate will not help."""
+
+
 class KvCommandError(RequestRejected):
     """The KV state machine refused the command (a `KvError` result). It had no effect."""
 

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 
 from phalanx.client_conn import ClientStatistics, ConnectionPool, NodeSlot, PendingCall
-from phalanx.client_errors import ClientTimeout, RequestRejected
+from phalanx.client_errors import ClientTimeout, Forbidden, RequestRejected
 from phalanx.consensus.pbft.client import ReplyCollector
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
@@ -114,7 +114,8 @@ class PbftCalls:
                         if node == primary:
                             break  # retransmit to every replica at once
                         continue
-                    if reply.status not in (ReplyStatus.OK, ReplyStatus.ERROR):
+                    if reply.status not in (ReplyStatus.OK, ReplyStatus.ERROR,
+                                            ReplyStatus.FORBIDDEN):
                         last_error = f"{node}: {reply.status.name} {reply.message}"
                         continue
                     decided = collector.add(NodeId(node), bytes([reply.status]) + reply.result)
@@ -122,6 +123,9 @@ class PbftCalls:
                         continue
                     if decided[0] == ReplyStatus.ERROR:
                         raise RequestRejected(reply.message or "rejected", replica=node)
+                    if decided[0] == ReplyStatus.FORBIDDEN:  # f+1 replicas agree: no effect
+                        raise Forbidden(f"forbidden by {collector.needed} replicas: "
+                                        f"{reply.message}", replica=node)
                     return decided[1:]
             self._check_open()
             self._stats.retries += 1

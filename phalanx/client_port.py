@@ -1,9 +1,19 @@
 """The client port of a node: TLS connections speaking `phalanx.net.client_protocol`.
 
-Owns: `serve_client_port` (accepts TLS connections, server-authenticated, client
-certificates optional) and one `_Connection` per client: a reader that decodes frames into
-`ClientCall`/`StatusCall` and hands them to the driver, and a writer that sends the replies
-back, coalescing whatever is ready into one write. Replies may be out of order (pipelining).
+Owns: `ClientPort` (accepts TLS connections, server-authenticated, client certificates
+REQUIRED unless the node runs with ``[client] auth = "none"``) and one `_Connection` per
+client: a reader that decodes frames into `ClientCall`/`StatusCall` and hands them to the
+driver, and a writer that sends the replies back, coalescing whatever is ready into one
+write. Replies may be out of order (pipelining).
+
+Authentication and authorization (`phalanx.client_auth`): a connection without a valid
+cluster-CA client certificate fails the handshake (`handshake_failures`); one whose
+certificate names no client (a node's certificate, an unknown role) is closed right after it
+(`unauthenticated`). Every call is checked against the connection's `Principal` before it
+reaches the driver: a call for a session the client does not own, or a write from a
+read-only client, is answered `ReplyStatus.FORBIDDEN` here (`forbidden_calls`), and a
+`ClientHello` for another client's session is not subscribed (`forbidden_subscriptions`).
+With ``require_client_auth=False`` (insecure mode) nothing is checked.
 
 Limits and errors (client input is normal input, never asserted on):
 - A connection has at most `max_in_flight` unanswered calls; the reader stops reading while
@@ -35,12 +45,14 @@ from typing import Protocol, runtime_checkable
 
 import trio
 
+from phalanx.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
 from phalanx.net import wire
 from phalanx.net.client_protocol import (
     ClientCall,
     ClientHello,
     ClientHelloReply,
     ClientReply,
+    ReplyStatus,
     StatusCall,
     StatusReply,
 )
@@ -98,6 +110,12 @@ class ClientPortStatistics:
     """Answers sent to a subscribed connection that did not ask this node."""
     unasked_dropped: int = 0
     """Unasked answers dropped because too many waited unwritten on their connection."""
+    unauthenticated: int = 0
+    """Connections closed after the handshake: their certificate names no client."""
+    forbidden_calls: int = 0
+    """Calls answered FORBIDDEN (another client's session, or a role that does not allow it)."""
+    forbidden_subscriptions: int = 0
+    """`ClientHello`s for another client's session (not subscribed)."""
 
 
 class _Connection:
@@ -135,6 +153,8 @@ class _Connection:
         self.asked: dict[tuple[str, int], int] = {}
         """Calls read here and not answered yet, by (client_id, request_no)."""
         self.subscribed: list[str] = []
+        self.principal: Principal | None = None
+        """The authenticated client (None only in the insecure mode)."""
         # Unbounded, but never holds more than `max_in_flight` slot-holding replies and
         # `max_in_flight` unasked ones (+ wake-ups).
         self.out_send, self.out_recv = trio.open_memory_channel[tuple[bytes, int, int]](
@@ -218,9 +238,16 @@ class ClientPort:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_in_flight: int = 1024,
         batch_replies: bool = False,
+        require_client_auth: bool = True,
     ) -> None:
+        """`require_client_auth=False` is the insecure mode: pass a context that does not
+        require client certificates (`phalanx.pki.client_server_context`) with it."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
+        if require_client_auth and ssl_context.verify_mode != ssl.CERT_REQUIRED:
+            raise ValueError("require_client_auth needs a context that requires client "
+                             "certificates (CERT_REQUIRED)")
+        self.require_client_auth = require_client_auth
         self._sink = sink
         self._context = ssl_context
         self._node_id = node_id
@@ -257,6 +284,9 @@ class ClientPort:
         sink = self._sink
         if not isinstance(sink, SubscribingSink) or "#" in client_id or not client_id:
             return False  # (a lane id is covered by its client's subscription)
+        if conn.principal is not None and not owns_client_id(conn.principal.name, client_id):
+            self.stats.forbidden_subscriptions += 1
+            return False
         if client_id not in conn.subscribed:
             if len(conn.subscribed) >= MAX_SUBSCRIPTIONS:
                 return False
@@ -289,6 +319,13 @@ class ClientPort:
             if timeout.cancelled_caught:
                 self.stats.handshake_failures += 1
                 return
+            if self.require_client_auth:
+                conn.principal = principal_from_peercert(tls.getpeercert())
+                if conn.principal is None:
+                    self.stats.unauthenticated += 1
+                    logger.info("%s: refused client connection from %s: its certificate "
+                                "names no phalanx client", self._node_id, remote)
+                    return
             conn.tls = tls
             self.stats.connections_accepted += 1
             self.stats.connections_open += 1
@@ -335,8 +372,18 @@ class ClientPort:
                             calls = []
                             await conn.slots.acquire()
                         st.calls += 1
-                        key = (message.request.client_id, message.request.request_no)
+                        request = message.request
+                        key = (request.client_id, request.request_no)
                         conn.asked[key] = conn.asked.get(key, 0) + 1
+                        if conn.principal is not None and (
+                                why := refusal(conn.principal, request)) is not None:
+                            st.forbidden_calls += 1
+                            conn.deliver(ClientReply(
+                                client_id=request.client_id, request_no=request.request_no,
+                                status=ReplyStatus.FORBIDDEN, replica=self._node_id,
+                                message=why))
+                            conn.flush()
+                            continue
                         calls.append(message)
                     elif isinstance(message, ClientHello):
                         await conn.slots.acquire()

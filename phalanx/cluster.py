@@ -63,7 +63,10 @@ from phalanx.ports import ephemeral_port_range, listen_window, ports_free
 
 DEFAULT_BASE_PORT: Final = 7100
 DEFAULT_HOST: Final = "127.0.0.1"
-DEFAULT_CLIENT: Final = "admin"
+DEFAULT_CLIENT: Final = "client"
+ROLE_CLIENTS: Final = (("admin", "admin"), ("client", "read-write"), ("reader", "read-only"))
+"""The client certificates `cluster init` issues, (name, role): one per role
+(`phalanx.client_auth`). ``cluster.toml`` names the read-write one unless told otherwise."""
 DEFAULT_GRACE: Final = 10.0
 MAX_NODES: Final = 100
 CLIENT_PORT_OFFSET: Final = 100
@@ -248,7 +251,12 @@ def _write_cluster(
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
         doc = node_config_dict(cfg, relative_to=nodes_dir)
         (nodes_dir / f"{me.id}.toml").write_text(dumps_toml(doc))
-    client = pki.write_credentials(pki.issue_client_cert(ca, client_name), root / "clients")
+    issued = {}
+    for name, role in (*ROLE_CLIENTS, (client_name, pki.DEFAULT_CLIENT_ROLE)):
+        if name not in issued:
+            issued[name] = pki.write_credentials(pki.issue_client_cert(ca, name, role=role),
+                                                 root / "clients")
+    client = issued[client_name]
     (root / "logs").mkdir()
     (root / "run").mkdir()
     cluster = ClusterConfig(
@@ -429,7 +437,9 @@ examples:
   phalanx cluster init ./c5 --nodes 5 --base-port 9000
 
 Writes DIR/cluster.toml, DIR/nodes/<id>.toml (+ certificate and key), DIR/ca/,
-DIR/clients/admin.pem/.key, DIR/data/<id>/, DIR/logs/ and DIR/run/. Node i (0-based)
+DIR/clients/{admin,client,reader}.pem/.key (client certificates with the roles admin,
+read-write and read-only; cluster.toml and `phalanx kv` use client.pem; issue more with
+`phalanx cert issue-client`), DIR/data/<id>/, DIR/logs/ and DIR/run/. Node i (0-based)
 listens for peers on BASE+i, for clients on BASE+100+i, and serves Prometheus metrics
 on BASE+200+i. DIR must not exist or be empty.
 """

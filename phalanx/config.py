@@ -31,6 +31,10 @@ from typing import Any
 
 PROTOCOLS = ("raft", "pbft")
 FSYNC_MODES = ("every-write", "group", "off")
+CLIENT_AUTH_MODES = ("required", "none")
+"""`[client] auth` of a node: ``required`` (default: client certificates and roles,
+`phalanx.client_auth`) or ``none`` (insecure, for local experiments: anyone who can reach the
+client port may read and write)."""
 
 
 class ConfigError(Exception):
@@ -128,6 +132,8 @@ class NodeConfig:
     source: Path | None = None
     pbft: PbftFiles | None = None
     """`[pbft]`: required when `protocol` is pbft (with every peer's public keys)."""
+    client_auth: str = "required"
+    """`[client] auth`: one of `CLIENT_AUTH_MODES`."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
@@ -290,6 +296,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
         ),
         source=path,
         pbft=pbft,
+        client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
+                            f"{path}: client.auth"),
     )
 
 
@@ -390,6 +398,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
         },
         "peers": peers,
     }
+    if cfg.client_auth != "required":
+        doc["client"] = {"auth": cfg.client_auth}
     if cfg.pbft is not None:
         doc["pbft"] = {"signing_key": rel(cfg.pbft.signing_key)}
     return doc

@@ -314,6 +314,7 @@ async def ledger_keys(
         context = pki.client_context(cluster.ca, certificate=cluster.client_cert,
                                      private_key=cluster.client_key, check_hostname=False)
         async with open_client([(node, addr.host, addr.port)], ssl_context=context,
+                               client_id=pki.new_client_id(cluster.client_cert),
                                protocol=cluster.protocol, timeout=client_timeout) as client:
             await scan_or_note(client)
     if failure is not None:

@@ -9,7 +9,8 @@ Exit status of `phalanx kv` (for scripts):
     0  success (`get` printed the value)
     1  a negative answer: `get`/`delete` of an absent key, a `cas` whose comparison failed
     2  usage error, or no cluster at DIR
-    3  the cluster refused the command: it certainly had no effect
+    3  the cluster refused the command: it certainly had no effect (including FORBIDDEN:
+       the client certificate's role does not allow it)
     4  no answer in time: the command MAY OR MAY NOT have taken effect
 
 `phalanx status` exits 0 when every node answered, 1 when some did not (their rows say
@@ -27,11 +28,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import trio
 
+from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import (
     CasResult,
@@ -72,6 +74,8 @@ examples:
   phalanx kv --cluster ./demo-cluster delete greeting
 
 --cluster defaults to ${CLUSTER_ENV}. Reads are linearizable unless --stale.
+--as NAME uses DIR/clients/NAME.pem instead of the cluster's default client certificate
+(e.g. --as reader: read-only; see `phalanx cert issue-client`).
 
 exit status:
   0  success            1  absent key / cas comparison failed
@@ -85,9 +89,10 @@ examples:
   phalanx status --cluster ./demo-cluster --json | jq '.[] | select(.role=="leader")'
 
 --json prints a list with one object per node: node, role, term, leader, commit_index,
-applied_index, last_checkpoint, peers, connected_peers, dropped_messages (role
-"unreachable" and an "error" for a node that did not answer). --cluster defaults to
-${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
+applied_index, last_checkpoint, peers, connected_peers, dropped_messages, protocol,
+client_auth (role "unreachable" and an "error" for a node that did not answer). A node
+running with [client] auth = "none" (no client authentication) is named in a WARNING on
+stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
 """
 
 
@@ -99,6 +104,11 @@ def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help="give up after this long (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--as", dest="client_name", metavar="NAME", default=None,
+        help="act as client NAME: use DIR/clients/NAME.pem and NAME.key (default: the "
+        "cluster's client certificate)",
     )
 
 
@@ -259,10 +269,32 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
               file=sys.stderr)
         return None
     try:
-        return open_cluster(args.cluster)
+        cluster = open_cluster(args.cluster)
     except ClusterError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return None
+    name = getattr(args, "client_name", None)
+    if name is not None:
+        cert = cluster.directory / "clients" / f"{name}.pem"
+        key = cert.with_suffix(".key")
+        if not (cert.is_file() and key.is_file()):
+            print(f"{prog}: no client {name!r}: {cert} and {key} must exist (issue one with "
+                  f"`phalanx cert issue-client {name} --cluster {args.cluster}`)",
+                  file=sys.stderr)
+            return None
+        cluster = replace(cluster, client_cert=cert, client_key=key)
+    try:
+        identity = pki.identity_from_certificate(cluster.client_cert)
+    except (OSError, ValueError) as e:
+        identity = None
+        why = f"cannot read it ({getattr(e, 'strerror', None) or e})"
+    else:
+        why = "it names no phalanx client"
+    if identity is None or identity.kind != "client":
+        print(f"{prog}: {cluster.client_cert} is not a usable client certificate: {why}",
+              file=sys.stderr)
+        return None
+    return cluster
 
 
 def _kv_main(args: argparse.Namespace) -> int:
@@ -315,7 +347,7 @@ class NodeStatus:
             "commit_index": r.commit_index, "applied_index": r.applied_index,
             "last_checkpoint": r.last_checkpoint, "peers": list(r.peers),
             "connected_peers": list(r.connected_peers), "dropped_messages": r.dropped_messages,
-            "protocol": r.protocol,
+            "protocol": r.protocol, "client_auth": r.client_auth,
         }
 
 
@@ -367,6 +399,11 @@ def _status_main(args: argparse.Namespace) -> int:
     if cluster is None:
         return EXIT_USAGE
     rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
+    insecure = [r.node for r in rows if r.reply is not None and r.reply.client_auth == "none"]
+    if insecure:
+        print(f"WARNING: INSECURE: {', '.join(insecure)} run with [client] auth = \"none\": "
+              "their client ports accept anyone, with full read and write access",
+              file=sys.stderr)
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=2))
     else:

@@ -80,6 +80,7 @@ from phalanx.phase_trace import phase_trace_from_env
 from phalanx.pki import (
     CredentialPaths,
     client_server_context,
+    identity_from_certificate,
     peer_client_context,
     peer_server_context,
 )
@@ -208,6 +209,29 @@ def _bound(listeners: list[trio.SocketListener], host: str) -> Address:
     return Address(host=host, port=int(port))
 
 
+def check_node_certificate(config: NodeConfig) -> None:
+    """Refuse to start when the node's certificate does not name this node.
+
+    A node running with another node's certificate would pass as that node to its peers
+    (their links are pinned by certificate), so the two would keep replacing each other's
+    connections. Checked before storage is opened.
+
+    Raises:
+        NodeError: the certificate cannot be read or names another identity.
+    """
+    where = config.source or config.id
+    try:
+        identity = identity_from_certificate(config.tls.cert)
+    except (OSError, ValueError) as e:
+        raise NodeError(f"{where}: cannot read the node certificate {config.tls.cert}: "
+                        f"{getattr(e, 'strerror', None) or e}") from None
+    if identity is None or identity.kind != "node" or identity.name != config.id:
+        named = ("no phalanx node" if identity is None
+                 else f"{identity.kind} {identity.name!r}")
+        raise NodeError(f"{where}: the certificate {config.tls.cert} names {named}, not this "
+                        f"node {config.id!r}; refusing to start")
+
+
 @asynccontextmanager
 async def open_node(
     config: NodeConfig,
@@ -241,6 +265,11 @@ async def open_node(
     if config.protocol == "raft" and byzantine is not None:
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
                         "cluster; this node runs raft")
+    check_node_certificate(config)
+    if config.client_auth == "none":
+        logger.warning("%s: INSECURE: [client] auth = \"none\": the client port does not "
+                       "authenticate clients; anyone who can reach %s may read and write",
+                       config.id, config.client_listen)
     register_codecs(config.protocol)
     rng = rng if rng is not None else random.Random()
     machine = node_state_machine(
@@ -362,6 +391,7 @@ async def open_node(
                 connected_peers=tuple(str(p) for p in transport.connected_peers()),
                 dropped_messages=sum(status.dropped.values())
                 + driver.stats.dropped_peer_messages,
+                client_auth=config.client_auth,
             )
 
         driver = Driver(core=core, replica=replica, committer=committer,
@@ -379,8 +409,10 @@ async def open_node(
                         lazy=raft_commit_notice if config.protocol == "raft" else None,
                         supersedes=(raft_notice_superseded if config.protocol == "raft"
                                     else None))
-        client_port = ClientPort(driver, ssl_context=client_server_context(paths),
-                                 node_id=config.id, batch_replies=True)
+        secure = config.client_auth != "none"
+        client_port = ClientPort(
+            driver, ssl_context=client_server_context(paths, require_client_cert=secure),
+            node_id=config.id, batch_replies=True, require_client_auth=secure)
         node = Node(config=config, driver=driver, transport=transport,
                     client_port=client_port, metrics=metrics,
                     peer_address=_bound(peer_listeners, config.peer_listen.host),
@@ -404,6 +436,11 @@ async def open_node(
                     "peer_direct_write_calls": t.direct_write_calls}
 
         metrics.add_byte_source(byte_counters)
+        metrics.add_byte_source(lambda: {  # client authentication and authorization
+            "client_handshake_failures": client_port.stats.handshake_failures,
+            "client_unauthenticated": client_port.stats.unauthenticated,
+            "client_forbidden_calls": client_port.stats.forbidden_calls,
+            "client_forbidden_subscriptions": client_port.stats.forbidden_subscriptions})
         if config.metrics_listen is not None:
             metrics_server, node.metrics_port = serve_metrics(
                 metrics.registry, config.metrics_listen.host, config.metrics_listen.port)

@@ -3,7 +3,10 @@
 This module owns the cluster's identities. A node's identity *is* its certificate: the
 certificate names the node id in a URI subject alternative name ``urn:phalanx:node:<id>``
 (and in the subject CN, for humans and tools). Client certificates carry
-``urn:phalanx:client:<name>`` instead, so a client certificate can never pass as a replica.
+``urn:phalanx:client:<name>`` instead, so a client certificate can never pass as a replica,
+and at most one role ``urn:phalanx:role:<role>`` (`CLIENT_ROLES`; what the client port lets
+it do, `phalanx.client_auth`). A client certificate without a role marker (issued before
+roles existed) is read-write.
 
 Key choice: ECDSA P-256 with SHA-256 signatures. Ed25519 certificates also work with this
 machine's OpenSSL 3.0 under TLS 1.3, but P-256 is accepted by every TLS stack Python may be
@@ -17,9 +20,11 @@ Rules:
   fsync, rename); certificates with mode 0644. Protect the directory like any secret store.
 - Node ids and client names are restricted to ``[A-Za-z0-9._-]{1,64}``, so they embed
   unambiguously in a URN and in file names. Anything else is our misuse: `ValueError`.
-- TLS contexts require TLS 1.3. Hostname checking is off on peer links: peers are pinned by
-  node id (`node_id_from_peercert`), which is stronger than a host name; the host SANs are
-  still issued so standard tools can verify a node by address.
+- TLS contexts require TLS 1.3. The client port REQUIRES a client certificate unless the node
+  runs in the explicit insecure mode (``[client] auth = "none"``). Hostname checking is off
+  on peer links: peers are pinned by node id (`node_id_from_peercert`), which is stronger
+  than a host name; the host SANs are still issued so standard tools can verify a node by
+  address.
 - The CA is a trust root only (``pathlen=0``): leaf certificates can never sign others.
 """
 
@@ -30,6 +35,7 @@ import ipaddress
 import os
 import re
 import ssl
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +49,11 @@ from phalanx.consensus.types import NodeId
 
 NODE_URN_PREFIX = "urn:phalanx:node:"
 CLIENT_URN_PREFIX = "urn:phalanx:client:"
+ROLE_URN_PREFIX = "urn:phalanx:role:"
+CLIENT_ROLES = ("read-only", "read-write", "admin")
+"""Client roles, weakest first; each may do what the ones before it may (`phalanx.client_auth`)."""
+DEFAULT_CLIENT_ROLE = "read-write"
+"""The role of a client certificate issued without one, and of one that carries no marker."""
 DEFAULT_CA_VALIDITY = datetime.timedelta(days=3650)
 DEFAULT_LEAF_VALIDITY = datetime.timedelta(days=825)
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
@@ -90,6 +101,9 @@ class Identity:
 
     kind: IdentityKind
     name: str
+    role: str | None = None
+    """A client's role (`CLIENT_ROLES`; `DEFAULT_CLIENT_ROLE` when the certificate has no
+    marker); None for a node."""
 
 
 def validate_name(name: str) -> str:
@@ -172,12 +186,15 @@ def _issue(
     hosts: tuple[str, ...],
     validity: datetime.timedelta,
     now: datetime.datetime | None,
+    role: str | None = None,
 ) -> Credentials:
     validate_name(name)
     start = _now(now)
     key = _new_key()
     urn = (NODE_URN_PREFIX if kind == "node" else CLIENT_URN_PREFIX) + name
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(urn), *_host_names(hosts)]
+    if role is not None:
+        sans.append(x509.UniformResourceIdentifier(ROLE_URN_PREFIX + role))
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if kind == "node":
         usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
@@ -238,15 +255,24 @@ def issue_node_cert(
     return _issue(ca, name=node_id, kind="node", hosts=hosts, validity=validity, now=now)
 
 
+def validate_role(role: str) -> str:
+    """Return `role` if it is one of `CLIENT_ROLES`, else raise `ValueError`."""
+    if role not in CLIENT_ROLES:
+        raise ValueError(f"invalid client role {role!r}: expected one of {', '.join(CLIENT_ROLES)}")
+    return role
+
+
 def issue_client_cert(
     ca: CertificateAuthority,
     name: str,
     *,
+    role: str = DEFAULT_CLIENT_ROLE,
     validity: datetime.timedelta = DEFAULT_LEAF_VALIDITY,
     now: datetime.datetime | None = None,
 ) -> Credentials:
-    """Issue a client certificate (TLS client auth only) naming client `name`."""
-    return _issue(ca, name=name, kind="client", hosts=(), validity=validity, now=now)
+    """Issue a client certificate (TLS client auth only) naming client `name` in `role`."""
+    return _issue(ca, name=name, kind="client", hosts=(), validity=validity, now=now,
+                  role=validate_role(role))
 
 
 # --------------------------------------------------------------------------------------------
@@ -366,15 +392,19 @@ def peer_client_context(paths: CredentialPaths) -> ssl.SSLContext:
     return context
 
 
-def client_server_context(paths: CredentialPaths) -> ssl.SSLContext:
-    """Server side of the client port: presents the node cert; client certs OPTIONAL.
+def client_server_context(
+    paths: CredentialPaths, *, require_client_cert: bool = True
+) -> ssl.SSLContext:
+    """Server side of the client port: presents the node cert; REQUIRES a cluster-CA client
+    certificate (a client without one fails the handshake).
 
-    A client that presents a certificate must present a valid cluster-CA one.
+    `require_client_cert=False` is the explicit insecure mode (``[client] auth = "none"``):
+    certificates become optional, and one that is presented must still be valid.
     """
     context = _base_context(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
-    context.verify_mode = ssl.CERT_OPTIONAL
+    context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return context
 
 
@@ -404,20 +434,12 @@ def client_context(
 # Identity extraction
 
 
-def identity_from_peercert(peercert: dict[str, Any] | None) -> Identity | None:
-    """Read the phalanx identity from a *verified* certificate (`SSLObject.getpeercert()`).
-
-    Returns None when there is no certificate, or it carries no phalanx URN, or it carries
-    more than one (ambiguous: refused), or the name in the URN is not a valid name.
-    """
-    if not peercert:
-        return None
+def _identity_from_uris(uris: list[str]) -> Identity | None:
     found: list[Identity] = []
-    for entry in peercert.get("subjectAltName", ()):
-        if not (isinstance(entry, tuple) and len(entry) == 2 and entry[0] == "URI"):
-            continue
-        value = entry[1]
-        if not isinstance(value, str):
+    roles: list[str] = []
+    for value in uris:
+        if value.startswith(ROLE_URN_PREFIX):
+            roles.append(value[len(ROLE_URN_PREFIX):])
             continue
         for prefix, kind in _URN_PREFIXES:
             if value.startswith(prefix):
@@ -425,9 +447,60 @@ def identity_from_peercert(peercert: dict[str, Any] | None) -> Identity | None:
                 if _NAME_RE.fullmatch(name) is None:
                     return None
                 found.append(Identity(kind=kind, name=name))
-    if len(found) != 1:
+    if len(found) != 1 or len(roles) > 1:
         return None
-    return found[0]
+    identity = found[0]
+    if identity.kind == "node":
+        return None if roles else identity  # a role on a node certificate is ambiguous
+    role = roles[0] if roles else DEFAULT_CLIENT_ROLE
+    if role not in CLIENT_ROLES:
+        return None
+    return Identity(kind="client", name=identity.name, role=role)
+
+
+def identity_from_peercert(peercert: dict[str, Any] | None) -> Identity | None:
+    """Read the phalanx identity from a *verified* certificate (`SSLObject.getpeercert()`).
+
+    Returns None when there is no certificate, or it carries no phalanx URN, or it carries
+    more than one identity or role (ambiguous: refused), or the name in the URN is not a
+    valid name, or the role is unknown, or a node certificate carries a role.
+    """
+    if not peercert:
+        return None
+    uris = [entry[1] for entry in peercert.get("subjectAltName", ())
+            if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == "URI"
+            and isinstance(entry[1], str)]
+    return _identity_from_uris(uris)
+
+
+def identity_from_certificate(path: Path) -> Identity | None:
+    """The phalanx identity a PEM certificate file names (as `identity_from_peercert`).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a PEM certificate.
+    """
+    certificate = x509.load_pem_x509_certificate(path.read_bytes())
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return None
+    return _identity_from_uris(san.value.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def new_client_id(certificate: Path) -> str:
+    """A fresh session id owned by the client certificate at `certificate`:
+    ``<name>/<uuid4 hex>`` (the client port refuses ids its caller's certificate does not own,
+    `phalanx.client_auth.owns_client_id`; two live clients must not share a session id).
+
+    Raises:
+        ValueError: the file names no client identity (or is not a certificate).
+        OSError: it cannot be read.
+    """
+    identity = identity_from_certificate(certificate)
+    if identity is None or identity.kind != "client":
+        raise ValueError(f"{certificate}: not a phalanx client certificate")
+    return f"{identity.name}/{uuid.uuid4().hex}"
 
 
 def node_id_from_peercert(peercert: dict[str, Any] | None) -> NodeId | None:

@@ -153,3 +153,21 @@ def test_a_config_without_a_checkpoint_table_gets_the_documented_defaults(
     assert (checkpoint.every_entries, checkpoint.every_bytes, checkpoint.keep) == (
         10_000, 16 << 20, 3)
     assert checkpoint == CheckpointConfig()
+
+
+def test_client_auth_is_required_unless_the_config_says_none(tmp_path: Path) -> None:
+    path = tmp_path / "n1.toml"
+    base = ("[node]\nid='n1'\nprotocol='raft'\ndata_dir='d'\npeer_listen='h:1'\n"
+            "client_listen='h:2'\n[tls]\nca='a'\ncert='b'\nkey='c'\n")
+    path.write_text(base)
+    config = load_node_config(path)
+    assert config.client_auth == "required"
+    path.write_text(base + "[client]\nauth='none'\n")
+    insecure = load_node_config(path)
+    assert insecure.client_auth == "none"
+    doc = node_config_dict(insecure, relative_to=tmp_path)
+    assert doc["client"] == {"auth": "none"}
+    assert "client" not in node_config_dict(config, relative_to=tmp_path)
+    path.write_text(base + "[client]\nauth='optional'\n")
+    with pytest.raises(ConfigError, match=r"client\.auth: expected one of required, none"):
+        load_node_config(path)

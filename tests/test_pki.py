@@ -92,22 +92,70 @@ async def test_peer_server_refuses_missing_or_foreign_certificate(
         await _handshake(pki.peer_server_context(cluster["n1"]), client)
 
 
-async def test_client_port_makes_client_certificates_optional(
+async def test_client_port_requires_a_client_certificate(
     cluster: dict[str, pki.CredentialPaths],
 ) -> None:
+    # The attack: a client holding only the public CA certificate used to get in.
     server = pki.client_server_context(cluster["n1"])
     anonymous = pki.client_context(cluster["ca"].certificate)
-    server_sees, client_sees = await _handshake(server, anonymous, server_hostname="localhost")
-    assert not server_sees
-    assert pki.node_id_from_peercert(client_sees) == NodeId("n1")
+    with pytest.RaisesGroup(trio.BrokenResourceError, allow_unwrapped=True, flatten_subgroups=True):
+        await _handshake(server, anonymous, server_hostname="localhost")
     alice = pki.client_context(
         cluster["alice"].ca_certificate,
         certificate=cluster["alice"].certificate,
         private_key=cluster["alice"].private_key,
     )
-    server_sees, _ = await _handshake(server, alice, server_hostname="127.0.0.1")
-    assert pki.identity_from_peercert(server_sees) == pki.Identity(kind="client", name="alice")
+    server_sees, client_sees = await _handshake(server, alice, server_hostname="127.0.0.1")
+    assert pki.identity_from_peercert(server_sees) == pki.Identity(
+        kind="client", name="alice", role="read-write")
     assert pki.node_id_from_peercert(server_sees) is None  # a client is never a node
+    assert pki.node_id_from_peercert(client_sees) == NodeId("n1")
+
+
+async def test_insecure_client_port_makes_client_certificates_optional(
+    cluster: dict[str, pki.CredentialPaths],
+) -> None:
+    server = pki.client_server_context(cluster["n1"], require_client_cert=False)
+    anonymous = pki.client_context(cluster["ca"].certificate)
+    server_sees, client_sees = await _handshake(server, anonymous, server_hostname="localhost")
+    assert not server_sees
+    assert pki.node_id_from_peercert(client_sees) == NodeId("n1")
+
+
+@pytest.mark.parametrize("role", ["read-only", "read-write", "admin"])
+def test_client_certificates_carry_their_role(tmp_path: Path, role: str) -> None:
+    ca = pki.create_ca()
+    paths = pki.write_credentials(pki.issue_client_cert(ca, "bob", role=role), tmp_path)
+    assert pki.identity_from_certificate(paths.certificate) == pki.Identity(
+        kind="client", name="bob", role=role)
+    session = pki.new_client_id(paths.certificate)
+    assert session.startswith("bob/")
+    assert len(session) == 4 + 32
+    with pytest.raises(ValueError, match="invalid client role"):
+        pki.issue_client_cert(ca, "bob", role="root")
+    node = pki.write_credentials(pki.issue_node_cert(ca, "n1"), tmp_path)
+    with pytest.raises(ValueError, match="not a phalanx client certificate"):
+        pki.new_client_id(node.certificate)
+
+
+@pytest.mark.parametrize(
+    ("uris", "expected"),
+    [
+        (("urn:phalanx:client:a",), ("a", "read-write")),  # no marker: read-write
+        (("urn:phalanx:client:a", "urn:phalanx:role:read-only"), ("a", "read-only")),
+        (("urn:phalanx:role:admin", "urn:phalanx:client:a"), ("a", "admin")),
+        (("urn:phalanx:client:a", "urn:phalanx:role:root"), None),  # unknown role
+        # two roles are ambiguous; a role on a node certificate too
+        (("urn:phalanx:client:a", "urn:phalanx:role:read-only", "urn:phalanx:role:admin"), None),
+        (("urn:phalanx:node:n1", "urn:phalanx:role:admin"), None),
+    ],
+)
+def test_client_role_extraction(uris: tuple[str, ...], expected: tuple[str, str] | None) -> None:
+    identity = pki.identity_from_peercert({"subjectAltName": tuple(("URI", u) for u in uris)})
+    if expected is None:
+        assert identity is None
+    else:
+        assert identity == pki.Identity(kind="client", name=expected[0], role=expected[1])
 
 
 async def test_client_checks_the_server_host_name(cluster: dict[str, pki.CredentialPaths]) -> None:

@@ -83,7 +83,11 @@ def test_credentials_name_their_owner_and_chain_to_the_ca(tmp_path: Path) -> Non
             certificate=node.tls.cert, private_key=node.tls.key, ca_certificate=node.tls.ca))
     client = x509.load_pem_x509_certificate(cfg.client_cert.read_bytes())
     sans = client.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == ["urn:phalanx:client:ops"]
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == [
+        "urn:phalanx:client:ops", "urn:phalanx:role:read-write"]
+    for name, role in (("admin", "admin"), ("client", "read-write"), ("reader", "read-only")):
+        identity = pki.identity_from_certificate(d / "clients" / f"{name}.pem")
+        assert identity == pki.Identity(kind="client", name=name, role=role)
     pki.client_context(cfg.ca, certificate=cfg.client_cert, private_key=cfg.client_key)
 
 
@@ -92,7 +96,8 @@ def test_private_keys_are_owner_only(tmp_path: Path) -> None:
     init_cluster(d, nodes=3, base_port=9000)
     keys = sorted(d.rglob("*.key"))
     assert [k.relative_to(d).as_posix() for k in keys] == [
-        "ca/ca.key", "clients/admin.key", "nodes/n1.key", "nodes/n2.key", "nodes/n3.key"]
+        "ca/ca.key", "clients/admin.key", "clients/client.key", "clients/reader.key",
+        "nodes/n1.key", "nodes/n2.key", "nodes/n3.key"]
     for k in keys:
         assert stat.S_IMODE(k.stat().st_mode) == 0o600, k
     assert stat.S_IMODE(d.stat().st_mode) & 0o077 == 0  # the directory itself is private

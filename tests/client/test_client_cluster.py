@@ -77,6 +77,7 @@ async def cluster(root: Path) -> AsyncIterator[tuple[Cluster, Client]]:
             context = pki.client_context(creds.ca_certificate, certificate=creds.certificate,
                                          private_key=creds.private_key, check_hostname=False)
             async with open_client(addresses, ssl_context=context, timeout=10.0,
+                                   client_id=pki.new_client_id(creds.certificate),
                                    attempt_timeout=1.0,
                                    backoff=Backoff(base=0.01, cap=0.2)) as client:
                 yield c, client

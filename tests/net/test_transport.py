@@ -330,7 +330,7 @@ def test_configuration_is_validated(creds: dict[str, pki.CredentialPaths]) -> No
     }
     with pytest.raises(ValueError, match="must not contain this node"):
         Transport(**{**base, "peers": {N1: PeerAddress(host=HOST, port=1)}})
-    lax = pki.client_server_context(creds["n1"])  # client certs optional: not for peers
+    lax = pki.client_server_context(creds["n1"], require_client_cert=False)  # not for peers
     with pytest.raises(ValueError, match="CERT_REQUIRED"):
         Transport(**{**base, "server_context": lax})
     unverified = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

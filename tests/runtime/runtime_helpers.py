@@ -1,5 +1,9 @@
 """Test helpers for the runtime: local cluster configs with fresh certificates and free ports,
-and a raw client-protocol connection (the real client library is tested elsewhere)."""
+and a raw client-protocol connection (the real client library is tested elsewhere).
+
+`make_cluster(root)` also issues the admin client certificate ``tester`` (`cluster_client`): a
+client port requires one, and a client may only use its own session ids (``tester``,
+``tester/...``, ``tester#...``)."""
 
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ def make_cluster(
     ports = free_ports(3 * n)
     peer_addr = {i: Address(host=HOST, port=ports[k]) for k, i in enumerate(ids)}
     client_addr = {i: Address(host=HOST, port=ports[n + k]) for k, i in enumerate(ids)}
+    pki.write_credentials(pki.issue_client_cert(ca, TESTER, role="admin"), root / "clients")
     configs = []
     for k, node_id in enumerate(ids):
         paths = pki.write_credentials(pki.issue_node_cert(ca, node_id), root / "nodes" / node_id)
@@ -64,6 +69,17 @@ def make_cluster(
     return configs
 
 
+TESTER = "tester"
+
+
+def cluster_client(config: NodeConfig) -> pki.CredentialPaths:
+    """The ``tester`` client credentials of the `make_cluster` cluster `config` belongs to."""
+    root = config.tls.ca.parents[2]  # root/nodes/<id>/ca.pem
+    return pki.CredentialPaths(certificate=root / "clients" / f"{TESTER}.pem",
+                               private_key=root / "clients" / f"{TESTER}.key",
+                               ca_certificate=config.tls.ca)
+
+
 class RawClient:
     """One TLS connection speaking the client protocol, frame by frame."""
 
@@ -73,10 +89,15 @@ class RawClient:
         self._frames: list[bytes] = []
 
     @classmethod
-    async def connect(cls, address: Address, ca: Path) -> RawClient:
+    async def connect(cls, address: Address, ca: Path | pki.CredentialPaths) -> RawClient:
+        """Connect presenting the client certificate `ca` names (just a CA file: none)."""
         client_protocol.register()
         tcp = await trio.open_tcp_stream(address.host, address.port)
-        context = pki.client_context(ca, check_hostname=False)
+        if isinstance(ca, pki.CredentialPaths):
+            context = pki.client_context(ca.ca_certificate, certificate=ca.certificate,
+                                         private_key=ca.private_key, check_hostname=False)
+        else:
+            context = pki.client_context(ca, check_hostname=False)
         tls = trio.SSLStream(tcp, context, server_hostname=address.host)
         await tls.do_handshake()
         return cls(tls)

@@ -71,23 +71,26 @@ class RecordingSink:
         pass
 
 
-def frame(n: int) -> bytes:
-    request = ClientRequest(client_id="c", request_no=n, command=b"x")
+def frame(n: int, client_id: str = "c", *, read_only: bool = False) -> bytes:
+    request = ClientRequest(client_id=client_id, request_no=n, command=b"x",
+                            read_only=read_only)
     return encode_frame(wire.encode(ClientCall(request=request)))
 
 
 async def serve(tmp_path: Path, sink: RecordingSink, nursery: trio.Nursery, *,
-                max_in_flight: int = 1024) -> tuple[Address, Path]:
+                max_in_flight: int = 1024) -> tuple[Address, pki.CredentialPaths]:
+    """Run a port; returns its address and the credentials of client ``c`` (read-write)."""
     ca = pki.create_ca()
-    ca_paths = pki.write_ca(ca, tmp_path / "ca")
+    pki.write_ca(ca, tmp_path / "ca")
     paths = pki.write_credentials(pki.issue_node_cert(ca, "n1"), tmp_path / "n1")
+    client = pki.write_credentials(pki.issue_client_cert(ca, "c"), tmp_path / "clients")
     port = ClientPort(sink, ssl_context=pki.client_server_context(paths), node_id="n1",
                       max_in_flight=max_in_flight)
     sink.port = port
     listeners = await trio.open_tcp_listeners(0, host=HOST)
     await nursery.start(port.serve, listeners)
     address = Address(host=HOST, port=int(listeners[0].socket.getsockname()[1]))
-    return address, ca_paths.certificate
+    return address, client
 
 
 async def test_calls_of_one_read_reach_the_driver_as_one_batch_in_order(tmp_path: Path) -> None:

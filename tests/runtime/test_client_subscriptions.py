@@ -142,17 +142,19 @@ class SubscribingSink(RecordingSink):
 
 async def serve(tmp_path: Path, sink: RecordingSink, nursery: trio.Nursery, *,
                 max_in_flight: int = 1024,
-                batch_replies: bool = False) -> tuple[ClientPort, Address, Path]:
+                batch_replies: bool = False) -> tuple[ClientPort, Address, pki.CredentialPaths]:
+    """Run a port; returns it, its address and the credentials of client ``me``."""
     ca = pki.create_ca()
-    ca_paths = pki.write_ca(ca, tmp_path / "ca")
+    pki.write_ca(ca, tmp_path / "ca")
     paths = pki.write_credentials(pki.issue_node_cert(ca, "n1"), tmp_path / "n1")
+    client = pki.write_credentials(pki.issue_client_cert(ca, "me"), tmp_path / "clients")
     port = ClientPort(sink, ssl_context=pki.client_server_context(paths), node_id="n1",
                       max_in_flight=max_in_flight, batch_replies=batch_replies)
     sink.port = port
     listeners = await trio.open_tcp_listeners(0, host=HOST)
     await nursery.start(port.serve, listeners)
     address = Address(host=HOST, port=int(listeners[0].socket.getsockname()[1]))
-    return port, address, ca_paths.certificate
+    return port, address, client
 
 
 def unasked(n: int) -> ClientReply:
@@ -206,7 +208,7 @@ async def test_unasked_answers_hold_no_call_slot_and_are_bounded(tmp_path: Path)
         assert conn.slots.value == 2  # type: ignore[attr-defined]
         assert conn.unasked == 0  # type: ignore[attr-defined]
         sink.hold = True
-        await client.send_raw(frame(5) + frame(6) + frame(7))
+        await client.send_raw(frame(5, "me") + frame(6, "me") + frame(7, "me"))
         await wait_for(lambda: len(sink.held) == 2)  # the third waits for a slot
         sink.release()
         port.flush()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
-from runtime_helpers import RawClient, make_cluster, wait_for
+from runtime_helpers import RawClient, cluster_client, make_cluster, wait_for
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import CasResult, CompareAndSet, Get, Put, Value
@@ -95,7 +95,7 @@ class Cluster:
         return self.leaders()[0]
 
     async def client(self, node: Node) -> RawClient:
-        return await RawClient.connect(node.client_address, node.config.tls.ca)
+        return await RawClient.connect(node.client_address, cluster_client(node.config))
 
 
 @contextlib.asynccontextmanager
@@ -122,22 +122,22 @@ async def test_elects_serves_redirects_and_reports_status(tmp_path: Path) -> Non
     async with cluster(tmp_path) as c:
         leader = await c.leader()
         client = await c.client(leader)
-        reply = await call(client, put("c1", 1, "k", b"v1"))
+        reply = await call(client, put("tester/c1", 1, "k", b"v1"))
         assert reply.status is ReplyStatus.OK, reply
         assert reply.replica == leader.id
         # A linearizable read at the leader sees it.
-        reply = await call(client, get("c1", 2, "k"))
+        reply = await call(client, get("tester/c1", 2, "k"))
         assert reply.status is ReplyStatus.OK
         assert kv_wire.decode_result(reply.result) == Value(value=b"v1")
         # A follower redirects writes to the leader...
         follower = next(n for n in c.nodes.values() if n.id != leader.id)
         fclient = await c.client(follower)
-        reply = await call(fclient, put("c2", 1, "k", b"v2"))
+        reply = await call(fclient, put("tester/c2", 1, "k", b"v2"))
         assert reply.status is ReplyStatus.REDIRECT
         assert reply.leader_hint == leader.id
         # ... and serves stale reads from its applied state once it has applied the write.
         await wait_for(lambda: follower.replica.applied_index >= leader.replica.applied_index)
-        reply = await call(fclient, get("c2", 2, "k", stale=True))
+        reply = await call(fclient, get("tester/c2", 2, "k", stale=True))
         assert reply.status is ReplyStatus.OK
         assert kv_wire.decode_result(reply.result) == Value(value=b"v1")
         # Status over the client port.
@@ -153,7 +153,7 @@ async def test_elects_serves_redirects_and_reports_status(tmp_path: Path) -> Non
             sorted(i for i in c.nodes if i != follower.id))
         # Pipelining: many calls in flight on one connection, all answered.
         for n in range(3, 43):
-            await client.send(put("c1", n, f"p{n}", b"x"))
+            await client.send(put("tester/c1", n, f"p{n}", b"x"))
         replies = [await client.receive() for _ in range(40)]
         assert sorted(r.request_no for r in replies if isinstance(r, ClientReply)
                       and r.status is ReplyStatus.OK) == list(range(3, 43))
@@ -210,7 +210,7 @@ async def test_malformed_client_frames_close_only_that_connection(tmp_path: Path
         stats = leader.client_port.stats
         assert stats.malformed_frames == 1
         assert stats.oversized_frames == 1
-        reply = await call(good, put("c", 1, "k", b"v"))
+        reply = await call(good, put("tester/c", 1, "k", b"v"))
         assert reply.status is ReplyStatus.OK
 
 
@@ -218,12 +218,12 @@ async def test_exactly_once_retry_across_leader_crash(tmp_path: Path) -> None:
     async with cluster(tmp_path) as c:
         leader = await c.leader()
         client = await c.client(leader)
-        assert (await call(client, put("once", 1, "counter", b"a"))).status is ReplyStatus.OK
+        assert (await call(client, put("tester/once", 1, "counter", b"a"))).status is ReplyStatus.OK
         # Request 2, a compare-and-set a -> b (applying it twice would fail the second time),
         # is sent; the leader dies before we read the answer.
-        await client.send(cas("once", 2, "counter", b"a", b"b"))
-        await wait_for(lambda: all(n.replica.session("once") is not None
-                                   and n.replica.session("once").request_no == 2  # type: ignore[union-attr]
+        await client.send(cas("tester/once", 2, "counter", b"a", b"b"))
+        await wait_for(lambda: all(n.replica.session("tester/once") is not None
+                                   and n.replica.session("tester/once").request_no == 2  # type: ignore[union-attr]
                                    for n in c.nodes.values()), what="request 2 replicated")
         old = leader.id
         await c.stop(old)
@@ -233,18 +233,18 @@ async def test_exactly_once_retry_across_leader_crash(tmp_path: Path) -> None:
         # The retry carries the same ids; the new leader has already applied request 2, so the
         # driver answers it from the session table with the FIRST application's result (a
         # successful swap), without applying anything again.
-        reply = await call(nclient, cas("once", 2, "counter", b"a", b"b"))
+        reply = await call(nclient, cas("tester/once", 2, "counter", b"a", b"b"))
         assert reply.status is ReplyStatus.OK
         assert kv_wire.decode_result(reply.result) == CasResult(succeeded=True, current=b"b")
         assert new.statistics().driver.session_replies == 1
-        reply = await call(nclient, get("reader", 1, "counter"))
+        reply = await call(nclient, get("tester/reader", 1, "counter"))
         assert kv_wire.decode_result(reply.result) == Value(value=b"b")
         # The old leader restarts from disk, reconnects and catches up.
         await c.start(old)
         restarted = c.nodes[old]
         await wait_for(lambda: restarted.replica.applied_index >= new.replica.applied_index,
                        what="restarted node catches up")
-        assert restarted.replica.session("once") == new.replica.session("once")
+        assert restarted.replica.session("tester/once") == new.replica.session("tester/once")
         assert new.statistics().transport.outbound_established >= 2
 
 
@@ -300,7 +300,7 @@ async def test_no_message_leaves_before_its_state_is_durable(
         leader = await c.leader()
         client = await c.client(leader)
         for n in range(1, 21):
-            await client.send(put("c", n, f"k{n}", b"v"))
+            await client.send(put("tester/c", n, f"k{n}", b"v"))
         for _ in range(20):
             reply = await client.receive()
             assert isinstance(reply, ClientReply)
@@ -319,7 +319,7 @@ async def test_sequential_writes_carry_commits_in_the_next_append_and_followers_
         leader = await c.leader()
         client = await c.client(leader)
         for n in range(1, 21):
-            reply = await call(client, put("c1", n, f"k{n}", b"v"))
+            reply = await call(client, put("tester/c1", n, f"k{n}", b"v"))
             assert reply.status is ReplyStatus.OK, reply
         followers = [node for node in c.nodes.values() if node.id != leader.id]
         await wait_for(lambda: all(f.replica.applied_index == leader.replica.applied_index

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import trio
-from runtime_helpers import RawClient, make_cluster
+from runtime_helpers import RawClient, cluster_client, make_cluster
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Get, Put, Value
@@ -43,7 +43,7 @@ def spawn(path: Path, log: Path) -> subprocess.Popen[bytes]:
 
 async def status_of(config: NodeConfig) -> StatusReply | None:
     try:
-        client = await RawClient.connect(config.client_listen, config.tls.ca)
+        client = await RawClient.connect(config.client_listen, cluster_client(config))
     except OSError:
         return None
     try:
@@ -68,7 +68,7 @@ async def find_leader(configs: list[NodeConfig]) -> NodeConfig:
 
 async def call_once(config: NodeConfig, request: ClientRequest) -> ClientReply | None:
     try:
-        client = await RawClient.connect(config.client_listen, config.tls.ca)
+        client = await RawClient.connect(config.client_listen, cluster_client(config))
     except OSError:
         return None
     try:
@@ -101,7 +101,7 @@ async def test_sigkill_of_every_node_keeps_acknowledged_writes(tmp_path: Path) -
         acknowledged: dict[str, bytes] = {}
         for n in range(1, 31):
             key, value = f"k{n}", f"v{n}".encode()
-            request = ClientRequest(client_id="w", request_no=n,
+            request = ClientRequest(client_id="tester/w", request_no=n,
                                     command=kv_wire.encode_command(Put(key=key, value=value)))
             reply = await call(configs, request)
             assert reply.status is ReplyStatus.OK, reply
@@ -113,7 +113,7 @@ async def test_sigkill_of_every_node_keeps_acknowledged_writes(tmp_path: Path) -
             assert proc.wait(timeout=10) == -signal.SIGKILL
         procs = {c.id: spawn(paths[c.id], logs[c.id]) for c in configs}
         for n, (key, value) in enumerate(sorted(acknowledged.items()), start=1):
-            request = ClientRequest(client_id="r", request_no=n, read_only=True,
+            request = ClientRequest(client_id="tester/r", request_no=n, read_only=True,
                                     command=kv_wire.encode_command(Get(key=key)))
             reply = await call(configs, request)
             assert reply.status is ReplyStatus.OK, reply
