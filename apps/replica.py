@@ -40,7 +40,7 @@ from phalanx.apps.envelope import (
     parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
-from phalanx.apps.interface import Housekeeping, SnapshotFormatError, StateMachine
+from phalanx.apps.interface import Admission, Housekeeping, SnapshotFormatError, StateMachine
 from phalanx.apps.writer import (
     ApplyProgress,
     CheckpointJob,
@@ -65,6 +65,10 @@ from phalanx.storage.interface import (
 
 REPLAY_BATCH = 1024
 """WAL records read per batch during replay."""
+
+MAX_CLIENT_ID_BYTES = 128
+"""Longest client id (UTF-8 bytes) a node admits on arrival (`Replica.admit`): a session
+table entry is keyed by it. A uuid4 hex id with a lane suffix takes ~36."""
 
 
 class RecoveryError(StorageError):
@@ -185,6 +189,7 @@ class Replica:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
         self._machine = machine
         self._maintain = machine.maintain if isinstance(machine, Housekeeping) else None
+        self._admit = machine.admit if isinstance(machine, Admission) else None
         self._store = checkpoints
         self._wal = wal
         self._decode_entry = decode_entry
@@ -223,6 +228,22 @@ class Replica:
     def session(self, client_id: str) -> Session | None:
         """The client's deduplication record, if it has one."""
         return self._sessions.get(client_id)
+
+    def admit(self, client_id: str, command: bytes, read_only: bool) -> str | None:
+        """Arrival checks for a client request (before it is proposed): None to admit it,
+        else a one-line reason. Client ids over `MAX_CLIENT_ID_BYTES`, and whatever the
+        machine's `Admission.admit` refuses. Never raises."""
+        if len(client_id) * 4 > MAX_CLIENT_ID_BYTES and len(
+                client_id.encode("utf-8", "surrogatepass")) > MAX_CLIENT_ID_BYTES:
+            return f"client id longer than {MAX_CLIENT_ID_BYTES} bytes"
+        if self._admit is None:
+            return None
+        return self._admit(command, read_only)
+
+    @property
+    def max_command_bytes(self) -> int | None:
+        """The machine's `Admission.max_command_bytes` (None without the hook)."""
+        return self._machine.max_command_bytes if isinstance(self._machine, Admission) else None
 
     def snapshot_meta(self) -> SnapshotMeta | None:
         """Where the current state sits in the log (None until a configuration is known)."""
