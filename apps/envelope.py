@@ -6,11 +6,14 @@ stored beside each checkpoint (`SnapshotMeta`, as a codec frame).
 
 Must not import: consensus cores, storage backends, trio, clocks.
 
-Format (version 1), concatenated:
-    msgpack ["phalanx.replica", 1, applied_index, session_count]
-    msgpack [client_id, request_no, result, client_id, ...]   # <= CHUNK_SESSIONS sessions
+Format (version 2), concatenated:
+    msgpack ["phalanx.replica", 2, applied_index, session_count, tombstone_count]
+    msgpack [client_id, request_no, result, last_index, client_id, ...]  # <= CHUNK_SESSIONS
     ... repeated until session_count sessions, client ids strictly ascending
+    the same for tombstone_count tombstones (result b""), client ids strictly ascending
     the application's checkpoint bytes (the rest of the data; see its own format)
+Version 1 (still read): header without tombstone_count, records without last_index (read
+as 0), no tombstones. See `phalanx.apps.sessions` for what last_index and tombstones mean.
 
 Invariants:
 - Deterministic: equal (index, sessions, app state) give equal bytes in every process.
@@ -38,7 +41,7 @@ SORT_RUN = 2048
 STEP_SESSIONS = 256
 """Sessions handled per serialisation step (bounds the work of one step)."""
 _MAGIC = "phalanx.replica"
-_VERSION = 1
+_VERSION = 2
 
 
 @raw_init  # built once per applied write
@@ -49,31 +52,41 @@ class Session:
 
     request_no: int
     result: bytes
+    last_index: int = 0
+    """The applied index at which this request ran (orders expiry: `phalanx.apps.sessions`)."""
 
 
 Sessions = immutables.Map[str, Session]
 
 
 def envelope_chunks(
-    *, index: int, sessions: Sessions, app: StateSnapshot
+    *, index: int, sessions: Sessions, app: StateSnapshot,
+    tombstones: Sessions | None = None,
 ) -> Iterator[bytes]:
     """Serialise a checkpoint in bounded steps (each `next()` does bounded work; steps with no
     output yet yield `b""`)."""
-    yield msgpack.packb([_MAGIC, _VERSION, index, len(sessions)])
+    tombs: Sessions = tombstones if tombstones is not None else immutables.Map()
+    yield msgpack.packb([_MAGIC, _VERSION, index, len(sessions), len(tombs)])
+    yield from _records(sessions)
+    yield from _records(tombs)
+    yield from app.chunks()
+
+
+def _records(sessions: Sessions) -> Iterator[bytes]:
     flat: list[object] = []
     for ids in sorted_in_steps(sessions.keys(), run=SORT_RUN, step=STEP_SESSIONS):
         if ids is not None:
             for client_id in ids:
                 session = sessions[client_id]
-                flat.extend((client_id, session.request_no, session.result))
-        if len(flat) >= 3 * CHUNK_SESSIONS:
-            yield msgpack.packb(flat[: 3 * CHUNK_SESSIONS])
-            del flat[: 3 * CHUNK_SESSIONS]
+                flat.extend((client_id, session.request_no, session.result,
+                             session.last_index))
+        if len(flat) >= 4 * CHUNK_SESSIONS:
+            yield msgpack.packb(flat[: 4 * CHUNK_SESSIONS])
+            del flat[: 4 * CHUNK_SESSIONS]
         else:
             yield b""
     if flat:
         yield msgpack.packb(flat)
-    yield from app.chunks()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,53 +94,66 @@ class ParsedEnvelope:
     index: int
     sessions: Sessions
     app_data: bytes
+    tombstones: Sessions
 
 
 def parse_envelope(data: bytes) -> ParsedEnvelope:
-    """Parse a checkpoint envelope. Raises `SnapshotFormatError` on malformed input."""
+    """Parse a checkpoint envelope (version 1 or 2). Raises `SnapshotFormatError` on malformed
+    input."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
     unpacker.feed(data)
     try:
         header = next(unpacker)
         if (
             not isinstance(header, list)
-            or len(header) != 4
+            or len(header) not in (4, 5)
             or header[0] != _MAGIC
-            or header[1] != _VERSION
-            or type(header[2]) is not int
-            or type(header[3]) is not int
-            or header[2] < 0
-            or header[3] < 0
+            or header[1] not in (1, 2)
+            or len(header) != header[1] + 3
+            or any(type(v) is not int or v < 0 for v in header[2:])
         ):
-            raise SnapshotFormatError(f"not a version-{_VERSION} replica checkpoint: {header!r}")
+            raise SnapshotFormatError(f"not a version-1 or 2 replica checkpoint: {header!r}")
         index: int = header[2]
-        remaining: int = header[3]
-        pairs: dict[str, Session] = {}
-        previous: str | None = None
-        while remaining > 0:
-            flat = next(unpacker)
-            if not isinstance(flat, list) or not flat or len(flat) % 3 or len(flat) > 3 * remaining:
-                raise SnapshotFormatError("malformed session chunk in replica checkpoint")
-            for i in range(0, len(flat), 3):
-                client_id, request_no, result = flat[i], flat[i + 1], flat[i + 2]
-                if (
-                    type(client_id) is not str
-                    or type(request_no) is not int
-                    or request_no < 0
-                    or type(result) is not bytes
-                ):
-                    raise SnapshotFormatError("malformed session record in replica checkpoint")
-                if previous is not None and not previous < client_id:
-                    raise SnapshotFormatError("session client ids not strictly ascending")
-                previous = client_id
-                pairs[client_id] = Session(request_no=request_no, result=result)
-            remaining -= len(flat) // 3
+        width = 3 if header[1] == 1 else 4
+        sessions = _parse_records(unpacker, header[3], width)
+        tombs = _parse_records(unpacker, header[4], width) if width == 4 else {}
         offset = unpacker.tell()
     except StopIteration:
         raise SnapshotFormatError("replica checkpoint truncated") from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"replica checkpoint unreadable: {exc}") from exc
-    return ParsedEnvelope(index=index, sessions=immutables.Map(pairs), app_data=data[offset:])
+    return ParsedEnvelope(index=index, sessions=immutables.Map(sessions),
+                          tombstones=immutables.Map(tombs), app_data=data[offset:])
+
+
+def _parse_records(unpacker: msgpack.Unpacker, remaining: int, width: int
+                   ) -> dict[str, Session]:
+    pairs: dict[str, Session] = {}
+    previous: str | None = None
+    while remaining > 0:
+        flat = next(unpacker)
+        if (not isinstance(flat, list) or not flat or len(flat) % width
+                or len(flat) > width * remaining):
+            raise SnapshotFormatError("malformed session chunk in replica checkpoint")
+        for i in range(0, len(flat), width):
+            client_id, request_no, result = flat[i], flat[i + 1], flat[i + 2]
+            last_index = flat[i + 3] if width == 4 else 0
+            if (
+                type(client_id) is not str
+                or type(request_no) is not int
+                or request_no < 0
+                or type(result) is not bytes
+                or type(last_index) is not int
+                or last_index < 0
+            ):
+                raise SnapshotFormatError("malformed session record in replica checkpoint")
+            if previous is not None and not previous < client_id:
+                raise SnapshotFormatError("session client ids not strictly ascending")
+            previous = client_id
+            pairs[client_id] = Session(request_no=request_no, result=result,
+                                       last_index=last_index)
+        remaining -= len(flat) // width
+    return pairs
 
 
 def encode_meta(meta: SnapshotMeta) -> bytes:

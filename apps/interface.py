@@ -1,8 +1,10 @@
 """The application contract: what a replicated state machine offers the replica layer.
 
 Owns: the `StateMachine` and `StateSnapshot` protocols, the optional `EndorsementHooks` the
-leaderless core uses (key access sets and a local accept/reject vote), and the typed errors an
-application raises on malformed snapshot data.
+leaderless core uses (key access sets and a local accept/reject vote), the optional
+`Admission` hook a node runs on a request when it arrives (size limits, before anything is
+proposed or replicated), and the typed errors an application raises on malformed snapshot
+data.
 
 Must not import: anything from `phalanx.consensus` cores, `phalanx.storage`, trio, sockets or
 clocks. Applications never see consensus (the ABCI rule, house style 7.1); they see opaque
@@ -166,5 +168,32 @@ class EndorsementHooks(Protocol):
 
         Determinism: need NOT be deterministic across replicas (it is a local policy vote,
         e.g. a validity check against local state); it MUST NOT change state or raise.
+        """
+        ...
+
+
+@runtime_checkable
+class Admission(Protocol):
+    """Optional arrival checks: what a node refuses before a request is proposed.
+
+    The runtime driver calls `admit` on every client request it receives (writes and
+    linearizable reads) before the core sees it, and answers a refusal with
+    `ReplyStatus.ERROR` and the returned message: an oversized key or value never reaches
+    the log, the peers or the WAL. `apply` must still refuse the same commands (a second
+    line: a Byzantine primary, or a node without the hook, may order them anyway).
+
+    `max_command_bytes` bounds every command `admit` accepts; the client port derives its
+    frame limit from it (plus the request envelope), so a client cannot make a node buffer
+    more than the largest legal request.
+    """
+
+    max_command_bytes: int
+
+    def admit(self, command: bytes, read_only: bool) -> str | None:
+        """None when `command` may be proposed; else a one-line reason for the client.
+
+        Determinism: need not be deterministic across replicas (it only filters what this
+        node proposes); MUST NOT change state or raise on any input. Keep it cheap: it runs
+        on the node's core task for every request.
         """
         ...

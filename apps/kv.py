@@ -57,6 +57,7 @@ from phalanx.apps.kv_base import (
 )
 from phalanx.apps.kv_state import LayeredSnapshot, LayeredState
 from phalanx.apps.kv_types import (
+    MAX_COMMAND_BYTES,
     MAX_KEY_BYTES,
     MAX_SCAN_LIMIT,
     MAX_TXN_OPS,
@@ -156,6 +157,9 @@ def _lengths(offsets: array[int], what: str) -> array[int]:
 class KvStateMachine:
     """A replicated key-value store. Keys are `str`, values `bytes` (see `kv_types` limits)."""
 
+    max_command_bytes = MAX_COMMAND_BYTES
+    """`Admission`: the largest command `admit` accepts."""
+
     def __init__(self) -> None:
         # Invariant: every key is a str within MAX_KEY_BYTES, every value bytes within
         # MAX_VALUE_BYTES.
@@ -187,6 +191,22 @@ class KvStateMachine:
 
     def restore(self, data: bytes) -> None:
         self._data = LayeredState(_parse_checkpoint(data))
+
+    def admit(self, command: bytes, read_only: bool) -> str | None:
+        """`Admission`: refuse, on arrival, a command over the size limits (the checks
+        `validate` repeats at apply time) or over `MAX_COMMAND_BYTES`."""
+        size = len(command)
+        if size <= MAX_KEY_BYTES:
+            return None  # too short to hold an oversized key or value: skip the decode
+        if size > MAX_COMMAND_BYTES:
+            return f"command of {size} bytes exceeds {MAX_COMMAND_BYTES} bytes"
+        cmd = kv_wire.decode_command(command)
+        if isinstance(cmd, KvError):
+            return None  # malformed: apply answers it with its typed error
+        problem = validate(cmd)
+        if problem is not None and problem.code in _SIZE_ERRORS:
+            return problem.message
+        return None
 
     def maintain(self) -> None:
         """`Housekeeping`: adopt a finished fold, free a few pieces of replaced layers."""
@@ -267,6 +287,11 @@ class KvStateMachine:
         if problem is not None:
             return Verdict(accept=False, reason=problem.message)
         return Verdict(accept=True)
+
+
+_SIZE_ERRORS = frozenset({KvErrorCode.KEY_TOO_LARGE, KvErrorCode.VALUE_TOO_LARGE,
+                          KvErrorCode.TXN_TOO_LARGE})
+"""The `validate` errors `admit` refuses on arrival (the others are answered by `apply`)."""
 
 
 def _key_too_large(key: str) -> bool:

@@ -26,6 +26,11 @@ MAX_SCAN_LIMIT = 10_000
 """Largest `Scan.limit`."""
 MAX_TXN_OPS = 128
 """Most compares, and most writes per branch, in one `Txn`."""
+MAX_COMMAND_BYTES = 2 * MAX_VALUE_BYTES + 64 * 1024
+"""Largest encoded command a node admits (`KvStateMachine.admit`, on arrival): a
+`CompareAndSet` of two maximal values under a maximal key, with room to spare. A `Txn` is
+bounded by it as a whole. Checked on arrival only (not by `apply`: commands already in a log
+stay valid); it bounds the client port's frame size."""
 
 # --------------------------------------------------------------------------------------------
 # Commands

@@ -29,18 +29,16 @@ import gc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import immutables
-
 from phalanx.apps.envelope import (
     Session,
-    Sessions,
     decode_meta,
     encode_meta,
     envelope_chunks,
     parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
-from phalanx.apps.interface import Housekeeping, SnapshotFormatError, StateMachine
+from phalanx.apps.interface import Admission, Housekeeping, SnapshotFormatError, StateMachine
+from phalanx.apps.sessions import DEFAULT_MAX_SESSIONS, SessionTable, Verdict
 from phalanx.apps.writer import (
     ApplyProgress,
     CheckpointJob,
@@ -66,6 +64,10 @@ from phalanx.storage.interface import (
 REPLAY_BATCH = 1024
 """WAL records read per batch during replay."""
 
+MAX_CLIENT_ID_BYTES = 128
+"""Longest client id (UTF-8 bytes) a node admits on arrival (`Replica.admit`): a session
+table entry is keyed by it. A uuid4 hex id with a lane suffix takes ~36."""
+
 
 class RecoveryError(StorageError):
     """Recovery cannot rebuild the state: the WAL does not reach back to the checkpoint, or a
@@ -79,6 +81,9 @@ class ApplyStatus(enum.Enum):
     """A retry of the client's latest request: not run again; `result` is the cached reply."""
     EXPIRED = "expired"
     """A retry of an older request: not run; its reply is no longer kept (`result` empty)."""
+    SESSION_EXPIRED = "session_expired"
+    """A request no newer than an expired session's last one (`phalanx.apps.sessions`): not
+    run (it may have run before); `result` empty."""
     READ = "read"
     """A read-only request carried in the log: answered by `query`, no session change."""
 
@@ -151,6 +156,8 @@ class ReplicaStatus:
     checkpoint_failures: int
     last_checkpoint_error: str | None
     skipped_entries: int
+    expired_sessions: int = 0
+    """Sessions this replica expired (`phalanx.apps.sessions`) since it started."""
 
 
 class Replica:
@@ -180,11 +187,13 @@ class Replica:
         policy: CheckpointPolicy | None = None,
         config: Configuration | None = None,
         gc_pacer: GcPacer | None = None,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         if wal is not None and decode_entry is None:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
         self._machine = machine
         self._maintain = machine.maintain if isinstance(machine, Housekeeping) else None
+        self._admit = machine.admit if isinstance(machine, Admission) else None
         self._store = checkpoints
         self._wal = wal
         self._decode_entry = decode_entry
@@ -198,7 +207,7 @@ class Replica:
         # Invariant: the state of `machine` and `_sessions` is exactly that after `_applied`.
         self._applied = 0
         self._applied_term = 0
-        self._sessions: Sessions = immutables.Map()
+        self._table = SessionTable(max_sessions=max_sessions)
         self._entries_since = 0
         self._bytes_since = 0
         self._checkpoint_index = 0
@@ -222,7 +231,23 @@ class Replica:
 
     def session(self, client_id: str) -> Session | None:
         """The client's deduplication record, if it has one."""
-        return self._sessions.get(client_id)
+        return self._table.get(client_id)
+
+    def admit(self, client_id: str, command: bytes, read_only: bool) -> str | None:
+        """Arrival checks for a client request (before it is proposed): None to admit it,
+        else a one-line reason. Client ids over `MAX_CLIENT_ID_BYTES`, and whatever the
+        machine's `Admission.admit` refuses. Never raises."""
+        if len(client_id) * 4 > MAX_CLIENT_ID_BYTES and len(
+                client_id.encode("utf-8", "surrogatepass")) > MAX_CLIENT_ID_BYTES:
+            return f"client id longer than {MAX_CLIENT_ID_BYTES} bytes"
+        if self._admit is None:
+            return None
+        return self._admit(command, read_only)
+
+    @property
+    def max_command_bytes(self) -> int | None:
+        """The machine's `Admission.max_command_bytes` (None without the hook)."""
+        return self._machine.max_command_bytes if isinstance(self._machine, Admission) else None
 
     def snapshot_meta(self) -> SnapshotMeta | None:
         """Where the current state sits in the log (None until a configuration is known)."""
@@ -238,13 +263,14 @@ class Replica:
     def status(self) -> ReplicaStatus:
         return ReplicaStatus(
             applied_index=self._applied,
-            sessions=len(self._sessions),
+            sessions=len(self._table),
             checkpoint_index=self._checkpoint_index,
             checkpoint_in_flight=self._in_flight,
             checkpoints_written=self._written,
             checkpoint_failures=self._failures,
             last_checkpoint_error=self._last_error,
             skipped_entries=self._skipped,
+            expired_sessions=self._table.expired,
         )
 
     # ---------------------------------------------------------------- applying
@@ -281,6 +307,7 @@ class Replica:
             out.append(self._apply_request(entry.index, request.client_id,
                                            request.request_no, request.command,
                                            request.read_only))
+        self._table.end_entry()
         self._applied = entry.index
         self._applied_term = entry.term
         self._entries_since += 1
@@ -304,16 +331,16 @@ class Replica:
         if read_only:
             status, result = ApplyStatus.READ, self._machine.query(command)
         else:
-            session = self._sessions.get(client_id)
-            if session is not None and request_no == session.request_no:
+            verdict, session = self._table.verdict(client_id, request_no)
+            if verdict is Verdict.RUN:
+                status, result = ApplyStatus.APPLIED, self._machine.apply(command)
+                self._table.record(client_id, request_no, result, index)
+            elif verdict is Verdict.DUPLICATE and session is not None:
                 status, result = ApplyStatus.DUPLICATE, session.result
-            elif session is not None and request_no < session.request_no:
+            elif verdict is Verdict.EXPIRED:
                 status, result = ApplyStatus.EXPIRED, b""
             else:
-                status, result = ApplyStatus.APPLIED, self._machine.apply(command)
-                self._sessions = self._sessions.set(
-                    client_id, Session(request_no=request_no, result=result)
-                )
+                status, result = ApplyStatus.SESSION_EXPIRED, b""
         return Applied(
             index=index, client_id=client_id, request_no=request_no, status=status, result=result
         )
@@ -350,7 +377,8 @@ class Replica:
     def _job(self) -> CheckpointJob:
         """A checkpoint of the current state: its O(1) snapshot, to be serialised later."""
         chunks = envelope_chunks(
-            index=self._applied, sessions=self._sessions, app=self._machine.snapshot()
+            index=self._applied, sessions=self._table.sessions, app=self._machine.snapshot(),
+            tombstones=self._table.tombstones,
         )
         meta = self.snapshot_meta()
         self._entries_since = 0
@@ -475,11 +503,11 @@ class Replica:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         # `apply` of each entry, lean: nobody awaits these replies, so no `Applied` is built
-        # and read-only requests (no state change) are not even run; the session table is
-        # updated in place (a mutation, finished at the end) rather than copied per write;
-        # no checkpoint starts (the caller decides after the replay).
+        # and read-only requests (no state change) are not even run; no checkpoint starts
+        # (the caller decides after the replay).
         decode, machine_apply = self._decode_entry, self._machine.apply
-        sessions = self._sessions.mutate()
+        table = self._table
+        verdict_of, record, end_entry = table.verdict, table.record, table.end_entry
         try:
             for start in range(lo, hi + 1, REPLAY_BATCH):
                 stop = min(start + REPLAY_BATCH, hi + 1)
@@ -496,15 +524,13 @@ class Replica:
                         if request.read_only:
                             continue
                         # the session rule of `_apply_request`: only a newer request runs
-                        session = sessions.get(request.client_id)
-                        if session is None or request.request_no > session.request_no:
-                            sessions[request.client_id] = Session(
-                                request_no=request.request_no,
-                                result=machine_apply(request.command))
+                        cid, number = request.client_id, request.request_no
+                        if verdict_of(cid, number)[0] is Verdict.RUN:
+                            record(cid, number, machine_apply(request.command), index)
+                    end_entry()
                     self._applied = entry.index
                     self._applied_term = entry.term
         finally:
-            self._sessions = sessions.finish()
             if gc_was_enabled:
                 gc.enable()
         self._entries_since = self._bytes_since = 0
@@ -537,7 +563,7 @@ class Replica:
                 f"checkpoint data is at index {parsed.index}, expected {index}"
             )
         self._machine.restore(parsed.app_data)
-        self._sessions = parsed.sessions
+        self._table.load(parsed.sessions, parsed.tombstones)
         self._queued = None  # an older state's boundary: superseded
         self._applied = index
         self._checkpoint_index = index

@@ -6,6 +6,8 @@ bytes. The payload is opaque here (the transport hands it to the codec).
 This module owns:
 - `encode_frame`: payload -> frame bytes, for our own outgoing messages.
 - `FrameDecoder`: an incremental decoder fed whatever chunks the socket returns.
+- `InboundBudget`: the bytes the decoders of one port may buffer together, so many
+  connections each holding part of a large frame cannot exhaust memory.
 
 Rules:
 - Pure and synchronous: no trio, sockets, clocks or randomness. It must not import the codec
@@ -18,6 +20,12 @@ Rules:
 - Invariant: `FrameDecoder` buffers at most ``HEADER_SIZE + max_frame_size - 1`` bytes plus
   the last chunk fed to it; a complete frame is always handed out by `next_frame` before
   more input is needed.
+- Budget: a decoder given an `InboundBudget` buffers its first `FREE_BYTES` without charge
+  (a connection that sends frames of up to 64 KiB, read 64 KiB at a time, is never
+  charged) and charges every byte beyond. A `feed` the budget cannot cover poisons the
+  decoder with `BudgetExceeded` (a `FrameError`: the caller closes that connection) and
+  buffers nothing more. Over all decoders of a budget: ``used <= limit``, and the owner
+  calls `release` when a connection ends so its charge returns.
 """
 
 from __future__ import annotations
@@ -51,6 +59,47 @@ class FrameTooLarge(FrameError):
 
 class TruncatedFrame(FrameError):
     """The stream ended part-way through a frame."""
+
+
+class BudgetExceeded(FrameError):
+    """Buffering this connection's partial frame would exceed its port's `InboundBudget`."""
+
+
+FREE_BYTES = 128 * 1024
+"""Bytes a decoder buffers without charging its budget: a partial frame of up to 64 KiB plus
+one 64 KiB receive chunk."""
+
+
+class InboundBudget:
+    """The bytes beyond `FREE_BYTES` that all the frame decoders of one port may buffer at
+    once (see the module docstring). Single-threaded (one trio loop); no locking."""
+
+    __slots__ = ("limit", "peak", "refusals", "used")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"an inbound budget must be >= 0, got {limit}")
+        self.limit = limit
+        self.used = 0
+        """Bytes charged now."""
+        self.peak = 0
+        """The most ever charged at once."""
+        self.refusals = 0
+        """Charges refused (each closed a connection)."""
+
+    def take(self, n: int) -> bool:
+        """Charge `n` bytes if they fit; whether they did."""
+        used = self.used + n
+        if used > self.limit:
+            self.refusals += 1
+            return False
+        self.used = used
+        if used > self.peak:
+            self.peak = used
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
 
 
 def _check_max_frame_size(max_frame_size: int) -> None:
@@ -88,13 +137,16 @@ class FrameDecoder:
     (the caller closes the connection; there is no resynchronising a byte stream).
     """
 
-    __slots__ = ("_buffer", "_error", "_max_frame_size")
+    __slots__ = ("_budget", "_buffer", "_charged", "_error", "_max_frame_size")
 
-    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 budget: InboundBudget | None = None) -> None:
         _check_max_frame_size(max_frame_size)
         self._max_frame_size = max_frame_size
         self._buffer = bytearray()
         self._error: FrameError | None = None
+        self._budget = budget
+        self._charged = 0
 
     @property
     def max_frame_size(self) -> int:
@@ -110,6 +162,31 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         self._buffer += data
+        if self._budget is not None and len(self._buffer) > FREE_BYTES + self._charged:
+            budget = self._budget
+            want = len(self._buffer) - FREE_BYTES
+            if not budget.take(want - self._charged):
+                self._buffer.clear()
+                self.release()
+                self._error = BudgetExceeded(
+                    f"buffering {want + FREE_BYTES} bytes of a partial frame would exceed the "
+                    f"port's inbound budget ({budget.used} of {budget.limit} bytes in use)")
+                raise self._error
+            self._charged = want
+
+    def release(self) -> None:
+        """Return this decoder's charge to its budget (the connection ended). Idempotent;
+        a later `feed` charges again."""
+        if self._charged and self._budget is not None:
+            self._budget.give(self._charged)
+            self._charged = 0
+
+    def _recharge(self) -> None:
+        budget = self._budget
+        want = max(0, len(self._buffer) - FREE_BYTES)
+        if budget is not None and want < self._charged:
+            budget.give(self._charged - want)
+            self._charged = want
 
     def next_frame(self) -> bytes | None:
         """Return the next complete payload, or None if more bytes are needed.
@@ -125,12 +202,15 @@ class FrameDecoder:
         if length > self._max_frame_size:
             self._error = FrameTooLarge(length, self._max_frame_size)
             self._buffer.clear()
+            self.release()
             raise self._error
         end = HEADER_SIZE + length
         if len(self._buffer) < end:
             return None
         payload = bytes(self._buffer[HEADER_SIZE:end])
         del self._buffer[:end]
+        if self._charged:
+            self._recharge()
         return payload
 
     def eof(self) -> None:

@@ -66,6 +66,14 @@ Inbound: ``(src, message)`` pairs, src the authenticated node id, into a bounded
 channel (`Transport.inbound`). When the consumer is slow the reading tasks block, and TCP flow
 control pushes back on the senders.
 
+Inbound limits (`phalanx.net.conn_gate`): at most ``2 * len(peers) + PEER_SLACK`` sockets
+open on the peer port (more are closed at once, before TLS; a replaced connection may linger
+a moment beside its successor) and at most ``len(peers) + PEER_SLACK`` still unauthenticated
+(a newer one sheds the oldest handshake; an authenticated peer link is never shed for a
+newcomer). The frame decoders of all peer links share an `InboundBudget` of
+``len(peers) * max_frame_size`` bytes: the structural bound (one inbound link per peer),
+made explicit.
+
 Peer input is normal input: a malformed frame (codec `decode_error`, or a stream that ends
 inside a frame) or an oversized frame closes only that connection, logged and counted; the
 node keeps serving everyone else. Nothing here `assert`s on peer bytes.
@@ -87,11 +95,13 @@ from typing import Any
 import trio
 
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
+from phalanx.net.conn_gate import ConnectionGate
 from phalanx.net.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
     FrameError,
     FrameTooLarge,
+    InboundBudget,
     encode_frame,
 )
 from phalanx.net.tls_stream import TlsStream
@@ -127,6 +137,15 @@ logger = logging.getLogger(__name__)
 
 WELCOME = encode_frame(b"")
 """The acceptor's single write: an empty frame meaning "authenticated, go ahead"."""
+
+PEER_SLACK = 4
+"""Unauthenticated connections the peer port holds beyond one per peer (see the module
+docstring)."""
+
+
+def max_peer_sockets(peer_count: int) -> int:
+    """The most sockets the peer port holds open: inbound (see the module docstring)."""
+    return 2 * peer_count + PEER_SLACK
 
 
 def _remote(stream: trio.SocketStream) -> str:
@@ -207,6 +226,10 @@ class Transport(PeerDialer):
         self._rng = rng
         self._handshake_timeout = handshake_timeout
         self._counters = TransportCounters()
+        self.gate = ConnectionGate(max_connections=max_peer_sockets(len(peers)),
+                                   max_pending=len(peers) + PEER_SLACK)
+        """Inbound socket limits (see the module docstring)."""
+        self.budget = InboundBudget(max(1, len(peers)) * max_frame_size)
         self._queues: dict[
             NodeId, tuple[trio.MemorySendChannel[bytes], trio.MemoryReceiveChannel[bytes]]
         ] = {
@@ -392,6 +415,7 @@ class Transport(PeerDialer):
             down_drops=c.down_drops,
             direct_writes=c.direct_writes,
             direct_write_calls=c.direct_write_calls,
+            connections_shed=self.gate.stats.shed_full + self.gate.stats.shed_pending,
         )
 
     # ----------------------------------------------------------------------------------------
@@ -416,20 +440,30 @@ class Transport(PeerDialer):
         logger.warning("%s: refused peer connection from %s: %s", self.node_id, remote, reason)
 
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
-        remote = _remote(stream)
-        tls = TlsStream(stream, self._server_context, server_side=True)
+        if not self.gate.try_open():  # full: close before any TLS work
+            stream.socket.close()
+            return
         try:
-            await self._serve_inbound(tls, remote)
+            remote = _remote(stream)
+            tls = TlsStream(stream, self._server_context, server_side=True)
+            try:
+                await self._serve_inbound(tls, remote)
+            finally:
+                await trio.aclose_forcefully(tls)
         finally:
-            await trio.aclose_forcefully(tls)
+            self.gate.closed()
 
     async def _serve_inbound(self, tls: TlsStream, remote: str) -> None:
-        with trio.move_on_after(self._handshake_timeout) as timeout:
+        with self.gate.handshaking() as pending, \
+                trio.move_on_after(self._handshake_timeout) as timeout:
             try:
                 await tls.do_handshake()
             except trio.BrokenResourceError as exc:
                 self._refuse(remote, f"TLS handshake failed ({_describe(exc)})")
                 return
+        if pending.cancelled_caught:
+            self._refuse(remote, "handshake shed: too many unauthenticated connections")
+            return
         if timeout.cancelled_caught:
             self._refuse(remote, f"TLS handshake timed out after {self._handshake_timeout}s")
             return
@@ -462,7 +496,7 @@ class Transport(PeerDialer):
     async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
         deliver = self._deliver
-        decoder = FrameDecoder(max_frame_size=self._max_frame_size)
+        decoder = FrameDecoder(max_frame_size=self._max_frame_size, budget=self.budget)
         try:
             await tls.send_all(WELCOME)
             while True:
@@ -500,6 +534,8 @@ class Transport(PeerDialer):
             )
         except trio.BrokenResourceError as exc:
             logger.info("%s: connection from %s lost (%s)", self.node_id, src, _describe(exc))
+        finally:
+            decoder.release()
 
     def _close_inbound(self) -> None:
         self._inbound_send.close()

@@ -97,6 +97,9 @@ class TransportStatistics:
     `hold_sends` (`direct_writes / direct_write_calls` frames per write)."""
     down_drops: int = 0
     """Frames refused because the peer's link was down and `down_queue_capacity` were queued."""
+    connections_shed: int = 0
+    """Inbound sockets closed by the port's limits (`Transport.gate`): over the socket cap,
+    or an unauthenticated handshake shed for a newer one."""
 
 
 class TransportCounters:

@@ -25,6 +25,16 @@ Limits and errors (client input is normal input, never asserted on):
   unwritten per connection, and more are dropped and counted (`unasked_dropped`): a client
   that does not read them retransmits. The hello is answered with
   `ClientHelloReply(subscribed=...)`, False when the sink cannot route such answers.
+- Resource limits (`phalanx.net.conn_gate`, `phalanx.net.framing`): at most
+  `max_connections` sockets open (more are closed at once, before TLS), at most
+  `max_handshakes` of them still handshaking (a newer one sheds the oldest), handshakes
+  started at most `handshake_rate` per second (burst `handshake_burst`), so a handshake
+  flood cannot starve the event loop that also serves the peers. A request frame may be at
+  most `max_frame_size` bytes (the node derives it from the application's largest legal
+  command, `client_frame_limit`); the partial frames of all connections together buffer at
+  most `buffer_budget` bytes beyond 128 KiB each (`InboundBudget`): a connection whose
+  partial frame does not fit is closed (`budget_closes`). Replies may be larger
+  (`max_reply_size`).
 - A malformed frame, an oversized frame, an undecodable payload or a message that is not a
   call closes THAT connection with a logged reason (counted in `ClientPortStatistics`); the
   node keeps serving everyone else. A connection that closes drops its waiters in the driver
@@ -57,11 +67,14 @@ from phalanx.net.client_protocol import (
     StatusReply,
 )
 from phalanx.net.codec import DecodeError
+from phalanx.net.conn_gate import ConnectionGate
 from phalanx.net.framing import (
     DEFAULT_MAX_FRAME_SIZE,
+    BudgetExceeded,
     FrameDecoder,
     FrameError,
     FrameTooLarge,
+    InboundBudget,
     encode_frame,
 )
 from phalanx.net.tls_stream import TlsStream
@@ -72,6 +85,30 @@ RECEIVE_CHUNK = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0
 MAX_SUBSCRIPTIONS = 16
 """Client ids one connection may subscribe to (one per client is the norm)."""
+
+REQUEST_ENVELOPE_BYTES = 4096
+"""Room for a `ClientCall`'s envelope around its command (client id of at most 128 bytes,
+numbers, msgpack headers), with margin."""
+DEFAULT_MAX_REQUEST_FRAME = 4 * 1024 * 1024
+"""The request frame limit when the application declares no `max_command_bytes`."""
+DEFAULT_MAX_CONNECTIONS = 512
+"""Client sockets open at once (the node lowers it to fit its descriptor limit)."""
+DEFAULT_MAX_HANDSHAKES = 64
+"""Client connections still in their TLS handshake at once (a newer one sheds the oldest)."""
+DEFAULT_HANDSHAKE_RATE = 200.0
+DEFAULT_HANDSHAKE_BURST = 32
+"""Client TLS handshakes started per second, and in a burst: at ~1-2 ms of CPU each, a
+flood takes at most ~20-40% of the event loop."""
+DEFAULT_BUFFER_BUDGET = 64 * 1024 * 1024
+"""Bytes of partial request frames all client connections may buffer beyond 128 KiB each."""
+
+
+def client_frame_limit(max_command_bytes: int | None) -> int:
+    """The largest request frame worth reading: the application's largest legal command plus
+    the request envelope (`DEFAULT_MAX_REQUEST_FRAME` without an `Admission` hook)."""
+    if max_command_bytes is None:
+        return DEFAULT_MAX_REQUEST_FRAME
+    return max_command_bytes + REQUEST_ENVELOPE_BYTES
 
 
 class CallSink(Protocol):
@@ -116,6 +153,8 @@ class ClientPortStatistics:
     """Calls answered FORBIDDEN (another client's session, or a role that does not allow it)."""
     forbidden_subscriptions: int = 0
     """`ClientHello`s for another client's session (not subscribed)."""
+    budget_closes: int = 0
+    """Connections closed because their partial frame did not fit the inbound budget."""
 
 
 class _Connection:
@@ -180,7 +219,7 @@ class _Connection:
             else:
                 self.asked[key] = count - 1
         try:
-            frame = encode_frame(wire.encode(reply), max_frame_size=port.max_frame_size)
+            frame = encode_frame(wire.encode(reply), max_frame_size=port.max_reply_size)
         except ValueError as exc:  # a reply larger than max_frame_size: our own limit
             port._close(self, f"cannot send reply: {exc}")
             self.closed = True
@@ -235,10 +274,16 @@ class ClientPort:
         *,
         ssl_context: ssl.SSLContext,
         node_id: str,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_frame_size: int = DEFAULT_MAX_REQUEST_FRAME,
+        max_reply_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_in_flight: int = 1024,
         batch_replies: bool = False,
         require_client_auth: bool = True,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_handshakes: int = DEFAULT_MAX_HANDSHAKES,
+        handshake_rate: float | None = DEFAULT_HANDSHAKE_RATE,
+        handshake_burst: int = DEFAULT_HANDSHAKE_BURST,
+        buffer_budget: int = DEFAULT_BUFFER_BUDGET,
     ) -> None:
         """`require_client_auth=False` is the insecure mode: pass a context that does not
         require client certificates (`phalanx.pki.client_server_context`) with it."""
@@ -252,6 +297,12 @@ class ClientPort:
         self._context = ssl_context
         self._node_id = node_id
         self.max_frame_size = max_frame_size
+        """The largest request frame read (a larger one closes its connection)."""
+        self.max_reply_size = max_reply_size
+        self.gate = ConnectionGate(max_connections=max_connections,
+                                   max_pending=max_handshakes, handshake_rate=handshake_rate,
+                                   handshake_burst=handshake_burst)
+        self.budget = InboundBudget(buffer_budget)
         self._max_in_flight = max_in_flight
         self.stats = ClientPortStatistics()
         self.batch_replies = batch_replies
@@ -300,6 +351,16 @@ class ClientPort:
                        reason)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        gate = self.gate
+        if not gate.try_open():  # full: close before any TLS work (counted in the gate)
+            stream.socket.close()
+            return
+        try:
+            await self._handle_open(stream)
+        finally:
+            gate.closed()
+
+    async def _handle_open(self, stream: trio.SocketStream) -> None:
         try:
             host, port, *_ = stream.socket.getpeername()
             remote = f"{host}:{port}"
@@ -308,15 +369,17 @@ class ClientPort:
         tls = TlsStream(stream, self._context, server_side=True)
         conn = _Connection(remote, self._max_in_flight, self)
         try:
-            with trio.move_on_after(HANDSHAKE_TIMEOUT) as timeout:
+            with self.gate.handshaking() as pending, \
+                    trio.move_on_after(HANDSHAKE_TIMEOUT) as timeout:
                 try:
+                    await self.gate.wait_turn()
                     await tls.do_handshake()
                 except trio.BrokenResourceError as exc:
                     self.stats.handshake_failures += 1
                     logger.info("%s: client TLS handshake from %s failed: %s", self._node_id,
                                 remote, exc.__cause__ or exc)
                     return
-            if timeout.cancelled_caught:
+            if pending.cancelled_caught or timeout.cancelled_caught:
                 self.stats.handshake_failures += 1
                 return
             if self.require_client_auth:
@@ -346,7 +409,7 @@ class ClientPort:
 
     async def _reader(self, tls: TlsStream, conn: _Connection) -> None:
         st = self.stats
-        decoder = FrameDecoder(max_frame_size=self.max_frame_size)
+        decoder = FrameDecoder(max_frame_size=self.max_frame_size, budget=self.budget)
         try:
             while True:
                 data = await tls.receive_some(RECEIVE_CHUNK)
@@ -404,11 +467,16 @@ class ClientPort:
         except FrameTooLarge as exc:
             st.oversized_frames += 1
             self._close(conn, str(exc))
+        except BudgetExceeded as exc:
+            st.budget_closes += 1
+            self._close(conn, str(exc))
         except FrameError as exc:
             st.malformed_frames += 1
             self._close(conn, f"malformed frame ({exc})")
         except trio.BrokenResourceError:
             return
+        finally:
+            decoder.release()
 
     async def _writer(
         self,

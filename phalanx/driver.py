@@ -579,6 +579,10 @@ class Driver(CallAdmission, PersistPipeline):
                         self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
                                      message="expired: a newer request of this client was "
                                      "already applied")
+                    elif outcome.status is ApplyStatus.SESSION_EXPIRED:
+                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
+                                     message="session expired: this request may have been "
+                                     "applied before; use a new client id")
                     else:
                         self._answer(outcome.client_id, outcome.request_no, ReplyStatus.OK,
                                      result=outcome.result)

@@ -2,6 +2,9 @@
 `ClientCall` and a core input.
 
 Owns: `CallAdmission` (a base class of `Driver`) and its rules, in the order they apply:
+- a request the replica's arrival checks refuse (`Replica.admit`: client id length, the
+  application's `Admission` hook, e.g. KV key/value sizes) is answered ERROR at once: it is
+  never proposed, so it never reaches the log, the peers or any WAL;
 - a STALE read is answered at once from the applied state (RETRY while a snapshot installs);
   while storage is unavailable, every other call is answered UNAVAILABLE
   (`_refuse_unavailable`);
@@ -71,6 +74,11 @@ class CallAdmission:
         reply = self._waiters.reply
         if self._trace is not None:
             self._trace.mark("call", f"{request.client_id}/{request.request_no}")
+        refusal = self.replica.admit(request.client_id, request.command, request.read_only)
+        if refusal is not None:
+            self.stats.refused_calls += 1
+            reply(target, request, ReplyStatus.ERROR, message=refusal)
+            return
         if request.read_only and call.consistency is ReadConsistency.STALE:
             if self._inflight_snapshot:
                 reply(target, request, ReplyStatus.RETRY, message="installing a snapshot")

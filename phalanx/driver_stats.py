@@ -59,4 +59,7 @@ class DriverStatistics:
     """Core-loop passes longer than `SLOW_PASS_TICKS` ticks (heartbeats were late)."""
     session_replies: int = 0
     """Retried writes answered from the replica's session table (already applied here)."""
+    refused_calls: int = 0
+    """Calls refused on arrival (`Replica.admit`: oversized key, value, command or client
+    id), answered ERROR and never proposed."""
     extra: dict[str, int] = field(default_factory=dict)

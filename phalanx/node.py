@@ -42,7 +42,12 @@ from phalanx.apps.interface import StateMachine
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
-from phalanx.client_port import ClientPort, ClientPortStatistics
+from phalanx.client_port import (
+    DEFAULT_MAX_CONNECTIONS,
+    ClientPort,
+    ClientPortStatistics,
+    client_frame_limit,
+)
 from phalanx.config import Address, NodeConfig
 from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.raft.messages import AppendEntries
@@ -51,6 +56,12 @@ from phalanx.consensus.types import (
     HardState,
     Message,
     NodeId,
+)
+from phalanx.descriptors import (
+    DescriptorError,
+    client_connection_cap,
+    open_descriptors,
+    raise_nofile_limit,
 )
 from phalanx.driver import Driver
 from phalanx.driver_stats import DriverStatistics
@@ -73,6 +84,7 @@ from phalanx.net.transport import (
     PeerAddress,
     Transport,
     TransportStatistics,
+    max_peer_sockets,
     run_peer_transport,
 )
 from phalanx.persistence import LostStateError, ReadyPersister
@@ -271,6 +283,7 @@ async def open_node(
                        "authenticate clients; anyone who can reach %s may read and write",
                        config.id, config.client_listen)
     register_codecs(config.protocol)
+    nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     machine = node_state_machine(
         state_machine if state_machine is not None else KvStateMachine(), byzantine, rng)
@@ -410,9 +423,21 @@ async def open_node(
                         supersedes=(raft_notice_superseded if config.protocol == "raft"
                                     else None))
         secure = config.client_auth != "none"
+        try:
+            max_clients = client_connection_cap(
+                soft_limit=nofile, in_use=open_descriptors(),
+                other_sockets=max_peer_sockets(len(peers)) + len(peers),
+                wanted=DEFAULT_MAX_CONNECTIONS)
+        except DescriptorError as e:
+            raise NodeError(f"{config.id}: {e}") from None
         client_port = ClientPort(
             driver, ssl_context=client_server_context(paths, require_client_cert=secure),
-            node_id=config.id, batch_replies=True, require_client_auth=secure)
+            node_id=config.id, batch_replies=True, require_client_auth=secure,
+            max_frame_size=client_frame_limit(replica.max_command_bytes),
+            max_connections=max_clients)
+        logger.info("%s: open-file limit %d: up to %d client connections (request frames "
+                    "<= %d bytes), %d peer sockets", config.id, nofile, max_clients,
+                    client_port.max_frame_size, max_peer_sockets(len(peers)))
         node = Node(config=config, driver=driver, transport=transport,
                     client_port=client_port, metrics=metrics,
                     peer_address=_bound(peer_listeners, config.peer_listen.host),
@@ -432,6 +457,11 @@ async def open_node(
                     "driver_slow_passes": d.slow_passes,
                     "driver_lazy_messages": d.lazy_messages,
                     "driver_superseded_messages": d.superseded_messages,
+                    "driver_refused_calls": d.refused_calls,
+                    "client_connections_shed": client_port.gate.stats.shed_full,
+                    "client_handshakes_shed": client_port.gate.stats.shed_pending,
+                    "client_budget_closes": c.budget_closes,
+                    "peer_connections_shed": t.connections_shed,
                     "peer_frames_out": t.frames_out,
                     "peer_direct_write_calls": t.direct_write_calls}
 

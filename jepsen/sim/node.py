@@ -55,6 +55,9 @@ from phalanx.persistence import Codec, DurableState, ReadyPersister, commit_only
 from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
 
+_UNANSWERED = (ApplyStatus.EXPIRED, ApplyStatus.SESSION_EXPIRED)
+"""Outcomes the simulated node does not answer (the client's retry is answered later)."""
+
 _TICK = Tick()
 _RECEIVE_TWIN = slot_twin(Receive)
 _PERSISTED_TWIN = slot_twin(Persisted)
@@ -354,7 +357,7 @@ class SimNode:
             for entry in committed:
                 observe_apply(name, entry, now)
                 for outcome in replica.apply(entry):
-                    if outcome.status is not ApplyStatus.EXPIRED:
+                    if outcome.status not in _UNANSWERED:
                         self._answer(outcome.client_id, outcome.request_no, outcome.result)
             self.stats.applied += len(committed)
         # 4. Answer rejections now and reads once applied.

@@ -182,7 +182,7 @@ async def test_a_reply_too_large_to_send_closes_only_its_connection(tmp_path: Pa
     async with trio.open_nursery() as nursery:
         address, ca = await serve(tmp_path, sink, nursery)
         assert sink.port is not None
-        sink.port.max_frame_size = 1024
+        sink.port.max_reply_size = 1024
         doomed = await RawClient.connect(address, ca)
         await doomed.send_raw(frame(1))
         with trio.fail_after(10), pytest.raises(EOFError):

@@ -1,0 +1,137 @@
+"""Admission of inbound connections on one listening port: how many, how many still
+unauthenticated, how fast handshakes start.
+
+Owns: `ConnectionGate` and its `GateStatistics`. The client port (`phalanx.client_port`)
+and the peer transport (`phalanx.net.transport`) run every accepted socket through one.
+
+Rules (a connection is input; shedding is counted, never raised):
+- `max_connections`: sockets open on the port at once, handshaking or established. One
+  accepted beyond it is closed at once, before any TLS work (`shed_full`). The node sizes it
+  so that connections + its descriptor reserve fit the RLIMIT_NOFILE soft limit
+  (`phalanx.descriptors`).
+- `max_pending`: connections still in their TLS handshake (unauthenticated). When one more
+  arrives, the OLDEST pending one is shed (`shed_pending`): a peer or client that completes
+  its handshake in milliseconds still gets in while idle or slow sockets rotate out, and an
+  established connection is never shed for a newcomer.
+- `handshake_rate` / `handshake_burst` (optional): a token bucket on handshakes STARTED, so
+  a flood of TLS handshakes costs at most that much of the event loop's CPU per second and
+  peer traffic keeps its share (`rate_waits` counts handshakes that waited for a token).
+
+Must not import: consensus, storage, apps, the codec. Runs under trio (its clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import trio
+
+
+@dataclass(slots=True)
+class GateStatistics:
+    open: int = 0
+    """Sockets open on the port now (handshaking or established)."""
+    pending: int = 0
+    """Of those, still in their TLS handshake."""
+    peak_open: int = 0
+    admitted: int = 0
+    shed_full: int = 0
+    """Sockets closed at once: `max_connections` were open."""
+    shed_pending: int = 0
+    """Handshakes cut short to make room for a newer one (`max_pending`)."""
+    rate_waits: int = 0
+    """Handshakes that waited for the rate limit's token."""
+
+
+class ConnectionGate:
+    """See the module docstring. Single trio loop; nothing is locked."""
+
+    def __init__(self, *, max_connections: int, max_pending: int,
+                 handshake_rate: float | None = None, handshake_burst: int = 1) -> None:
+        if max_connections < 1 or max_pending < 1:
+            raise ValueError(f"max_connections ({max_connections}) and max_pending "
+                             f"({max_pending}) must be >= 1")
+        if handshake_rate is not None and (handshake_rate <= 0 or handshake_burst < 1):
+            raise ValueError(f"need handshake_rate > 0 and handshake_burst >= 1, got "
+                             f"{handshake_rate} and {handshake_burst}")
+        self.max_connections = max_connections
+        self.max_pending = max_pending
+        self.handshake_rate = handshake_rate
+        self.handshake_burst = handshake_burst
+        self.stats = GateStatistics()
+        self._pending: dict[int, trio.CancelScope] = {}
+        """Handshakes in progress, oldest first (insertion order)."""
+        self._serial = 0
+        self._tokens = float(handshake_burst)
+        self._refilled: float | None = None
+
+    def try_open(self) -> bool:
+        """Count a newly accepted socket; False (counted in `shed_full`) when the port is
+        full: the caller closes it at once and must not call `closed`."""
+        st = self.stats
+        if st.open >= self.max_connections:
+            st.shed_full += 1
+            return False
+        st.open += 1
+        st.admitted += 1
+        if st.open > st.peak_open:
+            st.peak_open = st.open
+        return True
+
+    def closed(self) -> None:
+        """A socket `try_open` admitted is closed."""
+        self.stats.open -= 1
+
+    @contextmanager
+    def handshaking(self) -> Iterator[trio.CancelScope]:
+        """The scope to run one connection's handshake in (rate wait included). A newer
+        arrival over `max_pending` cancels it: check ``scope.cancelled_caught``."""
+        st = self.stats
+        if len(self._pending) >= self.max_pending:
+            oldest = next(iter(self._pending))
+            self._pending.pop(oldest).cancel()
+            st.shed_pending += 1
+        self._serial += 1
+        key = self._serial
+        with trio.CancelScope() as scope:
+            self._pending[key] = scope
+            st.pending = len(self._pending)
+            try:
+                yield scope
+            finally:
+                self._pending.pop(key, None)
+                st.pending = len(self._pending)
+
+    async def wait_turn(self) -> None:
+        """Wait for the rate limit's token (no-op without a rate)."""
+        rate = self.handshake_rate
+        if rate is None:
+            return
+        waited = False
+        while True:
+            now = trio.current_time()
+            if self._refilled is not None:
+                self._tokens = min(float(self.handshake_burst),
+                                   self._tokens + (now - self._refilled) * rate)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                break
+            if not waited:
+                waited = True
+                self.stats.rate_waits += 1
+            await trio.sleep(max((1 - self._tokens) / rate, 1e-4))
+        if waited:
+            return
+        await trio.lowlevel.checkpoint()
+
+
+def unlimited() -> ConnectionGate:
+    """A gate that never sheds (tests and embedders that bound nothing)."""
+    return ConnectionGate(max_connections=2**31, max_pending=2**31,
+                          handshake_rate=None, handshake_burst=1)
+
+
+__all__ = ["ConnectionGate", "GateStatistics", "unlimited"]
