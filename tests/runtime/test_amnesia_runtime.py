@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
-from runtime_helpers import RawClient, make_cluster, wait_for
+from runtime_helpers import TESTER, RawClient, cluster_client, make_cluster, wait_for
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Get, Put, Value
@@ -72,10 +72,10 @@ class Nodes:
 
 
 async def call(node: Node, n: int, command: bytes, *, read_only: bool = False) -> ClientReply:
-    client = await RawClient.connect(node.client_address, node.config.tls.ca)
+    client = await RawClient.connect(node.client_address, cluster_client(node.config))
     try:
         await client.send(ClientCall(request=ClientRequest(
-            client_id="amnesia", request_no=n, command=command, read_only=read_only)))
+            client_id=f"{TESTER}/amnesia", request_no=n, command=command, read_only=read_only)))
         with trio.fail_after(10):
             reply = await client.receive()
         assert isinstance(reply, ClientReply)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from runtime_helpers import wait_for
+from runtime_helpers import TESTER, cluster_client, wait_for
 from test_cluster import call, cluster, get, put
 
 from phalanx import pki
@@ -55,15 +55,16 @@ async def test_disk_full_node_stays_up_refuses_writes_and_resumes(
     async with cluster(tmp_path) as c:
         old = await c.leader()
         client = await c.client(old)
-        assert (await call(client, put("a", 1, "k", b"v1"))).status is ReplyStatus.OK
+        assert (await call(client, put("tester/a", 1, "k", b"v1"))).status is ReplyStatus.OK
         disk.roots.add(str(old.config.data_dir))
-        first = await call(client, put("a", 2, "k", b"v2"))  # the write that hit the full disk
+        # The write that hit the full disk:
+        first = await call(client, put("tester/a", 2, "k", b"v2"))
         assert first.status is ReplyStatus.RETRY
         assert first.message == "storage unavailable: No space left on device"
-        reply = await call(client, put("a", 3, "k", b"v3"))
+        reply = await call(client, put("tester/a", 3, "k", b"v3"))
         assert reply.status is ReplyStatus.UNAVAILABLE
         assert reply.message == "storage unavailable: No space left on device"
-        stale = await call(client, get("a", 4, "k", stale=True))
+        stale = await call(client, get("tester/a", 4, "k", stale=True))
         assert stale.status is ReplyStatus.OK
         assert kv_wire.decode_result(stale.result) == Value(value=b"v1")
 
@@ -72,7 +73,7 @@ async def test_disk_full_node_stays_up_refuses_writes_and_resumes(
                        what="a new leader among the nodes with a working disk")
         new = next(n for n in others if n.core_status().role == "leader")
         other = await c.client(new)
-        assert (await call(other, put("b", 1, "k", b"v4"))).status is ReplyStatus.OK
+        assert (await call(other, put("tester/b", 1, "k", b"v4"))).status is ReplyStatus.OK
         assert old.driver.storage_error is not None  # still up, still refusing
 
         disk.roots.clear()
@@ -80,7 +81,7 @@ async def test_disk_full_node_stays_up_refuses_writes_and_resumes(
                        what="the node resuming once its disk has room")
         await wait_for(lambda: old.replica.applied_index >= new.replica.applied_index,
                        within=10, what="the resumed node catching up")
-        check = await call(client, get("a", 5, "k", stale=True))
+        check = await call(client, get("tester/a", 5, "k", stale=True))
         assert kv_wire.decode_result(check.result) == Value(value=b"v4")
         assert old.driver.stats.storage_failures >= 1
         await client.aclose()
@@ -99,8 +100,10 @@ async def test_client_library_reports_storage_unavailable(
         disk.roots.update(str(n.config.data_dir) for n in c.nodes.values())
         addresses = [(n.id, n.client_address.host, n.client_address.port)
                      for n in c.nodes.values()]
-        context = pki.client_context(ca, check_hostname=False)
+        creds = cluster_client(leader.config)
+        context = pki.client_context(ca, certificate=creds.certificate,
+                                     private_key=creds.private_key, check_hostname=False)
         async with open_client(addresses, ssl_context=context, timeout=2.0,
-                               attempt_timeout=0.5) as client:
+                               attempt_timeout=0.5, client_id=f"{TESTER}/disk") as client:
             with pytest.raises(StorageUnavailable, match="No space left on device"):
                 await client.put("k", b"v")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import trio
-from runtime_helpers import RawClient, make_cluster
+from runtime_helpers import TESTER, RawClient, cluster_client, make_cluster
 from test_process import call, find_leader, write_configs
 
 from phalanx.apps import kv_wire
@@ -36,7 +36,7 @@ def spawn_limited(path: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def put(n: int) -> ClientRequest:
-    return ClientRequest(client_id="w", request_no=n,
+    return ClientRequest(client_id=f"{TESTER}/w", request_no=n,
                          command=kv_wire.encode_command(Put(key=f"k{n}", value=b"v")))
 
 
@@ -51,13 +51,14 @@ async def test_a_connection_flood_never_takes_the_descriptors_storage_needs(
     try:
         assert (await call(configs, put(1))).status is ReplyStatus.OK
         leader = await find_leader(configs)
-        client = await RawClient.connect(leader.client_listen, leader.tls.ca)
+        client = await RawClient.connect(leader.client_listen, cluster_client(leader))
         limiter = trio.CapacityLimiter(16)
+        creds = cluster_client(leader)
 
         async def connect() -> None:
             async with limiter:
                 with contextlib.suppress(OSError, trio.BrokenResourceError):
-                    flood.append(await RawClient.connect(leader.client_listen, leader.tls.ca))
+                    flood.append(await RawClient.connect(leader.client_listen, creds))
 
         async with trio.open_nursery() as nursery:
             for _ in range(NOFILE + 32):  # more TLS connections than the node has descriptors

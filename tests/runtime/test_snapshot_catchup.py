@@ -27,7 +27,7 @@ async def test_restarted_follower_gets_the_snapshot_about_once(tmp_path: Path) -
         client = await c.client(leader)
         for i in range(PUTS):
             value = bytes([i % 251]) * VALUE
-            reply = await call(client, put("loader", i + 1, f"k{i:03d}", value))
+            reply = await call(client, put("tester/loader", i + 1, f"k{i:03d}", value))
             assert reply.status is ReplyStatus.OK, reply
         core = leader.driver.core
         assert isinstance(core, RaftCore)
