@@ -29,6 +29,9 @@ Outcomes (what each error promises):
 - `ClientTimeout`: the overall deadline passed; the command MAY OR MAY NOT have taken
   effect, now or later (a history checker records it as indeterminate, ``info``).
 - `ClientClosed`: the client was closed; as indeterminate as a timeout.
+- `Forbidden` (FORBIDDEN): certainly had no effect. `StorageUnavailable` (UNAVAILABLE): the
+  answering node's storage could not take it (Raft mode; PBFT replicas' answers other than
+  OK/ERROR are only recorded as the last error, as before).
 
 Raft mode: requests go to the node believed to lead; REDIRECT hints are followed at once;
 RETRY, failures and silent nodes rotate to the next node after a jittered backoff, except
@@ -73,9 +76,11 @@ from phalanx.client_errors import (
     ClientClosed,
     ClientError,
     ClientTimeout,
+    Forbidden,
     KvCommandError,
     ProtocolViolation,
     RequestRejected,
+    StorageUnavailable,
 )
 from phalanx.client_kv import KvHelpers
 from phalanx.client_pbft import PbftCalls
@@ -101,10 +106,12 @@ __all__ = [
     "ClientError",
     "ClientStatistics",
     "ClientTimeout",
+    "Forbidden",
     "KvCommandError",
     "NodeAddress",
     "ProtocolViolation",
     "RequestRejected",
+    "StorageUnavailable",
     "open_client",
 ]
 
@@ -356,6 +363,11 @@ class Client(KvHelpers, PbftCalls):
                     return True, reply.result, None, ""
                 if reply.status is ReplyStatus.ERROR:
                     raise RequestRejected(reply.message or "rejected", replica=node)
+                if reply.status is ReplyStatus.FORBIDDEN:
+                    raise Forbidden(reply.message or "forbidden", replica=node)
+                if reply.status is ReplyStatus.UNAVAILABLE:
+                    raise StorageUnavailable(reply.message or "storage unavailable",
+                                             replica=node)
                 if node != target:
                     continue  # a stale REDIRECT/RETRY from an earlier attempt
                 if reply.status is ReplyStatus.REDIRECT:

@@ -44,3 +44,21 @@ class KvCommandError(RequestRejected):
 
 class ProtocolViolation(ClientError):
     """A reply's result is not what the command can produce (a buggy or faulty server)."""
+
+
+class Forbidden(ClientError):
+    """A node refused this client the request (`ReplyStatus.FORBIDDEN`: its certificate is
+    not allowed to run it). It certainly had no effect."""
+
+    def __init__(self, message: str, *, replica: str | None = None) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+class StorageUnavailable(ClientError):
+    """A node answered that its storage cannot take the request (`ReplyStatus.UNAVAILABLE`:
+    a full or failing disk). The node did not apply it; retrying later may succeed."""
+
+    def __init__(self, message: str, *, replica: str | None = None) -> None:
+        super().__init__(message)
+        self.replica = replica

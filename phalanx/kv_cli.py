@@ -8,12 +8,16 @@ Exit status of `phalanx kv` (for scripts):
 
     0  success (`get` printed the value)
     1  a negative answer: `get`/`delete` of an absent key, a `cas` whose comparison failed
-    2  usage error, or no cluster at DIR
+    2  usage error: bad arguments (a non-UTF-8 KEY, a timeout that is not a finite number
+       > 0), no cluster at DIR, a missing or invalid cluster.toml or client credential file
     3  the cluster refused the command: it certainly had no effect
     4  no answer in time: the command MAY OR MAY NOT have taken effect
+    5  the cluster answered that its storage is unavailable (`StorageUnavailable`)
+    6  the cluster refused this client the command (`Forbidden`): no effect
 
-`phalanx status` exits 0 when every node answered, 1 when some did not (their rows say
-``unreachable``), 2 on usage errors.
+(the table shared by every subcommand: `phalanx.cli_errors`). `phalanx status` exits 0 when
+every node answered, 1 when some did not (their rows say ``unreachable``), 2 on usage errors.
+Every error is one line on stderr.
 
 Must not import: the runtime (`phalanx.node`), consensus cores, storage. Talks to nodes only
 through `phalanx.client`. Keys are UTF-8 text; values are bytes: arguments are encoded with
@@ -34,6 +38,7 @@ import trio
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import (
+    MAX_SCAN_LIMIT,
     CasResult,
     CompareAndSet,
     Delete,
@@ -48,16 +53,27 @@ from phalanx.apps.kv_types import (
     ScanResult,
     Value,
 )
+from phalanx.cli_errors import (
+    EXIT_FORBIDDEN,
+    EXIT_INDETERMINATE,
+    EXIT_REFUSED,
+    EXIT_STORAGE_UNAVAILABLE,
+    int_between,
+    positive_float,
+    print_error,
+    utf8_text,
+)
 from phalanx.client import ClientError, ClientTimeout, RequestRejected, open_client
+from phalanx.client_errors import Forbidden, StorageUnavailable
 from phalanx.cluster import ClusterError, open_cluster
-from phalanx.config import ClusterConfig
+from phalanx.config import ClusterConfig, ConfigError, check_cluster_files
 from phalanx.net.client_protocol import ReadConsistency, StatusReply
 
 EXIT_OK: Final = 0
 EXIT_NEGATIVE: Final = 1
 EXIT_USAGE: Final = 2
-EXIT_REJECTED: Final = 3
-EXIT_UNKNOWN: Final = 4
+EXIT_REJECTED: Final = EXIT_REFUSED
+EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
 
 CLUSTER_ENV: Final = "PHALANX_CLUSTER"
 DEFAULT_TIMEOUT: Final = 5.0
@@ -75,8 +91,14 @@ examples:
 
 exit status:
   0  success            1  absent key / cas comparison failed
-  2  usage, no cluster  3  refused by the cluster (no effect)
+  2  usage error: bad arguments, no cluster at DIR, a missing or invalid config or
+     credential file (nothing was sent)
+  3  refused by the cluster (no effect)
   4  timed out: the command may or may not have taken effect
+  5  the cluster's storage is unavailable (disk full or failing)
+  6  forbidden: this client's certificate may not run the command (no effect)
+  70 internal error (a bug; PHALANX_DEBUG=1 shows the traceback)
+KEY and PREFIX must be UTF-8 text; VALUE may be any bytes.
 """
 
 _STATUS_EPILOG = f"""\
@@ -87,7 +109,8 @@ examples:
 --json prints a list with one object per node: node, role, term, leader, commit_index,
 applied_index, last_checkpoint, peers, connected_peers, dropped_messages (role
 "unreachable" and an "error" for a node that did not answer). --cluster defaults to
-${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
+${CLUSTER_ENV}. Exit status 0 if every node answered, else 1; 2 on a usage error (bad
+arguments, no cluster at DIR, a missing or invalid config or credential file).
 """
 
 
@@ -97,8 +120,8 @@ def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
         help=f"the cluster directory (default: ${CLUSTER_ENV})",
     )
     parser.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-        help="give up after this long (default: %(default)s)",
+        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help="give up after this long, a finite number > 0 (default: %(default)s)",
     )
 
 
@@ -112,25 +135,28 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     _add_cluster_option(kv)
     sub = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
     put = sub.add_parser("put", help="set KEY to VALUE")
-    put.add_argument("key", metavar="KEY")
+    key = utf8_text("KEY")
+    put.add_argument("key", metavar="KEY", type=key)
     put.add_argument("value", metavar="VALUE")
     get = sub.add_parser("get", help="print the value of KEY (exit 1 if absent)")
-    get.add_argument("key", metavar="KEY")
+    get.add_argument("key", metavar="KEY", type=key)
     get.add_argument("--stale", action="store_true",
                      help="read from one node's applied state, possibly behind (faster)")
     delete = sub.add_parser("delete", help="remove KEY (exit 1 if it was absent)")
-    delete.add_argument("key", metavar="KEY")
+    delete.add_argument("key", metavar="KEY", type=key)
     cas = sub.add_parser(
         "cas", help="set KEY to NEW iff it holds OLD (exit 1 if not)",
         description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.",
     )
     cas.add_argument("--if-absent", action="store_true",
                      help="succeed only if KEY is absent (then give KEY NEW)")
-    cas.add_argument("key", metavar="KEY")
+    cas.add_argument("key", metavar="KEY", type=key)
     cas.add_argument("values", metavar="OLD NEW", nargs="+")
     scan = sub.add_parser("scan", help="print KEY<TAB>VALUE lines for keys starting with PREFIX")
-    scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="")
-    scan.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
+                      type=utf8_text("PREFIX"))
+    scan.add_argument("--limit", type=int_between(1, MAX_SCAN_LIMIT), default=1000,
+                      help=f"at most this many, 1..{MAX_SCAN_LIMIT} (default: 1000)")
     for p in (put, get, delete, cas, scan):
         p.set_defaults(handler=_kv_main)
 
@@ -254,15 +280,18 @@ def _print_result(command: KvCommand, result: KvResult) -> int:
 
 
 def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
+    """The cluster at --cluster with its client credential files present, or None after
+    printing why not (one line)."""
     if not args.cluster:
-        print(f"{prog}: no cluster given (use --cluster DIR or set ${CLUSTER_ENV})",
-              file=sys.stderr)
+        print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
         return None
     try:
-        return open_cluster(args.cluster)
-    except ClusterError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        cluster = open_cluster(args.cluster)
+        check_cluster_files(cluster)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
         return None
+    return cluster
 
 
 def _kv_main(args: argparse.Namespace) -> int:
@@ -272,7 +301,7 @@ def _kv_main(args: argparse.Namespace) -> int:
     try:
         command, read_only = build_command(args)
     except ValueError as e:
-        print(f"phalanx kv: {e}", file=sys.stderr)
+        print_error("phalanx kv", str(e))
         return EXIT_USAGE
     stale = bool(getattr(args, "stale", False))
     try:
@@ -285,6 +314,12 @@ def _kv_main(args: argparse.Namespace) -> int:
     except RequestRejected as e:
         print(f"phalanx kv: refused: {e}", file=sys.stderr)
         return EXIT_REJECTED
+    except StorageUnavailable as e:
+        print(f"phalanx kv: storage unavailable: {e}", file=sys.stderr)
+        return EXIT_STORAGE_UNAVAILABLE
+    except Forbidden as e:
+        print(f"phalanx kv: forbidden: {e}", file=sys.stderr)
+        return EXIT_FORBIDDEN
     except ClientError as e:
         print(f"phalanx kv: {e}; the command may or may not have taken effect",
               file=sys.stderr)

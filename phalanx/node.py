@@ -42,7 +42,7 @@ from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.client_port import ClientPort, ClientPortStatistics
-from phalanx.config import Address, NodeConfig
+from phalanx.config import Address, NodeConfig, check_files
 from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.raft.messages import AppendEntries
 from phalanx.consensus.types import (
@@ -220,7 +220,9 @@ async def open_node(
     Raises:
         NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft.
             Storage errors (`StorageError`) propagate.
+        ConfigError: a certificate or key file is missing or unreadable (`check_files`).
     """
+    check_files(config)  # named before the storage is opened
     if config.protocol == "raft" and byzantine is not None:
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
                         "cluster; this node runs raft")
