@@ -90,7 +90,8 @@ examples:
 --cluster defaults to ${CLUSTER_ENV}. Reads are linearizable unless --stale.
 
 exit status:
-  0  success            1  absent key / cas comparison failed
+  0  success
+  1  absent key / cas comparison failed
   2  usage error: bad arguments, no cluster at DIR, a missing or invalid config or
      credential file (nothing was sent)
   3  refused by the cluster (no effect)

@@ -79,6 +79,10 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None) -> int:
     except ConfigError as exc:
         print_error(_PROG, str(exc))
         return EXIT_USAGE
+    problem = _unlistenable(config)  # before the storage is opened (a race is caught below)
+    if problem is not None:
+        print_error(_PROG, problem)
+        return EXIT_USAGE
     if byzantine is not None and config.protocol != "pbft":
         print_error(_PROG, f"--byzantine {byzantine} needs a PBFT cluster; {config_path} runs "
                     f"{config.protocol}")
@@ -125,10 +129,19 @@ def _operator_problem(exc: BaseException, config: NodeConfig) -> str | None:
                 f"{config.tls.ca}, tls.cert {config.tls.cert}, tls.key {config.tls.key}")
     if isinstance(leaf, socket.gaierror) or (
             isinstance(leaf, OSError) and leaf.errno in _LISTEN_ERRNOS):
-        for key, address in _listen_addresses(config):
-            reason = _cannot_bind(address)
-            if reason is not None:
-                return f"{where}: cannot listen on node.{key} {address}: {reason}"
+        # (Which address is not knowable here: the listeners already bound are still open.)
+        addresses = ", ".join(f"node.{k} {a}" for k, a in _listen_addresses(config))
+        return f"{where}: cannot listen ({leaf.strerror or leaf}); check {addresses}"
+    return None
+
+
+def _unlistenable(config: NodeConfig) -> str | None:
+    """Why the node could not listen on one of its addresses (in use, not on this machine,
+    not resolvable), or None: checked before start-up, so the error names the key."""
+    for key, address in _listen_addresses(config):
+        reason = _cannot_bind(address)
+        if reason is not None:
+            return f"{config.source or config.id}: cannot listen on node.{key} {address}: {reason}"
     return None
 
 
@@ -140,7 +153,8 @@ def _listen_addresses(config: NodeConfig) -> list[tuple[str, Address]]:
 
 
 def _cannot_bind(address: Address) -> str | None:
-    """Why `address` cannot be bound now (None if it can): diagnoses a failed start-up."""
+    """Why `address` cannot be bound now (None if it can), with SO_REUSEADDR as the node's
+    listeners have (so a port in TIME_WAIT after a restart is not mistaken for in use)."""
     try:
         infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
