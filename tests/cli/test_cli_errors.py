@@ -52,8 +52,10 @@ def _run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 def _one_line(code: int, err: str, *needles: str, expected: int = EXIT_USAGE) -> None:
     assert code == expected, err
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    assert "Traceback" not in err and ": error: " in err, err
+    assert err.endswith("\n"), err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err, err
+    assert ": error: " in err, err
     for needle in needles:
         assert needle in err, err
 
@@ -333,7 +335,8 @@ def test_our_own_bug_is_one_line_exit_70_and_a_traceback_on_request(
     monkeypatch.setenv("PHALANX_DEBUG", "1")
     code, err = _run(["status", "--cluster", str(cluster)], capsys)
     assert code == EXIT_INTERNAL
-    assert "Traceback" in err and err.splitlines()[-1].startswith("phalanx status: error: ")
+    assert "Traceback" in err
+    assert err.splitlines()[-1].startswith("phalanx status: error: ")
 
 
 def test_ctrl_c_and_a_closed_stdout(
