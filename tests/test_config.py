@@ -246,11 +246,11 @@ def test_check_files_names_the_missing_or_empty_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=rf"tls.key: {cfg.tls.key}: no such file"):
         check_files(cfg)
     cfg.tls.key.write_text("")
-    with pytest.raises(ConfigError, match="tls.key: .* is empty"):
+    with pytest.raises(ConfigError, match=r"tls\.key: .* is empty"):
         check_files(cfg)
     cfg.tls.key.unlink()
     cfg.tls.key.mkdir()
-    with pytest.raises(ConfigError, match="tls.key: .* is a directory"):
+    with pytest.raises(ConfigError, match=r"tls\.key: .* is a directory"):
         check_files(cfg)
 
 
@@ -265,14 +265,14 @@ def test_open_node_checks_credential_files_before_opening_storage(tmp_path: Path
         async with open_node(cfg):
             raise AssertionError("the node started without its certificate")
 
-    with pytest.raises(ConfigError, match="tls.ca: .*ca.pem: no such file"):
+    with pytest.raises(ConfigError, match=r"tls\.ca: .*ca\.pem: no such file"):
         trio.run(start)
     assert not cfg.data_dir.exists()
 
 
 @pytest.mark.parametrize("host", ["bad host", "", "h\tx", "caf\u00e9.example"])
 def test_a_host_that_cannot_be_a_host_is_refused(host: str) -> None:
-    with pytest.raises(ConfigError, match="is not a host name or IP address|HOST:PORT"):
+    with pytest.raises(ConfigError, match=r"is not a host name or IP address|HOST:PORT"):
         Address.parse(f"{host}:7000", where="x")
     for good in ("127.0.0.1:1", "[::1]:2", "node-1.example.com:3", "fe80::1%eth0:4"):
         Address.parse(good, where="x")
