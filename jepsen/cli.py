@@ -12,10 +12,11 @@ HTML report (`phalanx.jepsen.store`, `phalanx.jepsen.report`). Exits with:
 
     0  valid (``"valid": true``)
     1  invalid (``"valid": false``)
-    2  unknown: a key's search budget ran out (``"valid": "unknown"``)
+    2  usage error (argparse, before any history is read)
     3  the history could not be read or is malformed (message on stderr, nothing on stdout)
+    4  unknown: a key's search budget ran out (``"valid": "unknown"``)
 
-(argparse itself exits 2 on a usage error, before any history is read.)
+(2 means only "usage error" in every phalanx command: `phalanx.cli_errors`.)
 
 Must not import: the simulator or consensus cores (checking a file needs neither).
 """
@@ -30,14 +31,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TextIO
 
+from phalanx.cli_errors import (
+    EXIT_INDETERMINATE,
+    describe_os_error,
+    non_negative_float,
+    positive_int,
+)
 from phalanx.jepsen.checker import WORKLOADS, check_history
 from phalanx.jepsen.history import History, HistoryError, read_history
 from phalanx.jepsen.linearizability import DEFAULT_TIME_LIMIT, UNKNOWN
 
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
-EXIT_UNKNOWN: Final = 2
 EXIT_BAD_HISTORY: Final = 3
+EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
 
 _DESCRIPTION = """\
 Check a recorded history: register (linearizability), bank or set.
@@ -58,8 +65,8 @@ set: f is add (value: an integer element) or read (value: the list of elements);
 The stats checker (unless --no-stats) requires every kind of operation to succeed once.
 The verdict is printed as JSON on stdout: "valid" is true, false or "unknown".
 
-exit status: 0 valid, 1 invalid, 2 unknown (search budget exhausted), 3 unreadable or
-malformed history.
+exit status: 0 valid, 1 invalid, 2 usage error, 3 unreadable or malformed history,
+4 unknown (search budget exhausted), 70 internal error.
 """
 
 
@@ -79,7 +86,7 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     add_run_command(sub)
     check_parser = sub.add_parser(
         "check",
-        help="check a JSON Lines history; exit 0 valid, 1 invalid, 2 unknown, 3 bad file",
+        help="check a JSON Lines history; exit 0 valid, 1 invalid, 3 bad file, 4 unknown",
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -92,7 +99,7 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     check_parser.add_argument(
         "--time-limit",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
         help="search time per key before it is reported unknown (default: %(default)s; "
@@ -100,7 +107,7 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     check_parser.add_argument(
         "--step-limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="search steps per key before it is reported unknown (deterministic; default: none)",
@@ -136,8 +143,13 @@ def run_check(
     err = stderr if stderr is not None else sys.stderr
     try:
         history = read_history(args.history)
-    except (OSError, HistoryError) as exc:
-        print(f"phalanx jepsen check: cannot read history {args.history}: {exc}", file=err)
+    except OSError as exc:
+        print(f"phalanx jepsen check: error: cannot read history {describe_os_error(exc)}",
+              file=err)
+        return EXIT_BAD_HISTORY
+    except HistoryError as exc:
+        print(f"phalanx jepsen check: error: cannot read history {args.history}: {exc}",
+              file=err)
         return EXIT_BAD_HISTORY
     started = clock()
     try:
@@ -150,7 +162,7 @@ def run_check(
             clock=clock,
         )
     except HistoryError as exc:
-        print(f"phalanx jepsen check: malformed history {args.history}: {exc}", file=err)
+        print(f"phalanx jepsen check: error: malformed history {args.history}: {exc}", file=err)
         return EXIT_BAD_HISTORY
     elapsed = clock() - started
     doc = result.to_json()
@@ -184,22 +196,3 @@ def _write_report(args: argparse.Namespace, history: History, doc: dict[str, obj
     store.write_results(doc)
     return render_report(store.path)
 
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value

@@ -4,6 +4,10 @@ Subcommands register themselves through `add_*_command(subparsers)` functions in
 modules. To keep start-up fast (`phalanx kv get` should not import the simulator, the demo
 and rich), only the module of the subcommand being run is imported; the top-level `--help`
 lists every command from the table below without importing any of them.
+
+Errors: every failure is one line on stderr and an exit code from the table in
+`phalanx.cli_errors` (printed by `phalanx --help`); `main` runs the chosen handler through
+`phalanx.cli_errors.run_handler`, so no operator mistake ends in a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ import sys
 from collections.abc import Sequence
 
 from phalanx import __version__
+from phalanx.cli_errors import (
+    EXIT_CODES_HELP,
+    EXIT_USAGE,
+    Parser,
+    print_error,
+    run_handler,
+    tolerate_undecodable_output,
+)
 
 # (command, module, registration function, one-line help for the top-level listing)
 COMMANDS: tuple[tuple[str, str, str, str], ...] = (
@@ -35,9 +47,10 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; the full definition of `command` only (all of them when None)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="phalanx",
         description="Crash- and Byzantine-fault-tolerant replicated state machines.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -70,12 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from phalanx.process_tuning import use_system_malloc
         use_system_malloc()
     argv = list(sys.argv[1:] if argv is None else argv)
+    tolerate_undecodable_output()
     command = _chosen_command(argv)
     parser = build_parser(command) if command else build_parser("")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error: one line, SystemExit(2)
     handler = getattr(args, "handler", None)
     if handler is None:
-        parser.print_help(sys.stderr)
-        return 2
-    result: int = handler(args)
-    return result
+        print_error("phalanx", "no command given (see 'phalanx --help')")
+        return EXIT_USAGE
+    return run_handler(handler, args, f"phalanx {command}" if command else "phalanx")

@@ -33,6 +33,7 @@ Outcomes (what each error promises):
 - `ClientClosed`: the client was closed; as indeterminate as a timeout.
 - `StorageUnavailable` (a `ClientTimeout`): the deadline passed and the last node tried
   answered UNAVAILABLE (its storage cannot take writes: disk full); as indeterminate.
+- `Forbidden` (FORBIDDEN): certainly had no effect.
 
 Raft mode: requests go to the node believed to lead; REDIRECT hints are followed at once;
 RETRY, failures and silent nodes rotate to the next node after a jittered backoff, except

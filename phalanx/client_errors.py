@@ -57,3 +57,4 @@ class KvCommandError(RequestRejected):
 
 class ProtocolViolation(ClientError):
     """A reply's result is not what the command can produce (a buggy or faulty server)."""
+

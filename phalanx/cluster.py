@@ -20,8 +20,9 @@ Rules:
     * Never imports the runtime (`phalanx.node`) or the client: nodes are separate processes
       started as ``python -m phalanx node run CONFIG``.
     * A clean stop is SIGTERM, then SIGKILL for nodes still running after the grace period.
-    * Errors the operator can fix (no cluster, non-empty directory) raise `ClusterError`, which
-      the CLI prints as one line on stderr with exit status 1.
+    * Errors the operator can fix (no cluster, non-empty directory, a directory that cannot
+      be created, bad --nodes/--base-port/--host) raise `ClusterError`, which the CLI prints
+      as one line on stderr with exit status 2 (`phalanx.cli_errors`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ from types import FrameType
 from typing import IO, Any, Final
 
 from phalanx import pki
+from phalanx.cli_errors import (
+    EXIT_USAGE,
+    OperatorError,
+    int_between,
+    non_negative_float,
+    print_error,
+)
 from phalanx.config import (
     PROTOCOLS,
     Address,
@@ -53,9 +61,12 @@ from phalanx.config import (
     PeerConfig,
     TimingConfig,
     TlsFiles,
+    check_files,
     dumps_toml,
     load_cluster_config,
+    load_node_config,
     node_config_dict,
+    valid_host,
 )
 from phalanx.identity import prepare_data_dir
 from phalanx.pbft_keys import generate_key_file
@@ -73,7 +84,7 @@ CLIENT_PORT_OFFSET: Final = 100
 METRICS_PORT_OFFSET: Final = 200
 
 
-class ClusterError(Exception):
+class ClusterError(OperatorError):
     """An operator-fixable problem with a cluster directory or its processes."""
 
 
@@ -170,14 +181,19 @@ def init_cluster(
         raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
         raise ClusterError(f"--base-port {base_port} leaves no room for {nodes} nodes")
+    if not valid_host(host):
+        raise ClusterError(f"--host {host!r} is not a host name or IP address")
     try:
         pki.validate_name(client_name)
     except ValueError as e:
         raise ClusterError(str(e)) from None
     target = Path(directory).absolute()
     _check_empty(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.init-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.init-", dir=target.parent))
+    except OSError as e:
+        raise ClusterError(f"cannot create {target}: {e.strerror}") from None
     try:
         _write_cluster(
             staging, protocol=protocol, nodes=nodes, base_port=base_port, host=host,
@@ -442,6 +458,9 @@ read-write and read-only; cluster.toml and `phalanx kv` use client.pem; issue mo
 `phalanx cert issue-client`), DIR/data/<id>/, DIR/logs/ and DIR/run/. Node i (0-based)
 listens for peers on BASE+i, for clients on BASE+100+i, and serves Prometheus metrics
 on BASE+200+i. DIR must not exist or be empty.
+
+exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
+nothing was created.
 """
 
 _UP_EPILOG = """\
@@ -452,8 +471,11 @@ examples:
 Runs every node (`phalanx node run DIR/nodes/<id>.toml`) as a subprocess, logging to
 DIR/logs/<id>.log, with its pid in DIR/run/<id>.pid. Ctrl-C (or SIGTERM) stops them:
 SIGTERM to each node, then SIGKILL after --grace seconds. A node that dies is reported
-and not restarted; `up` exits when all nodes have exited (status 0 only if every node
-stopped cleanly on request).
+and not restarted; `up` exits when all nodes have exited.
+
+exit status: 0 every node stopped cleanly on request; 1 a node failed or stopped on an
+error; 2 usage error (no cluster at DIR, an unknown --node, a node config that does not
+load, a missing certificate or key file): no node was started.
 """
 
 
@@ -473,8 +495,10 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     init.add_argument("directory", metavar="DIR", help="the cluster directory to create")
     init.add_argument("--protocol", choices=PROTOCOLS, default="raft",
                       help="consensus protocol (default: %(default)s)")
-    init.add_argument("--nodes", type=int, default=3, help="number of nodes (default: 3)")
-    init.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT, metavar="P",
+    init.add_argument("--nodes", type=int_between(1, MAX_NODES), default=3,
+                      help=f"number of nodes, 1..{MAX_NODES} (default: 3)")
+    init.add_argument("--base-port", type=int_between(1, 65535), default=DEFAULT_BASE_PORT,
+                      metavar="P",
                       help="first port of the layout (default: %(default)s)")
     init.add_argument("--host", default=DEFAULT_HOST,
                       help="address every node listens on (default: %(default)s)")
@@ -489,7 +513,8 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     up.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
     up.add_argument("--node", action="append", metavar="ID", dest="nodes",
                     help="run only this node (repeatable; default: all)")
-    up.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="SECONDS",
+    up.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE,
+                    metavar="SECONDS",
                     help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
     up.set_defaults(handler=_run_up)
 
@@ -501,8 +526,8 @@ def _run_init(args: argparse.Namespace) -> int:
             base_port=args.base_port, host=args.host, fsync=args.fsync,
         )
     except ClusterError as e:
-        print(f"phalanx cluster init: {e}", file=sys.stderr)
-        return 1
+        print_error("phalanx cluster init", str(e))
+        return EXIT_USAGE
     print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes in {args.directory}")
     warning = ephemeral_overlap_warning(args.base_port, args.nodes)
     if warning is not None:
@@ -519,10 +544,13 @@ def _run_up(args: argparse.Namespace) -> int:
         wanted = args.nodes or [n.id for n in cluster.nodes]
         unknown = [n for n in wanted if n not in {m.id for m in cluster.nodes}]
         if unknown:
-            raise ClusterError(f"no node {unknown[0]!r} in {args.directory}")
-    except ClusterError as e:
-        print(f"phalanx cluster up: {e}", file=sys.stderr)
-        return 1
+            raise ClusterError(f"no node {unknown[0]!r} in {args.directory} (its nodes: "
+                               f"{', '.join(m.id for m in cluster.nodes)})")
+        for node_id in wanted:  # every config and credential file, before starting any
+            check_files(load_node_config(cluster.node_config_path(node_id)))
+    except (ClusterError, ConfigError) as e:
+        print_error("phalanx cluster up", str(e))
+        return EXIT_USAGE
     return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
 
 

@@ -15,19 +15,28 @@ Rules:
 - Relative paths in a file are resolved against the directory holding that file, so a cluster
   directory can be moved as a whole.
 - Loading validates everything and raises `ConfigError` naming the file and the key; nothing
-  else escapes `load_*`.
+  else escapes `load_*`. Loading is strict: a key or table the loader does not know (a typo
+  such as ``tickms``) is an error naming the file, the table and the key, with the closest
+  known key as a suggestion; it is never silently ignored.
+- `check_files` / `check_cluster_files`: every certificate, key and PBFT key file a config
+  names exists and is readable (an error names the file and the key that names it). A node
+  checks them at start-up before it opens its storage.
 - Only stdlib `tomllib` reads; `dumps_toml` writes the small subset we use (tables, arrays of
   tables, strings, ints, floats, bools, lists of strings).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from phalanx.cli_errors import OperatorError
 
 PROTOCOLS = ("raft", "pbft")
 FSYNC_MODES = ("every-write", "group", "off")
@@ -37,7 +46,7 @@ CLIENT_AUTH_MODES = ("required", "none")
 client port may read and write)."""
 
 
-class ConfigError(Exception):
+class ConfigError(OperatorError):
     """A configuration file is missing, unreadable or invalid."""
 
 
@@ -51,10 +60,22 @@ class Address:
         host, sep, port = text.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"{where}: expected HOST:PORT, got {text!r}")
-        return cls(host=host.strip("[]"), port=int(port))
+        host = host.strip("[]")
+        if not valid_host(host):
+            raise ConfigError(f"{where}: {host!r} is not a host name or IP address")
+        return cls(host=host, port=int(port))
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
+
+
+_HOST = re.compile(r"[A-Za-z0-9._:%-]+")
+
+
+def valid_host(host: str) -> bool:
+    """Whether `host` can be a host name or an IP address (ASCII letters, digits, ``.-_:%``:
+    no spaces, no empty name; an internationalised name must be given in its ASCII form)."""
+    return _HOST.fullmatch(host) is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,23 +193,33 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 class _Table:
-    """Typed access to one TOML table, with errors naming file and key."""
+    """Typed access to one TOML table, with errors naming file, table and key.
 
-    def __init__(self, data: Mapping[str, Any], where: str) -> None:
+    Every key asked for is remembered (present or not), so `check_unknown` can refuse the
+    keys nobody asked for, suggesting the closest known one."""
+
+    def __init__(self, data: Mapping[str, Any], file: str, name: str = "") -> None:
         self._data = data
-        self._where = where
+        self._file = file
+        self._name = name
+        self._known: set[str] = set()
+        self._children: list[_Table] = []
 
     def _get(self, key: str, kind: type, default: Any) -> Any:
+        self._known.add(key)
         if key not in self._data:
             if default is _REQUIRED:
-                raise ConfigError(f"{self._where}: missing key {key!r}")
+                raise ConfigError(f"{self.where}: missing key {key!r}")
             return default
         value = self._data[key]
         if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
             raise ConfigError(
-                f"{self._where}.{key}: expected {kind.__name__}, got {type(value).__name__}"
+                f"{self.at(key)}: expected {kind.__name__}, got {type(value).__name__}"
             )
         return value
+
+    def at(self, key: str) -> str:
+        return f"{self._file}: {self._name}.{key}" if self._name else f"{self._file}: {key}"
 
     def text(self, key: str, default: Any = None) -> Any:
         return self._get(key, str, _REQUIRED if default is None else default)
@@ -200,25 +231,43 @@ class _Table:
     def integer(self, key: str, default: int, *, minimum: int = 1) -> int:
         value: int = self._get(key, int, default)
         if value < minimum:
-            raise ConfigError(f"{self._where}.{key}: must be >= {minimum}, got {value}")
+            raise ConfigError(f"{self.at(key)}: must be >= {minimum}, got {value}")
         return value
 
     def table(self, key: str) -> _Table:
         value = self._get(key, dict, {})
-        return _Table(value, f"{self._where}.{key}")
+        child = _Table(value, self._file, f"{self._name}.{key}" if self._name else key)
+        self._children.append(child)
+        return child
 
     def tables(self, key: str) -> list[_Table]:
         value = self._get(key, list, [])
         out = []
         for i, item in enumerate(value):
+            name = f"{self._name}.{key}[{i}]" if self._name else f"{key}[{i}]"
             if not isinstance(item, dict):
-                raise ConfigError(f"{self._where}.{key}[{i}]: expected a table")
-            out.append(_Table(item, f"{self._where}.{key}[{i}]"))
+                raise ConfigError(f"{self._file}: {name}: expected a table")
+            out.append(_Table(item, self._file, name))
+        self._children.extend(out)
         return out
+
+    def check_unknown(self) -> None:
+        """Raise `ConfigError` for the first key of this table or a table read from it that
+        the loader never asked for (a typo, or a setting this version does not have)."""
+        for key in self._data:
+            if key not in self._known:
+                where = f"[{self._name}]" if self._name else "the top level"
+                kind = "table" if isinstance(self._data[key], dict) else "key"
+                close = difflib.get_close_matches(key, sorted(self._known), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else (
+                    f" (known: {', '.join(sorted(self._known))})" if self._known else "")
+                raise ConfigError(f"{self._file}: unknown {kind} {key!r} in {where}{hint}")
+        for child in self._children:
+            child.check_unknown()
 
     @property
     def where(self) -> str:
-        return self._where
+        return f"{self._file}: [{self._name}]" if self._name else self._file
 
 
 _REQUIRED: Any = object()
@@ -233,8 +282,8 @@ def _choice(value: str, choices: Sequence[str], where: str) -> str:
 def _peer(t: _Table) -> PeerConfig:
     return PeerConfig(
         id=t.text("id"),
-        peer_addr=Address.parse(t.text("peer_addr"), where=f"{t.where}.peer_addr"),
-        client_addr=Address.parse(t.text("client_addr"), where=f"{t.where}.client_addr"),
+        peer_addr=Address.parse(t.text("peer_addr"), where=t.at("peer_addr")),
+        client_addr=Address.parse(t.text("client_addr"), where=t.at("client_addr")),
         signing_public_key=t.opt_str("signing_public_key"),
         mac_public_key=t.opt_str("mac_public_key"),
     )
@@ -264,13 +313,14 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
     protocol = _choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol")
     pbft: PbftFiles | None = None
+    pbft_table = root.table("pbft")  # read (so known) for every protocol; required for pbft
     if protocol == "pbft":
-        pbft = PbftFiles(signing_key=(base / root.table("pbft").text("signing_key")).resolve())
+        pbft = PbftFiles(signing_key=(base / pbft_table.text("signing_key")).resolve())
         for p in peers:
             if not p.signing_public_key or not p.mac_public_key:
                 raise ConfigError(f"{path}: peer {p.id!r} needs signing_public_key and "
                                   "mac_public_key (protocol pbft)")
-    return NodeConfig(
+    config = NodeConfig(
         id=node_id,
         protocol=protocol,
         data_dir=(base / node.text("data_dir")).resolve(),
@@ -299,6 +349,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
         client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
                             f"{path}: client.auth"),
     )
+    if protocol != "pbft":
+        pbft_table.opt_str("signing_key")  # harmless beside a raft node; typos still caught
+    root.check_unknown()
+    return config
 
 
 def load_cluster_config(directory: str | Path) -> ClusterConfig:
@@ -315,7 +369,7 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
         raise ConfigError(f"{path}: no [[nodes]]")
     if len({n.id for n in nodes}) != len(nodes):
         raise ConfigError(f"{path}: node ids must be unique")
-    return ClusterConfig(
+    config = ClusterConfig(
         protocol=_choice(cluster.text("protocol"), PROTOCOLS, f"{path}: cluster.protocol"),
         nodes=nodes,
         ca=(base / client.text("ca")).resolve(),
@@ -323,6 +377,43 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
         client_key=(base / client.text("key")).resolve(),
         directory=base,
     )
+    root.check_unknown()
+    return config
+
+
+def _check_file(source: object, key: str, path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            empty = not f.read(1)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: {key}: {path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: {key}: {path}: is a directory, not a file") from None
+    except OSError as e:
+        raise ConfigError(f"{source}: {key}: {path}: cannot read: {e.strerror}") from None
+    if empty:
+        raise ConfigError(f"{source}: {key}: {path}: the file is empty")
+
+
+def check_files(config: NodeConfig) -> None:
+    """Raise `ConfigError` naming the file and its key unless every credential file of
+    `config` (TLS CA, certificate and key; the PBFT signing key) is a readable, non-empty
+    file. A node calls it at start-up, before opening its storage."""
+    source = config.source or config.id
+    files = [("tls.ca", config.tls.ca), ("tls.cert", config.tls.cert),
+             ("tls.key", config.tls.key)]
+    if config.pbft is not None:
+        files.append(("pbft.signing_key", config.pbft.signing_key))
+    for key, path in files:
+        _check_file(source, key, path)
+
+
+def check_cluster_files(cluster: ClusterConfig) -> None:
+    """`check_files` for a client: the CA, certificate and key ``cluster.toml`` names."""
+    source = cluster.directory / "cluster.toml"
+    for key, path in (("client.ca", cluster.ca), ("client.cert", cluster.client_cert),
+                      ("client.key", cluster.client_key)):
+        _check_file(source, key, path)
 
 
 # --------------------------------------------------------------------------------------------

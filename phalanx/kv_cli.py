@@ -8,13 +8,16 @@ Exit status of `phalanx kv` (for scripts):
 
     0  success (`get` printed the value)
     1  a negative answer: `get`/`delete` of an absent key, a `cas` whose comparison failed
-    2  usage error, or no cluster at DIR
-    3  the cluster refused the command: it certainly had no effect (including FORBIDDEN:
-       the client certificate's role does not allow it)
+    2  usage error: bad arguments (a non-UTF-8 KEY, a timeout that is not a finite number
+       > 0), no cluster at DIR, a missing or invalid cluster.toml or client credential file
+    3  the cluster refused the command: it certainly had no effect
     4  no answer in time: the command MAY OR MAY NOT have taken effect
+    5  the cluster answered that its storage is unavailable (`StorageUnavailable`)
+    6  the cluster refused this client the command (`Forbidden`): no effect
 
-`phalanx status` exits 0 when every node answered, 1 when some did not (their rows say
-``unreachable``), 2 on usage errors.
+(the table shared by every subcommand: `phalanx.cli_errors`). `phalanx status` exits 0 when
+every node answered, 1 when some did not (their rows say ``unreachable``), 2 on usage errors.
+Every error is one line on stderr.
 
 Must not import: the runtime (`phalanx.node`), consensus cores, storage. Talks to nodes only
 through `phalanx.client`. Keys are UTF-8 text; values are bytes: arguments are encoded with
@@ -36,6 +39,7 @@ import trio
 from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import (
+    MAX_SCAN_LIMIT,
     CasResult,
     CompareAndSet,
     Delete,
@@ -50,16 +54,27 @@ from phalanx.apps.kv_types import (
     ScanResult,
     Value,
 )
+from phalanx.cli_errors import (
+    EXIT_FORBIDDEN,
+    EXIT_INDETERMINATE,
+    EXIT_REFUSED,
+    EXIT_STORAGE_UNAVAILABLE,
+    int_between,
+    positive_float,
+    print_error,
+    utf8_text,
+)
 from phalanx.client import ClientError, ClientTimeout, RequestRejected, open_client
+from phalanx.client_errors import Forbidden, StorageUnavailable
 from phalanx.cluster import ClusterError, open_cluster
-from phalanx.config import ClusterConfig
+from phalanx.config import ClusterConfig, ConfigError, check_cluster_files
 from phalanx.net.client_protocol import ReadConsistency, StatusReply
 
 EXIT_OK: Final = 0
 EXIT_NEGATIVE: Final = 1
 EXIT_USAGE: Final = 2
-EXIT_REJECTED: Final = 3
-EXIT_UNKNOWN: Final = 4
+EXIT_REJECTED: Final = EXIT_REFUSED
+EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
 
 CLUSTER_ENV: Final = "PHALANX_CLUSTER"
 DEFAULT_TIMEOUT: Final = 5.0
@@ -78,9 +93,16 @@ examples:
 (e.g. --as reader: read-only; see `phalanx cert issue-client`).
 
 exit status:
-  0  success            1  absent key / cas comparison failed
-  2  usage, no cluster  3  refused by the cluster (no effect)
+  0  success
+  1  absent key / cas comparison failed
+  2  usage error: bad arguments, no cluster at DIR, a missing or invalid config or
+     credential file (nothing was sent)
+  3  refused by the cluster (no effect)
   4  timed out: the command may or may not have taken effect
+  5  the cluster's storage is unavailable (disk full or failing)
+  6  forbidden: this client's certificate may not run the command (no effect)
+  70 internal error (a bug; PHALANX_DEBUG=1 shows the traceback)
+KEY and PREFIX must be UTF-8 text; VALUE may be any bytes.
 """
 
 _STATUS_EPILOG = f"""\
@@ -92,7 +114,9 @@ examples:
 applied_index, last_checkpoint, peers, connected_peers, dropped_messages, protocol,
 client_auth (role "unreachable" and an "error" for a node that did not answer). A node
 running with [client] auth = "none" (no client authentication) is named in a WARNING on
-stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1.
+stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1;
+2 on a usage error (bad arguments, no cluster at DIR, a missing or invalid config or
+credential file).
 """
 
 
@@ -102,8 +126,8 @@ def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
         help=f"the cluster directory (default: ${CLUSTER_ENV})",
     )
     parser.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-        help="give up after this long (default: %(default)s)",
+        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help="give up after this long, a finite number > 0 (default: %(default)s)",
     )
     parser.add_argument(
         "--as", dest="client_name", metavar="NAME", default=None,
@@ -122,25 +146,28 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     _add_cluster_option(kv)
     sub = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
     put = sub.add_parser("put", help="set KEY to VALUE")
-    put.add_argument("key", metavar="KEY")
+    key = utf8_text("KEY")
+    put.add_argument("key", metavar="KEY", type=key)
     put.add_argument("value", metavar="VALUE")
     get = sub.add_parser("get", help="print the value of KEY (exit 1 if absent)")
-    get.add_argument("key", metavar="KEY")
+    get.add_argument("key", metavar="KEY", type=key)
     get.add_argument("--stale", action="store_true",
                      help="read from one node's applied state, possibly behind (faster)")
     delete = sub.add_parser("delete", help="remove KEY (exit 1 if it was absent)")
-    delete.add_argument("key", metavar="KEY")
+    delete.add_argument("key", metavar="KEY", type=key)
     cas = sub.add_parser(
         "cas", help="set KEY to NEW iff it holds OLD (exit 1 if not)",
         description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.",
     )
     cas.add_argument("--if-absent", action="store_true",
                      help="succeed only if KEY is absent (then give KEY NEW)")
-    cas.add_argument("key", metavar="KEY")
+    cas.add_argument("key", metavar="KEY", type=key)
     cas.add_argument("values", metavar="OLD NEW", nargs="+")
     scan = sub.add_parser("scan", help="print KEY<TAB>VALUE lines for keys starting with PREFIX")
-    scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="")
-    scan.add_argument("--limit", type=int, default=1000, help="at most this many (default: 1000)")
+    scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
+                      type=utf8_text("PREFIX"))
+    scan.add_argument("--limit", type=int_between(1, MAX_SCAN_LIMIT), default=1000,
+                      help=f"at most this many, 1..{MAX_SCAN_LIMIT} (default: 1000)")
     for p in (put, get, delete, cas, scan):
         p.set_defaults(handler=_kv_main)
 
@@ -264,25 +291,30 @@ def _print_result(command: KvCommand, result: KvResult) -> int:
 
 
 def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
+    """The cluster at --cluster with its client credential files present, or None after
+    printing why not (one line)."""
     if not args.cluster:
-        print(f"{prog}: no cluster given (use --cluster DIR or set ${CLUSTER_ENV})",
-              file=sys.stderr)
+        print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
         return None
     try:
         cluster = open_cluster(args.cluster)
-    except ClusterError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
         return None
     name = getattr(args, "client_name", None)
     if name is not None:
         cert = cluster.directory / "clients" / f"{name}.pem"
         key = cert.with_suffix(".key")
         if not (cert.is_file() and key.is_file()):
-            print(f"{prog}: no client {name!r}: {cert} and {key} must exist (issue one with "
-                  f"`phalanx cert issue-client {name} --cluster {args.cluster}`)",
-                  file=sys.stderr)
+            print_error(prog, f"no client {name!r}: {cert} and {key} must exist (issue one "
+                        f"with `phalanx cert issue-client {name} --cluster {args.cluster}`)")
             return None
         cluster = replace(cluster, client_cert=cert, client_key=key)
+    try:
+        check_cluster_files(cluster)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
+        return None
     try:
         identity = pki.identity_from_certificate(cluster.client_cert)
     except (OSError, ValueError) as e:
@@ -291,8 +323,7 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     else:
         why = "it names no phalanx client"
     if identity is None or identity.kind != "client":
-        print(f"{prog}: {cluster.client_cert} is not a usable client certificate: {why}",
-              file=sys.stderr)
+        print_error(prog, f"{cluster.client_cert} is not a usable client certificate: {why}")
         return None
     return cluster
 
@@ -304,16 +335,23 @@ def _kv_main(args: argparse.Namespace) -> int:
     try:
         command, read_only = build_command(args)
     except ValueError as e:
-        print(f"phalanx kv: {e}", file=sys.stderr)
+        print_error("phalanx kv", str(e))
         return EXIT_USAGE
     stale = bool(getattr(args, "stale", False))
     try:
         result = trio.run(lambda: run_kv(
             cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout))
+    except StorageUnavailable as e:
+        print(f"phalanx kv: storage unavailable, the command may or may not have taken "
+              f"effect: {e}", file=sys.stderr)
+        return EXIT_STORAGE_UNAVAILABLE
     except ClientTimeout as e:
         print(f"phalanx kv: timed out, the command may or may not have taken effect: {e}",
               file=sys.stderr)
         return EXIT_UNKNOWN
+    except Forbidden as e:
+        print(f"phalanx kv: forbidden: {e}", file=sys.stderr)
+        return EXIT_FORBIDDEN
     except RequestRejected as e:
         print(f"phalanx kv: refused: {e}", file=sys.stderr)
         return EXIT_REJECTED

@@ -48,7 +48,7 @@ from phalanx.client_port import (
     ClientPortStatistics,
     client_frame_limit,
 )
-from phalanx.config import Address, NodeConfig
+from phalanx.config import Address, NodeConfig, check_files
 from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.raft.messages import AppendEntries
 from phalanx.consensus.types import (
@@ -273,7 +273,9 @@ async def open_node(
             data directory another process holds (`phalanx.storage.lock`), a lost durable
             state on a node with no peers.
             Storage errors (`StorageError`) propagate.
+        ConfigError: a certificate or key file is missing or unreadable (`check_files`).
     """
+    check_files(config)  # named before the storage is opened
     if config.protocol == "raft" and byzantine is not None:
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
                         "cluster; this node runs raft")

@@ -5,15 +5,21 @@ trims the C heap after checkpoints, shut down cleanly on SIGINT/SIGTERM and exit
 `add_node_command` (registers the `node` command group on the CLI's argparse subparsers;
 `phalanx.cli` wires it). The allocator switch happens earlier, in `phalanx.cli.main`.
 
-Exit codes: 0 after a clean shutdown; 2 for a configuration error; 1 when the node stopped on
-an error (logged). Must not import the client library.
+Exit codes: 0 after a clean shutdown; 2 for an operator's mistake, one line on stderr (a
+missing, unreadable or invalid config; a missing certificate, key or PBFT key file, checked
+before storage is opened; an address it cannot listen on: in use, not local, not resolvable;
+TLS credentials that do not load); 1 when the node stopped on another error (logged with its
+traceback). Must not import the client library.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
+import socket
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +27,8 @@ from typing import Any
 import trio
 
 from phalanx.apps.gc_pacer import GcPacer
-from phalanx.config import ConfigError, NodeConfig, load_node_config
+from phalanx.cli_errors import EXIT_USAGE, print_error
+from phalanx.config import Address, ConfigError, NodeConfig, check_files, load_node_config
 from phalanx.node import Node, NodeError, open_node
 from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc
 from phalanx.protocols import BYZANTINE_MODES
@@ -72,26 +79,99 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
     never re-executes its caller's process."""
     try:
         config = load_node_config(config_path)
+        check_files(config)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print_error(_PROG, str(exc))
+        return EXIT_USAGE
+    problem = _unlistenable(config)  # before the storage is opened (a race is caught below)
+    if problem is not None:
+        print_error(_PROG, problem)
+        return EXIT_USAGE
     if byzantine is not None and config.protocol != "pbft":
-        print(f"error: --byzantine {byzantine} needs a PBFT cluster; {config_path} runs "
-              f"{config.protocol}", file=sys.stderr)
-        return 2
+        print_error(_PROG, f"--byzantine {byzantine} needs a PBFT cluster; {config_path} runs "
+                    f"{config.protocol}")
+        return EXIT_USAGE
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s {config.id} %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
         trio.run(_run, config, byzantine, bootstrap)
-    except NodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception:
+    except (NodeError, ConfigError) as exc:
+        print_error(_PROG, str(exc))
+        return EXIT_USAGE
+    except Exception as exc:
+        problem = _operator_problem(exc, config)
+        if problem is not None:
+            print_error(_PROG, problem)
+            return EXIT_USAGE
         logger.exception("%s: node stopped on an error", config.id)
         return 1
     return 0
+
+
+_PROG = "phalanx node run"
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _operator_problem(exc: BaseException, config: NodeConfig) -> str | None:
+    """One line for a start-up failure the operator can fix (a listen address in use, not
+    on this machine or not resolvable; TLS credentials that do not load), else None."""
+    leaves = _leaves(exc)
+    if len(leaves) != 1:
+        return None
+    leaf = leaves[0]
+    where = config.source or config.id
+    if isinstance(leaf, ssl.SSLError):
+        return (f"{where}: the TLS credentials do not load ({leaf}); check tls.ca "
+                f"{config.tls.ca}, tls.cert {config.tls.cert}, tls.key {config.tls.key}")
+    if isinstance(leaf, socket.gaierror) or (
+            isinstance(leaf, OSError) and leaf.errno in _LISTEN_ERRNOS):
+        # (Which address is not knowable here: the listeners already bound are still open.)
+        addresses = ", ".join(f"node.{k} {a}" for k, a in _listen_addresses(config))
+        return f"{where}: cannot listen ({leaf.strerror or leaf}); check {addresses}"
+    return None
+
+
+def _unlistenable(config: NodeConfig) -> str | None:
+    """Why the node could not listen on one of its addresses (in use, not on this machine,
+    not resolvable), or None: checked before start-up, so the error names the key."""
+    for key, address in _listen_addresses(config):
+        reason = _cannot_bind(address)
+        if reason is not None:
+            return f"{config.source or config.id}: cannot listen on node.{key} {address}: {reason}"
+    return None
+
+
+def _listen_addresses(config: NodeConfig) -> list[tuple[str, Address]]:
+    pairs = [("peer_listen", config.peer_listen), ("client_listen", config.client_listen)]
+    if config.metrics_listen is not None:
+        pairs.append(("metrics_listen", config.metrics_listen))
+    return pairs
+
+
+def _cannot_bind(address: Address) -> str | None:
+    """Why `address` cannot be bound now (None if it can), with SO_REUSEADDR as the node's
+    listeners have (so a port in TIME_WAIT after a restart is not mistaken for in use)."""
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return f"cannot resolve {address.host!r} ({e.strerror})"
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(sockaddr)
+            except OSError as e:
+                hint = "; is another node running?" if e.errno == errno.EADDRINUSE else ""
+                return f"{e.strerror}{hint}"
+    return None
 
 
 def _handle_run(args: argparse.Namespace) -> int:
@@ -124,4 +204,4 @@ def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    sys.exit(run_node(sys.argv[1]) if len(sys.argv) == 2 else 2)
+    sys.exit(run_node(sys.argv[1]) if len(sys.argv) == 2 else EXIT_USAGE)

@@ -171,3 +171,126 @@ def test_client_auth_is_required_unless_the_config_says_none(tmp_path: Path) -> 
     path.write_text(base + "[client]\nauth='optional'\n")
     with pytest.raises(ConfigError, match=r"client\.auth: expected one of required, none"):
         load_node_config(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Strictness: an unknown key is an error naming file, table and key (never silently ignored)
+
+
+_MINIMAL = ("[node]\nid='n1'\nprotocol='raft'\ndata_dir='d'\npeer_listen='h:1'\n"
+            "client_listen='h:2'\n[tls]\nca='a'\ncert='b'\nkey='c'\n")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("[timing]\ntickms = 5\n", "unknown key 'tickms' in [timing] (did you mean 'tick_ms'?)"),
+        ("[timing]\nelection_tick = 5\n", "'election_tick' in [timing] (did you mean "
+                                          "'election_ticks'?)"),
+        ("[checkpoint]\nevery_entry = 5\n", "in [checkpoint] (did you mean 'every_entries'?)"),
+        ("[checkpoint]\nzzz = 5\n", "unknown key 'zzz' in [checkpoint] (known: every_bytes, "
+                                    "every_entries, keep)"),
+        ("[pbft]\nsigning_kye = 'k'\n", "'signing_kye' in [pbft] (did you mean 'signing_key'?)"),
+        ("[[peers]]\nid='n2'\npeer_addr='h:3'\nclient_addr='h:4'\nclient_adr='h:5'\n",
+         "'client_adr' in [peers[0]] (did you mean 'client_addr'?)"),
+        ("[timeing]\ntick_ms = 5\n", "unknown table 'timeing' in the top level (did you mean "
+                                     "'timing'?)"),
+        ("[metrics]\nlisten = 'h:9'\n", "unknown table 'metrics' in the top level"),
+    ],
+)
+def test_an_unknown_key_is_an_error_with_a_suggestion(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    path = tmp_path / "n1.toml"
+    path.write_text(_MINIMAL + extra)
+    with pytest.raises(ConfigError) as exc:
+        load_node_config(path)
+    assert str(exc.value).startswith(f"{path}: ")
+    assert message in str(exc.value)
+
+
+def test_an_unknown_key_in_node_or_tls_tables(tmp_path: Path) -> None:
+    path = tmp_path / "n1.toml"
+    path.write_text(_MINIMAL.replace("fsync", "x").replace("[node]", "[node]\nfsynk='off'")
+                    .replace("[tls]", "[tls]\ncertfile='x'"))
+    with pytest.raises(ConfigError, match=r"unknown key 'fsynk' in \[node\] \(did you mean "
+                                          r"'fsync'\?\)"):
+        load_node_config(path)
+    path.write_text(_MINIMAL.replace("[tls]", "[tls]\ncrt='x'"))
+    with pytest.raises(ConfigError, match=r"'crt' in \[tls\] \(did you mean 'cert'\?\)"):
+        load_node_config(path)
+
+
+def test_cluster_toml_is_strict_too(tmp_path: Path) -> None:
+    (tmp_path / "cluster.toml").write_text(
+        "[cluster]\nprotocol='raft'\nnodes=3\n[client]\nca='a'\ncert='b'\nkey='c'\n"
+        "[[nodes]]\nid='n1'\npeer_addr='h:1'\nclient_addr='h:2'\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'nodes' in \[cluster\]"):
+        load_cluster_config(tmp_path)
+
+
+@pytest.mark.parametrize("protocol", ["raft", "pbft"])
+def test_configs_written_by_cluster_init_and_the_harness_load_strictly(
+    tmp_path: Path, protocol: str
+) -> None:
+    from dataclasses import replace
+
+    from phalanx.cluster import init_cluster
+    from phalanx.config import check_cluster_files, check_files
+
+    cluster = init_cluster(tmp_path / "c", protocol=protocol, nodes=4, base_port=20000)
+    check_cluster_files(load_cluster_config(tmp_path / "c"))
+    for n in cluster.nodes:
+        path = cluster.node_config_path(n.id)
+        cfg = load_node_config(path)
+        check_files(cfg)
+        # the Jepsen harness rewrites each config through node_config_dict (new peer ports)
+        peers = tuple(replace(p, peer_addr=Address(host="127.0.0.1", port=30000 + i))
+                      for i, p in enumerate(cfg.peers))
+        path.write_text(dumps_toml(node_config_dict(replace(cfg, peers=peers),
+                                                    relative_to=path.parent)))
+        assert load_node_config(path).peers == peers
+
+
+def test_check_files_names_the_missing_or_empty_file(tmp_path: Path) -> None:
+    from phalanx.config import check_files
+
+    cfg = _node(tmp_path)
+    for p in (cfg.tls.ca, cfg.tls.cert, cfg.tls.key):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("-----BEGIN X-----\n")
+    check_files(cfg)
+    cfg.tls.key.unlink()
+    with pytest.raises(ConfigError, match=rf"tls.key: {cfg.tls.key}: no such file"):
+        check_files(cfg)
+    cfg.tls.key.write_text("")
+    with pytest.raises(ConfigError, match=r"tls\.key: .* is empty"):
+        check_files(cfg)
+    cfg.tls.key.unlink()
+    cfg.tls.key.mkdir()
+    with pytest.raises(ConfigError, match=r"tls\.key: .* is a directory"):
+        check_files(cfg)
+
+
+def test_open_node_checks_credential_files_before_opening_storage(tmp_path: Path) -> None:
+    import trio
+
+    from phalanx.node import open_node
+
+    cfg = _node(tmp_path)  # no certificate files exist
+
+    async def start() -> None:
+        async with open_node(cfg):
+            raise AssertionError("the node started without its certificate")
+
+    with pytest.raises(ConfigError, match=r"tls\.ca: .*ca\.pem: no such file"):
+        trio.run(start)
+    assert not cfg.data_dir.exists()
+
+
+@pytest.mark.parametrize("host", ["bad host", "", "h\tx", "caf\u00e9.example"])
+def test_a_host_that_cannot_be_a_host_is_refused(host: str) -> None:
+    with pytest.raises(ConfigError, match=r"is not a host name or IP address|HOST:PORT"):
+        Address.parse(f"{host}:7000", where="x")
+    for good in ("127.0.0.1:1", "[::1]:2", "node-1.example.com:3", "fe80::1%eth0:4"):
+        Address.parse(good, where="x")

@@ -2,8 +2,9 @@
 
 Owns `add_run_command(jepsen_subparsers)` (the lead wires it under ``phalanx jepsen``) and
 `run(args)`, its handler: parse the options, run `phalanx.jepsen.harness.runner.run_test`,
-print the verdict table, exit 0 valid, 1 invalid, 2 unknown (also: a configuration this
-build cannot run, such as a PBFT cluster).
+print the verdict table, exit 0 valid, 1 invalid, 4 unknown (also: the cluster never became
+available), 2 usage error (bad or contradictory options, e.g. a PBFT cluster that is not
+3f+1 nodes: nothing was started). The table every subcommand follows: `phalanx.cli_errors`.
 
 Must not import the runtime or consensus cores.
 """
@@ -19,6 +20,14 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from phalanx.cli_errors import (
+    EXIT_INDETERMINATE,
+    EXIT_USAGE,
+    int_between,
+    positive_float,
+    positive_int,
+    print_error,
+)
 from phalanx.jepsen.harness.byzantine_plan import MODES, ByzantinePlanError
 from phalanx.jepsen.harness.cluster import ClusterUnavailable
 from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunOutcome, run_test
@@ -28,7 +37,8 @@ from phalanx.jepsen.nemesis import ScheduleError, parse_faults
 
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
-EXIT_UNKNOWN: Final = 2
+EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
+MAX_NODES: Final = 100
 
 _DESCRIPTION = f"""\
 Start a fresh local cluster of real node processes (mutual TLS, fsynced storage), every peer
@@ -61,7 +71,8 @@ More than f Byzantine replicas (n = 3f+1) are refused unless --expect-violation 
 control run: it may end invalid). Byzantine replicas are named in the history, test.json,
 results.json and the report, and are not waited for by the recovery check.
 
-exit status: 0 valid, 1 invalid, 2 unknown (or the configuration cannot run here).
+exit status: 0 valid, 1 invalid, 2 usage error (nothing was started), 4 unknown (also: the
+cluster never became available), 70 internal error.
 """
 
 
@@ -73,22 +84,22 @@ def add_run_command(
         "run", help="run a workload on a local cluster under faults and check it",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--protocol", choices=("raft", "pbft"), default="raft")
-    p.add_argument("--nodes", type=_positive_int, default=5)
+    p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=5)
     p.add_argument("--workload", choices=("register", "bank", "set"), default="register")
     p.add_argument("--nemesis", default="kill,pause,partition-one,partition-halves",
                    metavar="LIST", help="fault kinds (default: %(default)s)")
-    p.add_argument("--time", type=_positive_float, default=60.0, metavar="S",
+    p.add_argument("--time", type=positive_float, default=60.0, metavar="S",
                    help="seconds of workload under faults (default: %(default)s)")
-    p.add_argument("--rate", type=_positive_float, default=50.0, metavar="R",
+    p.add_argument("--rate", type=positive_float, default=50.0, metavar="R",
                    help="operations per second in total (default: %(default)s)")
-    p.add_argument("--concurrency", type=_positive_int, default=5, metavar="C",
+    p.add_argument("--concurrency", type=positive_int, default=5, metavar="C",
                    help="logical client processes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keys", type=_positive_int, default=5,
+    p.add_argument("--keys", type=positive_int, default=5,
                    help="keys in use at a time (default: %(default)s)")
-    p.add_argument("--ops-per-key", type=_positive_int, default=150, metavar="N",
+    p.add_argument("--ops-per-key", type=positive_int, default=150, metavar="N",
                    help="operations per key before a fresh key replaces it (default: %(default)s)")
-    p.add_argument("--nemesis-scale", type=_positive_float, default=4.0, metavar="X",
+    p.add_argument("--nemesis-scale", type=positive_float, default=4.0, metavar="X",
                    help="stretch the schedule's episodes by X (default: %(default)s)")
     p.add_argument("--store", type=Path, default=Path("store"), metavar="DIR",
                    help="where runs are stored (default: %(default)s)")
@@ -104,18 +115,18 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     """The ``phalanx jepsen run`` handler; returns the exit status."""
     out = console if console is not None else Console()
     if args.protocol == "pbft" and (args.nodes - 1) % 3:
-        print(f"phalanx jepsen run: a PBFT cluster needs n = 3f+1 nodes (4, 7, ...), "
+        print(f"phalanx jepsen run: error: a PBFT cluster needs n = 3f+1 nodes (4, 7, ...), "
               f"got {args.nodes}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return EXIT_USAGE
     if args.workload not in WORKLOADS:  # argparse's choices already; a safety net
-        print(f"phalanx jepsen run: the {args.workload} workload is not available yet "
+        print(f"phalanx jepsen run: error: the {args.workload} workload is not available yet "
               f"(available: {', '.join(WORKLOADS)})", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return EXIT_USAGE
     try:
         faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS)
     except ScheduleError as e:
-        print(f"phalanx jepsen run: {e}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        print_error("phalanx jepsen run", str(e))
+        return EXIT_USAGE
     try:
         options = RunOptions(
             protocol=args.protocol, nodes=args.nodes, workload=args.workload, faults=faults,
@@ -124,8 +135,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
             nemesis_scale=args.nemesis_scale, byzantine=args.byzantine,
             expect_violation=args.expect_violation)
     except ByzantinePlanError as e:
-        print(f"phalanx jepsen run: {e}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        print_error("phalanx jepsen run", str(e))
+        return EXIT_USAGE
     try:
         result = trio.run(run_test, options, out)
     except ClusterUnavailable as e:
@@ -169,22 +180,3 @@ def _verdict(valid: object) -> str:
         return "valid"
     return "INVALID" if valid is False else str(valid)
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value

@@ -2,7 +2,9 @@
 
 Owns: `add_sim_command(subparsers)` (the lead wires it into `phalanx.cli`) and its handler.
 Progress goes to stderr, the summary and failure reports to stdout; the exit status is 1 when
-any seed fails, 2 on bad arguments.
+any seed fails, 2 on bad arguments (one line on stderr: `phalanx.cli_errors`). Counts and
+times are checked by their argparse types (finite, positive), so NaN or inf never reaches
+the simulator.
 
 Rules: argument parsing and printing only; the work is `phalanx.jepsen.sim.sweep`.
 """
@@ -14,6 +16,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from phalanx.cli_errors import (
+    EXIT_USAGE,
+    int_between,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    print_error,
+)
 from phalanx.consensus.pbft import KNOWN_BUGS
 from phalanx.consensus.raft.config import BUG_NAMES as RAFT_BUG_NAMES
 from phalanx.jepsen import nemesis
@@ -22,6 +32,8 @@ from phalanx.jepsen.sim.run import RunConfig, run
 from phalanx.jepsen.sim.sweep import sweep
 
 _DEFAULTS = RunConfig(seed=0)
+MAX_NODES = 100
+MAX_JOBS = 256
 
 PBFT_BUG_NAMES = tuple(sorted(KNOWN_BUGS))
 BUG_NAMES = tuple(sorted(RAFT_BUG_NAMES))
@@ -42,9 +54,11 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         ),
     )
     p.add_argument("--protocol", choices=PROTOCOLS, default="raft")
-    p.add_argument("--seeds", type=int, default=100, help="number of seeds (default 100)")
+    p.add_argument("--seeds", type=positive_int, default=100,
+                   help="number of seeds (default 100)")
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
-    p.add_argument("--nodes", type=int, default=None, help="cluster size (default: 3 or 5 by seed)")
+    p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=None,
+                   help=f"cluster size, 1..{MAX_NODES} (default: 3 or 5 by seed)")
     p.add_argument(
         "--faults",
         default="all",
@@ -57,13 +71,15 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         choices=BUG_NAMES + PBFT_BUG_NAMES,
         help="TEST ONLY: enable a deliberate protocol bug (the sweep should then fail)",
     )
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--time", type=float, default=2.0, help="virtual seconds of faults (default 2)")
+    p.add_argument("--jobs", type=int_between(1, MAX_JOBS), default=1,
+                   help=f"worker processes, 1..{MAX_JOBS} (default 1)")
+    p.add_argument("--time", type=positive_float, default=2.0,
+                   help="virtual seconds of faults (default 2)")
     p.add_argument(
         "--trace", type=Path, default=None, help="write the full trace of a single seed here"
     )
     p.add_argument(
-        "--liveness", type=float, default=2.0,
+        "--liveness", type=positive_float, default=2.0,
         help="virtual seconds after healing in which every operation must complete (default 2)",
     )
     p.add_argument(
@@ -72,18 +88,18 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "(default: each seed draws a fault subset and protocol knobs from its own seed)",
     )
     p.add_argument(
-        "--byzantine", type=int, default=0, metavar="K",
+        "--byzantine", type=non_negative_int, default=0, metavar="K",
         help="PBFT: K replicas lie with seeded behaviours (K <= f keeps every check passing)",
     )
     p.add_argument(
-        "--twins", type=int, default=0, metavar="T",
+        "--twins", type=non_negative_int, default=0, metavar="T",
         help="PBFT: T twinned replicas (TEST ONLY: K + T > f is the must-fail control)",
     )
-    p.add_argument("--clients", type=int, default=_DEFAULTS.clients,
+    p.add_argument("--clients", type=positive_int, default=_DEFAULTS.clients,
                    help=f"concurrent client sessions (default {_DEFAULTS.clients})")
-    p.add_argument("--keys", type=int, default=_DEFAULTS.keys,
+    p.add_argument("--keys", type=positive_int, default=_DEFAULTS.keys,
                    help=f"keys the clients read and write (default {_DEFAULTS.keys})")
-    p.add_argument("--max-events", type=int, default=_DEFAULTS.max_events,
+    p.add_argument("--max-events", type=positive_int, default=_DEFAULTS.max_events,
                    help="event budget of one seed; a run that exceeds it fails "
                    f"(default {_DEFAULTS.max_events:,})")
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
@@ -94,24 +110,23 @@ def _handle(args: argparse.Namespace) -> int:
     try:
         faults = nemesis.parse_faults(args.faults, kinds=nemesis.SIM_FAULT_KINDS)
     except nemesis.ScheduleError as exc:
-        print(f"phalanx sim: {exc}", file=sys.stderr)
-        return 2
+        print_error("phalanx sim", str(exc))
+        return EXIT_USAGE
     if args.seeds < 1 or args.jobs < 1 or args.time <= 0 or args.liveness <= 0:
-        print("phalanx sim: --seeds, --jobs, --time and --liveness must be positive",
-              file=sys.stderr)
-        return 2
+        print_error("phalanx sim", "--seeds, --jobs, --time and --liveness must be positive")
+        return EXIT_USAGE
     if args.byzantine < 0 or args.twins < 0:
-        print("phalanx sim: --byzantine and --twins must be >= 0", file=sys.stderr)
-        return 2
+        print_error("phalanx sim", "--byzantine and --twins must be >= 0")
+        return EXIT_USAGE
     if (args.byzantine or args.twins) and args.protocol != "pbft":
-        print("phalanx sim: --byzantine and --twins need --protocol pbft", file=sys.stderr)
-        return 2
+        print_error("phalanx sim", "--byzantine and --twins need --protocol pbft")
+        return EXIT_USAGE
     if args.nodes is not None and args.nodes < 1:
-        print("phalanx sim: --nodes must be >= 1", file=sys.stderr)
-        return 2
+        print_error("phalanx sim", "--nodes must be >= 1")
+        return EXIT_USAGE
     if min(args.clients, args.keys, args.max_events) < 1:
-        print("phalanx sim: --clients, --keys and --max-events must be >= 1", file=sys.stderr)
-        return 2
+        print_error("phalanx sim", "--clients, --keys and --max-events must be >= 1")
+        return EXIT_USAGE
     base = RunConfig(
         seed=args.seed_start,
         protocol=args.protocol,
@@ -130,8 +145,12 @@ def _handle(args: argparse.Namespace) -> int:
     )
     if args.trace is not None:
         if args.seeds != 1:
-            print("phalanx sim: --trace needs --seeds 1", file=sys.stderr)
-            return 2
+            print_error("phalanx sim", "--trace needs --seeds 1")
+            return EXIT_USAGE
+        if not args.trace.parent.is_dir():
+            print_error("phalanx sim", f"--trace {args.trace}: no directory "
+                        f"{args.trace.parent} to write it in")
+            return EXIT_USAGE
         result = run(replace(base, keep_trace=True))
         args.trace.write_text("\n".join(result.trace_lines or []) + "\n")
         print(f"seed {base.seed}: {'ok' if result.ok else 'FAILED'}; trace hash "

@@ -206,15 +206,15 @@ def test_cli_init_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "n5: peers 127.0.0.1:9304, clients 127.0.0.1:9404" in captured.out
     assert captured.err == ""  # 9300-9504 is below any ephemeral range we know of
     assert len(load_cluster_config(d).nodes) == 5
-    assert args.handler(args) == 1
+    assert args.handler(args) == 2  # an operator's mistake: exit 2 (usage), one line
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "not empty" in err
     up = parser.parse_args(["cluster", "up", str(tmp_path / "nothing")])
-    assert up.handler(up) == 1
+    assert up.handler(up) == 2
     assert "run `phalanx cluster init" in capsys.readouterr().err
     up = parser.parse_args(["cluster", "up", str(d), "--node", "n9"])
-    assert up.handler(up) == 1
+    assert up.handler(up) == 2
     assert "no node 'n9'" in capsys.readouterr().err
     low = ephemeral_port_range()[0]
     risky = parser.parse_args(["cluster", "init", str(tmp_path / "r"), "--base-port", str(low)])

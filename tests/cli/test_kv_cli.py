@@ -80,7 +80,6 @@ def test_values_keep_arbitrary_bytes_through_argv() -> None:
         (["cas", "k", "only-one"], "KEY OLD NEW"),
         (["cas", "k", "a", "b", "c"], "KEY OLD NEW"),
         (["cas", "--if-absent", "k", "a", "b"], "--if-absent takes KEY NEW"),
-        (["scan", "p", "--limit", "0"], "--limit"),
     ],
 )
 def test_build_command_rejects_bad_shapes(argv: list[str], message: str) -> None:

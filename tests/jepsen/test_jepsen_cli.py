@@ -1,4 +1,4 @@
-"""``phalanx jepsen check``: JSON verdict on stdout and exit codes 0/1/2/3."""
+"""``phalanx jepsen check``: JSON verdict on stdout and exit codes 0/1/3/4 (2: usage)."""
 
 from __future__ import annotations
 
@@ -75,11 +75,11 @@ def test_invalid_history_exits_1_with_counterexample(tmp_path: Path) -> None:
     assert ce["blocked"]["result"] == 7
 
 
-def test_exhausted_budget_exits_2(tmp_path: Path) -> None:
+def test_exhausted_budget_exits_4(tmp_path: Path) -> None:
     path = _write(tmp_path / "h.jsonl", 999, writers=8)
     # --no-stats: the pending writes never succeed, which the stats checker would call invalid.
     code, out, _ = _run(["jepsen", "check", "--no-stats", "--step-limit", "20", str(path)])
-    assert code == EXIT_UNKNOWN == 2
+    assert code == EXIT_UNKNOWN == 4
     doc = json.loads(out)
     assert doc["valid"] == "unknown"
     assert doc["unknown_keys"] == ["x"]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from phalanx.cli_errors import EXIT_USAGE
 from phalanx.jepsen.byzantine import BEHAVIOURS
 from phalanx.jepsen.harness.byzantine_plan import (
     ANY,
@@ -25,7 +26,7 @@ from phalanx.jepsen.harness.byzantine_plan import (
     parse_byzantine,
     plan_byzantine,
 )
-from phalanx.jepsen.harness.cli import EXIT_UNKNOWN, add_run_command
+from phalanx.jepsen.harness.cli import add_run_command
 from phalanx.jepsen.harness.cluster import TWIN_B_SUFFIX, twin_routes
 from phalanx.jepsen.harness.proxy import ProxyNetwork
 from phalanx.jepsen.harness.runner import RunOptions
@@ -187,7 +188,7 @@ def test_cli_refuses_bad_byzantine_specs_before_starting_anything(
     }
     for message, argv in cases.items():
         args = _parse([*argv, "--store", str(tmp_path / "s")])
-        assert args.handler(args, console=console) == EXIT_UNKNOWN
+        assert args.handler(args, console=console) == EXIT_USAGE
         assert message in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
 

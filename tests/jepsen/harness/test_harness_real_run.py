@@ -16,7 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from phalanx.jepsen.harness.cli import EXIT_UNKNOWN, EXIT_VALID, add_run_command
+from phalanx.cli_errors import EXIT_USAGE
+from phalanx.jepsen.harness.cli import EXIT_VALID, add_run_command
 from phalanx.jepsen.history import NEMESIS, read_history
 
 
@@ -94,7 +95,7 @@ def test_bad_pbft_sizes_and_unknown_nemeses_are_refused_with_exit_2(tmp_path: Pa
     console = Console(file=(tmp_path / "out.txt").open("w"))
     for argv in (["--protocol", "pbft", "--nodes", "5"], ["--nemesis", "kill,bogus"]):
         args = _parse([*argv, "--store", str(tmp_path / "s")])
-        assert args.handler(args, console=console) == EXIT_UNKNOWN
+        assert args.handler(args, console=console) == EXIT_USAGE
     assert not (tmp_path / "s").exists()
 
 
