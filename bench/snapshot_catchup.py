@@ -7,7 +7,7 @@ the load (its log is compacted past the follower, so only a snapshot can catch i
 restart the follower (`--wipe`: with an empty data directory) and poll its status until its
 applied index reaches the leader's. Bytes: the follower's `peer_bytes_in` metric (everything it
 received since it restarted, all of it from the leader) and the change of the leader's
-`peer_bytes_out` (to both followers). Target (docs/reliability_snapshot.md): bytes received
+`peer_bytes_out` (to both followers). Target (docs/RELIABILITY.md): bytes received
 <= 2x the checkpoint, time near disk/loopback speed.
 
 Usage: .venv/bin/python bench/snapshot_catchup.py [--state-mb 100] [--wipe] [--json]

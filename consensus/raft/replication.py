@@ -6,7 +6,7 @@ follower's consistency check, conflict truncation and snapshot reassembly, and l
 updates (`_append_local`, `_truncate_log`, `_install_snapshot`) that also record what the
 `Ready` must persist.
 
-Snapshot transfer (see docs/reliability_snapshot.md): the leader pins the snapshot it
+Snapshot transfer (docs/RELIABILITY.md): the leader pins the snapshot it
 started sending a follower (`Progress.snapshot`; a newer checkpoint does not replace it) and
 sends it as a window of `snapshot_chunk_size` chunks, at most `snapshot_window_bytes` beyond
 the offset the follower acknowledged (one chunk until the follower's first answer says

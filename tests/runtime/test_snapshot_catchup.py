@@ -1,7 +1,7 @@
 """A restarted follower that needs a snapshot catches up with the checkpoint sent about once,
 on an in-process 3-node cluster over real TLS sockets and real disks (the attack: with a
 132 MB checkpoint, the leader sent 46 GB and the follower never caught up, because every
-heartbeat started another copy of the transfer; docs/reliability_snapshot.md). The full-size
+heartbeat started another copy of the transfer; docs/RELIABILITY.md). The full-size
 measurement on separate processes is `bench/snapshot_catchup.py`.
 """
 
