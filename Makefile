@@ -42,7 +42,7 @@ soak: $(STAMP)
 # identity) under kill + partition.
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
 JEPSEN_WORKLOADS ?= register bank set
-JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced all
+JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced lose-disk,kill,partition-one all
 JEPSEN_PBFT_WORKLOADS ?= register bank
 JEPSEN_PBFT_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge
 JEPSEN_PBFT_BYZANTINE ?= n1=equivocate corrupt_reply twins

@@ -32,6 +32,7 @@ from phalanx.config import Address, ConfigError, NodeConfig, check_files, load_n
 from phalanx.node import Node, NodeError, open_node
 from phalanx.process_tuning import TrimPolicy, trim_malloc, tune_malloc
 from phalanx.protocols import BYZANTINE_MODES
+from phalanx.storage.lock import probe_data_dir
 
 logger = logging.getLogger(__name__)
 TRIM_POLL_S = 1.0
@@ -82,6 +83,10 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
         check_files(config)
     except ConfigError as exc:
         print_error(_PROG, str(exc))
+        return EXIT_USAGE
+    held = probe_data_dir(str(config.data_dir))  # a live node here: name it, first
+    if held is not None:
+        print_error(_PROG, f"{config.id}: {held}")
         return EXIT_USAGE
     problem = _unlistenable(config)  # before the storage is opened (a race is caught below)
     if problem is not None:

@@ -90,6 +90,27 @@ def lock_data_dir(root: str) -> DirectoryLock:
     return DirectoryLock(root, fd)
 
 
+def probe_data_dir(root: str) -> DirectoryLocked | None:
+    """Whether another process holds `root`'s lock, without taking it or writing anything:
+    for a command-line front end that wants to name the holder before any other check (a
+    busy listen port would otherwise be the first thing it sees). None when the directory
+    or its LOCK file does not exist, or nobody holds it (`lock_data_dir` still decides)."""
+    path = os.path.join(root, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return DirectoryLocked(root, _holder(fd))
+        return None
+    finally:
+        os.close(fd)  # closing drops the probe's own lock, if it got one
+    return None
+
+
 def _holder(fd: int) -> str:
     try:
         text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()

@@ -47,7 +47,7 @@ def test_kv_refuses_a_node_certificate_as_a_client(
                         b"client\n")
 
 
-def test_a_read_only_client_is_refused_writes_with_exit_3(
+def test_a_read_only_client_is_refused_writes_with_exit_6(
     running_cluster: tuple[Path, subprocess.Popen[str]], capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:
     cluster, _ = running_cluster
@@ -56,8 +56,8 @@ def test_a_read_only_client_is_refused_writes_with_exit_3(
     assert _kv_here(cluster, capsysbinary, "put", "greeting", "hello")[0] == 0
     # `cluster init` issued a read-only `reader`; `cert issue-client` issues more.
     code, out, err = _kv_here(cluster, capsysbinary, "--as", "reader", "put", "greeting", "x")
-    assert (code, out) == (3, b"")
-    assert err.startswith(b"phalanx kv: refused: forbidden by n")
+    assert (code, out) == (6, b"")
+    assert err.startswith(b"phalanx kv: forbidden: forbidden by n")
     assert err.endswith(b"writes need role read-write; client 'reader' has role read-only\n")
     assert _kv_here(cluster, capsysbinary, "--as", "reader", "get", "greeting") == (
         0, b"hello\n", b"")
@@ -65,7 +65,7 @@ def test_a_read_only_client_is_refused_writes_with_exit_3(
     assert issued.returncode == 0, issued.stderr
     assert _kv_here(cluster, capsysbinary, "--as", "dash", "get", "--stale", "greeting")[:2] == (
         0, b"hello\n")
-    assert _kv_here(cluster, capsysbinary, "--as", "dash", "delete", "greeting")[0] == 3
+    assert _kv_here(cluster, capsysbinary, "--as", "dash", "delete", "greeting")[0] == 6
     code, _, err = _kv_here(cluster, capsysbinary, "--as", "nobody", "get", "greeting")
     assert code == 2
     assert b"no client 'nobody'" in err

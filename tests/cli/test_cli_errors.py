@@ -119,7 +119,7 @@ def test_kv_with_a_broken_cluster_toml(
               "unknown key 'certt' in [client]", "did you mean 'cert'")
 
 
-@pytest.mark.parametrize("name", ["clients/ca.pem", "clients/admin.pem", "clients/admin.key"])
+@pytest.mark.parametrize("name", ["clients/ca.pem", "clients/client.pem", "clients/client.key"])
 def test_kv_names_a_missing_client_credential_file(
     name: str, cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,7 +36,8 @@ async def test_a_node_with_another_nodes_certificate_refuses_to_start(tmp_path: 
     with pytest.raises(NodeError, match="names node 'n2', not this node 'n1'; refusing"):
         async with open_node(stolen):
             pass  # pragma: no cover - must not start
-    assert not n1.data_dir.exists()  # refused before its storage was opened
+    # refused before its storage was opened: only the IDENTITY `make_cluster` wrote is there
+    assert sorted(p.name for p in n1.data_dir.iterdir()) == ["IDENTITY"]
 
 
 def test_node_run_with_another_nodes_certificate_exits_with_one_line(tmp_path: Path) -> None:

@@ -24,17 +24,18 @@ MIB = 1 << 20
 
 
 async def serve(tmp_path: Path, nursery: trio.Nursery, **limits: object
-                ) -> tuple[ClientPort, Address, Path]:
+                ) -> tuple[ClientPort, Address, pki.CredentialPaths]:
+    """Run a port; returns it, its address and the credentials of client ``c``."""
     ca = pki.create_ca()
-    ca_paths = pki.write_ca(ca, tmp_path / "ca")
+    pki.write_ca(ca, tmp_path / "ca")
     paths = pki.write_credentials(pki.issue_node_cert(ca, "n1"), tmp_path / "n1")
+    client = pki.write_credentials(pki.issue_client_cert(ca, "c"), tmp_path / "clients")
     sink = RecordingSink()
     port = ClientPort(sink, ssl_context=pki.client_server_context(paths), node_id="n1",
                       **limits)  # type: ignore[arg-type]
     listeners = await trio.open_tcp_listeners(0, host=HOST)
     await nursery.start(port.serve, listeners)
-    return port, Address(host=HOST, port=int(listeners[0].socket.getsockname()[1])), \
-        ca_paths.certificate
+    return port, Address(host=HOST, port=int(listeners[0].socket.getsockname()[1])), client
 
 
 async def works(client: RawClient, n: int) -> None:

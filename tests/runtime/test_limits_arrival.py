@@ -25,15 +25,15 @@ async def test_oversized_requests_are_refused_on_arrival_and_never_logged(
     async with cluster(tmp_path) as c:
         leader = await c.leader()
         client = await c.client(leader)
-        assert (await call(client, put("c1", 1, "k", b"small"))).status is ReplyStatus.OK
+        assert (await call(client, put("tester/c1", 1, "k", b"small"))).status is ReplyStatus.OK
         before = {n.id: _stored_bytes(n.config.data_dir) for n in c.nodes.values()}
         applied = leader.replica.applied_index
-        big_value = put("c1", 2, "k", b"v" * (MAX_VALUE_BYTES + 1))
-        big_key = put("c1", 3, "k" * 2000, b"v")
-        big_cas = ClientCall(request=ClientRequest(client_id="c1", request_no=4, command=(
+        big_value = put("tester/c1", 2, "k", b"v" * (MAX_VALUE_BYTES + 1))
+        big_key = put("tester/c1", 3, "k" * 2000, b"v")
+        big_cas = ClientCall(request=ClientRequest(client_id="tester/c1", request_no=4, command=(
             kv_wire.encode_command(CompareAndSet(key="k", expected=b"e" * MAX_COMMAND_BYTES,
                                                  new=b"n")))))
-        long_id = put("x" * (MAX_CLIENT_ID_BYTES + 1), 1, "k", b"v")
+        long_id = put("tester/" + "x" * MAX_CLIENT_ID_BYTES, 1, "k", b"v")
         for message, words in ((big_value, "value exceeds"), (big_key, "key exceeds"),
                                (big_cas, "command of"), (long_id, "client id longer")):
             reply = await call(client, message)
@@ -42,7 +42,7 @@ async def test_oversized_requests_are_refused_on_arrival_and_never_logged(
         assert leader.statistics().driver.refused_calls == 4
         assert leader.replica.applied_index == applied  # nothing was proposed
         # A later small write commits; no node's storage grew by anything like a MiB.
-        assert (await call(client, put("c1", 5, "k", b"after"))).status is ReplyStatus.OK
+        assert (await call(client, put("tester/c1", 5, "k", b"after"))).status is ReplyStatus.OK
         for node in c.nodes.values():
             assert _stored_bytes(node.config.data_dir) - before[node.id] < 64 * 1024
         await client.aclose()
