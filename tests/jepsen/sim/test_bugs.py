@@ -25,17 +25,20 @@ _SAFETY = ("vote-safety", "election-safety", "log-matching", "leader-completenes
 # bug -> (fault mix, swarm, virtual seconds of faults, seed budget). Budgets are fixed and the
 # runs deterministic (the seed fixes the swarm's choices too), so a bug found within its
 # budget today is found at the same seed tomorrow. Caught today at seeds: commit_on_minority
-# 0, skip_vote_term_check 5, truncate_matching_suffix 1, forget_persist_vote 17,
+# 0, skip_vote_term_check 5, truncate_matching_suffix 7, forget_persist_vote 17,
 # ignore_recovering 19 (a node back from a lost disk votes at once: the committed-durable
 # check sees an entry held by fewer than a majority of the nodes that may vote).
 # truncate_matching_suffix also sets off a message storm; since the leader tolerates a slow
 # follower's learnt lag (issue #4), at seed 0 the runaway guard stops that run before the
-# periodic durability check sees the lost entry, so its sweep starts at seed 1.
+# periodic durability check sees the lost entry, so its sweep starts at seed 1. Since a
+# follower reports entries it lost (`HeartbeatResponse.lost_from`, the hardening issue) the
+# leader sends the erased entries again within a heartbeat, so the check catches the window
+# less often: seed 7 now, where seeds 1 and 2 did before.
 CASES = {
     "commit_on_minority": (("isolate-leader",), False, 1.5, 4),
     "skip_vote_term_check": (("partition-one", "partition-halves", "loss", "delay"), False, 1.5,
                              16),
-    "truncate_matching_suffix": (("duplicate", "delay", "loss"), False, 1.5, 2),
+    "truncate_matching_suffix": (("duplicate", "delay", "loss"), False, 1.5, 8),
     "forget_persist_vote": (("crash-after-ready",), True, 0.3, 40),
     "ignore_recovering": (("lose-disk", "isolate-leader", "partition-one", "loss"), False, 2.0,
                           24),
