@@ -532,12 +532,14 @@ IDENTITY_POLL_SECONDS = 0.2
 async def _record_membership(config: NodeConfig, cluster_id: str, driver: Driver,
                              state: str, persister: ReadyPersister) -> None:
     """Keep IDENTITY's state in step with the core: ``member`` once a new node has a term
-    (it may have voted since), ``member`` once a recovering node caught up (and then the
+    or a commit index (it may have voted or acknowledged since; a PBFT replica's term is its
+    view, which may stay 0), ``member`` once a recovering node caught up (and then the
     storage's lost-log mark goes: what the log lost is back)."""
     while state != "member":
         await trio.sleep(IDENTITY_POLL_SECONDS)
         status = driver.status()
-        if status.recovering or (state == "new" and status.term == 0):
+        if status.recovering or (state == "new" and status.term == 0
+                                 and status.commit_index == 0):
             continue
         await trio.to_thread.run_sync(write_identity, config.data_dir, Identity(
             cluster=cluster_id, node=config.id, state="member"))

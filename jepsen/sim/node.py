@@ -245,7 +245,8 @@ class SimNode:
         identity = self.identity
         if identity is not None and identity.state != "member" and self.core is not None:
             status = self.core.status()  # as the runtime's `_record_membership` does
-            if not status.recovering and (identity.state == "recovering" or status.term > 0):
+            if not status.recovering and (identity.state == "recovering" or status.term > 0
+                                          or status.commit_index > 0):
                 if identity.state == "recovering":
                     self.trace(f"{self.name} RECOVERED at commit {status.commit_index}")
                 self.identity = dataclasses.replace(identity, state="member")

@@ -70,10 +70,14 @@ async def test_a_connection_flood_never_takes_the_descriptors_storage_needs(
             await client.send(ClientCall(request=put(n)))
             reply = await client.receive()
             assert isinstance(reply, ClientReply)
+            if reply.status in (ReplyStatus.REDIRECT, ReplyStatus.RETRY):
+                # An election on the loaded 2-core machine (what leadership costs under a
+                # flood is bench/attack_handshakes.py's to measure): same ids, new leader.
+                reply = await call(configs, put(n))
             assert reply.status is ReplyStatus.OK, reply
         for node_id, proc in procs.items():
             assert proc.poll() is None, logs[node_id].read_text()[-2000:]
-        assert "Too many open files" not in logs[leader.id].read_text()
+            assert "Too many open files" not in logs[node_id].read_text()
         assert len(flood) < NOFILE - 64  # some were shed: the cap keeps the reserve
         await client.aclose()
     finally:
