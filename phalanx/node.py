@@ -462,6 +462,7 @@ async def open_node(
                     "driver_refused_calls": d.refused_calls,
                     "client_connections_shed": client_port.gate.stats.shed_full,
                     "client_handshakes_shed": client_port.gate.stats.shed_pending,
+                    "client_handshake_rate_waits": client_port.gate.stats.rate_waits,
                     "client_budget_closes": c.budget_closes,
                     "peer_connections_shed": t.connections_shed,
                     "peer_frames_out": t.frames_out,
