@@ -3,13 +3,14 @@
 
 Steps: start a cluster, find the leader and its term, then one well-behaved client does
 sequential puts (one at a time) throughout: a no-flood BASELINE of `--baseline` seconds, the
-FLOOD of `--seconds`, and a short RECOVERY after it. The flood comes from its own process
-(`bench/_flood.py`, so its CPU never shares this process's GIL): `--connections` sockets at
-once against the leader's client port, of which `--idle` present a valid client certificate
-and then sit idle, `--stall` connect and send nothing, and the rest loop on TLS handshakes
-WITHOUT a certificate (the node does the whole handshake, then refuses). Meanwhile every
-0.25 s: the leader's RSS, open descriptors and CPU (/proc), and its `phalanx_is_leader`; every
-2 s a fresh certified TLS connection to the leader is tried (can a NEW client get in?).
+FLOOD of `--seconds`, and a RECOVERY of `--recovery` seconds after it. The flood comes from its
+own process (`bench/_flood.py`, so its CPU never shares this process's GIL): `--connections`
+sockets at once against the leader's client port, of which `--idle` present a valid client
+certificate and then sit idle, `--stall` connect and send nothing, and the rest loop on TLS
+handshakes WITHOUT a certificate (the node does the whole handshake, then refuses). Meanwhile
+every 0.25 s: the leader's RSS, open descriptors and CPU (/proc), its accept queue
+(/proc/net/tcp) and its `phalanx_is_leader`; every 2 s a fresh certified TLS connection to the
+leader is tried (can a NEW client get in?).
 
 Reports: leader and every node's term before/after, elections seen, write throughput and
 p50/p99/max latency per phase, the leader's shed counters (`client_connections_shed`,
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import ssl
 import subprocess
 import sys
@@ -46,7 +48,6 @@ from phalanx.client import Client, ClientError
 from phalanx.config import load_node_config
 
 PHASES = ("baseline", "flood", "recovery")
-RECOVERY_S = 3.0
 SHED_COUNTERS = ("client_connections_shed", "client_handshakes_shed",
                  "client_handshake_failures", "client_handshake_rate_waits",
                  "client_unauthenticated", "driver_slow_passes", "peer_queue_drops",
@@ -93,6 +94,21 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
+def accept_queue(port: int) -> int:
+    """Connections waiting in the kernel's accept queue of the loopback listener on `port`
+    (/proc/net/tcp: a LISTEN socket's rx_queue is its accept-queue length; -1 if none)."""
+    try:
+        with open("/proc/net/tcp", encoding="ascii") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return int(fields[4].split(":")[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
 @dataclass
 class Watch:
     """What the monitors saw during the run."""
@@ -103,6 +119,9 @@ class Watch:
     phase: str = "baseline"
     peak_rss: int = 0
     peak_fds: int = 0
+    peak_queue: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    recovery_rate: list[int] = field(default_factory=list)
+    """Puts acknowledged in each second of the recovery phase."""
     base_fds: int = 0
     not_leader_polls: int = 0
     polls: int = 0
@@ -126,14 +145,16 @@ async def writer(client: Client, watch: Watch, stop: trio.Event) -> None:
         seq += 1
 
 
-async def monitor(cluster: PhalanxCluster, leader: str, pid: int, watch: Watch,
+async def monitor(cluster: PhalanxCluster, leader: str, pid: int, port: int, watch: Watch,
                   stop: trio.Event) -> None:
-    """Leader RSS/fds every 0.25 s and its is_leader gauge every 0.5 s."""
+    """Leader RSS/fds/accept queue every 0.25 s and its is_leader gauge every 0.5 s."""
     tick = 0
     while not stop.is_set():
         st = proc_status(pid)
         watch.peak_rss = max(watch.peak_rss, st.get("VmRSS", 0))
         watch.peak_fds = max(watch.peak_fds, st.get("fds", 0))
+        phase = watch.phase
+        watch.peak_queue[phase] = max(watch.peak_queue[phase], accept_queue(port))
         if tick % 2 == 0:
             m = await trio.to_thread.run_sync(scrape, cluster, leader)
             watch.polls += 1
@@ -181,6 +202,7 @@ def probe_context(cluster: PhalanxCluster) -> ssl.SSLContext:
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
+    load = os.getloadavg()[0]
     cluster = PhalanxCluster(protocol="raft", workdir=args.workdir)
     log(f"cluster in {cluster.directory} ({cluster.runner})")
     cluster.start()
@@ -202,7 +224,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             flood_out: dict[str, int] = {}
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer, client, watch, stop)
-                nursery.start_soon(monitor, cluster, leader, pid, watch, stop)
+                nursery.start_soon(monitor, cluster, leader, pid, port, watch, stop)
                 nursery.start_soon(probe_new_connections, port, probe_context(cluster),
                                    watch, stop)
                 t = time.perf_counter()
@@ -217,6 +239,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     f"{args.stall} silent)")
                 watch.phase = "flood"
                 t, cpu = time.perf_counter(), proc_cpu_seconds(pid)
+                children = resource.getrusage(resource.RUSAGE_CHILDREN)
                 flood = await trio.lowlevel.open_process(
                     [sys.executable, str(Path(__file__).with_name("_flood.py")),
                      "--port", str(port), "--ca", str(cluster.config.ca),
@@ -237,14 +260,23 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                         flood.kill()
                         await flood.wait()
                 watch.seconds["flood"] = time.perf_counter() - t
+                reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+                watch.cpu["flood_process"] = (
+                    reaped.ru_utime + reaped.ru_stime - children.ru_utime - children.ru_stime
+                ) / watch.seconds["flood"]
                 watch.cpu["flood"] = (proc_cpu_seconds(pid) - cpu) / watch.seconds["flood"]
                 if flood.returncode != 0 or not output.strip():
                     raise PhalanxUnavailable(f"the flood process exited {flood.returncode}")
                 flood_out = json.loads(output.decode().strip().splitlines()[-1])
                 watch.phase = "recovery"
                 t = time.perf_counter()
-                log(f"recovery: {RECOVERY_S:g} s of puts after the flood")
-                await trio.sleep(RECOVERY_S)
+                log(f"recovery: {args.recovery:g} s of puts after the flood")
+                done = len(watch.latencies["recovery"])
+                for _ in range(max(1, round(args.recovery))):
+                    await trio.sleep(1)
+                    now = len(watch.latencies["recovery"])
+                    watch.recovery_rate.append(now - done)
+                    done = now
                 watch.seconds["recovery"] = time.perf_counter() - t
                 stop.set()
             await trio.sleep(0.5)
@@ -274,10 +306,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "not_leader_polls": watch.not_leader_polls, "polls": watch.polls,
         "lost_leadership": lost, "phases": phases, "leader_shed": shed,
         "leader_peak_rss_mib": watch.peak_rss / 2**20, "leader_fds_base": watch.base_fds,
-        "leader_peak_fds": watch.peak_fds, "leader_cpu": watch.cpu,
+        "leader_peak_fds": watch.peak_fds, "peak_accept_queue": watch.peak_queue,
+        "recovery_puts_per_s": watch.recovery_rate, "leader_cpu": watch.cpu,
         "new_connection_probes": watch.probes, "new_connection_probes_ok": watch.probes_ok,
         "new_connection_probe_p50_ms": percentile(sorted(watch.probe_ms), 50),
-        "flood": flood_out,
+        "flood": flood_out, "load_before": load, "load_after": os.getloadavg()[0],
     }
 
 
@@ -296,14 +329,19 @@ def report(r: dict[str, object]) -> str:
     cpu = r["leader_cpu"]
     assert isinstance(cpu, dict)
     lines.append(f"  leader CPU {cpu.get('baseline', 0):.0%} of a core at baseline, "
-                 f"{cpu.get('flood', 0):.0%} under the flood; peak RSS "
+                 f"{cpu.get('flood', 0):.0%} under the flood (the flood process: "
+                 f"{cpu.get('flood_process', 0):.0%}); peak RSS "
                  f"{r['leader_peak_rss_mib']:.0f} MiB; open fds {r['leader_fds_base']} -> "
                  f"peak {r['leader_peak_fds']}")
     lines.append(f"  leader counters over the run: {r['leader_shed']}")
+    lines.append(f"  peak accept queue of the leader's client port: {r['peak_accept_queue']}; "
+                 f"puts/s in each second after the flood: {r['recovery_puts_per_s']}")
     lines.append(f"  new certified connections during the flood: "
                  f"{r['new_connection_probes_ok']} of {r['new_connection_probes']} got in "
                  f"(p50 {r['new_connection_probe_p50_ms']:.0f} ms)")
     lines.append(f"  flood process: {r['flood']}")
+    lines.append(f"  machine load (1 min) {r['load_before']:.1f} before, "
+                 f"{r['load_after']:.1f} after")
     return "\n".join(lines)
 
 
@@ -319,6 +357,8 @@ def main() -> None:
                    help="of those, silent sockets that never start a handshake")
     p.add_argument("--seconds", type=float, default=20.0, help="flood duration")
     p.add_argument("--baseline", type=float, default=8.0, help="no-flood period first, seconds")
+    p.add_argument("--recovery", type=float, default=5.0,
+                   help="puts measured after the flood, seconds")
     p.add_argument("--workdir", default=None, help="where to put the cluster (default: tmp)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = p.parse_args()

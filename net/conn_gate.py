@@ -17,6 +17,12 @@ Rules (a connection is input; shedding is counted, never raised):
   a flood of TLS handshakes costs at most that much of the event loop's CPU per second and
   peer traffic keeps its share (`rate_waits` counts handshakes that waited for a token).
 
+The listening socket itself gets a small accept backlog (`LISTEN_BACKLOG`, used by
+`phalanx.node` for the client and the peer port): under a flood that outpaces the accept loop
+the kernel then drops the excess SYNs (real clients retry theirs) instead of queueing
+thousands of connections whose clients have given up, which the node would later accept and
+handshake one by one, long after the flood ended (`bench/attack_handshakes.py`).
+
 Must not import: consensus, storage, apps, the codec. Runs under trio (its clock).
 """
 
@@ -27,6 +33,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import trio
+
+LISTEN_BACKLOG = 128
+"""Connections the kernel queues for `accept` on a node's port (the default, somaxconn, is
+often 4,096). At the default client handshake rate (200/s) a full queue drains in ~0.6 s;
+the node accepts far faster than that whenever it is not flooded."""
 
 
 @dataclass(slots=True)
@@ -134,4 +145,4 @@ def unlimited() -> ConnectionGate:
                           handshake_rate=None, handshake_burst=1)
 
 
-__all__ = ["ConnectionGate", "GateStatistics", "unlimited"]
+__all__ = ["LISTEN_BACKLOG", "ConnectionGate", "GateStatistics", "unlimited"]
