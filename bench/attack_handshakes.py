@@ -45,6 +45,7 @@ from _loadgen import percentile, proc_cpu_seconds
 from _phalanx import PhalanxCluster, PhalanxUnavailable
 
 from phalanx.client import Client, ClientError
+from phalanx.cluster import NodeProcesses
 from phalanx.config import load_node_config
 
 PHASES = ("baseline", "flood", "recovery")
@@ -204,6 +205,10 @@ def probe_context(cluster: PhalanxCluster) -> ssl.SSLContext:
 async def run(args: argparse.Namespace) -> dict[str, object]:
     load = os.getloadavg()[0]
     cluster = PhalanxCluster(protocol="raft", workdir=args.workdir)
+    if args.trace_loop:  # the same nodes, their event loops traced (bench/_loop_trace.py)
+        tracer = Path(__file__).with_name("_loop_trace.py")
+        cluster.procs = NodeProcesses(
+            cluster.config, command=lambda path: [sys.executable, str(tracer), str(path)])
     log(f"cluster in {cluster.directory} ({cluster.runner})")
     cluster.start()
     try:
@@ -361,6 +366,10 @@ def main() -> None:
                    help="puts measured after the flood, seconds")
     p.add_argument("--workdir", default=None, help="where to put the cluster (default: tmp)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.add_argument("--trace-loop", action="store_true",
+                   help="run the nodes with their event loop traced: scheduler batches over "
+                        "PHALANX_LOOP_TRACE_MS (50) are logged to logs/<node>.log, with the "
+                        "tasks that took the time (use with --workdir to keep the logs)")
     args = p.parse_args()
     if args.idle < 0 or args.stall < 0 or args.connections - args.idle - args.stall < 0:
         p.error("need --connections >= --idle + --stall (both >= 0)")

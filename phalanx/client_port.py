@@ -96,7 +96,7 @@ DEFAULT_MAX_CONNECTIONS = 512
 DEFAULT_MAX_HANDSHAKES = 64
 """Client connections still in their TLS handshake at once (a newer one sheds the oldest)."""
 DEFAULT_HANDSHAKE_RATE = 200.0
-DEFAULT_HANDSHAKE_BURST = 32
+DEFAULT_HANDSHAKE_BURST = 4
 """Client TLS handshakes started per second, and in a burst: at ~1-2 ms of CPU each, a
 flood takes at most ~20-40% of the event loop."""
 DEFAULT_BUFFER_BUDGET = 64 * 1024 * 1024
@@ -303,6 +303,8 @@ class ClientPort:
                                    max_pending=max_handshakes, handshake_rate=handshake_rate,
                                    handshake_burst=handshake_burst)
         self.budget = InboundBudget(buffer_budget)
+        self._handshake_thread = trio.CapacityLimiter(1)
+        """Handshake crypto runs in one worker thread, off the event loop (`TlsStream`)."""
         self._max_in_flight = max_in_flight
         self.stats = ClientPortStatistics()
         self.batch_replies = batch_replies
@@ -373,7 +375,7 @@ class ClientPort:
                     trio.move_on_after(HANDSHAKE_TIMEOUT) as timeout:
                 try:
                     await self.gate.wait_turn()
-                    await tls.do_handshake()
+                    await tls.do_handshake(offload=self._handshake_thread)
                 except trio.BrokenResourceError as exc:
                     self.stats.handshake_failures += 1
                     logger.info("%s: client TLS handshake from %s failed: %s", self._node_id,
