@@ -28,8 +28,9 @@ Limits and errors (client input is normal input, never asserted on):
 - Resource limits (`phalanx.net.conn_gate`, `phalanx.net.framing`): at most
   `max_connections` sockets open (more are closed at once, before TLS), at most
   `max_handshakes` of them still handshaking (a newer one sheds the oldest), handshakes
-  started at most `handshake_rate` per second (burst `handshake_burst`), so a handshake
-  flood cannot starve the event loop that also serves the peers. A request frame may be at
+  started at most `handshake_rate` per second (burst `handshake_burst`), and their crypto
+  runs in one worker thread (`TlsStream.do_handshake(offload=...)`), so a handshake flood
+  cannot starve the event loop that also serves the peers. A request frame may be at
   most `max_frame_size` bytes (the node derives it from the application's largest legal
   command, `client_frame_limit`); the partial frames of all connections together buffer at
   most `buffer_budget` bytes beyond 128 KiB each (`InboundBudget`): a connection whose
@@ -97,8 +98,9 @@ DEFAULT_MAX_HANDSHAKES = 64
 """Client connections still in their TLS handshake at once (a newer one sheds the oldest)."""
 DEFAULT_HANDSHAKE_RATE = 200.0
 DEFAULT_HANDSHAKE_BURST = 4
-"""Client TLS handshakes started per second, and in a burst: at ~1-2 ms of CPU each, a
-flood takes at most ~20-40% of the event loop."""
+"""Client TLS handshakes started per second, and in a burst. Their crypto (~0.5 ms a step,
+~2 ms to verify a client certificate) runs in one worker thread, not on the event loop, so
+a flood costs the loop only the dispatch; the rate bounds that thread's share of the CPU."""
 DEFAULT_BUFFER_BUDGET = 64 * 1024 * 1024
 """Bytes of partial request frames all client connections may buffer beyond 128 KiB each."""
 
