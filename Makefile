@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen
 
-.PHONY: demo test lint typecheck pytest soak jepsen bench bench-kv clean
+.PHONY: demo test lint typecheck pytest soak jepsen bench bench-kv attack clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -71,6 +71,12 @@ bench: $(STAMP)
 bench-kv: $(STAMP)
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	cd bench && ../$(PY) kv.py
+
+# A 2,000-socket TLS handshake/connection flood against a real 3-node Raft leader's client port
+# (loopback, ~45 s): exits 1 if the leader lost leadership. ATTACK_ARGS=--help for the knobs.
+ATTACK_ARGS ?=
+attack: $(STAMP)
+	$(PY) bench/attack_handshakes.py $(ATTACK_ARGS)
 
 clean:
 	rm -rf $(VENV) .typecheck .mypy_cache .pytest_cache .hypothesis build *.egg-info

@@ -16,6 +16,15 @@ Rules (a connection is input; shedding is counted, never raised):
 - `handshake_rate` / `handshake_burst` (optional): a token bucket on handshakes STARTED, so
   a flood of TLS handshakes costs at most that much of the event loop's CPU per second and
   peer traffic keeps its share (`rate_waits` counts handshakes that waited for a token).
+  Waiting handshakes get tokens newest first, and only one of them sleeps for the next
+  token: a pending set full of waiters must not wake all of them per token (that filled the
+  leader's scheduler batches and cost it leadership, `bench/attack_handshakes.py`).
+
+The listening socket itself gets a small accept backlog (`LISTEN_BACKLOG`, used by
+`phalanx.node` for the client and the peer port): under a flood that outpaces the accept loop
+the kernel then drops the excess SYNs (real clients retry theirs) instead of queueing
+thousands of connections whose clients have given up, which the node would later accept and
+handshake one by one, long after the flood ended (`bench/attack_handshakes.py`).
 
 Must not import: consensus, storage, apps, the codec. Runs under trio (its clock).
 """
@@ -27,6 +36,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import trio
+
+LISTEN_BACKLOG = 128
+"""Connections the kernel queues for `accept` on a node's port (the default, somaxconn, is
+often 4,096). At the default client handshake rate (200/s) a full queue drains in ~0.6 s;
+the node accepts far faster than that whenever it is not flooded."""
 
 
 @dataclass(slots=True)
@@ -66,6 +80,10 @@ class ConnectionGate:
         self._serial = 0
         self._tokens = float(handshake_burst)
         self._refilled: float | None = None
+        self._waiters: list[_Waiter] = []
+        """Handshakes waiting for a token, oldest first."""
+        self._timer: _Waiter | None = None
+        """The waiter sleeping until the next token (it hands the token out)."""
 
     def try_open(self) -> bool:
         """Count a newly accepted socket; False (counted in `shed_full`) when the port is
@@ -105,27 +123,69 @@ class ConnectionGate:
                 st.pending = len(self._pending)
 
     async def wait_turn(self) -> None:
-        """Wait for the rate limit's token (no-op without a rate)."""
+        """Wait for the rate limit's token (no-op without a rate).
+
+        Waiting handshakes get the tokens NEWEST first (as the pending set sheds the oldest:
+        under a flood the newest arrival is the one with a chance to finish), and only one
+        of them (the timer) sleeps until the next token and hands it out: the others stay
+        parked, so a full pending set costs a wakeup or two per token, not one per waiter."""
         rate = self.handshake_rate
         if rate is None:
             return
-        waited = False
-        while True:
-            now = trio.current_time()
-            if self._refilled is not None:
-                self._tokens = min(float(self.handshake_burst),
-                                   self._tokens + (now - self._refilled) * rate)
-            self._refilled = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                break
-            if not waited:
-                waited = True
-                self.stats.rate_waits += 1
-            await trio.sleep(max((1 - self._tokens) / rate, 1e-4))
-        if waited:
+        if not self._waiters and self._take(rate):
+            await trio.lowlevel.checkpoint()
             return
-        await trio.lowlevel.checkpoint()
+        self.stats.rate_waits += 1
+        me = _Waiter()
+        self._waiters.append(me)
+        try:
+            while True:
+                if self._timer is None:
+                    self._timer = me
+                    try:
+                        while True:  # sleep until a token is there (a timer's job)
+                            if self._take(rate):
+                                break
+                            await trio.sleep(max((1 - self._tokens) / rate, 1e-4))
+                        newest = self._waiters.pop()  # the token is the newest waiter's
+                        if newest is me:
+                            return
+                        newest.granted = True
+                        newest.event.set()
+                    finally:
+                        self._timer = None
+                else:
+                    me.event = trio.Event()
+                    await me.event.wait()
+                    if me.granted:
+                        return
+        finally:
+            if me in self._waiters:
+                self._waiters.remove(me)
+            if self._timer is None and self._waiters:
+                self._waiters[-1].event.set()  # the newest takes over the timer
+
+    def _take(self, rate: float) -> bool:
+        """Refill the bucket; take a token if there is one."""
+        now = trio.current_time()
+        if self._refilled is not None:
+            self._tokens = min(float(self.handshake_burst),
+                               self._tokens + (now - self._refilled) * rate)
+        self._refilled = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+
+class _Waiter:
+    """One handshake waiting for a token (compared by identity)."""
+
+    __slots__ = ("event", "granted")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.granted = False
 
 
 def unlimited() -> ConnectionGate:
@@ -134,4 +194,4 @@ def unlimited() -> ConnectionGate:
                           handshake_rate=None, handshake_burst=1)
 
 
-__all__ = ["ConnectionGate", "GateStatistics", "unlimited"]
+__all__ = ["LISTEN_BACKLOG", "ConnectionGate", "GateStatistics", "unlimited"]

@@ -92,13 +92,24 @@ class TlsStream(trio.abc.Stream):
 
     # ------------------------------------------------------------------ handshake
 
-    async def do_handshake(self) -> None:
-        """Run the TLS handshake (idempotent). Raises `trio.BrokenResourceError` on failure."""
+    async def do_handshake(self, *, offload: trio.CapacityLimiter | None = None) -> None:
+        """Run the TLS handshake (idempotent). Raises `trio.BrokenResourceError` on failure.
+
+        `offload`: run each handshake step that has peer bytes to process (the crypto: a
+        key exchange and a signature, a certificate chain to verify; ~0.5-2 ms) in a worker
+        thread under this limiter, not on the event loop. OpenSSL releases the GIL
+        meanwhile, so the loop keeps serving its other connections: a server takes many
+        handshakes at once, and their crypto must not fill its scheduler batches. While the
+        step runs no other task may use this stream (a handshake runs before the stream is
+        handed to readers and writers)."""
         if self._handshaken:
             return
         while True:
             try:
-                self._ssl.do_handshake()
+                if offload is not None and self._in.pending:
+                    await trio.to_thread.run_sync(self._ssl.do_handshake, limiter=offload)
+                else:
+                    self._ssl.do_handshake()
             except ssl.SSLWantReadError:
                 await self._flush()
                 await self._fill()

@@ -79,6 +79,7 @@ from phalanx.metrics import NodeMetrics, serve_metrics
 from phalanx.net import wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
+from phalanx.net.conn_gate import LISTEN_BACKLOG
 from phalanx.net.transport import (
     Backoff,
     PeerAddress,
@@ -375,10 +376,12 @@ async def open_node(
         paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
                                 ca_certificate=config.tls.ca)
         metrics = NodeMetrics(config.id)
-        peer_listeners = await trio.open_tcp_listeners(config.peer_listen.port,
-                                                       host=config.peer_listen.host)
-        client_listeners = await trio.open_tcp_listeners(config.client_listen.port,
-                                                         host=config.client_listen.host)
+        # A small accept backlog: a flood's excess SYNs are dropped by the kernel, not
+        # queued for handshakes long after their clients gave up (`conn_gate`).
+        peer_listeners = await trio.open_tcp_listeners(
+            config.peer_listen.port, host=config.peer_listen.host, backlog=LISTEN_BACKLOG)
+        client_listeners = await trio.open_tcp_listeners(
+            config.client_listen.port, host=config.client_listen.host, backlog=LISTEN_BACKLOG)
         peers = {NodeId(p.id): PeerAddress(host=p.peer_addr.host, port=p.peer_addr.port)
                  for p in config.peers}
         transport = Transport(
@@ -462,6 +465,7 @@ async def open_node(
                     "driver_refused_calls": d.refused_calls,
                     "client_connections_shed": client_port.gate.stats.shed_full,
                     "client_handshakes_shed": client_port.gate.stats.shed_pending,
+                    "client_handshake_rate_waits": client_port.gate.stats.rate_waits,
                     "client_budget_closes": c.budget_closes,
                     "peer_connections_shed": t.connections_shed,
                     "peer_frames_out": t.frames_out,
