@@ -29,6 +29,8 @@ from phalanx.consensus.raft.messages import (
     RaftMessage,
     RequestVote,
     RequestVoteResponse,
+    TermQuery,
+    TermQueryResponse,
     TimeoutNow,
 )
 
@@ -55,6 +57,8 @@ __all__ = [
     "RequestVote",
     "RequestVoteResponse",
     "Role",
+    "TermQuery",
+    "TermQueryResponse",
     "TimeoutNow",
     "TransferLeadership",
 ]

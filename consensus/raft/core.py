@@ -75,6 +75,8 @@ from phalanx.consensus.raft.messages import (
     InstallSnapshotResponse,
     RequestVote,
     RequestVoteResponse,
+    TermQuery,
+    TermQueryResponse,
     TimeoutNow,
 )
 from phalanx.consensus.raft.messages import (
@@ -167,6 +169,12 @@ class RaftCore(Proposals):
                            and "ignore_recovering" not in config.bugs)
         """Amnesia (`RaftRestoredState.recovering`): no votes, no campaigns until
         `_maybe_recovered` finds the log caught up."""
+        self._term_answers: dict[NodeId, int] | None = {} if self.recovering else None
+        """Recovery, first phase (not None): the terms other voters answered to our
+        `TermQuery`. Until a majority of the voters other than us answered, we follow no
+        leader: we forgot our term, so a deposed leader of an older term would look current
+        (`_learn_term`)."""
+        self._query_elapsed = 0
         self._reset_out()
         self._reset_election_timeout()
 
@@ -279,6 +287,8 @@ class RaftCore(Proposals):
                 self._receive(src, m)
             case Tick():
                 self._tick()
+                if self._term_answers is not None:
+                    self._query_terms()
             case Persisted(number=n):
                 self._persisted(n)
             case Submit(request=r):
@@ -321,6 +331,37 @@ class RaftCore(Proposals):
             recovering=self.recovering,
         )
 
+    def _query_terms(self) -> None:
+        """Recovery, first phase: ask every voter that has not answered yet for its term,
+        once per heartbeat interval."""
+        self._query_elapsed += 1
+        if self._query_elapsed < self.cfg.heartbeat_ticks:
+            return
+        self._query_elapsed = 0
+        answered = self._term_answers or {}
+        for v in self.joint.voters():
+            if v != self.id and v not in answered:
+                self._send(v, TermQuery(term=self.term))
+
+    def _learn_term(self, src: NodeId, term: int) -> None:
+        """A `TermQueryResponse`. Once a majority of the voters other than us answered, any
+        term in which our acknowledgement helped commit an entry is among the answers (that
+        entry's quorum, less us, meets every such majority): adopt the highest, so a deposed
+        leader of an older term can no longer use our acknowledgements, and move on to
+        catching up (`_maybe_recovered`)."""
+        answers = self._term_answers
+        voters = self.config.voters
+        if answers is None or src not in voters:
+            self._drop("unexpected_message")
+            return
+        answers[src] = max(term, answers.get(src, 0))
+        if len(answers) < len(voters) // 2 + 1:
+            return
+        self._term_answers = None
+        top = max(answers.values())
+        if top > self.term:
+            self._become_follower(top, None)
+
     def _maybe_recovered(self) -> None:
         """Leave recovery once this follower holds, durably and matching its leader's log,
         an entry of the leader's own term that the leader reports committed: every entry
@@ -328,8 +369,8 @@ class RaftCore(Proposals):
         the leader was elected without our vote, which we withheld), so whatever we may
         have acknowledged before losing our state is back. The leader becomes our vote for
         this term: we may have voted in it before and must not vote again."""
-        if (self.role is not Role.FOLLOWER or self.leader is None
-                or self.durable < self.commit or self.commit == 0
+        if (self._term_answers is not None or self.role is not Role.FOLLOWER
+                or self.leader is None or self.durable < self.commit or self.commit == 0
                 or self.log.term_at(self.commit) != self.term):
             return
         self.recovering = False
@@ -438,6 +479,13 @@ class RaftCore(Proposals):
         if reason is not None:
             self._drop(reason)
             return
+        kind = type(m)
+        if kind is TermQuery:  # answered whatever the terms: it changes nothing here
+            self._send(src, TermQueryResponse(term=self.term))
+            return
+        if kind is TermQueryResponse:
+            self._learn_term(src, m.term)  # type: ignore[attr-defined]
+            return
         term: int = m.term  # type: ignore[attr-defined]  # drop_reason admitted only Raft ones
         if term > self.term:
             if isinstance(m, RequestVote):
@@ -465,10 +513,12 @@ class RaftCore(Proposals):
                 self._drop("stale_term")
             return
 
+        if self._term_answers is not None and kind in _LEADER_KINDS:
+            self._drop("leader_before_term_known")  # recovery: see `_term_answers`
+            return
         role = self.role
         # The two most common messages first, exactly as `_step_leader` / `_step_follower`
         # handle them (anything else, or a subclass, takes the general path below).
-        kind = type(m)
         if role is _LEADER:
             if kind is AppendEntriesResponse:
                 pr = self.prs.get(src)

@@ -211,6 +211,31 @@ class TimeoutNow(Message):
         return f"TimeoutNow term={self.term}"
 
 
+@raw_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TermQuery(Message):
+    """A node that lost its state (recovery mode) asks a peer for its current term
+    (Protocol-Aware Recovery, FAST'18): it forgot the term it had, so it must not trust any
+    leader until a majority of the other voters told it the newest term. Answered whatever
+    the two terms are; changes nothing at the receiver."""
+
+    term: int
+
+    def __str__(self) -> str:
+        return f"TermQuery term={self.term}"
+
+
+@raw_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TermQueryResponse(Message):
+    """The answer to `TermQuery`: the responder's current term."""
+
+    term: int
+
+    def __str__(self) -> str:
+        return f"TermQueryResponse term={self.term}"
+
+
 RaftMessage: TypeAlias = (
     RequestVote
     | RequestVoteResponse
@@ -221,6 +246,8 @@ RaftMessage: TypeAlias = (
     | InstallSnapshot
     | InstallSnapshotResponse
     | TimeoutNow
+    | TermQuery
+    | TermQueryResponse
 )
 
 RAFT_MESSAGES: dict[int, type] = {
@@ -233,6 +260,8 @@ RAFT_MESSAGES: dict[int, type] = {
     106: InstallSnapshot,
     107: InstallSnapshotResponse,
     108: TimeoutNow,
+    109: TermQuery,
+    110: TermQueryResponse,
 }
 """Stable codec type ids for `phalanx.net.wire` (range 100-199)."""
 

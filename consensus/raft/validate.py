@@ -19,6 +19,8 @@ from phalanx.consensus.raft.messages import (
     InstallSnapshotResponse,
     RequestVote,
     RequestVoteResponse,
+    TermQuery,
+    TermQueryResponse,
     TimeoutNow,
 )
 from phalanx.consensus.types import Message, NodeId
@@ -77,6 +79,8 @@ def drop_reason(src: NodeId, m: Message) -> str | None:
         case TimeoutNow():
             if m.leader_id != src:
                 return "spoofed_sender"
+            return "malformed" if m.term < 0 else None
+        case TermQuery() | TermQueryResponse():
             return "malformed" if m.term < 0 else None
         case _:
             return "unknown_message"

@@ -16,7 +16,14 @@ import pytest
 from raft_harness import Cluster, Disk
 
 from phalanx.consensus.core import Receive, Tick
-from phalanx.consensus.raft import RaftCore, RaftRestoredState, RequestVote, RequestVoteResponse
+from phalanx.consensus.raft import (
+    RaftCore,
+    RaftRestoredState,
+    RequestVote,
+    RequestVoteResponse,
+    TermQuery,
+    TermQueryResponse,
+)
 from phalanx.consensus.types import HardState, NodeId
 
 N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
@@ -172,3 +179,48 @@ def test_follower_that_lost_its_log_under_a_steady_leader_catches_up() -> None:
     assert "w0" in c.nodes[N3].app
     assert c.nodes[N3].app[-1] == "after"
     assert not c.nodes[N3].core.status().recovering
+
+
+def test_recovering_node_learns_the_term_before_it_follows_anyone() -> None:
+    """The simulator's seed 38 (lose-disk + isolate-leader, check-quorum and pre-vote off):
+    n2, leader of term 1, is cut off and keeps appending; n1 and n3 move on to term 2 and
+    commit `x`; n3 loses its disk. Back at term 0, n3 would take n2's term-1 AppendEntries
+    for current, acknowledge them, and n2 would commit its stale entries over `x` (the
+    harness's State Machine Safety check fires). Asking a majority of the other voters for
+    their term first (TermQuery) makes n3 start at term 2, where n2 is stale."""
+    c = Cluster(check_quorum=False, pre_vote=False)
+    c.add_nodes(3)
+    elect(c, N2)
+    c.propose(N2, "a")
+    c.stabilize()
+    c.partition((N2,), (N1, N3))
+    c.propose(N2, "stale1")
+    c.propose(N2, "stale2")
+    c.stabilize()
+    elect(c, N3)
+    c.propose(N3, "x")
+    c.stabilize()
+    assert "x" in c.nodes[N1].app
+    lose_disk(c, N3, recovering=True)
+    c.blocked = {(N1, N2), (N2, N1)}  # n1 never tells n2 about term 2
+    run_for(c, 40, (N1, N2, N3))
+    assert c.nodes[N3].core.term >= 2
+    assert "stale1" not in c.nodes[N2].app, "the deposed leader committed over `x`"
+    assert c.nodes[N3].core.status().dropped.get("stale_term", 0) > 0
+    c.heal()
+    run_for(c, 80, (N1, N2, N3))
+    assert not c.nodes[N3].core.status().recovering
+    for nid in (N1, N2, N3):
+        assert "x" in c.nodes[nid].app
+        assert "stale1" not in c.nodes[nid].app
+
+
+def test_term_queries_are_answered_without_changing_anything() -> None:
+    c = Cluster()
+    c.add_nodes(3)
+    elect(c, N1)
+    before = c.nodes[N2].core.status()
+    rd = c.nodes[N2].core.step(Receive(src=N3, message=TermQuery(term=0)))
+    assert [type(s.message) for s in rd.messages] == [TermQueryResponse]
+    assert rd.messages[0].message == TermQueryResponse(term=before.term)
+    assert c.nodes[N2].core.status() == before
