@@ -10,8 +10,9 @@ Rules:
   `Tick`, randomness the injected `random.Random` (election timeouts only).
 - `step` handles terms once for every role (as etcd's `Step`), then dispatches with
   `match self.role:`; `_become_*` are the only methods that change `role`.
-- Split into base classes to keep files cohesive: `RaftCore(Proposals(Membership(Election(
-  Replication))))`; client proposals and ReadIndex rounds live in `proposals.py`,
+- Split into base classes to keep files cohesive: `RaftCore(Recovery(Proposals(Membership(
+  Election(Replication)))))`; recovery after a lost disk (amnesia) lives in `recovery.py`,
+  client proposals and ReadIndex rounds in `proposals.py`,
   membership changes, leadership transfer and the leader's reaction to a commit in
   `membership.py`, timers, pre-vote, candidacy and voting in `election.py`, log replication
   and the commit rule in `replication.py`.
@@ -83,8 +84,8 @@ from phalanx.consensus.raft.messages import (
     new_heartbeat_response as _new_heartbeat_response,
 )
 from phalanx.consensus.raft.progress import Progress, ProgressState
-from phalanx.consensus.raft.proposals import Proposals
 from phalanx.consensus.raft.readonly import ReadOnly
+from phalanx.consensus.raft.recovery import Recovery
 from phalanx.consensus.raft.replication import SnapshotReassembly
 from phalanx.consensus.raft.validate import drop_reason
 from phalanx.consensus.types import (
@@ -110,7 +111,7 @@ _LEADER_KINDS = (AppendEntries, Heartbeat, InstallSnapshot)
 _LEADER, _FOLLOWER, _CANDIDATE = Role.LEADER, Role.FOLLOWER, Role.CANDIDATE
 
 
-class RaftCore(Proposals):
+class RaftCore(Recovery):
     """One Raft node. See the module docstring for the rules it keeps."""
 
     # A step's outputs are declared by the base classes (see `_reset_out`).
@@ -330,52 +331,6 @@ class RaftCore(Proposals):
             conf_change_error=self.conf_change_error,
             recovering=self.recovering,
         )
-
-    def _query_terms(self) -> None:
-        """Recovery, first phase: ask every voter that has not answered yet for its term,
-        once per heartbeat interval."""
-        self._query_elapsed += 1
-        if self._query_elapsed < self.cfg.heartbeat_ticks:
-            return
-        self._query_elapsed = 0
-        answered = self._term_answers or {}
-        for v in self.joint.voters():
-            if v != self.id and v not in answered:
-                self._send(v, TermQuery(term=self.term))
-
-    def _learn_term(self, src: NodeId, term: int) -> None:
-        """A `TermQueryResponse`. Once a majority of the voters other than us answered, any
-        term in which our acknowledgement helped commit an entry is among the answers (that
-        entry's quorum, less us, meets every such majority): adopt the highest, so a deposed
-        leader of an older term can no longer use our acknowledgements, and move on to
-        catching up (`_maybe_recovered`)."""
-        answers = self._term_answers
-        voters = self.config.voters
-        if answers is None or src not in voters:
-            self._drop("unexpected_message")
-            return
-        answers[src] = max(term, answers.get(src, 0))
-        if len(answers) < len(voters) // 2 + 1:
-            return
-        self._term_answers = None
-        top = max(answers.values())
-        if top > self.term:
-            self._become_follower(top, None)
-
-    def _maybe_recovered(self) -> None:
-        """Leave recovery once this follower holds, durably and matching its leader's log,
-        an entry of the leader's own term that the leader reports committed: every entry
-        committed in an earlier term precedes it in the leader's log (Leader Completeness;
-        the leader was elected without our vote, which we withheld), so whatever we may
-        have acknowledged before losing our state is back. The leader becomes our vote for
-        this term: we may have voted in it before and must not vote again."""
-        if (self._term_answers is not None or self.role is not Role.FOLLOWER
-                or self.leader is None or self.durable < self.commit or self.commit == 0
-                or self.log.term_at(self.commit) != self.term):
-            return
-        self.recovering = False
-        if self.vote is None:
-            self.vote = self.leader
 
     # ------------------------------------------------------------------------ output
 
