@@ -73,7 +73,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeAlias
 
 import trio
@@ -96,6 +95,10 @@ from phalanx.driver_calls import (
     PROPOSAL_MAX_BYTES,
     PROPOSAL_MAX_REQUESTS,
     CallAdmission,
+    CallInput,
+    CallsInput,
+    DisconnectInput,
+    StatusInput,
 )
 from phalanx.driver_output import PeerOutput
 from phalanx.driver_persist import (
@@ -136,30 +139,7 @@ default 10 ms tick). Each write is a temp file, an fsync, a rename and a directo
 holds up the persistence pipeline; restoring `commit` is only an optimisation."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
-    call: ClientCall
-    target: ReplyTarget
-
-
-@dataclass(frozen=True, slots=True)
-class _Calls:
-    calls: Sequence[ClientCall]
-    target: ReplyTarget
-
-
-@dataclass(frozen=True, slots=True)
-class _Status:
-    nonce: int
-    target: ReplyTarget
-
-
-@dataclass(frozen=True, slots=True)
-class _Disconnected:
-    target: ReplyTarget
-
-
-_Item: TypeAlias = Input | _Call | _Calls | _Status | _Disconnected | _BatchDone
+_Item: TypeAlias = Input | CallInput | CallsInput | StatusInput | DisconnectInput | _BatchDone
 
 
 class Driver(CallAdmission, PersistPipeline):
@@ -295,23 +275,23 @@ class Driver(CallAdmission, PersistPipeline):
 
     async def call(self, call: ClientCall, target: ReplyTarget) -> None:
         """A client's call; the answer goes to `target.deliver`."""
-        await self._put(_Call(call, target))
+        await self._put(CallInput(call, target))
 
     async def calls(self, calls: Sequence[ClientCall], target: ReplyTarget) -> None:
         """Several calls of one connection, in order, as ONE item of the input channel: the
         client port hands over every call decoded from one read, so they reach the core in
         one pass and their writes become one proposal (one entry, one AppendEntries)."""
         if calls:
-            await self._put(_Calls(calls, target))
+            await self._put(CallsInput(calls, target))
 
     async def request_status(self, nonce: int, target: ReplyTarget) -> None:
-        await self._put(_Status(nonce, target))
+        await self._put(StatusInput(nonce, target))
 
     def disconnected(self, target: ReplyTarget) -> None:
         """Forget `target`'s waiters (its connection closed); never blocks."""
         # A full channel: its waiters are dropped when answered (`deliver` no-ops then).
         with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
-            self._tx.send_nowait(_Disconnected(target))
+            self._tx.send_nowait(DisconnectInput(target))
 
     def subscribe(self, client_id: str, target: ReplyTarget) -> None:
         """Answers for `client_id` (and its lanes) executed here with no waiter go to
@@ -426,8 +406,8 @@ class Driver(CallAdmission, PersistPipeline):
     # ---------------------------------------------------------------------- the core task
 
     def _handle(self, item: _Item) -> None:
-        if self._storage_error is not None and not isinstance(item, _BatchDone | _Status):
-            self._handle_unavailable(item)
+        if self._storage_error is not None and not isinstance(item, _BatchDone | StatusInput):
+            self._while_unavailable(item)
             return
         match item:
             case _BatchDone(batch=batch, error=error):
@@ -447,14 +427,14 @@ class Driver(CallAdmission, PersistPipeline):
                 self._inflight = None
                 self._inflight_snapshot = False
                 self._complete(batch)
-            case _Call(call=call, target=target):
+            case CallInput(call=call, target=target):
                 self._on_call(call, target)
-            case _Calls(calls=calls, target=target):
+            case CallsInput(calls=calls, target=target):
                 for one in calls:
                     self._on_call(one, target)
-            case _Status(nonce=nonce, target=target):
+            case StatusInput(nonce=nonce, target=target):
                 target.deliver(self._status_reply(nonce, self._status, self.replica))
-            case _Disconnected(target=target):
+            case DisconnectInput(target=target):
                 self._waiters.forget(target)
             case Tick():
                 self._ticks += 1
@@ -469,22 +449,6 @@ class Driver(CallAdmission, PersistPipeline):
                 if self._trace is not None and isinstance(item, Receive):
                     self._trace.mark("recv", type(item.message).__name__)
                 self._step(item)
-
-    def _handle_unavailable(self, item: _Item) -> None:
-        """An input while storage is unavailable: the core is not stepped."""
-        match item:
-            case _Call(call=call, target=target):
-                self._refuse_unavailable(call, target)
-            case _Calls(calls=calls, target=target):
-                for one in calls:
-                    self._refuse_unavailable(one, target)
-            case _Disconnected(target=target):
-                self._waiters.forget(target)
-            case Tick():
-                self._ticks += 1
-                self._storage_tick()
-            case Receive():
-                self.stats.dropped_peer_messages += 1
 
     def _trace_tick(self, tick: Tick, trace: PhaseTrace) -> None:
         """A traced tick step: marks ``tick_work`` when the tick itself made progress."""

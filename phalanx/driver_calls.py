@@ -1,13 +1,16 @@
 """How the driver admits a client call: the part of `phalanx.driver.Driver` between a decoded
 `ClientCall` and a core input.
 
-Owns: `CallAdmission` (a base class of `Driver`) and its rules, in the order they apply:
+Owns: the client-side items of the driver's input channel (`CallInput`, `CallsInput`,
+`StatusInput`, `DisconnectInput`), `CallAdmission` (a base class of `Driver`) and its rules,
+in the order they apply:
 - a request the replica's arrival checks refuse (`Replica.admit`: client id length, the
   application's `Admission` hook, e.g. KV key/value sizes) is answered ERROR at once: it is
   never proposed, so it never reaches the log, the peers or any WAL;
 - a STALE read is answered at once from the applied state (RETRY while a snapshot installs);
   while storage is unavailable, every other call is answered UNAVAILABLE
-  (`_refuse_unavailable`);
+  (`_refuse_unavailable`; `_while_unavailable` handles every input then: the core is not
+  stepped, peer messages are dropped and counted, ticks only retry the storage);
 - a write whose `request_no` the session table already holds is answered from it (OK with
   the cached result, or ERROR for an older one): it is never proposed twice;
 - a leader holding `max_pending_calls` unanswered calls answers a NEW write with RETRY
@@ -26,11 +29,12 @@ and never raises; every admitted call has a waiter, answered at most once
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from phalanx.apps.replica import Replica
 from phalanx.client_waiters import ClientWaiters, ReplyTarget
-from phalanx.consensus.core import Input, ReadState, Ready, Submit
+from phalanx.consensus.core import Input, ReadState, Ready, Receive, Submit, Tick
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.driver_stats import DriverStatistics
 from phalanx.net.client_protocol import ClientCall, ReadConsistency, ReplyStatus
@@ -47,6 +51,37 @@ MAX_PENDING_CALLS = 2048
 as the leader hint: "I lead, come back later"). Backpressure: past this, a longer queue only
 adds latency (clients would wait past their deadlines for writes that then still apply).
 Closed-loop clients never reach it while each holds one call in flight; a flood does."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallInput:
+    """A client call read from a connection (`Driver.call`)."""
+
+    call: ClientCall
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
+class CallsInput:
+    """The calls of one read from a connection (`Driver.calls`)."""
+
+    calls: Sequence[ClientCall]
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
+class StatusInput:
+    """A status request (`Driver.request_status`)."""
+
+    nonce: int
+    target: ReplyTarget
+
+
+@dataclass(frozen=True, slots=True)
+class DisconnectInput:
+    """A connection closed: its waiters go (`Driver.disconnected`)."""
+
+    target: ReplyTarget
 
 
 class CallAdmission:
@@ -68,6 +103,24 @@ class CallAdmission:
     _reads: list[ReadState]
     _step: Callable[[Input], None]
     _queue: Callable[[Ready], None]
+    _ticks: int
+    _storage_tick: Callable[[], None]
+
+    def _while_unavailable(self, item: object) -> None:
+        """An input while storage is unavailable: the core is not stepped."""
+        match item:
+            case CallInput(call=call, target=target):
+                self._refuse_unavailable(call, target)
+            case CallsInput(calls=calls, target=target):
+                for one in calls:
+                    self._refuse_unavailable(one, target)
+            case DisconnectInput(target=target):
+                self._waiters.forget(target)
+            case Tick():
+                self._ticks += 1
+                self._storage_tick()
+            case Receive():
+                self.stats.dropped_peer_messages += 1
 
     def _on_call(self, call: ClientCall, target: ReplyTarget) -> None:
         request = call.request
