@@ -59,7 +59,9 @@ rather than a process crash). `lose-disk` kills one node and restarts it with an
 directory (a replaced disk: its IDENTITY file is gone too), so it must recover from its
 peers before it votes; an interpreter loses at most one node's disk at a time and turns the
 episode into a plain kill while another node is still recovering (two lost disks of three
-are data loss, not a fault to survive)."""
+are data loss, not a fault to survive). The simulator wipes only where the protocol's setup
+says its core recovers (`ProtocolSetup.recovers_lost_disk`); on real clusters a PBFT
+replica without one counts as one of its f faulty replicas."""
 
 SIM_ONLY_FAULT_KINDS: tuple[str, ...] = (CRASH_AFTER_READY, STRAGGLE)
 """Faults only the deterministic simulator can inject precisely (BUGGIFY-style):

@@ -313,7 +313,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
     protocol = _choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol")
     pbft: PbftFiles | None = None
-    pbft_table = root.table("pbft")  # read (so known) for every protocol; required for pbft
+    pbft_table = root.table("pbft")
+    pbft_table.opt_str("signing_key")  # a known key beside any protocol; required for pbft
     if protocol == "pbft":
         pbft = PbftFiles(signing_key=(base / pbft_table.text("signing_key")).resolve())
         for p in peers:
@@ -349,8 +350,6 @@ def load_node_config(path: str | Path) -> NodeConfig:
         client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
                             f"{path}: client.auth"),
     )
-    if protocol != "pbft":
-        pbft_table.opt_str("signing_key")  # harmless beside a raft node; typos still caught
     root.check_unknown()
     return config
 

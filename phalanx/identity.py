@@ -131,13 +131,6 @@ def prepare_data_dir(data_dir: Path, *, node: str, ca_certificate: Path) -> None
                                       state="new"))
 
 
-def recovers_lost_state(protocol: str) -> bool:
-    """Whether `protocol`'s core has a recovery mode for a node that lost durable state
-    (`phalanx.persistence.DurableState.recovering`): Raft does; a PBFT replica that lost its
-    state counts as one of the f faulty replicas until it has state-transferred."""
-    return protocol == "raft"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     recovering: bool

@@ -69,10 +69,10 @@ from phalanx.group_commit import GroupCommitter
 from phalanx.identity import (
     Identity,
     IdentityError,
+    Verdict,
     amnesia,
     cluster_fingerprint,
     read_identity,
-    recovers_lost_state,
     write_identity,
 )
 from phalanx.metrics import NodeMetrics, serve_metrics
@@ -328,26 +328,6 @@ async def open_node(
             has_hard_state=durable.hard_state is not None or durable.core_state is not None,
             state_lost=durable.lost_reason, bootstrap=bootstrap,
             single_voter=len(config.members()) == 1)
-        if verdict.recovering and not recovers_lost_state(config.protocol):
-            logger.error("%s: %s. %s has no recovery mode: until it has caught up by state "
-                         "transfer this replica counts as one of the f faulty replicas the "
-                         "cluster tolerates", config.id, verdict.reason, config.protocol)
-            verdict = dataclasses.replace(verdict, reason="", recovering=False,
-                                          next_state="member")
-        if verdict.reason:
-            if verdict.recovering:
-                logger.error(
-                    "%s: %s. Starting in RECOVERY MODE: this node will not vote or campaign "
-                    "until it has caught up from the leader (`phalanx status` shows "
-                    "'recovering'); a majority of the other nodes must be up. If this really "
-                    "is a new node of a new cluster, stop it and start it with --bootstrap.",
-                    config.id, verdict.reason)
-            else:
-                logger.error("%s: %s", config.id, verdict.reason)
-        recorded = identity.state if identity is not None else None
-        if recorded != verdict.next_state:
-            write_identity(config.data_dir, Identity(cluster=cluster_id, node=config.id,
-                                                     state=verdict.next_state))
         durable = dataclasses.replace(durable, recovering=verdict.recovering)
         voters = tuple(NodeId(m) for m in config.members())
         replica = Replica(
@@ -368,6 +348,8 @@ async def open_node(
         except ProtocolError as e:
             raise NodeError(str(e)) from None
         core = built.core
+        verdict = _record_verdict(config, cluster_id, identity, verdict,
+                                  recovering=core.status().recovering)
         logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
                     (durable.hard_state or HardState()).term,
                     durable.snapshot.index if durable.snapshot else 0, len(durable.entries))
@@ -528,6 +510,30 @@ def _check_identity(config: NodeConfig) -> tuple[Identity | None, str]:
                         f"cluster (its CA differs from {config.tls.ca}); fix data_dir or the "
                         "tls paths in the config")
     return identity, cluster_id
+
+
+def _record_verdict(config: NodeConfig, cluster_id: str, identity: Identity | None,
+                    verdict: Verdict, *, recovering: bool) -> Verdict:
+    """Say what the amnesia verdict found, in one ERROR line, and record its state in
+    IDENTITY before the node serves. `recovering` is what the core made of the verdict: a
+    core without a recovery mode starts as an ordinary member."""
+    if verdict.recovering and not recovering:
+        logger.error("%s: %s. The %s core has no recovery mode: until state transfer has "
+                     "caught it up, this replica counts as one of the faulty replicas the "
+                     "cluster tolerates", config.id, verdict.reason, config.protocol)
+        verdict = dataclasses.replace(verdict, recovering=False, next_state="member")
+    elif verdict.recovering:
+        logger.error(
+            "%s: %s. Starting in RECOVERY MODE: this node will not vote or campaign until it "
+            "has caught up from the leader (`phalanx status` shows 'recovering'); a majority "
+            "of the other nodes must be up. If this really is a new node of a new cluster, "
+            "stop it and start it with --bootstrap.", config.id, verdict.reason)
+    elif verdict.reason:
+        logger.error("%s: %s", config.id, verdict.reason)
+    if (identity.state if identity is not None else None) != verdict.next_state:
+        write_identity(config.data_dir, Identity(cluster=cluster_id, node=config.id,
+                                                 state=verdict.next_state))
+    return verdict
 
 
 IDENTITY_POLL_SECONDS = 0.2

@@ -47,7 +47,7 @@ import signal
 from collections.abc import Callable
 
 from phalanx.cluster import ClusterError
-from phalanx.identity import IdentityError, read_identity, recovers_lost_state
+from phalanx.identity import IdentityError, read_identity
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.cluster import RealCluster
@@ -163,16 +163,16 @@ class RealNemesis:
 
     def _lose_disk(self, nodes: tuple[str, ...]) -> str:
         """Wipe each killed node's data directory (IDENTITY included), then restart it: it
-        must recover from its peers before it votes. One lost disk at a time, and only for a
-        protocol with a recovery mode (`nemesis.LOSE_DISK`); otherwise a plain restart."""
+        must recover from its peers before it votes (a core without a recovery mode, PBFT's,
+        counts it as one of its faulty replicas instead). One lost disk at a time
+        (`nemesis.LOSE_DISK`): while another node still recovers, a plain restart."""
         notes = []
         for node in nodes:
             if node not in self._killed:
                 continue
             others = [n for n in self.cluster.nodes if n != node and self._recovering(n)]
-            if not recovers_lost_state(self.cluster.config.protocol) or others:
-                why = "recovering: " + ",".join(others) if others else "no recovery mode"
-                notes.append(f"{node}: disk kept ({why})")
+            if others:
+                notes.append(f"{node}: disk kept (recovering: {','.join(others)})")
                 continue
             shutil.rmtree(self.cluster.data_dir(node), ignore_errors=True)
             notes.append(f"{node}: data directory wiped")

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.lowlevel
 from runtime_helpers import TESTER, RawClient, cluster_client, make_cluster, wait_for
+from test_cluster import Cluster
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Get, Put, Value
@@ -26,49 +27,6 @@ from phalanx.consensus.types import ClientRequest
 from phalanx.identity import IDENTITY_NAME
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
 from phalanx.node import Node, NodeError, open_node
-
-
-class Nodes:
-    def __init__(self, configs: list[NodeConfig], nursery: trio.Nursery) -> None:
-        self.configs = {c.id: c for c in configs}
-        self.nursery = nursery
-        self.nodes: dict[str, Node] = {}
-        self.scopes: dict[str, trio.CancelScope] = {}
-        self.stopped: dict[str, trio.Event] = {}
-
-    async def start(self, node_id: str, *, bootstrap: bool = False) -> Node:
-        config = self.configs[node_id]
-
-        stopped = self.stopped[node_id] = trio.Event()
-
-        async def run(task_status: trio.TaskStatus[Node]) -> None:
-            try:
-                with trio.CancelScope() as scope:
-                    self.scopes[node_id] = scope
-                    async with open_node(config, bootstrap=bootstrap) as node:
-                        task_status.started(node)
-                        await trio.sleep_forever()
-            finally:
-                stopped.set()
-
-        node = await self.nursery.start(run)
-        self.nodes[node_id] = node
-        return node
-
-    async def stop(self, node_id: str) -> None:
-        self.scopes.pop(node_id).cancel()
-        del self.nodes[node_id]
-        await self.stopped[node_id].wait()  # storage closed, data directory unlocked
-
-    def leader(self) -> Node | None:
-        leaders = [n for n in self.nodes.values() if n.core_status().role == "leader"]
-        return leaders[0] if len(leaders) == 1 else None
-
-    async def wait_leader(self) -> Node:
-        await wait_for(lambda: self.leader() is not None, what="a leader")
-        leader = self.leader()
-        assert leader is not None
-        return leader
 
 
 async def call(node: Node, n: int, command: bytes, *, read_only: bool = False) -> ClientReply:
@@ -88,12 +46,12 @@ def identity_state(config: NodeConfig) -> str:
     return str(json.loads((config.data_dir / IDENTITY_NAME).read_text())["state"])
 
 
-async def acknowledged_write_then_lose_n3_disk(nodes: Nodes) -> None:
+async def acknowledged_write_then_lose_n3_disk(nodes: Cluster) -> None:
     for node_id in ("n1", "n2", "n3"):
         await nodes.start(node_id)
-    await nodes.wait_leader()
+    await nodes.leader()
     await nodes.stop("n1")
-    leader = await nodes.wait_leader()
+    leader = await nodes.leader()
     reply = await call(leader, 1, kv_wire.encode_command(Put(key="k", value=b"acked")))
     assert reply.status is ReplyStatus.OK
     await wait_for(lambda: all(identity_state(nodes.configs[i]) == "member"
@@ -106,7 +64,7 @@ async def acknowledged_write_then_lose_n3_disk(nodes: Nodes) -> None:
 async def test_node_with_a_lost_disk_recovers_before_it_votes(tmp_path: Path) -> None:
     configs = make_cluster(tmp_path)
     async with trio.open_nursery() as nursery:
-        nodes = Nodes(configs, nursery)
+        nodes = Cluster(configs, nursery)
         await acknowledged_write_then_lose_n3_disk(nodes)
         await nodes.start("n1")
         n3 = await nodes.start("n3")
@@ -115,12 +73,12 @@ async def test_node_with_a_lost_disk_recovers_before_it_votes(tmp_path: Path) ->
         # ~10 election timeouts (10 ticks of 10 ms): n1 must never win with n3's vote.
         with trio.move_on_after(1.5):
             while True:
-                assert nodes.leader() is None, "n1 won with the vote of a node that lost its disk"
+                assert not nodes.leaders(), "n1 won with the vote of a node that lost its disk"
                 await trio.sleep(0.02)
         assert n3.core_status().recovering
         assert n3.core_status().dropped.get("vote_while_recovering", 0) > 0
         await nodes.start("n2")
-        leader = await nodes.wait_leader()
+        leader = await nodes.leader()
         assert leader.id == "n2"
         reply = await call(leader, 2, kv_wire.encode_command(Get(key="k")), read_only=True)
         assert reply.status is ReplyStatus.OK
@@ -135,11 +93,11 @@ async def test_control_without_the_check_the_write_is_lost(tmp_path: Path) -> No
     """Today's behaviour (every empty directory is a new node): the attack succeeds."""
     configs = make_cluster(tmp_path)
     async with trio.open_nursery() as nursery:
-        nodes = Nodes(configs, nursery)
+        nodes = Cluster(configs, nursery)
         await acknowledged_write_then_lose_n3_disk(nodes)
         await nodes.start("n1")
         await nodes.start("n3", bootstrap=True)
-        leader = await nodes.wait_leader()
+        leader = await nodes.leader()
         reply = await call(leader, 2, kv_wire.encode_command(Get(key="k")), read_only=True)
         assert reply.status is ReplyStatus.OK
         assert kv_wire.decode_result(reply.result) == Value(value=None)
@@ -149,10 +107,10 @@ async def test_control_without_the_check_the_write_is_lost(tmp_path: Path) -> No
 async def test_missing_hard_state_is_amnesia_too(tmp_path: Path) -> None:
     configs = make_cluster(tmp_path)
     async with trio.open_nursery() as nursery:
-        nodes = Nodes(configs, nursery)
+        nodes = Cluster(configs, nursery)
         for node_id in ("n1", "n2", "n3"):
             await nodes.start(node_id)
-        await nodes.wait_leader()
+        await nodes.leader()
         await wait_for(lambda: identity_state(configs[2]) == "member", what="n3 member")
         await nodes.stop("n3")
         hard_state = [p for p in configs[2].data_dir.iterdir() if p.name.startswith("hardstate")]

@@ -62,25 +62,32 @@ class Cluster:
         self.nursery = nursery
         self.nodes: dict[str, Node] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
+        self.stopped: dict[str, trio.Event] = {}
 
-    async def start(self, node_id: str) -> Node:
+    async def start(self, node_id: str, *, bootstrap: bool = False) -> Node:
         config = self.configs[node_id]
+        stopped = self.stopped[node_id] = trio.Event()
 
         async def run(task_status: trio.TaskStatus[Node]) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[node_id] = scope
-                async with open_node(config) as node:
-                    task_status.started(node)
-                    await trio.sleep_forever()
+            try:
+                with trio.CancelScope() as scope:
+                    self.scopes[node_id] = scope
+                    async with open_node(config, bootstrap=bootstrap) as node:
+                        task_status.started(node)
+                        await trio.sleep_forever()
+            finally:
+                stopped.set()
 
         node = await self.nursery.start(run)
         self.nodes[node_id] = node
         return node
 
     async def stop(self, node_id: str) -> None:
+        """Stop `node_id` and wait until its storage is closed (its data directory unlocked:
+        it may start again at once)."""
         self.scopes.pop(node_id).cancel()
         del self.nodes[node_id]
-        await trio.lowlevel.checkpoint()
+        await self.stopped[node_id].wait()
 
     def leaders(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.core_status().role == "leader"]
