@@ -29,8 +29,9 @@ CASES: tuple[tuple[str, dict[str, object]], ...] = (
 def lines(seeds: int) -> list[str]:
     out = []
     for protocol, extra in CASES:
-        label = protocol + "".join(f",{k}={v if not isinstance(v, frozenset) else '+'.join(sorted(v))}"
-                                   for k, v in extra.items())
+        label = protocol + "".join(
+            f",{k}={'+'.join(sorted(v)) if isinstance(v, frozenset) else v}"
+            for k, v in extra.items())
         for seed in range(1, seeds + 1):
             result = run(RunConfig(seed=seed, protocol=protocol, **extra))  # type: ignore[arg-type]
             out.append(f"{label} {seed} {result.trace_hash}")
