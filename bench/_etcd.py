@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 from _loadgen import LOOPBACK, Writer, stop_process
 
-from phalanx.ports import free_ports
+from phalanx.ops.ports import free_ports
 
 
 class EtcdError(RuntimeError):

@@ -59,9 +59,9 @@ class BatchTrace(trio.abc.Instrument):
 
 
 def main(config_path: str) -> int:
-    """`phalanx.node_cli.run_node` (exactly the node `phalanx node run` runs) with the
+    """`phalanx.cli.node.run_node` (exactly the node `phalanx node run` runs) with the
     trace installed on its `trio.run`."""
-    from phalanx.node_cli import run_node
+    from phalanx.cli.node import run_node
 
     trace = BatchTrace(float(os.environ.get("PHALANX_LOOP_TRACE_MS", "30")) / 1e3)
     real_run = trio.run

@@ -1,9 +1,9 @@
 """phalanx side of `bench/kv.py`: a 3-node cluster of real processes and the client adapter.
 
-Owns: making a cluster directory (`phalanx.cluster.init_cluster`, fsync "group", default
+Owns: making a cluster directory (`phalanx.ops.local_cluster.init_cluster`, fsync "group", default
 timing), running one node process per node (`python -m phalanx node run CONFIG`, or this
 file's own `node` mode when the CLI subcommand is not wired yet; both call
-`phalanx.node.serve_node` with the same config), one shared `phalanx.client.Client` for all
+`phalanx.runtime.node.serve_node` with the same config), one shared `phalanx.client.Client` for all
 closed-loop writers (it pipelines any number of concurrent calls over one TLS connection per
 node), leader failover trials and the RSS-at-N-keys phase.
 
@@ -30,14 +30,14 @@ from _failover import failover_trial
 from _loadgen import Writer, make_value, proc_rss_bytes
 
 from phalanx.apps.kv_types import Put
-from phalanx.client import Client, ClientError, open_client
-from phalanx.cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
-from phalanx.config import ClusterConfig, load_node_config
+from phalanx.client.async_client import Client, ClientError, open_client
+from phalanx.ops.local_cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
+from phalanx.ops.node_config import ClusterConfig, load_node_config
 
 CHECKPOINT_QUIET_S = 17.0
 """RSS phase: seconds without a finished checkpoint on any node before the RSS counts as
 settled (a node trims its heap 3 s and 15 s after a checkpoint;
-`phalanx.process_tuning.TrimPolicy`)."""
+`phalanx.runtime.process_tuning.TrimPolicy`)."""
 
 Log = Callable[[str], None]
 
@@ -372,8 +372,8 @@ async def phalanx_rss(
 def _node_main(config_path: str) -> int:
     import signal
 
-    from phalanx.config import load_node_config
-    from phalanx.node import serve_node
+    from phalanx.ops.node_config import load_node_config
+    from phalanx.runtime.node import serve_node
 
     config = load_node_config(config_path)
 

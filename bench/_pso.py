@@ -32,7 +32,7 @@ from typing import Any
 
 from _loadgen import LOOPBACK, CpuMeter, LevelResult, stop_process, summarise
 
-from phalanx.ports import free_ports
+from phalanx.ops.ports import free_ports
 
 
 class PsoError(RuntimeError):

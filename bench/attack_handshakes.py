@@ -44,9 +44,9 @@ import trio
 from _loadgen import percentile, proc_cpu_seconds
 from _phalanx import PhalanxCluster, PhalanxUnavailable
 
-from phalanx.client import Client, ClientError
-from phalanx.cluster import NodeProcesses
-from phalanx.config import load_node_config
+from phalanx.client.async_client import Client, ClientError
+from phalanx.ops.local_cluster import NodeProcesses
+from phalanx.ops.node_config import load_node_config
 
 PHASES = ("baseline", "flood", "recovery")
 SHED_COUNTERS = ("client_connections_shed", "client_handshakes_shed",

@@ -38,7 +38,7 @@ import trio
 from _loadgen import make_value, proc_cpu_seconds, run_level
 from _phalanx import PhalanxCluster
 
-from phalanx.config import load_node_config
+from phalanx.ops.node_config import load_node_config
 
 
 def _commit_index(cluster: PhalanxCluster) -> float | None:

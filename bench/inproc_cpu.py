@@ -7,7 +7,7 @@ Usage (from bench/)::
         ../.venv/bin/python inproc_cpu.py --writes 200 --tick-ms 200
     # ... and again with --writes 400: (Ir(400) - Ir(200)) / 200 = instructions per write
 
-The three nodes (`phalanx.node.open_node`, fsync "group", TLS on loopback, the real peer
+The three nodes (`phalanx.runtime.node.open_node`, fsync "group", TLS on loopback, the real peer
 transport, driver, WAL and KV replica) and one closed-loop `phalanx.client.Client` share one
 trio run: one thread does all the work, so the CPU a write costs, on every node and in the
 client, is the process's CPU divided by the writes, with no other process in the figure.
@@ -37,11 +37,11 @@ from pathlib import Path
 
 import trio
 
-from phalanx import pki
-from phalanx.client import open_client
-from phalanx.cluster import find_free_base_port, init_cluster
-from phalanx.config import NodeConfig, TimingConfig, load_node_config
-from phalanx.node import Node, open_node
+from phalanx.client.async_client import open_client
+from phalanx.ops import pki
+from phalanx.ops.local_cluster import find_free_base_port, init_cluster
+from phalanx.ops.node_config import NodeConfig, TimingConfig, load_node_config
+from phalanx.runtime.node import Node, open_node
 
 
 def _configs(root: Path, *, tick_ms: int) -> tuple[list[NodeConfig], pki.CredentialPaths]:

@@ -11,7 +11,8 @@ What is measured, per system and per client count C (default 1, 16, 64, 256):
   p99 of those acks' latencies. Same load-generator code (`_loadgen.run_level`, one trio
   process) for phalanx and etcd; PySyncObj has no external client, so its blocking
   `ReplDict.set(sync=True)` clients run as threads inside its member processes.
-- phalanx: `phalanx.cluster.init_cluster` + one `python -m phalanx node run` process per node,
+- phalanx: `phalanx.ops.local_cluster.init_cluster` + one `python -m phalanx node run` process per
+node,
   fsync "group" (real fsync), default timing; driven by `phalanx.client.Client`.
 - etcd 3.4: 3 members (default fsync), v3 HTTP/JSON gateway via a raw keep-alive HTTP/1.1
   client to the leader (`_etcd.py`). Skipped with a message when `etcd` is not on PATH.

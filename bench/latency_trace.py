@@ -3,7 +3,7 @@
 Usage (from bench/): ``../.venv/bin/python latency_trace.py --protocol raft --duration 3``
 
 Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group") with ``PHALANX_TRACE_PHASES``
-set, so every node writes its driver's phase events (`phalanx.phase_trace`), drives ONE
+set, so every node writes its driver's phase events (`phalanx.runtime.phase_trace`), drives ONE
 closed-loop writer and records each put's send and reply times on the same system-wide
 monotonic clock. With one request in flight, every event a node logs between a put's send
 and its reply belongs to that put: the report lists, per node and event, the median offset
@@ -29,8 +29,8 @@ import trio
 from _loadgen import make_value
 from _phalanx import PhalanxCluster
 
-from phalanx.client import ClientError
-from phalanx.phase_trace import ENV_VAR
+from phalanx.client.async_client import ClientError
+from phalanx.runtime.phase_trace import ENV_VAR
 
 
 def _load(path: Path) -> list[tuple[int, str, str]]:

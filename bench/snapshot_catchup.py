@@ -29,8 +29,8 @@ import trio
 from _loadgen import make_value
 from _phalanx import PhalanxCluster, PhalanxUnavailable
 
-from phalanx.client import ClientError
-from phalanx.config import load_node_config
+from phalanx.client.async_client import ClientError
+from phalanx.ops.node_config import load_node_config
 
 
 def log(msg: str) -> None:

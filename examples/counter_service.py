@@ -20,15 +20,15 @@ from pathlib import Path
 
 import trio
 
-from phalanx import pki
-from phalanx.config import Address, NodeConfig, PeerConfig, TlsFiles
 from phalanx.consensus.types import ClientRequest
-from phalanx.identity import prepare_data_dir
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
 from phalanx.net.framing import FrameDecoder, encode_frame
-from phalanx.node import Node, open_node
-from phalanx.ports import free_ports
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address, NodeConfig, PeerConfig, TlsFiles
+from phalanx.ops.ports import free_ports
+from phalanx.runtime.identity import prepare_data_dir
+from phalanx.runtime.node import Node, open_node
 
 
 class _Snapshot:
@@ -68,7 +68,7 @@ class TicketMachine:
 def cluster_configs(root: Path, n: int = 3) -> list[NodeConfig]:
     ca = pki.create_ca()
     ids = [f"n{i}" for i in range(1, n + 1)]
-    ports = free_ports(2 * n)  # outside the ephemeral range: see phalanx.ports
+    ports = free_ports(2 * n)  # outside the ephemeral range: see phalanx.ops.ports
     peer = {i: Address(host="127.0.0.1", port=ports[k]) for k, i in enumerate(ids)}
     client = {i: Address(host="127.0.0.1", port=ports[n + k]) for k, i in enumerate(ids)}
     configs = []

@@ -16,7 +16,7 @@ HTML report (`phalanx.jepsen.store`, `phalanx.jepsen.report`). Exits with:
     3  the history could not be read or is malformed (message on stderr, nothing on stdout)
     4  unknown: a key's search budget ran out (``"valid": "unknown"``)
 
-(2 means only "usage error" in every phalanx command: `phalanx.cli_errors`.)
+(2 means only "usage error" in every phalanx command: `phalanx.cli.errors`.)
 
 Must not import: the simulator or consensus cores (checking a file needs neither).
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TextIO
 
-from phalanx.cli_errors import (
+from phalanx.cli.errors import (
     EXIT_INDETERMINATE,
     describe_os_error,
     non_negative_float,

@@ -47,7 +47,7 @@ from typing import Final, Protocol
 import immutables
 
 from phalanx.apps.kv_types import CasResult, Compare, Put, TxnResult, TxnWrite
-from phalanx.client import ClientError, RequestRejected
+from phalanx.client.async_client import ClientError, RequestRejected
 from phalanx.jepsen import bank as bank_checker
 from phalanx.jepsen import sets as set_checker
 from phalanx.jepsen.checker import RunResult, check_history

@@ -2,7 +2,8 @@
 
 One TLS connection (mutually authenticated: the client presents a cluster-CA client
 certificate, whose name owns its session ids and whose role limits its calls,
-`phalanx.client_auth`; only a node in the insecure mode lets clients without one in) carries frames
+`phalanx.runtime.client_auth`; only a node in the insecure mode lets clients without one in)
+carries frames
 (`phalanx.net.framing`) of codec-encoded messages (type ids 500-599 in `phalanx.net.wire`).
 A client may pipeline: it sends any number of `ClientCall`s and matches each `ClientReply`
 by (client_id, request_no); replies may come back in any order.

@@ -1,14 +1,14 @@
 """Admission of inbound connections on one listening port: how many, how many still
 unauthenticated, how fast handshakes start.
 
-Owns: `ConnectionGate` and its `GateStatistics`. The client port (`phalanx.client_port`)
+Owns: `ConnectionGate` and its `GateStatistics`. The client port (`phalanx.runtime.client_port`)
 and the peer transport (`phalanx.net.transport`) run every accepted socket through one.
 
 Rules (a connection is input; shedding is counted, never raised):
 - `max_connections`: sockets open on the port at once, handshaking or established. One
   accepted beyond it is closed at once, before any TLS work (`shed_full`). The node sizes it
   so that connections + its descriptor reserve fit the RLIMIT_NOFILE soft limit
-  (`phalanx.descriptors`).
+  (`phalanx.runtime.descriptors`).
 - `max_pending`: connections still in their TLS handshake (unauthenticated). When one more
   arrives, the OLDEST pending one is shed (`shed_pending`): a peer or client that completes
   its handshake in milliseconds still gets in while idle or slow sockets rotate out, and an
@@ -21,7 +21,8 @@ Rules (a connection is input; shedding is counted, never raised):
   leader's scheduler batches and cost it leadership, `bench/attack_handshakes.py`).
 
 The listening socket itself gets a small accept backlog (`LISTEN_BACKLOG`, used by
-`phalanx.node` for the client and the peer port): under a flood that outpaces the accept loop
+`phalanx.runtime.node` for the client and the peer port): under a flood that outpaces the accept
+loop
 the kernel then drops the excess SYNs (real clients retry theirs) instead of queueing
 thousands of connections whose clients have given up, which the node would later accept and
 handshake one by one, long after the flood ended (`bench/attack_handshakes.py`).

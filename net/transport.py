@@ -10,7 +10,7 @@ Connection model (one direction per TCP connection):
   connections it accepted. A pair of nodes therefore has two connections, each used one way;
   there is no tie-breaking between simultaneous dials and no shared state between directions.
 - Acceptor: TLS handshake (cluster CA, client certificate REQUIRED), then the node id is read
-  from the verified certificate (`phalanx.pki.node_id_from_peercert`). A peer with no
+  from the verified certificate (`phalanx.ops.pki.node_id_from_peercert`). A peer with no
   certificate, a certificate from another CA, a certificate naming no node (e.g. a client
   certificate) or naming a node outside the configured peer set is refused: logged with the
   reason, counted in `connections_refused`, connection closed. An accepted peer is sent one
@@ -118,7 +118,7 @@ from phalanx.net.transport_types import (
     TransportCounters,
     TransportStatistics,
 )
-from phalanx.pki import node_id_from_peercert
+from phalanx.ops.pki import node_id_from_peercert
 
 __all__ = [
     "RECEIVE_CHUNK",
@@ -162,8 +162,8 @@ class Transport(PeerDialer):
     Args:
         node_id: this node.
         peers: every other replica and where its listener is. Must not contain `node_id`.
-        server_context: `phalanx.pki.peer_server_context` (client certificates required).
-        client_context: `phalanx.pki.peer_client_context`.
+        server_context: `phalanx.ops.pki.peer_server_context` (client certificates required).
+        client_context: `phalanx.ops.pki.peer_client_context`.
         encode, decode, decode_error: the codec. `decode` must raise only `decode_error` on
             bad bytes; anything else it raises is a codec bug and propagates.
         max_frame_size: the largest payload sent or accepted.

@@ -24,7 +24,7 @@ from phalanx.consensus.types import LocalProtocolError, NodeId
 from phalanx.net.framing import FrameDecoder, FrameError
 from phalanx.net.tls_stream import TlsStream
 from phalanx.net.transport_types import Backoff, PeerAddress, TransportCounters
-from phalanx.pki import node_id_from_peercert
+from phalanx.ops.pki import node_id_from_peercert
 
 logger = logging.getLogger("phalanx.net.transport")
 
@@ -48,7 +48,7 @@ async def open_tcp_stream_to_other(host: str, port: int) -> trio.SocketStream:
 
     When nothing listens on a port inside the kernel's ephemeral range, a dial can be handed
     that very port as its source and TCP's simultaneous open connects the socket to itself;
-    the socket would then hold the port a restarting node needs (see `phalanx.ports`).
+    the socket would then hold the port a restarting node needs (see `phalanx.ops.ports`).
     """
     tcp = await trio.open_tcp_stream(host, port)
     if tcp.socket.getsockname() == tcp.socket.getpeername():

@@ -6,7 +6,7 @@ Subpackages: `phalanx.consensus` (sans-IO cores), `phalanx.storage` (WAL, checkp
 
 Client library (loaded lazily, so importing a sans-IO subpackage never pulls in trio, TLS or
 the client): `Client`, `open_client`, `SyncClient` and the client errors, from
-`phalanx.client` and `phalanx.client_sync`.
+`phalanx.client.async_client` and `phalanx.client.sync_client`.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Client": "phalanx.client",
-    "ClientClosed": "phalanx.client",
-    "ClientError": "phalanx.client",
-    "ClientTimeout": "phalanx.client",
-    "KvCommandError": "phalanx.client",
-    "ProtocolViolation": "phalanx.client",
-    "RequestRejected": "phalanx.client",
-    "open_client": "phalanx.client",
-    "SyncClient": "phalanx.client_sync",
+    "Client": "phalanx.client.async_client",
+    "ClientClosed": "phalanx.client.async_client",
+    "ClientError": "phalanx.client.async_client",
+    "ClientTimeout": "phalanx.client.async_client",
+    "KvCommandError": "phalanx.client.async_client",
+    "ProtocolViolation": "phalanx.client.async_client",
+    "RequestRejected": "phalanx.client.async_client",
+    "open_client": "phalanx.client.async_client",
+    "SyncClient": "phalanx.client.sync_client",
 }
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from phalanx.client import (
+    from phalanx.client.async_client import (
         Client,
         ClientClosed,
         ClientError,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
         RequestRejected,
         open_client,
     )
-    from phalanx.client_sync import SyncClient
+    from phalanx.client.sync_client import SyncClient
 
 
 def __getattr__(name: str) -> object:

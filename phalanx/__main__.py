@@ -1,5 +1,5 @@
 """`python -m phalanx` is the `phalanx` command."""
 
-from phalanx.cli import main
+from phalanx.cli.main import main
 
 raise SystemExit(main())

@@ -24,7 +24,7 @@ leaves the core honest and wraps the state machine so the node answers clients w
 results (its own state, and so its checkpoints, diverge: the f+1 rule and the honest 2f+1
 must cope with both).
 
-Must not import: `phalanx.node`, `phalanx.driver`, trio, sockets.
+Must not import: `phalanx.runtime.node`, `phalanx.runtime.driver`, trio, sockets.
 Determinism: every random choice comes from the injected `random.Random`.
 """
 
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 from phalanx.apps.interface import StateMachine, StateSnapshot
 from phalanx.apps.replica import CheckpointPolicy
-from phalanx.config import NodeConfig
 from phalanx.consensus.core import Core, Ready, Snapshot
 from phalanx.consensus.pbft import (
     PBFT_MESSAGES,
@@ -56,8 +55,9 @@ from phalanx.consensus.raft import (
 from phalanx.consensus.types import ClientRequest, HardState, NodeId
 from phalanx.jepsen.byzantine import BEHAVIOURS, ByzantineCore, corrupt_result
 from phalanx.net import client_protocol, wire
-from phalanx.pbft_keys import PbftKeyError, load_crypto
-from phalanx.persistence import DurableState, StateJournal
+from phalanx.ops.node_config import NodeConfig
+from phalanx.ops.signing_keys import PbftKeyError, load_crypto
+from phalanx.runtime.persistence import DurableState, StateJournal
 from phalanx.storage.directory import OsDirectory
 from phalanx.storage.interface import SyncPolicy
 

@@ -5,7 +5,7 @@ Must not import: `phalanx.consensus`, trio.
 
 Why: two processes on one data directory would both run WAL recovery, truncate each other's
 torn tails and append interleaved records: silent corruption. The node takes the lock
-BEFORE it reads anything in the directory (`phalanx.node.open_node`), so a second
+BEFORE it reads anything in the directory (`phalanx.runtime.node.open_node`), so a second
 `phalanx node run` on a live node's directory stops at once, naming the holder, without
 opening the WAL.
 

@@ -10,7 +10,8 @@ fsyncs. It never invents data. The report says exactly which indexes were lost, 
 can re-fetch them from peers (CTRL: a truncated *committed* entry must be repaired from a
 replica, never silently forgotten). A corrupt meta file is reset to just before the first
 surviving record. A cut also leaves the WAL's `wal.lost` marker, which
-`phalanx.persistence.ReadyPersister.load` reports as `DurableState.lost_reason`: the node may
+`phalanx.runtime.persistence.ReadyPersister.load` reports as `DurableState.lost_reason`: the node
+may
 have acknowledged what was dropped, so it must catch up from its peers before it trusts its
 log (and, once the Raft core's recovering mode exists, before it votes).
 """

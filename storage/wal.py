@@ -484,7 +484,7 @@ class Wal:
         the log lost records (`wal.lost`), so a crash in between still says so.
 
         For a log that cannot continue from the newest checkpoint (it ends behind it, or a
-        gap separates them): see `phalanx.persistence.ReadyPersister.load`.
+        gap separates them): see `phalanx.runtime.persistence.ReadyPersister.load`.
         """
         self._check_usable()
         durable = self._sync is not SyncPolicy.OFF

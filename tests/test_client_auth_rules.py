@@ -1,11 +1,11 @@
-"""`phalanx.client_auth`: which sessions a client owns and what each role may send."""
+"""`phalanx.runtime.client_auth`: which sessions a client owns and what each role may send."""
 
 from __future__ import annotations
 
 import pytest
 
-from phalanx.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
 from phalanx.consensus.types import ClientRequest
+from phalanx.runtime.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
 
 
 @pytest.mark.parametrize(

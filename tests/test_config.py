@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.config import (
+from phalanx.ops.node_config import (
     Address,
     CheckpointConfig,
     ConfigError,
@@ -235,8 +235,8 @@ def test_configs_written_by_cluster_init_and_the_harness_load_strictly(
 ) -> None:
     from dataclasses import replace
 
-    from phalanx.cluster import init_cluster
-    from phalanx.config import check_cluster_files, check_files
+    from phalanx.ops.local_cluster import init_cluster
+    from phalanx.ops.node_config import check_cluster_files, check_files
 
     cluster = init_cluster(tmp_path / "c", protocol=protocol, nodes=4, base_port=20000)
     check_cluster_files(load_cluster_config(tmp_path / "c"))
@@ -253,7 +253,7 @@ def test_configs_written_by_cluster_init_and_the_harness_load_strictly(
 
 
 def test_check_files_names_the_missing_or_empty_file(tmp_path: Path) -> None:
-    from phalanx.config import check_files
+    from phalanx.ops.node_config import check_files
 
     cfg = _node(tmp_path)
     for p in (cfg.tls.ca, cfg.tls.cert, cfg.tls.key):
@@ -275,7 +275,7 @@ def test_check_files_names_the_missing_or_empty_file(tmp_path: Path) -> None:
 def test_open_node_checks_credential_files_before_opening_storage(tmp_path: Path) -> None:
     import trio
 
-    from phalanx.node import open_node
+    from phalanx.runtime.node import open_node
 
     cfg = _node(tmp_path)  # no certificate files exist
 

@@ -1,4 +1,4 @@
-"""Tests for phalanx.pki: certificates, PEM files, TLS contexts and identity extraction.
+"""Tests for phalanx.ops.pki: certificates, PEM files, TLS contexts and identity extraction.
 
 TLS handshakes run over in-memory streams (no sockets): what is tested is who trusts whom.
 """
@@ -17,8 +17,8 @@ import trio.testing
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from phalanx import pki
 from phalanx.consensus.types import NodeId
+from phalanx.ops import pki
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Incremental persistence of `PbftDurableState`: the delta between two records, and its replay.
 
 Owns: `PbftDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` pair (over
-`messages.PbftStateDelta`) that `phalanx.persistence.StateJournal` uses to append only what
+`messages.PbftStateDelta`) that `phalanx.runtime.persistence.StateJournal` uses to append only what
 changed in `Ready.core_state` instead of rewriting the whole record (under load the record
 holds up to 2K prepared certificates with their batches: about a megabyte).
 

@@ -4,7 +4,7 @@ Owns `add_run_command(jepsen_subparsers)` (the lead wires it under ``phalanx jep
 `run(args)`, its handler: parse the options, run `phalanx.jepsen.harness.runner.run_test`,
 print the verdict table, exit 0 valid, 1 invalid, 4 unknown (also: the cluster never became
 available), 2 usage error (bad or contradictory options, e.g. a PBFT cluster that is not
-3f+1 nodes: nothing was started). The table every subcommand follows: `phalanx.cli_errors`.
+3f+1 nodes: nothing was started). The table every subcommand follows: `phalanx.cli.errors`.
 
 Must not import the runtime or consensus cores.
 """
@@ -20,7 +20,7 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from phalanx.cli_errors import (
+from phalanx.cli.errors import (
     EXIT_INDETERMINATE,
     EXIT_USAGE,
     int_between,

@@ -1,7 +1,7 @@
 """A real local cluster wired through fault-injection proxies, for the Jepsen harness.
 
 Owns:
-    `open_real_cluster(directory, ...)`: `phalanx.cluster.init_cluster` in `directory`, a
+    `open_real_cluster(directory, ...)`: `phalanx.ops.local_cluster.init_cluster` in `directory`, a
     `ProxyNetwork` with one proxy per directed peer link, every node config rewritten so
     that node ``a`` dials peer ``b`` at the proxy of link ``a → b`` (``peers[].peer_addr``;
     ``b`` still listens on its own ``node.peer_listen``), then the node processes. Yields a
@@ -30,7 +30,7 @@ Rules:
       with ``volatile_writes`` also ``PHALANX_VOLATILE_WRITES=1``: their storage keeps
       un-fsynced appends in memory (`phalanx.storage.volatile`), so a SIGKILL loses them.
       ``PHALANX_TEST_CONTROL_DIR`` is the cluster's ``run/`` folder, where the nemesis writes
-      each node's clock-rate control file (`phalanx.test_hooks`).
+      each node's clock-rate control file (`phalanx.runtime.fault_hooks`).
     * Must not import the runtime or consensus cores: it talks to nodes only through the
       client and signals.
 """
@@ -48,8 +48,11 @@ from typing import Any
 
 import trio
 
-from phalanx.client import Client, ClientError, open_client
-from phalanx.cluster import (
+from phalanx.client.async_client import Client, ClientError, open_client
+from phalanx.consensus.quorum import max_byzantine_faults
+from phalanx.jepsen.harness.byzantine_plan import ByzantinePlan
+from phalanx.jepsen.harness.proxy import Link, ProxyNetwork
+from phalanx.ops.local_cluster import (
     CLIENT_PORT_OFFSET,
     ClusterError,
     NodeProcesses,
@@ -57,7 +60,7 @@ from phalanx.cluster import (
     init_cluster,
     node_command,
 )
-from phalanx.config import (
+from phalanx.ops.node_config import (
     Address,
     ClusterConfig,
     TimingConfig,
@@ -65,9 +68,6 @@ from phalanx.config import (
     load_node_config,
     node_config_dict,
 )
-from phalanx.consensus.quorum import max_byzantine_faults
-from phalanx.jepsen.harness.byzantine_plan import ByzantinePlan
-from phalanx.jepsen.harness.proxy import Link, ProxyNetwork
 
 TWIN_B_SUFFIX = "-b"
 """Twin B of node ``n3`` is the process instance ``n3-b`` (twin A keeps the node's name)."""

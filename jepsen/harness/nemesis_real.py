@@ -23,7 +23,7 @@ Owns:
       ``partition-bridge``, and the storage faults ``truncate-wal`` / ``flip-checkpoint``
       (`storage_faults`), applied to the killed node's data directory just before its restart.
     * ``clock-skew``: atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl``,
-      which the node polls (`phalanx.test_hooks`) and applies to its tick source; 1.0 at
+      which the node polls (`phalanx.runtime.fault_hooks`) and applies to its tick source; 1.0 at
       the stop. The file outlives restarts, so a restarted node keeps its skew.
       (``clock_skew=False`` records the event as not applied, for nodes without the hook.)
 
@@ -46,13 +46,13 @@ import shutil
 import signal
 from collections.abc import Callable
 
-from phalanx.cluster import ClusterError
-from phalanx.identity import IdentityError, read_identity
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.cluster import RealCluster
 from phalanx.jepsen.harness.storage_faults import flip_checkpoint_bit, tear_wal_tail
 from phalanx.jepsen.nemesis import FaultEvent
+from phalanx.ops.local_cluster import ClusterError
+from phalanx.runtime.identity import IdentityError, read_identity
 
 DELAY_UNIT = 0.002
 """Seconds of one-way delay per unit of a ``delay`` event's factor (3..20 → 6..40 ms)."""

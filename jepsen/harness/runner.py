@@ -46,7 +46,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from phalanx.client import open_client
+from phalanx.client.async_client import open_client
 from phalanx.jepsen.checker import CheckerResult, RunResult
 from phalanx.jepsen.harness.byzantine_plan import (
     ByzantinePlan,
@@ -123,7 +123,7 @@ class RunOptions:
 
     @property
     def node_names(self) -> tuple[str, ...]:
-        """``n1..nN``, as `phalanx.cluster.init_cluster` names them."""
+        """``n1..nN``, as `phalanx.ops.local_cluster.init_cluster` names them."""
         return tuple(f"n{i}" for i in range(1, self.nodes + 1))
 
     @property

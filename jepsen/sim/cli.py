@@ -1,8 +1,8 @@
 """`phalanx sim`: seeded deterministic-simulation sweeps from the command line.
 
-Owns: `add_sim_command(subparsers)` (the lead wires it into `phalanx.cli`) and its handler.
+Owns: `add_sim_command(subparsers)` (the lead wires it into `phalanx.cli.main`) and its handler.
 Progress goes to stderr, the summary and failure reports to stdout; the exit status is 1 when
-any seed fails, 2 on bad arguments (one line on stderr: `phalanx.cli_errors`). Counts and
+any seed fails, 2 on bad arguments (one line on stderr: `phalanx.cli.errors`). Counts and
 times are checked by their argparse types (finite, positive), so NaN or inf never reaches
 the simulator.
 
@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from phalanx.cli_errors import (
+from phalanx.cli.errors import (
     EXIT_USAGE,
     int_between,
     non_negative_int,

@@ -2,7 +2,7 @@
 disk and the replica layer, with crash, restart, pause and clock-rate skew.
 
 Owns: `SimNode`. It carries out every `Ready` exactly as `phalanx.consensus.core.Ready`
-orders: send `early_messages` → persist (through `phalanx.persistence.ReadyPersister`; the
+orders: send `early_messages` → persist (through `phalanx.runtime.persistence.ReadyPersister`; the
 memory disk's fsync is instantaneous in virtual time) → send → apply committed entries in
 order → answer rejected requests and reads → feed `Persisted(number)` back. Inputs
 produced while handling a Ready (Persisted, CheckpointTaken) are queued and stepped after
@@ -14,8 +14,8 @@ Faults:
   crash), otherwise written data survive (a process crash: the page cache survives).
 - `restart()`: reopen storage, `load()` the durable state, rebuild core and replica.
 - `lose_disk()`: a crash that also replaces the disk with an empty one, IDENTITY included
-  (`phalanx.identity`, modelled by `identity`): the restart then decides, as the runtime
-  does (`phalanx.identity.amnesia`), that the node must recover before it votes.
+  (`phalanx.runtime.identity`, modelled by `identity`): the restart then decides, as the runtime
+  does (`phalanx.runtime.identity.amnesia`), that the node must recover before it votes.
 - `pause()/resume()`: no ticks; messages and client requests queue until resumed.
 - `clock_rate`: the tick period is divided by it (a fast clock ticks more often).
 - `crash_point`: called after every carried-out Ready that had persistence; when it returns
@@ -48,10 +48,10 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, HardState, Message, slot_twin
-from phalanx.identity import Identity, amnesia
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
-from phalanx.persistence import Codec, DurableState, ReadyPersister, commit_only_change
+from phalanx.runtime.identity import Identity, amnesia
+from phalanx.runtime.persistence import Codec, DurableState, ReadyPersister, commit_only_change
 from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
 
@@ -71,7 +71,7 @@ class ClientSink(Protocol):
     answers_all: bool
     """True (BFT): a node answers every request it executes, not only those submitted to it,
     as a real PBFT replica answers a client's subscribed connection
-    (`phalanx.client_waiters`): a client that sent to the primary alone gets f+1 answers."""
+    (`phalanx.runtime.waiters`): a client that sent to the primary alone gets f+1 answers."""
 
     def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None: ...
 
@@ -118,7 +118,8 @@ class SimNode:
         self.clock_rate = 1.0
         self.disk = MemoryDisk(name)
         self.identity: Identity | None = Identity(cluster="sim", node=name, state="new")
-        """The IDENTITY file of the disk (`phalanx.identity`); None once the disk is lost."""
+        """The IDENTITY file of the disk (`phalanx.runtime.identity`); None once the disk is
+        lost."""
         self.stats = NodeStats()
         self.incarnation = 0
         self.core: Core | None = None

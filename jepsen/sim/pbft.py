@@ -1,6 +1,6 @@
 """PBFT in the deterministic simulator: cores with `FastCrypto`, Byzantine replicas, the BFT
 client side (a request to the primary alone once f+1 replicas name it, retransmissions to
-every replica, f+1 matching replies, as `phalanx.client_pbft`) and the BFT invariants.
+every replica, f+1 matching replies, as `phalanx.client.bft_calls`) and the BFT invariants.
 
 Owns: `pbft_setup(...)` (called by `phalanx.jepsen.sim.protocols.protocol_setup`),
 `choose_byzantine` (which replicas lie, and how, for a seed), `BftReplies` (the client-side
@@ -58,7 +58,7 @@ from phalanx.jepsen.byzantine import (
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.protocols import ProtocolSetup
 from phalanx.net import wire
-from phalanx.persistence import DurableState
+from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
 
 # Behaviours a sweep draws from (every one of `BEHAVIOURS`).
@@ -188,7 +188,7 @@ def _batch(batch: tuple[ClientRequest, ...]) -> str:
 
 
 class BftReplies:
-    """The BFT client side, as `phalanx.client_pbft` does it: a request goes to the primary
+    """The BFT client side, as `phalanx.client.bft_calls` does it: a request goes to the primary
     alone when more than f replicas name the same one, else to every replica, and every
     retransmission goes to every replica (`targets`); every replica answers what it executes
     (the real replicas answer subscribed connections); a result is accepted once f+1

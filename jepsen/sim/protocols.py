@@ -33,7 +33,7 @@ from phalanx.consensus.types import (
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.net import wire
 from phalanx.net.codec import Registry
-from phalanx.persistence import DurableState
+from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
 
 PROTOCOLS: tuple[str, ...] = ("raft", "pbft")

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from phalanx import demo_local
+from phalanx.demo import local as demo_local
 
 
 def test_demo_crashes_recovers_and_verifies(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_cli_e2e import _kv_here, _wait_for_leader, phalanx, running_cluster
 
-from phalanx import pki
-from phalanx.cert_cli import CertError, issue_client
-from phalanx.cluster import init_cluster
+from phalanx.cli.cert import CertError, issue_client
+from phalanx.ops import pki
+from phalanx.ops.local_cluster import init_cluster
 
 __all__ = ["running_cluster"]  # the fixture, imported for pytest
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from phalanx.cluster import find_free_base_port
-from phalanx.kv_cli import add_kv_command
+from phalanx.cli.kv import add_kv_command
+from phalanx.ops.local_cluster import find_free_base_port
 
 PHALANX = [sys.executable, "-m", "phalanx"]
 

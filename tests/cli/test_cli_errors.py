@@ -1,10 +1,10 @@
 """Hostile operator input to every `phalanx` subcommand: ONE line on stderr, the right exit code.
 
-Runs the real CLI in-process (`phalanx.cli.main([...])`, argv exactly as a shell would pass
+Runs the real CLI in-process (`phalanx.cli.main.main([...])`, argv exactly as a shell would pass
 it: a non-UTF-8 byte arrives surrogate-escaped) and asserts, for each mistake, exit 2 (usage:
 the only meaning of 2) and a single ``phalanx ...: error: ...`` line naming the problem, with
 no traceback. One real process: a node whose listen port is taken. The exit-code table:
-`phalanx.cli_errors`.
+`phalanx.cli.errors`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import cli_errors
-from phalanx.cli import main
-from phalanx.cli_errors import EXIT_INTERNAL, EXIT_USAGE
-from phalanx.cluster import find_free_base_port, init_cluster
+from phalanx.cli import errors as cli_errors
+from phalanx.cli.errors import EXIT_INTERNAL, EXIT_USAGE
+from phalanx.cli.main import main
+from phalanx.ops.local_cluster import find_free_base_port, init_cluster
 
 NOT_UTF8 = os.fsdecode(b"caf\xe9")  # Latin-1 bytes on a UTF-8 command line
 
@@ -325,7 +325,7 @@ def _broken(exc: BaseException) -> object:
 def test_our_own_bug_is_one_line_exit_70_and_a_traceback_on_request(
     cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from phalanx import kv_cli
+    from phalanx.cli import kv as kv_cli
 
     monkeypatch.setattr(kv_cli, "_status_main", _broken(RuntimeError("boom")))
     monkeypatch.delenv("PHALANX_DEBUG", raising=False)
@@ -342,7 +342,7 @@ def test_our_own_bug_is_one_line_exit_70_and_a_traceback_on_request(
 def test_ctrl_c_and_a_closed_stdout(
     cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from phalanx import kv_cli
+    from phalanx.cli import kv as kv_cli
 
     monkeypatch.setattr(kv_cli, "_status_main", _broken(KeyboardInterrupt()))
     _one_line(*_run(["status", "--cluster", str(cluster)], capsys), "interrupted",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from phalanx import pki
-from phalanx.cluster import (
+from phalanx.ops import pki
+from phalanx.ops.local_cluster import (
     ClusterError,
     NodeProcesses,
     add_cluster_command,
@@ -28,8 +28,8 @@ from phalanx.cluster import (
     open_cluster,
     supervise,
 )
-from phalanx.config import load_cluster_config, load_node_config
-from phalanx.ports import ephemeral_port_range, in_ephemeral_range
+from phalanx.ops.node_config import load_cluster_config, load_node_config
+from phalanx.ops.ports import ephemeral_port_range, in_ephemeral_range
 
 
 def _parser() -> argparse.ArgumentParser:

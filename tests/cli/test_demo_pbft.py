@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 from rich.console import Console
 
-from phalanx.demo_pbft import PbftDemoOptions, run_pbft_demo
+from phalanx.demo.pbft import PbftDemoOptions, run_pbft_demo
 
 
 def test_pbft_demo_survives_a_byzantine_primary_and_its_kill(tmp_path: Path) -> None:

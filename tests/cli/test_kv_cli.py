@@ -22,8 +22,7 @@ from phalanx.apps.kv_types import (
     ScanResult,
     Value,
 )
-from phalanx.cluster import init_cluster
-from phalanx.kv_cli import (
+from phalanx.cli.kv import (
     EXIT_NEGATIVE,
     EXIT_OK,
     EXIT_REJECTED,
@@ -36,6 +35,7 @@ from phalanx.kv_cli import (
     format_status_table,
 )
 from phalanx.net.client_protocol import StatusReply
+from phalanx.ops.local_cluster import init_cluster
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,7 +147,7 @@ def test_cluster_option_defaults_to_the_environment(
 def test_status_against_stopped_nodes_reports_every_node_unreachable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from phalanx.cluster import find_free_base_port
+    from phalanx.ops.local_cluster import find_free_base_port
 
     d = tmp_path / "c"
     init_cluster(d, nodes=3, base_port=find_free_base_port(3))

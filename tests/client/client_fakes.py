@@ -1,6 +1,6 @@
 """In-test fake nodes for the client tests: real trio TLS servers speaking the client protocol.
 
-A `FakeNode` serves `phalanx.net.client_protocol` on 127.0.0.1 with a real `phalanx.pki`
+A `FakeNode` serves `phalanx.net.client_protocol` on 127.0.0.1 with a real `phalanx.ops.pki`
 node certificate. What it answers is decided by its `behaviour` (swappable at any time);
 `KvBackend` is a real `KvStateMachine` behind the replica layer's session rule, shared by the
 fake nodes of one fake cluster, so tests can check exactly-once application.
@@ -22,9 +22,8 @@ from pathlib import Path
 
 import trio
 
-from phalanx import pki
 from phalanx.apps.kv import KvStateMachine
-from phalanx.client import Client, open_client
+from phalanx.client.async_client import Client, open_client
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import (
     ClientCall,
@@ -37,6 +36,7 @@ from phalanx.net.client_protocol import (
 )
 from phalanx.net.framing import FrameDecoder, encode_frame
 from phalanx.net.transport import Backoff
+from phalanx.ops import pki
 
 client_protocol.register()
 

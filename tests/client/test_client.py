@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import KvErrorCode, Put
-from phalanx.client import (
+from phalanx.client.async_client import (
     Client,
     ClientClosed,
     ClientTimeout,

@@ -1,4 +1,4 @@
-"""phalanx.Client against a real in-process 3-node Raft cluster (`phalanx.node.open_node`)
+"""phalanx.Client against a real in-process 3-node Raft cluster (`phalanx.runtime.node.open_node`)
 over loopback TLS: the KV helpers end to end, pipelined writes, and a leader crash."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import trio
 
-from phalanx import pki
-from phalanx.client import Client, open_client
-from phalanx.config import Address, NodeConfig, PeerConfig, TimingConfig, TlsFiles
-from phalanx.identity import prepare_data_dir
+from phalanx.client.async_client import Client, open_client
 from phalanx.net.transport import Backoff
-from phalanx.node import Node, open_node
-from phalanx.ports import free_ports
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address, NodeConfig, PeerConfig, TimingConfig, TlsFiles
+from phalanx.ops.ports import free_ports
+from phalanx.runtime.identity import prepare_data_dir
+from phalanx.runtime.node import Node, open_node
 
 HOST = "127.0.0.1"
 GUARD = 30  # seconds: a hang guard only

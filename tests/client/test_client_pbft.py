@@ -28,9 +28,9 @@ from client_fakes import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.client import Client, ClientTimeout, RequestRejected
-from phalanx.client_conn import NodeSlot
-from phalanx.client_pbft import choose_primary
+from phalanx.client.async_client import Client, ClientTimeout, RequestRejected
+from phalanx.client.bft_calls import choose_primary
+from phalanx.client.connection import NodeSlot
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
 
 NAMES = ("n1", "n2", "n3", "n4")

@@ -1,4 +1,5 @@
-"""Tests for phalanx.client_sync.SyncClient: the blocking wrapper, driven from plain threads."""
+"""Tests for phalanx.client.sync_client.SyncClient: the blocking wrapper, driven from plain
+threads."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import trio
 from client_fakes import Certs, FakeNode, KvBackend, addresses, make_certs, serve_kv, start_nodes
 
-from phalanx.client import ClientClosed, ClientTimeout, KvCommandError
-from phalanx.client_sync import SyncClient
+from phalanx.client.async_client import ClientClosed, ClientTimeout, KvCommandError
+from phalanx.client.sync_client import SyncClient
 from phalanx.net.transport import Backoff
 
 

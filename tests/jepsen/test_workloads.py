@@ -25,7 +25,7 @@ from phalanx.apps.kv_types import (
     TxnWrite,
     Value,
 )
-from phalanx.client import ClientTimeout, KvCommandError
+from phalanx.client.async_client import ClientTimeout, KvCommandError
 from phalanx.jepsen.history import HistoryRecorder
 from phalanx.jepsen.workloads import (
     Invocation,

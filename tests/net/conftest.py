@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from transport_fakes import LogWaiter
 
-from phalanx import pki
+from phalanx.ops import pki
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`phalanx.ports`: listen ports are chosen outside the kernel's ephemeral range, and a dial
+"""`phalanx.ops.ports`: listen ports are chosen outside the kernel's ephemeral range, and a dial
 that reaches itself (TCP simultaneous open on a port nobody listens on) is refused."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from phalanx.net import transport
-from phalanx.ports import (
+from phalanx.ops.ports import (
     IANA_RANGE,
     LINUX_DEFAULT_RANGE,
     LOWEST_PORT,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import trio
 
-from phalanx import pki
 from phalanx.net.tls_stream import YIELD_EVERY, TlsStream
+from phalanx.ops import pki
 
 
 @pytest.fixture(scope="module")

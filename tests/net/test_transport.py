@@ -37,7 +37,6 @@ from transport_fakes import (
     welcomed,
 )
 
-from phalanx import pki
 from phalanx.consensus.types import (
     LocalProtocolError,
 )
@@ -47,6 +46,7 @@ from phalanx.net.transport import (
     PeerAddress,
     Transport,
 )
+from phalanx.ops import pki
 
 # --------------------------------------------------------------------------------------------
 # Exchange

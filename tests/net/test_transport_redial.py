@@ -10,8 +10,8 @@ from __future__ import annotations
 import trio
 from transport_fakes import GUARD, HOST, N1, N2, address, listen, node, receive
 
-from phalanx import pki
 from phalanx.net.transport import Backoff, PeerAddress
+from phalanx.ops import pki
 
 LONG = Backoff(base=600.0, cap=600.0)
 

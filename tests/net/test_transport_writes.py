@@ -33,7 +33,6 @@ from transport_fakes import (
     welcomed,
 )
 
-from phalanx import pki
 from phalanx.consensus.types import (
     ClientRequest,
     Entry,
@@ -50,6 +49,7 @@ from phalanx.net.transport import (
     PeerAddress,
     Transport,
 )
+from phalanx.ops import pki
 
 # --------------------------------------------------------------------------------------------
 # With the project's codec (phalanx.net.wire)

@@ -16,7 +16,6 @@ from typing import Any
 import trio
 import trio.testing
 
-from phalanx import pki
 from phalanx.consensus.types import (
     NodeId,
 )
@@ -27,6 +26,7 @@ from phalanx.net.transport import (
     Transport,
     open_peer_transport,
 )
+from phalanx.ops import pki
 
 HOST = "127.0.0.1"
 GUARD = 15  # seconds: a hang guard only

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import trio
 
-from phalanx import pki
-from phalanx.config import (
+from phalanx.net import client_protocol, wire
+from phalanx.net.framing import FrameDecoder, encode_frame
+from phalanx.ops import pki
+from phalanx.ops.node_config import (
     Address,
     CheckpointConfig,
     NodeConfig,
@@ -21,10 +23,8 @@ from phalanx.config import (
     TimingConfig,
     TlsFiles,
 )
-from phalanx.identity import prepare_data_dir
-from phalanx.net import client_protocol, wire
-from phalanx.net.framing import FrameDecoder, encode_frame
-from phalanx.ports import free_ports
+from phalanx.ops.ports import free_ports
+from phalanx.runtime.identity import prepare_data_dir
 
 HOST = "127.0.0.1"
 TICK_MS = 10

@@ -22,11 +22,11 @@ from test_cluster import Cluster
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Get, Put, Value
-from phalanx.config import NodeConfig
 from phalanx.consensus.types import ClientRequest
-from phalanx.identity import IDENTITY_NAME
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
-from phalanx.node import Node, NodeError, open_node
+from phalanx.ops.node_config import NodeConfig
+from phalanx.runtime.identity import IDENTITY_NAME
+from phalanx.runtime.node import Node, NodeError, open_node
 
 
 async def call(node: Node, n: int, command: bytes, *, read_only: bool = False) -> ClientReply:

@@ -22,12 +22,12 @@ from runtime_helpers import RawClient, make_cluster
 from test_cluster import cluster
 from test_process import write_configs
 
-from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import KvError, KvErrorCode, Put
-from phalanx.client import Forbidden, open_client
+from phalanx.client.async_client import Forbidden, open_client
 from phalanx.net.client_protocol import ReadConsistency, StatusCall, StatusReply
-from phalanx.node import NodeError, open_node, serve_node
+from phalanx.ops import pki
+from phalanx.runtime.node import NodeError, open_node, serve_node
 
 
 async def test_a_node_with_another_nodes_certificate_refuses_to_start(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Client authentication and authorization on the client port (`phalanx.client_auth`).
+"""Client authentication and authorization on the client port (`phalanx.runtime.client_auth`).
 
 The attacks these reproduce, on the real port over real TLS:
 - a client with no certificate, holding only the public CA certificate, used to get full
@@ -18,9 +18,6 @@ from runtime_helpers import HOST, RawClient, wait_for
 from test_client_port import RecordingSink, frame
 from test_client_subscriptions import SubscribingSink
 
-from phalanx import pki
-from phalanx.client_port import ClientPort
-from phalanx.config import Address
 from phalanx.net import client_protocol
 from phalanx.net.client_protocol import (
     ClientHello,
@@ -30,6 +27,9 @@ from phalanx.net.client_protocol import (
     StatusCall,
     StatusReply,
 )
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address
+from phalanx.runtime.client_port import ClientPort
 
 client_protocol.register()
 

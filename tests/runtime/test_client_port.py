@@ -16,9 +16,6 @@ import pytest
 import trio
 from runtime_helpers import HOST, RawClient, wait_for
 
-from phalanx import pki
-from phalanx.client_port import ClientPort
-from phalanx.config import Address
 from phalanx.consensus.types import ClientRequest
 from phalanx.net import wire
 from phalanx.net.client_protocol import (
@@ -29,6 +26,9 @@ from phalanx.net.client_protocol import (
     StatusReply,
 )
 from phalanx.net.framing import encode_frame
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address
+from phalanx.runtime.client_port import ClientPort
 
 
 class RecordingSink:

@@ -14,11 +14,11 @@ import trio
 from runtime_helpers import HOST, RawClient, wait_for
 from test_client_port import RecordingSink, frame
 
-from phalanx import pki
-from phalanx.client_port import ClientPort
-from phalanx.config import Address
 from phalanx.net.client_protocol import ClientReply
 from phalanx.net.framing import FREE_BYTES, encode_frame
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address
+from phalanx.runtime.client_port import ClientPort
 
 MIB = 1 << 20
 

@@ -18,10 +18,6 @@ from hypothesis import strategies as st
 from runtime_helpers import HOST, RawClient, wait_for
 from test_client_port import RecordingSink, frame
 
-from phalanx import pki
-from phalanx.client_port import ClientPort
-from phalanx.client_waiters import ClientWaiters
-from phalanx.config import Address
 from phalanx.consensus.types import NodeId
 from phalanx.net.client_protocol import (
     ClientHello,
@@ -30,6 +26,10 @@ from phalanx.net.client_protocol import (
     ReplyStatus,
     StatusReply,
 )
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address
+from phalanx.runtime.client_port import ClientPort
+from phalanx.runtime.waiters import ClientWaiters
 
 
 class Counters:

@@ -16,7 +16,6 @@ from runtime_helpers import RawClient, cluster_client, make_cluster, wait_for
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import CasResult, CompareAndSet, Get, Put, Value
-from phalanx.config import NodeConfig
 from phalanx.consensus.core import Ready
 from phalanx.consensus.raft import (
     AppendEntries,
@@ -25,8 +24,6 @@ from phalanx.consensus.raft import (
     RequestVoteResponse,
 )
 from phalanx.consensus.types import ClientRequest, NodeId
-from phalanx.driver import Driver
-from phalanx.group_commit import GroupCommitter
 from phalanx.net.client_protocol import (
     ClientCall,
     ClientReply,
@@ -35,7 +32,10 @@ from phalanx.net.client_protocol import (
     StatusCall,
     StatusReply,
 )
-from phalanx.node import Node, open_node
+from phalanx.ops.node_config import NodeConfig
+from phalanx.runtime.driver import Driver
+from phalanx.runtime.group_commit import GroupCommitter
+from phalanx.runtime.node import Node, open_node
 
 
 def put(client_id: str, n: int, key: str, value: bytes) -> ClientCall:

@@ -14,8 +14,8 @@ import trio
 from runtime_helpers import make_cluster
 from test_process import spawn, status_of, write_configs
 
-from phalanx.config import NodeConfig
-from phalanx.node import NodeError, open_node
+from phalanx.ops.node_config import NodeConfig
+from phalanx.runtime.node import NodeError, open_node
 from phalanx.storage.lock import DirectoryLocked, lock_data_dir
 from phalanx.storage.wal import segment_name
 
@@ -75,7 +75,7 @@ async def test_second_node_process_on_a_live_directory_fails_at_once(tmp_path: P
         began = time.monotonic()
         with trio.fail_after(30):
             second = await trio.run_process(
-                [sys.executable, "-m", "phalanx.node_cli", str(paths["n1"])],
+                [sys.executable, "-m", "phalanx.cli.node", str(paths["n1"])],
                 capture_stdout=True, capture_stderr=True, check=False)
         assert second.returncode != 0
         lines = second.stderr.decode().strip().splitlines()

@@ -18,11 +18,11 @@ import trio
 from runtime_helpers import TESTER, cluster_client, wait_for
 from test_cluster import call, cluster, get, put
 
-from phalanx import pki
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Value
-from phalanx.client import StorageUnavailable, open_client
+from phalanx.client.async_client import StorageUnavailable, open_client
 from phalanx.net.client_protocol import ReplyStatus
+from phalanx.ops import pki
 from phalanx.storage.directory import OsDirectory
 
 

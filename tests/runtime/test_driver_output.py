@@ -1,4 +1,4 @@
-"""When the driver's peer messages leave (`phalanx.driver_output.PeerOutput`, and the driver
+"""When the driver's peer messages leave (`phalanx.runtime.driver_output.PeerOutput`, and the driver
 around it): early messages at the end of a pass, lazy ones (a Raft leader's commit notices)
 with the next message to their peer or at the next tick, each link FIFO; the transport's
 held frames are flushed at the end of a pass and before the driver blocks on a write.
@@ -28,11 +28,11 @@ from phalanx.apps.replica import Replica
 from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Receive, Send
 from phalanx.consensus.raft import AppendEntries
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
-from phalanx.driver import Driver
-from phalanx.driver_output import PeerOutput
-from phalanx.driver_stats import DriverStatistics
 from phalanx.net.client_protocol import StatusReply
-from phalanx.node import raft_commit_notice, raft_notice_superseded
+from phalanx.runtime.driver import Driver
+from phalanx.runtime.driver_output import PeerOutput
+from phalanx.runtime.driver_stats import DriverStatistics
+from phalanx.runtime.node import raft_commit_notice, raft_notice_superseded
 from phalanx.storage.memory import MemoryDisk
 
 N3 = NodeId("n3")

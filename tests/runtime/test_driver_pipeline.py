@@ -3,7 +3,7 @@ ordinary ones only after it; writes arriving in one pass become one proposal (bo
 leader persists on a worker thread, a follower on the core task only when asked.
 
 The core here is a stand-in that returns fixed Readys, so each test pins one rule of
-`phalanx.driver` without Raft's own behaviour in the way. Synchronisation is by events and
+`phalanx.runtime.driver` without Raft's own behaviour in the way. Synchronisation is by events and
 `wait_for`, never by elapsed time.
 """
 
@@ -21,12 +21,12 @@ from phalanx.apps.replica import Replica
 from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Receive, Send
 from phalanx.consensus.raft import AppendEntries, AppendEntriesResponse
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
-from phalanx.driver import DRAIN_LIMIT, PROPOSAL_MAX_REQUESTS, Driver
-from phalanx.group_commit import GroupCommitter
 from phalanx.net import wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus, StatusReply
-from phalanx.persistence import ReadyPersister
-from phalanx.phase_trace import PhaseTrace
+from phalanx.runtime.driver import DRAIN_LIMIT, PROPOSAL_MAX_REQUESTS, Driver
+from phalanx.runtime.group_commit import GroupCommitter
+from phalanx.runtime.persistence import ReadyPersister
+from phalanx.runtime.phase_trace import PhaseTrace
 from phalanx.storage.memory import MemoryDisk
 
 N1, N2 = NodeId("n1"), NodeId("n2")

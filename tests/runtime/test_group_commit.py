@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from phalanx.consensus.core import Ready
 from phalanx.consensus.types import Entry, EntryKind, HardState, NodeId
-from phalanx.group_commit import GroupCommitter
 from phalanx.net import wire
-from phalanx.persistence import ReadyPersister
+from phalanx.runtime.group_commit import GroupCommitter
+from phalanx.runtime.persistence import ReadyPersister
 from phalanx.storage.memory import MemoryDisk
 
 

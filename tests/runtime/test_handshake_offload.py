@@ -25,10 +25,10 @@ import trio
 from runtime_helpers import HOST, RawClient, wait_for
 from test_client_port import RecordingSink, frame
 
-from phalanx import pki
-from phalanx.client_port import LOG_LINES_PER_SECOND, ClientPort
-from phalanx.config import Address
 from phalanx.net.client_protocol import ClientReply
+from phalanx.ops import pki
+from phalanx.ops.node_config import Address
+from phalanx.runtime.client_port import LOG_LINES_PER_SECOND, ClientPort
 
 
 async def test_handshake_steps_run_outside_the_event_loop_thread(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ async def test_failed_handshakes_are_counted_but_logged_a_few_a_second(
                       handshake_rate=None)
     sink.port = port
     attempts = 40
-    with caplog.at_level(logging.INFO, logger="phalanx.client_port"):
+    with caplog.at_level(logging.INFO, logger="phalanx.runtime.client_port"):
         async with trio.open_nursery() as nursery:
             listeners = await trio.open_tcp_listeners(0, host=HOST)
             await nursery.start(port.serve, listeners)

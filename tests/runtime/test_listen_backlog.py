@@ -20,8 +20,8 @@ import trio
 from runtime_helpers import make_cluster
 from test_process import spawn, status_of, write_configs
 
-from phalanx.config import Address, NodeConfig
 from phalanx.net.conn_gate import LISTEN_BACKLOG
+from phalanx.ops.node_config import Address, NodeConfig
 
 ATTEMPTS = 300
 

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.types import NodeId
-from phalanx.metrics import FSYNC_BUCKETS, NodeMetrics
+from phalanx.runtime.metrics import FSYNC_BUCKETS, NodeMetrics
 
 
 def scrape(metrics: NodeMetrics) -> dict[str, float]:

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from phalanx.client import Client, open_client
-from phalanx.cluster import find_free_base_port, init_cluster
-from phalanx.config import ClusterConfig, NodeConfig, load_node_config
+from phalanx.client.async_client import Client, open_client
 from phalanx.consensus.pbft import PbftStatus
 from phalanx.consensus.pbft.messages import Prepare
 from phalanx.consensus.types import NodeId
-from phalanx.node import Node, NodeError, open_node
-from phalanx.pbft_keys import load_crypto
-from phalanx.persistence import DurableState
+from phalanx.ops.local_cluster import find_free_base_port, init_cluster
+from phalanx.ops.node_config import ClusterConfig, NodeConfig, load_node_config
+from phalanx.ops.signing_keys import load_crypto
 from phalanx.protocols import ProtocolError, build_core
+from phalanx.runtime.node import Node, NodeError, open_node
+from phalanx.runtime.persistence import DurableState
 
 HOST = "127.0.0.1"
 GUARD = 60  # seconds: a hang guard only

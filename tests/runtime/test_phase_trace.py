@@ -1,4 +1,4 @@
-"""Phase tracing (`phalanx.phase_trace`): off unless `PHALANX_TRACE_PHASES` is set; when on,
+"""Phase tracing (`phalanx.runtime.phase_trace`): off unless `PHALANX_TRACE_PHASES` is set; when on,
 the driver's events are written in the order the ordering rule imposes on them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import trio
 from runtime_helpers import wait_for
 from test_driver_pipeline import GatedCommitter, ScriptedCore, Sink, call, make_driver
 
-from phalanx.phase_trace import ENV_VAR, PhaseTrace, phase_trace_from_env
+from phalanx.runtime.phase_trace import ENV_VAR, PhaseTrace, phase_trace_from_env
 
 
 def test_tracing_is_off_without_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Real node processes (`python -m phalanx.node_cli CONFIG`): the whole cluster is SIGKILLed
+"""Real node processes (`python -m phalanx.cli.node CONFIG`): the whole cluster is SIGKILLed
 after acknowledged writes and restarted from its durable state, which keeps every one of them;
 SIGTERM stops a node cleanly with exit code 0."""
 
@@ -14,7 +14,6 @@ from runtime_helpers import RawClient, cluster_client, make_cluster
 
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import Get, Put, Value
-from phalanx.config import NodeConfig, dumps_toml, node_config_dict
 from phalanx.consensus.types import ClientRequest
 from phalanx.net.client_protocol import (
     ClientCall,
@@ -23,6 +22,7 @@ from phalanx.net.client_protocol import (
     StatusCall,
     StatusReply,
 )
+from phalanx.ops.node_config import NodeConfig, dumps_toml, node_config_dict
 
 
 def write_configs(root: Path, configs: list[NodeConfig]) -> dict[str, Path]:
@@ -37,7 +37,7 @@ def write_configs(root: Path, configs: list[NodeConfig]) -> dict[str, Path]:
 
 def spawn(path: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "phalanx.node_cli", str(path)],
+        return subprocess.Popen([sys.executable, "-m", "phalanx.cli.node", str(path)],
                                 stdout=out, stderr=subprocess.STDOUT)
 
 

@@ -31,7 +31,7 @@ def _low_nofile() -> None:
 
 def spawn_limited(path: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "phalanx.node_cli", str(path)],
+        return subprocess.Popen([sys.executable, "-m", "phalanx.cli.node", str(path)],
                                 stdout=out, stderr=subprocess.STDOUT, preexec_fn=_low_nofile)
 
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from phalanx.process_tuning import TrimPolicy, system_malloc_exec, tune_malloc
+from phalanx.runtime.process_tuning import TrimPolicy, system_malloc_exec, tune_malloc
 
-_PROBE = "from phalanx.process_tuning import tune_malloc; print(','.join(tune_malloc()))"
+_PROBE = "from phalanx.runtime.process_tuning import tune_malloc; print(','.join(tune_malloc()))"
 
 
 def _probe(env: dict[str, str]) -> str:
@@ -44,7 +44,7 @@ def test_refuses_values_out_of_range() -> None:
 
 
 _TRIM_PROBE = """
-from phalanx.process_tuning import trim_malloc, tune_malloc
+from phalanx.runtime.process_tuning import trim_malloc, tune_malloc
 tune_malloc()
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * 4096
@@ -119,7 +119,7 @@ def test_a_node_re_executes_on_the_system_allocator_unless_told_otherwise() -> N
 def test_the_re_executed_process_runs_on_the_system_allocator() -> None:
     """End to end in a child process: the entry point's call re-executes it (same pid), and
     the new image sees PYTHONMALLOC=malloc."""
-    code = ("import os, sys; from phalanx.process_tuning import use_system_malloc; "
+    code = ("import os, sys; from phalanx.runtime.process_tuning import use_system_malloc; "
             "print(os.getpid(), os.environ.get('PYTHONMALLOC'), flush=True); "
             "use_system_malloc()")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
@@ -137,9 +137,9 @@ def test_the_re_executed_process_runs_on_the_system_allocator() -> None:
 
 
 def test_only_the_node_run_command_re_executes() -> None:
-    """`phalanx.cli.main` switches allocators for `phalanx node run CONFIG` alone (before it
+    """`phalanx.cli.main.main` switches allocators for `phalanx node run CONFIG` alone (before it
     imports the node runtime), never for help, other commands, or an in-process call."""
-    from phalanx.cli import _runs_a_node
+    from phalanx.cli.main import _runs_a_node
 
     assert _runs_a_node(["node", "run", "n1.toml"])
     assert _runs_a_node(["node", "run", "n1.toml", "--byzantine", "silent"])

@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from phalanx.ticker import Ticker
+from phalanx.runtime.ticker import Ticker
 
 PERIOD = 0.005
 

@@ -27,7 +27,7 @@ from phalanx.consensus.types import (
     SnapshotMeta,
 )
 from phalanx.net import wire
-from phalanx.persistence import DurableState, LostStateError, ReadyPersister
+from phalanx.runtime.persistence import DurableState, LostStateError, ReadyPersister
 from phalanx.storage.directory import OsDirectory
 from phalanx.storage.files import Storage, open_file_storage
 from phalanx.storage.interface import Checkpoint, CorruptionError, StorageError

@@ -24,7 +24,7 @@ from phalanx.consensus.pbft.messages import (
 )
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.net import wire
-from phalanx.persistence import JOURNAL_NAME, StateJournal
+from phalanx.runtime.persistence import JOURNAL_NAME, StateJournal
 from phalanx.storage.hardstate import FileHardStateStore
 from phalanx.storage.interface import CorruptionError
 from phalanx.storage.memory import MemoryDirectory

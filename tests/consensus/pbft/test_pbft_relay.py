@@ -1,6 +1,7 @@
 """Backups relay a client request to the primary only after `forward_ticks` ticks, and only
 when no pre-prepare carries it yet. Clients send a request to the primary alone and to every
-replica on a retransmission (`phalanx.client`): a request a backup got directly is one the
+replica on a retransmission (`phalanx.client.async_client`): a request a backup got directly is one
+the
 primary was slow with, lost, or ignored, and the backup's view-change timer runs for it."""
 
 from __future__ import annotations

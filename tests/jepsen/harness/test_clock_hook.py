@@ -1,4 +1,5 @@
-"""The clock-skew test hook (`phalanx.test_hooks`): control-file parsing and the watcher."""
+"""The clock-skew test hook (`phalanx.runtime.fault_hooks`): control-file parsing and the
+watcher."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from phalanx.test_hooks import control_file, read_clock_rate, watch_clock_rate
+from phalanx.runtime.fault_hooks import control_file, read_clock_rate, watch_clock_rate
 
 
 def test_control_file_needs_both_switches(tmp_path: Path) -> None:

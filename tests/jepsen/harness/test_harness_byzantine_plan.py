@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from phalanx.cli_errors import EXIT_USAGE
+from phalanx.cli.errors import EXIT_USAGE
 from phalanx.jepsen.byzantine import BEHAVIOURS
 from phalanx.jepsen.harness.byzantine_plan import (
     ANY,

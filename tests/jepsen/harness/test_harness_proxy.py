@@ -12,9 +12,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phalanx import pki
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness.proxy import LinkProxy, ProxyNetwork
+from phalanx.ops import pki
 
 
 async def _echo(stream: trio.abc.Stream) -> None:

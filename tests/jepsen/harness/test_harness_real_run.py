@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from phalanx.cli_errors import EXIT_USAGE
+from phalanx.cli.errors import EXIT_USAGE
 from phalanx.jepsen.harness.cli import EXIT_VALID, add_run_command
 from phalanx.jepsen.history import NEMESIS, read_history
 

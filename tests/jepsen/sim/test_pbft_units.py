@@ -150,7 +150,7 @@ def test_checker_validity_rejects_requests_no_client_issued() -> None:
 
 
 def test_sim_clients_send_to_the_primary_f_plus_1_name_and_retransmit_to_all() -> None:
-    # As `phalanx.client_pbft`: alone to the primary that more than f replicas name, to
+    # As `phalanx.client.bft_calls`: alone to the primary that more than f replicas name, to
     # everyone when they do not agree, and every retransmission to everyone.
     names = ("n1", "n2", "n3", "n4")
     replies = BftReplies(names, (), seed=0)

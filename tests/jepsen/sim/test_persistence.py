@@ -1,4 +1,5 @@
-"""`phalanx.persistence`: Ready persistence over the memory disk, and what survives a crash."""
+"""`phalanx.runtime.persistence`: Ready persistence over the memory disk, and what survives a
+crash."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from phalanx.consensus.types import (
     SnapshotMeta,
 )
 from phalanx.net import wire
-from phalanx.persistence import ReadyPersister
+from phalanx.runtime.persistence import ReadyPersister
 from phalanx.storage.interface import Checkpoint
 from phalanx.storage.memory import MemoryDisk
 

@@ -1,0 +1,450 @@
+"""`phalanx kv` and `phalanx status`: the operator's view of a running cluster.
+
+Owns: the argparse wiring and output of both commands (`add_kv_command`,
+`add_status_command`), `query_status` (every node's `StatusReply`, concurrently) and
+`run_kv` (one KV command through the client library).
+
+Exit status of `phalanx kv` (for scripts):
+
+    0  success (`get` printed the value)
+    1  a negative answer: `get`/`delete` of an absent key, a `cas` whose comparison failed
+    2  usage error: bad arguments (a non-UTF-8 KEY, a timeout that is not a finite number
+       > 0), no cluster at DIR, a missing or invalid cluster.toml or client credential file
+    3  the cluster refused the command: it certainly had no effect
+    4  no answer in time: the command MAY OR MAY NOT have taken effect
+    5  the cluster answered that its storage is unavailable (`StorageUnavailable`)
+    6  the cluster refused this client the command (`Forbidden`): no effect
+
+(the table shared by every subcommand: `phalanx.cli.errors`). `phalanx status` exits 0 when
+every node answered, 1 when some did not (their rows say ``unreachable``), 2 on usage errors.
+Every error is one line on stderr.
+
+Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes only
+through `phalanx.client.async_client`. Keys are UTF-8 text; values are bytes: arguments are encoded
+with
+the file-system encoding (so any byte survives) and values are written raw to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final
+
+import trio
+
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import (
+    MAX_SCAN_LIMIT,
+    CasResult,
+    CompareAndSet,
+    Delete,
+    Deleted,
+    Done,
+    Get,
+    KvCommand,
+    KvError,
+    KvResult,
+    Put,
+    Scan,
+    ScanResult,
+    Value,
+)
+from phalanx.cli.errors import (
+    EXIT_FORBIDDEN,
+    EXIT_INDETERMINATE,
+    EXIT_REFUSED,
+    EXIT_STORAGE_UNAVAILABLE,
+    int_between,
+    positive_float,
+    print_error,
+    utf8_text,
+)
+from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected, open_client
+from phalanx.client.errors import Forbidden, StorageUnavailable
+from phalanx.net.client_protocol import ReadConsistency, StatusReply
+from phalanx.ops import pki
+from phalanx.ops.local_cluster import ClusterError, open_cluster
+from phalanx.ops.node_config import ClusterConfig, ConfigError, check_cluster_files
+
+EXIT_OK: Final = 0
+EXIT_NEGATIVE: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_REJECTED: Final = EXIT_REFUSED
+EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
+
+CLUSTER_ENV: Final = "PHALANX_CLUSTER"
+DEFAULT_TIMEOUT: Final = 5.0
+
+_KV_EPILOG = f"""\
+examples:
+  phalanx kv --cluster ./demo-cluster put greeting hello
+  phalanx kv --cluster ./demo-cluster get greeting          # prints: hello
+  phalanx kv --cluster ./demo-cluster cas greeting hello bonjour
+  phalanx kv --cluster ./demo-cluster cas --if-absent counter 1
+  phalanx kv --cluster ./demo-cluster scan gr               # prints: greeting<TAB>bonjour
+  phalanx kv --cluster ./demo-cluster delete greeting
+
+--cluster defaults to ${CLUSTER_ENV}. Reads are linearizable unless --stale.
+--as NAME uses DIR/clients/NAME.pem instead of the cluster's default client certificate
+(e.g. --as reader: read-only; see `phalanx cert issue-client`).
+
+exit status:
+  0  success
+  1  absent key / cas comparison failed
+  2  usage error: bad arguments, no cluster at DIR, a missing or invalid config or
+     credential file (nothing was sent)
+  3  refused by the cluster (no effect)
+  4  timed out: the command may or may not have taken effect
+  5  the cluster's storage is unavailable (disk full or failing)
+  6  forbidden: this client's certificate may not run the command (no effect)
+  70 internal error (a bug; PHALANX_DEBUG=1 shows the traceback)
+KEY and PREFIX must be UTF-8 text; VALUE may be any bytes.
+"""
+
+_STATUS_EPILOG = f"""\
+examples:
+  phalanx status --cluster ./demo-cluster
+  phalanx status --cluster ./demo-cluster --json | jq '.[] | select(.role=="leader")'
+
+--json prints a list with one object per node: node, role, term, leader, commit_index,
+applied_index, last_checkpoint, peers, connected_peers, dropped_messages, protocol,
+client_auth (role "unreachable" and an "error" for a node that did not answer). A node
+running with [client] auth = "none" (no client authentication) is named in a WARNING on
+stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1;
+2 on a usage error (bad arguments, no cluster at DIR, a missing or invalid config or
+credential file).
+"""
+
+
+def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster", metavar="DIR", default=os.environ.get(CLUSTER_ENV),
+        help=f"the cluster directory (default: ${CLUSTER_ENV})",
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help="give up after this long, a finite number > 0 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--as", dest="client_name", metavar="NAME", default=None,
+        help="act as client NAME: use DIR/clients/NAME.pem and NAME.key (default: the "
+        "cluster's client certificate)",
+    )
+
+
+def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``phalanx kv put|get|delete|cas|scan`` on `subparsers`."""
+    kv = subparsers.add_parser(
+        "kv", help="read and write keys of a running cluster",
+        description="Run one key-value command against a running cluster.",
+        epilog=_KV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_cluster_option(kv)
+    sub = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
+    put = sub.add_parser("put", help="set KEY to VALUE")
+    key = utf8_text("KEY")
+    put.add_argument("key", metavar="KEY", type=key)
+    put.add_argument("value", metavar="VALUE")
+    get = sub.add_parser("get", help="print the value of KEY (exit 1 if absent)")
+    get.add_argument("key", metavar="KEY", type=key)
+    get.add_argument("--stale", action="store_true",
+                     help="read from one node's applied state, possibly behind (faster)")
+    delete = sub.add_parser("delete", help="remove KEY (exit 1 if it was absent)")
+    delete.add_argument("key", metavar="KEY", type=key)
+    cas = sub.add_parser(
+        "cas", help="set KEY to NEW iff it holds OLD (exit 1 if not)",
+        description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.",
+    )
+    cas.add_argument("--if-absent", action="store_true",
+                     help="succeed only if KEY is absent (then give KEY NEW)")
+    cas.add_argument("key", metavar="KEY", type=key)
+    cas.add_argument("values", metavar="OLD NEW", nargs="+")
+    scan = sub.add_parser("scan", help="print KEY<TAB>VALUE lines for keys starting with PREFIX")
+    scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
+                      type=utf8_text("PREFIX"))
+    scan.add_argument("--limit", type=int_between(1, MAX_SCAN_LIMIT), default=1000,
+                      help=f"at most this many, 1..{MAX_SCAN_LIMIT} (default: 1000)")
+    for p in (put, get, delete, cas, scan):
+        p.set_defaults(handler=_kv_main)
+
+
+STATUS_TIMEOUT = 1.5
+
+
+def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``phalanx status`` on `subparsers`."""
+    status = subparsers.add_parser(
+        "status", help="show every node's role, term, commit and applied index",
+        description="Ask every node of a cluster for its status.",
+        epilog=_STATUS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_cluster_option(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    # A status probe should not hang on a dead node for the full operation timeout.
+    status.set_defaults(handler=_status_main, timeout=STATUS_TIMEOUT)
+
+
+# --------------------------------------------------------------------------------------------
+# kv
+
+
+def _bytes(text: str) -> bytes:
+    return os.fsencode(text)
+
+
+def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
+    """The KV command `args` asks for and whether it is read-only.
+
+    Raises:
+        ValueError: the arguments do not make a command (message for the operator).
+    """
+    match args.kv_command:
+        case "put":
+            return Put(key=args.key, value=_bytes(args.value)), False
+        case "get":
+            return Get(key=args.key), True
+        case "delete":
+            return Delete(key=args.key), False
+        case "cas":
+            values: list[str] = args.values
+            if args.if_absent:
+                if len(values) != 1:
+                    raise ValueError("cas --if-absent takes KEY NEW")
+                return CompareAndSet(key=args.key, expected=None, new=_bytes(values[0])), False
+            if len(values) != 2:
+                raise ValueError("cas takes KEY OLD NEW (or --if-absent KEY NEW)")
+            return CompareAndSet(
+                key=args.key, expected=_bytes(values[0]), new=_bytes(values[1])
+            ), False
+        case "scan":
+            if args.limit < 1:
+                raise ValueError("--limit must be >= 1")
+            return Scan(prefix=args.prefix, limit=args.limit), True
+    raise ValueError(f"unknown kv command {args.kv_command!r}")
+
+
+async def run_kv(
+    cluster: ClusterConfig,
+    command: KvCommand,
+    *,
+    read_only: bool,
+    stale: bool,
+    client_timeout: float,
+) -> KvResult:
+    """Send one KV command and return its decoded result (errors: see `phalanx.client.async_client`;
+    `client_timeout` is the client's deadline for the operation)."""
+    consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
+    failure: ClientError | None = None
+    raw = b""
+    async with open_client(cluster, timeout=client_timeout) as client:
+        try:
+            raw = await client.call(
+                kv_wire.encode_command(command), read_only=read_only, consistency=consistency
+            )
+        except ClientError as e:  # raised here, not wrapped in the client's ExceptionGroup
+            failure = e
+    if failure is not None:
+        raise failure
+    return kv_wire.decode_result(raw)
+
+
+def _show(value: bytes | None) -> str:
+    return "(absent)" if value is None else os.fsdecode(value)
+
+
+def _print_result(command: KvCommand, result: KvResult) -> int:
+    out = sys.stdout.buffer
+    match result:
+        case KvError():
+            print(f"phalanx kv: refused: {result.message}", file=sys.stderr)
+            return EXIT_REJECTED
+        case Done():
+            return EXIT_OK
+        case Value(value=None):
+            print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
+            return EXIT_NEGATIVE
+        case Value(value=bytes() as value):
+            out.write(value + b"\n")
+            out.flush()
+            return EXIT_OK
+        case Deleted(existed=existed):
+            if not existed:
+                print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
+            return EXIT_OK if existed else EXIT_NEGATIVE
+        case CasResult(succeeded=succeeded, current=current):
+            if not succeeded:
+                print(f"phalanx kv: cas failed: current value is {_show(current)}",
+                      file=sys.stderr)
+            return EXIT_OK if succeeded else EXIT_NEGATIVE
+        case ScanResult(items=items, more=more):
+            for key, value in items:
+                out.write(os.fsencode(key) + b"\t" + value + b"\n")
+            out.flush()
+            if more:
+                print("phalanx kv: more keys match; raise --limit to see them", file=sys.stderr)
+            return EXIT_OK
+    raise TypeError(f"unexpected result {result!r}")
+
+
+def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
+    """The cluster at --cluster with its client credential files present, or None after
+    printing why not (one line)."""
+    if not args.cluster:
+        print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
+        return None
+    try:
+        cluster = open_cluster(args.cluster)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
+        return None
+    name = getattr(args, "client_name", None)
+    if name is not None:
+        cert = cluster.directory / "clients" / f"{name}.pem"
+        key = cert.with_suffix(".key")
+        if not (cert.is_file() and key.is_file()):
+            print_error(prog, f"no client {name!r}: {cert} and {key} must exist (issue one "
+                        f"with `phalanx cert issue-client {name} --cluster {args.cluster}`)")
+            return None
+        cluster = replace(cluster, client_cert=cert, client_key=key)
+    try:
+        check_cluster_files(cluster)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
+        return None
+    try:
+        identity = pki.identity_from_certificate(cluster.client_cert)
+    except (OSError, ValueError) as e:
+        identity = None
+        why = f"cannot read it ({getattr(e, 'strerror', None) or e})"
+    else:
+        why = "it names no phalanx client"
+    if identity is None or identity.kind != "client":
+        print_error(prog, f"{cluster.client_cert} is not a usable client certificate: {why}")
+        return None
+    return cluster
+
+
+def _kv_main(args: argparse.Namespace) -> int:
+    cluster = _open(args, "phalanx kv")
+    if cluster is None:
+        return EXIT_USAGE
+    try:
+        command, read_only = build_command(args)
+    except ValueError as e:
+        print_error("phalanx kv", str(e))
+        return EXIT_USAGE
+    stale = bool(getattr(args, "stale", False))
+    try:
+        result = trio.run(lambda: run_kv(
+            cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout))
+    except StorageUnavailable as e:
+        print(f"phalanx kv: storage unavailable, the command may or may not have taken "
+              f"effect: {e}", file=sys.stderr)
+        return EXIT_STORAGE_UNAVAILABLE
+    except ClientTimeout as e:
+        print(f"phalanx kv: timed out, the command may or may not have taken effect: {e}",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    except Forbidden as e:
+        print(f"phalanx kv: forbidden: {e}", file=sys.stderr)
+        return EXIT_FORBIDDEN
+    except RequestRejected as e:
+        print(f"phalanx kv: refused: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    except ClientError as e:
+        print(f"phalanx kv: {e}; the command may or may not have taken effect",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    return _print_result(command, result)
+
+
+# --------------------------------------------------------------------------------------------
+# status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus:
+    """One row of `phalanx status`: a node's reply, or why there is none."""
+
+    node: str
+    reply: StatusReply | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        r = self.reply
+        if r is None:
+            return {"node": self.node, "role": "unreachable", "term": None, "leader": None,
+                    "commit_index": None, "applied_index": None, "last_checkpoint": None,
+                    "peers": [], "connected_peers": [], "error": self.error}
+        return {
+            "node": self.node, "role": r.role, "term": r.term, "leader": r.leader,
+            "commit_index": r.commit_index, "applied_index": r.applied_index,
+            "last_checkpoint": r.last_checkpoint, "peers": list(r.peers),
+            "connected_peers": list(r.connected_peers), "dropped_messages": r.dropped_messages,
+            "protocol": r.protocol, "client_auth": r.client_auth,
+        }
+
+
+async def query_status(cluster: ClusterConfig, *, client_timeout: float) -> list[NodeStatus]:
+    """Every node's status, asked concurrently, in cluster order (`client_timeout`: how long
+    each node gets to answer)."""
+    rows: dict[str, NodeStatus] = {}
+    async with open_client(cluster, timeout=client_timeout) as client:
+
+        async def ask(node: str) -> None:
+            try:
+                rows[node] = NodeStatus(node=node, reply=await client.status(node))
+            except ClientTimeout as e:
+                why = f" ({e.last_error})" if e.last_error else ""
+                rows[node] = NodeStatus(
+                    node=node, reply=None, error=f"no answer within {client_timeout:g}s{why}"
+                )
+            except ClientError as e:
+                rows[node] = NodeStatus(node=node, reply=None, error=str(e) or type(e).__name__)
+
+        async with trio.open_nursery() as nursery:
+            for n in cluster.nodes:
+                nursery.start_soon(ask, n.id)
+    return [rows[n.id] for n in cluster.nodes]
+
+
+def format_status_table(rows: Sequence[NodeStatus]) -> str:
+    """A fixed-width table, one line per node (what `phalanx status` prints)."""
+    header = ("NODE", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "CHECKPOINT", "PEERS")
+    lines: list[tuple[str, ...]] = [header]
+    for row in rows:
+        r = row.reply
+        if r is None:
+            lines.append((row.node, "unreachable", "-", "-", "-", "-", "-", row.error or ""))
+            continue
+        connected = set(r.connected_peers)
+        peers = " ".join(p if p in connected else f"{p}(down)" for p in r.peers)
+        lines.append((r.node, r.role, str(r.term), r.leader or "-", str(r.commit_index),
+                      str(r.applied_index), str(r.last_checkpoint), peers))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1]
+        for line in lines
+    ).rstrip() + "\n"
+
+
+def _status_main(args: argparse.Namespace) -> int:
+    cluster = _open(args, "phalanx status")
+    if cluster is None:
+        return EXIT_USAGE
+    rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
+    insecure = [r.node for r in rows if r.reply is not None and r.reply.client_auth == "none"]
+    if insecure:
+        print(f"WARNING: INSECURE: {', '.join(insecure)} run with [client] auth = \"none\": "
+              "their client ports accept anyone, with full read and write access",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        sys.stdout.write(format_status_table(rows))
+    return 0 if all(r.reply is not None for r in rows) else 1

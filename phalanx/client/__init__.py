@@ -1,0 +1,56 @@
+"""The client library: `Client` (async, trio), `SyncClient`, their errors and KV helpers.
+
+Modules: `async_client` (the `Client` handle), `sync_client`, `connection` (one TLS
+connection per node), `bft_calls` (gather f+1 matching replies), `kv` (typed KV helpers),
+`errors`. Names are loaded lazily, so importing `phalanx.client.errors` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_LAZY = {
+    "Client": "phalanx.client.async_client",
+    "open_client": "phalanx.client.async_client",
+    "SyncClient": "phalanx.client.sync_client",
+    "ClientClosed": "phalanx.client.errors",
+    "ClientError": "phalanx.client.errors",
+    "ClientTimeout": "phalanx.client.errors",
+    "KvCommandError": "phalanx.client.errors",
+    "ProtocolViolation": "phalanx.client.errors",
+    "RequestRejected": "phalanx.client.errors",
+}
+
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "ClientError",
+    "ClientTimeout",
+    "KvCommandError",
+    "ProtocolViolation",
+    "RequestRejected",
+    "SyncClient",
+    "open_client",
+]
+
+if TYPE_CHECKING:
+    from phalanx.client.async_client import Client, open_client
+    from phalanx.client.errors import (
+        ClientClosed,
+        ClientError,
+        ClientTimeout,
+        KvCommandError,
+        ProtocolViolation,
+        RequestRejected,
+    )
+    from phalanx.client.sync_client import SyncClient
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'phalanx.client' has no attribute {name!r}")
+    value: object = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,61 @@
+"""The errors of the client library (`phalanx.client.async_client`), each with what it promises.
+
+Owns: `ClientError` and its subclasses. `phalanx.client.async_client` re-exports them; see its
+docstring
+for the outcome each one means (certainly no effect, or indeterminate).
+Must not import: trio, the network, consensus cores.
+"""
+
+from __future__ import annotations
+
+from phalanx.apps.kv_types import KvError, KvErrorCode
+
+
+class ClientError(Exception):
+    """Base class of every error this module raises for a call."""
+
+
+class ClientTimeout(ClientError, TimeoutError):
+    """The operation's deadline passed. It MAY OR MAY NOT have taken effect (indeterminate)."""
+
+    def __init__(self, message: str, *, last_error: str | None = None) -> None:
+        super().__init__(message if last_error is None else f"{message} (last: {last_error})")
+        self.last_error = last_error
+
+
+class StorageUnavailable(ClientTimeout):
+    """The deadline passed and the last node tried answered that its storage cannot take
+    writes now (`ReplyStatus.UNAVAILABLE`: disk full, broken storage; the message says why).
+    Indeterminate like any timeout (an earlier attempt may have taken effect); the client
+    tried the other nodes meanwhile."""
+
+
+class ClientClosed(ClientError):
+    """The client was closed while (or before) the call ran. Indeterminate, like a timeout."""
+
+
+class RequestRejected(ClientError):
+    """A node refused the request as invalid (`ReplyStatus.ERROR`). It certainly had no effect."""
+
+    def __init__(self, message: str, *, replica: str | None = None) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+class Forbidden(RequestRejected):
+    """The cluster refused the call for this client (`ReplyStatus.FORBIDDEN`): its
+    certificate's role does not allow it, or the session id is not the certificate's. It
+    certainly had no effect; retrying with the same certificate will not help."""
+
+
+class KvCommandError(RequestRejected):
+    """The KV state machine refused the command (a `KvError` result). It had no effect."""
+
+    def __init__(self, error: KvError) -> None:
+        super().__init__(f"{error.code.name}: {error.message}")
+        self.code: KvErrorCode = error.code
+
+
+class ProtocolViolation(ClientError):
+    """A reply's result is not what the command can produce (a buggy or faulty server)."""
+

@@ -1,0 +1,595 @@
+"""`phalanx cluster init` and `phalanx cluster up`: make a local cluster directory, run it.
+
+Owns:
+    * `init_cluster(directory, ...)`: the CA, node and client credentials, one TOML config per
+      node and ``cluster.toml``, laid out as `phalanx.ops.node_config` documents. The directory is
+      built under a temporary sibling and renamed into place, so an interrupted init leaves
+      nothing half-written behind.
+    * `NodeProcesses`: node subprocesses of one cluster (start, signal, stop with a grace
+      period, restart), each logging to ``DIR/logs/<id>.log`` and recording its pid in
+      ``DIR/run/<id>.pid`` while it runs. `phalanx cluster up`, the demo and the tests share it.
+    * `add_cluster_command(subparsers)`: the argparse wiring of both subcommands.
+
+Port layout (``--base-port P``): node i (0-based) listens for peers on P+i, for clients on
+P+100+i and serves metrics on P+200+i, so at most 100 nodes. `find_free_base_port` probes for
+a base where every one of those ports can be bound (tests and the demo run in parallel), outside
+the kernel's ephemeral port range so a killed node can always bind its ports again on restart
+(`phalanx.ops.ports`); `cluster init` warns when an explicit ``--base-port`` overlaps that range.
+
+Rules:
+    * Never imports the runtime (`phalanx.runtime.node`) or the client: nodes are separate processes
+      started as ``python -m phalanx node run CONFIG``.
+    * A clean stop is SIGTERM, then SIGKILL for nodes still running after the grace period.
+    * Errors the operator can fix (no cluster, non-empty directory, a directory that cannot
+      be created, bad --nodes/--base-port/--host) raise `ClusterError`, which the CLI prints
+      as one line on stderr with exit status 2 (`phalanx.cli.errors`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Final
+
+from phalanx.cli.errors import (
+    EXIT_USAGE,
+    OperatorError,
+    int_between,
+    non_negative_float,
+    print_error,
+)
+from phalanx.ops import pki
+from phalanx.ops.node_config import (
+    PROTOCOLS,
+    Address,
+    ClusterConfig,
+    ConfigError,
+    NodeConfig,
+    PbftFiles,
+    PeerConfig,
+    TimingConfig,
+    TlsFiles,
+    check_files,
+    dumps_toml,
+    load_cluster_config,
+    load_node_config,
+    node_config_dict,
+    valid_host,
+)
+from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
+from phalanx.ops.signing_keys import generate_key_file
+from phalanx.runtime.identity import prepare_data_dir
+
+DEFAULT_BASE_PORT: Final = 7100
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_CLIENT: Final = "client"
+ROLE_CLIENTS: Final = (("admin", "admin"), ("client", "read-write"), ("reader", "read-only"))
+"""The client certificates `cluster init` issues, (name, role): one per role
+(`phalanx.runtime.client_auth`). ``cluster.toml`` names the read-write one unless told otherwise."""
+DEFAULT_GRACE: Final = 10.0
+MAX_NODES: Final = 100
+CLIENT_PORT_OFFSET: Final = 100
+METRICS_PORT_OFFSET: Final = 200
+
+
+class ClusterError(OperatorError):
+    """An operator-fixable problem with a cluster directory or its processes."""
+
+
+def node_ids(count: int) -> tuple[str, ...]:
+    """The node ids `init_cluster` assigns: ``n1`` .. ``n<count>``."""
+    return tuple(f"n{i + 1}" for i in range(count))
+
+
+def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
+    """The ``cluster.toml`` document for `cluster`, paths relative to its directory."""
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(p.resolve(), cluster.directory.resolve())
+
+    return {
+        "cluster": {"protocol": cluster.protocol},
+        "client": {"ca": rel(cluster.ca), "cert": rel(cluster.client_cert),
+                   "key": rel(cluster.client_key)},
+        "nodes": [
+            {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr)}
+            for n in cluster.nodes
+        ],
+    }
+
+
+def cluster_ports(base_port: int, nodes: int) -> list[int]:
+    """Every port a cluster of `nodes` nodes at `base_port` listens on."""
+    return [
+        base_port + offset + i
+        for offset in (0, CLIENT_PORT_OFFSET, METRICS_PORT_OFFSET)
+        for i in range(nodes)
+    ]
+
+
+def find_free_base_port(
+    nodes: int, *, host: str = DEFAULT_HOST, rng: random.Random | None = None, attempts: int = 200
+) -> int:
+    """A base port whose whole layout (see module docstring) is bindable on `host` right now.
+
+    The layout is kept out of the kernel's ephemeral port range (`phalanx.ops.ports` says why: a
+    restarted node must be able to bind its port again), and bases are drawn at random so
+    concurrent callers rarely race for the same one; a race is still possible between this
+    probe and the nodes binding.
+    """
+    chooser = rng if rng is not None else random.Random()
+    first, last = listen_window(METRICS_PORT_OFFSET + nodes)
+    for _ in range(attempts):
+        base = chooser.randint(first, last)
+        if ports_free(host, cluster_ports(base, nodes)):
+            return base
+    raise ClusterError(f"no free port range found for {nodes} nodes on {host}")
+
+
+def ephemeral_overlap_warning(base_port: int, nodes: int) -> str | None:
+    """A warning when a cluster layout at `base_port` uses ports the kernel may hand out."""
+    low, high = ephemeral_port_range()
+    clash = [p for p in cluster_ports(base_port, nodes) if low <= p <= high]
+    if not clash:
+        return None
+    return (f"warning: ports {min(clash)}-{max(clash)} lie in this machine's ephemeral port "
+            f"range {low}-{high}; an outbound connection may take a stopped node's port and "
+            f"keep it from restarting (choose a --base-port below "
+            f"{low - METRICS_PORT_OFFSET - nodes})")
+
+
+def _check_empty(directory: Path) -> None:
+    if directory.exists():
+        if not directory.is_dir():
+            raise ClusterError(f"{directory} exists and is not a directory")
+        if any(directory.iterdir()):
+            raise ClusterError(f"{directory} is not empty; refusing to overwrite it")
+
+
+def init_cluster(
+    directory: str | Path,
+    *,
+    protocol: str = "raft",
+    nodes: int = 3,
+    base_port: int = DEFAULT_BASE_PORT,
+    host: str = DEFAULT_HOST,
+    fsync: str = "group",
+    timing: TimingConfig | None = None,
+    client_name: str = DEFAULT_CLIENT,
+    checkpoint_every: int | None = None,
+) -> ClusterConfig:
+    """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
+    config.
+
+    Raises:
+        ClusterError: `directory` exists and is not empty, or the arguments are invalid.
+    """
+    if protocol not in PROTOCOLS:
+        raise ClusterError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
+    if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
+        raise ClusterError(f"--base-port {base_port} leaves no room for {nodes} nodes")
+    if not valid_host(host):
+        raise ClusterError(f"--host {host!r} is not a host name or IP address")
+    try:
+        pki.validate_name(client_name)
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+    target = Path(directory).absolute()
+    _check_empty(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.init-", dir=target.parent))
+    except OSError as e:
+        raise ClusterError(f"cannot create {target}: {e.strerror}") from None
+    try:
+        _write_cluster(
+            staging, protocol=protocol, nodes=nodes, base_port=base_port, host=host,
+            fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
+            checkpoint_every=checkpoint_every,
+        )
+        _check_empty(target)
+        os.replace(staging, target)  # an existing empty directory is replaced atomically
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        return load_cluster_config(target)
+    except ConfigError as e:  # pragma: no cover - we just wrote it
+        raise ClusterError(str(e)) from None
+
+
+def _write_cluster(
+    root: Path,
+    *,
+    protocol: str,
+    nodes: int,
+    base_port: int,
+    host: str,
+    fsync: str,
+    timing: TimingConfig,
+    client_name: str,
+    checkpoint_every: int | None,
+) -> None:
+    ca = pki.create_ca()
+    pki.write_ca(ca, root / "ca")
+    ids = node_ids(nodes)
+    members = tuple(
+        PeerConfig(
+            id=node_id,
+            peer_addr=Address(host=host, port=base_port + i),
+            client_addr=Address(host=host, port=base_port + CLIENT_PORT_OFFSET + i),
+        )
+        for i, node_id in enumerate(ids)
+    )
+    hosts = tuple(dict.fromkeys((host, *pki.DEFAULT_HOSTS)))
+    nodes_dir = root / "nodes"
+    nodes_dir.mkdir(parents=True, exist_ok=True)
+    pbft_keys: dict[str, Path] = {}
+    if protocol == "pbft":
+        # One signing key per node; every node's config carries every peer's public keys.
+        keyed = []
+        for member in members:
+            pbft_keys[member.id] = nodes_dir / f"{member.id}.pbft.key"
+            public = generate_key_file(pbft_keys[member.id])
+            keyed.append(replace(member, signing_public_key=public.signing_public_key,
+                                 mac_public_key=public.mac_public_key))
+        members = tuple(keyed)
+    for i, me in enumerate(members):
+        paths = pki.write_credentials(pki.issue_node_cert(ca, me.id, hosts=hosts), nodes_dir)
+        prepare_data_dir(root / "data" / me.id, node=me.id, ca_certificate=paths.ca_certificate)
+        cfg = NodeConfig(
+            id=me.id,
+            protocol=protocol,
+            data_dir=root / "data" / me.id,
+            peer_listen=me.peer_addr,
+            client_listen=me.client_addr,
+            metrics_listen=Address(host=host, port=base_port + METRICS_PORT_OFFSET + i),
+            tls=TlsFiles(ca=paths.ca_certificate, cert=paths.certificate, key=paths.private_key),
+            peers=tuple(p for p in members if p.id != me.id),
+            fsync=fsync,
+            timing=timing,
+            pbft=PbftFiles(signing_key=pbft_keys[me.id]) if me.id in pbft_keys else None,
+        )
+        if checkpoint_every is not None:
+            cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
+        doc = node_config_dict(cfg, relative_to=nodes_dir)
+        (nodes_dir / f"{me.id}.toml").write_text(dumps_toml(doc))
+    issued = {}
+    for name, role in (*ROLE_CLIENTS, (client_name, pki.DEFAULT_CLIENT_ROLE)):
+        if name not in issued:
+            issued[name] = pki.write_credentials(pki.issue_client_cert(ca, name, role=role),
+                                                 root / "clients")
+    client = issued[client_name]
+    (root / "logs").mkdir()
+    (root / "run").mkdir()
+    cluster = ClusterConfig(
+        protocol=protocol,
+        nodes=members,
+        ca=client.ca_certificate,
+        client_cert=client.certificate,
+        client_key=client.private_key,
+        directory=root,
+    )
+    (root / "cluster.toml").write_text(dumps_toml(cluster_config_dict(cluster)))
+
+
+def open_cluster(directory: str | Path) -> ClusterConfig:
+    """Load ``DIR/cluster.toml`` with an operator-friendly error when there is none."""
+    path = Path(directory)
+    if not (path / "cluster.toml").is_file() and not path.is_file():
+        raise ClusterError(
+            f"no cluster at {directory} (run `phalanx cluster init {directory}` first)"
+        )
+    try:
+        return load_cluster_config(path)
+    except ConfigError as e:
+        raise ClusterError(str(e)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Node processes
+
+
+def node_command(config_path: Path) -> list[str]:
+    """The argv that runs one node in the foreground."""
+    return [sys.executable, "-m", "phalanx", "node", "run", str(config_path)]
+
+
+@dataclass(slots=True)
+class _Running:
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+    started: float
+
+
+class NodeProcesses:
+    """The node subprocesses of one cluster directory.
+
+    `command` maps a node's config path to the argv that runs it (default `node_command`).
+    Each node runs in its own session (so a terminal's Ctrl-C reaches only the supervisor,
+    which then stops the nodes in order), appends stdout and stderr to ``logs/<id>.log`` and
+    has its pid in ``run/<id>.pid`` while running. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        *,
+        env: dict[str, str] | None = None,
+        command: Callable[[Path], list[str]] = node_command,
+    ) -> None:
+        self.cluster = cluster
+        self._env = env
+        self._command = command
+        self._running: dict[str, _Running] = {}
+        self._ids = tuple(n.id for n in cluster.nodes)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return self._ids
+
+    def log_path(self, node_id: str) -> Path:
+        return self.cluster.directory / "logs" / f"{node_id}.log"
+
+    def pid_path(self, node_id: str) -> Path:
+        return self.cluster.directory / "run" / f"{node_id}.pid"
+
+    def _check(self, node_id: str) -> None:
+        if node_id not in self._ids:
+            raise ValueError(f"no node {node_id!r} in {self.cluster.directory}")
+
+    def start(self, node_ids: Sequence[str] | None = None) -> None:
+        """Start the given nodes (default: all); a node already running is left alone."""
+        for node_id in node_ids if node_ids is not None else self._ids:
+            self._check(node_id)
+            if self.running(node_id):
+                continue
+            self._reap(node_id)
+            log_path = self.log_path(node_id)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = log_path.open("ab")
+            cmd = self._command(self.cluster.node_config_path(node_id))
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=self._env, cwd=self.cluster.directory,
+            )
+            self._running[node_id] = _Running(process=process, log=log, started=time.monotonic())
+            pid_path = self.pid_path(node_id)
+            pid_path.parent.mkdir(parents=True, exist_ok=True)
+            pid_path.write_text(f"{process.pid}\n")
+
+    def running(self, node_id: str) -> bool:
+        r = self._running.get(node_id)
+        return r is not None and r.process.poll() is None
+
+    def pid(self, node_id: str) -> int | None:
+        r = self._running.get(node_id)
+        return r.process.pid if r is not None and r.process.poll() is None else None
+
+    def exited(self) -> dict[str, int]:
+        """Nodes started by us that have exited since, with their return codes (negative:
+        killed by that signal). Reaps them."""
+        out: dict[str, int] = {}
+        for node_id in self._ids:
+            r = self._running.get(node_id)
+            if r is not None and (code := r.process.poll()) is not None:
+                out[node_id] = code
+                self._reap(node_id)
+        return out
+
+    def signal(self, node_id: str, signum: int) -> None:
+        """Send `signum` to a running node (SIGKILL: crash it)."""
+        self._check(node_id)
+        r = self._running.get(node_id)
+        if r is None or r.process.poll() is not None:
+            raise ClusterError(f"node {node_id} is not running")
+        r.process.send_signal(signum)
+
+    def kill(self, node_id: str) -> int:
+        """SIGKILL a running node and wait for it; returns its return code."""
+        self.signal(node_id, signal.SIGKILL)
+        r = self._running[node_id]
+        code = r.process.wait()
+        self._reap(node_id)
+        return code
+
+    def stop(self, *, grace: float = DEFAULT_GRACE) -> dict[str, int]:
+        """SIGTERM every running node, SIGKILL those still running after `grace` seconds.
+
+        Returns each stopped node's return code (0 for a clean shutdown).
+        """
+        live = {i: r for i, r in self._running.items() if r.process.poll() is None}
+        for r in live.values():
+            with contextlib.suppress(ProcessLookupError):
+                r.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        codes: dict[str, int] = {}
+        for node_id, r in live.items():
+            try:
+                codes[node_id] = r.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                r.process.kill()
+                codes[node_id] = r.process.wait()
+        for node_id in list(self._running):
+            if node_id not in codes and (code := self._running[node_id].process.poll()) is not None:
+                codes[node_id] = code
+            self._reap(node_id)
+        return codes
+
+    def _reap(self, node_id: str) -> None:
+        r = self._running.pop(node_id, None)
+        if r is None:
+            return
+        r.log.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_path(node_id).unlink()
+
+    def __enter__(self) -> NodeProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+_INIT_EPILOG = """\
+examples:
+  phalanx cluster init ./demo-cluster
+  phalanx cluster init ./c5 --nodes 5 --base-port 9000
+
+Writes DIR/cluster.toml, DIR/nodes/<id>.toml (+ certificate and key), DIR/ca/,
+DIR/clients/{admin,client,reader}.pem/.key (client certificates with the roles admin,
+read-write and read-only; cluster.toml and `phalanx kv` use client.pem; issue more with
+`phalanx cert issue-client`), DIR/data/<id>/, DIR/logs/ and DIR/run/. Node i (0-based)
+listens for peers on BASE+i, for clients on BASE+100+i, and serves Prometheus metrics
+on BASE+200+i. DIR must not exist or be empty.
+
+exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
+nothing was created.
+"""
+
+_UP_EPILOG = """\
+examples:
+  phalanx cluster up ./demo-cluster
+  phalanx cluster up ./demo-cluster --node n1 --node n2
+
+Runs every node (`phalanx node run DIR/nodes/<id>.toml`) as a subprocess, logging to
+DIR/logs/<id>.log, with its pid in DIR/run/<id>.pid. Ctrl-C (or SIGTERM) stops them:
+SIGTERM to each node, then SIGKILL after --grace seconds. A node that dies is reported
+and not restarted; `up` exits when all nodes have exited.
+
+exit status: 0 every node stopped cleanly on request; 1 a node failed or stopped on an
+error; 2 usage error (no cluster at DIR, an unknown --node, a node config that does not
+load, a missing certificate or key file): no node was started.
+"""
+
+
+def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``phalanx cluster init`` and ``phalanx cluster up`` on `subparsers`."""
+    cluster = subparsers.add_parser(
+        "cluster", help="create and run a local cluster",
+        description="Create a cluster directory and run its nodes on this machine.",
+    )
+    sub = cluster.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND", required=True)
+    init = sub.add_parser(
+        "init", help="create a cluster directory: CA, certificates, node configs",
+        description="Create a cluster directory: a CA, node and client certificates and "
+                    "one TOML config per node.",
+        epilog=_INIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    init.add_argument("directory", metavar="DIR", help="the cluster directory to create")
+    init.add_argument("--protocol", choices=PROTOCOLS, default="raft",
+                      help="consensus protocol (default: %(default)s)")
+    init.add_argument("--nodes", type=int_between(1, MAX_NODES), default=3,
+                      help=f"number of nodes, 1..{MAX_NODES} (default: 3)")
+    init.add_argument("--base-port", type=int_between(1, 65535), default=DEFAULT_BASE_PORT,
+                      metavar="P",
+                      help="first port of the layout (default: %(default)s)")
+    init.add_argument("--host", default=DEFAULT_HOST,
+                      help="address every node listens on (default: %(default)s)")
+    init.add_argument("--fsync", choices=("every-write", "group", "off"), default="group",
+                      help="durability mode of the nodes (default: %(default)s)")
+    init.set_defaults(handler=_run_init)
+    up = sub.add_parser(
+        "up", help="run every node of a cluster directory until Ctrl-C",
+        description="Run the nodes of a cluster directory as subprocesses.",
+        epilog=_UP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
+    up.add_argument("--node", action="append", metavar="ID", dest="nodes",
+                    help="run only this node (repeatable; default: all)")
+    up.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE,
+                    metavar="SECONDS",
+                    help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
+    up.set_defaults(handler=_run_up)
+
+
+def _run_init(args: argparse.Namespace) -> int:
+    try:
+        cluster = init_cluster(
+            args.directory, protocol=args.protocol, nodes=args.nodes,
+            base_port=args.base_port, host=args.host, fsync=args.fsync,
+        )
+    except ClusterError as e:
+        print_error("phalanx cluster init", str(e))
+        return EXIT_USAGE
+    print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes in {args.directory}")
+    warning = ephemeral_overlap_warning(args.base_port, args.nodes)
+    if warning is not None:
+        print(warning, file=sys.stderr)
+    for n in cluster.nodes:
+        print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
+    print(f"start it with: phalanx cluster up {args.directory}")
+    return 0
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    try:
+        cluster = open_cluster(args.directory)
+        wanted = args.nodes or [n.id for n in cluster.nodes]
+        unknown = [n for n in wanted if n not in {m.id for m in cluster.nodes}]
+        if unknown:
+            raise ClusterError(f"no node {unknown[0]!r} in {args.directory} (its nodes: "
+                               f"{', '.join(m.id for m in cluster.nodes)})")
+        for node_id in wanted:  # every config and credential file, before starting any
+            check_files(load_node_config(cluster.node_config_path(node_id)))
+    except (ClusterError, ConfigError) as e:
+        print_error("phalanx cluster up", str(e))
+        return EXIT_USAGE
+    return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
+
+
+def supervise(procs: NodeProcesses, node_ids: Sequence[str], *, grace: float) -> int:
+    """Run `node_ids` until SIGINT/SIGTERM or until all of them exit; see `cluster up`."""
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.append(signum)
+
+    previous: dict[int, Any] = {
+        s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        procs.start(node_ids)
+        for node_id in node_ids:
+            print(f"{node_id}: pid {procs.pid(node_id)}, log {procs.log_path(node_id)}",
+                  flush=True)
+        print("cluster up; Ctrl-C stops it", flush=True)
+        failed = False
+        alive = set(node_ids)
+        while alive and not stop_requested:
+            for node_id, code in procs.exited().items():
+                alive.discard(node_id)
+                failed = True
+                print(f"{node_id} exited with status {code}; see {procs.log_path(node_id)}",
+                      file=sys.stderr, flush=True)
+            time.sleep(0.1)
+        if not stop_requested:
+            return 1
+        print("stopping nodes", flush=True)
+        codes = procs.stop(grace=grace)
+        for node_id, code in sorted(codes.items()):
+            if code != 0:
+                failed = True
+                print(f"{node_id} stopped with status {code}", file=sys.stderr, flush=True)
+        return 1 if failed else 0
+    finally:
+        procs.stop(grace=grace)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,497 @@
+"""Node and cluster configuration files (TOML): what `phalanx cluster init` writes and what
+`phalanx node run`, `phalanx cluster up`, the client and `phalanx status` read.
+
+Layout of a cluster directory made by `phalanx cluster init DIR`:
+
+    DIR/cluster.toml          the cluster: protocol, every node's addresses, client credentials
+    DIR/nodes/<node>.toml     one node's full configuration (`NodeConfig`)
+    DIR/ca/ca.pem, ca.key     the cluster CA (keep ca.key offline in production)
+    DIR/nodes/<node>.pem/.key the node's certificate and key
+    DIR/clients/<name>.pem/.key  client credentials
+    DIR/data/<node>/          the node's durable storage
+    DIR/logs/<node>.log       logs written by `phalanx cluster up`
+
+Rules:
+- Relative paths in a file are resolved against the directory holding that file, so a cluster
+  directory can be moved as a whole.
+- Loading validates everything and raises `ConfigError` naming the file and the key; nothing
+  else escapes `load_*`. Loading is strict: a key or table the loader does not know (a typo
+  such as ``tickms``) is an error naming the file, the table and the key, with the closest
+  known key as a suggestion; it is never silently ignored.
+- `check_files` / `check_cluster_files`: every certificate, key and PBFT key file a config
+  names exists and is readable (an error names the file and the key that names it). A node
+  checks them at start-up before it opens its storage.
+- Only stdlib `tomllib` reads; `dumps_toml` writes the small subset we use (tables, arrays of
+  tables, strings, ints, floats, bools, lists of strings).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phalanx.cli.errors import OperatorError
+
+PROTOCOLS = ("raft", "pbft")
+FSYNC_MODES = ("every-write", "group", "off")
+CLIENT_AUTH_MODES = ("required", "none")
+"""`[client] auth` of a node: ``required`` (default: client certificates and roles,
+`phalanx.runtime.client_auth`) or ``none`` (insecure, for local experiments: anyone who can reach
+the
+client port may read and write)."""
+
+
+class ConfigError(OperatorError):
+    """A configuration file is missing, unreadable or invalid."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str, *, where: str) -> Address:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"{where}: expected HOST:PORT, got {text!r}")
+        host = host.strip("[]")
+        if not valid_host(host):
+            raise ConfigError(f"{where}: {host!r} is not a host name or IP address")
+        return cls(host=host, port=int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+_HOST = re.compile(r"[A-Za-z0-9._:%-]+")
+
+
+def valid_host(host: str) -> bool:
+    """Whether `host` can be a host name or an IP address (ASCII letters, digits, ``.-_:%``:
+    no spaces, no empty name; an internationalised name must be given in its ASCII form)."""
+    return _HOST.fullmatch(host) is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerConfig:
+    """Another member of the cluster, as seen by a node or a client."""
+
+    id: str
+    peer_addr: Address
+    client_addr: Address
+    signing_public_key: str | None = None
+    """PBFT: the member's Ed25519 public key (hex); `phalanx.ops.signing_keys` reads it."""
+    mac_public_key: str | None = None
+    """PBFT: the member's X25519 public key (hex) for the pairwise MAC keys."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimingConfig:
+    """Protocol timing: one tick is `tick_ms` of wall time (the core only counts ticks).
+
+    Defaults: a Raft election timeout of 100-200 ms and heartbeats every 30 ms (every tick would
+    be 200+ messages per second at the leader for no gain in failure detection)."""
+
+    tick_ms: int = 10
+    election_ticks: int = 10
+    heartbeat_ticks: int = 3
+
+
+CHECKPOINT_EVERY_ENTRIES = 10_000
+CHECKPOINT_EVERY_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    """When a node checkpoints (`phalanx.apps.replica.CheckpointPolicy`) and how many it keeps.
+
+    `every_bytes` also bounds memory: a Raft core keeps every entry since its newest checkpoint
+    in memory, so the log costs about `every_bytes` (plus what arrives while a checkpoint is
+    written) on top of the state. 16 MiB is about etcd's default of 100,000 entries of small
+    writes; raise it to checkpoint a very large state less often."""
+
+    every_entries: int = CHECKPOINT_EVERY_ENTRIES
+    every_bytes: int = CHECKPOINT_EVERY_BYTES
+    keep: int = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PbftFiles:
+    """PBFT node settings: `signing_key` is the node's private key file
+    (`phalanx.ops.signing_keys`)."""
+
+    signing_key: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """Everything one node needs to run (`phalanx node run DIR/nodes/<id>.toml`)."""
+
+    id: str
+    protocol: str
+    data_dir: Path
+    peer_listen: Address
+    client_listen: Address
+    metrics_listen: Address | None
+    tls: TlsFiles
+    peers: tuple[PeerConfig, ...]
+    fsync: str = "group"
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    source: Path | None = None
+    pbft: PbftFiles | None = None
+    """`[pbft]`: required when `protocol` is pbft (with every peer's public keys)."""
+    client_auth: str = "required"
+    """`[client] auth`: one of `CLIENT_AUTH_MODES`."""
+
+    def members(self) -> tuple[str, ...]:
+        """Every node id of the cluster (this node and its peers), sorted."""
+        return tuple(sorted({self.id, *(p.id for p in self.peers)}))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """What a client or an operator tool needs: the nodes and the client credentials."""
+
+    protocol: str
+    nodes: tuple[PeerConfig, ...]
+    ca: Path
+    client_cert: Path
+    client_key: Path
+    directory: Path
+
+    def node_config_path(self, node_id: str) -> Path:
+        return self.directory / "nodes" / f"{node_id}.toml"
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+
+
+class _Table:
+    """Typed access to one TOML table, with errors naming file, table and key.
+
+    Every key asked for is remembered (present or not), so `check_unknown` can refuse the
+    keys nobody asked for, suggesting the closest known one."""
+
+    def __init__(self, data: Mapping[str, Any], file: str, name: str = "") -> None:
+        self._data = data
+        self._file = file
+        self._name = name
+        self._known: set[str] = set()
+        self._children: list[_Table] = []
+
+    def _get(self, key: str, kind: type, default: Any) -> Any:
+        self._known.add(key)
+        if key not in self._data:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.where}: missing key {key!r}")
+            return default
+        value = self._data[key]
+        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+            raise ConfigError(
+                f"{self.at(key)}: expected {kind.__name__}, got {type(value).__name__}"
+            )
+        return value
+
+    def at(self, key: str) -> str:
+        return f"{self._file}: {self._name}.{key}" if self._name else f"{self._file}: {key}"
+
+    def text(self, key: str, default: Any = None) -> Any:
+        return self._get(key, str, _REQUIRED if default is None else default)
+
+    def opt_str(self, key: str) -> str | None:
+        value: str | None = self._get(key, str, None)
+        return value
+
+    def integer(self, key: str, default: int, *, minimum: int = 1) -> int:
+        value: int = self._get(key, int, default)
+        if value < minimum:
+            raise ConfigError(f"{self.at(key)}: must be >= {minimum}, got {value}")
+        return value
+
+    def table(self, key: str) -> _Table:
+        value = self._get(key, dict, {})
+        child = _Table(value, self._file, f"{self._name}.{key}" if self._name else key)
+        self._children.append(child)
+        return child
+
+    def tables(self, key: str) -> list[_Table]:
+        value = self._get(key, list, [])
+        out = []
+        for i, item in enumerate(value):
+            name = f"{self._name}.{key}[{i}]" if self._name else f"{key}[{i}]"
+            if not isinstance(item, dict):
+                raise ConfigError(f"{self._file}: {name}: expected a table")
+            out.append(_Table(item, self._file, name))
+        self._children.extend(out)
+        return out
+
+    def check_unknown(self) -> None:
+        """Raise `ConfigError` for the first key of this table or a table read from it that
+        the loader never asked for (a typo, or a setting this version does not have)."""
+        for key in self._data:
+            if key not in self._known:
+                where = f"[{self._name}]" if self._name else "the top level"
+                kind = "table" if isinstance(self._data[key], dict) else "key"
+                close = difflib.get_close_matches(key, sorted(self._known), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else (
+                    f" (known: {', '.join(sorted(self._known))})" if self._known else "")
+                raise ConfigError(f"{self._file}: unknown {kind} {key!r} in {where}{hint}")
+        for child in self._children:
+            child.check_unknown()
+
+    @property
+    def where(self) -> str:
+        return f"{self._file}: [{self._name}]" if self._name else self._file
+
+
+_REQUIRED: Any = object()
+
+
+def _choice(value: str, choices: Sequence[str], where: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _peer(t: _Table) -> PeerConfig:
+    return PeerConfig(
+        id=t.text("id"),
+        peer_addr=Address.parse(t.text("peer_addr"), where=t.at("peer_addr")),
+        client_addr=Address.parse(t.text("client_addr"), where=t.at("client_addr")),
+        signing_public_key=t.opt_str("signing_public_key"),
+        mac_public_key=t.opt_str("mac_public_key"),
+    )
+
+
+def load_node_config(path: str | Path) -> NodeConfig:
+    """Read and validate `DIR/nodes/<id>.toml`."""
+    path = Path(path).resolve()
+    base = path.parent
+    root = _Table(_read(path), str(path))
+    node = root.table("node")
+    tls = root.table("tls")
+    timing = root.table("timing")
+    ckpt = root.table("checkpoint")
+    metrics = node.opt_str("metrics_listen")
+    peers = tuple(_peer(t) for t in root.tables("peers"))
+    node_id = node.text("id")
+    ids = [p.id for p in peers]
+    if node_id in ids or len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: peer ids must be unique and exclude the node itself")
+    timing_cfg = TimingConfig(
+        tick_ms=timing.integer("tick_ms", 10),
+        election_ticks=timing.integer("election_ticks", 10, minimum=2),
+        heartbeat_ticks=timing.integer("heartbeat_ticks", 3),
+    )
+    if timing_cfg.heartbeat_ticks >= timing_cfg.election_ticks:
+        raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
+    protocol = _choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol")
+    pbft: PbftFiles | None = None
+    pbft_table = root.table("pbft")
+    pbft_table.opt_str("signing_key")  # a known key beside any protocol; required for pbft
+    if protocol == "pbft":
+        pbft = PbftFiles(signing_key=(base / pbft_table.text("signing_key")).resolve())
+        for p in peers:
+            if not p.signing_public_key or not p.mac_public_key:
+                raise ConfigError(f"{path}: peer {p.id!r} needs signing_public_key and "
+                                  "mac_public_key (protocol pbft)")
+    config = NodeConfig(
+        id=node_id,
+        protocol=protocol,
+        data_dir=(base / node.text("data_dir")).resolve(),
+        peer_listen=Address.parse(node.text("peer_listen"), where=f"{path}: node.peer_listen"),
+        client_listen=Address.parse(
+            node.text("client_listen"), where=f"{path}: node.client_listen"
+        ),
+        metrics_listen=(
+            Address.parse(metrics, where=f"{path}: node.metrics_listen") if metrics else None
+        ),
+        fsync=_choice(node.text("fsync", "group"), FSYNC_MODES, f"{path}: node.fsync"),
+        tls=TlsFiles(
+            ca=(base / tls.text("ca")).resolve(),
+            cert=(base / tls.text("cert")).resolve(),
+            key=(base / tls.text("key")).resolve(),
+        ),
+        peers=peers,
+        timing=timing_cfg,
+        checkpoint=CheckpointConfig(
+            every_entries=ckpt.integer("every_entries", CHECKPOINT_EVERY_ENTRIES),
+            every_bytes=ckpt.integer("every_bytes", CHECKPOINT_EVERY_BYTES),
+            keep=ckpt.integer("keep", 3),
+        ),
+        source=path,
+        pbft=pbft,
+        client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
+                            f"{path}: client.auth"),
+    )
+    root.check_unknown()
+    return config
+
+
+def load_cluster_config(directory: str | Path) -> ClusterConfig:
+    """Read `DIR/cluster.toml` (DIR may also name the file itself)."""
+    path = Path(directory).resolve()
+    if path.is_dir():
+        path = path / "cluster.toml"
+    base = path.parent
+    root = _Table(_read(path), str(path))
+    cluster = root.table("cluster")
+    client = root.table("client")
+    nodes = tuple(_peer(t) for t in root.tables("nodes"))
+    if not nodes:
+        raise ConfigError(f"{path}: no [[nodes]]")
+    if len({n.id for n in nodes}) != len(nodes):
+        raise ConfigError(f"{path}: node ids must be unique")
+    config = ClusterConfig(
+        protocol=_choice(cluster.text("protocol"), PROTOCOLS, f"{path}: cluster.protocol"),
+        nodes=nodes,
+        ca=(base / client.text("ca")).resolve(),
+        client_cert=(base / client.text("cert")).resolve(),
+        client_key=(base / client.text("key")).resolve(),
+        directory=base,
+    )
+    root.check_unknown()
+    return config
+
+
+def _check_file(source: object, key: str, path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            empty = not f.read(1)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: {key}: {path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: {key}: {path}: is a directory, not a file") from None
+    except OSError as e:
+        raise ConfigError(f"{source}: {key}: {path}: cannot read: {e.strerror}") from None
+    if empty:
+        raise ConfigError(f"{source}: {key}: {path}: the file is empty")
+
+
+def check_files(config: NodeConfig) -> None:
+    """Raise `ConfigError` naming the file and its key unless every credential file of
+    `config` (TLS CA, certificate and key; the PBFT signing key) is a readable, non-empty
+    file. A node calls it at start-up, before opening its storage."""
+    source = config.source or config.id
+    files = [("tls.ca", config.tls.ca), ("tls.cert", config.tls.cert),
+             ("tls.key", config.tls.key)]
+    if config.pbft is not None:
+        files.append(("pbft.signing_key", config.pbft.signing_key))
+    for key, path in files:
+        _check_file(source, key, path)
+
+
+def check_cluster_files(cluster: ClusterConfig) -> None:
+    """`check_files` for a client: the CA, certificate and key ``cluster.toml`` names."""
+    source = cluster.directory / "cluster.toml"
+    for key, path in (("client.ca", cluster.ca), ("client.cert", cluster.client_cert),
+                      ("client.key", cluster.client_key)):
+        _check_file(source, key, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dumps_toml(data: Mapping[str, object]) -> str:
+    """Serialise nested mappings: top-level scalars, tables, and arrays of tables."""
+    lines: list[str] = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, Mapping | list)
+               or (isinstance(v, list) and not any(isinstance(i, Mapping) for i in v))}
+    for k, v in scalars.items():
+        lines.append(f"{k} = {_scalar(v)}")
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            lines += ["", f"[{k}]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in v.items()]
+        elif isinstance(v, list) and v and all(isinstance(i, Mapping) for i in v):
+            for item in v:
+                lines += ["", f"[[{k}]]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in item.items()]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]:
+    """The TOML document for `cfg`, with paths relative to `relative_to` where possible."""
+
+    def rel(p: Path) -> str:
+        return os.path.relpath(p.resolve(), relative_to.resolve())
+
+    node: dict[str, object] = {
+        "id": cfg.id,
+        "protocol": cfg.protocol,
+        "data_dir": rel(cfg.data_dir),
+        "peer_listen": str(cfg.peer_listen),
+        "client_listen": str(cfg.client_listen),
+        "fsync": cfg.fsync,
+    }
+    if cfg.metrics_listen is not None:
+        node["metrics_listen"] = str(cfg.metrics_listen)
+    peers: list[dict[str, object]] = []
+    for p in cfg.peers:
+        peer: dict[str, object] = {"id": p.id, "peer_addr": str(p.peer_addr),
+                                   "client_addr": str(p.client_addr)}
+        if p.signing_public_key is not None:
+            peer["signing_public_key"] = p.signing_public_key
+        if p.mac_public_key is not None:
+            peer["mac_public_key"] = p.mac_public_key
+        peers.append(peer)
+    doc: dict[str, object] = {
+        "node": node,
+        "tls": {"ca": rel(cfg.tls.ca), "cert": rel(cfg.tls.cert), "key": rel(cfg.tls.key)},
+        "timing": {
+            "tick_ms": cfg.timing.tick_ms,
+            "election_ticks": cfg.timing.election_ticks,
+            "heartbeat_ticks": cfg.timing.heartbeat_ticks,
+        },
+        "checkpoint": {
+            "every_entries": cfg.checkpoint.every_entries,
+            "every_bytes": cfg.checkpoint.every_bytes,
+            "keep": cfg.checkpoint.keep,
+        },
+        "peers": peers,
+    }
+    if cfg.client_auth != "required":
+        doc["client"] = {"auth": cfg.client_auth}
+    if cfg.pbft is not None:
+        doc["pbft"] = {"signing_key": rel(cfg.pbft.signing_key)}
+    return doc

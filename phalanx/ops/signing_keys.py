@@ -1,0 +1,138 @@
+"""PBFT node keys for real clusters: generation (`phalanx cluster init --protocol pbft`),
+the public halves written into every node's config, and loading a node's `Ed25519Crypto`.
+
+Owns: the key file format and the pairwise MAC key derivation.
+
+- A node's key file (`DIR/nodes/<id>.pbft.key`, mode 0600) holds one line: the hex of a
+  32-byte random seed. The Ed25519 signing key is the seed itself; the X25519 key that
+  agrees the MAC keys is derived from it (SHA-256 with a domain tag), so one secret file
+  per node is enough.
+- The public halves travel as hex in the config: `[[peers]] signing_public_key` (Ed25519)
+  and `mac_public_key` (X25519).
+- The MAC key shared by nodes a and b is SHA-256 over a domain tag, the X25519 shared
+  secret and both ids in sorted order: both ends compute the same key, nobody else can.
+
+Must not import: trio, sockets, the runtime (`phalanx.runtime.node`, `phalanx.runtime.driver`).
+Errors: unreadable or malformed key material raises `PbftKeyError` (never an assert).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from phalanx.consensus.types import NodeId
+from phalanx.net.crypto import Ed25519Crypto
+from phalanx.ops.node_config import NodeConfig
+
+_SEED_BYTES = 32
+_X25519_TAG = b"phalanx-pbft-x25519:"
+_MAC_TAG = b"phalanx-pbft-mac:"
+
+
+class PbftKeyError(Exception):
+    """A PBFT key file or public key in a config is missing or malformed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublicKeys:
+    """The public halves of one node's PBFT keys, as written into the configs (hex)."""
+
+    signing_public_key: str
+    mac_public_key: str
+
+
+def _signing(seed: bytes) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _agreement(seed: bytes) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(hashlib.sha256(_X25519_TAG + seed).digest())
+
+
+def _raw(key: Ed25519PublicKey | X25519PublicKey) -> str:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def public_keys(seed: bytes) -> PublicKeys:
+    """The public halves of the keys derived from `seed`."""
+    return PublicKeys(signing_public_key=_raw(_signing(seed).public_key()),
+                      mac_public_key=_raw(_agreement(seed).public_key()))
+
+
+def generate_key_file(path: Path) -> PublicKeys:
+    """Write a fresh random node key to `path` (mode 0600, refusing to overwrite)."""
+    seed = secrets.token_bytes(_SEED_BYTES)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(seed.hex() + "\n")
+    return public_keys(seed)
+
+
+def read_seed(path: Path) -> bytes:
+    """The seed in key file `path`. Raises `PbftKeyError`."""
+    try:
+        text = path.read_text().strip()
+    except OSError as e:
+        raise PbftKeyError(f"{path}: cannot read the PBFT key: {e.strerror}") from None
+    try:
+        seed = bytes.fromhex(text)
+    except ValueError:
+        raise PbftKeyError(f"{path}: the PBFT key is not hex") from None
+    if len(seed) != _SEED_BYTES:
+        raise PbftKeyError(f"{path}: the PBFT key must be {_SEED_BYTES} bytes, got {len(seed)}")
+    return seed
+
+
+def _public_bytes(text: str | None, where: str) -> bytes:
+    if text is None:
+        raise PbftKeyError(f"{where}: missing")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise PbftKeyError(f"{where}: not hex") from None
+    if len(raw) != 32:
+        raise PbftKeyError(f"{where}: expected 32 bytes, got {len(raw)}")
+    return raw
+
+
+def mac_key(me: NodeId, my_agreement: X25519PrivateKey, peer: NodeId,
+            peer_public: X25519PublicKey) -> bytes:
+    """The pairwise MAC key of `me` and `peer` (the same at both ends)."""
+    lo, hi = sorted((me, peer))
+    shared = my_agreement.exchange(peer_public)
+    return hashlib.sha256(_MAC_TAG + shared + lo.encode() + b"\x00" + hi.encode()).digest()
+
+
+def load_crypto(config: NodeConfig) -> Ed25519Crypto:
+    """This node's `Ed25519Crypto`: its key file plus every peer's public keys.
+
+    Raises:
+        PbftKeyError: no `[pbft]` section, or bad key material.
+    """
+    if config.pbft is None:
+        raise PbftKeyError(f"{config.source or config.id}: no [pbft] signing_key")
+    seed = read_seed(config.pbft.signing_key)
+    me = NodeId(config.id)
+    signing = _signing(seed)
+    agreement = _agreement(seed)
+    public: dict[NodeId, Ed25519PublicKey] = {me: signing.public_key()}
+    macs: dict[NodeId, bytes] = {}
+    for peer in config.peers:
+        where = f"{config.source or config.id}: peer {peer.id!r}"
+        try:
+            public[NodeId(peer.id)] = Ed25519PublicKey.from_public_bytes(
+                _public_bytes(peer.signing_public_key, f"{where} signing_public_key"))
+            peer_x = X25519PublicKey.from_public_bytes(
+                _public_bytes(peer.mac_public_key, f"{where} mac_public_key"))
+        except ValueError as e:
+            raise PbftKeyError(f"{where}: bad public key: {e}") from None
+        macs[NodeId(peer.id)] = mac_key(me, agreement, NodeId(peer.id), peer_x)
+    return Ed25519Crypto(me, private_key=signing, public_keys=public, mac_keys=macs)

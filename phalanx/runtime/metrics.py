@@ -1,0 +1,191 @@
+"""Prometheus metrics of one node, on a per-node registry.
+
+Owns: `NodeMetrics` (the metric families, all named `phalanx_*`, on a private
+`CollectorRegistry` so several nodes can run in one process) and `serve_metrics`, which
+exposes a registry over HTTP on a daemon thread (`prometheus_client.start_http_server`).
+
+Families:
+    phalanx_commits_total             entries applied after commit
+    phalanx_commit_index              the core's commit index
+    phalanx_applied_index             the replica's applied index
+    phalanx_apply_lag                 commit index - applied index
+    phalanx_fsync_seconds             histogram: one group-commit batch's persist + fsync
+    phalanx_fsync_batch_readys        histogram: Readys made durable per fsync
+    phalanx_elections_total           terms this node saw begin (elections, won or not)
+    phalanx_leader_changes_total      changes of the known leader
+    phalanx_term, phalanx_is_leader   gauges
+    phalanx_peer_bytes_in_total / _out_total, phalanx_client_bytes_in_total / _out_total
+    phalanx_peer_queue_drops_total    messages refused by a full per-peer send queue
+
+Must not import: trio, consensus cores. The driver calls the `on_*` hooks from its one task;
+they only update plain Python numbers (no prometheus-client metric objects, whose every
+`set`/`inc`/`observe` takes a lock: the hooks run per tick, per batch and per fsync, on the
+hot path). Everything is turned into metric families at scrape time, on the HTTP server's
+thread (`_NodeCollector`), as are the byte counters of the transport and the client port.
+A scrape reads those numbers without a lock: it may miss the observation being recorded at
+that instant (a histogram's count is the sum of its buckets, so it is always consistent).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from phalanx.consensus.core import CoreStatus
+
+FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+
+
+class _Bytes(Collector):
+    """Byte counters read at scrape time from `source()` -> {name: value}."""
+
+    def __init__(self, node: str, source: Callable[[], dict[str, int]]) -> None:
+        self._node = node
+        self._source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, value in sorted(self._source().items()):
+            family = CounterMetricFamily(f"phalanx_{name}", f"phalanx {name.replace('_', ' ')}",
+                                         labels=["node"])
+            family.add_metric([self._node], value)
+            yield family
+
+
+class _Histogram:
+    """Bucket counts and a sum, updated without a lock by the one driver task."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def family(self, name: str, doc: str, node: str) -> HistogramMetricFamily:
+        counts = list(self.counts)
+        total = self.total
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(_le, self.bounds), "+Inf"), counts, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        family = HistogramMetricFamily(name, doc, labels=["node"])
+        family.add_metric([node], buckets, total)
+        return family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class NodeMetrics:
+    """The metrics of node `node`; implements `phalanx.runtime.driver.DriverObserver`."""
+
+    def __init__(self, node: str, *, registry: CollectorRegistry | None = None) -> None:
+        self.node = node
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.commits = 0
+        self.commit_index = 0
+        self.applied_index = 0
+        self.elections = 0
+        self.leader_changes = 0
+        self.term = 0
+        self.is_leader = 0
+        self.fsync_seconds = _Histogram(FSYNC_BUCKETS)
+        self.fsync_batch_readys = _Histogram(BATCH_BUCKETS)
+        self._last_term: int | None = None
+        self._last_leader: str | None = None
+        self.registry.register(_NodeCollector(self))
+
+    def add_byte_source(self, source: Callable[[], dict[str, int]]) -> None:
+        """Register counters read at scrape time (e.g. transport bytes in/out)."""
+        self.registry.register(_Bytes(self.node, source))
+
+    # -- DriverObserver ---------------------------------------------------------------------
+
+    def on_fsync(self, seconds: float, readys: int) -> None:
+        self.fsync_seconds.observe(seconds)
+        self.fsync_batch_readys.observe(readys)
+
+    def on_applied(self, entries: int, applied_index: int, commit_index: int) -> None:
+        self.commits += entries
+        self.applied_index = applied_index
+        self.commit_index = commit_index
+
+    def on_status(self, status: CoreStatus, applied_index: int) -> None:
+        if self._last_term is not None and status.term > self._last_term:
+            self.elections += status.term - self._last_term
+        self._last_term = status.term
+        if status.leader != self._last_leader:
+            if status.leader is not None:
+                self.leader_changes += 1
+            self._last_leader = status.leader
+        self.term = status.term
+        self.is_leader = 1 if status.role == "leader" else 0
+        self.commit_index = status.commit_index
+        self.applied_index = applied_index
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (tests, debugging)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class _NodeCollector(Collector):
+    """`NodeMetrics`' numbers as metric families, built at scrape time."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m, node = self._m, [self._m.node]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["node"])
+            family.add_metric(node, value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["node"])
+            family.add_metric(node, value)
+            return family
+
+        commit, applied = m.commit_index, m.applied_index
+        yield counter("phalanx_commits", "Entries applied after commit", m.commits)
+        yield gauge("phalanx_commit_index", "Commit index", commit)
+        yield gauge("phalanx_applied_index", "Applied index", applied)
+        yield gauge("phalanx_apply_lag", "Commit index minus applied index",
+                    max(0, commit - applied))
+        yield m.fsync_seconds.family("phalanx_fsync_seconds",
+                                     "Persist + fsync time of one group-commit batch", m.node)
+        yield m.fsync_batch_readys.family("phalanx_fsync_batch_readys",
+                                          "Readys made durable per fsync", m.node)
+        yield counter("phalanx_elections", "Terms this node saw begin", m.elections)
+        yield counter("phalanx_leader_changes", "Changes of the known leader",
+                      m.leader_changes)
+        yield gauge("phalanx_term", "Current term", m.term)
+        yield gauge("phalanx_is_leader", "1 when this node is leader", m.is_leader)
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:
+    """Serve `registry` over HTTP on a daemon thread; returns (server, bound port).
+
+    Call `server.shutdown()` to stop it.
+    """
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, int(server.server_port)
