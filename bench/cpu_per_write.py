@@ -39,6 +39,9 @@ from _loadgen import make_value, proc_cpu_seconds, run_level
 from _phalanx import PhalanxCluster
 
 from phalanx.ops.node_config import load_node_config
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols import names as protocol_names
 
 
 def _commit_index(cluster: PhalanxCluster) -> float | None:
@@ -167,7 +170,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-idle", action="store_true",
                    help="keep py-spy's idle samples (threads waiting in epoll, locks, ...)")
     p.add_argument("--workdir", default=None)
-    p.add_argument("--protocol", choices=("raft", "pbft"), default="raft",
+    p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                    help="raft: 3 nodes (roles leader/follower); pbft: 4 replicas (the node "
                    "the client names first is the one called leader)")
     p.add_argument("--fsync", choices=("group", "off"), default="group",
@@ -180,7 +183,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, fsync=args.fsync,
-                             nodes=4 if args.protocol == "pbft" else 3)
+                             nodes=get_protocol(args.protocol).default_nodes)
     cluster.start()
     try:
         trio.run(_measure, cluster, args)

@@ -49,6 +49,10 @@ from _etcd import EtcdCluster, EtcdError, etcd_binary, etcd_version
 from _loadgen import LevelResult, Target, machine_info, make_value, run_level, start_profilers
 from _pso import PsoCluster, PsoError, pysyncobj_version
 
+from phalanx.protocols import DEFAULT_PROTOCOL, FaultModel
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols import names as protocol_names
+
 SYSTEMS = ("phalanx", "raft", "etcd", "pysyncobj")
 """`raft` is phalanx's own 3-node Raft cluster beside a `--protocol pbft` run (the PBFT
 issue's "beside Raft in the same run"; load levels only, no failover or RSS phase)."""
@@ -191,7 +195,7 @@ def bench_phalanx(args: argparse.Namespace, report: Report, *, system: str = "ph
         log(report.skipped[system])
         return
     try:
-        nodes = 4 if protocol == "pbft" else 3  # PBFT: n = 3f+1 with f = 1
+        nodes = get_protocol(protocol).default_nodes  # f = 1: 3 (crash), 4 (Byzantine)
         cluster = PhalanxCluster(protocol=protocol, workdir=args.workdir, nodes=nodes,
                                  checkpoint_every_bytes=args.checkpoint_every_bytes)
     except PhalanxUnavailable as e:
@@ -251,11 +255,11 @@ def _verdict(ok: bool | None) -> str:
 
 
 def target_rows(
-    report: Report, *, at: int, protocol: str = "raft"
+    report: Report, *, at: int, protocol: str = DEFAULT_PROTOCOL
 ) -> list[tuple[str, str, str, bool | None]]:
     """(target, measured, goal, ok) rows; ok is None when the input was not measured.
-    The targets are the Raft issue's, or the PBFT issue's with ``protocol="pbft"``."""
-    pbft = protocol == "pbft"
+    The targets are the Raft issue's, or the PBFT issue's for a Byzantine protocol."""
+    pbft = get_protocol(protocol).fault_model is FaultModel.BYZANTINE
     p50_goal, rate_goal, failover_goal = (5.0, 3000, 2.0) if pbft else (2.0, 5000, 1.0)
     rows: list[tuple[str, str, str, bool | None]] = []
     one = report.level("phalanx", 1)
@@ -309,7 +313,9 @@ def target_rows(
 
 def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], None]) -> None:
     out("")
-    nodes = "4 PBFT replicas (phalanx; peers 3 nodes)" if args.protocol == "pbft" else "3 nodes"
+    spec = get_protocol(args.protocol)
+    nodes = (f"{spec.default_nodes} {spec.name} replicas (phalanx; peers 3 nodes)"
+             if spec.default_nodes != 3 else "3 nodes")
     out(f"KV write benchmark: {nodes} on 127.0.0.1, closed-loop clients, "
         f"{args.value_size}-byte values, {args.duration:g} s per level")
     out(f"machine at start: {report.machine_start}")
@@ -387,8 +393,8 @@ def _client_list(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("--protocol", default="raft", choices=("raft", "pbft"),
-                   help="phalanx protocol (default raft)")
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL, choices=protocol_names(),
+                   help="phalanx protocol (default %(default)s)")
     p.add_argument("--systems", default=None,
                    help=f"comma-separated subset of {','.join(SYSTEMS)} (default: phalanx,etcd,"
                    f"pysyncobj; with --protocol pbft: {PBFT_DEFAULT_SYSTEMS})")
@@ -429,7 +435,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.failover_trials = 1
         args.skip_rss = True
     if args.systems is None:
-        args.systems = (PBFT_DEFAULT_SYSTEMS if args.protocol == "pbft"
+        args.systems = (PBFT_DEFAULT_SYSTEMS if args.protocol != DEFAULT_PROTOCOL
                         else "phalanx,etcd,pysyncobj")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - set(SYSTEMS))

@@ -30,6 +30,9 @@ from _loadgen import make_value
 from _phalanx import PhalanxCluster
 
 from phalanx.client.async_client import ClientError
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols import names as protocol_names
 from phalanx.runtime.phase_trace import ENV_VAR
 
 
@@ -142,7 +145,7 @@ async def _drive(cluster: PhalanxCluster, *, clients: int, warmup: float, durati
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--protocol", choices=("raft", "pbft"), default="raft")
+    p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL)
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--clients", type=int, default=1,
                    help="closed-loop writers; above 1 the per-request attribution mixes "
@@ -157,7 +160,7 @@ def main() -> None:
     for old in trace_dir.glob("*.trace"):
         old.unlink()
     cluster = PhalanxCluster(protocol=args.protocol, workdir=None,
-                             nodes=4 if args.protocol == "pbft" else 3)
+                             nodes=get_protocol(args.protocol).default_nodes)
     try:
         os.environ[ENV_VAR] = str(trace_dir)  # inherited by the node processes only
         cluster.start()

@@ -33,6 +33,7 @@ import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import (
     CheckpointInstalled,
@@ -50,6 +51,10 @@ from phalanx.consensus.core import (
 from phalanx.consensus.crypto import Crypto, digest_of
 from phalanx.consensus.pbft.messages import Checkpoint, Commit, Prepare, PrePrepare, signed_part
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
+
+if TYPE_CHECKING:
+    from phalanx.apps.interface import StateMachine, StateSnapshot
+    from phalanx.ops.node_config import NodeConfig
 
 BEHAVIOURS: tuple[str, ...] = (
     "silent",
@@ -322,3 +327,53 @@ class TwinsCore:
                     out.append(send)
             if ready.has_persistence:
                 queue.append(Persisted(number=ready.number))
+
+
+class CorruptingMachine:
+    """The ``corrupt_reply`` mode on a real node: `inner`'s state, wrong results
+    (`corrupt_result`)."""
+
+    def __init__(self, inner: StateMachine, rng: random.Random) -> None:
+        self.inner = inner
+        self._rng = rng
+        self.corrupted = 0
+
+    def apply(self, command: bytes) -> bytes:
+        self.corrupted += 1
+        return corrupt_result(self.inner.apply(command), self._rng)
+
+    def query(self, request: bytes) -> bytes:
+        self.corrupted += 1
+        return corrupt_result(self.inner.query(request), self._rng)
+
+    def snapshot(self) -> StateSnapshot:
+        return self.inner.snapshot()
+
+    def restore(self, data: bytes) -> None:
+        self.inner.restore(data)
+
+
+class PbftByzantine:
+    """PBFT's Byzantine modes on a real node (`phalanx.protocols.spec.ByzantineSupport`,
+    `phalanx node run CONFIG --byzantine MODE`, tests and the demo only): the `ByzantineCore`
+    behaviours, one per node. ``corrupt_reply`` leaves the core honest and wraps the state
+    machine so the node answers clients wrong results (its own state, and so its
+    checkpoints, diverge: the f+1 rule and the honest 2f+1 must cope with both)."""
+
+    modes: tuple[str, ...] = BEHAVIOURS
+
+    def wrap_core(self, core: Core, mode: str, *, config: NodeConfig,
+                  rng: random.Random) -> Core:
+        from phalanx.ops.signing_keys import load_crypto
+
+        return ByzantineCore(core, behaviours=(mode,), crypto=load_crypto(config),
+                             rng=random.Random(rng.getrandbits(64)))
+
+    def wrap_machine(self, machine: StateMachine, mode: str,
+                     rng: random.Random) -> StateMachine:
+        if mode == "corrupt_reply":
+            return CorruptingMachine(machine, random.Random(rng.getrandbits(64)))
+        return machine
+
+
+PBFT_BYZANTINE = PbftByzantine()

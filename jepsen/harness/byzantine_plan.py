@@ -42,8 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from phalanx.consensus.quorum import max_byzantine_faults
 from phalanx.jepsen.byzantine import BEHAVIOURS
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols import specs as protocol_specs
 
 TWINS: Final = "twins"
 ANY: Final = "any"
@@ -162,10 +163,13 @@ def plan_byzantine(
     """Place `items` on `names` (module docstring). Raises `ByzantinePlanError`."""
     if not items:
         return ByzantinePlan(allow_violation=allow_violation)  # "0" and "none" too
-    if protocol != "pbft":
-        raise ByzantinePlanError(f"--byzantine needs --protocol pbft (got {protocol})")
+    spec = get_protocol(protocol)
+    if spec.byzantine is None:
+        able = [s.name for s in protocol_specs() if s.byzantine is not None]
+        raise ByzantinePlanError(f"--byzantine needs a protocol that tolerates Byzantine "
+                                 f"replicas, --protocol {' or '.join(able)} (got {protocol})")
     nodes = sorted(names)
-    f = max_byzantine_faults(len(nodes))
+    f = spec.max_faults(len(nodes))
     if len(items) > f and not allow_violation:
         raise ByzantinePlanError(
             f"{len(items)} Byzantine replicas exceed f={f} for n={len(nodes)}: the run could "

@@ -34,6 +34,9 @@ from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunOutcome, run
 from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS
 from phalanx.jepsen.linearizability import UNKNOWN
 from phalanx.jepsen.nemesis import ScheduleError, parse_faults
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols import names as protocol_names
 
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
@@ -83,7 +86,8 @@ def add_run_command(
     p = jepsen_subparsers.add_parser(
         "run", help="run a workload on a local cluster under faults and check it",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--protocol", choices=("raft", "pbft"), default="raft")
+    p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
+                   help="the cluster's protocol (default: %(default)s)")
     p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=5)
     p.add_argument("--workload", choices=("register", "bank", "set"), default="register")
     p.add_argument("--nemesis", default="kill,pause,partition-one,partition-halves",
@@ -114,9 +118,9 @@ def add_run_command(
 def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     """The ``phalanx jepsen run`` handler; returns the exit status."""
     out = console if console is not None else Console()
-    if args.protocol == "pbft" and (args.nodes - 1) % 3:
-        print(f"phalanx jepsen run: error: a PBFT cluster needs n = 3f+1 nodes (4, 7, ...), "
-              f"got {args.nodes}", file=sys.stderr)
+    size_problem = get_protocol(args.protocol).size_problem(args.nodes)
+    if size_problem is not None:
+        print(f"phalanx jepsen run: error: {size_problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.workload not in WORKLOADS:  # argparse's choices already; a safety net
         print(f"phalanx jepsen run: error: the {args.workload} workload is not available yet "

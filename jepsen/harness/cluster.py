@@ -49,7 +49,6 @@ from typing import Any
 import trio
 
 from phalanx.client.async_client import Client, ClientError, open_client
-from phalanx.consensus.quorum import max_byzantine_faults
 from phalanx.jepsen.harness.byzantine_plan import ByzantinePlan
 from phalanx.jepsen.harness.proxy import Link, ProxyNetwork
 from phalanx.ops.local_cluster import (
@@ -68,6 +67,8 @@ from phalanx.ops.node_config import (
     load_node_config,
     node_config_dict,
 )
+from phalanx.protocols import DEFAULT_PROTOCOL, FaultModel
+from phalanx.protocols import get as get_protocol
 
 TWIN_B_SUFFIX = "-b"
 """Twin B of node ``n3`` is the process instance ``n3-b`` (twin A keeps the node's name)."""
@@ -154,11 +155,12 @@ class RealCluster:
         return out
 
     async def leader(self) -> str | None:
-        """The node that reports itself leader (Raft) or active primary (PBFT) in the highest
-        term or view, if any answers."""
+        """The node that reports the protocol's `leader_role` (Raft's leader, PBFT's active
+        primary) in the highest term or view, if any answers."""
+        leader_role = get_protocol(self.config.protocol).leader_role
         best: tuple[int, str] | None = None
         for s in (await self.statuses()).values():
-            if s.role in LEADER_ROLES and (best is None or s.term > best[0]):
+            if s.role == leader_role and (best is None or s.term > best[0]):
                 best = (s.term, s.node)
         return None if best is None else best[1]
 
@@ -196,18 +198,18 @@ class RealCluster:
         n - f - K >= f + 1 honest ones are guaranteed to hold each decision."""
         n = len(self.nodes)
         honest = self.honest
-        if self.config.protocol == "pbft":
-            needed = n - max_byzantine_faults(n) - len(self.byzantine.nodes)
-        else:
-            needed = n
-        needed = max(1, needed)
+        spec = get_protocol(self.config.protocol)
+        byzantine_model = spec.fault_model is FaultModel.BYZANTINE
+        # Byzantine: n - f - K honest replicas (see above); crash: every node.
+        needed = max(1, n - spec.max_faults(n) - len(self.byzantine.nodes)
+                     if byzantine_model else n)
         with trio.move_on_after(within):
             while True:
                 st = await self.statuses()
-                leaders = [s for s in st.values() if s.role in LEADER_ROLES]
+                leaders = [s for s in st.values() if s.role == spec.leader_role]
                 good = [st[h] for h in honest if h in st]
                 if len(good) == len(honest) and leaders:
-                    if self.config.protocol == "pbft":
+                    if byzantine_model:
                         target = max(s.commit_index for s in good)
                     else:
                         target = max(s.commit_index for s in leaders)
@@ -263,10 +265,6 @@ class ClusterProcesses:
         self.main.stop(grace=grace)
         if self.twins is not None:
             self.twins.stop(grace=grace)
-
-
-LEADER_ROLES = ("leader", "primary")
-"""Status roles of the node that orders requests: Raft's leader, PBFT's active primary."""
 
 
 def _route_through_proxies(config: ClusterConfig, network: ProxyNetwork,
@@ -351,7 +349,7 @@ async def open_real_cluster(
     directory: Path,
     *,
     nodes: int,
-    protocol: str = "raft",
+    protocol: str = DEFAULT_PROTOCOL,
     rng: random.Random,
     timing: TimingConfig = HARNESS_TIMING,
     checkpoint_every: int = 500,

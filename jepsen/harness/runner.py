@@ -76,6 +76,7 @@ from phalanx.jepsen.workloads import (
     make_workload,
     perform,
 )
+from phalanx.protocols import DEFAULT_PROTOCOL
 
 WORKLOADS: Final = tuple(sorted(WORKLOAD_CLASSES))
 """Workloads the runner drives: every `phalanx.jepsen.workloads` workload."""
@@ -86,7 +87,7 @@ OPERATION_ATTEMPTS: Final = 5
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
-    protocol: str = "raft"
+    protocol: str = DEFAULT_PROTOCOL
     nodes: int = 5
     workload: str = "register"
     faults: tuple[str, ...] = ()

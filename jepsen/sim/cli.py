@@ -24,19 +24,17 @@ from phalanx.cli.errors import (
     positive_int,
     print_error,
 )
-from phalanx.consensus.pbft import KNOWN_BUGS
-from phalanx.consensus.raft.config import BUG_NAMES as RAFT_BUG_NAMES
 from phalanx.jepsen import nemesis
-from phalanx.jepsen.sim.protocols import PROTOCOLS
 from phalanx.jepsen.sim.run import RunConfig, run
 from phalanx.jepsen.sim.sweep import sweep
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols import names as protocol_names
 
 _DEFAULTS = RunConfig(seed=0)
 MAX_NODES = 100
 MAX_JOBS = 256
 
-PBFT_BUG_NAMES = tuple(sorted(KNOWN_BUGS))
-BUG_NAMES = tuple(sorted(RAFT_BUG_NAMES))
 
 
 def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +51,8 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
             "its trace."
         ),
     )
-    p.add_argument("--protocol", choices=PROTOCOLS, default="raft")
+    p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
+                   help="the protocol to simulate (default: %(default)s)")
     p.add_argument("--seeds", type=positive_int, default=100,
                    help="number of seeds (default 100)")
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
@@ -68,8 +67,9 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--bug",
         action="append",
         default=[],
-        choices=BUG_NAMES + PBFT_BUG_NAMES,
-        help="TEST ONLY: enable a deliberate protocol bug (the sweep should then fail)",
+        metavar="NAME",
+        help="TEST ONLY: enable a deliberate bug of the protocol's core (the sweep should "
+        "then fail); a wrong name lists the protocol's bugs",
     )
     p.add_argument("--jobs", type=int_between(1, MAX_JOBS), default=1,
                    help=f"worker processes, 1..{MAX_JOBS} (default 1)")
@@ -118,8 +118,17 @@ def _handle(args: argparse.Namespace) -> int:
     if args.byzantine < 0 or args.twins < 0:
         print_error("phalanx sim", "--byzantine and --twins must be >= 0")
         return EXIT_USAGE
-    if (args.byzantine or args.twins) and args.protocol != "pbft":
-        print_error("phalanx sim", "--byzantine and --twins need --protocol pbft")
+    spec = get_protocol(args.protocol)
+    if (args.byzantine or args.twins) and spec.byzantine is None:
+        able = ", ".join(s for s in protocol_names() if get_protocol(s).byzantine is not None)
+        print_error("phalanx sim", f"--byzantine and --twins need a protocol that tolerates "
+                    f"Byzantine replicas ({able}); {args.protocol} does not")
+        return EXIT_USAGE
+    known_bugs = sorted(spec.sim_bugs.load()) if spec.sim_bugs is not None else []
+    unknown_bugs = sorted(set(args.bug) - set(known_bugs))
+    if unknown_bugs:
+        print_error("phalanx sim", f"--bug {unknown_bugs[0]}: not a deliberate bug of "
+                    f"{args.protocol} (known: {', '.join(known_bugs) or 'none'})")
         return EXIT_USAGE
     if args.nodes is not None and args.nodes < 1:
         print_error("phalanx sim", "--nodes must be >= 1")
@@ -160,11 +169,11 @@ def _handle(args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     if args.nodes is None:
         # Alternate two sizes by seed, so one sweep covers both quorum sizes (PBFT: 3f+1).
-        sizes = ((0, 4), (1, 7)) if args.protocol == "pbft" else ((0, 3), (1, 5))
+        sizes = ((0, spec.fault_model.nodes_for(1)), (1, spec.fault_model.nodes_for(2)))
         results = [
             sweep(
                 # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
-                replace(base, nodes=n, byzantine=min(args.byzantine, (n - 1) // 3)),
+                replace(base, nodes=n, byzantine=min(args.byzantine, spec.max_faults(n))),
                 range(args.seed_start + off, args.seed_start + args.seeds, 2),
                 jobs=args.jobs,
                 progress=sys.stderr,

@@ -56,7 +56,7 @@ from phalanx.jepsen.byzantine import (
     corrupt_result,
 )
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
-from phalanx.jepsen.sim.protocols import ProtocolSetup
+from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup
 from phalanx.net import wire
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
@@ -476,3 +476,10 @@ def pbft_setup(
         watch_send=vote_watch(frozenset(n for n in names if n not in plan.nodes)),
         watch_types=frozenset({PrePrepare, Prepare}),
     )
+
+
+def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
+              seed: int, byzantine: int, twins: int) -> ProtocolSetup:
+    """`phalanx.protocols.builtin.PBFT.sim`: `pbft_setup` (PBFT takes no swarm knobs and
+    checkpoints every K sequence numbers of its own config)."""
+    return pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins)

@@ -54,6 +54,8 @@ from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.protocols import Knobs, protocol_setup
 from phalanx.net.codec import DecodeError, Registry
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as get_protocol
 
 _MS = 1_000_000
 _DEFAULT_LIVENESS_NS = 2_000 * _MS
@@ -64,7 +66,7 @@ _BOOT_WINDOW_NS = 200 * _MS
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     seed: int
-    protocol: str = "raft"
+    protocol: str = DEFAULT_PROTOCOL
     nodes: int = 3
     faults: tuple[str, ...] = nemesis.SIM_FAULT_KINDS
     swarm: bool = True
@@ -108,19 +110,6 @@ class RunConfig:
         )
 
 
-_KNOB_CHOICES: dict[str, tuple[tuple[str, tuple[int | bool, ...]], ...]] = {
-    "raft": (
-        ("pre_vote", (True, False)),
-        ("check_quorum", (True, False)),
-        ("election_ticks", (3, 5, 10, 20)),
-        ("max_inflight", (1, 4, 64)),
-        ("max_batch_entries", (1, 8, 64)),
-        ("log_tail_after_compaction", (0, 10, 100)),
-        ("checkpoint_every", (25, 100, 400)),
-    ),
-}
-
-
 def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     """The fault kinds and protocol knobs of this seed: a pure function of the config.
 
@@ -136,7 +125,7 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
         kept = tuple(k for k in faults if rng.random() < 0.5)
         faults = kept or (rng.choice(faults),)
     knobs: dict[str, int | bool] = {
-        name: rng.choice(values) for name, values in _KNOB_CHOICES.get(cfg.protocol, ())
+        name: rng.choice(values) for name, values in get_protocol(cfg.protocol).sim_knobs
     }
     if "election_ticks" in knobs:
         knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))

@@ -30,7 +30,8 @@ import trio
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.cli.errors import EXIT_USAGE, print_error
 from phalanx.ops.node_config import Address, ConfigError, NodeConfig, check_files, load_node_config
-from phalanx.protocols import BYZANTINE_MODES
+from phalanx.protocols import UnknownProtocol, byzantine_mode_problem, specs
+from phalanx.protocols import get as get_protocol
 from phalanx.runtime.node import Node, NodeError, open_node
 from phalanx.runtime.process_tuning import TrimPolicy, trim_malloc, tune_malloc
 from phalanx.storage.lock import probe_data_dir
@@ -73,7 +74,8 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
              bootstrap: bool = False) -> int:
     """Run the node configured in `config_path` until SIGINT/SIGTERM; returns the exit code.
 
-    `byzantine` (PBFT only; tests and demos): run the replica in that Byzantine mode.
+    `byzantine` (a protocol's Byzantine mode; tests and demos): run the replica in that
+    Byzantine mode.
     `bootstrap`: an empty data directory without IDENTITY is a new cluster's node
     (`phalanx.runtime.node.open_node`).
     The `phalanx node run` command has already put the process on the system allocator by
@@ -94,8 +96,14 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
     if problem is not None:
         print_error(_PROG, problem)
         return EXIT_USAGE
-    if byzantine is not None and config.protocol != "pbft":
-        print_error(_PROG, f"--byzantine {byzantine} needs a PBFT cluster; {config_path} runs "
+    try:
+        spec = get_protocol(config.protocol)
+    except UnknownProtocol as exc:
+        print_error(_PROG, f"{config_path}: {exc}")
+        return EXIT_USAGE
+    problem = None if byzantine is None else byzantine_mode_problem(spec, byzantine)
+    if problem is not None:
+        print_error(_PROG, f"--byzantine {byzantine}: {problem}; {config_path} runs "
                     f"{config.protocol}")
         return EXIT_USAGE
     if not logging.getLogger().handlers:
@@ -198,9 +206,11 @@ def add_node_command(subparsers: Any) -> argparse.ArgumentParser:
         "live data); set PYTHONMALLOC yourself to choose otherwise, e.g. "
         "PYTHONMALLOC=pymalloc.")
     run.add_argument("config", metavar="CONFIG", help="the node's TOML configuration file")
-    run.add_argument("--byzantine", metavar="MODE", choices=BYZANTINE_MODES, default=None,
-                     help="PBFT only, for tests and demos: run this replica in a Byzantine "
-                     f"mode ({', '.join(BYZANTINE_MODES)})")
+    modes = {mode: s.name for s in specs() for mode in s.byzantine_modes}
+    run.add_argument("--byzantine", metavar="MODE", choices=tuple(modes), default=None,
+                     help="for tests and demos, on a protocol that tolerates Byzantine "
+                     f"replicas ({', '.join(sorted(set(modes.values())))}): run this replica "
+                     f"in a Byzantine mode ({', '.join(modes)})")
     run.add_argument("--bootstrap", action="store_true",
                      help="the data directory is empty because this is a NEW node of a NEW "
                      "cluster (cluster init marks new directories, so this is for clusters "

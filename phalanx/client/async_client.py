@@ -35,7 +35,8 @@ Outcomes (what each error promises):
   answered UNAVAILABLE (its storage cannot take writes: disk full); as indeterminate.
 - `Forbidden` (FORBIDDEN): certainly had no effect.
 
-Raft mode: requests go to the node believed to lead; REDIRECT hints are followed at once;
+How calls are made follows the protocol's `phalanx.protocols.CallStrategy`.
+LEADER (Raft): requests go to the node believed to lead; REDIRECT hints are followed at once;
 RETRY, failures and silent nodes rotate to the next node after a jittered backoff, except
 a RETRY whose hint names the replying node itself ("I lead, but I am overloaded"), which is
 resent to that same node after the backoff.
@@ -49,7 +50,8 @@ moves on only when the node has been silent for `attempt_timeout` (probe unanswe
 the probe says it no longer leads. Resending a merely slow call would add a redirect
 round trip and a duplicate proposal per call, and under overload (median latency above the
 attempt timeout) those retries fed the overload they came from.
-PBFT mode (`phalanx.client.bft_calls.PbftCalls`): a request is accepted once f+1 distinct
+MATCHING_REPLIES (PBFT; `phalanx.client.bft_calls.PbftCalls`): a request is accepted once f+1
+distinct
 replicas (identified by their certificates, not by what they claim) return the same status
 and result (Castro-Liskov §4.1). It goes to the primary alone when f+1 replicas name it and
 enough backups subscribed (`ClientHello`) to answer it unasked, and to every replica
@@ -101,6 +103,8 @@ from phalanx.net.framing import DEFAULT_MAX_FRAME_SIZE, encode_frame
 from phalanx.net.transport import Backoff
 from phalanx.ops import pki
 from phalanx.ops.node_config import ClusterConfig, ConfigError, load_cluster_config
+from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy
+from phalanx.protocols import get as protocol_spec
 
 __all__ = [
     "Client",
@@ -139,7 +143,7 @@ class Client(KvHelpers, PbftCalls):
         nodes: Sequence[NodeAddress],
         *,
         ssl_context: ssl.SSLContext,
-        protocol: str = "raft",
+        protocol: str = DEFAULT_PROTOCOL,
         client_id: str | None = None,
         timeout: float = 5.0,
         attempt_timeout: float = 1.0,
@@ -148,15 +152,15 @@ class Client(KvHelpers, PbftCalls):
         rng: random.Random | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
-        if protocol not in ("raft", "pbft"):
-            raise ValueError(f"protocol must be 'raft' or 'pbft', got {protocol!r}")
+        spec = protocol_spec(protocol)  # UnknownProtocol (a ValueError) names the known ones
         if not (timeout > 0 and attempt_timeout > 0):
             raise ValueError("timeout and attempt_timeout must be > 0")
         self._stats = ClientStatistics()
         self.protocol = protocol
+        self._matching_replies = spec.call_strategy is CallStrategy.MATCHING_REPLIES
         self.client_id = uuid.uuid4().hex if client_id is None else client_id
         hello = None
-        if protocol == "pbft":
+        if self._matching_replies:  # subscribe: backups answer requests they did not get
             hello = encode_frame(wire.encode(ClientHello(client_id=self.client_id)))
         self._pool = ConnectionPool(nodes, ssl_context=ssl_context,
                                     verify_node_ids=verify_node_ids,
@@ -252,7 +256,7 @@ class Client(KvHelpers, PbftCalls):
         call: PendingCall[ClientReply] = PendingCall(client_id, request_no)
         self._stats.calls += 1
         try:
-            if self.protocol == "pbft":
+            if self._matching_replies:
                 # A STALE read is answered by each replica it reaches, from its own state:
                 # the primary alone would give one answer, never f+1.
                 alone = consistency is ReadConsistency.LINEARIZABLE
@@ -493,8 +497,9 @@ async def open_client(
             ``(node_id, host, port)`` triples of the nodes' client ports.
         ssl_context: required with triples; with a cluster it defaults to the cluster CA and
             the cluster's client certificate (hostname checks off: node ids are pinned).
-        protocol: ``"raft"`` (default with triples) or ``"pbft"``; a cluster's own protocol
-            by default.
+        protocol: a registered protocol name (`phalanx.protocols.names`; ``"raft"`` by
+            default with triples): its `CallStrategy` decides how calls are made; a
+            cluster's own protocol by default.
         client_id: the session id. Two live clients must not share one. A secured node
             accepts only ids its client certificate owns (``<name>``, ``<name>/...``,
             ``<name>#...``; `phalanx.runtime.client_auth`): with a cluster the default is

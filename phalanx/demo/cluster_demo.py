@@ -55,6 +55,9 @@ from phalanx.jepsen.history import write_history
 from phalanx.jepsen.linearizability import check
 from phalanx.ops.local_cluster import NodeProcesses, find_free_base_port, init_cluster
 from phalanx.ops.node_config import ClusterConfig
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as protocol_spec
+from phalanx.protocols import specs as protocol_specs
 
 NODES: Final = 3
 STATUS_TIMEOUT: Final = 0.3
@@ -462,9 +465,11 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "demo", help="a 3-node cluster, a leader crash, and a linearizability check",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--protocol", choices=("raft", "pbft"), default="raft",
+    demos = [s.name for s in protocol_specs() if s.demo is not None]
+    parser.add_argument("--protocol", choices=demos, default=DEFAULT_PROTOCOL,
                         help="raft (3 nodes, leader kill) or pbft (4 replicas, one Byzantine, "
-                        "primary kill and view change; phalanx.demo.pbft)")
+                        "primary kill and view change; phalanx.demo.pbft); default "
+                        "%(default)s")
     parser.add_argument("--byzantine", default="equivocate", metavar="MODE",
                         help="pbft: the Byzantine replica's mode (default: %(default)s)")
     parser.add_argument("--local", nargs=argparse.REMAINDER, metavar="ARGS", default=None,
@@ -480,29 +485,6 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.set_defaults(handler=_main)
 
 
-def _main_pbft(args: argparse.Namespace, directory: Path, *, delete: bool) -> int:
-    from phalanx.demo.pbft import PbftDemoOptions, main_pbft  # it imports this module
-    from phalanx.protocols import BYZANTINE_MODES
-
-    if args.byzantine not in BYZANTINE_MODES:
-        print(f"phalanx demo: --byzantine must be one of {', '.join(BYZANTINE_MODES)}",
-              file=sys.stderr)
-        return 2
-    options = PbftDemoOptions(warmup=args.warmup, workers=args.workers, seed=args.seed,
-                              mode=args.byzantine, directory=directory)
-    try:
-        return main_pbft(options, Console())
-    except (DemoFailed, ClientError, BaseExceptionGroup) as e:
-        cause = _cause(e)
-        if cause is None:
-            raise
-        print(f"phalanx demo: FAILED: {cause}", file=sys.stderr)
-        return 1
-    finally:
-        if delete:
-            shutil.rmtree(directory, ignore_errors=True)
-
-
 def _main(args: argparse.Namespace) -> int:
     if args.local is not None:
         return demo_local.run(args.local)
@@ -514,8 +496,16 @@ def _main(args: argparse.Namespace) -> int:
         print(f"phalanx demo: {keep} is not empty", file=sys.stderr)
         return 2
     directory = keep if keep is not None else Path(tempfile.mkdtemp(prefix="phalanx-demo-"))
-    if args.protocol == "pbft":
-        return _main_pbft(args, directory, delete=keep is None)
+    demo = protocol_spec(args.protocol).demo
+    if demo is None:  # argparse's choices already
+        print(f"phalanx demo: {args.protocol} has no demo", file=sys.stderr)
+        return 2
+    return demo.load()(args, directory, delete=keep is None)
+
+
+def run_raft_demo(args: argparse.Namespace, directory: Path, *, delete: bool) -> int:
+    """The Raft demo (`phalanx.protocols.builtin.RAFT.demo`): 3 nodes, a leader kill."""
+    keep = None if delete else directory
     options = DemoOptions(warmup=args.warmup, workers=args.workers, seed=args.seed,
                           directory=directory)
     console = Console()

@@ -28,8 +28,11 @@ processes) or consensus cores. Not deterministic; never run by the simulator.
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
+import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +42,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from phalanx.client.async_client import Client, open_client
-from phalanx.demo.cluster_demo import DemoFailed, Progress, _statuses, _wait_for
+from phalanx.client.async_client import Client, ClientError, open_client
+from phalanx.demo.cluster_demo import DemoFailed, Progress, _cause, _statuses, _wait_for
 from phalanx.demo.workload import Workload, ledger_keys
 from phalanx.jepsen.history import write_history
 from phalanx.jepsen.linearizability import check
@@ -237,3 +240,27 @@ def main_pbft(options: PbftDemoOptions, console: Console) -> int:
 
 
 __all__ = ["DemoFailed", "PbftDemoOptions", "PbftDemoResult", "main_pbft", "run_pbft_demo"]
+
+
+def run(args: argparse.Namespace, directory: Path, *, delete: bool) -> int:
+    """`phalanx demo --protocol pbft` (`phalanx.protocols.builtin.PBFT.demo`)."""
+    from phalanx.protocols import byzantine_mode_problem
+    from phalanx.protocols import get as protocol_spec
+
+    problem = byzantine_mode_problem(protocol_spec(args.protocol), args.byzantine)
+    if problem is not None:
+        print(f"phalanx demo: --byzantine {args.byzantine}: {problem}", file=sys.stderr)
+        return 2
+    options = PbftDemoOptions(warmup=args.warmup, workers=args.workers, seed=args.seed,
+                              mode=args.byzantine, directory=directory)
+    try:
+        return main_pbft(options, Console())
+    except (DemoFailed, ClientError, BaseExceptionGroup) as e:
+        cause = _cause(e)
+        if cause is None:
+            raise
+        print(f"phalanx demo: FAILED: {cause}", file=sys.stderr)
+        return 1
+    finally:
+        if delete:
+            shutil.rmtree(directory, ignore_errors=True)

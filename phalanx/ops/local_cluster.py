@@ -52,12 +52,11 @@ from phalanx.cli.errors import (
 )
 from phalanx.ops import pki
 from phalanx.ops.node_config import (
-    PROTOCOLS,
     Address,
     ClusterConfig,
     ConfigError,
+    KeyFiles,
     NodeConfig,
-    PbftFiles,
     PeerConfig,
     TimingConfig,
     TlsFiles,
@@ -70,6 +69,10 @@ from phalanx.ops.node_config import (
 )
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
 from phalanx.ops.signing_keys import generate_key_file
+from phalanx.protocols import DEFAULT_PROTOCOL, UnknownProtocol
+from phalanx.protocols import get as protocol_spec
+from phalanx.protocols import names as protocol_names
+from phalanx.protocols import specs as protocol_specs
 from phalanx.runtime.identity import prepare_data_dir
 
 DEFAULT_BASE_PORT: Final = 7100
@@ -161,7 +164,7 @@ def _check_empty(directory: Path) -> None:
 def init_cluster(
     directory: str | Path,
     *,
-    protocol: str = "raft",
+    protocol: str = DEFAULT_PROTOCOL,
     nodes: int = 3,
     base_port: int = DEFAULT_BASE_PORT,
     host: str = DEFAULT_HOST,
@@ -176,8 +179,10 @@ def init_cluster(
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
     """
-    if protocol not in PROTOCOLS:
-        raise ClusterError(f"unknown protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
+    try:
+        spec = protocol_spec(protocol)
+    except UnknownProtocol as e:
+        raise ClusterError(str(e)) from None
     if not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
@@ -197,7 +202,8 @@ def init_cluster(
         raise ClusterError(f"cannot create {target}: {e.strerror}") from None
     try:
         _write_cluster(
-            staging, protocol=protocol, nodes=nodes, base_port=base_port, host=host,
+            staging, protocol=protocol, signing_keys=spec.signing_keys, nodes=nodes,
+            base_port=base_port, host=host,
             fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
             checkpoint_every=checkpoint_every,
         )
@@ -216,6 +222,7 @@ def _write_cluster(
     root: Path,
     *,
     protocol: str,
+    signing_keys: bool,
     nodes: int,
     base_port: int,
     host: str,
@@ -238,13 +245,13 @@ def _write_cluster(
     hosts = tuple(dict.fromkeys((host, *pki.DEFAULT_HOSTS)))
     nodes_dir = root / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
-    pbft_keys: dict[str, Path] = {}
-    if protocol == "pbft":
+    key_files: dict[str, Path] = {}
+    if signing_keys:
         # One signing key per node; every node's config carries every peer's public keys.
         keyed = []
         for member in members:
-            pbft_keys[member.id] = nodes_dir / f"{member.id}.pbft.key"
-            public = generate_key_file(pbft_keys[member.id])
+            key_files[member.id] = nodes_dir / f"{member.id}.signing.key"
+            public = generate_key_file(key_files[member.id])
             keyed.append(replace(member, signing_public_key=public.signing_public_key,
                                  mac_public_key=public.mac_public_key))
         members = tuple(keyed)
@@ -262,7 +269,7 @@ def _write_cluster(
             peers=tuple(p for p in members if p.id != me.id),
             fsync=fsync,
             timing=timing,
-            pbft=PbftFiles(signing_key=pbft_keys[me.id]) if me.id in pbft_keys else None,
+            keys=KeyFiles(signing_key=key_files[me.id]) if me.id in key_files else None,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
@@ -494,8 +501,9 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
         epilog=_INIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     init.add_argument("directory", metavar="DIR", help="the cluster directory to create")
-    init.add_argument("--protocol", choices=PROTOCOLS, default="raft",
-                      help="consensus protocol (default: %(default)s)")
+    init.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
+                      help="consensus protocol (default: %(default)s; "
+                      + "; ".join(f"{s.name}: {s.summary}" for s in protocol_specs()) + ")")
     init.add_argument("--nodes", type=int_between(1, MAX_NODES), default=3,
                       help=f"number of nodes, 1..{MAX_NODES} (default: 3)")
     init.add_argument("--base-port", type=int_between(1, 65535), default=DEFAULT_BASE_PORT,

@@ -37,10 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.cli.errors import OperatorError
+from phalanx.protocols import UnknownProtocol
+from phalanx.protocols import get as protocol_spec
 
-PROTOCOLS = ("raft", "pbft")
 FSYNC_MODES = ("every-write", "group", "off")
 CLIENT_AUTH_MODES = ("required", "none")
+KEYS_TABLE = "keys"
+"""The node config's table of signing key files (`KeyFiles`)."""
+LEGACY_KEYS_TABLE = "pbft"
+"""What `KEYS_TABLE` was called before protocols were pluggable; still read."""
 """`[client] auth` of a node: ``required`` (default: client certificates and roles,
 `phalanx.runtime.client_auth`) or ``none`` (insecure, for local experiments: anyone who can reach
 the
@@ -130,9 +135,9 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PbftFiles:
-    """PBFT node settings: `signing_key` is the node's private key file
-    (`phalanx.ops.signing_keys`)."""
+class KeyFiles:
+    """`[keys]`: `signing_key` is the node's private signing key file
+    (`phalanx.ops.signing_keys`), for a protocol whose spec asks for signing keys."""
 
     signing_key: Path
 
@@ -153,8 +158,9 @@ class NodeConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     source: Path | None = None
-    pbft: PbftFiles | None = None
-    """`[pbft]`: required when `protocol` is pbft (with every peer's public keys)."""
+    keys: KeyFiles | None = None
+    """`[keys]` (``[pbft]`` in older configs): required when the protocol's spec asks for
+    signing keys (`ProtocolSpec.signing_keys`), with every peer's public keys."""
     client_auth: str = "required"
     """`[client] auth`: one of `CLIENT_AUTH_MODES`."""
 
@@ -236,6 +242,9 @@ class _Table:
             raise ConfigError(f"{self.at(key)}: must be >= {minimum}, got {value}")
         return value
 
+    def has(self, key: str) -> bool:
+        return key in self._data
+
     def table(self, key: str) -> _Table:
         value = self._get(key, dict, {})
         child = _Table(value, self._file, f"{self._name}.{key}" if self._name else key)
@@ -273,6 +282,15 @@ class _Table:
 
 
 _REQUIRED: Any = object()
+
+
+def _protocol(value: str, where: str) -> str:
+    """`value` if a protocol of that name is registered (`phalanx.protocols`)."""
+    try:
+        protocol_spec(value)
+    except UnknownProtocol as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return value
 
 
 def _choice(value: str, choices: Sequence[str], where: str) -> str:
@@ -313,16 +331,18 @@ def load_node_config(path: str | Path) -> NodeConfig:
     )
     if timing_cfg.heartbeat_ticks >= timing_cfg.election_ticks:
         raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
-    protocol = _choice(node.text("protocol"), PROTOCOLS, f"{path}: node.protocol")
-    pbft: PbftFiles | None = None
-    pbft_table = root.table("pbft")
-    pbft_table.opt_str("signing_key")  # a known key beside any protocol; required for pbft
-    if protocol == "pbft":
-        pbft = PbftFiles(signing_key=(base / pbft_table.text("signing_key")).resolve())
+    protocol = _protocol(node.text("protocol"), f"{path}: node.protocol")
+    keys: KeyFiles | None = None
+    # `[keys]`, or `[pbft]` as cluster directories made before protocols were pluggable
+    # call it; known beside any protocol, required by one with signing keys.
+    key_table = root.table(LEGACY_KEYS_TABLE if root.has(LEGACY_KEYS_TABLE) else KEYS_TABLE)
+    key_table.opt_str("signing_key")
+    if protocol_spec(protocol).signing_keys:
+        keys = KeyFiles(signing_key=(base / key_table.text("signing_key")).resolve())
         for p in peers:
             if not p.signing_public_key or not p.mac_public_key:
                 raise ConfigError(f"{path}: peer {p.id!r} needs signing_public_key and "
-                                  "mac_public_key (protocol pbft)")
+                                  f"mac_public_key (protocol {protocol})")
     config = NodeConfig(
         id=node_id,
         protocol=protocol,
@@ -348,7 +368,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
             keep=ckpt.integer("keep", 3),
         ),
         source=path,
-        pbft=pbft,
+        keys=keys,
         client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
                             f"{path}: client.auth"),
     )
@@ -371,7 +391,7 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
     if len({n.id for n in nodes}) != len(nodes):
         raise ConfigError(f"{path}: node ids must be unique")
     config = ClusterConfig(
-        protocol=_choice(cluster.text("protocol"), PROTOCOLS, f"{path}: cluster.protocol"),
+        protocol=_protocol(cluster.text("protocol"), f"{path}: cluster.protocol"),
         nodes=nodes,
         ca=(base / client.text("ca")).resolve(),
         client_cert=(base / client.text("cert")).resolve(),
@@ -398,13 +418,13 @@ def _check_file(source: object, key: str, path: Path) -> None:
 
 def check_files(config: NodeConfig) -> None:
     """Raise `ConfigError` naming the file and its key unless every credential file of
-    `config` (TLS CA, certificate and key; the PBFT signing key) is a readable, non-empty
+    `config` (TLS CA, certificate and key; the signing key) is a readable, non-empty
     file. A node calls it at start-up, before opening its storage."""
     source = config.source or config.id
     files = [("tls.ca", config.tls.ca), ("tls.cert", config.tls.cert),
              ("tls.key", config.tls.key)]
-    if config.pbft is not None:
-        files.append(("pbft.signing_key", config.pbft.signing_key))
+    if config.keys is not None:
+        files.append((f"{KEYS_TABLE}.signing_key", config.keys.signing_key))
     for key, path in files:
         _check_file(source, key, path)
 
@@ -492,6 +512,6 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     }
     if cfg.client_auth != "required":
         doc["client"] = {"auth": cfg.client_auth}
-    if cfg.pbft is not None:
-        doc["pbft"] = {"signing_key": rel(cfg.pbft.signing_key)}
+    if cfg.keys is not None:
+        doc[KEYS_TABLE] = {"signing_key": rel(cfg.keys.signing_key)}
     return doc

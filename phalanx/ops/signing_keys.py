@@ -1,9 +1,11 @@
-"""PBFT node keys for real clusters: generation (`phalanx cluster init --protocol pbft`),
+"""Node signing keys for real clusters of a protocol that signs (`ProtocolSpec.signing_keys`,
+e.g. PBFT): generation (`phalanx cluster init`),
 the public halves written into every node's config, and loading a node's `Ed25519Crypto`.
 
 Owns: the key file format and the pairwise MAC key derivation.
 
-- A node's key file (`DIR/nodes/<id>.pbft.key`, mode 0600) holds one line: the hex of a
+- A node's key file (`DIR/nodes/<id>.signing.key`, mode 0600; `<id>.pbft.key` in
+  older cluster directories) holds one line: the hex of a
   32-byte random seed. The Ed25519 signing key is the seed itself; the X25519 key that
   agrees the MAC keys is derived from it (SHA-256 with a domain tag), so one secret file
   per node is enough.
@@ -13,7 +15,7 @@ Owns: the key file format and the pairwise MAC key derivation.
   secret and both ids in sorted order: both ends compute the same key, nobody else can.
 
 Must not import: trio, sockets, the runtime (`phalanx.runtime.node`, `phalanx.runtime.driver`).
-Errors: unreadable or malformed key material raises `PbftKeyError` (never an assert).
+Errors: unreadable or malformed key material raises `SigningKeyError` (never an assert).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _X25519_TAG = b"phalanx-pbft-x25519:"
 _MAC_TAG = b"phalanx-pbft-mac:"
 
 
-class PbftKeyError(Exception):
+class SigningKeyError(Exception):
     """A PBFT key file or public key in a config is missing or malformed."""
 
 
@@ -77,29 +79,29 @@ def generate_key_file(path: Path) -> PublicKeys:
 
 
 def read_seed(path: Path) -> bytes:
-    """The seed in key file `path`. Raises `PbftKeyError`."""
+    """The seed in key file `path`. Raises `SigningKeyError`."""
     try:
         text = path.read_text().strip()
     except OSError as e:
-        raise PbftKeyError(f"{path}: cannot read the PBFT key: {e.strerror}") from None
+        raise SigningKeyError(f"{path}: cannot read the PBFT key: {e.strerror}") from None
     try:
         seed = bytes.fromhex(text)
     except ValueError:
-        raise PbftKeyError(f"{path}: the PBFT key is not hex") from None
+        raise SigningKeyError(f"{path}: the PBFT key is not hex") from None
     if len(seed) != _SEED_BYTES:
-        raise PbftKeyError(f"{path}: the PBFT key must be {_SEED_BYTES} bytes, got {len(seed)}")
+        raise SigningKeyError(f"{path}: the PBFT key must be {_SEED_BYTES} bytes, got {len(seed)}")
     return seed
 
 
 def _public_bytes(text: str | None, where: str) -> bytes:
     if text is None:
-        raise PbftKeyError(f"{where}: missing")
+        raise SigningKeyError(f"{where}: missing")
     try:
         raw = bytes.fromhex(text)
     except ValueError:
-        raise PbftKeyError(f"{where}: not hex") from None
+        raise SigningKeyError(f"{where}: not hex") from None
     if len(raw) != 32:
-        raise PbftKeyError(f"{where}: expected 32 bytes, got {len(raw)}")
+        raise SigningKeyError(f"{where}: expected 32 bytes, got {len(raw)}")
     return raw
 
 
@@ -115,11 +117,11 @@ def load_crypto(config: NodeConfig) -> Ed25519Crypto:
     """This node's `Ed25519Crypto`: its key file plus every peer's public keys.
 
     Raises:
-        PbftKeyError: no `[pbft]` section, or bad key material.
+        SigningKeyError: no `[keys]` signing_key, or bad key material.
     """
-    if config.pbft is None:
-        raise PbftKeyError(f"{config.source or config.id}: no [pbft] signing_key")
-    seed = read_seed(config.pbft.signing_key)
+    if config.keys is None:
+        raise SigningKeyError(f"{config.source or config.id}: no [keys] signing_key")
+    seed = read_seed(config.keys.signing_key)
     me = NodeId(config.id)
     signing = _signing(seed)
     agreement = _agreement(seed)
@@ -133,6 +135,6 @@ def load_crypto(config: NodeConfig) -> Ed25519Crypto:
             peer_x = X25519PublicKey.from_public_bytes(
                 _public_bytes(peer.mac_public_key, f"{where} mac_public_key"))
         except ValueError as e:
-            raise PbftKeyError(f"{where}: bad public key: {e}") from None
+            raise SigningKeyError(f"{where}: bad public key: {e}") from None
         macs[NodeId(peer.id)] = mac_key(me, agreement, NodeId(peer.id), peer_x)
     return Ed25519Crypto(me, private_key=signing, public_keys=public, mac_keys=macs)

@@ -43,11 +43,9 @@ from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.consensus.core import CoreStatus
-from phalanx.consensus.raft.messages import AppendEntries
 from phalanx.consensus.types import (
     Configuration,
     HardState,
-    Message,
     NodeId,
 )
 from phalanx.net import wire
@@ -70,14 +68,9 @@ from phalanx.ops.pki import (
     peer_client_context,
     peer_server_context,
 )
-from phalanx.protocols import (
-    ProtocolError,
-    build_core,
-    checkpoint_policy,
-    node_state_machine,
-    open_core_state_store,
-    register_codecs,
-)
+from phalanx.protocols import ProtocolError, UnknownProtocol
+from phalanx.protocols import get as get_protocol
+from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
@@ -131,23 +124,6 @@ PEER_BACKOFF = Backoff(base=0.05, cap=0.5)
 """Redial delays to a peer: a cluster is a handful of nodes, so a dead peer is cheap to retry
 every half second, and a restarted one is back within that (sooner when it dials us first:
 the transport redials on its inbound connection)."""
-
-
-def raft_commit_notice(message: Message) -> bool:
-    """Whether `message` is a Raft leader's pure commit notice (an AppendEntries with no
-    entries): the driver may hold it for the next message to its follower or the next tick
-    (`phalanx.runtime.driver_output`). It only tells the follower a commit index, which only
-    grows."""
-    return type(message) is AppendEntries and not message.entries
-
-
-def raft_notice_superseded(new: Message, held: Message) -> bool:
-    """Whether `new`, going to the follower a commit notice `held` waits for, tells it all
-    the notice would: an AppendEntries of the same term with a commit index at least as
-    high (the follower then commits as far from `new`). The driver drops `held` then
-    (`phalanx.runtime.driver_output`)."""
-    return (type(new) is AppendEntries and type(held) is AppendEntries
-            and new.term == held.term and new.leader_commit >= held.leader_commit)
 
 
 class NodeError(Exception):
@@ -262,8 +238,9 @@ async def open_node(
         state_machine: the replicated application (default: the KV store). Every node of a
             cluster must run the same one.
         rng: randomness for election timeouts and reconnect jitter (default: OS-seeded).
-        byzantine: a Byzantine mode (`phalanx.protocols.BYZANTINE_MODES`; PBFT only): this
-            node lies on purpose. For tests and demos.
+        byzantine: a Byzantine mode (the protocol's `ProtocolSpec.byzantine_modes`; only a
+            protocol that tolerates Byzantine replicas has them): this node lies on purpose.
+            For tests and demos; the behaviours (`phalanx.jepsen`) are imported only then.
         gc_pacer: keep the cyclic GC's full passes off a large state
             (`phalanx.apps.gc_pacer`; process-global, so opt-in: `phalanx node run` uses one).
         bootstrap: an empty data directory without an IDENTITY file is a new node of a new
@@ -271,26 +248,35 @@ async def open_node(
             cluster init` runs) marks a new node's directory instead.
 
     Raises:
-        NodeError: an unsupported protocol, bad PBFT keys, a Byzantine mode on Raft, a
+        NodeError: an unknown protocol, bad signing keys, a Byzantine mode the protocol
+            lacks, a
             data directory another process holds (`phalanx.storage.lock`), a lost durable
             state on a node with no peers.
             Storage errors (`StorageError`) propagate.
         ConfigError: a certificate or key file is missing or unreadable (`check_files`).
     """
     check_files(config)  # named before the storage is opened
-    if config.protocol == "raft" and byzantine is not None:
-        raise NodeError(f"{config.source or config.id}: --byzantine {byzantine} needs a PBFT "
-                        "cluster; this node runs raft")
+    try:
+        spec = get_protocol(config.protocol)
+    except UnknownProtocol as e:
+        raise NodeError(f"{config.source or config.id}: {e}") from None
+    problem = None if byzantine is None else byzantine_mode_problem(spec, byzantine)
+    if problem is not None:
+        raise NodeError(f"{config.source or config.id}: --byzantine {byzantine}: {problem}")
     check_node_certificate(config)
     if config.client_auth == "none":
         logger.warning("%s: INSECURE: [client] auth = \"none\": the client port does not "
                        "authenticate clients; anyone who can reach %s may read and write",
                        config.id, config.client_listen)
-    register_codecs(config.protocol)
+    protocol = spec.node.load()
+    protocol.register_codecs()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
-    machine = node_state_machine(
-        state_machine if state_machine is not None else KvStateMachine(), byzantine, rng)
+    machine = state_machine if state_machine is not None else KvStateMachine()
+    lies = None
+    if byzantine is not None and spec.byzantine is not None:
+        lies = spec.byzantine.load()
+        machine = lies.wrap_machine(machine, byzantine, rng)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:  # before anything in the directory is read (`phalanx.storage.lock`)
         dir_lock = lock_data_dir(str(config.data_dir))
@@ -310,7 +296,7 @@ async def open_node(
         if storage.wal.recovery.torn_path is not None:
             logger.warning("%s: cut a torn WAL tail in %s (%s)", config.id,
                            storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
-        core_state = open_core_state_store(config, SyncPolicy(config.fsync))
+        core_state = protocol.open_core_state_store(config, SyncPolicy(config.fsync))
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
                                    checkpoints=storage.checkpoints, codec=wire.default_registry(),
                                    core_state=core_state.store if core_state else None)
@@ -337,18 +323,20 @@ async def open_node(
             wal=storage.wal,
             decode_entry=wire.decode_entry,
             writer=ThreadedCheckpointWriter(storage.checkpoints),
-            policy=checkpoint_policy(config, compact_lag=COMPACT_LAG),
+            policy=protocol.checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),
             gc_pacer=gc_pacer,
         )
         # Only the checkpoint: the core re-emits the committed entries after it.
         replica.restore_latest(replay_upto=0)
         try:
-            built = build_core(config, durable=durable, rng=rng, byzantine=byzantine,
-                               raft_max_inflight=PIPELINE_DEPTH)
+            built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
+                                        pipeline_depth=PIPELINE_DEPTH)
+            core = built.core
+            if lies is not None and byzantine is not None:
+                core = lies.wrap_core(core, byzantine, config=config, rng=rng)
         except ProtocolError as e:
             raise NodeError(str(e)) from None
-        core = built.core
         verdict = _record_verdict(config, cluster_id, identity, verdict,
                                   recovering=core.status().recovering)
         logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
@@ -407,9 +395,7 @@ async def open_node(
                                                 or client_port.has_backlog()),
                         after_pass=lambda: client_port.flush(),
                         flush_sends=transport.flush,
-                        lazy=raft_commit_notice if config.protocol == "raft" else None,
-                        supersedes=(raft_notice_superseded if config.protocol == "raft"
-                                    else None))
+                        lazy=built.lazy, supersedes=built.supersedes)
         secure = config.client_auth != "none"
         try:
             max_clients = client_connection_cap(

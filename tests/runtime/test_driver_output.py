@@ -29,10 +29,11 @@ from phalanx.consensus.core import CoreStatus, Input, Persisted, Ready, Receive,
 from phalanx.consensus.raft import AppendEntries
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
 from phalanx.net.client_protocol import StatusReply
+from phalanx.protocols.raft_node import commit_notice as raft_commit_notice
+from phalanx.protocols.raft_node import notice_superseded as raft_notice_superseded
 from phalanx.runtime.driver import Driver
 from phalanx.runtime.driver_output import PeerOutput
 from phalanx.runtime.driver_stats import DriverStatistics
-from phalanx.runtime.node import raft_commit_notice, raft_notice_superseded
 from phalanx.storage.memory import MemoryDisk
 
 N3 = NodeId("n3")

@@ -21,7 +21,8 @@ from phalanx.consensus.types import NodeId
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster
 from phalanx.ops.node_config import ClusterConfig, NodeConfig, load_node_config
 from phalanx.ops.signing_keys import load_crypto
-from phalanx.protocols import ProtocolError, build_core
+from phalanx.protocols import ProtocolError
+from phalanx.protocols import get as get_protocol
 from phalanx.runtime.node import Node, NodeError, open_node
 from phalanx.runtime.persistence import DurableState
 
@@ -94,7 +95,7 @@ def test_cluster_init_writes_pbft_keys_that_load(tmp_path: Path) -> None:
     tag = cryptos["n1"].mac(NodeId("n2"), vote)
     assert cryptos["n2"].verify_mac(NodeId("n1"), vote, tag)
     assert not cryptos["n3"].verify_mac(NodeId("n1"), vote, tag)
-    key_file = cluster.directory / "nodes" / "n1.pbft.key"
+    key_file = cluster.directory / "nodes" / "n1.signing.key"
     assert key_file.stat().st_mode & 0o077 == 0
 
 
@@ -102,11 +103,13 @@ def test_byzantine_mode_is_refused_on_raft(tmp_path: Path) -> None:
     raft = init_cluster(tmp_path / "r", protocol="raft", nodes=3, base_port=find_free_base_port(4))
     config = load_node_config(raft.node_config_path("n1"))
     durable = DurableState(hard_state=None, snapshot=None, snapshot_data=None, entries=())
-    with pytest.raises(ProtocolError, match="PBFT"):
-        build_core(config, durable=durable, rng=random.Random(1), byzantine="equivocate")
+    with pytest.raises(ProtocolError, match="crashes only"):
+        get_protocol("raft").node.load().build_core(
+            config, durable=durable, rng=random.Random(1), byzantine="equivocate",
+            pipeline_depth=2)
 
     async def main() -> None:
-        with pytest.raises(NodeError, match="PBFT"):
+        with pytest.raises(NodeError, match=r"raft has no Byzantine modes .*: pbft"):
             async with open_node(config, byzantine="equivocate"):
                 pass
 

@@ -1,0 +1,53 @@
+"""The built-in protocols' registry entries: Raft and PBFT.
+
+Owns: `RAFT`, `PBFT` and `SPECS` (what `phalanx.protocols.registry` registers first). A spec
+is declarations only; the runtime halves live in `phalanx.protocols.raft_node` and
+`phalanx.protocols.pbft_node`, the simulator setups in `phalanx.jepsen.sim.raft` and
+`phalanx.jepsen.sim.pbft`, the Byzantine behaviours in `phalanx.jepsen.byzantine`, all
+loaded only when used.
+"""
+
+from __future__ import annotations
+
+from phalanx.protocols.spec import CallStrategy, FaultModel, Lazy, ProtocolSpec
+
+RAFT = ProtocolSpec(
+    name="raft",
+    summary="Raft: a leader replicates a log; tolerates f crashed nodes of 2f+1",
+    fault_model=FaultModel.CRASH,
+    call_strategy=CallStrategy.LEADER,
+    leader_role="leader",
+    roles=("follower", "pre_candidate", "candidate", "leader"),
+    node=Lazy("phalanx.protocols.raft_node:RAFT_NODE"),
+    sim=Lazy("phalanx.jepsen.sim.raft:raft_setup"),
+    sim_knobs=(
+        ("pre_vote", (True, False)),
+        ("check_quorum", (True, False)),
+        ("election_ticks", (3, 5, 10, 20)),
+        ("max_inflight", (1, 4, 64)),
+        ("max_batch_entries", (1, 8, 64)),
+        ("log_tail_after_compaction", (0, 10, 100)),
+        ("checkpoint_every", (25, 100, 400)),
+    ),
+    sim_bugs=Lazy("phalanx.consensus.raft.config:BUG_NAMES"),
+    demo=Lazy("phalanx.demo.cluster_demo:run_raft_demo"),
+)
+
+PBFT = ProtocolSpec(
+    name="pbft",
+    summary="PBFT: a primary orders, 2f+1 replicas agree; tolerates f Byzantine of 3f+1",
+    fault_model=FaultModel.BYZANTINE,
+    call_strategy=CallStrategy.MATCHING_REPLIES,
+    leader_role="primary",
+    roles=("primary", "backup", "view_change"),
+    node=Lazy("phalanx.protocols.pbft_node:PBFT_NODE"),
+    sim=Lazy("phalanx.jepsen.sim.pbft:sim_setup"),
+    sim_bugs=Lazy("phalanx.consensus.pbft.config:KNOWN_BUGS"),
+    signing_keys=True,
+    byzantine=Lazy("phalanx.jepsen.byzantine:PBFT_BYZANTINE"),
+    byzantine_modes=("silent", "omit", "equivocate", "replay", "mutate", "forge",
+                     "bad_checkpoint", "corrupt_reply"),
+    demo=Lazy("phalanx.demo.pbft:run"),
+)
+
+SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT)

@@ -1,0 +1,98 @@
+"""Raft's runtime half (`phalanx.protocols.builtin.RAFT.node`): how a real node builds and
+feeds a Raft core.
+
+Owns: `RAFT_NODE` (a `phalanx.protocols.spec.ProtocolNode`), the checkpoint policy of a Raft
+replica (size- and count-triggered, plus an idle trigger), and the driver hints for commit
+notices (`commit_notice`, `notice_superseded`).
+
+Must not import: `phalanx.runtime.node`, `phalanx.runtime.driver`, trio, sockets.
+Determinism: every random choice comes from the injected `random.Random`.
+"""
+
+from __future__ import annotations
+
+import random
+
+from phalanx.apps.replica import CheckpointPolicy
+from phalanx.consensus.core import Ready, Snapshot
+from phalanx.consensus.raft import (
+    RAFT_MESSAGES,
+    ProposeBatch,
+    RaftConfig,
+    RaftCore,
+    RaftRestoredState,
+)
+from phalanx.consensus.raft.messages import AppendEntries
+from phalanx.consensus.types import ClientRequest, HardState, Message, NodeId
+from phalanx.net import client_protocol, wire
+from phalanx.ops.node_config import NodeConfig
+from phalanx.protocols.spec import BuiltCore, CoreStateStore, ProtocolError
+from phalanx.runtime.persistence import DurableState
+from phalanx.storage.interface import SyncPolicy
+
+IDLE_CHECKPOINT_TICKS = 500
+"""Checkpoint after ~5 s of idle ticks (at the default 10 ms tick) if a quarter of a
+trigger's worth was applied since the last one (`CheckpointPolicy.idle_calls`)."""
+
+
+def commit_notice(message: Message) -> bool:
+    """Whether `message` is a Raft leader's pure commit notice (an AppendEntries with no
+    entries): the driver may hold it for the next message to its follower or the next tick
+    (`phalanx.runtime.driver_output`). It only tells the follower a commit index, which only
+    grows."""
+    return type(message) is AppendEntries and not message.entries
+
+
+def notice_superseded(new: Message, held: Message) -> bool:
+    """Whether `new`, going to the follower a commit notice `held` waits for, tells it all
+    the notice would: an AppendEntries of the same term with a commit index at least as
+    high (the follower then commits as far from `new`). The driver drops `held` then
+    (`phalanx.runtime.driver_output`)."""
+    return (type(new) is AppendEntries and type(held) is AppendEntries
+            and new.term == held.term and new.leader_commit >= held.leader_commit)
+
+
+class RaftNode:
+    """`ProtocolNode` for Raft."""
+
+    def register_codecs(self) -> None:
+        wire.register_all(RAFT_MESSAGES)
+        client_protocol.register()
+
+    def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
+        return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
+                                every_bytes=config.checkpoint.every_bytes,
+                                compact_lag=compact_lag, idle_calls=IDLE_CHECKPOINT_TICKS)
+
+    def open_core_state_store(self, config: NodeConfig,
+                              sync: SyncPolicy) -> CoreStateStore | None:
+        return None  # the hard state and the log are Raft's durable state
+
+    def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
+                   byzantine: str | None, pipeline_depth: int) -> BuiltCore:
+        if byzantine is not None:
+            raise ProtocolError(f"--byzantine {byzantine}: Raft tolerates crashes only; "
+                                "Byzantine modes need a Byzantine-tolerant protocol")
+        voters = tuple(NodeId(m) for m in config.members())
+        snapshot = None
+        if durable.snapshot is not None and durable.snapshot_data is not None:
+            snapshot = Snapshot(meta=durable.snapshot, data=durable.snapshot_data)
+        core = RaftCore(
+            RaftConfig(node_id=NodeId(config.id), voters=voters,
+                       election_ticks=config.timing.election_ticks,
+                       heartbeat_ticks=config.timing.heartbeat_ticks,
+                       max_inflight=pipeline_depth),
+            rng=rng,
+            restored=RaftRestoredState(hard_state=durable.hard_state or HardState(),
+                                       snapshot=snapshot, entries=durable.entries,
+                                       recovering=durable.recovering),
+        )
+
+        def propose_batch(requests: tuple[ClientRequest, ...]) -> Ready:
+            return core.step(ProposeBatch(requests=requests))
+
+        return BuiltCore(core=core, propose_batch=propose_batch, lazy=commit_notice,
+                         supersedes=notice_superseded)
+
+
+RAFT_NODE = RaftNode()
