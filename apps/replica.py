@@ -55,9 +55,9 @@ from phalanx.consensus.types import (
     raw_init,
 )
 from phalanx.storage.interface import (
-    Checkpoint,
     CheckpointStore,
     StorageError,
+    StoredCheckpoint,
     WriteAheadLog,
 )
 
@@ -550,7 +550,7 @@ class Replica:
             )
         self._load(meta.index, data, meta)
         # NB: a checkpoint still in flight (older) completes normally; it is just superseded.
-        self._store.save(Checkpoint(meta.index, data, encode_meta(meta)))
+        self._store.save(StoredCheckpoint(meta.index, data, encode_meta(meta)))
         self._checkpoint_index = meta.index
         self._compact(meta.index)
         if self._gc_pacer is not None:

@@ -1,5 +1,5 @@
 """Checkpoint writers: turn a checkpoint's bounded serialisation steps into a durable
-`Checkpoint` in a `CheckpointStore`, either inline or on a background thread.
+`StoredCheckpoint` in a `CheckpointStore`, either inline or on a background thread.
 
 Owns: the `CheckpointWriter` protocol the replica layer uses, `InlineCheckpointWriter`
 (synchronous and deterministic: the simulator and tests) and `ThreadedCheckpointWriter` (the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.consensus.core import SnapshotData
-from phalanx.storage.interface import Checkpoint, CheckpointStore
+from phalanx.storage.interface import CheckpointStore, StoredCheckpoint
 
 
 class ApplyProgress:
@@ -148,7 +148,7 @@ class InlineCheckpointWriter:
         self._busy = True
         data = _join(job.chunks)
         try:
-            self._store.save(Checkpoint(job.index, data, job.meta))
+            self._store.save(StoredCheckpoint(job.index, data, job.meta))
         except Exception as exc:  # reported, not swallowed: see CheckpointDone.error
             self._done = CheckpointDone(index=job.index, data=b"", error=repr(exc))
         else:

@@ -12,12 +12,12 @@ from phalanx.storage.directory import Directory, OsDirectory
 from phalanx.storage.files import Storage, open_file_storage
 from phalanx.storage.hardstate import FileHardStateStore
 from phalanx.storage.interface import (
-    Checkpoint,
     CheckpointStore,
     CorruptionError,
     HardStateStore,
     LoadedCheckpoint,
     StorageError,
+    StoredCheckpoint,
     SyncPolicy,
     WriteAheadLog,
 )
@@ -26,7 +26,6 @@ from phalanx.storage.repair import RepairReport, repair_wal
 from phalanx.storage.wal import Wal, WalRecovery
 
 __all__ = [
-    "Checkpoint",
     "CheckpointStore",
     "CorruptionError",
     "Directory",
@@ -41,6 +40,7 @@ __all__ = [
     "SimulatedCrash",
     "Storage",
     "StorageError",
+    "StoredCheckpoint",
     "SyncPolicy",
     "Wal",
     "WalRecovery",

@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Iterable
 
 from phalanx.storage.directory import ByteView, Directory
-from phalanx.storage.interface import Checkpoint, LoadedCheckpoint, StorageError, SyncPolicy
+from phalanx.storage.interface import LoadedCheckpoint, StorageError, StoredCheckpoint, SyncPolicy
 
 CHECKPOINT_PREFIX = "checkpoint-"
 CHECKPOINT_SUFFIX = ".ckpt"
@@ -56,7 +56,7 @@ def _parse_name(name: str) -> int | None:
     return int(digits) if len(digits) == 20 and digits.isdigit() else None
 
 
-def encode_header(checkpoint: Checkpoint) -> bytes:
+def encode_header(checkpoint: StoredCheckpoint) -> bytes:
     """The v1 header of `checkpoint` (its data's length and checksum lead)."""
     head = _HEAD.pack(_MAGIC, checkpoint.index, len(checkpoint.meta), len(checkpoint.data))
     crc = zlib.crc32(checkpoint.data, zlib.crc32(checkpoint.meta, zlib.crc32(head)))
@@ -94,7 +94,7 @@ def _data_range(raw: bytes | memoryview, size: int) -> tuple[int, int, int, int]
     return "bad magic number"
 
 
-def decode_checkpoint(raw: bytes) -> Checkpoint | str:
+def decode_checkpoint(raw: bytes) -> StoredCheckpoint | str:
     """The checkpoint in a file's bytes (either layout), or why it is invalid."""
     found = _data_range(raw, len(raw))
     if isinstance(found, str):
@@ -116,7 +116,7 @@ def decode_checkpoint(raw: bytes) -> Checkpoint | str:
             return f"trailer says {stored_len} data bytes, the file holds {data_len}"
         if zlib.crc32(body[data_at:data_at + data_len]) != data_crc:
             return "checksum mismatch"
-    return Checkpoint(index=index, data=bytes(body[data_at:data_at + data_len]),
+    return StoredCheckpoint(index=index, data=bytes(body[data_at:data_at + data_len]),
                       meta=bytes(body[meta_at:data_at]))
 
 
@@ -137,7 +137,7 @@ class FileCheckpointStore:
         found = [_parse_name(n) for n in self._dir.list()]
         return sorted(i for i in found if i is not None)
 
-    def save(self, checkpoint: Checkpoint) -> None:
+    def save(self, checkpoint: StoredCheckpoint) -> None:
         """Store `checkpoint` durably and atomically, replacing one with the same index
         (`save_stream` of its data in one piece).
 
@@ -240,9 +240,9 @@ class FileCheckpointStore:
                 result = decode_checkpoint(self._dir.read(name))
             except OSError as e:
                 result = f"unreadable: {e}"
-            if isinstance(result, Checkpoint) and result.index != index:
+            if isinstance(result, StoredCheckpoint) and result.index != index:
                 result = f"holds index {result.index}, not {index}"
-            if isinstance(result, Checkpoint):
+            if isinstance(result, StoredCheckpoint):
                 return LoadedCheckpoint(checkpoint=result, problems=tuple(problems))
             problems.append(f"{self._dir.path(name)}: {result}")
         return LoadedCheckpoint(checkpoint=None, problems=tuple(problems))

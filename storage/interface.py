@@ -113,7 +113,7 @@ class WriteAheadLog(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Checkpoint:
+class StoredCheckpoint:
     """A stored checkpoint: the state after applying `index`, and opaque metadata bytes the
     caller chose to keep beside it (e.g. the encoded `SnapshotMeta`)."""
 
@@ -130,14 +130,14 @@ class LoadedCheckpoint:
     must report it (log it, expose it in status), never hide it.
     """
 
-    checkpoint: Checkpoint | None
+    checkpoint: StoredCheckpoint | None
     problems: tuple[str, ...] = ()
 
 
 class CheckpointStore(Protocol):
     """Checksummed checkpoints written atomically; keeps the newest `keep` of them."""
 
-    def save(self, checkpoint: Checkpoint) -> None:
+    def save(self, checkpoint: StoredCheckpoint) -> None:
         """Write durably and atomically (temp file, fsync, rename, fsync directory)."""
         ...
 

@@ -41,11 +41,11 @@ from phalanx.consensus.types import Entry, HardState, LocalProtocolError, Snapsh
 from phalanx.storage.directory import Directory
 from phalanx.storage.hardstate import HARD_STATE_NAME, decode_hard_state
 from phalanx.storage.interface import (
-    Checkpoint,
     CheckpointStore,
     CorruptionError,
     HardStateStore,
     StorageError,
+    StoredCheckpoint,
     SyncPolicy,
     WriteAheadLog,
 )
@@ -362,7 +362,7 @@ class ReadyPersister:
                 install(meta, snapshot_bytes(ready.snapshot.data))
             else:
                 self.checkpoints.save(
-                    Checkpoint(
+                    StoredCheckpoint(
                         index=meta.index, data=snapshot_bytes(ready.snapshot.data),
                         meta=self.codec.encode(meta),
                     )

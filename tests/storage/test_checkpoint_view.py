@@ -31,7 +31,7 @@ from phalanx.consensus.types import (
 )
 from phalanx.storage.checkpoint import FileCheckpointStore, checkpoint_name, encode_header
 from phalanx.storage.directory import FileRange, OsDirectory
-from phalanx.storage.interface import Checkpoint, StorageError, SyncPolicy
+from phalanx.storage.interface import StorageError, StoredCheckpoint, SyncPolicy
 from phalanx.storage.memory import MemoryDirectory
 from phalanx.storage.volatile import VolatileDirectory
 
@@ -104,12 +104,12 @@ def _stores(tmp: pathlib.Path) -> list[FileCheckpointStore]:
 
 def test_read_view_returns_the_saved_data_on_every_backend(tmp_path: pathlib.Path) -> None:
     for store in _stores(tmp_path):
-        store.save(Checkpoint(7, PAYLOAD, b"meta bytes"))
+        store.save(StoredCheckpoint(7, PAYLOAD, b"meta bytes"))
         view = store.read_view(7)
         assert len(view) == len(PAYLOAD)
         assert view[:] == PAYLOAD
         assert view[100:164] == PAYLOAD[100:164]
-        store.save(Checkpoint(9, b"newer", b""))  # keep=1: checkpoint 7 is removed
+        store.save(StoredCheckpoint(9, b"newer", b""))  # keep=1: checkpoint 7 is removed
         assert store.indexes() == [9]
         assert view[:] == PAYLOAD, store
         assert store.read_view(9)[:] == b"newer"
@@ -120,7 +120,7 @@ def test_read_view_returns_the_saved_data_on_every_backend(tmp_path: pathlib.Pat
 def test_read_view_refuses_a_file_that_is_not_the_checkpoint(tmp_path: pathlib.Path) -> None:
     directory = OsDirectory(str(tmp_path))
     store = FileCheckpointStore(directory)
-    store.save(Checkpoint(3, PAYLOAD, b""))
+    store.save(StoredCheckpoint(3, PAYLOAD, b""))
     os.rename(directory.path("checkpoint-00000000000000000003.ckpt"),
               directory.path("checkpoint-00000000000000000004.ckpt"))
     with pytest.raises(StorageError, match="not checkpoint 4"):
@@ -168,14 +168,14 @@ def test_streamed_checkpoints_round_trip(parts: list[bytes], meta: bytes, step: 
     assert written == len(b"".join(parts))
     loaded = store.load_latest()
     assert loaded.problems == ()
-    assert loaded.checkpoint == Checkpoint(5, b"".join(parts), meta)
+    assert loaded.checkpoint == StoredCheckpoint(5, b"".join(parts), meta)
     assert store.read_view(5)[:] == b"".join(parts)
 
 
 def _stream_file(tmp: pathlib.Path) -> tuple[OsDirectory, FileCheckpointStore, str]:
     directory = OsDirectory(str(tmp))
     store = FileCheckpointStore(directory, keep=3)
-    legacy = Checkpoint(1, b"old v1 data", b"m1")  # as earlier versions wrote it
+    legacy = StoredCheckpoint(1, b"old v1 data", b"m1")  # as earlier versions wrote it
     with open(directory.path(checkpoint_name(1)), "wb") as f:
         f.write(encode_header(legacy) + legacy.meta + legacy.data)
     store.save_stream(2, b"meta", iter([PAYLOAD[:5000], PAYLOAD[5000:]]))
@@ -202,7 +202,7 @@ def test_a_damaged_streamed_checkpoint_is_reported_and_the_older_one_loads(
     assert callable(damage)
     pathlib.Path(path).write_bytes(damage(raw))
     loaded = store.load_latest()
-    assert loaded.checkpoint == Checkpoint(1, b"old v1 data", b"m1")
+    assert loaded.checkpoint == StoredCheckpoint(1, b"old v1 data", b"m1")
     assert len(loaded.problems) == 1
     assert problem in loaded.problems[0]
     assert path in loaded.problems[0]
@@ -210,7 +210,7 @@ def test_a_damaged_streamed_checkpoint_is_reported_and_the_older_one_loads(
 
 def test_both_layouts_load_and_view(tmp_path: pathlib.Path) -> None:
     _, store, _ = _stream_file(tmp_path)
-    assert store.load_latest().checkpoint == Checkpoint(2, PAYLOAD, b"meta")
+    assert store.load_latest().checkpoint == StoredCheckpoint(2, PAYLOAD, b"meta")
     assert store.read_view(1)[:] == b"old v1 data"
     assert store.read_view(2)[:] == PAYLOAD
 

@@ -30,7 +30,7 @@ from phalanx.storage.checkpoint import FileCheckpointStore
 from phalanx.storage.directory import Directory, OsDirectory
 from phalanx.storage.files import Storage
 from phalanx.storage.hardstate import FileHardStateStore
-from phalanx.storage.interface import Checkpoint, CorruptionError
+from phalanx.storage.interface import CorruptionError, StoredCheckpoint
 from phalanx.storage.memory import MemoryDisk, SimulatedCrash
 from phalanx.storage.repair import repair_wal
 from phalanx.storage.wal import META_NAME, Wal, parse_segment_name
@@ -102,7 +102,7 @@ class _Base(RuleBasedStateMachine):
         self.t_min: float = math.inf
         self.written: dict[int, set[bytes]] = {}
         self.hard_state: set[bytes | None] = {None}
-        self.ckpt: set[Checkpoint | None] = {None}
+        self.ckpt: set[StoredCheckpoint | None] = {None}
         self.storage = backend.open()
 
     # -- operations on storage and model --------------------------------------------------------
@@ -133,7 +133,7 @@ class _Base(RuleBasedStateMachine):
         self.storage.wal.compact_prefix(upto)
         self.compacted_alts = {upto}
 
-    def _save_ckpt(self, cp: Checkpoint) -> None:
+    def _save_ckpt(self, cp: StoredCheckpoint) -> None:
         newest = max(self.ckpt, key=lambda c: -1 if c is None else c.index)
         self.ckpt = {newest, cp} if newest is None or cp.index >= newest.index else {newest}
         self.storage.checkpoints.save(cp)
@@ -164,7 +164,7 @@ class _Base(RuleBasedStateMachine):
 
     @rule(delta=st.integers(-2, 1), blob=st.binary(max_size=24))
     def checkpoint(self, delta: int, blob: bytes) -> None:
-        self._save_ckpt(Checkpoint(index=max(0, self.last + delta), data=blob, meta=b"m"))
+        self._save_ckpt(StoredCheckpoint(index=max(0, self.last + delta), data=blob, meta=b"m"))
 
     @rule(value=st.binary(max_size=16))
     def save_hard_state(self, value: bytes) -> None:
@@ -297,7 +297,7 @@ class MemoryMachine(_Base):
             elif op == "compact":
                 self._compact(self.compacted + 1 + seed % (self.last - self.compacted + 2))
             elif op == "checkpoint":
-                self._save_ckpt(Checkpoint(index=self.last, data=blob))
+                self._save_ckpt(StoredCheckpoint(index=self.last, data=blob))
             elif op == "hard_state":
                 self._save_hard_state(blob)
         except SimulatedCrash:

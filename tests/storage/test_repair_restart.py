@@ -30,7 +30,7 @@ from phalanx.net import wire
 from phalanx.runtime.persistence import DurableState, LostStateError, ReadyPersister
 from phalanx.storage.directory import OsDirectory
 from phalanx.storage.files import Storage, open_file_storage
-from phalanx.storage.interface import Checkpoint, CorruptionError, StorageError
+from phalanx.storage.interface import CorruptionError, StorageError, StoredCheckpoint
 from phalanx.storage.records import scan
 from phalanx.storage.repair import repair_wal
 from phalanx.storage.wal import list_segments
@@ -50,7 +50,8 @@ def _persister(st: Storage) -> ReadyPersister:
 
 def _checkpoint(st: Storage, index: int) -> None:
     meta = SnapshotMeta(index=index, term=1, config=Configuration(voters=VOTERS))
-    st.checkpoints.save(Checkpoint(index=index, data=b"state@%d" % index, meta=wire.encode(meta)))
+    st.checkpoints.save(
+        StoredCheckpoint(index=index, data=b"state@%d" % index, meta=wire.encode(meta)))
 
 
 def _node(root: Path, *, upto: int = 100, checkpoints: tuple[int, ...] = (80,),

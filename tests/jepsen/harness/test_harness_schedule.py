@@ -15,7 +15,7 @@ from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.storage_faults import flip_checkpoint_bit, tear_wal_tail
 from phalanx.jepsen.nemesis import FaultEvent
 from phalanx.storage.files import open_file_storage
-from phalanx.storage.interface import Checkpoint
+from phalanx.storage.interface import StoredCheckpoint
 
 NODES = ("n1", "n2", "n3", "n4", "n5")
 
@@ -102,7 +102,7 @@ def test_a_torn_wal_tail_is_cut_off_and_every_complete_record_survives(tmp_path:
 def test_a_flipped_checkpoint_bit_is_reported_and_the_older_one_used(tmp_path: Path) -> None:
     st_ = open_file_storage(str(tmp_path), keep_checkpoints=2)
     for index in (10, 20):
-        st_.checkpoints.save(Checkpoint(index=index, data=b"state" * 50))
+        st_.checkpoints.save(StoredCheckpoint(index=index, data=b"state" * 50))
     st_.close()
     note = flip_checkpoint_bit(tmp_path, random.Random(2))
     assert "checkpoint-00000000000000000020.ckpt" in note

@@ -20,7 +20,7 @@ from phalanx.consensus.types import (
 )
 from phalanx.net import wire
 from phalanx.runtime.persistence import ReadyPersister
-from phalanx.storage.interface import Checkpoint
+from phalanx.storage.interface import StoredCheckpoint
 from phalanx.storage.memory import MemoryDisk
 
 CONFIG = Configuration(voters=(NodeId("n1"), NodeId("n2"), NodeId("n3")))
@@ -72,8 +72,8 @@ def test_snapshot_resets_the_log() -> None:
     assert loaded.entries == (_entry(11, 3),)
 
 
-def p_checkpoint(meta: SnapshotMeta, data: bytes) -> Checkpoint:
-    return Checkpoint(index=meta.index, data=data, meta=wire.encode(meta))
+def p_checkpoint(meta: SnapshotMeta, data: bytes) -> StoredCheckpoint:
+    return StoredCheckpoint(index=meta.index, data=data, meta=wire.encode(meta))
 
 
 @settings(max_examples=40, deadline=None)
