@@ -3,7 +3,8 @@
 Owns: the names of every fault the test harnesses inject (`FAULT_KINDS`), the `FaultEvent`
 record and its JSON form, fault-mix parsing (`parse_faults`), and `generate_schedule`, which
 derives a schedule deterministically from a seed. Both backends interpret the same events:
-the deterministic simulator (`phalanx.jepsen.sim`) now, the real-cluster harness later.
+the deterministic simulator (`phalanx.jepsen.sim`) and the real-cluster harness
+(`phalanx.jepsen.harness`).
 
 Rules:
 - Pure data and a seeded `random.Random`; no clocks, no I/O, no global randomness. The same

@@ -1,8 +1,8 @@
 """Ready persistence: step 1 of the `Ready` ordering rule over the storage interfaces, and
 the reload of what a core restarts from.
 
-Owns: `ReadyPersister`, shared by every driver (the deterministic simulator now, the trio
-runtime later): `persist(ready)` installs a snapshot, truncates, appends encoded entries and
+Owns: `ReadyPersister`, shared by every driver (the deterministic simulator and the trio
+runtime): `persist(ready)` installs a snapshot, truncates, appends encoded entries and
 writes the hard state (and `core_state`, in its own store), and syncs when `must_sync`;
 `load()` returns the `DurableState` a core restarts from; and `StateJournal`, the
 append-only store of a core's `Ready.core_state` (one fsync per save, deltas computed by
