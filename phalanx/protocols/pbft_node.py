@@ -59,7 +59,7 @@ PBFT_MAX_INFLIGHT_BATCHES = 1
 flight; otherwise requests accumulate until it executes, or `PBFT_BATCH_TICKS` pass.
 Fewer, bigger batches: a batch's fixed cost (about 24 peer messages, 8 Ed25519
 verifications, 4 signatures and one fsync per replica at n=4) dominates a request's
-(measurements in docs/BENCHMARKS.md). Once a batch executes, the primary also waits for the
+(docs/BENCHMARKS.md, design measurements). Once a batch executes, the primary also waits for the
 callers it answered to come back, for at most two ticks
 (`consensus.pbft.requests.RequestBook.served`)."""
 

@@ -22,7 +22,7 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   batch, persisted with one fsync on a worker thread (`trio.to_thread.run_sync`) while the
   core loop keeps stepping new inputs into the next batch. `idle_inline` persists a small
   batch on the core task when no input waits (each thread hand-off can wait out a GIL
-  switch interval: ~1.9 ms median per hand-off measured under load). Before such a write
+  switch interval; docs/BENCHMARKS.md, design measurements). Before such a write
   blocks the event loop, messages and replies handed out are on the wire: the transport and
   the client port write them directly from this task when nothing is queued before them
   (`after_pass` flushes the pass's replies); whatever still waits for a writer task

@@ -116,8 +116,8 @@ Small on purpose: entries proposed while a follower's window is full wait at the
 leave together in the next AppendEntries when an answer frees a slot, so the follower writes
 them with one fsync and answers once. With a deep window every write travels alone (one
 message, one answer, one follower batch each) and a CPU-bound node serves ~5x fewer writes
-(measured on 3 local nodes, 64 closed-loop clients: depth 64 -> 264 writes/s, 4 -> 703,
-2 -> 1,480, 1 -> 1,181..1,523). Two keeps one message in flight while the next batch fills."""
+(docs/BENCHMARKS.md, design measurements). Two keeps one message in flight while the next
+batch fills."""
 
 
 PEER_BACKOFF = Backoff(base=0.05, cap=0.5)

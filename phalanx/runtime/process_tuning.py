@@ -9,11 +9,10 @@ carves small objects (up to 512 bytes: keys, values, map nodes, messages) out of
 and returns an arena to the OS only when every block in it is free. A node's KV overlays hold
 hundreds of thousands of such objects between two checkpoints; once a checkpoint folds them
 into the packed base they are freed, but the few long-lived objects born among them keep their
-arenas resident. After `bench/kv.py`'s 1M-key load a node held 330-370 MiB (3.2-3.6x the raw
-data) with most of it in arenas of free pools. glibc's malloc takes the same blocks from its
-heap, and `malloc_trim` (below) hands free pages inside it back: the same run ended at 183-195
-MiB (1.9x). The cost, same-window A/B on 3 nodes: no change at 1 client (p50 1.56-1.66 ms
-against 1.58-1.62), ~6% fewer writes/s at 64 clients (7,467 / 6,293 against 7,956 / 6,737).
+arenas resident: after a 1M-key load most of a node's memory sat in arenas of free pools.
+glibc's malloc takes the same blocks from its heap, and `malloc_trim` (below) hands free
+pages inside it back: about half the memory, for a few percent of throughput at 64 clients
+(docs/BENCHMARKS.md, design measurements).
 `PYTHONMALLOC` must be set before the interpreter starts, so the `phalanx node run` command
 re-executes itself once with it (`use_system_malloc`, called by `phalanx.cli.main.main` before it
 imports the node runtime, ~0.7 s of imports that the re-executed interpreter alone then pays);
@@ -26,24 +25,24 @@ persistence) and the checkpoint writer, and everything a Python thread allocates
 pymalloc's 512-byte blocks (commands, dict tables, frames) goes to that thread's arena. Memory
 freed in one arena is not reused by another, so a busy node holds several partly empty heaps.
 The GIL already serialises nearly all allocation, so extra arenas buy no parallelism; two
-arenas cut a 1M-key node's RSS by about 15 MiB in `bench/kv.py`'s RSS phase.
+arenas cut a 1M-key node's RSS (docs/BENCHMARKS.md).
 
 Why, a fixed mmap threshold: glibc serves a block of 128 KiB or more with its own `mmap`, but
 raises that threshold (up to 32 MiB) each time such a block is freed, so later blocks of that
 size come from the heap, whose holes are not given back to the OS. A node allocates and frees
 MiB-sized blocks all the time (the KV base's packed shards, checkpoint output, frames): after
-a bulk load of 1M keys, up to ~90 MiB of free heap stayed resident (measured in-process).
+a bulk load of 1M keys, tens of MiB of free heap stayed resident (docs/BENCHMARKS.md).
 Fixing the threshold keeps every such block in its own mapping, returned to the OS when freed.
 
 Why, trimming: glibc returns free memory to the OS only at the top of a heap; holes inside
 it (the Raft log's commands after a compaction, a replaced KV base's packed keys and offsets,
 checkpoint and network buffers: blocks between pymalloc's 512 bytes and the mmap threshold)
-stay resident. `malloc_trim(0)` hands their pages back (`madvise`). On a 3-node cluster after
-`bench/kv.py`'s 1M-key load it took the nodes from 321-348 MiB to 268-287 MiB. It costs
-0.4-7 ms of C time with the GIL released, holding each malloc arena's lock in turn, so it runs
-on a worker thread and only when there is something to give back: `TrimPolicy` asks for one
-after each checkpoint, once the checkpoint is done and the state had a few seconds to adopt
-its fold, and again later, once it has freed the layers the fold replaced.
+stay resident. `malloc_trim(0)` hands their pages back (`madvise`; figures in
+docs/BENCHMARKS.md). It costs milliseconds of C time with the GIL released, holding each
+malloc arena's lock in turn, so it runs on a worker thread and only when there is something
+to give back: `TrimPolicy` asks for one after each checkpoint, once the checkpoint is done
+and the state had a few seconds to adopt its fold, and again later, once it has freed the
+layers the fold replaced.
 
 Only the node entry point calls this (never library code: an embedding program owns its
 process). A `MALLOC_ARENA_MAX` or `MALLOC_MMAP_THRESHOLD_` already in the environment wins

@@ -4,9 +4,9 @@ Owns: `Ticker`, the wall-clock source of the driver's `Tick`s. `Ticker.wait()` r
 many periods ended since the last call (at least 1).
 
 Why not `trio.sleep_until` per tick: each such sleep opens a cancel scope whose deadline
-then cancels it, delivering and catching a `Cancelled` exception; measured here that is
-~200 us of CPU per tick, against ~100 us for waiting on a periodic timerfd (one epoll
-registration and one `read`). At 100 ticks a second on every node of a cluster sharing two
+then cancels it, delivering and catching a `Cancelled` exception: about twice the CPU per
+tick of waiting on a periodic timerfd (one epoll registration and one `read`; docs/BENCHMARKS.md,
+design measurements). At 100 ticks a second on every node of a cluster sharing two
 cores, that difference is CPU the nodes' write path does not get. `os.timerfd_create`
 (Python 3.13+) is used when present, else the C library's through ctypes; where neither
 works (not Linux) the ticker falls back to `trio.sleep_until` with the same semantics.
