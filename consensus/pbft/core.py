@@ -177,6 +177,8 @@ class PbftCore:
             active=d.view_active,
             executed=executed,
         )
+        # The sub-machines are built in call order: each calls only those built before it
+        # (requests <- votes <- checkpoints <- views); votes and views share the ViewTimer.
         # A primary never reuses a seq it pre-prepared in this view (even before a crash).
         own_pp = [
             v.seq for v in d.safety.votes if v.kind is VoteKind.PRE_PREPARE and v.view == d.view
