@@ -4,7 +4,7 @@ Owns: `ATTACKS` (the names), `Collusion` (what colluders share: the replica orde
 colludes, the slots they attacked) and `AttackCore`, an honest PBFT core wrapped so that a
 Byzantine replica observes its input and lies on the wire in a targeted way. Each attack is
 harmless to an honest cluster (at most f liars: the PBFT safety theorem) and breaks agreement
-once one deliberate bug (`phalanx.consensus.pbft.config.KNOWN_BUGS`) weakens a rule:
+once one deliberate bug (`phalanx.consensus.pbft.bugs.PbftBugs`) weakens a rule:
 
 - ``collude`` (``commit_on_2f``, n >= 7): the colluders are the primaries of consecutive views
   v, v+1 (and more). As primary of v, a colluder pre-prepares only to f+1 honest backups S

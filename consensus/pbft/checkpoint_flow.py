@@ -1,12 +1,14 @@
 """Checkpoints and catching up for a PBFT replica (Castro-Liskov §4.3; TOCS §5.3).
 
-Owns: `CheckpointFlow`, the part of `PbftCore` (a base class of it) that signs and collects
-checkpoint votes (re-broadcasting its newest vote while that checkpoint is not stable), moves
-the water marks when a checkpoint becomes stable (garbage-collecting the log, the signer's
-record and the catch-up tables), and glues the `CatchUp` sub-machine (transfer.py) to the
-core: it starts a state transfer, installs checkpoint data whose digest matches the
-certificate (a `Ready.snapshot`), and queues fetched committed batches that f+1 replicas
-agree on for in-order execution.
+Owns: `CheckpointFlow`: the `CheckpointTracker` (checkpoint.py: own checkpoints, votes, the
+stable checkpoint), this replica's newest checkpoint vote, and the `CatchUp` sub-machine
+(transfer.py; `VoteFlow` records executed batches into its history). It signs and collects
+checkpoint votes (re-broadcasting its newest vote while that checkpoint is not stable),
+moves the water marks when a checkpoint becomes stable (garbage-collecting the log, the
+signer's record and the catch-up tables), serves checkpoint data and committed batches to
+lagging peers, starts a state transfer, installs checkpoint data whose digest matches the
+certificate (a `Ready.snapshot`), and hands fetched committed batches that f+1 replicas
+agree on to `VoteFlow` for in-order execution.
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
@@ -17,162 +19,213 @@ forgotten (their clients retransmit; the replica layer answers the executed ones
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from phalanx.consensus.core import Snapshot
-from phalanx.consensus.crypto import Crypto, digest_of
+from phalanx.consensus.crypto import digest_of
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
-from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import MessageLog
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
     CheckpointData,
     CommittedBatch,
     FetchCommitted,
 )
-from phalanx.consensus.pbft.requests import RequestBook
-from phalanx.consensus.pbft.safety import SafetyRules
-from phalanx.consensus.pbft.transfer import Batch, CatchUp
+from phalanx.consensus.pbft.request_flow import RequestFlow
+from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.pbft.transfer import CatchUp
+from phalanx.consensus.pbft.vote_flow import VoteFlow
 from phalanx.consensus.types import (
     Configuration,
     LocalProtocolError,
-    Message,
     NodeId,
     SnapshotMeta,
 )
 
 
 class CheckpointFlow:
-    """Checkpoints and catch-up for `PbftCore`, which provides the state and helpers
-    declared here."""
+    """Checkpoints and catch-up; see the module docstring."""
 
-    _cfg: PbftConfig
-    _crypto: Crypto
-    _me: NodeId
-    _safety: SafetyRules
-    _log: MessageLog
-    _checkpoints: CheckpointTracker
-    _catchup: CatchUp
-    _requests: RequestBook
-    _view: int
-    _active: bool
-    _executed: int
-    _next_seq: int
-    _committed: dict[int, Batch]
-    _snapshot_out: Snapshot | None
-    _own_vote: Checkpoint | None
-    _durable_dirty: bool
-    _hard_dirty: bool
-    _drop: Callable[[str], None]
-    _send: Callable[[NodeId, Message], None]
-    _broadcast: Callable[[Message], None]
-    is_primary: Callable[[], bool]
-    _flush: Callable[..., None]
-    _execute: Callable[[], None]
+    __slots__ = ("_catchup", "_own_vote", "_requests", "_s", "_tracker", "_votes")
 
-    def _checkpoint_taken(self, index: int, data: bytes) -> None:
-        if index > self._executed:
-            raise LocalProtocolError(f"checkpoint at {index} beyond executed {self._executed}")
-        if index <= self._checkpoints.stable.seq:
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        stable: StableCheckpoint,
+        catchup: CatchUp,
+        requests: RequestFlow,
+        votes: VoteFlow,
+        data: bytes | None = None,
+    ) -> None:
+        """`stable`: the stable checkpoint restored; `data`: the state at `Shared.executed`
+        the restored state machine holds (served to lagging peers), if any."""
+        self._s = shared
+        self._catchup = catchup
+        self._requests = requests
+        self._votes = votes
+        self._tracker = CheckpointTracker(quorum=shared.cfg.quorum, stable=stable)
+        self._own_vote: Checkpoint | None = None
+        if data is not None:
+            executed = shared.executed
+            digest = shared.crypto.digest(data)
+            self._tracker.record_own(executed, digest, data)
+            if executed > stable.seq:
+                # Our vote for it may have died with the process: sign it again so
+                # `resend_vote` can repeat it until it is stable.
+                self._own_vote = self._signed_checkpoint(executed, digest)
+                if shared.cfg.quorum > 1:  # (n = 1 takes its checkpoints stable at once anyway)
+                    self._tracker.add_vote(self._own_vote)
+
+    @property
+    def stable(self) -> StableCheckpoint:
+        return self._tracker.stable
+
+    @property
+    def transferring(self) -> bool:
+        """Whether a state transfer is under way."""
+        return self._catchup.target is not None
+
+    # ----------------------------------------------------------------------------------
+    # Own checkpoints
+
+    def taken(self, index: int, data: bytes) -> None:
+        """The replica layer took a checkpoint at `index` (`CheckpointTaken`)."""
+        s = self._s
+        if index > s.executed:
+            raise LocalProtocolError(f"checkpoint at {index} beyond executed {s.executed}")
+        if index <= self._tracker.stable.seq:
             return
-        digest = self._crypto.digest(data)
-        self._checkpoints.record_own(index, digest, data)
+        digest = s.crypto.digest(data)
+        self._tracker.record_own(index, digest, data)
         cp = self._own_vote = self._signed_checkpoint(index, digest)
-        self._broadcast(cp)
+        s.broadcast(cp)
         self._checkpoint_vote(cp)
+
+    def installed(self, index: int, data: bytes) -> None:
+        """The replica layer installed a checkpoint at `index` (`CheckpointInstalled`)."""
+        s = self._s
+        if index > s.executed:
+            s.executed = index
+            self._tracker.record_own(index, s.crypto.digest(data), data)
 
     def _signed_checkpoint(self, seq: int, digest: bytes) -> Checkpoint:
         """Our vote that the state after `seq` has `digest` (signing a checkpoint twice is
         harmless: the same statement)."""
-        cp = Checkpoint(seq=seq, digest=digest, replica=self._me)
-        return Checkpoint(seq=seq, digest=digest, replica=self._me, signature=self._safety.sign(cp))
+        s = self._s
+        cp = Checkpoint(seq=seq, digest=digest, replica=s.me)
+        return Checkpoint(seq=seq, digest=digest, replica=s.me, signature=s.safety.sign(cp))
 
-    def _resend_checkpoint_vote(self) -> None:
+    def resend_vote(self) -> None:
         """Re-broadcast our newest vote while its checkpoint is not stable here (periodically,
-        from `_tick`). A stable checkpoint needs 2f+1 matching votes; with f replicas
+        on a tick). A stable checkpoint needs 2f+1 matching votes; with f replicas
         disagreeing (Byzantine, or a diverged state) that is every honest vote, and a vote
         is otherwise sent once: votes lost to a crash or a partition froze every replica's
         water marks for good (found by the Jepsen harness, corrupt_reply + kill/pause)."""
         vote = self._own_vote
-        if vote is not None and vote.seq > self._checkpoints.stable.seq:
-            self._broadcast(vote)
+        if vote is not None and vote.seq > self._tracker.stable.seq:
+            self._s.broadcast(vote)
 
-    def _on_checkpoint(self, cp: Checkpoint) -> None:
-        if not self._crypto.verify(cp.replica, cp, cp.signature):
-            self._drop("bad_signature")
+    # ----------------------------------------------------------------------------------
+    # Votes and stability
+
+    def on_checkpoint(self, cp: Checkpoint) -> None:
+        s = self._s
+        if not s.crypto.verify(cp.replica, cp, cp.signature):
+            s.drop("bad_signature")
             return
-        if cp.seq <= self._checkpoints.stable.seq:
-            self._drop("stale_checkpoint")
+        if cp.seq <= self._tracker.stable.seq:
+            s.drop("stale_checkpoint")
             return
-        own = self._checkpoints.own_digest(cp.seq)
+        own = self._tracker.own_digest(cp.seq)
         if own is not None and own != cp.digest:
-            self._drop("checkpoint_digest_mismatch")
+            s.drop("checkpoint_digest_mismatch")
             return
         self._checkpoint_vote(cp)
 
     def _checkpoint_vote(self, cp: Checkpoint) -> None:
-        stable = self._checkpoints.add_vote(cp)
+        stable = self._tracker.add_vote(cp)
         if stable is not None:
             self._stable_moved(stable)
 
-    def _adopt_stable(self, stable: StableCheckpoint) -> None:
-        if self._checkpoints.adopt(stable):
+    def adopt_stable(self, stable: StableCheckpoint) -> None:
+        """A verified certificate (a NewView's min-s) made `stable` stable."""
+        if self._tracker.adopt(stable):
             self._stable_moved(stable)
 
     def _stable_moved(self, stable: StableCheckpoint) -> None:
         """A new stable checkpoint: move the water marks and collect garbage (§4.3)."""
-        self._log.gc(stable.seq, self._cfg.log_window)
-        self._safety.prune(stable.seq)
+        s = self._s
+        s.log.gc(stable.seq, s.cfg.log_window)
+        s.safety.prune(stable.seq)
         self._catchup.gc(stable.seq)
-        self._durable_dirty = True
-        if self._executed < stable.seq:
-            self._start_transfer(stable, send=True)
-        if self._active and self.is_primary():
-            self._next_seq = max(self._next_seq, stable.seq)
-            self._flush()
+        s.durable_dirty = True
+        if s.executed < stable.seq:
+            self.start_transfer(stable, send=True)
+        self._requests.stable_moved(stable.seq)
 
-    def _start_transfer(self, target: StableCheckpoint, *, send: bool) -> None:
-        fetch = self._catchup.start(target, now=send, view=self._view)
+    # ----------------------------------------------------------------------------------
+    # Serving lagging peers
+
+    def serve_checkpoint(self, src: NodeId, seq: int) -> None:
+        """`src` asks for our checkpoint data at `seq` (`FetchCheckpoint`)."""
+        s = self._s
+        data = self._tracker.own_data(seq)
+        if data is None:
+            s.drop("fetch_unavailable")
+        else:
+            s.send(src, CheckpointData(seq=seq, data=data, replica=s.me))
+
+    def serve_committed(self, src: NodeId, from_seq: int) -> None:
+        """`src` asks for the batches we executed from `from_seq` on (`FetchCommitted`)."""
+        s = self._s
+        for reply in self._catchup.serve(from_seq, s.executed):
+            s.send(src, reply)
+
+    # ----------------------------------------------------------------------------------
+    # Catching up
+
+    def tick(self, *, gap: bool) -> None:
+        """Retry a state transfer, or fetch the committed batches of a gap (`gap`: a later
+        seq committed while an earlier one did not)."""
+        s = self._s
+        fetch, fetch_committed = self._catchup.tick(executed=s.executed, view=s.view, gap=gap)
         if fetch is not None:
-            self._send(self._catchup.fetch_source(), fetch)
+            s.send(*fetch)
+        if fetch_committed is not None:
+            s.broadcast(fetch_committed)
 
-    def _on_checkpoint_data(self, msg: CheckpointData) -> None:
-        verdict = self._catchup.accept_data(
-            msg, executed=self._executed, digest=self._crypto.digest
-        )
+    def start_transfer(self, target: StableCheckpoint, *, send: bool) -> None:
+        fetch = self._catchup.start(target, now=send, view=self._s.view)
+        if fetch is not None:
+            self._s.send(self._catchup.fetch_source(), fetch)
+
+    def on_checkpoint_data(self, msg: CheckpointData) -> None:
+        s = self._s
+        verdict = self._catchup.accept_data(msg, executed=s.executed, digest=s.crypto.digest)
         if isinstance(verdict, str):
-            self._drop(verdict)
+            s.drop(verdict)
         if not isinstance(verdict, StableCheckpoint):
             return
         meta = SnapshotMeta(
             index=verdict.seq,
-            term=self._view,
-            config=Configuration(voters=tuple(sorted(self._cfg.replicas))),
+            term=s.view,
+            config=Configuration(voters=tuple(sorted(s.cfg.replicas))),
         )
-        self._snapshot_out = Snapshot(meta=meta, data=msg.data)
-        self._executed = verdict.seq
-        self._checkpoints.record_own(verdict.seq, verdict.digest, msg.data)
-        self._hard_dirty = True
-        for seq in [s for s in self._committed if s <= verdict.seq]:
-            del self._committed[seq]
-        # Which waiting requests the checkpoint executed is unknown here: forget them (their
-        # clients retransmit; the replica layer answers the executed ones from its sessions)
-        # rather than let them expire the view-change timer.
-        self._requests.waiting.clear()
-        self._broadcast(
-            FetchCommitted(from_seq=verdict.seq + 1, replica=self._me, view=self._view)
-        )
-        self._execute()
+        s.snapshot_out = Snapshot(meta=meta, data=msg.data)
+        s.executed = verdict.seq
+        self._tracker.record_own(verdict.seq, verdict.digest, msg.data)
+        s.hard_dirty = True
+        self._requests.forget_waiting()
+        s.broadcast(FetchCommitted(from_seq=verdict.seq + 1, replica=s.me, view=s.view))
+        self._votes.installed(verdict.seq)
 
-    def _on_committed_batch(self, msg: CommittedBatch) -> None:
+    def on_committed_batch(self, msg: CommittedBatch) -> None:
+        s = self._s
         verdict = self._catchup.accept_batch(
             msg,
-            executed=self._executed,
-            queued=self._committed,
-            batch_digest=lambda batch: digest_of(self._crypto, batch),
+            executed=s.executed,
+            queued=self._votes.queued,
+            batch_digest=lambda batch: digest_of(s.crypto, batch),
         )
         if isinstance(verdict, str):
-            self._drop(verdict)
+            s.drop(verdict)
         elif verdict is not None:
-            self._committed[msg.seq] = verdict
-            self._execute()
+            self._votes.queue(msg.seq, verdict)

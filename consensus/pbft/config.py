@@ -1,8 +1,9 @@
-"""PBFT configuration: membership, batching, checkpoints, water marks, timeouts, bug switches.
+"""PBFT configuration: membership, batching, checkpoints, water marks, timeouts.
 
 Owns: `PbftConfig` and its validation, the primary of a view (view mod n), quorum sizes.
 Must not import: anything beyond `phalanx.consensus.types` and `phalanx.consensus.quorum`.
 Invariant: a constructed config is valid; every derived quantity is a pure function of it.
+Deliberate bugs for mutation tests are not configuration: see `bugs.PbftBugs`.
 """
 
 from __future__ import annotations
@@ -11,20 +12,6 @@ from dataclasses import dataclass
 
 from phalanx.consensus.quorum import byzantine_quorum, max_byzantine_faults, reply_quorum
 from phalanx.consensus.types import NodeId
-
-KNOWN_BUGS = frozenset(
-    {"commit_on_2f", "skip_view_check", "accept_unsigned_view_change", "no_view_fence"}
-)
-"""Deliberate bugs the simulator sweep switches on to prove its checkers catch them:
-
-- ``commit_on_2f``: commit on 2f matching commits instead of 2f+1.
-- ``skip_view_check``: accept pre-prepares, prepares and commits of another view.
-- ``accept_unsigned_view_change``: skip signature checks on ViewChange messages (received
-  directly or inside a NewView).
-- ``no_view_fence``: a restarted replica forgets the fence (`safety.SafetyRules`): it signs
-  pre-prepares and prepares again in the views where it may have sent some early, before
-  they were durable, so it can equivocate.
-"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +44,6 @@ class PbftConfig:
         early_votes: send own pre-prepares and prepares before their record is durable
             (`Ready.early_messages`, under the restart fence of `safety.SafetyRules`);
             False sends every vote after its persist (the slower, fence-free variant).
-        bugs: deliberate bugs (see `KNOWN_BUGS`); unknown names raise.
     """
 
     node_id: NodeId
@@ -74,16 +60,12 @@ class PbftConfig:
     checkpoint_resend_ticks: int = 50
     max_pending: int = 1024
     early_votes: bool = True
-    bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.replicas) < 1 or len(set(self.replicas)) != len(self.replicas):
             raise ValueError(f"replicas must be non-empty and unique: {self.replicas!r}")
         if self.node_id not in self.replicas:
             raise ValueError(f"{self.node_id!r} is not one of the replicas {self.replicas!r}")
-        unknown = sorted(self.bugs - KNOWN_BUGS)
-        if unknown:
-            raise ValueError(f"unknown PBFT bug switch(es) {unknown}; known: {sorted(KNOWN_BUGS)}")
         for name in (
             "checkpoint_interval",
             "batch_size",
@@ -115,11 +97,6 @@ class PbftConfig:
     def quorum(self) -> int:
         """2f+1 (n - f in general): prepared certificates, stable checkpoints, view changes."""
         return byzantine_quorum(self.n)
-
-    @property
-    def commit_quorum(self) -> int:
-        """2f+1 matching commits, or one fewer under the ``commit_on_2f`` bug."""
-        return self.quorum - 1 if "commit_on_2f" in self.bugs else self.quorum
 
     @property
     def weak_quorum(self) -> int:

@@ -1,16 +1,18 @@
 """The PBFT core (Castro and Liskov, OSDI'99 / TOCS'02): a sans-IO `phalanx.consensus.core.Core`.
 
-Owns: dispatch of inputs (role-free: the primary of view v is replicas[v mod n]), the
-view-change timer with exponential backoff, and the `Ready` bundle of each step. Split out:
-`vote_flow.py` (the three-phase normal case and in-order execution into `Ready.committed`,
-a base class of `PbftCore`), `view_flow.py`
-(ViewChange/NewView handling, a base class of `PbftCore`), `request_flow.py` (client
-requests, batching and relaying to the primary, a base class too), `checkpoint_flow.py`
-(checkpoints, stable-checkpoint garbage collection, state-transfer glue, a base class too),
-and the pure sub-machines `requests.py` (client requests and the primary's adaptive
-batching), `transfer.py` (catch-up), `log.py` (message log, predicates, water marks, the
-per-sender next-view buffer), `checkpoint.py` (stability), `view_change.py`
-(ViewChange/NewView checks and the O set), `safety.py` (the only signer of votes).
+Owns: composing the sub-machines, dispatching each input to them (role-free: the primary of
+view v is replicas[v mod n]), and turning each step's outbox into a `Ready`. The
+sub-machines, each a plain class owning its state, share one `shared.Shared` (config,
+crypto, signer, message log, view, executed seq, the outbox):
+`vote_flow.VoteFlow` (the three-phase normal case and in-order execution into
+`Ready.committed`), `request_flow.RequestFlow` (client requests, the primary's adaptive
+batching, relaying to the primary), `view_flow.ViewChangeFlow` (ViewChange/NewView, the
+view-change timer), `checkpoint_flow.CheckpointFlow` (checkpoints, stable-checkpoint garbage
+collection, state transfer). Below them, pure helpers: `requests.py` (the request book),
+`transfer.py` (catch-up), `log.py` (message log, predicates, water marks, the per-sender
+next-view buffer), `checkpoint.py` (stability), `view_change.py` (ViewChange/NewView checks
+and the O set), `safety.py` (the only signer of votes). Deliberate bugs for mutation tests
+arrive as one `bugs.PbftBugs` (default none); only this module reads it.
 
 Client requests are not signed by clients: the transport authenticates peers, not
 clients, and a client's request is only as trustworthy as the replica it reached. What
@@ -54,18 +56,21 @@ from phalanx.consensus.core import (
     Persisted,
     Ready,
     Receive,
-    Rejection,
-    Send,
-    Snapshot,
     Submit,
     Tick,
     snapshot_bytes,
 )
 from phalanx.consensus.crypto import Crypto
-from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
+from phalanx.consensus.pbft.bugs import (
+    NO_BUGS,
+    PbftBugs,
+    SkipViewChangeSignatures,
+    UnfencedSafetyRules,
+)
+from phalanx.consensus.pbft.checkpoint import StableCheckpoint
 from phalanx.consensus.pbft.checkpoint_flow import CheckpointFlow
 from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import FutureVotes, MessageLog
+from phalanx.consensus.pbft.log import MessageLog
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
     CheckpointData,
@@ -82,18 +87,12 @@ from phalanx.consensus.pbft.messages import (
     VoteKind,
 )
 from phalanx.consensus.pbft.request_flow import RequestFlow
-from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.safety import SafetyRules
-from phalanx.consensus.pbft.transfer import Batch, CatchUp
-from phalanx.consensus.pbft.view_flow import ViewChangeFlow
+from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.pbft.transfer import CatchUp
+from phalanx.consensus.pbft.view_flow import ViewChangeFlow, ViewTimer
 from phalanx.consensus.pbft.vote_flow import VoteFlow
-from phalanx.consensus.types import (
-    Entry,
-    HardState,
-    LocalProtocolError,
-    Message,
-    NodeId,
-)
+from phalanx.consensus.types import HardState, LocalProtocolError, Message, NodeId
 
 _PBFT_TYPES = (
     PrePrepare,
@@ -108,8 +107,6 @@ _PBFT_TYPES = (
     FetchCommitted,
     CommittedBatch,
 )
-_Vote = PrePrepare | Prepare | Commit
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PbftRestoredState:
@@ -141,8 +138,18 @@ class PbftStatus(CoreStatus):
     transferring: bool = False
 
 
-class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
+class PbftCore:
     """One PBFT replica. See the module docstring for the rules it keeps."""
+
+    __slots__ = (
+        "_checkpoints",
+        "_requests",
+        "_resend_view_change",
+        "_s",
+        "_skip_view_check",
+        "_views",
+        "_votes",
+    )
 
     def __init__(
         self,
@@ -150,322 +157,223 @@ class PbftCore(VoteFlow, RequestFlow, CheckpointFlow, ViewChangeFlow):
         *,
         crypto: Crypto,
         restored: PbftRestoredState | None = None,
+        bugs: PbftBugs = NO_BUGS,
     ) -> None:
+        """`bugs`: deliberate bugs for mutation tests (`bugs.PbftBugs`); none by default."""
         if crypto.node_id != config.node_id:
             raise LocalProtocolError("crypto and config belong to different nodes")
         d = restored.durable if restored is not None else PbftDurableState()
-        self._cfg = config
-        self._me = config.node_id
-        self._crypto = crypto
-        self._safety = SafetyRules(crypto, d.safety, fence="no_view_fence" not in config.bugs)
-        self._view = d.view
-        self._active = d.view_active
-        stable = StableCheckpoint(seq=d.stable_seq, digest=d.stable_digest, proof=d.stable_proof)
-        self._checkpoints = CheckpointTracker(quorum=config.quorum, stable=stable)
-        self._own_vote: Checkpoint | None = None
-        self._log = MessageLog(low=d.stable_seq, window=config.log_window)
+        executed = restored.executed if restored is not None else 0
+        safety = (UnfencedSafetyRules if bugs.no_view_fence else SafetyRules)(crypto, d.safety)
+        log = MessageLog(low=d.stable_seq, window=config.log_window)
         for proof in d.prepared:
-            self._log.prepared_certs[proof.pre_prepare.seq] = proof
-        self._executed = restored.executed if restored is not None else 0
-        if restored is not None and restored.checkpoint_data is not None:
-            data = restored.checkpoint_data
-            digest = crypto.digest(data)
-            self._checkpoints.record_own(self._executed, digest, data)
-            if self._executed > d.stable_seq:
-                # Our vote for it may have died with the process: sign it again so
-                # `_resend_checkpoint_vote` can repeat it until it is stable.
-                self._own_vote = self._signed_checkpoint(self._executed, digest)
-                if config.quorum > 1:  # (n = 1 takes its checkpoints stable at once anyway)
-                    self._checkpoints.add_vote(self._own_vote)
+            log.prepared_certs[proof.pre_prepare.seq] = proof
+        s = self._s = Shared(
+            config,
+            crypto=crypto,
+            safety=safety,
+            log=log,
+            view=d.view,
+            active=d.view_active,
+            executed=executed,
+        )
+        # The sub-machines are built in call order: each calls only those built before it
+        # (requests <- votes <- checkpoints <- views); votes and views share the ViewTimer.
         # A primary never reuses a seq it pre-prepared in this view (even before a crash).
         own_pp = [
-            v.seq for v in d.safety.votes if v.kind is VoteKind.PRE_PREPARE and v.view == self._view
+            v.seq for v in d.safety.votes if v.kind is VoteKind.PRE_PREPARE and v.view == d.view
         ]
-        self._next_seq = max([self._executed, d.stable_seq, *own_pp])
-        self._requests = RequestBook(max_pending=config.max_pending)
-        self._timer: int | None = None
-        self._backoff = 0
-        self._latest_vc: dict[NodeId, ViewChange] = {}
-        self._new_view_sent = -1
-        self._new_view: NewView | None = None  # ours, for the view we lead (resent to laggards)
-        self._new_view_resent: dict[NodeId, tuple[int, int]] = {}
-        self._ticks = 0
-        self._future = FutureVotes(per_sender=3 * config.log_window)
-        self._committed: dict[int, Batch] = {}  # committed, waiting to execute in order
-        self._catchup = CatchUp(config, restarted=restored is not None)
-        self._dropped: dict[str, int] = {}
-        self._ready_number = 0
-        self._persisted = 0
-        self._awaiting: list[tuple[int, _Vote]] = []
-        # The Ready that made `early_view == view` durable (None: not yet, in this view).
-        self._early_ready: int | None = None
-        # Per-step accumulators (reset by `_begin`).
-        self._out: list[Send] = []
-        self._early: list[Send] = []
-        self._exec_out: list[Entry] = []
-        self._snapshot_out: Snapshot | None = None
-        self._rejected_out: list[Rejection] = []
-        self._new_own: list[_Vote] = []
-        self._durable_dirty = False
-        self._hard_dirty = False
-        if restored is not None and self._executed < d.stable_seq:
-            self._start_transfer(stable, send=False)
-        self._resend_view_change = not self._active
+        self._requests = RequestFlow(s, next_seq=max([executed, d.stable_seq, *own_pp]))
+        timer = ViewTimer(base=config.view_change_ticks, cap=config.max_view_change_ticks)
+        catchup = CatchUp(config, restarted=restored is not None)
+        self._votes = VoteFlow(
+            s,
+            requests=self._requests,
+            catchup=catchup,
+            timer=timer,
+            commit_quorum=config.quorum - 1 if bugs.commit_on_2f else config.quorum,
+        )
+        stable = StableCheckpoint(seq=d.stable_seq, digest=d.stable_digest, proof=d.stable_proof)
+        self._checkpoints = CheckpointFlow(
+            s,
+            stable=stable,
+            catchup=catchup,
+            requests=self._requests,
+            votes=self._votes,
+            data=restored.checkpoint_data if restored is not None else None,
+        )
+        self._views = ViewChangeFlow(
+            s,
+            timer=timer,
+            requests=self._requests,
+            votes=self._votes,
+            checkpoints=self._checkpoints,
+            verifier=SkipViewChangeSignatures(crypto) if bugs.accept_unsigned_view_change
+            else crypto,
+        )
+        self._skip_view_check = bugs.skip_view_check
+        if restored is not None and executed < d.stable_seq:
+            self._checkpoints.start_transfer(stable, send=False)
+        self._resend_view_change = not s.active
 
     # ----------------------------------------------------------------------------------
     # Core protocol
 
     @property
     def node_id(self) -> NodeId:
-        return self._me
+        return self._s.me
 
     @property
     def view(self) -> int:
-        return self._view
+        return self._s.view
 
     @property
     def executed(self) -> int:
-        return self._executed
+        return self._s.executed
 
     def is_primary(self) -> bool:
-        return self._cfg.primary(self._view) == self._me
+        return self._s.is_primary()
 
     def status(self) -> PbftStatus:
-        role = "primary" if self.is_primary() else "backup"
-        if not self._active:
+        s = self._s
+        role = "primary" if s.is_primary() else "backup"
+        if not s.active:
             role = "view_change"
         return PbftStatus(
-            node=self._me,
+            node=s.me,
             role=role,
-            term=self._view,
-            commit_index=self._executed,
-            leader=self._cfg.primary(self._view) if self._active else None,
-            dropped=dict(sorted(self._dropped.items())),
-            view=self._view,
-            view_active=self._active,
-            low_water=self._log.low,
-            high_water=self._log.high,
+            term=s.view,
+            commit_index=s.executed,
+            leader=s.cfg.primary(s.view) if s.active else None,
+            dropped=dict(sorted(s.dropped.items())),
+            view=s.view,
+            view_active=s.active,
+            low_water=s.log.low,
+            high_water=s.log.high,
             stable_digest=self._checkpoints.stable.digest,
-            pending_requests=len(self._requests),
-            log_slots=len(self._log),
-            transferring=self._catchup.target is not None,
+            pending_requests=len(self._requests.book),
+            log_slots=len(s.log),
+            transferring=self._checkpoints.transferring,
         )
 
     def step(self, inp: Input, /) -> Ready:
-        self._begin()
+        self._s.begin()
         if self._resend_view_change:
             self._resend_view_change = False
-            self._broadcast_view_change()
+            self._views.broadcast_view_change()
         match inp:
             case Receive(src=src, message=message):
                 self._receive(src, message)
             case Tick():
                 self._tick()
             case Submit(request=request):
-                self._submit(request)
+                self._requests.submit(request)
             case Persisted(number=number):
-                self._on_persisted(number)
+                self._votes.on_persisted(number)
             case CheckpointTaken(index=index, data=data):
-                self._checkpoint_taken(index, snapshot_bytes(data))
+                self._checkpoints.taken(index, snapshot_bytes(data))
             case CheckpointInstalled(meta=meta, data=data):
-                if meta.index > self._executed:
-                    self._executed = meta.index
-                    self._checkpoints.record_own(meta.index, self._crypto.digest(data), data)
+                self._checkpoints.installed(meta.index, data)
             case _:
                 assert_never(inp)
         return self._finish()
 
-    def _begin(self) -> None:
-        self._out = []
-        self._early = []
-        self._exec_out = []
-        self._snapshot_out = None
-        self._rejected_out = []
-        self._new_own = []
-        self._durable_dirty = False
-        self._hard_dirty = False
-
     def _finish(self) -> Ready:
-        safety = self._safety
-        opened = self._active and self._cfg.early_votes and safety.open_early(self._view)
+        s = self._s
+        safety = s.safety
+        opened = s.active and s.cfg.early_votes and safety.open_early(s.view)
         # Own votes always ride on a persisted Ready (even an identical re-sign after a restart).
-        durable = safety.take_dirty() or self._durable_dirty or bool(self._new_own)
-        if not (durable or opened or self._hard_dirty or self._snapshot_out is not None
-                or self._early or self._out or self._exec_out or self._rejected_out):
+        durable = safety.take_dirty() or s.durable_dirty or bool(s.new_own)
+        if not (durable or opened or s.hard_dirty or s.snapshot_out is not None
+                or s.early or s.out or s.exec_out or s.rejected_out):
             return EMPTY_READY  # most steps (a backup queueing a client's request, a tick)
         number = 0
-        if durable or self._hard_dirty or self._snapshot_out is not None:
-            self._ready_number += 1
-            number = self._ready_number
+        if durable or s.hard_dirty or s.snapshot_out is not None:
+            s.ready_number += 1
+            number = s.ready_number
         if opened:
-            self._early_ready = number
-        for vote in self._new_own:
-            self._awaiting.append((number, vote))
+            s.early_ready = number
+        if s.new_own:
+            self._votes.recorded(number, s.new_own)
         core_state = self.durable_state() if durable else None
-        hard = HardState(view=self._view, commit=self._executed) if self._hard_dirty else None
+        hard = HardState(view=s.view, commit=s.executed) if s.hard_dirty else None
         return Ready(
             number=number,
-            early_messages=tuple(self._early),
-            snapshot=self._snapshot_out,
+            early_messages=tuple(s.early),
+            snapshot=s.snapshot_out,
             hard_state=hard,
             core_state=core_state,
             must_sync=durable or hard is not None,
-            messages=tuple(self._out),
-            committed=tuple(self._exec_out),
-            rejected=tuple(self._rejected_out),
+            messages=tuple(s.out),
+            committed=tuple(s.exec_out),
+            rejected=tuple(s.rejected_out),
         )
 
     def durable_state(self) -> PbftDurableState:
         """What must survive a crash (also carried by `Ready.core_state` when it changes)."""
+        s = self._s
         stable = self._checkpoints.stable
         return PbftDurableState(
-            view=self._view,
-            view_active=self._active,
+            view=s.view,
+            view_active=s.active,
             stable_seq=stable.seq,
             stable_digest=stable.digest,
             stable_proof=stable.proof,
-            safety=self._safety.data,
-            prepared=self._log.certificates(),
+            safety=s.safety.data,
+            prepared=s.log.certificates(),
         )
-
-    # ----------------------------------------------------------------------------------
-    # Helpers
-
-    def _drop(self, reason: str) -> None:
-        self._dropped[reason] = self._dropped.get(reason, 0) + 1
-
-    def _send(self, to: NodeId, message: Message) -> None:
-        self._out.append(Send(to=to, message=message))
-
-    def _broadcast(self, message: Message) -> None:
-        for peer in self._cfg.peers():
-            self._send(peer, message)
-
-    def _early_ok(self, view: int) -> bool:
-        """Whether our pre-prepare or prepare of `view` may go early: before any record of
-        it is durable, counted at once (`SafetyRules`' module docstring argues why the
-        restart fence makes that safe). Only once this view's `early_view` record is."""
-        early = self._early_ready
-        return (
-            early is not None
-            and early <= self._persisted
-            and self._active
-            and self._safety.early_view == self._view == view
-        )
-
-    def _send_early(self, vote: PrePrepare | Prepare) -> None:
-        self._early.extend(Send(to=peer, message=vote) for peer in self._cfg.peers())
-
-    def _timeout(self) -> int:
-        base = self._cfg.view_change_ticks
-        return min(base << min(self._backoff, 30), self._cfg.max_view_change_ticks)
 
     # ----------------------------------------------------------------------------------
     # Receive
 
     def _receive(self, src: NodeId, msg: Message) -> None:
-        if src not in self._cfg.replicas or src == self._me:
-            self._drop("unknown_sender")
+        s = self._s
+        if src not in s.cfg.replicas or src == s.me:
+            s.drop("unknown_sender")
             return
         if not isinstance(msg, _PBFT_TYPES):
-            self._drop("unknown_message")
+            s.drop("unknown_message")
             return
         if msg.replica != src:
-            self._drop("sender_mismatch")
+            s.drop("sender_mismatch")
             return
         match msg:
             case PrePrepare() | Prepare() | Commit():
-                if self._view_ok(src, msg):
-                    self._on_vote(msg)
+                if (msg.view == s.view and s.active) or self._skip_view_check:
+                    self._votes.on_vote(msg)
+                else:
+                    self._views.park(src, msg)
             case Checkpoint():
-                self._on_checkpoint(msg)
+                self._checkpoints.on_checkpoint(msg)
             case ViewChange():
-                self._on_view_change(msg)
+                self._views.on_view_change(msg)
             case NewView():
-                self._on_new_view(msg)
+                self._views.on_new_view(msg)
             case ForwardRequest():
-                if not (self._active and self.is_primary()):
-                    self._drop("not_primary")
-                else:
-                    self._submit(msg.request)
+                self._requests.forwarded(msg.request)
             case FetchCheckpoint():
-                data = self._checkpoints.own_data(msg.seq)
-                if data is None:
-                    self._drop("fetch_unavailable")
-                else:
-                    self._send(src, CheckpointData(seq=msg.seq, data=data, replica=self._me))
-                if msg.view < self._view:
-                    self._resend_new_view(src)  # its certificate names a newer checkpoint
+                self._checkpoints.serve_checkpoint(src, msg.seq)
+                if msg.view < s.view:
+                    self._views.resend_new_view(src)  # its certificate names a newer checkpoint
             case CheckpointData():
-                self._on_checkpoint_data(msg)
+                self._checkpoints.on_checkpoint_data(msg)
             case FetchCommitted():
-                for reply in self._catchup.serve(msg.from_seq, self._executed):
-                    self._send(src, reply)
-                if msg.view < self._view:
-                    self._resend_new_view(src)  # e.g. a restarted replica's first fetch
+                self._checkpoints.serve_committed(src, msg.from_seq)
+                if msg.view < s.view:
+                    self._views.resend_new_view(src)  # e.g. a restarted replica's first fetch
             case CommittedBatch():
-                self._on_committed_batch(msg)
+                self._checkpoints.on_committed_batch(msg)
             case _:
                 assert_never(msg)
-
-    def _view_ok(self, src: NodeId, msg: PrePrepare | Prepare | Commit) -> bool:
-        if "skip_view_check" in self._cfg.bugs:
-            return True
-        if msg.view == self._view and self._active:
-            return True
-        if msg.view < self._view:
-            self._drop("wrong_view")
-            self._resend_new_view(src)
-        elif not self._future.add(src, msg):  # replayed once we enter that view
-            self._drop("future_view_overflow")
-        return False
 
     # ----------------------------------------------------------------------------------
     # Time
 
     def _tick(self) -> None:
-        self._ticks += 1
-        if self._ticks % self._cfg.checkpoint_resend_ticks == 0:
-            self._resend_checkpoint_vote()
-        book = self._requests
-        self._relay_due()
-        if self._active and self.is_primary():
-            room = self._next_seq - self._executed < self._cfg.max_inflight_batches
-            if book.pending:
-                book.pending_age += 1
-            if room:
-                if book.tick():  # the expected returning clients are late: stop waiting
-                    self._flush()
-            elif book.pending and book.pending_age >= self._cfg.batch_ticks:
-                self._flush(force=True)
-        if self._active:
-            if book.waiting and not self.is_primary():
-                self._timer = self._timeout() if self._timer is None else self._timer - 1
-                # Before blaming the primary, forget what is known executed after all (a
-                # request its client already followed with a later one that executed).
-                if self._timer <= 0 and book.forget_executed():
-                    self._start_view_change(self._view + 1)
-                elif self._timer <= 0:
-                    self._timer = None
-            else:
-                self._timer = None
-        elif self._timer is None:
-            # Liveness rule 1 (§4.5.2): a view change's timer starts only once 2f+1
-            # replicas ask for this view or a later one; a replica that left a view early
-            # (or alone) waits for the others instead of racing ahead one view per timeout,
-            # where equal capped timeouts could keep it one view ahead of them for good.
-            if self._view_change_backed():
-                self._timer = self._timeout()
-        else:
-            self._timer -= 1
-            if self._timer <= 0:
-                self._start_view_change(self._view + 1)
-        if not self._active and self._ticks % self._cfg.fetch_ticks == 0:
-            self._rebroadcast_view_change()  # a lost ViewChange must not stall rule 1 for good
-        fetch, fetch_committed = self._catchup.tick(
-            executed=self._executed, view=self._view, gap=bool(self._committed)
-        )
-        if fetch is not None:
-            self._send(*fetch)
-        if fetch_committed is not None:
-            self._broadcast(fetch_committed)
+        s = self._s
+        s.ticks += 1
+        if s.ticks % s.cfg.checkpoint_resend_ticks == 0:
+            self._checkpoints.resend_vote()
+        self._requests.tick()
+        self._views.tick()
+        self._checkpoints.tick(gap=self._votes.gap)

@@ -1,55 +1,48 @@
 """Client requests at a PBFT replica: queueing, the primary's batching, relaying to it.
 
-Owns: `RequestFlow`, the part of `PbftCore` (a base class of it) that takes a client request
+Owns: `RequestFlow`: the `RequestBook` (requests.py) and `next_seq`, the highest seq this
+replica pre-prepared (or may build on) in the current view. It takes a client request
 (`Submit`, or a backup's `ForwardRequest` at the primary), proposes batches by the adaptive
-rule of `requests.RequestBook`, signs and sends the primary's own pre-prepares, and relays
-requests a backup waited on for `PbftConfig.forward_ticks` ticks to the primary.
+rule of `RequestBook` (signing and sending the primary's own pre-prepares), relays
+requests a backup waited on for `PbftConfig.forward_ticks` ticks to the primary, and runs the
+primary's batch timer on each tick. The other sub-machines tell it what happened to
+requests (ordered, executed, a view change, a checkpoint installed) through its methods.
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
 Invariants: a request is queued at most once per view (`RequestBook.known`); a retry of an
 executed request is ordered again only if it is its client's latest; a backup relays each
-waiting request at most once per view, and never one a pre-prepare of this view carries.
+waiting request at most once per view, and never one a pre-prepare of this view carries;
+the primary never reuses a seq it pre-prepared in this view (`next_seq` only grows within
+a view), and never proposes in a view it is fenced in (`SafetyRules.fenced`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from phalanx.consensus.core import Rejection
-from phalanx.consensus.crypto import Crypto, digest_of
-from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import MessageLog
-from phalanx.consensus.pbft.messages import Commit, ForwardRequest, Prepare, PrePrepare
+from phalanx.consensus.crypto import digest_of
+from phalanx.consensus.pbft.messages import ForwardRequest, PrePrepare
 from phalanx.consensus.pbft.requests import RequestBook
-from phalanx.consensus.pbft.safety import SafetyRules
-from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.types import ClientRequest
 
 
 class RequestFlow:
-    """Client requests for `PbftCore`, which provides the state and helpers declared here."""
+    """Client requests and batching; see the module docstring."""
 
-    _cfg: PbftConfig
-    _crypto: Crypto
-    _me: NodeId
-    _safety: SafetyRules
-    _log: MessageLog
-    _requests: RequestBook
-    _view: int
-    _active: bool
-    _executed: int
-    _next_seq: int
-    _ticks: int
-    _rejected_out: list[Rejection]
-    _new_own: list[PrePrepare | Prepare | Commit]
-    _send: Callable[[NodeId, Message], None]
-    _broadcast: Callable[[Message], None]
-    _early_ok: Callable[[int], bool]
-    _send_early: Callable[[PrePrepare | Prepare], None]
-    is_primary: Callable[[], bool]
+    __slots__ = ("_s", "book", "next_seq")
 
-    def _submit(self, request: ClientRequest) -> None:
-        book = self._requests
+    def __init__(self, shared: Shared, *, next_seq: int) -> None:
+        self._s = shared
+        self.book = RequestBook(max_pending=shared.cfg.max_pending)
+        self.next_seq = next_seq
+
+    # ----------------------------------------------------------------------------------
+    # Requests in
+
+    def submit(self, request: ClientRequest) -> None:
+        s = self._s
+        book = self.book
         if book.known(request):
             return
         if book.executed(request):
@@ -60,69 +53,161 @@ class RequestFlow:
             # answers it from its session table when it executes (a duplicate is not rerun).
             if not book.latest(request):
                 return  # older than the client's latest: nothing is waiting for it
-            if self._active and self.is_primary() and book.queue_pending(request):
-                self._flush()
+            if s.active and s.is_primary() and book.queue_pending(request):
+                self.flush()
             return
-        if self._active and self.is_primary():
+        if s.active and s.is_primary():
             if not book.queue_pending(request):
-                self._rejected_out.append(Rejection(request=request, reason="overloaded"))
+                s.rejected_out.append(Rejection(request=request, reason="overloaded"))
                 return
-            self._flush()
+            self.flush()
             return
-        delay = self._cfg.forward_ticks
-        relay_later = self._active and delay > 0
+        delay = s.cfg.forward_ticks
+        relay_later = s.active and delay > 0
         if not book.queue_waiting(request,
-                                  forward_at=self._ticks + delay if relay_later else None):
-            self._rejected_out.append(Rejection(request=request, reason="overloaded"))
+                                  forward_at=s.ticks + delay if relay_later else None):
+            s.rejected_out.append(Rejection(request=request, reason="overloaded"))
             return
-        if self._active and not relay_later:
-            self._send(
-                self._cfg.primary(self._view), ForwardRequest(request=request, replica=self._me)
-            )
+        if s.active and not relay_later:
+            s.send(s.cfg.primary(s.view), ForwardRequest(request=request, replica=s.me))
 
-    def _flush(self, *, force: bool = False) -> None:
+    def forwarded(self, request: ClientRequest) -> None:
+        """A backup relayed `request` to us (`ForwardRequest`)."""
+        s = self._s
+        if not (s.active and s.is_primary()):
+            s.drop("not_primary")
+        else:
+            self.submit(request)
+
+    # ----------------------------------------------------------------------------------
+    # Proposing (the primary)
+
+    def flush(self, *, force: bool = False) -> None:
         """Propose batches by the adaptive rule (`RequestBook.should_flush`), or every
         pending request when `force` (the batch timer ran out, a new view began)."""
-        book = self._requests
-        cfg = self._cfg
-        if self._safety.fenced(self._view):
+        s = self._s
+        book = self.book
+        cfg = s.cfg
+        if s.safety.fenced(s.view):
             return  # restarted in this view: we propose again from the next view on
-        while book.pending and self._next_seq + 1 <= self._log.high:
+        while book.pending and self.next_seq + 1 <= s.log.high:
             if not force and not book.should_flush(
                 batch_size=cfg.batch_size,
-                inflight=self._next_seq - self._executed,
+                inflight=self.next_seq - s.executed,
                 max_inflight=cfg.max_inflight_batches,
             ):
                 return
             batch = book.take_batch(cfg.batch_size)
-            seq = self._next_seq + 1
+            seq = self.next_seq + 1
             pp = PrePrepare(
-                view=self._view,
+                view=s.view,
                 seq=seq,
-                digest=digest_of(self._crypto, batch),
+                digest=digest_of(s.crypto, batch),
                 batch=batch,
-                replica=self._me,
+                replica=s.me,
             )
             self._propose(pp)
 
     def _propose(self, pp: PrePrepare) -> None:
-        """Sign and send one of our own pre-prepares (normal case or NewView's O set)."""
-        early = self._early_ok(pp.view)
-        signed = self._safety.sign_pre_prepare(pp, early=early)  # a conflict: our own bug
-        self._next_seq = max(self._next_seq, pp.seq)
-        self._log.add_pre_prepare(signed, counted=early)
-        self._log.slot(pp.view, pp.seq).prepare_sent = True
-        self._requests.ordered(pp.batch)
+        """Sign and send one of our own pre-prepares."""
+        s = self._s
+        early = s.early_ok(pp.view)
+        signed = s.safety.sign_pre_prepare(pp, early=early)  # a conflict: our own bug
+        self.next_seq = max(self.next_seq, pp.seq)
+        s.log.add_pre_prepare(signed, counted=early)
+        s.log.slot(pp.view, pp.seq).prepare_sent = True
+        self.book.ordered(pp.batch)
         if early:
-            self._send_early(signed)
+            s.send_early(signed)
         else:
-            self._broadcast(signed)
-            self._new_own.append(signed)
+            s.broadcast(signed)
+            s.new_own.append(signed)
 
-    def _relay_due(self) -> None:
-        """Relay the requests this backup waited on long enough (`forward_ticks`)."""
-        relay = self._requests.due_forwards(self._ticks)
-        if relay and self._active and not self.is_primary():
-            primary = self._cfg.primary(self._view)
+    # ----------------------------------------------------------------------------------
+    # Time
+
+    def tick(self) -> None:
+        """Relay what a backup waited on long enough; run the primary's batch timer."""
+        s = self._s
+        book = self.book
+        relay = book.due_forwards(s.ticks)
+        if relay and s.active and not s.is_primary():
+            primary = s.cfg.primary(s.view)
             for r in relay:
-                self._send(primary, ForwardRequest(request=r, replica=self._me))
+                s.send(primary, ForwardRequest(request=r, replica=s.me))
+        if s.active and s.is_primary():
+            room = self.next_seq - s.executed < s.cfg.max_inflight_batches
+            if book.pending:
+                book.pending_age += 1
+            if room:
+                if book.tick():  # the expected returning clients are late: stop waiting
+                    self.flush()
+            elif book.pending and book.pending_age >= s.cfg.batch_ticks:
+                self.flush(force=True)
+
+    # ----------------------------------------------------------------------------------
+    # What the other sub-machines report
+
+    def ordered(self, batch: tuple[ClientRequest, ...], *, wait: bool) -> None:
+        """A pre-prepare of this view carries `batch` (`wait`: a backup waits for it to
+        execute)."""
+        self.book.ordered(batch, wait=wait)
+
+    def was_executed(self, batch: tuple[ClientRequest, ...]) -> None:
+        self.book.was_executed(batch)
+
+    def executed(self, count: int) -> None:
+        """`count` requests just executed: the primary proposes what accumulated, once the
+        clients just answered are back (`RequestBook.served`)."""
+        if self._s.is_primary():
+            self.book.served(count)
+            self.flush()
+
+    def waiting(self) -> bool:
+        """Whether a backup waits for requests to execute (its view-change timer runs)."""
+        return bool(self.book.waiting)
+
+    def forget_executed(self) -> bool:
+        """Before a backup blames the primary: forget waiting requests known executed after
+        all; whether any still waits (`RequestBook.forget_executed`)."""
+        return self.book.forget_executed()
+
+    def forget_waiting(self) -> None:
+        """A checkpoint was installed: which waiting requests it executed is unknown, so
+        forget them all (their clients retransmit; the replica layer answers the executed
+        ones from its sessions) rather than let them expire the view-change timer."""
+        self.book.waiting.clear()
+
+    def view_changed(self) -> None:
+        self.book.view_changed()
+
+    def new_view(self, *, max_seq: int, stable_seq: int) -> None:
+        """Entering a view whose NewView re-issues seqs up to `max_seq`: the primary goes
+        on above them (and above its own proposals, if it led before), a backup's
+        numbering restarts."""
+        s = self._s
+        self.next_seq = max(self.next_seq if s.is_primary() else 0, max_seq)
+        self.next_seq = max(self.next_seq, stable_seq)
+
+    def entered_view(self) -> None:
+        """The new view's re-issued pre-prepares are in: the primary proposes what waited,
+        a backup relays it to the new primary."""
+        s = self._s
+        primary = s.cfg.primary(s.view)
+        book = self.book
+        if primary == s.me:
+            for r in book.take_waiting():
+                if not book.queue_pending(r):
+                    s.rejected_out.append(Rejection(request=r, reason="overloaded"))
+            self.flush(force=True)
+        else:
+            for r in book.waiting_sorted():
+                s.send(primary, ForwardRequest(request=r, replica=s.me))
+
+    def stable_moved(self, seq: int) -> None:
+        """A checkpoint at `seq` became stable: the water marks moved, the primary may
+        propose again (never at or below the checkpoint)."""
+        s = self._s
+        if s.active and s.is_primary():
+            self.next_seq = max(self.next_seq, seq)
+            self.flush()

@@ -68,16 +68,12 @@ class SafetyRules:
 
     __slots__ = ("_data", "_dirty", "_early_view", "_fence", "_floor", "_signer", "_votes")
 
-    def __init__(
-        self, signer: Signer, data: SafetyData | None = None, *, fence: bool = True
-    ) -> None:
-        """`fence=False` is the ``no_view_fence`` deliberate bug (the simulator and a
-        targeted test must catch the equivocation it allows after a restart)."""
+    def __init__(self, signer: Signer, data: SafetyData | None = None) -> None:
         self._signer = signer
         data = data if data is not None else SafetyData()
         self._floor = data.floor
         self._early_view = data.early_view
-        self._fence = data.early_view if fence else -1
+        self._fence = data.early_view
         self._votes: dict[tuple[VoteKind, int, int], SignedVote] = {
             (v.kind, v.view, v.seq): v for v in data.votes
         }

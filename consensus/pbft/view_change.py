@@ -31,7 +31,7 @@ from phalanx.consensus.pbft.messages import (
 )
 
 
-class _Crypto(Verifier, Hasher, Protocol):
+class CheckCrypto(Verifier, Hasher, Protocol):
     """What this module needs from the injected crypto."""
 
 
@@ -48,7 +48,7 @@ class NewViewPlan:
 
 
 def check_checkpoint_proof(
-    config: PbftConfig, crypto: _Crypto, seq: int, proof: tuple[Checkpoint, ...]
+    config: PbftConfig, crypto: CheckCrypto, seq: int, proof: tuple[Checkpoint, ...]
 ) -> str | None:
     """A stable-checkpoint certificate: a quorum of distinct replicas' valid checkpoints for
     `seq`, all with one digest (empty at seq 0)."""
@@ -68,7 +68,7 @@ def check_checkpoint_proof(
 
 
 def check_prepared_proof(
-    config: PbftConfig, crypto: _Crypto, proof: PreparedProof, *, new_view: int, low: int
+    config: PbftConfig, crypto: CheckCrypto, proof: PreparedProof, *, new_view: int, low: int
 ) -> str | None:
     """A prepared certificate from a view before `new_view` for a seq in (low, low + L]."""
     pp = proof.pre_prepare
@@ -91,14 +91,11 @@ def check_prepared_proof(
     return None
 
 
-def check_view_change(config: PbftConfig, crypto: _Crypto, vc: ViewChange) -> str | None:
-    """Whether `vc` is well formed and correctly signed (the signature check is skipped
-    under the ``accept_unsigned_view_change`` bug)."""
+def check_view_change(config: PbftConfig, crypto: CheckCrypto, vc: ViewChange) -> str | None:
+    """Whether `vc` is well formed and correctly signed."""
     if vc.replica not in config.replicas or vc.new_view < 1 or vc.stable_seq < 0:
         return "bad_view_change"
-    if "accept_unsigned_view_change" not in config.bugs and not crypto.verify(
-        vc.replica, vc, vc.signature
-    ):
+    if not crypto.verify(vc.replica, vc, vc.signature):
         return "bad_signature"
     reason = check_checkpoint_proof(config, crypto, vc.stable_seq, vc.checkpoint_proof)
     if reason is not None:
@@ -159,7 +156,7 @@ def compute_new_view(
 
 
 def check_new_view(
-    config: PbftConfig, crypto: _Crypto, nv: NewView
+    config: PbftConfig, crypto: CheckCrypto, nv: NewView
 ) -> tuple[str | None, NewViewPlan | None]:
     """Verify a NewView by checking its view changes and recomputing O; return
     (drop reason, None) or (None, plan)."""

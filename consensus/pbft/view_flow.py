@@ -1,10 +1,15 @@
 """The view-change protocol of a PBFT replica (Castro-Liskov §4.4, liveness §4.5.2).
 
-Owns: `ViewChangeFlow`, the part of `PbftCore` (a base class of it) that leaves a view
-(ViewChange), collects view changes, builds and checks NewView messages, enters the new view,
-and resends its NewView to replicas that still speak in an older view (a restarted replica,
-or one that missed the NewView): the normal-case retransmission that brings them back.
-The pure checks and the O set are `view_change.py`'s; signing is `SafetyRules`'.
+Owns: `ViewChangeFlow`: the latest ViewChange of every replica, the NewView it sent (and
+when it resent it to whom), the votes of views not entered yet (`FutureVotes`), and the
+view-change timer (`ViewTimer`, which `vote_flow` resets when a batch executes). It leaves
+a view (ViewChange), collects view changes, builds and checks NewView messages, enters the
+new view, parks votes of other views, and resends its NewView to replicas that still speak
+in an older view (a restarted replica, or one that missed the NewView): the normal-case
+retransmission that brings them back. The pure checks and the O set are `view_change.py`'s;
+signing is `SafetyRules`'. It moves `Shared.view` and `Shared.active`, and tells the other
+sub-machines about a new view (`RequestFlow.new_view`/`entered_view`, `VoteFlow.prepare`,
+`CheckpointFlow.adopt_stable`).
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
@@ -21,137 +26,220 @@ most one NewView per view; a NewView is resent to one peer at most once per `fet
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from phalanx.consensus.core import Rejection
-from phalanx.consensus.crypto import Crypto
-from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
-from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import AddResult, FutureVotes, MessageLog
-from phalanx.consensus.pbft.messages import (
-    Commit,
-    ForwardRequest,
-    NewView,
-    Prepare,
-    PrePrepare,
-    ViewChange,
-)
-from phalanx.consensus.pbft.requests import RequestBook
-from phalanx.consensus.pbft.safety import SafetyRules
+from phalanx.consensus.pbft.log import AddResult, FutureVotes
+from phalanx.consensus.pbft.messages import NewView, PrePrepare, ViewChange
+from phalanx.consensus.pbft.request_flow import RequestFlow
+from phalanx.consensus.pbft.shared import Shared, Vote
 from phalanx.consensus.pbft.view_change import (
+    CheckCrypto,
     NewViewPlan,
     check_new_view,
     check_view_change,
     compute_new_view,
 )
-from phalanx.consensus.types import Message, NodeId
+from phalanx.consensus.types import NodeId
+
+if TYPE_CHECKING:
+    from phalanx.consensus.pbft.checkpoint_flow import CheckpointFlow
+    from phalanx.consensus.pbft.vote_flow import VoteFlow
+
+
+class ViewTimer:
+    """The view-change timer: ticks left (None: not running) and the backoff exponent."""
+
+    __slots__ = ("_base", "_cap", "backoff", "remaining")
+
+    def __init__(self, *, base: int, cap: int) -> None:
+        self._base = base
+        self._cap = cap
+        self.remaining: int | None = None
+        self.backoff = 0
+
+    def timeout(self) -> int:
+        """The base timeout doubled per consecutive view change, capped (rule 3)."""
+        return min(self._base << min(self.backoff, 30), self._cap)
+
+    def progressed(self) -> None:
+        """A batch executed in the current view: the primary works; restart from scratch
+        (the next tick starts the timer again if requests still wait)."""
+        self.backoff = 0
+        self.remaining = None
 
 
 class ViewChangeFlow:
-    """View changes for `PbftCore`, which provides the state and helpers declared here."""
+    """View changes; see the module docstring."""
 
-    _cfg: PbftConfig
-    _crypto: Crypto
-    _me: NodeId
-    _safety: SafetyRules
-    _log: MessageLog
-    _checkpoints: CheckpointTracker
-    _requests: RequestBook
-    _future: FutureVotes
-    _view: int
-    _active: bool
-    _timer: int | None
-    _backoff: int
-    _ticks: int
-    _next_seq: int
-    _durable_dirty: bool
-    _hard_dirty: bool
-    _latest_vc: dict[NodeId, ViewChange]
-    _new_view_sent: int
-    _new_view: NewView | None
-    _new_view_resent: dict[NodeId, tuple[int, int]]
-    _new_own: list[PrePrepare | Prepare | Commit]
-    _rejected_out: list[Rejection]
-    _drop: Callable[[str], None]
-    _send: Callable[[NodeId, Message], None]
-    _broadcast: Callable[[Message], None]
-    _timeout: Callable[[], int]
-    is_primary: Callable[[], bool]
-    _adopt_stable: Callable[[StableCheckpoint], None]
-    _send_prepare: Callable[[PrePrepare], None]
-    _flush: Callable[..., None]
-    _on_vote: Callable[[PrePrepare | Prepare | Commit], None]
+    __slots__ = (
+        "_checkpoints",
+        "_future",
+        "_latest_vc",
+        "_new_view",
+        "_new_view_resent",
+        "_new_view_sent",
+        "_requests",
+        "_s",
+        "_timer",
+        "_verifier",
+        "_votes",
+    )
 
-    def _resend_new_view(self, src: NodeId) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        timer: ViewTimer,
+        requests: RequestFlow,
+        votes: VoteFlow,
+        checkpoints: CheckpointFlow,
+        verifier: CheckCrypto,
+    ) -> None:
+        """`verifier` checks view changes and new views (the replica's crypto)."""
+        self._s = shared
+        self._timer = timer
+        self._requests = requests
+        self._votes = votes
+        self._checkpoints = checkpoints
+        self._verifier = verifier
+        self._latest_vc: dict[NodeId, ViewChange] = {}
+        self._new_view_sent = -1
+        self._new_view: NewView | None = None  # ours, for the view we lead (resent to laggards)
+        self._new_view_resent: dict[NodeId, tuple[int, int]] = {}
+        self._future = FutureVotes(per_sender=3 * shared.cfg.log_window)
+
+    def own_view_change(self) -> ViewChange | None:
+        """The last ViewChange this replica sent (None: none yet)."""
+        return self._latest_vc.get(self._s.me)
+
+    # ----------------------------------------------------------------------------------
+    # Votes of other views, laggards
+
+    def park(self, src: NodeId, msg: Vote) -> None:
+        """A vote not of the current active view: an older view's tells us `src` lags (send
+        it our NewView); a later view's waits until we enter that view."""
+        s = self._s
+        if msg.view < s.view:
+            s.drop("wrong_view")
+            self.resend_new_view(src)
+        elif not self._future.add(src, msg):  # replayed once we enter that view
+            s.drop("future_view_overflow")
+
+    def resend_new_view(self, src: NodeId) -> None:
         """`src` speaks in an older view (it restarted, or missed our NewView): send it our
         NewView, at most once per `fetch_ticks` per peer (the normal-case retransmission
         that brings a lagging replica into the current view)."""
+        s = self._s
         nv = self._new_view
-        if nv is None or nv.view != self._view or not self._active:
+        if nv is None or nv.view != s.view or not s.active:
             return
         last = self._new_view_resent.get(src, (-1, 0))
-        if last[0] == nv.view and self._ticks - last[1] < self._cfg.fetch_ticks:
+        if last[0] == nv.view and s.ticks - last[1] < s.cfg.fetch_ticks:
             return
-        self._new_view_resent[src] = (nv.view, self._ticks)
-        self._send(src, nv)
+        self._new_view_resent[src] = (nv.view, s.ticks)
+        s.send(src, nv)
 
-    def _start_view_change(self, new_view: int) -> None:
-        if new_view <= self._view and not self._active:
+    # ----------------------------------------------------------------------------------
+    # Time
+
+    def tick(self) -> None:
+        """Run the view-change timer; re-broadcast our ViewChange while in a view change."""
+        s = self._s
+        timer = self._timer
+        if s.active:
+            if self._requests.waiting() and not s.is_primary():
+                left = timer.remaining = (
+                    timer.timeout() if timer.remaining is None else timer.remaining - 1
+                )
+                # Before blaming the primary, forget what is known executed after all (a
+                # request its client already followed with a later one that executed).
+                if left <= 0 and self._requests.forget_executed():
+                    self.start_view_change(s.view + 1)
+                elif left <= 0:
+                    timer.remaining = None
+            else:
+                timer.remaining = None
+        elif timer.remaining is None:
+            # Liveness rule 1 (§4.5.2): a view change's timer starts only once 2f+1
+            # replicas ask for this view or a later one; a replica that left a view early
+            # (or alone) waits for the others instead of racing ahead one view per timeout,
+            # where equal capped timeouts could keep it one view ahead of them for good.
+            if self._view_change_backed():
+                timer.remaining = timer.timeout()
+        else:
+            timer.remaining -= 1
+            if timer.remaining <= 0:
+                self.start_view_change(s.view + 1)
+        if not s.active and s.ticks % s.cfg.fetch_ticks == 0:
+            self._rebroadcast_view_change()  # a lost ViewChange must not stall rule 1 for good
+
+    # ----------------------------------------------------------------------------------
+    # Leaving a view
+
+    def start_view_change(self, new_view: int) -> None:
+        s = self._s
+        if new_view <= s.view and not s.active:
             return
-        self._view = new_view
-        self._active = False
-        self._backoff += 1
-        self._timer = None  # started by `_tick` once the view change is backed
-        self._durable_dirty = True
-        self._hard_dirty = True
+        s.view = new_view
+        s.active = False
+        self._timer.backoff += 1
+        self._timer.remaining = None  # started by `tick` once the view change is backed
+        s.durable_dirty = True
+        s.hard_dirty = True
         self._requests.view_changed()
-        self._log.drop_views_below(new_view)
-        self._broadcast_view_change()
+        s.log.drop_views_below(new_view)
+        self.broadcast_view_change()
 
     def _view_change_backed(self) -> bool:
         """Whether 2f+1 replicas (this one included) ask for this view or a later one."""
-        v = self._view
-        return sum(vc.new_view >= v for vc in self._latest_vc.values()) >= self._cfg.quorum
+        v = self._s.view
+        return sum(vc.new_view >= v for vc in self._latest_vc.values()) >= self._s.cfg.quorum
 
     def _rebroadcast_view_change(self) -> None:
         """Broadcast our ViewChange for the current view again (it may have been lost)."""
-        own = self._latest_vc.get(self._me)
-        if own is not None and own.new_view == self._view:
-            self._broadcast(own)
+        s = self._s
+        own = self._latest_vc.get(s.me)
+        if own is not None and own.new_view == s.view:
+            s.broadcast(own)
 
     def _own_view_change(self) -> ViewChange:
         """Our signed ViewChange for the current view, from our stable checkpoint and the
         prepared certificates above it."""
+        s = self._s
         stable = self._checkpoints.stable
         vc = ViewChange(
-            new_view=self._view,
+            new_view=s.view,
             stable_seq=stable.seq,
             checkpoint_proof=stable.proof,
-            prepared_proofs=self._log.certificates(),
-            replica=self._me,
+            prepared_proofs=s.log.certificates(),
+            replica=s.me,
         )
         return ViewChange(
             new_view=vc.new_view,
             stable_seq=vc.stable_seq,
             checkpoint_proof=vc.checkpoint_proof,
             prepared_proofs=vc.prepared_proofs,
-            replica=self._me,
-            signature=self._safety.sign(vc),
+            replica=s.me,
+            signature=s.safety.sign(vc),
         )
 
-    def _broadcast_view_change(self) -> None:
+    def broadcast_view_change(self) -> None:
         vc = self._own_view_change()
-        self._broadcast(vc)
+        self._s.broadcast(vc)
         self._add_view_change(vc)
 
-    def _on_view_change(self, vc: ViewChange) -> None:
-        reason = check_view_change(self._cfg, self._crypto, vc)
+    # ----------------------------------------------------------------------------------
+    # Collecting view changes, NewView
+
+    def on_view_change(self, vc: ViewChange) -> None:
+        s = self._s
+        reason = check_view_change(s.cfg, self._verifier, vc)
         if reason is not None:
-            self._drop(reason)
+            s.drop(reason)
             return
-        if vc.new_view < self._view or (vc.new_view == self._view and self._active):
-            self._drop("stale_view_change")
-            self._resend_new_view(vc.replica)
+        if vc.new_view < s.view or (vc.new_view == s.view and s.active):
+            s.drop("stale_view_change")
+            self.resend_new_view(vc.replica)
             return
         self._add_view_change(vc)
 
@@ -161,85 +249,82 @@ class ViewChangeFlow:
             return
         self._latest_vc[vc.replica] = vc
         # Liveness (§4.5.2): f+1 replicas want a higher view; join the smallest of them.
-        higher = sorted(v.new_view for v in self._latest_vc.values() if v.new_view > self._view)
-        if len(higher) >= self._cfg.weak_quorum:
-            self._start_view_change(higher[0])
+        view = self._s.view
+        higher = sorted(v.new_view for v in self._latest_vc.values() if v.new_view > view)
+        if len(higher) >= self._s.cfg.weak_quorum:
+            self.start_view_change(higher[0])
         self._maybe_new_view()
 
     def _maybe_new_view(self) -> None:
-        v = self._view
-        if self._active or self._cfg.primary(v) != self._me or self._new_view_sent >= v:
+        s = self._s
+        cfg = s.cfg
+        me = s.me
+        v = s.view
+        if s.active or cfg.primary(v) != me or self._new_view_sent >= v:
             return
         latest = self._latest_vc
-        others = tuple(
-            latest[r] for r in sorted(latest) if r != self._me and latest[r].new_view == v
-        )
-        own = latest.get(self._me)
-        if own is None or own.new_view != v or 1 + len(others) < self._cfg.quorum:
+        others = tuple(latest[r] for r in sorted(latest) if r != me and latest[r].new_view == v)
+        own = latest.get(me)
+        if own is None or own.new_view != v or 1 + len(others) < cfg.quorum:
             return
         if own.stable_seq < self._checkpoints.stable.seq:
             # Our checkpoint became stable after we asked for this view. V must carry it:
             # min-s is the latest stable checkpoint in V, and we can no longer sign a
             # pre-prepare at or below our own (`SafetyRules` pruned those records).
-            own = latest[self._me] = self._own_view_change()
-            self._broadcast(own)
+            own = latest[me] = self._own_view_change()
+            s.broadcast(own)
         # V always holds our own ViewChange, so min-s is at least our stable checkpoint.
-        vcs = (own, *others[: self._cfg.quorum - 1])
+        vcs = (own, *others[: cfg.quorum - 1])
         self._new_view_sent = v
-        plan = compute_new_view(self._cfg, self._crypto, v, vcs)
-        signed = tuple(self._safety.sign_pre_prepare(pp) for pp in plan.pre_prepares)
-        nv = NewView(view=v, view_changes=vcs, pre_prepares=signed, replica=self._me)
+        plan = compute_new_view(cfg, s.crypto, v, vcs)
+        signed = tuple(s.safety.sign_pre_prepare(pp) for pp in plan.pre_prepares)
+        nv = NewView(view=v, view_changes=vcs, pre_prepares=signed, replica=me)
         nv = NewView(
             view=v,
             view_changes=vcs,
             pre_prepares=signed,
-            replica=self._me,
-            signature=self._safety.sign(nv),
+            replica=me,
+            signature=s.safety.sign(nv),
         )
         self._new_view = nv
-        self._broadcast(nv)
+        s.broadcast(nv)
         self._enter_view(v, plan, signed)
 
-    def _on_new_view(self, nv: NewView) -> None:
-        if nv.view < self._view or (nv.view == self._view and self._active):
-            self._drop("stale_new_view")
+    def on_new_view(self, nv: NewView) -> None:
+        s = self._s
+        if nv.view < s.view or (nv.view == s.view and s.active):
+            s.drop("stale_new_view")
             return
-        reason, plan = check_new_view(self._cfg, self._crypto, nv)
+        reason, plan = check_new_view(s.cfg, self._verifier, nv)
         if reason is not None or plan is None:
-            self._drop(reason or "bad_new_view")
+            s.drop(reason or "bad_new_view")
             return
         self._enter_view(nv.view, plan, nv.pre_prepares)
 
     def _enter_view(self, v: int, plan: NewViewPlan, pre_prepares: tuple[PrePrepare, ...]) -> None:
-        self._view = v
-        self._active = True
-        self._timer = None
-        self._durable_dirty = True
-        self._hard_dirty = True
-        self._log.drop_views_below(v)
-        if plan.stable.seq > self._checkpoints.stable.seq:
-            self._adopt_stable(plan.stable)
-        self._next_seq = max(self._next_seq if self.is_primary() else 0, plan.max_seq)
-        self._next_seq = max(self._next_seq, self._checkpoints.stable.seq)
+        s = self._s
+        log = s.log
+        s.view = v
+        s.active = True
+        self._timer.remaining = None
+        s.durable_dirty = True
+        s.hard_dirty = True
+        log.drop_views_below(v)
+        checkpoints = self._checkpoints
+        if plan.stable.seq > checkpoints.stable.seq:
+            checkpoints.adopt_stable(plan.stable)
+        requests = self._requests
+        requests.new_view(max_seq=plan.max_seq, stable_seq=checkpoints.stable.seq)
         for pp in pre_prepares:
-            if not self._log.in_window(pp.seq):
+            if not log.in_window(pp.seq):
                 continue
-            self._requests.ordered(pp.batch, wait=not self.is_primary())
-            if self.is_primary():
-                self._log.add_pre_prepare(pp, counted=False)
-                self._log.slot(v, pp.seq).prepare_sent = True
-                self._new_own.append(pp)
-            elif self._log.add_pre_prepare(pp, counted=True) is AddResult.ADDED:
-                self._send_prepare(pp)
-        primary = self._cfg.primary(v)
-        book = self._requests
-        if primary == self._me:
-            for r in book.take_waiting():
-                if not book.queue_pending(r):
-                    self._rejected_out.append(Rejection(request=r, reason="overloaded"))
-            self._flush(force=True)
-        else:
-            for r in book.waiting_sorted():
-                self._send(primary, ForwardRequest(request=r, replica=self._me))
+            requests.ordered(pp.batch, wait=not s.is_primary())
+            if s.is_primary():
+                log.add_pre_prepare(pp, counted=False)
+                log.slot(v, pp.seq).prepare_sent = True
+                s.new_own.append(pp)
+            elif log.add_pre_prepare(pp, counted=True) is AddResult.ADDED:
+                self._votes.prepare(pp)
+        requests.entered_view()
         for msg in self._future.take(v):
-            self._on_vote(msg)
+            self._votes.on_vote(msg)

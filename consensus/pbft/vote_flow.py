@@ -1,10 +1,14 @@
 """The normal case of a PBFT replica: pre-prepares, prepares, commits and in-order execution
 (Castro-Liskov §4.2).
 
-Owns: `VoteFlow`, the part of `PbftCore` (a base class of it) that checks incoming votes and
-stores them in the message log, sends this replica's prepares and commits, decides when a
+Owns: `VoteFlow`: the batches committed but not yet executed (`committed`, waiting for their
+predecessors) and this replica's own votes sent recorded-first, waiting for the `Persisted`
+of the Ready that recorded them (`awaiting`). It checks incoming votes and stores them in
+the message log (`Shared.log`), sends this replica's prepares and commits, decides when a
 slot is prepared (with verified prepares) and committed-local, executes committed batches in
-sequence order into `Ready.committed`, and counts own votes once `Persisted` reports them.
+sequence order into `Ready.committed` (moving `Shared.executed`), and counts own votes once
+they are durable. Executing tells `RequestFlow` (dedup, the primary's next batch),
+`CatchUp` (its history) and the `ViewTimer` (the primary works).
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
@@ -26,188 +30,229 @@ certificate behind them is durable; `Ready.committed` is gap-free and in order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Container
 from typing import assert_never
 
-from phalanx.consensus.core import Send
-from phalanx.consensus.crypto import Crypto, digest_of
-from phalanx.consensus.pbft.config import PbftConfig
-from phalanx.consensus.pbft.log import AddResult, MessageLog
+from phalanx.consensus.crypto import digest_of
+from phalanx.consensus.pbft.log import AddResult
 from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare, signed_part
-from phalanx.consensus.pbft.requests import RequestBook
-from phalanx.consensus.pbft.safety import SafetyRules, SafetyViolation
+from phalanx.consensus.pbft.request_flow import RequestFlow
+from phalanx.consensus.pbft.safety import SafetyViolation
+from phalanx.consensus.pbft.shared import Shared, Vote
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
-from phalanx.consensus.types import Entry, EntryKind, LocalProtocolError, Message, NodeId
-
-_Vote = PrePrepare | Prepare | Commit
+from phalanx.consensus.pbft.view_flow import ViewTimer
+from phalanx.consensus.types import Entry, EntryKind, LocalProtocolError
 
 
 class VoteFlow:
-    """The normal case for `PbftCore`, which provides the state and helpers declared here."""
+    """The normal case; see the module docstring."""
 
-    _cfg: PbftConfig
-    _crypto: Crypto
-    _me: NodeId
-    _safety: SafetyRules
-    _log: MessageLog
-    _requests: RequestBook
-    _catchup: CatchUp
-    _view: int
-    _active: bool
-    _executed: int
-    _backoff: int
-    _timer: int | None
-    _committed: dict[int, Batch]
-    _persisted: int
-    _awaiting: list[tuple[int, _Vote]]
-    _out: list[Send]
-    _exec_out: list[Entry]
-    _new_own: list[_Vote]
-    _durable_dirty: bool
-    _drop: Callable[[str], None]
-    _send: Callable[[NodeId, Message], None]
-    _broadcast: Callable[[Message], None]
-    _early_ok: Callable[[int], bool]
-    _send_early: Callable[[PrePrepare | Prepare], None]
-    _flush: Callable[..., None]
-    is_primary: Callable[[], bool]
-    _ready_number: int
+    __slots__ = (
+        "_awaiting",
+        "_catchup",
+        "_commit_quorum",
+        "_committed",
+        "_requests",
+        "_s",
+        "_timer",
+    )
 
-    def _on_vote(self, msg: PrePrepare | Prepare | Commit) -> None:
-        primary = self._cfg.primary(msg.view)
-        if not self._log.in_window(msg.seq):
-            self._drop("out_of_window")
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        requests: RequestFlow,
+        catchup: CatchUp,
+        timer: ViewTimer,
+        commit_quorum: int,
+    ) -> None:
+        """`commit_quorum`: matching commits that make a prepared slot committed-local
+        (2f+1, `PbftConfig.quorum`)."""
+        self._s = shared
+        self._requests = requests
+        self._catchup = catchup
+        self._timer = timer
+        self._commit_quorum = commit_quorum
+        self._committed: dict[int, Batch] = {}  # committed, waiting to execute in order
+        self._awaiting: list[tuple[int, Vote]] = []  # (Ready number, own vote)
+
+    @property
+    def queued(self) -> Container[int]:
+        """The seqs committed and waiting for their predecessors to execute."""
+        return self._committed
+
+    @property
+    def gap(self) -> bool:
+        """Whether a later seq committed while an earlier one did not (fetch the missing)."""
+        return bool(self._committed)
+
+    def on_vote(self, msg: Vote) -> None:
+        """A pre-prepare, prepare or commit of the current view (or of any view, under the
+        ``skip_view_check`` bug) from its sender."""
+        s = self._s
+        log = s.log
+        crypto = s.crypto
+        primary = s.cfg.primary(msg.view)
+        if not log.in_window(msg.seq):
+            s.drop("out_of_window")
             return
         match msg:
             case PrePrepare():
                 if msg.replica != primary:
-                    self._drop("not_primary")
+                    s.drop("not_primary")
                     return
-                if msg.digest != digest_of(self._crypto, msg.batch):
-                    self._drop("bad_digest")
+                if msg.digest != digest_of(crypto, msg.batch):
+                    s.drop("bad_digest")
                     return
-                if not self._crypto.verify(msg.replica, signed_part(msg), msg.signature):
-                    self._drop("bad_signature")
+                if not crypto.verify(msg.replica, signed_part(msg), msg.signature):
+                    s.drop("bad_signature")
                     return
-                result = self._log.add_pre_prepare(msg, counted=True)
+                result = log.add_pre_prepare(msg, counted=True)
                 if result is AddResult.ADDED:
                     # No need to relay these any more; wait for them to execute.
                     self._requests.ordered(msg.batch, wait=True)
-                    self._send_prepare(msg)
+                    self.prepare(msg)
             case Prepare():
                 if msg.replica == primary:
-                    self._drop("prepare_from_primary")
+                    s.drop("prepare_from_primary")
                     return
-                slot = self._log.peek(msg.view, msg.seq)
+                slot = log.peek(msg.view, msg.seq)
                 if slot is not None and slot.certified:
                     # The certificate is made: this one is never needed, so never checked.
-                    result = self._log.add_prepare(msg)
-                elif self._crypto.verify(msg.replica, msg, msg.signature):
-                    result = self._log.add_prepare(msg, verified=True)
+                    result = log.add_prepare(msg)
+                elif crypto.verify(msg.replica, msg, msg.signature):
+                    result = log.add_prepare(msg, verified=True)
                 else:
-                    self._drop("bad_signature")
+                    s.drop("bad_signature")
                     return
             case Commit():
-                if not self._crypto.verify_mac(msg.replica, msg, msg.auth):
-                    self._drop("bad_auth")
+                if not crypto.verify_mac(msg.replica, msg, msg.auth):
+                    s.drop("bad_auth")
                     return
-                result = self._log.add_commit(msg)
+                result = log.add_commit(msg)
             case _:
                 assert_never(msg)
         if result is not AddResult.ADDED:
-            self._drop(result.value)
+            s.drop(result.value)
             return
         self._progress(msg.view, msg.seq)
 
-    def _send_prepare(self, pp: PrePrepare) -> None:
-        prepare = Prepare(view=pp.view, seq=pp.seq, digest=pp.digest, replica=self._me)
-        early = self._early_ok(pp.view)
+    def prepare(self, pp: PrePrepare) -> None:
+        """Send our prepare for `pp` (just stored in the log; the caller runs `_progress`
+        when it counts our early prepare)."""
+        s = self._s
+        prepare = Prepare(view=pp.view, seq=pp.seq, digest=pp.digest, replica=s.me)
+        early = s.early_ok(pp.view)
         try:
-            signed = self._safety.sign_prepare(prepare, early=early)
+            signed = s.safety.sign_prepare(prepare, early=early)
         except SafetyViolation:
-            self._drop("safety_refused")
+            s.drop("safety_refused")
             return
-        self._log.slot(pp.view, pp.seq).prepare_sent = True
+        s.log.slot(pp.view, pp.seq).prepare_sent = True
         if early:
-            self._send_early(signed)
-            self._log.add_prepare(signed, verified=True)  # the caller runs `_progress`
+            s.send_early(signed)
+            s.log.add_prepare(signed, verified=True)
         else:
-            self._broadcast(signed)
-            self._new_own.append(signed)
+            s.broadcast(signed)
+            s.new_own.append(signed)
 
     def _progress(self, view: int, seq: int) -> None:
-        slot = self._log.peek(view, seq)
+        s = self._s
+        log = s.log
+        slot = log.peek(view, seq)
         if slot is None or slot.pre_prepare is None:
             return
         pp = slot.pre_prepare
-        q = self._cfg.quorum
+        q = s.cfg.quorum
         if not slot.certified:
-            if not self._log.prepared(view, seq, q, verified_only=True):
+            if not log.prepared(view, seq, q, verified_only=True):
                 return
             slot.certified = True
         if not slot.commit_sent:
             slot.commit_sent = True
-            self._log.record_prepared(view, seq, q)
-            self._durable_dirty = True
-            commit = Commit(view=view, seq=seq, digest=pp.digest, replica=self._me)
-            for peer in self._cfg.peers():
-                tag = self._crypto.mac(peer, commit)
-                self._send(
-                    peer, Commit(view=view, seq=seq, digest=pp.digest, replica=self._me, auth=tag)
-                )
-            self._new_own.append(commit)
-        if not slot.committed and self._log.committed_local(view, seq, q, self._cfg.commit_quorum):
+            log.record_prepared(view, seq, q)
+            s.durable_dirty = True
+            me = s.me
+            commit = Commit(view=view, seq=seq, digest=pp.digest, replica=me)
+            for peer in s.peers:
+                tag = s.crypto.mac(peer, commit)
+                s.send(peer, Commit(view=view, seq=seq, digest=pp.digest, replica=me, auth=tag))
+            s.new_own.append(commit)
+        if not slot.committed and log.committed_local(view, seq, q, self._commit_quorum):
             slot.committed = True
-            if seq > self._executed and seq not in self._committed:
+            if seq > s.executed and seq not in self._committed:
                 self._committed[seq] = (view, pp.digest, pp.batch)
             self._execute()
 
+    # ----------------------------------------------------------------------------------
+    # Execution
+
     def _execute(self) -> None:
+        s = self._s
+        committed = self._committed
+        catchup = self._catchup
         progressed = False
         requests = 0
-        while self._executed + 1 in self._committed:
-            seq = self._executed + 1
-            view, digest, batch = self._committed.pop(seq)
+        while s.executed + 1 in committed:
+            seq = s.executed + 1
+            view, digest, batch = committed.pop(seq)
             kind = EntryKind.COMMAND if batch else EntryKind.NOOP
-            self._exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
-            self._executed = seq
-            self._catchup.history[seq] = (view, digest, batch)
+            s.exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
+            s.executed = seq
+            catchup.history[seq] = (view, digest, batch)
             self._requests.was_executed(batch)
             requests += len(batch)
             progressed = True
-        if progressed and self._active:
-            self._backoff = 0
-            self._timer = None  # restarted on the next Tick if requests still wait
-            self._catchup.progressed()
+        if progressed and s.active:
+            self._timer.progressed()
+            catchup.progressed()
         if progressed:
-            self._catchup.caught_up(self._executed)
-            if self.is_primary():
-                # A batch left the pipeline: propose what accumulated, once the clients
-                # just answered are back (`requests.RequestBook.served`).
-                self._requests.served(requests)
-                self._flush()
+            catchup.caught_up(s.executed)
+            # A batch left the pipeline: the primary proposes what accumulated.
+            self._requests.executed(requests)
 
-    def _on_persisted(self, number: int) -> None:
-        if number > self._ready_number:
+    def queue(self, seq: int, batch: Batch) -> None:
+        """A batch committed elsewhere and fetched (f+1 replicas agree): execute it in turn."""
+        self._committed[seq] = batch
+        self._execute()
+
+    def installed(self, seq: int) -> None:
+        """A checkpoint at `seq` was installed (`Shared.executed` moved to it): forget what
+        it covers, execute what follows."""
+        committed = self._committed
+        for done in [k for k in committed if k <= seq]:
+            del committed[done]
+        self._execute()
+
+    # ----------------------------------------------------------------------------------
+    # Own votes, once durable
+
+    def recorded(self, number: int, votes: list[Vote]) -> None:
+        """Our `votes` are recorded by Ready `number`: count them once it is persisted."""
+        self._awaiting.extend((number, vote) for vote in votes)
+
+    def on_persisted(self, number: int) -> None:
+        s = self._s
+        if number > s.ready_number:
             raise LocalProtocolError(
-                f"Persisted({number}) but the last Ready was {self._ready_number}"
+                f"Persisted({number}) but the last Ready was {s.ready_number}"
             )
-        self._persisted = max(self._persisted, number)
-        ready = [v for n, v in self._awaiting if n <= self._persisted]
-        self._awaiting = [(n, v) for n, v in self._awaiting if n > self._persisted]
+        persisted = s.persisted = max(s.persisted, number)
+        ready = [v for n, v in self._awaiting if n <= persisted]
+        self._awaiting = [(n, v) for n, v in self._awaiting if n > persisted]
+        log = s.log
         for vote in ready:
-            if not self._log.in_window(vote.seq):
+            if not log.in_window(vote.seq):
                 continue
             match vote:
                 case PrePrepare():
-                    slot = self._log.slot(vote.view, vote.seq)
+                    slot = log.slot(vote.view, vote.seq)
                     if slot.pre_prepare == vote:
                         slot.pre_prepare_counted = True
                 case Prepare():
-                    self._log.add_prepare(vote, verified=True)
+                    log.add_prepare(vote, verified=True)
                 case Commit():
-                    self._log.add_commit(vote)
+                    log.add_commit(vote)
                 case _:
                     assert_never(vote)
             self._progress(vote.view, vote.seq)
-

@@ -32,6 +32,7 @@ from phalanx.consensus.core import Core, CoreStatus, Input, Ready
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.pbft import (
     PBFT_MESSAGES,
+    PbftBugs,
     PbftConfig,
     PbftCore,
     PbftDurableState,
@@ -377,6 +378,7 @@ def pbft_setup(
     the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine`."""
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     plan = choose_byzantine(seed, names, count=byzantine, twins=twins, behaviours=behaviours)
+    pbft_bugs = PbftBugs.from_names(bugs)
     wire.register_all(PBFT_MESSAGES)
     replicas = tuple(NodeId(n) for n in names)
     bootstrap = Configuration(voters=tuple(sorted(replicas)))
@@ -400,7 +402,6 @@ def pbft_setup(
             view_change_ticks=20,
             max_view_change_ticks=80,
             fetch_ticks=10,
-            bugs=bugs,
         )
 
     colluders = frozenset(NodeId(n) for n, b in plan.behaviours if b == ("collude",))
@@ -434,7 +435,9 @@ def pbft_setup(
     def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
         crypto = FastCrypto(NodeId(node))
         honest: Core = DurableStateCore(
-            PbftCore(config(node), crypto=crypto, restored=restored(node, durable)),
+            PbftCore(
+                config(node), crypto=crypto, restored=restored(node, durable), bugs=pbft_bugs
+            ),
             cells,
             lossy,
         )
@@ -442,7 +445,8 @@ def pbft_setup(
         if NodeId(node) in twinned:
             return TwinsCore(
                 honest,
-                lambda: PbftCore(config(node), crypto=crypto, restored=restored(node, durable)),
+                lambda: PbftCore(config(node), crypto=crypto,
+                                 restored=restored(node, durable), bugs=pbft_bugs),
                 side_a=side_a,
                 twinned=twinned,
                 channel=channel,

@@ -15,7 +15,13 @@ from collections.abc import Callable
 
 from phalanx.consensus.core import CheckpointTaken, Input, Persisted, Ready, Receive, Submit, Tick
 from phalanx.consensus.crypto import FastCrypto, digest_of
-from phalanx.consensus.pbft import PbftConfig, PbftCore, PbftDurableState, PbftRestoredState
+from phalanx.consensus.pbft import (
+    PbftBugs,
+    PbftConfig,
+    PbftCore,
+    PbftDurableState,
+    PbftRestoredState,
+)
 from phalanx.consensus.pbft.messages import signed_part
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
 
@@ -38,7 +44,7 @@ class Cluster:
         self.ids = tuple(NodeId(f"n{i}") for i in range(n))
         self.crypto = {i: FastCrypto(i) for i in self.ids}
         self.byzantine = tuple(self.ids[b] for b in byzantine)
-        self.bugs = bugs
+        self.bugs = PbftBugs.from_names(bugs)
         self.config_kw = config
         self.cores: dict[NodeId, PbftCore] = {}
         self.durable: dict[NodeId, PbftDurableState] = {}
@@ -51,13 +57,13 @@ class Cluster:
         self.down: set[NodeId] = set()
         for i in self.ids:
             if i not in self.byzantine:
-                self.cores[i] = PbftCore(self.config(i), crypto=self.crypto[i])
+                self.cores[i] = PbftCore(self.config(i), crypto=self.crypto[i], bugs=self.bugs)
                 self.app[i] = []
                 self.entries[i] = []
                 self.checkpoints[i] = {}
 
     def config(self, node: NodeId) -> PbftConfig:
-        return PbftConfig(node_id=node, replicas=self.ids, bugs=self.bugs, **self.config_kw)  # type: ignore[arg-type]
+        return PbftConfig(node_id=node, replicas=self.ids, **self.config_kw)  # type: ignore[arg-type]
 
     @property
     def k(self) -> int:
@@ -147,7 +153,9 @@ class Cluster:
         self.app[node] = list(ast.literal_eval(data.decode())) if data else []
         self.entries[node] = self.entries[node][:index]
         restored = PbftRestoredState(durable=durable, executed=index, checkpoint_data=data)
-        self.cores[node] = PbftCore(self.config(node), crypto=self.crypto[node], restored=restored)
+        self.cores[node] = PbftCore(
+            self.config(node), crypto=self.crypto[node], restored=restored, bugs=self.bugs
+        )
 
     # Checks --------------------------------------------------------------------------
 

@@ -95,11 +95,12 @@ def test_returning_clients_join_one_batch_instead_of_splitting_into_two() -> Non
 def test_an_expectation_that_fails_costs_one_tick_then_waiting_stops() -> None:
     c = Cluster(4, batch_size=64, max_inflight_batches=1)
     primary = c.ids[0]
-    book = c.cores[primary]._requests
+    book = c.cores[primary]._requests.book
 
     def batches() -> list[int]:  # the primary's proposals so far (view 0)
         core = c.cores[primary]
-        slots = [core._log.slot(0, seq).pre_prepare for seq in range(1, core._next_seq + 1)]
+        last = core._requests.next_seq
+        slots = [core._s.log.slot(0, seq).pre_prepare for seq in range(1, last + 1)]
         return [len(pp.batch) for pp in slots if pp is not None]
 
     for i in range(5):

@@ -12,6 +12,7 @@ from pbft_harness import Cluster, req
 
 from phalanx.consensus.core import Receive
 from phalanx.consensus.crypto import digest_of
+from phalanx.consensus.pbft import PbftCore
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
     Commit,
@@ -231,7 +232,8 @@ def test_only_the_prepares_a_certificate_needs_are_checked() -> None:
     c = Cluster(4, batch_size=1)
     calls: dict[NodeId, int] = {}
     for node in c.ids:
-        c.cores[node]._crypto = _CountingVerify(c.crypto[node], node, calls)  # type: ignore[assignment]
+        counting = _CountingVerify(c.crypto[node], node, calls)
+        c.cores[node] = PbftCore(c.config(node), crypto=counting)  # type: ignore[arg-type]
     for no in range(3):
         c.submit_all(req("a", no))
         c.deliver()
@@ -419,7 +421,9 @@ def test_a_new_primary_whose_checkpoint_became_stable_meanwhile_refreshes_its_vi
         c.tick(1)
         c.deliver()
     assert c.cores[primary].status().low_water == 4  # its floor is now 4 ...
-    assert c.cores[primary]._latest_vc[primary].stable_seq == 0  # ... its ViewChange's 0
+    own = c.cores[primary]._views.own_view_change()
+    assert own is not None
+    assert own.stable_seq == 0  # ... its ViewChange's 0
     phase(checkpoints_to_primary=True, view_changes_to_primary=True)
     for _ in range(30):
         c.tick(1)

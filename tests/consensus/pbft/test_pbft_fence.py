@@ -13,6 +13,7 @@ from pbft_harness import Cluster, req
 
 from phalanx.consensus.core import Ready, Receive, Submit
 from phalanx.consensus.crypto import FastCrypto, digest_of
+from phalanx.consensus.pbft.bugs import UnfencedSafetyRules
 from phalanx.consensus.pbft.messages import (
     Commit,
     PbftDurableState,
@@ -201,7 +202,7 @@ def _run(ops: list[_Op], *, fence: bool) -> list[str]:
     return the equivocations among everything that left, across crashes."""
     signer = FastCrypto(NodeId("n1"))
     durable = SafetyData()
-    rules = SafetyRules(signer, durable, fence=fence)
+    rules = (SafetyRules if fence else UnfencedSafetyRules)(signer, durable)
     held: list[Prepare] = []  # signed, waiting for their record to be durable
     sent: dict[tuple[int, int], bytes] = {}
     problems: list[str] = []
@@ -220,7 +221,7 @@ def _run(ops: list[_Op], *, fence: bool) -> list[str]:
                 send(p)
             held = []
         elif op.name == "crash":
-            rules = SafetyRules(signer, durable, fence=fence)
+            rules = (SafetyRules if fence else UnfencedSafetyRules)(signer, durable)
             held = []
         else:
             vote = Prepare(view=op.view, seq=op.seq, digest=bytes([op.digest]),

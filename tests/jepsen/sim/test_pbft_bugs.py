@@ -27,7 +27,8 @@ import pytest
 
 from phalanx.consensus.core import Receive
 from phalanx.consensus.crypto import FastCrypto, digest_of
-from phalanx.consensus.pbft import PbftConfig, PbftCore
+from phalanx.consensus.pbft import PbftBugs, PbftConfig, PbftCore
+from phalanx.consensus.pbft.bugs import SkipViewChangeSignatures
 from phalanx.consensus.pbft.messages import Commit, NewView, Prepare, PrePrepare, signed_part
 from phalanx.consensus.pbft.view_change import check_new_view
 from phalanx.consensus.types import ClientRequest, NodeId
@@ -156,8 +157,8 @@ def test_cross_view_sends_a_signed_null_pre_prepare_for_its_next_view() -> None:
     honest.step(Receive(src=NodeId("n1"), message=_primary_pp()))
     out = honest.step(Receive(src=NodeId("n3"), message=pps[0]))
     assert not out.messages
-    buggy = PbftCore(_cfg("n2", bugs=frozenset({"skip_view_check"})),
-                     crypto=FastCrypto(NodeId("n2")))
+    buggy = PbftCore(_cfg("n2"), crypto=FastCrypto(NodeId("n2")),
+                     bugs=PbftBugs(skip_view_check=True))
     out = buggy.step(Receive(src=NodeId("n3"), message=pps[0]))
     assert any(getattr(s.message, "view", None) == 2 for s in out.messages)
 
@@ -183,8 +184,7 @@ def test_forged_new_view_is_rejected_unless_view_change_signatures_are_skipped(
     assert not [m for m in sent if isinstance(m, Commit) and m.view == 0], "own votes withheld"
     reason, _ = check_new_view(_cfg("n3"), crypto3, nv)
     assert reason == "bad_signature"
-    reason, plan = check_new_view(_cfg("n3", bugs=frozenset({"accept_unsigned_view_change"})),
-                                  crypto3, nv)
+    reason, plan = check_new_view(_cfg("n3"), SkipViewChangeSignatures(crypto3), nv)
     assert reason is None
     assert plan is not None
     assert plan.pre_prepares == ()
