@@ -25,7 +25,7 @@ from phalanx.cli_errors import (
     print_error,
 )
 from phalanx.consensus.pbft import KNOWN_BUGS
-from phalanx.consensus.raft.config import BUG_NAMES as RAFT_BUG_NAMES
+from phalanx.consensus.raft.bugs import BUG_NAMES as RAFT_BUG_NAMES
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.protocols import PROTOCOLS
 from phalanx.jepsen.sim.run import RunConfig, run
