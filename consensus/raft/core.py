@@ -16,7 +16,7 @@ Rules:
   role to `_step_leader` / `_step_follower` / `_step_candidate`; `_become_follower` and
   `_become_leader` here and `Election`'s candidacy are the only changes of `role`.
 - Sub-machines never import core.py; the calls they make upwards (`become_follower`, ...)
-  are hooks wired in `__init__`.
+  are hooks wired once in `__init__`.
 - Deliberate test-only bugs arrive as one injected `RaftBugs` (`bugs.py`), never config.
 - Persistence before dependence: term, vote and entries go out in `Ready` (persisted before
   its messages are sent), and the node never counts its *own* vote or entries towards a
@@ -135,15 +135,15 @@ class RaftCore:
             st, ls, recovering=(restored is not None and restored.recovering
                                 and not bugs.ignore_recovering),
             become_follower=self._become_follower)
-        self.election = election = Election(st, ls, repl, recovery, rng=rng, bugs=bugs)
         self.proposals = proposals = Proposals(st, ls, repl)
+        self.election = election = Election(
+            st, ls, repl, recovery, rng=rng, bugs=bugs, become_follower=self._become_follower,
+            become_leader=self._become_leader, broadcast_heartbeat=proposals.broadcast_heartbeat)
         self.membership = membership = Membership(st, ls, repl, election, proposals,
                                                   become_follower=self._become_follower)
+        # Replication reports to the sub-machines built on it (hooks set once, here).
         repl.after_commit = membership.after_commit
         repl.ack_read = proposals.ack_read
-        election.become_follower = self._become_follower
-        election.become_leader = self._become_leader
-        election.broadcast_heartbeat = proposals.broadcast_heartbeat
         self._bug_forget_persist_vote = bugs.forget_persist_vote
         self._ready_no = 0
         self._last_hs = HardState(term=hs.term, vote=hs.vote, commit=hs.commit)

@@ -12,7 +12,7 @@ Invariants:
   (`self_vote_number`: the core numbers that Ready and counts the vote); pre-votes never
   change terms or votes.
 - A node in recovery (`Recovery.recovering`) neither votes, pre-votes nor campaigns.
-- What it needs from the rest of the node are hooks the core sets: `become_follower`,
+- What it needs from the rest of the node are hooks the core passes in: `become_follower`,
   `become_leader` (the core owns the transitions) and `broadcast_heartbeat`.
 """
 
@@ -31,10 +31,6 @@ from phalanx.consensus.raft.state import RaftState, Role
 from phalanx.consensus.types import LocalProtocolError, NodeId
 
 
-def _unset(*args: object) -> None:
-    raise LocalProtocolError("Election hook not wired by the core")
-
-
 class Election:
     """Timers, candidacy and voting of one node."""
 
@@ -44,7 +40,10 @@ class Election:
                  "self_vote_number", "votes")
 
     def __init__(self, st: RaftState, ls: LogState, repl: Replication, recovery: Recovery,
-                 *, rng: random.Random, bugs: RaftBugs) -> None:
+                 *, rng: random.Random, bugs: RaftBugs,
+                 become_follower: Callable[[int, NodeId | None], None],
+                 become_leader: Callable[[], None],
+                 broadcast_heartbeat: Callable[[], None]) -> None:
         self._st = st
         self._ls = ls
         self._repl = repl
@@ -57,9 +56,12 @@ class Election:
         self.randomized_timeout = 0
         self.self_vote_number = 0
         """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
-        self.become_follower: Callable[[int, NodeId | None], None] = _unset
-        self.become_leader: Callable[[], None] = _unset
-        self.broadcast_heartbeat: Callable[[], None] = _unset
+        self.become_follower = become_follower
+        """Step down to follower of a leader in a term (the core owns the transitions)."""
+        self.become_leader = become_leader
+        """Take office after winning an election."""
+        self.broadcast_heartbeat = broadcast_heartbeat
+        """Leader: send every follower a heartbeat (`Proposals`: it confirms reads)."""
 
     def reset_election_timeout(self) -> None:
         self.election_elapsed = 0

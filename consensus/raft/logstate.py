@@ -36,8 +36,8 @@ from phalanx.consensus.types import (
 _CONFIG = EntryKind.CONFIG
 
 
-def _nothing() -> None:
-    pass
+def _unwired() -> None:
+    raise LocalProtocolError("LogState.on_config not wired (RaftCore sets it)")
 
 
 class LogState:
@@ -66,7 +66,7 @@ class LogState:
         self.new_entries: list[Entry] = []
         self.truncate: int | None = None
         self.snap_out: Snapshot | None = None
-        self.on_config: Callable[[], None] = _nothing
+        self.on_config: Callable[[], None] = _unwired
         self.config: Configuration = self.log.latest_config()[1]
         """The configuration in force (the latest one in the log, Ref: §4.1)."""
         self.joint = JointConfig.of(self.config)

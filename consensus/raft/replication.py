@@ -72,12 +72,8 @@ _INF = 1 << 62
 _LEADER = Role.LEADER
 
 
-def _no_commit_hook() -> None:
-    pass
-
-
-def _no_read_hook(context: int, node: NodeId) -> None:
-    pass
+def _unwired(*args: object) -> None:
+    raise LocalProtocolError("Replication hook not wired (RaftCore sets it)")
 
 
 class Replication:
@@ -101,9 +97,9 @@ class Replication:
         `handle_append_response`)."""
         self.snap_recv: SnapshotReassembly | None = None
         """Follower: the prefix received so far of a snapshot being installed."""
-        self.after_commit: Callable[[], None] = _no_commit_hook
+        self.after_commit: Callable[[], None] = _unwired
         """Leader: react to a commit index that just advanced (set by the core)."""
-        self.ack_read: Callable[[int, NodeId], None] = _no_read_hook
+        self.ack_read: Callable[[int, NodeId], None] = _unwired
         """Leader: `node` acknowledged the ReadIndex round `context` (set by the core)."""
 
     # ------------------------------------------------------------------ progress

@@ -47,6 +47,7 @@ def test_no_sub_machine_imports_the_core() -> None:
 
 def test_logstate_durable_follows_persisted_readys_and_truncation() -> None:
     ls = LogState(CFG, None)
+    ls.on_config = lambda: None
     ls.append(noops(1, 3))
     assert [e.index for e in ls.new_entries] == [1, 2, 3]
     ls.pending_durable.append((1, 3))  # what the core records for Ready 1
@@ -82,8 +83,9 @@ def test_election_grants_one_vote_per_term_without_a_core() -> None:
     st = RaftState(CFG, term=1, vote=None)
     ls = LogState(CFG, None)
     recovery = Recovery(st, ls, recovering=False, become_follower=lambda t, lead: None)
-    el = Election(st, ls, Replication(st, ls, NO_BUGS), recovery,
-                  rng=random.Random(1), bugs=NO_BUGS)
+    el = Election(st, ls, Replication(st, ls, NO_BUGS), recovery, rng=random.Random(1),
+                  bugs=NO_BUGS, become_follower=lambda t, lead: None,
+                  become_leader=lambda: None, broadcast_heartbeat=lambda: None)
     el.handle_request_vote(N2, RequestVote(term=1, candidate_id=N2, last_log_index=0,
                                            last_log_term=0))
     el.handle_request_vote(N3, RequestVote(term=1, candidate_id=N3, last_log_index=0,
