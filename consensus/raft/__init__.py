@@ -2,12 +2,12 @@
 
 Public API: `RaftCore`, `RaftConfig`, `RaftRestoredState`, `RaftStatus`, the Raft inputs
 (`Campaign`, `ProposeConfChange` with `ConfChange`, `TransferLeadership`), the messages and
-`RAFT_MESSAGES` (codec ids), and `BUG_NAMES` (test-only switches).
+`RAFT_MESSAGES` (codec ids), and the test-only bug switches `RaftBugs` (`BUG_NAMES`).
 """
 
+from phalanx.consensus.raft.bugs import BUG_NAMES, RaftBugs
 from phalanx.consensus.raft.confchange import ConfChange, ConfChangeError
 from phalanx.consensus.raft.config import (
-    BUG_NAMES,
     Campaign,
     ProposeBatch,
     ProposeConfChange,
@@ -17,7 +17,6 @@ from phalanx.consensus.raft.config import (
     TransferLeadership,
 )
 from phalanx.consensus.raft.core import RaftCore, RaftInput
-from phalanx.consensus.raft.election import Role
 from phalanx.consensus.raft.messages import (
     RAFT_MESSAGES,
     AppendEntries,
@@ -33,6 +32,7 @@ from phalanx.consensus.raft.messages import (
     TermQueryResponse,
     TimeoutNow,
 )
+from phalanx.consensus.raft.state import Role
 
 __all__ = [
     "BUG_NAMES",
@@ -48,6 +48,7 @@ __all__ = [
     "InstallSnapshotResponse",
     "ProposeBatch",
     "ProposeConfChange",
+    "RaftBugs",
     "RaftConfig",
     "RaftCore",
     "RaftInput",

@@ -1,6 +1,6 @@
 """Raft configuration, restored state, Raft-specific inputs and status.
 
-Owns: `RaftConfig` (static tuning and the test-only `bugs` switches), `RaftRestoredState`
+Owns: `RaftConfig` (static tuning), `RaftRestoredState`
 (what a driver reloads from disk after a crash), the Raft-specific inputs (`Campaign`,
 `ProposeBatch`, `ProposeConfChange`, `TransferLeadership`) and `RaftStatus`.
 
@@ -23,30 +23,6 @@ from phalanx.consensus.types import (
     LocalProtocolError,
     NodeId,
 )
-
-BUG_NAMES: frozenset[str] = frozenset({
-    "commit_on_minority",
-    "skip_vote_term_check",
-    "forget_persist_vote",
-    "truncate_matching_suffix",
-    "ignore_recovering",
-})
-"""Deliberate, test-only bugs (see `RaftConfig.bugs`). Each is minimal and realistic:
-
-- ``commit_on_minority``: an off-by-one in the commit quorum: the leader commits an index
-  acknowledged by floor(n/2) voters instead of a majority.
-- ``skip_vote_term_check``: a voter tests "is this RequestVote from a newer term?" with
-  ``>=`` instead of ``>``, so a request of its *current* term makes it forget the vote it
-  already cast in that term: it can vote for two candidates in one term.
-- ``forget_persist_vote``: granting a vote does not put the vote in `Ready.hard_state`, so a
-  crash forgets it and the node may vote twice in one term.
-- ``truncate_matching_suffix``: a follower truncates its log after prev_log_index on every
-  non-empty AppendEntries, even when the entries already match (a stale, reordered message
-  then erases acknowledged entries).
-- ``ignore_recovering``: a node restored in recovery mode (it lost its disk) votes and
-  campaigns at once, as every node did before amnesia was detected, so it can help elect a
-  leader that lacks an entry it had acknowledged.
-"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,8 +66,6 @@ class RaftConfig:
             a bulk load each entry is a batch of many commands, and 100 of them held tens of
             megabytes in memory for no benefit (a follower that far behind is cheaper to
             send a snapshot anyway).
-        bugs: TEST-ONLY deliberate bugs (names in `BUG_NAMES`), for checking that the
-            simulator's checkers can fail. Empty in every real deployment.
     """
 
     node_id: NodeId
@@ -109,12 +83,8 @@ class RaftConfig:
     snapshot_retain_log_bytes: int = 64 << 20
     log_tail_after_compaction: int = 100
     log_tail_max_bytes: int = 1 << 20
-    bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        unknown = self.bugs - BUG_NAMES
-        if unknown:
-            raise LocalProtocolError(f"unknown Raft bug switches: {sorted(unknown)}")
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
             raise LocalProtocolError("need 1 <= heartbeat_ticks < election_ticks")
         for name in ("max_inflight", "max_batch_entries", "max_batch_bytes",

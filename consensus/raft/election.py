@@ -1,192 +1,200 @@
 """Elections for the Raft core: timers, pre-vote (§9.6), candidacy, voting (§3.4, §3.6.1) and
 check-quorum (§6.2).
 
-Owns: the election and heartbeat timers (`_tick`), the randomized election timeout, the
-pre-candidate and candidate transitions, RequestVote handling on the voter side and the
-vote tally on the candidate side.
+Owns: `Election`: the election and heartbeat timers (`tick`), the randomized election
+timeout drawn from the injected `random.Random`, the votes of the current round (`votes`),
+the pre-candidate and candidate transitions, RequestVote handling on the voter side and the
+tally on the candidate side.
 
-Rules:
-- A base class of `RaftCore` (core.py) on top of `Replication`, split out to keep files
-  cohesive. It must not import core.py; the transitions it needs from the core
-  (`_become_follower`, `_become_leader`) and the leader's heartbeat are abstract methods.
-- `_become_*` are the only methods that change `role`.
+Invariants:
 - Randomness is the injected `random.Random` only (the election timeout); no clocks.
 - A candidate counts its own vote only once the Ready carrying it is `Persisted`
-  (`_self_vote_number`, handled by the core); pre-votes never change terms or votes.
+  (`self_vote_number`: the core numbers that Ready and counts the vote); pre-votes never
+  change terms or votes.
+- A node in recovery (`Recovery.recovering`) neither votes, pre-votes nor campaigns.
+- What it needs from the rest of the node are hooks the core passes in: `become_follower`,
+  `become_leader` (the core owns the transitions) and `broadcast_heartbeat`.
 """
 
 from __future__ import annotations
 
-import abc
-import enum
 import random
+from collections.abc import Callable
 
 from phalanx.consensus.quorum import VoteResult
+from phalanx.consensus.raft.bugs import RaftBugs
+from phalanx.consensus.raft.logstate import LogState
 from phalanx.consensus.raft.messages import RequestVote, RequestVoteResponse
+from phalanx.consensus.raft.recovery import Recovery
 from phalanx.consensus.raft.replication import Replication
+from phalanx.consensus.raft.state import RaftState, Role
 from phalanx.consensus.types import LocalProtocolError, NodeId
 
 
-class Role(enum.Enum):
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
+class Election:
+    """Timers, candidacy and voting of one node."""
 
+    __slots__ = ("_bug_skip_vote_term", "_ls", "_recovery", "_repl", "_rng", "_st",
+                 "become_follower", "become_leader", "broadcast_heartbeat",
+                 "election_elapsed", "heartbeat_elapsed", "randomized_timeout",
+                 "self_vote_number", "votes")
 
-class Election(Replication):
-    """Election half of `RaftCore` (state is declared here, initialised by the core)."""
-
-    role: Role
-    vote: NodeId | None
-    votes: dict[NodeId, bool]
-    leader: NodeId | None
-    election_elapsed: int
-    heartbeat_elapsed: int
-    randomized_timeout: int
-    _rng: random.Random
-    _self_vote_number: int
-    recovering: bool
-
-    @abc.abstractmethod
-    def _become_follower(self, term: int, leader: NodeId | None) -> None:
-        """Step down to follower of `leader` in `term` (the core owns the leader's state)."""
-
-    @abc.abstractmethod
-    def _become_leader(self) -> None:
-        """Take office after winning an election."""
-
-    @abc.abstractmethod
-    def _broadcast_heartbeat(self, context: int = 0) -> None:
-        """Leader: send a heartbeat to every peer."""
-
-    def _reset_election_timeout(self) -> None:
+    def __init__(self, st: RaftState, ls: LogState, repl: Replication, recovery: Recovery,
+                 *, rng: random.Random, bugs: RaftBugs,
+                 become_follower: Callable[[int, NodeId | None], None],
+                 become_leader: Callable[[], None],
+                 broadcast_heartbeat: Callable[[], None]) -> None:
+        self._st = st
+        self._ls = ls
+        self._repl = repl
+        self._recovery = recovery
+        self._rng = rng
+        self._bug_skip_vote_term = bugs.skip_vote_term_check
+        self.votes: dict[NodeId, bool] = {}
         self.election_elapsed = 0
-        e = self.cfg.election_ticks
+        self.heartbeat_elapsed = 0
+        self.randomized_timeout = 0
+        self.self_vote_number = 0
+        """Candidate: the Ready carrying our own vote (-1: the Ready being built)."""
+        self.become_follower = become_follower
+        """Step down to follower of a leader in a term (the core owns the transitions)."""
+        self.become_leader = become_leader
+        """Take office after winning an election."""
+        self.broadcast_heartbeat = broadcast_heartbeat
+        """Leader: send every follower a heartbeat (`Proposals`: it confirms reads)."""
+
+    def reset_election_timeout(self) -> None:
+        self.election_elapsed = 0
+        e = self._st.cfg.election_ticks
         self.randomized_timeout = self._rng.randrange(e, 2 * e)
 
     def _become_pre_candidate(self) -> None:
-        self.role = Role.PRE_CANDIDATE
-        self.leader = None
-        self.votes = {self.id: True}
-        self._reset_election_timeout()
+        st = self._st
+        st.role = Role.PRE_CANDIDATE
+        st.leader = None
+        self.votes = {st.id: True}
+        self.reset_election_timeout()
 
     def _become_candidate(self) -> None:
-        if self.role is Role.LEADER:
+        st = self._st
+        if st.role is Role.LEADER:
             raise LocalProtocolError("a leader cannot become candidate")
-        self.term += 1
-        self.vote = self.id
-        self.role = Role.CANDIDATE
-        self.leader = None
+        st.term += 1
+        st.vote = st.id
+        st.role = Role.CANDIDATE
+        st.leader = None
         self.votes = {}
-        self._self_vote_number = -1  # counted once the Ready carrying it is Persisted
-        self._reset_election_timeout()
+        self.self_vote_number = -1  # counted once the Ready carrying it is Persisted
+        self.reset_election_timeout()
 
     def _promotable(self) -> bool:
-        if self.recovering:
+        if self._recovery.recovering:
             return False  # amnesia: no candidacy until caught up (RaftRestoredState)
-        return self.id in self.config.voters or self.id in self.config.voters_outgoing
+        config = self._ls.config
+        me = self._st.id
+        return me in config.voters or me in config.voters_outgoing
 
     # ------------------------------------------------------------------------ time
 
-    def _tick(self) -> None:
-        match self.role:
+    def tick(self) -> None:
+        st = self._st
+        cfg = st.cfg
+        match st.role:
             case Role.LEADER:
                 self.heartbeat_elapsed += 1
                 self.election_elapsed += 1
-                if self.election_elapsed >= self.cfg.election_ticks:
+                if self.election_elapsed >= cfg.election_ticks:
                     self.election_elapsed = 0
-                    self.lead_transferee = None  # Ref: §3.10: abort after an election timeout
-                    if self.cfg.check_quorum and not self._quorum_active():
-                        self._become_follower(self.term, None)  # Ref: §6.2
+                    st.lead_transferee = None  # Ref: §3.10: abort after an election timeout
+                    if cfg.check_quorum and not self._repl.quorum_active():
+                        self.become_follower(st.term, None)  # Ref: §6.2
                         return
-                if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+                if self.heartbeat_elapsed >= cfg.heartbeat_ticks:
                     self.heartbeat_elapsed = 0
-                    self._broadcast_heartbeat()
+                    self.broadcast_heartbeat()
             case Role.FOLLOWER | Role.PRE_CANDIDATE | Role.CANDIDATE:
                 self.election_elapsed += 1
                 if self.election_elapsed >= self.randomized_timeout:
                     self.election_elapsed = 0
                     if self._promotable():
-                        self._campaign(transfer=False)
-
-    def _quorum_active(self) -> bool:
-        active = [self.id]
-        for p, pr in self.prs.items():
-            if pr.recent_active:
-                active.append(p)
-            pr.recent_active = False
-        return self.joint.has_quorum(active)
+                        self.campaign(transfer=False)
 
     # ------------------------------------------------------------------------ elections
 
-    def _campaign(self, *, transfer: bool) -> None:
-        if not self._promotable() or self.role is Role.LEADER:
+    def campaign(self, *, transfer: bool) -> None:
+        st = self._st
+        if not self._promotable() or st.role is Role.LEADER:
             return
-        pre = self.cfg.pre_vote and not transfer
+        pre = st.cfg.pre_vote and not transfer
         if pre:
             self._become_pre_candidate()
         else:
             self._become_candidate()
-        term = self.term + 1 if pre else self.term
-        for v in self.joint.voters():
-            if v != self.id:
-                self._send(v, RequestVote(
-                    term=term, candidate_id=self.id, last_log_index=self.log.last_index(),
-                    last_log_term=self.log.last_term(), pre_vote=pre,
+        term = st.term + 1 if pre else st.term
+        log = self._ls.log
+        for v in self._ls.joint.voters():
+            if v != st.id:
+                st.send(v, RequestVote(
+                    term=term, candidate_id=st.id, last_log_index=log.last_index(),
+                    last_log_term=log.last_term(), pre_vote=pre,
                     leadership_transfer=transfer))
-        self._tally()
+        self.tally()
 
-    def _tally(self) -> None:
-        result = self.joint.vote_result(self.votes)
+    def tally(self) -> None:
+        st = self._st
+        result = self._ls.joint.vote_result(self.votes)
         if result is VoteResult.WON:
-            if self.role is Role.PRE_CANDIDATE:
+            if st.role is Role.PRE_CANDIDATE:
                 self._campaign_after_pre_vote()
-            elif self.role is Role.CANDIDATE:
-                self._become_leader()
+            elif st.role is Role.CANDIDATE:
+                self.become_leader()
         elif result is VoteResult.LOST:
-            self._become_follower(self.term, None)
+            self.become_follower(st.term, None)
 
     def _campaign_after_pre_vote(self) -> None:
         self._become_candidate()
-        for v in self.joint.voters():
-            if v != self.id:
-                self._send(v, RequestVote(
-                    term=self.term, candidate_id=self.id,
-                    last_log_index=self.log.last_index(), last_log_term=self.log.last_term()))
-        self._tally()
+        st = self._st
+        log = self._ls.log
+        for v in self._ls.joint.voters():
+            if v != st.id:
+                st.send(v, RequestVote(
+                    term=st.term, candidate_id=st.id,
+                    last_log_index=log.last_index(), last_log_term=log.last_term()))
+        self.tally()
 
-    def _handle_request_vote(self, src: NodeId, m: RequestVote) -> None:
+    def handle_request_vote(self, src: NodeId, m: RequestVote) -> None:
         # Ref: §3.6.1 (election restriction) and §9.6 (pre-vote: no state change).
-        if self.recovering:
+        st = self._st
+        if self._recovery.recovering:
             # Amnesia: we may have voted in this term before losing our state, and our log
             # may lack entries we acknowledged; neither vote nor pre-vote until caught up.
-            self._drop("vote_while_recovering")
-            self._send(src, RequestVoteResponse(term=self.term, vote_granted=False,
-                                                pre_vote=m.pre_vote))
+            st.drop("vote_while_recovering")
+            st.send(src, RequestVoteResponse(term=st.term, vote_granted=False,
+                                             pre_vote=m.pre_vote))
             return
-        vote = self.vote
-        if "skip_vote_term_check" in self.cfg.bugs and not m.pre_vote and m.term == self.term:
+        vote = st.vote
+        if self._bug_skip_vote_term and not m.pre_vote and m.term == st.term:
             vote = None  # BUG (test-only): `>=` for "a newer term", forgetting this term's vote
-        can_vote = (vote == src or (vote is None and self.leader is None)
-                    or (m.pre_vote and m.term > self.term))
-        if can_vote and self.log.is_up_to_date(m.last_log_index, m.last_log_term):
+        can_vote = (vote == src or (vote is None and st.leader is None)
+                    or (m.pre_vote and m.term > st.term))
+        if can_vote and self._ls.log.is_up_to_date(m.last_log_index, m.last_log_term):
             if m.pre_vote:
-                self._send(src, RequestVoteResponse(term=m.term, vote_granted=True,
-                                                    pre_vote=True))
+                st.send(src, RequestVoteResponse(term=m.term, vote_granted=True,
+                                                 pre_vote=True))
                 return
-            self.vote = src
-            self._reset_election_timeout()
-            self._send(src, RequestVoteResponse(term=self.term, vote_granted=True))
+            st.vote = src
+            self.reset_election_timeout()
+            st.send(src, RequestVoteResponse(term=st.term, vote_granted=True))
             return
-        self._send(src, RequestVoteResponse(term=self.term, vote_granted=False,
-                                            pre_vote=m.pre_vote))
+        st.send(src, RequestVoteResponse(term=st.term, vote_granted=False,
+                                         pre_vote=m.pre_vote))
 
-    def _handle_vote_response(self, src: NodeId, m: RequestVoteResponse) -> None:
-        if m.pre_vote != (self.role is Role.PRE_CANDIDATE) or (
-                m.pre_vote and m.vote_granted and m.term != self.term + 1):
-            self._drop("stale_vote_response")  # from an earlier round
+    def handle_vote_response(self, src: NodeId, m: RequestVoteResponse) -> None:
+        st = self._st
+        if m.pre_vote != (st.role is Role.PRE_CANDIDATE) or (
+                m.pre_vote and m.vote_granted and m.term != st.term + 1):
+            st.drop("stale_vote_response")  # from an earlier round
             return
         if src not in self.votes:
             self.votes[src] = m.vote_granted
-        self._tally()
+        self.tally()

@@ -1,95 +1,129 @@
 """Client proposals and ReadIndex reads for the Raft core (§6.4).
 
-Owns: turning `Submit` / `ProposeBatch` into COMMAND entries at the leader (or refusing them
-with a `Rejection`), and ReadIndex rounds: a read waits for a round of heartbeats that a
-quorum acknowledged after the leader committed an entry of its term, then is released at
-the commit index it recorded (`readonly.py` keeps the rounds).
+Owns: `Proposals`: turning `Submit` / `ProposeBatch` into COMMAND entries at the leader (or
+refusing them with a `Rejection`), and ReadIndex rounds: a read waits for a round of
+heartbeats that a quorum acknowledged after the leader committed an entry of its term, then
+is released at the commit index it recorded (`readonly`, a `ReadOnly`, keeps the rounds).
+Also the step's released reads (`reads`) and rejections (`rejected`), which the core hands
+over in its Ready and resets.
 
-Rules:
-- A base class of `RaftCore` (core.py) on top of `Membership`, split out to keep files
-  cohesive. It must not import core.py. It never changes `role` or `term`.
+Invariants:
+- It never changes `role`, `term` or `vote`.
 - Each write `Submit` becomes one entry at once; `ProposeBatch` makes one entry of all its
   writes; reads never enter the log.
-- A leader's heartbeats go out early (`RaftCore._send`, §10.2.1): they depend on nothing
+- A read is released only at an index committed in the leader's current term, after a
+  quorum acknowledged a heartbeat sent after it arrived; on losing leadership every
+  pending read is rejected (`step_down`).
+- A leader's heartbeats go out early (`RaftState.send`, §10.2.1): they depend on nothing
   that is not durable.
 """
 
 from __future__ import annotations
 
 from phalanx.consensus.core import ReadState, Rejection, new_send
-from phalanx.consensus.raft.election import Role
-from phalanx.consensus.raft.membership import Membership
+from phalanx.consensus.raft.logstate import LogState
 from phalanx.consensus.raft.messages import new_heartbeat
+from phalanx.consensus.raft.readonly import ReadOnly
+from phalanx.consensus.raft.replication import Replication
+from phalanx.consensus.raft.state import RaftState, Role
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
 
 
-class Proposals(Membership):
-    """Proposal and read half of `RaftCore` (state is initialised by the core)."""
+class Proposals:
+    """Client writes into the log, ReadIndex reads out of it."""
 
-    _reads: list[ReadState]
-    _rejected: list[Rejection]
-    _read_ctx: int
+    __slots__ = ("_ls", "_read_ctx", "_repl", "_st", "readonly", "reads", "rejected")
 
-    def _submit(self, request: ClientRequest) -> None:
-        if self.role is not Role.LEADER:
-            self._rejected.append(Rejection(request=request, reason="not leader",
-                                            leader_hint=self.leader))
+    def __init__(self, st: RaftState, ls: LogState, repl: Replication) -> None:
+        self._st = st
+        self._ls = ls
+        self._repl = repl
+        self.readonly = ReadOnly()
+        self._read_ctx = 0
+        self.reads: list[ReadState] = []
+        self.rejected: list[Rejection] = []
+
+    def take_office(self) -> None:
+        """A new leader starts with no read rounds."""
+        self.readonly = ReadOnly()
+
+    def step_down(self, leader: NodeId | None) -> None:
+        """A leader steps down: every pending read is refused, pointing at `leader`."""
+        for r in self.readonly.drain():
+            self.rejected.append(Rejection(request=r, reason="leadership lost",
+                                           leader_hint=leader))
+
+    def submit(self, request: ClientRequest) -> None:
+        st = self._st
+        if st.role is not Role.LEADER:
+            self.rejected.append(Rejection(request=request, reason="not leader",
+                                           leader_hint=st.leader))
             return
         if request.read_only:
             self.readonly.add(request)
             if not self.readonly.rounds:
-                self._start_read_round()
+                self.start_read_round()
             return
-        if self.lead_transferee is not None:
-            self._rejected.append(Rejection(request=request,
-                                            reason="leadership transfer in progress",
-                                            leader_hint=self.lead_transferee))
+        if st.lead_transferee is not None:
+            self.rejected.append(Rejection(request=request,
+                                           reason="leadership transfer in progress",
+                                           leader_hint=st.lead_transferee))
             return
-        self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
-                                  kind=EntryKind.COMMAND, requests=(request,))])
-        self._broadcast_append(allow_empty=False)
+        ls = self._ls
+        ls.append([Entry(index=ls.log.last_index() + 1, term=st.term,
+                         kind=EntryKind.COMMAND, requests=(request,))])
+        self._repl.broadcast_append(allow_empty=False)
 
-    def _propose_batch(self, requests: tuple[ClientRequest, ...]) -> None:
+    def propose_batch(self, requests: tuple[ClientRequest, ...]) -> None:
+        st = self._st
         writes: list[ClientRequest] = []
         for request in requests:
-            if request.read_only or self.role is not Role.LEADER or (
-                    self.lead_transferee is not None):
-                self._submit(request)  # a read, or refused exactly as a lone Submit
+            if request.read_only or st.role is not Role.LEADER or (
+                    st.lead_transferee is not None):
+                self.submit(request)  # a read, or refused exactly as a lone Submit
             else:
                 writes.append(request)
         if writes:
-            self._append_local([Entry(index=self.log.last_index() + 1, term=self.term,
-                                      kind=EntryKind.COMMAND, requests=tuple(writes))])
-            self._broadcast_append(allow_empty=False)
+            ls = self._ls
+            ls.append([Entry(index=ls.log.last_index() + 1, term=st.term,
+                             kind=EntryKind.COMMAND, requests=tuple(writes))])
+            self._repl.broadcast_append(allow_empty=False)
 
-    def _start_read_round(self) -> None:
+    def start_read_round(self) -> None:
+        """Leader: start a ReadIndex round for the queued reads."""
+        ls = self._ls
         # Ref: §6.4 step 1: only once the leader committed an entry of its own term.
-        if self.log.term_at(self.commit) != self.term:
+        if ls.log.term_at(ls.commit) != self._st.term:
             return
         self._read_ctx += 1
-        rnd = self.readonly.start_round(index=self.commit, context=self._read_ctx)
+        rnd = self.readonly.start_round(index=ls.commit, context=self._read_ctx)
         if rnd is None:
             return
-        self._ack_read(self._read_ctx, self.id)
+        self.ack_read(self._read_ctx, self._st.id)
         if self.readonly.rounds:
-            self._broadcast_heartbeat(context=self._read_ctx)
+            self.broadcast_heartbeat(context=self._read_ctx)
 
-    def _ack_read(self, context: int, node: NodeId) -> None:
-        joint = self.joint
-        released = self.readonly.ack(context, node, joint.has_quorum)
+    def ack_read(self, context: int, node: NodeId) -> None:
+        """Leader: `node` acknowledged the ReadIndex round `context`."""
+        readonly = self.readonly
+        released = readonly.ack(context, node, self._ls.joint.has_quorum)
         for request, index in released:
-            self._reads.append(ReadState(request=request, index=index))
-        if released and self.readonly.queued and not self.readonly.rounds:
-            self._start_read_round()  # reads that arrived during the last round
+            self.reads.append(ReadState(request=request, index=index))
+        if released and readonly.queued and not readonly.rounds:
+            self.start_read_round()  # reads that arrived during the last round
 
-    def _broadcast_heartbeat(self, context: int = 0) -> None:
-        if context == 0 and self.readonly.queued and not self.readonly.rounds:
-            self._start_read_round()
-            if self.readonly.rounds:
+    def broadcast_heartbeat(self, context: int = 0) -> None:
+        """Leader: send every follower a heartbeat (confirming read round `context`, or the
+        newest round in progress)."""
+        readonly = self.readonly
+        if context == 0 and readonly.queued and not readonly.rounds:
+            self.start_read_round()
+            if readonly.rounds:
                 return  # that round's heartbeat went out
-        if context == 0 and self.readonly.rounds:
-            context = self.readonly.rounds[-1].context  # re-confirm the newest round
-        early = self._early  # a leader's heartbeats go out early (`_send`, §10.2.1)
-        for p, pr in self.prs.items():
-            early.append(new_send(p, new_heartbeat(
-                self.term, self.id, min(pr.match, self.commit), context)))
+        if context == 0 and readonly.rounds:
+            context = readonly.rounds[-1].context  # re-confirm the newest round
+        st = self._st
+        term, me, commit = st.term, st.id, self._ls.commit
+        early = st.early  # a leader's heartbeats go out early (`RaftState.send`, §10.2.1)
+        for p, pr in self._repl.prs.items():
+            early.append(new_send(p, new_heartbeat(term, me, min(pr.match, commit), context)))

@@ -2,76 +2,98 @@
 empty data directory of a known member, a missing hard state, a log cut short by repair)
 rejoins without voting until it is safe to (Protocol-Aware Recovery, FAST'18).
 
-Owns: the two phases of `RaftRestoredState.recovering`. First the node learns the newest
-term from a majority of the other voters (`TermQuery`, `_query_terms`, `_learn_term`) and
-follows no leader meanwhile; then it catches up from a leader of that term and leaves
-recovery once it holds, durably and matching, a committed entry of the leader's own term
-(`_maybe_recovered`). Votes, pre-votes and campaigns are refused throughout
-(`Election._handle_request_vote`, `Election._promotable`).
+Owns: `Recovery`: the two phases of `RaftRestoredState.recovering`. First the node learns
+the newest term from a majority of the other voters (`TermQuery`, `query_terms`,
+`learn_term`) and follows no leader meanwhile (`term_answers`); then it catches up from a
+leader of that term and leaves recovery once it holds, durably and matching, a committed
+entry of the leader's own term (`maybe_recovered`). Votes, pre-votes and campaigns are
+refused throughout (`Election` reads `recovering`).
 
-Rules:
-- A base class of `RaftCore` (core.py) on top of `Proposals`, split out to keep files
-  cohesive. It must not import core.py. `RaftCore.step` calls `_maybe_recovered` after each
-  input while `recovering`; ticks call `_query_terms` while the first phase lasts.
+Invariants:
+- `recovering` only goes from True to False; `term_answers` is not None only in the first
+  phase (and only while `recovering`).
+- The core calls `maybe_recovered` after each input while `recovering`, and `query_terms`
+  on each tick while the first phase lasts; the one transition it needs (stepping down to
+  a newer term) is the `become_follower` hook the core passes in.
 - Deterministic: answers are counted per voter, never by arrival order or set iteration.
 """
 
 from __future__ import annotations
 
-from phalanx.consensus.raft.election import Role
+from collections.abc import Callable
+
+from phalanx.consensus.raft.logstate import LogState
 from phalanx.consensus.raft.messages import TermQuery
-from phalanx.consensus.raft.proposals import Proposals
+from phalanx.consensus.raft.state import RaftState, Role
 from phalanx.consensus.types import NodeId
 
 
-class Recovery(Proposals):
-    """Recovery half of `RaftCore` (state is initialised by the core)."""
+class Recovery:
+    """Recovery after a lost disk: learn the term, catch up, then vote again."""
 
-    _term_answers: dict[NodeId, int] | None
-    _query_elapsed: int
+    __slots__ = ("_become_follower", "_ls", "_query_elapsed", "_st", "recovering",
+                 "term_answers")
 
-    def _query_terms(self) -> None:
+    def __init__(self, st: RaftState, ls: LogState, *, recovering: bool,
+                 become_follower: Callable[[int, NodeId | None], None]) -> None:
+        self._st = st
+        self._ls = ls
+        self._become_follower = become_follower
+        self.recovering = recovering
+        """Amnesia (`RaftRestoredState.recovering`): no votes, no campaigns until
+        `maybe_recovered` finds the log caught up."""
+        self.term_answers: dict[NodeId, int] | None = {} if recovering else None
+        """Recovery, first phase (not None): the terms other voters answered to our
+        `TermQuery`. Until a majority of the voters other than us answered, we follow no
+        leader: we forgot our term, so a deposed leader of an older term would look current
+        (`learn_term`)."""
+        self._query_elapsed = 0
+
+    def query_terms(self) -> None:
         """Recovery, first phase: ask every voter that has not answered yet for its term,
         once per heartbeat interval."""
+        st = self._st
         self._query_elapsed += 1
-        if self._query_elapsed < self.cfg.heartbeat_ticks:
+        if self._query_elapsed < st.cfg.heartbeat_ticks:
             return
         self._query_elapsed = 0
-        answered = self._term_answers or {}
-        for v in self.joint.voters():
-            if v != self.id and v not in answered:
-                self._send(v, TermQuery(term=self.term))
+        answered = self.term_answers or {}
+        for v in self._ls.joint.voters():
+            if v != st.id and v not in answered:
+                st.send(v, TermQuery(term=st.term))
 
-    def _learn_term(self, src: NodeId, term: int) -> None:
+    def learn_term(self, src: NodeId, term: int) -> None:
         """A `TermQueryResponse`. Once a majority of the voters other than us answered, any
         term in which our acknowledgement helped commit an entry is among the answers (that
         entry's quorum, less us, meets every such majority): adopt the highest, so a deposed
         leader of an older term can no longer use our acknowledgements, and move on to
-        catching up (`_maybe_recovered`)."""
-        answers = self._term_answers
-        voters = self.config.voters
+        catching up (`maybe_recovered`)."""
+        answers = self.term_answers
+        voters = self._ls.config.voters
         if answers is None or src not in voters:
-            self._drop("unexpected_message")
+            self._st.drop("unexpected_message")
             return
         answers[src] = max(term, answers.get(src, 0))
         if len(answers) < len(voters) // 2 + 1:
             return
-        self._term_answers = None
+        self.term_answers = None
         top = max(answers.values())
-        if top > self.term:
+        if top > self._st.term:
             self._become_follower(top, None)
 
-    def _maybe_recovered(self) -> None:
+    def maybe_recovered(self) -> None:
         """Leave recovery once this follower holds, durably and matching its leader's log,
         an entry of the leader's own term that the leader reports committed: every entry
         committed in an earlier term precedes it in the leader's log (Leader Completeness;
         the leader was elected without our vote, which we withheld), so whatever we may
         have acknowledged before losing our state is back. The leader becomes our vote for
         this term: we may have voted in it before and must not vote again."""
-        if (self._term_answers is not None or self.role is not Role.FOLLOWER
-                or self.leader is None or self.durable < self.commit or self.commit == 0
-                or self.log.term_at(self.commit) != self.term):
+        st = self._st
+        ls = self._ls
+        if (self.term_answers is not None or st.role is not Role.FOLLOWER
+                or st.leader is None or ls.durable < ls.commit or ls.commit == 0
+                or ls.log.term_at(ls.commit) != st.term):
             return
         self.recovering = False
-        if self.vote is None:
-            self.vote = self.leader
+        if st.vote is None:
+            st.vote = st.leader

@@ -54,8 +54,8 @@ def run_schedule(seed: int, *, steps: int = 400, nodes: int = 3,
                  crash_rate: float = 0.02, campaign_rate: float = 0.0,
                  **config: object) -> Outcome:
     rng = random.Random(seed)
-    c = Cluster(**{"election_ticks": 4, "snapshot_chunk_size": 8,
-                   "log_tail_after_compaction": 2, "max_inflight": 4, "bugs": bugs, **config})
+    c = Cluster(bugs=bugs, **{"election_ticks": 4, "snapshot_chunk_size": 8,
+                              "log_tail_after_compaction": 2, "max_inflight": 4, **config})
     c.verbose = False
     c.add_nodes(nodes)
     ids = list(c.nodes)

@@ -22,7 +22,7 @@ from phalanx.consensus.core import (
     Submit,
     Tick,
 )
-from phalanx.consensus.raft import RaftConfig, RaftCore, RaftInput, RaftRestoredState
+from phalanx.consensus.raft import RaftBugs, RaftConfig, RaftCore, RaftInput, RaftRestoredState
 from phalanx.consensus.types import (
     ClientRequest,
     Entry,
@@ -101,7 +101,9 @@ def decode_app(data: bytes) -> list[str]:
 class Cluster:
     """Nodes n1..nN, a FIFO network with partitions, and a trace of everything that happens."""
 
-    def __init__(self, **config_kwargs: object) -> None:
+    def __init__(self, *, bugs: frozenset[str] = frozenset(), **config_kwargs: object) -> None:
+        self.bugs = RaftBugs.from_names(bugs)
+        """Deliberate bugs every node has (test-only; `consensus/raft/bugs.py`)."""
         self.nodes: dict[NodeId, Node] = {}
         self.queue: list[tuple[NodeId, NodeId, Message]] = []
         self.blocked: set[tuple[NodeId, NodeId]] = set()
@@ -119,7 +121,7 @@ class Cluster:
         kwargs: dict[str, object] = {**self.config_kwargs, **overrides}
         cfg = RaftConfig(node_id=nid, voters=voters, learners=learners, **kwargs)  # type: ignore[arg-type]
         self.seed += 1
-        core = RaftCore(cfg, rng=random.Random(self.seed), restored=None)
+        core = RaftCore(cfg, rng=random.Random(self.seed), restored=None, bugs=self.bugs)
         node = Node(core=core, disk=Disk(), config=cfg)
         self.nodes[nid] = node
         return node
@@ -255,7 +257,7 @@ class Cluster:
         node = self.nodes[nid]
         self.seed += 1
         node.core = RaftCore(node.config, rng=random.Random(self.seed),
-                             restored=node.disk.restored())
+                             restored=node.disk.restored(), bugs=self.bugs)
         cp = node.disk.app_checkpoint
         node.app = decode_app(cp[1]) if cp else []
         node.applied_index = cp[0] if cp else 0

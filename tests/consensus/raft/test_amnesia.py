@@ -36,7 +36,7 @@ def lose_disk(c: Cluster, nid: NodeId, *, recovering: bool) -> None:
     c.seed += 1
     node.core = RaftCore(node.config, rng=random.Random(c.seed),
                          restored=RaftRestoredState(hard_state=HardState(),
-                                                    recovering=recovering))
+                                                    recovering=recovering), bugs=c.bugs)
     node.app = []
     node.applied_index = 0
     node.up = True

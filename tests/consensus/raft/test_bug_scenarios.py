@@ -1,5 +1,5 @@
-"""Each deliberate bug (`RaftConfig.bugs`) breaks a safety property in a small, exact
-scenario that the correct core survives. (The random sweep in test_fuzz.py catches the
+"""Each deliberate bug (`RaftBugs`, consensus/raft/bugs.py) breaks a safety property in a
+small, exact scenario that the correct core survives. (The random sweep in test_fuzz.py catches the
 frequent ones too; these pin down the exact mechanism.)"""
 
 from __future__ import annotations

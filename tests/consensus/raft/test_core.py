@@ -21,6 +21,7 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.raft import (
+    BUG_NAMES,
     AppendEntries,
     AppendEntriesResponse,
     Campaign,
@@ -30,6 +31,7 @@ from phalanx.consensus.raft import (
     InstallSnapshot,
     InstallSnapshotResponse,
     ProposeConfChange,
+    RaftBugs,
     RaftConfig,
     RaftCore,
     RaftRestoredState,
@@ -37,6 +39,7 @@ from phalanx.consensus.raft import (
     RequestVoteResponse,
     TimeoutNow,
 )
+from phalanx.consensus.raft.bugs import NO_BUGS
 from phalanx.consensus.types import (
     ClientRequest,
     Configuration,
@@ -54,9 +57,11 @@ VOTERS = (N1, N2, N3)
 
 
 def core(nid: NodeId = N1, *, voters: tuple[NodeId, ...] = VOTERS,
-         restored: RaftRestoredState | None = None, **kw: object) -> RaftCore:
+         restored: RaftRestoredState | None = None, bugs: frozenset[str] = frozenset(),
+         **kw: object) -> RaftCore:
     cfg = RaftConfig(node_id=nid, voters=voters, **kw)  # type: ignore[arg-type]
-    return RaftCore(cfg, rng=random.Random(7), restored=restored)
+    return RaftCore(cfg, rng=random.Random(7), restored=restored,
+                    bugs=RaftBugs.from_names(bugs))
 
 
 def step(c: RaftCore, inp: object, *, persist: bool = True) -> Ready:
@@ -474,9 +479,19 @@ def test_restart_from_restored_state_reapplies_after_snapshot() -> None:
 # ------------------------------------------------------------------------ bugs switches
 
 
-def test_unknown_bug_name_raises() -> None:
-    with pytest.raises(LocalProtocolError):
-        RaftConfig(node_id=N1, voters=VOTERS, bugs=frozenset({"nope"}))
+def test_unknown_bug_name_raises_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"'nope'.*known:.*'commit_on_minority'"):
+        RaftBugs.from_names({"nope"})
+
+
+def test_bugs_object_round_trips_the_names_and_defaults_to_none() -> None:
+    assert RaftBugs() == NO_BUGS
+    assert NO_BUGS.names() == frozenset()
+    assert RaftBugs.from_names(BUG_NAMES).names() == BUG_NAMES
+    bugs = RaftBugs.from_names({"commit_on_minority"})
+    assert bugs.commit_on_minority
+    assert not bugs.forget_persist_vote
+    assert not hasattr(RaftConfig(node_id=N1, voters=VOTERS), "bugs")  # not config any more
 
 
 def test_bug_truncate_matching_suffix() -> None:
