@@ -133,3 +133,39 @@ def _build(draw: st.DrawFn, cls: type, kwargs: dict[str, Any], real: Sequence[ob
 def message_strategy(classes: Sequence[type], vocab: Vocabulary) -> st.SearchStrategy[Any]:
     """A message of one of `classes` (the core's own wire types)."""
     return st.one_of(*(record_strategy(c, vocab) for c in classes))
+
+
+def plain_value(tp: Any, vocab: Vocabulary) -> Any:
+    """A simple valid-looking value of type `tp` (ints 1, the first member id, a real value
+    of a record when one was captured), for a message class no traffic showed."""
+    if tp is type(None):
+        return None
+    if tp is bool:
+        return False
+    if tp is int:
+        return 1
+    if tp is str:
+        return vocab.node_ids[0]
+    if tp is bytes:
+        return b"\x01" * 8
+    supertype = getattr(tp, "__supertype__", None)
+    if supertype is not None:
+        return plain_value(supertype, vocab)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return ()
+        return tuple(plain_value(a, vocab) for a in args)
+    if origin is frozenset:
+        return frozenset()
+    if origin is typing.Union or isinstance(tp, types.UnionType):
+        return None if type(None) in args else plain_value(args[0], vocab)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return next(iter(tp))
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        real = vocab.real.get(tp)
+        if real:
+            return real[0]
+        return tp(**{name: plain_value(t, vocab) for name, t in _hints(tp).items()})
+    raise TypeError(f"no plain value for field type {tp!r}")
