@@ -104,8 +104,8 @@ def _durable_undo(core: Core) -> Callable[[], None]:
     disk's synchronous fsync), so a crash before that Ready is persisted must restore it."""
     if not isinstance(core, DurableStateCore):
         return lambda: None
-    cells: dict[str, Any] = core._cells  # noqa: SLF001 (the simulator's durable record)
-    lossy: dict[str, Any] | None = core._lossy  # noqa: SLF001
+    cells: dict[str, Any] = core._cells
+    lossy: dict[str, Any] | None = core._lossy
     node = core.node_id
     before = cells.get(node)
 
@@ -191,6 +191,7 @@ class SimCluster:
             self.nodes[name] = node
             self.network.route(name, node.deliver)
         self._requests = 0
+        self.to_outsiders = 0
 
     # -- building (SimNode's factories, wrapped) --------------------------------------------
 
@@ -274,7 +275,11 @@ class SimCluster:
             self.checker.record("vote-safety", self.loop.now, problem)
 
     def _deliver(self, src: str, dst: str, message: Message) -> None:
-        self.nodes[dst].deliver(src, message)
+        node = self.nodes.get(dst)
+        if node is None:  # a reply to a hostile sender outside the cluster: nobody there
+            self.to_outsiders += 1
+            return
+        node.deliver(src, message)
 
     def leader(self) -> str | None:
         for name in self.names:

@@ -71,6 +71,8 @@ def test_applied_exactly_once_in_order_across_restarts(subject: Subject) -> None
                 expected = list(range(seg.start + 1, seg.start + 1 + len(seg.indices)))
                 assert seg.indices == expected, (name, seg.how, seg.start, seg.indices[:20])
             node = cluster.nodes[name]
-            assert node.replica is not None and node.replica.applied_index == top, name
+            assert node.replica is not None
+            assert node.replica.applied_index == top, name
         assert sorted(cluster.committed) == list(range(1, top + 1))
-    assert restarts >= 10 and from_checkpoint >= 3, (restarts, from_checkpoint)
+    assert restarts >= 10, restarts
+    assert from_checkpoint >= 3, from_checkpoint

@@ -24,7 +24,7 @@ import pytest
 from core_replay import recorded, replay
 from subjects import IDS, SUBJECTS, Subject
 
-import phalanx.consensus
+from phalanx import consensus
 
 _CLOCKS = ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
            "process_time", "process_time_ns", "thread_time", "thread_time_ns")
@@ -67,7 +67,7 @@ _FORBIDDEN_MODULES = frozenset({
 
 
 def _modules() -> Iterator[Path]:
-    root = Path(phalanx.consensus.__file__).parent
+    root = Path(consensus.__file__).parent
     yield from sorted(root.rglob("*.py"))
 
 

@@ -49,7 +49,7 @@ class Vocabulary:
         seen = self.real.setdefault(type(value), [])
         if len(seen) < 64 and value not in seen:
             seen.append(value)
-        for f in dataclasses.fields(value):
+        for f in dataclasses.fields(value):  # type: ignore[arg-type]
             self.capture(getattr(value, f.name))
 
 
