@@ -454,7 +454,11 @@ class RaftCore:
             return
         kind = type(m)
         if kind is TermQuery:  # answered whatever the terms: it changes nothing here
-            st.send(src, TermQueryResponse(term=st.term))
+            config = self.ls.config
+            if src in config.voters or src in config.voters_outgoing or src in config.learners:
+                st.send(src, TermQueryResponse(term=st.term))
+            else:
+                st.drop("unknown_peer")  # only members may ask (a recovering one does)
             return
         if kind is TermQueryResponse:
             self.recovery.learn_term(src, m.term)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from typing import Any
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, Snapshot
+from phalanx.consensus.raft.bugs import RaftBugs
 from phalanx.consensus.raft.config import RaftConfig, RaftRestoredState
 from phalanx.consensus.raft.core import RaftCore
 from phalanx.consensus.raft.messages import RAFT_MESSAGES, RequestVote, RequestVoteResponse
@@ -49,7 +50,8 @@ def raft_setup(
     wire.register_all(RAFT_MESSAGES)
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     voters = tuple(NodeId(n) for n in names)
-    RaftConfig(node_id=voters[0], voters=voters, bugs=bugs, **options)  # bad knobs raise now
+    RaftConfig(node_id=voters[0], voters=voters, **options)  # bad knobs raise now
+    raft_bugs = RaftBugs.from_names(bugs)  # the `--bug` names, checked now too
     bootstrap = Configuration(voters=voters)
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
@@ -75,12 +77,13 @@ def raft_setup(
             entries=durable.entries,
             recovering=durable.recovering,
         )
-        config = RaftConfig(node_id=NodeId(node), voters=voters, bugs=bugs, **options)
-        return RaftCore(config, rng=rng, restored=restored)
+        config = RaftConfig(node_id=NodeId(node), voters=voters, **options)
+        return RaftCore(config, rng=rng, restored=restored, bugs=raft_bugs)
 
     def observe(core: Core) -> Observation:
         assert isinstance(core, RaftCore)  # built by make_core above
-        return core.role._value_, core.term, core.commit  # `_value_`: no Python descriptor
+        st = core.st  # (the shared state itself: no property calls on this hot path)
+        return st.role._value_, st.term, core.ls.commit  # `_value_`: no Python descriptor
 
     return ProtocolSetup(
         names=names,

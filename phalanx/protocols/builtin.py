@@ -18,6 +18,7 @@ RAFT = ProtocolSpec(
     call_strategy=CallStrategy.LEADER,
     leader_role="leader",
     roles=("follower", "pre_candidate", "candidate", "leader"),
+    messages=Lazy("phalanx.consensus.raft.messages:RAFT_MESSAGES"),
     node=Lazy("phalanx.protocols.raft_node:RAFT_NODE"),
     sim=Lazy("phalanx.jepsen.sim.raft:raft_setup"),
     sim_knobs=(
@@ -29,7 +30,7 @@ RAFT = ProtocolSpec(
         ("log_tail_after_compaction", (0, 10, 100)),
         ("checkpoint_every", (25, 100, 400)),
     ),
-    sim_bugs=Lazy("phalanx.consensus.raft.config:BUG_NAMES"),
+    sim_bugs=Lazy("phalanx.consensus.raft.bugs:BUG_NAMES"),
     demo=Lazy("phalanx.demo.cluster_demo:run_raft_demo"),
 )
 
@@ -40,6 +41,7 @@ PBFT = ProtocolSpec(
     call_strategy=CallStrategy.MATCHING_REPLIES,
     leader_role="primary",
     roles=("primary", "backup", "view_change"),
+    messages=Lazy("phalanx.consensus.pbft.messages:PBFT_MESSAGES"),
     node=Lazy("phalanx.protocols.pbft_node:PBFT_NODE"),
     sim=Lazy("phalanx.jepsen.sim.pbft:sim_setup"),
     sim_bugs=Lazy("phalanx.consensus.pbft.bugs:KNOWN_BUGS"),

@@ -29,7 +29,6 @@ import random
 from phalanx.apps.replica import CheckpointPolicy
 from phalanx.consensus.core import Core
 from phalanx.consensus.pbft import (
-    PBFT_MESSAGES,
     PbftConfig,
     PbftCore,
     PbftDurableState,
@@ -37,7 +36,7 @@ from phalanx.consensus.pbft import (
 )
 from phalanx.consensus.pbft.durable import PbftDeltaRules
 from phalanx.consensus.types import NodeId
-from phalanx.net import client_protocol, wire
+from phalanx.net import wire
 from phalanx.ops.node_config import NodeConfig
 from phalanx.ops.signing_keys import SigningKeyError, load_crypto
 from phalanx.protocols.spec import BuiltCore, ProtocolError
@@ -112,10 +111,6 @@ def pbft_config(config: NodeConfig) -> PbftConfig:
 
 class PbftNode:
     """`ProtocolNode` for PBFT."""
-
-    def register_codecs(self) -> None:
-        wire.register_all(PBFT_MESSAGES)
-        client_protocol.register()
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
         return CheckpointPolicy(every_entries=pbft_checkpoint_interval(config), every_bytes=0,

@@ -16,7 +16,6 @@ import random
 from phalanx.apps.replica import CheckpointPolicy
 from phalanx.consensus.core import Ready, Snapshot
 from phalanx.consensus.raft import (
-    RAFT_MESSAGES,
     ProposeBatch,
     RaftConfig,
     RaftCore,
@@ -24,7 +23,6 @@ from phalanx.consensus.raft import (
 )
 from phalanx.consensus.raft.messages import AppendEntries
 from phalanx.consensus.types import ClientRequest, HardState, Message, NodeId
-from phalanx.net import client_protocol, wire
 from phalanx.ops.node_config import NodeConfig
 from phalanx.protocols.spec import BuiltCore, CoreStateStore, ProtocolError
 from phalanx.runtime.persistence import DurableState
@@ -54,10 +52,6 @@ def notice_superseded(new: Message, held: Message) -> bool:
 
 class RaftNode:
     """`ProtocolNode` for Raft."""
-
-    def register_codecs(self) -> None:
-        wire.register_all(RAFT_MESSAGES)
-        client_protocol.register()
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import importlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -105,10 +105,6 @@ class ProtocolNode(Protocol):
     """The runtime half of a protocol (`ProtocolSpec.node`): what `phalanx.runtime.node`
     needs to assemble a node. Loaded only by a node, the simulator or a test."""
 
-    def register_codecs(self) -> None:
-        """Register the protocol's wire types with the default codec registry."""
-        ...
-
     def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
                    byzantine: str | None, pipeline_depth: int) -> BuiltCore:
         """The core of node `config`, restored from `durable` (raises `ProtocolError`)."""
@@ -152,6 +148,8 @@ class ProtocolSpec:
         leader_role: the status role of the node that orders requests ("leader",
             "primary"); the harness and the demos wait for one.
         roles: every role `status()` may report.
+        messages: the protocol's wire types, ``{type_id: class}`` in its reserved range of
+            `phalanx.net.wire` (registered by the runtime; the conformance suite fuzzes them).
         signing_keys: `cluster init` creates a signing key per node (and every config carries
             every peer's public keys); the node refuses to start without its key.
         node: the runtime half (`ProtocolNode`), loaded when a node or the simulator runs.
@@ -172,6 +170,7 @@ class ProtocolSpec:
     call_strategy: CallStrategy
     leader_role: str
     roles: tuple[str, ...]
+    messages: Lazy[Mapping[int, type]]
     node: Lazy[ProtocolNode]
     sim: Lazy[Callable[..., Any]]
     signing_keys: bool = False

@@ -48,7 +48,7 @@ from phalanx.consensus.types import (
     HardState,
     NodeId,
 )
-from phalanx.net import wire
+from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
 from phalanx.net.conn_gate import LISTEN_BACKLOG
@@ -269,7 +269,8 @@ async def open_node(
                        "authenticate clients; anyone who can reach %s may read and write",
                        config.id, config.client_listen)
     protocol = spec.node.load()
-    protocol.register_codecs()
+    wire.register_all(spec.messages.load())
+    client_protocol.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     machine = state_machine if state_machine is not None else KvStateMachine()

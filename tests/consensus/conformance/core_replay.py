@@ -19,7 +19,7 @@ from subjects import SUBJECTS, Subject
 from phalanx.consensus.core import Input, Ready, snapshot_bytes
 from phalanx.jepsen.sim.network import NetworkConfig
 from phalanx.net.codec import Registry
-from phalanx.persistence import DurableState
+from phalanx.runtime.persistence import DurableState
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.pbft import DurableStateCore
-from phalanx.persistence import DurableState
+from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
 

@@ -2,8 +2,8 @@
 
 Owns: `Subject` (a protocol's name, cluster size, wire message classes and a fresh simulator
 `ProtocolSetup` per cluster) and `subjects()`. Every conformance test is parametrized over
-`subjects()`; when the protocol registry lands, only `subjects()` changes (one `Subject` per
-registry entry).
+`subjects()`: one `Subject` per protocol registered in `phalanx.protocols` (a plug-in
+registered by the tests, such as the toy protocol, is checked too).
 
 Rules: a setup is built fresh for every cluster (setups keep per-run state: PBFT's durable
 cells, the vote watches); honest replicas only (no Byzantine wrappers: the suite checks the
@@ -12,11 +12,10 @@ cores, the simulator's Byzantine runs check the protocols).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from phalanx.consensus.pbft import PBFT_MESSAGES
-from phalanx.consensus.raft.messages import RAFT_MESSAGES
+from phalanx import protocols
 from phalanx.consensus.types import Message
 from phalanx.jepsen.sim.protocols import ProtocolSetup, protocol_setup
 
@@ -36,30 +35,29 @@ class Subject:
         return self.name
 
 
-def _wire_messages(table: dict[int, type]) -> tuple[type[Message], ...]:
+def _wire_messages(table: Mapping[int, type]) -> tuple[type[Message], ...]:
     """The `Message` subclasses of a codec table, in type-id order (durable records such as
     PBFT's `PbftDurableState` are registered too but are not peer messages)."""
     return tuple(cls for _, cls in sorted(table.items()) if issubclass(cls, Message))
 
 
 def subjects() -> tuple[Subject, ...]:
-    """Every protocol the suite checks (the one place to switch to the registry)."""
-    return (
-        Subject(
-            name="raft",
-            nodes=3,
-            messages=_wire_messages(RAFT_MESSAGES),
-            # Frequent checkpoints, so restarts also restore from one.
-            make_setup=lambda: protocol_setup("raft", bugs=frozenset(), nodes=3,
-                                              knobs=(("checkpoint_every", 20),)),
-        ),
-        Subject(
-            name="pbft",
-            nodes=4,
-            messages=_wire_messages(PBFT_MESSAGES),
-            make_setup=lambda: protocol_setup("pbft", bugs=frozenset(), nodes=4),
-        ),
-    )
+    """Every registered protocol, each at its smallest cluster that tolerates one fault."""
+    return tuple(_subject(spec) for spec in protocols.specs())
+
+
+def _subject(spec: protocols.ProtocolSpec) -> Subject:
+    nodes = spec.default_nodes
+
+    def make_setup() -> ProtocolSetup:
+        # Frequent checkpoints where the protocol takes the knob, so restarts also
+        # restore from one.
+        knobs = (("checkpoint_every", 20),) if any(
+            name == "checkpoint_every" for name, _ in spec.sim_knobs) else ()
+        return protocol_setup(spec.name, bugs=frozenset(), nodes=nodes, knobs=knobs)
+
+    return Subject(name=spec.name, nodes=nodes,
+                   messages=_wire_messages(spec.messages.load()), make_setup=make_setup)
 
 
 SUBJECTS = subjects()

@@ -127,11 +127,7 @@ def _outsider_cases() -> list[ParameterSet]:
     return cases
 
 
-OUTSIDER_GAPS: dict[tuple[str, str], str] = {
-    ("raft", "TermQuery"): "RaftCore._receive answers a TermQuery from any sender, an id "
-    "outside the cluster included (it sends it a TermQueryResponse), and counts nothing; "
-    "its docstring promises unknown peers are dropped and counted",
-}
+OUTSIDER_GAPS: dict[tuple[str, str], str] = {}
 """Core violations found by `test_message_from_outside_the_cluster_is_counted` (xfail, strict:
 the test starts failing the day the core is fixed, and then the entry goes)."""
 
