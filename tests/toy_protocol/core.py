@@ -65,7 +65,8 @@ MAX_BATCH = 64
 """Entries per append."""
 
 RETRY_HEARTBEATS = 3
-"""Heartbeats without an ack before the leader resends what a follower has not acked."""
+"""Heartbeats without progress (a follower's ack moving its match, or nothing outstanding)
+before the leader resends what the follower has not acked."""
 
 LOG_TAIL = 64
 """Entries kept in memory below a checkpoint, so a briefly lagging follower catches up from
@@ -251,7 +252,8 @@ class ToyCore:
             out.send(f, ToyAppend(prev=self._match[f], entries=(), commit=self._commit))
 
     def _on_ack(self, f: NodeId, ack: ToyAck, out: _Out) -> None:
-        self._stall[f] = 0
+        if ack.match > self._match[f] or ack.match + 1 >= self._next[f]:
+            self._stall[f] = 0  # progress, or nothing outstanding (not: a heartbeat's echo)
         if ack.gap or not self._known[f]:
             self._known[f] = True
             self._match[f] = ack.match
