@@ -18,7 +18,7 @@ import toy_protocol
 from phalanx import protocols
 from phalanx.consensus.core import Core
 from phalanx.jepsen.sim import run as sim_run
-from phalanx.jepsen.sim.protocols import ProtocolSetup
+from phalanx.jepsen.sim.protocols import ProtocolSetup, protocol_setup
 from phalanx.protocols import Lazy, ProtocolSpec, UnknownProtocol
 from phalanx.protocols.builtin import SPECS as BUILTIN
 
@@ -102,10 +102,9 @@ def test_roles_cover_what_the_core_reports_in_a_short_run(
     """Every role a core's `status()` reports (a short simulation with kills and an isolated
     leader) is one its spec declares; the leader role among them."""
     seen: set[str] = set()
-    real_setup = sim_run.protocol_setup
 
     def recording_setup(*args: Any, **kwargs: Any) -> ProtocolSetup:
-        setup = real_setup(*args, **kwargs)
+        setup = protocol_setup(*args, **kwargs)
         observe = setup.observe
 
         def watch(core: Core) -> tuple[str, int, int]:
