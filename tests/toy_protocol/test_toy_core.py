@@ -226,3 +226,20 @@ def test_simulator_runs_the_toy_protocol(seed: int) -> None:
     assert result.linearizable is True
     assert result.ops_ok > 0
     assert result.faults_used
+
+
+def test_the_simulator_catches_a_toy_that_commits_without_a_majority(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: the simulator's checks do look at the toy (a leader that commits what
+    only it holds is caught)."""
+
+    def commit_alone(self: ToyCore) -> None:
+        if self.is_leader:
+            self._commit = max(self._commit, min(self._durable, self.last_index))
+
+    monkeypatch.setattr(ToyCore, "_advance_commit", commit_alone)
+    result = run(RunConfig(seed=0, protocol="toy", faults=("partition-one", "kill"),
+                           swarm=False))
+    assert not result.ok
+    assert any(v.startswith("committed-durable") for v in result.violations), result.violations
