@@ -16,6 +16,7 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
     300-399    leaderless (PnyxDB-style) messages
     400-499    applications (KV commands and results, ...)
     500-599    runtime and client protocol
+    1000-1999  plug-in protocols outside this repository, and test-only protocols
     =========  ==================================================================
 
 Shared ids: 1 ClientRequest, 2 Configuration, 3 Entry, 4 HardState, 5 SnapshotMeta.
@@ -60,6 +61,7 @@ RANGES: Final[Mapping[str, range]] = MappingProxyType(
         "leaderless": range(300, 400),
         "apps": range(400, 500),
         "runtime": range(500, 600),
+        "plugins": range(1000, 2000),
     }
 )
 """The reserved type id ranges, by owner."""
