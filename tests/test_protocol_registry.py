@@ -79,15 +79,17 @@ def _lazies(spec: ProtocolSpec) -> Iterator[tuple[str, Lazy[Any]]]:
 @pytest.mark.parametrize("spec", [*BUILTIN, toy_protocol.TOY], ids=lambda s: s.name)
 def test_every_lazy_reference_of_a_spec_resolves(spec: ProtocolSpec) -> None:
     fields = dict(_lazies(spec))
-    assert {"node", "sim"} <= set(fields)
+    assert {"messages", "node", "sim"} <= set(fields)
     for name, lazy in fields.items():
         target = lazy.load()
         assert target is not None, name
     node = spec.node.load()
-    for method in ("register_codecs", "build_core", "checkpoint_policy",
-                   "open_core_state_store"):
+    for method in ("build_core", "checkpoint_policy", "open_core_state_store"):
         assert callable(getattr(node, method)), method
     assert callable(spec.sim.load())
+    messages = spec.messages.load()
+    assert messages
+    assert all(isinstance(k, int) and dataclasses.is_dataclass(v) for k, v in messages.items())
     if spec.sim_bugs is not None:
         assert all(isinstance(b, str) for b in spec.sim_bugs.load())
     if spec.byzantine is not None:

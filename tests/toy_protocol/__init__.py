@@ -18,6 +18,7 @@ TOY = register(ProtocolSpec(
     call_strategy=CallStrategy.LEADER,
     leader_role="leader",
     roles=("leader", "follower"),
+    messages=Lazy("toy_protocol.messages:TOY_MESSAGES"),
     node=Lazy("toy_protocol.node:TOY_NODE"),
     sim=Lazy("toy_protocol.sim:toy_setup"),
     sim_knobs=(("heartbeat_ticks", (1, 2, 4)), ("checkpoint_every", (25, 100, 400))),

@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from phalanx.consensus.core import (
@@ -239,9 +240,10 @@ class ToyCore:
         start = self._next[f]
         if start <= self._start:
             if self._snap_data is not None:
-                out.send(f, ToySnapshot(index=self._snap_index,
-                                        data=snapshot_bytes(self._snap_data),
-                                        commit=self._commit))
+                data = snapshot_bytes(self._snap_data)
+                out.send(f, ToySnapshot(index=self._snap_index, data=data,
+                                        commit=self._commit,
+                                        digest=hashlib.sha256(data).digest()))
                 self._next[f] = self._snap_index + 1
         elif start <= self._durable:
             end = min(self._durable, start + MAX_BATCH - 1)
@@ -294,6 +296,9 @@ class ToyCore:
     def _on_snapshot(self, m: ToySnapshot, out: _Out) -> None:
         if not (_count(m.index) and _count(m.commit) and type(m.data) is bytes):
             self._drop("malformed")
+            return
+        if type(m.digest) is not bytes or hashlib.sha256(m.data).digest() != m.digest:
+            self._drop("snapshot-digest")
             return
         if m.index <= self.last_index:  # nothing to install: say where the log ends
             out.send(self._leader, ToyAck(match=self.last_index))

@@ -38,11 +38,13 @@ class ToyAck(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToySnapshot(Message):
     """Leader -> follower: the state after applying index `index` (the follower needs
-    entries the leader's log no longer holds), and the leader's commit index."""
+    entries the leader's log no longer holds), the leader's commit index, and `digest`, the
+    SHA-256 of `data` (a corrupted snapshot is dropped, never installed)."""
 
     index: int
     data: bytes
     commit: int
+    digest: bytes
 
 
 TOY_MESSAGES: dict[int, type] = {1000: ToyAppend, 1001: ToyAck, 1002: ToySnapshot}

@@ -13,13 +13,11 @@ import random
 from phalanx.apps.replica import CheckpointPolicy
 from phalanx.consensus.core import Snapshot
 from phalanx.consensus.types import NodeId
-from phalanx.net import client_protocol, wire
 from phalanx.ops.node_config import NodeConfig
 from phalanx.protocols.spec import BuiltCore, CoreStateStore, ProtocolError
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.interface import SyncPolicy
 from toy_protocol.core import ToyCore
-from toy_protocol.messages import TOY_MESSAGES
 
 
 def restore_core(node_id: str, members: tuple[str, ...], durable: DurableState, *,
@@ -35,10 +33,6 @@ def restore_core(node_id: str, members: tuple[str, ...], durable: DurableState, 
 
 class ToyNode:
     """`ProtocolNode` for the toy protocol."""
-
-    def register_codecs(self) -> None:
-        wire.register_all(TOY_MESSAGES)
-        client_protocol.register()
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,

@@ -168,7 +168,8 @@ def test_hostile_input_is_dropped_and_counted() -> None:
         (follower, NodeId("x"), ToyAck(match=0)),  # unknown sender
         (follower, N1, ToyAppend(prev=0, entries=(entry,), commit=0)),  # not contiguous
         (follower, N1, ToyAppend(prev=-1, entries=(), commit=0)),
-        (follower, N1, ToySnapshot(index=-3, data=b"", commit=0)),
+        (follower, N1, ToySnapshot(index=-3, data=b"", commit=0, digest=b"")),
+        (follower, N1, ToySnapshot(index=9, data=b"zz", commit=0, digest=b"\0" * 32)),
         (follower, N1, ToyAck(match=0)),  # a follower gets no acks
         (leader, N2, ToyAck(match=7)),  # beyond the leader's log
         (leader, N2, ToyAppend(prev=0, entries=(), commit=0)),  # the leader takes none
@@ -180,7 +181,8 @@ def test_hostile_input_is_dropped_and_counted() -> None:
         assert not ready.has_persistence
         assert not ready.messages
         assert not ready.committed
-    assert sum(follower.status().dropped.values()) == 6
+    assert sum(follower.status().dropped.values()) == 7
+    assert follower.status().dropped["snapshot-digest"] == 1  # corrupted: never installed
     assert sum(leader.status().dropped.values()) == 4
     assert leader.status().dropped["ack-beyond-log"] == 1
     with pytest.raises(LocalProtocolError):
@@ -206,7 +208,7 @@ def test_wire_types_round_trip_through_the_codec() -> None:
     wire.register_all(TOY_MESSAGES)
     entry = Entry(index=1, term=1, kind=EntryKind.COMMAND, requests=(req(1),))
     for message in (ToyAppend(prev=0, entries=(entry,), commit=1), ToyAck(match=3, gap=True),
-                    ToySnapshot(index=4, data=b"\x00s", commit=4)):
+                    ToySnapshot(index=4, data=b"\x00s", commit=4, digest=b"d" * 32)):
         assert wire.decode(wire.encode(message)) == message
     assert all(tid in wire.RANGES["plugins"] for tid in TOY_MESSAGES)
 

@@ -12,10 +12,18 @@ cores, the simulator's Byzantine runs check the protocols).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from phalanx import protocols
+
+# The test-only toy protocol (tests/toy_protocol) registers itself on import: the suite
+# checks it beside the built-in cores, proving a plug-in meets the same contract.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import toy_protocol  # noqa: F401
+
 from phalanx.consensus.types import Message
 from phalanx.jepsen.sim.protocols import ProtocolSetup, protocol_setup
 
