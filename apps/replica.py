@@ -45,6 +45,7 @@ from phalanx.apps.writer import (
     CheckpointWriter,
     InlineCheckpointWriter,
 )
+from phalanx.consensus._fastpath import raw_init
 from phalanx.consensus.core import CheckpointTaken
 from phalanx.consensus.types import (
     Configuration,
@@ -52,7 +53,6 @@ from phalanx.consensus.types import (
     EntryKind,
     LocalProtocolError,
     SnapshotMeta,
-    raw_init,
 )
 from phalanx.storage.interface import (
     Checkpoint,

@@ -38,6 +38,7 @@ import random
 from collections import deque
 from typing import TypeAlias
 
+from phalanx.consensus._fastpath import make_ready, maker, new_send
 from phalanx.consensus.core import (
     EMPTY_READY,
     CheckpointInstalled,
@@ -53,8 +54,6 @@ from phalanx.consensus.core import (
     SnapshotData,
     Submit,
     Tick,
-    make_ready,
-    new_send,
 )
 from phalanx.consensus.raft.config import (
     Campaign,
@@ -96,7 +95,6 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
     SnapshotMeta,
-    maker,
 )
 
 RaftInput: TypeAlias = Input | Campaign | ProposeBatch | ProposeConfChange | TransferLeadership

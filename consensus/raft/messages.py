@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from phalanx.consensus.types import Configuration, Entry, Message, NodeId, maker, raw_init
+from phalanx.consensus._fastpath import maker, raw_init
+from phalanx.consensus.types import Configuration, Entry, Message, NodeId
 
 
 @raw_init

@@ -16,7 +16,8 @@ Rules:
 
 from __future__ import annotations
 
-from phalanx.consensus.core import ReadState, Rejection, new_send
+from phalanx.consensus._fastpath import new_send
+from phalanx.consensus.core import ReadState, Rejection
 from phalanx.consensus.raft.election import Role
 from phalanx.consensus.raft.membership import Membership
 from phalanx.consensus.raft.messages import new_heartbeat

@@ -31,7 +31,8 @@ import abc
 from collections import deque
 from collections.abc import Mapping
 
-from phalanx.consensus.core import Send, Snapshot, new_send
+from phalanx.consensus._fastpath import new_send, slot_twin
+from phalanx.consensus.core import Send, Snapshot
 from phalanx.consensus.quorum import INFINITE_INDEX, JointConfig
 from phalanx.consensus.raft.config import RaftConfig
 from phalanx.consensus.raft.log import RaftLog
@@ -52,7 +53,6 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
     SnapshotMeta,
-    slot_twin,
 )
 
 
