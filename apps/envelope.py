@@ -31,7 +31,8 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps.interface import SnapshotFormatError, StateSnapshot
 from phalanx.apps.sorted_steps import sorted_in_steps
-from phalanx.consensus.types import SnapshotMeta, raw_init
+from phalanx.consensus._fastpath import raw_init
+from phalanx.consensus.types import SnapshotMeta
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 

@@ -273,8 +273,9 @@ class KvStateMachine:
             case Scan(prefix=prefix):
                 return KeyAccess(read_prefixes=(prefix,))
             case Txn(compares=compares, success=success, failure=failure):
-                reads = tuple(dict.fromkeys(c.key for c in compares))
-                writes = tuple(dict.fromkeys(w.key for w in success + failure))
+                # `KeyAccess` holds sorted unique keys; a txn may name them in any order.
+                reads = tuple(sorted({c.key for c in compares}))
+                writes = tuple(sorted({w.key for w in success + failure}))
                 return KeyAccess(reads=reads, writes=writes)
             case KvError():
                 return KeyAccess()

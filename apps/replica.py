@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.apps.envelope import (
@@ -45,6 +45,7 @@ from phalanx.apps.writer import (
     CheckpointWriter,
     InlineCheckpointWriter,
 )
+from phalanx.consensus._fastpath import raw_init
 from phalanx.consensus.core import CheckpointTaken
 from phalanx.consensus.types import (
     Configuration,
@@ -52,7 +53,6 @@ from phalanx.consensus.types import (
     EntryKind,
     LocalProtocolError,
     SnapshotMeta,
-    raw_init,
 )
 from phalanx.storage.interface import (
     CheckpointStore,
@@ -317,12 +317,6 @@ class Replica:
             self._start_due()
         if self._gc_pacer is not None:
             self._gc_pacer.note_apply()
-        return tuple(out)
-
-    def apply_many(self, entries: Iterable[Entry]) -> tuple[Applied, ...]:
-        out: list[Applied] = []
-        for entry in entries:
-            out.extend(self.apply(entry))
         return tuple(out)
 
     def _apply_request(

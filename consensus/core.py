@@ -21,11 +21,14 @@ Rules of this module and of every core:
   outputs, byte for byte. No behaviour may depend on set iteration order or on `id()`.
 - A faulty peer's input is dropped and counted in `status()`; it never raises. Misuse by the
   caller raises `LocalProtocolError`.
+
+Plain declarations: hot paths build these records through the private
+`phalanx.consensus._fastpath` (cheaper constructors of the same objects).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -36,21 +39,7 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
     SnapshotMeta,
-    maker,
-    raw_init,
-    slot_twin,
 )
-
-# --------------------------------------------------------------------------------------------
-# Hot records
-#
-# `Receive`, `Persisted`, `Send` and `Ready` are built once or more per step, so they take
-# `phalanx.consensus.types.raw_init`: an `__init__` with the generated one's keyword-only
-# signature and defaults that fills the slots through their raw setters (a frozen dataclass's
-# generated `__init__` goes through `object.__setattr__`, about twice the cost). Cheaper
-# still, for a hot path: `new_send`, `new_receive`, `new_persisted` and `make_ready` build
-# them from positional arguments through a layout twin (`phalanx.consensus.types.maker`,
-# `slot_twin`; no keyword matching, no setter calls).
 
 
 class SnapshotData(Protocol):
@@ -77,7 +66,6 @@ def snapshot_bytes(data: SnapshotData) -> bytes:
 # Inputs
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Receive:
     """A message from peer `src`, as authenticated by the transport. May be Byzantine."""
@@ -91,7 +79,6 @@ class Tick:
     """One logical clock tick. Timeouts are counted in ticks (`election_ticks`, ...)."""
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Submit:
     """A client request arriving at this replica."""
@@ -99,7 +86,6 @@ class Submit:
     request: ClientRequest
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Persisted:
     """Every `Ready` numbered up to and including `number` is durable.
@@ -138,7 +124,6 @@ Input: TypeAlias = Receive | Tick | Submit | Persisted | CheckpointTaken | Check
 # Effects
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Send:
     """Send `message` to peer `to`."""
@@ -147,7 +132,6 @@ class Send:
     message: Message
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadState:
     """A read-only request whose linearization point is log index `index`.
@@ -159,7 +143,6 @@ class ReadState:
     index: int
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rejection:
     """A client request this replica will not handle; the client should retry elsewhere.
@@ -182,7 +165,6 @@ class Snapshot:
     data: SnapshotData
 
 
-@raw_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ready:
     """Everything one `step` asks the driver to do, in the order the driver must do it.
@@ -254,51 +236,6 @@ class Ready:
 
 
 EMPTY_READY = Ready()
-
-def make_ready(
-    number: int,
-    early_messages: tuple[Send, ...],
-    snapshot: Snapshot | None,
-    truncate_from: int | None,
-    entries: tuple[Entry, ...],
-    hard_state: HardState | None,
-    must_sync: bool,
-    messages: tuple[Send, ...],
-    committed: tuple[Entry, ...],
-    reads: tuple[ReadState, ...],
-    rejected: tuple[Rejection, ...],
-    /,
-) -> Ready:
-    """``Ready(number=..., ..., rejected=...)`` (no `core_state`) for a core's hot path: the
-    same object, built from positional arguments (no keyword matching) through `READY_TWIN`
-    (see `phalanx.consensus.types.slot_twin`)."""
-    ready = READY_TWIN()
-    ready.number = number
-    ready.early_messages = early_messages
-    ready.snapshot = snapshot
-    ready.truncate_from = truncate_from
-    ready.entries = entries
-    ready.hard_state = hard_state
-    ready.must_sync = must_sync
-    ready.messages = messages
-    ready.committed = committed
-    ready.reads = reads
-    ready.rejected = rejected
-    ready.core_state = None
-    ready.__class__ = Ready
-    return ready  # type: ignore[no-any-return]
-
-
-READY_TWIN: type = slot_twin(Ready)
-"""`Ready`'s layout twin (`phalanx.consensus.types.slot_twin`), through which `make_ready`
-builds: instantiate it, store all twelve fields, then assign ``__class__ = Ready``."""
-
-new_send: Callable[[NodeId, Message], Send] = maker(Send)
-"""``Send(to=..., message=...)`` from positional arguments, cheaper (`types.maker`)."""
-new_receive: Callable[[NodeId, Message], Receive] = maker(Receive)
-"""``Receive(src=..., message=...)`` from positional arguments, cheaper (`types.maker`)."""
-new_persisted: Callable[[int], Persisted] = maker(Persisted)
-"""``Persisted(number=...)`` from a positional argument, cheaper (`types.maker`)."""
 
 
 # --------------------------------------------------------------------------------------------

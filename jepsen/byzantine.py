@@ -141,10 +141,6 @@ class ByzantineCore:
     def node_id(self) -> NodeId:
         return self.inner.node_id
 
-    @property
-    def corrupts_replies(self) -> bool:
-        return "corrupt_reply" in self.behaviours
-
     def status(self) -> CoreStatus:
         return self.inner.status()
 

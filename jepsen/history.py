@@ -30,7 +30,7 @@ Semantics:
 Invariants (checked by `History`, violations raise `HistoryError` naming the line):
     indexes strictly increase, times never decrease, pairing per process as above.
 
-Must not import: the simulator, consensus cores (only `phalanx.consensus.types.raw_init` and
+Must not import: the simulator, consensus cores (only `phalanx.consensus._fastpath.raw_init` and
 `maker`, dataclass helpers), trio, or anything doing I/O besides reading and writing the
 history file itself. Never pickle.
 """
@@ -46,7 +46,7 @@ from typing import Final, Literal, TypeAlias, cast
 
 import immutables
 
-from phalanx.consensus.types import maker, raw_init
+from phalanx.consensus._fastpath import maker, raw_init
 
 #: A JSON value as held by an `Op`: immutable, hashable.
 Value: TypeAlias = (

@@ -250,7 +250,7 @@ def _slot_twin(cls: type, names: list[str]) -> type | None:
     `TypeError` otherwise; it is also probed once here. Only for a class whose own
     ``__slots__`` are exactly `names` and whose base chain (below `object`) defines no
     ``__new__``, ``__init__`` or ``__setattr__`` (the twin shares that base). The same
-    technique as `phalanx.consensus.types.slot_twin` (this module imports no protocol code).
+    technique as `phalanx.consensus._fastpath.slot_twin` (this module imports no protocol code).
     """
     base = cls.__base__
     if base is None or tuple(names) != cls.__dict__.get("__slots__"):
@@ -276,7 +276,7 @@ def _raw_build(
     `__post_init__()`; else None (build by calling the class).
 
     That holds for a dataclass whose ``__init__`` is the one `dataclasses` generated (compiled
-    from a string, not written in a file) or `phalanx.consensus.types.raw_init`'s (which
+    from a string, not written in a file) or `phalanx.consensus._fastpath.raw_init`'s (which
     does exactly that, through the same setters), with no InitVar and every field an ``__init__``
     parameter given here, whose instances use the default ``__new__`` and keep every field
     in a slot."""

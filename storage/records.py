@@ -33,7 +33,7 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 HEADER = struct.Struct("<IQII")
@@ -52,23 +52,32 @@ def encode(index: int, payload: bytes) -> bytes:
     return head + _U32.pack(zlib.crc32(head)) + payload
 
 
-def encode_many(records: Iterable[tuple[int, bytes]], out: bytearray, offsets: array[int],
-                start: int) -> None:
-    """Append the records' bytes to `out` and their file offsets (from `start`) to `offsets`.
+def encode_into(records: Sequence[tuple[int, bytes]], first: int, out: bytearray,
+                offsets: array[int], pos: int, room: int) -> tuple[int, int]:
+    """Append the bytes of `records[first:]` to `out` while they fit in `room` bytes (the
+    first one always goes), and the file offset of each (the first at `pos`) to `offsets`.
 
-    The hot path of `append_many`: one buffer, one write.
+    Returns (the next record not encoded, the offset just past the last one encoded). The
+    WAL's append path: one buffer, one write per segment.
     """
     pack16 = _HEAD16.pack
     pack32 = _U32.pack
     crc = zlib.crc32
-    pos = start + len(out)
-    for index, payload in records:
+    n = len(records)
+    i = first
+    while i < n:
+        index, payload = records[i]
+        step = HEADER_SIZE + len(payload)
+        if out and len(out) + step > room:
+            break
         head = pack16(len(payload), index, crc(payload))
-        offsets.append(pos)
         out += head
         out += pack32(crc(head))
         out += payload
-        pos += HEADER_SIZE + len(payload)
+        offsets.append(pos)
+        pos += step
+        i += 1
+    return i, pos
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

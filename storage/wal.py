@@ -43,11 +43,10 @@ from dataclasses import dataclass
 from phalanx.storage.directory import Directory
 from phalanx.storage.interface import CorruptionError, StorageError, SyncPolicy
 from phalanx.storage.records import (
-    _HEAD16,
-    _U32,
     DEFAULT_MAX_RECORD_BYTES,
     HEADER_SIZE,
     decode_span,
+    encode_into,
     scan,
 )
 
@@ -59,6 +58,7 @@ LOST_NAME = "wal.lost"
 _LOST_TMP = "wal.lost.tmp"
 _META_MAGIC = b"PHXWAL01"
 _META = struct.Struct("<8sQI")
+_U32 = struct.Struct("<I")
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 
@@ -299,29 +299,13 @@ class Wal:
             self._poison(e)
 
     def _append_checked(self, records: Sequence[tuple[int, bytes]]) -> None:
-        pack16 = _HEAD16.pack
-        pack32 = _U32.pack
-        crc = zlib.crc32
         n = len(records)
         i = 0
         while i < n:
             seg = self._writable_segment(records[i][0], len(records[i][1]))
-            room = self._segment_bytes - seg.size
             buf = bytearray()
-            offsets = seg.offsets
-            pos = seg.size
-            while i < n:
-                index, payload = records[i]
-                step = HEADER_SIZE + len(payload)
-                if buf and len(buf) + step > room:
-                    break
-                head = pack16(len(payload), index, crc(payload))
-                buf += head
-                buf += pack32(crc(head))
-                buf += payload
-                offsets.append(pos)
-                pos += step
-                i += 1
+            i, pos = encode_into(records, i, buf, seg.offsets, seg.size,
+                                 self._segment_bytes - seg.size)
             # NB: if this write fails the log is poisoned (`rewind` trims `offsets`).
             self._dir.append(seg.name, buf)
             seg.size = pos

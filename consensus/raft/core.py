@@ -39,6 +39,7 @@ from __future__ import annotations
 import random
 from typing import TypeAlias
 
+from phalanx.consensus._fastpath import make_ready, maker, new_send
 from phalanx.consensus.core import (
     EMPTY_READY,
     CheckpointInstalled,
@@ -53,8 +54,6 @@ from phalanx.consensus.core import (
     Snapshot,
     Submit,
     Tick,
-    make_ready,
-    new_send,
 )
 from phalanx.consensus.raft.bugs import NO_BUGS, RaftBugs
 from phalanx.consensus.raft.config import (
@@ -100,7 +99,6 @@ from phalanx.consensus.types import (
     LocalProtocolError,
     Message,
     NodeId,
-    maker,
 )
 
 RaftInput: TypeAlias = Input | Campaign | ProposeBatch | ProposeConfChange | TransferLeadership

@@ -4,8 +4,8 @@ Owns: the message dataclasses the Raft core exchanges, their one-line trace form
 stable codec ids in `RAFT_MESSAGES`.
 
 Rules:
-- Pure data: imports only `phalanx.consensus.types`. Every message is `raw_init` (a cheaper
-  ``__init__``, the same dataclass). No validation that depends on node state
+- Pure data: imports only `phalanx.consensus.types` (and `_fastpath`). Every message is
+  `raw_init` (a cheaper ``__init__``, the same dataclass). No validation that depends on node state
   (that is the core's job, and a malformed message is dropped and counted, never raised on).
 - Field types are limited to int, str, bytes, bool, None, tuples, and frozen dataclasses from
   `consensus/types.py`, so `phalanx.net.codec` can encode every message.
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from phalanx.consensus.types import Configuration, Entry, Message, NodeId, maker, raw_init
+from phalanx.consensus._fastpath import maker, raw_init
+from phalanx.consensus.types import Configuration, Entry, Message, NodeId
 
 
 @raw_init
@@ -266,7 +267,7 @@ RAFT_MESSAGES: dict[int, type] = {
 """Stable codec type ids for `phalanx.net.wire` (range 100-199)."""
 
 
-# Positional builders for the messages of the replication hot path (`types.maker`: the same
+# Positional builders for the messages of the replication hot path (`_fastpath.maker`: the same
 # objects as the keyword constructors, cheaper), every field in declaration order.
 new_append_entries: Callable[[int, NodeId, int, int, tuple[Entry, ...], int], AppendEntries] = (
     maker(AppendEntries))

@@ -20,7 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-from phalanx.consensus.core import ReadState, Rejection, new_send
+from phalanx.consensus._fastpath import new_send
+from phalanx.consensus.core import ReadState, Rejection
 from phalanx.consensus.raft.logstate import LogState
 from phalanx.consensus.raft.messages import new_heartbeat
 from phalanx.consensus.raft.readonly import ReadOnly

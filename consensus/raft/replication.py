@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from phalanx.consensus._fastpath import slot_twin
 from phalanx.consensus.core import Send, Snapshot
 from phalanx.consensus.quorum import INFINITE_INDEX, JointConfig
 from phalanx.consensus.raft.bugs import RaftBugs
@@ -50,7 +51,6 @@ from phalanx.consensus.types import (
     LocalProtocolError,
     NodeId,
     SnapshotMeta,
-    slot_twin,
 )
 
 
@@ -171,7 +171,7 @@ class Replication:
             return False
         # Only a leader sends entries, and they go out early (`RaftState.send`, §10.2.1).
         # `new_send(p, new_append_entries(term, id, prev, prev_term, ents, commit))`,
-        # inlined through the layout twins (`types.slot_twin`): two calls less per message.
+        # inlined through the layout twins (`_fastpath.slot_twin`): two calls less per message.
         st = self._st
         msg = _AE_TWIN()
         msg.term = st.term

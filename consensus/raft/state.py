@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import enum
 
-from phalanx.consensus.core import Send, new_send
+from phalanx.consensus._fastpath import new_send
+from phalanx.consensus.core import Send
 from phalanx.consensus.raft.config import RaftConfig
 from phalanx.consensus.raft.messages import AppendEntries, Heartbeat
 from phalanx.consensus.types import Message, NodeId

@@ -106,9 +106,6 @@ class RealCluster:
     def data_dir(self, node: str) -> Path:
         return self.config.directory / "data" / node
 
-    def twin_data_dir(self, node: str) -> Path:
-        return self.config.directory / TWINS_DIR / "data" / node
-
     @property
     def honest(self) -> tuple[str, ...]:
         return self.byzantine.honest(self.nodes)

@@ -162,9 +162,6 @@ class SimNetwork:
     def blocked(self, src: str, dst: str) -> bool:
         return (src, dst) in self._blocked
 
-    def blocked_links(self) -> list[tuple[str, str]]:
-        return sorted(self._blocked)
-
     # -- sending ----------------------------------------------------------------------------
 
     def _latency(self) -> int:

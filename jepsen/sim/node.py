@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.apps.replica import ApplyStatus, Replica
+from phalanx.consensus._fastpath import slot_twin
 from phalanx.consensus.core import (
     EMPTY_READY,
     Core,
@@ -47,7 +48,7 @@ from phalanx.consensus.core import (
     Submit,
     Tick,
 )
-from phalanx.consensus.types import ClientRequest, HardState, Message, slot_twin
+from phalanx.consensus.types import ClientRequest, HardState, Message
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.runtime.identity import Identity, amnesia
@@ -257,7 +258,7 @@ class SimNode:
         core = self.core
         if core is None:
             return
-        # `Receive(src=src, message=message)` through its layout twin (`types.slot_twin`;
+        # `Receive(src=src, message=message)` through its layout twin (`_fastpath.slot_twin`;
         # `NodeId(src)` is the identity at run time): no call on this hot path.
         inp = _RECEIVE_TWIN()
         inp.src = src

@@ -13,7 +13,6 @@ Rules:
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -124,7 +123,3 @@ def sweep(
                     break
     outcomes.sort(key=lambda o: o.seed)
     return SweepResult(outcomes=tuple(outcomes), wall_s=time.perf_counter() - wall0)
-
-
-def main_progress() -> TextIO:
-    return sys.stderr

@@ -28,7 +28,6 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   (`after_pass` flushes the pass's replies); whatever still waits for a writer task
   (`output_pending`) is let go by yielding first. So a leader's AppendEntries leave during
   its fsync, and a phase's votes are not held behind the next phase's fsync.
-  (`follower_inline` moves every follower write onto the core task.)
 - Completing a batch: release the messages of all its Readys to the transport (in Ready
   order; then `flush_sends`), then, in Ready order, apply committed entries through the
   replica and answer their clients, answer rejections (REDIRECT/RETRY) and reads whose
@@ -154,12 +153,6 @@ class Driver(CallAdmission, PersistPipeline):
         status_extra: builds the node-level fields of a `StatusReply` (peers, protocol, ...).
         observer: metrics hooks.
         persist_inline: persist on the core task instead of a worker thread (fsync off).
-        follower_inline: persist on the core task while this node is not the leader (as of
-            the last tick), saving two thread hand-offs per batch (~1 ms of single-client
-            latency). Off by default: under overload (256 closed-loop clients, 30 ms fsyncs)
-            the blocked loop delayed ticks and answers long enough for spurious elections
-            and window resends, and throughput collapsed (61-66 writes/s vs 615 with the
-            worker thread in the same benchmark).
         idle_inline: persist a batch on the core task when it holds at most
             `phalanx.runtime.driver_persist.IDLE_INLINE_READYS` Readys, installs no snapshot and
             the input channel is empty (an idle node: a single client's write). Under load
@@ -199,7 +192,6 @@ class Driver(CallAdmission, PersistPipeline):
         status_reply: Callable[[int, CoreStatus, Replica], StatusReply],
         observer: DriverObserver | None = None,
         persist_inline: bool = False,
-        follower_inline: bool = False,
         idle_inline: bool = False,
         capacity: int = 4096,
         propose_batch: Callable[[tuple[ClientRequest, ...]], Ready] | None = None,
@@ -232,7 +224,6 @@ class Driver(CallAdmission, PersistPipeline):
         self._status_reply = status_reply
         self._observer = observer
         self._persist_inline = persist_inline
-        self._follower_inline = follower_inline
         self._idle_inline = idle_inline
         self._unsent_output = False
         self._output_pending = output_pending or (lambda: True)

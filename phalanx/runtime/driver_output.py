@@ -79,10 +79,6 @@ class PeerOutput:
         """Lazy messages held, per peer, in step order."""
 
     @property
-    def holding_early(self) -> bool:
-        return bool(self._early)
-
-    @property
     def lazy_held(self) -> int:
         """Lazy messages held now (over all peers)."""
         return sum(len(held) for held in self._waiting.values())

@@ -5,8 +5,8 @@ the Readys queued in step order (`_pending`) and carries out step 1 of the `Read
 rule for them as one batch through the `GroupCommitter`: on a worker thread
 (`trio.to_thread.run_sync`, the loop keeps stepping meanwhile; the result comes back as a
 `_BatchDone` item of the input channel), or on the core task (`persist_inline` with fsync
-off, `follower_inline`, or `idle_inline` for a small batch while no input waits). Readys at
-the head of a batch that write nothing durable complete at once. Then `Driver._complete`
+off, or `idle_inline` for a small batch while no input waits). Readys at the head of a batch
+that write nothing durable complete at once. Then `Driver._complete`
 carries out steps 2-5. Before any write starts (`_before_write`), the replies handed out so
 far and the early messages the driver holds are released, so neither waits behind a write.
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
-from phalanx.consensus.core import CoreStatus, Ready
+from phalanx.consensus.core import Ready
 from phalanx.consensus.types import NodeId
 from phalanx.runtime.driver_stats import DriverObserver, DriverStatistics
 from phalanx.runtime.group_commit import GroupCommitter
@@ -97,7 +97,6 @@ class PersistPipeline:
     _inflight: Sequence[Ready] | None
     _inflight_snapshot: bool
     _persist_inline: bool
-    _follower_inline: bool
     _idle_inline: bool
     _unsent_output: bool
     """Messages or client replies were handed out since the core loop last yielded for the
@@ -110,7 +109,6 @@ class PersistPipeline:
     """Writes what the transport held (one write per peer)."""
     _just_yielded: bool
     _flush_again: bool
-    _status: CoreStatus
     node_id: NodeId
     _nursery: trio.Nursery | None
     _complete: Callable[[Sequence[Ready]], None]
@@ -199,8 +197,7 @@ class PersistPipeline:
                 self._complete(batch)
                 continue
             self._pending = []
-            if self._persist_inline or (self._follower_inline
-                                        and self._status.role != "leader"):
+            if self._persist_inline:
                 self._before_write()
                 if not self._persist_here(batch):
                     break

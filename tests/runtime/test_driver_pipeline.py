@@ -97,7 +97,7 @@ class GatedCommitter(GroupCommitter):
 
 def make_driver(core: ScriptedCore, committer: GatedCommitter,
                 sent: list[tuple[NodeId, Message]], *, tick_seconds: float = 3600.0,
-                follower_inline: bool = False, max_pending_calls: int = 2048,
+                max_pending_calls: int = 2048,
                 idle_inline: bool = False, trace: PhaseTrace | None = None,
                 send: Callable[[NodeId, Message], bool] | None = None) -> Driver:
     def record(to: NodeId, message: Message) -> bool:
@@ -111,7 +111,7 @@ def make_driver(core: ScriptedCore, committer: GatedCommitter,
     replica = Replica(KvStateMachine(), checkpoints=MemoryDisk("r").open().checkpoints)
     return Driver(core=core, replica=replica, committer=committer, send=send or record,
                   tick_seconds=tick_seconds, status_reply=status_reply,
-                  propose_batch=core.propose, follower_inline=follower_inline,
+                  propose_batch=core.propose,
                   max_pending_calls=max_pending_calls, idle_inline=idle_inline,
                   trace=trace)
 
@@ -166,18 +166,6 @@ async def test_a_long_pass_is_cut_into_bounded_proposals() -> None:
     sizes = [len(p) for p in core.proposals]
     assert sizes == [PROPOSAL_MAX_REQUESTS, 3]
     assert [r.request_no for p in core.proposals for r in p] == list(range(1, total + 1))
-
-
-async def test_a_follower_persists_on_the_core_task_when_asked() -> None:
-    core, committer, sent = ScriptedCore("follower"), GatedCommitter(), []
-    driver = make_driver(core, committer, sent, follower_inline=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(driver.run)
-        await driver.call(call(1), Sink())
-        await wait_for(lambda: core.persisted == [1])
-        nursery.cancel_scope.cancel()
-    assert committer.threads == [threading.current_thread().name]
-    assert committer.events == ["AppendEntries", "persisted", "AppendEntriesResponse"]
 
 
 async def test_a_follower_persists_on_a_worker_thread_by_default() -> None:

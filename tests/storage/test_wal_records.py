@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import struct
+from array import array
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.storage.records import HEADER_SIZE, decode_span, encode, scan
+from phalanx.storage.records import HEADER_SIZE, decode_span, encode, encode_into, scan
 
 payload_lists = st.lists(st.binary(max_size=40), min_size=1, max_size=8)
 fast = settings(max_examples=150, deadline=None)
@@ -29,6 +30,23 @@ def test_roundtrip(payloads: list[bytes], first: int) -> None:
     assert (list(res.offsets), res.valid_end, res.torn, res.corrupt_offset) == (
         offsets, len(data), False, None)
     assert decode_span(data, 0, offsets, first) == (payloads, None, "")
+
+
+@fast
+@given(payload_lists, st.integers(1, 10**12), st.integers(0, 1000), st.integers(0, 400))
+def test_encode_into_fills_the_room_with_what_encode_gives(payloads: list[bytes], first: int,
+                                                          pos: int, room: int) -> None:
+    records = [(first + k, p) for k, p in enumerate(payloads)]
+    out, offsets = bytearray(), array("q")
+    nxt, end = encode_into(records, 0, out, offsets, pos, room)
+    data, rel = _file(payloads[:nxt], first)
+    assert bytes(out) == data
+    assert list(offsets) == [pos + r for r in rel]
+    assert end == pos + len(data)
+    assert nxt >= 1  # the first record always goes, whatever the room
+    assert len(out) <= room or nxt == 1
+    if nxt < len(payloads):
+        assert len(out) + HEADER_SIZE + len(payloads[nxt]) > room
 
 
 @fast

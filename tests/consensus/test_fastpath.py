@@ -1,6 +1,7 @@
-"""`raw_init`: the hot records' cheaper ``__init__`` builds the same objects as the
-dataclass-generated one, keeps their validation, and refuses classes it cannot serve; and
-`maker` / `slot_twin`: the positional builders (through a layout twin) do the same."""
+"""`phalanx.consensus._fastpath`. `raw_init`: the hot records' cheaper ``__init__`` builds
+the same objects as the dataclass-generated one, keeps their validation, and refuses classes
+it cannot serve; `maker` / `slot_twin`: the positional builders (through a layout twin) do
+the same; and every hot record has the cheaper ``__init__``."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phalanx.consensus.core import (
-    Persisted,
-    Ready,
-    Receive,
-    Send,
+from phalanx.consensus._fastpath import (
+    HOT_RECORDS,
     make_ready,
+    maker,
     new_persisted,
     new_receive,
     new_send,
+    raw_init,
+    slot_twin,
 )
+from phalanx.consensus.core import Persisted, Ready, Receive, Send
 from phalanx.consensus.raft.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -37,9 +39,6 @@ from phalanx.consensus.types import (
     EntryKind,
     HardState,
     NodeId,
-    maker,
-    raw_init,
-    slot_twin,
 )
 
 
@@ -244,3 +243,16 @@ def test_hand_written_eq_is_the_generated_one(a: Entry, b: Entry) -> None:
     assert a != (a.index, a.term, a.kind, a.requests, a.config)
     assert ra != "c1"
     assert a == dataclasses.replace(a, requests=tuple(dataclasses.replace(r) for r in a.requests))
+
+
+def test_every_hot_record_has_the_cheaper_init() -> None:
+    """`_fastpath` applies `raw_init` to the contract's hot records at import (the declarations
+    stay plain), and Raft's messages keep theirs: the codec's fast decoder relies on it."""
+    from phalanx.consensus import raft
+    from phalanx.consensus.core import ReadState, Rejection, Submit
+
+    contract = (ClientRequest, Entry, HardState, Receive, Submit, Persisted, Send, ReadState,
+                Rejection, Ready)
+    assert set(HOT_RECORDS) == set(contract)
+    for cls in (*contract, *raft.RAFT_MESSAGES.values()):
+        assert getattr(cls.__init__, "__raw_init__", False), cls
