@@ -298,7 +298,6 @@ def _print_result(command: KvCommand, result: KvResult) -> int:
 def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     """The cluster at --cluster with its client credential files present, or None after
     printing why not (one line)."""
-    from phalanx.ops import pki
     from phalanx.ops.local_cluster import ClusterError, open_cluster
     from phalanx.ops.node_config import ConfigError, check_cluster_files
 
@@ -324,6 +323,8 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     except (ClusterError, ConfigError) as e:
         print_error(prog, str(e))
         return None
+    from phalanx.ops import pki
+
     try:
         identity = pki.identity_from_certificate(cluster.client_cert)
     except (OSError, ValueError) as e:
@@ -338,11 +339,6 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
 
 
 def _kv_main(args: argparse.Namespace) -> int:
-    import trio
-
-    from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
-    from phalanx.client.errors import Forbidden, StorageUnavailable
-
     cluster = _open(args, "phalanx kv")
     if cluster is None:
         return EXIT_USAGE
@@ -351,6 +347,11 @@ def _kv_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
+    import trio  # after the usage checks: a usage error costs no client import
+
+    from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
+    from phalanx.client.errors import Forbidden, StorageUnavailable
+
     stale = bool(getattr(args, "stale", False))
     try:
         result = trio.run(lambda: run_kv(
@@ -451,11 +452,11 @@ def format_status_table(rows: Sequence[NodeStatus]) -> str:
 
 
 def _status_main(args: argparse.Namespace) -> int:
-    import trio
-
     cluster = _open(args, "phalanx status")
     if cluster is None:
         return EXIT_USAGE
+    import trio
+
     rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
     insecure = [r.node for r in rows if r.reply is not None and r.reply.client_auth == "none"]
     if insecure:
