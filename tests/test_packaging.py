@@ -174,3 +174,14 @@ def test_byzantine_behaviour_names_are_declared_once() -> None:
     from phalanx.jepsen import byzantine, nemesis
 
     assert byzantine.BEHAVIOURS is nemesis.BYZANTINE_BEHAVIOURS
+
+
+def test_the_client_of_a_raft_cluster_loads_no_pbft_core() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nimport phalanx.client.async_client\n"
+        "assert 'phalanx.consensus.pbft' not in sys.modules, 'PBFT core imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
