@@ -1,9 +1,10 @@
 """Byzantine behaviours: wrappers around an honest core that lie on the wire, and twins.
 
-Owns: `BEHAVIOURS` (the names), `ByzantineCore` (an honest `Core` whose outgoing messages
-pass through seeded mutators), `corrupt_result` (what a lying replica answers a client),
-`TwinsCore` and `TwinsChannel` (two honest cores with one identity and key, each talking to
-its own side of the cluster: equivocation at the protocol level, Twins-style).
+Owns: `BEHAVIOURS` (the names, declared in `phalanx.jepsen.nemesis`), `ByzantineCore` (an
+honest `Core` whose outgoing messages pass through seeded mutators), `corrupt_result` (what a
+lying replica answers a client), `TwinsCore` and `TwinsChannel` (two honest cores with one
+identity and key, each talking to its own side of the cluster: equivocation at the protocol
+level, Twins-style).
 
 Behaviours (ByzzFuzz-style small-scope mutations, re-signed with the node's own key so that
 signatures verify unless the behaviour is a forgery):
@@ -51,21 +52,13 @@ from phalanx.consensus.core import (
 from phalanx.consensus.crypto import Crypto, digest_of
 from phalanx.consensus.pbft.messages import Checkpoint, Commit, Prepare, PrePrepare, signed_part
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
+from phalanx.jepsen.nemesis import BYZANTINE_BEHAVIOURS
 
 if TYPE_CHECKING:
     from phalanx.apps.interface import StateMachine, StateSnapshot
     from phalanx.ops.node_config import NodeConfig
 
-BEHAVIOURS: tuple[str, ...] = (
-    "silent",
-    "omit",
-    "equivocate",
-    "replay",
-    "mutate",
-    "forge",
-    "bad_checkpoint",
-    "corrupt_reply",
-)
+BEHAVIOURS: tuple[str, ...] = BYZANTINE_BEHAVIOURS
 _MESSAGE_BEHAVIOURS = frozenset(BEHAVIOURS) - {"corrupt_reply"}
 _REPLAY_MEMORY = 64
 

@@ -1,6 +1,7 @@
 """The fault vocabulary: fault kinds, timed fault/heal events, and seeded schedule generation.
 
-Owns: the names of every fault the test harnesses inject (`FAULT_KINDS`), the `FaultEvent`
+Owns: the names of every fault the test harnesses inject (`FAULT_KINDS`, and the Byzantine
+behaviours' names, `BYZANTINE_BEHAVIOURS`), the `FaultEvent`
 record and its JSON form, fault-mix parsing (`parse_faults`), and `generate_schedule`, which
 derives a schedule deterministically from a seed. Both backends interpret the same events:
 the deterministic simulator (`phalanx.jepsen.sim`) and the real-cluster harness
@@ -87,6 +88,20 @@ REAL_ONLY_FAULT_KINDS: tuple[str, ...] = (
     KILL_LEADER, KILL_MAJORITY, KILL_ALL, PARTITION_BRIDGE, TRUNCATE_WAL, FLIP_CHECKPOINT)
 """Faults only real processes take (interpreted by `phalanx.jepsen.harness`); the simulator's
 `generate_schedule` never draws them, so adding them changes no simulated schedule."""
+
+BYZANTINE_BEHAVIOURS: tuple[str, ...] = (
+    "silent",
+    "omit",
+    "equivocate",
+    "replay",
+    "mutate",
+    "forge",
+    "bad_checkpoint",
+    "corrupt_reply",
+)
+"""The Byzantine replica behaviours by name (`phalanx.jepsen.byzantine` implements them and
+re-exports this as its `BEHAVIOURS`): named here so that command-line parsers list them
+without importing the consensus cores."""
 
 ALL_FAULT_KINDS: tuple[str, ...] = SIM_FAULT_KINDS + REAL_ONLY_FAULT_KINDS
 """Every name a `FaultEvent` may carry."""

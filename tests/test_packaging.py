@@ -107,3 +107,81 @@ def test_cli_runs_a_subcommand_without_importing_the_others() -> None:
         "assert 'phalanx.jepsen.sim.cli' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+# Start-up: each command imports only what it runs (issue 14, item 9). The parsers import
+# argparse and light constants; trio, rich, matplotlib, the client, the PKI, the runtime
+# and the simulator load in the handlers that use them.
+_UI_AND_IO = ("matplotlib", "numpy", "rich", "trio", "phalanx.client", "phalanx.runtime.node")
+_HARNESS = ("phalanx.jepsen.harness.runner", "phalanx.jepsen.harness.cluster")
+_CORES = ("phalanx.consensus.raft", "phalanx.consensus.pbft", "phalanx.jepsen.byzantine")
+_STARTUP_CASES: tuple[tuple[tuple[str, ...], int, tuple[str, ...]], ...] = (
+    (("jepsen", "check", "HISTORY"), 0,
+     (*_UI_AND_IO, *_HARNESS, *_CORES, "cryptography", "phalanx.jepsen.sim", "phalanx.ops",
+      "phalanx.net")),
+    (("jepsen", "run", "--help"), 0, (*_UI_AND_IO, *_HARNESS, *_CORES, "phalanx.jepsen.sim")),
+    (("kv", "--cluster", "NOWHERE", "get", "k"), 2,
+     (*_UI_AND_IO, *_CORES, "cryptography", "phalanx.apps.kv_wire", "phalanx.jepsen")),
+    (("kv", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.ops", "phalanx.jepsen")),
+    (("status", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.ops", "phalanx.jepsen")),
+    (("cluster", "--help"), 0, (*_UI_AND_IO, *_CORES, "cryptography", "phalanx.jepsen")),
+    (("sim", "--help"), 0, (*_UI_AND_IO, "phalanx.jepsen.sim.run", "phalanx.jepsen.sim.sweep")),
+)
+
+
+@pytest.mark.parametrize(("argv", "status", "absent"), _STARTUP_CASES,
+                         ids=[" ".join(c[0]) for c in _STARTUP_CASES])
+def test_a_command_imports_only_what_it_runs(
+    argv: tuple[str, ...], status: int, absent: tuple[str, ...], tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from phalanx.jepsen.history import HistoryRecorder, write_history
+
+    rec = HistoryRecorder()
+    rec.invoke(process=0, f="write", key="x", value=1, time=0)
+    rec.complete(process=0, type="ok", time=10)
+    rec.invoke(process=1, f="read", key="x", time=20)
+    rec.complete(process=1, type="ok", value=1, time=30)
+    write_history(tmp_path / "h.jsonl", rec.ops)
+    words = {"HISTORY": str(tmp_path / "h.jsonl"), "NOWHERE": str(tmp_path / "none")}
+    args = [words.get(a, a) for a in argv]
+    code = (
+        "import json, sys\nfrom phalanx.cli.main import main\n"
+        f"try:\n    status = main({args!r})\nexcept SystemExit as e:\n    status = e.code\n"
+        "print(json.dumps([status, sorted(sys.modules)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True)
+    exit_status, loaded = json.loads(done.stdout.splitlines()[-1])
+    assert exit_status == status, done.stderr
+    heavy = sorted(m for m in loaded for a in absent if m == a or m.startswith(a + "."))
+    assert not heavy, f"phalanx {' '.join(argv)} imported {heavy}"
+
+
+def test_sim_parser_defaults_are_the_simulators() -> None:
+    from phalanx.jepsen.sim import cli
+    from phalanx.jepsen.sim.run import RunConfig
+
+    defaults = RunConfig(seed=0)
+    parser_defaults = (cli.DEFAULT_CLIENTS, cli.DEFAULT_KEYS, cli.DEFAULT_MAX_EVENTS)
+    assert parser_defaults == (defaults.clients, defaults.keys, defaults.max_events)
+
+
+def test_byzantine_behaviour_names_are_declared_once() -> None:
+    from phalanx.jepsen import byzantine, nemesis
+
+    assert byzantine.BEHAVIOURS is nemesis.BYZANTINE_BEHAVIOURS
+
+
+def test_the_client_of_a_raft_cluster_loads_no_pbft_core() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nimport phalanx.client.async_client\n"
+        "assert 'phalanx.consensus.pbft' not in sys.modules, 'PBFT core imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

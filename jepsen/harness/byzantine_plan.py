@@ -31,8 +31,9 @@ legitimately end invalid. Twin sides: the honest replicas are shuffled by the se
 first half (rounded up) is side A, the rest side B (as `phalanx.jepsen.sim.pbft`).
 
 Rules: pure and seeded (`random.Random` from the seed, no global random, sorted
-iteration). Uses only the behaviour names of `phalanx.jepsen.byzantine`; must not import
-the runtime, the simulator or the consensus cores' state machines.
+iteration). Uses only the behaviour names (`phalanx.jepsen.nemesis.BYZANTINE_BEHAVIOURS`,
+so `phalanx jepsen`'s parser stays cheap); must not import the runtime, the simulator or
+the consensus cores.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from phalanx.jepsen.byzantine import BEHAVIOURS
+from phalanx.jepsen.nemesis import BYZANTINE_BEHAVIOURS as BEHAVIOURS
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols import specs as protocol_specs
 

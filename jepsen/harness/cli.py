@@ -6,7 +6,9 @@ print the verdict table, exit 0 valid, 1 invalid, 4 unknown (also: the cluster n
 available), 2 usage error (bad or contradictory options, e.g. a PBFT cluster that is not
 3f+1 nodes: nothing was started). The table every subcommand follows: `phalanx.cli.errors`.
 
-Must not import the runtime or consensus cores.
+Must not import the runtime or consensus cores. Start-up: the top level is what the parser
+needs (names of fault kinds and Byzantine modes); trio, rich and the runner (matplotlib, the
+client) are imported by the handler, so every other `phalanx` command stays cheap.
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Final
-
-import trio
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Final
 
 from phalanx.cli.errors import (
     EXIT_INDETERMINATE,
@@ -29,14 +27,17 @@ from phalanx.cli.errors import (
     print_error,
 )
 from phalanx.jepsen.harness.byzantine_plan import MODES, ByzantinePlanError
-from phalanx.jepsen.harness.cluster import ClusterUnavailable
-from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, RunOutcome, run_test
 from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS
-from phalanx.jepsen.linearizability import UNKNOWN
 from phalanx.jepsen.nemesis import ScheduleError, parse_faults
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols import names as protocol_names
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from phalanx.jepsen.harness.runner import RunOptions, RunOutcome
 
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
@@ -117,6 +118,13 @@ def add_run_command(
 
 def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     """The ``phalanx jepsen run`` handler; returns the exit status."""
+    import trio
+    from rich.console import Console
+
+    from phalanx.jepsen.harness.cluster import ClusterUnavailable
+    from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, run_test
+    from phalanx.jepsen.linearizability import UNKNOWN
+
     out = console if console is not None else Console()
     size_problem = get_protocol(args.protocol).size_problem(args.nodes)
     if size_problem is not None:
@@ -158,6 +166,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
 
 
 def verdict_table(options: RunOptions, r: RunOutcome) -> Table:
+    from rich.table import Table
+
     t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
                     f"seed {options.seed}")
     t.add_column("operation")

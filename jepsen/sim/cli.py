@@ -6,7 +6,10 @@ any seed fails, 2 on bad arguments (one line on stderr: `phalanx.cli.errors`). C
 times are checked by their argparse types (finite, positive), so NaN or inf never reaches
 the simulator.
 
-Rules: argument parsing and printing only; the work is `phalanx.jepsen.sim.sweep`.
+Rules: argument parsing and printing only; the work is `phalanx.jepsen.sim.sweep`, which
+the handler imports (with `phalanx.jepsen.sim.run`): building the parser, and so `phalanx
+sim --help`, must not load the simulator. The parser's defaults are `RunConfig`'s (a test
+holds them equal).
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from phalanx.cli.errors import (
     print_error,
 )
 from phalanx.jepsen import nemesis
-from phalanx.jepsen.sim.run import RunConfig, run
-from phalanx.jepsen.sim.sweep import sweep
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols import names as protocol_names
 
-_DEFAULTS = RunConfig(seed=0)
+DEFAULT_CLIENTS = 3
+DEFAULT_KEYS = 3
+DEFAULT_MAX_EVENTS = 400_000
+"""`phalanx.jepsen.sim.run.RunConfig`'s defaults, named here so the parser needs no simulator."""
 MAX_NODES = 100
 MAX_JOBS = 256
 
@@ -95,18 +99,21 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--twins", type=non_negative_int, default=0, metavar="T",
         help="PBFT: T twinned replicas (TEST ONLY: K + T > f is the must-fail control)",
     )
-    p.add_argument("--clients", type=positive_int, default=_DEFAULTS.clients,
-                   help=f"concurrent client sessions (default {_DEFAULTS.clients})")
-    p.add_argument("--keys", type=positive_int, default=_DEFAULTS.keys,
-                   help=f"keys the clients read and write (default {_DEFAULTS.keys})")
-    p.add_argument("--max-events", type=positive_int, default=_DEFAULTS.max_events,
+    p.add_argument("--clients", type=positive_int, default=DEFAULT_CLIENTS,
+                   help=f"concurrent client sessions (default {DEFAULT_CLIENTS})")
+    p.add_argument("--keys", type=positive_int, default=DEFAULT_KEYS,
+                   help=f"keys the clients read and write (default {DEFAULT_KEYS})")
+    p.add_argument("--max-events", type=positive_int, default=DEFAULT_MAX_EVENTS,
                    help="event budget of one seed; a run that exceeds it fails "
-                   f"(default {_DEFAULTS.max_events:,})")
+                   f"(default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
     p.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
+    from phalanx.jepsen.sim.run import RunConfig, run
+    from phalanx.jepsen.sim.sweep import sweep
+
     try:
         faults = nemesis.parse_faults(args.faults, kinds=nemesis.SIM_FAULT_KINDS)
     except nemesis.ScheduleError as exc:

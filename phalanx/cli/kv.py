@@ -19,6 +19,11 @@ Exit status of `phalanx kv` (for scripts):
 every node answered, 1 when some did not (their rows say ``unreachable``), 2 on usage errors.
 Every error is one line on stderr.
 
+Start-up: this module's top level is what building the parser needs (argparse, the KV
+command types, `phalanx.cli.errors`); trio, the client, the PKI and the cluster files are
+imported by the functions that use them, so `phalanx kv --help` or a usage error costs no
+client import (`tests/test_packaging.py` holds this).
+
 Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes only
 through `phalanx.client.async_client`. Keys are UTF-8 text; values are bytes: arguments are encoded
 with
@@ -33,11 +38,8 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import trio
-
-from phalanx.apps import kv_wire
 from phalanx.apps.kv_types import (
     MAX_SCAN_LIMIT,
     CasResult,
@@ -64,12 +66,10 @@ from phalanx.cli.errors import (
     print_error,
     utf8_text,
 )
-from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected, open_client
-from phalanx.client.errors import Forbidden, StorageUnavailable
-from phalanx.net.client_protocol import ReadConsistency, StatusReply
-from phalanx.ops import pki
-from phalanx.ops.local_cluster import ClusterError, open_cluster
-from phalanx.ops.node_config import ClusterConfig, ConfigError, check_cluster_files
+
+if TYPE_CHECKING:  # the handlers import these: building the parser must stay cheap
+    from phalanx.net.client_protocol import StatusReply
+    from phalanx.ops.node_config import ClusterConfig
 
 EXIT_OK: Final = 0
 EXIT_NEGATIVE: Final = 1
@@ -238,6 +238,10 @@ async def run_kv(
 ) -> KvResult:
     """Send one KV command and return its decoded result (errors: see `phalanx.client.async_client`;
     `client_timeout` is the client's deadline for the operation)."""
+    from phalanx.apps import kv_wire
+    from phalanx.client.async_client import ClientError, open_client
+    from phalanx.net.client_protocol import ReadConsistency
+
     consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
     failure: ClientError | None = None
     raw = b""
@@ -294,6 +298,9 @@ def _print_result(command: KvCommand, result: KvResult) -> int:
 def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     """The cluster at --cluster with its client credential files present, or None after
     printing why not (one line)."""
+    from phalanx.ops.local_cluster import ClusterError, open_cluster
+    from phalanx.ops.node_config import ConfigError, check_cluster_files
+
     if not args.cluster:
         print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
         return None
@@ -316,6 +323,8 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     except (ClusterError, ConfigError) as e:
         print_error(prog, str(e))
         return None
+    from phalanx.ops import pki
+
     try:
         identity = pki.identity_from_certificate(cluster.client_cert)
     except (OSError, ValueError) as e:
@@ -338,6 +347,11 @@ def _kv_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
+    import trio  # after the usage checks: a usage error costs no client import
+
+    from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
+    from phalanx.client.errors import Forbidden, StorageUnavailable
+
     stale = bool(getattr(args, "stale", False))
     try:
         result = trio.run(lambda: run_kv(
@@ -393,6 +407,10 @@ class NodeStatus:
 async def query_status(cluster: ClusterConfig, *, client_timeout: float) -> list[NodeStatus]:
     """Every node's status, asked concurrently, in cluster order (`client_timeout`: how long
     each node gets to answer)."""
+    import trio
+
+    from phalanx.client.async_client import ClientError, ClientTimeout, open_client
+
     rows: dict[str, NodeStatus] = {}
     async with open_client(cluster, timeout=client_timeout) as client:
 
@@ -437,6 +455,8 @@ def _status_main(args: argparse.Namespace) -> int:
     cluster = _open(args, "phalanx status")
     if cluster is None:
         return EXIT_USAGE
+    import trio
+
     rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
     insecure = [r.node for r in rows if r.reply is not None and r.reply.client_auth == "none"]
     if insecure:

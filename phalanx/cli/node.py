@@ -11,6 +11,9 @@ missing, unreadable or invalid config; a missing certificate, key or PBFT key fi
 before storage is opened; an address it cannot listen on: in use, not local, not resolvable;
 TLS credentials that do not load); 1 when the node stopped on another error (logged with its
 traceback). Must not import the client library.
+
+Start-up: trio and the runtime are imported by `run_node`, not at the top, so building the
+`node` parser (every `phalanx` command that is not `node run`) does not load them.
 """
 
 from __future__ import annotations
@@ -23,18 +26,15 @@ import socket
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
-
-from phalanx.apps.gc_pacer import GcPacer
 from phalanx.cli.errors import EXIT_USAGE, print_error
 from phalanx.ops.node_config import Address, ConfigError, NodeConfig, check_files, load_node_config
 from phalanx.protocols import UnknownProtocol, byzantine_mode_problem, specs
 from phalanx.protocols import get as get_protocol
-from phalanx.runtime.node import Node, NodeError, open_node
-from phalanx.runtime.process_tuning import TrimPolicy, trim_malloc, tune_malloc
-from phalanx.storage.lock import probe_data_dir
+
+if TYPE_CHECKING:
+    from phalanx.runtime.node import Node
 
 logger = logging.getLogger(__name__)
 TRIM_POLL_S = 1.0
@@ -42,6 +42,11 @@ TRIM_POLL_S = 1.0
 
 
 async def _run(config: NodeConfig, byzantine: str | None, bootstrap: bool) -> None:
+    import trio
+
+    from phalanx.apps.gc_pacer import GcPacer
+    from phalanx.runtime.node import open_node
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_node(config, byzantine=byzantine, gc_pacer=GcPacer(),
                              bootstrap=bootstrap) as node:
@@ -61,6 +66,10 @@ async def _run(config: NodeConfig, byzantine: str | None, bootstrap: bool) -> No
 
 async def _release_free_memory(node: Node) -> None:
     """Trim the C heap after each checkpoint (`phalanx.runtime.process_tuning.TrimPolicy`)."""
+    import trio
+
+    from phalanx.runtime.process_tuning import TrimPolicy, trim_malloc
+
     policy = TrimPolicy(now=trio.current_time())
     while True:
         await trio.sleep(TRIM_POLL_S)
@@ -82,6 +91,12 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
     then (`phalanx.cli.main.main`, `phalanx.runtime.process_tuning.use_system_malloc`); this
     function
     never re-executes its caller's process."""
+    import trio
+
+    from phalanx.runtime.node import NodeError
+    from phalanx.runtime.process_tuning import tune_malloc
+    from phalanx.storage.lock import probe_data_dir
+
     try:
         config = load_node_config(config_path)
         check_files(config)

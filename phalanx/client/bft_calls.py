@@ -32,7 +32,6 @@ import trio
 
 from phalanx.client.connection import ClientStatistics, ConnectionPool, NodeSlot, PendingCall
 from phalanx.client.errors import ClientTimeout, Forbidden, RequestRejected
-from phalanx.consensus.pbft.client import ReplyCollector
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
 from phalanx.net.client_protocol import ClientReply, ReplyStatus, StatusCall
@@ -89,6 +88,10 @@ class PbftCalls:
         # Ref: Castro-Liskov §4.1 — the client sends to the primary, waits for f+1 replies
         # with the same result from distinct replicas (the replica is who the certificate
         # says, not the reply), and broadcasts to every replica on a retransmission.
+        # Imported here: the package `phalanx.consensus.pbft` loads the whole PBFT core,
+        # which a client of a Raft cluster (`phalanx kv`) has no use for.
+        from phalanx.consensus.pbft.client import ReplyCollector
+
         collector = ReplyCollector(tuple(NodeId(n) for n in self._order))
         primary = self._primary_alone() if alone else None
         attempt = 0

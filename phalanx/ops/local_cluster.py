@@ -19,6 +19,8 @@ the kernel's ephemeral port range so a killed node can always bind its ports aga
 Rules:
     * Never imports the runtime (`phalanx.runtime.node`) or the client: nodes are separate processes
       started as ``python -m phalanx node run CONFIG``.
+    * The PKI, signing keys and data-directory identity are imported by `init_cluster` only:
+      `cluster up`, `cluster --help` and `phalanx kv` (which opens clusters) do not load them.
     * A clean stop is SIGTERM, then SIGKILL for nodes still running after the grace period.
     * Errors the operator can fix (no cluster, non-empty directory, a directory that cannot
       be created, bad --nodes/--base-port/--host) raise `ClusterError`, which the CLI prints
@@ -50,7 +52,6 @@ from phalanx.cli.errors import (
     non_negative_float,
     print_error,
 )
-from phalanx.ops import pki
 from phalanx.ops.node_config import (
     Address,
     ClusterConfig,
@@ -68,12 +69,10 @@ from phalanx.ops.node_config import (
     valid_host,
 )
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
-from phalanx.ops.signing_keys import generate_key_file
 from phalanx.protocols import DEFAULT_PROTOCOL, UnknownProtocol
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols import names as protocol_names
 from phalanx.protocols import specs as protocol_specs
-from phalanx.runtime.identity import prepare_data_dir
 
 DEFAULT_BASE_PORT: Final = 7100
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -179,6 +178,8 @@ def init_cluster(
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
     """
+    from phalanx.ops import pki
+
     try:
         spec = protocol_spec(protocol)
     except UnknownProtocol as e:
@@ -231,6 +232,10 @@ def _write_cluster(
     client_name: str,
     checkpoint_every: int | None,
 ) -> None:
+    from phalanx.ops import pki
+    from phalanx.ops.signing_keys import generate_key_file
+    from phalanx.runtime.identity import prepare_data_dir
+
     ca = pki.create_ca()
     pki.write_ca(ca, root / "ca")
     ids = node_ids(nodes)
