@@ -125,7 +125,11 @@ _STARTUP_CASES: tuple[tuple[tuple[str, ...], int, tuple[str, ...]], ...] = (
     (("kv", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.ops", "phalanx.jepsen")),
     (("status", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.ops", "phalanx.jepsen")),
     (("cluster", "--help"), 0, (*_UI_AND_IO, *_CORES, "cryptography", "phalanx.jepsen")),
-    (("sim", "--help"), 0, (*_UI_AND_IO, "phalanx.jepsen.sim.run", "phalanx.jepsen.sim.sweep")),
+    (("sim", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.jepsen.sim.run",
+                             "phalanx.jepsen.sim.sweep")),
+    (("node", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.jepsen")),
+    (("demo", "--help"), 0, (*_UI_AND_IO, *_CORES, "phalanx.demo.cluster_demo",
+                             "phalanx.jepsen")),
 )
 
 

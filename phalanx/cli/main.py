@@ -29,7 +29,7 @@ from phalanx.cli.errors import (
 
 # (command, module, registration function, one-line help for the top-level listing)
 COMMANDS: tuple[tuple[str, str, str, str], ...] = (
-    ("demo", "phalanx.demo.cluster_demo", "add_demo_command",
+    ("demo", "phalanx.demo.command", "add_demo_command",
      "a 3-node cluster, a leader crash, and a linearizability check"),
     ("cluster", "phalanx.ops.local_cluster", "add_cluster_command",
      "create and run a local cluster"),
