@@ -184,3 +184,22 @@ def test_no_protocol_name_is_compared_outside_the_registry_and_protocol_packages
     assert not offenders, (
         "decide by the protocol's spec (phalanx.protocols), not by its name:\n"
         + "\n".join(offenders))
+
+
+def test_the_node_runtime_and_the_client_load_no_core_and_no_jepsen_until_used() -> None:
+    """A production node imports the fault-injection package only for a Byzantine mode
+    (`ProtocolSpec.byzantine` is loaded by `open_node` only then), and neither the runtime
+    nor the client imports a core before a spec's `node` is loaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import phalanx.runtime.node, phalanx.client.async_client, phalanx.protocols\n"
+        "from phalanx.protocols import specs\n"
+        "assert [s.name for s in specs()]\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('phalanx.jepsen',\n"
+        "             'phalanx.consensus.raft', 'phalanx.consensus.pbft')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
