@@ -11,8 +11,9 @@ the client): `Client`, `open_client`, `SyncClient` and the client errors, from
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from phalanx._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -55,10 +56,4 @@ if TYPE_CHECKING:
     from phalanx.client.sync_client import SyncClient
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'phalanx' has no attribute {name!r}")
-    value: object = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -7,8 +7,9 @@ connection per node), `bft_calls` (gather f+1 matching replies), `kv` (typed KV 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from phalanx._lazy import lazy_attributes
 
 _LAZY = {
     "Client": "phalanx.client.async_client",
@@ -47,10 +48,4 @@ if TYPE_CHECKING:
     from phalanx.client.sync_client import SyncClient
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'phalanx.client' has no attribute {name!r}")
-    value: object = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
