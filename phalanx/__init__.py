@@ -1,8 +1,10 @@
 """phalanx: crash- and Byzantine-fault-tolerant replicated state machines.
 
-Subpackages: `phalanx.consensus` (sans-IO cores), `phalanx.storage` (WAL, checkpoints),
-`phalanx.apps` (StateMachine API, replica layer, KV), `phalanx.net` (codec),
-`phalanx.jepsen` (histories, checkers, simulator).
+Subpackages: `phalanx.consensus` (sans-IO cores), `phalanx.protocols` (the protocol
+registry), `phalanx.storage` (WAL, checkpoints), `phalanx.apps` (StateMachine API, replica
+layer, KV), `phalanx.net` (codec, transport), `phalanx.runtime` (a node under trio),
+`phalanx.client`, `phalanx.cli` and `phalanx.ops` (the command line, configs, PKI),
+`phalanx.demo`, `phalanx.jepsen` (histories, checkers, simulator, real-cluster harness).
 
 Client library (loaded lazily, so importing a sans-IO subpackage never pulls in trio, TLS or
 the client): `Client`, `open_client`, `SyncClient` and the client errors, from
