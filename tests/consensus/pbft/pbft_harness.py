@@ -1,8 +1,10 @@
 """A tiny hand-driven PBFT cluster for tests: cores, an in-flight message list, FastCrypto.
 
-Honours the Ready order: queue the early messages, record `core_state` (the "disk"),
-install a snapshot, queue the messages, apply committed entries (the app is a list of
-commands; a checkpoint every K seqs), then feed `Persisted`. Byzantine nodes have no core:
+Each Ready is carried out by the shared `ReadyExecutor`
+(tests/consensus/conformance/ready_executor.py) through this module's hooks: queue the early
+messages, record `core_state` (the "disk"), install a snapshot, queue the messages, apply
+committed entries (the app is a list of commands), feed `Persisted`, then a checkpoint every
+K seqs. Client answers (reads, rejections) are not modelled. Byzantine nodes have no core:
 tests script their messages with `byz_sign` / `inject`.
 """
 
@@ -11,9 +13,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from phalanx.consensus.core import CheckpointTaken, Input, Persisted, Ready, Receive, Submit, Tick
+from phalanx.consensus.core import Input, Ready, Receive, Snapshot, Submit, Tick, snapshot_bytes
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.pbft import (
     PbftBugs,
@@ -24,6 +28,11 @@ from phalanx.consensus.pbft import (
 )
 from phalanx.consensus.pbft.messages import signed_part
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, Message, NodeId
+
+_CONFORMANCE = str(Path(__file__).resolve().parents[1] / "conformance")
+if _CONFORMANCE not in sys.path:
+    sys.path.insert(0, _CONFORMANCE)
+from ready_executor import ReadyExecutor  # noqa: E402  (the shared Ready order)
 
 Filter = Callable[[NodeId, NodeId, Message], bool]
 
@@ -61,6 +70,11 @@ class Cluster:
                 self.app[i] = []
                 self.entries[i] = []
                 self.checkpoints[i] = {}
+        self.executor = ReadyExecutor(
+            feed=lambda n, inp: self.step(n, inp), persist=self._persist,
+            install=self._install, send=lambda n, s: self.net.append((n, s.to, s.message)),
+            apply=self._apply, checkpoint=self._checkpoint, checkpoint_every=self.k)
+        """Carries out every Ready in the contract's order through the hooks below."""
 
     def config(self, node: NodeId) -> PbftConfig:
         return PbftConfig(node_id=node, replicas=self.ids, **self.config_kw)  # type: ignore[arg-type]
@@ -80,29 +94,28 @@ class Cluster:
         self.handle(node, self.cores[node].step(inp))
 
     def handle(self, node: NodeId, ready: Ready) -> None:
-        for send in ready.early_messages:  # step 0: they may leave before the persist
-            self.net.append((node, send.to, send.message))
+        self.executor.run(node, ready)
+
+    # The executor's hooks (the Ready order itself lives in `ready_executor`).
+
+    def _persist(self, node: NodeId, ready: Ready) -> None:
         if ready.core_state is not None:
             assert isinstance(ready.core_state, PbftDurableState)
             self.durable[node] = ready.core_state
-        if ready.snapshot is not None:
-            self.app[node] = list(ast.literal_eval(ready.snapshot.data.decode()))
-            assert len(self.app[node]) == ready.snapshot.meta.index
-        for send in ready.messages:
-            self.net.append((node, send.to, send.message))
-        to_checkpoint = []
-        for e in ready.committed:
-            assert e.index == len(self.app[node]) + 1, (node, e.index, len(self.app[node]))
-            self.entries[node].append(e)
-            self.app[node].append(b"|".join(r.command for r in e.requests) or b"null")
-            if e.index % self.k == 0:
-                to_checkpoint.append(e.index)
-        if ready.number:
-            self.step(node, Persisted(number=ready.number))
-        for index in to_checkpoint:
-            data = repr(tuple(self.app[node][:index])).encode()
-            self.checkpoints[node][index] = data
-            self.step(node, CheckpointTaken(index=index, data=data))
+
+    def _install(self, node: NodeId, snapshot: Snapshot) -> None:
+        self.app[node] = list(ast.literal_eval(snapshot_bytes(snapshot.data).decode()))
+        assert len(self.app[node]) == snapshot.meta.index
+
+    def _apply(self, node: NodeId, e: Entry) -> None:
+        assert e.index == len(self.app[node]) + 1, (node, e.index, len(self.app[node]))
+        self.entries[node].append(e)
+        self.app[node].append(b"|".join(r.command for r in e.requests) or b"null")
+
+    def _checkpoint(self, node: NodeId, index: int) -> bytes:
+        data = repr(tuple(self.app[node][:index])).encode()
+        self.checkpoints[node][index] = data
+        return data
 
     def submit(self, node: NodeId, request: ClientRequest) -> None:
         self.step(node, Submit(request=request))

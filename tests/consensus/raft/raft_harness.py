@@ -1,5 +1,7 @@
-"""A tiny in-test Raft cluster: cores wired by hand through a message queue, honouring the
-`Ready` order (persist to an in-memory disk, then send, then apply, then `Persisted`).
+"""A tiny in-test Raft cluster: cores wired by hand through a message queue, each `Ready`
+carried out by the shared `ReadyExecutor` (tests/consensus/conformance/ready_executor.py:
+early messages, persist to an in-memory disk, send, apply, answer, then `Persisted`); this
+module only supplies its hooks and a trace of every Ready.
 
 Used by the unit tests and the data-driven interaction tests. Every node applies committed
 entries to a list of commands and checks that it receives each index exactly once, in order.
@@ -10,17 +12,18 @@ Ready synchronously); messages reaching a crashed node are lost.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from phalanx.consensus.core import (
-    CheckpointTaken,
-    Persisted,
     Ready,
     Receive,
     Snapshot,
     Submit,
     Tick,
+    snapshot_bytes,
 )
 from phalanx.consensus.raft import RaftBugs, RaftConfig, RaftCore, RaftInput, RaftRestoredState
 from phalanx.consensus.types import (
@@ -31,6 +34,11 @@ from phalanx.consensus.types import (
     Message,
     NodeId,
 )
+
+_CONFORMANCE = str(Path(__file__).resolve().parents[1] / "conformance")
+if _CONFORMANCE not in sys.path:
+    sys.path.insert(0, _CONFORMANCE)
+from ready_executor import ReadyExecutor  # noqa: E402  (the shared Ready order)
 
 
 def fmt_entry(e: Entry) -> str:
@@ -113,6 +121,15 @@ class Cluster:
         self.verbose = True
         self.committed_at: dict[int, Entry] = {}
         """Every entry any node applied, by index: checks State Machine Safety."""
+        self.executor = ReadyExecutor(
+            feed=lambda n, inp: self.step(n, inp),
+            persist=lambda n, rd: self.nodes[n].disk.persist(rd),
+            install=self._install, send=lambda n, s: self.queue.append((n, s.to, s.message)),
+            apply=self._apply,
+            read=lambda n, r: self.nodes[n].reads.append((r.request.command.decode(), r.index)),
+            reject=lambda n, j: self.nodes[n].rejected.append(j.request.command.decode()),
+            checkpoint=self._checkpoint, observe=self._observe)
+        """Carries out every Ready in the contract's order through the hooks below."""
 
     # ---------------------------------------------------------------- membership
 
@@ -149,34 +166,33 @@ class Cluster:
         self._handle_ready(nid, node, rd)
 
     def _handle_ready(self, nid: NodeId, node: Node, rd: Ready) -> None:
+        """Carry out `rd` (tests wrap this to watch every Ready)."""
+        self.executor.run(nid, rd)
+
+    # -- the executor's hooks (the Ready order itself lives in `ready_executor`)
+
+    def _install(self, nid: NodeId, snap: Snapshot) -> None:
+        node = self.nodes[nid]
+        node.app = decode_app(snapshot_bytes(snap.data))
+        node.applied_index = snap.meta.index
+
+    def _apply(self, nid: NodeId, e: Entry) -> None:
+        node = self.nodes[nid]
+        assert e.index == node.applied_index + 1, (nid, e.index, node.applied_index)
+        prev = self.committed_at.setdefault(e.index, e)
+        assert prev == e, f"State Machine Safety violated at {e.index}: {prev} vs {e}"
+        node.applied_index = e.index
+        node.app.extend(r.command.decode() for r in e.requests)
+
+    def _checkpoint(self, nid: NodeId, index: int) -> bytes:
+        node = self.nodes[nid]
+        data = encode_app(node.app)
+        node.disk.app_checkpoint = (index, data)
+        return data
+
+    def _observe(self, nid: NodeId, rd: Ready) -> None:
         if self.verbose:
-            self._log_ready(nid, node, rd)
-        # 0. early messages (a leader's AppendEntries) may leave before persisting
-        for s in rd.early_messages:
-            self.queue.append((nid, s.to, s.message))
-        # 1. persist
-        node.disk.persist(rd)
-        if rd.snapshot is not None:
-            node.app = decode_app(rd.snapshot.data)
-            node.applied_index = rd.snapshot.meta.index
-        # 2. send
-        for s in rd.messages:
-            self.queue.append((nid, s.to, s.message))
-        # 3. apply
-        for e in rd.committed:
-            assert e.index == node.applied_index + 1, (nid, e.index, node.applied_index)
-            prev = self.committed_at.setdefault(e.index, e)
-            assert prev == e, f"State Machine Safety violated at {e.index}: {prev} vs {e}"
-            node.applied_index = e.index
-            node.app.extend(r.command.decode() for r in e.requests)
-        # 4. answer
-        for r in rd.reads:
-            node.reads.append((r.request.command.decode(), r.index))
-        for j in rd.rejected:
-            node.rejected.append(j.request.command.decode())
-        # 5. durable
-        if rd.number:
-            self.step(nid, Persisted(number=rd.number))
+            self._log_ready(nid, self.nodes[nid], rd)
 
     def _log_ready(self, nid: NodeId, node: Node, rd: Ready) -> None:
         if rd.snapshot is not None:
@@ -283,9 +299,7 @@ class Cluster:
         idx = node.applied_index if index is None else index
         if idx != node.applied_index:
             raise ValueError("this harness checkpoints at the applied index only")
-        data = encode_app(node.app)
-        node.disk.app_checkpoint = (idx, data)
-        self.step(nid, CheckpointTaken(index=idx, data=data))
+        self.executor.checkpoint(nid, idx)
         # The driver would also compact its durable log; the restart path needs the
         # snapshot meta, which the core recorded.
         snap = node.core.snapshot
