@@ -150,7 +150,8 @@ class Driver(CallAdmission, PersistPipeline):
         committer: persists batches of Readys.
         send: hands a message to the transport without blocking; False when refused.
         tick_seconds: wall time of one `Tick`.
-        status_extra: builds the node-level fields of a `StatusReply` (peers, protocol, ...).
+        status_reply: builds a `StatusReply` from the core's status and the replica's (the node
+            adds peers, protocol, connected links, ...).
         observer: metrics hooks.
         persist_inline: persist on the core task instead of a worker thread (fsync off).
         idle_inline: persist a batch on the core task when it holds at most
