@@ -31,7 +31,7 @@ from phalanx.cli.errors import (
 COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("demo", "phalanx.demo.command", "add_demo_command",
      "a 3-node cluster, a leader crash, and a linearizability check"),
-    ("cluster", "phalanx.ops.local_cluster", "add_cluster_command",
+    ("cluster", "phalanx.ops.cluster_command", "add_cluster_command",
      "create and run a local cluster"),
     ("node", "phalanx.cli.node", "add_node_command", "run a phalanx node"),
     ("kv", "phalanx.cli.kv", "add_kv_command", "read and write keys of a running cluster"),

@@ -8,7 +8,8 @@ Owns:
     * `NodeProcesses`: node subprocesses of one cluster (start, signal, stop with a grace
       period, restart), each logging to ``DIR/logs/<id>.log`` and recording its pid in
       ``DIR/run/<id>.pid`` while it runs. `phalanx cluster up`, the demo and the tests share it.
-    * `add_cluster_command(subparsers)`: the argparse wiring of both subcommands.
+    * `supervise`: `cluster up`'s foreground loop. The command line of both subcommands is
+      `phalanx.ops.cluster_command`.
 
 Port layout (``--base-port P``): node i (0-based) listens for peers on P+i, for clients on
 P+100+i and serves metrics on P+200+i, so at most 100 nodes. `find_free_base_port` probes for
@@ -29,7 +30,6 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import random
@@ -46,11 +46,7 @@ from types import FrameType
 from typing import IO, Any, Final
 
 from phalanx.cli.errors import (
-    EXIT_USAGE,
     OperatorError,
-    int_between,
-    non_negative_float,
-    print_error,
 )
 from phalanx.ops.node_config import (
     Address,
@@ -61,18 +57,14 @@ from phalanx.ops.node_config import (
     PeerConfig,
     TimingConfig,
     TlsFiles,
-    check_files,
     dumps_toml,
     load_cluster_config,
-    load_node_config,
     node_config_dict,
     valid_host,
 )
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
 from phalanx.protocols import DEFAULT_PROTOCOL, UnknownProtocol
 from phalanx.protocols import get as protocol_spec
-from phalanx.protocols import names as protocol_names
-from phalanx.protocols import specs as protocol_specs
 
 DEFAULT_BASE_PORT: Final = 7100
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -459,114 +451,6 @@ class NodeProcesses:
 
 # --------------------------------------------------------------------------------------------
 # Command line
-
-_INIT_EPILOG = """\
-examples:
-  phalanx cluster init ./demo-cluster
-  phalanx cluster init ./c5 --nodes 5 --base-port 9000
-
-Writes DIR/cluster.toml, DIR/nodes/<id>.toml (+ certificate and key), DIR/ca/,
-DIR/clients/{admin,client,reader}.pem/.key (client certificates with the roles admin,
-read-write and read-only; cluster.toml and `phalanx kv` use client.pem; issue more with
-`phalanx cert issue-client`), DIR/data/<id>/, DIR/logs/ and DIR/run/. Node i (0-based)
-listens for peers on BASE+i, for clients on BASE+100+i, and serves Prometheus metrics
-on BASE+200+i. DIR must not exist or be empty.
-
-exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
-nothing was created.
-"""
-
-_UP_EPILOG = """\
-examples:
-  phalanx cluster up ./demo-cluster
-  phalanx cluster up ./demo-cluster --node n1 --node n2
-
-Runs every node (`phalanx node run DIR/nodes/<id>.toml`) as a subprocess, logging to
-DIR/logs/<id>.log, with its pid in DIR/run/<id>.pid. Ctrl-C (or SIGTERM) stops them:
-SIGTERM to each node, then SIGKILL after --grace seconds. A node that dies is reported
-and not restarted; `up` exits when all nodes have exited.
-
-exit status: 0 every node stopped cleanly on request; 1 a node failed or stopped on an
-error; 2 usage error (no cluster at DIR, an unknown --node, a node config that does not
-load, a missing certificate or key file): no node was started.
-"""
-
-
-def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``phalanx cluster init`` and ``phalanx cluster up`` on `subparsers`."""
-    cluster = subparsers.add_parser(
-        "cluster", help="create and run a local cluster",
-        description="Create a cluster directory and run its nodes on this machine.",
-    )
-    sub = cluster.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND", required=True)
-    init = sub.add_parser(
-        "init", help="create a cluster directory: CA, certificates, node configs",
-        description="Create a cluster directory: a CA, node and client certificates and "
-                    "one TOML config per node.",
-        epilog=_INIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    init.add_argument("directory", metavar="DIR", help="the cluster directory to create")
-    init.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
-                      help="consensus protocol (default: %(default)s; "
-                      + "; ".join(f"{s.name}: {s.summary}" for s in protocol_specs()) + ")")
-    init.add_argument("--nodes", type=int_between(1, MAX_NODES), default=3,
-                      help=f"number of nodes, 1..{MAX_NODES} (default: 3)")
-    init.add_argument("--base-port", type=int_between(1, 65535), default=DEFAULT_BASE_PORT,
-                      metavar="P",
-                      help="first port of the layout (default: %(default)s)")
-    init.add_argument("--host", default=DEFAULT_HOST,
-                      help="address every node listens on (default: %(default)s)")
-    init.add_argument("--fsync", choices=("every-write", "group", "off"), default="group",
-                      help="durability mode of the nodes (default: %(default)s)")
-    init.set_defaults(handler=_run_init)
-    up = sub.add_parser(
-        "up", help="run every node of a cluster directory until Ctrl-C",
-        description="Run the nodes of a cluster directory as subprocesses.",
-        epilog=_UP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    up.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
-    up.add_argument("--node", action="append", metavar="ID", dest="nodes",
-                    help="run only this node (repeatable; default: all)")
-    up.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE,
-                    metavar="SECONDS",
-                    help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
-    up.set_defaults(handler=_run_up)
-
-
-def _run_init(args: argparse.Namespace) -> int:
-    try:
-        cluster = init_cluster(
-            args.directory, protocol=args.protocol, nodes=args.nodes,
-            base_port=args.base_port, host=args.host, fsync=args.fsync,
-        )
-    except ClusterError as e:
-        print_error("phalanx cluster init", str(e))
-        return EXIT_USAGE
-    print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes in {args.directory}")
-    warning = ephemeral_overlap_warning(args.base_port, args.nodes)
-    if warning is not None:
-        print(warning, file=sys.stderr)
-    for n in cluster.nodes:
-        print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
-    print(f"start it with: phalanx cluster up {args.directory}")
-    return 0
-
-
-def _run_up(args: argparse.Namespace) -> int:
-    try:
-        cluster = open_cluster(args.directory)
-        wanted = args.nodes or [n.id for n in cluster.nodes]
-        unknown = [n for n in wanted if n not in {m.id for m in cluster.nodes}]
-        if unknown:
-            raise ClusterError(f"no node {unknown[0]!r} in {args.directory} (its nodes: "
-                               f"{', '.join(m.id for m in cluster.nodes)})")
-        for node_id in wanted:  # every config and credential file, before starting any
-            check_files(load_node_config(cluster.node_config_path(node_id)))
-    except (ClusterError, ConfigError) as e:
-        print_error("phalanx cluster up", str(e))
-        return EXIT_USAGE
-    return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
-
 
 def supervise(procs: NodeProcesses, node_ids: Sequence[str], *, grace: float) -> int:
     """Run `node_ids` until SIGINT/SIGTERM or until all of them exit; see `cluster up`."""

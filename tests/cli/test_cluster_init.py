@@ -17,10 +17,10 @@ import pytest
 from cryptography import x509
 
 from phalanx.ops import pki
+from phalanx.ops.cluster_command import add_cluster_command
 from phalanx.ops.local_cluster import (
     ClusterError,
     NodeProcesses,
-    add_cluster_command,
     cluster_ports,
     ephemeral_overlap_warning,
     find_free_base_port,
