@@ -1,7 +1,8 @@
 """The application contract: what a replicated state machine offers the replica layer.
 
 Owns: the `StateMachine` and `StateSnapshot` protocols, the optional `EndorsementHooks` the
-leaderless core uses (key access sets and a local accept/reject vote), the optional
+leaderless core uses (key access sets, with `KeyUpdate`s and the application's commutativity
+relation over them, and a local accept/reject vote), the optional
 `Admission` hook a node runs on a request when it arrives (size limits, before anything is
 proposed or replicated), and the typed errors an application raises on malformed snapshot
 data.
@@ -22,7 +23,7 @@ Invariants every application must keep:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -95,35 +96,72 @@ class StateMachine(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class KeyUpdate:
+    """One write to `key` described precisely enough to decide whether it commutes with
+    another (PnyxDB §1.3's operations): `op` names the operation in the application's own
+    vocabulary (the KV app: ``set``, ``add``, ``mul``, ``sadd``, ``srem``, ``concat``) and
+    `operand` is its argument, as bytes. Consensus never interprets either: it hands pairs of
+    updates of the same key to the application's `EndorsementHooks.commutes`."""
+
+    key: str
+    op: str
+    operand: bytes = b""
+
+
+CommutesFn = Callable[[KeyUpdate, KeyUpdate], bool]
+"""Whether two updates of the same key commute (`EndorsementHooks.commutes`)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KeyAccess:
     """The keys a command may read and write, for conflict detection (PnyxDB §1.3).
 
     Tuples are sorted and unique so that equal accesses compare and encode equal.
     `read_prefixes` covers range reads (a scan reads every key starting with the prefix).
+    `writes` lists every key the command may write. `updates` refines some of them: a key
+    written only through updates (every write of it is described there, and the command
+    does not read it otherwise) conflicts with another command's updates of that key only
+    when some pair of them does not commute. A written key without updates conflicts with
+    any other access to it, and so does any read of a key the other command writes.
     """
 
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     read_prefixes: tuple[str, ...] = ()
+    updates: tuple[KeyUpdate, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("reads", "writes", "read_prefixes"):
-            value: tuple[str, ...] = getattr(self, name)
-            if list(value) != sorted(set(value)):
+        for name in ("reads", "writes", "read_prefixes", "updates"):
+            value: tuple[str, ...] | tuple[KeyUpdate, ...] = getattr(self, name)
+            if list(value) != sorted(set(value)):  # type: ignore[type-var]  # all one type
                 raise ValueError(f"KeyAccess.{name} must be sorted and unique: {value!r}")
+        if not {u.key for u in self.updates} <= set(self.writes):
+            raise ValueError("KeyAccess.updates name keys missing from writes")
 
-    def conflicts_with(self, other: KeyAccess) -> bool:
-        """True when one command writes something the other reads or writes."""
+    def conflicts_with(self, other: KeyAccess, commutes: CommutesFn | None = None) -> bool:
+        """True when one command writes something the other reads or writes, unless (given
+        `commutes`) every such key is one both only update, through updates that commute
+        pairwise. Without `commutes`, every write conflicts (no update commutes)."""
+        for mine, theirs in ((self, other), (other, self)):
+            touched = set(theirs.reads) | set(theirs.writes)
+            for key in mine.writes:
+                hit = key in touched or any(key.startswith(p) for p in theirs.read_prefixes)
+                if hit and (commutes is None or not _commuting_key(key, mine, theirs, commutes)):
+                    return True
+        return False
 
-        def writes_hit(writes: tuple[str, ...], access: KeyAccess) -> bool:
-            touched = set(access.reads) | set(access.writes)
-            return any(
-                key in touched or any(key.startswith(p) for p in access.read_prefixes)
-                for key in writes
-            )
 
-        return writes_hit(self.writes, other) or writes_hit(other.writes, self)
+def _commuting_key(key: str, a: KeyAccess, b: KeyAccess, commutes: CommutesFn) -> bool:
+    """Whether `a` and `b` touch `key` only through updates that commute pairwise."""
+    if key in a.reads or key in b.reads or any(
+            key.startswith(p) for p in (*a.read_prefixes, *b.read_prefixes)):
+        return False
+    ua = [u for u in a.updates if u.key == key]
+    ub = [u for u in b.updates if u.key == key]
+    if not ua or not ub:
+        return False
+    return all(commutes(x, y) for x in ua for y in ub)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +206,15 @@ class EndorsementHooks(Protocol):
 
         Determinism: need NOT be deterministic across replicas (it is a local policy vote,
         e.g. a validity check against local state); it MUST NOT change state or raise.
+        """
+        ...
+
+    def commutes(self, a: KeyUpdate, b: KeyUpdate) -> bool:
+        """Whether updates `a` and `b` of the same key give the same state and the same
+        results in either order (pass it to `KeyAccess.conflicts_with`).
+
+        Determinism: MUST be a pure function of the two updates, symmetric, and never raise
+        (an update it does not know conflicts).
         """
         ...
 

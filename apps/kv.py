@@ -1,8 +1,9 @@
 """The KV store: a `StateMachine` over a persistent map from `str` keys to `bytes` values.
 
 Owns: command execution (put, get, delete, compare-and-set, prefix scan, multi-key
-transaction), the KV checkpoint
-format, and the `EndorsementHooks` of the KV app.
+transaction, versions and the commuting updates of `phalanx.apps.kv_ops`), the KV checkpoint
+format, and the `EndorsementHooks` of the KV app (`access` describes puts and updates as
+`KeyUpdate`s; `commutes` is `kv_ops.commutes`, PnyxDB's conflict matrix).
 
 Must not import: consensus cores, storage, trio, clocks.
 
@@ -45,8 +46,8 @@ from collections.abc import Iterator
 
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
-from phalanx.apps import kv_wire
-from phalanx.apps.interface import KeyAccess, SnapshotFormatError, Verdict
+from phalanx.apps import kv_ops, kv_wire
+from phalanx.apps.interface import KeyAccess, KeyUpdate, SnapshotFormatError, Verdict
 from phalanx.apps.kv_base import (
     MAX_SHARD_KEYS,
     SHARD_KEYS,
@@ -62,22 +63,32 @@ from phalanx.apps.kv_types import (
     MAX_SCAN_LIMIT,
     MAX_TXN_OPS,
     MAX_VALUE_BYTES,
+    READ_COMMANDS,
+    Add,
     CasResult,
     CompareAndSet,
+    Concat,
     Delete,
     Deleted,
     Done,
     Get,
+    GetVersion,
+    GetVersioned,
     KvCommand,
     KvError,
     KvErrorCode,
     KvResult,
+    Mul,
     Put,
+    SAdd,
     Scan,
     ScanResult,
+    SRem,
     Txn,
     TxnResult,
     Value,
+    VersionedValue,
+    VersionResult,
 )
 
 WINDOW_KEYS = 1024
@@ -179,7 +190,7 @@ class KvStateMachine:
 
     def query(self, request: bytes) -> bytes:
         cmd = kv_wire.decode_command(request)
-        if not isinstance(cmd, KvError | Get | Scan):
+        if not isinstance(cmd, (KvError, *READ_COMMANDS)):
             cmd = KvError(
                 code=KvErrorCode.NOT_A_QUERY,
                 message=f"{type(cmd).__name__} changes state; submit it as a command",
@@ -234,6 +245,16 @@ class KvStateMachine:
                 return Done()
             case Get(key=key):
                 return Value(value=data.get(key))
+            case GetVersion(key=key):
+                return VersionResult(version=kv_ops.version_of(data.get(key)))
+            case GetVersioned(key=key):
+                found = data.get(key)
+                return VersionedValue(value=found, version=kv_ops.version_of(found))
+            case Add() | Mul() | SAdd() | SRem() | Concat():
+                new, result = kv_ops.run_update(cmd, data.get(cmd.key))
+                if new is not None:
+                    data.set(cmd.key, new)
+                return result
             case Delete(key=key):
                 return Deleted(existed=data.delete(key))
             case CompareAndSet(key=key, expected=expected, new=new):
@@ -264,9 +285,14 @@ class KvStateMachine:
     def access(self, command: bytes) -> KeyAccess:
         cmd = kv_wire.decode_command(command)
         match cmd:
-            case Put(key=key) | Delete(key=key):
+            case Put(key=key, value=value):
+                return KeyAccess(writes=(key,), updates=(kv_ops.update_of(None, key=key,
+                                                                          value=value),))
+            case Add() | Mul() | SAdd() | SRem() | Concat():
+                return KeyAccess(writes=(cmd.key,), updates=(kv_ops.update_of(cmd),))
+            case Delete(key=key):
                 return KeyAccess(writes=(key,))
-            case Get(key=key):
+            case Get(key=key) | GetVersion(key=key) | GetVersioned(key=key):
                 return KeyAccess(reads=(key,))
             case CompareAndSet(key=key):
                 return KeyAccess(reads=(key,), writes=(key,))
@@ -279,6 +305,10 @@ class KvStateMachine:
                 return KeyAccess(reads=reads, writes=writes)
             case KvError():
                 return KeyAccess()
+
+    def commutes(self, a: KeyUpdate, b: KeyUpdate) -> bool:
+        """PnyxDB's conflict matrix over the KV updates (`kv_ops.commutes`)."""
+        return kv_ops.commutes(a, b)
 
     def check(self, command: bytes) -> Verdict:
         cmd = kv_wire.decode_command(command)
@@ -337,10 +367,16 @@ def validate(cmd: KvCommand) -> KvError | None:
     if _key_too_large(key):
         return KvError(code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes")
     value = b""
-    if isinstance(cmd, Put):
-        value = cmd.value
-    elif isinstance(cmd, CompareAndSet):
-        value = cmd.new
+    match cmd:
+        case Put(value=value) | CompareAndSet(new=value) | Concat(suffix=value):
+            pass
+        case SAdd(member=value) | SRem(member=value):
+            pass
+        case Add(amount=n) | Mul(factor=n) if not kv_ops.INT64_MIN <= n <= kv_ops.INT64_MAX:
+            return KvError(
+                code=KvErrorCode.INVALID_ARGUMENT,
+                message=f"{type(cmd).__name__}: {n} is outside the signed 64-bit range",
+            )
     if len(value) > MAX_VALUE_BYTES:
         return KvError(
             code=KvErrorCode.VALUE_TOO_LARGE, message=f"value exceeds {MAX_VALUE_BYTES} bytes"

@@ -107,8 +107,73 @@ class Txn:
     failure: tuple[TxnWrite, ...] = ()
 
 
-KvCommand: TypeAlias = Put | Get | Delete | CompareAndSet | Scan | Txn
-READ_COMMANDS = (Get, Scan)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetVersion:
+    """The version of `key`: SHA-512 of its value, empty when absent (`kv_ops.version_of`).
+    Result: `VersionResult`. A query."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetVersioned:
+    """The value of `key` and its version, read together. Result: `VersionedValue`. A query."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Add:
+    """Add `amount` to the integer at `key` (absent reads as 0), modulo 2**64 in the signed
+    64-bit range (`kv_ops`). Result: `Done`; `KvError(WRONG_TYPE)` if the value is not a
+    canonical decimal integer. Commutes with every other `Add`."""
+
+    key: str
+    amount: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mul:
+    """Multiply the integer at `key` (absent reads as 0) by `factor`, modulo 2**64 like `Add`.
+    Result: `Done`. Commutes with every other `Mul`."""
+
+    key: str
+    factor: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SAdd:
+    """Add `member` to the set at `key` (absent reads as the empty set; `kv_ops` gives the
+    encoding). Result: `Done`; `KvError(WRONG_TYPE)` if the value is not a canonical set."""
+
+    key: str
+    member: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SRem:
+    """Remove `member` from the set at `key` (absent reads as the empty set). Result: `Done`."""
+
+    key: str
+    member: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Concat:
+    """Append `suffix` to the value at `key` (absent reads as empty). Result: `Done`."""
+
+    key: str
+    suffix: bytes
+
+
+KvCommand: TypeAlias = (
+    Put | Get | Delete | CompareAndSet | Scan | Txn | GetVersion | GetVersioned | Add | Mul
+    | SAdd | SRem | Concat
+)
+READ_COMMANDS = (Get, Scan, GetVersion, GetVersioned)
+"""The commands `KvStateMachine.query` answers (they change nothing)."""
+UPDATE_COMMANDS = (Add, Mul, SAdd, SRem, Concat)
+"""Read-modify-write commands on one key whose result is `Done` whatever the order."""
 
 # --------------------------------------------------------------------------------------------
 # Results
@@ -116,7 +181,7 @@ READ_COMMANDS = (Get, Scan)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Done:
-    """A `Put` took effect."""
+    """A `Put`, or an update (`UPDATE_COMMANDS`), took effect."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +224,21 @@ class TxnResult:
     observed: tuple[bytes | None, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionResult:
+    """The version of a key: SHA-512 of its value (64 bytes), or empty when absent."""
+
+    version: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionedValue:
+    """A key's value (None when absent) and its version (`VersionResult`), read together."""
+
+    value: bytes | None
+    version: bytes
+
+
 class KvErrorCode(enum.IntEnum):
     """Why a command was refused. The command had no effect."""
 
@@ -174,6 +254,12 @@ class KvErrorCode(enum.IntEnum):
     """A `Txn` with more than `MAX_TXN_OPS` compares or writes in a branch."""
     DUPLICATE_KEY = 7
     """A `Txn` branch writes the same key twice."""
+    WRONG_TYPE = 8
+    """An `Add`/`Mul` on a value that is not a canonical integer, or an `SAdd`/`SRem` on one
+    that is not a canonical set (`kv_ops`)."""
+    INVALID_ARGUMENT = 9
+    """An operand out of range: an `Add.amount` or `Mul.factor` outside the signed 64-bit
+    range."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,7 +270,10 @@ class KvError:
     message: str
 
 
-KvResult: TypeAlias = Done | Value | Deleted | CasResult | ScanResult | TxnResult | KvError
+KvResult: TypeAlias = (
+    Done | Value | Deleted | CasResult | ScanResult | TxnResult | KvError | VersionResult
+    | VersionedValue
+)
 
 KV_TYPE_IDS: dict[int, type] = {
     400: Put,
@@ -201,5 +290,14 @@ KV_TYPE_IDS: dict[int, type] = {
     424: ScanResult,
     425: KvError,
     426: TxnResult,
+    407: GetVersion,
+    408: GetVersioned,
+    409: Add,
+    410: Mul,
+    411: SAdd,
+    412: SRem,
+    413: Concat,
+    427: VersionResult,
+    428: VersionedValue,
 }
 """Stable codec type ids (the 400-499 range is reserved for apps in `phalanx.net.wire`)."""

@@ -23,28 +23,31 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps.kv_types import (
     KV_TYPE_IDS,
+    READ_COMMANDS,
+    UPDATE_COMMANDS,
     CasResult,
     CompareAndSet,
     Delete,
     Deleted,
     Done,
-    Get,
     KvCommand,
     KvError,
     KvErrorCode,
     KvResult,
     Put,
-    Scan,
     ScanResult,
     Txn,
     TxnResult,
     Value,
+    VersionedValue,
+    VersionResult,
 )
 from phalanx.net.codec import DecodeError, Registry
 from phalanx.net.wire import default_registry, register_all
 
-_COMMANDS = (Put, Get, Delete, CompareAndSet, Scan, Txn)
-_RESULTS = (Done, Value, Deleted, CasResult, ScanResult, TxnResult, KvError)
+_COMMANDS = (Put, Delete, CompareAndSet, Txn, *READ_COMMANDS, *UPDATE_COMMANDS)
+_RESULTS = (Done, Value, Deleted, CasResult, ScanResult, TxnResult, KvError, VersionResult,
+            VersionedValue)
 
 REGISTRY: Registry = default_registry()
 """The project's default registry; the KV types live in the apps range (400-499, see

@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.apps import kv_wire
-from phalanx.apps.interface import EndorsementHooks, KeyAccess, SnapshotFormatError
+from phalanx.apps.interface import (
+    EndorsementHooks,
+    KeyAccess,
+    KeyUpdate,
+    SnapshotFormatError,
+)
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.kv_types import (
     MAX_KEY_BYTES,
@@ -371,7 +376,10 @@ def test_endorsement_hooks() -> None:
     m = KvStateMachine()
     assert isinstance(m, EndorsementHooks)
     enc = kv_wire.encode_command
-    assert m.access(enc(Put(key="a", value=b""))) == KeyAccess(writes=("a",))
+    # A put is a write of "a" described as a "set" update (it commutes with an identical put).
+    assert m.access(enc(Put(key="a", value=b""))) == KeyAccess(
+        writes=("a",), updates=(KeyUpdate(key="a", op="set", operand=b""),))
+    assert m.access(enc(Delete(key="a"))) == KeyAccess(writes=("a",))
     assert m.access(enc(Get(key="a"))) == KeyAccess(reads=("a",))
     assert m.access(enc(CompareAndSet(key="a", expected=None, new=b""))) == KeyAccess(
         reads=("a",), writes=("a",)
