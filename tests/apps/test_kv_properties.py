@@ -2,8 +2,9 @@
 raise and answer well-formed replies, and replicas applying the same commands stay identical.
 
 Commands are arbitrary bytes, typed KV commands with odd field values (empty and oversized
-keys, negative limits, duplicate and unsorted keys, empty or oversized txns), and codec frames
-of KV type ids whose fields have the wrong shapes."""
+keys, negative limits, duplicate and unsorted keys, empty or oversized txns, updates with
+operands at and past the 64-bit range, on numbers, sets and values that are neither), and codec
+frames of KV type ids whose fields have the wrong shapes."""
 
 from __future__ import annotations
 
@@ -14,26 +15,37 @@ from hypothesis import strategies as st
 from phalanx.apps import kv_wire
 from phalanx.apps.interface import KeyAccess, Verdict
 from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_ops import INT64_MAX, INT64_MIN, encode_set
 from phalanx.apps.kv_types import (
     KV_TYPE_IDS,
     MAX_KEY_BYTES,
     MAX_TXN_OPS,
+    READ_COMMANDS,
+    Add,
     CasResult,
     Compare,
     CompareAndSet,
+    Concat,
     Delete,
     Deleted,
     Done,
     Get,
+    GetVersion,
+    GetVersioned,
     KvError,
     KvErrorCode,
     KvResult,
+    Mul,
     Put,
+    SAdd,
     Scan,
     ScanResult,
+    SRem,
     Txn,
     TxnResult,
     Value,
+    VersionedValue,
+    VersionResult,
 )
 
 # ---------------------------------------------------------------------------------- strategies
@@ -44,6 +56,24 @@ _keys = st.one_of(
     st.just("k" * MAX_KEY_BYTES),  # at the limit
     st.just("\u00e9" * (MAX_KEY_BYTES // 2 + 1)),  # over it, in bytes only
 )
+# Values of every kind the updates meet: numbers (canonical or not), sets (canonical or not).
+_numbers = st.one_of(st.integers(-5, 5), st.sampled_from([INT64_MIN, INT64_MAX]))
+_payloads = st.one_of(
+    st.binary(max_size=8),
+    _numbers.map(lambda n: str(n).encode()),
+    st.sampled_from([b"-0", b"007", b"+1", b" 1", b"9223372036854775808", b"1.5", b""]),
+    st.frozensets(st.binary(max_size=3), max_size=3).map(encode_set),
+    st.sampled_from([b"\x92\xc4\x01b\xc4\x01a", b"\x92\xc4\x01a\xc4\x01a", b"\x91\xa1a",
+                     b"\xdc\x00\x00", b"\x90"]),  # unsorted, duplicate, str, long header
+)
+_operands = st.one_of(_numbers, st.integers(-(2**63), 2**64 - 1))
+_updates = st.one_of(
+    st.builds(Add, key=_keys, amount=_operands),
+    st.builds(Mul, key=_keys, factor=_operands),
+    st.builds(SAdd, key=_keys, member=st.binary(max_size=3)),
+    st.builds(SRem, key=_keys, member=st.binary(max_size=3)),
+    st.builds(Concat, key=_keys, suffix=st.binary(max_size=8)),
+)
 _values = st.one_of(st.binary(max_size=8), st.none())
 _writes = st.one_of(
     st.builds(Put, key=_keys, value=st.binary(max_size=8)), st.builds(Delete, key=_keys))
@@ -52,8 +82,11 @@ _branches = st.one_of(
     st.just((Delete(key="d"),) * (MAX_TXN_OPS + 1)),
 )
 _typed = st.one_of(
-    st.builds(Put, key=_keys, value=st.binary(max_size=8)),
+    st.builds(Put, key=_keys, value=_payloads),
+    _updates,
     st.builds(Get, key=_keys),
+    st.builds(GetVersion, key=_keys),
+    st.builds(GetVersioned, key=_keys),
     st.builds(Delete, key=_keys),
     st.builds(CompareAndSet, key=_keys, expected=_values, new=st.binary(max_size=8)),
     st.builds(Scan, prefix=_keys, limit=st.integers(-(2**63), 2**63 - 1)),
@@ -81,7 +114,9 @@ commands = st.one_of(st.binary(max_size=48), _typed, _frames)
 
 _ANSWERS: dict[type, tuple[type, ...]] = {
     Put: (Done,), Get: (Value,), Delete: (Deleted,), CompareAndSet: (CasResult,),
-    Scan: (ScanResult,), Txn: (TxnResult,),
+    Scan: (ScanResult,), Txn: (TxnResult,), GetVersion: (VersionResult,),
+    GetVersioned: (VersionedValue,), Add: (Done,), Mul: (Done,), SAdd: (Done,), SRem: (Done,),
+    Concat: (Done,),
 }
 
 
@@ -91,7 +126,7 @@ def _well_formed(command: bytes, answer: bytes, *, as_query: bool) -> KvResult:
     cmd = kv_wire.decode_command(command)
     if isinstance(cmd, KvError):
         assert result == cmd
-    elif as_query and not isinstance(cmd, Get | Scan):
+    elif as_query and not isinstance(cmd, READ_COMMANDS):
         assert isinstance(result, KvError)
         assert result.code is KvErrorCode.NOT_A_QUERY
     else:
