@@ -1,4 +1,6 @@
-"""Typed KV helpers of the client library: `put`, `get`, `delete`, `cas`, `scan`, `txn`.
+"""Typed KV helpers of the client library: `put`, `get`, `delete`, `cas`, `scan`, `txn`,
+the versions (`version`, `get_versioned`) and the commuting updates (`add`, `mul`, `sadd`,
+`srem`, `concat`, and `smembers` to read a set back; see `phalanx.apps.kv_ops`).
 
 Owns: `KvHelpers`, the mixin `phalanx.client.Client` inherits. Each helper encodes one
 `phalanx.apps.kv_types` command, sends it through the client's `call` (leader discovery,
@@ -14,31 +16,42 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TypeVar
 
-from phalanx.apps import kv_wire
+from phalanx.apps import kv_ops, kv_wire
 from phalanx.apps.kv_types import (
+    Add,
     CasResult,
     Compare,
     CompareAndSet,
+    Concat,
     Delete,
     Deleted,
     Done,
     Get,
+    GetVersion,
+    GetVersioned,
     KvCommand,
     KvError,
+    KvErrorCode,
     KvResult,
+    Mul,
     Put,
+    SAdd,
     Scan,
     ScanResult,
+    SRem,
     Txn,
     TxnResult,
     TxnWrite,
     Value,
+    VersionedValue,
+    VersionResult,
 )
 from phalanx.client.errors import KvCommandError, ProtocolViolation
 from phalanx.net.client_protocol import ReadConsistency
 from phalanx.net.codec import DecodeError
 
-_K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult)
+_K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult, VersionResult,
+             VersionedValue)
 
 
 class KvHelpers(ABC):
@@ -141,3 +154,49 @@ class KvHelpers(ABC):
     ) -> bool:
         """Atomically: if every compare holds run `success`, else `failure`. True if they held."""
         return (await self.txn_result(compares, success, failure)).succeeded
+
+    # ------------------------------------------------------------ versions and updates
+
+    async def version(self, key: str, *, stale: bool = False) -> bytes:
+        """The version of `key`: SHA-512 of its value, b"" when absent."""
+        result = await self._kv(GetVersion(key=key), VersionResult, read_only=True, stale=stale)
+        return result.version
+
+    async def get_versioned(
+        self, key: str, *, stale: bool = False
+    ) -> tuple[bytes | None, bytes]:
+        """The value of `key` (None if absent) and its version, read together."""
+        result = await self._kv(GetVersioned(key=key), VersionedValue, read_only=True,
+                                stale=stale)
+        return result.value, result.version
+
+    async def add(self, key: str, amount: int) -> None:
+        """Add `amount` to the integer at `key` (absent: 0), wrapping at 64 bits. Raises
+        `KvCommandError` (WRONG_TYPE) if the value is not a decimal integer."""
+        await self._kv(Add(key=key, amount=amount), Done)
+
+    async def mul(self, key: str, factor: int) -> None:
+        """Multiply the integer at `key` (absent: 0) by `factor`, wrapping at 64 bits."""
+        await self._kv(Mul(key=key, factor=factor), Done)
+
+    async def sadd(self, key: str, member: bytes) -> None:
+        """Add `member` to the set at `key` (absent: empty)."""
+        await self._kv(SAdd(key=key, member=member), Done)
+
+    async def srem(self, key: str, member: bytes) -> None:
+        """Remove `member` from the set at `key`."""
+        await self._kv(SRem(key=key, member=member), Done)
+
+    async def concat(self, key: str, suffix: bytes) -> None:
+        """Append `suffix` to the value at `key` (absent: empty)."""
+        await self._kv(Concat(key=key, suffix=suffix), Done)
+
+    async def smembers(self, key: str, *, stale: bool = False) -> list[bytes]:
+        """The members of the set at `key`, ascending (absent: none). Raises
+        `KvCommandError` (WRONG_TYPE) if the value is not a set."""
+        value = await self.get(key, stale=stale)
+        members = kv_ops.decode_set(value)
+        if members is None:
+            raise KvCommandError(KvError(code=KvErrorCode.WRONG_TYPE,
+                                         message=f"the value of {key!r} is not a set"))
+        return members

@@ -188,6 +188,30 @@ class SyncClient:
     ) -> TxnResult:
         return self._run(self.client.txn_result, compares, success, failure)
 
+    def version(self, key: str, *, stale: bool = False) -> bytes:
+        return self._run(self.client.version, key, stale=stale)
+
+    def get_versioned(self, key: str, *, stale: bool = False) -> tuple[bytes | None, bytes]:
+        return self._run(self.client.get_versioned, key, stale=stale)
+
+    def add(self, key: str, amount: int) -> None:
+        self._run(self.client.add, key, amount)
+
+    def mul(self, key: str, factor: int) -> None:
+        self._run(self.client.mul, key, factor)
+
+    def sadd(self, key: str, member: bytes) -> None:
+        self._run(self.client.sadd, key, member)
+
+    def srem(self, key: str, member: bytes) -> None:
+        self._run(self.client.srem, key, member)
+
+    def concat(self, key: str, suffix: bytes) -> None:
+        self._run(self.client.concat, key, suffix)
+
+    def smembers(self, key: str, *, stale: bool = False) -> list[bytes]:
+        return self._run(self.client.smembers, key, stale=stale)
+
     def status(self, node: str) -> StatusReply:
         return self._run(self.client.status, node)
 

@@ -6,6 +6,7 @@ client timeouts used here only make the unhappy paths quick.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 
@@ -82,6 +83,34 @@ async def test_kv_helpers_round_trip(certs: Certs) -> None:
     # Eight writes (3 puts, 3 cas, 2 deletes), each applied exactly once.
     assert len(backend.applied) == 8
     assert len(set(backend.applied)) == 8
+
+
+async def test_version_and_update_helpers_round_trip(certs: Certs) -> None:
+    async with cluster(certs, {"n1": serve_kv}, KvBackend()) as (client, _):
+        assert await client.version("n") == b""
+        await client.add("n", 5)
+        await client.mul("n", 3)
+        await client.add("n", -1)
+        assert await client.get("n") == b"14"
+        assert await client.version("n") == hashlib.sha512(b"14").digest()
+        assert await client.get_versioned("n") == (b"14", hashlib.sha512(b"14").digest())
+        await client.sadd("s", b"b")
+        await client.sadd("s", b"a")
+        await client.srem("s", b"b")
+        assert await client.smembers("s") == [b"a"]
+        assert await client.smembers("absent") == []
+        await client.concat("c", b"ab")
+        await client.concat("c", b"cd")
+        assert await client.get("c") == b"abcd"
+        with pytest.raises(KvCommandError) as info:
+            await client.add("c", 1)
+        assert info.value.code is KvErrorCode.WRONG_TYPE
+        with pytest.raises(KvCommandError) as info:
+            await client.smembers("c")
+        assert info.value.code is KvErrorCode.WRONG_TYPE
+        with pytest.raises(KvCommandError) as info:
+            await client.mul("n", 2**63)
+        assert info.value.code is KvErrorCode.INVALID_ARGUMENT
 
 
 async def test_reads_carry_consistency_and_read_only(certs: Certs) -> None:
