@@ -7,7 +7,8 @@ Owns: the argparse wiring and output of both commands (`add_kv_command`,
 Exit status of `phalanx kv` (for scripts):
 
     0  success (`get` printed the value)
-    1  a negative answer: `get`/`delete` of an absent key, a `cas` whose comparison failed
+    1  a negative answer: `get`/`delete`/`version` of an absent key, a `cas` whose comparison
+       failed
     2  usage error: bad arguments (a non-UTF-8 KEY, a timeout that is not a finite number
        > 0), no cluster at DIR, a missing or invalid cluster.toml or client credential file
     3  the cluster refused the command: it certainly had no effect
@@ -42,19 +43,26 @@ from typing import TYPE_CHECKING, Final
 
 from phalanx.apps.kv_types import (
     MAX_SCAN_LIMIT,
+    Add,
     CasResult,
     CompareAndSet,
+    Concat,
     Delete,
     Deleted,
     Done,
     Get,
+    GetVersion,
     KvCommand,
     KvError,
     KvResult,
+    Mul,
     Put,
+    SAdd,
     Scan,
     ScanResult,
+    SRem,
     Value,
+    VersionResult,
 )
 from phalanx.cli.errors import (
     EXIT_FORBIDDEN,
@@ -88,6 +96,13 @@ examples:
   phalanx kv --cluster ./demo-cluster cas --if-absent counter 1
   phalanx kv --cluster ./demo-cluster scan gr               # prints: greeting<TAB>bonjour
   phalanx kv --cluster ./demo-cluster delete greeting
+  phalanx kv --cluster ./demo-cluster add visits 5          # visits holds "5"
+  phalanx kv --cluster ./demo-cluster sadd tags red         # then: smembers tags
+  phalanx kv --cluster ./demo-cluster version greeting      # SHA-512 of the value, in hex
+
+add/mul work on decimal 64-bit integers (absent: 0; wrapping on overflow), sadd/srem on
+sets (absent: empty), concat on any value. Updates of one kind commute (add with add,
+sadd with sadd, ...): the leaderless protocol may apply them in any order.
 
 --cluster defaults to ${CLUSTER_ENV}. Reads are linearizable unless --stale.
 --as NAME uses DIR/clients/NAME.pem instead of the cluster's default client certificate
@@ -138,7 +153,8 @@ def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``phalanx kv put|get|delete|cas|scan`` on `subparsers`."""
+    """Register ``phalanx kv put|get|delete|cas|scan|add|mul|sadd|srem|concat|version|
+    smembers`` on `subparsers`."""
     kv = subparsers.add_parser(
         "kv", help="read and write keys of a running cluster",
         description="Run one key-value command against a running cluster.",
@@ -169,8 +185,46 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
                       type=utf8_text("PREFIX"))
     scan.add_argument("--limit", type=int_between(1, MAX_SCAN_LIMIT), default=1000,
                       help=f"at most this many, 1..{MAX_SCAN_LIMIT} (default: 1000)")
-    for p in (put, get, delete, cas, scan):
+    parsers = [put, get, delete, cas, scan]
+    for name, operand, text in _UPDATES:
+        update = sub.add_parser(name, help=text)
+        update.add_argument("key", metavar="KEY", type=key)
+        if operand == "N":
+            update.add_argument("operand", metavar=operand, type=_int64)
+        else:
+            update.add_argument("operand", metavar=operand)
+        parsers.append(update)
+    for name, text in (("version", "print KEY's version: SHA-512 of its value, in hex "
+                                   "(exit 1 if absent)"),
+                       ("smembers", "print the members of the set at KEY, one a line")):
+        read = sub.add_parser(name, help=text)
+        read.add_argument("key", metavar="KEY", type=key)
+        read.add_argument("--stale", action="store_true",
+                          help="read from one node's applied state, possibly behind (faster)")
+        parsers.append(read)
+    for p in parsers:
         p.set_defaults(handler=_kv_main)
+
+
+_UPDATES = (
+    ("add", "N", "add the integer N to the integer at KEY"),
+    ("mul", "N", "multiply the integer at KEY by the integer N"),
+    ("sadd", "MEMBER", "add MEMBER to the set at KEY"),
+    ("srem", "MEMBER", "remove MEMBER from the set at KEY"),
+    ("concat", "SUFFIX", "append SUFFIX to the value at KEY"),
+)
+_INT64 = range(-(2**63), 2**63)
+
+
+def _int64(text: str) -> int:
+    """An argparse type: a signed 64-bit integer in decimal."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a decimal integer: {text!r}") from None
+    if n not in _INT64:
+        raise argparse.ArgumentTypeError(f"{text} is outside the signed 64-bit range")
+    return n
 
 
 STATUS_TIMEOUT = 1.5
@@ -225,6 +279,20 @@ def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
             if args.limit < 1:
                 raise ValueError("--limit must be >= 1")
             return Scan(prefix=args.prefix, limit=args.limit), True
+        case "add":
+            return Add(key=args.key, amount=args.operand), False
+        case "mul":
+            return Mul(key=args.key, factor=args.operand), False
+        case "sadd":
+            return SAdd(key=args.key, member=_bytes(args.operand)), False
+        case "srem":
+            return SRem(key=args.key, member=_bytes(args.operand)), False
+        case "concat":
+            return Concat(key=args.key, suffix=_bytes(args.operand)), False
+        case "version":
+            return GetVersion(key=args.key), True
+        case "smembers":
+            return Get(key=args.key), True  # printed as a set: `_print_result(as_set=True)`
     raise ValueError(f"unknown kv command {args.kv_command!r}")
 
 
@@ -261,8 +329,21 @@ def _show(value: bytes | None) -> str:
     return "(absent)" if value is None else os.fsdecode(value)
 
 
-def _print_result(command: KvCommand, result: KvResult) -> int:
+def _print_result(command: KvCommand, result: KvResult, *, as_set: bool = False) -> int:
+    """Print `result` as `phalanx kv` does and return the exit status (`as_set`: the
+    `Value` of a get is a set, printed one member a line)."""
     out = sys.stdout.buffer
+    if as_set and isinstance(result, Value):
+        from phalanx.apps.kv_ops import decode_set
+
+        members = decode_set(result.value)
+        if members is None:
+            print(f"phalanx kv: refused: the value of {getattr(command, 'key', '')!r} is not a "
+                  "set", file=sys.stderr)
+            return EXIT_REJECTED
+        out.write(b"".join(m + b"\n" for m in members))
+        out.flush()
+        return EXIT_OK
     match result:
         case KvError():
             print(f"phalanx kv: refused: {result.message}", file=sys.stderr)
@@ -291,6 +372,12 @@ def _print_result(command: KvCommand, result: KvResult) -> int:
             out.flush()
             if more:
                 print("phalanx kv: more keys match; raise --limit to see them", file=sys.stderr)
+            return EXIT_OK
+        case VersionResult(version=b""):
+            print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
+            return EXIT_NEGATIVE
+        case VersionResult(version=version):
+            print(version.hex())
             return EXIT_OK
     raise TypeError(f"unexpected result {result!r}")
 
@@ -374,7 +461,7 @@ def _kv_main(args: argparse.Namespace) -> int:
         print(f"phalanx kv: {e}; the command may or may not have taken effect",
               file=sys.stderr)
         return EXIT_UNKNOWN
-    return _print_result(command, result)
+    return _print_result(command, result, as_set=args.kv_command == "smembers")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """End to end through the `phalanx` command line, with real node processes:
-`cluster init`, `cluster up`, `kv put/get/cas/scan/delete`, `status`, SIGKILL of the leader,
+`cluster init`, `cluster up`, `kv put/get/cas/scan/delete`, `kv add/sadd/srem/smembers/version`,
+`status`, SIGKILL of the leader,
 `kv get` again (nothing acknowledged lost), Ctrl-C of `cluster up`. And `phalanx demo`.
 
 Every command runs as ``python -m phalanx ...`` (what the installed `phalanx` script runs).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -106,6 +108,17 @@ def test_cluster_init_up_kv_kill_leader_get(
     assert _kv_here(cluster, capsysbinary, "delete", "gone")[0] == 1
     assert _kv_here(cluster, capsysbinary, "scan", "g") == (0, b"greeting\tbonjour\n", b"")
     assert _kv_here(cluster, capsysbinary, "get", "--stale", "greeting")[0] == 0
+    # The commuting updates (issue 15): add/mul on decimal integers, sadd/srem on sets.
+    assert _kv_here(cluster, capsysbinary, "add", "visits", "5")[0] == 0
+    assert _kv_here(cluster, capsysbinary, "add", "visits", "-2")[0] == 0
+    assert _kv_here(cluster, capsysbinary, "get", "visits")[:2] == (0, b"3\n")
+    assert _kv_here(cluster, capsysbinary, "add", "greeting", "1")[0] == 3  # not a number
+    for member in ("red", "blue", "red"):
+        assert _kv_here(cluster, capsysbinary, "sadd", "tags", member)[0] == 0
+    assert _kv_here(cluster, capsysbinary, "srem", "tags", "blue")[0] == 0
+    assert _kv_here(cluster, capsysbinary, "smembers", "tags")[:2] == (0, b"red\n")
+    assert _kv_here(cluster, capsysbinary, "version", "greeting")[:2] == (
+        0, hashlib.sha512(b"bonjour").hexdigest().encode() + b"\n")
 
     table = phalanx("status", "--cluster", c)
     assert table.returncode == 0, table.stdout + table.stderr

@@ -9,18 +9,26 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.apps.kv_ops import encode_set
 from phalanx.apps.kv_types import (
+    Add,
     CasResult,
     CompareAndSet,
+    Concat,
     Deleted,
     Done,
     Get,
+    GetVersion,
     KvError,
     KvErrorCode,
+    Mul,
     Put,
+    SAdd,
     Scan,
     ScanResult,
+    SRem,
     Value,
+    VersionResult,
 )
 from phalanx.cli.kv import (
     EXIT_NEGATIVE,
@@ -63,6 +71,44 @@ def test_build_command_for_every_subcommand() -> None:
     cmd, read_only = build_command(_kv("delete", "k"))
     assert cmd.key == "k"
     assert not read_only
+
+
+def test_build_command_for_the_updates_and_versions() -> None:
+    assert build_command(_kv("add", "n", "-3")) == (Add(key="n", amount=-3), False)
+    assert build_command(_kv("mul", "n", "7")) == (Mul(key="n", factor=7), False)
+    assert build_command(_kv("sadd", "s", "m")) == (SAdd(key="s", member=b"m"), False)
+    assert build_command(_kv("srem", "s", "m")) == (SRem(key="s", member=b"m"), False)
+    assert build_command(_kv("concat", "c", "xy")) == (Concat(key="c", suffix=b"xy"), False)
+    assert build_command(_kv("version", "k")) == (GetVersion(key="k"), True)
+    assert build_command(_kv("smembers", "s", "--stale")) == (Get(key="s"), True)
+
+
+@pytest.mark.parametrize("operand", ["abc", "1.5", "9223372036854775808", "-9223372036854775809"])
+def test_add_operand_must_be_a_64_bit_integer(
+    operand: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _kv("add", "n", operand)
+    assert exc.value.code == EXIT_USAGE
+    assert "argument N" in capsys.readouterr().err
+
+
+def test_versions_and_sets_print(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    version = GetVersion(key="k")
+    digest = bytes(range(64))
+    assert _exit(version, VersionResult(version=digest), capsysbinary)[:2] == (
+        EXIT_OK, digest.hex().encode() + b"\n")
+    code, out, err = _exit(version, VersionResult(version=b""), capsysbinary)
+    assert (code, out) == (EXIT_NEGATIVE, b"")
+    assert b"not found: k" in err
+    get = Get(key="s")
+    code = _print_result(get, Value(value=encode_set({b"b", b"a"})), as_set=True)
+    assert (code, capsysbinary.readouterr().out) == (EXIT_OK, b"a\nb\n")
+    assert _print_result(get, Value(value=None), as_set=True) == EXIT_OK  # the empty set
+    assert capsysbinary.readouterr().out == b""
+    assert _print_result(get, Value(value=b"plain"), as_set=True) == EXIT_REJECTED
+    assert b"is not a set" in capsysbinary.readouterr().err
+    assert _exit(Add(key="n", amount=1), Done(), capsysbinary) == (EXIT_OK, b"", b"")
 
 
 def test_values_keep_arbitrary_bytes_through_argv() -> None:
