@@ -115,21 +115,8 @@ def test_hostile_input_is_dropped_never_raised(subject: Subject) -> None:
 
 
 def _outsider_cases() -> list[ParameterSet]:
-    cases: list[ParameterSet] = []
-    for subject in SUBJECTS:
-        for cls in subject.messages:
-            marks: list[pytest.MarkDecorator] = []
-            reason = OUTSIDER_GAPS.get((subject.name, cls.__name__))
-            if reason is not None:
-                marks.append(pytest.mark.xfail(strict=True, reason=reason))
-            cases.append(pytest.param(subject, cls, id=f"{subject.name}-{cls.__name__}",
-                                      marks=marks))
-    return cases
-
-
-OUTSIDER_GAPS: dict[tuple[str, str], str] = {}
-"""Core violations found by `test_message_from_outside_the_cluster_is_counted` (xfail, strict:
-the test starts failing the day the core is fixed, and then the entry goes)."""
+    return [pytest.param(subject, cls, id=f"{subject.name}-{cls.__name__}")
+            for subject in SUBJECTS for cls in subject.messages]
 
 
 @pytest.mark.parametrize(("subject", "cls"), _outsider_cases())
