@@ -207,9 +207,9 @@ def make_ready(
     rejected: tuple[Rejection, ...],
     /,
 ) -> Ready:
-    """``Ready(number=..., ..., rejected=...)`` (no `core_state`) for a core's hot path: the
-    same object, built from positional arguments (no keyword matching) through
-    `READY_TWIN`."""
+    """``Ready(number=..., ..., rejected=...)`` (no `core_state`, no `aborted`) for a core's
+    hot path: the same object, built from positional arguments (no keyword matching)
+    through `READY_TWIN`."""
     ready = READY_TWIN()
     ready.number = number
     ready.early_messages = early_messages
@@ -223,5 +223,6 @@ def make_ready(
     ready.reads = reads
     ready.rejected = rejected
     ready.core_state = None
+    ready.aborted = ()
     ready.__class__ = Ready
     return ready  # type: ignore[no-any-return]

@@ -76,7 +76,17 @@ class Receive:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tick:
-    """One logical clock tick. Timeouts are counted in ticks (`election_ticks`, ...)."""
+    """One logical clock tick. Timeouts are counted in ticks (`election_ticks`, ...).
+
+    `now_ms` is a wall-clock reading (milliseconds since the Unix epoch) for protocols whose
+    inputs carry absolute deadlines (the leaderless core's transactions): the runtime fills
+    it from the system clock, the simulator from its virtual clock (a fixed epoch plus
+    virtual time, skewed per node like its tick rate). Cores that count ticks ignore it; a
+    core that needs it treats None as "no reading yet" and decides nothing by it. Readings
+    may go backwards (NTP steps): a core must stay safe when they do.
+    """
+
+    now_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +167,21 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Abort:
+    """A definite outcome: `request` will never be applied by any correct replica.
+
+    Unlike `Rejection` (not appended here; may succeed elsewhere), an abort is final: the
+    protocol agreed it can no longer commit (the leaderless core: dropped by a checkpoint,
+    or refused past its deadline by enough replicas that it can never gather a quorum). A
+    client that receives f+1 matching aborts records the operation as failed. `reason` is
+    one line for the client.
+    """
+
+    request: ClientRequest
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
     """A complete checkpoint: received from a peer (to install in place of the log prefix),
     or a core's own newest one (kept to send). Received ones are always `bytes`."""
@@ -180,8 +205,8 @@ class Ready:
            appended entry); sending it before that state is durable breaks safety.
         3. **Apply in order.** Apply `committed` entries to the state machine strictly in
            index order, each exactly once, and answer the clients whose requests they carry.
-        4. **Answer** `rejected` requests now, and `reads` once the applied index reaches
-           `ReadState.index`.
+        4. **Answer** `rejected` requests now, `aborted` ones now (a definite failure; see
+           `Abort`), and `reads` once the applied index reaches `ReadState.index`.
         5. If this Ready had persistence work (`has_persistence`), feed `Persisted(number)`
            back to the core once step 1 is durable. Drivers that batch (group commit) may
            persist several Readys with one fsync and report the last number; messages of all
@@ -212,6 +237,7 @@ class Ready:
     reads: tuple[ReadState, ...] = ()
     rejected: tuple[Rejection, ...] = ()
     core_state: object | None = None
+    aborted: tuple[Abort, ...] = ()
 
     @property
     def has_persistence(self) -> bool:
@@ -232,6 +258,7 @@ class Ready:
             or self.committed
             or self.reads
             or self.rejected
+            or self.aborted
         )
 
 

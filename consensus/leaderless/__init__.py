@@ -1,0 +1,1 @@
+"""The leaderless conditional-endorsement core, after PnyxDB (see docs/LEADERLESS.md)."""

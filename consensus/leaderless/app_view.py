@@ -1,0 +1,48 @@
+"""What the leaderless core sees of the application: `AppView`.
+
+Owns: the `AppView` protocol, the only way the leaderless core reads application state
+(PnyxDB's endorsement checks need local versions, conflicts and the local policy vote; the
+version gate needs to know when what it released was applied). The runtime and the
+simulator build one over the replica's state machine and its `EndorsementHooks`
+(`phalanx.protocols.leaderless_node.ReplicaAppView`); unit tests use a small fake.
+
+Must not import: `phalanx.apps` (the adapter lives with the runtime half), `phalanx.net`,
+trio, clocks, random.
+
+Rules for the core:
+- `access_of(command)` is a pure function of the command: compute it once per transaction.
+- `versions` and `accepts` read the state AS APPLIED SO FAR (`applied()` entries released by
+  this core were applied; later ones may still be on their way through the driver). A
+  requirement check that must be exact (the version gate before release) first waits until
+  no released-but-unapplied transaction writes one of the keys it reads.
+- None of them raises; none changes state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class AppView(Protocol):
+    def conflicts(self, a: bytes, b: bytes) -> bool:
+        """Whether commands `a` and `b` conflict (one writes what the other reads or writes,
+        unless they only apply commuting updates to it). Symmetric, pure."""
+        ...
+
+    def writes(self, command: bytes) -> tuple[str, ...]:
+        """The keys `command` may write (sorted). Pure."""
+        ...
+
+    def accepts(self, command: bytes, policy: str) -> bool:
+        """This node's local vote (the application policy `policy`): False = never endorse."""
+        ...
+
+    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """The current version of each key (b"" when absent), as applied so far."""
+        ...
+
+    def applied(self) -> int:
+        """How many of the entries this core released (`Ready.committed`, local index
+        order) the replica has applied: the applied index."""
+        ...

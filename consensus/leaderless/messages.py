@@ -1,0 +1,194 @@
+"""Leaderless conditional-endorsement messages and durable records, after PnyxDB
+(Bonniot, Neumann, Taïani, SRDS 2020; reference notes: protocols.md §1).
+
+Owns: the wire types of the leaderless core (`Transaction`, `Endorsement`,
+`StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`),
+the durable record `LeaderlessDurableState`, and the stable codec ids `LEADERLESS_MESSAGES`
+(300-399, see `phalanx.net.wire`).
+
+Must not import: `phalanx.net` (the codec registers these classes, not the reverse), trio,
+clocks, random.
+
+Who signs what:
+- A `Transaction` is signed by its CLIENT (a key of the cluster's client keyring, named by
+  `Transaction.client`); nodes never sign transactions. Its id (`tx_id`) is the digest of
+  its canonical encoding with the signature emptied, so a forged body has another id and a
+  replay has the same id (deduplicated).
+- `Endorsement`, `Refusal` and `VetoChoice` are signed by the node that issues them: they
+  travel as proofs (a commit certificate is a transaction plus Q endorsements; an abort
+  certificate a transaction plus enough refusals; a veto carries the proof that a
+  transaction is applicable).
+- `StartCheckpoint` and `FetchTransactions` are unsigned requests: acting on them never
+  needs trust in the sender.
+
+Invariants: every class is a frozen, slotted, keyword-only dataclass whose fields are ints,
+strs, bytes, bools, tuples or nested such dataclasses; tuples that are sets are sorted and
+unique (so equal values encode equal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.consensus.types import Message, NodeId
+
+TxId = bytes
+"""A transaction's id: the digest of its body (`Transaction` with the signature emptied)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, order=True)
+class Requirement:
+    """The transaction commits only where `key`'s version is `version` (PnyxDB's "checks on
+    versions"); an empty `version` means the key must not exist."""
+
+    key: str
+    version: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transaction(Message):
+    """A client's signed transaction (PnyxDB's Query).
+
+    Attributes:
+        client: the name of the client's signing key in the cluster's keyring.
+        client_id: the client session the replies go to (as `ClientRequest.client_id`).
+        request_no: the session's request number (a retry resends this exact transaction).
+        deadline_ms: absolute wall-clock deadline (ms since the Unix epoch): no correct node
+            endorses it afterwards.
+        requirements: sorted by key, unique keys.
+        command: the application's command (opaque; the app reads its keys through
+            `phalanx.apps.interface.EndorsementHooks`).
+        policy: the application policy it names ("" is the default policy).
+        read_only: a linearizable read: it commits like a transaction (its requirements
+            checked by Q nodes) and is answered by a query instead of applied.
+        signature: the client's signature over the transaction with this field emptied.
+    """
+
+    client: str
+    client_id: str
+    request_no: int
+    deadline_ms: int
+    requirements: tuple[Requirement, ...]
+    command: bytes
+    policy: str = ""
+    read_only: bool = False
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return (f"Transaction {self.client_id}/{self.request_no} deadline={self.deadline_ms} "
+                f"|reqs|={len(self.requirements)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endorsement(Message):
+    """Node `endorser` endorses transaction `tx_id`, counting only while none of
+    `conditions` (sorted tx ids) commits; unconditional when `conditions` is empty."""
+
+    tx_id: TxId
+    endorser: NodeId
+    conditions: tuple[TxId, ...] = ()
+    signature: bytes = b""
+
+    def __str__(self) -> str:
+        return f"Endorsement {self.tx_id[:2].hex()} by {self.endorser} |C|={len(self.conditions)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal(Message):
+    """Node `endorser` has not endorsed `tx_id` and, its deadline having passed on the
+    node's clock, never will. n-Q+1+f of them from distinct nodes prove the transaction can
+    never gather Q endorsements (an abort certificate)."""
+
+    tx_id: TxId
+    endorser: NodeId
+    signature: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionProof(Message):
+    """A transaction with endorsements (or refusals) of it: a commit certificate when Q
+    endorsements count, the applicability proof a veto carries, an abort certificate when
+    `refusals` suffice. Self-certifying: every part is signed."""
+
+    tx: Transaction
+    endorsements: tuple[Endorsement, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartCheckpoint(Message):
+    """Propose dropping the stuck transactions `tx_ids` (sorted, unique; PnyxDB §1.8)."""
+
+    tx_ids: tuple[TxId, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VetoChoice(Message):
+    """A node's vote in the veto procedure of checkpoint `checkpoint` (the digest of its
+    sorted `tx_ids`): `drop` True agrees to drop every one of them; False is a veto, and
+    then `proofs` holds a verified proof that one of them is applicable."""
+
+    checkpoint: bytes
+    tx_ids: tuple[TxId, ...]
+    voter: NodeId
+    drop: bool
+    proofs: tuple[TransactionProof, ...] = ()
+    signature: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchTransactions(Message):
+    """Ask a peer for the transactions `tx_ids` (and what it knows of them): sent when an
+    endorsement or a condition names an unknown transaction, or to catch up."""
+
+    tx_ids: tuple[TxId, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecidedTx(Message):
+    """One decided transaction in the durable record: committed (and with `applied`, handed
+    to the replica layer) or dropped, kept as a tombstone until its deadline is older than
+    the garbage-collection horizon."""
+
+    tx_id: TxId
+    deadline_ms: int
+    committed: bool
+    applied: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderlessDurableState(Message):
+    """What the core must find again after a crash (`Ready.core_state`).
+
+    Attributes:
+        endorsed: this node's own signed endorsements (and refusals) not yet garbage
+            collected; the safety kernel never signs an endorsement that conflicts with one
+            of them, across restarts too.
+        refused: this node's own refusals, likewise.
+        decided: committed and dropped transactions not yet garbage-collected.
+        pending: committed transactions not yet applied (version-gated), with their proofs.
+        gc_horizon_ms: transactions whose deadline is older than this were collected; any
+            transaction or endorsement older than it is ignored.
+    """
+
+    endorsed: tuple[Endorsement, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+    decided: tuple[DecidedTx, ...] = ()
+    pending: tuple[TransactionProof, ...] = ()
+    gc_horizon_ms: int = 0
+
+
+LEADERLESS_MESSAGES: dict[int, type] = {
+    300: Requirement,
+    301: Transaction,
+    302: Endorsement,
+    303: Refusal,
+    304: TransactionProof,
+    305: StartCheckpoint,
+    306: VetoChoice,
+    307: FetchTransactions,
+    320: DecidedTx,
+    321: LeaderlessDurableState,
+}
+"""Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
+The core may add messages in 308-319 and records in 322-399."""
