@@ -146,14 +146,13 @@ class FetchTransactions(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecidedTx(Message):
-    """One decided transaction in the durable record: committed (and with `applied`, handed
-    to the replica layer) or dropped, kept as a tombstone until its deadline is older than
-    the garbage-collection horizon."""
+    """A decided transaction's tombstone in the durable record (committed or dropped),
+    kept until its deadline is older than the garbage-collection horizon, so a late or
+    replayed copy of it is recognised and ignored."""
 
     tx_id: TxId
     deadline_ms: int
     committed: bool
-    applied: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,20 +160,25 @@ class LeaderlessDurableState(Message):
     """What the core must find again after a crash (`Ready.core_state`).
 
     Attributes:
-        endorsed: this node's own signed endorsements (and refusals) not yet garbage
-            collected; the safety kernel never signs an endorsement that conflicts with one
-            of them, across restarts too.
-        refused: this node's own refusals, likewise.
-        decided: committed and dropped transactions not yet garbage-collected.
-        pending: committed transactions not yet applied (version-gated), with their proofs.
+        endorsed: this node's own signed endorsements not yet garbage-collected; the safety
+            kernel never signs one that conflicts with them, across restarts too.
+        refused: this node's own refusals, likewise (never endorse what it refused).
+        votes: this node's own veto-procedure votes of undecided checkpoints (a node that
+            voted drop never commits those transactions unless the checkpoint keeps them).
+        decided: tombstones of committed and dropped transactions.
+        committed: the committed transactions not yet garbage-collected, with their
+            commit certificates. On restart the core releases every one of them again: the
+            replica layer applies each transaction id once (its transaction table), so a
+            crash between the WAL and this record never loses or doubles an apply.
         gc_horizon_ms: transactions whose deadline is older than this were collected; any
-            transaction or endorsement older than it is ignored.
+            transaction, endorsement or refusal of one older than it is ignored.
     """
 
     endorsed: tuple[Endorsement, ...] = ()
     refused: tuple[Refusal, ...] = ()
+    votes: tuple[VetoChoice, ...] = ()
     decided: tuple[DecidedTx, ...] = ()
-    pending: tuple[TransactionProof, ...] = ()
+    committed: tuple[TransactionProof, ...] = ()
     gc_horizon_ms: int = 0
 
 
