@@ -57,6 +57,10 @@ class ReplyStatus(enum.IntEnum):
     ERROR = 3
     FORBIDDEN = 4
     UNAVAILABLE = 5
+    ABORTED = 6
+    """A definite failure (`phalanx.consensus.core.Abort`): the request will never be applied
+    by any correct replica (the leaderless core: dropped, or refused by enough nodes past its
+    deadline). f+1 matching ABORTED replies make a client record the operation as failed."""
 
 
 class ReadConsistency(enum.IntEnum):

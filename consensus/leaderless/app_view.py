@@ -34,6 +34,13 @@ class AppView(Protocol):
         """The keys `command` may write (sorted). Pure."""
         ...
 
+    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
+        """The keys `command` reads, or writes by an update that does not commute with every
+        other (a `set`, a `concat`...), sorted. A transaction must carry a requirement on
+        each: a correct node never endorses one that lacks it (a blind overwrite could apply
+        in different orders on different replicas). Pure."""
+        ...
+
     def accepts(self, command: bytes, policy: str) -> bool:
         """This node's local vote (the application policy `policy`): False = never endorse."""
         ...

@@ -28,6 +28,9 @@ unique (so equal values encode equal).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.consensus.types import Message, NodeId
@@ -77,6 +80,14 @@ class Transaction(Message):
     def __str__(self) -> str:
         return (f"Transaction {self.client_id}/{self.request_no} deadline={self.deadline_ms} "
                 f"|reqs|={len(self.requirements)}")
+
+
+def transaction_id(tx: Transaction, encode: Callable[[Transaction], bytes]) -> TxId:
+    """`tx`'s id: SHA-256 of its canonical wire encoding (`encode`, the codec's) with the
+    signature emptied. The core and the replica layer's transaction table use this one
+    definition, so they agree on identity."""
+    body = dataclasses.replace(tx, signature=b"") if tx.signature else tx
+    return hashlib.sha256(encode(body)).digest()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

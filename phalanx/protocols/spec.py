@@ -53,10 +53,16 @@ class CallStrategy(enum.Enum):
     LEADER: send to the node believed to lead, follow REDIRECT hints, rotate on failure; one
     reply is the answer. MATCHING_REPLIES: send to the node that orders (or every node),
     accept a result once f+1 distinct nodes return the same one (nodes subscribe the client
-    with a `ClientHello` so backups answer requests they did not receive)."""
+    with a `ClientHello` so backups answer requests they did not receive). ENDORSEMENT: see
+    the member."""
 
     LEADER = "leader"
     MATCHING_REPLIES = "matching-replies"
+    ENDORSEMENT = "endorsement"
+    """The leaderless core: the client signs each request as a
+    `phalanx.consensus.leaderless.messages.Transaction` (its key from the cluster's client
+    keyring, an absolute deadline), sends it to every node, and accepts f+1 matching results,
+    or fails it on f+1 ABORTED replies."""
 
 
 @dataclass(frozen=True, slots=True)
