@@ -254,8 +254,10 @@ class CheckpointMachine:
     def _drop(self, reason: str) -> None:
         self._dropped_counts[reason] = self._dropped_counts.get(reason, 0) + 1
 
-    def _valid_ids(self, tx_ids: tuple[TxId, ...]) -> bool:
-        if not 1 <= len(tx_ids) <= self._batch:
+    def _valid_ids(self, tx_ids: tuple[TxId, ...], *, limit: int | None = None) -> bool:
+        """Non-empty, at most `limit` (the batch) ids, each 1..MAX_TX_ID_BYTES bytes, sorted
+        and unique."""
+        if not 1 <= len(tx_ids) <= (self._batch if limit is None else limit):
             return False
         if not all(isinstance(t, bytes) and 1 <= len(t) <= MAX_TX_ID_BYTES for t in tx_ids):
             return False
@@ -329,6 +331,7 @@ class CheckpointMachine:
 
     def _restore(self, vote: VetoChoice) -> None:
         if vote.voter != self.node_id or not vote.drop or vote.proofs \
+                or not self._valid_ids(vote.tx_ids, limit=len(vote.tx_ids)) \
                 or vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
             # Only drop votes are persisted: an own veto decides KEEP at once.
             raise LocalProtocolError(
