@@ -198,8 +198,10 @@ class CheckpointMachine:
             if cp is not None and cp.own is not None:
                 return
             cp = self._adopt(msg)  # our own vote from before a restart: never vote again
-        elif cp is None:
-            cp = self._start(msg.tx_ids, proof_of)
+        elif cp is None or cp.own is None:
+            # Not voted yet: vote now. Having seen a verified veto, this node vetoes with its
+            # proof, so its vote can never complete a DROP elsewhere.
+            cp = self._start(msg.tx_ids, proof_of, known=proofs[0] if proofs else None)
             if cp is None:
                 return
         first = cp.votes.setdefault(msg.voter, msg)
@@ -293,8 +295,10 @@ class CheckpointMachine:
             if not holders:
                 del self._by_tx[t]
 
-    def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf) -> _Checkpoint | None:
-        """Vote on checkpoint `tx_ids` unless this node already did."""
+    def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf, *,
+               known: TransactionProof | None = None) -> _Checkpoint | None:
+        """Vote on checkpoint `tx_ids` unless this node already did: veto with `known` (a
+        verified proof) or `proof_of`'s first proof, drop when there is none."""
         cid = checkpoint_id(self._crypto, tx_ids)
         cp = self._checkpoints.get(cid)
         if cp is None:
@@ -304,7 +308,7 @@ class CheckpointMachine:
             cp = self._record(cid, tx_ids)
         if cp.own is not None:
             return cp
-        proof = next((p for p in map(proof_of, tx_ids) if p is not None), None)
+        proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
         vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
                           drop=proof is None, proofs=() if proof is None else (proof,))
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))

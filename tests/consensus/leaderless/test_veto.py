@@ -363,6 +363,28 @@ def test_agreement_gap_byzantine_drop_to_some_veto_to_others() -> None:
     assert counts["equivocation"] >= 1
 
 
+def test_a_node_that_sees_a_veto_before_voting_vetoes_too() -> None:
+    """Narrows the gap: b's veto reaches n1 before n1 voted, so n1's own vote is a veto and
+    n0, which got b's drop, can never complete the unanimity: everyone keeps."""
+    c = Cluster(4)
+    ids = (tid(1),)
+    veto3 = signed("n3", ids, drop=False, proofs=(proof(1),))
+    c.machines["n1"].on_choice("n3", veto3, c.verify, c.proof_of("n1"))
+    eff = c.collect("n1")
+    assert [(v.voter, v.drop, v.proofs) for v in eff.votes] == [("n1", False, (proof(1),))]
+    assert eff.kept == (proof(1),)
+    c.machines["n0"].on_choice("n3", signed("n3", ids, drop=True), c.verify, c.proof_of("n0"))
+    c.collect("n0")
+    for node in ("n0", "n2"):
+        c.machines[node].on_start("n2", StartCheckpoint(tx_ids=ids), c.proof_of(node))
+        c.collect(node)
+    c.lose = lambda s, t, m: t == "n3"
+    c.wire.sort(key=lambda item: is_veto(item[1].message))
+    c.run()
+    for node in ("n0", "n1", "n2"):
+        assert c.decided(node) == "keep"
+
+
 # Restart -------------------------------------------------------------------------------
 
 
