@@ -174,6 +174,9 @@ class CheckpointMachine:
         if src not in self._members or msg.voter not in self._members:
             self._drop("not_a_member")
             return
+        known = self._checkpoints.get(msg.checkpoint)
+        if known is not None and known.votes.get(msg.voter) == msg:
+            return  # a resend or relay of a vote already verified: skip the crypto
         if not self._valid_ids(msg.tx_ids):
             self._drop("bad_id_list")
             return

@@ -307,6 +307,21 @@ def test_relayed_veto_counts_signature_not_sender() -> None:
     assert c.collect("n0").kept == (proof(1),)
 
 
+def test_duplicates_are_not_verified_again() -> None:
+    c = Cluster(4)
+    ids = start(c, [1])
+    calls: list[TransactionProof] = []
+
+    def verify(p: TransactionProof) -> bool:
+        calls.append(p)
+        return c.verify(p)
+    veto = signed("n3", ids, drop=False, proofs=(proof(1),))
+    for src in ("n3", "n1", "n2", "n3"):
+        c.machines["n0"].on_choice(src, veto, verify, c.proof_of("n0"))
+    assert len(calls) == 1
+    assert c.collect("n0").kept == (proof(1),)
+
+
 def test_equivocation_is_counted_first_choice_kept() -> None:
     c = Cluster(4)
     ids = start(c, [1])
