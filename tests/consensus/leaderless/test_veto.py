@@ -551,3 +551,40 @@ def test_honest_nodes_agree_and_are_deterministic(losses: list[tuple[int, int]],
             assert (tid(i) in c.dropped[node]) == (tid(i) in c.dropped["n0"])
             if i in holders:
                 assert tid(i) not in c.dropped[node]
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=st.lists(st.sampled_from(["none", "drop", "veto", "forged"]), min_size=3,
+                     max_size=3),
+       data=st.data())
+def test_honest_disagreement_needs_an_equivocating_voter(plan: list[str],
+                                                         data: st.DataObject) -> None:
+    """n3 is Byzantine and holds a valid proof; it sends each honest node nothing, a drop,
+    a veto or a forged veto, and the network delivers in any order. Honest nodes disagree
+    only if n3 signed both a drop and a veto (the documented gap); a forged veto is inert."""
+    c = Cluster(4)
+    ids = (tid(1),)
+    c.machines["n0"].on_start("n2", StartCheckpoint(tx_ids=ids), c.proof_of("n0"))
+    c.collect("n0")
+    byz = {"drop": signed("n3", ids, drop=True),
+           "veto": signed("n3", ids, drop=False, proofs=(proof(1),)),
+           "forged": signed("n3", ids, drop=False, proofs=(proof(1, endorsers=2),))}
+    for node, what in zip(("n0", "n1", "n2"), plan, strict=True):
+        if what != "none":
+            c.wire.append(("n3", Send(to=node, message=byz[what])))
+    c.lose = lambda s, t, m: t == "n3"  # n3 ignores everything it hears
+    while c.wire:
+        src, send = c.wire.pop(data.draw(st.integers(0, len(c.wire) - 1)))
+        c.deliver_one(src, send)
+    c.tick()
+    c.run()
+    decisions = {c.decided(node) for node in ("n0", "n1", "n2")}
+    if "veto" in plan and "drop" in plan:
+        return  # the gap: either outcome mix is possible
+    if "veto" in plan:
+        assert decisions == {"keep"}
+    elif "drop" in plan:
+        # The certificate relay spreads n3's drop: all decide alike.
+        assert decisions == {"drop"}
+    else:
+        assert decisions == {None}  # unanimity: a silent voter blocks
