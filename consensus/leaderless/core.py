@@ -33,7 +33,6 @@ from phalanx.consensus.core import (
     Abort,
     CheckpointInstalled,
     CheckpointTaken,
-    CoreStatus,
     Input,
     Persisted,
     Ready,
@@ -70,35 +69,16 @@ from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.status import LeaderlessStatus
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.tx_codec import TxCodec
 from phalanx.consensus.leaderless.veto import CheckpointMachine
 from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
 
+__all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
+
 MAX_FETCH_IDS = 64
 """At most this many ids of one `FetchTransactions` are answered (a flood is cut)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaderlessStatus(CoreStatus):
-    """`CoreStatus` of the leaderless core: role "endorser", term 0, no leader,
-    `commit_index` = the last released local index.
-
-    Attributes:
-        pending: known undecided transactions.
-        committed: transactions committed by this process (restored ones included).
-        dropped_txs: transactions dropped (checkpoint or abort certificate).
-        aborted: `Abort`s emitted.
-        gated: committed transactions waiting at the version gate.
-        gc_horizon_ms: the garbage-collection horizon.
-    """
-
-    pending: int = 0
-    committed: int = 0
-    dropped_txs: int = 0
-    aborted: int = 0
-    gated: int = 0
-    gc_horizon_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -141,6 +121,7 @@ class LeaderlessCore:
         self._dropped: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
         self._fetched: dict[TxId, None] = {}
+        self._recent: dict[TxId, int] = {}  # committed here: tx id -> tick
         self._now: int | None = None
         self._ticks = 0
         self._number = 0
@@ -434,6 +415,7 @@ class LeaderlessCore:
         self._tally.forget(record.tx_id)
         self._gate.add(self._committed_item(record, proof))
         self._committed += 1
+        self._recent[record.tx_id] = self._ticks
         self._rules.invalidate()
         out.dirty = True
         if "drop_on_commit" in self._bugs:
@@ -484,12 +466,19 @@ class LeaderlessCore:
         self._gc(now, out)
 
     def _rebroadcast(self, now: int, out: _Outbox) -> None:
-        """Loss recovery: push own signatures of pending transactions again, and pull what
-        peers know of pending transactions past their deadline (a peer that committed one
-        no longer pushes its endorsement)."""
+        """Loss recovery: push own endorsements of transactions committed here in the last
+        two periods (a peer that lost them in a crash fetches them) and own signatures of
+        pending ones again, and pull what peers know of pending transactions past their
+        deadline (a peer that committed one no longer pushes its endorsement)."""
         overdue = tuple(r.tx_id for r in self._store.pending() if r.deadline < now)
         for i in range(0, len(overdue), MAX_FETCH_IDS):
             self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
+        since = self._ticks - 2 * self._config.rebroadcast_ticks
+        self._recent = {t: at for t, at in self._recent.items() if at > since}
+        for tx_id in self._recent:  # a peer that lost them (a restart) fetches them
+            own = self._kernel.endorsement(tx_id)
+            if own is not None:
+                self._broadcast(own, out)
         for record in self._store.pending():
             signed: Message | None = self._kernel.endorsement(record.tx_id)
             if signed is None:
@@ -498,24 +487,8 @@ class LeaderlessCore:
                 self._broadcast(signed, out)
 
     def _queue_stuck(self, now: int) -> None:
-        """PnyxDB's checkpoint trigger (docs/LEADERLESS.md "Deadlocks")."""
-        old = now - self._config.delta_old_ms
-        for record in self._store.pending():
-            if self._rules.applicable(record.tx_id):
-                for e in record.endorsements.values():
-                    for c in e.conditions:
-                        if self._stuck_condition(c, old):
-                            self._queue(c)
-            elif record.deadline < old and not self._tally.certificate(record.tx_id):
-                self._queue(record.tx_id)
-
-    def _stuck_condition(self, c: TxId, old: int) -> bool:
-        """Condition `c` is unknown, or pending, not applicable and expired before `old`."""
-        state = self._store.state_of(c)
-        if state is None:
-            return True
-        return (state is TxState.PENDING and not self._rules.applicable(c)
-                and self._store.records[c].deadline < old)
+        for tx_id in self._rules.stuck(now - self._config.delta_old_ms):
+            self._queue(tx_id)
 
     def _queue(self, tx_id: TxId) -> None:
         if tx_id not in self._queued:
