@@ -235,31 +235,42 @@ class LeaderlessCore:
 
     def _on_submit(self, request: ClientRequest, out: _Outbox) -> None:
         tx = self._codec.decode(request.command)
-        reason: str | None = None
         if tx is None:
-            reason = "undecodable_submit"
-        elif (tx.client_id != request.client_id or tx.request_no != request.request_no
-              or tx.read_only != request.read_only):
-            reason = "submit_mismatch"
-        elif self._now is not None and tx.deadline_ms < self._now:
-            reason = "submit_expired"
-        if reason is not None or tx is None:
-            self._drop(reason or "undecodable_submit")
-            out.rejected.append(Rejection(request=request, reason=_REASONS[reason or ""]))
+            self._reject(request, "undecodable_submit", out)
+            return
+        if (tx.client_id != request.client_id or tx.request_no != request.request_no
+                or tx.read_only != request.read_only):
+            self._reject(request, "submit_mismatch", out)
             return
         tx_id = self._tx_id(tx)
-        if self._store.state_of(tx_id) is TxState.DROPPED:
+        state = self._store.state_of(tx_id)
+        if state is TxState.DROPPED:
             self._drop("submit_dropped")
             out.aborted.append(Abort(request=request, reason="transaction was dropped"))
             self._aborted += 1
             return
+        record = self._store.get(tx_id)
+        if record is not None:  # a client retry: peers may have lost it
+            self._drop("duplicate_submit")
+            if record.state is TxState.PENDING:
+                self._broadcast(record.tx, out)
+            return
+        if state is not None:
+            self._drop("duplicate_submit")  # committed and collected: the replica answers
+            return
+        if self._now is not None and tx.deadline_ms < self._now:
+            self._reject(request, "submit_expired", out)
+            return
         problem = self._accept_tx(tx_id, tx, out)
         if problem is not None:
-            self._drop(problem)
-            if problem not in ("duplicate_tx", "decided_tx"):
-                out.rejected.append(Rejection(request=request, reason=problem.replace("_", " ")))
+            self._reject(request, problem, out)
             return
         self._broadcast(tx, out)
+
+    def _reject(self, request: ClientRequest, reason: str, out: _Outbox) -> None:
+        self._drop(reason)
+        text = _REASONS.get(reason, reason.replace("_", " "))
+        out.rejected.append(Rejection(request=request, reason=text))
 
     def _accept_tx(self, tx_id: TxId, tx: Transaction, out: _Outbox) -> str | None:
         """Take a transaction into the store (from a client or a peer); the drop reason, or
@@ -573,5 +584,4 @@ _REASONS = {
     "undecodable_submit": "the command is not a transaction",
     "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
     "submit_expired": "the transaction's deadline has passed",
-    "": "rejected",
 }
