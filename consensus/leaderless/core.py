@@ -558,8 +558,13 @@ class LeaderlessCore:
                 self._store.drop_unknown(tx_id, self._now or 0)
                 self._dropped_txs += 1
                 out.dirty = True
+            elif record is not None:
+                self._drop("checkpoint_dropped_committed")  # the veto's agreement gap
         for proof in effects.kept:
             self._on_proof(None, proof, out)
+            record = self._store.get(self._tx_id(proof.tx))
+            if record is not None:
+                self._try_commit(record, out)
 
     # ------------------------------------------------------------------------------ status
 

@@ -199,3 +199,22 @@ def test_gc_bounded() -> None:
     run(core, app, Receive(src=N2, message=first))
     assert core.status().dropped.get("stale_tx") == 1
     assert app.applied() == 300
+
+
+def test_veto_keeps_what_a_slow_node_committed() -> None:
+    """n4 committed T; n1 saw too few endorsements, proposes dropping T and votes drop. n4's
+    veto carries a proof that verifies: n1 keeps T, feeds the proof and commits it."""
+    core, app = solo()
+    run(core, app, Tick(now_ms=EPOCH))
+    t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 10)
+    run(core, app, Receive(src=N2, message=t))
+    ids = (tx_id(t),)
+    run(core, app, Receive(src=N2, message=StartCheckpoint(tx_ids=ids)))
+    assert core._checkpoints.blocked(tx_id(t))
+    assert core.status().committed == 0
+    proof = TransactionProof(tx=t, endorsements=tuple(endorsement(n, t)
+                                                      for n in ("n2", "n3", "n4")))
+    run(core, app, Receive(src=N4, message=_veto("n4", ids, proof)))
+    assert core.status().committed == 1
+    assert app.data == {"x": b"a"}
+    assert core.status().dropped_txs == 0
