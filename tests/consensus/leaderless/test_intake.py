@@ -119,3 +119,14 @@ def test_pending_bound_drops_and_counts() -> None:
         run(core, app, Receive(src=N2, message=make_tx(f"add k{i} 1", no=i + 1)))
     assert core.status().pending == 3
     assert core.status().dropped["overloaded"] == 2
+
+
+def test_far_future_deadline_is_endorsed_only_once_within_the_lead() -> None:
+    core, app = solo(max_deadline_lead_ms=1000)
+    run(core, app, Tick(now_ms=EPOCH))
+    tx = make_tx("add x 1", deadline=EPOCH + 1500)
+    ready = run(core, app, Receive(src=N2, message=tx))
+    assert not [s for s in ready.messages if isinstance(s.message, Endorsement)]
+    ready = run(core, app, Tick(now_ms=EPOCH + 600))
+    assert {s.message.tx_id for s in ready.messages  # type: ignore[attr-defined]
+            if isinstance(s.message, Endorsement)} == {tx_id(tx)}
