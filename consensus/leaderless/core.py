@@ -539,6 +539,12 @@ class LeaderlessCore:
         return state is not TxState.COMMITTED and not self._rules.applicable(tx_id)
 
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:
+        """A proof that `tx_id` is applicable here: its commit certificate when committed
+        (every committed transaction has one: a checkpoint must never drop it), else all
+        its endorsements when applicable."""
+        certificate = self._gate.proof(tx_id)
+        if certificate is not None:
+            return certificate
         record = self._store.get(tx_id)
         if record is None or not self._rules.applicable(tx_id):
             return None
