@@ -24,8 +24,8 @@ from client_fakes import Action, Certs, FakeNode, KvBackend, Silent, cluster, ma
 from phalanx.apps import kv_wire
 from phalanx.apps.kv_ops import version_of
 from phalanx.apps.kv_types import Done, GetVersion, Put, VersionResult
-from phalanx.client.errors import ClientTimeout, RequestRejected, TransactionAborted
 from phalanx.client.endorsement_calls import MatchingReplies
+from phalanx.client.errors import ClientTimeout, RequestRejected, TransactionAborted
 from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, Requirement, Transaction
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
