@@ -72,6 +72,25 @@ Requirements = Mapping[str, bytes]
 """Key -> the version it must have where a transaction commits (b"": absent)."""
 
 
+def required_keys(command: KvCommand) -> tuple[str, ...]:
+    """The keys a transaction of `command` must carry requirements on (ENDORSEMENT): those
+    it reads or overwrites by an update that does not commute, sorted (the KV app's
+    `needs_requirements`). Raises ValueError for a scan (a prefix has no version)."""
+    match command:
+        case Add() | Mul() | SAdd() | SRem():
+            return ()
+        case Put(key=key) | Delete(key=key) | CompareAndSet(key=key) | Concat(key=key):
+            return (key,)
+        case Get(key=key) | GetVersion(key=key) | GetVersioned(key=key):
+            return (key,)
+        case Txn(compares=compares, success=success, failure=failure):
+            return tuple(sorted({c.key for c in compares}
+                                | {w.key for w in (*success, *failure)}))
+        case Scan():
+            raise ValueError("a linearizable scan needs versions of a whole prefix, which the "
+                             "leaderless protocol does not have: use a stale scan")
+
+
 class KvHelpers(ABC):
     """Typed KV calls over `call`, which `phalanx.client.Client` implements."""
 
@@ -135,25 +154,32 @@ class KvHelpers(ABC):
         raw = await self.matching_read(kv_wire.encode_command(command))
         return self._result(command, raw, VersionResult).version
 
-    async def _versioned(
-        self, command: KvCommand, expected: type[_K], keys: Sequence[str],
-        requirements: Requirements | None, retry_aborted: bool, *, read_only: bool = False,
-    ) -> _K:
-        """`command` with requirements on `keys`: the caller's, or (ENDORSEMENT) the versions
-        f+1 nodes report, read again after an abort while `retry_aborted` (always for a
-        read) and `timeout` allows."""
-        if requirements is not None or not self.signs_transactions:
-            return await self._kv(command, expected, read_only=read_only,
-                                  requirements=requirements)
+    async def call_versioned(
+        self, command: bytes, keys: Sequence[str], *, read_only: bool = False,
+        requirements: Requirements | None = None, retry_aborted: bool = False,
+    ) -> bytes:
+        """`call` with requirements on `keys`: the caller's `requirements`, or (ENDORSEMENT)
+        the versions f+1 nodes report, read again after an abort while `retry_aborted`
+        (always for a read: it has no effect) and `timeout` allows."""
+        if requirements is not None or not self.signs_transactions or not keys:
+            return await self.call(command, read_only=read_only, requirements=requirements)
         give_up = time.monotonic() + self.timeout
         while True:
             versions = {key: await self.agreed_version(key) for key in sorted(set(keys))}
             try:
-                return await self._kv(command, expected, read_only=read_only,
-                                      requirements=versions)
+                return await self.call(command, read_only=read_only, requirements=versions)
             except TransactionAborted:
                 if not (retry_aborted or read_only) or time.monotonic() >= give_up:
                     raise
+
+    async def _versioned(
+        self, command: KvCommand, expected: type[_K], keys: Sequence[str],
+        requirements: Requirements | None, retry_aborted: bool, *, read_only: bool = False,
+    ) -> _K:
+        raw = await self.call_versioned(kv_wire.encode_command(command), keys,
+                                        read_only=read_only, requirements=requirements,
+                                        retry_aborted=retry_aborted)
+        return self._result(command, raw, expected)
 
     async def _read(self, command: KvCommand, expected: type[_K], key: str, *, stale: bool,
                     requirements: Requirements | None) -> _K:
@@ -210,8 +236,7 @@ class KvHelpers(ABC):
     ) -> list[tuple[str, bytes]]:
         """Up to `limit` (key, value) pairs whose key starts with `prefix`, in key order."""
         if self.signs_transactions and not stale:
-            raise ValueError("a linearizable scan needs versions of a whole prefix, which the "
-                             "leaderless protocol does not have: use stale=True")
+            required_keys(Scan(prefix=prefix, limit=limit))  # raises: no linearizable scan there
         result = await self._kv(
             Scan(prefix=prefix, limit=limit), ScanResult, read_only=True, stale=stale,
         )
