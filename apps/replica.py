@@ -86,6 +86,9 @@ class ApplyStatus(enum.Enum):
     run (it may have run before); `result` empty."""
     READ = "read"
     """A read-only request carried in the log: answered by `query`, no session change."""
+    INVALID = "invalid"
+    """Transaction mode: the command is not a well-formed transaction; not run (`result`
+    empty). A correct core never commits one; the client gets an error."""
 
 
 @raw_init  # built once per applied request

@@ -60,6 +60,8 @@ from phalanx.protocols import get as get_protocol
 _MS = 1_000_000
 _DEFAULT_LIVENESS_NS = 2_000 * _MS
 _BOOT_WINDOW_NS = 200 * _MS
+_ABORTED = b"\x00phalanx:aborted"
+"""What an abort counts as among a BFT request's replies (no KV result encodes so)."""
 """`nemesis.generate_schedule`'s default `start_ns`: no episode starts before it."""
 
 
@@ -311,6 +313,12 @@ class _Cluster:
             if accepted is None:
                 return
             result = accepted
+        self.answer_decided(node, client, request_no, result)
+
+    def answer_decided(self, node: str, client: SimClient, request_no: int,
+                       result: bytes) -> None:
+        """Hand `client` its accepted `result` (after the f+1 rule, under BFT)."""
+        client_id = client.session
         try:
             decoded = kv_wire.decode_result(result)
         except DecodeError:
@@ -328,6 +336,21 @@ class _Cluster:
             self._client_rtt_ns,
             lambda: client.on_rejected(node, request.request_no, leader_hint),
         )
+
+    def abort(self, node: str, request: ClientRequest, reason: str) -> None:
+        client = self._by_session.get(request.client_id)
+        if client is None or client.session != request.client_id:
+            return
+        if self.replies is not None:  # BFT: f+1 matching aborts, counted like results
+            accepted = self.replies.reply(node, request.client_id, request.request_no,
+                                          _ABORTED)
+            if accepted is None:
+                return
+            if accepted != _ABORTED:  # a corrupting replica's copy: read like any result
+                self.answer_decided(node, client, request.request_no, accepted)
+                return
+        self.loop.call_later(
+            self._client_rtt_ns, lambda: client.on_aborted(node, request.request_no, reason))
 
     # -- nemesis ----------------------------------------------------------------------------
 
