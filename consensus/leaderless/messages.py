@@ -183,6 +183,12 @@ class LeaderlessDurableState(Message):
             crash between the WAL and this record never loses or doubles an apply.
         gc_horizon_ms: transactions whose deadline is older than this were collected; any
             transaction, endorsement or refusal of one older than it is ignored.
+        known: the transactions behind `endorsed` and `refused` (so a restarted node can
+            still tell which new transactions conflict with what it endorsed).
+        released: how many of the first `committed` proofs were released (`Ready.committed`)
+            before this record was written: on restart those are released again in order
+            without the version gate (they passed it; the replica dedups the applied ones),
+            the others go through the gate.
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -191,6 +197,8 @@ class LeaderlessDurableState(Message):
     decided: tuple[DecidedTx, ...] = ()
     committed: tuple[TransactionProof, ...] = ()
     gc_horizon_ms: int = 0
+    known: tuple[Transaction, ...] = ()
+    released: int = 0
 
 
 LEADERLESS_MESSAGES: dict[int, type] = {

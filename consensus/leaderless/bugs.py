@@ -1,0 +1,31 @@
+"""Deliberate leaderless bugs, for mutation tests: the simulator sweep and `test_gaps.py`
+switch one on to prove their checkers catch it.
+
+Owns: `BUG_NAMES` (the names `LeaderlessCore(..., bugs=...)` accepts) and `check_bugs`.
+Only `core.py` and the flows it composes read the switches; `safety.py` states the honest
+protocol (the `endorse_despite_conflict` switch bypasses its conflict check explicitly).
+
+- ``drop_on_commit``: the reference's behaviour: committing T drops every pending
+  transaction with an endorsement conditioned on T (gap 1: replicas diverge).
+- ``no_version_gate``: release a committed transaction at once, without waiting for the
+  applied versions to equal its requirements (gap 2).
+- ``endorse_despite_conflict``: endorse unconditionally even when a conflicting pending
+  transaction was endorsed (two conflicting transactions can both commit).
+
+Invariant: the empty set is the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict")
+
+
+def check_bugs(names: Iterable[str]) -> frozenset[str]:
+    """`names` as a frozenset; an unknown name raises `ValueError` naming the known ones."""
+    wanted = frozenset(names)
+    unknown = sorted(wanted - frozenset(BUG_NAMES))
+    if unknown:
+        raise ValueError(f"unknown leaderless bug switch(es) {unknown}; known: {list(BUG_NAMES)}")
+    return wanted

@@ -1,0 +1,589 @@
+"""The leaderless conditional-endorsement core (PnyxDB, docs/LEADERLESS.md): a sans-IO
+`phalanx.consensus.core.Core`.
+
+Owns: dispatching inputs, intake of client and peer input (checks in `checks.py`, drops
+counted by reason), dissemination (new client transactions and own endorsements and
+refusals to every peer, periodic re-sends, fetches of unknown transactions), and turning
+each step's outbox into a `Ready`. State lives in the sub-machines:
+`store.TxStore` (transactions, endorsements, tombstones, GC), `rules.Rules`
+(applicability, commit), `safety.SafetyKernel` (the only signer of endorsements and
+refusals), `release.ReleaseGate` (version-gated release), the checkpoint/veto machine and
+the refusal tally (`veto.py`, `refusals.py`). The endorsement decision is `endorse.py`.
+Deliberate bugs arrive as `bugs` names (`bugs.BUG_NAMES`); only this module and the
+sub-machines it configures read them.
+
+Must not import: trio, sockets, clocks, global random, `phalanx.net`. Crypto is injected.
+
+Invariants:
+- Peer and client input never raises: it is dropped and counted in `status().dropped`.
+- Every own endorsement, refusal and veto vote leaves in `Ready.messages` of a Ready whose
+  `core_state` (with `must_sync`) records it; never in `early_messages`.
+- Released transactions go out in `Ready.entries` and `Ready.committed` of one Ready, local
+  indexes gap-free from `app.applied()` at construction.
+- Time comes only from `Tick.now_ms` (None decides nothing time-based); every iteration is
+  over insertion-ordered dicts or sorted values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from phalanx.consensus.core import (
+    Abort,
+    CheckpointInstalled,
+    CheckpointTaken,
+    CoreStatus,
+    Input,
+    Persisted,
+    Ready,
+    Receive,
+    Rejection,
+    Send,
+    Submit,
+    Tick,
+)
+from phalanx.consensus.crypto import Crypto, Verifier
+from phalanx.consensus.leaderless._veto_interim import CheckpointMachine, RefusalTally
+from phalanx.consensus.leaderless.app_view import AppView
+from phalanx.consensus.leaderless.bugs import check_bugs
+from phalanx.consensus.leaderless.checks import (
+    ProofChecker,
+    endorsement_problem,
+    refusal_problem,
+    tx_problem,
+)
+from phalanx.consensus.leaderless.config import LeaderlessConfig
+from phalanx.consensus.leaderless.endorse import Endorser
+from phalanx.consensus.leaderless.messages import (
+    Endorsement,
+    FetchTransactions,
+    LeaderlessDurableState,
+    Refusal,
+    StartCheckpoint,
+    Transaction,
+    TransactionProof,
+    TxId,
+    VetoChoice,
+    transaction_id,
+)
+from phalanx.consensus.leaderless.release import Committed, ReleaseGate
+from phalanx.consensus.leaderless.rules import Rules
+from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
+from phalanx.consensus.leaderless.tx_codec import TxCodec
+from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
+
+MAX_FETCH_IDS = 64
+"""At most this many ids of one `FetchTransactions` are answered (a flood is cut)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderlessStatus(CoreStatus):
+    """`CoreStatus` of the leaderless core: role "endorser", term 0, no leader,
+    `commit_index` = the last released local index.
+
+    Attributes:
+        pending: known undecided transactions.
+        committed: transactions committed by this process (restored ones included).
+        dropped_txs: transactions dropped (checkpoint or abort certificate).
+        aborted: `Abort`s emitted.
+        gated: committed transactions waiting at the version gate.
+        gc_horizon_ms: the garbage-collection horizon.
+    """
+
+    pending: int = 0
+    committed: int = 0
+    dropped_txs: int = 0
+    aborted: int = 0
+    gated: int = 0
+    gc_horizon_ms: int = 0
+
+
+@dataclass(slots=True)
+class _Outbox:
+    sends: list[Send] = field(default_factory=list)
+    signed: bool = False
+    dirty: bool = False
+    entries: list[Entry] = field(default_factory=list)
+    aborted: list[Abort] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+class LeaderlessCore:
+    """One node of the leaderless protocol (see the module docstring)."""
+
+    def __init__(self, config: LeaderlessConfig, *, crypto: Crypto, client_keys: Verifier,
+                 app: AppView, codec: TxCodec, restored: LeaderlessDurableState | None = None,
+                 bugs: frozenset[str] = frozenset()) -> None:
+        self._config = config
+        self._crypto = crypto
+        self._client_keys = client_keys
+        self._app = app
+        self._codec = codec
+        self._bugs = check_bugs(bugs)
+        self._peers = config.peers()
+        self._store = TxStore(max_buffered=config.max_pending)
+        self._rules = Rules(self._store, config.quorum_for)
+        self._gate = ReleaseGate(app, start_index=app.applied(),
+                                 no_gate="no_version_gate" in self._bugs)
+        self._tally = RefusalTally(n=config.n, f=config.faults, quorum=config.quorum)
+        self._checkpoints = CheckpointMachine(
+            node_id=config.node_id, nodes=config.nodes, crypto=crypto,
+            checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
+            restored_votes=restored.votes if restored is not None else ())
+        self._verify_proof = ProofChecker(
+            nodes=config.nodes, crypto=crypto, client_keys=client_keys,
+            quorum_for=config.quorum_for, tx_id=self._tx_id,
+            condition_ok=self._condition_ok)
+        self._dropped: dict[str, int] = {}
+        self._queued: dict[TxId, None] = {}
+        self._fetched: dict[TxId, None] = {}
+        self._now: int | None = None
+        self._ticks = 0
+        self._number = 0
+        self._committed = 0
+        self._dropped_txs = 0
+        self._aborted = 0
+        self._restart: list[Committed] = []
+        known: dict[TxId, Transaction] = {}
+        if restored is not None:
+            known = {self._tx_id(tx): tx for tx in restored.known}
+        self._kernel = SafetyKernel(crypto, config.node_id, restored, known)
+        self._kernel.unsafe = "endorse_despite_conflict" in self._bugs
+        self._endorser = Endorser(
+            config=config, app=app, store=self._store, kernel=self._kernel, gate=self._gate,
+            unconditional_always="endorse_despite_conflict" in self._bugs)
+        if restored is not None:
+            self._restore(restored, known)
+
+    @property
+    def node_id(self) -> NodeId:
+        return self._config.node_id
+
+    # ------------------------------------------------------------------------------ restore
+
+    def _restore(self, state: LeaderlessDurableState, known: dict[TxId, Transaction]) -> None:
+        self._store.horizon = state.gc_horizon_ms
+        for stone in state.decided:
+            self._store.tombstones[stone.tx_id] = stone
+        for i, proof in enumerate(state.committed):
+            tx_id = self._tx_id(proof.tx)
+            record = self._new_record(tx_id, proof.tx)
+            for e in proof.endorsements:
+                record.endorsements.setdefault(e.endorser, e)
+            record.state = TxState.COMMITTED
+            self._store.records[tx_id] = record
+            item = self._committed_item(record, proof)
+            if i < state.released:
+                self._restart.append(item)
+            else:
+                self._gate.add(item)
+        for tx_id, tx in known.items():
+            if self._store.state_of(tx_id) is None:
+                record = self._new_record(tx_id, tx)
+                own = self._kernel.endorsement(tx_id)
+                if own is not None:
+                    record.endorsements[own.endorser] = own
+                self._store.records[tx_id] = record
+                refusal = self._kernel.refusal(tx_id)
+                if refusal is not None:
+                    self._tally.add(refusal)
+
+    # ------------------------------------------------------------------------------ step
+
+    def step(self, inp: Input, /) -> Ready:
+        out = _Outbox()
+        if self._restart:
+            out.entries += [self._gate.release_now(item) for item in self._restart]
+            self._restart = []
+        if isinstance(inp, Receive):
+            self._on_receive(inp.src, inp.message, out)
+        elif isinstance(inp, Tick):
+            self._on_tick(inp.now_ms, out)
+        elif isinstance(inp, Submit):
+            self._on_submit(inp.request, out)
+        elif isinstance(inp, (Persisted, CheckpointTaken, CheckpointInstalled)):
+            pass  # own records count at once (see safety.py); the app view reads checkpoints
+        else:
+            assert_never(inp)
+        self._drain_checkpoints(out)
+        out.entries += self._gate.release()
+        if out.entries:
+            out.dirty = True
+        return self._ready(out)
+
+    def _ready(self, out: _Outbox) -> Ready:
+        core_state = self.durable_state() if (out.dirty or out.signed) else None
+        number = 0
+        if core_state is not None or out.entries:
+            self._number += 1
+            number = self._number
+        entries = tuple(out.entries)
+        return Ready(number=number, entries=entries, committed=entries, core_state=core_state,
+                     must_sync=out.signed, messages=tuple(out.sends),
+                     rejected=tuple(out.rejected), aborted=tuple(out.aborted))
+
+    def durable_state(self) -> LeaderlessDurableState:
+        """The durable record as of now (what `Ready.core_state` carries)."""
+        endorsed, refused, known = self._kernel.record_parts()
+        proofs, released = self._gate.proofs()
+        return LeaderlessDurableState(
+            endorsed=endorsed, refused=refused, votes=self._checkpoints.votes(),
+            decided=tuple(self._store.tombstones.values()), committed=proofs,
+            gc_horizon_ms=self._store.horizon, known=known, released=released)
+
+    def _drop(self, reason: str) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+
+    def _broadcast(self, message: Message, out: _Outbox) -> None:
+        out.sends += [Send(to=peer, message=message) for peer in self._peers]
+
+    # ------------------------------------------------------------------------------ intake
+
+    def _tx_id(self, tx: Transaction) -> TxId:
+        return transaction_id(tx, self._codec.encode)
+
+    def _new_record(self, tx_id: TxId, tx: Transaction) -> TxRecord:
+        request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
+                                command=self._codec.encode(tx), read_only=tx.read_only)
+        return TxRecord(tx_id=tx_id, tx=tx, request=request, writes=self._app.writes(tx.command),
+                        needs=self._app.needs_requirements(tx.command))
+
+    def _on_submit(self, request: ClientRequest, out: _Outbox) -> None:
+        tx = self._codec.decode(request.command)
+        reason: str | None = None
+        if tx is None:
+            reason = "undecodable_submit"
+        elif (tx.client_id != request.client_id or tx.request_no != request.request_no
+              or tx.read_only != request.read_only):
+            reason = "submit_mismatch"
+        elif self._now is not None and tx.deadline_ms < self._now:
+            reason = "submit_expired"
+        if reason is not None or tx is None:
+            self._drop(reason or "undecodable_submit")
+            out.rejected.append(Rejection(request=request, reason=_REASONS[reason or ""]))
+            return
+        tx_id = self._tx_id(tx)
+        if self._store.state_of(tx_id) is TxState.DROPPED:
+            self._drop("submit_dropped")
+            out.aborted.append(Abort(request=request, reason="transaction was dropped"))
+            self._aborted += 1
+            return
+        problem = self._accept_tx(tx_id, tx, out)
+        if problem is not None:
+            self._drop(problem)
+            if problem not in ("duplicate_tx", "decided_tx"):
+                out.rejected.append(Rejection(request=request, reason=problem.replace("_", " ")))
+            return
+        self._broadcast(tx, out)
+
+    def _accept_tx(self, tx_id: TxId, tx: Transaction, out: _Outbox) -> str | None:
+        """Take a transaction into the store (from a client or a peer); the drop reason, or
+        None when it was new and valid (then it was endorsed if the rules allow)."""
+        if tx_id in self._store.records:
+            return "duplicate_tx"
+        if tx_id in self._store.tombstones:
+            return "decided_tx"
+        if tx.deadline_ms < self._store.horizon:
+            return "stale_tx"
+        problem = tx_problem(tx, self._client_keys)
+        if problem is not None:
+            return problem
+        committed = len(self._gate.gated) + len(self._gate.released)
+        if len(self._store.records) - committed >= self._config.max_pending:
+            return "overloaded"
+        record = self._new_record(tx_id, tx)
+        buffered = self._store.add(record)
+        self._kernel.learn(tx_id, tx)
+        self._fetched.pop(tx_id, None)
+        self._rules.invalidate()
+        for endorsement in buffered.values():
+            self._add_endorsement(record, endorsement, None, out)
+        self._try_endorse(record, out)
+        self._try_commit(record, out)
+        return None
+
+    def _on_receive(self, src: NodeId, msg: Message, out: _Outbox) -> None:
+        if src not in self._config.nodes or src == self._config.node_id:
+            self._drop("unknown_sender")
+        elif isinstance(msg, Transaction):
+            problem = self._accept_tx(self._tx_id(msg), msg, out)
+            if problem is not None:
+                self._drop(problem)
+        elif isinstance(msg, Endorsement):
+            self._on_endorsement(src, msg, out)
+        elif isinstance(msg, Refusal):
+            self._on_refusal(msg, out)
+        elif isinstance(msg, TransactionProof):
+            self._on_proof(src, msg, out)
+        elif isinstance(msg, FetchTransactions):
+            self._on_fetch(src, msg, out)
+        elif isinstance(msg, StartCheckpoint):
+            self._checkpoints.on_start(src, msg, self._proof_of)
+        elif isinstance(msg, VetoChoice):
+            self._checkpoints.on_choice(src, msg, self._verify_proof)
+        else:
+            self._drop("unknown_message")
+
+    def _on_proof(self, src: NodeId | None, proof: TransactionProof, out: _Outbox) -> None:
+        problem = self._accept_tx(self._tx_id(proof.tx), proof.tx, out)
+        if problem not in (None, "duplicate_tx", "decided_tx"):
+            self._drop(problem or "")
+            return
+        for e in proof.endorsements:
+            if isinstance(e, Endorsement):
+                self._on_endorsement(src, e, out)
+        for r in proof.refusals:
+            if isinstance(r, Refusal):
+                self._on_refusal(r, out)
+
+    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: _Outbox) -> None:
+        if e.endorser == self._config.node_id:
+            return  # our own, echoed back in a proof
+        problem = endorsement_problem(e, self._config.nodes, self._crypto)
+        if problem is not None:
+            self._drop(problem)
+            return
+        record = self._store.get(e.tx_id)
+        if record is None:
+            if self._store.decided(e.tx_id):
+                self._drop("decided_endorsement")
+            elif self._store.buffer(e) and src is not None:
+                self._fetch(src, e.tx_id, out)
+            return
+        self._add_endorsement(record, e, src, out)
+
+    def _add_endorsement(self, record: TxRecord, e: Endorsement, src: NodeId | None,
+                         out: _Outbox) -> None:
+        have = record.endorsements.get(e.endorser)
+        if have is not None:
+            self._drop("duplicate_endorsement" if have == e else "equivocating_endorsement")
+            return
+        if record.state is not TxState.PENDING:
+            return
+        record.endorsements[e.endorser] = e
+        self._rules.invalidate()
+        if src is not None:
+            for c in e.conditions:
+                if self._store.state_of(c) is None:
+                    self._fetch(src, c, out)
+        self._try_commit(record, out)
+
+    def _on_refusal(self, r: Refusal, out: _Outbox) -> None:
+        if r.endorser == self._config.node_id:
+            return  # our own, echoed back in a proof
+        problem = refusal_problem(r, self._config.nodes, self._crypto)
+        if problem is not None:
+            self._drop(problem)
+            return
+        record = self._store.get(r.tx_id)
+        if record is None or record.state is not TxState.PENDING:
+            # Unknown: not tallied (memory stays bounded); the refuser re-sends it.
+            return
+        self._tally.add(r)
+        self._check_certificate(record, out)
+
+    def _check_certificate(self, record: TxRecord, out: _Outbox) -> None:
+        if record.state is TxState.PENDING and self._tally.certificate(record.tx_id):
+            self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
+
+    def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: _Outbox) -> None:
+        ids = msg.tx_ids
+        if len(ids) > MAX_FETCH_IDS:
+            self._drop("oversized_fetch")
+            ids = ids[:MAX_FETCH_IDS]
+        for tx_id in ids:
+            record = self._store.get(tx_id) if isinstance(tx_id, bytes) else None
+            if record is None:
+                continue
+            own = self._kernel.refusal(tx_id)
+            out.sends.append(Send(to=src, message=TransactionProof(
+                tx=record.tx, endorsements=tuple(record.endorsements.values()),
+                refusals=(own,) if own is not None else ())))
+
+    def _fetch(self, src: NodeId, tx_id: TxId, out: _Outbox) -> None:
+        if tx_id in self._fetched:
+            return
+        self._fetched[tx_id] = None
+        while len(self._fetched) > self._config.max_pending:
+            del self._fetched[next(iter(self._fetched))]
+        out.sends.append(Send(to=src, message=FetchTransactions(tx_ids=(tx_id,))))
+
+    # ------------------------------------------------------------------------------ decide
+
+    def _try_endorse(self, record: TxRecord, out: _Outbox) -> None:
+        if self._now is None or record.state is not TxState.PENDING:
+            return
+        endorsement = self._endorser.decide(record, self._now)
+        if endorsement is None:
+            return
+        record.endorsements[endorsement.endorser] = endorsement
+        self._rules.invalidate()
+        out.signed = True
+        self._broadcast(endorsement, out)
+
+    def _try_commit(self, record: TxRecord, out: _Outbox) -> None:
+        if not self._rules.committable(record) or self._checkpoints.blocked(record.tx_id):
+            return
+        proof = TransactionProof(tx=record.tx, endorsements=tuple(
+            sorted(self._rules.definitely_valid(record), key=lambda e: e.endorser)))
+        self._store.decide(record, TxState.COMMITTED)
+        self._tally.forget(record.tx_id)
+        self._gate.add(self._committed_item(record, proof))
+        self._committed += 1
+        self._rules.invalidate()
+        out.dirty = True
+        if "drop_on_commit" in self._bugs:
+            for other in self._store.pending():
+                if any(record.tx_id in e.conditions for e in other.endorsements.values()):
+                    self._drop_tx(other, "dropped: a condition committed", out)
+
+    def _committed_item(self, record: TxRecord, proof: TransactionProof) -> Committed:
+        return Committed(tx_id=record.tx_id, proof=proof, request_command=record.request.command,
+                         writes=record.writes)
+
+    def _drop_tx(self, record: TxRecord, reason: str, out: _Outbox) -> None:
+        self._store.decide(record, TxState.DROPPED)
+        self._tally.forget(record.tx_id)
+        self._dropped_txs += 1
+        self._aborted += 1
+        self._rules.invalidate()
+        out.dirty = True
+        out.aborted.append(Abort(request=record.request, reason=reason))
+        for other in self._store.pending():  # conditions on it are now definitely valid
+            if any(record.tx_id in e.conditions for e in other.endorsements.values()):
+                self._try_commit(other, out)
+
+    # ------------------------------------------------------------------------------ time
+
+    def _on_tick(self, now: int | None, out: _Outbox) -> None:
+        self._ticks += 1
+        if now is None:
+            self._checkpoints.tick()
+            return
+        self._now = now
+        for record in self._store.pending():
+            if record.state is not TxState.PENDING:
+                continue  # decided earlier in this pass
+            if now > record.deadline and not self._kernel.touched(record.tx_id):
+                refusal = self._kernel.refuse(record.tx_id, record.tx)
+                out.signed = True
+                self._broadcast(refusal, out)
+                self._tally.add(refusal)
+                self._check_certificate(record, out)
+            else:
+                self._try_endorse(record, out)
+            self._try_commit(record, out)
+        self._queue_stuck(now)
+        self._checkpoints.tick()
+        if self._ticks % self._config.rebroadcast_ticks == 0:
+            self._rebroadcast(out)
+        self._gc(now, out)
+
+    def _rebroadcast(self, out: _Outbox) -> None:
+        for record in self._store.pending():
+            signed: Message | None = self._kernel.endorsement(record.tx_id)
+            if signed is None:
+                signed = self._kernel.refusal(record.tx_id)
+            if signed is not None:
+                self._broadcast(signed, out)
+
+    def _queue_stuck(self, now: int) -> None:
+        """PnyxDB's checkpoint trigger (docs/LEADERLESS.md "Deadlocks")."""
+        old = now - self._config.delta_old_ms
+        for record in self._store.pending():
+            if self._rules.applicable(record.tx_id):
+                for e in record.endorsements.values():
+                    for c in e.conditions:
+                        if self._stuck_condition(c, old):
+                            self._queue(c)
+            elif record.deadline < old and not self._tally.certificate(record.tx_id):
+                self._queue(record.tx_id)
+
+    def _stuck_condition(self, c: TxId, old: int) -> bool:
+        """Condition `c` is unknown, or pending, not applicable and expired before `old`."""
+        state = self._store.state_of(c)
+        if state is None:
+            return True
+        return (state is TxState.PENDING and not self._rules.applicable(c)
+                and self._store.records[c].deadline < old)
+
+    def _queue(self, tx_id: TxId) -> None:
+        if tx_id not in self._queued:
+            self._queued[tx_id] = None
+            self._checkpoints.queue(tx_id)
+
+    def _gc(self, now: int, out: _Outbox) -> None:
+        horizon = now - self._config.gc_horizon_ms
+        if horizon <= self._store.horizon:
+            return
+        gone, stones = self._store.gc(horizon, keep=self._keep)
+        for tx_id in gone:
+            self._gate.collect(tx_id)
+            self._tally.forget(tx_id)
+        live = self._store.records
+        for tx_id in [t for t in self._kernel.endorsed_ids() if t not in live]:
+            if tx_id not in self._store.tombstones:
+                self._kernel.forget(tx_id)
+        for r in self._kernel.refusals():
+            if r.tx_id not in live and r.tx_id not in self._store.tombstones:
+                self._kernel.forget(r.tx_id)
+        for table in (self._queued, self._fetched):
+            for tx_id in [t for t in table if self._store.state_of(t) is None]:
+                del table[tx_id]
+        self._checkpoints.gc(lambda t: self._store.state_of(t) is TxState.PENDING)
+        self._rules.invalidate()
+        if gone or stones:
+            out.dirty = True
+
+    def _keep(self, record: TxRecord) -> bool:
+        return record.state is TxState.COMMITTED and self._gate.unapplied(record.tx_id)
+
+    # ------------------------------------------------------------------------------ veto
+
+    def _condition_ok(self, tx_id: TxId) -> bool:
+        state = self._store.state_of(tx_id)
+        return state is not TxState.COMMITTED and not self._rules.applicable(tx_id)
+
+    def _proof_of(self, tx_id: TxId) -> TransactionProof | None:
+        record = self._store.get(tx_id)
+        if record is None or not self._rules.applicable(tx_id):
+            return None
+        return TransactionProof(tx=record.tx, endorsements=tuple(
+            sorted(record.endorsements.values(), key=lambda e: e.endorser)))
+
+    def _drain_checkpoints(self, out: _Outbox) -> None:
+        effects = self._checkpoints.drain()
+        if effects.votes:
+            out.signed = True
+        out.sends += effects.sends
+        for tx_id in effects.dropped:
+            record = self._store.get(tx_id)
+            if record is not None and record.state is TxState.PENDING:
+                self._drop_tx(record, "dropped by a checkpoint (veto procedure)", out)
+            elif record is None and not self._store.decided(tx_id):
+                self._store.drop_unknown(tx_id, self._now or 0)
+                self._dropped_txs += 1
+                out.dirty = True
+        for proof in effects.kept:
+            self._on_proof(None, proof, out)
+
+    # ------------------------------------------------------------------------------ status
+
+    def status(self) -> LeaderlessStatus:
+        pending = sum(1 for r in self._store.records.values() if r.state is TxState.PENDING)
+        return LeaderlessStatus(
+            node=self._config.node_id, role="endorser", term=0,
+            commit_index=self._gate.last_index, leader=None, dropped=dict(self._dropped),
+            pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
+            aborted=self._aborted, gated=len(self._gate.gated),
+            gc_horizon_ms=self._store.horizon)
+
+
+_REASONS = {
+    "undecodable_submit": "the command is not a transaction",
+    "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
+    "submit_expired": "the transaction's deadline has passed",
+    "": "rejected",
+}

@@ -1,0 +1,97 @@
+"""The endorsement rule of a correct node (docs/LEADERLESS.md "Endorse"; PnyxDB §1.7 step 2).
+
+Owns: `Endorser.decide`, which says whether this node endorses a known pending transaction
+now, and with which conditions, and has the safety kernel sign it. For T (neither endorsed
+nor refused here):
+1. T's deadline has passed → never (the core signs a refusal instead).
+2. A requirement does not match the applied version, a key of `app.needs_requirements`
+   has no requirement, or the policy refuses → not now.
+3. A transaction committed here but not yet applied conflicts with T → not now.
+4. K = own endorsed pending transactions that conflict with T: K = ∅ → unconditional;
+   all of K expired → conditional on K; else not now.
+
+Conflict = the app's `conflicts` of the commands, or one's requirement keys meet the
+other's writes. No state of its own beyond what it reads.
+"""
+
+from __future__ import annotations
+
+from phalanx.consensus.leaderless.app_view import AppView
+from phalanx.consensus.leaderless.config import LeaderlessConfig
+from phalanx.consensus.leaderless.messages import Endorsement, Transaction, TxId
+from phalanx.consensus.leaderless.release import ReleaseGate
+from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
+
+
+class Endorser:
+    __slots__ = ("_app", "_config", "_gate", "_kernel", "_store", "unconditional_always")
+
+    def __init__(self, *, config: LeaderlessConfig, app: AppView, store: TxStore,
+                 kernel: SafetyKernel, gate: ReleaseGate,
+                 unconditional_always: bool = False) -> None:
+        self._config = config
+        self._app = app
+        self._store = store
+        self._kernel = kernel
+        self._gate = gate
+        self.unconditional_always = unconditional_always
+
+    def conflicts(self, a: TxRecord, b: TxRecord) -> bool:
+        if self._app.conflicts(a.tx.command, b.tx.command):
+            return True
+        return (any(r.key in b.writes for r in a.tx.requirements)
+                or any(r.key in a.writes for r in b.tx.requirements))
+
+    def acceptable(self, record: TxRecord) -> bool:
+        """Rule 2: requirements hold on the applied state, cover every key that needs one,
+        and the policy accepts."""
+        tx = record.tx
+        keys = [r.key for r in tx.requirements]
+        if any(k not in keys for k in record.needs):
+            return False
+        if keys and self._app.versions(keys) != tuple(r.version for r in tx.requirements):
+            return False
+        return self._app.accepts(tx.command, tx.policy)
+
+    def conflicting_pending(self, tx_id: TxId, tx: Transaction) -> list[TxId]:
+        """K: own endorsed transactions, still pending, that conflict with `tx_id`."""
+        record = self._store.get(tx_id)
+        if record is None:
+            return []
+        out = []
+        for other_id in self._kernel.endorsed_ids():
+            other = self._store.get(other_id)
+            if (other_id != tx_id and other is not None and other.state is TxState.PENDING
+                    and self.conflicts(record, other)):
+                out.append(other_id)
+        return out
+
+    def _unapplied_conflict(self, record: TxRecord) -> bool:
+        for other in self._store.records.values():
+            if (other.state is TxState.COMMITTED and self._gate.unapplied(other.tx_id)
+                    and self.conflicts(record, other)):
+                return True
+        return False
+
+    def decide(self, record: TxRecord, now: int) -> Endorsement | None:
+        """This node's endorsement of `record` if the rules allow it now (signed and
+        recorded by the kernel), else None."""
+        if (record.state is not TxState.PENDING or now > record.deadline
+                or self._kernel.touched(record.tx_id)):
+            return None
+        if not self.acceptable(record) or self._unapplied_conflict(record):
+            return None
+        conditions: tuple[TxId, ...] = ()
+        if not self.unconditional_always:
+            k = self.conflicting_pending(record.tx_id, record.tx)
+            k += [t for t in self._kernel.unreadable() if t != record.tx_id]
+            if k:
+                if any(self._store.records[t].deadline >= now for t in k
+                       if t in self._store.records):
+                    return None
+                if any(t not in self._store.records for t in k):
+                    return None  # an own endorsement we cannot read: wait for it
+                conditions = tuple(sorted(set(k)))
+        return self._kernel.endorse(record.tx_id, record.tx, conditions,
+                                    self.conflicting_pending)

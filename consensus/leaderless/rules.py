@@ -1,0 +1,87 @@
+"""Applicability and the commit rule over the transaction store (PnyxDB §1.7 steps 4-5,
+with reference gaps 1 and 3 fixed).
+
+Owns: `Rules`, pure reads of a `TxStore`:
+- `applicable(tx_id)`: committed → true; dropped or unknown → false; otherwise at least
+  Q_policy endorsements none of whose conditions is applicable. A visited set makes a
+  cycle of conditions not applicable (gap 3: Byzantine endorsers can build one).
+- `definitely_valid(record)`: the endorsements whose every condition is dropped
+  (unconditional ones always); one whose condition committed is permanently invalid.
+- `committable(record)`: pending with at least Q_policy definitely valid endorsements.
+
+Invariant: no method changes the store; results depend only on the store's content (the
+memo lives for one `Rules` pass and is cleared by `invalidate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from phalanx.consensus.leaderless.messages import Endorsement, TxId
+from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
+
+
+class Rules:
+    __slots__ = ("_memo", "_quorum_for", "_store")
+
+    def __init__(self, store: TxStore, quorum_for: Callable[[str], int]) -> None:
+        self._store = store
+        self._quorum_for = quorum_for
+        self._memo: dict[TxId, bool] = {}
+
+    def invalidate(self) -> None:
+        """Forget memoised applicability (call after any change to the store)."""
+        self._memo.clear()
+
+    def quorum(self, record: TxRecord) -> int:
+        return self._quorum_for(record.tx.policy)
+
+    def applicable(self, tx_id: TxId) -> bool:
+        return self._applicable(tx_id, [])[0]
+
+    def _applicable(self, tx_id: TxId, path: list[TxId]) -> tuple[bool, frozenset[TxId]]:
+        """(applicable, the ids on `path` that `tx_id`'s conditions reach back to). A
+        transaction whose conditions reach back to itself or to an ancestor on the path is
+        on a cycle: not applicable."""
+        cached = self._memo.get(tx_id)
+        if cached is not None:
+            return cached, frozenset()
+        state = self._store.state_of(tx_id)
+        if state is TxState.COMMITTED:
+            return True, frozenset()
+        if tx_id in path:
+            return False, frozenset((tx_id,))
+        if state is not TxState.PENDING:
+            return False, frozenset()  # dropped or unknown
+        record = self._store.records[tx_id]
+        path.append(tx_id)
+        valid = 0
+        hits: frozenset[TxId] = frozenset()
+        for endorsement in record.endorsements.values():
+            ok = True
+            for condition in endorsement.conditions:
+                sub, back = self._applicable(condition, path)
+                hits |= back
+                if sub:
+                    ok = False
+                    break
+            valid += ok
+        path.pop()
+        if hits:
+            return False, hits - {tx_id}  # on a cycle: not applicable
+        result = valid >= self.quorum(record)
+        self._memo[tx_id] = result
+        return result, frozenset()
+
+    def endorsement_valid(self, endorsement: Endorsement) -> bool:
+        """None of its conditions is applicable (it counts towards applicability)."""
+        return not any(self.applicable(c) for c in endorsement.conditions)
+
+    def definitely_valid(self, record: TxRecord) -> list[Endorsement]:
+        dropped = TxState.DROPPED
+        return [e for e in record.endorsements.values()
+                if all(self._store.state_of(c) is dropped for c in e.conditions)]
+
+    def committable(self, record: TxRecord) -> bool:
+        return (record.state is TxState.PENDING
+                and len(self.definitely_valid(record)) >= self.quorum(record))

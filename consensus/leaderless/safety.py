@@ -1,0 +1,137 @@
+"""The leaderless safety kernel: the only signer of this node's endorsements and refusals.
+
+Owns: this node's own endorsements and refusals (and the transactions behind them, so a
+restarted node can still compute conflicts), restored from and written to the durable
+record (`LeaderlessDurableState.endorsed`/`refused`/`known`).
+
+The driver writes `Ready.core_state` (with `must_sync`) before it sends `Ready.messages`, and
+the core puts every signed endorsement or refusal in `messages` of the Ready whose
+core_state records it (never `early_messages`). So no endorsement or refusal leaves before
+it is durable, and after any restart the kernel remembers every one that may have left.
+
+Invariants (across restarts too):
+- never two endorsements of one transaction, nor an endorsement and a refusal of one;
+- never an unconditional endorsement of T while an endorsed, still-pending transaction
+  conflicts with T (`conflicting_pending` decides; a transaction of the record this node
+  can no longer read is treated as conflicting with everything until it is decided or
+  collected). The ``endorse_despite_conflict`` bug switch (`unsafe`) skips this check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from phalanx.consensus.crypto import Signer
+from phalanx.consensus.leaderless.messages import (
+    Endorsement,
+    LeaderlessDurableState,
+    Refusal,
+    Transaction,
+    TxId,
+)
+from phalanx.consensus.types import LocalProtocolError, NodeId
+
+
+class SafetyKernel:
+    __slots__ = ("_endorsed", "_node", "_refused", "_signer", "_txs", "unsafe")
+
+    def __init__(self, signer: Signer, node: NodeId,
+                 restored: LeaderlessDurableState | None = None,
+                 known: dict[TxId, Transaction] | None = None) -> None:
+        self._signer = signer
+        self._node = node
+        self._endorsed: dict[TxId, Endorsement] = {}
+        self._refused: dict[TxId, Refusal] = {}
+        self._txs: dict[TxId, Transaction] = {}
+        self.unsafe = False
+        if restored is not None:
+            for e in restored.endorsed:
+                self._endorsed[e.tx_id] = e
+            for r in restored.refused:
+                self._refused[r.tx_id] = r
+            by_id = known or {}
+            for tx_id in list(self._endorsed) + list(self._refused):
+                if tx_id in by_id:
+                    self._txs[tx_id] = by_id[tx_id]
+
+    # ---------------------------------------------------------------------------- reads
+
+    def endorsement(self, tx_id: TxId) -> Endorsement | None:
+        return self._endorsed.get(tx_id)
+
+    def refusal(self, tx_id: TxId) -> Refusal | None:
+        return self._refused.get(tx_id)
+
+    def touched(self, tx_id: TxId) -> bool:
+        """This node endorsed or refused `tx_id` (it will sign nothing more about it)."""
+        return tx_id in self._endorsed or tx_id in self._refused
+
+    def endorsed_ids(self) -> list[TxId]:
+        return list(self._endorsed)
+
+    def endorsements(self) -> list[Endorsement]:
+        return list(self._endorsed.values())
+
+    def refusals(self) -> list[Refusal]:
+        return list(self._refused.values())
+
+    def unreadable(self) -> list[TxId]:
+        """Own endorsements whose transaction this node does not hold (a legacy record)."""
+        return [t for t in self._endorsed if t not in self._txs]
+
+    def learn(self, tx_id: TxId, tx: Transaction) -> None:
+        """The transaction behind one of our own endorsements or refusals arrived."""
+        if tx_id in self._endorsed or tx_id in self._refused:
+            self._txs.setdefault(tx_id, tx)
+
+    # ---------------------------------------------------------------------------- signing
+
+    def endorse(self, tx_id: TxId, tx: Transaction, conditions: tuple[TxId, ...],
+                conflicting_pending: Callable[[TxId, Transaction], list[TxId]]) -> Endorsement:
+        """Sign this node's one endorsement of `tx_id` with `conditions` (sorted, unique).
+
+        `conflicting_pending(tx_id, tx)` lists the own endorsed still-pending transactions
+        that conflict with `tx` (the caller's K); an unconditional endorsement requires it
+        empty, a conditional one requires every one of them among the conditions.
+        Raises `LocalProtocolError` on any violation: the caller's rules failed."""
+        if self.touched(tx_id):
+            raise LocalProtocolError(f"already endorsed or refused {tx_id[:4].hex()}")
+        if list(conditions) != sorted(set(conditions)) or tx_id in conditions:
+            raise LocalProtocolError("conditions must be sorted, unique, not the tx itself")
+        if not self.unsafe:
+            missing = [k for k in conflicting_pending(tx_id, tx) if k not in conditions]
+            missing += [k for k in self.unreadable() if k not in conditions and k != tx_id]
+            if missing:
+                raise LocalProtocolError(
+                    f"endorsing {tx_id[:4].hex()} would conflict with {len(missing)} "
+                    "pending endorsed transaction(s)")
+        body = Endorsement(tx_id=tx_id, endorser=self._node, conditions=conditions)
+        signed = Endorsement(tx_id=tx_id, endorser=self._node, conditions=conditions,
+                             signature=self._signer.sign(body))
+        self._endorsed[tx_id] = signed
+        self._txs[tx_id] = tx
+        return signed
+
+    def refuse(self, tx_id: TxId, tx: Transaction) -> Refusal:
+        """Sign this node's refusal of `tx_id` (its deadline passed, never endorsed)."""
+        if self.touched(tx_id):
+            raise LocalProtocolError(f"already endorsed or refused {tx_id[:4].hex()}")
+        body = Refusal(tx_id=tx_id, endorser=self._node)
+        signed = Refusal(tx_id=tx_id, endorser=self._node, signature=self._signer.sign(body))
+        self._refused[tx_id] = signed
+        self._txs[tx_id] = tx
+        return signed
+
+    # ---------------------------------------------------------------------------- GC, record
+
+    def forget(self, tx_id: TxId) -> None:
+        """`tx_id` was garbage-collected (its deadline is older than the horizon)."""
+        self._endorsed.pop(tx_id, None)
+        self._refused.pop(tx_id, None)
+        self._txs.pop(tx_id, None)
+
+    def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
+                                    tuple[Transaction, ...]]:
+        """(endorsed, refused, known) for the durable record, in signing order."""
+        known = tuple(self._txs.values())
+        return tuple(self._endorsed.values()), tuple(self._refused.values()), known

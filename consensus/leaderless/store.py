@@ -1,0 +1,141 @@
+"""The leaderless core's transaction store (PnyxDB's query store).
+
+Owns: one `TxRecord` per known undecided-or-committed transaction (the transaction, its
+state, the endorsements received, at most one per endorser), the tombstones of decided
+transactions (`DecidedTx`), endorsements buffered for transactions not yet known, and
+garbage collection by deadline (`gc`).
+
+Invariants:
+- A transaction id is in at most one of: `records` (pending or committed), `tombstones`
+  only (dropped, or committed and collected).
+- Every map iterates in insertion order (arrival order): no decision depends on set order.
+- Memory is bounded: records and tombstones go once their deadline is older than the GC
+  horizon (committed records only once released and applied, see `gc`); buffered
+  endorsements are capped at `max_buffered`, oldest evicted first.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from phalanx.consensus.leaderless.messages import DecidedTx, Endorsement, Transaction, TxId
+from phalanx.consensus.types import ClientRequest, NodeId
+
+
+class TxState(enum.Enum):
+    PENDING = "pending"
+    COMMITTED = "committed"
+    DROPPED = "dropped"
+
+
+@dataclass(slots=True, kw_only=True)
+class TxRecord:
+    """What this node knows of one transaction.
+
+    Attributes:
+        tx_id, tx: the transaction and its id.
+        request: the `ClientRequest` that carries it to the replica layer (and to `Abort`).
+        writes, needs: the app's `writes` and `needs_requirements` of its command.
+        state: pending, committed or dropped.
+        endorsements: the valid endorsements received, by endorser, first one wins.
+        index: the local index it was released at (0 = not released).
+    """
+
+    tx_id: TxId
+    tx: Transaction
+    request: ClientRequest
+    writes: tuple[str, ...]
+    needs: tuple[str, ...]
+    state: TxState = TxState.PENDING
+    endorsements: dict[NodeId, Endorsement] = field(default_factory=dict)
+    index: int = 0
+
+    @property
+    def deadline(self) -> int:
+        return self.tx.deadline_ms
+
+
+class TxStore:
+    """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
+
+    __slots__ = ("_max_buffered", "buffered", "horizon", "records", "tombstones")
+
+    def __init__(self, *, max_buffered: int) -> None:
+        self.records: dict[TxId, TxRecord] = {}
+        self.tombstones: dict[TxId, DecidedTx] = {}
+        self.buffered: dict[TxId, dict[NodeId, Endorsement]] = {}
+        self.horizon = 0
+        self._max_buffered = max_buffered
+
+    def get(self, tx_id: TxId) -> TxRecord | None:
+        return self.records.get(tx_id)
+
+    def state_of(self, tx_id: TxId) -> TxState | None:
+        """The state of `tx_id`, from its record or its tombstone; None when unknown."""
+        record = self.records.get(tx_id)
+        if record is not None:
+            return record.state
+        stone = self.tombstones.get(tx_id)
+        if stone is None:
+            return None
+        return TxState.COMMITTED if stone.committed else TxState.DROPPED
+
+    def decided(self, tx_id: TxId) -> bool:
+        state = self.state_of(tx_id)
+        return state is TxState.COMMITTED or state is TxState.DROPPED
+
+    def pending(self) -> list[TxRecord]:
+        return [r for r in self.records.values() if r.state is TxState.PENDING]
+
+    def add(self, record: TxRecord) -> dict[NodeId, Endorsement]:
+        """Insert a new pending record; returns the endorsements buffered for it (removed
+        from the buffer), in arrival order, for the caller to add through its checks."""
+        self.records[record.tx_id] = record
+        return self.buffered.pop(record.tx_id, {})
+
+    def buffer(self, endorsement: Endorsement) -> bool:
+        """Keep an endorsement of an unknown transaction; False if it was already buffered
+        for that endorser. Evicts the oldest buffered transaction past the bound."""
+        slot = self.buffered.setdefault(endorsement.tx_id, {})
+        if endorsement.endorser in slot:
+            return False
+        slot[endorsement.endorser] = endorsement
+        while len(self.buffered) > self._max_buffered:
+            del self.buffered[next(iter(self.buffered))]
+        return True
+
+    def decide(self, record: TxRecord, state: TxState) -> None:
+        """Mark a pending record committed or dropped and write its tombstone. A dropped
+        record leaves `records` (only its tombstone stays)."""
+        record.state = state
+        committed = state is TxState.COMMITTED
+        self.tombstones[record.tx_id] = DecidedTx(
+            tx_id=record.tx_id, deadline_ms=record.deadline, committed=committed)
+        if not committed:
+            del self.records[record.tx_id]
+
+    def drop_unknown(self, tx_id: TxId, deadline_ms: int) -> None:
+        """A tombstone for a transaction dropped (by a checkpoint) that this node never
+        saw: `deadline_ms` is an upper bound of its deadline for GC."""
+        self.buffered.pop(tx_id, None)
+        self.tombstones.setdefault(
+            tx_id, DecidedTx(tx_id=tx_id, deadline_ms=deadline_ms, committed=False))
+
+    def gc(self, horizon: int, keep: Callable[[TxRecord], bool]) -> tuple[list[TxId], int]:
+        """Raise the horizon (monotone) and forget every record and tombstone whose
+        deadline is older than it, except records `keep` says are still needed (a
+        committed transaction not yet applied). Returns the forgotten record ids and how
+        many tombstones went."""
+        if horizon <= self.horizon:
+            return [], 0
+        self.horizon = horizon
+        gone = [tx_id for tx_id, r in self.records.items() if r.deadline < horizon and not keep(r)]
+        for tx_id in gone:
+            del self.records[tx_id]
+        stones = [t for t, s in self.tombstones.items()
+                  if s.deadline_ms < horizon and t not in self.records]
+        for tx_id in stones:
+            del self.tombstones[tx_id]
+        return gone, len(stones)
