@@ -11,8 +11,9 @@ Protocol:
   `attempt_timeout_ns`, retries at the next node. Retries reuse the SAME request number, so
   the replica layer's session table answers a duplicate instead of applying it twice.
 - `ok` when a result arrives; `fail` only for a cas whose comparison failed or an operation
-  the cluster aborted (`on_aborted`: either way it certainly did not take effect); `info` when the operation's deadline passes (it may or may not have
-  happened). After `info` the client continues as a fresh process with a fresh session.
+  the cluster aborted (`on_aborted`: either way it certainly did not take effect); `info`
+  when the operation's deadline passes (it may or may not have happened). After `info`
+  the client continues as a fresh process with a fresh session.
 - In the liveness phase (`enter_liveness`) the current and later operations share one final
   deadline; an operation still pending when it passes is reported by `stuck()`.
 

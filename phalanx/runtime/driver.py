@@ -31,12 +31,13 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 - Completing a batch: release the messages of all its Readys to the transport (in Ready
   order; then `flush_sends`), then, in Ready order, apply committed entries through the
   replica and answer their clients, answer rejections (REDIRECT/RETRY), aborts (ABORTED,
-  a definite failure) and reads whose index is applied; then feed `Persisted(last number)` back, then the replica's
-  `CheckpointTaken`s. A later Ready's messages may thus leave before an earlier Ready's
-  entries are applied: step 2 depends only on step 1, done for the whole batch, and a
-  message is computed when its Ready is, never from what the driver applies later; steps
-  3-5 keep Ready order. So a follower's answer never waits behind its applies. No message
-  other than an early one ever leaves before its Ready is durable.
+  a definite failure) and reads whose index is applied; then feed `Persisted(last
+  number)` back, then the replica's `CheckpointTaken`s. A later Ready's messages may thus
+  leave before an earlier Ready's entries are applied: step 2 depends only on step 1,
+  done for the whole batch, and a message is computed when its Ready is, never from what
+  the driver applies later; steps 3-5 keep Ready order. So a follower's answer never waits
+  behind its applies. No message other than an early one ever leaves before its Ready is
+  durable.
 - Client writes that arrive in one pass over the input channel are stepped together at the
   end of the pass (`propose_batch`: one log entry, one AppendEntries per follower).
 - The replica (and so the WAL, which it compacts) is only touched by the core task while no

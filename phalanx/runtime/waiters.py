@@ -6,8 +6,9 @@ plus the reverse index used to forget a closed connection, and the subscriptions
 (`phalanx.net.client_protocol.ClientHello`): a client id's newest subscribed connection, which
 gets the OK/ERROR answer of an executed request of that client (or of one of its lanes
 ``<client_id>#<k>``) that has no waiter here, and the ABORTED answer of one the protocol
-dropped (a definite failure: the leaderless core's client counts f+1 of them). A PBFT backup executes requests that reached
-it only inside a pre-prepare, yet the client needs f+1 answers. Also the reply counters of
+dropped (a definite failure: the leaderless core's client counts f+1 of them). A PBFT
+backup executes requests that reached it only inside a pre-prepare, yet the client needs
+f+1 answers. Also the reply counters of
 `phalanx.runtime.driver.DriverStatistics` (`replies`, `redirects`, `retries`), which it updates.
 
 Must not import: trio, sockets, any consensus core, `phalanx.runtime.driver` (the driver owns one
@@ -29,7 +30,6 @@ from typing import Protocol
 
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.net.client_protocol import ClientReply, ReplyStatus, StatusReply
-
 
 _SUBSCRIBED = frozenset({ReplyStatus.OK, ReplyStatus.ERROR, ReplyStatus.ABORTED})
 """The outcomes a subscribed connection receives for requests it has no waiter for: those of
