@@ -251,6 +251,9 @@ class _Run:
         def conflicts(a: bytes, b: bytes) -> bool:
             return probe.access(a).conflicts_with(probe.access(b), probe.commutes)
 
+        for name, node in self._env.nodes.items():
+            status = node.core.status() if node.core is not None else None
+            self._env.trace(f"LEADERLESS {name} status: {status}")
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
@@ -325,7 +328,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         return "endorser", 0, core.status().commit_index
 
     def workload(env: WorkloadEnv) -> _Run:
-        return _Run(env, config=config, faults=faults, honest=honest, log=log,
+        return _Run(env, config=dataclasses.replace(config, clients=env.clients), faults=faults, honest=honest, log=log,
                     machines=machines, codec=codec)
 
     described = "; ".join(f"{n}:{'+'.join(b)}" for n, b in plan) or "none"

@@ -60,7 +60,7 @@ class WorkloadConfig:
     deadline_max_ms: int = 1_500
     short_pct: int = 10
     """Percent of transactions with a deadline of 1..20 ms (they usually expire)."""
-    think_ns: int = 30 * _MS
+    think_ns: int = 120 * _MS
     grace_ns: int = 1_500 * _MS
     """How long past its deadline a client waits for f+1 notices before recording info."""
     submit_to: int = 0
