@@ -44,7 +44,6 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.crypto import Crypto, Verifier
-from phalanx.consensus.leaderless._veto_interim import CheckpointMachine, RefusalTally
 from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.checks import (
@@ -67,11 +66,13 @@ from phalanx.consensus.leaderless.messages import (
     VetoChoice,
     transaction_id,
 )
+from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.tx_codec import TxCodec
+from phalanx.consensus.leaderless.veto import CheckpointMachine
 from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
 
 MAX_FETCH_IDS = 64
@@ -131,7 +132,8 @@ class LeaderlessCore:
         self._checkpoints = CheckpointMachine(
             node_id=config.node_id, nodes=config.nodes, crypto=crypto,
             checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
-            restored_votes=restored.votes if restored is not None else ())
+            restored_votes=restored.votes if restored is not None else (),
+            tx_id_of=self._tx_id)
         self._verify_proof = ProofChecker(
             nodes=config.nodes, crypto=crypto, client_keys=client_keys,
             quorum_for=config.quorum_for, tx_id=self._tx_id,
@@ -322,7 +324,7 @@ class LeaderlessCore:
         elif isinstance(msg, StartCheckpoint):
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):
-            self._checkpoints.on_choice(src, msg, self._verify_proof)
+            self._checkpoints.on_choice(src, msg, self._verify_proof, self._proof_of)
         else:
             self._drop("unknown_message")
 
@@ -460,7 +462,7 @@ class LeaderlessCore:
     def _on_tick(self, now: int | None, out: _Outbox) -> None:
         self._ticks += 1
         if now is None:
-            self._checkpoints.tick()
+            self._checkpoints.tick(self._proof_of)
             return
         self._now = now
         for record in self._store.pending():
@@ -476,12 +478,18 @@ class LeaderlessCore:
                 self._try_endorse(record, out)
             self._try_commit(record, out)
         self._queue_stuck(now)
-        self._checkpoints.tick()
+        self._checkpoints.tick(self._proof_of)
         if self._ticks % self._config.rebroadcast_ticks == 0:
-            self._rebroadcast(out)
+            self._rebroadcast(now, out)
         self._gc(now, out)
 
-    def _rebroadcast(self, out: _Outbox) -> None:
+    def _rebroadcast(self, now: int, out: _Outbox) -> None:
+        """Loss recovery: push own signatures of pending transactions again, and pull what
+        peers know of pending transactions past their deadline (a peer that committed one
+        no longer pushes its endorsement)."""
+        overdue = tuple(r.tx_id for r in self._store.pending() if r.deadline < now)
+        for i in range(0, len(overdue), MAX_FETCH_IDS):
+            self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
         for record in self._store.pending():
             signed: Message | None = self._kernel.endorsement(record.tx_id)
             if signed is None:
@@ -532,7 +540,7 @@ class LeaderlessCore:
         for table in (self._queued, self._fetched):
             for tx_id in [t for t in table if self._store.state_of(t) is None]:
                 del table[tx_id]
-        self._checkpoints.gc(lambda t: self._store.state_of(t) is TxState.PENDING)
+        self._checkpoints.gc(lambda t: self._store.state_of(t) is not None)
         self._rules.invalidate()
         if gone or stones:
             out.dirty = True
@@ -571,11 +579,18 @@ class LeaderlessCore:
 
     # ------------------------------------------------------------------------------ status
 
+    def _drop_counts(self) -> dict[str, int]:
+        counts = dict(self._dropped)
+        for reason, count in self._checkpoints.dropped_counts().items():
+            key = f"veto_{reason}"
+            counts[key] = counts.get(key, 0) + count
+        return counts
+
     def status(self) -> LeaderlessStatus:
         pending = sum(1 for r in self._store.records.values() if r.state is TxState.PENDING)
         return LeaderlessStatus(
             node=self._config.node_id, role="endorser", term=0,
-            commit_index=self._gate.last_index, leader=None, dropped=dict(self._dropped),
+            commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),
             pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
             aborted=self._aborted, gated=len(self._gate.gated),
             gc_horizon_ms=self._store.horizon)
