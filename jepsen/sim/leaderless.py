@@ -251,14 +251,19 @@ class _Run:
         def conflicts(a: bytes, b: bytes) -> bool:
             return probe.access(a).conflicts_with(probe.access(b), probe.commutes)
 
+        gated: list[str] = []
         for name, node in self._env.nodes.items():
             status = node.core.status() if node.core is not None else None
             self._env.trace(f"LEADERLESS {name} status: {status}")
+            held = getattr(status, "gated", 0)
+            if name in self._honest and held:
+                gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
+                             "requirements never matched (committed, never applied)")
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
-        return check(records=w.records, log=self._log, finals=finals, honest=self._honest,
-                     faults=self._faults, conflicts=conflicts)
+        return gated + check(records=w.records, log=self._log, finals=finals,
+                             honest=self._honest, faults=self._faults, conflicts=conflicts)
 
 
 def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,

@@ -56,6 +56,9 @@ class WorkloadConfig:
     conflict_pct: int = 30
     """Percent of operations that are versioned puts on the hot register ``r0``."""
     srem_pct: int = 10
+    burst: int = 2
+    """A hot put comes with up to this many more puts on ``r0`` issued with it (requiring
+    the same version: at most one of them may commit)."""
     deadline_min_ms: int = 300
     deadline_max_ms: int = 1_500
     short_pct: int = 10
@@ -140,7 +143,7 @@ class LeaderlessWorkload:
         self.trace = trace
         self.records: list[TxRecord] = []
         self._by_id: dict[tuple[str, int], TxRecord] = {}
-        self._pending: dict[str, TxRecord | None] = {}
+        self._pending: dict[str, list[TxRecord]] = {}
         self._issued: dict[str, int] = {}
         self._request_no: dict[str, int] = {}
         self._members: dict[str, list[tuple[str, bytes]]] = {}
@@ -154,7 +157,7 @@ class LeaderlessWorkload:
         self.running = True
         for i in range(self.config.clients):
             name = f"c{i}"
-            self._pending[name] = None
+            self._pending[name] = []
             self._issued[name] = 0
             self.loop.call_later(self.rng.randrange(self.config.think_ns + 1),
                                  lambda n=name: self._next(n))  # type: ignore[misc]
@@ -184,11 +187,15 @@ class LeaderlessWorkload:
 
     def _next(self, client: str) -> None:
         cfg = self.config
-        if (not self.running or self._pending[client] is not None
+        if (not self.running or self._pending[client]
                 or self._issued[client] >= cfg.ops_per_client):
             return
         self._issued[client] += 1
-        self.issue(client, self._choose(client))
+        op = self._choose(client)
+        self.issue(client, op)
+        if op == ("put", "r0"):  # a burst of conflicting puts, all requiring one version
+            for _ in range(self.rng.randint(0, cfg.burst)):
+                self.issue(client, op)
 
     def _choose(self, client: str) -> tuple[str, str]:
         cfg, rng = self.config, self.rng
@@ -233,7 +240,7 @@ class LeaderlessWorkload:
         record = TxRecord(client=client, kind=kind, key=key, tx=tx, invoked_ns=self.loop.now)
         self.records.append(record)
         self._by_id[(client, request_no)] = record
-        self._pending[client] = record
+        self._pending.setdefault(client, []).append(record)
         self._members.setdefault(client, [])
         request = ClientRequest(client_id=client, request_no=request_no,
                                 command=self.encode_tx(tx))
@@ -298,8 +305,9 @@ class LeaderlessWorkload:
         record.completed_ns = self.loop.now
         if self.trace is not None:
             self.trace(f"CLIENT {record.describe()}")
-        if self._pending.get(record.client) is record:
-            self._pending[record.client] = None
-            if self.running:
+        pending = self._pending.get(record.client, [])
+        if record in pending:
+            pending.remove(record)
+            if self.running and not pending:
                 self.loop.call_later(self.rng.randrange(self.config.think_ns + 1),
                                      lambda: self._next(record.client))
