@@ -42,7 +42,7 @@ from phalanx.jepsen.sim.leaderless_workload import LeaderlessWorkload, WorkloadC
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
 from phalanx.net import wire
-from phalanx.net.codec import DecodeError
+from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
 
@@ -88,64 +88,6 @@ class RecordingKv(KvStateMachine):
         before: Versions = tuple((k, kv_ops.version_of(self.get(k))) for k in keys)
         self._log.record(self._node, self._incarnation, command, before)
         return super().apply(command)
-
-
-class _TxCodec:
-    """The wire codec as the core's `TxCodec` (and the replica's transaction layer)."""
-
-    def __init__(self, horizon_ms: int) -> None:
-        self.horizon_ms = horizon_ms
-        self._registry = wire.default_registry()
-        self._encode = self._registry.encoder()
-
-    def encode(self, tx: Transaction) -> bytes:
-        return self._encode(tx)
-
-    def decode(self, data: bytes) -> Transaction | None:
-        try:
-            return wire.decode(data, expected=Transaction)
-        except DecodeError:
-            return None
-
-    def tx_id(self, tx: Transaction) -> bytes:
-        return transaction_id(tx, self._encode)
-
-    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
-        tx = self.decode(command)
-        if tx is None:
-            return None
-        return self.tx_id(tx), tx.deadline_ms, tx.command
-
-
-class _AppView:
-    """`AppView` over one replica incarnation (the KV store's endorsement hooks)."""
-
-    _COMMUTING = frozenset({"add", "mul", "sadd", "srem"})
-
-    def __init__(self, replica: Replica, machine: KvStateMachine) -> None:
-        self._replica = replica
-        self._m = machine
-
-    def conflicts(self, a: bytes, b: bytes) -> bool:
-        return self._m.access(a).conflicts_with(self._m.access(b), self._m.commutes)
-
-    def writes(self, command: bytes) -> tuple[str, ...]:
-        return self._m.access(command).writes
-
-    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
-        access = self._m.access(command)
-        blind = {u.key for u in access.updates if u.op not in self._COMMUTING}
-        blind |= {k for k in access.writes if not any(u.key == k for u in access.updates)}
-        return tuple(sorted(set(access.reads) | blind))
-
-    def accepts(self, command: bytes, policy: str) -> bool:
-        return self._m.check(command).accept
-
-    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
-        return tuple(kv_ops.version_of(self._m.get(k)) for k in keys)
-
-    def applied(self) -> int:
-        return self._replica.applied_index
 
 
 class _DurableCell:
@@ -199,7 +141,7 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: _TxCodec) -> None:
+                 codec: WireTxCodec) -> None:
         self._env = env
         self._config = config
         self._faults = faults
@@ -308,7 +250,11 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     incarnations: dict[str, int] = {}
     base = LeaderlessConfig(node_id=NodeId(names[0]), nodes=tuple(NodeId(n) for n in names),
                             **core_knobs)  # type: ignore[arg-type]
-    codec = _TxCodec(horizon_ms=base.gc_horizon_ms)
+    codec = WireTxCodec()
+    layer = TxLayer(codec)
+
+    def tx_id(tx: Transaction) -> bytes:
+        return transaction_id(tx, codec.encode)
     client_keys = FastCrypto(NodeId("keyring"), cluster_secret=CLIENT_SECRET)
     config = WorkloadConfig(**work_knobs)  # type: ignore[arg-type]
 
@@ -320,7 +266,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             decode_entry=wire.decode_entry,
             policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0,
                                     compact_lag=0),
-            transactions=codec)
+            transactions=layer)
         replica.restore_latest()
         machines[node], replicas[node] = machine, replica
         return replica
@@ -329,13 +275,13 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         crypto = FastCrypto(NodeId(node))
         inner = LeaderlessCore(
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
-            client_keys=client_keys, app=_AppView(replicas[node], machines[node]),
+            client_keys=client_keys, app=ReplicaAppView(replicas[node]),
             codec=codec, restored=cells.get(node), bugs=bugs)
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:
             rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")
             core = LeaderlessByzantineCore(core, behaviours=liars[node], crypto=crypto,
-                                           rng=rng_b, tx_id=codec.tx_id, nodes=names)
+                                           rng=rng_b, tx_id=tx_id, nodes=names)
         return core
 
     def observe(core: Core) -> tuple[str, int, int]:
