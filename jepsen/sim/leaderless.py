@@ -288,8 +288,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         return "endorser", 0, core.status().commit_index
 
     def workload(env: WorkloadEnv) -> _Run:
-        return _Run(env, config=dataclasses.replace(config, clients=env.clients), faults=faults, honest=honest, log=log,
-                    machines=machines, codec=codec)
+        return _Run(env, config=dataclasses.replace(config, clients=env.clients),
+                    faults=faults, honest=honest, log=log, machines=machines, codec=codec)
 
     described = "; ".join(f"{n}:{'+'.join(b)}" for n, b in plan) or "none"
     return ProtocolSetup(
