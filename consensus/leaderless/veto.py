@@ -179,6 +179,9 @@ class CheckpointMachine:
         if src not in self._members or msg.voter not in self._members:
             self._drop("not_a_member")
             return
+        known = self._checkpoints.get(msg.checkpoint)
+        if known is not None and known.votes.get(msg.voter) == msg:
+            return  # a resend or relay of a vote already verified: skip the crypto
         if not self._valid_ids(msg.tx_ids):
             self._drop("bad_id_list")
             return
@@ -203,8 +206,10 @@ class CheckpointMachine:
             if cp is not None and cp.own is not None:
                 return
             cp = self._adopt(msg)  # our own vote from before a restart: never vote again
-        elif cp is None:
-            cp = self._start(msg.tx_ids, proof_of)
+        elif cp is None or cp.own is None:
+            # Not voted yet: vote now. Having seen a verified veto, this node vetoes with its
+            # proof, so its vote can never complete a DROP elsewhere.
+            cp = self._start(msg.tx_ids, proof_of, known=proofs[0] if proofs else None)
             if cp is None:
                 return
         first = cp.votes.setdefault(msg.voter, msg)
@@ -259,8 +264,10 @@ class CheckpointMachine:
     def _drop(self, reason: str) -> None:
         self._dropped_counts[reason] = self._dropped_counts.get(reason, 0) + 1
 
-    def _valid_ids(self, tx_ids: tuple[TxId, ...]) -> bool:
-        if not 1 <= len(tx_ids) <= self._batch:
+    def _valid_ids(self, tx_ids: tuple[TxId, ...], *, limit: int | None = None) -> bool:
+        """Non-empty, at most `limit` (the batch) ids, each 1..MAX_TX_ID_BYTES bytes, sorted
+        and unique."""
+        if not 1 <= len(tx_ids) <= (self._batch if limit is None else limit):
             return False
         if not all(isinstance(t, bytes) and 1 <= len(t) <= MAX_TX_ID_BYTES for t in tx_ids):
             return False
@@ -296,8 +303,10 @@ class CheckpointMachine:
             if not holders:
                 del self._by_tx[t]
 
-    def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf) -> _Checkpoint | None:
-        """Vote on checkpoint `tx_ids` unless this node already did."""
+    def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf, *,
+               known: TransactionProof | None = None) -> _Checkpoint | None:
+        """Vote on checkpoint `tx_ids` unless this node already did: veto with `known` (a
+        verified proof) or `proof_of`'s first proof, drop when there is none."""
         cid = checkpoint_id(self._crypto, tx_ids)
         cp = self._checkpoints.get(cid)
         if cp is None:
@@ -307,7 +316,7 @@ class CheckpointMachine:
             cp = self._record(cid, tx_ids)
         if cp.own is not None:
             return cp
-        proof = next((p for p in map(proof_of, tx_ids) if p is not None), None)
+        proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
         vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
                           drop=proof is None, proofs=() if proof is None else (proof,))
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))
@@ -334,6 +343,7 @@ class CheckpointMachine:
 
     def _restore(self, vote: VetoChoice) -> None:
         if vote.voter != self.node_id or not vote.drop or vote.proofs \
+                or not self._valid_ids(vote.tx_ids, limit=len(vote.tx_ids)) \
                 or vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
             # Only drop votes are persisted: an own veto decides KEEP at once.
             raise LocalProtocolError(
