@@ -1,4 +1,5 @@
-"""The replica checkpoint envelope: applied index, session table, then the application's state.
+"""The replica checkpoint envelope: applied index, session table, transaction table, then the
+application's state.
 
 Owns: the on-disk (and on-wire, for state transfer) format of a replica checkpoint, its
 bounded-step serialiser and its strict parser; and the format of the small metadata record
@@ -6,12 +7,17 @@ stored beside each checkpoint (`SnapshotMeta`, as a codec frame).
 
 Must not import: consensus cores, storage backends, trio, clocks.
 
-Format (version 2), concatenated:
+Format (version 2: a replica in session mode), concatenated:
     msgpack ["phalanx.replica", 2, applied_index, session_count, tombstone_count]
     msgpack [client_id, request_no, result, last_index, client_id, ...]  # <= CHUNK_SESSIONS
     ... repeated until session_count sessions, client ids strictly ascending
     the same for tombstone_count tombstones (result b""), client ids strictly ascending
     the application's checkpoint bytes (the rest of the data; see its own format)
+Version 3 (a replica in transaction mode, `phalanx.apps.transactions`): the header gains
+tx_count and max_deadline_ms (``[..., tombstone_count, tx_count, max_deadline_ms]``), and
+after the tombstones come tx_count records ``[tx_id, deadline_ms, result, tx_id, ...]``
+(<= CHUNK_SESSIONS a chunk, tx ids strictly ascending). A session-mode replica still writes
+version 2, byte for byte as before.
 Version 1 (still read): header without tombstone_count, records without last_index (read
 as 0), no tombstones. See `phalanx.apps.sessions` for what last_index and tombstones mean.
 
@@ -31,6 +37,7 @@ import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
 from phalanx.apps.interface import SnapshotFormatError, StateSnapshot
 from phalanx.apps.sorted_steps import sorted_in_steps
+from phalanx.apps.transactions import TxRecord, TxRecords
 from phalanx.consensus._fastpath import raw_init
 from phalanx.consensus.types import SnapshotMeta
 from phalanx.net import wire
@@ -43,6 +50,8 @@ STEP_SESSIONS = 256
 """Sessions handled per serialisation step (bounds the work of one step)."""
 _MAGIC = "phalanx.replica"
 _VERSION = 2
+_TX_VERSION = 3
+_NO_TXS: TxRecords = immutables.Map()
 
 
 @raw_init  # built once per applied write
@@ -63,14 +72,39 @@ Sessions = immutables.Map[str, Session]
 def envelope_chunks(
     *, index: int, sessions: Sessions, app: StateSnapshot,
     tombstones: Sessions | None = None,
+    transactions: TxRecords | None = None,
+    max_deadline_ms: int = 0,
 ) -> Iterator[bytes]:
     """Serialise a checkpoint in bounded steps (each `next()` does bounded work; steps with no
-    output yet yield `b""`)."""
+    output yet yield `b""`). With `transactions` (a replica in transaction mode) the format is
+    version 3, else version 2."""
     tombs: Sessions = tombstones if tombstones is not None else immutables.Map()
-    yield msgpack.packb([_MAGIC, _VERSION, index, len(sessions), len(tombs)])
+    if transactions is None:
+        yield msgpack.packb([_MAGIC, _VERSION, index, len(sessions), len(tombs)])
+    else:
+        yield msgpack.packb([_MAGIC, _TX_VERSION, index, len(sessions), len(tombs),
+                             len(transactions), max_deadline_ms])
     yield from _records(sessions)
     yield from _records(tombs)
+    if transactions is not None:
+        yield from _tx_records(transactions)
     yield from app.chunks()
+
+
+def _tx_records(records: TxRecords) -> Iterator[bytes]:
+    flat: list[object] = []
+    for ids in sorted_in_steps(records.keys(), run=SORT_RUN, step=STEP_SESSIONS):
+        if ids is not None:
+            for tx_id in ids:
+                record = records[tx_id]
+                flat.extend((tx_id, record.deadline_ms, record.result))
+        if len(flat) >= 3 * CHUNK_SESSIONS:
+            yield msgpack.packb(flat[: 3 * CHUNK_SESSIONS])
+            del flat[: 3 * CHUNK_SESSIONS]
+        else:
+            yield b""
+    if flat:
+        yield msgpack.packb(flat)
 
 
 def _records(sessions: Sessions) -> Iterator[bytes]:
@@ -96,35 +130,64 @@ class ParsedEnvelope:
     sessions: Sessions
     app_data: bytes
     tombstones: Sessions
+    version: int = _VERSION
+    transactions: TxRecords = _NO_TXS
+    """The transaction table (version 3; empty before)."""
+    max_deadline_ms: int = 0
 
 
 def parse_envelope(data: bytes) -> ParsedEnvelope:
-    """Parse a checkpoint envelope (version 1 or 2). Raises `SnapshotFormatError` on malformed
-    input."""
+    """Parse a checkpoint envelope (version 1, 2 or 3). Raises `SnapshotFormatError` on
+    malformed input."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
     unpacker.feed(data)
     try:
         header = next(unpacker)
         if (
             not isinstance(header, list)
-            or len(header) not in (4, 5)
+            or len(header) not in (4, 5, 7)
             or header[0] != _MAGIC
-            or header[1] not in (1, 2)
-            or len(header) != header[1] + 3
-            or any(type(v) is not int or v < 0 for v in header[2:])
+            or header[1] not in (1, 2, 3)
+            or len(header) != (header[1] + 3 if header[1] < 3 else 7)
+            or any(type(v) is not int or v < 0 for v in header[2:6])
+            or (len(header) == 7 and type(header[6]) is not int)
         ):
-            raise SnapshotFormatError(f"not a version-1 or 2 replica checkpoint: {header!r}")
+            raise SnapshotFormatError(f"not a version 1 to 3 replica checkpoint: {header!r}")
         index: int = header[2]
         width = 3 if header[1] == 1 else 4
         sessions = _parse_records(unpacker, header[3], width)
         tombs = _parse_records(unpacker, header[4], width) if width == 4 else {}
+        txs = _parse_tx_records(unpacker, header[5]) if header[1] == 3 else {}
         offset = unpacker.tell()
     except StopIteration:
         raise SnapshotFormatError("replica checkpoint truncated") from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"replica checkpoint unreadable: {exc}") from exc
     return ParsedEnvelope(index=index, sessions=immutables.Map(sessions),
-                          tombstones=immutables.Map(tombs), app_data=data[offset:])
+                          tombstones=immutables.Map(tombs), app_data=data[offset:],
+                          version=header[1], transactions=immutables.Map(txs),
+                          max_deadline_ms=header[6] if header[1] == 3 else 0)
+
+
+def _parse_tx_records(unpacker: msgpack.Unpacker, remaining: int) -> dict[bytes, TxRecord]:
+    records: dict[bytes, TxRecord] = {}
+    previous: bytes | None = None
+    while remaining > 0:
+        flat = next(unpacker)
+        if (not isinstance(flat, list) or not flat or len(flat) % 3
+                or len(flat) > 3 * remaining):
+            raise SnapshotFormatError("malformed transaction chunk in replica checkpoint")
+        for i in range(0, len(flat), 3):
+            tx_id, deadline_ms, result = flat[i], flat[i + 1], flat[i + 2]
+            if type(tx_id) is not bytes or type(deadline_ms) is not int or (
+                    type(result) is not bytes):
+                raise SnapshotFormatError("malformed transaction record in replica checkpoint")
+            if previous is not None and not previous < tx_id:
+                raise SnapshotFormatError("transaction ids not strictly ascending")
+            previous = tx_id
+            records[tx_id] = TxRecord(deadline_ms=deadline_ms, result=result)
+        remaining -= len(flat) // 3
+    return records
 
 
 def _parse_records(unpacker: msgpack.Unpacker, remaining: int, width: int

@@ -23,7 +23,7 @@ Invariants every application must keep:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -215,6 +215,31 @@ class EndorsementHooks(Protocol):
 
         Determinism: MUST be a pure function of the two updates, symmetric, and never raise
         (an update it does not know conflicts).
+        """
+        ...
+
+    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """The current version of each of `keys`, in order (PnyxDB's per-key versions):
+        ``b""`` for an absent key, else an application-defined digest of its value (the KV
+        app: `phalanx.apps.kv_ops.version_of`). A transaction's requirements name versions
+        in this form.
+
+        Determinism: MUST be a function of the state (equal values, equal versions, on every
+        replica); MUST NOT change state or raise.
+        """
+        ...
+
+    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
+        """The keys (sorted, unique) on which a transaction running `command` must carry a
+        requirement: every key it reads, and every key it writes other than through updates
+        that reach the same state in any order (the KV app: add, mul, sadd, srem need none;
+        set, delete, concat, cas and txn writes do). Without one, a blind overwrite could
+        apply in different orders on different replicas; the leaderless core never endorses
+        such a transaction. Range reads (`KeyAccess.read_prefixes`) cannot carry
+        requirements and are not listed.
+
+        Determinism: MUST depend on `command` only; never raises (a malformed command needs
+        none: `check` refuses it).
         """
         ...
 

@@ -3,7 +3,9 @@
 Owns: command execution (put, get, delete, compare-and-set, prefix scan, multi-key
 transaction, versions and the commuting updates of `phalanx.apps.kv_ops`), the KV checkpoint
 format, and the `EndorsementHooks` of the KV app (`access` describes puts and updates as
-`KeyUpdate`s; `commutes` is `kv_ops.commutes`, PnyxDB's conflict matrix).
+`KeyUpdate`s; `commutes` is `kv_ops.commutes`, PnyxDB's conflict matrix; `versions` per key
+as `kv_ops.version_of`; `needs_requirements` every key but those only updated by
+`kv_ops.ORDER_FREE_OPS`).
 
 Must not import: consensus cores, storage, trio, clocks.
 
@@ -42,7 +44,7 @@ import itertools
 import operator
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
@@ -309,6 +311,20 @@ class KvStateMachine:
     def commutes(self, a: KeyUpdate, b: KeyUpdate) -> bool:
         """PnyxDB's conflict matrix over the KV updates (`kv_ops.commutes`)."""
         return kv_ops.commutes(a, b)
+
+    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """Each key's version (`kv_ops.version_of`: SHA-512 of the value, b"" if absent)."""
+        get = self._data.get
+        return tuple(kv_ops.version_of(get(key)) for key in keys)
+
+    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
+        """Keys read, and keys written otherwise than only by `kv_ops.ORDER_FREE_OPS`
+        updates (a scan's prefix is not listed: see `EndorsementHooks`)."""
+        access = self.access(command)
+        free = {u.key for u in access.updates if u.op in kv_ops.ORDER_FREE_OPS}
+        free.difference_update(u.key for u in access.updates
+                               if u.op not in kv_ops.ORDER_FREE_OPS)
+        return tuple(sorted({*access.reads, *(k for k in access.writes if k not in free)}))
 
     def check(self, command: bytes) -> Verdict:
         cmd = kv_wire.decode_command(command)

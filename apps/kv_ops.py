@@ -62,7 +62,8 @@ from phalanx.apps.kv_types import (
 )
 
 __all__ = [
-    "EMPTY_SET", "INT64_MAX", "INT64_MIN", "NO_VERSION", "commutes", "decode_int",
+    "EMPTY_SET", "INT64_MAX", "INT64_MIN", "NO_VERSION", "ORDER_FREE_OPS", "commutes",
+    "decode_int",
     "decode_set", "encode_int", "encode_set", "run_update", "update_of", "version_of",
 ]
 
@@ -224,6 +225,13 @@ COMMUTING: dict[tuple[str, str], Callable[[bytes, bytes], bool]] = {
 }
 """PnyxDB's `ParallelMatrix`: for each ordered pair of operations that may commute, the test
 on their operands. A pair not listed never commutes."""
+
+
+ORDER_FREE_OPS = frozenset({"add", "mul", "sadd", "srem"})
+"""The updates a transaction may apply to a key without a requirement on its version
+(`EndorsementHooks.needs_requirements`): the same ones applied in any order reach the same
+value (a conflicting pair, sadd and srem of one member, is ordered by the conflict
+relation). A set, a concat or a delete overwrites or depends on the order: they need one."""
 
 
 def commutes(a: KeyUpdate, b: KeyUpdate) -> bool:

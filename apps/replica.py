@@ -18,6 +18,12 @@ Invariants:
   client's last applied request number. n equal to it gets the cached reply; a smaller n gets
   `EXPIRED` (its reply is gone; the client has moved on). The session table is part of every
   checkpoint, so this holds across restarts and state transfer.
+- Transaction mode (`transactions=`, for cores that apply non-conflicting transactions in
+  different orders on different replicas, the leaderless one): every command is an encoded
+  transaction, which runs iff its id was never applied (`phalanx.apps.transactions`: a
+  retry or a re-released one gets the cached reply as DUPLICATE, a malformed one INVALID,
+  one older than the table's horizon EXPIRED); the session rule is not used. The table is
+  part of every checkpoint (envelope version 3).
 - Determinism: with `InlineCheckpointWriter`, the same entries give the same results,
   checkpoints and WAL calls; nothing depends on set order, `id()` or time.
 """
@@ -39,6 +45,7 @@ from phalanx.apps.envelope import (
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import Admission, Housekeeping, SnapshotFormatError, StateMachine
 from phalanx.apps.sessions import DEFAULT_MAX_SESSIONS, SessionTable, Verdict
+from phalanx.apps.transactions import TransactionLayer, TransactionTable
 from phalanx.apps.writer import (
     ApplyProgress,
     CheckpointJob,
@@ -78,14 +85,19 @@ class ApplyStatus(enum.Enum):
     APPLIED = "applied"
     """The request ran now; `result` is its reply."""
     DUPLICATE = "duplicate"
-    """A retry of the client's latest request: not run again; `result` is the cached reply."""
+    """A retry of the client's latest request (transaction mode: of an applied transaction):
+    not run again; `result` is the cached reply."""
     EXPIRED = "expired"
-    """A retry of an older request: not run; its reply is no longer kept (`result` empty)."""
+    """A retry of an older request (transaction mode: a transaction older than the table's
+    horizon, which may have run): not run; its reply is no longer kept (`result` empty)."""
     SESSION_EXPIRED = "session_expired"
     """A request no newer than an expired session's last one (`phalanx.apps.sessions`): not
     run (it may have run before); `result` empty."""
     READ = "read"
     """A read-only request carried in the log: answered by `query`, no session change."""
+    INVALID = "invalid"
+    """Transaction mode: the command is not a well-formed transaction; not run (`result`
+    empty). A correct core never commits one; the client gets an error."""
 
 
 @raw_init  # built once per applied request
@@ -158,6 +170,8 @@ class ReplicaStatus:
     skipped_entries: int
     expired_sessions: int = 0
     """Sessions this replica expired (`phalanx.apps.sessions`) since it started."""
+    transactions: int = 0
+    """Transaction mode: applied transactions in the table now."""
 
 
 class Replica:
@@ -174,6 +188,8 @@ class Replica:
         config: the membership in force before the first CONFIG entry (for `SnapshotMeta`).
         gc_pacer: opt-in (`phalanx.apps.gc_pacer`): keeps the cyclic collector's full passes
             short next to a large state; told of every apply and of every state load.
+        transactions: transaction mode (module docstring): how to read a command as a
+            transaction; None (default) for the session rule.
     """
 
     def __init__(
@@ -188,6 +204,7 @@ class Replica:
         config: Configuration | None = None,
         gc_pacer: GcPacer | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        transactions: TransactionLayer | None = None,
     ) -> None:
         if wal is not None and decode_entry is None:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
@@ -208,6 +225,9 @@ class Replica:
         self._applied = 0
         self._applied_term = 0
         self._table = SessionTable(max_sessions=max_sessions)
+        self._tx = transactions
+        self._txs = (TransactionTable(horizon_ms=transactions.horizon_ms)
+                     if transactions is not None else None)
         self._entries_since = 0
         self._bytes_since = 0
         self._checkpoint_index = 0
@@ -230,16 +250,28 @@ class Replica:
         return self._machine
 
     def session(self, client_id: str) -> Session | None:
-        """The client's deduplication record, if it has one."""
+        """The client's deduplication record, if it has one (never in transaction mode)."""
         return self._table.get(client_id)
 
-    def admit(self, client_id: str, command: bytes, read_only: bool) -> str | None:
+    @property
+    def transactions(self) -> TransactionTable | None:
+        """The transaction table (transaction mode), else None. Read only."""
+        return self._txs
+
+    def admit(self, client_id: str, command: bytes, read_only: bool, *,
+              local: bool = False) -> str | None:
         """Arrival checks for a client request (before it is proposed): None to admit it,
         else a one-line reason. Client ids over `MAX_CLIENT_ID_BYTES`, and whatever the
-        machine's `Admission.admit` refuses. Never raises."""
+        machine's `Admission.admit` refuses. Never raises. `local`: a STALE read, answered by
+        `query` from this replica's state: a plain command even in transaction mode."""
         if len(client_id) * 4 > MAX_CLIENT_ID_BYTES and len(
                 client_id.encode("utf-8", "surrogatepass")) > MAX_CLIENT_ID_BYTES:
             return f"client id longer than {MAX_CLIENT_ID_BYTES} bytes"
+        if self._tx is not None and not local:
+            unwrapped = self._tx.unwrap(command)
+            if unwrapped is None:
+                return "malformed transaction"
+            command = unwrapped[2]
         if self._admit is None:
             return None
         return self._admit(command, read_only)
@@ -271,6 +303,7 @@ class Replica:
             last_checkpoint_error=self._last_error,
             skipped_entries=self._skipped,
             expired_sessions=self._table.expired,
+            transactions=len(self._txs) if self._txs is not None else 0,
         )
 
     # ---------------------------------------------------------------- applying
@@ -308,6 +341,8 @@ class Replica:
                                            request.request_no, request.command,
                                            request.read_only))
         self._table.end_entry()
+        if self._txs is not None:
+            self._txs.end_entry()
         self._applied = entry.index
         self._applied_term = entry.term
         self._entries_since += 1
@@ -322,7 +357,9 @@ class Replica:
     def _apply_request(
         self, index: int, client_id: str, request_no: int, command: bytes, read_only: bool
     ) -> Applied:
-        if read_only:
+        if self._tx is not None:
+            status, result = self._apply_transaction(command, read_only)
+        elif read_only:
             status, result = ApplyStatus.READ, self._machine.query(command)
         else:
             verdict, session = self._table.verdict(client_id, request_no)
@@ -338,6 +375,26 @@ class Replica:
         return Applied(
             index=index, client_id=client_id, request_no=request_no, status=status, result=result
         )
+
+    def _apply_transaction(self, command: bytes, read_only: bool) -> tuple[ApplyStatus, bytes]:
+        """Transaction mode: run `command`'s transaction iff its id never ran."""
+        layer, table = self._tx, self._txs
+        assert layer is not None  # our caller checked
+        assert table is not None
+        unwrapped = layer.unwrap(command)
+        if unwrapped is None:
+            return ApplyStatus.INVALID, b""
+        tx_id, deadline_ms, app_command = unwrapped
+        if read_only:
+            return ApplyStatus.READ, self._machine.query(app_command)
+        done = table.get(tx_id)
+        if done is not None:
+            return ApplyStatus.DUPLICATE, done.result
+        if table.too_old(deadline_ms):
+            return ApplyStatus.EXPIRED, b""
+        result = self._machine.apply(app_command)
+        table.record(tx_id, deadline_ms, result)
+        return ApplyStatus.APPLIED, result
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -370,9 +427,12 @@ class Replica:
 
     def _job(self) -> CheckpointJob:
         """A checkpoint of the current state: its O(1) snapshot, to be serialised later."""
+        txs = self._txs
         chunks = envelope_chunks(
             index=self._applied, sessions=self._table.sessions, app=self._machine.snapshot(),
             tombstones=self._table.tombstones,
+            transactions=txs.records if txs is not None else None,
+            max_deadline_ms=txs.max_deadline_ms if txs is not None else 0,
         )
         meta = self.snapshot_meta()
         self._entries_since = 0
@@ -502,6 +562,7 @@ class Replica:
         decode, machine_apply = self._decode_entry, self._machine.apply
         table = self._table
         verdict_of, record, end_entry = table.verdict, table.record, table.end_entry
+        txs = self._txs
         try:
             for start in range(lo, hi + 1, REPLAY_BATCH):
                 stop = min(start + REPLAY_BATCH, hi + 1)
@@ -514,7 +575,12 @@ class Replica:
                         raise RecoveryError(f"WAL record {index} holds entry {entry.index}")
                     if entry.kind is EntryKind.CONFIG:
                         self._config = entry.config
-                    for request in entry.requests:
+                    if txs is not None:
+                        for request in entry.requests:
+                            if not request.read_only:
+                                self._apply_transaction(request.command, False)
+                        txs.end_entry()
+                    for request in () if txs is not None else entry.requests:
                         if request.read_only:
                             continue
                         # the session rule of `_apply_request`: only a newer request runs
@@ -556,8 +622,14 @@ class Replica:
             raise SnapshotFormatError(
                 f"checkpoint data is at index {parsed.index}, expected {index}"
             )
+        if self._txs is None and parsed.transactions:
+            raise SnapshotFormatError(
+                f"checkpoint at {index} holds a transaction table: it was taken by a replica "
+                "in transaction mode (another protocol?)")
         self._machine.restore(parsed.app_data)
         self._table.load(parsed.sessions, parsed.tombstones)
+        if self._txs is not None:
+            self._txs.load(parsed.transactions, parsed.max_deadline_ms)
         self._queued = None  # an older state's boundary: superseded
         self._applied = index
         self._checkpoint_index = index

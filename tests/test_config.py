@@ -77,7 +77,7 @@ def test_moved_cluster_directory_still_loads(tmp_path: Path) -> None:
         (
             "[node]\nid='n1'\nprotocol='paxos'\ndata_dir='d'\npeer_listen='h:1'\nclient_listen='h:2'\n"
             "[tls]\nca='a'\ncert='b'\nkey='c'\n",
-            "unknown protocol .paxos.; registered: pbft, raft",
+            "unknown protocol .paxos.; registered: .*pbft, raft",
         ),
         (
             "[node]\nid='n1'\nprotocol='raft'\ndata_dir='d'\npeer_listen='nope'\nclient_listen='h:2'\n",
@@ -294,3 +294,51 @@ def test_a_host_that_cannot_be_a_host_is_refused(host: str) -> None:
         Address.parse(f"{host}:7000", where="x")
     for good in ("127.0.0.1:1", "[::1]:2", "node-1.example.com:3", "fe80::1%eth0:4"):
         Address.parse(good, where="x")
+
+
+# --------------------------------------------------------------------------------------------
+# The client keyring `[keys.clients]`
+
+_RAFT_NODE = ("[node]\nid='n1'\nprotocol='raft'\ndata_dir='d'\npeer_listen='h:1'\n"
+              "client_listen='h:2'\n[tls]\nca='a'\ncert='b'\nkey='c'\n")
+
+
+def test_the_client_keyring_round_trips(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    cfg = replace(_node(tmp_path), client_keys={"client": b"\x01" * 32, "alice-2": b"\xff" * 32})
+    path = tmp_path / "nodes" / "n1.toml"
+    path.parent.mkdir(parents=True)
+    text = dumps_toml(node_config_dict(cfg, relative_to=path.parent))
+    assert "[keys.clients]" in text
+    path.write_text(text)
+    assert load_node_config(path).client_keys == cfg.client_keys
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[keys.clients]\nclient = 'zz'\n", r"keys\.clients\.client: the public key is not hex"),
+        ("[keys.clients]\nclient = 'abcd'\n", r"keys\.clients\.client: .*32 bytes, got 2"),
+        ("[keys.clients]\nclient = 3\n", r"keys\.clients\.client: expected str, got int"),
+        (f"[keys.clients]\n'a b' = '{'00' * 32}'\n", r"a client key name is"),
+        ("[keys]\nclients = 'x'\n", r"keys\.clients: expected dict, got str"),
+    ],
+)
+def test_keyring_errors_name_the_file_and_the_entry(tmp_path: Path, table: str,
+                                                    message: str) -> None:
+    path = tmp_path / "n1.toml"
+    path.write_text(_RAFT_NODE + table)
+    with pytest.raises(ConfigError, match=message) as exc:
+        load_node_config(path)
+    assert str(path) in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_cluster_toml_names_the_client_signing_key(tmp_path: Path) -> None:
+    (tmp_path / "cluster.toml").write_text(
+        "[cluster]\nprotocol='raft'\n[client]\nca='a'\ncert='b'\nkey='c'\n"
+        "signing_key='clients/client.signing.key'\n"
+        "[[nodes]]\nid='n1'\npeer_addr='h:1'\nclient_addr='h:2'\n")
+    cluster = load_cluster_config(tmp_path)
+    assert cluster.client_signing_key == (tmp_path / "clients" / "client.signing.key").resolve()

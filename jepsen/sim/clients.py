@@ -10,9 +10,10 @@ Protocol:
   with a leader hint retries there at once; a rejection without one, or no answer within
   `attempt_timeout_ns`, retries at the next node. Retries reuse the SAME request number, so
   the replica layer's session table answers a duplicate instead of applying it twice.
-- `ok` when a result arrives; `fail` only for a cas whose comparison failed (it certainly did
-  not take effect); `info` when the operation's deadline passes (it may or may not have
-  happened). After `info` the client continues as a fresh process with a fresh session.
+- `ok` when a result arrives; `fail` only for a cas whose comparison failed or an operation
+  the cluster aborted (`on_aborted`: either way it certainly did not take effect); `info`
+  when the operation's deadline passes (it may or may not have happened). After `info`
+  the client continues as a fresh process with a fresh session.
 - In the liveness phase (`enter_liveness`) the current and later operations share one final
   deadline; an operation still pending when it passes is reported by `stuck()`.
 
@@ -281,6 +282,13 @@ class SimClient:
             self.config.attempt_timeout_ns // 4,
             lambda: self._retry_after_backoff(pending, attempt),
         )
+
+    def on_aborted(self, node: str, request_no: int, reason: str) -> None:
+        """The cluster says the operation will never take effect (`Abort`): `fail`."""
+        pending = self.pending
+        if pending is None or request_no != pending.request.request_no:
+            return
+        self._finish(FAIL, _SAME, error=f"aborted: {reason}")
 
     def _retry_after_backoff(self, pending: _Pending, attempt: int) -> None:
         if self.pending is pending and pending.attempt == attempt:

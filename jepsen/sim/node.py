@@ -4,7 +4,7 @@ disk and the replica layer, with crash, restart, pause and clock-rate skew.
 Owns: `SimNode`. It carries out every `Ready` exactly as `phalanx.consensus.core.Ready`
 orders: send `early_messages` → persist (through `phalanx.runtime.persistence.ReadyPersister`; the
 memory disk's fsync is instantaneous in virtual time) → send → apply committed entries in
-order → answer rejected requests and reads → feed `Persisted(number)` back. Inputs
+order → answer rejected and aborted requests and reads → feed `Persisted(number)` back. Inputs
 produced while handling a Ready (Persisted, CheckpointTaken) are queued and stepped after
 it, never re-entrantly.
 
@@ -17,7 +17,9 @@ Faults:
   (`phalanx.runtime.identity`, modelled by `identity`): the restart then decides, as the runtime
   does (`phalanx.runtime.identity.amnesia`), that the node must recover before it votes.
 - `pause()/resume()`: no ticks; messages and client requests queue until resumed.
-- `clock_rate`: the tick period is divided by it (a fast clock ticks more often).
+- `clock_rate`: the tick period is divided by it (a fast clock ticks more often), and the
+  node's wall clock (`Tick.now_ms`: `SIM_EPOCH_MS` plus virtual time, `wall_clock_ms`) runs
+  `clock_rate` times as fast. The wall clock survives crashes (it is the machine's).
 - `crash_point`: called after every carried-out Ready that had persistence; when it returns
   True the node crashes right there (BUGGIFY-style: after persisting and sending, before
   any further input), e.g. between granting a vote and hearing the next RequestVote.
@@ -56,10 +58,12 @@ from phalanx.runtime.persistence import Codec, DurableState, ReadyPersister, com
 from phalanx.storage.files import Storage
 from phalanx.storage.memory import MemoryDisk
 
-_UNANSWERED = (ApplyStatus.EXPIRED, ApplyStatus.SESSION_EXPIRED)
-"""Outcomes the simulated node does not answer (the client's retry is answered later)."""
+_UNANSWERED = (ApplyStatus.EXPIRED, ApplyStatus.SESSION_EXPIRED, ApplyStatus.INVALID)
+"""Outcomes the simulated node does not answer (the client's retry is answered later; a
+malformed transaction's client times out)."""
 
-_TICK = Tick()
+SIM_EPOCH_MS = 1_700_000_000_000
+"""The wall clock of every simulated node at virtual time 0 (ms since the Unix epoch)."""
 _RECEIVE_TWIN = slot_twin(Receive)
 _PERSISTED_TWIN = slot_twin(Persisted)
 
@@ -77,6 +81,10 @@ class ClientSink(Protocol):
     def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None: ...
 
     def reject(self, node: str, request: ClientRequest, leader_hint: str | None) -> None: ...
+
+    def abort(self, node: str, request: ClientRequest, reason: str) -> None:
+        """`node` says `request` will never be applied (`phalanx.consensus.core.Abort`)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -117,6 +125,10 @@ class SimNode:
         self.observe = observe
         self.tick_ns = tick_ns
         self.clock_rate = 1.0
+        self._clock_ns = 0
+        """This node's wall clock, ns of (skewed) virtual time since `SIM_EPOCH_MS`."""
+        self._clock_at = loop.now
+        """The virtual time `_clock_ns` was last advanced to."""
         self.disk = MemoryDisk(name)
         self.identity: Identity | None = Identity(cluster="sim", node=name, state="new")
         """The IDENTITY file of the disk (`phalanx.runtime.identity`); None once the disk is
@@ -240,10 +252,20 @@ class SimNode:
         period = max(1, int(self.tick_ns / self.clock_rate))
         self.loop.call_later(period, lambda: self._on_tick(incarnation))
 
+    def wall_clock_ms(self) -> int:
+        """This node's wall clock now (ms since the Unix epoch): `SIM_EPOCH_MS` plus the
+        virtual time elapsed, each stretch scaled by the `clock_rate` in force when it is
+        read (ticks are, likewise, re-timed at the next one). Never goes backwards."""
+        now = self.loop.now
+        if now > self._clock_at:
+            self._clock_ns += int((now - self._clock_at) * self.clock_rate)
+            self._clock_at = now
+        return SIM_EPOCH_MS + self._clock_ns // 1_000_000
+
     def _on_tick(self, incarnation: int) -> None:
         if incarnation != self.incarnation or self.core is None or self.paused:
             return  # a stale timer of an earlier life, or paused (resume re-arms)
-        self.step(_TICK)
+        self.step(Tick(now_ms=self.wall_clock_ms()))
         identity = self.identity
         if identity is not None and identity.state != "member" and self.core is not None:
             status = self.core.status()  # as the runtime's `_record_membership` does
@@ -363,11 +385,18 @@ class SimNode:
                     if outcome.status not in _UNANSWERED:
                         self._answer(outcome.client_id, outcome.request_no, outcome.result)
             self.stats.applied += len(committed)
-        # 4. Answer rejections now and reads once applied.
+        # 4. Answer rejections and aborts now and reads once applied.
         for rejection in ready.rejected:
             key = (rejection.request.client_id, rejection.request.request_no)
             if self._client_requests.pop(key, None) is not None:
                 self.clients.reject(self.name, rejection.request, rejection.leader_hint)
+        for abort in ready.aborted:
+            # A definite outcome, answered like an executed request: to the client that
+            # submitted it here, and under matching replies to every client.
+            key = (abort.request.client_id, abort.request.request_no)
+            asked = self._client_requests.pop(key, None) is not None
+            if asked or self.clients.answers_all:
+                self.clients.abort(self.name, abort.request, abort.reason)
         if ready.reads:
             self._reads.extend(ready.reads)
         if self._reads:

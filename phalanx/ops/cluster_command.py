@@ -1,7 +1,8 @@
 """`phalanx cluster init` and `phalanx cluster up`: their command line.
 
-Owns: `add_cluster_command` and the two handlers. The work is `phalanx.ops.local_cluster`
-(`init_cluster`, `NodeProcesses`, `supervise`); this module only parses and reports, and
+Owns: `add_cluster_command` and the handlers of init, up and client-key. The work is
+`phalanx.ops.local_cluster` (`init_cluster`, `add_client_key`, `NodeProcesses`,
+`supervise`); this module only parses and reports, and
 imports nothing heavier than the registry (PKI and keys load when `init` runs).
 """
 
@@ -18,6 +19,7 @@ from phalanx.ops.local_cluster import (
     MAX_NODES,
     ClusterError,
     NodeProcesses,
+    add_client_key,
     ephemeral_overlap_warning,
     init_cluster,
     open_cluster,
@@ -40,6 +42,11 @@ read-write and read-only; cluster.toml and `phalanx kv` use client.pem; issue mo
 listens for peers on BASE+i, for clients on BASE+100+i, and serves Prometheus metrics
 on BASE+200+i. DIR must not exist or be empty.
 
+A protocol whose clients sign their transactions (leaderless) also gets a client signing
+key DIR/clients/client.signing.key (mode 0600; cluster.toml names it, so `phalanx kv
+--cluster DIR` signs with it) and every node config gets the public keyring
+[keys.clients]. Make more keys with `phalanx cluster client-key DIR NAME`.
+
 exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
 nothing was created.
 """
@@ -59,9 +66,18 @@ error; 2 usage error (no cluster at DIR, an unknown --node, a node config that d
 load, a missing certificate or key file): no node was started.
 """
 
+_CLIENT_KEY_EPILOG = """\
+examples:
+  phalanx cluster client-key ./lcluster alice
+  phalanx kv --cluster ./lcluster --client-name alice add counter 1
+
+exit status: 0 created; 2 usage error (no cluster at DIR, a protocol whose clients do not
+sign, a bad or existing NAME): nothing was changed.
+"""
+
 
 def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``phalanx cluster init`` and ``phalanx cluster up`` on `subparsers`."""
+    """Register ``phalanx cluster init``, ``up`` and ``client-key`` on `subparsers`."""
     cluster = subparsers.add_parser(
         "cluster", help="create and run a local cluster",
         description="Create a cluster directory and run its nodes on this machine.",
@@ -99,6 +115,16 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
                     metavar="SECONDS",
                     help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
     up.set_defaults(handler=_run_up)
+    key = sub.add_parser(
+        "client-key", help="add a client signing key (protocols whose clients sign)",
+        description="Create DIR/clients/NAME.signing.key (mode 0600) and add its public key "
+                    "to the keyring [keys.clients] of every node config. Nodes read their "
+                    "config at start-up: restart them to accept the new key.",
+        epilog=_CLIENT_KEY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    key.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
+    key.add_argument("name", metavar="NAME", help="the key's name (letters, digits, _ and -)")
+    key.set_defaults(handler=_run_client_key)
 
 
 def _run_init(args: argparse.Namespace) -> int:
@@ -116,7 +142,20 @@ def _run_init(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     for n in cluster.nodes:
         print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
+    if cluster.client_signing_key is not None:
+        print(f"  client signing key: {cluster.client_signing_key}")
     print(f"start it with: phalanx cluster up {args.directory}")
+    return 0
+
+
+def _run_client_key(args: argparse.Namespace) -> int:
+    try:
+        path = add_client_key(args.directory, args.name)
+    except ClusterError as e:
+        print_error("phalanx cluster client-key", str(e))
+        return EXIT_USAGE
+    print(f"created client signing key {path}; added {args.name!r} to every node config")
+    print("running nodes accept it after a restart (they read their config at start-up)")
     return 0
 
 

@@ -49,6 +49,7 @@ from phalanx.cli.errors import (
     OperatorError,
 )
 from phalanx.ops.node_config import (
+    CLIENT_NAME,
     Address,
     ClusterConfig,
     ConfigError,
@@ -59,11 +60,12 @@ from phalanx.ops.node_config import (
     TlsFiles,
     dumps_toml,
     load_cluster_config,
+    load_node_config,
     node_config_dict,
     valid_host,
 )
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
-from phalanx.protocols import DEFAULT_PROTOCOL, UnknownProtocol
+from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy, UnknownProtocol
 from phalanx.protocols import get as protocol_spec
 
 DEFAULT_BASE_PORT: Final = 7100
@@ -93,10 +95,13 @@ def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
     def rel(p: Path) -> str:
         return os.path.relpath(p.resolve(), cluster.directory.resolve())
 
+    client = {"ca": rel(cluster.ca), "cert": rel(cluster.client_cert),
+              "key": rel(cluster.client_key)}
+    if cluster.client_signing_key is not None:
+        client["signing_key"] = rel(cluster.client_signing_key)
     return {
         "cluster": {"protocol": cluster.protocol},
-        "client": {"ca": rel(cluster.ca), "cert": rel(cluster.client_cert),
-                   "key": rel(cluster.client_key)},
+        "client": client,
         "nodes": [
             {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr)}
             for n in cluster.nodes
@@ -195,7 +200,8 @@ def init_cluster(
         raise ClusterError(f"cannot create {target}: {e.strerror}") from None
     try:
         _write_cluster(
-            staging, protocol=protocol, signing_keys=spec.signing_keys, nodes=nodes,
+            staging, protocol=protocol, signing_keys=spec.signing_keys,
+            client_signing=spec.call_strategy is CallStrategy.ENDORSEMENT, nodes=nodes,
             base_port=base_port, host=host,
             fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
             checkpoint_every=checkpoint_every,
@@ -216,6 +222,7 @@ def _write_cluster(
     *,
     protocol: str,
     signing_keys: bool,
+    client_signing: bool,
     nodes: int,
     base_port: int,
     host: str,
@@ -225,7 +232,7 @@ def _write_cluster(
     checkpoint_every: int | None,
 ) -> None:
     from phalanx.ops import pki
-    from phalanx.ops.signing_keys import generate_key_file
+    from phalanx.ops.signing_keys import client_key_path, generate_client_key, generate_key_file
     from phalanx.runtime.identity import prepare_data_dir
 
     ca = pki.create_ca()
@@ -252,6 +259,13 @@ def _write_cluster(
             keyed.append(replace(member, signing_public_key=public.signing_public_key,
                                  mac_public_key=public.mac_public_key))
         members = tuple(keyed)
+    client_keys: dict[str, bytes] = {}
+    client_signing_key: Path | None = None
+    if client_signing:
+        # The client signs its transactions; every node's config carries the keyring.
+        (root / "clients").mkdir(parents=True, exist_ok=True)
+        client_signing_key = client_key_path(root, client_name)
+        client_keys[client_name] = generate_client_key(client_signing_key)
     for i, me in enumerate(members):
         paths = pki.write_credentials(pki.issue_node_cert(ca, me.id, hosts=hosts), nodes_dir)
         prepare_data_dir(root / "data" / me.id, node=me.id, ca_certificate=paths.ca_certificate)
@@ -267,6 +281,7 @@ def _write_cluster(
             fsync=fsync,
             timing=timing,
             keys=KeyFiles(signing_key=key_files[me.id]) if me.id in key_files else None,
+            client_keys=client_keys,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
@@ -287,8 +302,46 @@ def _write_cluster(
         client_cert=client.certificate,
         client_key=client.private_key,
         directory=root,
+        client_signing_key=client_signing_key,
     )
     (root / "cluster.toml").write_text(dumps_toml(cluster_config_dict(cluster)))
+
+
+def add_client_key(directory: str | Path, name: str) -> Path:
+    """`phalanx cluster client-key DIR NAME`: a new client signing key
+    ``DIR/clients/NAME.signing.key`` (mode 0600), its public half added to every node
+    config's keyring (`[keys.clients]`). Running nodes read their config at start-up only:
+    they accept the key after a restart. Returns the key file.
+
+    Raises:
+        ClusterError: no cluster at `directory`, a protocol that does not sign client
+            transactions, a bad name, a key of that name already there, or a node config
+            that does not load.
+    """
+    from phalanx.ops.signing_keys import client_key_path, generate_client_key
+
+    cluster = open_cluster(directory)
+    if protocol_spec(cluster.protocol).call_strategy is not CallStrategy.ENDORSEMENT:
+        raise ClusterError(f"protocol {cluster.protocol} does not use client signing keys "
+                           f"(only protocols whose clients sign transactions do)")
+    if CLIENT_NAME.fullmatch(name) is None:
+        raise ClusterError(f"client key name {name!r}: 1-64 letters, digits, '_' or '-'")
+    try:
+        configs = [load_node_config(cluster.node_config_path(n.id)) for n in cluster.nodes]
+    except ConfigError as e:
+        raise ClusterError(str(e)) from None
+    path = client_key_path(cluster.directory, name)
+    if path.exists() or any(name in c.client_keys for c in configs):
+        raise ClusterError(f"a client key named {name!r} already exists in {directory}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    public = generate_client_key(path)
+    for cfg in configs:
+        target = cluster.node_config_path(cfg.id)
+        updated = replace(cfg, client_keys={**cfg.client_keys, name: public})
+        staging = target.with_name(f".{target.name}.tmp")
+        staging.write_text(dumps_toml(node_config_dict(updated, relative_to=target.parent)))
+        os.replace(staging, target)
+    return path
 
 
 def open_cluster(directory: str | Path) -> ClusterConfig:

@@ -8,6 +8,8 @@ Layout of a cluster directory made by `phalanx cluster init DIR`:
     DIR/ca/ca.pem, ca.key     the cluster CA (keep ca.key offline in production)
     DIR/nodes/<node>.pem/.key the node's certificate and key
     DIR/clients/<name>.pem/.key  client credentials
+    DIR/clients/<name>.signing.key  a client's transaction signing key (protocols whose
+                              call strategy is ENDORSEMENT; `phalanx.ops.signing_keys`)
     DIR/data/<node>/          the node's durable storage
     DIR/logs/<node>.log       logs written by `phalanx cluster up`
 
@@ -21,8 +23,12 @@ Rules:
 - `check_files` / `check_cluster_files`: every certificate, key and PBFT key file a config
   names exists and is readable (an error names the file and the key that names it). A node
   checks them at start-up before it opens its storage.
-- Only stdlib `tomllib` reads; `dumps_toml` writes the small subset we use (tables, arrays of
-  tables, strings, ints, floats, bools, lists of strings).
+- `[keys.clients]` of a node config is the client keyring: ``name = "hex"`` (a raw 32-byte
+  Ed25519 public key per client signing key); names are `CLIENT_NAME` (letters, digits,
+  ``_``, ``-``). Nodes of a protocol whose call strategy is ENDORSEMENT verify signed client
+  transactions against it; it is read at start-up only.
+- Only stdlib `tomllib` reads; `dumps_toml` writes the small subset we use (tables, one level
+  of sub-tables, arrays of tables, strings, ints, floats, bools, lists of strings).
 """
 
 from __future__ import annotations
@@ -50,6 +56,11 @@ LEGACY_KEYS_TABLE = "pbft"
 `phalanx.runtime.client_auth`) or ``none`` (insecure, for local experiments: anyone who can reach
 the
 client port may read and write)."""
+
+
+CLIENT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a client signing key's name may be (a TOML bare key and a file name)."""
+CLIENT_PUBLIC_KEY_BYTES = 32
 
 
 class ConfigError(OperatorError):
@@ -163,6 +174,9 @@ class NodeConfig:
     signing keys (`ProtocolSpec.signing_keys`), with every peer's public keys."""
     client_auth: str = "required"
     """`[client] auth`: one of `CLIENT_AUTH_MODES`."""
+    client_keys: Mapping[str, bytes] = field(default_factory=dict)
+    """`[keys.clients]`: the client keyring, client key name -> raw 32-byte Ed25519 public
+    key (`phalanx.ops.signing_keys.client_verifier` checks transactions against it)."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
@@ -179,6 +193,9 @@ class ClusterConfig:
     client_cert: Path
     client_key: Path
     directory: Path
+    client_signing_key: Path | None = None
+    """`[client] signing_key`: the default client signing key (protocols whose call strategy
+    is ENDORSEMENT sign every transaction with it), or None."""
 
     def node_config_path(self, node_id: str) -> Path:
         return self.directory / "nodes" / f"{node_id}.toml"
@@ -245,6 +262,10 @@ class _Table:
     def has(self, key: str) -> bool:
         return key in self._data
 
+    def keys(self) -> list[str]:
+        """Every key of this table (for tables whose keys are names, not settings)."""
+        return list(self._data)
+
     def table(self, key: str) -> _Table:
         value = self._get(key, dict, {})
         child = _Table(value, self._file, f"{self._name}.{key}" if self._name else key)
@@ -309,6 +330,25 @@ def _peer(t: _Table) -> PeerConfig:
     )
 
 
+def _client_keys(t: _Table) -> dict[str, bytes]:
+    """`[keys.clients]`: every entry a valid name and the hex of a 32-byte public key."""
+    keys: dict[str, bytes] = {}
+    for name in sorted(t.keys()):
+        text = t.text(name)
+        if CLIENT_NAME.fullmatch(name) is None:
+            raise ConfigError(f"{t.at(name)}: a client key name is 1-64 letters, digits, "
+                              f"'_' or '-'")
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raise ConfigError(f"{t.at(name)}: the public key is not hex") from None
+        if len(raw) != CLIENT_PUBLIC_KEY_BYTES:
+            raise ConfigError(f"{t.at(name)}: the public key must be "
+                              f"{CLIENT_PUBLIC_KEY_BYTES} bytes, got {len(raw)}")
+        keys[name] = raw
+    return keys
+
+
 def load_node_config(path: str | Path) -> NodeConfig:
     """Read and validate `DIR/nodes/<id>.toml`."""
     path = Path(path).resolve()
@@ -337,6 +377,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     # call it; known beside any protocol, required by one with signing keys.
     key_table = root.table(LEGACY_KEYS_TABLE if root.has(LEGACY_KEYS_TABLE) else KEYS_TABLE)
     key_table.opt_str("signing_key")
+    client_keys = _client_keys(key_table.table("clients"))
     if protocol_spec(protocol).signing_keys:
         keys = KeyFiles(signing_key=(base / key_table.text("signing_key")).resolve())
         for p in peers:
@@ -371,6 +412,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         keys=keys,
         client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
                             f"{path}: client.auth"),
+        client_keys=client_keys,
     )
     root.check_unknown()
     return config
@@ -397,6 +439,9 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
         client_cert=(base / client.text("cert")).resolve(),
         client_key=(base / client.text("key")).resolve(),
         directory=base,
+        client_signing_key=(
+            (base / signing).resolve() if (signing := client.opt_str("signing_key")) else None
+        ),
     )
     root.check_unknown()
     return config
@@ -454,8 +499,13 @@ def _scalar(value: object) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
+def _key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _scalar(key)
+
+
 def dumps_toml(data: Mapping[str, object]) -> str:
-    """Serialise nested mappings: top-level scalars, tables, and arrays of tables."""
+    """Serialise nested mappings: top-level scalars, tables (with one level of sub-tables),
+    and arrays of tables."""
     lines: list[str] = []
     scalars = {k: v for k, v in data.items() if not isinstance(v, Mapping | list)
                or (isinstance(v, list) and not any(isinstance(i, Mapping) for i in v))}
@@ -463,7 +513,12 @@ def dumps_toml(data: Mapping[str, object]) -> str:
         lines.append(f"{k} = {_scalar(v)}")
     for k, v in data.items():
         if isinstance(v, Mapping):
-            lines += ["", f"[{k}]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in v.items()]
+            lines += ["", f"[{k}]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in v.items()
+                                       if not isinstance(iv, Mapping)]
+            for ik, iv in v.items():
+                if isinstance(iv, Mapping):
+                    lines += ["", f"[{k}.{ik}]"] + [f"{_key(sk)} = {_scalar(sv)}"
+                                                    for sk, sv in iv.items()]
         elif isinstance(v, list) and v and all(isinstance(i, Mapping) for i in v):
             for item in v:
                 lines += ["", f"[[{k}]]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in item.items()]
@@ -512,6 +567,11 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     }
     if cfg.client_auth != "required":
         doc["client"] = {"auth": cfg.client_auth}
+    keys: dict[str, object] = {}
     if cfg.keys is not None:
-        doc[KEYS_TABLE] = {"signing_key": rel(cfg.keys.signing_key)}
+        keys["signing_key"] = rel(cfg.keys.signing_key)
+    if cfg.client_keys:
+        keys["clients"] = {name: cfg.client_keys[name].hex() for name in sorted(cfg.client_keys)}
+    if keys:
+        doc[KEYS_TABLE] = keys
     return doc

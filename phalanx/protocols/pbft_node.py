@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 
-from phalanx.apps.replica import CheckpointPolicy
+from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core
 from phalanx.consensus.pbft import (
     PbftConfig,
@@ -120,7 +120,8 @@ class PbftNode:
         return CoreStateJournal(config, sync)
 
     def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
-                   byzantine: str | None, pipeline_depth: int) -> BuiltCore:
+                   byzantine: str | None, pipeline_depth: int,
+                   replica: Replica | None = None) -> BuiltCore:
         try:
             crypto = load_crypto(config)
         except SigningKeyError as e:

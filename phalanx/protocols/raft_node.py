@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from phalanx.apps.replica import CheckpointPolicy
+from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Ready, Snapshot
 from phalanx.consensus.raft import (
     ProposeBatch,
@@ -63,7 +63,8 @@ class RaftNode:
         return None  # the hard state and the log are Raft's durable state
 
     def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
-                   byzantine: str | None, pipeline_depth: int) -> BuiltCore:
+                   byzantine: str | None, pipeline_depth: int,
+                   replica: Replica | None = None) -> BuiltCore:
         if byzantine is not None:
             raise ProtocolError(f"--byzantine {byzantine}: Raft tolerates crashes only; "
                                 "Byzantine modes need a Byzantine-tolerant protocol")

@@ -16,13 +16,14 @@ import enum
 import importlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     import random
 
     from phalanx.apps.interface import StateMachine
-    from phalanx.apps.replica import CheckpointPolicy
+    from phalanx.apps.replica import CheckpointPolicy, Replica
+    from phalanx.apps.transactions import TransactionLayer
     from phalanx.consensus.core import Core, Ready
     from phalanx.consensus.types import ClientRequest, Message
     from phalanx.ops.node_config import NodeConfig
@@ -112,8 +113,13 @@ class ProtocolNode(Protocol):
     needs to assemble a node. Loaded only by a node, the simulator or a test."""
 
     def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
-                   byzantine: str | None, pipeline_depth: int) -> BuiltCore:
-        """The core of node `config`, restored from `durable` (raises `ProtocolError`)."""
+                   byzantine: str | None, pipeline_depth: int,
+                   replica: Replica | None = None) -> BuiltCore:
+        """The core of node `config`, restored from `durable` (raises `ProtocolError`).
+
+        `replica` is the node's replica, already restored from its newest checkpoint: a core
+        that reads application state (the leaderless core, through an `AppView`) keeps it;
+        the others ignore it. The runtime and the simulator pass it."""
         ...
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
@@ -123,6 +129,18 @@ class ProtocolNode(Protocol):
     def open_core_state_store(self, config: NodeConfig,
                               sync: SyncPolicy) -> CoreStateStore | None:
         """The store of `Ready.core_state`, or None when the protocol keeps none."""
+        ...
+
+
+@runtime_checkable
+class TransactionalNode(Protocol):
+    """A `ProtocolNode` whose replicas run in transaction mode (`Replica(transactions=)`):
+    its core applies non-conflicting transactions in different orders on different
+    replicas, so the replica deduplicates by transaction id instead of by session. The
+    runtime checks for it with ``isinstance``; others use the session rule."""
+
+    def transaction_layer(self, config: NodeConfig) -> TransactionLayer:
+        """How the node's replica reads a command as a transaction."""
         ...
 
 

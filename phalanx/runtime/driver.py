@@ -30,13 +30,14 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
   its fsync, and a phase's votes are not held behind the next phase's fsync.
 - Completing a batch: release the messages of all its Readys to the transport (in Ready
   order; then `flush_sends`), then, in Ready order, apply committed entries through the
-  replica and answer their clients, answer rejections (REDIRECT/RETRY) and reads whose
-  index is applied; then feed `Persisted(last number)` back, then the replica's
-  `CheckpointTaken`s. A later Ready's messages may thus leave before an earlier Ready's
-  entries are applied: step 2 depends only on step 1, done for the whole batch, and a
-  message is computed when its Ready is, never from what the driver applies later; steps
-  3-5 keep Ready order. So a follower's answer never waits behind its applies. No message
-  other than an early one ever leaves before its Ready is durable.
+  replica and answer their clients, answer rejections (REDIRECT/RETRY), aborts (ABORTED,
+  a definite failure) and reads whose index is applied; then feed `Persisted(last
+  number)` back, then the replica's `CheckpointTaken`s. A later Ready's messages may thus
+  leave before an earlier Ready's entries are applied: step 2 depends only on step 1,
+  done for the whole batch, and a message is computed when its Ready is, never from what
+  the driver applies later; steps 3-5 keep Ready order. So a follower's answer never waits
+  behind its applies. No message other than an early one ever leaves before its Ready is
+  durable.
 - Client writes that arrive in one pass over the input channel are stepped together at the
   end of the pass (`propose_batch`: one log entry, one AppendEntries per follower).
 - The replica (and so the WAL, which it compacts) is only touched by the core task while no
@@ -60,7 +61,8 @@ stepped (peer messages are dropped, ticks only time the retries), client calls o
 stale reads are answered `ReplyStatus.UNAVAILABLE`, status calls as usual.
 
 Time: ticks come from a periodic timer (`phalanx.runtime.ticker.Ticker`: a timerfd, else trio's
-clock) every `tick_seconds`; a loop that falls behind more than `MAX_CATCH_UP_TICKS` ticks
+clock) every `tick_seconds`, each carrying the wall clock (`Tick.now_ms`, for cores whose
+inputs carry absolute deadlines); a loop that falls behind more than `MAX_CATCH_UP_TICKS` ticks
 skips them instead of bursting. Inputs are queued with `send_nowait` first (`_put`), so a
 message costs no extra scheduler pass while the channel has room. Client errors are normal
 input: an unknown request never raises.
@@ -344,7 +346,7 @@ class Driver(CallAdmission, PersistPipeline):
                 ended = await ticker.wait()
                 # Fell behind (a long pause): skip ticks, never burst.
                 for _ in range(ended if ended <= MAX_CATCH_UP_TICKS else 1):
-                    await self._put(Tick())
+                    await self._put(Tick(now_ms=time.time_ns() // 1_000_000))
 
     async def _core_loop(self) -> None:
         rx = self._rx
@@ -540,6 +542,9 @@ class Driver(CallAdmission, PersistPipeline):
                         self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
                                      message="session expired: this request may have been "
                                      "applied before; use a new client id")
+                    elif outcome.status is ApplyStatus.INVALID:
+                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
+                                     message="malformed transaction: not applied")
                     else:
                         self._answer(outcome.client_id, outcome.request_no, ReplyStatus.OK,
                                      result=outcome.result)
@@ -549,6 +554,9 @@ class Driver(CallAdmission, PersistPipeline):
                 status = ReplyStatus.REDIRECT if hint is not None else ReplyStatus.RETRY
                 self._answer(rejection.request.client_id, rejection.request.request_no, status,
                              leader_hint=hint, message=rejection.reason)
+            for abort in ready.aborted:
+                self._answer(abort.request.client_id, abort.request.request_no,
+                             ReplyStatus.ABORTED, message=abort.reason)
             if ready.reads:
                 self._reads.extend(ready.reads)
             if ready.has_persistence:
@@ -585,4 +593,4 @@ class Driver(CallAdmission, PersistPipeline):
 def _only_early(ready: Ready) -> bool:
     """Whether nothing of `ready` is left once its early messages are sent."""
     return not (ready.has_persistence or ready.messages or ready.committed or ready.reads
-                or ready.rejected or ready.number)
+                or ready.rejected or ready.aborted or ready.number)

@@ -71,6 +71,7 @@ from phalanx.ops.pki import (
 from phalanx.protocols import ProtocolError, UnknownProtocol
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
+from phalanx.protocols.spec import TransactionalNode
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
@@ -318,6 +319,8 @@ async def open_node(
             single_voter=len(config.members()) == 1)
         durable = dataclasses.replace(durable, recovering=verdict.recovering)
         voters = tuple(NodeId(m) for m in config.members())
+        transactions = (protocol.transaction_layer(config)
+                        if isinstance(protocol, TransactionalNode) else None)
         replica = Replica(
             machine,
             checkpoints=storage.checkpoints,
@@ -327,12 +330,13 @@ async def open_node(
             policy=protocol.checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),
             gc_pacer=gc_pacer,
+            transactions=transactions,
         )
         # Only the checkpoint: the core re-emits the committed entries after it.
         replica.restore_latest(replay_upto=0)
         try:
             built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
-                                        pipeline_depth=PIPELINE_DEPTH)
+                                        pipeline_depth=PIPELINE_DEPTH, replica=replica)
             core = built.core
             if lies is not None and byzantine is not None:
                 core = lies.wrap_core(core, byzantine, config=config, rng=rng)

@@ -5,8 +5,10 @@ table from `(client_id, request_no)` to the connections waiting for that request
 plus the reverse index used to forget a closed connection, and the subscriptions
 (`phalanx.net.client_protocol.ClientHello`): a client id's newest subscribed connection, which
 gets the OK/ERROR answer of an executed request of that client (or of one of its lanes
-``<client_id>#<k>``) that has no waiter here. A PBFT backup executes requests that reached
-it only inside a pre-prepare, yet the client needs f+1 answers. Also the reply counters of
+``<client_id>#<k>``) that has no waiter here, and the ABORTED answer of one the protocol
+dropped (a definite failure: the leaderless core's client counts f+1 of them). A PBFT
+backup executes requests that reached it only inside a pre-prepare, yet the client needs
+f+1 answers. Also the reply counters of
 `phalanx.runtime.driver.DriverStatistics` (`replies`, `redirects`, `retries`), which it updates.
 
 Must not import: trio, sockets, any consensus core, `phalanx.runtime.driver` (the driver owns one
@@ -17,8 +19,8 @@ Invariants:
 - A waiter is answered at most once: `answer` pops the key before delivering.
 - `keys_of[target]` holds exactly the keys whose waiter list contains `target`; a closed
   connection (`forget`) leaves no entry behind, neither a waiter nor a subscription.
-- An answer goes to the waiters of its key if there are any, else (OK/ERROR only) to the
-  subscribed connection: never to both, so a client gets one answer per replica.
+- An answer goes to the waiters of its key if there are any, else (OK/ERROR/ABORTED only)
+  to the subscribed connection: never to both, so a client gets one answer per replica.
 - Iteration order never depends on set order: `fail_all` answers in sorted key order.
 """
 
@@ -28,6 +30,10 @@ from typing import Protocol
 
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.net.client_protocol import ClientReply, ReplyStatus, StatusReply
+
+_SUBSCRIBED = frozenset({ReplyStatus.OK, ReplyStatus.ERROR, ReplyStatus.ABORTED})
+"""The outcomes a subscribed connection receives for requests it has no waiter for: those of
+requests this node executed or the protocol decided, never redirects or retries."""
 
 
 class ReplyTarget(Protocol):
@@ -72,7 +78,7 @@ class ClientWaiters:
         self._keys_of.setdefault(target, set()).add(key)
 
     def subscribe(self, client_id: str, target: ReplyTarget) -> None:
-        """Unwaited OK/ERROR answers for `client_id` and its lanes go to `target` from now
+        """Unwaited OK/ERROR/ABORTED answers for `client_id` and its lanes go to `target` from now
         on (the newest subscription of a client id wins)."""
         old = self._subscribers.get(client_id)
         if old is target:
@@ -111,12 +117,12 @@ class ClientWaiters:
         leader_hint: str | None = None,
         message: str = "",
     ) -> None:
-        """Answer every waiter of `(client_id, request_no)`; with none, an OK or ERROR
-        answer goes to the client's subscribed connection, if any (else a no-op)."""
+        """Answer every waiter of `(client_id, request_no)`; with none, an OK, ERROR or
+        ABORTED answer goes to the client's subscribed connection, if any (else a no-op)."""
         key = (client_id, request_no)
         waiters = self._waiters.pop(key, None)
         if not waiters:
-            if status is ReplyStatus.OK or status is ReplyStatus.ERROR:
+            if status in _SUBSCRIBED:
                 subscriber = self.subscriber(client_id)
                 if subscriber is not None:
                     self.deliver(subscriber, ClientReply(

@@ -359,3 +359,77 @@ def test_supervise_exits_nonzero_when_every_node_died(
 
     assert supervise(NodeProcesses(cfg, command=crashing), ["n1"], grace=1) == 1
     assert "n1 exited with status 3" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Client signing keys (protocols whose call strategy is ENDORSEMENT)
+
+
+@pytest.fixture
+def endorsement_protocol(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test-only protocol: PBFT's spec with clients that sign (until the leaderless entry
+    is registered, and so these tests do not depend on it)."""
+    from dataclasses import replace
+
+    from phalanx.protocols import CallStrategy, get, registry
+
+    spec = replace(get("pbft"), name="endorse-test", call_strategy=CallStrategy.ENDORSEMENT)
+    monkeypatch.setitem(registry._SPECS, spec.name, spec)
+    return spec.name
+
+
+def test_init_writes_a_client_key_and_every_keyring(tmp_path: Path,
+                                                    endorsement_protocol: str) -> None:
+    from phalanx.ops.signing_keys import TransactionSigner
+
+    d = tmp_path / "c"
+    cfg = init_cluster(d, protocol=endorsement_protocol, nodes=4, base_port=9000)
+    key = d / "clients" / "client.signing.key"
+    assert cfg.client_signing_key == key.resolve()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    signer = TransactionSigner.from_file(key)
+    for n in cfg.nodes:
+        assert load_node_config(cfg.node_config_path(n.id)).client_keys == {
+            "client": signer.public_key}
+
+
+def test_init_writes_no_client_keys_for_raft_or_pbft(tmp_path: Path) -> None:
+    for protocol in ("raft", "pbft"):
+        cfg = init_cluster(tmp_path / protocol, protocol=protocol, nodes=4, base_port=9000)
+        assert cfg.client_signing_key is None
+        assert not list((tmp_path / protocol / "clients").glob("*.signing.key"))
+        for n in cfg.nodes:
+            assert load_node_config(cfg.node_config_path(n.id)).client_keys == {}
+
+
+def test_client_key_adds_a_key_to_every_node_config(
+        tmp_path: Path, endorsement_protocol: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx.ops.signing_keys import TransactionSigner
+
+    d = tmp_path / "c"
+    cfg = init_cluster(d, protocol=endorsement_protocol, nodes=4, base_port=9000)
+    args = _parser().parse_args(["cluster", "client-key", str(d), "alice"])
+    assert args.handler(args) == 0
+    assert "restart" in capsys.readouterr().out
+    alice = TransactionSigner.from_file(d / "clients" / "alice.signing.key")
+    default = TransactionSigner.from_file(d / "clients" / "client.signing.key")
+    for n in cfg.nodes:
+        node = load_node_config(cfg.node_config_path(n.id))
+        assert node.client_keys == {"client": default.public_key, "alice": alice.public_key}
+        assert node.keys is not None  # the rest of the config survived the rewrite
+    assert args.handler(args) == 2  # a second key of that name is refused
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_client_key_refuses_bad_names_and_protocols_without_client_keys(
+        tmp_path: Path, endorsement_protocol: str) -> None:
+    from phalanx.ops.local_cluster import add_client_key
+
+    init_cluster(tmp_path / "raft", nodes=3, base_port=9000)
+    with pytest.raises(ClusterError, match="does not use client signing keys"):
+        add_client_key(tmp_path / "raft", "alice")
+    init_cluster(tmp_path / "e", protocol=endorsement_protocol, nodes=4, base_port=9000)
+    with pytest.raises(ClusterError, match="letters, digits"):
+        add_client_key(tmp_path / "e", "../x")
+    with pytest.raises(ClusterError, match="no cluster"):
+        add_client_key(tmp_path / "absent", "alice")

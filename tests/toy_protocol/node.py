@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from phalanx.apps.replica import CheckpointPolicy
+from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Snapshot
 from phalanx.consensus.types import NodeId
 from phalanx.ops.node_config import NodeConfig
@@ -44,7 +44,8 @@ class ToyNode:
         return None
 
     def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
-                   byzantine: str | None, pipeline_depth: int) -> BuiltCore:
+                   byzantine: str | None, pipeline_depth: int,
+                   replica: Replica | None = None) -> BuiltCore:
         if byzantine is not None:
             raise ProtocolError(f"--byzantine {byzantine}: the toy protocol tolerates "
                                 "crashes only")

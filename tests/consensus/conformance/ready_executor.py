@@ -18,7 +18,8 @@ first) and calls `run(node, ready)` after every `core.step`. `run` does, in this
     3. apply(node, entry)           for each `committed` entry, in order; with
                                     `checkpoint_every=K`, an applied index that is a multiple
                                     of K is noted for step 6
-    4. read(node, r), reject(node, j)   for each `reads` / `rejected` entry
+    4. read(node, r), reject(node, j), abort(node, a)   for each `reads` / `rejected` /
+                                    `aborted` entry
     5. feed(node, Persisted(number))    when `ready.number` (the Ready had persistence)
     6. feed(node, CheckpointTaken(i, checkpoint(node, i)))   for each noted index, in order
 
@@ -31,6 +32,8 @@ Options (the ordering each harness needs):
   fed after everything `Persisted` caused). Both harnesses want this; a queued driver
   (SimNode) steps those inputs after the Ready instead, which this executor does not model.
 - `read` / `reject` default to ignoring the answers (a harness that never answers clients).
+  `abort` has no default that ignores: a Ready with `aborted` entries and no `abort` hook
+  raises (an abort is a definite outcome a harness must account for, not a retry hint).
 
 Rules: the executor holds no state of its own between `run` calls and never steps a core
 itself: every input goes through `feed`, so the harness's crash/"down" checks apply.
@@ -41,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from phalanx.consensus.core import (
+    Abort,
     CheckpointTaken,
     Input,
     Persisted,
@@ -60,8 +64,8 @@ def _ignore(node: NodeId, item: object) -> None:
 class ReadyExecutor:
     """Carries out Readys for every node of one hand-driven cluster (see the module doc)."""
 
-    __slots__ = ("_apply", "_checkpoint", "_feed", "_install", "_observe", "_persist",
-                 "_read", "_reject", "_send", "checkpoint_every")
+    __slots__ = ("_abort", "_apply", "_checkpoint", "_feed", "_install", "_observe",
+                 "_persist", "_read", "_reject", "_send", "checkpoint_every")
 
     def __init__(
         self,
@@ -73,6 +77,7 @@ class ReadyExecutor:
         apply: Callable[[NodeId, Entry], None],
         read: Callable[[NodeId, ReadState], None] = _ignore,
         reject: Callable[[NodeId, Rejection], None] = _ignore,
+        abort: Callable[[NodeId, Abort], None] | None = None,
         checkpoint: Callable[[NodeId, int], bytes] | None = None,
         observe: Callable[[NodeId, Ready], None] | None = None,
         checkpoint_every: int = 0,
@@ -88,6 +93,7 @@ class ReadyExecutor:
         self._apply = apply
         self._read = read
         self._reject = reject
+        self._abort = abort
         self._checkpoint = checkpoint
         self._observe = observe
         self.checkpoint_every = checkpoint_every
@@ -115,6 +121,12 @@ class ReadyExecutor:
             self._read(node, r)
         for j in ready.rejected:
             self._reject(node, j)
+        if ready.aborted:
+            if self._abort is None:
+                raise RuntimeError(f"{node} aborted {len(ready.aborted)} request(s) but this "
+                                   "executor has no abort hook")
+            for a in ready.aborted:
+                self._abort(node, a)
         if ready.number:  # 5. durable
             self._feed(node, Persisted(number=ready.number))
         for index in due:  # 6. the replica layer's checkpoints

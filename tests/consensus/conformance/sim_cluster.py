@@ -147,6 +147,9 @@ class _Sink:
     def reject(self, node: str, request: ClientRequest, leader_hint: str | None) -> None:
         pass
 
+    def abort(self, node: str, request: ClientRequest, reason: str) -> None:
+        self.answered.add((request.client_id, request.request_no))
+
 
 class SimCluster:
     """Nodes of one subject over a `SimNetwork` (messages go through the codec)."""

@@ -7,6 +7,7 @@ import pytest
 from ready_executor import ReadyExecutor
 
 from phalanx.consensus.core import (
+    Abort,
     CheckpointTaken,
     Input,
     Persisted,
@@ -103,3 +104,19 @@ def test_misuse_raises() -> None:
     events: list[str] = []
     recording(events, {}).checkpoint(N, 7)
     assert events == ["checkpoint 7", "feed CheckpointTaken 7"]
+
+
+def test_aborts_go_to_the_abort_hook_and_are_never_ignored() -> None:
+    def noop(*_: object) -> None:
+        pass
+
+    ready = Ready(rejected=(Rejection(request=REQ, reason="no"),),
+                  aborted=(Abort(request=REQ, reason="dropped"),))
+    seen: list[str] = []
+    ReadyExecutor(feed=noop, persist=noop, install=noop, send=noop, apply=noop,
+                  reject=lambda n, j: seen.append(f"reject {j.reason}"),
+                  abort=lambda n, a: seen.append(f"abort {a.reason}")).run(N, ready)
+    assert seen == ["reject no", "abort dropped"]
+    silent = ReadyExecutor(feed=noop, persist=noop, install=noop, send=noop, apply=noop)
+    with pytest.raises(RuntimeError, match="no abort hook"):
+        silent.run(N, ready)

@@ -1,0 +1,238 @@
+"""The leaderless core's runtime half (`phalanx.protocols.builtin.LEADERLESS.node`): how a real
+node (and the simulator) builds and feeds a `LeaderlessCore` over the replica layer.
+
+Owns:
+- `ReplicaAppView`: the core's `AppView` over a `Replica` and its machine's
+  `EndorsementHooks` (conflicts from `KeyAccess.conflicts_with` with the app's `commutes`,
+  access sets cached per command in a bounded cache; policy votes; versions; applied index).
+- `WireTxCodec`: transactions as `phalanx.net.wire` frames (the core's `TxCodec`).
+- `TxLayer`: the replica's `TransactionLayer` (transaction mode: a committed entry's command
+  is the encoded signed transaction; dedup by `messages.transaction_id`).
+- `LEADERLESS_NODE` (`ProtocolNode`): the core from a node config (its signing key, the
+  client keyring `NodeConfig.client_keys`), the checkpoint policy, the core-state journal
+  (`DATA/leaderless/journal`) and the replica's transaction layer.
+
+Runtime semantics: every node applies what its core releases and answers its waiters (and
+subscribed clients) with OK, or ABORTED for a transaction the cluster dropped; the client
+accepts f+1 matching answers (`CallStrategy.ENDORSEMENT`). There is no REDIRECT.
+
+Horizons: the replica keeps a transaction's record until its deadline is `REPLICA_HORIZON_MS`
+older than the newest deadline it applied (`phalanx.apps.transactions`), so no transaction
+the core still releases can arrive after its record went: that needs the core's GC horizon
+plus the furthest a deadline may lie ahead of the clock (`MAX_DEADLINE_LEAD_MS`, which a
+correct node must refuse to exceed when it endorses).
+
+Must not import: `phalanx.runtime.node`, `phalanx.runtime.driver`, trio, sockets, jepsen.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+from phalanx.apps.interface import EndorsementHooks, KeyAccess
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.consensus.core import Core
+from phalanx.consensus.leaderless.config import LeaderlessConfig
+from phalanx.consensus.leaderless.core import LeaderlessCore
+from phalanx.consensus.leaderless.messages import (
+    LEADERLESS_MESSAGES,
+    LeaderlessDurableState,
+    Transaction,
+    transaction_id,
+)
+from phalanx.consensus.types import NodeId
+from phalanx.net import wire
+from phalanx.net.codec import DecodeError
+from phalanx.ops.node_config import NodeConfig
+from phalanx.ops.signing_keys import SigningKeyError, client_verifier, load_crypto
+from phalanx.protocols.spec import BuiltCore, ProtocolError
+from phalanx.runtime.persistence import DurableState, StateJournal
+from phalanx.storage.directory import OsDirectory
+from phalanx.storage.interface import SyncPolicy
+
+ACCESS_CACHE = 4096
+"""Commands whose access sets `ReplicaAppView` keeps (oldest out first)."""
+
+GC_HORIZON_MS = 60_000
+"""The core's garbage-collection horizon (`LeaderlessConfig.gc_horizon_ms`)."""
+
+MAX_DEADLINE_LEAD_MS = 600_000
+"""How far ahead of a node's clock a transaction's deadline may lie for the node to endorse
+it (10 min; the client sets deadlines seconds ahead)."""
+
+REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
+"""The replica's transaction-table horizon (module docstring)."""
+
+PolicyVote = Callable[[bytes], bool]
+"""An application policy's local vote on a command (True: willing to endorse)."""
+
+
+class ReplicaAppView:
+    """`AppView` over `replica` and `hooks` (by default the replica's machine).
+
+    Args:
+        replica: the replica the core's releases are applied to (`applied()` is its
+            applied index: the leaderless core's local indexes are the replica's).
+        hooks: the application's `EndorsementHooks`.
+        policies: votes for named policies; policy "" is `hooks.check`, and a policy
+            neither names is refused (never endorsed).
+    """
+
+    __slots__ = ("_access", "_commutes", "_hooks", "_policies", "_replica")
+
+    def __init__(self, replica: Replica, hooks: EndorsementHooks | None = None, *,
+                 policies: Mapping[str, PolicyVote] | None = None) -> None:
+        if hooks is None:
+            machine = replica.machine
+            if not isinstance(machine, EndorsementHooks):
+                raise ProtocolError(f"the application {type(machine).__name__} has no "
+                                    "EndorsementHooks: the leaderless protocol needs them")
+            hooks = machine
+        self._replica = replica
+        self._hooks = hooks
+        self._commutes = hooks.commutes
+        self._policies = dict(policies or {})
+        self._access: dict[bytes, KeyAccess] = {}
+
+    def access(self, command: bytes) -> KeyAccess:
+        """`hooks.access(command)`, cached (a pure function of the command)."""
+        cache = self._access
+        found = cache.get(command)
+        if found is None:
+            found = self._hooks.access(command)
+            if len(cache) >= ACCESS_CACHE:
+                del cache[next(iter(cache))]
+            cache[command] = found
+        return found
+
+    def conflicts(self, a: bytes, b: bytes) -> bool:
+        return self.access(a).conflicts_with(self.access(b), self._commutes)
+
+    def writes(self, command: bytes) -> tuple[str, ...]:
+        return self.access(command).writes
+
+    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
+        return self._hooks.needs_requirements(command)
+
+    def accepts(self, command: bytes, policy: str) -> bool:
+        if policy == "":
+            return self._hooks.check(command).accept
+        vote = self._policies.get(policy)
+        return vote is not None and vote(command)
+
+    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        return self._hooks.versions(keys)
+
+    def applied(self) -> int:
+        return self._replica.applied_index
+
+
+class WireTxCodec:
+    """`Transaction`s as `phalanx.net.wire` frames (the core's `TxCodec`); registers the
+    leaderless wire types on first use."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        wire.register_all(LEADERLESS_MESSAGES)
+
+    def encode(self, tx: Transaction) -> bytes:
+        return wire.encode(tx)
+
+    def decode(self, data: bytes) -> Transaction | None:
+        try:
+            tx = wire.decode(data, expected=Transaction)
+        except DecodeError:
+            return None
+        return tx if type(tx) is Transaction else None
+
+
+class TxLayer:
+    """The replica's `TransactionLayer`: a command is a `WireTxCodec` transaction."""
+
+    __slots__ = ("_codec", "horizon_ms")
+
+    def __init__(self, codec: WireTxCodec | None = None, *,
+                 horizon_ms: int = REPLICA_HORIZON_MS) -> None:
+        self._codec = codec if codec is not None else WireTxCodec()
+        self.horizon_ms = horizon_ms
+
+    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
+        codec = self._codec
+        tx = codec.decode(command)
+        if tx is None:
+            return None
+        return transaction_id(tx, codec.encode), tx.deadline_ms, tx.command
+
+
+class _WholeRecords:
+    """`DeltaRules` for the journal: each save appends the whole record (a changed one)."""
+
+    def diff(self, old: object, new: object) -> object | None:
+        return None if old == new else new
+
+    def apply(self, state: object, delta: object) -> object:
+        return delta
+
+
+class LeaderlessJournal:
+    """The core's `core_state` journal (`DATA/leaderless/journal`): a `StateJournal` plus
+    `close`."""
+
+    def __init__(self, config: NodeConfig, sync: SyncPolicy) -> None:
+        wire.register_all(LEADERLESS_MESSAGES)
+        self._directory = OsDirectory(str(config.data_dir / "leaderless"))
+        self.store = StateJournal(self._directory, codec=wire.default_registry(),
+                                  rules=_WholeRecords(), sync=sync)
+
+    def close(self) -> None:
+        self._directory.close()
+
+
+def leaderless_config(config: NodeConfig) -> LeaderlessConfig:
+    """The core's parameters from a node config (n, f from the membership)."""
+    return LeaderlessConfig(node_id=NodeId(config.id),
+                            nodes=tuple(sorted(NodeId(m) for m in config.members())),
+                            gc_horizon_ms=GC_HORIZON_MS)
+
+
+class LeaderlessNode:
+    """`ProtocolNode` for the leaderless core."""
+
+    def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
+        return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
+                                every_bytes=config.checkpoint.every_bytes,
+                                compact_lag=compact_lag)
+
+    def open_core_state_store(self, config: NodeConfig, sync: SyncPolicy) -> LeaderlessJournal:
+        return LeaderlessJournal(config, sync)
+
+    def transaction_layer(self, config: NodeConfig) -> TxLayer:
+        return TxLayer()
+
+    def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
+                   byzantine: str | None, pipeline_depth: int,
+                   replica: Replica | None = None) -> BuiltCore:
+        if replica is None:
+            raise ProtocolError("the leaderless core reads the application through the "
+                                "replica: build_core needs replica=")
+        if byzantine is not None:
+            raise ProtocolError(f"--byzantine {byzantine}: the leaderless protocol has no "
+                                "Byzantine node modes yet")
+        try:
+            crypto = load_crypto(config)
+        except SigningKeyError as e:
+            raise ProtocolError(str(e)) from None
+        state = durable.core_state
+        if state is not None and not isinstance(state, LeaderlessDurableState):
+            raise ProtocolError(f"{config.data_dir}: the stored core state is a "
+                                f"{type(state).__name__}, not the leaderless core's")
+        core: Core = LeaderlessCore(
+            leaderless_config(config), crypto=crypto,
+            client_keys=client_verifier(config.client_keys),
+            app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state)
+        return BuiltCore(core=core)
+
+
+LEADERLESS_NODE = LeaderlessNode()

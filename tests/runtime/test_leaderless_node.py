@@ -1,0 +1,138 @@
+"""The leaderless runtime half (`phalanx.protocols.leaderless_node`): the wire transaction
+codec, the replica's transaction layer and the core's view of the app over a replica."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from phalanx.apps import kv_ops, kv_wire
+from phalanx.apps.interface import KeyAccess
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_types import Add, Delete, Get, KvCommand, Put, SAdd, SRem
+from phalanx.apps.replica import ApplyStatus, Replica
+from phalanx.consensus.leaderless.messages import Endorsement, Transaction, transaction_id
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
+from phalanx.net import wire
+from phalanx.ops.signing_keys import TransactionSigner, client_verifier
+from phalanx.protocols import leaderless_node
+from phalanx.protocols.leaderless_node import (
+    REPLICA_HORIZON_MS,
+    ReplicaAppView,
+    TxLayer,
+    WireTxCodec,
+)
+from phalanx.protocols.spec import ProtocolError
+from phalanx.storage.memory import MemoryDisk
+
+enc = kv_wire.encode_command
+
+
+def transaction(cmd: KvCommand, *, no: int = 1, deadline: int = 1_700_000_060_000,
+                signer: TransactionSigner | None = None) -> Transaction:
+    tx = Transaction(client="alice", client_id="c1", request_no=no, deadline_ms=deadline,
+                     requirements=(), command=enc(cmd))
+    return tx if signer is None else dataclasses.replace(tx, signature=signer.signature(tx))
+
+
+def replica() -> Replica:
+    storage = MemoryDisk("n1").open()
+    return Replica(KvStateMachine(), checkpoints=storage.checkpoints, transactions=TxLayer())
+
+
+def test_codec_round_trips_and_refuses_garbage_and_other_types() -> None:
+    codec = WireTxCodec()
+    signer = TransactionSigner("alice", bytes(range(32)))
+    tx = transaction(Put(key="k", value=b"v"), signer=signer)
+    assert codec.decode(codec.encode(tx)) == tx
+    assert client_verifier({"alice": signer.public_key}).verify(NodeId("alice"), tx,
+                                                                tx.signature)
+    assert codec.decode(b"") is None
+    assert codec.decode(b"\xc1garbage") is None
+    assert codec.decode(wire.encode(Endorsement(tx_id=b"x", endorser=NodeId("n1")))) is None
+
+
+def test_tx_layer_unwraps_with_the_cores_transaction_id() -> None:
+    layer = TxLayer()
+    assert layer.horizon_ms == REPLICA_HORIZON_MS
+    signed = transaction(Add(key="n", amount=2),
+                         signer=TransactionSigner("alice", bytes(32)))
+    data = WireTxCodec().encode(signed)
+    tx_id, deadline, command = layer.unwrap(data) or (b"", 0, b"")
+    assert tx_id == transaction_id(signed, wire.encode)
+    assert tx_id == transaction_id(dataclasses.replace(signed, signature=b""), wire.encode)
+    assert (deadline, command) == (signed.deadline_ms, enc(Add(key="n", amount=2)))
+    assert layer.unwrap(b"junk") is None
+
+
+def test_a_replica_in_transaction_mode_applies_wire_transactions_once() -> None:
+    r = replica()
+    codec = WireTxCodec()
+    add = codec.encode(transaction(Add(key="n", amount=3)))
+    other = codec.encode(transaction(Add(key="n", amount=3), no=2))  # another id
+    statuses = []
+    for i, command in enumerate((add, other, add), start=1):
+        request = ClientRequest(client_id="c1", request_no=1, command=command)
+        (out,) = r.apply(Entry(index=i, term=0, kind=EntryKind.COMMAND, requests=(request,)))
+        statuses.append(out.status)
+    assert statuses == [ApplyStatus.APPLIED, ApplyStatus.APPLIED, ApplyStatus.DUPLICATE]
+    machine = r.machine
+    assert isinstance(machine, KvStateMachine)
+    assert kv_ops.decode_int(machine.get("n")) == 6
+
+
+def test_app_view_reads_conflicts_versions_votes_and_the_applied_index() -> None:
+    r = replica()
+    view = ReplicaAppView(r, policies={"small": lambda c: len(c) < 20})
+    add, add2 = enc(Add(key="n", amount=1)), enc(Add(key="n", amount=5))
+    put, put2 = enc(Put(key="k", value=b"a")), enc(Put(key="k", value=b"b"))
+    assert not view.conflicts(add, add2)
+    assert view.conflicts(put, put2)
+    assert not view.conflicts(put, put)  # identical sets commute (PnyxDB's matrix)
+    assert view.conflicts(add, enc(Get(key="n")))
+    assert not view.conflicts(enc(SAdd(key="s", member=b"a")), enc(SRem(key="s", member=b"b")))
+    assert view.writes(put) == ("k",)
+    assert view.needs_requirements(put) == ("k",)
+    assert view.needs_requirements(add) == ()
+    assert view.accepts(put, "")
+    assert not view.accepts(b"\xc1", "")  # the app's check refuses what does not decode
+    assert not view.accepts(put, "nobody-defined-this")
+    assert view.accepts(put, "small")
+    assert not view.accepts(enc(Put(key="k", value=b"x" * 40)), "small")
+    assert view.versions(["k"]) == (b"",)
+    assert view.applied() == 0
+    request = ClientRequest(client_id="c1", request_no=1,
+                            command=WireTxCodec().encode(transaction(Put(key="k", value=b"a"))))
+    r.apply(Entry(index=1, term=0, kind=EntryKind.COMMAND, requests=(request,)))
+    assert view.applied() == 1
+    assert view.versions(["k", "n"]) == (kv_ops.version_of(b"a"), b"")
+
+
+def test_the_access_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(leaderless_node, "ACCESS_CACHE", 8)
+    view = ReplicaAppView(replica())
+    for i in range(50):
+        assert view.access(enc(Delete(key=f"k{i}"))) == KeyAccess(writes=(f"k{i}",))
+    assert len(view._access) == 8
+    assert view.access(enc(Delete(key="k0"))) == KeyAccess(writes=("k0",))  # recomputed
+
+
+def test_an_app_without_endorsement_hooks_is_refused() -> None:
+    class Plain:
+        def apply(self, command: bytes) -> bytes:
+            return b""
+
+        def query(self, request: bytes) -> bytes:
+            return b""
+
+        def snapshot(self) -> KvStateMachine:  # pragma: no cover - never called
+            raise NotImplementedError
+
+        def restore(self, data: bytes) -> None:  # pragma: no cover - never called
+            raise NotImplementedError
+
+    storage = MemoryDisk("n1").open()
+    plain = Replica(Plain(), checkpoints=storage.checkpoints)  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="EndorsementHooks"):
+        ReplicaAppView(plain)
