@@ -80,11 +80,11 @@ def test_f_byzantine_nodes_are_tolerated() -> None:
     assert failures(results) == ""
 
 
-@pytest.mark.xfail(strict=True, reason="core finding (reported to i15-core): with n3 "
-                   "equivocating+replaying, two honest replicas apply different puts on r1 "
-                   "and n1 holds committed puts whose requirements never match")
-def test_f_byzantine_seed_15() -> None:
-    assert sim(15, byzantine=1).ok
+@pytest.mark.xfail(strict=True, reason="core finding (reported to i15-core): ONE equivocating "
+                   "node (n2) and honest n1, n3, n4 end with different values of r0; n4 holds "
+                   "committed puts whose requirements never match (conflicting puts committed)")
+def test_f_byzantine_seed_22() -> None:
+    assert sim(22, byzantine=1).ok
 
 
 def test_the_f_plus_one_control_is_detected() -> None:
