@@ -38,7 +38,7 @@ def test_sweep(start: int) -> None:
     """50 seeds a chunk, 200 in all: swarm-drawn faults and knobs, n=4."""
     results = [sim(seed) for seed in range(start, start + 50)]
     assert failures(results) == ""
-    assert sum(r.ops_ok for r in results) > 20 * len(results)
+    assert sum(r.ops_ok for r in results) > 15 * len(results)  # the clients got work done
 
 
 def test_the_registry_draws_the_simulators_knobs() -> None:
