@@ -218,3 +218,21 @@ def test_veto_keeps_what_a_slow_node_committed() -> None:
     assert core.status().committed == 1
     assert app.data == {"x": b"a"}
     assert core.status().dropped_txs == 0
+
+
+def test_a_committed_transaction_is_vetoed_with_its_certificate() -> None:
+    core, app = solo()
+    run(core, app, Tick(now_ms=EPOCH))
+    t = make_tx("add x 1")
+    run(core, app, Receive(src=N2, message=t))
+    for node in ("n2", "n3"):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t)))
+    assert core.status().committed == 1
+    ready = run(core, app, Receive(src=N2, message=StartCheckpoint(tx_ids=(tx_id(t),))))
+    votes = {s.message for s in ready.messages if isinstance(s.message, VetoChoice)}
+    (vote,) = votes
+    assert isinstance(vote, VetoChoice)
+    assert not vote.drop
+    (proof,) = vote.proofs
+    assert proof == core.durable_state().committed[0]
+    assert ready.must_sync
