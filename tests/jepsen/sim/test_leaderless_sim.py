@@ -1,10 +1,10 @@
 """The leaderless core in the simulator: a seeded sweep (200 seeds), the deliberate bugs
 caught, f Byzantine nodes tolerated and the f+1 control detected, and the core gaps the sweep
-found (strict xfails naming them: they pass the day the core closes them).
+found (kept as regression seeds now that the core fixed them).
 
 Faults: every simulator fault kind except those that restart a node (kill, lose-disk,
-lose-unfsynced, crash-after-ready): a node that was down while a transaction lived never
-hears of it (no catch-up yet; `test_a_restarted_node_catches_up`)."""
+lose-unfsynced, crash-after-ready): the sweep ran without them while the core had no
+catch-up; `test_a_restarted_node_catches_up` holds the seed that showed it."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_the_registry_draws_the_simulators_knobs() -> None:
     # Two conflicting puts both commit: held at the version gate, replicas diverge.
     ("endorse_despite_conflict", 0, FAULTS, 0.5, 2.5),
     # A chained put released before its predecessor applied at a lagging replica.
-    ("no_version_gate", 3, ("loss", "delay", "straggle", "partition-one"), 1.5, 3.0),
+    ("no_version_gate", 11, ("loss", "delay", "straggle", "partition-one"), 1.5, 3.0),
 ])
 def test_a_deliberate_bug_is_caught(bug: str, seed: int, faults: tuple[str, ...],
                                     time_s: float, liveness_s: float) -> None:
@@ -80,10 +80,9 @@ def test_f_byzantine_nodes_are_tolerated() -> None:
     assert failures(results) == ""
 
 
-@pytest.mark.xfail(strict=True, reason="core finding (reported to i15-core): ONE equivocating "
-                   "node (n2) and honest n1, n3, n4 end with different values of r0; n4 holds "
-                   "committed puts whose requirements never match (conflicting puts committed)")
 def test_f_byzantine_seed_22() -> None:
+    """Found by the sweep before the core's anti-entropy and kept abort certificates: one
+    equivocating node (n2), and honest replicas ended with different values of r0."""
     assert sim(22, byzantine=1).ok
 
 
@@ -93,9 +92,8 @@ def test_the_f_plus_one_control_is_detected() -> None:
     assert any(not r.ok for r in results)
 
 
-@pytest.mark.xfail(strict=True, reason="core gap (item 6 of issue 15): a node down while "
-                   "transactions commit never hears of them after its restart (n3 killed "
-                   "368-969 ms); replicas diverge")
 def test_a_restarted_node_catches_up() -> None:
+    """n3 killed 368-969 ms while transactions commit: before the core's anti-entropy
+    (`CommittedDigest`) it never heard of them and the replicas diverged."""
     assert sim(7, faults=("lose-unfsynced", "lose-disk", "kill"), time_s=1.0,
                liveness_s=3.0).ok
