@@ -119,6 +119,7 @@ class LeaderlessCore:
             quorum_for=config.quorum_for, tx_id=self._tx_id,
             condition_ok=self._condition_ok)
         self._dropped: dict[str, int] = {}
+        self._duplicates: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
         self._recovery = Recovery(peers=self._peers, every=config.rebroadcast_ticks,
                                   max_entries=config.max_pending)
@@ -217,6 +218,9 @@ class LeaderlessCore:
             gc_horizon_ms=self._store.horizon, known=known, released=released)
 
     def _drop(self, reason: str) -> None:
+        if reason in BENIGN_DUPLICATES:
+            self._duplicates[reason] = self._duplicates.get(reason, 0) + 1
+            return
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
 
     def _broadcast(self, message: Message, out: _Outbox) -> None:
@@ -580,8 +584,13 @@ class LeaderlessCore:
             commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),
             pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
             aborted=self._aborted, gated=len(self._gate.gated),
-            gc_horizon_ms=self._store.horizon)
+            gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates))
 
+
+BENIGN_DUPLICATES = frozenset({"duplicate_tx", "decided_tx", "duplicate_endorsement",
+                               "decided_endorsement", "duplicate_submit"})
+"""Ignored inputs that the protocol's own re-sends and client retries produce all the time:
+counted in `status().duplicate`, not `dropped` (so a drop count means something)."""
 
 _REASONS = {
     "undecodable_submit": "the command is not a transaction",

@@ -5,7 +5,8 @@ Owns: `LeaderlessStatus`. Pure data; building it never changes the core.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from phalanx.consensus.core import CoreStatus
 
@@ -22,6 +23,8 @@ class LeaderlessStatus(CoreStatus):
         aborted: `Abort`s emitted.
         gated: committed transactions waiting at the version gate.
         gc_horizon_ms: the garbage-collection horizon.
+        duplicate: benign re-sends ignored, by reason (`core.BENIGN_DUPLICATES`: peers'
+            periodic re-sends, client retries); `dropped` keeps the suspicious input.
     """
 
     pending: int = 0
@@ -30,3 +33,4 @@ class LeaderlessStatus(CoreStatus):
     aborted: int = 0
     gated: int = 0
     gc_horizon_ms: int = 0
+    duplicate: Mapping[str, int] = field(default_factory=dict)
