@@ -199,6 +199,8 @@ class LeaderlessDurableState(Message):
             before this record was written: on restart those are released again in order
             without the version gate (they passed it; the replica dedups the applied ones),
             the others go through the gate.
+        fence_until_ms: the amnesia fence (`fence.py`): this node signs nothing before its
+            clock reaches it (0: none).
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -209,6 +211,7 @@ class LeaderlessDurableState(Message):
     gc_horizon_ms: int = 0
     known: tuple[Transaction, ...] = ()
     released: int = 0
+    fence_until_ms: int = 0
 
 
 LEADERLESS_MESSAGES: dict[int, type] = {

@@ -231,7 +231,8 @@ class LeaderlessNode:
         core: Core = LeaderlessCore(
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
-            app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state)
+            app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
+            recovering=durable.recovering)
         return BuiltCore(core=core)
 
 

@@ -164,12 +164,13 @@ class Cluster:
             app = (apps or {}).get(node, KvApp())
             self.nodes[node] = self._make(node, app, None)
 
-    def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None) -> Node:
+    def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None,
+              recovering: bool = False) -> Node:
         crypto = FastCrypto(node)
         cfg = LeaderlessConfig(node_id=node, nodes=self.ids, **self.config)  # type: ignore[arg-type]
         core = LeaderlessCore(cfg, crypto=crypto, client_keys=client_keys(), app=app,
                               codec=CODEC, restored=durable,
-                              bugs=self.bugs.get(node, frozenset()))
+                              bugs=self.bugs.get(node, frozenset()), recovering=recovering)
         return Node(core=core, app=app, crypto=crypto, durable=durable)
 
     def restart(self, node: NodeId) -> None:
@@ -182,6 +183,11 @@ class Cluster:
         self.net = [(src, s) for src, s in self.net if s.to != node]
         self.nodes[node] = self._make(node, old.app, durable)
 
+    def lose_disk(self, node: NodeId, *, recovering: bool = True) -> None:
+        """Crash `node` and restart it with an empty record and an empty app (amnesia; the
+        runtime's verdict says `recovering`)."""
+        self.net = [(src, s) for src, s in self.net if s.to != node]
+        self.nodes[node] = self._make(node, KvApp(), None, recovering=recovering)
     def step(self, node: NodeId, inp: Input) -> Ready:
         n = self.nodes[node]
         ready = n.core.step(inp)
@@ -233,14 +239,15 @@ def endorsement(node: str, tx: Transaction, conditions: tuple[TxId, ...] = ()) -
 
 
 def solo(node: str = "n1", *, bugs: frozenset[str] = frozenset(), app: KvApp | None = None,
-         restored: LeaderlessDurableState | None = None,
+         restored: LeaderlessDurableState | None = None, recovering: bool = False,
          **config: object) -> tuple[LeaderlessCore, KvApp]:
     """One core of a 4-node cluster, driven by hand."""
     app = app or KvApp()
     ids = tuple(NodeId(f"n{i}") for i in range(1, 5))
     cfg = LeaderlessConfig(node_id=NodeId(node), nodes=ids, **config)  # type: ignore[arg-type]
     core = LeaderlessCore(cfg, crypto=FastCrypto(NodeId(node)), client_keys=client_keys(),
-                          app=app, codec=CODEC, restored=restored, bugs=bugs)
+                          app=app, codec=CODEC, restored=restored, bugs=bugs,
+                          recovering=recovering)
     return core, app
 
 
