@@ -199,6 +199,10 @@ class LeaderlessDurableState(Message):
             before this record was written: on restart those are released again in order
             without the version gate (they passed it; the replica dedups the applied ones),
             the others go through the gate.
+        released_at: the local index each of those `released` proofs was released at. A
+            restart re-releases only those beyond the replica's applied index (at the same
+            indexes): the ones it applied keep their index and are not released twice
+            (empty, e.g. in an older record: every one is released again).
         fence_until_ms: the amnesia fence (`fence.py`): this node signs nothing before its
             clock reaches it (0: none).
     """
@@ -211,6 +215,7 @@ class LeaderlessDurableState(Message):
     gc_horizon_ms: int = 0
     known: tuple[Transaction, ...] = ()
     released: int = 0
+    released_at: tuple[int, ...] = ()
     fence_until_ms: int = 0
 
 
