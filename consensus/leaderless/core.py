@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
 
@@ -56,6 +57,7 @@ from phalanx.consensus.leaderless.endorse import Endorser
 from phalanx.consensus.leaderless.fence import Fence
 from phalanx.consensus.leaderless.messages import (
     CommittedDigest,
+    DecidedTx,
     Endorsement,
     FetchTransactions,
     LeaderlessDurableState,
@@ -88,6 +90,7 @@ class _Outbox:
     signed: bool = False
     dirty: bool = False
     entries: list[Entry] = field(default_factory=list)
+    replayed: list[Entry] = field(default_factory=list)
     aborted: list[Abort] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
 
@@ -97,9 +100,12 @@ class LeaderlessCore:
 
     def __init__(self, config: LeaderlessConfig, *, crypto: Crypto, client_keys: Verifier,
                  app: AppView, codec: TxCodec, restored: LeaderlessDurableState | None = None,
-                 bugs: frozenset[str] = frozenset(), recovering: bool = False) -> None:
+                 bugs: frozenset[str] = frozenset(), recovering: bool = False,
+                 restored_entries: Sequence[Entry] = ()) -> None:
         """`recovering`: this node lost its durable record (amnesia): it starts fenced
-        (`fence.py`), signing nothing until the fence's end."""
+        (`fence.py`), signing nothing until the fence's end. `restored_entries`: the WAL
+        after the replica's checkpoint (`DurableState.entries`): every one is committed; those
+        beyond `app.applied()` go out again in the first Ready's `committed`."""
         self._config = config
         self._crypto = crypto
         self._client_keys = client_keys
@@ -117,6 +123,7 @@ class LeaderlessCore:
             checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
             restored_votes=restored.votes if restored is not None else (),
             tx_id_of=self._tx_id)
+        self._checkpoints.unprovable = self._unprovable
         self._verify_proof = ProofChecker(
             nodes=config.nodes, crypto=crypto, client_keys=client_keys,
             quorum_for=config.quorum_for, tx_id=self._tx_id,
@@ -133,6 +140,8 @@ class LeaderlessCore:
         self._dropped_txs = 0
         self._aborted = 0
         self._restart: list[Committed] = []
+        self._replay: list[Entry] = []
+        self._sync_numbers: list[int] = []
         self._fence = Fence(recovering=recovering, length_ms=(
             config.max_deadline_lead_ms + config.gc_horizon_ms), restored_until_ms=(
             restored.fence_until_ms if restored is not None else 0))
@@ -145,8 +154,8 @@ class LeaderlessCore:
         self._endorser = Endorser(
             config=config, app=app, store=self._store, kernel=self._kernel, gate=self._gate,
             unconditional_always="endorse_despite_conflict" in self._bugs)
-        if restored is not None:
-            self._restore(restored, known)
+        if restored is not None or restored_entries:
+            self._restore(restored or LeaderlessDurableState(), known, restored_entries)
 
     @property
     def node_id(self) -> NodeId:
@@ -154,12 +163,38 @@ class LeaderlessCore:
 
     # ------------------------------------------------------------------------------ restore
 
-    def _restore(self, state: LeaderlessDurableState, known: dict[TxId, Transaction]) -> None:
+    def _restore(self, state: LeaderlessDurableState, known: dict[TxId, Transaction],
+                 entries: Sequence[Entry]) -> None:
+        """Rebuild from the durable record and the WAL suffix (`durable.py` argues the crash
+        cases): a WAL entry is a committed transaction released at its index (re-applied
+        by the driver when beyond `applied()`); a released proof of the record past the
+        WAL's end is released again at its index; gated proofs wait at the gate."""
         self._store.horizon = state.gc_horizon_ms
         for stone in state.decided:
             self._store.tombstones[stone.tx_id] = stone
-        indexes = state.released_at if len(state.released_at) == state.released else ()
         applied = self._app.applied()
+        in_wal: dict[TxId, int] = {}
+        for entry in entries:
+            if entry.index > applied:
+                self._replay.append(entry)
+            for request in entry.requests:
+                tx = self._codec.decode(request.command)
+                if tx is None:
+                    continue
+                tx_id = self._tx_id(tx)
+                in_wal[tx_id] = entry.index
+                if tx_id not in self._store.records:
+                    record = self._new_record(tx_id, tx)
+                    record.state = TxState.COMMITTED
+                    self._store.records[tx_id] = record
+                    self._store.tombstones.setdefault(tx_id, DecidedTx(
+                        tx_id=tx_id, deadline_ms=tx.deadline_ms, committed=True))
+                    self._gate.restore_wal(Committed(
+                        tx_id=tx_id, proof=None, request_command=request.command,
+                        writes=record.writes, index=entry.index))
+        wal_last = max([applied] + [e.index for e in entries])
+        self._gate.last_index = max(self._gate.last_index, wal_last)
+        indexes = state.released_at if len(state.released_at) == state.released else ()
         for i, proof in enumerate(state.committed):
             tx_id = self._tx_id(proof.tx)
             record = self._new_record(tx_id, proof.tx)
@@ -168,8 +203,12 @@ class LeaderlessCore:
             record.state = TxState.COMMITTED
             self._store.records[tx_id] = record
             item = self._committed_item(record, proof)
-            if i < len(indexes) and indexes[i] <= applied:
-                self._gate.restore_applied(item, indexes[i])  # applied: not released twice
+            if tx_id in in_wal:
+                item.index = in_wal[tx_id]
+                self._gate.restore_wal(item)
+            elif i < len(indexes) and indexes[i] <= wal_last:
+                item.index = indexes[i]  # applied and compacted out of the WAL
+                self._gate.restore_wal(item)
             elif i < state.released:
                 self._restart.append(item)
             else:
@@ -189,6 +228,8 @@ class LeaderlessCore:
 
     def step(self, inp: Input, /) -> Ready:
         out = _Outbox()
+        if self._replay:
+            out.replayed, self._replay = self._replay, []
         if self._restart:
             out.entries += [self._gate.release_now(item) for item in self._restart]
             self._restart = []
@@ -201,8 +242,10 @@ class LeaderlessCore:
             self._on_tick(inp.now_ms, out)
         elif isinstance(inp, Submit):
             self._on_submit(inp.request, out)
-        elif isinstance(inp, (Persisted, CheckpointTaken, CheckpointInstalled)):
-            pass  # own records count at once (see safety.py); the app view reads checkpoints
+        elif isinstance(inp, Persisted):
+            self._on_persisted(inp.number)
+        elif isinstance(inp, (CheckpointTaken, CheckpointInstalled)):
+            pass  # the app view reads checkpoints
         else:
             assert_never(inp)
         self._drain_checkpoints(out)
@@ -211,14 +254,27 @@ class LeaderlessCore:
             out.dirty = True
         return self._ready(out)
 
+    def _on_persisted(self, number: int) -> None:
+        """Own signatures count at once (see safety.py); a release leaves the durable record
+        once a Ready at or after it that fsynced is durable (its WAL entry is then, too)."""
+        synced = 0
+        while self._sync_numbers and self._sync_numbers[0] <= number:
+            synced = self._sync_numbers.pop(0)
+        if synced:
+            self._gate.mark_synced(synced)  # the next record written omits them
+
     def _ready(self, out: _Outbox) -> Ready:
         core_state = self.durable_state() if (out.dirty or out.signed) else None
         number = 0
         if core_state is not None or out.entries:
             self._number += 1
             number = self._number
+            self._gate.stamp(number)
+            if out.signed:
+                self._sync_numbers.append(number)
         entries = tuple(out.entries)
-        return Ready(number=number, entries=entries, committed=entries, core_state=core_state,
+        committed = tuple(out.replayed) + entries if out.replayed else entries
+        return Ready(number=number, entries=entries, committed=committed, core_state=core_state,
                      must_sync=out.signed, messages=tuple(out.sends),
                      rejected=tuple(out.rejected), aborted=tuple(out.aborted))
 
@@ -551,6 +607,13 @@ class LeaderlessCore:
         state = self._store.state_of(tx_id)
         return state is not TxState.COMMITTED and not self._rules.applicable(tx_id)
 
+    def _unprovable(self, tx_id: TxId) -> bool:
+        """Committed here without a proof (restored from the WAL after a restart): this
+        node must never vote to drop it, and has no proof to veto with."""
+        record = self._store.get(tx_id)
+        return (record is not None and record.state is TxState.COMMITTED
+                and self._gate.proof(tx_id) is None)
+
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:
         """A proof that `tx_id` is applicable here: its commit certificate when committed
         (every committed transaction has one: a checkpoint must never drop it), else all
@@ -559,7 +622,8 @@ class LeaderlessCore:
         if certificate is not None:
             return certificate
         record = self._store.get(tx_id)
-        if record is None or not self._rules.applicable(tx_id):
+        if (record is None or record.state is not TxState.PENDING
+                or not self._rules.applicable(tx_id)):
             return None
         return TransactionProof(tx=record.tx, endorsements=tuple(
             sorted(record.endorsements.values(), key=lambda e: e.endorser)))

@@ -219,6 +219,30 @@ class LeaderlessDurableState(Message):
     fence_until_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderlessStateDelta(Message):
+    """The change from one `LeaderlessDurableState` to the next, for the core-state journal
+    (`durable.LeaderlessDeltaRules`): per tuple field of the record, the positions removed
+    from the previous record's tuple (sorted) and the items appended; the small fields whole."""
+
+    endorsed_removed: tuple[int, ...] = ()
+    endorsed_added: tuple[Endorsement, ...] = ()
+    refused_removed: tuple[int, ...] = ()
+    refused_added: tuple[Refusal, ...] = ()
+    votes_removed: tuple[int, ...] = ()
+    votes_added: tuple[VetoChoice, ...] = ()
+    decided_removed: tuple[int, ...] = ()
+    decided_added: tuple[DecidedTx, ...] = ()
+    committed_removed: tuple[int, ...] = ()
+    committed_added: tuple[TransactionProof, ...] = ()
+    known_removed: tuple[int, ...] = ()
+    known_added: tuple[Transaction, ...] = ()
+    gc_horizon_ms: int = 0
+    released: int = 0
+    released_at: tuple[int, ...] = ()
+    fence_until_ms: int = 0
+
+
 LEADERLESS_MESSAGES: dict[int, type] = {
     300: Requirement,
     301: Transaction,
@@ -231,6 +255,7 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     308: CommittedDigest,
     320: DecidedTx,
     321: LeaderlessDurableState,
+    322: LeaderlessStateDelta,
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 309-319 and records in 322-399."""
+The core may add messages in 309-319 and records in 323-399."""

@@ -1,8 +1,11 @@
 """Version-gated release of committed transactions to the replica layer (reference gap 2).
 
 Owns: the local index sequence (one transaction per `Entry`, term 0), the committed
-transactions waiting at the gate, and the released ones not yet garbage-collected (their
-commit proofs are part of the durable record).
+transactions waiting at the gate, and the released ones not yet garbage-collected. The
+durable record holds the proofs of the gated ones and of the released ones whose WAL entry
+is not yet known durable (`unsynced`: released by a Ready that no fsynced `Persisted` has
+covered yet, `mark_synced`); once durable in the WAL a proof leaves the record (the WAL
+holds the transaction; see `durable.py` for the crash cases).
 
 Gate rule: a committed T is released (next local index) only when no released-but-unapplied
 transaction (index > `app.applied()`) writes a key T requires, and `app.versions` of T's
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.messages import TransactionProof, TxId
-from phalanx.consensus.types import ClientRequest, Entry, EntryKind
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError
 
 
 @dataclass(slots=True, kw_only=True)
@@ -28,20 +31,27 @@ class Committed:
     """A committed transaction as the gate holds it."""
 
     tx_id: TxId
-    proof: TransactionProof
+    proof: TransactionProof | None
+    """None only for a transaction restored from the WAL after a restart (no proof kept)."""
     request_command: bytes
     writes: tuple[str, ...]
     index: int = 0
+    ready: int = 0
+    """The number of the Ready that released it (0: not yet numbered)."""
 
 
 class ReleaseGate:
-    __slots__ = ("_app", "gated", "last_index", "no_gate", "released")
+    __slots__ = ("_app", "_unstamped", "gated", "last_index", "no_gate", "released",
+                 "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
         self._app = app
         self.last_index = start_index
         self.gated: dict[TxId, Committed] = {}
         self.released: dict[TxId, Committed] = {}
+        self.unsynced: dict[TxId, Committed] = {}
+        """Released, WAL entry not yet known durable (index order): still in the record."""
+        self._unstamped: list[Committed] = []
         self.no_gate = no_gate
 
     def __contains__(self, tx_id: TxId) -> bool:
@@ -59,9 +69,31 @@ class ReleaseGate:
         return item is not None and item.index > self._app.applied()
 
     def proof(self, tx_id: TxId) -> TransactionProof | None:
-        """The commit certificate of a committed transaction the gate still holds."""
+        """The commit certificate of a committed transaction the gate still holds (None
+        also for one restored from the WAL without its proof)."""
         item = self.gated.get(tx_id) or self.released.get(tx_id)
         return item.proof if item is not None else None
+
+    def stamp(self, number: int) -> None:
+        """The Ready that carries this step's releases got `number`."""
+        for item in self._unstamped:
+            item.ready = number
+        self._unstamped.clear()
+
+    def mark_synced(self, number: int) -> bool:
+        """Every Ready up to `number` is durable and fsynced: their releases are in the WAL
+        for good and leave the durable record. True if any did."""
+        done = [t for t, item in self.unsynced.items() if 0 < item.ready <= number]
+        for tx_id in done:
+            del self.unsynced[tx_id]
+        return bool(done)
+
+    def restore_wal(self, item: Committed) -> None:
+        """A restarted node's transaction found in the WAL at `item.index`: released
+        there (the replica applies it from the WAL), never released again."""
+        self.gated.pop(item.tx_id, None)
+        self.released[item.tx_id] = item
+        self.last_index = max(self.last_index, item.index)
 
     def committed_ids(self) -> list[TxId]:
         """Every committed transaction held, released ones in index order, then gated."""
@@ -85,10 +117,14 @@ class ReleaseGate:
         self.last_index += 1
         item.index = self.last_index
         self.released[item.tx_id] = item
+        self.unsynced[item.tx_id] = item
+        self._unstamped.append(item)
         return _entry(item)
 
     def ready(self, item: Committed) -> bool:
         if self.no_gate:
+            return True
+        if item.proof is None:
             return True
         reqs = item.proof.tx.requirements
         if not reqs:
@@ -116,6 +152,7 @@ class ReleaseGate:
         if item is None or item.index > self._app.applied():
             return False
         del self.released[tx_id]
+        self.unsynced.pop(tx_id, None)
         return True
 
     def restore_applied(self, item: Committed, index: int) -> None:
@@ -126,14 +163,17 @@ class ReleaseGate:
         self.released[item.tx_id] = item
 
     def proofs(self) -> tuple[tuple[TransactionProof, ...], tuple[int, ...]]:
-        """(committed proofs, released first in index order then gated; the released ones'
-        indexes)."""
-        done = sorted(self.released.values(), key=lambda c: c.index)
-        return (tuple(c.proof for c in done) + tuple(c.proof for c in self.gated.values()),
+        """(the proofs the durable record holds: the unsynced released ones in index order,
+        then the gated ones; the unsynced ones' indexes)."""
+        done = [c for c in self.unsynced.values() if c.proof is not None]
+        gated = [c.proof for c in self.gated.values() if c.proof is not None]
+        return (tuple(c.proof for c in done if c.proof is not None) + tuple(gated),
                 tuple(c.index for c in done))
 
 
 def _entry(item: Committed) -> Entry:
+    if item.proof is None:
+        raise LocalProtocolError("a transaction restored from the WAL is never released again")
     tx = item.proof.tx
     request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
                             command=item.request_command, read_only=tx.read_only)

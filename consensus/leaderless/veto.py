@@ -92,7 +92,7 @@ class CheckpointMachine:
     __slots__ = (
         "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped", "_dropped_counts",
         "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period", "_queued",
-        "_sends", "_ticks", "_tx_id_of", "fenced", "node_id",
+        "_sends", "_ticks", "_tx_id_of", "fenced", "node_id", "unprovable",
     )
 
     def __init__(
@@ -133,6 +133,9 @@ class CheckpointMachine:
         self._kept: list[TransactionProof] = []
         self._dropped_counts: dict[str, int] = {}
         self.fenced = False
+        self.unprovable: Callable[[TxId], bool] = lambda _t: False
+        """Committed here without a proof (after a restart): never vote drop on it; with no
+        proof to veto with either, the node does not vote until a veto's proof arrives."""
         """The amnesia fence (`fence.py`): record and tally, start and vote nothing."""
         for vote in restored_votes:
             self._restore(vote)
@@ -319,6 +322,8 @@ class CheckpointMachine:
         if cp.own is not None or self.fenced:
             return cp
         proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
+        if proof is None and any(self.unprovable(t) for t in tx_ids):
+            return cp
         vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
                           drop=proof is None, proofs=() if proof is None else (proof,))
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))

@@ -327,7 +327,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         inner = LeaderlessCore(
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
             client_keys=client_keys, app=ReplicaAppView(replicas[node]),
-            codec=codec, restored=cells.get(node), bugs=bugs, recovering=durable.recovering)
+            codec=codec, restored=cells.get(node), bugs=bugs, recovering=durable.recovering,
+            restored_entries=durable.entries)
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:
             rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")

@@ -35,6 +35,7 @@ from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
+from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     LeaderlessDurableState,
@@ -166,25 +167,15 @@ class TxLayer:
         return transaction_id(tx, codec.encode), tx.deadline_ms, tx.command
 
 
-class _WholeRecords:
-    """`DeltaRules` for the journal: each save appends the whole record (a changed one)."""
-
-    def diff(self, old: object, new: object) -> object | None:
-        return None if old == new else new
-
-    def apply(self, state: object, delta: object) -> object:
-        return delta
-
-
 class LeaderlessJournal:
-    """The core's `core_state` journal (`DATA/leaderless/journal`): a `StateJournal` plus
-    `close`."""
+    """The core's `core_state` journal (`DATA/leaderless/journal`): a `StateJournal` that
+    appends deltas (`LeaderlessDeltaRules`), plus `close`."""
 
     def __init__(self, config: NodeConfig, sync: SyncPolicy) -> None:
         wire.register_all(LEADERLESS_MESSAGES)
         self._directory = OsDirectory(str(config.data_dir / "leaderless"))
         self.store = StateJournal(self._directory, codec=wire.default_registry(),
-                                  rules=_WholeRecords(), sync=sync)
+                                  rules=LeaderlessDeltaRules(), sync=sync)
 
     def close(self) -> None:
         self._directory.close()
@@ -232,7 +223,7 @@ class LeaderlessNode:
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
             app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
-            recovering=durable.recovering)
+            recovering=durable.recovering, restored_entries=durable.entries)
         return BuiltCore(core=core)
 
 

@@ -1,0 +1,153 @@
+"""Incremental persistence of `LeaderlessDurableState`: the delta between two records, and
+its replay (the leaderless twin of `phalanx.consensus.pbft.durable`).
+
+Owns: `LeaderlessDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` pair over
+`messages.LeaderlessStateDelta` that the node's core-state journal
+(`phalanx.runtime.persistence.StateJournal`) uses to append only what changed.
+
+Shape of a record, as `LeaderlessCore.durable_state` builds it: each tuple field (own
+endorsements, refusals, votes, tombstones, commit proofs, known transactions) is the
+previous record's tuple minus some items plus new items appended at the end, in the core's
+insertion order, and the core reuses the same objects from one record to the next (a
+category that did not change is the very same tuple). So `diff` finds a change by identity:
+an unchanged category costs one `is`; a grown one one C-level slice comparison; each
+removed item a galloping search (a few C-level slice comparisons). The delta holds, per
+category, the positions removed from the old tuple and the items appended. Cost and size
+are proportional to the change, not to the record.
+
+Crash cases (with the core's rules in `core.py`, `release.py`; the driver writes a Ready's
+WAL entries and its `core_state`, then reports `Persisted`):
+- A released proof stays in the record until a Ready at or after its release Ready that
+  fsynced (`must_sync`) is `Persisted`: only then is its WAL entry durable. So at every
+  instant each committed transaction is in the durable record (proof or tombstone) or in
+  the durable WAL, or both.
+- Crash after the WAL append, before the journal append (the runtime's order): the WAL
+  holds entries the record does not know as released (or at all). On restart the core
+  reads the WAL suffix (`restored_entries`): those transactions are committed (tombstone,
+  released at their WAL index, never released again nor voted drop); the replica re-applies
+  them once (its transaction table dedups).
+- Crash after the journal append, before the WAL append/fsync (the simulator's order, or
+  lost unsynced WAL data): the record still holds the proofs released at indexes past the
+  WAL's end (they were not `Persisted`): the restart releases them again at exactly those
+  indexes, in order.
+- A released proof that left the record (durable in the WAL) has no proof after a restart:
+  the checkpoint machine never votes drop on a checkpoint naming it (`unprovable`).
+
+Invariants:
+- Exact replay: ``apply(old, diff(old, new)) == new`` for ANY two records (the walk matches
+  items by value; the identity rules above only make it fast); a property test checks it.
+- A delta is a function of the two records only.
+- `apply` raises `ValueError` on a record or delta of the wrong type or with positions out
+  of range (disk from elsewhere); the journal turns that into a `StorageError`.
+
+Must not import: storage, the codec, trio, clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from phalanx.consensus.leaderless.messages import LeaderlessDurableState, LeaderlessStateDelta
+
+CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known")
+"""The tuple fields of `LeaderlessDurableState` diffed item by item."""
+
+SCALARS = ("gc_horizon_ms", "released", "released_at", "fence_until_ms")
+"""The fields copied whole into every delta (small)."""
+
+
+def _common_prefix(old: Sequence[Any], i: int, new: Sequence[Any], j: int) -> int:
+    """How many items `old[i:]` and `new[j:]` share at their start (C-level comparisons
+    that short-cut on identity; galloping, then bisection)."""
+    limit = min(len(old) - i, len(new) - j)
+    if limit == 0 or old[i] != new[j]:
+        return 0
+    good, step = 1, 1
+    while good < limit:  # gallop: old[i:i+good] == new[j:j+good] holds
+        probe = min(good + step, limit)
+        if old[i:i + probe] != new[j:j + probe]:
+            bad = probe
+            break
+        good, step = probe, step * 2
+    else:
+        return good
+    while bad - good > 1:  # bisect between a matching and a failing length
+        mid = (good + bad) // 2
+        if old[i + good:i + mid] == new[j + good:j + mid]:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def diff_items(old: Sequence[Any], new: Sequence[Any]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+    """(positions of `old` to remove, items to append) turning `old` into `new`: a greedy
+    walk that keeps each item of `old` equal to the next unmatched item of `new`. Exact
+    for any two sequences."""
+    if old is new:
+        return (), ()
+    removed: list[int] = []
+    i = j = 0
+    while i < len(old):
+        shared = _common_prefix(old, i, new, j)
+        i += shared
+        j += shared
+        if i < len(old):
+            removed.append(i)
+            i += 1
+    return tuple(removed), tuple(new[j:])
+
+
+def apply_items(old: Sequence[Any], removed: tuple[int, ...], added: tuple[Any, ...]
+                ) -> tuple[Any, ...]:
+    if not removed:
+        return tuple(old) + added if added else tuple(old)
+    if (not all(isinstance(p, int) for p in removed) or list(removed) != sorted(set(removed))
+            or removed[0] < 0 or removed[-1] >= len(old)):
+        raise ValueError("LeaderlessStateDelta removes positions the record does not have")
+    gone = set(removed)
+    return tuple(x for k, x in enumerate(old) if k not in gone) + added
+
+
+class LeaderlessDeltaRules:
+    """`diff`/`apply` for `LeaderlessDurableState` (see the module docstring)."""
+
+    __slots__ = ()
+
+    def diff(self, old: object, new: object) -> LeaderlessStateDelta | None:
+        """The delta turning `old` into `new`; None when they are equal."""
+        if not isinstance(old, LeaderlessDurableState) or not isinstance(
+                new, LeaderlessDurableState):
+            raise ValueError("LeaderlessDeltaRules only diffs LeaderlessDurableState records")
+        if old is new:
+            return None
+        fields: dict[str, Any] = {}
+        changed = False
+        for name in CATEGORIES:
+            removed, added = diff_items(getattr(old, name), getattr(new, name))
+            fields[f"{name}_removed"] = removed
+            fields[f"{name}_added"] = added
+            changed = changed or bool(removed or added)
+        for name in SCALARS:
+            value = getattr(new, name)
+            fields[name] = value
+            changed = changed or value != getattr(old, name)
+        return LeaderlessStateDelta(**fields) if changed else None
+
+    def apply(self, state: object, delta: object) -> LeaderlessDurableState:
+        """`state` with `delta` replayed onto it."""
+        if not isinstance(state, LeaderlessDurableState) or not isinstance(
+                delta, LeaderlessStateDelta):
+            raise ValueError(
+                f"cannot replay a {type(delta).__name__} onto a {type(state).__name__}")
+        fields: dict[str, Any] = {
+            name: apply_items(getattr(state, name), getattr(delta, f"{name}_removed"),
+                              getattr(delta, f"{name}_added"))
+            for name in CATEGORIES}
+        for name in SCALARS:
+            fields[name] = getattr(delta, name)
+        return LeaderlessDurableState(**fields)
+
+
+__all__ = ["LeaderlessDeltaRules", "LeaderlessStateDelta"]
