@@ -284,7 +284,7 @@ class LeaderlessCore:
         proofs, released_at = self._gate.proofs()
         return LeaderlessDurableState(
             endorsed=endorsed, refused=refused, votes=self._checkpoints.votes(),
-            decided=tuple(self._store.tombstones.values()), committed=proofs,
+            decided=self._store.tombstone_tuple(), committed=proofs,
             gc_horizon_ms=self._store.horizon, known=known, released=len(released_at),
             released_at=released_at, fence_until_ms=self._fence.until_ms)
 
@@ -412,15 +412,25 @@ class LeaderlessCore:
     def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: _Outbox) -> None:
         if e.endorser == self._config.node_id:
             return  # our own, echoed back in a proof
+        # Re-sends and fetched proofs repeat what is held: recognised before any signature
+        # is verified (an equal endorsement is the one verified when it first arrived).
+        record = self._store.get(e.tx_id)
+        if record is not None:
+            if record.endorsements.get(e.endorser) == e:
+                self._drop("duplicate_endorsement")
+                return
+        elif self._store.decided(e.tx_id):
+            self._drop("decided_endorsement")  # nothing about it can change any more
+            return
+        elif self._store.buffered.get(e.tx_id, {}).get(e.endorser) == e:
+            self._drop("duplicate_endorsement")
+            return
         problem = endorsement_problem(e, self._config.nodes, self._crypto)
         if problem is not None:
             self._drop(problem)
             return
-        record = self._store.get(e.tx_id)
         if record is None:
-            if self._store.decided(e.tx_id):
-                self._drop("decided_endorsement")
-            elif self._store.buffer(e) and src is not None:
+            if self._store.buffer(e) and src is not None:
                 self._fetch(src, e.tx_id, out)
             return
         self._add_endorsement(record, e, src, out)
@@ -444,13 +454,17 @@ class LeaderlessCore:
     def _on_refusal(self, r: Refusal, out: _Outbox) -> None:
         if r.endorser == self._config.node_id:
             return  # our own, echoed back in a proof
-        problem = refusal_problem(r, self._config.nodes, self._crypto)
-        if problem is not None:
-            self._drop(problem)
-            return
         record = self._store.get(r.tx_id)
         if record is None or record.state is not TxState.PENDING:
             # Unknown: not tallied (memory stays bounded); the refuser re-sends it.
+            # Decided: nothing about it can change. Neither needs its signature checked.
+            return
+        if self._tally.holds(r):
+            self._drop("duplicate_refusal")
+            return
+        problem = refusal_problem(r, self._config.nodes, self._crypto)
+        if problem is not None:
+            self._drop(problem)
             return
         self._tally.add(r)
         self._check_certificate(record, out)

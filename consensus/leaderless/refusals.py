@@ -54,6 +54,11 @@ class RefusalTally:
         refusers = self._by_tx.setdefault(refusal.tx_id, {})
         refusers.setdefault(refusal.endorser, refusal)
 
+    def holds(self, refusal: Refusal) -> bool:
+        """This very refusal (signature included) is already tallied: a re-send."""
+        refusers = self._by_tx.get(refusal.tx_id)
+        return refusers is not None and refusers.get(refusal.endorser) == refusal
+
     def count(self, tx_id: TxId) -> int:
         """How many distinct nodes refused `tx_id`."""
         return len(self._by_tx.get(tx_id, ()))

@@ -33,7 +33,7 @@ from phalanx.consensus.types import LocalProtocolError, NodeId
 
 
 class SafetyKernel:
-    __slots__ = ("_endorsed", "_node", "_refused", "_signer", "_txs", "unsafe")
+    __slots__ = ("_endorsed", "_node", "_parts", "_refused", "_signer", "_txs", "unsafe")
 
     def __init__(self, signer: Signer, node: NodeId,
                  restored: LeaderlessDurableState | None = None,
@@ -43,6 +43,9 @@ class SafetyKernel:
         self._endorsed: dict[TxId, Endorsement] = {}
         self._refused: dict[TxId, Refusal] = {}
         self._txs: dict[TxId, Transaction] = {}
+        self._parts: tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
+                           tuple[Transaction, ...]] | None = None
+        """`record_parts`, cached until a change (the journal diffs by identity)."""
         self.unsafe = False
         if restored is not None:
             for e in restored.endorsed:
@@ -81,8 +84,9 @@ class SafetyKernel:
 
     def learn(self, tx_id: TxId, tx: Transaction) -> None:
         """The transaction behind one of our own endorsements or refusals arrived."""
-        if tx_id in self._endorsed or tx_id in self._refused:
-            self._txs.setdefault(tx_id, tx)
+        if (tx_id in self._endorsed or tx_id in self._refused) and tx_id not in self._txs:
+            self._txs[tx_id] = tx
+            self._parts = None
 
     # ---------------------------------------------------------------------------- signing
 
@@ -110,6 +114,7 @@ class SafetyKernel:
                              signature=self._signer.sign(body))
         self._endorsed[tx_id] = signed
         self._txs[tx_id] = tx
+        self._parts = None
         return signed
 
     def refuse(self, tx_id: TxId, tx: Transaction) -> Refusal:
@@ -120,18 +125,24 @@ class SafetyKernel:
         signed = Refusal(tx_id=tx_id, endorser=self._node, signature=self._signer.sign(body))
         self._refused[tx_id] = signed
         self._txs[tx_id] = tx
+        self._parts = None
         return signed
 
     # ---------------------------------------------------------------------------- GC, record
 
     def forget(self, tx_id: TxId) -> None:
         """`tx_id` was garbage-collected (its deadline is older than the horizon)."""
-        self._endorsed.pop(tx_id, None)
-        self._refused.pop(tx_id, None)
-        self._txs.pop(tx_id, None)
+        if self._endorsed.pop(tx_id, None) is not None:
+            self._parts = None
+        if self._refused.pop(tx_id, None) is not None:
+            self._parts = None
+        if self._txs.pop(tx_id, None) is not None:
+            self._parts = None
 
     def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                                     tuple[Transaction, ...]]:
         """(endorsed, refused, known) for the durable record, in signing order."""
-        known = tuple(self._txs.values())
-        return tuple(self._endorsed.values()), tuple(self._refused.values()), known
+        if self._parts is None:
+            self._parts = (tuple(self._endorsed.values()), tuple(self._refused.values()),
+                           tuple(self._txs.values()))
+        return self._parts

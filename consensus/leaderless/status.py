@@ -38,7 +38,7 @@ class LeaderlessStatus(CoreStatus):
 
 
 BENIGN_DUPLICATES = frozenset({"duplicate_tx", "decided_tx", "duplicate_endorsement",
-                               "decided_endorsement", "duplicate_submit"})
+                               "decided_endorsement", "duplicate_submit", "duplicate_refusal"})
 """Ignored inputs that the protocol's own re-sends and client retries produce all the time:
 counted in `status().duplicate`, not `dropped` (so a drop count means something)."""
 

@@ -60,7 +60,7 @@ class TxRecord:
 class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
-    __slots__ = ("_max_buffered", "buffered", "horizon", "records", "tombstones")
+    __slots__ = ("_max_buffered", "_stones", "buffered", "horizon", "records", "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
         self.records: dict[TxId, TxRecord] = {}
@@ -68,6 +68,18 @@ class TxStore:
         self.buffered: dict[TxId, dict[NodeId, Endorsement]] = {}
         self.horizon = 0
         self._max_buffered = max_buffered
+        self._stones: tuple[DecidedTx, ...] | None = None
+
+    def tombstone_tuple(self) -> tuple[DecidedTx, ...]:
+        """The tombstones in insertion order, the same tuple until they change (the
+        journal diffs the durable record by identity). Whoever changes `tombstones`
+        outside this class calls `stones_changed`."""
+        if self._stones is None or len(self._stones) != len(self.tombstones):
+            self._stones = tuple(self.tombstones.values())
+        return self._stones
+
+    def stones_changed(self) -> None:
+        self._stones = None
 
     def get(self, tx_id: TxId) -> TxRecord | None:
         return self.records.get(tx_id)
@@ -113,6 +125,7 @@ class TxStore:
         committed = state is TxState.COMMITTED
         self.tombstones[record.tx_id] = DecidedTx(
             tx_id=record.tx_id, deadline_ms=record.deadline, committed=committed)
+        self._stones = None
         if not committed:
             del self.records[record.tx_id]
 
@@ -120,6 +133,7 @@ class TxStore:
         """A tombstone for a transaction dropped (by a checkpoint) that this node never
         saw: `deadline_ms` is an upper bound of its deadline for GC."""
         self.buffered.pop(tx_id, None)
+        self._stones = None
         self.tombstones.setdefault(
             tx_id, DecidedTx(tx_id=tx_id, deadline_ms=deadline_ms, committed=False))
 
@@ -138,4 +152,6 @@ class TxStore:
                   if s.deadline_ms < horizon and t not in self.records]
         for tx_id in stones:
             del self.tombstones[tx_id]
+        if stones:
+            self._stones = None
         return gone, len(stones)
