@@ -74,6 +74,7 @@ from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.schedule import DueHeap
 from phalanx.consensus.leaderless.status import BENIGN_DUPLICATES, REASONS, LeaderlessStatus
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.tx_codec import TxCodec
@@ -142,6 +143,16 @@ class LeaderlessCore:
         self._restart: list[Committed] = []
         self._replay: list[Entry] = []
         self._sync_numbers: list[int] = []
+        self._deadlines = DueHeap()  # pending transactions by deadline
+        self._wakeups = DueHeap()  # far-future deadlines, by when they come within the lead
+        self._resends = DueHeap()  # own signatures of pending transactions, by re-send tick
+        self._resend_every: dict[TxId, int] = {}
+        self._expired: dict[TxId, None] = {}  # pending, past their deadline
+        self._to_refuse: dict[TxId, None] = {}
+        self._waiting: dict[TxId, None] = {}  # pending, neither endorsed nor refused here
+        self._wake = False
+        self._seen_applied = app.applied()
+        self._fenced = False
         self._fence = Fence(recovering=recovering, length_ms=(
             config.max_deadline_lead_ms + config.gc_horizon_ms), restored_until_ms=(
             restored.fence_until_ms if restored is not None else 0))
@@ -172,6 +183,7 @@ class LeaderlessCore:
         self._store.horizon = state.gc_horizon_ms
         for stone in state.decided:
             self._store.tombstones[stone.tx_id] = stone
+            self._store.index(stone.tx_id, stone.deadline_ms)
         applied = self._app.applied()
         in_wal: dict[TxId, int] = {}
         for entry in entries:
@@ -187,6 +199,7 @@ class LeaderlessCore:
                     record = self._new_record(tx_id, tx)
                     record.state = TxState.COMMITTED
                     self._store.records[tx_id] = record
+                    self._store.index(tx_id, tx.deadline_ms)
                     self._store.tombstones.setdefault(tx_id, DecidedTx(
                         tx_id=tx_id, deadline_ms=tx.deadline_ms, committed=True))
                     self._gate.restore_wal(Committed(
@@ -202,6 +215,7 @@ class LeaderlessCore:
                 record.endorsements.setdefault(e.endorser, e)
             record.state = TxState.COMMITTED
             self._store.records[tx_id] = record
+            self._store.index(tx_id, record.deadline)
             item = self._committed_item(record, proof)
             if tx_id in in_wal:
                 item.index = in_wal[tx_id]
@@ -220,6 +234,9 @@ class LeaderlessCore:
                 if own is not None:
                     record.endorsements[own.endorser] = own
                 self._store.records[tx_id] = record
+                self._store.index(tx_id, record.deadline)
+                self._deadlines.push(record.deadline, tx_id)
+                self._resend_later(tx_id)
                 refusal = self._kernel.refusal(tx_id)
                 if refusal is not None:
                     self._tally.add(refusal)
@@ -367,10 +384,16 @@ class LeaderlessCore:
         self._kernel.learn(tx_id, tx)
         self._recovery.learned(tx_id)
         self._rules.invalidate()
+        self._deadlines.push(record.deadline, tx_id)
         for endorsement in buffered.values():
             self._add_endorsement(record, endorsement, None, out)
         self._try_endorse(record, out)
         self._try_commit(record, out)
+        if record.state is TxState.PENDING and not self._kernel.touched(tx_id):
+            self._waiting[tx_id] = None
+            lead = record.deadline - self._config.max_deadline_lead_ms
+            if self._now is None or lead > self._now:  # endorsable from then on
+                self._wakeups.push(lead, tx_id)
         return None
 
     def _on_receive(self, src: NodeId, msg: Message, out: _Outbox) -> None:
@@ -499,6 +522,8 @@ class LeaderlessCore:
         self._rules.invalidate()
         out.signed = True
         self._broadcast(endorsement, out)
+        self._resend_later(record.tx_id)
+        self._try_commit(record, out)
 
     def _try_commit(self, record: TxRecord, out: _Outbox) -> None:
         if not self._rules.committable(record) or self._checkpoints.blocked(record.tx_id):
@@ -511,6 +536,7 @@ class LeaderlessCore:
         self._committed += 1
         self._recovery.committed(record.tx_id, self._ticks)
         self._rules.invalidate()
+        self._wake = True
         out.dirty = True
         if "drop_on_commit" in self._bugs:
             for other in self._store.pending():
@@ -527,6 +553,7 @@ class LeaderlessCore:
         self._dropped_txs += 1
         self._aborted += 1
         self._rules.invalidate()
+        self._wake = True
         out.dirty = True
         out.aborted.append(Abort(request=record.request, reason=reason))
         for other in self._store.pending():  # conditions on it are now definitely valid
@@ -536,36 +563,77 @@ class LeaderlessCore:
     # ------------------------------------------------------------------------------ time
 
     def _on_tick(self, now: int | None, out: _Outbox) -> None:
+        """Only what came due or changed: deadlines passed (`DueHeap`: refusals, and a
+        wake-up of the waiting transactions, whose conflicts may now all be expired), the
+        waiting transactions when something they depend on changed (an apply, a decision,
+        the fence), the stuck check when the checkpoint batcher flushes; every period a
+        full pass (endorse, commit) as a safety net, re-sends, GC."""
         self._ticks += 1
         if now is None:
             self._checkpoints.tick(self._proof_of)
             return
         self._now = now
-        for record in self._store.pending():
-            if record.state is not TxState.PENDING:
-                continue  # decided earlier in this pass
-            if (now > record.deadline and not self._kernel.touched(record.tx_id)
-                    and not self._fence.active(now)):
-                refusal = self._kernel.refuse(record.tx_id, record.tx)
-                out.signed = True
-                self._broadcast(refusal, out)
-                self._tally.add(refusal)
-                self._check_certificate(record, out)
-            else:
-                self._try_endorse(record, out)
-            self._try_commit(record, out)
-        self._queue_stuck(now)
+        self._store.horizon = max(self._store.horizon, now - self._config.gc_horizon_ms)
+        fenced = self._fence.active(now)
+        if self._wakeups.pop_due(now + 1):
+            self._wake = True
+        for tx_id in self._deadlines.pop_due(now):
+            record = self._store.get(tx_id)
+            if record is not None and record.state is TxState.PENDING:
+                self._wake = True
+                self._expired[tx_id] = None
+                if not self._kernel.touched(tx_id):
+                    self._to_refuse[tx_id] = None
+        if not fenced:
+            for tx_id in self._to_refuse:
+                record = self._store.get(tx_id)
+                if (record is not None and record.state is TxState.PENDING
+                        and not self._kernel.touched(tx_id)):
+                    refusal = self._kernel.refuse(tx_id, record.tx)
+                    out.signed = True
+                    self._broadcast(refusal, out)
+                    self._resend_later(tx_id)
+                    self._tally.add(refusal)
+                    self._check_certificate(record, out)
+            self._to_refuse.clear()
+        applied = self._app.applied()
+        periodic = self._ticks % self._config.rebroadcast_ticks == 0
+        if self._wake or periodic or applied != self._seen_applied or fenced != self._fenced:
+            self._wake = False
+            self._seen_applied, self._fenced = applied, fenced
+            for tx_id in list(self._waiting):
+                record = self._store.get(tx_id)
+                if record is not None and record.state is TxState.PENDING:
+                    self._try_endorse(record, out)
+                if record is None or self._kernel.touched(tx_id) or record.state is not (
+                        TxState.PENDING):
+                    del self._waiting[tx_id]
+        if periodic:
+            for record in self._store.pending():
+                self._try_commit(record, out)
+        if self._ticks % self._config.checkpoint_ticks == 0:
+            self._queue_stuck(now)  # the batcher flushes on this tick (`veto.py`)
         self._checkpoints.tick(self._proof_of)
-        if self._ticks % self._config.rebroadcast_ticks == 0:
+        if periodic:
             self._rebroadcast(now, out)
-        self._gc(now, out)
+        self._gc(now, periodic, out)
+
+    def _resend_later(self, tx_id: TxId) -> None:
+        """Schedule the next re-send of an own signature: one period, doubling to 8."""
+        every = min(self._resend_every.get(tx_id, 0) * 2 or 1, 8)
+        self._resend_every[tx_id] = every
+        self._resends.push(self._ticks + every * self._config.rebroadcast_ticks, tx_id)
 
     def _rebroadcast(self, now: int, out: _Outbox) -> None:
         """Loss recovery (`recovery.py`): push own endorsements of transactions committed
-        here in the last two periods and own signatures of pending ones again, pull what
-        peers know of pending transactions past their deadline (a peer that committed one
-        no longer pushes its endorsement), and send this period's `CommittedDigest`."""
-        overdue = tuple(r.tx_id for r in self._store.pending() if r.deadline < now)
+        here in the last two periods and own signatures of still-pending ones (at a
+        doubling backoff), pull what peers know of pending transactions past their
+        deadline (a peer that committed one no longer pushes its endorsement), and send
+        this period's `CommittedDigest`."""
+        for tx_id in list(self._expired):
+            if self._store.state_of(tx_id) is not TxState.PENDING:
+                del self._expired[tx_id]
+        overdue = tuple(self._expired)
         for i in range(0, len(overdue), MAX_FETCH_IDS):
             self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
         out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
@@ -573,12 +641,16 @@ class LeaderlessCore:
             own = self._kernel.endorsement(tx_id)
             if own is not None:
                 self._broadcast(own, out)
-        for record in self._store.pending():
-            signed: Message | None = self._kernel.endorsement(record.tx_id)
+        for tx_id in self._resends.pop_due(self._ticks + 1):
+            if self._store.state_of(tx_id) is not TxState.PENDING:
+                self._resend_every.pop(tx_id, None)
+                continue
+            signed: Message | None = self._kernel.endorsement(tx_id)
             if signed is None:
-                signed = self._kernel.refusal(record.tx_id)
+                signed = self._kernel.refusal(tx_id)
             if signed is not None:
                 self._broadcast(signed, out)
+                self._resend_later(tx_id)
 
     def _queue_stuck(self, now: int) -> None:
         for tx_id in self._rules.stuck(now - self._config.delta_old_ms):
@@ -589,25 +661,28 @@ class LeaderlessCore:
             self._queued[tx_id] = None
             self._checkpoints.queue(tx_id)
 
-    def _gc(self, now: int, out: _Outbox) -> None:
-        horizon = now - self._config.gc_horizon_ms
-        if horizon <= self._store.horizon:
+    def _gc(self, now: int, full: bool, out: _Outbox) -> None:
+        """Forget what lies beyond the horizon: every tick what came due in the store's
+        deadline index; every period (`full`) also the own signatures and small tables
+        whose transaction left the store some other way."""
+        gone, stones = self._store.gc(now - self._config.gc_horizon_ms, keep=self._keep)
+        if not (gone or stones or full):
             return
-        gone, stones = self._store.gc(horizon, keep=self._keep)
         for tx_id in gone:
             self._gate.collect(tx_id)
             self._tally.forget(tx_id)
-        live = self._store.records
-        for tx_id in [t for t in self._kernel.endorsed_ids() if t not in live]:
-            if tx_id not in self._store.tombstones:
+        state_of = self._store.state_of
+        for tx_id in gone + stones:
+            if state_of(tx_id) is None:
                 self._kernel.forget(tx_id)
-        for r in self._kernel.refusals():
-            if r.tx_id not in live and r.tx_id not in self._store.tombstones:
-                self._kernel.forget(r.tx_id)
-        for tx_id in [t for t in self._queued if self._store.state_of(t) is None]:
-            del self._queued[tx_id]
-        self._recovery.gc(self._store)
-        self._checkpoints.gc(lambda t: self._store.state_of(t) is not None)
+        if full:
+            for tx_id in self._kernel.endorsed_ids() + [r.tx_id for r in self._kernel.refusals()]:
+                if state_of(tx_id) is None:
+                    self._kernel.forget(tx_id)
+            for tx_id in [t for t in self._queued if state_of(t) is None]:
+                del self._queued[tx_id]
+            self._recovery.gc(self._store)
+            self._checkpoints.gc(lambda t: state_of(t) is not None)
         self._rules.invalidate()
         if gone or stones:
             out.dirty = True
@@ -661,6 +736,10 @@ class LeaderlessCore:
             self._on_proof(None, proof, out)
             record = self._store.get(self._tx_id(proof.tx))
             if record is not None:
+                self._try_commit(record, out)
+        if effects.dropped or effects.kept:  # a decision unblocks what its vote blocked
+            self._wake = True
+            for record in self._store.pending():
                 self._try_commit(record, out)
 
     # ------------------------------------------------------------------------------ status

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from phalanx.consensus.leaderless.messages import DecidedTx, Endorsement, Transaction, TxId
+from phalanx.consensus.leaderless.schedule import DueHeap
 from phalanx.consensus.types import ClientRequest, NodeId
 
 
@@ -60,7 +61,8 @@ class TxRecord:
 class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
-    __slots__ = ("_max_buffered", "_stones", "buffered", "horizon", "records", "tombstones")
+    __slots__ = ("_by_deadline", "_max_buffered", "_stones", "buffered", "horizon", "records",
+                 "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
         self.records: dict[TxId, TxRecord] = {}
@@ -69,6 +71,12 @@ class TxStore:
         self.horizon = 0
         self._max_buffered = max_buffered
         self._stones: tuple[DecidedTx, ...] | None = None
+        self._by_deadline = DueHeap()
+        """Every record's and tombstone's id by deadline: GC touches only what came due."""
+
+    def index(self, tx_id: TxId, deadline_ms: int) -> None:
+        """Put a record or tombstone inserted directly (a restore) into the GC index."""
+        self._by_deadline.push(deadline_ms, tx_id)
 
     def tombstone_tuple(self) -> tuple[DecidedTx, ...]:
         """The tombstones in insertion order, the same tuple until they change (the
@@ -105,6 +113,7 @@ class TxStore:
         """Insert a new pending record; returns the endorsements buffered for it (removed
         from the buffer), in arrival order, for the caller to add through its checks."""
         self.records[record.tx_id] = record
+        self._by_deadline.push(record.deadline, record.tx_id)
         return self.buffered.pop(record.tx_id, {})
 
     def buffer(self, endorsement: Endorsement) -> bool:
@@ -134,24 +143,36 @@ class TxStore:
         saw: `deadline_ms` is an upper bound of its deadline for GC."""
         self.buffered.pop(tx_id, None)
         self._stones = None
+        self._by_deadline.push(deadline_ms, tx_id)
         self.tombstones.setdefault(
             tx_id, DecidedTx(tx_id=tx_id, deadline_ms=deadline_ms, committed=False))
 
-    def gc(self, horizon: int, keep: Callable[[TxRecord], bool]) -> tuple[list[TxId], int]:
-        """Raise the horizon (monotone) and forget every record and tombstone whose
-        deadline is older than it, except records `keep` says are still needed (a
-        committed transaction not yet applied). Returns the forgotten record ids and how
-        many tombstones went."""
-        if horizon <= self.horizon:
-            return [], 0
-        self.horizon = horizon
-        gone = [tx_id for tx_id, r in self.records.items() if r.deadline < horizon and not keep(r)]
-        for tx_id in gone:
-            del self.records[tx_id]
-        stones = [t for t, s in self.tombstones.items()
-                  if s.deadline_ms < horizon and t not in self.records]
-        for tx_id in stones:
-            del self.tombstones[tx_id]
+    def gc(self, horizon: int, keep: Callable[[TxRecord], bool]) -> tuple[list[TxId], list[TxId]]:
+        """Raise the horizon (monotone; the caller may have raised it already) and forget
+        every record and tombstone whose deadline is older than it, except records `keep`
+        says are still needed (a committed transaction not yet applied: looked at again on
+        the next call). Touches only the ids whose deadline came due. Returns the forgotten
+        record ids and the forgotten tombstones' ids."""
+        self.horizon = horizon = max(self.horizon, horizon)
+        gone: list[TxId] = []
+        stones: list[TxId] = []
+        kept: list[tuple[int, TxId]] = []
+        for tx_id in self._by_deadline.pop_due(horizon):
+            record = self.records.get(tx_id)
+            if record is not None:
+                if record.deadline >= horizon:
+                    continue  # indexed twice (an id re-added): its other entry is due later
+                if keep(record):
+                    kept.append((record.deadline, tx_id))
+                    continue
+                del self.records[tx_id]
+                gone.append(tx_id)
+            stone = self.tombstones.get(tx_id)
+            if stone is not None and stone.deadline_ms < horizon:
+                del self.tombstones[tx_id]
+                stones.append(tx_id)
+        for deadline, tx_id in kept:
+            self._by_deadline.push(deadline, tx_id)
         if stones:
             self._stones = None
-        return gone, len(stones)
+        return gone, stones
