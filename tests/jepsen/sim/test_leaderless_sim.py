@@ -50,8 +50,9 @@ def test_the_registry_draws_the_simulators_knobs() -> None:
 @pytest.mark.parametrize(("bug", "seed", "faults", "time_s", "liveness_s"), [
     # Two conflicting puts both commit: held at the version gate, replicas diverge.
     ("endorse_despite_conflict", 0, FAULTS, 0.5, 2.5),
-    # A chained put released before its predecessor applied at a lagging replica.
-    ("no_version_gate", 11, ("loss", "delay", "straggle", "partition-one"), 1.5, 3.0),
+    # A chained put released before its predecessor applied at a lagging replica (seed 7
+    # since the hot-path change moved the timing; seed 11 no longer interleaves so).
+    ("no_version_gate", 7, ("loss", "delay", "straggle", "partition-one"), 1.5, 3.0),
 ])
 def test_a_deliberate_bug_is_caught(bug: str, seed: int, faults: tuple[str, ...],
                                     time_s: float, liveness_s: float) -> None:
