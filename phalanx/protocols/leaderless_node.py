@@ -138,7 +138,7 @@ class ReplicaAppView:
 
     def needs_base(self, command: bytes) -> tuple[str, ...]:
         needs = getattr(self._hooks, "needs_base", None)
-        return () if needs is None else needs(command)  # type: ignore[no-any-return]
+        return () if needs is None else needs(command)
 
     def applied(self) -> int:
         return self._replica.applied_index
