@@ -227,6 +227,7 @@ class LeaderlessCore:
                 self._restart.append(item)
             else:
                 self._gate.add(item)
+        self._gate.sort_released()
         for tx_id, tx in known.items():
             if self._store.state_of(tx_id) is None:
                 record = self._new_record(tx_id, tx)
@@ -323,7 +324,8 @@ class LeaderlessCore:
         request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
                                 command=self._codec.encode(tx), read_only=tx.read_only)
         return TxRecord(tx_id=tx_id, tx=tx, request=request, writes=self._app.writes(tx.command),
-                        needs=self._app.needs_requirements(tx.command))
+                        needs=self._app.needs_requirements(tx.command),
+                        needs_base=self._app.needs_base(tx.command))
 
     def _on_submit(self, request: ClientRequest, out: _Outbox) -> None:
         tx = self._codec.decode(request.command)

@@ -9,7 +9,8 @@ holds the transaction; see `durable.py` for the crash cases).
 
 Gate rule: a committed T is released (next local index) only when no released-but-unapplied
 transaction (index > `app.applied()`) writes a key T requires, and `app.versions` of T's
-required keys equal its requirements. A transaction without requirements passes at once
+required keys equal its requirements (`requirements_hold`: a base requirement against the
+base version). A transaction without requirements passes at once
 (commuting updates). Waiting transactions are tried in commit order on every step.
 
 Invariants: local indexes are gap-free and increasing; a transaction is released at most
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phalanx.consensus.leaderless.app_view import AppView
-from phalanx.consensus.leaderless.messages import TransactionProof, TxId
+from phalanx.consensus.leaderless.messages import Requirement, TransactionProof, TxId
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError
 
 
@@ -136,7 +137,7 @@ class ReleaseGate:
                 break
             if any(k in other.writes for k in keys):
                 return False
-        return self._app.versions(keys) == tuple(r.version for r in reqs)
+        return requirements_hold(self._app, reqs)
 
     def release(self) -> list[Entry]:
         """Release every waiting transaction that passes the gate, in commit order."""
@@ -155,6 +156,10 @@ class ReleaseGate:
         self.unsynced.pop(tx_id, None)
         return True
 
+    def sort_released(self) -> None:
+        """Put `released` back in index order (after a restore inserted out of order)."""
+        self.released = dict(sorted(self.released.items(), key=lambda kv: kv[1].index))
+
     def restore_applied(self, item: Committed, index: int) -> None:
         """A restarted node's `item`, released at `index` before the crash and applied since
         (`index <= applied()`): held as released there, not released again."""
@@ -169,6 +174,17 @@ class ReleaseGate:
         gated = [c.proof for c in self.gated.values() if c.proof is not None]
         return (tuple(c.proof for c in done if c.proof is not None) + tuple(gated),
                 tuple(c.index for c in done))
+
+
+def requirements_hold(app: AppView, reqs: tuple[Requirement, ...]) -> bool:
+    """Whether every requirement holds on `app`'s applied state: a full one against
+    `versions`, a base one against `base_versions`."""
+    full = [r for r in reqs if not r.base]
+    base = [r for r in reqs if r.base]
+    if full and app.versions([r.key for r in full]) != tuple(r.version for r in full):
+        return False
+    return not base or app.base_versions([r.key for r in base]) == tuple(
+        r.version for r in base)
 
 
 def _entry(item: Committed) -> Entry:

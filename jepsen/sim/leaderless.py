@@ -322,12 +322,15 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
 
     def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
         crypto = FastCrypto(NodeId(node))
-        if durable.recovering and durable.hard_state is None:
-            cells.pop(node, None)  # lose-disk: the record went with the disk
+        if (durable.recovering and durable.hard_state is None and durable.snapshot is None
+                and not durable.entries):
+            cells.pop(node, None)  # lose-disk: the record went with the (empty) disk
+        # The record lives beside the disk: amnesia only when it is gone too.
+        recovering = durable.recovering and node not in cells
         inner = LeaderlessCore(
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
             client_keys=client_keys, app=ReplicaAppView(replicas[node]),
-            codec=codec, restored=cells.get(node), bugs=bugs, recovering=durable.recovering,
+            codec=codec, restored=cells.get(node), bugs=bugs, recovering=recovering,
             restored_entries=durable.entries)
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:

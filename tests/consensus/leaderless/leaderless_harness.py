@@ -96,6 +96,14 @@ class KvApp:
         self.applied_ids: list[TxId] = []
         self._applied = 0
         self.refuse_policy = refuse_policy
+        self.bases: dict[str, bytes] = {}
+        """Each key's base version: a hash chain over its sets (never the same twice)."""
+        self.adds: dict[str, int] = {}
+        """The XOR of the ids of the adds applied since the key's base changed."""
+        self.base_required = False
+        """Whether an add must carry a base requirement (`needs_base`); then `versions` is
+        the ABA-free full version (the base and the adds since it) instead of the value's
+        hash, as docs/LEADERLESS.md "Mixing update kinds on one key" asks of an app."""
 
     def conflicts(self, a: bytes, b: bytes) -> bool:
         (oa, ka, da), (ob, kb, db) = _parse(a), _parse(b)
@@ -113,10 +121,22 @@ class KvApp:
         op, key, _ = _parse(command)
         return () if op == "add" else (key,)
 
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        op, key, _ = _parse(command)
+        return (key,) if op == "add" and self.base_required else ()
+
+    def base_versions(self, keys: object) -> tuple[bytes, ...]:
+        return tuple(self.bases.get(k, b"") for k in keys)  # type: ignore[attr-defined]
+
     def accepts(self, command: bytes, policy: str) -> bool:
         return policy != self.refuse_policy
 
     def versions(self, keys: object) -> tuple[bytes, ...]:
+        if self.base_required:  # the ABA-free full version: base and the adds since it
+            return tuple(b"" if k not in self.bases and k not in self.adds else
+                         hashlib.sha256(self.bases.get(k, b"") + self.adds.get(k, 0)
+                                        .to_bytes(32, "big")).digest()
+                         for k in keys)  # type: ignore[attr-defined]
         return tuple(version(self.data.get(k)) for k in keys)  # type: ignore[attr-defined]
 
     def applied(self) -> int:
@@ -134,7 +154,10 @@ class KvApp:
         op, key, data = _parse(tx.command)
         if op == "set":
             self.data[key] = data
+            self.bases[key] = hashlib.sha256(self.bases.get(key, b"") + tid).digest()
+            self.adds.pop(key, None)
         elif op == "add":
+            self.adds[key] = self.adds.get(key, 0) ^ int.from_bytes(tid, "big")
             self.data[key] = str(int(self.data.get(key, b"0")) + int(data)).encode()
 
 
