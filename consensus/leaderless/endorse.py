@@ -26,7 +26,8 @@ from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 
 
 class Endorser:
-    __slots__ = ("_app", "_config", "_gate", "_kernel", "_store", "unconditional_always")
+    __slots__ = ("_app", "_config", "_gate", "_kernel", "_store", "skip_requirements",
+                 "unconditional_always")
 
     def __init__(self, *, config: LeaderlessConfig, app: AppView, store: TxStore,
                  kernel: SafetyKernel, gate: ReleaseGate,
@@ -37,6 +38,7 @@ class Endorser:
         self._kernel = kernel
         self._gate = gate
         self.unconditional_always = unconditional_always
+        self.skip_requirements = False  # the `skip_requirements` bug (bugs.py)
 
     def conflicts(self, a: TxRecord, b: TxRecord) -> bool:
         if self._app.conflicts(a.tx.command, b.tx.command):
@@ -51,7 +53,8 @@ class Endorser:
         keys = [r.key for r in tx.requirements]
         if any(k not in keys for k in record.needs):
             return False
-        if keys and self._app.versions(keys) != tuple(r.version for r in tx.requirements):
+        if (keys and not self.skip_requirements
+                and self._app.versions(keys) != tuple(r.version for r in tx.requirements)):
             return False
         return self._app.accepts(tx.command, tx.policy)
 
