@@ -165,6 +165,8 @@ class LeaderlessCore:
         self._endorser = Endorser(
             config=config, app=app, store=self._store, kernel=self._kernel, gate=self._gate,
             unconditional_always="endorse_despite_conflict" in self._bugs)
+        self._endorser.skip_requirements = "skip_requirements" in self._bugs
+        self._rules.count_conditional = "count_conditional" in self._bugs
         if restored is not None or restored_entries:
             self._restore(restored or LeaderlessDurableState(), known, restored_entries)
 

@@ -55,9 +55,13 @@ WORKLOAD_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("conflict_pct", (0, 10, 30, 60)),
     ("short_pct", (0, 10, 30)),
     ("deadline_max_ms", (400, 1_500)),
+    ("short_max_ms", (20, 80)),
+    ("hot_jitter_ms", (0, 30)),
 )
 """Workload knobs a swarm seed may draw (with the core's config fields, for the registry's
-`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name. Not drawn yet:
+`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name. `short_max_ms` and
+`hot_jitter_ms` (drawn last, so earlier draws of a seed are unchanged) make transactions
+expire while their endorsements split, the conditional endorsements' ground. Not drawn yet:
 ``submit_to`` = f+1 (a node that never hears of a committed transaction has no way to catch
 up in the core yet: see docs/LEADERLESS.md "Simulation")."""
 
