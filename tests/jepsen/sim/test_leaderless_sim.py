@@ -59,7 +59,7 @@ CAUGHT: dict[str, tuple[int, ...]] = {
     "endorse_despite_conflict": (0, 2, 3),
     # A chained put released before its predecessor applied at a lagging replica: the
     # conflicting puts apply in different orders.
-    "no_version_gate": (2, 3),
+    "no_version_gate": (2, 10),
     # A stale versioned put is endorsed and commits; its requirement never holds again.
     "skip_requirements": (0, 1, 2),
 }
