@@ -435,6 +435,32 @@ class LeaderlessCore:
         for r in proof.refusals:
             if isinstance(r, Refusal):
                 self._on_refusal(r, out)
+        record = self._store.get(self._tx_id(proof.tx))
+        if record is not None and record.state is TxState.PENDING:
+            self._commit_certificate(record, proof, out)
+
+    def _commit_certificate(self, record: TxRecord, proof: TransactionProof,
+                            out: _Outbox) -> None:
+        """A proof whose own endorsements make `record` committable commits it, even where
+        an equivocating endorser's other endorsement was kept here (the record keeps one per
+        endorser: without this, a node that kept the conditional one of an equivocator's
+        two never commits what the others committed with the unconditional one). Counting
+        either of a Byzantine endorser's endorsements is what a node that received that one
+        first would do."""
+        valid: dict[NodeId, Endorsement] = {}
+        dropped = TxState.DROPPED
+        for e in proof.endorsements:
+            if (not isinstance(e, Endorsement) or e.tx_id != record.tx_id or e.endorser in valid
+                    or not all(self._store.state_of(c) is dropped for c in e.conditions)):
+                continue
+            held = record.endorsements.get(e.endorser)
+            if held == e or (e.endorser != self._config.node_id and endorsement_problem(
+                    e, self._config.nodes, self._crypto) is None):
+                valid[e.endorser] = e
+        if (len(valid) < self._rules.quorum(record) or self._rules.committable(record)
+                or self._checkpoints.blocked(record.tx_id)):
+            return
+        self._commit(record, tuple(valid[n] for n in sorted(valid)), out)
 
     def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: _Outbox) -> None:
         if e.endorser == self._config.node_id:
@@ -532,8 +558,12 @@ class LeaderlessCore:
     def _try_commit(self, record: TxRecord, out: _Outbox) -> None:
         if not self._rules.committable(record) or self._checkpoints.blocked(record.tx_id):
             return
-        proof = TransactionProof(tx=record.tx, endorsements=tuple(
-            sorted(self._rules.definitely_valid(record), key=lambda e: e.endorser)))
+        self._commit(record, tuple(sorted(self._rules.definitely_valid(record),
+                                          key=lambda e: e.endorser)), out)
+
+    def _commit(self, record: TxRecord, endorsements: tuple[Endorsement, ...],
+                out: _Outbox) -> None:
+        proof = TransactionProof(tx=record.tx, endorsements=endorsements)
         self._store.decide(record, TxState.COMMITTED)
         self._tally.forget(record.tx_id)
         self._gate.add(self._committed_item(record, proof))
