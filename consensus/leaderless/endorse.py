@@ -28,8 +28,8 @@ from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 
 
 class Endorser:
-    __slots__ = ("_app", "_config", "_gate", "_kernel", "_store", "skip_requirements",
-                 "unconditional_always")
+    __slots__ = ("_app", "_config", "_gate", "_kernel", "_open", "_store",
+                 "skip_requirements", "unconditional_always")
 
     def __init__(self, *, config: LeaderlessConfig, app: AppView, store: TxStore,
                  kernel: SafetyKernel, gate: ReleaseGate,
@@ -40,6 +40,8 @@ class Endorser:
         self._kernel = kernel
         self._gate = gate
         self.unconditional_always = unconditional_always
+        self._open: dict[TxId, None] | None = None
+        """Own endorsed transactions not yet seen decided (None: not built yet)."""
         self.skip_requirements = False  # the `skip_requirements` bug (bugs.py)
 
     def conflicts(self, a: TxRecord, b: TxRecord) -> bool:
@@ -64,15 +66,25 @@ class Endorser:
         return self._app.accepts(tx.command, tx.policy)
 
     def conflicting_pending(self, tx_id: TxId, tx: Transaction) -> list[TxId]:
-        """K: own endorsed transactions, still pending, that conflict with `tx_id`."""
+        """K: own endorsed transactions, still pending, that conflict with `tx_id`. Walks
+        only the own endorsements still pending (`_open`, pruned as they are decided), not
+        every own endorsement of the GC horizon."""
         record = self._store.get(tx_id)
         if record is None:
             return []
+        if self._open is None:  # first use (after a restore): every own endorsement
+            self._open = dict.fromkeys(self._kernel.endorsed_ids())
         out = []
-        for other_id in self._kernel.endorsed_ids():
+        for other_id in list(self._open):
             other = self._store.get(other_id)
-            if (other_id != tx_id and other is not None and other.state is TxState.PENDING
-                    and self.conflicts(record, other)):
+            if (other is not None and other.state is not TxState.PENDING) or (
+                    self._kernel.endorsement(other_id) is None
+                    or (other is None and self._store.decided(other_id))):
+                del self._open[other_id]  # decided or collected: never pending again
+                continue
+            if other is None:
+                continue  # not readable here yet (the kernel's `unreadable` covers it)
+            if other_id != tx_id and self.conflicts(record, other):
                 out.append(other_id)
         return out
 
@@ -103,5 +115,8 @@ class Endorser:
                 if any(t not in self._store.records for t in k):
                     return None  # an own endorsement we cannot read: wait for it
                 conditions = tuple(sorted(set(k)))
-        return self._kernel.endorse(record.tx_id, record.tx, conditions,
-                                    self.conflicting_pending)
+        signed = self._kernel.endorse(record.tx_id, record.tx, conditions,
+                                      self.conflicting_pending)
+        if self._open is not None:
+            self._open[record.tx_id] = None
+        return signed

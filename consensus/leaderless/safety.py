@@ -33,7 +33,8 @@ from phalanx.consensus.types import LocalProtocolError, NodeId
 
 
 class SafetyKernel:
-    __slots__ = ("_endorsed", "_node", "_parts", "_refused", "_signer", "_txs", "unsafe")
+    __slots__ = ("_endorsed", "_node", "_parts", "_refused", "_signer", "_txs", "_unreadable",
+                 "unsafe")
 
     def __init__(self, signer: Signer, node: NodeId,
                  restored: LeaderlessDurableState | None = None,
@@ -56,6 +57,8 @@ class SafetyKernel:
             for tx_id in list(self._endorsed) + list(self._refused):
                 if tx_id in by_id:
                     self._txs[tx_id] = by_id[tx_id]
+        self._unreadable: dict[TxId, None] = dict.fromkeys(
+            t for t in self._endorsed if t not in self._txs)
 
     # ---------------------------------------------------------------------------- reads
 
@@ -80,12 +83,13 @@ class SafetyKernel:
 
     def unreadable(self) -> list[TxId]:
         """Own endorsements whose transaction this node does not hold (a legacy record)."""
-        return [t for t in self._endorsed if t not in self._txs]
+        return list(self._unreadable)
 
     def learn(self, tx_id: TxId, tx: Transaction) -> None:
         """The transaction behind one of our own endorsements or refusals arrived."""
         if (tx_id in self._endorsed or tx_id in self._refused) and tx_id not in self._txs:
             self._txs[tx_id] = tx
+            self._unreadable.pop(tx_id, None)
             self._parts = None
 
     # ---------------------------------------------------------------------------- signing
@@ -138,6 +142,7 @@ class SafetyKernel:
             self._parts = None
         if self._txs.pop(tx_id, None) is not None:
             self._parts = None
+        self._unreadable.pop(tx_id, None)
 
     def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                                     tuple[Transaction, ...]]:

@@ -1,0 +1,187 @@
+"""In-process micro-benchmark of the leaderless core's hot path (no sockets, no disk).
+
+Four `LeaderlessCore`s with `FastCrypto` and a dict app, an instant in-memory network, 10 ms
+simulated ticks; every tick each of `--clients` clients sends one signed transaction (an `add`
+to one of 16 keys: commuting, no requirements) to every node. The driver applies what each
+Ready releases and feeds `Persisted` back at once. Reported, over the measured window:
+
+- CPU per committed transaction of the four cores' `step` and the applies;
+- the journal's CPU per committed transaction and bytes appended per Ready that carried a
+  `core_state`: with `LeaderlessDeltaRules` (diff, encode the delta), else as the old
+  `_WholeRecords` journal did (compare with the last record, encode the whole record);
+  and the whole record's size (sampled).
+
+Runs in a few seconds; compare two commits by running it from each (it works before the
+delta journal too: then only the whole-record size is shown).
+
+    .venv/bin/python bench/leaderless_core_cpu.py [--clients 8] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from phalanx.consensus.core import Persisted, Ready, Receive, Tick
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.leaderless.config import LeaderlessConfig
+from phalanx.consensus.leaderless.core import LeaderlessCore
+from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, Transaction
+from phalanx.consensus.types import Entry, NodeId
+from phalanx.net import wire
+
+EPOCH = 1_700_000_000_000
+CLIENT_SECRET = b"bench-clients"
+
+
+class Codec:
+    def __init__(self) -> None:
+        wire.register_all(LEADERLESS_MESSAGES)
+        self.registry = wire.default_registry()
+
+    def encode(self, tx: Transaction) -> bytes:
+        return self.registry.encode(tx)
+
+    def decode(self, data: bytes) -> Transaction | None:
+        try:
+            obj = self.registry.decode(data)
+        except Exception:
+            return None
+        return obj if isinstance(obj, Transaction) else None
+
+
+class App:
+    """`add KEY N` only: commuting updates, no requirements."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.data: dict[str, int] = {}
+        self.index = 0
+        self._codec = codec
+
+    def conflicts(self, a: bytes, b: bytes) -> bool:
+        return False
+
+    def writes(self, command: bytes) -> tuple[str, ...]:
+        return (command.split()[1].decode(),)
+
+    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
+        return ()
+
+    def accepts(self, command: bytes, policy: str) -> bool:
+        return True
+
+    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        return tuple(hashlib.sha256(str(self.data.get(k)).encode()).digest() for k in keys)
+
+    def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        return self.versions(keys)
+
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        return ()
+
+    def applied(self) -> int:
+        return self.index
+
+    def apply(self, entry: Entry) -> None:
+        self.index = entry.index
+        tx = self._codec.decode(entry.requests[0].command)
+        assert tx is not None
+        _, key, n = tx.command.split()
+        self.data[key.decode()] = self.data.get(key.decode(), 0) + int(n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=8, help="transactions per tick")
+    parser.add_argument("--seconds", type=float, default=10.0, help="simulated seconds")
+    parser.add_argument("--warmup", type=float, default=2.0, help="simulated seconds not measured")
+    args = parser.parse_args()
+    try:
+        from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules
+        rules: LeaderlessDeltaRules | None = LeaderlessDeltaRules()
+    except ImportError:
+        rules = None
+    codec = Codec()
+    ids = tuple(NodeId(f"n{i}") for i in range(1, 5))
+    apps = {n: App(codec) for n in ids}
+    client_keys = FastCrypto(NodeId("verifier"), cluster_secret=CLIENT_SECRET)
+    signer = FastCrypto(NodeId("c1"), cluster_secret=CLIENT_SECRET)
+    cores = {n: LeaderlessCore(LeaderlessConfig(node_id=n, nodes=ids), crypto=FastCrypto(n),
+                               client_keys=client_keys, app=apps[n], codec=codec)
+             for n in ids}
+    last: dict[NodeId, object] = {}
+    stats: dict[str, float] = {"records": 0, "sampled": 0, "whole": 0, "appended": 0,
+                               "readys": 0, "journal_cpu": 0.0}
+    cpu = 0.0
+    queue: deque[tuple[NodeId, object]] = deque()
+
+    def handle(node: NodeId, ready: Ready, measure: bool) -> None:
+        state = ready.core_state
+        if state is not None and measure:
+            stats["records"] += 1
+            start = time.process_time()
+            if rules is not None:  # what the journal does now: diff, encode the delta
+                delta = rules.diff(last[node], state) if node in last else state
+                size = len(codec.registry.encode(delta)) if delta is not None else 0
+            else:  # what `_WholeRecords` did: compare, encode the whole record
+                size = 0 if last.get(node) == state else len(codec.registry.encode(state))
+            stats["journal_cpu"] += time.process_time() - start
+            stats["appended"] += size
+            if stats["records"] % 25 == 1:  # the whole record, sampled
+                stats["sampled"] += 1
+                stats["whole"] += len(codec.registry.encode(state))
+        if state is not None:
+            last[node] = state
+        stats["readys"] += 1
+        for send in ready.messages:
+            queue.append((send.to, Receive(src=node, message=send.message)))
+        if ready.number:
+            queue.append((node, Persisted(number=ready.number)))
+
+    ticks = int(args.seconds * 100)
+    warm = int(args.warmup * 100)
+    no = 0
+    committed0 = 0.0
+    for t in range(ticks):
+        measure = t >= warm
+        if t == warm:
+            committed0 = sum(a.index for a in apps.values()) / len(apps)
+        now = EPOCH + 10 * t
+        for node in ids:
+            queue.append((node, Tick(now_ms=now)))
+        for _ in range(args.clients):
+            no += 1
+            body = Transaction(client="c1", client_id="c1", request_no=no,
+                               deadline_ms=now + 5_000, requirements=(),
+                               command=f"add k{no % 16} 1".encode())
+            tx = dataclasses.replace(body, signature=signer.sign(body))
+            for node in ids:
+                queue.append((node, Receive(src=ids[(ids.index(node) + 1) % 4], message=tx)))
+        while queue:
+            node, inp = queue.popleft()
+            start = time.process_time()
+            ready = cores[node].step(inp)  # type: ignore[arg-type]
+            for entry in ready.committed:
+                apps[node].apply(entry)
+            if measure:
+                cpu += time.process_time() - start
+            handle(node, ready, measure)
+    committed = sum(a.index for a in apps.values()) / len(apps) - committed0
+    records = max(stats["records"], 1)
+    print(f"clients/tick={args.clients} simulated={args.seconds - args.warmup:.0f}s "
+          f"committed={committed:.0f} (of {no} sent)")
+    journal = stats["journal_cpu"]
+    print(f"CPU per committed tx: cores {cpu / max(committed, 1) * 1e6:.0f} us, journal "
+          f"(diff/compare + encode) {journal / max(committed, 1) * 1e6:.0f} us")
+    whole = stats["whole"] / max(stats["sampled"], 1)
+    print(f"core_state per Ready that carried one: whole record {whole:.0f} B, journal "
+          f"appends {stats['appended'] / records:.0f} B "
+          f"({'delta' if rules is not None else 'whole record when changed'})")
+
+
+if __name__ == "__main__":
+    main()
