@@ -68,9 +68,9 @@ class Endorser:
         return out
 
     def _unapplied_conflict(self, record: TxRecord) -> bool:
-        for other in self._store.records.values():
-            if (other.state is TxState.COMMITTED and self._gate.unapplied(other.tx_id)
-                    and self.conflicts(record, other)):
+        for tx_id in self._gate.unapplied_ids():
+            other = self._store.get(tx_id)
+            if other is not None and self.conflicts(record, other):
                 return True
         return False
 

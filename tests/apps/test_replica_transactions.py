@@ -237,3 +237,12 @@ def test_admit_reads_the_transaction_inside() -> None:
     huge = tx(b"t", 1, Put(key="k", value=b"x" * (2 << 20)))
     assert node.replica.admit("c", huge, False) is not None
     assert node.replica.admit("c", tx(b"t", 1, Put(key="k", value=b"x")), False) is None
+
+
+def test_admit_takes_a_stale_read_as_a_plain_command() -> None:
+    """A STALE read is answered by `query` from local state (the client sends the plain
+    command: it has no effect, so nothing to sign); only what goes to the core is wrapped."""
+    node = Node()
+    get = kv_wire.encode_command(Get(key="k"))
+    assert node.replica.admit("c", get, True) == "malformed transaction"
+    assert node.replica.admit("c", get, True, local=True) is None
