@@ -58,6 +58,15 @@ class ReleaseGate:
         item = self.released.get(tx_id)
         return item is not None and item.index > self._app.applied()
 
+    def proof(self, tx_id: TxId) -> TransactionProof | None:
+        """The commit certificate of a committed transaction the gate still holds."""
+        item = self.gated.get(tx_id) or self.released.get(tx_id)
+        return item.proof if item is not None else None
+
+    def committed_ids(self) -> list[TxId]:
+        """Every committed transaction held, released ones in index order, then gated."""
+        return list(self.released) + list(self.gated)
+
     def unapplied_ids(self) -> list[TxId]:
         """Committed here, not applied yet: the gated ones, then the released ones beyond
         `applied()` (found from the newest release backwards: `released` is in index
