@@ -64,7 +64,19 @@ LEADERLESS = ProtocolSpec(
     node=Lazy("phalanx.protocols.leaderless_node:LEADERLESS_NODE"),
     sim=Lazy("phalanx.jepsen.sim.leaderless:sim_setup"),
     sim_bugs=Lazy("phalanx.consensus.leaderless.bugs:BUG_NAMES"),
+    # (`phalanx.jepsen.sim.leaderless.SIM_KNOBS`, spelled out: a spec loads nothing.)
+    sim_knobs=(
+        ("delta_old_ms", (200, 1_000)),
+        ("checkpoint_ticks", (5, 30)),
+        ("rebroadcast_ticks", (5, 20)),
+        ("conflict_pct", (0, 10, 30, 60)),
+        ("short_pct", (0, 10, 30)),
+        ("deadline_max_ms", (400, 1_500)),
+    ),
     signing_keys=True,
+    byzantine=Lazy("phalanx.jepsen.leaderless_byzantine:LEADERLESS_BYZANTINE"),
+    byzantine_modes=("silent", "equivocate", "lie_versions", "forge_conditions",
+                     "withhold_veto", "forge_veto", "replay"),
 )
 
 SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT, LEADERLESS)
