@@ -30,7 +30,9 @@ Workload (closed loop, driven by the public client `phalanx.client` through each
   then a `--duration` window; an op counts when it ends inside the window, its latency is
   its own start-to-outcome time.
 - CPU: the servers' utime+stime over the window (`_loadgen.CpuMeter`), as cores and as
-  milliseconds per committed op (all nodes together), and the load generator's own.
+  milliseconds per committed op (all nodes together), and the load generator's own. Disk:
+  the bytes the servers wrote to files per committed op (`/proc/PID/io` wchar: WAL,
+  core-state journals, checkpoints), where a durable-state rewrite per Ready shows.
 
 Targets (issue 15, no contention): leaderless 1-client p50 <= 0.6x PBFT's; leaderless
 commits/s at 64 clients >= PBFT's. The report prints every figure and a verdict per target.
@@ -57,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import trio
-from _loadgen import CpuMeter, machine_info, percentile, start_profilers
+from _loadgen import CpuMeter, machine_info, percentile, proc_write_bytes, start_profilers
 from _phalanx import PhalanxCluster, PhalanxUnavailable
 
 from phalanx.apps.kv_ops import version_of
@@ -96,12 +98,17 @@ class Level:
     p99_ms: float = math.nan
     abort_p50_ms: float = math.nan
     server_cpu: float = 0.0  # cores, all nodes together
+    written: int = 0  # bytes the servers wrote to files over the window (wchar), all nodes
     loadgen_cpu: float = 0.0
     note: str = ""
 
     @property
     def commits_per_s(self) -> float:
         return self.commits / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def kib_per_commit(self) -> float:
+        return self.written / 1024 / self.commits if self.commits else math.nan
 
     @property
     def cpu_ms_per_commit(self) -> float:
@@ -226,10 +233,12 @@ async def run_level(
             nursery.start_soon(loop, worker)
         await trio.sleep(warmup_s)
         meter.start()
+        written0 = sum(proc_write_bytes(p) for p in pids)
         window[0] = perf()
         window[1] = window[0] + duration_s
         await trio.sleep(duration_s)
         own, srv = meter.stop()
+        written = sum(proc_write_bytes(p) for p in pids) - written0
         stop.set()
         with trio.move_on_after(grace_s):  # let in-flight calls end: clean connections
             await all_done.wait()
@@ -240,7 +249,8 @@ async def run_level(
         protocol=protocol, nodes=nodes, round=round_no, clients=clients, conflict=conflict,
         seconds=duration_s, commits=len(commits), aborts=len(aborts), errors=errors[0],
         p50_ms=percentile(commits, 50) * 1e3, p99_ms=percentile(commits, 99) * 1e3,
-        abort_p50_ms=percentile(aborts, 50) * 1e3, server_cpu=srv, loadgen_cpu=own,
+        abort_p50_ms=percentile(aborts, 50) * 1e3, server_cpu=srv, written=written,
+        loadgen_cpu=own,
         note=first_error[0] if first_error else "",
     )
 
@@ -320,7 +330,8 @@ def _fmt(r: Level) -> str:
     note = f" [{r.note}]" if r.note else ""
     return (f"{r.commits_per_s:,.0f} commits/s, {r.aborts} aborts, {r.errors} errors, "
             f"p50 {_ms(r.p50_ms)} ms, p99 {_ms(r.p99_ms)} ms, servers {r.server_cpu:.2f} cores "
-            f"= {_ms(r.cpu_ms_per_commit)} ms CPU/commit{note}")
+            f"= {_ms(r.cpu_ms_per_commit)} ms CPU/commit, "
+            f"{_ms(r.kib_per_commit)} KiB written/commit{note}")
 
 
 def _ms(x: float) -> str:
@@ -382,7 +393,7 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
     out("")
     head = (f"{'protocol':<11} {'rnd':>3} {'clients':>7} {'conflict':>8} {'commits/s':>9} "
             f"{'aborts':>6} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'abort p50':>9} "
-            f"{'srv cores':>9} {'CPU ms/commit':>13} {'gen':>5}")
+            f"{'srv cores':>9} {'CPU ms/commit':>13} {'KiB/commit':>10} {'gen':>5}")
     out(head)
     out("-" * len(head))
     for p in args.protocols:
@@ -392,13 +403,15 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
             out(f"{r.protocol:<11} {r.round:>3} {r.clients:>7} {r.conflict:>8.0%} "
                 f"{r.commits_per_s:>9,.0f} {r.aborts:>6} {r.errors:>6} {_ms(r.p50_ms):>8} "
                 f"{_ms(r.p99_ms):>8} {_ms(r.abort_p50_ms):>9} {r.server_cpu:>9.2f} "
-                f"{_ms(r.cpu_ms_per_commit):>13} {r.loadgen_cpu:>5.2f}")
+                f"{_ms(r.cpu_ms_per_commit):>13} {_ms(r.kib_per_commit):>10} {r.loadgen_cpu:>5.2f}")
     notes = [(r.protocol, r.round, r.clients, r.conflict, r.note) for r in report.levels
              if r.note]
     for p, rnd, c, conflict, note in notes:
         out(f"  first error {p} round {rnd}, {c} clients, {conflict:.0%}: {note}")
     out("(srv cores = the servers' CPU over the window, all nodes; CPU ms/commit = that CPU "
-        "per committed op; gen = the load generator's cores)")
+        "per committed op; KiB/commit = bytes the servers wrote to files (WAL, journals, "
+        "checkpoints; /proc wchar) per committed op, all nodes; gen = the load generator's "
+        "cores)")
     out("")
     rows = target_rows(report, args)
     title = "target (medians over rounds)"
