@@ -153,7 +153,8 @@ class Worker:
         return (head + b"v" * self._value_size)[: self._value_size]
 
     async def op(self) -> str:
-        """One write; returns its `Outcome` (raises `ClientError` on anything else)."""
+        """One write; returns its `Outcome` (raises `ClientError` on anything else: a timed
+        out write may or may not have committed)."""
         self._seq += 1
         hot = self._hot and self._rng.random() < self._conflict
         key = (self._rng.choice(self._hot) if hot
@@ -171,6 +172,10 @@ class Worker:
             if hot:
                 del self._known[key]
             return Outcome.ABORT
+        except ClientError:
+            if hot:  # it may or may not have committed: read the version before the next
+                self._known.pop(key, None)
+            raise
         if hot:
             self._known[key] = version_of(value)
         return Outcome.COMMIT
