@@ -32,7 +32,9 @@ Workload (closed loop, driven by the public client `phalanx.client` through each
 - CPU: the servers' utime+stime over the window (`_loadgen.CpuMeter`), as cores and as
   milliseconds per committed op (all nodes together), and the load generator's own. Disk:
   the bytes the servers wrote to files per committed op (`/proc/PID/io` wchar: WAL,
-  core-state journals, checkpoints), where a durable-state rewrite per Ready shows.
+  core-state journals, checkpoints), where a durable-state rewrite per Ready shows; the
+  nodes' group-commit fsync batches and node-to-node bytes per committed op (their
+  metrics endpoints).
 
 Targets (issue 15, no contention): leaderless 1-client p50 <= 0.6x PBFT's; leaderless
 commits/s at 64 clients >= PBFT's. The report prints every figure and a verdict per target.
@@ -99,12 +101,17 @@ class Level:
     abort_p50_ms: float = math.nan
     server_cpu: float = 0.0  # cores, all nodes together
     written: int = 0  # bytes the servers wrote to files over the window (wchar), all nodes
+    fsync_batches: float = 0.0  # group-commit persist+fsync batches, all nodes
+    peer_bytes: float = 0.0  # bytes sent node to node, all nodes
     loadgen_cpu: float = 0.0
     note: str = ""
 
     @property
     def commits_per_s(self) -> float:
         return self.commits / self.seconds if self.seconds > 0 else 0.0
+
+    def per_commit(self, total: float) -> float:
+        return total / self.commits if self.commits else math.nan
 
     @property
     def kib_per_commit(self) -> float:
@@ -185,8 +192,12 @@ class Worker:
 # A level
 
 
+SCRAPED = ("fsync_seconds_count", "peer_bytes_out")
+"""Node metrics read before and after each window (`PhalanxCluster.scrape`)."""
+
+
 async def run_level(
-    client: Client, pids: Sequence[int], *, protocol: str, nodes: int, round_no: int,
+    client: Client, cluster: PhalanxCluster, *, protocol: str, nodes: int, round_no: int,
     clients: int, conflict: float, hot_keys: int, warmup_s: float, duration_s: float,
     value_size: int, tag: str, grace_s: float = 15.0,
 ) -> Level:
@@ -232,11 +243,13 @@ async def run_level(
             if window[0] <= t1 <= window[1]:
                 (commits if outcome == Outcome.COMMIT else aborts).append(t1 - t0)
 
+    pids = cluster.server_pids()
     meter = CpuMeter(pids)
     async with trio.open_nursery() as nursery:
         for worker in workers:
             nursery.start_soon(loop, worker)
         await trio.sleep(warmup_s)
+        metrics0 = await trio.to_thread.run_sync(cluster.scrape, SCRAPED)
         meter.start()
         written0 = sum(proc_write_bytes(p) for p in pids)
         window[0] = perf()
@@ -244,6 +257,7 @@ async def run_level(
         await trio.sleep(duration_s)
         own, srv = meter.stop()
         written = sum(proc_write_bytes(p) for p in pids) - written0
+        metrics1 = await trio.to_thread.run_sync(cluster.scrape, SCRAPED)
         stop.set()
         with trio.move_on_after(grace_s):  # let in-flight calls end: clean connections
             await all_done.wait()
@@ -255,6 +269,9 @@ async def run_level(
         seconds=duration_s, commits=len(commits), aborts=len(aborts), errors=errors[0],
         p50_ms=percentile(commits, 50) * 1e3, p99_ms=percentile(commits, 99) * 1e3,
         abort_p50_ms=percentile(aborts, 50) * 1e3, server_cpu=srv, written=written,
+        fsync_batches=metrics1.get("fsync_seconds_count", 0.0)
+        - metrics0.get("fsync_seconds_count", 0.0),
+        peer_bytes=metrics1.get("peer_bytes_out", 0.0) - metrics0.get("peer_bytes_out", 0.0),
         loadgen_cpu=own,
         note=first_error[0] if first_error else "",
     )
@@ -313,7 +330,7 @@ def run_protocol(protocol: str, round_no: int, args: argparse.Namespace, report:
                                                                 f"{protocol}-{tag}"),
                             args.warmup + args.duration)
                     level = await run_level(
-                        client, cluster.server_pids(), protocol=protocol, nodes=nodes,
+                        client, cluster, protocol=protocol, nodes=nodes,
                         round_no=round_no, clients=clients, conflict=conflict,
                         hot_keys=args.hot_keys, warmup_s=args.warmup,
                         duration_s=args.duration, value_size=args.value_size, tag=tag)
@@ -398,7 +415,8 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
     out("")
     head = (f"{'protocol':<11} {'rnd':>3} {'clients':>7} {'conflict':>8} {'commits/s':>9} "
             f"{'aborts':>6} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'abort p50':>9} "
-            f"{'srv cores':>9} {'CPU ms/commit':>13} {'KiB/commit':>10} {'gen':>5}")
+            f"{'srv cores':>9} {'CPU ms/commit':>13} {'KiB/commit':>10} {'fsyncs/commit':>13} "
+            f"{'peer KiB/commit':>15} {'gen':>5}")
     out(head)
     out("-" * len(head))
     for p in args.protocols:
@@ -408,15 +426,19 @@ def print_report(report: Report, args: argparse.Namespace, out: Callable[[str], 
             out(f"{r.protocol:<11} {r.round:>3} {r.clients:>7} {r.conflict:>8.0%} "
                 f"{r.commits_per_s:>9,.0f} {r.aborts:>6} {r.errors:>6} {_ms(r.p50_ms):>8} "
                 f"{_ms(r.p99_ms):>8} {_ms(r.abort_p50_ms):>9} {r.server_cpu:>9.2f} "
-                f"{_ms(r.cpu_ms_per_commit):>13} {_ms(r.kib_per_commit):>10} {r.loadgen_cpu:>5.2f}")
+                f"{_ms(r.cpu_ms_per_commit):>13} {_ms(r.kib_per_commit):>10} "
+                f"{_ms(r.per_commit(r.fsync_batches)):>13} "
+                f"{_ms(r.per_commit(r.peer_bytes / 1024)):>15} {r.loadgen_cpu:>5.2f}")
     notes = [(r.protocol, r.round, r.clients, r.conflict, r.note) for r in report.levels
              if r.note]
     for p, rnd, c, conflict, note in notes:
         out(f"  first error {p} round {rnd}, {c} clients, {conflict:.0%}: {note}")
     out("(srv cores = the servers' CPU over the window, all nodes; CPU ms/commit = that CPU "
         "per committed op; KiB/commit = bytes the servers wrote to files (WAL, journals, "
-        "checkpoints; /proc wchar) per committed op, all nodes; gen = the load generator's "
-        "cores)")
+        "checkpoints; /proc wchar) per committed op, all nodes; fsyncs/commit = the nodes' "
+        "group-commit persist+fsync batches (phalanx_fsync_seconds_count) per committed op, "
+        "all nodes; peer KiB/commit = node-to-node bytes per committed op; gen = the load "
+        "generator's cores)")
     out("")
     rows = target_rows(report, args)
     title = "target (medians over rounds)"
