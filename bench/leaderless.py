@@ -51,6 +51,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -361,8 +362,8 @@ def _ms(x: float) -> str:
 
 
 def _median(values: Sequence[float]) -> float:
-    vals = sorted(v for v in values if not math.isnan(v))
-    return percentile(vals, 50) if vals else math.nan
+    vals = [v for v in values if not math.isnan(v)]
+    return statistics.median(vals) if vals else math.nan
 
 
 def _pick(report: Report, protocol: str, clients: int, conflict: float) -> list[Level]:
