@@ -275,13 +275,12 @@ class LeaderlessCore:
         return self._ready(out)
 
     def _on_persisted(self, number: int) -> None:
-        """Own signatures count at once (see safety.py); a release leaves the durable record
-        once a Ready at or after it that fsynced is durable (its WAL entry is then, too)."""
-        synced = 0
+        """Own signatures count at once (see safety.py). Releases covered by a fsynced
+        `Persisted` are known durable in the WAL (`ReleaseGate.mark_synced`), but their
+        proofs stay in the record until GC: dropping them there lost commits in the
+        simulator's restart sweep (seed 10; docs/LEADERLESS.md "The hot path")."""
         while self._sync_numbers and self._sync_numbers[0] <= number:
-            synced = self._sync_numbers.pop(0)
-        if synced:
-            self._gate.mark_synced(synced)  # the next record written omits them
+            self._sync_numbers.pop(0)
 
     def _ready(self, out: _Outbox) -> Ready:
         core_state = self.durable_state() if (out.dirty or out.signed) else None

@@ -42,7 +42,7 @@ class Committed:
 
 
 class ReleaseGate:
-    __slots__ = ("_app", "_unstamped", "gated", "last_index", "no_gate", "released",
+    __slots__ = ("_app", "_proofs", "_unstamped", "gated", "last_index", "no_gate", "released",
                  "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
@@ -53,12 +53,15 @@ class ReleaseGate:
         self.unsynced: dict[TxId, Committed] = {}
         """Released, WAL entry not yet known durable (index order): still in the record."""
         self._unstamped: list[Committed] = []
+        self._proofs: tuple[tuple[TransactionProof, ...], tuple[int, ...]] | None = None
+        """`proofs()`, cached until a change (the journal diffs the record by identity)."""
         self.no_gate = no_gate
 
     def __contains__(self, tx_id: TxId) -> bool:
         return tx_id in self.gated or tx_id in self.released
 
     def add(self, item: Committed) -> None:
+        self._proofs = None
         if item.tx_id not in self:
             self.gated[item.tx_id] = item
 
@@ -84,6 +87,7 @@ class ReleaseGate:
     def mark_synced(self, number: int) -> bool:
         """Every Ready up to `number` is durable and fsynced: their releases are in the WAL
         for good and leave the durable record. True if any did."""
+        self._proofs = None
         done = [t for t, item in self.unsynced.items() if 0 < item.ready <= number]
         for tx_id in done:
             del self.unsynced[tx_id]
@@ -92,6 +96,7 @@ class ReleaseGate:
     def restore_wal(self, item: Committed) -> None:
         """A restarted node's transaction found in the WAL at `item.index`: released
         there (the replica applies it from the WAL), never released again."""
+        self._proofs = None
         self.gated.pop(item.tx_id, None)
         self.released[item.tx_id] = item
         self.last_index = max(self.last_index, item.index)
@@ -114,6 +119,7 @@ class ReleaseGate:
 
     def release_now(self, item: Committed) -> Entry:
         """Release `item` at the next index without the gate (restart re-release)."""
+        self._proofs = None
         self.gated.pop(item.tx_id, None)
         self.last_index += 1
         item.index = self.last_index
@@ -149,6 +155,7 @@ class ReleaseGate:
 
     def collect(self, tx_id: TxId) -> bool:
         """Forget a released and applied transaction (GC); False if it must stay."""
+        self._proofs = None
         item = self.released.get(tx_id)
         if item is None or item.index > self._app.applied():
             return False
@@ -158,11 +165,13 @@ class ReleaseGate:
 
     def sort_released(self) -> None:
         """Put `released` back in index order (after a restore inserted out of order)."""
+        self._proofs = None
         self.released = dict(sorted(self.released.items(), key=lambda kv: kv[1].index))
 
     def restore_applied(self, item: Committed, index: int) -> None:
         """A restarted node's `item`, released at `index` before the crash and applied since
         (`index <= applied()`): held as released there, not released again."""
+        self._proofs = None
         self.gated.pop(item.tx_id, None)
         item.index = index
         self.released[item.tx_id] = item
@@ -170,10 +179,12 @@ class ReleaseGate:
     def proofs(self) -> tuple[tuple[TransactionProof, ...], tuple[int, ...]]:
         """(the proofs the durable record holds: the unsynced released ones in index order,
         then the gated ones; the unsynced ones' indexes)."""
-        done = [c for c in self.unsynced.values() if c.proof is not None]
-        gated = [c.proof for c in self.gated.values() if c.proof is not None]
-        return (tuple(c.proof for c in done if c.proof is not None) + tuple(gated),
-                tuple(c.index for c in done))
+        if self._proofs is None:
+            done = [c for c in self.unsynced.values() if c.proof is not None]
+            gated = [c.proof for c in self.gated.values() if c.proof is not None]
+            self._proofs = (tuple(c.proof for c in done if c.proof is not None) + tuple(gated),
+                            tuple(c.index for c in done))
+        return self._proofs
 
 
 def requirements_hold(app: AppView, reqs: tuple[Requirement, ...]) -> bool:

@@ -144,21 +144,6 @@ def test_delta_of_each_save_is_small_and_replays_exactly() -> None:
     assert len(REGISTRY.encode(records[-1])) > 3000  # 20 txs' own endorsements, tombstones
 
 
-def test_a_released_proof_leaves_the_record_once_an_fsync_covers_it() -> None:
-    app, disk = KvApp(), Disk()
-    core = _core(app)
-    _drive(core, app, disk, _inputs(_txs()[:3]))
-    assert app.data == {"x": b"3"}
-    last = core.durable_state()
-    # The first two are in the fsynced WAL; the last release has no fsync after it yet.
-    assert [p.tx for p in last.committed] == [_txs()[2]]
-    assert last.released_at == (3,)
-    assert len(last.decided) == 3  # tombstones stay
-
-
-CRASH_MODES = ("none", "wal", "journal", "both")
-
-
 def test_restart_at_every_crash_point_neither_loses_nor_doubles_an_apply() -> None:
     """Crash at every step, with that step's Ready not persisted, persisted WAL-first (the
     runtime's order), journal-first (the simulator's), or both; with and without the
