@@ -17,10 +17,10 @@ are proportional to the change, not to the record.
 
 Crash cases (with the core's rules in `core.py`, `release.py`; the driver writes a Ready's
 WAL entries and its `core_state`, then reports `Persisted`):
-- A released proof stays in the record until a Ready at or after its release Ready that
-  fsynced (`must_sync`) is `Persisted`: only then is its WAL entry durable. So at every
-  instant each committed transaction is in the durable record (proof or tombstone) or in
-  the durable WAL, or both.
+- A released proof stays in the record until GC (the record always holds every committed
+  transaction of the horizon: proof or tombstone). Dropping it once a fsynced `Persisted`
+  covered its release is built (`ReleaseGate.mark_synced`) but not used: it lost commits in
+  the simulator's restart sweep (docs/LEADERLESS.md "The hot path").
 - Crash after the WAL append, before the journal append (the runtime's order): the WAL
   holds entries the record does not know as released (or at all). On restart the core
   reads the WAL suffix (`restored_entries`): those transactions are committed (tombstone,
@@ -30,7 +30,7 @@ WAL entries and its `core_state`, then reports `Persisted`):
   lost unsynced WAL data): the record still holds the proofs released at indexes past the
   WAL's end (they were not `Persisted`): the restart releases them again at exactly those
   indexes, in order.
-- A released proof that left the record (durable in the WAL) has no proof after a restart:
+- A transaction committed in the WAL but not in the record has no proof after a restart:
   the checkpoint machine never votes drop on a checkpoint naming it (`unprovable`).
 
 Invariants:
