@@ -33,7 +33,6 @@ from phalanx.consensus.core import (
     Abort,
     CheckpointInstalled,
     CheckpointTaken,
-    CoreStatus,
     Input,
     Persisted,
     Ready,
@@ -44,7 +43,6 @@ from phalanx.consensus.core import (
     Tick,
 )
 from phalanx.consensus.crypto import Crypto, Verifier
-from phalanx.consensus.leaderless._veto_interim import CheckpointMachine, RefusalTally
 from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.checks import (
@@ -67,37 +65,20 @@ from phalanx.consensus.leaderless.messages import (
     VetoChoice,
     transaction_id,
 )
+from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.status import LeaderlessStatus
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.tx_codec import TxCodec
+from phalanx.consensus.leaderless.veto import CheckpointMachine
 from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
+
+__all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
 
 MAX_FETCH_IDS = 64
 """At most this many ids of one `FetchTransactions` are answered (a flood is cut)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaderlessStatus(CoreStatus):
-    """`CoreStatus` of the leaderless core: role "endorser", term 0, no leader,
-    `commit_index` = the last released local index.
-
-    Attributes:
-        pending: known undecided transactions.
-        committed: transactions committed by this process (restored ones included).
-        dropped_txs: transactions dropped (checkpoint or abort certificate).
-        aborted: `Abort`s emitted.
-        gated: committed transactions waiting at the version gate.
-        gc_horizon_ms: the garbage-collection horizon.
-    """
-
-    pending: int = 0
-    committed: int = 0
-    dropped_txs: int = 0
-    aborted: int = 0
-    gated: int = 0
-    gc_horizon_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -131,7 +112,8 @@ class LeaderlessCore:
         self._checkpoints = CheckpointMachine(
             node_id=config.node_id, nodes=config.nodes, crypto=crypto,
             checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
-            restored_votes=restored.votes if restored is not None else ())
+            restored_votes=restored.votes if restored is not None else (),
+            tx_id_of=self._tx_id)
         self._verify_proof = ProofChecker(
             nodes=config.nodes, crypto=crypto, client_keys=client_keys,
             quorum_for=config.quorum_for, tx_id=self._tx_id,
@@ -139,6 +121,7 @@ class LeaderlessCore:
         self._dropped: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
         self._fetched: dict[TxId, None] = {}
+        self._recent: dict[TxId, int] = {}  # committed here: tx id -> tick
         self._now: int | None = None
         self._ticks = 0
         self._number = 0
@@ -252,31 +235,42 @@ class LeaderlessCore:
 
     def _on_submit(self, request: ClientRequest, out: _Outbox) -> None:
         tx = self._codec.decode(request.command)
-        reason: str | None = None
         if tx is None:
-            reason = "undecodable_submit"
-        elif (tx.client_id != request.client_id or tx.request_no != request.request_no
-              or tx.read_only != request.read_only):
-            reason = "submit_mismatch"
-        elif self._now is not None and tx.deadline_ms < self._now:
-            reason = "submit_expired"
-        if reason is not None or tx is None:
-            self._drop(reason or "undecodable_submit")
-            out.rejected.append(Rejection(request=request, reason=_REASONS[reason or ""]))
+            self._reject(request, "undecodable_submit", out)
+            return
+        if (tx.client_id != request.client_id or tx.request_no != request.request_no
+                or tx.read_only != request.read_only):
+            self._reject(request, "submit_mismatch", out)
             return
         tx_id = self._tx_id(tx)
-        if self._store.state_of(tx_id) is TxState.DROPPED:
+        state = self._store.state_of(tx_id)
+        if state is TxState.DROPPED:
             self._drop("submit_dropped")
             out.aborted.append(Abort(request=request, reason="transaction was dropped"))
             self._aborted += 1
             return
+        record = self._store.get(tx_id)
+        if record is not None:  # a client retry: peers may have lost it
+            self._drop("duplicate_submit")
+            if record.state is TxState.PENDING:
+                self._broadcast(record.tx, out)
+            return
+        if state is not None:
+            self._drop("duplicate_submit")  # committed and collected: the replica answers
+            return
+        if self._now is not None and tx.deadline_ms < self._now:
+            self._reject(request, "submit_expired", out)
+            return
         problem = self._accept_tx(tx_id, tx, out)
         if problem is not None:
-            self._drop(problem)
-            if problem not in ("duplicate_tx", "decided_tx"):
-                out.rejected.append(Rejection(request=request, reason=problem.replace("_", " ")))
+            self._reject(request, problem, out)
             return
         self._broadcast(tx, out)
+
+    def _reject(self, request: ClientRequest, reason: str, out: _Outbox) -> None:
+        self._drop(reason)
+        text = _REASONS.get(reason, reason.replace("_", " "))
+        out.rejected.append(Rejection(request=request, reason=text))
 
     def _accept_tx(self, tx_id: TxId, tx: Transaction, out: _Outbox) -> str | None:
         """Take a transaction into the store (from a client or a peer); the drop reason, or
@@ -322,7 +316,7 @@ class LeaderlessCore:
         elif isinstance(msg, StartCheckpoint):
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):
-            self._checkpoints.on_choice(src, msg, self._verify_proof)
+            self._checkpoints.on_choice(src, msg, self._verify_proof, self._proof_of)
         else:
             self._drop("unknown_message")
 
@@ -432,6 +426,7 @@ class LeaderlessCore:
         self._tally.forget(record.tx_id)
         self._gate.add(self._committed_item(record, proof))
         self._committed += 1
+        self._recent[record.tx_id] = self._ticks
         self._rules.invalidate()
         out.dirty = True
         if "drop_on_commit" in self._bugs:
@@ -460,7 +455,7 @@ class LeaderlessCore:
     def _on_tick(self, now: int | None, out: _Outbox) -> None:
         self._ticks += 1
         if now is None:
-            self._checkpoints.tick()
+            self._checkpoints.tick(self._proof_of)
             return
         self._now = now
         for record in self._store.pending():
@@ -476,12 +471,25 @@ class LeaderlessCore:
                 self._try_endorse(record, out)
             self._try_commit(record, out)
         self._queue_stuck(now)
-        self._checkpoints.tick()
+        self._checkpoints.tick(self._proof_of)
         if self._ticks % self._config.rebroadcast_ticks == 0:
-            self._rebroadcast(out)
+            self._rebroadcast(now, out)
         self._gc(now, out)
 
-    def _rebroadcast(self, out: _Outbox) -> None:
+    def _rebroadcast(self, now: int, out: _Outbox) -> None:
+        """Loss recovery: push own endorsements of transactions committed here in the last
+        two periods (a peer that lost them in a crash fetches them) and own signatures of
+        pending ones again, and pull what peers know of pending transactions past their
+        deadline (a peer that committed one no longer pushes its endorsement)."""
+        overdue = tuple(r.tx_id for r in self._store.pending() if r.deadline < now)
+        for i in range(0, len(overdue), MAX_FETCH_IDS):
+            self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
+        since = self._ticks - 2 * self._config.rebroadcast_ticks
+        self._recent = {t: at for t, at in self._recent.items() if at > since}
+        for tx_id in self._recent:  # a peer that lost them (a restart) fetches them
+            own = self._kernel.endorsement(tx_id)
+            if own is not None:
+                self._broadcast(own, out)
         for record in self._store.pending():
             signed: Message | None = self._kernel.endorsement(record.tx_id)
             if signed is None:
@@ -490,24 +498,8 @@ class LeaderlessCore:
                 self._broadcast(signed, out)
 
     def _queue_stuck(self, now: int) -> None:
-        """PnyxDB's checkpoint trigger (docs/LEADERLESS.md "Deadlocks")."""
-        old = now - self._config.delta_old_ms
-        for record in self._store.pending():
-            if self._rules.applicable(record.tx_id):
-                for e in record.endorsements.values():
-                    for c in e.conditions:
-                        if self._stuck_condition(c, old):
-                            self._queue(c)
-            elif record.deadline < old and not self._tally.certificate(record.tx_id):
-                self._queue(record.tx_id)
-
-    def _stuck_condition(self, c: TxId, old: int) -> bool:
-        """Condition `c` is unknown, or pending, not applicable and expired before `old`."""
-        state = self._store.state_of(c)
-        if state is None:
-            return True
-        return (state is TxState.PENDING and not self._rules.applicable(c)
-                and self._store.records[c].deadline < old)
+        for tx_id in self._rules.stuck(now - self._config.delta_old_ms):
+            self._queue(tx_id)
 
     def _queue(self, tx_id: TxId) -> None:
         if tx_id not in self._queued:
@@ -532,7 +524,7 @@ class LeaderlessCore:
         for table in (self._queued, self._fetched):
             for tx_id in [t for t in table if self._store.state_of(t) is None]:
                 del table[tx_id]
-        self._checkpoints.gc(lambda t: self._store.state_of(t) is TxState.PENDING)
+        self._checkpoints.gc(lambda t: self._store.state_of(t) is not None)
         self._rules.invalidate()
         if gone or stones:
             out.dirty = True
@@ -571,11 +563,18 @@ class LeaderlessCore:
 
     # ------------------------------------------------------------------------------ status
 
+    def _drop_counts(self) -> dict[str, int]:
+        counts = dict(self._dropped)
+        for reason, count in self._checkpoints.dropped_counts().items():
+            key = f"veto_{reason}"
+            counts[key] = counts.get(key, 0) + count
+        return counts
+
     def status(self) -> LeaderlessStatus:
         pending = sum(1 for r in self._store.records.values() if r.state is TxState.PENDING)
         return LeaderlessStatus(
             node=self._config.node_id, role="endorser", term=0,
-            commit_index=self._gate.last_index, leader=None, dropped=dict(self._dropped),
+            commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),
             pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
             aborted=self._aborted, gated=len(self._gate.gated),
             gc_horizon_ms=self._store.horizon)
@@ -585,5 +584,4 @@ _REASONS = {
     "undecodable_submit": "the command is not a transaction",
     "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
     "submit_expired": "the transaction's deadline has passed",
-    "": "rejected",
 }

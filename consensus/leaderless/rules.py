@@ -8,6 +8,10 @@ Owns: `Rules`, pure reads of a `TxStore`:
 - `definitely_valid(record)`: the endorsements whose every condition is dropped
   (unconditional ones always); one whose condition committed is permanently invalid.
 - `committable(record)`: pending with at least Q_policy definitely valid endorsements.
+- `stuck(old)`: what to queue for a checkpoint (docs/LEADERLESS.md "Deadlocks"): a
+  condition of an applicable pending transaction's endorsement that is unknown, or pending,
+  not applicable and expired before `old` (= now - delta_old); a pending transaction, not
+  applicable, whose deadline is before `old`.
 
 Invariant: no method changes the store; results depend only on the store's content (the
 memo lives for one `Rules` pass and is cleared by `invalidate`).
@@ -85,3 +89,22 @@ class Rules:
     def committable(self, record: TxRecord) -> bool:
         return (record.state is TxState.PENDING
                 and len(self.definitely_valid(record)) >= self.quorum(record))
+
+    def stuck(self, old: int) -> list[TxId]:
+        out: dict[TxId, None] = {}
+        for record in self._store.pending():
+            if self.applicable(record.tx_id):
+                for e in record.endorsements.values():
+                    for c in e.conditions:
+                        if self._stuck_condition(c, old):
+                            out[c] = None
+            elif record.deadline < old:
+                out[record.tx_id] = None
+        return list(out)
+
+    def _stuck_condition(self, c: TxId, old: int) -> bool:
+        state = self._store.state_of(c)
+        if state is None:
+            return True
+        return (state is TxState.PENDING and not self.applicable(c)
+                and self._store.records[c].deadline < old)

@@ -34,6 +34,7 @@ from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
     StartCheckpoint,
+    Transaction,
     TransactionProof,
     TxId,
     VetoChoice,
@@ -91,7 +92,7 @@ class CheckpointMachine:
     __slots__ = (
         "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped", "_dropped_counts",
         "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period", "_queued",
-        "_sends", "_ticks", "node_id",
+        "_sends", "_ticks", "_tx_id_of", "node_id",
     )
 
     def __init__(
@@ -104,6 +105,7 @@ class CheckpointMachine:
         batch: int,
         restored_votes: tuple[VetoChoice, ...] = (),
         max_open: int = 1024,
+        tx_id_of: Callable[[Transaction], TxId] | None = None,
     ) -> None:
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
@@ -118,6 +120,9 @@ class CheckpointMachine:
         self._period = checkpoint_ticks
         self._batch = batch
         self._max_open = max_open
+        # The core's transaction id (`transaction_id` over the codec's encoding); the
+        # default hashes `crypto.encode`, which is the codec only where they coincide.
+        self._tx_id_of = tx_id_of or (lambda tx: transaction_id(tx, crypto.encode))
         self._ticks = 0
         self._queued: dict[TxId, None] = {}
         self._checkpoints: dict[bytes, _Checkpoint] = {}
@@ -274,7 +279,7 @@ class CheckpointMachine:
             return ()
         ids = set(msg.tx_ids)
         return tuple(p for p in msg.proofs
-                     if transaction_id(p.tx, self._crypto.encode) in ids and verify_proof(p))
+                     if self._tx_id_of(p.tx) in ids and verify_proof(p))
 
     def _open(self) -> int:
         return sum(1 for cp in self._checkpoints.values() if cp.drop is None)

@@ -18,6 +18,7 @@ from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
+    Endorsement,
     LeaderlessDurableState,
     Requirement,
     Transaction,
@@ -223,3 +224,29 @@ class Cluster:
 
     def states(self) -> list[dict[str, bytes]]:
         return [self.nodes[n].app.data for n in self.ids]
+
+
+def endorsement(node: str, tx: Transaction, conditions: tuple[TxId, ...] = ()) -> Endorsement:
+    """`node`'s signed endorsement of `tx` (tests play the other nodes)."""
+    body = Endorsement(tx_id=tx_id(tx), endorser=NodeId(node), conditions=tuple(sorted(conditions)))
+    return replace(body, signature=FastCrypto(NodeId(node)).sign(body))
+
+
+def solo(node: str = "n1", *, bugs: frozenset[str] = frozenset(), app: KvApp | None = None,
+         restored: LeaderlessDurableState | None = None,
+         **config: object) -> tuple[LeaderlessCore, KvApp]:
+    """One core of a 4-node cluster, driven by hand."""
+    app = app or KvApp()
+    ids = tuple(NodeId(f"n{i}") for i in range(1, 5))
+    cfg = LeaderlessConfig(node_id=NodeId(node), nodes=ids, **config)  # type: ignore[arg-type]
+    core = LeaderlessCore(cfg, crypto=FastCrypto(NodeId(node)), client_keys=client_keys(),
+                          app=app, codec=CODEC, restored=restored, bugs=bugs)
+    return core, app
+
+
+def run(core: LeaderlessCore, app: KvApp, inp: Input) -> Ready:
+    """Step `core` and apply what it releases to `app` (the driver's job)."""
+    ready = core.step(inp)
+    for entry in ready.committed:
+        app.apply(entry)
+    return ready
