@@ -11,7 +11,8 @@ Exit status of `phalanx kv` (for scripts):
        failed
     2  usage error: bad arguments (a non-UTF-8 KEY, a timeout that is not a finite number
        > 0), no cluster at DIR, a missing or invalid cluster.toml or client credential file
-    3  the cluster refused the command: it certainly had no effect
+    3  the cluster refused the command: it certainly had no effect (a leaderless
+       transaction that f+1 nodes report aborted prints ``aborted: <reason>``)
     4  no answer in time: the command MAY OR MAY NOT have taken effect
     5  the cluster answered that its storage is unavailable (`StorageUnavailable`)
     6  the cluster refused this client the command (`Forbidden`): no effect
@@ -78,6 +79,7 @@ from phalanx.cli.errors import (
 if TYPE_CHECKING:  # the handlers import these: building the parser must stay cheap
     from phalanx.net.client_protocol import StatusReply
     from phalanx.ops.node_config import ClusterConfig
+    from phalanx.ops.signing_keys import TransactionSigner
 
 EXIT_OK: Final = 0
 EXIT_NEGATIVE: Final = 1
@@ -107,6 +109,18 @@ sadd with sadd, ...): the leaderless protocol may apply them in any order.
 --cluster defaults to ${CLUSTER_ENV}. Reads are linearizable unless --stale.
 --as NAME uses DIR/clients/NAME.pem instead of the cluster's default client certificate
 (e.g. --as reader: read-only; see `phalanx cert issue-client`).
+
+leaderless clusters (`cluster init --protocol leaderless`): every write is a transaction
+signed with the cluster's client signing key (DIR/clients/client.signing.key; another with
+--client-name NAME or --client-key PATH, made by `phalanx cluster client-key DIR NAME`),
+sent to every node and decided by f+1 matching answers. A key's version is SHA-512 of its
+value (`version KEY`; absent: empty). put, delete, cas and concat, and linearizable reads,
+must name the version of their key (a requirement): by default the version f+1 nodes
+report is read first; --require KEY=HEX (repeatable; KEY= for absent) gives it instead.
+The transaction commits only where the versions still match, else it is aborted: it
+prints "aborted: <reason>" and exits 3 (no effect; --retry-aborted reads the versions
+again and retries until --timeout). add, mul, sadd and srem need no version (updates of
+one kind commute). --stale reads ask one node (possibly behind); scan needs --stale.
 
 exit status:
   0  success
@@ -161,6 +175,16 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         epilog=_KV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_cluster_option(kv)
+    kv.add_argument("--client-key", metavar="PATH", default=None,
+                    help="leaderless: sign with this client signing key file")
+    kv.add_argument("--client-name", dest="client_name_key", metavar="NAME", default=None,
+                    help="leaderless: sign with DIR/clients/NAME.signing.key")
+    kv.add_argument("--require", metavar="KEY=VERSION", action="append", default=None,
+                    type=_requirement,
+                    help="leaderless: commit only where KEY's version (hex; empty: absent) "
+                    "is VERSION (repeatable; default: read it first)")
+    kv.add_argument("--retry-aborted", action="store_true",
+                    help="leaderless: after an abort, read the versions again and retry")
     sub = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
     put = sub.add_parser("put", help="set KEY to VALUE")
     key = utf8_text("KEY")
@@ -214,6 +238,17 @@ _UPDATES = (
     ("concat", "SUFFIX", "append SUFFIX to the value at KEY"),
 )
 _INT64 = range(-(2**63), 2**63)
+
+
+def _requirement(text: str) -> tuple[str, bytes]:
+    """An argparse type: ``KEY=HEX`` (a version; ``KEY=`` for an absent key)."""
+    key, sep, version = text.rpartition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VERSION (hex), got {text!r}")
+    try:
+        return key, bytes.fromhex(version)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the version is not hex") from None
 
 
 def _int64(text: str) -> int:
@@ -303,22 +338,37 @@ async def run_kv(
     read_only: bool,
     stale: bool,
     client_timeout: float,
+    signer: TransactionSigner | None = None,
+    requirements: dict[str, bytes] | None = None,
+    retry_aborted: bool = False,
 ) -> KvResult:
     """Send one KV command and return its decoded result (errors: see `phalanx.client.async_client`;
-    `client_timeout` is the client's deadline for the operation)."""
+    `client_timeout` is the client's deadline for the operation). Leaderless clusters: signed
+    with `signer` (default: the cluster's key), with `requirements` or the versions f+1 nodes
+    report (`phalanx.client.kv.KvHelpers.call_versioned`)."""
     from phalanx.apps import kv_wire
-    from phalanx.client.async_client import ClientError, open_client
+    from phalanx.client.async_client import ClientError, ClientOptions, open_client
+    from phalanx.client.kv import required_keys
     from phalanx.net.client_protocol import ReadConsistency
 
     consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
-    failure: ClientError | None = None
+    failure: ClientError | ValueError | None = None
     raw = b""
-    async with open_client(cluster, timeout=client_timeout) as client:
+    options: ClientOptions = {"timeout": client_timeout}
+    if signer is not None:
+        options["signer"] = signer
+    async with open_client(cluster, **options) as client:
+        encoded = kv_wire.encode_command(command)
         try:
-            raw = await client.call(
-                kv_wire.encode_command(command), read_only=read_only, consistency=consistency
-            )
-        except ClientError as e:  # raised here, not wrapped in the client's ExceptionGroup
+            if client.signs_transactions and not stale:
+                raw = await client.call_versioned(
+                    encoded, required_keys(command), read_only=read_only,
+                    requirements=requirements, retry_aborted=retry_aborted)
+            elif requirements:
+                raise ValueError(f"--require is for leaderless clusters, not {cluster.protocol}")
+            else:
+                raw = await client.call(encoded, read_only=read_only, consistency=consistency)
+        except (ClientError, ValueError) as e:  # raised here, not wrapped in an ExceptionGroup
             failure = e
     if failure is not None:
         raise failure
@@ -425,6 +475,31 @@ def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     return cluster
 
 
+def _signer(args: argparse.Namespace, cluster: ClusterConfig) -> TransactionSigner | None:
+    """The signing key --client-key / --client-name pick, or None (the cluster's default).
+    Raises ValueError (one line) when the protocol does not sign or the key will not load."""
+    path_text: str | None = getattr(args, "client_key", None)
+    name: str | None = getattr(args, "client_name_key", None)
+    if path_text is None and name is None:
+        return None
+    if path_text is not None and name is not None:
+        raise ValueError("give --client-key or --client-name, not both")
+    from pathlib import Path
+
+    from phalanx.ops.signing_keys import SigningKeyError, TransactionSigner, client_key_path
+    from phalanx.protocols import CallStrategy
+    from phalanx.protocols import get as protocol_spec
+
+    if protocol_spec(cluster.protocol).call_strategy is not CallStrategy.ENDORSEMENT:
+        raise ValueError(f"protocol {cluster.protocol} does not use client signing keys")
+    path = Path(path_text) if path_text is not None else client_key_path(
+        cluster.directory, name or "")
+    try:
+        return TransactionSigner.from_file(path, name)
+    except SigningKeyError as e:
+        raise ValueError(str(e)) from None
+
+
 def _kv_main(args: argparse.Namespace) -> int:
     cluster = _open(args, "phalanx kv")
     if cluster is None:
@@ -434,15 +509,25 @@ def _kv_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
+    try:
+        signer = _signer(args, cluster)
+    except ValueError as e:
+        print_error("phalanx kv", str(e))
+        return EXIT_USAGE
     import trio  # after the usage checks: a usage error costs no client import
 
     from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
-    from phalanx.client.errors import Forbidden, StorageUnavailable
+    from phalanx.client.errors import Forbidden, StorageUnavailable, TransactionAborted
 
     stale = bool(getattr(args, "stale", False))
+    requirements = dict(args.require) if args.require else None
     try:
         result = trio.run(lambda: run_kv(
-            cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout))
+            cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout,
+            signer=signer, requirements=requirements, retry_aborted=args.retry_aborted))
+    except ValueError as e:  # --require on a cluster without versions, a leaderless scan
+        print_error("phalanx kv", str(e))
+        return EXIT_USAGE
     except StorageUnavailable as e:
         print(f"phalanx kv: storage unavailable, the command may or may not have taken "
               f"effect: {e}", file=sys.stderr)
@@ -454,6 +539,9 @@ def _kv_main(args: argparse.Namespace) -> int:
     except Forbidden as e:
         print(f"phalanx kv: forbidden: {e}", file=sys.stderr)
         return EXIT_FORBIDDEN
+    except TransactionAborted as e:
+        print(f"aborted: {e.reason}", file=sys.stderr)
+        return EXIT_REJECTED
     except RequestRejected as e:
         print(f"phalanx kv: refused: {e}", file=sys.stderr)
         return EXIT_REJECTED

@@ -21,6 +21,7 @@ _LAZY = {
     "KvCommandError": "phalanx.client.errors",
     "ProtocolViolation": "phalanx.client.errors",
     "RequestRejected": "phalanx.client.errors",
+    "TransactionAborted": "phalanx.client.errors",
 }
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ProtocolViolation",
     "RequestRejected",
     "SyncClient",
+    "TransactionAborted",
     "open_client",
 ]
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
         KvCommandError,
         ProtocolViolation,
         RequestRejected,
+        TransactionAborted,
     )
     from phalanx.client.sync_client import SyncClient
 

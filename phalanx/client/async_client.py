@@ -56,6 +56,12 @@ replicas (identified by their certificates, not by what they claim) return the s
 and result (Castro-Liskov §4.1). It goes to the primary alone when f+1 replicas name it and
 enough backups subscribed (`ClientHello`) to answer it unasked, and to every replica
 otherwise and on a retransmission; a STALE read always goes to every replica.
+ENDORSEMENT (leaderless; `phalanx.client.endorsement_calls.EndorsementCalls`): each write
+and linearizable read is a `Transaction` signed with the client's key (`signer`), with an
+absolute deadline and the caller's `requirements` (key -> version), sent to every node
+(the same signed bytes on every retry) and decided by f+1 matching answers; f+1 matching
+ABORTED answers raise `TransactionAborted` (a `RequestRejected`: certainly no effect). A
+STALE read goes to one node, as a Raft call does.
 
 Not deterministic and not run by the simulator: it uses the real clock and a private
 `random.Random` for backoff jitter.
@@ -67,15 +73,16 @@ import math
 import random
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import trio
 
 from phalanx.client.bft_calls import PbftCalls
 from phalanx.client.connection import ClientStatistics, ConnectionPool, NodeAddress, PendingCall
+from phalanx.client.endorsement_calls import EndorsementCalls, wall_clock
 from phalanx.client.errors import (
     ClientClosed,
     ClientError,
@@ -85,6 +92,7 @@ from phalanx.client.errors import (
     ProtocolViolation,
     RequestRejected,
     StorageUnavailable,
+    TransactionAborted,
 )
 from phalanx.client.kv import KvHelpers
 from phalanx.consensus.quorum import max_byzantine_faults
@@ -106,6 +114,9 @@ from phalanx.ops.node_config import ClusterConfig, ConfigError, load_cluster_con
 from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy
 from phalanx.protocols import get as protocol_spec
 
+if TYPE_CHECKING:
+    from phalanx.ops.signing_keys import TransactionSigner
+
 __all__ = [
     "Client",
     "ClientClosed",
@@ -118,6 +129,7 @@ __all__ = [
     "ProtocolViolation",
     "RequestRejected",
     "StorageUnavailable",
+    "TransactionAborted",
     "open_client",
 ]
 
@@ -126,7 +138,7 @@ client_protocol.register()
 _UNAVAILABLE = " is unavailable: "
 """How a last error records an UNAVAILABLE answer (`StorageUnavailable` at the deadline)."""
 
-class Client(KvHelpers, PbftCalls):
+class Client(EndorsementCalls, KvHelpers, PbftCalls):
     """An async handle on a phalanx cluster. Open it with `open_client` / `Client.connect`.
 
     Concurrency: any number of tasks may call it at once; calls are pipelined over one
@@ -151,6 +163,10 @@ class Client(KvHelpers, PbftCalls):
         verify_node_ids: bool = True,
         rng: random.Random | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        signer: TransactionSigner | None = None,
+        endorse_all: bool = True,
+        abort_grace: float = 1.0,
+        wall_clock: Callable[[], float] = wall_clock,
     ) -> None:
         spec = protocol_spec(protocol)  # UnknownProtocol (a ValueError) names the known ones
         if not (timeout > 0 and attempt_timeout > 0):
@@ -158,9 +174,17 @@ class Client(KvHelpers, PbftCalls):
         self._stats = ClientStatistics()
         self.protocol = protocol
         self._matching_replies = spec.call_strategy is CallStrategy.MATCHING_REPLIES
+        self.signs_transactions = spec.call_strategy is CallStrategy.ENDORSEMENT
+        """Whether calls are signed transactions (ENDORSEMENT): the KV helpers then carry
+        version requirements."""
+        self._signer = signer
+        self.endorse_all = endorse_all
+        self.abort_grace = abort_grace
+        self._wall_clock = wall_clock
         self.client_id = uuid.uuid4().hex if client_id is None else client_id
         hello = None
-        if self._matching_replies:  # subscribe: backups answer requests they did not get
+        if self._matching_replies or self.signs_transactions:
+            # subscribe: nodes answer requests they did not get from this client
             hello = encode_frame(wire.encode(ClientHello(client_id=self.client_id)))
         self._pool = ConnectionPool(nodes, ssl_context=ssl_context,
                                     verify_node_ids=verify_node_ids,
@@ -225,6 +249,8 @@ class Client(KvHelpers, PbftCalls):
         *,
         read_only: bool = False,
         consistency: ReadConsistency = ReadConsistency.LINEARIZABLE,
+        requirements: Mapping[str, bytes] | None = None,
+        deadline: float | None = None,
     ) -> bytes:
         """Submit one encoded application command and return its encoded result.
 
@@ -232,42 +258,72 @@ class Client(KvHelpers, PbftCalls):
         (`read_only=True`) are linearizable unless `consistency` is `STALE`, which the
         contacted node serves from its applied state (possibly behind).
 
+        ENDORSEMENT protocols only (`signs_transactions`): `requirements` (key -> version,
+        b"" for an absent key) must hold where the transaction commits; `deadline` is its
+        absolute deadline (wall clock, seconds since the Unix epoch; default now +
+        `timeout`), and the call waits for its outcome until `abort_grace` after it. A
+        linearizable read is a read-only transaction: give it requirements on what it reads.
+
         Raises:
             ClientTimeout: the deadline passed; the command may or may not have taken effect.
             RequestRejected: the cluster refused it; it had no effect.
+            TransactionAborted: (ENDORSEMENT) f+1 nodes report it aborted; it had no effect.
             ClientClosed: the client was closed.
         """
         self._check_running()
         if consistency is ReadConsistency.STALE and not read_only:
             raise ValueError("STALE consistency only applies to read_only calls")
-        deadline = trio.current_time() + self.timeout
+        if (requirements or deadline is not None) and not self.signs_transactions:
+            raise ValueError(f"requirements and deadlines are for protocols whose clients "
+                             f"sign transactions, not {self.protocol}")
+        endorsed = self.signs_transactions and consistency is ReadConsistency.LINEARIZABLE
+        deadline_at = trio.current_time() + self.timeout
         lane = None if read_only else self._take_lane()
         client_id = self.client_id if lane is None else f"{self.client_id}#{lane}"
-        request_no = self._next_request_no
-        self._next_request_no += 1
-        request = ClientRequest(
-            client_id=client_id, request_no=request_no, command=command, read_only=read_only
-        )
-        # One encode per call: every retry and every replica gets these same bytes.
-        frame = encode_frame(
-            wire.encode(ClientCall(request=request, consistency=consistency)),
-            max_frame_size=self._max_frame_size,
-        )
+        request_no = self._new_request_no()
+        expires = 0.0
+        try:
+            if endorsed:
+                frame, expires = self._transaction_frame(
+                    client_id, request_no, command, read_only=read_only,
+                    requirements=requirements or {}, deadline=deadline)
+            else:
+                request = ClientRequest(client_id=client_id, request_no=request_no,
+                                        command=command, read_only=read_only)
+                # One encode per call: every retry and every replica gets these same bytes.
+                frame = encode_frame(
+                    wire.encode(ClientCall(request=request, consistency=consistency)),
+                    max_frame_size=self._max_frame_size,
+                )
+        except BaseException:
+            if lane is not None:
+                self._release_lane(lane)
+            raise
         call: PendingCall[ClientReply] = PendingCall(client_id, request_no)
         self._stats.calls += 1
         try:
+            if endorsed:
+                return await self._call_endorsed(call, frame, expires)
             if self._matching_replies:
                 # A STALE read is answered by each replica it reaches, from its own state:
                 # the primary alone would give one answer, never f+1.
                 alone = consistency is ReadConsistency.LINEARIZABLE
-                return await self._call_all(call, frame, deadline, alone=alone)
+                return await self._call_all(call, frame, deadline_at, alone=alone)
             # A stale read may be answered by a follower: that says nothing about the leader.
             learn = consistency is ReadConsistency.LINEARIZABLE
-            return await self._call_leader(call, frame, deadline, learn_leader=learn)
+            return await self._call_leader(call, frame, deadline_at, learn_leader=learn)
         finally:
             self._pool.forget(request_no)
             if lane is not None:
                 self._release_lane(lane)
+
+    def _new_request_no(self) -> int:
+        request_no = self._next_request_no
+        self._next_request_no += 1
+        return request_no
+
+    def _client_id(self) -> str:
+        return self.client_id
 
     def _take_lane(self) -> int:
         if self._free_lanes:
@@ -483,6 +539,10 @@ class ClientOptions(TypedDict, total=False):
     verify_node_ids: bool
     rng: random.Random
     max_frame_size: int
+    signer: TransactionSigner
+    endorse_all: bool
+    abort_grace: float
+    wall_clock: Callable[[], float]
 
 
 @asynccontextmanager
@@ -514,6 +574,13 @@ async def open_client(
         backoff: jittered exponential delays between rotations (`net.transport.Backoff`).
         verify_node_ids: check that each node's certificate names the node id it is
             listed under.
+        signer: (ENDORSEMENT protocols) the client's `TransactionSigner`; with a cluster
+            the default is the key ``cluster.toml`` names (``[client] signing_key``).
+        endorse_all: (ENDORSEMENT) send each transaction to every node (default), or to
+            f+1 of them first (every retry goes to all).
+        abort_grace: (ENDORSEMENT) how long past a transaction's deadline the call waits
+            for f+1 matching outcomes (abort notices come after the deadline).
+        wall_clock: (ENDORSEMENT) the clock of transaction deadlines (tests).
 
     Raises:
         phalanx.ops.node_config.ConfigError: the cluster directory is invalid, or its client
@@ -532,6 +599,15 @@ async def open_client(
             except (OSError, ValueError) as e:
                 raise ConfigError(f"{cluster.client_cert}: not a usable client certificate "
                                   f"({e})") from None
+        if ("signer" not in options and cluster.client_signing_key is not None
+                and protocol_spec(options["protocol"]).call_strategy
+                is CallStrategy.ENDORSEMENT):
+            from phalanx.ops.signing_keys import SigningKeyError, TransactionSigner
+
+            try:
+                options["signer"] = TransactionSigner.from_file(cluster.client_signing_key)
+            except SigningKeyError as e:
+                raise ConfigError(str(e)) from None
         if "ssl_context" not in options:
             options["ssl_context"] = pki.client_context(
                 cluster.ca,

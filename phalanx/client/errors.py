@@ -59,3 +59,17 @@ class KvCommandError(RequestRejected):
 class ProtocolViolation(ClientError):
     """A reply's result is not what the command can produce (a buggy or faulty server)."""
 
+
+
+class TransactionAborted(RequestRejected):
+    """f+1 nodes answered that the signed transaction was aborted (`ReplyStatus.ABORTED`:
+    dropped by a checkpoint, or refused by enough nodes once its deadline passed, e.g. a
+    requirement on a version that did not hold). It certainly had no effect, and never will:
+    no correct node applies it. `reason` is one node's account of why; `replicas` the nodes
+    that agreed. Retrying needs a new transaction (fresh versions, a new deadline)."""
+
+    def __init__(self, reason: str, *, call: str = "transaction",
+                 replicas: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{call} aborted: {reason}", replica=replicas[0] if replicas else None)
+        self.reason = reason
+        self.replicas = replicas

@@ -35,6 +35,7 @@ from phalanx.client.async_client import (
     NodeAddress,
     open_client,
 )
+from phalanx.client.kv import Requirements
 from phalanx.net.client_protocol import ReadConsistency, StatusReply
 from phalanx.ops.node_config import ClusterConfig
 
@@ -147,25 +148,36 @@ class SyncClient:
         *,
         read_only: bool = False,
         consistency: ReadConsistency = ReadConsistency.LINEARIZABLE,
+        requirements: Requirements | None = None,
+        deadline: float | None = None,
     ) -> bytes:
         """See `Client.call`."""
         return self._run(self.client.call, command, read_only=read_only,
-                         consistency=consistency)
+                         consistency=consistency, requirements=requirements, deadline=deadline)
 
-    def put(self, key: str, value: bytes) -> None:
-        self._run(self.client.put, key, value)
+    def put(self, key: str, value: bytes,
+            *, requirements: Requirements | None = None, retry_aborted: bool = False) -> None:
+        self._run(self.client.put, key, value, requirements=requirements,
+                         retry_aborted=retry_aborted)
 
-    def get(self, key: str, *, stale: bool = False) -> bytes | None:
-        return self._run(self.client.get, key, stale=stale)
+    def get(self, key: str, *, stale: bool = False,
+            requirements: Requirements | None = None) -> bytes | None:
+        return self._run(self.client.get, key, stale=stale, requirements=requirements)
 
-    def delete(self, key: str) -> bool:
-        return self._run(self.client.delete, key)
+    def delete(self, key: str,
+            *, requirements: Requirements | None = None, retry_aborted: bool = False) -> bool:
+        return self._run(self.client.delete, key, requirements=requirements,
+                         retry_aborted=retry_aborted)
 
-    def cas(self, key: str, expected: bytes | None, new: bytes) -> bool:
-        return self._run(self.client.cas, key, expected, new)
+    def cas(self, key: str, expected: bytes | None, new: bytes,
+            *, requirements: Requirements | None = None, retry_aborted: bool = False) -> bool:
+        return self._run(self.client.cas, key, expected, new, requirements=requirements,
+                         retry_aborted=retry_aborted)
 
-    def cas_result(self, key: str, expected: bytes | None, new: bytes) -> CasResult:
-        return self._run(self.client.cas_result, key, expected, new)
+    def cas_result(self, key: str, expected: bytes | None, new: bytes,
+            *, requirements: Requirements | None = None, retry_aborted: bool = False) -> CasResult:
+        return self._run(self.client.cas_result, key, expected, new, requirements=requirements,
+                         retry_aborted=retry_aborted)
 
     def scan(
         self, prefix: str, *, limit: int = 1000, stale: bool = False
@@ -177,40 +189,49 @@ class SyncClient:
         compares: Sequence[Compare],
         success: Sequence[TxnWrite],
         failure: Sequence[TxnWrite] = (),
+        *, requirements: Requirements | None = None, retry_aborted: bool = False,
     ) -> bool:
-        return self._run(self.client.txn, compares, success, failure)
+        return self._run(self.client.txn, compares, success, failure,
+                         requirements=requirements, retry_aborted=retry_aborted)
 
     def txn_result(
         self,
         compares: Sequence[Compare],
         success: Sequence[TxnWrite],
         failure: Sequence[TxnWrite] = (),
+        *, requirements: Requirements | None = None, retry_aborted: bool = False,
     ) -> TxnResult:
-        return self._run(self.client.txn_result, compares, success, failure)
+        return self._run(self.client.txn_result, compares, success, failure,
+                         requirements=requirements, retry_aborted=retry_aborted)
 
-    def version(self, key: str, *, stale: bool = False) -> bytes:
-        return self._run(self.client.version, key, stale=stale)
+    def version(self, key: str, *, stale: bool = False,
+            requirements: Requirements | None = None) -> bytes:
+        return self._run(self.client.version, key, stale=stale, requirements=requirements)
 
-    def get_versioned(self, key: str, *, stale: bool = False) -> tuple[bytes | None, bytes]:
-        return self._run(self.client.get_versioned, key, stale=stale)
+    def get_versioned(self, key: str, *, stale: bool = False,
+            requirements: Requirements | None = None) -> tuple[bytes | None, bytes]:
+        return self._run(self.client.get_versioned, key, stale=stale, requirements=requirements)
 
-    def add(self, key: str, amount: int) -> None:
-        self._run(self.client.add, key, amount)
+    def add(self, key: str, amount: int, *, requirements: Requirements | None = None) -> None:
+        self._run(self.client.add, key, amount, requirements=requirements)
 
-    def mul(self, key: str, factor: int) -> None:
-        self._run(self.client.mul, key, factor)
+    def mul(self, key: str, factor: int, *, requirements: Requirements | None = None) -> None:
+        self._run(self.client.mul, key, factor, requirements=requirements)
 
-    def sadd(self, key: str, member: bytes) -> None:
-        self._run(self.client.sadd, key, member)
+    def sadd(self, key: str, member: bytes, *, requirements: Requirements | None = None) -> None:
+        self._run(self.client.sadd, key, member, requirements=requirements)
 
-    def srem(self, key: str, member: bytes) -> None:
-        self._run(self.client.srem, key, member)
+    def srem(self, key: str, member: bytes, *, requirements: Requirements | None = None) -> None:
+        self._run(self.client.srem, key, member, requirements=requirements)
 
-    def concat(self, key: str, suffix: bytes) -> None:
-        self._run(self.client.concat, key, suffix)
+    def concat(self, key: str, suffix: bytes,
+            *, requirements: Requirements | None = None, retry_aborted: bool = False) -> None:
+        self._run(self.client.concat, key, suffix, requirements=requirements,
+                         retry_aborted=retry_aborted)
 
-    def smembers(self, key: str, *, stale: bool = False) -> list[bytes]:
-        return self._run(self.client.smembers, key, stale=stale)
+    def smembers(self, key: str, *, stale: bool = False,
+            requirements: Requirements | None = None) -> list[bytes]:
+        return self._run(self.client.smembers, key, stale=stale, requirements=requirements)
 
     def status(self, node: str) -> StatusReply:
         return self._run(self.client.status, node)

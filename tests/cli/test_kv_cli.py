@@ -240,3 +240,120 @@ def test_help_texts_have_examples_and_exit_codes(capsys: pytest.CaptureFixture[s
         out = capsys.readouterr().out
         assert "examples:" in out
         assert "exit status" in out.lower()
+
+
+# --------------------------------------------------------------------------------------------
+# leaderless (a protocol whose clients sign transactions)
+
+
+@pytest.fixture
+def signing_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cluster directory of a test-only protocol whose clients sign (PBFT's spec with
+    `CallStrategy.ENDORSEMENT`), plus a second key "alice"."""
+    from dataclasses import replace
+
+    from phalanx.ops.local_cluster import add_client_key
+    from phalanx.protocols import CallStrategy, get, registry
+
+    spec = replace(get("pbft"), name="endorse-test", call_strategy=CallStrategy.ENDORSEMENT)
+    monkeypatch.setitem(registry._SPECS, spec.name, spec)
+    init_cluster(tmp_path / "c", protocol=spec.name, nodes=4, base_port=21000)
+    add_client_key(tmp_path / "c", "alice")
+    return tmp_path / "c"
+
+
+def _run_kv_capturing(monkeypatch: pytest.MonkeyPatch, outcome: object) -> dict[str, object]:
+    """Replace `run_kv` by a stub that records its arguments and returns or raises `outcome`."""
+    import phalanx.cli.kv as cli_kv
+
+    seen: dict[str, object] = {}
+
+    async def fake_run_kv(cluster: object, command: object, **kwargs: object) -> object:
+        seen.update(kwargs, command=command)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(cli_kv, "run_kv", fake_run_kv)
+    return seen
+
+
+def test_an_aborted_transaction_prints_one_line_and_exits_3(
+        signing_cluster: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx.client.errors import TransactionAborted
+
+    _run_kv_capturing(monkeypatch, TransactionAborted("version of k changed",
+                                                      replicas=("n1", "n2")))
+    args = _parser().parse_args(["kv", "--cluster", str(signing_cluster), "put", "k", "v"])
+    assert args.handler(args) == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert err == "aborted: version of k changed\n"
+
+
+def test_requirements_and_the_signing_key_reach_the_client(
+        signing_cluster: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.ops.signing_keys import TransactionSigner
+
+    seen = _run_kv_capturing(monkeypatch, Done())
+    args = _parser().parse_args(["kv", "--cluster", str(signing_cluster), "--client-name",
+                                 "alice", "--require", "k=00ff", "--require", "j=",
+                                 "--retry-aborted", "add", "k", "1"])
+    assert args.handler(args) == EXIT_OK
+    assert seen["requirements"] == {"k": b"\x00\xff", "j": b""}
+    assert seen["retry_aborted"] is True
+    signer = seen["signer"]
+    assert isinstance(signer, TransactionSigner)
+    assert signer.name == "alice"
+    key = signing_cluster / "clients" / "client.signing.key"
+    args = _parser().parse_args(["kv", "--cluster", str(signing_cluster), "--client-key",
+                                 str(key), "get", "k"])
+    assert args.handler(args) == EXIT_OK
+    assert isinstance(seen["signer"], TransactionSigner)
+    assert seen["signer"].name == "client"
+    args = _parser().parse_args(["kv", "--cluster", str(signing_cluster), "get", "k"])
+    assert args.handler(args) == EXIT_OK
+    assert seen["signer"] is None  # the client library loads the cluster's default key
+
+
+def test_bad_signing_options_are_usage_errors(
+        signing_cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _run_kv_capturing(monkeypatch, Done())
+    base = ["kv", "--cluster", str(signing_cluster)]
+    for extra, message in (
+        (["--client-name", "bob"], "bob.signing.key: cannot read"),
+        (["--client-name", "alice", "--client-key", "x"], "not both"),
+    ):
+        args = _parser().parse_args([*base, *extra, "add", "k", "1"])
+        assert args.handler(args) == EXIT_USAGE
+        assert message in capsys.readouterr().err
+    raft = init_cluster(tmp_path / "raft", nodes=3, base_port=22000).directory
+    args = _parser().parse_args(["kv", "--cluster", str(raft), "--client-name", "alice",
+                                 "add", "k", "1"])
+    assert args.handler(args) == EXIT_USAGE
+    assert "does not use client signing keys" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*base, "--require", "nohex", "add", "k", "1"])
+
+
+def test_help_explains_versions_for_leaderless(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["kv", "--help"])
+    out = capsys.readouterr().out
+    assert "--require KEY=HEX" in out
+    assert "aborted: <reason>" in out
+    assert "cluster client-key" in out
+
+
+def test_required_keys_follow_the_kv_conflict_rules() -> None:
+    from phalanx.client.kv import required_keys
+
+    assert required_keys(Add(key="k", amount=1)) == ()
+    assert required_keys(SAdd(key="k", member=b"x")) == ()
+    assert required_keys(Put(key="k", value=b"v")) == ("k",)
+    assert required_keys(Concat(key="k", suffix=b"v")) == ("k",)
+    assert required_keys(CompareAndSet(key="k", expected=None, new=b"v")) == ("k",)
+    assert required_keys(Get(key="k")) == ("k",)
+    with pytest.raises(ValueError, match="stale"):
+        required_keys(Scan(prefix="", limit=1))
