@@ -13,9 +13,9 @@ hot path (status builds a dataclass per call), and must not change the core.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from phalanx.apps.replica import Replica
 from phalanx.consensus.core import Core
@@ -28,6 +28,10 @@ from phalanx.net.codec import Registry
 from phalanx.protocols import get as get_protocol
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
+
+if TYPE_CHECKING:
+    from phalanx.jepsen.sim.loop import EventLoop
+    from phalanx.jepsen.sim.node import SimNode
 
 Observation = tuple[str, int, int]
 """(role, term, commit index) of a core."""
@@ -56,6 +60,49 @@ class ProtocolSetup:
     """The message classes `watch_send` can object to (None: every class); others skip it."""
     """A white-box check of every message a node sends (state kept per run): returns the
     text of a violated protocol invariant, or None. Raft's: one vote per term per voter."""
+    workload: Callable[[WorkloadEnv], SimWorkload] | None = None
+    """The protocol's own clients and end-of-run checks, replacing the register clients,
+    the final reads and the linearizability check (the leaderless core: signed
+    transactions, an eventually consistent model). Every node then answers every
+    transaction it applies or aborts (`answers_all`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadEnv:
+    """What a protocol's workload (`ProtocolSetup.workload`) sees of one run."""
+
+    loop: EventLoop
+    rng: random.Random
+    trace: Callable[[str], None]
+    nodes: Mapping[str, SimNode]
+    submit: Callable[[str, ClientRequest], None]
+    """Deliver a request to a node after the client's latency (dropped if it is down)."""
+    clients: int
+    keys: int
+
+
+class SimWorkload(Protocol):
+    """A protocol's own clients and checks (see `ProtocolSetup.workload`). `run` starts it
+    once the nodes booted, stops it halfway through the liveness window (`final_ns`: the end
+    of the run) and calls `check` at the end."""
+
+    @property
+    def ok(self) -> int: ...
+
+    @property
+    def infos(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, final_ns: int) -> None: ...
+
+    def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None: ...
+
+    def abort(self, node: str, client_id: str, request_no: int) -> None: ...
+
+    def check(self) -> list[str]:
+        """The violations found after quiescence (empty when the run is correct)."""
+        ...
 
 
 class ReplyFilter(Protocol):

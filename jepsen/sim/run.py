@@ -52,7 +52,7 @@ from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
-from phalanx.jepsen.sim.protocols import Knobs, protocol_setup
+from phalanx.jepsen.sim.protocols import Knobs, SimWorkload, WorkloadEnv, protocol_setup
 from phalanx.net.codec import DecodeError, Registry
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
@@ -203,7 +203,7 @@ class _Cluster:
         )
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies
-        self.answers_all = setup.replies is not None
+        self.answers_all = setup.replies is not None or setup.workload is not None
         self.recovers_lost_disk = setup.recovers_lost_disk
         self._watch_send = setup.watch_send
         if setup.description:
@@ -278,6 +278,12 @@ class _Cluster:
         self._by_session: dict[str, SimClient] = {}
         self._partitions: dict[int, list[tuple[str, str]]] = {}
         self._client_rtt_ns = 500_000
+        self.workload: SimWorkload | None = None
+        if setup.workload is not None:  # the protocol's own clients (after every other draw)
+            self.workload = setup.workload(WorkloadEnv(
+                loop=self.loop, rng=random.Random(root.getrandbits(64)), trace=self.trace,
+                nodes=self.nodes, submit=self._submit_later, clients=cfg.clients,
+                keys=cfg.keys))
 
     # -- transport seams ---------------------------------------------------------------------
 
@@ -304,7 +310,14 @@ class _Cluster:
         target = self.nodes[node]
         self.loop.call_later(self._client_rtt_ns, lambda: target.submit(request))
 
+    def _submit_later(self, node: str, request: ClientRequest) -> None:
+        target = self.nodes[node]
+        self.loop.call_later(self._client_rtt_ns, lambda: target.submit(request))
+
     def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None:
+        if self.workload is not None:
+            self.workload.answer(node, client_id, request_no, result)
+            return
         client = self._by_session.get(client_id)
         if client is None or client.session != client_id:
             return  # unknown, or a session the client abandoned (its request numbers restart)
@@ -338,6 +351,9 @@ class _Cluster:
         )
 
     def abort(self, node: str, request: ClientRequest, reason: str) -> None:
+        if self.workload is not None:
+            self.workload.abort(node, request.client_id, request.request_no)
+            return
         client = self._by_session.get(request.client_id)
         if client is None or client.session != request.client_id:
             return
@@ -549,8 +565,12 @@ def _run(cfg: RunConfig) -> RunResult:
     c.boot_buggify()
     for name in c.names:
         c.nodes[name].start()
-    workers = [c.clients[f"c{i}"] for i in range(cfg.clients)]
-    final_readers = [c.clients[f"c{cfg.clients + k}"] for k in range(cfg.keys)]
+    workload = c.workload  # (when set, it replaces the register clients and final reads)
+    workers = [c.clients[f"c{i}"] for i in range(cfg.clients)] if workload is None else []
+    final_readers = ([c.clients[f"c{cfg.clients + k}"] for k in range(cfg.keys)]
+                     if workload is None else [])
+    if workload is not None:
+        loop.call_at(20 * _MS, workload.start)
     for client in workers:
         loop.call_at(20 * _MS, client.start)
     net_stats = c.network.stats
@@ -573,6 +593,8 @@ def _run(cfg: RunConfig) -> RunResult:
     loop.run_until(half)
     for client in workers:
         client.stop()
+    if workload is not None:
+        workload.stop(end)
     for k, reader in enumerate(final_readers):
         reader.enter_liveness(end)
         reader.issue("read", c.keys[k])
@@ -592,12 +614,14 @@ def _run(cfg: RunConfig) -> RunResult:
             violations.append(f"liveness: final read by {reader.session} did not succeed")
     history = c.recorder.history()
     lin = check_linearizable(history, time_limit=None, step_limit=cfg.lin_step_limit)
+    if workload is not None:
+        violations += workload.check()
     if lin.valid is False:
         violations.append(
             f"linearizability: history not linearizable on keys {list(lin.failing_keys)}: "
             + "; ".join(str(r.to_json())[:400] for r in lin.keys if r.valid is False)
         )
-    ops_ok = sum(cl.ok for cl in workers)
+    ops_ok = sum(cl.ok for cl in workers) + (workload.ok if workload is not None else 0)
     return RunResult(
         config=cfg,
         violations=violations,
@@ -607,7 +631,7 @@ def _run(cfg: RunConfig) -> RunResult:
         history=history.ops,
         linearizable=lin.valid,
         ops_ok=ops_ok,
-        ops_info=sum(cl.infos for cl in workers),
+        ops_info=sum(cl.infos for cl in workers) + (workload.infos if workload else 0),
         deliveries=c.network.stats.delivered,
         events=loop.events_run,
         wall_s=time.perf_counter() - wall0,

@@ -1,0 +1,351 @@
+"""The leaderless core in the deterministic simulator: cores with `FastCrypto`, signing
+clients (`leaderless_workload`), the replica in transaction mode over a recording KV store,
+Byzantine endorsers (`phalanx.jepsen.leaderless_byzantine`) and the quiescence checker
+(`leaderless_checker`).
+
+Owns: `sim_setup(...)` (the registry's `ProtocolSpec.sim` of ``leaderless``), `WORKLOAD_KNOBS`
+(the workload's swarm knobs), `RecordingKv` (the KV store that logs every apply with the
+versions it saw) and the glue between the run and the workload (`_Run`).
+
+How a run goes: `run` boots n nodes, starts `_Run` (the clients sign transactions and send
+them to every node, or `submit_to` of them), injects the seed's faults, heals, stops the
+clients halfway through the liveness window and, at the end, hands the checker every
+honest replica's apply log and final state. The checker's verdicts (`leaderless_checker`)
+replace linearizability; the run's own checks (runaway, monotone commit) still apply.
+
+Rules: deterministic (all draws from seeded `random.Random`s, virtual time only); the
+Byzantine replicas' executions are not judged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+from phalanx.apps import kv_ops
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.consensus.core import Core, CoreStatus, Input, Ready
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.leaderless.messages import (
+    LEADERLESS_MESSAGES,
+    LeaderlessDurableState,
+    Transaction,
+    transaction_id,
+)
+from phalanx.consensus.types import ClientRequest, Entry, HardState, NodeId
+from phalanx.jepsen.leaderless_byzantine import LeaderlessByzantineCore, choose_liars
+from phalanx.jepsen.sim.invariants import InvariantChecker
+from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check
+from phalanx.jepsen.sim.leaderless_workload import LeaderlessWorkload, WorkloadConfig
+from phalanx.jepsen.sim.node import SIM_EPOCH_MS
+from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
+from phalanx.net import wire
+from phalanx.net.codec import DecodeError
+from phalanx.runtime.persistence import DurableState
+from phalanx.storage.files import Storage
+
+CLIENT_SECRET = b"phalanx-sim-clients"
+"""The simulated clients' keyring secret (`FastCrypto`): apart from the nodes', so no
+node's key signs as a client."""
+
+WORKLOAD_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("conflict_pct", (0, 10, 30, 60)),
+    ("short_pct", (0, 10, 30)),
+    ("submit_to", (0, 2)),
+    ("deadline_max_ms", (400, 1_500)),
+)
+"""Workload knobs a swarm seed may draw (with the core's config fields, for the registry's
+`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name."""
+
+_CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
+               "rebroadcast_ticks", "max_pending")
+
+
+class RecordingKv(KvStateMachine):
+    """The KV store, logging each applied command with the versions of the keys it touches
+    just before (into the run's `ApplyLog`, under this replica incarnation)."""
+
+    def __init__(self, log: ApplyLog, node: str, incarnation: int) -> None:
+        super().__init__()
+        self._log = log
+        self._node = node
+        self._incarnation = incarnation
+
+    def apply(self, command: bytes) -> bytes:
+        access = self.access(command)
+        keys = sorted(set(access.reads) | set(access.writes))
+        before: Versions = tuple((k, kv_ops.version_of(self.get(k))) for k in keys)
+        self._log.record(self._node, self._incarnation, command, before)
+        return super().apply(command)
+
+
+class _TxCodec:
+    """The wire codec as the core's `TxCodec` (and the replica's transaction layer)."""
+
+    def __init__(self, horizon_ms: int) -> None:
+        self.horizon_ms = horizon_ms
+        self._registry = wire.default_registry()
+        self._encode = self._registry.encoder()
+
+    def encode(self, tx: Transaction) -> bytes:
+        return self._encode(tx)
+
+    def decode(self, data: bytes) -> Transaction | None:
+        try:
+            return wire.decode(data, expected=Transaction)
+        except DecodeError:
+            return None
+
+    def tx_id(self, tx: Transaction) -> bytes:
+        return transaction_id(tx, self._encode)
+
+    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
+        tx = self.decode(command)
+        if tx is None:
+            return None
+        return self.tx_id(tx), tx.deadline_ms, tx.command
+
+
+class _AppView:
+    """`AppView` over one replica incarnation (the KV store's endorsement hooks)."""
+
+    _COMMUTING = frozenset({"add", "mul", "sadd", "srem"})
+
+    def __init__(self, replica: Replica, machine: KvStateMachine) -> None:
+        self._replica = replica
+        self._m = machine
+
+    def conflicts(self, a: bytes, b: bytes) -> bool:
+        return self._m.access(a).conflicts_with(self._m.access(b), self._m.commutes)
+
+    def writes(self, command: bytes) -> tuple[str, ...]:
+        return self._m.access(command).writes
+
+    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
+        access = self._m.access(command)
+        blind = {u.key for u in access.updates if u.op not in self._COMMUTING}
+        blind |= {k for k in access.writes if not any(u.key == k for u in access.updates)}
+        return tuple(sorted(set(access.reads) | blind))
+
+    def accepts(self, command: bytes, policy: str) -> bool:
+        return self._m.check(command).accept
+
+    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        return tuple(kv_ops.version_of(self._m.get(k)) for k in keys)
+
+    def applied(self) -> int:
+        return self._replica.applied_index
+
+
+class _DurableCell:
+    """Keeps the core's `Ready.core_state` durable for the simulated node (as PBFT's
+    `DurableStateCore`): written synchronously into `cells[node]` (survives crashes), the
+    Ready keeps a hard state so the driver still persists and feeds `Persisted` back."""
+
+    def __init__(self, inner: Core, node: str, cells: dict[str, LeaderlessDurableState]
+                 ) -> None:
+        self.inner = inner
+        self._node = node
+        self._cells = cells
+
+    @property
+    def node_id(self) -> NodeId:
+        return self.inner.node_id
+
+    def status(self) -> CoreStatus:
+        return self.inner.status()
+
+    def step(self, inp: Input, /) -> Ready:
+        ready = self.inner.step(inp)
+        state = ready.core_state
+        if not isinstance(state, LeaderlessDurableState):
+            return ready
+        self._cells[self._node] = state
+        hard = ready.hard_state or HardState(commit=self.inner.status().commit_index)
+        return dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)
+
+
+class _Checker(InvariantChecker):
+    """The run's invariant checker: the leaderless core keeps no replicated log and local
+    indexes differ between replicas, so only the run's generic checks remain (monotone
+    commit); the real verdicts are `leaderless_checker`'s, at the end."""
+
+    def observe_apply(self, node: str, entry: Entry, at_ns: int) -> None:
+        """Local indexes: nothing to compare across replicas."""
+
+    def check_log_matching(self, logs: object, at_ns: int) -> None:  # type: ignore[override]
+        """Not a leaderless property."""
+
+    def check_committed_durable(  # type: ignore[override]
+        self, logs: object, at_ns: int, *, durable_window: int = 256,
+        recovering: frozenset[str] = frozenset(),
+    ) -> None:
+        """Not a leaderless property (decisions live in certificates)."""
+
+
+class _Run:
+    """One run's workload and checks (`ProtocolSetup.workload`)."""
+
+    def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
+                 honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
+                 codec: _TxCodec) -> None:
+        self._env = env
+        self._config = config
+        self._faults = faults
+        self._honest = honest
+        self._log = log
+        self._machines = machines
+        self._codec = codec
+        keys = {f"c{i}": FastCrypto(NodeId(f"c{i}"), cluster_secret=CLIENT_SECRET)
+                for i in range(config.clients)}
+
+        def sign(tx: Transaction) -> Transaction:
+            return dataclasses.replace(tx, signature=keys[tx.client].sign(tx))
+
+        self.workload = LeaderlessWorkload(
+            config, loop=env.loop, rng=env.rng, nodes=tuple(env.nodes), faults=faults,
+            transport=self, sign=sign, encode_tx=codec.encode,
+            now_ms=lambda: SIM_EPOCH_MS + env.loop.now // 1_000_000, trace=env.trace)
+
+    # -- the workload's transport -----------------------------------------------------------
+
+    def submit(self, node: str, request: ClientRequest) -> None:
+        self._env.submit(node, request)
+
+    def versions(self, node: str, keys: Sequence[str]) -> tuple[bytes, ...] | None:
+        machine = self._machines.get(node)
+        if machine is None or not self._env.nodes[node].up:
+            return None
+        return tuple(kv_ops.version_of(machine.get(k)) for k in keys)
+
+    # -- SimWorkload ----------------------------------------------------------------------
+
+    @property
+    def ok(self) -> int:
+        return self.workload.ok
+
+    @property
+    def infos(self) -> int:
+        return self.workload.infos
+
+    def start(self) -> None:
+        self.workload.start()
+
+    def stop(self, final_ns: int) -> None:
+        self.workload.stop(final_ns)
+
+    def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None:
+        self.workload.answer(node, client_id, request_no, result)
+
+    def abort(self, node: str, client_id: str, request_no: int) -> None:
+        self.workload.abort(node, client_id, request_no)
+
+    def check(self) -> list[str]:
+        keys = self._config.keys
+        finals = {n: {k: self._machines[n].get(k) for k in keys}
+                  for n in self._honest if n in self._machines and self._env.nodes[n].up}
+        probe = KvStateMachine()
+
+        def conflicts(a: bytes, b: bytes) -> bool:
+            return probe.access(a).conflicts_with(probe.access(b), probe.commutes)
+
+        gated: list[str] = []
+        for name, node in self._env.nodes.items():
+            status = node.core.status() if node.core is not None else None
+            self._env.trace(f"LEADERLESS {name} status: {status}")
+            held = getattr(status, "gated", 0)
+            if name in self._honest and held:
+                gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
+                             "requirements never matched (committed, never applied)")
+        w = self.workload
+        self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
+                        f"{w.failed} fail, {w.infos} info")
+        return gated + check(records=w.records, log=self._log, finals=finals,
+                             honest=self._honest, faults=self._faults, conflicts=conflicts)
+
+
+def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
+              seed: int, byzantine: int, twins: int,
+              behaviours: tuple[str, ...] = ()) -> ProtocolSetup:
+    """The simulator setup of a leaderless cluster `n1..nN` (`protocol_setup`'s contract):
+    `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields and `checkpoint_every`;
+    `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
+    (ValueError)."""
+    from phalanx.consensus.leaderless.config import LeaderlessConfig
+    from phalanx.consensus.leaderless.core import LeaderlessCore
+
+    if twins:
+        raise ValueError("the leaderless simulator has no twins (use --byzantine)")
+    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    faults = (nodes - 1) // 3
+    core_knobs = {k: v for k, v in knobs if k in _CORE_KNOBS}
+    work_fields = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    work_knobs = {k: v for k, v in knobs if k in work_fields}
+    unknown = [k for k, _ in knobs
+               if k not in core_knobs and k not in work_knobs and k != "checkpoint_every"]
+    if unknown:
+        raise TypeError(f"unknown leaderless sim knob(s) {unknown}")
+    checkpoint_every = int(dict(knobs).get("checkpoint_every", checkpoint_every))
+    wire.register_all(LEADERLESS_MESSAGES)
+    plan = choose_liars(seed, names, count=byzantine, behaviours=behaviours)
+    liars = dict(plan)
+    honest = tuple(n for n in names if n not in liars)
+    cells: dict[str, LeaderlessDurableState] = {}
+    log = ApplyLog()
+    machines: dict[str, KvStateMachine] = {}
+    replicas: dict[str, Replica] = {}
+    incarnations: dict[str, int] = {}
+    base = LeaderlessConfig(node_id=NodeId(names[0]), nodes=tuple(NodeId(n) for n in names),
+                            **core_knobs)  # type: ignore[arg-type]
+    codec = _TxCodec(horizon_ms=base.gc_horizon_ms)
+    client_keys = FastCrypto(NodeId("keyring"), cluster_secret=CLIENT_SECRET)
+    config = WorkloadConfig(**work_knobs)  # type: ignore[arg-type]
+
+    def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
+        incarnations[node] = incarnation = incarnations.get(node, 0) + 1
+        machine = RecordingKv(log, node, incarnation)
+        replica = Replica(
+            machine, checkpoints=storage.checkpoints, wal=storage.wal,
+            decode_entry=wire.decode_entry,
+            policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0,
+                                    compact_lag=0),
+            transactions=codec)
+        replica.restore_latest()
+        machines[node], replicas[node] = machine, replica
+        return replica
+
+    def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
+        crypto = FastCrypto(NodeId(node))
+        inner = LeaderlessCore(
+            dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
+            client_keys=client_keys, app=_AppView(replicas[node], machines[node]),
+            codec=codec, restored=cells.get(node), bugs=bugs)
+        core: Core = _DurableCell(inner, node, cells)
+        if node in liars:
+            rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")
+            core = LeaderlessByzantineCore(core, behaviours=liars[node], crypto=crypto,
+                                           rng=rng_b, tx_id=codec.tx_id, nodes=names)
+        return core
+
+    def observe(core: Core) -> tuple[str, int, int]:
+        return "endorser", 0, core.status().commit_index
+
+    def workload(env: WorkloadEnv) -> _Run:
+        return _Run(env, config=dataclasses.replace(config, clients=env.clients), faults=faults, honest=honest, log=log,
+                    machines=machines, codec=codec)
+
+    described = "; ".join(f"{n}:{'+'.join(b)}" for n, b in plan) or "none"
+    return ProtocolSetup(
+        names=names, codec=wire.default_registry(), make_core=make_core,
+        make_replica=make_replica, observe=observe, leader_role="leader", checker=_Checker(),
+        byzantine=tuple(liars), workload=workload,
+        description=f"byzantine: {described}; workload: {_describe(config)}")
+
+
+def _describe(config: WorkloadConfig) -> str:
+    base = WorkloadConfig()
+    return ", ".join(f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+                     if getattr(config, f.name) != getattr(base, f.name)) or "defaults"
+

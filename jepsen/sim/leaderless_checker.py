@@ -1,0 +1,242 @@
+"""The leaderless simulator's checker: what every honest replica applied, judged after
+quiescence against what the clients issued and were told.
+
+Owns: `ApplyLog` (filled by the recording state machine: per node and incarnation, each
+applied command with the versions of its keys just before it applied) and `check(...)`,
+a pure function returning the violations.
+
+Checks (honest replicas only; Byzantine ones are not judged):
+- **validity**: every applied command is one a client issued;
+- **converge**: every honest replica's final state (every workload key) is identical;
+- **order**: two conflicting commands (the app's conflict relation) applied in one order at
+  one replica are applied in that order at every replica (and every incarnation);
+- **requirements**: every applied transaction's requirements held when it applied;
+- **once**: no command applied twice by one replica incarnation (a double apply across a
+  restart shows in the folds below);
+- **outcomes**: a transaction with f+1 matching commit notices was applied (by an honest
+  replica, so everywhere by converge); one with f+1 abort notices was applied nowhere;
+- **folds**: a counter's final value is the sum of its committed adds (modulo 2**64), a set's
+  members are its committed sadds minus its committed srems, a register holds the value of a
+  committed put (or nothing if none committed): commuting updates converge under any order.
+
+Rules: pure (no simulator, no clocks); the conflict relation is injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from phalanx.apps import kv_ops, kv_wire
+from phalanx.apps.kv_types import Add, Put, SAdd, SRem
+from phalanx.jepsen.sim.leaderless_workload import TxRecord
+
+Versions = tuple[tuple[str, bytes], ...]
+"""(key, version) pairs read just before a command applied."""
+
+
+@dataclass(slots=True)
+class ApplyLog:
+    """Every apply of every replica incarnation: `runs[(node, incarnation)]` is the list of
+    (command, versions before) in apply order."""
+
+    runs: dict[tuple[str, int], list[tuple[bytes, Versions]]] = field(default_factory=dict)
+
+    def record(self, node: str, incarnation: int, command: bytes, before: Versions) -> None:
+        self.runs.setdefault((node, incarnation), []).append((command, before))
+
+    def applied_by(self, nodes: Sequence[str]) -> set[bytes]:
+        keep = set(nodes)
+        return {c for (node, _), run in self.runs.items() if node in keep for c, _ in run}
+
+
+State = Mapping[str, bytes | None]
+"""A replica's final value of every workload key."""
+
+
+def check(
+    *,
+    records: Sequence[TxRecord],
+    log: ApplyLog,
+    finals: Mapping[str, State],
+    honest: Sequence[str],
+    faults: int,
+    conflicts: Callable[[bytes, bytes], bool],
+    limit: int = 8,
+) -> list[str]:
+    """The violations (at most `limit` per check), see the module docstring."""
+    out: list[str] = []
+    by_command = {r.command: r for r in records}
+    honest_runs = {k: v for k, v in log.runs.items() if k[0] in set(honest)}
+    committed = log.applied_by(honest)
+
+    def add(kind: str, problems: list[str]) -> None:
+        out.extend(f"{kind}: {p}" for p in problems[:limit])
+        if len(problems) > limit:
+            out.append(f"{kind}: ... {len(problems) - limit} more")
+
+    add("validity", [f"{node}#{inc} applied a command no client issued: {c[:40]!r}"
+                     for (node, inc), run in sorted(honest_runs.items())
+                     for c, _ in run if c not in by_command])
+    add("converge", _converge(finals, honest))
+    add("order", _order(honest_runs, conflicts, by_command))
+    add("requirements", _requirements(honest_runs, by_command))
+    add("once", _once(honest_runs, by_command))
+    add("outcomes", _outcomes(records, committed, faults))
+    add("folds", _folds(records, committed, finals, honest))
+    return out
+
+
+def _name(command: bytes, by_command: Mapping[bytes, TxRecord]) -> str:
+    record = by_command.get(command)
+    return record.describe() if record is not None else repr(command[:24])
+
+
+def _converge(finals: Mapping[str, State], honest: Sequence[str]) -> list[str]:
+    nodes = [n for n in honest if n in finals]
+    if not nodes:
+        return []
+    base = nodes[0]
+    problems = []
+    for other in nodes[1:]:
+        keys = sorted(set(finals[base]) | set(finals[other]))
+        differ = [k for k in keys if finals[base].get(k) != finals[other].get(k)]
+        if differ:
+            k = differ[0]
+            problems.append(f"{base} and {other} differ on {len(differ)} key(s), e.g. {k}: "
+                            f"{_show(finals[base].get(k))} vs {_show(finals[other].get(k))}")
+    return problems
+
+
+def _show(value: bytes | None) -> str:
+    return "absent" if value is None else repr(value[:40])
+
+
+def _order(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
+           conflicts: Callable[[bytes, bytes], bool],
+           by_command: Mapping[bytes, TxRecord]) -> list[str]:
+    first_seen: dict[tuple[bytes, bytes], tuple[str, int]] = {}
+    problems = []
+    verdicts: dict[tuple[bytes, bytes], bool] = {}
+    for where, run in sorted(runs.items()):
+        seq = [c for c, _ in run]
+        by_key: dict[str, list[bytes]] = {}
+        for c in seq:
+            record = by_command.get(c)
+            by_key.setdefault(record.key if record is not None else "", []).append(c)
+        for cmds in by_key.values():
+            for i, a in enumerate(cmds):
+                for b in cmds[i + 1:]:
+                    if a == b:
+                        continue
+                    pair = (min(a, b), max(a, b))
+                    verdict = verdicts.get(pair)
+                    if verdict is None:
+                        verdict = verdicts[pair] = conflicts(a, b)
+                    if not verdict:
+                        continue
+                    other = first_seen.get((b, a))
+                    if other is not None:
+                        problems.append(
+                            f"{_name(a, by_command)} before {_name(b, by_command)} at "
+                            f"{where[0]}#{where[1]}, the other way at {other[0]}#{other[1]}")
+                    first_seen.setdefault((a, b), where)
+    return problems
+
+
+def _requirements(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
+                  by_command: Mapping[bytes, TxRecord]) -> list[str]:
+    problems = []
+    for (node, inc), run in sorted(runs.items()):
+        for command, before in run:
+            record = by_command.get(command)
+            if record is None:
+                continue
+            seen = dict(before)
+            for req in record.tx.requirements:
+                if seen.get(req.key, b"") != req.version:
+                    problems.append(
+                        f"{node}#{inc} applied {record.describe()} with {req.key} at version "
+                        f"{seen.get(req.key, b'').hex()[:8] or 'absent'}, required "
+                        f"{req.version.hex()[:8] or 'absent'}")
+    return problems
+
+
+def _once(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
+          by_command: Mapping[bytes, TxRecord]) -> list[str]:
+    problems = []
+    for (node, inc), run in sorted(runs.items()):
+        seen: set[bytes] = set()
+        for command, _ in run:
+            if command in seen:
+                problems.append(f"{node}#{inc} applied {_name(command, by_command)} twice")
+            seen.add(command)
+    return problems
+
+
+def _outcomes(records: Sequence[TxRecord], committed: set[bytes], faults: int) -> list[str]:
+    problems = []
+    for r in records:
+        commits = max((r.committed_by(res) for res in set(r.results.values())), default=0)
+        aborts = len(r.aborted_by)
+        applied = r.command in committed
+        if aborts > faults and applied:
+            problems.append(f"{r.describe()}: {aborts} abort notices, yet applied")
+        if commits > faults and not applied:
+            problems.append(f"{r.describe()}: {commits} matching commit notices, never applied "
+                            "by an honest replica")
+        if r.outcome == "ok" and not applied:
+            problems.append(f"{r.describe()}: recorded ok, never applied")
+    return problems
+
+
+def _folds(records: Sequence[TxRecord], committed: set[bytes],
+           finals: Mapping[str, State], honest: Sequence[str]) -> list[str]:
+    nodes = [n for n in honest if n in finals]
+    if not nodes:
+        return []
+    sums: dict[str, int] = {}
+    added: dict[str, set[bytes]] = {}
+    removed: dict[str, set[bytes]] = {}
+    values: dict[str, set[bytes]] = {}
+    for r in records:
+        cmd = kv_wire.decode_command(r.command)
+        live = r.command in committed
+        if isinstance(cmd, Add):
+            sums.setdefault(cmd.key, 0)
+            if live:
+                sums[cmd.key] += cmd.amount
+        elif isinstance(cmd, SAdd):
+            members = added.setdefault(cmd.key, set())
+            if live:
+                members.add(cmd.member)
+        elif isinstance(cmd, SRem):
+            gone = removed.setdefault(cmd.key, set())
+            if live:
+                gone.add(cmd.member)
+        elif isinstance(cmd, Put):
+            chosen = values.setdefault(cmd.key, set())
+            if live:
+                chosen.add(cmd.value)
+    problems = []
+    for node in nodes:
+        final = finals[node]
+        for key, total in sorted(sums.items()):
+            want = None if total == 0 and final.get(key) is None else kv_ops.encode_int(
+                (total - kv_ops.INT64_MIN) % 2**64 + kv_ops.INT64_MIN)
+            if final.get(key) != want:
+                problems.append(f"{node}: counter {key} = {_show(final.get(key))}, the "
+                                f"committed adds sum to {total}")
+        for key in sorted(set(added) | set(removed)):
+            want_set = added.get(key, set()) - removed.get(key, set())
+            got = kv_ops.decode_set(final.get(key))
+            if got is None or set(got) != want_set:
+                problems.append(f"{node}: set {key} = {_show(final.get(key))}, committed "
+                                f"sadds minus srems give {len(want_set)} member(s)")
+        for key, chosen in sorted(values.items()):
+            got_value = final.get(key)
+            if (got_value is None and chosen) or (got_value is not None
+                                                  and got_value not in chosen):
+                problems.append(f"{node}: register {key} = {_show(got_value)}, not the value "
+                                "of a committed put")
+    return problems
