@@ -1,10 +1,10 @@
-"""The built-in protocols' registry entries: Raft and PBFT.
+"""The built-in protocols' registry entries: Raft, PBFT and the leaderless core.
 
-Owns: `RAFT`, `PBFT` and `SPECS` (what `phalanx.protocols.registry` registers first). A spec
-is declarations only; the runtime halves live in `phalanx.protocols.raft_node` and
-`phalanx.protocols.pbft_node`, the simulator setups in `phalanx.jepsen.sim.raft` and
-`phalanx.jepsen.sim.pbft`, the Byzantine behaviours in `phalanx.jepsen.byzantine`, all
-loaded only when used.
+Owns: `RAFT`, `PBFT`, `LEADERLESS` and `SPECS` (what `phalanx.protocols.registry` registers
+first). A spec is declarations only; the runtime halves live in `phalanx.protocols.raft_node`,
+`phalanx.protocols.pbft_node` and `phalanx.protocols.leaderless_node`, the simulator setups
+in `phalanx.jepsen.sim.raft`, `phalanx.jepsen.sim.pbft` and `phalanx.jepsen.sim.leaderless`,
+the Byzantine behaviours in `phalanx.jepsen.byzantine`, all loaded only when used.
 """
 
 from __future__ import annotations
@@ -52,4 +52,19 @@ PBFT = ProtocolSpec(
     demo=Lazy("phalanx.demo.pbft:run"),
 )
 
-SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT)
+LEADERLESS = ProtocolSpec(
+    name="leaderless",
+    summary="Leaderless (PnyxDB): clients' signed transactions commit on conditional "
+            "endorsements of a quorum; tolerates f Byzantine of 3f+1",
+    fault_model=FaultModel.BYZANTINE,
+    call_strategy=CallStrategy.ENDORSEMENT,
+    leader_role="endorser",  # no leader: every node endorses (what the harness waits for)
+    roles=("endorser",),
+    messages=Lazy("phalanx.consensus.leaderless.messages:LEADERLESS_MESSAGES"),
+    node=Lazy("phalanx.protocols.leaderless_node:LEADERLESS_NODE"),
+    sim=Lazy("phalanx.jepsen.sim.leaderless:sim_setup"),
+    sim_bugs=Lazy("phalanx.consensus.leaderless.bugs:BUG_NAMES"),
+    signing_keys=True,
+)
+
+SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT, LEADERLESS)
