@@ -128,12 +128,14 @@ class CallAdmission:
         reply = self._waiters.reply
         if self._trace is not None:
             self._trace.mark("call", f"{request.client_id}/{request.request_no}")
-        refusal = self.replica.admit(request.client_id, request.command, request.read_only)
+        stale = request.read_only and call.consistency is ReadConsistency.STALE
+        refusal = self.replica.admit(request.client_id, request.command, request.read_only,
+                                     wrapped=not stale)
         if refusal is not None:
             self.stats.refused_calls += 1
             reply(target, request, ReplyStatus.ERROR, message=refusal)
             return
-        if request.read_only and call.consistency is ReadConsistency.STALE:
+        if stale:
             if self._inflight_snapshot:
                 reply(target, request, ReplyStatus.RETRY, message="installing a snapshot")
             else:

@@ -237,3 +237,14 @@ def test_admit_reads_the_transaction_inside() -> None:
     huge = tx(b"t", 1, Put(key="k", value=b"x" * (2 << 20)))
     assert node.replica.admit("c", huge, False) is not None
     assert node.replica.admit("c", tx(b"t", 1, Put(key="k", value=b"x")), False) is None
+
+
+def test_a_stale_query_is_admitted_bare_in_transaction_mode() -> None:
+    """A STALE read is answered from the applied state: its command is the bare application
+    command, never a transaction (the leaderless client's version reads use it)."""
+    node = Node()
+    query = kv_wire.encode_command(Get(key="k"))
+    assert node.replica.admit("c", query, True) == "malformed transaction"
+    assert node.replica.admit("c", query, True, wrapped=False) is None
+    huge = kv_wire.encode_command(Put(key="k", value=b"x" * (2 << 20)))
+    assert node.replica.admit("c", huge, True, wrapped=False) is not None
