@@ -4,7 +4,8 @@ Owns: `RAFT`, `PBFT`, `LEADERLESS` and `SPECS` (what `phalanx.protocols.registry
 first). A spec is declarations only; the runtime halves live in `phalanx.protocols.raft_node`,
 `phalanx.protocols.pbft_node` and `phalanx.protocols.leaderless_node`, the simulator setups
 in `phalanx.jepsen.sim.raft`, `phalanx.jepsen.sim.pbft` and `phalanx.jepsen.sim.leaderless`,
-the Byzantine behaviours in `phalanx.jepsen.byzantine`, all loaded only when used.
+the Byzantine behaviours in `phalanx.jepsen.byzantine` and `phalanx.jepsen.leaderless_modes`,
+all loaded only when used.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ LEADERLESS = ProtocolSpec(
     sim=Lazy("phalanx.jepsen.sim.leaderless:sim_setup"),
     sim_bugs=Lazy("phalanx.consensus.leaderless.bugs:BUG_NAMES"),
     signing_keys=True,
+    byzantine=Lazy("phalanx.jepsen.leaderless_modes:LEADERLESS_BYZANTINE"),
+    byzantine_modes=("silent", "equivocate", "lie_versions", "forge_conditions",
+                     "withhold_veto", "forge_veto", "replay"),
+    demo=Lazy("phalanx.demo.leaderless:run"),
 )
 
 SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT, LEADERLESS)

@@ -217,9 +217,8 @@ class LeaderlessNode:
         if replica is None:
             raise ProtocolError("the leaderless core reads the application through the "
                                 "replica: build_core needs replica=")
-        if byzantine is not None:
-            raise ProtocolError(f"--byzantine {byzantine}: the leaderless protocol has no "
-                                "Byzantine node modes yet")
+        # A Byzantine mode (`byzantine`) wraps this honest core afterwards
+        # (`phalanx.jepsen.leaderless_modes`, through `ProtocolSpec.byzantine`).
         try:
             crypto = load_crypto(config)
         except SigningKeyError as e:
