@@ -36,6 +36,9 @@ class LeaderlessConfig:
             are sent again this often (loss recovery).
         max_pending: bound on pending transactions and on endorsements buffered for
             unknown transactions (a flood is dropped and counted).
+        max_deadline_lead_ms: a node endorses a transaction only while its deadline lies at
+            most this far past the node's clock (the replica's transaction table keeps
+            records for the GC horizon plus this lead: docs/LEADERLESS.md "Runtime half").
     """
 
     node_id: NodeId
@@ -48,6 +51,7 @@ class LeaderlessConfig:
     gc_horizon_ms: int = 60_000
     rebroadcast_ticks: int = 20
     max_pending: int = 8192
+    max_deadline_lead_ms: int = 600_000
 
     def __post_init__(self) -> None:
         if not self.nodes or list(self.nodes) != sorted(set(self.nodes)):
@@ -65,7 +69,7 @@ class LeaderlessConfig:
             if not q <= size <= n:
                 raise ValueError(f"policy {name!r} quorum {size} must be in [Q={q}, n={n}]")
         for name in ("checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
-                     "rebroadcast_ticks", "max_pending"):
+                     "rebroadcast_ticks", "max_pending", "max_deadline_lead_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.delta_old_ms < 0:

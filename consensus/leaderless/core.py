@@ -54,6 +54,7 @@ from phalanx.consensus.leaderless.checks import (
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.endorse import Endorser
 from phalanx.consensus.leaderless.messages import (
+    CommittedDigest,
     Endorsement,
     FetchTransactions,
     LeaderlessDurableState,
@@ -65,6 +66,7 @@ from phalanx.consensus.leaderless.messages import (
     VetoChoice,
     transaction_id,
 )
+from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, Recovery
 from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
@@ -77,8 +79,6 @@ from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
 
 __all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
 
-MAX_FETCH_IDS = 64
-"""At most this many ids of one `FetchTransactions` are answered (a flood is cut)."""
 
 
 @dataclass(slots=True)
@@ -120,8 +120,8 @@ class LeaderlessCore:
             condition_ok=self._condition_ok)
         self._dropped: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
-        self._fetched: dict[TxId, None] = {}
-        self._recent: dict[TxId, int] = {}  # committed here: tx id -> tick
+        self._recovery = Recovery(peers=self._peers, every=config.rebroadcast_ticks,
+                                  max_entries=config.max_pending)
         self._now: int | None = None
         self._ticks = 0
         self._number = 0
@@ -290,7 +290,7 @@ class LeaderlessCore:
         record = self._new_record(tx_id, tx)
         buffered = self._store.add(record)
         self._kernel.learn(tx_id, tx)
-        self._fetched.pop(tx_id, None)
+        self._recovery.learned(tx_id)
         self._rules.invalidate()
         for endorsement in buffered.values():
             self._add_endorsement(record, endorsement, None, out)
@@ -313,6 +313,8 @@ class LeaderlessCore:
             self._on_proof(src, msg, out)
         elif isinstance(msg, FetchTransactions):
             self._on_fetch(src, msg, out)
+        elif isinstance(msg, CommittedDigest):
+            out.sends += self._recovery.on_digest(src, msg.tx_ids, self._store, self._ticks)
         elif isinstance(msg, StartCheckpoint):
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):
@@ -383,26 +385,12 @@ class LeaderlessCore:
             self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
 
     def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: _Outbox) -> None:
-        ids = msg.tx_ids
-        if len(ids) > MAX_FETCH_IDS:
+        if len(msg.tx_ids) > MAX_FETCH_IDS:
             self._drop("oversized_fetch")
-            ids = ids[:MAX_FETCH_IDS]
-        for tx_id in ids:
-            record = self._store.get(tx_id) if isinstance(tx_id, bytes) else None
-            if record is None:
-                continue
-            own = self._kernel.refusal(tx_id)
-            out.sends.append(Send(to=src, message=TransactionProof(
-                tx=record.tx, endorsements=tuple(record.endorsements.values()),
-                refusals=(own,) if own is not None else ())))
+        out.sends += self._recovery.answer(src, msg.tx_ids, self._store, self._kernel)
 
     def _fetch(self, src: NodeId, tx_id: TxId, out: _Outbox) -> None:
-        if tx_id in self._fetched:
-            return
-        self._fetched[tx_id] = None
-        while len(self._fetched) > self._config.max_pending:
-            del self._fetched[next(iter(self._fetched))]
-        out.sends.append(Send(to=src, message=FetchTransactions(tx_ids=(tx_id,))))
+        out.sends += self._recovery.fetch(src, (tx_id,), self._ticks)
 
     # ------------------------------------------------------------------------------ decide
 
@@ -426,7 +414,7 @@ class LeaderlessCore:
         self._tally.forget(record.tx_id)
         self._gate.add(self._committed_item(record, proof))
         self._committed += 1
-        self._recent[record.tx_id] = self._ticks
+        self._recovery.committed(record.tx_id, self._ticks)
         self._rules.invalidate()
         out.dirty = True
         if "drop_on_commit" in self._bugs:
@@ -477,16 +465,15 @@ class LeaderlessCore:
         self._gc(now, out)
 
     def _rebroadcast(self, now: int, out: _Outbox) -> None:
-        """Loss recovery: push own endorsements of transactions committed here in the last
-        two periods (a peer that lost them in a crash fetches them) and own signatures of
-        pending ones again, and pull what peers know of pending transactions past their
-        deadline (a peer that committed one no longer pushes its endorsement)."""
+        """Loss recovery (`recovery.py`): push own endorsements of transactions committed
+        here in the last two periods and own signatures of pending ones again, pull what
+        peers know of pending transactions past their deadline (a peer that committed one
+        no longer pushes its endorsement), and send this period's `CommittedDigest`."""
         overdue = tuple(r.tx_id for r in self._store.pending() if r.deadline < now)
         for i in range(0, len(overdue), MAX_FETCH_IDS):
             self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
-        since = self._ticks - 2 * self._config.rebroadcast_ticks
-        self._recent = {t: at for t, at in self._recent.items() if at > since}
-        for tx_id in self._recent:  # a peer that lost them (a restart) fetches them
+        out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
+        for tx_id in self._recovery.recent(self._ticks):
             own = self._kernel.endorsement(tx_id)
             if own is not None:
                 self._broadcast(own, out)
@@ -521,9 +508,8 @@ class LeaderlessCore:
         for r in self._kernel.refusals():
             if r.tx_id not in live and r.tx_id not in self._store.tombstones:
                 self._kernel.forget(r.tx_id)
-        for table in (self._queued, self._fetched):
-            for tx_id in [t for t in table if self._store.state_of(t) is None]:
-                del table[tx_id]
+        for tx_id in [t for t in self._queued if self._store.state_of(t) is None]:
+            del self._queued[tx_id]
         self._checkpoints.gc(lambda t: self._store.state_of(t) is not None)
         self._rules.invalidate()
         if gone or stones:
@@ -539,6 +525,12 @@ class LeaderlessCore:
         return state is not TxState.COMMITTED and not self._rules.applicable(tx_id)
 
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:
+        """A proof that `tx_id` is applicable here: its commit certificate when committed
+        (every committed transaction has one: a checkpoint must never drop it), else all
+        its endorsements when applicable."""
+        certificate = self._gate.proof(tx_id)
+        if certificate is not None:
+            return certificate
         record = self._store.get(tx_id)
         if record is None or not self._rules.applicable(tx_id):
             return None
@@ -558,8 +550,13 @@ class LeaderlessCore:
                 self._store.drop_unknown(tx_id, self._now or 0)
                 self._dropped_txs += 1
                 out.dirty = True
+            elif record is not None:
+                self._drop("checkpoint_dropped_committed")  # the veto's agreement gap
         for proof in effects.kept:
             self._on_proof(None, proof, out)
+            record = self._store.get(self._tx_id(proof.tx))
+            if record is not None:
+                self._try_commit(record, out)
 
     # ------------------------------------------------------------------------------ status
 

@@ -5,7 +5,8 @@ now, and with which conditions, and has the safety kernel sign it. For T (neithe
 nor refused here):
 1. T's deadline has passed → never (the core signs a refusal instead).
 2. A requirement does not match the applied version, a key of `app.needs_requirements`
-   has no requirement, or the policy refuses → not now.
+   has no requirement, the policy refuses, or the deadline lies more than
+   `max_deadline_lead_ms` past the clock → not now.
 3. A transaction committed here but not yet applied conflicts with T → not now.
 4. K = own endorsed pending transactions that conflict with T: K = ∅ → unconditional;
    all of K expired → conditional on K; else not now.
@@ -68,9 +69,9 @@ class Endorser:
         return out
 
     def _unapplied_conflict(self, record: TxRecord) -> bool:
-        for other in self._store.records.values():
-            if (other.state is TxState.COMMITTED and self._gate.unapplied(other.tx_id)
-                    and self.conflicts(record, other)):
+        for tx_id in self._gate.unapplied_ids():
+            other = self._store.get(tx_id)
+            if other is not None and self.conflicts(record, other):
                 return True
         return False
 
@@ -78,6 +79,7 @@ class Endorser:
         """This node's endorsement of `record` if the rules allow it now (signed and
         recorded by the kernel), else None."""
         if (record.state is not TxState.PENDING or now > record.deadline
+                or record.deadline - now > self._config.max_deadline_lead_ms
                 or self._kernel.touched(record.tx_id)):
             return None
         if not self.acceptable(record) or self._unapplied_conflict(record):

@@ -2,7 +2,8 @@
 (Bonniot, Neumann, Taïani, SRDS 2020; reference notes: protocols.md §1).
 
 Owns: the wire types of the leaderless core (`Transaction`, `Endorsement`,
-`StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`),
+`StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`,
+`CommittedDigest`),
 the durable record `LeaderlessDurableState`, and the stable codec ids `LEADERLESS_MESSAGES`
 (300-399, see `phalanx.net.wire`).
 
@@ -18,8 +19,8 @@ Who signs what:
   travel as proofs (a commit certificate is a transaction plus Q endorsements; an abort
   certificate a transaction plus enough refusals; a veto carries the proof that a
   transaction is applicable).
-- `StartCheckpoint` and `FetchTransactions` are unsigned requests: acting on them never
-  needs trust in the sender.
+- `StartCheckpoint`, `FetchTransactions` and `CommittedDigest` are unsigned requests:
+  acting on them never needs trust in the sender.
 
 Invariants: every class is a frozen, slotted, keyword-only dataclass whose fields are ints,
 strs, bytes, bools, tuples or nested such dataclasses; tuples that are sets are sorted and
@@ -156,6 +157,15 @@ class FetchTransactions(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedDigest(Message):
+    """Anti-entropy: the ids (sorted, unique) of transactions the sender committed and still
+    holds; the receiver fetches the ones it does not know. Unsigned: acting on it never
+    needs trust in the sender (what it fetches is self-certifying)."""
+
+    tx_ids: tuple[TxId, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DecidedTx(Message):
     """A decided transaction's tombstone in the durable record (committed or dropped),
     kept until its deadline is older than the garbage-collection horizon, so a late or
@@ -210,8 +220,9 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     305: StartCheckpoint,
     306: VetoChoice,
     307: FetchTransactions,
+    308: CommittedDigest,
     320: DecidedTx,
     321: LeaderlessDurableState,
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 308-319 and records in 322-399."""
+The core may add messages in 309-319 and records in 322-399."""

@@ -58,6 +58,27 @@ class ReleaseGate:
         item = self.released.get(tx_id)
         return item is not None and item.index > self._app.applied()
 
+    def proof(self, tx_id: TxId) -> TransactionProof | None:
+        """The commit certificate of a committed transaction the gate still holds."""
+        item = self.gated.get(tx_id) or self.released.get(tx_id)
+        return item.proof if item is not None else None
+
+    def committed_ids(self) -> list[TxId]:
+        """Every committed transaction held, released ones in index order, then gated."""
+        return list(self.released) + list(self.gated)
+
+    def unapplied_ids(self) -> list[TxId]:
+        """Committed here, not applied yet: the gated ones, then the released ones beyond
+        `applied()` (found from the newest release backwards: `released` is in index
+        order)."""
+        applied = self._app.applied()
+        out = list(self.gated)
+        for item in reversed(self.released.values()):
+            if item.index <= applied:
+                break
+            out.append(item.tx_id)
+        return out
+
     def release_now(self, item: Committed) -> Entry:
         """Release `item` at the next index without the gate (restart re-release)."""
         self.gated.pop(item.tx_id, None)
@@ -74,8 +95,10 @@ class ReleaseGate:
             return True
         keys = [r.key for r in reqs]
         applied = self._app.applied()
-        for other in self.released.values():
-            if other.index > applied and any(k in other.writes for k in keys):
+        for other in reversed(self.released.values()):
+            if other.index <= applied:
+                break
+            if any(k in other.writes for k in keys):
                 return False
         return self._app.versions(keys) == tuple(r.version for r in reqs)
 

@@ -36,6 +36,7 @@ def test_config_defaults_and_quorums() -> None:
     ({"checkpoint_ticks": 0}, "checkpoint_ticks"),
     ({"max_pending": 0}, "max_pending"),
     ({"delta_old_ms": -1}, "delta_old_ms"),
+    ({"max_deadline_lead_ms": 0}, "max_deadline_lead_ms"),
 ])
 def test_config_rejects(kwargs: dict[str, object], match: str) -> None:
     args: dict[str, object] = {"node_id": IDS[0], "nodes": IDS, **kwargs}

@@ -190,3 +190,29 @@ def test_status_never_changes_the_core() -> None:
     before = core.durable_state()
     assert core.status() == core.status()
     assert core.durable_state() == before
+
+
+def test_a_silent_node_blocks_checkpoints_not_conflict_free_commits() -> None:
+    """The documented liveness cost of the unanimity veto: with n4 silent, a split conflict
+    never resolves, while a conflict-free transaction still commits."""
+    c = Cluster(4, checkpoint_ticks=3, delta_old_ms=100)
+    n1, n2, n3, n4 = c.ids
+    c.down.add(n4)
+    c.tick()
+    t1 = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 300)
+    t2 = make_tx("set x b", client="c2", reqs={"x": version(None)}, deadline=EPOCH + 5000)
+    c.submit(t1, to=(n1,))
+    c.submit(t2, to=(n2, n3))
+    c.net = [(s, m) for s, m in c.net if not ({s, m.to} & {n1} and s != m.to
+                                              and ({s, m.to} & {n2, n3}))]
+    c.step(n1, Receive(src=n2, message=t2))
+    c.step(n2, Receive(src=n1, message=t1))
+    c.step(n3, Receive(src=n1, message=t1))
+    c.deliver()
+    c.submit(make_tx("add y 1", client="c3"), to=(n1,))
+    c.tick(ms=100, rounds=30)
+    for node in (n1, n2, n3):
+        st = c.nodes[node].core.status()
+        assert st.committed == 1
+        assert st.pending == 2
+        assert c.nodes[node].app.data == {"y": b"1"}

@@ -199,3 +199,40 @@ def test_gc_bounded() -> None:
     run(core, app, Receive(src=N2, message=first))
     assert core.status().dropped.get("stale_tx") == 1
     assert app.applied() == 300
+
+
+def test_veto_keeps_what_a_slow_node_committed() -> None:
+    """n4 committed T; n1 saw too few endorsements, proposes dropping T and votes drop. n4's
+    veto carries a proof that verifies: n1 keeps T, feeds the proof and commits it."""
+    core, app = solo()
+    run(core, app, Tick(now_ms=EPOCH))
+    t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 10)
+    run(core, app, Receive(src=N2, message=t))
+    ids = (tx_id(t),)
+    run(core, app, Receive(src=N2, message=StartCheckpoint(tx_ids=ids)))
+    assert core._checkpoints.blocked(tx_id(t))
+    assert core.status().committed == 0
+    proof = TransactionProof(tx=t, endorsements=tuple(endorsement(n, t)
+                                                      for n in ("n2", "n3", "n4")))
+    run(core, app, Receive(src=N4, message=_veto("n4", ids, proof)))
+    assert core.status().committed == 1
+    assert app.data == {"x": b"a"}
+    assert core.status().dropped_txs == 0
+
+
+def test_a_committed_transaction_is_vetoed_with_its_certificate() -> None:
+    core, app = solo()
+    run(core, app, Tick(now_ms=EPOCH))
+    t = make_tx("add x 1")
+    run(core, app, Receive(src=N2, message=t))
+    for node in ("n2", "n3"):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t)))
+    assert core.status().committed == 1
+    ready = run(core, app, Receive(src=N2, message=StartCheckpoint(tx_ids=(tx_id(t),))))
+    votes = {s.message for s in ready.messages if isinstance(s.message, VetoChoice)}
+    (vote,) = votes
+    assert isinstance(vote, VetoChoice)
+    assert not vote.drop
+    (proof,) = vote.proofs
+    assert proof == core.durable_state().committed[0]
+    assert ready.must_sync

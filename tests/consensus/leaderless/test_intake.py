@@ -119,3 +119,31 @@ def test_pending_bound_drops_and_counts() -> None:
         run(core, app, Receive(src=N2, message=make_tx(f"add k{i} 1", no=i + 1)))
     assert core.status().pending == 3
     assert core.status().dropped["overloaded"] == 2
+
+
+def test_far_future_deadline_is_endorsed_only_once_within_the_lead() -> None:
+    core, app = solo(max_deadline_lead_ms=1000)
+    run(core, app, Tick(now_ms=EPOCH))
+    tx = make_tx("add x 1", deadline=EPOCH + 1500)
+    ready = run(core, app, Receive(src=N2, message=tx))
+    assert not [s for s in ready.messages if isinstance(s.message, Endorsement)]
+    ready = run(core, app, Tick(now_ms=EPOCH + 600))
+    assert {s.message.tx_id for s in ready.messages  # type: ignore[attr-defined]
+            if isinstance(s.message, Endorsement)} == {tx_id(tx)}
+
+
+def test_a_node_cut_off_for_long_catches_up_from_digests() -> None:
+    from leaderless_harness import Cluster
+
+    c = Cluster(4, rebroadcast_ticks=2)
+    n4 = c.ids[3]
+    c.down.add(n4)
+    c.tick()
+    for i in range(3):
+        c.submit(make_tx(f"add x {i + 1}", no=i + 1))
+    c.tick(rounds=10)  # well past the re-push window of two periods
+    assert c.nodes[n4].app.data == {}
+    c.down.discard(n4)
+    c.tick(rounds=8)
+    assert c.nodes[n4].app.data == {"x": b"6"}
+    assert c.nodes[n4].core.status().committed == 3

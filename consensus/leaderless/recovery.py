@@ -1,0 +1,107 @@
+"""Loss recovery and anti-entropy of the leaderless core: how a node learns what it missed.
+
+Owns: the fetch bookkeeping (which ids were asked for, when: one request per id per
+`rebroadcast_ticks`, bounded), the ids committed here recently (re-pushed for two periods),
+answering `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies on gossip
+history instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of
+the committed transactions it still holds (newest `MAX_DIGEST_IDS`); the peer fetches those
+it does not know or still has pending, and commits them from the self-certifying proofs.
+A node that was down or cut off for longer than two periods catches up this way.
+
+Acting on a digest or a fetch needs no trust in the sender: only signed proofs change state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from phalanx.consensus.core import Send
+from phalanx.consensus.leaderless.messages import (
+    CommittedDigest,
+    FetchTransactions,
+    TransactionProof,
+    TxId,
+)
+from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.store import TxState, TxStore
+from phalanx.consensus.types import NodeId
+
+MAX_FETCH_IDS = 64
+"""At most this many ids go in one `FetchTransactions`, and are answered from one."""
+
+MAX_DIGEST_IDS = 1024
+"""At most this many ids go in one `CommittedDigest` (the newest commits)."""
+
+
+class Recovery:
+    __slots__ = ("_every", "_fetched", "_max", "_peers", "_recent")
+
+    def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int) -> None:
+        self._peers = peers
+        self._every = every
+        self._max = max_entries
+        self._fetched: dict[TxId, int] = {}
+        self._recent: dict[TxId, int] = {}
+
+    def want(self, ids: Iterable[TxId], tick: int) -> tuple[TxId, ...]:
+        """The ids of `ids` not asked for in the last period (now marked asked), at most
+        `MAX_FETCH_IDS`."""
+        out: list[TxId] = []
+        for tx_id in ids:
+            at = self._fetched.get(tx_id)
+            if at is not None and tick - at < self._every:
+                continue
+            self._fetched.pop(tx_id, None)
+            self._fetched[tx_id] = tick
+            out.append(tx_id)
+            if len(out) == MAX_FETCH_IDS:
+                break
+        while len(self._fetched) > self._max:
+            del self._fetched[next(iter(self._fetched))]
+        return tuple(out)
+
+    def fetch(self, src: NodeId, ids: Iterable[TxId], tick: int) -> list[Send]:
+        wanted = self.want(ids, tick)
+        return [Send(to=src, message=FetchTransactions(tx_ids=wanted))] if wanted else []
+
+    def learned(self, tx_id: TxId) -> None:
+        self._fetched.pop(tx_id, None)
+
+    def committed(self, tx_id: TxId, tick: int) -> None:
+        self._recent[tx_id] = tick
+
+    def recent(self, tick: int) -> list[TxId]:
+        """Ids committed here in the last two periods (older ones are forgotten)."""
+        since = tick - 2 * self._every
+        self._recent = {t: at for t, at in self._recent.items() if at > since}
+        return list(self._recent)
+
+    @staticmethod
+    def answer(src: NodeId, ids: tuple[TxId, ...], store: TxStore,
+               kernel: SafetyKernel) -> list[Send]:
+        """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them)."""
+        out: list[Send] = []
+        for tx_id in ids[:MAX_FETCH_IDS]:
+            record = store.get(tx_id) if isinstance(tx_id, bytes) else None
+            if record is None:
+                continue
+            own = kernel.refusal(tx_id)
+            out.append(Send(to=src, message=TransactionProof(
+                tx=record.tx, endorsements=tuple(record.endorsements.values()),
+                refusals=(own,) if own is not None else ())))
+        return out
+
+    def digest(self, tick: int, committed: list[TxId]) -> list[Send]:
+        """This period's digest to the next peer (round-robin); none if nothing committed."""
+        if not self._peers or not committed:
+            return []
+        peer = self._peers[(tick // self._every) % len(self._peers)]
+        ids = tuple(sorted(committed[-MAX_DIGEST_IDS:]))
+        return [Send(to=peer, message=CommittedDigest(tx_ids=ids))]
+
+    def on_digest(self, src: NodeId, ids: tuple[TxId, ...], store: TxStore,
+                  tick: int) -> list[Send]:
+        """Fetch from `src` the digest's ids this node does not know or still has pending."""
+        missing = [t for t in ids[:MAX_DIGEST_IDS] if isinstance(t, bytes)
+                   and store.state_of(t) in (None, TxState.PENDING)]
+        return self.fetch(src, missing, tick)
