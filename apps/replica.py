@@ -259,18 +259,15 @@ class Replica:
         return self._txs
 
     def admit(self, client_id: str, command: bytes, read_only: bool, *,
-              wrapped: bool = True) -> str | None:
+              local: bool = False) -> str | None:
         """Arrival checks for a client request (before it is proposed): None to admit it,
         else a one-line reason. Client ids over `MAX_CLIENT_ID_BYTES`, and whatever the
-        machine's `Admission.admit` refuses. Never raises.
-
-        `wrapped`: in transaction mode the command is a transaction (unwrapped first);
-        False for a query answered from the applied state (a STALE read), which is the bare
-        application command in either mode."""
+        machine's `Admission.admit` refuses. Never raises. `local`: a STALE read, answered by
+        `query` from this replica's state: a plain command even in transaction mode."""
         if len(client_id) * 4 > MAX_CLIENT_ID_BYTES and len(
                 client_id.encode("utf-8", "surrogatepass")) > MAX_CLIENT_ID_BYTES:
             return f"client id longer than {MAX_CLIENT_ID_BYTES} bytes"
-        if self._tx is not None and wrapped:
+        if self._tx is not None and not local:
             unwrapped = self._tx.unwrap(command)
             if unwrapped is None:
                 return "malformed transaction"

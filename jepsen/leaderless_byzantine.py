@@ -1,7 +1,8 @@
 """Byzantine endorsers for the leaderless core: an honest core whose wire behaviour lies.
 
-Owns: `LEADERLESS_BEHAVIOURS` (the names), `LeaderlessByzantineCore` (the wrapper) and
-`choose_liars` (which nodes lie, and how, for a seed).
+Owns: `LEADERLESS_BEHAVIOURS` (the names), `LeaderlessByzantineCore` (the wrapper),
+`choose_liars` (which nodes lie, and how, for a seed) and `LEADERLESS_BYZANTINE` (the
+registry's `ByzantineSupport`: the same wrappers on a real node).
 
 Behaviours (every lie is signed with the node's OWN key, so it verifies unless it is a
 forgery; a Byzantine node never signs as another node or a client):
@@ -29,6 +30,7 @@ import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready, Receive, Send, Submit
 from phalanx.consensus.crypto import Crypto
@@ -42,6 +44,10 @@ from phalanx.consensus.leaderless.messages import (
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError
+
+if TYPE_CHECKING:
+    from phalanx.apps.interface import StateMachine
+    from phalanx.ops.node_config import NodeConfig
 
 LEADERLESS_BEHAVIOURS: tuple[str, ...] = (
     "silent", "equivocate", "lie_versions", "forge_conditions", "withhold_veto",
@@ -232,3 +238,31 @@ class LeaderlessByzantineCore:
             proofs = (TransactionProof(tx=tx, endorsements=fakes),)
         self._count("forge_veto")
         return _resign(dataclasses.replace(vote, drop=False, proofs=proofs), self._crypto)
+
+
+class LeaderlessByzantine:
+    """The leaderless Byzantine modes on a real node (`phalanx.protocols.spec.ByzantineSupport`,
+    `phalanx node run CONFIG --byzantine MODE`, tests and demos only): one
+    `LeaderlessByzantineCore` behaviour per node; the state machine stays honest."""
+
+    modes: tuple[str, ...] = LEADERLESS_BEHAVIOURS
+
+    def wrap_core(self, core: Core, mode: str, *, config: NodeConfig,
+                  rng: random.Random) -> Core:
+        from phalanx.consensus.leaderless.messages import transaction_id
+        from phalanx.ops.signing_keys import load_crypto
+        from phalanx.protocols.leaderless_node import WireTxCodec
+
+        codec = WireTxCodec()
+        return LeaderlessByzantineCore(
+            core, behaviours=(mode,), crypto=load_crypto(config),
+            rng=random.Random(rng.getrandbits(64)),
+            tx_id=lambda tx: transaction_id(tx, codec.encode),
+            nodes=tuple(sorted(config.members())))
+
+    def wrap_machine(self, machine: StateMachine, mode: str,
+                     rng: random.Random) -> StateMachine:
+        return machine
+
+
+LEADERLESS_BYZANTINE = LeaderlessByzantine()

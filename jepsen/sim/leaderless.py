@@ -42,7 +42,7 @@ from phalanx.jepsen.sim.leaderless_workload import LeaderlessWorkload, WorkloadC
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
 from phalanx.net import wire
-from phalanx.net.codec import DecodeError
+from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
 
@@ -53,11 +53,20 @@ node's key signs as a client."""
 WORKLOAD_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("conflict_pct", (0, 10, 30, 60)),
     ("short_pct", (0, 10, 30)),
-    ("submit_to", (0, 2)),
     ("deadline_max_ms", (400, 1_500)),
 )
 """Workload knobs a swarm seed may draw (with the core's config fields, for the registry's
-`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name."""
+`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name. Not drawn yet:
+``submit_to`` = f+1 (a node that never hears of a committed transaction has no way to catch
+up in the core yet: see docs/LEADERLESS.md "Simulation")."""
+
+SIM_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("delta_old_ms", (200, 1_000)),
+    ("checkpoint_ticks", (5, 30)),
+    ("rebroadcast_ticks", (5, 20)),
+    *WORKLOAD_KNOBS,
+)
+"""The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix."""
 
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
                "rebroadcast_ticks", "max_pending")
@@ -81,62 +90,9 @@ class RecordingKv(KvStateMachine):
         return super().apply(command)
 
 
-class _TxCodec:
-    """The wire codec as the core's `TxCodec` (and the replica's transaction layer)."""
-
-    def __init__(self, horizon_ms: int) -> None:
-        self.horizon_ms = horizon_ms
-        self._registry = wire.default_registry()
-        self._encode = self._registry.encoder()
-
-    def encode(self, tx: Transaction) -> bytes:
-        return self._encode(tx)
-
-    def decode(self, data: bytes) -> Transaction | None:
-        try:
-            return wire.decode(data, expected=Transaction)
-        except DecodeError:
-            return None
-
-    def tx_id(self, tx: Transaction) -> bytes:
-        return transaction_id(tx, self._encode)
-
-    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
-        tx = self.decode(command)
-        if tx is None:
-            return None
-        return self.tx_id(tx), tx.deadline_ms, tx.command
-
-
-class _AppView:
-    """`AppView` over one replica incarnation (the KV store's endorsement hooks)."""
-
-    _COMMUTING = frozenset({"add", "mul", "sadd", "srem"})
-
-    def __init__(self, replica: Replica, machine: KvStateMachine) -> None:
-        self._replica = replica
-        self._m = machine
-
-    def conflicts(self, a: bytes, b: bytes) -> bool:
-        return self._m.access(a).conflicts_with(self._m.access(b), self._m.commutes)
-
-    def writes(self, command: bytes) -> tuple[str, ...]:
-        return self._m.access(command).writes
-
-    def needs_requirements(self, command: bytes) -> tuple[str, ...]:
-        access = self._m.access(command)
-        blind = {u.key for u in access.updates if u.op not in self._COMMUTING}
-        blind |= {k for k in access.writes if not any(u.key == k for u in access.updates)}
-        return tuple(sorted(set(access.reads) | blind))
-
-    def accepts(self, command: bytes, policy: str) -> bool:
-        return self._m.check(command).accept
-
-    def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
-        return tuple(kv_ops.version_of(self._m.get(k)) for k in keys)
-
-    def applied(self) -> int:
-        return self._replica.applied_index
+_HARD = HardState()
+"""The hard state a Ready with a core record carries (so the node persists it; the core
+never reads it back: restoring a commit index is optional)."""
 
 
 class _DurableCell:
@@ -163,7 +119,7 @@ class _DurableCell:
         if not isinstance(state, LeaderlessDurableState):
             return ready
         self._cells[self._node] = state
-        hard = ready.hard_state or HardState(commit=self.inner.status().commit_index)
+        hard = ready.hard_state or _HARD
         return dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)
 
 
@@ -190,7 +146,7 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: _TxCodec) -> None:
+                 codec: WireTxCodec) -> None:
         self._env = env
         self._config = config
         self._faults = faults
@@ -299,7 +255,11 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     incarnations: dict[str, int] = {}
     base = LeaderlessConfig(node_id=NodeId(names[0]), nodes=tuple(NodeId(n) for n in names),
                             **core_knobs)  # type: ignore[arg-type]
-    codec = _TxCodec(horizon_ms=base.gc_horizon_ms)
+    codec = WireTxCodec()
+    layer = TxLayer(codec)
+
+    def tx_id(tx: Transaction) -> bytes:
+        return transaction_id(tx, codec.encode)
     client_keys = FastCrypto(NodeId("keyring"), cluster_secret=CLIENT_SECRET)
     config = WorkloadConfig(**work_knobs)  # type: ignore[arg-type]
 
@@ -311,7 +271,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             decode_entry=wire.decode_entry,
             policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0,
                                     compact_lag=0),
-            transactions=codec)
+            transactions=layer)
         replica.restore_latest()
         machines[node], replicas[node] = machine, replica
         return replica
@@ -320,21 +280,25 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         crypto = FastCrypto(NodeId(node))
         inner = LeaderlessCore(
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
-            client_keys=client_keys, app=_AppView(replicas[node], machines[node]),
+            client_keys=client_keys, app=ReplicaAppView(replicas[node]),
             codec=codec, restored=cells.get(node), bugs=bugs)
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:
             rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")
             core = LeaderlessByzantineCore(core, behaviours=liars[node], crypto=crypto,
-                                           rng=rng_b, tx_id=codec.tx_id, nodes=names)
+                                           rng=rng_b, tx_id=tx_id, nodes=names)
         return core
 
     def observe(core: Core) -> tuple[str, int, int]:
-        return "endorser", 0, core.status().commit_index
+        while isinstance(core, _DurableCell | LeaderlessByzantineCore):
+            core = core.inner
+        # The last released local index, read without building a status (hot path).
+        gate = getattr(core, "_gate", None)
+        return "endorser", 0, gate.last_index if gate is not None else core.status().commit_index
 
     def workload(env: WorkloadEnv) -> _Run:
-        return _Run(env, config=dataclasses.replace(config, clients=env.clients), faults=faults, honest=honest, log=log,
-                    machines=machines, codec=codec)
+        return _Run(env, config=dataclasses.replace(config, clients=env.clients),
+                    faults=faults, honest=honest, log=log, machines=machines, codec=codec)
 
     described = "; ".join(f"{n}:{'+'.join(b)}" for n, b in plan) or "none"
     return ProtocolSetup(

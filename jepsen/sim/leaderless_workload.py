@@ -56,6 +56,9 @@ class WorkloadConfig:
     conflict_pct: int = 30
     """Percent of operations that are versioned puts on the hot register ``r0``."""
     srem_pct: int = 10
+    chain_pct: int = 30
+    """After a put of its commits, a client puts the same key again at once with this
+    probability (a chain of versions: a lagging replica sees the second commit early)."""
     burst: int = 2
     """A hot put comes with up to this many more puts on ``r0`` issued with it (requiring
     the same version: at most one of them may commit)."""
@@ -146,6 +149,7 @@ class LeaderlessWorkload:
         self._pending: dict[str, list[TxRecord]] = {}
         self._issued: dict[str, int] = {}
         self._request_no: dict[str, int] = {}
+        self._chained: dict[str, tuple[str, str]] = {}
         self._members: dict[str, list[tuple[str, bytes]]] = {}
         self._unique = 0
         self.running = False
@@ -191,7 +195,7 @@ class LeaderlessWorkload:
                 or self._issued[client] >= cfg.ops_per_client):
             return
         self._issued[client] += 1
-        op = self._choose(client)
+        op = self._chained.pop(client, None) or self._choose(client)
         self.issue(client, op)
         if op == ("put", "r0"):  # a burst of conflicting puts, all requiring one version
             for _ in range(self.rng.randint(0, cfg.burst)):
@@ -278,6 +282,8 @@ class LeaderlessWorkload:
             return
         record.results[node] = result
         if record.outcome is None and record.committed_by(result) >= self.f + 1:
+            if record.kind == "put" and self.rng.randrange(100) < self.config.chain_pct:
+                self._chained[record.client] = ("put", record.key)
             self._finish(record, OK)
             if record.kind == "sadd":
                 member = kv_wire.decode_command(record.command)
@@ -309,5 +315,6 @@ class LeaderlessWorkload:
         if record in pending:
             pending.remove(record)
             if self.running and not pending:
-                self.loop.call_later(self.rng.randrange(self.config.think_ns + 1),
+                think = 0 if record.client in self._chained else self.config.think_ns
+                self.loop.call_later(self.rng.randrange(think + 1),
                                      lambda: self._next(record.client))

@@ -540,7 +540,8 @@ def _kv_main(args: argparse.Namespace) -> int:
         print(f"phalanx kv: forbidden: {e}", file=sys.stderr)
         return EXIT_FORBIDDEN
     except TransactionAborted as e:
-        print(f"aborted: {e.reason}", file=sys.stderr)
+        # (a node's reason may itself begin with "aborted: ")
+        print(f"aborted: {e.reason.removeprefix('aborted: ')}", file=sys.stderr)
         return EXIT_REJECTED
     except RequestRejected as e:
         print(f"phalanx kv: refused: {e}", file=sys.stderr)

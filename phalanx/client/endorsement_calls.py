@@ -230,8 +230,8 @@ class EndorsementCalls:
                         return decide(decision, f"{what} {call.client_id}/{call.request_no}")
             self._check_open()
             self._stats.retries += 1
-            last_error = f"{replies.summary()}" + (f" (last: {last_error})" if last_error
-                                                    else "")
+            last_node = last_error if last_error and "matching" not in last_error else None
+            last_error = replies.summary() + (f"; {last_node}" if last_node else "")
             targets = self._order  # every retry goes to every node, the same bytes
             await self._back_off(call, attempt, deadline, last_error)
             attempt += 1

@@ -104,13 +104,13 @@ def read_seed(path: Path) -> bytes:
     try:
         text = path.read_text().strip()
     except OSError as e:
-        raise SigningKeyError(f"{path}: cannot read the PBFT key: {e.strerror}") from None
+        raise SigningKeyError(f"{path}: cannot read the signing key: {e.strerror}") from None
     try:
         seed = bytes.fromhex(text)
     except ValueError:
-        raise SigningKeyError(f"{path}: the PBFT key is not hex") from None
+        raise SigningKeyError(f"{path}: the signing key is not hex") from None
     if len(seed) != _SEED_BYTES:
-        raise SigningKeyError(f"{path}: the PBFT key must be {_SEED_BYTES} bytes, got {len(seed)}")
+        raise SigningKeyError(f"{path}: the signing key must be {_SEED_BYTES} bytes, got {len(seed)}")
     return seed
 
 

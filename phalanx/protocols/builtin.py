@@ -4,7 +4,7 @@ Owns: `RAFT`, `PBFT`, `LEADERLESS` and `SPECS` (what `phalanx.protocols.registry
 first). A spec is declarations only; the runtime halves live in `phalanx.protocols.raft_node`,
 `phalanx.protocols.pbft_node` and `phalanx.protocols.leaderless_node`, the simulator setups
 in `phalanx.jepsen.sim.raft`, `phalanx.jepsen.sim.pbft` and `phalanx.jepsen.sim.leaderless`,
-the Byzantine behaviours in `phalanx.jepsen.byzantine` and `phalanx.jepsen.leaderless_modes`,
+the Byzantine behaviours in `phalanx.jepsen.byzantine` and `phalanx.jepsen.leaderless_byzantine`,
 all loaded only when used.
 """
 
@@ -65,8 +65,17 @@ LEADERLESS = ProtocolSpec(
     node=Lazy("phalanx.protocols.leaderless_node:LEADERLESS_NODE"),
     sim=Lazy("phalanx.jepsen.sim.leaderless:sim_setup"),
     sim_bugs=Lazy("phalanx.consensus.leaderless.bugs:BUG_NAMES"),
+    # (`phalanx.jepsen.sim.leaderless.SIM_KNOBS`, spelled out: a spec loads nothing.)
+    sim_knobs=(
+        ("delta_old_ms", (200, 1_000)),
+        ("checkpoint_ticks", (5, 30)),
+        ("rebroadcast_ticks", (5, 20)),
+        ("conflict_pct", (0, 10, 30, 60)),
+        ("short_pct", (0, 10, 30)),
+        ("deadline_max_ms", (400, 1_500)),
+    ),
     signing_keys=True,
-    byzantine=Lazy("phalanx.jepsen.leaderless_modes:LEADERLESS_BYZANTINE"),
+    byzantine=Lazy("phalanx.jepsen.leaderless_byzantine:LEADERLESS_BYZANTINE"),
     byzantine_modes=("silent", "equivocate", "lie_versions", "forge_conditions",
                      "withhold_veto", "forge_veto", "replay"),
     demo=Lazy("phalanx.demo.leaderless:run"),

@@ -130,7 +130,7 @@ class CallAdmission:
             self._trace.mark("call", f"{request.client_id}/{request.request_no}")
         stale = request.read_only and call.consistency is ReadConsistency.STALE
         refusal = self.replica.admit(request.client_id, request.command, request.read_only,
-                                     wrapped=not stale)
+                                     local=stale)
         if refusal is not None:
             self.stats.refused_calls += 1
             reply(target, request, ReplyStatus.ERROR, message=refusal)

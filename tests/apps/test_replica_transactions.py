@@ -239,12 +239,10 @@ def test_admit_reads_the_transaction_inside() -> None:
     assert node.replica.admit("c", tx(b"t", 1, Put(key="k", value=b"x")), False) is None
 
 
-def test_a_stale_query_is_admitted_bare_in_transaction_mode() -> None:
-    """A STALE read is answered from the applied state: its command is the bare application
-    command, never a transaction (the leaderless client's version reads use it)."""
+def test_admit_takes_a_stale_read_as_a_plain_command() -> None:
+    """A STALE read is answered by `query` from local state (the client sends the plain
+    command: it has no effect, so nothing to sign); only what goes to the core is wrapped."""
     node = Node()
-    query = kv_wire.encode_command(Get(key="k"))
-    assert node.replica.admit("c", query, True) == "malformed transaction"
-    assert node.replica.admit("c", query, True, wrapped=False) is None
-    huge = kv_wire.encode_command(Put(key="k", value=b"x" * (2 << 20)))
-    assert node.replica.admit("c", huge, True, wrapped=False) is not None
+    get = kv_wire.encode_command(Get(key="k"))
+    assert node.replica.admit("c", get, True) == "malformed transaction"
+    assert node.replica.admit("c", get, True, local=True) is None

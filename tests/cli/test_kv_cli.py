@@ -289,6 +289,9 @@ def test_an_aborted_transaction_prints_one_line_and_exits_3(
     assert args.handler(args) == EXIT_REJECTED
     err = capsys.readouterr().err
     assert err == "aborted: version of k changed\n"
+    _run_kv_capturing(monkeypatch, TransactionAborted("aborted: dropped"))
+    assert args.handler(args) == EXIT_REJECTED
+    assert capsys.readouterr().err == "aborted: dropped\n"
 
 
 def test_requirements_and_the_signing_key_reach_the_client(

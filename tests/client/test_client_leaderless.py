@@ -100,7 +100,8 @@ async def test_f_plus_one_matching_ok_is_accepted_and_every_node_gets_the_transa
     behaviours = {"n1": answering(ReplyStatus.OK, DONE), "n2": answering(ReplyStatus.OK, DONE),
                   "n3": silent, "n4": silent}
     before = time.time()
-    async with cluster(certs, behaviours, **_options()) as (client, nodes):
+    # one attempt spans the whole call: a slow machine cannot make it retry
+    async with cluster(certs, behaviours, **_options(attempt_timeout=5.0)) as (client, nodes):
         await client.put("k", b"v", requirements={"k": b""})
     for node in nodes.values():
         assert len(node.received) == 1  # every node, once: no retry was needed
@@ -219,7 +220,8 @@ async def test_an_aborted_put_is_retried_only_when_asked(certs: Certs) -> None:
 
 async def test_f_plus_one_first_when_asked(certs: Certs) -> None:
     behaviours = {n: answering(ReplyStatus.OK, DONE) for n in NAMES}
-    async with cluster(certs, behaviours, **_options(endorse_all=False)) as (client, nodes):
+    async with cluster(certs, behaviours, **_options(endorse_all=False,
+                                                        attempt_timeout=5.0)) as (client, nodes):
         await client.add("k", 2)
     assert sum(len(n.received) for n in nodes.values()) == 2  # f+1 = 2 of 4
 

