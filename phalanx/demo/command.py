@@ -1,8 +1,8 @@
 """`phalanx demo`'s command line: the parser and the dispatch to a protocol's demo.
 
 Owns: `add_demo_command`. Light on purpose (argparse and the protocol registry only): the
-demos themselves (`phalanx.demo.cluster_demo`, `.pbft`, `.leaderless`, `.local`) import trio, rich and the
-client, and load only when one runs (`ProtocolSpec.demo`).
+demos themselves (`phalanx.demo.cluster_demo`, `.pbft`, `.leaderless`, `.local`) import
+trio, rich and the client, and load only when one runs (`ProtocolSpec.demo`).
 """
 
 from __future__ import annotations
