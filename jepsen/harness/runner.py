@@ -76,7 +76,8 @@ from phalanx.jepsen.workloads import (
     make_workload,
     perform,
 )
-from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy
+from phalanx.protocols import get as get_protocol
 
 WORKLOADS: Final = tuple(sorted(WORKLOAD_CLASSES))
 """Workloads the runner drives: every `phalanx.jepsen.workloads` workload."""
@@ -140,8 +141,10 @@ class RunOptions:
     def workload_config(self) -> WorkloadConfig:
         """Each worker paces itself with `Workload.delay`, so the per-worker rate is
         ``rate / concurrency``."""
+        signs = get_protocol(self.protocol).call_strategy is CallStrategy.ENDORSEMENT
         return WorkloadConfig(seed=self.seed, rate=self.rate / self.concurrency,
-                              per_key_limit=self.ops_per_key, active_keys=self.keys)
+                              per_key_limit=self.ops_per_key, active_keys=self.keys,
+                              transactions=signs)
 
 
 @dataclass(slots=True, kw_only=True)
