@@ -100,6 +100,10 @@ class RunOptions:
     keys: int = 5
     ops_per_key: int = 150
     op_timeout: float = 2.0
+    abort_grace: float = 3.0
+    """Signed transactions: how long past a transaction's deadline a client waits for its
+    outcome (a deadlocked pair aborts only after a checkpoint, which starts `delta_old`
+    after the deadline); an abort seen in time is a definite ``fail``, not ``info``."""
     nemesis_scale: float = 4.0
     recovery_timeout: float = 60.0
     check_time_limit: float = 60.0
@@ -214,7 +218,8 @@ class _Run:
         process: Process = slot
         o = self.options
         async with open_client(self.cluster.client_config(slot), timeout=o.op_timeout,
-                               attempt_timeout=min(0.5, o.op_timeout)) as client:
+                               attempt_timeout=min(0.5, o.op_timeout),
+                               abort_grace=o.abort_grace) as client:
             next_at = trio.current_time()
             while not self.stopping():
                 next_at = max(next_at + self.workload.delay(),
@@ -239,7 +244,8 @@ class _Run:
         """Perform each invocation until it ends ``ok`` (at most `OPERATION_ATTEMPTS` tries,
         each under a fresh process); returns (ok, total)."""
         ok = 0
-        async with open_client(self.cluster.config, timeout=self.options.op_timeout) as client:
+        async with open_client(self.cluster.config, timeout=self.options.op_timeout,
+                               abort_grace=self.options.abort_grace) as client:
             for invocation in invocations:
                 for _ in range(OPERATION_ATTEMPTS):
                     kind: OpType = await perform(
@@ -320,7 +326,10 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
         setup_ok, setup_n = await run.perform_all(workload.setup_invocations())
         if setup_ok < setup_n:
             outcome.reasons.append(f"setup: {setup_n - setup_ok} of {setup_n} operations failed")
-        console.print(f"{leader} leads; running {options.workload} for {options.time_s:g} s "
+        leads = (f"{leader} is up (no leader: every node endorses)"
+                 if get_protocol(options.protocol).call_strategy
+                 is CallStrategy.ENDORSEMENT else f"{leader} leads")
+        console.print(f"{leads}; running {options.workload} for {options.time_s:g} s "
                       f"with {len(schedule)} nemesis events", highlight=False)
         t_start = trio.current_time()
         async with trio.open_nursery() as outer:
