@@ -218,7 +218,7 @@ class LeaderlessNode:
             raise ProtocolError("the leaderless core reads the application through the "
                                 "replica: build_core needs replica=")
         # A Byzantine mode (`byzantine`) wraps this honest core afterwards
-        # (`phalanx.jepsen.leaderless_modes`, through `ProtocolSpec.byzantine`).
+        # (`phalanx.jepsen.leaderless_byzantine`, through `ProtocolSpec.byzantine`).
         try:
             crypto = load_crypto(config)
         except SigningKeyError as e:

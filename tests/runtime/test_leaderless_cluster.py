@@ -1,7 +1,8 @@
 """The leaderless core on a real in-process 4-node cluster (`cluster init --protocol
 leaderless` configs, TLS sockets, Ed25519 node and client keys): KV through `phalanx.Client`
-(signed transactions, f+1 matching outcomes), STALE reads, and a node restart that replays its
-WAL and catches up without a storage failure."""
+(signed transactions, f+1 matching outcomes), STALE reads, an equivocating endorser
+(`open_node(byzantine="equivocate")`, the spec's `ByzantineSupport`), and a node restart that
+replays its WAL and catches up without a storage failure."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ class Cluster:
         async def run(task_status: trio.TaskStatus[Node]) -> None:
             with trio.CancelScope() as scope:
                 self.scopes[node_id] = scope
-                async with open_node(self.configs[node_id], rng=random.Random(1)) as node:
+                liar = "equivocate" if node_id == "n4" else None
+                async with open_node(self.configs[node_id], rng=random.Random(1),
+                                     byzantine=liar) as node:
                     task_status.started(node)
                     await trio.sleep_forever()
 
@@ -89,5 +92,7 @@ def test_kv_stale_reads_and_a_restart_that_replays_the_wal(tmp_path: Path) -> No
                 states = {n: c.values(n, keys) for n in c.nodes}
                 assert len({tuple(v) for v in states.values()}) == 1, states
                 assert c.nodes["n3"].driver.stats.storage_failures == 0
+                lies = c.nodes["n4"].driver.core.lies  # type: ignore[attr-defined]
+                assert lies.get("equivocate", 0) > 0
 
     trio.run(main)
