@@ -381,7 +381,12 @@ class LeaderlessCore:
         self._check_certificate(record, out)
 
     def _check_certificate(self, record: TxRecord, out: _Outbox) -> None:
-        if record.state is TxState.PENDING and self._tally.certificate(record.tx_id):
+        if record.state is not TxState.PENDING:
+            return
+        certificate = self._tally.certificate(record.tx_id)
+        if certificate:
+            self._recovery.aborted(record.tx_id, TransactionProof(
+                tx=record.tx, refusals=tuple(sorted(certificate, key=lambda r: r.endorser))))
             self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
 
     def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: _Outbox) -> None:
@@ -510,6 +515,7 @@ class LeaderlessCore:
                 self._kernel.forget(r.tx_id)
         for tx_id in [t for t in self._queued if self._store.state_of(t) is None]:
             del self._queued[tx_id]
+        self._recovery.gc(self._store)
         self._checkpoints.gc(lambda t: self._store.state_of(t) is not None)
         self._rules.invalidate()
         if gone or stones:

@@ -34,7 +34,7 @@ MAX_DIGEST_IDS = 1024
 
 
 class Recovery:
-    __slots__ = ("_every", "_fetched", "_max", "_peers", "_recent")
+    __slots__ = ("_aborts", "_every", "_fetched", "_max", "_peers", "_recent")
 
     def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int) -> None:
         self._peers = peers
@@ -42,6 +42,7 @@ class Recovery:
         self._max = max_entries
         self._fetched: dict[TxId, int] = {}
         self._recent: dict[TxId, int] = {}
+        self._aborts: dict[TxId, TransactionProof] = {}
 
     def want(self, ids: Iterable[TxId], tick: int) -> tuple[TxId, ...]:
         """The ids of `ids` not asked for in the last period (now marked asked), at most
@@ -76,14 +77,26 @@ class Recovery:
         self._recent = {t: at for t, at in self._recent.items() if at > since}
         return list(self._recent)
 
-    @staticmethod
-    def answer(src: NodeId, ids: tuple[TxId, ...], store: TxStore,
+    def aborted(self, tx_id: TxId, certificate: TransactionProof) -> None:
+        """Keep the abort certificate of a transaction dropped on refusals (its tombstone's
+        lifetime): a peer that missed the refusals gets it when it asks."""
+        self._aborts[tx_id] = certificate
+
+    def gc(self, store: TxStore) -> None:
+        for tx_id in [t for t in self._aborts if store.state_of(t) is None]:
+            del self._aborts[tx_id]
+
+    def answer(self, src: NodeId, ids: tuple[TxId, ...], store: TxStore,
                kernel: SafetyKernel) -> list[Send]:
-        """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them)."""
+        """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them): the
+        transaction with its endorsements, or its abort certificate."""
         out: list[Send] = []
         for tx_id in ids[:MAX_FETCH_IDS]:
             record = store.get(tx_id) if isinstance(tx_id, bytes) else None
             if record is None:
+                certificate = self._aborts.get(tx_id) if isinstance(tx_id, bytes) else None
+                if certificate is not None:
+                    out.append(Send(to=src, message=certificate))
                 continue
             own = kernel.refusal(tx_id)
             out.append(Send(to=src, message=TransactionProof(

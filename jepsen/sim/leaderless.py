@@ -131,10 +131,10 @@ class _Checker(InvariantChecker):
     def observe_apply(self, node: str, entry: Entry, at_ns: int) -> None:
         """Local indexes: nothing to compare across replicas."""
 
-    def check_log_matching(self, logs: object, at_ns: int) -> None:  # type: ignore[override]
+    def check_log_matching(self, logs: object, at_ns: int) -> None:
         """Not a leaderless property."""
 
-    def check_committed_durable(  # type: ignore[override]
+    def check_committed_durable(
         self, logs: object, at_ns: int, *, durable_window: int = 256,
         recovering: frozenset[str] = frozenset(),
     ) -> None:
@@ -261,7 +261,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     def tx_id(tx: Transaction) -> bytes:
         return transaction_id(tx, codec.encode)
     client_keys = FastCrypto(NodeId("keyring"), cluster_secret=CLIENT_SECRET)
-    config = WorkloadConfig(**work_knobs)  # type: ignore[arg-type]
+    config = WorkloadConfig(**work_knobs)
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
         incarnations[node] = incarnation = incarnations.get(node, 0) + 1

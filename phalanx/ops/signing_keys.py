@@ -110,7 +110,8 @@ def read_seed(path: Path) -> bytes:
     except ValueError:
         raise SigningKeyError(f"{path}: the signing key is not hex") from None
     if len(seed) != _SEED_BYTES:
-        raise SigningKeyError(f"{path}: the signing key must be {_SEED_BYTES} bytes, got {len(seed)}")
+        raise SigningKeyError(
+            f"{path}: the signing key must be {_SEED_BYTES} bytes, got {len(seed)}")
     return seed
 
 

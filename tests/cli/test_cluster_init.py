@@ -433,3 +433,13 @@ def test_client_key_refuses_bad_names_and_protocols_without_client_keys(
         add_client_key(tmp_path / "e", "../x")
     with pytest.raises(ClusterError, match="no cluster"):
         add_client_key(tmp_path / "absent", "alice")
+
+
+def test_the_registered_leaderless_protocol_gets_client_keys(tmp_path: Path) -> None:
+    from phalanx.protocols import CallStrategy, get
+
+    assert get("leaderless").call_strategy is CallStrategy.ENDORSEMENT
+    cfg = init_cluster(tmp_path / "l", protocol="leaderless", nodes=4, base_port=9000)
+    assert cfg.client_signing_key is not None
+    for n in cfg.nodes:
+        assert set(load_node_config(cfg.node_config_path(n.id)).client_keys) == {"client"}

@@ -147,3 +147,23 @@ def test_a_node_cut_off_for_long_catches_up_from_digests() -> None:
     c.tick(rounds=8)
     assert c.nodes[n4].app.data == {"x": b"6"}
     assert c.nodes[n4].core.status().committed == 3
+
+
+def test_a_node_that_missed_the_refusals_gets_the_abort_certificate() -> None:
+    from leaderless_harness import Cluster
+
+    c = Cluster(4, rebroadcast_ticks=2)
+    n4 = c.ids[3]
+    c.tick()
+    tx = make_tx("set x a", reqs={"x": version(b"no")}, deadline=EPOCH + 250)
+    c.submit(tx)
+    c.deliver()
+    c.down.add(n4)  # n4 knows the transaction but hears no refusal
+    c.tick(rounds=6)
+    assert all(c.nodes[n].core.status().dropped_txs == 1 for n in c.ids[:3])
+    assert c.nodes[n4].core.status().pending == 1
+    c.down.discard(n4)
+    c.tick(rounds=4)  # n4 asks about its overdue transaction: the certificate answers
+    assert c.nodes[n4].core.status().dropped_txs == 1
+    assert c.nodes[n4].core.status().pending == 0
+    assert [a.request.client_id for a in c.nodes[n4].aborted] == ["c1"]
