@@ -1,7 +1,8 @@
 """Short real leaderless runs (n=4, f=1) through `phalanx jepsen run`'s handler: the bank
 workload (snapshot reads and transfers as transactions with requirements) under kills and
 one-node partitions with an equivocating endorser (`node run --byzantine equivocate`).
-Within f, so it must be valid. About 25 s of wall time on 2 cores.
+Within f, so it must be valid, and the honest nodes' states must end identical. About 25 s
+of wall time on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ def test_leaderless_bank_with_a_liar_under_kills_and_partitions_is_valid(
     run_dir = (store / "latest").resolve()
     assert run_dir.parent.name == "leaderless-bank-kill+partition-one-byz-equivocate-n4"
     results = json.loads((run_dir / "results.json").read_text())
-    assert set(results["checkers"]) == {"bank", "stats", "recovery"}
+    assert set(results["checkers"]) == {"bank", "stats", "convergence", "recovery"}
+    digests = results["checkers"]["convergence"]["digests"]
+    assert sorted(digests) == ["n1", "n2", "n3"]  # the honest nodes, all equal
+    assert len(set(digests.values())) == 1
     assert all(c["valid"] is True for c in results["checkers"].values())
     assert results["final_reads"]["ok"] == results["final_reads"]["total"] == 1
     assert results["byzantine"]["modes"] == {"n4": "equivocate"}
