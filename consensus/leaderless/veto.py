@@ -92,7 +92,7 @@ class CheckpointMachine:
     __slots__ = (
         "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped", "_dropped_counts",
         "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period", "_queued",
-        "_sends", "_ticks", "_tx_id_of", "node_id",
+        "_sends", "_ticks", "_tx_id_of", "fenced", "node_id",
     )
 
     def __init__(
@@ -132,6 +132,8 @@ class CheckpointMachine:
         self._dropped: list[TxId] = []
         self._kept: list[TransactionProof] = []
         self._dropped_counts: dict[str, int] = {}
+        self.fenced = False
+        """The amnesia fence (`fence.py`): record and tally, start and vote nothing."""
         for vote in restored_votes:
             self._restore(vote)
 
@@ -155,7 +157,7 @@ class CheckpointMachine:
                 self._broadcast(evidence)
         queued = sorted(t for t in self._queued if t not in self._by_tx)
         self._queued = dict.fromkeys(queued)
-        if not queued or self._open() >= self._max_open:
+        if not queued or self._open() >= self._max_open or self.fenced:
             return
         tx_ids = tuple(queued[: self._batch])
         for t in tx_ids:
@@ -314,7 +316,7 @@ class CheckpointMachine:
                 self._drop("too_many_open_checkpoints")
                 return None
             cp = self._record(cid, tx_ids)
-        if cp.own is not None:
+        if cp.own is not None or self.fenced:
             return cp
         proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
         vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
