@@ -11,6 +11,12 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   applied versions to equal its requirements (gap 2).
 - ``endorse_despite_conflict``: endorse unconditionally even when a conflicting pending
   transaction was endorsed (two conflicting transactions can both commit).
+- ``skip_requirements``: endorse although a requirement does not match the applied
+  version (the requirement check forgotten: a stale versioned write commits, and then
+  waits at the version gate forever, or applies over a newer value without the gate).
+- ``count_conditional``: count a conditional endorsement towards commit before its
+  conditions are dropped (the commit rule's "definitely valid" forgotten: a transaction
+  and the one its endorsement was conditioned on can both commit).
 
 Invariant: the empty set is the protocol.
 """
@@ -19,7 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict")
+BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
+                              "skip_requirements", "count_conditional")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -145,6 +145,8 @@ class LeaderlessCore:
         self._endorser = Endorser(
             config=config, app=app, store=self._store, kernel=self._kernel, gate=self._gate,
             unconditional_always="endorse_despite_conflict" in self._bugs)
+        self._endorser.skip_requirements = "skip_requirements" in self._bugs
+        self._rules.count_conditional = "count_conditional" in self._bugs
         if restored is not None:
             self._restore(restored, known)
 
@@ -158,6 +160,8 @@ class LeaderlessCore:
         self._store.horizon = state.gc_horizon_ms
         for stone in state.decided:
             self._store.tombstones[stone.tx_id] = stone
+        indexes = state.released_at if len(state.released_at) == state.released else ()
+        applied = self._app.applied()
         for i, proof in enumerate(state.committed):
             tx_id = self._tx_id(proof.tx)
             record = self._new_record(tx_id, proof.tx)
@@ -166,7 +170,9 @@ class LeaderlessCore:
             record.state = TxState.COMMITTED
             self._store.records[tx_id] = record
             item = self._committed_item(record, proof)
-            if i < state.released:
+            if i < len(indexes) and indexes[i] <= applied:
+                self._gate.restore_applied(item, indexes[i])  # applied: not released twice
+            elif i < state.released:
                 self._restart.append(item)
             else:
                 self._gate.add(item)
@@ -221,12 +227,12 @@ class LeaderlessCore:
     def durable_state(self) -> LeaderlessDurableState:
         """The durable record as of now (what `Ready.core_state` carries)."""
         endorsed, refused, known = self._kernel.record_parts()
-        proofs, released = self._gate.proofs()
+        proofs, released_at = self._gate.proofs()
         return LeaderlessDurableState(
             endorsed=endorsed, refused=refused, votes=self._checkpoints.votes(),
             decided=tuple(self._store.tombstones.values()), committed=proofs,
-            gc_horizon_ms=self._store.horizon, known=known, released=released,
-            fence_until_ms=self._fence.until_ms)
+            gc_horizon_ms=self._store.horizon, known=known, released=len(released_at),
+            released_at=released_at, fence_until_ms=self._fence.until_ms)
 
     def _drop(self, reason: str) -> None:
         if reason in BENIGN_DUPLICATES:

@@ -207,6 +207,10 @@ class LeaderlessDurableState(Message):
             the others go through the gate.
         fence_until_ms: the amnesia fence (`fence.py`): this node signs nothing before its
             clock reaches it (0: none).
+        released_at: the local index each of those `released` proofs was released at. A
+            restart re-releases only those beyond the replica's applied index (at the same
+            indexes): the ones it applied keep their index and are not released twice
+            (empty, e.g. in an older record: every one is released again).
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -218,6 +222,7 @@ class LeaderlessDurableState(Message):
     known: tuple[Transaction, ...] = ()
     released: int = 0
     fence_until_ms: int = 0
+    released_at: tuple[int, ...] = ()
 
 
 LEADERLESS_MESSAGES: dict[int, type] = {

@@ -119,10 +119,19 @@ class ReleaseGate:
         del self.released[tx_id]
         return True
 
-    def proofs(self) -> tuple[tuple[TransactionProof, ...], int]:
-        """(committed proofs, released first in index order then gated, how many released)."""
+    def restore_applied(self, item: Committed, index: int) -> None:
+        """A restarted node's `item`, released at `index` before the crash and applied since
+        (`index <= applied()`): held as released there, not released again."""
+        self.gated.pop(item.tx_id, None)
+        item.index = index
+        self.released[item.tx_id] = item
+
+    def proofs(self) -> tuple[tuple[TransactionProof, ...], tuple[int, ...]]:
+        """(committed proofs, released first in index order then gated; the released ones'
+        indexes)."""
         done = sorted(self.released.values(), key=lambda c: c.index)
-        return tuple(c.proof for c in done) + tuple(c.proof for c in self.gated.values()), len(done)
+        return (tuple(c.proof for c in done) + tuple(c.proof for c in self.gated.values()),
+                tuple(c.index for c in done))
 
 
 def requirements_hold(app: AppView, reqs: tuple[Requirement, ...]) -> bool:

@@ -26,12 +26,13 @@ from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 
 
 class Rules:
-    __slots__ = ("_memo", "_quorum_for", "_store")
+    __slots__ = ("_memo", "_quorum_for", "_store", "count_conditional")
 
     def __init__(self, store: TxStore, quorum_for: Callable[[str], int]) -> None:
         self._store = store
         self._quorum_for = quorum_for
         self._memo: dict[TxId, bool] = {}
+        self.count_conditional = False  # the `count_conditional` bug (bugs.py)
 
     def invalidate(self) -> None:
         """Forget memoised applicability (call after any change to the store)."""
@@ -82,6 +83,8 @@ class Rules:
         return not any(self.applicable(c) for c in endorsement.conditions)
 
     def definitely_valid(self, record: TxRecord) -> list[Endorsement]:
+        if self.count_conditional:  # the `count_conditional` bug (bugs.py)
+            return list(record.endorsements.values())
         dropped = TxState.DROPPED
         return [e for e in record.endorsements.values()
                 if all(self._store.state_of(c) is dropped for c in e.conditions)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from phalanx.apps import kv_ops
 from phalanx.apps.kv import KvStateMachine
@@ -31,10 +31,11 @@ from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     LeaderlessDurableState,
+    Requirement,
     Transaction,
     transaction_id,
 )
-from phalanx.consensus.types import ClientRequest, Entry, HardState, NodeId
+from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
 from phalanx.jepsen.leaderless_byzantine import LeaderlessByzantineCore, choose_liars
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check
@@ -54,9 +55,13 @@ WORKLOAD_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("conflict_pct", (0, 10, 30, 60)),
     ("short_pct", (0, 10, 30)),
     ("deadline_max_ms", (400, 1_500)),
+    ("short_max_ms", (20, 80)),
+    ("hot_jitter_ms", (0, 30)),
 )
 """Workload knobs a swarm seed may draw (with the core's config fields, for the registry's
-`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name. Not drawn yet:
+`sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name. `short_max_ms` and
+`hot_jitter_ms` (drawn last, so earlier draws of a seed are unchanged) make transactions
+expire while their endorsements split, the conditional endorsements' ground. Not drawn yet:
 ``submit_to`` = f+1 (a node that never hears of a committed transaction has no way to catch
 up in the core yet: see docs/LEADERLESS.md "Simulation")."""
 
@@ -88,6 +93,46 @@ class RecordingKv(KvStateMachine):
         before: Versions = tuple((k, kv_ops.version_of(self.get(k))) for k in keys)
         self._log.record(self._node, self._incarnation, command, before)
         return super().apply(command)
+
+
+CHAIN_DEADLINE_MS = SIM_EPOCH_MS + 300_000
+"""The deadline of `ChainedRequests`' transactions: five virtual minutes past the
+simulator's epoch (a harness retries them until they commit)."""
+
+
+class ChainedRequests:
+    """The leaderless setup's `ProtocolSetup.client_request`: a bare app command as a signed
+    transaction, for harnesses that issue commands and expect ONE committed sequence (the
+    conformance suite). The transactions form a chain: each requires, on every key written
+    by the commands wrapped before it and every key it touches, the version those commands
+    produce (applied in wrapping order to a model KV store). So any two conflict, they
+    commit in wrapping order at every replica (same local indexes everywhere), and all
+    commit once each is retried until it does. Call it once per request, in issue order."""
+
+    def __init__(self, encode_tx: Callable[[Transaction], bytes]) -> None:
+        self._encode = encode_tx
+        self._model = KvStateMachine()
+        self._written: set[str] = set()
+        self._keys: dict[str, FastCrypto] = {}
+
+    def __call__(self, client_id: str, request_no: int, command: bytes) -> ClientRequest:
+        model = self._model
+        access = model.access(command)
+        keys = sorted(self._written | set(access.reads) | set(access.writes))
+        body = Transaction(
+            client=client_id, client_id=client_id, request_no=request_no,
+            deadline_ms=CHAIN_DEADLINE_MS, command=command,
+            requirements=tuple(Requirement(key=k, version=v)
+                               for k, v in zip(keys, model.versions(keys), strict=True)))
+        key = self._keys.get(client_id)
+        if key is None:
+            key = self._keys[client_id] = FastCrypto(NodeId(client_id),
+                                                     cluster_secret=CLIENT_SECRET)
+        model.apply(command)
+        self._written |= set(access.writes)
+        tx = dataclasses.replace(body, signature=key.sign(body))
+        return ClientRequest(client_id=client_id, request_no=request_no,
+                             command=self._encode(tx))
 
 
 _HARD = HardState()
@@ -257,6 +302,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
                             **core_knobs)  # type: ignore[arg-type]
     codec = WireTxCodec()
     layer = TxLayer(codec)
+    # The replica's checkpoints carry the membership (as the runtime's): without it their
+    # metadata is empty and a restart from one cannot load it.
+    members = Configuration(voters=tuple(NodeId(n) for n in names))
 
     def tx_id(tx: Transaction) -> bytes:
         return transaction_id(tx, codec.encode)
@@ -271,7 +319,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             decode_entry=wire.decode_entry,
             policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0,
                                     compact_lag=0),
-            transactions=layer)
+            config=members, transactions=layer)
         replica.restore_latest()
         machines[node], replicas[node] = machine, replica
         return replica
@@ -310,6 +358,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         names=names, codec=wire.default_registry(), make_core=make_core,
         make_replica=make_replica, observe=observe, leader_role="leader", checker=_Checker(),
         byzantine=tuple(liars), workload=workload, recovers_lost_disk=True,
+        client_request=ChainedRequests(codec.encode),
         description=f"byzantine: {described}; workload: {_describe(config)}")
 
 

@@ -15,7 +15,7 @@ command's bytes name its transaction):
   `conflict_pct` percent of all operations are puts on the HOT register (``r0``): concurrent
   ones conflict and all but one must abort.
 Deadlines are spread (`deadline_min_ms`..`deadline_max_ms`; `short_pct` percent get a
-deadline so short that they usually expire before they commit).
+deadline of at most `short_max_ms`, so short that they may expire before they commit).
 
 Outcomes, as a client of the real system decides them: ``ok`` once f+1 nodes sent the same
 result, ``fail`` once f+1 nodes sent an abort notice, ``info`` when neither happened by the
@@ -65,7 +65,16 @@ class WorkloadConfig:
     deadline_min_ms: int = 300
     deadline_max_ms: int = 1_500
     short_pct: int = 10
-    """Percent of transactions with a deadline of 1..20 ms (they usually expire)."""
+    """Percent of transactions with a deadline of 1..`short_max_ms` ms."""
+    short_max_ms: int = 20
+    """The longest short deadline: 20 ms usually expires before a commit; around a commit's
+    latency (~80 ms) a transaction expires while its endorsements are in flight, so
+    conflicting ones get endorsed on condition of it (what the conditional-endorsement
+    bugs need)."""
+    hot_jitter_ms: int = 0
+    """Each hot put reaches each node after its own extra 0..`hot_jitter_ms` ms, so nodes
+    see concurrent hot puts in different orders and their endorsements split (0: none,
+    and no random draw)."""
     think_ns: int = 120 * _MS
     grace_ns: int = 1_500 * _MS
     """How long past its deadline a client waits for f+1 notices before recording info."""
@@ -234,7 +243,7 @@ class LeaderlessWorkload:
             requirements = (Requirement(key=key, version=self._read_version(key)),)
         cfg, rng = self.config, self.rng
         if rng.randrange(100) < cfg.short_pct:
-            spread = rng.randint(1, 20)
+            spread = rng.randint(1, cfg.short_max_ms)
         else:
             spread = rng.randint(cfg.deadline_min_ms, cfg.deadline_max_ms)
         body = Transaction(client=client, client_id=client, request_no=request_no,
@@ -248,8 +257,13 @@ class LeaderlessWorkload:
         self._members.setdefault(client, [])
         request = ClientRequest(client_id=client, request_no=request_no,
                                 command=self.encode_tx(tx))
+        jitter = cfg.hot_jitter_ms * _MS if key == "r0" and kind == "put" else 0
         for node in self._targets():
-            self.transport.submit(node, request)
+            if jitter:
+                self.loop.call_later(rng.randrange(jitter + 1),
+                                     lambda n=node: self.transport.submit(n, request))  # type: ignore[misc]
+            else:
+                self.transport.submit(node, request)
         give_up = self.loop.now + spread * _MS + cfg.grace_ns
         self.loop.call_at(give_up, lambda: self._give_up(record))
         return record

@@ -39,6 +39,10 @@ Observation = tuple[str, int, int]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolSetup:
+    """A protocol's simulator parts. A node's incarnation is built by `make_replica` first,
+    then `make_core` (`SimNode`'s order, which every driver of a setup keeps): a core may
+    read its replica (the leaderless core reads the applied versions through it)."""
+
     names: tuple[str, ...]
     codec: Registry
     make_core: Callable[[str, DurableState, random.Random], Core]
@@ -60,6 +64,11 @@ class ProtocolSetup:
     """The message classes `watch_send` can object to (None: every class); others skip it."""
     """A white-box check of every message a node sends (state kept per run): returns the
     text of a violated protocol invariant, or None. Raft's: one vote per term per voter."""
+    client_request: Callable[[str, int, bytes], ClientRequest] | None = None
+    """How this protocol's client sends app `command` as request `request_no` of
+    `client_id` (`client_request(client_id, request_no, command)`), for a harness that
+    issues bare app commands (the conformance suite); None: a plain `ClientRequest`. The
+    leaderless setup's signs a transaction (`phalanx.jepsen.sim.leaderless`)."""
     workload: Callable[[WorkloadEnv], SimWorkload] | None = None
     """The protocol's own clients and end-of-run checks, replacing the register clients,
     the final reads and the linearizability check (the leaderless core: signed

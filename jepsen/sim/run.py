@@ -1,8 +1,10 @@
 """One seeded simulation: build a cluster, inject a fault schedule, heal, check everything.
 
-Owns: `RunConfig`, `RunResult` and `run(config)`. A run is a pure function of its config:
-every random draw comes from child generators of `random.Random(seed)`, time is virtual,
-and the result carries the sha256 of the trace so two runs can be compared.
+Owns: `run(config)` (and `_Cluster`, what a run drives); `RunConfig`, `RunResult` and
+`swarm_choices` live in `phalanx.jepsen.sim.run_config` and are re-exported here. A run is
+a pure function of its config: every random draw comes from child generators of
+`random.Random(seed)`, time is virtual, and the result carries the sha256 of the trace so
+two runs can be compared.
 
 Phases:
 1. Fault phase `[0, time_ns)`: nodes boot, clients run closed loops, the nemesis schedule
@@ -38,137 +40,29 @@ import random
 import time
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 from phalanx.apps import kv_wire
 from phalanx.consensus.core import Ready
 from phalanx.consensus.types import ClientRequest, Message
 from phalanx.jepsen import nemesis
-from phalanx.jepsen.history import HistoryRecorder, Op
+from phalanx.jepsen.history import HistoryRecorder
 from phalanx.jepsen.linearizability import check as check_linearizable
 from phalanx.jepsen.sim.clients import ClientConfig, SimClient, ValueCounter
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
-from phalanx.jepsen.sim.protocols import Knobs, SimWorkload, WorkloadEnv, protocol_setup
+from phalanx.jepsen.sim.protocols import SimWorkload, WorkloadEnv, protocol_setup
+from phalanx.jepsen.sim.run_config import MS, RunConfig, RunResult, swarm_choices
 from phalanx.net.codec import DecodeError, Registry
-from phalanx.protocols import DEFAULT_PROTOCOL
-from phalanx.protocols import get as get_protocol
 
-_MS = 1_000_000
-_DEFAULT_LIVENESS_NS = 2_000 * _MS
+__all__ = ["GC_THRESHOLD0", "RunConfig", "RunResult", "run", "swarm_choices"]
+
+_MS = MS
 _BOOT_WINDOW_NS = 200 * _MS
 _ABORTED = b"\x00phalanx:aborted"
 """What an abort counts as among a BFT request's replies (no KV result encodes so)."""
-"""`nemesis.generate_schedule`'s default `start_ns`: no episode starts before it."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
-    seed: int
-    protocol: str = DEFAULT_PROTOCOL
-    nodes: int = 3
-    faults: tuple[str, ...] = nemesis.SIM_FAULT_KINDS
-    swarm: bool = True
-    bugs: frozenset[str] = frozenset()
-    byzantine: int = 0
-    """Byzantine replicas with seeded behaviours (PBFT; `phalanx.jepsen.sim.pbft`)."""
-    twins: int = 0
-    """Twinned replicas (PBFT); more than f of Byzantine + twins is the must-fail control."""
-    time_ns: int = 2_000 * _MS
-    liveness_ns: int = _DEFAULT_LIVENESS_NS
-    clients: int = 3
-    keys: int = 3
-    tick_ns: int = 10 * _MS
-    check_every_ns: int = 250 * _MS
-    use_codec: bool = True
-    keep_trace: bool = False
-    lin_step_limit: int = 20_000
-    max_events: int = 400_000
-    max_bytes_sent: int = 12_000_000
-
-    def replay_command(self) -> str:
-        faults = ",".join(self.faults) if self.faults else "none"
-        if self.faults == nemesis.SIM_FAULT_KINDS:
-            faults = "all"
-        bugs = "".join(f" --bug {b}" for b in sorted(self.bugs))
-        if self.byzantine or self.twins:
-            bugs += f" --byzantine {self.byzantine}" + (f" --twins {self.twins}" * bool(self.twins))
-        swarm = "" if self.swarm else " --no-swarm"
-        liveness = ""
-        if self.liveness_ns != _DEFAULT_LIVENESS_NS:
-            liveness = f" --liveness {self.liveness_ns / 1e9:g}"
-        default = RunConfig(seed=self.seed)  # the CLI's defaults: only differences are shown
-        shape = "".join(f" --{flag} {value}" for flag, value, base in (
-            ("clients", self.clients, default.clients), ("keys", self.keys, default.keys),
-            ("max-events", self.max_events, default.max_events)) if value != base)
-        shape += "" if self.use_codec else " --no-codec"
-        return (
-            f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
-            f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
-            f"{liveness}{shape}{swarm}{bugs} --trace trace-{self.seed}.txt"
-        )
-
-
-def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
-    """The fault kinds and protocol knobs of this seed: a pure function of the config.
-
-    Without `swarm`, the configured faults and no knobs (protocol defaults). With it, each
-    configured fault kind is kept with probability 1/2 (at least one is kept), and every knob
-    is drawn from its sane range; `heartbeat_ticks` stays below `election_ticks`.
-    """
-    if not cfg.swarm:
-        return cfg.faults, ()
-    rng = random.Random(f"swarm:{cfg.protocol}:{cfg.seed}")
-    faults = cfg.faults
-    if len(faults) > 1:
-        kept = tuple(k for k in faults if rng.random() < 0.5)
-        faults = kept or (rng.choice(faults),)
-    knobs: dict[str, int | bool] = {
-        name: rng.choice(values) for name, values in get_protocol(cfg.protocol).sim_knobs
-    }
-    if "election_ticks" in knobs:
-        knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))
-    return faults, tuple(sorted(knobs.items()))
-
-
-@dataclass(slots=True, kw_only=True)
-class RunResult:
-    config: RunConfig
-    violations: list[str]
-    trace_hash: str
-    trace_tail: list[str]
-    trace_lines: list[str] | None
-    history: tuple[Op, ...]
-    linearizable: object
-    ops_ok: int
-    ops_info: int
-    deliveries: int
-    events: int
-    wall_s: float
-    schedule: nemesis.Schedule = ()
-    stats: dict[str, int] = field(default_factory=dict)
-    faults_used: tuple[str, ...] = ()
-    knobs: Knobs = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def report(self) -> str:
-        lines = [
-            f"seed {self.config.seed}: FAILED",
-            f"  replay: {self.config.replay_command()}",
-            f"  faults this seed: {', '.join(self.faults_used) or 'none'}",
-            "  knobs this seed: "
-            + (", ".join(f"{k}={v}" for k, v in self.knobs) or "protocol defaults"),
-        ]
-        lines += [f"  violation: {v}" for v in self.violations]
-        lines.append(f"  last {len(self.trace_tail)} trace lines:")
-        lines += [f"    {line}" for line in self.trace_tail]
-        return "\n".join(lines)
 
 
 def _message_decoder(codec: Registry) -> Callable[[bytes], Message]:

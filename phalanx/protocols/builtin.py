@@ -73,6 +73,8 @@ LEADERLESS = ProtocolSpec(
         ("conflict_pct", (0, 10, 30, 60)),
         ("short_pct", (0, 10, 30)),
         ("deadline_max_ms", (400, 1_500)),
+        ("short_max_ms", (20, 80)),
+        ("hot_jitter_ms", (0, 30)),
     ),
     signing_keys=True,
     byzantine=Lazy("phalanx.jepsen.leaderless_byzantine:LEADERLESS_BYZANTINE"),

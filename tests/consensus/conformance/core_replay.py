@@ -2,9 +2,10 @@
 
 Owns: `recorded(subject, seed)` (a fault-free cluster run with lossy, duplicating links that
 records, per node, the inputs its first core was stepped with, that core's Readys and the
-random generator state it was built with), `replay(...)` (a fresh core from a fresh setup,
-fed those inputs) and `ready_bytes` (every field of a Ready, messages and records through
-the codec: two Readys are equal outputs iff their bytes are).
+random generator state it was built with), `replay(...)` (a fresh replica and core from a
+fresh setup, built in `SimNode`'s order, fed those inputs) and `ready_bytes` (every field
+of a Ready, messages and records through the codec: two Readys are equal outputs iff
+their bytes are).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from phalanx.consensus.core import Input, Ready, snapshot_bytes
 from phalanx.jepsen.sim.network import NetworkConfig
 from phalanx.net.codec import Registry
 from phalanx.runtime.persistence import DurableState
+from phalanx.storage.memory import MemoryDisk
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +77,23 @@ def recorded(name: str, seed: int) -> tuple[Recording, ...]:
 
 
 def replay(rec: Recording) -> tuple[bytes, ...]:
-    """A fresh core of a fresh setup, built as the recorded one was, fed its inputs."""
+    """A fresh replica and core of a fresh setup, built as the recorded ones were (the
+    replica first: a core may read it, as the leaderless core reads the applied versions),
+    fed the recorded inputs. After each step the Ready's snapshot is installed and its
+    committed entries applied, as `SimNode` does before stepping the next input (the memory
+    disk's fsync is instantaneous), so the replica the core reads is the recorded one."""
     setup = rec.subject.make_setup()
     rng = random.Random()
     rng.setstate(rec.rng_state)  # type: ignore[arg-type]
     empty = DurableState(hard_state=None, snapshot=None, snapshot_data=None, entries=())
+    replica = setup.make_replica(rec.node, MemoryDisk(rec.node).open(), empty)
     core = setup.make_core(rec.node, empty, rng)
-    return tuple(ready_bytes(setup.codec, core.step(inp)) for inp in rec.inputs)
+    out = []
+    for inp in rec.inputs:
+        ready = core.step(inp)
+        out.append(ready_bytes(setup.codec, ready))
+        if ready.snapshot is not None:
+            replica.install(ready.snapshot.meta, snapshot_bytes(ready.snapshot.data))
+        for entry in ready.committed:
+            replica.apply(entry)
+    return tuple(out)

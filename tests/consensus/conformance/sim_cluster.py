@@ -309,6 +309,9 @@ class SimCluster:
         no = self._requests
         command = kv_wire.encode_command(
             Put(key=KEYS[no % len(KEYS)], value=f"{client}:{no}".encode()))
+        make = self.setup.client_request
+        if make is not None:  # the protocol's clients wrap commands (leaderless: signed txs)
+            return make(client, no, command)
         return ClientRequest(client_id=client, request_no=no, command=command)
 
     def workload(self, until_ns: int, *, every_ns: int = 20 * MS, window: int = 3) -> None:

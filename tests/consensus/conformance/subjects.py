@@ -58,11 +58,8 @@ def _subject(spec: protocols.ProtocolSpec) -> Subject:
     nodes = spec.default_nodes
 
     def make_setup() -> ProtocolSetup:
-        # Frequent checkpoints where the protocol takes the knob, so restarts also
-        # restore from one.
-        knobs = (("checkpoint_every", 20),) if any(
-            name == "checkpoint_every" for name, _ in spec.sim_knobs) else ()
-        return protocol_setup(spec.name, bugs=frozenset(), nodes=nodes, knobs=knobs)
+        # Frequent checkpoints, so restarts also restore from one.
+        return protocol_setup(spec.name, bugs=frozenset(), nodes=nodes, checkpoint_every=20)
 
     return Subject(name=spec.name, nodes=nodes,
                    messages=_wire_messages(spec.messages.load()), make_setup=make_setup)

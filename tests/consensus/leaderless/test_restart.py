@@ -9,6 +9,7 @@ from leaderless_harness import (
     EPOCH,
     REGISTRY,
     Cluster,
+    KvApp,
     endorsement,
     make_tx,
     run,
@@ -19,7 +20,7 @@ from leaderless_harness import (
 
 from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.leaderless.messages import Endorsement, LeaderlessDurableState, Refusal
-from phalanx.consensus.types import NodeId
+from phalanx.consensus.types import Entry, NodeId
 
 N2, N3 = NodeId("n2"), NodeId("n3")
 
@@ -75,25 +76,50 @@ def test_restart_never_signs_a_conflicting_endorsement() -> None:
     assert e.conditions == (tx_id(t1),)
 
 
-def test_restart_re_releases_committed_and_continues_indexes() -> None:
+def _three_committed() -> tuple[KvApp, LeaderlessDurableState, list[Entry]]:
     core, app = solo()
     run(core, app, Tick(now_ms=EPOCH))
     txs = [make_tx(f"add x {i}", no=i + 1) for i in range(3)]
     state = None
+    released: list[Entry] = []
     for tx in txs:
         run(core, app, Receive(src=N2, message=tx))
         for node in ("n2", "n3"):
             ready = run(core, app, Receive(src=NodeId(node), message=endorsement(node, tx)))
             state = ready.core_state or state
+            released += ready.committed
     assert app.data == {"x": b"3"}
     assert app.applied() == 3
     restored = _reload(state)
     assert restored.released == 3
+    assert restored.released_at == (1, 2, 3)
+    return app, restored, released
+
+
+def test_restart_does_not_release_what_the_replica_applied() -> None:
+    """Found by the conformance suite's crash cuts: a restart released every released proof
+    again at new local indexes (the replica deduplicated them, but every replica's indexes
+    drifted apart and each restart re-applied the whole GC window)."""
+    app, restored, _ = _three_committed()
     core, _ = solo(app=app, restored=restored)
     ready = run(core, app, Tick(now_ms=EPOCH + 10))
-    assert [e.index for e in ready.committed] == [4, 5, 6]  # the replica dedups them
+    assert ready.committed == ()
     assert app.data == {"x": b"3"}
-    assert core.status().commit_index == 6
+    assert core.status().commit_index == 3
+
+
+def test_restart_re_releases_what_the_replica_lost_at_the_same_indexes() -> None:
+    """A crash after the record was written but before the WAL kept the applies: the
+    proofs beyond the replica's applied index are released again, at their old indexes."""
+    _, restored, log = _three_committed()
+    app = KvApp()
+    app.apply(log[0])
+    core, _ = solo(app=app, restored=restored)
+    ready = run(core, app, Tick(now_ms=EPOCH + 10))
+    assert [e.index for e in ready.committed] == [2, 3]
+    assert [e.requests for e in ready.committed] == [log[1].requests, log[2].requests]
+    assert app.data == {"x": b"3"}
+    assert core.status().commit_index == 3
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,0 +1,127 @@
+"""What one seeded simulation is and what it returns: `RunConfig`, the seed's swarm choices
+(`swarm_choices`) and `RunResult` (with its failure report). `phalanx.jepsen.sim.run` carries
+a run out and re-exports these.
+
+Rules: pure data and pure functions of the config (the swarm draws come from
+`random.Random` seeded by the protocol and the seed only); no simulator state.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.history import Op
+from phalanx.jepsen.sim.protocols import Knobs
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as get_protocol
+
+MS = 1_000_000
+DEFAULT_LIVENESS_NS = 2_000 * MS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    seed: int
+    protocol: str = DEFAULT_PROTOCOL
+    nodes: int = 3
+    faults: tuple[str, ...] = nemesis.SIM_FAULT_KINDS
+    swarm: bool = True
+    bugs: frozenset[str] = frozenset()
+    byzantine: int = 0
+    """Byzantine replicas with seeded behaviours (PBFT; `phalanx.jepsen.sim.pbft`)."""
+    twins: int = 0
+    """Twinned replicas (PBFT); more than f of Byzantine + twins is the must-fail control."""
+    time_ns: int = 2_000 * MS
+    liveness_ns: int = DEFAULT_LIVENESS_NS
+    clients: int = 3
+    keys: int = 3
+    tick_ns: int = 10 * MS
+    check_every_ns: int = 250 * MS
+    use_codec: bool = True
+    keep_trace: bool = False
+    lin_step_limit: int = 20_000
+    max_events: int = 400_000
+    max_bytes_sent: int = 12_000_000
+
+    def replay_command(self) -> str:
+        faults = ",".join(self.faults) if self.faults else "none"
+        if self.faults == nemesis.SIM_FAULT_KINDS:
+            faults = "all"
+        bugs = "".join(f" --bug {b}" for b in sorted(self.bugs))
+        if self.byzantine or self.twins:
+            bugs += f" --byzantine {self.byzantine}" + (f" --twins {self.twins}" * bool(self.twins))
+        swarm = "" if self.swarm else " --no-swarm"
+        liveness = ""
+        if self.liveness_ns != DEFAULT_LIVENESS_NS:
+            liveness = f" --liveness {self.liveness_ns / 1e9:g}"
+        default = RunConfig(seed=self.seed)  # the CLI's defaults: only differences are shown
+        shape = "".join(f" --{flag} {value}" for flag, value, base in (
+            ("clients", self.clients, default.clients), ("keys", self.keys, default.keys),
+            ("max-events", self.max_events, default.max_events)) if value != base)
+        shape += "" if self.use_codec else " --no-codec"
+        return (
+            f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
+            f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
+            f"{liveness}{shape}{swarm}{bugs} --trace trace-{self.seed}.txt"
+        )
+
+
+def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
+    """The fault kinds and protocol knobs of this seed: a pure function of the config.
+
+    Without `swarm`, the configured faults and no knobs (protocol defaults). With it, each
+    configured fault kind is kept with probability 1/2 (at least one is kept), and every knob
+    is drawn from its sane range; `heartbeat_ticks` stays below `election_ticks`.
+    """
+    if not cfg.swarm:
+        return cfg.faults, ()
+    rng = random.Random(f"swarm:{cfg.protocol}:{cfg.seed}")
+    faults = cfg.faults
+    if len(faults) > 1:
+        kept = tuple(k for k in faults if rng.random() < 0.5)
+        faults = kept or (rng.choice(faults),)
+    knobs: dict[str, int | bool] = {
+        name: rng.choice(values) for name, values in get_protocol(cfg.protocol).sim_knobs
+    }
+    if "election_ticks" in knobs:
+        knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))
+    return faults, tuple(sorted(knobs.items()))
+
+
+@dataclass(slots=True, kw_only=True)
+class RunResult:
+    config: RunConfig
+    violations: list[str]
+    trace_hash: str
+    trace_tail: list[str]
+    trace_lines: list[str] | None
+    history: tuple[Op, ...]
+    linearizable: object
+    ops_ok: int
+    ops_info: int
+    deliveries: int
+    events: int
+    wall_s: float
+    schedule: nemesis.Schedule = ()
+    stats: dict[str, int] = field(default_factory=dict)
+    faults_used: tuple[str, ...] = ()
+    knobs: Knobs = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self) -> str:
+        lines = [
+            f"seed {self.config.seed}: FAILED",
+            f"  replay: {self.config.replay_command()}",
+            f"  faults this seed: {', '.join(self.faults_used) or 'none'}",
+            "  knobs this seed: "
+            + (", ".join(f"{k}={v}" for k, v in self.knobs) or "protocol defaults"),
+        ]
+        lines += [f"  violation: {v}" for v in self.violations]
+        lines.append(f"  last {len(self.trace_tail)} trace lines:")
+        lines += [f"    {line}" for line in self.trace_tail]
+        return "\n".join(lines)
