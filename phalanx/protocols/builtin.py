@@ -73,6 +73,7 @@ LEADERLESS = ProtocolSpec(
         ("conflict_pct", (0, 10, 30, 60)),
         ("short_pct", (0, 10, 30)),
         ("deadline_max_ms", (400, 1_500)),
+        ("mixed_pct", (0, 20, 40)),
     ),
     signing_keys=True,
     byzantine=Lazy("phalanx.jepsen.leaderless_byzantine:LEADERLESS_BYZANTINE"),
