@@ -13,7 +13,7 @@ import pytest
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
 from phalanx.jepsen.leaderless_byzantine import LEADERLESS_BEHAVIOURS
 from phalanx.jepsen.sim.leaderless import SIM_KNOBS
-from phalanx.jepsen.sim.run import RunConfig, RunResult, run
+from phalanx.jepsen.sim.run import RunConfig, RunResult, run, swarm_choices
 from phalanx.protocols import get as get_protocol
 
 FAULTS = ("pause", "partition-one", "partition-halves", "partition-ring",
@@ -51,7 +51,7 @@ def test_the_registry_draws_the_simulators_knobs() -> None:
     # Two conflicting puts both commit: held at the version gate, replicas diverge.
     ("endorse_despite_conflict", 0, FAULTS, 0.5, 2.5),
     # A chained put released before its predecessor applied at a lagging replica.
-    ("no_version_gate", 11, ("loss", "delay", "straggle", "partition-one"), 1.5, 3.0),
+    ("no_version_gate", 6, ("loss", "delay", "straggle", "partition-one"), 1.5, 3.0),
 ])
 def test_a_deliberate_bug_is_caught(bug: str, seed: int, faults: tuple[str, ...],
                                     time_s: float, liveness_s: float) -> None:
@@ -97,3 +97,15 @@ def test_a_restarted_node_catches_up() -> None:
     (`CommittedDigest`) it never heard of them and the replicas diverged."""
     assert sim(7, faults=("lose-unfsynced", "lose-disk", "kill"), time_s=1.0,
                liveness_s=3.0).ok
+
+
+def test_mixed_update_kinds_on_one_key() -> None:
+    """Seeds whose swarm draw mixes puts, adds and muls on ``x0`` and sadds and srems of one
+    member on ``y0`` (`mixed_pct`): commuting updates require base versions, switches of a
+    run the full one; every check (convergence, order, requirements) must pass."""
+    mixed = [seed for seed in range(200)
+             if dict(swarm_choices(RunConfig(seed=seed, protocol="leaderless", nodes=4,
+                                             faults=FAULTS))[1]).get("mixed_pct")][:30]
+    assert len(mixed) == 30
+    results = [sim(seed) for seed in mixed]
+    assert failures(results) == ""
