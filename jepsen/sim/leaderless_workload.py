@@ -253,7 +253,7 @@ class LeaderlessWorkload:
         elif kind == "add":
             command = Add(key=key, amount=unique)
         elif kind == "mul":
-            command = Mul(key=key, factor=unique % 7 + 2)
+            command = Mul(key=key, factor=2 * unique + 1)  # unique bytes; odd: invertible
         elif kind == "sadd":
             command = SAdd(key=key, member=f"m{unique}".encode())
         elif kind == "srem":
