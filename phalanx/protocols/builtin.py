@@ -75,6 +75,7 @@ LEADERLESS = ProtocolSpec(
         ("deadline_max_ms", (400, 1_500)),
         ("short_max_ms", (20, 80)),
         ("hot_jitter_ms", (0, 30)),
+        ("mixed_pct", (0, 20, 40)),
     ),
     signing_keys=True,
     byzantine=Lazy("phalanx.jepsen.leaderless_byzantine:LEADERLESS_BYZANTINE"),
