@@ -142,6 +142,19 @@ def proc_rss_bytes(pid: int) -> int:
     return 0
 
 
+def proc_write_bytes(pid: int) -> int:
+    """Bytes `pid` passed to write(2) and friends on files and pipes (`wchar` of
+    /proc/PID/io; socket sends are not in it); 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/io", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return 0
+    return 0
+
+
 class CpuMeter:
     """CPU used by this process and by a set of pids between `start()` and `stop()`."""
 

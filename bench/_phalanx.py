@@ -154,9 +154,14 @@ class PhalanxCluster:
         return out
 
     def _scrape(self) -> dict[str, float]:
-        wanted = ("elections", "leader_changes", "peer_queue_drops", "driver_client_redirects",
-                  "driver_client_retries", "driver_duplicate_calls", "driver_overloaded_calls",
-                  "driver_slow_passes", "peer_bytes_out")
+        return self.scrape(("elections", "leader_changes", "peer_queue_drops",
+                            "driver_client_redirects", "driver_client_retries",
+                            "driver_duplicate_calls", "driver_overloaded_calls",
+                            "driver_slow_passes", "peer_bytes_out"))
+
+    def scrape(self, wanted: Sequence[str]) -> dict[str, float]:
+        """The nodes' metrics named in `wanted` (without the `phalanx_` prefix and `_total`
+        suffix; a histogram's `<name>_count`), summed over the running nodes. Blocking."""
         sums: dict[str, float] = {}
         for node in self.procs.node_ids:
             listen = load_node_config(self.config.node_config_path(node)).metrics_listen
