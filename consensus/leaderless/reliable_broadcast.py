@@ -48,7 +48,8 @@ every correct node (signatures and self-certifying proofs only, never local stat
 class _Instance:
     contents: dict[bytes, VetoChoice] = field(default_factory=dict)
     """Valid contents held, by digest."""
-    invalid: dict[bytes, None] = field(default_factory=dict)
+    invalid: dict[bytes, str] = field(default_factory=dict)
+    """Contents found invalid, by digest: the reason (bounded: n+1)."""
     sent: bytes | None = None
     """The digest of the voter's first SEND."""
     echoes: dict[NodeId, bytes] = field(default_factory=dict)
@@ -224,7 +225,7 @@ class VoteBroadcast:
         if digest in inst.contents:
             return digest
         if digest in inst.invalid:
-            self._count("invalid_vote")
+            self._count(inst.invalid[digest])
             return None
         if len(inst.contents) > len(self._nodes):
             self._count("too_many_contents")
@@ -232,7 +233,7 @@ class VoteBroadcast:
         problem = validate(vote)
         if problem is not None:
             if len(inst.invalid) <= len(self._nodes):
-                inst.invalid[digest] = None
+                inst.invalid[digest] = problem
             self._count(problem)
             return None
         inst.contents[digest] = vote

@@ -193,10 +193,15 @@ class CheckpointMachine:
         if not self._valid_ids(msg.tx_ids):
             self._drop("bad_id_list")
             return
+        cid = checkpoint_id(self._crypto, msg.tx_ids)
+        new = cid not in self._checkpoints
         cp = self._start(msg.tx_ids, proof_of)
         if cp is None:
             return
-        cid = checkpoint_id(self._crypto, msg.tx_ids)
+        if new and msg.delivered:
+            # Learnt from a pull: this node missed votes its peers hold; pull them now
+            # rather than a period later (they know the checkpoint: no pull back again).
+            self._broadcast(StartCheckpoint(tx_ids=msg.tx_ids))
         if (src, cid) in self._answered:
             return
         self._answered[(src, cid)] = None

@@ -18,8 +18,7 @@ from leaderless_harness import (
 )
 
 from phalanx.consensus.core import Receive, Tick
-from phalanx.consensus.crypto import FastCrypto
-from phalanx.consensus.crypto import digest_of
+from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import (
     StartCheckpoint,

@@ -180,7 +180,7 @@ def test_invalid_content_is_never_echoed_nor_delivered() -> None:
     # valid content it is never delivered.
     assert all(isinstance(s.message, VoteReady) for s in sends)
     assert delivered == []
-    assert rb.dropped_counts()["forged_veto"] == 1
+    assert rb.dropped_counts() == {"forged_veto": 4}
 
 
 def test_restart_never_echoes_or_readies_another_value() -> None:
