@@ -49,6 +49,20 @@ class AppView(Protocol):
         """The current version of each key (b"" when absent), as applied so far."""
         ...
 
+    def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """The current BASE version of each key, as applied so far: unchanged by the
+        commuting updates (`needs_base`), changed by every other write to a value it never
+        had before (so a requirement on it can never hold again after the next such write),
+        and equal on replicas that applied the same transactions, in whatever order."""
+        ...
+
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        """The keys `command` writes only through commuting updates (sorted): a transaction
+        must carry a requirement on each (on its base version, or its full version). An
+        app that cannot order them returns () (its updates then carry none: see the known
+        limit in docs/LEADERLESS.md). Pure."""
+        ...
+
     def applied(self) -> int:
         """How many of the entries this core released (`Ready.committed`, local index
         order) the replica has applied: the applied index."""

@@ -53,6 +53,7 @@ from phalanx.consensus.leaderless.checks import (
 )
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.endorse import Endorser
+from phalanx.consensus.leaderless.fence import Fence
 from phalanx.consensus.leaderless.messages import (
     CommittedDigest,
     Endorsement,
@@ -73,7 +74,7 @@ from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
-from phalanx.consensus.leaderless.status import LeaderlessStatus
+from phalanx.consensus.leaderless.status import BENIGN_DUPLICATES, REASONS, LeaderlessStatus
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.tx_codec import TxCodec
 from phalanx.consensus.leaderless.veto import CheckpointMachine
@@ -98,7 +99,9 @@ class LeaderlessCore:
 
     def __init__(self, config: LeaderlessConfig, *, crypto: Crypto, client_keys: Verifier,
                  app: AppView, codec: TxCodec, restored: LeaderlessDurableState | None = None,
-                 bugs: frozenset[str] = frozenset()) -> None:
+                 bugs: frozenset[str] = frozenset(), recovering: bool = False) -> None:
+        """`recovering`: this node lost its durable record (amnesia): it starts fenced
+        (`fence.py`), signing nothing until the fence's end."""
         self._config = config
         self._crypto = crypto
         self._client_keys = client_keys
@@ -122,6 +125,7 @@ class LeaderlessCore:
             restored_relays=restored.relays if restored is not None else (),
             tx_id_of=self._tx_id)
         self._dropped: dict[str, int] = {}
+        self._duplicates: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
         self._recovery = Recovery(peers=self._peers, every=config.rebroadcast_ticks,
                                   max_entries=config.max_pending)
@@ -132,6 +136,10 @@ class LeaderlessCore:
         self._dropped_txs = 0
         self._aborted = 0
         self._restart: list[Committed] = []
+        self._fence = Fence(recovering=recovering, length_ms=(
+            config.max_deadline_lead_ms + config.gc_horizon_ms), restored_until_ms=(
+            restored.fence_until_ms if restored is not None else 0))
+        self._checkpoints.fenced = self._fence.active(None)
         known: dict[TxId, Transaction] = {}
         if restored is not None:
             known = {self._tx_id(tx): tx for tx in restored.known}
@@ -186,6 +194,9 @@ class LeaderlessCore:
         if isinstance(inp, Receive):
             self._on_receive(inp.src, inp.message, out)
         elif isinstance(inp, Tick):
+            if inp.now_ms is not None and self._fence.on_clock(inp.now_ms):
+                out.dirty = True  # the fence's end is part of the record
+            self._checkpoints.fenced = self._fence.active(inp.now_ms)
             self._on_tick(inp.now_ms, out)
         elif isinstance(inp, Submit):
             self._on_submit(inp.request, out)
@@ -218,9 +229,12 @@ class LeaderlessCore:
             endorsed=endorsed, refused=refused, votes=self._checkpoints.votes(),
             decided=tuple(self._store.tombstones.values()), committed=proofs,
             gc_horizon_ms=self._store.horizon, known=known, released=released,
-            relays=self._checkpoints.relays())
+            fence_until_ms=self._fence.until_ms, relays=self._checkpoints.relays())
 
     def _drop(self, reason: str) -> None:
+        if reason in BENIGN_DUPLICATES:
+            self._duplicates[reason] = self._duplicates.get(reason, 0) + 1
+            return
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
 
     def _broadcast(self, message: Message, out: _Outbox) -> None:
@@ -235,7 +249,8 @@ class LeaderlessCore:
         request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
                                 command=self._codec.encode(tx), read_only=tx.read_only)
         return TxRecord(tx_id=tx_id, tx=tx, request=request, writes=self._app.writes(tx.command),
-                        needs=self._app.needs_requirements(tx.command))
+                        needs=self._app.needs_requirements(tx.command),
+                        needs_base=self._app.needs_base(tx.command))
 
     def _on_submit(self, request: ClientRequest, out: _Outbox) -> None:
         tx = self._codec.decode(request.command)
@@ -273,7 +288,7 @@ class LeaderlessCore:
 
     def _reject(self, request: ClientRequest, reason: str, out: _Outbox) -> None:
         self._drop(reason)
-        text = _REASONS.get(reason, reason.replace("_", " "))
+        text = REASONS.get(reason, reason.replace("_", " "))
         out.rejected.append(Rejection(request=request, reason=text))
 
     def _accept_tx(self, tx_id: TxId, tx: Transaction, out: _Outbox) -> str | None:
@@ -408,7 +423,8 @@ class LeaderlessCore:
     # ------------------------------------------------------------------------------ decide
 
     def _try_endorse(self, record: TxRecord, out: _Outbox) -> None:
-        if self._now is None or record.state is not TxState.PENDING:
+        if (self._now is None or record.state is not TxState.PENDING
+                or self._fence.active(self._now)):
             return
         endorsement = self._endorser.decide(record, self._now)
         if endorsement is None:
@@ -462,7 +478,8 @@ class LeaderlessCore:
         for record in self._store.pending():
             if record.state is not TxState.PENDING:
                 continue  # decided earlier in this pass
-            if now > record.deadline and not self._kernel.touched(record.tx_id):
+            if (now > record.deadline and not self._kernel.touched(record.tx_id)
+                    and not self._fence.active(now)):
                 refusal = self._kernel.refuse(record.tx_id, record.tx)
                 out.signed = True
                 self._broadcast(refusal, out)
@@ -584,11 +601,5 @@ class LeaderlessCore:
             commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),
             pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
             aborted=self._aborted, gated=len(self._gate.gated),
-            gc_horizon_ms=self._store.horizon)
-
-
-_REASONS = {
-    "undecodable_submit": "the command is not a transaction",
-    "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
-    "submit_expired": "the transaction's deadline has passed",
-}
+            recovering=self._fence.active(self._now),
+            gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates))

@@ -4,15 +4,17 @@ Owns: `Endorser.decide`, which says whether this node endorses a known pending t
 now, and with which conditions, and has the safety kernel sign it. For T (neither endorsed
 nor refused here):
 1. T's deadline has passed → never (the core signs a refusal instead).
-2. A requirement does not match the applied version, a key of `app.needs_requirements`
-   has no requirement, the policy refuses, or the deadline lies more than
+2. A requirement does not match the applied version (a base requirement: the base
+   version), a key of `app.needs_requirements` has no full requirement, a key of
+   `app.needs_base` has none, the policy refuses, or the deadline lies more than
    `max_deadline_lead_ms` past the clock → not now.
 3. A transaction committed here but not yet applied conflicts with T → not now.
 4. K = own endorsed pending transactions that conflict with T: K = ∅ → unconditional;
    all of K expired → conditional on K; else not now.
 
-Conflict = the app's `conflicts` of the commands, or one's requirement keys meet the
-other's writes. No state of its own beyond what it reads.
+Conflict = the app's `conflicts` of the commands, or one's full-requirement keys meet the
+other's writes (base requirements: only the app's `conflicts`). No state of its own
+beyond what it reads.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.messages import Endorsement, Transaction, TxId
-from phalanx.consensus.leaderless.release import ReleaseGate
+from phalanx.consensus.leaderless.release import ReleaseGate, requirements_hold
 from phalanx.consensus.leaderless.safety import SafetyKernel
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 
@@ -41,17 +43,21 @@ class Endorser:
     def conflicts(self, a: TxRecord, b: TxRecord) -> bool:
         if self._app.conflicts(a.tx.command, b.tx.command):
             return True
-        return (any(r.key in b.writes for r in a.tx.requirements)
-                or any(r.key in a.writes for r in b.tx.requirements))
+        # A base requirement orders only against non-commuting writes, which `conflicts`
+        # already sees: counting it here would make every pair of commuting updates conflict.
+        return (any(r.key in b.writes for r in a.tx.requirements if not r.base)
+                or any(r.key in a.writes for r in b.tx.requirements if not r.base))
 
     def acceptable(self, record: TxRecord) -> bool:
         """Rule 2: requirements hold on the applied state, cover every key that needs one,
         and the policy accepts."""
         tx = record.tx
+        full = [r.key for r in tx.requirements if not r.base]
         keys = [r.key for r in tx.requirements]
-        if any(k not in keys for k in record.needs):
+        if any(k not in full for k in record.needs) or any(
+                k not in keys for k in record.needs_base):
             return False
-        if keys and self._app.versions(keys) != tuple(r.version for r in tx.requirements):
+        if not requirements_hold(self._app, tx.requirements):
             return False
         return self._app.accepts(tx.command, tx.policy)
 

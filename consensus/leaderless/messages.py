@@ -46,10 +46,16 @@ TxId = bytes
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
 class Requirement:
     """The transaction commits only where `key`'s version is `version` (PnyxDB's "checks on
-    versions"); an empty `version` means the key must not exist."""
+    versions"); an empty `version` means the key must not exist.
+
+    `base` names the key's BASE version instead (`AppView.base_versions`: it changes on
+    every write except the commuting updates): what a commuting update requires, so it is
+    ordered after every non-commuting write its endorsers had applied, yet commutes with
+    the other updates of its run (docs/LEADERLESS.md "Mixing update kinds on one key")."""
 
     key: str
     version: bytes
+    base: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,6 +246,8 @@ class LeaderlessDurableState(Message):
             before this record was written: on restart those are released again in order
             without the version gate (they passed it; the replica dedups the applied ones),
             the others go through the gate.
+        fence_until_ms: the amnesia fence (`fence.py`): this node signs nothing before its
+            clock reaches it (0: none).
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -250,6 +258,7 @@ class LeaderlessDurableState(Message):
     gc_horizon_ms: int = 0
     known: tuple[Transaction, ...] = ()
     released: int = 0
+    fence_until_ms: int = 0
     relays: tuple[VoteRelay, ...] = ()
 
 

@@ -6,7 +6,8 @@ commit proofs are part of the durable record).
 
 Gate rule: a committed T is released (next local index) only when no released-but-unapplied
 transaction (index > `app.applied()`) writes a key T requires, and `app.versions` of T's
-required keys equal its requirements. A transaction without requirements passes at once
+required keys equal its requirements (`requirements_hold`: a base requirement against the
+base version). A transaction without requirements passes at once
 (commuting updates). Waiting transactions are tried in commit order on every step.
 
 Invariants: local indexes are gap-free and increasing; a transaction is released at most
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phalanx.consensus.leaderless.app_view import AppView
-from phalanx.consensus.leaderless.messages import TransactionProof, TxId
+from phalanx.consensus.leaderless.messages import Requirement, TransactionProof, TxId
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind
 
 
@@ -100,7 +101,7 @@ class ReleaseGate:
                 break
             if any(k in other.writes for k in keys):
                 return False
-        return self._app.versions(keys) == tuple(r.version for r in reqs)
+        return requirements_hold(self._app, reqs)
 
     def release(self) -> list[Entry]:
         """Release every waiting transaction that passes the gate, in commit order."""
@@ -122,6 +123,17 @@ class ReleaseGate:
         """(committed proofs, released first in index order then gated, how many released)."""
         done = sorted(self.released.values(), key=lambda c: c.index)
         return tuple(c.proof for c in done) + tuple(c.proof for c in self.gated.values()), len(done)
+
+
+def requirements_hold(app: AppView, reqs: tuple[Requirement, ...]) -> bool:
+    """Whether every requirement holds on `app`'s applied state: a full one against
+    `versions`, a base one against `base_versions`."""
+    full = [r for r in reqs if not r.base]
+    base = [r for r in reqs if r.base]
+    if full and app.versions([r.key for r in full]) != tuple(r.version for r in full):
+        return False
+    return not base or app.base_versions([r.key for r in base]) == tuple(
+        r.version for r in base)
 
 
 def _entry(item: Committed) -> Entry:

@@ -65,7 +65,7 @@ class VoteBroadcast:
     """The reliable broadcast of votes at one node."""
 
     __slots__ = ("_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at", "_hasher",
-                 "_instances", "_nodes", "_ready_at", "_sends", "node_id")
+                 "_instances", "_nodes", "_ready_at", "_sends", "fenced", "node_id")
 
     def __init__(self, *, node_id: NodeId, nodes: tuple[NodeId, ...], faults: int,
                  hasher: Hasher, restored: Iterable[VoteRelay] = ()) -> None:
@@ -83,6 +83,9 @@ class VoteBroadcast:
         self._delivered: list[VetoChoice] = []
         self._counts: dict[str, int] = {}
         self._dirty = False
+        self.fenced = False
+        """While set, this node echoes and readies nothing (it still records and
+        delivers): the amnesia fence of a node that lost its choices."""
         for relay in restored:
             inst = self._instances.setdefault((relay.voter, relay.checkpoint), _Instance())
             inst.echo = relay.echo or None
@@ -148,7 +151,7 @@ class VoteBroadcast:
         if digest is None:
             return
         inst.sent = digest
-        if inst.echo is None:
+        if inst.echo is None and not self.fenced:
             inst.echo = digest
             self._dirty = True
             self._to_all(VoteEcho(vote=vote))
@@ -248,7 +251,7 @@ class VoteBroadcast:
         self._progress(key, inst, digest)
 
     def _progress(self, key: Key, inst: _Instance, digest: bytes) -> None:
-        if inst.ready is None:
+        if inst.ready is None and not self.fenced:
             echoes = sum(1 for d in inst.echoes.values() if d == digest)
             readies = sum(1 for d in inst.readies.values() if d == digest)
             if echoes >= self._echo_at or readies >= self._ready_at:
@@ -256,8 +259,8 @@ class VoteBroadcast:
                 inst.readies[self.node_id] = digest
                 self._dirty = True
                 self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
-        if inst.delivered is None and inst.ready is not None:
-            d = inst.ready
+        if inst.delivered is None:
+            d = digest if inst.ready is None else inst.ready
             if d in inst.contents and sum(
                     1 for x in inst.readies.values() if x == d) >= self._deliver_at:
                 inst.delivered = d

@@ -1,11 +1,13 @@
 """The leaderless core's status record (`LeaderlessCore.status()`).
 
-Owns: `LeaderlessStatus`. Pure data; building it never changes the core.
+Owns: `LeaderlessStatus`, which ignored inputs are benign (`BENIGN_DUPLICATES`) and the
+rejection texts (`REASONS`). Pure data; building it never changes the core.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from phalanx.consensus.core import CoreStatus
 
@@ -22,6 +24,8 @@ class LeaderlessStatus(CoreStatus):
         aborted: `Abort`s emitted.
         gated: committed transactions waiting at the version gate.
         gc_horizon_ms: the garbage-collection horizon.
+        duplicate: benign re-sends ignored, by reason (`BENIGN_DUPLICATES`: peers'
+            periodic re-sends, client retries); `dropped` keeps the suspicious input.
     """
 
     pending: int = 0
@@ -30,3 +34,16 @@ class LeaderlessStatus(CoreStatus):
     aborted: int = 0
     gated: int = 0
     gc_horizon_ms: int = 0
+    duplicate: Mapping[str, int] = field(default_factory=dict)
+
+
+BENIGN_DUPLICATES = frozenset({"duplicate_tx", "decided_tx", "duplicate_endorsement",
+                               "decided_endorsement", "duplicate_submit"})
+"""Ignored inputs that the protocol's own re-sends and client retries produce all the time:
+counted in `status().duplicate`, not `dropped` (so a drop count means something)."""
+
+REASONS = {
+    "undecodable_submit": "the command is not a transaction",
+    "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
+    "submit_expired": "the transaction's deadline has passed",
+}

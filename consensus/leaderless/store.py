@@ -37,7 +37,8 @@ class TxRecord:
     Attributes:
         tx_id, tx: the transaction and its id.
         request: the `ClientRequest` that carries it to the replica layer (and to `Abort`).
-        writes, needs: the app's `writes` and `needs_requirements` of its command.
+        writes, needs, needs_base: the app's `writes`, `needs_requirements` and
+            `needs_base` of its command.
         state: pending, committed or dropped.
         endorsements: the valid endorsements received, by endorser, first one wins.
         index: the local index it was released at (0 = not released).
@@ -48,6 +49,7 @@ class TxRecord:
     request: ClientRequest
     writes: tuple[str, ...]
     needs: tuple[str, ...]
+    needs_base: tuple[str, ...] = ()
     state: TxState = TxState.PENDING
     endorsements: dict[NodeId, Endorsement] = field(default_factory=dict)
     index: int = 0

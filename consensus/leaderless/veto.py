@@ -153,6 +153,16 @@ class CheckpointMachine:
         for vote in restored_votes:
             self._restore(vote)
 
+    @property
+    def fenced(self) -> bool:
+        """The amnesia fence (`fence.py`): start, vote, echo and ready nothing (a node that
+        lost its record no longer knows what it voted and echoed); record and deliver."""
+        return self._rb.fenced
+
+    @fenced.setter
+    def fenced(self, value: bool) -> None:
+        self._rb.fenced = value
+
     # Inputs --------------------------------------------------------------------------
 
     def queue(self, tx_id: TxId) -> None:
@@ -175,7 +185,7 @@ class CheckpointMachine:
                                                 delivered=tuple(sorted(cp.delivered))))
         queued = sorted(t for t in self._queued if t not in self._by_tx)
         self._queued = dict.fromkeys(queued)
-        if not queued or self._open() >= self._max_open:
+        if not queued or self._open() >= self._max_open or self.fenced:
             return
         tx_ids = tuple(queued[: self._batch])
         for t in tx_ids:
@@ -390,7 +400,7 @@ class CheckpointMachine:
                 self._drop("too_many_open_checkpoints")
                 return None
             cp = self._record(cid, tx_ids)
-        if cp.own is not None:
+        if cp.own is not None or self.fenced:
             return cp
         proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
         vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,

@@ -278,10 +278,15 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
 
     def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
         crypto = FastCrypto(NodeId(node))
+        if (durable.recovering and durable.hard_state is None and durable.snapshot is None
+                and not durable.entries):
+            cells.pop(node, None)  # lose-disk: the record went with the (empty) disk
+        # The record lives beside the disk: amnesia only when it is gone too.
+        recovering = durable.recovering and node not in cells
         inner = LeaderlessCore(
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
             client_keys=client_keys, app=ReplicaAppView(replicas[node]),
-            codec=codec, restored=cells.get(node), bugs=bugs)
+            codec=codec, restored=cells.get(node), bugs=bugs, recovering=recovering)
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:
             rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")
@@ -304,7 +309,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     return ProtocolSetup(
         names=names, codec=wire.default_registry(), make_core=make_core,
         make_replica=make_replica, observe=observe, leader_role="leader", checker=_Checker(),
-        byzantine=tuple(liars), workload=workload,
+        byzantine=tuple(liars), workload=workload, recovers_lost_disk=True,
         description=f"byzantine: {described}; workload: {_describe(config)}")
 
 

@@ -64,6 +64,10 @@ it (10 min; the client sets deadlines seconds ahead)."""
 REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
 """The replica's transaction-table horizon (module docstring)."""
 
+NO_BASE = b"\xffno base version"
+"""`ReplicaAppView.base_versions` of an app without base versions: no requirement names it
+(a version is b"" or a digest), so a base requirement there never holds."""
+
 PolicyVote = Callable[[bytes], bool]
 """An application policy's local vote on a command (True: willing to endorse)."""
 
@@ -123,6 +127,18 @@ class ReplicaAppView:
 
     def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         return self._hooks.versions(keys)
+
+    def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """The app's base versions (`base_versions`, optional); an app without them has
+        no base version that a requirement could name (`NO_BASE`: never holds)."""
+        base = getattr(self._hooks, "base_versions", None)
+        if base is None:
+            return tuple(NO_BASE for _ in keys)
+        return base(keys)  # type: ignore[no-any-return]
+
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        needs = getattr(self._hooks, "needs_base", None)
+        return () if needs is None else needs(command)
 
     def applied(self) -> int:
         return self._replica.applied_index
@@ -230,7 +246,8 @@ class LeaderlessNode:
         core: Core = LeaderlessCore(
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
-            app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state)
+            app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
+            recovering=durable.recovering)
         return BuiltCore(core=core)
 
 

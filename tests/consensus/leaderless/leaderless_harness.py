@@ -96,6 +96,14 @@ class KvApp:
         self.applied_ids: list[TxId] = []
         self._applied = 0
         self.refuse_policy = refuse_policy
+        self.bases: dict[str, bytes] = {}
+        """Each key's base version: a hash chain over its sets (never the same twice)."""
+        self.adds: dict[str, int] = {}
+        """The XOR of the ids of the adds applied since the key's base changed."""
+        self.base_required = False
+        """Whether an add must carry a base requirement (`needs_base`); then `versions` is
+        the ABA-free full version (the base and the adds since it) instead of the value's
+        hash, as docs/LEADERLESS.md "Mixing update kinds on one key" asks of an app."""
 
     def conflicts(self, a: bytes, b: bytes) -> bool:
         (oa, ka, da), (ob, kb, db) = _parse(a), _parse(b)
@@ -113,10 +121,22 @@ class KvApp:
         op, key, _ = _parse(command)
         return () if op == "add" else (key,)
 
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        op, key, _ = _parse(command)
+        return (key,) if op == "add" and self.base_required else ()
+
+    def base_versions(self, keys: object) -> tuple[bytes, ...]:
+        return tuple(self.bases.get(k, b"") for k in keys)  # type: ignore[attr-defined]
+
     def accepts(self, command: bytes, policy: str) -> bool:
         return policy != self.refuse_policy
 
     def versions(self, keys: object) -> tuple[bytes, ...]:
+        if self.base_required:  # the ABA-free full version: base and the adds since it
+            return tuple(b"" if k not in self.bases and k not in self.adds else
+                         hashlib.sha256(self.bases.get(k, b"") + self.adds.get(k, 0)
+                                        .to_bytes(32, "big")).digest()
+                         for k in keys)  # type: ignore[attr-defined]
         return tuple(version(self.data.get(k)) for k in keys)  # type: ignore[attr-defined]
 
     def applied(self) -> int:
@@ -134,7 +154,10 @@ class KvApp:
         op, key, data = _parse(tx.command)
         if op == "set":
             self.data[key] = data
+            self.bases[key] = hashlib.sha256(self.bases.get(key, b"") + tid).digest()
+            self.adds.pop(key, None)
         elif op == "add":
+            self.adds[key] = self.adds.get(key, 0) ^ int.from_bytes(tid, "big")
             self.data[key] = str(int(self.data.get(key, b"0")) + int(data)).encode()
 
 
@@ -164,12 +187,13 @@ class Cluster:
             app = (apps or {}).get(node, KvApp())
             self.nodes[node] = self._make(node, app, None)
 
-    def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None) -> Node:
+    def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None,
+              recovering: bool = False) -> Node:
         crypto = FastCrypto(node)
         cfg = LeaderlessConfig(node_id=node, nodes=self.ids, **self.config)  # type: ignore[arg-type]
         core = LeaderlessCore(cfg, crypto=crypto, client_keys=client_keys(), app=app,
                               codec=CODEC, restored=durable,
-                              bugs=self.bugs.get(node, frozenset()))
+                              bugs=self.bugs.get(node, frozenset()), recovering=recovering)
         return Node(core=core, app=app, crypto=crypto, durable=durable)
 
     def restart(self, node: NodeId) -> None:
@@ -182,6 +206,11 @@ class Cluster:
         self.net = [(src, s) for src, s in self.net if s.to != node]
         self.nodes[node] = self._make(node, old.app, durable)
 
+    def lose_disk(self, node: NodeId, *, recovering: bool = True) -> None:
+        """Crash `node` and restart it with an empty record and an empty app (amnesia; the
+        runtime's verdict says `recovering`)."""
+        self.net = [(src, s) for src, s in self.net if s.to != node]
+        self.nodes[node] = self._make(node, KvApp(), None, recovering=recovering)
     def step(self, node: NodeId, inp: Input) -> Ready:
         n = self.nodes[node]
         ready = n.core.step(inp)
@@ -233,14 +262,15 @@ def endorsement(node: str, tx: Transaction, conditions: tuple[TxId, ...] = ()) -
 
 
 def solo(node: str = "n1", *, bugs: frozenset[str] = frozenset(), app: KvApp | None = None,
-         restored: LeaderlessDurableState | None = None,
+         restored: LeaderlessDurableState | None = None, recovering: bool = False,
          **config: object) -> tuple[LeaderlessCore, KvApp]:
     """One core of a 4-node cluster, driven by hand."""
     app = app or KvApp()
     ids = tuple(NodeId(f"n{i}") for i in range(1, 5))
     cfg = LeaderlessConfig(node_id=NodeId(node), nodes=ids, **config)  # type: ignore[arg-type]
     core = LeaderlessCore(cfg, crypto=FastCrypto(NodeId(node)), client_keys=client_keys(),
-                          app=app, codec=CODEC, restored=restored, bugs=bugs)
+                          app=app, codec=CODEC, restored=restored, bugs=bugs,
+                          recovering=recovering)
     return core, app
 
 

@@ -164,8 +164,11 @@ def test_hostile_input_is_counted_not_raised() -> None:
     assert "deadline" in ready.rejected[0].reason
     dropped = core.status().dropped
     for reason in ("bad_tx_signature", "unknown_sender", "bad_endorsement_signature",
-                   "duplicate_tx", "stale_tx", "submit_expired"):
+                   "stale_tx", "submit_expired"):
         assert dropped.get(reason, 0) >= 1, (reason, dropped)
+    # A replay is a benign duplicate, not a drop: `dropped` keeps the suspicious input.
+    assert "duplicate_tx" not in dropped
+    assert core.status().duplicate.get("duplicate_tx", 0) >= 1
 
 
 def test_submit_mismatch_and_garbage_are_rejected() -> None:

@@ -222,3 +222,22 @@ def test_needs_n_at_least_3f_plus_1() -> None:
         rb.broadcast(vote("n1", 0))
     rb.on_ready(NodeId("n1"), VoteReady(checkpoint=CID, voter=NodeId("n1"), digest=b"x"))
     assert rb.dropped_counts() == {"unknown_instance": 1}
+
+
+def test_fenced_node_echoes_and_readies_nothing_but_delivers() -> None:
+    """The amnesia fence: a node that lost its choices makes none, and still delivers."""
+    rb = VoteBroadcast(node_id=NodeId("n0"), nodes=nodes_of(4), faults=1, hasher=HASH)
+    rb.fenced = True
+    key = (NodeId("n3"), CID)
+    rb.open(key)
+    v = vote("n3", 1)
+    rb.on_send(NodeId("n3"), v, ok)
+    for src in ("n1", "n2", "n3"):
+        rb.on_echo(NodeId(src), VoteEcho(vote=v), ok)
+        rb.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"),
+                                           digest=digest_of(HASH, v)))
+    sends, delivered, dirty = rb.drain()
+    assert sends == []
+    assert not dirty
+    assert delivered == [v]
+    assert rb.relays([key]) == ()

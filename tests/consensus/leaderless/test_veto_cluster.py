@@ -104,7 +104,8 @@ def test_a_restarted_node_never_echoes_another_value() -> None:
                                       proofs=(proof,)))
     ready = c.step(N2, Receive(src=N4, message=drop))
     assert [s.message for s in ready.messages] == [VoteEcho(vote=drop)] * 3
-    assert ready.must_sync and ready.core_state is not None
+    assert ready.must_sync
+    assert ready.core_state is not None
     assert any(r.voter == N4 and r.echo for r in ready.core_state.relays)
     c.net.clear()
     c.restart(N2)
