@@ -41,8 +41,8 @@ soak: $(STAMP)
 # sign conflicting endorsements), then 200 seeds with one Byzantine node (f=1).
 # SIM_LEADERLESS_ARGS adds options (e.g. --jobs 2).
 SIM_LEADERLESS_FAULTS ?= pause,partition-one,partition-halves,partition-ring,partition-asymmetric,loss,duplicate,delay,straggle,clock-skew,kill,lose-unfsynced,crash-after-ready
-# With a Byzantine node, no restarts yet: an equivocating endorser plus a crashed honest node
-# leaves honest replicas apart (docs/LEADERLESS.md "Simulation").
+# With a Byzantine node, no restarts yet: an equivocating endorser leaves honest replicas apart,
+# much more often with restarts (docs/LEADERLESS.md "Simulation", gap 2).
 SIM_LEADERLESS_BYZANTINE_FAULTS ?= pause,partition-one,partition-halves,partition-ring,partition-asymmetric,loss,duplicate,delay,straggle,clock-skew
 SIM_LEADERLESS_ARGS ?=
 sim-leaderless: $(STAMP)

@@ -188,6 +188,21 @@ class Housekeeping(Protocol):
 
 
 @runtime_checkable
+class TransactionAware(Protocol):
+    """An optional hook for a state machine in transaction mode (`Replica(transactions=...)`,
+    the leaderless core): the replica calls `apply_tx` instead of `apply` for every
+    transaction it runs, so the machine can key per-key versions on transaction ids (the
+    KV app's base and full versions, `phalanx.apps.kv_versions`). Outside transaction mode
+    only `apply` is called."""
+
+    def apply_tx(self, tx_id: bytes, command: bytes) -> bytes:
+        """`apply(command)` as transaction `tx_id` (unique: the replica runs each id once).
+
+        Determinism: as `apply`, given the same `tx_id`."""
+        ...
+
+
+@runtime_checkable
 class EndorsementHooks(Protocol):
     """Optional hooks for the leaderless (endorsement) core; consensus never reads app state
     except through them."""
@@ -241,6 +256,32 @@ class EndorsementHooks(Protocol):
         Determinism: MUST depend on `command` only; never raises (a malformed command needs
         none: `check` refuses it).
         """
+        ...
+
+
+@runtime_checkable
+class BaseVersions(Protocol):
+    """Optional `EndorsementHooks` for apps whose commuting updates carry requirements on a
+    BASE version (docs/LEADERLESS.md "Mixing update kinds on one key"; the KV app:
+    `phalanx.apps.kv_versions`). Without them a commuting update carries no requirement
+    and mixing it with overwrites of the same key can diverge."""
+
+    def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """Each key's base version: unchanged by the commuting updates that fit its current
+        run, changed to a value it never had before by every other write. MUST NOT change
+        state or raise."""
+        ...
+
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        """The keys `command` writes only by commuting updates (sorted): a transaction
+        carries a requirement (base or full) on each. Pure."""
+        ...
+
+    def fits_run(self, command: bytes, keys: Sequence[str]) -> bool:
+        """Whether `command`'s commuting updates of `keys` commute with every update applied
+        on those keys' current bases: a transaction requiring only their base versions may
+        be endorsed only then (else it needs the full version). A local vote on the
+        applied state, like `EndorsementHooks.check`; never raises."""
         ...
 
 

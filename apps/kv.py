@@ -33,6 +33,11 @@ states give equal bytes on every replica. Writing a shard nothing changed is a c
 parts; loading one is a few C calls. `restore` checks the header, types, offsets, limits, the
 order, the cut rule at each shard's end and the count, and raises `SnapshotFormatError`
 otherwise (cut keys inside a shard are checked by the first checkpoint that reuses it).
+Version 4 (transaction mode, when some key has version metadata: `phalanx.apps.kv_versions`)
+is version 3 with header ``["phalanx.kv", 4]`` and, between the last shard and the count, the
+metadata chunks ``["versions", [key, base, mix, run, ...]]`` (keys strictly ascending across
+chunks); a state without metadata (Raft, PBFT) is always written as version 3, byte for byte
+as before.
 Versions 1 (`["phalanx.kv", 1, count]`, then `[k1, v1, k2, v2, ...]` arrays) and 2 (the same
 arrays after `["phalanx.kv", 2]`, then the count) still load.
 """
@@ -44,11 +49,12 @@ import itertools
 import operator
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
+import immutables
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
-from phalanx.apps import kv_ops, kv_wire
+from phalanx.apps import kv_ops, kv_versions, kv_wire
 from phalanx.apps.interface import KeyAccess, KeyUpdate, SnapshotFormatError, Verdict
 from phalanx.apps.kv_base import (
     MAX_SHARD_KEYS,
@@ -74,6 +80,7 @@ from phalanx.apps.kv_types import (
     Deleted,
     Done,
     Get,
+    GetBaseVersion,
     GetVersion,
     GetVersioned,
     KvCommand,
@@ -92,6 +99,8 @@ from phalanx.apps.kv_types import (
     VersionedValue,
     VersionResult,
 )
+from phalanx.apps.kv_versions import KeyMeta
+from phalanx.apps.sorted_steps import sorted_in_steps
 
 WINDOW_KEYS = 1024
 """Base keys merged per serialisation step: C-level slicing of the packed keys and values (a
@@ -104,15 +113,18 @@ step to well under a millisecond, so the applying thread never waits long for th
 _DONE = Done()
 _MAGIC = "phalanx.kv"
 _VERSION = 3
+_VERSION_META = 4
+Metadata = immutables.Map[str, KeyMeta]
 
 
 class KvSnapshot:
     """An O(1) snapshot of a `KvStateMachine`, serialised in bounded steps."""
 
-    __slots__ = ("_view",)
+    __slots__ = ("_meta", "_view")
 
-    def __init__(self, view: LayeredSnapshot) -> None:
+    def __init__(self, view: LayeredSnapshot, meta: Metadata) -> None:
         self._view = view
+        self._meta = meta
 
     def __len__(self) -> int:
         return self._view.count()
@@ -120,14 +132,20 @@ class KvSnapshot:
     def chunks(self) -> Iterator[bytes]:
         """The checkpoint (module docstring), one packed shard per step, `b""` between
         steps that produced none."""
-        view = self._view
-        yield msgpack.packb([_MAGIC, _VERSION])
+        view, meta = self._view, self._meta
+        yield msgpack.packb([_MAGIC, _VERSION_META if meta else _VERSION])
         for shard in view.shards(window=WINDOW_KEYS, run=SORT_RUN, step=STEP_KEYS):
             if shard is None:
                 yield b""
                 continue
             kstr, kpos, blob, offsets = shard.packed()
             yield msgpack.packb([kstr, _offsets_out(kpos), blob, _offsets_out(offsets)])
+        for keys in sorted_in_steps(meta.keys(), run=SORT_RUN, step=STEP_KEYS):
+            if keys is None:
+                yield b""
+                continue
+            yield msgpack.packb(kv_versions.pack_entries((k, meta[k]) for k in keys),
+                                use_bin_type=True)
         yield msgpack.packb(view.count())  # counted by the fold that just ran
 
 
@@ -177,6 +195,8 @@ class KvStateMachine:
         # Invariant: every key is a str within MAX_KEY_BYTES, every value bytes within
         # MAX_VALUE_BYTES.
         self._data = LayeredState()
+        self._meta: Metadata = immutables.Map()
+        """Version metadata of the keys written in transaction mode (`apply_tx`)."""
 
     def __len__(self) -> int:
         return len(self._data)
@@ -200,10 +220,27 @@ class KvStateMachine:
         return kv_wire.encode_result(self.execute(cmd))
 
     def snapshot(self) -> KvSnapshot:
-        return KvSnapshot(self._data.snapshot())
+        return KvSnapshot(self._data.snapshot(), self._meta)
 
     def restore(self, data: bytes) -> None:
-        self._data = LayeredState(_parse_checkpoint(data))
+        base, meta = _parse_checkpoint(data)
+        self._data = LayeredState(base)
+        self._meta = meta
+
+    def apply_tx(self, tx_id: bytes, command: bytes) -> bytes:
+        """`TransactionAware`: apply `command` as transaction `tx_id` (transaction mode),
+        advancing the version metadata of every key it may write (`kv_versions.advance`:
+        a commuting update that fits the key's run joins it, any other write moves the
+        base), whatever its result."""
+        cmd = kv_wire.decode_command(command)
+        access = self._access_of(cmd)
+        if access.writes:
+            meta = self._meta.mutate()
+            updates = {u.key: u for u in access.updates}
+            for key in access.writes:
+                meta[key] = kv_versions.advance(meta.get(key), tx_id, updates.get(key))
+            self._meta = meta.finish()
+        return kv_wire.encode_result(self.execute(cmd))
 
     def admit(self, command: bytes, read_only: bool) -> str | None:
         """`Admission`: refuse, on arrival, a command over the size limits (the checks
@@ -248,10 +285,13 @@ class KvStateMachine:
             case Get(key=key):
                 return Value(value=data.get(key))
             case GetVersion(key=key):
-                return VersionResult(version=kv_ops.version_of(data.get(key)))
+                return VersionResult(version=self._version(key))
+            case GetBaseVersion(key=key):
+                return VersionResult(version=self.base_versions((key,))[0])
             case GetVersioned(key=key):
                 found = data.get(key)
-                return VersionedValue(value=found, version=kv_ops.version_of(found))
+                return VersionedValue(value=found, version=kv_versions.full_version(
+                    self._meta.get(key), found))
             case Add() | Mul() | SAdd() | SRem() | Concat():
                 new, result = kv_ops.run_update(cmd, data.get(cmd.key))
                 if new is not None:
@@ -285,7 +325,9 @@ class KvStateMachine:
     # ---------------------------------------------------------------- EndorsementHooks
 
     def access(self, command: bytes) -> KeyAccess:
-        cmd = kv_wire.decode_command(command)
+        return self._access_of(kv_wire.decode_command(command))
+
+    def _access_of(self, cmd: KvCommand | KvError) -> KeyAccess:
         match cmd:
             case Put(key=key, value=value):
                 return KeyAccess(writes=(key,), updates=(kv_ops.update_of(None, key=key,
@@ -294,7 +336,8 @@ class KvStateMachine:
                 return KeyAccess(writes=(cmd.key,), updates=(kv_ops.update_of(cmd),))
             case Delete(key=key):
                 return KeyAccess(writes=(key,))
-            case Get(key=key) | GetVersion(key=key) | GetVersioned(key=key):
+            case (Get(key=key) | GetVersion(key=key) | GetVersioned(key=key)
+                  | GetBaseVersion(key=key)):
                 return KeyAccess(reads=(key,))
             case CompareAndSet(key=key):
                 return KeyAccess(reads=(key,), writes=(key,))
@@ -313,9 +356,38 @@ class KvStateMachine:
         return kv_ops.commutes(a, b)
 
     def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
-        """Each key's version (`kv_ops.version_of`: SHA-512 of the value, b"" if absent)."""
-        get = self._data.get
-        return tuple(kv_ops.version_of(get(key)) for key in keys)
+        """Each key's version (`kv_ops.version_of`: SHA-512 of the value, b"" if absent;
+        the full version of `kv_versions` for a key written in transaction mode)."""
+        return tuple(self._version(key) for key in keys)
+
+    def _version(self, key: str) -> bytes:
+        meta = self._meta.get(key)
+        if meta is not None:
+            return kv_versions.full_version(meta, None)
+        return kv_ops.version_of(self._data.get(key))
+
+    def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
+        """Each key's BASE version (`kv_versions.base_version`)."""
+        get, meta = self._data.get, self._meta.get
+        return tuple(m.base if (m := meta(key)) is not None else kv_ops.version_of(get(key))
+                     for key in keys)
+
+    def needs_base(self, command: bytes) -> tuple[str, ...]:
+        """The keys `command` writes only by `kv_ops.ORDER_FREE_OPS` updates (sorted): a
+        transaction carries a requirement on each, base or full."""
+        access = self.access(command)
+        need = set(access.writes).difference(self.needs_requirements(command))
+        return tuple(sorted(need))
+
+    def fits_run(self, command: bytes, keys: Sequence[str]) -> bool:
+        """Whether each commuting update `command` makes to one of `keys` commutes with every
+        update of that key's current run (`kv_versions.fits_run`): a transaction that
+        requires only the base version of such a key is endorsed only then. State-dependent
+        (a local vote, like `check`)."""
+        wanted = set(keys)
+        meta = self._meta.get
+        return all(kv_versions.fits_run(meta(u.key), u)
+                   for u in self.access(command).updates if u.key in wanted)
 
     def needs_requirements(self, command: bytes) -> tuple[str, ...]:
         """Keys read, and keys written otherwise than only by `kv_ops.ORDER_FREE_OPS`
@@ -405,9 +477,9 @@ def validate(cmd: KvCommand) -> KvError | None:
     return None
 
 
-def _parse_checkpoint(data: bytes) -> SortedBase:
-    """Decode the KV checkpoint format (module docstring, versions 1 to 3); raise
-    `SnapshotFormatError`."""
+def _parse_checkpoint(data: bytes) -> tuple[SortedBase, Metadata]:
+    """Decode the KV checkpoint format (module docstring, versions 1 to 4): the state and
+    its version metadata; raise `SnapshotFormatError`."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
     unpacker.feed(data)
     try:
@@ -424,9 +496,9 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
         and header[2] >= 0
     ):
         count = header[2]
-    elif header not in ([_MAGIC, 2], [_MAGIC, _VERSION]):
+    elif header not in ([_MAGIC, 2], [_MAGIC, _VERSION], [_MAGIC, _VERSION_META]):
         raise SnapshotFormatError(
-            f"not a KV checkpoint header (version 1 to {_VERSION}): {header!r}"
+            f"not a KV checkpoint header (version 1 to {_VERSION_META}): {header!r}"
         )
     # NB: bulk-loading allocates steadily next to a growing state; pausing the collector
     # keeps its passes from walking it again and again.
@@ -434,7 +506,13 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
     gc.disable()
     try:
         body = _Body(unpacker)
-        shards = _parse_shards(body) if header == [_MAGIC, _VERSION] else _parse_pairs(body)
+        meta: list[tuple[str, KeyMeta]] = []
+        if header == [_MAGIC, _VERSION_META]:
+            shards = _parse_shards(_split_versions(body, meta))
+        elif header == [_MAGIC, _VERSION]:
+            shards = _parse_shards(body)
+        else:
+            shards = _parse_pairs(body)
         trailer = body.trailer
         if count is None:
             if trailer is None:
@@ -445,7 +523,7 @@ def _parse_checkpoint(data: bytes) -> SortedBase:
         held = sum(map(len, shards))
         if held != count:
             raise SnapshotFormatError(f"KV checkpoint declares {count} keys, holds {held}")
-        return SortedBase(shards)
+        return SortedBase(shards), immutables.Map(meta)
     except (ValueError, msgpack.UnpackException) as exc:
         raise SnapshotFormatError(f"KV checkpoint body unreadable: {exc}") from exc
     finally:
@@ -484,7 +562,21 @@ class _Body:
                 yield item
 
 
-def _parse_shards(body: _Body) -> list[PackedShard]:
+def _split_versions(items: Iterable[object], meta: list[tuple[str, KeyMeta]]
+                    ) -> Iterator[object]:
+    """Version 4: the shards of `items`, passed on; the version chunks after them (checked)
+    appended to `meta`."""
+    for item in items:
+        if type(item) is list and len(item) == 2:
+            entries = kv_versions.unpack_entries(item, meta[-1][0] if meta else None)
+            meta.extend(entries)
+        elif meta:
+            raise SnapshotFormatError("KV checkpoint: a shard after the version chunks")
+        else:
+            yield item
+
+
+def _parse_shards(body: Iterable[object]) -> list[PackedShard]:
     """Version 3's shards: each checked, then adopted as it is."""
     shards: list[PackedShard] = []
     previous: str | None = None

@@ -109,7 +109,17 @@ class Txn:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetVersion:
-    """The version of `key`: SHA-512 of its value, empty when absent (`kv_ops.version_of`).
+    """The version of `key`: SHA-512 of its value, empty when absent (`kv_ops.version_of`);
+    in transaction mode, the full version of `phalanx.apps.kv_versions` once the key was
+    written there. Result: `VersionResult`. A query."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetBaseVersion:
+    """The BASE version of `key` (transaction mode: unchanged by the commuting updates of its
+    current run; `phalanx.apps.kv_versions`); outside transaction mode, the version.
     Result: `VersionResult`. A query."""
 
     key: str
@@ -168,9 +178,9 @@ class Concat:
 
 KvCommand: TypeAlias = (
     Put | Get | Delete | CompareAndSet | Scan | Txn | GetVersion | GetVersioned | Add | Mul
-    | SAdd | SRem | Concat
+    | SAdd | SRem | Concat | GetBaseVersion
 )
-READ_COMMANDS = (Get, Scan, GetVersion, GetVersioned)
+READ_COMMANDS = (Get, Scan, GetVersion, GetVersioned, GetBaseVersion)
 """The commands `KvStateMachine.query` answers (they change nothing)."""
 UPDATE_COMMANDS = (Add, Mul, SAdd, SRem, Concat)
 """Read-modify-write commands on one key whose result is `Done` whatever the order."""
@@ -297,6 +307,7 @@ KV_TYPE_IDS: dict[int, type] = {
     411: SAdd,
     412: SRem,
     413: Concat,
+    414: GetBaseVersion,
     427: VersionResult,
     428: VersionedValue,
 }

@@ -23,7 +23,8 @@ Invariants:
   transaction, which runs iff its id was never applied (`phalanx.apps.transactions`: a
   retry or a re-released one gets the cached reply as DUPLICATE, a malformed one INVALID,
   one older than the table's horizon EXPIRED); the session rule is not used. The table is
-  part of every checkpoint (envelope version 3).
+  part of every checkpoint (envelope version 3). A machine that is `TransactionAware` runs
+  each transaction through `apply_tx(tx_id, command)`, else `apply(command)`.
 - Determinism: with `InlineCheckpointWriter`, the same entries give the same results,
   checkpoints and WAL calls; nothing depends on set order, `id()` or time.
 """
@@ -43,7 +44,13 @@ from phalanx.apps.envelope import (
     parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
-from phalanx.apps.interface import Admission, Housekeeping, SnapshotFormatError, StateMachine
+from phalanx.apps.interface import (
+    Admission,
+    Housekeeping,
+    SnapshotFormatError,
+    StateMachine,
+    TransactionAware,
+)
 from phalanx.apps.sessions import DEFAULT_MAX_SESSIONS, SessionTable, Verdict
 from phalanx.apps.transactions import TransactionLayer, TransactionTable
 from phalanx.apps.writer import (
@@ -392,7 +399,11 @@ class Replica:
             return ApplyStatus.DUPLICATE, done.result
         if table.too_old(deadline_ms):
             return ApplyStatus.EXPIRED, b""
-        result = self._machine.apply(app_command)
+        machine = self._machine
+        if isinstance(machine, TransactionAware):
+            result = machine.apply_tx(tx_id, app_command)
+        else:
+            result = machine.apply(app_command)
         table.record(tx_id, deadline_ms, result)
         return ApplyStatus.APPLIED, result
 

@@ -33,6 +33,12 @@ Storage layout in the KV: register ``jr/<n>`` (decimal value); bank ``bank/<acco
 balances; set ``set/<n>`` holding the elements as comma-separated decimals, appended with a
 cas loop (a double-applied append would show as a duplicate).
 
+Signed transactions (`WorkloadConfig.transactions`, set by the harness from the protocol's
+spec: `CallStrategy.ENDORSEMENT`): the same keys, run as `phalanx.jepsen.tx_workloads`
+says (requirements on every key an operation the checker reads as linearizable touches; the
+bank reads all accounts in one transaction; the set is a KV set written by commuting
+`sadd`). The checkers are the same.
+
 Must not import: the runtime, consensus cores, the simulator. Not deterministic in time
 (real clients); no global randomness.
 """
@@ -50,6 +56,7 @@ from phalanx.apps.kv_types import CasResult, Compare, Put, TxnResult, TxnWrite
 from phalanx.client.async_client import ClientError, RequestRejected
 from phalanx.jepsen import bank as bank_checker
 from phalanx.jepsen import sets as set_checker
+from phalanx.jepsen import tx_workloads as tx
 from phalanx.jepsen.checker import RunResult, check_history
 from phalanx.jepsen.history import FAIL, INFO, OK, History, HistoryRecorder, Key, OpType, Process
 from phalanx.jepsen.history import Value as HistoryValue
@@ -108,6 +115,10 @@ class WorkloadConfig:
     active_keys: int = 5
     accounts: int = 5
     balance: int = 20
+    transactions: bool = False
+    """The protocol's clients sign transactions (`CallStrategy.ENDORSEMENT`): run every
+    operation the `phalanx.jepsen.tx_workloads` way (requirements where the checker needs
+    linearizability, commuting set adds)."""
 
     def __post_init__(self) -> None:
         if not self.rate > 0 or self.per_key_limit < 1 or self.active_keys < 1:
@@ -228,18 +239,25 @@ class RegisterWorkload(_Base):
     async def execute(self, client: KvClient, invocation: Invocation) -> Completion:
         key = str(invocation.key)
         value = invocation.value
+        signed = self.config.transactions
         try:
             if invocation.f == "read":
-                raw = await client.get(key)
+                raw = await client.get(key)  # signed: a read-only transaction with requirement
                 return Completion(type=OK, value=None if raw is None else _int(raw))
             if invocation.f == "write" and isinstance(value, int):
-                await client.put(key, str(value).encode())
+                if signed:
+                    await tx.register_write(tx.tx_client(client), key, str(value).encode())
+                else:
+                    await client.put(key, str(value).encode())
                 return Completion(type=OK, value=value)
             if invocation.f == "cas" and isinstance(value, tuple) and len(value) == 2:
                 expected, new = value
-                result = await client.cas_result(
-                    key, None if expected is None else str(expected).encode(), str(new).encode()
-                )
+                old = None if expected is None else str(expected).encode()
+                if signed:
+                    result = await tx.register_cas(tx.tx_client(client), key, old,
+                                                   str(new).encode())
+                else:
+                    result = await client.cas_result(key, old, str(new).encode())
                 if result.succeeded:
                     return Completion(type=OK, value=value)
                 return Completion(type=FAIL, value=value, error="cas comparison failed")
@@ -306,6 +324,10 @@ class BankWorkload(_Base):
         return Completion(type=FAIL, value=invocation.value, error="accounts already exist")
 
     async def _read(self, client: KvClient) -> dict[str, int]:
+        if self.config.transactions:  # no linearizable scan: one transaction over all
+            keys = [BANK_PREFIX + a for a in self.accounts]
+            seen = await tx.bank_read(tx.tx_client(client), keys)
+            return {k[len(BANK_PREFIX):]: _int(v) for k, v in seen.items() if v is not None}
         items = await client.scan(BANK_PREFIX, limit=len(self.accounts) + 16)
         return {k[len(BANK_PREFIX) :]: _int(v) for k, v in items}
 
@@ -317,6 +339,8 @@ class BankWorkload(_Base):
         if not isinstance(amount, int):
             raise ValueError(f"not a transfer: {move!r}")
         keys = (BANK_PREFIX + src, BANK_PREFIX + dst)
+        if self.config.transactions:
+            return await self._signed_transfer(client, keys, move, amount)
         try:
             seen = await self._read(client)
         except ClientError as exc:
@@ -341,6 +365,18 @@ class BankWorkload(_Base):
                 return Completion(type=OK, value=move)
             balances = result.observed
         return Completion(type=FAIL, value=move, error=f"contention: {MAX_RETRIES} retries")
+
+    async def _signed_transfer(self, client: KvClient, keys: tuple[str, str],
+                               move: HistoryValue, amount: int) -> Completion:
+        try:
+            why = await tx.bank_transfer(tx.tx_client(client), keys[0], keys[1], amount, _int)
+        except tx.NotSent as exc:
+            return _client_error(exc.error, wrote=False)
+        except tx.Contention as exc:
+            return Completion(type=FAIL, value=move, error=str(exc))
+        if why is not None:
+            return Completion(type=FAIL, value=move, error=why)
+        return Completion(type=OK, value=move)
 
 
 def encode_set(elements: Sequence[int]) -> bytes:
@@ -383,6 +419,13 @@ class SetWorkload(_Base):
     async def execute(self, client: KvClient, invocation: Invocation) -> Completion:
         key = str(invocation.key)
         try:
+            if self.config.transactions:  # commuting sadd, smembers with a requirement
+                signed = tx.tx_client(client)
+                if invocation.f == "read":
+                    return Completion(type=OK, value=await tx.set_read(signed, key))
+                if invocation.f == "add" and isinstance(invocation.value, int):
+                    await tx.set_add(signed, key, invocation.value)
+                    return Completion(type=OK, value=invocation.value)
             if invocation.f == "read":
                 return Completion(type=OK, value=tuple(decode_set(await client.get(key))))
             if invocation.f == "add" and isinstance(invocation.value, int):

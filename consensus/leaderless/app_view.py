@@ -63,6 +63,15 @@ class AppView(Protocol):
         limit in docs/LEADERLESS.md). Pure."""
         ...
 
+    def fits_run(self, command: bytes, keys: Sequence[str]) -> bool:
+        """Whether `command`'s commuting updates of `keys` commute with every update the
+        app applied on those keys' current bases (as applied so far). The endorsement rule
+        asks it for the keys a transaction requires only by BASE version: an update that
+        would switch the kind of a key's run (add after mul, srem of a member added on this
+        base) must require the full version (it then counts as a write that moves the base).
+        A local vote, like `accepts`; an app without base versions answers True."""
+        ...
+
     def applied(self) -> int:
         """How many of the entries this core released (`Ready.committed`, local index
         order) the replica has applied: the applied index."""

@@ -67,6 +67,8 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteEcho,
+    VoteReady,
     transaction_id,
 )
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, Recovery
@@ -119,16 +121,17 @@ class LeaderlessCore:
         self._gate = ReleaseGate(app, start_index=app.applied(),
                                  no_gate="no_version_gate" in self._bugs)
         self._tally = RefusalTally(n=config.n, f=config.faults, quorum=config.quorum)
+        self._verify_proof = ProofChecker(
+            nodes=config.nodes, crypto=crypto, client_keys=client_keys,
+            quorum_for=config.quorum_for, tx_id=self._tx_id)
         self._checkpoints = CheckpointMachine(
             node_id=config.node_id, nodes=config.nodes, crypto=crypto,
             checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
+            verify_proof=self._verify_proof, faults=config.faults,
             restored_votes=restored.votes if restored is not None else (),
+            restored_relays=restored.relays if restored is not None else (),
             tx_id_of=self._tx_id)
         self._checkpoints.unprovable = self._unprovable
-        self._verify_proof = ProofChecker(
-            nodes=config.nodes, crypto=crypto, client_keys=client_keys,
-            quorum_for=config.quorum_for, tx_id=self._tx_id,
-            condition_ok=self._condition_ok)
         self._dropped: dict[str, int] = {}
         self._duplicates: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
@@ -305,7 +308,8 @@ class LeaderlessCore:
             endorsed=endorsed, refused=refused, votes=self._checkpoints.votes(),
             decided=self._store.tombstone_tuple(), committed=proofs,
             gc_horizon_ms=self._store.horizon, known=known, released=len(released_at),
-            released_at=released_at, fence_until_ms=self._fence.until_ms)
+            released_at=released_at, fence_until_ms=self._fence.until_ms,
+            relays=self._checkpoints.relays())
 
     def _drop(self, reason: str) -> None:
         if reason in BENIGN_DUPLICATES:
@@ -419,7 +423,11 @@ class LeaderlessCore:
         elif isinstance(msg, StartCheckpoint):
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):
-            self._checkpoints.on_choice(src, msg, self._verify_proof, self._proof_of)
+            self._checkpoints.on_choice(src, msg, self._proof_of)
+        elif isinstance(msg, VoteEcho):
+            self._checkpoints.on_echo(src, msg, self._proof_of)
+        elif isinstance(msg, VoteReady):
+            self._checkpoints.on_ready(src, msg)
         else:
             self._drop("unknown_message")
 
@@ -725,10 +733,6 @@ class LeaderlessCore:
 
     # ------------------------------------------------------------------------------ veto
 
-    def _condition_ok(self, tx_id: TxId) -> bool:
-        state = self._store.state_of(tx_id)
-        return state is not TxState.COMMITTED and not self._rules.applicable(tx_id)
-
     def _unprovable(self, tx_id: TxId) -> bool:
         """Committed here without a proof (restored from the WAL after a restart): this
         node must never vote to drop it, and has no proof to veto with."""
@@ -752,7 +756,7 @@ class LeaderlessCore:
 
     def _drain_checkpoints(self, out: _Outbox) -> None:
         effects = self._checkpoints.drain()
-        if effects.votes:
+        if effects.sync:  # own votes and echo/ready choices are durable before they leave
             out.signed = True
         out.sends += effects.sends
         for tx_id in effects.dropped:
@@ -763,8 +767,8 @@ class LeaderlessCore:
                 self._store.drop_unknown(tx_id, self._now or 0)
                 self._dropped_txs += 1
                 out.dirty = True
-            elif record is not None:
-                self._drop("checkpoint_dropped_committed")  # the veto's agreement gap
+            elif record is not None and record.state is TxState.COMMITTED:
+                self._drop("checkpoint_dropped_committed")  # impossible with <= f faults
         for proof in effects.kept:
             self._on_proof(None, proof, out)
             record = self._store.get(self._tx_id(proof.tx))

@@ -6,7 +6,7 @@ Owns: `LeaderlessDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` 
 (`phalanx.runtime.persistence.StateJournal`) uses to append only what changed.
 
 Shape of a record, as `LeaderlessCore.durable_state` builds it: each tuple field (own
-endorsements, refusals, votes, tombstones, commit proofs, known transactions) is the
+endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays) is the
 previous record's tuple minus some items plus new items appended at the end, in the core's
 insertion order, and the core reuses the same objects from one record to the next (a
 category that did not change is the very same tuple). So `diff` finds a change by identity:
@@ -50,7 +50,7 @@ from typing import Any
 
 from phalanx.consensus.leaderless.messages import LeaderlessDurableState, LeaderlessStateDelta
 
-CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known")
+CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "relays")
 """The tuple fields of `LeaderlessDurableState` diffed item by item."""
 
 SCALARS = ("gc_horizon_ms", "released", "released_at", "fence_until_ms")

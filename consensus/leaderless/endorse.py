@@ -6,7 +6,8 @@ nor refused here):
 1. T's deadline has passed → never (the core signs a refusal instead).
 2. A requirement does not match the applied version (a base requirement: the base
    version), a key of `app.needs_requirements` has no full requirement, a key of
-   `app.needs_base` has none, the policy refuses, or the deadline lies more than
+   `app.needs_base` has none, an update required only by base does not fit its key's run
+   (`app.fits_run`), the policy refuses, or the deadline lies more than
    `max_deadline_lead_ms` past the clock → not now.
 3. A transaction committed here but not yet applied conflicts with T → not now.
 4. K = own endorsed pending transactions that conflict with T: K = ∅ → unconditional;
@@ -62,6 +63,9 @@ class Endorser:
                 k not in keys for k in record.needs_base):
             return False
         if not self.skip_requirements and not requirements_hold(self._app, tx.requirements):
+            return False
+        base_only = [r.key for r in tx.requirements if r.base and r.key not in full]
+        if base_only and not self._app.fits_run(tx.command, base_only):
             return False
         return self._app.accepts(tx.command, tx.policy)
 

@@ -3,7 +3,7 @@
 
 Owns: the wire types of the leaderless core (`Transaction`, `Endorsement`,
 `StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`,
-`CommittedDigest`),
+`CommittedDigest`, the reliable broadcast of votes `VoteEcho` and `VoteReady`),
 the durable record `LeaderlessDurableState`, and the stable codec ids `LEADERLESS_MESSAGES`
 (300-399, see `phalanx.net.wire`).
 
@@ -21,6 +21,9 @@ Who signs what:
   transaction is applicable).
 - `StartCheckpoint`, `FetchTransactions` and `CommittedDigest` are unsigned requests:
   acting on them never needs trust in the sender.
+- `VoteEcho` and `VoteReady` (Bracha's reliable broadcast of votes, `reliable_broadcast.py`)
+  are unsigned: they count as the sender's, which the transport authenticates
+  (`Receive.src`); the vote inside an echo is the voter's signed `VetoChoice`.
 
 Invariants: every class is a frozen, slotted, keyword-only dataclass whose fields are ints,
 strs, bytes, bools, tuples or nested such dataclasses; tuples that are sets are sorted and
@@ -135,9 +138,13 @@ class TransactionProof(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartCheckpoint(Message):
-    """Propose dropping the stuck transactions `tx_ids` (sorted, unique; PnyxDB §1.8)."""
+    """Propose dropping the stuck transactions `tx_ids` (sorted, unique; PnyxDB §1.8). Sent
+    again every period while the checkpoint is undecided at the sender: the receiver then
+    answers with its reliable-broadcast messages of the votes whose voters are not in
+    `delivered` (sorted: the votes the sender already delivered; an unsigned hint)."""
 
     tx_ids: tuple[TxId, ...]
+    delivered: tuple[NodeId, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +159,38 @@ class VetoChoice(Message):
     drop: bool
     proofs: tuple[TransactionProof, ...] = ()
     signature: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteEcho(Message):
+    """Bracha's ECHO of `vote` in the reliable-broadcast instance (`vote.voter`,
+    `vote.checkpoint`): a node sends one, to every other node, on the first SEND (the
+    voter's own `VetoChoice`) it received from the voter. Counts as the sender's."""
+
+    vote: VetoChoice
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteReady(Message):
+    """Bracha's READY for the vote whose digest is `digest` in the instance (`voter`,
+    `checkpoint`): sent once per instance, on Q matching echoes or f+1 matching readies.
+    Counts as the sender's."""
+
+    checkpoint: bytes
+    voter: NodeId
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteRelay(Message):
+    """This node's own reliable-broadcast choices in one instance (`voter`'s vote on
+    `checkpoint`), in the durable record: the digest it echoed and the digest it sent READY
+    for (b"": none yet). A restarted node never echoes or readies another value there."""
+
+    checkpoint: bytes
+    voter: NodeId
+    echo: bytes = b""
+    ready: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,6 +231,8 @@ class LeaderlessDurableState(Message):
         refused: this node's own refusals, likewise (never endorse what it refused).
         votes: this node's own veto-procedure votes of undecided checkpoints (a node that
             voted drop never commits those transactions unless the checkpoint keeps them).
+        relays: this node's echo and ready choices in the vote broadcasts of undecided
+            checkpoints (`VoteRelay`), so it never echoes two values of one vote.
         decided: tombstones of committed and dropped transactions.
         committed: the committed transactions not yet garbage-collected, with their
             commit certificates. On restart the core releases every one of them again: the
@@ -205,12 +246,12 @@ class LeaderlessDurableState(Message):
             before this record was written: on restart those are released again in order
             without the version gate (they passed it; the replica dedups the applied ones),
             the others go through the gate.
+        fence_until_ms: the amnesia fence (`fence.py`): this node signs nothing before its
+            clock reaches it (0: none).
         released_at: the local index each of those `released` proofs was released at. A
             restart re-releases only those beyond the replica's applied index (at the same
             indexes): the ones it applied keep their index and are not released twice
             (empty, e.g. in an older record: every one is released again).
-        fence_until_ms: the amnesia fence (`fence.py`): this node signs nothing before its
-            clock reaches it (0: none).
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -221,8 +262,9 @@ class LeaderlessDurableState(Message):
     gc_horizon_ms: int = 0
     known: tuple[Transaction, ...] = ()
     released: int = 0
-    released_at: tuple[int, ...] = ()
     fence_until_ms: int = 0
+    released_at: tuple[int, ...] = ()
+    relays: tuple[VoteRelay, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,8 +287,10 @@ class LeaderlessStateDelta(Message):
     known_added: tuple[Transaction, ...] = ()
     gc_horizon_ms: int = 0
     released: int = 0
-    released_at: tuple[int, ...] = ()
     fence_until_ms: int = 0
+    released_at: tuple[int, ...] = ()
+    relays_removed: tuple[int, ...] = ()
+    relays_added: tuple[VoteRelay, ...] = ()
 
 
 LEADERLESS_MESSAGES: dict[int, type] = {
@@ -259,9 +303,12 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     306: VetoChoice,
     307: FetchTransactions,
     308: CommittedDigest,
+    309: VoteEcho,
+    310: VoteReady,
     320: DecidedTx,
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
+    323: VoteRelay,
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 309-319 and records in 323-399."""
+The core may add messages in 311-319 and records in 324-399."""

@@ -1,26 +1,32 @@
 """Checkpoints and the veto procedure (PnyxDB §1.8's BVP), as a sans-IO sub-machine.
 
 Owns: `CheckpointMachine`: the queue of stuck transactions, one record per checkpoint
-(its sorted ids, the first signed choice of every voter, this node's own vote, the
-decision), the periodic start and resend, and the counters of dropped inputs. The core
-owns the transactions: it answers `proof_of` (a proof that a transaction is applicable or
-committed, or None) and `verify_proof`, persists `VetoEffects.votes` before sending, and
-applies `dropped`/`kept`.
+(its sorted ids, this node's own vote, the votes delivered so far, the decision), the
+periodic start and pull, and the counters of dropped inputs; votes travel by Bracha's
+reliable broadcast (`reliable_broadcast.VoteBroadcast`, owned here). The core owns the
+transactions: it answers `proof_of` (a proof that a transaction is applicable or
+committed, or None) and `verify_proof` (deterministic: signatures and quorum only),
+persists `votes()` and `relays()` before sending (`VetoEffects.sync`), and applies
+`dropped`/`kept`.
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
-- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and a
-  relayed copy of its own old vote is adopted rather than re-voted): veto with a proof when
-  `proof_of` knows one of the ids applicable, drop otherwise.
-- DROP is decided on signed drop votes of all n members (unanimity, as the reference);
-  KEEP on one veto whose proof verifies, from anyone (relayed votes count: the signature,
-  not the sender, says who voted). A decision is final.
+- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and an
+  echoed copy of its own old vote is adopted rather than re-voted): veto with a proof when
+  `proof_of` knows one of the ids applicable (or it holds a valid veto), drop otherwise;
+  abstain (no vote) when one of the ids is `unprovable` (committed here without a proof,
+  after a restart), until a delivered veto brings a proof.
+- Decisions come ONLY from reliably delivered votes: DROP when the delivered votes of all
+  n members are drops; KEEP on the first delivered veto (valid: every correct node judges a
+  vote alike). Each voter's delivered vote is unique and the same at every correct node,
+  so no correct node delivers n drops while another delivers a veto. A decision is final.
 - `blocked(t)`: this node voted drop in an undecided checkpoint containing t; the core must
-  not commit t meanwhile (so a drop decided elsewhere never meets a commit here).
+  not commit t meanwhile (so a drop decided anywhere never meets a commit here).
 
 Invariants: deterministic (insertion-ordered dicts, sorted ids; no clocks, no randomness);
 peer input is counted in `dropped_counts`, never raised; memory is bounded by
-`max_open` undecided checkpoints plus the decided ones `gc` has not collected.
+`max_open` undecided checkpoints plus the decided ones `gc` has not collected, each with
+n broadcast instances.
 """
 
 from __future__ import annotations
@@ -38,9 +44,13 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteEcho,
+    VoteReady,
+    VoteRelay,
     transaction_id,
 )
-from phalanx.consensus.types import LocalProtocolError, Message, NodeId
+from phalanx.consensus.leaderless.reliable_broadcast import Key, VoteBroadcast
+from phalanx.consensus.types import LocalProtocolError, NodeId
 
 MAX_TX_ID_BYTES = 64
 """Longer ids are malformed (a transaction id is a 32-byte SHA-256 digest)."""
@@ -60,8 +70,10 @@ class VetoEffects:
     """What the core must do after feeding the machine (drained by `drain`).
 
     Attributes:
-        sends: messages to send, after `votes` are durable.
-        votes: this node's new signed votes; persist them before any send.
+        sends: messages to send, after the durable record is synced when `sync`.
+        votes: this node's new signed votes (in `votes()` until decided).
+        sync: own votes or broadcast choices changed: persist `votes()` and `relays()`
+            (synced) before any send.
         dropped: ids of checkpoints decided DROP (in decision order, each checkpoint's ids
             sorted); final.
         kept: the verified proofs of vetoes that decided KEEP (feed them to the store).
@@ -69,6 +81,7 @@ class VetoEffects:
 
     sends: tuple[Send, ...] = ()
     votes: tuple[VetoChoice, ...] = ()
+    sync: bool = False
     dropped: tuple[TxId, ...] = ()
     kept: tuple[TransactionProof, ...] = ()
 
@@ -76,23 +89,21 @@ class VetoEffects:
 @dataclass(slots=True)
 class _Checkpoint:
     tx_ids: tuple[TxId, ...]
-    votes: dict[NodeId, VetoChoice] = field(default_factory=dict)
-    """The first validly signed choice of each voter (drop votes, and vetoes whose proof
-    verified)."""
+    delivered: dict[NodeId, VetoChoice] = field(default_factory=dict)
+    """The reliably delivered vote of each voter."""
     own: VetoChoice | None = None
     drop: bool | None = None
     """The decision: True drop, False keep, None undecided."""
-    veto: VetoChoice | None = None
-    """The veto that decided KEEP (resent to peers that may have missed it)."""
 
 
 class CheckpointMachine:
     """The checkpoint batcher and the veto procedure of one node."""
 
     __slots__ = (
-        "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped", "_dropped_counts",
-        "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period", "_queued",
-        "_sends", "_ticks", "_tx_id_of", "fenced", "node_id", "unprovable",
+        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped",
+        "_dropped_counts", "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period",
+        "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of", "_verify_proof", "node_id",
+        "unprovable",
     )
 
     def __init__(
@@ -103,7 +114,10 @@ class CheckpointMachine:
         crypto: Crypto,
         checkpoint_ticks: int,
         batch: int,
+        verify_proof: VerifyProof,
+        faults: int | None = None,
         restored_votes: tuple[VetoChoice, ...] = (),
+        restored_relays: tuple[VoteRelay, ...] = (),
         max_open: int = 1024,
         tx_id_of: Callable[[Transaction], TxId] | None = None,
     ) -> None:
@@ -120,25 +134,40 @@ class CheckpointMachine:
         self._period = checkpoint_ticks
         self._batch = batch
         self._max_open = max_open
+        self._verify_proof = verify_proof
         # The core's transaction id (`transaction_id` over the codec's encoding); the
         # default hashes `crypto.encode`, which is the codec only where they coincide.
         self._tx_id_of = tx_id_of or (lambda tx: transaction_id(tx, crypto.encode))
+        self._rb = VoteBroadcast(
+            node_id=node_id, nodes=nodes,
+            faults=(len(nodes) - 1) // 3 if faults is None else faults,
+            hasher=crypto, restored=restored_relays)
         self._ticks = 0
         self._queued: dict[TxId, None] = {}
         self._checkpoints: dict[bytes, _Checkpoint] = {}
         self._by_tx: dict[TxId, dict[bytes, None]] = {}
+        self._answered: dict[tuple[NodeId, bytes], None] = {}
         self._sends: list[Send] = []
         self._new_votes: list[VetoChoice] = []
+        self._sync = False
         self._dropped: list[TxId] = []
         self._kept: list[TransactionProof] = []
         self._dropped_counts: dict[str, int] = {}
-        self.fenced = False
         self.unprovable: Callable[[TxId], bool] = lambda _t: False
         """Committed here without a proof (after a restart): never vote drop on it; with no
         proof to veto with either, the node does not vote until a veto's proof arrives."""
-        """The amnesia fence (`fence.py`): record and tally, start and vote nothing."""
         for vote in restored_votes:
             self._restore(vote)
+
+    @property
+    def fenced(self) -> bool:
+        """The amnesia fence (`fence.py`): start, vote, echo and ready nothing (a node that
+        lost its record no longer knows what it voted and echoed); record and deliver."""
+        return self._rb.fenced
+
+    @fenced.setter
+    def fenced(self, value: bool) -> None:
+        self._rb.fenced = value
 
     # Inputs --------------------------------------------------------------------------
 
@@ -149,15 +178,17 @@ class CheckpointMachine:
             self._queued[tx_id] = None
 
     def tick(self, proof_of: ProofOf) -> None:
-        """Every `checkpoint_ticks` ticks: resend what peers may have lost, then start a
-        checkpoint of the first `batch` queued ids (sorted)."""
+        """Every `checkpoint_ticks` ticks: pull what this node lacks of its undecided
+        checkpoints (a `StartCheckpoint` again: peers answer), then start a checkpoint of
+        the first `batch` queued ids (sorted)."""
         self._ticks += 1
         if self._ticks % self._period:
             return
+        self._answered.clear()
         for cp in self._checkpoints.values():
-            evidence = cp.veto if cp.drop is False else cp.own
-            if evidence is not None:
-                self._broadcast(evidence)
+            if cp.drop is None:
+                self._broadcast(StartCheckpoint(tx_ids=cp.tx_ids,
+                                                delivered=tuple(sorted(cp.delivered))))
         queued = sorted(t for t in self._queued if t not in self._by_tx)
         self._queued = dict.fromkeys(queued)
         if not queued or self._open() >= self._max_open or self.fenced:
@@ -169,64 +200,58 @@ class CheckpointMachine:
         self._start(tx_ids, proof_of)
 
     def on_start(self, src: NodeId, msg: StartCheckpoint, proof_of: ProofOf) -> None:
-        """A peer proposes a checkpoint: vote on it once."""
+        """A peer proposes a checkpoint (or pulls one it has not decided): vote on it once,
+        and answer with this node's broadcast messages of the votes `src` lacks (once per
+        period per peer and checkpoint)."""
         if src not in self._members:
             self._drop("not_a_member")
-        elif not self._valid_ids(msg.tx_ids):
-            self._drop("bad_id_list")
-        else:
-            self._start(msg.tx_ids, proof_of)
-
-    def on_choice(
-        self, src: NodeId, msg: VetoChoice, verify_proof: VerifyProof, proof_of: ProofOf,
-    ) -> None:
-        """A signed vote (the voter's own, or relayed by `src`)."""
-        if src not in self._members or msg.voter not in self._members:
-            self._drop("not_a_member")
             return
-        known = self._checkpoints.get(msg.checkpoint)
-        if known is not None and known.votes.get(msg.voter) == msg:
-            return  # a resend or relay of a vote already verified: skip the crypto
         if not self._valid_ids(msg.tx_ids):
             self._drop("bad_id_list")
             return
-        if msg.checkpoint != checkpoint_id(self._crypto, msg.tx_ids):
-            self._drop("bad_checkpoint_id")
+        cid = checkpoint_id(self._crypto, msg.tx_ids)
+        new = cid not in self._checkpoints
+        cp = self._start(msg.tx_ids, proof_of)
+        if cp is None:
             return
-        if not self._crypto.verify(msg.voter, msg, msg.signature):
-            self._drop("bad_signature")
+        if new and msg.delivered:
+            # Learnt from a pull: this node missed votes its peers hold; pull them now
+            # rather than a period later (they know the checkpoint: no pull back again).
+            self._broadcast(StartCheckpoint(tx_ids=msg.tx_ids))
+        if (src, cid) in self._answered:
             return
-        proofs: tuple[TransactionProof, ...] = ()
-        if msg.drop:
-            if msg.proofs:
-                self._drop("bad_drop_vote")
-                return
+        self._answered[(src, cid)] = None
+        have = set(msg.delivered) if isinstance(msg.delivered, tuple) else set()
+        for voter in self._nodes:
+            if voter not in have:
+                self._sends += self._rb.answer((voter, cid), src)
+
+    def on_choice(self, src: NodeId, msg: VetoChoice, proof_of: ProofOf) -> None:
+        """A voter's signed vote: the SEND of its reliable broadcast (only from the voter)."""
+        if src != msg.voter:
+            self._drop("relayed_vote")
+            return
+        cp = self._enter(src, msg, proof_of)
+        if cp is not None:
+            self._rb.on_send(src, msg, self._problem)
+            self._collect()
+
+    def on_echo(self, src: NodeId, msg: VoteEcho, proof_of: ProofOf) -> None:
+        """A peer's ECHO of a vote (possibly this node's own old vote: adopted)."""
+        cp = self._enter(src, msg.vote, proof_of)
+        if cp is not None:
+            self._rb.on_echo(src, msg, self._problem)
+            self._collect()
+
+    def on_ready(self, src: NodeId, msg: VoteReady) -> None:
+        """A peer's READY (a digest): counted only for a checkpoint this node knows."""
+        if src not in self._members or msg.voter not in self._members:
+            self._drop("not_a_member")
+        elif not self._rb.known((msg.voter, msg.checkpoint)):
+            self._drop("unknown_checkpoint")  # the sender sends it again when pulled
         else:
-            proofs = self._verified(msg, verify_proof)
-            if not proofs:
-                self._drop("forged_veto")
-                return
-        cp = self._checkpoints.get(msg.checkpoint)
-        if msg.voter == self.node_id:
-            if cp is not None and cp.own is not None:
-                return
-            cp = self._adopt(msg)  # our own vote from before a restart: never vote again
-        elif cp is None or cp.own is None:
-            # Not voted yet: vote now. Having seen a verified veto, this node vetoes with its
-            # proof, so its vote can never complete a DROP elsewhere.
-            cp = self._start(msg.tx_ids, proof_of, known=proofs[0] if proofs else None)
-            if cp is None:
-                return
-        first = cp.votes.setdefault(msg.voter, msg)
-        if first is not msg and (first.drop, first.proofs) != (msg.drop, msg.proofs):
-            self._drop("equivocation")
-        if cp.drop is None:
-            if not msg.drop:
-                self._decide_keep(cp, msg, proofs)
-            else:
-                self._maybe_decide_drop(cp)
-        elif cp.drop and not msg.drop:
-            self._drop("veto_after_drop")  # an agreement gap: see docs/LEADERLESS.md
+            self._rb.on_ready(src, msg)
+            self._collect()
 
     # Queries -------------------------------------------------------------------------
 
@@ -243,8 +268,20 @@ class CheckpointMachine:
         return tuple(cp.own for cp in self._checkpoints.values()
                      if cp.drop is None and cp.own is not None)
 
+    def relays(self) -> tuple[VoteRelay, ...]:
+        """This node's echo/ready choices in the vote broadcasts of undecided checkpoints
+        (and restored ones of checkpoints it has not heard of again), for the durable
+        record."""
+        keys: list[Key] = [(v, cid) for cid, cp in self._checkpoints.items()
+                           if cp.drop is None for v in self._nodes]
+        keys += self._rb.orphans(self._checkpoints.__contains__)
+        return self._rb.relays(keys)
+
     def dropped_counts(self) -> Mapping[str, int]:
-        return dict(self._dropped_counts)
+        counts = dict(self._dropped_counts)
+        for reason, n in self._rb.dropped_counts().items():
+            counts[reason] = counts.get(reason, 0) + n
+        return counts
 
     def __len__(self) -> int:
         """How many checkpoints this node remembers."""
@@ -252,9 +289,12 @@ class CheckpointMachine:
 
     def drain(self) -> VetoEffects:
         """The effects accumulated since the last drain."""
+        self._collect()
         effects = VetoEffects(sends=tuple(self._sends), votes=tuple(self._new_votes),
-                              dropped=tuple(self._dropped), kept=tuple(self._kept))
+                              sync=self._sync, dropped=tuple(self._dropped),
+                              kept=tuple(self._kept))
         self._sends, self._new_votes, self._dropped, self._kept = [], [], [], []
+        self._sync = False
         return effects
 
     def gc(self, live: Callable[[TxId], bool]) -> None:
@@ -272,24 +312,67 @@ class CheckpointMachine:
     def _valid_ids(self, tx_ids: tuple[TxId, ...], *, limit: int | None = None) -> bool:
         """Non-empty, at most `limit` (the batch) ids, each 1..MAX_TX_ID_BYTES bytes, sorted
         and unique."""
-        if not 1 <= len(tx_ids) <= (self._batch if limit is None else limit):
+        if not isinstance(tx_ids, tuple) \
+                or not 1 <= len(tx_ids) <= (self._batch if limit is None else limit):
             return False
         if not all(isinstance(t, bytes) and 1 <= len(t) <= MAX_TX_ID_BYTES for t in tx_ids):
             return False
         return all(a < b for a, b in pairwise(tx_ids))
 
-    def _verified(self, msg: VetoChoice, verify_proof: VerifyProof) -> tuple[TransactionProof, ...]:
+    def _verified(self, msg: VetoChoice) -> tuple[TransactionProof, ...]:
         """The proofs of `msg` that are about one of its ids and verify."""
         if len(msg.proofs) > len(msg.tx_ids):
             return ()
         ids = set(msg.tx_ids)
-        return tuple(p for p in msg.proofs
-                     if self._tx_id_of(p.tx) in ids and verify_proof(p))
+        return tuple(p for p in msg.proofs if isinstance(p, TransactionProof)
+                     and self._tx_id_of(p.tx) in ids and self._verify_proof(p))
+
+    def _problem(self, msg: VetoChoice) -> str | None:
+        """Why vote `msg` is invalid, or None; the same answer at every correct node
+        (membership, ids, signature, self-certifying proofs: never local state)."""
+        if msg.voter not in self._members:
+            return "not_a_member"
+        if not self._valid_ids(msg.tx_ids):
+            return "bad_id_list"
+        if msg.checkpoint != checkpoint_id(self._crypto, msg.tx_ids):
+            return "bad_checkpoint_id"
+        if not self._crypto.verify(msg.voter, msg, msg.signature):
+            return "bad_signature"
+        if msg.drop:
+            return "bad_drop_vote" if msg.proofs else None
+        return None if self._verified(msg) else "forged_veto"
+
+    def _enter(self, src: NodeId, vote: VetoChoice, proof_of: ProofOf) -> _Checkpoint | None:
+        """The checkpoint of a vote this node hears of (SEND or ECHO), recorded and voted on
+        when new; None (counted) when the vote is malformed or the machine is full."""
+        if src not in self._members or not isinstance(vote, VetoChoice) \
+                or vote.voter not in self._members:
+            self._drop("not_a_member")
+            return None
+        if not self._valid_ids(vote.tx_ids):
+            self._drop("bad_id_list")
+            return None
+        if vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
+            self._drop("bad_checkpoint_id")
+            return None
+        cp = self._checkpoints.get(vote.checkpoint)
+        if cp is not None and cp.own is not None:
+            return cp  # the broadcast checks the rest once per content
+        problem = self._problem(vote)  # before voting on it or adopting it
+        if problem is not None:
+            self._drop(problem)
+            return None
+        if vote.voter == self.node_id:
+            return self._adopt(vote)  # our own vote from before a restart: never vote again
+        # Not voted yet: vote now. Holding a valid veto, vote veto with its proof (the
+        # safe side: such a vote never completes a DROP).
+        known = None if vote.drop else self._verified(vote)[0]
+        return self._start(vote.tx_ids, proof_of, known=known)
 
     def _open(self) -> int:
         return sum(1 for cp in self._checkpoints.values() if cp.drop is None)
 
-    def _broadcast(self, msg: Message) -> None:
+    def _broadcast(self, msg: StartCheckpoint) -> None:
         self._sends.extend(Send(to=peer, message=msg)
                            for peer in self._nodes if peer != self.node_id)
 
@@ -298,10 +381,14 @@ class CheckpointMachine:
         for t in tx_ids:
             self._by_tx.setdefault(t, {})[cid] = None
             self._queued.pop(t, None)
+        for voter in self._nodes:
+            self._rb.open((voter, cid))
         return cp
 
     def _forget(self, cid: bytes) -> None:
         cp = self._checkpoints.pop(cid)
+        for voter in self._nodes:
+            self._rb.forget((voter, cid))
         for t in cp.tx_ids:
             holders = self._by_tx[t]
             del holders[cid]
@@ -323,57 +410,56 @@ class CheckpointMachine:
             return cp
         proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
         if proof is None and any(self.unprovable(t) for t in tx_ids):
-            return cp
+            return cp  # committed here without a proof: abstain (never a drop vote)
         vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
                           drop=proof is None, proofs=() if proof is None else (proof,))
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))
         cp.own = vote
-        cp.votes[self.node_id] = vote
         self._new_votes.append(vote)
-        self._broadcast(vote)
-        if cp.drop is None:
-            if vote.drop:
-                self._maybe_decide_drop(cp)
-            else:
-                self._decide_keep(cp, vote, vote.proofs, relay=False)
+        self._sync = True
+        self._rb.broadcast(vote)
+        self._collect()
         return cp
 
     def _adopt(self, vote: VetoChoice) -> _Checkpoint:
-        """Take `vote` (this node's, signature verified) as its own vote of that checkpoint.
+        """Take `vote` (this node's, signature verified) as its own vote of that checkpoint
+        and broadcast it again (a correct node's vote is one value: the same digest).
         Never capped by `max_open`: forgetting an own vote could let this node vote twice."""
         cp = self._checkpoints.get(vote.checkpoint)
         if cp is None:
             cp = self._record(vote.checkpoint, vote.tx_ids)
         cp.own = vote
-        cp.votes.setdefault(self.node_id, vote)
+        self._sync = True
+        self._rb.on_send(self.node_id, vote, lambda _v: None)
         return cp
 
     def _restore(self, vote: VetoChoice) -> None:
-        if vote.voter != self.node_id or not vote.drop or vote.proofs \
+        if vote.voter != self.node_id or bool(vote.proofs) == vote.drop \
                 or not self._valid_ids(vote.tx_ids, limit=len(vote.tx_ids)) \
                 or vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
-            # Only drop votes are persisted: an own veto decides KEEP at once.
             raise LocalProtocolError(
-                f"restored vote is not an undecided drop vote of {self.node_id!r}: {vote!r}")
+                f"restored vote is not an undecided vote of {self.node_id!r}: {vote!r}")
         if vote.checkpoint not in self._checkpoints:
             self._adopt(vote)
 
-    def _decide_keep(self, cp: _Checkpoint, veto: VetoChoice,
-                     proofs: tuple[TransactionProof, ...], *, relay: bool = True) -> None:
-        cp.drop = False
-        cp.veto = veto
-        self._kept.extend(proofs)
-        if relay:
-            self._broadcast(veto)
-
-    def _maybe_decide_drop(self, cp: _Checkpoint) -> None:
-        if sum(1 for v in cp.votes.values() if v.drop) < len(self._nodes):
-            return
-        cp.drop = True
-        self._dropped.extend(cp.tx_ids)
-        # Relay the certificate once, so a node a Byzantine voter withheld its vote from
-        # (or that lost one) decides too.
-        for vote in sorted(cp.votes.values(), key=lambda v: v.voter):
-            if vote.voter != self.node_id:
-                self._sends.extend(Send(to=peer, message=vote) for peer in self._nodes
-                                   if peer not in (self.node_id, vote.voter))
+    def _collect(self) -> None:
+        """Take the broadcast's effects: its sends, its choices to persist, and decide on
+        newly delivered votes."""
+        sends, delivered, dirty = self._rb.drain()
+        self._sends += sends
+        self._sync = self._sync or dirty
+        for vote in delivered:
+            cp = self._checkpoints.get(vote.checkpoint)
+            if cp is None:
+                continue
+            cp.delivered[vote.voter] = vote
+            if cp.drop is None:
+                if not vote.drop:
+                    cp.drop = False
+                    self._kept.extend(self._verified(vote))
+                elif len(cp.delivered) == len(self._nodes) and all(
+                        v.drop for v in cp.delivered.values()):
+                    cp.drop = True
+                    self._dropped.extend(cp.tx_ids)
+            elif cp.drop and not vote.drop:
+                self._drop("veto_after_drop")  # impossible with at most f faulty members

@@ -1,4 +1,5 @@
-"""Which replicas of a real PBFT cluster are Byzantine, and how: ``--byzantine SPEC``.
+"""Which replicas of a real Byzantine-tolerant cluster (PBFT, leaderless) are Byzantine, and
+how: ``--byzantine SPEC``.
 
 Owns:
     `TWINS`, `parse_byzantine` (the option's grammar), `plan_byzantine` (placing the modes on
@@ -8,8 +9,11 @@ Owns:
 Grammar: ``SPEC`` is a comma-separated list of items; each item makes one more replica
 Byzantine for the whole run (from its first start, across restarts):
 
-    * ``MODE``: a `phalanx.jepsen.byzantine.BEHAVIOURS` name (``equivocate``, ``silent``,
-      ``corrupt_reply``, ...; ``corrupt-reply`` is accepted for ``corrupt_reply``). The
+    * ``MODE``: one of the protocol's `ProtocolSpec.byzantine_modes` (PBFT:
+      `phalanx.jepsen.byzantine.BEHAVIOURS`, ``equivocate``, ``silent``, ``corrupt_reply``,
+      ...; leaderless: `phalanx.jepsen.leaderless_byzantine.LEADERLESS_BEHAVIOURS`,
+      ``equivocate``, ``lie_versions``, ``forge_veto``, ...; ``corrupt-reply`` is accepted
+      for ``corrupt_reply``). The
       replica runs ``phalanx node run --byzantine MODE``: the same wrapper, under the same
       name, that ``phalanx sim --protocol pbft --byzantine K`` draws its liars' behaviours
       from.
@@ -31,9 +35,9 @@ legitimately end invalid. Twin sides: the honest replicas are shuffled by the se
 first half (rounded up) is side A, the rest side B (as `phalanx.jepsen.sim.pbft`).
 
 Rules: pure and seeded (`random.Random` from the seed, no global random, sorted
-iteration). Uses only the behaviour names (`phalanx.jepsen.nemesis.BYZANTINE_BEHAVIOURS`,
-so `phalanx jepsen`'s parser stays cheap); must not import the runtime, the simulator or
-the consensus cores.
+iteration). Uses only the behaviour names (the specs' `byzantine_modes`, so `phalanx
+jepsen`'s parser stays cheap); must not import the runtime, the simulator or the consensus
+cores.
 """
 
 from __future__ import annotations
@@ -49,8 +53,10 @@ from phalanx.protocols import specs as protocol_specs
 
 TWINS: Final = "twins"
 ANY: Final = "any"
-MODES: Final[tuple[str, ...]] = (*BEHAVIOURS, TWINS, ANY)
-"""Everything an item may name: the runtime's Byzantine modes, ``twins``, ``any``."""
+MODES: Final[tuple[str, ...]] = tuple(dict.fromkeys(
+    [*BEHAVIOURS, *(m for s in protocol_specs() for m in s.byzantine_modes), TWINS, ANY]))
+"""Everything an item may name: every protocol's Byzantine modes, ``twins``, ``any``
+(`plan_byzantine` checks a mode against the run's protocol)."""
 
 
 class ByzantinePlanError(ValueError):
@@ -178,6 +184,12 @@ def plan_byzantine(
     if len(items) >= len(nodes):
         raise ByzantinePlanError(
             f"{len(items)} Byzantine replicas leave no honest one among {len(nodes)}")
+    allowed = (*spec.byzantine_modes, TWINS, ANY)
+    for item in items:
+        if item.mode not in allowed:
+            raise ByzantinePlanError(
+                f"{protocol} has no Byzantine mode {item.mode!r}; choose from "
+                f"{', '.join(allowed)}")
     pinned: dict[str, str] = {}
     for item in items:
         if item.node is None:
@@ -196,7 +208,7 @@ def plan_byzantine(
             placed[free.pop()] = item.mode
     for node in sorted(placed):
         if placed[node] == ANY:
-            placed[node] = rng.choice(BEHAVIOURS)
+            placed[node] = rng.choice(spec.byzantine_modes)
     twins = tuple(sorted(n for n, m in placed.items() if m == TWINS))
     modes = tuple(sorted((n, m) for n, m in placed.items() if m != TWINS))
     side_a: tuple[str, ...] = ()

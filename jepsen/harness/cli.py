@@ -63,7 +63,8 @@ means every kind above. kill-leader, kill-majority, kill-all, partition-bridge, 
 (a torn WAL tail before a killed node restarts) and flip-checkpoint (a flipped bit in its
 newest checkpoint) are real-cluster only.
 
-Byzantine replicas (--protocol pbft; --byzantine, comma-separated items MODE or NODE=MODE):
+Byzantine replicas (--protocol pbft or leaderless; --byzantine, comma-separated items MODE or
+NODE=MODE; the modes of the run's protocol):
   {", ".join(MODES)}
 Each item makes one more replica lie for the whole run: MODE is the runtime's
 `phalanx node run --byzantine MODE` (the behaviours `phalanx sim --byzantine K` draws
@@ -109,8 +110,8 @@ def add_run_command(
     p.add_argument("--store", type=Path, default=Path("store"), metavar="DIR",
                    help="where runs are stored (default: %(default)s)")
     p.add_argument("--byzantine", default="", metavar="SPEC",
-                   help="PBFT: Byzantine replicas, e.g. equivocate, n1=equivocate, twins, "
-                        "silent,twins (described above; default: none)")
+                   help="PBFT, leaderless: Byzantine replicas, e.g. equivocate, "
+                        "n1=equivocate, twins, silent,twins (described above; default: none)")
     p.add_argument("--expect-violation", action="store_true",
                    help="TEST ONLY: allow more than f Byzantine replicas (a control run)")
     p.set_defaults(handler=run)

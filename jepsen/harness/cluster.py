@@ -67,7 +67,7 @@ from phalanx.ops.node_config import (
     load_node_config,
     node_config_dict,
 )
-from phalanx.protocols import DEFAULT_PROTOCOL, FaultModel
+from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy, FaultModel
 from phalanx.protocols import get as get_protocol
 
 TWIN_B_SUFFIX = "-b"
@@ -192,11 +192,17 @@ class RealCluster:
         and n - f - K honest replicas must have applied it, K the Byzantine ones: f replicas
         may lag (one catches up at the next stable checkpoint, and without traffic there may
         be none), and of the 2f+1 replicas of a commit quorum up to K may be liars, so
-        n - f - K >= f + 1 honest ones are guaranteed to hold each decision."""
+        n - f - K >= f + 1 honest ones are guaranteed to hold each decision.
+
+        Signed transactions (`CallStrategy.ENDORSEMENT`, the leaderless core): indexes are
+        each node's own (its release order), so a node is caught up when it applied all it
+        released (applied = commit) and the same n - f - K honest nodes must be; whether they
+        hold the same state is what the final (linearizable) reads and the checkers see."""
         n = len(self.nodes)
         honest = self.honest
         spec = get_protocol(self.config.protocol)
         byzantine_model = spec.fault_model is FaultModel.BYZANTINE
+        local_indexes = spec.call_strategy is CallStrategy.ENDORSEMENT
         # Byzantine: n - f - K honest replicas (see above); crash: every node.
         needed = max(1, n - spec.max_faults(n) - len(self.byzantine.nodes)
                      if byzantine_model else n)
@@ -205,7 +211,11 @@ class RealCluster:
                 st = await self.statuses()
                 leaders = [s for s in st.values() if s.role == spec.leader_role]
                 good = [st[h] for h in honest if h in st]
-                if len(good) == len(honest) and leaders:
+                if len(good) == len(honest) and leaders and local_indexes:
+                    caught_up = sum(1 for s in good if s.applied_index >= s.commit_index)
+                    if max(s.commit_index for s in good) >= min_commit and caught_up >= needed:
+                        return
+                elif len(good) == len(honest) and leaders:
                     if byzantine_model:
                         target = max(s.commit_index for s in good)
                     else:

@@ -14,15 +14,19 @@ Owns:
          `nemesis_scale`, so episodes last long enough for real processes to notice); a
          process whose operation ends ``info`` continues under a new process id; keys rotate
          after `ops_per_key` operations (the workload's ``per_key_limit``); with
-         ``byzantine`` (PBFT) the plan's replicas run their ``--byzantine`` mode or are
+         ``byzantine`` (PBFT, leaderless) the plan's replicas run their ``--byzantine`` mode or are
          twinned from the start (`byzantine_plan`, `cluster`), the history opens with a
          ``byzantine`` nemesis op naming them, and odd client slots reach twin B;
       3. stops the clients, heals everything, waits until the cluster recovered
          (`RealCluster.wait_recovered`: Byzantine replicas are not waited for), and performs
          the workload's final operations (reads; PBFT clients accept f+1 matching replies,
-         so a lying replica cannot make one succeed);
-      4. writes ``history.jsonl``, checks it (the workload's checkers, the stats checker and
-         a ``recovery`` checker: the cluster recovered and every final read succeeded),
+         so a lying replica cannot make one succeed); an eventually consistent protocol
+         (`CallStrategy.ENDORSEMENT`: signed transactions, the workload's
+         ``transactions`` mode) must then show every honest node's whole state identical
+         (STALE scans, one node at a time) within `CONVERGE_TIMEOUT`;
+      4. writes ``history.jsonl``, checks it (the workload's checkers, the stats checker,
+         ``convergence`` where step 3 checked it, and a ``recovery`` checker: the cluster
+         recovered and every final read succeeded),
          writes ``results.json`` (with ``byzantine``: the plan), copies every node's log
          and data into ``nodes/<id>/`` (twin B of ``n3`` into ``nodes/n3-b/``),
          and renders ``latency.png``, ``rate.png`` and ``index.html``.
@@ -34,8 +38,10 @@ never run by the simulator; the seed fixes the schedule and the workload's choic
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
+import ssl
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -46,7 +52,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from phalanx.client.async_client import open_client
+from phalanx.client.async_client import ClientError, open_client
 from phalanx.jepsen.checker import CheckerResult, RunResult
 from phalanx.jepsen.harness.byzantine_plan import (
     ByzantinePlan,
@@ -76,12 +82,18 @@ from phalanx.jepsen.workloads import (
     make_workload,
     perform,
 )
-from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.ops import pki
+from phalanx.ops.node_config import ClusterConfig
+from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy
+from phalanx.protocols import get as get_protocol
 
 WORKLOADS: Final = tuple(sorted(WORKLOAD_CLASSES))
 """Workloads the runner drives: every `phalanx.jepsen.workloads` workload."""
 
 OPERATION_ATTEMPTS: Final = 5
+CONVERGE_TIMEOUT: Final = 30.0
+"""Seconds after the final reads for every honest node's state to become identical
+(eventually consistent protocols only)."""
 """Tries of each setup and final operation (a try that ends ``info`` or ``fail`` is retried)."""
 
 
@@ -99,6 +111,10 @@ class RunOptions:
     keys: int = 5
     ops_per_key: int = 150
     op_timeout: float = 2.0
+    abort_grace: float = 3.0
+    """Signed transactions: how long past a transaction's deadline a client waits for its
+    outcome (a deadlocked pair aborts only after a checkpoint, which starts `delta_old`
+    after the deadline); an abort seen in time is a definite ``fail``, not ``info``."""
     nemesis_scale: float = 4.0
     recovery_timeout: float = 60.0
     check_time_limit: float = 60.0
@@ -140,8 +156,10 @@ class RunOptions:
     def workload_config(self) -> WorkloadConfig:
         """Each worker paces itself with `Workload.delay`, so the per-worker rate is
         ``rate / concurrency``."""
+        signs = get_protocol(self.protocol).call_strategy is CallStrategy.ENDORSEMENT
         return WorkloadConfig(seed=self.seed, rate=self.rate / self.concurrency,
-                              per_key_limit=self.ops_per_key, active_keys=self.keys)
+                              per_key_limit=self.ops_per_key, active_keys=self.keys,
+                              transactions=signs)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -166,6 +184,12 @@ class RunOutcome:
     """`ByzantinePlan.describe` of the run's Byzantine replicas."""
     node_status: dict[str, dict[str, object]] = field(default_factory=dict)
     """Each process's status after the final reads (`RealCluster.node_status`)."""
+    converged: bool | None = None
+    """Eventually consistent protocols (`CallStrategy.ENDORSEMENT`): whether every honest
+    node's applied state (a STALE scan of each) became identical after the final reads;
+    None where the protocol orders everything (Raft, PBFT: not checked)."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """Per honest node, a digest of its last scanned state (with `converged`)."""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -211,7 +235,8 @@ class _Run:
         process: Process = slot
         o = self.options
         async with open_client(self.cluster.client_config(slot), timeout=o.op_timeout,
-                               attempt_timeout=min(0.5, o.op_timeout)) as client:
+                               attempt_timeout=min(0.5, o.op_timeout),
+                               abort_grace=o.abort_grace) as client:
             next_at = trio.current_time()
             while not self.stopping():
                 next_at = max(next_at + self.workload.delay(),
@@ -236,7 +261,8 @@ class _Run:
         """Perform each invocation until it ends ``ok`` (at most `OPERATION_ATTEMPTS` tries,
         each under a fresh process); returns (ok, total)."""
         ok = 0
-        async with open_client(self.cluster.config, timeout=self.options.op_timeout) as client:
+        async with open_client(self.cluster.config, timeout=self.options.op_timeout,
+                               abort_grace=self.options.abort_grace) as client:
             for invocation in invocations:
                 for _ in range(OPERATION_ATTEMPTS):
                     kind: OpType = await perform(
@@ -248,9 +274,39 @@ class _Run:
                     await trio.sleep(0.5)
         return ok, len(invocations)
 
+    async def converge(self, within: float) -> tuple[bool, dict[str, str]]:
+        """Until every honest node's applied state (a STALE scan of its keys, asked of that
+        node alone) is the same, or `within` seconds: (identical, a digest per node)."""
+        config = self.cluster.config
+        context = pki.client_context(config.ca, certificate=config.client_cert,
+                                     private_key=config.client_key, check_hostname=False)
+        digests: dict[str, str] = {}
+        give_up = trio.current_time() + within
+        while True:
+            for node in self.cluster.honest:
+                digests[node] = await _state_digest(config, node, context)
+            if len(set(digests.values())) == 1 and "-" not in digests.values():
+                return True, digests
+            if trio.current_time() >= give_up:
+                return False, digests
+            await trio.sleep(0.5)
+
     def describe_faults(self) -> str:
         current = self.nemesis.current
         return "; ".join(current[e] for e in sorted(current)) or "none"
+
+
+async def _state_digest(config: ClusterConfig, node: str, context: ssl.SSLContext) -> str:
+    """A short digest of `node`'s whole KV state, or "-" if it does not answer."""
+    addr = next(n.client_addr for n in config.nodes if n.id == node)
+    async with open_client([(node, addr.host, addr.port)], ssl_context=context,
+                           protocol=config.protocol, timeout=2.0, attempt_timeout=1.0,
+                           client_id=pki.new_client_id(config.client_cert)) as client:
+        try:
+            items = await client.scan("", limit=10_000, stale=True)
+        except ClientError:
+            return "-"
+    return hashlib.sha256(repr(items).encode()).hexdigest()[:12]
 
 
 async def _progress(run: _Run, console: Console, total: float) -> None:
@@ -317,7 +373,10 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
         setup_ok, setup_n = await run.perform_all(workload.setup_invocations())
         if setup_ok < setup_n:
             outcome.reasons.append(f"setup: {setup_n - setup_ok} of {setup_n} operations failed")
-        console.print(f"{leader} leads; running {options.workload} for {options.time_s:g} s "
+        leads = (f"{leader} is up (no leader: every node endorses)"
+                 if get_protocol(options.protocol).call_strategy
+                 is CallStrategy.ENDORSEMENT else f"{leader} leads")
+        console.print(f"{leads}; running {options.workload} for {options.time_s:g} s "
                       f"with {len(schedule)} nemesis events", highlight=False)
         t_start = trio.current_time()
         async with trio.open_nursery() as outer:
@@ -339,6 +398,12 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
                 outcome.reasons.append(str(e))
             outcome.final_reads_ok, outcome.final_reads = await run.perform_all(
                 workload.final_invocations())
+            if get_protocol(options.protocol).call_strategy is CallStrategy.ENDORSEMENT:
+                outcome.converged, outcome.digests = await run.converge(CONVERGE_TIMEOUT)
+                if not outcome.converged:
+                    outcome.reasons.append(
+                        f"honest nodes' states differ after {CONVERGE_TIMEOUT:g} s: "
+                        + ", ".join(f"{n} {d}" for n, d in sorted(outcome.digests.items())))
             outcome.node_status = await cluster.node_status()
             outer.cancel_scope.cancel()
         outcome.network = cluster.network.statistics()
@@ -369,6 +434,8 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
 def _with_recovery(checked: RunResult, o: RunOutcome, *, setup: tuple[int, int]) -> RunResult:
     """`checked` plus the ``recovery`` checker (module docstring, step 4)."""
     reads_ok = o.final_reads_ok == o.final_reads
+    convergence = () if o.converged is None else (CheckerResult(
+        checker="convergence", valid=o.converged, details={"digests": o.digests}),)
     recovery = CheckerResult(
         checker="recovery",
         valid=o.recovered and reads_ok and setup[0] == setup[1],
@@ -377,7 +444,8 @@ def _with_recovery(checked: RunResult, o: RunOutcome, *, setup: tuple[int, int])
                  "setup": {"ok": setup[0], "total": setup[1]},
                  "problems": list(o.reasons)},
     )
-    return RunResult(workload=checked.workload, results=(*checked.results, recovery),
+    return RunResult(workload=checked.workload,
+                     results=(*checked.results, *convergence, recovery),
                      linearizability=checked.linearizability)
 
 

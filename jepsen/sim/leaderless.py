@@ -23,7 +23,6 @@ import dataclasses
 import random
 from collections.abc import Callable, Sequence
 
-from phalanx.apps import kv_ops
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
@@ -57,6 +56,7 @@ WORKLOAD_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("deadline_max_ms", (400, 1_500)),
     ("short_max_ms", (20, 80)),
     ("hot_jitter_ms", (0, 30)),
+    ("mixed_pct", (0, 20, 40)),
 )
 """Workload knobs a swarm seed may draw (with the core's config fields, for the registry's
 `sim_knobs`); `sim_setup` accepts any `WorkloadConfig` field by name. `short_max_ms` and
@@ -88,11 +88,19 @@ class RecordingKv(KvStateMachine):
         self._incarnation = incarnation
 
     def apply(self, command: bytes) -> bytes:
+        self._record(command)
+        return super().apply(command)
+
+    def apply_tx(self, tx_id: bytes, command: bytes) -> bytes:
+        self._record(command)
+        return super().apply_tx(tx_id, command)
+
+    def _record(self, command: bytes) -> None:
         access = self.access(command)
         keys = sorted(set(access.reads) | set(access.writes))
-        before: Versions = tuple((k, kv_ops.version_of(self.get(k))) for k in keys)
+        before: Versions = tuple(zip(keys, self.versions(keys), self.base_versions(keys),
+                                     strict=True))
         self._log.record(self._node, self._incarnation, command, before)
-        return super().apply(command)
 
 
 CHAIN_DEADLINE_MS = SIM_EPOCH_MS + 300_000
@@ -215,11 +223,12 @@ class _Run:
     def submit(self, node: str, request: ClientRequest) -> None:
         self._env.submit(node, request)
 
-    def versions(self, node: str, keys: Sequence[str]) -> tuple[bytes, ...] | None:
+    def versions(self, node: str, keys: Sequence[str], *, base: bool = False
+                 ) -> tuple[bytes, ...] | None:
         machine = self._machines.get(node)
         if machine is None or not self._env.nodes[node].up:
             return None
-        return tuple(kv_ops.version_of(machine.get(k)) for k in keys)
+        return machine.base_versions(keys) if base else machine.versions(keys)
 
     # -- SimWorkload ----------------------------------------------------------------------
 

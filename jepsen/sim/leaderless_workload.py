@@ -7,9 +7,17 @@ outstanding each).
 
 The mix (every written value, amount and member is unique in the run, so a committed
 command's bytes name its transaction):
-- ``add``: `Add` of a unique amount to a counter key; commutes, no requirement.
-- ``sadd``: `SAdd` of a unique member to a set key; commutes, no requirement.
-- ``srem``: `SRem` of a member this client added earlier and saw committed (else an sadd).
+- ``add``: `Add` of a unique amount to a counter key; commutes, requires the key's BASE
+  version (f+1 matching nodes; docs/LEADERLESS.md "Mixing update kinds on one key").
+- ``sadd``: `SAdd` of a unique member to a set key; commutes, requires the base version.
+- ``srem``: `SRem` of a member this client added earlier and saw committed (else an sadd):
+  it does not commute with that member's sadd on the same base, so it requires the FULL
+  version (and moves the base where it applies).
+- mixed keys (`mixed_pct` percent of operations): ``x0`` takes puts of numbers, adds and muls,
+  ``y0`` sadds of unique members and srems of members whose sadd committed (one member's
+  sadd and srem do not commute): commuting ones require the base version, or
+  (`full_pct` percent) the full one; a switch of kind on a base-only requirement is refused
+  by correct nodes (it aborts).
 - ``put``: `Put` of a unique value to a register key, carrying a requirement on the key's
   version read from f+1 matching nodes (a versioned write: PnyxDB's "checks on versions").
   `conflict_pct` percent of all operations are puts on the HOT register (``r0``): concurrent
@@ -37,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from phalanx.apps import kv_wire
-from phalanx.apps.kv_types import Add, KvCommand, Put, SAdd, SRem
+from phalanx.apps.kv_types import Add, KvCommand, Mul, Put, SAdd, SRem
 from phalanx.consensus.leaderless.messages import Requirement, Transaction
 from phalanx.consensus.types import ClientRequest
 from phalanx.jepsen.sim.loop import EventLoop
@@ -78,6 +86,11 @@ class WorkloadConfig:
     think_ns: int = 120 * _MS
     grace_ns: int = 1_500 * _MS
     """How long past its deadline a client waits for f+1 notices before recording info."""
+    mixed_pct: int = 0
+    """Percent of operations on the mixed keys ``x0`` (put, add, mul) and ``y0`` (sadd, and
+    srem of a member added before)."""
+    full_pct: int = 30
+    """Percent of the mixed keys' commuting updates that require the full version."""
     submit_to: int = 0
     """Nodes each transaction goes to (0: all; else the first `submit_to` of a seeded
     rotation, e.g. f+1)."""
@@ -86,7 +99,8 @@ class WorkloadConfig:
     def keys(self) -> tuple[str, ...]:
         return (tuple(f"a{i}" for i in range(self.counters))
                 + tuple(f"s{i}" for i in range(self.sets))
-                + tuple(f"r{i}" for i in range(self.registers)))
+                + tuple(f"r{i}" for i in range(self.registers))
+                + (("x0", "y0") if self.mixed_pct else ()))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -121,8 +135,10 @@ class TxTransport(Protocol):
         """Deliver `request` to `node` (after some latency, unless the node is down)."""
         ...
 
-    def versions(self, node: str, keys: Sequence[str]) -> tuple[bytes, ...] | None:
-        """`node`'s current versions of `keys` (a local read), or None when it is down."""
+    def versions(self, node: str, keys: Sequence[str], *, base: bool = False
+                 ) -> tuple[bytes, ...] | None:
+        """`node`'s current (`base`: base) versions of `keys` (a local read), or None when
+        it is down."""
         ...
 
 
@@ -160,6 +176,8 @@ class LeaderlessWorkload:
         self._request_no: dict[str, int] = {}
         self._chained: dict[str, tuple[str, str]] = {}
         self._members: dict[str, list[tuple[str, bytes]]] = {}
+        self._y_members: list[bytes] = []
+        """Members of ``y0`` whose sadd committed (an srem of ``y0`` removes the first)."""
         self._unique = 0
         self.running = False
         self.final_ns: int | None = None
@@ -212,6 +230,9 @@ class LeaderlessWorkload:
 
     def _choose(self, client: str) -> tuple[str, str]:
         cfg, rng = self.config, self.rng
+        if cfg.mixed_pct and rng.randrange(100) < cfg.mixed_pct:
+            return rng.choice((("put", "x0"), ("add", "x0"), ("add", "x0"), ("mul", "x0"),
+                               ("sadd", "y0"), ("srem", "y0")))
         if cfg.registers and rng.randrange(100) < cfg.conflict_pct:
             return "put", "r0"
         if cfg.sets and self._members.get(client) and rng.randrange(100) < cfg.srem_pct:
@@ -229,19 +250,30 @@ class LeaderlessWorkload:
         self._unique += 1
         unique = self._unique
         request_no = self._request_no[client] = self._request_no.get(client, 0) + 1
-        requirements: tuple[Requirement, ...] = ()
+        cfg, rng = self.config, self.rng
         command: KvCommand
-        if kind == "add":
+        full = (kind == "put" or (kind == "srem" and key != "y0")
+                or (key in ("x0", "y0") and rng.randrange(100) < cfg.full_pct))
+        if key == "y0" and kind == "srem" and self._y_members:
+            command = SRem(key=key, member=self._y_members.pop(0))
+        elif key == "y0":
+            kind = "sadd"
+            command = SAdd(key=key, member=f"m{unique}".encode())
+        elif kind == "add":
             command = Add(key=key, amount=unique)
+        elif kind == "mul":
+            command = Mul(key=key, factor=2 * unique + 1)  # unique bytes; odd: invertible
         elif kind == "sadd":
             command = SAdd(key=key, member=f"m{unique}".encode())
         elif kind == "srem":
             key, member = self._members[client].pop(0)
             command = SRem(key=key, member=member)
+        elif key == "x0":
+            command = Put(key=key, value=str(unique).encode())
         else:
             command = Put(key=key, value=f"v{unique}".encode())
-            requirements = (Requirement(key=key, version=self._read_version(key)),)
-        cfg, rng = self.config, self.rng
+        requirements = (Requirement(key=key, version=self._read_version(key, base=not full),
+                                    base=not full),)
         if rng.randrange(100) < cfg.short_pct:
             spread = rng.randint(1, cfg.short_max_ms)
         else:
@@ -275,11 +307,12 @@ class LeaderlessWorkload:
         start = self.rng.randrange(len(self.nodes))
         return tuple(self.nodes[(start + i) % len(self.nodes)] for i in range(want))
 
-    def _read_version(self, key: str) -> bytes:
-        """The version f+1 nodes agree on (else the most common one; b"" if none answer)."""
+    def _read_version(self, key: str, *, base: bool = False) -> bytes:
+        """The (`base`: base) version f+1 nodes agree on (else the most common one; b"" if
+        none answer)."""
         seen: Counter[bytes] = Counter()
         for node in self.nodes:
-            got = self.transport.versions(node, (key,))
+            got = self.transport.versions(node, (key,), base=base)
             if got is not None:
                 seen[got[0]] += 1
         if not seen:
@@ -296,10 +329,15 @@ class LeaderlessWorkload:
             return
         record.results[node] = result
         if record.outcome is None and record.committed_by(result) >= self.f + 1:
-            if record.kind == "put" and self.rng.randrange(100) < self.config.chain_pct:
+            if (record.kind == "put" and record.key != "x0"
+                    and self.rng.randrange(100) < self.config.chain_pct):
                 self._chained[record.client] = ("put", record.key)
             self._finish(record, OK)
-            if record.kind == "sadd":
+            if record.kind == "sadd" and record.key == "y0":
+                member = kv_wire.decode_command(record.command)
+                assert isinstance(member, SAdd)
+                self._y_members.append(member.member)
+            elif record.kind == "sadd":
                 member = kv_wire.decode_command(record.command)
                 assert isinstance(member, SAdd)
                 self._members[record.client].append((record.key, member.member))

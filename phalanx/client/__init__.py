@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from phalanx._lazy import lazy_attributes
 
 _LAZY = {
+    "BaseVersion": "phalanx.client.kv",
     "Client": "phalanx.client.async_client",
     "open_client": "phalanx.client.async_client",
     "SyncClient": "phalanx.client.sync_client",
@@ -25,6 +26,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BaseVersion",
     "Client",
     "ClientClosed",
     "ClientError",

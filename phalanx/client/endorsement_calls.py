@@ -141,6 +141,7 @@ class EndorsementCalls:
     ) -> tuple[bytes, float]:
         """The encoded `ClientCall` carrying the signed transaction, and its deadline as an
         absolute wall-clock time in seconds."""
+        from phalanx.client.kv import BaseVersion
         from phalanx.consensus.leaderless.messages import (
             LEADERLESS_MESSAGES,
             Requirement,
@@ -158,8 +159,9 @@ class EndorsementCalls:
         tx = signer.sign(Transaction(
             client=signer.name, client_id=client_id, request_no=request_no,
             deadline_ms=int(expires * 1000),
-            requirements=tuple(Requirement(key=k, version=v)
-                               for k, v in sorted(requirements.items())),
+            requirements=tuple(
+                Requirement(key=k, version=bytes(v), base=isinstance(v, BaseVersion))
+                for k, v in sorted(requirements.items())),
             command=command, read_only=read_only,
         ))
         request = ClientRequest(client_id=client_id, request_no=request_no,

@@ -17,8 +17,13 @@ node endorses it. When the caller gives none, these helpers read the versions fi
 matching STALE `version` reads, `matching_read`) and require them: the write then commits
 only if nobody changed the key meanwhile, and otherwise raises `TransactionAborted` (or,
 with ``retry_aborted=True``, reads again and tries a new transaction until `timeout` has
-passed). `add`, `mul`, `sadd` and `srem` commute with their own kind and need no
-requirement. Linearizable reads (`get`, `version`, `get_versioned`, `smembers`) are
+passed). `add`, `mul`, `sadd` and `srem` commute with the other updates of their key's run:
+when the caller gives no requirement they require the key's BASE version f+1 nodes report
+(`BaseVersion`, `agreed_base_version`), so they are ordered after every overwrite their
+endorsers applied; an update that switches the run (an add after muls, the srem of a member
+added on this base) is refused on a base requirement and aborts: with ``retry_aborted=True``
+the helper then requires the FULL version (docs/LEADERLESS.md "Mixing update kinds on one
+key"). Linearizable reads (`get`, `version`, `get_versioned`, `smembers`) are
 read-only transactions requiring the version f+1 nodes report (retried on abort); `stale`
 reads ask one node. A linearizable `scan` is not available there (a prefix has no version).
 """
@@ -41,6 +46,7 @@ from phalanx.apps.kv_types import (
     Deleted,
     Done,
     Get,
+    GetBaseVersion,
     GetVersion,
     GetVersioned,
     KvCommand,
@@ -69,7 +75,15 @@ _K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult, Versi
 
 
 Requirements = Mapping[str, bytes]
-"""Key -> the version it must have where a transaction commits (b"": absent)."""
+"""Key -> the version it must have where a transaction commits (b"": never written); a
+`BaseVersion` value requires the key's base version instead."""
+
+
+class BaseVersion(bytes):
+    """A requirement on a key's BASE version (`Requirement(base=True)`): what a commuting
+    update requires, e.g. ``requirements={"hits": BaseVersion(v)}``."""
+
+    __slots__ = ()
 
 
 def required_keys(command: KvCommand) -> tuple[str, ...]:
@@ -78,10 +92,11 @@ def required_keys(command: KvCommand) -> tuple[str, ...]:
     `needs_requirements`). Raises ValueError for a scan (a prefix has no version)."""
     match command:
         case Add() | Mul() | SAdd() | SRem():
-            return ()
+            return ()  # a base requirement (`needs_base`), not a full one
         case Put(key=key) | Delete(key=key) | CompareAndSet(key=key) | Concat(key=key):
             return (key,)
-        case Get(key=key) | GetVersion(key=key) | GetVersioned(key=key):
+        case (Get(key=key) | GetVersion(key=key) | GetVersioned(key=key)
+              | GetBaseVersion(key=key)):
             return (key,)
         case Txn(compares=compares, success=success, failure=failure):
             return tuple(sorted({c.key for c in compares}
@@ -153,6 +168,36 @@ class KvHelpers(ABC):
         command = GetVersion(key=key)
         raw = await self.matching_read(kv_wire.encode_command(command))
         return self._result(command, raw, VersionResult).version
+
+    async def agreed_base_version(self, key: str) -> BaseVersion:
+        """The base version of `key` f+1 nodes report (ENDORSEMENT; `GetBaseVersion`)."""
+        command = GetBaseVersion(key=key)
+        raw = await self.matching_read(kv_wire.encode_command(command))
+        return BaseVersion(self._result(command, raw, VersionResult).version)
+
+    async def _update(self, command: KvCommand, key: str, requirements: Requirements | None,
+                      retry_aborted: bool) -> None:
+        """A commuting update: the caller's requirements, or (ENDORSEMENT) the base version
+        f+1 nodes report; after an abort (a switch of the run is refused on a base
+        requirement) the full version, while `retry_aborted` and `timeout` allow."""
+        if requirements is not None or not self.signs_transactions:
+            await self._kv(command, Done, requirements=requirements)
+            return
+        encoded = kv_wire.encode_command(command)
+        give_up = time.monotonic() + self.timeout
+        base = True
+        while True:
+            version = (await self.agreed_base_version(key) if base
+                       else await self.agreed_version(key))
+            try:
+                raw = await self.call(encoded, requirements={key: version})
+            except TransactionAborted:
+                if not retry_aborted or time.monotonic() >= give_up:
+                    raise
+                base = False
+                continue
+            self._result(command, raw, Done)
+            return
 
     async def call_versioned(
         self, command: bytes, keys: Sequence[str], *, read_only: bool = False,
@@ -288,26 +333,26 @@ class KvHelpers(ABC):
                                   requirements=requirements)
         return result.value, result.version
 
-    async def add(self, key: str, amount: int, *,
-                  requirements: Requirements | None = None) -> None:
+    async def add(self, key: str, amount: int, *, requirements: Requirements | None = None,
+                  retry_aborted: bool = False) -> None:
         """Add `amount` to the integer at `key` (absent: 0), wrapping at 64 bits. Raises
         `KvCommandError` (WRONG_TYPE) if the value is not a decimal integer."""
-        await self._kv(Add(key=key, amount=amount), Done, requirements=requirements)
+        await self._update(Add(key=key, amount=amount), key, requirements, retry_aborted)
 
-    async def mul(self, key: str, factor: int, *,
-                  requirements: Requirements | None = None) -> None:
+    async def mul(self, key: str, factor: int, *, requirements: Requirements | None = None,
+                  retry_aborted: bool = False) -> None:
         """Multiply the integer at `key` (absent: 0) by `factor`, wrapping at 64 bits."""
-        await self._kv(Mul(key=key, factor=factor), Done, requirements=requirements)
+        await self._update(Mul(key=key, factor=factor), key, requirements, retry_aborted)
 
-    async def sadd(self, key: str, member: bytes, *,
-                   requirements: Requirements | None = None) -> None:
+    async def sadd(self, key: str, member: bytes, *, requirements: Requirements | None = None,
+                   retry_aborted: bool = False) -> None:
         """Add `member` to the set at `key` (absent: empty)."""
-        await self._kv(SAdd(key=key, member=member), Done, requirements=requirements)
+        await self._update(SAdd(key=key, member=member), key, requirements, retry_aborted)
 
-    async def srem(self, key: str, member: bytes, *,
-                   requirements: Requirements | None = None) -> None:
+    async def srem(self, key: str, member: bytes, *, requirements: Requirements | None = None,
+                   retry_aborted: bool = False) -> None:
         """Remove `member` from the set at `key`."""
-        await self._kv(SRem(key=key, member=member), Done, requirements=requirements)
+        await self._update(SRem(key=key, member=member), key, requirements, retry_aborted)
 
     async def concat(self, key: str, suffix: bytes, *,
                      requirements: Requirements | None = None,

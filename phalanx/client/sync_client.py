@@ -212,17 +212,25 @@ class SyncClient:
             requirements: Requirements | None = None) -> tuple[bytes | None, bytes]:
         return self._run(self.client.get_versioned, key, stale=stale, requirements=requirements)
 
-    def add(self, key: str, amount: int, *, requirements: Requirements | None = None) -> None:
-        self._run(self.client.add, key, amount, requirements=requirements)
+    def add(self, key: str, amount: int, *, requirements: Requirements | None = None,
+            retry_aborted: bool = False) -> None:
+        self._run(self.client.add, key, amount, requirements=requirements,
+                  retry_aborted=retry_aborted)
 
-    def mul(self, key: str, factor: int, *, requirements: Requirements | None = None) -> None:
-        self._run(self.client.mul, key, factor, requirements=requirements)
+    def mul(self, key: str, factor: int, *, requirements: Requirements | None = None,
+            retry_aborted: bool = False) -> None:
+        self._run(self.client.mul, key, factor, requirements=requirements,
+                  retry_aborted=retry_aborted)
 
-    def sadd(self, key: str, member: bytes, *, requirements: Requirements | None = None) -> None:
-        self._run(self.client.sadd, key, member, requirements=requirements)
+    def sadd(self, key: str, member: bytes, *, requirements: Requirements | None = None,
+            retry_aborted: bool = False) -> None:
+        self._run(self.client.sadd, key, member, requirements=requirements,
+                  retry_aborted=retry_aborted)
 
-    def srem(self, key: str, member: bytes, *, requirements: Requirements | None = None) -> None:
-        self._run(self.client.srem, key, member, requirements=requirements)
+    def srem(self, key: str, member: bytes, *, requirements: Requirements | None = None,
+            retry_aborted: bool = False) -> None:
+        self._run(self.client.srem, key, member, requirements=requirements,
+                  retry_aborted=retry_aborted)
 
     def concat(self, key: str, suffix: bytes,
             *, requirements: Requirements | None = None, retry_aborted: bool = False) -> None:

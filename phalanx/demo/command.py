@@ -1,8 +1,8 @@
 """`phalanx demo`'s command line: the parser and the dispatch to a protocol's demo.
 
 Owns: `add_demo_command`. Light on purpose (argparse and the protocol registry only): the
-demos themselves (`phalanx.demo.cluster_demo`, `.pbft`, `.local`) import trio, rich and the
-client, and load only when one runs (`ProtocolSpec.demo`).
+demos themselves (`phalanx.demo.cluster_demo`, `.pbft`, `.leaderless`, `.local`) import
+trio, rich and the client, and load only when one runs (`ProtocolSpec.demo`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,14 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     demos = [s.name for s in protocol_specs() if s.demo is not None]
     parser.add_argument("--protocol", choices=demos, default=DEFAULT_PROTOCOL,
-                        help="raft (3 nodes, leader kill) or pbft (4 replicas, one Byzantine, "
-                        "primary kill and view change; phalanx.demo.pbft); default "
-                        "%(default)s")
+                        help="raft (3 nodes, leader kill), pbft (4 replicas, one Byzantine, "
+                        "primary kill and view change; phalanx.demo.pbft) or leaderless (4 "
+                        "endorsers, one Byzantine, a kill and restart, conflicting and "
+                        "commuting transactions, convergence; phalanx.demo.leaderless); "
+                        "default %(default)s")
     parser.add_argument("--byzantine", default="equivocate", metavar="MODE",
-                        help="pbft: the Byzantine replica's mode (default: %(default)s)")
+                        help="pbft, leaderless: the Byzantine node's mode (default: "
+                             "%(default)s)")
     parser.add_argument("--local", nargs=argparse.REMAINDER, metavar="ARGS", default=None,
                         help="run the single-process crash/recovery demo with ARGS")
     parser.add_argument("--warmup", type=float, default=3.0, metavar="SECONDS",

@@ -4,7 +4,8 @@ Owns: `RAFT`, `PBFT`, `LEADERLESS` and `SPECS` (what `phalanx.protocols.registry
 first). A spec is declarations only; the runtime halves live in `phalanx.protocols.raft_node`,
 `phalanx.protocols.pbft_node` and `phalanx.protocols.leaderless_node`, the simulator setups
 in `phalanx.jepsen.sim.raft`, `phalanx.jepsen.sim.pbft` and `phalanx.jepsen.sim.leaderless`,
-the Byzantine behaviours in `phalanx.jepsen.byzantine`, all loaded only when used.
+the Byzantine behaviours in `phalanx.jepsen.byzantine` and `phalanx.jepsen.leaderless_byzantine`,
+all loaded only when used.
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ LEADERLESS = ProtocolSpec(
         ("deadline_max_ms", (400, 1_500)),
         ("short_max_ms", (20, 80)),
         ("hot_jitter_ms", (0, 30)),
+        ("mixed_pct", (0, 20, 40)),
     ),
     signing_keys=True,
     byzantine=Lazy("phalanx.jepsen.leaderless_byzantine:LEADERLESS_BYZANTINE"),
     byzantine_modes=("silent", "equivocate", "lie_versions", "forge_conditions",
                      "withhold_veto", "forge_veto", "replay"),
+    demo=Lazy("phalanx.demo.leaderless:run"),
 )
 
 SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT, LEADERLESS)

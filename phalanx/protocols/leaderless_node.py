@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-from phalanx.apps.interface import EndorsementHooks, KeyAccess
+from phalanx.apps.interface import BaseVersions, EndorsementHooks, KeyAccess
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core
 from phalanx.consensus.leaderless.config import LeaderlessConfig
@@ -130,16 +130,20 @@ class ReplicaAppView:
         return self._hooks.versions(keys)
 
     def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
-        """The app's base versions (`base_versions`, optional); an app without them has
+        """The app's base versions (`BaseVersions`, optional); an app without them has
         no base version that a requirement could name (`NO_BASE`: never holds)."""
-        base = getattr(self._hooks, "base_versions", None)
-        if base is None:
+        hooks = self._hooks
+        if not isinstance(hooks, BaseVersions):
             return tuple(NO_BASE for _ in keys)
-        return base(keys)  # type: ignore[no-any-return]
+        return hooks.base_versions(keys)
 
     def needs_base(self, command: bytes) -> tuple[str, ...]:
-        needs = getattr(self._hooks, "needs_base", None)
-        return () if needs is None else needs(command)
+        hooks = self._hooks
+        return hooks.needs_base(command) if isinstance(hooks, BaseVersions) else ()
+
+    def fits_run(self, command: bytes, keys: Sequence[str]) -> bool:
+        hooks = self._hooks
+        return not isinstance(hooks, BaseVersions) or hooks.fits_run(command, keys)
 
     def applied(self) -> int:
         return self._replica.applied_index
@@ -224,9 +228,8 @@ class LeaderlessNode:
         if replica is None:
             raise ProtocolError("the leaderless core reads the application through the "
                                 "replica: build_core needs replica=")
-        if byzantine is not None:
-            raise ProtocolError(f"--byzantine {byzantine}: the leaderless protocol has no "
-                                "Byzantine node modes yet")
+        # A Byzantine mode (`byzantine`) wraps this honest core afterwards
+        # (`phalanx.jepsen.leaderless_byzantine`, through `ProtocolSpec.byzantine`).
         try:
             crypto = load_crypto(config)
         except SigningKeyError as e:

@@ -136,8 +136,11 @@ class ProtocolNode(Protocol):
 class TransactionalNode(Protocol):
     """A `ProtocolNode` whose replicas run in transaction mode (`Replica(transactions=)`):
     its core applies non-conflicting transactions in different orders on different
-    replicas, so the replica deduplicates by transaction id instead of by session. The
-    runtime checks for it with ``isinstance``; others use the session rule."""
+    replicas, so the replica deduplicates by transaction id instead of by session. Its
+    core writes only committed entries to the log, so a restarting node replays the whole
+    WAL into the replica before the core is built (the core re-releases what its record
+    holds; the replica drops those it applied). The runtime checks for it with
+    ``isinstance``; others use the session rule."""
 
     def transaction_layer(self, config: NodeConfig) -> TransactionLayer:
         """How the node's replica reads a command as a transaction."""

@@ -332,8 +332,10 @@ async def open_node(
             gc_pacer=gc_pacer,
             transactions=transactions,
         )
-        # Only the checkpoint: the core re-emits the committed entries after it.
-        replica.restore_latest(replay_upto=0)
+        # Only the checkpoint: the core re-emits the committed entries after it. A
+        # transactional core's log holds only committed entries and its record forgets
+        # applied ones (GC), so its replica replays the whole WAL (as the simulator does).
+        replica.restore_latest(replay_upto=None if transactions is not None else 0)
         try:
             built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
                                         pipeline_depth=PIPELINE_DEPTH, replica=replica)

@@ -21,11 +21,12 @@ import pytest
 import trio
 from client_fakes import Action, Certs, FakeNode, KvBackend, Silent, cluster, make_certs, reply
 
-from phalanx.apps import kv_wire
+from phalanx.apps import kv_ops, kv_wire
 from phalanx.apps.kv_ops import version_of
-from phalanx.apps.kv_types import Done, GetVersion, Put, VersionResult
+from phalanx.apps.kv_types import Done, GetBaseVersion, GetVersion, Put, SAdd, VersionResult
 from phalanx.client.endorsement_calls import MatchingReplies
 from phalanx.client.errors import ClientTimeout, RequestRejected, TransactionAborted
+from phalanx.client.kv import BaseVersion
 from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, Requirement, Transaction
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
@@ -57,6 +58,10 @@ def endorsement_protocol() -> Iterator[str]:
 def _options(**more: object) -> dict[str, object]:
     return {"protocol": "endorse-test", "signer": SIGNER, "timeout": 1.0,
             "abort_grace": 0.3, "attempt_timeout": 0.2, **more}
+
+
+BASE_K = {"k": BaseVersion(b"")}
+"""A base requirement given by the caller: the helper reads nothing first."""
 
 
 def _tx(call: ClientCall) -> Transaction:
@@ -118,7 +123,7 @@ async def test_f_plus_one_aborted_raise_transaction_aborted(certs: Certs) -> Non
                   "n3": answering(ReplyStatus.ABORTED, message="dropped"), "n4": silent}
     async with cluster(certs, behaviours, **_options()) as (client, _):
         with pytest.raises(TransactionAborted) as exc:
-            await client.add("k", 1)
+            await client.add("k", 1, requirements=BASE_K)
     assert isinstance(exc.value, RequestRejected)  # a definite failure: no effect
     assert exc.value.replicas == ("n1", "n3")
     assert exc.value.reason in ("version mismatch on k", "dropped")
@@ -131,7 +136,7 @@ async def test_mixed_answers_are_retried_with_the_same_transaction_then_indeterm
                   "n3": answering(ReplyStatus.RETRY), "n4": silent}
     async with cluster(certs, behaviours, **_options()) as (client, nodes):
         with pytest.raises(ClientTimeout, match="may or may not"):
-            await client.add("k", 1)
+            await client.add("k", 1, requirements=BASE_K)
     sent = [call.request.command for node in nodes.values() for call in node.received]
     assert len(sent) > len(NAMES)  # retried
     assert len(set(sent)) == 1  # the same signed transaction every time, to every node
@@ -147,7 +152,7 @@ async def test_a_late_majority_decides_after_a_retry(certs: Certs) -> None:
 
     behaviours = {n: second_time for n in NAMES}
     async with cluster(certs, behaviours, **_options()) as (client, nodes):
-        await client.sadd("s", b"x")
+        await client.sadd("s", b"x", requirements={"s": BaseVersion(b"")})
     for node in nodes.values():
         assert len({c.request.command for c in node.received}) == 1
 
@@ -157,7 +162,7 @@ async def test_one_lying_node_cannot_decide(certs: Certs) -> None:
     behaviours = {"n1": answering(ReplyStatus.OK, other), "n2": answering(ReplyStatus.OK, DONE),
                   "n3": silent, "n4": answering(ReplyStatus.OK, DONE)}
     async with cluster(certs, behaviours, **_options()) as (client, _):
-        await client.mul("k", 3)  # decided by n2 and n4's matching Done
+        await client.mul("k", 3, requirements=BASE_K)  # decided by n2 and n4's matching Done
 
 
 async def test_put_without_requirements_reads_the_agreed_version_first(certs: Certs) -> None:
@@ -222,7 +227,7 @@ async def test_f_plus_one_first_when_asked(certs: Certs) -> None:
     behaviours = {n: answering(ReplyStatus.OK, DONE) for n in NAMES}
     async with cluster(certs, behaviours, **_options(endorse_all=False,
                                                         attempt_timeout=5.0)) as (client, nodes):
-        await client.add("k", 2)
+        await client.add("k", 2, requirements=BASE_K)
     assert sum(len(n.received) for n in nodes.values()) == 2  # f+1 = 2 of 4
 
 
@@ -237,7 +242,7 @@ async def test_no_signer_is_a_clear_error(certs: Certs) -> None:
     behaviours = {n: silent for n in NAMES}
     async with cluster(certs, behaviours, **_options(signer=None)) as (client, _):
         with pytest.raises(ValueError, match="signing key"):
-            await client.add("k", 1)
+            await client.add("k", 1, requirements=BASE_K)
 
 
 def _reply(node: str, status: ReplyStatus, result: bytes = b"") -> ClientReply:
@@ -260,3 +265,64 @@ def test_matching_replies_counts_distinct_nodes_latest_answer() -> None:
     assert decision is not None
     assert decision.status is ReplyStatus.ABORTED  # reasons may differ
     assert decision.nodes == ("n1", "n2")
+
+
+def _tx_mode_node(backend: KvBackend, done: dict[bytes, bytes], *, refuse_base: bool
+                  ) -> object:
+    """A node over `backend` in transaction mode: STALE reads from it; a transaction on a
+    base requirement is ABORTED when `refuse_base` (as a switch of the run is), else applied
+    (`apply_tx`, once per transaction: `done` is shared by the nodes)."""
+
+    async def behaviour(node: FakeNode, call: ClientCall) -> Action:
+        if call.consistency is ReadConsistency.STALE:
+            return reply(node, call, ReplyStatus.OK,
+                         result=backend.machine.query(call.request.command))
+        tx = _tx(call)
+        if refuse_base and any(r.base for r in tx.requirements):
+            return reply(node, call, ReplyStatus.ABORTED, message="switches the run")
+        tx_id = bytes([tx.request_no]) * 32  # one transaction, applied once (the table)
+        if tx_id not in done:
+            done[tx_id] = backend.machine.apply_tx(tx_id, tx.command)
+        return reply(node, call, ReplyStatus.OK, result=done[tx_id])
+    return behaviour
+
+
+async def test_an_update_without_requirements_requires_the_agreed_base_version(
+        certs: Certs) -> None:
+    backend = KvBackend()
+    backend.machine.apply_tx(b"p" * 32, kv_wire.encode_command(Put(key="k", value=b"5")))
+    base = backend.machine.base_versions(["k"])[0]
+    assert base
+    assert base == backend.machine.versions(["k"])[0]
+    done: dict[bytes, bytes] = {}
+    behaviours = {n: _tx_mode_node(backend, done, refuse_base=False) for n in NAMES}
+    async with cluster(certs, behaviours, **_options()) as (client, nodes):
+        await client.add("k", 2)
+    calls = [c for node in nodes.values() for c in node.received]
+    reads = {kv_wire.decode_command(c.request.command) for c in calls
+             if c.consistency is ReadConsistency.STALE}
+    assert reads == {GetBaseVersion(key="k")}
+    writes = {_tx(c).requirements for c in calls
+              if c.consistency is ReadConsistency.LINEARIZABLE}
+    assert writes == {(Requirement(key="k", version=base, base=True),)}
+    assert backend.machine.get("k") == b"7"
+    assert backend.machine.base_versions(["k"])[0] == base  # a commuting update
+
+
+async def test_an_aborted_update_retries_on_the_full_version_when_asked(certs: Certs) -> None:
+    backend = KvBackend()
+    backend.machine.apply_tx(b"a" * 32, kv_wire.encode_command(SAdd(key="s", member=b"m")))
+    full = backend.machine.versions(["s"])[0]
+    done: dict[bytes, bytes] = {}
+    behaviours = {n: _tx_mode_node(backend, done, refuse_base=True) for n in NAMES}
+    async with cluster(certs, behaviours, **_options()) as (client, nodes):
+        with pytest.raises(TransactionAborted, match="switches the run"):
+            await client.srem("s", b"m")
+        await client.srem("s", b"m", retry_aborted=True)
+    txs = [_tx(c) for node in nodes.values() for c in node.received
+           if c.consistency is ReadConsistency.LINEARIZABLE]
+    assert {t.requirements for t in txs} == {
+        (Requirement(key="s", version=b"", base=True),),
+        (Requirement(key="s", version=full),)}
+    assert backend.machine.get("s") == kv_ops.EMPTY_SET
+    assert backend.machine.base_versions(["s"])[0] != b""  # the srem moved the base

@@ -131,6 +131,9 @@ class KvApp:
     def accepts(self, command: bytes, policy: str) -> bool:
         return policy != self.refuse_policy
 
+    def fits_run(self, command: bytes, keys: object) -> bool:
+        return True  # one commuting kind (add): every run fits
+
     def versions(self, keys: object) -> tuple[bytes, ...]:
         if self.base_required:  # the ABA-free full version: base and the adds since it
             return tuple(b"" if k not in self.bases and k not in self.adds else

@@ -18,17 +18,20 @@ from leaderless_harness import (
 )
 
 from phalanx.consensus.core import Receive, Tick
-from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.crypto import FastCrypto, digest_of
+from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import (
     StartCheckpoint,
     Transaction,
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteEcho,
+    VoteReady,
 )
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.store import TxStore
-from phalanx.consensus.leaderless.veto import CheckpointMachine, checkpoint_id
+from phalanx.consensus.leaderless.veto import checkpoint_id
 from phalanx.consensus.types import NodeId
 
 N2, N3, N4 = NodeId("n2"), NodeId("n3"), NodeId("n4")
@@ -133,19 +136,28 @@ def _veto(voter: str, tx_ids: tuple[TxId, ...], proof: TransactionProof) -> Veto
                       drop=False, proofs=(proof,), signature=crypto.sign(body))
 
 
+def _deliver(core: LeaderlessCore, app: KvApp, vote: VetoChoice,
+             peers: tuple[str, ...] = ("n2", "n3", "n4")) -> None:
+    """Play the reliable broadcast of `vote` at `core`: the voter's SEND, then the ECHO
+    and READY of every node in `peers`."""
+    run(core, app, Receive(src=vote.voter, message=vote))
+    digest = digest_of(FastCrypto(NodeId("n1")), vote)
+    for node in peers:
+        run(core, app, Receive(src=NodeId(node), message=VoteEcho(vote=vote)))
+    for node in peers:
+        run(core, app, Receive(src=NodeId(node), message=VoteReady(
+            checkpoint=vote.checkpoint, voter=vote.voter, digest=digest)))
+
+
 @pytest.mark.parametrize("forgery", ["same_endorser", "bad_signature", "too_few",
-                                     "committed_condition", "unsigned_tx"])
+                                     "unsigned_tx"])
 def test_forged_veto(forgery: str) -> None:
-    """A veto whose proof does not verify is ignored (the reference keeps on any veto)."""
+    """A veto whose proof does not verify is ignored: not echoed, never delivered (the
+    reference keeps on any veto)."""
     core, app = solo()
     run(core, app, Tick(now_ms=EPOCH))
     stuck = make_tx("set x a", reqs={"x": version(b"zz")}, deadline=EPOCH + 10)
-    done = make_tx("add y 1", client="c2")
-    for tx in (stuck, done):
-        run(core, app, Receive(src=N2, message=tx))
-    for node in ("n2", "n3"):
-        run(core, app, Receive(src=NodeId(node), message=endorsement(node, done)))
-    assert core.status().committed == 1
+    run(core, app, Receive(src=N2, message=stuck))
     ends = [endorsement(n, stuck) for n in ("n2", "n3", "n4")]
     tx: Transaction = stuck
     if forgery == "same_endorser":
@@ -155,24 +167,41 @@ def test_forged_veto(forgery: str) -> None:
                                                      signature=ends[1].signature)
     elif forgery == "too_few":
         ends = ends[:2]
-    elif forgery == "committed_condition":
-        ends = [endorsement(n, stuck, (tx_id(done),)) for n in ("n2", "n3", "n4")]
     else:
         tx = stuck.__class__(**{**{f: getattr(stuck, f) for f in stuck.__dataclass_fields__},
                                 "signature": b""})
     proof = TransactionProof(tx=tx, endorsements=tuple(ends))
     ids = (tx_id(stuck),)
     run(core, app, Receive(src=N2, message=StartCheckpoint(tx_ids=ids)))
-    run(core, app, Receive(src=N2, message=_veto("n2", ids, proof)))
+    ready = run(core, app, Receive(src=N2, message=_veto("n2", ids, proof)))
+    assert not any(isinstance(s.message, VoteEcho) for s in ready.messages)
     assert core.status().dropped.get("veto_forged_veto") == 1
     assert core._checkpoints.blocked(tx_id(stuck))
-    # The reference (proofs not verified) would have kept it on this veto:
-    ref = CheckpointMachine(node_id=NodeId("n1"), nodes=(NodeId("n1"), N2, N3, N4),
-                            crypto=FastCrypto(NodeId("n1")), checkpoint_ticks=1, batch=30,
-                            tx_id_of=tx_id)
-    ref.on_start(N2, StartCheckpoint(tx_ids=ids), lambda _t: None)
-    ref.on_choice(N2, _veto("n2", ids, proof), lambda _p: True, lambda _t: None)
-    assert ref.drain().kept == (proof,)
+    assert core.status().dropped_txs == 0
+
+
+def test_conditional_proof_keeps_deterministically() -> None:
+    """A veto whose Q endorsements are conditioned on a transaction committed here still
+    keeps: a proof's validity must not depend on local state (another correct node may not
+    have committed the condition, and both must judge the veto alike); keeping is not
+    committing: the transaction is not committed on those endorsements."""
+    core, app = solo()
+    run(core, app, Tick(now_ms=EPOCH))
+    stuck = make_tx("set x a", reqs={"x": version(b"zz")}, deadline=EPOCH + 10)
+    done = make_tx("add y 1", client="c2")
+    for tx in (stuck, done):
+        run(core, app, Receive(src=N2, message=tx))
+    for node in ("n2", "n3"):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, done)))
+    assert core.status().committed == 1
+    ends = tuple(endorsement(n, stuck, (tx_id(done),)) for n in ("n2", "n3", "n4"))
+    ids = (tx_id(stuck),)
+    run(core, app, Receive(src=N2, message=StartCheckpoint(tx_ids=ids)))
+    _deliver(core, app, _veto("n2", ids, TransactionProof(tx=stuck, endorsements=ends)))
+    assert not core._checkpoints.blocked(tx_id(stuck))
+    assert core.status().dropped.get("veto_forged_veto") is None
+    assert core.status().committed == 1
+    assert core.status().dropped_txs == 0
 
 
 def test_gc_bounded() -> None:
@@ -215,6 +244,8 @@ def test_veto_keeps_what_a_slow_node_committed() -> None:
     proof = TransactionProof(tx=t, endorsements=tuple(endorsement(n, t)
                                                       for n in ("n2", "n3", "n4")))
     run(core, app, Receive(src=N4, message=_veto("n4", ids, proof)))
+    assert core.status().committed == 0  # blocked until the veto is delivered
+    _deliver(core, app, _veto("n4", ids, proof))
     assert core.status().committed == 1
     assert app.data == {"x": b"a"}
     assert core.status().dropped_txs == 0

@@ -36,9 +36,23 @@ N4 = ("n1", "n2", "n3", "n4")
 
 
 def test_modes_are_the_simulator_and_runtime_names_plus_twins() -> None:
-    assert (*BEHAVIOURS, TWINS, ANY) == MODES
+    leaderless = get_protocol("leaderless").byzantine_modes
+    assert (*BEHAVIOURS, *(m for m in leaderless if m not in BEHAVIOURS), TWINS, ANY) == MODES
     # The spec lists the modes without loading jepsen; they must be the behaviours'.
     assert get_protocol("pbft").byzantine_modes == BEHAVIOURS == PBFT_BYZANTINE.modes
+
+
+def test_a_mode_must_be_the_protocols() -> None:
+    names = ("n1", "n2", "n3", "n4")
+    plan = plan_byzantine(parse_byzantine("lie-versions"), names, protocol="leaderless", seed=1)
+    assert [m for _, m in plan.modes] == ["lie_versions"]
+    with pytest.raises(ByzantinePlanError, match="pbft has no Byzantine mode 'lie_versions'"):
+        plan_byzantine(parse_byzantine("lie_versions"), names, protocol="pbft", seed=1)
+    with pytest.raises(ByzantinePlanError, match="leaderless has no Byzantine mode 'omit'"):
+        plan_byzantine(parse_byzantine("n2=omit"), names, protocol="leaderless", seed=1)
+    for seed in range(20):  # `any` draws from the run's protocol
+        drawn = plan_byzantine(parse_byzantine("any"), names, protocol="leaderless", seed=seed)
+        assert drawn.modes[0][1] in get_protocol("leaderless").byzantine_modes
 
 
 def test_spec_grammar() -> None:
@@ -103,7 +117,7 @@ def test_pinned_items_stay_put_and_the_plan_describes_itself() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(f=st.integers(1, 3), seed=st.integers(0, 2**32),
-       modes=st.lists(st.sampled_from(MODES), min_size=1, max_size=3))
+       modes=st.lists(st.sampled_from((*BEHAVIOURS, TWINS, ANY)), min_size=1, max_size=3))
 def test_a_plan_places_every_item_once_and_splits_the_honest_replicas(
     f: int, seed: int, modes: list[str]
 ) -> None:
@@ -184,7 +198,9 @@ def test_cli_refuses_bad_byzantine_specs_before_starting_anything(
     console = Console(file=(tmp_path / "out.txt").open("w"))
     cases = {
         "exceed f=1": ["--protocol", "pbft", "--nodes", "4", "--byzantine", "equivocate,silent"],
-        "--protocol pbft (got raft)": ["--nodes", "3", "--byzantine", "silent"],
+        "--protocol leaderless or pbft (got raft)": ["--nodes", "3", "--byzantine", "silent"],
+        "pbft has no Byzantine mode 'lie_versions'": ["--protocol", "pbft", "--nodes", "4",
+                                                      "--byzantine", "lie-versions"],
         "unknown Byzantine mode": ["--protocol", "pbft", "--nodes", "4", "--byzantine", "lie"],
     }
     for message, argv in cases.items():

@@ -5,13 +5,14 @@ fail on purpose."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Sequence
 
 from phalanx.apps import kv_ops, kv_wire
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.kv_types import Done, Put
-from phalanx.consensus.leaderless.messages import Transaction
+from phalanx.consensus.leaderless.messages import Requirement, Transaction
 from phalanx.consensus.types import ClientRequest
 from phalanx.jepsen.sim.leaderless_checker import ApplyLog, check
 from phalanx.jepsen.sim.leaderless_workload import (
@@ -46,15 +47,18 @@ class FakeCluster:
     def submit(self, node: str, request: ClientRequest) -> None:
         self.submitted.append((node, request))
 
-    def versions(self, node: str, keys: Sequence[str]) -> tuple[bytes, ...] | None:
-        return tuple(kv_ops.version_of(self.machines[node].get(k)) for k in keys)
+    def versions(self, node: str, keys: Sequence[str], *, base: bool = False
+                 ) -> tuple[bytes, ...] | None:
+        m = self.machines[node]
+        return m.base_versions(keys) if base else m.versions(keys)
 
     def apply_at(self, node: str, record: TxRecord, incarnation: int = 1) -> bytes:
         m = self.machines[node]
         keys = sorted(set(m.access(record.command).writes) | set(m.access(record.command).reads))
-        before = tuple((k, kv_ops.version_of(m.get(k))) for k in keys)
+        before = tuple(zip(keys, m.versions(keys), m.base_versions(keys), strict=True))
         self.log.record(node, incarnation, record.command, before)
-        return m.apply(record.command)
+        tx_id = hashlib.sha256(repr(record.tx).encode()).digest()
+        return m.apply_tx(tx_id, record.command)  # transaction mode, as the replica runs it
 
     def finals(self, keys: Sequence[str]) -> dict[str, dict[str, bytes | None]]:
         return {n: {k: m.get(k) for k in keys} for n, m in self.machines.items()}
@@ -89,7 +93,7 @@ def test_workload_signs_submits_to_all_and_records_ok_after_f_plus_one() -> None
     w = workload(cluster, loop)
     r = w.issue("c0", ("add", "a0"))
     assert r.tx.signature == b"sig:c0"
-    assert r.tx.requirements == ()
+    assert r.tx.requirements == (Requirement(key="a0", version=b"", base=True),)
     assert sorted(n for n, _ in cluster.submitted) == list(NODES)
     w.answer("n1", "c0", 1, DONE)
     assert r.outcome is None

@@ -18,7 +18,7 @@ import pytest
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
 from phalanx.jepsen.leaderless_byzantine import LEADERLESS_BEHAVIOURS
 from phalanx.jepsen.sim.leaderless import SIM_KNOBS
-from phalanx.jepsen.sim.run import RunConfig, RunResult, run
+from phalanx.jepsen.sim.run import RunConfig, RunResult, run, swarm_choices
 from phalanx.protocols import get as get_protocol
 
 BYZANTINE_FAULTS = ("pause", "partition-one", "partition-halves", "partition-ring",
@@ -123,3 +123,15 @@ def test_a_restarted_node_catches_up() -> None:
     (`CommittedDigest`) it never heard of them and the replicas diverged."""
     assert sim(7, faults=("lose-unfsynced", "lose-disk", "kill"), time_s=1.0,
                liveness_s=3.0).ok
+
+
+def test_mixed_update_kinds_on_one_key() -> None:
+    """Seeds whose swarm draw mixes puts, adds and muls on ``x0`` and sadds and srems of one
+    member on ``y0`` (`mixed_pct`): commuting updates require base versions, switches of a
+    run the full one; every check (convergence, order, requirements) must pass."""
+    mixed = [seed for seed in range(200)
+             if dict(swarm_choices(RunConfig(seed=seed, protocol="leaderless", nodes=4,
+                                             faults=FAULTS))[1]).get("mixed_pct")][:30]
+    assert len(mixed) == 30
+    results = [sim(seed) for seed in mixed]
+    assert failures(results) == ""

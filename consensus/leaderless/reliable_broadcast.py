@@ -1,0 +1,267 @@
+"""Bracha's reliable broadcast (Bracha 1987) of veto-procedure votes, as a sans-IO sub-machine.
+
+Owns: `VoteBroadcast`: one instance per (voter, checkpoint id): the vote contents it holds
+(by digest), the first ECHO and READY of every member, this node's own ECHO and READY
+choices, and the delivered vote. The checkpoint machine (`veto.py`) owns which instances
+exist (`open`/`forget`), validates vote contents (`Validate`, deterministic across correct
+nodes), persists `relays()` before sending, and decides only from `drain().delivered`.
+
+Protocol (n >= 3f+1; Q = ceil((n+f+1)/2) = 2f+1 at n = 3f+1):
+- SEND: the voter's signed `VetoChoice`, accepted only from the voter itself (`Receive.src`
+  is authenticated by the transport).
+- ECHO (`VoteEcho`, carries the vote): sent once per instance, on the first valid SEND.
+- READY (`VoteReady`, the digest): sent once per instance, on Q matching echoes or f+1
+  matching readies.
+- DELIVER: on 2f+1 matching readies, once the vote with that digest is held (from the SEND
+  or any echo: the digest authenticates the content).
+
+Properties (f Byzantine members): two Q-sets of echoers share f+1 members, one correct, and
+a correct node echoes once, so at most one digest ever gets a READY from a correct node;
+delivery needs f+1 correct readies, which make every correct node ready that digest and so
+deliver it (totality, given resends: `answer`). Hence per instance every correct node
+delivers the same vote or none, and with a correct voter all deliver its vote.
+
+Invariants: deterministic (insertion-ordered dicts, members sorted); peer input is counted
+by the caller's reason names, never raised; per instance at most n+1 contents are held
+(the SEND and each member's first echo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from phalanx.consensus.core import Send
+from phalanx.consensus.crypto import Hasher, digest_of
+from phalanx.consensus.leaderless.messages import VetoChoice, VoteEcho, VoteReady, VoteRelay
+from phalanx.consensus.types import LocalProtocolError, Message, NodeId
+
+Key = tuple[NodeId, bytes]
+"""An instance: (voter, checkpoint id)."""
+
+Validate = Callable[[VetoChoice], str | None]
+"""Why a vote's content is invalid (a drop reason), or None: must give the same answer on
+every correct node (signatures and self-certifying proofs only, never local state)."""
+
+
+@dataclass(slots=True)
+class _Instance:
+    contents: dict[bytes, VetoChoice] = field(default_factory=dict)
+    """Valid contents held, by digest."""
+    invalid: dict[bytes, str] = field(default_factory=dict)
+    """Contents found invalid, by digest: the reason (bounded: n+1)."""
+    sent: bytes | None = None
+    """The digest of the voter's first SEND."""
+    echoes: dict[NodeId, bytes] = field(default_factory=dict)
+    readies: dict[NodeId, bytes] = field(default_factory=dict)
+    echo: bytes | None = None
+    """This node's own ECHO (a digest), durable."""
+    ready: bytes | None = None
+    """This node's own READY, durable."""
+    delivered: bytes | None = None
+
+
+class VoteBroadcast:
+    """The reliable broadcast of votes at one node."""
+
+    __slots__ = ("_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at", "_hasher",
+                 "_instances", "_nodes", "_ready_at", "_sends", "fenced", "node_id")
+
+    def __init__(self, *, node_id: NodeId, nodes: tuple[NodeId, ...], faults: int,
+                 hasher: Hasher, restored: Iterable[VoteRelay] = ()) -> None:
+        n = len(nodes)
+        if n < 3 * faults + 1 or faults < 0:
+            raise LocalProtocolError(f"reliable broadcast needs n >= 3f+1 (n={n}, f={faults})")
+        self.node_id = node_id
+        self._nodes = tuple(sorted(nodes))
+        self._hasher = hasher
+        self._echo_at = -(-(n + faults + 1) // 2)
+        self._ready_at = faults + 1
+        self._deliver_at = 2 * faults + 1
+        self._instances: dict[Key, _Instance] = {}
+        self._sends: list[Send] = []
+        self._delivered: list[VetoChoice] = []
+        self._counts: dict[str, int] = {}
+        self._dirty = False
+        self.fenced = False
+        """While set, this node echoes and readies nothing (it still records and
+        delivers): the amnesia fence of a node that lost its choices."""
+        for relay in restored:
+            inst = self._instances.setdefault((relay.voter, relay.checkpoint), _Instance())
+            inst.echo = relay.echo or None
+            inst.ready = relay.ready or None
+            if inst.echo is not None:
+                inst.echoes[node_id] = inst.echo
+            if inst.ready is not None:
+                inst.readies[node_id] = inst.ready
+
+    # Instances -------------------------------------------------------------------------
+
+    def open(self, key: Key) -> None:
+        """Accept messages of instance `key` from now on."""
+        self._instances.setdefault(key, _Instance())
+
+    def known(self, key: Key) -> bool:
+        return key in self._instances
+
+    def forget(self, key: Key) -> None:
+        self._instances.pop(key, None)
+
+    def delivered(self, key: Key) -> VetoChoice | None:
+        inst = self._instances.get(key)
+        if inst is None or inst.delivered is None:
+            return None
+        return inst.contents[inst.delivered]
+
+    def relays(self, keys: Iterable[Key]) -> tuple[VoteRelay, ...]:
+        """This node's choices in the instances `keys` (for the durable record)."""
+        out = []
+        for key in keys:
+            inst = self._instances.get(key)
+            if inst is not None and (inst.echo is not None or inst.ready is not None):
+                out.append(VoteRelay(checkpoint=key[1], voter=key[0], echo=inst.echo or b"",
+                                     ready=inst.ready or b""))
+        return tuple(out)
+
+    def orphans(self, has_checkpoint: Callable[[bytes], bool]) -> tuple[Key, ...]:
+        """Instances (restored ones) whose checkpoint `has_checkpoint` does not know."""
+        return tuple(k for k in self._instances if not has_checkpoint(k[1]))
+
+    # Inputs ----------------------------------------------------------------------------
+
+    def broadcast(self, vote: VetoChoice) -> None:
+        """Reliably broadcast this node's own signed `vote` (its instance must be open)."""
+        if vote.voter != self.node_id:
+            raise LocalProtocolError(f"{self.node_id!r} cannot broadcast {vote.voter!r}'s vote")
+        self._to_all(vote)
+        self.on_send(self.node_id, vote, lambda _v: None)
+
+    def on_send(self, src: NodeId, vote: VetoChoice, validate: Validate) -> None:
+        """The voter's SEND (the caller checked `src == vote.voter`)."""
+        key = (vote.voter, vote.checkpoint)
+        inst = self._instances.get(key)
+        if inst is None:
+            self._count("unknown_instance")
+            return
+        if inst.sent is not None:
+            if inst.sent != self._digest(vote):
+                self._count("equivocation")  # the first SEND is the only one echoed
+            return
+        digest = self._content(inst, vote, validate)
+        if digest is None:
+            return
+        inst.sent = digest
+        if inst.echo is None and not self.fenced:
+            inst.echo = digest
+            self._dirty = True
+            self._to_all(VoteEcho(vote=vote))
+            self._echo(key, inst, self.node_id, digest)
+
+    def on_echo(self, src: NodeId, msg: VoteEcho, validate: Validate) -> None:
+        vote = msg.vote
+        key = (vote.voter, vote.checkpoint)
+        inst = self._instances.get(key)
+        if inst is None:
+            self._count("unknown_instance")
+            return
+        first = inst.echoes.get(src)
+        if first is not None:
+            if first != self._digest(vote):
+                self._count("echo_equivocation")
+            return
+        digest = self._content(inst, vote, validate)
+        if digest is not None:
+            self._echo(key, inst, src, digest)
+        else:
+            inst.echoes[src] = b""  # its one echo, spent on an invalid vote
+
+    def on_ready(self, src: NodeId, msg: VoteReady) -> None:
+        key = (msg.voter, msg.checkpoint)
+        inst = self._instances.get(key)
+        if inst is None:
+            self._count("unknown_instance")
+            return
+        first = inst.readies.get(src)
+        if first is not None:
+            if first != msg.digest:
+                self._count("ready_equivocation")
+            return
+        inst.readies[src] = msg.digest
+        self._progress(key, inst, msg.digest)
+
+    def answer(self, key: Key, to: NodeId) -> list[Send]:
+        """This node's messages of instance `key`, again, for peer `to` (loss recovery):
+        its SEND when it is the voter, its ECHO (when it holds the content) and READY."""
+        inst = self._instances.get(key)
+        if inst is None:
+            return []
+        out: list[Message] = []
+        if key[0] == self.node_id and inst.sent is not None:
+            out.append(inst.contents[inst.sent])
+        if inst.echo is not None and inst.echo in inst.contents:
+            out.append(VoteEcho(vote=inst.contents[inst.echo]))
+        if inst.ready is not None:
+            out.append(VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready))
+        return [Send(to=to, message=m) for m in out]
+
+    def drain(self) -> tuple[list[Send], list[VetoChoice], bool]:
+        """(sends, newly delivered votes, whether own choices changed: persist before
+        sending) accumulated since the last drain."""
+        out = (self._sends, self._delivered, self._dirty)
+        self._sends, self._delivered, self._dirty = [], [], False
+        return out
+
+    def dropped_counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    # Internals -------------------------------------------------------------------------
+
+    def _count(self, reason: str) -> None:
+        self._counts[reason] = self._counts.get(reason, 0) + 1
+
+    def _digest(self, vote: VetoChoice) -> bytes:
+        return digest_of(self._hasher, vote)
+
+    def _content(self, inst: _Instance, vote: VetoChoice, validate: Validate) -> bytes | None:
+        """The digest of `vote` if it is valid (held from now on), else None (counted)."""
+        digest = self._digest(vote)
+        if digest in inst.contents:
+            return digest
+        if digest in inst.invalid:
+            self._count(inst.invalid[digest])
+            return None
+        if len(inst.contents) > len(self._nodes):
+            self._count("too_many_contents")
+            return None
+        problem = validate(vote)
+        if problem is not None:
+            if len(inst.invalid) <= len(self._nodes):
+                inst.invalid[digest] = problem
+            self._count(problem)
+            return None
+        inst.contents[digest] = vote
+        self._progress((vote.voter, vote.checkpoint), inst, digest)
+        return digest
+
+    def _to_all(self, msg: Message) -> None:
+        self._sends.extend(Send(to=p, message=msg) for p in self._nodes if p != self.node_id)
+
+    def _echo(self, key: Key, inst: _Instance, src: NodeId, digest: bytes) -> None:
+        inst.echoes[src] = digest
+        self._progress(key, inst, digest)
+
+    def _progress(self, key: Key, inst: _Instance, digest: bytes) -> None:
+        if inst.ready is None and not self.fenced:
+            echoes = sum(1 for d in inst.echoes.values() if d == digest)
+            readies = sum(1 for d in inst.readies.values() if d == digest)
+            if echoes >= self._echo_at or readies >= self._ready_at:
+                inst.ready = digest
+                inst.readies[self.node_id] = digest
+                self._dirty = True
+                self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
+        if inst.delivered is None:
+            d = digest if inst.ready is None else inst.ready
+            if d in inst.contents and sum(
+                    1 for x in inst.readies.values() if x == d) >= self._deliver_at:
+                inst.delivered = d
+                self._delivered.append(inst.contents[d])

@@ -1,0 +1,243 @@
+"""VoteBroadcast (Bracha's reliable broadcast of votes): validity, agreement and totality
+under any delivery order, duplicates, an equivocating voter, lying echoers and readiers,
+silent nodes; durable choices across restarts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phalanx.consensus.core import Send
+from phalanx.consensus.crypto import FastCrypto, digest_of
+from phalanx.consensus.leaderless.messages import VetoChoice, VoteEcho, VoteReady
+from phalanx.consensus.leaderless.reliable_broadcast import VoteBroadcast
+from phalanx.consensus.types import LocalProtocolError, Message, NodeId
+
+CID = b"\x01" * 32
+HASH = FastCrypto(NodeId("n0"))
+
+
+def nodes_of(n: int) -> tuple[NodeId, ...]:
+    return tuple(NodeId(f"n{i}") for i in range(n))
+
+
+def vote(voter: str, variant: int) -> VetoChoice:
+    """Distinct contents of one instance (variant 0 is a drop)."""
+    v = VetoChoice(checkpoint=CID, tx_ids=(bytes([variant + 1]),), voter=NodeId(voter),
+                   drop=variant == 0)
+    return dataclasses.replace(v, signature=FastCrypto(NodeId(voter)).sign(v))
+
+
+def ok(_v: VetoChoice) -> str | None:
+    return None
+
+
+class Net:
+    """Honest `VoteBroadcast`s and a message pool the test drains in any order."""
+
+    def __init__(self, n: int, honest: tuple[NodeId, ...]) -> None:
+        self.nodes = nodes_of(n)
+        self.f = (n - 1) // 3
+        self.honest = honest
+        self.rb = {x: VoteBroadcast(node_id=x, nodes=self.nodes, faults=self.f, hasher=HASH)
+                   for x in honest}
+        for x in honest:
+            for voter in self.nodes:
+                self.rb[x].open((voter, CID))
+        self.pool: list[tuple[NodeId, NodeId, Message]] = []
+        self.delivered: dict[NodeId, list[VetoChoice]] = {x: [] for x in honest}
+
+    def collect(self, x: NodeId) -> None:
+        sends, delivered, _ = self.rb[x].drain()
+        self.pool += [(x, s.to, s.message) for s in sends]
+        self.delivered[x] += delivered
+
+    def deliver(self, src: NodeId, dst: NodeId, msg: Message) -> None:
+        if dst not in self.rb:
+            return  # Byzantine receivers ignore everything
+        rb = self.rb[dst]
+        if isinstance(msg, VetoChoice):
+            if msg.voter == src:
+                rb.on_send(src, msg, ok)
+        elif isinstance(msg, VoteEcho):
+            rb.on_echo(src, msg, ok)
+        elif isinstance(msg, VoteReady):
+            rb.on_ready(src, msg)
+        self.collect(dst)
+
+    def answer_round(self) -> None:
+        """Loss recovery: every honest node answers every other (the periodic pull)."""
+        for x in self.honest:
+            for y in self.honest:
+                if x != y:
+                    for voter in self.nodes:
+                        self.pool += [(x, s.to, s.message)
+                                      for s in self.rb[x].answer((voter, CID), y)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), n=st.sampled_from([4, 5, 7]))
+def test_agreement_and_totality_under_byzantine_voter(data: st.DataObject, n: int) -> None:
+    nodes = nodes_of(n)
+    f = (n - 1) // 3
+    byz = tuple(nodes[n - f:])  # the last f nodes; the voter is one of them
+    honest = tuple(x for x in nodes if x not in byz)
+    net = Net(n, honest)
+    origin = byz[0]
+    variants = [vote(origin, k) for k in range(3)]
+    digests = [digest_of(HASH, v) for v in variants]
+    # The equivocating voter sends any variant (or nothing) to each honest node; the other
+    # Byzantine nodes echo and ready arbitrary variants to arbitrary nodes.
+    for x in honest:
+        k = data.draw(st.integers(-1, 2))
+        if k >= 0:
+            net.pool.append((origin, x, variants[k]))
+    for b in byz:
+        for x in honest:
+            if data.draw(st.booleans()):
+                net.pool.append((b, x, VoteEcho(vote=variants[data.draw(st.integers(0, 2))])))
+            if data.draw(st.booleans()):
+                net.pool.append((b, x, VoteReady(checkpoint=CID, voter=origin,
+                                                 digest=digests[data.draw(st.integers(0, 2))])))
+    rng = data.draw(st.randoms(use_true_random=False))
+    steps = 0
+    while net.pool and steps < 2000:
+        steps += 1
+        i = rng.randrange(len(net.pool))
+        src, dst, msg = net.pool[i]
+        if rng.random() < 0.8:  # else leave a duplicate behind
+            net.pool.pop(i)
+        net.deliver(src, dst, msg)
+    for _ in range(3):  # the network heals: pulls bring everything
+        net.answer_round()
+        while net.pool:
+            net.deliver(*net.pool.pop(0))
+    values = {x: [digest_of(HASH, v) for v in net.delivered[x]] for x in honest}
+    assert all(len(v) <= 1 for v in values.values())  # at most one value per instance
+    got = {v[0] for v in values.values() if v}
+    assert len(got) <= 1  # agreement
+    if got:  # totality
+        assert all(values[x] for x in honest)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.sampled_from([4, 7]))
+def test_correct_voter_is_delivered_despite_f_silent_nodes(data: st.DataObject,
+                                                           n: int) -> None:
+    nodes = nodes_of(n)
+    f = (n - 1) // 3
+    honest = nodes[: n - f]  # the last f nodes are silent
+    net = Net(n, honest)
+    voter = honest[data.draw(st.integers(0, len(honest) - 1))]
+    v = vote(voter, 1)
+    net.rb[voter].broadcast(v)
+    net.collect(voter)
+    rng = data.draw(st.randoms(use_true_random=False))
+    while net.pool:
+        net.deliver(*net.pool.pop(rng.randrange(len(net.pool))))
+    for x in honest:
+        assert net.delivered[x] == [v]
+        assert net.rb[x].delivered((voter, CID)) == v
+
+
+def test_echo_and_ready_only_once_and_only_from_the_voter() -> None:
+    net = Net(4, nodes_of(4))
+    rb = net.rb[NodeId("n0")]
+    a, b = vote("n3", 1), vote("n3", 2)
+    rb.on_send(NodeId("n3"), a, ok)
+    rb.on_send(NodeId("n3"), b, ok)  # equivocation: not echoed
+    sends, _, dirty = rb.drain()
+    assert dirty
+    assert [s.message for s in sends] == [VoteEcho(vote=a)] * 3
+    assert rb.dropped_counts() == {"equivocation": 1}
+    for src in ("n1", "n2"):
+        rb.on_echo(NodeId(src), VoteEcho(vote=b), ok)
+    rb.on_echo(NodeId("n1"), VoteEcho(vote=a), ok)  # n1's second echo: ignored
+    sends, _, _ = rb.drain()
+    # b has 2 echoes (< Q = 3), a has 1: no READY yet.
+    assert sends == []
+    rb.on_echo(NodeId("n3"), VoteEcho(vote=b), ok)
+    sends, _, _ = rb.drain()
+    ready = VoteReady(checkpoint=CID, voter=NodeId("n3"), digest=digest_of(HASH, b))
+    assert [s.message for s in sends] == [ready] * 3  # READY follows the echo quorum
+    assert rb.dropped_counts()["echo_equivocation"] == 1
+
+
+def test_invalid_content_is_never_echoed_nor_delivered() -> None:
+    net = Net(4, nodes_of(4))
+    rb = net.rb[NodeId("n0")]
+    bad = vote("n3", 1)
+    rb.on_send(NodeId("n3"), bad, lambda _v: "forged_veto")
+    d = digest_of(HASH, bad)
+    for src in ("n1", "n2", "n3"):
+        rb.on_echo(NodeId(src), VoteEcho(vote=bad), lambda _v: "forged_veto")
+        rb.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"), digest=d))
+    sends, delivered, _ = rb.drain()
+    # f+1 readies make it ready (some correct node must have seen Q echoes), but without
+    # valid content it is never delivered.
+    assert all(isinstance(s.message, VoteReady) for s in sends)
+    assert delivered == []
+    assert rb.dropped_counts() == {"forged_veto": 4}
+
+
+def test_restart_never_echoes_or_readies_another_value() -> None:
+    nodes = nodes_of(4)
+    rb = VoteBroadcast(node_id=nodes[0], nodes=nodes, faults=1, hasher=HASH)
+    rb.open((NodeId("n3"), CID))
+    a, b = vote("n3", 1), vote("n3", 2)
+    rb.on_send(NodeId("n3"), a, ok)
+    for src in ("n1", "n2"):
+        rb.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"),
+                                           digest=digest_of(HASH, a)))
+    rb.drain()
+    (relay,) = rb.relays([(NodeId("n3"), CID)])
+    assert relay.echo == relay.ready == digest_of(HASH, a)
+    again = VoteBroadcast(node_id=nodes[0], nodes=nodes, faults=1, hasher=HASH,
+                          restored=(relay,))
+    again.on_send(NodeId("n3"), b, ok)  # the voter equivocates to the restarted node
+    for src in ("n1", "n2"):
+        again.on_echo(NodeId(src), VoteEcho(vote=b), ok)
+        again.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"),
+                                              digest=digest_of(HASH, b)))
+    sends, delivered, _ = again.drain()
+    assert sends == []  # neither an echo nor a ready of b
+    assert delivered == []
+    # Its answers repeat its old choices (the echo once the content is held again).
+    answers = again.answer((NodeId("n3"), CID), NodeId("n1"))
+    assert [s.message for s in answers] == [VoteReady(checkpoint=CID, voter=NodeId("n3"),
+                                                      digest=digest_of(HASH, a))]
+    again.on_echo(NodeId("n3"), VoteEcho(vote=a), ok)  # the content, from any echo
+    assert Send(to=NodeId("n1"), message=VoteEcho(vote=a)) in again.answer(
+        (NodeId("n3"), CID), NodeId("n1"))
+
+
+def test_needs_n_at_least_3f_plus_1() -> None:
+    with pytest.raises(LocalProtocolError):
+        VoteBroadcast(node_id=NodeId("n0"), nodes=nodes_of(3), faults=1, hasher=HASH)
+    rb = VoteBroadcast(node_id=NodeId("n0"), nodes=nodes_of(4), faults=1, hasher=HASH)
+    with pytest.raises(LocalProtocolError):
+        rb.broadcast(vote("n1", 0))
+    rb.on_ready(NodeId("n1"), VoteReady(checkpoint=CID, voter=NodeId("n1"), digest=b"x"))
+    assert rb.dropped_counts() == {"unknown_instance": 1}
+
+
+def test_fenced_node_echoes_and_readies_nothing_but_delivers() -> None:
+    """The amnesia fence: a node that lost its choices makes none, and still delivers."""
+    rb = VoteBroadcast(node_id=NodeId("n0"), nodes=nodes_of(4), faults=1, hasher=HASH)
+    rb.fenced = True
+    key = (NodeId("n3"), CID)
+    rb.open(key)
+    v = vote("n3", 1)
+    rb.on_send(NodeId("n3"), v, ok)
+    for src in ("n1", "n2", "n3"):
+        rb.on_echo(NodeId(src), VoteEcho(vote=v), ok)
+        rb.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"),
+                                           digest=digest_of(HASH, v)))
+    sends, delivered, dirty = rb.drain()
+    assert sends == []
+    assert not dirty
+    assert delivered == [v]
+    assert rb.relays([key]) == ()
