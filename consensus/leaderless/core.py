@@ -1,10 +1,11 @@
 """The leaderless conditional-endorsement core (PnyxDB, docs/LEADERLESS.md): a sans-IO
 `phalanx.consensus.core.Core`.
 
-Owns: dispatching inputs, intake of client and peer input (checks in `checks.py`, drops
-counted by reason), dissemination (new client transactions and own endorsements and
-refusals to every peer, periodic re-sends, fetches of unknown transactions), and turning
-each step's outbox into a `Ready`. State lives in the sub-machines:
+Owns: dispatching inputs, intake of client input and new transactions (checks in
+`checks.py`, drops counted by reason), endorse/commit/drop decisions, restore, the durable
+record, and turning each step's outbox (`parts.Outbox`) into a `Ready`. Two mixins run on
+this core's state: `intake.PeerIntake` (peer messages, fetches) and `ticks.TickWork`
+(deadlines, re-sends, the stuck check, GC). State lives in the sub-machines:
 `store.TxStore` (transactions, endorsements, tombstones, GC), `rules.Rules`
 (applicability, commit), `safety.SafetyKernel` (the only signer of endorsements and
 refusals), `release.ReleaseGate` (version-gated release), the checkpoint/veto machine and
@@ -27,7 +28,6 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import assert_never
 
 from phalanx.consensus.core import (
@@ -48,29 +48,22 @@ from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.checks import (
     ProofChecker,
-    endorsement_problem,
-    refusal_problem,
     tx_problem,
 )
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.endorse import Endorser
 from phalanx.consensus.leaderless.fence import Fence
+from phalanx.consensus.leaderless.intake import PeerIntake
 from phalanx.consensus.leaderless.messages import (
-    CommittedDigest,
     DecidedTx,
     Endorsement,
-    FetchTransactions,
     LeaderlessDurableState,
-    Refusal,
-    StartCheckpoint,
     Transaction,
     TransactionProof,
     TxId,
-    VetoChoice,
-    VoteEcho,
-    VoteReady,
     transaction_id,
 )
+from phalanx.consensus.leaderless.parts import Outbox
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, Recovery
 from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
@@ -79,6 +72,7 @@ from phalanx.consensus.leaderless.safety import SafetyKernel
 from phalanx.consensus.leaderless.schedule import DueHeap
 from phalanx.consensus.leaderless.status import BENIGN_DUPLICATES, REASONS, LeaderlessStatus
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
+from phalanx.consensus.leaderless.ticks import TickWork
 from phalanx.consensus.leaderless.tx_codec import TxCodec
 from phalanx.consensus.leaderless.veto import CheckpointMachine
 from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
@@ -87,18 +81,7 @@ __all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
 
 
 
-@dataclass(slots=True)
-class _Outbox:
-    sends: list[Send] = field(default_factory=list)
-    signed: bool = False
-    dirty: bool = False
-    entries: list[Entry] = field(default_factory=list)
-    replayed: list[Entry] = field(default_factory=list)
-    aborted: list[Abort] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
-
-
-class LeaderlessCore:
+class LeaderlessCore(PeerIntake, TickWork):
     """One node of the leaderless protocol (see the module docstring)."""
 
     def __init__(self, config: LeaderlessConfig, *, crypto: Crypto, client_keys: Verifier,
@@ -250,7 +233,7 @@ class LeaderlessCore:
     # ------------------------------------------------------------------------------ step
 
     def step(self, inp: Input, /) -> Ready:
-        out = _Outbox()
+        out = Outbox()
         if self._replay:
             out.replayed, self._replay = self._replay, []
         if self._restart:
@@ -285,7 +268,7 @@ class LeaderlessCore:
         while self._sync_numbers and self._sync_numbers[0] <= number:
             self._sync_numbers.pop(0)
 
-    def _ready(self, out: _Outbox) -> Ready:
+    def _ready(self, out: Outbox) -> Ready:
         core_state = self.durable_state() if (out.dirty or out.signed) else None
         number = 0
         if core_state is not None or out.entries:
@@ -317,7 +300,7 @@ class LeaderlessCore:
             return
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
 
-    def _broadcast(self, message: Message, out: _Outbox) -> None:
+    def _broadcast(self, message: Message, out: Outbox) -> None:
         out.sends += [Send(to=peer, message=message) for peer in self._peers]
 
     # ------------------------------------------------------------------------------ intake
@@ -332,7 +315,7 @@ class LeaderlessCore:
                         needs=self._app.needs_requirements(tx.command),
                         needs_base=self._app.needs_base(tx.command))
 
-    def _on_submit(self, request: ClientRequest, out: _Outbox) -> None:
+    def _on_submit(self, request: ClientRequest, out: Outbox) -> None:
         tx = self._codec.decode(request.command)
         if tx is None:
             self._reject(request, "undecodable_submit", out)
@@ -366,12 +349,12 @@ class LeaderlessCore:
             return
         self._broadcast(tx, out)
 
-    def _reject(self, request: ClientRequest, reason: str, out: _Outbox) -> None:
+    def _reject(self, request: ClientRequest, reason: str, out: Outbox) -> None:
         self._drop(reason)
         text = REASONS.get(reason, reason.replace("_", " "))
         out.rejected.append(Rejection(request=request, reason=text))
 
-    def _accept_tx(self, tx_id: TxId, tx: Transaction, out: _Outbox) -> str | None:
+    def _accept_tx(self, tx_id: TxId, tx: Transaction, out: Outbox) -> str | None:
         """Take a transaction into the store (from a client or a peer); the drop reason, or
         None when it was new and valid (then it was endorsed if the rules allow)."""
         if tx_id in self._store.records:
@@ -403,152 +386,9 @@ class LeaderlessCore:
                 self._wakeups.push(lead, tx_id)
         return None
 
-    def _on_receive(self, src: NodeId, msg: Message, out: _Outbox) -> None:
-        if src not in self._config.nodes or src == self._config.node_id:
-            self._drop("unknown_sender")
-        elif isinstance(msg, Transaction):
-            problem = self._accept_tx(self._tx_id(msg), msg, out)
-            if problem is not None:
-                self._drop(problem)
-        elif isinstance(msg, Endorsement):
-            self._on_endorsement(src, msg, out)
-        elif isinstance(msg, Refusal):
-            self._on_refusal(msg, out)
-        elif isinstance(msg, TransactionProof):
-            self._on_proof(src, msg, out)
-        elif isinstance(msg, FetchTransactions):
-            self._on_fetch(src, msg, out)
-        elif isinstance(msg, CommittedDigest):
-            out.sends += self._recovery.on_digest(src, msg.tx_ids, self._store, self._ticks)
-        elif isinstance(msg, StartCheckpoint):
-            self._checkpoints.on_start(src, msg, self._proof_of)
-        elif isinstance(msg, VetoChoice):
-            self._checkpoints.on_choice(src, msg, self._proof_of)
-        elif isinstance(msg, VoteEcho):
-            self._checkpoints.on_echo(src, msg, self._proof_of)
-        elif isinstance(msg, VoteReady):
-            self._checkpoints.on_ready(src, msg)
-        else:
-            self._drop("unknown_message")
-
-    def _on_proof(self, src: NodeId | None, proof: TransactionProof, out: _Outbox) -> None:
-        problem = self._accept_tx(self._tx_id(proof.tx), proof.tx, out)
-        if problem not in (None, "duplicate_tx", "decided_tx"):
-            self._drop(problem or "")
-            return
-        for e in proof.endorsements:
-            if isinstance(e, Endorsement):
-                self._on_endorsement(src, e, out)
-        for r in proof.refusals:
-            if isinstance(r, Refusal):
-                self._on_refusal(r, out)
-        record = self._store.get(self._tx_id(proof.tx))
-        if record is not None and record.state is TxState.PENDING:
-            self._commit_certificate(record, proof, out)
-
-    def _commit_certificate(self, record: TxRecord, proof: TransactionProof,
-                            out: _Outbox) -> None:
-        """A proof whose own endorsements make `record` committable commits it, even where
-        an equivocating endorser's other endorsement was kept here (the record keeps one per
-        endorser: without this, a node that kept the conditional one of an equivocator's
-        two never commits what the others committed with the unconditional one). Counting
-        either of a Byzantine endorser's endorsements is what a node that received that one
-        first would do."""
-        valid: dict[NodeId, Endorsement] = {}
-        dropped = TxState.DROPPED
-        for e in proof.endorsements:
-            if (not isinstance(e, Endorsement) or e.tx_id != record.tx_id or e.endorser in valid
-                    or not all(self._store.state_of(c) is dropped for c in e.conditions)):
-                continue
-            held = record.endorsements.get(e.endorser)
-            if held == e or (e.endorser != self._config.node_id and endorsement_problem(
-                    e, self._config.nodes, self._crypto) is None):
-                valid[e.endorser] = e
-        if (len(valid) < self._rules.quorum(record) or self._rules.committable(record)
-                or self._checkpoints.blocked(record.tx_id)):
-            return
-        self._commit(record, tuple(valid[n] for n in sorted(valid)), out)
-
-    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: _Outbox) -> None:
-        if e.endorser == self._config.node_id:
-            return  # our own, echoed back in a proof
-        # Re-sends and fetched proofs repeat what is held: recognised before any signature
-        # is verified (an equal endorsement is the one verified when it first arrived).
-        record = self._store.get(e.tx_id)
-        if record is not None:
-            if record.endorsements.get(e.endorser) == e:
-                self._drop("duplicate_endorsement")
-                return
-        elif self._store.decided(e.tx_id):
-            self._drop("decided_endorsement")  # nothing about it can change any more
-            return
-        elif self._store.buffered.get(e.tx_id, {}).get(e.endorser) == e:
-            self._drop("duplicate_endorsement")
-            return
-        problem = endorsement_problem(e, self._config.nodes, self._crypto)
-        if problem is not None:
-            self._drop(problem)
-            return
-        if record is None:
-            if self._store.buffer(e) and src is not None:
-                self._fetch(src, e.tx_id, out)
-            return
-        self._add_endorsement(record, e, src, out)
-
-    def _add_endorsement(self, record: TxRecord, e: Endorsement, src: NodeId | None,
-                         out: _Outbox) -> None:
-        have = record.endorsements.get(e.endorser)
-        if have is not None:
-            self._drop("duplicate_endorsement" if have == e else "equivocating_endorsement")
-            return
-        if record.state is not TxState.PENDING:
-            return
-        record.endorsements[e.endorser] = e
-        self._rules.invalidate()
-        if src is not None:
-            for c in e.conditions:
-                if self._store.state_of(c) is None:
-                    self._fetch(src, c, out)
-        self._try_commit(record, out)
-
-    def _on_refusal(self, r: Refusal, out: _Outbox) -> None:
-        if r.endorser == self._config.node_id:
-            return  # our own, echoed back in a proof
-        record = self._store.get(r.tx_id)
-        if record is None or record.state is not TxState.PENDING:
-            # Unknown: not tallied (memory stays bounded); the refuser re-sends it.
-            # Decided: nothing about it can change. Neither needs its signature checked.
-            return
-        if self._tally.holds(r):
-            self._drop("duplicate_refusal")
-            return
-        problem = refusal_problem(r, self._config.nodes, self._crypto)
-        if problem is not None:
-            self._drop(problem)
-            return
-        self._tally.add(r)
-        self._check_certificate(record, out)
-
-    def _check_certificate(self, record: TxRecord, out: _Outbox) -> None:
-        if record.state is not TxState.PENDING:
-            return
-        certificate = self._tally.certificate(record.tx_id)
-        if certificate:
-            self._recovery.aborted(record.tx_id, TransactionProof(
-                tx=record.tx, refusals=tuple(sorted(certificate, key=lambda r: r.endorser))))
-            self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
-
-    def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: _Outbox) -> None:
-        if len(msg.tx_ids) > MAX_FETCH_IDS:
-            self._drop("oversized_fetch")
-        out.sends += self._recovery.answer(src, msg.tx_ids, self._store, self._kernel)
-
-    def _fetch(self, src: NodeId, tx_id: TxId, out: _Outbox) -> None:
-        out.sends += self._recovery.fetch(src, (tx_id,), self._ticks)
-
     # ------------------------------------------------------------------------------ decide
 
-    def _try_endorse(self, record: TxRecord, out: _Outbox) -> None:
+    def _try_endorse(self, record: TxRecord, out: Outbox) -> None:
         if (self._now is None or record.state is not TxState.PENDING
                 or self._fence.active(self._now)):
             return
@@ -562,14 +402,14 @@ class LeaderlessCore:
         self._resend_later(record.tx_id)
         self._try_commit(record, out)
 
-    def _try_commit(self, record: TxRecord, out: _Outbox) -> None:
+    def _try_commit(self, record: TxRecord, out: Outbox) -> None:
         if not self._rules.committable(record) or self._checkpoints.blocked(record.tx_id):
             return
         self._commit(record, tuple(sorted(self._rules.definitely_valid(record),
                                           key=lambda e: e.endorser)), out)
 
     def _commit(self, record: TxRecord, endorsements: tuple[Endorsement, ...],
-                out: _Outbox) -> None:
+                out: Outbox) -> None:
         proof = TransactionProof(tx=record.tx, endorsements=endorsements)
         self._store.decide(record, TxState.COMMITTED)
         self._tally.forget(record.tx_id)
@@ -588,7 +428,7 @@ class LeaderlessCore:
         return Committed(tx_id=record.tx_id, proof=proof, request_command=record.request.command,
                          writes=record.writes)
 
-    def _drop_tx(self, record: TxRecord, reason: str, out: _Outbox) -> None:
+    def _drop_tx(self, record: TxRecord, reason: str, out: Outbox) -> None:
         self._store.decide(record, TxState.DROPPED)
         self._tally.forget(record.tx_id)
         self._dropped_txs += 1
@@ -600,136 +440,6 @@ class LeaderlessCore:
         for other in self._store.pending():  # conditions on it are now definitely valid
             if any(record.tx_id in e.conditions for e in other.endorsements.values()):
                 self._try_commit(other, out)
-
-    # ------------------------------------------------------------------------------ time
-
-    def _on_tick(self, now: int | None, out: _Outbox) -> None:
-        """Only what came due or changed: deadlines passed (`DueHeap`: refusals, and a
-        wake-up of the waiting transactions, whose conflicts may now all be expired), the
-        waiting transactions when something they depend on changed (an apply, a decision,
-        the fence), the stuck check when the checkpoint batcher flushes; every period a
-        full pass (endorse, commit) as a safety net, re-sends, GC."""
-        self._ticks += 1
-        if now is None:
-            self._checkpoints.tick(self._proof_of)
-            return
-        self._now = now
-        self._store.horizon = max(self._store.horizon, now - self._config.gc_horizon_ms)
-        fenced = self._fence.active(now)
-        if self._wakeups.pop_due(now + 1):
-            self._wake = True
-        for tx_id in self._deadlines.pop_due(now):
-            record = self._store.get(tx_id)
-            if record is not None and record.state is TxState.PENDING:
-                self._wake = True
-                self._expired[tx_id] = None
-                if not self._kernel.touched(tx_id):
-                    self._to_refuse[tx_id] = None
-        if not fenced:
-            for tx_id in self._to_refuse:
-                record = self._store.get(tx_id)
-                if (record is not None and record.state is TxState.PENDING
-                        and not self._kernel.touched(tx_id)):
-                    refusal = self._kernel.refuse(tx_id, record.tx)
-                    out.signed = True
-                    self._broadcast(refusal, out)
-                    self._resend_later(tx_id)
-                    self._tally.add(refusal)
-                    self._check_certificate(record, out)
-            self._to_refuse.clear()
-        applied = self._app.applied()
-        periodic = self._ticks % self._config.rebroadcast_ticks == 0
-        if self._wake or periodic or applied != self._seen_applied or fenced != self._fenced:
-            self._wake = False
-            self._seen_applied, self._fenced = applied, fenced
-            for tx_id in list(self._waiting):
-                record = self._store.get(tx_id)
-                if record is not None and record.state is TxState.PENDING:
-                    self._try_endorse(record, out)
-                if record is None or self._kernel.touched(tx_id) or record.state is not (
-                        TxState.PENDING):
-                    del self._waiting[tx_id]
-        if periodic:
-            for record in self._store.pending():
-                self._try_commit(record, out)
-        if self._ticks % self._config.checkpoint_ticks == 0:
-            self._queue_stuck(now)  # the batcher flushes on this tick (`veto.py`)
-        self._checkpoints.tick(self._proof_of)
-        if periodic:
-            self._rebroadcast(now, out)
-        self._gc(now, periodic, out)
-
-    def _resend_later(self, tx_id: TxId) -> None:
-        """Schedule the next re-send of an own signature: one period, doubling to 8."""
-        every = min(self._resend_every.get(tx_id, 0) * 2 or 1, 8)
-        self._resend_every[tx_id] = every
-        self._resends.push(self._ticks + every * self._config.rebroadcast_ticks, tx_id)
-
-    def _rebroadcast(self, now: int, out: _Outbox) -> None:
-        """Loss recovery (`recovery.py`): push own endorsements of transactions committed
-        here in the last two periods and own signatures of still-pending ones (at a
-        doubling backoff), pull what peers know of pending transactions past their
-        deadline (a peer that committed one no longer pushes its endorsement), and send
-        this period's `CommittedDigest`."""
-        for tx_id in list(self._expired):
-            if self._store.state_of(tx_id) is not TxState.PENDING:
-                del self._expired[tx_id]
-        overdue = tuple(self._expired)
-        for i in range(0, len(overdue), MAX_FETCH_IDS):
-            self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
-        out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
-        for tx_id in self._recovery.recent(self._ticks):
-            own = self._kernel.endorsement(tx_id)
-            if own is not None:
-                self._broadcast(own, out)
-        for tx_id in self._resends.pop_due(self._ticks + 1):
-            if self._store.state_of(tx_id) is not TxState.PENDING:
-                self._resend_every.pop(tx_id, None)
-                continue
-            signed: Message | None = self._kernel.endorsement(tx_id)
-            if signed is None:
-                signed = self._kernel.refusal(tx_id)
-            if signed is not None:
-                self._broadcast(signed, out)
-                self._resend_later(tx_id)
-
-    def _queue_stuck(self, now: int) -> None:
-        for tx_id in self._rules.stuck(now - self._config.delta_old_ms):
-            self._queue(tx_id)
-
-    def _queue(self, tx_id: TxId) -> None:
-        if tx_id not in self._queued:
-            self._queued[tx_id] = None
-            self._checkpoints.queue(tx_id)
-
-    def _gc(self, now: int, full: bool, out: _Outbox) -> None:
-        """Forget what lies beyond the horizon: every tick what came due in the store's
-        deadline index; every period (`full`) also the own signatures and small tables
-        whose transaction left the store some other way."""
-        gone, stones = self._store.gc(now - self._config.gc_horizon_ms, keep=self._keep)
-        if not (gone or stones or full):
-            return
-        for tx_id in gone:
-            self._gate.collect(tx_id)
-            self._tally.forget(tx_id)
-        state_of = self._store.state_of
-        for tx_id in gone + stones:
-            if state_of(tx_id) is None:
-                self._kernel.forget(tx_id)
-        if full:
-            for tx_id in self._kernel.endorsed_ids() + [r.tx_id for r in self._kernel.refusals()]:
-                if state_of(tx_id) is None:
-                    self._kernel.forget(tx_id)
-            for tx_id in [t for t in self._queued if state_of(t) is None]:
-                del self._queued[tx_id]
-            self._recovery.gc(self._store)
-            self._checkpoints.gc(lambda t: state_of(t) is not None)
-        self._rules.invalidate()
-        if gone or stones:
-            out.dirty = True
-
-    def _keep(self, record: TxRecord) -> bool:
-        return record.state is TxState.COMMITTED and self._gate.unapplied(record.tx_id)
 
     # ------------------------------------------------------------------------------ veto
 
@@ -754,7 +464,7 @@ class LeaderlessCore:
         return TransactionProof(tx=record.tx, endorsements=tuple(
             sorted(record.endorsements.values(), key=lambda e: e.endorser)))
 
-    def _drain_checkpoints(self, out: _Outbox) -> None:
+    def _drain_checkpoints(self, out: Outbox) -> None:
         effects = self._checkpoints.drain()
         if effects.sync:  # own votes and echo/ready choices are durable before they leave
             out.signed = True

@@ -1,0 +1,184 @@
+"""Intake of peer messages for `LeaderlessCore` (a mixin over the core's state: see
+`parts.py`): dispatch of each peer message to its handler, the checks (`checks.py`) with
+drops counted by reason, endorsements and refusals into the store and the tally, fetched
+proofs (a commit certificate commits), fetches of unknown transactions, and veto messages
+handed to the checkpoint machine.
+
+Rules: re-sent endorsements and refusals equal to the ones held, and any of a decided
+transaction, are recognised BEFORE a signature is verified (`status().duplicate`); an
+endorsement of an unknown transaction is buffered and the transaction fetched; a refusal
+of an unknown or decided one is not tallied.
+
+Must not import: trio, sockets, clocks, global random, `phalanx.net`.
+"""
+
+from __future__ import annotations
+
+from phalanx.consensus.leaderless.checks import endorsement_problem, refusal_problem
+from phalanx.consensus.leaderless.messages import (
+    CommittedDigest,
+    Endorsement,
+    FetchTransactions,
+    Refusal,
+    StartCheckpoint,
+    Transaction,
+    TransactionProof,
+    TxId,
+    VetoChoice,
+    VoteEcho,
+    VoteReady,
+)
+from phalanx.consensus.leaderless.parts import CoreParts, Outbox
+from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS
+from phalanx.consensus.leaderless.store import TxRecord, TxState
+from phalanx.consensus.types import Message, NodeId
+
+
+class PeerIntake(CoreParts):
+    """The peer-message handlers of `LeaderlessCore`."""
+
+    __slots__ = ()
+
+    def _on_receive(self, src: NodeId, msg: Message, out: Outbox) -> None:
+        if src not in self._config.nodes or src == self._config.node_id:
+            self._drop("unknown_sender")
+        elif isinstance(msg, Transaction):
+            problem = self._accept_tx(self._tx_id(msg), msg, out)
+            if problem is not None:
+                self._drop(problem)
+        elif isinstance(msg, Endorsement):
+            self._on_endorsement(src, msg, out)
+        elif isinstance(msg, Refusal):
+            self._on_refusal(msg, out)
+        elif isinstance(msg, TransactionProof):
+            self._on_proof(src, msg, out)
+        elif isinstance(msg, FetchTransactions):
+            self._on_fetch(src, msg, out)
+        elif isinstance(msg, CommittedDigest):
+            out.sends += self._recovery.on_digest(src, msg.tx_ids, self._store, self._ticks)
+        elif isinstance(msg, StartCheckpoint):
+            self._checkpoints.on_start(src, msg, self._proof_of)
+        elif isinstance(msg, VetoChoice):
+            self._checkpoints.on_choice(src, msg, self._proof_of)
+        elif isinstance(msg, VoteEcho):
+            self._checkpoints.on_echo(src, msg, self._proof_of)
+        elif isinstance(msg, VoteReady):
+            self._checkpoints.on_ready(src, msg)
+        else:
+            self._drop("unknown_message")
+
+    def _on_proof(self, src: NodeId | None, proof: TransactionProof, out: Outbox) -> None:
+        problem = self._accept_tx(self._tx_id(proof.tx), proof.tx, out)
+        if problem not in (None, "duplicate_tx", "decided_tx"):
+            self._drop(problem or "")
+            return
+        for e in proof.endorsements:
+            if isinstance(e, Endorsement):
+                self._on_endorsement(src, e, out)
+        for r in proof.refusals:
+            if isinstance(r, Refusal):
+                self._on_refusal(r, out)
+        record = self._store.get(self._tx_id(proof.tx))
+        if record is not None and record.state is TxState.PENDING:
+            self._commit_certificate(record, proof, out)
+
+    def _commit_certificate(self, record: TxRecord, proof: TransactionProof,
+                            out: Outbox) -> None:
+        """A proof whose own endorsements make `record` committable commits it, even where
+        an equivocating endorser's other endorsement was kept here (the record keeps one per
+        endorser: without this, a node that kept the conditional one of an equivocator's
+        two never commits what the others committed with the unconditional one). Counting
+        either of a Byzantine endorser's endorsements is what a node that received that one
+        first would do."""
+        valid: dict[NodeId, Endorsement] = {}
+        dropped = TxState.DROPPED
+        for e in proof.endorsements:
+            if (not isinstance(e, Endorsement) or e.tx_id != record.tx_id or e.endorser in valid
+                    or not all(self._store.state_of(c) is dropped for c in e.conditions)):
+                continue
+            held = record.endorsements.get(e.endorser)
+            if held == e or (e.endorser != self._config.node_id and endorsement_problem(
+                    e, self._config.nodes, self._crypto) is None):
+                valid[e.endorser] = e
+        if (len(valid) < self._rules.quorum(record) or self._rules.committable(record)
+                or self._checkpoints.blocked(record.tx_id)):
+            return
+        self._commit(record, tuple(valid[n] for n in sorted(valid)), out)
+
+    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox) -> None:
+        if e.endorser == self._config.node_id:
+            return  # our own, echoed back in a proof
+        # Re-sends and fetched proofs repeat what is held: recognised before any signature
+        # is verified (an equal endorsement is the one verified when it first arrived).
+        record = self._store.get(e.tx_id)
+        if record is not None:
+            if record.endorsements.get(e.endorser) == e:
+                self._drop("duplicate_endorsement")
+                return
+        elif self._store.decided(e.tx_id):
+            self._drop("decided_endorsement")  # nothing about it can change any more
+            return
+        elif self._store.buffered.get(e.tx_id, {}).get(e.endorser) == e:
+            self._drop("duplicate_endorsement")
+            return
+        problem = endorsement_problem(e, self._config.nodes, self._crypto)
+        if problem is not None:
+            self._drop(problem)
+            return
+        if record is None:
+            if self._store.buffer(e) and src is not None:
+                self._fetch(src, e.tx_id, out)
+            return
+        self._add_endorsement(record, e, src, out)
+
+    def _add_endorsement(self, record: TxRecord, e: Endorsement, src: NodeId | None,
+                         out: Outbox) -> None:
+        have = record.endorsements.get(e.endorser)
+        if have is not None:
+            self._drop("duplicate_endorsement" if have == e else "equivocating_endorsement")
+            return
+        if record.state is not TxState.PENDING:
+            return
+        record.endorsements[e.endorser] = e
+        self._rules.invalidate()
+        if src is not None:
+            for c in e.conditions:
+                if self._store.state_of(c) is None:
+                    self._fetch(src, c, out)
+        self._try_commit(record, out)
+
+    def _on_refusal(self, r: Refusal, out: Outbox) -> None:
+        if r.endorser == self._config.node_id:
+            return  # our own, echoed back in a proof
+        record = self._store.get(r.tx_id)
+        if record is None or record.state is not TxState.PENDING:
+            # Unknown: not tallied (memory stays bounded); the refuser re-sends it.
+            # Decided: nothing about it can change. Neither needs its signature checked.
+            return
+        if self._tally.holds(r):
+            self._drop("duplicate_refusal")
+            return
+        problem = refusal_problem(r, self._config.nodes, self._crypto)
+        if problem is not None:
+            self._drop(problem)
+            return
+        self._tally.add(r)
+        self._check_certificate(record, out)
+
+    def _check_certificate(self, record: TxRecord, out: Outbox) -> None:
+        if record.state is not TxState.PENDING:
+            return
+        certificate = self._tally.certificate(record.tx_id)
+        if certificate:
+            self._recovery.aborted(record.tx_id, TransactionProof(
+                tx=record.tx, refusals=tuple(sorted(certificate, key=lambda r: r.endorser))))
+            self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
+
+    def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: Outbox) -> None:
+        if len(msg.tx_ids) > MAX_FETCH_IDS:
+            self._drop("oversized_fetch")
+        out.sends += self._recovery.answer(src, msg.tx_ids, self._store, self._kernel)
+
+    def _fetch(self, src: NodeId, tx_id: TxId, out: Outbox) -> None:
+        out.sends += self._recovery.fetch(src, (tx_id,), self._ticks)
+

@@ -1,0 +1,154 @@
+"""Per-tick work of `LeaderlessCore` (a mixin over the core's state: see `parts.py`):
+refusals past a deadline, re-checks of waiting transactions, the stuck check that feeds
+the checkpoint batcher, loss recovery (re-sends, pulls, the committed digest) and GC.
+
+Rules: work is done by due time (`schedule.DueHeap`): deadlines, far-future deadlines
+coming within the lead, re-sends of own signatures at a doubling backoff (1, 2, 4, 8
+periods); waiting transactions are re-checked only when an input changed, and in a full
+pass (endorse, commit) once per `rebroadcast_ticks`; nothing is signed while fenced.
+
+Must not import: trio, sockets, clocks, global random, `phalanx.net`.
+"""
+
+from __future__ import annotations
+
+from phalanx.consensus.leaderless.messages import FetchTransactions, TxId
+from phalanx.consensus.leaderless.parts import CoreParts, Outbox
+from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS
+from phalanx.consensus.leaderless.store import TxRecord, TxState
+from phalanx.consensus.types import Message
+
+
+class TickWork(CoreParts):
+    """The `Tick` handling of `LeaderlessCore`."""
+
+    __slots__ = ()
+
+    def _on_tick(self, now: int | None, out: Outbox) -> None:
+        """Only what came due or changed: deadlines passed (`DueHeap`: refusals, and a
+        wake-up of the waiting transactions, whose conflicts may now all be expired), the
+        waiting transactions when something they depend on changed (an apply, a decision,
+        the fence), the stuck check when the checkpoint batcher flushes; every period a
+        full pass (endorse, commit) as a safety net, re-sends, GC."""
+        self._ticks += 1
+        if now is None:
+            self._checkpoints.tick(self._proof_of)
+            return
+        self._now = now
+        self._store.horizon = max(self._store.horizon, now - self._config.gc_horizon_ms)
+        fenced = self._fence.active(now)
+        if self._wakeups.pop_due(now + 1):
+            self._wake = True
+        for tx_id in self._deadlines.pop_due(now):
+            record = self._store.get(tx_id)
+            if record is not None and record.state is TxState.PENDING:
+                self._wake = True
+                self._expired[tx_id] = None
+                if not self._kernel.touched(tx_id):
+                    self._to_refuse[tx_id] = None
+        if not fenced:
+            for tx_id in self._to_refuse:
+                record = self._store.get(tx_id)
+                if (record is not None and record.state is TxState.PENDING
+                        and not self._kernel.touched(tx_id)):
+                    refusal = self._kernel.refuse(tx_id, record.tx)
+                    out.signed = True
+                    self._broadcast(refusal, out)
+                    self._resend_later(tx_id)
+                    self._tally.add(refusal)
+                    self._check_certificate(record, out)
+            self._to_refuse.clear()
+        applied = self._app.applied()
+        periodic = self._ticks % self._config.rebroadcast_ticks == 0
+        if self._wake or periodic or applied != self._seen_applied or fenced != self._fenced:
+            self._wake = False
+            self._seen_applied, self._fenced = applied, fenced
+            for tx_id in list(self._waiting):
+                record = self._store.get(tx_id)
+                if record is not None and record.state is TxState.PENDING:
+                    self._try_endorse(record, out)
+                if record is None or self._kernel.touched(tx_id) or record.state is not (
+                        TxState.PENDING):
+                    del self._waiting[tx_id]
+        if periodic:
+            for record in self._store.pending():
+                self._try_commit(record, out)
+        if self._ticks % self._config.checkpoint_ticks == 0:
+            self._queue_stuck(now)  # the batcher flushes on this tick (`veto.py`)
+        self._checkpoints.tick(self._proof_of)
+        if periodic:
+            self._rebroadcast(now, out)
+        self._gc(now, periodic, out)
+
+    def _resend_later(self, tx_id: TxId) -> None:
+        """Schedule the next re-send of an own signature: one period, doubling to 8."""
+        every = min(self._resend_every.get(tx_id, 0) * 2 or 1, 8)
+        self._resend_every[tx_id] = every
+        self._resends.push(self._ticks + every * self._config.rebroadcast_ticks, tx_id)
+
+    def _rebroadcast(self, now: int, out: Outbox) -> None:
+        """Loss recovery (`recovery.py`): push own endorsements of transactions committed
+        here in the last two periods and own signatures of still-pending ones (at a
+        doubling backoff), pull what peers know of pending transactions past their
+        deadline (a peer that committed one no longer pushes its endorsement), and send
+        this period's `CommittedDigest`."""
+        for tx_id in list(self._expired):
+            if self._store.state_of(tx_id) is not TxState.PENDING:
+                del self._expired[tx_id]
+        overdue = tuple(self._expired)
+        for i in range(0, len(overdue), MAX_FETCH_IDS):
+            self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
+        out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
+        for tx_id in self._recovery.recent(self._ticks):
+            own = self._kernel.endorsement(tx_id)
+            if own is not None:
+                self._broadcast(own, out)
+        for tx_id in self._resends.pop_due(self._ticks + 1):
+            if self._store.state_of(tx_id) is not TxState.PENDING:
+                self._resend_every.pop(tx_id, None)
+                continue
+            signed: Message | None = self._kernel.endorsement(tx_id)
+            if signed is None:
+                signed = self._kernel.refusal(tx_id)
+            if signed is not None:
+                self._broadcast(signed, out)
+                self._resend_later(tx_id)
+
+    def _queue_stuck(self, now: int) -> None:
+        for tx_id in self._rules.stuck(now - self._config.delta_old_ms):
+            self._queue(tx_id)
+
+    def _queue(self, tx_id: TxId) -> None:
+        if tx_id not in self._queued:
+            self._queued[tx_id] = None
+            self._checkpoints.queue(tx_id)
+
+    def _gc(self, now: int, full: bool, out: Outbox) -> None:
+        """Forget what lies beyond the horizon: every tick what came due in the store's
+        deadline index; every period (`full`) also the own signatures and small tables
+        whose transaction left the store some other way."""
+        gone, stones = self._store.gc(now - self._config.gc_horizon_ms, keep=self._keep)
+        if not (gone or stones or full):
+            return
+        for tx_id in gone:
+            self._gate.collect(tx_id)
+            self._tally.forget(tx_id)
+        state_of = self._store.state_of
+        for tx_id in gone + stones:
+            if state_of(tx_id) is None:
+                self._kernel.forget(tx_id)
+        if full:
+            for tx_id in self._kernel.endorsed_ids() + [r.tx_id for r in self._kernel.refusals()]:
+                if state_of(tx_id) is None:
+                    self._kernel.forget(tx_id)
+            for tx_id in [t for t in self._queued if state_of(t) is None]:
+                del self._queued[tx_id]
+            self._recovery.gc(self._store)
+            self._checkpoints.gc(lambda t: state_of(t) is not None)
+        self._rules.invalidate()
+        if gone or stones:
+            out.dirty = True
+
+    def _keep(self, record: TxRecord) -> bool:
+        return record.state is TxState.COMMITTED and self._gate.unapplied(record.tx_id)
+
