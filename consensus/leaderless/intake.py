@@ -37,8 +37,6 @@ from phalanx.consensus.types import Message, NodeId
 class PeerIntake(CoreParts):
     """The peer-message handlers of `LeaderlessCore`."""
 
-    __slots__ = ()
-
     def _on_receive(self, src: NodeId, msg: Message, out: Outbox) -> None:
         if src not in self._config.nodes or src == self._config.node_id:
             self._drop("unknown_sender")

@@ -55,8 +55,6 @@ class Outbox:
 class CoreParts:
     """Declarations only (see the module docstring)."""
 
-    __slots__ = ()
-
     if TYPE_CHECKING:
         _config: LeaderlessConfig
         _crypto: Crypto

@@ -22,8 +22,6 @@ from phalanx.consensus.types import Message
 class TickWork(CoreParts):
     """The `Tick` handling of `LeaderlessCore`."""
 
-    __slots__ = ()
-
     def _on_tick(self, now: int | None, out: Outbox) -> None:
         """Only what came due or changed: deadlines passed (`DueHeap`: refusals, and a
         wake-up of the waiting transactions, whose conflicts may now all be expired), the

@@ -136,9 +136,10 @@ class ChainedRequests:
         if key is None:
             key = self._keys[client_id] = FastCrypto(NodeId(client_id),
                                                      cluster_secret=CLIENT_SECRET)
-        model.apply(command)
-        self._written |= set(access.writes)
         tx = dataclasses.replace(body, signature=key.sign(body))
+        # As the replica applies it in transaction mode (KV chain versions: the id counts).
+        model.apply_tx(transaction_id(tx, self._encode), command)
+        self._written |= set(access.writes)
         return ClientRequest(client_id=client_id, request_no=request_no,
                              command=self._encode(tx))
 
