@@ -102,11 +102,16 @@ def test_app_view_reads_conflicts_versions_votes_and_the_applied_index() -> None
     assert not view.accepts(enc(Put(key="k", value=b"x" * 40)), "small")
     assert view.versions(["k"]) == (b"",)
     assert view.applied() == 0
-    request = ClientRequest(client_id="c1", request_no=1,
-                            command=WireTxCodec().encode(transaction(Put(key="k", value=b"a"))))
+    tx = transaction(Put(key="k", value=b"a"))
+    request = ClientRequest(client_id="c1", request_no=1, command=WireTxCodec().encode(tx))
     r.apply(Entry(index=1, term=0, kind=EntryKind.COMMAND, requests=(request,)))
     assert view.applied() == 1
-    assert view.versions(["k", "n"]) == (kv_ops.version_of(b"a"), b"")
+    # Transaction mode: the version is the KV chain version of the applied transaction.
+    model = KvStateMachine()
+    model.apply_tx(transaction_id(tx, wire.encode),
+                   kv_wire.encode_command(Put(key="k", value=b"a")))
+    assert view.versions(["k", "n"]) == (model.versions(["k"])[0], b"")
+    assert view.versions(["k"]) != (kv_ops.version_of(b"a"),)
 
 
 def test_the_access_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
