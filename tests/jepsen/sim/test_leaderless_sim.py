@@ -59,9 +59,12 @@ CAUGHT: dict[str, tuple[int, ...]] = {
     "endorse_despite_conflict": (0, 2, 3),
     # A chained put released before its predecessor applied at a lagging replica: the
     # conflicting puts apply in different orders.
-    "no_version_gate": (2,),
+    # (Re-seeded after merging main's reliable-broadcast veto into the hot-path branch:
+    # seed 2 no longer catches it; of seeds 0-13 only 8, 10 and 13 do.)
+    "no_version_gate": (8, 10, 13),
     # A stale versioned put is endorsed and commits; its requirement never holds again.
-    "skip_requirements": (0, 1, 2),
+    # (Seed 1 no longer catches it after that merge; 0, 2 and 3 do.)
+    "skip_requirements": (0, 2, 3),
 }
 """Per bug switch, seeds of the sweep (its faults and timing) whose checker fails with it."""
 
