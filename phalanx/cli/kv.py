@@ -360,7 +360,13 @@ async def run_kv(
     async with open_client(cluster, **options) as client:
         encoded = kv_wire.encode_command(command)
         try:
-            if client.signs_transactions and not stale:
+            if client.signs_transactions and not stale and isinstance(
+                    command, Add | Mul | SAdd | SRem):
+                # a commuting update requires its key's BASE version (docs/KV_STORAGE.md)
+                await client.update(command, requirements=requirements,
+                                    retry_aborted=retry_aborted)
+                raw = kv_wire.encode_result(Done())
+            elif client.signs_transactions and not stale:
                 raw = await client.call_versioned(
                     encoded, required_keys(command), read_only=read_only,
                     requirements=requirements, retry_aborted=retry_aborted)

@@ -175,6 +175,14 @@ class KvHelpers(ABC):
         raw = await self.matching_read(kv_wire.encode_command(command))
         return BaseVersion(self._result(command, raw, VersionResult).version)
 
+    async def update(self, command: Add | Mul | SAdd | SRem, *,
+                     requirements: Requirements | None = None,
+                     retry_aborted: bool = False) -> None:
+        """Run the commuting update `command` (as `add`/`mul`/`sadd`/`srem` do: on a
+        leaderless cluster, with the base version f+1 nodes report unless `requirements`
+        are given)."""
+        await self._update(command, command.key, requirements, retry_aborted)
+
     async def _update(self, command: KvCommand, key: str, requirements: Requirements | None,
                       retry_aborted: bool) -> None:
         """A commuting update: the caller's requirements, or (ENDORSEMENT) the base version
