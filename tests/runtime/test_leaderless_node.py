@@ -132,10 +132,10 @@ def test_an_app_without_endorsement_hooks_is_refused() -> None:
             return b""
 
         def snapshot(self) -> KvStateMachine:  # pragma: no cover - never called
-            raise NotImplementedError
+            raise AssertionError("this test's app without hooks is never checkpointed")
 
         def restore(self, data: bytes) -> None:  # pragma: no cover - never called
-            raise NotImplementedError
+            raise AssertionError("this test's app without hooks is never restored")
 
     storage = MemoryDisk("n1").open()
     plain = Replica(Plain(), checkpoints=storage.checkpoints)  # type: ignore[arg-type]
