@@ -505,5 +505,6 @@ class LeaderlessCore(PeerIntake, TickWork):
             commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),
             pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
             aborted=self._aborted, gated=len(self._gate.gated),
+            skipped_reads=self._gate.skip_count,
             recovering=self._fence.active(self._now),
             gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates))

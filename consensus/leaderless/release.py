@@ -13,6 +13,15 @@ required keys equal its requirements (`requirements_hold`: a base requirement ag
 base version). A transaction without requirements passes at once
 (commuting updates). Waiting transactions are tried in commit order on every step.
 
+Skip rule (`skip_stale_reads`): a gated READ-ONLY transaction whose deadline lies more than
+`grace_ms` in the past leaves the gate unreleased (`skipped`): it changes no state, so
+skipping it here changes nothing but this node's answer (the f+1 nodes that applied it in
+order answer its client, who stops waiting `abort_grace` after the deadline anyway). Without
+it, a read T and a writer W requiring the same version of k, learned W first, left T gated
+forever here, and the endorsement rule then refused every later transaction on k
+(docs/LEADERLESS.md, "A committed read held at the version gate"). A writing transaction
+is never skipped: its writes must apply everywhere.
+
 Invariants: local indexes are gap-free and increasing; a transaction is released at most
 once per process lifetime (a restart releases again what the record holds: the replica
 applies each transaction id once).
@@ -43,7 +52,7 @@ class Committed:
 
 class ReleaseGate:
     __slots__ = ("_app", "_proofs", "_unstamped", "gated", "last_index", "no_gate", "released",
-                 "unsynced")
+                 "skip_count", "skipped", "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
         self._app = app
@@ -52,13 +61,17 @@ class ReleaseGate:
         self.released: dict[TxId, Committed] = {}
         self.unsynced: dict[TxId, Committed] = {}
         """Released, WAL entry not yet known durable (index order): still in the record."""
+        self.skipped: dict[TxId, None] = {}
+        """Committed read-only transactions skipped here (`skip_stale_reads`), until GC."""
+        self.skip_count = 0
+        """Skipped by this process in all (`LeaderlessStatus.skipped_reads`)."""
         self._unstamped: list[Committed] = []
         self._proofs: tuple[tuple[TransactionProof, ...], tuple[int, ...]] | None = None
         """`proofs()`, cached until a change (the journal diffs the record by identity)."""
         self.no_gate = no_gate
 
     def __contains__(self, tx_id: TxId) -> bool:
-        return tx_id in self.gated or tx_id in self.released
+        return tx_id in self.gated or tx_id in self.released or tx_id in self.skipped
 
     def add(self, item: Committed) -> None:
         self._proofs = None
@@ -145,6 +158,22 @@ class ReleaseGate:
                 return False
         return requirements_hold(self._app, reqs)
 
+    def skip_stale_reads(self, now_ms: int | None, grace_ms: int) -> int:
+        """Skip every gated read-only transaction whose deadline + `grace_ms` is before
+        `now_ms` (module docstring); how many were skipped."""
+        if now_ms is None or not self.gated:
+            return 0
+        stale = [item.tx_id for item in self.gated.values()
+                 if not item.writes and item.proof is not None
+                 and item.proof.tx.deadline_ms + grace_ms < now_ms]
+        for tx_id in stale:
+            del self.gated[tx_id]
+            self.skipped[tx_id] = None
+        if stale:
+            self._proofs = None
+            self.skip_count += len(stale)
+        return len(stale)
+
     def release(self) -> list[Entry]:
         """Release every waiting transaction that passes the gate, in commit order."""
         out: list[Entry] = []
@@ -154,8 +183,12 @@ class ReleaseGate:
         return out
 
     def collect(self, tx_id: TxId) -> bool:
-        """Forget a released and applied transaction (GC); False if it must stay."""
+        """Forget a released and applied (or a skipped) transaction (GC); False if it must
+        stay."""
         self._proofs = None
+        if tx_id in self.skipped:
+            del self.skipped[tx_id]
+            return True
         item = self.released.get(tx_id)
         if item is None or item.index > self._app.applied():
             return False

@@ -23,6 +23,8 @@ class LeaderlessStatus(CoreStatus):
         dropped_txs: transactions dropped (checkpoint or abort certificate).
         aborted: `Abort`s emitted.
         gated: committed transactions waiting at the version gate.
+        skipped_reads: committed read-only transactions skipped at the gate, past their
+            deadline (`ReleaseGate.skip_stale_reads`).
         gc_horizon_ms: the garbage-collection horizon.
         duplicate: benign re-sends ignored, by reason (`BENIGN_DUPLICATES`: peers'
             periodic re-sends, client retries); `dropped` keeps the suspicious input.
@@ -33,6 +35,7 @@ class LeaderlessStatus(CoreStatus):
     dropped_txs: int = 0
     aborted: int = 0
     gated: int = 0
+    skipped_reads: int = 0
     gc_horizon_ms: int = 0
     duplicate: Mapping[str, int] = field(default_factory=dict)
 

@@ -34,6 +34,10 @@ class TickWork(CoreParts):
             return
         self._now = now
         self._store.horizon = max(self._store.horizon, now - self._config.gc_horizon_ms)
+        if self._gate.skip_stale_reads(now, self._config.delta_old_ms):
+            self._rules.invalidate()  # the endorsement rule no longer waits for them
+            self._wake = True
+            out.dirty = True
         fenced = self._fence.active(now)
         if self._wakeups.pop_due(now + 1):
             self._wake = True
