@@ -345,9 +345,14 @@ class KvStateMachine:
                 return KeyAccess(read_prefixes=(prefix,))
             case Txn(compares=compares, success=success, failure=failure):
                 # `KeyAccess` holds sorted unique keys; a txn may name them in any order.
-                reads = tuple(sorted({c.key for c in compares}))
-                writes = tuple(sorted({w.key for w in success + failure}))
-                return KeyAccess(reads=reads, writes=writes)
+                # A txn that may write counts as writing every key it compares too (its
+                # version moves in transaction mode), so it never shares a compared key's
+                # version with a later writer of that key (docs/LEADERLESS.md, "A committed
+                # read held at the version gate").
+                compared = {c.key for c in compares}
+                written = {w.key for w in success + failure}
+                return KeyAccess(reads=tuple(sorted(compared)),
+                                 writes=tuple(sorted(written | compared if written else ())))
             case KvError():
                 return KeyAccess()
 

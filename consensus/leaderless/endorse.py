@@ -7,8 +7,11 @@ nor refused here):
 2. A requirement does not match the applied version (a base requirement: the base
    version), a key of `app.needs_requirements` has no full requirement, a key of
    `app.needs_base` has none, an update required only by base does not fit its key's run
-   (`app.fits_run`), the policy refuses, or the deadline lies more than
-   `max_deadline_lead_ms` past the clock → not now.
+   (`app.fits_run`), a writing transaction requires a key it does not write, the policy
+   refuses, or the deadline lies more than `max_deadline_lead_ms` past the clock → not now.
+   (Why the write-set rule: T writing j and requiring k@V, and a later W writing k and
+   requiring V, both commit where T applied before W; a node that learns W first could
+   never apply T, and T's write of j would be lost there.)
 3. A transaction committed here but not yet applied conflicts with T → not now.
 4. K = own endorsed pending transactions that conflict with T: K = ∅ → unconditional;
    all of K expired → conditional on K; else not now.
@@ -62,6 +65,8 @@ class Endorser:
         if any(k not in full for k in record.needs) or any(
                 k not in keys for k in record.needs_base):
             return False
+        if record.writes and any(k not in record.writes for k in keys):
+            return False  # a writer requiring a key it does not write (module docstring)
         if not self.skip_requirements and not requirements_hold(self._app, tx.requirements):
             return False
         base_only = [r.key for r in tx.requirements if r.base and r.key not in full]

@@ -65,6 +65,18 @@ def test_order_free_updates_need_no_requirement_everything_else_does() -> None:
     assert m.needs_requirements(b"\xc1 not a command") == ()
 
 
+def test_a_writing_txn_writes_the_keys_it_compares() -> None:
+    """So it never shares a compared key's version with a later writer of that key (the
+    leaderless core refuses a writer requiring a key outside its writes)."""
+    m = KvStateMachine()
+    writing = Txn(compares=(Compare(key="b", expected=None),),
+                  success=(Put(key="c", value=b"1"),))
+    assert m.access(enc(writing)).writes == ("b", "c")
+    reading = Txn(compares=(Compare(key="b", expected=None),), success=())
+    assert m.access(enc(reading)).writes == ()
+    assert m.access(enc(reading)).reads == ("b",)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.binary(max_size=8)),
                 max_size=10))

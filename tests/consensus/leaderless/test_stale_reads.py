@@ -61,3 +61,24 @@ def test_a_read_learned_after_its_writer_is_skipped_not_held(skip: bool) -> None
     expected = b"c" if skip else b"b"
     assert c.states()[1:] == [{"k": expected}] * 3
     assert _committed_everywhere_but_n4(c, tx_id(read))
+
+
+def test_a_writer_requiring_a_key_it_does_not_write_is_never_endorsed() -> None:
+    """T writes j and requires k@V; W writes k requiring V after T applied. Both could
+    commit, and a node learning W first could never apply T: T's write of j would be lost
+    there. So a correct node never endorses such a T (it aborts at its deadline); a writer
+    requiring only keys it writes commits as usual."""
+    c = Cluster(4, seed=7)
+    c.tick()
+    c.submit(make_tx("set k a", no=1, reqs={"k": version(None)}), to=(N1,))
+    c.tick(rounds=5)
+    odd = make_tx("set j 1", no=2, reqs={"j": version(None), "k": version(b"a")})
+    c.submit(odd, to=(N1,))
+    c.tick(rounds=80)  # 8 s: past its deadline
+    assert c.states() == [{"k": b"a"}] * 4
+    assert all(n.core.status().committed == 1 for n in c.nodes.values())
+    assert [a.request.request_no for a in c.nodes[N1].aborted] == [2]
+    fine = make_tx("set j 2", no=3, deadline=c.now + 5000, reqs={"j": version(None)})
+    c.submit(fine, to=(N1,))
+    c.tick(rounds=5)
+    assert c.states() == [{"k": b"a", "j": b"2"}] * 4
