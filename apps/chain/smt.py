@@ -85,6 +85,9 @@ class _Leaf:
 
 class _Inner:
     __slots__ = ("hash", "left", "right")
+    hash: bytes
+    left: _Node
+    right: _Node
 
     def __init__(self, left: _Node, right: _Node) -> None:
         self.hash = _inner_hash(
