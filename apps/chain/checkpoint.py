@@ -53,6 +53,7 @@ _MAGIC = "phalanx.chain"
 _VERSION = 1
 LEAVES_PER_CHUNK = 512
 BLOCKS_PER_CHUNK = 128
+_NOTHING = object()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,7 +195,7 @@ def _load(data: bytes, genesis: Genesis) -> ChainView:
         raise _fail("blocks do not end at the head")
     if prev_root is not None and prev_root != root:
         raise _fail("the last block's state root is not the tree's")
-    if obj != ["end", len(leaves), height] or next(objs, None) is not None:
+    if obj != ["end", len(leaves), height] or next(objs, _NOTHING) is not _NOTHING:
         raise _fail("bad end marker or trailing data")
     return ChainView(genesis=genesis, tree=tree, accounts=accounts,
                      dirty=immutables.Map(dict.fromkeys(dirty_keys)), height=height,
