@@ -56,7 +56,7 @@ def merkle(accounts: int, rounds: int, rng: random.Random) -> list[tuple[str, st
 
         batches = [changes() for _ in range(rounds)]
         it = iter(batches)
-        batched = _median_s(lambda it=it: tree.update_batch(next(it)), rounds)  # type: ignore[misc]
+        batched = _median_s(lambda it=it: tree.update_batch(next(it)), rounds)
         rows.append((f"Merkle update, block of {block:,} transfers (one batch)",
                      f"{batched * 1e3:.1f} ms ({batched / block * 1e6:.0f} us/tx)"))
         if block == 100:
