@@ -79,7 +79,7 @@ def validate_chain(genesis: Genesis, blocks: Sequence[Block], *,
             return invalid(Failure.TIMESTAMP, f"{header.timestamp} < {last_timestamp}")
         if trust is not None and not trust(header):
             return invalid(Failure.CONSENSUS_PROOF, "the consensus proof does not verify")
-        ids = []
+        ids: list[bytes] = []
         for raw in txs:
             tx = decode_tx(raw)
             if isinstance(tx, ChainError):
