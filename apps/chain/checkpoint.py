@@ -12,8 +12,8 @@ Format (version 1), a stream of msgpack objects, concatenated:
                                                         # leaves, ascending by key hash
     ["dirty", [account, value, ...]]                    # working values changed since the
                                                         # last block, ascending by account
-    ["blocks", [block, ...]]                            # repeated; encoded `BlockData`s of
-                                                        # heights 1, 2, ... in order
+    ["blocks", [block, ...]]                            # repeated (~64 KiB each); encoded
+                                                        # `BlockData`s of heights 1, 2, ...
     ["end", leaf_count, block_count]
 `genesis` is the encoded `Genesis`; `batch` is nil, or ``[index, timestamp, proposer,
 [raw tx, ...]]`` for a batch open when the snapshot was taken (so restore resumes inside it).
@@ -52,7 +52,8 @@ from phalanx.apps.interface import BatchInfo, SnapshotFormatError
 _MAGIC = "phalanx.chain"
 _VERSION = 1
 LEAVES_PER_CHUNK = 512
-BLOCKS_PER_CHUNK = 128
+CHUNK_BYTES = 64 * 1024
+"""Blocks are written in chunks of about this many bytes (a block can hold 1,000 txs)."""
 _NOTHING = object()
 
 
@@ -103,9 +104,17 @@ class ChainSnapshot:
         for account in sorted(v.dirty):  # at most one block's accounts
             dirty += (account, v.accounts[account])
         yield _pack(["dirty", dirty])
-        for start in range(1, v.height + 1, BLOCKS_PER_CHUNK):
-            stop = min(v.height + 1, start + BLOCKS_PER_CHUNK)
-            yield _pack(["blocks", [v.blocks[h] for h in range(start, stop)]])
+        blocks: list[bytes] = []
+        size = 0
+        for height in range(1, v.height + 1):
+            block = v.blocks[height]
+            blocks.append(block)
+            size += len(block)
+            if size >= CHUNK_BYTES:
+                yield _pack(["blocks", blocks])
+                blocks, size = [], 0
+        if blocks:
+            yield _pack(["blocks", blocks])
         yield _pack(["end", len(v.tree), v.height])
 
 

@@ -239,3 +239,20 @@ def test_restore_refuses_bad_data_and_keeps_the_state() -> None:
         other.restore(good)
     fresh.restore(good)
     assert fresh.state_root == m.state_root
+
+
+def test_checkpoints_split_into_many_chunks_restore_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.apps.chain import checkpoint
+
+    monkeypatch.setattr(checkpoint, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(checkpoint, "LEAVES_PER_CHUNK", 1)
+    m = ChainStateMachine(genesis())
+    for nonce in range(1, 4):
+        m.apply(transfer(1, nonce, 4, 5))
+    chunks = list(m.snapshot().chunks())
+    assert len(chunks) >= 1 + 4 + 1 + 3 + 1  # header, leaves, dirty, blocks, end
+    c = ChainStateMachine(genesis())
+    c.restore(b"".join(chunks))
+    assert (c.state_root, c.head_hash, c.height) == (m.state_root, m.head_hash, 3)
+    assert c.block(2) == m.block(2)
