@@ -4,7 +4,8 @@ Owns: the `StateMachine` and `StateSnapshot` protocols, the optional `Endorsemen
 leaderless core uses (key access sets, with `KeyUpdate`s and the application's commutativity
 relation over them, and a local accept/reject vote), the optional
 `Admission` hook a node runs on a request when it arrives (size limits, before anything is
-proposed or replicated), and the typed errors an application raises on malformed snapshot
+proposed or replicated), the optional `BatchHooks` that show an application block boundaries
+(`BatchInfo`), and the typed errors an application raises on malformed snapshot
 data.
 
 Must not import: anything from `phalanx.consensus` cores, `phalanx.storage`, trio, sockets or
@@ -309,4 +310,44 @@ class Admission(Protocol):
         node proposes); MUST NOT change state or raise on any input. Keep it cheap: it runs
         on the node's core task for every request.
         """
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchInfo:
+    """What consensus tells an application about one batch of committed commands (a block).
+
+    `index` is the batch's position in the consensus order (Raft's log index of its first
+    entry, PBFT's sequence number): strictly increasing across batches, not necessarily
+    contiguous. `timestamp` (milliseconds) and `proposer` (a node id) are the values the
+    batch was ordered with (the leader's or primary's, agreed by consensus), identical on every
+    replica: the only clock an application may read.
+    """
+
+    index: int
+    timestamp: int
+    proposer: str
+
+
+@runtime_checkable
+class BatchHooks(Protocol):
+    """Optional block boundaries: the replica calls `begin_batch(info)`, then `apply` for each
+    command of the batch in order, then `end_batch()`. An application that commits to its
+    state per block (the chain app's state root) batches its work there.
+
+    A replica that does not know the hooks only calls `apply`; an application implementing
+    them MUST still work then (the chain app treats each such command as its own block).
+    Snapshots may be taken between any two calls, including inside a batch; `restore` then
+    resumes inside it.
+    """
+
+    def begin_batch(self, info: BatchInfo) -> None:
+        """Open a batch. Determinism: a function of the state and `info` only. Raises
+        RuntimeError when a batch is already open (the replica's own misuse)."""
+        ...
+
+    def end_batch(self) -> bytes:
+        """Close the open batch and return the application's commitment to its state after
+        it (the chain app: the block's state root). Determinism: MUST be deterministic.
+        Raises RuntimeError when no batch is open."""
         ...

@@ -1,0 +1,241 @@
+"""`ChainStateMachine`: the blockchain app as a phalanx `StateMachine` with `BatchHooks`.
+
+Owns: applying signed transactions (`phalanx.apps.chain.tx`) to the accounts
+(`phalanx.apps.chain.state`), block building (a block per batch), the state root (a
+`SparseMerkleTree` updated once per block), queries, snapshots and restore
+(`phalanx.apps.chain.checkpoint`), and the `Admission` hook (stateless checks on arrival).
+
+Must not import: consensus cores, storage, trio, clocks.
+
+Blocks:
+- With `BatchHooks` (`begin_batch(info)`, `apply`..., `end_batch()`), a batch is one block:
+  `apply` updates the working accounts only and records the transaction; `end_batch` feeds
+  the block's changed accounts to the tree in one `update_batch` (each dirty path re-hashed
+  once), builds the `BlockHeader` and returns the state root. A batch with no successful
+  transaction still makes an (empty) block, so heights follow the batches.
+- Without hooks (a replica that does not know them), each `apply` of a transaction that
+  succeeds is its own block (timestamp: the previous block's; proposer: ""); a refused one
+  makes no block.
+- A block holds only the transactions that executed successfully, in order; a refused one
+  gets a typed `ChainError` result and changes nothing (not even the sender's nonce).
+
+Invariants:
+- `apply`/`query` never raise: every refusal is an encoded `ChainError`.
+- Deterministic: results, blocks and roots depend on the commands and the `BatchInfo`s only.
+- `snapshot()` is O(1): persistent maps and the persistent tree are shared, the open batch's
+  transaction list (one block at most) is copied to a tuple.
+- Proof queries answer against the last block (its root, its accounts), never against the
+  unfinished batch; balance and nonce queries see the working state.
+"""
+
+from __future__ import annotations
+
+import immutables
+
+from phalanx.apps.chain import checkpoint
+from phalanx.apps.chain.block import BlockHeader, block_hash, encode_header, genesis_hash, tx_root
+from phalanx.apps.chain.smt import SparseMerkleTree
+from phalanx.apps.chain.state import decode_account, encode_account, execute
+from phalanx.apps.chain.tx import MAX_TX_BYTES, decode_tx, verify_stateless
+from phalanx.apps.chain.types import (
+    REGISTRY,
+    AccountProof,
+    Balance,
+    BlockData,
+    ChainError,
+    ChainErrorCode,
+    Genesis,
+    GetAccountProof,
+    GetBalance,
+    GetBlock,
+    GetHead,
+    GetNonce,
+    Head,
+    Nonce,
+    TxApplied,
+    decode_query,
+)
+from phalanx.apps.interface import BatchInfo
+
+MAX_QUERY_BYTES = 256
+
+
+class ChainStateMachine:
+    """Accounts, a minted token and blocks over signed transactions (see docs/CHAIN.md).
+
+    Args:
+        genesis: the chain's minter and initial balances (equal on every replica).
+        verify_signatures: re-check each transaction's Ed25519 signature in `apply`. Turn it
+            off only when every command reaching `apply` passed `verify_stateless` on a correct
+            node before ordering (e.g. every replica admits with `admit`, and a Byzantine
+            leader's batch is checked before it is accepted); it saves one verification per
+            transaction on the apply path (bench/chain_merkle.py measures it).
+    """
+
+    max_command_bytes = MAX_TX_BYTES
+
+    def __init__(self, genesis: Genesis, *, verify_signatures: bool = True) -> None:
+        self._genesis = genesis
+        self.verify_signatures = verify_signatures
+        balances = [(a, encode_account(b, 0)) for a, b in genesis.balances]
+        self._tree = SparseMerkleTree.from_items(balances)
+        self._accounts: immutables.Map[bytes, bytes] = immutables.Map(balances)
+        self._dirty: immutables.Map[bytes, None] = immutables.Map()
+        self._supply = sum(b for _, b in genesis.balances)
+        self._height = 0
+        self._head_hash = genesis_hash(genesis)
+        self._last_timestamp = 0
+        self._blocks: immutables.Map[int, bytes] = immutables.Map()
+        self._batch: BatchInfo | None = None
+        self._batch_txs: list[bytes] = []
+        self._batch_ids: list[bytes] = []
+        self.refused: dict[str, int] = {}
+        """Refused commands by `ChainErrorCode` value (statistics; not replicated state)."""
+
+    # --- StateMachine --------------------------------------------------------------------
+
+    def apply(self, command: bytes) -> bytes:
+        tx = verify_stateless(command) if self.verify_signatures else decode_tx(command)
+        if isinstance(tx, ChainError):
+            return self._refuse(tx)
+        outcome = execute(self._accounts, self._supply, self._genesis, tx)
+        if isinstance(outcome, ChainError):
+            return self._refuse(outcome)
+        changes, self._supply = outcome
+        with self._accounts.mutate() as accounts, self._dirty.mutate() as dirty:
+            for account, value in changes.items():
+                accounts[account] = value
+                dirty[account] = None
+            self._accounts = accounts.finish()
+            self._dirty = dirty.finish()
+        implicit = self._batch is None
+        if implicit:
+            self.begin_batch(BatchInfo(index=self._height + 1, timestamp=self._last_timestamp,
+                                       proposer=""))
+        self._batch_txs.append(tx.raw)
+        self._batch_ids.append(tx.tx_id)
+        if implicit:
+            self.end_batch()
+            return REGISTRY.encode(TxApplied(tx_id=tx.tx_id, height=self._height))
+        return REGISTRY.encode(TxApplied(tx_id=tx.tx_id, height=self._height + 1))
+
+    def query(self, request: bytes) -> bytes:
+        if len(request) > MAX_QUERY_BYTES:
+            return REGISTRY.encode(ChainError(code=ChainErrorCode.TOO_LARGE))
+        q = decode_query(request)
+        result: object
+        if isinstance(q, ChainError):
+            result = q
+        elif isinstance(q, GetBalance | GetNonce):
+            balance, nonce = decode_account(self._accounts.get(q.account))
+            result = (Balance(account=q.account, balance=balance) if isinstance(q, GetBalance)
+                      else Nonce(account=q.account, nonce=nonce))
+        elif isinstance(q, GetAccountProof):
+            result = AccountProof(account=q.account, value=self._tree.get(q.account),
+                                  proof=self._tree.prove(q.account), state_root=self._tree.root,
+                                  height=self._height, block_hash=self._head_hash)
+        elif isinstance(q, GetHead):
+            result = Head(height=self._height, block_hash=self._head_hash,
+                          state_root=self._tree.root)
+        else:
+            assert isinstance(q, GetBlock)
+            block = self._blocks.get(q.height)
+            result = (REGISTRY.decode(block, expected=BlockData) if block is not None else
+                      ChainError(code=ChainErrorCode.NOT_FOUND, message=f"height {q.height}"))
+        return REGISTRY.encode(result)
+
+    def snapshot(self) -> checkpoint.ChainSnapshot:
+        return checkpoint.ChainSnapshot(self._view())
+
+    def restore(self, data: bytes) -> None:
+        v = checkpoint.load(data, self._genesis)
+        self._tree, self._accounts, self._dirty = v.tree, v.accounts, v.dirty
+        self._height, self._head_hash, self._supply = v.height, v.head_hash, v.supply
+        self._last_timestamp, self._blocks, self._batch = v.last_timestamp, v.blocks, v.batch
+        self._batch_txs = list(v.batch_txs)
+        self._batch_ids = []
+        for raw in v.batch_txs:
+            tx = decode_tx(raw)
+            assert not isinstance(tx, ChainError)  # load checked every one
+            self._batch_ids.append(tx.tx_id)
+
+    # --- BatchHooks ----------------------------------------------------------------------
+
+    def begin_batch(self, info: BatchInfo) -> None:
+        if self._batch is not None:
+            raise RuntimeError("begin_batch: a batch is already open")
+        self._batch = info
+
+    def end_batch(self) -> bytes:
+        """Close the block: update the tree once, store the header; return the state root."""
+        info = self._batch
+        if info is None:
+            raise RuntimeError("end_batch: no batch is open")
+        accounts = self._accounts
+        self._tree = self._tree.update_batch((a, accounts[a]) for a in self._dirty)
+        self._last_timestamp = max(self._last_timestamp, info.timestamp)
+        header = BlockHeader(height=self._height + 1, prev_hash=self._head_hash,
+                             tx_root=tx_root(self._batch_ids), state_root=self._tree.root,
+                             timestamp=self._last_timestamp, proposer=info.proposer)
+        self._height = header.height
+        self._head_hash = block_hash(header)
+        self._blocks = self._blocks.set(header.height, REGISTRY.encode(
+            BlockData(header=encode_header(header), txs=tuple(self._batch_txs))))
+        self._dirty = immutables.Map()
+        self._batch = None
+        self._batch_txs = []
+        self._batch_ids = []
+        return self._tree.root
+
+    # --- Admission -----------------------------------------------------------------------
+
+    def admit(self, command: bytes, read_only: bool) -> str | None:
+        """The stateless checks on arrival: a query must decode; a transaction must be
+        well-formed and correctly signed."""
+        if read_only:
+            q = decode_query(command) if len(command) <= MAX_QUERY_BYTES else None
+            return None if q is not None and not isinstance(q, ChainError) else "bad query"
+        tx = verify_stateless(command)
+        return str(tx) if isinstance(tx, ChainError) else None
+
+    # --- for the replica, the CLI and tests ----------------------------------------------
+
+    @property
+    def genesis(self) -> Genesis:
+        return self._genesis
+
+    @property
+    def height(self) -> int:
+        return self._height
+
+    @property
+    def state_root(self) -> bytes:
+        """The last block's state root (what PBFT checkpoint votes can carry as a digest)."""
+        return self._tree.root
+
+    @property
+    def head_hash(self) -> bytes:
+        return self._head_hash
+
+    @property
+    def supply(self) -> int:
+        return self._supply
+
+    def block(self, height: int) -> BlockData | None:
+        data = self._blocks.get(height)
+        return None if data is None else REGISTRY.decode(data, expected=BlockData)
+
+    def balance(self, account: bytes) -> int:
+        return decode_account(self._accounts.get(account))[0]
+
+    def _view(self) -> checkpoint.ChainView:
+        return checkpoint.ChainView(
+            genesis=self._genesis, tree=self._tree, accounts=self._accounts, dirty=self._dirty,
+            height=self._height, head_hash=self._head_hash,
+            last_timestamp=self._last_timestamp, supply=self._supply, blocks=self._blocks,
+            batch=self._batch, batch_txs=tuple(self._batch_txs))
+
+    def _refuse(self, error: ChainError) -> bytes:
+        self.refused[error.code.value] = self.refused.get(error.code.value, 0) + 1
+        return REGISTRY.encode(error)
+

@@ -1,0 +1,154 @@
+"""Chain app costs: the state root per block, proofs, and signatures on or off the apply path.
+
+Measures, on one core, with the collector paced as the node runtime does (`GcPacer.settle`
+after the build: the tree's nodes are long-lived):
+1. building a sparse Merkle tree of `--accounts` accounts (1M by default);
+2. the Merkle update per block of 100 and 1,000 transfers (2 dirty accounts each): one
+   `update_batch` per block, against one update per transfer (what batching saves);
+3. proof size (inclusion and non-inclusion) and `verify_proof` time;
+4. per transaction: `verify_stateless` (decode + Ed25519) and `ChainStateMachine.apply` with
+   `verify_signatures` on and off (what moving the signature off the apply path saves).
+
+    .venv/bin/python bench/chain_merkle.py [--accounts 1000000] [--rounds 5] [--txs 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from phalanx.apps.chain.machine import ChainStateMachine
+from phalanx.apps.chain.smt import SparseMerkleTree, verify_proof
+from phalanx.apps.chain.state import encode_account
+from phalanx.apps.chain.tx import TxBody, decode_tx, public_key, sign, verify_stateless
+from phalanx.apps.chain.types import Genesis
+from phalanx.apps.gc_pacer import GcPacer
+from phalanx.apps.interface import BatchInfo
+
+
+def _median_s(fn: Callable[[], object], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def merkle(accounts: int, rounds: int, rng: random.Random) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    keys = [rng.randbytes(32) for _ in range(accounts)]
+    values = [encode_account(rng.randrange(1, 10**9), 0) for _ in range(accounts)]
+    start = time.perf_counter()
+    tree = SparseMerkleTree.from_items(zip(keys, values, strict=True))
+    rows.append((f"build SMT of {accounts:,} accounts", f"{time.perf_counter() - start:.1f} s"))
+    GcPacer().settle()
+
+    for block in (100, 1000):
+        def changes(block: int = block) -> list[tuple[bytes, bytes]]:
+            picked = rng.sample(range(accounts), 2 * block)  # 2 distinct accounts per transfer
+            return [(keys[i], encode_account(rng.randrange(10**9), 1)) for i in picked]
+
+        batches = [changes() for _ in range(rounds)]
+        it = iter(batches)
+        batched = _median_s(lambda it=it: tree.update_batch(next(it)), rounds)
+        rows.append((f"Merkle update, block of {block:,} transfers (one batch)",
+                     f"{batched * 1e3:.1f} ms ({batched / block * 1e6:.0f} us/tx)"))
+        if block == 100:
+            it2 = iter(batches)
+
+            def per_tx(it2: Iterator[list[tuple[bytes, bytes]]] = it2) -> None:
+                t = tree
+                batch = next(it2)
+                for i in range(0, len(batch), 2):
+                    t = t.update_batch(batch[i:i + 2])
+
+            unbatched = _median_s(per_tx, rounds)
+            rows.append((f"  same, tree updated per transfer ({block} batches of 2)",
+                         f"{unbatched * 1e3:.1f} ms ({unbatched / block * 1e6:.0f} us/tx)"))
+
+    present = rng.sample(keys, 1000)
+    absent = [rng.randbytes(32) for _ in range(1000)]
+    value_of = dict(zip(keys, values, strict=True))
+    for label, probe in (("inclusion", present), ("non-inclusion", absent)):
+        start = time.perf_counter()
+        proofs = [tree.prove(k) for k in probe]
+        prove_us = (time.perf_counter() - start) / len(probe) * 1e6
+        start = time.perf_counter()
+        ok = all(verify_proof(tree.root, k, value_of.get(k), p)
+                 for k, p in zip(probe, proofs, strict=True))
+        verify_us = (time.perf_counter() - start) / len(probe) * 1e6
+        assert ok
+        sizes = [len(p) for p in proofs]
+        rows.append((f"{label} proof: size mean/max",
+                     f"{statistics.mean(sizes):.0f} / {max(sizes)} bytes"))
+        rows.append((f"{label} proof: prove / verify", f"{prove_us:.0f} / {verify_us:.0f} us"))
+    return rows
+
+
+def signatures(txs: int, rng: random.Random) -> list[tuple[str, str]]:
+    senders = [Ed25519PrivateKey.from_private_bytes(rng.randbytes(32)) for _ in range(64)]
+    accounts = [public_key(k) for k in senders]
+    genesis = Genesis(minter=accounts[0],
+                      balances=tuple(sorted((a, 10**12) for a in accounts)))
+    nonces = dict.fromkeys(range(len(senders)), 0)
+    raws = []
+    for _ in range(txs):
+        s = rng.randrange(len(senders))
+        nonces[s] += 1
+        body = TxBody(sender=accounts[s], nonce=nonces[s], method="transfer",
+                      args=(accounts[rng.randrange(len(accounts))], rng.randrange(1, 1000)))
+        raws.append(sign(senders[s], body).raw)
+
+    def per_tx(fn: Callable[[bytes], object]) -> float:
+        start = time.perf_counter()
+        for raw in raws:
+            fn(raw)
+        return (time.perf_counter() - start) / len(raws) * 1e6
+
+    def apply_all(verify: bool) -> float:
+        m = ChainStateMachine(genesis, verify_signatures=verify)
+        start = time.perf_counter()
+        for i in range(0, len(raws), 1000):  # blocks of 1,000, tree update included
+            m.begin_batch(BatchInfo(index=i, timestamp=i, proposer="bench"))
+            for raw in raws[i:i + 1000]:
+                m.apply(raw)
+            m.end_batch()
+        return (time.perf_counter() - start) / len(raws) * 1e6
+
+    decode_us = per_tx(decode_tx)
+    stateless_us = per_tx(verify_stateless)
+    with_sig = apply_all(True)
+    without_sig = apply_all(False)
+    return [
+        (f"decode_tx (format only), {txs:,} txs", f"{decode_us:.1f} us/tx"),
+        ("verify_stateless (format + Ed25519)", f"{stateless_us:.1f} us/tx"),
+        ("apply + end_batch, verify_signatures=True", f"{with_sig:.1f} us/tx"),
+        ("apply + end_batch, verify_signatures=False", f"{without_sig:.1f} us/tx"),
+        ("  saved on the apply path by verifying before ordering",
+         f"{with_sig - without_sig:.1f} us/tx ({(1 - without_sig / with_sig) * 100:.0f}%)"),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--accounts", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--txs", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    rows = signatures(args.txs, rng) + merkle(args.accounts, args.rounds, rng)
+    width = max(len(label) for label, _ in rows)
+    print(f"{'measure':<{width}}  value")
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()

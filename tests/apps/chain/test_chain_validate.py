@@ -1,0 +1,133 @@
+"""Chain validation over an exported chain: links, tx roots, re-execution, forks, replays."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from chain_helpers import ACCOUNTS, genesis, transfer, tx
+
+from phalanx.apps.chain.block import BlockHeader, block_hash, tx_root
+from phalanx.apps.chain.machine import ChainStateMachine
+from phalanx.apps.chain.tx import decode_tx
+from phalanx.apps.chain.types import BlockData
+from phalanx.apps.chain.validate import (
+    Block,
+    ChainInvalid,
+    ChainValid,
+    Failure,
+    decode_blocks,
+    validate_chain,
+)
+from phalanx.apps.interface import BatchInfo
+
+BATCHES = [
+    [transfer(1, 1, 4, 100), transfer(2, 1, 4, 50)],
+    [tx(0, 1, "mint", ACCOUNTS[5], 10), transfer(4, 1, 5, 20)],
+    [],
+    [transfer(3, 7, 1, 1)],
+]
+
+
+def _chain() -> tuple[ChainStateMachine, list[Block]]:
+    m = ChainStateMachine(genesis())
+    for i, batch in enumerate(BATCHES):
+        m.begin_batch(BatchInfo(index=10 * i, timestamp=1000 * i, proposer=f"n{i % 3}"))
+        for raw in batch:
+            m.apply(raw)
+        m.end_batch()
+    exported = [m.block(h) for h in range(1, m.height + 1)]
+    blocks = decode_blocks([b for b in exported if b is not None])
+    assert not isinstance(blocks, ChainInvalid)
+    return m, blocks
+
+
+def _failure(result: ChainValid | ChainInvalid) -> tuple[int, Failure]:
+    assert isinstance(result, ChainInvalid), result
+    return result.height, result.failure
+
+
+def test_an_exported_chain_validates() -> None:
+    m, blocks = _chain()
+    assert validate_chain(genesis(), blocks) == ChainValid(
+        height=4, head_hash=m.head_hash, state_root=m.state_root)
+    seen: list[int] = []
+    assert isinstance(validate_chain(genesis(), blocks,
+                                     trust=lambda h: seen.append(h.height) is None), ChainValid)
+    assert seen == [1, 2, 3, 4]
+    assert _failure(validate_chain(genesis(), blocks, trust=lambda h: h.height != 3)) == (
+        3, Failure.CONSENSUS_PROOF)
+
+
+def test_a_tampered_transaction_gives_a_tx_root_mismatch() -> None:
+    _, blocks = _chain()
+    header, txs = blocks[1]
+    tampered = [transfer(4, 1, 5, 21), *txs[1:]]  # validly signed, but not what was ordered
+    blocks[1] = (header, [txs[1], txs[0]])  # reordering is tampering too
+    assert _failure(validate_chain(genesis(), blocks)) == (2, Failure.TX_ROOT)
+    blocks[1] = (header, tampered)
+    assert _failure(validate_chain(genesis(), blocks)) == (2, Failure.TX_ROOT)
+    blocks[1] = (header, [*txs, b"junk"])
+    assert _failure(validate_chain(genesis(), blocks)) == (2, Failure.MALFORMED)
+
+
+def test_tampered_state_gives_a_state_root_mismatch() -> None:
+    _, blocks = _chain()
+    header, txs = blocks[0]
+    blocks[0] = (dataclasses.replace(header, state_root=bytes(32)), txs)
+    assert _failure(validate_chain(genesis(), blocks)) == (1, Failure.STATE_ROOT)
+
+
+def test_links_heights_and_timestamps() -> None:
+    _, blocks = _chain()
+    assert _failure(validate_chain(genesis(), blocks[1:])) == (1, Failure.HEIGHT)
+    header, txs = blocks[2]
+    relinked = list(blocks)
+    relinked[2] = (dataclasses.replace(header, prev_hash=bytes(32)), txs)
+    assert _failure(validate_chain(genesis(), relinked)) == (3, Failure.PREV_HASH)
+    earlier = list(blocks)
+    earlier[3] = (dataclasses.replace(blocks[3][0], timestamp=1), blocks[3][1])
+    assert _failure(validate_chain(genesis(), earlier)) == (4, Failure.TIMESTAMP)
+
+
+def test_a_fork_at_the_same_height_is_rejected() -> None:
+    _, blocks = _chain()
+    # a second block 3 on the same parent, with other (valid) contents
+    parent = blocks[1][0]
+    fork_m = ChainStateMachine(genesis())
+    for header, txs in blocks[:2]:
+        fork_m.begin_batch(BatchInfo(index=0, timestamp=header.timestamp,
+                                     proposer=header.proposer))
+        for raw in txs:
+            fork_m.apply(raw)
+        fork_m.end_batch()
+    fork_m.begin_batch(BatchInfo(index=0, timestamp=5000, proposer="evil"))
+    fork_m.apply(transfer(1, 2, 5, 1))
+    fork_m.end_batch()
+    fork = fork_m.block(3)
+    assert fork is not None
+    fork_blocks = decode_blocks([fork])
+    assert not isinstance(fork_blocks, ChainInvalid)
+    fork_header = fork_blocks[0][0]
+    assert fork_header.prev_hash == block_hash(parent)
+    assert isinstance(validate_chain(genesis(), [*blocks[:2], fork_blocks[0]]), ChainValid)
+    both = [*blocks[:3], fork_blocks[0]]
+    assert _failure(validate_chain(genesis(), both)) == (4, Failure.HEIGHT)
+
+
+def test_a_replayed_nonce_is_rejected() -> None:
+    m, blocks = _chain()
+    replay = blocks[0][1][0]  # account 1's nonce-1 transfer, already in block 1
+    # A forged block 5 carrying the replay, with the root its double application would give.
+    prev = blocks[-1][0]
+    ids = [decode_tx(replay).tx_id]  # type: ignore[union-attr]
+    forged = BlockHeader(height=5, prev_hash=block_hash(prev), tx_root=tx_root(ids),
+                         state_root=m.state_root, timestamp=prev.timestamp, proposer="evil")
+    result = validate_chain(genesis(), [*blocks, (forged, [replay])])
+    assert _failure(result) == (5, Failure.TX_REFUSED)
+    assert "stale_nonce" in str(result)
+
+
+def test_decode_blocks_refuses_junk_headers() -> None:
+    result = decode_blocks([BlockData(header=b"junk", txs=())])
+    assert isinstance(result, ChainInvalid)
+    assert result.failure is Failure.MALFORMED
