@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen
 
-.PHONY: demo test lint typecheck pytest soak sim-leaderless jepsen bench bench-kv bench-leaderless attack clean
+.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless attack clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -35,6 +35,13 @@ pytest: $(STAMP)
 
 soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all --jobs 2
+
+# The full sweeps `make test` samples: 300 Raft swarm seeds (make test: 160) and 300 PBFT seeds
+# with f Byzantine replicas (make test: 150), ~8 min on 2 cores.
+sweeps: $(STAMP)
+	PHALANX_SWARM_SEEDS=300 PHALANX_PBFT_SEEDS=300 $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/jepsen/sim/test_sim_runs.py::test_swarm_sweep_passes \
+	  tests/jepsen/sim/test_pbft_sweep.py::test_sweep_with_f_byzantine_replicas_mixes_n4_and_n7
 
 # The long leaderless sweep (docs/LEADERLESS.md "Simulation"): 1,000 seeds at n=4 under every
 # fault kind but lose-disk (the core has no amnesia recovery: a node that lost its disk could
