@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import phalanx.apps.kv as kv_module
+import phalanx.apps.kv_checkpoint as kv_module
 import phalanx.apps.writer as writer_module
 import storage as bench
 from phalanx.apps.gc_pacer import GcPacer

@@ -219,7 +219,7 @@ def test_checkpoint_bytes_do_not_depend_on_layering() -> None:
 
 
 def reference_checkpoint(model: dict[str, bytes], version: int = 3) -> bytes:
-    """The KV checkpoint format written out from its documentation (`phalanx.apps.kv`):
+    """The KV checkpoint format written out from its documentation (`phalanx.apps.kv_checkpoint`):
     version 3 (what is written), or versions 1 and 2 (still loaded)."""
     pairs = sorted(model.items())
     if version == 3:
