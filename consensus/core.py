@@ -158,12 +158,15 @@ class Rejection:
     """A client request this replica will not handle; the client should retry elsewhere.
 
     `leader_hint` names the replica the client should try, when known. A rejected request was
-    certainly not appended to the log by this replica.
+    certainly not appended to the log by this replica. `invalid`: the request itself can
+    never be accepted by a correct replica (malformed, or its client signature does not
+    verify): the runtime answers it as an error, not "retry".
     """
 
     request: ClientRequest
     reason: str
     leader_hint: NodeId | None = None
+    invalid: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

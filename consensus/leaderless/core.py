@@ -70,7 +70,12 @@ from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
 from phalanx.consensus.leaderless.schedule import DueHeap
-from phalanx.consensus.leaderless.status import BENIGN_DUPLICATES, REASONS, LeaderlessStatus
+from phalanx.consensus.leaderless.status import (
+    BENIGN_DUPLICATES,
+    INVALID_SUBMITS,
+    REASONS,
+    LeaderlessStatus,
+)
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.ticks import TickWork
 from phalanx.consensus.leaderless.tx_codec import TxCodec
@@ -352,7 +357,8 @@ class LeaderlessCore(PeerIntake, TickWork):
     def _reject(self, request: ClientRequest, reason: str, out: Outbox) -> None:
         self._drop(reason)
         text = REASONS.get(reason, reason.replace("_", " "))
-        out.rejected.append(Rejection(request=request, reason=text))
+        out.rejected.append(Rejection(request=request, reason=text,
+                                      invalid=reason in INVALID_SUBMITS))
 
     def _accept_tx(self, tx_id: TxId, tx: Transaction, out: Outbox) -> str | None:
         """Take a transaction into the store (from a client or a peer); the drop reason, or

@@ -49,4 +49,12 @@ REASONS = {
     "undecodable_submit": "the command is not a transaction",
     "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
     "submit_expired": "the transaction's deadline has passed",
+    "malformed_tx": "malformed transaction (request number, deadline or requirements)",
+    "bad_tx_signature": "the transaction's signature does not verify with the key this node "
+                        "holds for its client (a client key missing from the nodes' keyring?)",
 }
+
+INVALID_SUBMITS = frozenset({"undecodable_submit", "submit_mismatch", "malformed_tx",
+                             "bad_tx_signature"})
+"""Rejections no correct node would answer otherwise: `Rejection.invalid` (the client gets
+an error after f+1 matching answers instead of retrying until its deadline)."""

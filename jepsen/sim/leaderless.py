@@ -23,7 +23,9 @@ import dataclasses
 import random
 from collections.abc import Callable, Sequence
 
+from phalanx.apps import kv_wire
 from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_types import Compare, Delete, Put, Txn
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
 from phalanx.consensus.crypto import FastCrypto
@@ -109,13 +111,16 @@ simulator's epoch (a harness retries them until they commit)."""
 
 
 class ChainedRequests:
-    """The leaderless setup's `ProtocolSetup.client_request`: a bare app command as a signed
+    """The leaderless setup's `ProtocolSetup.client_request`: a bare put or delete as a signed
     transaction, for harnesses that issue commands and expect ONE committed sequence (the
-    conformance suite). The transactions form a chain: each requires, on every key written
-    by the commands wrapped before it and every key it touches, the version those commands
-    produce (applied in wrapping order to a model KV store). So any two conflict, they
-    commit in wrapping order at every replica (same local indexes everywhere), and all
-    commit once each is retried until it does. Call it once per request, in issue order."""
+    conformance suite). The transactions form a chain: each is a `Txn` comparing every key
+    written by the commands wrapped before it, and its own key, with the value those
+    commands leave (applied in wrapping order to a model KV store), then running the command;
+    it requires each of those keys' versions. A writing txn writes the keys it compares (the
+    leaderless core endorses no writer requiring a key it does not write), so any two
+    conflict, they commit in wrapping order at every replica (same local indexes
+    everywhere), and all commit once each is retried until it does. Call it once per
+    request, in issue order."""
 
     def __init__(self, encode_tx: Callable[[Transaction], bytes]) -> None:
         self._encode = encode_tx
@@ -125,11 +130,16 @@ class ChainedRequests:
 
     def __call__(self, client_id: str, request_no: int, command: bytes) -> ClientRequest:
         model = self._model
-        access = model.access(command)
-        keys = sorted(self._written | set(access.reads) | set(access.writes))
+        write = kv_wire.decode_command(command)
+        if not isinstance(write, (Put, Delete)):
+            raise ValueError(f"ChainedRequests wraps puts and deletes, not {write!r}")
+        keys = sorted(self._written | {write.key})
+        chained = kv_wire.encode_command(Txn(
+            compares=tuple(Compare(key=k, expected=model.get(k)) for k in keys),
+            success=(write,)))
         body = Transaction(
             client=client_id, client_id=client_id, request_no=request_no,
-            deadline_ms=CHAIN_DEADLINE_MS, command=command,
+            deadline_ms=CHAIN_DEADLINE_MS, command=chained,
             requirements=tuple(Requirement(key=k, version=v)
                                for k, v in zip(keys, model.versions(keys), strict=True)))
         key = self._keys.get(client_id)
@@ -138,8 +148,8 @@ class ChainedRequests:
                                                      cluster_secret=CLIENT_SECRET)
         tx = dataclasses.replace(body, signature=key.sign(body))
         # As the replica applies it in transaction mode (KV chain versions: the id counts).
-        model.apply_tx(transaction_id(tx, self._encode), command)
-        self._written |= set(access.writes)
+        model.apply_tx(transaction_id(tx, self._encode), chained)
+        self._written.add(write.key)
         return ClientRequest(client_id=client_id, request_no=request_no,
                              command=self._encode(tx))
 

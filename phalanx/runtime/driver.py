@@ -551,7 +551,8 @@ class Driver(CallAdmission, PersistPipeline):
                 applied += 1
             for rejection in ready.rejected:
                 hint = rejection.leader_hint
-                status = ReplyStatus.REDIRECT if hint is not None else ReplyStatus.RETRY
+                status = (ReplyStatus.ERROR if rejection.invalid
+                          else ReplyStatus.REDIRECT if hint is not None else ReplyStatus.RETRY)
                 self._answer(rejection.request.client_id, rejection.request.request_no, status,
                              leader_hint=hint, message=rejection.reason)
             for abort in ready.aborted:

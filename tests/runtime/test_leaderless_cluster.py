@@ -96,3 +96,30 @@ def test_kv_stale_reads_and_a_restart_that_replays_the_wal(tmp_path: Path) -> No
                 assert lies.get("equivocate", 0) > 0
 
     trio.run(main)
+
+
+def test_a_client_key_the_nodes_do_not_hold_is_refused_at_once(tmp_path: Path) -> None:
+    """A transaction signed with a key missing from the nodes' keyring gets f+1 matching
+    errors naming the signature (`Rejection.invalid`), not retries until a timeout."""
+    from phalanx.client.errors import RequestRejected
+    from phalanx.ops.signing_keys import TransactionSigner
+
+    cluster = init_cluster(tmp_path / "c", protocol="leaderless", nodes=4,
+                           base_port=find_free_base_port(4))
+    stranger = TransactionSigner("client", bytes(range(32)))  # the keyring's name, wrong key
+
+    async def main() -> None:
+        with trio.fail_after(GUARD):
+            async with running(cluster) as c, open_client(cluster, timeout=10,
+                                                          signer=stranger) as client:
+                started = trio.current_time()
+                try:
+                    await client.put("k", b"v", requirements={"k": b""})
+                except RequestRejected as exc:
+                    assert "signature does not verify" in str(exc)
+                else:
+                    raise AssertionError("a forged client signature was accepted")
+                assert trio.current_time() - started < 5  # not the 10 s call timeout
+                assert all(c.values(n, ["k"]) == [None] for n in c.nodes)
+
+    trio.run(main)
