@@ -196,10 +196,15 @@ class TransactionAware(Protocol):
     KV app's base and full versions, `phalanx.apps.kv_versions`). Outside transaction mode
     only `apply` is called."""
 
-    def apply_tx(self, tx_id: bytes, command: bytes) -> bytes:
+    def apply_tx(self, tx_id: bytes, command: bytes, pinned: Sequence[str] = ()) -> bytes:
         """`apply(command)` as transaction `tx_id` (unique: the replica runs each id once).
+        `pinned`: the keys the transaction requires by FULL version (not only by base): a
+        commuting update of one of them is ordered like any other write (the KV app moves
+        its base), else a later update endorsed only against the base could apply before
+        it on a lagging replica, where its full requirement would then never hold
+        (docs/LEADERLESS.md "Simulation").
 
-        Determinism: as `apply`, given the same `tx_id`."""
+        Determinism: as `apply`, given the same `tx_id` and `pinned`."""
         ...
 
 

@@ -112,16 +112,16 @@ class KvStateMachine:
         self._data = LayeredState(base)
         self._meta = meta
 
-    def apply_tx(self, tx_id: bytes, command: bytes) -> bytes:
+    def apply_tx(self, tx_id: bytes, command: bytes, pinned: Sequence[str] = ()) -> bytes:
         """`TransactionAware`: apply `command` as transaction `tx_id` (transaction mode),
         advancing the version metadata of every key it may write (`kv_versions.advance`:
-        a commuting update that fits the key's run joins it, any other write moves the
-        base), whatever its result."""
+        a commuting update that fits the key's run and whose key is not `pinned` joins it,
+        any other write moves the base), whatever its result."""
         cmd = kv_wire.decode_command(command)
         access = self._access_of(cmd)
         if access.writes:
             meta = self._meta.mutate()
-            updates = {u.key: u for u in access.updates}
+            updates = {u.key: u for u in access.updates if u.key not in pinned}
             for key in access.writes:
                 meta[key] = kv_versions.advance(meta.get(key), tx_id, updates.get(key))
             self._meta = meta.finish()

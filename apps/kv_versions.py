@@ -6,8 +6,10 @@ it), `full_version`, `base_version`, `fits_run`, and the metadata's checkpoint e
 docs/KV_STORAGE.md "Versions in transaction mode"; in short, for a key k:
 
 - `base` = b"" until the first non-commuting write of k in transaction mode; then each such
-  write (put, delete, cas, concat, a txn branch that may write k, or an update that does not
-  fit the run) makes it SHA-256(base || tx_id): a hash chain that never repeats (no ABA).
+  write (put, delete, cas, concat, a txn branch that may write k, an update that does not
+  fit the run, or any update of a key its transaction requires by FULL version: `pinned` in
+  `KvStateMachine.apply_tx`) makes it SHA-256(base || tx_id): a hash chain that never
+  repeats (no ABA).
 - `mix` = b"" after each base change; each commuting update that fits the run XORs in
   SHA-256(tx_id). `run` = the (op, operand) classes of those updates (operand kept only for
   sadd/srem, where the member decides commutativity), sorted, unique.

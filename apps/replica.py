@@ -24,7 +24,7 @@ Invariants:
   retry or a re-released one gets the cached reply as DUPLICATE, a malformed one INVALID,
   one older than the table's horizon EXPIRED); the session rule is not used. The table is
   part of every checkpoint (envelope version 3). A machine that is `TransactionAware` runs
-  each transaction through `apply_tx(tx_id, command)`, else `apply(command)`.
+  each transaction through `apply_tx(tx_id, command, pinned)`, else `apply(command)`.
 - Determinism: with `InlineCheckpointWriter`, the same entries give the same results,
   checkpoints and WAL calls; nothing depends on set order, `id()` or time.
 """
@@ -391,7 +391,7 @@ class Replica:
         unwrapped = layer.unwrap(command)
         if unwrapped is None:
             return ApplyStatus.INVALID, b""
-        tx_id, deadline_ms, app_command = unwrapped
+        tx_id, deadline_ms, app_command, pinned = unwrapped
         if read_only:
             return ApplyStatus.READ, self._machine.query(app_command)
         done = table.get(tx_id)
@@ -401,7 +401,7 @@ class Replica:
             return ApplyStatus.EXPIRED, b""
         machine = self._machine
         if isinstance(machine, TransactionAware):
-            result = machine.apply_tx(tx_id, app_command)
+            result = machine.apply_tx(tx_id, app_command, pinned)
         else:
             result = machine.apply(app_command)
         table.record(tx_id, deadline_ms, result)

@@ -45,9 +45,10 @@ class TransactionLayer(Protocol):
     """Records are kept until their deadline is this much older than the newest applied
     deadline (at least the core's garbage-collection horizon)."""
 
-    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
-        """`(tx_id, deadline_ms, application command)` of the transaction `command`
-        encodes, or None when it is malformed (never raises). Pure."""
+    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes, tuple[str, ...]] | None:
+        """`(tx_id, deadline_ms, application command, pinned keys)` of the transaction
+        `command` encodes, or None when it is malformed (never raises). Pinned: the keys it
+        requires by FULL version, sorted (`TransactionAware.apply_tx`). Pure."""
         ...
 
 

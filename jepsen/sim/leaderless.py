@@ -93,9 +93,9 @@ class RecordingKv(KvStateMachine):
         self._record(command)
         return super().apply(command)
 
-    def apply_tx(self, tx_id: bytes, command: bytes) -> bytes:
+    def apply_tx(self, tx_id: bytes, command: bytes, pinned: Sequence[str] = ()) -> bytes:
         self._record(command)
-        return super().apply_tx(tx_id, command)
+        return super().apply_tx(tx_id, command, pinned)
 
     def _record(self, command: bytes) -> None:
         access = self.access(command)

@@ -179,12 +179,13 @@ class TxLayer:
         self._codec = codec if codec is not None else WireTxCodec()
         self.horizon_ms = horizon_ms
 
-    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
+    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes, tuple[str, ...]] | None:
         codec = self._codec
         tx = codec.decode(command)
         if tx is None:
             return None
-        return transaction_id(tx, codec.encode), tx.deadline_ms, tx.command
+        pinned = tuple(sorted({r.key for r in tx.requirements if not r.base}))
+        return transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
 
 
 class LeaderlessJournal:

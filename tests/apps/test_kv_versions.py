@@ -124,6 +124,32 @@ def test_the_switch_rule(first: object, second: object, fits: bool) -> None:
         assert kv.fits_run(enc(first), ["x"])
 
 
+@pytest.mark.parametrize("cmd", [Add(key="x", amount=4), SAdd(key="x", member=b"n")])
+def test_a_pinned_update_moves_the_base(cmd: object) -> None:
+    """Sim seeds 108, 218, 402, 564: U1, a commuting update that fits the run but whose
+    transaction requires the key by FULL version (`pinned`), applied; then U2, a commuting
+    update requiring only the base read after U1. A lagging replica that learns U2 first
+    must not find U2's base there before U1 (else it applies U2 and U1's full requirement
+    never holds again: gated forever, the replicas diverge). So a pinned update moves the
+    base, as a switch does; an unpinned one still joins the run."""
+    first = Add(key="x", amount=1) if isinstance(cmd, Add) else SAdd(key="x", member=b"m")
+    ahead, lagging = KvStateMachine(), KvStateMachine()
+    for kv in (ahead, lagging):
+        kv.apply_tx(tx(1), enc(first))
+    base_before = ahead.base_versions(["x"])
+    assert ahead.fits_run(enc(cmd), ["x"])  # not a switch: only the requirement pins it
+    ahead.apply_tx(tx(2), enc(cmd), ("x",))
+    u2_base = ahead.base_versions(["x"])  # what U2, endorsed after U1, requires
+    assert u2_base != base_before
+    assert lagging.base_versions(["x"]) != u2_base  # U2 waits for U1 at the lagging replica
+    assert ahead.versions(["x"]) == u2_base  # a fresh base: the run is empty again
+    unpinned = KvStateMachine()
+    unpinned.apply_tx(tx(1), enc(first))
+    unpinned.apply_tx(tx(2), enc(cmd))
+    assert unpinned.base_versions(["x"]) == base_before
+    assert unpinned.get("x") == ahead.get("x")  # the value is the same either way
+
+
 def test_a_put_resets_the_run() -> None:
     kv = KvStateMachine()
     kv.apply_tx(tx(1), enc(Add(key="x", amount=1)))

@@ -31,12 +31,12 @@ class FakeLayer:
 
     horizon_ms = HORIZON
 
-    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes] | None:
+    def unwrap(self, command: bytes) -> tuple[bytes, int, bytes, tuple[str, ...]] | None:
         try:
             tx_id, deadline, app = msgpack.unpackb(command)
         except Exception:
             return None
-        return tx_id, deadline, app
+        return tx_id, deadline, app, ()
 
 
 def tx(tx_id: bytes, deadline: int, cmd: KvCommand) -> bytes:

@@ -12,7 +12,12 @@ from phalanx.apps.interface import KeyAccess
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.kv_types import Add, Delete, Get, KvCommand, Put, SAdd, SRem
 from phalanx.apps.replica import ApplyStatus, Replica
-from phalanx.consensus.leaderless.messages import Endorsement, Transaction, transaction_id
+from phalanx.consensus.leaderless.messages import (
+    Endorsement,
+    Requirement,
+    Transaction,
+    transaction_id,
+)
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
 from phalanx.net import wire
 from phalanx.ops.signing_keys import TransactionSigner, client_verifier
@@ -59,11 +64,32 @@ def test_tx_layer_unwraps_with_the_cores_transaction_id() -> None:
     signed = transaction(Add(key="n", amount=2),
                          signer=TransactionSigner("alice", bytes(32)))
     data = WireTxCodec().encode(signed)
-    tx_id, deadline, command = layer.unwrap(data) or (b"", 0, b"")
+    tx_id, deadline, command, pinned = layer.unwrap(data) or (b"", 0, b"", ("?",))
     assert tx_id == transaction_id(signed, wire.encode)
     assert tx_id == transaction_id(dataclasses.replace(signed, signature=b""), wire.encode)
-    assert (deadline, command) == (signed.deadline_ms, enc(Add(key="n", amount=2)))
+    assert (deadline, command, pinned) == (signed.deadline_ms, enc(Add(key="n", amount=2)), ())
     assert layer.unwrap(b"junk") is None
+
+
+def test_a_commuting_update_pinned_by_a_full_requirement_moves_the_base() -> None:
+    """The replica hands `apply_tx` the keys a transaction requires by FULL version
+    (`TxLayer.unwrap`): such an update moves the base, one required by base joins the run
+    (docs/LEADERLESS.md "Simulation", seeds 108 218 402 564)."""
+    r, codec = replica(), WireTxCodec()
+    machine = r.machine
+    assert isinstance(machine, KvStateMachine)
+    layer = TxLayer()
+    for no, (member, base) in enumerate([(b"a", True), (b"b", True), (b"c", False)], start=1):
+        before = machine.base_versions(["s"])
+        reqs = (Requirement(key="s", version=before[0] if base else machine.versions(["s"])[0],
+                            base=base),)
+        data = codec.encode(dataclasses.replace(transaction(SAdd(key="s", member=member),
+                                                            no=no), requirements=reqs))
+        assert (layer.unwrap(data) or ((),) * 4)[3] == (() if base else ("s",))
+        request = ClientRequest(client_id="c1", request_no=no, command=data)
+        (out,) = r.apply(Entry(index=no, term=0, kind=EntryKind.COMMAND, requests=(request,)))
+        assert out.status is ApplyStatus.APPLIED
+        assert (machine.base_versions(["s"]) == before) is base
 
 
 def test_a_replica_in_transaction_mode_applies_wire_transactions_once() -> None:

@@ -104,6 +104,9 @@ class KvApp:
         """Whether an add must carry a base requirement (`needs_base`); then `versions` is
         the ABA-free full version (the base and the adds since it) instead of the value's
         hash, as docs/LEADERLESS.md "Mixing update kinds on one key" asks of an app."""
+        self.pinned_moves_base = True
+        """Whether an add whose transaction requires its key by FULL version moves the base
+        (`TransactionAware.apply_tx`'s `pinned`; False: the old rule, for a control)."""
 
     def conflicts(self, a: bytes, b: bytes) -> bool:
         (oa, ka, da), (ob, kb, db) = _parse(a), _parse(b)
@@ -160,7 +163,12 @@ class KvApp:
             self.bases[key] = hashlib.sha256(self.bases.get(key, b"") + tid).digest()
             self.adds.pop(key, None)
         elif op == "add":
-            self.adds[key] = self.adds.get(key, 0) ^ int.from_bytes(tid, "big")
+            if self.pinned_moves_base and any(r.key == key and not r.base
+                                              for r in tx.requirements):
+                self.bases[key] = hashlib.sha256(self.bases.get(key, b"") + tid).digest()
+                self.adds.pop(key, None)
+            else:
+                self.adds[key] = self.adds.get(key, 0) ^ int.from_bytes(tid, "big")
             self.data[key] = str(int(self.data.get(key, b"0")) + int(data)).encode()
 
 

@@ -56,6 +56,40 @@ def test_add_certificate_before_the_set_it_follows(fixed: bool) -> None:
         assert c.nodes[N4].core.status().gated == 1
 
 
+@pytest.mark.parametrize("fixed", [True, False])
+def test_base_update_certificate_before_a_pinned_update_it_follows(fixed: bool) -> None:
+    """Sim seeds 108, 218, 402, 564 (docs/LEADERLESS.md "Simulation"): n4 misses U1, an
+    add requiring x's FULL version; U2, an add requiring only x's base, is endorsed after
+    U1 applied. n4 learns U2's certificate first. When a pinned update moves the base
+    (`pinned_moves_base`, as the KV app's `apply_tx`), U2's base does not exist at n4 before
+    U1: U2 waits at the gate and every replica converges. Under the old rule (the control)
+    n4 applies U2 at once and U1's full requirement never holds there again."""
+    c = Cluster(4, seed=3)
+    for node in c.ids:
+        c.nodes[node].app.base_required = True
+        c.nodes[node].app.pinned_moves_base = fixed
+    c.tick()
+    c.down = {N4}
+    have = c.nodes[N1].app.versions(["x"])[0]
+    c.submit(make_tx("add x 1", reqs={"x": have}), to=(N1,))  # U1: full requirement
+    c.tick(rounds=3)
+    assert [c.nodes[n].app.data for n in c.ids[:3]] == [{"x": b"1"}] * 3
+    c.down = set()
+    u2 = _add(c, 2, no=2, src=N1, base=True)
+    c.submit(u2, to=c.ids)
+    c.deliver()
+    assert c.nodes[N4].core.status().committed == 1  # U2, before U1
+    c.tick(rounds=60)
+    states = c.states()
+    if fixed:
+        assert states == [{"x": b"3"}] * 4
+        assert all(c.nodes[n].core.status().gated == 0 for n in c.ids)
+    else:
+        assert states[:3] == [{"x": b"3"}] * 3
+        assert states[3] == {"x": b"2"}
+        assert c.nodes[N4].core.status().gated == 1
+
+
 OPS = st.lists(st.tuples(st.sampled_from(["set", "add"]), st.integers(0, 9),
                          st.sampled_from(["n1", "n2", "n3", "n4"]),
                          st.sampled_from(["", "n1", "n2", "n3", "n4"]),
