@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from phalanx.apps.chain.block import chain_id
 from phalanx.apps.chain.tx import TxBody, public_key, sign
 from phalanx.apps.chain.types import Genesis
 
@@ -19,10 +20,15 @@ def genesis() -> Genesis:
                    balances=tuple(sorted((ACCOUNTS[i], START) for i in (1, 2, 3))))
 
 
-def tx(sender: int, nonce: int, method: str = "transfer", *args: int | bytes | str) -> bytes:
-    return sign(KEYS[sender], TxBody(sender=ACCOUNTS[sender], nonce=nonce, method=method,
-                                     args=args)).raw
+CHAIN_ID = chain_id(genesis())
 
 
-def transfer(sender: int, nonce: int, to: int, amount: int) -> bytes:
-    return tx(sender, nonce, "transfer", ACCOUNTS[to], amount)
+def tx(sender: int, nonce: int, method: str = "transfer", *args: int | bytes | str,
+       chain: bytes = CHAIN_ID) -> bytes:
+    return sign(KEYS[sender], TxBody(chain_id=chain, sender=ACCOUNTS[sender], nonce=nonce,
+                                     method=method, args=args)).raw
+
+
+def transfer(sender: int, nonce: int, to: int, amount: int, *, chain: bytes = CHAIN_ID
+             ) -> bytes:
+    return tx(sender, nonce, "transfer", ACCOUNTS[to], amount, chain=chain)
