@@ -49,10 +49,11 @@ QUORUM = 3
 
 
 def certify(header: BlockHeader, signers: tuple[str, ...] = NODES[:QUORUM],
-            chain: bytes = CHAIN_ID) -> BlockHeader:
-    """`header` with a certificate signed by `signers`."""
+            chain: bytes = CHAIN_ID, forger: str | None = None) -> BlockHeader:
+    """`header` with a certificate signed by `signers` (by `forger`'s key in their names,
+    when given: what a Byzantine node can make)."""
     sigs = [sign_block(node=n, chain_id=chain, height=header.height,
-                       block_hash=block_hash(header), sign=NODE_SECRETS[n].sign)
+                       block_hash=block_hash(header), sign=NODE_SECRETS[forger or n].sign)
             for n in signers]
     cert = BlockCertificate(height=header.height, block_hash=block_hash(header),
                             signatures=tuple(sorted((s.node, s.signature) for s in sigs)))
