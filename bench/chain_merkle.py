@@ -5,7 +5,8 @@ after the build: the tree's nodes are long-lived):
 1. building a sparse Merkle tree of `--accounts` accounts (1M by default);
 2. the Merkle update per block of 100 and 1,000 transfers (2 dirty accounts each): one
    `update_batch` per block, against one update per transfer (what batching saves);
-3. proof size (inclusion and non-inclusion) and `verify_proof` time;
+3. proof size (inclusion and non-inclusion) and `verify_proof` time; block certificate
+   size, collection and verification time (n = 4 and 7);
 4. per transaction: `verify_stateless` (decode + chain id + Ed25519) and
    `ChainStateMachine.apply` under each signature policy: verified in apply (a transaction
    this node did not admit, or `admitted_cache_size=0`), admitted by this node's own `admit`
@@ -24,7 +25,14 @@ from collections.abc import Callable, Iterator
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from phalanx.apps.chain.block import chain_id
+from phalanx.apps.chain.block import BlockHeader, block_hash, chain_id
+from phalanx.apps.chain.certificate import (
+    BlockCertifier,
+    byzantine_certificate_quorum,
+    encode_certificate,
+    sign_block,
+    verify_certificate,
+)
 from phalanx.apps.chain.machine import ChainStateMachine
 from phalanx.apps.chain.smt import SparseMerkleTree, verify_proof
 from phalanx.apps.chain.state import encode_account
@@ -150,6 +158,35 @@ def signatures(txs: int, rng: random.Random) -> list[tuple[str, str]]:
     ]
 
 
+def certificates(rounds: int) -> list[tuple[str, str]]:
+    """Certificate size and costs for n = 4 (quorum 3) and n = 7 (quorum 5)."""
+    rows: list[tuple[str, str]] = []
+    header = BlockHeader(height=7, prev_hash=bytes(32), tx_root=bytes(32), state_root=bytes(32),
+                         timestamp=0, proposer="n0")
+    chain = bytes(range(32))
+    for n in (4, 7):
+        quorum = byzantine_certificate_quorum(n)
+        secrets = {f"n{i}": Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32)
+                   for i in range(n)}
+        keys = {node: public_key(k) for node, k in secrets.items()}
+        certifier = BlockCertifier(node="n0", sign=secrets["n0"].sign, chain_id=chain,
+                                   node_keys=keys, quorum=quorum)
+        sigs = [sign_block(node=node, chain_id=chain, height=7, block_hash=block_hash(header),
+                           sign=k.sign) for node, k in secrets.items()]
+        start = time.perf_counter()
+        cert = None
+        for sig in sigs:
+            cert = cert or certifier.add(sig)
+        collect_us = (time.perf_counter() - start) * 1e6
+        assert cert is not None
+        verify_s = _median_s(lambda cert=cert, keys=keys, quorum=quorum: verify_certificate(
+            cert, header, keys, quorum, chain_id=chain), rounds * 20)
+        rows.append((f"block certificate n={n} (quorum {quorum}): size / collect / verify",
+                     f"{len(encode_certificate(cert))} bytes / {collect_us:.0f} us / "
+                     f"{verify_s * 1e6:.0f} us"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--accounts", type=int, default=1_000_000)
@@ -158,7 +195,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    rows = signatures(args.txs, rng) + merkle(args.accounts, args.rounds, rng)
+    rows = (signatures(args.txs, rng) + certificates(args.rounds)
+            + merkle(args.accounts, args.rounds, rng))
     width = max(len(label) for label, _ in rows)
     print(f"{'measure':<{width}}  value")
     for label, value in rows:
