@@ -185,6 +185,7 @@ def _update_one(top: _Node, b: _Batch, change: _Change, depth: int) -> _Node:
         path.append(node)
         node = node.right if (kint >> shift) & 1 else node.left
         shift -= 1
+    assert node is None or type(node) is _Leaf  # the loop left every _Inner
     if node is None:
         if value is None:
             return top  # deleting an absent key
