@@ -47,6 +47,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple, TypeAlias
 
 EMPTY = bytes(32)
 """The hash of an empty subtree, at every height."""
@@ -69,34 +70,31 @@ def _inner_hash(left: bytes, right: bytes) -> bytes:
     return _sha256(_INNER + left + right).digest()
 
 
-class _Leaf:
+class _Leaf(NamedTuple):
     """A key and its value. `key` and `value` are kept (they are the very objects the state
     map holds, so this costs references only), so an in-order walk yields the contents."""
 
-    __slots__ = ("hash", "key", "kh", "kint", "value")
-
-    def __init__(self, kh: bytes, kint: int, key: bytes, value: bytes) -> None:
-        self.hash = leaf_hash(kh, value)
-        self.kh = kh
-        self.kint = kint
-        self.key = key
-        self.value = value
-
-
-class _Inner:
-    __slots__ = ("hash", "left", "right")
     hash: bytes
-    left: _Node
-    right: _Node
-
-    def __init__(self, left: _Node, right: _Node) -> None:
-        self.hash = _sha256(_INNER + (EMPTY if left is None else left.hash)
-                            + (EMPTY if right is None else right.hash)).digest()
-        self.left = left
-        self.right = right
+    kint: int
+    kh: bytes
+    key: bytes
+    value: bytes
 
 
-_Node = _Leaf | _Inner | None
+_Inner: TypeAlias = tuple[bytes, "_Node", "_Node"]
+"""(hash, left, right): a plain tuple, so building one costs no Python call (the update's
+hot path builds one per level). Its length (3) tells it from a `_Leaf` (5 fields) for the
+type checker too; both keep their hash at index 0."""
+_Node: TypeAlias = "_Leaf | _Inner | None"
+
+
+def _new_leaf(kh: bytes, kint: int, key: bytes, value: bytes) -> _Leaf:
+    return _Leaf(leaf_hash(kh, value), kint, kh, key, value)
+
+
+def _inner(left: _Node, right: _Node) -> _Inner:
+    return (_sha256(_INNER + (EMPTY if left is None else left[0])
+                    + (EMPTY if right is None else right[0])).digest(), left, right)
 # One pending change: (key hash as an int, key hash, key, new value or None to delete).
 _Change = tuple[int, bytes, bytes, bytes | None]
 
@@ -123,7 +121,7 @@ def _combine(left: _Node, right: _Node) -> _Node:
         return right
     if right is None and type(left) is _Leaf:
         return left
-    return _Inner(left, right)
+    return _inner(left, right)
 
 
 def _build(b: _Batch, lo: int, hi: int, depth: int) -> _Node:
@@ -134,7 +132,7 @@ def _build(b: _Batch, lo: int, hi: int, depth: int) -> _Node:
         if value is None:
             return None
         b.delta += 1
-        return _Leaf(kh, kint, key, value)
+        return _new_leaf(kh, kint, key, value)
     return _split(None, b, lo, hi, depth)
 
 
@@ -146,8 +144,8 @@ def _split(node: _Inner | None, b: _Batch, lo: int, hi: int, depth: int) -> _Nod
     # All items share the bits above `depth`; the first with bit `depth` set starts the right.
     pivot = ((b.kints[lo] >> (shift + 1)) << (shift + 1)) | (1 << shift)
     mid = bisect_left(b.kints, pivot, lo, hi)
-    left = None if node is None else node.left
-    right = None if node is None else node.right
+    left = None if node is None else node[1]
+    right = None if node is None else node[2]
     return _combine(_update(left, b, lo, mid, depth + 1),
                     _update(right, b, mid, hi, depth + 1))
 
@@ -170,7 +168,7 @@ def _update(node: _Node, b: _Batch, lo: int, hi: int, depth: int) -> _Node:
         built = _build(sub, 0, len(sub.items), depth)
         b.delta += sub.delta
         return built
-    assert type(node) is _Inner
+    assert len(node) == 3
     return _split(node, b, lo, hi, depth)
 
 
@@ -181,18 +179,17 @@ def _update_one(top: _Node, b: _Batch, change: _Change, depth: int) -> _Node:
     path: list[_Inner] = []
     node = top
     shift = KEY_BITS - 1 - depth
-    while type(node) is _Inner:
+    while node is not None and len(node) == 3:
         path.append(node)
-        node = node.right if (kint >> shift) & 1 else node.left
+        node = node[2] if (kint >> shift) & 1 else node[1]
         shift -= 1
-    assert node is None or type(node) is _Leaf  # the loop left every _Inner
     if node is None:
         if value is None:
             return top  # deleting an absent key
-        new: _Node = _Leaf(kh, kint, key, value)
+        new: _Node = _new_leaf(kh, kint, key, value)
         b.delta += 1
     elif node.kint == kint:
-        new = None if value is None else _Leaf(kh, kint, key, value)
+        new = None if value is None else _new_leaf(kh, kint, key, value)
         b.delta -= value is None
     else:
         if value is None:
@@ -205,15 +202,16 @@ def _update_one(top: _Node, b: _Batch, change: _Change, depth: int) -> _Node:
     for parent in reversed(path):
         shift += 1
         if (kint >> shift) & 1:
-            left, right = parent.left, new
+            left, right = parent[1], new
         else:
-            left, right = new, parent.right
+            left, right = new, parent[2]
         if left is None and (right is None or type(right) is _Leaf):
             new = right
         elif right is None and type(left) is _Leaf:
             new = left
         else:
-            new = _Inner(left, right)
+            new = (_sha256(_INNER + (EMPTY if left is None else left[0])
+                           + (EMPTY if right is None else right[0])).digest(), left, right)
     return new
 
 
@@ -242,7 +240,7 @@ class SparseMerkleTree:
 
     @property
     def root(self) -> bytes:
-        return EMPTY if self._root is None else self._root.hash
+        return EMPTY if self._root is None else self._root[0]
 
     def __len__(self) -> int:
         return self._size
@@ -273,8 +271,8 @@ class SparseMerkleTree:
     def _find(self, kint: int) -> _Leaf | None:
         node = self._root
         depth = 0
-        while type(node) is _Inner:
-            node = node.right if (kint >> (KEY_BITS - 1 - depth)) & 1 else node.left
+        while node is not None and len(node) == 3:
+            node = node[2] if (kint >> (KEY_BITS - 1 - depth)) & 1 else node[1]
             depth += 1
         if type(node) is _Leaf and node.kint == kint:
             return node
@@ -286,22 +284,24 @@ class SparseMerkleTree:
         stack: list[_Node] = [self._root]
         while stack:
             node = stack.pop()
-            if type(node) is _Leaf:
+            if node is None:
+                continue
+            if len(node) == 3:
+                stack.append(node[2])
+                stack.append(node[1])
+            else:
                 yield node.key, node.value
-            elif type(node) is _Inner:
-                stack.append(node.right)
-                stack.append(node.left)
 
     def prove(self, key: bytes) -> bytes:
         """The encoded proof of `key`'s value (inclusion) or absence (non-inclusion)."""
         kint = int.from_bytes(_sha256(key).digest(), "big")
         node = self._root
         siblings: list[bytes | None] = []
-        while type(node) is _Inner:
+        while node is not None and len(node) == 3:
             bit = (kint >> (KEY_BITS - 1 - len(siblings))) & 1
-            sibling = node.left if bit else node.right
-            siblings.append(None if sibling is None else sibling.hash)
-            node = node.right if bit else node.left
+            sibling = node[1] if bit else node[2]
+            siblings.append(None if sibling is None else sibling[0])
+            node = node[2] if bit else node[1]
         other = None
         if type(node) is _Leaf and node.kint != kint:
             other = (node.kh, _sha256(node.value).digest())
