@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -197,6 +198,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     rows = (signatures(args.txs, rng) + certificates(args.rounds)
             + merkle(args.accounts, args.rounds, rng))
+    rows.append(("peak RSS", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB"))
     width = max(len(label) for label, _ in rows)
     print(f"{'measure':<{width}}  value")
     for label, value in rows:

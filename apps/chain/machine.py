@@ -27,13 +27,13 @@ Invariants:
 - Proof queries answer against the last block (its root, its accounts), never against the
   unfinished batch; balance and nonce queries see the working state.
 
-Signature policy (what `apply` trusts; results never depend on it, only the cost does):
+Signature policy (what `apply` trusts):
 - Default (safe under Byzantine faults): `apply` verifies every transaction's signature
   unless this node's own `admit` verified exactly these bytes (its tx id AND signature) and
   they are still in a bounded FIFO cache (`admitted_cache_size`, entries consumed by
   `apply`). A transaction another node admitted, or a Byzantine primary injected, is
   verified in `apply`; a signature check is a pure function of the bytes, so the cache only
-  saves work, and every replica gives the same result.
+  saves work: results never depend on what a node admitted.
 - `trust_leader_admission=True` (crash faults only, e.g. Raft): `apply` never verifies a
   signature, trusting that the leader's `admit` checked every transaction it ordered. A
   Byzantine leader breaks this; never use it with a Byzantine-fault protocol.

@@ -1,9 +1,9 @@
 """Signed transactions: canonical bytes, ids, signing, and the stateless checks.
 
 Owns: `TxBody` (what a sender signs), `SignedTransaction` (a decoded, well-formed transaction),
-`sign`, `decode_tx` (format only) and `verify_stateless` (format, sizes and signature: the
-checks that need no state, so a node runs them when a transaction arrives, before ordering
-and off the apply path).
+`sign`, `decode_tx` (format only) and `verify_stateless` (format, sizes, chain id and
+signature: the checks that need no state, so a node runs them when a transaction arrives,
+before ordering and off the apply path).
 
 Must not import: consensus cores, storage, trio, clocks.
 
