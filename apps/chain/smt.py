@@ -202,16 +202,17 @@ def _update_one(top: _Node, b: _Batch, change: _Change, depth: int) -> _Node:
     for parent in reversed(path):
         shift += 1
         if (kint >> shift) & 1:
-            left, right = parent[1], new
+            sibling = parent[1]
+            if sibling is not None and new is not None:  # the common case, inlined
+                new = (_sha256(_INNER + sibling[0] + new[0]).digest(), sibling, new)
+            else:
+                new = _combine(sibling, new)
         else:
-            left, right = new, parent[2]
-        if left is None and (right is None or type(right) is _Leaf):
-            new = right
-        elif right is None and type(left) is _Leaf:
-            new = left
-        else:
-            new = (_sha256(_INNER + (EMPTY if left is None else left[0])
-                           + (EMPTY if right is None else right[0])).digest(), left, right)
+            sibling = parent[2]
+            if sibling is not None and new is not None:
+                new = (_sha256(_INNER + new[0] + sibling[0]).digest(), new, sibling)
+            else:
+                new = _combine(new, sibling)
     return new
 
 
