@@ -2,7 +2,7 @@
 
 Owns: `BlockHeader` (Sawtooth/BlockRaFT fields: height, previous hash, tx root, state root,
 timestamp and proposer from consensus, and an opaque consensus proof), `block_hash`,
-`genesis_hash`, `tx_root`, and the header's codec type id (470).
+`genesis_hash`, `chain_id`, `tx_root`, and the header's codec type id (470).
 
 Must not import: consensus cores, storage, trio, clocks.
 
@@ -69,6 +69,11 @@ def block_hash(header: BlockHeader) -> bytes:
 
 def genesis_hash(genesis: Genesis) -> bytes:
     return hashlib.sha256(_REGISTRY.encode(genesis)).digest()
+
+
+def chain_id(genesis: Genesis) -> bytes:
+    """The id every transaction of this chain names (`TxBody.chain_id`): the genesis hash."""
+    return genesis_hash(genesis)
 
 
 def tx_root(tx_ids: Sequence[bytes]) -> bytes:

@@ -1,10 +1,13 @@
 """Light-client verification: an account's state against a block header, from one possibly
 Byzantine replica.
 
-Owns: `verify_account` and `verify_balance`. A light client holds no state: it trusts a
-header only through `trust_header` (the consensus proof check the lead supplies per protocol:
-a PBFT commit certificate, Raft's signed term/index...), then checks the replica's SMT proof
-against that header's state root (`phalanx.apps.chain.smt.verify_proof`).
+Owns: `verify_account`, `verify_balance` and `trust_by_certificate`. A light client holds no
+state: it trusts a header only through `trust_header` (normally `trust_by_certificate`: the
+header's consensus proof must be a `BlockCertificate` of a quorum of the cluster's node keys,
+`phalanx.apps.chain.certificate`), then checks the replica's SMT proof against that header's
+state root (`phalanx.apps.chain.smt.verify_proof`). What it then knows depends on the quorum
+(see the certificate module): under Byzantine faults, that the balance is the one honest
+replicas committed at that height.
 
 Must not import: consensus cores, storage, trio, clocks.
 
@@ -15,14 +18,30 @@ absence, which means balance 0 and nonce 0) under the header's state root.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from phalanx.apps.chain.block import BlockHeader
+from phalanx.apps.chain.certificate import check_quorum, verify_header
 from phalanx.apps.chain.smt import verify_proof
 from phalanx.apps.chain.state import ACCOUNT_BYTES, decode_account
 from phalanx.apps.chain.types import AccountProof
 
 TrustFn = Callable[[BlockHeader], bool]
+
+
+def trust_by_certificate(node_keys: Mapping[str, bytes], quorum: int, *, chain_id: bytes
+                         ) -> TrustFn:
+    """A `trust_header` callback: the header's `consensus_proof` must be a certificate of at
+    least `quorum` of `node_keys` (node id -> raw Ed25519 public key) for this header on
+    chain `chain_id` (`certificate.verify_certificate`). Raises ValueError now on a quorum
+    outside 1..len(node_keys) (our misuse)."""
+    keys = dict(node_keys)
+    check_quorum(quorum, keys)
+
+    def trust(header: BlockHeader) -> bool:
+        return verify_header(header, keys, quorum, chain_id=chain_id)
+
+    return trust
 
 
 def verify_account(*, header: BlockHeader, account: bytes, value: bytes | None, proof: bytes,

@@ -26,17 +26,45 @@ Invariants:
   transaction list (one block at most) is copied to a tuple.
 - Proof queries answer against the last block (its root, its accounts), never against the
   unfinished batch; balance and nonce queries see the working state.
+
+Signature policy (what `apply` trusts):
+- Default (safe under Byzantine faults): `apply` verifies every transaction's signature
+  unless this node's own `admit` verified exactly these bytes (its tx id AND signature) and
+  they are still in a bounded FIFO cache (`admitted_cache_size`, entries consumed by
+  `apply`). A transaction another node admitted, or a Byzantine primary injected, is
+  verified in `apply`; a signature check is a pure function of the bytes, so the cache only
+  saves work: results never depend on what a node admitted.
+- `trust_leader_admission=True` (crash faults only, e.g. Raft): `apply` never verifies a
+  signature, trusting that the leader's `admit` checked every transaction it ordered. A
+  Byzantine leader breaks this; never use it with a Byzantine-fault protocol.
+- The chain id is checked in `admit` and in `apply` under every policy (cheap).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import immutables
 
 from phalanx.apps.chain import checkpoint
-from phalanx.apps.chain.block import BlockHeader, block_hash, encode_header, genesis_hash, tx_root
+from phalanx.apps.chain.block import (
+    BlockHeader,
+    block_hash,
+    chain_id,
+    encode_header,
+    genesis_hash,
+    tx_root,
+)
 from phalanx.apps.chain.smt import SparseMerkleTree
 from phalanx.apps.chain.state import decode_account, encode_account, execute
-from phalanx.apps.chain.tx import MAX_TX_BYTES, decode_tx, verify_stateless
+from phalanx.apps.chain.tx import (
+    MAX_TX_BYTES,
+    SignedTransaction,
+    decode_tx,
+    verify_signature,
+    verify_stateless,
+    wrong_chain,
+)
 from phalanx.apps.chain.types import (
     REGISTRY,
     AccountProof,
@@ -58,25 +86,38 @@ from phalanx.apps.chain.types import (
 from phalanx.apps.interface import BatchInfo
 
 MAX_QUERY_BYTES = 256
+ADMITTED_CACHE_SIZE = 65_536
+"""Default bound on the signatures `admit` verified and `apply` may skip (~100 B each)."""
 
 
 class ChainStateMachine:
     """Accounts, a minted token and blocks over signed transactions (see docs/CHAIN.md).
 
     Args:
-        genesis: the chain's minter and initial balances (equal on every replica).
-        verify_signatures: re-check each transaction's Ed25519 signature in `apply`. Turn it
-            off only when every command reaching `apply` passed `verify_stateless` on a correct
-            node before ordering (e.g. every replica admits with `admit`, and a Byzantine
-            leader's batch is checked before it is accepted); it saves one verification per
-            transaction on the apply path (bench/chain_merkle.py measures it).
+        genesis: the chain's minter and initial balances (equal on every replica); its hash
+            is the chain id transactions must name.
+        trust_leader_admission: crash-fault protocols only (Raft): `apply` skips every
+            signature check, trusting the leader's `admit` to have checked what it ordered.
+            False (the default) is safe under Byzantine faults: `apply` verifies every
+            signature `admit` on this node did not (see the module docstring).
+        admitted_cache_size: how many transactions `admit` verified are remembered so
+            `apply` can skip their signature (0: `apply` verifies every one).
     """
 
     max_command_bytes = MAX_TX_BYTES
 
-    def __init__(self, genesis: Genesis, *, verify_signatures: bool = True) -> None:
+    def __init__(self, genesis: Genesis, *, trust_leader_admission: bool = False,
+                 admitted_cache_size: int = ADMITTED_CACHE_SIZE) -> None:
+        if admitted_cache_size < 0:
+            raise ValueError("admitted_cache_size must be >= 0")
         self._genesis = genesis
-        self.verify_signatures = verify_signatures
+        self._chain_id = chain_id(genesis)
+        self.trust_leader_admission = trust_leader_admission
+        self._admitted_cache_size = admitted_cache_size
+        self._admitted: OrderedDict[bytes, None] = OrderedDict()
+        self.signature_checks = {"verified": 0, "admitted": 0, "trusted": 0}
+        """How `apply` settled each signature: verified there, verified by this node's
+        `admit` (cache hit), or trusted to the leader (statistics; not replicated state)."""
         balances = [(a, encode_account(b, 0)) for a, b in genesis.balances]
         self._tree = SparseMerkleTree.from_items(balances)
         self._accounts: immutables.Map[bytes, bytes] = immutables.Map(balances)
@@ -95,9 +136,14 @@ class ChainStateMachine:
     # --- StateMachine --------------------------------------------------------------------
 
     def apply(self, command: bytes) -> bytes:
-        tx = verify_stateless(command) if self.verify_signatures else decode_tx(command)
+        tx = decode_tx(command)
         if isinstance(tx, ChainError):
             return self._refuse(tx)
+        if tx.chain_id != self._chain_id:
+            return self._refuse(wrong_chain(tx))
+        if not self._signature_ok(tx):
+            return self._refuse(ChainError(code=ChainErrorCode.BAD_SIGNATURE,
+                                           message=tx.tx_id.hex()[:16]))
         outcome = execute(self._accounts, self._supply, self._genesis, tx)
         if isinstance(outcome, ChainError):
             return self._refuse(outcome)
@@ -191,18 +237,33 @@ class ChainStateMachine:
 
     def admit(self, command: bytes, read_only: bool) -> str | None:
         """The stateless checks on arrival: a query must decode; a transaction must be
-        well-formed and correctly signed."""
+        well-formed, for this chain and correctly signed. An accepted transaction's (tx id,
+        signature) enters the bounded admitted cache `apply` consults (not replicated state:
+        results never depend on it)."""
         if read_only:
             q = decode_query(command) if len(command) <= MAX_QUERY_BYTES else None
             return None if q is not None and not isinstance(q, ChainError) else "bad query"
-        tx = verify_stateless(command)
-        return str(tx) if isinstance(tx, ChainError) else None
+        tx = verify_stateless(command, chain_id=self._chain_id)
+        if isinstance(tx, ChainError):
+            return str(tx)
+        if not self.trust_leader_admission and self._admitted_cache_size:
+            admitted = self._admitted
+            admitted[tx.tx_id + tx.signature] = None
+            admitted.move_to_end(tx.tx_id + tx.signature)
+            if len(admitted) > self._admitted_cache_size:
+                admitted.popitem(last=False)
+        return None
 
     # --- for the replica, the CLI and tests ----------------------------------------------
 
     @property
     def genesis(self) -> Genesis:
         return self._genesis
+
+    @property
+    def chain_id(self) -> bytes:
+        """What every transaction of this chain names: `block.chain_id(genesis)`."""
+        return self._chain_id
 
     @property
     def height(self) -> int:
@@ -234,6 +295,21 @@ class ChainStateMachine:
             height=self._height, head_hash=self._head_hash,
             last_timestamp=self._last_timestamp, supply=self._supply, blocks=self._blocks,
             batch=self._batch, batch_txs=tuple(self._batch_txs))
+
+    def _signature_ok(self, tx: SignedTransaction) -> bool:
+        checks = self.signature_checks
+        if self.trust_leader_admission:
+            checks["trusted"] += 1
+            return True
+        # keyed by tx id AND signature: the same body with another signature (a Byzantine
+        # primary's substitute) was not admitted and is verified here
+        key = tx.tx_id + tx.signature
+        if key in self._admitted:
+            del self._admitted[key]
+            checks["admitted"] += 1
+            return True
+        checks["verified"] += 1
+        return verify_signature(tx)
 
     def _refuse(self, error: ChainError) -> bytes:
         self.refused[error.code.value] = self.refused.get(error.code.value, 0) + 1

@@ -47,6 +47,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple, TypeAlias
 
 EMPTY = bytes(32)
 """The hash of an empty subtree, at every height."""
@@ -69,37 +70,49 @@ def _inner_hash(left: bytes, right: bytes) -> bytes:
     return _sha256(_INNER + left + right).digest()
 
 
-class _Leaf:
+class _Leaf(NamedTuple):
     """A key and its value. `key` and `value` are kept (they are the very objects the state
     map holds, so this costs references only), so an in-order walk yields the contents."""
 
-    __slots__ = ("hash", "key", "kh", "kint", "value")
-
-    def __init__(self, kh: bytes, kint: int, key: bytes, value: bytes) -> None:
-        self.hash = leaf_hash(kh, value)
-        self.kh = kh
-        self.kint = kint
-        self.key = key
-        self.value = value
-
-
-class _Inner:
-    __slots__ = ("hash", "left", "right")
     hash: bytes
-    left: _Node
-    right: _Node
-
-    def __init__(self, left: _Node, right: _Node) -> None:
-        self.hash = _inner_hash(
-            EMPTY if left is None else left.hash, EMPTY if right is None else right.hash
-        )
-        self.left = left
-        self.right = right
+    kint: int
+    kh: bytes
+    key: bytes
+    value: bytes
 
 
-_Node = _Leaf | _Inner | None
+_Inner: TypeAlias = tuple[bytes, "_Node", "_Node"]
+"""(hash, left, right): a plain tuple, so building one costs no Python call (the update's
+hot path builds one per level). Its length (3) tells it from a `_Leaf` (5 fields) for the
+type checker too; both keep their hash at index 0."""
+_Node: TypeAlias = "_Leaf | _Inner | None"
+
+
+def _new_leaf(kh: bytes, kint: int, key: bytes, value: bytes) -> _Leaf:
+    return _Leaf(leaf_hash(kh, value), kint, kh, key, value)
+
+
+def _inner(left: _Node, right: _Node) -> _Inner:
+    return (_sha256(_INNER + (EMPTY if left is None else left[0])
+                    + (EMPTY if right is None else right[0])).digest(), left, right)
 # One pending change: (key hash as an int, key hash, key, new value or None to delete).
 _Change = tuple[int, bytes, bytes, bytes | None]
+
+
+class _Batch:
+    """One `update_batch`: the sorted changes, their key ints (bisected without a key
+    function) and the leaf count delta (+1 per leaf built, -1 per resident leaf consumed)."""
+
+    __slots__ = ("delta", "items", "kints")
+
+    def __init__(self, items: list[_Change]) -> None:
+        self.items = items
+        self.kints = [item[0] for item in items]
+        self.delta = 0
+
+
+def _first(item: _Change) -> int:
+    return item[0]
 
 
 def _combine(left: _Node, right: _Node) -> _Node:
@@ -108,50 +121,99 @@ def _combine(left: _Node, right: _Node) -> _Node:
         return right
     if right is None and type(left) is _Leaf:
         return left
-    return _Inner(left, right)
+    return _inner(left, right)
 
 
-def _build(items: list[_Change], lo: int, hi: int, depth: int) -> _Node:
-    """The subtree at `depth` holding `items[lo:hi]` (sorted, unique; a deletion of an
+def _build(b: _Batch, lo: int, hi: int, depth: int) -> _Node:
+    """The subtree at `depth` holding `b.items[lo:hi]` (sorted, unique; a deletion of an
     absent key just vanishes)."""
     if hi - lo == 1:
-        kint, kh, key, value = items[lo]
-        return None if value is None else _Leaf(kh, kint, key, value)
-    return _split(None, items, lo, hi, depth)
+        kint, kh, key, value = b.items[lo]
+        if value is None:
+            return None
+        b.delta += 1
+        return _new_leaf(kh, kint, key, value)
+    return _split(None, b, lo, hi, depth)
 
 
-def _split(node: _Inner | None, items: list[_Change], lo: int, hi: int, depth: int) -> _Node:
-    """Descend one level: send items[lo:hi] to the children of `node` (None = empty)."""
+def _split(node: _Inner | None, b: _Batch, lo: int, hi: int, depth: int) -> _Node:
+    """Descend one level: send b.items[lo:hi] to the children of `node` (None = empty)."""
     if depth >= KEY_BITS:  # two distinct 256-bit hashes always split before this
         raise AssertionError("SHA-256 collision in the sparse Merkle tree")
     shift = KEY_BITS - 1 - depth
     # All items share the bits above `depth`; the first with bit `depth` set starts the right.
-    pivot = ((items[lo][0] >> (shift + 1)) << (shift + 1)) | (1 << shift)
-    mid = bisect_left(items, pivot, lo, hi, key=_first)
-    left = None if node is None else node.left
-    right = None if node is None else node.right
-    return _combine(_update(left, items, lo, mid, depth + 1),
-                    _update(right, items, mid, hi, depth + 1))
+    pivot = ((b.kints[lo] >> (shift + 1)) << (shift + 1)) | (1 << shift)
+    mid = bisect_left(b.kints, pivot, lo, hi)
+    left = None if node is None else node[1]
+    right = None if node is None else node[2]
+    return _combine(_update(left, b, lo, mid, depth + 1),
+                    _update(right, b, mid, hi, depth + 1))
 
 
-def _first(item: _Change) -> int:
-    return item[0]
-
-
-def _update(node: _Node, items: list[_Change], lo: int, hi: int, depth: int) -> _Node:
+def _update(node: _Node, b: _Batch, lo: int, hi: int, depth: int) -> _Node:
     if lo == hi:
         return node
+    if hi - lo == 1:
+        return _update_one(node, b, b.items[lo], depth)
     if node is None:
-        return _build(items, lo, hi, depth)
+        return _build(b, lo, hi, depth)
     if type(node) is _Leaf:
-        # Merge the resident leaf into the changes unless a change replaces it.
-        pos = bisect_left(items, node.kint, lo, hi, key=_first)
-        if pos < hi and items[pos][0] == node.kint:
-            return _build(items, lo, hi, depth)
-        merged = [*items[lo:pos], (node.kint, node.kh, node.key, node.value), *items[pos:hi]]
-        return _build(merged, 0, len(merged), depth)
-    assert type(node) is _Inner
-    return _split(node, items, lo, hi, depth)
+        # Rebuild from the changes plus the resident leaf, unless a change replaces it.
+        b.delta -= 1
+        pos = bisect_left(b.kints, node.kint, lo, hi)
+        if pos < hi and b.kints[pos] == node.kint:
+            return _build(b, lo, hi, depth)
+        sub = _Batch([*b.items[lo:pos], (node.kint, node.kh, node.key, node.value),
+                      *b.items[pos:hi]])
+        built = _build(sub, 0, len(sub.items), depth)
+        b.delta += sub.delta
+        return built
+    assert len(node) == 3
+    return _split(node, b, lo, hi, depth)
+
+
+def _update_one(top: _Node, b: _Batch, change: _Change, depth: int) -> _Node:
+    """`_update` for a single change (most of a batch's work below its top levels): walk
+    down the key's path, then rebuild it bottom-up, with no recursion or bisection."""
+    kint, kh, key, value = change
+    path: list[_Inner] = []
+    node = top
+    shift = KEY_BITS - 1 - depth
+    while node is not None and len(node) == 3:
+        path.append(node)
+        node = node[2] if (kint >> shift) & 1 else node[1]
+        shift -= 1
+    if node is None:
+        if value is None:
+            return top  # deleting an absent key
+        new: _Node = _new_leaf(kh, kint, key, value)
+        b.delta += 1
+    elif node.kint == kint:
+        new = None if value is None else _new_leaf(kh, kint, key, value)
+        b.delta -= value is None
+    else:
+        if value is None:
+            return top
+        # another key's leaf: both now share this subtree
+        resident = (node.kint, node.kh, node.key, node.value)
+        sub = _Batch([change, resident] if kint < node.kint else [resident, change])
+        new = _build(sub, 0, 2, KEY_BITS - 1 - shift)
+        b.delta += 1
+    for parent in reversed(path):
+        shift += 1
+        if (kint >> shift) & 1:
+            sibling = parent[1]
+            if sibling is not None and new is not None:  # the common case, inlined
+                new = (_sha256(_INNER + sibling[0] + new[0]).digest(), sibling, new)
+            else:
+                new = _combine(sibling, new)
+        else:
+            sibling = parent[2]
+            if sibling is not None and new is not None:
+                new = (_sha256(_INNER + new[0] + sibling[0]).digest(), new, sibling)
+            else:
+                new = _combine(new, sibling)
+    return new
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,7 +241,7 @@ class SparseMerkleTree:
 
     @property
     def root(self) -> bytes:
-        return EMPTY if self._root is None else self._root.hash
+        return EMPTY if self._root is None else self._root[0]
 
     def __len__(self) -> int:
         return self._size
@@ -199,10 +261,9 @@ class SparseMerkleTree:
         for a, b in pairwise(items):
             if a[0] == b[0]:
                 raise ValueError(f"key {a[2]!r} changed twice in one batch")
-        size = self._size
-        for kint, _kh, _key, value in items:
-            size += (value is not None) - (self._find(kint) is not None)
-        return SparseMerkleTree(_update(self._root, items, 0, len(items), 0), size)
+        batch = _Batch(items)
+        root = _update(self._root, batch, 0, len(items), 0)
+        return SparseMerkleTree(root, self._size + batch.delta)
 
     def get(self, key: bytes) -> bytes | None:
         leaf = self._find(int.from_bytes(_sha256(key).digest(), "big"))
@@ -211,8 +272,8 @@ class SparseMerkleTree:
     def _find(self, kint: int) -> _Leaf | None:
         node = self._root
         depth = 0
-        while type(node) is _Inner:
-            node = node.right if (kint >> (KEY_BITS - 1 - depth)) & 1 else node.left
+        while node is not None and len(node) == 3:
+            node = node[2] if (kint >> (KEY_BITS - 1 - depth)) & 1 else node[1]
             depth += 1
         if type(node) is _Leaf and node.kint == kint:
             return node
@@ -224,22 +285,24 @@ class SparseMerkleTree:
         stack: list[_Node] = [self._root]
         while stack:
             node = stack.pop()
-            if type(node) is _Leaf:
+            if node is None:
+                continue
+            if len(node) == 3:
+                stack.append(node[2])
+                stack.append(node[1])
+            else:
                 yield node.key, node.value
-            elif type(node) is _Inner:
-                stack.append(node.right)
-                stack.append(node.left)
 
     def prove(self, key: bytes) -> bytes:
         """The encoded proof of `key`'s value (inclusion) or absence (non-inclusion)."""
         kint = int.from_bytes(_sha256(key).digest(), "big")
         node = self._root
         siblings: list[bytes | None] = []
-        while type(node) is _Inner:
+        while node is not None and len(node) == 3:
             bit = (kint >> (KEY_BITS - 1 - len(siblings))) & 1
-            sibling = node.left if bit else node.right
-            siblings.append(None if sibling is None else sibling.hash)
-            node = node.right if bit else node.left
+            sibling = node[1] if bit else node[2]
+            siblings.append(None if sibling is None else sibling[0])
+            node = node[2] if bit else node[1]
         other = None
         if type(node) is _Leaf and node.kint != kint:
             other = (node.kh, _sha256(node.value).digest())

@@ -1,18 +1,21 @@
 """Signed transactions: canonical bytes, ids, signing, and the stateless checks.
 
 Owns: `TxBody` (what a sender signs), `SignedTransaction` (a decoded, well-formed transaction),
-`sign`, `decode_tx` (format only) and `verify_stateless` (format, sizes and signature: the
-checks that need no state, so a node runs them when a transaction arrives, before ordering
-and off the apply path).
+`sign`, `decode_tx` (format only) and `verify_stateless` (format, sizes, chain id and
+signature: the checks that need no state, so a node runs them when a transaction arrives,
+before ordering and off the apply path).
 
 Must not import: consensus cores, storage, trio, clocks.
 
 Wire format (strict msgpack; no maps, floats or ext types; shortest encodings only, enforced
 by re-encoding what was decoded and comparing bytes):
     tx   = [body: bin, signature: bin(64)]
-    body = [1, sender: bin(32), nonce: uint64, method: str, args: [int | bin | str, ...]]
+    body = [1, chain_id: bin(32), sender: bin(32), nonce: uint64, method: str,
+            args: [int | bin | str, ...]]
 ``tx_id = SHA-256(body)`` and ``signature = Ed25519(sender, tx_id)``. The leading 1 is the
 format version; it also keeps a body from ever parsing as another signed structure.
+`chain_id` names the chain the sender meant (`block.chain_id(genesis)`, the genesis hash): a
+transaction signed for one chain is refused (`wrong_chain`) by every other.
 
 Invariants:
 - `decode_tx` and `verify_stateless` never raise on any bytes: they return a `ChainError`.
@@ -47,18 +50,21 @@ class TxBody:
     """What the sender signs. Raises ValueError on values no valid transaction carries
     (our own misuse: peers' bytes go through `decode_tx`)."""
 
+    chain_id: bytes
+    """The chain this transaction is for: `block.chain_id(genesis)`."""
     sender: bytes
     nonce: int
     method: str
     args: tuple[Arg, ...] = ()
 
     def __post_init__(self) -> None:
-        problem = _body_problem(self.sender, self.nonce, self.method, self.args)
+        problem = _body_problem(self.chain_id, self.sender, self.nonce, self.method, self.args)
         if problem:
             raise ValueError(problem)
 
     def encode(self) -> bytes:
-        return _pack([_VERSION, self.sender, self.nonce, self.method, list(self.args)])
+        return _pack([_VERSION, self.chain_id, self.sender, self.nonce, self.method,
+                      list(self.args)])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +72,7 @@ class SignedTransaction:
     """A well-formed transaction: `raw` is its exact wire bytes, `tx_id` the hash of its body.
     Built by `sign` or `decode_tx` only (they keep the fields consistent)."""
 
+    chain_id: bytes
     sender: bytes
     nonce: int
     method: str
@@ -76,7 +83,8 @@ class SignedTransaction:
 
     @property
     def body(self) -> TxBody:
-        return TxBody(sender=self.sender, nonce=self.nonce, method=self.method, args=self.args)
+        return TxBody(chain_id=self.chain_id, sender=self.sender, nonce=self.nonce,
+                      method=self.method, args=self.args)
 
 
 def public_key(private_key: Ed25519PrivateKey) -> bytes:
@@ -95,8 +103,9 @@ def sign(private_key: Ed25519PrivateKey, body: TxBody) -> SignedTransaction:
     raw = _pack([body_bytes, signature])
     if len(raw) > MAX_TX_BYTES:
         raise ValueError(f"transaction of {len(raw)} bytes exceeds {MAX_TX_BYTES}")
-    return SignedTransaction(sender=body.sender, nonce=body.nonce, method=body.method,
-                             args=body.args, signature=signature, tx_id=tx_id, raw=raw)
+    return SignedTransaction(chain_id=body.chain_id, sender=body.sender, nonce=body.nonce,
+                             method=body.method, args=body.args, signature=signature,
+                             tx_id=tx_id, raw=raw)
 
 
 def decode_tx(raw: bytes) -> SignedTransaction | ChainError:
@@ -112,17 +121,17 @@ def decode_tx(raw: bytes) -> SignedTransaction | ChainError:
         return _malformed("a transaction is [body, 64-byte signature]")
     body_bytes, signature = outer
     body = _unpack(body_bytes)
-    if not (type(body) is list and len(body) == 5 and type(body[0]) is int
-            and body[0] == _VERSION and type(body[4]) is list):
-        return _malformed(f"a body is [{_VERSION}, sender, nonce, method, args]")
-    _, sender, nonce, method, args_list = body
+    if not (type(body) is list and len(body) == 6 and type(body[0]) is int
+            and body[0] == _VERSION and type(body[5]) is list):
+        return _malformed(f"a body is [{_VERSION}, chain_id, sender, nonce, method, args]")
+    _, chain, sender, nonce, method, args_list = body
     args = tuple(args_list)
-    problem = _body_problem(sender, nonce, method, args)
+    problem = _body_problem(chain, sender, nonce, method, args)
     if problem:
         return _malformed(problem)
     if _pack(outer) != raw or _pack(body) != body_bytes:
         return _malformed("not the canonical encoding")
-    return SignedTransaction(sender=sender, nonce=nonce, method=method, args=args,
+    return SignedTransaction(chain_id=chain, sender=sender, nonce=nonce, method=method, args=args,
                              signature=signature, tx_id=hashlib.sha256(body_bytes).digest(),
                              raw=raw)
 
@@ -136,20 +145,30 @@ def verify_signature(tx: SignedTransaction) -> bool:
     return True
 
 
-def verify_stateless(raw: bytes) -> SignedTransaction | ChainError:
-    """Every check that needs no state: format, sizes and the signature. Run it when a
-    transaction arrives (before ordering); `ChainStateMachine(verify_signatures=False)`
-    then skips the signature on the apply path."""
+def verify_stateless(raw: bytes, *, chain_id: bytes) -> SignedTransaction | ChainError:
+    """Every check that needs no state: format, sizes, the chain id (`wrong_chain` unless it
+    is `chain_id`) and the signature. A node runs it when a transaction arrives, before
+    ordering (`ChainStateMachine.admit`); see the machine's signature policy for when `apply`
+    can then skip the signature."""
     tx = decode_tx(raw)
     if isinstance(tx, ChainError):
         return tx
+    if tx.chain_id != chain_id:
+        return wrong_chain(tx)
     if not verify_signature(tx):
         return ChainError(code=ChainErrorCode.BAD_SIGNATURE, message=tx.tx_id.hex()[:16])
     return tx
 
 
-def _body_problem(sender: object, nonce: object, method: object, args: tuple[object, ...]
-                  ) -> str | None:
+def wrong_chain(tx: SignedTransaction) -> ChainError:
+    return ChainError(code=ChainErrorCode.WRONG_CHAIN,
+                      message=f"transaction for chain {tx.chain_id.hex()[:16]}")
+
+
+def _body_problem(chain_id: object, sender: object, nonce: object, method: object,
+                  args: tuple[object, ...]) -> str | None:
+    if type(chain_id) is not bytes or len(chain_id) != 32:
+        return "chain_id must be 32 bytes (the genesis hash)"
     if type(sender) is not bytes or len(sender) != 32:
         return "sender must be a 32-byte Ed25519 public key"
     if type(nonce) is not int or not 0 <= nonce <= MAX_NONCE:

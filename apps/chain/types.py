@@ -35,6 +35,8 @@ class ChainErrorCode(enum.Enum):
     UNKNOWN_METHOD = "unknown_method"
     NOT_MINTER = "not_minter"
     """`mint` sent by someone other than the genesis minter."""
+    WRONG_CHAIN = "wrong_chain"
+    """A transaction whose chain id is not this chain's (signed for another chain)."""
     OVERFLOW = "overflow"
     """A mint would push the total supply past `MAX_AMOUNT`."""
     NOT_FOUND = "not_found"
@@ -52,11 +54,13 @@ class ChainError:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Genesis:
-    """The chain's fixed configuration: who may mint, and the initial balances (sorted by
-    account, unique). Its hash is block 1's previous hash."""
+    """The chain's fixed configuration: who may mint, the initial balances (sorted by
+    account, unique) and a name (so two chains with the same allocation differ). Its hash is
+    block 1's previous hash and the chain id every transaction names."""
 
     minter: bytes
     balances: tuple[tuple[bytes, int], ...] = ()
+    name: str = ""
 
     def __post_init__(self) -> None:
         if len(self.minter) != 32:
@@ -67,6 +71,8 @@ class Genesis:
         if any(not 0 < b <= MAX_AMOUNT for _, b in self.balances) or sum(
                 b for _, b in self.balances) > MAX_AMOUNT:
             raise ValueError(f"Genesis balances must be positive and total <= {MAX_AMOUNT}")
+        if len(self.name.encode()) > 64:
+            raise ValueError("Genesis.name is at most 64 bytes")
 
 
 # --- queries ---------------------------------------------------------------------------

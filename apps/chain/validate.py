@@ -7,8 +7,9 @@ Must not import: consensus cores, storage, trio, clocks.
 What is checked, block by block from the genesis (any node's export validates the same way):
 heights are 1, 2, 3, ... (a second block at a height, i.e. a fork, is refused); each
 `prev_hash` is the previous header's `block_hash` (block 1's: `genesis_hash`); timestamps
-never decrease; the consensus proof is accepted by the caller's `trust` callback (the lead
-wires one per protocol; None skips it); the tx root recomputed from the block's transactions
+never decrease; the consensus proof is accepted by the caller's `trust` callback, or, given
+`node_keys` and `quorum`, is a block certificate of that quorum (`light.trust_by_certificate`;
+neither skips it); the tx root recomputed from the block's transactions
 matches; every transaction executes successfully (blocks hold only those: a replayed nonce or
 an overdraft is refused); and re-executing the block gives exactly its state root. The first
 failure is returned; nothing raises on any input.
@@ -17,10 +18,11 @@ failure is returned; nothing raises on any input.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from phalanx.apps.chain.block import BlockHeader, block_hash, decode_header, tx_root
+from phalanx.apps.chain.block import BlockHeader, block_hash, chain_id, decode_header, tx_root
+from phalanx.apps.chain.light import trust_by_certificate
 from phalanx.apps.chain.machine import ChainStateMachine
 from phalanx.apps.chain.tx import decode_tx
 from phalanx.apps.chain.types import BlockData, ChainError, Genesis, TxApplied, decode_result
@@ -62,9 +64,16 @@ TrustFn = Callable[[BlockHeader], bool]
 
 
 def validate_chain(genesis: Genesis, blocks: Sequence[Block], *,
-                   trust: TrustFn | None = None) -> ChainValid | ChainInvalid:
+                   trust: TrustFn | None = None, node_keys: Mapping[str, bytes] | None = None,
+                   quorum: int | None = None) -> ChainValid | ChainInvalid:
     """Validate `blocks` (headers with their raw transactions, from height 1) against the
-    genesis. See the module docstring for the checks."""
+    genesis. See the module docstring for the checks. `node_keys` (node id -> raw Ed25519
+    public key) and `quorum` check every header's block certificate; raises ValueError when
+    given with `trust`, or one without the other (our misuse)."""
+    if (node_keys is None) != (quorum is None) or (node_keys is not None and trust is not None):
+        raise ValueError("give node_keys with quorum, or trust, not both")
+    if node_keys is not None and quorum is not None:
+        trust = trust_by_certificate(node_keys, quorum, chain_id=chain_id(genesis))
     machine = ChainStateMachine(genesis)
     last_timestamp = 0
     for position, (header, txs) in enumerate(blocks, start=1):

@@ -86,16 +86,6 @@ def test_the_minter_mints_and_supply_follows() -> None:
     assert nonce == Nonce(account=ACCOUNTS[0], nonce=1)
 
 
-def test_a_bad_signature_is_refused_unless_verification_moved_off_apply() -> None:
-    raw = bytearray(transfer(1, 1, 4, 10))
-    raw[-1] ^= 1
-    assert _code(_apply(ChainStateMachine(genesis()), bytes(raw))) is ChainErrorCode.BAD_SIGNATURE
-    trusting = ChainStateMachine(genesis(), verify_signatures=False)
-    assert trusting.admit(bytes(raw), read_only=False) is not None  # caught on arrival instead
-    assert isinstance(_apply(trusting, bytes(raw)), TxApplied)
-    assert trusting.admit(transfer(1, 2, 4, 10), read_only=False) is None
-
-
 def test_without_hooks_each_successful_transaction_is_its_own_block() -> None:
     m = ChainStateMachine(genesis())
     raws = [transfer(1, 1, 4, 5), transfer(2, 1, 4, 5)]

@@ -38,12 +38,50 @@ def test_incremental_root_equals_root_built_from_scratch(steps: list[dict[bytes,
             else:
                 model[k] = v
         scratch = SparseMerkleTree.from_items(model.items())
-        assert tree.root == scratch.root
+        assert tree.root == scratch.root == _reference_root(model)
         assert len(tree) == len(model)
         assert dict(tree.items()) == model
         # items() is in key-hash order: deterministic whatever the insertion order
         assert [k for k, _ in tree.items()] == sorted(model, key=lambda k: hashlib.sha256(k)
                                                       .digest())
+
+
+def _reference_root(model: dict[bytes, bytes]) -> bytes:
+    """The root straight from the definition (module docstring), sharing no code with the
+    tree: a subtree with no leaf is EMPTY, with one leaf is that leaf, else an inner node."""
+    def root(items: list[tuple[int, bytes, bytes]], depth: int) -> bytes:
+        if not items:
+            return EMPTY
+        if len(items) == 1:
+            _, kh, value = items[0]
+            return hashlib.sha256(b"\x00" + kh + hashlib.sha256(value).digest()).digest()
+        bit = 255 - depth
+        left = [i for i in items if not (i[0] >> bit) & 1]
+        right = [i for i in items if (i[0] >> bit) & 1]
+        return hashlib.sha256(b"\x01" + root(left, depth + 1) + root(right, depth + 1)).digest()
+
+    hashed = [(int.from_bytes(hashlib.sha256(k).digest(), "big"), hashlib.sha256(k).digest(), v)
+              for k, v in model.items()]
+    return root(hashed, 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.dictionaries(keys, st.none() | values, min_size=1, max_size=3), max_size=20))
+def test_small_batches_give_the_root_of_the_definition(
+        steps: list[dict[bytes, bytes | None]]) -> None:
+    """Batches of 1-3 changes take the single-path update; each root matches the definition."""
+    tree = SparseMerkleTree()
+    model: dict[bytes, bytes] = {}
+    for batch in steps:
+        tree = tree.update_batch(batch.items())
+        for k, v in batch.items():
+            if v is None:
+                model.pop(k, None)
+            else:
+                model[k] = v
+        assert tree.root == _reference_root(model)
+        assert len(tree) == len(model)
+        assert all(tree.get(k) == v for k, v in model.items())
 
 
 @settings(max_examples=100, deadline=None)

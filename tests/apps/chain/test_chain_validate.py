@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from chain_helpers import ACCOUNTS, genesis, transfer, tx
+import pytest
+from chain_helpers import ACCOUNTS, NODE_KEYS, QUORUM, certify, genesis, transfer, tx
 
 from phalanx.apps.chain.block import BlockHeader, block_hash, tx_root
 from phalanx.apps.chain.machine import ChainStateMachine
@@ -89,10 +90,8 @@ def test_links_heights_and_timestamps() -> None:
     assert _failure(validate_chain(genesis(), earlier)) == (4, Failure.TIMESTAMP)
 
 
-def test_a_fork_at_the_same_height_is_rejected() -> None:
-    _, blocks = _chain()
-    # a second block 3 on the same parent, with other (valid) contents
-    parent = blocks[1][0]
+def _fork_at_3(blocks: list[Block]) -> Block:
+    """A second block 3 on the same parent as `blocks[2]`, with other (valid) contents."""
     fork_m = ChainStateMachine(genesis())
     for header, txs in blocks[:2]:
         fork_m.begin_batch(BatchInfo(index=0, timestamp=header.timestamp,
@@ -107,11 +106,57 @@ def test_a_fork_at_the_same_height_is_rejected() -> None:
     assert fork is not None
     fork_blocks = decode_blocks([fork])
     assert not isinstance(fork_blocks, ChainInvalid)
-    fork_header = fork_blocks[0][0]
-    assert fork_header.prev_hash == block_hash(parent)
-    assert isinstance(validate_chain(genesis(), [*blocks[:2], fork_blocks[0]]), ChainValid)
-    both = [*blocks[:3], fork_blocks[0]]
+    return fork_blocks[0]
+
+
+def test_a_fork_at_the_same_height_is_rejected() -> None:
+    _, blocks = _chain()
+    fork = _fork_at_3(blocks)
+    assert fork[0].prev_hash == block_hash(blocks[1][0])
+    assert isinstance(validate_chain(genesis(), [*blocks[:2], fork]), ChainValid)
+    both = [*blocks[:3], fork]
     assert _failure(validate_chain(genesis(), both)) == (4, Failure.HEIGHT)
+
+
+def _certified(blocks: list[Block]) -> list[Block]:
+    return [(certify(header, ("n0", "n1", "n2")), txs) for header, txs in blocks]
+
+
+def test_with_node_keys_every_header_needs_a_quorum_certificate() -> None:
+    m, blocks = _chain()
+    certified = _certified(blocks)
+    assert validate_chain(genesis(), certified, node_keys=NODE_KEYS, quorum=QUORUM) == (
+        ChainValid(height=4, head_hash=m.head_hash, state_root=m.state_root))
+    assert _failure(validate_chain(genesis(), blocks, node_keys=NODE_KEYS, quorum=QUORUM)) == (
+        1, Failure.CONSENSUS_PROOF)
+    short = list(certified)
+    short[1] = (certify(blocks[1][0], ("n0", "n3")), blocks[1][1])
+    assert _failure(validate_chain(genesis(), short, node_keys=NODE_KEYS, quorum=QUORUM)) == (
+        2, Failure.CONSENSUS_PROOF)
+    assert isinstance(validate_chain(genesis(), short, node_keys=NODE_KEYS, quorum=2),
+                      ChainValid)  # a crash-fault quorum of 4 would accept it
+    with pytest.raises(ValueError, match="not both"):
+        validate_chain(genesis(), certified, node_keys=NODE_KEYS)
+    with pytest.raises(ValueError, match="not both"):
+        validate_chain(genesis(), certified, node_keys=NODE_KEYS, quorum=QUORUM,
+                       trust=lambda h: True)
+
+
+def test_a_fork_at_the_same_height_with_a_forged_certificate_is_rejected() -> None:
+    """A Byzantine node (n3) exports a chain whose block 3 is its own fork: valid links,
+    roots and transactions, but it can only sign for itself."""
+    _, blocks = _chain()
+    honest = _certified(blocks)
+    fork_header, fork_txs = _fork_at_3(blocks)
+    for proof in (
+        certify(fork_header, ("n0", "n1", "n3"), forger="n3").consensus_proof,
+        certify(fork_header, ("n3",)).consensus_proof,
+        honest[2][0].consensus_proof,  # the honest block 3's certificate
+    ):
+        forked = [*honest[:2], (dataclasses.replace(fork_header, consensus_proof=proof),
+                                fork_txs)]
+        assert _failure(validate_chain(genesis(), forked, node_keys=NODE_KEYS,
+                                       quorum=QUORUM)) == (3, Failure.CONSENSUS_PROOF)
 
 
 def test_a_replayed_nonce_is_rejected() -> None:
