@@ -1,0 +1,81 @@
+"""A chain as a file: `phalanx chain export` writes it, `phalanx chain validate` reads it.
+
+Owns the export format and `fetch_chain`:
+
+    file  = magic "PHALANX-CHAIN-1\\n" | frame(genesis) | frame(block 1) | ... | frame(block n)
+    frame = u32 big-endian length | codec bytes (`Genesis`, then `BlockData`s by height)
+
+`read_export` is strict (the magic, every frame complete and decoding to the right type,
+nothing after the last frame) and raises `ExportFormatError` naming what is wrong; whether
+the chain itself is valid is `phalanx.apps.chain.validate`'s question, not this module's.
+
+Must not import: the runtime, consensus cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from phalanx.apps.chain.types import REGISTRY, BlockData, Genesis, decode_genesis, encode
+from phalanx.client.chain import ChainClient
+from phalanx.net.codec import DecodeError
+
+MAGIC = b"PHALANX-CHAIN-1\n"
+MAX_FRAME = 64 << 20
+
+
+class ExportFormatError(ValueError):
+    """The file is not a chain export."""
+
+
+async def fetch_chain(chain: ChainClient, *, upto: int | None = None,
+                      stale: bool = False) -> list[BlockData]:
+    """Blocks 1..`upto` (default: the head) from the cluster, in order."""
+    from phalanx.apps.chain.types import GetBlock
+
+    head = upto if upto is not None else (await chain.head(stale=stale)).height
+    return [await chain.query(GetBlock(height=h), BlockData, stale=stale)
+            for h in range(1, head + 1)]
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def write_export(path: Path, genesis: Genesis, blocks: Sequence[BlockData]) -> None:
+    """Write the export atomically (a temporary file renamed over `path`)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as f:
+        f.write(MAGIC + _frame(encode(genesis)))
+        for block in blocks:
+            f.write(_frame(REGISTRY.encode(block)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_export(path: Path) -> tuple[Genesis, list[BlockData]]:
+    """The genesis and blocks in `path`. Raises `ExportFormatError` (or OSError)."""
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise ExportFormatError(f"{path}: not a phalanx chain export (bad magic)")
+    pos = len(MAGIC)
+    frames: list[bytes] = []
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ExportFormatError(f"{path}: truncated frame header at byte {pos}")
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        if size > MAX_FRAME or pos + 4 + size > len(data):
+            raise ExportFormatError(f"{path}: truncated or oversized frame at byte {pos}")
+        frames.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    if not frames:
+        raise ExportFormatError(f"{path}: no genesis")
+    try:
+        genesis = decode_genesis(frames[0])
+        blocks = [REGISTRY.decode(f, expected=BlockData) for f in frames[1:]]
+    except (DecodeError, ValueError) as e:
+        raise ExportFormatError(f"{path}: {e}") from None
+    return genesis, blocks
