@@ -302,8 +302,10 @@ async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genes
         key, to = prepared["key"], prepared["to"]
         assert isinstance(key, Ed25519PrivateKey)
         assert isinstance(to, bytes)
-        send = chain.transfer if command == "transfer" else chain.mint
-        done = await send(key, to, args.amount, nonce=args.nonce)
+        if command == "transfer":  # refused before sending when it certainly would be
+            done = await chain.transfer(key, to, args.amount, nonce=args.nonce, precheck=True)
+        else:
+            done = await chain.mint(key, to, args.amount, nonce=args.nonce)
         print(f"ok {done.tx_id.hex()} in block {done.height}")
     elif command in ("balance", "nonce"):
         assert isinstance(account, bytes)

@@ -183,7 +183,23 @@ class ChainClient:
         return await self.submit(tx.raw)
 
     async def transfer(self, key: Ed25519PrivateKey, to: bytes, amount: int, *,
-                       nonce: int | None = None) -> TxApplied:
+                       nonce: int | None = None, precheck: bool = False) -> TxApplied:
+        """Transfer `amount` to `to`. `precheck`: first read the sender's balance and last
+        nonce and refuse locally (the same typed errors, nothing sent) when the transfer
+        would certainly be refused now; a concurrent transaction can still make the
+        chain refuse it."""
+        if precheck:
+            sender = public_key(key)
+            last = await self.nonce(sender)
+            if nonce is not None and nonce <= last:
+                raise StaleNonce(ChainError(code=ChainErrorCode.STALE_NONCE,
+                                            message=f"nonce {nonce} <= last {last}; not sent"))
+            have = await self.balance(sender)
+            if have < amount:
+                raise InsufficientBalance(ChainError(
+                    code=ChainErrorCode.INSUFFICIENT_BALANCE,
+                    message=f"balance {have} < {amount}; not sent"))
+            nonce = last + 1 if nonce is None else nonce
         return await self.send(key, "transfer", to, amount, nonce=nonce)
 
     async def mint(self, key: Ed25519PrivateKey, to: bytes, amount: int, *,
