@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from phalanx.appspec import DEFAULT_APP
+from phalanx.appspec import names as app_names
+from phalanx.appspec import specs as app_specs
 from phalanx.cli.errors import EXIT_USAGE, int_between, non_negative_float, print_error
 from phalanx.ops.local_cluster import (
     DEFAULT_BASE_PORT,
@@ -26,9 +29,6 @@ from phalanx.ops.local_cluster import (
     supervise,
 )
 from phalanx.ops.node_config import ConfigError, check_files, load_node_config
-from phalanx.appspec import DEFAULT_APP
-from phalanx.appspec import names as app_names
-from phalanx.appspec import specs as app_specs
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import names as protocol_names
 from phalanx.protocols import specs as protocol_specs
