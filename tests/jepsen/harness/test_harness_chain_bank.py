@@ -1,9 +1,10 @@
 """A short real run of the chain app's bank workload (`phalanx jepsen run --app chain
 --workload bank`): 3 Raft nodes under kills and pauses (PBFT with a Byzantine replica and a
 crash is `phalanx demo --app chain`'s, tests/cli/test_chain_demo.py). Signed transfers
-between the genesis accounts; every read rebuilds the balances from verified blocks. The bank checker (totals conserved, no negative balance) and
-the chain checker (every block links and re-executes to its state root) must say valid.
-About 15-20 s of wall time (most of it cluster start, recovery and the report)."""
+between the genesis accounts; every read rebuilds the balances from verified blocks. The
+bank checker (totals conserved, no negative balance) and the chain checker (every block
+links and re-executes to its state root) must say valid. About 15-20 s of wall time (most
+of it cluster start, recovery and the report)."""
 
 from __future__ import annotations
 
