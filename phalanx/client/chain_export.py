@@ -30,14 +30,36 @@ class ExportFormatError(ValueError):
     """The file is not a chain export."""
 
 
-async def fetch_chain(chain: ChainClient, *, upto: int | None = None,
-                      stale: bool = False) -> list[BlockData]:
-    """Blocks 1..`upto` (default: the head) from the cluster, in order."""
+async def fetch_chain(chain: ChainClient, *, upto: int | None = None, stale: bool = False,
+                      parallel: int = 16) -> list[BlockData]:
+    """Blocks 1..`upto` (default: the head) from the cluster, in order, `parallel` calls at
+    a time. Raises the first `ClientError` a call raised (not an ExceptionGroup)."""
+    import trio
+
     from phalanx.apps.chain.types import GetBlock
+    from phalanx.client.errors import ClientError
 
     head = upto if upto is not None else (await chain.head(stale=stale)).height
-    return [await chain.query(GetBlock(height=h), BlockData, stale=stale)
-            for h in range(1, head + 1)]
+    blocks: list[BlockData | None] = [None] * head
+    errors: list[ClientError] = []
+    limit = trio.CapacityLimiter(max(1, parallel))
+
+    async def get(height: int) -> None:
+        async with limit:
+            if errors:
+                return
+            try:
+                blocks[height - 1] = await chain.query(GetBlock(height=height), BlockData,
+                                                       stale=stale)
+            except ClientError as e:
+                errors.append(e)
+
+    async with trio.open_nursery() as nursery:
+        for h in range(1, head + 1):
+            nursery.start_soon(get, h)
+    if errors:
+        raise errors[0]
+    return [b for b in blocks if b is not None]
 
 
 def _frame(data: bytes) -> bytes:

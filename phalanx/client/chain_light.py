@@ -2,7 +2,7 @@
 block header the client trusts, with the proof from ONE possibly Byzantine replica.
 
 Owns: `verify_from_replica` (the `phalanx chain verify` flow), `agreed_header` (the header
-f+1 replicas report identically), `one_node` (a client session with a single replica) and
+f+1 replicas report identically), `one_node` / `on_node` (calls to a single replica) and
 `certificate_check`, THE plug-in point of block certificates.
 
 Trust, until block certificates exist: a header is trusted when f+1 distinct replicas
@@ -18,9 +18,10 @@ Must not import: the runtime, consensus cores.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
@@ -33,6 +34,8 @@ from phalanx.client.errors import ClientError
 from phalanx.ops import pki
 from phalanx.ops.node_config import ClusterConfig
 from phalanx.protocols import get as protocol_spec
+
+T = TypeVar("T")
 
 
 def certificate_check(header: BlockHeader, genesis: Genesis) -> bool | None:
@@ -60,6 +63,19 @@ async def one_node(cluster: ClusterConfig, node: str, *, call_timeout: float = 2
         yield ChainClient(client)
 
 
+async def on_node(cluster: ClusterConfig, node: str,
+                  call: Callable[[ChainClient], Awaitable[T]], *, call_timeout: float = 2.0) -> T:
+    """`call` on a chain client of replica `node` alone; a `ClientError` it raises comes out
+    as itself (not wrapped in the client's nursery's ExceptionGroup)."""
+    failure: ClientError | None = None
+    async with one_node(cluster, node, call_timeout=call_timeout) as chain:
+        try:
+            return await call(chain)
+        except ClientError as e:
+            failure = e
+    raise failure
+
+
 def faults(cluster: ClusterConfig) -> int:
     return protocol_spec(cluster.protocol).max_faults(len(cluster.nodes))
 
@@ -67,10 +83,11 @@ def faults(cluster: ClusterConfig) -> int:
 async def _ask_header(cluster: ClusterConfig, node: str, height: int,
                       seen: dict[str, BlockHeader]) -> None:
     try:
-        async with one_node(cluster, node, call_timeout=1.0) as chain:
-            seen[node] = (await chain.block(height, stale=True))[0]
+        block = await on_node(cluster, node, lambda c: c.block(height, stale=True),
+                              call_timeout=1.0)
     except ClientError:
         return
+    seen[node] = block[0]
 
 
 async def agreed_header(cluster: ClusterConfig, height: int, *, within: float = 5.0
@@ -114,8 +131,8 @@ async def verify_from_replica(cluster: ClusterConfig, genesis: Genesis, account:
     """Ask `replica` alone for the account's proof, trust the header of its height by
     `certificate_check` or else f+1 identical reports, and verify the proof against it."""
     try:
-        async with one_node(cluster, replica, call_timeout=within) as chain:
-            reply: AccountProof = await chain.proof(account, stale=True)
+        reply: AccountProof = await on_node(
+            cluster, replica, lambda c: c.proof(account, stale=True), call_timeout=within)
     except ClientError as e:
         return Verified(ok=False, account=account, replica=replica,
                         reason=f"{replica} gave no proof: {e}")
