@@ -133,7 +133,6 @@ def _open(args: argparse.Namespace) -> tuple[ClusterConfig, Genesis]:
     from phalanx.appspec import AppConfigError
     from phalanx.appspec import get as get_app
     from phalanx.appspec.chain_app import read_genesis
-    from phalanx.client.chain import ChainClient
     from phalanx.ops.local_cluster import open_cluster
     from phalanx.ops.node_config import check_cluster_files
 
@@ -141,6 +140,8 @@ def _open(args: argparse.Namespace) -> tuple[ClusterConfig, Genesis]:
         raise _Refused(f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
     cluster = open_cluster(args.cluster)
     check_cluster_files(cluster)
+    from phalanx.client.chain import ChainClient
+
     spec = get_app(cluster.app)
     if spec.client is None or spec.client.load() is not ChainClient:
         raise _Refused(f"{args.cluster} runs the {cluster.app} app, not a chain "
