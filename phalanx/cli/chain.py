@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -39,6 +40,8 @@ from phalanx.cli.errors import (
 )
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from phalanx.apps.chain.block import BlockHeader
     from phalanx.apps.chain.types import Genesis
     from phalanx.client.chain import ChainClient
@@ -73,7 +76,7 @@ exit status: 0 success; 1 verify/validate failed; 2 usage error (nothing sent);
 """
 
 
-class _Refused(Exception):
+class _UsageProblem(Exception):
     """A usage problem found after the cluster was opened (one line, exit 2)."""
 
 
@@ -137,19 +140,19 @@ def _open(args: argparse.Namespace) -> tuple[ClusterConfig, Genesis]:
     from phalanx.ops.node_config import check_cluster_files
 
     if not args.cluster:
-        raise _Refused(f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
+        raise _UsageProblem(f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
     cluster = open_cluster(args.cluster)
     check_cluster_files(cluster)
     from phalanx.client.chain import ChainClient
 
     spec = get_app(cluster.app)
     if spec.client is None or spec.client.load() is not ChainClient:
-        raise _Refused(f"{args.cluster} runs the {cluster.app} app, not a chain "
+        raise _UsageProblem(f"{args.cluster} runs the {cluster.app} app, not a chain "
                        "(create one with `cluster init --app chain`)")
     try:
         return cluster, read_genesis(cluster.app_files["genesis"])
     except AppConfigError as e:
-        raise _Refused(str(e)) from None
+        raise _UsageProblem(str(e)) from None
 
 
 def _account(cluster_dir: Path, text: str) -> bytes:
@@ -164,11 +167,11 @@ def _account(cluster_dir: Path, text: str) -> bytes:
             pass
     if KEY_NAME.fullmatch(text) and key_path(cluster_dir, text).is_file():
         return public_key(account_key(key_path(cluster_dir, text)))
-    raise _Refused(f"account {text!r}: neither a key name in "
+    raise _UsageProblem(f"account {text!r}: neither a key name in "
                    f"{cluster_dir / 'chain' / 'keys'} nor 64 hex digits")
 
 
-def _signing_key(cluster_dir: Path, text: str) -> object:
+def _signing_key(cluster_dir: Path, text: str) -> Ed25519PrivateKey:
     from phalanx.appspec.chain_app import KEY_NAME, account_key, key_path
 
     path = (key_path(cluster_dir, text) if KEY_NAME.fullmatch(text)
@@ -189,7 +192,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.chain_command == "accounts":
             return _accounts(cluster.directory)
         prepared = _prepare(args, cluster.directory)
-    except (_Refused, OperatorError, AppConfigError) as e:
+    except (_UsageProblem, OperatorError, AppConfigError) as e:
         print_error(PROG, str(e))
         return EXIT_USAGE
     import trio
@@ -220,17 +223,25 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _prepare(args: argparse.Namespace, cluster_dir: Path) -> dict[str, object]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Inputs:
+    """A subcommand's arguments resolved before anything is sent."""
+
+    account: bytes = b""
+    to: bytes = b""
+    key: Ed25519PrivateKey | None = None
+
+
+def _prepare(args: argparse.Namespace, cluster_dir: Path) -> _Inputs:
     """Everything resolvable before sending (keys, accounts): a usage error sends nothing."""
-    out: dict[str, object] = {}
-    if getattr(args, "account", None) is not None:
-        out["account"] = _account(cluster_dir, args.account)
-    if getattr(args, "to", None) is not None:
-        out["to"] = _account(cluster_dir, args.to)
-        out["key"] = _signing_key(cluster_dir, args.sender)
     if args.chain_command == "export" and not args.file.parent.is_dir():
-        raise _Refused(f"{args.file.parent} is not a directory")
-    return out
+        raise _UsageProblem(f"{args.file.parent} is not a directory")
+    account = getattr(args, "account", None)
+    to = getattr(args, "to", None)
+    return _Inputs(
+        account=_account(cluster_dir, account) if account is not None else b"",
+        to=_account(cluster_dir, to) if to is not None else b"",
+        key=_signing_key(cluster_dir, args.sender) if to is not None else None)
 
 
 def _keygen(cluster_dir: Path, name: str) -> int:
@@ -272,7 +283,7 @@ def _describe(header: BlockHeader, txs: tuple[bytes, ...] = ()) -> list[str]:
 
 
 async def _run(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesis,
-               prepared: dict[str, object]) -> int:
+               prepared: _Inputs) -> int:
     from phalanx.client.async_client import open_client
     from phalanx.client.chain import ChainClient
 
@@ -294,26 +305,21 @@ async def _run(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesi
 
 
 async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesis,
-                chain: ChainClient, prepared: dict[str, object]) -> int:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+                chain: ChainClient, prepared: _Inputs) -> int:
 
     command, stale = args.chain_command, bool(getattr(args, "stale", False))
-    account = prepared.get("account")
+    account, to, key = prepared.account, prepared.to, prepared.key
     if command in ("transfer", "mint"):
-        key, to = prepared["key"], prepared["to"]
-        assert isinstance(key, Ed25519PrivateKey)
-        assert isinstance(to, bytes)
+        assert key is not None  # `_prepare` resolved it
         if command == "transfer":  # refused before sending when it certainly would be
             done = await chain.transfer(key, to, args.amount, nonce=args.nonce, precheck=True)
         else:
             done = await chain.mint(key, to, args.amount, nonce=args.nonce)
         print(f"ok {done.tx_id.hex()} in block {done.height}")
     elif command in ("balance", "nonce"):
-        assert isinstance(account, bytes)
         read = chain.balance if command == "balance" else chain.nonce
         print(await read(account, stale=stale))
     elif command == "proof":
-        assert isinstance(account, bytes)
         reply = await chain.proof(account, stale=stale)
         print(f"height {reply.height} block {reply.block_hash.hex()}\n"
               f"state_root {reply.state_root.hex()}\n"
@@ -354,11 +360,10 @@ async def _tail(chain: ChainClient, start: int | None, count: int | None) -> Non
 
 
 async def _verify(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesis,
-                  prepared: dict[str, object]) -> int:
+                  prepared: _Inputs) -> int:
     from phalanx.client.chain_light import verify_from_replica
 
-    account = prepared["account"]
-    assert isinstance(account, bytes)
+    account = prepared.account
     replica = args.replica or cluster.nodes[0].id
     if replica not in {n.id for n in cluster.nodes}:
         print_error(PROG, f"no node {replica!r} (nodes: "
