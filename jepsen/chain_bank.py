@@ -36,11 +36,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from phalanx.apps.chain.block import block_hash
 from phalanx.apps.chain.machine import ChainStateMachine
 from phalanx.apps.chain.tx import public_key
-from phalanx.apps.chain.types import BlockData, GetBlock, TxApplied, decode_result
+from phalanx.apps.chain.types import BlockData, TxApplied, decode_result
 from phalanx.apps.interface import BatchInfo
 from phalanx.appspec.chain_app import account_key, keys_dir, read_genesis
 from phalanx.client.async_client import Client, ClientError
 from phalanx.client.chain import ChainClient, ChainCommandError
+from phalanx.client.chain_export import fetch_blocks
 from phalanx.jepsen import bank as bank_checker
 from phalanx.jepsen.checker import CheckerResult, RunResult, check_history
 from phalanx.jepsen.history import FAIL, OK, History
@@ -129,8 +130,7 @@ class ChainBankWorkload:
                 return Completion(type=FAIL, error=self.problems[0])
             head = (await chain.head()).height
             mirror = self._mirror
-            while mirror.height < head:
-                data = await chain.query(GetBlock(height=mirror.height + 1), BlockData)
+            for data in await fetch_blocks(chain, mirror.height + 1, head, parallel=8):
                 problem = self._extend(data)
                 if problem is not None:
                     self.problems.append(problem)

@@ -1,6 +1,6 @@
 """A chain as a file: `phalanx chain export` writes it, `phalanx chain validate` reads it.
 
-Owns the export format and `fetch_chain`:
+Owns the export format, `fetch_chain` and `fetch_blocks`:
 
     file  = magic "PHALANX-CHAIN-1\\n" | frame(genesis) | frame(block 1) | ... | frame(block n)
     frame = u32 big-endian length | codec bytes (`Genesis`, then `BlockData`s by height)
@@ -34,13 +34,20 @@ async def fetch_chain(chain: ChainClient, *, upto: int | None = None, stale: boo
                       parallel: int = 16) -> list[BlockData]:
     """Blocks 1..`upto` (default: the head) from the cluster, in order, `parallel` calls at
     a time. Raises the first `ClientError` a call raised (not an ExceptionGroup)."""
+    head = upto if upto is not None else (await chain.head(stale=stale)).height
+    return await fetch_blocks(chain, 1, head, stale=stale, parallel=parallel)
+
+
+async def fetch_blocks(chain: ChainClient, first: int, last: int, *, stale: bool = False,
+                       parallel: int = 16) -> list[BlockData]:
+    """Blocks `first`..`last`, in order, `parallel` calls at a time. Raises the first
+    `ClientError` a call raised (not an ExceptionGroup)."""
     import trio
 
     from phalanx.apps.chain.types import GetBlock
     from phalanx.client.errors import ClientError
 
-    head = upto if upto is not None else (await chain.head(stale=stale)).height
-    blocks: list[BlockData | None] = [None] * head
+    blocks: list[BlockData | None] = [None] * max(0, last - first + 1)
     errors: list[ClientError] = []
     limit = trio.CapacityLimiter(max(1, parallel))
 
@@ -49,13 +56,13 @@ async def fetch_chain(chain: ChainClient, *, upto: int | None = None, stale: boo
             if errors:
                 return
             try:
-                blocks[height - 1] = await chain.query(GetBlock(height=height), BlockData,
-                                                       stale=stale)
+                blocks[height - first] = await chain.query(GetBlock(height=height),
+                                                           BlockData, stale=stale)
             except ClientError as e:
                 errors.append(e)
 
     async with trio.open_nursery() as nursery:
-        for h in range(1, head + 1):
+        for h in range(first, last + 1):
             nursery.start_soon(get, h)
     if errors:
         raise errors[0]
