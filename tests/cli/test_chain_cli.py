@@ -116,3 +116,8 @@ def test_a_kv_cluster_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: P
     code, _, err = run(capsys, tmp_path / "kv", "head")
     assert code == 2
     assert "runs the kv app, not a chain" in err
+
+
+def test_kv_refuses_a_chain_cluster(capsys: pytest.CaptureFixture[str], cluster: Path) -> None:
+    assert main(["kv", "--cluster", str(cluster), "get", "k"]) == 2
+    assert "runs the chain app, not a KV store" in capsys.readouterr().err
