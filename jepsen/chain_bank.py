@@ -17,6 +17,7 @@ Operations:
       re-execution must give the block's state root, so a read is one consistent snapshot
       the replicas' own state roots vouch for. A block that does not verify is a ``chain``
       checker failure (that read and every later one are ``fail``: the mirror stops there).
+      One read fetches at a time; a read that waits `LOCK_WAIT` for it is ``fail``.
 
 Checks: the bank checker (totals conserved, no negative balance, the account set) plus
 ``chain`` (every fetched block verified).
@@ -50,6 +51,9 @@ from phalanx.jepsen.workloads import Completion, Invocation, WorkloadConfig, _cl
 from phalanx.ops.node_config import ClusterConfig
 
 MIX: Final = (("read", 0.4), ("transfer", 0.6))
+LOCK_WAIT: Final = 2.0
+"""Longest a read waits for another read's block fetching (then it is ``fail``: reads have
+no effect), so one slow fetch under faults does not hold every worker."""
 
 
 class ChainBankWorkload:
@@ -125,17 +129,27 @@ class ChainBankWorkload:
         return Completion(type=OK, value=move)
 
     async def _read(self, chain: ChainClient) -> Completion:
-        async with self._lock:
-            if self.problems:  # the mirror stopped at a block that did not verify
-                return Completion(type=FAIL, error=self.problems[0])
-            head = (await chain.head()).height
-            mirror = self._mirror
-            for data in await fetch_blocks(chain, mirror.height + 1, head, parallel=8):
-                problem = self._extend(data)
-                if problem is not None:
-                    self.problems.append(problem)
-                    return Completion(type=FAIL, error=problem)
-            balances = {a: mirror.balance(public_key(self.keys[a])) for a in self.accounts}
+        with trio.move_on_after(LOCK_WAIT) as waiting:
+            await self._lock.acquire()
+        if waiting.cancelled_caught:
+            return Completion(type=FAIL,
+                              error=f"another read was fetching blocks for {LOCK_WAIT} s")
+        try:
+            return await self._read_locked(chain)
+        finally:
+            self._lock.release()
+
+    async def _read_locked(self, chain: ChainClient) -> Completion:
+        if self.problems:  # the mirror stopped at a block that did not verify
+            return Completion(type=FAIL, error=self.problems[0])
+        head = (await chain.head()).height
+        mirror = self._mirror
+        for data in await fetch_blocks(chain, mirror.height + 1, head, parallel=8):
+            problem = self._extend(data)
+            if problem is not None:
+                self.problems.append(problem)
+                return Completion(type=FAIL, error=problem)
+        balances = {a: mirror.balance(public_key(self.keys[a])) for a in self.accounts}
         return Completion(type=OK, value=immutables.Map(balances))
 
     def _extend(self, data: BlockData) -> str | None:
