@@ -106,3 +106,22 @@ def test_no_app_name_is_compared_outside_the_registry_and_the_apps() -> None:
                           for line, name in name_comparisons(path.read_text(), names)]
     assert not offenders, ("decide by the app's spec (phalanx.appspec), not by its name:\n"
                            + "\n".join(offenders))
+
+
+def test_a_node_refuses_to_start_on_a_bad_genesis_before_opening_storage(
+        tmp_path: Path) -> None:
+    import trio
+
+    from phalanx.runtime.node import NodeError, open_node
+
+    cluster = init_cluster(tmp_path / "c", nodes=1, app="chain")
+    config = load_node_config(cluster.node_config_path("n1"))
+    config.app_files["genesis"].write_bytes(b"junk")
+
+    async def start() -> None:
+        async with open_node(config):
+            pass
+
+    with pytest.raises(NodeError, match="not a chain genesis"):
+        trio.run(start)
+    assert [p.name for p in config.data_dir.iterdir()] == ["IDENTITY"]  # storage untouched
