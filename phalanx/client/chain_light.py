@@ -145,6 +145,10 @@ async def verify_from_replica(cluster: ClusterConfig, genesis: Genesis, account:
                         reason=f"no header at height {reply.height} reported by "
                                f"{faults(cluster) + 1} replicas alike")
     certified = certificate_check(header, genesis)
+    if certified is False:
+        return Verified(ok=False, account=account, replica=replica, header=header,
+                        trusted_by="certificate",
+                        reason=f"block {header.height}'s certificate does not verify")
     trusted_by = ("certificate" if certified is not None
                   else f"{faults(cluster) + 1} matching replicas")
     agreed = encode_header(header)

@@ -121,3 +121,20 @@ def test_a_kv_cluster_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: P
 def test_kv_refuses_a_chain_cluster(capsys: pytest.CaptureFixture[str], cluster: Path) -> None:
     assert main(["kv", "--cluster", str(cluster), "get", "k"]) == 2
     assert "runs the chain app, not a KV store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("verdict", "code", "says"), [
+    (True, 0, "header trusted by certificate"),
+    (False, 1, "certificate does not verify"),
+])
+def test_a_certificate_check_decides_alone_when_it_has_a_verdict(
+        capsys: pytest.CaptureFixture[str], cluster: Path, monkeypatch: pytest.MonkeyPatch,
+        verdict: bool, code: int, says: str) -> None:
+    from phalanx.client import chain_light
+
+    wait_ready(capsys, cluster)
+    assert run(capsys, cluster, "transfer", "--from", "a3", "a4", "1")[0] == 0
+    monkeypatch.setattr(chain_light, "certificate_check", lambda header, genesis: verdict)
+    got, out, err = run(capsys, cluster, "verify", "a3", "--replica", "n3")
+    assert got == code
+    assert says in out + err
