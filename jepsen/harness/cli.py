@@ -101,9 +101,9 @@ def add_run_command(
                                for a in app_specs()))
     p.add_argument("--workload", choices=sorted({w for a in app_specs()
                                                  for w in a.workload_names}),
-                   default="register",
-                   help="the workload (default: %(default)s; --app chain: bank, signed "
-                        "transfers, reads verified block by block)")
+                   default=None,
+                   help="the workload (default: the app's first: kv register, chain bank: "
+                        "signed transfers, reads verified block by block)")
     p.add_argument("--nemesis", default="kill,pause,partition-one,partition-halves",
                    metavar="LIST", help="fault kinds (default: %(default)s)")
     p.add_argument("--time", type=positive_float, default=60.0, metavar="S",
@@ -139,6 +139,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     from phalanx.jepsen.linearizability import UNKNOWN
 
     out = console if console is not None else Console()
+    if args.workload is None:
+        args.workload = get_app(args.app).default_workload
     size_problem = get_protocol(args.protocol).size_problem(args.nodes)
     if size_problem is not None:
         print(f"phalanx jepsen run: error: {size_problem}", file=sys.stderr)

@@ -17,8 +17,8 @@ KV = AppSpec(
     machine=Lazy("phalanx.appspec.kv_app:build_machine"),
     client=Lazy("phalanx.client.kv:KvHelpers"),
     workloads=(
-        ("bank", Lazy("phalanx.appspec.kv_app:bank_workload")),
         ("register", Lazy("phalanx.appspec.kv_app:register_workload")),
+        ("bank", Lazy("phalanx.appspec.kv_app:bank_workload")),
         ("set", Lazy("phalanx.appspec.kv_app:set_workload")),
     ),
 )

@@ -53,7 +53,8 @@ class AppSpec:
         files: the ``[app]`` keys the app reads (required when present here).
         init: `cluster init`'s hook writing the app's files, or None (no files).
         client: the app's client helpers (a class wrapping `phalanx.client.Client`).
-        workloads: ``(name, factory)`` of the harness workloads this app runs.
+        workloads: ``(name, factory)`` of the harness workloads this app runs; the first
+            is the default (`default_workload`).
         demo: `phalanx demo --app NAME`'s entry point (``main(args, directory, delete=)``).
         total_order: the app needs every replica to apply the same commands in the same
             order in the same batches (blocks): not for a protocol whose replicas apply
@@ -69,6 +70,10 @@ class AppSpec:
     workloads: tuple[tuple[str, Lazy[WorkloadFactory]], ...] = ()
     demo: Lazy[Callable[..., int]] | None = None
     total_order: bool = False
+
+    @property
+    def default_workload(self) -> str | None:
+        return self.workloads[0][0] if self.workloads else None
 
     @property
     def workload_names(self) -> tuple[str, ...]:

@@ -49,5 +49,6 @@ def test_chain_bank_on_raft_under_kills_and_pauses(tmp_path: Path) -> None:
 def test_the_chain_app_has_no_register_workload(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_run_command(parser.add_subparsers())
-    args = parser.parse_args(["run", "--app", "chain", "--store", str(tmp_path)])
+    args = parser.parse_args(["run", "--app", "chain", "--workload", "register",
+                              "--store", str(tmp_path)])
     assert args.handler(args) == EXIT_USAGE
