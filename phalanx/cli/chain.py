@@ -148,7 +148,7 @@ def _open(args: argparse.Namespace) -> tuple[ClusterConfig, Genesis]:
     spec = get_app(cluster.app)
     if spec.client is None or spec.client.load() is not ChainClient:
         raise _UsageProblem(f"{args.cluster} runs the {cluster.app} app, not a chain "
-                       "(create one with `cluster init --app chain`)")
+                            "(create one with `cluster init --app chain`)")
     try:
         return cluster, read_genesis(cluster.app_files["genesis"])
     except AppConfigError as e:
@@ -168,7 +168,7 @@ def _account(cluster_dir: Path, text: str) -> bytes:
     if KEY_NAME.fullmatch(text) and key_path(cluster_dir, text).is_file():
         return public_key(account_key(key_path(cluster_dir, text)))
     raise _UsageProblem(f"account {text!r}: neither a key name in "
-                   f"{cluster_dir / 'chain' / 'keys'} nor 64 hex digits")
+                        f"{cluster_dir / 'chain' / 'keys'} nor 64 hex digits")
 
 
 def _signing_key(cluster_dir: Path, text: str) -> Ed25519PrivateKey:
@@ -292,12 +292,12 @@ async def _run(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesi
         return await _verify(args, cluster, genesis, prepared)
     from phalanx.client.errors import ClientError
 
-    failure: ClientError | None = None
+    failure: ClientError | OSError | None = None
     code = EXIT_OK
     async with open_client(cluster, timeout=args.timeout) as client:
         try:
             code = await _call(args, cluster, genesis, ChainClient(client), prepared)
-        except ClientError as e:  # raised here, not wrapped in the client's ExceptionGroup
+        except (ClientError, OSError) as e:  # raised here, not in the client's ExceptionGroup
             failure = e
     if failure is not None:
         raise failure

@@ -138,3 +138,15 @@ def test_a_certificate_check_decides_alone_when_it_has_a_verdict(
     got, out, err = run(capsys, cluster, "verify", "a3", "--replica", "n3")
     assert got == code
     assert says in out + err
+
+
+def test_a_malformed_key_file_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], cluster: Path) -> None:
+    bad = cluster / "chain" / "keys" / "bad.key"
+    bad.write_text("not a key\n")
+    code, _, err = run(capsys, cluster, "transfer", "--from", "bad", "a1", "5")
+    assert code == 2
+    assert "the signing key is not hex" in err
+    code, _, err = run(capsys, cluster, "balance", "bad")
+    assert code == 2
+    bad.unlink()
