@@ -53,7 +53,8 @@ MAX_AMOUNT: Final = (1 << 63) - 1
 
 _EPILOG = f"""\
 examples:
-  phalanx cluster init ./ch --app chain --protocol pbft --nodes 4 && phalanx cluster up ./ch
+  phalanx cluster init ./ch --app chain --protocol pbft --nodes 4
+  phalanx cluster up ./ch                            # runs until Ctrl-C; then, elsewhere:
   phalanx chain --cluster ./ch balance a1            # a1..a5 hold 1000000 at genesis
   phalanx chain --cluster ./ch keygen bob            # a new (empty) account key
   phalanx chain --cluster ./ch transfer --from a1 bob 250
@@ -73,6 +74,15 @@ report it identically (until blocks carry consensus certificates).
 exit status: 0 success; 1 verify/validate failed; 2 usage error (nothing sent);
 3 refused by the chain, no effect; 4 timed out, may or may not have taken effect;
 6 forbidden; 70 internal error. --cluster defaults to ${CLUSTER_ENV}.
+"""
+
+
+_TX_EPILOG = """\
+prints "ok <tx id> in block <height>". A transfer is checked first against the sender's
+balance and last nonce: one that would certainly be refused is not sent (exit 3).
+exit status: 0 ordered and executed; 2 usage error (bad key, account or amount: nothing
+sent); 3 refused (insufficient_balance, stale_nonce, not_minter...: no effect); 4 timed
+out (may or may not have taken effect).
 """
 
 
@@ -97,11 +107,14 @@ def add_chain_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     sub.add_parser("accounts", help="list the account keys and their public keys")
     for name, text in (("transfer", "send AMOUNT from the --from key's account to ACCOUNT"),
                        ("mint", "create AMOUNT for ACCOUNT (the genesis minter only)")):
-        t = sub.add_parser(name, help=text)
+        t = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                           epilog=_TX_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         t.add_argument("--from", dest="sender", required=True, metavar="KEY",
                        help="the signing key: a name in DIR/chain/keys or a key file path")
-        t.add_argument("to", metavar="ACCOUNT")
-        t.add_argument("amount", type=int_between(1, MAX_AMOUNT), metavar="AMOUNT")
+        t.add_argument("to", metavar="ACCOUNT",
+                       help="the recipient: a key name in DIR/chain/keys or 64 hex digits")
+        t.add_argument("amount", type=int_between(1, MAX_AMOUNT), metavar="AMOUNT",
+                       help=f"a whole number of tokens, 1..{MAX_AMOUNT}")
         t.add_argument("--nonce", type=int_between(1, (1 << 64) - 1), default=None,
                        help="the transaction's nonce (default: the sender's last + 1)")
     for name, text in (("balance", "an account's balance"), ("nonce", "its last nonce"),
