@@ -96,13 +96,14 @@ async def _load(cluster: ClusterConfig, chain: bool, workers: int, seconds: floa
     return len(latencies), errors, latencies
 
 
-def _one(protocol: str, nodes: int, app: str, args: argparse.Namespace, root: Path) -> str:
+def _one(protocol: str, nodes: int, app: str, chain: bool, args: argparse.Namespace,
+         root: Path) -> str:
     cluster = init_cluster(root / f"{protocol}-{app}", protocol=protocol, nodes=nodes, app=app,
                            base_port=find_free_base_port(nodes))
     with NodeProcesses(cluster) as procs:
         procs.start()
         trio.run(_wait_ready, cluster)
-        ok, errors, lat = trio.run(_load, cluster, app == "chain", args.workers, args.seconds)
+        ok, errors, lat = trio.run(_load, cluster, chain, args.workers, args.seconds)
     return (f"{protocol:5} n={nodes}  {app:5}  {ok / args.seconds:8.0f} ops/s  "
             f"p50 {_pct(lat, 0.5) * 1000:6.1f} ms  p99 {_pct(lat, 0.99) * 1000:6.1f} ms  "
             f"errors {errors}")
@@ -117,8 +118,8 @@ def main() -> int:
           flush=True)
     with tempfile.TemporaryDirectory(prefix="phalanx-chain-bench-") as tmp:
         for protocol, nodes in (("raft", 3), ("pbft", 4)):
-            for app in ("kv", "chain"):
-                print(_one(protocol, nodes, app, args, Path(tmp)), flush=True)
+            for app, chain in (("kv", False), ("chain", True)):
+                print(_one(protocol, nodes, app, chain, args, Path(tmp)), flush=True)
     return 0
 
 
