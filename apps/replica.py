@@ -27,6 +27,12 @@ Invariants:
   each transaction through `apply_tx(tx_id, command, pinned)`, else `apply(command)`.
 - Determinism: with `InlineCheckpointWriter`, the same entries give the same results,
   checkpoints and WAL calls; nothing depends on set order, `id()` or time.
+- Blocks: a machine with `BatchHooks` (outside transaction mode) sees each committed COMMAND
+  entry holding a write as one batch: `begin_batch(BatchInfo(index=entry.index,
+  timestamp=0, proposer=proposer_of(entry.term)))`, its requests, `end_batch()`, in
+  `apply` and in replay alike; an entry of reads only, a NOOP or a CONFIG entry makes none.
+  The timestamp is 0: Raft and PBFT entries carry no clock every replica agrees on.
+  Checkpoints fall between entries, so never inside a batch.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from phalanx.apps.envelope import (
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import (
     Admission,
+    BatchHooks,
+    BatchInfo,
     Housekeeping,
     SnapshotFormatError,
     StateMachine,
@@ -197,6 +205,8 @@ class Replica:
             short next to a large state; told of every apply and of every state load.
         transactions: transaction mode (module docstring): how to read a command as a
             transaction; None (default) for the session rule.
+        proposer_of: a batch's proposer from its entry's term, the same on every replica
+            (`phalanx.protocols.ProtocolSpec.proposer_of`); default: none ("").
     """
 
     def __init__(
@@ -212,12 +222,16 @@ class Replica:
         gc_pacer: GcPacer | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         transactions: TransactionLayer | None = None,
+        proposer_of: Callable[[int], str] | None = None,
     ) -> None:
         if wal is not None and decode_entry is None:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
         self._machine = machine
         self._maintain = machine.maintain if isinstance(machine, Housekeeping) else None
         self._admit = machine.admit if isinstance(machine, Admission) else None
+        self._hooks = (machine if isinstance(machine, BatchHooks) and transactions is None
+                       else None)
+        self._proposer_of = proposer_of
         self._store = checkpoints
         self._wal = wal
         self._decode_entry = decode_entry
@@ -342,11 +356,14 @@ class Replica:
         size = 0
         if entry.kind is EntryKind.CONFIG:
             self._config = entry.config
+        block = self._begin_block(entry)
         for request in entry.requests:
             size += len(request.command)
             out.append(self._apply_request(entry.index, request.client_id,
                                            request.request_no, request.command,
                                            request.read_only))
+        if block is not None:
+            block.end_batch()
         self._table.end_entry()
         if self._txs is not None:
             self._txs.end_entry()
@@ -360,6 +377,16 @@ class Replica:
         if self._gc_pacer is not None:
             self._gc_pacer.note_apply()
         return tuple(out)
+
+    def _begin_block(self, entry: Entry) -> BatchHooks | None:
+        """Open `entry`'s batch on a machine with hooks if it holds a write (module
+        docstring); the machine to close it on, else None."""
+        hooks = self._hooks
+        if hooks is None or not any(not r.read_only for r in entry.requests):
+            return None
+        proposer = self._proposer_of(entry.term) if self._proposer_of is not None else ""
+        hooks.begin_batch(BatchInfo(index=entry.index, timestamp=0, proposer=proposer))
+        return hooks
 
     def _apply_request(
         self, index: int, client_id: str, request_no: int, command: bytes, read_only: bool
@@ -591,6 +618,7 @@ class Replica:
                             if not request.read_only:
                                 self._apply_transaction(request.command, False)
                         txs.end_entry()
+                    block = self._begin_block(entry) if txs is None else None
                     for request in () if txs is not None else entry.requests:
                         if request.read_only:
                             continue
@@ -598,6 +626,8 @@ class Replica:
                         cid, number = request.client_id, request.request_no
                         if verdict_of(cid, number)[0] is Verdict.RUN:
                             record(cid, number, machine_apply(request.command), index)
+                    if block is not None:
+                        block.end_batch()
                     end_entry()
                     self._applied = entry.index
                     self._applied_term = entry.term

@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from phalanx.appspec import DEFAULT_APP
+from phalanx.appspec import get as get_app
+from phalanx.appspec import names as app_names
+from phalanx.appspec import specs as app_specs
 from phalanx.cli.errors import (
     EXIT_INDETERMINATE,
     EXIT_USAGE,
@@ -91,7 +95,15 @@ def add_run_command(
     p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                    help="the cluster's protocol (default: %(default)s)")
     p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=5)
-    p.add_argument("--workload", choices=("register", "bank", "set"), default="register")
+    p.add_argument("--app", choices=app_names(), default=DEFAULT_APP,
+                   help="the replicated application (default: %(default)s); its workloads: "
+                   + "; ".join(f"{a.name}: {', '.join(a.workload_names)}"
+                               for a in app_specs()))
+    p.add_argument("--workload", choices=sorted({w for a in app_specs()
+                                                 for w in a.workload_names}),
+                   default=None,
+                   help="the workload (default: the app's first: kv register, chain bank: "
+                        "signed transfers, reads verified block by block)")
     p.add_argument("--nemesis", default="kill,pause,partition-one,partition-halves",
                    metavar="LIST", help="fault kinds (default: %(default)s)")
     p.add_argument("--time", type=positive_float, default=60.0, metavar="S",
@@ -127,6 +139,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     from phalanx.jepsen.linearizability import UNKNOWN
 
     out = console if console is not None else Console()
+    if args.workload is None:
+        args.workload = get_app(args.app).default_workload
     size_problem = get_protocol(args.protocol).size_problem(args.nodes)
     if size_problem is not None:
         print(f"phalanx jepsen run: error: {size_problem}", file=sys.stderr)
@@ -135,6 +149,15 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         print(f"phalanx jepsen run: error: the {args.workload} workload is not available yet "
               f"(available: {', '.join(WORKLOADS)})", file=sys.stderr)
         return EXIT_USAGE
+    workloads = get_app(args.app).workload_names
+    if args.workload not in workloads:
+        print(f"phalanx jepsen run: error: the {args.app} app has no {args.workload} workload "
+              f"(its workloads: {', '.join(workloads)})", file=sys.stderr)
+        return EXIT_USAGE
+    app_problem = get_app(args.app).protocol_problem(get_protocol(args.protocol))
+    if app_problem is not None:
+        print(f"phalanx jepsen run: error: {app_problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS)
     except ScheduleError as e:
@@ -142,7 +165,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         return EXIT_USAGE
     try:
         options = RunOptions(
-            protocol=args.protocol, nodes=args.nodes, workload=args.workload, faults=faults,
+            protocol=args.protocol, app=args.app, nodes=args.nodes, workload=args.workload,
+            faults=faults,
             time_s=args.time, rate=args.rate, concurrency=args.concurrency, seed=args.seed,
             store=args.store, keys=args.keys, ops_per_key=args.ops_per_key,
             nemesis_scale=args.nemesis_scale, byzantine=args.byzantine,

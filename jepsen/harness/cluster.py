@@ -48,6 +48,7 @@ from typing import Any
 
 import trio
 
+from phalanx.appspec import DEFAULT_APP
 from phalanx.client.async_client import Client, ClientError, open_client
 from phalanx.jepsen.harness.byzantine_plan import ByzantinePlan
 from phalanx.jepsen.harness.proxy import Link, ProxyNetwork
@@ -363,6 +364,7 @@ async def open_real_cluster(
     client_timeout: float = 2.0,
     volatile_writes: bool = False,
     byzantine: ByzantinePlan | None = None,
+    app: str = DEFAULT_APP,
 ) -> AsyncIterator[RealCluster]:
     """Create, start and finally stop a proxied cluster in `directory` (see module docstring).
 
@@ -372,7 +374,7 @@ async def open_real_cluster(
     base_port = find_free_base_port(nodes + len(plan.twins))
     config = init_cluster(directory, protocol=protocol, nodes=nodes,
                           base_port=base_port, fsync="group", timing=timing,
-                          checkpoint_every=checkpoint_every)
+                          checkpoint_every=checkpoint_every, app=app)
     twin_config = _write_twin_configs(config, plan, base_port)
     targets = {n.id: (n.peer_addr.host, n.peer_addr.port) for n in config.nodes}
     identities = {n: n for n in targets}

@@ -52,6 +52,9 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from phalanx.appspec import DEFAULT_APP
+from phalanx.appspec import get as get_app
+from phalanx.appspec import specs as app_specs
 from phalanx.client.async_client import ClientError, open_client
 from phalanx.jepsen.checker import CheckerResult, RunResult
 from phalanx.jepsen.harness.byzantine_plan import (
@@ -75,11 +78,9 @@ from phalanx.jepsen.nemesis import LOSE_UNFSYNCED, FaultEvent
 from phalanx.jepsen.report import render_report
 from phalanx.jepsen.store import RunStore, create_run
 from phalanx.jepsen.workloads import (
-    WORKLOAD_CLASSES,
     Invocation,
     Workload,
     WorkloadConfig,
-    make_workload,
     perform,
 )
 from phalanx.ops import pki
@@ -87,8 +88,8 @@ from phalanx.ops.node_config import ClusterConfig
 from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy
 from phalanx.protocols import get as get_protocol
 
-WORKLOADS: Final = tuple(sorted(WORKLOAD_CLASSES))
-"""Workloads the runner drives: every `phalanx.jepsen.workloads` workload."""
+WORKLOADS: Final = tuple(sorted({w for a in app_specs() for w in a.workload_names}))
+"""Workloads the runner drives: every registered app's (`AppSpec.workloads`)."""
 
 OPERATION_ATTEMPTS: Final = 5
 CONVERGE_TIMEOUT: Final = 30.0
@@ -100,6 +101,8 @@ CONVERGE_TIMEOUT: Final = 30.0
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     protocol: str = DEFAULT_PROTOCOL
+    app: str = DEFAULT_APP
+    """The replicated application (`phalanx.appspec`); `workload` must be one of its."""
     nodes: int = 5
     workload: str = "register"
     faults: tuple[str, ...] = ()
@@ -124,8 +127,13 @@ class RunOptions:
     """Allow more than f Byzantine replicas: a control run that may end invalid."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        app = get_app(self.app)  # UnknownApp is a ValueError
+        if self.workload not in app.workload_names:
+            raise ValueError(f"unknown workload {self.workload!r} for the {self.app} app; "
+                             f"known: {', '.join(app.workload_names)}")
+        problem = app.protocol_problem(get_protocol(self.protocol))
+        if problem is not None:
+            raise ValueError(problem)
         if self.nodes < 1 or self.concurrency < 1 or self.rate <= 0 or self.time_s <= 0:
             raise ValueError("nodes and concurrency must be >= 1, rate and time > 0")
         if self.nemesis_scale <= 0 or self.keys < 1 or self.ops_per_key < 1:
@@ -151,7 +159,8 @@ class RunOptions:
             faults = "+".join(self.faults) if self.faults else "none"
         label = self.byzantine_plan().label()
         byz = f"-{label}" if label else ""
-        return f"{self.protocol}-{self.workload}-{faults}{byz}-n{self.nodes}"
+        app = "" if self.app == DEFAULT_APP else f"{self.app}-"
+        return f"{self.protocol}-{app}{self.workload}-{faults}{byz}-n{self.nodes}"
 
     def workload_config(self) -> WorkloadConfig:
         """Each worker paces itself with `Workload.delay`, so the per-worker rate is
@@ -346,7 +355,7 @@ def _config_doc(options: RunOptions) -> dict[str, object]:
 async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     """Run one test (see the module docstring); the result is also in the run's store."""
     started = time.monotonic()
-    workload = make_workload(options.workload, options.workload_config())
+    make_workload = get_app(options.app).workload(options.workload)
     rng = random.Random(options.seed)
     # The schedule names nodes n1..nN, as `init_cluster` does; drawn before the cluster so
     # that test.json can carry it from the start.
@@ -360,13 +369,14 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     async with open_real_cluster(cluster_dir, nodes=options.nodes, protocol=options.protocol,
                                  rng=random.Random(rng.getrandbits(64)),
                                  volatile_writes=LOSE_UNFSYNCED in options.faults,
-                                 byzantine=plan) as cluster:
+                                 byzantine=plan, app=options.app) as cluster:
         if cluster.nodes != node_names:
             raise ClusterUnavailable(f"unexpected node names {cluster.nodes}")
         byz = f"; Byzantine: {plan.describe()}" if plan.nodes else ""
         console.print(f"cluster of {options.nodes} nodes up in {cluster_dir}{byz}; "
                       "waiting for a leader", highlight=False, soft_wrap=True)
         leader = await cluster.wait_for_leader(30.0)
+        workload = make_workload(options.workload_config(), cluster.config)
         run = _Run(options, cluster, workload)
         if plan.nodes:
             run.record_nemesis("byzantine", plan.describe())

@@ -510,6 +510,14 @@ def _kv_main(args: argparse.Namespace) -> int:
     cluster = _open(args, "phalanx kv")
     if cluster is None:
         return EXIT_USAGE
+    from phalanx.appspec import get as get_app
+    from phalanx.client.kv import KvHelpers
+
+    app = get_app(cluster.app)
+    if app.client is None or app.client.load() is not KvHelpers:
+        print_error("phalanx kv", f"{args.cluster} runs the {cluster.app} app, not a KV store "
+                    f"(see `phalanx {cluster.app} --help`)")
+        return EXIT_USAGE
     try:
         command, read_only = build_command(args)
     except ValueError as e:

@@ -35,6 +35,8 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
      "create and run a local cluster"),
     ("node", "phalanx.cli.node", "add_node_command", "run a phalanx node"),
     ("kv", "phalanx.cli.kv", "add_kv_command", "read and write keys of a running cluster"),
+    ("chain", "phalanx.cli.chain", "add_chain_command",
+     "accounts, transfers, blocks and proofs of a chain cluster"),
     ("status", "phalanx.cli.kv", "add_status_command",
      "show every node's role, term, commit and applied index"),
     ("cert", "phalanx.cli.cert", "add_cert_command",

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from phalanx.appspec import DEFAULT_APP
+from phalanx.appspec import names as app_names
+from phalanx.appspec import specs as app_specs
 from phalanx.cli.errors import EXIT_USAGE, int_between, non_negative_float, print_error
 from phalanx.ops.local_cluster import (
     DEFAULT_BASE_PORT,
@@ -34,6 +37,7 @@ _INIT_EPILOG = """\
 examples:
   phalanx cluster init ./demo-cluster
   phalanx cluster init ./c5 --nodes 5 --base-port 9000
+  phalanx cluster init ./chain --app chain --protocol pbft --nodes 4
 
 Writes DIR/cluster.toml, DIR/nodes/<id>.toml (+ certificate and key), DIR/ca/,
 DIR/clients/{admin,client,reader}.pem/.key (client certificates with the roles admin,
@@ -46,6 +50,10 @@ A protocol whose clients sign their transactions (leaderless) also gets a client
 key DIR/clients/client.signing.key (mode 0600; cluster.toml names it, so `phalanx kv
 --cluster DIR` signs with it) and every node config gets the public keyring
 [keys.clients]. Make more keys with `phalanx cluster client-key DIR NAME`.
+
+--app chain also writes DIR/chain/genesis.bin (the minter and the opening balances) and
+DIR/chain/keys/{minter,a1..a5}.key (account keys, mode 0600; a1..a5 hold 1,000,000 each);
+every config names the genesis in [app]. Use it with `phalanx chain --cluster DIR`.
 
 exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
 nothing was created.
@@ -93,6 +101,9 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     init.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                       help="consensus protocol (default: %(default)s; "
                       + "; ".join(f"{s.name}: {s.summary}" for s in protocol_specs()) + ")")
+    init.add_argument("--app", choices=app_names(), default=DEFAULT_APP,
+                      help="replicated application (default: %(default)s; "
+                      + "; ".join(f"{a.name}: {a.summary}" for a in app_specs()) + ")")
     init.add_argument("--nodes", type=int_between(1, MAX_NODES), default=3,
                       help=f"number of nodes, 1..{MAX_NODES} (default: 3)")
     init.add_argument("--base-port", type=int_between(1, 65535), default=DEFAULT_BASE_PORT,
@@ -131,12 +142,13 @@ def _run_init(args: argparse.Namespace) -> int:
     try:
         cluster = init_cluster(
             args.directory, protocol=args.protocol, nodes=args.nodes,
-            base_port=args.base_port, host=args.host, fsync=args.fsync,
+            base_port=args.base_port, host=args.host, fsync=args.fsync, app=args.app,
         )
     except ClusterError as e:
         print_error("phalanx cluster init", str(e))
         return EXIT_USAGE
-    print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes in {args.directory}")
+    print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes running the "
+          f"{cluster.app} app in {args.directory}")
     warning = ephemeral_overlap_warning(args.base_port, args.nodes)
     if warning is not None:
         print(warning, file=sys.stderr)
@@ -144,6 +156,8 @@ def _run_init(args: argparse.Namespace) -> int:
         print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
     if cluster.client_signing_key is not None:
         print(f"  client signing key: {cluster.client_signing_key}")
+    for key, path in sorted(cluster.app_files.items()):
+        print(f"  app {key}: {path}")
     print(f"start it with: phalanx cluster up {args.directory}")
     return 0
 

@@ -45,6 +45,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final
 
+from phalanx.appspec import DEFAULT_APP, AppSpec, UnknownApp
+from phalanx.appspec import get as get_app
 from phalanx.cli.errors import (
     OperatorError,
 )
@@ -99,14 +101,17 @@ def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
               "key": rel(cluster.client_key)}
     if cluster.client_signing_key is not None:
         client["signing_key"] = rel(cluster.client_signing_key)
-    return {
-        "cluster": {"protocol": cluster.protocol},
+    doc: dict[str, object] = {
+        "cluster": {"protocol": cluster.protocol, "app": cluster.app},
         "client": client,
         "nodes": [
             {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr)}
             for n in cluster.nodes
         ],
     }
+    if cluster.app_files:
+        doc["app"] = {k: rel(v) for k, v in sorted(cluster.app_files.items())}
+    return doc
 
 
 def cluster_ports(base_port: int, nodes: int) -> list[int]:
@@ -168,9 +173,11 @@ def init_cluster(
     timing: TimingConfig | None = None,
     client_name: str = DEFAULT_CLIENT,
     checkpoint_every: int | None = None,
+    app: str = DEFAULT_APP,
 ) -> ClusterConfig:
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
-    config.
+    config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
+    app's files (the chain: DIR/chain/) and every config names them in ``[app]``.
 
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
@@ -179,8 +186,12 @@ def init_cluster(
 
     try:
         spec = protocol_spec(protocol)
-    except UnknownProtocol as e:
+        app_spec = get_app(app)
+    except (UnknownProtocol, UnknownApp) as e:
         raise ClusterError(str(e)) from None
+    problem = app_spec.protocol_problem(spec)
+    if problem is not None:
+        raise ClusterError(problem)
     if not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
@@ -204,7 +215,7 @@ def init_cluster(
             client_signing=spec.call_strategy is CallStrategy.ENDORSEMENT, nodes=nodes,
             base_port=base_port, host=host,
             fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
-            checkpoint_every=checkpoint_every,
+            checkpoint_every=checkpoint_every, app=app_spec,
         )
         _check_empty(target)
         os.replace(staging, target)  # an existing empty directory is replaced atomically
@@ -230,6 +241,7 @@ def _write_cluster(
     timing: TimingConfig,
     client_name: str,
     checkpoint_every: int | None,
+    app: AppSpec,
 ) -> None:
     from phalanx.ops import pki
     from phalanx.ops.signing_keys import client_key_path, generate_client_key, generate_key_file
@@ -237,6 +249,7 @@ def _write_cluster(
 
     ca = pki.create_ca()
     pki.write_ca(ca, root / "ca")
+    app_files = app.init.load()(root) if app.init is not None else {}
     ids = node_ids(nodes)
     members = tuple(
         PeerConfig(
@@ -282,6 +295,8 @@ def _write_cluster(
             timing=timing,
             keys=KeyFiles(signing_key=key_files[me.id]) if me.id in key_files else None,
             client_keys=client_keys,
+            app=app.name,
+            app_files=app_files,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
@@ -303,6 +318,8 @@ def _write_cluster(
         client_key=client.private_key,
         directory=root,
         client_signing_key=client_signing_key,
+        app=app.name,
+        app_files=app_files,
     )
     (root / "cluster.toml").write_text(dumps_toml(cluster_config_dict(cluster)))
 

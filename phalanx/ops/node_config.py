@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phalanx.appspec import DEFAULT_APP, UnknownApp
+from phalanx.appspec import get as app_spec
 from phalanx.cli.errors import OperatorError
 from phalanx.protocols import UnknownProtocol
 from phalanx.protocols import get as protocol_spec
@@ -177,6 +179,10 @@ class NodeConfig:
     client_keys: Mapping[str, bytes] = field(default_factory=dict)
     """`[keys.clients]`: the client keyring, client key name -> raw 32-byte Ed25519 public
     key (`phalanx.ops.signing_keys.client_verifier` checks transactions against it)."""
+    app: str = DEFAULT_APP
+    """`[node] app`: the replicated application (`phalanx.appspec`; default ``kv``)."""
+    app_files: Mapping[str, Path] = field(default_factory=dict)
+    """`[app]`: the files the app reads (`AppSpec.files`), absolute."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
@@ -196,6 +202,10 @@ class ClusterConfig:
     client_signing_key: Path | None = None
     """`[client] signing_key`: the default client signing key (protocols whose call strategy
     is ENDORSEMENT sign every transaction with it), or None."""
+    app: str = DEFAULT_APP
+    """`[cluster] app`: the application the nodes run (`phalanx.appspec`)."""
+    app_files: Mapping[str, Path] = field(default_factory=dict)
+    """`[app]`: the app's files (the chain's genesis), absolute."""
 
     def node_config_path(self, node_id: str) -> Path:
         return self.directory / "nodes" / f"{node_id}.toml"
@@ -314,6 +324,18 @@ def _protocol(value: str, where: str) -> str:
     return value
 
 
+def _app(t: _Table, files: _Table, base: Path) -> tuple[str, dict[str, Path]]:
+    """`app` of table `t` (default `DEFAULT_APP`) if registered, and the `[app]` files it
+    reads (exactly the spec's `AppSpec.files`, resolved against `base`)."""
+    name = t.text("app", DEFAULT_APP)
+    try:
+        spec = app_spec(name)
+    except UnknownApp as e:
+        raise ConfigError(f"{t.at('app')}: {e}") from None
+    found = {key: (base / files.text(key)).resolve() for key in spec.files}
+    return name, found
+
+
 def _choice(value: str, choices: Sequence[str], where: str) -> str:
     if value not in choices:
         raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
@@ -372,6 +394,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if timing_cfg.heartbeat_ticks >= timing_cfg.election_ticks:
         raise ConfigError(f"{path}: timing.heartbeat_ticks must be < timing.election_ticks")
     protocol = _protocol(node.text("protocol"), f"{path}: node.protocol")
+    app, app_files = _app(node, root.table("app"), base)
     keys: KeyFiles | None = None
     # `[keys]`, or `[pbft]` as cluster directories made before protocols were pluggable
     # call it; known beside any protocol, required by one with signing keys.
@@ -413,6 +436,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
         client_auth=_choice(root.table("client").text("auth", "required"), CLIENT_AUTH_MODES,
                             f"{path}: client.auth"),
         client_keys=client_keys,
+        app=app,
+        app_files=app_files,
     )
     root.check_unknown()
     return config
@@ -432,6 +457,7 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
         raise ConfigError(f"{path}: no [[nodes]]")
     if len({n.id for n in nodes}) != len(nodes):
         raise ConfigError(f"{path}: node ids must be unique")
+    app, app_files = _app(cluster, root.table("app"), base)
     config = ClusterConfig(
         protocol=_protocol(cluster.text("protocol"), f"{path}: cluster.protocol"),
         nodes=nodes,
@@ -442,6 +468,8 @@ def load_cluster_config(directory: str | Path) -> ClusterConfig:
         client_signing_key=(
             (base / signing).resolve() if (signing := client.opt_str("signing_key")) else None
         ),
+        app=app,
+        app_files=app_files,
     )
     root.check_unknown()
     return config
@@ -464,12 +492,14 @@ def _check_file(source: object, key: str, path: Path) -> None:
 def check_files(config: NodeConfig) -> None:
     """Raise `ConfigError` naming the file and its key unless every credential file of
     `config` (TLS CA, certificate and key; the signing key) is a readable, non-empty
-    file. A node calls it at start-up, before opening its storage."""
+    file, and so is every file of its ``[app]`` table. A node calls it at start-up, before
+    opening its storage."""
     source = config.source or config.id
     files = [("tls.ca", config.tls.ca), ("tls.cert", config.tls.cert),
              ("tls.key", config.tls.key)]
     if config.keys is not None:
         files.append((f"{KEYS_TABLE}.signing_key", config.keys.signing_key))
+    files += [(f"app.{key}", path) for key, path in sorted(config.app_files.items())]
     for key, path in files:
         _check_file(source, key, path)
 
@@ -534,6 +564,7 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     node: dict[str, object] = {
         "id": cfg.id,
         "protocol": cfg.protocol,
+        "app": cfg.app,
         "data_dir": rel(cfg.data_dir),
         "peer_listen": str(cfg.peer_listen),
         "client_listen": str(cfg.client_listen),
@@ -565,6 +596,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
         },
         "peers": peers,
     }
+    if cfg.app_files:
+        doc["app"] = {k: rel(v) for k, v in sorted(cfg.app_files.items())}
     if cfg.client_auth != "required":
         doc["client"] = {"auth": cfg.client_auth}
     keys: dict[str, object] = {}

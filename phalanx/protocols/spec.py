@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import importlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -64,6 +64,19 @@ class CallStrategy(enum.Enum):
     `phalanx.consensus.leaderless.messages.Transaction` (its key from the cluster's client
     keyring, an absolute deadline), sends it to every node, and accepts f+1 matching results,
     or fails it on f+1 ABORTED replies."""
+
+
+class ProposerRule(enum.Enum):
+    """Who proposed a committed entry, as every replica can tell from the entry alone (the
+    `BatchInfo.proposer` of an app's blocks)."""
+
+    NONE = "none"
+    """Not derivable: the proposer is "" (Raft: a term's leader is not a function of the
+    term; PBFT: a replica records the view it saw the commit in, which can differ between
+    replicas across a view change)."""
+    TERM_ROUND_ROBIN = "term-round-robin"
+    """The entry's term names it: the sorted members' ``term % n``-th (a protocol whose
+    entries carry the agreed proposing view)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +219,21 @@ class ProtocolSpec:
     byzantine: Lazy[ByzantineSupport] | None = None
     byzantine_modes: tuple[str, ...] = ()
     demo: Lazy[Callable[..., int]] | None = None
+    proposer_rule: ProposerRule = ProposerRule.NONE
+    """How an entry's proposer follows from its term (`proposer_of`)."""
+
+    def proposer_of(self, term: int, nodes: Sequence[str]) -> str:
+        """The proposer of a committed entry of `term` in a cluster of `nodes`, identical on
+        every replica; "" when the protocol cannot tell (`ProposerRule.NONE`)."""
+        if self.proposer_rule is ProposerRule.TERM_ROUND_ROBIN and nodes:
+            ordered = sorted(nodes)
+            return ordered[term % len(ordered)]
+        return ""
+
+    def proposer_function(self, nodes: Sequence[str]) -> Callable[[int], str]:
+        """`proposer_of` bound to `nodes` (what `phalanx.apps.replica.Replica` takes)."""
+        members = tuple(nodes)
+        return lambda term: self.proposer_of(term, members)
 
     @property
     def default_nodes(self) -> int:

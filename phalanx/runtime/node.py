@@ -39,9 +39,10 @@ import trio
 from phalanx.apps import kv_wire  # noqa: F401  (registers the KV types with the codec)
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import StateMachine
-from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
+from phalanx.appspec import AppConfigError, UnknownApp
+from phalanx.appspec import get as get_app
 from phalanx.consensus.core import CoreStatus
 from phalanx.consensus.types import (
     Configuration,
@@ -236,8 +237,9 @@ async def open_node(
     """Run node `config` for the body of the `async with`; yields the running `Node`.
 
     Args:
-        state_machine: the replicated application (default: the KV store). Every node of a
-            cluster must run the same one.
+        state_machine: the replicated application (default: the config's ``app``, built by
+            its `AppSpec` from its ``[app]`` files; the KV store unless told). Every node of
+            a cluster must run the same one.
         rng: randomness for election timeouts and reconnect jitter (default: OS-seeded).
         byzantine: a Byzantine mode (the protocol's `ProtocolSpec.byzantine_modes`; only a
             protocol that tolerates Byzantine replicas has them): this node lies on purpose.
@@ -274,7 +276,15 @@ async def open_node(
     client_protocol.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
-    machine = state_machine if state_machine is not None else KvStateMachine()
+    try:
+        app = get_app(config.app)
+        problem = app.protocol_problem(spec)
+        if problem is not None:
+            raise NodeError(f"{config.source or config.id}: {problem}")
+        machine = (state_machine if state_machine is not None
+                   else app.build_machine(config.app_files))
+    except (UnknownApp, AppConfigError) as e:
+        raise NodeError(f"{config.source or config.id}: {e}") from None
     lies = None
     if byzantine is not None and spec.byzantine is not None:
         lies = spec.byzantine.load()
@@ -331,6 +341,7 @@ async def open_node(
             config=Configuration(voters=voters),
             gc_pacer=gc_pacer,
             transactions=transactions,
+            proposer_of=spec.proposer_function(config.members()),
         )
         # Only the checkpoint: the core re-emits the committed entries after it. A
         # transactional core's log holds only committed entries and its record forgets

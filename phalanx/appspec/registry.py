@@ -1,0 +1,70 @@
+"""The app registry: name -> `AppSpec`, the one place applications are listed.
+
+Owns: `register`, `get`, `names`, `specs`, `UnknownApp`, `DEFAULT_APP`. The built-in apps
+(`phalanx.appspec.builtin`: ``kv``, ``chain``) are registered on first use; a plug-in
+registers its spec by importing this module and calling `register`.
+
+Invariants: a name maps to one spec for the life of the process (a different spec under a
+taken name raises); `names()` is sorted (stable `--app` choices and messages). Importing
+this module loads no app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from phalanx.appspec.spec import AppSpec
+
+DEFAULT_APP = "kv"
+"""What a node config without ``app`` runs, and what `cluster init` and the harness use."""
+
+_SPECS: dict[str, AppSpec] = {}
+_builtin_loaded = False
+
+
+class UnknownApp(ValueError):
+    """An app name nobody registered."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown app {name!r}; registered: {', '.join(names())}")
+        self.name = name
+
+
+def register(spec: AppSpec) -> AppSpec:
+    """Add `spec` (idempotent for the same spec). Raises ValueError on a name clash."""
+    held = _SPECS.get(spec.name)
+    if held is not None and held != spec:
+        raise ValueError(f"app {spec.name!r} is already registered with another spec")
+    if not spec.name or not spec.name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"app name {spec.name!r}: use letters, digits, '-' and '_'")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def _load_builtin() -> None:
+    global _builtin_loaded
+    if not _builtin_loaded:
+        _builtin_loaded = True
+        from phalanx.appspec import builtin
+
+        for spec in builtin.SPECS:
+            register(spec)
+
+
+def get(name: str) -> AppSpec:
+    """The spec registered as `name`. Raises `UnknownApp` naming the registered ones."""
+    _load_builtin()
+    spec = _SPECS.get(name)
+    if spec is None:
+        raise UnknownApp(name)
+    return spec
+
+
+def names() -> tuple[str, ...]:
+    """Every registered app name, sorted (the `--app` choices)."""
+    _load_builtin()
+    return tuple(sorted(_SPECS))
+
+
+def specs() -> Iterator[AppSpec]:
+    return (get(name) for name in names())

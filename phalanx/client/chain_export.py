@@ -1,0 +1,110 @@
+"""A chain as a file: `phalanx chain export` writes it, `phalanx chain validate` reads it.
+
+Owns the export format, `fetch_chain` and `fetch_blocks`:
+
+    file  = magic "PHALANX-CHAIN-1\\n" | frame(genesis) | frame(block 1) | ... | frame(block n)
+    frame = u32 big-endian length | codec bytes (`Genesis`, then `BlockData`s by height)
+
+`read_export` is strict (the magic, every frame complete and decoding to the right type,
+nothing after the last frame) and raises `ExportFormatError` naming what is wrong; whether
+the chain itself is valid is `phalanx.apps.chain.validate`'s question, not this module's.
+
+Must not import: the runtime, consensus cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from phalanx.apps.chain.types import REGISTRY, BlockData, Genesis, decode_genesis, encode
+from phalanx.client.chain import ChainClient
+from phalanx.net.codec import DecodeError
+
+MAGIC = b"PHALANX-CHAIN-1\n"
+MAX_FRAME = 64 << 20
+
+
+class ExportFormatError(ValueError):
+    """The file is not a chain export."""
+
+
+async def fetch_chain(chain: ChainClient, *, upto: int | None = None, stale: bool = False,
+                      parallel: int = 16) -> list[BlockData]:
+    """Blocks 1..`upto` (default: the head) from the cluster, in order, `parallel` calls at
+    a time. Raises the first `ClientError` a call raised (not an ExceptionGroup)."""
+    head = upto if upto is not None else (await chain.head(stale=stale)).height
+    return await fetch_blocks(chain, 1, head, stale=stale, parallel=parallel)
+
+
+async def fetch_blocks(chain: ChainClient, first: int, last: int, *, stale: bool = False,
+                       parallel: int = 16) -> list[BlockData]:
+    """Blocks `first`..`last`, in order, `parallel` calls at a time. Raises the first
+    `ClientError` a call raised (not an ExceptionGroup)."""
+    import trio
+
+    from phalanx.apps.chain.types import GetBlock
+    from phalanx.client.errors import ClientError
+
+    blocks: list[BlockData | None] = [None] * max(0, last - first + 1)
+    errors: list[ClientError] = []
+    limit = trio.CapacityLimiter(max(1, parallel))
+
+    async def get(height: int) -> None:
+        async with limit:
+            if errors:
+                return
+            try:
+                blocks[height - first] = await chain.query(GetBlock(height=height),
+                                                           BlockData, stale=stale)
+            except ClientError as e:
+                errors.append(e)
+
+    async with trio.open_nursery() as nursery:
+        for h in range(first, last + 1):
+            nursery.start_soon(get, h)
+    if errors:
+        raise errors[0]
+    return [b for b in blocks if b is not None]
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def write_export(path: Path, genesis: Genesis, blocks: Sequence[BlockData]) -> None:
+    """Write the export atomically (a temporary file renamed over `path`)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as f:
+        f.write(MAGIC + _frame(encode(genesis)))
+        for block in blocks:
+            f.write(_frame(REGISTRY.encode(block)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_export(path: Path) -> tuple[Genesis, list[BlockData]]:
+    """The genesis and blocks in `path`. Raises `ExportFormatError` (or OSError)."""
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise ExportFormatError(f"{path}: not a phalanx chain export (bad magic)")
+    pos = len(MAGIC)
+    frames: list[bytes] = []
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ExportFormatError(f"{path}: truncated frame header at byte {pos}")
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        if size > MAX_FRAME or pos + 4 + size > len(data):
+            raise ExportFormatError(f"{path}: truncated or oversized frame at byte {pos}")
+        frames.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    if not frames:
+        raise ExportFormatError(f"{path}: no genesis")
+    try:
+        genesis = decode_genesis(frames[0])
+        blocks = [REGISTRY.decode(f, expected=BlockData) for f in frames[1:]]
+    except (DecodeError, ValueError) as e:
+        raise ExportFormatError(f"{path}: {e}") from None
+    return genesis, blocks
