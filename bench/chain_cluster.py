@@ -24,8 +24,9 @@ from pathlib import Path
 
 import trio
 
+from phalanx.apps.chain.block import chain_id
 from phalanx.apps.chain.tx import TxBody, public_key, sign
-from phalanx.appspec.chain_app import account_key, key_path
+from phalanx.appspec.chain_app import account_key, key_path, read_genesis
 from phalanx.client.async_client import ClientError, RequestRejected, open_client
 from phalanx.client.chain import ChainClient
 from phalanx.ops.local_cluster import NodeProcesses, find_free_base_port, init_cluster
@@ -61,6 +62,7 @@ async def _load(cluster: ClusterConfig, chain: bool, workers: int, seconds: floa
     latencies: list[float] = []
     errors = 0
     keys = [account_key(key_path(cluster.directory, a)) for a in ACCOUNTS] if chain else []
+    chain_of = chain_id(read_genesis(cluster.app_files["genesis"])) if chain else b""
     async with open_client(cluster, timeout=5.0) as client:
         helper = ChainClient(client)
         stop_at = trio.current_time() + seconds
@@ -76,8 +78,9 @@ async def _load(cluster: ClusterConfig, chain: bool, workers: int, seconds: floa
                         nonce += 1
                         key = keys[slot % len(keys)]
                         to = public_key(keys[(slot + 1) % len(keys)])
-                        tx = sign(key, TxBody(sender=public_key(key), nonce=nonce,
-                                              method="transfer", args=(to, 1)))
+                        body = TxBody(chain_id=chain_of, sender=public_key(key),
+                                      nonce=nonce, method="transfer", args=(to, 1))
+                        tx = sign(key, body)
                         await helper.submit(tx.raw)
                     else:
                         from phalanx.apps import kv_wire

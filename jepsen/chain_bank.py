@@ -34,7 +34,7 @@ import immutables
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from phalanx.apps.chain.block import block_hash
+from phalanx.apps.chain.block import block_hash, chain_id
 from phalanx.apps.chain.machine import ChainStateMachine
 from phalanx.apps.chain.tx import public_key
 from phalanx.apps.chain.types import BlockData, TxApplied, decode_result
@@ -102,7 +102,7 @@ class ChainBankWorkload:
     async def execute(self, client: object, invocation: Invocation) -> Completion:
         if not isinstance(client, Client):
             raise TypeError("the chain bank runs on a phalanx.client.Client")
-        chain = ChainClient(client)
+        chain = ChainClient(client, chain_id(self.genesis))
         try:
             if invocation.f == bank_checker.INIT:
                 return Completion(type=OK, value=invocation.value)

@@ -297,6 +297,7 @@ def _describe(header: BlockHeader, txs: tuple[bytes, ...] = ()) -> list[str]:
 
 async def _run(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesis,
                prepared: _Inputs) -> int:
+    from phalanx.apps.chain.block import chain_id
     from phalanx.client.async_client import open_client
     from phalanx.client.chain import ChainClient
 
@@ -309,7 +310,8 @@ async def _run(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genesi
     code = EXIT_OK
     async with open_client(cluster, timeout=args.timeout) as client:
         try:
-            code = await _call(args, cluster, genesis, ChainClient(client), prepared)
+            chain = ChainClient(client, chain_id(genesis))
+            code = await _call(args, cluster, genesis, chain, prepared)
         except (ClientError, OSError) as e:  # raised here, not in the client's ExceptionGroup
             failure = e
     if failure is not None:

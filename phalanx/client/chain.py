@@ -97,6 +97,10 @@ class NotFound(ChainCommandError):
     """No block at that height (yet)."""
 
 
+class WrongChain(ChainCommandError):
+    """The transaction names another chain (its chain id is not this genesis' hash)."""
+
+
 ERRORS: dict[ChainErrorCode, type[ChainCommandError]] = {
     ChainErrorCode.MALFORMED: Malformed,
     ChainErrorCode.TOO_LARGE: TooLarge,
@@ -107,6 +111,7 @@ ERRORS: dict[ChainErrorCode, type[ChainCommandError]] = {
     ChainErrorCode.NOT_MINTER: NotMinter,
     ChainErrorCode.OVERFLOW: Overflow,
     ChainErrorCode.NOT_FOUND: NotFound,
+    ChainErrorCode.WRONG_CHAIN: WrongChain,
 }
 """Every `ChainErrorCode` -> the exception a refusal with it raises."""
 
@@ -133,10 +138,13 @@ def expect(raw: bytes, kind: type[_R]) -> _R:
 class ChainClient:
     """Chain calls over `client` (any protocol that orders every command; see `AppSpec`).
 
-    Reads are linearizable unless ``stale=True`` (one node's applied state)."""
+    Reads are linearizable unless ``stale=True`` (one node's applied state). Signing
+    (`send`, `transfer`, `mint`) needs `chain_id` (`phalanx.apps.chain.block.chain_id` of
+    the cluster's genesis): every transaction names its chain."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, chain_id: bytes | None = None) -> None:
         self.client = client
+        self.chain_id = chain_id
 
     async def query(self, query: ChainQuery, kind: type[_R], *, stale: bool = False) -> _R:
         consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
@@ -176,10 +184,14 @@ class ChainClient:
                    nonce: int | None = None) -> TxApplied:
         """Sign `method(args)` with `key` at `nonce` (default: the last accepted + 1) and
         order it. Raises ValueError when the transaction cannot be built (our misuse)."""
+        if self.chain_id is None:
+            raise ValueError("ChainClient(client, chain_id=...) is needed to sign: pass "
+                             "phalanx.apps.chain.block.chain_id(genesis)")
         sender = public_key(key)
         if nonce is None:
             nonce = await self.nonce(sender) + 1
-        tx = sign(key, TxBody(sender=sender, nonce=nonce, method=method, args=args))
+        tx = sign(key, TxBody(chain_id=self.chain_id, sender=sender, nonce=nonce,
+                              method=method, args=args))
         return await self.submit(tx.raw)
 
     async def transfer(self, key: Ed25519PrivateKey, to: bytes, amount: int, *,

@@ -39,6 +39,7 @@ from typing import Final
 
 import trio
 
+from phalanx.apps.chain.block import chain_id
 from phalanx.apps.chain.tx import public_key
 from phalanx.appspec import get as get_app
 from phalanx.appspec.chain_app import account_key, key_path, read_genesis
@@ -86,6 +87,7 @@ class _Transfers:
 
     def __init__(self, cluster: ClusterConfig, rng: random.Random) -> None:
         self.keys = {a: account_key(key_path(cluster.directory, a)) for a in ACCOUNTS}
+        self.chain_id = chain_id(read_genesis(cluster.app_files["genesis"]))
         self.nonces = dict.fromkeys(ACCOUNTS, 0)
         self.rng = rng
         self.ok = self.refused = self.unknown = 0
@@ -94,7 +96,7 @@ class _Transfers:
         self.ok_after_restart = 0
 
     async def worker(self, client: Client, pause: float = 0.0) -> None:
-        chain = ChainClient(client)
+        chain = ChainClient(client, self.chain_id)
         while not self.stopped:
             await trio.sleep(pause)
             src, dst = self.rng.sample(ACCOUNTS, 2)

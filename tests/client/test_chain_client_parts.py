@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from phalanx.apps.chain.block import chain_id
 from phalanx.apps.chain.machine import ChainStateMachine
 from phalanx.apps.chain.tx import TxBody, public_key, sign
 from phalanx.apps.chain.types import BlockData, ChainError, ChainErrorCode, Genesis
@@ -57,7 +58,8 @@ def _blocks(cluster: Path, count: int) -> tuple[Genesis, list[BlockData]]:
     machine = ChainStateMachine(genesis)
     for h in range(1, count + 1):
         machine.begin_batch(BatchInfo(index=h, timestamp=0, proposer=""))
-        machine.apply(sign(a1, TxBody(sender=public_key(a1), nonce=h, method="transfer",
+        machine.apply(sign(a1, TxBody(chain_id=chain_id(genesis), sender=public_key(a1),
+                                      nonce=h, method="transfer",
                                       args=(public_key(a2), h))).raw)
         machine.end_batch()
     return genesis, [b for h in range(1, count + 1) if (b := machine.block(h)) is not None]
