@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-PKG_DIRS := consensus storage apps net jepsen
+PKG_DIRS := consensus storage apps net jepsen gossip
 
 .PHONY: demo test lint typecheck pytest soak sim-leaderless jepsen bench bench-kv bench-leaderless attack clean
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = ("consensus", "storage", "apps", "net", "jepsen")
+MAPPED = ("consensus", "storage", "apps", "net", "jepsen", "gossip")
 
 
 def _pyproject() -> dict[str, object]:
