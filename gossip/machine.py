@@ -144,6 +144,7 @@ class GossipMachine:
             raise ValueError("members must be distinct")
         self.node_id = node_id
         self.members = tuple(sorted(members))
+        self._member_set = frozenset(self.members)
         self.config = cfg = config or GossipConfig()
         self.incarnation = incarnation
         self._crypto = crypto
@@ -274,7 +275,7 @@ class GossipMachine:
     def _accept_rumor(self, rumor: Rumor) -> bool:
         """Verify, deduplicate, store and deliver one rumor. False iff it is forged (or of
         no member), which makes a `Call` carrying it unacceptable."""
-        if rumor.origin not in self.members:
+        if rumor.origin not in self._member_set:
             self._drop("unknown_origin")
             return False
         verdict = self._store.classify(rumor)
@@ -339,7 +340,7 @@ class GossipMachine:
                       updates=self._updates())
 
     def _receive(self, src: NodeId, message: Message) -> None:
-        if src not in self.members or src == self.node_id:
+        if src not in self._member_set or src == self.node_id:
             self._drop("unknown_sender")
             return
         updates: tuple[MemberUpdate, ...] = getattr(message, "updates", ())

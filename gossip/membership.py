@@ -38,12 +38,13 @@ from dataclasses import dataclass, field
 
 from phalanx.consensus.types import Message, NodeId
 from phalanx.gossip.messages import MemberStatus, MemberUpdate, Ping, PingAck, PingReq
+from phalanx.gossip.permutation import Permutation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SwimConfig:
-    probe_interval: int = 5
-    probe_timeout: int = 2
+    probe_interval: int = 8
+    probe_timeout: int = 3
     indirect_checks: int = 3
     suspicion_mult: int = 4
     suspicion_max_mult: int = 6
@@ -51,6 +52,7 @@ class SwimConfig:
     max_piggyback: int = 8
 
     def __post_init__(self) -> None:
+        # The indirect path is 4 one-way hops after the timeout, within the interval.
         if not 0 < self.probe_timeout < self.probe_interval:
             raise ValueError("need 0 < probe_timeout < probe_interval")
 
@@ -103,11 +105,14 @@ class Membership:
         self._rng = rng
         self._send = send
         self._count = count
-        self._members = {m: _Member() for m in sorted(members) if m != node_id}
-        self._ids = tuple(self._members)
+        self._ids = tuple(m for m in sorted(members) if m != node_id)
+        self._known = frozenset(self._ids)
+        # Invariant: a member absent from `_members` is ALIVE at incarnation 0 (how every
+        # node starts); entries are created on first change, so the table stays small.
+        self._members: dict[NodeId, _Member] = {}
         self._suspects: dict[NodeId, None] = {}  # insertion-ordered set
         self._dead = 0
-        n = len(self._members) + 1
+        n = len(self._ids) + 1
         self._retransmits = config.retransmit_mult * max(1, math.ceil(math.log10(n + 1)))
         base = config.suspicion_mult * max(1.0, math.log10(n)) * config.probe_interval
         self._suspicion_min = math.ceil(base)
@@ -115,7 +120,8 @@ class Membership:
         k = config.suspicion_mult - 2
         self._suspicion_k = 0 if n - 2 < k else k
         self._queue: dict[NodeId, _Queued] = {}  # the newest update about each node
-        self._order: list[NodeId] = []
+        self._order: Permutation | None = None  # this pass of the probe round-robin
+        self._order_pos = 0
         self._probe: _Probe | None = None
         self._relays: dict[int, tuple[NodeId, int, NodeId, int]] = {}  # seq -> src, their seq
         self._seq = 0
@@ -126,17 +132,26 @@ class Membership:
 
     # -- views -------------------------------------------------------------------------------
 
+    def _member(self, node: NodeId) -> _Member:
+        member = self._members.get(node)
+        if member is None:
+            member = self._members[node] = _Member()
+        return member
+
     def status_of(self, node: NodeId) -> MemberStatus:
         if node == self.node_id:
             return MemberStatus.ALIVE
-        return self._members[node].status
+        member = self._members.get(node)
+        return MemberStatus.ALIVE if member is None else member.status
 
     def view(self) -> dict[NodeId, tuple[MemberStatus, int]]:
-        return {m: (s.status, s.incarnation) for m, s in self._members.items()}
+        default = (MemberStatus.ALIVE, 0)
+        return {m: default if (s := self._members.get(m)) is None else (s.status, s.incarnation)
+                for m in self._ids}
 
     def live_peers(self) -> list[NodeId]:
         """Members not known dead, sorted (suspects included: they may refute)."""
-        return [m for m, s in self._members.items() if s.status != MemberStatus.DEAD]
+        return [m for m in self._ids if self.status_of(m) != MemberStatus.DEAD]
 
     def random_live(self, k: int, exclude: NodeId | None = None) -> list[NodeId]:
         """Up to `k` distinct random members not known dead (nor `exclude`)."""
@@ -147,17 +162,19 @@ class Membership:
         limit = len(self._ids) - self._dead - (exclude is not None)
         while len(picked) < min(k, limit):
             m = self._ids[self._rng.randrange(len(self._ids))]
-            if m != exclude and m not in picked and \
-                    self._members[m].status != MemberStatus.DEAD:
+            if m != exclude and m not in picked and self.status_of(m) != MemberStatus.DEAD:
                 picked.append(m)
         return picked
 
     def table(self) -> tuple[MemberUpdate, ...]:
-        """The whole view, self included, for push-pull state sync."""
+        """The view, self included, for push-pull state sync: every member not in the
+        initial state (ALIVE at incarnation 0), which every node assumes for the others."""
         mine = MemberUpdate(node=self.node_id, status=MemberStatus.ALIVE,
                             incarnation=self.incarnation, source=self.node_id)
         rest = tuple(MemberUpdate(node=m, status=s.status, incarnation=s.incarnation,
-                                  source=self.node_id) for m, s in self._members.items())
+                                  source=self.node_id)
+                     for m, s in sorted(self._members.items())
+                     if s.status != MemberStatus.ALIVE or s.incarnation)
         return (mine, *rest)
 
     # -- piggy-backing -----------------------------------------------------------------------
@@ -201,10 +218,10 @@ class Membership:
             elif u.status == MemberStatus.ALIVE and u.incarnation > self.incarnation:
                 self._refute(u.incarnation)  # someone holds a newer "me": out-bid it
             return
-        member = self._members.get(u.node)
-        if member is None:
+        if u.node not in self._known:
             self._count("unknown_member")
             return
+        member = self._member(u.node)
         if u.status == MemberStatus.ALIVE:
             if u.incarnation > member.incarnation:
                 self._set(u.node, member, MemberStatus.ALIVE, u.incarnation)
@@ -246,7 +263,7 @@ class Membership:
         self._set(node, member, MemberStatus.SUSPECT, inc)
         member.suspected_at = now
         member.confirmations = {source}
-        self._count("suspicions")
+        self._count("suspect_raised" if source == self.node_id else "suspect_heard")
         self._enqueue(MemberUpdate(node=node, status=MemberStatus.SUSPECT, incarnation=inc,
                                    source=source))
 
@@ -271,7 +288,7 @@ class Membership:
                                            updates=self.piggyback(probe.target)))
         if now >= self._next_probe:
             if probe is not None and not probe.acked:
-                member = self._members[probe.target]
+                member = self._member(probe.target)
                 if member.status == MemberStatus.ALIVE:
                     self._suspect(probe.target, member, member.incarnation, self.node_id, now)
             self._probe = None
@@ -287,17 +304,24 @@ class Membership:
         for seq in [s for s, r in self._relays.items() if now > r[3]]:
             del self._relays[seq]
 
+    def _next_target(self) -> NodeId | None:
+        """The next member not known dead in a shuffled round-robin (a fresh seeded
+        permutation per pass, evaluated lazily: no O(n) shuffle per pass)."""
+        ids = self._ids
+        for _ in range(2 * len(ids) + 1):
+            if self._order is None or self._order_pos >= len(ids):
+                self._order = Permutation(self._rng.randbytes(16), len(ids))
+                self._order_pos = 0
+            target = ids[self._order(self._order_pos)]
+            self._order_pos += 1
+            if self.status_of(target) != MemberStatus.DEAD:
+                return target
+        return None
+
     def _start_probe(self, now: int) -> None:
-        while self._order:
-            target = self._order.pop()
-            if self._members[target].status != MemberStatus.DEAD:
-                break
-        else:
-            self._order = self.live_peers()
-            self._rng.shuffle(self._order)
-            if not self._order:
-                return
-            target = self._order.pop()
+        target = self._next_target()
+        if target is None:
+            return
         self._seq += 1
         self._probe = _Probe(seq=self._seq, target=target, sent_at=now)
         self._send(target, Ping(seq=self._seq, target=target, updates=self.piggyback(target)))
@@ -309,7 +333,7 @@ class Membership:
         self._send(src, PingAck(seq=ping.seq, target=self.node_id, updates=self.piggyback()))
 
     def on_ping_req(self, src: NodeId, req: PingReq, now: int) -> None:
-        if req.target == self.node_id or req.target not in self._members:
+        if req.target == self.node_id or req.target not in self._known:
             self._count("bad_ping_req")
             return
         self._seq += 1

@@ -127,7 +127,8 @@ class MemberUpdate(Message):
     source: NodeId
 
     def __post_init__(self) -> None:
-        _non_negative(incarnation=self.incarnation)
+        if self.incarnation < 0:  # hot: one check, not `_non_negative`
+            raise ValueError(f"incarnation must be >= 0, got {self.incarnation}")
 
     def __str__(self) -> str:
         return f"{self.status.name.lower()}({self.node}, {self.incarnation})"

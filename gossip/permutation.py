@@ -1,8 +1,9 @@
 """The seeded permutation π of a wave: positions 0..n-2 onto the members other than its origin.
 
 Owns: `Permutation` (a keyed pseudo-random permutation evaluated one position at a time) and
-`others_of` (the ordered member list it permutes). Ref: protocols.md §3.1-3.2 ("run GP on
-randomly permuted node labels"; "the permutation can be drawn from a small family").
+`Others` (the sorted members except the origin: the labels π permutes, without a copy).
+Ref: protocols.md §3.1-3.2 ("run GP on randomly permuted node labels"; "the permutation
+can be drawn from a small family").
 
 How: a 4-round Feistel network keyed by BLAKE2b(seed, round) over the smallest domain of an
 even number of bits that holds N = n-1 positions, with cycle walking to stay inside [0, N).
@@ -16,6 +17,7 @@ the bench uses to show what the permutation buys against adversarial crashes.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Sequence
 
@@ -24,9 +26,22 @@ from phalanx.consensus.types import NodeId
 _ROUNDS = 4
 
 
-def others_of(members: Sequence[NodeId], origin: NodeId) -> tuple[NodeId, ...]:
-    """The members except `origin`, sorted: the labels π permutes (same on every node)."""
-    return tuple(sorted(m for m in members if m != origin))
+class Others:
+    """The sorted members except `origin` (the same on every node), indexed in O(1)."""
+
+    __slots__ = ("_members", "_skip")
+
+    def __init__(self, sorted_members: Sequence[NodeId], origin: NodeId) -> None:
+        self._members = sorted_members
+        self._skip = bisect.bisect_left(sorted_members, origin)
+        if self._skip >= len(sorted_members) or sorted_members[self._skip] != origin:
+            raise ValueError(f"{origin!r} is not a member")
+
+    def __len__(self) -> int:
+        return len(self._members) - 1
+
+    def __getitem__(self, i: int) -> NodeId:
+        return self._members[i if i < self._skip else i + 1]
 
 
 class Permutation:

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from phalanx.consensus.types import NodeId
 from phalanx.gossip.messages import Grant, Rumor, wave_seed
-from phalanx.gossip.permutation import Permutation, others_of
+from phalanx.gossip.permutation import Others, Permutation
 from phalanx.gossip.rumors import SeenLog
 
 
@@ -48,7 +48,7 @@ class Wave:
     key: WaveKey
     seed: bytes
     rumors: tuple[Rumor, ...]
-    others: tuple[NodeId, ...]
+    others: Others
     perm: Permutation
     first_seen: int
     claimed: bytearray
@@ -97,13 +97,14 @@ class PlannedCall(NamedTuple):
 class Spreader:
     """Every wave one node takes part in."""
 
-    __slots__ = ("_members", "node_id", "overlapping_intervals", "permute", "seen", "ttl",
-                 "waves")
+    __slots__ = ("_member_set", "_members", "node_id", "overlapping_intervals", "permute",
+                 "seen", "ttl", "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
                  permute: bool = True, overlapping_intervals: bool = False) -> None:
         self.node_id = node_id
         self._members = tuple(sorted(members))
+        self._member_set = frozenset(self._members)
         self.permute = permute
         self.ttl = ttl
         self.overlapping_intervals = overlapping_intervals
@@ -112,7 +113,7 @@ class Spreader:
 
     def _new_wave(self, key: WaveKey, seed: bytes, rumors: tuple[Rumor, ...],
                   now: int) -> Wave:
-        others = others_of(self._members, key.origin)
+        others = Others(self._members, key.origin)
         wave = Wave(key=key, seed=seed, rumors=rumors, others=others,
                     perm=Permutation(seed, len(others), identity=not self.permute),
                     first_seen=now, claimed=bytearray(len(others)))
@@ -132,7 +133,7 @@ class Spreader:
         reason it is dropped ("bad_grant", "bad_range", "bad_seed", "seed_mismatch",
         "stale_wave")."""
         origin = grant.origin
-        if origin == self.node_id or origin not in self._members or not grant.rumors or any(
+        if origin == self.node_id or origin not in self._member_set or not grant.rumors or any(
             r.origin != origin or r.incarnation != grant.incarnation for r in grant.rumors
         ):
             return "bad_grant"
