@@ -1,0 +1,143 @@
+"""GP rumor spreading over a seeded permutation (protocols.md §3.2): exactly n-1 contacts per
+wave, dead nodes included, and every live node informed, for any crash set and any delivery
+order; the permutation is a bijection; a deliberately broken interval split is caught."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phalanx.consensus.types import NodeId
+from phalanx.gossip.machine import GossipConfig
+from phalanx.gossip.messages import RumorId
+from phalanx.gossip.permutation import Others, Permutation
+from phalanx.gossip.sim import GossipSim, SimConfig, adversarial_crashes, node_ids
+
+# GP alone: no membership, no anti-entropy (they would mask a GP bug).
+GP_ONLY = GossipConfig(membership=False, anti_entropy_interval=0, call_timeout=3)
+
+
+def _spread(n: int, crashed: frozenset[NodeId], *, seed: int = 0, latency_max: int = 1,
+            config: GossipConfig = GP_ONLY,
+            publishers: int = 1) -> tuple[GossipSim, list[RumorId]]:
+    # No false timeouts: a call's round trip (<= 2 * latency_max) ends before call_timeout.
+    timeout = 2 * latency_max + 1
+    gossip = GossipConfig(membership=config.membership,
+                          anti_entropy_interval=config.anti_entropy_interval,
+                          call_timeout=timeout, instances=config.instances,
+                          bugs=config.bugs, permute=config.permute)
+    sim = GossipSim(SimConfig(n=n, seed=seed, gossip=gossip, latency_max=latency_max,
+                              crashed=crashed))
+    sim.run(1)
+    live = [m for m in sim.members if m in sim.alive]
+    rids = [sim.publish(live[i % len(live)], b"rumor %d" % i) for i in range(publishers)]
+    assert sim.run_until(lambda s: s.quiescent(), 20 * n + 50)
+    return sim, rids
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.binary(min_size=0, max_size=16), size=st.integers(0, 300))
+def test_permutation_is_a_bijection(seed: bytes, size: int) -> None:
+    perm = Permutation(seed, size)
+    assert sorted(perm(i) for i in range(size)) == list(range(size))
+
+
+def test_permutation_depends_on_the_seed_and_others_skips_the_origin() -> None:
+    a, b = Permutation(b"a", 100), Permutation(b"b", 100)
+    assert [a(i) for i in range(100)] != [b(i) for i in range(100)]
+    members = node_ids(5)
+    others = Others(members, members[2])
+    assert [others[i] for i in range(len(others))] == [members[0], members[1], members[3],
+                                                        members[4]]
+    with pytest.raises(IndexError):
+        a(100)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), n=st.integers(2, 48), latency_max=st.integers(1, 3),
+       seed=st.integers(0, 2**32))
+def test_n_minus_1_contacts_and_full_live_coverage_for_any_crash_set_and_order(
+    data: st.DataObject, n: int, latency_max: int, seed: int
+) -> None:
+    members = node_ids(n)
+    origin = data.draw(st.sampled_from(members), label="origin")
+    crashed = data.draw(st.frozensets(st.sampled_from([m for m in members if m != origin])),
+                        label="crashed")
+    sim = GossipSim(SimConfig(n=n, seed=seed, latency_max=latency_max, crashed=crashed,
+                              gossip=GossipConfig(membership=False, anti_entropy_interval=0,
+                                                  call_timeout=2 * latency_max + 1)))
+    sim.run(1)
+    rid = sim.publish(origin, b"x")
+    assert sim.run_until(lambda s: s.quiescent(), 40 * n + 50)
+    assert list(sim.wave_contacts().values()) == [n - 1]
+    assert sim.informed(rid) == set(sim.alive)
+
+
+@pytest.mark.parametrize("instances", [1, 3])
+def test_batched_rumors_and_instances_cost_n_minus_1_contacts_per_wave(instances: int) -> None:
+    n = 40
+    config = GossipConfig(membership=False, anti_entropy_interval=0, instances=instances)
+    sim, rids = _spread(n, frozenset(node_ids(n)[5:15]), config=config, publishers=5)
+    contacts = sim.wave_contacts()
+    # Five origins, one wave each, `instances` waves per batch.
+    assert len(contacts) == 5 * instances
+    assert set(contacts.values()) == {n - 1}
+    assert sim.covered(rids)
+    # Each rumor is delivered once per node, however many instances carried it.
+    assert sim.stats.counters["delivered"] == 5 * (len(sim.alive) - 1)
+
+
+def test_several_rumors_of_one_origin_ride_one_wave() -> None:
+    sim = GossipSim(SimConfig(n=30, gossip=GP_ONLY))
+    rids = [sim.publish(sim.members[0], b"r%d" % i) for i in range(10)]
+    assert sim.run_until(lambda s: s.quiescent(), 400)
+    assert list(sim.wave_contacts().values()) == [29]
+    assert sim.covered(rids)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.5, 0.9])
+@pytest.mark.parametrize("adversarial", [False, True])
+def test_seeded_sweep_crashes(fraction: float, adversarial: bool) -> None:
+    """Seeded sweep: random and adversarial (plain GP's first midpoints) crash sets."""
+    import random
+
+    for seed in range(4):
+        n = 120
+        members = node_ids(n)
+        k = int(fraction * n)
+        if adversarial:
+            crashed = frozenset(adversarial_crashes(members, members[0], k))
+        else:
+            crashed = frozenset(random.Random(seed).sample(members[1:], k))
+        sim, rids = _spread(n, crashed, seed=seed)
+        assert list(sim.wave_contacts().values()) == [n - 1], f"seed {seed}"
+        assert sim.covered(rids), f"seed {seed}"
+
+
+def test_the_sweep_catches_overlapping_intervals() -> None:
+    """The deliberate bug (the callee's interval overlaps what the caller keeps) costs more
+    than n-1 contacts; the sweep above would fail on it at its first seed."""
+    buggy = GossipConfig(membership=False, anti_entropy_interval=0,
+                         bugs=frozenset({"overlapping_intervals"}))
+    caught = 0
+    for seed in range(4):
+        sim, _ = _spread(120, frozenset(), seed=seed, config=buggy)
+        caught += list(sim.wave_contacts().values()) != [119]
+    assert caught == 4
+
+
+def test_plain_gp_is_correct_too_but_the_permutation_defeats_adversarial_crashes() -> None:
+    n = 256
+    members = node_ids(n)
+    crashed = frozenset(adversarial_crashes(members, members[0], n // 2))
+    plain, rids_plain = _spread(n, crashed, config=GossipConfig(
+        membership=False, anti_entropy_interval=0, permute=False))
+    permuted, rids_perm = _spread(n, crashed)
+    assert plain.covered(rids_plain)
+    assert permuted.covered(rids_perm)
+    slow = plain.coverage_time(rids_plain[0])
+    fast = permuted.coverage_time(rids_perm[0])
+    assert slow is not None
+    assert fast is not None
+    assert fast < slow
