@@ -1,0 +1,169 @@
+"""The Byzantine setting: forged, tampered and replayed rumors are dropped and counted (and a
+machine without the signature check is caught), grants with a forged seed are refused,
+silent forwarders are covered by anti-entropy or by f+1 instances, loss by anti-entropy;
+the wire types round-trip through the codec under their stable ids."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phalanx.consensus.core import Receive, Tick
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.types import NodeId
+from phalanx.gossip.machine import GossipConfig, GossipMachine
+from phalanx.gossip.messages import (
+    GOSSIP_MESSAGES,
+    Call,
+    CallAck,
+    Digest,
+    Grant,
+    MemberStatus,
+    MemberUpdate,
+    Rumor,
+    RumorPush,
+    wave_seed,
+)
+from phalanx.gossip.sim import GossipSim, SimConfig, node_ids
+from phalanx.net import wire
+from phalanx.net.codec import Registry
+
+MEMBERS = node_ids(6)
+ORIGIN, FORGER, ME = MEMBERS[0], MEMBERS[2], MEMBERS[1]
+
+
+def _machine(config: GossipConfig | None = None) -> GossipMachine:
+    return GossipMachine(ME, MEMBERS, crypto=FastCrypto(ME), rng=random.Random(0),
+                         config=config or GossipConfig(membership=False))
+
+
+def _rumor(payload: bytes, *, signer: NodeId = ORIGIN, seq: int = 0) -> Rumor:
+    unsigned = Rumor(origin=ORIGIN, incarnation=0, seq=seq, payload=payload)
+    return Rumor(origin=ORIGIN, incarnation=0, seq=seq, payload=payload,
+                 signature=FastCrypto(signer).sign(unsigned))
+
+
+def _call(rumor: Rumor, *, call_id: int = 1, seed: bytes | None = None) -> Call:
+    good = wave_seed(ORIGIN, 0, 0, 0, (rumor,))
+    return Call(call_id=call_id, grants=(Grant(
+        origin=ORIGIN, incarnation=0, wave=0, instance=0, seed=good if seed is None else seed,
+        lo=2, hi=4, rumors=(rumor,)),))
+
+
+def _acked(sends: tuple[object, ...]) -> bool:
+    return any(isinstance(getattr(s, "message", None), CallAck) for s in sends)
+
+
+def test_an_honest_call_is_delivered_once_and_acknowledged() -> None:
+    machine = _machine()
+    rumor = _rumor(b"hello")
+    ready = machine.step(Receive(src=FORGER, message=_call(rumor)))
+    assert ready.delivered == (rumor,)
+    assert _acked(ready.sends)
+    again = machine.step(Receive(src=MEMBERS[3], message=RumorPush(rumors=(rumor,))))
+    assert again.delivered == ()  # deduplicated by id
+
+
+def _forgery_rejected(config: GossipConfig, forged: Rumor) -> bool:
+    machine = _machine(config)
+    ready = machine.step(Receive(src=FORGER, message=_call(forged)))
+    return not ready.delivered and not _acked(ready.sends) and \
+        machine.status().get("dropped:bad_signature") == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(payload=st.binary(max_size=64), forger=st.sampled_from(MEMBERS[1:]),
+       tamper=st.sampled_from(["signer", "payload", "seq", "signature"]))
+def test_forged_origins_are_rejected(payload: bytes, forger: NodeId, tamper: str) -> None:
+    honest = _rumor(payload)
+    if tamper == "signer":  # signed by someone else under the origin's name
+        forged = _rumor(payload, signer=forger)
+    elif tamper == "payload":
+        forged = Rumor(origin=ORIGIN, incarnation=0, seq=0, payload=payload + b"!",
+                       signature=honest.signature)
+    elif tamper == "seq":
+        forged = Rumor(origin=ORIGIN, incarnation=0, seq=7, payload=payload,
+                       signature=honest.signature)
+    else:
+        forged = Rumor(origin=ORIGIN, incarnation=0, seq=0, payload=payload,
+                       signature=bytes(len(honest.signature)))
+    assert _forgery_rejected(GossipConfig(membership=False), forged)
+
+
+def test_the_forgery_check_catches_a_machine_without_signature_checks() -> None:
+    buggy = GossipConfig(membership=False, bugs=frozenset({"no_signature_check"}))
+    assert not _forgery_rejected(buggy, _rumor(b"x", signer=FORGER))
+
+
+def test_a_grant_with_a_seed_not_derived_from_its_rumors_is_refused() -> None:
+    machine = _machine()
+    ready = machine.step(Receive(src=FORGER, message=_call(_rumor(b"x"), seed=b"\0" * 32)))
+    assert not _acked(ready.sends)
+    assert machine.status()["dropped:bad_seed"] == 1
+
+
+def test_a_replayed_rumor_is_dropped_after_its_memory_was_collected() -> None:
+    machine = _machine(GossipConfig(membership=False, rumor_ttl=8))
+    first, second = _rumor(b"a", seq=0), _rumor(b"b", seq=1)
+    machine.step(Receive(src=FORGER, message=RumorPush(rumors=(first, second))))
+    for _ in range(20):
+        machine.step(Tick())
+    assert machine.status()["rumors_held"] == 0  # bounded memory: collected by age
+    ready = machine.step(Receive(src=FORGER, message=RumorPush(rumors=(first,))))
+    assert ready.delivered == ()
+    assert machine.status()["dropped:replayed"] == 1
+
+
+def test_same_id_other_bytes_is_dropped_as_equivocation() -> None:
+    machine = _machine()
+    machine.step(Receive(src=FORGER, message=RumorPush(rumors=(_rumor(b"a"),))))
+    ready = machine.step(Receive(src=FORGER, message=RumorPush(rumors=(_rumor(b"b"),))))
+    assert ready.delivered == ()
+    assert machine.status()["dropped:equivocation"] == 1
+
+
+def _coverage(*, silent: int, instances: int, anti_entropy: int, loss: float = 0.0,
+              seed: int = 0, ticks: int = 300) -> tuple[int, int]:
+    n = 60
+    members = node_ids(n)
+    rng = random.Random(seed)
+    quiet = frozenset(rng.sample(members[1:], silent))
+    sim = GossipSim(SimConfig(n=n, seed=seed, loss=loss, silent=quiet, gossip=GossipConfig(
+        membership=False, anti_entropy_interval=anti_entropy, instances=instances,
+        call_timeout=3)))
+    sim.run(1)
+    rid = sim.publish(members[0], b"x")
+    sim.run_until(lambda s: s.covered([rid]), ticks)
+    return len(sim.informed(rid)), n
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_silent_forwarders_are_covered_by_anti_entropy_or_by_f_plus_1_instances(
+    seed: int,
+) -> None:
+    got, n = _coverage(silent=2, instances=1, anti_entropy=0, seed=seed)
+    assert got < n  # the attack bites: two silent forwarders cut off their subtrees
+    assert _coverage(silent=2, instances=1, anti_entropy=5, seed=seed) == (n, n)
+    assert _coverage(silent=2, instances=3, anti_entropy=0, seed=seed) == (n, n)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_anti_entropy_reaches_every_live_node_under_loss(seed: int) -> None:
+    assert _coverage(silent=0, instances=1, anti_entropy=5, loss=0.05, seed=seed) == (60, 60)
+
+
+def test_wire_types_round_trip_under_their_stable_ids() -> None:
+    registry = Registry()
+    wire.register_all(GOSSIP_MESSAGES, registry=registry)
+    wire.register_all(GOSSIP_MESSAGES)  # and fit the default registry's reserved ids
+    assert all(i in wire.RANGES["runtime"] for i in GOSSIP_MESSAGES)
+    rumor = _rumor(b"payload")
+    update = MemberUpdate(node=ORIGIN, status=MemberStatus.SUSPECT, incarnation=3,
+                          source=ME)
+    for message in (_call(rumor), Digest(ids=(rumor.rumor_id,), reply=True, table=(update,)),
+                    RumorPush(rumors=(rumor,), updates=(update,))):
+        assert registry.decode(registry.encode(message)) == message
+        assert wire.decode(wire.encode(message)) == message
