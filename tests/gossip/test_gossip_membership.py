@@ -1,0 +1,115 @@
+"""SWIM with Lifeguard suspicion: a crashed node is declared dead by every live node, a live
+node under bounded loss is never declared dead, a suspected node refutes with a higher
+incarnation, a restarted node rejoins, and the Lifeguard timeout shrinks with confirmations."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phalanx.consensus.core import Receive, Tick
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.types import NodeId
+from phalanx.gossip.machine import GossipConfig, GossipMachine
+from phalanx.gossip.messages import MemberStatus, MemberUpdate, RumorPush
+from phalanx.gossip.sim import GossipSim, SimConfig, node_ids
+
+# Membership only: GP's calls play no part (nobody publishes); anti-entropy on (state sync).
+CONFIG = GossipConfig(call_timeout=3)
+
+
+def _views_of(sim: GossipSim, node: NodeId) -> set[str]:
+    return {sim.nodes[m].membership_view()[node][0] for m in sim.alive if m != node}
+
+
+def _false_deaths(sim: GossipSim, victims: set[NodeId]) -> list[tuple[int, str, str]]:
+    return [(t, o, x) for t, o, x, status in sim.stats.changes
+            if status == MemberStatus.DEAD and x not in victims]
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(4, 24), seed=st.integers(0, 2**32), loss=st.sampled_from([0.0, 0.02, 0.05]),
+       crashes=st.integers(1, 3))
+def test_crashed_nodes_are_declared_dead_everywhere_and_live_ones_never(
+    n: int, seed: int, loss: float, crashes: int
+) -> None:
+    sim = GossipSim(SimConfig(n=n, seed=seed, loss=loss, gossip=CONFIG))
+    sim.run(20)
+    victims = set(random.Random(seed).sample(sim.members, min(crashes, n - 2)))
+    for victim in sorted(victims):
+        sim.crash(victim)
+    assert sim.run_until(lambda s: all(_views_of(s, v) == {"DEAD"} for v in victims), 600), \
+        f"seed {seed}: not every live node declared {sorted(victims)} dead"
+    sim.run(40)
+    assert _false_deaths(sim, victims) == [], f"seed {seed}"
+    for m in sim.alive:
+        assert _views_of(sim, m) == {"ALIVE"}
+
+
+def test_a_suspected_node_refutes_with_a_higher_incarnation() -> None:
+    members = node_ids(4)
+    machine = GossipMachine(members[0], members, crypto=FastCrypto(members[0]),
+                            rng=random.Random(1), config=CONFIG)
+    rumor_of_death = MemberUpdate(node=members[0], status=MemberStatus.SUSPECT, incarnation=0,
+                                  source=members[1])
+    machine.step(Receive(src=members[1], message=RumorPush(rumors=(), updates=(rumor_of_death,))))
+    assert machine.status()["incarnation"] == 1
+    assert machine.status()["refutations"] == 1
+    sends = [s for _ in range(4) for s in machine.step(Tick()).sends]
+    carried = {u for s in sends for u in getattr(s.message, "updates", ())}
+    assert MemberUpdate(node=members[0], status=MemberStatus.ALIVE, incarnation=1,
+                        source=members[0]) in carried
+
+
+def test_updates_obey_incarnation_precedence() -> None:
+    members = node_ids(4)
+    me, other = members[0], members[1]
+    machine = GossipMachine(me, members, crypto=FastCrypto(me), rng=random.Random(1),
+                            config=CONFIG)
+
+    def hear(status: MemberStatus, inc: int) -> tuple[str, int]:
+        update = MemberUpdate(node=other, status=status, incarnation=inc, source=members[2])
+        machine.step(Receive(src=members[2], message=RumorPush(rumors=(), updates=(update,))))
+        return machine.membership_view()[other]
+
+    assert hear(MemberStatus.SUSPECT, 2) == ("SUSPECT", 2)
+    assert hear(MemberStatus.ALIVE, 2) == ("SUSPECT", 2)  # same incarnation: no override
+    assert hear(MemberStatus.ALIVE, 3) == ("ALIVE", 3)  # the refutation wins
+    assert hear(MemberStatus.SUSPECT, 2) == ("ALIVE", 3)  # stale suspicion
+    assert hear(MemberStatus.DEAD, 3) == ("DEAD", 3)
+    assert hear(MemberStatus.SUSPECT, 3) == ("DEAD", 3)
+    assert hear(MemberStatus.ALIVE, 4) == ("ALIVE", 4)  # a restart rejoins
+    unknown = MemberUpdate(node=NodeId("stranger"), status=MemberStatus.DEAD, incarnation=0,
+                           source=members[2])
+    machine.step(Receive(src=members[2], message=RumorPush(rumors=(), updates=(unknown,))))
+    assert machine.status()["unknown_member"] == 1
+
+
+def test_lifeguard_timeout_shrinks_with_independent_confirmations() -> None:
+    members = node_ids(100)
+    machine = GossipMachine(members[0], members, crypto=FastCrypto(members[0]),
+                            rng=random.Random(1), config=CONFIG)
+    swim = machine._membership
+    assert swim is not None
+    timeouts = [swim.suspicion_timeout(c) for c in range(5)]
+    assert timeouts == sorted(timeouts, reverse=True)
+    assert timeouts[0] == 6 * timeouts[-1]  # max = 6 x min, min reached at k confirmations
+    assert timeouts[2] == timeouts[-1]
+
+
+def test_a_restarted_node_rejoins_with_a_higher_incarnation() -> None:
+    sim = GossipSim(SimConfig(n=12, seed=3, gossip=CONFIG))
+    sim.run(10)
+    victim = sim.members[4]
+    sim.crash(victim)
+    assert sim.run_until(lambda s: _views_of(s, victim) == {"DEAD"}, 600)
+    sim.restart(victim)
+    assert sim.run_until(lambda s: _views_of(s, victim) == {"ALIVE"}, 600)
+    incs = {sim.nodes[m].membership_view()[victim][1] for m in sim.alive if m != victim}
+    assert incs == {sim.nodes[victim].status()["incarnation"]}
+    assert min(incs) >= 1
+    # and it learns what the others know, through state sync
+    assert all(sim.nodes[victim].membership_view()[m][0] == "ALIVE"
+               for m in sim.members if m != victim)
