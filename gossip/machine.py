@@ -76,6 +76,9 @@ class GossipConfig:
         gossip_interval, gossip_nodes: send queued membership updates to this many random
             live peers every this many ticks (memberlist's gossip; 0: only piggy-backed).
         permute: False runs plain GP (identity labels), for comparison only.
+        balance: a successful call also hands the callee whole intervals until the two
+            hold about as many positions (still n-1 contacts: same call, disjoint
+            intervals); much faster when most nodes are down (docs/GOSSIP.md).
         bugs: test-only bug switches (`BUGS`).
     """
 
@@ -89,6 +92,7 @@ class GossipConfig:
     gossip_nodes: int = 3
     swim: SwimConfig = field(default_factory=SwimConfig)
     permute: bool = True
+    balance: bool = False
     bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -157,7 +161,7 @@ class GossipMachine:
         self._outbox: list[Rumor] = []
         self._store = RumorStore(cfg.rumor_ttl)
         self._spreader = Spreader(node_id, self.members, ttl=cfg.rumor_ttl,
-                                  permute=cfg.permute,
+                                  permute=cfg.permute, balance=cfg.balance,
                                   overlapping_intervals="overlapping_intervals" in cfg.bugs)
         self._verify = "no_signature_check" not in cfg.bugs
         self._counters: dict[str, int] = {}

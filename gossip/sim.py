@@ -140,9 +140,9 @@ class GossipSim:
                 continue
             kind = type(msg).__name__
             stats.sends[kind] = stats.sends.get(kind, 0) + 1
-            if isinstance(msg, Call):
-                for g in msg.grants:
-                    key = (g.origin, g.incarnation, g.wave, g.instance)
+            if isinstance(msg, Call):  # one contact per wave it serves (grants may share one)
+                for key in dict.fromkeys((g.origin, g.incarnation, g.wave, g.instance)
+                                         for g in msg.grants):
                     stats.contacts[key] = stats.contacts.get(key, 0) + 1
             if cfg.loss and self._rng.random() < cfg.loss:
                 stats.lost += 1

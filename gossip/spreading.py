@@ -80,12 +80,14 @@ class Wave:
 
 
 class Part(NamedTuple):
-    """One grant inside a pending call: wave `key`'s interval [a, b) split at m."""
+    """One grant inside a pending call: wave `key`'s interval [a, b) split at m, or (when
+    `whole`, the `balance` option) all of [a, b) handed over."""
 
     key: WaveKey
     a: int
     b: int
     m: int
+    whole: bool = False
 
 
 class PlannedCall(NamedTuple):
@@ -97,12 +99,14 @@ class PlannedCall(NamedTuple):
 class Spreader:
     """Every wave one node takes part in."""
 
-    __slots__ = ("_member_set", "_members", "node_id", "overlapping_intervals", "permute",
-                 "seen", "ttl", "waves")
+    __slots__ = ("_member_set", "_members", "balance", "node_id", "overlapping_intervals",
+                 "permute", "seen", "ttl", "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
-                 permute: bool = True, overlapping_intervals: bool = False) -> None:
+                 permute: bool = True, balance: bool = False,
+                 overlapping_intervals: bool = False) -> None:
         self.node_id = node_id
+        self.balance = balance
         self._members = tuple(sorted(members))
         self._member_set = frozenset(self._members)
         self.permute = permute
@@ -171,6 +175,8 @@ class Spreader:
             if split is None:
                 continue
             parts = [self._take(wave, *split)]
+            if self.balance:
+                parts += self._handoff(wave, split)
             for other_key, other in self.waves.items():
                 other_split = other_key != key and other.next_split()
                 if other_split and other.others[other.perm(other_split[2])] == target:
@@ -179,13 +185,33 @@ class Spreader:
             return PlannedCall(target=target, grants=grants, parts=tuple(parts))
         return None
 
+    def _handoff(self, wave: Wave, split: tuple[int, int, int]) -> list[Part]:
+        """The `balance` option: besides [m+1, b), hand the callee whole intervals, largest
+        first, while that brings its share closer to ours (same wave, same call: no extra
+        contact, intervals stay disjoint). After failed calls a node holds many intervals;
+        plain GP leaves them all to it, which is what makes heavy crash rates slow."""
+        a, b, m = split
+        mine, theirs = m - a + sum(hi - lo for lo, hi in wave.intervals), b - m - 1
+        out = []
+        for lo, hi in sorted(wave.intervals, key=lambda iv: (iv[0] - iv[1], iv[0])):
+            size = hi - lo
+            if abs((mine - size) - (theirs + size)) >= abs(mine - theirs):
+                break
+            wave.intervals.remove((lo, hi))
+            mine, theirs = mine - size, theirs + size
+            out.append(Part(wave.key, lo, hi, lo, whole=True))
+        return out
+
     def _take(self, wave: Wave, a: int, b: int, m: int) -> Part:
         wave.intervals.remove((a, b))
         return Part(wave.key, a, b, m)
 
     def _grant(self, part: Part) -> Grant:
         wave = self.waves[part.key]
-        lo = (part.a + part.m) // 2 if self.overlapping_intervals else part.m + 1
+        if part.whole:
+            lo = part.a
+        else:
+            lo = (part.a + part.m) // 2 if self.overlapping_intervals else part.m + 1
         return Grant(origin=part.key.origin, incarnation=part.key.incarnation,
                      wave=part.key.wave, instance=part.key.instance, seed=wave.seed,
                      lo=lo, hi=part.b, rumors=wave.rumors)
@@ -196,6 +222,10 @@ class Spreader:
         for part in parts:
             wave = self.waves.get(part.key)
             if wave is None:
+                continue
+            if part.whole:
+                if not acked:
+                    wave.intervals.append((part.a, part.b))
                 continue
             if part.a < part.m:
                 wave.intervals.append((part.a, part.m))

@@ -26,7 +26,8 @@ def _spread(n: int, crashed: frozenset[NodeId], *, seed: int = 0, latency_max: i
     gossip = GossipConfig(membership=config.membership,
                           anti_entropy_interval=config.anti_entropy_interval,
                           call_timeout=timeout, instances=config.instances,
-                          bugs=config.bugs, permute=config.permute)
+                          bugs=config.bugs, permute=config.permute,
+                          balance=config.balance)
     sim = GossipSim(SimConfig(n=n, seed=seed, gossip=gossip, latency_max=latency_max,
                               crashed=crashed))
     sim.run(1)
@@ -56,9 +57,9 @@ def test_permutation_depends_on_the_seed_and_others_skips_the_origin() -> None:
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), n=st.integers(2, 48), latency_max=st.integers(1, 3),
-       seed=st.integers(0, 2**32))
+       seed=st.integers(0, 2**32), balance=st.booleans())
 def test_n_minus_1_contacts_and_full_live_coverage_for_any_crash_set_and_order(
-    data: st.DataObject, n: int, latency_max: int, seed: int
+    data: st.DataObject, n: int, latency_max: int, seed: int, balance: bool
 ) -> None:
     members = node_ids(n)
     origin = data.draw(st.sampled_from(members), label="origin")
@@ -66,7 +67,8 @@ def test_n_minus_1_contacts_and_full_live_coverage_for_any_crash_set_and_order(
                         label="crashed")
     sim = GossipSim(SimConfig(n=n, seed=seed, latency_max=latency_max, crashed=crashed,
                               gossip=GossipConfig(membership=False, anti_entropy_interval=0,
-                                                  call_timeout=2 * latency_max + 1)))
+                                                  call_timeout=2 * latency_max + 1,
+                                                  balance=balance)))
     sim.run(1)
     rid = sim.publish(origin, b"x")
     assert sim.run_until(lambda s: s.quiescent(), 40 * n + 50)
@@ -98,7 +100,8 @@ def test_several_rumors_of_one_origin_ride_one_wave() -> None:
 
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.5, 0.9])
 @pytest.mark.parametrize("adversarial", [False, True])
-def test_seeded_sweep_crashes(fraction: float, adversarial: bool) -> None:
+@pytest.mark.parametrize("balance", [False, True])
+def test_seeded_sweep_crashes(fraction: float, adversarial: bool, balance: bool) -> None:
     """Seeded sweep: random and adversarial (plain GP's first midpoints) crash sets."""
     import random
 
@@ -110,9 +113,27 @@ def test_seeded_sweep_crashes(fraction: float, adversarial: bool) -> None:
             crashed = frozenset(adversarial_crashes(members, members[0], k))
         else:
             crashed = frozenset(random.Random(seed).sample(members[1:], k))
-        sim, rids = _spread(n, crashed, seed=seed)
+        config = GossipConfig(membership=False, anti_entropy_interval=0, balance=balance)
+        sim, rids = _spread(n, crashed, seed=seed, config=config)
         assert list(sim.wave_contacts().values()) == [n - 1], f"seed {seed}"
         assert sim.covered(rids), f"seed {seed}"
+
+
+def test_balance_hands_over_work_without_extra_contacts_and_is_faster_when_most_are_down(
+) -> None:
+    import random
+
+    n = 300
+    crashed = frozenset(random.Random(0).sample(node_ids(n)[1:], 270))
+    times = []
+    for balance in (False, True):
+        config = GossipConfig(membership=False, anti_entropy_interval=0, balance=balance)
+        sim, rids = _spread(n, crashed, config=config)
+        assert list(sim.wave_contacts().values()) == [n - 1]
+        times.append(sim.coverage_time(rids[0]))
+    assert times[1] is not None
+    assert times[0] is not None
+    assert 2 * times[1] < times[0]
 
 
 def test_the_sweep_catches_overlapping_intervals() -> None:
