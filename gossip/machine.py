@@ -155,12 +155,14 @@ class GossipMachine:
         self._rng = rng
         self._now = 0
         self._seq = 0
-        self._wave = 0
+        self._wave = 0  # the wave the next `Publish` joins
+        self._wave_fill = 0  # rumors in it so far
         self._call_id = 0
         self._pending: _Pending | None = None
         self._outbox: list[Rumor] = []
         self._store = RumorStore(cfg.rumor_ttl)
         self._spreader = Spreader(node_id, self.members, ttl=cfg.rumor_ttl,
+                                  instances=cfg.instances,
                                   permute=cfg.permute, balance=cfg.balance,
                                   overlapping_intervals="overlapping_intervals" in cfg.bugs)
         self._verify = "no_signature_check" not in cfg.bugs
@@ -241,26 +243,37 @@ class GossipMachine:
     # -- publishing and spreading ------------------------------------------------------------
 
     def _publish(self, payload: bytes) -> None:
-        # Rumors are numbered per start-up incarnation (a refutation does not renumber).
+        # Rumors are numbered per start-up incarnation (a refutation does not renumber);
+        # the wave is fixed (and signed) now: up to batch_max rumors join the open wave.
+        if self._wave_fill == self.config.batch_max:
+            self._wave += 1
+            self._wave_fill = 0
+        self._wave_fill += 1
         unsigned = Rumor(origin=self.node_id, incarnation=self.incarnation, seq=self._seq,
-                         payload=payload)
+                         wave=self._wave, payload=payload)
         self._seq += 1
         rumor = Rumor(origin=unsigned.origin, incarnation=unsigned.incarnation,
-                      seq=unsigned.seq, payload=payload, signature=self._crypto.sign(unsigned))
+                      seq=unsigned.seq, wave=unsigned.wave, payload=payload,
+                      signature=self._crypto.sign(unsigned))
         self._store.add(rumor, self._now)
         self._outbox.append(rumor)
         self._published.append(rumor)
         self._count("published")
 
     def _start_waves(self) -> None:
-        while self._outbox:
-            batch = tuple(self._outbox[: self.config.batch_max])
-            del self._outbox[: self.config.batch_max]
+        if not self._outbox:
+            return
+        waves: dict[int, list[Rumor]] = {}
+        for rumor in self._outbox:
+            waves.setdefault(rumor.wave, []).append(rumor)
+        self._outbox.clear()
+        for number, batch in waves.items():
             for instance in range(self.config.instances):
-                key = WaveKey(self.node_id, self.incarnation, self._wave, instance)
-                self._spreader.start(key, batch, self._now)
-            self._wave += 1
+                key = WaveKey(self.node_id, self.incarnation, number, instance)
+                self._spreader.start(key, tuple(batch), self._now)
             self._count("waves_started")
+        self._wave += 1  # later rumors open a new wave
+        self._wave_fill = 0
 
     def _next_call(self) -> None:
         if self._pending is not None:

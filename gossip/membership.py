@@ -91,6 +91,10 @@ class _Probe:
 
 Sender = Callable[[NodeId, Message], None]
 
+MAX_INCARNATION = 2**62
+"""Updates at or above it are dropped: SWIM trusts members, and a Byzantine one could
+otherwise push a refuting node's incarnation past the codec's integer range."""
+
 
 class Membership:
     """One node's SWIM state. `send` queues an outgoing message (the machine adds it to its
@@ -212,6 +216,9 @@ class Membership:
                                    incarnation=self.incarnation, source=self.node_id))
 
     def _apply_one(self, u: MemberUpdate, now: int) -> None:
+        if u.incarnation >= MAX_INCARNATION:  # refuting it would overflow the wire's ints
+            self._count("bad_incarnation")
+            return
         if u.node == self.node_id:
             if u.status != MemberStatus.ALIVE and u.incarnation >= self.incarnation:
                 self._refute(u.incarnation)

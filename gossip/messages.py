@@ -11,8 +11,9 @@ Who signs what:
 - A `Rumor` is signed by its ORIGIN (`signature` covers the rumor with that field emptied).
   Every node verifies it before delivering or forwarding it; a forwarder cannot alter it.
 - A `Grant`'s `seed` is not signed: it must equal `wave_seed(...)` of the grant's own
-  rumors (so it is as authentic as they are); `lo`/`hi` are the caller's word, and a
-  receiver never contacts a position of a wave twice whatever grants say.
+  rumors (so it is as authentic as they are), whose signed `wave` must be the grant's.
+  `lo`/`hi` are the caller's word, and a receiver never contacts a position of a wave
+  twice whatever grants say.
 - Membership updates and the probe/anti-entropy messages are unsigned: they count as the
   sender's, which the transport authenticates (`Receive.src`).
 
@@ -58,16 +59,19 @@ class RumorId(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rumor(Message):
-    """An application payload published by `origin`, signed by it."""
+    """An application payload published by `origin`, signed by it. `wave` is the number of
+    the origin's wave (batch) that carries it: signed, so a forwarder cannot mint new waves
+    out of authentic rumors (each would cost every node up to n-1 more calls)."""
 
     origin: NodeId
     incarnation: int
     seq: int
+    wave: int
     payload: bytes
     signature: bytes = b""
 
     def __post_init__(self) -> None:
-        _non_negative(incarnation=self.incarnation, seq=self.seq)
+        _non_negative(incarnation=self.incarnation, seq=self.seq, wave=self.wave)
 
     @property
     def rumor_id(self) -> RumorId:

@@ -99,13 +99,14 @@ class PlannedCall(NamedTuple):
 class Spreader:
     """Every wave one node takes part in."""
 
-    __slots__ = ("_member_set", "_members", "balance", "node_id", "overlapping_intervals",
-                 "permute", "seen", "ttl", "waves")
+    __slots__ = ("_member_set", "_members", "balance", "instances", "node_id",
+                 "overlapping_intervals", "permute", "seen", "ttl", "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
-                 permute: bool = True, balance: bool = False,
+                 instances: int = 1, permute: bool = True, balance: bool = False,
                  overlapping_intervals: bool = False) -> None:
         self.node_id = node_id
+        self.instances = instances
         self.balance = balance
         self._members = tuple(sorted(members))
         self._member_set = frozenset(self._members)
@@ -134,12 +135,13 @@ class Spreader:
 
     def accept(self, grant: Grant, now: int) -> str:
         """Take a grant whose rumors the caller already verified. Returns "ok" or the
-        reason it is dropped ("bad_grant", "bad_range", "bad_seed", "seed_mismatch",
-        "stale_wave")."""
+        reason it is dropped ("bad_grant": not one signed batch of another member's, or an
+        instance we do not run; "bad_range", "bad_seed", "seed_mismatch", "stale_wave")."""
         origin = grant.origin
         if origin == self.node_id or origin not in self._member_set or not grant.rumors or any(
-            r.origin != origin or r.incarnation != grant.incarnation for r in grant.rumors
-        ):
+            r.origin != origin or r.incarnation != grant.incarnation or r.wave != grant.wave
+            for r in grant.rumors
+        ) or grant.instance >= self.instances:
             return "bad_grant"
         if grant.hi > len(self._members) - 1:
             return "bad_range"

@@ -6,6 +6,7 @@ the wire types round-trip through the codec under their stable ids."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.types import NodeId
-from phalanx.gossip.machine import GossipConfig, GossipMachine
+from phalanx.gossip.machine import GossipConfig, GossipMachine, Publish
 from phalanx.gossip.messages import (
     GOSSIP_MESSAGES,
     Call,
@@ -41,8 +42,8 @@ def _machine(config: GossipConfig | None = None) -> GossipMachine:
 
 
 def _rumor(payload: bytes, *, signer: NodeId = ORIGIN, seq: int = 0) -> Rumor:
-    unsigned = Rumor(origin=ORIGIN, incarnation=0, seq=seq, payload=payload)
-    return Rumor(origin=ORIGIN, incarnation=0, seq=seq, payload=payload,
+    unsigned = Rumor(origin=ORIGIN, incarnation=0, seq=seq, wave=0, payload=payload)
+    return Rumor(origin=ORIGIN, incarnation=0, seq=seq, wave=0, payload=payload,
                  signature=FastCrypto(signer).sign(unsigned))
 
 
@@ -76,20 +77,19 @@ def _forgery_rejected(config: GossipConfig, forged: Rumor) -> bool:
 
 @settings(max_examples=60, deadline=None)
 @given(payload=st.binary(max_size=64), forger=st.sampled_from(MEMBERS[1:]),
-       tamper=st.sampled_from(["signer", "payload", "seq", "signature"]))
+       tamper=st.sampled_from(["signer", "payload", "seq", "wave", "signature"]))
 def test_forged_origins_are_rejected(payload: bytes, forger: NodeId, tamper: str) -> None:
     honest = _rumor(payload)
     if tamper == "signer":  # signed by someone else under the origin's name
         forged = _rumor(payload, signer=forger)
     elif tamper == "payload":
-        forged = Rumor(origin=ORIGIN, incarnation=0, seq=0, payload=payload + b"!",
-                       signature=honest.signature)
+        forged = replace(honest, payload=payload + b"!")
     elif tamper == "seq":
-        forged = Rumor(origin=ORIGIN, incarnation=0, seq=7, payload=payload,
-                       signature=honest.signature)
+        forged = replace(honest, seq=7)
+    elif tamper == "wave":
+        forged = replace(honest, wave=1)
     else:
-        forged = Rumor(origin=ORIGIN, incarnation=0, seq=0, payload=payload,
-                       signature=bytes(len(honest.signature)))
+        forged = replace(honest, signature=bytes(len(honest.signature)))
     assert _forgery_rejected(GossipConfig(membership=False), forged)
 
 
@@ -103,6 +103,18 @@ def test_a_grant_with_a_seed_not_derived_from_its_rumors_is_refused() -> None:
     ready = machine.step(Receive(src=FORGER, message=_call(_rumor(b"x"), seed=b"\0" * 32)))
     assert not _acked(ready.sends)
     assert machine.status()["dropped:bad_seed"] == 1
+
+
+@pytest.mark.parametrize("field", ["wave", "instance"])
+def test_a_forwarder_cannot_mint_new_waves_out_of_authentic_rumors(field: str) -> None:
+    machine = _machine()
+    rumor = _rumor(b"x")
+    grant = _call(rumor).grants[0]
+    minted = replace(grant, **{field: 1})
+    minted = replace(minted, seed=wave_seed(ORIGIN, 0, minted.wave, minted.instance, (rumor,)))
+    ready = machine.step(Receive(src=FORGER, message=Call(call_id=1, grants=(minted,))))
+    assert not _acked(ready.sends)
+    assert machine.status()["dropped:bad_grant"] == 1
 
 
 def test_a_replayed_rumor_is_dropped_after_its_memory_was_collected() -> None:
@@ -125,12 +137,25 @@ def test_same_id_other_bytes_is_dropped_as_equivocation() -> None:
     assert machine.status()["dropped:equivocation"] == 1
 
 
+def _first_callees(n: int, k: int) -> frozenset[NodeId]:
+    """The first `k` nodes the origin calls: silent, they cut off the largest subtrees
+    (the adversary worst for one instance; the permutation hides them only beforehand)."""
+    sim = GossipSim(SimConfig(n=n, gossip=GossipConfig(membership=False,
+                                                       anti_entropy_interval=0)))
+    calls: list[NodeId] = []
+    ready = sim.nodes[sim.members[0]].step(Publish(payload=b"x"))
+    machine = sim.nodes[sim.members[0]]
+    while len(calls) < k:
+        ready = machine.step(Tick())
+        calls += [s.to for s in ready.sends if isinstance(s.message, Call)]
+    return frozenset(calls[:k])
+
+
 def _coverage(*, silent: int, instances: int, anti_entropy: int, loss: float = 0.0,
               seed: int = 0, ticks: int = 300) -> tuple[int, int]:
     n = 60
     members = node_ids(n)
-    rng = random.Random(seed)
-    quiet = frozenset(rng.sample(members[1:], silent))
+    quiet = _first_callees(n, silent) if silent else frozenset()
     sim = GossipSim(SimConfig(n=n, seed=seed, loss=loss, silent=quiet, gossip=GossipConfig(
         membership=False, anti_entropy_interval=anti_entropy, instances=instances,
         call_timeout=3)))
@@ -140,14 +165,11 @@ def _coverage(*, silent: int, instances: int, anti_entropy: int, loss: float = 0
     return len(sim.informed(rid)), n
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_silent_forwarders_are_covered_by_anti_entropy_or_by_f_plus_1_instances(
-    seed: int,
-) -> None:
-    got, n = _coverage(silent=2, instances=1, anti_entropy=0, seed=seed)
-    assert got < n  # the attack bites: two silent forwarders cut off their subtrees
-    assert _coverage(silent=2, instances=1, anti_entropy=5, seed=seed) == (n, n)
-    assert _coverage(silent=2, instances=3, anti_entropy=0, seed=seed) == (n, n)
+def test_silent_forwarders_are_covered_by_anti_entropy_or_by_f_plus_1_instances() -> None:
+    got, n = _coverage(silent=2, instances=1, anti_entropy=0)
+    assert got < n // 2  # the attack bites: two silent forwarders cut off their subtrees
+    assert _coverage(silent=2, instances=1, anti_entropy=5) == (n, n)
+    assert _coverage(silent=2, instances=3, anti_entropy=0) == (n, n)
 
 
 @pytest.mark.parametrize("seed", range(3))
