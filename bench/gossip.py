@@ -47,10 +47,11 @@ def crash_set(members: tuple[NodeId, ...], fraction: float, how: str,
 def spread(n: int, crashed: frozenset[NodeId], seed: int,
            config: GossipConfig) -> tuple[list[int], int | None, float]:
     """One rumor from n0 by GP alone: (contacts per wave, ticks to cover every live node,
-    fraction of live nodes covered)."""
+    fraction of live nodes covered). The payload varies with the seed, and with it the
+    signature and so the wave's permutation."""
     sim = GossipSim(SimConfig(n=n, seed=seed, crashed=crashed, gossip=config))
     sim.run(1)
-    rid = sim.publish(sim.members[0], b"rumor")
+    rid = sim.publish(sim.members[0], b"rumor %d" % seed)
     sim.run_until(lambda s: s.quiescent(), 40 * n + 100)
     got = len(sim.informed(rid) & set(sim.alive))
     return list(sim.wave_contacts().values()), sim.coverage_time(rid), got / len(sim.alive)
@@ -130,13 +131,13 @@ def loss_with_anti_entropy(sizes: list[int], seeds: int) -> None:
         for seed in range(seeds):
             sim = GossipSim(SimConfig(n=n, seed=seed, loss=0.05, gossip=gp_config()))
             sim.run(1)
-            rid = sim.publish(sim.members[0], b"r")
+            rid = sim.publish(sim.members[0], b"r %d" % seed)
             sim.run_until(lambda s: s.quiescent(), 40 * n)
             alone += len(sim.informed(rid)) / n
             sim = GossipSim(SimConfig(n=n, seed=seed, loss=0.05, gossip=GossipConfig(
                 call_timeout=3, anti_entropy_interval=10, membership=membership)))
             sim.run(1)
-            rid = sim.publish(sim.members[0], b"r")
+            rid = sim.publish(sim.members[0], b"r %d" % seed)
             sim.run_until(lambda s, r=rid: s.covered([r]), 2000)  # type: ignore[misc]
             t = sim.coverage_time(rid)
             ticks_all.append(t if t is not None else -1)
