@@ -5,9 +5,12 @@ deterministic simulator (issue 16; protocols.md §3; docs/GOSSIP.md).
 Modules: `messages` (wire types, codec ids 550-579), `permutation` (the wave's π),
 `spreading` (GP interval splitting), `rumors` (dedup, replay floors, GC), `membership`
 (SWIM), `machine` (`GossipMachine`: the one entry point `step`), `sim` (the simulator).
-Everything but `sim` is sans-IO: no trio, sockets, clocks or global randomness.
+Everything is sans-IO (the simulator too: virtual time, seeded faults): no trio, sockets,
+clocks or global randomness. `Receive`, `Tick` and `Send` are the cores' own
+(`phalanx.consensus.core`), re-exported for drivers.
 """
 
+from phalanx.consensus.core import Receive, Send, Tick
 from phalanx.gossip.machine import (
     BUGS,
     GossipConfig,
@@ -54,9 +57,12 @@ __all__ = [
     "PingAck",
     "PingReq",
     "Publish",
+    "Receive",
     "Rumor",
     "RumorCrypto",
     "RumorId",
     "RumorPush",
+    "Send",
     "SwimConfig",
+    "Tick",
 ]

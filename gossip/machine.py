@@ -386,6 +386,7 @@ class GossipMachine:
 
     def _on_call(self, src: NodeId, call: Call) -> None:
         for grant in call.grants:
+            # Every rumor is looked at (authentic ones are delivered even beside a forgery).
             if not all([self._accept_rumor(r) for r in grant.rumors]):
                 return  # forged: no ack, so the caller keeps the interval
         ok = True
