@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from phalanx.consensus.types import NodeId
 from phalanx.gossip.machine import GossipConfig
-from phalanx.gossip.messages import RumorId
+from phalanx.gossip.messages import Call, RumorId
 from phalanx.gossip.permutation import Others, Permutation
 from phalanx.gossip.sim import GossipSim, SimConfig, adversarial_crashes, node_ids
 
@@ -162,3 +162,32 @@ def test_plain_gp_is_correct_too_but_the_permutation_defeats_adversarial_crashes
     assert slow is not None
     assert fast is not None
     assert fast < slow
+
+
+def test_the_splitting_follows_section_3_2_step_by_step() -> None:
+    """Plain labels, n = 5 (positions 0..3 = n1..n4), n3 crashed. n0 owns [0, 4): calls
+    pi(2) = n3 with [3, 4), which times out, so n0 keeps [0, 2) and [3, 4); the largest,
+    [0, 2), splits at 1: n2 gets [2, 2) and acks, n0 keeps [0, 1); then the single
+    positions, lowest first: n1, and n4 (the dead node's share)."""
+    sim = GossipSim(SimConfig(n=5, crashed=frozenset({NodeId("n3")}), gossip=GossipConfig(
+        membership=False, anti_entropy_interval=0, permute=False)))
+    calls: list[tuple[int, str, str, int, int]] = []
+    handle = sim._handle
+
+    def record(node: NodeId, ready: object) -> None:
+        for send in ready.sends:  # type: ignore[attr-defined]
+            if isinstance(send.message, Call):
+                grant = send.message.grants[0]
+                calls.append((sim.now, node, send.to, grant.lo, grant.hi))
+        handle(node, ready)  # type: ignore[arg-type]
+
+    sim._handle = record  # type: ignore[method-assign]
+    rid = sim.publish(NodeId("n0"), b"x")
+    assert sim.run_until(lambda s: s.quiescent(), 100)
+    assert [c[1:] for c in calls] == [
+        ("n0", "n3", 3, 4),  # dead: no CallAck within call_timeout
+        ("n0", "n2", 2, 2),
+        ("n0", "n1", 1, 1),
+        ("n0", "n4", 4, 4),  # [3, 4) came back to n0
+    ]
+    assert sim.informed(rid) == {"n0", "n1", "n2", "n4"}
