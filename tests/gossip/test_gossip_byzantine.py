@@ -1,6 +1,7 @@
 """The Byzantine setting: forged, tampered and replayed rumors are dropped and counted (and a
 machine without the signature check is caught), grants with a forged seed are refused,
-silent forwarders are covered by anti-entropy or by f+1 instances, loss by anti-entropy;
+silent forwarders are covered by anti-entropy or by f+1 instances, loss and crashes during
+a wave by anti-entropy;
 the wire types round-trip through the codec under their stable ids."""
 
 from __future__ import annotations
@@ -189,3 +190,23 @@ def test_wire_types_round_trip_under_their_stable_ids() -> None:
                     RumorPush(rumors=(rumor,), updates=(update,))):
         assert registry.decode(registry.encode(message)) == message
         assert wire.decode(wire.encode(message)) == message
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32), crashes=st.integers(1, 15), loss=st.sampled_from([0.0, 0.05]))
+def test_crashes_during_a_wave_are_repaired_by_anti_entropy(
+    seed: int, crashes: int, loss: float
+) -> None:
+    """GP tolerates crashes before the wave (the paper's model); a node that acknowledged and
+    then crashed takes its interval with it. Anti-entropy (with SWIM choosing live peers)
+    still brings the rumor to every node alive at the end."""
+    sim = GossipSim(SimConfig(n=40, seed=seed, loss=loss, gossip=GossipConfig(
+        call_timeout=3, anti_entropy_interval=5)))
+    sim.run(2)
+    rid = sim.publish(sim.members[0], b"x")
+    rng = random.Random(seed)
+    victims = rng.sample(sim.members[1:], crashes)
+    for victim in victims:  # crash them at random moments during the wave
+        sim.run(rng.randint(0, 2))
+        sim.crash(victim)
+    assert sim.run_until(lambda s: s.covered([rid]), 400), f"seed {seed}"
