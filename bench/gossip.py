@@ -63,6 +63,15 @@ def fit_log2(points: Iterable[tuple[int, float]]) -> float:
     return sum(r * math.log2(n) for n, r in pts) / sum(math.log2(n) ** 2 for n, _ in pts)
 
 
+def fit_affine_log2(points: Iterable[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (a, c) in rounds = a + c * log2(n)."""
+    pts = [(math.log2(n), r) for n, r in points]
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    c = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return my - c * mx, c
+
+
 def rounds_vs_n(sizes: list[int], seeds: int) -> dict[str, list[tuple[int, float]]]:
     print("\n== Rounds to inform every live node vs n (one rumor; mean over seeds)")
     print(f"{'n':>6} {'0% crashed':>11} {'10% random':>11} {'10% bal.':>9} {'contacts':>9}")
@@ -87,8 +96,9 @@ def rounds_vs_n(sizes: list[int], seeds: int) -> dict[str, list[tuple[int, float
     for label, pts in series.items():
         c = fit_log2(pts)
         worst = max(abs(r - c * math.log2(n)) / r for n, r in pts)
+        a, c2 = fit_affine_log2(pts)
         print(f"fit {label:>12}: rounds ~ {c:.2f} * log2 n   (worst relative residual "
-              f"{worst:.0%})")
+              f"{worst:.0%}); with an intercept: {a:+.1f} + {c2:.2f} * log2 n")
     return series
 
 
@@ -190,6 +200,23 @@ def membership(sizes: list[int], seeds: int, horizon: int) -> None:
                   f"{msgs / seeds / n / horizon:>14.2f}")
 
 
+def simulator_speed() -> None:
+    print("\n== Simulator speed, n = 1000 (CPU seconds of this process)")
+    cpu = time.process_time()
+    c, ticks, _ = spread(1000, frozenset(), 0, gp_config())
+    print(f"one wave, GP alone: {time.process_time() - cpu:.1f} s "
+          f"(set-up included; {ticks} ticks, {c[0]} contacts)")
+    cpu = time.process_time()
+    sim = GossipSim(SimConfig(n=1000, seed=0, loss=0.05, gossip=GossipConfig(call_timeout=3)))
+    sim.run(1)
+    setup = time.process_time() - cpu
+    sim.publish(sim.members[0], b"r")
+    sim.run(99)
+    print(f"everything on (SWIM, anti-entropy, 5% loss): set-up {setup:.1f} s, then "
+          f"{(time.process_time() - cpu - setup) / 99 * 1000:.0f} ms per tick "
+          f"({sum(sim.stats.sends.values()) / 100:.0f} messages per tick)")
+
+
 def plots(rounds: dict[str, list[tuple[int, float]]],
           crashes: dict[str, list[tuple[float, float]]]) -> None:
     try:
@@ -238,6 +265,7 @@ def main() -> None:
     crashes = coverage_under_crashes(200 if args.quick else 1000, 1 if args.quick else 2)
     loss_with_anti_entropy([100] if args.quick else [100, 1000], seeds)
     membership([30] if args.quick else [50, 100], seeds, 300)
+    simulator_speed()
     if not args.no_plots:
         plots(rounds, crashes)
     print(f"\ncpu {time.process_time() - cpu0:.1f} s, wall {time.perf_counter() - wall0:.1f} s")

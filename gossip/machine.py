@@ -189,6 +189,7 @@ class GossipMachine:
 
     def _send(self, to: NodeId, message: Message) -> None:
         self._sends.append(Send(to=to, message=message))
+        self._count("sent:" + type(message).__name__)
 
     def _updates(self, first: NodeId | None = None) -> tuple[MemberUpdate, ...]:
         return self._membership.piggyback(first) if self._membership else ()
@@ -225,7 +226,10 @@ class GossipMachine:
         return self._flush()
 
     def status(self) -> dict[str, int]:
-        """Counters (sends by kind, drops by reason, ...) and sizes, for metrics."""
+        """Counters (`sent:<message type>`, `dropped:<reason>`, `delivered`, `calls`,
+        `call_timeouts`, SWIM's `suspect_raised`/`suspect_heard`/`declared_dead`/
+        `refutations`, ...) and sizes (`rumors_held`, `waves_held`, `ids_remembered`), for
+        metrics."""
         out = dict(self._counters)
         out["rumors_held"] = len(self._store)
         out["waves_held"] = len(self._spreader.waves)
