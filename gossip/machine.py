@@ -29,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class GossipMachine:
         self._seq = 0
         self._wave = 0  # the wave the next `Publish` joins
         self._wave_fill = 0  # rumors in it so far
+        self._wave_seed = b""  # the seed drawn for it (signed into each of its rumors)
         self._call_id = 0
         self._pending: _Pending | None = None
         self._outbox: list[Rumor] = []
@@ -252,13 +254,13 @@ class GossipMachine:
         if self._wave_fill == self.config.batch_max:
             self._wave += 1
             self._wave_fill = 0
+        if self._wave_fill == 0:
+            self._wave_seed = self._rng.randbytes(16)
         self._wave_fill += 1
         unsigned = Rumor(origin=self.node_id, incarnation=self.incarnation, seq=self._seq,
-                         wave=self._wave, payload=payload)
+                         wave=self._wave, seed=self._wave_seed, payload=payload)
         self._seq += 1
-        rumor = Rumor(origin=unsigned.origin, incarnation=unsigned.incarnation,
-                      seq=unsigned.seq, wave=unsigned.wave, payload=payload,
-                      signature=self._crypto.sign(unsigned))
+        rumor = dataclasses.replace(unsigned, signature=self._crypto.sign(unsigned))
         self._store.add(rumor, self._now)
         self._outbox.append(rumor)
         self._published.append(rumor)

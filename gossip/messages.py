@@ -10,8 +10,9 @@ clocks, random.
 Who signs what:
 - A `Rumor` is signed by its ORIGIN (`signature` covers the rumor with that field emptied).
   Every node verifies it before delivering or forwarding it; a forwarder cannot alter it.
-- A `Grant`'s `seed` is not signed: it must equal `wave_seed(...)` of the grant's own
-  rumors (so it is as authentic as they are), whose signed `wave` must be the grant's.
+- A `Grant`'s `seed` is not signed: it must equal `wave_seed(...)` of the signed `seed` of
+  the grant's own rumors (so it is as authentic as they are), whose signed `wave` must be
+  the grant's.
   `lo`/`hi` are the caller's word, and a receiver never contacts a position of a wave
   twice whatever grants say.
 - Membership updates and the probe/anti-entropy messages are unsigned: they count as the
@@ -59,19 +60,27 @@ class RumorId(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rumor(Message):
-    """An application payload published by `origin`, signed by it. `wave` is the number of
-    the origin's wave (batch) that carries it: signed, so a forwarder cannot mint new waves
-    out of authentic rumors (each would cost every node up to n-1 more calls)."""
+    """An application payload published by `origin`, signed by it.
+
+    `wave` is the number of the origin's wave (batch) that carries it and `seed` the random
+    seed the origin drew for that wave (equal in all its rumors). Both are signed: a
+    forwarder can neither mint new waves out of authentic rumors (each would cost every node
+    up to n-1 more calls) nor change a wave's permutation; and any non-empty subset of a
+    wave's rumors names the same permutation, so dropping rumors from a grant only loses
+    those rumors (anti-entropy restores them), never the wave's structure."""
 
     origin: NodeId
     incarnation: int
     seq: int
     wave: int
+    seed: bytes
     payload: bytes
     signature: bytes = b""
 
     def __post_init__(self) -> None:
         _non_negative(incarnation=self.incarnation, seq=self.seq, wave=self.wave)
+        if len(self.seed) > 64:
+            raise ValueError(f"seed of {len(self.seed)} bytes (at most 64)")
 
     @property
     def rumor_id(self) -> RumorId:
@@ -106,16 +115,13 @@ class Grant(Message):
 
 
 def wave_seed(origin: NodeId, incarnation: int, wave: int, instance: int,
-              rumors: tuple[Rumor, ...]) -> bytes:
-    """The permutation seed of a wave: SHA-256 over its id and its rumors' signatures.
-
-    Derived rather than chosen, so a forwarder cannot steer the permutation (it cannot forge
-    the origin's signatures), and independent per `instance`.
-    """
+              seed: bytes) -> bytes:
+    """The permutation seed of one instance of a wave: SHA-256 over the wave's id, the
+    instance and the origin's signed `Rumor.seed`, so instances are independent and no
+    forwarder can steer a permutation."""
     h = hashlib.sha256(b"phalanx-gossip-wave\x00")
     h.update(f"{origin}\x00{incarnation}\x00{wave}\x00{instance}\x00".encode())
-    for rumor in rumors:
-        h.update(len(rumor.signature).to_bytes(2, "big") + rumor.signature)
+    h.update(seed)
     return h.digest()
 
 

@@ -128,7 +128,7 @@ class Spreader:
 
     def start(self, key: WaveKey, rumors: tuple[Rumor, ...], now: int) -> Wave:
         """Our own new wave (we are its origin): we own every position."""
-        seed = wave_seed(key.origin, key.incarnation, key.wave, key.instance, rumors)
+        seed = wave_seed(key.origin, key.incarnation, key.wave, key.instance, rumors[0].seed)
         wave = self._new_wave(key, seed, rumors, now)
         wave.own(0, len(wave.others))
         return wave
@@ -140,23 +140,26 @@ class Spreader:
         origin = grant.origin
         if origin == self.node_id or origin not in self._member_set or not grant.rumors or any(
             r.origin != origin or r.incarnation != grant.incarnation or r.wave != grant.wave
-            for r in grant.rumors
+            or r.seed != grant.rumors[0].seed for r in grant.rumors
         ) or grant.instance >= self.instances:
             return "bad_grant"
         if grant.hi > len(self._members) - 1:
             return "bad_range"
         key = WaveKey(origin, grant.incarnation, grant.wave, grant.instance)
         wave = self.waves.get(key)
+        if grant.seed != wave_seed(origin, grant.incarnation, grant.wave, grant.instance,
+                                   grant.rumors[0].seed):
+            return "bad_seed"
         if wave is None:
-            if grant.seed != wave_seed(origin, grant.incarnation, grant.wave, grant.instance,
-                                       grant.rumors):
-                return "bad_seed"
             if self.seen.classify((origin, grant.instance), grant.incarnation,
                                   grant.wave) != "fresh":
                 return "stale_wave"
             wave = self._new_wave(key, grant.seed, grant.rumors, now)
-        elif grant.seed != wave.seed or grant.rumors != wave.rumors:
-            return "seed_mismatch"
+        elif grant.seed != wave.seed:
+            return "seed_mismatch"  # two seeds signed for one wave: the origin equivocates
+        elif grant.rumors != wave.rumors:  # a forwarder dropped some: forward them all
+            merged = {r.seq: r for r in (*grant.rumors, *wave.rumors)}
+            wave.rumors = tuple(merged[seq] for seq in sorted(merged))
         wave.own(grant.lo, grant.hi)
         return "ok"
 

@@ -37,6 +37,7 @@ from phalanx.net.codec import Registry
 
 MEMBERS = node_ids(6)
 ORIGIN, FORGER, ME = MEMBERS[0], MEMBERS[2], MEMBERS[1]
+SEED = b"0123456789abcdef"
 
 
 def _machine(config: GossipConfig | None = None) -> GossipMachine:
@@ -45,13 +46,13 @@ def _machine(config: GossipConfig | None = None) -> GossipMachine:
 
 
 def _rumor(payload: bytes, *, signer: NodeId = ORIGIN, seq: int = 0) -> Rumor:
-    unsigned = Rumor(origin=ORIGIN, incarnation=0, seq=seq, wave=0, payload=payload)
-    return Rumor(origin=ORIGIN, incarnation=0, seq=seq, wave=0, payload=payload,
+    unsigned = Rumor(origin=ORIGIN, incarnation=0, seq=seq, wave=0, seed=SEED, payload=payload)
+    return Rumor(origin=ORIGIN, incarnation=0, seq=seq, wave=0, seed=SEED, payload=payload,
                  signature=FastCrypto(signer).sign(unsigned))
 
 
 def _call(rumor: Rumor, *, call_id: int = 1, seed: bytes | None = None) -> Call:
-    good = wave_seed(ORIGIN, 0, 0, 0, (rumor,))
+    good = wave_seed(ORIGIN, 0, 0, 0, rumor.seed)
     return Call(call_id=call_id, grants=(Grant(
         origin=ORIGIN, incarnation=0, wave=0, instance=0, seed=good if seed is None else seed,
         lo=2, hi=4, rumors=(rumor,)),))
@@ -80,7 +81,7 @@ def _forgery_rejected(config: GossipConfig, forged: Rumor) -> bool:
 
 @settings(max_examples=60, deadline=None)
 @given(payload=st.binary(max_size=64), forger=st.sampled_from(MEMBERS[1:]),
-       tamper=st.sampled_from(["signer", "payload", "seq", "wave", "signature"]))
+       tamper=st.sampled_from(["signer", "payload", "seq", "wave", "seed", "signature"]))
 def test_forged_origins_are_rejected(payload: bytes, forger: NodeId, tamper: str) -> None:
     honest = _rumor(payload)
     if tamper == "signer":  # signed by someone else under the origin's name
@@ -91,6 +92,8 @@ def test_forged_origins_are_rejected(payload: bytes, forger: NodeId, tamper: str
         forged = replace(honest, seq=7)
     elif tamper == "wave":
         forged = replace(honest, wave=1)
+    elif tamper == "seed":
+        forged = replace(honest, seed=b"steered")
     else:
         forged = replace(honest, signature=bytes(len(honest.signature)))
     assert _forgery_rejected(GossipConfig(membership=False), forged)
@@ -114,10 +117,30 @@ def test_a_forwarder_cannot_mint_new_waves_out_of_authentic_rumors(field: str) -
     rumor = _rumor(b"x")
     grant = _call(rumor).grants[0]
     minted = replace(grant, **{field: 1})
-    minted = replace(minted, seed=wave_seed(ORIGIN, 0, minted.wave, minted.instance, (rumor,)))
+    minted = replace(minted, seed=wave_seed(ORIGIN, 0, minted.wave, minted.instance, SEED))
     ready = machine.step(Receive(src=FORGER, message=Call(call_id=1, grants=(minted,))))
     assert not _acked(ready.sends)
     assert machine.status()["dropped:bad_grant"] == 1
+
+
+def test_a_forwarder_dropping_rumors_of_a_wave_loses_only_them_for_one_call() -> None:
+    """Rumors 0 and 1 ride one wave. A Byzantine caller forwards only rumor 0; an honest
+    one then brings both: same seed, same permutation, so the node merges them and forwards
+    both in its own calls."""
+    machine = _machine()
+    r0, r1 = _rumor(b"a", seq=0), _rumor(b"b", seq=1)
+    partial = replace(_call(r0).grants[0], lo=3, hi=5)
+    full = replace(partial, lo=2, hi=3, rumors=(r0, r1))
+    assert _acked(machine.step(Receive(src=FORGER, message=Call(call_id=1,
+                                                                 grants=(partial,)))).sends)
+    ready = machine.step(Receive(src=MEMBERS[3], message=Call(call_id=1, grants=(full,))))
+    assert _acked(ready.sends)
+    assert [r.seq for r in ready.delivered] == [1]
+    calls = [s.message for s in ready.sends if isinstance(s.message, Call)]
+    calls += [s.message for _ in range(6) for s in machine.step(Tick()).sends
+              if isinstance(s.message, Call)]
+    assert calls
+    assert all(g.rumors == (r0, r1) for c in calls for g in c.grants)
 
 
 def test_a_replayed_rumor_is_dropped_after_its_memory_was_collected() -> None:
@@ -217,7 +240,8 @@ def test_crashes_during_a_wave_are_repaired_by_anti_entropy(
 _ids = st.sampled_from([*MEMBERS, NodeId("stranger")])
 _small = st.integers(0, 8)
 _rumors = st.builds(Rumor, origin=_ids, incarnation=_small, seq=_small, wave=_small,
-                    payload=st.binary(max_size=4), signature=st.binary(max_size=32))
+                    seed=st.binary(max_size=16), payload=st.binary(max_size=4),
+                    signature=st.binary(max_size=32))
 _updates = st.lists(st.builds(MemberUpdate, node=_ids, status=st.sampled_from(MemberStatus),
                               incarnation=st.integers(0, 2**63), source=_ids), max_size=3)
 _grants = st.builds(Grant, origin=_ids, incarnation=_small, wave=_small, instance=_small,
