@@ -113,3 +113,18 @@ def test_a_restarted_node_rejoins_with_a_higher_incarnation() -> None:
     # and it learns what the others know, through state sync
     assert all(sim.nodes[victim].membership_view()[m][0] == "ALIVE"
                for m in sim.members if m != victim)
+
+
+def test_the_simulation_is_deterministic_for_a_seed() -> None:
+    def run(seed: int) -> tuple[object, ...]:
+        sim = GossipSim(SimConfig(n=15, seed=seed, loss=0.05, latency_max=3,
+                                  gossip=GossipConfig(call_timeout=7)))
+        sim.run(5)
+        rid = sim.publish(sim.members[3], b"x")
+        sim.crash(sim.members[5])
+        sim.run(80)
+        return (sim.stats.changes, sorted(sim.stats.sends.items()),
+                sorted(sim.stats.counters.items()), sorted(sim.stats.informed[rid].items()))
+
+    assert run(11) == run(11)
+    assert run(11) != run(12)
