@@ -43,6 +43,14 @@ from phalanx.gossip.permutation import Permutation
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SwimConfig:
+    """SWIM/Lifeguard knobs, in ticks (memberlist's LAN profile scaled to ticks of ~RTT/2).
+
+    The indirect path (PingReq, Ping, PingAck, relayed PingAck: 4 one-way hops) must fit
+    between `probe_timeout` and the end of the `probe_interval`, or every lost direct ping
+    becomes a suspicion. `suspicion_mult`/`suspicion_max_mult` set Lifeguard's min and max
+    suspicion timeouts; `retransmit_mult` how often each update is piggy-backed;
+    `max_piggyback` how many updates ride one message."""
+
     probe_interval: int = 8
     probe_timeout: int = 3
     indirect_checks: int = 3
@@ -52,7 +60,6 @@ class SwimConfig:
     max_piggyback: int = 8
 
     def __post_init__(self) -> None:
-        # The indirect path is 4 one-way hops after the timeout, within the interval.
         if not 0 < self.probe_timeout < self.probe_interval:
             raise ValueError("need 0 < probe_timeout < probe_interval")
 
