@@ -175,7 +175,7 @@ class GossipMachine:
         self._published: list[Rumor] = []
         self._membership = (
             Membership(node_id, self.members, incarnation=incarnation, rng=rng,
-                       config=cfg.swim, send=self._send, count=self._count)
+                       config=cfg.swim, send=self._send, count=self._count, crypto=crypto)
             if cfg.membership else None
         )
         self._others = [m for m in self.members if m != node_id]

@@ -34,8 +34,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
+from phalanx.consensus.crypto import Signer, Verifier
 from phalanx.consensus.types import Message, NodeId
 from phalanx.gossip.messages import MemberStatus, MemberUpdate, Ping, PingAck, PingReq
 from phalanx.gossip.permutation import Permutation
@@ -79,6 +81,7 @@ class _Member:
     incarnation: int = 0
     suspected_at: int = 0
     confirmations: set[NodeId] = field(default_factory=set)
+    proof: MemberUpdate | None = None  # the signed alive behind `incarnation` (state sync)
 
 
 @dataclass(slots=True)
@@ -98,6 +101,11 @@ class _Probe:
 
 Sender = Callable[[NodeId, Message], None]
 
+
+class AliveCrypto(Signer, Verifier, Protocol):
+    """Signs this node's alive updates and verifies the others' (the machine's crypto)."""
+
+
 MAX_INCARNATION = 2**62
 """Updates at or above it are dropped: SWIM trusts members, and a Byzantine one could
 otherwise push a refuting node's incarnation past the codec's integer range."""
@@ -109,8 +117,10 @@ class Membership:
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, incarnation: int,
                  rng: random.Random, config: SwimConfig, send: Sender,
-                 count: Callable[[str], None]) -> None:
+                 count: Callable[[str], None], crypto: AliveCrypto) -> None:
         self.node_id = node_id
+        self._crypto = crypto
+        self._alive: MemberUpdate | None = None  # our signed alive at `incarnation`
         self.incarnation = incarnation
         self.config = config
         self._rng = rng
@@ -138,8 +148,15 @@ class Membership:
         self._seq = 0
         self._next_probe = 0
         self.changes: list[MembershipChange] = []
-        self._enqueue(MemberUpdate(node=node_id, status=MemberStatus.ALIVE,
-                                   incarnation=incarnation, source=node_id))
+        self._enqueue(self._my_alive())
+
+    def _my_alive(self) -> MemberUpdate:
+        """Our alive update at our incarnation, signed (once per incarnation)."""
+        if self._alive is None or self._alive.incarnation != self.incarnation:
+            unsigned = MemberUpdate(node=self.node_id, status=MemberStatus.ALIVE,
+                                    incarnation=self.incarnation, source=self.node_id)
+            self._alive = replace(unsigned, signature=self._crypto.sign(unsigned))
+        return self._alive
 
     # -- views -------------------------------------------------------------------------------
 
@@ -180,13 +197,14 @@ class Membership:
     def table(self) -> tuple[MemberUpdate, ...]:
         """The view, self included, for push-pull state sync: every member not in the
         initial state (ALIVE at incarnation 0), which every node assumes for the others."""
-        mine = MemberUpdate(node=self.node_id, status=MemberStatus.ALIVE,
-                            incarnation=self.incarnation, source=self.node_id)
-        rest = tuple(MemberUpdate(node=m, status=s.status, incarnation=s.incarnation,
-                                  source=self.node_id)
-                     for m, s in sorted(self._members.items())
-                     if s.status != MemberStatus.ALIVE or s.incarnation)
-        return (mine, *rest)
+        rest = tuple(
+            s.proof if s.status == MemberStatus.ALIVE and s.proof is not None else
+            MemberUpdate(node=m, status=s.status, incarnation=s.incarnation,
+                         source=self.node_id)
+            for m, s in sorted(self._members.items())
+            if s.status != MemberStatus.ALIVE or s.incarnation
+        )
+        return (self._my_alive(), *rest)
 
     # -- piggy-backing -----------------------------------------------------------------------
 
@@ -219,26 +237,30 @@ class Membership:
     def _refute(self, incarnation: int) -> None:
         self.incarnation = max(self.incarnation, incarnation) + 1
         self._count("refutations")
-        self._enqueue(MemberUpdate(node=self.node_id, status=MemberStatus.ALIVE,
-                                   incarnation=self.incarnation, source=self.node_id))
+        self._enqueue(self._my_alive())
 
     def _apply_one(self, u: MemberUpdate, now: int) -> None:
         if u.incarnation >= MAX_INCARNATION:  # refuting it would overflow the wire's ints
-            self._count("bad_incarnation")
+            self._count("dropped:bad_incarnation")
+            return
+        if u.status == MemberStatus.ALIVE and u.incarnation > 0 and \
+                not self._crypto.verify(u.node, u, u.signature):
+            self._count("dropped:bad_alive_signature")
             return
         if u.node == self.node_id:
             if u.status != MemberStatus.ALIVE and u.incarnation >= self.incarnation:
                 self._refute(u.incarnation)
             elif u.status == MemberStatus.ALIVE and u.incarnation > self.incarnation:
-                self._refute(u.incarnation)  # someone holds a newer "me": out-bid it
+                self._refute(u.incarnation)  # our own newer alive, from before a restart
             return
         if u.node not in self._known:
-            self._count("unknown_member")
+            self._count("dropped:unknown_member")
             return
         member = self._member(u.node)
         if u.status == MemberStatus.ALIVE:
             if u.incarnation > member.incarnation:
                 self._set(u.node, member, MemberStatus.ALIVE, u.incarnation)
+                member.proof = u
                 self._enqueue(u)
         elif u.status == MemberStatus.SUSPECT:
             if u.incarnation < member.incarnation or member.status == MemberStatus.DEAD:
@@ -342,13 +364,13 @@ class Membership:
 
     def on_ping(self, src: NodeId, ping: Ping) -> None:
         if ping.target != self.node_id:
-            self._count("misrouted_ping")
+            self._count("dropped:misrouted_ping")
             return
         self._send(src, PingAck(seq=ping.seq, target=self.node_id, updates=self.piggyback()))
 
     def on_ping_req(self, src: NodeId, req: PingReq, now: int) -> None:
         if req.target == self.node_id or req.target not in self._known:
-            self._count("bad_ping_req")
+            self._count("dropped:bad_ping_req")
             return
         self._seq += 1
         self._relays[self._seq] = (src, req.seq, req.target, now + self.config.probe_interval)
@@ -365,4 +387,4 @@ class Membership:
             self._send(relay[0], PingAck(seq=relay[1], target=relay[2],
                                          updates=self.piggyback()))
             return
-        self._count("unexpected_ping_ack")
+        self._count("dropped:unexpected_ping_ack")

@@ -15,8 +15,9 @@ Who signs what:
   the grant's.
   `lo`/`hi` are the caller's word, and a receiver never contacts a position of a wave
   twice whatever grants say.
-- Membership updates and the probe/anti-entropy messages are unsigned: they count as the
-  sender's, which the transport authenticates (`Receive.src`).
+- A `MemberUpdate` saying ALIVE is signed by the node it is about. Suspect/dead updates and
+  the probe/anti-entropy messages are unsigned: they count as the sender's, which the
+  transport authenticates (`Receive.src`).
 
 Invariants: every class is a frozen, slotted, keyword-only dataclass of ints, strs, bytes,
 enums, tuples or nested registered dataclasses (canonical encoding); `__post_init__` rejects
@@ -129,12 +130,15 @@ def wave_seed(origin: NodeId, incarnation: int, wave: int, instance: int,
 class MemberUpdate(Message):
     """SWIM's alive/suspect/dead message about `node` at `incarnation`, piggy-backed.
     `source` names who first suspected or declared it (Lifeguard counts independent
-    suspicions); it is `node` itself for alive."""
+    suspicions); it is `node` itself for alive. An alive update is signed by `node` (only a
+    node can say it lives at a new incarnation, so no one can keep a crashed node alive);
+    suspect and dead are unsigned (a false one is refuted by the node itself)."""
 
     node: NodeId
     status: MemberStatus
     incarnation: int
     source: NodeId
+    signature: bytes = b""
 
     def __post_init__(self) -> None:
         if self.incarnation < 0:  # hot: one check, not `_non_negative`

@@ -5,6 +5,7 @@ incarnation, a restarted node rejoins, and the Lifeguard timeout shrinks with co
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,8 +60,9 @@ def test_a_suspected_node_refutes_with_a_higher_incarnation() -> None:
     assert machine.status()["refutations"] == 1
     sends = [s for _ in range(4) for s in machine.step(Tick()).sends]
     carried = {u for s in sends for u in getattr(s.message, "updates", ())}
-    assert MemberUpdate(node=members[0], status=MemberStatus.ALIVE, incarnation=1,
-                        source=members[0]) in carried
+    alive = [u for u in carried if u.status == MemberStatus.ALIVE and u.node == members[0]]
+    assert [u.incarnation for u in alive] == [1]
+    assert FastCrypto(members[1]).verify(members[0], alive[0], alive[0].signature)
 
 
 def test_updates_obey_incarnation_precedence() -> None:
@@ -70,7 +72,10 @@ def test_updates_obey_incarnation_precedence() -> None:
                             config=CONFIG)
 
     def hear(status: MemberStatus, inc: int) -> tuple[str, int]:
-        update = MemberUpdate(node=other, status=status, incarnation=inc, source=members[2])
+        update = MemberUpdate(node=other, status=status, incarnation=inc,
+                              source=other if status == MemberStatus.ALIVE else members[2])
+        if status == MemberStatus.ALIVE:
+            update = replace(update, signature=FastCrypto(other).sign(update))
         machine.step(Receive(src=members[2], message=RumorPush(rumors=(), updates=(update,))))
         return machine.membership_view()[other]
 
@@ -84,7 +89,26 @@ def test_updates_obey_incarnation_precedence() -> None:
     unknown = MemberUpdate(node=NodeId("stranger"), status=MemberStatus.DEAD, incarnation=0,
                            source=members[2])
     machine.step(Receive(src=members[2], message=RumorPush(rumors=(), updates=(unknown,))))
-    assert machine.status()["unknown_member"] == 1
+    assert machine.status()["dropped:unknown_member"] == 1
+
+
+def test_only_a_node_itself_can_say_it_is_alive() -> None:
+    """A Byzantine member cannot keep a crashed node alive with forged alive updates."""
+    members = node_ids(4)
+    me, dead, liar = members[0], members[1], members[2]
+    machine = GossipMachine(me, members, crypto=FastCrypto(me), rng=random.Random(1),
+                            config=CONFIG)
+    obituary = MemberUpdate(node=dead, status=MemberStatus.DEAD, incarnation=0, source=liar)
+    machine.step(Receive(src=liar, message=RumorPush(rumors=(), updates=(obituary,))))
+    forged = MemberUpdate(node=dead, status=MemberStatus.ALIVE, incarnation=5, source=dead)
+    for signature in (b"", FastCrypto(liar).sign(forged)):
+        machine.step(Receive(src=liar, message=RumorPush(rumors=(), updates=(
+            replace(forged, signature=signature),))))
+    assert machine.membership_view()[dead] == ("DEAD", 0)
+    assert machine.status()["dropped:bad_alive_signature"] == 2
+    genuine = replace(forged, signature=FastCrypto(dead).sign(forged))
+    machine.step(Receive(src=liar, message=RumorPush(rumors=(), updates=(genuine,))))
+    assert machine.membership_view()[dead] == ("ALIVE", 5)
 
 
 def test_lifeguard_timeout_shrinks_with_independent_confirmations() -> None:
