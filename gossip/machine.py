@@ -179,6 +179,9 @@ class GossipMachine:
             if cfg.membership else None
         )
         self._others = [m for m in self.members if m != node_id]
+        # Periodic work runs at a per-node phase, so nodes that tick in lockstep (the
+        # simulator) do not all gossip and exchange digests on the same tick.
+        self._phase = rng.randrange(1 << 16)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -334,13 +337,13 @@ class GossipMachine:
         cfg = self.config
         if self._membership is not None:
             self._membership.tick(now)
-            if cfg.gossip_interval and now % cfg.gossip_interval == 0 \
+            if cfg.gossip_interval and (now + self._phase) % cfg.gossip_interval == 0 \
                     and self._membership.pending_updates():
                 for peer in self._membership.random_live(cfg.gossip_nodes):
                     updates = self._updates()
                     if updates:
                         self._send(peer, RumorPush(rumors=(), updates=updates))
-        if cfg.anti_entropy_interval and now % cfg.anti_entropy_interval == 0:
+        if cfg.anti_entropy_interval and (now + self._phase) % cfg.anti_entropy_interval == 0:
             self._anti_entropy()
         if now % max(1, cfg.rumor_ttl // 4) == 0:
             self._count("rumors_collected", self._store.collect(now))

@@ -146,7 +146,7 @@ class Membership:
         self._probe: _Probe | None = None
         self._relays: dict[int, tuple[NodeId, int, NodeId, int]] = {}  # seq -> src, their seq
         self._seq = 0
-        self._next_probe = 0
+        self._next_probe = rng.randrange(config.probe_interval)  # nodes probe out of phase
         self.changes: list[MembershipChange] = []
         self._enqueue(self._my_alive())
 
