@@ -9,7 +9,7 @@ matplotlib is installed (`--no-plots` to skip).
 
 Units: one tick is one one-way message latency, so a call's round trip (a GP "round") is 2
 ticks; a call to a crashed node costs its timeout, 3 ticks. Usage:
-`python bench/gossip.py [--quick] [--seeds N] [--no-plots]` (about 2 min; --quick ~20 s).
+`python bench/gossip.py [--quick] [--seeds N] [--no-plots]` (~100 s of CPU; --quick ~4 s).
 """
 
 from __future__ import annotations
