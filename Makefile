@@ -3,9 +3,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-PKG_DIRS := consensus storage apps net jepsen
+PKG_DIRS := consensus storage apps net jepsen gossip
 
-.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless attack clean
+.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip attack clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -100,6 +100,12 @@ bench-kv: $(STAMP)
 LEADERLESS_ARGS ?=
 bench-leaderless: $(STAMP)
 	$(PY) bench/leaderless.py $(LEADERLESS_ARGS)
+
+# Gossip figures (docs/GOSSIP.md): contacts per rumor, rounds vs n, coverage under crashes,
+# loss with anti-entropy, SWIM detection (~100 s of CPU; GOSSIP_ARGS=--quick: ~4 s).
+GOSSIP_ARGS ?= --seeds 3
+bench-gossip: $(STAMP)
+	$(PY) bench/gossip.py $(GOSSIP_ARGS)
 
 # A 2,000-socket TLS handshake/connection flood against a real 3-node Raft leader's client port
 # (loopback, ~45 s): exits 1 if the leader lost leadership. ATTACK_ARGS=--help for the knobs.

@@ -15,7 +15,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
     200-299    PBFT messages
     300-399    leaderless (PnyxDB-style) messages
     400-499    applications (KV commands and results, ...)
-    500-599    runtime and client protocol
+    500-599    runtime and client protocol (500-505 client protocol; 550-579 gossip,
+               `phalanx.gossip.messages.GOSSIP_MESSAGES`)
     1000-1999  plug-in protocols outside this repository, and test-only protocols
     =========  ==================================================================
 

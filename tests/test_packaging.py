@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = ("consensus", "storage", "apps", "net", "jepsen")
+MAPPED = ("consensus", "storage", "apps", "net", "jepsen", "gossip")
 
 
 def _pyproject() -> dict[str, object]:
@@ -58,11 +58,13 @@ FORBIDDEN_IN_CORES = {"trio", "socket", "time", "random", "os", "asyncio", "thre
 
 
 @pytest.mark.parametrize(
-    "path", sorted((ROOT / "consensus").rglob("*.py")), ids=lambda p: p.relative_to(ROOT).as_posix()
+    "path", sorted([*(ROOT / "consensus").rglob("*.py"), *(ROOT / "gossip").rglob("*.py")]),
+    ids=lambda p: p.relative_to(ROOT).as_posix()
 )
 def test_cores_are_sans_io(path: Path) -> None:
-    """consensus/ must not import I/O, clocks or global randomness (`random.Random` instances
-    are injected, so only `TYPE_CHECKING`/annotation use of `random` would be acceptable)."""
+    """consensus/ and gossip/ must not import I/O, clocks or global randomness
+    (`random.Random` instances are injected, so only `TYPE_CHECKING`/annotation use of
+    `random` would be acceptable)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     offending: list[str] = []
     for node in ast.walk(tree):

@@ -1,0 +1,249 @@
+"""GP interval splitting over a seeded permutation: one node's share of every wave.
+
+Owns: `WaveKey`, `Wave` (one wave's state at this node: its rumors, permutation, the
+intervals of positions this node still owns, the positions it has claimed) and `Spreader`
+(all waves of one node, the choice of the next call, the outcome of a call).
+
+Ref: protocols.md §3.2 (Gasieniec-Pelc with random labels, after Doerr, Doerr, Moran,
+Moran). Node v repeats while it owns an interval [a, b): m = (a+b)//2, call u = π(m) with
+[m+1, b); if u acknowledges, v keeps [a, m), otherwise it keeps [a, m) and [m+1, b). When
+b - a = 1 this is "call π(a) with an empty range". One call at a time per node.
+
+Invariants:
+- A position is claimed at a node when the node first owns it, and a grant only adds
+  positions not yet claimed there, so overlapping or
+  replayed grants (a slow callee that missed its timeout, a Byzantine caller) never make a
+  node contact anyone twice in a wave; in a run without false timeouts the intervals of
+  all nodes stay disjoint and the wave costs exactly n-1 calls, dead callees included.
+- A call's interval is out of `intervals` while the call is pending and comes back on its
+  outcome, so nothing is lost: every position is eventually called by someone, whatever
+  the crash set (a crashed caller takes its intervals with it, but a crashed node never
+  acknowledged, so its caller kept them).
+- `overlapping_intervals` (a test-only bug switch) gives the callee [(a+m)//2, b) instead
+  of [m+1, b), overlapping what the caller keeps: those positions are called twice, and
+  the n-1 sweep must catch it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from phalanx.consensus.types import NodeId
+from phalanx.gossip.messages import Grant, Rumor, wave_seed
+from phalanx.gossip.permutation import Others, Permutation
+from phalanx.gossip.rumors import SeenLog
+
+
+class WaveKey(NamedTuple):
+    origin: NodeId
+    incarnation: int
+    wave: int
+    instance: int
+
+
+@dataclass(slots=True)
+class Wave:
+    key: WaveKey
+    seed: bytes
+    rumors: tuple[Rumor, ...]
+    others: Others
+    perm: Permutation
+    first_seen: int
+    claimed: bytearray
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+
+    def next_split(self) -> tuple[int, int, int] | None:
+        """(a, b, m) of the interval this wave would split next: the largest, then lowest."""
+        if not self.intervals:
+            return None
+        a, b = min(self.intervals, key=lambda iv: (iv[0] - iv[1], iv[0]))
+        return a, b, (a + b) // 2
+
+    def own(self, lo: int, hi: int) -> None:
+        """Take ownership of the unclaimed positions of [lo, hi), as maximal runs; they are
+        claimed from now on (owned, called, or handed on: never owned twice)."""
+        claimed = self.claimed
+        start = None
+        for pos in range(lo, hi):
+            if claimed[pos]:
+                if start is not None:
+                    self.intervals.append((start, pos))
+                    start = None
+            else:
+                claimed[pos] = 1
+                if start is None:
+                    start = pos
+        if start is not None:
+            self.intervals.append((start, hi))
+
+
+class Part(NamedTuple):
+    """One grant inside a pending call: wave `key`'s interval [a, b) split at m, or (when
+    `whole`, the `balance` option) all of [a, b) handed over."""
+
+    key: WaveKey
+    a: int
+    b: int
+    m: int
+    whole: bool = False
+
+
+class PlannedCall(NamedTuple):
+    target: NodeId
+    grants: tuple[Grant, ...]
+    parts: tuple[Part, ...]
+
+
+class Spreader:
+    """Every wave one node takes part in."""
+
+    __slots__ = ("_member_set", "_members", "balance", "instances", "node_id",
+                 "overlapping_intervals", "permute", "seen", "ttl", "waves")
+
+    def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
+                 instances: int = 1, permute: bool = True, balance: bool = False,
+                 overlapping_intervals: bool = False) -> None:
+        self.node_id = node_id
+        self.instances = instances
+        self.balance = balance
+        self._members = tuple(sorted(members))
+        self._member_set = frozenset(self._members)
+        self.permute = permute
+        self.ttl = ttl
+        self.overlapping_intervals = overlapping_intervals
+        self.seen = SeenLog(ttl)
+        self.waves: dict[WaveKey, Wave] = {}
+
+    def _new_wave(self, key: WaveKey, seed: bytes, rumors: tuple[Rumor, ...],
+                  now: int) -> Wave:
+        others = Others(self._members, key.origin)
+        wave = Wave(key=key, seed=seed, rumors=rumors, others=others,
+                    perm=Permutation(seed, len(others), identity=not self.permute),
+                    first_seen=now, claimed=bytearray(len(others)))
+        self.waves[key] = wave
+        self.seen.add((key.origin, key.instance), key.incarnation, key.wave, now)
+        return wave
+
+    def start(self, key: WaveKey, rumors: tuple[Rumor, ...], now: int) -> Wave:
+        """Our own new wave (we are its origin): we own every position."""
+        seed = wave_seed(key.origin, key.incarnation, key.wave, key.instance, rumors[0].seed)
+        wave = self._new_wave(key, seed, rumors, now)
+        wave.own(0, len(wave.others))
+        return wave
+
+    def accept(self, grant: Grant, now: int) -> str:
+        """Take a grant whose rumors the caller already verified. Returns "ok" or the
+        reason it is dropped ("bad_grant": not one signed batch of another member's, or an
+        instance we do not run; "bad_range", "bad_seed", "seed_mismatch", "stale_wave")."""
+        origin = grant.origin
+        if origin == self.node_id or origin not in self._member_set or not grant.rumors or any(
+            r.origin != origin or r.incarnation != grant.incarnation or r.wave != grant.wave
+            or r.seed != grant.rumors[0].seed for r in grant.rumors
+        ) or grant.instance >= self.instances:
+            return "bad_grant"
+        if grant.hi > len(self._members) - 1:
+            return "bad_range"
+        key = WaveKey(origin, grant.incarnation, grant.wave, grant.instance)
+        wave = self.waves.get(key)
+        if grant.seed != wave_seed(origin, grant.incarnation, grant.wave, grant.instance,
+                                   grant.rumors[0].seed):
+            return "bad_seed"
+        if wave is None:
+            if self.seen.classify((origin, grant.instance), grant.incarnation,
+                                  grant.wave) != "fresh":
+                return "stale_wave"
+            wave = self._new_wave(key, grant.seed, grant.rumors, now)
+        elif grant.seed != wave.seed:
+            return "seed_mismatch"  # two seeds signed for one wave: the origin equivocates
+        elif grant.rumors != wave.rumors:  # a forwarder dropped some: forward them all
+            merged = {r.seq: r for r in (*grant.rumors, *wave.rumors)}
+            wave.rumors = tuple(merged[seq] for seq in sorted(merged))
+        wave.own(grant.lo, grant.hi)
+        return "ok"
+
+    def plan(self) -> PlannedCall | None:
+        """The next call: the oldest wave with work splits its largest interval; every other
+        wave whose next split calls the same node rides along. Claims and removes the
+        intervals; `resolve` gives them back. Positions naming this node are skipped."""
+        for key, wave in self.waves.items():
+            split = wave.next_split()
+            while split is not None:
+                a, b, m = split
+                target = wave.others[wave.perm(m)]
+                if target != self.node_id:
+                    break
+                self._take(wave, a, b, m)  # our own position: owned, never called
+                wave.intervals.extend(iv for iv in ((a, m), (m + 1, b)) if iv[0] < iv[1])
+                split = wave.next_split()
+            if split is None:
+                continue
+            parts = [self._take(wave, *split)]
+            if self.balance:
+                parts += self._handoff(wave, split)
+            for other_key, other in self.waves.items():
+                other_split = other_key != key and other.next_split()
+                if other_split and other.others[other.perm(other_split[2])] == target:
+                    parts.append(self._take(other, *other_split))
+            grants = tuple(self._grant(p) for p in parts)
+            return PlannedCall(target=target, grants=grants, parts=tuple(parts))
+        return None
+
+    def _handoff(self, wave: Wave, split: tuple[int, int, int]) -> list[Part]:
+        """The `balance` option: besides [m+1, b), hand the callee whole intervals, largest
+        first, while that brings its share closer to ours (same wave, same call: no extra
+        contact, intervals stay disjoint). After failed calls a node holds many intervals;
+        plain GP leaves them all to it, which is what makes heavy crash rates slow."""
+        a, b, m = split
+        mine, theirs = m - a + sum(hi - lo for lo, hi in wave.intervals), b - m - 1
+        out = []
+        for lo, hi in sorted(wave.intervals, key=lambda iv: (iv[0] - iv[1], iv[0])):
+            size = hi - lo
+            if abs((mine - size) - (theirs + size)) >= abs(mine - theirs):
+                break
+            wave.intervals.remove((lo, hi))
+            mine, theirs = mine - size, theirs + size
+            out.append(Part(wave.key, lo, hi, lo, whole=True))
+        return out
+
+    def _take(self, wave: Wave, a: int, b: int, m: int) -> Part:
+        wave.intervals.remove((a, b))
+        return Part(wave.key, a, b, m)
+
+    def _grant(self, part: Part) -> Grant:
+        wave = self.waves[part.key]
+        if part.whole:
+            lo = part.a
+        else:
+            lo = (part.a + part.m) // 2 if self.overlapping_intervals else part.m + 1
+        return Grant(origin=part.key.origin, incarnation=part.key.incarnation,
+                     wave=part.key.wave, instance=part.key.instance, seed=wave.seed,
+                     lo=lo, hi=part.b, rumors=wave.rumors)
+
+    def resolve(self, parts: tuple[Part, ...], acked: bool) -> None:
+        """A call's outcome: acknowledged (the callee owns [m+1, b)) or timed out (we keep
+        it: [m+1, b) comes back to us; its positions stayed claimed by us)."""
+        for part in parts:
+            wave = self.waves.get(part.key)
+            if wave is None:
+                continue
+            if part.whole:
+                if not acked:
+                    wave.intervals.append((part.a, part.b))
+                continue
+            if part.a < part.m:
+                wave.intervals.append((part.a, part.m))
+            if not acked and part.m + 1 < part.b:
+                wave.intervals.append((part.m + 1, part.b))
+
+    def busy(self) -> bool:
+        return any(w.intervals for w in self.waves.values())
+
+    def collect(self, now: int) -> None:
+        """Forget finished waves older than `ttl` (their numbers stay in the seen-log)."""
+        old = [k for k, w in self.waves.items()
+               if not w.intervals and now - w.first_seen > self.ttl]
+        for key in old:
+            del self.waves[key]
+        self.seen.collect(now)
