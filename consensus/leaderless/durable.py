@@ -6,9 +6,9 @@ Owns: `LeaderlessDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` 
 (`phalanx.runtime.persistence.StateJournal`) uses to append only what changed.
 
 Shape of a record, as `LeaderlessCore.durable_state` builds it: each tuple field (own
-endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays) is the
-previous record's tuple minus some items plus new items appended at the end, in the core's
-insertion order, and the core reuses the same objects from one record to the next (a
+endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays,
+release indexes) is the previous record's tuple minus some items plus new items appended at
+the end, in the core's insertion order, and the core reuses the same objects from one record to the next (a
 category that did not change is the very same tuple). So `diff` finds a change by identity:
 an unchanged category costs one `is`; a grown one one C-level slice comparison; each
 removed item a galloping search (a few C-level slice comparisons). The delta holds, per
@@ -50,10 +50,11 @@ from typing import Any
 
 from phalanx.consensus.leaderless.messages import LeaderlessDurableState, LeaderlessStateDelta
 
-CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "relays")
+CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "relays",
+              "released_at")
 """The tuple fields of `LeaderlessDurableState` diffed item by item."""
 
-SCALARS = ("gc_horizon_ms", "released", "released_at", "fence_until_ms")
+SCALARS = ("gc_horizon_ms", "released", "fence_until_ms")
 """The fields copied whole into every delta (small)."""
 
 

@@ -74,6 +74,18 @@ def test_the_delta_covers_every_field_of_the_record() -> None:
         f"{c}_{part}" for c in CATEGORIES for part in ("removed", "added")}
 
 
+def test_one_more_release_adds_one_index_to_the_delta_not_all_of_them() -> None:
+    """`released_at` holds an index per released proof of the horizon: a delta carries
+    the change, not the whole tuple (it did: O(rate x horizon) bytes per save)."""
+    old = LeaderlessDurableState(released_at=tuple(range(1, 5001)), released=5000)
+    new = LeaderlessDurableState(released_at=tuple(range(2, 5002)), released=5000)
+    delta = RULES.diff(old, new)
+    assert delta is not None
+    assert (delta.released_at_removed, delta.released_at_added) == ((0,), (5001,))
+    assert len(REGISTRY.encode(delta)) < 100
+    assert RULES.apply(old, delta) == new
+
+
 def _relay(cp: int, voter: str, echo: bytes = b"e", ready: bytes = b"") -> VoteRelay:
     return VoteRelay(checkpoint=bytes((cp,)), voter=NodeId(voter), echo=echo, ready=ready)
 
