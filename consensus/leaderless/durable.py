@@ -8,12 +8,12 @@ Owns: `LeaderlessDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` 
 Shape of a record, as `LeaderlessCore.durable_state` builds it: each tuple field (own
 endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays,
 release indexes) is the previous record's tuple minus some items plus new items appended at
-the end, in the core's insertion order, and the core reuses the same objects from one record to the next (a
-category that did not change is the very same tuple). So `diff` finds a change by identity:
-an unchanged category costs one `is`; a grown one one C-level slice comparison; each
-removed item a galloping search (a few C-level slice comparisons). The delta holds, per
-category, the positions removed from the old tuple and the items appended. Cost and size
-are proportional to the change, not to the record.
+the end, in the core's insertion order, and the core reuses the same objects from one record
+to the next (a category that did not change is the very same tuple). So `diff` finds a
+change by identity: an unchanged category costs one `is`; a grown one one C-level slice
+comparison; each removed item a galloping search (a few C-level slice comparisons). The
+delta holds, per category, the positions removed from the old tuple and the items appended.
+Cost and size are proportional to the change, not to the record.
 
 Crash cases (with the core's rules in `core.py`, `release.py`; the driver writes a Ready's
 WAL entries and its `core_state`, then reports `Persisted`):
