@@ -222,8 +222,7 @@ class LeaderlessCore(PeerIntake, TickWork):
                 own = self._kernel.endorsement(tx_id)
                 if own is not None:
                     record.endorsements[own.endorser] = own
-                self._store.records[tx_id] = record
-                self._store.index(tx_id, record.deadline)
+                self._store.restore_pending(record)
                 self._deadlines.push(record.deadline, tx_id)
                 self._resend_later(tx_id)
                 refusal = self._kernel.refusal(tx_id)
@@ -499,7 +498,7 @@ class LeaderlessCore(PeerIntake, TickWork):
         return counts
 
     def status(self) -> LeaderlessStatus:
-        pending = sum(1 for r in self._store.records.values() if r.state is TxState.PENDING)
+        pending = self._store.pending_count()
         return LeaderlessStatus(
             node=self._config.node_id, role="endorser", term=0,
             commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),

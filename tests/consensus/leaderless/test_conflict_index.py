@@ -1,7 +1,9 @@
 """The endorsement rule's K (own endorsed pending transactions conflicting with T) is found
 through a key index (`Endorser._by_key`, `AppView.keys`): after any schedule it equals a
 walk over every own endorsement, also with commands whose keys are unknown (None: key
-ranges), which are candidates for everything."""
+ranges), which are candidates for everything. Likewise the store's index of pending
+records (`TxStore.pending`, `status().pending`) equals a walk over every record, through
+commits and GC."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ STEP = st.tuples(st.sampled_from(["set", "add", "get", "scan", "commit", "tick"]
 @given(st.lists(STEP, max_size=40))
 def test_k_from_the_index_equals_a_walk_over_every_own_endorsement(
         steps: list[tuple[str, int, int]]) -> None:
-    core, app = solo(app=RangeKvApp())
+    core, app = solo(app=RangeKvApp(), gc_horizon_ms=300)
     now = EPOCH
     run(core, app, Tick(now_ms=now))
     txs = []
@@ -74,6 +76,9 @@ def test_k_from_the_index_equals_a_walk_over_every_own_endorsement(
                          read_only=op in ("get", "scan"))
             txs.append(tx)
             run(core, app, Receive(src=NodeId("n2"), message=tx))
+        walked = [r for r in core._store.records.values() if r.state is TxState.PENDING]
+        assert core._store.pending() == walked
+        assert core.status().pending == len(walked)
         for tx in txs:
             record = core._store.get(tx_id(tx))
             if record is not None and record.state is TxState.PENDING:
