@@ -79,6 +79,9 @@ from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
 
 __all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
 
+TX_ID_CACHE = 4096
+"""Transactions whose ids `LeaderlessCore._tx_id` remembers (oldest out first)."""
+
 
 
 class LeaderlessCore(PeerIntake, TickWork):
@@ -97,6 +100,7 @@ class LeaderlessCore(PeerIntake, TickWork):
         self._client_keys = client_keys
         self._app = app
         self._codec = codec
+        self._ids: dict[Transaction, TxId] = {}
         self._bugs = check_bugs(bugs)
         self._peers = config.peers()
         self._store = TxStore(max_buffered=config.max_pending)
@@ -305,7 +309,17 @@ class LeaderlessCore(PeerIntake, TickWork):
     # ------------------------------------------------------------------------------ intake
 
     def _tx_id(self, tx: Transaction) -> TxId:
-        return transaction_id(tx, self._codec.encode)
+        """`transaction_id`, cached by value: a node receives each transaction from its
+        client and from every peer, and fetched proofs repeat it (an encode and a SHA-256
+        each time otherwise)."""
+        cache = self._ids
+        found = cache.get(tx)
+        if found is None:
+            found = transaction_id(tx, self._codec.encode)
+            if len(cache) >= TX_ID_CACHE:
+                del cache[next(iter(cache))]
+            cache[tx] = found
+        return found
 
     def _new_record(self, tx_id: TxId, tx: Transaction) -> TxRecord:
         request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
