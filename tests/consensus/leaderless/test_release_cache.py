@@ -1,7 +1,8 @@
-"""`ReleaseGate.proofs()` is kept up to date incrementally (a release appends, a collected
-head is sliced off): after any sequence of gate operations it equals the record rebuilt
-from the gate's tables, and an unchanged gate returns the very same tuple (the journal
-diffs the durable record by identity)."""
+"""The durable record's parts are kept up to date incrementally (an addition appends, a
+collected head is sliced off): `ReleaseGate.proofs()` after any sequence of gate
+operations, and `SafetyKernel.record_parts()` after any sequence of signatures and GC,
+equal the parts rebuilt from their tables, and an unchanged part is the very same tuple
+(the journal diffs the durable record by identity)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from leaderless_harness import EPOCH, make_tx, tx_id
 
+from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import TransactionProof
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
+from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.types import NodeId
 
 
 class _App:
@@ -73,3 +77,34 @@ def test_proofs_match_a_rebuild_after_any_operations(ops: list[tuple[str, int]])
         first = gate.proofs()
         assert first == _rebuilt(gate)
         assert gate.proofs() is first
+
+
+KERNEL_OPS = st.lists(st.tuples(st.sampled_from(["endorse", "refuse", "forget_oldest",
+                                                 "forget_any", "learn"]),
+                                st.integers(0, 40)), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(KERNEL_OPS)
+def test_record_parts_match_a_rebuild_after_any_operations(ops: list[tuple[str, int]]) -> None:
+    kernel = SafetyKernel(FastCrypto(NodeId("n1")), NodeId("n1"))
+    txs = [make_tx(f"add x{i} 1", no=i + 1) for i in range(41)]
+    signed: list[bytes] = []
+    for op, k in ops:
+        tx = txs[k]
+        if op in ("endorse", "refuse") and not kernel.touched(tx_id(tx)):
+            if op == "endorse":
+                kernel.endorse(tx_id(tx), tx, (), lambda _t, _x: [])
+            else:
+                kernel.refuse(tx_id(tx), tx)
+            signed.append(tx_id(tx))
+        elif op == "forget_oldest" and signed:
+            kernel.forget(signed.pop(0))
+        elif op == "forget_any" and signed:
+            kernel.forget(signed.pop(k % len(signed)))
+        elif op == "learn":
+            kernel.learn(tx_id(tx), tx)
+        first = kernel.record_parts()
+        assert first == (tuple(kernel.endorsements()), tuple(kernel.refusals()),
+                         tuple(kernel._txs.values()))
+        assert kernel.record_parts() is first
