@@ -58,6 +58,11 @@ SCALARS = ("gc_horizon_ms", "released", "fence_until_ms")
 """The fields copied whole into every delta (small)."""
 
 
+HEAD_TRIM = 8
+"""`diff_items` first tries "the k oldest items removed, the rest kept, items appended" for
+k up to this (one C-level comparison: the core appends and GC removes the oldest)."""
+
+
 def _common_prefix(old: Sequence[Any], i: int, new: Sequence[Any], j: int) -> int:
     """How many items `old[i:]` and `new[j:]` share at their start (C-level comparisons
     that short-cut on identity; galloping, then bisection)."""
@@ -83,11 +88,16 @@ def _common_prefix(old: Sequence[Any], i: int, new: Sequence[Any], j: int) -> in
 
 
 def diff_items(old: Sequence[Any], new: Sequence[Any]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
-    """(positions of `old` to remove, items to append) turning `old` into `new`: a greedy
-    walk that keeps each item of `old` equal to the next unmatched item of `new`. Exact
-    for any two sequences."""
+    """(positions of `old` to remove, items to append) turning `old` into `new`: the usual
+    change (a few oldest removed, items appended: `HEAD_TRIM`) in one comparison, else a
+    greedy walk that keeps each item of `old` equal to the next unmatched item of `new`.
+    Exact for any two sequences."""
     if old is new:
         return (), ()
+    n = len(old)
+    for k in range(min(HEAD_TRIM + 1, n)):  # the usual change: k oldest out, items appended
+        if len(new) >= n - k and old[k] is new[0] and old[k:] == new[:n - k]:
+            return tuple(range(k)), tuple(new[n - k:])
     removed: list[int] = []
     i = j = 0
     while i < len(old):

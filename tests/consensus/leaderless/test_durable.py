@@ -61,6 +61,9 @@ def test_diff_items_of_a_grown_or_trimmed_tuple_is_the_change() -> None:
     assert diff_items(items, grown) == ((), ("a", "b"))
     trimmed = items[:10] + items[11:5000] + items[5001:] + ("c",)
     assert diff_items(items, trimmed) == ((10, 5000), ("c",))
+    collected = (*items[3:], "d")  # GC of the oldest, then an append: the fast path
+    assert diff_items(items, collected) == ((0, 1, 2), ("d",))
+    assert diff_items(items, items[20:]) == (tuple(range(20)), ())  # past it: the walk
 
 
 def test_the_delta_covers_every_field_of_the_record() -> None:
