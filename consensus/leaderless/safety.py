@@ -155,7 +155,8 @@ class SafetyKernel:
         cached `record_parts` lose their first item when it was the oldest (GC's usual
         order), else are rebuilt."""
         self._unreadable.pop(tx_id, None)
-        parts = list(self._parts) if self._parts is not None else None
+        parts: list[tuple[Any, ...]] | None = (
+            list(self._parts) if self._parts is not None else None)
         tables: tuple[dict[TxId, Any], ...] = (self._endorsed, self._refused, self._txs)
         for i, table in enumerate(tables):
             if tx_id not in table:
@@ -166,10 +167,7 @@ class SafetyKernel:
                 parts[i] = parts[i][1:]
             else:
                 parts = None
-        if parts is None:
-            self._parts = None
-        else:
-            self._parts = (parts[0], parts[1], parts[2])
+        self._parts = None if parts is None else (parts[0], parts[1], parts[2])
 
     def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                                     tuple[Transaction, ...]]:
