@@ -324,9 +324,12 @@ class LeaderlessCore(PeerIntake, TickWork):
     def _new_record(self, tx_id: TxId, tx: Transaction) -> TxRecord:
         request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
                                 command=self._codec.encode(tx), read_only=tx.read_only)
+        keys = self._app.keys(tx.command)
+        if keys is not None:
+            keys = tuple(sorted({*keys, *(r.key for r in tx.requirements if not r.base)}))
         return TxRecord(tx_id=tx_id, tx=tx, request=request, writes=self._app.writes(tx.command),
                         needs=self._app.needs_requirements(tx.command),
-                        needs_base=self._app.needs_base(tx.command))
+                        needs_base=self._app.needs_base(tx.command), keys=keys)
 
     def _on_submit(self, request: ClientRequest, out: Outbox) -> None:
         tx = self._codec.decode(request.command)

@@ -83,14 +83,13 @@ class Endorser:
             return False
         return self._app.accepts(tx.command, tx.policy)
 
-    def _keys(self, record: TxRecord) -> tuple[str, ...] | None:
-        """Every key `record` touches as far as `conflicts` can tell (the app's keys and its
-        full-requirement keys), sorted; None when the app cannot say (key ranges): then it
-        may conflict with anything. Two transactions that share none never conflict."""
-        keys = self._app.keys(record.tx.command)
-        if keys is None:
-            return None
-        return tuple(sorted({*keys, *(r.key for r in record.tx.requirements if not r.base)}))
+    @staticmethod
+    def _keys(record: TxRecord) -> tuple[str, ...] | None:
+        """Every key `record` touches as far as `conflicts` can tell (`TxRecord.keys`: the
+        app's keys and its full-requirement keys); None when the app cannot say (key
+        ranges): then it may conflict with anything. Two transactions that share none
+        never conflict."""
+        return record.keys
 
     def _opened(self, tx_id: TxId) -> None:
         """`tx_id` (just endorsed here) joins `_open` and its key index."""
@@ -176,9 +175,14 @@ class Endorser:
         return out
 
     def _unapplied_conflict(self, record: TxRecord) -> bool:
+        keys = record.keys
+        mine = set(keys) if keys is not None else None
         for tx_id in self._gate.unapplied_ids():
             other = self._store.get(tx_id)
-            if other is not None and self.conflicts(record, other):
+            if other is None or (mine is not None and other.keys is not None
+                                 and mine.isdisjoint(other.keys)):
+                continue  # no shared key: no conflict (`_keys`)
+            if self.conflicts(record, other):
                 return True
         return False
 

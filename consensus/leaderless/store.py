@@ -40,6 +40,8 @@ class TxRecord:
         request: the `ClientRequest` that carries it to the replica layer (and to `Abort`).
         writes, needs, needs_base: the app's `writes`, `needs_requirements` and
             `needs_base` of its command.
+        keys: every key it touches as far as conflicts go (the app's `keys` of its command
+            and its full-requirement keys, sorted), None when unknown (key ranges).
         state: pending, committed or dropped.
         endorsements: the valid endorsements received, by endorser, first one wins.
         index: the local index it was released at (0 = not released).
@@ -51,6 +53,7 @@ class TxRecord:
     writes: tuple[str, ...]
     needs: tuple[str, ...]
     needs_base: tuple[str, ...] = ()
+    keys: tuple[str, ...] | None = None
     state: TxState = TxState.PENDING
     endorsements: dict[NodeId, Endorsement] = field(default_factory=dict)
     index: int = 0

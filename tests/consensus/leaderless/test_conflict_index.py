@@ -1,7 +1,8 @@
 """The endorsement rule's K (own endorsed pending transactions conflicting with T) is found
 through a key index (`Endorser._by_key`, `AppView.keys`): after any schedule it equals a
 walk over every own endorsement, also with commands whose keys are unknown (None: key
-ranges), which are candidates for everything. Likewise the store's index of pending
+ranges), which are candidates for everything; the committed-but-unapplied check, which skips
+transactions sharing no key, agrees with a full check. Likewise the store's index of pending
 records (`TxStore.pending`, `status().pending`) equals a walk over every record, through
 commits and GC."""
 
@@ -85,3 +86,6 @@ def test_k_from_the_index_equals_a_walk_over_every_own_endorsement(
                 found = core._endorser.conflicting_pending(tx_id(tx), tx)
                 assert len(found) == len(set(found))
                 assert set(found) == _brute_force(core, tx_id(tx))
+                unapplied = [core._store.get(t) for t in core._gate.unapplied_ids()]
+                assert core._endorser._unapplied_conflict(record) == any(
+                    o is not None and core._endorser.conflicts(record, o) for o in unapplied)
