@@ -121,7 +121,8 @@ async def _drive(cluster: PhalanxCluster, *, clients: int, warmup: float, durati
     async with cluster.connected() as client:
         for _ in range(200):  # until the cluster answers
             try:
-                await client.put("warm", value)
+                await client.put("warm", value, requirements=(
+                    {"warm": b""} if client.signs_transactions else None))
                 break
             except ClientError:  # still electing
                 await trio.sleep(0.1)
@@ -131,7 +132,11 @@ async def _drive(cluster: PhalanxCluster, *, clients: int, warmup: float, durati
             seq = 0
             while clock() - start < (warmup + duration) * 1e9:
                 t0 = clock()
-                await client.put(f"k{index}-{seq}", value)
+                key = f"k{index}-{seq}"
+                # A signing client (leaderless) names the version it overwrites: "absent"
+                # (else `put` first reads the key's base version: a second round trip).
+                await client.put(key, value, requirements=(
+                    {key: b""} if client.signs_transactions else None))
                 t1 = clock()
                 seq += 1
                 if t0 - start >= warmup * 1e9:

@@ -65,6 +65,9 @@ class App:
     def conflicts(self, a: bytes, b: bytes) -> bool:
         return False
 
+    def keys(self, command: bytes) -> tuple[str, ...] | None:
+        return self.writes(command)
+
     def writes(self, command: bytes) -> tuple[str, ...]:
         return (command.split()[1].decode(),)
 

@@ -30,6 +30,13 @@ class AppView(Protocol):
         unless they only apply commuting updates to it). Symmetric, pure."""
         ...
 
+    def keys(self, command: bytes) -> tuple[str, ...] | None:
+        """Every key `command` reads or writes, or None when it touches key ranges (a scan).
+        Two commands whose keys are known and disjoint never conflict (`conflicts` is
+        False): the endorsement rule looks for conflicts only among those sharing a key.
+        Pure."""
+        ...
+
     def writes(self, command: bytes) -> tuple[str, ...]:
         """The keys `command` may write (sorted). Pure."""
         ...

@@ -84,6 +84,9 @@ from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
 
 __all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
 
+TX_ID_CACHE = 4096
+"""Transactions whose ids `LeaderlessCore._tx_id` remembers (oldest out first)."""
+
 
 
 class LeaderlessCore(PeerIntake, TickWork):
@@ -102,6 +105,7 @@ class LeaderlessCore(PeerIntake, TickWork):
         self._client_keys = client_keys
         self._app = app
         self._codec = codec
+        self._ids: dict[Transaction, TxId] = {}
         self._bugs = check_bugs(bugs)
         self._peers = config.peers()
         self._store = TxStore(max_buffered=config.max_pending)
@@ -227,8 +231,7 @@ class LeaderlessCore(PeerIntake, TickWork):
                 own = self._kernel.endorsement(tx_id)
                 if own is not None:
                     record.endorsements[own.endorser] = own
-                self._store.records[tx_id] = record
-                self._store.index(tx_id, record.deadline)
+                self._store.restore_pending(record)
                 self._deadlines.push(record.deadline, tx_id)
                 self._resend_later(tx_id)
                 refusal = self._kernel.refusal(tx_id)
@@ -311,14 +314,27 @@ class LeaderlessCore(PeerIntake, TickWork):
     # ------------------------------------------------------------------------------ intake
 
     def _tx_id(self, tx: Transaction) -> TxId:
-        return transaction_id(tx, self._codec.encode)
+        """`transaction_id`, cached by value: a node receives each transaction from its
+        client and from every peer, and fetched proofs repeat it (an encode and a SHA-256
+        each time otherwise)."""
+        cache = self._ids
+        found = cache.get(tx)
+        if found is None:
+            found = transaction_id(tx, self._codec.encode)
+            if len(cache) >= TX_ID_CACHE:
+                del cache[next(iter(cache))]
+            cache[tx] = found
+        return found
 
     def _new_record(self, tx_id: TxId, tx: Transaction) -> TxRecord:
         request = ClientRequest(client_id=tx.client_id, request_no=tx.request_no,
                                 command=self._codec.encode(tx), read_only=tx.read_only)
+        keys = self._app.keys(tx.command)
+        if keys is not None:
+            keys = tuple(sorted({*keys, *(r.key for r in tx.requirements if not r.base)}))
         return TxRecord(tx_id=tx_id, tx=tx, request=request, writes=self._app.writes(tx.command),
                         needs=self._app.needs_requirements(tx.command),
-                        needs_base=self._app.needs_base(tx.command))
+                        needs_base=self._app.needs_base(tx.command), keys=keys)
 
     def _on_submit(self, request: ClientRequest, out: Outbox) -> None:
         tx = self._codec.decode(request.command)
@@ -505,7 +521,7 @@ class LeaderlessCore(PeerIntake, TickWork):
         return counts
 
     def status(self) -> LeaderlessStatus:
-        pending = sum(1 for r in self._store.records.values() if r.state is TxState.PENDING)
+        pending = self._store.pending_count()
         return LeaderlessStatus(
             node=self._config.node_id, role="endorser", term=0,
             commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),

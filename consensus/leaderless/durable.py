@@ -6,14 +6,14 @@ Owns: `LeaderlessDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` 
 (`phalanx.runtime.persistence.StateJournal`) uses to append only what changed.
 
 Shape of a record, as `LeaderlessCore.durable_state` builds it: each tuple field (own
-endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays) is the
-previous record's tuple minus some items plus new items appended at the end, in the core's
-insertion order, and the core reuses the same objects from one record to the next (a
-category that did not change is the very same tuple). So `diff` finds a change by identity:
-an unchanged category costs one `is`; a grown one one C-level slice comparison; each
-removed item a galloping search (a few C-level slice comparisons). The delta holds, per
-category, the positions removed from the old tuple and the items appended. Cost and size
-are proportional to the change, not to the record.
+endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays,
+release indexes) is the previous record's tuple minus some items plus new items appended at
+the end, in the core's insertion order, and the core reuses the same objects from one record
+to the next (a category that did not change is the very same tuple). So `diff` finds a
+change by identity: an unchanged category costs one `is`; a grown one one C-level slice
+comparison; each removed item a galloping search (a few C-level slice comparisons). The
+delta holds, per category, the positions removed from the old tuple and the items appended.
+Cost and size are proportional to the change, not to the record.
 
 Crash cases (with the core's rules in `core.py`, `release.py`; the driver writes a Ready's
 WAL entries and its `core_state`, then reports `Persisted`):
@@ -50,11 +50,17 @@ from typing import Any
 
 from phalanx.consensus.leaderless.messages import LeaderlessDurableState, LeaderlessStateDelta
 
-CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "relays")
+CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "relays",
+              "released_at")
 """The tuple fields of `LeaderlessDurableState` diffed item by item."""
 
-SCALARS = ("gc_horizon_ms", "released", "released_at", "fence_until_ms")
+SCALARS = ("gc_horizon_ms", "released", "fence_until_ms")
 """The fields copied whole into every delta (small)."""
+
+
+HEAD_TRIM = 8
+"""`diff_items` first tries "the k oldest items removed, the rest kept, items appended" for
+k up to this (one C-level comparison: the core appends and GC removes the oldest)."""
 
 
 def _common_prefix(old: Sequence[Any], i: int, new: Sequence[Any], j: int) -> int:
@@ -82,11 +88,16 @@ def _common_prefix(old: Sequence[Any], i: int, new: Sequence[Any], j: int) -> in
 
 
 def diff_items(old: Sequence[Any], new: Sequence[Any]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
-    """(positions of `old` to remove, items to append) turning `old` into `new`: a greedy
-    walk that keeps each item of `old` equal to the next unmatched item of `new`. Exact
-    for any two sequences."""
+    """(positions of `old` to remove, items to append) turning `old` into `new`: the usual
+    change (a few oldest removed, items appended: `HEAD_TRIM`) in one comparison, else a
+    greedy walk that keeps each item of `old` equal to the next unmatched item of `new`.
+    Exact for any two sequences."""
     if old is new:
         return (), ()
+    n = len(old)
+    for k in range(min(HEAD_TRIM + 1, n)):  # the usual change: k oldest out, items appended
+        if len(new) >= n - k and old[k] is new[0] and old[k:] == new[:n - k]:
+            return tuple(range(k)), tuple(new[n - k:])
     removed: list[int] = []
     i = j = 0
     while i < len(old):

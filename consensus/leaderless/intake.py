@@ -5,9 +5,9 @@ proofs (a commit certificate commits), fetches of unknown transactions, and veto
 handed to the checkpoint machine.
 
 Rules: re-sent endorsements and refusals equal to the ones held, and any of a decided
-transaction, are recognised BEFORE a signature is verified (`status().duplicate`); an
-endorsement of an unknown transaction is buffered and the transaction fetched; a refusal
-of an unknown or decided one is not tallied.
+transaction (committed or dropped here), are recognised BEFORE a signature is verified
+(`status().duplicate`); an endorsement of an unknown transaction is buffered and the
+transaction fetched; a refusal of an unknown or decided one is not tallied.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 """
@@ -112,6 +112,12 @@ class PeerIntake(CoreParts):
         if record is not None:
             if record.endorsements.get(e.endorser) == e:
                 self._drop("duplicate_endorsement")
+                return
+            if record.state is not TxState.PENDING:
+                # Committed here: nothing about it can change any more (the endorsers past
+                # the quorum arrive after the commit; verifying them was a third of the
+                # signature checks).
+                self._drop("decided_endorsement")
                 return
         elif self._store.decided(e.tx_id):
             self._drop("decided_endorsement")  # nothing about it can change any more

@@ -271,7 +271,8 @@ class LeaderlessDurableState(Message):
 class LeaderlessStateDelta(Message):
     """The change from one `LeaderlessDurableState` to the next, for the core-state journal
     (`durable.LeaderlessDeltaRules`): per tuple field of the record, the positions removed
-    from the previous record's tuple (sorted) and the items appended; the small fields whole."""
+    from the previous record's tuple (sorted) and the items appended (`released_at` too: it
+    holds an index per released proof of the horizon); the small fields whole."""
 
     endorsed_removed: tuple[int, ...] = ()
     endorsed_added: tuple[Endorsement, ...] = ()
@@ -288,7 +289,8 @@ class LeaderlessStateDelta(Message):
     gc_horizon_ms: int = 0
     released: int = 0
     fence_until_ms: int = 0
-    released_at: tuple[int, ...] = ()
+    released_at_removed: tuple[int, ...] = ()
+    released_at_added: tuple[int, ...] = ()
     relays_removed: tuple[int, ...] = ()
     relays_added: tuple[VoteRelay, ...] = ()
 

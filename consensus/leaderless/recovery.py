@@ -1,12 +1,12 @@
 """Loss recovery and anti-entropy of the leaderless core: how a node learns what it missed.
 
 Owns: the fetch bookkeeping (which ids were asked for, when: one request per id per
-`rebroadcast_ticks`, bounded), the ids committed here recently (re-pushed for two periods),
-answering `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies on gossip
-history instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of
+`rebroadcast_ticks`, bounded), the ids committed here recently (re-pushed once, at the next
+period), answering `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies
+on gossip history instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of
 the committed transactions it still holds (newest `MAX_DIGEST_IDS`); the peer fetches those
 it does not know or still has pending, and commits them from the self-certifying proofs.
-A node that was down or cut off for longer than two periods catches up this way.
+A node that was down or cut off for longer than a period catches up this way.
 
 Acting on a digest or a fetch needs no trust in the sender: only signed proofs change state.
 """
@@ -72,8 +72,11 @@ class Recovery:
         self._recent[tx_id] = tick
 
     def recent(self, tick: int) -> list[TxId]:
-        """Ids committed here in the last two periods (older ones are forgotten)."""
-        since = tick - 2 * self._every
+        """Ids committed here since the last period (older ones are forgotten): each is
+        pushed once. (Twice, before: at one client that made two thirds of all endorsement
+        traffic; a peer that still misses one after that learns the commit from the digest
+        or from its pull past the deadline.)"""
+        since = tick - self._every
         self._recent = {t: at for t, at in self._recent.items() if at > since}
         return list(self._recent)
 

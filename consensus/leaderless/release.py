@@ -51,8 +51,8 @@ class Committed:
 
 
 class ReleaseGate:
-    __slots__ = ("_app", "_proofs", "_unstamped", "gated", "last_index", "no_gate", "released",
-                 "skip_count", "skipped", "unsynced")
+    __slots__ = ("_app", "_gated_proofs", "_proofs", "_unstamped", "_unsynced_proofs", "gated",
+                 "last_index", "no_gate", "released", "skip_count", "skipped", "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
         self._app = app
@@ -68,15 +68,30 @@ class ReleaseGate:
         self._unstamped: list[Committed] = []
         self._proofs: tuple[tuple[TransactionProof, ...], tuple[int, ...]] | None = None
         """`proofs()`, cached until a change (the journal diffs the record by identity)."""
+        self._unsynced_proofs: tuple[tuple[TransactionProof, ...], tuple[int, ...]] | None = None
+        """The unsynced part of `proofs()`, kept up to date by appending a release and
+        slicing off a collected head (it holds the horizon's releases: rebuilding it in
+        Python per Ready cost O(rate x horizon)); None: rebuild."""
+        self._gated_proofs: tuple[TransactionProof, ...] | None = None
+        """The gated part of `proofs()` (None: rebuild)."""
         self.no_gate = no_gate
 
     def __contains__(self, tx_id: TxId) -> bool:
         return tx_id in self.gated or tx_id in self.released or tx_id in self.skipped
 
     def add(self, item: Committed) -> None:
-        self._proofs = None
         if item.tx_id not in self:
             self.gated[item.tx_id] = item
+            self._gated_changed()
+
+    def _gated_changed(self) -> None:
+        self._gated_proofs = None
+        self._proofs = None
+
+    def _all_changed(self) -> None:
+        self._unsynced_proofs = None
+        self._gated_proofs = None
+        self._proofs = None
 
     def unapplied(self, tx_id: TxId) -> bool:
         """Committed here but not applied yet (gated, or released beyond `applied()`)."""
@@ -100,7 +115,7 @@ class ReleaseGate:
     def mark_synced(self, number: int) -> bool:
         """Every Ready up to `number` is durable and fsynced: their releases are in the WAL
         for good and leave the durable record. True if any did."""
-        self._proofs = None
+        self._all_changed()
         done = [t for t, item in self.unsynced.items() if 0 < item.ready <= number]
         for tx_id in done:
             del self.unsynced[tx_id]
@@ -109,7 +124,7 @@ class ReleaseGate:
     def restore_wal(self, item: Committed) -> None:
         """A restarted node's transaction found in the WAL at `item.index`: released
         there (the replica applies it from the WAL), never released again."""
-        self._proofs = None
+        self._all_changed()
         self.gated.pop(item.tx_id, None)
         self.released[item.tx_id] = item
         self.last_index = max(self.last_index, item.index)
@@ -132,12 +147,16 @@ class ReleaseGate:
 
     def release_now(self, item: Committed) -> Entry:
         """Release `item` at the next index without the gate (restart re-release)."""
-        self._proofs = None
-        self.gated.pop(item.tx_id, None)
+        if self.gated.pop(item.tx_id, None) is not None:
+            self._gated_changed()
         self.last_index += 1
         item.index = self.last_index
         self.released[item.tx_id] = item
         self.unsynced[item.tx_id] = item
+        self._proofs = None
+        cached = self._unsynced_proofs
+        if cached is not None and item.proof is not None:
+            self._unsynced_proofs = (cached[0] + (item.proof,), cached[1] + (item.index,))
         self._unstamped.append(item)
         return _entry(item)
 
@@ -170,7 +189,7 @@ class ReleaseGate:
             del self.gated[tx_id]
             self.skipped[tx_id] = None
         if stale:
-            self._proofs = None
+            self._gated_changed()
             self.skip_count += len(stale)
         return len(stale)
 
@@ -185,7 +204,6 @@ class ReleaseGate:
     def collect(self, tx_id: TxId) -> bool:
         """Forget a released and applied (or a skipped) transaction (GC); False if it must
         stay."""
-        self._proofs = None
         if tx_id in self.skipped:
             del self.skipped[tx_id]
             return True
@@ -193,18 +211,24 @@ class ReleaseGate:
         if item is None or item.index > self._app.applied():
             return False
         del self.released[tx_id]
-        self.unsynced.pop(tx_id, None)
+        if self.unsynced.pop(tx_id, None) is not None:
+            self._proofs = None
+            cached = self._unsynced_proofs
+            if cached is not None and cached[0] and cached[0][0] is item.proof:
+                self._unsynced_proofs = (cached[0][1:], cached[1][1:])  # the oldest: usual
+            elif item.proof is not None:
+                self._unsynced_proofs = None
         return True
 
     def sort_released(self) -> None:
         """Put `released` back in index order (after a restore inserted out of order)."""
-        self._proofs = None
+        self._all_changed()
         self.released = dict(sorted(self.released.items(), key=lambda kv: kv[1].index))
 
     def restore_applied(self, item: Committed, index: int) -> None:
         """A restarted node's `item`, released at `index` before the crash and applied since
         (`index <= applied()`): held as released there, not released again."""
-        self._proofs = None
+        self._all_changed()
         self.gated.pop(item.tx_id, None)
         item.index = index
         self.released[item.tx_id] = item
@@ -213,10 +237,17 @@ class ReleaseGate:
         """(the proofs the durable record holds: the unsynced released ones in index order,
         then the gated ones; the unsynced ones' indexes)."""
         if self._proofs is None:
-            done = [c for c in self.unsynced.values() if c.proof is not None]
-            gated = [c.proof for c in self.gated.values() if c.proof is not None]
-            self._proofs = (tuple(c.proof for c in done if c.proof is not None) + tuple(gated),
-                            tuple(c.index for c in done))
+            unsynced = self._unsynced_proofs
+            if unsynced is None:
+                done = [c for c in self.unsynced.values() if c.proof is not None]
+                unsynced = self._unsynced_proofs = (
+                    tuple(c.proof for c in done if c.proof is not None),
+                    tuple(c.index for c in done))
+            gated = self._gated_proofs
+            if gated is None:
+                gated = self._gated_proofs = tuple(
+                    c.proof for c in self.gated.values() if c.proof is not None)
+            self._proofs = (unsynced[0] + gated if gated else unsynced[0], unsynced[1])
         return self._proofs
 
 

@@ -20,6 +20,7 @@ Invariants (across restarts too):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from phalanx.consensus.crypto import Signer
 from phalanx.consensus.leaderless.messages import (
@@ -117,8 +118,7 @@ class SafetyKernel:
         signed = Endorsement(tx_id=tx_id, endorser=self._node, conditions=conditions,
                              signature=self._signer.sign(body))
         self._endorsed[tx_id] = signed
-        self._txs[tx_id] = tx
-        self._parts = None
+        self._appended(signed, tx_id, tx)
         return signed
 
     def refuse(self, tx_id: TxId, tx: Transaction) -> Refusal:
@@ -128,21 +128,46 @@ class SafetyKernel:
         body = Refusal(tx_id=tx_id, endorser=self._node)
         signed = Refusal(tx_id=tx_id, endorser=self._node, signature=self._signer.sign(body))
         self._refused[tx_id] = signed
-        self._txs[tx_id] = tx
-        self._parts = None
+        self._appended(signed, tx_id, tx)
         return signed
+
+    def _appended(self, signed: Endorsement | Refusal, tx_id: TxId, tx: Transaction) -> None:
+        """`signed` was added at the end of its table: keep the cached `record_parts` by
+        appending (rebuilding them copied every own signature of
+        the horizon, once per signature)."""
+        new_tx = tx_id not in self._txs
+        self._txs[tx_id] = tx
+        parts = self._parts
+        if parts is None or not new_tx:
+            self._parts = None
+            return
+        endorsed, refused, known = parts
+        if isinstance(signed, Endorsement):
+            endorsed = (*endorsed, signed)
+        else:
+            refused = (*refused, signed)
+        self._parts = (endorsed, refused, (*known, tx))
 
     # ---------------------------------------------------------------------------- GC, record
 
     def forget(self, tx_id: TxId) -> None:
-        """`tx_id` was garbage-collected (its deadline is older than the horizon)."""
-        if self._endorsed.pop(tx_id, None) is not None:
-            self._parts = None
-        if self._refused.pop(tx_id, None) is not None:
-            self._parts = None
-        if self._txs.pop(tx_id, None) is not None:
-            self._parts = None
+        """`tx_id` was garbage-collected (its deadline is older than the horizon). The
+        cached `record_parts` lose their first item when it was the oldest (GC's usual
+        order), else are rebuilt."""
         self._unreadable.pop(tx_id, None)
+        parts: list[tuple[Any, ...]] | None = (
+            list(self._parts) if self._parts is not None else None)
+        tables: tuple[dict[TxId, Any], ...] = (self._endorsed, self._refused, self._txs)
+        for i, table in enumerate(tables):
+            if tx_id not in table:
+                continue
+            head = next(iter(table)) == tx_id
+            del table[tx_id]
+            if parts is not None and head and parts[i]:
+                parts[i] = parts[i][1:]
+            else:
+                parts = None
+        self._parts = None if parts is None else (parts[0], parts[1], parts[2])
 
     def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                                     tuple[Transaction, ...]]:

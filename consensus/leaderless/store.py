@@ -40,6 +40,8 @@ class TxRecord:
         request: the `ClientRequest` that carries it to the replica layer (and to `Abort`).
         writes, needs, needs_base: the app's `writes`, `needs_requirements` and
             `needs_base` of its command.
+        keys: every key it touches as far as conflicts go (the app's `keys` of its command
+            and its full-requirement keys, sorted), None when unknown (key ranges).
         state: pending, committed or dropped.
         endorsements: the valid endorsements received, by endorser, first one wins.
         index: the local index it was released at (0 = not released).
@@ -51,6 +53,7 @@ class TxRecord:
     writes: tuple[str, ...]
     needs: tuple[str, ...]
     needs_base: tuple[str, ...] = ()
+    keys: tuple[str, ...] | None = None
     state: TxState = TxState.PENDING
     endorsements: dict[NodeId, Endorsement] = field(default_factory=dict)
     index: int = 0
@@ -63,8 +66,8 @@ class TxRecord:
 class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
-    __slots__ = ("_by_deadline", "_max_buffered", "_stones", "buffered", "horizon", "records",
-                 "tombstones")
+    __slots__ = ("_by_deadline", "_max_buffered", "_pending", "_stones", "buffered", "horizon",
+                 "records", "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
         self.records: dict[TxId, TxRecord] = {}
@@ -75,6 +78,9 @@ class TxStore:
         self._stones: tuple[DecidedTx, ...] | None = None
         self._by_deadline = DueHeap()
         """Every record's and tombstone's id by deadline: GC touches only what came due."""
+        self._pending: dict[TxId, None] = {}
+        """The ids of the pending records, in insertion order (`pending()` walked every
+        record of the horizon, several times per tick under load)."""
 
     def index(self, tx_id: TxId, deadline_ms: int) -> None:
         """Put a record or tombstone inserted directly (a restore) into the GC index."""
@@ -109,12 +115,24 @@ class TxStore:
         return state is TxState.COMMITTED or state is TxState.DROPPED
 
     def pending(self) -> list[TxRecord]:
-        return [r for r in self.records.values() if r.state is TxState.PENDING]
+        """The pending records, in insertion order."""
+        records = self.records
+        return [records[t] for t in self._pending]
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def restore_pending(self, record: TxRecord) -> None:
+        """Insert a pending record rebuilt from the durable record (a restart)."""
+        self.records[record.tx_id] = record
+        self._pending[record.tx_id] = None
+        self.index(record.tx_id, record.deadline)
 
     def add(self, record: TxRecord) -> dict[NodeId, Endorsement]:
         """Insert a new pending record; returns the endorsements buffered for it (removed
         from the buffer), in arrival order, for the caller to add through its checks."""
         self.records[record.tx_id] = record
+        self._pending[record.tx_id] = None
         self._by_deadline.push(record.deadline, record.tx_id)
         return self.buffered.pop(record.tx_id, {})
 
@@ -133,6 +151,7 @@ class TxStore:
         """Mark a pending record committed or dropped and write its tombstone. A dropped
         record leaves `records` (only its tombstone stays)."""
         record.state = state
+        self._pending.pop(record.tx_id, None)
         committed = state is TxState.COMMITTED
         self.tombstones[record.tx_id] = DecidedTx(
             tx_id=record.tx_id, deadline_ms=record.deadline, committed=committed)
@@ -168,6 +187,7 @@ class TxStore:
                     kept.append((record.deadline, tx_id))
                     continue
                 del self.records[tx_id]
+                self._pending.pop(tx_id, None)
                 gone.append(tx_id)
             stone = self.tombstones.get(tx_id)
             if stone is not None and stone.deadline_ms < horizon:

@@ -90,7 +90,7 @@ class TickWork(CoreParts):
 
     def _rebroadcast(self, now: int, out: Outbox) -> None:
         """Loss recovery (`recovery.py`): push own endorsements of transactions committed
-        here in the last two periods and own signatures of still-pending ones (at a
+        here since the last period and own signatures of still-pending ones (at a
         doubling backoff), pull what peers know of pending transactions past their
         deadline (a peer that committed one no longer pushes its endorsement), and send
         this period's `CommittedDigest`."""

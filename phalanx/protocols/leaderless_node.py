@@ -114,6 +114,14 @@ class ReplicaAppView:
     def conflicts(self, a: bytes, b: bytes) -> bool:
         return self.access(a).conflicts_with(self.access(b), self._commutes)
 
+    def keys(self, command: bytes) -> tuple[str, ...] | None:
+        """The keys of `command`'s access set; None with a range read (`read_prefixes`:
+        `KeyAccess.conflicts_with` matches those by prefix)."""
+        access = self.access(command)
+        if access.read_prefixes:
+            return None
+        return tuple(sorted({*access.reads, *access.writes}))
+
     def writes(self, command: bytes) -> tuple[str, ...]:
         return self.access(command).writes
 

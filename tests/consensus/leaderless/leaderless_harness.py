@@ -116,6 +116,9 @@ class KvApp:
             return False
         return not (oa == ob == "set" and da == db)
 
+    def keys(self, command: bytes) -> tuple[str, ...] | None:
+        return (_parse(command)[1],)
+
     def writes(self, command: bytes) -> tuple[str, ...]:
         op, key, _ = _parse(command)
         return () if op == "get" else (key,)

@@ -61,6 +61,9 @@ def test_diff_items_of_a_grown_or_trimmed_tuple_is_the_change() -> None:
     assert diff_items(items, grown) == ((), ("a", "b"))
     trimmed = items[:10] + items[11:5000] + items[5001:] + ("c",)
     assert diff_items(items, trimmed) == ((10, 5000), ("c",))
+    collected = (*items[3:], "d")  # GC of the oldest, then an append: the fast path
+    assert diff_items(items, collected) == ((0, 1, 2), ("d",))
+    assert diff_items(items, items[20:]) == (tuple(range(20)), ())  # past it: the walk
 
 
 def test_the_delta_covers_every_field_of_the_record() -> None:
@@ -72,6 +75,18 @@ def test_the_delta_covers_every_field_of_the_record() -> None:
     assert not set(CATEGORIES) & set(SCALARS)
     assert {f.name for f in dataclasses.fields(LeaderlessStateDelta)} == set(SCALARS) | {
         f"{c}_{part}" for c in CATEGORIES for part in ("removed", "added")}
+
+
+def test_one_more_release_adds_one_index_to_the_delta_not_all_of_them() -> None:
+    """`released_at` holds an index per released proof of the horizon: a delta carries
+    the change, not the whole tuple (it did: O(rate x horizon) bytes per save)."""
+    old = LeaderlessDurableState(released_at=tuple(range(1, 5001)), released=5000)
+    new = LeaderlessDurableState(released_at=tuple(range(2, 5002)), released=5000)
+    delta = RULES.diff(old, new)
+    assert delta is not None
+    assert (delta.released_at_removed, delta.released_at_added) == ((0,), (5001,))
+    assert len(REGISTRY.encode(delta)) < 100
+    assert RULES.apply(old, delta) == new
 
 
 def _relay(cp: int, voter: str, echo: bytes = b"e", ready: bytes = b"") -> VoteRelay:

@@ -41,6 +41,24 @@ def test_a_re_sent_endorsement_is_a_duplicate_before_any_signature_check() -> No
     assert "bad_endorsement_signature" not in core.status().dropped
 
 
+def test_an_endorsement_after_the_commit_costs_no_signature_check() -> None:
+    """Q = 3 of 4: own + two peers commit; the third peer's endorsement arrives after the
+    commit and changes nothing, so it is not verified (a third of the checks)."""
+    core, app = solo()
+    core._crypto = CountingCrypto(NodeId("n1"))
+    run(core, app, Tick(now_ms=EPOCH))
+    tx = make_tx("add x 1")
+    run(core, app, Receive(src=N2, message=tx))
+    for node in (N2, N3):
+        run(core, app, Receive(src=node, message=endorsement(node, tx)))
+    assert app.data == {"x": b"1"}
+    before = CountingCrypto.verifies
+    run(core, app, Receive(src=N4, message=endorsement(N4, tx)))
+    assert CountingCrypto.verifies == before
+    assert core.status().duplicate["decided_endorsement"] == 1
+    assert not core.status().dropped
+
+
 def test_own_endorsements_are_re_sent_at_a_doubling_backoff_while_pending() -> None:
     core, app = solo(rebroadcast_ticks=2)
     tx = make_tx("add x 1", deadline=EPOCH + 10**5)
