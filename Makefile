@@ -31,17 +31,20 @@ typecheck: $(STAMP)
 	cd .typecheck && ../$(VENV)/bin/mypy --strict --config-file ../pyproject.toml -p phalanx
 
 pytest: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not long"
 
 soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all --jobs 2
 
-# The full sweeps `make test` samples: 300 Raft swarm seeds (make test: 160) and 300 PBFT seeds
-# with f Byzantine replicas (make test: 150), ~8 min on 2 cores.
+# What `make test` leaves out or samples, for its ~10-minute budget: the full sweeps (300 Raft
+# swarm seeds, make test: 100; 300 PBFT seeds with f Byzantine replicas, make test: 100) and the
+# tests marked `long` (the leaderless real-cluster run with a liar, the bench smoke run).
+# ~10 min on 2 cores.
 sweeps: $(STAMP)
 	PHALANX_SWARM_SEEDS=300 PHALANX_PBFT_SEEDS=300 $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/jepsen/sim/test_sim_runs.py::test_swarm_sweep_passes \
 	  tests/jepsen/sim/test_pbft_sweep.py::test_sweep_with_f_byzantine_replicas_mixes_n4_and_n7
+	$(PY) -m pytest -q -p no:cacheprovider -m long
 
 # The long leaderless sweep (docs/LEADERLESS.md "Simulation"): 1,000 seeds at n=4 under every
 # fault kind but lose-disk (the core has no amnesia recovery: a node that lost its disk could

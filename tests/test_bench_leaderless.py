@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.long  # `make sweeps` runs it: a real cluster for a smoke check of a bench script
 def test_quick_run_prints_its_table_for_one_protocol(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "leaderless.py"), "--quick", "--protocols", "raft",

@@ -55,6 +55,7 @@ def test_leaderless_bank_under_kills_and_partitions_is_valid_and_converges(
     _check_valid_run(code, output, run_dir, ["n1", "n2", "n3", "n4"])
 
 
+@pytest.mark.long  # `make sweeps` runs it (an xfail has no place in make test's budget)
 @pytest.mark.xfail(strict=False, reason=(
     "liveness, not safety: since the version-gate fixes it passed at least 18 of 21 runs; the "
     "failures checked were the final read never committing after heal (bank and convergence "

@@ -27,7 +27,7 @@ _MS = 1_000_000
 # raises the per-mix seed count, PHALANX_SWARM_SEEDS the swarm's (`make sweeps`: 300; the CLI
 # and `make soak` run the long sweeps).
 SEEDS_PER_MIX = int(os.environ.get("PHALANX_SIM_SEEDS", "2"))
-SWARM_SEEDS = int(os.environ.get("PHALANX_SWARM_SEEDS", "160"))
+SWARM_SEEDS = int(os.environ.get("PHALANX_SWARM_SEEDS", "100"))
 SWARM_SHAPE = {"time_ns": 600 * _MS, "liveness_ns": 1_000 * _MS}
 SHORT = {"time_ns": 1_000 * _MS, "liveness_ns": 1_500 * _MS}
 
