@@ -38,7 +38,8 @@ soak: $(STAMP)
 
 # What `make test` leaves out or samples, for its ~10-minute budget: the full sweeps (300 Raft
 # swarm seeds, make test: 100; 300 PBFT seeds with f Byzantine replicas, make test: 100) and the
-# tests marked `long` (the leaderless real-cluster run with a liar, the bench smoke run).
+# tests marked `long` (real-cluster harness runs: Raft register, PBFT twins, the leaderless
+# run with a liar; the bench smoke run).
 # ~10 min on 2 cores.
 sweeps: $(STAMP)
 	PHALANX_SWARM_SEEDS=300 PHALANX_PBFT_SEEDS=300 $(PY) -m pytest -q -p no:cacheprovider \

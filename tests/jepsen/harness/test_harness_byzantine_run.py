@@ -16,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from phalanx.jepsen.harness.cli import EXIT_VALID, add_run_command
@@ -60,6 +61,7 @@ def test_an_equivocating_primary_under_kills_and_partitions_stays_valid(tmp_path
     assert "n1 runs equivocate" in (run_dir / "index.html").read_text()
 
 
+@pytest.mark.long  # `make sweeps`; the simulator's twins control stays in make test
 def test_one_twinned_replica_splits_the_honest_ones_and_stays_valid(tmp_path: Path) -> None:
     code, output, run_dir = _run(tmp_path, [
         "--time", "10", "--nemesis", "partition-one", "--seed", "3", "--byzantine", "twins"])

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from phalanx.cli.errors import EXIT_USAGE
@@ -27,6 +28,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(["run", *argv])
 
 
+@pytest.mark.long  # ~35 s: `make sweeps`; make test keeps the Raft bank run under machine crashes
 def test_raft_register_under_kill_and_partition_is_valid_and_stored(tmp_path: Path) -> None:
     store = tmp_path / "store"
     args = _parse(["--nodes", "3", "--time", "30", "--workload", "register",
