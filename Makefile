@@ -40,7 +40,7 @@ soak: $(STAMP)
 # swarm seeds, make test: 100; 300 PBFT seeds with f Byzantine replicas, make test: 100) and the
 # tests marked `long` (real-cluster harness runs: Raft register, PBFT twins, the leaderless
 # run with a liar; the bench smoke run).
-# ~10 min on 2 cores.
+# ~4 min on 2 cores.
 sweeps: $(STAMP)
 	PHALANX_SWARM_SEEDS=300 PHALANX_PBFT_SEEDS=300 $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/jepsen/sim/test_sim_runs.py::test_swarm_sweep_passes \
