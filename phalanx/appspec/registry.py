@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from phalanx._spec_table import SpecTable
 from phalanx.appspec.spec import AppSpec
 
 DEFAULT_APP = "kv"
 """What a node config without ``app`` runs, and what `cluster init` and the harness use."""
 
-_SPECS: dict[str, AppSpec] = {}
+_TABLE: SpecTable[AppSpec] = SpecTable("app")
+_SPECS = _TABLE.specs
 _builtin_loaded = False
 
 
@@ -32,13 +34,7 @@ class UnknownApp(ValueError):
 
 def register(spec: AppSpec) -> AppSpec:
     """Add `spec` (idempotent for the same spec). Raises ValueError on a name clash."""
-    held = _SPECS.get(spec.name)
-    if held is not None and held != spec:
-        raise ValueError(f"app {spec.name!r} is already registered with another spec")
-    if not spec.name or not spec.name.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"app name {spec.name!r}: use letters, digits, '-' and '_'")
-    _SPECS[spec.name] = spec
-    return spec
+    return _TABLE.add(spec)
 
 
 def _load_builtin() -> None:
@@ -63,7 +59,7 @@ def get(name: str) -> AppSpec:
 def names() -> tuple[str, ...]:
     """Every registered app name, sorted (the `--app` choices)."""
     _load_builtin()
-    return tuple(sorted(_SPECS))
+    return _TABLE.names()
 
 
 def specs() -> Iterator[AppSpec]:

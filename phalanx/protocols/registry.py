@@ -17,6 +17,7 @@ import importlib
 import os
 from collections.abc import Iterator
 
+from phalanx._spec_table import SpecTable
 from phalanx.protocols.spec import ProtocolSpec
 
 PLUGINS_ENV = "PHALANX_PROTOCOLS"
@@ -27,7 +28,8 @@ ENTRY_POINT_GROUP = "phalanx.protocols"
 DEFAULT_PROTOCOL = "raft"
 """What `cluster init`, the client, the simulator and the harness use unless told."""
 
-_SPECS: dict[str, ProtocolSpec] = {}
+_TABLE: SpecTable[ProtocolSpec] = SpecTable("protocol")
+_SPECS = _TABLE.specs
 _builtin_loaded = False
 _plugins_loaded = False
 
@@ -42,13 +44,7 @@ class UnknownProtocol(ValueError):
 
 def register(spec: ProtocolSpec) -> ProtocolSpec:
     """Add `spec` (idempotent for the same spec). Raises ValueError on a name clash."""
-    held = _SPECS.get(spec.name)
-    if held is not None and held != spec:
-        raise ValueError(f"protocol {spec.name!r} is already registered with another spec")
-    if not spec.name or not spec.name.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"protocol name {spec.name!r}: use letters, digits, '-' and '_'")
-    _SPECS[spec.name] = spec
-    return spec
+    return _TABLE.add(spec)
 
 
 def _load_builtin() -> None:
@@ -92,7 +88,7 @@ def get(name: str) -> ProtocolSpec:
 def names() -> tuple[str, ...]:
     """Every registered protocol name, sorted (the `--protocol` choices)."""
     _load_plugins()
-    return tuple(sorted(_SPECS))
+    return _TABLE.names()
 
 
 def specs() -> Iterator[ProtocolSpec]:
