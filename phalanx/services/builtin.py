@@ -22,8 +22,9 @@ GOSSIP = ServiceSpec(
                       help="ticks a GP call waits for its ack"),
         ServiceOption(name="anti_entropy_interval", default=10,
                       help="ticks between push-pull digest exchanges (0: never)"),
-        ServiceOption(name="rumor_ttl", default=400, minimum=1,
-                      help="ticks a rumor is kept for anti-entropy"),
+        ServiceOption(name="rumor_ttl", default=2400, minimum=1,
+                      help="ticks a rumor is kept for anti-entropy (a node down longer "
+                           "than this misses it; 2400 x 25 ms = 1 minute)"),
         ServiceOption(name="instances", default=1, minimum=1,
                       help="independent waves per batch (f+1 against silent forwarders)"),
         ServiceOption(name="balance", default=False,

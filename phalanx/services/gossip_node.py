@@ -252,7 +252,7 @@ def build(context: ServiceContext) -> NodeService:
         crypto = load_crypto(config)
     except SigningKeyError as e:
         raise ServiceError(f"[gossip] needs every node's signing key: {e} (make the cluster "
-                           "with `phalanx cluster init --gossip`)") from None
+                           "with `phalanx cluster init --service gossip`)") from None
     options = context.options
     incarnation = next_incarnation(context.state_dir, math.floor(context.wall_clock() * 1000))
     members = [NodeId(m) for m in config.members()]
