@@ -15,6 +15,7 @@ from pathlib import Path
 from phalanx.appspec import DEFAULT_APP
 from phalanx.appspec import get as app_spec
 from phalanx.appspec import specs as app_specs
+from phalanx.cli.errors import int_between
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols import specs as protocol_specs
@@ -70,7 +71,7 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                             f"{s.name}: {s.summary}" for s in scenarios)
                         + " (--protocol picks the nodes' protocol, default "
                         f"{DEFAULT_PROTOCOL})")
-    parser.add_argument("--rounds", type=int, default=5, metavar="N",
+    parser.add_argument("--rounds", type=int_between(1, 1000), default=5, metavar="N",
                         help="--scenario: rumors timed per phase (default: %(default)s)")
     parser.add_argument("--byzantine", default="equivocate", metavar="MODE",
                         help="pbft, leaderless: the Byzantine node's mode (default: "
