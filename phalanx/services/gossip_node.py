@@ -45,6 +45,7 @@ from phalanx.gossip import (
     SwimConfig,
     Tick,
 )
+from phalanx.net.codec import EncodeError
 from phalanx.ops.pki import CLIENT_ROLES
 from phalanx.services.gossip_api import (
     GossipDelivery,
@@ -223,8 +224,14 @@ class GossipService:
 
     def _carry_out(self, ready: GossipReady) -> None:
         for send in ready.sends:
-            if not self._send(send.to, send.message):
-                self._count("send_refused")
+            try:
+                if not self._send(send.to, send.message):
+                    self._count("send_refused")  # the peer's queue is full
+            except (ValueError, EncodeError):
+                # Larger than a peer frame (16 MiB): an anti-entropy push of many large
+                # rumors. Dropped and counted, never raised into the transport's reader;
+                # the next exchange tries again (the machine does not split pushes yet).
+                self._count("send_too_large")
         for rumor in ready.published:
             self._record(rumor)
         for rumor in ready.delivered:

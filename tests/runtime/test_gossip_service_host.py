@@ -123,3 +123,17 @@ def test_arbitrary_peer_input_never_raises(junk: list[object], src: str) -> None
             service.receive(NodeId(src), message)
         service.tick()
     assert not any(d.payload == b"forged" for d in service.deliveries())
+
+
+def test_a_send_larger_than_a_frame_is_counted_not_raised() -> None:
+    config = _n2_config()
+    machine = GossipMachine(NodeId("n2"), [NodeId(m) for m in config.members()],
+                            crypto=load_crypto(config), rng=random.Random(3))
+
+    def too_large(dst: NodeId, message: Message) -> bool:
+        raise ValueError("frame of 20000000 bytes exceeds max_frame_size")
+
+    service = GossipService(machine, send=too_large, tick_seconds=0.01,
+                            wall_clock=lambda: 1.0)
+    service.receive(NodeId("n1"), Ping(seq=1, target=NodeId("n2")))  # answered: a PingAck
+    assert service.counters()["send_too_large"] == 1
