@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
@@ -47,9 +48,10 @@ from phalanx.services.messages import ServiceCall, ServiceReply
 TICK_MS = 10
 
 
-def gossip_configs(root: Path, n: int = 3, **options: object) -> list[NodeConfig]:
+def gossip_configs(root: Path, n: int = 3, *, metrics: bool = False,
+                   **options: object) -> list[NodeConfig]:
     """`make_cluster`'s Raft configs plus signing keys and a ``[gossip]`` table."""
-    configs = make_cluster(root, n)
+    configs = make_cluster(root, n, metrics=metrics)
     keys = {c.id: generate_key_file(root / f"{c.id}.signing.key") for c in configs}
     table = {**service_spec("gossip").defaults(), "tick_ms": TICK_MS, **options}
     out = []
@@ -106,6 +108,11 @@ async def running(configs: list[NodeConfig]) -> AsyncIterator[Nodes]:
             yield nodes
         finally:
             nursery.cancel_scope.cancel()
+
+
+def _get(port: int | None) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
 
 
 def delivered_at(service: GossipService, payload: bytes) -> bool:
@@ -170,8 +177,9 @@ async def test_publish_reaches_every_node_through_the_api_and_the_client_port(
         await client.aclose()
 
 
-async def test_a_forged_rumor_is_dropped_and_counted(tmp_path: Path) -> None:
-    async with running(gossip_configs(tmp_path)) as c:
+async def test_a_forged_rumor_is_dropped_and_counted_on_the_metrics_page(
+        tmp_path: Path) -> None:
+    async with running(gossip_configs(tmp_path, metrics=True)) as c:
         # n3 pushes a rumor claiming n1 as its origin, signed with another key.
         forger = Ed25519Crypto(NodeId("n1"), private_key=Ed25519PrivateKey.generate(),
                                public_keys={}, mac_keys={})
@@ -184,6 +192,15 @@ async def test_a_forged_rumor_is_dropped_and_counted(tmp_path: Path) -> None:
         counters = c.gossip("n2").counters()
         assert counters.get("dropped:bad_signature") == 1
         assert not delivered_at(c.gossip("n2"), b"forged")
+        wanted = ('phalanx_service_events_total{event="dropped:bad_signature",node="n2",'
+                  'service="gossip"} 1.0')
+        port = c.nodes["n2"].metrics_port
+        page = ""
+        with trio.fail_after(10):  # the page's copy is refreshed every second
+            while wanted not in page:
+                page = await trio.to_thread.run_sync(_get, port)
+                await trio.sleep(0.2)
+        assert 'phalanx_service_state{name="incarnation",node="n2",service="gossip"}' in page
 
 
 async def test_a_stopped_node_is_suspected_and_a_restart_rejoins_and_catches_up(
