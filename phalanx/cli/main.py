@@ -37,6 +37,8 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("kv", "phalanx.cli.kv", "add_kv_command", "read and write keys of a running cluster"),
     ("chain", "phalanx.cli.chain", "add_chain_command",
      "accounts, transfers, blocks and proofs of a chain cluster"),
+    ("gossip", "phalanx.cli.gossip", "add_gossip_command",
+     "publish rumors and watch the gossip service of a running cluster"),
     ("status", "phalanx.cli.kv", "add_status_command",
      "show every node's role, term, commit and applied index"),
     ("cert", "phalanx.cli.cert", "add_cert_command",

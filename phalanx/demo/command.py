@@ -15,9 +15,12 @@ from pathlib import Path
 from phalanx.appspec import DEFAULT_APP
 from phalanx.appspec import get as app_spec
 from phalanx.appspec import specs as app_specs
+from phalanx.cli.errors import int_between
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols import specs as protocol_specs
+from phalanx.services import get as service_spec
+from phalanx.services import specs as service_specs
 
 _DESCRIPTION = """\
 Run a local 3-node Raft cluster (real processes, mutual TLS, fsynced storage in a temp dir)
@@ -36,6 +39,11 @@ restarted node caught up; 1 otherwise.
 replicas, one Byzantine and one SIGKILLed and restarted during signed transfers; then the
 exported chain is validated and a light-client proof verified against the restarted
 replica. Exit 0 = PASS.
+
+`phalanx demo --scenario gossip` runs the gossip node service instead (phalanx.demo.gossip):
+5 nodes, rumors published and timed to every node, 2 nodes SIGKILLed, rumors still reach
+every live node, the dead are marked suspect then dead, one restarts, rejoins and catches up
+by anti-entropy. PASS/FAIL per step; exit 0 = every step passed. About 20 seconds.
 """
 
 
@@ -57,6 +65,14 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                         "endorsers, one Byzantine, a kill and restart, conflicting and "
                         "commuting transactions, convergence; phalanx.demo.leaderless); "
                         f"default {DEFAULT_PROTOCOL} (--app chain: pbft)")
+    scenarios = [s for s in service_specs() if s.demo is not None]
+    parser.add_argument("--scenario", choices=[s.name for s in scenarios], default=None,
+                        help="a node service's demo instead: " + "; ".join(
+                            f"{s.name}: {s.summary}" for s in scenarios)
+                        + " (--protocol picks the nodes' protocol, default "
+                        f"{DEFAULT_PROTOCOL})")
+    parser.add_argument("--rounds", type=int_between(1, 1000), default=5, metavar="N",
+                        help="--scenario: rumors timed per phase (default: %(default)s)")
     parser.add_argument("--byzantine", default="equivocate", metavar="MODE",
                         help="pbft, leaderless: the Byzantine node's mode (default: "
                              "%(default)s)")
@@ -86,6 +102,10 @@ def _main(args: argparse.Namespace) -> int:
         print(f"phalanx demo: {keep} is not empty", file=sys.stderr)
         return 2
     directory = keep if keep is not None else Path(tempfile.mkdtemp(prefix="phalanx-demo-"))
+    if args.scenario is not None:  # a node service's demo picks its own cluster
+        scenario = service_spec(args.scenario).demo
+        assert scenario is not None  # argparse's choices
+        return scenario.load()(args, directory, delete=keep is None)
     app_demo = app_spec(args.app).demo
     if app_demo is not None:  # the app's own demo picks its protocol
         return app_demo.load()(args, directory, delete=keep is None)

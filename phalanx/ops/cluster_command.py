@@ -32,12 +32,15 @@ from phalanx.ops.node_config import ConfigError, check_files, load_node_config
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import names as protocol_names
 from phalanx.protocols import specs as protocol_specs
+from phalanx.services import names as service_names
+from phalanx.services import specs as service_specs
 
 _INIT_EPILOG = """\
 examples:
   phalanx cluster init ./demo-cluster
   phalanx cluster init ./c5 --nodes 5 --base-port 9000
   phalanx cluster init ./chain --app chain --protocol pbft --nodes 4
+  phalanx cluster init ./g5 --nodes 5 --service gossip
 
 Writes DIR/cluster.toml, DIR/nodes/<id>.toml (+ certificate and key), DIR/ca/,
 DIR/clients/{admin,client,reader}.pem/.key (client certificates with the roles admin,
@@ -54,6 +57,10 @@ key DIR/clients/client.signing.key (mode 0600; cluster.toml names it, so `phalan
 --app chain also writes DIR/chain/genesis.bin (the minter and the opening balances) and
 DIR/chain/keys/{minter,a1..a5}.key (account keys, mode 0600; a1..a5 hold 1,000,000 each);
 every config names the genesis in [app]. Use it with `phalanx chain --cluster DIR`.
+
+--service gossip adds a [gossip] table to every node config (docs/GOSSIP.md) and, as the
+service signs its rumors, a signing key per node (DIR/nodes/<id>.signing.key) whatever the
+protocol. Use it with `phalanx gossip --cluster DIR`.
 
 exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
 nothing was created.
@@ -113,6 +120,11 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
                       help="address every node listens on (default: %(default)s)")
     init.add_argument("--fsync", choices=("every-write", "group", "off"), default="group",
                       help="durability mode of the nodes (default: %(default)s)")
+    init.add_argument("--service", action="append", choices=service_names(), default=[],
+                      metavar="NAME", dest="services",
+                      help="run node service NAME on every node (repeatable; off by default; "
+                      + "; ".join(f"{s.name}: {s.summary}" for s in service_specs())
+                      + "): writes its [NAME] table with every option at its default")
     init.set_defaults(handler=_run_init)
     up = sub.add_parser(
         "up", help="run every node of a cluster directory until Ctrl-C",
@@ -143,6 +155,7 @@ def _run_init(args: argparse.Namespace) -> int:
         cluster = init_cluster(
             args.directory, protocol=args.protocol, nodes=args.nodes,
             base_port=args.base_port, host=args.host, fsync=args.fsync, app=args.app,
+            services=tuple(args.services),
         )
     except ClusterError as e:
         print_error("phalanx cluster init", str(e))
@@ -158,6 +171,8 @@ def _run_init(args: argparse.Namespace) -> int:
         print(f"  client signing key: {cluster.client_signing_key}")
     for key, path in sorted(cluster.app_files.items()):
         print(f"  app {key}: {path}")
+    for name in sorted(set(args.services)):
+        print(f"  service {name}: [{name}] in every node config")
     print(f"start it with: phalanx cluster up {args.directory}")
     return 0
 

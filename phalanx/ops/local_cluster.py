@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -69,6 +69,9 @@ from phalanx.ops.node_config import (
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
 from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy, UnknownProtocol
 from phalanx.protocols import get as protocol_spec
+from phalanx.services import UnknownService
+from phalanx.services import get as get_service
+from phalanx.services.spec import OptionValue
 
 DEFAULT_BASE_PORT: Final = 7100
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -174,10 +177,15 @@ def init_cluster(
     client_name: str = DEFAULT_CLIENT,
     checkpoint_every: int | None = None,
     app: str = DEFAULT_APP,
+    services: Sequence[str] = (),
+    service_options: Mapping[str, Mapping[str, OptionValue]] | None = None,
 ) -> ClusterConfig:
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
     config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
     app's files (the chain: DIR/chain/) and every config names them in ``[app]``.
+    `services` (`phalanx.services`) get their table in every node config, at their
+    defaults overridden by `service_options[name]`; a service that signs gets every node a
+    signing key.
 
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
@@ -187,7 +195,9 @@ def init_cluster(
     try:
         spec = protocol_spec(protocol)
         app_spec = get_app(app)
-    except (UnknownProtocol, UnknownApp) as e:
+        tables = {name: {**get_service(name).defaults(),
+                         **(service_options or {}).get(name, {})} for name in services}
+    except (UnknownProtocol, UnknownApp, UnknownService) as e:
         raise ClusterError(str(e)) from None
     problem = app_spec.protocol_problem(spec)
     if problem is not None:
@@ -211,11 +221,12 @@ def init_cluster(
         raise ClusterError(f"cannot create {target}: {e.strerror}") from None
     try:
         _write_cluster(
-            staging, protocol=protocol, signing_keys=spec.signing_keys,
+            staging, protocol=protocol,
+            signing_keys=spec.signing_keys or any(get_service(n).signing_keys for n in tables),
             client_signing=spec.call_strategy is CallStrategy.ENDORSEMENT, nodes=nodes,
             base_port=base_port, host=host,
             fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
-            checkpoint_every=checkpoint_every, app=app_spec,
+            checkpoint_every=checkpoint_every, app=app_spec, services=tables,
         )
         _check_empty(target)
         os.replace(staging, target)  # an existing empty directory is replaced atomically
@@ -242,6 +253,7 @@ def _write_cluster(
     client_name: str,
     checkpoint_every: int | None,
     app: AppSpec,
+    services: Mapping[str, Mapping[str, OptionValue]],
 ) -> None:
     from phalanx.ops import pki
     from phalanx.ops.signing_keys import client_key_path, generate_client_key, generate_key_file
@@ -297,6 +309,7 @@ def _write_cluster(
             client_keys=client_keys,
             app=app.name,
             app_files=app_files,
+            services=services,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))

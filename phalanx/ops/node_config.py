@@ -47,6 +47,12 @@ from phalanx.appspec import get as app_spec
 from phalanx.cli.errors import OperatorError
 from phalanx.protocols import UnknownProtocol
 from phalanx.protocols import get as protocol_spec
+from phalanx.services.config import (
+    ServiceTables,
+    needs_signing_keys,
+    read_service_tables,
+    service_tables_for_toml,
+)
 
 FSYNC_MODES = ("every-write", "group", "off")
 CLIENT_AUTH_MODES = ("required", "none")
@@ -183,6 +189,8 @@ class NodeConfig:
     """`[node] app`: the replicated application (`phalanx.appspec`; default ``kv``)."""
     app_files: Mapping[str, Path] = field(default_factory=dict)
     """`[app]`: the files the app reads (`AppSpec.files`), absolute."""
+    services: ServiceTables = field(default_factory=dict)
+    """Node services' tables (`phalanx.services`: ``[gossip]``...), validated."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
@@ -261,6 +269,10 @@ class _Table:
 
     def opt_str(self, key: str) -> str | None:
         value: str | None = self._get(key, str, None)
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value: bool = self._get(key, bool, default)
         return value
 
     def integer(self, key: str, default: int, *, minimum: int = 1) -> int:
@@ -401,12 +413,13 @@ def load_node_config(path: str | Path) -> NodeConfig:
     key_table = root.table(LEGACY_KEYS_TABLE if root.has(LEGACY_KEYS_TABLE) else KEYS_TABLE)
     key_table.opt_str("signing_key")
     client_keys = _client_keys(key_table.table("clients"))
-    if protocol_spec(protocol).signing_keys:
+    services = read_service_tables(root)
+    if protocol_spec(protocol).signing_keys or needs_signing_keys(services):
         keys = KeyFiles(signing_key=(base / key_table.text("signing_key")).resolve())
         for p in peers:
             if not p.signing_public_key or not p.mac_public_key:
                 raise ConfigError(f"{path}: peer {p.id!r} needs signing_public_key and "
-                                  f"mac_public_key (protocol {protocol})")
+                                  f"mac_public_key (protocol {protocol} or a service)")
     config = NodeConfig(
         id=node_id,
         protocol=protocol,
@@ -438,6 +451,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         client_keys=client_keys,
         app=app,
         app_files=app_files,
+        services=services,
     )
     root.check_unknown()
     return config
@@ -607,4 +621,5 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
         keys["clients"] = {name: cfg.client_keys[name].hex() for name in sorted(cfg.client_keys)}
     if keys:
         doc[KEYS_TABLE] = keys
+    doc.update(service_tables_for_toml(cfg.services))
     return doc

@@ -3,8 +3,9 @@
 Owns: `ClientPort` (accepts TLS connections, server-authenticated, client certificates
 REQUIRED unless the node runs with ``[client] auth = "none"``) and one `_Connection` per
 client: a reader that decodes frames into `ClientCall`/`StatusCall` and hands them to the
-driver, and a writer that sends the replies back, coalescing whatever is ready into one
-write. Replies may be out of order (pipelining).
+driver (a `ServiceCall` to the node's services, `ServiceSink`), and a writer that sends the
+replies back, coalescing whatever is ready into one write. Replies may be out of order
+(pipelining).
 
 Authentication and authorization (`phalanx.runtime.client_auth`): a connection without a valid
 cluster-CA client certificate fails the handshake (`handshake_failures`); one whose
@@ -80,6 +81,7 @@ from phalanx.net.framing import (
 )
 from phalanx.net.tls_stream import TlsStream
 from phalanx.runtime.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
+from phalanx.services.messages import ServiceCall, ServiceReply
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +154,13 @@ class CallSink(Protocol):
     async def request_status(self, nonce: int, target: _Connection) -> None: ...
 
     def disconnected(self, target: _Connection) -> None: ...
+
+
+class ServiceSink(Protocol):
+    """The node's services as the client port sees them (`phalanx.runtime.services`):
+    answers a `ServiceCall` at once, checking the caller's role; never raises."""
+
+    def service_call(self, call: ServiceCall, principal: Principal | None) -> ServiceReply: ...
 
 
 @runtime_checkable
@@ -232,7 +241,8 @@ class _Connection:
         self.out_send, self.out_recv = trio.open_memory_channel[tuple[bytes, int, int]](
             math.inf)
 
-    def deliver(self, reply: ClientReply | StatusReply | ClientHelloReply) -> None:
+    def deliver(self, reply: ClientReply | StatusReply | ClientHelloReply | ServiceReply
+                ) -> None:
         if self.closed:
             return
         port = self._port
@@ -317,9 +327,11 @@ class ClientPort:
         handshake_rate: float | None = DEFAULT_HANDSHAKE_RATE,
         handshake_burst: int = DEFAULT_HANDSHAKE_BURST,
         buffer_budget: int = DEFAULT_BUFFER_BUDGET,
+        services: ServiceSink | None = None,
     ) -> None:
         """`require_client_auth=False` is the insecure mode: pass a context that does not
-        require client certificates (`phalanx.ops.pki.client_server_context`) with it."""
+        require client certificates (`phalanx.ops.pki.client_server_context`) with it.
+        `services` answers `ServiceCall`s (none: each is answered ERROR)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         if require_client_auth and ssl_context.verify_mode != ssl.CERT_REQUIRED:
@@ -327,6 +339,7 @@ class ClientPort:
                              "certificates (CERT_REQUIRED)")
         self.require_client_auth = require_client_auth
         self._sink = sink
+        self._services = services
         self._context = ssl_context
         self._node_id = node_id
         self.max_frame_size = max_frame_size
@@ -496,6 +509,13 @@ class ClientPort:
                         calls = []
                         await conn.slots.acquire()
                         await self._sink.request_status(message.nonce, conn)
+                    elif isinstance(message, ServiceCall):
+                        await conn.slots.acquire()
+                        conn.deliver(ServiceReply(
+                            nonce=message.nonce, status=ReplyStatus.ERROR,
+                            message="this node runs no services") if self._services is None
+                            else self._services.service_call(message, conn.principal))
+                        conn.flush()
                     else:
                         st.unexpected_messages += 1
                         self._close(conn, f"unexpected message {type(message).__name__}")

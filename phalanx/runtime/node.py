@@ -6,8 +6,9 @@ same, following trio's `task_status` convention), `Node` (status, statistics, bo
 addresses) and the assembly of the parts: it opens the node's storage and loads its durable
 state (`phalanx.runtime.persistence`), restores the replica from its newest checkpoint (the core
 re-emits the committed entries after it), builds the Raft core, the mTLS peer transport
-(`phalanx.net.transport`), the TLS client port (`phalanx.runtime.client_port`) and the Prometheus
-endpoint (`phalanx.runtime.metrics`), and runs `phalanx.runtime.driver.Driver` over them.
+(`phalanx.net.transport`), the TLS client port (`phalanx.runtime.client_port`), the Prometheus
+endpoint (`phalanx.runtime.metrics`) and the node services (`phalanx.runtime.services`), and
+runs `phalanx.runtime.driver.Driver` over them.
 
 Embedding example (see `examples/counter_service.py` for a complete one)::
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,8 @@ from phalanx.runtime.identity import (
 from phalanx.runtime.metrics import NodeMetrics, serve_metrics
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
+from phalanx.runtime.services import ServiceHost
+from phalanx.services import NodeService, ServiceError
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.lock import DirectoryLocked, lock_data_dir
 from phalanx.storage.volatile import open_node_storage
@@ -168,6 +171,9 @@ class Node:
         self.client_address = client_address
         """Where the client port is bound."""
         self.metrics_port: int | None = None
+        self.services: Mapping[str, NodeService] = {}
+        """The node's running services by name (`phalanx.services`), e.g.
+        ``node.services["gossip"].publish(b"...")`` (`phalanx.services.gossip_node`)."""
 
     @property
     def id(self) -> str:
@@ -414,6 +420,11 @@ async def open_node(
                         after_pass=lambda: client_port.flush(),
                         flush_sends=transport.flush,
                         lazy=built.lazy, supersedes=built.supersedes)
+        try:
+            services = ServiceHost(config, transport=transport,
+                                   rng=random.Random(rng.getrandbits(64)))
+        except ServiceError as e:
+            raise NodeError(f"{config.source or config.id}: {e}") from None
         secure = config.client_auth != "none"
         try:
             max_clients = client_connection_cap(
@@ -426,7 +437,7 @@ async def open_node(
             driver, ssl_context=client_server_context(paths, require_client_cert=secure),
             node_id=config.id, batch_replies=True, require_client_auth=secure,
             max_frame_size=client_frame_limit(replica.max_command_bytes),
-            max_connections=max_clients)
+            max_connections=max_clients, services=services)
         logger.info("%s: open-file limit %d: up to %d client connections (request frames "
                     "<= %d bytes), %d peer sockets", config.id, nofile, max_clients,
                     client_port.max_frame_size, max_peer_sockets(len(peers)))
@@ -434,6 +445,8 @@ async def open_node(
                     client_port=client_port, metrics=metrics,
                     peer_address=_bound(peer_listeners, config.peer_listen.host),
                     client_address=_bound(client_listeners, config.client_listen.host))
+        node.services = services.services
+        metrics.registry.register(services.collector())
 
         def byte_counters() -> dict[str, int]:
             t, c, d = transport.statistics(), client_port.stats, driver.stats
@@ -469,11 +482,12 @@ async def open_node(
                 metrics.registry, config.metrics_listen.host, config.metrics_listen.port)
 
         # Peer messages go from the reading tasks straight into the driver's channel.
-        transport.set_deliver(driver.deliver)
+        transport.set_deliver(services.route(driver.deliver))
         async with run_peer_transport(transport, listeners=peer_listeners), \
                 trio.open_nursery() as nursery:
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
+            await nursery.start(services.run)
             nursery.start_soon(_record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             if (ctl := control_file(config.id)) is not None:

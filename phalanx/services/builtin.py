@@ -1,0 +1,48 @@
+"""The built-in node services' registry entries: gossip.
+
+Owns: `GOSSIP` and `SPECS`. Declarations only: the gossip machine is `phalanx.gossip`, its
+runtime driver `phalanx.services.gossip_node`, its client operations
+`phalanx.services.gossip_api`, its demo `phalanx.demo.gossip`, all loaded only when used.
+"""
+
+from __future__ import annotations
+
+from phalanx.protocols.spec import Lazy
+from phalanx.services.spec import ServiceOption, ServiceSpec
+
+GOSSIP = ServiceSpec(
+    name="gossip",
+    summary="signed rumors to every live node (GP spreading, anti-entropy, SWIM membership)",
+    options=(
+        ServiceOption(name="enabled", default=True,
+                      help="run the service (false keeps the table but turns it off)"),
+        ServiceOption(name="tick_ms", default=25, minimum=1,
+                      help="one gossip tick (~ a one-way latency plus processing)"),
+        ServiceOption(name="call_timeout", default=2, minimum=1,
+                      help="ticks a GP call waits for its ack"),
+        ServiceOption(name="anti_entropy_interval", default=10,
+                      help="ticks between push-pull digest exchanges (0: never)"),
+        ServiceOption(name="rumor_ttl", default=2400, minimum=1,
+                      help="ticks a rumor is kept for anti-entropy (a node down longer "
+                           "than this misses it; 2400 x 25 ms = 1 minute)"),
+        ServiceOption(name="instances", default=1, minimum=1,
+                      help="independent waves per batch (f+1 against silent forwarders)"),
+        ServiceOption(name="balance", default=False,
+                      help="hand callees whole intervals (faster with many nodes down)"),
+        ServiceOption(name="probe_interval", default=8, minimum=2,
+                      help="SWIM: ticks between probes"),
+        ServiceOption(name="probe_timeout", default=3, minimum=1,
+                      help="SWIM: ticks a direct probe waits before indirect probes"),
+        ServiceOption(name="max_payload", default=65536, minimum=1,
+                      help="largest rumor payload a client may publish, in bytes"),
+        ServiceOption(name="keep_delivered", default=1000, minimum=1,
+                      help="deliveries `phalanx gossip status` can show"),
+    ),
+    messages=Lazy("phalanx.gossip.messages:GOSSIP_MESSAGES"),
+    client_messages=Lazy("phalanx.services.gossip_api:GOSSIP_API_MESSAGES"),
+    build=Lazy("phalanx.services.gossip_node:build"),
+    signing_keys=True,
+    demo=Lazy("phalanx.demo.gossip:run"),
+)
+
+SPECS: tuple[ServiceSpec, ...] = (GOSSIP,)
