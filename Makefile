@@ -3,9 +3,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-PKG_DIRS := consensus storage apps net jepsen gossip
+PKG_DIRS := consensus storage apps net jepsen gossip clustersend
 
-.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip attack clean
+.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-clustersend attack clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
