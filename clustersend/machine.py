@@ -22,11 +22,11 @@ Protocol (protocols.md §2.5-2.7): attempt i of (dst, seq) names its pairs by
 receiver verifies the certificate, delivers, echoes it to its cluster (`CsEcho`) and
 broadcasts a signed `CsAck`; f2+1 acks form an `AckProof`, sent back (`CsConfirm`) to the
 sender, which relays it inside its cluster. Any member without the proof after
-`attempt_timeout` ticks moves to attempt i+1 (doubling the timeout, up to `max_timeout`,
-after `backoff_after` attempts). A receiver that already holds the proof answers a `CsSend`
-with it at once. A member re-echoes a held value to members whose ack it has not seen
-(doubling, capped), and answers a repeated echo with its ack, so loss inside the receiving
-cluster heals.
+`attempt_timeout` ticks asks its peers for it (`CsQuery`) and moves to attempt i+1
+(doubling the timeout, up to `max_timeout`, after `backoff_after` attempts). A receiver
+that already holds the proof answers a `CsSend` with it at once. A member re-echoes a held
+value to members whose ack it has not seen (doubling, capped), and answers a repeated echo
+with its ack, so loss inside the receiving cluster heals.
 
 Delivery rule: a receiving member delivers the seq-k value of a sending cluster after
 every seq < k of that cluster; later ones wait in a buffer (the sending cluster sends every
@@ -63,6 +63,7 @@ from phalanx.clustersend.messages import (
     CsAck,
     CsConfirm,
     CsEcho,
+    CsQuery,
     CsSend,
     Inbound,
     MemberSignature,
@@ -270,6 +271,11 @@ class ClusterSendMachine:
     def now(self) -> int:
         return self._now
 
+    def attempt_of(self, dst_cluster: str, seq: int) -> int | None:
+        """The attempt our send of `seq` to `dst_cluster` is at (None: no such send)."""
+        out = self._outs.get((dst_cluster, seq))
+        return None if out is None else out.attempt
+
     # -- sending side ------------------------------------------------------------------------
 
     def _outbound(self, value: bytes, cert: Certificate) -> None:
@@ -325,7 +331,15 @@ class ClusterSendMachine:
         after = self.config.backoff_after or 2 * (self.cluster.f + dst.f + 1)
         if out.attempt >= after:
             out.timeout = min(out.timeout * 2, self.config.max_timeout)
+        query = CsQuery(dst_cluster=key[0], seq=key[1])
+        for peer in self._peers:  # maybe a peer holds the proof and its relay was lost
+            self._send(peer, query)
         self._attempt(key, out)
+
+    def _on_query(self, src: NodeId, msg: CsQuery) -> None:
+        out = self._outs.get((msg.dst_cluster, msg.seq))
+        if out is not None and out.proof is not None:
+            self._send(src, CsConfirm(proof=out.proof))
 
     def _confirm(self, key: _Key, out: _Out, proof: AckProof, *, relay: bool) -> None:
         out.proof = proof
@@ -522,9 +536,11 @@ class ClusterSendMachine:
                 self._on_echo(src, message)
             case CsAck() if own:
                 self._on_ack(src, message)
+            case CsQuery() if own:
+                self._on_query(src, message)
             case CsConfirm(proof=proof):
                 self._on_confirm(src, src_cluster, proof)
-            case CsSend() | CsEcho() | CsAck():
+            case CsSend() | CsEcho() | CsAck() | CsQuery():
                 self._drop("wrong_path")  # inter-cluster types only across, intra only inside
             case _:
                 self._drop("unknown_message")

@@ -177,6 +177,19 @@ class CsConfirm(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CsQuery(Message):
+    """Intra-cluster (sending side): "I have no proof yet for our `seq`-th value to
+    `dst_cluster`"; a member holding one answers with `CsConfirm` (a member that missed the
+    relayed confirmation learns it in one round, not by its own next lucky attempt)."""
+
+    dst_cluster: str
+    seq: int
+
+    def __post_init__(self) -> None:
+        _check(non_negative={"seq": self.seq})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Inbound(Message):
     """What a receiving replica hands to its cluster's ordering: one certified value of
     `src_cluster`, its `seq`-th. The ordering orders each (src_cluster, seq) once."""
@@ -190,7 +203,7 @@ class Inbound(Message):
         _check(non_negative={"seq": self.seq})
 
 
-ClusterSendMessage = CsSend | CsEcho | CsAck | CsConfirm
+ClusterSendMessage = CsSend | CsEcho | CsAck | CsConfirm | CsQuery
 """The closed union of what one cluster-sending machine sends another."""
 
 CLUSTERSEND_MESSAGES: dict[int, type] = {
@@ -205,8 +218,9 @@ CLUSTERSEND_MESSAGES: dict[int, type] = {
     608: CsAck,
     609: CsConfirm,
     610: Inbound,
+    611: CsQuery,
 }
-"""Stable codec type ids (never renumber; 611-629 are free for cluster-sending's later types)."""
+"""Stable codec type ids (never renumber; 612-629 are free for cluster-sending's later types)."""
 
 __all__ = [
     "CLUSTERSEND_MESSAGES",
@@ -220,6 +234,7 @@ __all__ = [
     "CsAck",
     "CsConfirm",
     "CsEcho",
+    "CsQuery",
     "CsSend",
     "Inbound",
     "MemberSignature",

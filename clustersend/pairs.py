@@ -8,12 +8,15 @@ sequence number) and `schedule` (attempt -> the (sender index, receiver index) p
   SHA-256(seed, label, i): with replacement, so a step succeeds with
   p = (nf1/n1)(nf2/n2), independently of the others (expected 1/p steps).
 - PERMUTATION (§2.6): two seeded permutations pi1 of C1 and pi2 of C2; attempt i uses
-  (pi1[i mod n1], pi2[i mod n2]). When f1+f2+1 <= min(n1, n2), the first f1+f2+1 pairs have
+  (pi1[i mod n1], pi2[(i + i div n1) mod n2]) (the receivers shift by one per cycle of the
+  senders, so a member that missed its cluster's confirmation is not stuck retrying with the
+  same faulty partner). When f1+f2+1 <= min(n1, n2), the first f1+f2+1 pairs have
   distinct senders and distinct receivers, so at most f1+f2 of them touch a faulty member:
   the worst case is f1+f2+1 attempts, whatever the faulty sets (fixed before the seed).
 - BIJECTIVE (§2.4, the deterministic baseline): every attempt sends over f1+f2+1 disjoint
-  pairs at once (pi1[j], pi2[j]); a retry (only needed on lossy links) uses the next
-  f1+f2+1 positions of the permutations.
+  pairs at once (pi1[j], pi2[j]); a retry (only needed on lossy links, or by a member that
+  missed the confirmation) uses the next f1+f2+1 positions, the receivers shifted by the
+  attempt number.
 
 Invariants: pure functions of their arguments (SHA-256 only; no `random`, no set order), so
 every member of both clusters computes the same pairs; the seed is fixed by the certified
@@ -64,10 +67,12 @@ def schedule(mode: Mode, seed: bytes, attempt: int, n1: int, n2: int,
         return ((draw(seed, b"S", attempt, n1), draw(seed, b"R", attempt, n2)),)
     p1, p2 = permutation(seed, b"S", n1), permutation(seed, b"R", n2)
     if mode == Mode.PERMUTATION:
-        return ((p1[attempt % n1], p2[attempt % n2]),)
+        # Each full cycle of the senders shifts the receivers by one more position, so a
+        # sender is not paired with the same (maybe faulty) receiver in every cycle.
+        return ((p1[attempt % n1], p2[(attempt + attempt // n1) % n2]),)
     k = min(f1 + f2 + 1, n1, n2)
     base = attempt * k
-    return tuple((p1[(base + j) % n1], p2[(base + j) % n2]) for j in range(k))
+    return tuple((p1[(base + j) % n1], p2[(base + j + attempt) % n2]) for j in range(k))
 
 
 def worst_case_attempts(mode: Mode, n1: int, n2: int, f1: int, f2: int) -> int | None:
