@@ -7,16 +7,16 @@ sequence number) and `schedule` (attempt -> the (sender index, receiver index) p
 - PCS (protocols.md §2.5): attempt i uses one pair, each index drawn uniformly from
   SHA-256(seed, label, i): with replacement, so a step succeeds with
   p = (nf1/n1)(nf2/n2), independently of the others (expected 1/p steps).
-- PERMUTATION (§2.6): two seeded permutations pi1 of C1 and pi2 of C2; attempt i uses
-  (pi1[i mod n1], pi2[(i + i div n1) mod n2]) (the receivers shift by one per cycle of the
-  senders, so a member that missed its cluster's confirmation is not stuck retrying with the
-  same faulty partner). When f1+f2+1 <= min(n1, n2), the first f1+f2+1 pairs have
-  distinct senders and distinct receivers, so at most f1+f2 of them touch a faulty member:
-  the worst case is f1+f2+1 attempts, whatever the faulty sets (fixed before the seed).
-- BIJECTIVE (§2.4, the deterministic baseline): every attempt sends over f1+f2+1 disjoint
-  pairs at once (pi1[j], pi2[j]); a retry (only needed on lossy links, or by a member that
-  missed the confirmation) uses the next f1+f2+1 positions, the receivers shifted by the
-  attempt number.
+- PERMUTATION (§2.6): cycles of m = min(n1, n2) attempts; cycle c draws seeded permutations
+  pi1_c of C1 and pi2_c of C2, and its r-th attempt uses (pi1_c[r], pi2_c[r]). Inside a
+  cycle senders and receivers are all distinct, so when f1+f2+1 <= m at most f1+f2 of the
+  first f1+f2+1 pairs touch a faulty member: the worst case is f1+f2+1 attempts, whatever the
+  faulty sets (fixed before the seed). Later cycles re-draw (a member that missed the
+  confirmation is not stuck retrying with the same faulty partner).
+- BIJECTIVE (§2.4, the deterministic baseline): every attempt sends over k = f1+f2+1
+  disjoint pairs at once (the first k positions of that attempt's seeded permutations), so
+  attempt 0 always holds a good pair; retries (lossy links, or a member that missed the
+  confirmation) re-draw.
 
 Invariants: pure functions of their arguments (SHA-256 only; no `random`, no set order), so
 every member of both clusters computes the same pairs; the seed is fixed by the certified
@@ -65,14 +65,17 @@ def schedule(mode: Mode, seed: bytes, attempt: int, n1: int, n2: int,
     sorted member lists)."""
     if mode == Mode.PCS:
         return ((draw(seed, b"S", attempt, n1), draw(seed, b"R", attempt, n2)),)
-    p1, p2 = permutation(seed, b"S", n1), permutation(seed, b"R", n2)
     if mode == Mode.PERMUTATION:
-        # Each full cycle of the senders shifts the receivers by one more position, so a
-        # sender is not paired with the same (maybe faulty) receiver in every cycle.
-        return ((p1[attempt % n1], p2[(attempt + attempt // n1) % n2]),)
+        # Cycles of m = min(n1, n2) attempts, each over fresh seeded permutations: pairs
+        # without replacement inside a cycle; a member that missed its cluster's
+        # confirmation is not stuck with the same (maybe faulty) partner in every cycle.
+        cycle, r = divmod(attempt, min(n1, n2))
+        label = str(cycle).encode()
+        return ((permutation(seed, b"S" + label, n1)[r], permutation(seed, b"R" + label, n2)[r]),)
     k = min(f1 + f2 + 1, n1, n2)
-    base = attempt * k
-    return tuple((p1[(base + j) % n1], p2[(base + j + attempt) % n2]) for j in range(k))
+    label = str(attempt).encode()
+    p1, p2 = permutation(seed, b"S" + label, n1), permutation(seed, b"R" + label, n2)
+    return tuple((p1[j], p2[j]) for j in range(k))
 
 
 def worst_case_attempts(mode: Mode, n1: int, n2: int, f1: int, f2: int) -> int | None:
