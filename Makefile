@@ -111,6 +111,13 @@ GOSSIP_ARGS ?= --seeds 3
 bench-gossip: $(STAMP)
 	$(PY) bench/gossip.py $(GOSSIP_ARGS)
 
+# Cluster-sending figures (docs/CLUSTER_SENDING.md): steps and inter-cluster messages per send
+# for PCS, the permutation variant and the bijective baseline at 0/10/30% loss, against the
+# theory (30,600 seeded sends, ~1 min of CPU; CLUSTERSEND_ARGS=--quick: ~5 s).
+CLUSTERSEND_ARGS ?=
+bench-clustersend: $(STAMP)
+	$(PY) bench/cluster_sending.py $(CLUSTERSEND_ARGS)
+
 # A 2,000-socket TLS handshake/connection flood against a real 3-node Raft leader's client port
 # (loopback, ~45 s): exits 1 if the leader lost leadership. ATTACK_ARGS=--help for the knobs.
 ATTACK_ARGS ?=

@@ -156,6 +156,7 @@ class World:
         self.stats: dict[tuple[str, str, int], SendStats] = {}
         self.counters: dict[str, int] = {}
         self.lost = 0
+        self._counts: dict[tuple[NodeId, str], int] = {}  # (node, other cluster): done so far
         self._heap: list[tuple[int, int, NodeId, NodeId, Message]] = []
         self._seq = 0
 
@@ -189,11 +190,16 @@ class World:
         if byz is None:
             for name, by in ready.counters:
                 self.counters[name] = self.counters.get(name, 0) + by
+            counts = self._counts
             for inbound in ready.deliver:
                 self.delivered[node].append(inbound)
+                key = (node, inbound.src_cluster)
+                counts[key] = counts.get(key, 0) + 1
                 self.orderings[self.cluster_of[node]].propose(inbound)
             for c in ready.confirmed:
                 self.confirmed[node].append((c.dst_cluster, c.seq))
+                key = (node, c.dst_cluster)
+                counts[key] = counts.get(key, 0) + 1
                 st = self.stats[(self.cluster_of[node], c.dst_cluster, c.seq)]
                 if st.confirmed_at is None:
                     st.confirmed_at = self.now
@@ -260,12 +266,10 @@ class World:
             if len(values) < cfg.sends:
                 return False
             for m in self.infos[dst].members:
-                if m in self.delivered and \
-                        sum(1 for i in self.delivered[m] if i.src_cluster == src) < cfg.sends:
+                if m in self.delivered and self._counts.get((m, src), 0) < cfg.sends:
                     return False
             for m in self.infos[src].members:
-                if m in self.confirmed and \
-                        sum(1 for d, _ in self.confirmed[m] if d == dst) < cfg.sends:
+                if m in self.confirmed and self._counts.get((m, dst), 0) < cfg.sends:
                     return False
         return True
 
