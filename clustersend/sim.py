@@ -156,7 +156,8 @@ class World:
         self.stats: dict[tuple[str, str, int], SendStats] = {}
         self.counters: dict[str, int] = {}
         self.lost = 0
-        self._counts: dict[tuple[NodeId, str], int] = {}  # (node, other cluster): done so far
+        # ("in" delivered from / "out" confirmed to, node, other cluster): done so far
+        self._counts: dict[tuple[str, NodeId, str], int] = {}
         self._heap: list[tuple[int, int, NodeId, NodeId, Message]] = []
         self._seq = 0
 
@@ -193,12 +194,12 @@ class World:
             counts = self._counts
             for inbound in ready.deliver:
                 self.delivered[node].append(inbound)
-                key = (node, inbound.src_cluster)
+                key = ("in", node, inbound.src_cluster)
                 counts[key] = counts.get(key, 0) + 1
                 self.orderings[self.cluster_of[node]].propose(inbound)
             for c in ready.confirmed:
                 self.confirmed[node].append((c.dst_cluster, c.seq))
-                key = (node, c.dst_cluster)
+                key = ("out", node, c.dst_cluster)
                 counts[key] = counts.get(key, 0) + 1
                 st = self.stats[(self.cluster_of[node], c.dst_cluster, c.seq)]
                 if st.confirmed_at is None:
@@ -266,10 +267,10 @@ class World:
             if len(values) < cfg.sends:
                 return False
             for m in self.infos[dst].members:
-                if m in self.delivered and self._counts.get((m, src), 0) < cfg.sends:
+                if m in self.delivered and self._counts.get(("in", m, src), 0) < cfg.sends:
                     return False
             for m in self.infos[src].members:
-                if m in self.confirmed and self._counts.get((m, dst), 0) < cfg.sends:
+                if m in self.confirmed and self._counts.get(("out", m, dst), 0) < cfg.sends:
                     return False
         return True
 
