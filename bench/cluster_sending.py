@@ -145,13 +145,13 @@ def main() -> None:
     print(f"({total} sends in all; steps = attempts until the first sender-cluster member "
           f"holds the proof; msgs = CsSend + CsConfirm between the clusters, all members)")
 
-    print("\n== PCS, other sizes, no loss")
+    print("\n== Other sizes, no loss (B: Byzantine n=3f+1, C: crash n=2f+1; n/f)")
     print(HEADER)
     small = max(300, sends // 3)
     for cell in (Cell(Mode.PCS, 0.0, 7, 2, 7, 2), Cell(Mode.PCS, 0.0, 3, 1, 3, 1,
                                                         CertKind.CRASH, CertKind.CRASH),
                  Cell(Mode.PCS, 0.0, 3, 1, 7, 2, CertKind.CRASH, CertKind.BYZANTINE),
-                 Cell(Mode.PERMUTATION, 0.0, 7, 2, 7, 2)):
+                 Cell(Mode.PERMUTATION, 0.0, 7, 2, 7, 2), Cell(Mode.BIJECTIVE, 0.0, 7, 2, 7, 2)):
         print(row(cell, run_cell(cell, small, seed0)), flush=True)
         seed0 += 10_000
 

@@ -80,6 +80,10 @@ BUGS = frozenset({"accept_uncertified", "never_retry"})
 MAX_ATTEMPT = 1 << 20
 """A claimed attempt number above this is malformed (no correct sender gets there)."""
 
+MAX_AHEAD = 1024
+"""Acks are kept only for seqs below a sending cluster's next undelivered seq plus this:
+Byzantine members could otherwise fill the table with acks for seqs that will never come."""
+
 MAX_ACK_DIGESTS = 4
 """Distinct digests whose acks a member keeps per (sending cluster, seq): one is honest;
 Byzantine members could otherwise grow the table without bound."""
@@ -475,6 +479,9 @@ class ClusterSendMachine:
         if st.dst_cluster != self.cluster.cluster_id or st.dst_epoch != self.cluster.epoch \
                 or st.src_cluster not in self.clusters or st.src_cluster == st.dst_cluster:
             self._drop("ack_wrong_cluster")
+            return
+        if st.seq >= self._next.get(st.src_cluster, 0) + MAX_AHEAD:
+            self._drop("ack_too_far_ahead")
             return
         if not self._crypto.verify(src, st, msg.signed.sig):
             self._drop("ack_bad_signature")

@@ -11,7 +11,16 @@ import pytest
 
 from phalanx.clustersend.certificates import ClusterInfo, certify
 from phalanx.clustersend.machine import ClusterSendConfig, ClusterSendMachine
-from phalanx.clustersend.messages import CertKind, CsEcho, CsSend, SendStatement, value_digest
+from phalanx.clustersend.messages import (
+    AckStatement,
+    CertKind,
+    CsAck,
+    CsEcho,
+    CsSend,
+    MemberSignature,
+    SendStatement,
+    value_digest,
+)
 from phalanx.clustersend.pairs import Mode, link_seed, schedule
 from phalanx.clustersend.sim import (
     ClusterSpec,
@@ -98,6 +107,23 @@ def test_duplicates_and_reordering_deliver_each_value_once_in_order() -> None:
                                                             certificate=cert)))
     assert again.deliver == ()
     assert machine.status()["delivered"] == 3
+
+
+def test_acks_far_ahead_or_of_many_digests_are_dropped() -> None:
+    """A Byzantine member cannot grow a receiver's ack table without bound."""
+    a = ClusterInfo(cluster_id="A", members=tuple(NodeId(f"A/n{i}") for i in range(4)), f=1)
+    b = ClusterInfo(cluster_id="B", members=tuple(NodeId(f"B/n{i}") for i in range(4)), f=1)
+    me, byz = b.members[0], b.members[3]
+    machine = ClusterSendMachine(me, "B", {"A": a, "B": b}, crypto=FastCrypto(me))
+    for seq, n in ((5_000, 1), (3, 6)):
+        for k in range(n):
+            st = AckStatement(src_cluster="A", dst_cluster="B", dst_epoch=0, seq=seq,
+                              digest=value_digest(b"made up %d" % k))
+            machine.step(Receive(src=byz, message=CsAck(statement=st, signed=MemberSignature(
+                signer=byz, sig=FastCrypto(byz).sign(st)))))
+    status = machine.status()
+    assert status["dropped:ack_too_far_ahead"] == 1
+    assert status["dropped:ack_flood"] == 2  # 4 digests kept for seq 3
 
 
 SWEEP_SEEDS = range(60)
