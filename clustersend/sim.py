@@ -1,7 +1,8 @@
 """A deterministic multi-cluster simulator for cluster-sending, and its checker.
 
 Owns: `ClusterSpec`, `WorldConfig`, `World` (its own small event loop over
-`ClusterSendMachine`s), `ModelOrdering` (each cluster's ordering, modelled), `check` (the
+`ClusterSendMachine`s), `Ordering` (the hook a receiving cluster's consensus plugs into) and
+`ModelOrdering` (each cluster's ordering, modelled), `check` (the
 checker), `random_world` (the sweep's seeded worlds) and `main` (replay one seed:
 ``python -m phalanx.clustersend.sim --seed N [--bug NAME]``).
 
@@ -34,6 +35,7 @@ import heapq
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from phalanx.clustersend.byzantine import BEHAVIOURS, Byzantine
 from phalanx.clustersend.certificates import ClusterInfo, certify
@@ -99,6 +101,17 @@ class SendStats:
     inter_messages: int = 0
 
 
+class Ordering(Protocol):
+    """A receiving cluster's ordering, as the simulator uses it: members `propose` the
+    `Inbound`s their machines deliver; `log` is what the cluster ordered. A real core plugs
+    in here (propose = submit `Inbound` as a command; log = its applied `Inbound`s, which
+    its apply step verifies and deduplicates by (sending cluster, seq))."""
+
+    log: list[Inbound]
+
+    def propose(self, inbound: Inbound) -> None: ...
+
+
 class ModelOrdering:
     """A cluster's ordering, modelled: orders the first proposal of each (sending cluster, seq)
     once, in seq order per sending cluster (a proposal ahead of the next seq waits)."""
@@ -123,7 +136,8 @@ class ModelOrdering:
 class World:
     """Run with `run()`; inspect `delivered`, `confirmed`, `orderings`, `stats`; `check(world)`."""
 
-    def __init__(self, config: WorldConfig) -> None:
+    def __init__(self, config: WorldConfig,
+                 make_ordering: Callable[[str], Ordering] | None = None) -> None:
         self.config = cfg = config
         self.now = 0
         self._rng = random.Random(cfg.seed)
@@ -149,7 +163,8 @@ class World:
         self.machines = {m: ClusterSendMachine(m, self.cluster_of[m], self.infos,
                                                crypto=self.crypto[m], config=cfg.machine)
                          for m in self.live}
-        self.orderings = {c: ModelOrdering() for c in self.infos}
+        make = make_ordering or (lambda cluster: ModelOrdering())
+        self.orderings: dict[str, Ordering] = {c: make(c) for c in self.infos}
         self.agreed: dict[tuple[str, str], list[bytes]] = {link: [] for link in cfg.links}
         self.delivered: dict[NodeId, list[Inbound]] = {m: [] for m in self.honest}
         self.confirmed: dict[NodeId, list[tuple[str, int]]] = {m: [] for m in self.honest}

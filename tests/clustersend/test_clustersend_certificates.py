@@ -257,7 +257,7 @@ def test_malformed_shapes_are_refused_at_construction() -> None:
         ClusterInfo(cluster_id="X", members=(NodeId("x0"), NodeId("x1"), NodeId("x2")), f=1)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_arbitrary_peer_input_never_raises(data: st.DataObject) -> None:
     """Byzantine input is normal input: random mixes of real and mangled messages from any

@@ -52,7 +52,7 @@ def clusters_and_faults(draw: st.DrawFn) -> tuple[int, int, int, int, set[int], 
     return n1, n2, f1, f2, bad1, bad2
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(world=clusters_and_faults(), seq=st.integers(0, 10**9))
 def test_permutation_never_needs_more_than_f1_plus_f2_plus_1_attempts(
         world: tuple[int, int, int, int, set[int], set[int]], seq: int) -> None:
