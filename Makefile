@@ -113,7 +113,7 @@ bench-gossip: $(STAMP)
 
 # Cluster-sending figures (docs/CLUSTER_SENDING.md): steps and inter-cluster messages per send
 # for PCS, the permutation variant and the bijective baseline at 0/10/30% loss, against the
-# theory (30,600 seeded sends, ~1 min of CPU; CLUSTERSEND_ARGS=--quick: ~5 s).
+# theory (36,000 seeded sends, ~70 s of CPU; CLUSTERSEND_ARGS=--quick: ~5 s).
 CLUSTERSEND_ARGS ?=
 bench-clustersend: $(STAMP)
 	$(PY) bench/cluster_sending.py $(CLUSTERSEND_ARGS)

@@ -384,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bug", action="append", default=[],
                         help="a deliberate bug switch (accept_uncertified, never_retry)")
     args = parser.parse_args(argv)
-    world, bad = run_seed(args.seed, frozenset(args.bug))
+    try:
+        world, bad = run_seed(args.seed, frozenset(args.bug))
+    except ValueError as e:  # an unknown bug name
+        parser.error(str(e))
     cfg = world.config
     print(f"seed {args.seed}: clusters "
           + ", ".join(f"{c.name}(n={c.n} f={c.f} {c.kind.name.lower()} crashed={list(c.crashed)}"

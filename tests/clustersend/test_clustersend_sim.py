@@ -27,6 +27,7 @@ from phalanx.clustersend.sim import (
     World,
     WorldConfig,
     check,
+    main,
     replay_command,
     run_seed,
 )
@@ -124,6 +125,23 @@ def test_acks_far_ahead_or_of_many_digests_are_dropped() -> None:
     status = machine.status()
     assert status["dropped:ack_too_far_ahead"] == 1
     assert status["dropped:ack_flood"] == 2  # 4 digests kept for seq 3
+
+
+def test_a_seed_replays_the_same_run() -> None:
+    first, again = run_seed(11)[0], run_seed(11)[0]
+    assert first.now == again.now
+    assert first.counters == again.counters
+    assert first.delivered == again.delivered
+    assert [(k, s.steps, s.inter_messages) for k, s in first.stats.items()] == \
+        [(k, s.steps, s.inter_messages) for k, s in again.stats.items()]
+
+
+def test_the_replay_command_runs_a_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--seed", "3"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("OK")
+    with pytest.raises(SystemExit):
+        main(["--seed", "3", "--bug", "no_such_bug"])
+    assert "unknown bugs ['no_such_bug']" in capsys.readouterr().err
 
 
 SWEEP_SEEDS = range(60)
