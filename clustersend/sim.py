@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,7 @@ from phalanx.clustersend.machine import (
     ClusterSendMachine,
     ClusterSendReady,
     Outbound,
+    SendCrypto,
 )
 from phalanx.clustersend.messages import (
     CertKind,
@@ -137,7 +138,8 @@ class World:
     """Run with `run()`; inspect `delivered`, `confirmed`, `orderings`, `stats`; `check(world)`."""
 
     def __init__(self, config: WorldConfig,
-                 make_ordering: Callable[[str], Ordering] | None = None) -> None:
+                 make_ordering: Callable[[str], Ordering] | None = None,
+                 crypto: Mapping[NodeId, SendCrypto] | None = None) -> None:
         self.config = cfg = config
         self.now = 0
         self._rng = random.Random(cfg.seed)
@@ -147,7 +149,9 @@ class World:
             for c in cfg.clusters}
         self.cluster_of: dict[NodeId, str] = {m: c for c, i in self.infos.items()
                                               for m in i.members}
-        self.crypto = {m: FastCrypto(m) for m in self.cluster_of}
+        # FastCrypto unless given (e.g. `phalanx.net.crypto.ed25519_cluster`, every node's).
+        self.crypto: Mapping[NodeId, SendCrypto] = crypto or {
+            m: FastCrypto(m) for m in self.cluster_of}
         self.down: set[NodeId] = set()
         self.byzantine: dict[NodeId, Byzantine] = {}
         for spec in cfg.clusters:
