@@ -17,6 +17,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
     400-499    applications (KV commands and results, ...)
     500-599    runtime and client protocol (500-505 client protocol; 550-579 gossip,
                `phalanx.gossip.messages.GOSSIP_MESSAGES`)
+    600-699    inter-cluster / cluster-sending (600-629 `phalanx.clustersend.messages.
+               CLUSTERSEND_MESSAGES`)
     1000-1999  plug-in protocols outside this repository, and test-only protocols
     =========  ==================================================================
 
@@ -62,6 +64,7 @@ RANGES: Final[Mapping[str, range]] = MappingProxyType(
         "leaderless": range(300, 400),
         "apps": range(400, 500),
         "runtime": range(500, 600),
+        "intercluster": range(600, 700),
         "plugins": range(1000, 2000),
     }
 )

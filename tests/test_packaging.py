@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = ("consensus", "storage", "apps", "net", "jepsen", "gossip")
+MAPPED = ("consensus", "storage", "apps", "net", "jepsen", "gossip", "clustersend")
 
 
 def _pyproject() -> dict[str, object]:
@@ -58,7 +58,8 @@ FORBIDDEN_IN_CORES = {"trio", "socket", "time", "random", "os", "asyncio", "thre
 
 
 @pytest.mark.parametrize(
-    "path", sorted([*(ROOT / "consensus").rglob("*.py"), *(ROOT / "gossip").rglob("*.py")]),
+    "path", sorted([*(ROOT / "consensus").rglob("*.py"), *(ROOT / "gossip").rglob("*.py"),
+                   *(ROOT / "clustersend").rglob("*.py")]),
     ids=lambda p: p.relative_to(ROOT).as_posix()
 )
 def test_cores_are_sans_io(path: Path) -> None:
