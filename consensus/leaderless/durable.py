@@ -144,6 +144,9 @@ class LeaderlessDeltaRules:
             value = getattr(new, name)
             fields[name] = value
             changed = changed or value != getattr(old, name)
+        if new.ordering is not old.ordering and new.ordering != old.ordering:
+            fields["ordering"] = new.ordering  # whole (None: unchanged; the veto mode's)
+            changed = True
         return LeaderlessStateDelta(**fields) if changed else None
 
     def apply(self, state: object, delta: object) -> LeaderlessDurableState:
@@ -158,6 +161,7 @@ class LeaderlessDeltaRules:
             for name in CATEGORIES}
         for name in SCALARS:
             fields[name] = getattr(delta, name)
+        fields["ordering"] = delta.ordering if delta.ordering is not None else state.ordering
         return LeaderlessDurableState(**fields)
 
 

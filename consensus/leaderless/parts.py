@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from phalanx.consensus.leaderless.safety import SafetyKernel
     from phalanx.consensus.leaderless.schedule import DueHeap
     from phalanx.consensus.leaderless.store import TxRecord, TxStore
+    from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
     from phalanx.consensus.leaderless.veto import CheckpointMachine
     from phalanx.consensus.types import Message
 
@@ -65,7 +66,7 @@ class CoreParts:
         _tally: RefusalTally
         _kernel: SafetyKernel
         _recovery: Recovery
-        _checkpoints: CheckpointMachine
+        _checkpoints: CheckpointMachine | OrderedCheckpoints
         _fence: Fence
         _queued: dict[TxId, None]
         _ticks: int

@@ -176,6 +176,16 @@ class WireTxCodec:
             return None
         return tx if type(tx) is Transaction else None
 
+    def encode_item(self, item: object) -> bytes:
+        """The ordered resolution's items and snapshots (`ordered_veto.OrderingCodec`)."""
+        return wire.encode(item)
+
+    def decode_item(self, data: bytes) -> object | None:
+        try:
+            return wire.decode(data)
+        except DecodeError:
+            return None
+
 
 class TxLayer:
     """The replica's `TransactionLayer`: a command is a `WireTxCodec` transaction."""
