@@ -94,6 +94,8 @@ def split(mode: str) -> tuple[Cluster, Transaction, Transaction]:
     c.submit(t2, to=(N3,))
     c.deliver()
     c.cut.clear()
+    c.submit(t1, to=(N3,))  # the clients send to every node (retries)
+    c.submit(t2, to=(N1, N2))
     c.deliver()
     return c, t1, t2
 
