@@ -77,7 +77,7 @@ def valid_ids(tx_ids: object) -> bool:
 class OrderedState:
     """See the module docstring."""
 
-    __slots__ = ("_chain", "_client_keys", "_counts", "_crypto", "_decided", "_dropped",
+    __slots__ = ("decisions", "_chain", "_client_keys", "_counts", "_crypto", "_decided", "_dropped",
                  "_faults",
                  "_max_decided", "_members", "_nodes", "_open", "_quorum_for", "_tx_id_of")
 
@@ -94,6 +94,8 @@ class OrderedState:
         self._tx_id_of = tx_id_of
         self._max_decided = max_decided
         self._counts: dict[str, int] = {}
+        self.decisions = 0
+        """Checkpoints decided since this object was built."""
         snap = snapshot if snapshot is not None else OrderingSnapshot()
         self._chain = snap.chain
         self._open: dict[bytes, _Open] = {
@@ -241,6 +243,6 @@ class OrderedState:
                 self._dropped[tx_id] = None
         while len(self._dropped) > self._max_decided:
             del self._dropped[next(iter(self._dropped))]
-        self._count("ordered_decisions")
+        self.decisions += 1
         return Decision(checkpoint=cid, tx_ids=o.tx_ids, kept=tuple(kept),
                         dropped=tuple(dropped))

@@ -282,6 +282,11 @@ class OrderedCheckpoints:
     def __len__(self) -> int:
         return len(self._local)
 
+    @property
+    def decisions(self) -> int:
+        """Checkpoints the ordered state decided (since start or the last transfer)."""
+        return self._state.decisions
+
     def drain(self) -> VetoEffects:
         effects = VetoEffects(sends=tuple(self._sends), sync=self._sync,
                               dropped=tuple(self._dropped), kept=tuple(self._kept))
