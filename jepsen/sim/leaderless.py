@@ -76,7 +76,7 @@ SIM_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
 """The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix."""
 
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
-               "rebroadcast_ticks", "max_pending")
+               "rebroadcast_ticks", "max_pending", "stuck_resolution", "close_ticks")
 
 
 class RecordingKv(KvStateMachine):
