@@ -20,6 +20,7 @@ from phalanx.consensus.leaderless.messages import (
     Endorsement,
     FetchTransactions,
     OrderingEnvelope,
+    OrderingSubmit,
     Refusal,
     StartCheckpoint,
     Transaction,
@@ -63,7 +64,7 @@ class PeerIntake(CoreParts):
             self._checkpoints.on_echo(src, msg, self._proof_of)
         elif isinstance(msg, VoteReady):
             self._checkpoints.on_ready(src, msg)
-        elif isinstance(msg, OrderingEnvelope):
+        elif isinstance(msg, OrderingEnvelope | OrderingSubmit):
             self._checkpoints.on_envelope(src, msg)
         else:
             self._drop("unknown_message")

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.consensus.pbft.messages import PBFT_MESSAGES, PbftDurableState
-from phalanx.consensus.types import Message, NodeId
+from phalanx.consensus.types import ClientRequest, Message, NodeId
 
 TxId = bytes
 """A transaction's id: the digest of its body (`Transaction` with the signature emptied)."""
@@ -234,6 +234,16 @@ class OrderingEnvelope(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OrderingSubmit(Message):
+    """A node's own ordered item (`request.command`: an `OrderedVote` or a
+    `CloseCheckpoint`), handed to every peer's embedded PBFT as a client's request would
+    be (a backup then holds it and times the primary). Accepted only from the node whose
+    client id it carries (`request.client_id == Receive.src`)."""
+
+    request: ClientRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OrderedVote(Message):
     """A voter's signed vote on checkpoint `checkpoint` (the digest of its sorted
     `tx_ids`), ordered through the embedded PBFT: `evidence` is the voter's full
@@ -289,7 +299,7 @@ class OrderingRecord(Message):
     undecided checkpoints and the last request number it used (PBFT deduplicates a
     client's requests by increasing numbers)."""
 
-    pbft: PbftDurableState = PbftDurableState()
+    pbft: PbftDurableState = PbftDurableState()  # noqa: RUF009 (frozen: shared safely)
     executed: int = 0
     state: OrderingSnapshot = OrderingSnapshot()
     own: tuple[OrderedVote, ...] = ()
@@ -397,8 +407,9 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     343: OrderingRecord,
     344: OrderedCheckpointState,
     345: OrderingSnapshot,
+    346: OrderingSubmit,
     **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 311-319 and records in 324-339 and 346-399 (340-345: the
+The core may add messages in 311-319 and records in 324-339 and 346-399 (340-346: the
 ordered resolution)."""

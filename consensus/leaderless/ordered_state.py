@@ -77,9 +77,22 @@ def valid_ids(tx_ids: object) -> bool:
 class OrderedState:
     """See the module docstring."""
 
-    __slots__ = ("decisions", "_chain", "_client_keys", "_counts", "_crypto", "_decided", "_dropped",
-                 "_faults",
-                 "_max_decided", "_members", "_nodes", "_open", "_quorum_for", "_tx_id_of")
+    __slots__ = (
+        "_chain",
+        "_client_keys",
+        "_counts",
+        "_crypto",
+        "_decided",
+        "_dropped",
+        "_faults",
+        "_max_decided",
+        "_members",
+        "_nodes",
+        "_open",
+        "_quorum_for",
+        "_tx_id_of",
+        "decisions",
+    )
 
     def __init__(self, *, nodes: tuple[NodeId, ...], faults: int, crypto: Crypto,
                  client_keys: Verifier, quorum_for: Callable[[str], int],

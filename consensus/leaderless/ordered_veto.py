@@ -55,6 +55,7 @@ from phalanx.consensus.leaderless.messages import (
     OrderingEnvelope,
     OrderingRecord,
     OrderingSnapshot,
+    OrderingSubmit,
     StartCheckpoint,
     Transaction,
     TransactionProof,
@@ -97,8 +98,9 @@ class _Local:
 class _Outgoing:
     """This node's items to order, one at a time (the head is in flight)."""
 
-    items: deque[tuple[bytes, OrderedVote | CloseCheckpoint]] = field(default_factory=deque)
+    items: deque[OrderedVote | CloseCheckpoint] = field(default_factory=deque)
     head: ClientRequest | None = None
+    head_item: OrderedVote | CloseCheckpoint | None = None
 
 
 class OrderedCheckpoints:
@@ -194,7 +196,7 @@ class OrderedCheckpoints:
             if not loc.decided:
                 self._broadcast(StartCheckpoint(tx_ids=loc.tx_ids))
         if self._out.head is not None:
-            self._pump(Submit(request=self._out.head))
+            self._submit(self._out.head)
         queued = sorted(t for t in self._queued if t not in self._by_tx)
         self._queued = dict.fromkeys(queued)
         if queued:
@@ -222,12 +224,18 @@ class OrderedCheckpoints:
     def on_ready(self, src: NodeId, msg: VoteReady) -> None:
         self._count("veto_message_in_pbft_mode")
 
-    def on_envelope(self, src: NodeId, msg: OrderingEnvelope) -> None:
-        """A message of the embedded PBFT (its own checks count what it drops)."""
+    def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:
+        """A message of the embedded PBFT (its own checks count what it drops), or a
+        peer's own item to order (only its own: a request under another node's client id
+        could swallow that node's requests in PBFT's per-client deduplication)."""
         if self.fenced:
             self._count("ordering_while_fenced")
-        else:
+        elif isinstance(msg, OrderingEnvelope):
             self._pump(Receive(src=src, message=msg.message))
+        elif not isinstance(msg.request, ClientRequest) or msg.request.client_id != src:
+            self._count("ordering_foreign_request")
+        else:
+            self._pump(Submit(request=msg.request))
 
     def stamp(self, number: int) -> None:
         """The core's Ready `number` carries the record of the PBFT Readys since the last."""
@@ -344,24 +352,39 @@ class OrderedCheckpoints:
         self._enqueue(vote)
 
     def _enqueue(self, item: OrderedVote | CloseCheckpoint) -> None:
-        self._out.items.append((item.checkpoint, item))
+        self._out.items.append(item)
         if self._out.head is None:
             self._next_item()
 
     def _next_item(self) -> None:
         """Submit the next own item whose checkpoint is still undecided."""
-        self._out.head = None
+        self._out.head = self._out.head_item = None
         while self._out.items:
-            cid, item = self._out.items.popleft()
-            if self._state.decided(cid):
+            item = self._out.items.popleft()
+            if self._state.decided(item.checkpoint):
                 continue
+            self._out.head_item = item
             self._request_no += 1
             self._dirty = self._sync = True
             self._out.head = ClientRequest(client_id=str(self.node_id),
                                            request_no=self._request_no,
                                            command=self._codec.encode_item(item))
-            self._pump(Submit(request=self._out.head))
+            self._submit(self._out.head)
             return
+
+    def _resend_head(self) -> None:
+        """The head's number was taken by another request: send it under a new one."""
+        if self._out.head_item is not None:
+            self._out.items.appendleft(self._out.head_item)
+            self._next_item()
+
+    def _submit(self, request: ClientRequest) -> None:
+        """Hand `request` to this node's PBFT and every peer's (as a client sends to all
+        replicas: a backup holding it times the primary)."""
+        self._pump(Submit(request=request))
+        share = OrderingSubmit(request=request)
+        self._sends.extend(Send(to=peer, message=share)
+                           for peer in self._nodes if peer != self.node_id)
 
     def _pump(self, inp: Input) -> None:
         """Step the embedded PBFT with `inp` and whatever its effects feed back."""
@@ -424,10 +447,18 @@ class OrderedCheckpoints:
                     and self._state.is_open(item.checkpoint) \
                     and item.checkpoint == checkpoint_id(self._crypto, item.tx_ids):
                 self._hear(item.tx_ids)
-            head = self._out.head
-            if (head is not None and request.client_id == head.client_id
-                    and request.request_no >= head.request_no):
-                self._next_item()
+            if request.client_id == self.node_id:
+                # Never reuse a number PBFT executed under our id (a Byzantine primary may
+                # order one we never sent): PBFT would take ours for a retry of it.
+                if request.request_no > self._request_no:
+                    self._request_no = request.request_no
+                    self._dirty = self._sync = True
+                head = self._out.head
+                if head is not None and request.request_no >= head.request_no:
+                    if request.command == head.command:
+                        self._next_item()
+                    else:
+                        self._resend_head()
         self._executed = max(self._executed, entry.index)
         self._dirty = self._sync = True
         if entry.index % self._pbft_config.checkpoint_interval == 0:

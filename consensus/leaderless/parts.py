@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         TransactionProof,
         TxId,
     )
+    from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
     from phalanx.consensus.leaderless.recovery import Recovery
     from phalanx.consensus.leaderless.refusals import RefusalTally
     from phalanx.consensus.leaderless.release import ReleaseGate
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from phalanx.consensus.leaderless.safety import SafetyKernel
     from phalanx.consensus.leaderless.schedule import DueHeap
     from phalanx.consensus.leaderless.store import TxRecord, TxStore
-    from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
     from phalanx.consensus.leaderless.veto import CheckpointMachine
     from phalanx.consensus.types import Message
 

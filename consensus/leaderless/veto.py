@@ -41,6 +41,7 @@ from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
     OrderingEnvelope,
     OrderingRecord,
+    OrderingSubmit,
     StartCheckpoint,
     Transaction,
     TransactionProof,
@@ -255,7 +256,7 @@ class CheckpointMachine:
             self._rb.on_ready(src, msg)
             self._collect()
 
-    def on_envelope(self, src: NodeId, msg: OrderingEnvelope) -> None:
+    def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:
         """The ordered resolution's message: not this mode's (counted)."""
         self._drop("ordering_in_veto_mode")
 
