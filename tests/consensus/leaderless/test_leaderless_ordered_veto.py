@@ -7,30 +7,42 @@ or forges a proof, and a restart that keeps the embedded PBFT's record."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from leaderless_harness import (
     CODEC,
     EPOCH,
-    REGISTRY,
     Cluster,
     KvApp,
     Node,
     client_keys,
+    endorsement,
     make_tx,
     tx_id,
     version,
 )
 
-from phalanx.consensus.core import Input, Persisted, Ready
+from phalanx.consensus.core import Input, Persisted, Ready, Receive
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import (
+    LEADERLESS_MESSAGES,
+    Endorsement,
     LeaderlessDurableState,
+    OrderedVote,
+    OrderingSubmit,
     Transaction,
+    TransactionProof,
 )
 from phalanx.consensus.leaderless.store import TxState
-from phalanx.consensus.types import NodeId
+from phalanx.consensus.leaderless.veto import checkpoint_id
+from phalanx.consensus.types import ClientRequest, NodeId
+from phalanx.net import wire
+from phalanx.net.codec import DecodeError
+
+wire.register_all(LEADERLESS_MESSAGES)
 
 N1, N2, N3, N4 = (NodeId(f"n{i}") for i in range(1, 5))
 
@@ -45,12 +57,12 @@ class ItemCodec:
         return CODEC.decode(data)
 
     def encode_item(self, item: object) -> bytes:
-        return REGISTRY.encode(item)
+        return wire.encode(item)
 
     def decode_item(self, data: bytes) -> object | None:
         try:
-            return REGISTRY.decode(data)
-        except Exception:
+            return wire.decode(data)
+        except DecodeError:
             return None
 
 
@@ -63,6 +75,15 @@ class OrderedCluster(Cluster):
                               codec=ItemCodec(), restored=durable,
                               bugs=self.bugs.get(node, frozenset()), recovering=recovering)
         return Node(core=core, app=app, crypto=crypto, durable=durable)
+
+    def restart(self, node: NodeId) -> None:
+        """The harness's restart, the record through the wire codec (whose shared types
+        the embedded PBFT's record needs)."""
+        old = self.nodes[node]
+        if old.durable is not None:
+            old.durable = wire.decode(wire.encode(old.durable), expected=LeaderlessDurableState)
+        self.net = [(src, s) for src, s in self.net if s.to != node]
+        self.nodes[node] = self._make(node, old.app, old.durable)
 
     def step(self, node: NodeId, inp: Input) -> Ready:
         """The harness's step, then `Persisted` fed back (the embedded PBFT counts its own
@@ -155,3 +176,85 @@ def test_the_timing_assumption_is_real() -> None:
     c, t = slow_committer(cut_ticks=50)
     assert state(c, N3, t) is TxState.COMMITTED
     assert {state(c, n, t) for n in (N1, N2, N4)} == {TxState.DROPPED}
+
+
+def n4_request(no: int, vote: OrderedVote) -> OrderingSubmit:
+    signed = dataclasses.replace(vote, signature=FastCrypto(N4).sign(vote))
+    return OrderingSubmit(request=ClientRequest(client_id=N4, request_no=no,
+                                                command=wire.encode(signed)))
+
+
+def byzantine_split(evidence_of: dict[NodeId, tuple[TransactionProof, ...]]) -> tuple[
+        Cluster, Transaction, Transaction]:
+    """The split conflict with n4 Byzantine instead of crashed: the test plays n4 and
+    sends each honest node its own (signed) vote of the stuck checkpoint {T1, T2}, under
+    one request number: `evidence_of[node]` is the evidence n4 shows that node."""
+    c, t1, t2 = split("pbft")
+    ids = tuple(sorted((tx_id(t1), tx_id(t2))))
+    cid = checkpoint_id(FastCrypto(N4), ids)
+    for node, evidence in evidence_of.items():
+        vote = OrderedVote(checkpoint=cid, tx_ids=ids, voter=N4, evidence=evidence)
+        c.step(node, Receive(src=N4, message=n4_request(1, vote)))
+    c.tick(rounds=60)
+    return c, t1, t2
+
+
+def honest_endorsements(c: Cluster, tx: Transaction) -> list[Endorsement]:
+    return sorted((e for n in (N1, N2, N3) for e in c.nodes[n].core.durable_state().endorsed
+                   if e.tx_id == tx_id(tx)), key=lambda e: e.endorser)
+
+
+@pytest.mark.parametrize("primary_sees_proof", [True, False])
+def test_an_equivocating_voter_cannot_split_the_honest_nodes(primary_sees_proof: bool) -> None:
+    """n4 shows some honest nodes a vote carrying a valid proof of T1 (n1's and n2's
+    endorsements plus its own: n4 may endorse) and the others a vote with no evidence,
+    under one request number. PBFT orders the one its primary (n1) holds; every honest
+    node counts that one and decides alike: T1 kept and committed everywhere, or dropped
+    everywhere; T2 (conflicting) is dropped everywhere."""
+    c0, t1, _t2 = split("pbft")
+    proof = TransactionProof(tx=t1, endorsements=(*honest_endorsements(c0, t1),
+                                                  endorsement("n4", t1)))
+    shown = {N1: (proof,), N2: (), N3: ()} if primary_sees_proof else {
+        N1: (), N2: (proof,), N3: (proof,)}
+    c, t1, t2 = byzantine_split(shown)
+    expected = TxState.COMMITTED if primary_sees_proof else TxState.DROPPED
+    for n in (N1, N2, N3):
+        assert state(c, n, t1) is expected, n
+        assert state(c, n, t2) is TxState.DROPPED, n
+    assert len({tuple(sorted(c.nodes[n].app.data.items())) for n in (N1, N2, N3)}) == 1
+
+
+def test_a_forged_proof_keeps_nothing() -> None:
+    """n4's vote carries a 'commit certificate' of T1 with an endorsement forged in n3's
+    name: the vote is invalid at every honest node (counted), so it is not counted; the
+    honest votes and closes drop both transactions."""
+    c0, t1, _t2 = split("pbft")
+    forged_body = Endorsement(tx_id=tx_id(t1), endorser=N3, conditions=())
+    forged = dataclasses.replace(forged_body, signature=FastCrypto(N4).sign(forged_body))
+    e1 = [e for e in honest_endorsements(c0, t1) if e.endorser == N1]
+    proof = TransactionProof(tx=t1, endorsements=(*e1, forged, endorsement("n4", t1)))
+    c, t1, t2 = byzantine_split({N1: (proof,), N2: (proof,), N3: (proof,)})
+    for n in (N1, N2, N3):
+        assert state(c, n, t1) is TxState.DROPPED
+        assert state(c, n, t2) is TxState.DROPPED
+        assert c.nodes[n].core.status().dropped.get("veto_ordered_invalid_vote", 0) >= 1
+
+
+def test_a_restarted_node_keeps_its_vote_and_the_ordering() -> None:
+    """n1 restarts (from its durable record through the codec) after voting: it does not
+    vote again, its embedded PBFT resumes, and the checkpoint still decides everywhere."""
+    c, t1, t2 = split("pbft")
+    for _ in range(12):
+        c.tick()
+        if c.nodes[N1].durable is not None and c.nodes[N1].durable.ordering is not None \
+                and c.nodes[N1].durable.ordering.own:
+            break
+    record = c.nodes[N1].durable
+    assert record is not None
+    assert record.ordering is not None
+    assert record.ordering.own
+    c.restart(N1)
+    c.tick(rounds=60)
+    for n in (N1, N2, N3):
+        assert state(c, n, t1) is TxState.DROPPED, n
+        assert state(c, n, t2) is TxState.DROPPED, n
