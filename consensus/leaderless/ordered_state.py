@@ -80,6 +80,7 @@ class OrderedState:
     __slots__ = (
         "_chain",
         "_client_keys",
+        "_close_quorum",
         "_counts",
         "_crypto",
         "_decided",
@@ -97,7 +98,10 @@ class OrderedState:
     def __init__(self, *, nodes: tuple[NodeId, ...], faults: int, crypto: Crypto,
                  client_keys: Verifier, quorum_for: Callable[[str], int],
                  tx_id_of: Callable[[Transaction], TxId],
-                 snapshot: OrderingSnapshot | None = None, max_decided: int = 4096) -> None:
+                 snapshot: OrderingSnapshot | None = None, max_decided: int = 4096,
+                 close_quorum: int | None = None) -> None:
+        """`close_quorum`: closes needed with n-f votes (f+1; fewer only as the deliberate
+        bug `ordered_one_close`)."""
         self._nodes = nodes
         self._members = frozenset(nodes)
         self._faults = faults
@@ -106,6 +110,7 @@ class OrderedState:
         self._quorum_for = quorum_for
         self._tx_id_of = tx_id_of
         self._max_decided = max_decided
+        self._close_quorum = faults + 1 if close_quorum is None else close_quorum
         self._counts: dict[str, int] = {}
         self.decisions = 0
         """Checkpoints decided since this object was built."""
@@ -231,7 +236,7 @@ class OrderedState:
     def _maybe_decide(self, cid: bytes, o: _Open) -> Decision | None:
         n, f = len(self._nodes), self._faults
         votes = len(o.votes)
-        if not (votes == n or (votes >= n - f and len(o.closers) >= f + 1)):
+        if not (votes == n or (votes >= n - f and len(o.closers) >= self._close_quorum)):
             return None
         del self._open[cid]
         self._decided[cid] = None

@@ -109,20 +109,21 @@ class OrderedCheckpoints:
     def __init__(self, *, config: LeaderlessConfig, crypto: Crypto, client_keys: Verifier,
                  codec: OrderingCodec, tx_id_of: Callable[[Transaction], TxId],
                  evidence_of: EvidenceOf, restored: OrderingRecord | None = None,
-                 pbft: PbftConfig | None = None) -> None:
+                 pbft: PbftConfig | None = None, one_close: bool = False) -> None:
+        """`one_close`: the deliberate bug `ordered_one_close` (`bugs.py`)."""
         if not (callable(getattr(codec, "encode_item", None))
                 and callable(getattr(codec, "decode_item", None))):
             raise LocalProtocolError("stuck_resolution 'pbft' needs a codec with "
                                      "encode_item/decode_item (WireTxCodec)")
         self.node_id = config.node_id
         self._config = config
+        self._client_keys = client_keys
+        self._tx_id = tx_id_of
         self._nodes = config.nodes
         self._members = frozenset(config.nodes)
         self._crypto = crypto
         self._codec = codec
         self._evidence_of = evidence_of
-        self._client_keys = client_keys
-        self._tx_id = tx_id_of
         self._pbft_config = pbft or PbftConfig(
             node_id=config.node_id, replicas=config.nodes, batch_size=16,
             forward_ticks=0, early_votes=False)
@@ -130,9 +131,8 @@ class OrderedCheckpoints:
                 tuple(self._pbft_config.replicas) != config.nodes:
             raise LocalProtocolError("the embedded PBFT must have the same node and nodes")
         rec = restored if restored is not None else OrderingRecord()
-        self._state = OrderedState(
-            nodes=config.nodes, faults=config.faults, crypto=crypto, client_keys=client_keys,
-            quorum_for=config.quorum_for, tx_id_of=tx_id_of, snapshot=rec.state)
+        self._close_quorum = 1 if one_close else config.faults + 1
+        self._state = self._new_state(rec.state)
         self._pbft_state = rec.pbft
         self._executed = rec.executed
         self._request_no = rec.request_no
@@ -416,6 +416,12 @@ class OrderedCheckpoints:
         for _ in ready.rejected:
             self._count("ordering_rejected")  # the head is submitted again next period
 
+    def _new_state(self, snapshot: OrderingSnapshot) -> OrderedState:
+        return OrderedState(
+            nodes=self._config.nodes, faults=self._config.faults, crypto=self._crypto,
+            client_keys=self._client_keys, quorum_for=self._config.quorum_for,
+            tx_id_of=self._tx_id, snapshot=snapshot, close_quorum=self._close_quorum)
+
     def _install(self, ready: Ready) -> None:
         """State transfer of the embedded PBFT: its checkpoint data is the ordered state."""
         assert ready.snapshot is not None
@@ -424,10 +430,7 @@ class OrderedCheckpoints:
         if not isinstance(snap, OrderingSnapshot):
             self._count("ordering_bad_transfer")  # certified by 2f+1: impossible
             return
-        self._state = OrderedState(
-            nodes=self._config.nodes, faults=self._config.faults, crypto=self._crypto,
-            client_keys=self._client_keys, quorum_for=self._config.quorum_for,
-            tx_id_of=self._tx_id, snapshot=snap)
+        self._state = self._new_state(snap)
         self._executed = ready.snapshot.meta.index
         self._dirty = self._sync = True
         for cid, loc in self._local.items():

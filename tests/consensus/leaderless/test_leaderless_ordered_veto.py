@@ -29,6 +29,7 @@ from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
+    CloseCheckpoint,
     Endorsement,
     LeaderlessDurableState,
     OrderedVote,
@@ -136,14 +137,15 @@ def test_split_conflict_with_a_crashed_node(mode: str) -> None:
 
 
 
-def slow_committer(cut_ticks: int) -> tuple[Cluster, Transaction]:
+def slow_committer(cut_ticks: int, *, early_close: bool = False,
+                   bugs: frozenset[str] = frozenset()) -> tuple[Cluster, Transaction]:
     """n1, n2 and n3 endorse T; only n3 gets all three endorsements and commits it. n3's
     outbound links are cut for `cut_ticks` ticks from then on, so n1, n2 and n4 see T
     expire with 2 < Q endorsements, checkpoint it and vote (PBFT orders with the three
     of them). n3 hears of the checkpoint and votes with T's commit certificate; its vote
     reaches the ordering once its links heal."""
     c = OrderedCluster(4, delta_old_ms=100, checkpoint_ticks=2, close_ticks=12,
-                       stuck_resolution="pbft")
+                       stuck_resolution="pbft", bugs={n: bugs for n in (N1, N2, N3, N4)})
     c.tick()
     t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 300)
     c.cut = {(N1, N2), (N2, N1), (N3, N1), (N3, N2)} | {(a, N4) for a in (N1, N2, N3)}
@@ -153,10 +155,24 @@ def slow_committer(cut_ticks: int) -> tuple[Cluster, Transaction]:
     assert state(c, N1, t) is TxState.PENDING
     c.cut = {(N3, b) for b in (N1, N2, N4)}
     c.tick(rounds=4)  # past the deadline: n4 learns T too late to endorse it
+    closed = False
     for i in range(60):
         if i == cut_ticks:
             c.cut.clear()
         c.tick()
+        if early_close and not closed and c.nodes[N1].durable is not None \
+                and c.nodes[N1].durable.ordering is not None \
+                and c.nodes[N1].durable.ordering.own:
+            # A Byzantine closer (the test signs as n4) closes the moment it can.
+            vote = c.nodes[N1].durable.ordering.own[0]
+            body = CloseCheckpoint(checkpoint=vote.checkpoint, tx_ids=vote.tx_ids,
+                                   proposer=N4)
+            close = dataclasses.replace(body, signature=FastCrypto(N4).sign(body))
+            request = ClientRequest(client_id=N4, request_no=1000,
+                                    command=wire.encode(close))
+            for n in (N1, N2):
+                c.step(n, Receive(src=N4, message=OrderingSubmit(request=request)))
+            closed = True
     return c, t
 
 
@@ -176,6 +192,19 @@ def test_the_timing_assumption_is_real() -> None:
     c, t = slow_committer(cut_ticks=50)
     assert state(c, N3, t) is TxState.COMMITTED
     assert {state(c, n, t) for n in (N1, N2, N4)} == {TxState.DROPPED}
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_one_close_is_not_enough(bug: bool) -> None:
+    """A Byzantine node closes the checkpoint at once. With f+1 closes required, the
+    slow committer's vote still comes first (T kept everywhere); with the rule as first
+    stated (one close: the deliberate bug `ordered_one_close`) n1, n2 and n4 drop T while
+    n3 committed it."""
+    c, t = slow_committer(cut_ticks=8, early_close=True,
+                          bugs=frozenset({"ordered_one_close"}) if bug else frozenset())
+    assert state(c, N3, t) is TxState.COMMITTED
+    others = {state(c, n, t) for n in (N1, N2, N4)}
+    assert others == ({TxState.DROPPED} if bug else {TxState.COMMITTED})
 
 
 def n4_request(no: int, vote: OrderedVote) -> OrderingSubmit:
