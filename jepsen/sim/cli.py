@@ -187,6 +187,14 @@ def _handle(args: argparse.Namespace) -> int:
         keys=args.keys,
         max_events=args.max_events,
     )
+    if settings:
+        from phalanx.jepsen.sim.protocols import protocol_setup
+        try:  # a bad knob is a one-line error now, not a traceback in every seed
+            protocol_setup(base.protocol, bugs=base.bugs, nodes=base.nodes, knobs=settings,
+                           seed=base.seed)
+        except (TypeError, ValueError) as exc:
+            print_error("phalanx sim", f"--set: {exc}")
+            return EXIT_USAGE
     if args.trace is not None:
         if args.seeds != 1:
             print_error("phalanx sim", "--trace needs --seeds 1")
