@@ -113,6 +113,12 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
                       help="address every node listens on (default: %(default)s)")
     init.add_argument("--fsync", choices=("every-write", "group", "off"), default="group",
                       help="durability mode of the nodes (default: %(default)s)")
+    init.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                      dest="options",
+                      help="an option of the protocol's core, written to every node config's "
+                      "[protocol] table (repeatable), e.g. --protocol leaderless --option "
+                      "stuck_resolution=pbft (order stuck transactions through PBFT: "
+                      "docs/LEADERLESS.md)")
     init.set_defaults(handler=_run_init)
     up = sub.add_parser(
         "up", help="run every node of a cluster directory until Ctrl-C",
@@ -140,9 +146,17 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
 
 def _run_init(args: argparse.Namespace) -> int:
     try:
+        options: dict[str, str] = {}
+        for item in args.options:
+            name, sep, value = item.partition("=")
+            if not sep or not name or not value:
+                raise ClusterError(f"--option {item}: expected NAME=VALUE, e.g. "
+                                   "--option stuck_resolution=pbft")
+            options[name] = value
         cluster = init_cluster(
             args.directory, protocol=args.protocol, nodes=args.nodes,
             base_port=args.base_port, host=args.host, fsync=args.fsync, app=args.app,
+            protocol_options=options,
         )
     except ClusterError as e:
         print_error("phalanx cluster init", str(e))

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -174,10 +174,13 @@ def init_cluster(
     client_name: str = DEFAULT_CLIENT,
     checkpoint_every: int | None = None,
     app: str = DEFAULT_APP,
+    protocol_options: Mapping[str, str] | None = None,
 ) -> ClusterConfig:
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
     config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
     app's files (the chain: DIR/chain/) and every config names them in ``[app]``.
+    `protocol_options` go into every config's ``[protocol]`` table, checked first by the
+    protocol's node (its `options_problem`; a protocol without one takes none).
 
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
@@ -192,6 +195,13 @@ def init_cluster(
     problem = app_spec.protocol_problem(spec)
     if problem is not None:
         raise ClusterError(problem)
+    options = dict(protocol_options or {})
+    if options:
+        check = getattr(spec.node.load(), "options_problem", None)
+        problem = (f"protocol {protocol} takes no --option" if check is None
+                   else check(options))
+        if problem is not None:
+            raise ClusterError(f"--option: {problem}")
     if not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
@@ -215,7 +225,7 @@ def init_cluster(
             client_signing=spec.call_strategy is CallStrategy.ENDORSEMENT, nodes=nodes,
             base_port=base_port, host=host,
             fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
-            checkpoint_every=checkpoint_every, app=app_spec,
+            checkpoint_every=checkpoint_every, app=app_spec, options=options,
         )
         _check_empty(target)
         os.replace(staging, target)  # an existing empty directory is replaced atomically
@@ -242,6 +252,7 @@ def _write_cluster(
     client_name: str,
     checkpoint_every: int | None,
     app: AppSpec,
+    options: Mapping[str, str],
 ) -> None:
     from phalanx.ops import pki
     from phalanx.ops.signing_keys import client_key_path, generate_client_key, generate_key_file
@@ -297,6 +308,7 @@ def _write_cluster(
             client_keys=client_keys,
             app=app.name,
             app_files=app_files,
+            protocol_options=options,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))
