@@ -165,7 +165,9 @@ class OrderedCheckpoints:
                 raise LocalProtocolError(f"restored vote is not {self.node_id!r}'s: {vote!r}")
             loc = self._remember(vote.checkpoint, vote.tx_ids)
             loc.own = vote
-            self._enqueue(vote)
+            loc.decided = self._state.decided(vote.checkpoint)
+            if not loc.decided:
+                self._enqueue(vote)
 
     # Inputs (the `CheckpointMachine` interface) ----------------------------------------
 
@@ -341,9 +343,9 @@ class OrderedCheckpoints:
         if loc.own is not None or loc.decided or self.fenced:
             return
         evidence = tuple(p for p in map(self._evidence_of, tx_ids) if p is not None)
-        if any(self.unprovable(t) for t in tx_ids) and not any(
-                p.endorsements for p in evidence):
-            return  # committed here without a proof (after a restart): abstain
+        if any(self.unprovable(t) for t in tx_ids):
+            return  # committed here without a proof (after a restart): abstain (a limit:
+            # docs/LEADERLESS.md "Ordered resolution", unlike the veto mode it blocks nothing)
         vote = OrderedVote(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
                            evidence=evidence)
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))
