@@ -28,8 +28,8 @@ Must not import: `phalanx.runtime.node`, `phalanx.runtime.driver`, trio, sockets
 from __future__ import annotations
 
 import random
-from typing import Any
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from phalanx.apps.interface import BaseVersions, EndorsementHooks, KeyAccess
 from phalanx.apps.replica import CheckpointPolicy, Replica
