@@ -23,8 +23,9 @@ Rules:
 - While fenced (amnesia) it signs nothing and the embedded PBFT neither steps nor sends.
 
 Invariants: deterministic (insertion-ordered dicts, sorted ids, the PBFT core's own
-determinism); peer input never raises (counted); every own vote and PBFT record change is in
-`record()` and flagged `sync` before the messages that depend on it leave.
+determinism); peer input never raises (counted); at most `MAX_OPEN` undecided checkpoints;
+every own vote and PBFT record change is in `record()` and flagged `sync` before the
+messages that depend on it leave.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ from phalanx.consensus.pbft.core import PbftCore, PbftRestoredState
 from phalanx.consensus.types import ClientRequest, Entry, LocalProtocolError, NodeId
 
 EvidenceOf = Callable[[TxId], TransactionProof | None]
+
+MAX_OPEN = 1024
+"""Undecided checkpoints a node takes part in at once (further starts are counted)."""
 
 
 class OrderingCodec(Protocol):
@@ -337,6 +341,10 @@ class OrderedCheckpoints:
     def _hear(self, tx_ids: tuple[TxId, ...]) -> None:
         """This node heard of checkpoint `tx_ids`: remember it and vote once."""
         cid = checkpoint_id(self._crypto, tx_ids)
+        if cid not in self._local and sum(
+                1 for loc in self._local.values() if not loc.decided) >= MAX_OPEN:
+            self._count("too_many_open_checkpoints")  # as the veto mode's `max_open`
+            return
         loc = self._remember(cid, tx_ids)
         if self._state.decided(cid):
             loc.decided = True
