@@ -18,6 +18,10 @@ forgery; a Byzantine node never signs as another node or a client):
 - ``forge_veto``: its drop votes become vetoes carrying a proof with forged endorsements.
 - ``replay``: re-sends, at random, transactions, endorsements and proofs it sent or saw
   earlier (other nodes' included) to random peers.
+With ``stuck_resolution = "pbft"`` the vote lies apply to the ordered votes it hands its peers
+(`OrderingSubmit`; its own embedded PBFT keeps the honest one, under the same request number):
+``withhold_veto`` strips the evidence, ``forge_veto`` replaces it with forged endorsements,
+``equivocate`` strips it for half of its peers (two contents under one number).
 
 Must not import: the simulator, trio, clocks, global random (every draw comes from the
 injected `random.Random`). The wrapped core's persistence and execution are untouched: only
@@ -36,6 +40,8 @@ from phalanx.consensus.core import Core, CoreStatus, Input, Ready, Receive, Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
+    OrderedVote,
+    OrderingSubmit,
     Transaction,
     TransactionProof,
     TxId,
@@ -196,6 +202,8 @@ class LeaderlessByzantineCore:
             if "forge_conditions" in b and isinstance(msg, Endorsement) and (
                     rng.random() < self._rate):
                 msg = self._forge_conditions(msg)
+            if isinstance(msg, OrderingSubmit):
+                msg = self._lie_ordered(msg, send.to)
             if isinstance(msg, VetoChoice):
                 if "withhold_veto" in b and not msg.drop:
                     msg = _resign(dataclasses.replace(msg, drop=True, proofs=()), self._crypto)
@@ -210,6 +218,34 @@ class LeaderlessByzantineCore:
                 out.append(Send(to=self._peers[rng.randrange(len(self._peers))], message=old))
                 self._count("replay")
         return tuple(out)
+
+    def _lie_ordered(self, msg: OrderingSubmit, to: NodeId) -> Message:
+        """The ordered-vote lies (see the module docstring); other items pass."""
+        try:
+            vote = wire.decode(msg.request.command)
+        except DecodeError:
+            return msg
+        if not isinstance(vote, OrderedVote):
+            return msg
+        b = self.behaviours
+        if "forge_veto" in b:
+            tx = vote.evidence[0].tx if vote.evidence else None
+            if tx is None:
+                return msg
+            fakes = tuple(Endorsement(tx_id=self._tx_id(tx), endorser=p,
+                                      signature=bytes(self._rng.getrandbits(8) for _ in range(32)))
+                          for p in self._peers)
+            forged = TransactionProof(tx=tx, endorsements=fakes)
+            vote = dataclasses.replace(vote, evidence=(forged,))
+            self._count("forge_veto")
+        elif vote.evidence and ("withhold_veto" in b or (
+                "equivocate" in b and self._peers.index(to) % 2 == 1)):
+            vote = dataclasses.replace(vote, evidence=())
+            self._count("withhold_veto" if "withhold_veto" in b else "equivocate")
+        else:
+            return msg
+        lie = _resign(vote, self._crypto)
+        return OrderingSubmit(request=dataclasses.replace(msg.request, command=wire.encode(lie)))
 
     def _forge_conditions(self, e: Endorsement) -> Message:
         rng = self._rng

@@ -17,6 +17,9 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``count_conditional``: count a conditional endorsement towards commit before its
   conditions are dropped (the commit rule's "definitely valid" forgotten: a transaction
   and the one its endorsement was conditioned on can both commit).
+- ``ordered_one_close``: `stuck_resolution = "pbft"` decides on n-f votes and ONE ordered
+  close (the rule as first stated): a Byzantine node's immediate close then decides before
+  a slow correct committer's vote is ordered (DROP meets a commit).
 
 Invariant: the empty set is the protocol.
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
-                              "skip_requirements", "count_conditional")
+                              "skip_requirements", "count_conditional", "ordered_one_close")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from phalanx.consensus.quorum import leaderless_quorum, max_byzantine_faults
 from phalanx.consensus.types import NodeId
 
+STUCK_RESOLUTIONS = ("veto", "pbft")
+"""The values of `LeaderlessConfig.stuck_resolution` (the first is the default)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaderlessConfig:
@@ -39,6 +42,13 @@ class LeaderlessConfig:
         max_deadline_lead_ms: a node endorses a transaction only while its deadline lies at
             most this far past the node's clock (the replica's transaction table keeps
             records for the GC horizon plus this lead: docs/LEADERLESS.md "Runtime half").
+        stuck_resolution: how checkpoints of stuck transactions decide: "veto" (votes by
+            reliable broadcast, DROP needs all n: no timing assumption, one silent node
+            blocks every drop) or "pbft" (votes ordered through an embedded PBFT instance;
+            DROP after n-f votes and f+1 closes assumes partial synchrony):
+            docs/LEADERLESS.md "Ordered resolution".
+        close_ticks: "pbft" mode: a node proposes to close a checkpoint this many ticks
+            after it heard of it (must exceed the message delay plus the ordering latency).
     """
 
     node_id: NodeId
@@ -52,6 +62,8 @@ class LeaderlessConfig:
     rebroadcast_ticks: int = 20
     max_pending: int = 8192
     max_deadline_lead_ms: int = 600_000
+    stuck_resolution: str = "veto"
+    close_ticks: int = 100
 
     def __post_init__(self) -> None:
         if not self.nodes or list(self.nodes) != sorted(set(self.nodes)):
@@ -69,9 +81,12 @@ class LeaderlessConfig:
             if not q <= size <= n:
                 raise ValueError(f"policy {name!r} quorum {size} must be in [Q={q}, n={n}]")
         for name in ("checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
-                     "rebroadcast_ticks", "max_pending", "max_deadline_lead_ms"):
+                     "rebroadcast_ticks", "max_pending", "max_deadline_lead_ms", "close_ticks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stuck_resolution not in STUCK_RESOLUTIONS:
+            raise ValueError(f"stuck_resolution must be one of {', '.join(STUCK_RESOLUTIONS)}, "
+                             f"got {self.stuck_resolution!r}")
         if self.delta_old_ms < 0:
             raise ValueError(f"delta_old_ms must be >= 0, got {self.delta_old_ms}")
 

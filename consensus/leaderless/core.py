@@ -63,6 +63,7 @@ from phalanx.consensus.leaderless.messages import (
     TxId,
     transaction_id,
 )
+from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
 from phalanx.consensus.leaderless.parts import Outbox
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, Recovery
 from phalanx.consensus.leaderless.refusals import RefusalTally
@@ -116,13 +117,22 @@ class LeaderlessCore(PeerIntake, TickWork):
         self._verify_proof = ProofChecker(
             nodes=config.nodes, crypto=crypto, client_keys=client_keys,
             quorum_for=config.quorum_for, tx_id=self._tx_id)
-        self._checkpoints = CheckpointMachine(
-            node_id=config.node_id, nodes=config.nodes, crypto=crypto,
-            checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
-            verify_proof=self._verify_proof, faults=config.faults,
-            restored_votes=restored.votes if restored is not None else (),
-            restored_relays=restored.relays if restored is not None else (),
-            tx_id_of=self._tx_id)
+        self._checkpoints: CheckpointMachine | OrderedCheckpoints
+        if config.stuck_resolution == "pbft":  # docs/LEADERLESS.md "Ordered resolution"
+            self._checkpoints = OrderedCheckpoints(
+                config=config, crypto=crypto, client_keys=client_keys,
+                codec=codec,  # type: ignore[arg-type]  # checked: encode_item/decode_item
+                tx_id_of=self._tx_id, evidence_of=self._evidence_of,
+                restored=restored.ordering if restored is not None else None,
+                one_close="ordered_one_close" in self._bugs)
+        else:
+            self._checkpoints = CheckpointMachine(
+                node_id=config.node_id, nodes=config.nodes, crypto=crypto,
+                checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
+                verify_proof=self._verify_proof, faults=config.faults,
+                restored_votes=restored.votes if restored is not None else (),
+                restored_relays=restored.relays if restored is not None else (),
+                tx_id_of=self._tx_id)
         self._checkpoints.unprovable = self._unprovable
         self._dropped: dict[str, int] = {}
         self._duplicates: dict[str, int] = {}
@@ -275,6 +285,7 @@ class LeaderlessCore(PeerIntake, TickWork):
         simulator's restart sweep (seed 10; docs/LEADERLESS.md "The hot path")."""
         while self._sync_numbers and self._sync_numbers[0] <= number:
             self._sync_numbers.pop(0)
+        self._checkpoints.persisted(number)
 
     def _ready(self, out: Outbox) -> Ready:
         core_state = self.durable_state() if (out.dirty or out.signed) else None
@@ -283,6 +294,7 @@ class LeaderlessCore(PeerIntake, TickWork):
             self._number += 1
             number = self._number
             self._gate.stamp(number)
+            self._checkpoints.stamp(number)
             if out.signed:
                 self._sync_numbers.append(number)
         entries = tuple(out.entries)
@@ -300,7 +312,7 @@ class LeaderlessCore(PeerIntake, TickWork):
             decided=self._store.tombstone_tuple(), committed=proofs,
             gc_horizon_ms=self._store.horizon, known=known, released=len(released_at),
             released_at=released_at, fence_until_ms=self._fence.until_ms,
-            relays=self._checkpoints.relays())
+            relays=self._checkpoints.relays(), ordering=self._checkpoints.record())
 
     def _drop(self, reason: str) -> None:
         if reason in BENIGN_DUPLICATES:
@@ -482,6 +494,18 @@ class LeaderlessCore(PeerIntake, TickWork):
         record = self._store.get(tx_id)
         if (record is None or record.state is not TxState.PENDING
                 or not self._rules.applicable(tx_id)):
+            return None
+        return TransactionProof(tx=record.tx, endorsements=tuple(
+            sorted(record.endorsements.values(), key=lambda e: e.endorser)))
+
+    def _evidence_of(self, tx_id: TxId) -> TransactionProof | None:
+        """Every endorsement this node holds of `tx_id` (its commit certificate when
+        committed here): an ordered vote's evidence (`ordered_veto.py`)."""
+        certificate = self._gate.proof(tx_id)
+        if certificate is not None:
+            return certificate
+        record = self._store.get(tx_id)
+        if record is None or not record.endorsements:
             return None
         return TransactionProof(tx=record.tx, endorsements=tuple(
             sorted(record.endorsements.values(), key=lambda e: e.endorser)))

@@ -57,6 +57,11 @@ CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "
 SCALARS = ("gc_horizon_ms", "released", "fence_until_ms")
 """The fields copied whole into every delta (small)."""
 
+WHOLE_IF_CHANGED = ("ordering",)
+"""The fields copied whole into a delta only when they changed (None in the delta:
+unchanged): the ordered resolution's record (`stuck_resolution = "pbft"`). A record never goes
+back from a value to None (the mode is fixed per node), so "unchanged" is exact."""
+
 
 HEAD_TRIM = 8
 """`diff_items` first tries "the k oldest items removed, the rest kept, items appended" for
@@ -144,6 +149,11 @@ class LeaderlessDeltaRules:
             value = getattr(new, name)
             fields[name] = value
             changed = changed or value != getattr(old, name)
+        for name in WHOLE_IF_CHANGED:
+            value = getattr(new, name)
+            if value is not getattr(old, name) and value != getattr(old, name):
+                fields[name] = value
+                changed = True
         return LeaderlessStateDelta(**fields) if changed else None
 
     def apply(self, state: object, delta: object) -> LeaderlessDurableState:
@@ -158,6 +168,9 @@ class LeaderlessDeltaRules:
             for name in CATEGORIES}
         for name in SCALARS:
             fields[name] = getattr(delta, name)
+        for name in WHOLE_IF_CHANGED:
+            value = getattr(delta, name)
+            fields[name] = value if value is not None else getattr(state, name)
         return LeaderlessDurableState(**fields)
 
 

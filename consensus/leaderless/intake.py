@@ -19,6 +19,8 @@ from phalanx.consensus.leaderless.messages import (
     CommittedDigest,
     Endorsement,
     FetchTransactions,
+    OrderingEnvelope,
+    OrderingSubmit,
     Refusal,
     StartCheckpoint,
     Transaction,
@@ -62,6 +64,8 @@ class PeerIntake(CoreParts):
             self._checkpoints.on_echo(src, msg, self._proof_of)
         elif isinstance(msg, VoteReady):
             self._checkpoints.on_ready(src, msg)
+        elif isinstance(msg, OrderingEnvelope | OrderingSubmit):
+            self._checkpoints.on_envelope(src, msg)
         else:
             self._drop("unknown_message")
 

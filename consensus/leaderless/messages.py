@@ -37,7 +37,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx.consensus.types import Message, NodeId
+from phalanx.consensus.pbft.messages import PBFT_MESSAGES, PbftDurableState
+from phalanx.consensus.types import ClientRequest, Message, NodeId
 
 TxId = bytes
 """A transaction's id: the digest of its body (`Transaction` with the signature emptied)."""
@@ -221,6 +222,90 @@ class DecidedTx(Message):
     committed: bool
 
 
+# Ordered resolution of stuck transactions (`stuck_resolution = "pbft"`, `ordered_veto.py`).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderingEnvelope(Message):
+    """A message of the embedded PBFT instance that orders checkpoint votes (`message`: a
+    PBFT message; the sender is `Receive.src`, as for every PBFT message)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderingSubmit(Message):
+    """A node's own ordered item (`request.command`: an `OrderedVote` or a
+    `CloseCheckpoint`), handed to every peer's embedded PBFT as a client's request would
+    be (a backup then holds it and times the primary). Accepted only from the node whose
+    client id it carries (`request.client_id == Receive.src`)."""
+
+    request: ClientRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderedVote(Message):
+    """A voter's signed vote on checkpoint `checkpoint` (the digest of its sorted
+    `tx_ids`), ordered through the embedded PBFT: `evidence` is the voter's full
+    endorsement set for those transactions (per transaction at most one proof, sorted by
+    transaction id; a commit certificate when the voter committed it)."""
+
+    checkpoint: bytes
+    tx_ids: tuple[TxId, ...]
+    voter: NodeId
+    evidence: tuple[TransactionProof, ...] = ()
+    signature: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseCheckpoint(Message):
+    """`proposer` asks to decide checkpoint `checkpoint` on the votes ordered so far (it
+    waited `close_ticks` since it heard of it); counts once f+1 distinct ones are ordered."""
+
+    checkpoint: bytes
+    tx_ids: tuple[TxId, ...]
+    proposer: NodeId
+    signature: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderedCheckpointState(Message):
+    """An undecided checkpoint in the ordered state: its ids, the counted votes (the first
+    valid one of each voter, in order) and the distinct closers (in order)."""
+
+    checkpoint: bytes
+    tx_ids: tuple[TxId, ...]
+    votes: tuple[OrderedVote, ...] = ()
+    closers: tuple[NodeId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderingSnapshot(Message):
+    """The ordered state after an executed sequence number (the embedded PBFT's checkpoint
+    data; identical at every correct node): the hash chain of the executed commands, the
+    undecided checkpoints, the most recently decided checkpoint ids and dropped transaction
+    ids (oldest first, bounded)."""
+
+    chain: bytes = b""
+    open: tuple[OrderedCheckpointState, ...] = ()
+    decided: tuple[bytes, ...] = ()
+    dropped: tuple[TxId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderingRecord(Message):
+    """The ordered-resolution part of the durable record: the embedded PBFT's record, the
+    sequence number executed and the ordered state after it, this node's own votes of
+    undecided checkpoints and the last request number it used (PBFT deduplicates a
+    client's requests by increasing numbers)."""
+
+    pbft: PbftDurableState = PbftDurableState()  # noqa: RUF009 (frozen: shared safely)
+    executed: int = 0
+    state: OrderingSnapshot = OrderingSnapshot()
+    own: tuple[OrderedVote, ...] = ()
+    request_no: int = 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaderlessDurableState(Message):
     """What the core must find again after a crash (`Ready.core_state`).
@@ -252,6 +337,8 @@ class LeaderlessDurableState(Message):
             restart re-releases only those beyond the replica's applied index (at the same
             indexes): the ones it applied keep their index and are not released twice
             (empty, e.g. in an older record: every one is released again).
+        ordering: the ordered resolution's part (`stuck_resolution = "pbft"`); None in
+            the veto mode.
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -265,6 +352,7 @@ class LeaderlessDurableState(Message):
     fence_until_ms: int = 0
     released_at: tuple[int, ...] = ()
     relays: tuple[VoteRelay, ...] = ()
+    ordering: OrderingRecord | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -272,7 +360,8 @@ class LeaderlessStateDelta(Message):
     """The change from one `LeaderlessDurableState` to the next, for the core-state journal
     (`durable.LeaderlessDeltaRules`): per tuple field of the record, the positions removed
     from the previous record's tuple (sorted) and the items appended (`released_at` too: it
-    holds an index per released proof of the horizon); the small fields whole."""
+    holds an index per released proof of the horizon); the small fields whole; `ordering`
+    whole when it changed (None: unchanged)."""
 
     endorsed_removed: tuple[int, ...] = ()
     endorsed_added: tuple[Endorsement, ...] = ()
@@ -293,6 +382,7 @@ class LeaderlessStateDelta(Message):
     released_at_added: tuple[int, ...] = ()
     relays_removed: tuple[int, ...] = ()
     relays_added: tuple[VoteRelay, ...] = ()
+    ordering: OrderingRecord | None = None
 
 
 LEADERLESS_MESSAGES: dict[int, type] = {
@@ -311,6 +401,15 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
     323: VoteRelay,
+    340: OrderingEnvelope,
+    341: OrderedVote,
+    342: CloseCheckpoint,
+    343: OrderingRecord,
+    344: OrderedCheckpointState,
+    345: OrderingSnapshot,
+    346: OrderingSubmit,
+    **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 311-319 and records in 324-399."""
+The core may add messages in 311-319 and records in 324-339 and 346-399 (340-346: the
+ordered resolution)."""

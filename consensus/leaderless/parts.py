@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         TransactionProof,
         TxId,
     )
+    from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
     from phalanx.consensus.leaderless.recovery import Recovery
     from phalanx.consensus.leaderless.refusals import RefusalTally
     from phalanx.consensus.leaderless.release import ReleaseGate
@@ -65,7 +66,7 @@ class CoreParts:
         _tally: RefusalTally
         _kernel: SafetyKernel
         _recovery: Recovery
-        _checkpoints: CheckpointMachine
+        _checkpoints: CheckpointMachine | OrderedCheckpoints
         _fence: Fence
         _queued: dict[TxId, None]
         _ticks: int

@@ -39,6 +39,9 @@ from itertools import pairwise
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
+    OrderingEnvelope,
+    OrderingRecord,
+    OrderingSubmit,
     StartCheckpoint,
     Transaction,
     TransactionProof,
@@ -252,6 +255,20 @@ class CheckpointMachine:
         else:
             self._rb.on_ready(src, msg)
             self._collect()
+
+    def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:
+        """The ordered resolution's message: not this mode's (counted)."""
+        self._drop("ordering_in_veto_mode")
+
+    def stamp(self, number: int) -> None:
+        """Nothing to map (the ordered resolution maps its PBFT's Ready numbers)."""
+
+    def persisted(self, number: int) -> None:
+        """Nothing to count (see `stamp`)."""
+
+    def record(self) -> OrderingRecord | None:
+        """The ordered resolution's record: none in this mode."""
+        return None
 
     # Queries -------------------------------------------------------------------------
 

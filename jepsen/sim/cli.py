@@ -107,7 +107,29 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="event budget of one seed; a run that exceeds it fails "
                    f"(default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
+        help="fix a protocol knob (a config field of the protocol's core) on every seed, over "
+        "the swarm's draw; repeatable; VALUE is an int, true/false or a word, e.g. "
+        "--set stuck_resolution=pbft (leaderless: order checkpoint votes through PBFT)",
+    )
     p.set_defaults(handler=_handle)
+
+
+def parse_settings(items: list[str]) -> tuple[tuple[str, int | bool | str], ...]:
+    """`--set NAME=VALUE` items as sorted knob pairs (ValueError: a one-line message)."""
+    out: dict[str, int | bool | str] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.isidentifier() or not raw:
+            raise ValueError(f"--set {item}: expected NAME=VALUE, e.g. --set stuck_resolution=pbft")
+        value: int | bool | str = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        elif raw.lstrip("-").isdigit():
+            value = int(raw)
+        out[name] = value
+    return tuple(sorted(out.items()))
 
 
 def _handle(args: argparse.Namespace) -> int:
@@ -143,7 +165,13 @@ def _handle(args: argparse.Namespace) -> int:
     if min(args.clients, args.keys, args.max_events) < 1:
         print_error("phalanx sim", "--clients, --keys and --max-events must be >= 1")
         return EXIT_USAGE
+    try:
+        settings = parse_settings(args.settings)
+    except ValueError as exc:
+        print_error("phalanx sim", str(exc))
+        return EXIT_USAGE
     base = RunConfig(
+        settings=settings,
         seed=args.seed_start,
         protocol=args.protocol,
         nodes=args.nodes if args.nodes is not None else 3,
@@ -159,6 +187,14 @@ def _handle(args: argparse.Namespace) -> int:
         keys=args.keys,
         max_events=args.max_events,
     )
+    if settings:
+        from phalanx.jepsen.sim.protocols import protocol_setup
+        try:  # a bad knob is a one-line error now, not a traceback in every seed
+            protocol_setup(base.protocol, bugs=base.bugs, nodes=base.nodes, knobs=settings,
+                           seed=base.seed)
+        except (TypeError, ValueError) as exc:
+            print_error("phalanx sim", f"--set: {exc}")
+            return EXIT_USAGE
     if args.trace is not None:
         if args.seeds != 1:
             print_error("phalanx sim", "--trace needs --seeds 1")

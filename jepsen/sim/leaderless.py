@@ -76,7 +76,7 @@ SIM_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
 """The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix."""
 
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
-               "rebroadcast_ticks", "max_pending")
+               "rebroadcast_ticks", "max_pending", "stuck_resolution", "close_ticks")
 
 
 class RecordingKv(KvStateMachine):
@@ -329,7 +329,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     def tx_id(tx: Transaction) -> bytes:
         return transaction_id(tx, codec.encode)
     client_keys = FastCrypto(NodeId("keyring"), cluster_secret=CLIENT_SECRET)
-    config = WorkloadConfig(**work_knobs)
+    config = WorkloadConfig(**work_knobs)  # type: ignore[arg-type]  # int fields; bad --set values raise
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
         incarnations[node] = incarnation = incarnations.get(node, 0) + 1

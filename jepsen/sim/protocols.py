@@ -130,9 +130,11 @@ class ReplyFilter(Protocol):
         ...
 
 
-Knobs = tuple[tuple[str, int | bool], ...]
+Knobs = tuple[tuple[str, int | bool | str], ...]
 """Protocol tuning chosen per seed (swarm testing), as sorted `(name, value)` pairs: the
-protocol's own config fields (e.g. Raft's `pre_vote`) plus `checkpoint_every`."""
+protocol's own config fields (e.g. Raft's `pre_vote`) plus `checkpoint_every`; `phalanx sim
+--set NAME=VALUE` fixes one on every seed (a str value, e.g. the leaderless core's
+`stuck_resolution=pbft`, only where the protocol's field is a str)."""
 
 
 def protocol_setup(

@@ -44,6 +44,8 @@ class RunConfig:
     lin_step_limit: int = 20_000
     max_events: int = 400_000
     max_bytes_sent: int = 12_000_000
+    settings: Knobs = ()
+    """Knobs fixed on every seed (`phalanx sim --set NAME=VALUE`), over the swarm's draw."""
 
     def replay_command(self) -> str:
         faults = ",".join(self.faults) if self.faults else "none"
@@ -61,6 +63,7 @@ class RunConfig:
             ("clients", self.clients, default.clients), ("keys", self.keys, default.keys),
             ("max-events", self.max_events, default.max_events)) if value != base)
         shape += "" if self.use_codec else " --no-codec"
+        shape += "".join(f" --set {name}={value}" for name, value in self.settings)
         return (
             f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
             f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
@@ -76,7 +79,7 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     is drawn from its sane range; `heartbeat_ticks` stays below `election_ticks`.
     """
     if not cfg.swarm:
-        return cfg.faults, ()
+        return cfg.faults, tuple(sorted(cfg.settings))
     rng = random.Random(f"swarm:{cfg.protocol}:{cfg.seed}")
     faults = cfg.faults
     if len(faults) > 1:
@@ -87,7 +90,8 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     }
     if "election_ticks" in knobs:
         knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))
-    return faults, tuple(sorted(knobs.items()))
+    drawn: dict[str, int | bool | str] = {**knobs, **dict(cfg.settings)}
+    return faults, tuple(sorted(drawn.items()))
 
 
 @dataclass(slots=True, kw_only=True)

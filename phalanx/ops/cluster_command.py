@@ -125,6 +125,12 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
                       help="run node service NAME on every node (repeatable; off by default; "
                       + "; ".join(f"{s.name}: {s.summary}" for s in service_specs())
                       + "): writes its [NAME] table with every option at its default")
+    init.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                      dest="options",
+                      help="an option of the protocol's core, written to every node config's "
+                      "[protocol] table (repeatable), e.g. --protocol leaderless --option "
+                      "stuck_resolution=pbft (order stuck transactions through PBFT: "
+                      "docs/LEADERLESS.md)")
     init.set_defaults(handler=_run_init)
     up = sub.add_parser(
         "up", help="run every node of a cluster directory until Ctrl-C",
@@ -152,10 +158,18 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
 
 def _run_init(args: argparse.Namespace) -> int:
     try:
+        options: dict[str, str] = {}
+        for item in args.options:
+            name, sep, value = item.partition("=")
+            if not sep or not name or not value:
+                raise ClusterError(f"--option {item}: expected NAME=VALUE, e.g. "
+                                   "--option stuck_resolution=pbft")
+            options[name] = value
         cluster = init_cluster(
             args.directory, protocol=args.protocol, nodes=args.nodes,
             base_port=args.base_port, host=args.host, fsync=args.fsync, app=args.app,
             services=tuple(args.services),
+            protocol_options=options,
         )
     except ClusterError as e:
         print_error("phalanx cluster init", str(e))

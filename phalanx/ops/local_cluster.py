@@ -179,6 +179,7 @@ def init_cluster(
     app: str = DEFAULT_APP,
     services: Sequence[str] = (),
     service_options: Mapping[str, Mapping[str, OptionValue]] | None = None,
+    protocol_options: Mapping[str, str] | None = None,
 ) -> ClusterConfig:
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
     config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
@@ -186,6 +187,8 @@ def init_cluster(
     `services` (`phalanx.services`) get their table in every node config, at their
     defaults overridden by `service_options[name]`; a service that signs gets every node a
     signing key.
+    `protocol_options` go into every config's ``[protocol]`` table, checked first by the
+    protocol's node (its `options_problem`; a protocol without one takes none).
 
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
@@ -202,6 +205,13 @@ def init_cluster(
     problem = app_spec.protocol_problem(spec)
     if problem is not None:
         raise ClusterError(problem)
+    options = dict(protocol_options or {})
+    if options:
+        check = getattr(spec.node.load(), "options_problem", None)
+        problem = (f"protocol {protocol} takes no --option" if check is None
+                   else check(options))
+        if problem is not None:
+            raise ClusterError(f"--option: {problem}")
     if not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if base_port < 1 or base_port + METRICS_PORT_OFFSET + nodes > 65_536:
@@ -227,6 +237,7 @@ def init_cluster(
             base_port=base_port, host=host,
             fsync=fsync, timing=timing or TimingConfig(), client_name=client_name,
             checkpoint_every=checkpoint_every, app=app_spec, services=tables,
+            options=options,
         )
         _check_empty(target)
         os.replace(staging, target)  # an existing empty directory is replaced atomically
@@ -254,6 +265,7 @@ def _write_cluster(
     checkpoint_every: int | None,
     app: AppSpec,
     services: Mapping[str, Mapping[str, OptionValue]],
+    options: Mapping[str, str],
 ) -> None:
     from phalanx.ops import pki
     from phalanx.ops.signing_keys import client_key_path, generate_client_key, generate_key_file
@@ -310,6 +322,7 @@ def _write_cluster(
             app=app.name,
             app_files=app_files,
             services=services,
+            protocol_options=options,
         )
         if checkpoint_every is not None:
             cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, every_entries=checkpoint_every))

@@ -191,6 +191,9 @@ class NodeConfig:
     """`[app]`: the files the app reads (`AppSpec.files`), absolute."""
     services: ServiceTables = field(default_factory=dict)
     """Node services' tables (`phalanx.services`: ``[gossip]``...), validated."""
+    protocol_options: Mapping[str, str] = field(default_factory=dict)
+    """`[protocol]`: options of the protocol's core (e.g. the leaderless core's
+    ``stuck_resolution``), checked by its `ProtocolNode` at start-up and `cluster init`."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
@@ -383,6 +386,11 @@ def _client_keys(t: _Table) -> dict[str, bytes]:
     return keys
 
 
+def _options(t: _Table) -> dict[str, str]:
+    """`[protocol]`: option name -> text (its protocol's node checks them)."""
+    return {name: t.text(name) for name in sorted(t.keys())}
+
+
 def load_node_config(path: str | Path) -> NodeConfig:
     """Read and validate `DIR/nodes/<id>.toml`."""
     path = Path(path).resolve()
@@ -452,6 +460,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         app=app,
         app_files=app_files,
         services=services,
+        protocol_options=_options(root.table("protocol")),
     )
     root.check_unknown()
     return config
@@ -612,6 +621,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     }
     if cfg.app_files:
         doc["app"] = {k: rel(v) for k, v in sorted(cfg.app_files.items())}
+    if cfg.protocol_options:
+        doc["protocol"] = dict(sorted(cfg.protocol_options.items()))
     if cfg.client_auth != "required":
         doc["client"] = {"auth": cfg.client_auth}
     keys: dict[str, object] = {}

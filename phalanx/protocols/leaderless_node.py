@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from phalanx.apps.interface import BaseVersions, EndorsementHooks, KeyAccess
 from phalanx.apps.replica import CheckpointPolicy, Replica
@@ -45,7 +46,7 @@ from phalanx.consensus.leaderless.messages import (
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError
-from phalanx.ops.node_config import NodeConfig
+from phalanx.ops.node_config import ConfigError, NodeConfig
 from phalanx.ops.signing_keys import SigningKeyError, client_verifier, load_crypto
 from phalanx.protocols.spec import BuiltCore, ProtocolError
 from phalanx.runtime.persistence import DurableState, StateJournal
@@ -176,6 +177,16 @@ class WireTxCodec:
             return None
         return tx if type(tx) is Transaction else None
 
+    def encode_item(self, item: object) -> bytes:
+        """The ordered resolution's items and snapshots (`ordered_veto.OrderingCodec`)."""
+        return wire.encode(item)
+
+    def decode_item(self, data: bytes) -> object | None:
+        try:
+            return wire.decode(data)
+        except DecodeError:
+            return None
+
 
 class TxLayer:
     """The replica's `TransactionLayer`: a command is a `WireTxCodec` transaction."""
@@ -210,15 +221,53 @@ class LeaderlessJournal:
         self._directory.close()
 
 
+OPTIONS = {"stuck_resolution": str, "close_ticks": int}
+"""The node config's ``[protocol]`` options (`LeaderlessConfig` fields; docs/LEADERLESS.md
+"Ordered resolution"), as text in the config."""
+
+
+def options_problem(options: Mapping[str, str]) -> str | None:
+    """Why `options` (a ``[protocol]`` table) is not valid for this core, or None."""
+    try:
+        _options(options)
+        LeaderlessConfig(node_id=NodeId("n1"), nodes=(NodeId("n1"),), **_options(options))
+    except (TypeError, ValueError) as e:
+        return f"[protocol] {e}"
+    return None
+
+
+def _options(options: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, text in sorted(options.items()):
+        kind = OPTIONS.get(name)
+        if kind is None:
+            raise ValueError(f"{name}: not an option of the leaderless core "
+                             f"(options: {', '.join(sorted(OPTIONS))})")
+        try:
+            out[name] = kind(text)
+        except ValueError:
+            raise ValueError(f"{name}: expected {kind.__name__}, got {text!r}") from None
+    return out
+
+
 def leaderless_config(config: NodeConfig) -> LeaderlessConfig:
-    """The core's parameters from a node config (n, f from the membership)."""
-    return LeaderlessConfig(node_id=NodeId(config.id),
-                            nodes=tuple(sorted(NodeId(m) for m in config.members())),
-                            gc_horizon_ms=GC_HORIZON_MS)
+    """The core's parameters from a node config (n, f from the membership; `[protocol]`
+    options). Raises `ConfigError` naming the file on a bad option."""
+    try:
+        return LeaderlessConfig(node_id=NodeId(config.id),
+                                nodes=tuple(sorted(NodeId(m) for m in config.members())),
+                                gc_horizon_ms=GC_HORIZON_MS,
+                                **_options(config.protocol_options))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{config.source}: [protocol] {e}") from None
 
 
 class LeaderlessNode:
     """`ProtocolNode` for the leaderless core."""
+
+    def options_problem(self, options: Mapping[str, str]) -> str | None:
+        """`cluster init --option`: why these ``[protocol]`` options are wrong, or None."""
+        return options_problem(options)
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,

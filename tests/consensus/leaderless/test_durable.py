@@ -29,6 +29,7 @@ from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.durable import (
     CATEGORIES,
     SCALARS,
+    WHOLE_IF_CHANGED,
     LeaderlessDeltaRules,
     apply_items,
     diff_items,
@@ -71,10 +72,10 @@ def test_the_delta_covers_every_field_of_the_record() -> None:
     `LeaderlessDurableState` is a diffed category or a whole scalar, and the delta has
     exactly their fields."""
     record = {f.name for f in dataclasses.fields(LeaderlessDurableState)}
-    assert set(CATEGORIES) | set(SCALARS) == record
+    assert set(CATEGORIES) | set(SCALARS) | set(WHOLE_IF_CHANGED) == record
     assert not set(CATEGORIES) & set(SCALARS)
-    assert {f.name for f in dataclasses.fields(LeaderlessStateDelta)} == set(SCALARS) | {
-        f"{c}_{part}" for c in CATEGORIES for part in ("removed", "added")}
+    assert {f.name for f in dataclasses.fields(LeaderlessStateDelta)} == set(SCALARS) | set(
+        WHOLE_IF_CHANGED) | {f"{c}_{part}" for c in CATEGORIES for part in ("removed", "added")}
 
 
 def test_one_more_release_adds_one_index_to_the_delta_not_all_of_them() -> None:
