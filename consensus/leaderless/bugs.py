@@ -17,6 +17,9 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``count_conditional``: count a conditional endorsement towards commit before its
   conditions are dropped (the commit rule's "definitely valid" forgotten: a transaction
   and the one its endorsement was conditioned on can both commit).
+- ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
+  hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
+  state goes in).
 
 Invariant: the empty set is the protocol.
 """
@@ -26,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
-                              "skip_requirements", "count_conditional")
+                              "skip_requirements", "count_conditional",
+                              "skip_checkpoint_digest")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

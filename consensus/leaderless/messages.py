@@ -37,6 +37,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from phalanx.consensus.leaderless.transfer_messages import TRANSFER_MESSAGES
 from phalanx.consensus.types import Message, NodeId
 
 TxId = bytes
@@ -311,6 +312,7 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
     323: VoteRelay,
+    **TRANSFER_MESSAGES,  # 330-333: state transfer (`transfer_messages.py`)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
 The core may add messages in 311-319 and records in 324-399."""

@@ -44,6 +44,7 @@ from phalanx.jepsen.sim.leaderless_workload import LeaderlessWorkload, WorkloadC
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
 from phalanx.net import wire
+from phalanx.protocols.leaderless_checkpoints import EnvelopeFormat
 from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
@@ -355,7 +356,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
             client_keys=client_keys, app=ReplicaAppView(replicas[node]),
             codec=codec, restored=cells.get(node), bugs=bugs, recovering=recovering,
-            restored_entries=durable.entries)
+            restored_entries=durable.entries, checkpoint_format=EnvelopeFormat())
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:
             rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")

@@ -47,6 +47,7 @@ from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 from phalanx.ops.node_config import NodeConfig
 from phalanx.ops.signing_keys import SigningKeyError, client_verifier, load_crypto
+from phalanx.protocols.leaderless_checkpoints import EnvelopeFormat
 from phalanx.protocols.spec import BuiltCore, ProtocolError
 from phalanx.runtime.persistence import DurableState, StateJournal
 from phalanx.storage.directory import OsDirectory
@@ -251,7 +252,8 @@ class LeaderlessNode:
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
             app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
-            recovering=durable.recovering, restored_entries=durable.entries)
+            recovering=durable.recovering, restored_entries=durable.entries,
+            checkpoint_format=EnvelopeFormat())
         return BuiltCore(core=core)
 
 
