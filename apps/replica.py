@@ -426,8 +426,15 @@ class Replica:
         if self._maintain is not None:
             self._maintain()
 
+    @property
+    def idle_checkpoints(self) -> bool:
+        """Whether the policy checkpoints when idle (a driver then calls `maintain`)."""
+        return self._policy.idle_calls > 0
+
     def _idle_due(self) -> bool:
         p = self._policy
+        if p.idle_any:
+            return 0 < p.idle_calls <= self._idle_calls and self._entries_since > 0
         return (0 < p.idle_calls <= self._idle_calls
                 and ((p.every_entries > 0 and self._entries_since * 4 >= p.every_entries)
                      or (p.every_bytes > 0 and self._bytes_since * 4 >= p.every_bytes)))

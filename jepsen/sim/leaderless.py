@@ -76,6 +76,11 @@ SIM_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 """The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix."""
 
+IDLE_CHECKPOINT_TICKS = 20
+"""A replica checkpoints after this many ticks with nothing applied (if it applied anything
+since its last one): the quiet-point checkpoints state transfer serves (docs/LEADERLESS.md
+"State transfer")."""
+
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
                "rebroadcast_ticks", "max_pending")
 
@@ -339,7 +344,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             machine, checkpoints=storage.checkpoints, wal=storage.wal,
             decode_entry=wire.decode_entry,
             policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0,
-                                    compact_lag=0),
+                                    compact_lag=0, idle_calls=IDLE_CHECKPOINT_TICKS,
+                                    idle_any=True),
             config=members, transactions=layer)
         replica.restore_latest()
         machines[node], replicas[node] = machine, replica

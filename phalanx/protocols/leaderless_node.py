@@ -63,6 +63,10 @@ MAX_DEADLINE_LEAD_MS = 600_000
 """How far ahead of a node's clock a transaction's deadline may lie for the node to endorse
 it (10 min; the client sets deadlines seconds ahead)."""
 
+IDLE_CHECKPOINT_CALLS = 200
+"""The replica checkpoints after this many idle ticks (~2 s) when it applied anything since
+its last checkpoint: state transfer's quiet-point checkpoints."""
+
 REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
 """The replica's transaction-table horizon (module docstring)."""
 
@@ -222,9 +226,12 @@ class LeaderlessNode:
     """`ProtocolNode` for the leaderless core."""
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
+        # Idle checkpoints at quiet points: what state transfer serves (f+1 replicas hold
+        # checkpoints of one applied set when each checkpoints after the same burst).
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
                                 every_bytes=config.checkpoint.every_bytes,
-                                compact_lag=compact_lag)
+                                compact_lag=compact_lag, idle_calls=IDLE_CHECKPOINT_CALLS,
+                                idle_any=True)
 
     def open_core_state_store(self, config: NodeConfig, sync: SyncPolicy) -> LeaderlessJournal:
         return LeaderlessJournal(config, sync)
