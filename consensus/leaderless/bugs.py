@@ -20,6 +20,8 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
   hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
   state goes in).
+- ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
+  longer than the GC horizon never catches up.
 
 Invariant: the empty set is the protocol.
 """
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 
 BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
                               "skip_requirements", "count_conditional",
-                              "skip_checkpoint_digest")
+                              "skip_checkpoint_digest", "no_state_transfer")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

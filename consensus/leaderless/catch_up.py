@@ -5,7 +5,9 @@ and installing a verified checkpoint (docs/LEADERLESS.md "State transfer").
 When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`):
 - it lost its record (amnesia) or restarted after being down longer than the GC horizon
   (its record's horizon is more than `gc_horizon_ms` behind its clock's);
-- it heard from no peer for longer than the GC horizon (a message arrives after the gap);
+- it heard from no peer for longer than the GC horizon (a message arrives after the gap; a
+  node that heard nothing for a period asks one peer for its checkpoint descriptor, so
+  even a quiet cluster answers);
 - a committed transaction waited at the version gate past the GC horizon (what it waits
   for can no longer be fetched from anyone).
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from phalanx.consensus.core import Snapshot
+from phalanx.consensus.core import Send, Snapshot
 from phalanx.consensus.leaderless.messages import DecidedTx
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
 from phalanx.consensus.leaderless.state_transfer import Verified
@@ -54,6 +56,8 @@ class CatchUp(CoreParts):
         _last_heard_ms: int | None
         _restored_horizon: int | None
         _behind: int
+        _heard_tick: int
+        _peers: tuple[NodeId, ...]
 
     def _heard(self, src: NodeId) -> None:
         """A message from peer `src` arrived: after a silence longer than the GC horizon,
@@ -65,6 +69,7 @@ class CatchUp(CoreParts):
         if last is not None and now - last > self._config.gc_horizon_ms:
             transfer.want("cut off past the GC horizon")
         self._last_heard_ms = now
+        self._heard_tick = self._ticks
 
     def _transfer_tick(self, now: int | None, out: Outbox) -> None:
         transfer = self._transfer
@@ -79,6 +84,13 @@ class CatchUp(CoreParts):
                 and any(item.proof is not None and item.proof.tx.deadline_ms < now - horizon
                         for item in self._gate.gated.values())):
             transfer.want("gated past the GC horizon")
+        every = self._config.rebroadcast_ticks
+        if self._ticks % every == 0 and self._ticks - self._heard_tick >= every and self._peers:
+            # Nothing heard for a period: ask one peer (round-robin) for its checkpoint. Its
+            # answer ends the silence, and a silence past the horizon is noticed (a quiet
+            # cluster sends nothing else: no commits, no digests).
+            peer = self._peers[(self._ticks // every) % len(self._peers)]
+            out.sends.append(Send(to=peer, message=CheckpointQuery()))
         out.sends += transfer.tick()
 
     def _on_transfer(self, src: NodeId, msg: Message, out: Outbox) -> None:

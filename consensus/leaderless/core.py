@@ -169,12 +169,15 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
         self._rules.count_conditional = "count_conditional" in self._bugs
         if restored is not None or restored_entries:
             self._restore(restored or LeaderlessDurableState(), known, restored_entries)
+        if "no_state_transfer" in self._bugs:
+            checkpoint_format = None
         self._format = checkpoint_format
         self._transfer = None if checkpoint_format is None else StateTransfer(
             fmt=checkpoint_format, peers=self._peers, faults=config.faults,
             every=config.rebroadcast_ticks, drop=self._drop,
             check_digest="skip_checkpoint_digest" not in self._bugs)
         self._last_heard_ms: int | None = None
+        self._heard_tick = 0
         self._restored_horizon = restored.gc_horizon_ms if restored is not None else None
         self._behind = 0
         if self._transfer is not None and recovering:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phalanx.consensus.types import Message
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointQuery:
+class CheckpointQuery(Message):
     """"What is your newest checkpoint?" (answered with a `CheckpointDescriptor`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointDescriptor:
+class CheckpointDescriptor(Message):
     """What identifies a replica checkpoint across replicas (they number entries locally,
     so the applied index is not part of it).
 
@@ -46,7 +48,7 @@ class CheckpointDescriptor:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FetchCheckpoint:
+class FetchCheckpoint(Message):
     """Ask for the bytes of the checkpoint `state_digest` from `offset` on."""
 
     state_digest: bytes
@@ -54,7 +56,7 @@ class FetchCheckpoint:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointChunk:
+class CheckpointChunk(Message):
     """Bytes `[offset, offset + len(data))` of the checkpoint `state_digest` (rebased to 0)."""
 
     state_digest: bytes

@@ -44,8 +44,16 @@ class RunConfig:
     lin_step_limit: int = 20_000
     max_events: int = 400_000
     max_bytes_sent: int = 12_000_000
+    knobs: Knobs = ()
+    """Protocol knobs set explicitly (over the swarm's draw): scripted scenario tests."""
+    schedule: nemesis.Schedule | None = None
+    """An explicit fault schedule instead of the seed's generated one (scripted scenario
+    tests; the replay command then names the test, not the CLI)."""
 
     def replay_command(self) -> str:
+        if self.schedule is not None or self.knobs:
+            return (f"a scripted run (seed {self.seed}, explicit schedule or knobs): rerun "
+                    "the test that built it")
         faults = ",".join(self.faults) if self.faults else "none"
         if self.faults == nemesis.SIM_FAULT_KINDS:
             faults = "all"
@@ -76,7 +84,7 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     is drawn from its sane range; `heartbeat_ticks` stays below `election_ticks`.
     """
     if not cfg.swarm:
-        return cfg.faults, ()
+        return cfg.faults, tuple(sorted(cfg.knobs))
     rng = random.Random(f"swarm:{cfg.protocol}:{cfg.seed}")
     faults = cfg.faults
     if len(faults) > 1:
@@ -87,6 +95,7 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     }
     if "election_ticks" in knobs:
         knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))
+    knobs.update(cfg.knobs)
     return faults, tuple(sorted(knobs.items()))
 
 
