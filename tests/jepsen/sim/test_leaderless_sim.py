@@ -61,7 +61,9 @@ CAUGHT: dict[str, tuple[int, ...]] = {
     # conflicting puts apply in different orders.
     # (Re-seeded after merging main's reliable-broadcast veto into the hot-path branch:
     # seed 2 no longer catches it; of seeds 0-13 only 8, 10 and 13 do.)
-    "no_version_gate": (8, 10, 13),
+    # (Re-seeded again with state transfer: its keep-alive queries shift message timing;
+    # seed 8 no longer catches it, 1 does.)
+    "no_version_gate": (1, 10, 13),
     # A stale versioned put is endorsed and commits; its requirement never holds again.
     # (Seed 1 no longer catches it after that merge; 0, 2 and 3 do.)
     "skip_requirements": (0, 2, 3),
@@ -83,8 +85,12 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     completes late (an endorsement signed before its deadline delivered after a conflicting
     transaction was endorsed on condition of it and committed). `drop_on_commit` is covered
     by the core's `test_gaps.py::test_no_drop_on_commit`, `count_conditional` by the seed
-    below (a longer run under delay, straggle and loss)."""
-    assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional"}
+    below (a longer run under delay, straggle and loss). The state-transfer switches need a
+    node away past the GC horizon: `skip_checkpoint_digest` is covered by
+    `tests/consensus/leaderless/test_state_transfer.py`, `no_state_transfer` by
+    `test_leaderless_state_transfer_sim.py`."""
+    assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
+                              "skip_checkpoint_digest", "no_state_transfer"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
