@@ -95,7 +95,9 @@ class CatchUp(CoreParts):
 
     def _on_transfer(self, src: NodeId, msg: Message, out: Outbox) -> None:
         transfer = self._transfer
-        if transfer is None:
+        if src not in self._config.nodes or src == self._config.node_id:
+            self._drop("unknown_sender")
+        elif transfer is None:
             self._drop("no_state_transfer")
         elif isinstance(msg, CheckpointQuery):
             out.sends += transfer.on_query(src)

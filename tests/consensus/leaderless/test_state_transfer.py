@@ -45,15 +45,19 @@ def checkpoint(index: int, value: bytes, ids: tuple[bytes, ...] = (b"a" * 32, b"
 
 def test_the_descriptor_names_the_content_not_the_local_index() -> None:
     a, b = FMT.describe(checkpoint(5, b"x")), FMT.describe(checkpoint(9, b"x"))
-    assert a is not None and b is not None
+    assert a is not None
+    assert b is not None
     assert a.descriptor == b.descriptor
     other = FMT.describe(checkpoint(5, b"y"))
-    assert other is not None and other.descriptor.state_digest != a.descriptor.state_digest
+    assert other is not None
+    assert other.descriptor.state_digest != a.descriptor.state_digest
     assert other.descriptor.applied_digest == a.descriptor.applied_digest  # same ids
     rebased = FMT.rebase(checkpoint(5, b"x"), 12)
-    assert rebased is not None and parse_envelope(rebased).index == 12
+    assert rebased is not None
+    assert parse_envelope(rebased).index == 12
     assert FMT.applied(rebased) == {b"a" * 32: 1000, b"b" * 32: 1001}
-    assert FMT.describe(b"garbage") is None and FMT.applied(b"garbage") is None
+    assert FMT.describe(b"garbage") is None
+    assert FMT.applied(b"garbage") is None
     assert FMT.rebase(b"\x00", 3) is None
 
 
@@ -159,7 +163,8 @@ def test_a_node_holding_the_agreed_state_stops_asking() -> None:
     for n in NODES:
         net.machines[n].taken(checkpoint(2 + len(n), b"same"))
     net.run(NodeId("n4"))
-    assert net.verified == [] and not net.machines[NodeId("n4")].need
+    assert net.verified == []
+    assert not net.machines[NodeId("n4")].need
 
 
 def test_bad_requests_and_chunks_are_dropped_not_raised() -> None:

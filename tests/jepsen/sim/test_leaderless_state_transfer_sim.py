@@ -78,4 +78,5 @@ def test_restart_after_an_install_comes_back_from_checkpoint_and_journal(seed: i
     assert installed
     starts = [int(m.group(1)) for line in result.trace_lines
               if (m := re.search(r"n4 START incarnation=2 .*snapshot=(\d+)", line))]
-    assert starts and starts[0] >= installed[0], (starts, installed)
+    assert starts, "n4 did not restart"
+    assert starts[0] >= installed[0], (starts, installed)
