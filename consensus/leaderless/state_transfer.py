@@ -43,6 +43,10 @@ CHUNK_BYTES = 1 << 20
 MAX_CHECKPOINT_BYTES = 1 << 32
 """A descriptor announcing a larger checkpoint is dropped (`oversized_checkpoint`)."""
 
+NO_CHECKPOINT = CheckpointDescriptor(applied_digest=b"", state_digest=b"", size=0, tx_count=0,
+                                     max_deadline_ms=0)
+"""The answer of a node that has no checkpoint yet."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Described:
@@ -124,8 +128,10 @@ class StateTransfer:
         return self._own
 
     def on_query(self, src: NodeId) -> list[Send]:
+        """Our newest descriptor; `NO_CHECKPOINT` when we have none (an answer all the
+        same: the asker's silence detector counts it)."""
         own = self.own()
-        return [Send(to=src, message=own.descriptor)] if own is not None else []
+        return [Send(to=src, message=own.descriptor if own is not None else NO_CHECKPOINT)]
 
     def on_fetch(self, src: NodeId, msg: FetchCheckpoint) -> list[Send]:
         own = self.own()
@@ -172,6 +178,9 @@ class StateTransfer:
         return []
 
     def on_descriptor(self, src: NodeId, msg: CheckpointDescriptor) -> list[Send]:
+        if msg == NO_CHECKPOINT:
+            self._reports.pop(src, None)
+            return []
         if (msg.size > MAX_CHECKPOINT_BYTES or msg.size < 0 or len(msg.state_digest) != 32
                 or len(msg.applied_digest) != 32):
             self._drop("oversized_checkpoint")

@@ -184,3 +184,14 @@ def test_bad_requests_and_chunks_are_dropped_not_raised() -> None:
     assert m.on_descriptor(NodeId("n2"), huge) == []
     assert net.drops[NodeId("n1")] == ["unknown_checkpoint", "unknown_checkpoint",
                                        "unexpected_checkpoint_chunk", "oversized_checkpoint"]
+
+
+def test_a_node_without_a_checkpoint_still_answers() -> None:
+    """`NO_CHECKPOINT`: the asker hears an answer (its silence detector) and records no vote."""
+    net = Net()
+    m = net.machines[NodeId("n1")]
+    assert [s.message for s in m.on_query(NodeId("n2"))] == [state_transfer.NO_CHECKPOINT]
+    net.machines[NodeId("n2")].want("test")
+    assert net.machines[NodeId("n2")].on_descriptor(NodeId("n1"),
+                                                    state_transfer.NO_CHECKPOINT) == []
+    assert net.drops[NodeId("n2")] == []
