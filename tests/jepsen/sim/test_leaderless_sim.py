@@ -56,7 +56,9 @@ def test_the_registry_draws_the_simulators_knobs() -> None:
 
 CAUGHT: dict[str, tuple[int, ...]] = {
     # Two conflicting puts both commit: one is held at the version gate forever.
-    "endorse_despite_conflict": (0, 2, 3),
+    # (Re-seeded with state transfer, whose keep-alive answers shift message timing: seed 0
+    # no longer catches it, 4 does.)
+    "endorse_despite_conflict": (2, 3, 4),
     # A chained put released before its predecessor applied at a lagging replica: the
     # conflicting puts apply in different orders.
     # (Re-seeded after merging main's reliable-broadcast veto into the hot-path branch:
