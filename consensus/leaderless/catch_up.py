@@ -100,7 +100,7 @@ class CatchUp(CoreParts):
         elif transfer is None:
             self._drop("no_state_transfer")
         elif isinstance(msg, CheckpointQuery):
-            out.sends += transfer.on_query(src)
+            out.sends += transfer.on_query(src, self._app.applied())
         elif isinstance(msg, CheckpointDescriptor):
             out.sends += transfer.on_descriptor(src, msg)
         elif isinstance(msg, FetchCheckpoint):

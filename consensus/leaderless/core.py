@@ -283,7 +283,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
             self._on_persisted(inp.number)
         elif isinstance(inp, CheckpointTaken):
             if self._transfer is not None:
-                self._transfer.taken(inp.data)  # served to peers that catch up
+                self._transfer.taken(inp.data, inp.index)  # served to peers that catch up
         elif isinstance(inp, CheckpointInstalled):
             pass  # the app view reads checkpoints
         else:

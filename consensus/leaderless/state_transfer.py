@@ -2,8 +2,9 @@
 transactions missed are past the GC horizon (docs/LEADERLESS.md "State transfer").
 
 Owns: `StateTransfer`, the sans-IO machine of both sides. Serving: the newest checkpoint
-the replica layer took (`CheckpointTaken`), described lazily (`CheckpointFormat.describe`)
-and served in `CHUNK_BYTES` pieces rebased to index 0. Fetching, while `need` is set: ask
+the replica layer took (`CheckpointTaken`), described lazily (`CheckpointFormat.describe`),
+vouched for only while it is this node's current state (nothing applied since), and served
+in `CHUNK_BYTES` pieces rebased to index 0. Fetching, while `need` is set: ask
 every peer for its newest `CheckpointDescriptor` each `every` ticks; once f+1 distinct peers
 sent the SAME descriptor (so a correct one holds that state), fetch its bytes from one of
 them, falling back to the next on a timeout or on bytes that do not hash to the
@@ -105,6 +106,7 @@ class StateTransfer:
         self.reason = ""
         self.installs = 0
         self._own_data: SnapshotData | None = None
+        self._own_index = -1
         self._own: Described | None = None
         self._reports: dict[NodeId, CheckpointDescriptor] = {}
         self._refused: set[bytes] = set()  # state digests found behind or failed everywhere
@@ -115,9 +117,11 @@ class StateTransfer:
 
     # -------------------------------------------------------------------- serving side
 
-    def taken(self, data: SnapshotData) -> None:
-        """The replica layer made a newer checkpoint durable: serve that one from now on."""
+    def taken(self, data: SnapshotData, index: int) -> None:
+        """The replica layer made a checkpoint of the state after local `index` durable:
+        serve that one from now on."""
         self._own_data = data
+        self._own_index = index
         self._own = None
 
     def own(self) -> Described | None:
@@ -127,10 +131,13 @@ class StateTransfer:
                 self._own_data = None
         return self._own
 
-    def on_query(self, src: NodeId) -> list[Send]:
-        """Our newest descriptor; `NO_CHECKPOINT` when we have none (an answer all the
-        same: the asker's silence detector counts it)."""
-        own = self.own()
+    def on_query(self, src: NodeId, applied: int) -> list[Send]:
+        """Our newest descriptor if it is our CURRENT state (nothing applied since it was
+        taken, `applied` = its index: a quiet point), else `NO_CHECKPOINT` (an answer all
+        the same: the asker's silence detector counts it). Vouching only for the current
+        state is what makes an agreed checkpoint complete: whatever a correct peer applies
+        after it is committed later, so still within the horizon and fetchable."""
+        own = self.own() if applied == self._own_index else None
         return [Send(to=src, message=own.descriptor if own is not None else NO_CHECKPOINT)]
 
     def on_fetch(self, src: NodeId, msg: FetchCheckpoint) -> list[Send]:
@@ -174,6 +181,7 @@ class StateTransfer:
             return []
         if self._quiet >= self._every:
             self._quiet = 0
+            self._reports.clear()  # agreement among this round's answers only
             return [Send(to=peer, message=CheckpointQuery()) for peer in self._peers]
         return []
 

@@ -83,6 +83,12 @@ class Net:
             drop=self.drops[n].append, check_digest=check_digest) for n in NODES}
         self.forged: dict[NodeId, bytes] = {}
         self.verified: list[Verified] = []
+        self.applied: dict[NodeId, int] = {}
+
+    def take(self, node: NodeId, index: int, data: bytes) -> None:
+        """`node` checkpointed at `index` and applied nothing since (a quiet point)."""
+        self.machines[node].taken(data, index)
+        self.applied[node] = index
 
     def deliver(self, src: NodeId, sends: list[Send]) -> None:
         queue = [(src, s) for s in sends]
@@ -92,7 +98,7 @@ class Net:
             to = send.to
             m = self.machines[to]
             if isinstance(msg, CheckpointQuery):
-                out = m.on_query(frm)
+                out = m.on_query(frm, self.applied.get(to, 0))
             elif isinstance(msg, CheckpointDescriptor):
                 out = m.on_descriptor(frm, msg)
             elif isinstance(msg, FetchCheckpoint):
@@ -125,7 +131,7 @@ def test_forged_bytes_from_a_byzantine_server_are_refused(
     net = Net()
     honest, forged = checkpoint(7, b"honest"), checkpoint(7, b"forged")
     for n in NODES[:3]:
-        net.machines[n].taken(honest)
+        net.take(n, 7, honest)
     net.forged[NodeId("n1")] = FMT.rebase(forged, 0) or b""
     net.run(NodeId("n4"))
     assert [v.data for v in net.verified] == [FMT.rebase(honest, 0)]
@@ -137,7 +143,7 @@ def test_without_the_digest_check_the_forged_state_goes_in() -> None:
     net = Net(check_digest=False)
     honest, forged = checkpoint(7, b"honest"), checkpoint(7, b"forged")
     for n in NODES[:3]:
-        net.machines[n].taken(honest)
+        net.take(n, 7, honest)
     net.forged[NodeId("n1")] = FMT.rebase(forged, 0) or b""
     net.run(NodeId("n4"))
     assert [v.data for v in net.verified] == [FMT.rebase(forged, 0)]
@@ -146,14 +152,14 @@ def test_without_the_digest_check_the_forged_state_goes_in() -> None:
 def test_a_descriptor_only_f_peers_report_is_never_fetched() -> None:
     """One liar announcing a state nobody else holds gets no fetch; the f+1 honest one wins."""
     net = Net()
-    net.machines[NodeId("n1")].taken(checkpoint(3, b"lie", (b"z" * 32,)))
+    net.take(NodeId("n1"), 3, checkpoint(3, b"lie", (b"z" * 32,)))
     for n in NODES[1:3]:
-        net.machines[n].taken(checkpoint(4, b"truth"))
+        net.take(n, 4, checkpoint(4, b"truth"))
     net.run(NodeId("n4"))
     assert [v.data for v in net.verified] == [FMT.rebase(checkpoint(4, b"truth"), 0)]
     net2 = Net()
-    net2.machines[NodeId("n1")].taken(checkpoint(3, b"lie"))
-    net2.machines[NodeId("n2")].taken(checkpoint(4, b"truth"))
+    net2.take(NodeId("n1"), 3, checkpoint(3, b"lie"))
+    net2.take(NodeId("n2"), 4, checkpoint(4, b"truth"))
     net2.run(NodeId("n4"))
     assert net2.verified == []  # no two peers agree: nothing is fetched
 
@@ -161,7 +167,7 @@ def test_a_descriptor_only_f_peers_report_is_never_fetched() -> None:
 def test_a_node_holding_the_agreed_state_stops_asking() -> None:
     net = Net()
     for n in NODES:
-        net.machines[n].taken(checkpoint(2 + len(n), b"same"))
+        net.take(n, 2 + len(n), checkpoint(2 + len(n), b"same"))
     net.run(NodeId("n4"))
     assert net.verified == []
     assert not net.machines[NodeId("n4")].need
@@ -170,7 +176,7 @@ def test_a_node_holding_the_agreed_state_stops_asking() -> None:
 def test_bad_requests_and_chunks_are_dropped_not_raised() -> None:
     net = Net()
     m = net.machines[NodeId("n1")]
-    m.taken(checkpoint(1, b"v"))
+    net.take(NodeId("n1"), 1, checkpoint(1, b"v"))
     assert m.on_fetch(NodeId("n2"), FetchCheckpoint(state_digest=b"x" * 32, offset=0)) == []
     own = m.own()
     assert own is not None
@@ -190,7 +196,10 @@ def test_a_node_without_a_checkpoint_still_answers() -> None:
     """`NO_CHECKPOINT`: the asker hears an answer (its silence detector) and records no vote."""
     net = Net()
     m = net.machines[NodeId("n1")]
-    assert [s.message for s in m.on_query(NodeId("n2"))] == [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), 0)] == [state_transfer.NO_CHECKPOINT]
+    net.take(NodeId("n1"), 5, checkpoint(5, b"v"))
+    assert [s.message for s in m.on_query(NodeId("n2"), 6)] == [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), 5)] != [state_transfer.NO_CHECKPOINT]
     net.machines[NodeId("n2")].want("test")
     assert net.machines[NodeId("n2")].on_descriptor(NodeId("n1"),
                                                     state_transfer.NO_CHECKPOINT) == []
