@@ -231,3 +231,37 @@ def decode_meta(data: bytes) -> SnapshotMeta:
         return wire.decode(data, expected=SnapshotMeta)
     except DecodeError as exc:
         raise SnapshotFormatError(f"malformed checkpoint metadata: {exc}") from exc
+
+
+
+def split_header(data: bytes) -> tuple[list[object], int]:
+    """(the header of checkpoint envelope `data`, the offset where the rest begins). Raises
+    `SnapshotFormatError` on a malformed header."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=0)
+    unpacker.feed(data)
+    try:
+        header = next(unpacker)
+        offset = unpacker.tell()
+    except (StopIteration, ValueError, msgpack.UnpackException):
+        raise SnapshotFormatError("replica checkpoint header unreadable") from None
+    if (not isinstance(header, list) or len(header) < 3 or header[0] != _MAGIC
+            or type(header[2]) is not int):
+        raise SnapshotFormatError(f"not a replica checkpoint header: {header!r}")
+    return header, offset
+
+
+def rebased_header(header: list[object], index: int) -> bytes:
+    """`header` (from `split_header`) packed with its applied index set to `index`."""
+    if index < 0:
+        raise ValueError(f"index must be >= 0, got {index}")
+    return bytes(msgpack.packb([*header[:2], index, *header[3:]]))
+
+
+def rebase_envelope(data: bytes, index: int) -> bytes:
+    """`data` (a checkpoint envelope, any version) with its applied index replaced by
+    `index`, everything after the header byte for byte unchanged. The leaderless core's
+    state transfer serves checkpoints rebased to index 0 (replicas number their entries
+    locally, so only the content is comparable across replicas) and installs them rebased
+    to its own next index. Raises `SnapshotFormatError` on a malformed header."""
+    header, offset = split_header(data)
+    return rebased_header(header, index) + data[offset:]

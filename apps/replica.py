@@ -426,11 +426,15 @@ class Replica:
         if self._maintain is not None:
             self._maintain()
 
+    @property
+    def idle_checkpoints(self) -> bool:  # the policy checkpoints when idle (call `maintain`)
+        return self._policy.idle_calls > 0
+
     def _idle_due(self) -> bool:
-        p = self._policy
-        return (0 < p.idle_calls <= self._idle_calls
-                and ((p.every_entries > 0 and self._entries_since * 4 >= p.every_entries)
-                     or (p.every_bytes > 0 and self._bytes_since * 4 >= p.every_bytes)))
+        p, since = self._policy, self._entries_since
+        return 0 < p.idle_calls <= self._idle_calls and (since > 0 if p.idle_any else (
+            (p.every_entries > 0 and since * 4 >= p.every_entries)
+            or (p.every_bytes > 0 and self._bytes_since * 4 >= p.every_bytes)))
 
     def _collect(self) -> None:
         done = self._writer.poll()

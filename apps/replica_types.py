@@ -68,6 +68,11 @@ class CheckpointPolicy:
     last checkpoint otherwise stays in memory as overlays and the core's log until writes
     come again, scattered over allocator arenas it keeps resident. Not for protocols whose
     checkpoints must fall on fixed sequence numbers (PBFT)."""
+    idle_any: bool = False
+    """With `idle_calls`: checkpoint when idle if ANYTHING was applied since the last
+    checkpoint (not a quarter of a trigger). For the leaderless core's state transfer: its
+    replicas number entries locally, and f+1 of them hold checkpoints of one applied set only
+    when each checkpoints at the quiet point after the same burst."""
     aligned: bool = False
     """Checkpoint exactly at the applied indexes that are multiples of `every_entries`, and
     never by bytes or idleness: for protocols whose replicas vote on the state at fixed

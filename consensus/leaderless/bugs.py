@@ -20,6 +20,11 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``ordered_one_close``: `stuck_resolution = "pbft"` decides on n-f votes and ONE ordered
   close (the rule as first stated): a Byzantine node's immediate close then decides before
   a slow correct committer's vote is ordered (DROP meets a commit).
+- ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
+  hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
+  state goes in).
+- ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
+  longer than the GC horizon never catches up.
 
 Invariant: the empty set is the protocol.
 """
@@ -29,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
-                              "skip_requirements", "count_conditional", "ordered_one_close")
+                              "skip_requirements", "count_conditional", "ordered_one_close",
+                              "skip_checkpoint_digest", "no_state_transfer")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

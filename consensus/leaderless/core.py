@@ -46,6 +46,7 @@ from phalanx.consensus.core import (
 from phalanx.consensus.crypto import Crypto, Verifier
 from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.bugs import check_bugs
+from phalanx.consensus.leaderless.catch_up import TRANSFER_TYPES, CatchUp
 from phalanx.consensus.leaderless.checks import (
     ProofChecker,
     tx_problem,
@@ -71,6 +72,7 @@ from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
 from phalanx.consensus.leaderless.schedule import DueHeap
+from phalanx.consensus.leaderless.state_transfer import CheckpointFormat, StateTransfer
 from phalanx.consensus.leaderless.status import (
     BENIGN_DUPLICATES,
     INVALID_SUBMITS,
@@ -90,17 +92,20 @@ TX_ID_CACHE = 4096
 
 
 
-class LeaderlessCore(PeerIntake, TickWork):
+class LeaderlessCore(PeerIntake, TickWork, CatchUp):
     """One node of the leaderless protocol (see the module docstring)."""
 
     def __init__(self, config: LeaderlessConfig, *, crypto: Crypto, client_keys: Verifier,
                  app: AppView, codec: TxCodec, restored: LeaderlessDurableState | None = None,
                  bugs: frozenset[str] = frozenset(), recovering: bool = False,
-                 restored_entries: Sequence[Entry] = ()) -> None:
+                 restored_entries: Sequence[Entry] = (),
+                 checkpoint_format: CheckpointFormat | None = None) -> None:
         """`recovering`: this node lost its durable record (amnesia): it starts fenced
         (`fence.py`), signing nothing until the fence's end. `restored_entries`: the WAL
         after the replica's checkpoint (`DurableState.entries`): every one is committed; those
-        beyond `app.applied()` go out again in the first Ready's `committed`."""
+        beyond `app.applied()` go out again in the first Ready's `committed`.
+        `checkpoint_format`: how to read the replica's checkpoints; with it the node serves
+        and fetches checkpoints (state transfer, `catch_up.py`), without it neither."""
         self._config = config
         self._crypto = crypto
         self._client_keys = client_keys
@@ -174,6 +179,19 @@ class LeaderlessCore(PeerIntake, TickWork):
         self._rules.count_conditional = "count_conditional" in self._bugs
         if restored is not None or restored_entries:
             self._restore(restored or LeaderlessDurableState(), known, restored_entries)
+        if "no_state_transfer" in self._bugs:
+            checkpoint_format = None
+        self._format = checkpoint_format
+        self._transfer = None if checkpoint_format is None else StateTransfer(
+            fmt=checkpoint_format, peers=self._peers, faults=config.faults,
+            every=config.rebroadcast_ticks, drop=self._drop,
+            check_digest="skip_checkpoint_digest" not in self._bugs)
+        self._last_heard_ms: int | None = None
+        self._heard_tick = 0
+        self._restored_horizon = restored.gc_horizon_ms if restored is not None else None
+        self._behind = 0
+        if self._transfer is not None and recovering:
+            self._transfer.want("lost its durable record")
 
     @property
     def node_id(self) -> NodeId:
@@ -258,22 +276,31 @@ class LeaderlessCore(PeerIntake, TickWork):
             out.entries += [self._gate.release_now(item) for item in self._restart]
             self._restart = []
         if isinstance(inp, Receive):
-            self._on_receive(inp.src, inp.message, out)
+            self._heard(inp.src)
+            if isinstance(inp.message, TRANSFER_TYPES):
+                self._on_transfer(inp.src, inp.message, out)
+            else:
+                self._on_receive(inp.src, inp.message, out)
         elif isinstance(inp, Tick):
             if inp.now_ms is not None and self._fence.on_clock(inp.now_ms):
                 out.dirty = True  # the fence's end is part of the record
             self._checkpoints.fenced = self._fence.active(inp.now_ms)
             self._on_tick(inp.now_ms, out)
+            self._transfer_tick(inp.now_ms, out)
         elif isinstance(inp, Submit):
             self._on_submit(inp.request, out)
         elif isinstance(inp, Persisted):
             self._on_persisted(inp.number)
-        elif isinstance(inp, (CheckpointTaken, CheckpointInstalled)):
+        elif isinstance(inp, CheckpointTaken):
+            if self._transfer is not None:
+                self._transfer.taken(inp.data, inp.index)  # served to peers that catch up
+        elif isinstance(inp, CheckpointInstalled):
             pass  # the app view reads checkpoints
         else:
             assert_never(inp)
         self._drain_checkpoints(out)
-        out.entries += self._gate.release()
+        if out.snapshot is None:  # after an install, the gate judges the installed state
+            out.entries += self._gate.release()
         if out.entries:
             out.dirty = True
         return self._ready(out)
@@ -290,7 +317,7 @@ class LeaderlessCore(PeerIntake, TickWork):
     def _ready(self, out: Outbox) -> Ready:
         core_state = self.durable_state() if (out.dirty or out.signed) else None
         number = 0
-        if core_state is not None or out.entries:
+        if core_state is not None or out.entries or out.snapshot is not None:
             self._number += 1
             number = self._number
             self._gate.stamp(number)
@@ -300,6 +327,7 @@ class LeaderlessCore(PeerIntake, TickWork):
         entries = tuple(out.entries)
         committed = tuple(out.replayed) + entries if out.replayed else entries
         return Ready(number=number, entries=entries, committed=committed, core_state=core_state,
+                     snapshot=out.snapshot,
                      must_sync=out.signed, messages=tuple(out.sends),
                      rejected=tuple(out.rejected), aborted=tuple(out.aborted))
 
@@ -553,4 +581,7 @@ class LeaderlessCore(PeerIntake, TickWork):
             aborted=self._aborted, gated=len(self._gate.gated),
             skipped_reads=self._gate.skip_count,
             recovering=self._fence.active(self._now),
-            gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates))
+            gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates),
+            installs=self._transfer.installs if self._transfer is not None else 0,
+            catching_up=self._transfer.reason if self._transfer is not None else "",
+            behind_checkpoints=self._behind)

@@ -37,6 +37,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from phalanx.consensus.leaderless.transfer_messages import TRANSFER_MESSAGES
 from phalanx.consensus.pbft.messages import PBFT_MESSAGES, PbftDurableState
 from phalanx.consensus.types import ClientRequest, Message, NodeId
 
@@ -401,6 +402,7 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
     323: VoteRelay,
+    **TRANSFER_MESSAGES,  # 330-333: state transfer (`transfer_messages.py`)
     340: OrderingEnvelope,
     341: OrderedVote,
     342: CloseCheckpoint,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from phalanx.consensus.core import Abort, Rejection, Send
+from phalanx.consensus.core import Abort, Rejection, Send, Snapshot
 from phalanx.consensus.types import Entry
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class Outbox:
     replayed: list[Entry] = field(default_factory=list)
     aborted: list[Abort] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    snapshot: Snapshot | None = None
+    """A verified checkpoint to install (state transfer, `catch_up.py`)."""
 
 
 class CoreParts:

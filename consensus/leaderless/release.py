@@ -52,7 +52,8 @@ class Committed:
 
 class ReleaseGate:
     __slots__ = ("_app", "_gated_proofs", "_proofs", "_unstamped", "_unsynced_proofs", "gated",
-                 "last_index", "no_gate", "released", "skip_count", "skipped", "unsynced")
+                 "hold_until", "last_index", "no_gate", "released", "skip_count", "skipped",
+                 "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
         self._app = app
@@ -75,6 +76,9 @@ class ReleaseGate:
         self._gated_proofs: tuple[TransactionProof, ...] | None = None
         """The gated part of `proofs()` (None: rebuild)."""
         self.no_gate = no_gate
+        self.hold_until = 0
+        """Release nothing until `app.applied()` reaches this (an installed checkpoint's
+        index: the gate must judge requirements on the installed state, not the old one)."""
 
     def __contains__(self, tx_id: TxId) -> bool:
         return tx_id in self.gated or tx_id in self.released or tx_id in self.skipped
@@ -196,6 +200,8 @@ class ReleaseGate:
     def release(self) -> list[Entry]:
         """Release every waiting transaction that passes the gate, in commit order."""
         out: list[Entry] = []
+        if self.hold_until and self._app.applied() < self.hold_until:
+            return out
         for item in list(self.gated.values()):
             if self.ready(item):
                 out.append(self.release_now(item))
@@ -219,6 +225,19 @@ class ReleaseGate:
             elif item.proof is not None:
                 self._unsynced_proofs = None
         return True
+
+    def installed(self, index: int, applied: dict[TxId, int]) -> None:
+        """A checkpoint holding the transactions `applied` goes in at local `index` (state
+        transfer): gated ones it holds count as released there (never released again),
+        the next release follows `index`, and nothing is released before the driver
+        installed it (`hold_until`)."""
+        self._all_changed()
+        for tx_id in [t for t in self.gated if t in applied]:
+            item = self.gated.pop(tx_id)
+            item.index = index
+            self.released[tx_id] = item
+        self.last_index = index
+        self.hold_until = index
 
     def sort_released(self) -> None:
         """Put `released` back in index order (after a restore inserted out of order)."""

@@ -28,6 +28,10 @@ class LeaderlessStatus(CoreStatus):
         gc_horizon_ms: the garbage-collection horizon.
         duplicate: benign re-sends ignored, by reason (`BENIGN_DUPLICATES`: peers'
             periodic re-sends, client retries); `dropped` keeps the suspicious input.
+        installs: checkpoints installed by state transfer (`catch_up.py`).
+        catching_up: why this node is asking peers for a checkpoint ("" when it is not).
+        behind_checkpoints: verified checkpoints refused because they lacked a write
+            applied here (a newer one is awaited).
     """
 
     pending: int = 0
@@ -38,6 +42,9 @@ class LeaderlessStatus(CoreStatus):
     skipped_reads: int = 0
     gc_horizon_ms: int = 0
     duplicate: Mapping[str, int] = field(default_factory=dict)
+    installs: int = 0
+    catching_up: str = ""
+    behind_checkpoints: int = 0
 
 
 BENIGN_DUPLICATES = frozenset({"duplicate_tx", "decided_tx", "duplicate_endorsement",

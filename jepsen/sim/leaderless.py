@@ -44,6 +44,7 @@ from phalanx.jepsen.sim.leaderless_workload import LeaderlessWorkload, WorkloadC
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
 from phalanx.net import wire
+from phalanx.protocols.leaderless_checkpoints import EnvelopeFormat
 from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
@@ -74,6 +75,11 @@ SIM_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
     *WORKLOAD_KNOBS,
 )
 """The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix."""
+
+IDLE_CHECKPOINT_TICKS = 20
+"""A replica checkpoints after this many ticks with nothing applied (if it applied anything
+since its last one): the quiet-point checkpoints state transfer serves (docs/LEADERLESS.md
+"State transfer")."""
 
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
                "rebroadcast_ticks", "max_pending", "stuck_resolution", "close_ticks")
@@ -338,7 +344,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             machine, checkpoints=storage.checkpoints, wal=storage.wal,
             decode_entry=wire.decode_entry,
             policy=CheckpointPolicy(every_entries=checkpoint_every, every_bytes=0,
-                                    compact_lag=0),
+                                    compact_lag=0, idle_calls=IDLE_CHECKPOINT_TICKS,
+                                    idle_any=True),
             config=members, transactions=layer)
         replica.restore_latest()
         machines[node], replicas[node] = machine, replica
@@ -355,7 +362,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
             dataclasses.replace(base, node_id=NodeId(node)), crypto=crypto,
             client_keys=client_keys, app=ReplicaAppView(replicas[node]),
             codec=codec, restored=cells.get(node), bugs=bugs, recovering=recovering,
-            restored_entries=durable.entries)
+            restored_entries=durable.entries, checkpoint_format=EnvelopeFormat())
         core: Core = _DurableCell(inner, node, cells)
         if node in liars:
             rng_b = random.Random(f"leaderless-byzantine-node:{seed}:{node}:{rng.getrandbits(32)}")

@@ -266,6 +266,11 @@ class SimNode:
         if incarnation != self.incarnation or self.core is None or self.paused:
             return  # a stale timer of an earlier life, or paused (resume re-arms)
         self.step(Tick(now_ms=self.wall_clock_ms()))
+        replica = self.replica
+        if replica is not None and replica.idle_checkpoints and self.core is not None:
+            replica.maintain()  # the idle checkpoint rule, as the runtime's idle ticks
+            for taken in replica.poll():
+                self.step(taken)
         identity = self.identity
         if identity is not None and identity.state != "member" and self.core is not None:
             status = self.core.status()  # as the runtime's `_record_membership` does

@@ -451,7 +451,7 @@ def _run(cfg: RunConfig) -> RunResult:
     wall0 = time.perf_counter()
     c = _Cluster(cfg)
     loop = c.loop
-    schedule = nemesis.generate_schedule(
+    schedule = cfg.schedule if cfg.schedule is not None else nemesis.generate_schedule(
         c.sched_rng, nodes=c.names, faults=c.faults, duration_ns=cfg.time_ns
     )
     for event in schedule:

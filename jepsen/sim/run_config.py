@@ -46,8 +46,14 @@ class RunConfig:
     max_bytes_sent: int = 12_000_000
     settings: Knobs = ()
     """Knobs fixed on every seed (`phalanx sim --set NAME=VALUE`), over the swarm's draw."""
+    schedule: nemesis.Schedule | None = None
+    """An explicit fault schedule instead of the seed's generated one (scripted scenario
+    tests; the replay command then names the test, not the CLI)."""
 
     def replay_command(self) -> str:
+        if self.schedule is not None:
+            return (f"a scripted run (seed {self.seed}, explicit schedule): rerun "
+                    "the test that built it")
         faults = ",".join(self.faults) if self.faults else "none"
         if self.faults == nemesis.SIM_FAULT_KINDS:
             faults = "all"

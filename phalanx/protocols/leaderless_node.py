@@ -48,6 +48,7 @@ from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 from phalanx.ops.node_config import ConfigError, NodeConfig
 from phalanx.ops.signing_keys import SigningKeyError, client_verifier, load_crypto
+from phalanx.protocols.leaderless_checkpoints import EnvelopeFormat
 from phalanx.protocols.spec import BuiltCore, ProtocolError
 from phalanx.runtime.persistence import DurableState, StateJournal
 from phalanx.storage.directory import OsDirectory
@@ -62,6 +63,10 @@ GC_HORIZON_MS = 60_000
 MAX_DEADLINE_LEAD_MS = 600_000
 """How far ahead of a node's clock a transaction's deadline may lie for the node to endorse
 it (10 min; the client sets deadlines seconds ahead)."""
+
+IDLE_CHECKPOINT_CALLS = 200
+"""The replica checkpoints after this many idle ticks (~2 s) when it applied anything since
+its last checkpoint: state transfer's quiet-point checkpoints."""
 
 REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
 """The replica's transaction-table horizon (module docstring)."""
@@ -270,9 +275,12 @@ class LeaderlessNode:
         return options_problem(options)
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
+        # Idle checkpoints at quiet points: what state transfer serves (f+1 replicas hold
+        # checkpoints of one applied set when each checkpoints after the same burst).
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
                                 every_bytes=config.checkpoint.every_bytes,
-                                compact_lag=compact_lag)
+                                compact_lag=compact_lag, idle_calls=IDLE_CHECKPOINT_CALLS,
+                                idle_any=True)
 
     def open_core_state_store(self, config: NodeConfig, sync: SyncPolicy) -> LeaderlessJournal:
         return LeaderlessJournal(config, sync)
@@ -300,7 +308,8 @@ class LeaderlessNode:
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
             app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
-            recovering=durable.recovering, restored_entries=durable.entries)
+            recovering=durable.recovering, restored_entries=durable.entries,
+            checkpoint_format=EnvelopeFormat())
         return BuiltCore(core=core)
 
 

@@ -1,0 +1,146 @@
+"""State transfer inside `LeaderlessCore` (a mixin over the core's state: see `parts.py`):
+when to ask for a checkpoint, routing the transfer messages to `state_transfer.StateTransfer`,
+and installing a verified checkpoint (docs/LEADERLESS.md "State transfer").
+
+When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`):
+- it lost its record (amnesia) or restarted after being down longer than the GC horizon
+  (its record's horizon is more than `gc_horizon_ms` behind its clock's);
+- it heard from no peer for longer than the GC horizon (a message arrives after the gap; a
+  node that heard nothing for a period asks one peer for its checkpoint descriptor, so
+  even a quiet cluster answers);
+- a committed transaction waited at the version gate past the GC horizon (what it waits
+  for can no longer be fetched from anyone).
+
+Install rule: a verified checkpoint (f+1 matching descriptors, bytes hashing to them) goes in
+only if it is AHEAD of this node: every writing transaction this node released and still
+holds is in its transaction table (else it would undo an apply here; the target is refused
+and a later one awaited). Then: `Ready.snapshot` at the next local index (rebased there),
+the gate releases nothing until the driver installed it, gated transactions the checkpoint
+holds count as released there, and every transaction in its table becomes decided
+(committed) here, so it is never endorsed, released nor applied again (exactly-once, with
+the replica's transaction table inside the checkpoint). The rest (committed after the
+checkpoint) comes by the fetch path.
+
+Must not import: trio, sockets, clocks, global random, `phalanx.net`, `phalanx.apps`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from phalanx.consensus.core import Send, Snapshot
+from phalanx.consensus.leaderless.messages import DecidedTx
+from phalanx.consensus.leaderless.parts import CoreParts, Outbox
+from phalanx.consensus.leaderless.state_transfer import Verified
+from phalanx.consensus.leaderless.store import TxState
+from phalanx.consensus.leaderless.transfer_messages import (
+    CheckpointChunk,
+    CheckpointDescriptor,
+    CheckpointQuery,
+    FetchCheckpoint,
+)
+from phalanx.consensus.types import Configuration, Message, NodeId, SnapshotMeta
+
+if TYPE_CHECKING:
+    from phalanx.consensus.leaderless.state_transfer import CheckpointFormat, StateTransfer
+
+TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, FetchCheckpoint, CheckpointChunk)
+
+
+class CatchUp(CoreParts):
+    """The state-transfer handling of `LeaderlessCore`."""
+
+    if TYPE_CHECKING:
+        _transfer: StateTransfer | None
+        _format: CheckpointFormat | None
+        _last_heard_ms: int | None
+        _restored_horizon: int | None
+        _behind: int
+        _heard_tick: int
+        _peers: tuple[NodeId, ...]
+
+    def _heard(self, src: NodeId) -> None:
+        """A message from peer `src` arrived: after a silence longer than the GC horizon,
+        this node may have missed transactions no peer can send any more."""
+        now, transfer = self._now, self._transfer
+        if now is None or transfer is None or src not in self._config.nodes:
+            return
+        last = self._last_heard_ms
+        if last is not None and now - last > self._config.gc_horizon_ms:
+            transfer.want("cut off past the GC horizon")
+        self._last_heard_ms = now
+        self._heard_tick = self._ticks
+
+    def _transfer_tick(self, now: int | None, out: Outbox) -> None:
+        transfer = self._transfer
+        if transfer is None:
+            return
+        horizon = self._config.gc_horizon_ms
+        if now is not None and self._restored_horizon is not None:
+            if now - horizon - self._restored_horizon > horizon:
+                transfer.want("down past the GC horizon")
+            self._restored_horizon = None
+        if (now is not None and self._ticks % self._config.rebroadcast_ticks == 0
+                and any(item.proof is not None and item.proof.tx.deadline_ms < now - horizon
+                        for item in self._gate.gated.values())):
+            transfer.want("gated past the GC horizon")
+        every = self._config.rebroadcast_ticks
+        if self._ticks % every == 0 and self._ticks - self._heard_tick >= every and self._peers:
+            # Nothing heard for a period: ask one peer (round-robin) for its checkpoint. Its
+            # answer ends the silence, and a silence past the horizon is noticed (a quiet
+            # cluster sends nothing else: no commits, no digests).
+            peer = self._peers[(self._ticks // every) % len(self._peers)]
+            out.sends.append(Send(to=peer, message=CheckpointQuery()))
+        out.sends += transfer.tick()
+
+    def _on_transfer(self, src: NodeId, msg: Message, out: Outbox) -> None:
+        transfer = self._transfer
+        if src not in self._config.nodes or src == self._config.node_id:
+            self._drop("unknown_sender")
+        elif transfer is None:
+            self._drop("no_state_transfer")
+        elif isinstance(msg, CheckpointQuery):
+            out.sends += transfer.on_query(src, self._app.applied())
+        elif isinstance(msg, CheckpointDescriptor):
+            out.sends += transfer.on_descriptor(src, msg)
+        elif isinstance(msg, FetchCheckpoint):
+            out.sends += transfer.on_fetch(src, msg)
+        elif isinstance(msg, CheckpointChunk):
+            sends, verified = transfer.on_chunk(src, msg)
+            out.sends += sends
+            if verified is not None:
+                self._install(transfer, verified, out)
+
+    def _install(self, transfer: StateTransfer, got: Verified, out: Outbox) -> None:
+        fmt = self._format
+        assert fmt is not None  # a transfer exists only with a format
+        for tx_id, item in self._gate.released.items():
+            if item.writes and tx_id not in got.applied:
+                self._behind += 1  # it would undo an apply here: wait for a newer one
+                transfer.refuse()
+                return
+        index = self._gate.last_index + 1
+        data = fmt.rebase(got.data, index)
+        if data is None:  # verified bytes always parse; a broken format is our bug
+            raise AssertionError("CheckpointFormat.rebase refused a verified checkpoint")
+        out.snapshot = Snapshot(meta=SnapshotMeta(
+            index=index, term=0, config=Configuration(voters=self._config.nodes)), data=data)
+        self._gate.installed(index, got.applied)
+        store = self._store
+        for tx_id, deadline in got.applied.items():
+            record = store.get(tx_id)
+            if record is not None:
+                if record.state is TxState.PENDING:
+                    store.decide(record, TxState.COMMITTED)
+                    self._tally.forget(tx_id)
+                    self._waiting.pop(tx_id, None)
+            elif tx_id not in store.tombstones and deadline >= store.horizon:
+                store.tombstones[tx_id] = DecidedTx(tx_id=tx_id, deadline_ms=deadline,
+                                                    committed=True)
+                store.index(tx_id, deadline)
+                store.stones_changed()
+        self._rules.invalidate()
+        self._wake = True
+        out.dirty = True
+        transfer.installs += 1
+        transfer.done()
