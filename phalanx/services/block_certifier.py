@@ -87,7 +87,7 @@ class BlockCertifierService:
         self._count("signed")
         for peer in self._peers:
             try:
-                if not self._send(peer, own):
+                if not self._send(peer, own):  # type: ignore[arg-type]  # a wire type
                     self._count("send_refused")
             except (ValueError, EncodeError):
                 self._count("send_failed")

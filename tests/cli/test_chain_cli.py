@@ -134,7 +134,8 @@ def test_a_certificate_check_decides_alone_when_it_has_a_verdict(
 
     wait_ready(capsys, cluster)
     assert run(capsys, cluster, "transfer", "--from", "a3", "a4", "1")[0] == 0
-    monkeypatch.setattr(chain_light, "certificate_check", lambda header, genesis: verdict)
+    monkeypatch.setattr(chain_light, "certificate_check",
+                        lambda header, genesis, cluster: verdict)
     got, out, err = run(capsys, cluster, "verify", "a3", "--replica", "n3")
     assert got == code
     assert says in out + err

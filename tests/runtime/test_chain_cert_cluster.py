@@ -20,10 +20,10 @@ import pytest
 import trio
 from runtime_helpers import wait_for
 
-from phalanx.appspec.chain_app import account_key, key_path, read_genesis
-from phalanx.apps.chain.block import chain_id
+from phalanx.apps.chain.block import chain_id, decode_header
 from phalanx.apps.chain.certificate import BlockCertificate, BlockSignature, verify_certificate
 from phalanx.apps.chain.tx import public_key
+from phalanx.appspec.chain_app import account_key, key_path, read_genesis
 from phalanx.client import chain_light
 from phalanx.client.async_client import open_client
 from phalanx.client.chain import ChainClient
@@ -122,7 +122,8 @@ async def test_pbft_certificates_byzantine_signer_light_client_and_restart(
         pbft: ClusterConfig) -> None:
     genesis = read_genesis(pbft.app_files["genesis"])
     keys = chain_light.cluster_keys(pbft)
-    assert keys is not None and sorted(keys) == ["n1", "n2", "n3", "n4"]
+    assert keys is not None
+    assert sorted(keys) == ["n1", "n2", "n3", "n4"]
     assert chain_light.cluster_quorum(pbft) == 3
     account = public_key(account_key(key_path(pbft.directory, "a2")))
     async with running(pbft) as c:
@@ -137,7 +138,6 @@ async def test_pbft_certificates_byzantine_signer_light_client_and_restart(
             for h in blocks:
                 cert = svc.store.get(h)
                 header = machine.block(h).header  # type: ignore[attr-defined]
-                from phalanx.apps.chain.block import decode_header
                 assert cert is not None
                 assert verify_certificate(cert, decode_header(header), keys, 3,
                                           chain_id=chain_id(genesis)), (n, h)
@@ -153,19 +153,22 @@ async def test_pbft_certificates_byzantine_signer_light_client_and_restart(
         # refused; the control: a check that trusted any attached certificate accepts it
         real = c.certifier("n3").call
         answer = real(CertificateQuery(height=top))
-        assert isinstance(answer, CertificateAnswer) and answer.certificate is not None
+        assert isinstance(answer, CertificateAnswer)
+        assert answer.certificate is not None
         (node, sig), *rest = answer.certificate.signatures
         tampered = dataclasses.replace(answer.certificate, signatures=(
             (node, bytes([sig[0] ^ 1]) + sig[1:]), *rest))
         c.certifier("n3").call = (  # type: ignore[method-assign]
             lambda request: dataclasses.replace(answer, certificate=tampered))
         v = await chain_light.verify_from_replica(pbft, genesis, account, "n3", within=5)
-        assert not v.ok and "does not verify" in v.reason, v
+        assert not v.ok, v
+        assert "does not verify" in v.reason, v
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(chain_light, "certificate_check",
                        lambda header, genesis, cluster: bool(header.consensus_proof))
             v = await chain_light.verify_from_replica(pbft, genesis, account, "n3", within=5)
-            assert v.ok and v.trusted_by.startswith("certificate"), v
+            assert v.ok, v
+            assert v.trusted_by.startswith("certificate"), v
         # restart keeps the stored certificates (and re-applying the log re-signs them)
         stored = {h: c.certifier("n1").store.get(h) for h in blocks}
         await c.stop("n1")
@@ -179,13 +182,16 @@ async def test_raft_majority_certificates(tmp_path: Path) -> None:
                         base_port=find_free_base_port(3))
     genesis = read_genesis(raft.app_files["genesis"])
     keys = chain_light.cluster_keys(raft)
-    assert keys is not None and chain_light.cluster_quorum(raft) == 2
+    assert keys is not None
+    assert chain_light.cluster_quorum(raft) == 2
     async with running(raft) as c:
         top = await transfers(raft, 2)
         await wait_for(lambda: certified_everywhere(c, range(1, top + 1)), within=15,
                        what="every node stored majority certificates")
         cert = c.certifier("n1").store.get(top)
-        assert isinstance(cert, BlockCertificate) and len(cert.signatures) >= 2
+        assert isinstance(cert, BlockCertificate)
+        assert len(cert.signatures) >= 2
         account = public_key(account_key(key_path(raft.directory, "a1")))
         v = await chain_light.verify_from_replica(raft, genesis, account, "n3", within=5)
-        assert v.ok and v.trusted_by.startswith("certificate"), v
+        assert v.ok, v
+        assert v.trusted_by.startswith("certificate"), v
