@@ -367,32 +367,15 @@ async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genes
 async def _certificate_line(cluster: ClusterConfig, genesis: Genesis,
                             header: BlockHeader) -> str:
     """`block N`'s certificate line: the first certificate a node serves for the block."""
-    import dataclasses
+    from phalanx.client.chain_light import find_certificate
 
-    from phalanx.apps.chain.certificate import encode_certificate
-    from phalanx.client.chain_light import SERVICE, describe_certificate
-    from phalanx.client.errors import ClientError
-    from phalanx.client.service_calls import call_service
-    from phalanx.services.block_cert_api import CertificateAnswer, CertificateQuery
-
-    why = "no node has one yet"
-    for node in cluster.nodes:
-        try:
-            answer = await call_service(cluster, node.id, SERVICE,
-                                        CertificateQuery(height=header.height), seconds=1.0)
-        except ClientError as e:
-            why = f"no node serves certificates ({e})"
-            continue
-        if isinstance(answer, CertificateAnswer) and answer.certificate is not None:
-            proof = encode_certificate(answer.certificate)
-            view = describe_certificate(dataclasses.replace(header, consensus_proof=proof),
-                                        genesis, cluster)
-            if view is not None:
-                verdict = {True: "valid", False: "INVALID", None: "unchecked (cluster.toml "
-                           "has no node keys)"}[view.valid]
-                return (f"  certificate {','.join(view.signers)} ({len(view.signers)} of "
-                        f"{view.nodes} nodes, quorum {view.quorum}) {verdict}, from {node.id}")
-    return f"  certificate none ({why})"
+    view, source = await find_certificate(cluster, genesis, header)
+    if view is None:
+        return f"  certificate none ({source})"
+    verdict = {True: "valid", False: "INVALID", None: "unchecked (cluster.toml has no "
+               "node keys)"}[view.valid]
+    return (f"  certificate {','.join(view.signers)} ({len(view.signers)} of {view.nodes} "
+            f"nodes, quorum {view.quorum}) {verdict}, from {source}")
 
 
 async def _tail(chain: ChainClient, start: int | None, count: int | None) -> None:

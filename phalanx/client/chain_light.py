@@ -105,6 +105,29 @@ def describe_certificate(header: BlockHeader, genesis: Genesis, cluster: Cluster
                            valid=certificate_check(header, genesis, cluster))
 
 
+async def find_certificate(cluster: ClusterConfig, genesis: Genesis, header: BlockHeader, *,
+                           seconds: float = 1.0) -> tuple[CertificateView | None, str]:
+    """The first certificate of `header`'s height a node serves (nodes in config order),
+    attached to `header` and judged, with the node that served it; else (None, why)."""
+    from phalanx.client.service_calls import call_service
+
+    why = "no node has one yet"
+    for node in cluster.nodes:
+        try:
+            answer = await call_service(cluster, node.id, SERVICE,
+                                        CertificateQuery(height=header.height), seconds=seconds)
+        except ClientError as e:
+            why = f"no node serves certificates ({e})"
+            continue
+        cert = answer.certificate if isinstance(answer, CertificateAnswer) else None
+        if isinstance(cert, BlockCertificate):
+            proof = encode_certificate(cert)
+            view = describe_certificate(dataclasses.replace(header, consensus_proof=proof),
+                                        genesis, cluster)
+            return view, node.id
+    return None, why
+
+
 @asynccontextmanager
 async def one_node(cluster: ClusterConfig, node: str, *, call_timeout: float = 2.0
                    ) -> AsyncIterator[ChainClient]:
