@@ -379,6 +379,12 @@ class BlockStream(Protocol):
         """32 bytes naming the chain every block belongs to (the chain app: its chain id)."""
         ...
 
+    @property
+    def height(self) -> int:
+        """The newest block's height (also after a checkpoint restore or a state transfer,
+        which call no listener)."""
+        ...
+
     def on_block(self, listener: BlockListener) -> None:
         """Call `listener(height, block_hash)` for every block closed from now on."""
         ...

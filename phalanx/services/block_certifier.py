@@ -17,13 +17,15 @@ block-certificates/``, fsynced every tick, bounded by ``keep``). Clients fetch i
 Peer input is normal input: forged, unknown-node, wrong-chain, stale, equivocating or
 malformed signatures are dropped and counted (``dropped:<reason>`` on the metrics page),
 never raised. A node whose machine is not a `BlockStream` (e.g. wrapped by a Byzantine test
-mode) runs passive: it collects and serves certificates but signs nothing (gauge
-``signing`` = 0, logged).
+mode) runs passive: it signs nothing and, not knowing the chain id, collects nothing
+(peers' signatures drop as ``wrong_chain``); gauge ``signing`` = 0, logged.
 
-Restarts: the store reloads (a torn tail never loads); the certifier restarts empty and
-re-signs the blocks the runtime re-applies from the log (peers drop those as late or
-stale). Certificates for heights a node slept through are only those its peers' fresh
-signatures complete: catching up old certificates from peers is not built.
+Restarts: the store reloads (a torn tail never loads); the certifier restarts empty at the
+checkpoint's height and re-signs the blocks the runtime re-applies from the log (peers
+drop those as late or stale). A state transfer or checkpoint restore closes no block, so
+every tick moves the certifier's window to the app's height (`BlockCertifier.reached`):
+a node that caught up that way collects its peers' signatures of the new blocks.
+Certificates of heights a node slept through are not fetched from peers (not built).
 """
 
 from __future__ import annotations
@@ -66,13 +68,14 @@ class BlockCertifierService:
 
     def __init__(self, certifier: BlockCertifier, store: CertificateStore, *,
                  peers: tuple[NodeId, ...], send: SendFn, tick_seconds: float,
-                 signing: bool) -> None:
+                 stream: BlockStream | None) -> None:
         self.certifier = certifier
+        self._stream = stream
+        self.signing = stream is not None
         self.store = store
         self._peers = peers
         self._send = send
         self._tick_seconds = tick_seconds
-        self.signing = signing
         self._counts: dict[str, int] = {}
 
     # -- the block stream ---------------------------------------------------------------
@@ -111,6 +114,8 @@ class BlockCertifierService:
         return self._tick_seconds
 
     def tick(self) -> None:
+        if self._stream is not None:  # a checkpoint restore or state transfer calls no
+            self.certifier.reached(self._stream.height)  # listener: follow the height
         try:
             self.store.sync()
         except OSError as e:
@@ -184,12 +189,13 @@ def build(context: ServiceContext) -> NodeService:
     store = CertificateStore(context.state_dir / DIRECTORY, keep=int(options["keep"]))
     service = BlockCertifierService(
         certifier, store, peers=tuple(NodeId(p.id) for p in config.peers), send=context.send,
-        tick_seconds=int(options["tick_ms"]) / 1000, signing=stream is not None)
+        tick_seconds=int(options["tick_ms"]) / 1000, stream=stream)
     if stream is None:
         logger.warning("%s: block-certifier: the app's machine is not a BlockStream; this "
                        "node collects and serves certificates but signs no block", config.id)
     else:
         stream.on_block(service.on_block)
+        certifier.reached(stream.height)  # restored from a checkpoint: collect around it
     logger.info("%s: block-certifier: quorum %d of %d, %d certificates stored (newest %d)",
                 config.id, quorum, len(keys), len(store), store.newest)
     return service

@@ -108,7 +108,7 @@ def service(tmp_path: Path) -> tuple[BlockCertifierService, list[tuple[NodeId, M
                                chain_id=CHAIN_ID, node_keys=NODE_KEYS, quorum=QUORUM)
     peers = tuple(NodeId(n) for n in sorted(NODE_KEYS) if n != "n0")
     return BlockCertifierService(certifier, CertificateStore(tmp_path), peers=peers,
-                                 send=send, tick_seconds=0.1, signing=True), sent
+                                 send=send, tick_seconds=0.1, stream=None), sent
 
 
 def test_the_service_signs_sends_certifies_and_drops_bad_peer_input(tmp_path: Path) -> None:
@@ -141,3 +141,22 @@ def test_the_service_signs_sends_certifies_and_drops_bad_peer_input(tmp_path: Pa
     assert answer.quorum == QUORUM
     svc.close()
     assert CertificateStore(tmp_path).get(1) == stored
+
+
+def test_a_node_that_caught_up_by_state_transfer_collects_around_its_new_height() -> None:
+    """A checkpoint restore or state transfer closes no block: `reached` moves the window
+    (the service calls it every tick), else peers' signatures of new blocks drop as ahead."""
+    certifier = BlockCertifier(node="n0", sign=ed25519_signer(NODE_SECRETS["n0"]),
+                               chain_id=CHAIN_ID, node_keys=NODE_KEYS, quorum=QUORUM,
+                               window=16)
+    block = bytes(range(32))
+    sigs = [sign_block(node=n, chain_id=CHAIN_ID, height=300, block_hash=block,
+                       sign=ed25519_signer(NODE_SECRETS[n])) for n in ("n1", "n2", "n3")]
+    assert certifier.add(sigs[0]) is None
+    assert certifier.dropped == {"ahead": 1}
+    certifier.reached(299)
+    assert certifier.add(sigs[0]) is None
+    assert certifier.add(sigs[1]) is None
+    cert = certifier.add(sigs[2])
+    assert cert is not None
+    assert [n for n, _ in cert.signatures] == ["n1", "n2", "n3"]
