@@ -123,6 +123,7 @@ class BlockCertifierService:
             logger.error("block-certifier: fsync failed: %s", e)
 
     def receive(self, src: NodeId, message: Message) -> None:
+        self._count("received")
         if not isinstance(message, BlockSignature):
             self.certifier.dropped["malformed"] = self.certifier.dropped.get("malformed", 0) + 1
             return
