@@ -18,7 +18,7 @@ timed in process on the same machine.
 Prints one row per (protocol, app): ops/s, p50 and p99 latency, errors. Loopback only.
 Must not be imported by the package. Every process started here is stopped by its pid.
 
-    .venv/bin/python bench/chain_cluster.py [--seconds 8] [--workers 5] [--no-kv]
+    .venv/bin/python bench/chain_cluster.py [--seconds 8] [--workers 5] [--no-kv] [--pairs 2]
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ def _one(protocol: str, nodes: int, app: str, chain: bool, args: argparse.Namesp
     label = app if not chain else ("chain" if certifier else "chain-nocert")
     cluster = init_cluster(root / f"{protocol}-{label}", protocol=protocol, nodes=nodes,
                            app=app, base_port=find_free_base_port(nodes),
-                           service_options={"block-certifier": {"enabled": certifier}})
+                           service_options={"block-certifier": {
+                               "enabled": certifier, "tick_ms": args.cert_tick_ms}})
     extra = ""
     with NodeProcesses(cluster) as procs:
         procs.start()
@@ -194,16 +195,25 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--no-kv", action="store_true", help="skip the KV rows")
+    parser.add_argument("--protocols", default="raft,pbft", help="comma-separated")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="chain runs with and without the certifier, order alternating")
+    parser.add_argument("--cert-tick-ms", type=int, default=100,
+                        help="[block-certifier] tick_ms (how often certificates are fsynced)")
     args = parser.parse_args()
     print(f"{args.workers} closed-loop writers, {args.seconds:g} s each, fsync group",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="phalanx-chain-bench-") as tmp:
+        chosen = args.protocols.split(",")
         for protocol, nodes in (("raft", 3), ("pbft", 4)):
+            if protocol not in chosen:
+                continue
             if not args.no_kv:
                 print(_one(protocol, nodes, "kv", False, args, Path(tmp)), flush=True)
-            for certifier in (True, False):
-                print(_one(protocol, nodes, "chain", True, args, Path(tmp),
-                           certifier=certifier), flush=True)
+            for pair in range(args.pairs):  # alternate the order: the load here drifts
+                for certifier in ((True, False) if pair % 2 == 0 else (False, True)):
+                    print(_one(protocol, nodes, "chain", True, args, Path(tmp) / str(pair),
+                               certifier=certifier), flush=True)
     from phalanx.apps.chain.certificate import (
         BlockSignature,
         byzantine_certificate_quorum,
