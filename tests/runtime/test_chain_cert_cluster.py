@@ -206,3 +206,19 @@ async def test_raft_majority_certificates(tmp_path: Path) -> None:
         v = await chain_light.verify_from_replica(raft, genesis, account, "n3", within=5)
         assert v.ok, v
         assert v.trusted_by.startswith("certificate"), v
+
+
+def test_cluster_init_app_chain_enables_the_certifier_and_writes_node_keys(
+        tmp_path: Path) -> None:
+    chain = init_cluster(tmp_path / "ch", protocol="raft", nodes=3, app="chain",
+                         base_port=find_free_base_port(3), services=("gossip",),
+                         service_options={SERVICE: {"keep": 50}})
+    config = load_node_config(chain.node_config_path("n2"))
+    assert sorted(config.services) == [SERVICE, "gossip"]
+    assert config.services[SERVICE]["keep"] == 50
+    assert config.keys is not None  # Raft signs nothing else: the service asked for keys
+    assert chain_light.cluster_keys(chain) is not None
+    kv = init_cluster(tmp_path / "kv", protocol="raft", nodes=3,
+                      base_port=find_free_base_port(3))
+    assert load_node_config(kv.node_config_path("n1")).services == {}
+    assert chain_light.cluster_keys(kv) is None  # a light client then falls back to f+1
