@@ -270,9 +270,9 @@ async def verify_from_replica(cluster: ClusterConfig, genesis: Genesis, account:
                     "certificate")
     if verdict:
         cert = certificate_of(header)
-        signers = len(cert.signatures) if cert is not None else 0
-        trusted_by = (f"certificate ({signers} of {len(cluster.nodes)} node signatures, "
-                      f"quorum {quorum})")
+        signers = [str(n) for n, _ in cert.signatures] if cert is not None else []
+        trusted_by = (f"certificate ({len(signers)} of {len(cluster.nodes)} node signatures: "
+                      f"{','.join(signers)}; quorum {quorum}; valid)")
     else:
         agreed = await agreed_header(cluster, reply.height, within=within)
         if agreed is None:
