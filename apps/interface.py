@@ -356,3 +356,35 @@ class BatchHooks(Protocol):
         it (the chain app: the block's state root). Determinism: MUST be deterministic.
         Raises RuntimeError when no batch is open."""
         ...
+
+
+BlockListener = Callable[[int, bytes], None]
+"""Called with (height, block hash) after the application closed a block."""
+
+
+@runtime_checkable
+class BlockStream(Protocol):
+    """Optional: an application that builds hash-linked blocks (the chain app) lets node-local
+    observers see each block it closes, e.g. the block-certifier node service
+    (`phalanx.services.block_certifier`), which signs (`block_id`, height, block hash).
+
+    Listeners are NOT replicated state: they are called synchronously from `end_batch` (also
+    when the runtime re-applies entries after a restart; a checkpoint restore calls none),
+    after the block is final; they must not raise or call back into the machine. Results,
+    blocks and roots never depend on them.
+    """
+
+    @property
+    def block_id(self) -> bytes:
+        """32 bytes naming the chain every block belongs to (the chain app: its chain id)."""
+        ...
+
+    @property
+    def height(self) -> int:
+        """The newest block's height (also after a checkpoint restore or a state transfer,
+        which call no listener)."""
+        ...
+
+    def on_block(self, listener: BlockListener) -> None:
+        """Call `listener(height, block_hash)` for every block closed from now on."""
+        ...

@@ -311,6 +311,14 @@ class BlockCertifier:
         self._advance_floor(self._local_height - self._window)
         return own, result
 
+    def reached(self, height: int) -> None:
+        """This node's state is at block `height` without it having executed every block up
+        to it here (restored from a checkpoint, installed by state transfer): collect
+        peers' signatures around `height` (the window moves) without signing anything."""
+        if height > self._local_height:
+            self._local_height = height
+            self._advance_floor(height - self._window)
+
     def add(self, sig: object) -> BlockCertificate | None:
         """Count a peer's (or this node's) signature; the certificate it completes, if any."""
         reason = self._check(sig)

@@ -43,6 +43,7 @@ Signature policy (what `apply` trusts):
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import immutables
 
@@ -132,6 +133,7 @@ class ChainStateMachine:
         self._batch_ids: list[bytes] = []
         self.refused: dict[str, int] = {}
         """Refused commands by `ChainErrorCode` value (statistics; not replicated state)."""
+        self._block_listeners: list[Callable[[int, bytes], None]] = []
 
     # --- StateMachine --------------------------------------------------------------------
 
@@ -231,7 +233,21 @@ class ChainStateMachine:
         self._batch = None
         self._batch_txs = []
         self._batch_ids = []
+        for listener in self._block_listeners:
+            listener(header.height, self._head_hash)
         return self._tree.root
+
+    # --- BlockStream (node-local observers; not replicated state) -----------------------
+
+    @property
+    def block_id(self) -> bytes:
+        """The chain id (`BlockStream`): what block certificates sign with each block."""
+        return self._chain_id
+
+    def on_block(self, listener: Callable[[int, bytes], None]) -> None:
+        """Call `listener(height, block_hash)` after every block `end_batch` closes from now
+        on (`phalanx.apps.interface.BlockStream`; e.g. the block-certifier service)."""
+        self._block_listeners.append(listener)
 
     # --- Admission -----------------------------------------------------------------------
 

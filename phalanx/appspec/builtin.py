@@ -32,6 +32,7 @@ CHAIN = AppSpec(
     client=Lazy("phalanx.client.chain:ChainClient"),
     workloads=(("bank", Lazy("phalanx.jepsen.chain_bank:bank_workload")),),
     demo=Lazy("phalanx.demo.chain:run"),
+    services=("block-certifier",),
     total_order=True,
 )
 

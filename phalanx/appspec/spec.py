@@ -59,6 +59,9 @@ class AppSpec:
         total_order: the app needs every replica to apply the same commands in the same
             order in the same batches (blocks): not for a protocol whose replicas apply
             non-conflicting transactions in different orders (`CallStrategy.ENDORSEMENT`).
+        services: node services (`phalanx.services`) `cluster init --app NAME` enables
+            for this app besides those asked with ``--service`` (their tables are written
+            into every node config, where an operator sees and may disable them).
     """
 
     name: str
@@ -70,6 +73,7 @@ class AppSpec:
     workloads: tuple[tuple[str, Lazy[WorkloadFactory]], ...] = ()
     demo: Lazy[Callable[..., int]] | None = None
     total_order: bool = False
+    services: tuple[str, ...] = ()
 
     @property
     def default_workload(self) -> str | None:

@@ -68,8 +68,12 @@ public key). Transactions are signed with the --from key at the sender's next no
 (read first; --nonce N to choose it). Reads are linearizable unless --stale.
 
 verify asks ONE replica (--replica, default the first node) for the account's Merkle
-proof and checks it against the block header of that height, trusted when f+1 replicas
-report it identically (until blocks carry consensus certificates).
+proof and the block header of that height with its block certificate (signatures of a
+quorum of the nodes' keys in cluster.toml: n - f under PBFT, a majority under Raft),
+collected by the nodes' block-certifier service (`cluster init --app chain` enables it).
+The header is trusted by the certificate; a bad certificate fails verify; only when the
+replica has none yet does verify fall back to f+1 replicas reporting the header alike.
+block N shows the certificate: its signers, the quorum and whether it verifies.
 
 exit status: 0 success; 1 verify/validate failed; 2 usage error (nothing sent);
 3 refused by the chain, no effect; 4 timed out, may or may not have taken effect;
@@ -347,6 +351,7 @@ async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genes
     elif command == "block":
         header, txs = await chain.block(args.height)
         print("\n".join(_describe(header, txs)))
+        print(await _certificate_line(cluster, genesis, header))
     elif command == "tail":
         await _tail(chain, args.from_height, args.count)
     else:
@@ -357,6 +362,20 @@ async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genes
         write_export(args.file, genesis, blocks)
         print(f"exported {len(blocks)} blocks to {args.file}")
     return EXIT_OK
+
+
+async def _certificate_line(cluster: ClusterConfig, genesis: Genesis,
+                            header: BlockHeader) -> str:
+    """`block N`'s certificate line: the first certificate a node serves for the block."""
+    from phalanx.client.chain_light import find_certificate
+
+    view, source = await find_certificate(cluster, genesis, header)
+    if view is None:
+        return f"  certificate none ({source})"
+    verdict = {True: "valid", False: "INVALID", None: "unchecked (cluster.toml has no "
+               "node keys)"}[view.valid]
+    return (f"  certificate {','.join(view.signers)} ({len(view.signers)} of {view.nodes} "
+            f"nodes, quorum {view.quorum}) {verdict}, from {source}")
 
 
 async def _tail(chain: ChainClient, start: int | None, count: int | None) -> None:

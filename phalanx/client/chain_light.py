@@ -1,22 +1,28 @@
 """The chain's light client over a real cluster: an account's state verified against a
 block header the client trusts, with the proof from ONE possibly Byzantine replica.
 
-Owns: `verify_from_replica` (the `phalanx chain verify` flow), `agreed_header` (the header
-f+1 replicas report identically), `one_node` / `on_node` (calls to a single replica) and
-`certificate_check`, THE plug-in point of block certificates.
+Owns: `verify_from_replica` (the `phalanx chain verify` flow), `certified_header` (a
+replica's header with the block certificate it stored attached), `certificate_check` (THE
+certificate verdict), `CertificateView` (what `phalanx chain block` shows),
+`agreed_header` (the header f+1 replicas report identically, the fallback) and
+`one_node` / `on_node` (calls to a single replica).
 
-Trust, until block certificates exist: a header is trusted when f+1 distinct replicas
-(f = the protocol's tolerated faults for the cluster size; at least one of them correct)
-report byte-identical headers at that height. `certificate_check(header, genesis)` is
-called first; when it returns True/False that decides alone. It returns None today (no
-certificate in `BlockHeader.consensus_proof`): the i17-cert branch builds
-`phalanx.apps.chain.certificate`; wiring it is replacing this one function's body.
+Trust: a header is trusted when its `consensus_proof` is a `BlockCertificate` of at least
+`certificate_quorum` of the cluster's node keys (``signing_public_key`` of each node in
+cluster.toml; n - f signatures under Byzantine faults, a majority under crash faults, from
+the protocol registry's fault model; see `phalanx.apps.chain.certificate` for what each
+proves). The certificate comes from the same single replica (its block-certifier service,
+`CertificateQuery`). A certificate that does not verify refuses the header outright (the
+replica lied). Only when the replica has no certificate for that height (its service is
+off, the cluster predates it, or the signatures are still in flight) does the client fall
+back to f+1 distinct replicas reporting byte-identical headers, and says so.
 
 Must not import: the runtime, consensus cores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -25,7 +31,13 @@ from typing import TypeVar
 
 import trio
 
-from phalanx.apps.chain.block import BlockHeader, encode_header
+from phalanx.apps.chain.block import BlockHeader, chain_id, encode_header
+from phalanx.apps.chain.certificate import (
+    BlockCertificate,
+    certificate_of,
+    encode_certificate,
+    verify_header,
+)
 from phalanx.apps.chain.light import verify_account
 from phalanx.apps.chain.types import AccountProof, Genesis
 from phalanx.client.async_client import open_client
@@ -34,16 +46,86 @@ from phalanx.client.errors import ClientError
 from phalanx.ops import pki
 from phalanx.ops.node_config import ClusterConfig
 from phalanx.protocols import get as protocol_spec
+from phalanx.services.block_cert_api import (
+    CertificateAnswer,
+    CertificateQuery,
+    MissingNodeKey,
+    certificate_quorum,
+    node_public_keys,
+)
 
 T = TypeVar("T")
+SERVICE = "block-certifier"
+"""The node service that collects and serves block certificates."""
 
 
-def certificate_check(header: BlockHeader, genesis: Genesis) -> bool | None:
-    """THE CERTIFICATE PLUG-IN POINT: whether `header.consensus_proof` proves the header
-    (a PBFT commit certificate of 2f+1 signatures, Raft's signed term/index), or None when
-    the header carries no certificate to check (then `agreed_header`'s f+1 rule decides).
-    Block certificates are built in `phalanx.apps.chain.certificate` (branch i17-cert)."""
-    return None
+def cluster_quorum(cluster: ClusterConfig) -> int:
+    """Signatures a block certificate of this cluster needs (the protocol's fault model)."""
+    return certificate_quorum(protocol_spec(cluster.protocol).fault_model, len(cluster.nodes))
+
+
+def cluster_keys(cluster: ClusterConfig) -> dict[str, bytes] | None:
+    """Every node's raw Ed25519 public key from cluster.toml, or None when one is missing
+    (a cluster made before block certificates: certificates cannot be checked)."""
+    try:
+        return node_public_keys(cluster.nodes)
+    except MissingNodeKey:
+        return None
+
+
+def certificate_check(header: BlockHeader, genesis: Genesis, cluster: ClusterConfig
+                      ) -> bool | None:
+    """THE CERTIFICATE VERDICT: whether `header.consensus_proof` is a block certificate of
+    this header by a quorum of the cluster's node keys; None when the header carries none
+    (or the cluster config has no node keys to check one against)."""
+    keys = cluster_keys(cluster)
+    if not header.consensus_proof or keys is None:
+        return None
+    return verify_header(header, keys, cluster_quorum(cluster), chain_id=chain_id(genesis))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CertificateView:
+    """A block certificate as `phalanx chain block` shows it."""
+
+    signers: tuple[str, ...]
+    quorum: int
+    nodes: int
+    valid: bool | None
+    """None: the cluster config has no node keys to check it against."""
+
+
+def describe_certificate(header: BlockHeader, genesis: Genesis, cluster: ClusterConfig
+                         ) -> CertificateView | None:
+    cert = certificate_of(header)
+    if cert is None:
+        return None
+    return CertificateView(signers=tuple(str(n) for n, _ in cert.signatures),
+                           quorum=cluster_quorum(cluster), nodes=len(cluster.nodes),
+                           valid=certificate_check(header, genesis, cluster))
+
+
+async def find_certificate(cluster: ClusterConfig, genesis: Genesis, header: BlockHeader, *,
+                           seconds: float = 1.0) -> tuple[CertificateView | None, str]:
+    """The first certificate of `header`'s height a node serves (nodes in config order),
+    attached to `header` and judged, with the node that served it; else (None, why)."""
+    from phalanx.client.service_calls import call_service
+
+    why = "no node has one yet"
+    for node in cluster.nodes:
+        try:
+            answer = await call_service(cluster, node.id, SERVICE,
+                                        CertificateQuery(height=header.height), seconds=seconds)
+        except ClientError as e:
+            why = f"no node serves certificates ({e})"
+            continue
+        cert = answer.certificate if isinstance(answer, CertificateAnswer) else None
+        if isinstance(cert, BlockCertificate):
+            proof = encode_certificate(cert)
+            view = describe_certificate(dataclasses.replace(header, consensus_proof=proof),
+                                        genesis, cluster)
+            return view, node.id
+    return None, why
 
 
 @asynccontextmanager
@@ -126,40 +208,84 @@ class Verified:
     reason: str = ""
 
 
+async def certified_header(cluster: ClusterConfig, node: str, height: int, *,
+                           call_timeout: float = 2.0) -> tuple[BlockHeader, str, bool]:
+    """Replica `node`'s header at `height` with the certificate its block-certifier stored
+    attached as `consensus_proof` (unchecked: `certificate_check` judges it), why there is
+    none ("" when attached), and whether one may still come (the signatures in flight).
+    Raises `ClientError` when `node` gives no header."""
+    from phalanx.client.service_calls import call_service
+
+    header, _ = await on_node(cluster, node, lambda c: c.block(height, stale=True),
+                              call_timeout=call_timeout)
+    try:
+        answer = await call_service(cluster, node, SERVICE, CertificateQuery(height=height),
+                                    seconds=call_timeout)
+    except ClientError as e:
+        return header, f"{node} serves no certificates ({e})", False
+    cert = answer.certificate if isinstance(answer, CertificateAnswer) else None
+    if not isinstance(cert, BlockCertificate):
+        return header, f"{node} has no certificate for block {height} yet", True
+    try:
+        proof = encode_certificate(cert)
+    except Exception:  # a hostile answer whose fields do not encode
+        return header, f"{node} answered an unencodable certificate", False
+    return dataclasses.replace(header, consensus_proof=proof), "", False
+
+
 async def verify_from_replica(cluster: ClusterConfig, genesis: Genesis, account: bytes,
                               replica: str, *, within: float = 5.0) -> Verified:
-    """Ask `replica` alone for the account's proof, trust the header of its height by
-    `certificate_check` or else f+1 identical reports, and verify the proof against it."""
+    """Ask `replica` alone for the account's proof and the header of its height with its
+    block certificate; trust the header by the certificate (a bad one refuses it), or,
+    when the replica has none within about a second, by f+1 identical reports (saying
+    so); verify the proof against it."""
+    def fail(reason: str, header: BlockHeader | None = None, by: str = "") -> Verified:
+        return Verified(ok=False, account=account, replica=replica, header=header,
+                        trusted_by=by, reason=reason)
+
     try:
         reply: AccountProof = await on_node(
             cluster, replica, lambda c: c.proof(account, stale=True), call_timeout=within)
     except ClientError as e:
-        return Verified(ok=False, account=account, replica=replica,
-                        reason=f"{replica} gave no proof: {e}")
+        return fail(f"{replica} gave no proof: {e}")
     if reply.height == 0:
-        return Verified(ok=False, account=account, replica=replica,
-                        reason="no block yet: nothing to verify against")
-    header = await agreed_header(cluster, reply.height, within=within)
-    if header is None:
-        return Verified(ok=False, account=account, replica=replica,
-                        reason=f"no header at height {reply.height} reported by "
-                               f"{faults(cluster) + 1} replicas alike")
-    certified = certificate_check(header, genesis)
-    if certified is False:
-        return Verified(ok=False, account=account, replica=replica, header=header,
-                        trusted_by="certificate",
-                        reason=f"block {header.height}'s certificate does not verify")
-    trusted_by = ("certificate" if certified is not None
-                  else f"{faults(cluster) + 1} matching replicas")
-    agreed = encode_header(header)
-    state = verify_account(
-        header=header, account=account, value=reply.value, proof=reply.proof,
-        trust_header=lambda h: (certified if certified is not None
-                                else encode_header(h) == agreed))
+        return fail("no block yet: nothing to verify against")
+    wait_until = trio.current_time() + min(1.0, within / 2)
+    while True:
+        try:
+            header, missing, later = await certified_header(
+                cluster, replica, reply.height, call_timeout=min(2.0, within))
+        except ClientError as e:
+            return fail(f"{replica} gave no header for block {reply.height}: {e}")
+        if not later or trio.current_time() >= wait_until:
+            break
+        await trio.sleep(0.1)
+    verdict = certificate_check(header, genesis, cluster)
+    if verdict is None and not missing:
+        missing = "cluster.toml has no node signing_public_key to check certificates"
+    quorum = cluster_quorum(cluster)
+    if verdict is False:
+        return fail(f"block {header.height}'s certificate from {replica} does not verify "
+                    f"(needs {quorum} valid signatures of the cluster's node keys)", header,
+                    "certificate")
+    if verdict:
+        cert = certificate_of(header)
+        signers = [str(n) for n, _ in cert.signatures] if cert is not None else []
+        trusted_by = (f"certificate ({len(signers)} of {len(cluster.nodes)} node signatures: "
+                      f"{','.join(signers)}; quorum {quorum}; valid)")
+    else:
+        agreed = await agreed_header(cluster, reply.height, within=within)
+        if agreed is None:
+            return fail(f"no certificate ({missing}) and no header at height "
+                        f"{reply.height} reported by {faults(cluster) + 1} replicas alike")
+        header = agreed
+        trusted_by = f"{faults(cluster) + 1} matching replicas (no certificate: {missing})"
+    trusted = encode_header(header)
+    state = verify_account(header=header, account=account, value=reply.value,
+                           proof=reply.proof,
+                           trust_header=lambda h: encode_header(h) == trusted)
     if state is None or reply.state_root != header.state_root:
-        return Verified(ok=False, account=account, replica=replica, header=header,
-                        trusted_by=trusted_by,
-                        reason=f"{replica}'s proof does not verify against block "
-                               f"{header.height}")
+        return fail(f"{replica}'s proof does not verify against block {header.height}",
+                    header, trusted_by)
     return Verified(ok=True, account=account, replica=replica, balance=state[0],
                     nonce=state[1], header=header, trusted_by=trusted_by)

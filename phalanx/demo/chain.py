@@ -16,19 +16,23 @@ What it does, in order:
        sequence numbers learns of them from newer traffic and checkpoints); exports the
        chain (blocks read with f+1 matching replies), validates it (links, tx roots,
        re-execution, every state root), checks the supply is conserved, and verifies a1's
-       balance with the light client against the restarted replica alone (the header trusted
-       by f+1 identical reports: `phalanx.client.chain_light`), whose header must be the
-       exported chain's block at that height.
+       balance with the light client against the restarted replica alone: the header is
+       trusted by the block certificate that replica serves (2f+1 = 3 Ed25519 signatures
+       of the nodes' keys, collected by the block-certifier service `cluster init --app
+       chain` enabled; `phalanx.client.chain_light`), and must be the exported chain's
+       block at that height. It also shows the head block's certificate (signers, quorum).
 
 Exit 0 (PASS) only if the chain validates, the balances sum to the genesis supply, the
-light-client proof verifies to the balance the cluster reports, the restarted replica
-caught up, and a transfer was acknowledged after it restarted. Must not import the runtime
+light-client proof verifies to the balance the cluster reports with its header trusted by
+a valid certificate (not the f+1 fallback), the restarted replica caught up, and a
+transfer was acknowledged after it restarted. Must not import the runtime
 or consensus cores (nodes are processes). Not deterministic.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import shutil
 import sys
@@ -73,12 +77,14 @@ class ChainDemoResult:
     supply: int = 0
     balances_total: int = -1
     verified: str = ""
+    certificate: str = ""
     notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return (self.valid.startswith("valid") and self.balances_total == self.supply
-                and self.verified.startswith("verified") and self.caught_up
+                and self.verified.startswith("verified") and "(certificate (" in self.verified
+                and self.caught_up
                 and self.ok_after_restart > 0)
 
 
@@ -147,7 +153,7 @@ async def _scenario(args: argparse.Namespace, cluster: ClusterConfig, procs: Nod
     from phalanx.apps.chain.block import decode_header
     from phalanx.apps.chain.validate import ChainInvalid, decode_blocks, validate_chain
     from phalanx.client.chain_export import fetch_chain, read_export, write_export
-    from phalanx.client.chain_light import on_node, verify_from_replica
+    from phalanx.client.chain_light import find_certificate, on_node, verify_from_replica
 
     nodes = [n.id for n in cluster.nodes]
     genesis = read_genesis(cluster.app_files["genesis"])
@@ -218,10 +224,18 @@ async def _scenario(args: argparse.Namespace, cluster: ClusterConfig, procs: Nod
                            f"{v.header.height if v.header else 0} ({v.trusted_by})" if v.ok
                            else f"NOT verified: {v.reason}")
         if v.ok and v.header is not None and (
-                v.header.height > len(data)
-                or decode_header(data[v.header.height - 1].header) != v.header):
+                v.header.height > len(data) or decode_header(data[v.header.height - 1].header)
+                != dataclasses.replace(v.header, consensus_proof=b"")):
             result.verified = (f"NOT verified: {victim}'s block {v.header.height} is not the "
                                "exported chain's")
+        if data:
+            last = decode_header(data[-1].header)
+            view, source = await find_certificate(cluster, genesis, last)
+            result.certificate = (
+                f"block {last.height}: {','.join(view.signers)} ({len(view.signers)} of "
+                f"{view.nodes}, quorum {view.quorum}) "
+                f"{'valid' if view.valid else 'INVALID'}, served by {source}"
+                if view is not None else f"block {last.height}: none ({source})")
     result.transfers_ok, result.transfers_refused = transfers.ok, transfers.refused
     result.transfers_unknown = transfers.unknown
     result.ok_after_restart = transfers.ok_after_restart
@@ -247,6 +261,7 @@ def _summary(r: ChainDemoResult) -> str:
         ("exported chain", r.valid),
         ("supply conserved", f"{r.balances_total:,} of {r.supply:,}"),
         ("light client", r.verified),
+        ("block certificate", r.certificate),
         ("verdict", "PASS" if r.passed else "FAIL"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -57,6 +57,9 @@ key DIR/clients/client.signing.key (mode 0600; cluster.toml names it, so `phalan
 --app chain also writes DIR/chain/genesis.bin (the minter and the opening balances) and
 DIR/chain/keys/{minter,a1..a5}.key (account keys, mode 0600; a1..a5 hold 1,000,000 each);
 every config names the genesis in [app]. Use it with `phalanx chain --cluster DIR`.
+It also enables the block-certifier service (a [block-certifier] table, a signing key per
+node, every node's signing_public_key in cluster.toml): nodes sign each block and store
+quorum certificates a light client checks (docs/CHAIN.md); set enabled = false to stop it.
 
 --service gossip adds a [gossip] table to every node config (docs/GOSSIP.md) and, as the
 service signs its rumors, a signing key per node (DIR/nodes/<id>.signing.key) whatever the

@@ -108,7 +108,10 @@ def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
         "cluster": {"protocol": cluster.protocol, "app": cluster.app},
         "client": client,
         "nodes": [
-            {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr)}
+            {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr),
+             # a light client verifies block certificates against these
+             **({"signing_public_key": n.signing_public_key}
+                if n.signing_public_key is not None else {})}
             for n in cluster.nodes
         ],
     }
@@ -184,7 +187,8 @@ def init_cluster(
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
     config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
     app's files (the chain: DIR/chain/) and every config names them in ``[app]``.
-    `services` (`phalanx.services`) get their table in every node config, at their
+    `services` (`phalanx.services`), and the app's own (`AppSpec.services`: the chain's
+    block certifier), get their table in every node config, at their
     defaults overridden by `service_options[name]`; a service that signs gets every node a
     signing key.
     `protocol_options` go into every config's ``[protocol]`` table, checked first by the
@@ -199,7 +203,8 @@ def init_cluster(
         spec = protocol_spec(protocol)
         app_spec = get_app(app)
         tables = {name: {**get_service(name).defaults(),
-                         **(service_options or {}).get(name, {})} for name in services}
+                         **(service_options or {}).get(name, {})}
+                  for name in dict.fromkeys((*app_spec.services, *services))}
     except (UnknownProtocol, UnknownApp, UnknownService) as e:
         raise ClusterError(str(e)) from None
     problem = app_spec.protocol_problem(spec)

@@ -422,7 +422,7 @@ async def open_node(
                         lazy=built.lazy, supersedes=built.supersedes)
         try:
             services = ServiceHost(config, transport=transport,
-                                   rng=random.Random(rng.getrandbits(64)))
+                                   rng=random.Random(rng.getrandbits(64)), machine=machine)
         except ServiceError as e:
             raise NodeError(f"{config.source or config.id}: {e}") from None
         secure = config.client_auth != "none"

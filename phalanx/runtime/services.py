@@ -10,7 +10,9 @@ tables through the registry (`phalanx.services`), never by name. For each enable
   without a service without a decode error closing a link.
 - ticks it every `NodeService.tick_seconds` (`phalanx.runtime.ticker.Ticker`; a late wake-up
   gives one tick, not a burst);
-- flushes the transport after each step, so a step's sends leave in one write per peer;
+- flushes the transport after each step that sent something, so a step's sends leave in
+  one write per peer (a step that sent nothing flushes nothing: flushing would push out
+  the core's queued messages early, in smaller writes);
 - answers `ServiceCall`s from the client port (`service_call`), checking the caller's role
   against `NodeService.needed_role` first;
 - exports the service's counters and gauges on the node's metrics page
@@ -66,12 +68,14 @@ class ServiceHost:
     """A node's services (see the module docstring). `services` maps name -> service."""
 
     def __init__(self, config: NodeConfig, *, transport: _Sender, rng: random.Random,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 machine: object | None = None) -> None:
         self._node = config.id
         self._transport = transport
         self.services: dict[str, NodeService] = {}
         self._routes: dict[type, NodeService | None] = {}
         self.disabled_messages = 0
+        self._sent = False
         self.snapshots: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         """Each service's (counters, gauges), refreshed every `SNAPSHOT_SECONDS`."""
         register_service_calls()
@@ -90,7 +94,7 @@ class ServiceHost:
             service = spec.build.load()(ServiceContext(
                 config=config, options=config.services[name], send=self._send,
                 wall_clock=wall_clock, rng=random.Random(rng.getrandbits(64)),
-                state_dir=state_dir))
+                state_dir=state_dir, machine=machine))
             self.services[name] = service
             self.snapshot(name)
             for cls in spec.messages.load().values():
@@ -99,11 +103,17 @@ class ServiceHost:
                 self._routes[cls] = service
 
     def _send(self, dst: NodeId, message: Message) -> bool:
+        self._sent = True
         return self._transport.send_nowait(dst, message)
+
+    def _flush_if_sent(self) -> None:
+        if self._sent:
+            self._sent = False
+            self._transport.flush()
 
     def route(self, deliver: Deliver) -> Deliver:
         """The transport's `deliver`: services' messages to them, the rest to `deliver`."""
-        routes, flush = self._routes, self._transport.flush
+        routes, flush = self._routes, self._flush_if_sent
 
         async def route(src: NodeId, message: object) -> None:
             cls = type(message)
@@ -132,7 +142,7 @@ class ServiceHost:
                 service.close()
 
     async def _ticks(self, name: str, service: NodeService) -> None:
-        flush = self._transport.flush
+        flush = self._flush_if_sent
         every = max(1, round(SNAPSHOT_SECONDS / service.tick_seconds))
         with Ticker(service.tick_seconds) as ticker:
             ticks = 0

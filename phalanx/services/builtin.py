@@ -1,7 +1,9 @@
-"""The built-in node services' registry entries: gossip.
+"""The built-in node services' registry entries: gossip and the block certifier.
 
-Owns: `GOSSIP` and `SPECS`. Declarations only: the gossip machine is `phalanx.gossip`, its
-runtime driver `phalanx.services.gossip_node`, its client operations
+Owns: `GOSSIP`, `BLOCK_CERTIFIER` and `SPECS`. The block certifier's driver is
+`phalanx.services.block_certifier`, its client operations
+`phalanx.services.block_cert_api`. Declarations only: the gossip machine is
+`phalanx.gossip`, its runtime driver `phalanx.services.gossip_node`, its client operations
 `phalanx.services.gossip_api`, its demo `phalanx.demo.gossip`, all loaded only when used.
 """
 
@@ -45,4 +47,23 @@ GOSSIP = ServiceSpec(
     demo=Lazy("phalanx.demo.gossip:run"),
 )
 
-SPECS: tuple[ServiceSpec, ...] = (GOSSIP,)
+BLOCK_CERTIFIER = ServiceSpec(
+    name="block-certifier",
+    summary="signed block certificates: every node signs each block, a quorum certifies it",
+    options=(
+        ServiceOption(name="enabled", default=True,
+                      help="run the service (false keeps the table but turns it off)"),
+        ServiceOption(name="tick_ms", default=100, minimum=1,
+                      help="how often stored certificates are fsynced"),
+        ServiceOption(name="keep", default=10_000, minimum=1,
+                      help="certificates kept on disk and in memory (the newest)"),
+        ServiceOption(name="window", default=256, minimum=1,
+                      help="heights around the node's newest block it collects for"),
+    ),
+    messages=Lazy("phalanx.services.block_cert_api:PEER_MESSAGES"),
+    client_messages=Lazy("phalanx.services.block_cert_api:BLOCK_CERT_API_MESSAGES"),
+    build=Lazy("phalanx.services.block_certifier:build"),
+    signing_keys=True,
+)
+
+SPECS: tuple[ServiceSpec, ...] = (GOSSIP, BLOCK_CERTIFIER)

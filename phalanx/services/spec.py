@@ -71,6 +71,10 @@ class ServiceContext:
         wall_clock: seconds since the epoch (timestamps for operators; never a decision).
         rng: the service's own seeded randomness.
         state_dir: a directory for the service's small durable state (created).
+        machine: the node's application state machine (as the replica applies it), for a
+            service that observes the app through an optional capability it checks with
+            ``isinstance`` (e.g. `phalanx.apps.interface.BlockStream`); None when the host
+            was built without one.
     """
 
     config: NodeConfig
@@ -79,6 +83,7 @@ class ServiceContext:
     wall_clock: Callable[[], float]
     rng: random.Random
     state_dir: Path
+    machine: object | None = None
 
 
 class NodeService(Protocol):

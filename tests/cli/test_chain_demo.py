@@ -1,7 +1,8 @@
 """`phalanx demo --app chain` end to end (real processes, ~20 s): PBFT with n1 Byzantine
 (equivocating) and an honest replica SIGKILLed and restarted during signed transfers; the
 restarted replica catches up; the exported chain validates, the supply is conserved and a
-light-client proof from the restarted replica verifies. Exit 0 means PASS."""
+light-client proof from the restarted replica verifies, its header trusted by a block
+certificate. Exit 0 means PASS."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_chain_demo_passes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert "exported chain                    valid, " in out
     assert "supply conserved                  5,000,000 of 5,000,000" in out
     assert "light client                      verified on " in out
+    assert "(certificate (" in out  # trusted by a block certificate, not f+1 reports
+    assert "block certificate                 block " in out
     assert "n1 runs --byzantine equivocate" in out
     export = tmp_path / "demo" / "cluster" / "chain-export.bin"
     assert main(["chain", "validate", str(export)]) == 0
