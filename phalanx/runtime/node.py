@@ -62,6 +62,7 @@ from phalanx.net.transport import (
     max_peer_sockets,
     run_peer_transport,
 )
+from phalanx.ops.link import LinkError, intercluster_for, load_links
 from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
     CredentialPaths,
@@ -370,6 +371,10 @@ async def open_node(
                                    saved=durable.hard_state)
         paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
                                 ca_certificate=config.tls.ca)
+        try:  # linked clusters' nodes: the inter-cluster path only (`phalanx.ops.link`)
+            intercluster = intercluster_for(config, load_links(config))
+        except LinkError as e:
+            raise NodeError(f"{config.id}: {e}") from None
         metrics = NodeMetrics(config.id)
         # A small accept backlog: a flood's excess SYNs are dropped by the kernel, not
         # queued for handshakes long after their clients gave up (`conn_gate`).
@@ -390,6 +395,7 @@ async def open_node(
             rng=random.Random(rng.getrandbits(64)),
             backoff=PEER_BACKOFF,
             hold_sends=True,
+            intercluster=intercluster,
         )
 
         def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
