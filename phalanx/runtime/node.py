@@ -100,6 +100,7 @@ from phalanx.runtime.identity import (
     read_identity,
     write_identity,
 )
+from phalanx.runtime.local_submit import LocalSubmitter
 from phalanx.runtime.metrics import NodeMetrics, serve_metrics
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
@@ -427,8 +428,10 @@ async def open_node(
                         flush_sends=transport.flush,
                         lazy=built.lazy, supersedes=built.supersedes)
         try:
+            submitter = LocalSubmitter(config.id, random.Random(rng.getrandbits(64)))
             services = ServiceHost(config, transport=transport,
-                                   rng=random.Random(rng.getrandbits(64)))
+                                   rng=random.Random(rng.getrandbits(64)), machine=machine,
+                                   submit=submitter.submit)
         except ServiceError as e:
             raise NodeError(f"{config.source or config.id}: {e}") from None
         secure = config.client_auth != "none"
@@ -494,6 +497,7 @@ async def open_node(
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
             await nursery.start(services.run)
+            await nursery.start(submitter.run, driver)
             nursery.start_soon(_record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             if (ctl := control_file(config.id)) is not None:

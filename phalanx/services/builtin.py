@@ -1,4 +1,4 @@
-"""The built-in node services' registry entries: gossip.
+"""The built-in node services' registry entries: gossip, clustersend.
 
 Owns: `GOSSIP` and `SPECS`. Declarations only: the gossip machine is `phalanx.gossip`, its
 runtime driver `phalanx.services.gossip_node`, its client operations
@@ -45,4 +45,24 @@ GOSSIP = ServiceSpec(
     demo=Lazy("phalanx.demo.gossip:run"),
 )
 
-SPECS: tuple[ServiceSpec, ...] = (GOSSIP,)
+CLUSTERSEND = ServiceSpec(
+    name="clustersend",
+    summary="certified values to linked clusters, exactly once (`phalanx cluster link`)",
+    options=(
+        ServiceOption(name="enabled", default=True,
+                      help="run the service (false keeps the table but turns it off)"),
+        ServiceOption(name="tick_ms", default=20, minimum=1,
+                      help="one cluster-sending tick"),
+        ServiceOption(name="mode", default="pcs",
+                      help="sender/receiver pairs: pcs, permutation or bijective"),
+        ServiceOption(name="attempt_timeout", default=25, minimum=1,
+                      help="ticks without a proof before the next pair is tried"),
+        ServiceOption(name="resubmit", default=25, minimum=1,
+                      help="ticks before a received value not yet applied is resubmitted"),
+    ),
+    messages=Lazy("phalanx.services.clustersend_node:CLUSTERSEND_SERVICE_MESSAGES"),
+    build=Lazy("phalanx.services.clustersend_node:build"),
+    signing_keys=True,
+)
+
+SPECS: tuple[ServiceSpec, ...] = (GOSSIP, CLUSTERSEND)

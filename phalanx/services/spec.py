@@ -71,6 +71,13 @@ class ServiceContext:
         wall_clock: seconds since the epoch (timestamps for operators; never a decision).
         rng: the service's own seeded randomness.
         state_dir: a directory for the service's small durable state (created).
+        machine: the node's application state machine (as the replica applies it), for a
+            service that observes the app through an optional capability it checks with
+            ``isinstance`` (e.g. `phalanx.apps.interface.BlockStream`); None when the host
+            was built without one.
+        submit: hand an application command to this node's consensus, as a local client
+            would (best effort: False when the local queue is full; the outcome is read back
+            from the replicated state, never from a reply); None when the host has none.
     """
 
     config: NodeConfig
@@ -79,6 +86,8 @@ class ServiceContext:
     wall_clock: Callable[[], float]
     rng: random.Random
     state_dir: Path
+    machine: object | None = None
+    submit: Callable[[bytes], bool] | None = None
 
 
 class NodeService(Protocol):
