@@ -344,6 +344,8 @@ class ClusterSendService:
         to = NodeId(name) if cluster == self.cluster.cluster_id else node
         if self._send(to, message):
             self._count(f"sent:{type(message).__name__}")
+            if to == node:
+                self._count("sent_intercluster")
         else:
             self._count("send_refused")
 
