@@ -112,6 +112,27 @@ class KvReader(Protocol):
     def get(self, key: str) -> bytes | None: ...
 
 
+CREDIT = b"phalanx-credit\x00"
+"""A value that starts with this carries an increment (`credit_value`): the receiving
+cluster adds it to a KV number in the same transaction as the inbox entry (exactly once)."""
+
+
+def credit_value(key: str, amount: int, note: str = "") -> bytes:
+    """A cluster-sent value that credits `amount` to the number at `key` on arrival."""
+    return CREDIT + f"{key}\x00{amount}\x00{note}".encode()
+
+
+def parse_credit(value: bytes) -> tuple[str, int] | None:
+    """(key, amount) of a `credit_value`, or None (another value, or malformed)."""
+    if not value.startswith(CREDIT):
+        return None
+    try:
+        key, amount, _ = value[len(CREDIT):].decode().split("\x00", 2)
+        return key, int(amount)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
 class Mailbox:
     """The KV layout of the outbox and the inbox (see the module docstring). An application
     built on the KV app (the cross-shard demo) subclasses it for `inbox_writes`."""
@@ -126,8 +147,19 @@ class Mailbox:
         return self.state.get(_key("in", src_cluster, seq)) is not None
 
     def inbox_writes(self, inbound: Inbound) -> tuple[TxnWrite, ...] | None:
-        """Extra writes applied with the inbox entry (None: not now, ask again next tick)."""
-        return ()
+        """Extra writes applied with the inbox entry: a `credit_value`'s increment (the
+        transaction guards the number's current value: a concurrent change makes it fail,
+        and the value is resubmitted with the new one)."""
+        credit = parse_credit(inbound.value)
+        if credit is None:
+            return ()
+        key, amount = credit
+        current = self.state.get(key)
+        try:
+            balance = int(current) if current is not None else 0
+        except ValueError:
+            return ()  # not a number: the value is recorded, nothing credited
+        return (Put(key=key, value=str(balance + amount).encode()),)
 
     def inbox_command(self, inbound: Inbound) -> bytes | None:
         extra = self.inbox_writes(inbound)
@@ -275,20 +307,26 @@ class ClusterSendService:
                 return
             self._early.setdefault((st.dst_cluster, st.seq), {})[src] = (st, signature.sig)
             return
-        self._add_signature(sending, src, st, signature.sig)
+        if self._add_signature(sending, src, st, signature.sig) and sending.handed:
+            # A signature after we certified: that member missed ours (it restarted, or
+            # started late): answer with ours, so it can certify too.
+            self._send_to(src, CsSign(statement=sending.statement, signature=MemberSignature(
+                signer=self.me, sig=sending.signatures[self.me])))
         self._maybe_certify(sending)
 
     def _add_signature(self, sending: _Sending, signer: NodeId, st: SendStatement,
-                       sig: bytes) -> None:
+                       sig: bytes) -> bool:
+        """Whether `sig` is a new valid signature (dropped and counted when invalid)."""
         if st != sending.statement:
             self._count("dropped:sign_other_value")
-            return
+            return False
         if signer in sending.signatures:
-            return
+            return False
         if not self._crypto.verify(signer, st, sig):
             self._count("dropped:sign_bad_signature")
-            return
+            return False
         sending.signatures[signer] = sig
+        return True
 
     def _maybe_certify(self, sending: _Sending) -> None:
         info = self.cluster
