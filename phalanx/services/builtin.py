@@ -63,6 +63,7 @@ CLUSTERSEND = ServiceSpec(
     messages=Lazy("phalanx.services.clustersend_node:CLUSTERSEND_SERVICE_MESSAGES"),
     build=Lazy("phalanx.services.clustersend_node:build"),
     signing_keys=True,
+    demo=Lazy("phalanx.demo.cross_shard:run"),
 )
 
 SPECS: tuple[ServiceSpec, ...] = (GOSSIP, CLUSTERSEND)
