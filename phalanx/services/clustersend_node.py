@@ -189,6 +189,7 @@ class _Sending:
     value: bytes
     signatures: dict[NodeId, bytes]
     handed: bool = False
+    handed_at: int = 0
 
 
 class ClusterSendService:
@@ -307,9 +308,10 @@ class ClusterSendService:
                 return
             self._early.setdefault((st.dst_cluster, st.seq), {})[src] = (st, signature.sig)
             return
-        if self._add_signature(sending, src, st, signature.sig) and sending.handed:
-            # A signature after we certified: that member missed ours (it restarted, or
-            # started late): answer with ours, so it can certify too.
+        late = sending.handed and self._ticks - sending.handed_at >= self._resubmit
+        if self._add_signature(sending, src, st, signature.sig) and late:
+            # A signature long after we certified: that member missed ours (it restarted,
+            # or started late): answer with ours, so it can certify too.
             self._send_to(src, CsSign(statement=sending.statement, signature=MemberSignature(
                 signer=self.me, sig=sending.signatures[self.me])))
         self._maybe_certify(sending)
@@ -342,6 +344,7 @@ class ClusterSendService:
             cert = Certificate(kind=info.kind, statement=st, signatures=sigs, term=0,
                                leader=self.me, leader_sig=self._crypto.sign(notice))
         sending.handed = True
+        sending.handed_at = self._ticks
         self._count("certified")
         self._carry_out(self.machine.step(Outbound(value=sending.value, certificate=cert)))
 
