@@ -408,7 +408,8 @@ async def open_node(
                 peers=tuple(sorted(p.id for p in config.peers)),
                 # The transport's link state, not "heard from recently": followers
                 # never message each other, yet each is connected to the other.
-                connected_peers=tuple(str(p) for p in transport.connected_peers()),
+                connected_peers=tuple(str(p) for p in transport.connected_peers()
+                                      if p in peers),  # not linked clusters' nodes
                 dropped_messages=sum(status.dropped.values())
                 + driver.stats.dropped_peer_messages,
                 client_auth=config.client_auth,
