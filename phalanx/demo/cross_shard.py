@@ -15,12 +15,16 @@ empty: record it and y += m" -- exactly once however many members submit it. Sam
 other way. Steps, each PASS or FAIL (the first FAIL ends the run):
 
     1. both shards up, linked, accounts opened (1,000 each, 4 per shard).
-    2. --rounds transfers each way, one at a time: every credit applied in the other shard
+    2. --rounds transfers each way (both directions at once, one at a time each), while
+       each shard's whole state is read atomically again and again: its books balance at
+       every read (balances + credits sent - credits received = its opening total).
+       Every credit is applied in the other shard
        (at every honest live node; in the PBFT shard one honest replica may lag behind the
        2f+1 that commit, and is reported).
     3. SIGKILL B's n1; --rounds more transfers each way: all credited.
-    4. conservation: at every live honest node the two shards' balances add up to the opening
-       total; every outbox slot is in the other shard's inbox once, nothing else is.
+    4. conservation: at every up-to-date honest node the two shards' balances add up to the
+       opening total; every outbox slot is in the other shard's inbox with the same value,
+       and nothing else is.
     5. restart B's n1: it catches up to the same balances and inbox.
 
 Must not import: the runtime (nodes are processes). Not deterministic (real processes).
@@ -53,7 +57,7 @@ from phalanx.ops.local_cluster import (
     node_command,
 )
 from phalanx.ops.node_config import ClusterConfig
-from phalanx.services.clustersend_node import credit_value
+from phalanx.services.clustersend_node import credit_value, parse_credit
 
 ACCOUNTS = 4
 OPENING = 1_000
@@ -215,6 +219,51 @@ async def _settled(a: Shard, b: Shard, within: float) -> dict[str, tuple[int, in
                      f"per node {views}; sent A->B {a.next_seq}, B->A {b.next_seq}")
 
 
+def shard_books(items: tuple[tuple[str, bytes], ...], other: str) -> tuple[int, int, int]:
+    """(sum of balances, credits sent to `other`, credits received from `other`) in one
+    atomic read of a shard's whole state."""
+    balances = sent = received = 0
+    for key, value in items:
+        if key.startswith("bal/"):
+            balances += int(value)
+        elif key.startswith((f"cs/out/{other}/", f"cs/in/{other}/")):
+            credit = parse_credit(value)
+            amount = credit[1] if credit is not None else 0
+            if key.startswith("cs/out/"):
+                sent += amount
+            else:
+                received += amount
+    return balances, sent, received
+
+
+def _first_failure(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    for exc in group.exceptions:
+        if isinstance(exc, StepFailed | ClientError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_failure(exc)
+            if found is not None:
+                return found
+    return None
+
+
+async def _audit(shard: Shard, other: Shard, reads: list[int]) -> None:
+    """Read the shard's whole state atomically, again and again: its books must balance,
+    balances + credits sent - credits received = its opening total, at every read."""
+    opening = OPENING * len(shard.accounts)
+    async with open_client(shard.cluster, timeout=30) as client:
+        while True:
+            scan = await _read(client, Scan(prefix="", limit=10_000))
+            if isinstance(scan, ScanResult):
+                balances, sent, received = shard_books(scan.items, other.cluster_id)
+                if balances + sent - received != opening:
+                    raise StepFailed(
+                        f"shard {shard.name}'s books do not balance in one read: balances "
+                        f"{balances} + sent {sent} - received {received} != {opening}")
+                reads[0] += 1
+            await trio.sleep(0.05)
+
+
 def _complete(views: dict[str, tuple[int, int]], shard: Shard, other: Shard
               ) -> dict[str, tuple[int, int]]:
     """The nodes of `shard` whose inbox holds every credit `other` sent."""
@@ -230,6 +279,22 @@ def _needed(shard: Shard) -> int:
     return len(honest) - (1 if shard.liars else 0)
 
 
+async def _slots_match(src: Shard, dst: Shard) -> None:
+    """Every outbox slot of `src` for `dst` is in `dst`'s inbox with the same value, and
+    `dst`'s inbox holds nothing else from `src`."""
+    async with open_client(src.cluster, timeout=30) as c1, \
+            open_client(dst.cluster, timeout=30) as c2:
+        out = await _read(c1, Scan(prefix=f"cs/out/{dst.cluster_id}/", limit=10_000))
+        inbox = await _read(c2, Scan(prefix=f"cs/in/{src.cluster_id}/", limit=10_000))
+    if not isinstance(out, ScanResult) or not isinstance(inbox, ScanResult):
+        raise StepFailed(f"unexpected replies {out!r} {inbox!r}")
+    sent = {k.rsplit("/", 1)[1]: v for k, v in out.items}
+    got = {k.rsplit("/", 1)[1]: v for k, v in inbox.items}
+    if sent != got:
+        raise StepFailed(f"{src.name}->{dst.name}: outbox {len(sent)} slots, inbox {len(got)}"
+                         f"; differing slots {sorted(set(sent.items()) ^ set(got.items()))}")
+
+
 async def _open_accounts(shard: Shard) -> None:
     async with open_client(shard.cluster, timeout=60) as client:
         for account in shard.accounts:
@@ -243,16 +308,34 @@ async def _steps(a: Shard, b: Shard, rounds: int, rng: random.Random,
     number = 0
 
     async def transfers(label: str) -> str:
-        nonlocal number
         started = time.monotonic()
-        for _ in range(rounds):
-            for src, dst in ((a, b), (b, a)):
+        reads = [0]
+
+        async def one_way(src: Shard, dst: Shard, seed: int) -> None:
+            nonlocal number
+            mine = random.Random(seed)
+            for _ in range(rounds):
                 number += 1
-                await transfer(src, dst, rng, say, number)
-        views = await _settled(a, b, 60.0)
-        return (f"{label}: {2 * rounds} transfers (A->B {a.next_seq}, B->A {b.next_seq} in "
-                f"all) committed and credited in the other shard in "
-                f"{time.monotonic() - started:.1f} s ({len(views)} honest live nodes read)")
+                await transfer(src, dst, mine, say, number)
+
+        try:
+            async with trio.open_nursery() as nursery:  # both directions at once, audited
+                for shard, other in ((a, b), (b, a)):
+                    nursery.start_soon(_audit, shard, other, reads)
+                async with trio.open_nursery() as writers:
+                    writers.start_soon(one_way, a, b, rng.getrandbits(32))
+                    writers.start_soon(one_way, b, a, rng.getrandbits(32))
+                views = await _settled(a, b, 60.0)
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            first = _first_failure(group)
+            if first is None:
+                raise
+            raise first from None
+        return (f"{label}: {2 * rounds} transfers, both ways at once (A->B {a.next_seq}, "
+                f"B->A {b.next_seq} in all), credited in the other shard in "
+                f"{time.monotonic() - started:.1f} s ({len(views)} honest live nodes read); "
+                f"{reads[0]} atomic shard reads audited, all balanced")
 
     async def step1() -> str:
         for shard in (a, b):
@@ -281,6 +364,8 @@ async def _steps(a: Shard, b: Shard, rounds: int, rng: random.Random,
                 raise StepFailed(f"up-to-date nodes of a shard disagree on balances: {views}")
         if sums["A"] + sums["B"] != total:
             raise StepFailed(f"money not conserved: A {sums['A']} + B {sums['B']} != {total}")
+        await _slots_match(a, b)
+        await _slots_match(b, a)
         behind = sorted(set(views) - set(complete))
         return (f"conserved: A {sums['A']} + B {sums['B']} = {total} at "
                 f"{', '.join(sorted(complete))}; inboxes hold exactly the {a.next_seq} + "
