@@ -3,15 +3,16 @@ and a PBFT cluster of 4, made by `cluster init --service clustersend` and `clust
 
 Checked: values written to one cluster's outbox (a client's put-if-absent through its own
 consensus) reach the other cluster's replicated inbox exactly once, in both directions,
-with every live member's state agreeing; the sender confirms; a forged certificate sent by
-a linked node is dropped and counted; a node of an unlinked cluster is refused by the
-transport; messages a linked node sends outside the inter-cluster range are dropped.
+with every live member's state agreeing; the sender confirms; a forged certificate sent over
+the wire by a linked node (as attempt 0's sender to its receiver) is dropped and counted by
+reason; a node of an unlinked cluster is refused by the transport.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
@@ -21,12 +22,21 @@ from runtime_helpers import wait_for
 
 from phalanx.apps.kv import KvStateMachine
 from phalanx.client.async_client import open_client
-from phalanx.clustersend import Certificate, CsSend, MemberSignature, SendStatement
+from phalanx.clustersend import (
+    Certificate,
+    CsSend,
+    MemberSignature,
+    Mode,
+    SendStatement,
+    link_seed,
+    schedule,
+)
 from phalanx.clustersend.messages import value_digest
-from phalanx.net.intercluster import qualify
+from phalanx.net.intercluster import split_qualified
 from phalanx.ops.link import link_clusters
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster
 from phalanx.ops.node_config import ClusterConfig, NodeConfig, load_node_config
+from phalanx.runtime.identity import cluster_fingerprint
 from phalanx.runtime.node import Node, open_node
 from phalanx.services.clustersend_node import ClusterSendService, outbox_command
 
@@ -115,18 +125,61 @@ async def test_raft_and_pbft_clusters_exchange_values_exactly_once(tmp_path: Pat
             for i in range(1, 5):  # nothing beyond what was sent
                 state = c.state("b", f"n{i}")
                 assert state.get(f"cs/in/{ida}/{len(to_b):010d}") is None
-            # A forged certificate from a linked node: dropped and counted by reason.
-            forged_st = SendStatement(src_cluster=ida, dst_cluster=idb, epoch=0, seq=9,
-                                      digest=value_digest(b"forged"))
-            forged = Certificate(kind=c.service("a", "n1").cluster.kind, statement=forged_st,
-                                 signatures=(MemberSignature(signer=qualify("n1", ida),
-                                                             sig=b"x" * 64),))
-            victim = c.service("b", "n1")
+            # A forged certificate, over the wire from attempt 0's sender of A to its
+            # receiver in B (so it passes the pair check and reaches the certificate check).
+            seq = 9
+            value = b"forged"
+            forged_st = SendStatement(src_cluster=ida, dst_cluster=idb, epoch=0, seq=seq,
+                                      digest=value_digest(value))
+            raft_info = c.service("a", "n1").cluster
+            pbft_info = c.service("b", "n1").cluster
+            (s_i, r_i), = schedule(Mode.PCS, link_seed(ida, idb, 0, seq), 0, raft_info.n,
+                                   pbft_info.n, raft_info.f, pbft_info.f)
+            sender = split_qualified(raft_info.members[s_i])[0]
+            receiver = pbft_info.members[r_i]
+            forged = Certificate(kind=raft_info.kind, statement=forged_st,
+                                 signatures=tuple(MemberSignature(signer=m, sig=b"x" * 64)
+                                                  for m in raft_info.members[:2]),
+                                 term=0, leader=raft_info.members[0], leader_sig=b"y" * 64)
+            victim = c.service("b", split_qualified(receiver)[0])
             before = dict(victim.counters())
-            victim.receive(qualify("n1", ida), CsSend(attempt=0, value=b"forged",
-                                                      certificate=forged))
-            after = victim.counters()
-            dropped = {k: after[k] - before.get(k, 0) for k in after
-                       if k.startswith("machine:dropped") and after[k] != before.get(k, 0)}
-            assert sum(dropped.values()) == 1, dropped
-            assert victim.mailbox.state.get(f"cs/in/{ida}/{9:010d}") is None
+            assert c.nodes[("a", sender)].transport.send_nowait(
+                receiver, CsSend(attempt=0, value=value, certificate=forged))
+            c.nodes[("a", sender)].transport.flush()
+
+            def dropped() -> dict[str, int]:
+                now = victim.counters()
+                return {k: now[k] - before.get(k, 0) for k in now
+                        if k.startswith("machine:dropped") and now[k] != before.get(k, 0)}
+
+            await wait_for(lambda: bool(dropped()), within=GUARD)
+            assert dropped() == {"machine:dropped:bad_leader_signature": 1}
+            assert victim.mailbox.state.get(f"cs/in/{ida}/{seq:010d}") is None
+
+
+async def test_a_node_of_an_unlinked_cluster_is_refused(tmp_path: Path) -> None:
+    # C links B one-sidedly (C's links/ holds B's material, B's does not hold C's): C's node
+    # dials B's nodes, and B refuses it at the TLS handshake (C's CA is not trusted).
+    raft, pbft, _, idb = _two_clusters(tmp_path)
+    lone = init_cluster(tmp_path / "c", protocol="raft", nodes=1,
+                        base_port=_far_from(raft, pbft), services=("clustersend",))
+    shutil.copytree(raft.directory / "links", lone.directory / "links")
+    with trio.fail_after(GUARD):
+        async with running(("b", pbft), ("c", lone)) as c:
+            b1 = c.nodes[("b", "n1")].transport
+            await wait_for(lambda: b1.statistics().connections_refused >= 1, within=GUARD)
+            assert not any(str(p).endswith("@" + _id(lone)) for p in b1.connected_peers())
+            assert c.nodes[("c", "n1")].transport.statistics().outbound_established == 0
+            assert idb in {split_qualified(str(p))[1] for p in c.nodes[("c", "n1")].transport.peers}
+
+
+def _id(cluster: ClusterConfig) -> str:
+    return cluster_fingerprint(cluster.ca)
+
+
+def _far_from(*clusters: ClusterConfig) -> int:
+    used = [cl.nodes[0].peer_addr.port for cl in clusters]
+    while True:
+        base = find_free_base_port(1)
+        if all(abs(base - u) >= 300 for u in used):
+            return base
