@@ -194,6 +194,10 @@ class Transport(PeerDialer):
         hold_sends: hold the frames `send_nowait` would write directly until `flush`, so a
             peer's frames of one pass leave in one write (see the module docstring). The
             owner must call `flush` before it blocks or yields.
+        intercluster: the linked clusters' nodes (extra peers under qualified ids) and the
+            filter of what they may send (`phalanx.net.intercluster`). Their CAs are added
+            to `server_context`'s trust store (for their nodes' certificates only: the
+            acceptor decides the cluster by the signing CA). None: our cluster only.
     """
 
     def __init__(

@@ -73,7 +73,7 @@ from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.ops.link import ClusterLink, LinkError, load_links
 from phalanx.ops.signing_keys import SigningKeyError, read_seed
 from phalanx.protocols import get as protocol_spec
-from phalanx.protocols.spec import FaultModel
+from phalanx.protocols.spec import CallStrategy, FaultModel
 from phalanx.runtime.identity import cluster_fingerprint
 from phalanx.services.spec import SendFn as ServiceSend
 from phalanx.services.spec import ServiceContext, ServiceError
@@ -413,7 +413,11 @@ def build(context: ServiceContext) -> ClusterSendService:
     except (LinkError, SigningKeyError, OSError, ValueError) as e:
         raise ServiceError(f"[clustersend]: {e}") from None
     own_id = cluster_fingerprint(config.tls.ca)
-    fault_model = protocol_spec(config.protocol).fault_model
+    spec = protocol_spec(config.protocol)
+    if spec.call_strategy is CallStrategy.ENDORSEMENT:
+        raise ServiceError(f"[clustersend] cannot submit to {config.protocol} (its clients "
+                           "sign each transaction); run it on raft or pbft")
+    fault_model = spec.fault_model
     cluster = cluster_info(own_id, config.members(), fault_model)
     me = qualify(config.id, own_id)
     public = {me: private.public_key()}
