@@ -118,6 +118,49 @@ class Intercluster:
                      for c in self.clusters)
 
 
+class LinkedPeers:
+    """What a `Transport` holds of its `Intercluster` (empty without one): the linked nodes
+    by qualified id, their dial contexts, the linked CAs, the filter; `admit` decides who an
+    authenticated inbound certificate is. Building it adds the linked CAs to
+    `server_context`'s trust store."""
+
+    def __init__(self, intercluster: Intercluster | None, server_context: ssl.SSLContext,
+                 own: Mapping[NodeId, PeerAddress]) -> None:
+        if any(split_qualified(p)[1] is not None for p in own):
+            raise ValueError("peers are our own cluster's nodes (plain ids); a linked "
+                             "cluster's nodes come in `intercluster`")
+        self.peers: dict[NodeId, PeerAddress] = {}
+        self.dial_contexts: dict[NodeId, ssl.SSLContext] = {}
+        self.issuers: tuple[tuple[str, x509.Certificate], ...] = ()
+        self.allowed: Callable[[object], bool] = _carry_nothing
+        if intercluster is not None:
+            self.peers = intercluster.peers()
+            self.dial_contexts = intercluster.client_contexts()
+            self.issuers = intercluster.issuers()
+            self.allowed = intercluster.allowed
+            for linked in intercluster.clusters:  # trust its CA (for ITS nodes only)
+                server_context.load_verify_locations(cadata=linked.ca_pem.decode("ascii"))
+        self.foreign = frozenset(self.peers)
+
+    def admit(self, name: NodeId, der: bytes | None, own: Mapping[NodeId, object]
+              ) -> tuple[NodeId | None, str]:
+        """(the peer's id, "") for a verified certificate naming node `name`, or (None,
+        why it is refused). The signing CA decides the cluster, never the name."""
+        cluster = issuer_cluster(der, self.issuers)
+        if cluster is not None:  # a linked cluster's CA signed it: one of ITS nodes
+            src = qualify(name, cluster)
+            if src not in self.foreign:
+                return None, f"node {src!r} is not a node of linked cluster {cluster}"
+            return src, ""
+        if name not in own or name in self.foreign:
+            return None, f"node {name!r} is not in the configured peer set"
+        return name, ""
+
+
+def _carry_nothing(message: object) -> bool:
+    return False
+
+
 def issuer_cluster(der: bytes | None,
                    issuers: tuple[tuple[str, x509.Certificate], ...]) -> str | None:
     """The id of the linked cluster whose CA signed the (already TLS-verified) certificate

@@ -66,14 +66,10 @@ Inbound: ``(src, message)`` pairs, src the authenticated node id, into a bounded
 channel (`Transport.inbound`). When the consumer is slow the reading tasks block, and TCP flow
 control pushes back on the senders.
 
-Linked clusters (`intercluster`, `phalanx.net.intercluster`): the nodes of a cluster linked
-with ours (`phalanx cluster link`) are extra peers under qualified ids ``<node>@<cluster id>``.
-The listener also trusts their CA; an accepted certificate signed by a linked CA is that
-cluster's node (never one of ours, whatever it names) and must be one of its listed nodes;
-from it, only messages `Intercluster.allowed` passes are delivered (the inter-cluster wire
-range), the rest are dropped and counted (`intercluster_refused`). A node of a cluster we
-are not linked with fails the TLS handshake (its CA is not trusted). A linked node is dialled
-with a context that trusts only its cluster's CA.
+Linked clusters (`phalanx.net.intercluster`): their nodes are extra peers ``<node>@<cluster>``
+whose CA signed their certificate; from them only inter-cluster messages are delivered (the
+rest dropped, counted in `intercluster_refused`); an unlinked cluster's node fails the TLS
+handshake.
 
 Inbound limits (`phalanx.net.conn_gate`): at most ``2 * len(peers) + PEER_SLACK`` sockets
 open on the peer port (more are closed at once, before TLS; a replaced connection may linger
@@ -113,7 +109,7 @@ from phalanx.net.framing import (
     InboundBudget,
     encode_frame,
 )
-from phalanx.net.intercluster import Intercluster, issuer_cluster, qualify, split_qualified
+from phalanx.net.intercluster import Intercluster, LinkedPeers
 from phalanx.net.tls_stream import TlsStream
 from phalanx.net.transport_dial import (
     RECEIVE_CHUNK,
@@ -158,10 +154,6 @@ def max_peer_sockets(peer_count: int) -> int:
     return 2 * peer_count + PEER_SLACK
 
 
-def _carry_nothing(message: object) -> bool:
-    return False
-
-
 def _remote(stream: trio.SocketStream) -> str:
     try:
         host, port, *_ = stream.socket.getpeername()
@@ -194,10 +186,8 @@ class Transport(PeerDialer):
         hold_sends: hold the frames `send_nowait` would write directly until `flush`, so a
             peer's frames of one pass leave in one write (see the module docstring). The
             owner must call `flush` before it blocks or yields.
-        intercluster: the linked clusters' nodes (extra peers under qualified ids) and the
-            filter of what they may send (`phalanx.net.intercluster`). Their CAs are added
-            to `server_context`'s trust store (for their nodes' certificates only: the
-            acceptor decides the cluster by the signing CA). None: our cluster only.
+        intercluster: linked clusters' nodes and what they may send (their CAs are added
+            to `server_context`); None: our cluster only.
     """
 
     def __init__(
@@ -221,20 +211,11 @@ class Transport(PeerDialer):
         hold_sends: bool = False,
         intercluster: Intercluster | None = None,
     ) -> None:
-        self._intercluster = intercluster
-        self._issuers = intercluster.issuers() if intercluster is not None else ()
-        self._dial_contexts = intercluster.client_contexts() if intercluster else {}
-        foreign = intercluster.peers() if intercluster is not None else {}
-        if any(split_qualified(p)[1] is not None for p in peers):
-            raise ValueError("peers are our own cluster's nodes (plain ids); a linked "
-                             "cluster's nodes come in `intercluster`")
-        if intercluster is not None:
-            for linked in intercluster.clusters:  # trust its CA (for ITS nodes only)
-                server_context.load_verify_locations(cadata=linked.ca_pem.decode("ascii"))
-        self._foreign = frozenset(foreign)
+        self._linked_peers = LinkedPeers(intercluster, server_context, peers)
+        self._dial_contexts = self._linked_peers.dial_contexts
         self.intercluster_refused = 0
         """Messages from a linked cluster's node that the inter-cluster path does not carry."""
-        peers = {**peers, **foreign}
+        peers = {**peers, **self._linked_peers.peers}
         if node_id in peers:
             raise ValueError(f"peers must not contain this node ({node_id!r})")
         if send_queue_capacity < 1 or inbound_capacity < 1 or down_queue_capacity < 1:
@@ -504,15 +485,11 @@ class Transport(PeerDialer):
         if src is None:
             self._refuse(remote, "certificate names no phalanx node")
             return
-        cluster = issuer_cluster(tls.getpeercert_der(), self._issuers)
-        if cluster is not None:  # a linked cluster's CA signed it: one of ITS nodes
-            src = qualify(src, cluster)
-            if src not in self._foreign:
-                self._refuse(remote, f"node {src!r} is not a node of linked cluster {cluster}")
-                return
-        elif src not in self._peers or src in self._foreign:
-            self._refuse(remote, f"node {src!r} is not in the configured peer set")
+        admitted, problem = self._linked_peers.admit(src, tls.getpeercert_der(), self._peers)
+        if admitted is None:
+            self._refuse(remote, problem)
             return
+        src = admitted
         redial = self._redial.pop(src, None)
         if redial is not None:
             redial.set()
@@ -535,9 +512,7 @@ class Transport(PeerDialer):
     async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
         deliver = self._deliver
-        foreign = src in self._foreign
-        allowed = (self._intercluster.allowed if self._intercluster is not None
-                   else _carry_nothing)
+        foreign, allowed = src in self._linked_peers.foreign, self._linked_peers.allowed
         decoder = FrameDecoder(max_frame_size=self._max_frame_size, budget=self.budget)
         try:
             await tls.send_all(WELCOME)
