@@ -213,6 +213,9 @@ class ClusterSendService:
             crypto=crypto, config=config)
         self._members = frozenset(cluster.members)
         self._next_out: dict[str, int] = dict.fromkeys(self.linked, 0)
+        self._next_in: dict[str, int] = dict.fromkeys(self.linked, 0)
+        """Per linked cluster: the first seq whose inbox entry our applied state lacks (the
+        machine delivers from there: after a restart it must not wait for old values)."""
         """Per linked cluster: the next outbox seq not yet seen in our applied state."""
         self._sending: dict[tuple[str, int], _Sending] = {}
         self._early: dict[tuple[str, int], dict[NodeId, tuple[SendStatement, bytes]]] = {}
@@ -351,6 +354,13 @@ class ClusterSendService:
     # -- receiving: machine -> our consensus, once ------------------------------------------
 
     def _poll_inbox(self) -> None:
+        for src in sorted(self.linked):
+            k = self._next_in[src]
+            while self.mailbox.received(src, k):
+                k += 1
+            if k > self._next_in[src]:
+                self._next_in[src] = k
+                self._carry_out(self.machine.resume_delivery(src, k))
         for key in sorted(self._inbox):
             inbound, last = self._inbox[key]
             if self.mailbox.received(*key):
