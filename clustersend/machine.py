@@ -15,7 +15,8 @@ Output `ClusterSendReady`: `sends` (any order, best effort), `deliver` (certifie
 other clusters for our ordering: each (sending cluster, seq) once, in seq order per sending
 cluster), `confirmed` (our sends proven received), `counters` (this step's increments).
 Nothing to persist beyond what the ordering persists: after a restart the driver feeds the
-committed-but-unconfirmed `Outbound`s and the ordered `Inbound`s again.
+committed-but-unconfirmed `Outbound`s again and tells the machine how far its ordering
+already holds each linked cluster's values (`resume_delivery`).
 
 Protocol (protocols.md §2.5-2.7): attempt i of (dst, seq) names its pairs by
 `pairs.schedule`; a member that is the sender of a pair sends `CsSend` to its receiver. A
@@ -274,6 +275,18 @@ class ClusterSendMachine:
     @property
     def now(self) -> int:
         return self._now
+
+    def resume_delivery(self, src_cluster: str, next_seq: int) -> ClusterSendReady:
+        """Our ordering already holds `src_cluster`'s values below `next_seq` (a restarted
+        member reads that from its replicated state; a lagging one learns it as its state
+        catches up): deliver from `next_seq` on, never those again. Never moves backwards.
+        Returns the deliveries that were waiting only for that (in seq order)."""
+        if src_cluster not in self.clusters or src_cluster == self.cluster.cluster_id:
+            raise ValueError(f"resume_delivery: {src_cluster!r} is not a linked cluster")
+        if next_seq > self._next.get(src_cluster, 0):
+            self._next[src_cluster] = next_seq
+            self._deliver_in_order(src_cluster)
+        return self._flush()
 
     def attempt_of(self, dst_cluster: str, seq: int) -> int | None:
         """The attempt our send of `seq` to `dst_cluster` is at (None: no such send)."""

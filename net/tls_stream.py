@@ -127,6 +127,10 @@ class TlsStream(trio.abc.Stream):
         """The peer's verified certificate (as `ssl.SSLObject.getpeercert`)."""
         return self._ssl.getpeercert()
 
+    def getpeercert_der(self) -> bytes | None:
+        """The peer's verified certificate, DER (`phalanx.net.intercluster`: whose CA)."""
+        return self._ssl.getpeercert(binary_form=True)
+
     # ------------------------------------------------------------------ receiving
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:

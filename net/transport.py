@@ -66,6 +66,11 @@ Inbound: ``(src, message)`` pairs, src the authenticated node id, into a bounded
 channel (`Transport.inbound`). When the consumer is slow the reading tasks block, and TCP flow
 control pushes back on the senders.
 
+Linked clusters (`phalanx.net.intercluster`): their nodes are extra peers ``<node>@<cluster>``
+whose CA signed their certificate; from them only inter-cluster messages are delivered (the
+rest dropped, counted in `intercluster_refused`); an unlinked cluster's node fails the TLS
+handshake.
+
 Inbound limits (`phalanx.net.conn_gate`): at most ``2 * len(peers) + PEER_SLACK`` sockets
 open on the peer port (more are closed at once, before TLS; a replaced connection may linger
 a moment beside its successor) and at most ``len(peers) + PEER_SLACK`` still unauthenticated
@@ -104,6 +109,7 @@ from phalanx.net.framing import (
     InboundBudget,
     encode_frame,
 )
+from phalanx.net.intercluster import Intercluster, LinkedPeers
 from phalanx.net.tls_stream import TlsStream
 from phalanx.net.transport_dial import (
     RECEIVE_CHUNK,
@@ -180,6 +186,8 @@ class Transport(PeerDialer):
         hold_sends: hold the frames `send_nowait` would write directly until `flush`, so a
             peer's frames of one pass leave in one write (see the module docstring). The
             owner must call `flush` before it blocks or yields.
+        intercluster: linked clusters' nodes and what they may send (their CAs are added
+            to `server_context`); None: our cluster only.
     """
 
     def __init__(
@@ -201,7 +209,13 @@ class Transport(PeerDialer):
         handshake_timeout: float = 10.0,
         deliver: Callable[[NodeId, object], Awaitable[None]] | None = None,
         hold_sends: bool = False,
+        intercluster: Intercluster | None = None,
     ) -> None:
+        self._linked_peers = LinkedPeers(intercluster, server_context, peers)
+        self._dial_contexts = self._linked_peers.dial_contexts
+        self.intercluster_refused = 0
+        """Messages from a linked cluster's node that the inter-cluster path does not carry."""
+        peers = {**peers, **self._linked_peers.peers}
         if node_id in peers:
             raise ValueError(f"peers must not contain this node ({node_id!r})")
         if send_queue_capacity < 1 or inbound_capacity < 1 or down_queue_capacity < 1:
@@ -471,9 +485,11 @@ class Transport(PeerDialer):
         if src is None:
             self._refuse(remote, "certificate names no phalanx node")
             return
-        if src not in self._peers:
-            self._refuse(remote, f"node {src!r} is not in the configured peer set")
+        admitted, problem = self._linked_peers.admit(src, tls.getpeercert_der(), self._peers)
+        if admitted is None:
+            self._refuse(remote, problem)
             return
+        src = admitted
         redial = self._redial.pop(src, None)
         if redial is not None:
             redial.set()
@@ -496,6 +512,7 @@ class Transport(PeerDialer):
     async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
         deliver = self._deliver
+        foreign, allowed = src in self._linked_peers.foreign, self._linked_peers.allowed
         decoder = FrameDecoder(max_frame_size=self._max_frame_size, budget=self.budget)
         try:
             await tls.send_all(WELCOME)
@@ -520,6 +537,9 @@ class Transport(PeerDialer):
                         )
                         return
                     c.frames_in += 1
+                    if foreign and not allowed(message):
+                        self.intercluster_refused += 1
+                        continue
                     if deliver is None:
                         await self._inbound_send.send((src, message))
                     else:

@@ -22,6 +22,7 @@ import trio
 
 from phalanx.consensus.types import LocalProtocolError, NodeId
 from phalanx.net.framing import FrameDecoder, FrameError
+from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.net.tls_stream import TlsStream
 from phalanx.net.transport_types import Backoff, PeerAddress, TransportCounters
 from phalanx.ops.pki import node_id_from_peercert
@@ -74,6 +75,8 @@ class PeerDialer:
     node_id: NodeId
     _peers: dict[NodeId, PeerAddress]
     _client_context: ssl.SSLContext
+    _dial_contexts: dict[NodeId, ssl.SSLContext]
+    """Linked clusters' nodes (qualified ids): the context that trusts THEIR CA only."""
     _handshake_timeout: float
     _backoff: Backoff
     _rng: random.Random
@@ -147,7 +150,8 @@ class PeerDialer:
                 tcp = await open_tcp_stream_to_other(address.host, address.port)
             except OSError as exc:
                 raise _DialFailed(_describe(exc)) from None
-            tls = TlsStream(tcp, self._client_context, server_hostname=None)
+            context = self._dial_contexts.get(dst, self._client_context)
+            tls = TlsStream(tcp, context, server_hostname=None)
             try:
                 await self._handshake_and_welcome(dst, address, tls)
             except BaseException:
@@ -164,6 +168,8 @@ class PeerDialer:
         except trio.BrokenResourceError as exc:
             raise _DialFailed(f"TLS handshake failed ({_describe(exc)})") from None
         named = node_id_from_peercert(tls.getpeercert())
+        if named is not None and dst in self._dial_contexts:  # only its cluster's CA verified it
+            named = qualify(named, split_qualified(dst)[1] or "")
         if named != dst:
             self._counters.outbound_refused += 1
             reason = f"server at {address} is {named!r}, expected {dst!r}"

@@ -1,4 +1,4 @@
-"""`phalanx cluster init` and `phalanx cluster up`: their command line.
+"""`phalanx cluster init`, `up`, `client-key` and `link`: their command line.
 
 Owns: `add_cluster_command` and the handlers of init, up and client-key. The work is
 `phalanx.ops.local_cluster` (`init_cluster`, `add_client_key`, `NodeProcesses`,
@@ -84,6 +84,21 @@ error; 2 usage error (no cluster at DIR, an unknown --node, a node config that d
 load, a missing certificate or key file): no node was started.
 """
 
+_LINK_EPILOG = """\
+examples:
+  phalanx cluster init ./shard-a --protocol raft --nodes 3 --service clustersend
+  phalanx cluster init ./shard-b --protocol pbft --nodes 4 --base-port 7500 \\
+      --service clustersend
+  phalanx cluster link ./shard-a ./shard-b
+
+A cluster's id is the fingerprint of its CA (the one its nodes record in their data
+directories); qualified node ids name another cluster's nodes: n1@<cluster id>.
+Linking again replaces the old link (after addresses or keys changed).
+
+exit status: 0 linked; 2 usage error (not a cluster directory, the same cluster twice,
+a node without a signing key): nothing was changed.
+"""
+
 _CLIENT_KEY_EPILOG = """\
 examples:
   phalanx cluster client-key ./lcluster alice
@@ -95,7 +110,7 @@ sign, a bad or existing NAME): nothing was changed.
 
 
 def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``phalanx cluster init``, ``up`` and ``client-key`` on `subparsers`."""
+    """Register ``phalanx cluster init``, ``up``, ``client-key`` and ``link``."""
     cluster = subparsers.add_parser(
         "cluster", help="create and run a local cluster",
         description="Create a cluster directory and run its nodes on this machine.",
@@ -157,6 +172,18 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     key.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
     key.add_argument("name", metavar="NAME", help="the key's name (letters, digits, _ and -)")
     key.set_defaults(handler=_run_client_key)
+    link = sub.add_parser(
+        "link", help="let two clusters cluster-send to each other (public material only)",
+        description="Copy each cluster's PUBLIC material (its CA certificate, its nodes' "
+                    "addresses and signing public keys, its protocol's fault model, n and f) "
+                    "into the other's DIR/links/<cluster id>.toml. A node of a linked "
+                    "cluster is then accepted on the inter-cluster path only (cluster-"
+                    "sending messages), never as a member; restart the nodes to pick it up.",
+        epilog=_LINK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    link.add_argument("first", metavar="DIR_A", help="a directory made by `phalanx cluster init`")
+    link.add_argument("second", metavar="DIR_B", help="another one (a different CA)")
+    link.set_defaults(handler=_run_link)
 
 
 def _run_init(args: argparse.Namespace) -> int:
@@ -191,6 +218,23 @@ def _run_init(args: argparse.Namespace) -> int:
     for name in sorted(set(args.services)):
         print(f"  service {name}: [{name}] in every node config")
     print(f"start it with: phalanx cluster up {args.directory}")
+    return 0
+
+
+def _run_link(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from phalanx.ops.link import LinkError, link_clusters
+
+    try:
+        a, b = link_clusters(Path(args.first), Path(args.second))
+    except LinkError as e:
+        print_error("phalanx cluster link", str(e))
+        return EXIT_USAGE
+    for here, there in ((args.first, b), (args.second, a)):
+        print(f"{here}: linked cluster {there.cluster_id} ({there.name}, {there.protocol}, "
+              f"n={there.n}, f={there.f}) -> {here}/links/{there.cluster_id}.toml")
+    print("restart the nodes of both clusters to pick the links up")
     return 0
 
 

@@ -62,6 +62,7 @@ from phalanx.net.transport import (
     max_peer_sockets,
     run_peer_transport,
 )
+from phalanx.ops.link import LinkError, intercluster_for, load_links
 from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
     CredentialPaths,
@@ -99,6 +100,7 @@ from phalanx.runtime.identity import (
     read_identity,
     write_identity,
 )
+from phalanx.runtime.local_submit import LocalSubmitter
 from phalanx.runtime.metrics import NodeMetrics, serve_metrics
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
@@ -370,6 +372,10 @@ async def open_node(
                                    saved=durable.hard_state)
         paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
                                 ca_certificate=config.tls.ca)
+        try:  # linked clusters' nodes: the inter-cluster path only (`phalanx.ops.link`)
+            intercluster = intercluster_for(config, load_links(config))
+        except LinkError as e:
+            raise NodeError(f"{config.id}: {e}") from None
         metrics = NodeMetrics(config.id)
         # A small accept backlog: a flood's excess SYNs are dropped by the kernel, not
         # queued for handshakes long after their clients gave up (`conn_gate`).
@@ -390,6 +396,7 @@ async def open_node(
             rng=random.Random(rng.getrandbits(64)),
             backoff=PEER_BACKOFF,
             hold_sends=True,
+            intercluster=intercluster,
         )
 
         def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
@@ -401,7 +408,8 @@ async def open_node(
                 peers=tuple(sorted(p.id for p in config.peers)),
                 # The transport's link state, not "heard from recently": followers
                 # never message each other, yet each is connected to the other.
-                connected_peers=tuple(str(p) for p in transport.connected_peers()),
+                connected_peers=tuple(str(p) for p in transport.connected_peers()
+                                      if p in peers),  # not linked clusters' nodes
                 dropped_messages=sum(status.dropped.values())
                 + driver.stats.dropped_peer_messages,
                 client_auth=config.client_auth,
@@ -421,8 +429,10 @@ async def open_node(
                         flush_sends=transport.flush,
                         lazy=built.lazy, supersedes=built.supersedes)
         try:
+            submitter = LocalSubmitter(config.id, random.Random(rng.getrandbits(64)))
             services = ServiceHost(config, transport=transport,
-                                   rng=random.Random(rng.getrandbits(64)), machine=machine)
+                                   rng=random.Random(rng.getrandbits(64)), machine=machine,
+                                   submit=submitter.submit)
         except ServiceError as e:
             raise NodeError(f"{config.source or config.id}: {e}") from None
         secure = config.client_auth != "none"
@@ -488,6 +498,7 @@ async def open_node(
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
             await nursery.start(services.run)
+            await nursery.start(submitter.run, driver)
             nursery.start_soon(_record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             if (ctl := control_file(config.id)) is not None:

@@ -69,7 +69,8 @@ class ServiceHost:
 
     def __init__(self, config: NodeConfig, *, transport: _Sender, rng: random.Random,
                  wall_clock: Callable[[], float] = time.time,
-                 machine: object | None = None) -> None:
+                 machine: object | None = None,
+                 submit: Callable[[bytes], bool] | None = None) -> None:
         self._node = config.id
         self._transport = transport
         self.services: dict[str, NodeService] = {}
@@ -94,7 +95,7 @@ class ServiceHost:
             service = spec.build.load()(ServiceContext(
                 config=config, options=config.services[name], send=self._send,
                 wall_clock=wall_clock, rng=random.Random(rng.getrandbits(64)),
-                state_dir=state_dir, machine=machine))
+                state_dir=state_dir, machine=machine, submit=submit))
             self.services[name] = service
             self.snapshot(name)
             for cls in spec.messages.load().values():

@@ -1,10 +1,12 @@
-"""The built-in node services' registry entries: gossip and the block certifier.
+"""The built-in node services' registry entries: gossip, the block certifier, clustersend.
 
-Owns: `GOSSIP`, `BLOCK_CERTIFIER` and `SPECS`. The block certifier's driver is
-`phalanx.services.block_certifier`, its client operations
-`phalanx.services.block_cert_api`. Declarations only: the gossip machine is
-`phalanx.gossip`, its runtime driver `phalanx.services.gossip_node`, its client operations
-`phalanx.services.gossip_api`, its demo `phalanx.demo.gossip`, all loaded only when used.
+Owns: `GOSSIP`, `BLOCK_CERTIFIER`, `CLUSTERSEND` and `SPECS`. Declarations only, each loaded
+only when used: the gossip machine is `phalanx.gossip`, its runtime driver
+`phalanx.services.gossip_node`, its client operations `phalanx.services.gossip_api`, its
+demo `phalanx.demo.gossip`; the block certifier's driver is
+`phalanx.services.block_certifier`, its client operations `phalanx.services.block_cert_api`;
+cluster-sending's driver is `phalanx.services.clustersend_node`, its demo
+`phalanx.demo.cross_shard`.
 """
 
 from __future__ import annotations
@@ -66,4 +68,26 @@ BLOCK_CERTIFIER = ServiceSpec(
     signing_keys=True,
 )
 
-SPECS: tuple[ServiceSpec, ...] = (GOSSIP, BLOCK_CERTIFIER)
+
+CLUSTERSEND = ServiceSpec(
+    name="clustersend",
+    summary="certified values to linked clusters, exactly once (`phalanx cluster link`)",
+    options=(
+        ServiceOption(name="enabled", default=True,
+                      help="run the service (false keeps the table but turns it off)"),
+        ServiceOption(name="tick_ms", default=20, minimum=1,
+                      help="one cluster-sending tick"),
+        ServiceOption(name="mode", default="pcs",
+                      help="sender/receiver pairs: pcs, permutation or bijective"),
+        ServiceOption(name="attempt_timeout", default=25, minimum=1,
+                      help="ticks without a proof before the next pair is tried"),
+        ServiceOption(name="resubmit", default=25, minimum=1,
+                      help="ticks before a received value not yet applied is resubmitted"),
+    ),
+    messages=Lazy("phalanx.services.clustersend_node:CLUSTERSEND_SERVICE_MESSAGES"),
+    build=Lazy("phalanx.services.clustersend_node:build"),
+    signing_keys=True,
+    demo=Lazy("phalanx.demo.cross_shard:run"),
+)
+
+SPECS: tuple[ServiceSpec, ...] = (GOSSIP, BLOCK_CERTIFIER, CLUSTERSEND)

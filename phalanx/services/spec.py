@@ -75,6 +75,9 @@ class ServiceContext:
             service that observes the app through an optional capability it checks with
             ``isinstance`` (e.g. `phalanx.apps.interface.BlockStream`); None when the host
             was built without one.
+        submit: hand an application command to this node's consensus, as a local client
+            would (best effort: False when the local queue is full; the outcome is read back
+            from the replicated state, never from a reply); None when the host has none.
     """
 
     config: NodeConfig
@@ -84,6 +87,7 @@ class ServiceContext:
     rng: random.Random
     state_dir: Path
     machine: object | None = None
+    submit: Callable[[bytes], bool] | None = None
 
 
 class NodeService(Protocol):
