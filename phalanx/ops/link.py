@@ -34,7 +34,6 @@ from phalanx.ops.node_config import (
     load_cluster_config,
     load_node_config,
 )
-from phalanx.ops.signing_keys import SigningKeyError, public_keys, read_seed
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols.spec import FaultModel
 
@@ -78,6 +77,10 @@ def _fingerprint(ca_pem: bytes) -> str:
 
 def describe_cluster(directory: Path) -> ClusterLink:
     """The public material of the cluster in `directory` (made by `phalanx cluster init`)."""
+    # Only the CLI needs the signing keys: a node loading its links must not import them
+    # (they bring the leaderless and PBFT message types; see test_protocol_registry).
+    from phalanx.ops.signing_keys import SigningKeyError, public_keys, read_seed
+
     try:
         cluster = load_cluster_config(directory)
     except (ConfigError, OSError) as e:

@@ -168,4 +168,8 @@ def plain_value(tp: Any, vocab: Vocabulary) -> Any:
         if real:
             return real[0]
         return tp(**{name: plain_value(t, vocab) for name, t in _hints(tp).items()})
+    if isinstance(tp, type):  # a polymorphic field (`Message`): a real value of a subclass
+        for cls in sorted(vocab.real, key=lambda c: (c.__module__, c.__qualname__)):
+            if issubclass(cls, tp) and vocab.real[cls]:
+                return vocab.real[cls][0]
     raise TypeError(f"no plain value for field type {tp!r}")
