@@ -299,7 +299,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
 
     if twins:
         raise ValueError("the leaderless simulator has no twins (use --byzantine)")
-    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    # Sorted, as configurations must be (from n = 10 on, "n10" sorts before "n2").
+    names = tuple(sorted(f"n{i}" for i in range(1, nodes + 1)))
     faults = (nodes - 1) // 3
     core_knobs = {k: v for k, v in knobs if k in _CORE_KNOBS}
     work_fields = {f.name for f in dataclasses.fields(WorkloadConfig)}
