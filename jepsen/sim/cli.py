@@ -107,6 +107,18 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="event budget of one seed; a run that exceeds it fails "
                    f"(default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("--no-codec", action="store_true", help="skip message encode/decode")
+    p.add_argument(
+        "--dissemination", choices=("direct", "gossip"), default="direct",
+        help="how a core's broadcasts travel: direct (one message per peer, the full mesh) "
+        "or gossip (rumors through each node's gossip layer; docs/GOSSIP.md) "
+        "(default: %(default)s)")
+    p.add_argument("--gossip-tick-ms", type=positive_float, default=2.0,
+                   help="with --dissemination gossip: the gossip layers' tick; a wave "
+                   "carries one tick's broadcasts (default 2)")
+    p.add_argument(
+        "--knob", action="append", default=[], metavar="NAME=INT",
+        help="fix a protocol knob for every seed, over the swarm's draw (e.g. "
+        "conflict_pct=0 for leaderless); repeatable")
     p.set_defaults(handler=_handle)
 
 
@@ -143,8 +155,27 @@ def _handle(args: argparse.Namespace) -> int:
     if min(args.clients, args.keys, args.max_events) < 1:
         print_error("phalanx sim", "--clients, --keys and --max-events must be >= 1")
         return EXIT_USAGE
+    knobs: list[tuple[str, int]] = []
+    for item in args.knob:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not value.lstrip("-").isdigit():
+            print_error("phalanx sim", f"--knob {item}: expected NAME=INT, e.g. "
+                        "conflict_pct=0")
+            return EXIT_USAGE
+        knobs.append((name, int(value)))
+    if knobs:
+        from phalanx.jepsen.sim.protocols import protocol_setup
+        try:  # unknown names are the setup's TypeError
+            protocol_setup(args.protocol, bugs=frozenset(), nodes=args.nodes or 3,
+                           knobs=tuple(knobs))
+        except (TypeError, ValueError) as exc:
+            print_error("phalanx sim", f"--knob: {exc}")
+            return EXIT_USAGE
     base = RunConfig(
         seed=args.seed_start,
+        dissemination=args.dissemination,
+        gossip_tick_ns=int(args.gossip_tick_ms * 1e6),
+        knobs=tuple(sorted(dict(knobs).items())),
         protocol=args.protocol,
         nodes=args.nodes if args.nodes is not None else 3,
         faults=faults,

@@ -44,6 +44,18 @@ class RunConfig:
     lin_step_limit: int = 20_000
     max_events: int = 400_000
     max_bytes_sent: int = 12_000_000
+    dissemination: str = "direct"
+    """How cores' broadcasts travel: "direct" (one message per peer: the full mesh) or
+    "gossip" (rumors through each node's gossip layer; `phalanx.jepsen.sim.dissemination`)."""
+    gossip_tick_ns: int = 2 * MS
+    """The gossip layers' tick (with "gossip"): a wave carries the broadcasts of one tick."""
+    knobs: Knobs = ()
+    """Protocol knobs fixed for this run, over the seed's swarm draws (benches)."""
+
+    def __post_init__(self) -> None:
+        if self.dissemination not in ("direct", "gossip"):
+            raise ValueError(f"dissemination must be 'direct' or 'gossip', "
+                             f"got {self.dissemination!r}")
 
     def replay_command(self) -> str:
         faults = ",".join(self.faults) if self.faults else "none"
@@ -61,6 +73,12 @@ class RunConfig:
             ("clients", self.clients, default.clients), ("keys", self.keys, default.keys),
             ("max-events", self.max_events, default.max_events)) if value != base)
         shape += "" if self.use_codec else " --no-codec"
+        if self.dissemination != default.dissemination:
+            shape += f" --dissemination {self.dissemination}"
+            if self.gossip_tick_ns != default.gossip_tick_ns:
+                shape += f" --gossip-tick-ms {self.gossip_tick_ns / MS:g}"
+        if self.knobs:
+            shape += "".join(f" --knob {k}={int(v)}" for k, v in self.knobs)
         return (
             f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
             f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
@@ -76,7 +94,7 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     is drawn from its sane range; `heartbeat_ticks` stays below `election_ticks`.
     """
     if not cfg.swarm:
-        return cfg.faults, ()
+        return cfg.faults, tuple(sorted(cfg.knobs))
     rng = random.Random(f"swarm:{cfg.protocol}:{cfg.seed}")
     faults = cfg.faults
     if len(faults) > 1:
@@ -87,6 +105,7 @@ def swarm_choices(cfg: RunConfig) -> tuple[tuple[str, ...], Knobs]:
     }
     if "election_ticks" in knobs:
         knobs["heartbeat_ticks"] = rng.randint(1, min(3, int(knobs["election_ticks"]) - 1))
+    knobs.update(cfg.knobs)
     return faults, tuple(sorted(knobs.items()))
 
 
@@ -108,6 +127,9 @@ class RunResult:
     stats: dict[str, int] = field(default_factory=dict)
     faults_used: tuple[str, ...] = ()
     knobs: Knobs = ()
+    commit_latencies_ns: tuple[int, ...] = ()
+    """The protocol workload's committed transactions, invocation to the client's
+    decision (virtual ns), in issue order (empty without a workload)."""
 
     @property
     def ok(self) -> bool:
