@@ -56,6 +56,12 @@ class DisseminationConfig:
     """
 
     gossip: GossipConfig = field(default_factory=_default_gossip)
+    resend_window: int = 100
+    """A broadcast byte-equal to one this node published less than this many ticks ago
+    is not published again (counted `suppressed_resends`): a core's periodic re-send of
+    its signatures, meant for lost messages, would otherwise start a second wave while the
+    first is still spreading (and slower dissemination means more re-sends: a feedback
+    loop). 0: publish every broadcast."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +94,8 @@ class Dissemination:
         self._encode = encode
         self._decode = decode
         self._counters: dict[str, int] = {}
+        self._recent: dict[bytes, int] = {}  # payload -> tick published (insertion order)
+        self._ticks = 0
 
     @staticmethod
     def handles(message: Message) -> bool:
@@ -118,10 +126,16 @@ class Dissemination:
                 j += 1
             run = sends[i:j]
             if len(run) == len(self._peers) and {s.to for s in run} == self._peers:
-                ready = self.machine.step(Publish(payload=self._encode(message)))
-                direct += ready.sends  # (none today: a wave starts at the next tick)
-                _merge(counts, ready.counters)
-                published += 1
+                payload = self._encode(message)
+                if payload in self._recent:
+                    _add(counts, "suppressed_resends", 1)
+                else:
+                    if self.config.resend_window:
+                        self._recent[payload] = self._ticks
+                    ready = self.machine.step(Publish(payload=payload))
+                    direct += ready.sends  # (none today: a wave starts at the next tick)
+                    _merge(counts, ready.counters)
+                    published += 1
             else:
                 direct += run
             i = j
@@ -139,6 +153,14 @@ class Dissemination:
     def tick(self) -> Carried:
         """One layer tick: starts a wave of what was published since the last, timeouts,
         anti-entropy."""
+        self._ticks += 1
+        recent = self._recent
+        horizon = self._ticks - self.config.resend_window
+        while recent:
+            oldest = next(iter(recent))
+            if recent[oldest] > horizon:
+                break
+            del recent[oldest]
         return self._from_machine(self.machine.step(Tick()))
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -157,7 +179,8 @@ class Dissemination:
 
     def _carried(self, sends: list[Send], delivered: Sequence[Receive], published: int,
                  counts: dict[str, int]) -> Carried:
-        for name in ("broadcasts", "direct", "dropped:undecodable_payload"):
+        for name in ("broadcasts", "direct", "suppressed_resends",
+                     "dropped:undecodable_payload"):
             if name in counts:
                 _add(self._counters, name, counts[name])
         return Carried(sends=tuple(sends), delivered=tuple(delivered), published=published,

@@ -1,0 +1,175 @@
+"""Leaderless core: broadcasts over the full mesh (`direct`) vs through gossip (issue 16, 5a).
+
+Runs the leaderless core in the deterministic simulator (`phalanx.jepsen.sim.run`, no
+faults, FastCrypto, the wire codec on) at n = 20, 60, 180 with each dissemination, the same
+seed and workload, and prints per committed transaction: messages, bytes (encoded, every
+message of the run: transactions, endorsements, re-sends, digests, fetches, gossip calls and
+acks), the largest number of messages one node sent (the hot spot), and the commit latency
+p50/p99 in simulated time (issue to the client's f+1 matching answers). Writes
+docs/leaderless_gossip.png when matplotlib is installed (`--no-plot` to skip).
+
+Workload (the simulator's leaderless clients, `WorkloadConfig`): `--clients` closed-loop
+clients, `--ops` transactions each, no hot-key conflicts and no short deadlines (so nearly
+every transaction commits and "per commit" is per transaction), each transaction sent to
+f+1 nodes (as the real client does first; `--submit-to all` sends to every node), which
+each broadcast it; every node broadcasts its endorsement.
+
+Usage: `python bench/leaderless_gossip.py [--sizes 20,60,180] [--clients 8] [--ops 4]
+[--gossip-tick-ms 2] [--seed 1] [--no-plot]` (`make bench-leaderless-gossip`). Figures
+depend only on the arguments (the simulator is deterministic); CPU time is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.jepsen.sim.run import RunConfig, run
+
+MS = 1_000_000
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    n: int
+    mode: str
+    commits: int
+    issued: int
+    messages: int
+    bytes: int
+    max_node: int
+    p50_ms: float
+    p99_ms: float
+    cpu_s: float
+    ok: bool
+    gossip: dict[str, int]
+
+    def per(self, value: int) -> float:
+        return value / self.commits if self.commits else math.nan
+
+
+def percentile(values: list[int], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def measure(n: int, mode: str, args: argparse.Namespace) -> Row:
+    f = (n - 1) // 3
+    submit_to = 0 if args.submit_to == "all" else f + 1
+    knobs = (("conflict_pct", 0), ("short_pct", 0), ("ops_per_client", args.ops),
+             ("submit_to", submit_to), ("mixed_pct", 0))
+    cfg = RunConfig(
+        seed=args.seed, protocol="leaderless", nodes=n, faults=(), swarm=False,
+        clients=args.clients, time_ns=int(args.time * 1e9), liveness_ns=int(args.liveness * 1e9),
+        max_events=1 << 40, max_bytes_sent=1 << 50, dissemination=mode,
+        gossip_tick_ns=int(args.gossip_tick_ms * MS), knobs=knobs)
+    cpu0 = time.process_time()
+    result = run(cfg)
+    cpu = time.process_time() - cpu0
+    lat = list(result.commit_latencies_ns)
+    st = result.stats
+    if not result.ok:
+        print(f"   (n={n} {mode}: checker FAILED: {result.violations[:2]})")
+    return Row(n=n, mode=mode, commits=len(lat), issued=args.clients * args.ops,
+               messages=st["messages_sent"], bytes=st["bytes_sent"], max_node=st["max_node_sent"],
+               p50_ms=percentile(lat, 0.5) / MS, p99_ms=percentile(lat, 0.99) / MS, cpu_s=cpu,
+               ok=result.ok,
+               gossip={k.removeprefix("gossip:"): v for k, v in st.items()
+                       if k.startswith("gossip:")})
+
+
+def report(rows: list[Row]) -> None:
+    print(f"\n{'n':>4} {'mode':>7} {'commits':>9} {'msgs/commit':>12} {'KB/commit':>10} "
+          f"{'max node msgs/commit':>21} {'p50 ms':>7} {'p99 ms':>7} {'cpu s':>6} {'check':>6}")
+    for r in rows:
+        print(f"{r.n:>4} {r.mode:>7} {r.commits:>4}/{r.issued:<4} {r.per(r.messages):>12.0f} "
+              f"{r.per(r.bytes) / 1000:>10.1f} {r.per(r.max_node):>21.1f} {r.p50_ms:>7.1f} "
+              f"{r.p99_ms:>7.1f} {r.cpu_s:>6.1f} {'ok' if r.ok else 'FAIL':>6}")
+    print("\ngossip / direct (per commit):")
+    by = {(r.n, r.mode): r for r in rows}
+    for n in sorted({r.n for r in rows}):
+        d, g = by.get((n, "direct")), by.get((n, "gossip"))
+        if d is None or g is None or not d.commits or not g.commits:
+            continue
+        print(f"  n={n:>3}: messages x{g.per(g.messages) / d.per(d.messages):.2f}, "
+              f"bytes x{g.per(g.bytes) / d.per(d.bytes):.2f}, "
+              f"max node x{g.per(g.max_node) / d.per(d.max_node):.2f}, "
+              f"p50 x{g.p50_ms / d.p50_ms:.1f}")
+        gs = g.gossip
+        print(f"         gossip: {gs.get('broadcasts', 0)} broadcasts in "
+              f"{gs.get('waves_started', 0)} waves "
+              f"({gs.get('broadcasts', 0) / max(1, gs.get('waves_started', 0)):.1f} per wave), "
+              f"{gs.get('calls', 0)} calls, {gs.get('call_timeouts', 0)} call timeouts, "
+              f"{gs.get('direct', 0)} point-to-point sends")
+
+
+def plot(rows: list[Row]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("\n(matplotlib is not installed: no plot written)")
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = (("messages per commit", lambda r: r.per(r.messages)),
+              ("max messages sent by one node per commit", lambda r: r.per(r.max_node)),
+              ("commit latency p50 (ms, simulated)", lambda r: r.p50_ms))
+    for ax, (title, value) in zip(axes, panels, strict=True):
+        for mode, marker in (("direct", "o-"), ("gossip", "s-")):
+            pts = [(r.n, value(r)) for r in rows if r.mode == mode and r.commits]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, label=mode)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("n")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = DOCS / "leaderless_gossip.png"
+    fig.savefig(out, dpi=90)
+    print(f"\nwrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="20,60,180", help="cluster sizes (default %(default)s)")
+    parser.add_argument("--clients", type=int, default=8, help="clients (default %(default)s)")
+    parser.add_argument("--ops", type=int, default=4,
+                        help="transactions per client (default %(default)s)")
+    parser.add_argument("--submit-to", choices=("f+1", "all"), default="f+1",
+                        help="nodes a client sends each transaction to (default %(default)s)")
+    parser.add_argument("--gossip-tick-ms", type=float, default=2.0,
+                        help="the gossip layers' tick: one wave per tick (default %(default)s)")
+    parser.add_argument("--time", type=float, default=1.0,
+                        help="virtual seconds before the (empty) heal (default %(default)s)")
+    parser.add_argument("--liveness", type=float, default=2.0,
+                        help="virtual seconds after it (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"leaderless, no faults, seed {args.seed}: {args.clients} clients x {args.ops} "
+          f"transactions, sent to {args.submit_to} nodes; gossip tick "
+          f"{args.gossip_tick_ms:g} ms; network latency 0.1 ms + Exp(0.9 ms)")
+    rows: list[Row] = []
+    for n in sizes:
+        for mode in ("direct", "gossip"):
+            row = measure(n, mode, args)
+            rows.append(row)
+            print(f"  n={n} {mode}: {row.commits} commits, cpu {row.cpu_s:.1f} s", flush=True)
+    report(rows)
+    if not args.no_plot:
+        plot(rows)
+
+
+if __name__ == "__main__":
+    main()
