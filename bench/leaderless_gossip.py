@@ -15,7 +15,7 @@ f+1 nodes (as the real client does first; `--submit-to all` sends to every node)
 each broadcast it; every node broadcasts its endorsement.
 
 Usage: `python bench/leaderless_gossip.py [--sizes 20,60,180] [--clients 8] [--ops 4]
-[--gossip-tick-ms 2] [--seed 1] [--no-plot]` (`make bench-leaderless-gossip`). Figures
+[--gossip-ticks 2,10] [--seed 1] [--no-plot]` (`make bench-leaderless-gossip`). Figures
 depend only on the arguments (the simulator is deterministic); CPU time is printed too.
 """
 
@@ -59,16 +59,27 @@ def percentile(values: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def measure(n: int, mode: str, args: argparse.Namespace) -> Row:
+def workload_at(n: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(clients, transactions each) at size n: `--small` from its size on."""
+    if args.small:
+        at, _, shape = args.small.partition(":")
+        clients, _, ops = shape.partition("x")
+        if n >= int(at):
+            return int(clients), int(ops)
+    return args.clients, args.ops
+
+
+def measure(n: int, mode: str, tick_ms: float, args: argparse.Namespace) -> Row:
     f = (n - 1) // 3
+    clients, ops = workload_at(n, args)
     submit_to = 0 if args.submit_to == "all" else f + 1
-    knobs = (("conflict_pct", 0), ("short_pct", 0), ("ops_per_client", args.ops),
+    knobs = (("conflict_pct", 0), ("short_pct", 0), ("ops_per_client", ops),
              ("submit_to", submit_to), ("mixed_pct", 0))
     cfg = RunConfig(
         seed=args.seed, protocol="leaderless", nodes=n, faults=(), swarm=False,
-        clients=args.clients, time_ns=int(args.time * 1e9), liveness_ns=int(args.liveness * 1e9),
+        clients=clients, time_ns=int(args.time * 1e9), liveness_ns=int(args.liveness * 1e9),
         max_events=1 << 40, max_bytes_sent=1 << 50, dissemination=mode,
-        gossip_tick_ns=int(args.gossip_tick_ms * MS), knobs=knobs)
+        gossip_tick_ns=int(tick_ms * MS), knobs=knobs)
     cpu0 = time.process_time()
     result = run(cfg)
     cpu = time.process_time() - cpu0
@@ -76,7 +87,8 @@ def measure(n: int, mode: str, args: argparse.Namespace) -> Row:
     st = result.stats
     if not result.ok:
         print(f"   (n={n} {mode}: checker FAILED: {result.violations[:2]})")
-    return Row(n=n, mode=mode, commits=len(lat), issued=args.clients * args.ops,
+    label = mode if mode == "direct" else f"gossip/{tick_ms:g}ms"
+    return Row(n=n, mode=label, commits=len(lat), issued=clients * ops,
                messages=st["messages_sent"], bytes=st["bytes_sent"], max_node=st["max_node_sent"],
                p50_ms=percentile(lat, 0.5) / MS, p99_ms=percentile(lat, 0.99) / MS, cpu_s=cpu,
                ok=result.ok,
@@ -85,19 +97,19 @@ def measure(n: int, mode: str, args: argparse.Namespace) -> Row:
 
 
 def report(rows: list[Row]) -> None:
-    print(f"\n{'n':>4} {'mode':>7} {'commits':>9} {'msgs/commit':>12} {'KB/commit':>10} "
+    print(f"\n{'n':>4} {'mode':>12} {'commits':>9} {'msgs/commit':>12} {'KB/commit':>10} "
           f"{'max node msgs/commit':>21} {'p50 ms':>7} {'p99 ms':>7} {'cpu s':>6} {'check':>6}")
     for r in rows:
-        print(f"{r.n:>4} {r.mode:>7} {r.commits:>4}/{r.issued:<4} {r.per(r.messages):>12.0f} "
+        print(f"{r.n:>4} {r.mode:>12} {r.commits:>4}/{r.issued:<4} {r.per(r.messages):>12.0f} "
               f"{r.per(r.bytes) / 1000:>10.1f} {r.per(r.max_node):>21.1f} {r.p50_ms:>7.1f} "
               f"{r.p99_ms:>7.1f} {r.cpu_s:>6.1f} {'ok' if r.ok else 'FAIL':>6}")
     print("\ngossip / direct (per commit):")
     by = {(r.n, r.mode): r for r in rows}
-    for n in sorted({r.n for r in rows}):
-        d, g = by.get((n, "direct")), by.get((n, "gossip"))
-        if d is None or g is None or not d.commits or not g.commits:
+    for n, mode in [(r.n, r.mode) for r in rows if r.mode != "direct"]:
+        d, g = by.get((n, "direct")), by[(n, mode)]
+        if d is None or not d.commits or not g.commits:
             continue
-        print(f"  n={n:>3}: messages x{g.per(g.messages) / d.per(d.messages):.2f}, "
+        print(f"  n={n:>3} {mode}: messages x{g.per(g.messages) / d.per(d.messages):.2f}, "
               f"bytes x{g.per(g.bytes) / d.per(d.bytes):.2f}, "
               f"max node x{g.per(g.max_node) / d.per(d.max_node):.2f}, "
               f"p50 x{g.p50_ms / d.p50_ms:.1f}")
@@ -123,7 +135,8 @@ def plot(rows: list[Row]) -> None:
               ("max messages sent by one node per commit", lambda r: r.per(r.max_node)),
               ("commit latency p50 (ms, simulated)", lambda r: r.p50_ms))
     for ax, (title, value) in zip(axes, panels, strict=True):
-        for mode, marker in (("direct", "o-"), ("gossip", "s-")):
+        for mode, marker in [("direct", "o-")] + [(m, "s-") for m in sorted(
+                {r.mode for r in rows} - {"direct"})]:
             pts = [(r.n, value(r)) for r in rows if r.mode == mode and r.commits]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, label=mode)
@@ -145,10 +158,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="clients (default %(default)s)")
     parser.add_argument("--ops", type=int, default=4,
                         help="transactions per client (default %(default)s)")
+    parser.add_argument("--small", default="180:2x2", metavar="N:CxK",
+                        help="from size N on, C clients x K transactions (the full mesh at "
+                        "n = 180 costs ~n^2 messages a broadcast; default %(default)s, "
+                        "'' for none)")
     parser.add_argument("--submit-to", choices=("f+1", "all"), default="f+1",
                         help="nodes a client sends each transaction to (default %(default)s)")
-    parser.add_argument("--gossip-tick-ms", type=float, default=2.0,
-                        help="the gossip layers' tick: one wave per tick (default %(default)s)")
+    parser.add_argument("--gossip-ticks", default="2,10",
+                        help="gossip layer ticks to run, ms (one wave per node per tick: "
+                        "longer batches more broadcasts per wave; default %(default)s)")
     parser.add_argument("--time", type=float, default=1.0,
                         help="virtual seconds before the (empty) heal (default %(default)s)")
     parser.add_argument("--liveness", type=float, default=2.0,
@@ -157,13 +175,14 @@ def main() -> None:
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    ticks = [float(t) for t in args.gossip_ticks.split(",") if t]
     print(f"leaderless, no faults, seed {args.seed}: {args.clients} clients x {args.ops} "
-          f"transactions, sent to {args.submit_to} nodes; gossip tick "
-          f"{args.gossip_tick_ms:g} ms; network latency 0.1 ms + Exp(0.9 ms)")
+          f"transactions (--small {args.small or '-'}), sent to {args.submit_to} nodes; "
+          "network latency 0.1 ms + Exp(0.9 ms)")
     rows: list[Row] = []
     for n in sizes:
-        for mode in ("direct", "gossip"):
-            row = measure(n, mode, args)
+        for mode, tick in [("direct", 0.0)] + [("gossip", t) for t in ticks]:
+            row = measure(n, mode, tick or 2.0, args)
             rows.append(row)
             print(f"  n={n} {mode}: {row.commits} commits, cpu {row.cpu_s:.1f} s", flush=True)
     report(rows)
