@@ -10,7 +10,8 @@ docs/leaderless_gossip.png when matplotlib is installed (`--no-plot` to skip).
 
 Workload (the simulator's leaderless clients, `WorkloadConfig`): `--clients` closed-loop
 clients, `--ops` transactions each, no hot-key conflicts and no short deadlines (so nearly
-every transaction commits and "per commit" is per transaction), each transaction sent to
+every transaction commits and "per commit" is per transaction: commuting adds and set adds
+with base-version requirements, no versioned puts and no removals), each transaction sent to
 f+1 nodes (as the real client does first; `--submit-to all` sends to every node), which
 each broadcast it; every node broadcasts its endorsement.
 
@@ -74,7 +75,7 @@ def measure(n: int, mode: str, tick_ms: float, args: argparse.Namespace) -> Row:
     clients, ops = workload_at(n, args)
     submit_to = 0 if args.submit_to == "all" else f + 1
     knobs = (("conflict_pct", 0), ("short_pct", 0), ("ops_per_client", ops),
-             ("submit_to", submit_to), ("mixed_pct", 0))
+             ("submit_to", submit_to), ("mixed_pct", 0), ("registers", 1), ("srem_pct", 0))
     cfg = RunConfig(
         seed=args.seed, protocol="leaderless", nodes=n, faults=(), swarm=False,
         clients=clients, time_ns=int(args.time * 1e9), liveness_ns=int(args.liveness * 1e9),
