@@ -54,3 +54,29 @@ def test_direct_is_the_default_and_sends_no_gossip() -> None:
     assert result.commit_latencies_ns
     with pytest.raises(ValueError, match="dissemination"):
         RunConfig(seed=0, dissemination="carrier-pigeon")
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from phalanx.cli.main import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_cli_runs_gossip_and_fixed_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(["sim", "--protocol", "leaderless", "--nodes", "4", "--seeds", "1",
+                           "--faults", "none", "--time", "0.2", "--liveness", "1",
+                           "--dissemination", "gossip", "--knob", "conflict_pct=0"], capsys)
+    assert code == 0, out + err
+    for bad, needle in ((["--knob", "conflict_pct"], "NAME=INT"),
+                        (["--knob", "no_such_knob=1"], "no_such_knob"),
+                        (["--dissemination", "pigeon"], "pigeon")):
+        code, _, err = _cli(["sim", "--protocol", "leaderless", "--seeds", "1", *bad], capsys)
+        assert code == 2, err
+        assert err.count("\n") == 1, err
+        assert "Traceback" not in err
+        assert needle in err, err
