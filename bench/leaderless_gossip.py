@@ -120,6 +120,9 @@ def report(rows: list[Row]) -> None:
               f"({gs.get('broadcasts', 0) / max(1, gs.get('waves_started', 0)):.1f} per wave), "
               f"{gs.get('calls', 0)} calls, {gs.get('call_timeouts', 0)} call timeouts, "
               f"{gs.get('direct', 0)} point-to-point sends")
+        drops = {k: v for k, v in sorted(gs.items()) if k.startswith("dropped:")}
+        if drops:
+            print(f"         gossip drops: {drops}")
 
 
 def plot(rows: list[Row]) -> None:
