@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,11 +149,36 @@ def plot(rows: list[Row]) -> None:
         ax.set_xlabel("n")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        sizes = sorted({r.n for r in rows})
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_xticks([], minor=True)
         ax.legend(fontsize=8)
     fig.tight_layout()
     out = DOCS / "leaderless_gossip.png"
     fig.savefig(out, dpi=90)
     print(f"\nwrote {out}")
+
+
+_ROW = re.compile(r"^\s*(\d+)\s+(direct|gossip/\S+)\s+(\d+)/(\d+)\s+([\d.]+)\s+([\d.]+)"
+                  r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(ok|FAIL)\s*$")
+
+
+def rows_from(paths: list[str]) -> list[Row]:
+    """The table rows of earlier runs' printed reports (`--plot-from`), to plot sizes
+    measured in separate runs together."""
+    rows: list[Row] = []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            m = _ROW.match(line)
+            if m is None:
+                continue
+            n, mode, commits, issued = int(m[1]), m[2], int(m[3]), int(m[4])
+            per = [float(m[i]) for i in (5, 6, 7)]
+            rows.append(Row(n=n, mode=mode, commits=commits, issued=issued,
+                            messages=round(per[0] * commits), bytes=round(per[1] * 1000 * commits),
+                            max_node=round(per[2] * commits), p50_ms=float(m[8]),
+                            p99_ms=float(m[9]), cpu_s=float(m[10]), ok=m[11] == "ok", gossip={}))
+    return sorted(rows, key=lambda r: (r.n, r.mode != "direct", r.mode))
 
 
 def main() -> None:
@@ -177,7 +203,12 @@ def main() -> None:
                         help="virtual seconds after it (default %(default)s)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
+                        help="run nothing: plot the tables of saved reports of this script")
     args = parser.parse_args()
+    if args.plot_from:
+        plot(rows_from(args.plot_from))
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     ticks = [float(t) for t in args.gossip_ticks.split(",") if t]
     print(f"leaderless, no faults, seed {args.seed}: {args.clients} clients x {args.ops} "
