@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen gossip clustersend
 
-.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-clustersend attack clean
+.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-clustersend attack clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -117,6 +117,14 @@ bench-gossip: $(STAMP)
 CLUSTERSEND_ARGS ?=
 bench-clustersend: $(STAMP)
 	$(PY) bench/cluster_sending.py $(CLUSTERSEND_ARGS)
+
+# The leaderless core in the simulator at n = 20, 60, 180, broadcasts direct vs through gossip
+# (docs/GOSSIP.md "Leaderless dissemination"): messages, bytes and the busiest node's messages per
+# commit, commit latency p50/p99. LEADERLESS_GOSSIP_ARGS=--help for the knobs. Slow at n = 180
+# (the full mesh is n^2 messages a broadcast): it runs 2 clients x 2 transactions there.
+LEADERLESS_GOSSIP_ARGS ?=
+bench-leaderless-gossip: $(STAMP)
+	$(PY) bench/leaderless_gossip.py $(LEADERLESS_GOSSIP_ARGS)
 
 # A 2,000-socket TLS handshake/connection flood against a real 3-node Raft leader's client port
 # (loopback, ~45 s): exits 1 if the leader lost leadership. ATTACK_ARGS=--help for the knobs.

@@ -52,6 +52,8 @@ class Wave:
     perm: Permutation
     first_seen: int
     claimed: bytearray
+    order: int = 0
+    """Creation number at this node: `plan` serves waves oldest first."""
     intervals: list[tuple[int, int]] = field(default_factory=list)
 
     def next_split(self) -> tuple[int, int, int] | None:
@@ -99,8 +101,8 @@ class PlannedCall(NamedTuple):
 class Spreader:
     """Every wave one node takes part in."""
 
-    __slots__ = ("_member_set", "_members", "balance", "instances", "node_id",
-                 "overlapping_intervals", "permute", "seen", "ttl", "waves")
+    __slots__ = ("_active", "_created", "_member_set", "_members", "balance", "instances",
+                 "node_id", "overlapping_intervals", "permute", "seen", "ttl", "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
                  instances: int = 1, permute: bool = True, balance: bool = False,
@@ -115,13 +117,19 @@ class Spreader:
         self.overlapping_intervals = overlapping_intervals
         self.seen = SeenLog(ttl)
         self.waves: dict[WaveKey, Wave] = {}
+        self._active: dict[WaveKey, Wave] = {}
+        """The waves that may own intervals (a superset of those that do): `plan` looks
+        only at these, in creation order, so finished waves kept for their `ttl` cost it
+        nothing (it was O(waves held) per call)."""
+        self._created = 0
 
     def _new_wave(self, key: WaveKey, seed: bytes, rumors: tuple[Rumor, ...],
                   now: int) -> Wave:
         others = Others(self._members, key.origin)
         wave = Wave(key=key, seed=seed, rumors=rumors, others=others,
                     perm=Permutation(seed, len(others), identity=not self.permute),
-                    first_seen=now, claimed=bytearray(len(others)))
+                    first_seen=now, claimed=bytearray(len(others)), order=self._created)
+        self._created += 1
         self.waves[key] = wave
         self.seen.add((key.origin, key.instance), key.incarnation, key.wave, now)
         return wave
@@ -131,6 +139,7 @@ class Spreader:
         seed = wave_seed(key.origin, key.incarnation, key.wave, key.instance, rumors[0].seed)
         wave = self._new_wave(key, seed, rumors, now)
         wave.own(0, len(wave.others))
+        self._active[key] = wave
         return wave
 
     def accept(self, grant: Grant, now: int) -> str:
@@ -161,13 +170,16 @@ class Spreader:
             merged = {r.seq: r for r in (*grant.rumors, *wave.rumors)}
             wave.rumors = tuple(merged[seq] for seq in sorted(merged))
         wave.own(grant.lo, grant.hi)
+        if wave.intervals:
+            self._active[key] = wave
         return "ok"
 
     def plan(self) -> PlannedCall | None:
         """The next call: the oldest wave with work splits its largest interval; every other
         wave whose next split calls the same node rides along. Claims and removes the
         intervals; `resolve` gives them back. Positions naming this node are skipped."""
-        for key, wave in self.waves.items():
+        busy = self._busy()
+        for key, wave in busy:
             split = wave.next_split()
             while split is not None:
                 a, b, m = split
@@ -182,7 +194,7 @@ class Spreader:
             parts = [self._take(wave, *split)]
             if self.balance:
                 parts += self._handoff(wave, split)
-            for other_key, other in self.waves.items():
+            for other_key, other in busy:
                 other_split = other_key != key and other.next_split()
                 if other_split and other.others[other.perm(other_split[2])] == target:
                     parts.append(self._take(other, *other_split))
@@ -228,6 +240,7 @@ class Spreader:
             wave = self.waves.get(part.key)
             if wave is None:
                 continue
+            self._active[part.key] = wave
             if part.whole:
                 if not acked:
                     wave.intervals.append((part.a, part.b))
@@ -237,8 +250,18 @@ class Spreader:
             if not acked and part.m + 1 < part.b:
                 wave.intervals.append((part.m + 1, part.b))
 
+    def _busy(self) -> list[tuple[WaveKey, Wave]]:
+        """The waves owning intervals, oldest first (as `waves` orders them); the active
+        index forgets the others."""
+        active = self._active
+        for key in [k for k, w in active.items() if not w.intervals]:
+            del active[key]
+        if len(active) > 1:
+            return sorted(active.items(), key=lambda kw: kw[1].order)
+        return list(active.items())
+
     def busy(self) -> bool:
-        return any(w.intervals for w in self.waves.values())
+        return any(w.intervals for w in self._active.values())
 
     def collect(self, now: int) -> None:
         """Forget finished waves older than `ttl` (their numbers stay in the seen-log)."""
@@ -246,4 +269,5 @@ class Spreader:
                if not w.intervals and now - w.first_seen > self.ttl]
         for key in old:
             del self.waves[key]
+            self._active.pop(key, None)
         self.seen.collect(now)

@@ -113,6 +113,14 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "the swarm's draw; repeatable; VALUE is an int, true/false or a word, e.g. "
         "--set stuck_resolution=pbft (leaderless: order checkpoint votes through PBFT)",
     )
+    p.add_argument(
+        "--dissemination", choices=("direct", "gossip"), default="direct",
+        help="how a core's broadcasts travel: direct (one message per peer, the full mesh) "
+        "or gossip (rumors through each node's gossip layer; docs/GOSSIP.md) "
+        "(default: %(default)s)")
+    p.add_argument("--gossip-tick-ms", type=positive_float, default=2.0,
+                   help="with --dissemination gossip: the gossip layers' tick; a wave "
+                   "carries one tick's broadcasts (default 2)")
     p.set_defaults(handler=_handle)
 
 
@@ -173,6 +181,8 @@ def _handle(args: argparse.Namespace) -> int:
     base = RunConfig(
         settings=settings,
         seed=args.seed_start,
+        dissemination=args.dissemination,
+        gossip_tick_ns=int(args.gossip_tick_ms * 1e6),
         protocol=args.protocol,
         nodes=args.nodes if args.nodes is not None else 3,
         faults=faults,

@@ -40,7 +40,7 @@ from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardSta
 from phalanx.jepsen.leaderless_byzantine import LeaderlessByzantineCore, choose_liars
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check
-from phalanx.jepsen.sim.leaderless_workload import LeaderlessWorkload, WorkloadConfig
+from phalanx.jepsen.sim.leaderless_workload import OK, LeaderlessWorkload, WorkloadConfig
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
 from phalanx.net import wire
@@ -269,6 +269,10 @@ class _Run:
     def abort(self, node: str, client_id: str, request_no: int) -> None:
         self.workload.abort(node, client_id, request_no)
 
+    def commit_latencies_ns(self) -> tuple[int, ...]:
+        return tuple(r.completed_ns - r.invoked_ns for r in self.workload.records
+                     if r.outcome == OK and r.completed_ns is not None)
+
     def check(self) -> list[str]:
         keys = self._config.keys
         finals = {n: {k: self._machines[n].get(k) for k in keys}
@@ -305,7 +309,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
 
     if twins:
         raise ValueError("the leaderless simulator has no twins (use --byzantine)")
-    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    # Sorted, as configurations must be (from n = 10 on, "n10" sorts before "n2").
+    names = tuple(sorted(f"n{i}" for i in range(1, nodes + 1)))
     faults = (nodes - 1) // 3
     core_knobs = {k: v for k, v in knobs if k in _CORE_KNOBS}
     work_fields = {f.name for f in dataclasses.fields(WorkloadConfig)}

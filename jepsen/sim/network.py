@@ -78,6 +78,8 @@ class NetworkStats:
     bytes_sent: int = 0
     by_class: dict[type, int] = field(default_factory=dict)
     """Messages sent per class (see `by_type` for the names)."""
+    sent_by: dict[str, int] = field(default_factory=dict)
+    """Messages sent per source node (a full mesh's hot spot shows here)."""
 
     def by_type(self) -> dict[str, int]:
         """Messages sent per class name, sorted by name."""
@@ -187,6 +189,8 @@ class SimNetwork:
         stats.sent += 1
         counts = stats.by_class
         counts[kind] = counts.get(kind, 0) + 1
+        by_src = stats.sent_by
+        by_src[src] = by_src.get(src, 0) + 1
         payload: bytes | Message
         encode = self._encode
         if encode is not None:

@@ -47,6 +47,7 @@ from phalanx.consensus.core import (
     ReadState,
     Ready,
     Receive,
+    Send,
     Submit,
     Tick,
 )
@@ -147,6 +148,10 @@ class SimNode:
         self._reads: list[ReadState] = []
         self._client_requests: dict[tuple[str, int], ClientRequest] = {}
         self.crash_point: Callable[[SimNode, Ready], bool] | None = None
+        self.outbox: Callable[[str, tuple[Send, ...]], None] | None = None
+        """When set, carries out each Ready's (early) messages as a whole, `outbox(name,
+        sends)`, instead of one `send` each (`phalanx.jepsen.sim.dissemination`: broadcasts
+        through gossip)."""
         self._observed: tuple[str, int, int] | None = None
         """The last (role, term, commit) handed to the checker in this incarnation."""
 
@@ -352,9 +357,13 @@ class SimNode:
         assert replica is not None
         send = self._send
         name = self.name
+        outbox = self.outbox
         # 0. Messages that depend on nothing unpersisted may go at once.
-        for out in ready.early_messages:
-            send(name, out.to, out.message)
+        if outbox is not None and ready.early_messages:
+            outbox(name, ready.early_messages)
+        else:
+            for out in ready.early_messages:
+                send(name, out.to, out.message)
         # 1. Persist first. Like the runtime's group commit, a hard state that changes only
         # the commit index is not written (restoring commit is an optimisation, never needed
         # for safety), so restarts here also start from an older commit index.
@@ -377,8 +386,11 @@ class SimNode:
             if ready.entries:
                 self.log.append(ready.entries)
         # 2. Then send.
-        for out in ready.messages:
-            send(name, out.to, out.message)
+        if outbox is not None and ready.messages:
+            outbox(name, ready.messages)
+        else:
+            for out in ready.messages:
+                send(name, out.to, out.message)
         # 3. Apply committed entries in order.
         committed = ready.committed
         if committed:

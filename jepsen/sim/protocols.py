@@ -113,6 +113,11 @@ class SimWorkload(Protocol):
         """The violations found after quiescence (empty when the run is correct)."""
         ...
 
+    def commit_latencies_ns(self) -> tuple[int, ...]:
+        """Each committed operation's time from issue to the client's decision (virtual
+        ns), in issue order (benches)."""
+        ...
+
 
 class ReplyFilter(Protocol):
     """The client side of a BFT protocol (see `phalanx.jepsen.sim.pbft.BftReplies`)."""

@@ -49,6 +49,7 @@ from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import HistoryRecorder
 from phalanx.jepsen.linearizability import check as check_linearizable
 from phalanx.jepsen.sim.clients import ClientConfig, SimClient, ValueCounter
+from phalanx.jepsen.sim.dissemination import GOSSIP, GossipFabric
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
@@ -151,6 +152,13 @@ class _Cluster:
                 # only ever answer False: no call per persisted Ready.)
                 self.nodes[name].crash_point = self._crash_point
             self.network.route(name, self.nodes[name].deliver)
+        self.fabric: GossipFabric | None = None
+        if cfg.dissemination == GOSSIP:  # broadcasts through each node's gossip layer
+            self.fabric = GossipFabric(loop=self.loop, nodes=self.nodes,
+                                       send=self.network.send, codec=codec, seed=cfg.seed,
+                                       tick_ns=cfg.gossip_tick_ns)
+            for name in self.names:
+                self.network.route(name, self.fabric.receive(name))
         values = ValueCounter()
         keys = [f"k{i}" for i in range(cfg.keys)]
         self.keys = keys
@@ -459,6 +467,8 @@ def _run(cfg: RunConfig) -> RunResult:
     c.boot_buggify()
     for name in c.names:
         c.nodes[name].start()
+    if c.fabric is not None:
+        c.fabric.start()
     workload = c.workload  # (when set, it replaces the register clients and final reads)
     workers = [c.clients[f"c{i}"] for i in range(cfg.clients)] if workload is None else []
     final_readers = ([c.clients[f"c{cfg.clients + k}"] for k in range(cfg.keys)]
@@ -537,7 +547,13 @@ def _run(cfg: RunConfig) -> RunResult:
             "dropped_loss": c.network.stats.dropped_loss,
             "dropped_partition": c.network.stats.dropped_partition,
             "straggled": c.network.stats.straggled,
+            "messages_sent": net_stats.sent,
+            "bytes_sent": net_stats.bytes_sent,
+            "max_node_sent": max(net_stats.sent_by.values(), default=0),
+            **{f"gossip:{k}": v for k, v in sorted(
+                (c.fabric.counters if c.fabric is not None else {}).items())},
         },
+        commit_latencies_ns=workload.commit_latencies_ns() if workload is not None else (),
         faults_used=c.faults,
         knobs=c.knobs,
     )

@@ -49,6 +49,16 @@ class RunConfig:
     schedule: nemesis.Schedule | None = None
     """An explicit fault schedule instead of the seed's generated one (scripted scenario
     tests; the replay command then names the test, not the CLI)."""
+    dissemination: str = "direct"
+    """How cores' broadcasts travel: "direct" (one message per peer: the full mesh) or
+    "gossip" (rumors through each node's gossip layer; `phalanx.jepsen.sim.dissemination`)."""
+    gossip_tick_ns: int = 2 * MS
+    """The gossip layers' tick (with "gossip"): a wave carries the broadcasts of one tick."""
+
+    def __post_init__(self) -> None:
+        if self.dissemination not in ("direct", "gossip"):
+            raise ValueError(f"dissemination must be 'direct' or 'gossip', "
+                             f"got {self.dissemination!r}")
 
     def replay_command(self) -> str:
         if self.schedule is not None:
@@ -70,6 +80,10 @@ class RunConfig:
             ("max-events", self.max_events, default.max_events)) if value != base)
         shape += "" if self.use_codec else " --no-codec"
         shape += "".join(f" --set {name}={value}" for name, value in self.settings)
+        if self.dissemination != default.dissemination:
+            shape += f" --dissemination {self.dissemination}"
+            if self.gossip_tick_ns != default.gossip_tick_ns:
+                shape += f" --gossip-tick-ms {self.gossip_tick_ns / MS:g}"
         return (
             f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
             f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"
@@ -118,6 +132,9 @@ class RunResult:
     stats: dict[str, int] = field(default_factory=dict)
     faults_used: tuple[str, ...] = ()
     knobs: Knobs = ()
+    commit_latencies_ns: tuple[int, ...] = ()
+    """The protocol workload's committed transactions, invocation to the client's
+    decision (virtual ns), in issue order (empty without a workload)."""
 
     @property
     def ok(self) -> bool:
