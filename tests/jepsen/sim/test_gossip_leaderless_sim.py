@@ -35,7 +35,7 @@ def test_gossip_dissemination_passes_the_leaderless_checker() -> None:
     assert "--dissemination gossip" in results[0].config.replay_command()
 
 
-@pytest.mark.parametrize(("bug", "seeds"), [("endorse_despite_conflict", (0, 2)),
+@pytest.mark.parametrize(("bug", "seeds"), [("endorse_despite_conflict", (0, 3)),
                                             ("skip_requirements", (0, 2))])
 def test_a_deliberate_bug_is_caught_through_gossip(bug: str, seeds: tuple[int, ...]) -> None:
     for seed in seeds:
