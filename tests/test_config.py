@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.ops.config_toml import dumps_toml, node_config_dict
 from phalanx.ops.node_config import (
     Address,
     CheckpointConfig,
@@ -13,10 +14,8 @@ from phalanx.ops.node_config import (
     NodeConfig,
     PeerConfig,
     TlsFiles,
-    dumps_toml,
     load_cluster_config,
     load_node_config,
-    node_config_dict,
 )
 
 

@@ -52,6 +52,7 @@ from phalanx.appspec import DEFAULT_APP
 from phalanx.client.async_client import Client, ClientError, open_client
 from phalanx.jepsen.harness.byzantine_plan import ByzantinePlan
 from phalanx.jepsen.harness.proxy import Link, ProxyNetwork
+from phalanx.ops.config_toml import dumps_toml, node_config_dict
 from phalanx.ops.local_cluster import (
     CLIENT_PORT_OFFSET,
     ClusterError,
@@ -64,9 +65,7 @@ from phalanx.ops.node_config import (
     Address,
     ClusterConfig,
     TimingConfig,
-    dumps_toml,
     load_node_config,
-    node_config_dict,
 )
 from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy, FaultModel
 from phalanx.protocols import get as get_protocol

@@ -27,10 +27,10 @@ from pathlib import Path
 from phalanx.consensus.types import NodeId
 from phalanx.net.intercluster import Intercluster, LinkedCluster, linked_client_context
 from phalanx.net.transport_types import PeerAddress
+from phalanx.ops.config_toml import dumps_toml
 from phalanx.ops.node_config import (
     ConfigError,
     NodeConfig,
-    dumps_toml,
     load_cluster_config,
     load_node_config,
 )

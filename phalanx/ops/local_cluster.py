@@ -50,6 +50,7 @@ from phalanx.appspec import get as get_app
 from phalanx.cli.errors import (
     OperatorError,
 )
+from phalanx.ops.config_toml import dumps_toml, node_config_dict
 from phalanx.ops.node_config import (
     CLIENT_NAME,
     Address,
@@ -60,10 +61,8 @@ from phalanx.ops.node_config import (
     PeerConfig,
     TimingConfig,
     TlsFiles,
-    dumps_toml,
     load_cluster_config,
     load_node_config,
-    node_config_dict,
     valid_host,
 )
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free

@@ -25,13 +25,12 @@ from phalanx.gossip import Rumor, RumorPush
 from phalanx.net.client_protocol import ReplyStatus
 from phalanx.net.crypto import Ed25519Crypto
 from phalanx.ops import pki
+from phalanx.ops.config_toml import dumps_toml, node_config_dict
 from phalanx.ops.node_config import (
     ConfigError,
     KeyFiles,
     NodeConfig,
-    dumps_toml,
     load_node_config,
-    node_config_dict,
 )
 from phalanx.ops.signing_keys import generate_key_file
 from phalanx.runtime.node import Node, NodeError, open_node

@@ -22,7 +22,8 @@ from phalanx.net.client_protocol import (
     StatusCall,
     StatusReply,
 )
-from phalanx.ops.node_config import NodeConfig, dumps_toml, node_config_dict
+from phalanx.ops.config_toml import dumps_toml, node_config_dict
+from phalanx.ops.node_config import NodeConfig
 
 
 def write_configs(root: Path, configs: list[NodeConfig]) -> dict[str, Path]:
