@@ -67,7 +67,6 @@ from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
     CredentialPaths,
     client_server_context,
-    identity_from_certificate,
     peer_client_context,
     peer_server_context,
 )
@@ -92,16 +91,17 @@ from phalanx.runtime.driver_stats import DriverStatistics
 from phalanx.runtime.fault_hooks import control_file, watch_clock_rate
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.identity import (
-    Identity,
-    IdentityError,
-    Verdict,
     amnesia,
-    cluster_fingerprint,
-    read_identity,
-    write_identity,
 )
 from phalanx.runtime.local_submit import LocalSubmitter
 from phalanx.runtime.metrics import NodeMetrics, serve_metrics
+from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: public API
+from phalanx.runtime.node_checks import (
+    check_identity,
+    check_node_certificate,
+    record_membership,
+    record_verdict,
+)
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
 from phalanx.runtime.services import ServiceHost
@@ -131,10 +131,6 @@ PEER_BACKOFF = Backoff(base=0.05, cap=0.5)
 """Redial delays to a peer: a cluster is a handful of nodes, so a dead peer is cheap to retry
 every half second, and a restarted one is back within that (sooner when it dials us first:
 the transport redials on its inbound connection)."""
-
-
-class NodeError(Exception):
-    """The node cannot start with this configuration (unsupported protocol, bad storage)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,29 +205,6 @@ def _bound(listeners: list[trio.SocketListener], host: str) -> Address:
     return Address(host=host, port=int(port))
 
 
-def check_node_certificate(config: NodeConfig) -> None:
-    """Refuse to start when the node's certificate does not name this node.
-
-    A node running with another node's certificate would pass as that node to its peers
-    (their links are pinned by certificate), so the two would keep replacing each other's
-    connections. Checked before storage is opened.
-
-    Raises:
-        NodeError: the certificate cannot be read or names another identity.
-    """
-    where = config.source or config.id
-    try:
-        identity = identity_from_certificate(config.tls.cert)
-    except (OSError, ValueError) as e:
-        raise NodeError(f"{where}: cannot read the node certificate {config.tls.cert}: "
-                        f"{getattr(e, 'strerror', None) or e}") from None
-    if identity is None or identity.kind != "node" or identity.name != config.id:
-        named = ("no phalanx node" if identity is None
-                 else f"{identity.kind} {identity.name!r}")
-        raise NodeError(f"{where}: the certificate {config.tls.cert} names {named}, not this "
-                        f"node {config.id!r}; refusing to start")
-
-
 @asynccontextmanager
 async def open_node(
     config: NodeConfig,
@@ -303,7 +276,7 @@ async def open_node(
     except DirectoryLocked as e:
         raise NodeError(f"{config.id}: {e}") from None
     try:
-        identity, cluster_id = _check_identity(config)
+        identity, cluster_id = check_identity(config)
         storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
                                     keep_checkpoints=config.checkpoint.keep)
     except BaseException:
@@ -363,7 +336,7 @@ async def open_node(
                 core = lies.wrap_core(core, byzantine, config=config, rng=rng)
         except ProtocolError as e:
             raise NodeError(str(e)) from None
-        verdict = _record_verdict(config, cluster_id, identity, verdict,
+        verdict = record_verdict(config, cluster_id, identity, verdict,
                                   recovering=core.status().recovering)
         logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
                     (durable.hard_state or HardState()).term,
@@ -499,7 +472,7 @@ async def open_node(
             await nursery.start(client_port.serve, client_listeners)
             await nursery.start(services.run)
             await nursery.start(submitter.run, driver)
-            nursery.start_soon(_record_membership, config, cluster_id, driver,
+            nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
@@ -521,73 +494,6 @@ async def open_node(
             core_state.close()
         storage.close()
         dir_lock.release()
-
-
-def _check_identity(config: NodeConfig) -> tuple[Identity | None, str]:
-    """The data directory's IDENTITY (None if it has none) and this cluster's fingerprint.
-    Raises `NodeError` (one line) for another node's or another cluster's directory."""
-    where = config.source or config.id
-    try:
-        cluster_id = cluster_fingerprint(config.tls.ca)
-        identity = read_identity(config.data_dir)
-    except IdentityError as e:
-        raise NodeError(f"{where}: {e}") from None
-    if identity is not None and identity.node != config.id:
-        raise NodeError(f"{where}: data directory {config.data_dir} belongs to node "
-                        f"{identity.node}, not {config.id}; fix data_dir in the config")
-    if identity is not None and identity.cluster != cluster_id:
-        raise NodeError(f"{where}: data directory {config.data_dir} belongs to another "
-                        f"cluster (its CA differs from {config.tls.ca}); fix data_dir or the "
-                        "tls paths in the config")
-    return identity, cluster_id
-
-
-def _record_verdict(config: NodeConfig, cluster_id: str, identity: Identity | None,
-                    verdict: Verdict, *, recovering: bool) -> Verdict:
-    """Say what the amnesia verdict found, in one ERROR line, and record its state in
-    IDENTITY before the node serves. `recovering` is what the core made of the verdict: a
-    core without a recovery mode starts as an ordinary member."""
-    if verdict.recovering and not recovering:
-        logger.error("%s: %s. The %s core has no recovery mode: until state transfer has "
-                     "caught it up, this replica counts as one of the faulty replicas the "
-                     "cluster tolerates", config.id, verdict.reason, config.protocol)
-        verdict = dataclasses.replace(verdict, recovering=False, next_state="member")
-    elif verdict.recovering:
-        logger.error(
-            "%s: %s. Starting in RECOVERY MODE: this node will not vote or campaign until it "
-            "has caught up from the leader (`phalanx status` shows 'recovering'); a majority "
-            "of the other nodes must be up. If this really is a new node of a new cluster, "
-            "stop it and start it with --bootstrap.", config.id, verdict.reason)
-    elif verdict.reason:
-        logger.error("%s: %s", config.id, verdict.reason)
-    if (identity.state if identity is not None else None) != verdict.next_state:
-        write_identity(config.data_dir, Identity(cluster=cluster_id, node=config.id,
-                                                 state=verdict.next_state))
-    return verdict
-
-
-IDENTITY_POLL_SECONDS = 0.2
-
-
-async def _record_membership(config: NodeConfig, cluster_id: str, driver: Driver,
-                             state: str, persister: ReadyPersister) -> None:
-    """Keep IDENTITY's state in step with the core: ``member`` once a new node has a term
-    or a commit index (it may have voted or acknowledged since; a PBFT replica's term is its
-    view, which may stay 0), ``member`` once a recovering node caught up (and then the
-    storage's lost-log mark goes: what the log lost is back)."""
-    while state != "member":
-        await trio.sleep(IDENTITY_POLL_SECONDS)
-        status = driver.status()
-        if status.recovering or (state == "new" and status.term == 0
-                                 and status.commit_index == 0):
-            continue
-        await trio.to_thread.run_sync(write_identity, config.data_dir, Identity(
-            cluster=cluster_id, node=config.id, state="member"))
-        if state == "recovering":
-            await trio.to_thread.run_sync(persister.clear_log_lost)
-            logger.warning("%s: recovered: caught up from leader %s at index %d; voting "
-                           "again", config.id, status.leader, status.commit_index)
-        state = "member"
 
 
 async def serve_node(
