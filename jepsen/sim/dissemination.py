@@ -2,7 +2,7 @@
 network message: the full mesh) or `gossip` (`phalanx.gossip.dissemination`: a core's
 broadcasts ride GP waves; point-to-point sends stay direct).
 
-Owns: `DISSEMINATIONS` (the run option's values) and `GossipFabric`, which runs one
+Owns: `GossipFabric` (the run option's values are `run_config.DISSEMINATIONS`), which runs one
 `Dissemination` layer beside every `SimNode`: it takes each Ready's sends (`SimNode.outbox`),
 receives the network's gossip messages for the node (everything else goes to the node as
 before), ticks every layer every `tick_ns`, and steps the delivered inner messages into the
@@ -32,10 +32,6 @@ from phalanx.jepsen.sim.loop import EventLoop
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError, Registry
-
-DIRECT, GOSSIP = "direct", "gossip"
-DISSEMINATIONS = (DIRECT, GOSSIP)
-"""`RunConfig.dissemination`'s values."""
 
 DEFAULT_TICK_NS = 2_000_000
 """The layers' tick: about two one-way latencies of the simulated network (0.1 ms plus an

@@ -49,13 +49,13 @@ from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import HistoryRecorder
 from phalanx.jepsen.linearizability import check as check_linearizable
 from phalanx.jepsen.sim.clients import ClientConfig, SimClient, ValueCounter
-from phalanx.jepsen.sim.dissemination import GOSSIP, GossipFabric
+from phalanx.jepsen.sim.dissemination import GossipFabric
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.loop import EventLoop, Trace
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.protocols import SimWorkload, WorkloadEnv, protocol_setup
-from phalanx.jepsen.sim.run_config import MS, RunConfig, RunResult, swarm_choices
+from phalanx.jepsen.sim.run_config import GOSSIP, MS, RunConfig, RunResult, swarm_choices
 from phalanx.net.codec import DecodeError, Registry
 
 __all__ = ["GC_THRESHOLD0", "RunConfig", "RunResult", "run", "swarm_choices"]

@@ -17,6 +17,10 @@ from phalanx.jepsen.sim.protocols import Knobs
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 
+DIRECT, GOSSIP = "direct", "gossip"
+DISSEMINATIONS = (DIRECT, GOSSIP)
+"""`RunConfig.dissemination`'s values (`phalanx.jepsen.sim.dissemination`)."""
+
 MS = 1_000_000
 DEFAULT_LIVENESS_NS = 2_000 * MS
 
@@ -49,15 +53,15 @@ class RunConfig:
     schedule: nemesis.Schedule | None = None
     """An explicit fault schedule instead of the seed's generated one (scripted scenario
     tests; the replay command then names the test, not the CLI)."""
-    dissemination: str = "direct"
+    dissemination: str = DIRECT
     """How cores' broadcasts travel: "direct" (one message per peer: the full mesh) or
     "gossip" (rumors through each node's gossip layer; `phalanx.jepsen.sim.dissemination`)."""
     gossip_tick_ns: int = 2 * MS
     """The gossip layers' tick (with "gossip"): a wave carries the broadcasts of one tick."""
 
     def __post_init__(self) -> None:
-        if self.dissemination not in ("direct", "gossip"):
-            raise ValueError(f"dissemination must be 'direct' or 'gossip', "
+        if self.dissemination not in DISSEMINATIONS:
+            raise ValueError(f"dissemination must be one of {', '.join(DISSEMINATIONS)}, "
                              f"got {self.dissemination!r}")
 
     def replay_command(self) -> str:

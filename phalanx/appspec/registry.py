@@ -19,9 +19,7 @@ from phalanx.appspec.spec import AppSpec
 DEFAULT_APP = "kv"
 """What a node config without ``app`` runs, and what `cluster init` and the harness use."""
 
-_TABLE: SpecTable[AppSpec] = SpecTable("app")
-_SPECS = _TABLE.specs
-_builtin_loaded = False
+_TABLE: SpecTable[AppSpec] = SpecTable("app", builtin="phalanx.appspec.builtin")
 
 
 class UnknownApp(ValueError):
@@ -37,20 +35,9 @@ def register(spec: AppSpec) -> AppSpec:
     return _TABLE.add(spec)
 
 
-def _load_builtin() -> None:
-    global _builtin_loaded
-    if not _builtin_loaded:
-        _builtin_loaded = True
-        from phalanx.appspec import builtin
-
-        for spec in builtin.SPECS:
-            register(spec)
-
-
 def get(name: str) -> AppSpec:
     """The spec registered as `name`. Raises `UnknownApp` naming the registered ones."""
-    _load_builtin()
-    spec = _SPECS.get(name)
+    spec = _TABLE.lookup(name)
     if spec is None:
         raise UnknownApp(name)
     return spec
@@ -58,8 +45,7 @@ def get(name: str) -> AppSpec:
 
 def names() -> tuple[str, ...]:
     """Every registered app name, sorted (the `--app` choices)."""
-    _load_builtin()
-    return _TABLE.names()
+    return _TABLE.loaded_names()
 
 
 def specs() -> Iterator[AppSpec]:

@@ -28,9 +28,7 @@ ENTRY_POINT_GROUP = "phalanx.protocols"
 DEFAULT_PROTOCOL = "raft"
 """What `cluster init`, the client, the simulator and the harness use unless told."""
 
-_TABLE: SpecTable[ProtocolSpec] = SpecTable("protocol")
-_SPECS = _TABLE.specs
-_builtin_loaded = False
+_TABLE: SpecTable[ProtocolSpec] = SpecTable("protocol", builtin="phalanx.protocols.builtin")
 _plugins_loaded = False
 
 
@@ -47,21 +45,11 @@ def register(spec: ProtocolSpec) -> ProtocolSpec:
     return _TABLE.add(spec)
 
 
-def _load_builtin() -> None:
-    global _builtin_loaded
-    if not _builtin_loaded:
-        _builtin_loaded = True
-        from phalanx.protocols import builtin
-
-        for spec in builtin.SPECS:
-            register(spec)
-
-
 def _load_plugins() -> None:
     """Import the plugins (once; scanning entry points costs tens of ms, so a lookup of a
     built-in protocol does not)."""
     global _plugins_loaded
-    _load_builtin()
+    _TABLE.load_builtin()
     if _plugins_loaded:
         return
     _plugins_loaded = True
@@ -75,11 +63,10 @@ def _load_plugins() -> None:
 
 def get(name: str) -> ProtocolSpec:
     """The spec registered as `name`. Raises `UnknownProtocol` naming the registered ones."""
-    _load_builtin()
-    spec = _SPECS.get(name)
+    spec = _TABLE.lookup(name)
     if spec is None:
         _load_plugins()
-        spec = _SPECS.get(name)
+        spec = _TABLE.specs.get(name)
     if spec is None:
         raise UnknownProtocol(name)
     return spec

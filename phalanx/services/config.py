@@ -3,7 +3,8 @@
 Owns: `read_service_tables` (the config loader calls it: one table per registered service,
 named as the service, e.g. ``[gossip]``; keys validated against `ServiceSpec.options`,
 defaults filled in, unknown keys refused by the loader's strict check), `enabled_services`,
-`needs_signing_keys` and `service_tables_for_toml` (what `phalanx.ops.config_toml.node_config_dict` writes).
+`needs_signing_keys` and `service_tables_for_toml` (what
+`phalanx.ops.config_toml.node_config_dict` writes).
 
 A service is off unless its table is present and ``enabled`` (when the spec has that
 option) is true. Must not import: trio, the runtime, any service's machine.

@@ -15,9 +15,7 @@ from collections.abc import Iterator
 from phalanx._spec_table import SpecTable
 from phalanx.services.spec import ServiceSpec
 
-_TABLE: SpecTable[ServiceSpec] = SpecTable("service")
-_SPECS = _TABLE.specs
-_builtin_loaded = False
+_TABLE: SpecTable[ServiceSpec] = SpecTable("service", builtin="phalanx.services.builtin")
 
 
 class UnknownService(ValueError):
@@ -33,20 +31,9 @@ def register(spec: ServiceSpec) -> ServiceSpec:
     return _TABLE.add(spec)
 
 
-def _load_builtin() -> None:
-    global _builtin_loaded
-    if not _builtin_loaded:
-        _builtin_loaded = True
-        from phalanx.services import builtin
-
-        for spec in builtin.SPECS:
-            register(spec)
-
-
 def get(name: str) -> ServiceSpec:
     """The spec registered as `name`. Raises `UnknownService` naming the registered ones."""
-    _load_builtin()
-    spec = _SPECS.get(name)
+    spec = _TABLE.lookup(name)
     if spec is None:
         raise UnknownService(name)
     return spec
@@ -54,8 +41,7 @@ def get(name: str) -> ServiceSpec:
 
 def names() -> tuple[str, ...]:
     """Every registered service name, sorted."""
-    _load_builtin()
-    return _TABLE.names()
+    return _TABLE.loaded_names()
 
 
 def specs() -> Iterator[ServiceSpec]:
