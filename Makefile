@@ -39,8 +39,9 @@ soak: $(STAMP)
 # What `make test` leaves out or samples, for its ~10-minute budget: the full sweeps (300 Raft
 # swarm seeds, make test: 100; 300 PBFT seeds with f Byzantine replicas, make test: 100) and the
 # tests marked `long` (real-cluster harness runs: Raft register, PBFT twins, the leaderless
-# run with a liar; the bench smoke run).
-# ~4 min on 2 cores.
+# run with a liar; the gossip and cross-shard demos; the leaderless pbft-mode and state-transfer
+# sweeps; the 1,000-seed cluster-sending sweep; the bench smoke run).
+# ~7 min on 2 cores (measured 6m31s).
 sweeps: $(STAMP)
 	PHALANX_SWARM_SEEDS=300 PHALANX_PBFT_SEEDS=300 $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/jepsen/sim/test_sim_runs.py::test_swarm_sweep_passes \
