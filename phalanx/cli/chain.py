@@ -371,7 +371,8 @@ async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genes
         write_export(args.file, genesis, got.blocks)
         notes = [f"{got.refused} served certificates did not verify"] if got.refused else []
         if got.unreachable:
-            notes.append(f"no answer from {', '.join(got.unreachable)}")
+            notes.append(f"no certificates from {', '.join(got.unreachable)}: not "
+                         "answering, or the block-certifier service is off")
         print(f"exported {len(blocks)} blocks ({got.certified} with a certificate) to "
               f"{args.file}" + (f" ({'; '.join(notes)})" if notes else ""))
     return EXIT_OK

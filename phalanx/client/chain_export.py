@@ -89,7 +89,8 @@ class Certified:
     refused: int
     """Certificates a node served that did not verify (or were for another block)."""
     unreachable: tuple[str, ...]
-    """Nodes that did not answer (their certificates could not be asked for)."""
+    """Nodes whose certificates could not be asked for (no answer, or an error answer:
+    e.g. their block-certifier service is off)."""
 
 
 async def attach_certificates(cluster: ClusterConfig, genesis: Genesis,

@@ -12,6 +12,8 @@ import dataclasses
 import random
 
 from chain_helpers import CHAIN_ID, NODE_KEYS, NODE_SECRETS, NODES, QUORUM
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phalanx.apps.chain.certificate import BlockCertificate, sign_block
 from phalanx.consensus.types import NodeId
@@ -104,3 +106,31 @@ def test_serves_stored_certificates_and_refuses_malformed_requests() -> None:
     assert f.serve(CertificateFetch(heights=tuple(range(1, MAX_FETCH + 2))), stored.get) is None
     assert f.serve(CertificateFetch(heights=(0,)), stored.get) is None
     assert f.counts["dropped:malformed_fetch"] == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(height=st.integers(min_value=0, max_value=120),
+       stored=st.sets(st.integers(min_value=1, max_value=120)),
+       keep=st.integers(min_value=1, max_value=150), patience=st.integers(0, 4))
+def test_requests_name_only_lacking_kept_heights_and_stop(height: int, stored: set[int],
+                                                         keep: int, patience: int) -> None:
+    """Whatever is stored: every request names heights the node lacks, within the kept
+    range, sorted, at most MAX_FETCH; and the requests stop (every height given up)."""
+    f = fetcher(keep=keep, patience=patience)
+    have = stored.__contains__
+    lacking = {h for h in range(max(1, height - keep + 1), height + 1) if h not in stored}
+    asked: set[int] = set()
+    for tick in range(200):
+        r = f.tick(height, have)
+        if r is None and tick > patience:
+            break
+        if r is not None:
+            heights = r[1].heights
+            assert list(heights) == sorted(set(heights))
+            assert 1 <= len(heights) <= MAX_FETCH
+            assert set(heights) <= lacking, (height, keep, sorted(set(heights) - lacking))
+            asked |= set(heights)
+    else:
+        raise AssertionError("the fetcher never stops asking")
+    assert asked == lacking
+    assert f.counts.get("gave_up", 0) == len(lacking)
