@@ -146,12 +146,16 @@ def add_chain_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     verify.add_argument("--replica", metavar="NODE", default=None,
                         help="the (possibly Byzantine) replica to ask (default: first node)")
     export = sub.add_parser("export", help="write the chain (genesis + blocks) to FILE")
-    export.add_argument("file", type=Path, metavar="FILE")
-    validate = sub.add_parser(
-        "validate", help="check an exported chain: links, tx roots, re-execution, state "
-                         "roots, and the block certificates it carries (against the node "
-                         "keys of --cluster; without one they are not checked)")
-    validate.add_argument("file", type=Path, metavar="FILE")
+    export.add_argument("file", type=Path, metavar="FILE",
+                        help="where to write it (each block with the certificate a node "
+                             "stored for it, when one verifies)")
+    text = ("check an exported chain: links, tx roots, re-execution, state roots, and the "
+            "block certificates it carries (against the node keys and quorum of --cluster, "
+            "which need not be running; without --cluster they are not checked)")
+    validate = sub.add_parser("validate", help=text, description=text[0].upper() + text[1:]
+                              + ". Exit 0 valid, 1 invalid (one line: the first bad block).")
+    validate.add_argument("file", type=Path, metavar="FILE",
+                          help="a file written by `phalanx chain export`")
     p.set_defaults(handler=_main)
 
 
