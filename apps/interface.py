@@ -385,6 +385,11 @@ class BlockStream(Protocol):
         which call no listener)."""
         ...
 
+    def block_hash_at(self, height: int) -> bytes | None:
+        """The hash of this node's block at `height`, None when it holds none (what a
+        certificate fetched from a peer is checked against)."""
+        ...
+
     def on_block(self, listener: BlockListener) -> None:
         """Call `listener(height, block_hash)` for every block closed from now on."""
         ...

@@ -161,9 +161,22 @@ def verify_certificate(cert: object, header: object, node_public_keys: Mapping[s
     Never raises on `cert`/`header` (input); raises ValueError when `quorum` < 1 or exceeds
     the number of keys (our misuse: such a quorum proves nothing or can never be met)."""
     check_quorum(quorum, node_public_keys)
-    if not (isinstance(cert, BlockCertificate) and isinstance(header, BlockHeader)):
+    if not isinstance(header, BlockHeader):
         return False
-    if cert.height != header.height or cert.block_hash != _hash_or_none(header):
+    return verify_block_certificate(cert, header.height, _hash_or_none(header),
+                                    node_public_keys, quorum, chain_id=chain_id)
+
+
+def verify_block_certificate(cert: object, height: int, block_hash: bytes | None,
+                             node_public_keys: Mapping[str, bytes], quorum: int, *,
+                             chain_id: bytes) -> bool:
+    """`verify_certificate` against a block known by its `height` and `block_hash` (e.g. a
+    node's own block, when a peer sends it a certificate). Never raises on `cert`; raises
+    ValueError on a quorum outside 1..len(node_public_keys) (our misuse)."""
+    check_quorum(quorum, node_public_keys)
+    if not isinstance(cert, BlockCertificate) or block_hash is None:
+        return False
+    if cert.height != height or cert.block_hash != block_hash:
         return False
     message = _message(chain_id, cert.height, cert.block_hash)
     sigs = cert.signatures

@@ -52,6 +52,7 @@ from phalanx.apps.chain.block import (
     BlockHeader,
     block_hash,
     chain_id,
+    decode_header,
     encode_header,
     genesis_hash,
     tx_root,
@@ -243,6 +244,14 @@ class ChainStateMachine:
     def block_id(self) -> bytes:
         """The chain id (`BlockStream`): what block certificates sign with each block."""
         return self._chain_id
+
+    def block_hash_at(self, height: int) -> bytes | None:
+        """The hash of this node's block at `height` (`BlockStream`), None when it has none
+        (e.g. a checkpoint dropped it)."""
+        block = self.block(height) if type(height) is int else None
+        if block is None:
+            return None
+        return block_hash(decode_header(block.header))
 
     def on_block(self, listener: Callable[[int, bytes], None]) -> None:
         """Call `listener(height, block_hash)` after every block `end_batch` closes from now

@@ -8,11 +8,14 @@ What is checked, block by block from the genesis (any node's export validates th
 heights are 1, 2, 3, ... (a second block at a height, i.e. a fork, is refused); each
 `prev_hash` is the previous header's `block_hash` (block 1's: `genesis_hash`); timestamps
 never decrease; the consensus proof is accepted by the caller's `trust` callback, or, given
-`node_keys` and `quorum`, is a block certificate of that quorum (`light.trust_by_certificate`;
-neither skips it); the tx root recomputed from the block's transactions
-matches; every transaction executes successfully (blocks hold only those: a replayed nonce or
-an overdraft is refused); and re-executing the block gives exactly its state root. The first
-failure is returned; nothing raises on any input.
+`node_keys` and `quorum`, is a block certificate of that quorum
+(`light.trust_by_certificate`; neither skips it; with `require_proof=False` a block without
+a proof passes unchecked, as in an export from a node that holds no certificate of some
+blocks, and one WITH a proof must still verify: `ChainValid.certified` counts the blocks
+whose proof verified); the tx root recomputed from the block's transactions matches; every
+transaction executes successfully (blocks hold only those: a replayed nonce or an overdraft
+is refused); and re-executing the block gives exactly its state root. The first failure is
+returned; nothing raises on any input.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class ChainValid:
     height: int
     head_hash: bytes
     state_root: bytes
+    certified: int = 0
+    """Blocks whose consensus proof the check accepted (0 when none was checked)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,17 +70,19 @@ TrustFn = Callable[[BlockHeader], bool]
 
 def validate_chain(genesis: Genesis, blocks: Sequence[Block], *,
                    trust: TrustFn | None = None, node_keys: Mapping[str, bytes] | None = None,
-                   quorum: int | None = None) -> ChainValid | ChainInvalid:
+                   quorum: int | None = None, require_proof: bool = True
+                   ) -> ChainValid | ChainInvalid:
     """Validate `blocks` (headers with their raw transactions, from height 1) against the
     genesis. See the module docstring for the checks. `node_keys` (node id -> raw Ed25519
     public key) and `quorum` check every header's block certificate; raises ValueError when
-    given with `trust`, or one without the other (our misuse)."""
+    given with `trust`, or one without the other (our misuse). `require_proof=False`: a
+    header with an empty consensus proof is not checked (and not counted as certified)."""
     if (node_keys is None) != (quorum is None) or (node_keys is not None and trust is not None):
         raise ValueError("give node_keys with quorum, or trust, not both")
     if node_keys is not None and quorum is not None:
         trust = trust_by_certificate(node_keys, quorum, chain_id=chain_id(genesis))
     machine = ChainStateMachine(genesis)
-    last_timestamp = 0
+    last_timestamp = certified = 0
     for position, (header, txs) in enumerate(blocks, start=1):
         def invalid(failure: Failure, detail: str = "", _h: int = position) -> ChainInvalid:
             return ChainInvalid(height=_h, failure=failure, detail=detail)
@@ -86,8 +93,10 @@ def validate_chain(genesis: Genesis, blocks: Sequence[Block], *,
             return invalid(Failure.PREV_HASH, "does not link to the previous block")
         if header.timestamp < last_timestamp:
             return invalid(Failure.TIMESTAMP, f"{header.timestamp} < {last_timestamp}")
-        if trust is not None and not trust(header):
-            return invalid(Failure.CONSENSUS_PROOF, "the consensus proof does not verify")
+        if trust is not None and (require_proof or header.consensus_proof):
+            if not trust(header):
+                return invalid(Failure.CONSENSUS_PROOF, "the consensus proof does not verify")
+            certified += 1
         ids: list[bytes] = []
         for raw in txs:
             tx = decode_tx(raw)
@@ -108,7 +117,7 @@ def validate_chain(genesis: Genesis, blocks: Sequence[Block], *,
             return invalid(Failure.MALFORMED, "re-built header hashes differently")
         last_timestamp = header.timestamp
     return ChainValid(height=machine.height, head_hash=machine.head_hash,
-                      state_root=machine.state_root)
+                      state_root=machine.state_root, certified=certified)
 
 
 def decode_blocks(blocks: Sequence[BlockData]) -> list[Block] | ChainInvalid:

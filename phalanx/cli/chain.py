@@ -61,7 +61,8 @@ examples:
   phalanx chain --cluster ./ch block 1               # header fields and transactions
   phalanx chain --cluster ./ch tail                  # follow new blocks (Ctrl-C stops)
   phalanx chain --cluster ./ch verify bob --replica n3
-  phalanx chain --cluster ./ch export chain.bin && phalanx chain validate chain.bin
+  phalanx chain --cluster ./ch export chain.bin      # blocks with their certificates
+  phalanx chain --cluster ./ch validate chain.bin    # certificates checked too
 
 ACCOUNT is a key name in DIR/chain/keys (its public key) or 64 hex digits (a raw Ed25519
 public key). Transactions are signed with the --from key at the sender's next nonce
@@ -74,6 +75,10 @@ collected by the nodes' block-certifier service (`cluster init --app chain` enab
 The header is trusted by the certificate; a bad certificate fails verify; only when the
 replica has none yet does verify fall back to f+1 replicas reporting the header alike.
 block N shows the certificate: its signers, the quorum and whether it verifies.
+export puts in each block the certificate a node stored for it (only ones that verify;
+a block no node certified stays bare); validate (no running cluster needed) checks each
+carried certificate against the node keys and quorum of --cluster (a bad one: INVALID),
+and reports how many blocks are certified.
 
 exit status: 0 success; 1 verify/validate failed; 2 usage error (nothing sent);
 3 refused by the chain, no effect; 4 timed out, may or may not have taken effect;
@@ -141,10 +146,16 @@ def add_chain_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     verify.add_argument("--replica", metavar="NODE", default=None,
                         help="the (possibly Byzantine) replica to ask (default: first node)")
     export = sub.add_parser("export", help="write the chain (genesis + blocks) to FILE")
-    export.add_argument("file", type=Path, metavar="FILE")
-    validate = sub.add_parser("validate", help="check an exported chain: links, tx roots, "
-                                               "re-execution, state roots (no cluster)")
-    validate.add_argument("file", type=Path, metavar="FILE")
+    export.add_argument("file", type=Path, metavar="FILE",
+                        help="where to write it (each block with the certificate a node "
+                             "stored for it, when one verifies)")
+    text = ("check an exported chain: links, tx roots, re-execution, state roots, and the "
+            "block certificates it carries (against the node keys and quorum of --cluster, "
+            "which need not be running; without --cluster they are not checked)")
+    validate = sub.add_parser("validate", help=text, description=text[0].upper() + text[1:]
+                              + ". Exit 0 valid, 1 invalid (one line: the first bad block).")
+    validate.add_argument("file", type=Path, metavar="FILE",
+                          help="a file written by `phalanx chain export`")
     p.set_defaults(handler=_main)
 
 
@@ -201,7 +212,7 @@ def _main(args: argparse.Namespace) -> int:
     from phalanx.cli.errors import OperatorError
 
     if args.chain_command == "validate":
-        return _validate(args.file)
+        return _validate(args)
     try:
         cluster, genesis = _open(args)
         if args.chain_command == "keygen":
@@ -356,11 +367,18 @@ async def _call(args: argparse.Namespace, cluster: ClusterConfig, genesis: Genes
         await _tail(chain, args.from_height, args.count)
     else:
         assert command == "export"
-        from phalanx.client.chain_export import fetch_chain, write_export
+        from phalanx.client.chain_export import attach_certificates, fetch_chain, write_export
 
         blocks = await fetch_chain(chain)
-        write_export(args.file, genesis, blocks)
-        print(f"exported {len(blocks)} blocks to {args.file}")
+        got = await attach_certificates(cluster, genesis, blocks,
+                                        seconds=min(args.timeout, 2.0))
+        write_export(args.file, genesis, got.blocks)
+        notes = [f"{got.refused} served certificates did not verify"] if got.refused else []
+        if got.unreachable:
+            notes.append(f"no certificates from {', '.join(got.unreachable)}: not "
+                         "answering, or the block-certifier service is off")
+        print(f"exported {len(blocks)} blocks ({got.certified} with a certificate) to "
+              f"{args.file}" + (f" ({'; '.join(notes)})" if notes else ""))
     return EXIT_OK
 
 
@@ -413,10 +431,15 @@ async def _verify(args: argparse.Namespace, cluster: ClusterConfig, genesis: Gen
     return EXIT_OK
 
 
-def _validate(path: Path) -> int:
+def _validate(args: argparse.Namespace) -> int:
+    from phalanx.apps.chain.block import chain_id
     from phalanx.apps.chain.validate import ChainInvalid, decode_blocks, validate_chain
+    from phalanx.appspec import AppConfigError
+    from phalanx.cli.errors import OperatorError
     from phalanx.client.chain_export import ExportFormatError, read_export
+    from phalanx.client.chain_light import cluster_keys, cluster_quorum
 
+    path: Path = args.file
     try:
         genesis, data = read_export(path)
     except ExportFormatError as e:
@@ -425,11 +448,43 @@ def _validate(path: Path) -> int:
     except OSError as e:
         print_error(PROG, f"{path}: {e.strerror or e}")
         return EXIT_USAGE
+    keys: dict[str, bytes] | None = None
+    quorum = 0
+    if args.cluster:
+        try:
+            cluster, cluster_genesis = _open(args)
+        except (_UsageProblem, OperatorError, AppConfigError) as e:
+            print_error(PROG, str(e))
+            return EXIT_USAGE
+        if chain_id(cluster_genesis) != chain_id(genesis):
+            print_error(PROG, f"{path} is another chain than {args.cluster}'s (chain id "
+                              f"{chain_id(genesis).hex()[:16]}..., the cluster's "
+                              f"{chain_id(cluster_genesis).hex()[:16]}...): give the "
+                              "cluster it was exported from")
+            return EXIT_USAGE
+        keys, quorum = cluster_keys(cluster), cluster_quorum(cluster)
     blocks = decode_blocks(data)
-    result = blocks if isinstance(blocks, ChainInvalid) else validate_chain(genesis, blocks)
+    if isinstance(blocks, ChainInvalid):
+        print(f"INVALID: {blocks}", file=sys.stderr)
+        return EXIT_NEGATIVE
+    if keys is not None:
+        result = validate_chain(genesis, blocks, node_keys=keys, quorum=quorum,
+                                require_proof=False)
+    else:
+        result = validate_chain(genesis, blocks)
     if isinstance(result, ChainInvalid):
         print(f"INVALID: {result}", file=sys.stderr)
         return EXIT_NEGATIVE
+    carried = sum(1 for header, _ in blocks if header.consensus_proof)
+    if keys is not None:
+        certs = (f"{result.certified} of {result.height} blocks certified (quorum {quorum} of "
+                 f"{len(keys)} node keys, every certificate verified)")
+    elif args.cluster:
+        certs = (f"{carried} blocks carry a certificate, not checked ({args.cluster} has no "
+                 "node signing keys)")
+    else:
+        certs = (f"{carried} blocks carry a certificate, not checked (give --cluster DIR "
+                 "to check them against its node keys)")
     print(f"valid: {result.height} blocks, head {result.head_hash.hex()}, "
-          f"state_root {result.state_root.hex()}")
+          f"state_root {result.state_root.hex()}; {certs}")
     return EXIT_OK

@@ -1,6 +1,6 @@
 """A chain as a file: `phalanx chain export` writes it, `phalanx chain validate` reads it.
 
-Owns the export format, `fetch_chain` and `fetch_blocks`:
+Owns the export format, `fetch_chain`, `fetch_blocks` and `attach_certificates`:
 
     file  = magic "PHALANX-CHAIN-1\\n" | frame(genesis) | frame(block 1) | ... | frame(block n)
     frame = u32 big-endian length | codec bytes (`Genesis`, then `BlockData`s by height)
@@ -9,18 +9,28 @@ Owns the export format, `fetch_chain` and `fetch_blocks`:
 nothing after the last frame) and raises `ExportFormatError` naming what is wrong; whether
 the chain itself is valid is `phalanx.apps.chain.validate`'s question, not this module's.
 
+Certificates: a block's header carries, in its `consensus_proof` (which its hash does not
+cover), the block certificate the nodes' block-certifier service stored for it, when one
+does (`attach_certificates`: asks the nodes in config order for the heights still lacking
+one, keeps only certificates that verify against the cluster's node keys and quorum, so a
+Byzantine node cannot slip a bad one into an export; blocks no node certified stay bare).
+
 Must not import: the runtime, consensus cores.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.apps.chain.types import REGISTRY, BlockData, Genesis, decode_genesis, encode
 from phalanx.client.chain import ChainClient
 from phalanx.net.codec import DecodeError
+from phalanx.ops.node_config import ClusterConfig
 
 MAGIC = b"PHALANX-CHAIN-1\n"
 MAX_FRAME = 64 << 20
@@ -67,6 +77,77 @@ async def fetch_blocks(chain: ChainClient, first: int, last: int, *, stale: bool
     if errors:
         raise errors[0]
     return [b for b in blocks if b is not None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Certified:
+    """`attach_certificates`' result."""
+
+    blocks: list[BlockData]
+    certified: int
+    """Blocks that now carry a certificate that verifies."""
+    refused: int
+    """Certificates a node served that did not verify (or were for another block)."""
+    unreachable: tuple[str, ...]
+    """Nodes whose certificates could not be asked for (no answer, or an error answer:
+    e.g. their block-certifier service is off)."""
+
+
+async def attach_certificates(cluster: ClusterConfig, genesis: Genesis,
+                              blocks: list[BlockData], *, seconds: float = 2.0) -> Certified:
+    """`blocks` (from height 1, in order), each with the certificate a node stored for it
+    attached to its header when one verifies (see the module docstring). A cluster whose
+    config has no node keys (made before block certificates) gets its blocks back bare."""
+    from phalanx.apps.chain.block import chain_id, decode_header, encode_header
+    from phalanx.apps.chain.certificate import BlockCertificate, attach, verify_header
+    from phalanx.client.chain_light import SERVICE, cluster_keys, cluster_quorum
+    from phalanx.client.errors import ClientError
+    from phalanx.client.service_calls import call_service
+    from phalanx.services.block_cert_api import MAX_FETCH, CertificateBatch, CertificateFetch
+
+    keys = cluster_keys(cluster)
+    out = list(blocks)
+    if keys is None or not blocks:
+        return Certified(blocks=out, certified=0, refused=0, unreachable=())
+    quorum, cid = cluster_quorum(cluster), chain_id(genesis)
+    headers = [decode_header(b.header) for b in blocks]
+    index = {h.height: i for i, h in enumerate(headers)}
+    lacking = [h.height for h in headers if not h.consensus_proof]
+    refused, unreachable = 0, []
+    for node in cluster.nodes:
+        todo, lacking = lacking, []
+        for i in range(0, len(todo), MAX_FETCH):
+            heights = tuple(todo[i:i + MAX_FETCH])
+            try:
+                answer = await call_service(cluster, node.id, SERVICE,
+                                            CertificateFetch(heights=heights), seconds=seconds)
+            except ClientError:
+                unreachable.append(node.id)
+                lacking.extend(todo[i:])
+                break
+            got = {c.height: c for c in (answer.certificates
+                                         if isinstance(answer, CertificateBatch) else ())
+                   if isinstance(c, BlockCertificate) and type(c.height) is int}
+            for height in heights:
+                cert, header = got.get(height), headers[index[height]]
+                if cert is None:
+                    lacking.append(height)
+                    continue
+                proofed = dataclasses.replace(header, consensus_proof=b"")
+                with contextlib.suppress(ValueError):  # for another block: the node lied
+                    proofed = attach(proofed, cert)
+                if not verify_header(proofed, keys, quorum, chain_id=cid):
+                    refused += 1
+                    lacking.append(height)
+                    continue
+                headers[index[height]] = proofed
+                out[index[height]] = dataclasses.replace(out[index[height]],
+                                                         header=encode_header(proofed))
+        if not lacking:
+            break
+    certified = sum(1 for h in headers if h.consensus_proof)
+    return Certified(blocks=out, certified=certified, refused=refused,
+                     unreachable=tuple(unreachable))
 
 
 def _frame(data: bytes) -> bytes:

@@ -1,9 +1,11 @@
 """The block-certifier service's wire types and the rules its nodes and clients share.
 
-Owns: the client-port operation types (chain app codec range, ids 471-472):
-471 `CertificateQuery` -> 472 `CertificateAnswer` (read-only role); `PEER_MESSAGES` (the
-peer type the service host routes to the service: 466 `BlockSignature`, defined with the
-certificate in `phalanx.apps.chain.certificate`); `certificate_quorum` (the signatures a
+Owns: the client-port operation types (chain app codec range, ids 471-474):
+471 `CertificateQuery` -> 472 `CertificateAnswer` and 473 `CertificateFetch` -> 474
+`CertificateBatch` (read-only role); `PEER_MESSAGES` (the peer types the service host
+routes to the service: 466 `BlockSignature`, defined with the certificate in
+`phalanx.apps.chain.certificate`, and 473/474, a node fetching certificates of heights it
+lacks from a peer, `phalanx.services.block_cert_fetch`); `certificate_quorum` (the signatures a
 certificate needs, from the protocol registry's fault model, never a protocol name) and
 `node_public_keys` (node id -> raw Ed25519 key from config peers' ``signing_public_key``).
 
@@ -44,8 +46,30 @@ class CertificateAnswer(Message):
     newest: int
 
 
-BLOCK_CERT_API_MESSAGES: dict[int, type] = {471: CertificateQuery, 472: CertificateAnswer}
-PEER_MESSAGES: dict[int, type] = {466: BlockSignature}
+MAX_FETCH = 32
+"""Heights one `CertificateFetch` may name (a longer one is dropped as malformed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CertificateFetch(Message):
+    """Ask a node (a peer, or a client such as `phalanx chain export`) for the certificates
+    it stored at `heights` (at most `MAX_FETCH`, each >= 1)."""
+
+    heights: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CertificateBatch(Message):
+    """The certificates a node stored of the heights a `CertificateFetch` named (those it
+    has, by height). The receiver verifies each one: the sender is not trusted."""
+
+    certificates: tuple[BlockCertificate, ...]
+
+
+BLOCK_CERT_API_MESSAGES: dict[int, type] = {471: CertificateQuery, 472: CertificateAnswer,
+                                            473: CertificateFetch, 474: CertificateBatch}
+PEER_MESSAGES: dict[int, type] = {466: BlockSignature, 473: CertificateFetch,
+                                  474: CertificateBatch}
 
 
 def certificate_quorum(fault_model: FaultModel, n: int) -> int:

@@ -25,7 +25,11 @@ checkpoint's height and re-signs the blocks the runtime re-applies from the log 
 drop those as late or stale). A state transfer or checkpoint restore closes no block, so
 every tick moves the certifier's window to the app's height (`BlockCertifier.reached`):
 a node that caught up that way collects its peers' signatures of the new blocks.
-Certificates of heights a node slept through are not fetched from peers (not built).
+Certificates of heights a node slept through (its peers' signatures were sent while it was
+down) are fetched from peers (`phalanx.services.block_cert_fetch`): every tick it may ask
+one peer for the stored certificates of up to 32 heights it holds blocks for but no
+certificate, and keeps each one that verifies against its own block, the cluster's keys
+and quorum (``fetched``; the rest ``dropped:<reason>``).
 """
 
 from __future__ import annotations
@@ -50,11 +54,14 @@ from phalanx.ops.pki import CLIENT_ROLES
 from phalanx.protocols import get as protocol_spec
 from phalanx.services.block_cert_api import (
     CertificateAnswer,
+    CertificateBatch,
+    CertificateFetch,
     CertificateQuery,
     MissingNodeKey,
     certificate_quorum,
     node_public_keys,
 )
+from phalanx.services.block_cert_fetch import CertificateFetcher
 from phalanx.services.block_cert_store import DIRECTORY, CertificateStore
 from phalanx.services.spec import NodeService, SendFn, ServiceContext, ServiceError
 
@@ -68,8 +75,9 @@ class BlockCertifierService:
 
     def __init__(self, certifier: BlockCertifier, store: CertificateStore, *,
                  peers: tuple[NodeId, ...], send: SendFn, tick_seconds: float,
-                 stream: BlockStream | None) -> None:
+                 stream: BlockStream | None, fetcher: CertificateFetcher) -> None:
         self.certifier = certifier
+        self.fetcher = fetcher
         self._stream = stream
         self.signing = stream is not None
         self.store = store
@@ -116,6 +124,9 @@ class BlockCertifierService:
     def tick(self) -> None:
         if self._stream is not None:  # a checkpoint restore or state transfer calls no
             self.certifier.reached(self._stream.height)  # listener: follow the height
+            request = self.fetcher.tick(self._stream.height, self._have)
+            if request is not None:
+                self._send_to(*request)
         try:
             self.store.sync()
         except OSError as e:
@@ -124,6 +135,18 @@ class BlockCertifierService:
 
     def receive(self, src: NodeId, message: Message) -> None:
         self._count("received")
+        if isinstance(message, CertificateFetch):
+            answer = self.fetcher.serve(message, self.store.get)
+            if answer is not None and answer.certificates:
+                self._send_to(src, answer)
+            return
+        if isinstance(message, CertificateBatch):
+            if self._stream is None:
+                self._count("fetch:dropped:passive")
+                return
+            for fetched in self.fetcher.answer(message, self._have, self._stream.block_hash_at):
+                self._keep(fetched)
+            return
         if not isinstance(message, BlockSignature):
             self.certifier.dropped["malformed"] = self.certifier.dropped.get("malformed", 0) + 1
             return
@@ -131,7 +154,22 @@ class BlockCertifierService:
         if cert is not None:
             self._keep(cert)
 
+    def _have(self, height: int) -> bool:
+        return self.store.get(height) is not None
+
+    def _send_to(self, peer: NodeId, message: Message) -> None:
+        try:
+            if not self._send(peer, message):
+                self._count("send_refused")
+        except (ValueError, EncodeError):
+            self._count("send_failed")
+
     def call(self, request: Message) -> Message:
+        if isinstance(request, CertificateFetch):  # e.g. `phalanx chain export`
+            answer = self.fetcher.serve(request, self.store.get)
+            if answer is None:
+                raise ValueError("a certificate fetch names at most 32 heights, each >= 1")
+            return answer
         if not isinstance(request, CertificateQuery):
             raise ValueError(f"the block-certifier service does not serve "
                              f"{type(request).__name__}")
@@ -147,6 +185,7 @@ class BlockCertifierService:
     def counters(self) -> Mapping[str, int]:
         out = {f"dropped:{reason}": n for reason, n in self.certifier.dropped.items()}
         out.update(self._counts)
+        out.update({f"fetch:{name}": n for name, n in self.fetcher.counts.items()})
         out["divergent"] = self.certifier.divergent
         out["torn_segments"] = self.store.torn
         out["bytes_stored"] = self.store.bytes_written
@@ -188,9 +227,12 @@ def build(context: ServiceContext) -> NodeService:
                                node_keys=keys, quorum=quorum,
                                window=int(options.get("window", DEFAULT_WINDOW)))
     store = CertificateStore(context.state_dir / DIRECTORY, keep=int(options["keep"]))
+    peers = tuple(NodeId(p.id) for p in config.peers)
+    fetcher = CertificateFetcher(peers=peers, node_keys=keys, quorum=quorum,
+                                 chain_id=chain_id, keep=int(options["keep"]))
     service = BlockCertifierService(
-        certifier, store, peers=tuple(NodeId(p.id) for p in config.peers), send=context.send,
-        tick_seconds=int(options["tick_ms"]) / 1000, stream=stream)
+        certifier, store, peers=peers, send=context.send,
+        tick_seconds=int(options["tick_ms"]) / 1000, stream=stream, fetcher=fetcher)
     if stream is None:
         logger.warning("%s: block-certifier: the app's machine is not a BlockStream; this "
                        "node collects and serves certificates but signs no block", config.id)

@@ -67,9 +67,11 @@ def test_transfer_read_blocks_verify_export_validate(
     exported = tmp_path / "chain.bin"
     code, out, _ = run(capsys, cluster, "export", str(exported))
     assert code == 0
+    assert "with a certificate) to " in out
     code, out, _ = run(capsys, cluster, "validate", str(exported))
     assert code == 0
     assert out.startswith("valid: ")
+    assert "blocks certified (quorum 2 of 3 node keys, every certificate verified)" in out
     data = bytearray(exported.read_bytes())
     data[-10] ^= 0x01  # a byte inside the last block's last transaction
     tampered = tmp_path / "tampered.bin"

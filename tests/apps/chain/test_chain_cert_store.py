@@ -23,6 +23,7 @@ from phalanx.apps.chain.certificate import (
 )
 from phalanx.consensus.types import Message, NodeId
 from phalanx.services.block_cert_api import CertificateAnswer, CertificateQuery
+from phalanx.services.block_cert_fetch import CertificateFetcher
 from phalanx.services.block_cert_store import CertificateStore
 from phalanx.services.block_certifier import BlockCertifierService
 
@@ -107,8 +108,11 @@ def service(tmp_path: Path) -> tuple[BlockCertifierService, list[tuple[NodeId, M
     certifier = BlockCertifier(node="n0", sign=ed25519_signer(NODE_SECRETS["n0"]),
                                chain_id=CHAIN_ID, node_keys=NODE_KEYS, quorum=QUORUM)
     peers = tuple(NodeId(n) for n in sorted(NODE_KEYS) if n != "n0")
+    fetcher = CertificateFetcher(peers=peers, node_keys=NODE_KEYS, quorum=QUORUM,
+                                 chain_id=CHAIN_ID, keep=100)
     return BlockCertifierService(certifier, CertificateStore(tmp_path), peers=peers,
-                                 send=send, tick_seconds=0.1, stream=None), sent
+                                 send=send, tick_seconds=0.1, stream=None,
+                                 fetcher=fetcher), sent
 
 
 def test_the_service_signs_sends_certifies_and_drops_bad_peer_input(tmp_path: Path) -> None:

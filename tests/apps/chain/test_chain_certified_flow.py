@@ -81,7 +81,8 @@ def test_replicas_certify_every_block_and_a_verifier_accepts_the_export() -> Non
     exported = [(attach(header, certificates[BYZANTINE][header.height]), txs)
                 for header, txs in blocks]
     assert validate_chain(genesis(), exported, node_keys=NODE_KEYS, quorum=QUORUM) == (
-        ChainValid(height=3, head_hash=honest.head_hash, state_root=honest.state_root))
+        ChainValid(height=3, head_hash=honest.head_hash, state_root=honest.state_root,
+                   certified=3))
     # and a light client checks a balance against the certified head
     reply = decode_result(honest.query(encode(GetAccountProof(account=ACCOUNTS[4]))))
     assert isinstance(reply, AccountProof)

@@ -126,7 +126,7 @@ def test_with_node_keys_every_header_needs_a_quorum_certificate() -> None:
     m, blocks = _chain()
     certified = _certified(blocks)
     assert validate_chain(genesis(), certified, node_keys=NODE_KEYS, quorum=QUORUM) == (
-        ChainValid(height=4, head_hash=m.head_hash, state_root=m.state_root))
+        ChainValid(height=4, head_hash=m.head_hash, state_root=m.state_root, certified=4))
     assert _failure(validate_chain(genesis(), blocks, node_keys=NODE_KEYS, quorum=QUORUM)) == (
         1, Failure.CONSENSUS_PROOF)
     short = list(certified)
@@ -140,6 +140,19 @@ def test_with_node_keys_every_header_needs_a_quorum_certificate() -> None:
     with pytest.raises(ValueError, match="not both"):
         validate_chain(genesis(), certified, node_keys=NODE_KEYS, quorum=QUORUM,
                        trust=lambda h: True)
+
+
+def test_without_require_proof_bare_blocks_pass_and_carried_certificates_must_verify() -> None:
+    """An export from a node that holds certificates of some blocks only."""
+    m, blocks = _chain()
+    some = [_certified(blocks)[0], blocks[1], _certified(blocks)[2], blocks[3]]
+    assert validate_chain(genesis(), some, node_keys=NODE_KEYS, quorum=QUORUM,
+                          require_proof=False) == ChainValid(
+        height=4, head_hash=m.head_hash, state_root=m.state_root, certified=2)
+    some[2] = (certify(blocks[2][0], ("n0", "n3")), blocks[2][1])  # short of the quorum
+    assert _failure(validate_chain(genesis(), some, node_keys=NODE_KEYS, quorum=QUORUM,
+                                   require_proof=False)) == (3, Failure.CONSENSUS_PROOF)
+    assert validate_chain(genesis(), blocks).certified == 0  # type: ignore[union-attr]
 
 
 def test_a_fork_at_the_same_height_with_a_forged_certificate_is_rejected() -> None:
