@@ -103,10 +103,10 @@ def add_run_command(
     p = jepsen_subparsers.add_parser(
         "run", help="run a workload on a local cluster under faults and check it",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--protocol", type=_protocol_list, default=DEFAULT_PROTOCOL,
+    p.add_argument("--protocol", type=_protocol_list, default=None,
                    metavar="{" + ",".join(protocol_names()) + "}",
-                   help="the cluster's protocol (default: %(default)s); with --shards, "
-                        "one per shard, comma-separated (default pbft,raft)")
+                   help=f"the cluster's protocol (default: {DEFAULT_PROTOCOL}); with --shards, "
+                        "one per shard, comma-separated, or one for both (default pbft,raft)")
     p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=None,
                    help="nodes in the cluster (default 5; with --shards, in each shard: "
                         "default the protocol's smallest cluster of at least 3)")
@@ -159,6 +159,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     out = console if console is not None else Console()
     if args.shards > 1 or args.workload == SHARDS_WORKLOAD:
         return _run_shards(args, out)
+    if args.protocol is None:
+        args.protocol = DEFAULT_PROTOCOL
     if "," in args.protocol:
         print("phalanx jepsen run: error: several protocols need --shards 2",
               file=sys.stderr)
@@ -238,7 +240,8 @@ def _run_shards(args: argparse.Namespace, out: Console) -> int:
         print(f"phalanx jepsen run: error: the {SHARDS_WORKLOAD} workload runs on exactly "
               "2 shards: use --shards 2 --workload " + SHARDS_WORKLOAD, file=sys.stderr)
         return EXIT_USAGE
-    protocols = tuple(args.protocol.split(",")) if "," in args.protocol else ("pbft", "raft")
+    given = args.protocol.split(",") if args.protocol is not None else ["pbft", "raft"]
+    protocols = tuple(given * 2 if len(given) == 1 else given)
     if len(protocols) != 2:
         print("phalanx jepsen run: error: --shards 2 needs two protocols, e.g. "
               "--protocol pbft,raft", file=sys.stderr)
