@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
     from phalanx.jepsen.harness.runner import RunOptions, RunOutcome
 
+SHARDS_WORKLOAD: Final = "cross-shard-bank"
+"""``--shards 2``'s workload (`phalanx.jepsen.harness.shards`; named here so that the parser
+stays cheap)."""
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
 EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
@@ -80,6 +83,14 @@ More than f Byzantine replicas (n = 3f+1) are refused unless --expect-violation 
 control run: it may end invalid). Byzantine replicas are named in the history, test.json,
 results.json and the report, and are not waited for by the recovery check.
 
+Two shards (--shards 2 [--protocol pbft,raft] [--workload cross-shard-bank]): two clusters,
+linked, each with the cluster-sending service; clients read each shard's whole state and
+transfer inside a shard and across (a debit and an outbox slot in one transaction, credited
+in the other shard exactly once); each shard gets its own nemesis schedule, --byzantine
+applies to its Byzantine-tolerant shards. Valid when every read's books balance (credits in
+flight counted), no balance is negative and every credit is received by the end. See
+docs/CLUSTER_SENDING.md.
+
 exit status: 0 valid, 1 invalid, 2 usage error (nothing was started), 4 unknown (also: the
 cluster never became available), 70 internal error.
 """
@@ -92,15 +103,22 @@ def add_run_command(
     p = jepsen_subparsers.add_parser(
         "run", help="run a workload on a local cluster under faults and check it",
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
-                   help="the cluster's protocol (default: %(default)s)")
-    p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=5)
+    p.add_argument("--protocol", type=_protocol_list, default=None,
+                   metavar="{" + ",".join(protocol_names()) + "}",
+                   help=f"the cluster's protocol (default: {DEFAULT_PROTOCOL}); with --shards, "
+                        "one per shard, comma-separated, or one for both (default pbft,raft)")
+    p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=None,
+                   help="nodes in the cluster (default 5; with --shards, in each shard: "
+                        "default the protocol's smallest cluster of at least 3)")
+    p.add_argument("--shards", type=int_between(1, 2), default=1,
+                   help="2: two linked clusters (shards) and the cross-shard-bank workload "
+                        "(see docs/CLUSTER_SENDING.md; default: %(default)s)")
     p.add_argument("--app", choices=app_names(), default=DEFAULT_APP,
                    help="the replicated application (default: %(default)s); its workloads: "
                    + "; ".join(f"{a.name}: {', '.join(a.workload_names)}"
                                for a in app_specs()))
     p.add_argument("--workload", choices=sorted({w for a in app_specs()
-                                                 for w in a.workload_names}),
+                                                 for w in a.workload_names} | {SHARDS_WORKLOAD}),
                    default=None,
                    help="the workload (default: the app's first: kv register, chain bank: "
                         "signed transfers, reads verified block by block)")
@@ -139,6 +157,16 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     from phalanx.jepsen.linearizability import UNKNOWN
 
     out = console if console is not None else Console()
+    if args.shards > 1 or args.workload == SHARDS_WORKLOAD:
+        return _run_shards(args, out)
+    if args.protocol is None:
+        args.protocol = DEFAULT_PROTOCOL
+    if "," in args.protocol:
+        print("phalanx jepsen run: error: several protocols need --shards 2",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.nodes is None:
+        args.nodes = 5
     if args.workload is None:
         args.workload = get_app(args.app).default_workload
     size_problem = get_protocol(args.protocol).size_problem(args.nodes)
@@ -188,6 +216,80 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     if result.valid is True:
         return EXIT_VALID
     return EXIT_UNKNOWN if result.valid == UNKNOWN else EXIT_INVALID
+
+
+def _protocol_list(text: str) -> str:
+    """``--protocol``: one registered protocol name, or several comma-separated."""
+    known = protocol_names()
+    for name in text.split(","):
+        if name not in known:
+            raise argparse.ArgumentTypeError(
+                f"unknown protocol {name!r} (known: {', '.join(known)})")
+    return text
+
+
+def _run_shards(args: argparse.Namespace, out: Console) -> int:
+    """``--shards 2``: two linked clusters and the cross-shard bank
+    (`phalanx.jepsen.harness.shards`)."""
+    import trio
+
+    from phalanx.jepsen.harness.cluster import ClusterUnavailable
+    from phalanx.jepsen.harness.shards import ShardRunOptions, run_shards
+
+    if args.shards != 2 or args.workload not in (None, SHARDS_WORKLOAD):
+        print(f"phalanx jepsen run: error: the {SHARDS_WORKLOAD} workload runs on exactly "
+              "2 shards: use --shards 2 --workload " + SHARDS_WORKLOAD, file=sys.stderr)
+        return EXIT_USAGE
+    given = args.protocol.split(",") if args.protocol is not None else ["pbft", "raft"]
+    protocols = tuple(given * 2 if len(given) == 1 else given)
+    if len(protocols) != 2:
+        print("phalanx jepsen run: error: --shards 2 needs two protocols, e.g. "
+              "--protocol pbft,raft", file=sys.stderr)
+        return EXIT_USAGE
+    nodes = tuple(args.nodes if args.nodes is not None else _smallest(p) for p in protocols)
+    try:
+        faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS)
+        options = ShardRunOptions(
+            protocols=protocols, nodes=nodes, faults=faults, time_s=args.time,
+            rate=args.rate, concurrency=args.concurrency, seed=args.seed, store=args.store,
+            nemesis_scale=args.nemesis_scale, byzantine=args.byzantine)
+    except (ScheduleError, ValueError) as e:
+        print_error("phalanx jepsen run", str(e))
+        return EXIT_USAGE
+    try:
+        result = trio.run(run_shards, options, out)
+    except ClusterUnavailable as e:
+        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    from rich.table import Table
+
+    t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
+                    f"seed {options.seed}")
+    t.add_column("operation")
+    for col in ("ok", "info", "fail"):
+        t.add_column(col, justify="right")
+    for f, per in sorted(result.counts.items()):
+        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    t.add_section()
+    t.add_row("nemesis events", str(result.nemesis_events), "", "")
+    t.add_row("Byzantine", result.byzantine, "", "")
+    for name, r in result.checkers.items():
+        t.add_row(f"{name} checker", _verdict(r.valid), "", "")
+    t.add_row("verdict", _verdict(result.valid), "", "", style="bold")
+    out.print(t)
+    for name, r in result.checkers.items():
+        problems = r.details.get("problems")
+        for problem in problems if isinstance(problems, list) else ():
+            out.print(f"  - {name}: {problem}", highlight=False, markup=False)
+    out.print(f"stored in {result.directory}", highlight=False, soft_wrap=True)
+    if result.valid is True:
+        return EXIT_VALID
+    return EXIT_UNKNOWN if result.valid == "unknown" else EXIT_INVALID
+
+
+def _smallest(protocol: str) -> int:
+    """The protocol's smallest valid cluster of at least 3 nodes."""
+    return next(n for n in range(3, MAX_NODES) if get_protocol(protocol).size_problem(n) is None)
 
 
 def verdict_table(options: RunOptions, r: RunOutcome) -> Table:

@@ -351,6 +351,29 @@ def _write_twin_configs(config: ClusterConfig, plan: ByzantinePlan,
     return replace(config, nodes=nodes, directory=root)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedCluster:
+    """A cluster initialised on disk (`prepare_cluster`), not started yet."""
+
+    config: ClusterConfig
+    base_port: int
+
+
+def prepare_cluster(directory: Path, *, nodes: int, protocol: str = DEFAULT_PROTOCOL,
+                    timing: TimingConfig = HARNESS_TIMING, checkpoint_every: int = 500,
+                    app: str = DEFAULT_APP, services: Sequence[str] = (),
+                    extra_ports: int = 0, avoid: int | None = None) -> PreparedCluster:
+    """`init_cluster` in `directory` on free ports (`extra_ports` more for twins; at least
+    300 ports away from `avoid`, another cluster's base port)."""
+    base_port = find_free_base_port(nodes + extra_ports)
+    while avoid is not None and abs(base_port - avoid) < 300:
+        base_port = find_free_base_port(nodes + extra_ports)
+    config = init_cluster(directory, protocol=protocol, nodes=nodes,
+                          base_port=base_port, fsync="group", timing=timing,
+                          checkpoint_every=checkpoint_every, app=app, services=services)
+    return PreparedCluster(config=config, base_port=base_port)
+
+
 @contextlib.asynccontextmanager
 async def open_real_cluster(
     directory: Path,
@@ -364,16 +387,20 @@ async def open_real_cluster(
     volatile_writes: bool = False,
     byzantine: ByzantinePlan | None = None,
     app: str = DEFAULT_APP,
+    prepared: PreparedCluster | None = None,
 ) -> AsyncIterator[RealCluster]:
     """Create, start and finally stop a proxied cluster in `directory` (see module docstring).
 
     `byzantine`: nodes that run ``--byzantine MODE`` and nodes that are twinned (module
-    docstring)."""
+    docstring). `prepared`: a cluster `prepare_cluster` already initialised in `directory`
+    (e.g. with services, linked to another one before either starts); `nodes`, `protocol`,
+    `timing`, `checkpoint_every` and `app` are then ignored."""
     plan = byzantine if byzantine is not None else ByzantinePlan()
-    base_port = find_free_base_port(nodes + len(plan.twins))
-    config = init_cluster(directory, protocol=protocol, nodes=nodes,
-                          base_port=base_port, fsync="group", timing=timing,
-                          checkpoint_every=checkpoint_every, app=app)
+    if prepared is None:
+        prepared = prepare_cluster(directory, nodes=nodes, protocol=protocol, timing=timing,
+                                   checkpoint_every=checkpoint_every, app=app,
+                                   extra_ports=len(plan.twins))
+    config, base_port = prepared.config, prepared.base_port
     twin_config = _write_twin_configs(config, plan, base_port)
     targets = {n.id: (n.peer_addr.host, n.peer_addr.port) for n in config.nodes}
     identities = {n: n for n in targets}

@@ -43,10 +43,11 @@ from pathlib import Path
 
 import trio
 
-from phalanx.apps.kv_types import Compare, Get, Put, Scan, ScanResult, Txn, TxnResult, Value
+from phalanx.apps.kv_types import Get, Put, Scan, ScanResult, TxnResult, Value
 from phalanx.apps.kv_wire import decode_result, encode_command
 from phalanx.client.async_client import Client, open_client
 from phalanx.client.errors import ClientError
+from phalanx.jepsen.cross_shard_bank import balance_key, shard_books, transfer_command
 from phalanx.net.client_protocol import ReadConsistency
 from phalanx.ops import pki
 from phalanx.ops.link import link_clusters
@@ -57,7 +58,6 @@ from phalanx.ops.local_cluster import (
     node_command,
 )
 from phalanx.ops.node_config import ClusterConfig
-from phalanx.services.clustersend_node import credit_value, parse_credit
 
 ACCOUNTS = 4
 OPENING = 1_000
@@ -66,27 +66,6 @@ KILLED = "n1"
 
 class StepFailed(Exception):
     pass
-
-
-def balance_key(account: str) -> str:
-    return f"bal/{account}"
-
-
-def outbox_key(dst_cluster: str, seq: int) -> str:
-    return f"cs/out/{dst_cluster}/{seq:010d}"
-
-
-def transfer_command(src_account: str, read_balance: bytes | None, amount: int,
-                     dst_cluster: str, seq: int, dst_account: str, note: str) -> bytes:
-    """Debit `src_account` and queue the credit for `dst_account` in the other shard, in one
-    transaction guarded by the balance read and a free outbox slot."""
-    old = int(read_balance) if read_balance is not None else 0
-    out = outbox_key(dst_cluster, seq)
-    return encode_command(Txn(
-        compares=(Compare(key=balance_key(src_account), expected=read_balance),
-                  Compare(key=out, expected=None)),
-        success=(Put(key=balance_key(src_account), value=str(old - amount).encode()),
-                 Put(key=out, value=credit_value(balance_key(dst_account), amount, note)))))
 
 
 @dataclass
@@ -217,23 +196,6 @@ async def _settled(a: Shard, b: Shard, within: float) -> dict[str, tuple[int, in
             await trio.sleep(0.1)
     raise StepFailed(f"credits not all applied within {within:.0f} s: (balance sum, inbox) "
                      f"per node {views}; sent A->B {a.next_seq}, B->A {b.next_seq}")
-
-
-def shard_books(items: tuple[tuple[str, bytes], ...], other: str) -> tuple[int, int, int]:
-    """(sum of balances, credits sent to `other`, credits received from `other`) in one
-    atomic read of a shard's whole state."""
-    balances = sent = received = 0
-    for key, value in items:
-        if key.startswith("bal/"):
-            balances += int(value)
-        elif key.startswith((f"cs/out/{other}/", f"cs/in/{other}/")):
-            credit = parse_credit(value)
-            amount = credit[1] if credit is not None else 0
-            if key.startswith("cs/out/"):
-                sent += amount
-            else:
-                received += amount
-    return balances, sent, received
 
 
 def _first_failure(group: BaseExceptionGroup[BaseException]) -> Exception | None:
