@@ -374,7 +374,7 @@ def endorsement_protocol(monkeypatch: pytest.MonkeyPatch) -> str:
     from phalanx.protocols import CallStrategy, get, registry
 
     spec = replace(get("pbft"), name="endorse-test", call_strategy=CallStrategy.ENDORSEMENT)
-    monkeypatch.setitem(registry._SPECS, spec.name, spec)
+    monkeypatch.setitem(registry._TABLE.specs, spec.name, spec)
     return spec.name
 
 

@@ -256,7 +256,7 @@ def signing_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from phalanx.protocols import CallStrategy, get, registry
 
     spec = replace(get("pbft"), name="endorse-test", call_strategy=CallStrategy.ENDORSEMENT)
-    monkeypatch.setitem(registry._SPECS, spec.name, spec)
+    monkeypatch.setitem(registry._TABLE.specs, spec.name, spec)
     init_cluster(tmp_path / "c", protocol=spec.name, nodes=4, base_port=21000)
     add_client_key(tmp_path / "c", "alice")
     return tmp_path / "c"

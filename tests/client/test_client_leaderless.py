@@ -50,9 +50,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 def endorsement_protocol() -> Iterator[str]:
     spec = dataclasses.replace(get("pbft"), name="endorse-test",
                                call_strategy=CallStrategy.ENDORSEMENT)
-    registry._SPECS[spec.name] = spec
+    registry._TABLE.specs[spec.name] = spec
     yield spec.name
-    del registry._SPECS[spec.name]
+    del registry._TABLE.specs[spec.name]
 
 
 def _options(**more: object) -> dict[str, object]:
