@@ -51,7 +51,7 @@ class StableCheckpoints:
             h = hashlib.sha256()
             for at in range(0, len(view), _SLICE):
                 h.update(view[at:at + _SLICE])
-        except Exception:  # noqa: BLE001  (removed under us, I/O error: try again later)
+        except Exception:  # removed under us, an I/O error: try again on the next call
             return None
         self._cached = (index, h.digest())
         return self._cached

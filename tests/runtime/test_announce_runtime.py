@@ -130,7 +130,8 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
             held = c.service("b", "n3").highest[ida]
             own = [s.certified[idb] for s in c.live("a")
                    if idb in s.certified and s.certified[idb].index == held.index]
-            assert own and all(o.state_digest == held.state_digest for o in own)
+            assert own
+            assert all(o.state_digest == held.state_digest for o in own)
             assert c.service("b", "n2").gauges()[f"highest_index:{ida}"] == held.index
             latencies = [s.highest[ida].wall - min(
                 x.certified_at[(idb, held.index)] for x in c.live("a")
