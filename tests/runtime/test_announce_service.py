@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import deque
+from collections.abc import Callable
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -60,14 +61,14 @@ class World:
                     send=self._sender(m, cid), checkpoint=self._reader(m),
                     wall_clock=lambda: 0.0, tick_seconds=0.01, interval=3, fanout=1)
 
-    def _sender(self, me: NodeId, cluster: str):  # type: ignore[no-untyped-def]
+    def _sender(self, me: NodeId, cluster: str) -> Callable[[NodeId, Message], bool]:
         def send(to: NodeId, message: Message) -> bool:
             name, other = split_qualified(to)
             self.queue.append((me, qualify(name, other or cluster), message))
             return True
         return send
 
-    def _reader(self, me: NodeId):  # type: ignore[no-untyped-def]
+    def _reader(self, me: NodeId) -> Callable[[], tuple[int, bytes] | None]:
         return lambda: self.checkpoints[me]
 
     def deliver(self, src: NodeId, dst: NodeId, message: Message) -> None:
