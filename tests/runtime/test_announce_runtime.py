@@ -1,5 +1,6 @@
-"""The announce service between two real linked PBFT clusters of 4, in process, over mutual
-TLS: made by `cluster init --service announce` and `cluster link`.
+"""The announce service between two real linked clusters, in process, over mutual TLS: PBFT
+clusters of 4 (Byzantine certificates) and Raft clusters of 3 (crash certificates), made by
+`cluster init --service announce` and `cluster link`.
 
 Checked: each cluster's newest certified checkpoint reaches every live node of the other
 cluster and verifies there (its digest is the announcing members' own checkpoint digest);
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
+import pytest
 import trio
 from runtime_helpers import wait_for
 
@@ -85,14 +87,15 @@ async def running(*clusters: tuple[str, ClusterConfig]) -> AsyncIterator[Cluster
             nursery.cancel_scope.cancel()
 
 
-def _two_clusters(root: Path) -> tuple[ClusterConfig, ClusterConfig, str, str]:
-    base_a = find_free_base_port(4)
+def _two_clusters(root: Path, protocol: str, n: int
+                  ) -> tuple[ClusterConfig, ClusterConfig, str, str]:
+    base_a = find_free_base_port(n)
     base_b = base_a
     while abs(base_b - base_a) < 300:  # the two layouts (base..base+203) must not overlap
-        base_b = find_free_base_port(4)
-    a = init_cluster(root / "a", protocol="pbft", nodes=4, base_port=base_a,
+        base_b = find_free_base_port(n)
+    a = init_cluster(root / "a", protocol=protocol, nodes=n, base_port=base_a,
                      checkpoint_every=EVERY, services=("announce",))
-    b = init_cluster(root / "b", protocol="pbft", nodes=4, base_port=base_b,
+    b = init_cluster(root / "b", protocol=protocol, nodes=n, base_port=base_b,
                      checkpoint_every=EVERY, services=("announce",))
     la, lb = link_clusters(a.directory, b.directory)
     return a, b, la.cluster_id, lb.cluster_id
@@ -114,9 +117,11 @@ def _everyone_has(c: Clusters, name: str, origin: str, at_least: int) -> bool:
                for s in c.live(name))
 
 
+@pytest.mark.parametrize(("protocol", "n", "forged_reason"), [
+    ("pbft", 4, "bad_signature"), ("raft", 3, "bad_leader_signature")])
 async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer(
-        tmp_path: Path) -> None:
-    a, b, ida, idb = _two_clusters(tmp_path)
+        tmp_path: Path, protocol: str, n: int, forged_reason: str) -> None:
+    a, b, ida, idb = _two_clusters(tmp_path, protocol, n)
     with trio.fail_after(GUARD):
         async with running(("a", a), ("b", b)) as c:
             await _write(a, "a", 3 * EVERY)
@@ -136,7 +141,7 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
             latencies = [s.highest[ida].wall - min(
                 x.certified_at[(idb, held.index)] for x in c.live("a")
                 if (idb, held.index) in x.certified_at) for s in c.live("b")]
-            print(f"announcement latency (certified in A -> accepted in B), ms: "
+            print(f"{protocol}: announcement latency (certified in A -> accepted in B), ms: "
                   f"median {1000 * statistics.median(latencies):.1f} "
                   f"max {1000 * max(latencies):.1f}")
 
@@ -151,7 +156,8 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
                                       digest=announce_digest(held.index + 1000, digest))
             forged = Certificate(kind=info.kind, statement=forged_st,
                                  signatures=tuple(MemberSignature(signer=m, sig=b"x" * 64)
-                                                  for m in info.members[:3]))
+                                                  for m in info.members[:info.cert_quorum]),
+                                 term=0, leader=info.members[0], leader_sig=b"y" * 64)
             a1 = c.nodes[("a", "n1")].transport
             b1 = next(p for p in a1.peers if str(p).startswith("n1@"))
             assert a1.send_nowait(b1, Announcement(index=held.index + 1000,
@@ -168,11 +174,11 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
                         if k.startswith("dropped") and now[k] != before.get(k, 0)}
 
             await wait_for(lambda: len(dropped()) >= 2, within=GUARD)
-            assert dropped() == {"dropped:bad_signature": 1, "dropped:stale": 1}
+            assert dropped() == {f"dropped:{forged_reason}": 1, "dropped:stale": 1}
             assert victim.highest[ida].index == held.index
 
-            # Kill one announcer of A (f = 1): the other three still certify (2f+1 = 3) and
-            # announce newer checkpoints to every node of B.
+            # Kill one announcer of A (f = 1): the others still certify (2f+1 = 3 of 4, or a
+            # majority of 3) and announce newer checkpoints to every node of B.
             c.kill("a", "n2")
             await _write(a, "a2", 2 * EVERY)
             await wait_for(lambda: _certified(c, "a", idb) > top_a, within=GUARD)
