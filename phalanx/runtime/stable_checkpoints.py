@@ -4,14 +4,16 @@ Owns: `StableCheckpoints`, the `ServiceContext.checkpoint` callable `open_node` 
 services host (the announce service announces what it returns to linked clusters).
 
 Invariants: reads only checkpoints the replica layer made durable (`ReplicaStatus.
-checkpoint_index`); hashes each index's stored bytes once (cached by index), in 1 MiB
-slices of the file view, on the caller's task (a service tick). A checkpoint the store
-already removed or cannot read gives None (the next newer one is tried on the next call).
+checkpoint_index`); hashes each index's stored bytes once, in 1 MiB slices of the file view,
+on one worker thread (hashlib releases the GIL: a large state never stalls the event loop),
+and until that is done answers the previous result. A checkpoint the store already removed
+or cannot read is skipped (the next newer one is tried on the next call).
 """
 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from phalanx.storage.directory import ByteView
@@ -39,13 +41,24 @@ class StableCheckpoints:
         self._store = store
         self._replica = replica
         self._cached: tuple[int, bytes] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._job: Future[tuple[int, bytes] | None] | None = None
 
     def __call__(self) -> tuple[int, bytes] | None:
+        job = self._job
+        if job is not None:
+            if not job.done():
+                return self._cached
+            self._job = None
+            self._cached = job.result() or self._cached
         index = self._replica.status().checkpoint_index
-        if index <= 0:
-            return None
-        if self._cached is not None and self._cached[0] == index:
-            return self._cached
+        if index > 0 and (self._cached is None or self._cached[0] < index):
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-digest")
+            self._job = self._pool.submit(self._digest, index)
+        return self._cached
+
+    def _digest(self, index: int) -> tuple[int, bytes] | None:
         try:
             view = self._store.read_view(index)
             h = hashlib.sha256()
@@ -53,8 +66,11 @@ class StableCheckpoints:
                 h.update(view[at:at + _SLICE])
         except Exception:  # removed under us, an I/O error: try again on the next call
             return None
-        self._cached = (index, h.digest())
-        return self._cached
+        return index, h.digest()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 __all__ = ["StableCheckpoints"]

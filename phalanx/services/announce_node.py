@@ -7,16 +7,17 @@ announcing cluster) and `Announcement` (621, to linked clusters' nodes and insid
 receiving cluster).
 
 What is announced: the node's newest durable checkpoint, (index, SHA-256 of its bytes), as
-`phalanx.runtime.services.StableCheckpoints` reads it. Each member signs it, once per linked
-cluster, as a cluster-sending `SendStatement(us, D, 0, index, announce_digest(index,
-state digest))` and sends the signature (`AnnounceSign`) to its members; `cert_quorum`
-matching signatures (2f+1 Byzantine, a majority crash) make a `Certificate` of
-`phalanx.clustersend` (no new signature scheme; the crash kind's notice is signed by the
-assembling member with term 0, like clustersend's). The statement's digest is
-domain-separated (`phalanx-announce-v1`), so a certified announcement never verifies as a
-cluster-sent value or the other way round. Certificates need members to checkpoint at the
-SAME indexes: PBFT's aligned checkpoint policy does; Raft's does not (members rarely agree
-on an index), see docs/GOSSIP.md.
+`phalanx.runtime.stable_checkpoints.StableCheckpoints` reads it (hashed off the event
+loop). Each member signs it, once per linked cluster D, as a cluster-sending
+`SendStatement(us, D, 0, index, announce_digest(index, state digest))` and sends the
+signature (`AnnounceSign`) to its members; `cert_quorum` matching signatures (2f+1
+Byzantine, a majority crash) make a `Certificate` of `phalanx.clustersend` (no new
+signature scheme; the crash kind's notice is signed by the assembling member with term 0,
+like clustersend's). The statement's digest is domain-separated (`phalanx-announce-v1`), so
+a certified announcement never verifies as a cluster-sent value or the other way round.
+Certificates need members to checkpoint at the SAME indexes: PBFT's aligned checkpoint
+policy guarantees it; Raft's does not (it did in our runs with steady writes; idle
+checkpoints and restarts can shift a member), see docs/GOSSIP.md.
 
 How it spreads (direct sends plus a relay, not the gossip machine): every `interval` ticks
 EVERY member holding a certified announcement sends it to `fanout` members of each linked
@@ -197,7 +198,9 @@ class AnnounceService:
         return out
 
     def close(self) -> None:
-        pass
+        close = getattr(self._checkpoint, "close", None)  # StableCheckpoints' hashing thread
+        if callable(close):
+            close()
 
     def status(self) -> dict[str, object]:
         """Our signed index and, per linked cluster, the highest verified announcement."""
