@@ -4,7 +4,8 @@ certified stable checkpoint (issue 16 item 5b).
 Owns: `AnnounceService` (the `NodeService` the host ticks and feeds), `build` (the
 registry's factory), `announce_digest`, and the wire types `AnnounceSign` (620, inside the
 announcing cluster) and `Announcement` (621, to linked clusters' nodes and inside the
-receiving cluster).
+receiving cluster). Its client operation (`phalanx announce status`) is
+`phalanx.services.announce_api`'s.
 
 What is announced: the node's newest durable checkpoint, (index, SHA-256 of its bytes), as
 `phalanx.runtime.stable_checkpoints.StableCheckpoints` reads it (hashed off the event
@@ -63,9 +64,11 @@ from phalanx.net import wire
 from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.ops.link import LinkError, load_links
+from phalanx.ops.pki import CLIENT_ROLES
 from phalanx.ops.signing_keys import SigningKeyError, read_seed
 from phalanx.protocols import get as protocol_spec
 from phalanx.runtime.identity import cluster_fingerprint
+from phalanx.services.announce_api import AnnouncedCheckpoint, AnnounceStatus, AnnounceStatusCall
 from phalanx.services.clustersend_node import cluster_info
 from phalanx.services.spec import SendFn, ServiceContext, ServiceError
 
@@ -180,11 +183,12 @@ class AnnounceService:
             self._on_announcement(qualified, message, from_linked=cluster is not None)
 
     def call(self, request: Message) -> Message:
-        raise ValueError("the announce service answers no client calls; read its gauges "
-                         "on the metrics page (highest_index:<cluster>)")
+        if not isinstance(request, AnnounceStatusCall):
+            raise ValueError(f"the announce service does not serve {type(request).__name__}")
+        return self.status()
 
     def needed_role(self, request: Message) -> str:
-        return "admin"
+        return CLIENT_ROLES[0]  # read-only
 
     def counters(self) -> Mapping[str, int]:
         return dict(self._counters)
@@ -202,11 +206,20 @@ class AnnounceService:
         if callable(close):
             close()
 
-    def status(self) -> dict[str, object]:
-        """Our signed index and, per linked cluster, the highest verified announcement."""
-        return {"cluster": self.cluster.cluster_id, "signed_index": self._signed_index,
-                "linked": {src: {"index": v.index, "state_digest": v.state_digest.hex()}
-                           for src, v in sorted(self.highest.items())}}
+    def status(self) -> AnnounceStatus:
+        """What `phalanx announce status` shows for this node."""
+        certified = tuple(AnnouncedCheckpoint(
+            cluster=dst, index=a.index, state_digest=a.state_digest,
+            unix_ms=int(1000 * self.certified_at.get((dst, a.index), 0.0)))
+            for dst, a in sorted(self.certified.items()))
+        received = tuple(AnnouncedCheckpoint(cluster=src, index=v.index,
+                                             state_digest=v.state_digest,
+                                             unix_ms=int(1000 * v.wall))
+                         for src, v in sorted(self.highest.items()))
+        return AnnounceStatus(node=split_qualified(self.me)[0],
+                              cluster=self.cluster.cluster_id,
+                              signed_index=self._signed_index, certified=certified,
+                              received=received, counters=tuple(sorted(self._counters.items())))
 
     # -- announcing: checkpoint -> signatures -> certificate -> linked clusters -------------
 

@@ -105,6 +105,7 @@ ANNOUNCE = ServiceSpec(
                       help="nodes of each linked cluster every member announces to per round"),
     ),
     messages=Lazy("phalanx.services.announce_node:ANNOUNCE_MESSAGES"),
+    client_messages=Lazy("phalanx.services.announce_api:ANNOUNCE_API_MESSAGES"),
     build=Lazy("phalanx.services.announce_node:build"),
     signing_keys=True,
 )

@@ -25,12 +25,14 @@ from runtime_helpers import wait_for
 
 from phalanx.apps.kv_types import Put
 from phalanx.apps.kv_wire import encode_command
+from phalanx.cli.announce import format_announce_status, query_announce
 from phalanx.client.async_client import open_client
 from phalanx.clustersend import Certificate, MemberSignature, SendStatement
 from phalanx.ops.link import link_clusters
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster
 from phalanx.ops.node_config import ClusterConfig, NodeConfig, load_node_config
 from phalanx.runtime.node import Node, open_node
+from phalanx.services.announce_api import AnnounceStatus
 from phalanx.services.announce_node import Announcement, AnnounceService, announce_digest
 
 GUARD = 60.0
@@ -138,6 +140,12 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
             assert own
             assert all(o.state_digest == held.state_digest for o in own)
             assert c.service("b", "n2").gauges()[f"highest_index:{ida}"] == held.index
+            rows = await query_announce(b)  # `phalanx announce status`, over the client port
+            for row in rows.values():
+                assert isinstance(row, AnnounceStatus)
+                assert {r.cluster: r.index for r in row.received} == {ida: held.index}
+            assert f" {held.index:>10}  {held.state_digest.hex()[:16]}" in \
+                format_announce_status(rows)
             latencies = [s.highest[ida].wall - min(
                 x.certified_at[(idb, held.index)] for x in c.live("a")
                 if (idb, held.index) in x.certified_at) for s in c.live("b")]
