@@ -18,7 +18,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
     500-599    runtime and client protocol (500-505 client protocol; 550-579 gossip,
                `phalanx.gossip.messages.GOSSIP_MESSAGES`)
     600-699    inter-cluster / cluster-sending (600-629 `phalanx.clustersend.messages.
-               CLUSTERSEND_MESSAGES`)
+               CLUSTERSEND_MESSAGES`; 620-621 and 627-629 the announce service's,
+               `phalanx.services.announce_node` and `.announce_api`)
     1000-1999  plug-in protocols outside this repository, and test-only protocols
     =========  ==================================================================
 

@@ -39,6 +39,8 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
      "accounts, transfers, blocks and proofs of a chain cluster"),
     ("gossip", "phalanx.cli.gossip", "add_gossip_command",
      "publish rumors and watch the gossip service of a running cluster"),
+    ("announce", "phalanx.cli.announce", "add_announce_command",
+     "show the checkpoints linked clusters announce to each other"),
     ("status", "phalanx.cli.kv", "add_status_command",
      "show every node's role, term, commit and applied index"),
     ("cert", "phalanx.cli.cert", "add_cert_command",

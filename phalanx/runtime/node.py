@@ -105,6 +105,7 @@ from phalanx.runtime.node_checks import (
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
 from phalanx.runtime.services import ServiceHost
+from phalanx.runtime.stable_checkpoints import StableCheckpoints
 from phalanx.services import NodeService, ServiceError
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.lock import DirectoryLocked, lock_data_dir
@@ -405,7 +406,8 @@ async def open_node(
             submitter = LocalSubmitter(config.id, random.Random(rng.getrandbits(64)))
             services = ServiceHost(config, transport=transport,
                                    rng=random.Random(rng.getrandbits(64)), machine=machine,
-                                   submit=submitter.submit)
+                                   submit=submitter.submit,
+                                   checkpoint=StableCheckpoints(storage.checkpoints, replica))
         except ServiceError as e:
             raise NodeError(f"{config.source or config.id}: {e}") from None
         secure = config.client_auth != "none"

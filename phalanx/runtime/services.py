@@ -70,7 +70,8 @@ class ServiceHost:
     def __init__(self, config: NodeConfig, *, transport: _Sender, rng: random.Random,
                  wall_clock: Callable[[], float] = time.time,
                  machine: object | None = None,
-                 submit: Callable[[bytes], bool] | None = None) -> None:
+                 submit: Callable[[bytes], bool] | None = None,
+                 checkpoint: Callable[[], tuple[int, bytes] | None] | None = None) -> None:
         self._node = config.id
         self._transport = transport
         self.services: dict[str, NodeService] = {}
@@ -95,7 +96,8 @@ class ServiceHost:
             service = spec.build.load()(ServiceContext(
                 config=config, options=config.services[name], send=self._send,
                 wall_clock=wall_clock, rng=random.Random(rng.getrandbits(64)),
-                state_dir=state_dir, machine=machine, submit=submit))
+                state_dir=state_dir, machine=machine, submit=submit,
+                checkpoint=checkpoint))
             self.services[name] = service
             self.snapshot(name)
             for cls in spec.messages.load().values():

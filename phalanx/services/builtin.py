@@ -1,12 +1,13 @@
-"""The built-in node services' registry entries: gossip, the block certifier, clustersend.
+"""The built-in node services' registry entries: gossip, the block certifier, clustersend,
+announce.
 
-Owns: `GOSSIP`, `BLOCK_CERTIFIER`, `CLUSTERSEND` and `SPECS`. Declarations only, each loaded
-only when used: the gossip machine is `phalanx.gossip`, its runtime driver
+Owns: `GOSSIP`, `BLOCK_CERTIFIER`, `CLUSTERSEND`, `ANNOUNCE` and `SPECS`. Declarations
+only, each loaded only when used: the gossip machine is `phalanx.gossip`, its runtime driver
 `phalanx.services.gossip_node`, its client operations `phalanx.services.gossip_api`, its
 demo `phalanx.demo.gossip`; the block certifier's driver is
 `phalanx.services.block_certifier`, its client operations `phalanx.services.block_cert_api`;
 cluster-sending's driver is `phalanx.services.clustersend_node`, its demo
-`phalanx.demo.cross_shard`.
+`phalanx.demo.cross_shard`; announce's driver is `phalanx.services.announce_node`.
 """
 
 from __future__ import annotations
@@ -90,4 +91,23 @@ CLUSTERSEND = ServiceSpec(
     demo=Lazy("phalanx.demo.cross_shard:run"),
 )
 
-SPECS: tuple[ServiceSpec, ...] = (GOSSIP, BLOCK_CERTIFIER, CLUSTERSEND)
+ANNOUNCE = ServiceSpec(
+    name="announce",
+    summary="certified stable checkpoints to linked clusters' nodes (`phalanx cluster link`)",
+    options=(
+        ServiceOption(name="enabled", default=True,
+                      help="run the service (false keeps the table but turns it off)"),
+        ServiceOption(name="tick_ms", default=100, minimum=1,
+                      help="one announce tick (how often the newest checkpoint is read)"),
+        ServiceOption(name="interval", default=10, minimum=1,
+                      help="ticks between announcements of our newest certified checkpoint"),
+        ServiceOption(name="fanout", default=2, minimum=1,
+                      help="nodes of each linked cluster every member announces to per round"),
+    ),
+    messages=Lazy("phalanx.services.announce_node:ANNOUNCE_MESSAGES"),
+    client_messages=Lazy("phalanx.services.announce_api:ANNOUNCE_API_MESSAGES"),
+    build=Lazy("phalanx.services.announce_node:build"),
+    signing_keys=True,
+)
+
+SPECS: tuple[ServiceSpec, ...] = (GOSSIP, BLOCK_CERTIFIER, CLUSTERSEND, ANNOUNCE)

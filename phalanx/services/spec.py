@@ -78,6 +78,9 @@ class ServiceContext:
         submit: hand an application command to this node's consensus, as a local client
             would (best effort: False when the local queue is full; the outcome is read back
             from the replicated state, never from a reply); None when the host has none.
+        checkpoint: the node's newest durable checkpoint as (index, SHA-256 of its bytes),
+            or None before the first (`phalanx.runtime.stable_checkpoints`); None when the
+            host has no replica.
     """
 
     config: NodeConfig
@@ -88,6 +91,7 @@ class ServiceContext:
     state_dir: Path
     machine: object | None = None
     submit: Callable[[bytes], bool] | None = None
+    checkpoint: Callable[[], tuple[int, bytes] | None] | None = None
 
 
 class NodeService(Protocol):
