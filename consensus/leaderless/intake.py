@@ -108,8 +108,11 @@ class PeerIntake(CoreParts):
         self._commit(record, tuple(valid[n] for n in sorted(valid)), out)
 
     def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox) -> None:
-        if e.endorser == self._config.node_id:
+        if e.endorser == self._config.node_id and self._kernel.endorsement(e.tx_id) is not None:
             return  # our own, echoed back in a proof
+        # An own signature the safety kernel does not hold was lost with our record
+        # (amnesia): it is counted like a peer's, verified (docs/LEADERLESS.md "Amnesia
+        # fence"); without it a certificate that needs it never commits here.
         # Re-sends and fetched proofs repeat what is held: recognised before any signature
         # is verified (an equal endorsement is the one verified when it first arrived).
         record = self._store.get(e.tx_id)
@@ -156,8 +159,8 @@ class PeerIntake(CoreParts):
         self._try_commit(record, out)
 
     def _on_refusal(self, r: Refusal, out: Outbox) -> None:
-        if r.endorser == self._config.node_id:
-            return  # our own, echoed back in a proof
+        if r.endorser == self._config.node_id and self._kernel.refusal(r.tx_id) is not None:
+            return  # our own, echoed back in a proof (a lost one is tallied, verified)
         record = self._store.get(r.tx_id)
         if record is None or record.state is not TxState.PENDING:
             # Unknown: not tallied (memory stays bounded); the refuser re-sends it.

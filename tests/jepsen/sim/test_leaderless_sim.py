@@ -2,14 +2,16 @@
 caught, f Byzantine nodes tolerated and the f+1 control detected, and the core gaps the sweep
 found (kept as regression seeds now that the core fixed them).
 
-Faults: every simulator fault kind but lose-disk (the core has no amnesia recovery: a node
-that lost its record could sign conflicting endorsements; without `recovers_lost_disk` the
-simulator's lose-disk is a plain kill). The Byzantine runs keep to the kinds that restart no
-node: an equivocating endorser plus a crashed honest node leaves honest replicas apart (a
-core gap, docs/LEADERLESS.md "Simulation"; `BYZANTINE_FAULTS`).
+Faults: the sweeps draw every simulator fault kind but lose-disk (chosen when the core had
+no amnesia recovery and the simulator's lose-disk was a plain kill; it now recovers with the
+amnesia fence and state transfer); the n = 7 regression runs use every kind. The Byzantine
+runs keep to the kinds that restart no node: an equivocating endorser plus a crashed honest
+node leaves honest replicas apart (a core gap, docs/LEADERLESS.md "Simulation";
+`BYZANTINE_FAULTS`).
 
 Budget: the seeds are cheap (0.5 s of faults, 2.5 s of liveness, ~20 transactions); the
-whole file costs about a minute of CPU. `make sim-leaderless` runs the long sweeps."""
+whole file costs about a minute of CPU (the n = 7 tests ~11 s of it). `make sim-leaderless`
+runs the long sweeps."""
 
 from __future__ import annotations
 
@@ -154,3 +156,26 @@ def test_mixed_update_kinds_on_one_key() -> None:
     assert len(mixed) == 30
     results = [sim(seed) for seed in mixed]
     assert failures(results) == ""
+
+
+def test_sweep_n7() -> None:
+    """12 seeds at n = 7 (f = 2, Q = 5; the sweep above is n = 4 only), the same faults and
+    budget: ~0.6 s of CPU a seed."""
+    base = RunConfig(seed=0, protocol="leaderless", nodes=7, faults=FAULTS,
+                     time_ns=int(0.5 * _S), liveness_ns=int(2.5 * _S))
+    result = sweep(base, range(12), jobs=2)
+    assert result.ok, "\n\n".join(o.report for o in result.failures)
+    assert sum(o.ops_ok for o in result.outcomes) > 15 * 12
+
+
+@pytest.mark.parametrize("seed", [0, 17])
+def test_an_amnesiac_node_counts_its_own_lost_endorsements(seed: int) -> None:
+    """Issue 15 (`phalanx sim --protocol leaderless --seed-start 0 --seeds 1 --nodes 7
+    --bug no_state_transfer`): n6 loses its disk at 1.64 s; the certificate of `put r0 v15`
+    needs its pre-loss endorsement, which the core skipped as "our own, echoed back", so
+    the restarted n6 never committed it and held the six later puts of r0 at the gate.
+    State transfer is switched off so that the fetch path alone must catch up (with it,
+    the install happens to cover v15 and hides the bug). Seed 17 failed the same way."""
+    result = run(RunConfig(seed=seed, protocol="leaderless", nodes=7,
+                           bugs=frozenset({"no_state_transfer"})))
+    assert result.ok, result.report()
