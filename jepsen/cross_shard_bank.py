@@ -1,6 +1,6 @@
 """The cross-shard bank: commands, a shard's books, and the checker of a two-shard history.
 
-Owns the accounting shared by `phalanx demo --scenario clustersend` (`phalanx.demo.cross_shard`)
+Owns the accounting shared by `phalanx demo --scenario cross-shard` (`phalanx.demo.cross_shard`)
 and `phalanx jepsen run --shards 2 --workload cross-shard-bank`
 (`phalanx.jepsen.harness.shards`), on the KV app with the cluster-sending service
 (`phalanx.services.clustersend_node`):

@@ -19,7 +19,6 @@ from phalanx.cli.errors import int_between
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols import specs as protocol_specs
-from phalanx.services import get as service_spec
 from phalanx.services import specs as service_specs
 
 _DESCRIPTION = """\
@@ -45,7 +44,7 @@ replica. Exit 0 = PASS.
 every live node, the dead are marked suspect then dead, one restarts, rejoins and catches up
 by anti-entropy. PASS/FAIL per step; exit 0 = every step passed. About 20 seconds.
 
-`phalanx demo --scenario clustersend` runs cross-shard transfers instead
+`phalanx demo --scenario cross-shard` runs cross-shard transfers instead
 (phalanx.demo.cross_shard): a PBFT shard of 4 (one --byzantine) and a Raft shard of 3,
 linked; --rounds transfers each way per phase, each debited in one shard and credited in
 the other through a certified cluster-sent value; a SIGKILL and a restart; money conserved
@@ -72,13 +71,13 @@ def add_demo_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                         "commuting transactions, convergence; phalanx.demo.leaderless); "
                         f"default {DEFAULT_PROTOCOL} (--app chain: pbft)")
     scenarios = [s for s in service_specs() if s.demo is not None]
-    parser.add_argument("--scenario", choices=[s.name for s in scenarios], default=None,
-                        help="a node service's demo instead: " + "; ".join(
-                            f"{s.name}: {s.summary}" for s in scenarios)
+    parser.add_argument("--scenario", choices=[s.scenario_name for s in scenarios],
+                        default=None, help="a node service's demo instead: " + "; ".join(
+                            f"{s.scenario_name}: {s.summary}" for s in scenarios)
                         + " (--protocol picks the nodes' protocol, default "
                         f"{DEFAULT_PROTOCOL})")
     parser.add_argument("--rounds", type=int_between(1, 1000), default=5, metavar="N",
-                        help="--scenario: rumors (gossip) or transfers each way (clustersend) "
+                        help="--scenario: rumors (gossip) or transfers each way (cross-shard) "
                              "per phase (default: %(default)s)")
     parser.add_argument("--byzantine", default="equivocate", metavar="MODE",
                         help="pbft, leaderless: the Byzantine node's mode (default: "
@@ -110,8 +109,9 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     directory = keep if keep is not None else Path(tempfile.mkdtemp(prefix="phalanx-demo-"))
     if args.scenario is not None:  # a node service's demo picks its own cluster
-        scenario = service_spec(args.scenario).demo
-        assert scenario is not None  # argparse's choices
+        by_scenario = {s.scenario_name: s for s in service_specs() if s.demo is not None}
+        scenario = by_scenario[args.scenario].demo  # argparse's choices
+        assert scenario is not None
         return scenario.load()(args, directory, delete=keep is None)
     app_demo = app_spec(args.app).demo
     if app_demo is not None:  # the app's own demo picks its protocol

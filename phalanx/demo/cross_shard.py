@@ -1,4 +1,4 @@
-"""`phalanx demo --scenario clustersend`: cross-shard transfers between two linked clusters.
+"""`phalanx demo --scenario cross-shard`: cross-shard transfers between two linked clusters.
 
 Owns: the real-process demonstration of the cluster-sending service
 (`phalanx.services.clustersend_node`): accounts split between two shards, each a cluster of
@@ -108,7 +108,7 @@ async def transfer(src: Shard, dst: Shard, rng: random.Random, say: Callable[[st
 
 
 def run(args: argparse.Namespace, directory: Path, *, delete: bool) -> int:
-    """`phalanx demo --scenario clustersend` (`phalanx.services.builtin.CLUSTERSEND.demo`)."""
+    """`phalanx demo --scenario cross-shard` (`phalanx.services.builtin.CLUSTERSEND.demo`)."""
     rounds = max(1, getattr(args, "rounds", 5))
     mode = getattr(args, "byzantine", "equivocate")
     rng = random.Random(getattr(args, "seed", None) or 18)

@@ -89,6 +89,7 @@ CLUSTERSEND = ServiceSpec(
     build=Lazy("phalanx.services.clustersend_node:build"),
     signing_keys=True,
     demo=Lazy("phalanx.demo.cross_shard:run"),
+    scenario="cross-shard",
 )
 
 ANNOUNCE = ServiceSpec(

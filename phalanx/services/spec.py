@@ -145,6 +145,8 @@ class ServiceSpec:
             them even for a protocol that does not sign; the config loader requires them).
         demo: `phalanx demo --scenario NAME`'s entry point (``main(args, directory,
             delete=)``), or None.
+        scenario: the demo's `--scenario` name, when it is not the service's name (the
+            clustersend service's demo is ``cross-shard``).
     """
 
     name: str
@@ -155,6 +157,12 @@ class ServiceSpec:
     build: Lazy[ServiceFactory]
     signing_keys: bool = False
     demo: Lazy[Callable[..., int]] | None = None
+    scenario: str = ""
+
+    @property
+    def scenario_name(self) -> str:
+        """`phalanx demo --scenario`'s name for this service's demo."""
+        return self.scenario or self.name
 
     def defaults(self) -> dict[str, OptionValue]:
         return {o.name: o.default for o in self.options}
