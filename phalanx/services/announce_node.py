@@ -44,11 +44,6 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
-
 from phalanx.clustersend import (
     CLUSTERSEND_MESSAGES,
     Certificate,
@@ -60,16 +55,12 @@ from phalanx.clustersend import (
 )
 from phalanx.clustersend.certificates import check_certificate
 from phalanx.consensus.types import Message, NodeId
-from phalanx.net import wire
 from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
-from phalanx.ops.link import LinkError, load_links
 from phalanx.ops.pki import CLIENT_ROLES
-from phalanx.ops.signing_keys import SigningKeyError, read_seed
 from phalanx.protocols import get as protocol_spec
-from phalanx.runtime.identity import cluster_fingerprint
 from phalanx.services.announce_api import AnnouncedCheckpoint, AnnounceStatus, AnnounceStatusCall
-from phalanx.services.clustersend_node import cluster_info
+from phalanx.services.linked_keys import load_linked_keys, send_qualified
 from phalanx.services.spec import SendFn, ServiceContext, ServiceError
 
 logger = logging.getLogger(__name__)
@@ -348,52 +339,21 @@ class AnnounceService:
                 self._count("relayed")
 
     def _send_to(self, node: NodeId, message: Message) -> None:
-        name, cluster = split_qualified(node)
-        to = NodeId(name) if cluster == self.cluster.cluster_id else node
-        if not self._send(to, message):
-            self._count("send_refused")
-
-
-def _public(hex_key: str, where: str) -> Ed25519PublicKey:
-    try:
-        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(hex_key))
-    except ValueError as e:
-        raise ServiceError(f"{where}: bad signing public key ({e})") from None
+        send_qualified(self._send, self.cluster.cluster_id, node, message, self._count)
 
 
 def build(context: ServiceContext) -> AnnounceService:
     """The registry's factory (see the module docstring)."""
     config = context.config
-    if config.keys is None:
-        raise ServiceError("[announce] needs every node's signing key (make the cluster "
-                           "with `phalanx cluster init --service announce`)")
     if context.checkpoint is None:
         raise ServiceError("[announce] needs the node's checkpoints (run it in a node)")
-    try:
-        links = load_links(config)
-        private = Ed25519PrivateKey.from_private_bytes(read_seed(config.keys.signing_key))
-    except (LinkError, SigningKeyError, OSError, ValueError) as e:
-        raise ServiceError(f"[announce]: {e}") from None
-    own_id = cluster_fingerprint(config.tls.ca)
-    cluster = cluster_info(own_id, config.members(), protocol_spec(config.protocol).fault_model)
-    me = qualify(config.id, own_id)
-    public = {me: private.public_key()}
-    for peer in config.peers:
-        public[qualify(peer.id, own_id)] = _public(peer.signing_public_key or "",
-                                                   f"peer {peer.id}")
-    linked = []
-    for link in links:
-        linked.append(cluster_info(link.cluster_id, tuple(n.id for n in link.nodes),
-                                   link.fault_model))
-        for n in link.nodes:
-            public[qualify(n.id, link.cluster_id)] = _public(
-                n.signing_public_key, f"links/{link.cluster_id}.toml node {n.id}")
-    wire.register_all(CLUSTERSEND_MESSAGES)  # before signing: canonical codec bytes
-    wire.register_all(ANNOUNCE_MESSAGES)
-    crypto = Ed25519Crypto(me, private_key=private, public_keys=public, mac_keys={})
+    keys = load_linked_keys(config, "announce", protocol_spec(config.protocol).fault_model,
+                            {**CLUSTERSEND_MESSAGES, **ANNOUNCE_MESSAGES})
+    cluster, linked, crypto, me = keys.cluster, keys.linked, keys.crypto, keys.me
     options = context.options
-    logger.info("%s: announce: cluster %s (n=%d, f=%d) to %s", config.id, own_id, cluster.n,
-                cluster.f, ", ".join(c.cluster_id for c in linked) or "no linked cluster")
+    logger.info("%s: announce: cluster %s (n=%d, f=%d) to %s", config.id, cluster.cluster_id,
+                cluster.n, cluster.f,
+                ", ".join(c.cluster_id for c in linked) or "no linked cluster")
     return AnnounceService(me=me, cluster=cluster, linked=tuple(linked), crypto=crypto,
                            send=context.send, checkpoint=context.checkpoint,
                            wall_clock=context.wall_clock,

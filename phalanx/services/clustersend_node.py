@@ -41,11 +41,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
-
 from phalanx.apps.kv_types import Compare, Put, Txn, TxnWrite
 from phalanx.apps.kv_wire import encode_command
 from phalanx.clustersend import (
@@ -67,14 +62,11 @@ from phalanx.clustersend import (
     value_digest,
 )
 from phalanx.consensus.types import Message, NodeId
-from phalanx.net import wire
 from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
-from phalanx.ops.link import ClusterLink, LinkError, load_links
-from phalanx.ops.signing_keys import SigningKeyError, read_seed
 from phalanx.protocols import get as protocol_spec
-from phalanx.protocols.spec import CallStrategy, FaultModel
-from phalanx.runtime.identity import cluster_fingerprint
+from phalanx.protocols.spec import CallStrategy
+from phalanx.services.linked_keys import load_linked_keys, send_qualified
 from phalanx.services.spec import SendFn as ServiceSend
 from phalanx.services.spec import ServiceContext, ServiceError
 
@@ -171,14 +163,6 @@ class Mailbox:
         compares = tuple(guards)
         return encode_command(Txn(compares=compares,
                                   success=(Put(key=key, value=inbound.value), *extra)))
-
-
-def cluster_info(cluster_id: str, members: tuple[str, ...], fault_model: FaultModel
-                 ) -> ClusterInfo:
-    kind = CertKind.BYZANTINE if fault_model is FaultModel.BYZANTINE else CertKind.CRASH
-    return ClusterInfo(cluster_id=cluster_id,
-                       members=tuple(qualify(m, cluster_id) for m in sorted(members)),
-                       f=fault_model.max_faults(len(members)), kind=kind)
 
 
 @dataclass(slots=True)
@@ -391,58 +375,25 @@ class ClusterSendService:
             self._count("confirmed")
 
     def _send_to(self, node: NodeId, message: Message) -> None:
-        name, cluster = split_qualified(node)
-        to = NodeId(name) if cluster == self.cluster.cluster_id else node
-        if self._send(to, message):
+        if send_qualified(self._send, self.cluster.cluster_id, node, message, self._count):
             self._count(f"sent:{type(message).__name__}")
-            if to == node:
+            if split_qualified(node)[1] != self.cluster.cluster_id:
                 self._count("sent_intercluster")
-        else:
-            self._count("send_refused")
-
-
-def _public(hex_key: str, where: str) -> Ed25519PublicKey:
-    try:
-        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(hex_key))
-    except ValueError as e:
-        raise ServiceError(f"{where}: bad signing public key ({e})") from None
 
 
 def build(context: ServiceContext) -> ClusterSendService:
     """The registry's factory (see the module docstring)."""
     config = context.config
-    if config.keys is None:
-        raise ServiceError("[clustersend] needs every node's signing key (make the cluster "
-                           "with `phalanx cluster init --service clustersend`)")
-    if context.submit is None or not isinstance(context.machine, KvReader):
-        raise ServiceError(f"[clustersend] runs on the kv app (its outbox and inbox are KV "
-                           f"keys); this node runs {config.app!r}")
-    try:
-        links: tuple[ClusterLink, ...] = load_links(config)
-        private = Ed25519PrivateKey.from_private_bytes(read_seed(config.keys.signing_key))
-    except (LinkError, SigningKeyError, OSError, ValueError) as e:
-        raise ServiceError(f"[clustersend]: {e}") from None
-    own_id = cluster_fingerprint(config.tls.ca)
     spec = protocol_spec(config.protocol)
     if spec.call_strategy is CallStrategy.ENDORSEMENT:
         raise ServiceError(f"[clustersend] cannot submit to {config.protocol} (its clients "
                            "sign each transaction); run it on raft or pbft")
-    fault_model = spec.fault_model
-    cluster = cluster_info(own_id, config.members(), fault_model)
-    me = qualify(config.id, own_id)
-    public = {me: private.public_key()}
-    for peer in config.peers:
-        public[qualify(peer.id, own_id)] = _public(peer.signing_public_key or "",
-                                                   f"peer {peer.id}")
-    linked = []
-    for link in links:
-        linked.append(cluster_info(link.cluster_id, tuple(n.id for n in link.nodes),
-                                   link.fault_model))
-        for n in link.nodes:
-            public[qualify(n.id, link.cluster_id)] = _public(
-                n.signing_public_key, f"links/{link.cluster_id}.toml node {n.id}")
-    wire.register_all(CLUSTERSEND_SERVICE_MESSAGES)  # before signing: canonical codec bytes
-    crypto = Ed25519Crypto(me, private_key=private, public_keys=public, mac_keys={})
+    keys = load_linked_keys(config, "clustersend", spec.fault_model,
+                            CLUSTERSEND_SERVICE_MESSAGES)
+    if context.submit is None or not isinstance(context.machine, KvReader):
+        raise ServiceError(f"[clustersend] runs on the kv app (its outbox and inbox are KV "
+                           f"keys); this node runs {config.app!r}")
+    cluster, linked, crypto, me = keys.cluster, keys.linked, keys.crypto, keys.me
     options = context.options
     try:
         machine_config = ClusterSendConfig(mode=Mode(str(options["mode"])),
@@ -453,7 +404,7 @@ def build(context: ServiceContext) -> ClusterSendService:
         raise ServiceError(f"[clustersend]: {e} (mode: one of "
                            f"{', '.join(m.value for m in Mode)})") from None
     logger.info("%s: clustersend: cluster %s (%s, n=%d, f=%d), linked with %s", config.id,
-                own_id, cluster.kind.name.lower(), cluster.n, cluster.f,
+                cluster.cluster_id, cluster.kind.name.lower(), cluster.n, cluster.f,
                 ", ".join(c.cluster_id for c in linked) or "no cluster")
     return ClusterSendService(me=me, cluster=cluster, linked=tuple(linked), crypto=crypto,
                               send=context.send, submit=context.submit,

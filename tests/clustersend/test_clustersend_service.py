@@ -31,10 +31,10 @@ from phalanx.services.clustersend_node import (
     ClusterSendService,
     CsSign,
     Mailbox,
-    cluster_info,
     credit_value,
     outbox_command,
 )
+from phalanx.services.linked_keys import cluster_info
 
 A, B = "clusterA", "clusterB"
 RAFT = cluster_info(A, ("n1", "n2", "n3"), FaultModel.CRASH)

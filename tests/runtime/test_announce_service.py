@@ -33,7 +33,7 @@ from phalanx.services.announce_node import (
     Announcement,
     AnnounceService,
 )
-from phalanx.services.clustersend_node import cluster_info
+from phalanx.services.linked_keys import cluster_info
 
 wire.register_all(CLUSTERSEND_MESSAGES)
 wire.register_all(ANNOUNCE_MESSAGES)
