@@ -11,16 +11,14 @@ the others. Prints the announcement latency (certified -> accepted, loopback).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import random
 import statistics
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
 import pytest
 import trio
+from linked_clusters import LinkedNodes, node_configs, running, two_linked_clusters
 from runtime_helpers import wait_for
 
 from phalanx.apps.kv_types import Put
@@ -28,10 +26,7 @@ from phalanx.apps.kv_wire import encode_command
 from phalanx.cli.announce import format_announce_status, query_announce
 from phalanx.client.async_client import open_client
 from phalanx.clustersend import Certificate, MemberSignature, SendStatement
-from phalanx.ops.link import link_clusters
-from phalanx.ops.local_cluster import find_free_base_port, init_cluster
-from phalanx.ops.node_config import ClusterConfig, NodeConfig, load_node_config
-from phalanx.runtime.node import Node, open_node
+from phalanx.ops.node_config import ClusterConfig, NodeConfig
 from phalanx.services.announce_api import AnnounceStatus
 from phalanx.services.announce_node import Announcement, AnnounceService, announce_digest
 
@@ -39,68 +34,27 @@ GUARD = 60.0
 EVERY = 4  # checkpoint every 4 entries (PBFT aligns them: every member at the same indexes)
 
 
-class Clusters:
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.nodes: dict[tuple[str, str], Node] = {}
-        self.scopes: dict[tuple[str, str], trio.CancelScope] = {}
-
-    async def start(self, name: str, config: NodeConfig) -> None:
-        async def run(task_status: trio.TaskStatus[Node]) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[(name, config.id)] = scope
-                async with open_node(config, rng=random.Random(f"{name}-{config.id}")) as node:
-                    task_status.started(node)
-                    await trio.sleep_forever()
-
-        self.nodes[(name, config.id)] = await self.nursery.start(run)
-
-    def kill(self, name: str, node: str) -> None:
-        self.scopes[(name, node)].cancel()
-        del self.nodes[(name, node)]
-
-    def service(self, name: str, node: str) -> AnnounceService:
-        return cast(AnnounceService, self.nodes[(name, node)].services["announce"])
+class Clusters(LinkedNodes):
+    def ann(self, name: str, node: str) -> AnnounceService:
+        return cast(AnnounceService, self.service(name, node, "announce"))
 
     def live(self, name: str) -> list[AnnounceService]:
-        return [self.service(n, i) for (n, i) in sorted(self.nodes) if n == name]
+        return [self.ann(n, i) for (n, i) in sorted(self.nodes) if n == name]
 
 
 def _configs(cluster: ClusterConfig) -> list[NodeConfig]:
     out = []
-    for n in cluster.nodes:
-        config = load_node_config(cluster.node_config_path(n.id))
+    for config in node_configs(cluster):
         options = {**config.services["announce"], "tick_ms": 20, "interval": 5}
         out.append(dataclasses.replace(config, services={**config.services,
                                                          "announce": options}))
     return out
 
 
-@contextlib.asynccontextmanager
-async def running(*clusters: tuple[str, ClusterConfig]) -> AsyncIterator[Clusters]:
-    async with trio.open_nursery() as nursery:
-        c = Clusters(nursery)
-        for name, cluster in clusters:
-            for config in _configs(cluster):
-                await c.start(name, config)
-        try:
-            yield c
-        finally:
-            nursery.cancel_scope.cancel()
-
-
 def _two_clusters(root: Path, protocol: str, n: int
                   ) -> tuple[ClusterConfig, ClusterConfig, str, str]:
-    base_a = find_free_base_port(n)
-    base_b = base_a
-    while abs(base_b - base_a) < 300:  # the two layouts (base..base+203) must not overlap
-        base_b = find_free_base_port(n)
-    a = init_cluster(root / "a", protocol=protocol, nodes=n, base_port=base_a,
-                     checkpoint_every=EVERY, services=("announce",))
-    b = init_cluster(root / "b", protocol=protocol, nodes=n, base_port=base_b,
-                     checkpoint_every=EVERY, services=("announce",))
-    la, lb = link_clusters(a.directory, b.directory)
-    return a, b, la.cluster_id, lb.cluster_id
+    return two_linked_clusters(root, (protocol, n), (protocol, n), checkpoint_every=EVERY,
+                               services=("announce",))
 
 
 async def _write(cluster: ClusterConfig, prefix: str, count: int) -> None:
@@ -125,7 +79,7 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
         tmp_path: Path, protocol: str, n: int, forged_reason: str) -> None:
     a, b, ida, idb = _two_clusters(tmp_path, protocol, n)
     with trio.fail_after(GUARD):
-        async with running(("a", a), ("b", b)) as c:
+        async with running(Clusters, ("a", a), ("b", b), configs=_configs) as c:
             await _write(a, "a", 3 * EVERY)
             await _write(b, "b", 2 * EVERY)
             await wait_for(lambda: _certified(c, "a", idb) >= EVERY
@@ -134,12 +88,12 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
             await wait_for(lambda: _everyone_has(c, "b", ida, top_a)
                            and _everyone_has(c, "a", idb, top_b), within=GUARD)
             # What every B node holds is A's members' own checkpoint digest at that index.
-            held = c.service("b", "n3").highest[ida]
+            held = c.ann("b", "n3").highest[ida]
             own = [s.certified[idb] for s in c.live("a")
                    if idb in s.certified and s.certified[idb].index == held.index]
             assert own
             assert all(o.state_digest == held.state_digest for o in own)
-            assert c.service("b", "n2").gauges()[f"highest_index:{ida}"] == held.index
+            assert c.ann("b", "n2").gauges()[f"highest_index:{ida}"] == held.index
             rows = await query_announce(b)  # `phalanx announce status`, over the client port
             for row in rows.values():
                 assert isinstance(row, AnnounceStatus)
@@ -155,9 +109,9 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
 
             # A forged announcement (a higher index, signatures of nobody's key) and a stale
             # one (an older certified checkpoint), over the wire from A's n1 to B's n1.
-            victim = c.service("b", "n1")
+            victim = c.ann("b", "n1")
             before = dict(victim.counters())
-            info = c.service("a", "n1").cluster
+            info = c.ann("a", "n1").cluster
             digest = bytes(32)
             forged_st = SendStatement(src_cluster=ida, dst_cluster=idb, epoch=0,
                                       seq=held.index + 1000,

@@ -10,14 +10,12 @@ reason; a node of an unlinked cluster is refused by the transport.
 
 from __future__ import annotations
 
-import contextlib
-import random
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
 import trio
+from linked_clusters import LinkedNodes, running, two_linked_clusters
 from runtime_helpers import wait_for
 
 from phalanx.apps.kv import KvStateMachine
@@ -33,69 +31,26 @@ from phalanx.clustersend import (
 )
 from phalanx.clustersend.messages import value_digest
 from phalanx.net.intercluster import split_qualified
-from phalanx.ops.link import link_clusters
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster
-from phalanx.ops.node_config import ClusterConfig, NodeConfig, load_node_config
+from phalanx.ops.node_config import ClusterConfig
 from phalanx.runtime.identity import cluster_fingerprint
-from phalanx.runtime.node import Node, open_node
 from phalanx.services.clustersend_node import ClusterSendService, outbox_command
 
 GUARD = 60.0
 
 
-class Clusters:
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.nodes: dict[tuple[str, str], Node] = {}
-        self.scopes: dict[tuple[str, str], trio.CancelScope] = {}
-
-    async def start(self, name: str, config: NodeConfig) -> None:
-        async def run(task_status: trio.TaskStatus[Node]) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[(name, config.id)] = scope
-                async with open_node(config, rng=random.Random(f"{name}-{config.id}")) as node:
-                    task_status.started(node)
-                    await trio.sleep_forever()
-
-        self.nodes[(name, config.id)] = await self.nursery.start(run)
-
-    def service(self, name: str, node: str) -> ClusterSendService:
-        return cast(ClusterSendService, self.nodes[(name, node)].services["clustersend"])
+class Clusters(LinkedNodes):
+    def cs(self, name: str, node: str) -> ClusterSendService:
+        return cast(ClusterSendService, self.service(name, node, "clustersend"))
 
     def state(self, name: str, node: str) -> KvStateMachine:
-        machine = self.service(name, node).mailbox.state
+        machine = self.cs(name, node).mailbox.state
         assert isinstance(machine, KvStateMachine)
         return machine
 
 
-def _configs(cluster: ClusterConfig) -> list[NodeConfig]:
-    return [load_node_config(cluster.node_config_path(n.id)) for n in cluster.nodes]
-
-
-@contextlib.asynccontextmanager
-async def running(*clusters: tuple[str, ClusterConfig]) -> AsyncIterator[Clusters]:
-    async with trio.open_nursery() as nursery:
-        c = Clusters(nursery)
-        for name, cluster in clusters:
-            for config in _configs(cluster):
-                await c.start(name, config)
-        try:
-            yield c
-        finally:
-            nursery.cancel_scope.cancel()
-
-
 def _two_clusters(root: Path) -> tuple[ClusterConfig, ClusterConfig, str, str]:
-    base_a = find_free_base_port(3)
-    base_b = base_a
-    while abs(base_b - base_a) < 300:  # the two layouts (base..base+203) must not overlap
-        base_b = find_free_base_port(4)
-    raft = init_cluster(root / "a", protocol="raft", nodes=3, base_port=base_a,
-                        services=("clustersend",))
-    pbft = init_cluster(root / "b", protocol="pbft", nodes=4, base_port=base_b,
-                        services=("clustersend",))
-    a, b = link_clusters(raft.directory, pbft.directory)
-    return raft, pbft, a.cluster_id, b.cluster_id
+    return two_linked_clusters(root, ("raft", 3), ("pbft", 4), services=("clustersend",))
 
 
 async def _send(cluster: ClusterConfig, dst: str, values: list[bytes]) -> None:
@@ -109,7 +64,7 @@ async def test_raft_and_pbft_clusters_exchange_values_exactly_once(tmp_path: Pat
     to_b = [f"a->b {i}".encode() for i in range(3)]
     to_a = [f"b->a {i}".encode() for i in range(2)]
     with trio.fail_after(GUARD):
-        async with running(("a", raft), ("b", pbft)) as c:
+        async with running(Clusters, ("a", raft), ("b", pbft)) as c:
             await _send(raft, idb, to_b)
             await _send(pbft, ida, to_a)
 
@@ -120,7 +75,7 @@ async def test_raft_and_pbft_clusters_exchange_values_exactly_once(tmp_path: Pat
             await wait_for(lambda: all_in("b", 4, ida, to_b) and all_in("a", 3, idb, to_a),
                            within=GUARD)
             await wait_for(lambda: all(
-                len(c.service("a", f"n{i}").confirmed) == len(to_b) for i in (1, 2, 3)),
+                len(c.cs("a", f"n{i}").confirmed) == len(to_b) for i in (1, 2, 3)),
                 within=GUARD)
             for i in range(1, 5):  # nothing beyond what was sent
                 state = c.state("b", f"n{i}")
@@ -131,8 +86,8 @@ async def test_raft_and_pbft_clusters_exchange_values_exactly_once(tmp_path: Pat
             value = b"forged"
             forged_st = SendStatement(src_cluster=ida, dst_cluster=idb, epoch=0, seq=seq,
                                       digest=value_digest(value))
-            raft_info = c.service("a", "n1").cluster
-            pbft_info = c.service("b", "n1").cluster
+            raft_info = c.cs("a", "n1").cluster
+            pbft_info = c.cs("b", "n1").cluster
             (s_i, r_i), = schedule(Mode.PCS, link_seed(ida, idb, 0, seq), 0, raft_info.n,
                                    pbft_info.n, raft_info.f, pbft_info.f)
             sender = split_qualified(raft_info.members[s_i])[0]
@@ -141,7 +96,7 @@ async def test_raft_and_pbft_clusters_exchange_values_exactly_once(tmp_path: Pat
                                  signatures=tuple(MemberSignature(signer=m, sig=b"x" * 64)
                                                   for m in raft_info.members[:2]),
                                  term=0, leader=raft_info.members[0], leader_sig=b"y" * 64)
-            victim = c.service("b", split_qualified(receiver)[0])
+            victim = c.cs("b", split_qualified(receiver)[0])
             before = dict(victim.counters())
             assert c.nodes[("a", sender)].transport.send_nowait(
                 receiver, CsSend(attempt=0, value=value, certificate=forged))
@@ -165,7 +120,7 @@ async def test_a_node_of_an_unlinked_cluster_is_refused(tmp_path: Path) -> None:
                         base_port=_far_from(raft, pbft), services=("clustersend",))
     shutil.copytree(raft.directory / "links", lone.directory / "links")
     with trio.fail_after(GUARD):
-        async with running(("b", pbft), ("c", lone)) as c:
+        async with running(Clusters, ("b", pbft), ("c", lone)) as c:
             b1 = c.nodes[("b", "n1")].transport
             await wait_for(lambda: b1.statistics().connections_refused >= 1, within=GUARD)
             assert not any(str(p).endswith("@" + _id(lone)) for p in b1.connected_peers())
