@@ -17,8 +17,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
+from phalanx.cli.cluster_arg import add_cluster_option, open_cluster_arg
 from phalanx.cli.errors import EXIT_NEGATIVE, EXIT_OK, EXIT_USAGE
-from phalanx.cli.kv import _add_cluster_option, _open
 
 if TYPE_CHECKING:
     from phalanx.client.errors import ClientError
@@ -54,13 +54,13 @@ def add_announce_command(
     status = sub.add_parser("status", help="every node's announced and received checkpoints",
                             epilog=_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_cluster_option(status)
+    add_cluster_option(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(handler=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    cluster = _open(args, f"phalanx announce {args.announce_command}")
+    cluster = open_cluster_arg(args, f"phalanx announce {args.announce_command}")
     if cluster is None:
         return EXIT_USAGE
     import trio

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from phalanx.cli.cluster_arg import CLUSTER_ENV
 from phalanx.cli.errors import (
     EXIT_FORBIDDEN,
     EXIT_INDETERMINATE,
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from phalanx.ops.node_config import ClusterConfig
 
 PROG: Final = "phalanx chain"
-CLUSTER_ENV: Final = "PHALANX_CLUSTER"
 MAX_AMOUNT: Final = (1 << 63) - 1
 
 _EPILOG = f"""\

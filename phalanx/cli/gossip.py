@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
+from phalanx.cli.cluster_arg import add_cluster_option, open_cluster_arg
 from phalanx.cli.errors import (
     EXIT_FORBIDDEN,
     EXIT_INDETERMINATE,
@@ -30,7 +31,6 @@ from phalanx.cli.errors import (
     print_error,
     utf8_text,
 )
-from phalanx.cli.kv import _add_cluster_option, _open
 
 if TYPE_CHECKING:
     from phalanx.client.errors import ClientError
@@ -66,7 +66,7 @@ def add_gossip_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     publish = sub.add_parser("publish", help="publish TEXT as a rumor from one node",
                              epilog=_EPILOG,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_cluster_option(publish)
+    add_cluster_option(publish)
     publish.add_argument("--node", metavar="ID", default=None,
                          help="the node that signs and spreads it (default: the first node)")
     publish.add_argument("text", metavar="TEXT", type=utf8_text("rumor"),
@@ -74,7 +74,7 @@ def add_gossip_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     status = sub.add_parser("status", help="every node's deliveries and membership view",
                             epilog=_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_cluster_option(status)
+    add_cluster_option(status)
     status.add_argument("--rumors", type=int_between(0, 1000), default=20, metavar="N",
                         help="show each node's N newest rumors (default: %(default)s)")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -83,7 +83,7 @@ def add_gossip_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 def _main(args: argparse.Namespace) -> int:
     prog = f"phalanx gossip {args.gossip_command}"
-    cluster = _open(args, prog)
+    cluster = open_cluster_arg(args, prog)
     if cluster is None:
         return EXIT_USAGE
     import trio

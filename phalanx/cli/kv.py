@@ -39,7 +39,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from phalanx.apps.kv_types import (
@@ -65,13 +65,17 @@ from phalanx.apps.kv_types import (
     Value,
     VersionResult,
 )
+from phalanx.cli.cluster_arg import (
+    CLUSTER_ENV,
+    add_cluster_option,
+    open_cluster_arg,
+)
 from phalanx.cli.errors import (
     EXIT_FORBIDDEN,
     EXIT_INDETERMINATE,
     EXIT_REFUSED,
     EXIT_STORAGE_UNAVAILABLE,
     int_between,
-    positive_float,
     print_error,
     utf8_text,
 )
@@ -87,8 +91,6 @@ EXIT_USAGE: Final = 2
 EXIT_REJECTED: Final = EXIT_REFUSED
 EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
 
-CLUSTER_ENV: Final = "PHALANX_CLUSTER"
-DEFAULT_TIMEOUT: Final = 5.0
 
 _KV_EPILOG = f"""\
 examples:
@@ -150,22 +152,6 @@ credential file).
 """
 
 
-def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--cluster", metavar="DIR", default=os.environ.get(CLUSTER_ENV),
-        help=f"the cluster directory (default: ${CLUSTER_ENV})",
-    )
-    parser.add_argument(
-        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-        help="give up after this long, a finite number > 0 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--as", dest="client_name", metavar="NAME", default=None,
-        help="act as client NAME: use DIR/clients/NAME.pem and NAME.key (default: the "
-        "cluster's client certificate)",
-    )
-
-
 def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``phalanx kv put|get|delete|cas|scan|add|mul|sadd|srem|concat|version|
     smembers`` on `subparsers`."""
@@ -174,7 +160,7 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         description="Run one key-value command against a running cluster.",
         epilog=_KV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_cluster_option(kv)
+    add_cluster_option(kv)
     kv.add_argument("--client-key", metavar="PATH", default=None,
                     help="leaderless: sign with this client signing key file")
     kv.add_argument("--client-name", dest="client_name_key", metavar="NAME", default=None,
@@ -272,7 +258,7 @@ def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         description="Ask every node of a cluster for its status.",
         epilog=_STATUS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_cluster_option(status)
+    add_cluster_option(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     # A status probe should not hang on a dead node for the full operation timeout.
     status.set_defaults(handler=_status_main, timeout=STATUS_TIMEOUT)
@@ -438,49 +424,6 @@ def _print_result(command: KvCommand, result: KvResult, *, as_set: bool = False)
     raise TypeError(f"unexpected result {result!r}")
 
 
-def _open(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
-    """The cluster at --cluster with its client credential files present, or None after
-    printing why not (one line)."""
-    from phalanx.ops.local_cluster import ClusterError, open_cluster
-    from phalanx.ops.node_config import ConfigError, check_cluster_files
-
-    if not args.cluster:
-        print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
-        return None
-    try:
-        cluster = open_cluster(args.cluster)
-    except (ClusterError, ConfigError) as e:
-        print_error(prog, str(e))
-        return None
-    name = getattr(args, "client_name", None)
-    if name is not None:
-        cert = cluster.directory / "clients" / f"{name}.pem"
-        key = cert.with_suffix(".key")
-        if not (cert.is_file() and key.is_file()):
-            print_error(prog, f"no client {name!r}: {cert} and {key} must exist (issue one "
-                        f"with `phalanx cert issue-client {name} --cluster {args.cluster}`)")
-            return None
-        cluster = replace(cluster, client_cert=cert, client_key=key)
-    try:
-        check_cluster_files(cluster)
-    except (ClusterError, ConfigError) as e:
-        print_error(prog, str(e))
-        return None
-    from phalanx.ops import pki
-
-    try:
-        identity = pki.identity_from_certificate(cluster.client_cert)
-    except (OSError, ValueError) as e:
-        identity = None
-        why = f"cannot read it ({getattr(e, 'strerror', None) or e})"
-    else:
-        why = "it names no phalanx client"
-    if identity is None or identity.kind != "client":
-        print_error(prog, f"{cluster.client_cert} is not a usable client certificate: {why}")
-        return None
-    return cluster
-
-
 def _signer(args: argparse.Namespace, cluster: ClusterConfig) -> TransactionSigner | None:
     """The signing key --client-key / --client-name pick, or None (the cluster's default).
     Raises ValueError (one line) when the protocol does not sign or the key will not load."""
@@ -507,7 +450,7 @@ def _signer(args: argparse.Namespace, cluster: ClusterConfig) -> TransactionSign
 
 
 def _kv_main(args: argparse.Namespace) -> int:
-    cluster = _open(args, "phalanx kv")
+    cluster = open_cluster_arg(args, "phalanx kv")
     if cluster is None:
         return EXIT_USAGE
     from phalanx.appspec import get as get_app
@@ -642,7 +585,7 @@ def format_status_table(rows: Sequence[NodeStatus]) -> str:
 
 
 def _status_main(args: argparse.Namespace) -> int:
-    cluster = _open(args, "phalanx status")
+    cluster = open_cluster_arg(args, "phalanx status")
     if cluster is None:
         return EXIT_USAGE
     import trio

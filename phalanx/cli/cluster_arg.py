@@ -1,0 +1,81 @@
+"""The `--cluster DIR` option the client commands share (`phalanx kv`, `status`, `gossip`,
+`announce`): `add_cluster_option` (``--cluster``, ``--timeout``, ``--as``) and
+`open_cluster_arg` (the cluster with its client credentials checked, or None after one line on
+stderr saying what to do).
+
+Imports nothing heavy at module level: `--help` and usage errors stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+from phalanx.cli.errors import positive_float, print_error
+
+if TYPE_CHECKING:
+    from phalanx.ops.node_config import ClusterConfig
+
+CLUSTER_ENV: Final = "PHALANX_CLUSTER"
+DEFAULT_TIMEOUT: Final = 5.0
+
+
+def add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster", metavar="DIR", default=os.environ.get(CLUSTER_ENV),
+        help=f"the cluster directory (default: ${CLUSTER_ENV})",
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help="give up after this long, a finite number > 0 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--as", dest="client_name", metavar="NAME", default=None,
+        help="act as client NAME: use DIR/clients/NAME.pem and NAME.key (default: the "
+        "cluster's client certificate)",
+    )
+
+
+def open_cluster_arg(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
+    """The cluster at --cluster with its client credential files present, or None after
+    printing why not (one line)."""
+    from phalanx.ops.local_cluster import ClusterError, open_cluster
+    from phalanx.ops.node_config import ConfigError, check_cluster_files
+
+    if not args.cluster:
+        print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
+        return None
+    try:
+        cluster = open_cluster(args.cluster)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
+        return None
+    name = getattr(args, "client_name", None)
+    if name is not None:
+        cert = cluster.directory / "clients" / f"{name}.pem"
+        key = cert.with_suffix(".key")
+        if not (cert.is_file() and key.is_file()):
+            print_error(prog, f"no client {name!r}: {cert} and {key} must exist (issue one "
+                        f"with `phalanx cert issue-client {name} --cluster {args.cluster}`)")
+            return None
+        cluster = replace(cluster, client_cert=cert, client_key=key)
+    try:
+        check_cluster_files(cluster)
+    except (ClusterError, ConfigError) as e:
+        print_error(prog, str(e))
+        return None
+    from phalanx.ops import pki
+
+    try:
+        identity = pki.identity_from_certificate(cluster.client_cert)
+    except (OSError, ValueError) as e:
+        identity = None
+        why = f"cannot read it ({getattr(e, 'strerror', None) or e})"
+    else:
+        why = "it names no phalanx client"
+    if identity is None or identity.kind != "client":
+        print_error(prog, f"{cluster.client_cert} is not a usable client certificate: {why}")
+        return None
+    return cluster
