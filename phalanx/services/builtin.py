@@ -15,12 +15,15 @@ from __future__ import annotations
 from phalanx.protocols.spec import Lazy
 from phalanx.services.spec import ServiceOption, ServiceSpec
 
+ENABLED = ServiceOption(name="enabled", default=True,
+                        help="run the service (false keeps the table but turns it off)")
+"""Every built-in service's first option (read by `phalanx.services.config.enabled_services`)."""
+
 GOSSIP = ServiceSpec(
     name="gossip",
     summary="signed rumors to every live node (GP spreading, anti-entropy, SWIM membership)",
     options=(
-        ServiceOption(name="enabled", default=True,
-                      help="run the service (false keeps the table but turns it off)"),
+        ENABLED,
         ServiceOption(name="tick_ms", default=25, minimum=1,
                       help="one gossip tick (~ a one-way latency plus processing)"),
         ServiceOption(name="call_timeout", default=2, minimum=1,
@@ -54,8 +57,7 @@ BLOCK_CERTIFIER = ServiceSpec(
     name="block-certifier",
     summary="signed block certificates: every node signs each block, a quorum certifies it",
     options=(
-        ServiceOption(name="enabled", default=True,
-                      help="run the service (false keeps the table but turns it off)"),
+        ENABLED,
         ServiceOption(name="tick_ms", default=100, minimum=1,
                       help="how often stored certificates are fsynced"),
         ServiceOption(name="keep", default=10_000, minimum=1,
@@ -74,8 +76,7 @@ CLUSTERSEND = ServiceSpec(
     name="clustersend",
     summary="certified values to linked clusters, exactly once (`phalanx cluster link`)",
     options=(
-        ServiceOption(name="enabled", default=True,
-                      help="run the service (false keeps the table but turns it off)"),
+        ENABLED,
         ServiceOption(name="tick_ms", default=20, minimum=1,
                       help="one cluster-sending tick"),
         ServiceOption(name="mode", default="pcs",
@@ -96,8 +97,7 @@ ANNOUNCE = ServiceSpec(
     name="announce",
     summary="certified stable checkpoints to linked clusters' nodes (`phalanx cluster link`)",
     options=(
-        ServiceOption(name="enabled", default=True,
-                      help="run the service (false keeps the table but turns it off)"),
+        ENABLED,
         ServiceOption(name="tick_ms", default=100, minimum=1,
                       help="one announce tick (how often the newest checkpoint is read)"),
         ServiceOption(name="interval", default=10, minimum=1,
