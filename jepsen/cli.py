@@ -126,7 +126,7 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         metavar="DIR",
         default=None,
         help="also write a run store under DIR/check-<workload>/<timestamp>/ with the history, "
-        "results, latency.png, rate.png and index.html (DIR/latest points at it)",
+        "results, latency.svg, rate.svg and index.html (DIR/latest points at it)",
     )
     check_parser.set_defaults(handler=run_check)
 

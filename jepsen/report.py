@@ -2,9 +2,9 @@
 
 Owns `render_report(run_dir)`, which reads a run directory laid out by `phalanx.jepsen.store`
 (``history.jsonl`` required; ``results.json`` and ``test.json`` if present) and writes:
-    * ``latency.png``: each completed client op's latency against its invoke time, coloured
+    * ``latency.svg``: each completed client op's latency against its invoke time, coloured
       by outcome (ok / fail / info) with one marker per ``f``;
-    * ``rate.png``: ok / fail / info completions per second;
+    * ``rate.svg``: ok / fail / info completions per second;
     * ``index.html``: the verdict of every checker, links to the files and plots, a per-process
       op timeline (HTML bars coloured by outcome, hover for the op), and for each key or
       read that is not valid its counterexample.
@@ -12,8 +12,9 @@ Both plots shade the nemesis intervals. Nemesis events are the history's ``"neme
 an event whose value reads ``start <fault>#<n> ...`` opens an interval closed by the matching
 ``stop <fault>#<n>`` (the form `FaultEvent.describe` gives); other events are drawn as lines.
 
-Rules: matplotlib's object API on an Agg canvas only (no pyplot, no display); output
-depends only on the files read (no clocks); all text is HTML-escaped. Must not import the
+Rules: the plots are SVG drawn by `phalanx.jepsen.report_svg` (no matplotlib: it was most of
+the install's size); output depends only on the files read (no clocks); all text is
+HTML-escaped. Must not import the
 simulator, consensus cores or the client.
 """
 
@@ -26,19 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from phalanx.jepsen.history import NEMESIS, History, read_history
+from phalanx.jepsen.report_svg import Chart
 
-LATENCY_PNG: Final = "latency.png"
-RATE_PNG: Final = "rate.png"
+LATENCY_SVG: Final = "latency.svg"
+RATE_SVG: Final = "rate.svg"
 INDEX_HTML: Final = "index.html"
 COLORS: Final = {"ok": "#2a9d4a", "fail": "#d1495b", "info": "#e0a100"}
 MAX_TIMELINE_PROCESSES: Final = 64
 MAX_TIMELINE_OPS: Final = 5000
-_MARKERS: Final = "o^sDvP*X"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,31 +69,19 @@ def nemesis_intervals(history: History) -> tuple[list[Interval], list[tuple[floa
     return intervals, events
 
 
-def _shade(ax: Axes, history: History, end: float) -> None:
+def _shade(chart: Chart, history: History, end: float) -> None:
     intervals, events = nemesis_intervals(history)
-    for i, iv in enumerate(intervals):
-        ax.axvspan(
-            iv.start,
-            end if iv.stop is None else iv.stop,
-            color="#888888",
-            alpha=0.15,
-            label="nemesis" if i == 0 else None,
-            linewidth=0,
-        )
+    for iv in intervals:
+        chart.band(iv.start, end if iv.stop is None else iv.stop)
     for t, _ in events:
-        ax.axvline(t, color="#555555", linestyle=":", linewidth=0.8)
-
-
-def _figure(height: float) -> tuple[Figure, Axes]:
-    """A figure on its own Agg canvas (no pyplot: no global state, no display)."""
-    fig = Figure(figsize=(10, height), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    return fig, ax
+        chart.line(t)
 
 
 def _latency_plot(history: History, out: Path, end: float) -> None:
-    fig, ax = _figure(4.5)
+    chart = Chart(
+        title="Operation latency", x_label="time (s)", y_label="latency (ms)",
+        x_max=end, height=450, log_y=True,
+    )
     fs = sorted({p.invoke.f for p in history.pairs})
     for fi, f in enumerate(fs):
         for kind, color in COLORS.items():
@@ -107,53 +92,23 @@ def _latency_plot(history: History, out: Path, end: float) -> None:
                     xs.append(p.invoke.time / 1e9)
                     ys.append(max((p.completion.time - p.invoke.time) / 1e6, 1e-3))
             if xs:
-                ax.scatter(
-                    xs,
-                    ys,
-                    s=9,
-                    c=color,
-                    marker=_MARKERS[fi % len(_MARKERS)],
-                    label=f"{f} {kind}",
-                    alpha=0.7,
-                    linewidths=0,
-                )
-    _shade(ax, history, end)
-    ax.set_yscale("log")
-    ax.set_xlim(0, max(end, 1e-3))
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title("Operation latency")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize=7, ncol=4)
-    fig.tight_layout()
-    fig.savefig(out)
+                chart.scatter(xs, ys, label=f"{f} {kind}", color=color, marker=fi)
+    _shade(chart, history, end)
+    out.write_text(chart.svg(), encoding="utf-8")
 
 
 def _rate_plot(history: History, out: Path, end: float) -> None:
     seconds = int(end) + 1
-    fig, ax = _figure(3.5)
+    chart = Chart(title="Throughput", x_label="time (s)", y_label="completions / s", x_max=end)
     for kind, color in COLORS.items():
         counts = [0] * seconds
         for p in history.pairs:
             if p.completion is not None and p.completion.type == kind:
                 counts[min(int(p.completion.time / 1e9), seconds - 1)] += 1
         if any(counts):
-            ax.plot(
-                [s + 0.5 for s in range(seconds)],
-                counts,
-                color=color,
-                label=kind,
-                drawstyle="steps-mid",
-            )
-    _shade(ax, history, end)
-    ax.set_xlim(0, max(end, 1e-3))
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("completions / s")
-    ax.set_title("Throughput")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize=8, ncol=4)
-    fig.tight_layout()
-    fig.savefig(out)
+            chart.steps([s + 0.5 for s in range(seconds)], counts, label=kind, color=color)
+    _shade(chart, history, end)
+    out.write_text(chart.svg(), encoding="utf-8")
 
 
 def _load_json(path: Path) -> dict[str, object] | None:
@@ -271,7 +226,7 @@ pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:420px;font-size:12px
 
 
 def render_report(run_dir: str | Path) -> Path:
-    """Write ``latency.png``, ``rate.png`` and ``index.html`` into `run_dir`; returns the HTML.
+    """Write ``latency.svg``, ``rate.svg`` and ``index.html`` into `run_dir`; returns the HTML.
 
     Raises:
         OSError, HistoryError: ``history.jsonl`` is missing or malformed.
@@ -281,8 +236,8 @@ def render_report(run_dir: str | Path) -> Path:
     results = _load_json(run / "results.json")
     test = _load_json(run / "test.json") or {}
     end = max((op.time for op in history.ops), default=0) / 1e9
-    _latency_plot(history, run / LATENCY_PNG, end)
-    _rate_plot(history, run / RATE_PNG, end)
+    _latency_plot(history, run / LATENCY_SVG, end)
+    _rate_plot(history, run / RATE_SVG, end)
 
     verdict = results.get("valid") if results else "unknown"
     rows = []
@@ -309,8 +264,8 @@ def render_report(run_dir: str | Path) -> Path:
 {len(history.nemesis)} nemesis events, {end:.1f} s; seed {_e(test.get("seed"))}.</p>
 <h2>Checkers</h2><table><tr><th>checker</th><th>verdict</th></tr>{"".join(rows)}</table>
 <p>Files: {" · ".join(f'<a href="{_e(n)}">{_e(n)}</a>' for n in files)}</p>
-<h2>Latency</h2><a href="{LATENCY_PNG}"><img src="{LATENCY_PNG}" alt="latency"></a>
-<h2>Throughput</h2><a href="{RATE_PNG}"><img src="{RATE_PNG}" alt="rate"></a>
+<h2>Latency</h2><a href="{LATENCY_SVG}"><img src="{LATENCY_SVG}" alt="latency"></a>
+<h2>Throughput</h2><a href="{RATE_SVG}"><img src="{RATE_SVG}" alt="rate"></a>
 <h2>Problems</h2>{_problems(results) or "<p>None.</p>"}
 <h2>Timeline</h2><p>One row per process; green ok, red fail, amber info (indeterminate);
 grey bands are nemesis faults. Hover an op for details.</p>

@@ -7,7 +7,7 @@ Owns the layout and `create_run`::
         history.jsonl   the history (`phalanx.jepsen.history` format)
         results.json    the verdict (`phalanx.jepsen.checker.RunResult.to_json`)
         nodes/<id>/     each node's log and data, copied in by the harness
-        latency.png  rate.png  index.html    written by `phalanx.jepsen.report`
+        latency.svg  rate.svg  index.html    written by `phalanx.jepsen.report`
     DIR/latest -> <test>/<timestamp>          a relative symlink, replaced atomically
 
 Rules: the store only writes inside its run directory (and the ``latest`` link); JSON is

@@ -59,7 +59,7 @@ wait for recovery, read every key once more, check the history and print a verdi
 
 The run is stored in STORE/<test>/<timestamp>/ (STORE/latest links to it): test.json
 (options, seed, versions, schedule), history.jsonl, results.json, nodes/<id>/ (each node's
-log and data), cluster/ (its configuration), latency.png, rate.png and index.html (the
+log and data), cluster/ (its configuration), latency.svg, rate.svg and index.html (the
 report: verdicts, plots with nemesis intervals shaded, per-process timeline,
 counterexamples).
 

@@ -29,7 +29,7 @@ Owns:
          recovered and every final read succeeded),
          writes ``results.json`` (with ``byzantine``: the plan), copies every node's log
          and data into ``nodes/<id>/`` (twin B of ``n3`` into ``nodes/n3-b/``),
-         and renders ``latency.png``, ``rate.png`` and ``index.html``.
+         and renders ``latency.svg``, ``rate.svg`` and ``index.html``.
     Verdict: the merge of every checker (False beats "unknown" beats True).
 
 Must not import the runtime or consensus cores. Real time and processes: not deterministic,
