@@ -199,3 +199,15 @@ def test_the_client_of_a_raft_cluster_loads_no_pbft_core() -> None:
         "assert 'phalanx.consensus.pbft' not in sys.modules, 'PBFT core imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_one_version_source() -> None:
+    """pyproject.toml reads the version from `phalanx.__version__` (issue 22: one source)."""
+    import importlib.metadata
+
+    import phalanx
+
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "version" not in meta["project"]
+    assert "version" in meta["project"]["dynamic"]
+    assert importlib.metadata.version("phalanx") == phalanx.__version__
