@@ -223,6 +223,8 @@ def _handle(args: argparse.Namespace) -> int:
     if args.nodes is None:
         # Alternate two sizes by seed, so one sweep covers both quorum sizes (PBFT: 3f+1).
         sizes = ((0, spec.fault_model.nodes_for(1)), (1, spec.fault_model.nodes_for(2)))
+        groups = [(f"{base.protocol}, {n} nodes", n, off) for off, n in sizes
+                  if args.seeds > off]
         results = [
             sweep(
                 # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
@@ -230,23 +232,29 @@ def _handle(args: argparse.Namespace) -> int:
                 range(args.seed_start + off, args.seed_start + args.seeds, 2),
                 jobs=args.jobs,
                 progress=sys.stderr,
+                label=label,
             )
-            for off, n in sizes
-            if args.seeds > off
+            for label, n, off in groups
         ]
     else:
+        groups = [(f"{base.protocol}, {base.nodes} nodes", base.nodes, 0)]
         results = [
             sweep(
                 base,
                 range(args.seed_start, args.seed_start + args.seeds),
                 jobs=args.jobs,
                 progress=sys.stderr,
+                label=groups[0][0],
             )
         ]
     failed = [o for r in results for o in r.failures]
     for o in sorted(failed, key=lambda o: o.seed):
         print(o.report)
         print()
-    for r in results:
-        print(r.summary())
+    for (label, _, _), r in zip(groups, results, strict=True):
+        print(r.summary(label))
+    if len(results) > 1:
+        n = sum(len(r.outcomes) for r in results)
+        print(f"all: {n} seed{'' if n == 1 else 's'}, {n - len(failed)} passed, "
+              f"{len(failed)} failed")
     return 1 if failed else 0

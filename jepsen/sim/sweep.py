@@ -45,13 +45,15 @@ class SweepResult:
     def ok(self) -> bool:
         return not self.failures
 
-    def summary(self) -> str:
+    def summary(self, label: str = "") -> str:
+        """One line (plus the failing seeds); `label` (e.g. ``raft, 3 nodes``) opens it."""
         n = len(self.outcomes)
         ops = sum(o.ops_ok for o in self.outcomes)
         deliveries = sum(o.deliveries for o in self.outcomes)
         bad = self.failures
         head = (
-            f"{n} seeds, {n - len(bad)} passed, {len(bad)} failed; {ops} ok client ops, "
+            f"{label + ': ' if label else ''}{n} seed{'' if n == 1 else 's'}, "
+            f"{n - len(bad)} passed, {len(bad)} failed; {ops} ok client ops, "
             f"{deliveries} message deliveries, {self.wall_s:.1f}s wall"
         )
         if bad:
@@ -83,13 +85,21 @@ def sweep(
     *,
     jobs: int = 1,
     progress: TextIO | None = None,
+    label: str = "",
     on_outcome: Callable[[SeedOutcome], None] | None = None,
     stop_on_failure: bool = False,
 ) -> SweepResult:
-    """Run `base` once per seed in `seeds`. `jobs > 1` uses that many worker processes."""
+    """Run `base` once per seed in `seeds`. `jobs > 1` uses that many worker processes.
+
+    `progress`: a stream for progress, one line rewritten in place (``\\r``) on a terminal,
+    otherwise plain lines at every 10% and at each failure (no ``\\r`` in logs), each opened
+    by `label` when given.
+    """
     wall0 = time.perf_counter()
     outcomes: list[SeedOutcome] = []
     total = len(seeds)
+    tty = progress is not None and progress.isatty()
+    prefix = f"{label}: " if label else ""
 
     def note(outcome: SeedOutcome) -> None:
         outcomes.append(outcome)
@@ -98,13 +108,14 @@ def sweep(
         if progress is not None:
             done = len(outcomes)
             failed = sum(1 for o in outcomes if not o.ok)
-            if not outcome.ok or done == total or done % max(1, total // 50) == 0:
-                progress.write(
-                    f"\r[{done}/{total}] {failed} failed, "
-                    f"{time.perf_counter() - wall0:.1f}s"
-                )
-                if done == total or not outcome.ok:
-                    progress.write("\n")
+            every = max(1, total // (50 if tty else 10))
+            if not outcome.ok or done == total or done % every == 0:
+                line = (f"{prefix}[{done}/{total}] {failed} failed, "
+                        f"{time.perf_counter() - wall0:.1f}s")
+                if not tty:
+                    progress.write(line + "\n")
+                else:
+                    progress.write("\r" + line + ("\n" if done == total or not outcome.ok else ""))
                 progress.flush()
 
     if jobs <= 1 or total <= 1:

@@ -35,8 +35,9 @@ def test_cli_sim_runs_the_toy_protocol() -> None:
     done = phalanx("sim", "--protocol", "toy", "--seeds", "3", "--jobs", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     # Seeds alternate between 3 and 5 nodes (f = 1, 2).
-    assert "2 seeds, 2 passed, 0 failed" in done.stdout, done.stdout
-    assert "1 seeds, 1 passed, 0 failed" in done.stdout, done.stdout
+    assert "toy, 3 nodes: 2 seeds, 2 passed, 0 failed" in done.stdout, done.stdout
+    assert "toy, 5 nodes: 1 seed, 1 passed, 0 failed" in done.stdout, done.stdout
+    assert "all: 3 seeds, 3 passed, 0 failed" in done.stdout, done.stdout
 
 
 def test_cli_cluster_init_writes_a_toy_cluster(tmp_path: Path) -> None:

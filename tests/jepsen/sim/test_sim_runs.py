@@ -104,8 +104,14 @@ def test_cli_exit_codes_and_trace(tmp_path: object, capsys: pytest.CaptureFixtur
 
     assert isinstance(tmp_path, Path)
     assert _cli(["--seeds", "2", "--faults", "none", "--time", "0.5"]) == 0
-    # Without --nodes, seeds alternate between 3 and 5 nodes: one summary line per size.
-    assert capsys.readouterr().out.count("1 seeds, 1 passed, 0 failed") == 2
+    # Without --nodes, seeds alternate between 3 and 5 nodes: one labelled summary per size
+    # (issue 22: they were unlabelled and said "1 seeds"), then the total.
+    captured = capsys.readouterr()
+    assert "raft, 3 nodes: 1 seed, 1 passed, 0 failed" in captured.out
+    assert "raft, 5 nodes: 1 seed, 1 passed, 0 failed" in captured.out
+    assert "all: 2 seeds, 2 passed, 0 failed" in captured.out
+    assert "\r" not in captured.err  # progress is plain lines when stderr is not a terminal
+    assert "raft, 5 nodes: [1/1] 0 failed" in captured.err
     trace = tmp_path / "t.txt"
     code = _cli(["--seeds", "1", "--nodes", "3", "--faults", "isolate-leader", "--time", "1.5",
                  "--bug", "commit_on_minority", "--trace", str(trace)])
