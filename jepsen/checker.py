@@ -20,6 +20,7 @@ Checking is a pure function of the history (plus the linearizability time budget
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -92,16 +93,43 @@ class RunResult:
         return None
 
     def to_json(self) -> dict[str, object]:
-        """``{"valid", "workload", "checkers": {name: result}}``; for the register workload the
-        linearizability document's fields (``ops``, ``failing_keys``, ``results``...) are
-        also at the top level, as ``phalanx jepsen check`` has always printed them."""
-        doc: dict[str, object] = {}
-        if self.linearizability is not None:
-            doc.update(self.linearizability.to_json())
-        doc["valid"] = self.valid
-        doc["workload"] = self.workload
-        doc["checkers"] = {r.checker: r.to_json() for r in self.results}
-        return doc
+        """``{"valid", "workload", "checkers": {name: result}}``: each checker's document
+        once (the register workload's used to be repeated at the top level as well)."""
+        return {
+            "valid": self.valid,
+            "workload": self.workload,
+            "checkers": {r.checker: r.to_json() for r in self.results},
+        }
+
+    def summary(self) -> list[str]:
+        """A short plain-text verdict: one line per checker, then what is wrong."""
+        word = {True: "valid", False: "INVALID"}
+        lines = [f"{word.get(self.valid, 'UNKNOWN') if isinstance(self.valid, bool) else 'UNKNOWN'}"
+                 f" ({self.workload})"]
+        for r in self.results:
+            verdict = word[r.valid] if isinstance(r.valid, bool) else "unknown"
+            lines.append(f"  {r.checker}: {verdict}{_detail(r)}")
+            lin = self.linearizability
+            if r.checker == "linearizable" and lin is not None and lin.valid is not True:
+                lines.extend("    " + line for line in lin.explain())
+        return lines
+
+
+def _detail(r: CheckerResult) -> str:
+    """A few words on a checker's result (counts, the first problems)."""
+    d = r.details
+    if r.checker == "linearizable":
+        parts = [f"{d.get('ops', 0)} ops on {d.get('keys', 0)} keys"]
+        for label, field_ in (("not linearizable", "failing_keys"), ("unknown", "unknown_keys")):
+            keys = d.get(field_)
+            if isinstance(keys, list) and keys:
+                parts.append(f"{label}: {', '.join(repr(k) for k in keys)}")
+        return "; " + "; ".join(parts)
+    if r.valid is True:
+        return ""
+    problems = [f"{k}: {json.dumps(v)[:200]}" for k, v in sorted(d.items())
+                if v not in ([], {}, None, 0)]
+    return "; " + "; ".join(problems[:4])
 
 
 def check_stats(history: History, *, functions: Iterable[str] = ()) -> CheckerResult:

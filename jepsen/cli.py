@@ -7,8 +7,9 @@ Owns:
 ``phalanx jepsen check --workload register|bank|set [--time-limit S] [--step-limit N]
 [--no-stats] [--report DIR] FILE`` reads a JSON Lines history (see `phalanx.jepsen.history`),
 checks it with the workload's checker and the stats checker (`phalanx.jepsen.checker`),
-prints a JSON verdict on stdout and, with ``--report``, writes a run store with plots and an
-HTML report (`phalanx.jepsen.store`, `phalanx.jepsen.report`). Exits with:
+prints a text verdict (or, with ``--json``, the JSON document) on stdout and, with
+``--report``, writes a run store with plots and an HTML report (`phalanx.jepsen.store`,
+`phalanx.jepsen.report`). Exits with:
 
     0  valid (``"valid": true``)
     1  invalid (``"valid": false``)
@@ -51,8 +52,9 @@ Check a recorded history: register (linearizability), bank or set.
 
 The history is JSON Lines, one event per line:
   {"index": 0, "time": 1500, "process": 3, "type": "invoke", "f": "write", "key": "x", "value": 7}
-with type invoke|ok|fail|info. fail = certainly did not happen; info (or no completion) =
-may or may not have happened. Events of process "nemesis" are ignored by the checkers.
+with type invoke|ok|fail|info; "time" is in NANOSECONDS (any origin, non-decreasing).
+fail = certainly did not happen; info (or no completion) = may or may not have happened.
+Events of process "nemesis" are ignored by the checkers.
 
 register: f is read|write|cas, a cas value is [expected, new], null means absent. Each key
   is checked on its own (Wing & Gong search with Lowe's memoisation); for every key that is
@@ -63,7 +65,9 @@ bank: f is init|transfer|read; a read's value is {"account": balance}; every ok 
 set: f is add (value: an integer element) or read (value: the list of elements); against
   each key's final read: lost, unexpected and duplicated elements.
 The stats checker (unless --no-stats) requires every kind of operation to succeed once.
-The verdict is printed as JSON on stdout: "valid" is true, false or "unknown".
+The verdict is printed as a short text summary (one line per checker, then every
+counterexample); --json prints the full JSON document instead ("valid" is true, false or
+"unknown"; "checkers" holds each checker's document).
 
 exit status: 0 valid, 1 invalid, 2 usage error, 3 unreadable or malformed history,
 4 unknown (search budget exhausted), 70 internal error.
@@ -113,7 +117,12 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="search steps per key before it is reported unknown (deterministic; default: none)",
     )
     check_parser.add_argument(
-        "--compact", action="store_true", help="print the verdict on one line instead of indented"
+        "--json", action="store_true",
+        help="print the full verdict as JSON instead of the text summary",
+    )
+    check_parser.add_argument(
+        "--compact", action="store_true",
+        help="with --json (implied): the JSON on one line instead of indented",
     )
     check_parser.add_argument(
         "--no-stats",
@@ -174,7 +183,13 @@ def run_check(
             doc["report"] = str(_write_report(args, history, doc))
         except OSError as exc:
             print(f"phalanx jepsen check: cannot write the report: {exc}", file=err)
-    print(json.dumps(doc, indent=None if args.compact else 2), file=out)
+    if args.json or args.compact:
+        print(json.dumps(doc, indent=None if args.compact else 2), file=out)
+    else:
+        for line in result.summary():
+            print(line, file=out)
+        print(f"{ops} operations checked in {elapsed:.3f} s"
+              + (f"; report: {doc['report']}" if "report" in doc else ""), file=out)
     if result.valid is True:
         return EXIT_VALID
     if result.valid == UNKNOWN:

@@ -210,6 +210,9 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     out.print(verdict_table(options, result))
     for reason in result.reasons:
         out.print(f"  - {reason}", highlight=False, markup=False)
+    warning = no_fault_warning(options.faults, result.nemesis_events, options.time_s)
+    if warning is not None:
+        out.print(warning, highlight=False, markup=False, soft_wrap=True)
     out.print(f"stored in {result.directory}", highlight=False, soft_wrap=True)
     if result.report is not None:
         out.print(f"report: {result.report}", highlight=False, soft_wrap=True)
@@ -290,6 +293,16 @@ def _run_shards(args: argparse.Namespace, out: Console) -> int:
 def _smallest(protocol: str) -> int:
     """The protocol's smallest valid cluster of at least 3 nodes."""
     return next(n for n in range(3, MAX_NODES) if get_protocol(protocol).size_problem(n) is None)
+
+
+def no_fault_warning(faults: tuple[str, ...], nemesis_events: int, time_s: float) -> str | None:
+    """The warning `jepsen run` prints when faults were asked for but none was injected: a
+    "valid" verdict then says nothing about fault tolerance (issue 22)."""
+    if not faults or nemesis_events > 0:
+        return None
+    return (f"warning: the nemesis injected no fault in {time_s:g} s ({', '.join(faults)}): "
+            "this run tested no fault tolerance; give a longer --time (or a smaller "
+            "--nemesis-scale)")
 
 
 def verdict_table(options: RunOptions, r: RunOutcome) -> Table:

@@ -49,14 +49,16 @@ def _write(path: Path, read_value: object, *, writers: int = 1) -> Path:
 
 
 def test_valid_history_exits_0(tmp_path: Path) -> None:
-    code, out, err = _run(["jepsen", "check", str(_write(tmp_path / "h.jsonl", 1))])
+    code, out, err = _run(["jepsen", "check", "--json", str(_write(tmp_path / "h.jsonl", 1))])
     assert code == EXIT_VALID == 0
     doc = json.loads(out)
     assert doc["valid"] is True
     assert doc["workload"] == "register"
-    assert doc["ops"] == 2
-    assert doc["failing_keys"] == []
-    assert doc["results"] == []
+    assert set(doc) == {"valid", "workload", "checkers", "seconds", "ops_per_second"}
+    lin = doc["checkers"]["linearizable"]  # each checker's document once (issue 22)
+    assert lin["ops"] == 2
+    assert lin["failing_keys"] == []
+    assert lin["results"] == []
     assert err == ""
 
 
@@ -67,8 +69,9 @@ def test_invalid_history_exits_1_with_counterexample(tmp_path: Path) -> None:
     assert out.count("\n") == 1
     doc = json.loads(out)
     assert doc["valid"] is False
-    assert doc["failing_keys"] == ["x"]
-    (result,) = doc["results"]
+    lin = doc["checkers"]["linearizable"]
+    assert lin["failing_keys"] == ["x"]
+    (result,) = lin["results"]
     ce = result["counterexample"]
     assert [s["op"]["value"] for s in ce["linearized"]] == [1]
     assert ce["blocked"]["f"] == "read"
@@ -78,15 +81,32 @@ def test_invalid_history_exits_1_with_counterexample(tmp_path: Path) -> None:
 def test_exhausted_budget_exits_4(tmp_path: Path) -> None:
     path = _write(tmp_path / "h.jsonl", 999, writers=8)
     # --no-stats: the pending writes never succeed, which the stats checker would call invalid.
-    code, out, _ = _run(["jepsen", "check", "--no-stats", "--step-limit", "20", str(path)])
+    code, out, _ = _run(["jepsen", "check", "--json", "--no-stats", "--step-limit", "20",
+                         str(path)])
     assert code == EXIT_UNKNOWN == 4
     doc = json.loads(out)
     assert doc["valid"] == "unknown"
-    assert doc["unknown_keys"] == ["x"]
-    assert doc["results"][0]["reason"] == "step limit"
+    lin = doc["checkers"]["linearizable"]
+    assert lin["unknown_keys"] == ["x"]
+    assert lin["results"][0]["reason"] == "step limit"
     # Without the step limit the same file is decided.
     code, out, _ = _run(["jepsen", "check", "--no-stats", "--time-limit", "0", str(path)])
     assert code == EXIT_INVALID
+
+
+def test_text_verdict_by_default(tmp_path: Path) -> None:
+    """Without --json: a short plain verdict, one line per checker, then the counterexample."""
+    code, out, _ = _run(["jepsen", "check", str(_write(tmp_path / "h.jsonl", 7))])
+    assert code == EXIT_INVALID
+    lines = out.splitlines()
+    assert lines[0] == "INVALID (register)"
+    assert lines[1].startswith("  linearizable: INVALID; 2 ops on 1 keys; not linearizable: 'x'")
+    assert "cannot place next: read" in out
+    assert lines[-2] == "  stats: valid"
+    assert lines[-1].startswith("2 operations checked in ")
+    code, out, _ = _run(["jepsen", "check", str(_write(tmp_path / "ok.jsonl", 1))])
+    assert code == EXIT_VALID
+    assert out.splitlines()[0] == "valid (register)"
 
 
 def test_malformed_history_exits_3_naming_the_line(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def test_register_counterexample_in_report(tmp_path: Path) -> None:
 def _check(argv: list[str]) -> tuple[int, dict[str, object]]:
     parser = argparse.ArgumentParser(prog="phalanx")
     add_jepsen_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["jepsen", "check", *argv])
+    args = parser.parse_args(["jepsen", "check", "--json", *argv])
     out = io.StringIO()
     code = args.handler(args, stdout=out, stderr=io.StringIO())
     return code, json.loads(out.getvalue())

@@ -117,3 +117,15 @@ def test_a_flipped_checkpoint_bit_is_reported_and_the_older_one_used(tmp_path: P
 def test_storage_faults_on_an_empty_directory_do_nothing(tmp_path: Path) -> None:
     assert tear_wal_tail(tmp_path, random.Random(0)) == "no WAL segment to tear"
     assert flip_checkpoint_bit(tmp_path, random.Random(0)) == "no checkpoint to flip"
+
+
+def test_run_warns_when_no_fault_was_injected() -> None:
+    """A "valid" run with faults asked for but none injected says so (issue 22)."""
+    from phalanx.jepsen.harness.cli import no_fault_warning
+
+    warning = no_fault_warning(("kill",), 0, 5.0)
+    assert warning is not None
+    assert "injected no fault in 5 s (kill)" in warning
+    assert "--time" in warning
+    assert no_fault_warning(("kill",), 2, 5.0) is None  # faults happened
+    assert no_fault_warning((), 0, 5.0) is None  # --nemesis none: nothing was asked for
