@@ -22,17 +22,24 @@ CLUSTER_ENV: Final = "PHALANX_CLUSTER"
 DEFAULT_TIMEOUT: Final = 5.0
 
 
-def add_cluster_option(parser: argparse.ArgumentParser) -> None:
+def add_cluster_option(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """``--cluster``, ``--timeout`` and ``--as`` on `parser`. `suppress`: no defaults (for a
+    subcommand that repeats its parent's options: a value given before the subcommand is
+    then not overwritten by the subcommand's default)."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
     parser.add_argument(
-        "--cluster", metavar="DIR", default=os.environ.get(CLUSTER_ENV),
+        "--cluster", metavar="DIR", default=default(os.environ.get(CLUSTER_ENV)),
         help=f"the cluster directory (default: ${CLUSTER_ENV})",
     )
     parser.add_argument(
-        "--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-        help="give up after this long, a finite number > 0 (default: %(default)s)",
+        "--timeout", type=positive_float, default=default(DEFAULT_TIMEOUT), metavar="SECONDS",
+        help=f"give up after this long, a finite number > 0 (default: {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument(
-        "--as", dest="client_name", metavar="NAME", default=None,
+        "--as", dest="client_name", metavar="NAME", default=default(None),
         help="act as client NAME: use DIR/clients/NAME.pem and NAME.key (default: the "
         "cluster's client certificate)",
     )

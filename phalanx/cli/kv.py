@@ -1,8 +1,9 @@
-"""`phalanx kv` and `phalanx status`: the operator's view of a running cluster.
+"""`phalanx kv`: one key-value command against a running cluster (`phalanx status` is
+`phalanx.cli.status`'s).
 
-Owns: the argparse wiring and output of both commands (`add_kv_command`,
-`add_status_command`), `query_status` (every node's `StatusReply`, concurrently) and
-`run_kv` (one KV command through the client library).
+Owns: the command's argparse wiring (`add_kv_command`), `build_command` (arguments to a KV
+command) and `run_kv` (one KV command through the client library); printing the result is
+`phalanx.cli.kv_output`'s.
 
 Exit status of `phalanx kv` (for scripts):
 
@@ -17,9 +18,8 @@ Exit status of `phalanx kv` (for scripts):
     5  the cluster answered that its storage is unavailable (`StorageUnavailable`)
     6  the cluster refused this client the command (`Forbidden`): no effect
 
-(the table shared by every subcommand: `phalanx.cli.errors`). `phalanx status` exits 0 when
-every node answered, 1 when some did not (their rows say ``unreachable``), 2 on usage errors.
-Every error is one line on stderr.
+(the table shared by every subcommand: `phalanx.cli.errors`). Every error is one line on
+stderr.
 
 Start-up: this module's top level is what building the parser needs (argparse, the KV
 command types, `phalanx.cli.errors`); trio, the client, the PKI and the cluster files are
@@ -38,18 +38,16 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from phalanx.apps.kv_types import (
     MAX_SCAN_LIMIT,
+    MAX_TXN_OPS,
     Add,
-    CasResult,
+    Compare,
     CompareAndSet,
     Concat,
     Delete,
-    Deleted,
     Done,
     Get,
     GetVersion,
@@ -62,8 +60,8 @@ from phalanx.apps.kv_types import (
     Scan,
     ScanResult,
     SRem,
-    Value,
-    VersionResult,
+    Txn,
+    TxnResult,
 )
 from phalanx.cli.cluster_arg import (
     CLUSTER_ENV,
@@ -81,7 +79,6 @@ from phalanx.cli.errors import (
 )
 
 if TYPE_CHECKING:  # the handlers import these: building the parser must stay cheap
-    from phalanx.net.client_protocol import StatusReply
     from phalanx.ops.node_config import ClusterConfig
     from phalanx.ops.signing_keys import TransactionSigner
 
@@ -103,6 +100,21 @@ examples:
   phalanx kv --cluster ./demo-cluster add visits 5          # visits holds "5"
   phalanx kv --cluster ./demo-cluster sadd tags red         # then: smembers tags
   phalanx kv --cluster ./demo-cluster version greeting      # SHA-512 of the value, in hex
+  phalanx kv get greeting --cluster ./demo-cluster -o json  # options go before or after
+  phalanx kv --cluster ./demo-cluster put photo @me.jpg     # the value from a file
+  printf 'x\ty' | phalanx kv --cluster ./demo-cluster put tabbed -   # ... or from stdin
+  phalanx kv --cluster ./demo-cluster get photo --raw > copy.jpg      # bytes, no newline
+  phalanx kv --cluster ./demo-cluster scan gr --keys-only
+  phalanx kv --cluster ./demo-cluster delete --prefix gr    # prints: deleted N
+  phalanx kv --cluster ./demo-cluster txn --if-absent lock --put lock me --put owner me
+  phalanx kv --cluster ./demo-cluster txn --if lock=me --delete lock --else-put seen x
+
+Values (put VALUE, cas OLD NEW, txn VALUEs, concat, sadd, srem): "-" reads stdin, @PATH
+a file, @@TEXT is the literal @TEXT. Output (-o text, the default): get writes the value
+and a newline (--raw: the bytes alone); scan writes KEY<TAB>VALUE lines with backslash,
+tab, newline and CR escaped (\\\\, \\t, \\n, \\r), so a line is always one pair. -o json:
+one JSON object per line (scan: one per key); bytes that are UTF-8 are
+{{"value": TEXT, "encoding": "utf-8"}}, others {{"value": BASE64, "encoding": "base64"}}.
 
 add/mul work on decimal 64-bit integers (absent: 0; wrapping on overflow), sadd/srem on
 sets (absent: empty), concat on any value. Updates of one kind commute (add with add,
@@ -137,19 +149,6 @@ exit status:
 KEY and PREFIX must be UTF-8 text; VALUE may be any bytes.
 """
 
-_STATUS_EPILOG = f"""\
-examples:
-  phalanx status --cluster ./demo-cluster
-  phalanx status --cluster ./demo-cluster --json | jq '.[] | select(.role=="leader")'
-
---json prints a list with one object per node: node, role, term, leader, commit_index,
-applied_index, last_checkpoint, peers, connected_peers, dropped_messages, protocol,
-client_auth (role "unreachable" and an "error" for a node that did not answer). A node
-running with [client] auth = "none" (no client authentication) is named in a WARNING on
-stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1;
-2 on a usage error (bad arguments, no cluster at DIR, a missing or invalid config or
-credential file).
-"""
 
 
 def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -160,44 +159,64 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         description="Run one key-value command against a running cluster.",
         epilog=_KV_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_cluster_option(kv)
-    kv.add_argument("--client-key", metavar="PATH", default=None,
-                    help="leaderless: sign with this client signing key file")
-    kv.add_argument("--client-name", dest="client_name_key", metavar="NAME", default=None,
-                    help="leaderless: sign with DIR/clients/NAME.signing.key")
-    kv.add_argument("--require", metavar="KEY=VERSION", action="append", default=None,
-                    type=_requirement,
-                    help="leaderless: commit only where KEY's version (hex; empty: absent) "
-                    "is VERSION (repeatable; default: read it first)")
-    kv.add_argument("--retry-aborted", action="store_true",
-                    help="leaderless: after an abort, read the versions again and retry")
+    _add_shared_options(kv, suppress=False)
+    # The same options after the subcommand (`kv get k --cluster DIR`): SUPPRESS defaults, so
+    # a subcommand that is not given one does not overwrite the value given before it.
+    shared = argparse.ArgumentParser(add_help=False)
+    _add_shared_options(shared, suppress=True)
     sub = kv.add_subparsers(dest="kv_command", metavar="COMMAND", required=True)
-    put = sub.add_parser("put", help="set KEY to VALUE")
+
+    def command(name: str, text: str, **kw: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, parents=[shared], **kw)  # type: ignore[arg-type]
+
     key = utf8_text("KEY")
+    put = command("put", "set KEY to VALUE (- reads it from stdin, @PATH from a file)")
     put.add_argument("key", metavar="KEY", type=key)
     put.add_argument("value", metavar="VALUE")
-    get = sub.add_parser("get", help="print the value of KEY (exit 1 if absent)")
+    get = command("get", "print the value of KEY (exit 1 if absent)")
     get.add_argument("key", metavar="KEY", type=key)
     get.add_argument("--stale", action="store_true",
                      help="read from one node's applied state, possibly behind (faster)")
-    delete = sub.add_parser("delete", help="remove KEY (exit 1 if it was absent)")
+    get.add_argument("--raw", action="store_true",
+                     help="write the value's bytes alone, without the newline")
+    delete = command("delete", "remove KEY (exit 1 if it was absent); --prefix: every key "
+                     "starting with it")
     delete.add_argument("key", metavar="KEY", type=key)
-    cas = sub.add_parser(
-        "cas", help="set KEY to NEW iff it holds OLD (exit 1 if not)",
-        description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.",
-    )
+    delete.add_argument("--prefix", action="store_true",
+                        help="delete every key starting with KEY, in atomic batches of up to "
+                        f"{MAX_TXN_OPS} (each guarded by the values it read); prints the count")
+    cas = command("cas", "set KEY to NEW iff it holds OLD (exit 1 if not)",
+                  description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.")
     cas.add_argument("--if-absent", action="store_true",
                      help="succeed only if KEY is absent (then give KEY NEW)")
     cas.add_argument("key", metavar="KEY", type=key)
     cas.add_argument("values", metavar="OLD NEW", nargs="+")
-    scan = sub.add_parser("scan", help="print KEY<TAB>VALUE lines for keys starting with PREFIX")
+    scan = command("scan", "print KEY<TAB>VALUE lines for keys starting with PREFIX")
     scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
                       type=utf8_text("PREFIX"))
     scan.add_argument("--limit", type=int_between(1, MAX_SCAN_LIMIT), default=1000,
                       help=f"at most this many, 1..{MAX_SCAN_LIMIT} (default: 1000)")
-    parsers = [put, get, delete, cas, scan]
+    scan.add_argument("--keys-only", action="store_true", help="print the keys alone")
+    txn = command(
+        "txn", "atomically: if every --if holds, run the --put/--delete writes, else the "
+        "--else-put/--else-delete ones",
+        description="An etcd-style transaction, applied in one step. Exit 0 if the guards "
+        "held, 1 if the else branch ran.",
+    )
+    txn.add_argument("--if", dest="guards", metavar="KEY=VALUE", action="append", default=[],
+                     help="guard: KEY holds VALUE (KEY= for the empty value; repeatable)")
+    txn.add_argument("--if-absent", dest="absent_guards", metavar="KEY", action="append",
+                     default=[], type=key, help="guard: KEY is absent (repeatable)")
+    for flag, branch in (("", "then"), ("else-", "else")):
+        txn.add_argument(f"--{flag}put", dest=branch, nargs=2, metavar=("KEY", "VALUE"),
+                         action=_TxnWriteAction, default=[],
+                         help=f"in the {branch} branch: set KEY to VALUE (repeatable, in order)")
+        txn.add_argument(f"--{flag}delete", dest=branch, nargs=1, metavar="KEY",
+                         action=_TxnWriteAction, default=[],
+                         help=f"in the {branch} branch: delete KEY (repeatable, in order)")
+    parsers = [put, get, delete, cas, scan, txn]
     for name, operand, text in _UPDATES:
-        update = sub.add_parser(name, help=text)
+        update = command(name, text)
         update.add_argument("key", metavar="KEY", type=key)
         if operand == "N":
             update.add_argument("operand", metavar=operand, type=_int64)
@@ -207,13 +226,48 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     for name, text in (("version", "print KEY's version: SHA-512 of its value, in hex "
                                    "(exit 1 if absent)"),
                        ("smembers", "print the members of the set at KEY, one a line")):
-        read = sub.add_parser(name, help=text)
+        read = command(name, text)
         read.add_argument("key", metavar="KEY", type=key)
         read.add_argument("--stale", action="store_true",
                           help="read from one node's applied state, possibly behind (faster)")
         parsers.append(read)
     for p in parsers:
         p.set_defaults(handler=_kv_main)
+
+
+def _add_shared_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The options every kv subcommand takes, before or after it."""
+    default = argparse.SUPPRESS if suppress else None
+    add_cluster_option(parser, suppress=suppress)
+    parser.add_argument("-o", "--output", choices=("text", "json"),
+                        default=argparse.SUPPRESS if suppress else "text",
+                        help="text (default) or json: one JSON object per line, bytes as UTF-8 "
+                        "text or base64")
+    parser.add_argument("--client-key", metavar="PATH", default=default,
+                        help="leaderless: sign with this client signing key file")
+    parser.add_argument("--client-name", dest="client_name_key", metavar="NAME", default=default,
+                        help="leaderless: sign with DIR/clients/NAME.signing.key")
+    parser.add_argument("--require", metavar="KEY=VERSION", action="append", default=default,
+                        type=_requirement,
+                        help="leaderless: commit only where KEY's version (hex; empty: absent) "
+                        "is VERSION (repeatable; default: read it first)")
+    parser.add_argument("--retry-aborted", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False,
+                        help="leaderless: after an abort, read the versions again and retry")
+
+
+class _TxnWriteAction(argparse.Action):
+    """Appends ``("put", KEY, VALUE)`` / ``("delete", KEY)`` to one list per branch, so the
+    writes keep the order they were given in."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        items = list(values) if isinstance(values, list) else [values]
+        kind = "delete" if option_string is not None and option_string.endswith("delete") \
+            else "put"
+        current = list(getattr(namespace, self.dest, None) or [])
+        current.append((kind, *items))
+        setattr(namespace, self.dest, current)
 
 
 _UPDATES = (
@@ -248,20 +302,6 @@ def _int64(text: str) -> int:
     return n
 
 
-STATUS_TIMEOUT = 1.5
-
-
-def add_status_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``phalanx status`` on `subparsers`."""
-    status = subparsers.add_parser(
-        "status", help="show every node's role, term, commit and applied index",
-        description="Ask every node of a cluster for its status.",
-        epilog=_STATUS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_cluster_option(status)
-    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    # A status probe should not hang on a dead node for the full operation timeout.
-    status.set_defaults(handler=_status_main, timeout=STATUS_TIMEOUT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,15 +312,64 @@ def _bytes(text: str) -> bytes:
     return os.fsencode(text)
 
 
+class _Values:
+    """Where a value argument comes from: ``-`` reads stdin (once per command), ``@PATH``
+    reads a file, ``@@TEXT`` is the literal ``@TEXT``; anything else is the argument's bytes."""
+
+    def __init__(self) -> None:
+        self._stdin_used = False
+
+    def __call__(self, text: str) -> bytes:
+        if text == "-":
+            if self._stdin_used:
+                raise ValueError("only one value can come from stdin (-)")
+            self._stdin_used = True
+            return sys.stdin.buffer.read()
+        if text.startswith("@@"):
+            return _bytes(text[1:])
+        if text.startswith("@"):
+            path = text[1:]
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                raise ValueError(f"cannot read the value from {path}: "
+                                 f"{e.strerror or e} (a literal value starting with @ "
+                                 "is written @@...)") from None
+        return _bytes(text)
+
+
+def _txn(args: argparse.Namespace, value: _Values) -> Txn:
+    compares: list[Compare] = []
+    for guard in args.guards:
+        k, sep, v = guard.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--if takes KEY=VALUE, got {guard!r}")
+        compares.append(Compare(key=k, expected=value(v)))
+    compares.extend(Compare(key=k, expected=None) for k in args.absent_guards)
+
+    def writes(items: list[tuple[str, ...]]) -> tuple[Put | Delete, ...]:
+        return tuple(Put(key=w[1], value=value(w[2])) if w[0] == "put" else Delete(key=w[1])
+                     for w in items)
+
+    success, failure = writes(args.then), writes(getattr(args, "else"))
+    if not (success or failure):
+        raise ValueError("txn needs at least one write (--put, --delete, --else-put, "
+                         "--else-delete)")
+    return Txn(compares=tuple(compares), success=success, failure=failure)
+
+
 def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
-    """The KV command `args` asks for and whether it is read-only.
+    """The KV command `args` asks for and whether it is read-only. Value arguments may come
+    from stdin (``-``) or a file (``@PATH``): `_Values`.
 
     Raises:
         ValueError: the arguments do not make a command (message for the operator).
     """
+    value = _Values()
     match args.kv_command:
         case "put":
-            return Put(key=args.key, value=_bytes(args.value)), False
+            return Put(key=args.key, value=value(args.value)), False
         case "get":
             return Get(key=args.key), True
         case "delete":
@@ -290,12 +379,14 @@ def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
             if args.if_absent:
                 if len(values) != 1:
                     raise ValueError("cas --if-absent takes KEY NEW")
-                return CompareAndSet(key=args.key, expected=None, new=_bytes(values[0])), False
+                return CompareAndSet(key=args.key, expected=None, new=value(values[0])), False
             if len(values) != 2:
                 raise ValueError("cas takes KEY OLD NEW (or --if-absent KEY NEW)")
             return CompareAndSet(
-                key=args.key, expected=_bytes(values[0]), new=_bytes(values[1])
+                key=args.key, expected=value(values[0]), new=value(values[1])
             ), False
+        case "txn":
+            return _txn(args, value), False
         case "scan":
             if args.limit < 1:
                 raise ValueError("--limit must be >= 1")
@@ -305,11 +396,11 @@ def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
         case "mul":
             return Mul(key=args.key, factor=args.operand), False
         case "sadd":
-            return SAdd(key=args.key, member=_bytes(args.operand)), False
+            return SAdd(key=args.key, member=value(args.operand)), False
         case "srem":
-            return SRem(key=args.key, member=_bytes(args.operand)), False
+            return SRem(key=args.key, member=value(args.operand)), False
         case "concat":
-            return Concat(key=args.key, suffix=_bytes(args.operand)), False
+            return Concat(key=args.key, suffix=value(args.operand)), False
         case "version":
             return GetVersion(key=args.key), True
         case "smembers":
@@ -367,61 +458,44 @@ async def run_kv(
     return kv_wire.decode_result(raw)
 
 
-def _show(value: bytes | None) -> str:
-    return "(absent)" if value is None else os.fsdecode(value)
+_PREFIX_ROUNDS: Final = 20
 
 
-def _print_result(command: KvCommand, result: KvResult, *, as_set: bool = False) -> int:
-    """Print `result` as `phalanx kv` does and return the exit status (`as_set`: the
-    `Value` of a get is a set, printed one member a line)."""
-    out = sys.stdout.buffer
-    if as_set and isinstance(result, Value):
-        from phalanx.apps.kv_ops import decode_set
+async def delete_prefix(cluster: ClusterConfig, prefix: str, *, client_timeout: float,
+                        signer: TransactionSigner | None = None) -> int:
+    """Delete every key starting with `prefix`; returns how many were deleted.
 
-        members = decode_set(result.value)
-        if members is None:
-            print(f"phalanx kv: refused: the value of {getattr(command, 'key', '')!r} is not a "
-                  "set", file=sys.stderr)
-            return EXIT_REJECTED
-        out.write(b"".join(m + b"\n" for m in members))
-        out.flush()
-        return EXIT_OK
-    match result:
-        case KvError():
-            print(f"phalanx kv: refused: {result.message}", file=sys.stderr)
-            return EXIT_REJECTED
-        case Done():
-            return EXIT_OK
-        case Value(value=None):
-            print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
-            return EXIT_NEGATIVE
-        case Value(value=bytes() as value):
-            out.write(value + b"\n")
-            out.flush()
-            return EXIT_OK
-        case Deleted(existed=existed):
-            if not existed:
-                print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
-            return EXIT_OK if existed else EXIT_NEGATIVE
-        case CasResult(succeeded=succeeded, current=current):
-            if not succeeded:
-                print(f"phalanx kv: cas failed: current value is {_show(current)}",
-                      file=sys.stderr)
-            return EXIT_OK if succeeded else EXIT_NEGATIVE
-        case ScanResult(items=items, more=more):
-            for key, value in items:
-                out.write(os.fsencode(key) + b"\t" + value + b"\n")
-            out.flush()
-            if more:
-                print("phalanx kv: more keys match; raise --limit to see them", file=sys.stderr)
-            return EXIT_OK
-        case VersionResult(version=b""):
-            print(f"phalanx kv: not found: {getattr(command, 'key', '')}", file=sys.stderr)
-            return EXIT_NEGATIVE
-        case VersionResult(version=version):
-            print(version.hex())
-            return EXIT_OK
-    raise TypeError(f"unexpected result {result!r}")
+    In rounds: scan up to `MAX_TXN_OPS` keys, then one `Txn` that deletes them only if each
+    still holds the value the scan saw (so a key written meanwhile is not deleted blind);
+    each round is atomic, the whole is not. A round whose guards fail is retried, up to
+    `_PREFIX_ROUNDS` failed rounds in all (then ValueError: the keys keep changing).
+    """
+    from phalanx.protocols import CallStrategy
+    from phalanx.protocols import get as protocol_spec
+
+    # Leaderless scans are stale reads (one node); the guards make the delete safe anyway.
+    stale = protocol_spec(cluster.protocol).call_strategy is CallStrategy.ENDORSEMENT
+    deleted = failed = 0
+    while True:
+        scan = await run_kv(cluster, Scan(prefix=prefix, limit=MAX_TXN_OPS), read_only=True,
+                            stale=stale, client_timeout=client_timeout, signer=signer)
+        if not isinstance(scan, ScanResult):
+            raise ValueError(f"scan of {prefix!r} failed: {scan}")
+        if not scan.items:
+            return deleted
+        txn = Txn(compares=tuple(Compare(key=k, expected=v) for k, v in scan.items),
+                  success=tuple(Delete(key=k) for k, _ in scan.items))
+        result = await run_kv(cluster, txn, read_only=False, stale=False,
+                              client_timeout=client_timeout, signer=signer)
+        if isinstance(result, TxnResult) and result.succeeded:
+            deleted += len(scan.items)
+            continue
+        if isinstance(result, KvError):
+            raise ValueError(f"delete --prefix refused: {result.message}")
+        failed += 1
+        if failed >= _PREFIX_ROUNDS:
+            raise ValueError(f"keys under {prefix!r} kept changing during delete --prefix "
+                             f"({deleted} deleted); run it again")
 
 
 def _signer(args: argparse.Namespace, cluster: ClusterConfig) -> TransactionSigner | None:
@@ -479,6 +553,14 @@ def _kv_main(args: argparse.Namespace) -> int:
     stale = bool(getattr(args, "stale", False))
     requirements = dict(args.require) if args.require else None
     try:
+        if args.kv_command == "delete" and args.prefix:
+            deleted = trio.run(lambda: delete_prefix(
+                cluster, args.key, client_timeout=args.timeout, signer=signer))
+            if args.output == "json":
+                print(json.dumps({"prefix": args.key, "deleted": deleted}))
+            else:
+                print(f"deleted {deleted}")
+            return EXIT_OK if deleted else EXIT_NEGATIVE
         result = trio.run(lambda: run_kv(
             cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout,
             signer=signer, requirements=requirements, retry_aborted=args.retry_aborted))
@@ -507,97 +589,8 @@ def _kv_main(args: argparse.Namespace) -> int:
         print(f"phalanx kv: {e}; the command may or may not have taken effect",
               file=sys.stderr)
         return EXIT_UNKNOWN
-    return _print_result(command, result, as_set=args.kv_command == "smembers")
+    from phalanx.cli.kv_output import print_result
 
-
-# --------------------------------------------------------------------------------------------
-# status
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeStatus:
-    """One row of `phalanx status`: a node's reply, or why there is none."""
-
-    node: str
-    reply: StatusReply | None
-    error: str | None = None
-
-    def to_json(self) -> dict[str, object]:
-        r = self.reply
-        if r is None:
-            return {"node": self.node, "role": "unreachable", "term": None, "leader": None,
-                    "commit_index": None, "applied_index": None, "last_checkpoint": None,
-                    "peers": [], "connected_peers": [], "error": self.error}
-        return {
-            "node": self.node, "role": r.role, "term": r.term, "leader": r.leader,
-            "commit_index": r.commit_index, "applied_index": r.applied_index,
-            "last_checkpoint": r.last_checkpoint, "peers": list(r.peers),
-            "connected_peers": list(r.connected_peers), "dropped_messages": r.dropped_messages,
-            "protocol": r.protocol, "client_auth": r.client_auth,
-        }
-
-
-async def query_status(cluster: ClusterConfig, *, client_timeout: float) -> list[NodeStatus]:
-    """Every node's status, asked concurrently, in cluster order (`client_timeout`: how long
-    each node gets to answer)."""
-    import trio
-
-    from phalanx.client.async_client import ClientError, ClientTimeout, open_client
-
-    rows: dict[str, NodeStatus] = {}
-    async with open_client(cluster, timeout=client_timeout) as client:
-
-        async def ask(node: str) -> None:
-            try:
-                rows[node] = NodeStatus(node=node, reply=await client.status(node))
-            except ClientTimeout as e:
-                why = f" ({e.last_error})" if e.last_error else ""
-                rows[node] = NodeStatus(
-                    node=node, reply=None, error=f"no answer within {client_timeout:g}s{why}"
-                )
-            except ClientError as e:
-                rows[node] = NodeStatus(node=node, reply=None, error=str(e) or type(e).__name__)
-
-        async with trio.open_nursery() as nursery:
-            for n in cluster.nodes:
-                nursery.start_soon(ask, n.id)
-    return [rows[n.id] for n in cluster.nodes]
-
-
-def format_status_table(rows: Sequence[NodeStatus]) -> str:
-    """A fixed-width table, one line per node (what `phalanx status` prints)."""
-    header = ("NODE", "ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "CHECKPOINT", "PEERS")
-    lines: list[tuple[str, ...]] = [header]
-    for row in rows:
-        r = row.reply
-        if r is None:
-            lines.append((row.node, "unreachable", "-", "-", "-", "-", "-", row.error or ""))
-            continue
-        connected = set(r.connected_peers)
-        peers = " ".join(p if p in connected else f"{p}(down)" for p in r.peers)
-        lines.append((r.node, r.role, str(r.term), r.leader or "-", str(r.commit_index),
-                      str(r.applied_index), str(r.last_checkpoint), peers))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1]
-        for line in lines
-    ).rstrip() + "\n"
-
-
-def _status_main(args: argparse.Namespace) -> int:
-    cluster = open_cluster_arg(args, "phalanx status")
-    if cluster is None:
-        return EXIT_USAGE
-    import trio
-
-    rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
-    insecure = [r.node for r in rows if r.reply is not None and r.reply.client_auth == "none"]
-    if insecure:
-        print(f"WARNING: INSECURE: {', '.join(insecure)} run with [client] auth = \"none\": "
-              "their client ports accept anyone, with full read and write access",
-              file=sys.stderr)
-    if args.json:
-        print(json.dumps([r.to_json() for r in rows], indent=2))
-    else:
-        sys.stdout.write(format_status_table(rows))
-    return 0 if all(r.reply is not None for r in rows) else 1
+    return print_result(command, result, fmt=args.output, as_set=args.kv_command == "smembers",
+                        raw=bool(getattr(args, "raw", False)),
+                        keys_only=bool(getattr(args, "keys_only", False)))

@@ -41,7 +41,7 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
      "publish rumors and watch the gossip service of a running cluster"),
     ("announce", "phalanx.cli.announce", "add_announce_command",
      "show the checkpoints linked clusters announce to each other"),
-    ("status", "phalanx.cli.kv", "add_status_command",
+    ("status", "phalanx.cli.status", "add_status_command",
      "show every node's role, term, commit and applied index"),
     ("cert", "phalanx.cli.cert", "add_cert_command",
      "issue client certificates (roles read-only, read-write, admin)"),

@@ -9,6 +9,7 @@ Every command runs as ``python -m phalanx ...`` (what the installed `phalanx` sc
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
 import json
@@ -119,6 +120,7 @@ def test_cluster_init_up_kv_kill_leader_get(
     assert _kv_here(cluster, capsysbinary, "smembers", "tags")[:2] == (0, b"red\n")
     assert _kv_here(cluster, capsysbinary, "version", "greeting")[:2] == (
         0, hashlib.sha512(b"bonjour").hexdigest().encode() + b"\n")
+    _scripting_features(cluster, capsysbinary)
 
     table = phalanx("status", "--cluster", c)
     assert table.returncode == 0, table.stdout + table.stderr
@@ -154,6 +156,46 @@ def test_cluster_init_up_kv_kill_leader_get(
     for node in survivors:
         log = (cluster / "logs" / f"{node}.log").read_text()
         assert "SIGINT" in log or "SIGTERM" in log, log[-2000:]
+
+
+def _scripting_features(cluster: Path, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    """Issue 22 item 3 on the live cluster: options after the subcommand, values from stdin
+    and files, raw and JSON output, unambiguous scan lines, txn and delete --prefix."""
+    c = str(cluster)
+    got = phalanx("kv", "get", "greeting", "--cluster", c, "-o", "json")  # options anywhere
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == {"key": "greeting", "value": "bonjour", "encoding": "utf-8"}
+    blob = bytes(range(256))
+    (cluster / "blob.bin").write_bytes(blob)
+    assert _kv_here(cluster, capsysbinary, "put", "blob", f"@{cluster / 'blob.bin'}")[0] == 0
+    assert _kv_here(cluster, capsysbinary, "get", "blob", "--raw")[:2] == (0, blob)
+    code, out, _ = _kv_here(cluster, capsysbinary, "get", "blob", "-o", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["encoding"] == "base64"
+    assert base64.b64decode(doc["value"]) == blob
+    piped = subprocess.run([*PHALANX, "kv", "--cluster", c, "put", "multi", "-"],
+                           input=b"a\tb\nc\\d", capture_output=True, timeout=30, check=False)
+    assert piped.returncode == 0, piped.stderr
+    assert _kv_here(cluster, capsysbinary, "put", "at", "@@home")[0] == 0
+    assert _kv_here(cluster, capsysbinary, "get", "at")[:2] == (0, b"@home\n")
+    assert _kv_here(cluster, capsysbinary, "scan", "mu") == (0, b"multi\ta\\tb\\nc\\\\d\n", b"")
+    assert _kv_here(cluster, capsysbinary, "scan", "g", "--keys-only") == (0, b"greeting\n", b"")
+    code, out, _ = _kv_here(cluster, capsysbinary, "scan", "", "-o", "json")
+    assert {json.loads(line)["key"] for line in out.splitlines()} >= {"greeting", "multi", "blob"}
+    # txn: the guard holds -> the then-branch, in order; else the else-branch.
+    assert _kv_here(cluster, capsysbinary, "txn", "--if-absent", "lock", "--put", "lock", "me",
+                    "--put", "owner", "me")[:2] == (0, b"succeeded\n")
+    code, out, _ = _kv_here(cluster, capsysbinary, "txn", "--if", "lock=you", "--delete", "lock",
+                            "--else-put", "seen", "x")
+    assert (code, out) == (1, b"failed: the else branch ran\n")
+    assert _kv_here(cluster, capsysbinary, "get", "seen")[:2] == (0, b"x\n")
+    assert _kv_here(cluster, capsysbinary, "get", "lock")[:2] == (0, b"me\n")
+    for i in range(5):
+        assert _kv_here(cluster, capsysbinary, "put", f"tmp/{i}", str(i))[0] == 0
+    assert _kv_here(cluster, capsysbinary, "delete", "--prefix", "tmp/")[:2] == (0, b"deleted 5\n")
+    assert _kv_here(cluster, capsysbinary, "scan", "tmp/") == (0, b"", b"")
+    assert _kv_here(cluster, capsysbinary, "delete", "--prefix", "tmp/")[:2] == (1, b"deleted 0\n")
 
 
 def test_kv_against_a_cluster_that_is_down_times_out_with_exit_4(tmp_path: Path) -> None:

@@ -35,13 +35,11 @@ from phalanx.cli.kv import (
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_USAGE,
-    NodeStatus,
-    _print_result,
     add_kv_command,
-    add_status_command,
     build_command,
-    format_status_table,
 )
+from phalanx.cli.kv_output import print_result as _print_result
+from phalanx.cli.status import NodeStatus, add_status_command, format_status_table
 from phalanx.net.client_protocol import StatusReply
 from phalanx.ops.local_cluster import init_cluster
 
