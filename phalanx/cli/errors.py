@@ -47,6 +47,9 @@ EXIT_STORAGE_UNAVAILABLE: Final = 5
 """`phalanx kv`: the cluster answered that its storage is unavailable (disk full or failing)."""
 EXIT_FORBIDDEN: Final = 6
 """`phalanx kv`: the cluster refused this client's certificate the command (no effect)."""
+EXIT_UNREACHABLE: Final = 7
+"""`phalanx kv`: every node refused the connection (nothing listens): nothing was sent, no
+effect. Reported at once, not after --timeout."""
 EXIT_INTERNAL: Final = 70
 """An unexpected exception: a bug in phalanx (BSD sysexits' EX_SOFTWARE)."""
 EXIT_BROKEN_PIPE: Final = 141
@@ -67,6 +70,7 @@ exit status (every phalanx command):
   4   kv: timed out, the command MAY OR MAY NOT have taken effect; jepsen: unknown verdict
   5   kv: the cluster's storage is unavailable (disk full or failing)
   6   kv: forbidden (this client's certificate may not run the command)
+  7   kv: connection refused by every node (is the cluster running?): nothing was sent
   70  internal error (a bug: set {DEBUG_ENV}=1 for the traceback, please report it)
   130 interrupted (Ctrl-C)
 """

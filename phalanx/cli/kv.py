@@ -17,6 +17,7 @@ Exit status of `phalanx kv` (for scripts):
     4  no answer in time: the command MAY OR MAY NOT have taken effect
     5  the cluster answered that its storage is unavailable (`StorageUnavailable`)
     6  the cluster refused this client the command (`Forbidden`): no effect
+    7  every node refused the connection (`ClusterUnreachable`): nothing was sent, no effect
 
 (the table shared by every subcommand: `phalanx.cli.errors`). Every error is one line on
 stderr.
@@ -73,6 +74,7 @@ from phalanx.cli.errors import (
     EXIT_INDETERMINATE,
     EXIT_REFUSED,
     EXIT_STORAGE_UNAVAILABLE,
+    EXIT_UNREACHABLE,
     int_between,
     print_error,
     utf8_text,
@@ -145,6 +147,7 @@ exit status:
   4  timed out: the command may or may not have taken effect
   5  the cluster's storage is unavailable (disk full or failing)
   6  forbidden: this client's certificate may not run the command (no effect)
+  7  connection refused by every node (the cluster is not running?): no effect, at once
   70 internal error (a bug; PHALANX_DEBUG=1 shows the traceback)
 KEY and PREFIX must be UTF-8 text; VALUE may be any bytes.
 """
@@ -548,7 +551,12 @@ def _kv_main(args: argparse.Namespace) -> int:
     import trio  # after the usage checks: a usage error costs no client import
 
     from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
-    from phalanx.client.errors import Forbidden, StorageUnavailable, TransactionAborted
+    from phalanx.client.errors import (
+        ClusterUnreachable,
+        Forbidden,
+        StorageUnavailable,
+        TransactionAborted,
+    )
 
     stale = bool(getattr(args, "stale", False))
     requirements = dict(args.require) if args.require else None
@@ -567,6 +575,9 @@ def _kv_main(args: argparse.Namespace) -> int:
     except ValueError as e:  # --require on a cluster without versions, a leaderless scan
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
+    except ClusterUnreachable as e:
+        print(f"phalanx kv: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except StorageUnavailable as e:
         print(f"phalanx kv: storage unavailable, the command may or may not have taken "
               f"effect: {e}", file=sys.stderr)

@@ -87,6 +87,7 @@ from phalanx.client.errors import (
     ClientClosed,
     ClientError,
     ClientTimeout,
+    ClusterUnreachable,
     Forbidden,
     KvCommandError,
     ProtocolViolation,
@@ -300,6 +301,7 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
                 self._release_lane(lane)
             raise
         call: PendingCall[ClientReply] = PendingCall(client_id, request_no)
+        call.unsent_mark = self._pool.unsent_mark()
         self._stats.calls += 1
         try:
             if endorsed:
@@ -487,6 +489,10 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
     async def _back_off(
         self, call: PendingCall[ClientReply], attempt: int, deadline: float, last_error: str | None
     ) -> None:
+        if self._pool.nothing_sent(call):
+            raise ClusterUnreachable(
+                f"connection refused by every node: {self._pool.refusals()}; nothing was "
+                "sent, so the call had no effect (is the cluster running?)")
         delay = self._backoff.delay(attempt, self._rng)
         if trio.current_time() + delay >= deadline:
             await trio.sleep_until(deadline)

@@ -36,7 +36,7 @@ import ssl
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -86,11 +86,13 @@ LOST = None
 class PendingCall(Generic[_M]):
     """One request in flight: an inbox of (node, reply-or-LOST) filled by the readers."""
 
-    __slots__ = ("_event", "client_id", "inbox", "request_no")
+    __slots__ = ("_event", "client_id", "inbox", "request_no", "unsent_mark")
 
     def __init__(self, client_id: str, request_no: int) -> None:
         self.client_id = client_id
         self.request_no = request_no
+        self.unsent_mark = -1
+        """`ConnectionPool.unsent_mark` when the call began (-1: unknown, may have been sent)."""
         self.inbox: deque[tuple[str, _M | None]] = deque()
         self._event: trio.Event | None = None
 
@@ -111,7 +113,7 @@ class NodeSlot:
 
     __slots__ = ("calls", "connected", "host", "last_heard", "leads", "node_id", "outbox",
                  "port", "primary_claim", "probe_answered", "probe_nonce", "probe_sent",
-                 "running", "statuses", "subscribed", "tls", "wake")
+                 "refused", "running", "statuses", "subscribed", "tls", "wake")
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         self.node_id = node_id
@@ -119,6 +121,8 @@ class NodeSlot:
         self.port = port
         self.running = False  # a connection task exists (dialling or connected)
         self.connected = False
+        self.refused = False
+        """The last dial was refused (ECONNREFUSED: nothing listens); reset on a connect."""
         self.tls: TlsStream | None = None
         """The established connection (None while dialling or down): `queue` writes to it
         directly when nothing waits in `outbox`."""
@@ -230,6 +234,25 @@ class ConnectionPool:
         slot.running = True
         self.nursery.start_soon(self._run_connection, slot, name=f"client:{slot.node_id}")
 
+    def unsent_mark(self) -> int:
+        """A mark for a call about to start: the connections opened so far, or -1 when some
+        connection is open (a request could go out on it at once)."""
+        if any(slot.connected for slot in self.slots.values()):
+            return -1
+        return self._stats.connections_opened
+
+    def nothing_sent(self, call: PendingCall[Any]) -> bool:
+        """True when `call` can never have reached a node: no connection was open when it
+        began, none opened since, and every node's last dial was refused."""
+        return (call.unsent_mark >= 0
+                and self._stats.connections_opened == call.unsent_mark
+                and all(slot.refused for slot in self.slots.values()))
+
+    def refusals(self) -> str:
+        """``n1 (127.0.0.1:7001), ...``: the nodes and addresses that refused."""
+        return ", ".join(f"{s.node_id} ({s.host}:{s.port})" for s in self.slots.values()
+                         if s.refused)
+
     def forget(self, request_no: int) -> None:
         """Unregister the call numbered `request_no` from every node (it ended)."""
         for slot in self.slots.values():
@@ -275,8 +298,9 @@ class ConnectionPool:
         try:
             with trio.move_on_after(self._dial_timeout):
                 tls = await self._dial(slot)
-        except (OSError, ssl.SSLError, trio.BrokenResourceError):
+        except (OSError, ssl.SSLError, trio.BrokenResourceError) as e:
             tls = None
+            slot.refused = _refused(e)
         if tls is None:
             self._stats.connection_failures += 1
             slot.running = False
@@ -284,6 +308,7 @@ class ConnectionPool:
             return
         self._stats.connections_opened += 1
         slot.connected = True
+        slot.refused = False
         try:
             slot.tls = tls
             async with trio.open_nursery() as nursery:
@@ -353,3 +378,14 @@ class ConnectionPool:
             self._stats.connection_failures += 1
         except (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError):
             self._stats.connection_failures += 1
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a dial failed because the address refused it (ECONNREFUSED), looking through
+    trio's "all attempts to connect failed" group."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        return all(_refused(e) for e in cause.exceptions)
+    return False

@@ -193,6 +193,7 @@ class EndorsementCalls:
                                                     consistency=ReadConsistency.STALE)),
                              max_frame_size=self._max_frame_size)
         call: PendingCall[ClientReply] = PendingCall(client_id, request_no)
+        call.unsent_mark = self._pool.unsent_mark()
         self._stats.calls += 1
         until = trio.current_time() + self.timeout if deadline is None else deadline
         try:

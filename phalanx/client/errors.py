@@ -34,6 +34,12 @@ class ClientClosed(ClientError):
     """The client was closed while (or before) the call ran. Indeterminate, like a timeout."""
 
 
+class ClusterUnreachable(ClientError):
+    """No node accepted a connection: every node's address refused it (nothing listens
+    there) and no connection was open or opened during the call, so the request was never
+    sent anywhere: it certainly had NO effect. Raised at once, not after the timeout."""
+
+
 class RequestRejected(ClientError):
     """A node refused the request as invalid (`ReplyStatus.ERROR`). It certainly had no effect."""
 

@@ -11,8 +11,8 @@ from phalanx.jepsen.sim.sweep import sweep
 _MS = 1_000_000
 # Cheap but meaningful: faults for 0.6 s (swarm fault subsets), 1.2 s to heal and finish.
 _SHAPE = {"time_ns": 600 * _MS, "liveness_ns": 1_200 * _MS, "clients": 2, "keys": 2}
-# `make test` runs 100 seeds (two thirds at n=4, the rest at n=7); `make sweeps` runs 300.
-SEEDS = int(os.environ.get("PHALANX_PBFT_SEEDS", "100"))
+# `make test` runs 60 seeds (two thirds at n=4, the rest at n=7); `make sweeps` runs 300.
+SEEDS = int(os.environ.get("PHALANX_PBFT_SEEDS", "60"))
 
 
 def test_sweep_with_f_byzantine_replicas_mixes_n4_and_n7() -> None:

@@ -1,13 +1,13 @@
 """Whole-cluster simulations: determinism (same seed, same trace and history), seeded sweeps
 that must pass, and the failure report's replay command.
 
-The CI sweep (`test_swarm_sweep_passes`) runs SWARM_SEEDS seeds (default 300: half on 3
-nodes, half on 5) on two worker processes. Each seed draws its own subset of every fault kind
-(kill, lose-unfsynced, pause, the five partitions, loss, duplicate, delay, clock-skew,
-crash-after-ready, straggle) and its own Raft knobs (pre-vote, check-quorum, election and
-heartbeat ticks, pipelining, batch size, log tail kept at compaction, checkpoint interval),
-then runs 0.6 virtual seconds of faults and 1.0 s of healed liveness checks with three
-clients over three keys; it is checked for election safety, log matching, leader
+The CI sweep (`test_swarm_sweep_passes`) runs SWARM_SEEDS seeds (default 60, `make sweeps`:
+300; half on 3 nodes, half on 5) on two worker processes. Each seed draws its own subset of
+every fault kind (kill, lose-unfsynced, pause, the five partitions, loss, duplicate, delay,
+clock-skew, crash-after-ready, straggle) and its own Raft knobs (pre-vote, check-quorum,
+election and heartbeat ticks, pipelining, batch size, log tail kept at compaction, checkpoint
+interval), then runs 0.6 virtual seconds of faults and 1.0 s of healed liveness checks with
+three clients over three keys; it is checked for election safety, log matching, leader
 completeness, state-machine safety, committed-durable, monotone commit, linearizability and
 liveness. The CLI default (2 s + 2 s) is richer; `make soak` runs 10,000 such seeds.
 PHALANX_SIM_SEEDS scales the per-mix sweeps, PHALANX_SWARM_SEEDS the swarm sweep."""
@@ -27,7 +27,7 @@ _MS = 1_000_000
 # raises the per-mix seed count, PHALANX_SWARM_SEEDS the swarm's (`make sweeps`: 300; the CLI
 # and `make soak` run the long sweeps).
 SEEDS_PER_MIX = int(os.environ.get("PHALANX_SIM_SEEDS", "2"))
-SWARM_SEEDS = int(os.environ.get("PHALANX_SWARM_SEEDS", "100"))
+SWARM_SEEDS = int(os.environ.get("PHALANX_SWARM_SEEDS", "60"))
 SWARM_SHAPE = {"time_ns": 600 * _MS, "liveness_ns": 1_000 * _MS}
 SHORT = {"time_ns": 1_000 * _MS, "liveness_ns": 1_500 * _MS}
 
