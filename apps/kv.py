@@ -32,6 +32,13 @@ import immutables
 from phalanx.apps import kv_ops, kv_versions, kv_wire
 from phalanx.apps.interface import KeyAccess, KeyUpdate, Verdict
 from phalanx.apps.kv_checkpoint import KvSnapshot, Metadata, parse_checkpoint
+from phalanx.apps.kv_inbox import (
+    RESERVED_PREFIXES,
+    DeliveryCheck,
+    deliver,
+    delivery_access,
+    reserved_write,
+)
 from phalanx.apps.kv_state import LayeredState
 from phalanx.apps.kv_types import (
     MAX_COMMAND_BYTES,
@@ -42,6 +49,7 @@ from phalanx.apps.kv_types import (
     CasResult,
     CompareAndSet,
     Concat,
+    CsDeliver,
     Delete,
     Deleted,
     Done,
@@ -82,6 +90,16 @@ class KvStateMachine:
         self._data = LayeredState()
         self._meta: Metadata = immutables.Map()
         """Version metadata of the keys written in transaction mode (`apply_tx`)."""
+        self._delivery_check: DeliveryCheck | None = None
+        self.refused: dict[str, int] = {}
+        """Writes refused at apply by the inbox rules (`phalanx.apps.kv_inbox`), by reason:
+        ``reserved_key``, ``uncertified:<why>``. Metrics, not state."""
+
+    def install_delivery_check(self, check: DeliveryCheck | None) -> None:
+        """Verify `CsDeliver` certificates with `check` (the clustersend service installs
+        one at start, from the cluster's link files; without one every delivery is refused).
+        """
+        self._delivery_check = check
 
     def __len__(self) -> int:
         return len(self._data)
@@ -152,18 +170,25 @@ class KvStateMachine:
     def execute(self, cmd: KvCommand | KvError) -> KvResult:
         """Execute a typed command (an already-decoded `KvError` is passed through)."""
         if (type(cmd) is Put and len(cmd.value) <= MAX_VALUE_BYTES
-                and not key_too_large(cmd.key)):
+                and not key_too_large(cmd.key) and not cmd.key.startswith(RESERVED_PREFIXES)):
             # A valid put, ahead of the general checks and the dispatch below: puts are most
             # of what a node applies and all of a typical WAL replay.
             self._data.set(cmd.key, cmd.value)
             return _DONE
         if isinstance(cmd, KvError):
             return cmd
-        problem = validate(cmd)
+        problem = validate(cmd) or reserved_write(cmd)
         if problem is not None:
+            if problem.code is KvErrorCode.RESERVED_KEY:
+                self._count_refusal("reserved_key")
             return problem
         data = self._data
         match cmd:
+            case CsDeliver():
+                result, refusal = deliver(data, cmd, self._delivery_check)
+                if refusal is not None:
+                    self._count_refusal(f"uncertified:{refusal}")
+                return result
             case Put(key=key, value=value):
                 data.set(key, value)
                 return Done()
@@ -207,6 +232,9 @@ class KvStateMachine:
                 )
                 return TxnResult(succeeded=held, observed=observed)
 
+    def _count_refusal(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
     # ---------------------------------------------------------------- EndorsementHooks
 
     def access(self, command: bytes) -> KeyAccess:
@@ -238,6 +266,9 @@ class KvStateMachine:
                 written = {w.key for w in success + failure}
                 return KeyAccess(reads=tuple(sorted(compared)),
                                  writes=tuple(sorted(written | compared if written else ())))
+            case CsDeliver():
+                reads, writes = delivery_access(cmd)
+                return KeyAccess(reads=reads, writes=writes)
             case KvError():
                 return KeyAccess()
 

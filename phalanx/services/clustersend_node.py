@@ -16,11 +16,15 @@ result: a member signs only what it applied itself, so a certificate needs nothi
 replicated state; the outbox is also what a restarted member re-reads to resume sending.
 
 Receiving: each certified value the machine delivers (``Inbound``) is submitted to our own
-consensus as a KV transaction (`inbox_command`): "if ``cs/in/<src>/<k>`` is absent, put the
-value there" (plus the application's extra writes, `Mailbox.inbox_writes`), so duplicates
-submitted by several members apply once: dedup by (sending cluster, seq) in the replicated
-state. Until the state shows it, the member resubmits every ``resubmit`` ticks (a follower's
-refusal, a lost proposal or a leader change are normal).
+consensus as the KV command `CsDeliver` (`delivery_command`): "if ``cs/in/<src>/<k>`` is
+absent, put the value there", with the sending cluster's certificate. Every replica checks
+the certificate WHEN IT APPLIES (`phalanx.apps.kv_inbox`, with the `ApplyCheck` of
+`phalanx.services.clustersend_apply` this module's `build` installs in the KV machine from
+the link files), so a forged inbox write ordered by a Byzantine proposer changes nothing;
+copies submitted by several members apply once: dedup by (sending cluster, seq) in the
+replicated state. A `credit_value`'s increment is derived from the certified value at apply
+(never from the submitter). Until the state shows it, the member resubmits every
+``resubmit`` ticks (a follower's refusal, a lost proposal or a leader change are normal).
 
 Crash-kind certificates (Raft): the machine's format wants a leader's `CommitNotice`. Here
 every signer signs only after APPLYING the entry, so under crash faults a majority of
@@ -41,7 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from phalanx.apps.kv_types import Compare, Put, Txn, TxnWrite
+from phalanx.apps.kv_inbox import CREDIT, DeliveryCheck, credit_value, inbox_key, parse_credit
+from phalanx.apps.kv_types import Compare, Put, Txn
 from phalanx.apps.kv_wire import encode_command
 from phalanx.clustersend import (
     CLUSTERSEND_MESSAGES,
@@ -66,6 +71,7 @@ from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols.spec import CallStrategy
+from phalanx.services.clustersend_apply import ApplyCheck, delivery_command
 from phalanx.services.linked_keys import load_linked_keys, send_qualified
 from phalanx.services.spec import SendFn as ServiceSend
 from phalanx.services.spec import ServiceContext, ServiceError
@@ -104,30 +110,17 @@ class KvReader(Protocol):
     def get(self, key: str) -> bytes | None: ...
 
 
-CREDIT = b"phalanx-credit\x00"
-"""A value that starts with this carries an increment (`credit_value`): the receiving
-cluster adds it to a KV number in the same transaction as the inbox entry (exactly once)."""
+@runtime_checkable
+class DeliveryHost(KvReader, Protocol):
+    """The KV machine side the service needs to make inbox writes certified at apply."""
 
+    refused: dict[str, int]
 
-def credit_value(key: str, amount: int, note: str = "") -> bytes:
-    """A cluster-sent value that credits `amount` to the number at `key` on arrival."""
-    return CREDIT + f"{key}\x00{amount}\x00{note}".encode()
-
-
-def parse_credit(value: bytes) -> tuple[str, int] | None:
-    """(key, amount) of a `credit_value`, or None (another value, or malformed)."""
-    if not value.startswith(CREDIT):
-        return None
-    try:
-        key, amount, _ = value[len(CREDIT):].decode().split("\x00", 2)
-        return key, int(amount)
-    except (UnicodeDecodeError, ValueError):
-        return None
+    def install_delivery_check(self, check: DeliveryCheck | None) -> None: ...
 
 
 class Mailbox:
-    """The KV layout of the outbox and the inbox (see the module docstring). An application
-    built on the KV app (the cross-shard demo) subclasses it for `inbox_writes`."""
+    """The KV layout of the outbox and the inbox (see the module docstring)."""
 
     def __init__(self, state: KvReader) -> None:
         self.state = state
@@ -136,33 +129,11 @@ class Mailbox:
         return self.state.get(_key("out", dst_cluster, seq))
 
     def received(self, src_cluster: str, seq: int) -> bool:
-        return self.state.get(_key("in", src_cluster, seq)) is not None
+        return self.state.get(inbox_key(src_cluster, seq)) is not None
 
-    def inbox_writes(self, inbound: Inbound) -> tuple[TxnWrite, ...] | None:
-        """Extra writes applied with the inbox entry: a `credit_value`'s increment (the
-        transaction guards the number's current value: a concurrent change makes it fail,
-        and the value is resubmitted with the new one)."""
-        credit = parse_credit(inbound.value)
-        if credit is None:
-            return ()
-        key, amount = credit
-        current = self.state.get(key)
-        try:
-            balance = int(current) if current is not None else 0
-        except ValueError:
-            return ()  # not a number: the value is recorded, nothing credited
-        return (Put(key=key, value=str(balance + amount).encode()),)
-
-    def inbox_command(self, inbound: Inbound) -> bytes | None:
-        extra = self.inbox_writes(inbound)
-        if extra is None:
-            return None
-        key = _key("in", inbound.src_cluster, inbound.seq)
-        guards = [Compare(key=key, expected=None)]
-        guards += [Compare(key=w.key, expected=self.state.get(w.key)) for w in extra]
-        compares = tuple(guards)
-        return encode_command(Txn(compares=compares,
-                                  success=(Put(key=key, value=inbound.value), *extra)))
+    def inbox_command(self, inbound: Inbound) -> bytes:
+        """The `CsDeliver` that records `inbound` (its certificate is checked at apply)."""
+        return delivery_command(inbound)
 
 
 @dataclass(slots=True)
@@ -244,6 +215,9 @@ class ClusterSendService:
         out = dict(self._counters)
         for name, value in self.machine.status().items():
             out[f"machine:{name}"] = value
+        if isinstance(self.mailbox.state, DeliveryHost):  # refused by every replica's apply
+            for name, value in self.mailbox.state.refused.items():
+                out[f"apply_refused:{name}"] = value
         return out
 
     def gauges(self) -> Mapping[str, int]:
@@ -356,8 +330,7 @@ class ClusterSendService:
 
     def _propose(self, inbound: Inbound) -> None:
         key = (inbound.src_cluster, inbound.seq)
-        command = self.mailbox.inbox_command(inbound)
-        if command is not None and self._submit(command):
+        if self._submit(self.mailbox.inbox_command(inbound)):
             self._count("submitted")
             self._inbox[key] = (inbound, self._ticks)
         else:
@@ -390,10 +363,14 @@ def build(context: ServiceContext) -> ClusterSendService:
                            "sign each transaction); run it on raft or pbft")
     keys = load_linked_keys(config, "clustersend", spec.fault_model,
                             CLUSTERSEND_SERVICE_MESSAGES)
-    if context.submit is None or not isinstance(context.machine, KvReader):
+    if context.submit is None or not isinstance(context.machine, DeliveryHost):
         raise ServiceError(f"[clustersend] runs on the kv app (its outbox and inbox are KV "
                            f"keys); this node runs {config.app!r}")
     cluster, linked, crypto, me = keys.cluster, keys.linked, keys.crypto, keys.me
+    # Before anything applies (the driver starts after the services are built): every
+    # replica checks inbox writes at apply against the same link files.
+    context.machine.install_delivery_check(ApplyCheck(
+        own=cluster.cluster_id, linked={c.cluster_id: c for c in linked}, verifier=crypto))
     options = context.options
     try:
         machine_config = ClusterSendConfig(mode=Mode(str(options["mode"])),
@@ -411,3 +388,8 @@ def build(context: ServiceContext) -> ClusterSendService:
                               mailbox=Mailbox(context.machine),
                               tick_seconds=int(options["tick_ms"]) / 1000,
                               config=machine_config, resubmit=int(options["resubmit"]))
+
+
+__all__ = ["CLUSTERSEND_SERVICE_MESSAGES", "CREDIT", "ClusterSendService", "CsSign",
+           "DeliveryHost", "KvReader", "Mailbox", "build", "credit_value", "outbox_command",
+           "parse_credit"]

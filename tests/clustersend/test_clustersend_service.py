@@ -16,6 +16,7 @@ from phalanx.clustersend import (
     ClusterSendConfig,
     CsEcho,
     CsSend,
+    Inbound,
     MemberSignature,
     SendStatement,
     certify,
@@ -26,6 +27,7 @@ from phalanx.net import wire
 from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify
 from phalanx.protocols.spec import FaultModel
+from phalanx.services.clustersend_apply import ApplyCheck, delivery_command
 from phalanx.services.clustersend_node import (
     CLUSTERSEND_SERVICE_MESSAGES,
     ClusterSendService,
@@ -54,6 +56,9 @@ class Harness:
         self.sent: list[tuple[NodeId, Message]] = []
         self.submitted: list[bytes] = []
         self.state = KvStateMachine()
+        self.state.install_delivery_check(ApplyCheck(
+            own=own.cluster_id, linked={other.cluster_id: other},
+            verifier=crypto(qualify(node, cluster))))
         self.service = ClusterSendService(
             me=qualify(node, cluster), cluster=own, linked=(other,),
             crypto=crypto(qualify(node, cluster)),
@@ -161,7 +166,10 @@ def test_a_restarted_receiver_resumes_after_what_its_state_holds() -> None:
     # restarted with a fresh machine): value 3 is delivered at once, not held for 0..2.
     h = Harness(B, "n1")
     for seq in range(3):
-        h.state.apply(encode_command(Put(key=f"cs/in/{A}/{seq:010d}", value=b"old")))
+        _, cert = _certified(seq, b"old")
+        h.state.apply(delivery_command(Inbound(src_cluster=A, seq=seq, value=b"old",
+                                               certificate=cert)))
+        assert h.state.get(f"cs/in/{A}/{seq:010d}") == b"old"
     h.service.tick()
     _, cert = _certified(3, b"new")
     h.service.receive(qualify("n2", B), CsEcho(value=b"new", certificate=cert))
