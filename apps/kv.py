@@ -101,6 +101,10 @@ class KvStateMachine:
         """
         self._delivery_check = check
 
+    @property
+    def delivery_check(self) -> DeliveryCheck | None:
+        return self._delivery_check
+
     def __len__(self) -> int:
         return len(self._data)
 

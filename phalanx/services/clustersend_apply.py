@@ -51,6 +51,11 @@ class ApplyCheck:
         self._verifier = verifier
         self._unchecked = APPLY_UNCHECKED in bugs
 
+    def with_bugs(self, bugs: frozenset[str]) -> ApplyCheck:
+        """The same check with deliberate `bugs` (tests)."""
+        return ApplyCheck(own=self.own, linked=self.linked, verifier=self._verifier,
+                          bugs=bugs)
+
     def __call__(self, cmd: CsDeliver) -> str | None:
         if self._unchecked:
             return None
