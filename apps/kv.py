@@ -33,10 +33,14 @@ from phalanx.apps import kv_ops, kv_versions, kv_wire
 from phalanx.apps.interface import KeyAccess, KeyUpdate, Verdict
 from phalanx.apps.kv_checkpoint import KvSnapshot, Metadata, parse_checkpoint
 from phalanx.apps.kv_inbox import (
-    RESERVED_PREFIXES,
+    GUARDED_PREFIX,
     DeliveryCheck,
+    compact,
     deliver,
     delivery_access,
+    in_mark_key,
+    out_mark_key,
+    prune,
     reserved_write,
 )
 from phalanx.apps.kv_state import LayeredState
@@ -49,7 +53,9 @@ from phalanx.apps.kv_types import (
     CasResult,
     CompareAndSet,
     Concat,
+    CsCompact,
     CsDeliver,
+    CsPrune,
     Delete,
     Deleted,
     Done,
@@ -174,24 +180,31 @@ class KvStateMachine:
     def execute(self, cmd: KvCommand | KvError) -> KvResult:
         """Execute a typed command (an already-decoded `KvError` is passed through)."""
         if (type(cmd) is Put and len(cmd.value) <= MAX_VALUE_BYTES
-                and not key_too_large(cmd.key) and not cmd.key.startswith(RESERVED_PREFIXES)):
+                and not key_too_large(cmd.key) and not cmd.key.startswith(GUARDED_PREFIX)):
             # A valid put, ahead of the general checks and the dispatch below: puts are most
             # of what a node applies and all of a typical WAL replay.
             self._data.set(cmd.key, cmd.value)
             return _DONE
         if isinstance(cmd, KvError):
             return cmd
-        problem = validate(cmd) or reserved_write(cmd)
+        problem = validate(cmd) or reserved_write(cmd, self._data.get)
         if problem is not None:
             if problem.code is KvErrorCode.RESERVED_KEY:
                 self._count_refusal("reserved_key")
             return problem
         data = self._data
         match cmd:
-            case CsDeliver():
-                result, refusal = deliver(data, cmd, self._delivery_check)
+            case CsDeliver() | CsCompact() | CsPrune():
+                if isinstance(cmd, CsDeliver):
+                    result, refusal = deliver(data, cmd, self._delivery_check)
+                elif isinstance(cmd, CsCompact):
+                    result, refusal = compact(data, cmd, self._delivery_check)
+                else:
+                    result, refusal = prune(data, cmd)
                 if refusal is not None:
-                    self._count_refusal(f"uncertified:{refusal}")
+                    self._count_refusal(refusal if isinstance(result, KvError) and result.code
+                                        is KvErrorCode.INVALID_ARGUMENT
+                                        else f"uncertified:{refusal}")
                 return result
             case Put(key=key, value=value):
                 data.set(key, value)
@@ -273,6 +286,11 @@ class KvStateMachine:
             case CsDeliver():
                 reads, writes = delivery_access(cmd)
                 return KeyAccess(reads=reads, writes=writes)
+            case CsCompact(dst_cluster=dst, seq=seq):  # (cores that read access refuse
+                keys = tuple(sorted((out_mark_key(dst), f"cs/out/{dst}/{seq:010d}")))
+                return KeyAccess(reads=keys, writes=keys)  # clustersend: leaderless)
+            case CsPrune(src_cluster=src):  # (and the pruned slots below the mark)
+                return KeyAccess(reads=(in_mark_key(src),), writes=(in_mark_key(src),))
             case KvError():
                 return KeyAccess()
 

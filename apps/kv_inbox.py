@@ -38,7 +38,7 @@ is injected: the certificate is opaque bytes here).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Protocol
 
 from phalanx.apps.kv_state import LayeredState
 from phalanx.apps.kv_types import (
@@ -46,7 +46,9 @@ from phalanx.apps.kv_types import (
     Add,
     CompareAndSet,
     Concat,
+    CsCompact,
     CsDeliver,
+    CsPrune,
     Delete,
     KvCommand,
     KvError,
@@ -60,19 +62,53 @@ from phalanx.apps.kv_types import (
     TxnResult,
 )
 
+GUARDED_PREFIX = "cs/"
+"""Writes under this prefix take `reserved_write`'s look (the KV fast path skips them)."""
 INBOX_PREFIX = "cs/in/"
-RESERVED_PREFIXES = (INBOX_PREFIX,)
-"""Key prefixes no command but `CsDeliver` may write."""
+OUTBOX_PREFIX = "cs/out/"
+MARK_PREFIX = "cs/mark/"
+RESERVED_PREFIXES = (INBOX_PREFIX, MARK_PREFIX)
+"""Key prefixes only `CsDeliver`, `CsCompact` and `CsPrune` write."""
+MAX_PRUNE = 4096
+"""Most inbox slots one `CsPrune` deletes."""
 
 
 def inbox_key(src_cluster: str, seq: int) -> str:
     return f"{INBOX_PREFIX}{src_cluster}/{seq:010d}"
 
 
-DeliveryCheck: TypeAlias = Callable[[CsDeliver], str | None]
-"""Verifies a delivery's certificate against the linked clusters' public material: None to
-accept, else the refusal reason. Must be a pure function of its argument (and of material
-loaded at start), identical on every replica, and never raise."""
+def outbox_key(dst_cluster: str, seq: int) -> str:
+    return f"{OUTBOX_PREFIX}{dst_cluster}/{seq:010d}"
+
+
+def in_mark_key(src_cluster: str) -> str:
+    """Where `src_cluster`'s delivery mark lives: its slots below it were delivered (and
+    their entries may be pruned)."""
+    return f"{MARK_PREFIX}in/{src_cluster}"
+
+
+def out_mark_key(dst_cluster: str) -> str:
+    """Where our compaction mark for `dst_cluster` lives: our outbox slots below it were
+    confirmed received there (f+1 acknowledgements verified at apply) and deleted."""
+    return f"{MARK_PREFIX}out/{dst_cluster}"
+
+
+def read_mark(get: Callable[[str], bytes | None], key: str) -> int:
+    """A mark's value (0 when absent; only this module writes marks)."""
+    value = get(key)
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+class DeliveryCheck(Protocol):
+    """Verifies cluster-sending proofs against the linked clusters' public material (None
+    to accept, else the refusal reason). Must be a pure function of its arguments (and of
+    material loaded at start), identical on every replica, and never raise."""
+
+    def certificate(self, cmd: CsDeliver) -> str | None:
+        """Does `cmd.certificate` prove `cmd.src_cluster` sent `cmd.value` as `cmd.seq`?"""
+
+    def ack_proof(self, cmd: CsCompact, value: bytes) -> str | None:
+        """Does `cmd.proof` show `cmd.dst_cluster` got our `cmd.seq`-th value, `value`?"""
 
 CREDIT = b"phalanx-credit\x00"
 """A value that starts with this carries an increment (`credit_value`): applying it adds the
@@ -110,14 +146,31 @@ def _written(cmd: KvCommand) -> tuple[str, ...]:
     return ()
 
 
-def reserved_write(cmd: KvCommand) -> KvError | None:
-    """`RESERVED_KEY` if `cmd` may write a key under a reserved prefix (either branch of a
-    `Txn` counts, whichever would run), else None."""
+def _outbox_slot(key: str) -> tuple[str, int] | None:
+    dst, _, digits = key[len(OUTBOX_PREFIX):].rpartition("/")
+    if not dst or not digits.isascii() or not digits.isdigit():
+        return None
+    seq = int(digits)
+    return (dst, seq) if key == outbox_key(dst, seq) else None
+
+
+def reserved_write(cmd: KvCommand, get: Callable[[str], bytes | None]) -> KvError | None:
+    """`RESERVED_KEY` if `cmd` may write (either branch of a `Txn` counts, whichever would
+    run) a key under a reserved prefix, or an outbox slot already compacted (refilling it
+    would make the sending cluster send a second value for a seq already received); else
+    None. `get` reads the current state."""
     for key in _written(cmd):
+        if not key.startswith(GUARDED_PREFIX):
+            continue
         if reserved(key):
             return KvError(code=KvErrorCode.RESERVED_KEY,
-                           message=f"{key!r}: keys under {INBOX_PREFIX!r} are written only by "
-                           "a certified cluster-sent value (CsDeliver)")
+                           message=f"{key!r}: keys under {INBOX_PREFIX!r} and {MARK_PREFIX!r} "
+                           "are written only by certified cluster-sending commands")
+        slot = _outbox_slot(key) if key.startswith(OUTBOX_PREFIX) else None
+        if slot is not None and slot[1] < (mark := read_mark(get, out_mark_key(slot[0]))):
+            return KvError(code=KvErrorCode.RESERVED_KEY,
+                           message=f"{key!r}: this outbox slot was sent, confirmed and "
+                           f"compacted; the next free slot is {mark} or later")
     return None
 
 
@@ -145,7 +198,9 @@ def deliver(data: LayeredState, cmd: CsDeliver, check: DeliveryCheck | None
     existing = data.get(key)
     if existing is not None:  # exactly once: later copies change nothing
         return TxnResult(succeeded=False, observed=(existing,)), None
-    reason = "no_linked_cluster" if check is None else check(cmd)
+    if cmd.seq < read_mark(data.get, in_mark_key(cmd.src_cluster)):  # delivered, pruned
+        return TxnResult(succeeded=False, observed=(None,)), None
+    reason = "no_linked_cluster" if check is None else check.certificate(cmd)
     if reason is not None:
         return KvError(code=KvErrorCode.UNCERTIFIED,
                        message=f"{key}: refused: its certificate does not verify ({reason}); "
@@ -158,15 +213,61 @@ def deliver(data: LayeredState, cmd: CsDeliver, check: DeliveryCheck | None
     return TxnResult(succeeded=True, observed=(None,)), None
 
 
+def compact(data: LayeredState, cmd: CsCompact, check: DeliveryCheck | None
+            ) -> tuple[KvResult, str | None]:
+    """Apply `cmd` (`CsCompact`): the result and, when refused, the reason."""
+    mark_key = out_mark_key(cmd.dst_cluster)
+    mark = read_mark(data.get, mark_key)
+    if cmd.seq < mark:  # compacted already (a copy from another member)
+        return TxnResult(succeeded=False, observed=(None,)), None
+    key = outbox_key(cmd.dst_cluster, cmd.seq)
+    value = data.get(key)
+    if cmd.seq > mark or value is None:
+        return KvError(code=KvErrorCode.INVALID_ARGUMENT,
+                       message=f"{key}: not the next slot to compact (that is {mark}, and it "
+                       "must hold a value)"), "compact_not_next"
+    reason = "no_linked_cluster" if check is None else check.ack_proof(cmd, value)
+    if reason is not None:
+        return KvError(code=KvErrorCode.UNCERTIFIED,
+                       message=f"{key}: not compacted: its acknowledgement proof does not "
+                       f"verify ({reason})"), reason
+    data.write_all(((key, None), (mark_key, str(cmd.seq + 1).encode())))
+    return TxnResult(succeeded=True, observed=(value,)), None
+
+
+def prune(data: LayeredState, cmd: CsPrune) -> tuple[KvResult, str | None]:
+    """Apply `cmd` (`CsPrune`): the result and, when refused, the reason. Needs no proof: it
+    only forgets entries of values already delivered, and the mark keeps them no-ops."""
+    mark_key = in_mark_key(cmd.src_cluster)
+    mark = read_mark(data.get, mark_key)
+    if cmd.below <= mark:
+        return TxnResult(succeeded=False, observed=()), None
+    if cmd.below - mark > MAX_PRUNE:
+        return KvError(code=KvErrorCode.INVALID_ARGUMENT,
+                       message=f"prune at most {MAX_PRUNE} slots at once (from {mark})"), \
+            "prune_too_many"
+    for seq in range(mark, cmd.below):
+        if data.get(inbox_key(cmd.src_cluster, seq)) is None:
+            return KvError(code=KvErrorCode.INVALID_ARGUMENT,
+                           message=f"cannot prune {cmd.src_cluster} below {cmd.below}: slot "
+                           f"{seq} is not delivered yet"), "prune_gap"
+    writes: list[tuple[str, bytes | None]] = [
+        (inbox_key(cmd.src_cluster, seq), None) for seq in range(mark, cmd.below)]
+    writes.append((mark_key, str(cmd.below).encode()))
+    data.write_all(writes)
+    return TxnResult(succeeded=True, observed=()), None
+
+
 def delivery_access(cmd: CsDeliver) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(reads, writes) of `cmd`, sorted: the inbox key, and the credited key if any."""
-    keys = {inbox_key(cmd.src_cluster, cmd.seq)}
+    keys = {inbox_key(cmd.src_cluster, cmd.seq), in_mark_key(cmd.src_cluster)}
     credit = parse_credit(cmd.value)
     if credit is not None and not reserved(credit[0]):
         keys.add(credit[0])
     return tuple(sorted(keys)), tuple(sorted(keys))
 
 
-__all__ = ["CREDIT", "INBOX_PREFIX", "RESERVED_PREFIXES", "DeliveryCheck",
-           "credit_value", "deliver", "delivery_access", "inbox_key", "parse_credit",
-           "reserved", "reserved_write"]
+__all__ = ["CREDIT", "GUARDED_PREFIX", "INBOX_PREFIX", "MARK_PREFIX", "MAX_PRUNE",
+           "OUTBOX_PREFIX", "RESERVED_PREFIXES", "DeliveryCheck", "compact", "credit_value",
+           "deliver", "delivery_access", "in_mark_key", "inbox_key", "out_mark_key",
+           "outbox_key", "parse_credit", "prune", "read_mark", "reserved", "reserved_write"]

@@ -190,9 +190,35 @@ class CsDeliver:
     certificate: bytes
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CsCompact:
+    """Garbage-collect our outbox: delete ``cs/out/<dst_cluster>/<seq>`` and move the
+    cluster's compaction mark past it, only if `seq` is the next slot to compact and `proof`
+    (the canonical encoding of a `phalanx.clustersend.AckProof`) shows `dst_cluster`'s f+1
+    members acknowledged that slot's value: checked at apply (`phalanx.apps.kv_inbox`).
+    Result: `TxnResult(succeeded=whether this apply compacted it, observed=(the value,))`,
+    or `KvError(UNCERTIFIED)`."""
+
+    dst_cluster: str
+    seq: int
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CsPrune:
+    """Garbage-collect our inbox: delete ``cs/in/<src_cluster>/<k>`` for every k below
+    `below` and move the source's delivery mark there, so later copies of those values stay
+    no-ops. Refused (no effect) unless every slot from the current mark up to `below` has been
+    delivered. Result: `TxnResult(succeeded=whether the mark moved, observed=())`, or
+    `KvError(INVALID_ARGUMENT)`."""
+
+    src_cluster: str
+    below: int
+
+
 KvCommand: TypeAlias = (
     Put | Get | Delete | CompareAndSet | Scan | Txn | GetVersion | GetVersioned | Add | Mul
-    | SAdd | SRem | Concat | GetBaseVersion | CsDeliver
+    | SAdd | SRem | Concat | GetBaseVersion | CsDeliver | CsCompact | CsPrune
 )
 READ_COMMANDS = (Get, Scan, GetVersion, GetVersioned, GetBaseVersion)
 """The commands `KvStateMachine.query` answers (they change nothing)."""
@@ -329,6 +355,8 @@ KV_TYPE_IDS: dict[int, type] = {
     427: VersionResult,
     428: VersionedValue,
     613: CsDeliver,
+    614: CsCompact,
+    615: CsPrune,
 }
 """Stable codec type ids (the 400-499 range is reserved for apps in `phalanx.net.wire`;
-`CsDeliver` takes 613 of cluster-sending's range, 600-699)."""
+`CsDeliver`, `CsCompact`, `CsPrune` take 613-615 of cluster-sending's range, 600-699)."""

@@ -16,7 +16,9 @@ from phalanx.apps.kv_types import (
     Add,
     CompareAndSet,
     Concat,
+    CsCompact,
     CsDeliver,
+    CsPrune,
     KvCommand,
     KvError,
     KvErrorCode,
@@ -79,6 +81,12 @@ def validate(cmd: KvCommand) -> KvError | None:
         return _validate_txn(cmd)
     if isinstance(cmd, CsDeliver):
         return _validate_delivery(cmd)
+    if isinstance(cmd, (CsCompact, CsPrune)):
+        cluster = cmd.dst_cluster if isinstance(cmd, CsCompact) else cmd.src_cluster
+        if key_too_large(f"cs/mark/out/{cluster}/{0:010d}"):
+            return KvError(code=KvErrorCode.KEY_TOO_LARGE,
+                           message=f"key exceeds {MAX_KEY_BYTES} bytes")
+        return None
     key = cmd.prefix if isinstance(cmd, Scan) else cmd.key
     if key_too_large(key):
         return KvError(code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes")

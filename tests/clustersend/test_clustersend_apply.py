@@ -156,7 +156,7 @@ def test_every_forged_inbox_write_is_refused_at_apply_on_every_replica() -> None
         assert isinstance(result, KvError), what
         if reason == "reserved":
             assert result.code is KvErrorCode.RESERVED_KEY, what
-            assert "written only by a certified cluster-sent value" in result.message
+            assert "written only by certified cluster-sending commands" in result.message
         else:
             assert result.code is KvErrorCode.UNCERTIFIED, what
             assert f"({reason})" in result.message, (what, result.message)
