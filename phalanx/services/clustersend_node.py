@@ -45,7 +45,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from phalanx.apps.kv_inbox import CREDIT, DeliveryCheck, credit_value, inbox_key, parse_credit
+from phalanx.apps.kv_inbox import (
+    CREDIT,
+    DeliveryCheck,
+    credit_value,
+    in_mark_key,
+    inbox_key,
+    out_mark_key,
+    parse_credit,
+    read_mark,
+)
 from phalanx.apps.kv_types import Compare, Put, Txn
 from phalanx.apps.kv_wire import encode_command
 from phalanx.clustersend import (
@@ -57,6 +66,7 @@ from phalanx.clustersend import (
     ClusterSendMachine,
     ClusterSendReady,
     CommitNotice,
+    Confirmed,
     Inbound,
     MemberSignature,
     Mode,
@@ -71,7 +81,12 @@ from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols.spec import CallStrategy
-from phalanx.services.clustersend_apply import ApplyCheck, delivery_command
+from phalanx.services.clustersend_apply import (
+    ApplyCheck,
+    compact_command,
+    delivery_command,
+    prune_command,
+)
 from phalanx.services.linked_keys import load_linked_keys, send_qualified
 from phalanx.services.spec import SendFn as ServiceSend
 from phalanx.services.spec import ServiceContext, ServiceError
@@ -129,7 +144,16 @@ class Mailbox:
         return self.state.get(_key("out", dst_cluster, seq))
 
     def received(self, src_cluster: str, seq: int) -> bool:
-        return self.state.get(inbox_key(src_cluster, seq)) is not None
+        return (seq < self.inbox_mark(src_cluster)
+                or self.state.get(inbox_key(src_cluster, seq)) is not None)
+
+    def outbox_mark(self, dst_cluster: str) -> int:
+        """Our outbox slots to `dst_cluster` below this were confirmed and compacted."""
+        return read_mark(self.state.get, out_mark_key(dst_cluster))
+
+    def inbox_mark(self, src_cluster: str) -> int:
+        """`src_cluster`'s values below this were delivered and their entries pruned."""
+        return read_mark(self.state.get, in_mark_key(src_cluster))
 
     def inbox_command(self, inbound: Inbound) -> bytes:
         """The `CsDeliver` that records `inbound` (its certificate is checked at apply)."""
@@ -153,7 +177,7 @@ class ClusterSendService:
     def __init__(self, *, me: NodeId, cluster: ClusterInfo, linked: tuple[ClusterInfo, ...],
                  crypto: Ed25519Crypto, send: ServiceSend, submit: SubmitFn,
                  mailbox: Mailbox, tick_seconds: float, config: ClusterSendConfig,
-                 resubmit: int) -> None:
+                 resubmit: int, gc: bool = False, gc_batch: int = 32) -> None:
         self.me = me
         self.cluster = cluster
         self.linked = {c.cluster_id: c for c in linked}
@@ -163,6 +187,11 @@ class ClusterSendService:
         self.mailbox = mailbox
         self._tick_seconds = tick_seconds
         self._resubmit = resubmit
+        self._gc = gc
+        self._gc_batch = gc_batch
+        self._compact: dict[tuple[str, int], tuple[Confirmed, int]] = {}
+        """With gc: confirmed sends not yet compacted, and the tick we last submitted each."""
+        self._pruned_at: dict[str, int] = {}
         self.machine = ClusterSendMachine(
             me, cluster.cluster_id, {cluster.cluster_id: cluster, **self.linked},
             crypto=crypto, config=config)
@@ -194,6 +223,8 @@ class ClusterSendService:
         self._ticks += 1
         self._poll_outbox()
         self._poll_inbox()
+        if self._gc:
+            self._collect()
         self._carry_out(self.machine.step(Tick()))
 
     def receive(self, src: NodeId, message: Message) -> None:
@@ -234,6 +265,7 @@ class ClusterSendService:
 
     def _poll_outbox(self) -> None:
         for dst in sorted(self.linked):
+            self._next_out[dst] = max(self._next_out[dst], self.mailbox.outbox_mark(dst))
             while (value := self.mailbox.outbox(dst, self._next_out[dst])) is not None:
                 seq = self._next_out[dst]
                 self._next_out[dst] = seq + 1
@@ -346,6 +378,34 @@ class ClusterSendService:
         for confirmed in ready.confirmed:
             self.confirmed.setdefault((confirmed.dst_cluster, confirmed.seq), self._ticks)
             self._count("confirmed")
+            if self._gc:
+                self._compact.setdefault((confirmed.dst_cluster, confirmed.seq),
+                                         (confirmed, self._ticks - self._resubmit))
+
+    # -- garbage collection (option gc): checked at apply like the inbox -------------------
+
+    def _collect(self) -> None:
+        """Submit the next compaction of each outbox (in seq order: the mark moves one slot
+        at a time) and, every `gc_batch` delivered values, a prune of each inbox."""
+        for dst in sorted(self.linked):
+            mark = self.mailbox.outbox_mark(dst)
+            for key in [k for k in self._sending if k[0] == dst and k[1] < mark]:
+                del self._sending[key]  # compacted (by our submission or another member's)
+                self._count("compacted")
+            for key in [k for k in self._compact if k[0] == dst and k[1] < mark]:
+                del self._compact[key]
+            pending = self._compact.get((dst, mark))
+            if (pending is not None and self._ticks - pending[1] >= self._resubmit
+                    and self._submit(compact_command(pending[0]))):
+                self._compact[(dst, mark)] = (pending[0], self._ticks)
+                self._count("submitted_compact")
+        for src in sorted(self.linked):
+            below = self._next_in[src]
+            if (below - self.mailbox.inbox_mark(src) >= self._gc_batch
+                    and self._ticks - self._pruned_at.get(src, -self._resubmit)
+                    >= self._resubmit and self._submit(prune_command(src, below))):
+                self._pruned_at[src] = self._ticks
+                self._count("submitted_prune")
 
     def _send_to(self, node: NodeId, message: Message) -> None:
         if send_qualified(self._send, self.cluster.cluster_id, node, message, self._count):
@@ -387,7 +447,8 @@ def build(context: ServiceContext) -> ClusterSendService:
                               send=context.send, submit=context.submit,
                               mailbox=Mailbox(context.machine),
                               tick_seconds=int(options["tick_ms"]) / 1000,
-                              config=machine_config, resubmit=int(options["resubmit"]))
+                              config=machine_config, resubmit=int(options["resubmit"]),
+                              gc=bool(options["gc"]), gc_batch=int(options["gc_batch"]))
 
 
 __all__ = ["CLUSTERSEND_SERVICE_MESSAGES", "CREDIT", "ClusterSendService", "CsSign",
