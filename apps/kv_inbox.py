@@ -2,7 +2,8 @@
 
 Owns: how `CsDeliver` (`phalanx.apps.kv_types`, wire id 613: "put the value linked cluster
 `src_cluster` sent as its `seq`-th value into our inbox", with the sending cluster's
-certificate) applies (`deliver`), the reserved key prefix ``cs/in/`` (`reserved_write`),
+certificate) applies (`deliver`), and the garbage collection commands `CsCompact` (614,
+`compact`) and `CsPrune` (615, `prune`); the reserved key prefixes (`reserved_write`),
 the `DeliveryCheck` hook the KV app calls to verify a certificate, and the credit format
 (`credit_value`, `parse_credit`) whose effect the app derives from the certified value.
 
@@ -23,8 +24,15 @@ makes when the write applies does. So:
   whatever the certificate, and spares the signature checks of the n-1 copies.
 - The only other write is DERIVED from the certified value, never taken from the submitter:
   a `credit_value(key, amount)` adds `amount` to the decimal number at `key` in the same
-  step (absent reads as 0; a key that is not a number, is reserved or too large is not
+  step (absent reads as 0; a key that is not a number, under ``cs/`` or too large is not
   credited, the entry is still recorded). A submitter cannot add writes of its own.
+
+Garbage collection, checked at apply too: `CsCompact` deletes our outbox slot
+``cs/out/<dst>/<k>`` only if k is the next to compact (mark ``cs/mark/out/<dst>``) and the
+destination's acknowledgement proof of that slot's value verifies; a compacted slot can
+never be written again. `CsPrune` deletes delivered inbox entries below ``below`` once every
+slot from the mark ``cs/mark/in/<src>`` up is delivered; a `CsDeliver` below the mark is a
+no-op, so dedup holds. ``cs/mark/`` is reserved like ``cs/in/``.
 
 Determinism: the check's input is the command plus the linked clusters' public material each
 replica loaded at start from the cluster's static link files (`phalanx.services.
@@ -180,8 +188,8 @@ def _credit(data: LayeredState, value: bytes) -> tuple[str, bytes] | None:
     if credit is None:
         return None
     key, amount = credit
-    if reserved(key) or not key or len(key.encode()) > MAX_KEY_BYTES:
-        return None
+    if key.startswith(GUARDED_PREFIX) or not key or len(key.encode()) > MAX_KEY_BYTES:
+        return None  # never into cluster-sending's own keys (nor our outbox)
     current = data.get(key)
     try:
         balance = int(current.decode("ascii")) if current is not None else 0
@@ -262,7 +270,7 @@ def delivery_access(cmd: CsDeliver) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(reads, writes) of `cmd`, sorted: the inbox key, and the credited key if any."""
     keys = {inbox_key(cmd.src_cluster, cmd.seq), in_mark_key(cmd.src_cluster)}
     credit = parse_credit(cmd.value)
-    if credit is not None and not reserved(credit[0]):
+    if credit is not None and not credit[0].startswith(GUARDED_PREFIX):
         keys.add(credit[0])
     return tuple(sorted(keys)), tuple(sorted(keys))
 

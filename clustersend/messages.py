@@ -221,8 +221,8 @@ CLUSTERSEND_MESSAGES: dict[int, type] = {
     611: CsQuery,
 }
 """Stable codec type ids (never renumber). Cluster-sending's others: 612 `CsSign`
-(`phalanx.services.clustersend_node`), 613 the KV command `CsDeliver`
-(`phalanx.apps.kv_types`); 614-619 and 622-626 are free."""
+(`phalanx.services.clustersend_node`), 613-615 the KV commands `CsDeliver`, `CsCompact`,
+`CsPrune` (`phalanx.apps.kv_types`); 616-619 and 622-626 are free."""
 
 __all__ = [
     "CLUSTERSEND_MESSAGES",

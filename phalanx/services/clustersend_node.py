@@ -26,6 +26,12 @@ replicated state. A `credit_value`'s increment is derived from the certified val
 (never from the submitter). Until the state shows it, the member resubmits every
 ``resubmit`` ticks (a follower's refusal, a lost proposal or a leader change are normal).
 
+Garbage collection (option ``gc``, off by default): a member whose machine confirms our
+seq-k send submits `CsCompact` with the receiver's acknowledgement proof (in seq order; every
+replica verifies it at apply, deletes the outbox slot and moves the compaction mark), and
+every ``gc_batch`` delivered values of a source submits `CsPrune` (entries below a mark that
+keeps dedup). The outbox and inbox are read from their marks.
+
 Crash-kind certificates (Raft): the machine's format wants a leader's `CommitNotice`. Here
 every signer signs only after APPLYING the entry, so under crash faults a majority of
 signatures alone proves the entry committed; the member that assembles the certificate

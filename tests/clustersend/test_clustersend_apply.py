@@ -196,12 +196,16 @@ def test_a_certified_value_applies_once_with_its_credit() -> None:
     # Credits are derived from the certified value only: a credit aimed at the reserved
     # prefix, or at a value that is not a number, records the entry and credits nothing.
     apply_all(machines, Put(key="name", value=b"alice"))
-    for seq, v in ((1, credit_value(key(7), 5)), (2, credit_value("name", 5))):
+    outbox = f"cs/out/{A}/{0:010d}"  # nor into our outbox (it would send a value)
+    for seq, v in ((1, credit_value(key(7), 5)), (2, credit_value("name", 5)),
+                   (3, credit_value(outbox, 5))):
         assert apply_all(machines, deliver(seq, v, cert_bytes(SRC, statement(seq, v)))
                          ) == TxnResult(succeeded=True, observed=(None,))
-    assert all(m.get(key(7)) is None and m.get("name") == b"alice" for m in machines)
+    assert all(m.get(key(7)) is None and m.get("name") == b"alice" and m.get(outbox) is None
+               for m in machines)
     assert forged_entries(machines, {key(0): value, key(1): credit_value(key(7), 5),
-                                     key(2): credit_value("name", 5)}) == {}
+                                     key(2): credit_value("name", 5),
+                                     key(3): credit_value(outbox, 5)}) == {}
 
 
 def test_deliberate_bug_apply_unchecked_lands_forgeries_and_the_detector_sees_them() -> None:
