@@ -20,7 +20,9 @@ Invariants:
   checkpoints sort keys.
 
 The checkpoint format and its parser live in `phalanx.apps.kv_checkpoint`, the command checks
-in `phalanx.apps.kv_validate`.
+in `phalanx.apps.kv_validate`, the cluster-sending inbox and outbox rules (the reserved
+``cs/in/`` and ``cs/mark/`` prefixes, certificates checked at apply) in
+`phalanx.apps.kv_inbox`.
 """
 
 from __future__ import annotations
@@ -35,13 +37,9 @@ from phalanx.apps.kv_checkpoint import KvSnapshot, Metadata, parse_checkpoint
 from phalanx.apps.kv_inbox import (
     GUARDED_PREFIX,
     DeliveryCheck,
-    compact,
-    deliver,
-    delivery_access,
-    in_mark_key,
-    out_mark_key,
-    prune,
+    cluster_sending_access,
     reserved_write,
+    run_cluster_sending,
 )
 from phalanx.apps.kv_state import LayeredState
 from phalanx.apps.kv_types import (
@@ -98,13 +96,14 @@ class KvStateMachine:
         """Version metadata of the keys written in transaction mode (`apply_tx`)."""
         self._delivery_check: DeliveryCheck | None = None
         self.refused: dict[str, int] = {}
-        """Writes refused at apply by the inbox rules (`phalanx.apps.kv_inbox`), by reason:
-        ``reserved_key``, ``uncertified:<why>``. Metrics, not state."""
+        """Commands refused at apply by the cluster-sending rules (`phalanx.apps.kv_inbox`),
+        by reason: ``reserved_key``, ``uncertified:<why>``, ``compact_not_next``,
+        ``prune_gap``... Metrics, not state (not in checkpoints)."""
 
     def install_delivery_check(self, check: DeliveryCheck | None) -> None:
-        """Verify `CsDeliver` certificates with `check` (the clustersend service installs
-        one at start, from the cluster's link files; without one every delivery is refused).
-        """
+        """Verify `CsDeliver` certificates and `CsCompact` proofs with `check` (the
+        clustersend service installs one at start, from the cluster's link files; without
+        one every delivery and compaction is refused)."""
         self._delivery_check = check
 
     @property
@@ -195,16 +194,9 @@ class KvStateMachine:
         data = self._data
         match cmd:
             case CsDeliver() | CsCompact() | CsPrune():
-                if isinstance(cmd, CsDeliver):
-                    result, refusal = deliver(data, cmd, self._delivery_check)
-                elif isinstance(cmd, CsCompact):
-                    result, refusal = compact(data, cmd, self._delivery_check)
-                else:
-                    result, refusal = prune(data, cmd)
+                result, refusal = run_cluster_sending(data, cmd, self._delivery_check)
                 if refusal is not None:
-                    self._count_refusal(refusal if isinstance(result, KvError) and result.code
-                                        is KvErrorCode.INVALID_ARGUMENT
-                                        else f"uncertified:{refusal}")
+                    self._count_refusal(refusal)
                 return result
             case Put(key=key, value=value):
                 data.set(key, value)
@@ -283,14 +275,9 @@ class KvStateMachine:
                 written = {w.key for w in success + failure}
                 return KeyAccess(reads=tuple(sorted(compared)),
                                  writes=tuple(sorted(written | compared if written else ())))
-            case CsDeliver():
-                reads, writes = delivery_access(cmd)
-                return KeyAccess(reads=reads, writes=writes)
-            case CsCompact(dst_cluster=dst, seq=seq):  # (cores that read access refuse
-                keys = tuple(sorted((out_mark_key(dst), f"cs/out/{dst}/{seq:010d}")))
-                return KeyAccess(reads=keys, writes=keys)  # clustersend: leaderless)
-            case CsPrune(src_cluster=src):  # (and the pruned slots below the mark)
-                return KeyAccess(reads=(in_mark_key(src),), writes=(in_mark_key(src),))
+            case CsDeliver() | CsCompact() | CsPrune():
+                keys = cluster_sending_access(cmd)
+                return KeyAccess(reads=keys, writes=keys)
             case KvError():
                 return KeyAccess()
 

@@ -266,16 +266,40 @@ def prune(data: LayeredState, cmd: CsPrune) -> tuple[KvResult, str | None]:
     return TxnResult(succeeded=True, observed=()), None
 
 
-def delivery_access(cmd: CsDeliver) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(reads, writes) of `cmd`, sorted: the inbox key, and the credited key if any."""
-    keys = {inbox_key(cmd.src_cluster, cmd.seq), in_mark_key(cmd.src_cluster)}
-    credit = parse_credit(cmd.value)
-    if credit is not None and not credit[0].startswith(GUARDED_PREFIX):
-        keys.add(credit[0])
-    return tuple(sorted(keys)), tuple(sorted(keys))
+def run_cluster_sending(data: LayeredState, cmd: CsDeliver | CsCompact | CsPrune,
+                        check: DeliveryCheck | None) -> tuple[KvResult, str | None]:
+    """Apply `cmd`: the result and, when refused, the name to count it under
+    (``uncertified:<reason>`` for a proof that does not verify, else the reason)."""
+    if isinstance(cmd, CsDeliver):
+        result, reason = deliver(data, cmd, check)
+    elif isinstance(cmd, CsCompact):
+        result, reason = compact(data, cmd, check)
+    else:
+        result, reason = prune(data, cmd)
+    if reason is None:
+        return result, None
+    uncertified = isinstance(result, KvError) and result.code is KvErrorCode.UNCERTIFIED
+    return result, f"uncertified:{reason}" if uncertified else reason
+
+
+def cluster_sending_access(cmd: CsDeliver | CsCompact | CsPrune) -> tuple[str, ...]:
+    """The keys `cmd` reads and may write, sorted (a prune's slots below the new mark are not
+    listed; the leaderless core, which reads access, does not run cluster-sending)."""
+    match cmd:
+        case CsDeliver(src_cluster=src, seq=seq, value=value):
+            keys = {inbox_key(src, seq), in_mark_key(src)}
+            credit = parse_credit(value)
+            if credit is not None and not credit[0].startswith(GUARDED_PREFIX):
+                keys.add(credit[0])
+        case CsCompact(dst_cluster=dst, seq=seq):
+            keys = {outbox_key(dst, seq), out_mark_key(dst)}
+        case CsPrune(src_cluster=src):
+            keys = {in_mark_key(src)}
+    return tuple(sorted(keys))
 
 
 __all__ = ["CREDIT", "GUARDED_PREFIX", "INBOX_PREFIX", "MARK_PREFIX", "MAX_PRUNE",
-           "OUTBOX_PREFIX", "RESERVED_PREFIXES", "DeliveryCheck", "compact", "credit_value",
-           "deliver", "delivery_access", "in_mark_key", "inbox_key", "out_mark_key",
-           "outbox_key", "parse_credit", "prune", "read_mark", "reserved", "reserved_write"]
+           "OUTBOX_PREFIX", "RESERVED_PREFIXES", "DeliveryCheck", "cluster_sending_access",
+           "compact", "credit_value", "deliver", "in_mark_key", "inbox_key", "out_mark_key",
+           "outbox_key", "parse_credit", "prune", "read_mark", "reserved", "reserved_write",
+           "run_cluster_sending"]
