@@ -5,7 +5,8 @@ with f2+1 acknowledgements of exactly that slot's value by the receiving cluster
 forged, short, misplaced and out-of-order proofs are refused on every replica; a compacted
 slot cannot be written again (it would make A send a second value for a seq B already has).
 Receiving side: `CsPrune` forgets delivered entries below a per-source mark and later copies
-of those values stay no-ops (dedup holds); it refuses to skip an undelivered slot.
+of those values stay no-ops (dedup holds, also under any mix of deliveries and prunes: a
+hypothesis property); it refuses to skip an undelivered slot.
 Deliberate-bug control: with `APPLY_UNCHECKED` a forged proof compacts a slot, and the
 detector (`compacted_without_proof`) reports it.
 """
@@ -13,8 +14,11 @@ detector (`compacted_without_proof`) reports it.
 from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_inbox import credit_value
 from phalanx.apps.kv_types import (
     CsCompact,
     CsDeliver,
@@ -163,3 +167,30 @@ def test_pruning_the_inbox_keeps_dedup_and_skips_nothing() -> None:
     assert all(m.get(f"cs/in/{A}/{1:010d}") is None for m in machines)
     assert refused(apply_all(machines, Put(key=f"cs/mark/in/{A}", value=b"9")),
                    KvErrorCode.RESERVED_KEY, "cluster-sending commands")
+
+
+_CREDITS = [certified(seq, credit_value("bal", 1 << seq)) for seq in range(6)]
+_ops = st.lists(st.one_of(st.tuples(st.just("deliver"), st.integers(0, 5)),
+                          st.tuples(st.just("prune"), st.integers(0, 7))), max_size=25)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=_ops)
+def test_exactly_once_survives_any_mix_of_deliveries_and_prunes(
+        ops: list[tuple[str, int]]) -> None:
+    # Each seq credits a distinct power of two: the balance says exactly which values were
+    # applied, and how often. Prunes and redeliveries in any order never apply one twice.
+    m = replicas(B)[0]
+    delivered: set[int] = set()
+    for op, arg in ops:
+        if op == "deliver":
+            m.apply(encode_command(_CREDITS[arg]))
+            delivered.add(arg)
+        else:
+            result = decode_result(m.apply(encode_command(CsPrune(src_cluster=A, below=arg))))
+            mark = int(m.get(f"cs/mark/in/{A}") or b"0")
+            if isinstance(result, TxnResult) and result.succeeded:
+                assert set(range(arg)) <= delivered
+                assert mark == arg
+            assert all(m.get(f"cs/in/{A}/{seq:010d}") is None for seq in range(mark))
+    assert int(m.get("bal") or b"0") == sum(1 << seq for seq in delivered)
