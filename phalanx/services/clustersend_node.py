@@ -58,6 +58,7 @@ from phalanx.apps.kv_inbox import (
     in_mark_key,
     inbox_key,
     out_mark_key,
+    outbox_key,
     parse_credit,
     read_mark,
 )
@@ -114,14 +115,10 @@ CLUSTERSEND_SERVICE_MESSAGES: Mapping[int, type] = {**CLUSTERSEND_MESSAGES, 612:
 """The service's peer wire types: the machine's (600-611) and `CsSign` (612)."""
 
 
-def _key(kind: str, cluster: str, seq: int) -> str:
-    return f"cs/{kind}/{cluster}/{seq:010d}"
-
-
 def outbox_command(dst_cluster: str, seq: int, value: bytes) -> bytes:
     """The KV command a client submits to send `value` as our `seq`-th value to `dst_cluster`
     (put if absent: a retry or a second writer of the same seq changes nothing)."""
-    key = _key("out", dst_cluster, seq)
+    key = outbox_key(dst_cluster, seq)
     return encode_command(Txn(compares=(Compare(key=key, expected=None),),
                               success=(Put(key=key, value=value),)))
 
@@ -147,7 +144,7 @@ class Mailbox:
         self.state = state
 
     def outbox(self, dst_cluster: str, seq: int) -> bytes | None:
-        return self.state.get(_key("out", dst_cluster, seq))
+        return self.state.get(outbox_key(dst_cluster, seq))
 
     def received(self, src_cluster: str, seq: int) -> bool:
         return (seq < self.inbox_mark(src_cluster)
