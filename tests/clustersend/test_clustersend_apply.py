@@ -242,3 +242,20 @@ def test_any_tampering_with_a_certified_delivery_is_refused(field: str, position
     assert inbox(machine) == {}
     assert decode_result(machine.apply(encode_command(good))) == TxnResult(
         succeeded=True, observed=(None,))
+
+
+def test_a_replica_without_the_link_refuses_alone_and_counts_it() -> None:
+    # What docs/CLUSTER_SENDING.md says of misconfigured link files: the replica that lacks
+    # the link refuses what the others apply, diverges in those keys (a faulty replica,
+    # counted against f) and shows it in its refusal counters.
+    linked, unlinked = replicas()[:3], KvStateMachine()
+    command = encode_command(deliver(0, b"v", cert_bytes(SRC, statement(0, b"v"))))
+    answers = {m.apply(command) for m in linked}
+    assert len(answers) == 1
+    assert decode_result(answers.pop()) == TxnResult(succeeded=True, observed=(None,))
+    refused = decode_result(unlinked.apply(command))
+    assert isinstance(refused, KvError)
+    assert refused.code is KvErrorCode.UNCERTIFIED
+    assert unlinked.refused == {"uncertified:no_linked_cluster": 1}
+    assert [m.get(key(0)) for m in linked] == [b"v"] * 3
+    assert unlinked.get(key(0)) is None
