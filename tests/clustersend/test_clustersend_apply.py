@@ -146,6 +146,9 @@ def forgeries() -> list[tuple[str, object, str]]:
          "digest_mismatch"),
         ("signatures over another value", deliver(0, v, wire.encode(over_other_value)),
          "bad_signature"),
+        ("a valid certificate with an unsigned term set (found by the tampering property)",
+         deliver(0, w, wire.encode(dataclasses.replace(bad_sigs, term=1))),
+         "malformed_certificate"),
     ]
 
 
@@ -164,7 +167,7 @@ def test_every_forged_inbox_write_is_refused_at_apply_on_every_replica() -> None
     for m in machines:  # counted by reason, identically everywhere
         assert m.refused == machines[0].refused
     assert machines[0].refused["reserved_key"] == 4
-    assert machines[0].refused["uncertified:malformed_certificate"] == 2
+    assert machines[0].refused["uncertified:malformed_certificate"] == 3
     assert machines[0].refused["uncertified:short_certificate"] == 1
     # A plain delete under cs/in/ is refused too (after a real delivery: it cannot be undone).
     v = b"real"
