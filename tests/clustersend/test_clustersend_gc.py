@@ -174,7 +174,7 @@ _ops = st.lists(st.one_of(st.tuples(st.just("deliver"), st.integers(0, 5)),
                           st.tuples(st.just("prune"), st.integers(0, 7))), max_size=25)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(ops=_ops)
 def test_exactly_once_survives_any_mix_of_deliveries_and_prunes(
         ops: list[tuple[str, int]]) -> None:
