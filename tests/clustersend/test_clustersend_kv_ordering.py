@@ -78,6 +78,14 @@ def test_seeded_sweep_through_the_kv_apply_step_refuses_every_forgery() -> None:
     assert refused > 0
 
 
+@pytest.mark.long
+def test_long_seeded_sweep_through_the_kv_apply_step() -> None:
+    for seed in range(16, 316):
+        _, bad = run_kv_seed(seed)
+        assert not bad, (f"seed {seed}: {bad}\nreplay the world: {replay_command(seed)} "
+                         "(this test runs it through KvOrdering)")
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_checker_catches_forgeries_when_apply_is_unchecked(seed: int) -> None:
     _, bad = run_kv_seed(seed, frozenset({APPLY_UNCHECKED}))
