@@ -20,7 +20,9 @@ Invariants:
   checkpoints sort keys.
 
 The checkpoint format and its parser live in `phalanx.apps.kv_checkpoint`, the command checks
-in `phalanx.apps.kv_validate`.
+in `phalanx.apps.kv_validate`, the cluster-sending inbox and outbox rules (the reserved
+``cs/in/`` and ``cs/mark/`` prefixes, certificates checked at apply) in
+`phalanx.apps.kv_inbox`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ import immutables
 from phalanx.apps import kv_ops, kv_versions, kv_wire
 from phalanx.apps.interface import KeyAccess, KeyUpdate, Verdict
 from phalanx.apps.kv_checkpoint import KvSnapshot, Metadata, parse_checkpoint
+from phalanx.apps.kv_inbox import (
+    GUARDED_PREFIX,
+    DeliveryCheck,
+    cluster_sending_access,
+    reserved_write,
+    run_cluster_sending,
+)
 from phalanx.apps.kv_state import LayeredState
 from phalanx.apps.kv_types import (
     MAX_COMMAND_BYTES,
@@ -42,6 +51,9 @@ from phalanx.apps.kv_types import (
     CasResult,
     CompareAndSet,
     Concat,
+    CsCompact,
+    CsDeliver,
+    CsPrune,
     Delete,
     Deleted,
     Done,
@@ -82,6 +94,21 @@ class KvStateMachine:
         self._data = LayeredState()
         self._meta: Metadata = immutables.Map()
         """Version metadata of the keys written in transaction mode (`apply_tx`)."""
+        self._delivery_check: DeliveryCheck | None = None
+        self.refused: dict[str, int] = {}
+        """Commands refused at apply by the cluster-sending rules (`phalanx.apps.kv_inbox`),
+        by reason: ``reserved_key``, ``uncertified:<why>``, ``compact_not_next``,
+        ``prune_gap``... Metrics, not state (not in checkpoints)."""
+
+    def install_delivery_check(self, check: DeliveryCheck | None) -> None:
+        """Verify `CsDeliver` certificates and `CsCompact` proofs with `check` (the
+        clustersend service installs one at start, from the cluster's link files; without
+        one every delivery and compaction is refused)."""
+        self._delivery_check = check
+
+    @property
+    def delivery_check(self) -> DeliveryCheck | None:
+        return self._delivery_check
 
     def __len__(self) -> int:
         return len(self._data)
@@ -152,18 +179,25 @@ class KvStateMachine:
     def execute(self, cmd: KvCommand | KvError) -> KvResult:
         """Execute a typed command (an already-decoded `KvError` is passed through)."""
         if (type(cmd) is Put and len(cmd.value) <= MAX_VALUE_BYTES
-                and not key_too_large(cmd.key)):
+                and not key_too_large(cmd.key) and not cmd.key.startswith(GUARDED_PREFIX)):
             # A valid put, ahead of the general checks and the dispatch below: puts are most
             # of what a node applies and all of a typical WAL replay.
             self._data.set(cmd.key, cmd.value)
             return _DONE
         if isinstance(cmd, KvError):
             return cmd
-        problem = validate(cmd)
+        problem = validate(cmd) or reserved_write(cmd, self._data.get)
         if problem is not None:
+            if problem.code is KvErrorCode.RESERVED_KEY:
+                self._count_refusal("reserved_key")
             return problem
         data = self._data
         match cmd:
+            case CsDeliver() | CsCompact() | CsPrune():
+                result, refusal = run_cluster_sending(data, cmd, self._delivery_check)
+                if refusal is not None:
+                    self._count_refusal(refusal)
+                return result
             case Put(key=key, value=value):
                 data.set(key, value)
                 return Done()
@@ -207,6 +241,9 @@ class KvStateMachine:
                 )
                 return TxnResult(succeeded=held, observed=observed)
 
+    def _count_refusal(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
     # ---------------------------------------------------------------- EndorsementHooks
 
     def access(self, command: bytes) -> KeyAccess:
@@ -238,6 +275,9 @@ class KvStateMachine:
                 written = {w.key for w in success + failure}
                 return KeyAccess(reads=tuple(sorted(compared)),
                                  writes=tuple(sorted(written | compared if written else ())))
+            case CsDeliver() | CsCompact() | CsPrune():
+                keys = cluster_sending_access(cmd)
+                return KeyAccess(reads=keys, writes=keys)
             case KvError():
                 return KeyAccess()
 

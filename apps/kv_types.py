@@ -176,9 +176,49 @@ class Concat:
     suffix: bytes
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CsDeliver:
+    """Record `value`, linked cluster `src_cluster`'s `seq`-th value to us, at
+    ``cs/in/<src_cluster>/<seq, 10 digits>`` if absent, and only if `certificate` (the
+    canonical encoding of a `phalanx.clustersend.Certificate`) proves `src_cluster` agreed to
+    send it: checked at apply (`phalanx.apps.kv_inbox`). Result: `TxnResult(succeeded=whether
+    this apply wrote it, observed=(the entry before,))`, or `KvError(UNCERTIFIED)`."""
+
+    src_cluster: str
+    seq: int
+    value: bytes
+    certificate: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CsCompact:
+    """Garbage-collect our outbox: delete ``cs/out/<dst_cluster>/<seq>`` and move the
+    cluster's compaction mark past it, only if `seq` is the next slot to compact and `proof`
+    (the canonical encoding of a `phalanx.clustersend.AckProof`) shows `dst_cluster`'s f+1
+    members acknowledged that slot's value: checked at apply (`phalanx.apps.kv_inbox`).
+    Result: `TxnResult(succeeded=whether this apply compacted it, observed=(the value,))`,
+    or `KvError(UNCERTIFIED)`."""
+
+    dst_cluster: str
+    seq: int
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CsPrune:
+    """Garbage-collect our inbox: delete ``cs/in/<src_cluster>/<k>`` for every k below
+    `below` and move the source's delivery mark there, so later copies of those values stay
+    no-ops. Refused (no effect) unless every slot from the current mark up to `below` has been
+    delivered. Result: `TxnResult(succeeded=whether the mark moved, observed=())`, or
+    `KvError(INVALID_ARGUMENT)`."""
+
+    src_cluster: str
+    below: int
+
+
 KvCommand: TypeAlias = (
     Put | Get | Delete | CompareAndSet | Scan | Txn | GetVersion | GetVersioned | Add | Mul
-    | SAdd | SRem | Concat | GetBaseVersion
+    | SAdd | SRem | Concat | GetBaseVersion | CsDeliver | CsCompact | CsPrune
 )
 READ_COMMANDS = (Get, Scan, GetVersion, GetVersioned, GetBaseVersion)
 """The commands `KvStateMachine.query` answers (they change nothing)."""
@@ -270,6 +310,10 @@ class KvErrorCode(enum.IntEnum):
     INVALID_ARGUMENT = 9
     """An operand out of range: an `Add.amount` or `Mul.factor` outside the signed 64-bit
     range."""
+    RESERVED_KEY = 10
+    """A write to a key under a reserved prefix (``cs/in/``: only `CsDeliver` writes there)."""
+    UNCERTIFIED = 11
+    """A `CsDeliver` whose certificate does not verify (`phalanx.apps.kv_inbox`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,5 +354,9 @@ KV_TYPE_IDS: dict[int, type] = {
     414: GetBaseVersion,
     427: VersionResult,
     428: VersionedValue,
+    613: CsDeliver,
+    614: CsCompact,
+    615: CsPrune,
 }
-"""Stable codec type ids (the 400-499 range is reserved for apps in `phalanx.net.wire`)."""
+"""Stable codec type ids (the 400-499 range is reserved for apps in `phalanx.net.wire`;
+`CsDeliver`, `CsCompact`, `CsPrune` take 613-615 of cluster-sending's range, 600-699)."""

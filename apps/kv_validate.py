@@ -16,6 +16,9 @@ from phalanx.apps.kv_types import (
     Add,
     CompareAndSet,
     Concat,
+    CsCompact,
+    CsDeliver,
+    CsPrune,
     KvCommand,
     KvError,
     KvErrorCode,
@@ -62,10 +65,28 @@ def _validate_txn(txn: Txn) -> KvError | None:
     return None
 
 
+def _validate_delivery(cmd: CsDeliver) -> KvError | None:
+    if key_too_large(f"cs/in/{cmd.src_cluster}/{cmd.seq:010d}"):
+        return KvError(code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes")
+    if len(cmd.value) > MAX_VALUE_BYTES:
+        return KvError(
+            code=KvErrorCode.VALUE_TOO_LARGE, message=f"value exceeds {MAX_VALUE_BYTES} bytes"
+        )
+    return None
+
+
 def validate(cmd: KvCommand) -> KvError | None:
     """The size and range checks every command passes before it runs (state-independent)."""
     if isinstance(cmd, Txn):
         return _validate_txn(cmd)
+    if isinstance(cmd, CsDeliver):
+        return _validate_delivery(cmd)
+    if isinstance(cmd, (CsCompact, CsPrune)):
+        cluster = cmd.dst_cluster if isinstance(cmd, CsCompact) else cmd.src_cluster
+        if key_too_large(f"cs/mark/out/{cluster}/{0:010d}"):
+            return KvError(code=KvErrorCode.KEY_TOO_LARGE,
+                           message=f"key exceeds {MAX_KEY_BYTES} bytes")
+        return None
     key = cmd.prefix if isinstance(cmd, Scan) else cmd.key
     if key_too_large(key):
         return KvError(code=KvErrorCode.KEY_TOO_LARGE, message=f"key exceeds {MAX_KEY_BYTES} bytes")

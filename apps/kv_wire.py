@@ -27,6 +27,9 @@ from phalanx.apps.kv_types import (
     UPDATE_COMMANDS,
     CasResult,
     CompareAndSet,
+    CsCompact,
+    CsDeliver,
+    CsPrune,
     Delete,
     Deleted,
     Done,
@@ -45,7 +48,8 @@ from phalanx.apps.kv_types import (
 from phalanx.net.codec import DecodeError, Registry
 from phalanx.net.wire import default_registry, register_all
 
-_COMMANDS = (Put, Delete, CompareAndSet, Txn, *READ_COMMANDS, *UPDATE_COMMANDS)
+_COMMANDS = (Put, Delete, CompareAndSet, Txn, CsDeliver, CsCompact, CsPrune, *READ_COMMANDS,
+             *UPDATE_COMMANDS)
 _RESULTS = (Done, Value, Deleted, CasResult, ScanResult, TxnResult, KvError, VersionResult,
             VersionedValue)
 

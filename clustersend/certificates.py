@@ -134,6 +134,8 @@ def check_certificate(cert: Certificate, *, value_digest: bytes, dst_cluster: st
         return "digest_mismatch"
     if cert.kind != info.kind:
         return "wrong_kind"
+    if cert.kind == CertKind.BYZANTINE and (cert.term or cert.leader or cert.leader_sig):
+        return "malformed_certificate"  # unsigned fields a Byzantine certificate leaves empty
     members = frozenset(info.members)
     if info.kind == CertKind.CRASH:
         leader = NodeId(cert.leader)

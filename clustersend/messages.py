@@ -220,7 +220,9 @@ CLUSTERSEND_MESSAGES: dict[int, type] = {
     610: Inbound,
     611: CsQuery,
 }
-"""Stable codec type ids (never renumber; 612-629 are free for cluster-sending's later types)."""
+"""Stable codec type ids (never renumber). Cluster-sending's others: 612 `CsSign`
+(`phalanx.services.clustersend_node`), 613-615 the KV commands `CsDeliver`, `CsCompact`,
+`CsPrune` (`phalanx.apps.kv_types`); 616-619 and 622-626 are free."""
 
 __all__ = [
     "CLUSTERSEND_MESSAGES",

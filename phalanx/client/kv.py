@@ -42,6 +42,9 @@ from phalanx.apps.kv_types import (
     Compare,
     CompareAndSet,
     Concat,
+    CsCompact,
+    CsDeliver,
+    CsPrune,
     Delete,
     Deleted,
     Done,
@@ -104,6 +107,9 @@ def required_keys(command: KvCommand) -> tuple[str, ...]:
         case Scan():
             raise ValueError("a linearizable scan needs versions of a whole prefix, which the "
                              "leaderless protocol does not have: use a stale scan")
+        case CsDeliver() | CsCompact() | CsPrune():
+            raise ValueError("cluster-sending commands are submitted by the clustersend "
+                             "service, which does not run on the leaderless protocol")
 
 
 class KvHelpers(ABC):

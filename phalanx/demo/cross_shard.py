@@ -11,7 +11,8 @@ A transfer of m from account x (in A) to y (in B) is ONE transaction in A: "if x
 still what I read and outbox slot k is free: x -= m and put a credit of m to y in slot k"
 (`transfer_command`); A's members sign the committed credit, the service sends it with its
 certificate to B, and B's members submit it to B's consensus as "if inbox slot (A, k) is
-empty: record it and y += m" -- exactly once however many members submit it. Same the
+empty: record it and y += m" (`CsDeliver`: every B replica checks A's certificate when it
+applies) -- exactly once however many members submit it. Same the
 other way. Steps, each PASS or FAIL (the first FAIL ends the run):
 
     1. both shards up, linked, accounts opened (1,000 each, 4 per shard).

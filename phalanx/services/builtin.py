@@ -85,6 +85,12 @@ CLUSTERSEND = ServiceSpec(
                       help="ticks without a proof before the next pair is tried"),
         ServiceOption(name="resubmit", default=25, minimum=1,
                       help="ticks before a received value not yet applied is resubmitted"),
+        ServiceOption(name="gc", default=False,
+                      help="delete confirmed outbox slots and prune delivered inbox entries "
+                      "(off: keep them, e.g. for audits; the cross-shard checkers read them)"),
+        ServiceOption(name="gc_batch", default=32, minimum=1,
+                      help="with gc: prune a linked cluster's inbox once this many entries "
+                      "are delivered"),
     ),
     messages=Lazy("phalanx.services.clustersend_node:CLUSTERSEND_SERVICE_MESSAGES"),
     build=Lazy("phalanx.services.clustersend_node:build"),

@@ -16,11 +16,21 @@ result: a member signs only what it applied itself, so a certificate needs nothi
 replicated state; the outbox is also what a restarted member re-reads to resume sending.
 
 Receiving: each certified value the machine delivers (``Inbound``) is submitted to our own
-consensus as a KV transaction (`inbox_command`): "if ``cs/in/<src>/<k>`` is absent, put the
-value there" (plus the application's extra writes, `Mailbox.inbox_writes`), so duplicates
-submitted by several members apply once: dedup by (sending cluster, seq) in the replicated
-state. Until the state shows it, the member resubmits every ``resubmit`` ticks (a follower's
-refusal, a lost proposal or a leader change are normal).
+consensus as the KV command `CsDeliver` (`delivery_command`): "if ``cs/in/<src>/<k>`` is
+absent, put the value there", with the sending cluster's certificate. Every replica checks
+the certificate WHEN IT APPLIES (`phalanx.apps.kv_inbox`, with the `ApplyCheck` of
+`phalanx.services.clustersend_apply` this module's `build` installs in the KV machine from
+the link files), so a forged inbox write ordered by a Byzantine proposer changes nothing;
+copies submitted by several members apply once: dedup by (sending cluster, seq) in the
+replicated state. A `credit_value`'s increment is derived from the certified value at apply
+(never from the submitter). Until the state shows it, the member resubmits every
+``resubmit`` ticks (a follower's refusal, a lost proposal or a leader change are normal).
+
+Garbage collection (option ``gc``, off by default): a member whose machine confirms our
+seq-k send submits `CsCompact` with the receiver's acknowledgement proof (in seq order; every
+replica verifies it at apply, deletes the outbox slot and moves the compaction mark), and
+every ``gc_batch`` delivered values of a source submits `CsPrune` (entries below a mark that
+keeps dedup). The outbox and inbox are read from their marks.
 
 Crash-kind certificates (Raft): the machine's format wants a leader's `CommitNotice`. Here
 every signer signs only after APPLYING the entry, so under crash faults a majority of
@@ -41,7 +51,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from phalanx.apps.kv_types import Compare, Put, Txn, TxnWrite
+from phalanx.apps.kv_inbox import (
+    CREDIT,
+    DeliveryCheck,
+    credit_value,
+    in_mark_key,
+    inbox_key,
+    out_mark_key,
+    outbox_key,
+    parse_credit,
+    read_mark,
+)
+from phalanx.apps.kv_types import Compare, Put, Txn
 from phalanx.apps.kv_wire import encode_command
 from phalanx.clustersend import (
     CLUSTERSEND_MESSAGES,
@@ -52,6 +73,7 @@ from phalanx.clustersend import (
     ClusterSendMachine,
     ClusterSendReady,
     CommitNotice,
+    Confirmed,
     Inbound,
     MemberSignature,
     Mode,
@@ -66,6 +88,12 @@ from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols.spec import CallStrategy
+from phalanx.services.clustersend_apply import (
+    ApplyCheck,
+    compact_command,
+    delivery_command,
+    prune_command,
+)
 from phalanx.services.linked_keys import load_linked_keys, send_qualified
 from phalanx.services.spec import SendFn as ServiceSend
 from phalanx.services.spec import ServiceContext, ServiceError
@@ -87,14 +115,10 @@ CLUSTERSEND_SERVICE_MESSAGES: Mapping[int, type] = {**CLUSTERSEND_MESSAGES, 612:
 """The service's peer wire types: the machine's (600-611) and `CsSign` (612)."""
 
 
-def _key(kind: str, cluster: str, seq: int) -> str:
-    return f"cs/{kind}/{cluster}/{seq:010d}"
-
-
 def outbox_command(dst_cluster: str, seq: int, value: bytes) -> bytes:
     """The KV command a client submits to send `value` as our `seq`-th value to `dst_cluster`
     (put if absent: a retry or a second writer of the same seq changes nothing)."""
-    key = _key("out", dst_cluster, seq)
+    key = outbox_key(dst_cluster, seq)
     return encode_command(Txn(compares=(Compare(key=key, expected=None),),
                               success=(Put(key=key, value=value),)))
 
@@ -104,65 +128,39 @@ class KvReader(Protocol):
     def get(self, key: str) -> bytes | None: ...
 
 
-CREDIT = b"phalanx-credit\x00"
-"""A value that starts with this carries an increment (`credit_value`): the receiving
-cluster adds it to a KV number in the same transaction as the inbox entry (exactly once)."""
+@runtime_checkable
+class DeliveryHost(KvReader, Protocol):
+    """The KV machine side the service needs to make inbox writes certified at apply."""
 
+    refused: dict[str, int]
 
-def credit_value(key: str, amount: int, note: str = "") -> bytes:
-    """A cluster-sent value that credits `amount` to the number at `key` on arrival."""
-    return CREDIT + f"{key}\x00{amount}\x00{note}".encode()
-
-
-def parse_credit(value: bytes) -> tuple[str, int] | None:
-    """(key, amount) of a `credit_value`, or None (another value, or malformed)."""
-    if not value.startswith(CREDIT):
-        return None
-    try:
-        key, amount, _ = value[len(CREDIT):].decode().split("\x00", 2)
-        return key, int(amount)
-    except (UnicodeDecodeError, ValueError):
-        return None
+    def install_delivery_check(self, check: DeliveryCheck | None) -> None: ...
 
 
 class Mailbox:
-    """The KV layout of the outbox and the inbox (see the module docstring). An application
-    built on the KV app (the cross-shard demo) subclasses it for `inbox_writes`."""
+    """The KV layout of the outbox and the inbox (see the module docstring)."""
 
     def __init__(self, state: KvReader) -> None:
         self.state = state
 
     def outbox(self, dst_cluster: str, seq: int) -> bytes | None:
-        return self.state.get(_key("out", dst_cluster, seq))
+        return self.state.get(outbox_key(dst_cluster, seq))
 
     def received(self, src_cluster: str, seq: int) -> bool:
-        return self.state.get(_key("in", src_cluster, seq)) is not None
+        return (seq < self.inbox_mark(src_cluster)
+                or self.state.get(inbox_key(src_cluster, seq)) is not None)
 
-    def inbox_writes(self, inbound: Inbound) -> tuple[TxnWrite, ...] | None:
-        """Extra writes applied with the inbox entry: a `credit_value`'s increment (the
-        transaction guards the number's current value: a concurrent change makes it fail,
-        and the value is resubmitted with the new one)."""
-        credit = parse_credit(inbound.value)
-        if credit is None:
-            return ()
-        key, amount = credit
-        current = self.state.get(key)
-        try:
-            balance = int(current) if current is not None else 0
-        except ValueError:
-            return ()  # not a number: the value is recorded, nothing credited
-        return (Put(key=key, value=str(balance + amount).encode()),)
+    def outbox_mark(self, dst_cluster: str) -> int:
+        """Our outbox slots to `dst_cluster` below this were confirmed and compacted."""
+        return read_mark(self.state.get, out_mark_key(dst_cluster))
 
-    def inbox_command(self, inbound: Inbound) -> bytes | None:
-        extra = self.inbox_writes(inbound)
-        if extra is None:
-            return None
-        key = _key("in", inbound.src_cluster, inbound.seq)
-        guards = [Compare(key=key, expected=None)]
-        guards += [Compare(key=w.key, expected=self.state.get(w.key)) for w in extra]
-        compares = tuple(guards)
-        return encode_command(Txn(compares=compares,
-                                  success=(Put(key=key, value=inbound.value), *extra)))
+    def inbox_mark(self, src_cluster: str) -> int:
+        """`src_cluster`'s values below this were delivered and their entries pruned."""
+        return read_mark(self.state.get, in_mark_key(src_cluster))
+
+    def inbox_command(self, inbound: Inbound) -> bytes:
+        """The `CsDeliver` that records `inbound` (its certificate is checked at apply)."""
+        return delivery_command(inbound)
 
 
 @dataclass(slots=True)
@@ -182,7 +180,7 @@ class ClusterSendService:
     def __init__(self, *, me: NodeId, cluster: ClusterInfo, linked: tuple[ClusterInfo, ...],
                  crypto: Ed25519Crypto, send: ServiceSend, submit: SubmitFn,
                  mailbox: Mailbox, tick_seconds: float, config: ClusterSendConfig,
-                 resubmit: int) -> None:
+                 resubmit: int, gc: bool = False, gc_batch: int = 32) -> None:
         self.me = me
         self.cluster = cluster
         self.linked = {c.cluster_id: c for c in linked}
@@ -192,6 +190,11 @@ class ClusterSendService:
         self.mailbox = mailbox
         self._tick_seconds = tick_seconds
         self._resubmit = resubmit
+        self._gc = gc
+        self._gc_batch = gc_batch
+        self._compact: dict[tuple[str, int], tuple[Confirmed, int]] = {}
+        """With gc: confirmed sends not yet compacted, and the tick we last submitted each."""
+        self._pruned_at: dict[str, int] = {}
         self.machine = ClusterSendMachine(
             me, cluster.cluster_id, {cluster.cluster_id: cluster, **self.linked},
             crypto=crypto, config=config)
@@ -223,6 +226,8 @@ class ClusterSendService:
         self._ticks += 1
         self._poll_outbox()
         self._poll_inbox()
+        if self._gc:
+            self._collect()
         self._carry_out(self.machine.step(Tick()))
 
     def receive(self, src: NodeId, message: Message) -> None:
@@ -244,6 +249,9 @@ class ClusterSendService:
         out = dict(self._counters)
         for name, value in self.machine.status().items():
             out[f"machine:{name}"] = value
+        if isinstance(self.mailbox.state, DeliveryHost):  # refused by every replica's apply
+            for name, value in self.mailbox.state.refused.items():
+                out[f"apply_refused:{name}"] = value
         return out
 
     def gauges(self) -> Mapping[str, int]:
@@ -260,6 +268,7 @@ class ClusterSendService:
 
     def _poll_outbox(self) -> None:
         for dst in sorted(self.linked):
+            self._next_out[dst] = max(self._next_out[dst], self.mailbox.outbox_mark(dst))
             while (value := self.mailbox.outbox(dst, self._next_out[dst])) is not None:
                 seq = self._next_out[dst]
                 self._next_out[dst] = seq + 1
@@ -356,8 +365,7 @@ class ClusterSendService:
 
     def _propose(self, inbound: Inbound) -> None:
         key = (inbound.src_cluster, inbound.seq)
-        command = self.mailbox.inbox_command(inbound)
-        if command is not None and self._submit(command):
+        if self._submit(self.mailbox.inbox_command(inbound)):
             self._count("submitted")
             self._inbox[key] = (inbound, self._ticks)
         else:
@@ -373,6 +381,34 @@ class ClusterSendService:
         for confirmed in ready.confirmed:
             self.confirmed.setdefault((confirmed.dst_cluster, confirmed.seq), self._ticks)
             self._count("confirmed")
+            if self._gc:
+                self._compact.setdefault((confirmed.dst_cluster, confirmed.seq),
+                                         (confirmed, self._ticks - self._resubmit))
+
+    # -- garbage collection (option gc): checked at apply like the inbox -------------------
+
+    def _collect(self) -> None:
+        """Submit the next compaction of each outbox (in seq order: the mark moves one slot
+        at a time) and, every `gc_batch` delivered values, a prune of each inbox."""
+        for dst in sorted(self.linked):
+            mark = self.mailbox.outbox_mark(dst)
+            for key in [k for k in self._sending if k[0] == dst and k[1] < mark]:
+                del self._sending[key]  # compacted (by our submission or another member's)
+                self._count("compacted")
+            for key in [k for k in self._compact if k[0] == dst and k[1] < mark]:
+                del self._compact[key]
+            pending = self._compact.get((dst, mark))
+            if (pending is not None and self._ticks - pending[1] >= self._resubmit
+                    and self._submit(compact_command(pending[0]))):
+                self._compact[(dst, mark)] = (pending[0], self._ticks)
+                self._count("submitted_compact")
+        for src in sorted(self.linked):
+            below = self._next_in[src]
+            if (below - self.mailbox.inbox_mark(src) >= self._gc_batch
+                    and self._ticks - self._pruned_at.get(src, -self._resubmit)
+                    >= self._resubmit and self._submit(prune_command(src, below))):
+                self._pruned_at[src] = self._ticks
+                self._count("submitted_prune")
 
     def _send_to(self, node: NodeId, message: Message) -> None:
         if send_qualified(self._send, self.cluster.cluster_id, node, message, self._count):
@@ -390,10 +426,14 @@ def build(context: ServiceContext) -> ClusterSendService:
                            "sign each transaction); run it on raft or pbft")
     keys = load_linked_keys(config, "clustersend", spec.fault_model,
                             CLUSTERSEND_SERVICE_MESSAGES)
-    if context.submit is None or not isinstance(context.machine, KvReader):
+    if context.submit is None or not isinstance(context.machine, DeliveryHost):
         raise ServiceError(f"[clustersend] runs on the kv app (its outbox and inbox are KV "
                            f"keys); this node runs {config.app!r}")
     cluster, linked, crypto, me = keys.cluster, keys.linked, keys.crypto, keys.me
+    # Before anything applies (the driver starts after the services are built): every
+    # replica checks inbox writes at apply against the same link files.
+    context.machine.install_delivery_check(ApplyCheck(
+        own=cluster.cluster_id, linked={c.cluster_id: c for c in linked}, verifier=crypto))
     options = context.options
     try:
         machine_config = ClusterSendConfig(mode=Mode(str(options["mode"])),
@@ -410,4 +450,10 @@ def build(context: ServiceContext) -> ClusterSendService:
                               send=context.send, submit=context.submit,
                               mailbox=Mailbox(context.machine),
                               tick_seconds=int(options["tick_ms"]) / 1000,
-                              config=machine_config, resubmit=int(options["resubmit"]))
+                              config=machine_config, resubmit=int(options["resubmit"]),
+                              gc=bool(options["gc"]), gc_batch=int(options["gc_batch"]))
+
+
+__all__ = ["CLUSTERSEND_SERVICE_MESSAGES", "CREDIT", "ClusterSendService", "CsSign",
+           "DeliveryHost", "KvReader", "Mailbox", "build", "credit_value", "outbox_command",
+           "parse_credit"]

@@ -26,6 +26,9 @@ from phalanx.apps.kv_types import (
     Compare,
     CompareAndSet,
     Concat,
+    CsCompact,
+    CsDeliver,
+    CsPrune,
     Delete,
     Deleted,
     Done,
@@ -116,7 +119,7 @@ _ANSWERS: dict[type, tuple[type, ...]] = {
     Put: (Done,), Get: (Value,), Delete: (Deleted,), CompareAndSet: (CasResult,),
     Scan: (ScanResult,), Txn: (TxnResult,), GetVersion: (VersionResult,),
     GetVersioned: (VersionedValue,), Add: (Done,), Mul: (Done,), SAdd: (Done,), SRem: (Done,),
-    Concat: (Done,),
+    Concat: (Done,), CsDeliver: (TxnResult,), CsCompact: (TxnResult,), CsPrune: (TxnResult,),
 }
 
 

@@ -3,7 +3,8 @@ and a PBFT cluster of 4, made by `cluster init --service clustersend` and `clust
 
 Checked: values written to one cluster's outbox (a client's put-if-absent through its own
 consensus) reach the other cluster's replicated inbox exactly once, in both directions,
-with every live member's state agreeing; the sender confirms; a forged certificate sent over
+with every live member's state agreeing; the sender confirms, and (option gc) compacts its
+confirmed outbox slots; a forged certificate sent over
 the wire by a linked node (as attempt 0's sender to its receiver) is dropped and counted by
 reason; a node of an unlinked cluster is refused by the transport.
 """
@@ -50,7 +51,8 @@ class Clusters(LinkedNodes):
 
 
 def _two_clusters(root: Path) -> tuple[ClusterConfig, ClusterConfig, str, str]:
-    return two_linked_clusters(root, ("raft", 3), ("pbft", 4), services=("clustersend",))
+    return two_linked_clusters(root, ("raft", 3), ("pbft", 4), services=("clustersend",),
+                               service_options={"clustersend": {"gc": True}})
 
 
 async def _send(cluster: ClusterConfig, dst: str, values: list[bytes]) -> None:
@@ -77,6 +79,15 @@ async def test_raft_and_pbft_clusters_exchange_values_exactly_once(tmp_path: Pat
             await wait_for(lambda: all(
                 len(c.cs("a", f"n{i}").confirmed) == len(to_b) for i in (1, 2, 3)),
                 within=GUARD)
+            # gc: each confirmed outbox slot is compacted (its receiver's acknowledgements
+            # verified at apply by every replica of the sending cluster).
+            def compacted(name: str, nodes: int, dst: str, count: int) -> bool:
+                return all(c.cs(name, f"n{i}").mailbox.outbox_mark(dst) == count
+                           and c.state(name, f"n{i}").get(f"cs/out/{dst}/{0:010d}") is None
+                           for i in range(1, nodes + 1))
+
+            await wait_for(lambda: compacted("a", 3, idb, len(to_b))
+                           and compacted("b", 4, ida, len(to_a)), within=GUARD)
             for i in range(1, 5):  # nothing beyond what was sent
                 state = c.state("b", f"n{i}")
                 assert state.get(f"cs/in/{ida}/{len(to_b):010d}") is None
