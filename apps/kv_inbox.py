@@ -12,6 +12,11 @@ or any client) submits. A check made before submitting (by the clustersend servi
 stop a Byzantine primary or member from ordering a forged inbox write; a check every replica
 makes when the write applies does. So:
 
+- An outbox slot ``cs/out/<dst>/<seq, 10 digits>`` is written once: a command that would
+  change a slot holding a value (a put of another value, a delete, a cas, an update; a
+  `Txn` in the branch its compares select) is refused (`RESERVED_KEY`): members sign a slot's
+  value when they apply it, so a second value would be a second, conflicting send of the same
+  seq. Only `CsCompact` removes a slot.
 - The inbox key ``cs/in/<src>/<seq, 10 digits>`` is written by `CsDeliver` only: a `Put`,
   `Delete`, `CompareAndSet`, update or `Txn` that writes a key under ``cs/in/`` is refused at
   apply (`KvErrorCode.RESERVED_KEY`), whoever ordered it.
@@ -143,10 +148,13 @@ def reserved(key: str) -> bool:
     return key.startswith(RESERVED_PREFIXES)
 
 
-def _written(cmd: KvCommand) -> tuple[str, ...]:
+def _written(cmd: KvCommand, get: Callable[[str], bytes | None]) -> tuple[str, ...]:
+    """The keys `cmd` would write in the current state (a `Txn`: the branch its compares
+    select, evaluated as apply will: same state, same step)."""
     match cmd:
-        case Txn(success=success, failure=failure):
-            return tuple(w.key for w in success + failure)
+        case Txn(compares=compares, success=success, failure=failure):
+            held = all(get(c.key) == c.expected for c in compares)
+            return tuple(w.key for w in (success if held else failure))
         case Put(key=key) | Delete(key=key) | CompareAndSet(key=key):
             return (key,)
         case Add(key=key) | Mul(key=key) | SAdd(key=key) | SRem(key=key) | Concat(key=key):
@@ -167,7 +175,7 @@ def reserved_write(cmd: KvCommand, get: Callable[[str], bytes | None]) -> KvErro
     run) a key under a reserved prefix, or an outbox slot already compacted (refilling it
     would make the sending cluster send a second value for a seq already received); else
     None. `get` reads the current state."""
-    for key in _written(cmd):
+    for key in _written(cmd, get):
         if not key.startswith(GUARDED_PREFIX):
             continue
         if reserved(key):
@@ -179,7 +187,20 @@ def reserved_write(cmd: KvCommand, get: Callable[[str], bytes | None]) -> KvErro
             return KvError(code=KvErrorCode.RESERVED_KEY,
                            message=f"{key!r}: this outbox slot was sent, confirmed and "
                            f"compacted; the next free slot is {mark} or later")
+        if slot is not None and (held := get(key)) is not None and not _same_put(cmd, key, held):
+            return KvError(code=KvErrorCode.RESERVED_KEY,
+                           message=f"{key!r}: an outbox slot is written once (its value may "
+                           "already be signed and sent); use the next free slot")
     return None
+
+
+def _same_put(cmd: KvCommand, key: str, held: bytes) -> bool:
+    """Whether every write of `cmd` to `key` puts the value it already holds (a retried put
+    is harmless; anything else would change a slot members may already have signed)."""
+    writes: tuple[KvCommand, ...] = (
+        cmd.success + cmd.failure if isinstance(cmd, Txn) else (cmd,))
+    return all(isinstance(w, Put) and w.value == held
+               for w in writes if getattr(w, "key", None) == key)
 
 
 def _credit(data: LayeredState, value: bytes) -> tuple[str, bytes] | None:

@@ -262,3 +262,30 @@ def test_a_replica_without_the_link_refuses_alone_and_counts_it() -> None:
     assert unlinked.refused == {"uncertified:no_linked_cluster": 1}
     assert [m.get(key(0)) for m in linked] == [b"v"] * 3
     assert unlinked.get(key(0)) is None
+
+
+def test_an_outbox_slot_is_written_once() -> None:
+    """Members sign an outbox slot's value when they apply it: a second value for the same
+    slot would be a conflicting send of one seq, so nothing but an identical put (a retry)
+    may write a slot that holds a value; the put-if-absent txn still just fails."""
+    from phalanx.apps.kv_inbox import outbox_key
+
+    machines = replicas()
+    slot = outbox_key(B, 0)
+    put_if_absent = Txn(compares=(Compare(key=slot, expected=None),),
+                        success=(Put(key=slot, value=b"v1"),))
+    assert apply_all(machines, put_if_absent) == TxnResult(succeeded=True, observed=(None,))
+    retry = apply_all(machines, put_if_absent)  # the client's retry: the guard fails, no write
+    assert retry == TxnResult(succeeded=False, observed=(b"v1",))
+    assert not isinstance(apply_all(machines, Put(key=slot, value=b"v1")), KvError)
+    rewrites = [Put(key=slot, value=b"v2"), Delete(key=slot),
+                Txn(compares=(), success=(Put(key=slot, value=b"v2"),)),
+                Txn(compares=(Compare(key=slot, expected=b"nope"),), success=(),
+                    failure=(Delete(key=slot),))]
+    for command in rewrites:
+        result = apply_all(machines, command)
+        assert isinstance(result, KvError), command
+        assert result.code is KvErrorCode.RESERVED_KEY
+    assert all(m.get(slot) == b"v1" for m in machines)
+    # A free slot is written as before.
+    assert not isinstance(apply_all(machines, Put(key=outbox_key(B, 1), value=b"w")), KvError)
