@@ -162,7 +162,7 @@ async def _stale_view(shard: Shard, other: Shard, node: str) -> tuple[int, int]:
     async with open_client([(peer.id, peer.client_addr.host, peer.client_addr.port)],
                            ssl_context=context, protocol=cluster.protocol,
                            client_id=pki.new_client_id(cluster.client_cert),
-                           timeout=10) as client:
+                           timeout=30) as client:  # a restarted node may be slow on a busy machine
         total = 0
         for account in shard.accounts:
             v = await _read(client, Get(key=balance_key(account)), stale=True)
