@@ -6,9 +6,16 @@ layer, KV), `phalanx.net` (codec, transport), `phalanx.runtime` (a node under tr
 `phalanx.client`, `phalanx.cli` and `phalanx.ops` (the command line, configs, PKI),
 `phalanx.demo`, `phalanx.jepsen` (histories, checkers, simulator, real-cluster harness).
 
-Client library (loaded lazily, so importing a sans-IO subpackage never pulls in trio, TLS or
-the client): `Client`, `open_client`, `SyncClient` and the client errors, from
-`phalanx.client.async_client` and `phalanx.client.sync_client`.
+The public API (loaded lazily, so importing a sans-IO subpackage never pulls in trio, TLS or
+the client); everything else is internal and may change between versions:
+
+- the application contract: `StateMachine`, `StateSnapshot`, `SnapshotFormatError`
+  (`phalanx.apps.interface`; docs/STATE_MACHINES.md);
+- running nodes: `open_node`, `serve_node`, `Node`, `NodeConfig`, `ClusterConfig`,
+  `load_node_config`, `open_cluster`, `init_cluster`, `ConfigError`;
+- the client: `Client`, `open_client`, `SyncClient` and the client errors (all derive from
+  `ClientError`);
+- testing: `check_history`, `read_history`, `HistoryRecorder` (`phalanx.jepsen`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,21 @@ _LAZY = {
     "RequestRejected": "phalanx.client.async_client",
     "open_client": "phalanx.client.async_client",
     "SyncClient": "phalanx.client.sync_client",
+    "StateMachine": "phalanx.apps.interface",
+    "StateSnapshot": "phalanx.apps.interface",
+    "SnapshotFormatError": "phalanx.apps.interface",
+    "open_node": "phalanx.runtime.node",
+    "serve_node": "phalanx.runtime.node",
+    "Node": "phalanx.runtime.node",
+    "NodeConfig": "phalanx.ops.node_config",
+    "ClusterConfig": "phalanx.ops.node_config",
+    "ConfigError": "phalanx.ops.node_config",
+    "load_node_config": "phalanx.ops.node_config",
+    "open_cluster": "phalanx.ops.local_cluster",
+    "init_cluster": "phalanx.ops.local_cluster",
+    "check_history": "phalanx.jepsen.checker",
+    "read_history": "phalanx.jepsen.history",
+    "HistoryRecorder": "phalanx.jepsen.history",
 }
 
 __all__ = [
@@ -37,16 +59,32 @@ __all__ = [
     "ClientClosed",
     "ClientError",
     "ClientTimeout",
+    "ClusterConfig",
     "ClusterUnreachable",
+    "ConfigError",
+    "HistoryRecorder",
     "KvCommandError",
+    "Node",
+    "NodeConfig",
     "ProtocolViolation",
     "RequestRejected",
+    "SnapshotFormatError",
+    "StateMachine",
+    "StateSnapshot",
     "SyncClient",
     "__version__",
+    "check_history",
+    "init_cluster",
+    "load_node_config",
     "open_client",
+    "open_cluster",
+    "open_node",
+    "read_history",
+    "serve_node",
 ]
 
 if TYPE_CHECKING:
+    from phalanx.apps.interface import SnapshotFormatError, StateMachine, StateSnapshot
     from phalanx.client.async_client import (
         Client,
         ClientClosed,
@@ -57,7 +95,13 @@ if TYPE_CHECKING:
         RequestRejected,
         open_client,
     )
+    from phalanx.client.errors import ClusterUnreachable
     from phalanx.client.sync_client import SyncClient
+    from phalanx.jepsen.checker import check_history
+    from phalanx.jepsen.history import HistoryRecorder, read_history
+    from phalanx.ops.local_cluster import init_cluster, open_cluster
+    from phalanx.ops.node_config import ClusterConfig, ConfigError, NodeConfig, load_node_config
+    from phalanx.runtime.node import Node, open_node, serve_node
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())

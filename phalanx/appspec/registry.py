@@ -25,8 +25,9 @@ _TABLE: SpecTable[AppSpec] = SpecTable("app", builtin="phalanx.appspec.builtin")
 class UnknownApp(ValueError):
     """An app name nobody registered."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown app {name!r}; registered: {', '.join(names())}")
+    def __init__(self, name: str, why: str | None = None) -> None:
+        super().__init__(why or f"unknown app {name!r}; registered: {', '.join(names())} (or "
+                         "your own state machine: MODULE:FACTORY or FILE.py:FACTORY)")
         self.name = name
 
 
@@ -36,11 +37,27 @@ def register(spec: AppSpec) -> AppSpec:
 
 
 def get(name: str) -> AppSpec:
-    """The spec registered as `name`. Raises `UnknownApp` naming the registered ones."""
+    """The spec registered as `name`, or for ``MODULE:FACTORY`` / ``FILE.py:FACTORY`` the
+    spec of that state machine (`phalanx.appspec.custom`; raises `AppConfigError` when it
+    will not load). Raises `UnknownApp` naming the registered ones."""
     spec = _TABLE.lookup(name)
-    if spec is None:
-        raise UnknownApp(name)
-    return spec
+    if spec is not None:
+        return spec
+    if ":" in name:
+        from phalanx.appspec.custom import custom_spec
+        from phalanx.appspec.spec import AppConfigError
+
+        if name not in _CUSTOM:
+            try:
+                _CUSTOM[name] = custom_spec(name)
+            except AppConfigError as e:
+                raise UnknownApp(name, str(e)) from None
+        return _CUSTOM[name]
+    raise UnknownApp(name)
+
+
+_CUSTOM: dict[str, AppSpec] = {}
+"""Custom apps already checked, by reference (a node builds its machine once per start)."""
 
 
 def names() -> tuple[str, ...]:

@@ -79,6 +79,7 @@ from phalanx.cli.errors import (
     print_error,
     utf8_text,
 )
+from phalanx.cli.value_args import ValueArgs
 
 if TYPE_CHECKING:  # the handlers import these: building the parser must stay cheap
     from phalanx.ops.node_config import ClusterConfig
@@ -315,34 +316,7 @@ def _bytes(text: str) -> bytes:
     return os.fsencode(text)
 
 
-class _Values:
-    """Where a value argument comes from: ``-`` reads stdin (once per command), ``@PATH``
-    reads a file, ``@@TEXT`` is the literal ``@TEXT``; anything else is the argument's bytes."""
-
-    def __init__(self) -> None:
-        self._stdin_used = False
-
-    def __call__(self, text: str) -> bytes:
-        if text == "-":
-            if self._stdin_used:
-                raise ValueError("only one value can come from stdin (-)")
-            self._stdin_used = True
-            return sys.stdin.buffer.read()
-        if text.startswith("@@"):
-            return _bytes(text[1:])
-        if text.startswith("@"):
-            path = text[1:]
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as e:
-                raise ValueError(f"cannot read the value from {path}: "
-                                 f"{e.strerror or e} (a literal value starting with @ "
-                                 "is written @@...)") from None
-        return _bytes(text)
-
-
-def _txn(args: argparse.Namespace, value: _Values) -> Txn:
+def _txn(args: argparse.Namespace, value: ValueArgs) -> Txn:
     compares: list[Compare] = []
     for guard in args.guards:
         k, sep, v = guard.partition("=")
@@ -364,12 +338,12 @@ def _txn(args: argparse.Namespace, value: _Values) -> Txn:
 
 def build_command(args: argparse.Namespace) -> tuple[KvCommand, bool]:
     """The KV command `args` asks for and whether it is read-only. Value arguments may come
-    from stdin (``-``) or a file (``@PATH``): `_Values`.
+    from stdin (``-``) or a file (``@PATH``): `ValueArgs`.
 
     Raises:
         ValueError: the arguments do not make a command (message for the operator).
     """
-    value = _Values()
+    value = ValueArgs()
     match args.kv_command:
         case "put":
             return Put(key=args.key, value=value(args.value)), False

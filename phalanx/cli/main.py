@@ -35,6 +35,8 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
      "create and run a local cluster"),
     ("node", "phalanx.cli.node", "add_node_command", "run a phalanx node"),
     ("kv", "phalanx.cli.kv", "add_kv_command", "read and write keys of a running cluster"),
+    ("call", "phalanx.cli.call", "add_call_command",
+     "send one raw command to any app of a running cluster (your own state machine)"),
     ("chain", "phalanx.cli.chain", "add_chain_command",
      "accounts, transfers, blocks and proofs of a chain cluster"),
     ("gossip", "phalanx.cli.gossip", "add_gossip_command",

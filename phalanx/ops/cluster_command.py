@@ -126,9 +126,12 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     init.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                       help="consensus protocol (default: %(default)s; "
                       + "; ".join(f"{s.name}: {s.summary}" for s in protocol_specs()) + ")")
-    init.add_argument("--app", choices=app_names(), default=DEFAULT_APP,
-                      help="replicated application (default: %(default)s; "
-                      + "; ".join(f"{a.name}: {a.summary}" for a in app_specs()) + ")")
+    init.add_argument("--app", default=DEFAULT_APP, metavar="APP",
+                      help="replicated application: " + ", ".join(app_names())
+                      + " (default: %(default)s; "
+                      + "; ".join(f"{a.name}: {a.summary}" for a in app_specs())
+                      + "), or your own state machine as MODULE:FACTORY or FILE.py:FACTORY "
+                      "(docs/STATE_MACHINES.md)")
     init.add_argument("--nodes", type=int_between(1, MAX_NODES), default=3,
                       help=f"number of nodes, 1..{MAX_NODES} (default: 3)")
     init.add_argument("--base-port", type=int_between(1, 65535), default=DEFAULT_BASE_PORT,
@@ -197,7 +200,8 @@ def _run_init(args: argparse.Namespace) -> int:
             options[name] = value
         cluster = init_cluster(
             args.directory, protocol=args.protocol, nodes=args.nodes,
-            base_port=args.base_port, host=args.host, fsync=args.fsync, app=args.app,
+            base_port=args.base_port, host=args.host, fsync=args.fsync,
+            app=_app_reference(args.app),
             services=tuple(args.services),
             protocol_options=options,
         )
@@ -263,3 +267,10 @@ def _run_up(args: argparse.Namespace) -> int:
         print_error("phalanx cluster up", str(e))
         return EXIT_USAGE
     return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
+
+
+def _app_reference(app: str) -> str:
+    """`--app` as the node configs store it: a custom app's file path made absolute."""
+    from phalanx.appspec.custom import absolute, is_custom
+
+    return absolute(app) if is_custom(app) else app
