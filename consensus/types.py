@@ -14,7 +14,7 @@ Rules:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NewType
 
 NodeId = NewType("NodeId", str)
@@ -113,6 +113,12 @@ class Entry:
 
     Invariant: `kind == COMMAND` iff `requests` is non-empty; `kind == CONFIG` iff `config`
     is set.
+
+    Block stamp (only for an app that asks for block time, i.e. has `BatchHooks`; otherwise
+    0 and "", which the codec leaves off the wire, so such entries encode as before):
+    `timestamp` is the proposer's clock (ms since the epoch) agreed with the entry, and
+    `proposer` the node that proposed it. Both are covered by what consensus agreed on
+    (PBFT: the batch digest), so they are identical on every replica.
     """
 
     index: int
@@ -120,6 +126,8 @@ class Entry:
     kind: EntryKind
     requests: tuple[ClientRequest, ...] = ()
     config: Configuration | None = None
+    timestamp: int = field(default=0, metadata={"wire_optional": True})
+    proposer: str = field(default="", metadata={"wire_optional": True})
 
     def __post_init__(self) -> None:
         if self.index < 1:
@@ -136,7 +144,8 @@ class Entry:
             return NotImplemented
         return (self.index == other.index and self.term == other.term
                 and self.kind == other.kind and self.requests == other.requests
-                and self.config == other.config)
+                and self.config == other.config and self.timestamp == other.timestamp
+                and self.proposer == other.proposer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
