@@ -325,8 +325,10 @@ class BatchInfo:
     `index` is the batch's position in the consensus order (Raft's log index of its first
     entry, PBFT's sequence number): strictly increasing across batches, not necessarily
     contiguous. `timestamp` (milliseconds) and `proposer` (a node id) are the values the
-    batch was ordered with (the leader's or primary's, agreed by consensus), identical on every
-    replica: the only clock an application may read.
+    batch was ordered with (the leader's or primary's, agreed by consensus: the entry's block
+    stamp, see `wants_block_stamp`), identical on every replica: the only clock an
+    application may read. 0 and "" when the core gave the entry no stamp (the proposer may
+    then come from the protocol's `proposer_of` rule).
     """
 
     index: int
@@ -356,6 +358,13 @@ class BatchHooks(Protocol):
         it (the chain app: the block's state root). Determinism: MUST be deterministic.
         Raises RuntimeError when no batch is open."""
         ...
+
+
+def wants_block_stamp(machine: object) -> bool:
+    """Whether `machine` asks consensus for block stamps (each batch's `BatchInfo.timestamp`
+    and `proposer` agreed with the batch, `Entry.timestamp`/`proposer`): it has `BatchHooks`.
+    A node turns the stamps on only then, so other apps' entries and messages are unchanged."""
+    return isinstance(machine, BatchHooks)
 
 
 BlockListener = Callable[[int, bytes], None]

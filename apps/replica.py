@@ -31,9 +31,10 @@ Invariants:
   checkpoints and WAL calls; nothing depends on set order, `id()` or time.
 - Blocks: a machine with `BatchHooks` (outside transaction mode) sees each committed COMMAND
   entry holding a write as one batch: `begin_batch(BatchInfo(index=entry.index,
-  timestamp=0, proposer=proposer_of(entry.term)))`, its requests, `end_batch()`, in
-  `apply` and in replay alike; an entry of reads only, a NOOP or a CONFIG entry makes none.
-  The timestamp is 0: Raft and PBFT entries carry no clock every replica agrees on.
+  timestamp=entry.timestamp, proposer=entry.proposer or proposer_of(entry.term)))`, its
+  requests, `end_batch()`, in `apply` and in replay alike; an entry of reads only, a NOOP
+  or a CONFIG entry makes none. The entry's block stamp (timestamp, proposer) is what the
+  core agreed (`phalanx.apps.interface.wants_block_stamp`), so it is the same everywhere.
   Checkpoints fall between entries, so never inside a batch.
 """
 
@@ -295,8 +296,11 @@ class Replica:
         hooks = self._hooks
         if hooks is None or not any(not r.read_only for r in entry.requests):
             return None
-        proposer = self._proposer_of(entry.term) if self._proposer_of is not None else ""
-        hooks.begin_batch(BatchInfo(index=entry.index, timestamp=0, proposer=proposer))
+        proposer = entry.proposer
+        if not proposer and self._proposer_of is not None:
+            proposer = self._proposer_of(entry.term)
+        hooks.begin_batch(BatchInfo(index=entry.index, timestamp=entry.timestamp,
+                                    proposer=proposer))
         return hooks
 
     def _apply_request(

@@ -13,6 +13,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import NewType
@@ -26,6 +27,19 @@ class LocalProtocolError(Exception):
 
     A faulty or Byzantine peer's input is dropped and counted by the core; it never raises.
     """
+
+
+def omit_default_repr(obj: object) -> str:
+    """The dataclass repr of `obj` without its ``wire_optional`` fields that hold their
+    default, so a field added that way changes neither the wire bytes nor the text (traces,
+    logs) of objects that do not use it."""
+    parts = []
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if f.metadata.get("wire_optional") and value == f.default:
+            continue
+        parts.append(f"{f.name}={value!r}")
+    return f"{type(obj).__qualname__}({', '.join(parts)})"
 
 
 class Message:
@@ -146,6 +160,8 @@ class Entry:
                 and self.kind == other.kind and self.requests == other.requests
                 and self.config == other.config and self.timestamp == other.timestamp
                 and self.proposer == other.proposer)
+
+    __repr__ = omit_default_repr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,8 @@ Wire shape:
     ``field(default=..., metadata={"wire_optional": True})`` (a scalar default: int, str,
     bytes, bool or None) are left off the end of the array while they equal their default,
     and decode to it when absent; present at its default is a decode error (one encoding per
-    value). So a field added that way keeps the bytes of every message that does not use it. A field whose type is a dataclass, a union of
+    value). So a field added that way keeps the bytes of every message that does not use it.
+    A field whose type is a dataclass, a union of
     dataclasses or a base class (`phalanx.consensus.types.Message`: "any registered subclass")
     is itself such an array, carrying its own type id.
 
@@ -510,14 +511,17 @@ class Registry:
             arrays=ARRAYS,
             optionals=OPTIONALS,
         )
+        generic_encode: Encoder = encode
+        generic_decode: Decoder = decode
         optional = _optional_tail(cls)
         if optional:
             fast_encode, fast_decode = _omit_defaults(
                 label, arity, optional, fast_encode, fast_decode)
-            encode, decode = _omit_defaults(label, arity, optional, encode, decode)
+            generic_encode, generic_decode = _omit_defaults(
+                label, arity, optional, encode, decode)
         return _Spec(
             type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,
-            generic_encode=encode, generic_decode=decode,
+            generic_encode=generic_encode, generic_decode=generic_decode,
         )
 
     def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:

@@ -20,7 +20,6 @@ forgotten (their clients retransmit; the replica layer answers the executed ones
 from __future__ import annotations
 
 from phalanx.consensus.core import Snapshot
-from phalanx.consensus.crypto import digest_of
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
@@ -30,6 +29,7 @@ from phalanx.consensus.pbft.messages import (
 )
 from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.pbft.stamp import batch_digest
 from phalanx.consensus.pbft.transfer import CatchUp
 from phalanx.consensus.pbft.vote_flow import VoteFlow
 from phalanx.consensus.types import (
@@ -223,7 +223,8 @@ class CheckpointFlow:
             msg,
             executed=s.executed,
             queued=self._votes.queued,
-            batch_digest=lambda batch: digest_of(s.crypto, batch),
+            digest_ok=lambda m: m.digest == batch_digest(s.crypto, m.batch, m.timestamp,
+                                                         m.proposer),
         )
         if isinstance(verdict, str):
             s.drop(verdict)

@@ -264,7 +264,9 @@ class PbftCore:
         match inp:
             case Receive(src=src, message=message):
                 self._receive(src, message)
-            case Tick():
+            case Tick(now_ms=now_ms):
+                if now_ms is not None:
+                    self._s.now_ms = now_ms
                 self._tick()
             case Submit(request=request):
                 self._requests.submit(request)

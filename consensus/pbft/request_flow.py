@@ -24,6 +24,7 @@ from phalanx.consensus.crypto import digest_of
 from phalanx.consensus.pbft.messages import ForwardRequest, PrePrepare
 from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.pbft.stamp import batch_digest, fresh_stamp
 from phalanx.consensus.types import ClientRequest
 
 
@@ -97,15 +98,25 @@ class RequestFlow:
                 max_inflight=cfg.max_inflight_batches,
             ):
                 return
-            batch = book.take_batch(cfg.batch_size)
             seq = self.next_seq + 1
-            pp = PrePrepare(
-                view=s.view,
-                seq=seq,
-                digest=digest_of(s.crypto, batch),
-                batch=batch,
-                replica=s.me,
-            )
+            if cfg.block_stamp_skew_ms:
+                floor = max(s.executed_ts, s.log.stamp_bounds(s.view, seq)[0])
+                ts = fresh_stamp(now_ms=s.now_ms, floor=floor)
+                if ts is None:
+                    return  # no clock reading yet: the next tick proposes
+                batch = book.take_batch(cfg.batch_size)
+                pp = PrePrepare(view=s.view, seq=seq,
+                                digest=batch_digest(s.crypto, batch, ts, s.me),
+                                batch=batch, replica=s.me, timestamp=ts, proposer=s.me)
+            else:
+                batch = book.take_batch(cfg.batch_size)
+                pp = PrePrepare(
+                    view=s.view,
+                    seq=seq,
+                    digest=digest_of(s.crypto, batch),
+                    batch=batch,
+                    replica=s.me,
+                )
             self._propose(pp)
 
     def _propose(self, pp: PrePrepare) -> None:

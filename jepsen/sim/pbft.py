@@ -26,6 +26,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from phalanx.apps.interface import BatchHooks
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
@@ -61,6 +62,9 @@ from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup
 from phalanx.net import wire
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
+
+SIM_BLOCK_STAMP_SKEW_MS = 2000
+"""The simulated nodes' block-stamp bound (`PbftConfig.block_stamp_skew_ms`), when on."""
 
 # Behaviours a sweep draws from (every one of `BEHAVIOURS`).
 SWEEP_BEHAVIOURS = BEHAVIOURS
@@ -392,8 +396,13 @@ def pbft_setup(
     replies = BftReplies(names, corrupting, seed)
     checker = BftChecker(replies.issued)
 
+    # Block stamps for an app that asks for block time (`wants_block_stamp`; the KV store
+    # does not, a test's subclass with `BatchHooks` does).
+    stamps = SIM_BLOCK_STAMP_SKEW_MS if issubclass(KvStateMachine, BatchHooks) else 0
+
     def config(node: str) -> PbftConfig:
         return PbftConfig(
+            block_stamp_skew_ms=stamps,
             node_id=NodeId(node),
             replicas=replicas,
             checkpoint_interval=8,
