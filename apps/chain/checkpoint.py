@@ -76,6 +76,48 @@ class ChainView:
     blocks: immutables.Map[int, bytes]
     batch: BatchInfo | None
     batch_txs: tuple[bytes, ...]
+    blocks_acc: bytes = bytes(32)
+    """A running hash of the blocks (`blocks_step` over heights 1..height): derived, not in
+    the format; `view_digest` covers every block's bytes through it in O(1)."""
+
+
+def blocks_step(acc: bytes, block: bytes) -> bytes:
+    """The running block hash after one more encoded block."""
+    return hashlib.sha256(acc + hashlib.sha256(block).digest()).digest()
+
+
+def _header(v: ChainView) -> bytes:
+    batch = None if v.batch is None else [
+        v.batch.index, v.batch.timestamp, v.batch.proposer, list(v.batch_txs)]
+    return _pack([_MAGIC, _VERSION, REGISTRY.encode(v.genesis), v.height, v.head_hash,
+                  v.last_timestamp, v.supply, v.tree.root, batch])
+
+
+def _dirty(v: ChainView) -> bytes:
+    dirty: list[bytes] = []
+    for account in sorted(v.dirty):  # at most one block's accounts
+        dirty += (account, v.accounts[account])
+    return _pack(["dirty", dirty])
+
+
+_DIGEST_TAG = b"phalanx.chain.checkpoint-digest.v1\x00"
+
+
+def view_digest(v: ChainView) -> bytes:
+    """The chain's own checkpoint digest (`phalanx.apps.interface.CheckpointDigest`):
+    SHA-256(tag || SHA-256(header chunk) || SHA-256(dirty chunk) || running block hash).
+    The header chunk holds the genesis, height, head hash, last timestamp, supply, the state
+    root (which binds every leaf: `load` rebuilds the tree and checks it) and the open batch;
+    the running hash binds every block's bytes. O(dirty accounts): no leaf or block is
+    serialised or hashed again."""
+    return hashlib.sha256(_DIGEST_TAG + hashlib.sha256(_header(v)).digest()
+                          + hashlib.sha256(_dirty(v)).digest() + v.blocks_acc).digest()
+
+
+def snapshot_digest(data: bytes, genesis: Genesis) -> bytes:
+    """`view_digest` of the checkpoint bytes `data`, after `load`'s checks (which rebuild the
+    tree: O(state)). Raises `SnapshotFormatError` as `load` does."""
+    return view_digest(load(data, genesis))
 
 
 class ChainSnapshot:
@@ -88,10 +130,7 @@ class ChainSnapshot:
 
     def chunks(self) -> Iterator[bytes]:
         v = self._view
-        batch = None if v.batch is None else [
-            v.batch.index, v.batch.timestamp, v.batch.proposer, list(v.batch_txs)]
-        yield _pack([_MAGIC, _VERSION, REGISTRY.encode(v.genesis), v.height, v.head_hash,
-                     v.last_timestamp, v.supply, v.tree.root, batch])
+        yield _header(v)
         flat: list[bytes] = []
         for account, value in v.tree.items():
             flat += (account, value)
@@ -100,10 +139,7 @@ class ChainSnapshot:
                 flat = []
         if flat:
             yield _pack(["leaves", flat])
-        dirty: list[bytes] = []
-        for account in sorted(v.dirty):  # at most one block's accounts
-            dirty += (account, v.accounts[account])
-        yield _pack(["dirty", dirty])
+        yield _dirty(v)
         blocks: list[bytes] = []
         size = 0
         for height in range(1, v.height + 1):
@@ -187,7 +223,7 @@ def _load(data: bytes, genesis: Genesis) -> ChainView:
         raise _fail("balances do not sum to the supply")
 
     blocks: dict[int, bytes] = {}
-    prev, prev_root = genesis_hash(genesis), None
+    prev, prev_root, acc = genesis_hash(genesis), None, bytes(32)
     obj = next(objs, None)
     while type(obj) is list and len(obj) == 2 and obj[0] == "blocks":
         if type(obj[1]) is not list or not obj[1]:
@@ -199,6 +235,7 @@ def _load(data: bytes, genesis: Genesis) -> ChainView:
                 raise _fail(f"block {len(blocks) + 1} does not link")
             prev, prev_root = block_hash(header), header.state_root
             blocks[header.height] = encoded
+            acc = blocks_step(acc, encoded)
         obj = next(objs, None)
     if len(blocks) != height or prev != head_hash:
         raise _fail("blocks do not end at the head")
@@ -209,7 +246,8 @@ def _load(data: bytes, genesis: Genesis) -> ChainView:
     return ChainView(genesis=genesis, tree=tree, accounts=accounts,
                      dirty=immutables.Map(dict.fromkeys(dirty_keys)), height=height,
                      head_hash=head_hash, last_timestamp=last_ts, supply=supply,
-                     blocks=immutables.Map(blocks), batch=batch, batch_txs=batch_txs)
+                     blocks=immutables.Map(blocks), batch=batch, batch_txs=batch_txs,
+                     blocks_acc=acc)
 
 
 def _load_batch(raw: object) -> tuple[BatchInfo | None, tuple[bytes, ...]]:

@@ -129,6 +129,7 @@ class ChainStateMachine:
         self._head_hash = genesis_hash(genesis)
         self._last_timestamp = 0
         self._blocks: immutables.Map[int, bytes] = immutables.Map()
+        self._blocks_acc = bytes(32)  # checkpoint.blocks_step over the blocks
         self._batch: BatchInfo | None = None
         self._batch_txs: list[bytes] = []
         self._batch_ids: list[bytes] = []
@@ -201,6 +202,7 @@ class ChainStateMachine:
         self._tree, self._accounts, self._dirty = v.tree, v.accounts, v.dirty
         self._height, self._head_hash, self._supply = v.height, v.head_hash, v.supply
         self._last_timestamp, self._blocks, self._batch = v.last_timestamp, v.blocks, v.batch
+        self._blocks_acc = v.blocks_acc
         self._batch_txs = list(v.batch_txs)
         self._batch_ids = []
         for raw in v.batch_txs:
@@ -228,8 +230,10 @@ class ChainStateMachine:
                              timestamp=self._last_timestamp, proposer=info.proposer)
         self._height = header.height
         self._head_hash = block_hash(header)
-        self._blocks = self._blocks.set(header.height, REGISTRY.encode(
-            BlockData(header=encode_header(header), txs=tuple(self._batch_txs))))
+        encoded = REGISTRY.encode(
+            BlockData(header=encode_header(header), txs=tuple(self._batch_txs)))
+        self._blocks = self._blocks.set(header.height, encoded)
+        self._blocks_acc = checkpoint.blocks_step(self._blocks_acc, encoded)
         self._dirty = immutables.Map()
         self._batch = None
         self._batch_txs = []
@@ -237,6 +241,18 @@ class ChainStateMachine:
         for listener in self._block_listeners:
             listener(header.height, self._head_hash)
         return self._tree.root
+
+    # --- CheckpointDigest --------------------------------------------------------------
+
+    def state_digest(self) -> bytes:
+        """The checkpoint digest of the current state (`checkpoint.view_digest`), O(1) in the
+        number of accounts and blocks: what PBFT's checkpoint votes carry for the chain."""
+        return checkpoint.view_digest(self._view())
+
+    def snapshot_digest(self, data: bytes) -> bytes:
+        """`state_digest` of checkpoint bytes, checked as strictly as `restore` (state
+        transfer). Raises `SnapshotFormatError`; the machine is unchanged."""
+        return checkpoint.snapshot_digest(data, self._genesis)
 
     # --- BlockStream (node-local observers; not replicated state) -----------------------
 
@@ -319,7 +335,7 @@ class ChainStateMachine:
             genesis=self._genesis, tree=self._tree, accounts=self._accounts, dirty=self._dirty,
             height=self._height, head_hash=self._head_hash,
             last_timestamp=self._last_timestamp, supply=self._supply, blocks=self._blocks,
-            batch=self._batch, batch_txs=tuple(self._batch_txs))
+            batch=self._batch, batch_txs=tuple(self._batch_txs), blocks_acc=self._blocks_acc)
 
     def _signature_ok(self, tx: SignedTransaction) -> bool:
         checks = self.signature_checks

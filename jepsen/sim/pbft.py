@@ -26,7 +26,8 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from phalanx.apps.interface import BatchHooks
+from phalanx.apps.checkpoint_digest import digest_function
+from phalanx.apps.interface import BatchHooks, CheckpointDigest
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
@@ -399,6 +400,9 @@ def pbft_setup(
     # Block stamps for an app that asks for block time (`wants_block_stamp`; the KV store
     # does not, a test's subclass with `BatchHooks` does).
     stamps = SIM_BLOCK_STAMP_SKEW_MS if issubclass(KvStateMachine, BatchHooks) else 0
+    # Likewise the app's own checkpoint digest (`CheckpointDigest`), if it has one.
+    state_digest = (digest_function(KvStateMachine())
+                    if issubclass(KvStateMachine, CheckpointDigest) else None)
 
     def config(node: str) -> PbftConfig:
         return PbftConfig(
@@ -445,7 +449,8 @@ def pbft_setup(
         crypto = FastCrypto(NodeId(node))
         honest: Core = DurableStateCore(
             PbftCore(
-                config(node), crypto=crypto, restored=restored(node, durable), bugs=pbft_bugs
+                config(node), crypto=crypto, restored=restored(node, durable), bugs=pbft_bugs,
+                checkpoint_digest=state_digest,
             ),
             cells,
             lossy,
@@ -455,7 +460,8 @@ def pbft_setup(
             return TwinsCore(
                 honest,
                 lambda: PbftCore(config(node), crypto=crypto,
-                                 restored=restored(node, durable), bugs=pbft_bugs),
+                                 restored=restored(node, durable), bugs=pbft_bugs,
+                                 checkpoint_digest=state_digest),
                 side_a=side_a,
                 twinned=twinned,
                 channel=channel,

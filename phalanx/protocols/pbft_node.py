@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from phalanx.apps.checkpoint_digest import digest_function
 from phalanx.apps.interface import wants_block_stamp
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core
@@ -146,7 +147,10 @@ class PbftNode:
         cfg = pbft_config(config)
         if replica is not None and wants_block_stamp(replica.machine):
             cfg = dataclasses.replace(cfg, block_stamp_skew_ms=PBFT_BLOCK_STAMP_SKEW_MS)
-        core: Core = PbftCore(cfg, crypto=crypto, restored=restored)
+        # An app with its own checkpoint digest (the chain's state root and blocks) gives
+        # the votes' digest; others keep SHA-256 of the checkpoint bytes.
+        digest = digest_function(replica.machine) if replica is not None else None
+        core: Core = PbftCore(cfg, crypto=crypto, restored=restored, checkpoint_digest=digest)
         return BuiltCore(core=core)
 
 

@@ -1,7 +1,8 @@
 """Block boundaries and block stamps are the same on every replica under faults: the simulator
 runs Raft and PBFT (kills, restarts, partitions, view changes, state transfer) with a KV
 store that also implements `BatchHooks` (so it asks for block stamps: the cores stamp each
-batch with the proposer's clock and id) and folds every batch (index, proposer, timestamp,
+batch with the proposer's clock and id) and `CheckpointDigest` (PBFT's checkpoint votes
+and state transfer use its digest) and folds every batch (index, proposer, timestamp,
 the commands it applied) into a hash chain carried in its checkpoints; every replica must
 reach the same hash at every batch index, every batch must carry a real stamp (a timestamp
 on the simulated wall clock, a member as proposer), and the timestamps never decrease.
@@ -72,6 +73,16 @@ class HookedKv(KvStateMachine):
     def restore(self, data: bytes) -> None:
         super().restore(data[32:])
         self.chain = data[:32]
+
+    # `CheckpointDigest`: PBFT's checkpoint votes carry this digest (state transfer checks
+    # fetched checkpoints against it), as they carry the chain app's.
+    def state_digest(self) -> bytes:
+        kv = b"".join(super().snapshot().chunks())
+        return hashlib.sha256(b"hooked" + self.chain + hashlib.sha256(kv).digest()).digest()
+
+    def snapshot_digest(self, data: bytes) -> bytes:
+        KvStateMachine().restore(data[32:])  # as strict as `restore`
+        return hashlib.sha256(b"hooked" + data[:32] + hashlib.sha256(data[32:]).digest()).digest()
 
 
 # PBFT seeds 7 and 11 have view changes after which replicas executed the same sequence
