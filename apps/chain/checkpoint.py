@@ -103,21 +103,25 @@ def _dirty(v: ChainView) -> bytes:
 _DIGEST_TAG = b"phalanx.chain.checkpoint-digest.v1\x00"
 
 
-def view_digest(v: ChainView) -> bytes:
-    """The chain's own checkpoint digest (`phalanx.apps.interface.CheckpointDigest`):
-    SHA-256(tag || SHA-256(header chunk) || SHA-256(dirty chunk) || running block hash).
-    The header chunk holds the genesis, height, head hash, last timestamp, supply, the state
-    root (which binds every leaf: `load` rebuilds the tree and checks it) and the open batch;
-    the running hash binds every block's bytes. O(dirty accounts): no leaf or block is
-    serialised or hashed again."""
-    return hashlib.sha256(_DIGEST_TAG + hashlib.sha256(_header(v)).digest()
+def view_digest(v: ChainView, chain: bytes) -> bytes:
+    """The chain's own checkpoint digest (`phalanx.apps.interface.CheckpointDigest`) of `v`,
+    whose chain id (the genesis hash, `block.chain_id`) is `chain`:
+    SHA-256(tag || chain || SHA-256(header fields) || SHA-256(dirty chunk) || block hash acc).
+    The header fields are the height, head hash, last timestamp, supply, state root (which
+    binds every leaf: `load` rebuilds the tree and checks it) and the open batch; the
+    running hash binds every block's bytes. O(dirty accounts): no leaf, block or genesis
+    allocation is serialised or hashed again."""
+    batch = None if v.batch is None else [
+        v.batch.index, v.batch.timestamp, v.batch.proposer, list(v.batch_txs)]
+    fields = _pack([v.height, v.head_hash, v.last_timestamp, v.supply, v.tree.root, batch])
+    return hashlib.sha256(_DIGEST_TAG + chain + hashlib.sha256(fields).digest()
                           + hashlib.sha256(_dirty(v)).digest() + v.blocks_acc).digest()
 
 
 def snapshot_digest(data: bytes, genesis: Genesis) -> bytes:
-    """`view_digest` of the checkpoint bytes `data`, after `load`'s checks (which rebuild the
-    tree: O(state)). Raises `SnapshotFormatError` as `load` does."""
-    return view_digest(load(data, genesis))
+    """`view_digest` of the checkpoint bytes `data`, after `load`'s checks (the genesis is
+    this chain's; the tree is rebuilt: O(state)). Raises `SnapshotFormatError` as `load`."""
+    return view_digest(load(data, genesis), genesis_hash(genesis))
 
 
 class ChainSnapshot:

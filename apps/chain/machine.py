@@ -247,7 +247,7 @@ class ChainStateMachine:
     def state_digest(self) -> bytes:
         """The checkpoint digest of the current state (`checkpoint.view_digest`), O(1) in the
         number of accounts and blocks: what PBFT's checkpoint votes carry for the chain."""
-        return checkpoint.view_digest(self._view())
+        return checkpoint.view_digest(self._view(), self._chain_id)
 
     def snapshot_digest(self, data: bytes) -> bytes:
         """`state_digest` of checkpoint bytes, checked as strictly as `restore` (state
