@@ -118,12 +118,6 @@ def view_digest(v: ChainView, chain: bytes) -> bytes:
                           + hashlib.sha256(_dirty(v)).digest() + v.blocks_acc).digest()
 
 
-def snapshot_digest(data: bytes, genesis: Genesis) -> bytes:
-    """`view_digest` of the checkpoint bytes `data`, after `load`'s checks (the genesis is
-    this chain's; the tree is rebuilt: O(state)). Raises `SnapshotFormatError` as `load`."""
-    return view_digest(load(data, genesis), genesis_hash(genesis))
-
-
 class ChainSnapshot:
     """An O(1) snapshot: it holds a `ChainView`, and serialises it on demand."""
 

@@ -199,3 +199,25 @@ def test_control_a_digest_that_ignores_the_data_installs_a_tampered_checkpoint(
     assert b"forged" in c.app[late]
     assert c.diverged()
 
+
+
+def test_state_transfer_and_restart_load_the_checkpoint_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.apps.chain import checkpoint
+    loads: list[int] = []
+    real = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda data, g: loads.append(1) or real(data, g))
+    m = ChainStateMachine(genesis())
+    _blocks(m, 3)
+    data = _bytes(m)
+    fetched = ChainStateMachine(genesis())
+    assert fetched.snapshot_digest(data) == m.state_digest()  # state transfer: verify ...
+    fetched.restore(data)  # ... then install
+    assert len(loads) == 1
+    restarted = ChainStateMachine(genesis())
+    restarted.restore(data)  # restart: restore ...
+    assert restarted.snapshot_digest(data) == m.state_digest()  # ... then the core's digest
+    assert len(loads) == 2
+    assert restarted.snapshot_digest(data) == m.state_digest()  # the cache holds one use
+    assert len(loads) == 3
+    assert (fetched.head_hash, fetched.state_root) == (m.head_hash, m.state_root)
