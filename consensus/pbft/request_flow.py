@@ -98,12 +98,13 @@ class RequestFlow:
             ):
                 return
             seq = self.next_seq + 1
-            ts: int | None = 0  # a block stamp only for apps that ask (`stamp.py`)
+            ts = 0  # a block stamp only for apps that ask (`stamp.py`)
             if cfg.block_stamp_skew_ms:
                 floor = max(s.executed_ts, s.log.stamp_bounds(s.view, seq)[0])
-                ts = fresh_stamp(now_ms=s.now_ms, floor=floor)
-                if ts is None:
+                stamp = fresh_stamp(now_ms=s.now_ms, floor=floor)
+                if stamp is None:
                     return  # no clock reading yet: the next tick proposes
+                ts = stamp
             batch = book.take_batch(cfg.batch_size)
             proposer = s.me if ts else ""
             pp = PrePrepare(view=s.view, seq=seq,
