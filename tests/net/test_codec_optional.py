@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind
@@ -44,6 +44,7 @@ def test_defaults_are_left_off_and_bytes_match_the_class_without_the_fields() ->
     assert msgpack.unpackb(r.encode(Stamped(x=5, who="n1"))) == [7, 5, 0, "n1"]
 
 
+@settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**63 - 1), st.integers(0, 2**40), st.text(max_size=5))
 def test_round_trip_is_canonical(x: int, ts: int, who: str) -> None:
     r = registry()
