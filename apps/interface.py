@@ -325,8 +325,10 @@ class BatchInfo:
     `index` is the batch's position in the consensus order (Raft's log index of its first
     entry, PBFT's sequence number): strictly increasing across batches, not necessarily
     contiguous. `timestamp` (milliseconds) and `proposer` (a node id) are the values the
-    batch was ordered with (the leader's or primary's, agreed by consensus), identical on every
-    replica: the only clock an application may read.
+    batch was ordered with (the leader's or primary's, agreed by consensus: the entry's block
+    stamp, see `wants_block_stamp`), identical on every replica: the only clock an
+    application may read. 0 and "" when the core gave the entry no stamp (the proposer may
+    then come from the protocol's `proposer_of` rule).
     """
 
     index: int
@@ -356,6 +358,34 @@ class BatchHooks(Protocol):
         it (the chain app: the block's state root). Determinism: MUST be deterministic.
         Raises RuntimeError when no batch is open."""
         ...
+
+
+@runtime_checkable
+class CheckpointDigest(Protocol):
+    """Optional: the application's own digest of its state, for checkpoint votes (PBFT) in place
+    of a hash of the whole serialised state (`phalanx.apps.checkpoint_digest` combines it
+    with the replica's session table). Both methods MUST give the same bytes for the same
+    state, and any two states that `restore` would load differently MUST get different
+    digests (a peer's checkpoint is trusted by its digest alone)."""
+
+    def state_digest(self) -> bytes:
+        """The digest of the current state; cheap (the chain: its header fields, the open
+        block's dirty accounts and a running hash of its blocks; the state root stands for
+        the accounts). Called when a checkpoint is taken, between batches."""
+        ...
+
+    def snapshot_digest(self, data: bytes) -> bytes:
+        """The same digest, of the checkpoint bytes `data` (what `snapshot().chunks()`
+        produced), after checking them as strictly as `restore` (state transfer trusts the
+        result). Raises `SnapshotFormatError` on bad data; never changes the machine."""
+        ...
+
+
+def wants_block_stamp(machine: object) -> bool:
+    """Whether `machine` asks consensus for block stamps (each batch's `BatchInfo.timestamp`
+    and `proposer` agreed with the batch, `Entry.timestamp`/`proposer`): it has `BatchHooks`.
+    A node turns the stamps on only then, so other apps' entries and messages are unchanged."""
+    return isinstance(machine, BatchHooks)
 
 
 BlockListener = Callable[[int, bytes], None]

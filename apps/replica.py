@@ -31,9 +31,10 @@ Invariants:
   checkpoints and WAL calls; nothing depends on set order, `id()` or time.
 - Blocks: a machine with `BatchHooks` (outside transaction mode) sees each committed COMMAND
   entry holding a write as one batch: `begin_batch(BatchInfo(index=entry.index,
-  timestamp=0, proposer=proposer_of(entry.term)))`, its requests, `end_batch()`, in
-  `apply` and in replay alike; an entry of reads only, a NOOP or a CONFIG entry makes none.
-  The timestamp is 0: Raft and PBFT entries carry no clock every replica agrees on.
+  timestamp=entry.timestamp, proposer=entry.proposer or proposer_of(entry.term)))`, its
+  requests, `end_batch()`, in `apply` and in replay alike; an entry of reads only, a NOOP
+  or a CONFIG entry makes none. The entry's block stamp (timestamp, proposer) is what the
+  core agreed (`phalanx.apps.interface.wants_block_stamp`), so it is the same everywhere.
   Checkpoints fall between entries, so never inside a batch.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
+from phalanx.apps.checkpoint_digest import CheckpointDigests
 from phalanx.apps.envelope import (
     Session,
     decode_meta,
@@ -165,6 +167,7 @@ class Replica:
         self._checkpoint_index = 0
         self._in_flight: int | None = None
         self._queued: CheckpointJob | None = None  # aligned policy: next boundary to write
+        self._digests = CheckpointDigests(machine)
         self._taken: list[CheckpointTaken] = []
         self._written = 0
         self._failures = 0
@@ -295,8 +298,11 @@ class Replica:
         hooks = self._hooks
         if hooks is None or not any(not r.read_only for r in entry.requests):
             return None
-        proposer = self._proposer_of(entry.term) if self._proposer_of is not None else ""
-        hooks.begin_batch(BatchInfo(index=entry.index, timestamp=0, proposer=proposer))
+        proposer = entry.proposer
+        if not proposer and self._proposer_of is not None:
+            proposer = self._proposer_of(entry.term)
+        hooks.begin_batch(BatchInfo(index=entry.index, timestamp=entry.timestamp,
+                                    proposer=proposer))
         return hooks
 
     def _apply_request(
@@ -377,12 +383,13 @@ class Replica:
     def _job(self) -> CheckpointJob:
         """A checkpoint of the current state: its O(1) snapshot, to be serialised later."""
         txs = self._txs
-        chunks = envelope_chunks(
-            index=self._applied, sessions=self._table.sessions, app=self._machine.snapshot(),
+        digests = self._digests  # the app's own checkpoint digest, if it has one
+        chunks = digests.chunks(self._applied, lambda app: envelope_chunks(
+            index=self._applied, sessions=self._table.sessions, app=app,
             tombstones=self._table.tombstones,
             transactions=txs.records if txs is not None else None,
             max_deadline_ms=txs.max_deadline_ms if txs is not None else 0,
-        )
+        ), self._machine.snapshot())
         meta = self.snapshot_meta()
         self._entries_since = 0
         self._bytes_since = 0
@@ -442,12 +449,14 @@ class Replica:
             return
         self._in_flight = None
         if done.error is not None:
+            self._digests.taken(done.index)
             self._failures += 1
             self._last_error = done.error
         else:
             self._written += 1
             self._checkpoint_index = max(self._checkpoint_index, done.index)
-            self._taken.append(CheckpointTaken(index=done.index, data=done.data))
+            self._taken.append(CheckpointTaken(index=done.index, data=done.data,
+                                               digest=self._digests.taken(done.index)))
             self._compact(done.index)
         queued = self._queued
         if queued is not None and not self._writer.busy:

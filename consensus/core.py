@@ -114,10 +114,16 @@ class CheckpointTaken:
     `data` is the serialised checkpoint (shared, not copied; in the runtime a view of the
     checkpoint file, see `SnapshotData`); a core may keep it to send to a lagging peer (Raft
     InstallSnapshot, PBFT state transfer) and may discard its log up to `index`.
+
+    `digest`: the checkpoint's digest when the app supplies its own
+    (`phalanx.apps.interface.CheckpointDigest`: e.g. the chain's state root and head block,
+    computed without hashing the serialised state); None: a core that needs one hashes
+    `data` (PBFT's checkpoint votes).
     """
 
     index: int
     data: SnapshotData
+    digest: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

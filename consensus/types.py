@@ -13,8 +13,9 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NewType
 
 NodeId = NewType("NodeId", str)
@@ -26,6 +27,19 @@ class LocalProtocolError(Exception):
 
     A faulty or Byzantine peer's input is dropped and counted by the core; it never raises.
     """
+
+
+def omit_default_repr(obj: object) -> str:
+    """The dataclass repr of `obj` without its ``wire_optional`` fields that hold their
+    default, so a field added that way changes neither the wire bytes nor the text (traces,
+    logs) of objects that do not use it."""
+    parts = []
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if f.metadata.get("wire_optional") and value == f.default:
+            continue
+        parts.append(f"{f.name}={value!r}")
+    return f"{type(obj).__qualname__}({', '.join(parts)})"
 
 
 class Message:
@@ -113,6 +127,12 @@ class Entry:
 
     Invariant: `kind == COMMAND` iff `requests` is non-empty; `kind == CONFIG` iff `config`
     is set.
+
+    Block stamp (only for an app that asks for block time, i.e. has `BatchHooks`; otherwise
+    0 and "", which the codec leaves off the wire, so such entries encode as before):
+    `timestamp` is the proposer's clock (ms since the epoch) agreed with the entry, and
+    `proposer` the node that proposed it. Both are covered by what consensus agreed on
+    (PBFT: the batch digest), so they are identical on every replica.
     """
 
     index: int
@@ -120,6 +140,8 @@ class Entry:
     kind: EntryKind
     requests: tuple[ClientRequest, ...] = ()
     config: Configuration | None = None
+    timestamp: int = field(default=0, metadata={"wire_optional": True})
+    proposer: str = field(default="", metadata={"wire_optional": True})
 
     def __post_init__(self) -> None:
         if self.index < 1:
@@ -136,7 +158,10 @@ class Entry:
             return NotImplemented
         return (self.index == other.index and self.term == other.term
                 and self.kind == other.kind and self.requests == other.requests
-                and self.config == other.config)
+                and self.config == other.config and self.timestamp == other.timestamp
+                and self.proposer == other.proposer)
+
+    __repr__ = omit_default_repr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,12 @@ the codec knows none of them.
 Wire shape:
     A message is the msgpack array ``[type_id, f1, f2, ...]``, its fields in declaration
     order (`dataclasses.fields`). Every field is always present, defaults included, so a
-    missing or an extra field is an arity error. A field whose type is a dataclass, a union of
+    missing or an extra field is an arity error, with one exception: trailing fields declared
+    ``field(default=..., metadata={"wire_optional": True})`` (a scalar default: int, str,
+    bytes, bool or None) are left off the end of the array while they equal their default,
+    and decode to it when absent; present at its default is a decode error (one encoding per
+    value). So a field added that way keeps the bytes of every message that does not use it.
+    A field whose type is a dataclass, a union of
     dataclasses or a base class (`phalanx.consensus.types.Message`: "any registered subclass")
     is itself such an array, carrying its own type id.
 
@@ -326,8 +331,8 @@ class Registry:
         if unknown:
             raise EncodeError(f"{spec.cls.__name__} has no field(s) {unknown}")
         full = typing.cast(list[object], spec.encode(obj, 0))
-        kept = [full[0]] + [
-            value for name, value in zip(spec.names, full[1:], strict=True) if name not in omit
+        kept = [full[0]] + [  # (optional trailing fields at their default are absent)
+            value for name, value in zip(spec.names, full[1:]) if name not in omit  # noqa: B905
         ]
         return _pack(kept)
 
@@ -489,6 +494,8 @@ class Registry:
                 raise DecodeError(f"{label} rejected its fields: {exc}") from None
 
         names = tuple(name for name, _, _ in pairs)
+        fast_encode: Encoder
+        fast_decode: Decoder
         fast_encode, fast_decode = compile_fast(
             type_id=type_id,
             cls=cls,
@@ -504,9 +511,17 @@ class Registry:
             arrays=ARRAYS,
             optionals=OPTIONALS,
         )
+        generic_encode: Encoder = encode
+        generic_decode: Decoder = decode
+        optional = _optional_tail(cls)
+        if optional:
+            fast_encode, fast_decode = _omit_defaults(
+                label, arity, optional, fast_encode, fast_decode)
+            generic_encode, generic_decode = _omit_defaults(
+                label, arity, optional, encode, decode)
         return _Spec(
             type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,
-            generic_encode=encode, generic_decode=decode,
+            generic_encode=generic_encode, generic_decode=generic_decode,
         )
 
     def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:
@@ -588,3 +603,61 @@ class Registry:
             return spec.decode(raw, depth)
 
         return encode, decode
+
+
+_OPTIONAL_DEFAULTS: Final = (int, str, bytes, bool, type(None))
+
+
+def _optional_tail(cls: type) -> tuple[tuple[str, object], ...]:
+    """The (name, default) of `cls`'s trailing ``wire_optional`` fields, in order (see the
+    module docstring); TypeError when one is not trailing or its default is not a scalar."""
+    fields = dataclasses.fields(cls)
+    flags = [bool(f.metadata.get("wire_optional")) for f in fields]
+    if not any(flags):
+        return ()
+    first = flags.index(True)
+    if not all(flags[first:]):
+        raise TypeError(f"{cls.__name__}: wire_optional fields must all come last")
+    tail = []
+    for f in fields[first:]:
+        if type(f.default) not in _OPTIONAL_DEFAULTS:
+            raise TypeError(f"{cls.__name__}.{f.name}: a wire_optional field needs a scalar "
+                            f"default (int, str, bytes, bool or None), got {f.default!r}")
+        tail.append((f.name, f.default))
+    return tuple(tail)
+
+
+def _omit_defaults(
+    label: str, arity: int, optional: tuple[tuple[str, object], ...],
+    encode: Encoder, decode: Decoder,
+) -> tuple[Encoder, Decoder]:
+    """Wrap a class's codec pair: trailing optional fields equal to their default are left
+    off the array, and padded back (after checking the last present one is not at its
+    default: one encoding per value) before `decode` sees the array."""
+    first = arity - len(optional)  # array position of the first optional field
+    defaults = [default for _, default in optional]
+    kinds = [type(default) for default in defaults]
+
+    def encode_tail(value: object, depth: int) -> object:
+        out = typing.cast(list[object], encode(value, depth))
+        while len(out) > first:
+            last = out[-1]
+            i = len(out) - 1 - first
+            if type(last) is not kinds[i] or last != defaults[i]:
+                break
+            out.pop()
+        return out
+
+    def decode_tail(raw: object, depth: int) -> object:
+        items = typing.cast(list[object], raw)
+        n = len(items)
+        if first < n <= arity:
+            i = n - 1 - first  # the last field present is optional: not at its default
+            if type(items[-1]) is kinds[i] and items[-1] == defaults[i]:
+                raise DecodeError(
+                    f"{label}: non-canonical: {optional[i][0]} is present at its default")
+        if first <= n < arity:
+            items = items + defaults[n - first:]
+        return decode(items, depth)
+
+    return encode_tail, decode_tail

@@ -42,6 +42,7 @@ Signature policy (what `apply` trusts):
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -129,12 +130,14 @@ class ChainStateMachine:
         self._head_hash = genesis_hash(genesis)
         self._last_timestamp = 0
         self._blocks: immutables.Map[int, bytes] = immutables.Map()
+        self._blocks_acc = bytes(32)  # checkpoint.blocks_step over the blocks
         self._batch: BatchInfo | None = None
         self._batch_txs: list[bytes] = []
         self._batch_ids: list[bytes] = []
         self.refused: dict[str, int] = {}
         """Refused commands by `ChainErrorCode` value (statistics; not replicated state)."""
         self._block_listeners: list[Callable[[int, bytes], None]] = []
+        self._loaded: tuple[bytes, checkpoint.ChainView] | None = None  # see `_load`
 
     # --- StateMachine --------------------------------------------------------------------
 
@@ -197,10 +200,11 @@ class ChainStateMachine:
         return checkpoint.ChainSnapshot(self._view())
 
     def restore(self, data: bytes) -> None:
-        v = checkpoint.load(data, self._genesis)
+        v = self._load(data)
         self._tree, self._accounts, self._dirty = v.tree, v.accounts, v.dirty
         self._height, self._head_hash, self._supply = v.height, v.head_hash, v.supply
         self._last_timestamp, self._blocks, self._batch = v.last_timestamp, v.blocks, v.batch
+        self._blocks_acc = v.blocks_acc
         self._batch_txs = list(v.batch_txs)
         self._batch_ids = []
         for raw in v.batch_txs:
@@ -220,6 +224,7 @@ class ChainStateMachine:
         info = self._batch
         if info is None:
             raise RuntimeError("end_batch: no batch is open")
+        self._loaded = None
         accounts = self._accounts
         self._tree = self._tree.update_batch((a, accounts[a]) for a in self._dirty)
         self._last_timestamp = max(self._last_timestamp, info.timestamp)
@@ -228,8 +233,10 @@ class ChainStateMachine:
                              timestamp=self._last_timestamp, proposer=info.proposer)
         self._height = header.height
         self._head_hash = block_hash(header)
-        self._blocks = self._blocks.set(header.height, REGISTRY.encode(
-            BlockData(header=encode_header(header), txs=tuple(self._batch_txs))))
+        encoded = REGISTRY.encode(
+            BlockData(header=encode_header(header), txs=tuple(self._batch_txs)))
+        self._blocks = self._blocks.set(header.height, encoded)
+        self._blocks_acc = checkpoint.blocks_step(self._blocks_acc, encoded)
         self._dirty = immutables.Map()
         self._batch = None
         self._batch_txs = []
@@ -237,6 +244,31 @@ class ChainStateMachine:
         for listener in self._block_listeners:
             listener(header.height, self._head_hash)
         return self._tree.root
+
+    # --- CheckpointDigest --------------------------------------------------------------
+
+    def state_digest(self) -> bytes:
+        """The checkpoint digest of the current state (`checkpoint.view_digest`), O(1) in the
+        number of accounts and blocks: what PBFT's checkpoint votes carry for the chain."""
+        return checkpoint.view_digest(self._view(), self._chain_id)
+
+    def snapshot_digest(self, data: bytes) -> bytes:
+        """`state_digest` of checkpoint bytes, checked as strictly as `restore` (state
+        transfer). Raises `SnapshotFormatError`; the machine's state is unchanged."""
+        return checkpoint.view_digest(self._load(data), self._chain_id)
+
+    def _load(self, data: bytes) -> checkpoint.ChainView:
+        """`checkpoint.load` through a one-entry cache keyed by SHA-256 of the bytes: PBFT's
+        state transfer digests fetched bytes and then restores them, a restart restores and
+        then digests them; each loads (rebuilds the tree: O(state)) once, not twice. Pure
+        caching: the result is `load`'s either way; `end_batch` drops it."""
+        key = hashlib.sha256(data).digest()
+        cached, self._loaded = self._loaded, None
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = checkpoint.load(data, self._genesis)
+        self._loaded = (key, view)
+        return view
 
     # --- BlockStream (node-local observers; not replicated state) -----------------------
 
@@ -319,7 +351,7 @@ class ChainStateMachine:
             genesis=self._genesis, tree=self._tree, accounts=self._accounts, dirty=self._dirty,
             height=self._height, head_hash=self._head_hash,
             last_timestamp=self._last_timestamp, supply=self._supply, blocks=self._blocks,
-            batch=self._batch, batch_txs=tuple(self._batch_txs))
+            batch=self._batch, batch_txs=tuple(self._batch_txs), blocks_acc=self._blocks_acc)
 
     def _signature_ok(self, tx: SignedTransaction) -> bool:
         checks = self.signature_checks

@@ -19,8 +19,9 @@ forgotten (their clients retransmit; the replica layer answers the executed ones
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from phalanx.consensus.core import Snapshot
-from phalanx.consensus.crypto import digest_of
 from phalanx.consensus.pbft.checkpoint import CheckpointTracker, StableCheckpoint
 from phalanx.consensus.pbft.messages import (
     Checkpoint,
@@ -30,6 +31,7 @@ from phalanx.consensus.pbft.messages import (
 )
 from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.pbft.stamp import batch_digest
 from phalanx.consensus.pbft.transfer import CatchUp
 from phalanx.consensus.pbft.vote_flow import VoteFlow
 from phalanx.consensus.types import (
@@ -43,7 +45,7 @@ from phalanx.consensus.types import (
 class CheckpointFlow:
     """Checkpoints and catch-up; see the module docstring."""
 
-    __slots__ = ("_catchup", "_own_vote", "_requests", "_s", "_tracker", "_votes")
+    __slots__ = ("_catchup", "_digest", "_own_vote", "_requests", "_s", "_tracker", "_votes")
 
     def __init__(
         self,
@@ -54,10 +56,13 @@ class CheckpointFlow:
         requests: RequestFlow,
         votes: VoteFlow,
         data: bytes | None = None,
+        state_digest: Callable[[bytes], bytes] | None = None,
     ) -> None:
         """`stable`: the stable checkpoint restored; `data`: the state at `Shared.executed`
-        the restored state machine holds (served to lagging peers), if any."""
+        the restored state machine holds (served to lagging peers), if any; `state_digest`:
+        the digest of checkpoint data (default `crypto.digest`, see `PbftCore`)."""
         self._s = shared
+        self._digest = state_digest or shared.crypto.digest
         self._catchup = catchup
         self._requests = requests
         self._votes = votes
@@ -65,7 +70,7 @@ class CheckpointFlow:
         self._own_vote: Checkpoint | None = None
         if data is not None:
             executed = shared.executed
-            digest = shared.crypto.digest(data)
+            digest = self._digest(data)
             self._tracker.record_own(executed, digest, data)
             if executed > stable.seq:
                 # Our vote for it may have died with the process: sign it again so
@@ -86,14 +91,16 @@ class CheckpointFlow:
     # ----------------------------------------------------------------------------------
     # Own checkpoints
 
-    def taken(self, index: int, data: bytes) -> None:
-        """The replica layer took a checkpoint at `index` (`CheckpointTaken`)."""
+    def taken(self, index: int, data: bytes, digest: bytes | None = None) -> None:
+        """The replica layer took a checkpoint at `index` (`CheckpointTaken`), with the
+        app's own digest of it when it has one."""
         s = self._s
         if index > s.executed:
             raise LocalProtocolError(f"checkpoint at {index} beyond executed {s.executed}")
         if index <= self._tracker.stable.seq:
             return
-        digest = s.crypto.digest(data)
+        if digest is None:
+            digest = self._digest(data)
         self._tracker.record_own(index, digest, data)
         cp = self._own_vote = self._signed_checkpoint(index, digest)
         s.broadcast(cp)
@@ -104,7 +111,7 @@ class CheckpointFlow:
         s = self._s
         if index > s.executed:
             s.executed = index
-            self._tracker.record_own(index, s.crypto.digest(data), data)
+            self._tracker.record_own(index, self._digest(data), data)
 
     def _signed_checkpoint(self, seq: int, digest: bytes) -> Checkpoint:
         """Our vote that the state after `seq` has `digest` (signing a checkpoint twice is
@@ -199,7 +206,7 @@ class CheckpointFlow:
 
     def on_checkpoint_data(self, msg: CheckpointData) -> None:
         s = self._s
-        verdict = self._catchup.accept_data(msg, executed=s.executed, digest=s.crypto.digest)
+        verdict = self._catchup.accept_data(msg, executed=s.executed, digest=self._digest)
         if isinstance(verdict, str):
             s.drop(verdict)
         if not isinstance(verdict, StableCheckpoint):
@@ -223,7 +230,8 @@ class CheckpointFlow:
             msg,
             executed=s.executed,
             queued=self._votes.queued,
-            batch_digest=lambda batch: digest_of(s.crypto, batch),
+            digest_ok=lambda m: m.digest == batch_digest(s.crypto, m.batch, m.timestamp,
+                                                         m.proposer),
         )
         if isinstance(verdict, str):
             s.drop(verdict)

@@ -44,6 +44,10 @@ class PbftConfig:
         early_votes: send own pre-prepares and prepares before their record is durable
             (`Ready.early_messages`, under the restart fence of `safety.SafetyRules`);
             False sends every vote after its persist (the slower, fence-free variant).
+        block_stamp_skew_ms: 0 (default): batches carry no block stamp. > 0: the primary
+            stamps each new pre-prepare with its clock and id (covered by the digest, see
+            `stamp.py`) and a backup refuses a stamp more than this many ms away from its
+            own clock (`Tick.now_ms`) or going backwards. For apps that ask for block time.
     """
 
     node_id: NodeId
@@ -60,6 +64,7 @@ class PbftConfig:
     checkpoint_resend_ticks: int = 50
     max_pending: int = 1024
     early_votes: bool = True
+    block_stamp_skew_ms: int = 0
 
     def __post_init__(self) -> None:
         if len(self.replicas) < 1 or len(set(self.replicas)) != len(self.replicas):
@@ -78,6 +83,8 @@ class PbftConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_stamp_skew_ms < 0:
+            raise ValueError(f"block_stamp_skew_ms must be >= 0, got {self.block_stamp_skew_ms}")
         if self.forward_ticks < 0:
             raise ValueError(f"forward_ticks must be >= 0, got {self.forward_ticks}")
         if self.log_window < self.checkpoint_interval:

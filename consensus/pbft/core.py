@@ -44,6 +44,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -158,8 +159,13 @@ class PbftCore:
         crypto: Crypto,
         restored: PbftRestoredState | None = None,
         bugs: PbftBugs = NO_BUGS,
+        checkpoint_digest: Callable[[bytes], bytes] | None = None,
     ) -> None:
-        """`bugs`: deliberate bugs for mutation tests (`bugs.PbftBugs`); none by default."""
+        """`bugs`: deliberate bugs for mutation tests (`bugs.PbftBugs`); none by default.
+        `checkpoint_digest`: the digest of checkpoint data that checkpoint votes carry and
+        state transfer verifies fetched data against (pure, deterministic, never raises;
+        the node's replica supplies it for an app with its own digest, `CheckpointTaken.digest`
+        carries the same value for its own checkpoints); default: `crypto.digest(data)`."""
         if crypto.node_id != config.node_id:
             raise LocalProtocolError("crypto and config belong to different nodes")
         d = restored.durable if restored is not None else PbftDurableState()
@@ -201,6 +207,7 @@ class PbftCore:
             requests=self._requests,
             votes=self._votes,
             data=restored.checkpoint_data if restored is not None else None,
+            state_digest=checkpoint_digest or crypto.digest,
         )
         self._views = ViewChangeFlow(
             s,
@@ -264,14 +271,16 @@ class PbftCore:
         match inp:
             case Receive(src=src, message=message):
                 self._receive(src, message)
-            case Tick():
+            case Tick(now_ms=now_ms):
+                if now_ms is not None:
+                    self._s.now_ms = now_ms
                 self._tick()
             case Submit(request=request):
                 self._requests.submit(request)
             case Persisted(number=number):
                 self._votes.on_persisted(number)
-            case CheckpointTaken(index=index, data=data):
-                self._checkpoints.taken(index, snapshot_bytes(data))
+            case CheckpointTaken(index=index, data=data, digest=digest):
+                self._checkpoints.taken(index, snapshot_bytes(data), digest)
             case CheckpointInstalled(meta=meta, data=data):
                 self._checkpoints.installed(meta.index, data)
             case _:

@@ -84,6 +84,22 @@ class MessageLog:
         slot.pre_prepare_counted = counted
         return AddResult.ADDED
 
+    def stamp_bounds(self, view: int, seq: int) -> tuple[int, int]:
+        """(the highest timestamp of a pre-prepare of `view` stored below `seq`, the lowest
+        stored above it): a fresh stamp must lie between (`stamp.check_stamp`)."""
+        lo, hi = 0, 2**63
+        slots = self._slots
+        for other in range(self.low + 1, self.high + 1):
+            slot = slots.get((view, other))
+            if slot is None or slot.pre_prepare is None or other == seq:
+                continue
+            ts = slot.pre_prepare.timestamp
+            if other < seq:
+                lo = max(lo, ts)
+            elif ts:
+                hi = min(hi, ts)
+        return lo, hi
+
     def add_prepare(self, p: Prepare, *, verified: bool = False) -> AddResult:
         """Store `p` (`verified`: its signature is known good, e.g. our own)."""
         slot = self.slot(p.view, p.seq)

@@ -31,10 +31,13 @@ the canonical bytes of the message with `signature`/`auth` emptied.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from phalanx.consensus.types import ClientRequest, Message, NodeId
+from phalanx.consensus.types import ClientRequest, Message, NodeId, omit_default_repr
+
+_OPTIONAL = {"wire_optional": True}
+"""Field metadata: the codec leaves the field off the wire at its default."""
 
 
 def _short(digest: bytes) -> str:
@@ -44,7 +47,11 @@ def _short(digest: bytes) -> str:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrePrepare(Message):
     """<PRE-PREPARE, v, n, d>_sig(p) with the batch m (Castro-Liskov §4.2). An empty batch is the
-    null request that a NewView uses to fill a gap (§4.4)."""
+    null request that a NewView uses to fill a gap (§4.4).
+
+    `timestamp` and `proposer` are the batch's block stamp (`stamp.py`: the original
+    primary's clock and id, covered by d); 0 and "" (left off the wire) when stamps are off.
+    """
 
     view: int
     seq: int
@@ -52,6 +59,10 @@ class PrePrepare(Message):
     batch: tuple[ClientRequest, ...]
     replica: NodeId
     signature: bytes = b""
+    timestamp: int = field(default=0, metadata=_OPTIONAL)
+    proposer: str = field(default="", metadata=_OPTIONAL)
+
+    __repr__ = omit_default_repr
 
     def __str__(self) -> str:
         return (
@@ -203,14 +214,19 @@ class FetchCommitted(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommittedBatch(Message):
-    """State transfer: the batch committed at `seq` (in `view`); accepted once f+1 distinct
-    replicas report the same view, digest and batch."""
+    """State transfer: the batch committed at `seq` (in `view`), with its block stamp (0 and
+    "" when unstamped); accepted once f+1 distinct replicas report the same view and digest
+    (which covers the batch and the stamp)."""
 
     seq: int
     view: int
     digest: bytes
     batch: tuple[ClientRequest, ...]
     replica: NodeId
+    timestamp: int = field(default=0, metadata=_OPTIONAL)
+    proposer: str = field(default="", metadata=_OPTIONAL)
+
+    __repr__ = omit_default_repr
 
 
 PbftMessage: TypeAlias = (

@@ -20,10 +20,10 @@ a view), and never proposes in a view it is fenced in (`SafetyRules.fenced`).
 from __future__ import annotations
 
 from phalanx.consensus.core import Rejection
-from phalanx.consensus.crypto import digest_of
 from phalanx.consensus.pbft.messages import ForwardRequest, PrePrepare
 from phalanx.consensus.pbft.requests import RequestBook
 from phalanx.consensus.pbft.shared import Shared
+from phalanx.consensus.pbft.stamp import batch_digest, fresh_stamp
 from phalanx.consensus.types import ClientRequest
 
 
@@ -97,15 +97,19 @@ class RequestFlow:
                 max_inflight=cfg.max_inflight_batches,
             ):
                 return
-            batch = book.take_batch(cfg.batch_size)
             seq = self.next_seq + 1
-            pp = PrePrepare(
-                view=s.view,
-                seq=seq,
-                digest=digest_of(s.crypto, batch),
-                batch=batch,
-                replica=s.me,
-            )
+            ts = 0  # a block stamp only for apps that ask (`stamp.py`)
+            if cfg.block_stamp_skew_ms:
+                floor = max(s.executed_ts, s.log.stamp_bounds(s.view, seq)[0])
+                stamp = fresh_stamp(now_ms=s.now_ms, floor=floor)
+                if stamp is None:
+                    return  # no clock reading yet: the next tick proposes
+                ts = stamp
+            batch = book.take_batch(cfg.batch_size)
+            proposer = s.me if ts else ""
+            pp = PrePrepare(view=s.view, seq=seq,
+                            digest=batch_digest(s.crypto, batch, ts, proposer),
+                            batch=batch, replica=s.me, timestamp=ts, proposer=proposer)
             self._propose(pp)
 
     def _propose(self, pp: PrePrepare) -> None:

@@ -40,10 +40,12 @@ class Shared:
         "early_ready",
         "exec_out",
         "executed",
+        "executed_ts",
         "hard_dirty",
         "log",
         "me",
         "new_own",
+        "now_ms",
         "out",
         "peers",
         "persisted",
@@ -76,6 +78,8 @@ class Shared:
         self.active = active
         self.executed = executed
         self.ticks = 0
+        self.now_ms = 0  # the newest clock reading (`Tick.now_ms`; 0: none yet)
+        self.executed_ts = 0  # the block stamp's timestamp of the last batch executed
         self.dropped: dict[str, int] = {}
         # Numbering of Readies: the last one returned, the last one `Persisted` reported,
         # and the one that made `early_view == view` durable (None: not yet, in this view).

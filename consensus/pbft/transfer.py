@@ -5,7 +5,8 @@ Owns: `CatchUp`, the sub-machine a PBFT replica uses to get what it missed:
   with `FetchCommitted`;
 - fetching committed batches it missed: a `FetchCommitted` after `fetch_ticks` ticks with a
   gap (a later seq committed locally while an earlier one did not), and acceptance of a
-  `CommittedBatch` once f+1 distinct replicas report the same (seq, view, digest);
+  `CommittedBatch` once f+1 distinct replicas report the same (seq, view, digest) (the
+  digest covers the batch and its block stamp, `stamp.batch_digest`);
 - state transfer to a stable checkpoint it has not executed: `FetchCheckpoint` to the
   replicas that signed its certificate in turn (another one every `fetch_ticks` ticks), and
   acceptance of `CheckpointData` whose digest matches the certificate.
@@ -32,8 +33,9 @@ from phalanx.consensus.pbft.messages import (
 )
 from phalanx.consensus.types import ClientRequest, NodeId
 
-Batch = tuple[int, bytes, tuple[ClientRequest, ...]]
-"""(view, digest, batch) of one committed sequence number."""
+Batch = tuple[int, bytes, tuple[ClientRequest, ...], int, str]
+"""(view, digest, batch, timestamp, proposer) of one committed sequence number (the last two
+its block stamp, 0 and "" when unstamped)."""
 
 
 class CatchUp:
@@ -58,9 +60,10 @@ class CatchUp:
         for seq in range(max(from_seq, 1), executed + 1):
             found = self.history.get(seq)
             if found is not None:
-                view, digest, batch = found
+                view, digest, batch, ts, proposer = found
                 out.append(CommittedBatch(seq=seq, view=view, digest=digest, batch=batch,
-                                          replica=self._cfg.node_id))
+                                          replica=self._cfg.node_id, timestamp=ts,
+                                          proposer=proposer))
         return out
 
     def gc(self, stable_seq: int) -> None:
@@ -150,7 +153,7 @@ class CatchUp:
         *,
         executed: int,
         queued: Container[int],
-        batch_digest: Callable[[tuple[ClientRequest, ...]], bytes],
+        digest_ok: Callable[[CommittedBatch], bool],
     ) -> Batch | str | None:
         """The batch to execute at `msg.seq` once f+1 replicas agree, a drop reason, or None
         (not decided yet, or already queued)."""
@@ -158,7 +161,7 @@ class CatchUp:
             return "unexpected_committed_batch"
         if msg.seq in queued:
             return None
-        if msg.digest != batch_digest(msg.batch):
+        if not digest_ok(msg):
             return "bad_digest"
         replies = self.fetched.setdefault(msg.seq, {})
         replies.setdefault(msg.replica, msg)
@@ -166,4 +169,4 @@ class CatchUp:
         if len(matching) < self._cfg.weak_quorum:
             return None
         del self.fetched[msg.seq]
-        return (msg.view, msg.digest, msg.batch)
+        return (msg.view, msg.digest, msg.batch, msg.timestamp, msg.proposer)

@@ -29,6 +29,7 @@ from phalanx.consensus.pbft.messages import (
     ViewChange,
     signed_part,
 )
+from phalanx.consensus.pbft.stamp import pp_digest_ok
 
 
 class CheckCrypto(Verifier, Hasher, Protocol):
@@ -74,7 +75,7 @@ def check_prepared_proof(
     pp = proof.pre_prepare
     if not pp.view < new_view or not low < pp.seq <= low + config.log_window:
         return "bad_prepared_proof"
-    if pp.replica != config.primary(pp.view) or pp.digest != digest_of(crypto, pp.batch):
+    if pp.replica != config.primary(pp.view) or not pp_digest_ok(crypto, pp):
         return "bad_prepared_proof"
     backups = {p.replica for p in proof.prepares}
     if len(backups) != len(proof.prepares) or len(backups) < config.quorum - 1:
@@ -147,9 +148,11 @@ def compute_new_view(
                 PrePrepare(view=view, seq=seq, digest=null_digest, batch=(), replica=primary)
             )
         else:
+            # The batch keeps its block stamp (its original proposer and timestamp): d covers it.
             o_set.append(
                 PrePrepare(
-                    view=view, seq=seq, digest=chosen.digest, batch=chosen.batch, replica=primary
+                    view=view, seq=seq, digest=chosen.digest, batch=chosen.batch,
+                    replica=primary, timestamp=chosen.timestamp, proposer=chosen.proposer,
                 )
             )
     return NewViewPlan(stable=stable, pre_prepares=tuple(o_set))
@@ -179,7 +182,8 @@ def check_new_view(
         return "bad_new_view", None
     for want, got in zip(plan.pre_prepares, nv.pre_prepares, strict=True):
         if want != PrePrepare(
-            view=got.view, seq=got.seq, digest=got.digest, batch=got.batch, replica=got.replica
+            view=got.view, seq=got.seq, digest=got.digest, batch=got.batch,
+            replica=got.replica, timestamp=got.timestamp, proposer=got.proposer,
         ):
             return "bad_new_view", None
         if not crypto.verify(primary, signed_part(got), got.signature):

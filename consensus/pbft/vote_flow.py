@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import assert_never
 
-from phalanx.consensus.crypto import digest_of
 from phalanx.consensus.pbft.log import AddResult
 from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare, signed_part
 from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.safety import SafetyViolation
 from phalanx.consensus.pbft.shared import Shared, Vote
+from phalanx.consensus.pbft.stamp import check_stamp, pp_digest_ok
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
 from phalanx.consensus.pbft.view_flow import ViewTimer
 from phalanx.consensus.types import Entry, EntryKind, LocalProtocolError
@@ -54,6 +54,7 @@ class VoteFlow:
         "_committed",
         "_requests",
         "_s",
+        "_stamp_skew",
         "_timer",
     )
 
@@ -73,6 +74,7 @@ class VoteFlow:
         self._catchup = catchup
         self._timer = timer
         self._commit_quorum = commit_quorum
+        self._stamp_skew = shared.cfg.block_stamp_skew_ms
         self._committed: dict[int, Batch] = {}  # committed, waiting to execute in order
         self._awaiting: list[tuple[int, Vote]] = []  # (Ready number, own vote)
 
@@ -101,11 +103,17 @@ class VoteFlow:
                 if msg.replica != primary:
                     s.drop("not_primary")
                     return
-                if msg.digest != digest_of(crypto, msg.batch):
+                if not pp_digest_ok(crypto, msg):
                     s.drop("bad_digest")
                     return
                 if not crypto.verify(msg.replica, signed_part(msg), msg.signature):
                     s.drop("bad_signature")
+                    return
+                refused = check_stamp(msg, stamps=self._stamp_skew > 0,
+                                      skew_ms=self._stamp_skew, now_ms=s.now_ms,
+                                      executed_ts=s.executed_ts, log=log)
+                if refused is not None:
+                    s.drop(refused)
                     return
                 result = log.add_pre_prepare(msg, counted=True)
                 if result is AddResult.ADDED:
@@ -181,7 +189,7 @@ class VoteFlow:
         if not slot.committed and log.committed_local(view, seq, q, self._commit_quorum):
             slot.committed = True
             if seq > s.executed and seq not in self._committed:
-                self._committed[seq] = (view, pp.digest, pp.batch)
+                self._committed[seq] = (view, pp.digest, pp.batch, pp.timestamp, pp.proposer)
             self._execute()
 
     # ----------------------------------------------------------------------------------
@@ -195,11 +203,15 @@ class VoteFlow:
         requests = 0
         while s.executed + 1 in committed:
             seq = s.executed + 1
-            view, digest, batch = committed.pop(seq)
+            done = committed.pop(seq)
+            view, _, batch, ts, proposer = done
             kind = EntryKind.COMMAND if batch else EntryKind.NOOP
-            s.exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch))
+            s.exec_out.append(Entry(index=seq, term=view, kind=kind, requests=batch,
+                                    timestamp=ts, proposer=proposer))
             s.executed = seq
-            catchup.history[seq] = (view, digest, batch)
+            if ts > s.executed_ts:
+                s.executed_ts = ts
+            catchup.history[seq] = done
             self._requests.was_executed(batch)
             requests += len(batch)
             progressed = True

@@ -66,6 +66,10 @@ class RaftConfig:
             a bulk load each entry is a batch of many commands, and 100 of them held tens of
             megabytes in memory for no benefit (a follower that far behind is cheaper to
             send a snapshot anyway).
+        block_stamps: the leader stamps each COMMAND entry it appends with its clock (the
+            newest `Tick.now_ms`, never below its log's last stamp) and its id
+            (`Entry.timestamp`/`proposer`), for apps that ask for block time. Followers
+            take it as it comes: Raft trusts its leader (crash faults).
     """
 
     node_id: NodeId
@@ -83,6 +87,7 @@ class RaftConfig:
     snapshot_retain_log_bytes: int = 64 << 20
     log_tail_after_compaction: int = 100
     log_tail_max_bytes: int = 1 << 20
+    block_stamps: bool = False
 
     def __post_init__(self) -> None:
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:

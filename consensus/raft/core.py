@@ -318,7 +318,9 @@ class RaftCore:
         match inp:
             case Receive(src=src, message=m):
                 self._receive(src, m)
-            case Tick():
+            case Tick(now_ms=now_ms):
+                if now_ms is not None:
+                    self.st.now_ms = now_ms
                 self.election.tick()
                 if self.recovery.term_answers is not None:
                     self.recovery.query_terms()

@@ -70,10 +70,7 @@ class Proposals:
                                            reason="leadership transfer in progress",
                                            leader_hint=st.lead_transferee))
             return
-        ls = self._ls
-        ls.append([Entry(index=ls.log.last_index() + 1, term=st.term,
-                         kind=EntryKind.COMMAND, requests=(request,))])
-        self._repl.broadcast_append(allow_empty=False)
+        self._append_command((request,))
 
     def propose_batch(self, requests: tuple[ClientRequest, ...]) -> None:
         st = self._st
@@ -85,10 +82,25 @@ class Proposals:
             else:
                 writes.append(request)
         if writes:
-            ls = self._ls
-            ls.append([Entry(index=ls.log.last_index() + 1, term=st.term,
-                             kind=EntryKind.COMMAND, requests=tuple(writes))])
-            self._repl.broadcast_append(allow_empty=False)
+            self._append_command(tuple(writes))
+
+    def _append_command(self, requests: tuple[ClientRequest, ...]) -> None:
+        """Leader: append one COMMAND entry (block-stamped when `block_stamps`) and send it."""
+        st = self._st
+        log = self._ls.log
+        index = log.last_index() + 1
+        if st.cfg.block_stamps:
+            floor = 0  # the newest command entry's stamp (NOOP and CONFIG carry none)
+            for e in reversed(log.entries):
+                if e.kind is EntryKind.COMMAND:
+                    floor = e.timestamp
+                    break
+            entry = Entry(index=index, term=st.term, kind=EntryKind.COMMAND, requests=requests,
+                          timestamp=max(st.now_ms, floor), proposer=st.id)
+        else:
+            entry = Entry(index=index, term=st.term, kind=EntryKind.COMMAND, requests=requests)
+        self._ls.append([entry])
+        self._repl.broadcast_append(allow_empty=False)
 
     def start_read_round(self) -> None:
         """Leader: start a ReadIndex round for the queued reads."""

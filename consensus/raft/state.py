@@ -39,8 +39,8 @@ _LEADER = Role.LEADER
 class RaftState:
     """Term, vote, role and leader of one node, its drop counters and a step's messages."""
 
-    __slots__ = ("cfg", "dropped", "early", "id", "lead_transferee", "leader", "msgs", "role",
-                 "term", "vote")
+    __slots__ = ("cfg", "dropped", "early", "id", "lead_transferee", "leader", "msgs",
+                 "now_ms", "role", "term", "vote")
 
     def __init__(self, cfg: RaftConfig, *, term: int, vote: NodeId | None) -> None:
         self.cfg = cfg
@@ -54,6 +54,8 @@ class RaftState:
         self.dropped: dict[str, int] = {}
         self.msgs: list[Send] = []
         self.early: list[Send] = []
+        self.now_ms = 0
+        """The newest clock reading (`Tick.now_ms`; 0: none yet), for block stamps."""
 
     def send(self, to: NodeId, message: Message) -> None:
         # Ref: §10.2.1: a leader's AppendEntries and heartbeats depend on nothing that is not

@@ -26,6 +26,8 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from phalanx.apps.checkpoint_digest import digest_function
+from phalanx.apps.interface import BatchHooks, CheckpointDigest
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
@@ -61,6 +63,9 @@ from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup
 from phalanx.net import wire
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
+
+SIM_BLOCK_STAMP_SKEW_MS = 2000
+"""The simulated nodes' block-stamp bound (`PbftConfig.block_stamp_skew_ms`), when on."""
 
 # Behaviours a sweep draws from (every one of `BEHAVIOURS`).
 SWEEP_BEHAVIOURS = BEHAVIOURS
@@ -392,8 +397,16 @@ def pbft_setup(
     replies = BftReplies(names, corrupting, seed)
     checker = BftChecker(replies.issued)
 
+    # Block stamps for an app that asks for block time (`wants_block_stamp`; the KV store
+    # does not, a test's subclass with `BatchHooks` does).
+    stamps = SIM_BLOCK_STAMP_SKEW_MS if issubclass(KvStateMachine, BatchHooks) else 0
+    # Likewise the app's own checkpoint digest (`CheckpointDigest`), if it has one.
+    state_digest = (digest_function(KvStateMachine())
+                    if issubclass(KvStateMachine, CheckpointDigest) else None)
+
     def config(node: str) -> PbftConfig:
         return PbftConfig(
+            block_stamp_skew_ms=stamps,
             node_id=NodeId(node),
             replicas=replicas,
             checkpoint_interval=8,
@@ -436,7 +449,8 @@ def pbft_setup(
         crypto = FastCrypto(NodeId(node))
         honest: Core = DurableStateCore(
             PbftCore(
-                config(node), crypto=crypto, restored=restored(node, durable), bugs=pbft_bugs
+                config(node), crypto=crypto, restored=restored(node, durable), bugs=pbft_bugs,
+                checkpoint_digest=state_digest,
             ),
             cells,
             lossy,
@@ -446,7 +460,8 @@ def pbft_setup(
             return TwinsCore(
                 honest,
                 lambda: PbftCore(config(node), crypto=crypto,
-                                 restored=restored(node, durable), bugs=pbft_bugs),
+                                 restored=restored(node, durable), bugs=pbft_bugs,
+                                 checkpoint_digest=state_digest),
                 side_a=side_a,
                 twinned=twinned,
                 channel=channel,

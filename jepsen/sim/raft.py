@@ -6,10 +6,12 @@ Owns: `raft_setup` and `raft_vote_watch`. Rules as `phalanx.jepsen.sim.protocols
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
 
+from phalanx.apps.interface import BatchHooks
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, Snapshot
@@ -78,6 +80,8 @@ def raft_setup(
             recovering=durable.recovering,
         )
         config = RaftConfig(node_id=NodeId(node), voters=voters, **options)
+        if issubclass(KvStateMachine, BatchHooks):  # a test's app that asks for block time
+            config = dataclasses.replace(config, block_stamps=True)
         return RaftCore(config, rng=rng, restored=restored, bugs=raft_bugs)
 
     def observe(core: Core) -> Observation:

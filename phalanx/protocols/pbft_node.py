@@ -24,8 +24,11 @@ Must not import: `phalanx.runtime.node`, `phalanx.runtime.driver`, trio, sockets
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+from phalanx.apps.checkpoint_digest import digest_function
+from phalanx.apps.interface import wants_block_stamp
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core
 from phalanx.consensus.pbft import (
@@ -61,6 +64,10 @@ verifications, 4 signatures and one fsync per replica at n=4) dominates a reques
 (docs/BENCHMARKS.md, design measurements). Once a batch executes, the primary also waits for the
 callers it answered to come back, for at most two ticks
 (`consensus.pbft.requests.RequestBook.served`)."""
+
+PBFT_BLOCK_STAMP_SKEW_MS = 2000
+"""For an app that asks for block time (`wants_block_stamp`): a backup refuses a
+pre-prepare whose timestamp is more than this far from its own clock (`stamp.py`)."""
 
 PBFT_BATCH_TICKS = 4
 """Ticks a pending request waits at most while a batch is in flight (40 ms at the default
@@ -137,7 +144,13 @@ class PbftNode:
             executed=durable.snapshot.index if durable.snapshot is not None else 0,
             checkpoint_data=durable.snapshot_bytes(),
         )
-        core: Core = PbftCore(pbft_config(config), crypto=crypto, restored=restored)
+        cfg = pbft_config(config)
+        if replica is not None and wants_block_stamp(replica.machine):
+            cfg = dataclasses.replace(cfg, block_stamp_skew_ms=PBFT_BLOCK_STAMP_SKEW_MS)
+        # An app with its own checkpoint digest (the chain's state root and blocks) gives
+        # the votes' digest; others keep SHA-256 of the checkpoint bytes.
+        digest = digest_function(replica.machine) if replica is not None else None
+        core: Core = PbftCore(cfg, crypto=crypto, restored=restored, checkpoint_digest=digest)
         return BuiltCore(core=core)
 
 

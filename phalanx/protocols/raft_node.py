@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+from phalanx.apps.interface import wants_block_stamp
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Ready, Snapshot
 from phalanx.consensus.raft import (
@@ -76,7 +77,8 @@ class RaftNode:
             RaftConfig(node_id=NodeId(config.id), voters=voters,
                        election_ticks=config.timing.election_ticks,
                        heartbeat_ticks=config.timing.heartbeat_ticks,
-                       max_inflight=pipeline_depth),
+                       max_inflight=pipeline_depth,
+                       block_stamps=replica is not None and wants_block_stamp(replica.machine)),
             rng=rng,
             restored=RaftRestoredState(hard_state=durable.hard_state or HardState(),
                                        snapshot=snapshot, entries=durable.entries,

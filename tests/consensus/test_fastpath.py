@@ -169,7 +169,7 @@ def test_maker_keeps_validation_and_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(ValueError, match="a must be"):
         maker(_Fast)(-1, "x", ())
     with pytest.raises(ValueError, match="log indexes start at 1"):
-        maker(Entry)(0, 1, EntryKind.NOOP, (), None)
+        maker(Entry)(0, 1, EntryKind.NOOP, (), None, 0, "")
     with pytest.raises(TypeError):
         maker(_Fast)(1, "x")  # every field, positionally
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
@@ -118,6 +119,17 @@ def forge_on_the_wire(service: BlockCertifierService) -> None:
     service._send = forged
 
 
+def assert_block_stamps(machine: object, top: int) -> None:
+    """Blocks on a real cluster carry the consensus block stamp: the proposer's wall clock
+    (within a minute of this test's) and a member as proposer, time never going back."""
+    now = time.time() * 1000
+    stamps = [decode_header(machine.block(h).header)  # type: ignore[attr-defined]
+              for h in range(1, top + 1)]
+    assert all(abs(h.timestamp - now) < 60_000 for h in stamps), stamps
+    assert all(h.proposer in ("n1", "n2", "n3", "n4") for h in stamps), stamps
+    assert [h.timestamp for h in stamps] == sorted(h.timestamp for h in stamps)
+
+
 async def test_pbft_certificates_byzantine_signer_light_client_and_restart(
         pbft: ClusterConfig) -> None:
     genesis = read_genesis(pbft.app_files["genesis"])
@@ -142,6 +154,7 @@ async def test_pbft_certificates_byzantine_signer_light_client_and_restart(
                 assert verify_certificate(cert, decode_header(header), keys, 3,
                                           chain_id=chain_id(genesis)), (n, h)
                 assert "n4" not in dict(cert.signatures) or n == "n4", (n, h)
+            assert_block_stamps(machine, top)
             if n != "n4":  # n4's forged signatures were dropped (as forged, or as late when
                 # the block was certified before they arrived): one per block at least
                 dropped = svc.certifier.dropped
@@ -199,6 +212,8 @@ async def test_raft_majority_certificates(tmp_path: Path) -> None:
         top = await transfers(raft, 2)
         await wait_for(lambda: certified_everywhere(c, range(1, top + 1)), within=15,
                        what="every node stored majority certificates")
+        for n in c.nodes:
+            assert_block_stamps(c.nodes[n].replica.machine, top)
         cert = c.certifier("n1").store.get(top)
         assert isinstance(cert, BlockCertificate)
         assert len(cert.signatures) >= 2
