@@ -168,8 +168,9 @@ def check_gossip(history: History, *, rumor_ttl_ms: int,
                 required[p.rumor] = p.unix_ms
 
     payload_of: dict[RumorKey, str] = {}
+    held_at: dict[str, Counter[RumorKey]] = {}
     for node, final in sorted(finals.items()):
-        seen: Counter[RumorKey] = Counter()
+        seen = held_at[node] = Counter()
         for origin, inc, seq, payload, _ms in final.rumors:
             rid = (origin, inc, seq)
             seen[rid] += 1
@@ -192,6 +193,10 @@ def check_gossip(history: History, *, rumor_ttl_ms: int,
         if lacks:
             missing[node] = [rid for _, rid in lacks]
 
+    # Informational: acknowledged rumors of origins killed later that reached every node.
+    acked = {p.rumor for entries in by_payload.values() for p in entries if p.rumor}
+    everywhere = set.intersection(*(set(held_at[n]) for n in finals)) if finals else set()
+    spread_anyway = len((acked - required.keys()) & everywhere)
     for node, rids in sorted(missing.items()):
         shown = ", ".join(f"{o}/{i}/{s}" for o, i, s in rids[:3])
         problems.append(f"{node} lacks {len(rids)} required rumor(s), e.g. {shown}")
@@ -210,6 +215,7 @@ def check_gossip(history: History, *, rumor_ttl_ms: int,
     return CheckerResult(checker=CHECKER, valid=valid, details={
         "publishes": {OK: outcomes[OK], INFO: outcomes[INFO], FAIL: outcomes[FAIL]},
         "required": len(required),
+        "not_required_but_everywhere": spread_anyway,
         "nodes_checked": sorted(finals),
         "missing": {n: len(r) for n, r in sorted(missing.items())},
         "forged": len(forged),

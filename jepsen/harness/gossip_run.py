@@ -259,10 +259,11 @@ class _Run:
 
 
 def final_read(s: GossipStatus) -> FinalRead:
-    """A node's status as the checker's final read. The node's incarnation is the wall-clock
-    ms its process started (`phalanx.services.gossip_node.next_incarnation`; later only if
-    the clock stepped back, which makes the requirement weaker, never wrong)."""
-    return FinalRead(incarnation=s.incarnation, started_ms=s.incarnation,
+    """A node's status as the checker's final read. The incarnation its process started
+    with is the wall-clock ms of the start (`phalanx.services.gossip_node.next_incarnation`;
+    later only if the clock stepped back, which makes the requirement weaker, never wrong);
+    not SWIM's `incarnation`, which refutations raise."""
+    return FinalRead(incarnation=s.started_incarnation, started_ms=s.started_incarnation,
                      capacity=STATUS_RUMORS,
                      rumors=tuple((d.origin, d.incarnation, d.seq,
                                    d.payload.decode("utf-8", "replace"), d.unix_ms)
