@@ -33,7 +33,11 @@ What `check_gossip` requires (each violation listed in the details, first `MAX_R
 
 A log at ``capacity`` may have dropped its oldest entries: a required rumor older than such
 a log's oldest entry cannot be checked there and makes the verdict ``unknown`` (if nothing
-else is wrong). No node alive at the end, or nothing published: ``unknown``.
+else is wrong). No node alive at the end, nothing acknowledged, or nothing required (every
+origin was killed after its publishes): ``unknown``. Informational: how many acknowledged
+rumors that were not required reached every other node anyway.
+
+Malformed ops raise `HistoryError`.
 
 Must not import trio, the client, the runtime or anything doing I/O: a pure function of the
 history.
@@ -209,6 +213,9 @@ def check_gossip(history: History, *, rumor_ttl_ms: int,
         valid, notes = UNKNOWN, ["no node answered the final deliveries read"]
     elif valid and outcomes[OK] == 0:
         valid, notes = UNKNOWN, ["no publish was acknowledged"]
+    elif valid and not required:
+        valid, notes = UNKNOWN, ["no acknowledged rumor's origin process ran to the end: "
+                                 "nothing had to be delivered"]
     elif valid and any(unverifiable.values()):
         valid = UNKNOWN
         notes = [f"{n}: {k} required rumor(s) older than its full log"

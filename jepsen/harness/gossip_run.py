@@ -13,7 +13,9 @@ Owns `GossipRunOptions`, `GossipRunOutcome` and `run_gossip(options, console)`, 
      meaning as every harness run: kill, pause, partitions, loss...) is applied; each
      publish is recorded ``ok`` (the node's rumor id and time), ``fail`` (refused: nothing
      published) or ``info`` (no answer: maybe published);
-  3. heals everything, waits until every node answers again, then reads every node's
+  3. heals everything, waits until every node answers again, publishes one more rumor at
+     every node (so that some rumors are required even when every node was killed at some
+     point: a killed origin's earlier rumors are not), then reads every node's
      delivery log (`GossipStatusCall`) until every rumor the checker requires is everywhere
      or `settle_timeout` passes; the last read of each node is the history's ``deliveries``
      op (the vocabulary of `phalanx.jepsen.gossip_checker`);
@@ -81,6 +83,7 @@ from phalanx.services.gossip_api import (
 WORKLOAD: Final = "gossip"
 SERVICE: Final = "gossip"
 MAX_PUBLISHES: Final = 900
+FINAL_TRIES: Final = 3
 STATUS_RUMORS: Final = 1000
 """Rumors a final read asks for (the service's `MAX_STATUS_RUMORS`, its `keep_delivered`)."""
 BUG_OPTIONS: Final[Mapping[str, Mapping[str, int]]] = {NO_ANTI_ENTROPY: {
@@ -324,6 +327,11 @@ async def run_gossip(options: GossipRunOptions, console: Console) -> GossipRunOu
         if not await run.wait_all_alive(o.recovery_timeout):
             outcome.reasons.append(f"not every node answered and saw the others alive "
                                    f"within {o.recovery_timeout:g} s of healing")
+        for node in o.node_names:  # rumors after the faults: required everywhere
+            for attempt in range(FINAL_TRIES):
+                if await run.publish(run.fresh_process(), node,
+                                     f"final-{node}-{attempt}") == OK:
+                    break
         settle_start = trio.current_time()
         give_up = settle_start + o.settle_timeout
         so_far = run.recorder.history()  # the publishes are over
