@@ -363,6 +363,8 @@ def _run_gossip(args: argparse.Namespace, out: Console) -> int:
         problems = r.details.get("problems")
         for problem in problems if isinstance(problems, list) else ():
             out.print(f"  - {name}: {problem}", highlight=False, markup=False)
+    for note in result.notes:
+        out.print(f"  note: {note}", highlight=False, markup=False)
     out.print(f"stored in {result.directory}", highlight=False, soft_wrap=True)
     if result.valid is True:
         return EXIT_VALID

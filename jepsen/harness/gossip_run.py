@@ -5,7 +5,8 @@ Owns `GossipRunOptions`, `GossipRunOutcome` and `run_gossip(options, console)`, 
      processes with the gossip service (`prepare_cluster(services=("gossip",))`, every
      ``[gossip]`` option at its default; with ``bug`` the deliberate bug's options, e.g.
      ``no-anti-entropy``: ``anti_entropy_interval = 0`` on every node), and waits until
-     every node answers its gossip status and sees the others ALIVE;
+     every node answers its gossip status (`ClusterUnavailable` otherwise) and, for at most
+     `ALIVE_WAIT` s, until each sees the others ALIVE (a note otherwise), and for a leader;
   2. runs `concurrency` client processes publishing rumors (unique payloads) at random
      nodes through the service's client operation (`phalanx.client.service_calls`, the
      operation behind `phalanx gossip publish`) at `rate` publishes a second in total,
@@ -13,12 +14,12 @@ Owns `GossipRunOptions`, `GossipRunOutcome` and `run_gossip(options, console)`, 
      meaning as every harness run: kill, pause, partitions, loss...) is applied; each
      publish is recorded ``ok`` (the node's rumor id and time), ``fail`` (refused: nothing
      published) or ``info`` (no answer: maybe published);
-  3. heals everything, waits until every node answers again, publishes one more rumor at
-     every node (so that some rumors are required even when every node was killed at some
-     point: a killed origin's earlier rumors are not), then reads every node's
-     delivery log (`GossipStatusCall`) until every rumor the checker requires is everywhere
-     or `settle_timeout` passes; the last read of each node is the history's ``deliveries``
-     op (the vocabulary of `phalanx.jepsen.gossip_checker`);
+  3. heals everything, waits for the nodes again (a recovery problem if one does not
+     answer), publishes one more rumor at every node (so that some rumors are required even
+     when every node was killed at some point: a killed origin's earlier rumors are not),
+     then reads every node's delivery log (`GossipStatusCall`) until every rumor the
+     checker requires is everywhere or `settle_timeout` passes; the last read of each node
+     is the history's ``deliveries`` op (the vocabulary of `phalanx.jepsen.gossip_checker`);
   4. checks the history (`check_gossip`: delivered everywhere, not forged, once; the stats
      checker; a ``recovery`` checker: every node answered at the end), writes
      ``history.jsonl``, ``results.json``, each node's log and data, and the report.
@@ -84,6 +85,7 @@ WORKLOAD: Final = "gossip"
 SERVICE: Final = "gossip"
 MAX_PUBLISHES: Final = 900
 FINAL_TRIES: Final = 3
+ALIVE_WAIT: Final = 20.0
 STATUS_RUMORS: Final = 1000
 """Rumors a final read asks for (the service's `MAX_STATUS_RUMORS`, its `keep_delivered`)."""
 BUG_OPTIONS: Final[Mapping[str, Mapping[str, int]]] = {NO_ANTI_ENTROPY: {
@@ -142,6 +144,8 @@ class GossipRunOutcome:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     nemesis_events: int = 0
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Observations that are not failures (e.g. SWIM still suspecting a node)."""
     settle_s: float = 0.0
     duration_s: float = 0.0
     report: Path | None = None
@@ -234,17 +238,70 @@ class _Run:
                                         seconds=self.options.op_timeout)
         return {n: r for n, r in replies.items() if isinstance(r, GossipStatus)}
 
-    async def wait_all_alive(self, within: float) -> bool:
-        """Until every node answers and sees every other ALIVE, or `within` seconds."""
+    async def wait_nodes(self, within: float, *, all_alive: bool) -> bool:
+        """Until every node answers its gossip status (and, with `all_alive`, sees every
+        other ALIVE), or `within` seconds; whether it happened."""
         names = set(self.options.node_names)
         with trio.move_on_after(within):
             while True:
                 st = await self.statuses()
-                if set(st) == names and all(
-                        m.status == "ALIVE" for s in st.values() for m in s.members):
+                if set(st) == names and (not all_alive or all(
+                        m.status == "ALIVE" for s in st.values() for m in s.members)):
                     return True
                 await trio.sleep(0.25)
         return False
+
+    async def wait_up(self, what: str, notes: list[str]) -> None:
+        """Every node's service answering (else `ClusterUnavailable`), then, at most
+        `ALIVE_WAIT` s, every node seeing the others ALIVE (else a note: on an overloaded
+        machine SWIM can keep suspecting nodes whose ticks are late; that is not a failure
+        of dissemination, which does not wait for membership)."""
+        o = self.options
+        if not await self.wait_nodes(o.recovery_timeout, all_alive=False):
+            raise ClusterUnavailable(f"not every node's gossip service answered within "
+                                     f"{o.recovery_timeout:g} s {what}")
+        if not await self.wait_nodes(ALIVE_WAIT, all_alive=True):
+            notes.append(f"not every node saw the others ALIVE within {ALIVE_WAIT:g} s {what}")
+
+    async def exercise(self, schedule: tuple[FaultEvent, ...], console: Console,
+                       outcome: GossipRunOutcome, ttl_ms: int) -> bool:
+        """Steps 2 and 3 of the module docstring; whether every node answered the end."""
+        o = self.options
+        console.print(f"publishing for {o.time_s:g} s with {len(schedule)} nemesis events",
+                      highlight=False)
+        t_start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for slot in range(o.concurrency):
+                nursery.start_soon(self.worker, slot)
+            nursery.start_soon(self.run_nemesis, schedule, t_start)
+            await trio.sleep_until(t_start + o.time_s)
+            self.stopped = True
+            nursery.cancel_scope.deadline = trio.current_time() + o.op_timeout + 5
+        self.nemesis.heal_all()
+        outcome.nemesis_events = self.nemesis.applied
+        console.print("healed every fault; waiting for every node to answer and the rumors "
+                      "to settle", highlight=False)
+        try:
+            await self.wait_up("after healing", outcome.notes)
+        except ClusterUnavailable as e:
+            outcome.reasons.append(str(e))
+        for node in o.node_names:  # rumors after the faults: required everywhere
+            for attempt in range(FINAL_TRIES):
+                if await self.publish(self.fresh_process(), node,
+                                      f"final-{node}-{attempt}") == OK:
+                    break
+        settle_start = trio.current_time()
+        give_up = settle_start + o.settle_timeout
+        so_far = self.recorder.history()  # the publishes are over
+        while True:
+            finals = {n: final_read(s) for n, s in (await self.statuses()).items()}
+            verdict = check_gossip(so_far, rumor_ttl_ms=ttl_ms, finals=finals).valid
+            if verdict is not False or trio.current_time() >= give_up:
+                break
+            await trio.sleep(0.5)
+        outcome.settle_s = trio.current_time() - settle_start
+        self.record_finals(finals)
+        return set(finals) == set(o.node_names)
 
     def record_finals(self, finals: Mapping[str, FinalRead]) -> None:
         """Record the final ``deliveries`` reads (a node without one: ``fail``)."""
@@ -298,6 +355,7 @@ async def run_gossip(options: GossipRunOptions, console: Console) -> GossipRunOu
     ttl_ms = _ttl_ms(prepared.config)
     rng = random.Random(o.seed)
     answered_at_end = False
+    unavailable: str | None = None
     async with open_real_cluster(cluster_dir, nodes=o.nodes, protocol=o.protocol,
                                  rng=random.Random(rng.getrandbits(64)),
                                  prepared=prepared) as cluster:
@@ -306,44 +364,15 @@ async def run_gossip(options: GossipRunOptions, console: Console) -> GossipRunOu
                       f"{cluster_dir}{bug}; waiting for every node to see the others alive",
                       highlight=False, soft_wrap=True)
         run = _Run(o, cluster)
-        if not await run.wait_all_alive(o.recovery_timeout):
-            raise ClusterUnavailable(f"the gossip service did not come up on every node "
-                                     f"within {o.recovery_timeout:g} s")
-        await cluster.wait_for_leader(30.0)  # kill-leader and isolate-leader need one
-        console.print(f"publishing for {o.time_s:g} s with {len(schedule)} nemesis events",
-                      highlight=False)
-        t_start = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            for slot in range(o.concurrency):
-                nursery.start_soon(run.worker, slot)
-            nursery.start_soon(run.run_nemesis, schedule, t_start)
-            await trio.sleep_until(t_start + o.time_s)
-            run.stopped = True
-            nursery.cancel_scope.deadline = trio.current_time() + o.op_timeout + 5
-        run.nemesis.heal_all()
-        outcome.nemesis_events = run.nemesis.applied
-        console.print("healed every fault; waiting for every node to answer and the rumors "
-                      "to settle", highlight=False)
-        if not await run.wait_all_alive(o.recovery_timeout):
-            outcome.reasons.append(f"not every node answered and saw the others alive "
-                                   f"within {o.recovery_timeout:g} s of healing")
-        for node in o.node_names:  # rumors after the faults: required everywhere
-            for attempt in range(FINAL_TRIES):
-                if await run.publish(run.fresh_process(), node,
-                                     f"final-{node}-{attempt}") == OK:
-                    break
-        settle_start = trio.current_time()
-        give_up = settle_start + o.settle_timeout
-        so_far = run.recorder.history()  # the publishes are over
-        while True:
-            finals = {n: final_read(s) for n, s in (await run.statuses()).items()}
-            verdict = check_gossip(so_far, rumor_ttl_ms=ttl_ms, finals=finals).valid
-            if verdict is not False or trio.current_time() >= give_up:
-                break
-            await trio.sleep(0.5)
-        outcome.settle_s = trio.current_time() - settle_start
-        answered_at_end = set(finals) == set(o.node_names)
-        run.record_finals(finals)
+        try:
+            await run.wait_up("after the start", outcome.notes)
+            await cluster.wait_for_leader(30.0)  # kill-leader and isolate-leader need one
+        except ClusterUnavailable as e:
+            unavailable = str(e)  # raised outside the cluster's nursery (not in a group)
+        else:
+            answered_at_end = await run.exercise(schedule, console, outcome, ttl_ms)
+    if unavailable is not None:
+        raise ClusterUnavailable(unavailable)
     history = run.recorder.history()
     store.write_history(history)
     gossip = check_gossip(history, rumor_ttl_ms=ttl_ms)
@@ -362,7 +391,8 @@ async def run_gossip(options: GossipRunOptions, console: Console) -> GossipRunOu
         "checkers": {r.checker: r.to_json() for r in results},
         "counts": outcome.counts, "nemesis_events": outcome.nemesis_events,
         "bug": o.bug, "rumor_ttl_ms": ttl_ms, "settle_s": round(outcome.settle_s, 2),
-        "duration_s": round(outcome.duration_s, 3), "reasons": outcome.reasons})
+        "duration_s": round(outcome.duration_s, 3), "reasons": outcome.reasons,
+        "notes": outcome.notes})
     for node in o.node_names:
         store.copy_node(node, log=cluster_dir / "logs" / f"{node}.log",
                         data=cluster_dir / "data" / node)
