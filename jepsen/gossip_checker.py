@@ -9,9 +9,9 @@ Owns the operations a gossip history holds, shared by `phalanx jepsen run --work
       (`publish_ok_value`: the rumor id the node gave it and when, on the node's clock);
       ``fail``: certainly not published; ``info``: maybe published.
     * ``deliveries`` (key: a node), one per node after healing and settling: ``ok`` value
-      (`FinalRead`) ``{"incarnation", "started_ms", "capacity", "rumors"}``, the
-      node's current process (its incarnation and when it started, on the same clock as
-      ``unix_ms``) and its delivery log: every rumor it published or delivered since it
+      (`FinalRead`) ``{"incarnation", "started_ms", "capacity", "rumors"}``: the
+      node's current process (the incarnation it started with, which its rumor ids carry,
+      and when it started, on the same clock as ``unix_ms``) and its delivery log: every rumor it published or delivered since it
       started, oldest first, as ``(origin, incarnation, seq, payload, unix_ms)``; the log
       keeps at most ``capacity`` entries. ``fail``: the node did not answer (it is not
       "alive at the end").
