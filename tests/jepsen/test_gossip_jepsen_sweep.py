@@ -38,7 +38,7 @@ def _assert_valid(seed: int, cfg: GossipSweepConfig) -> None:
         f"seed {seed}: {result.details['problems']}; replay: {cfg.replay(seed)}")
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])  # and seed 5 below (the mutation test's run)
 def test_correct_gossip_passes_the_checker_under_crashes_restarts_and_loss(seed: int) -> None:
     _assert_valid(seed, FAST)
 
