@@ -11,10 +11,10 @@ Owns the operations a gossip history holds, shared by `phalanx jepsen run --work
     * ``deliveries`` (key: a node), one per node after healing and settling: ``ok`` value
       (`FinalRead`) ``{"incarnation", "started_ms", "capacity", "rumors"}``: the
       node's current process (the incarnation it started with, which its rumor ids carry,
-      and when it started, on the same clock as ``unix_ms``) and its delivery log: every rumor it published or delivered since it
-      started, oldest first, as ``(origin, incarnation, seq, payload, unix_ms)``; the log
-      keeps at most ``capacity`` entries. ``fail``: the node did not answer (it is not
-      "alive at the end").
+      and when it started, on the same clock as ``unix_ms``) and its delivery log: every
+      rumor it published or delivered since it started, oldest first, as ``(origin,
+      incarnation, seq, payload, unix_ms)``; the log keeps at most ``capacity`` entries.
+      ``fail``: the node did not answer (it is not "alive at the end").
 
 What `check_gossip` requires (each violation listed in the details, first `MAX_REPORTED`):
 

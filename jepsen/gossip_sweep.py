@@ -68,8 +68,9 @@ class GossipSweepConfig:
 
     def replay(self, seed: int) -> str:
         """How to replay one run (for a failing seed's message)."""
-        return (f"phalanx.jepsen.gossip_sweep.check_gossip_run({seed}, "
-                f"GossipSweepConfig(n={self.n}, bug={self.bug!r}, ...))")
+        return ('python -c "from phalanx.jepsen.gossip_sweep import *; '
+                'from phalanx.gossip import GossipConfig, SwimConfig; '
+                f'print(check_gossip_run({seed}, {self!r}).details)"')
 
 
 def _sim(seed: int, cfg: GossipSweepConfig) -> GossipSim:
