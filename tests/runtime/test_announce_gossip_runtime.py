@@ -1,11 +1,11 @@
 """Announcements spread inside the receiving cluster through its gossip service: two real linked
-Raft clusters (3 announcing, 5 receiving) in process over mutual TLS, every node running both
+Raft clusters (3 announcing, 4 receiving) in process over mutual TLS, every node running both
 `announce` and `gossip` (`cluster init --service announce --service gossip`).
 
 A's members each announce to ONE node of B (fanout 1, no periodic rounds during the test),
-so only B's n1..n3 receive A's checkpoint directly; n4 and n5 can only get it from inside B.
+so only B's n1..n3 receive A's checkpoint directly; n4 can only get it from inside B.
 Checked: every node of B holds A's checkpoint, none relayed it with direct sends (the direct
-receivers published it as a gossip rumor), n4 and n5 received it as a rumor and verified it
+receivers published it as a gossip rumor), n4 received it as a rumor and verified it
 like any announcement. The same topology without the gossip service (`long`, for the
 comparison) relays directly. Prints the latency (certified in A -> accepted at each node of B).
 """
@@ -68,29 +68,29 @@ def _certified(c: Clusters, dst: str) -> int:
 async def test_a_received_announcement_spreads_in_the_cluster_as_a_gossip_rumor(
         tmp_path: Path, services: tuple[str, ...]) -> None:
     gossip = "gossip" in services
-    a, b, ida, idb = two_linked_clusters(tmp_path, ("raft", 3), ("raft", 5),
+    a, b, ida, idb = two_linked_clusters(tmp_path, ("raft", 3), ("raft", 4),
                                          checkpoint_every=EVERY, services=services)
     with trio.fail_after(GUARD):
         async with running(Clusters, ("a", a), ("b", b), configs=_configs) as c:
-            await _write(a, 3 * EVERY)
+            await _write(a, 2 * EVERY)
             await wait_for(lambda: _certified(c, idb) >= EVERY, within=GUARD)
             top = _certified(c, idb)
             await wait_for(lambda: all(ida in s.highest and s.highest[ida].index >= top
                                        for s in c.live("b")), within=GUARD)
-            counters = {i: c.ann("b", i).counters() for i in ("n1", "n2", "n3", "n4", "n5")}
+            counters = {i: c.ann("b", i).counters() for i in ("n1", "n2", "n3", "n4")}
             relayed = sum(k.get("relayed", 0) for k in counters.values())
             gossiped = sum(k.get("gossiped", 0) for k in counters.values())
             if not gossip:  # the direct relay, kept without the gossip service
-                assert relayed >= 4, counters
+                assert relayed >= 3, counters
                 assert gossiped == 0, counters
             else:
                 assert relayed == 0, counters
                 assert gossiped >= 1, counters
-                for node in ("n4", "n5"):  # no A member announces to them: only B's gossip
+                for node in ("n4",):  # no A member announces to it: only B's gossip
                     assert counters[node].get("rumor_received", 0) >= 1, counters
                     assert counters[node]["accepted"] >= 1
                     assert not any(k.startswith("dropped") for k in counters[node])
-            held = c.ann("b", "n5").highest[ida]
+            held = c.ann("b", "n4").highest[ida]
             own = [s.certified[idb] for s in c.live("a")
                    if idb in s.certified and s.certified[idb].index == held.index]
             assert own
