@@ -66,13 +66,18 @@ sim-leaderless: $(STAMP)
 # The Jepsen matrix on real clusters, 60 s per cell (~30 min in all). Raft: 5 nodes, workload
 # x nemesis. PBFT: 4 nodes (f=1), workload x nemesis, then workload x one Byzantine replica
 # (an equivocating primary, a replica corrupting its replies, twins: two processes with one
-# identity) under kill + partition.
+# identity) under kill + partition. Gossip service (docs/GOSSIP.md "Jepsen"): Raft 5 and PBFT 4
+# nodes publishing rumors under each JEPSEN_GOSSIP_NEMESES cell, then the deliberate-bug
+# control (anti-entropy off), which must end INVALID (exit 1).
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
 JEPSEN_WORKLOADS ?= register bank set
 JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced lose-disk,kill,partition-one all
 JEPSEN_PBFT_WORKLOADS ?= register bank
 JEPSEN_PBFT_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge
 JEPSEN_PBFT_BYZANTINE ?= n1=equivocate corrupt_reply twins
+JEPSEN_GOSSIP_NEMESES ?= kill,partition-one pause,partition-halves,partition-ring,loss,delay kill-leader,kill-majority,kill-all,clock-skew
+GOSSIP_JEPSEN = $(VENV)/bin/phalanx jepsen run --workload gossip --time 60 --rate 10 \
+	  --concurrency 3 --store store
 jepsen: $(STAMP)
 	@status=0; for w in $(JEPSEN_WORKLOADS); do for n in $(JEPSEN_NEMESES); do \
 	  echo "== jepsen: raft, 5 nodes, workload $$w, nemesis $$n"; \
@@ -88,7 +93,17 @@ jepsen: $(STAMP)
 	  $(VENV)/bin/phalanx jepsen run --protocol pbft --nodes 4 --workload $$w \
 	    --nemesis kill,partition-one --byzantine $$b \
 	    --time 60 --rate 40 --concurrency 5 --store store || status=1; \
-	done; done; exit $$status
+	done; done; \
+	for n in $(JEPSEN_GOSSIP_NEMESES); do \
+	  echo "== jepsen: gossip service, raft, 5 nodes, nemesis $$n"; \
+	  $(GOSSIP_JEPSEN) --protocol raft --nodes 5 --nemesis $$n || status=1; \
+	done; \
+	echo "== jepsen: gossip service, pbft, 4 nodes, nemesis kill,partition-one,pause"; \
+	$(GOSSIP_JEPSEN) --protocol pbft --nodes 4 --nemesis kill,partition-one,pause || status=1; \
+	echo "== jepsen: gossip control, anti-entropy off (must be INVALID)"; \
+	$(GOSSIP_JEPSEN) --protocol raft --nodes 5 --nemesis kill,partition-one \
+	  --gossip-bug no-anti-entropy; test $$? -eq 1 || status=1; \
+	exit $$status
 
 bench: $(STAMP)
 	$(PY) bench/storage.py

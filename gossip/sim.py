@@ -27,7 +27,7 @@ from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.types import Message, NodeId
 from phalanx.gossip.machine import GossipConfig, GossipMachine, GossipReady, Publish
-from phalanx.gossip.messages import Call, CallAck, MemberStatus, PingAck, RumorId
+from phalanx.gossip.messages import Call, CallAck, MemberStatus, PingAck, Rumor, RumorId
 
 
 def node_ids(n: int) -> tuple[NodeId, ...]:
@@ -94,6 +94,11 @@ class GossipSim:
         self.nodes: dict[NodeId, GossipMachine] = {m: self._machine(m) for m in self.members}
         self.alive: dict[NodeId, None] = {m: None for m in self.members
                                           if m not in config.crashed}
+        self.logs: dict[NodeId, list[tuple[int, Rumor]]] = {m: [] for m in self.members}
+        """Per node, the rumors its current machine published or delivered, in order, with
+        the tick (what the runtime's delivery log holds; emptied by a restart)."""
+        self.started: dict[NodeId, int] = dict.fromkeys(self.members, 0)
+        """Per node, the tick its current machine started."""
 
     def _machine(self, node: NodeId) -> GossipMachine:
         inc = self._incarnations[node]
@@ -108,6 +113,7 @@ class GossipSim:
             raise ValueError(f"{node} is crashed")
         ready = self.nodes[node].step(Publish(payload=payload))
         rid = ready.published[0].rumor_id
+        self.logs[node].append((self.now, ready.published[0]))
         self.stats.published[rid] = self.now
         self.stats.informed.setdefault(rid, {})[node] = self.now
         self._handle(node, ready)
@@ -121,6 +127,8 @@ class GossipSim:
         self._incarnations[node] += 1
         self.nodes[node] = self._machine(node)
         self.alive[node] = None
+        self.logs[node] = []
+        self.started[node] = self.now
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -130,6 +138,7 @@ class GossipSim:
             stats.counters[name] = stats.counters.get(name, 0) + by
         for rumor in ready.delivered:
             stats.informed.setdefault(rumor.rumor_id, {}).setdefault(node, self.now)
+            self.logs[node].append((self.now, rumor))
         for change in ready.membership:
             stats.changes.append((self.now, node, change.node, change.status))
         silent = node in self.config.silent

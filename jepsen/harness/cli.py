@@ -46,6 +46,13 @@ if TYPE_CHECKING:
 SHARDS_WORKLOAD: Final = "cross-shard-bank"
 """``--shards 2``'s workload (`phalanx.jepsen.harness.shards`; named here so that the parser
 stays cheap)."""
+GOSSIP_WORKLOAD: Final = "gossip"
+"""The gossip service's workload (`phalanx.jepsen.harness.gossip_run`): any protocol."""
+GOSSIP_BUGS: Final = ("no-anti-entropy",)
+"""``--gossip-bug`` choices (`phalanx.jepsen.harness.gossip_run.BUGS`, named here so that
+the parser stays cheap; a test checks they agree)."""
+RATE_DEFAULT: Final = 50.0
+GOSSIP_RATE_DEFAULT: Final = 10.0
 EXIT_VALID: Final = 0
 EXIT_INVALID: Final = 1
 EXIT_UNKNOWN: Final = EXIT_INDETERMINATE
@@ -91,6 +98,15 @@ applies to its Byzantine-tolerant shards. Valid when every read's books balance 
 flight counted), no balance is negative and every credit is received by the end. See
 docs/CLUSTER_SENDING.md.
 
+Gossip (--workload gossip, any --protocol): every node runs the gossip service; clients
+publish rumors at random nodes (`phalanx gossip publish`) under the nemesis; after healing,
+every node's delivery log is read (`phalanx gossip status`). Valid when every rumor
+acknowledged by a node process still running at the end reached every node up at the end
+(a restarted node: the rumors published after it restarted or less than rumor_ttl/2
+before), nothing was delivered that no one published, and nothing twice at a node.
+--gossip-bug no-anti-entropy is a control run the checker must find invalid (with kill or
+partitions). See docs/GOSSIP.md.
+
 exit status: 0 valid, 1 invalid, 2 usage error (nothing was started), 4 unknown (also: the
 cluster never became available), 70 internal error.
 """
@@ -118,7 +134,8 @@ def add_run_command(
                    + "; ".join(f"{a.name}: {', '.join(a.workload_names)}"
                                for a in app_specs()))
     p.add_argument("--workload", choices=sorted({w for a in app_specs()
-                                                 for w in a.workload_names} | {SHARDS_WORKLOAD}),
+                                                 for w in a.workload_names}
+                                                | {SHARDS_WORKLOAD, GOSSIP_WORKLOAD}),
                    default=None,
                    help="the workload (default: the app's first: kv register, chain bank: "
                         "signed transfers, reads verified block by block)")
@@ -126,8 +143,9 @@ def add_run_command(
                    metavar="LIST", help="fault kinds (default: %(default)s)")
     p.add_argument("--time", type=positive_float, default=60.0, metavar="S",
                    help="seconds of workload under faults (default: %(default)s)")
-    p.add_argument("--rate", type=positive_float, default=50.0, metavar="R",
-                   help="operations per second in total (default: %(default)s)")
+    p.add_argument("--rate", type=positive_float, default=None, metavar="R",
+                   help=f"operations per second in total (default: {RATE_DEFAULT:g}; "
+                        f"--workload gossip: {GOSSIP_RATE_DEFAULT:g})")
     p.add_argument("--concurrency", type=positive_int, default=5, metavar="C",
                    help="logical client processes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -144,6 +162,9 @@ def add_run_command(
                         "n1=equivocate, twins, silent,twins (described above; default: none)")
     p.add_argument("--expect-violation", action="store_true",
                    help="TEST ONLY: allow more than f Byzantine replicas (a control run)")
+    p.add_argument("--gossip-bug", choices=GOSSIP_BUGS, default="",
+                   help="TEST ONLY, --workload gossip: run every node with a deliberate "
+                        "bug (a control run the checker must find invalid)")
     p.set_defaults(handler=run)
 
 
@@ -157,8 +178,16 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     from phalanx.jepsen.linearizability import UNKNOWN
 
     out = console if console is not None else Console()
+    if args.workload == GOSSIP_WORKLOAD and args.shards == 1:
+        return _run_gossip(args, out)
+    if args.rate is None:
+        args.rate = RATE_DEFAULT
     if args.shards > 1 or args.workload == SHARDS_WORKLOAD:
         return _run_shards(args, out)
+    if args.gossip_bug:
+        print("phalanx jepsen run: error: --gossip-bug needs --workload gossip",
+              file=sys.stderr)
+        return EXIT_USAGE
     if args.protocol is None:
         args.protocol = DEFAULT_PROTOCOL
     if "," in args.protocol:
@@ -284,6 +313,61 @@ def _run_shards(args: argparse.Namespace, out: Console) -> int:
         problems = r.details.get("problems")
         for problem in problems if isinstance(problems, list) else ():
             out.print(f"  - {name}: {problem}", highlight=False, markup=False)
+    out.print(f"stored in {result.directory}", highlight=False, soft_wrap=True)
+    if result.valid is True:
+        return EXIT_VALID
+    return EXIT_UNKNOWN if result.valid == "unknown" else EXIT_INVALID
+
+
+def _run_gossip(args: argparse.Namespace, out: Console) -> int:
+    """``--workload gossip``: the gossip service under faults
+    (`phalanx.jepsen.harness.gossip_run`)."""
+    import trio
+    from rich.table import Table
+
+    from phalanx.jepsen.harness.cluster import ClusterUnavailable
+    from phalanx.jepsen.harness.gossip_run import GossipRunOptions, run_gossip
+
+    protocol = args.protocol or DEFAULT_PROTOCOL
+    if "," in protocol:
+        print("phalanx jepsen run: error: several protocols need --shards 2", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS)
+        options = GossipRunOptions(
+            protocol=protocol, nodes=args.nodes if args.nodes is not None else 5,
+            faults=faults, time_s=args.time,
+            rate=args.rate if args.rate is not None else GOSSIP_RATE_DEFAULT,
+            concurrency=args.concurrency, seed=args.seed, store=args.store,
+            nemesis_scale=args.nemesis_scale, bug=args.gossip_bug)
+    except (ScheduleError, ValueError) as e:
+        print_error("phalanx jepsen run", str(e))
+        return EXIT_USAGE
+    try:
+        result = trio.run(run_gossip, options, out)
+    except ClusterUnavailable as e:
+        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
+                    f"seed {options.seed}")
+    t.add_column("operation")
+    for col in ("ok", "info", "fail"):
+        t.add_column(col, justify="right")
+    for f, per in sorted(result.counts.items()):
+        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    t.add_section()
+    t.add_row("nemesis events", str(result.nemesis_events), "", "")
+    t.add_row("settled after heal", f"{result.settle_s:.1f} s", "", "")
+    for name, r in result.checkers.items():
+        t.add_row(f"{name} checker", _verdict(r.valid), "", "")
+    t.add_row("verdict", _verdict(result.valid), "", "", style="bold")
+    out.print(t)
+    for name, r in result.checkers.items():
+        problems = r.details.get("problems")
+        for problem in problems if isinstance(problems, list) else ():
+            out.print(f"  - {name}: {problem}", highlight=False, markup=False)
+    for note in result.notes:
+        out.print(f"  note: {note}", highlight=False, markup=False)
     out.print(f"stored in {result.directory}", highlight=False, soft_wrap=True)
     if result.valid is True:
         return EXIT_VALID

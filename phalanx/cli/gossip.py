@@ -180,7 +180,7 @@ def format_gossip_status(rows: Mapping[str, GossipStatus | Exception]) -> str:
 def _as_json(row: GossipStatus | Exception) -> object:
     if isinstance(row, Exception):
         return {"error": str(row)}
-    return {"incarnation": row.incarnation,
+    return {"incarnation": row.incarnation, "started_incarnation": row.started_incarnation,
             "members": {m.node: [m.status, m.incarnation] for m in row.members},
             "rumors": [{"origin": d.origin, "incarnation": d.incarnation, "seq": d.seq,
                         "payload": d.payload.decode("utf-8", "replace"), "unix_ms": d.unix_ms}

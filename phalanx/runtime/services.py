@@ -97,7 +97,7 @@ class ServiceHost:
                 config=config, options=config.services[name], send=self._send,
                 wall_clock=wall_clock, rng=random.Random(rng.getrandbits(64)),
                 state_dir=state_dir, machine=machine, submit=submit,
-                checkpoint=checkpoint))
+                checkpoint=checkpoint, services=self.services))
             self.services[name] = service
             self.snapshot(name)
             for cls in spec.messages.load().values():

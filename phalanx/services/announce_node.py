@@ -20,13 +20,18 @@ Certificates need members to checkpoint at the SAME indexes: PBFT's aligned chec
 policy guarantees it; Raft's does not (it did in our runs with steady writes; idle
 checkpoints and restarts can shift a member), see docs/GOSSIP.md.
 
-How it spreads (direct sends plus a relay, not the gossip machine): every `interval` ticks
-EVERY member holding a certified announcement sends it to `fanout` members of each linked
-cluster, rotating through them by round and by the member's rank, so no one announcer
-matters (the f+1 or more honest members keep announcing when some are dead or silent).
-A receiver that accepts a new highest announcement from a linked node relays it once to
-every member of its own cluster (n-1 sends), so one direct receipt covers the live cluster
-within one hop; the rotation reaches members a silent relay skipped at the next rounds.
+How it spreads: every `interval` ticks EVERY member holding a certified announcement sends
+it to `fanout` members of each linked cluster, rotating through them by round and by the
+member's rank, so no one announcer matters (the f+1 or more honest members keep announcing
+when some are dead or silent). A receiver that accepts a new highest announcement from a
+linked node spreads it inside its own cluster: as a rumor of the node's gossip service when
+it runs one (any service of the node that is a `RumorChannel`, found through the host's
+`ServiceContext.services`: GP's n-1 contacts spread over the cluster instead of n-1 sends
+from one node, and anti-entropy as the backstop), otherwise relayed once to every member
+(n-1 sends). Either way one direct receipt covers the live cluster, and the rotation
+reaches members a silent relay skipped at the next rounds. A rumor's payload is
+`RUMOR_TAG` + the `Announcement`'s wire bytes; receivers verify it like any announcement
+(rumors of other uses are ignored, an undecodable tagged one is ``dropped:bad_rumor``).
 
 Receiving (Byzantine input is normal input): per linked cluster the service keeps the
 highest verified announcement (monotonic). Stale ones (lower index) are dropped before
@@ -43,6 +48,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from phalanx.clustersend import (
     CLUSTERSEND_MESSAGES,
@@ -55,6 +61,9 @@ from phalanx.clustersend import (
 )
 from phalanx.clustersend.certificates import check_certificate
 from phalanx.consensus.types import Message, NodeId
+from phalanx.gossip.messages import Rumor
+from phalanx.net import wire
+from phalanx.net.codec import DecodeError, EncodeError
 from phalanx.net.crypto import Ed25519Crypto
 from phalanx.net.intercluster import qualify, split_qualified
 from phalanx.ops.pki import CLIENT_ROLES
@@ -70,6 +79,18 @@ CheckpointFn = Callable[[], "tuple[int, bytes] | None"]
 
 _DOMAIN = b"phalanx-announce-v1\x00"
 _MAX_INDEX = 2**63 - 1
+RUMOR_TAG = b"phalanx-announce-rumor-v1\x00"
+"""Prefix of a gossip rumor that carries an `Announcement` (its wire bytes follow)."""
+
+
+@runtime_checkable
+class RumorChannel(Protocol):
+    """A node service that spreads rumors inside the cluster (the gossip service,
+    `phalanx.services.gossip_node.GossipService`)."""
+
+    def publish(self, payload: bytes) -> object: ...
+
+    def on_deliver(self, callback: Callable[[Rumor], None]) -> None: ...
 
 
 def announce_digest(index: int, state_digest: bytes) -> bytes:
@@ -125,7 +146,7 @@ class AnnounceService:
     def __init__(self, *, me: NodeId, cluster: ClusterInfo, linked: tuple[ClusterInfo, ...],
                  crypto: Ed25519Crypto, send: SendFn, checkpoint: CheckpointFn,
                  wall_clock: Callable[[], float], tick_seconds: float, interval: int,
-                 fanout: int) -> None:
+                 fanout: int, services: Mapping[str, object] | None = None) -> None:
         self.me = me
         self.cluster = cluster
         self.linked = {c.cluster_id: c for c in linked}
@@ -150,6 +171,9 @@ class AnnounceService:
         """(linked cluster, index) -> wall time we certified it (latency probes)."""
         self.highest: dict[str, Verified] = {}
         self._counters: dict[str, int] = {}
+        self._services = services
+        self._channel: RumorChannel | None = None
+        self._looked = False
 
     # -- the NodeService protocol ------------------------------------------------------------
 
@@ -159,6 +183,9 @@ class AnnounceService:
 
     def tick(self) -> None:
         self._ticks += 1
+        if not self._looked:  # every service is built by the first tick
+            self._looked = True
+            self._attach()
         newest = self._checkpoint()
         if newest is not None and newest[0] > self._signed_index:
             self._sign(*newest)
@@ -334,9 +361,45 @@ class AnnounceService:
                                         self._ticks, self._wall())
         self._count("accepted")
         if from_linked:
-            for member in sorted(self._members - {self.me}):
-                self._send_to(member, ann)
-                self._count("relayed")
+            self._spread(ann)
+
+    # -- spreading inside our cluster: gossip when the node runs it, else n-1 sends ----------
+
+    def _attach(self) -> None:
+        """Find the node's rumor-spreading service, if any, and listen to its rumors."""
+        for name in sorted(self._services or {}):
+            service = (self._services or {})[name]
+            if service is not self and isinstance(service, RumorChannel):
+                self._channel = service
+                service.on_deliver(self._on_rumor)
+                logger.info("%s: announce: spreading inside the cluster through %s",
+                            self.me, name)
+                return
+
+    def _spread(self, ann: Announcement) -> None:
+        if self._channel is not None:
+            try:
+                self._channel.publish(RUMOR_TAG + wire.encode(ann))
+                self._count("gossiped")
+                return
+            except (ValueError, EncodeError):  # larger than the service's max_payload
+                self._count("gossip_refused")
+        for member in sorted(self._members - {self.me}):
+            self._send_to(member, ann)
+            self._count("relayed")
+
+    def _on_rumor(self, rumor: Rumor) -> None:
+        """A rumor delivered by the gossip service: ours if tagged, verified like any."""
+        if not rumor.payload.startswith(RUMOR_TAG):
+            return  # another use of gossip
+        try:
+            ann = wire.decode(rumor.payload[len(RUMOR_TAG):], expected=Announcement)
+        except DecodeError:
+            self._count("dropped:bad_rumor")
+            return
+        self._count("rumor_received")
+        self._on_announcement(qualify(rumor.origin, self.cluster.cluster_id), ann,
+                              from_linked=False)
 
     def _send_to(self, node: NodeId, message: Message) -> None:
         send_qualified(self._send, self.cluster.cluster_id, node, message, self._count)
@@ -358,4 +421,5 @@ def build(context: ServiceContext) -> AnnounceService:
                            send=context.send, checkpoint=context.checkpoint,
                            wall_clock=context.wall_clock,
                            tick_seconds=int(options["tick_ms"]) / 1000,
-                           interval=int(options["interval"]), fanout=int(options["fanout"]))
+                           interval=int(options["interval"]), fanout=int(options["fanout"]),
+                           services=context.services)

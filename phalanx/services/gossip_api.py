@@ -64,10 +64,15 @@ class GossipMember(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GossipStatus(Message):
     """A node's gossip status: its incarnation, its newest deliveries (oldest first), its
-    membership view of the other members, and its counters."""
+    membership view of the other members, and its counters.
+
+    `incarnation` is its SWIM incarnation (a refuted suspicion raises it);
+    `started_incarnation` the one its process started with, which its rumor ids carry (the
+    wall-clock ms of the start, `phalanx.services.gossip_node.next_incarnation`)."""
 
     node: str
     incarnation: int
+    started_incarnation: int = 0
     deliveries: tuple[GossipDelivery, ...]
     members: tuple[GossipMember, ...]
     counters: tuple[tuple[str, int], ...]

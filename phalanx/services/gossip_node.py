@@ -191,6 +191,7 @@ class GossipService:
         log = list(self._log)[-max_rumors:] if max_rumors else []
         return GossipStatus(
             node=self.node_id, incarnation=self.machine.status()["incarnation"],
+            started_incarnation=self.machine.incarnation,
             deliveries=tuple(log),
             members=tuple(GossipMember(node=m, status=s, incarnation=i)
                           for m, (s, i) in sorted(self.membership().items())),

@@ -81,6 +81,11 @@ class ServiceContext:
         checkpoint: the node's newest durable checkpoint as (index, SHA-256 of its bytes),
             or None before the first (`phalanx.runtime.stable_checkpoints`); None when the
             host has no replica.
+        services: the node's services by name, as the host builds them (the same live
+            mapping: complete once every service is built, i.e. by the first tick), so a
+            service can use another through a capability it checks with ``isinstance``
+            (the announce service spreads through any service that spreads rumors); None
+            when the host has none.
     """
 
     config: NodeConfig
@@ -92,6 +97,7 @@ class ServiceContext:
     machine: object | None = None
     submit: Callable[[bytes], bool] | None = None
     checkpoint: Callable[[], tuple[int, bytes] | None] | None = None
+    services: Mapping[str, NodeService] | None = None
 
 
 class NodeService(Protocol):
