@@ -233,8 +233,12 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         return EXIT_USAGE
     try:
         result = trio.run(run_test, options, out)
-    except ClusterUnavailable as e:
-        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+    except (ClusterUnavailable, BaseExceptionGroup) as e:
+        # raised inside the cluster's nursery it arrives in a group (exit 4, not 70)
+        unavailable = _unavailable(e, ClusterUnavailable)
+        if unavailable is None:
+            raise
+        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
         return EXIT_UNKNOWN
     out.print(verdict_table(options, result))
     for reason in result.reasons:
@@ -290,8 +294,12 @@ def _run_shards(args: argparse.Namespace, out: Console) -> int:
         return EXIT_USAGE
     try:
         result = trio.run(run_shards, options, out)
-    except ClusterUnavailable as e:
-        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+    except (ClusterUnavailable, BaseExceptionGroup) as e:
+        # raised inside the cluster's nursery it arrives in a group (exit 4, not 70)
+        unavailable = _unavailable(e, ClusterUnavailable)
+        if unavailable is None:
+            raise
+        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
         return EXIT_UNKNOWN
     from rich.table import Table
 
@@ -345,8 +353,12 @@ def _run_gossip(args: argparse.Namespace, out: Console) -> int:
         return EXIT_USAGE
     try:
         result = trio.run(run_gossip, options, out)
-    except ClusterUnavailable as e:
-        print(f"phalanx jepsen run: {e}", file=sys.stderr)
+    except (ClusterUnavailable, BaseExceptionGroup) as e:
+        # raised inside the cluster's nursery it arrives in a group (exit 4, not 70)
+        unavailable = _unavailable(e, ClusterUnavailable)
+        if unavailable is None:
+            raise
+        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
         return EXIT_UNKNOWN
     t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
                     f"seed {options.seed}")
@@ -418,3 +430,17 @@ def _verdict(valid: object) -> str:
         return "valid"
     return "INVALID" if valid is False else str(valid)
 
+
+def _unavailable(exc: BaseException, kind: type[Exception]) -> BaseException | None:
+    """`exc` if it is a `kind`, or the first `kind` in a (nested) group made only of them;
+    else None (something else went wrong: re-raised)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(kind)
+        if matched is not None and rest is None:
+            leaf: BaseException = matched
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf
+    return None

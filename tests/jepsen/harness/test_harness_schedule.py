@@ -129,3 +129,17 @@ def test_run_warns_when_no_fault_was_injected() -> None:
     assert "--time" in warning
     assert no_fault_warning(("kill",), 2, 5.0) is None  # faults happened
     assert no_fault_warning((), 0, 5.0) is None  # --nemesis none: nothing was asked for
+
+
+def test_an_unavailable_cluster_is_found_inside_trio_groups() -> None:
+    """`jepsen run` exits 4 ("unknown"), not 70, when the cluster never came up: the error
+    arrives wrapped in the cluster nursery's exception group."""
+    from phalanx.jepsen.harness.cli import _unavailable
+    from phalanx.jepsen.harness.cluster import ClusterUnavailable
+
+    inner = ClusterUnavailable("no leader within 30 s")
+    nested = BaseExceptionGroup("outer", [ExceptionGroup("inner", [inner])])
+    assert _unavailable(nested, ClusterUnavailable) is inner
+    assert _unavailable(inner, ClusterUnavailable) is inner
+    mixed = ExceptionGroup("mixed", [inner, ValueError("a bug")])
+    assert _unavailable(mixed, ClusterUnavailable) is None  # a bug is re-raised, not hidden
