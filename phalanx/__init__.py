@@ -12,7 +12,7 @@ the client); everything else is internal and may change between versions:
 - the application contract: `StateMachine`, `StateSnapshot`, `SnapshotFormatError`
   (`phalanx.apps.interface`; docs/STATE_MACHINES.md);
 - running nodes: `open_node`, `serve_node`, `Node`, `NodeConfig`, `ClusterConfig`,
-  `load_node_config`, `open_cluster`, `init_cluster`, `ConfigError`;
+  `load_node_config`, `open_cluster`, `init_cluster`, `find_free_base_port`, `ConfigError`;
 - the client: `Client`, `open_client`, `SyncClient` and the client errors (all derive from
   `ClientError`);
 - testing: `check_history`, `read_history`, `HistoryRecorder` (`phalanx.jepsen`).
@@ -49,6 +49,7 @@ _LAZY = {
     "load_node_config": "phalanx.ops.node_config",
     "open_cluster": "phalanx.ops.local_cluster",
     "init_cluster": "phalanx.ops.local_cluster",
+    "find_free_base_port": "phalanx.ops.local_cluster",
     "check_history": "phalanx.jepsen.checker",
     "read_history": "phalanx.jepsen.history",
     "HistoryRecorder": "phalanx.jepsen.history",
@@ -74,6 +75,7 @@ __all__ = [
     "SyncClient",
     "__version__",
     "check_history",
+    "find_free_base_port",
     "init_cluster",
     "load_node_config",
     "open_client",
@@ -99,7 +101,7 @@ if TYPE_CHECKING:
     from phalanx.client.sync_client import SyncClient
     from phalanx.jepsen.checker import check_history
     from phalanx.jepsen.history import HistoryRecorder, read_history
-    from phalanx.ops.local_cluster import init_cluster, open_cluster
+    from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
     from phalanx.ops.node_config import ClusterConfig, ConfigError, NodeConfig, load_node_config
     from phalanx.runtime.node import Node, open_node, serve_node
 

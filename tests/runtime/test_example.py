@@ -13,6 +13,7 @@ def test_counter_service_example_runs() -> None:
     done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "alice took tickets [1, 2, 3]" in done.stdout
-    assert "got ticket 3 again (exactly once)" in done.stdout
-    assert "bob took tickets [4, 5]" in done.stdout
+    assert "took tickets [1, 2, 3] at the bakery" in done.stdout
+    assert "took tickets [4, 5]" in done.stdout
+    assert "the bakery is at ticket 5" in done.stdout
+    assert "ok: tickets never repeat across a leader change" in done.stdout
