@@ -32,6 +32,7 @@ _LAZY = {
     "ClientError": "phalanx.client.async_client",
     "ClientTimeout": "phalanx.client.async_client",
     "ClusterUnreachable": "phalanx.client.errors",
+    "InvalidArgument": "phalanx.client.errors",
     "KvCommandError": "phalanx.client.async_client",
     "ProtocolViolation": "phalanx.client.async_client",
     "RequestRejected": "phalanx.client.async_client",
@@ -64,6 +65,7 @@ __all__ = [
     "ClusterUnreachable",
     "ConfigError",
     "HistoryRecorder",
+    "InvalidArgument",
     "KvCommandError",
     "Node",
     "NodeConfig",
@@ -97,7 +99,7 @@ if TYPE_CHECKING:
         RequestRejected,
         open_client,
     )
-    from phalanx.client.errors import ClusterUnreachable
+    from phalanx.client.errors import ClusterUnreachable, InvalidArgument
     from phalanx.client.sync_client import SyncClient
     from phalanx.jepsen.checker import check_history
     from phalanx.jepsen.history import HistoryRecorder, read_history

@@ -34,6 +34,12 @@ class ClientClosed(ClientError):
     """The client was closed while (or before) the call ran. Indeterminate, like a timeout."""
 
 
+class InvalidArgument(ClientError, TypeError):
+    """A call's arguments do not fit the app's command types (a key that is not `str`, a
+    value that is not `bytes`, a number out of range): nothing was sent. The message names
+    the field and the type it needs."""
+
+
 class ClusterUnreachable(ClientError):
     """No node accepted a connection: every node's address refused it (nothing listens
     there) and no connection was open or opened during the call, so the request was never

@@ -69,9 +69,14 @@ from phalanx.apps.kv_types import (
     VersionedValue,
     VersionResult,
 )
-from phalanx.client.errors import KvCommandError, ProtocolViolation, TransactionAborted
+from phalanx.client.errors import (
+    InvalidArgument,
+    KvCommandError,
+    ProtocolViolation,
+    TransactionAborted,
+)
 from phalanx.net.client_protocol import ReadConsistency
-from phalanx.net.codec import DecodeError
+from phalanx.net.codec import DecodeError, EncodeError
 
 _K = TypeVar("_K", Done, Value, Deleted, CasResult, ScanResult, TxnResult, VersionResult,
              VersionedValue)
@@ -145,7 +150,7 @@ class KvHelpers(ABC):
     ) -> _K:
         consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
         raw = await self.call(
-            kv_wire.encode_command(command),
+            _encode(command),
             read_only=read_only,
             consistency=consistency,
             requirements=requirements,
@@ -172,13 +177,13 @@ class KvHelpers(ABC):
         """The version of `key` f+1 nodes report from their applied states (ENDORSEMENT):
         one a correct node holds, maybe not the newest."""
         command = GetVersion(key=key)
-        raw = await self.matching_read(kv_wire.encode_command(command))
+        raw = await self.matching_read(_encode(command))
         return self._result(command, raw, VersionResult).version
 
     async def agreed_base_version(self, key: str) -> BaseVersion:
         """The base version of `key` f+1 nodes report (ENDORSEMENT; `GetBaseVersion`)."""
         command = GetBaseVersion(key=key)
-        raw = await self.matching_read(kv_wire.encode_command(command))
+        raw = await self.matching_read(_encode(command))
         return BaseVersion(self._result(command, raw, VersionResult).version)
 
     async def update(self, command: Add | Mul | SAdd | SRem, *,
@@ -197,7 +202,7 @@ class KvHelpers(ABC):
         if requirements is not None or not self.signs_transactions:
             await self._kv(command, Done, requirements=requirements)
             return
-        encoded = kv_wire.encode_command(command)
+        encoded = _encode(command)
         give_up = time.monotonic() + self.timeout
         base = True
         while True:
@@ -235,7 +240,7 @@ class KvHelpers(ABC):
         self, command: KvCommand, expected: type[_K], keys: Sequence[str],
         requirements: Requirements | None, retry_aborted: bool, *, read_only: bool = False,
     ) -> _K:
-        raw = await self.call_versioned(kv_wire.encode_command(command), keys,
+        raw = await self.call_versioned(_encode(command), keys,
                                         read_only=read_only, requirements=requirements,
                                         retry_aborted=retry_aborted)
         return self._result(command, raw, expected)
@@ -386,3 +391,12 @@ class KvHelpers(ABC):
             raise KvCommandError(KvError(code=KvErrorCode.WRONG_TYPE,
                                          message=f"the value of {key!r} is not a set"))
         return members
+
+
+def _encode(command: KvCommand) -> bytes:
+    """`command`'s wire bytes; a field of the wrong type is `InvalidArgument` (a client
+    error, one line), not the codec's internal `EncodeError`."""
+    try:
+        return kv_wire.encode_command(command)
+    except EncodeError as e:
+        raise InvalidArgument(f"{type(command).__name__}: {e}") from None

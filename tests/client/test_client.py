@@ -129,6 +129,22 @@ async def test_reads_carry_consistency_and_read_only(certs: Certs) -> None:
     assert len(set(numbers)) == 3
 
 
+async def test_a_wrong_argument_type_is_a_client_error_and_sends_nothing(certs: Certs) -> None:
+    """Issue 22: a key that is not str (or a value that is not bytes) raises the client's
+    `InvalidArgument` (a `ClientError` and a `TypeError`), not the codec's internal
+    `EncodeError`, before anything is sent."""
+    from phalanx import ClientError, InvalidArgument
+
+    async with cluster(certs, {"n1": serve_kv}, KvBackend()) as (client, nodes):
+        with pytest.raises(InvalidArgument, match="Put") as raised:
+            await client.put(123, b"v")  # type: ignore[arg-type]
+        assert isinstance(raised.value, ClientError)
+        assert isinstance(raised.value, TypeError)
+        with pytest.raises(InvalidArgument):
+            await client.put("k", "not bytes")  # type: ignore[arg-type]
+        assert nodes["n1"].received == []
+
+
 async def test_stale_is_only_for_reads(certs: Certs) -> None:
     async with cluster(certs, {"n1": serve_kv}, KvBackend()) as (client, _):
         with pytest.raises(ValueError, match="STALE"):
