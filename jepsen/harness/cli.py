@@ -148,7 +148,9 @@ def add_run_command(
                         f"--workload gossip: {GOSSIP_RATE_DEFAULT:g})")
     p.add_argument("--concurrency", type=positive_int, default=5, metavar="C",
                    help="logical client processes (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the nemesis schedule's and workload's seed: one seed, one schedule "
+                   "(default: %(default)s)")
     p.add_argument("--keys", type=positive_int, default=5,
                    help="keys in use at a time (default: %(default)s)")
     p.add_argument("--ops-per-key", type=positive_int, default=150, metavar="N",

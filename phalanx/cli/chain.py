@@ -112,7 +112,7 @@ def add_chain_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
                    help="give up after this long (default: %(default)s)")
     sub = p.add_subparsers(dest="chain_command", metavar="SUBCOMMAND", required=True)
     keygen = sub.add_parser("keygen", help="create an account key DIR/chain/keys/NAME.key")
-    keygen.add_argument("name", metavar="NAME")
+    keygen.add_argument("name", metavar="NAME", help="the account key's name")
     sub.add_parser("accounts", help="list the account keys and their public keys")
     for name, text in (("transfer", "send AMOUNT from the --from key's account to ACCOUNT"),
                        ("mint", "create AMOUNT for ACCOUNT (the genesis minter only)")):
@@ -129,12 +129,14 @@ def add_chain_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     for name, text in (("balance", "an account's balance"), ("nonce", "its last nonce"),
                        ("proof", "its Merkle proof against the last block")):
         q = sub.add_parser(name, help=text)
-        q.add_argument("account", metavar="ACCOUNT")
+        q.add_argument("account", metavar="ACCOUNT",
+                       help="a key name (`chain keygen`) or the account's 64 hex digits")
         q.add_argument("--stale", action="store_true", help="ask one node (maybe behind)")
     head = sub.add_parser("head", help="the last block's height, hash and state root")
     head.add_argument("--stale", action="store_true", help="ask one node (maybe behind)")
     block = sub.add_parser("block", help="block N's header and transactions")
-    block.add_argument("height", type=int_between(1), metavar="N")
+    block.add_argument("height", type=int_between(1), metavar="N",
+                       help="the block height (1 = first)")
     tail = sub.add_parser("tail", help="print new blocks as they are committed")
     tail.add_argument("--from-height", type=int_between(1), default=None, metavar="H",
                       help="start at block H (default: the next block)")
@@ -142,7 +144,8 @@ def add_chain_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
                       help="stop after K blocks (default: until Ctrl-C)")
     verify = sub.add_parser("verify", help="light client: verify an account's balance "
                                            "against one replica's proof")
-    verify.add_argument("account", metavar="ACCOUNT")
+    verify.add_argument("account", metavar="ACCOUNT",
+                        help="a key name (`chain keygen`) or the account's 64 hex digits")
     verify.add_argument("--replica", metavar="NODE", default=None,
                         help="the (possibly Byzantine) replica to ask (default: first node)")
     export = sub.add_parser("export", help="write the chain (genesis + blocks) to FILE")

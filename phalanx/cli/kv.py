@@ -175,17 +175,18 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
 
     key = utf8_text("KEY")
     put = command("put", "set KEY to VALUE (- reads it from stdin, @PATH from a file)")
-    put.add_argument("key", metavar="KEY", type=key)
-    put.add_argument("value", metavar="VALUE")
+    put.add_argument("key", metavar="KEY", type=key, help=_KEY_HELP)
+    put.add_argument("value", metavar="VALUE", help=_VALUE_HELP)
     get = command("get", "print the value of KEY (exit 1 if absent)")
-    get.add_argument("key", metavar="KEY", type=key)
+    get.add_argument("key", metavar="KEY", type=key, help=_KEY_HELP)
     get.add_argument("--stale", action="store_true",
                      help="read from one node's applied state, possibly behind (faster)")
     get.add_argument("--raw", action="store_true",
                      help="write the value's bytes alone, without the newline")
     delete = command("delete", "remove KEY (exit 1 if it was absent); --prefix: every key "
                      "starting with it")
-    delete.add_argument("key", metavar="KEY", type=key)
+    delete.add_argument("key", metavar="KEY", type=key,
+                        help="the key (with --prefix: the prefix)")
     delete.add_argument("--prefix", action="store_true",
                         help="delete every key starting with KEY, in atomic batches of up to "
                         f"{MAX_TXN_OPS} (each guarded by the values it read); prints the count")
@@ -193,11 +194,12 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
                   description="Compare and set: KEY OLD NEW, or --if-absent KEY NEW.")
     cas.add_argument("--if-absent", action="store_true",
                      help="succeed only if KEY is absent (then give KEY NEW)")
-    cas.add_argument("key", metavar="KEY", type=key)
-    cas.add_argument("values", metavar="OLD NEW", nargs="+")
+    cas.add_argument("key", metavar="KEY", type=key, help=_KEY_HELP)
+    cas.add_argument("values", metavar="OLD NEW", nargs="+",
+                     help="the value expected, then the new one (- or @PATH as for put)")
     scan = command("scan", "print KEY<TAB>VALUE lines for keys starting with PREFIX")
     scan.add_argument("prefix", metavar="PREFIX", nargs="?", default="",
-                      type=utf8_text("PREFIX"))
+                      type=utf8_text("PREFIX"), help="keys starting with it (default: all)")
     scan.add_argument("--limit", type=int_between(1, MAX_SCAN_LIMIT), default=1000,
                       help=f"at most this many, 1..{MAX_SCAN_LIMIT} (default: 1000)")
     scan.add_argument("--keys-only", action="store_true", help="print the keys alone")
@@ -221,17 +223,18 @@ def add_kv_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parsers = [put, get, delete, cas, scan, txn]
     for name, operand, text in _UPDATES:
         update = command(name, text)
-        update.add_argument("key", metavar="KEY", type=key)
+        update.add_argument("key", metavar="KEY", type=key, help=_KEY_HELP)
         if operand == "N":
-            update.add_argument("operand", metavar=operand, type=_int64)
+            update.add_argument("operand", metavar=operand, type=_int64,
+                                help="a decimal signed 64-bit integer")
         else:
-            update.add_argument("operand", metavar=operand)
+            update.add_argument("operand", metavar=operand, help=_VALUE_HELP)
         parsers.append(update)
     for name, text in (("version", "print KEY's version: SHA-512 of its value, in hex "
                                    "(exit 1 if absent)"),
                        ("smembers", "print the members of the set at KEY, one a line")):
         read = command(name, text)
-        read.add_argument("key", metavar="KEY", type=key)
+        read.add_argument("key", metavar="KEY", type=key, help=_KEY_HELP)
         read.add_argument("--stale", action="store_true",
                           help="read from one node's applied state, possibly behind (faster)")
         parsers.append(read)
@@ -273,6 +276,9 @@ class _TxnWriteAction(argparse.Action):
         current.append((kind, *items))
         setattr(namespace, self.dest, current)
 
+
+_KEY_HELP = "the key (UTF-8 text)"
+_VALUE_HELP = "bytes: the text itself, - for stdin, @PATH for a file's bytes, @@TEXT for @TEXT"
 
 _UPDATES = (
     ("add", "N", "add the integer N to the integer at KEY"),
