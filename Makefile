@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen gossip clustersend
 
-.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-clustersend attack clean
+.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-clustersend attack docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -29,6 +29,15 @@ typecheck: $(STAMP)
 	@for f in phalanx/*; do ln -s ../../$$f .typecheck/phalanx/; done
 	@for d in $(PKG_DIRS); do ln -s ../../$$d .typecheck/phalanx/$$d; done
 	cd .typecheck && ../$(VENV)/bin/mypy --strict --config-file ../pyproject.toml -p phalanx
+
+# The documentation site in site/ (mkdocs.yml): installs the `docs` extra on first use,
+# generates docs/CLI.md from the parsers and the API reference from the .typecheck tree.
+docs: typecheck
+	@$(VENV)/bin/python -c "import mkdocs, mkdocstrings" 2>/dev/null || \
+	  $(VENV)/bin/pip install -q -e '.[dev,docs]'
+	$(PY) -m phalanx.cli.reference docs/CLI.md
+	$(VENV)/bin/mkdocs build --strict
+	@echo "site: site/index.html"
 
 pytest: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not long"
