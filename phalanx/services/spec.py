@@ -22,12 +22,13 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from phalanx.consensus.types import Message, NodeId
 from phalanx.protocols.spec import Lazy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not at run time: node configs import this module, and `phalanx kv`
+    # reads a node config without loading the consensus package (issue 22: start-up)
+    from phalanx.consensus.types import Message, NodeId
     from phalanx.ops.node_config import NodeConfig
 
 OptionValue = int | bool | str
@@ -55,7 +56,7 @@ class ServiceError(Exception):
     """A service cannot start with this configuration (the message names what to fix)."""
 
 
-SendFn = Callable[[NodeId, Message], bool]
+SendFn: TypeAlias = "Callable[[NodeId, Message], bool]"
 """Queue a message for a peer (best effort: False when refused, e.g. a full queue)."""
 
 
