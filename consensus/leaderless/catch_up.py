@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING
 from phalanx.consensus.core import Send, Snapshot
 from phalanx.consensus.leaderless.messages import DecidedTx
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
+from phalanx.consensus.leaderless.recovery import MAX_DIGEST_IDS
 from phalanx.consensus.leaderless.state_transfer import Verified
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.leaderless.transfer_messages import (
     CheckpointChunk,
     CheckpointDescriptor,
+    CheckpointDescriptors,
     CheckpointQuery,
     FetchCheckpoint,
 )
@@ -44,7 +46,12 @@ from phalanx.consensus.types import Configuration, Message, NodeId, SnapshotMeta
 if TYPE_CHECKING:
     from phalanx.consensus.leaderless.state_transfer import CheckpointFormat, StateTransfer
 
-TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, FetchCheckpoint, CheckpointChunk)
+TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, CheckpointDescriptors, FetchCheckpoint,
+                  CheckpointChunk)
+
+MAX_SUFFIX = MAX_DIGEST_IDS // 2
+"""A retained checkpoint is vouched for only while at most this many entries were applied
+after it (the peers' `CommittedDigest`s, capped at `MAX_DIGEST_IDS`, must name them all)."""
 
 
 class CatchUp(CoreParts):
@@ -100,8 +107,8 @@ class CatchUp(CoreParts):
         elif transfer is None:
             self._drop("no_state_transfer")
         elif isinstance(msg, CheckpointQuery):
-            out.sends += transfer.on_query(src, self._app.applied())
-        elif isinstance(msg, CheckpointDescriptor):
+            out.sends += transfer.on_query(src, self._vouch)
+        elif isinstance(msg, CheckpointDescriptor | CheckpointDescriptors):
             out.sends += transfer.on_descriptor(src, msg)
         elif isinstance(msg, FetchCheckpoint):
             out.sends += transfer.on_fetch(src, msg)
@@ -110,6 +117,32 @@ class CatchUp(CoreParts):
             out.sends += sends
             if verified is not None:
                 self._install(transfer, verified, out)
+
+    def _vouch(self, index: int) -> bool:
+        """Whether this node vouches for its checkpoint of the state after local `index`:
+        it is the current state, or every entry applied after it is a release this node
+        still holds with its proof (`recovery.answer` serves its record) for at least half a
+        GC horizon more, and there are at most `MAX_SUFFIX` of them. Then whatever a
+        correct voucher applied after the checkpoint can still be fetched by the node that
+        installs it (completeness: docs/LEADERLESS.md "State transfer")."""
+        applied = self._app.applied()
+        if index == applied:
+            return True
+        now = self._now
+        if now is None or not 0 < applied - index <= MAX_SUFFIX:
+            return False
+        keep_until = now - self._config.gc_horizon_ms // 2
+        after = 0
+        for tx_id, item in reversed(self._gate.released.items()):
+            if item.index <= index:
+                break
+            if item.index > applied:
+                continue
+            record = self._store.get(tx_id)
+            if item.proof is None or record is None or record.deadline < keep_until:
+                return False
+            after += 1
+        return after == applied - index
 
     def _install(self, transfer: StateTransfer, got: Verified, out: Outbox) -> None:
         fmt = self._format

@@ -6,6 +6,8 @@ horizon are `tests/jepsen/sim/test_leaderless_state_transfer_sim.py`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import immutables
 import pytest
 from hypothesis import given, settings
@@ -22,6 +24,7 @@ from phalanx.consensus.leaderless.state_transfer import StateTransfer, Verified
 from phalanx.consensus.leaderless.transfer_messages import (
     CheckpointChunk,
     CheckpointDescriptor,
+    CheckpointDescriptors,
     CheckpointQuery,
     FetchCheckpoint,
 )
@@ -98,8 +101,8 @@ class Net:
             to = send.to
             m = self.machines[to]
             if isinstance(msg, CheckpointQuery):
-                out = m.on_query(frm, self.applied.get(to, 0))
-            elif isinstance(msg, CheckpointDescriptor):
+                out = m.on_query(frm, at(self.applied.get(to, 0)))
+            elif isinstance(msg, CheckpointDescriptor | CheckpointDescriptors):
                 out = m.on_descriptor(frm, msg)
             elif isinstance(msg, FetchCheckpoint):
                 out = m.on_fetch(frm, msg)
@@ -192,14 +195,19 @@ def test_bad_requests_and_chunks_are_dropped_not_raised() -> None:
                                        "unexpected_checkpoint_chunk", "oversized_checkpoint"]
 
 
+def at(applied: int) -> Callable[[int], bool]:
+    """The core's vouch rule at a quiet point: only the current state."""
+    return lambda index: index == applied
+
+
 def test_a_node_without_a_checkpoint_still_answers() -> None:
     """`NO_CHECKPOINT`: the asker hears an answer (its silence detector) and records no vote."""
     net = Net()
     m = net.machines[NodeId("n1")]
-    assert [s.message for s in m.on_query(NodeId("n2"), 0)] == [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), at(0))] == [state_transfer.NO_CHECKPOINT]
     net.take(NodeId("n1"), 5, checkpoint(5, b"v"))
-    assert [s.message for s in m.on_query(NodeId("n2"), 6)] == [state_transfer.NO_CHECKPOINT]
-    assert [s.message for s in m.on_query(NodeId("n2"), 5)] != [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), at(6))] == [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), at(5))] != [state_transfer.NO_CHECKPOINT]
     net.machines[NodeId("n2")].want("test")
     assert net.machines[NodeId("n2")].on_descriptor(NodeId("n1"),
                                                     state_transfer.NO_CHECKPOINT) == []
