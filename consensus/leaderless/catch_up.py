@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import Send, Snapshot
-from phalanx.consensus.leaderless.messages import DecidedTx
+from phalanx.consensus.leaderless.messages import CommittedDigest, DecidedTx, TxId
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
 from phalanx.consensus.leaderless.recovery import MAX_DIGEST_IDS
 from phalanx.consensus.leaderless.state_transfer import Verified
@@ -111,7 +111,17 @@ class CatchUp(CoreParts):
         elif isinstance(msg, CheckpointDescriptor | CheckpointDescriptors):
             out.sends += transfer.on_descriptor(src, msg)
         elif isinstance(msg, FetchCheckpoint):
-            out.sends += transfer.on_fetch(src, msg)
+            sends = transfer.on_fetch(src, msg)
+            out.sends += sends
+            last = sends[-1].message if sends else None
+            if (isinstance(last, CheckpointChunk) and last.data
+                    and transfer.is_last_chunk(last)):
+                # With the last chunk: what this node committed, so the installer fetches
+                # the suffix at once (not at the next round-robin digest).
+                ids = self._gate.committed_ids()[-MAX_DIGEST_IDS:]
+                if ids:
+                    out.sends.append(Send(to=src, message=CommittedDigest(
+                        tx_ids=tuple(sorted(ids)))))
         elif isinstance(msg, CheckpointChunk):
             sends, verified = transfer.on_chunk(src, msg)
             out.sends += sends
@@ -120,18 +130,20 @@ class CatchUp(CoreParts):
 
     def _vouch(self, index: int) -> bool:
         """Whether this node vouches for its checkpoint of the state after local `index`:
-        it is the current state, or every entry applied after it is a release this node
-        still holds with its proof (`recovery.answer` serves its record) for at least half a
-        GC horizon more, and there are at most `MAX_SUFFIX` of them. Then whatever a
-        correct voucher applied after the checkpoint can still be fetched by the node that
-        installs it (completeness: docs/LEADERLESS.md "State transfer")."""
+        it is the current state, or every entry applied after it (at most `MAX_SUFFIX`) is
+        a release this node still holds with its proof and record (`recovery.answer` serves
+        it; `_retained_suffix` keeps it from GC) whose deadline is within the GC horizon
+        (peers still accept it). Then whatever a correct voucher applied after the
+        checkpoint can still be fetched by the node that installs it (the server pushes its
+        `CommittedDigest` with the last chunk; completeness and its one race:
+        docs/LEADERLESS.md "State transfer")."""
         applied = self._app.applied()
         if index == applied:
             return True
         now = self._now
         if now is None or not 0 < applied - index <= MAX_SUFFIX:
             return False
-        keep_until = now - self._config.gc_horizon_ms // 2
+        keep_until = now - self._config.gc_horizon_ms
         after = 0
         for tx_id, item in reversed(self._gate.released.items()):
             if item.index <= index:
@@ -143,6 +155,17 @@ class CatchUp(CoreParts):
                 return False
             after += 1
         return after == applied - index
+
+    def _retained_suffix(self, tx_id: TxId) -> bool:
+        """`tx_id` was applied after the oldest checkpoint this node retains, at most
+        `MAX_SUFFIX` entries ago: GC keeps its record and proof past the horizon (that
+        checkpoint's suffix stays servable while it is retained)."""
+        transfer = self._transfer
+        floor = transfer.floor() if transfer is not None else None
+        if floor is None or self._app.applied() - floor > MAX_SUFFIX:
+            return False
+        item = self._gate.released.get(tx_id)
+        return item is not None and item.index > floor
 
     def _install(self, transfer: StateTransfer, got: Verified, out: Outbox) -> None:
         fmt = self._format

@@ -139,6 +139,16 @@ class StateTransfer:
         self._held = [h for h in self._held if h.index < index][-(RETAINED - 1):]
         self._held.append(_Held(index=index, data=data))
 
+    def floor(self) -> int | None:
+        """The local index of the oldest retained checkpoint (None: none retained)."""
+        return self._held[0].index if self._held else None
+
+    def is_last_chunk(self, chunk: CheckpointChunk) -> bool:
+        """`chunk` (served here) ends its checkpoint."""
+        held = self._served(chunk.state_digest)
+        own = held.described if held is not None else None
+        return own is not None and chunk.offset + len(chunk.data) >= own.descriptor.size
+
     def _describe(self, held: _Held) -> Described | None:
         if held.described is None and not held.broken:
             held.described = self._fmt.describe(held.data)

@@ -139,7 +139,8 @@ class TickWork(CoreParts):
 
         def keep(record: TxRecord) -> bool:
             return record.state is TxState.COMMITTED and (
-                self._gate.unapplied(record.tx_id) or is_named(record.tx_id))
+                self._gate.unapplied(record.tx_id) or is_named(record.tx_id)
+                or self._retained_suffix(record.tx_id))
 
         gone, stones = self._store.gc(
             now - self._config.gc_horizon_ms, keep=keep,
