@@ -359,12 +359,10 @@ class Replica:
             p.every_bytes > 0 and self._bytes_since >= p.every_bytes
         ) or self._cut_due()
 
-    def _cut_due(self) -> bool:
-        """The transaction table's id set is a content-defined cut (`CheckpointPolicy.
-        cut_every`) not checkpointed yet."""
-        txs, every = self._txs, self._policy.cut_every
-        return (every > 0 and txs is not None and txs.id_sum % every == 0
-                and txs.id_sum != self._cut_sum and len(txs) > 0)
+    def _cut_due(self) -> bool:  # a cut (`CheckpointPolicy.cut_every`) not taken yet
+        txs = self._txs
+        return (txs is not None and txs.is_cut(self._policy.cut_every)
+                and txs.id_sum != self._cut_sum)
 
     def _start_due(self) -> None:
         """Start the checkpoint the policy asks for; under an aligned policy, queue it if the

@@ -101,6 +101,11 @@ class TransactionTable:
         """Deadlines below this are collected (and such transactions no longer run)."""
         return self.max_deadline_ms - self.horizon_ms
 
+    def is_cut(self, every: int) -> bool:
+        """The id set is a content-defined cut: non-empty, `id_sum` divisible by `every`
+        (> 0; about one set in `every`). The same for every replica holding this set."""
+        return every > 0 and len(self.records) > 0 and self.id_sum % every == 0
+
     def too_old(self, deadline_ms: int) -> bool:
         return deadline_ms < self.cutoff_ms
 

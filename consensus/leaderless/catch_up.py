@@ -11,6 +11,10 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
 - a committed transaction waited at the version gate past the GC horizon (what it waits
   for can no longer be fetched from anyone).
 
+Serving: a node vouches for a retained checkpoint while what it applied after it is still
+fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
+fetch is followed by this node's `CommittedDigest` (the installer fetches the suffix at once).
+
 Install rule: a verified checkpoint (f+1 matching descriptors, bytes hashing to them) goes in
 only if it is AHEAD of this node: every writing transaction this node released and still
 holds is in its transaction table (else it would undo an apply here; the target is refused
