@@ -168,6 +168,7 @@ class Replica:
         self._in_flight: int | None = None
         self._queued: CheckpointJob | None = None  # aligned policy: next boundary to write
         self._digests = CheckpointDigests(machine)
+        self._cut_sum = -1  # the table's `id_sum` at the last content-defined cut taken
         self._taken: list[CheckpointTaken] = []
         self._written = 0
         self._failures = 0
@@ -362,11 +363,21 @@ class Replica:
                     and (self._queued is None or self._queued.index != applied))
         return (p.every_entries > 0 and self._entries_since >= p.every_entries) or (
             p.every_bytes > 0 and self._bytes_since >= p.every_bytes
-        )
+        ) or self._cut_due()
+
+    def _cut_due(self) -> bool:  # a cut (`CheckpointPolicy.cut_every`) not taken yet
+        txs = self._txs
+        return (txs is not None and txs.is_cut(self._policy.cut_every)
+                and txs.id_sum != self._cut_sum)
 
     def _start_due(self) -> None:
         """Start the checkpoint the policy asks for; under an aligned policy, queue it if the
         writer is busy (replacing an older queued boundary)."""
+        if self._cut_due() and self._txs is not None:
+            self._cut_sum = self._txs.id_sum  # taken now or queued: once per cut
+            if self._writer.busy:
+                self._queued = self._job()
+                return
         if not self.checkpoint_now() and self._policy.aligned and self._writer.busy:
             self._queued = self._job()
 

@@ -73,6 +73,14 @@ class CheckpointPolicy:
     checkpoint (not a quarter of a trigger). For the leaderless core's state transfer: its
     replicas number entries locally, and f+1 of them hold checkpoints of one applied set only
     when each checkpoints at the quiet point after the same burst."""
+    cut_every: int = 0
+    """Also checkpoint after an entry when the transaction table's id set is a
+    content-defined cut: its order-free sum (`TransactionTable.id_sum`) is divisible by this
+    (about one applied transaction in `cut_every`; queued like an aligned boundary when the
+    writer is busy). A function of the applied set only, so replicas that pass through one
+    applied set, in any order and at any local index, checkpoint it alike: the leaderless
+    core's state transfer under constant load (docs/LEADERLESS.md "State transfer"). 0: off;
+    needs a transaction-mode replica."""
     aligned: bool = False
     """Checkpoint exactly at the applied indexes that are multiples of `every_entries`, and
     never by bytes or idleness: for protocols whose replicas vote on the state at fixed
@@ -84,7 +92,7 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         if (self.every_entries < 0 or self.every_bytes < 0 or self.compact_lag < 0
-                or self.idle_calls < 0):
+                or self.idle_calls < 0 or self.cut_every < 0):
             raise ValueError(f"checkpoint policy values must be >= 0: {self!r}")
         if self.aligned and (self.every_entries == 0 or self.every_bytes or self.idle_calls):
             raise ValueError("an aligned checkpoint policy needs every_entries > 0 and no "

@@ -29,6 +29,7 @@ set order, `id()` or time (the heap breaks deadline ties by id).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from dataclasses import dataclass
 from typing import Protocol
@@ -63,6 +64,13 @@ class TxRecord:
 
 TxRecords = immutables.Map[bytes, TxRecord]
 
+_MOD = 1 << 256
+
+
+def id_weight(tx_id: bytes) -> int:
+    """A transaction id's term in the table's order-free sum (`TransactionTable.id_sum`)."""
+    return int.from_bytes(hashlib.sha256(tx_id).digest(), "big")
+
 
 class TransactionTable:
     """See the module docstring. `records` is a persistent map (an O(1) snapshot for
@@ -76,6 +84,10 @@ class TransactionTable:
         self.max_deadline_ms = 0
         self.collected = 0
         """Records collected by this replica (not replicated; statistics)."""
+        self.id_sum = 0
+        """Sum mod 2^256 of `id_weight` over the ids in `records`: a function of the id set
+        only (any apply order), kept up to date in O(1) per change; the replica's
+        content-defined checkpoints (`CheckpointPolicy.cut_every`) select on it."""
         self._heap: list[tuple[int, bytes]] = []
 
     def __len__(self) -> int:
@@ -89,12 +101,18 @@ class TransactionTable:
         """Deadlines below this are collected (and such transactions no longer run)."""
         return self.max_deadline_ms - self.horizon_ms
 
+    def is_cut(self, every: int) -> bool:
+        """The id set is a content-defined cut: non-empty, `id_sum` divisible by `every`
+        (> 0; about one set in `every`). The same for every replica holding this set."""
+        return every > 0 and len(self.records) > 0 and self.id_sum % every == 0
+
     def too_old(self, deadline_ms: int) -> bool:
         return deadline_ms < self.cutoff_ms
 
     def record(self, tx_id: bytes, deadline_ms: int, result: bytes) -> None:
         """Transaction `tx_id` ran (not in the table, not `too_old`)."""
         self.records = self.records.set(tx_id, TxRecord(deadline_ms=deadline_ms, result=result))
+        self.id_sum = (self.id_sum + id_weight(tx_id)) % _MOD
         heapq.heappush(self._heap, (deadline_ms, tx_id))
         if deadline_ms > self.max_deadline_ms:
             self.max_deadline_ms = deadline_ms
@@ -109,6 +127,7 @@ class TransactionTable:
         while heap and heap[0][0] < cutoff:
             _, tx_id = heapq.heappop(heap)
             del records[tx_id]
+            self.id_sum = (self.id_sum - id_weight(tx_id)) % _MOD
             self.collected += 1
         self.records = records.finish()
 
@@ -116,5 +135,6 @@ class TransactionTable:
         """Replace the table with a checkpoint's (then collect below its cutoff)."""
         self.records = records
         self.max_deadline_ms = max_deadline_ms
+        self.id_sum = sum(id_weight(tx_id) for tx_id in records) % _MOD
         self._heap = sorted((r.deadline_ms, tx_id) for tx_id, r in records.items())
         self.end_entry()

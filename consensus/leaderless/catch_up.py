@@ -11,6 +11,10 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
 - a committed transaction waited at the version gate past the GC horizon (what it waits
   for can no longer be fetched from anyone).
 
+Serving: a node vouches for a retained checkpoint while what it applied after it is still
+fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
+fetch is followed by this node's `CommittedDigest` (the installer fetches the suffix at once).
+
 Install rule: a verified checkpoint (f+1 matching descriptors, bytes hashing to them) goes in
 only if it is AHEAD of this node: every writing transaction this node released and still
 holds is in its transaction table (else it would undo an apply here; the target is refused
@@ -29,13 +33,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import Send, Snapshot
-from phalanx.consensus.leaderless.messages import DecidedTx
+from phalanx.consensus.leaderless.messages import CommittedDigest, DecidedTx, TxId
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
+from phalanx.consensus.leaderless.recovery import MAX_DIGEST_IDS
 from phalanx.consensus.leaderless.state_transfer import Verified
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.leaderless.transfer_messages import (
     CheckpointChunk,
     CheckpointDescriptor,
+    CheckpointDescriptors,
     CheckpointQuery,
     FetchCheckpoint,
 )
@@ -44,7 +50,12 @@ from phalanx.consensus.types import Configuration, Message, NodeId, SnapshotMeta
 if TYPE_CHECKING:
     from phalanx.consensus.leaderless.state_transfer import CheckpointFormat, StateTransfer
 
-TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, FetchCheckpoint, CheckpointChunk)
+TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, CheckpointDescriptors, FetchCheckpoint,
+                  CheckpointChunk)
+
+MAX_SUFFIX = MAX_DIGEST_IDS // 2
+"""A retained checkpoint is vouched for only while at most this many entries were applied
+after it (the peers' `CommittedDigest`s, capped at `MAX_DIGEST_IDS`, must name them all)."""
 
 
 class CatchUp(CoreParts):
@@ -100,16 +111,65 @@ class CatchUp(CoreParts):
         elif transfer is None:
             self._drop("no_state_transfer")
         elif isinstance(msg, CheckpointQuery):
-            out.sends += transfer.on_query(src, self._app.applied())
-        elif isinstance(msg, CheckpointDescriptor):
+            out.sends += transfer.on_query(src, self._vouch)
+        elif isinstance(msg, CheckpointDescriptor | CheckpointDescriptors):
             out.sends += transfer.on_descriptor(src, msg)
         elif isinstance(msg, FetchCheckpoint):
-            out.sends += transfer.on_fetch(src, msg)
+            sends = transfer.on_fetch(src, msg)
+            out.sends += sends
+            last = sends[-1].message if sends else None
+            if (isinstance(last, CheckpointChunk) and last.data
+                    and transfer.is_last_chunk(last)):
+                # With the last chunk: what this node committed, so the installer fetches
+                # the suffix at once (not at the next round-robin digest).
+                ids = self._gate.committed_ids()[-MAX_DIGEST_IDS:]
+                if ids:
+                    out.sends.append(Send(to=src, message=CommittedDigest(
+                        tx_ids=tuple(sorted(ids)))))
         elif isinstance(msg, CheckpointChunk):
             sends, verified = transfer.on_chunk(src, msg)
             out.sends += sends
             if verified is not None:
                 self._install(transfer, verified, out)
+
+    def _vouch(self, index: int) -> bool:
+        """Whether this node vouches for its checkpoint of the state after local `index`:
+        it is the current state, or every entry applied after it (at most `MAX_SUFFIX`) is
+        a release this node still holds with its proof and record (`recovery.answer` serves
+        it; `_retained_suffix` keeps it from GC) whose deadline is within the GC horizon
+        (peers still accept it). Then whatever a correct voucher applied after the
+        checkpoint can still be fetched by the node that installs it (the server pushes its
+        `CommittedDigest` with the last chunk; completeness and its one race:
+        docs/LEADERLESS.md "State transfer")."""
+        applied = self._app.applied()
+        if index == applied:
+            return True
+        now = self._now
+        if now is None or not 0 < applied - index <= MAX_SUFFIX:
+            return False
+        keep_until = now - self._config.gc_horizon_ms
+        after = 0
+        for tx_id, item in reversed(self._gate.released.items()):
+            if item.index <= index:
+                break
+            if item.index > applied:
+                continue
+            record = self._store.get(tx_id)
+            if item.proof is None or record is None or record.deadline < keep_until:
+                return False
+            after += 1
+        return after == applied - index
+
+    def _retained_suffix(self, tx_id: TxId) -> bool:
+        """`tx_id` was applied after the oldest checkpoint this node retains, at most
+        `MAX_SUFFIX` entries ago: GC keeps its record and proof past the horizon (that
+        checkpoint's suffix stays servable while it is retained)."""
+        transfer = self._transfer
+        floor = transfer.floor() if transfer is not None else None
+        if floor is None or self._app.applied() - floor > MAX_SUFFIX:
+            return False
+        item = self._gate.released.get(tx_id)
+        return item is not None and item.index > floor
 
     def _install(self, transfer: StateTransfer, got: Verified, out: Outbox) -> None:
         fmt = self._format

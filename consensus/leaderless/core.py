@@ -506,10 +506,10 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
     # ------------------------------------------------------------------------------ veto
 
     def _unprovable(self, tx_id: TxId) -> bool:
-        """Committed here without a proof (restored from the WAL after a restart): this
-        node must never vote to drop it, and has no proof to veto with."""
-        record = self._store.get(tx_id)
-        return (record is not None and record.state is TxState.COMMITTED
+        """Committed here without a proof (restored from the WAL after a restart, or a
+        tombstone only: an installed checkpoint's): this node must never vote to drop it,
+        and has no proof to veto with."""
+        return (self._store.state_of(tx_id) is TxState.COMMITTED
                 and self._gate.proof(tx_id) is None)
 
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:

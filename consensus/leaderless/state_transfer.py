@@ -1,22 +1,25 @@
 """State transfer of the leaderless core: catching up from a peer's checkpoint when the
 transactions missed are past the GC horizon (docs/LEADERLESS.md "State transfer").
 
-Owns: `StateTransfer`, the sans-IO machine of both sides. Serving: the newest checkpoint
-the replica layer took (`CheckpointTaken`), described lazily (`CheckpointFormat.describe`),
-vouched for only while it is this node's current state (nothing applied since), and served
-in `CHUNK_BYTES` pieces rebased to index 0. Fetching, while `need` is set: ask
-every peer for its newest `CheckpointDescriptor` each `every` ticks; once f+1 distinct peers
-sent the SAME descriptor (so a correct one holds that state), fetch its bytes from one of
-them, falling back to the next on a timeout or on bytes that do not hash to the
-descriptor's `state_digest`; a verified checkpoint comes out of `on_chunk` as `Verified`
-(the core decides whether it is ahead of this node, and installs it).
+Owns: `StateTransfer`, the sans-IO machine of both sides. Serving: the last `RETAINED`
+checkpoints the replica layer took (`CheckpointTaken`), described lazily
+(`CheckpointFormat.describe`), each vouched for only while the core says what was applied
+after it can still be fetched (`vouch`: nothing applied since, or every later release still
+held with its proof for half a horizon: `catch_up.py`), and served in `CHUNK_BYTES` pieces
+rebased to index 0. Fetching, while `need` is set: ask every peer for the descriptors it
+vouches for each `every` ticks; once f+1 distinct peers sent the SAME descriptor (so a
+correct one held that state), fetch its bytes from one of them, falling back to the next on
+a timeout or on bytes that do not hash to the descriptor's `state_digest`; a verified
+checkpoint comes out of `on_chunk` as `Verified` (the core decides whether it is ahead of
+this node, and installs it).
 
 `CheckpointFormat` is injected (the runtime half reads the replica's checkpoint envelope:
 `phalanx.protocols.leaderless_node.EnvelopeFormat`): the core never parses app bytes.
 
 Rules: peer input never raises (dropped and counted through `drop`: `forged_checkpoint`,
-`oversized_checkpoint`, `unexpected_checkpoint_chunk`, `unknown_checkpoint`); a descriptor
-counts as its sender's latest (one vote per peer); nothing here is signed or persisted.
+`oversized_checkpoint`, `unexpected_checkpoint_chunk`, `unknown_checkpoint`); a peer's
+answer replaces its previous one (at most `RETAINED` descriptors, one vote each); nothing
+here is signed or persisted.
 Deterministic: peers are walked in sorted order, agreement picks the greatest descriptor.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`, `phalanx.apps`.
@@ -33,6 +36,7 @@ from phalanx.consensus.core import Send, SnapshotData
 from phalanx.consensus.leaderless.transfer_messages import (
     CheckpointChunk,
     CheckpointDescriptor,
+    CheckpointDescriptors,
     CheckpointQuery,
     FetchCheckpoint,
 )
@@ -43,6 +47,10 @@ CHUNK_BYTES = 1 << 20
 
 MAX_CHECKPOINT_BYTES = 1 << 32
 """A descriptor announcing a larger checkpoint is dropped (`oversized_checkpoint`)."""
+
+RETAINED = 3
+"""Checkpoints a node keeps serving (the newest ones taken; the file store keeps as many on
+disk, and a runtime view keeps its file open anyway)."""
 
 NO_CHECKPOINT = CheckpointDescriptor(applied_digest=b"", state_digest=b"", size=0, tx_count=0,
                                      max_deadline_ms=0)
@@ -68,6 +76,16 @@ class Verified:
     """Rebased to index 0."""
     applied: dict[bytes, int]
     """Its transaction table: tx id -> deadline (ms)."""
+
+
+@dataclass(slots=True)
+class _Held:
+    """A retained checkpoint: taken after local `index`; described on first need."""
+
+    index: int
+    data: SnapshotData
+    described: Described | None = None
+    broken: bool = False
 
 
 class CheckpointFormat(Protocol):
@@ -105,10 +123,8 @@ class StateTransfer:
         self.need = False
         self.reason = ""
         self.installs = 0
-        self._own_data: SnapshotData | None = None
-        self._own_index = -1
-        self._own: Described | None = None
-        self._reports: dict[NodeId, CheckpointDescriptor] = {}
+        self._held: list[_Held] = []  # oldest first, at most RETAINED
+        self._reports: dict[NodeId, tuple[CheckpointDescriptor, ...]] = {}
         self._refused: set[bytes] = set()  # state digests found behind or failed everywhere
         self._target: CheckpointDescriptor | None = None
         self._servers: list[NodeId] = []
@@ -119,39 +135,65 @@ class StateTransfer:
 
     def taken(self, data: SnapshotData, index: int) -> None:
         """The replica layer made a checkpoint of the state after local `index` durable:
-        serve that one from now on."""
-        self._own_data = data
-        self._own_index = index
-        self._own = None
+        serve it too (the oldest of `RETAINED` + 1 goes)."""
+        self._held = [h for h in self._held if h.index < index][-(RETAINED - 1):]
+        self._held.append(_Held(index=index, data=data))
+
+    def floor(self) -> int | None:
+        """The local index of the oldest retained checkpoint (None: none retained)."""
+        return self._held[0].index if self._held else None
+
+    def is_last_chunk(self, chunk: CheckpointChunk) -> bool:
+        """`chunk` (served here) ends its checkpoint."""
+        held = self._served(chunk.state_digest)
+        own = held.described if held is not None else None
+        return own is not None and chunk.offset + len(chunk.data) >= own.descriptor.size
+
+    def _describe(self, held: _Held) -> Described | None:
+        if held.described is None and not held.broken:
+            held.described = self._fmt.describe(held.data)
+            held.broken = held.described is None
+        return held.described
 
     def own(self) -> Described | None:
-        if self._own is None and self._own_data is not None:
-            self._own = self._fmt.describe(self._own_data)
-            if self._own is None:
-                self._own_data = None
-        return self._own
+        """The newest checkpoint's description (None: none, or not describable)."""
+        return self._describe(self._held[-1]) if self._held else None
 
-    def on_query(self, src: NodeId, applied: int) -> list[Send]:
-        """Our newest descriptor if it is our CURRENT state (nothing applied since it was
-        taken, `applied` = its index: a quiet point), else `NO_CHECKPOINT` (an answer all
-        the same: the asker's silence detector counts it). Vouching only for the current
-        state is what makes an agreed checkpoint complete: whatever a correct peer applies
-        after it is committed later, so still within the horizon and fetchable."""
-        own = self.own() if applied == self._own_index else None
-        return [Send(to=src, message=own.descriptor if own is not None else NO_CHECKPOINT)]
+    def on_query(self, src: NodeId, vouch: Callable[[int], bool]) -> list[Send]:
+        """The descriptors of the retained checkpoints `vouch(index)` accepts, newest first
+        (one: a plain `CheckpointDescriptor`), else `NO_CHECKPOINT` (an answer all the same:
+        the asker's silence detector counts it). Vouching only for a checkpoint whose later
+        applies are all still fetchable here is what makes an agreed checkpoint complete: the
+        asker installs it, then fetches the rest (docs/LEADERLESS.md "State transfer")."""
+        found: list[CheckpointDescriptor] = []
+        for held in reversed(self._held):
+            if vouch(held.index):
+                described = self._describe(held)
+                if described is not None and described.descriptor not in found:
+                    found.append(described.descriptor)
+        if len(found) > 1:
+            return [Send(to=src, message=CheckpointDescriptors(descriptors=tuple(found)))]
+        return [Send(to=src, message=found[0] if found else NO_CHECKPOINT)]
+
+    def _served(self, state_digest: bytes) -> _Held | None:
+        for held in reversed(self._held):
+            described = held.described
+            if described is not None and described.descriptor.state_digest == state_digest:
+                return held
+        return None
 
     def on_fetch(self, src: NodeId, msg: FetchCheckpoint) -> list[Send]:
-        own = self.own()
-        if (own is None or msg.state_digest != own.descriptor.state_digest
-                or not 0 <= msg.offset < own.descriptor.size):
+        held = self._served(msg.state_digest)
+        own = held.described if held is not None else None
+        if held is None or own is None or not 0 <= msg.offset < own.descriptor.size:
             self._drop("unknown_checkpoint")  # superseded meanwhile, or a bad request
             return []
         return [Send(to=src, message=CheckpointChunk(
             state_digest=own.descriptor.state_digest, offset=msg.offset,
-            data=self._read(own, msg.offset, CHUNK_BYTES)))]
+            data=self._read(held.data, own, msg.offset, CHUNK_BYTES)))]
 
-    def _read(self, own: Described, offset: int, length: int) -> bytes:
-        assert self._own_data is not None  # `own()` returned a description of it
+    @staticmethod
+    def _read(data: SnapshotData, own: Described, offset: int, length: int) -> bytes:
         header = own.header
         end = min(offset + length, own.descriptor.size)
         parts = []
@@ -160,7 +202,7 @@ class StateTransfer:
         lo, hi = max(offset, len(header)), end
         if hi > lo:
             shift = own.body - len(header)
-            parts.append(self._own_data[lo + shift:hi + shift])
+            parts.append(data[lo + shift:hi + shift])
         return b"".join(parts)
 
     # -------------------------------------------------------------------- fetching side
@@ -185,21 +227,29 @@ class StateTransfer:
             return [Send(to=peer, message=CheckpointQuery()) for peer in self._peers]
         return []
 
-    def on_descriptor(self, src: NodeId, msg: CheckpointDescriptor) -> list[Send]:
-        if msg == NO_CHECKPOINT:
-            self._reports.pop(src, None)
-            return []
-        if (msg.size > MAX_CHECKPOINT_BYTES or msg.size < 0 or len(msg.state_digest) != 32
-                or len(msg.applied_digest) != 32):
+    def on_descriptor(self, src: NodeId,
+                      msg: CheckpointDescriptor | CheckpointDescriptors) -> list[Send]:
+        """A peer's answer (it replaces the peer's earlier one of this round)."""
+        got = msg.descriptors if isinstance(msg, CheckpointDescriptors) else (msg,)
+        if not isinstance(got, tuple) or len(got) > RETAINED or not got:
             self._drop("oversized_checkpoint")
             return []
-        self._reports[src] = msg
+        if got == (NO_CHECKPOINT,):
+            self._reports.pop(src, None)
+            return []
+        for d in got:
+            if (not isinstance(d, CheckpointDescriptor) or d.size > MAX_CHECKPOINT_BYTES
+                    or d.size < 0 or len(d.state_digest) != 32 or len(d.applied_digest) != 32):
+                self._drop("oversized_checkpoint")
+                return []
+        self._reports[src] = tuple(dict.fromkeys(got))
         if not self.need or self._target is not None:
             return []
         own = self.own()
         counts: dict[CheckpointDescriptor, int] = {}
-        for d in self._reports.values():
-            counts[d] = counts.get(d, 0) + 1
+        for reported in self._reports.values():
+            for d in reported:
+                counts[d] = counts.get(d, 0) + 1
         agreed = [d for d, c in counts.items()
                   if c > self._faults and d.state_digest not in self._refused]
         if not agreed:
@@ -209,7 +259,7 @@ class StateTransfer:
             self.done()  # this node holds the state f+1 peers report: nothing to fetch
             return []
         self._target = best
-        self._servers = sorted(p for p, d in self._reports.items() if d == best)
+        self._servers = sorted(p for p, ds in self._reports.items() if best in ds)
         self._buffer = bytearray()
         self._quiet = 0
         return self._ask()

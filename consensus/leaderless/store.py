@@ -10,7 +10,8 @@ Invariants:
   only (dropped, or committed and collected).
 - Every map iterates in insertion order (arrival order): no decision depends on set order.
 - Memory is bounded: records and tombstones go once their deadline is older than the GC
-  horizon (committed records only once released and applied, see `gc`); buffered
+  horizon (committed ones only once released and applied and no pending transaction's
+  endorsement names them as a condition, see `gc`: bounded by the pending ones); buffered
   endorsements are capped at `max_buffered`, oldest evicted first.
 """
 
@@ -168,12 +169,16 @@ class TxStore:
         self.tombstones.setdefault(
             tx_id, DecidedTx(tx_id=tx_id, deadline_ms=deadline_ms, committed=False))
 
-    def gc(self, horizon: int, keep: Callable[[TxRecord], bool]) -> tuple[list[TxId], list[TxId]]:
+    def gc(self, horizon: int, keep: Callable[[TxRecord], bool],
+           keep_stone: Callable[[DecidedTx], bool] = lambda _s: False,
+           ) -> tuple[list[TxId], list[TxId]]:
         """Raise the horizon (monotone; the caller may have raised it already) and forget
         every record and tombstone whose deadline is older than it, except records `keep`
-        says are still needed (a committed transaction not yet applied: looked at again on
-        the next call). Touches only the ids whose deadline came due. Returns the forgotten
-        record ids and the forgotten tombstones' ids."""
+        says are still needed (a committed transaction not yet applied, or one a pending
+        transaction's endorsement names as a condition) and tombstones without a record
+        `keep_stone` says are (looked at again on the next call). Touches only the ids
+        whose deadline came due. Returns the forgotten record ids and the forgotten
+        tombstones' ids."""
         self.horizon = horizon = max(self.horizon, horizon)
         gone: list[TxId] = []
         stones: list[TxId] = []
@@ -191,6 +196,9 @@ class TxStore:
                 gone.append(tx_id)
             stone = self.tombstones.get(tx_id)
             if stone is not None and stone.deadline_ms < horizon:
+                if record is None and keep_stone(stone):
+                    kept.append((stone.deadline_ms, tx_id))
+                    continue
                 del self.tombstones[tx_id]
                 stones.append(tx_id)
         for deadline, tx_id in kept:

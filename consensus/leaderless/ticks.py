@@ -129,7 +129,22 @@ class TickWork(CoreParts):
         """Forget what lies beyond the horizon: every tick what came due in the store's
         deadline index; every period (`full`) also the own signatures and small tables
         whose transaction left the store some other way."""
-        gone, stones = self._store.gc(now - self._config.gc_horizon_ms, keep=self._keep)
+        named: set[TxId] | None = None
+
+        def is_named(tx_id: TxId) -> bool:
+            nonlocal named
+            if named is None:
+                named = self._named_conditions()
+            return tx_id in named
+
+        def keep(record: TxRecord) -> bool:
+            return record.state is TxState.COMMITTED and (
+                self._gate.unapplied(record.tx_id) or is_named(record.tx_id)
+                or self._retained_suffix(record.tx_id))
+
+        gone, stones = self._store.gc(
+            now - self._config.gc_horizon_ms, keep=keep,
+            keep_stone=lambda stone: stone.committed and is_named(stone.tx_id))
         if not (gone or stones or full):
             return
         for tx_id in gone:
@@ -151,6 +166,13 @@ class TickWork(CoreParts):
         if gone or stones:
             out.dirty = True
 
-    def _keep(self, record: TxRecord) -> bool:
-        return record.state is TxState.COMMITTED and self._gate.unapplied(record.tx_id)
+    def _named_conditions(self) -> set[TxId]:
+        """The ids the endorsements of pending transactions name as conditions. A committed
+        one stays (record, certificate, tombstone) past the horizon while named: collected,
+        it would be unknown here, so `Rules.stuck` would queue it and this node would vote
+        to DROP what it committed; once every correct node had collected it, the checkpoint
+        would drop it and its conflicting dependent would commit too (docs/LEADERLESS.md
+        "Garbage collection")."""
+        return {c for record in self._store.pending()
+                for e in record.endorsements.values() for c in e.conditions}
 

@@ -1,8 +1,8 @@
 """Wire types of the leaderless state transfer (`state_transfer.py`, docs/LEADERLESS.md
-"State transfer"): codec ids 330-333.
+"State transfer"): codec ids 330-334.
 
-Owns: `CheckpointQuery`, `CheckpointDescriptor`, `FetchCheckpoint`, `CheckpointChunk` and
-their ids `TRANSFER_MESSAGES` (merged into `messages.LEADERLESS_MESSAGES`).
+Owns: `CheckpointQuery`, `CheckpointDescriptor`, `CheckpointDescriptors`, `FetchCheckpoint`,
+`CheckpointChunk` and their ids `TRANSFER_MESSAGES` (merged into `messages.LEADERLESS_MESSAGES`).
 
 None is signed: each counts as its sender's, which the transport authenticates
 (`Receive.src`). Trust comes from agreement and hashing, not signatures: a node installs a
@@ -48,6 +48,15 @@ class CheckpointDescriptor(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointDescriptors(Message):
+    """The answer to a `CheckpointQuery` of a node that vouches for several of the
+    checkpoints it retains (newest first; at most `state_transfer.RETAINED`; one is sent as
+    a plain `CheckpointDescriptor`). Each counts as one report of its sender."""
+
+    descriptors: tuple[CheckpointDescriptor, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FetchCheckpoint(Message):
     """Ask for the bytes of the checkpoint `state_digest` from `offset` on."""
 
@@ -69,5 +78,6 @@ TRANSFER_MESSAGES: dict[int, type] = {
     331: CheckpointDescriptor,
     332: FetchCheckpoint,
     333: CheckpointChunk,
+    334: CheckpointDescriptors,
 }
-"""Stable codec ids (never renumber); 334-339 are free for more state-transfer messages."""
+"""Stable codec ids (never renumber); 335-339 are free for more state-transfer messages."""

@@ -123,6 +123,11 @@ def add_run_command(
                    metavar="{" + ",".join(protocol_names()) + "}",
                    help=f"the cluster's protocol (default: {DEFAULT_PROTOCOL}); with --shards, "
                         "one per shard, comma-separated, or one for both (default pbft,raft)")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   dest="options",
+                   help="an option of the protocol's core for the cluster's `cluster init` "
+                        "(repeatable; checked by the protocol), e.g. --protocol leaderless "
+                        "--option stuck_resolution=pbft")
     p.add_argument("--nodes", type=int_between(1, MAX_NODES), default=None,
                    help="nodes in the cluster (default 5; with --shards, in each shard: "
                         "default the protocol's smallest cluster of at least 3)")
@@ -180,11 +185,25 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     from phalanx.jepsen.linearizability import UNKNOWN
 
     out = console if console is not None else Console()
+    protocol_options: dict[str, str] = {}
+    for item in args.options:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            print_error("phalanx jepsen run", f"--option {item}: expected NAME=VALUE, e.g. "
+                        "--option stuck_resolution=pbft")
+            return EXIT_USAGE
+        protocol_options[name] = value
     if args.workload == GOSSIP_WORKLOAD and args.shards == 1:
+        if protocol_options:
+            print_error("phalanx jepsen run", "--option is not supported with --workload gossip")
+            return EXIT_USAGE
         return _run_gossip(args, out)
     if args.rate is None:
         args.rate = RATE_DEFAULT
     if args.shards > 1 or args.workload == SHARDS_WORKLOAD:
+        if protocol_options:
+            print_error("phalanx jepsen run", "--option is not supported with --shards")
+            return EXIT_USAGE
         return _run_shards(args, out)
     if args.gossip_bug:
         print("phalanx jepsen run: error: --gossip-bug needs --workload gossip",
@@ -229,8 +248,9 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
             time_s=args.time, rate=args.rate, concurrency=args.concurrency, seed=args.seed,
             store=args.store, keys=args.keys, ops_per_key=args.ops_per_key,
             nemesis_scale=args.nemesis_scale, byzantine=args.byzantine,
-            expect_violation=args.expect_violation)
-    except ByzantinePlanError as e:
+            expect_violation=args.expect_violation,
+            protocol_options=tuple(sorted(protocol_options.items())))
+    except (ByzantinePlanError, ValueError) as e:
         print_error("phalanx jepsen run", str(e))
         return EXIT_USAGE
     try:

@@ -41,7 +41,7 @@ import contextlib
 import os
 import random
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -362,15 +362,18 @@ class PreparedCluster:
 def prepare_cluster(directory: Path, *, nodes: int, protocol: str = DEFAULT_PROTOCOL,
                     timing: TimingConfig = HARNESS_TIMING, checkpoint_every: int = 500,
                     app: str = DEFAULT_APP, services: Sequence[str] = (),
-                    extra_ports: int = 0, avoid: int | None = None) -> PreparedCluster:
+                    extra_ports: int = 0, avoid: int | None = None,
+                    protocol_options: Mapping[str, str] | None = None) -> PreparedCluster:
     """`init_cluster` in `directory` on free ports (`extra_ports` more for twins; at least
-    300 ports away from `avoid`, another cluster's base port)."""
+    300 ports away from `avoid`, another cluster's base port); `protocol_options` go into
+    the ``[protocol]`` table (`cluster init --option`)."""
     base_port = find_free_base_port(nodes + extra_ports)
     while avoid is not None and abs(base_port - avoid) < 300:
         base_port = find_free_base_port(nodes + extra_ports)
     config = init_cluster(directory, protocol=protocol, nodes=nodes,
                           base_port=base_port, fsync="group", timing=timing,
-                          checkpoint_every=checkpoint_every, app=app, services=services)
+                          checkpoint_every=checkpoint_every, app=app, services=services,
+                          protocol_options=protocol_options)
     return PreparedCluster(config=config, base_port=base_port)
 
 
@@ -388,18 +391,20 @@ async def open_real_cluster(
     byzantine: ByzantinePlan | None = None,
     app: str = DEFAULT_APP,
     prepared: PreparedCluster | None = None,
+    protocol_options: Mapping[str, str] | None = None,
 ) -> AsyncIterator[RealCluster]:
     """Create, start and finally stop a proxied cluster in `directory` (see module docstring).
 
     `byzantine`: nodes that run ``--byzantine MODE`` and nodes that are twinned (module
     docstring). `prepared`: a cluster `prepare_cluster` already initialised in `directory`
     (e.g. with services, linked to another one before either starts); `nodes`, `protocol`,
-    `timing`, `checkpoint_every` and `app` are then ignored."""
+    `timing`, `checkpoint_every`, `app` and `protocol_options` are then ignored."""
     plan = byzantine if byzantine is not None else ByzantinePlan()
     if prepared is None:
         prepared = prepare_cluster(directory, nodes=nodes, protocol=protocol, timing=timing,
                                    checkpoint_every=checkpoint_every, app=app,
-                                   extra_ports=len(plan.twins))
+                                   extra_ports=len(plan.twins),
+                                   protocol_options=protocol_options)
     config, base_port = prepared.config, prepared.base_port
     twin_config = _write_twin_configs(config, plan, base_port)
     targets = {n.id: (n.peer_addr.host, n.peer_addr.port) for n in config.nodes}

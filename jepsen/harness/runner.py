@@ -125,6 +125,9 @@ class RunOptions:
     """``--byzantine`` spec (`phalanx.jepsen.harness.byzantine_plan`): PBFT replicas that lie."""
     expect_violation: bool = False
     """Allow more than f Byzantine replicas: a control run that may end invalid."""
+    protocol_options: tuple[tuple[str, str], ...] = ()
+    """``--option NAME=VALUE`` pairs for the cluster's ``[protocol]`` table, checked by the
+    protocol's node (`options_problem`, as `cluster init --option`)."""
 
     def __post_init__(self) -> None:
         app = get_app(self.app)  # UnknownApp is a ValueError
@@ -139,6 +142,12 @@ class RunOptions:
         if self.nemesis_scale <= 0 or self.keys < 1 or self.ops_per_key < 1:
             raise ValueError("nemesis_scale must be > 0, keys and ops_per_key >= 1")
         self.byzantine_plan()  # raises ByzantinePlanError (a ValueError) on a bad spec
+        if self.protocol_options:
+            check = getattr(get_protocol(self.protocol).node.load(), "options_problem", None)
+            problem = (f"protocol {self.protocol} takes no --option" if check is None
+                       else check(dict(self.protocol_options)))
+            if problem is not None:
+                raise ValueError(f"--option: {problem}")
 
     def byzantine_plan(self) -> ByzantinePlan:
         """The run's Byzantine replicas, placed by the seed (`plan_byzantine`)."""
@@ -369,7 +378,8 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     async with open_real_cluster(cluster_dir, nodes=options.nodes, protocol=options.protocol,
                                  rng=random.Random(rng.getrandbits(64)),
                                  volatile_writes=LOSE_UNFSYNCED in options.faults,
-                                 byzantine=plan, app=options.app) as cluster:
+                                 byzantine=plan, app=options.app,
+                                 protocol_options=dict(options.protocol_options)) as cluster:
         if cluster.nodes != node_names:
             raise ClusterUnavailable(f"unexpected node names {cluster.nodes}")
         byz = f"; Byzantine: {plan.describe()}" if plan.nodes else ""

@@ -68,6 +68,13 @@ IDLE_CHECKPOINT_CALLS = 200
 """The replica checkpoints after this many idle ticks (~2 s) when it applied anything since
 its last checkpoint: state transfer's quiet-point checkpoints."""
 
+CUT_CHECKPOINT_EVERY = 256
+"""The replica also checkpoints at content-defined cuts, about one applied transaction in
+this many (`CheckpointPolicy.cut_every`): replicas that pass through one applied set
+checkpoint it alike, so state transfer finds f+1 matching checkpoints under constant load
+(docs/LEADERLESS.md "State transfer"). Below `catch_up.MAX_SUFFIX` (512), so the newest
+cut is usually close enough to be vouched for."""
+
 REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
 """The replica's transaction-table horizon (module docstring)."""
 
@@ -275,12 +282,13 @@ class LeaderlessNode:
         return options_problem(options)
 
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
-        # Idle checkpoints at quiet points: what state transfer serves (f+1 replicas hold
-        # checkpoints of one applied set when each checkpoints after the same burst).
+        # What state transfer serves: idle checkpoints at quiet points (f+1 replicas hold
+        # checkpoints of one applied set when each checkpoints after the same burst) and
+        # content-defined cuts under load (replicas passing through one set checkpoint it).
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
                                 every_bytes=config.checkpoint.every_bytes,
                                 compact_lag=compact_lag, idle_calls=IDLE_CHECKPOINT_CALLS,
-                                idle_any=True)
+                                idle_any=True, cut_every=CUT_CHECKPOINT_EVERY)
 
     def open_core_state_store(self, config: NodeConfig, sync: SyncPolicy) -> LeaderlessJournal:
         return LeaderlessJournal(config, sync)

@@ -6,6 +6,8 @@ horizon are `tests/jepsen/sim/test_leaderless_state_transfer_sim.py`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import immutables
 import pytest
 from hypothesis import given, settings
@@ -20,8 +22,10 @@ from phalanx.consensus.core import Send
 from phalanx.consensus.leaderless import state_transfer
 from phalanx.consensus.leaderless.state_transfer import StateTransfer, Verified
 from phalanx.consensus.leaderless.transfer_messages import (
+    TRANSFER_MESSAGES,
     CheckpointChunk,
     CheckpointDescriptor,
+    CheckpointDescriptors,
     CheckpointQuery,
     FetchCheckpoint,
 )
@@ -75,8 +79,7 @@ class Net:
     """Four `StateTransfer`s (f = 1) wired by hand; `serve` gives each server its data."""
 
     def __init__(self, *, check_digest: bool = True) -> None:
-        wire.register_all({330: CheckpointQuery, 331: CheckpointDescriptor,
-                           332: FetchCheckpoint, 333: CheckpointChunk})
+        wire.register_all(TRANSFER_MESSAGES)
         self.drops: dict[NodeId, list[str]] = {n: [] for n in NODES}
         self.machines = {n: StateTransfer(
             fmt=FMT, peers=tuple(p for p in NODES if p != n), faults=1, every=2,
@@ -84,6 +87,8 @@ class Net:
         self.forged: dict[NodeId, bytes] = {}
         self.verified: list[Verified] = []
         self.applied: dict[NodeId, int] = {}
+        self.vouch: dict[NodeId, Callable[[int], bool]] = {}
+        """A node's vouch rule (default: its current state only, `at`)."""
 
     def take(self, node: NodeId, index: int, data: bytes) -> None:
         """`node` checkpointed at `index` and applied nothing since (a quiet point)."""
@@ -98,8 +103,8 @@ class Net:
             to = send.to
             m = self.machines[to]
             if isinstance(msg, CheckpointQuery):
-                out = m.on_query(frm, self.applied.get(to, 0))
-            elif isinstance(msg, CheckpointDescriptor):
+                out = m.on_query(frm, self.vouch.get(to) or at(self.applied.get(to, 0)))
+            elif isinstance(msg, CheckpointDescriptor | CheckpointDescriptors):
                 out = m.on_descriptor(frm, msg)
             elif isinstance(msg, FetchCheckpoint):
                 out = m.on_fetch(frm, msg)
@@ -192,15 +197,53 @@ def test_bad_requests_and_chunks_are_dropped_not_raised() -> None:
                                        "unexpected_checkpoint_chunk", "oversized_checkpoint"]
 
 
+def at(applied: int) -> Callable[[int], bool]:
+    """The core's vouch rule at a quiet point: only the current state."""
+    return lambda index: index == applied
+
+
 def test_a_node_without_a_checkpoint_still_answers() -> None:
     """`NO_CHECKPOINT`: the asker hears an answer (its silence detector) and records no vote."""
     net = Net()
     m = net.machines[NodeId("n1")]
-    assert [s.message for s in m.on_query(NodeId("n2"), 0)] == [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), at(0))] == [state_transfer.NO_CHECKPOINT]
     net.take(NodeId("n1"), 5, checkpoint(5, b"v"))
-    assert [s.message for s in m.on_query(NodeId("n2"), 6)] == [state_transfer.NO_CHECKPOINT]
-    assert [s.message for s in m.on_query(NodeId("n2"), 5)] != [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), at(6))] == [state_transfer.NO_CHECKPOINT]
+    assert [s.message for s in m.on_query(NodeId("n2"), at(5))] != [state_transfer.NO_CHECKPOINT]
     net.machines[NodeId("n2")].want("test")
     assert net.machines[NodeId("n2")].on_descriptor(NodeId("n1"),
                                                     state_transfer.NO_CHECKPOINT) == []
     assert net.drops[NodeId("n2")] == []
+
+
+def test_a_retained_checkpoint_two_peers_share_is_agreed() -> None:
+    """Under load: n1 and n2 both checkpointed one applied set (a cut), then each a newer,
+    different one. Each vouches for the checkpoints it retains (`RETAINED`, newest first:
+    `CheckpointDescriptors`), so the shared older one has f+1 reports and n4 installs it.
+    With only the current state vouched for (the quiet-point rule) nothing is agreed."""
+    for only_current in (False, True):
+        net = Net()
+        shared = checkpoint(5, b"cut", (b"a" * 32, b"b" * 32))
+        for n, value in ((NodeId("n1"), b"x"), (NodeId("n2"), b"y")):
+            net.take(n, 5, shared)
+            net.take(n, 8, checkpoint(8, value, (b"a" * 32, b"b" * 32, value * 32)))
+            net.applied[n] = 9
+            if not only_current:
+                net.vouch[n] = lambda index: True
+        net.run(NodeId("n4"))
+        if only_current:
+            assert net.verified == []
+        else:
+            assert [v.data for v in net.verified] == [FMT.rebase(shared, 0)]
+
+
+def test_only_the_last_retained_checkpoints_are_served() -> None:
+    net = Net()
+    n1 = net.machines[NodeId("n1")]
+    for i in range(1, state_transfer.RETAINED + 2):
+        net.take(NodeId("n1"), i, checkpoint(i, b"v%d" % i))
+    (answer,) = [s.message for s in n1.on_query(NodeId("n4"), lambda index: True)]
+    assert isinstance(answer, CheckpointDescriptors)
+    expect = [FMT.describe(checkpoint(i, b"v%d" % i)) for i in
+              range(state_transfer.RETAINED + 1, 1, -1)]
+    assert list(answer.descriptors) == [d.descriptor for d in expect if d is not None]
