@@ -73,15 +73,21 @@ _UP_EPILOG = """\
 examples:
   phalanx cluster up ./demo-cluster
   phalanx cluster up ./demo-cluster --node n1 --node n2
+  phalanx cluster up ./demo-cluster --node n2      # restart n2 after it died or was killed
 
 Runs every node (`phalanx node run DIR/nodes/<id>.toml`) as a subprocess, logging to
 DIR/logs/<id>.log, with its pid in DIR/run/<id>.pid. Ctrl-C (or SIGTERM) stops them:
 SIGTERM to each node, then SIGKILL after --grace seconds. A node that dies is reported
-and not restarted; `up` exits when all nodes have exited.
+and not restarted (restart it with a second `cluster up DIR --node ID`, in another
+terminal); `up` exits when all its nodes have exited.
+
+A node whose pid file names a live process is already running: `up` refuses to start
+any node then (two processes of one node would fight over its data directory), and it
+never deletes a pid file it did not write.
 
 exit status: 0 every node stopped cleanly on request; 1 a node failed or stopped on an
-error; 2 usage error (no cluster at DIR, an unknown --node, a node config that does not
-load, a missing certificate or key file): no node was started.
+error; 2 usage error (no cluster at DIR, an unknown --node, a node already running, a
+node config that does not load, a missing certificate or key file): no node was started.
 """
 
 _LINK_EPILOG = """\
@@ -157,7 +163,8 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     )
     up.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
     up.add_argument("--node", action="append", metavar="ID", dest="nodes",
-                    help="run only this node (repeatable; default: all)")
+                    help="run only this node (repeatable; default: all): restarts a node "
+                    "that is down while the others keep running")
     up.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE,
                     metavar="SECONDS",
                     help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
@@ -259,7 +266,17 @@ def _run_up(args: argparse.Namespace) -> int:
                                f"{', '.join(m.id for m in cluster.nodes)})")
         for node_id in wanted:  # every config and credential file, before starting any
             check_files(load_node_config(cluster.node_config_path(node_id)))
+        procs = NodeProcesses(cluster)
+        live = procs.live_elsewhere(wanted)
+        if live:
+            running = procs.live_elsewhere()
+            others = [n.id for n in cluster.nodes if n.id not in running]
+            hint = (f"; start only the others with {' '.join(f'--node {n}' for n in others)}"
+                    if others else "")
+            raise ClusterError(
+                "already running: " + ", ".join(f"{n} (pid {pid})" for n, pid in live.items())
+                + f"; stop a node first to restart it (kill PID){hint}")
+        return supervise(procs, wanted, grace=args.grace)
     except (ClusterError, ConfigError) as e:
         print_error("phalanx cluster up", str(e))
         return EXIT_USAGE
-    return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
