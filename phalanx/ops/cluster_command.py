@@ -24,6 +24,7 @@ from phalanx.ops.local_cluster import (
     NodeProcesses,
     add_client_key,
     ephemeral_overlap_warning,
+    fault_tolerance_warning,
     init_cluster,
     open_cluster,
     supervise,
@@ -65,8 +66,11 @@ quorum certificates a light client checks (docs/CHAIN.md); set enabled = false t
 service signs its rumors, a signing key per node (DIR/nodes/<id>.signing.key) whatever the
 protocol. Use it with `phalanx gossip --cluster DIR`.
 
-exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
-nothing was created.
+Refuses a layout with a port some process already listens on; warns (and creates the
+cluster) when the size tolerates no fault: 2 Raft nodes, 3 PBFT replicas.
+
+exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable, a
+port in use): nothing was created.
 """
 
 _UP_EPILOG = """\
@@ -206,16 +210,17 @@ def _run_init(args: argparse.Namespace) -> int:
             args.directory, protocol=args.protocol, nodes=args.nodes,
             base_port=args.base_port, host=args.host, fsync=args.fsync, app=args.app,
             services=tuple(args.services),
-            protocol_options=options,
+            protocol_options=options, refuse_busy_ports=True,
         )
     except ClusterError as e:
         print_error("phalanx cluster init", str(e))
         return EXIT_USAGE
     print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes running the "
           f"{cluster.app} app in {args.directory}")
-    warning = ephemeral_overlap_warning(args.base_port, args.nodes)
-    if warning is not None:
-        print(warning, file=sys.stderr)
+    for warning in (ephemeral_overlap_warning(args.base_port, args.nodes),
+                    fault_tolerance_warning(args.protocol, args.nodes)):
+        if warning is not None:
+            print(warning, file=sys.stderr)
     for n in cluster.nodes:
         print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
     if cluster.client_signing_key is not None:

@@ -158,6 +158,25 @@ def ephemeral_overlap_warning(base_port: int, nodes: int) -> str | None:
             f"{low - METRICS_PORT_OFFSET - nodes})")
 
 
+def busy_ports(base_port: int, nodes: int, *, host: str = DEFAULT_HOST) -> list[int]:
+    """The ports of a cluster layout at `base_port` that cannot be bound on `host` right now
+    (another process listens there). Advisory: `cluster init` refuses them."""
+    return [p for p in cluster_ports(base_port, nodes) if not ports_free(host, (p,))]
+
+
+def fault_tolerance_warning(protocol: str, nodes: int) -> str | None:
+    """A warning when `nodes` nodes of `protocol` tolerate no fault although there are
+    several of them (2 Raft nodes: a majority of 2 is both; 3 PBFT replicas: 2f+1 of 3f+1
+    with f = 0), naming the smallest size that tolerates one. A single node is a
+    deliberate experiment and gets none."""
+    spec = protocol_spec(protocol)
+    if nodes < 2 or spec.max_faults(nodes) > 0:
+        return None
+    return (f"warning: {nodes} {protocol} nodes tolerate no fault ({spec.fault_model.value} "
+            f"faults: losing any one node stops the cluster); {spec.default_nodes} nodes "
+            f"tolerate one")
+
+
 def _check_empty(directory: Path) -> None:
     if directory.exists():
         if not directory.is_dir():
@@ -181,6 +200,7 @@ def init_cluster(
     services: Sequence[str] = (),
     service_options: Mapping[str, Mapping[str, OptionValue]] | None = None,
     protocol_options: Mapping[str, str] | None = None,
+    refuse_busy_ports: bool = False,
 ) -> ClusterConfig:
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
     config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
@@ -191,6 +211,8 @@ def init_cluster(
     signing key.
     `protocol_options` go into every config's ``[protocol]`` table, checked first by the
     protocol's node (its `options_problem`; a protocol without one takes none).
+    `refuse_busy_ports` (`phalanx cluster init`): refuse a layout with a port that another
+    process listens on now (`busy_ports`).
 
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
@@ -227,6 +249,13 @@ def init_cluster(
         raise ClusterError(str(e)) from None
     target = Path(directory).absolute()
     _check_empty(target)
+    busy = busy_ports(base_port, nodes, host=host) if refuse_busy_ports else []
+    if busy:
+        raise ClusterError(
+            f"port {busy[0]} on {host} is in use"
+            + (f" (and {len(busy) - 1} more of the layout)" if len(busy) > 1 else "")
+            + f"; the nodes of --base-port {base_port} listen on {base_port}+i, +100+i and "
+            f"+200+i: choose another --base-port")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.init-", dir=target.parent))

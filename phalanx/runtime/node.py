@@ -99,6 +99,7 @@ from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: p
 from phalanx.runtime.node_checks import (
     check_identity,
     check_node_certificate,
+    check_tls_credentials,
     record_membership,
     record_verdict,
 )
@@ -249,6 +250,7 @@ async def open_node(
     if problem is not None:
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine}: {problem}")
     check_node_certificate(config)
+    check_tls_credentials(config)
     if config.client_auth == "none":
         logger.warning("%s: INSECURE: [client] auth = \"none\": the client port does not "
                        "authenticate clients; anyone who can reach %s may read and write",
