@@ -28,6 +28,7 @@ Must not import: the CLI (`phalanx.cli.main`), the client library.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
@@ -90,11 +91,12 @@ from phalanx.runtime.driver import Driver
 from phalanx.runtime.driver_stats import DriverStatistics
 from phalanx.runtime.fault_hooks import control_file, watch_clock_rate
 from phalanx.runtime.group_commit import GroupCommitter
+from phalanx.runtime.health import HealthState, LinkCollector, serve_http, watch_health
 from phalanx.runtime.identity import (
     amnesia,
 )
 from phalanx.runtime.local_submit import LocalSubmitter
-from phalanx.runtime.metrics import NodeMetrics, serve_metrics
+from phalanx.runtime.metrics import NodeMetrics
 from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: public API
 from phalanx.runtime.node_checks import (
     check_identity,
@@ -464,9 +466,12 @@ async def open_node(
             "client_unauthenticated": client_port.stats.unauthenticated,
             "client_forbidden_calls": client_port.stats.forbidden_calls,
             "client_forbidden_subscriptions": client_port.stats.forbidden_subscriptions})
-        if config.metrics_listen is not None:
-            metrics_server, node.metrics_port = serve_metrics(
-                metrics.registry, config.metrics_listen.host, config.metrics_listen.port)
+        health = HealthState(peers=tuple(sorted(p.id for p in config.peers)))
+        metrics.registry.register(LinkCollector(config.id, health))
+        if config.metrics_listen is not None:  # /metrics, /health, /ready
+            metrics_server, node.metrics_port = serve_http(
+                metrics.registry, health, config.metrics_listen.host,
+                config.metrics_listen.port)
 
         # Peer messages go from the reading tasks straight into the driver's channel.
         transport.set_deliver(services.route(driver.deliver))
@@ -478,6 +483,10 @@ async def open_node(
             await nursery.start(submitter.run, driver)
             nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
+            nursery.start_soon(functools.partial(
+                watch_health, health, status=driver.status,
+                applied_index=lambda: replica.applied_index if replica else 0,
+                linked=lambda: map(str, transport.connected_peers()), spec=spec))
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
             logger.info("%s: serving peers on %s, clients on %s", config.id,

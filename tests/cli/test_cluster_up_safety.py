@@ -1,8 +1,8 @@
 """Safe `phalanx cluster up` (issue 21, item 1), on real node processes of one 1-node cluster:
 a second `cluster up` refuses to start a node that runs, leaves its pid file alone, and
 `cluster up --node N` restarts a killed node while the supervisor that lost it is still
-around; that supervisor then leaves the new node's pid file in place. Plus `live_pid`'s
-stale and reused pid files."""
+around; that supervisor then leaves the new node's pid file in place; the restarted node
+answers /health and /ready (item 5). Plus `live_pid`'s stale and reused pid files."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +41,14 @@ def _pid(path: Path) -> int | None:
         return None
 
 
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -61,7 +71,8 @@ def test_second_up_refuses_and_up_node_restarts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = tmp_path / "c"
-    init_cluster(cluster, nodes=1, base_port=find_free_base_port(1))
+    base = find_free_base_port(1)
+    init_cluster(cluster, nodes=1, base_port=base)
     pid_file = cluster / "run" / "n1.pid"
     first = subprocess.Popen([*PHALANX, "cluster", "up", str(cluster), "--grace", "5"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -96,6 +107,10 @@ def test_second_up_refuses_and_up_node_restarts(
         restarted = _pid(pid_file)
         assert restarted is not None
         _wait(lambda: log.read_text().count("serving peers") == 2, "the restarted node")
+        # item 5: the restarted node is live at once, and ready once it leads (1 node)
+        http = f"http://127.0.0.1:{base + 200}"
+        assert _get(f"{http}/health") == (200, "ok\n")
+        _wait(lambda: _get(f"{http}/ready") == (200, "ready\n"), "the node to be ready")
         os.kill(first.pid, signal.SIGCONT)
         _, err = first.communicate(timeout=30)
         assert first.returncode == 1  # its only node died
