@@ -45,6 +45,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     }
     if cfg.metrics_listen is not None:
         node["metrics_listen"] = str(cfg.metrics_listen)
+    if cfg.joined:
+        node["joined"] = True
     peers: list[dict[str, object]] = []
     for p in cfg.peers:
         peer: dict[str, object] = {"id": p.id, "peer_addr": str(p.peer_addr),
@@ -53,6 +55,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
             peer["signing_public_key"] = p.signing_public_key
         if p.mac_public_key is not None:
             peer["mac_public_key"] = p.mac_public_key
+        if p.joined:
+            peer["joined"] = True
         peers.append(peer)
     doc: dict[str, object] = {
         "node": node,

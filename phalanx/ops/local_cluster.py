@@ -107,6 +107,7 @@ def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
         "client": client,
         "nodes": [
             {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr),
+             **({"joined": True} if n.joined else {}),
              # a light client verifies block certificates against these
              **({"signing_public_key": n.signing_public_key}
                 if n.signing_public_key is not None else {})}

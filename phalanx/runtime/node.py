@@ -63,6 +63,7 @@ from phalanx.net.transport import (
     max_peer_sockets,
     run_peer_transport,
 )
+from phalanx.ops import admin_messages
 from phalanx.ops.link import LinkError, intercluster_for, load_links
 from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
@@ -75,6 +76,7 @@ from phalanx.protocols import ProtocolError, UnknownProtocol
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
+from phalanx.runtime.admin_ops import AdminOps
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
@@ -260,6 +262,7 @@ async def open_node(
     protocol = spec.node.load()
     wire.register_all(spec.messages.load())
     client_protocol.register()
+    admin_messages.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     try:
@@ -426,7 +429,8 @@ async def open_node(
             driver, ssl_context=client_server_context(paths, require_client_cert=secure),
             node_id=config.id, batch_replies=True, require_client_auth=secure,
             max_frame_size=client_frame_limit(replica.max_command_bytes),
-            max_connections=max_clients, services=services)
+            max_connections=max_clients, services=services,
+            admin=AdminOps(driver, config.id, protocol, config.protocol))
         logger.info("%s: open-file limit %d: up to %d client connections (request frames "
                     "<= %d bytes), %d peer sockets", config.id, nofile, max_clients,
                     client_port.max_frame_size, max_peer_sockets(len(peers)))

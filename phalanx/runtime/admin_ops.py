@@ -1,0 +1,105 @@
+"""Admin operations on the client port (`phalanx.ops.admin_messages`): membership changes and
+leadership transfer, answered by the node's runtime.
+
+Owns: `AdminOps.answer`, which checks the caller's role (admin), reports the membership the
+core knows (a core whose status has a ``config`` `Configuration`, and a ``progress`` per peer
+with ``match=N``), and turns a change into the core's own input through its protocol's
+`ProtocolNode.admin_input(op, node, status)` hook (Raft: `ProposeConfChange`,
+`TransferLeadership`). A protocol without the hook has static membership: every change is
+answered ERROR saying so (PBFT: docs/OPERATIONS.md).
+
+Rules: a change goes to the leader only (others answer REDIRECT with the leader they know);
+the core validates it (one change at a time, learners promoted only once caught up, ...)
+and a refusal is answered ERROR with the core's reason. OK means proposed: the change takes
+effect when its configuration entries commit (`list` shows it), like any entry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from phalanx.consensus.core import CoreStatus
+from phalanx.net.client_protocol import ReplyStatus
+from phalanx.ops.admin_messages import ADMIN_OPS, AdminCall, AdminReply
+from phalanx.runtime.client_auth import ADMIN, Principal
+from phalanx.runtime.driver import Driver
+
+REFUSAL_WAIT_SECONDS: Final = 0.3
+"""How long a proposal is watched for the core's refusal before it is answered OK."""
+
+_MATCH = re.compile(r"match=(\d+)")
+
+
+def membership_reply(call: AdminCall, status: CoreStatus, node: str, *,
+                     status_code: ReplyStatus = ReplyStatus.OK,
+                     message: str = "") -> AdminReply:
+    """`status`'s membership as an `AdminReply` (empty fields for a core that keeps none)."""
+    config = getattr(status, "config", None)
+    progress: dict[str, str] = dict(getattr(status, "progress", {}) or {})
+    voters = tuple(map(str, getattr(config, "voters", ())))
+    outgoing = tuple(map(str, getattr(config, "voters_outgoing", ())))
+    learners = tuple(map(str, getattr(config, "learners", ())))
+    members = tuple(sorted({*voters, *outgoing, *learners}))
+    matched = tuple(int(m.group(1)) if (m := _MATCH.search(progress.get(p, ""))) else
+                    (status.commit_index if p == node else 0) for p in members)
+    return AdminReply(nonce=call.nonce, status=status_code, message=message, node=node,
+                      leader=str(status.leader or ""), term=status.term,
+                      commit_index=status.commit_index, voters=voters,
+                      voters_outgoing=outgoing, learners=learners, members=members,
+                      matched=matched)
+
+
+class AdminOps:
+    """Answers `AdminCall`s for one node (see the module docstring)."""
+
+    def __init__(self, driver: Driver, node_id: str, protocol_node: object,
+                 protocol: str) -> None:
+        self._driver = driver
+        self._node = node_id
+        self._protocol = protocol
+        self._admin_input: Callable[[str, str, CoreStatus], Any] | None = getattr(
+            protocol_node, "admin_input", None)
+
+    async def answer(self, call: AdminCall, principal: Principal | None) -> AdminReply:
+        status = self._driver.status()
+
+        def reply(code: ReplyStatus, message: str = "") -> AdminReply:
+            return membership_reply(call, self._driver.status(), self._node,
+                                    status_code=code, message=message)
+
+        if principal is not None and not principal.may(ADMIN):
+            return reply(ReplyStatus.FORBIDDEN, f"admin operations need role {ADMIN} (this "
+                         f"client's certificate has {principal.role})")
+        if call.op not in ADMIN_OPS:
+            return reply(ReplyStatus.ERROR, f"unknown admin operation {call.op!r} (one of "
+                         f"{', '.join(ADMIN_OPS)})")
+        if call.op == "list":
+            return reply(ReplyStatus.OK)
+        if self._admin_input is None:
+            return reply(ReplyStatus.ERROR, f"protocol {self._protocol} has static "
+                         "membership: no membership changes or leadership transfer")
+        if status.leader is None or str(status.leader) != self._node:
+            return reply(ReplyStatus.REDIRECT, "not the leader" + (
+                f"; ask {status.leader}" if status.leader is not None else
+                " (no leader known yet)"))
+        made = self._admin_input(call.op, call.node, status)
+        if isinstance(made, str):
+            return reply(ReplyStatus.ERROR, made)
+        before = getattr(status, "config", None)
+        await self._driver.control(made)
+        if call.op == "transfer":
+            return reply(ReplyStatus.OK, "transfer started")
+        deadline = trio.current_time() + REFUSAL_WAIT_SECONDS
+        while trio.current_time() < deadline:
+            now = self._driver.status()
+            if getattr(now, "config", None) != before:
+                break
+            refused = getattr(now, "conf_change_error", None)
+            if refused and now is not status:
+                return reply(ReplyStatus.ERROR, str(refused))
+            await trio.sleep(0.02)
+        return reply(ReplyStatus.OK, "proposed")
