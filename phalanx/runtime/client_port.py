@@ -249,6 +249,7 @@ class _Connection:
             math.inf)
 
     def deliver(self, reply: ClientReply | StatusReply | ClientHelloReply | ServiceReply
+                | AdminReply
                 ) -> None:
         if self.closed:
             return
