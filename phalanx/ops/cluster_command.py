@@ -109,6 +109,18 @@ exit status: 0 linked; 2 usage error (not a cluster directory, the same cluster 
 a node without a signing key): nothing was changed.
 """
 
+_ADD_NODE_EPILOG = """\
+examples:
+  phalanx cluster add-node ./c            # n4 in a cluster of n1..n3
+  phalanx cluster add-node ./c --id spare
+
+Raft only (PBFT's membership is static). The new node's config says `joined = true`: it
+starts as a learner and waits for the leader; `phalanx member add` makes it one.
+
+exit status: 0 created; 2 usage error (no cluster at DIR, a protocol with static
+membership, an id in use, no CA key in DIR/ca, a port in use): nothing was changed.
+"""
+
 _CLIENT_KEY_EPILOG = """\
 examples:
   phalanx cluster client-key ./lcluster alice
@@ -183,6 +195,19 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     key.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
     key.add_argument("name", metavar="NAME", help="the key's name (letters, digits, _ and -)")
     key.set_defaults(handler=_run_client_key)
+    add = sub.add_parser(
+        "add-node", help="lay out one more node of a Raft cluster (then: member add)",
+        description="Create the next node's certificate, data directory and config "
+                    "(DIR/nodes/<id>.toml, in the init port layout) and add it as a peer to "
+                    "every node config and to cluster.toml. Running nodes read their config "
+                    "at start-up: restart each one once so it links to the new node, start "
+                    "the new node, then add it with `phalanx member add`.",
+        epilog=_ADD_NODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
+    add.add_argument("--id", dest="node_id", metavar="ID", default=None,
+                     help="the new node's id (default: the next free n<k>)")
+    add.set_defaults(handler=_run_add_node)
     link = sub.add_parser(
         "link", help="let two clusters cluster-send to each other (public material only)",
         description="Copy each cluster's PUBLIC material (its CA certificate, its nodes' "
@@ -247,6 +272,24 @@ def _run_link(args: argparse.Namespace) -> int:
         print(f"{here}: linked cluster {there.cluster_id} ({there.name}, {there.protocol}, "
               f"n={there.n}, f={there.f}) -> {here}/links/{there.cluster_id}.toml")
     print("restart the nodes of both clusters to pick the links up")
+    return 0
+
+
+def _run_add_node(args: argparse.Namespace) -> int:
+    from phalanx.ops.add_node import add_node
+
+    try:
+        config = add_node(args.directory, args.node_id)
+    except ClusterError as e:
+        print_error("phalanx cluster add-node", str(e))
+        return EXIT_USAGE
+    d = args.directory
+    print(f"added node {config.id}: peers {config.peer_listen}, clients "
+          f"{config.client_listen}, config {d}/nodes/{config.id}.toml")
+    print("next: restart each running node once (it reads its peers at start-up), then")
+    print(f"  phalanx cluster up {d} --node {config.id}")
+    print(f"  phalanx member add {config.id} --cluster {d}")
+    print(f"  phalanx member promote {config.id} --cluster {d}   # once it has caught up")
     return 0
 
 
