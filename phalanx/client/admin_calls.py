@@ -72,14 +72,17 @@ async def admin_call(cluster: ClusterConfig, op: str, node: str = "", *,
                      seconds: float = 5.0, name: str = ADMIN_NAME,
                      prefer_leader: bool = True) -> AdminReply:
     """Run admin operation `op` on `node` (see `phalanx.ops.admin_messages`): asks the nodes
-    in turn, following REDIRECTs (and, for ``list`` with `prefer_leader`, going on to the
-    leader, which alone knows how far each member has caught up). Returns the OK reply."""
+    in turn, following REDIRECTs. For ``list`` with `prefer_leader`, the leader's answer (it
+    alone knows how far each member has caught up, and a removed node's view is stale);
+    when no node leads, the answer with the highest term and commit index. Returns the OK
+    reply."""
     client_protocol.register()
     admin_messages.register()
     context = admin_context(cluster, name)
     peers = {n.id: n for n in cluster.nodes}
     order = list(peers)
     last: str = "no node answered"
+    best: AdminReply | None = None
     with trio.move_on_after(seconds):
         while True:
             for first in order:
@@ -104,11 +107,19 @@ async def admin_call(cluster: ClusterConfig, op: str, node: str = "", *,
                             break
                         target = leader
                         continue
-                    if (op == "list" and prefer_leader and leader and leader != target
-                            and hops < _MAX_HOPS):
-                        target = leader
-                        continue
+                    if op == "list" and prefer_leader and reply.leader != reply.node:
+                        # not the leader's view (a removed or partitioned node may know
+                        # none): go to the leader it names, else keep the best and go on
+                        if best is None or (reply.term, reply.commit_index) > (
+                                best.term, best.commit_index):
+                            best = reply
+                        if leader and leader != target and hops < _MAX_HOPS:
+                            target = leader
+                            continue
+                        break
                     return reply
+            if best is not None:
+                return best
             await trio.sleep(0.2)  # every node down or leaderless: try again
     raise ClientTimeout(f"admin {op}: no answer within {seconds:g} s", last_error=last)
 

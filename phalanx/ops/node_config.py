@@ -203,11 +203,17 @@ class NodeConfig:
         """Every node id of the cluster (this node and its peers), sorted."""
         return tuple(sorted({self.id, *(p.id for p in self.peers)}))
 
+    def bootstrap_voters(self) -> tuple[str, ...]:
+        """The voters of the bootstrap configuration (what a core starts from before its
+        log says otherwise), sorted: the members that did not join later (`joined`)."""
+        joined = {p.id for p in self.peers if p.joined} | ({self.id} if self.joined else set())
+        return tuple(m for m in self.members() if m not in joined)
+
     def bootstrap_learners(self) -> tuple[str, ...]:
-        """The members that joined after the cluster was created, sorted: learners of the
-        bootstrap configuration (the other members are its voters)."""
-        return tuple(sorted({*(p.id for p in self.peers if p.joined),
-                             *((self.id,) if self.joined else ())}))
+        """The learners of the bootstrap configuration: this node alone if it joined later
+        (so it never campaigns before the leader's log says what it is); a peer that joined
+        later is in no one's bootstrap configuration: `phalanx member add` adds it."""
+        return (self.id,) if self.joined else ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

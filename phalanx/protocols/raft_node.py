@@ -99,7 +99,7 @@ class RaftNode:
             raise ProtocolError(f"--byzantine {byzantine}: Raft tolerates crashes only; "
                                 "Byzantine modes need a Byzantine-tolerant protocol")
         learners = config.bootstrap_learners()  # joined later: the log says the rest
-        voters = tuple(NodeId(m) for m in config.members() if m not in learners)
+        voters = tuple(NodeId(m) for m in config.bootstrap_voters())
         if not voters:
             raise ProtocolError(f"{config.source or config.id}: every member is marked "
                                 "joined; the bootstrap configuration needs a voter")

@@ -21,6 +21,8 @@ Ready means, for every protocol (read from its `ProtocolSpec`, never its name):
     * linked to enough peers to form a quorum with them: live outbound links + itself
       >= n - f (`ProtocolSpec.max_faults`; a crash majority, 2f+1 of 3f+1 for Byzantine);
     * caught up: at most `READY_MAX_APPLY_LAG` committed entries not yet applied.
+For a core that reports its configuration (Raft: membership changes), n and the links count
+the voters in force, and a node outside the configuration is ``not a member`` (removed).
 Until the node has computed a first verdict it answers 503 ``starting``.
 
 The HTTP server runs on its own daemon thread and never touches the core or the transport.
@@ -150,9 +152,22 @@ async def watch_health(health: HealthState, *, status: Callable[[], CoreStatus],
                        spec: ProtocolSpec) -> None:
     """Recompute the node's verdict every `HEALTH_POLL_SECONDS`, in the node's trio task
     (which owns the core and the transport) so the HTTP thread only reads the result."""
-    members = len(health.peers) + 1
     while True:
+        now = status()
         up = frozenset(p for p in linked() if p in health.peers)
-        health.update(readiness_problem(status=status(), applied_index=applied_index(),
-                                        connected=len(up), members=members, spec=spec), up)
+        config = getattr(now, "config", None)  # a core that changes membership (Raft)
+        voters = {str(v) for v in getattr(config, "voters", ())}
+        if voters and str(now.node) not in voters | {
+                str(m) for m in (*config.voters_outgoing, *config.learners)}:  # type: ignore[union-attr]
+            problem: str | None = ("not a member of the configuration (removed: stop this "
+                                   "node)")
+        elif voters:  # the configuration in force, not the config file's peers
+            problem = readiness_problem(
+                status=now, applied_index=applied_index(), connected=len(up & voters),
+                members=len(voters), spec=spec)
+        else:
+            problem = readiness_problem(
+                status=now, applied_index=applied_index(), connected=len(up),
+                members=len(health.peers) + 1, spec=spec)
+        health.update(problem, up)
         await trio.sleep(HEALTH_POLL_SECONDS)
