@@ -24,6 +24,7 @@ from phalanx.ops.add_node import add_node
 from phalanx.ops.local_cluster import NodeProcesses, find_free_base_port, init_cluster
 from phalanx.ops.local_cluster import open_cluster as load_cluster
 
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
     directory = tmp_path_factory.mktemp("members") / "c"
