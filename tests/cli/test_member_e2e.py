@@ -1,7 +1,8 @@
 """Membership of a running Raft cluster (issue 21, item 2), end to end on real node
 processes with the `phalanx member` / `leader` commands in-process: a spare node laid out by
 `cluster add-node` runs as a bootstrap learner outside the configuration; `member add` makes
-it a learner (it catches up from the log or a checkpoint), `member promote` a voter through
+it a learner (it catches up through a checkpoint: the others' logs were compacted),
+`member promote` a voter through
 joint consensus, the leader is moved onto it, another node is removed; every acknowledged
 key stays readable, and the removed node is not ready (/ready answers 503).
 
@@ -10,6 +11,7 @@ take 13-23 s on a busy machine."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -71,7 +73,13 @@ def test_add_promote_transfer_remove_keeps_every_acknowledged_key(
                 client.put(key, value)
                 written[key] = value
 
-        write("before", 60)  # past checkpoint_every: the log is compacted by now
+        write("before", 250)
+        # Every node checkpointed (every 20 entries) and compacted its log to 100 entries
+        # before its checkpoint: n4, empty, can only catch up through a checkpoint.
+        code, out, err = _cli(capsys, "status", "--cluster", str(directory), "--json")
+        checkpoints = {row["node"]: row["last_checkpoint"] for row in json.loads(out)
+                       if row["node"] != "n4"}
+        assert min(checkpoints.values()) > 120, checkpoints
         code, out, err = _member(capsys, directory, "member", "list")
         assert code == 0, err
         assert "n4" not in out  # laid out and running, but not a member yet
