@@ -28,8 +28,8 @@ from phalanx.ops.admin_messages import ADMIN_OPS, AdminCall, AdminReply
 from phalanx.runtime.client_auth import ADMIN, Principal
 from phalanx.runtime.driver import Driver
 
-REFUSAL_WAIT_SECONDS: Final = 0.3
-"""How long a proposal is watched for the core's refusal before it is answered OK."""
+FENCE_SECONDS: Final = 2.0
+"""How long to wait for the core to step a proposal (it normally takes one loop pass)."""
 
 _MATCH = re.compile(r"match=(\d+)")
 
@@ -89,17 +89,28 @@ class AdminOps:
         made = self._admin_input(call.op, call.node, status)
         if isinstance(made, str):
             return reply(ReplyStatus.ERROR, made)
-        before = getattr(status, "config", None)
         await self._driver.control(made)
         if call.op == "transfer":
             return reply(ReplyStatus.OK, "transfer started")
-        deadline = trio.current_time() + REFUSAL_WAIT_SECONDS
-        while trio.current_time() < deadline:
-            now = self._driver.status()
-            if getattr(now, "config", None) != before:
-                break
-            refused = getattr(now, "conf_change_error", None)
-            if refused and now is not status:
-                return reply(ReplyStatus.ERROR, str(refused))
-            await trio.sleep(0.02)
+        # A status request queued behind the proposal is answered once the core has
+        # stepped it (one channel, in order): the core's verdict on it is then in status().
+        fence = _Fence()
+        await self._driver.request_status(0, fence)
+        with trio.move_on_after(FENCE_SECONDS):
+            await fence.done.wait()
+        # the core itself (the driver's copy is refreshed per tick); same trio thread, and
+        # the core is stepped synchronously, so it is never read mid-step
+        refused = getattr(self._driver.core.status(), "conf_change_error", None)
+        if refused:
+            return reply(ReplyStatus.ERROR, str(refused))
         return reply(ReplyStatus.OK, "proposed")
+
+
+class _Fence:
+    """A reply target that only notes that the driver reached it."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+
+    def deliver(self, reply: object) -> None:
+        self.done.set()
