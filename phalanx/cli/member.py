@@ -117,6 +117,12 @@ def _run_member(args: argparse.Namespace) -> int:
     if cluster is None:
         return 2
     name = args.client_name or admin_calls.ADMIN_NAME
+    cert = cluster.directory / "clients" / f"{name}.pem"
+    if not (cert.is_file() and cert.with_suffix(".key").is_file()):
+        print_error(prog, f"no admin certificate {cert} (and .key): `cluster init` issues "
+                    f"clients/admin.pem; issue one with `phalanx cert issue-client NAME --role "
+                    f"admin --cluster {args.cluster}` and pass --as NAME")
+        return 2
     node: str = getattr(args, "node", "")
     op = {"add": "add-learner"}.get(args.admin_op, args.admin_op)
     done: dict[str, Callable[[AdminReply], bool]] = {
@@ -141,7 +147,8 @@ def _run_member(args: argparse.Namespace) -> int:
         print_error(prog, f"refused: {e}")
         return EXIT_REFUSED
     except ClientTimeout as e:
-        print_error(prog, f"{e}; the change may be under way: run `phalanx member list`")
+        print_error(prog, f"{e}; is the cluster up?" if op == "list" else
+                    f"{e}; the change may be under way: run `phalanx member list`")
         return EXIT_INDETERMINATE
     if op == "list":
         print(_table(reply))

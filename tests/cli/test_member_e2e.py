@@ -83,6 +83,9 @@ def test_add_promote_transfer_remove_keeps_every_acknowledged_key(
         code, out, err = _member(capsys, directory, "member", "list")
         assert code == 0, err
         assert "n4" not in out  # laid out and running, but not a member yet
+        code, _, err = _member(capsys, directory, "member", "add", "n4", "--as", "client")
+        assert code == 6  # a read-write certificate may not change the membership
+        assert "admin operations need role admin" in err
         code, out, err = _member(capsys, directory, "member", "add", "n4")
         assert code == 0, err
         assert "add n4: done" in out
