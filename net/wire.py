@@ -20,6 +20,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
     600-699    inter-cluster / cluster-sending (600-629 `phalanx.clustersend.messages.
                CLUSTERSEND_MESSAGES`; 620-621 and 627-629 the announce service's,
                `phalanx.services.announce_node` and `.announce_api`)
+    710-719    client admin operations (710-711 `phalanx.ops.admin_messages`: membership
+               and leadership transfer)
     1000-1999  plug-in protocols outside this repository, and test-only protocols
     =========  ==================================================================
 
@@ -66,6 +68,7 @@ RANGES: Final[Mapping[str, range]] = MappingProxyType(
         "apps": range(400, 500),
         "runtime": range(500, 600),
         "intercluster": range(600, 700),
+        "admin": range(710, 720),
         "plugins": range(1000, 2000),
     }
 )

@@ -140,6 +140,10 @@ def test_toml_writer_escapes_strings() -> None:
 
     doc = {"a": {"s": 'quote " and \\ backslash', "n": 3, "b": True, "l": ["x", "y"]}}
     assert tomllib.loads(dumps_toml(doc)) == doc
+    # control characters (the hand-written writer tomli-w replaced left them raw)
+    tricky = {"t": {"path": "a\nb\tc\x00d\x1b\x7f", "k": "\u2028 é"},
+              "nested": {"sub": {"weird key\n": "v"}}}
+    assert tomllib.loads(dumps_toml(tricky)) == tricky
 
 
 def test_a_config_without_a_checkpoint_table_gets_the_documented_defaults(

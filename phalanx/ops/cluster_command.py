@@ -24,6 +24,7 @@ from phalanx.ops.local_cluster import (
     NodeProcesses,
     add_client_key,
     ephemeral_overlap_warning,
+    fault_tolerance_warning,
     init_cluster,
     open_cluster,
     supervise,
@@ -65,23 +66,32 @@ quorum certificates a light client checks (docs/CHAIN.md); set enabled = false t
 service signs its rumors, a signing key per node (DIR/nodes/<id>.signing.key) whatever the
 protocol. Use it with `phalanx gossip --cluster DIR`.
 
-exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable):
-nothing was created.
+Refuses a layout with a port some process already listens on; warns (and creates the
+cluster) when the size tolerates no fault: 2 Raft nodes, 3 PBFT replicas.
+
+exit status: 0 created; 2 usage error (bad arguments, DIR not empty or not creatable, a
+port in use): nothing was created.
 """
 
 _UP_EPILOG = """\
 examples:
   phalanx cluster up ./demo-cluster
   phalanx cluster up ./demo-cluster --node n1 --node n2
+  phalanx cluster up ./demo-cluster --node n2      # restart n2 after it died or was killed
 
 Runs every node (`phalanx node run DIR/nodes/<id>.toml`) as a subprocess, logging to
 DIR/logs/<id>.log, with its pid in DIR/run/<id>.pid. Ctrl-C (or SIGTERM) stops them:
 SIGTERM to each node, then SIGKILL after --grace seconds. A node that dies is reported
-and not restarted; `up` exits when all nodes have exited.
+and not restarted (restart it with a second `cluster up DIR --node ID`, in another
+terminal); `up` exits when all its nodes have exited.
+
+A node whose pid file names a live process is already running: `up` refuses to start
+any node then (two processes of one node would fight over its data directory), and it
+never deletes a pid file it did not write.
 
 exit status: 0 every node stopped cleanly on request; 1 a node failed or stopped on an
-error; 2 usage error (no cluster at DIR, an unknown --node, a node config that does not
-load, a missing certificate or key file): no node was started.
+error; 2 usage error (no cluster at DIR, an unknown --node, a node already running, a
+node config that does not load, a missing certificate or key file): no node was started.
 """
 
 _LINK_EPILOG = """\
@@ -97,6 +107,18 @@ Linking again replaces the old link (after addresses or keys changed).
 
 exit status: 0 linked; 2 usage error (not a cluster directory, the same cluster twice,
 a node without a signing key): nothing was changed.
+"""
+
+_ADD_NODE_EPILOG = """\
+examples:
+  phalanx cluster add-node ./c            # n4 in a cluster of n1..n3
+  phalanx cluster add-node ./c --id spare
+
+Raft only (PBFT's membership is static). The new node's config says `joined = true`: it
+starts as a learner and waits for the leader; `phalanx member add` makes it one.
+
+exit status: 0 created; 2 usage error (no cluster at DIR, a protocol with static
+membership, an id in use, no CA key in DIR/ca, a port in use): nothing was changed.
 """
 
 _CLIENT_KEY_EPILOG = """\
@@ -160,7 +182,8 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     )
     up.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
     up.add_argument("--node", action="append", metavar="ID", dest="nodes",
-                    help="run only this node (repeatable; default: all)")
+                    help="run only this node (repeatable; default: all): restarts a node "
+                    "that is down while the others keep running")
     up.add_argument("--grace", type=non_negative_float, default=DEFAULT_GRACE,
                     metavar="SECONDS",
                     help="time between SIGTERM and SIGKILL on stop (default: %(default)s)")
@@ -175,6 +198,19 @@ def add_cluster_command(subparsers: argparse._SubParsersAction[argparse.Argument
     key.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
     key.add_argument("name", metavar="NAME", help="the key's name (letters, digits, _ and -)")
     key.set_defaults(handler=_run_client_key)
+    add = sub.add_parser(
+        "add-node", help="lay out one more node of a Raft cluster (then: member add)",
+        description="Create the next node's certificate, data directory and config "
+                    "(DIR/nodes/<id>.toml, in the init port layout) and add it as a peer to "
+                    "every node config and to cluster.toml. Running nodes read their config "
+                    "at start-up: restart each one once so it links to the new node, start "
+                    "the new node, then add it with `phalanx member add`.",
+        epilog=_ADD_NODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add.add_argument("directory", metavar="DIR", help="a directory made by `phalanx cluster init`")
+    add.add_argument("--id", dest="node_id", metavar="ID", default=None,
+                     help="the new node's id (default: the next free n<k>)")
+    add.set_defaults(handler=_run_add_node)
     link = sub.add_parser(
         "link", help="let two clusters cluster-send to each other (public material only)",
         description="Copy each cluster's PUBLIC material (its CA certificate, its nodes' "
@@ -203,16 +239,17 @@ def _run_init(args: argparse.Namespace) -> int:
             base_port=args.base_port, host=args.host, fsync=args.fsync,
             app=_app_reference(args.app),
             services=tuple(args.services),
-            protocol_options=options,
+            protocol_options=options, refuse_busy_ports=True,
         )
     except ClusterError as e:
         print_error("phalanx cluster init", str(e))
         return EXIT_USAGE
     print(f"created {args.protocol} cluster of {len(cluster.nodes)} nodes running the "
           f"{cluster.app} app in {args.directory}")
-    warning = ephemeral_overlap_warning(args.base_port, args.nodes)
-    if warning is not None:
-        print(warning, file=sys.stderr)
+    for warning in (ephemeral_overlap_warning(args.base_port, args.nodes),
+                    fault_tolerance_warning(args.protocol, args.nodes)):
+        if warning is not None:
+            print(warning, file=sys.stderr)
     for n in cluster.nodes:
         print(f"  {n.id}: peers {n.peer_addr}, clients {n.client_addr}")
     if cluster.client_signing_key is not None:
@@ -242,6 +279,24 @@ def _run_link(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_add_node(args: argparse.Namespace) -> int:
+    from phalanx.ops.add_node import add_node
+
+    try:
+        config = add_node(args.directory, args.node_id)
+    except ClusterError as e:
+        print_error("phalanx cluster add-node", str(e))
+        return EXIT_USAGE
+    d = args.directory
+    print(f"added node {config.id}: peers {config.peer_listen}, clients "
+          f"{config.client_listen}, config {d}/nodes/{config.id}.toml")
+    print("next: restart each running node once (it reads its peers at start-up), then")
+    print(f"  phalanx cluster up {d} --node {config.id}")
+    print(f"  phalanx member add {config.id} --cluster {d}")
+    print(f"  phalanx member promote {config.id} --cluster {d}   # once it has caught up")
+    return 0
+
+
 def _run_client_key(args: argparse.Namespace) -> int:
     try:
         path = add_client_key(args.directory, args.name)
@@ -263,10 +318,20 @@ def _run_up(args: argparse.Namespace) -> int:
                                f"{', '.join(m.id for m in cluster.nodes)})")
         for node_id in wanted:  # every config and credential file, before starting any
             check_files(load_node_config(cluster.node_config_path(node_id)))
+        procs = NodeProcesses(cluster)
+        live = procs.live_elsewhere(wanted)
+        if live:
+            running = procs.live_elsewhere()
+            others = [n.id for n in cluster.nodes if n.id not in running]
+            hint = (f"; start only the others with {' '.join(f'--node {n}' for n in others)}"
+                    if others else "")
+            raise ClusterError(
+                "already running: " + ", ".join(f"{n} (pid {pid})" for n, pid in live.items())
+                + f"; stop a node first to restart it (kill PID){hint}")
+        return supervise(procs, wanted, grace=args.grace)
     except (ClusterError, ConfigError) as e:
         print_error("phalanx cluster up", str(e))
         return EXIT_USAGE
-    return supervise(NodeProcesses(cluster), wanted, grace=args.grace)
 
 
 def _app_reference(app: str) -> str:

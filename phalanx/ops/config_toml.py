@@ -1,7 +1,6 @@
 """Writing node configuration files: `node_config_dict` (the TOML document of a `NodeConfig`,
-what `phalanx.ops.node_config.load_node_config` reads back) and `dumps_toml` (the small TOML
-subset we write: tables, one level of sub-tables, arrays of tables, strings, ints, floats,
-bools, lists of strings).
+what `phalanx.ops.node_config.load_node_config` reads back) and `dumps_toml` (any TOML document,
+written by tomli-w: every string escaped, control characters included).
 
 Invariant: `load_node_config` of what `node_config_dict` + `dumps_toml` write gives back an
 equal `NodeConfig` (tests/test_config.py round-trips it).
@@ -10,51 +9,23 @@ equal `NodeConfig` (tests/test_config.py round-trips it).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
+
+import tomli_w
 
 from phalanx.ops.node_config import KEYS_TABLE, NodeConfig
 from phalanx.services.config import service_tables_for_toml
 
 
-def _scalar(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{escaped}"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def _key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _scalar(key)
-
-
 def dumps_toml(data: Mapping[str, object]) -> str:
-    """Serialise nested mappings: top-level scalars, tables (with one level of sub-tables),
-    and arrays of tables."""
-    lines: list[str] = []
-    scalars = {k: v for k, v in data.items() if not isinstance(v, Mapping | list)
-               or (isinstance(v, list) and not any(isinstance(i, Mapping) for i in v))}
-    for k, v in scalars.items():
-        lines.append(f"{k} = {_scalar(v)}")
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            lines += ["", f"[{k}]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in v.items()
-                                       if not isinstance(iv, Mapping)]
-            for ik, iv in v.items():
-                if isinstance(iv, Mapping):
-                    lines += ["", f"[{k}.{ik}]"] + [f"{_key(sk)} = {_scalar(sv)}"
-                                                    for sk, sv in iv.items()]
-        elif isinstance(v, list) and v and all(isinstance(i, Mapping) for i in v):
-            for item in v:
-                lines += ["", f"[[{k}]]"] + [f"{ik} = {_scalar(iv)}" for ik, iv in item.items()]
-    return "\n".join(lines).lstrip("\n") + "\n"
+    """`data` (nested mappings of strings, numbers, booleans, lists and tables) as TOML.
+
+    Written by tomli-w rather than by hand: the hand-written writer this replaced did not
+    escape control characters (a newline or a NUL in a path or an option made a file that
+    `tomllib` refuses, or worse, one that reads back differently), and tomli-w is small,
+    maintained, and guarantees that `tomllib` reads back exactly what it was given."""
+    return tomli_w.dumps(data)
 
 
 def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]:
@@ -74,6 +45,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
     }
     if cfg.metrics_listen is not None:
         node["metrics_listen"] = str(cfg.metrics_listen)
+    if cfg.joined:
+        node["joined"] = True
     peers: list[dict[str, object]] = []
     for p in cfg.peers:
         peer: dict[str, object] = {"id": p.id, "peer_addr": str(p.peer_addr),
@@ -82,6 +55,8 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
             peer["signing_public_key"] = p.signing_public_key
         if p.mac_public_key is not None:
             peer["mac_public_key"] = p.mac_public_key
+        if p.joined:
+            peer["joined"] = True
         peers.append(peer)
     doc: dict[str, object] = {
         "node": node,

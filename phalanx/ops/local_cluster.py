@@ -5,10 +5,9 @@ Owns:
       node and ``cluster.toml``, laid out as `phalanx.ops.node_config` documents. The directory is
       built under a temporary sibling and renamed into place, so an interrupted init leaves
       nothing half-written behind.
-    * `NodeProcesses`: node subprocesses of one cluster (start, signal, stop with a grace
-      period, restart), each logging to ``DIR/logs/<id>.log`` and recording its pid in
-      ``DIR/run/<id>.pid`` while it runs. `phalanx cluster up`, the demo and the tests share it.
-    * `supervise`: `cluster up`'s foreground loop. The command line of both subcommands is
+    * Re-exported from `phalanx.ops.processes` (where they live): `NodeProcesses` (node
+      subprocesses, their logs and pid files), `supervise` (`cluster up`'s loop),
+      `node_command`, `ClusterError`. The command line of both subcommands is
       `phalanx.ops.cluster_command`.
 
 Port layout (``--base-port P``): node i (0-based) listens for peers on P+i, for clients on
@@ -22,7 +21,6 @@ Rules:
       started as ``python -m phalanx node run CONFIG``.
     * The PKI, signing keys and data-directory identity are imported by `init_cluster` only:
       `cluster up`, `cluster --help` and `phalanx kv` (which opens clusters) do not load them.
-    * A clean stop is SIGTERM, then SIGKILL for nodes still running after the grace period.
     * Errors the operator can fix (no cluster, non-empty directory, a directory that cannot
       be created, bad --nodes/--base-port/--host) raise `ClusterError`, which the CLI prints
       as one line on stderr with exit status 2 (`phalanx.cli.errors`).
@@ -30,26 +28,17 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from types import FrameType
-from typing import IO, Any, Final
+from typing import Final
 
 from phalanx.appspec import DEFAULT_APP, AppSpec, UnknownApp
 from phalanx.appspec import get as get_app
-from phalanx.cli.errors import (
-    OperatorError,
-)
 from phalanx.ops.config_toml import dumps_toml, node_config_dict
 from phalanx.ops.node_config import (
     CLIENT_NAME,
@@ -66,6 +55,21 @@ from phalanx.ops.node_config import (
     valid_host,
 )
 from phalanx.ops.ports import ephemeral_port_range, listen_window, ports_free
+from phalanx.ops.processes import (  # re-exported: their historical home
+    DEFAULT_GRACE as DEFAULT_GRACE,
+)
+from phalanx.ops.processes import (
+    ClusterError as ClusterError,
+)
+from phalanx.ops.processes import (
+    NodeProcesses as NodeProcesses,
+)
+from phalanx.ops.processes import (
+    node_command as node_command,
+)
+from phalanx.ops.processes import (
+    supervise as supervise,
+)
 from phalanx.protocols import DEFAULT_PROTOCOL, CallStrategy, UnknownProtocol
 from phalanx.protocols import get as protocol_spec
 from phalanx.services import UnknownService
@@ -78,14 +82,9 @@ DEFAULT_CLIENT: Final = "client"
 ROLE_CLIENTS: Final = (("admin", "admin"), ("client", "read-write"), ("reader", "read-only"))
 """The client certificates `cluster init` issues, (name, role): one per role
 (`phalanx.runtime.client_auth`). ``cluster.toml`` names the read-write one unless told otherwise."""
-DEFAULT_GRACE: Final = 10.0
 MAX_NODES: Final = 100
 CLIENT_PORT_OFFSET: Final = 100
 METRICS_PORT_OFFSET: Final = 200
-
-
-class ClusterError(OperatorError):
-    """An operator-fixable problem with a cluster directory or its processes."""
 
 
 def node_ids(count: int) -> tuple[str, ...]:
@@ -108,6 +107,7 @@ def cluster_config_dict(cluster: ClusterConfig) -> dict[str, object]:
         "client": client,
         "nodes": [
             {"id": n.id, "peer_addr": str(n.peer_addr), "client_addr": str(n.client_addr),
+             **({"joined": True} if n.joined else {}),
              # a light client verifies block certificates against these
              **({"signing_public_key": n.signing_public_key}
                 if n.signing_public_key is not None else {})}
@@ -159,6 +159,25 @@ def ephemeral_overlap_warning(base_port: int, nodes: int) -> str | None:
             f"{low - METRICS_PORT_OFFSET - nodes})")
 
 
+def busy_ports(base_port: int, nodes: int, *, host: str = DEFAULT_HOST) -> list[int]:
+    """The ports of a cluster layout at `base_port` that cannot be bound on `host` right now
+    (another process listens there). Advisory: `cluster init` refuses them."""
+    return [p for p in cluster_ports(base_port, nodes) if not ports_free(host, (p,))]
+
+
+def fault_tolerance_warning(protocol: str, nodes: int) -> str | None:
+    """A warning when `nodes` nodes of `protocol` tolerate no fault although there are
+    several of them (2 Raft nodes: a majority of 2 is both; 3 PBFT replicas: 2f+1 of 3f+1
+    with f = 0), naming the smallest size that tolerates one. A single node is a
+    deliberate experiment and gets none."""
+    spec = protocol_spec(protocol)
+    if nodes < 2 or spec.max_faults(nodes) > 0:
+        return None
+    return (f"warning: {nodes} {protocol} nodes tolerate no fault ({spec.fault_model.value} "
+            f"faults: losing any one node stops the cluster); {spec.default_nodes} nodes "
+            f"tolerate one")
+
+
 def _check_empty(directory: Path) -> None:
     if directory.exists():
         if not directory.is_dir():
@@ -182,6 +201,7 @@ def init_cluster(
     services: Sequence[str] = (),
     service_options: Mapping[str, Mapping[str, OptionValue]] | None = None,
     protocol_options: Mapping[str, str] | None = None,
+    refuse_busy_ports: bool = False,
 ) -> ClusterConfig:
     """Create a cluster directory (see `phalanx.ops.node_config` for its layout) and return its
     config. `app` (`phalanx.appspec`) is what the nodes run; its `AppSpec.init` writes the
@@ -192,6 +212,8 @@ def init_cluster(
     signing key.
     `protocol_options` go into every config's ``[protocol]`` table, checked first by the
     protocol's node (its `options_problem`; a protocol without one takes none).
+    `refuse_busy_ports` (`phalanx cluster init`): refuse a layout with a port that another
+    process listens on now (`busy_ports`).
 
     Raises:
         ClusterError: `directory` exists and is not empty, or the arguments are invalid.
@@ -228,6 +250,13 @@ def init_cluster(
         raise ClusterError(str(e)) from None
     target = Path(directory).absolute()
     _check_empty(target)
+    busy = busy_ports(base_port, nodes, host=host) if refuse_busy_ports else []
+    if busy:
+        raise ClusterError(
+            f"port {busy[0]} on {host} is in use"
+            + (f" (and {len(busy) - 1} more of the layout)" if len(busy) > 1 else "")
+            + f"; the nodes of --base-port {base_port} listen on {base_port}+i, +100+i and "
+            f"+200+i: choose another --base-port")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.init-", dir=target.parent))
@@ -402,191 +431,3 @@ def open_cluster(directory: str | Path) -> ClusterConfig:
         return load_cluster_config(path)
     except ConfigError as e:
         raise ClusterError(str(e)) from None
-
-
-# --------------------------------------------------------------------------------------------
-# Node processes
-
-
-def node_command(config_path: Path) -> list[str]:
-    """The argv that runs one node in the foreground."""
-    return [sys.executable, "-m", "phalanx", "node", "run", str(config_path)]
-
-
-@dataclass(slots=True)
-class _Running:
-    process: subprocess.Popen[bytes]
-    log: IO[bytes]
-    started: float
-
-
-class NodeProcesses:
-    """The node subprocesses of one cluster directory.
-
-    `command` maps a node's config path to the argv that runs it (default `node_command`).
-    Each node runs in its own session (so a terminal's Ctrl-C reaches only the supervisor,
-    which then stops the nodes in order), appends stdout and stderr to ``logs/<id>.log`` and
-    has its pid in ``run/<id>.pid`` while running. Not thread-safe.
-    """
-
-    def __init__(
-        self,
-        cluster: ClusterConfig,
-        *,
-        env: dict[str, str] | None = None,
-        command: Callable[[Path], list[str]] = node_command,
-    ) -> None:
-        self.cluster = cluster
-        self._env = env
-        self._command = command
-        self._running: dict[str, _Running] = {}
-        self._ids = tuple(n.id for n in cluster.nodes)
-
-    @property
-    def node_ids(self) -> tuple[str, ...]:
-        return self._ids
-
-    def log_path(self, node_id: str) -> Path:
-        return self.cluster.directory / "logs" / f"{node_id}.log"
-
-    def pid_path(self, node_id: str) -> Path:
-        return self.cluster.directory / "run" / f"{node_id}.pid"
-
-    def _check(self, node_id: str) -> None:
-        if node_id not in self._ids:
-            raise ValueError(f"no node {node_id!r} in {self.cluster.directory}")
-
-    def start(self, node_ids: Sequence[str] | None = None) -> None:
-        """Start the given nodes (default: all); a node already running is left alone."""
-        for node_id in node_ids if node_ids is not None else self._ids:
-            self._check(node_id)
-            if self.running(node_id):
-                continue
-            self._reap(node_id)
-            log_path = self.log_path(node_id)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = log_path.open("ab")
-            cmd = self._command(self.cluster.node_config_path(node_id))
-            process = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=self._env, cwd=self.cluster.directory,
-            )
-            self._running[node_id] = _Running(process=process, log=log, started=time.monotonic())
-            pid_path = self.pid_path(node_id)
-            pid_path.parent.mkdir(parents=True, exist_ok=True)
-            pid_path.write_text(f"{process.pid}\n")
-
-    def running(self, node_id: str) -> bool:
-        r = self._running.get(node_id)
-        return r is not None and r.process.poll() is None
-
-    def pid(self, node_id: str) -> int | None:
-        r = self._running.get(node_id)
-        return r.process.pid if r is not None and r.process.poll() is None else None
-
-    def exited(self) -> dict[str, int]:
-        """Nodes started by us that have exited since, with their return codes (negative:
-        killed by that signal). Reaps them."""
-        out: dict[str, int] = {}
-        for node_id in self._ids:
-            r = self._running.get(node_id)
-            if r is not None and (code := r.process.poll()) is not None:
-                out[node_id] = code
-                self._reap(node_id)
-        return out
-
-    def signal(self, node_id: str, signum: int) -> None:
-        """Send `signum` to a running node (SIGKILL: crash it)."""
-        self._check(node_id)
-        r = self._running.get(node_id)
-        if r is None or r.process.poll() is not None:
-            raise ClusterError(f"node {node_id} is not running")
-        r.process.send_signal(signum)
-
-    def kill(self, node_id: str) -> int:
-        """SIGKILL a running node and wait for it; returns its return code."""
-        self.signal(node_id, signal.SIGKILL)
-        r = self._running[node_id]
-        code = r.process.wait()
-        self._reap(node_id)
-        return code
-
-    def stop(self, *, grace: float = DEFAULT_GRACE) -> dict[str, int]:
-        """SIGTERM every running node, SIGKILL those still running after `grace` seconds.
-
-        Returns each stopped node's return code (0 for a clean shutdown).
-        """
-        live = {i: r for i, r in self._running.items() if r.process.poll() is None}
-        for r in live.values():
-            with contextlib.suppress(ProcessLookupError):
-                r.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        codes: dict[str, int] = {}
-        for node_id, r in live.items():
-            try:
-                codes[node_id] = r.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                r.process.kill()
-                codes[node_id] = r.process.wait()
-        for node_id in list(self._running):
-            if node_id not in codes and (code := self._running[node_id].process.poll()) is not None:
-                codes[node_id] = code
-            self._reap(node_id)
-        return codes
-
-    def _reap(self, node_id: str) -> None:
-        r = self._running.pop(node_id, None)
-        if r is None:
-            return
-        r.log.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.pid_path(node_id).unlink()
-
-    def __enter__(self) -> NodeProcesses:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-# --------------------------------------------------------------------------------------------
-# Command line
-
-def supervise(procs: NodeProcesses, node_ids: Sequence[str], *, grace: float) -> int:
-    """Run `node_ids` until SIGINT/SIGTERM or until all of them exit; see `cluster up`."""
-    stop_requested: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop_requested.append(signum)
-
-    previous: dict[int, Any] = {
-        s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        procs.start(node_ids)
-        for node_id in node_ids:
-            print(f"{node_id}: pid {procs.pid(node_id)}, log {procs.log_path(node_id)}",
-                  flush=True)
-        print("cluster up; Ctrl-C stops it", flush=True)
-        failed = False
-        alive = set(node_ids)
-        while alive and not stop_requested:
-            for node_id, code in procs.exited().items():
-                alive.discard(node_id)
-                failed = True
-                print(f"{node_id} exited with status {code}; see {procs.log_path(node_id)}",
-                      file=sys.stderr, flush=True)
-            time.sleep(0.1)
-        if not stop_requested:
-            return 1
-        print("stopping nodes", flush=True)
-        codes = procs.stop(grace=grace)
-        for node_id, code in sorted(codes.items()):
-            if code != 0:
-                failed = True
-                print(f"{node_id} stopped with status {code}", file=sys.stderr, flush=True)
-        return 1 if failed else 0
-    finally:
-        procs.stop(grace=grace)
-        for s, handler in previous.items():
-            signal.signal(s, handler)

@@ -112,6 +112,10 @@ class PeerConfig:
     """PBFT: the member's Ed25519 public key (hex); `phalanx.ops.signing_keys` reads it."""
     mac_public_key: str | None = None
     """PBFT: the member's X25519 public key (hex) for the pairwise MAC keys."""
+    joined: bool = False
+    """Added after the cluster was created (`phalanx cluster add-node`): not in the bootstrap
+    configuration's voters but its learners. The log's configuration entries decide after
+    that (`phalanx member promote`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,10 +196,24 @@ class NodeConfig:
     protocol_options: Mapping[str, str] = field(default_factory=dict)
     """`[protocol]`: options of the protocol's core (e.g. the leaderless core's
     ``stuck_resolution``), checked by its `ProtocolNode` at start-up and `cluster init`."""
+    joined: bool = False
+    """`[node] joined`: this node was added after the cluster was created (`PeerConfig.joined`)."""
 
     def members(self) -> tuple[str, ...]:
         """Every node id of the cluster (this node and its peers), sorted."""
         return tuple(sorted({self.id, *(p.id for p in self.peers)}))
+
+    def bootstrap_voters(self) -> tuple[str, ...]:
+        """The voters of the bootstrap configuration (what a core starts from before its
+        log says otherwise), sorted: the members that did not join later (`joined`)."""
+        joined = {p.id for p in self.peers if p.joined} | ({self.id} if self.joined else set())
+        return tuple(m for m in self.members() if m not in joined)
+
+    def bootstrap_learners(self) -> tuple[str, ...]:
+        """The learners of the bootstrap configuration: this node alone if it joined later
+        (so it never campaigns before the leader's log says what it is); a peer that joined
+        later is in no one's bootstrap configuration: `phalanx member add` adds it."""
+        return (self.id,) if self.joined else ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -362,6 +380,7 @@ def _peer(t: _Table) -> PeerConfig:
         client_addr=Address.parse(t.text("client_addr"), where=t.at("client_addr")),
         signing_public_key=t.opt_str("signing_public_key"),
         mac_public_key=t.opt_str("mac_public_key"),
+        joined=t.boolean("joined", False),
     )
 
 
@@ -459,6 +478,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         app_files=app_files,
         services=services,
         protocol_options=_options(root.table("protocol")),
+        joined=node.boolean("joined", False),
     )
     root.check_unknown()
     return config

@@ -15,15 +15,18 @@ import random
 
 from phalanx.apps.interface import wants_block_stamp
 from phalanx.apps.replica import CheckpointPolicy, Replica
-from phalanx.consensus.core import Ready, Snapshot
+from phalanx.consensus.core import CoreStatus, Ready, Snapshot
 from phalanx.consensus.raft import (
     ProposeBatch,
+    ProposeConfChange,
     RaftConfig,
     RaftCore,
     RaftRestoredState,
+    TransferLeadership,
 )
+from phalanx.consensus.raft.confchange import ConfChange, ConfChangeError
 from phalanx.consensus.raft.messages import AppendEntries
-from phalanx.consensus.types import ClientRequest, HardState, Message, NodeId
+from phalanx.consensus.types import ClientRequest, Configuration, HardState, Message, NodeId
 from phalanx.ops.node_config import NodeConfig
 from phalanx.protocols.spec import BuiltCore, CoreStateStore, ProtocolError
 from phalanx.runtime.persistence import DurableState
@@ -54,6 +57,33 @@ def notice_superseded(new: Message, held: Message) -> bool:
 class RaftNode:
     """`ProtocolNode` for Raft."""
 
+    def admin_input(self, op: str, node: str,
+                    status: CoreStatus) -> ProposeConfChange | TransferLeadership | str:
+        """The core input for admin operation `op` on `node` (`phalanx.runtime.admin_ops`),
+        or why there is none: add a learner, promote it (joint consensus), remove a voter
+        (joint) or a learner, transfer leadership."""
+        target = NodeId(node)
+        config = getattr(status, "config", None) or Configuration(voters=())
+        if op == "transfer":
+            if target not in config.voters:
+                return f"{node} is not a voter (voters: {', '.join(config.voters)})"
+            return TransferLeadership(to=target)
+        try:
+            if op == "add-learner":
+                change = ConfChange(add_learners=(target,))
+            elif op == "promote":
+                if target not in config.learners:
+                    return f"{node} is not a learner (add it with add-learner first)"
+                change = ConfChange(add_voters=(target,))
+            elif op == "remove":
+                change = (ConfChange(remove_learners=(target,)) if target in config.learners
+                          else ConfChange(remove_voters=(target,)))
+            else:
+                return f"unknown admin operation {op!r}"
+        except ConfChangeError as e:
+            return str(e)
+        return ProposeConfChange(change=change)
+
     def checkpoint_policy(self, config: NodeConfig, *, compact_lag: int) -> CheckpointPolicy:
         return CheckpointPolicy(every_entries=config.checkpoint.every_entries,
                                 every_bytes=config.checkpoint.every_bytes,
@@ -69,12 +99,17 @@ class RaftNode:
         if byzantine is not None:
             raise ProtocolError(f"--byzantine {byzantine}: Raft tolerates crashes only; "
                                 "Byzantine modes need a Byzantine-tolerant protocol")
-        voters = tuple(NodeId(m) for m in config.members())
+        learners = config.bootstrap_learners()  # joined later: the log says the rest
+        voters = tuple(NodeId(m) for m in config.bootstrap_voters())
+        if not voters:
+            raise ProtocolError(f"{config.source or config.id}: every member is marked "
+                                "joined; the bootstrap configuration needs a voter")
         snapshot = None
         if durable.snapshot is not None and durable.snapshot_data is not None:
             snapshot = Snapshot(meta=durable.snapshot, data=durable.snapshot_data)
         core = RaftCore(
             RaftConfig(node_id=NodeId(config.id), voters=voters,
+                       learners=tuple(NodeId(m) for m in learners),
                        election_ticks=config.timing.election_ticks,
                        heartbeat_ticks=config.timing.heartbeat_ticks,
                        max_inflight=pipeline_depth,

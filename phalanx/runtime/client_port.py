@@ -80,6 +80,7 @@ from phalanx.net.framing import (
     encode_frame,
 )
 from phalanx.net.tls_stream import TlsStream
+from phalanx.ops.admin_messages import AdminCall, AdminReply
 from phalanx.runtime.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
 from phalanx.services.messages import ServiceCall, ServiceReply
 
@@ -163,6 +164,12 @@ class ServiceSink(Protocol):
     def service_call(self, call: ServiceCall, principal: Principal | None) -> ServiceReply: ...
 
 
+class AdminSink(Protocol):
+    """Answers `AdminCall`s (`phalanx.runtime.admin_ops.AdminOps`)."""
+
+    async def answer(self, call: AdminCall, principal: Principal | None) -> AdminReply: ...
+
+
 @runtime_checkable
 class SubscribingSink(CallSink, Protocol):
     """A sink that can route unasked answers (`ClientWaiters.subscribe`). `subscribe` is
@@ -242,6 +249,7 @@ class _Connection:
             math.inf)
 
     def deliver(self, reply: ClientReply | StatusReply | ClientHelloReply | ServiceReply
+                | AdminReply
                 ) -> None:
         if self.closed:
             return
@@ -328,10 +336,12 @@ class ClientPort:
         handshake_burst: int = DEFAULT_HANDSHAKE_BURST,
         buffer_budget: int = DEFAULT_BUFFER_BUDGET,
         services: ServiceSink | None = None,
+        admin: AdminSink | None = None,
     ) -> None:
         """`require_client_auth=False` is the insecure mode: pass a context that does not
         require client certificates (`phalanx.ops.pki.client_server_context`) with it.
-        `services` answers `ServiceCall`s (none: each is answered ERROR)."""
+        `services` answers `ServiceCall`s (none: each is answered ERROR); `admin` answers
+        `AdminCall`s (`phalanx.runtime.admin_ops`; none: ERROR)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         if require_client_auth and ssl_context.verify_mode != ssl.CERT_REQUIRED:
@@ -340,6 +350,7 @@ class ClientPort:
         self.require_client_auth = require_client_auth
         self._sink = sink
         self._services = services
+        self._admin = admin
         self._context = ssl_context
         self._node_id = node_id
         self.max_frame_size = max_frame_size
@@ -515,6 +526,14 @@ class ClientPort:
                             nonce=message.nonce, status=ReplyStatus.ERROR,
                             message="this node runs no services") if self._services is None
                             else self._services.service_call(message, conn.principal))
+                        conn.flush()
+                    elif isinstance(message, AdminCall):
+                        await conn.slots.acquire()
+                        conn.deliver(AdminReply(
+                            nonce=message.nonce, status=ReplyStatus.ERROR,
+                            message="this node answers no admin operations")
+                            if self._admin is None
+                            else await self._admin.answer(message, conn.principal))
                         conn.flush()
                     else:
                         st.unexpected_messages += 1

@@ -281,6 +281,11 @@ class Driver(CallAdmission, PersistPipeline):
     async def request_status(self, nonce: int, target: ReplyTarget) -> None:
         await self._put(StatusInput(nonce, target))
 
+    async def control(self, inp: object) -> None:
+        """An operator's input for the core itself (`phalanx.runtime.admin_ops`: Raft's
+        `ProposeConfChange`, `TransferLeadership`), stepped in channel order."""
+        await self._put(inp)  # type: ignore[arg-type]  # the protocol's own input type
+
     def disconnected(self, target: ReplyTarget) -> None:
         """Forget `target`'s waiters (its connection closed); never blocks."""
         # A full channel: its waiters are dropped when answered (`deliver` no-ops then).

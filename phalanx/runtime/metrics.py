@@ -16,6 +16,9 @@ Families:
     phalanx_term, phalanx_is_leader   gauges
     phalanx_peer_bytes_in_total / _out_total, phalanx_client_bytes_in_total / _out_total
     phalanx_peer_queue_drops_total    messages refused by a full per-peer send queue
+    phalanx_peer_link_up{peer}        1 while the outbound link to that peer is up
+                                      (`phalanx.runtime.health`)
+    and the counters in `COUNTER_HELP`, each with a HELP line saying what it counts.
 
 Must not import: trio, consensus cores. The driver calls the `on_*` hooks from its one task;
 they only update plain Python numbers (no prometheus-client metric objects, whose every
@@ -29,8 +32,8 @@ that instant (a histogram's count is the sum of its buckets, so it is always con
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -47,8 +50,42 @@ FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
 
+COUNTER_HELP: Final[Mapping[str, str]] = {
+    "peer_bytes_in": "Bytes received from peers over their mTLS links (TLS payload)",
+    "peer_bytes_out": "Bytes sent to peers over their mTLS links (TLS payload)",
+    "client_bytes_in": "Bytes received from clients on the client port",
+    "client_bytes_out": "Bytes sent to clients on the client port",
+    "peer_queue_drops": "Messages to a peer dropped because its bounded send queue was full",
+    "driver_steps": "Inputs stepped through the consensus core (messages, ticks, calls)",
+    "driver_io_batches": "Group-commit batches handed to storage (one fsync each, or none)",
+    "driver_proposal_batches": "Batches of client requests proposed to the core together",
+    "driver_client_redirects": "Client calls answered REDIRECT (this node does not lead)",
+    "driver_client_retries": "Client calls answered RETRY (no leader known, or leadership lost)",
+    "driver_duplicate_calls": "Client calls that repeated one already waiting here",
+    "driver_overloaded_calls": "Writes answered RETRY because too many calls were waiting",
+    "driver_slow_passes": "Core-loop passes that took longer than a few ticks (late heartbeats)",
+    "driver_lazy_messages": "Commit notices held for the next message to their peer",
+    "driver_superseded_messages": "Held commit notices dropped: a newer message said as much",
+    "driver_refused_calls": "Client calls refused on arrival (oversized), never proposed",
+    "client_connections_shed": "Client connections closed at once: the connection cap was full",
+    "client_handshakes_shed": "Pending client TLS handshakes shed for newer ones (flood defence)",
+    "client_handshake_rate_waits": "Client handshakes that waited for the handshake rate limit",
+    "client_budget_closes": "Client connections closed for exceeding the partial-frame budget",
+    "peer_connections_shed": "Inbound peer connections shed by the connection gate",
+    "peer_frames_out": "Frames written to peers",
+    "peer_direct_write_calls": "Socket writes to peers made directly from the core's task",
+    "client_handshake_failures": "Client TLS handshakes that failed (no certificate, wrong CA)",
+    "client_unauthenticated": "Client connections without a phalanx client identity",
+    "client_forbidden_calls": "Client calls refused FORBIDDEN by the certificate's role",
+    "client_forbidden_subscriptions": "ClientHellos for another client's session, refused",
+}
+"""What each counter a node registers with `NodeMetrics.add_byte_source` counts (its HELP
+line on the metrics page); a name without an entry gets a generic one."""
+
+
 class _Bytes(Collector):
-    """Byte counters read at scrape time from `source()` -> {name: value}."""
+    """Counters read at scrape time from `source()` -> {name: value}, each exported as
+    ``phalanx_<name>_total`` with its `COUNTER_HELP` line."""
 
     def __init__(self, node: str, source: Callable[[], dict[str, int]]) -> None:
         self._node = node
@@ -56,8 +93,8 @@ class _Bytes(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         for name, value in sorted(self._source().items()):
-            family = CounterMetricFamily(f"phalanx_{name}", f"phalanx {name.replace('_', ' ')}",
-                                         labels=["node"])
+            doc = COUNTER_HELP.get(name, f"phalanx {name.replace('_', ' ')} (a counter)")
+            family = CounterMetricFamily(f"phalanx_{name}", doc, labels=["node"])
             family.add_metric([self._node], value)
             yield family
 
@@ -166,20 +203,27 @@ class _NodeCollector(Collector):
             return family
 
         commit, applied = m.commit_index, m.applied_index
-        yield counter("phalanx_commits", "Entries applied after commit", m.commits)
-        yield gauge("phalanx_commit_index", "Commit index", commit)
-        yield gauge("phalanx_applied_index", "Applied index", applied)
-        yield gauge("phalanx_apply_lag", "Commit index minus applied index",
-                    max(0, commit - applied))
+        yield counter("phalanx_commits", "Committed entries this node applied to its state "
+                      "machine", m.commits)
+        yield gauge("phalanx_commit_index", "Highest log index (Raft) or sequence number (PBFT) "
+                    "this node knows committed", commit)
+        yield gauge("phalanx_applied_index", "Highest committed index applied to the state "
+                    "machine here", applied)
+        yield gauge("phalanx_apply_lag", "Committed entries not yet applied here (commit index "
+                    "minus applied index)", max(0, commit - applied))
         yield m.fsync_seconds.family("phalanx_fsync_seconds",
-                                     "Persist + fsync time of one group-commit batch", m.node)
+                                     "Seconds to persist and fsync one group-commit batch",
+                                     m.node)
         yield m.fsync_batch_readys.family("phalanx_fsync_batch_readys",
-                                          "Readys made durable per fsync", m.node)
-        yield counter("phalanx_elections", "Terms this node saw begin", m.elections)
-        yield counter("phalanx_leader_changes", "Changes of the known leader",
-                      m.leader_changes)
-        yield gauge("phalanx_term", "Current term", m.term)
-        yield gauge("phalanx_is_leader", "1 when this node is leader", m.is_leader)
+                                          "Core outputs (Readys) made durable by one fsync",
+                                          m.node)
+        yield counter("phalanx_elections", "Terms (Raft) or views (PBFT) this node saw begin, "
+                      "won or not", m.elections)
+        yield counter("phalanx_leader_changes", "Times the leader or primary this node knows "
+                      "changed to another node", m.leader_changes)
+        yield gauge("phalanx_term", "Current term (Raft) or view (PBFT)", m.term)
+        yield gauge("phalanx_is_leader", "1 while this node leads (Raft leader, PBFT primary), "
+                    "else 0", m.is_leader)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:

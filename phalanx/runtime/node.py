@@ -28,6 +28,7 @@ Must not import: the CLI (`phalanx.cli.main`), the client library.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Mapping
@@ -62,6 +63,7 @@ from phalanx.net.transport import (
     max_peer_sockets,
     run_peer_transport,
 )
+from phalanx.ops import admin_messages
 from phalanx.ops.link import LinkError, intercluster_for, load_links
 from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
@@ -74,6 +76,7 @@ from phalanx.protocols import ProtocolError, UnknownProtocol
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
+from phalanx.runtime.admin_ops import AdminOps
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
@@ -90,15 +93,17 @@ from phalanx.runtime.driver import Driver
 from phalanx.runtime.driver_stats import DriverStatistics
 from phalanx.runtime.fault_hooks import control_file, watch_clock_rate
 from phalanx.runtime.group_commit import GroupCommitter
+from phalanx.runtime.health import HealthState, LinkCollector, serve_http, watch_health
 from phalanx.runtime.identity import (
     amnesia,
 )
 from phalanx.runtime.local_submit import LocalSubmitter
-from phalanx.runtime.metrics import NodeMetrics, serve_metrics
+from phalanx.runtime.metrics import NodeMetrics
 from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: public API
 from phalanx.runtime.node_checks import (
     check_identity,
     check_node_certificate,
+    check_tls_credentials,
     record_membership,
     record_verdict,
 )
@@ -249,6 +254,7 @@ async def open_node(
     if problem is not None:
         raise NodeError(f"{config.source or config.id}: --byzantine {byzantine}: {problem}")
     check_node_certificate(config)
+    check_tls_credentials(config)
     if config.client_auth == "none":
         logger.warning("%s: INSECURE: [client] auth = \"none\": the client port does not "
                        "authenticate clients; anyone who can reach %s may read and write",
@@ -256,6 +262,7 @@ async def open_node(
     protocol = spec.node.load()
     wire.register_all(spec.messages.load())
     client_protocol.register()
+    admin_messages.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     try:
@@ -422,7 +429,8 @@ async def open_node(
             driver, ssl_context=client_server_context(paths, require_client_cert=secure),
             node_id=config.id, batch_replies=True, require_client_auth=secure,
             max_frame_size=client_frame_limit(replica.max_command_bytes),
-            max_connections=max_clients, services=services)
+            max_connections=max_clients, services=services,
+            admin=AdminOps(driver, config.id, protocol, config.protocol))
         logger.info("%s: open-file limit %d: up to %d client connections (request frames "
                     "<= %d bytes), %d peer sockets", config.id, nofile, max_clients,
                     client_port.max_frame_size, max_peer_sockets(len(peers)))
@@ -462,9 +470,12 @@ async def open_node(
             "client_unauthenticated": client_port.stats.unauthenticated,
             "client_forbidden_calls": client_port.stats.forbidden_calls,
             "client_forbidden_subscriptions": client_port.stats.forbidden_subscriptions})
-        if config.metrics_listen is not None:
-            metrics_server, node.metrics_port = serve_metrics(
-                metrics.registry, config.metrics_listen.host, config.metrics_listen.port)
+        health = HealthState(peers=tuple(sorted(p.id for p in config.peers)))
+        metrics.registry.register(LinkCollector(config.id, health))
+        if config.metrics_listen is not None:  # /metrics, /health, /ready
+            metrics_server, node.metrics_port = serve_http(
+                metrics.registry, health, config.metrics_listen.host,
+                config.metrics_listen.port)
 
         # Peer messages go from the reading tasks straight into the driver's channel.
         transport.set_deliver(services.route(driver.deliver))
@@ -476,6 +487,10 @@ async def open_node(
             await nursery.start(submitter.run, driver)
             nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
+            nursery.start_soon(functools.partial(
+                watch_health, health, status=driver.status,
+                applied_index=lambda: replica.applied_index if replica else 0,
+                linked=lambda: map(str, transport.connected_peers()), spec=spec))
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
             logger.info("%s: serving peers on %s, clients on %s", config.id,

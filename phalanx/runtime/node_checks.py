@@ -1,7 +1,9 @@
 """A node's start-up checks and its identity bookkeeping, run by `phalanx.runtime.node`.
 
 Owns: `NodeError` (the node cannot start: one line naming the config and what to fix),
-`check_node_certificate` (the certificate names this node), `check_identity` (the data
+`check_node_certificate` (the certificate names this node), `check_tls_credentials` (the
+CA, certificate and key load, belong together, and the CA signed the certificate: checked
+before storage is opened, each error naming its file), `check_identity` (the data
 directory belongs to this node of this cluster), `record_verdict` (log the amnesia verdict
 and write IDENTITY before serving), `record_membership` (keep IDENTITY in step with the
 core). The decisions themselves are `phalanx.runtime.identity`'s (pure); this module does
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 
 import trio
 
@@ -56,6 +59,42 @@ def check_node_certificate(config: NodeConfig) -> None:
                  else f"{identity.kind} {identity.name!r}")
         raise NodeError(f"{where}: the certificate {config.tls.cert} names {named}, not this "
                         f"node {config.id!r}; refusing to start")
+
+
+def check_tls_credentials(config: NodeConfig) -> None:
+    """Refuse to start, in one line naming the file, unless ``tls.ca`` is a PEM CA
+    certificate, ``tls.cert`` and ``tls.key`` load as a certificate and its private key, and
+    the CA signed the certificate (else every peer would refuse this node's handshakes, and
+    the node theirs). Checked before storage is opened: a bad file otherwise surfaced only
+    when the listeners were built.
+
+    Raises:
+        NodeError: one of the three does not load or they do not belong together.
+    """
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    where = config.source or config.id
+    tls = config.tls
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=str(tls.ca))
+        ca = x509.load_pem_x509_certificate(tls.ca.read_bytes())
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise NodeError(f"{where}: tls.ca {tls.ca} is not a PEM CA certificate "
+                        f"({getattr(e, 'strerror', None) or e})") from None
+    try:
+        context.load_cert_chain(certfile=str(tls.cert), keyfile=str(tls.key))
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise NodeError(f"{where}: tls.cert {tls.cert} and tls.key {tls.key} do not load as a "
+                        f"certificate and its private key ({getattr(e, 'strerror', None) or e})"
+                        ) from None
+    try:
+        x509.load_pem_x509_certificate(tls.cert.read_bytes()).verify_directly_issued_by(ca)
+    except (InvalidSignature, ValueError, TypeError, OSError):
+        raise NodeError(f"{where}: tls.cert {tls.cert} is not signed by the CA in tls.ca "
+                        f"{tls.ca}; peers would refuse it (issue it again with this cluster's "
+                        "CA, or fix the tls paths)") from None
 
 
 def check_identity(config: NodeConfig) -> tuple[Identity | None, str]:

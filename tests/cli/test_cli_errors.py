@@ -187,7 +187,7 @@ def _node_toml(cluster: Path, tmp_path: Path, node: str = "n1") -> Path:
      ("unknown key 'tickms' in [timing]", "did you mean 'tick_ms'")),
     (lambda t: t + "\n[timming]\nx = 1\n", ("unknown table 'timming'", "did you mean 'timing'")),
     (lambda t: t.replace("[node]", "[node]\nfsycn = 'off'"), ("'fsycn' in [node]", "'fsync'")),
-    (lambda t: t.replace("[[peers]]", "[[peers]]\npeer_adr = 'x:1'", 1),
+    (lambda t: t.replace('{ id = "n2",', '{ peer_adr = "x:1", id = "n2",', 1),
      ("'peer_adr' in [peers[0]]", "'peer_addr'")),
     (lambda t: t + "\ngarbage = = 3\n", ("not valid TOML",)),
     (lambda t: t.replace('peer_listen = "127.0.0.1:', 'peer_listen = "127.0.0.1:9'),
@@ -201,7 +201,10 @@ def test_node_run_refuses_a_bad_config_naming_file_table_and_key(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = _node_toml(cluster, tmp_path)
-    path.write_text(edit(path.read_text()))  # type: ignore[operator]
+    original = path.read_text()
+    edited = edit(original)  # type: ignore[operator]
+    assert edited != original  # else the node would just run (the writer's layout changed?)
+    path.write_text(edited)
     code, err = _run(["node", "run", str(path)], capsys)
     _one_line(code, err, str(path.resolve()), *needles)
 
