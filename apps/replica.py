@@ -46,7 +46,7 @@ from phalanx.apps.envelope import (
     Session,
     decode_meta,
     encode_meta,
-    envelope_chunks,
+    envelope_pieces,
     parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
@@ -377,7 +377,7 @@ class Replica:
     def _job(self) -> CheckpointJob:
         """A checkpoint of the current state: its O(1) snapshot, to be serialised later."""
         txs = self._txs
-        chunks = envelope_chunks(
+        chunks = envelope_pieces(
             index=self._applied, sessions=self._table.sessions, app=self._machine.snapshot(),
             tombstones=self._table.tombstones,
             transactions=txs.records if txs is not None else None,
