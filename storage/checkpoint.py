@@ -265,10 +265,22 @@ class FileCheckpointStore:
                 pending, size = [], 0
             return ref
 
+        def stored(digest: bytes) -> Ref | None:
+            """Where this save or a retained checkpoint already holds `digest` (not in a
+            sparse pack), or None."""
+            ref = fresh.get(digest)
+            if ref is None:
+                with lock:
+                    ref = held.get(digest)
+                    if ref is None or ref.pack in sparse:
+                        return None
+                    uses.add(ref.pack)
+            return ref
+
         def close_group() -> None:
             raw = encode_refs(group)
             digest = hashlib.sha256(raw).digest()
-            groups.append(fresh.get(digest) or put(digest, raw))
+            groups.append(stored(digest) or put(digest, raw))
             refs.extend(group)
             group.clear()
 
@@ -278,19 +290,12 @@ class FileCheckpointStore:
                 if piece is None:
                     continue
                 digest = piece.digest
-                ref = fresh.get(digest)
+                ref = stored(digest)
                 if ref is None:
-                    with lock:
-                        ref = held.get(digest)
-                        if ref is not None and ref.pack not in sparse:
-                            uses.add(ref.pack)
-                        else:
-                            ref = None
-                    if ref is None:
-                        ref = put(digest, piece.data())
-                        stats.new_pieces += 1
-                    else:
-                        stats.reused_pieces += 1
+                    ref = put(digest, piece.data())
+                    stats.new_pieces += 1
+                else:
+                    stats.reused_pieces += 1
                 group.append(ref)
                 length += ref.length
                 if group_ends(digest, len(group)):

@@ -41,7 +41,7 @@ PACK_PREFIX = "ckpack-"
 PACK_SUFFIX = ".pack"
 PIECE_BYTES = 256 << 10
 """Plain `bytes` chunks are cut into pieces of this size (apps without their own shards)."""
-GROUP_MEAN = 64
+GROUP_MEAN = 32
 GROUP_MAX = 256
 MAGIC3 = b"PHXCKP03"
 _END3 = b"PHXEND03"

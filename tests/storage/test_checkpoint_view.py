@@ -33,8 +33,8 @@ from phalanx.storage.checkpoint import FileCheckpointStore, checkpoint_name, enc
 from phalanx.storage.directory import FileRange, OsDirectory
 from phalanx.storage.interface import StorageError, StoredCheckpoint, SyncPolicy
 from phalanx.storage.memory import MemoryDirectory
-from phalanx.storage.volatile import VolatileDirectory
 from phalanx.storage.packs import PackView
+from phalanx.storage.volatile import VolatileDirectory
 
 PAYLOAD = bytes(range(256)) * 40 + b"tail"
 
