@@ -1,0 +1,243 @@
+"""Checkpoint cost against the keys changed since the previous checkpoint, old layout (v2: one
+file, the whole state every time) against the content-addressed one (v3: only the shards that
+changed, plus a small manifest).
+
+Run: `.venv/bin/python bench/checkpoint_incremental.py [--keys 1000000] [--changed 1,1000,100000]`
+(~2-4 min at 1M keys; real files in a temp dir, fsync on).
+
+For each layout, a `--keys` KV store is loaded and checkpointed once (the base); then for each
+count N of `--changed`: N keys spread over the key space are rewritten and one checkpoint is
+taken with nothing else running ("idle"), then N more and one checkpoint while applies run back
+to back ("busy": its duration and the worst single apply meanwhile). Printed per row:
+- time: the idle checkpoint's wall time, split into the app's serialisation steps (the
+  KV fold, packing and hashing the shards a write touched) and the store's part (looking up
+  pieces, writing the new ones, fsyncs, the manifest, collection);
+- written: bytes the save wrote (v2: the file; v3: new pieces, groups and manifest);
+- on disk: the data directory's size after the idle checkpoint (all retained checkpoints);
+- busy: the busy checkpoint's wall time and the worst apply latency while it ran (target
+  <= 5 ms; the applies it shares the CPU with stretch its wall time).
+Targets (issue 20) at 1M keys: one changed key -> <= 20 ms of writing and <= 64 KiB written;
+100k changed keys -> cost proportional to the shards touched; apply stall <= 5 ms.
+The load average is printed: above the CPU count every wall time is inflated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from phalanx.apps.gc_pacer import GcPacer
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.apps.writer import ThreadedCheckpointWriter
+from phalanx.storage.checkpoint import FileCheckpointStore
+from phalanx.storage.directory import ByteView, OsDirectory
+from phalanx.storage.interface import LoadedCheckpoint, Piece, StoredCheckpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from storage import CONFIG, kv_state_bytes, put_entry  # a sibling bench script
+
+
+class TimedStore:
+    """A `CheckpointStore` that times its save: the part spent in the app's steps (inside
+    `next()` of the chunks) and the rest (the store's own)."""
+
+    def __init__(self, inner: FileCheckpointStore) -> None:
+        self.inner = inner
+        self.app_s = 0.0
+        self.total_s = 0.0
+
+    def save(self, checkpoint: StoredCheckpoint) -> None:
+        self.inner.save(checkpoint)
+
+    def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes | Piece]) -> int:
+        self.app_s = 0.0
+        start = time.perf_counter()
+        length = self.inner.save_stream(index, meta, self._timed(iter(chunks)))
+        self.total_s = time.perf_counter() - start
+        return length
+
+    def _timed(self, chunks: Iterator[bytes | Piece]) -> Iterator[bytes | Piece]:
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                self.app_s += clock() - t0
+                return
+            self.app_s += clock() - t0
+            yield chunk
+
+    def load_latest(self) -> LoadedCheckpoint:
+        return self.inner.load_latest()
+
+    def read_view(self, index: int) -> ByteView:
+        return self.inner.read_view(index)
+
+    def indexes(self) -> list[int]:
+        return self.inner.indexes()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    layout: int
+    changed: int
+    seconds: float
+    app_s: float
+    store_s: float
+    written: int
+    on_disk: int
+    busy_s: float
+    stall_ms: float
+
+
+def fsync_ms(path: str, times: int = 7) -> float:
+    """The median time to append 4 KiB to a file and fsync it, here: the floor under every
+    durable save (v2 fsyncs its file and the directory; v3 its pack, manifest and the
+    directory)."""
+    name = os.path.join(path, "fsync-probe")
+    took = []
+    fd = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+    try:
+        for _ in range(times):
+            t0 = time.perf_counter()
+            os.write(fd, bytes(4096))
+            os.fsync(fd)
+            took.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.remove(name)
+    return sorted(took)[times // 2] * 1e3
+
+
+def disk_bytes(path: str) -> int:
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
+class Scenario:
+    """One layout's store and replica over a loaded KV state."""
+
+    def __init__(self, root: str, keys: int, layout: int) -> None:
+        self.path = os.path.join(root, f"v{layout}")
+        self.keys = keys
+        self.store = TimedStore(FileCheckpointStore(OsDirectory(self.path), keep=3,
+                                                    layout=layout))
+        machine = KvStateMachine()
+        machine.restore(kv_state_bytes(keys))
+        self.writer = ThreadedCheckpointWriter(self.store)
+        self.pacer = GcPacer()
+        self.replica = Replica(machine, checkpoints=self.store,
+                               writer=self.writer,
+                               policy=CheckpointPolicy(every_entries=0, every_bytes=0),
+                               config=CONFIG, gc_pacer=self.pacer)
+        self.n = 0
+        self.pacer.settle()
+
+    def change(self, count: int, value: bytes) -> None:
+        for _ in range(count):
+            self.n += 1
+            self.replica.apply(put_entry(self.n, f"key{(self.n * 7919) % self.keys:08d}",
+                                         value))
+
+    def checkpoint(self, *, absorb: bool = False) -> float:
+        """An idle checkpoint's wall seconds (`absorb`: none if nothing was applied since)."""
+        start = time.perf_counter()
+        if not self.replica.checkpoint_now():
+            if absorb:
+                return 0.0
+            raise SystemExit("the checkpoint did not start")
+        self.writer.wait()
+        elapsed = time.perf_counter() - start
+        if any(t.index == 0 for t in self.replica.poll()) or (
+                self.replica.status().checkpoint_in_flight is not None):
+            raise SystemExit(f"checkpoint failed: {self.replica.status()}")
+        return elapsed
+
+    def busy_checkpoint(self) -> tuple[float, float]:
+        """A checkpoint while applying back to back: (wall seconds, worst apply seconds)."""
+        start = time.perf_counter()
+        if not self.replica.checkpoint_now():
+            raise SystemExit("the checkpoint did not start")
+        worst = 0.0
+        while self.replica.status().checkpoint_in_flight is not None:
+            self.n += 1
+            entry = put_entry(self.n, f"key{(self.n * 7919) % self.keys:08d}", b"busy")
+            t0 = time.perf_counter()
+            self.replica.apply(entry)
+            worst = max(worst, time.perf_counter() - t0)
+        return time.perf_counter() - start, worst
+
+    def close(self) -> None:
+        self.replica.close()
+        gc.unfreeze()
+
+
+def run(root: str, keys: int, layout: int, counts: list[int]) -> list[Result]:
+    print(f"  layout v{layout}: loading {keys:,} keys ...", flush=True)
+    sc = Scenario(root, keys, layout)
+    sc.change(1, b"base")
+    base = sc.checkpoint()
+    print(f"  layout v{layout}: base checkpoint {base:.2f} s, "
+          f"{sc.store.inner.stats.written:,} bytes", flush=True)
+    results = []
+    for i, count in enumerate(counts):
+        sc.checkpoint(absorb=True)  # the previous busy round's applies
+        sc.change(count, b"idle-%d" % i)
+        seconds = sc.checkpoint()
+        written = sc.store.inner.stats.written
+        app_s, total_s = sc.store.app_s, sc.store.total_s
+        on_disk = disk_bytes(sc.path)
+        sc.change(count, b"busy-%d" % i)
+        busy_s, stall = sc.busy_checkpoint()
+        results.append(Result(layout=layout, changed=count, seconds=seconds, app_s=app_s,
+                              store_s=total_s - app_s, written=written, on_disk=on_disk,
+                              busy_s=busy_s, stall_ms=stall * 1e3))
+        r = results[-1]
+        print(f"    {count:>7,} changed: {r.seconds * 1e3:8.1f} ms, {r.written:>11,} B written",
+              flush=True)
+    sc.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--changed", default="1,1000,100000",
+                        help="comma-separated counts of changed keys (default 1,1000,100000)")
+    parser.add_argument("--layouts", default="2,3", help="which layouts (default 2,3)")
+    args = parser.parse_args(argv)
+    try:
+        counts = [int(c) for c in args.changed.split(",")]
+        layouts = [int(v) for v in args.layouts.split(",")]
+    except ValueError:
+        parser.error("--changed and --layouts take comma-separated integers, e.g. 1,1000")
+    if any(c < 1 for c in counts) or not set(layouts) <= {2, 3}:
+        parser.error("--changed counts must be >= 1 and --layouts among 2,3")
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="phalanx-ckpt-") as root:
+        print(f"checkpoint cost against changed keys ({args.keys:,} keys, files in {root}, "
+              f"fsync on, {os.cpu_count()} CPUs)")
+        for layout in layouts:
+            results += run(root, args.keys, layout, counts)
+        probe = fsync_ms(root)
+    load = os.getloadavg()
+    print(f"\nload average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
+          f"one 4 KiB append + fsync here: {probe:.1f} ms (median of 7)")
+    print(f"{'layout':<6} {'changed':>8} {'idle time':>10} {'app part':>9} {'store part':>10} "
+          f"{'written':>12} {'on disk':>12} {'busy time':>10} {'max stall':>10}")
+    for r in results:
+        print(f"v{r.layout:<5} {r.changed:>8,} {r.seconds * 1e3:>8.1f}ms {r.app_s * 1e3:>7.1f}ms "
+              f"{r.store_s * 1e3:>8.1f}ms {r.written:>12,} {r.on_disk:>12,} "
+              f"{r.busy_s * 1e3:>8.1f}ms {r.stall_ms:>8.2f}ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
