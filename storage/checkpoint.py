@@ -76,6 +76,8 @@ _HEAD2 = struct.Struct("<8sQI")  # magic, index, meta_len; then u32 crc (with me
 _HEADER2_SIZE = _HEAD2.size + 4
 _END2 = b"PHXEND02"
 _TRAIL2 = struct.Struct("<QI8s")  # data_len, crc32(data), end magic
+SMALL_PACK_BYTES = 1 << 20
+MAX_SMALL_PACKS = 64
 STREAM_WRITE_BYTES = 1 << 20
 """`save_stream` gathers steps into appends of about this many bytes (one syscall each)."""
 
@@ -418,7 +420,9 @@ class FileCheckpointStore:
     def _sparse(self) -> set[int]:
         """Packs the newest checkpoint uses less than a quarter of: a save copies the pieces
         it needs from them into its own pack, so they can be collected (space stays within
-        ~4x the state, and each copy is paid for by the 3/4 rewritten before it)."""
+        ~4x the state, and each copy is paid for by the 3/4 rewritten before it). Also, once
+        more than `MAX_SMALL_PACKS` packs under `SMALL_PACK_BYTES` are in use (each save of a
+        few changes leaves one), all of those, so they merge into one and files stay few."""
         catalog = self._catalog or {}
         if not catalog:
             return set()
@@ -426,12 +430,18 @@ class FileCheckpointStore:
         for ref in catalog[max(catalog)]:
             live[ref.pack] = live.get(ref.pack, 0) + ref.length
         sparse = set()
+        small = []
         for pack, used in live.items():
             try:
-                if used * 4 < self._dir.size(pack_name(pack)):
-                    sparse.add(pack)
+                size = self._dir.size(pack_name(pack))
             except OSError:
                 continue
+            if used * 4 < size:
+                sparse.add(pack)
+            elif size < SMALL_PACK_BYTES:
+                small.append(pack)
+        if len(small) > MAX_SMALL_PACKS:
+            sparse.update(small)
         return sparse
 
     def _collect(self) -> None:

@@ -16,7 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.storage.checkpoint import FileCheckpointStore, checkpoint_name, encode_header
+from phalanx.storage.checkpoint import (
+    MAX_SMALL_PACKS,
+    FileCheckpointStore,
+    checkpoint_name,
+    encode_header,
+)
 from phalanx.storage.interface import StoredCheckpoint
 from phalanx.storage.memory import MemoryDirectory, SimulatedCrash
 from phalanx.storage.packs import (
@@ -268,3 +273,15 @@ def test_any_sequence_of_saves_loads_the_last_and_keeps_only_what_it_needs(
         store.save_stream(index, b"", stream(raws, made, index))
         assert store.load_latest().checkpoint == StoredCheckpoint(index, data_of(raws, index))
         assert len(packs(directory)) <= 2 * 2  # each retained checkpoint's pack, plus copies
+
+
+def test_the_small_packs_of_many_small_saves_merge() -> None:
+    directory = MemoryDirectory("m")
+    store = FileCheckpointStore(directory, keep=1)
+    raws = shards(100, size=200)
+    made: list[int] = []
+    for index in range(1, 90):  # each save rewrites one shard: one small pack each
+        raws[index % 100] = bytes(199) + bytes([index % 256])
+        store.save_stream(index, b"", stream(raws, made, index))
+    assert len(packs(directory)) <= MAX_SMALL_PACKS + 2
+    assert store.load_latest().checkpoint == StoredCheckpoint(89, data_of(raws, 89))
