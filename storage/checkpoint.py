@@ -308,6 +308,7 @@ class FileCheckpointStore:
                 append(name, b"".join(pending))
             if durable:
                 self._dir.fsync(name)
+            self._dir.release(name)  # written once: no descriptor kept per pack
             manifest = encode_manifest(index, meta, length, groups)
             stats.written += len(manifest)
             self._save(index, lambda tmp: self._dir.append(tmp, manifest))

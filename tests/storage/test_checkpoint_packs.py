@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import pathlib
 import random
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from phalanx.storage.checkpoint import (
     checkpoint_name,
     encode_header,
 )
+from phalanx.storage.directory import OsDirectory
 from phalanx.storage.interface import StoredCheckpoint
 from phalanx.storage.memory import MemoryDirectory, SimulatedCrash
 from phalanx.storage.packs import (
@@ -285,3 +287,14 @@ def test_the_small_packs_of_many_small_saves_merge() -> None:
         store.save_stream(index, b"", stream(raws, made, index))
     assert len(packs(directory)) <= MAX_SMALL_PACKS + 2
     assert store.load_latest().checkpoint == StoredCheckpoint(89, data_of(raws, 89))
+
+
+def test_real_files_keep_no_descriptor_per_pack(tmp_path: pathlib.Path) -> None:
+    directory = OsDirectory(str(tmp_path))
+    store = FileCheckpointStore(directory, keep=2)
+    made: list[int] = []
+    for index in range(1, 6):
+        store.save_stream(index, b"", stream(shards(20, seed=index), made, index))
+    assert not [n for n in directory._fds if n.startswith(PACK_PREFIX)]
+    assert FileCheckpointStore(OsDirectory(str(tmp_path))).load_latest().checkpoint == (
+        StoredCheckpoint(5, data_of(shards(20, seed=5), 5)))
