@@ -2,8 +2,9 @@
 file, the whole state every time) against the content-addressed one (v3: only the shards that
 changed, plus a small manifest).
 
-Run: `.venv/bin/python bench/checkpoint_incremental.py [--keys 1000000] [--changed 1,1000,100000]`
-(~2-4 min at 1M keys; real files in a temp dir, fsync on).
+Run: `.venv/bin/python bench/checkpoint_incremental.py [--keys 1000000] [--changed 1,1000,100000]
+[--clustered] [--rounds 5] [--layouts 2,3]` (~4-10 min at 1M keys, more on a loaded machine;
+real files in a temp dir, fsync on).
 
 For each layout, a `--keys` KV store is loaded and checkpointed once (the base); then for each
 count N of `--changed`: N keys spread over the key space are rewritten and one checkpoint is
@@ -11,7 +12,9 @@ taken with nothing else running ("idle"), then N more and one checkpoint while a
 to back ("busy": its duration and the worst single apply meanwhile). Printed per row:
 - time: the idle checkpoint's wall time, split into the app's serialisation steps (the
   KV fold, packing and hashing the shards a write touched) and the store's part (looking up
-  pieces, writing the new ones, fsyncs, the manifest, collection);
+  pieces, writing the new ones, fsyncs, the manifest, collection); and the writer thread's
+  CPU time for each part (`time.thread_time`: what load on the machine does not inflate;
+  the store's wall time minus its CPU is mostly fsync, whose latency is printed too);
 - written: bytes the save wrote (v2: the file; v3: new pieces, groups and manifest);
 - on disk: the data directory's size after the idle checkpoint (all retained checkpoints);
 - busy: the busy checkpoint's wall time and the worst apply latency while it ran (target
@@ -24,6 +27,7 @@ The load average is printed: above the CPU count every wall time is inflated.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import sys
@@ -52,27 +56,32 @@ class TimedStore:
         self.inner = inner
         self.app_s = 0.0
         self.total_s = 0.0
+        self.app_cpu = 0.0
+        self.total_cpu = 0.0
 
     def save(self, checkpoint: StoredCheckpoint) -> None:
         self.inner.save(checkpoint)
 
     def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes | Piece]) -> int:
-        self.app_s = 0.0
-        start = time.perf_counter()
+        self.app_s = self.app_cpu = 0.0
+        start, cpu = time.perf_counter(), time.thread_time()
         length = self.inner.save_stream(index, meta, self._timed(iter(chunks)))
         self.total_s = time.perf_counter() - start
+        self.total_cpu = time.thread_time() - cpu
         return length
 
     def _timed(self, chunks: Iterator[bytes | Piece]) -> Iterator[bytes | Piece]:
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
         while True:
-            t0 = clock()
+            t0, c0 = clock(), cpu()
             try:
                 chunk = next(chunks)
             except StopIteration:
                 self.app_s += clock() - t0
+                self.app_cpu += cpu() - c0
                 return
             self.app_s += clock() - t0
+            self.app_cpu += cpu() - c0
             yield chunk
 
     def load_latest(self) -> LoadedCheckpoint:
@@ -92,6 +101,8 @@ class Result:
     seconds: float
     app_s: float
     store_s: float
+    app_cpu: float
+    store_cpu: float
     written: int
     on_disk: int
     busy_s: float
@@ -124,7 +135,8 @@ def disk_bytes(path: str) -> int:
 class Scenario:
     """One layout's store and replica over a loaded KV state."""
 
-    def __init__(self, root: str, keys: int, layout: int) -> None:
+    def __init__(self, root: str, keys: int, layout: int, *, clustered: bool) -> None:
+        self.clustered = clustered
         self.path = os.path.join(root, f"v{layout}")
         self.keys = keys
         self.store = TimedStore(FileCheckpointStore(OsDirectory(self.path), keep=3,
@@ -140,11 +152,17 @@ class Scenario:
         self.n = 0
         self.pacer.settle()
 
+    def key(self, n: int) -> str:
+        """Spread: a stride of 7919 keys, so N changes touch ~min(N, shards) shards;
+        clustered: consecutive keys from a point that moves with `n`, ~N/1000 shards."""
+        if self.clustered:
+            return f"key{(n * 1 + (n // 100_000) * 337_000) % self.keys:08d}"
+        return f"key{(n * 7919) % self.keys:08d}"
+
     def change(self, count: int, value: bytes) -> None:
         for _ in range(count):
             self.n += 1
-            self.replica.apply(put_entry(self.n, f"key{(self.n * 7919) % self.keys:08d}",
-                                         value))
+            self.replica.apply(put_entry(self.n, self.key(self.n), value))
 
     def checkpoint(self, *, absorb: bool = False) -> float:
         """An idle checkpoint's wall seconds (`absorb`: none if nothing was applied since)."""
@@ -168,7 +186,7 @@ class Scenario:
         worst = 0.0
         while self.replica.status().checkpoint_in_flight is not None:
             self.n += 1
-            entry = put_entry(self.n, f"key{(self.n * 7919) % self.keys:08d}", b"busy")
+            entry = put_entry(self.n, self.key(self.n), b"busy")
             t0 = time.perf_counter()
             self.replica.apply(entry)
             worst = max(worst, time.perf_counter() - t0)
@@ -179,26 +197,32 @@ class Scenario:
         gc.unfreeze()
 
 
-def run(root: str, keys: int, layout: int, counts: list[int]) -> list[Result]:
+def run(root: str, keys: int, layout: int, counts: list[int], *, clustered: bool,
+        rounds: int, busy_max: int) -> list[Result]:
     print(f"  layout v{layout}: loading {keys:,} keys ...", flush=True)
-    sc = Scenario(root, keys, layout)
+    sc = Scenario(root, keys, layout, clustered=clustered)
     sc.change(1, b"base")
     base = sc.checkpoint()
     print(f"  layout v{layout}: base checkpoint {base:.2f} s, "
           f"{sc.store.inner.stats.written:,} bytes", flush=True)
     results = []
     for i, count in enumerate(counts):
-        sc.checkpoint(absorb=True)  # the previous busy round's applies
-        sc.change(count, b"idle-%d" % i)
-        seconds = sc.checkpoint()
-        written = sc.store.inner.stats.written
-        app_s, total_s = sc.store.app_s, sc.store.total_s
-        on_disk = disk_bytes(sc.path)
-        sc.change(count, b"busy-%d" % i)
-        busy_s, stall = sc.busy_checkpoint()
-        results.append(Result(layout=layout, changed=count, seconds=seconds, app_s=app_s,
-                              store_s=total_s - app_s, written=written, on_disk=on_disk,
-                              busy_s=busy_s, stall_ms=stall * 1e3))
+        for r in range(rounds if count < 1000 else 1):
+            sc.checkpoint(absorb=True)  # the previous busy round's applies
+            sc.change(count, b"idle-%d-%d" % (i, r))
+            seconds = sc.checkpoint()
+            st = sc.store
+            idle = Result(layout=layout, changed=count, seconds=seconds,
+                          app_s=st.app_s, store_s=st.total_s - st.app_s,
+                          app_cpu=st.app_cpu, store_cpu=st.total_cpu - st.app_cpu,
+                          written=st.inner.stats.written, on_disk=disk_bytes(sc.path),
+                          busy_s=0.0, stall_ms=0.0)
+            if count > busy_max:
+                results.append(idle)
+                continue
+            sc.change(count, b"busy-%d-%d" % (i, r))
+            busy_s, stall = sc.busy_checkpoint()
+            results.append(dataclasses.replace(idle, busy_s=busy_s, stall_ms=stall * 1e3))
         r = results[-1]
         print(f"    {count:>7,} changed: {r.seconds * 1e3:8.1f} ms, {r.written:>11,} B written",
               flush=True)
@@ -212,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changed", default="1,1000,100000",
                         help="comma-separated counts of changed keys (default 1,1000,100000)")
     parser.add_argument("--layouts", default="2,3", help="which layouts (default 2,3)")
+    parser.add_argument("--clustered", action="store_true",
+                        help="change consecutive keys (N keys touch ~N/1000 shards) instead of "
+                             "keys spread over the whole key space (N touch ~min(N, shards))")
+    parser.add_argument("--busy-max", type=int, default=1000,
+                        help="take the busy checkpoint (stall measure) only for counts up to "
+                             "this (default 1000: 100k more applies and a long checkpoint "
+                             "each would add minutes)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of each count under 1000 (different keys each round: the "
+                             "shard a key falls in varies in size; default 5)")
     args = parser.parse_args(argv)
     try:
         counts = [int(c) for c in args.changed.split(",")]
@@ -225,17 +259,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoint cost against changed keys ({args.keys:,} keys, files in {root}, "
               f"fsync on, {os.cpu_count()} CPUs)")
         for layout in layouts:
-            results += run(root, args.keys, layout, counts)
+            results += run(root, args.keys, layout, counts, clustered=args.clustered,
+                           rounds=args.rounds, busy_max=args.busy_max)
         probe = fsync_ms(root)
     load = os.getloadavg()
     print(f"\nload average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; "
           f"one 4 KiB append + fsync here: {probe:.1f} ms (median of 7)")
-    print(f"{'layout':<6} {'changed':>8} {'idle time':>10} {'app part':>9} {'store part':>10} "
-          f"{'written':>12} {'on disk':>12} {'busy time':>10} {'max stall':>10}")
+    print("idle: wall ms (app steps + store) and the writer thread's CPU ms (app + store); "
+          "busy: wall ms and the worst apply meanwhile")
+    print(f"{'layout':<6} {'changed':>8} {'idle wall':>10} {'app':>8} {'store':>8} "
+          f"{'app CPU':>8} {'st. CPU':>8} {'written':>12} {'on disk':>12} {'busy wall':>10} "
+          f"{'max stall':>10}")
     for r in results:
-        print(f"v{r.layout:<5} {r.changed:>8,} {r.seconds * 1e3:>8.1f}ms {r.app_s * 1e3:>7.1f}ms "
-              f"{r.store_s * 1e3:>8.1f}ms {r.written:>12,} {r.on_disk:>12,} "
-              f"{r.busy_s * 1e3:>8.1f}ms {r.stall_ms:>8.2f}ms")
+        print(f"v{r.layout:<5} {r.changed:>8,} {r.seconds * 1e3:>10.1f} {r.app_s * 1e3:>8.1f} "
+              f"{r.store_s * 1e3:>8.1f} {r.app_cpu * 1e3:>8.1f} {r.store_cpu * 1e3:>8.1f} "
+              f"{r.written:>12,} {r.on_disk:>12,} "
+              + (f"{r.busy_s * 1e3:>10.1f} {r.stall_ms:>10.2f}" if r.busy_s else "         -"))
     return 0
 
 
