@@ -15,7 +15,9 @@ to back ("busy": its duration and the worst single apply meanwhile). Printed per
   pieces, writing the new ones, fsyncs, the manifest, collection); and the writer thread's
   CPU time for each part (`time.thread_time`: what load on the machine does not inflate;
   the store's wall time minus its CPU is mostly fsync, whose latency is printed too);
-- written: bytes the save wrote (v2: the file; v3: new pieces, groups and manifest);
+- written: bytes the save wrote (v2: the file; v3: new pieces, groups and manifest), and of
+  those, `copied`: pieces moved out of packs the previous checkpoints left mostly unused
+  (compaction, paid for by earlier rewrites: a round after a busy one copies its leftovers);
 - on disk: the data directory's size after the idle checkpoint (all retained checkpoints);
 - busy: the busy checkpoint's wall time and the worst apply latency while it ran (target
   <= 5 ms; the applies it shares the CPU with stretch its wall time).
@@ -104,6 +106,7 @@ class Result:
     app_cpu: float
     store_cpu: float
     written: int
+    copied: int
     on_disk: int
     busy_s: float
     stall_ms: float
@@ -215,7 +218,8 @@ def run(root: str, keys: int, layout: int, counts: list[int], *, clustered: bool
             idle = Result(layout=layout, changed=count, seconds=seconds,
                           app_s=st.app_s, store_s=st.total_s - st.app_s,
                           app_cpu=st.app_cpu, store_cpu=st.total_cpu - st.app_cpu,
-                          written=st.inner.stats.written, on_disk=disk_bytes(sc.path),
+                          written=st.inner.stats.written, copied=st.inner.stats.copied,
+                          on_disk=disk_bytes(sc.path),
                           busy_s=0.0, stall_ms=0.0)
             if count > busy_max:
                 results.append(idle)
@@ -268,12 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     print("idle: wall ms (app steps + store) and the writer thread's CPU ms (app + store); "
           "busy: wall ms and the worst apply meanwhile")
     print(f"{'layout':<6} {'changed':>8} {'idle wall':>10} {'app':>8} {'store':>8} "
-          f"{'app CPU':>8} {'st. CPU':>8} {'written':>12} {'on disk':>12} {'busy wall':>10} "
+          f"{'app CPU':>8} {'st. CPU':>8} {'written':>12} {'copied':>10} {'on disk':>12} "
+          f"{'busy wall':>10} "
           f"{'max stall':>10}")
     for r in results:
         print(f"v{r.layout:<5} {r.changed:>8,} {r.seconds * 1e3:>10.1f} {r.app_s * 1e3:>8.1f} "
               f"{r.store_s * 1e3:>8.1f} {r.app_cpu * 1e3:>8.1f} {r.store_cpu * 1e3:>8.1f} "
-              f"{r.written:>12,} {r.on_disk:>12,} "
+              f"{r.written:>12,} {r.copied:>10,} {r.on_disk:>12,} "
               + (f"{r.busy_s * 1e3:>10.1f} {r.stall_ms:>10.2f}" if r.busy_s else "         -"))
     return 0
 

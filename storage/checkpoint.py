@@ -274,7 +274,10 @@ class FileCheckpointStore:
             if ref is None:
                 with lock:
                     ref = held.get(digest)
-                    if ref is None or ref.pack in sparse:
+                    if ref is None:
+                        return None
+                    if ref.pack in sparse:
+                        stats.copied += ref.length  # the caller writes it again
                         return None
                     uses.add(ref.pack)
             return ref
@@ -538,8 +541,10 @@ class FileCheckpointStore:
 @dataclass(slots=True)
 class SaveStats:
     """What one save wrote: bytes (pieces, groups and manifest; the v2 file's data for layout
-    2) and how many pieces it wrote anew or found already stored."""
+    2), of which `copied` out of sparse packs, and how many pieces it wrote anew or found
+    already stored."""
 
     written: int = 0
+    copied: int = 0
     new_pieces: int = 0
     reused_pieces: int = 0
