@@ -471,6 +471,52 @@ class FileCheckpointStore:
                 self._dir.remove(name)
         self._index_held()
 
+    def piece_list(self, index: int) -> tuple[bytes, list[tuple[bytes, int]]]:
+        """Stored v3 checkpoint `index` as (its metadata, [(SHA-256, length) of each piece,
+        in order]): what a peer fetches first to assemble the checkpoint from the pieces it
+        lacks (`lacks`, `read_piece`, then `save_stream` of the pieces).
+
+        Raises:
+            StorageError: no such v3 checkpoint, or its manifest or a group does not check.
+        """
+        name = checkpoint_name(index)
+        with self._lock:
+            try:
+                manifest = decode_manifest(self._dir.read(name))
+            except OSError as e:
+                raise StorageError(f"reading checkpoint {index} failed: {e}") from e
+            refs = manifest if isinstance(manifest, str) else resolve(self._dir, manifest)
+        if isinstance(refs, str) or isinstance(manifest, str):
+            raise StorageError(f"{self._dir.path(name)}: {refs}")
+        return manifest.meta, [(r.digest, r.length) for r in refs]
+
+    def lacks(self, digests: Iterable[bytes]) -> list[bytes]:
+        """Those of `digests` no retained v3 checkpoint here holds, in order, once each."""
+        with self._lock:
+            self._ensure_catalog()
+            held = self._held
+            seen: set[bytes] = set()
+            out = []
+            for digest in digests:
+                if digest not in held and digest not in seen:
+                    seen.add(digest)
+                    out.append(digest)
+            return out
+
+    def read_piece(self, digest: bytes) -> bytes:
+        """A held piece's bytes, checked against `digest`.
+
+        Raises:
+            StorageError: not held, unreadable, or it fails its hash.
+        """
+        with self._lock:
+            self._ensure_catalog()
+            ref = self._held.get(digest)
+            raw = read_pieces(self._dir, (ref,)) if ref is not None else "not held"
+        if isinstance(raw, str):
+            raise StorageError(f"checkpoint piece {digest.hex()[:16]}: {raw}")
+        return raw
+
     def read_view(self, index: int) -> ByteView:
         """The data of stored checkpoint `index` as a view that reads the files on demand
         (`Directory.view`, or a `PackView` over its packs): it stays valid after the

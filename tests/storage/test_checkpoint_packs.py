@@ -24,7 +24,7 @@ from phalanx.storage.checkpoint import (
     encode_header,
 )
 from phalanx.storage.directory import OsDirectory
-from phalanx.storage.interface import StoredCheckpoint
+from phalanx.storage.interface import StorageError, StoredCheckpoint
 from phalanx.storage.memory import MemoryDirectory, SimulatedCrash
 from phalanx.storage.packs import (
     GROUP_MAX,
@@ -298,3 +298,42 @@ def test_real_files_keep_no_descriptor_per_pack(tmp_path: pathlib.Path) -> None:
     assert not [n for n in directory._fds if n.startswith(PACK_PREFIX)]
     assert FileCheckpointStore(OsDirectory(str(tmp_path))).load_latest().checkpoint == (
         StoredCheckpoint(5, data_of(shards(20, seed=5), 5)))
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A piece a follower assembles a checkpoint from: its own copy if it holds one, else the
+    bytes fetched from the leader (counted), each checked against its digest."""
+
+    digest: bytes
+    own: FileCheckpointStore
+    fetched: dict[bytes, bytes]
+
+    def data(self) -> bytes:
+        raw = self.fetched.get(self.digest)
+        if raw is None:
+            return self.own.read_piece(self.digest)
+        assert hashlib.sha256(raw).digest() == self.digest
+        return raw
+
+
+def test_a_follower_assembles_the_leaders_checkpoint_from_the_pieces_it_lacks() -> None:
+    made: list[int] = []
+    raws = shards(300, size=1000)
+    leader = FileCheckpointStore(MemoryDirectory("leader"), keep=2)
+    follower = FileCheckpointStore(MemoryDirectory("follower"), keep=2)
+    follower.save_stream(5, b"f", stream(raws, made, 5))
+    changed = list(raws)
+    for i in (3, 150, 151):  # the follower missed writes to 1% of the shards
+        changed[i] = bytes(1000)[: 999] + bytes([i % 256])
+    leader.save_stream(4, b"l", stream(raws, made, 4))
+    leader.save_stream(9, b"meta 9", stream(changed, made, 9))
+    meta, pieces = leader.piece_list(9)
+    missing = follower.lacks(d for d, _ in pieces)
+    fetched = {d: leader.read_piece(d) for d in missing}
+    follower.save_stream(9, meta, [Fetched(d, follower, fetched) for d, _ in pieces])
+    assert follower.load_latest().checkpoint == StoredCheckpoint(9, data_of(changed, 9), b"meta 9")
+    sent = sum(map(len, fetched.values()))
+    assert sent < 5 * 1000  # three shards and the header, not the 300 KB state
+    with pytest.raises(StorageError, match="not held"):
+        follower.read_piece(bytes(32))
