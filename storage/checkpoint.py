@@ -3,20 +3,14 @@
 Owns: `FileCheckpointStore` (implements `CheckpointStore`) and the checkpoint file formats.
 Must not import: `phalanx.consensus`, `phalanx.apps` (checkpoints are opaque bytes), `os`.
 
-File `checkpoint-<index, 20 digits>.ckpt`, in one of two layouts (integers little-endian):
-- v1, written by earlier versions (still read; `encode_header` builds one, for tests):
-      b"PHXCKP01" | u64 index | u32 meta_len | u64 data_len | u32 crc32(all but this field) |
-      meta | data
-- v2, written by `save` and `save_stream` (the data may arrive in steps and is never held
-  whole, so its length and checksum trail; the `Directory` is append-only, nothing is patched
-  afterwards):
-      b"PHXCKP02" | u64 index | u32 meta_len | u32 crc32(the fields before it + meta) | meta |
-      data | u64 data_len | u32 crc32(data) | b"PHXEND02"
+File `checkpoint-<index, 20 digits>.ckpt`, in one of three layouts:
+- v1 and v2 (one file holding the whole data; `phalanx.storage.checkpoint_v2` has them),
+  written by earlier versions and still read; `layout=2` still writes v2.
 - v3, written by `save` and `save_stream` since incremental checkpoints: a manifest naming
   content-addressed pieces held in pack files (`phalanx.storage.packs` has the layout). A save
   writes only the pieces no retained checkpoint holds (an app's unchanged shards cost nothing
   but their 52-byte reference), so its cost follows what changed.
-All three are read by `load_latest` and `read_view` (`layout=2` still writes v2).
+All three are read by `load_latest` and `read_view`.
 Save protocol (v3): write the new pieces into a new pack, fsync it; write `<name>.tmp`, fsync,
 rename to `<name>`, fsync the directory (one directory fsync covers the pack's creation and
 the rename: directory operations become durable in order, the crash model
@@ -35,13 +29,21 @@ every checkpoint is corrupt).
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
 import weakref
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from phalanx.storage.checkpoint_v2 import (
+    END2,
+    HEADER_SIZE,
+    TRAIL2,
+    data_range,
+    decode_checkpoint,
+    encode_header2,
+)
+from phalanx.storage.checkpoint_v2 import encode_header as encode_header  # re-exported
 from phalanx.storage.directory import ByteView, Directory
 from phalanx.storage.interface import (
     LoadedCheckpoint,
@@ -68,14 +70,6 @@ from phalanx.storage.packs import (
 CHECKPOINT_PREFIX = "checkpoint-"
 CHECKPOINT_SUFFIX = ".ckpt"
 _TMP_SUFFIX = ".tmp"
-_MAGIC = b"PHXCKP01"
-_HEAD = struct.Struct("<8sQIQ")  # magic, index, meta_len, data_len; then u32 crc
-_HEADER_SIZE = _HEAD.size + 4
-_MAGIC2 = b"PHXCKP02"
-_HEAD2 = struct.Struct("<8sQI")  # magic, index, meta_len; then u32 crc (with meta)
-_HEADER2_SIZE = _HEAD2.size + 4
-_END2 = b"PHXEND02"
-_TRAIL2 = struct.Struct("<QI8s")  # data_len, crc32(data), end magic
 SMALL_PACK_BYTES = 1 << 20
 MAX_SMALL_PACKS = 64
 STREAM_WRITE_BYTES = 1 << 20
@@ -91,70 +85,6 @@ def _parse_name(name: str) -> int | None:
         return None
     digits = name[len(CHECKPOINT_PREFIX):-len(CHECKPOINT_SUFFIX)]
     return int(digits) if len(digits) == 20 and digits.isdigit() else None
-
-
-def encode_header(checkpoint: StoredCheckpoint) -> bytes:
-    """The v1 header of `checkpoint` (its data's length and checksum lead)."""
-    head = _HEAD.pack(_MAGIC, checkpoint.index, len(checkpoint.meta), len(checkpoint.data))
-    crc = zlib.crc32(checkpoint.data, zlib.crc32(checkpoint.meta, zlib.crc32(head)))
-    return head + crc.to_bytes(4, "little")
-
-
-def encode_header2(index: int, meta: bytes) -> bytes:
-    """The v2 header and metadata (the data's length and checksum go in the trailer)."""
-    head = _HEAD2.pack(_MAGIC2, index, len(meta))
-    crc = zlib.crc32(meta, zlib.crc32(head))
-    return head + crc.to_bytes(4, "little") + meta
-
-
-def _data_range(raw: bytes | memoryview, size: int) -> tuple[int, int, int, int] | str:
-    """(index, meta start, data start, data length) from a file's header (and, for v2, its
-    `size`), or why it is invalid. The v2 trailer is checked by the caller."""
-    if len(raw) < 8:
-        return f"only {size} bytes"
-    magic = bytes(raw[:8])
-    if magic == _MAGIC:
-        if len(raw) < _HEADER_SIZE:
-            return f"only {size} bytes"
-        _, index, meta_len, data_len = _HEAD.unpack_from(raw)
-        if _HEADER_SIZE + meta_len + data_len != size:
-            return f"lengths ({meta_len} + {data_len}) do not match the file size {size}"
-        return index, _HEADER_SIZE, _HEADER_SIZE + meta_len, data_len
-    if magic == _MAGIC2:
-        if len(raw) < _HEADER2_SIZE:
-            return f"only {size} bytes"
-        _, index, meta_len = _HEAD2.unpack_from(raw)
-        data_len = size - _HEADER2_SIZE - meta_len - _TRAIL2.size
-        if data_len < 0:
-            return f"metadata length {meta_len} does not fit the file size {size}"
-        return index, _HEADER2_SIZE, _HEADER2_SIZE + meta_len, data_len
-    return "bad magic number"
-
-
-def decode_checkpoint(raw: bytes) -> StoredCheckpoint | str:
-    """The checkpoint in a file's bytes (either layout), or why it is invalid."""
-    found = _data_range(raw, len(raw))
-    if isinstance(found, str):
-        return found
-    index, meta_at, data_at, data_len = found
-    body = memoryview(raw)
-    if raw[:8] == _MAGIC:
-        crc = int.from_bytes(raw[_HEAD.size:_HEADER_SIZE], "little")
-        if zlib.crc32(body[_HEADER_SIZE:], zlib.crc32(raw[:_HEAD.size])) != crc:
-            return "checksum mismatch"
-    else:
-        crc = int.from_bytes(raw[_HEAD2.size:_HEADER2_SIZE], "little")
-        if zlib.crc32(body[meta_at:data_at], zlib.crc32(raw[:_HEAD2.size])) != crc:
-            return "header checksum mismatch"
-        stored_len, data_crc, end = _TRAIL2.unpack_from(raw, data_at + data_len)
-        if end != _END2:
-            return "no end marker (the file was cut short)"
-        if stored_len != data_len:
-            return f"trailer says {stored_len} data bytes, the file holds {data_len}"
-        if zlib.crc32(body[data_at:data_at + data_len]) != data_crc:
-            return "checksum mismatch"
-    return StoredCheckpoint(index=index, data=bytes(body[data_at:data_at + data_len]),
-                      meta=bytes(body[meta_at:data_at]))
 
 
 class FileCheckpointStore:
@@ -359,7 +289,7 @@ class FileCheckpointStore:
             length += size
             joined = b"".join(pending)
             crc = zlib.crc32(joined, crc)
-            self._dir.append(tmp, joined + _TRAIL2.pack(length, crc, _END2))
+            self._dir.append(tmp, joined + TRAIL2.pack(length, crc, END2))
 
         try:
             self._save(index, write)
@@ -543,7 +473,7 @@ class FileCheckpointStore:
                     self._views.add(view)
                     return view
             size = self._dir.size(name)
-            found = _data_range(self._dir.read_at(name, 0, _HEADER_SIZE), size)
+            found = data_range(self._dir.read_at(name, 0, HEADER_SIZE), size)
             if isinstance(found, str):
                 raise StorageError(f"{self._dir.path(name)}: {found}")
             stored, _, data_at, data_len = found
