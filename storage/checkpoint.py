@@ -154,8 +154,9 @@ class FileCheckpointStore:
             return self._save_v2(index, meta, chunks, write_bytes)
         try:
             with self._lock:
-                self._ensure_catalog()
-                taken = {p for p in map(parse_pack_name, self._dir.list()) if p is not None}
+                names = self._dir.list()
+                taken = {p for p in map(parse_pack_name, names) if p is not None}
+                self._refresh(names, taken)
                 for uses in self._active:
                     taken |= uses
                 pack = max(taken, default=0) + 1
@@ -325,6 +326,23 @@ class FileCheckpointStore:
         finally:
             with self._lock:
                 self._tmps.discard(tmp)
+
+    def _refresh(self, names: list[str], packs: set[int]) -> None:
+        """Read the catalogue again if the directory no longer matches it (another store
+        object on this directory saved or collected since, or a pack went missing), so a
+        save never reuses a piece that is gone. Caller holds the lock."""
+        catalog = self._ensure_catalog()
+        present = {i for i in map(_parse_name, names) if i is not None}
+        if (not set(catalog) <= present or any(r.pack not in packs for r in self._held.values())
+                or any(i not in catalog and self._is_v3(i) for i in present)):
+            self._catalog = None
+            self._ensure_catalog()
+
+    def _is_v3(self, index: int) -> bool:
+        try:
+            return self._dir.read_at(checkpoint_name(index), 0, 8) == MAGIC3
+        except OSError:
+            return False
 
     def _ensure_catalog(self) -> dict[int, list[Ref]]:
         """The pieces and groups of every retained v3 checkpoint that resolves (read once;

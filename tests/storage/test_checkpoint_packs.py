@@ -339,3 +339,16 @@ def test_a_follower_assembles_the_leaders_checkpoint_from_the_pieces_it_lacks() 
     assert sent < 5 * 1000  # three shards and the header, not the 300 KB state
     with pytest.raises(StorageError, match="not held"):
         follower.read_piece(bytes(32))
+
+
+def test_two_store_objects_on_one_directory_never_reuse_a_collected_piece() -> None:
+    directory = MemoryDirectory("two")
+    made: list[int] = []
+    first = FileCheckpointStore(directory, keep=1)
+    first.save_stream(1, b"", stream(shards(30, seed=1), made, 1))
+    second = FileCheckpointStore(directory, keep=1)  # e.g. reopened after a restart
+    second.save_stream(2, b"", stream(shards(30, seed=2), made, 2))  # collects 1's pack
+    second.save_stream(3, b"", stream(shards(30, seed=3), made, 3))
+    first.save_stream(4, b"", stream(shards(30, seed=1), made, 4))  # its catalogue is stale
+    assert first.load_latest().checkpoint == StoredCheckpoint(4, data_of(shards(30, seed=1), 4))
+    assert set(packs(directory)) == used_packs(directory, 4)
