@@ -25,7 +25,12 @@ import hashlib
 from collections.abc import Callable, Iterator
 
 from phalanx.apps.envelope import parse_envelope
-from phalanx.apps.interface import CheckpointDigest, SnapshotFormatError, StateSnapshot
+from phalanx.apps.interface import (
+    CheckpointDigest,
+    SnapshotFormatError,
+    StatePiece,
+    StateSnapshot,
+)
 
 _TAG = b"phalanx.replica.checkpoint-digest.v1\x00"
 
@@ -55,19 +60,19 @@ class DigestingChunks:
 
     __slots__ = ("_app", "_chunks", "_marked", "_prefix")
 
-    def __init__(self, chunks: Iterator[bytes], marked: MarkedSnapshot,
+    def __init__(self, chunks: Iterator[bytes | StatePiece], marked: MarkedSnapshot,
                  app_digest: bytes) -> None:
         self._chunks = chunks
         self._marked = marked
         self._app = app_digest
         self._prefix = hashlib.sha256()
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[bytes | StatePiece]:
         return self
 
-    def __next__(self) -> bytes:
+    def __next__(self) -> bytes | StatePiece:
         chunk = next(self._chunks)
-        if not self._marked.started:
+        if not self._marked.started and isinstance(chunk, bytes):  # the envelope's prefix
             self._prefix.update(chunk)
         return chunk
 
@@ -88,8 +93,9 @@ class CheckpointDigests:
                               else None)
         self._jobs: dict[int, DigestingChunks] = {}
 
-    def chunks(self, index: int, envelope: Callable[[StateSnapshot], Iterator[bytes]],
-               app: StateSnapshot) -> Iterator[bytes]:
+    def chunks(self, index: int,
+               envelope: Callable[[StateSnapshot], Iterator[bytes | StatePiece]],
+               app: StateSnapshot) -> Iterator[bytes | StatePiece]:
         """The chunks of the checkpoint at `index`: `envelope(app snapshot)`, digested when
         the app has its own digest (read now: the state at `index`)."""
         if self._state_digest is None:

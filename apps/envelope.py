@@ -35,7 +35,12 @@ from dataclasses import dataclass
 import immutables
 import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 
-from phalanx.apps.interface import SnapshotFormatError, StateSnapshot
+from phalanx.apps.interface import (
+    PiecedSnapshot,
+    SnapshotFormatError,
+    StatePiece,
+    StateSnapshot,
+)
 from phalanx.apps.sorted_steps import sorted_in_steps
 from phalanx.apps.transactions import TxRecord, TxRecords
 from phalanx.consensus._fastpath import raw_init
@@ -78,6 +83,19 @@ def envelope_chunks(
     """Serialise a checkpoint in bounded steps (each `next()` does bounded work; steps with no
     output yet yield `b""`). With `transactions` (a replica in transaction mode) the format is
     version 3, else version 2."""
+    for chunk in envelope_pieces(index=index, sessions=sessions, app=app, tombstones=tombstones,
+                                 transactions=transactions, max_deadline_ms=max_deadline_ms):
+        yield chunk if isinstance(chunk, bytes) else chunk.data()
+
+
+def envelope_pieces(
+    *, index: int, sessions: Sessions, app: StateSnapshot,
+    tombstones: Sessions | None = None,
+    transactions: TxRecords | None = None,
+    max_deadline_ms: int = 0,
+) -> Iterator[bytes | StatePiece]:
+    """`envelope_chunks` with the app's pieces as they are (`PiecedSnapshot.pieces`, when the
+    app's snapshot offers them): what the replica hands a content-addressed store."""
     tombs: Sessions = tombstones if tombstones is not None else immutables.Map()
     if transactions is None:
         yield msgpack.packb([_MAGIC, _VERSION, index, len(sessions), len(tombs)])
@@ -88,7 +106,10 @@ def envelope_chunks(
     yield from _records(tombs)
     if transactions is not None:
         yield from _tx_records(transactions)
-    yield from app.chunks()
+    if isinstance(app, PiecedSnapshot):
+        yield from app.pieces()
+    else:
+        yield from app.chunks()
 
 
 def _tx_records(records: TxRecords) -> Iterator[bytes]:

@@ -55,6 +55,30 @@ class StateSnapshot(Protocol):
         ...
 
 
+class StatePiece(Protocol):
+    """A piece of a snapshot's serialisation known by its SHA-256 before its bytes are made
+    (same shape as `phalanx.storage.interface.Piece`)."""
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of `data()`: equal on every replica for an equal piece."""
+        ...
+
+    def data(self) -> bytes: ...
+
+
+@runtime_checkable
+class PiecedSnapshot(Protocol):
+    """Optional on a `StateSnapshot` whose serialisation falls into content-defined pieces
+    (the KV store's shards): the replica layer checkpoints through `pieces`, and a
+    content-addressed checkpoint store writes only the pieces it does not hold yet."""
+
+    def pieces(self) -> Iterator[bytes | StatePiece]:
+        """The `chunks` stream, with some chunks given as `StatePiece`s (their `data()` in
+        their place); the concatenation is exactly that of `chunks`."""
+        ...
+
+
 class StateMachine(Protocol):
     """A deterministic application replicated by phalanx.
 

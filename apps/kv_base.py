@@ -46,7 +46,7 @@ first 0 and the last `len(blob)`, and as many key offsets over its packed keys; 
 `SortedBase`'s shards are non-empty and every key of one sorts before every key of the next;
 a shard with `cut_by` set is exactly what that rule makes of its keys.
 Shards are immutable once built (`cut_by` is a cache of a fact about the keys, set at most
-once per rule).
+once per rule; `ckpt_digest` a cache of their checkpoint bytes' hash).
 Must not import: consensus cores, storage, trio, clocks.
 """
 
@@ -112,7 +112,7 @@ def _cut(packed: _Packed, bounds: array[int]) -> list[_Packed]:
 class PackedShard:
     """Ascending keys and their values, packed (module docstring). Read-only."""
 
-    __slots__ = ("_blob", "_kpos", "_kstr", "_offsets", "_sample", "cut_by")
+    __slots__ = ("_blob", "_kpos", "_kstr", "_offsets", "_sample", "ckpt_digest", "cut_by")
 
     def __init__(self, keys: Sequence[str], blob: bytes, offsets: array[int]) -> None:
         """Take `keys` (strictly ascending: the caller's promise), the concatenated values and
@@ -137,6 +137,9 @@ class PackedShard:
         self.cut_by = 0
         """The mean of the cut rule this shard is known to follow (it was cut by it, or
         checked: `follows`), else 0."""
+        self.ckpt_digest: bytes | None = None
+        """A cache `phalanx.apps.kv_checkpoint` keeps: the SHA-256 of this shard's checkpoint
+        bytes once computed (a content-addressed store then skips an unchanged shard)."""
 
     def follows(self, mean: int, *, last: bool) -> bool:
         """Whether this shard is what the cut rule with mean `mean` makes of its keys, when
@@ -264,6 +267,7 @@ class PackedShard:
         shard._blob = new_blob
         shard._offsets = _offsets_of(lengths, len(new_blob))
         shard.cut_by = self.cut_by
+        shard.ckpt_digest = None  # new values: new checkpoint bytes
         return shard
 
     def values(self, lo: int = 0, hi: int | None = None) -> list[bytes]:

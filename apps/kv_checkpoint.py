@@ -6,7 +6,9 @@ mutates a `KvStateMachine` (`phalanx.apps.kv` restores from what `parse_checkpoi
 Must not import: consensus cores, storage, trio, clocks.
 
 Invariants: equal states give equal bytes on every replica (keys sorted, content-defined
-shards); every malformed input raises `SnapshotFormatError`, never anything else.
+shards); every malformed input raises `SnapshotFormatError`, never anything else. `pieces`
+gives each shard with its SHA-256, cached on the shard (`PackedShard.ckpt_digest`), so a
+checkpoint after a few writes hashes and serialises only the shards they touched.
 
 Checkpoint format (version 3), a stream of msgpack objects, concatenated:
     ["phalanx.kv", 3]
@@ -34,6 +36,7 @@ arrays after `["phalanx.kv", 2]`, then the count) still load.
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
 import operator
 import sys
@@ -88,14 +91,30 @@ class KvSnapshot:
     def chunks(self) -> Iterator[bytes]:
         """The checkpoint (module docstring), one packed shard per step, `b""` between
         steps that produced none."""
+        for chunk in self._steps(hashed=False):
+            yield chunk if isinstance(chunk, bytes) else chunk.data()
+
+    def pieces(self) -> Iterator[bytes | ShardPiece]:
+        """The same stream as `chunks`, each shard as a `ShardPiece` known by its SHA-256
+        (`phalanx.apps.interface.PiecedSnapshot`): a shard no write touched since the last
+        checkpoint kept its digest, so a content-addressed store skips it without it being
+        serialised or hashed again."""
+        return self._steps(hashed=True)
+
+    def _steps(self, *, hashed: bool) -> Iterator[bytes | ShardPiece]:
         view, meta = self._view, self._meta
         yield msgpack.packb([_MAGIC, _VERSION_META if meta else _VERSION])
         for shard in view.shards(window=WINDOW_KEYS, run=SORT_RUN, step=STEP_KEYS):
             if shard is None:
                 yield b""
-                continue
-            kstr, kpos, blob, offsets = shard.packed()
-            yield msgpack.packb([kstr, _offsets_out(kpos), blob, _offsets_out(offsets)])
+            elif not hashed:
+                yield _pack_shard(shard)
+            elif shard.ckpt_digest is not None:
+                yield ShardPiece(shard.ckpt_digest, shard, None)
+            else:
+                raw = _pack_shard(shard)
+                shard.ckpt_digest = digest = hashlib.sha256(raw).digest()
+                yield ShardPiece(digest, shard, raw)
         for keys in sorted_in_steps(meta.keys(), run=SORT_RUN, step=STEP_KEYS):
             if keys is None:
                 yield b""
@@ -103,6 +122,28 @@ class KvSnapshot:
             yield msgpack.packb(kv_versions.pack_entries((k, meta[k]) for k in keys),
                                 use_bin_type=True)
         yield msgpack.packb(view.count())  # counted by the fold that just ran
+
+
+class ShardPiece:
+    """One shard of a KV checkpoint known by its SHA-256 (`digest`); `data()` is its bytes
+    (`raw` when just made, else packed again from the shard: a copy of its parts)."""
+
+    __slots__ = ("_raw", "_shard", "digest")
+
+    def __init__(self, digest: bytes, shard: PackedShard, raw: bytes | None) -> None:
+        self.digest = digest
+        self._shard = shard
+        self._raw = raw
+
+    def data(self) -> bytes:
+        return self._raw if self._raw is not None else _pack_shard(self._shard)
+
+
+def _pack_shard(shard: PackedShard) -> bytes:
+    """A shard's bytes in the checkpoint (module docstring)."""
+    kstr, kpos, blob, offsets = shard.packed()
+    raw: bytes = msgpack.packb([kstr, _offsets_out(kpos), blob, _offsets_out(offsets)])
+    return raw
 
 
 def _offsets_out(offsets: array[int]) -> bytes:

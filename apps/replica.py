@@ -48,7 +48,7 @@ from phalanx.apps.envelope import (
     Session,
     decode_meta,
     encode_meta,
-    envelope_chunks,
+    envelope_pieces,
     parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
@@ -395,7 +395,7 @@ class Replica:
         """A checkpoint of the current state: its O(1) snapshot, to be serialised later."""
         txs = self._txs
         digests = self._digests  # the app's own checkpoint digest, if it has one
-        chunks = digests.chunks(self._applied, lambda app: envelope_chunks(
+        chunks = digests.chunks(self._applied, lambda app: envelope_pieces(
             index=self._applied, sessions=self._table.sessions, app=app,
             tombstones=self._table.tombstones,
             transactions=txs.records if txs is not None else None,

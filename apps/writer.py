@@ -10,8 +10,9 @@ threads and reads a clock (to pace its GIL hand-offs); the inline writer does ne
 
 Invariants:
 - At most one job is in flight per writer (`busy`), and completions come out in start order.
-- A completion is reported only after `CheckpointStore.save` (inline) or `save_stream`
-  (threaded) returned: the checkpoint is durable. A failed save is reported as a completion
+- A completion is reported only after `CheckpointStore.save_stream` returned: the
+  checkpoint is durable. Both writers hand the store the job's `Piece`s as they are (a
+  content-addressed store skips the ones it holds). A failed save is reported as a completion
   with `error` set, never swallowed.
 - The threaded writer yields the GIL after at most `slice_ms` of serialisation steps (each step
   is a fraction of a millisecond), so the applying thread waits about that long at most. It
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from phalanx.consensus.core import SnapshotData
-from phalanx.storage.interface import CheckpointStore, StoredCheckpoint
+from phalanx.storage.interface import CheckpointStore, Piece
 
 
 class ApplyProgress:
@@ -52,7 +53,7 @@ class CheckpointJob:
     `progress`, if given, lets a threaded writer hand the GIL to a waiting apply reliably."""
 
     index: int
-    chunks: Iterator[bytes]
+    chunks: Iterator[bytes | Piece]
     meta: bytes
     progress: ApplyProgress | None = None
 
@@ -89,8 +90,8 @@ class CheckpointWriter(Protocol):
         ...
 
 
-def _join(chunks: Iterator[bytes]) -> bytes:
-    return b"".join(chunk for chunk in chunks if chunk)
+def _materialised(chunk: bytes | Piece) -> bytes:
+    return chunk if isinstance(chunk, bytes) else chunk.data()
 
 
 _HANDOFF_SECONDS = 50e-6
@@ -105,8 +106,8 @@ _HANDOFF_MAX_SECONDS = 2e-3
 run yet (see `_paced`)."""
 
 
-def _paced(chunks: Iterator[bytes], slice_seconds: float,
-           progress: ApplyProgress | None = None) -> Iterator[bytes]:
+def _paced(chunks: Iterator[bytes | Piece], slice_seconds: float,
+           progress: ApplyProgress | None = None) -> Iterator[bytes | Piece]:
     """The chunks, releasing the GIL (a `_HANDOFF_SECONDS` sleep) after about `slice_seconds`
     of serialisation steps, so the applying thread can run; without that, the applier would
     wait a whole switch interval (5 ms) for the GIL.
@@ -146,9 +147,10 @@ class InlineCheckpointWriter:
         if self._busy:
             raise RuntimeError("a checkpoint is already being written")
         self._busy = True
-        data = _join(job.chunks)
+        chunks = [chunk for chunk in job.chunks if chunk]
+        data = b"".join(map(_materialised, chunks))
         try:
-            self._store.save(StoredCheckpoint(job.index, data, job.meta))
+            self._store.save_stream(job.index, job.meta, chunks)
         except Exception as exc:  # reported, not swallowed: see CheckpointDone.error
             self._done = CheckpointDone(index=job.index, data=b"", error=repr(exc))
         else:

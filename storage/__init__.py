@@ -3,8 +3,10 @@
 
 Modules: `records` (record format, torn-vs-corrupt scanner), `directory` (the `Directory`
 file-system abstraction, `OsDirectory`), `wal`, `hardstate`, `checkpoint` (written once over
-`Directory`), `memory` (`MemoryDirectory` crash model, `MemoryDisk`), `files`
-(`open_file_storage`, the `Storage` bundle), `repair` (`repair_wal`).
+`Directory`; `checkpoint_v2`: the single-file formats v1 and v2; `packs`: format v3's
+content-addressed pieces, pack files and manifest), `memory` (`MemoryDirectory` crash
+model, `MemoryDisk`), `files` (`open_file_storage`, the `Storage` bundle), `repair`
+(`repair_wal`).
 """
 
 from phalanx.storage.checkpoint import FileCheckpointStore

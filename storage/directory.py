@@ -144,6 +144,11 @@ class Directory(Protocol):
         """Make creations, renames and removals durable."""
         ...
 
+    def release(self, name: str) -> None:
+        """Close any descriptor kept open for `name` (the file and its contents stay; a later
+        write reopens it). For files written once and then only read (checkpoint packs)."""
+        ...
+
     def close(self) -> None:
         """Release OS resources (open descriptors). The directory stays usable."""
         ...
@@ -233,6 +238,9 @@ class OsDirectory:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def release(self, name: str) -> None:
+        self._drop_fd(name)
 
     def _drop_fd(self, name: str) -> None:
         fd = self._fds.pop(name, None)

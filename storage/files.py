@@ -5,7 +5,8 @@ builds the same bundle over a `MemoryDirectory`.
 Must not import: `phalanx.consensus`, `phalanx.storage.memory` (memory imports this).
 
 All three structures share one flat directory; their file names do not overlap
-(`wal-*.seg`, `wal.meta`, `hardstate`, `checkpoint-*.ckpt`, plus `*.tmp` while saving).
+(`wal-*.seg`, `wal.meta`, `hardstate`, `checkpoint-*.ckpt` and the checkpoints' pieces in
+`ckpack-*.pack`, plus `*.tmp` while saving).
 """
 
 from __future__ import annotations

@@ -112,6 +112,17 @@ class WriteAheadLog(Protocol):
     def close(self) -> None: ...
 
 
+class Piece(Protocol):
+    """A piece of a checkpoint stream known by its SHA-256 before its bytes are made (an app's
+    content-defined shard). A content-addressed store that already holds `digest` never calls
+    `data`; `data()` must return bytes whose SHA-256 is `digest` (the producer's promise)."""
+
+    @property
+    def digest(self) -> bytes: ...
+
+    def data(self) -> bytes: ...
+
+
 @dataclass(frozen=True, slots=True)
 class StoredCheckpoint:
     """A stored checkpoint: the state after applying `index`, and opaque metadata bytes the
@@ -141,8 +152,9 @@ class CheckpointStore(Protocol):
         """Write durably and atomically (temp file, fsync, rename, fsync directory)."""
         ...
 
-    def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes]) -> int:
-        """As `save`, for data that arrives in steps (never held whole); returns its length."""
+    def save_stream(self, index: int, meta: bytes, chunks: Iterable[bytes | Piece]) -> int:
+        """As `save`, for data that arrives in steps (never held whole): the concatenation
+        of the chunks, a `Piece` standing for its `data()`; returns the data's length."""
         ...
 
     def load_latest(self) -> LoadedCheckpoint: ...

@@ -246,6 +246,9 @@ class MemoryDirectory:
         self._durable_names = dict(self._names)
         self._pending = []
 
+    def release(self, name: str) -> None:
+        """Nothing to release (no descriptors)."""
+
     def close(self) -> None:
         """Nothing to release; the contents stay (they are the simulated disk)."""
 

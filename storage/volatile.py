@@ -143,6 +143,11 @@ class VolatileDirectory:
     def fsync_dir(self) -> None:
         self._disk.fsync_dir()
 
+    def release(self, name: str) -> None:
+        """The real file's descriptor (a buffer not yet fsynced stays in memory)."""
+        with self._lock:
+            self._disk.release(name)
+
     def close(self) -> None:
         with self._lock:
             for name, buf in sorted(self._buffers.items()):

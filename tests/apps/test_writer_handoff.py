@@ -164,7 +164,7 @@ class _ManualWriter:
         self._job = job
 
     def finish(self) -> None:
-        data = b"".join(self._job.chunks)
+        data = b"".join(c if isinstance(c, bytes) else c.data() for c in self._job.chunks)
         self._done = writer.CheckpointDone(index=self._job.index, data=data)
 
     def poll(self) -> writer.CheckpointDone | None:

@@ -33,6 +33,7 @@ from phalanx.storage.checkpoint import FileCheckpointStore, checkpoint_name, enc
 from phalanx.storage.directory import FileRange, OsDirectory
 from phalanx.storage.interface import StorageError, StoredCheckpoint, SyncPolicy
 from phalanx.storage.memory import MemoryDirectory
+from phalanx.storage.packs import PackView
 from phalanx.storage.volatile import VolatileDirectory
 
 PAYLOAD = bytes(range(256)) * 40 + b"tail"
@@ -146,7 +147,7 @@ def test_threaded_writer_hands_the_core_a_file_view(tmp_path: pathlib.Path) -> N
         taken.extend(replica.poll())
     replica.close()
     assert [t.index for t in taken] == [20, 40, 60]
-    assert all(isinstance(t.data, FileRange) for t in taken)
+    assert all(isinstance(t.data, FileRange | PackView) for t in taken)
     loaded = store.load_latest().checkpoint
     assert loaded is not None
     assert store.indexes() == [60]
@@ -174,7 +175,7 @@ def test_streamed_checkpoints_round_trip(parts: list[bytes], meta: bytes, step: 
 
 def _stream_file(tmp: pathlib.Path) -> tuple[OsDirectory, FileCheckpointStore, str]:
     directory = OsDirectory(str(tmp))
-    store = FileCheckpointStore(directory, keep=3)
+    store = FileCheckpointStore(directory, keep=3, layout=2)  # the previous writer
     legacy = StoredCheckpoint(1, b"old v1 data", b"m1")  # as earlier versions wrote it
     with open(directory.path(checkpoint_name(1)), "wb") as f:
         f.write(encode_header(legacy) + legacy.meta + legacy.data)

@@ -108,10 +108,10 @@ def test_file_storage_hard_state_and_checkpoints(tmp_path: Path) -> None:
                                                                     meta=b"m")
     path = tmp_path / checkpoint_name(3)
     raw = bytearray(path.read_bytes())
-    raw[-21] ^= 4  # the last data byte: the 20-byte trailer (length, CRC, end mark) follows
+    raw[-21] ^= 4  # in the manifest's last reference: its CRC and end mark (12 bytes) follow
     path.write_bytes(bytes(raw))
     loaded = again.checkpoints.load_latest()
     assert loaded.checkpoint is not None
     assert loaded.checkpoint.index == 2
-    assert loaded.problems == (f"{path}: checksum mismatch",)
+    assert loaded.problems == (f"{path}: manifest checksum mismatch",)
     again.close()
