@@ -4,7 +4,8 @@ Owns: applying committed entries to a `StateMachine` exactly once and in index o
 session table that deduplicates client retries by (client id, request number) and answers them
 from a cached reply; checkpoints every N entries or B bytes of commands, taken in O(1) and
 serialised and written off the hot path; WAL prefix compaction once a checkpoint is durable;
-recovery (newest checkpoint + WAL suffix replay); installing a checkpoint from a peer. Its
+recovery (newest checkpoint + WAL suffix replay) and installing a checkpoint from a peer, in
+`phalanx.apps.replica_recovery` (`ReplicaRecovery`, its base class). Its
 value types (`Applied`, `ApplyStatus`, `CheckpointPolicy`, the reports) live in
 `phalanx.apps.replica_types` and are re-exported here.
 
@@ -40,16 +41,13 @@ Invariants:
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 
 from phalanx.apps.checkpoint_digest import CheckpointDigests
 from phalanx.apps.envelope import (
     Session,
-    decode_meta,
     encode_meta,
     envelope_pieces,
-    parse_envelope,
 )
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import (
@@ -57,10 +55,10 @@ from phalanx.apps.interface import (
     BatchHooks,
     BatchInfo,
     Housekeeping,
-    SnapshotFormatError,
     StateMachine,
     TransactionAware,
 )
+from phalanx.apps.replica_recovery import REPLAY_BATCH, ReplicaRecovery
 from phalanx.apps.replica_types import (
     Applied,
     ApplyStatus,
@@ -87,12 +85,8 @@ from phalanx.consensus.types import (
 )
 from phalanx.storage.interface import (
     CheckpointStore,
-    StoredCheckpoint,
     WriteAheadLog,
 )
-
-REPLAY_BATCH = 1024
-"""WAL records read per batch during replay."""
 
 __all__ = ["MAX_CLIENT_ID_BYTES", "REPLAY_BATCH", "Applied", "ApplyStatus", "CheckpointPolicy",
            "RecoveryError", "RecoveryReport", "Replica", "ReplicaStatus"]
@@ -102,7 +96,7 @@ MAX_CLIENT_ID_BYTES = 128
 table entry is keyed by it. A uuid4 hex id with a lane suffix takes ~36."""
 
 
-class Replica:
+class Replica(ReplicaRecovery):
     """Applies committed entries to `machine`, deduplicates retries, checkpoints and recovers.
 
     Args:
@@ -479,140 +473,6 @@ class Replica:
         upto = index - self._policy.compact_lag
         if self._wal is not None and upto >= self._wal.first_index():
             self._wal.compact_prefix(upto)
-
-    # ---------------------------------------------------------------- recovery
-
-    def restore_latest(self, *, replay_upto: int | None = None) -> RecoveryReport:
-        """Load the newest valid checkpoint, then replay the WAL suffix after it.
-
-        Args:
-            replay_upto: the highest index known committed (entries past it may be
-                uncommitted and must not be applied); default: the end of the WAL.
-
-        Raises:
-            RecoveryError: the WAL starts after the checkpoint (entries missing) or holds a
-                record that does not decode.
-            SnapshotFormatError: the stored checkpoint does not parse.
-        """
-        loaded = self._store.load_latest()
-        checkpoint_index = 0
-        if loaded.checkpoint is not None:
-            ckpt = loaded.checkpoint
-            meta = decode_meta(ckpt.meta) if ckpt.meta else None
-            self._load(ckpt.index, ckpt.data, meta)
-            checkpoint_index = ckpt.index
-        replayed = self._replay(replay_upto)
-        if self._gc_pacer is not None:
-            self._gc_pacer.settle()
-        return RecoveryReport(
-            checkpoint_index=checkpoint_index,
-            replayed=replayed,
-            applied_index=self._applied,
-            problems=loaded.problems,
-        )
-
-    def _replay(self, replay_upto: int | None) -> int:
-        if self._wal is None or self._decode_entry is None:
-            return 0
-        hi = self._wal.last_index()
-        if replay_upto is not None:
-            hi = min(hi, replay_upto)
-        lo = self._applied + 1
-        if lo > hi:
-            return 0
-        if self._wal.first_index() > lo:
-            raise RecoveryError(
-                f"WAL starts at {self._wal.first_index()} but state is at {self._applied}: "
-                f"entries {lo}..{self._wal.first_index() - 1} are missing"
-            )
-        # NB: replay allocates steadily next to a large, acyclic state; full cyclic-GC passes
-        # over millions of map nodes would dominate recovery time, so the collector is paused.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        # `apply` of each entry, lean: nobody awaits these replies, so no `Applied` is built
-        # and read-only requests (no state change) are not even run; no checkpoint starts
-        # (the caller decides after the replay).
-        decode, machine_apply = self._decode_entry, self._machine.apply
-        table = self._table
-        verdict_of, record, end_entry = table.verdict, table.record, table.end_entry
-        txs = self._txs
-        try:
-            for start in range(lo, hi + 1, REPLAY_BATCH):
-                stop = min(start + REPLAY_BATCH, hi + 1)
-                for index, payload in enumerate(self._wal.read(start, stop), start):
-                    try:
-                        entry = decode(payload)
-                    except Exception as exc:
-                        raise RecoveryError(f"WAL record {index}: {exc}") from exc
-                    if entry.index != index:
-                        raise RecoveryError(f"WAL record {index} holds entry {entry.index}")
-                    if entry.kind is EntryKind.CONFIG:
-                        self._config = entry.config
-                    if txs is not None:
-                        for request in entry.requests:
-                            if not request.read_only:
-                                self._apply_transaction(request.command, False)
-                        txs.end_entry()
-                    block = self._begin_block(entry) if txs is None else None
-                    for request in () if txs is not None else entry.requests:
-                        if request.read_only:
-                            continue
-                        # the session rule of `_apply_request`: only a newer request runs
-                        cid, number = request.client_id, request.request_no
-                        if verdict_of(cid, number)[0] is Verdict.RUN:
-                            record(cid, number, machine_apply(request.command), index)
-                    if block is not None:
-                        block.end_batch()
-                    end_entry()
-                    self._applied = entry.index
-                    self._applied_term = entry.term
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        self._entries_since = self._bytes_since = 0
-        return hi - lo + 1
-
-    def install(self, meta: SnapshotMeta, data: bytes) -> None:
-        """Install a checkpoint obtained from peers (Raft InstallSnapshot, PBFT state
-        transfer): restore the state, store the checkpoint durably, compact the WAL below it.
-
-        Raises:
-            SnapshotFormatError: `data` does not parse or is not at `meta.index`.
-            LocalProtocolError: it would move the state backwards.
-        """
-        if meta.index <= self._applied:
-            raise LocalProtocolError(
-                f"checkpoint at {meta.index} is not ahead of applied index {self._applied}"
-            )
-        self._load(meta.index, data, meta)
-        # NB: a checkpoint still in flight (older) completes normally; it is just superseded.
-        self._store.save(StoredCheckpoint(meta.index, data, encode_meta(meta)))
-        self._checkpoint_index = meta.index
-        self._compact(meta.index)
-        if self._gc_pacer is not None:
-            self._gc_pacer.settle()
-
-    def _load(self, index: int, data: bytes, meta: SnapshotMeta | None) -> None:
-        parsed = parse_envelope(data)
-        if parsed.index != index:
-            raise SnapshotFormatError(
-                f"checkpoint data is at index {parsed.index}, expected {index}"
-            )
-        if self._txs is None and parsed.transactions:
-            raise SnapshotFormatError(
-                f"checkpoint at {index} holds a transaction table: it was taken by a replica "
-                "in transaction mode (another protocol?)")
-        self._machine.restore(parsed.app_data)
-        self._table.load(parsed.sessions, parsed.tombstones)
-        if self._txs is not None:
-            self._txs.load(parsed.transactions, parsed.max_deadline_ms)
-        self._queued = None  # an older state's boundary: superseded
-        self._applied = index
-        self._checkpoint_index = index
-        self._entries_since = self._bytes_since = 0
-        if meta is not None:
-            self._applied_term = meta.term
-            self._config = meta.config
 
     def close(self) -> None:
         """Finish the checkpoint in flight (its `CheckpointTaken` stays available to `poll`)
