@@ -508,6 +508,8 @@ class RaftCore:
         elif role is _FOLLOWER and kind is AppendEntries:
             self.election.election_elapsed = 0  # _accept_leader(src), inlined
             st.leader = src
+            if self.recovery.recovering:
+                self.recovery.note_leader_commit(m.leader_commit)  # type: ignore[attr-defined]
             self.repl.handle_append_entries(src, m)  # type: ignore[arg-type]
             return
         if isinstance(m, RequestVote):
@@ -537,10 +539,16 @@ class RaftCore:
             case AppendEntries():
                 self.election.election_elapsed = 0  # _accept_leader(src), inlined
                 st.leader = src
+                if self.recovery.recovering:
+                    self.recovery.note_leader_commit(m.leader_commit)
                 self.repl.handle_append_entries(src, m)
             case Heartbeat():
                 self.election.election_elapsed = 0
                 st.leader = src
+                if self.recovery.recovering:
+                    # min(the match the leader holds for us, its commit): covers every entry
+                    # committed with an acknowledgement of ours we may have forgotten
+                    self.recovery.note_leader_commit(m.leader_commit)
                 ls = self.ls
                 log = ls.log
                 last = log.offset + len(log.entries)

@@ -31,7 +31,7 @@ from phalanx.consensus.types import NodeId
 class Recovery:
     """Recovery after a lost disk: learn the term, catch up, then vote again."""
 
-    __slots__ = ("_become_follower", "_ls", "_query_elapsed", "_st", "recovering",
+    __slots__ = ("_become_follower", "_ls", "_query_elapsed", "_st", "_target", "recovering",
                  "term_answers")
 
     def __init__(self, st: RaftState, ls: LogState, *, recovering: bool,
@@ -48,6 +48,17 @@ class Recovery:
         leader: we forgot our term, so a deposed leader of an older term would look current
         (`learn_term`)."""
         self._query_elapsed = 0
+        self._target = -1
+        """The highest commit index our leader reported (AppendEntries, Heartbeat) while we
+        recover, not bounded by our log as our own commit index is; -1 until the first one:
+        an InstallSnapshot alone tells us no commit index."""
+
+    def note_leader_commit(self, commit: int) -> None:
+        """An AppendEntries or a Heartbeat from our leader while we recover: remember the
+        commit index it carries (a heartbeat's is min(the match the leader holds for us, its
+        commit): it covers every entry committed with an acknowledgement of ours)."""
+        if commit > self._target:
+            self._target = commit
 
     def query_terms(self) -> None:
         """Recovery, first phase: ask every voter that has not answered yet for its term,
@@ -83,7 +94,11 @@ class Recovery:
 
     def maybe_recovered(self) -> None:
         """Leave recovery once this follower holds, durably and matching its leader's log,
-        an entry of the leader's own term that the leader reports committed: every entry
+        an entry of the leader's own term that the leader reports committed, at or past the
+        highest commit index the leader reported to us (`note_leader_commit`: our own commit
+        index is bounded by our log, so an entry of the leader's term early in a long catch-up
+        would do, while entries we acknowledged before losing our state lie beyond it:
+        found by the simulator, raft n=5 seed 29 with kill and lose-disk): every entry
         committed in an earlier term precedes it in the leader's log (Leader Completeness;
         the leader was elected without our vote, which we withheld), so whatever we may
         have acknowledged before losing our state is back. The leader becomes our vote for
@@ -92,6 +107,7 @@ class Recovery:
         ls = self._ls
         if (self.term_answers is not None or st.role is not Role.FOLLOWER
                 or st.leader is None or ls.durable < ls.commit or ls.commit == 0
+                or self._target < 0 or ls.commit < self._target
                 or ls.log.term_at(ls.commit) != st.term):
             return
         self.recovering = False

@@ -224,3 +224,36 @@ def test_term_queries_are_answered_without_changing_anything() -> None:
     assert [type(s.message) for s in rd.messages] == [TermQueryResponse]
     assert rd.messages[0].message == TermQueryResponse(term=before.term)
     assert c.nodes[N2].core.status() == before
+
+
+def test_a_recovering_node_stays_recovering_until_it_holds_what_the_leader_committed() -> None:
+    """Found by the simulator (raft, 5 nodes, seed 29 with kill and lose-disk: committed-
+    durable): a node that lost its disk left recovery as soon as ITS commit index (bounded by
+    its short log) reached an entry of the leader's term, while the leader had committed far
+    more with that node's forgotten acknowledgements. It could then vote with a lagging node
+    for a leader lacking an acknowledged write. It must stay recovering until it holds the
+    leader's reported commit index."""
+    c = Cluster(max_batch_entries=1, max_inflight=1)
+    c.add_nodes(3)
+    elect(c, N1)
+    c.propose(N1, "a")
+    c.stabilize()
+    c.blocked = {(N1, N2), (N2, N1)}  # n2 lags: it hears from n3 only
+    for command in ("b", "x"):
+        c.propose(N1, command)
+        c.stabilize()
+    assert "x" in c.nodes[N1].app  # acknowledged with n3's vote
+    committed = c.nodes[N1].core.status().commit_index
+    lose_disk(c, N3, recovering=True)
+    for _ in range(2000):  # one message at a time: n3 catches up one entry per round trip
+        if not c.deliver(limit=1):
+            c.step(N3, Tick())
+            c.step(N1, Tick())
+            continue
+        st = c.nodes[N3].core.status()
+        if not st.recovering:
+            assert st.commit_index >= committed, (
+                f"n3 left recovery at commit {st.commit_index}; n1 had committed {committed}")
+            break
+    assert not c.nodes[N3].core.status().recovering
+    assert "x" in c.nodes[N3].app
