@@ -128,8 +128,12 @@ def shape(cell: Cell, quick: bool) -> tuple[int, int, int, int]:
     return 10, 5, 6, 8
 
 
-def config_for(cell: Cell, seed: int, quick: bool) -> RunConfig:
-    clients, per_client, seconds, after = shape(cell, quick)
+Shape = tuple[int, int, int, int]
+
+
+def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
+               ) -> RunConfig:
+    clients, per_client, seconds, after = override or shape(cell, quick)
     settings: tuple[tuple[str, int | bool | str], ...] = ()
     if cell.protocol == "leaderless":
         f = faults_of("leaderless", cell.n)
@@ -194,8 +198,8 @@ def percentile(values: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def measure(cell: Cell, seed: int, quick: bool) -> Row:
-    cfg = config_for(cell, seed, quick)
+def measure(cell: Cell, seed: int, quick: bool, override: Shape | None = None) -> Row:
+    cfg = config_for(cell, seed, quick, override)
     cpu0 = time.process_time()
     result = run(cfg)
     cpu = time.process_time() - cpu0
@@ -290,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true",
                         help="the smoke run: n = 4 and 10 unless --sizes, small workloads")
+    parser.add_argument("--shape", metavar="C,K,T,L",
+                        help="every cell: C clients, K leaderless transactions each, T "
+                        "virtual seconds before the heal and L after (default: by n)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
                         help="run nothing: plot the tables of saved reports")
@@ -311,12 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.sizes == parser.get_default("sizes"):
         sizes = [4, 10]
     protocols = set(args.protocols.split(","))
+    override: Shape | None = None
+    if args.shape:
+        c, k, t, live = (int(x) for x in args.shape.split(","))
+        override = (c, k, t, live)
     todo = [c for c in cells(experiments, sizes) if c.protocol in protocols]
     print(f"scale: {len(todo)} cells, seed {args.seed}, WAN {WanConfig(regions=5).describe()}"
           f"{' (quick)' if args.quick else ''}", flush=True)
     rows: list[Row] = []
     for cell in todo:
-        row = measure(cell, args.seed, args.quick)
+        row = measure(cell, args.seed, args.quick, override)
         rows.append(row)
         print(f"  n={cell.n} {cell.label}: {row.ops} ops, p50 {row.p50_ms:.0f} ms, "
               f"cpu {row.cpu_s:.1f} s{'' if row.ok else ' FAILED ' + row.note}", flush=True)
