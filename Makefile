@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen gossip clustersend
 
-.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-clustersend attack docs clean
+.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-scale bench-clustersend attack docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -150,6 +150,11 @@ bench-clustersend: $(STAMP)
 LEADERLESS_GOSSIP_ARGS ?=
 bench-leaderless-gossip: $(STAMP)
 	$(PY) bench/leaderless_gossip.py $(LEADERLESS_GOSSIP_ARGS)
+
+# Raft, PBFT and leaderless over a 5-region WAN at n = 4..180 (docs/SCALE.md; hours of CPU
+# for the whole matrix: SCALE_ARGS="--sizes 4,10,20" for the small sizes).
+bench-scale: $(STAMP)
+	$(PY) bench/scale.py $(SCALE_ARGS)
 
 # A 2,000-socket TLS handshake/connection flood against a real 3-node Raft leader's client port
 # (loopback, ~45 s): exits 1 if the leader lost leadership. ATTACK_ARGS=--help for the knobs.

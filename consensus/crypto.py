@@ -108,7 +108,7 @@ class FastCrypto:
     can verify any node's signature. Forged or mutated signatures fail verification.
     """
 
-    __slots__ = ("_encode", "_node_id", "_secret")
+    __slots__ = ("_encode", "_keys", "_node_id", "_secret")
 
     def __init__(
         self,
@@ -120,13 +120,20 @@ class FastCrypto:
         self._node_id = node_id
         self._secret = cluster_secret
         self._encode = encode
+        self._keys: dict[bytes, bytes] = {}
+        """Derived keys by label (a key is a pure function of the secret and the label)."""
 
     @property
     def node_id(self) -> NodeId:
         return self._node_id
 
     def _key(self, label: bytes) -> bytes:
-        return hashlib.blake2b(self._secret + b"\x00" + label, digest_size=32).digest()
+        key = self._keys.get(label)
+        if key is None:
+            key = hashlib.blake2b(self._secret + b"\x00" + label, digest_size=32).digest()
+            if len(self._keys) < 4_096:  # (labels are node ids: bounded, but be safe)
+                self._keys[label] = key
+        return key
 
     def _tag(self, key: bytes, obj: object) -> bytes:
         data = self._encode(signing_view(obj))
@@ -143,7 +150,8 @@ class FastCrypto:
         return hmac.compare_digest(expected, signature)
 
     def _pair_key(self, peer: NodeId) -> bytes:
-        a, b = sorted((self._node_id, peer))
+        me = self._node_id
+        a, b = (me, peer) if me <= peer else (peer, me)
         return self._key(b"mac:" + a.encode() + b"\x00" + b.encode())
 
     def mac(self, peer: NodeId, obj: object) -> bytes:

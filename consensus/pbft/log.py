@@ -16,6 +16,10 @@ Invariants:
 - Own votes are stored only once they are durable (the core adds them on `Persisted`),
   except pre-prepares and prepares sent early, stored at once (see `safety.py`).
 - `prepared_certs` keeps, per seq above low, the certificate of the highest view.
+- A slot's per-digest counts (`Slot.prepares_by_digest`, `verified_by_digest`,
+  `commits_by_digest`) always equal what its vote dicts hold: `prepared` and
+  `committed_local` read them instead of scanning the votes (O(1) per vote, not O(n) with a
+  sort: at n = 180 the scans were most of a simulated replica's CPU).
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ class Slot:
     prepares: dict[NodeId, Prepare] = field(default_factory=dict)
     verified: set[NodeId] = field(default_factory=set)  # whose prepare's signature checked
     commits: dict[NodeId, Commit] = field(default_factory=dict)
+    prepares_by_digest: dict[bytes, int] = field(default_factory=dict)
+    verified_by_digest: dict[bytes, int] = field(default_factory=dict)
+    """How many stored prepares (`verified`: with checked signatures) name each digest."""
+    commits_by_digest: dict[bytes, int] = field(default_factory=dict)
     prepare_sent: bool = False
     commit_sent: bool = False
     committed: bool = False
@@ -108,16 +116,23 @@ class MessageLog:
         if old is not None:
             return AddResult.DUPLICATE if old.digest == p.digest else AddResult.EQUIVOCATION
         votes[p.replica] = p
+        counts = slot.prepares_by_digest
+        counts[p.digest] = counts.get(p.digest, 0) + 1
         if verified:
             slot.verified.add(p.replica)
+            counts = slot.verified_by_digest
+            counts[p.digest] = counts.get(p.digest, 0) + 1
         return AddResult.ADDED
 
     def add_commit(self, c: Commit) -> AddResult:
-        votes = self.slot(c.view, c.seq).commits
+        slot = self.slot(c.view, c.seq)
+        votes = slot.commits
         old = votes.get(c.replica)
         if old is not None:
             return AddResult.DUPLICATE if old.digest == c.digest else AddResult.EQUIVOCATION
         votes[c.replica] = c
+        counts = slot.commits_by_digest
+        counts[c.digest] = counts.get(c.digest, 0) + 1
         return AddResult.ADDED
 
     def matching_prepares(
@@ -146,8 +161,7 @@ class MessageLog:
         slot = self._slots.get((view, seq))
         if slot is None or slot.pre_prepare is None or not slot.pre_prepare_counted:
             return False
-        found = self.matching_prepares(view, seq, verified_only=verified_only)
-        return len(found) >= quorum - 1
+        return _matching(slot, slot.pre_prepare, verified_only=verified_only) >= quorum - 1
 
     def committed_local(self, view: int, seq: int, quorum: int, commit_quorum: int) -> bool:
         """committed-local(m, v, n, i): prepared (with verified prepares) and
@@ -156,8 +170,7 @@ class MessageLog:
             return False
         slot = self._slots[(view, seq)]
         assert slot.pre_prepare is not None  # implied by prepared()
-        digest = slot.pre_prepare.digest
-        return sum(1 for c in slot.commits.values() if c.digest == digest) >= commit_quorum
+        return slot.commits_by_digest.get(slot.pre_prepare.digest, 0) >= commit_quorum
 
     def record_prepared(self, view: int, seq: int, quorum: int) -> PreparedProof:
         """Build and keep the prepared certificate of (view, seq) (must be prepared with
@@ -192,6 +205,22 @@ class MessageLog:
             del self._slots[key]
         for seq in [s for s in self.prepared_certs if s <= low]:
             del self.prepared_certs[seq]
+
+
+def _matching(slot: Slot, pp: PrePrepare, *, verified_only: bool) -> int:
+    """len(`MessageLog.matching_prepares`) of `slot`, from its counts: the prepares
+    naming `pp`'s digest, less the primary's own if it sent one (a prepare from the
+    primary never counts)."""
+    digest = pp.digest
+    if verified_only:
+        found = slot.verified_by_digest.get(digest, 0)
+    else:
+        found = slot.prepares_by_digest.get(digest, 0)
+    own = slot.prepares.get(pp.replica)
+    if own is not None and own.digest == digest and (
+            not verified_only or pp.replica in slot.verified):
+        found -= 1
+    return found
 
 
 class FutureVotes:

@@ -22,6 +22,7 @@ from pathlib import Path
 from phalanx.cli.errors import (
     EXIT_USAGE,
     int_between,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -36,7 +37,7 @@ DEFAULT_CLIENTS = 3
 DEFAULT_KEYS = 3
 DEFAULT_MAX_EVENTS = 400_000
 """`phalanx.jepsen.sim.run.RunConfig`'s defaults, named here so the parser needs no simulator."""
-MAX_NODES = 100
+MAX_NODES = 200
 MAX_JOBS = 256
 
 
@@ -121,7 +122,27 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--gossip-tick-ms", type=positive_float, default=2.0,
                    help="with --dissemination gossip: the gossip layers' tick; a wave "
                    "carries one tick's broadcasts (default 2)")
+    wan = p.add_argument_group(
+        "wide-area network (docs/SCALE.md)",
+        "Place nodes and clients round-robin in K regions of a published inter-region "
+        "round-trip table (N. Virginia, Frankfurt, Tokyo, Sydney, Sao Paulo, ...), with "
+        "jitter, bandwidth and loss; node ticks and client timeouts grow with the longest "
+        "round trip. Without --regions: the default sub-millisecond network.")
+    wan.add_argument("--regions", type=int_between(1, 10), default=None, metavar="K",
+                     help="regions, 1..10 (default: no WAN)")
+    wan.add_argument("--wan-jitter-pct", type=non_negative_float, default=10.0,
+                     help="mean jitter, percent of the one-way delay (default 10)")
+    wan.add_argument("--link-mbps", type=non_negative_float, default=100.0,
+                     help="bandwidth of each node-to-node link, 0 = unlimited (default 100)")
+    wan.add_argument("--uplink-mbps", type=non_negative_float, default=1000.0,
+                     help="bandwidth of each node's uplink, 0 = unlimited (default 1000)")
+    wan.add_argument("--wan-loss", type=non_negative_float, default=0.0,
+                     help="probability that an inter-region message is lost (default 0)")
+    p.add_argument("--sized-budgets", action="store_true",
+                   help="scale the event and byte budgets with (nodes/5)^2 and the run's "
+                   "length (for large clusters; default: --max-events as given)")
     p.set_defaults(handler=_handle)
+
 
 
 def parse_settings(items: list[str]) -> tuple[tuple[str, int | bool | str], ...]:
@@ -178,7 +199,16 @@ def _handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print_error("phalanx sim", str(exc))
         return EXIT_USAGE
+    if args.wan_loss > 1:
+        print_error("phalanx sim", f"--wan-loss {args.wan_loss:g}: a probability, 0..1")
+        return EXIT_USAGE
+    from phalanx.jepsen.sim.wan import WanConfig
+    wan = None if args.regions is None else WanConfig(
+        regions=args.regions, jitter_pct=args.wan_jitter_pct, link_mbps=args.link_mbps,
+        uplink_mbps=args.uplink_mbps, loss=args.wan_loss)
     base = RunConfig(
+        wan=wan,
+        sized_budgets=args.sized_budgets,
         settings=settings,
         seed=args.seed_start,
         dissemination=args.dissemination,

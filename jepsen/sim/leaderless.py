@@ -42,7 +42,7 @@ from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check
 from phalanx.jepsen.sim.leaderless_workload import OK, LeaderlessWorkload, WorkloadConfig
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
-from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv
+from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv, durable_ready
 from phalanx.net import wire
 from phalanx.protocols.leaderless_checkpoints import EnvelopeFormat
 from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
@@ -194,7 +194,7 @@ class _DurableCell:
             return ready
         self._cells[self._node] = state
         hard = ready.hard_state or _HARD
-        return dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)
+        return durable_ready(ready, hard)
 
 
 class _Checker(InvariantChecker):

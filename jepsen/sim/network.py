@@ -15,6 +15,10 @@ Model:
 - Partitions are a set of blocked *directed* links `(src, dst)`, so asymmetric partitions are
   natural. A link is checked at send and again at delivery: a message in flight when a cut
   happens is lost, as a TCP connection reset would lose it.
+- With a `wan` (`phalanx.jepsen.sim.wan.WanModel`), the latency of a message is the WAN's
+  instead (regions, a round-trip table, jitter, bandwidth queues, inter-region loss), scaled
+  by `delay_factor`; the nemesis' loss, duplication and straggling still apply. Without one
+  (the default), the model above, draw for draw.
 
 Rules:
 - All randomness comes from the injected `random.Random`; no clocks, no global random.
@@ -32,6 +36,7 @@ from math import log
 
 from phalanx.consensus.types import Message
 from phalanx.jepsen.sim.loop import Event, EventLoop, Trace
+from phalanx.jepsen.sim.wan import WanModel
 
 Deliver = Callable[[str, str, Message], None]
 Receive = Callable[[str, Message], None]
@@ -110,6 +115,7 @@ class SimNetwork:
         watch: Watch | None = None,
         watch_types: frozenset[type] | None = None,
         decode_memo: int = 0,
+        wan: WanModel | None = None,
     ) -> None:
         """`watch(src, dst, message)` sees every message sent whose class is in `watch_types`
         (every message when None), before any fault applies to it.
@@ -146,6 +152,7 @@ class SimNetwork:
         self._watch = watch
         self._watch_types = watch_types
         self._routes: dict[str, Receive] = {}
+        self.wan = wan
 
     def route(self, dst: str, receive: Receive) -> None:
         """Deliver messages for `dst` by calling `receive(src, message)` instead of the
@@ -204,6 +211,9 @@ class SimNetwork:
         if blocked and (src, dst) in blocked:
             stats.dropped_partition += 1
             return
+        if self.wan is not None:
+            self._send_wan(src, dst, message, payload)
+            return
         cfg = self.config
         if cfg.loss and self._random() < cfg.loss:
             stats.dropped_loss += 1
@@ -228,6 +238,36 @@ class SimNetwork:
         when = loop.now + latency
         _push(self._near if when < loop.horizon else self._far,
               (when, self._next_seq(), self._arrive_event, (src, dst, payload)))
+
+    def _send_wan(self, src: str, dst: str, message: Message, payload: bytes | Message
+                  ) -> None:
+        """`send`'s faults and scheduling with the WAN's latency (see the module docstring)."""
+        wan = self.wan
+        assert wan is not None
+        stats = self.stats
+        cfg = self.config
+        if cfg.loss and self._random() < cfg.loss:
+            stats.dropped_loss += 1
+            if self._trace_messages:
+                self.trace(f"{src}->{dst} LOST {message}")
+            return
+        size = len(payload) if isinstance(payload, bytes) else 0
+        copies = 1
+        if cfg.duplicate and self._random() < cfg.duplicate:
+            stats.duplicated += 1
+            copies = 2
+        loop = self.loop
+        for _ in range(copies):
+            delay = wan.delay(src, dst, size, loop.now)
+            if delay is None:  # (counted by the WAN: `WanModel.dropped`)
+                continue
+            delay = int(delay * cfg.delay_factor)
+            if cfg.straggle and self._random() < cfg.straggle:
+                stats.straggled += 1
+                delay += self.rng.randrange(cfg.straggle_min_ns, cfg.straggle_max_ns)
+            when = loop.now + delay
+            _push(self._near if when < loop.horizon else self._far,
+                  (when, self._next_seq(), self._arrive_event, (src, dst, payload)))
 
     def _arrive(self, item: tuple[str, str, bytes | Message]) -> None:
         src, dst, payload = item

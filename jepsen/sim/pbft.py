@@ -59,7 +59,7 @@ from phalanx.jepsen.byzantine import (
     corrupt_result,
 )
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
-from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup
+from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, durable_ready
 from phalanx.net import wire
 from phalanx.runtime.persistence import DurableState
 from phalanx.storage.files import Storage
@@ -308,7 +308,7 @@ class DurableStateCore:
                 lossy[self.node_id] = forgotten
         self._cells[self.node_id] = state
         hard = ready.hard_state or HardState(view=state.view, commit=self.inner.executed)
-        return dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)
+        return durable_ready(ready, hard)
 
 
 def _without_early_votes(state: PbftDurableState, ready: Ready) -> PbftDurableState:

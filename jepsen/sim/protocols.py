@@ -6,21 +6,28 @@ Owns: `ProtocolSetup` (what a protocol's `ProtocolSpec.sim` function returns) an
 (`phalanx.protocols`). The setups themselves live beside the protocols' other simulator
 parts (`phalanx.jepsen.sim.raft`, `phalanx.jepsen.sim.pbft`).
 
+Also owns `durable_ready(ready, hard)`, the Ready a durable-record wrapper hands the node
+(PBFT's `DurableStateCore`, the leaderless `_DurableCell`): once per step, so built through
+`Ready`'s layout twin rather than `dataclasses.replace`.
+
 Rules: imports no concrete core. Observation reads attributes instead of `status()` on the
 hot path (status builds a dataclass per call), and must not change the core.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from phalanx.apps.replica import Replica
-from phalanx.consensus.core import Core
+from phalanx.consensus._fastpath import READY_TWIN
+from phalanx.consensus.core import Core, Ready
 from phalanx.consensus.types import (
     ClientRequest,
+    HardState,
     Message,
 )
 from phalanx.jepsen.sim.invariants import InvariantChecker
@@ -177,3 +184,32 @@ class SimSetup(Protocol):
 
     def __call__(self, *, nodes: int, bugs: frozenset[str], checkpoint_every: int,
                  knobs: Knobs, seed: int, byzantine: int, twins: int) -> ProtocolSetup: ...
+
+
+_READY_FIELDS = ("number", "early_messages", "snapshot", "truncate_from", "entries",
+                 "hard_state", "must_sync", "messages", "committed", "reads", "rejected",
+                 "core_state", "aborted")
+if tuple(f.name for f in dataclasses.fields(Ready)) != _READY_FIELDS:  # pragma: no cover
+    raise TypeError("Ready's fields changed: update durable_ready")
+
+
+def durable_ready(ready: Ready, hard: HardState) -> Ready:
+    """``dataclasses.replace(ready, core_state=None, hard_state=hard, must_sync=True)``:
+    the same object, built through `Ready`'s layout twin (~4x cheaper; a wrapper that keeps
+    the core's record itself does this on every step)."""
+    out = READY_TWIN()
+    out.number = ready.number
+    out.early_messages = ready.early_messages
+    out.snapshot = ready.snapshot
+    out.truncate_from = ready.truncate_from
+    out.entries = ready.entries
+    out.hard_state = hard
+    out.must_sync = True
+    out.messages = ready.messages
+    out.committed = ready.committed
+    out.reads = ready.reads
+    out.rejected = ready.rejected
+    out.core_state = None
+    out.aborted = ready.aborted
+    out.__class__ = Ready
+    return out  # type: ignore[no-any-return]

@@ -51,7 +51,8 @@ def raft_setup(
     checkpoint_every = int(options.pop("checkpoint_every", checkpoint_every))
     wire.register_all(RAFT_MESSAGES)
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
-    voters = tuple(NodeId(n) for n in names)
+    # Sorted, as configurations must be (from n = 10 on, "n10" sorts before "n2").
+    voters = tuple(sorted(NodeId(n) for n in names))
     RaftConfig(node_id=voters[0], voters=voters, **options)  # bad knobs raise now
     raft_bugs = RaftBugs.from_names(bugs)  # the `--bug` names, checked now too
     bootstrap = Configuration(voters=voters)

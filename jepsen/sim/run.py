@@ -56,6 +56,7 @@ from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.protocols import SimWorkload, WorkloadEnv, protocol_setup
 from phalanx.jepsen.sim.run_config import GOSSIP, MS, RunConfig, RunResult, swarm_choices
+from phalanx.jepsen.sim.wan import WanModel
 from phalanx.net.codec import DecodeError, Registry
 
 __all__ = ["GC_THRESHOLD0", "RunConfig", "RunResult", "run", "swarm_choices"]
@@ -105,6 +106,10 @@ class _Cluster:
             self.trace(f"SETUP {setup.description}")
         self.names = setup.names
         codec = setup.codec
+        # (Its own generators: a run without a WAN draws exactly what it always drew.)
+        wan = None if cfg.wan is None else WanModel(
+            cfg.wan, self.names, random.Random(f"wan:{cfg.seed}"),
+            random.Random(f"wan-clients:{cfg.seed}"))
         self.network = SimNetwork(
             self.loop,
             random.Random(root.getrandbits(64)),
@@ -118,7 +123,11 @@ class _Cluster:
             decode_memo=4096,
             watch=self._watch if setup.watch_send is not None else None,
             watch_types=setup.watch_types,
+            wan=wan,
         )
+        self.wan = wan
+        if wan is not None:
+            self.trace(f"SETUP wan: {cfg.wan.describe() if cfg.wan else ''}")
         self.client_rng = random.Random(root.getrandbits(64))
         self.sched_rng = random.Random(root.getrandbits(64))
         self.buggify_rng = random.Random(root.getrandbits(64))
@@ -145,7 +154,7 @@ class _Cluster:
                 make_replica=setup.make_replica,
                 codec=node_codec,
                 observe=setup.observe,
-                tick_ns=cfg.tick_ns,
+                tick_ns=cfg.tick,
             )
             if nemesis.CRASH_AFTER_READY in self.faults:
                 # (Otherwise the probability stays 0 for the whole run and the hook would
@@ -160,6 +169,11 @@ class _Cluster:
             for name in self.names:
                 self.network.route(name, self.fabric.receive(name))
         values = ValueCounter()
+        client_config = ClientConfig()
+        if wan is not None:
+            attempt, op = cfg.client_timeouts_ns(client_config.attempt_timeout_ns,
+                                                 client_config.op_timeout_ns)
+            client_config = ClientConfig(attempt_timeout_ns=attempt, op_timeout_ns=op)
         keys = [f"k{i}" for i in range(cfg.keys)]
         self.keys = keys
         self.clients: dict[str, SimClient] = {}
@@ -174,12 +188,15 @@ class _Cluster:
                 transport=self,
                 encode=kv_wire.encode_command,
                 values=values,
-                config=ClientConfig(),
+                config=client_config,
             )
             self.clients[f"c{i}"] = client
         self._by_session: dict[str, SimClient] = {}
         self._partitions: dict[int, list[tuple[str, str]]] = {}
         self._client_rtt_ns = 500_000
+        """Client to node and back, one way, without a WAN (with one: `WanModel`)."""
+        self._reply_ns = 0 if wan is not None else self._client_rtt_ns
+        """The latency `answer_decided` adds (with a WAN each reply crossed it already)."""
         self.workload: SimWorkload | None = None
         if setup.workload is not None:  # the protocol's own clients (after every other draw)
             self.workload = setup.workload(WorkloadEnv(
@@ -207,16 +224,31 @@ class _Cluster:
             claims = [None if c is None else c.status().leader for c in cores]
             for name in self.replies.targets(request, claims):
                 each = self.nodes[name]
-                self.loop.call_later(self._client_rtt_ns, partial(each.submit, request))
+                self.loop.call_later(self._client_ns(request.client_id, name),
+                                     partial(each.submit, request))
             return
         target = self.nodes[node]
-        self.loop.call_later(self._client_rtt_ns, lambda: target.submit(request))
+        self.loop.call_later(self._client_ns(request.client_id, node),
+                             lambda: target.submit(request))
 
     def _submit_later(self, node: str, request: ClientRequest) -> None:
         target = self.nodes[node]
-        self.loop.call_later(self._client_rtt_ns, lambda: target.submit(request))
+        self.loop.call_later(self._client_ns(request.client_id, node),
+                             lambda: target.submit(request))
+
+    def _client_ns(self, client_id: str, node: str) -> int:
+        """One way between a client and a node."""
+        wan = self.wan
+        return self._client_rtt_ns if wan is None else wan.client_delay(client_id, node)
 
     def answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None:
+        if self.wan is not None:  # the reply crosses the WAN; the client counts it on arrival
+            self.loop.call_later(self.wan.client_delay(client_id, node),
+                                 partial(self._answer, node, client_id, request_no, result))
+            return
+        self._answer(node, client_id, request_no, result)
+
+    def _answer(self, node: str, client_id: str, request_no: int, result: bytes) -> None:
         if self.workload is not None:
             self.workload.answer(node, client_id, request_no, result)
             return
@@ -240,7 +272,7 @@ class _Cluster:
             self.trace(f"{node} answered {client_id}#{request_no} with an undecodable result")
             return
         self.loop.call_later(
-            self._client_rtt_ns, lambda: client.on_result(node, request_no, decoded)
+            self._reply_ns, lambda: client.on_result(node, request_no, decoded)
         )
 
     def reject(self, node: str, request: ClientRequest, leader_hint: str | None) -> None:
@@ -248,11 +280,18 @@ class _Cluster:
         if client is None or self.replies is not None:  # BFT: one replica's word is no proof
             return
         self.loop.call_later(
-            self._client_rtt_ns,
+            self._client_ns(request.client_id, node),
             lambda: client.on_rejected(node, request.request_no, leader_hint),
         )
 
     def abort(self, node: str, request: ClientRequest, reason: str) -> None:
+        if self.wan is not None:  # the notice crosses the WAN first
+            self.loop.call_later(self.wan.client_delay(request.client_id, node),
+                                 partial(self._abort, node, request, reason))
+            return
+        self._abort(node, request, reason)
+
+    def _abort(self, node: str, request: ClientRequest, reason: str) -> None:
         if self.workload is not None:
             self.workload.abort(node, request.client_id, request.request_no)
             return
@@ -268,7 +307,7 @@ class _Cluster:
                 self.answer_decided(node, client, request.request_no, accepted)
                 return
         self.loop.call_later(
-            self._client_rtt_ns, lambda: client.on_aborted(node, request.request_no, reason))
+            self._reply_ns, lambda: client.on_aborted(node, request.request_no, reason))
 
     # -- nemesis ----------------------------------------------------------------------------
 
@@ -478,11 +517,12 @@ def _run(cfg: RunConfig) -> RunResult:
     for client in workers:
         loop.call_at(20 * _MS, client.start)
     net_stats = c.network.stats
-    loop.event_budget = cfg.max_events
-    c.network.byte_budget = cfg.max_bytes_sent
+    max_events, max_bytes = cfg.budgets()
+    loop.event_budget = max_events
+    c.network.byte_budget = max_bytes
 
     def runaway() -> bool:
-        return loop.events_run > cfg.max_events or net_stats.bytes_sent > cfg.max_bytes_sent
+        return loop.events_run > max_events or net_stats.bytes_sent > max_bytes
 
     t = 0
     while t < cfg.time_ns and not runaway():
@@ -508,7 +548,7 @@ def _run(cfg: RunConfig) -> RunResult:
     violations = [str(v) for v in c.checker.violations]
     if runaway():
         violations.append(
-            f"runaway: over {cfg.max_events} events or {cfg.max_bytes_sent} bytes sent by "
+            f"runaway: over {max_events} events or {max_bytes} bytes sent by "
             f"t={loop.now / 1e6:.3f}ms (a message storm or a livelock)"
         )
     for client in workers + final_readers:
@@ -545,6 +585,7 @@ def _run(cfg: RunConfig) -> RunResult:
             "elections": len(c.checker.leaders),
             "applied_max": max(c.checker.applied, default=0),
             "dropped_loss": c.network.stats.dropped_loss,
+            "dropped_wan": c.wan.dropped if c.wan is not None else 0,
             "dropped_partition": c.network.stats.dropped_partition,
             "straggled": c.network.stats.straggled,
             "messages_sent": net_stats.sent,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import Op
 from phalanx.jepsen.sim.protocols import Knobs
+from phalanx.jepsen.sim.wan import WanConfig
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 
@@ -48,6 +49,9 @@ class RunConfig:
     lin_step_limit: int = 20_000
     max_events: int = 400_000
     max_bytes_sent: int = 12_000_000
+    sized_budgets: bool = False
+    """Scale `max_events` and `max_bytes_sent` to the cluster and the run's length
+    (`budgets`); off, they are used as given."""
     settings: Knobs = ()
     """Knobs fixed on every seed (`phalanx sim --set NAME=VALUE`), over the swarm's draw."""
     schedule: nemesis.Schedule | None = None
@@ -58,11 +62,43 @@ class RunConfig:
     "gossip" (rumors through each node's gossip layer; `phalanx.jepsen.sim.dissemination`)."""
     gossip_tick_ns: int = 2 * MS
     """The gossip layers' tick (with "gossip"): a wave carries the broadcasts of one tick."""
+    wan: WanConfig | None = None
+    """A wide-area network (`phalanx.jepsen.sim.wan`): nodes and clients in regions, a
+    round-trip table, bandwidth and loss; the node tick and the clients' timeouts are then
+    sized to its longest round trip (`tick`, `client_timeouts_ns`). None: the default
+    sub-millisecond network."""
 
     def __post_init__(self) -> None:
         if self.dissemination not in DISSEMINATIONS:
             raise ValueError(f"dissemination must be one of {', '.join(DISSEMINATIONS)}, "
                              f"got {self.dissemination!r}")
+
+    @property
+    def tick(self) -> int:
+        """The node tick of this run: `tick_ns`, or with a WAN at least a quarter of its
+        longest round trip (`WanConfig.tick_ns`)."""
+        return self.tick_ns if self.wan is None else self.wan.tick_ns(self.tick_ns)
+
+    def client_timeouts_ns(self, attempt_ns: int, op_ns: int) -> tuple[int, int]:
+        """The register clients' (attempt, operation) timeouts: the given defaults, or with
+        a WAN at least 4 and 40 longest round trips (a BFT request costs ~3 of them)."""
+        if self.wan is None:
+            return attempt_ns, op_ns
+        rtt = self.wan.max_rtt_ns
+        return max(attempt_ns, 4 * rtt), max(op_ns, 40 * rtt)
+
+    def budgets(self) -> tuple[int, int]:
+        """(events, bytes sent) a run may use before it is a runaway: `max_events` and
+        `max_bytes_sent`; with `sized_budgets`, those are the budgets of up to 5 nodes and
+        4 virtual seconds, scaled above them by (nodes / 5)^2 (a broadcast costs ~n^2
+        messages) and by the run's length."""
+        if not self.sized_budgets:
+            return self.max_events, self.max_bytes_sent
+        scale = max(1.0, (self.nodes / 5) ** 2) * max(
+            1.0, (self.time_ns + self.liveness_ns) / (4_000 * MS))
+        if scale == 1.0:
+            return self.max_events, self.max_bytes_sent
+        return int(self.max_events * scale), int(self.max_bytes_sent * scale)
 
     def replay_command(self) -> str:
         if self.schedule is not None:
@@ -83,6 +119,15 @@ class RunConfig:
             ("clients", self.clients, default.clients), ("keys", self.keys, default.keys),
             ("max-events", self.max_events, default.max_events)) if value != base)
         shape += "" if self.use_codec else " --no-codec"
+        shape += " --sized-budgets" if self.sized_budgets else ""
+        if self.wan is not None:
+            w, base_wan = self.wan, WanConfig(regions=self.wan.regions)
+            shape += f" --regions {w.regions}" + "".join(
+                f" --{flag} {value:g}" for flag, value, base in (
+                    ("wan-jitter-pct", w.jitter_pct, base_wan.jitter_pct),
+                    ("link-mbps", w.link_mbps, base_wan.link_mbps),
+                    ("uplink-mbps", w.uplink_mbps, base_wan.uplink_mbps),
+                    ("wan-loss", w.loss, base_wan.loss)) if value != base)
         shape += "".join(f" --set {name}={value}" for name, value in self.settings)
         if self.dissemination != default.dissemination:
             shape += f" --dissemination {self.dissemination}"
