@@ -88,6 +88,7 @@ from phalanx.net.codec_fields import (
     optional_codec,
     type_name,
 )
+from phalanx.net.codec_optional import omit_defaults, optional_tail
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -513,11 +514,11 @@ class Registry:
         )
         generic_encode: Encoder = encode
         generic_decode: Decoder = decode
-        optional = _optional_tail(cls)
+        optional = optional_tail(cls)
         if optional:
-            fast_encode, fast_decode = _omit_defaults(
+            fast_encode, fast_decode = omit_defaults(
                 label, arity, optional, fast_encode, fast_decode)
-            generic_encode, generic_decode = _omit_defaults(
+            generic_encode, generic_decode = omit_defaults(
                 label, arity, optional, encode, decode)
         return _Spec(
             type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,
@@ -603,61 +604,3 @@ class Registry:
             return spec.decode(raw, depth)
 
         return encode, decode
-
-
-_OPTIONAL_DEFAULTS: Final = (int, str, bytes, bool, type(None))
-
-
-def _optional_tail(cls: type) -> tuple[tuple[str, object], ...]:
-    """The (name, default) of `cls`'s trailing ``wire_optional`` fields, in order (see the
-    module docstring); TypeError when one is not trailing or its default is not a scalar."""
-    fields = dataclasses.fields(cls)
-    flags = [bool(f.metadata.get("wire_optional")) for f in fields]
-    if not any(flags):
-        return ()
-    first = flags.index(True)
-    if not all(flags[first:]):
-        raise TypeError(f"{cls.__name__}: wire_optional fields must all come last")
-    tail = []
-    for f in fields[first:]:
-        if type(f.default) not in _OPTIONAL_DEFAULTS:
-            raise TypeError(f"{cls.__name__}.{f.name}: a wire_optional field needs a scalar "
-                            f"default (int, str, bytes, bool or None), got {f.default!r}")
-        tail.append((f.name, f.default))
-    return tuple(tail)
-
-
-def _omit_defaults(
-    label: str, arity: int, optional: tuple[tuple[str, object], ...],
-    encode: Encoder, decode: Decoder,
-) -> tuple[Encoder, Decoder]:
-    """Wrap a class's codec pair: trailing optional fields equal to their default are left
-    off the array, and padded back (after checking the last present one is not at its
-    default: one encoding per value) before `decode` sees the array."""
-    first = arity - len(optional)  # array position of the first optional field
-    defaults = [default for _, default in optional]
-    kinds = [type(default) for default in defaults]
-
-    def encode_tail(value: object, depth: int) -> object:
-        out = typing.cast(list[object], encode(value, depth))
-        while len(out) > first:
-            last = out[-1]
-            i = len(out) - 1 - first
-            if type(last) is not kinds[i] or last != defaults[i]:
-                break
-            out.pop()
-        return out
-
-    def decode_tail(raw: object, depth: int) -> object:
-        items = typing.cast(list[object], raw)
-        n = len(items)
-        if first < n <= arity:
-            i = n - 1 - first  # the last field present is optional: not at its default
-            if type(items[-1]) is kinds[i] and items[-1] == defaults[i]:
-                raise DecodeError(
-                    f"{label}: non-canonical: {optional[i][0]} is present at its default")
-        if first <= n < arity:
-            items = items + defaults[n - first:]
-        return decode(items, depth)
-
-    return encode_tail, decode_tail
