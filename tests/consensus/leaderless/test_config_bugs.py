@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from leaderless_harness import EPOCH, Cluster, make_tx, run, solo, tx_id, version
+from leaderless_harness import EPOCH, Cluster, make_tx, run, sent_endorsements, solo, tx_id, version
 
 from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.leaderless.bugs import BUG_NAMES, check_bugs
@@ -61,7 +61,7 @@ def test_endorse_despite_conflict(bug: bool) -> None:
     signed = []
     for tx in (t1, t2):
         ready = run(core, app, Receive(src=NodeId("n2"), message=tx))
-        signed += {s.message for s in ready.messages if isinstance(s.message, Endorsement)}
+        signed += set(sent_endorsements(ready))
     unconditional = [e for e in signed if isinstance(e, Endorsement) and not e.conditions]
     assert [e.tx_id for e in unconditional] == ([tx_id(t1), tx_id(t2)] if bug else [tx_id(t1)])
 
