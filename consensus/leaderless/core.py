@@ -160,7 +160,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._wakeups = DueHeap()  # far-future deadlines, by when they come within the lead
         self._resends = DueHeap()  # own signatures of pending transactions, by re-send tick
         self._resend_every: dict[TxId, int] = {}
-        self._expired: dict[TxId, None] = {}  # pending, past their deadline
+        self._expired: dict[TxId, None] = {}  # pending: past deadline, or committed at a peer
         self._to_refuse: dict[TxId, None] = {}
         self._waiting: dict[TxId, None] = {}  # pending, neither endorsed nor refused here
         self._wake = False

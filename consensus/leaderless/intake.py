@@ -61,6 +61,12 @@ class PeerIntake(CoreParts):
             self._on_fetch(src, msg, out)
         elif isinstance(msg, CommittedDigest):
             out.sends += self._recovery.on_digest(src, msg.tx_ids, self._store, self._ticks)
+            for tx_id in msg.tx_ids[:MAX_FETCH_IDS]:
+                if isinstance(tx_id, bytes) and tx_id in self._store.records and (
+                        self._store.state_of(tx_id) is TxState.PENDING):
+                    # Committed at a peer, pending here: ask every peer each period, as
+                    # for an overdue one (the sender may lack the signature it needs).
+                    self._expired[tx_id] = None
         elif isinstance(msg, StartCheckpoint):
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):

@@ -107,18 +107,29 @@ class Recovery:
     def answer(self, src: NodeId, ids: tuple[TxId, ...], store: TxStore,
                kernel: SafetyKernel) -> list[Send]:
         """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them): the
-        transaction with its endorsements, or its abort certificate."""
+        transaction with its endorsements (its own too, which a record restored from the WAL
+        lacks), or its abort certificate."""
         out: list[Send] = []
         for tx_id in ids[:MAX_FETCH_IDS]:
             record = store.get(tx_id) if isinstance(tx_id, bytes) else None
             if record is None:
                 certificate = self._aborts.get(tx_id) if isinstance(tx_id, bytes) else None
+                mine = kernel.endorsement(tx_id) if isinstance(tx_id, bytes) else None
+                tx = kernel.transaction(tx_id) if mine is not None else None
                 if certificate is not None:
                     out.append(Send(to=src, message=certificate))
+                elif mine is not None and tx is not None and mine.signature:
+                    # Collected here (its tombstone remains) but still endorsed: the
+                    # signature may be what the asker lacks for a quorum.
+                    out.append(Send(to=src, message=TransactionProof(tx=tx, endorsements=(mine,))))
                 continue
             own = kernel.refusal(tx_id)
+            endorsements = dict(record.endorsements)
+            mine = kernel.endorsement(tx_id)
+            if mine is not None and mine.signature and mine.endorser not in endorsements:
+                endorsements[mine.endorser] = mine  # a record restored from the WAL has none
             out.append(Send(to=src, message=TransactionProof(
-                tx=record.tx, endorsements=tuple(record.endorsements.values()),
+                tx=record.tx, endorsements=tuple(endorsements.values()),
                 refusals=(own,) if own is not None else ())))
         return out
 

@@ -74,6 +74,10 @@ class SafetyKernel:
     def refusal(self, tx_id: TxId) -> Refusal | None:
         return self._refused.get(tx_id)
 
+    def transaction(self, tx_id: TxId) -> Transaction | None:
+        """The transaction behind an own endorsement or refusal, when held."""
+        return self._txs.get(tx_id)
+
     def touched(self, tx_id: TxId) -> bool:
         """This node endorsed or refused `tx_id` (it will sign nothing more about it)."""
         return tx_id in self._endorsed or tx_id in self._refused
