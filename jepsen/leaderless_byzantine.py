@@ -13,7 +13,7 @@ forgery; a Byzantine node never signs as another node or a client):
 - ``lie_versions``: endorses every transaction it sees unconditionally, to every peer,
   whether or not its requirements match (a node lying about versions).
 - ``forge_conditions``: its endorsements carry made-up conditions (ids of no transaction,
-  or of unrelated ones), re-signed.
+  or of unrelated ones), re-signed (a batch: every item, under one new signature).
 - ``withhold_veto``: never vetoes: its veto votes become drop votes without proofs.
 - ``forge_veto``: its drop votes become vetoes carrying a proof with forged endorsements.
 - ``replay``: re-sends, at random, transactions, endorsements and proofs it sent or saw
@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready, Receive, Send, Submit
 from phalanx.consensus.crypto import Crypto
+from phalanx.consensus.leaderless.endorsement_batch import batch_of, sign_batch, sign_one
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
+    EndorsementBatch,
     OrderedVote,
     OrderingSubmit,
     Transaction,
@@ -81,6 +83,8 @@ def choose_liars(seed: int, names: Sequence[str], *, count: int,
 
 
 def _resign(message: Message, crypto: Crypto) -> Message:
+    if isinstance(message, Endorsement):  # batch-signed: a batch of one
+        return sign_one(crypto, message.endorser, message.tx_id, message.conditions)
     blank = dataclasses.replace(message, signature=b"")  # type: ignore[type-var]
     return dataclasses.replace(blank, signature=crypto.sign(blank))  # type: ignore[type-var]
 
@@ -154,7 +158,7 @@ class LeaderlessByzantineCore:
                 tx = None
         elif isinstance(inp, Receive):
             msg = inp.message
-            if isinstance(msg, Endorsement | Transaction | TransactionProof):
+            if isinstance(msg, Endorsement | EndorsementBatch | Transaction | TransactionProof):
                 self._seen.append(msg)
             if isinstance(msg, Transaction):
                 tx = msg
@@ -202,6 +206,9 @@ class LeaderlessByzantineCore:
             if "forge_conditions" in b and isinstance(msg, Endorsement) and (
                     rng.random() < self._rate):
                 msg = self._forge_conditions(msg)
+            if "forge_conditions" in b and isinstance(msg, EndorsementBatch) and (
+                    rng.random() < self._rate):
+                msg = self._forge_batch(msg)
             if isinstance(msg, OrderingSubmit):
                 msg = self._lie_ordered(msg, send.to)
             if isinstance(msg, VetoChoice):
@@ -211,7 +218,7 @@ class LeaderlessByzantineCore:
                 elif "forge_veto" in b and msg.drop:
                     msg = self._forge_veto(msg)
             out.append(Send(to=send.to, message=msg))
-            if isinstance(msg, Endorsement | Transaction | TransactionProof):
+            if isinstance(msg, Endorsement | EndorsementBatch | Transaction | TransactionProof):
                 self._seen.append(msg)
             if "replay" in b and self._seen and rng.random() < self._rate:
                 old = self._seen[rng.randrange(len(self._seen))]
@@ -257,6 +264,16 @@ class LeaderlessByzantineCore:
         conds.discard(e.tx_id)
         self._count("forge_conditions")
         return _resign(dataclasses.replace(e, conditions=tuple(sorted(conds))), self._crypto)
+
+    def _forge_batch(self, batch: EndorsementBatch) -> Message:
+        """Its batch with made-up conditions on every item, re-signed (one signature)."""
+        items = []
+        for item in batch.items:
+            forged = self._forge_conditions(Endorsement(tx_id=item.tx_id, endorser=batch.endorser,
+                                                        conditions=item.conditions))
+            assert isinstance(forged, Endorsement)
+            items.append((forged.tx_id, forged.conditions))
+        return batch_of(sign_batch(self._crypto, batch.endorser, items))
 
     def _forge_veto(self, vote: VetoChoice) -> Message:
         """A veto whose proof claims Q endorsements of one of the ids: the transaction is

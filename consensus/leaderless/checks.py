@@ -1,7 +1,8 @@
 """Checks of peer and client input for the leaderless core: what is well-formed and signed.
 
-Owns: `tx_problem`, `endorsement_problem`, `refusal_problem` (each the drop reason, or None
-when the input is acceptable) and `ProofChecker` (the veto procedure's proof check).
+Owns: `tx_problem`, `refusal_problem` (each the drop reason, or None when the input is
+acceptable; `endorsement_problem` lives with the batch format in `endorsement_batch.py` and
+is re-exported here) and `ProofChecker` (the veto procedure's proof check).
 Pure functions of their arguments; nothing here raises on hostile input.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from phalanx.consensus.crypto import Verifier
+from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots, endorsement_problem
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
     Refusal,
@@ -19,6 +21,9 @@ from phalanx.consensus.leaderless.messages import (
     TxId,
 )
 from phalanx.consensus.types import NodeId
+
+__all__ = ["ProofChecker", "endorsement_problem", "refusal_problem", "sorted_ids",
+           "tx_problem"]
 
 
 def tx_problem(tx: Transaction, client_keys: Verifier) -> str | None:
@@ -41,18 +46,6 @@ def sorted_ids(ids: tuple[TxId, ...]) -> bool:
     return all(isinstance(t, bytes) for t in ids) and list(ids) == sorted(set(ids))
 
 
-def endorsement_problem(e: Endorsement, nodes: tuple[NodeId, ...],
-                        crypto: Verifier) -> str | None:
-    """Why endorsement `e` must be dropped (unknown endorser, malformed, forged), or None."""
-    if e.endorser not in nodes:
-        return "unknown_endorser"
-    if not sorted_ids(e.conditions) or e.tx_id in e.conditions:
-        return "malformed_endorsement"
-    if not crypto.verify(e.endorser, e, e.signature):
-        return "bad_endorsement_signature"
-    return None
-
-
 def refusal_problem(r: Refusal, nodes: tuple[NodeId, ...], crypto: Verifier) -> str | None:
     if r.endorser not in nodes:
         return "unknown_endorser"
@@ -71,10 +64,12 @@ class ProofChecker:
     agreement needs; a proof whose endorsements are conditional still keeps (the safe side:
     keeping is not committing)."""
 
-    __slots__ = ("_client_keys", "_crypto", "_nodes", "_quorum_for", "_tx_id")
+    __slots__ = ("_client_keys", "_crypto", "_nodes", "_quorum_for", "_roots", "_tx_id")
 
     def __init__(self, *, nodes: tuple[NodeId, ...], crypto: Verifier, client_keys: Verifier,
-                 quorum_for: Callable[[str], int], tx_id: Callable[[Transaction], TxId]) -> None:
+                 quorum_for: Callable[[str], int], tx_id: Callable[[Transaction], TxId],
+                 roots: VerifiedRoots | None = None) -> None:
+        self._roots = roots
         self._nodes = nodes
         self._crypto = crypto
         self._client_keys = client_keys
@@ -89,7 +84,7 @@ class ProofChecker:
         seen: set[NodeId] = set()
         for e in proof.endorsements:
             if (not isinstance(e, Endorsement) or e.tx_id != tx_id or e.endorser in seen
-                    or endorsement_problem(e, self._nodes, self._crypto) is not None):
+                    or endorsement_problem(e, self._nodes, self._crypto, self._roots) is not None):
                 return False
             seen.add(e.endorser)
         return len(seen) >= self._quorum_for(tx.policy)

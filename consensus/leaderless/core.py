@@ -45,6 +45,7 @@ from phalanx.consensus.core import (
 )
 from phalanx.consensus.crypto import Crypto, Verifier
 from phalanx.consensus.leaderless.app_view import AppView
+from phalanx.consensus.leaderless.batching import EndorsementBatching, SubmitBatch
 from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.catch_up import TRANSFER_TYPES, CatchUp
 from phalanx.consensus.leaderless.checks import (
@@ -53,6 +54,7 @@ from phalanx.consensus.leaderless.checks import (
 )
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.endorse import Endorser
+from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots
 from phalanx.consensus.leaderless.fence import Fence
 from phalanx.consensus.leaderless.intake import PeerIntake
 from phalanx.consensus.leaderless.messages import (
@@ -92,7 +94,7 @@ TX_ID_CACHE = 4096
 
 
 
-class LeaderlessCore(PeerIntake, TickWork, CatchUp):
+class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
     """One node of the leaderless protocol (see the module docstring)."""
 
     def __init__(self, config: LeaderlessConfig, *, crypto: Crypto, client_keys: Verifier,
@@ -119,9 +121,10 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
         self._gate = ReleaseGate(app, start_index=app.applied(),
                                  no_gate="no_version_gate" in self._bugs)
         self._tally = RefusalTally(n=config.n, f=config.faults, quorum=config.quorum)
+        self._roots = VerifiedRoots()
         self._verify_proof = ProofChecker(
             nodes=config.nodes, crypto=crypto, client_keys=client_keys,
-            quorum_for=config.quorum_for, tx_id=self._tx_id)
+            quorum_for=config.quorum_for, tx_id=self._tx_id, roots=self._roots)
         self._checkpoints: CheckpointMachine | OrderedCheckpoints
         if config.stuck_resolution == "pbft":  # docs/LEADERLESS.md "Ordered resolution"
             self._checkpoints = OrderedCheckpoints(
@@ -157,7 +160,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
         self._wakeups = DueHeap()  # far-future deadlines, by when they come within the lead
         self._resends = DueHeap()  # own signatures of pending transactions, by re-send tick
         self._resend_every: dict[TxId, int] = {}
-        self._expired: dict[TxId, None] = {}  # pending, past their deadline
+        self._expired: dict[TxId, None] = {}  # pending: past deadline, or committed at a peer
         self._to_refuse: dict[TxId, None] = {}
         self._waiting: dict[TxId, None] = {}  # pending, neither endorsed nor refused here
         self._wake = False
@@ -268,7 +271,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
 
     # ------------------------------------------------------------------------------ step
 
-    def step(self, inp: Input, /) -> Ready:
+    def step(self, inp: Input | SubmitBatch, /) -> Ready:
         out = Outbox()
         if self._replay:
             out.replayed, self._replay = self._replay, []
@@ -289,6 +292,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
             self._transfer_tick(inp.now_ms, out)
         elif isinstance(inp, Submit):
             self._on_submit(inp.request, out)
+        elif isinstance(inp, SubmitBatch):
+            for request in inp.requests:
+                self._on_submit(request, out)
         elif isinstance(inp, Persisted):
             self._on_persisted(inp.number)
         elif isinstance(inp, CheckpointTaken):
@@ -298,7 +304,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
             pass  # the app view reads checkpoints
         else:
             assert_never(inp)
+        self._seal(out)  # this step's endorsements, under one signature
         self._drain_checkpoints(out)
+        self._seal(out)  # ... and those a veto decision caused
         if out.snapshot is None:  # after an install, the gate judges the installed state
             out.entries += self._gate.release()
         if out.entries:
@@ -407,8 +415,10 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
         problem = self._accept_tx(tx_id, tx, out)
         if problem is not None:
             self._reject(request, problem, out)
-            return
-        self._broadcast(tx, out)
+        elif not self._kernel.touched(tx_id):
+            self._broadcast(tx, out)  # not endorsed here (yet): peers must judge it too
+        # An endorsed one is not relayed: the client sends it to every node, and a node it
+        # missed learns it from the endorsements that name it (buffered, then fetched).
 
     def _reject(self, request: ClientRequest, reason: str, out: Outbox) -> None:
         self._drop(reason)
@@ -454,15 +464,10 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp):
         if (self._now is None or record.state is not TxState.PENDING
                 or self._fence.active(self._now)):
             return
-        endorsement = self._endorser.decide(record, self._now)
-        if endorsement is None:
+        if self._endorser.decide(record, self._now) is None:
             return
-        record.endorsements[endorsement.endorser] = endorsement
-        self._rules.invalidate()
         out.signed = True
-        self._broadcast(endorsement, out)
-        self._resend_later(record.tx_id)
-        self._try_commit(record, out)
+        self._resend_later(record.tx_id)  # signed, sent and counted by `_seal`
 
     def _try_commit(self, record: TxRecord, out: Outbox) -> None:
         if not self._rules.committable(record) or self._checkpoints.blocked(record.tx_id):

@@ -6,8 +6,9 @@ handed to the checkpoint machine.
 
 Rules: re-sent endorsements and refusals equal to the ones held, and any of a decided
 transaction (committed or dropped here), are recognised BEFORE a signature is verified
-(`status().duplicate`); an endorsement of an unknown transaction is buffered and the
-transaction fetched; a refusal of an unknown or decided one is not tallied.
+(`status().duplicate`); a peer's `EndorsementBatch` is verified once for all its items; an
+endorsement of an unknown transaction is buffered and the transaction fetched; a refusal of
+an unknown or decided one is not tallied.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 """
@@ -15,9 +16,11 @@ Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 from __future__ import annotations
 
 from phalanx.consensus.leaderless.checks import endorsement_problem, refusal_problem
+from phalanx.consensus.leaderless.endorsement_batch import expand
 from phalanx.consensus.leaderless.messages import (
     CommittedDigest,
     Endorsement,
+    EndorsementBatch,
     FetchTransactions,
     OrderingEnvelope,
     OrderingSubmit,
@@ -46,6 +49,8 @@ class PeerIntake(CoreParts):
             problem = self._accept_tx(self._tx_id(msg), msg, out)
             if problem is not None:
                 self._drop(problem)
+        elif isinstance(msg, EndorsementBatch):
+            self._on_batch(src, msg, out)
         elif isinstance(msg, Endorsement):
             self._on_endorsement(src, msg, out)
         elif isinstance(msg, Refusal):
@@ -56,6 +61,12 @@ class PeerIntake(CoreParts):
             self._on_fetch(src, msg, out)
         elif isinstance(msg, CommittedDigest):
             out.sends += self._recovery.on_digest(src, msg.tx_ids, self._store, self._ticks)
+            for tx_id in msg.tx_ids[:MAX_FETCH_IDS]:
+                if isinstance(tx_id, bytes) and tx_id in self._store.records and (
+                        self._store.state_of(tx_id) is TxState.PENDING):
+                    # Committed at a peer, pending here: ask every peer each period, as
+                    # for an overdue one (the sender may lack the signature it needs).
+                    self._expired[tx_id] = None
         elif isinstance(msg, StartCheckpoint):
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):
@@ -100,16 +111,44 @@ class PeerIntake(CoreParts):
                 continue
             held = record.endorsements.get(e.endorser)
             if held == e or (e.endorser != self._config.node_id and endorsement_problem(
-                    e, self._config.nodes, self._crypto) is None):
+                    e, self._config.nodes, self._crypto, self._roots) is None):
                 valid[e.endorser] = e
         if (len(valid) < self._rules.quorum(record) or self._rules.committable(record)
                 or self._checkpoints.blocked(record.tx_id)):
             return
         self._commit(record, tuple(valid[n] for n in sorted(valid)), out)
 
-    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox) -> None:
+    def _on_batch(self, src: NodeId, batch: EndorsementBatch, out: Outbox) -> None:
+        """A peer's endorsements of one step under one signature: verified once (only when
+        one of them is news here), then each handled as `_on_endorsement` (whose signature
+        check then finds the root verified). A forged, malformed or non-member batch is one
+        drop; a replayed one counts each item as the duplicate it is."""
+        if batch.endorser not in self._config.nodes:
+            self._drop("unknown_endorser")
+            return
+        expanded = expand(batch)
+        if expanded is None:
+            self._drop("malformed_endorsement_batch")
+            return
+        root, endorsements = expanded
+        news = []
+        for e in endorsements:
+            old = self._old_endorsement(e)
+            if old is None:
+                news.append(e)
+            elif old:
+                self._drop(old)
+        if news and not self._roots.verify(self._crypto, batch.endorser, root, batch.signature):
+            self._drop("bad_endorsement_batch_signature")
+            return
+        for e in news:
+            self._on_endorsement(src, e, out)
+
+    def _old_endorsement(self, e: Endorsement) -> str | None:
+        """Why `e` needs no signature check: "" (our own, echoed back), the benign drop
+        reason (held already, or of a transaction decided here), or None (news)."""
         if e.endorser == self._config.node_id and self._kernel.endorsement(e.tx_id) is not None:
-            return  # our own, echoed back in a proof
+            return ""  # our own, echoed back in a proof
         # An own signature the safety kernel does not hold was lost with our record
         # (amnesia): it is counted like a peer's, verified (docs/LEADERLESS.md "Amnesia
         # fence"); without it a certificate that needs it never commits here.
@@ -118,27 +157,32 @@ class PeerIntake(CoreParts):
         record = self._store.get(e.tx_id)
         if record is not None:
             if record.endorsements.get(e.endorser) == e:
-                self._drop("duplicate_endorsement")
-                return
+                return "duplicate_endorsement"
             if record.state is not TxState.PENDING:
                 # Committed here: nothing about it can change any more (the endorsers past
                 # the quorum arrive after the commit; verifying them was a third of the
                 # signature checks).
-                self._drop("decided_endorsement")
-                return
+                return "decided_endorsement"
         elif self._store.decided(e.tx_id):
-            self._drop("decided_endorsement")  # nothing about it can change any more
-            return
+            return "decided_endorsement"  # nothing about it can change any more
         elif self._store.buffered.get(e.tx_id, {}).get(e.endorser) == e:
-            self._drop("duplicate_endorsement")
+            return "duplicate_endorsement"
+        return None
+
+    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox) -> None:
+        old = self._old_endorsement(e)
+        if old is not None:
+            if old:
+                self._drop(old)
             return
-        problem = endorsement_problem(e, self._config.nodes, self._crypto)
+        record = self._store.get(e.tx_id)
+        problem = endorsement_problem(e, self._config.nodes, self._crypto, self._roots)
         if problem is not None:
             self._drop(problem)
             return
         if record is None:
             if self._store.buffer(e) and src is not None:
-                self._fetch(src, e.tx_id, out)
+                out.sends += self._recovery.fetch_named(src, e.tx_id)
             return
         self._add_endorsement(record, e, src, out)
 

@@ -3,7 +3,8 @@
 
 Owns: the wire types of the leaderless core (`Transaction`, `Endorsement`,
 `StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`,
-`CommittedDigest`, the reliable broadcast of votes `VoteEcho` and `VoteReady`),
+`CommittedDigest`, the reliable broadcast of votes `VoteEcho` and `VoteReady`, the batch
+endorsement `EndorsementBatch` with `EndorsedTx` and the signed `EndorsementRoot`),
 the durable record `LeaderlessDurableState`, and the stable codec ids `LEADERLESS_MESSAGES`
 (300-399, see `phalanx.net.wire`).
 
@@ -105,15 +106,51 @@ def transaction_id(tx: Transaction, encode: Callable[[Transaction], bytes]) -> T
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Endorsement(Message):
     """Node `endorser` endorses transaction `tx_id`, counting only while none of
-    `conditions` (sorted tx ids) commits; unconditional when `conditions` is empty."""
+    `conditions` (sorted tx ids) commits; unconditional when `conditions` is empty.
+
+    Batch-signed (`endorsement_batch.py`): `signature` is the endorser's signature over
+    `EndorsementRoot(endorser, root)`, where root is the Merkle root reached from this
+    endorsement's leaf (`tx_id`, `conditions`) at position `index` through the sibling
+    hashes `path` (empty path: a batch of one, root = leaf). Self-certifying alone."""
 
     tx_id: TxId
     endorser: NodeId
     conditions: tuple[TxId, ...] = ()
     signature: bytes = b""
+    index: int = 0
+    path: tuple[bytes, ...] = ()
 
     def __str__(self) -> str:
         return f"Endorsement {self.tx_id[:2].hex()} by {self.endorser} |C|={len(self.conditions)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndorsementRoot(Message):
+    """What a node signs for a batch of its endorsements: the Merkle root of their leaves
+    (`endorsement_batch.py`). Never sent on its own."""
+
+    endorser: NodeId
+    root: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndorsedTx(Message):
+    """One item of an `EndorsementBatch`: a transaction id and the endorsement's conditions
+    (sorted tx ids)."""
+
+    tx_id: TxId
+    conditions: tuple[TxId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndorsementBatch(Message):
+    """Every endorsement `endorser` signed in one step, under ONE signature (over the
+    `EndorsementRoot` of `items`, in this order): the receiver verifies the batch once and
+    holds each item as an `Endorsement` with its Merkle path (`endorsement_batch.expand`)."""
+
+    endorser: NodeId
+    items: tuple[EndorsedTx, ...]
+    signature: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -402,6 +439,9 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
     323: VoteRelay,
+    324: EndorsementRoot,
+    325: EndorsedTx,
+    326: EndorsementBatch,
     **TRANSFER_MESSAGES,  # 330-333: state transfer (`transfer_messages.py`)
     340: OrderingEnvelope,
     341: OrderedVote,
@@ -413,5 +453,5 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 311-319 and records in 324-339 and 346-399 (340-346: the
-ordered resolution)."""
+The core may add messages in 311-319 and records in 327-339 and 347-399 (324-326: batch
+endorsements; 340-346: the ordered resolution)."""

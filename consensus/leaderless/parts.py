@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from phalanx.consensus.crypto import Crypto
     from phalanx.consensus.leaderless.app_view import AppView
     from phalanx.consensus.leaderless.config import LeaderlessConfig
+    from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots
     from phalanx.consensus.leaderless.fence import Fence
     from phalanx.consensus.leaderless.messages import (
         Endorsement,
@@ -67,6 +68,7 @@ class CoreParts:
         _gate: ReleaseGate
         _tally: RefusalTally
         _kernel: SafetyKernel
+        _roots: VerifiedRoots
         _recovery: Recovery
         _checkpoints: CheckpointMachine | OrderedCheckpoints
         _fence: Fence
@@ -97,3 +99,4 @@ class CoreParts:
         def _proof_of(self, tx_id: TxId) -> TransactionProof | None: ...
         def _check_certificate(self, record: TxRecord, out: Outbox) -> None: ...
         def _resend_later(self, tx_id: TxId) -> None: ...
+        def _seal(self, out: Outbox) -> None: ...

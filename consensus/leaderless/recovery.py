@@ -34,13 +34,15 @@ MAX_DIGEST_IDS = 1024
 
 
 class Recovery:
-    __slots__ = ("_aborts", "_every", "_fetched", "_max", "_peers", "_recent")
+    __slots__ = ("_aborts", "_asked", "_every", "_fetched", "_max", "_peers", "_recent")
 
     def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int) -> None:
         self._peers = peers
         self._every = every
         self._max = max_entries
         self._fetched: dict[TxId, int] = {}
+        self._asked: dict[TxId, tuple[NodeId, ...]] = {}
+        """Unknown transactions named by endorsements: the endorsers asked for each."""
         self._recent: dict[TxId, int] = {}
         self._aborts: dict[TxId, TransactionProof] = {}
 
@@ -65,8 +67,21 @@ class Recovery:
         wanted = self.want(ids, tick)
         return [Send(to=src, message=FetchTransactions(tx_ids=wanted))] if wanted else []
 
+    def fetch_named(self, src: NodeId, tx_id: TxId) -> list[Send]:
+        """Ask `src`, whose endorsement names the unknown `tx_id`, for it: once per
+        endorser (a client that sent it to some nodes only makes this the usual way to
+        learn it, and a lost answer must not wait a period when another endorser has it)."""
+        asked = self._asked.get(tx_id, ())
+        if src in asked:
+            return []
+        self._asked[tx_id] = (*asked, src)
+        while len(self._asked) > self._max:
+            del self._asked[next(iter(self._asked))]
+        return [Send(to=src, message=FetchTransactions(tx_ids=(tx_id,)))]
+
     def learned(self, tx_id: TxId) -> None:
         self._fetched.pop(tx_id, None)
+        self._asked.pop(tx_id, None)
 
     def committed(self, tx_id: TxId, tick: int) -> None:
         self._recent[tx_id] = tick
@@ -92,18 +107,29 @@ class Recovery:
     def answer(self, src: NodeId, ids: tuple[TxId, ...], store: TxStore,
                kernel: SafetyKernel) -> list[Send]:
         """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them): the
-        transaction with its endorsements, or its abort certificate."""
+        transaction with its endorsements (its own too, which a record restored from the WAL
+        lacks), or its abort certificate."""
         out: list[Send] = []
         for tx_id in ids[:MAX_FETCH_IDS]:
             record = store.get(tx_id) if isinstance(tx_id, bytes) else None
             if record is None:
                 certificate = self._aborts.get(tx_id) if isinstance(tx_id, bytes) else None
+                mine = kernel.endorsement(tx_id) if isinstance(tx_id, bytes) else None
+                tx = kernel.transaction(tx_id) if mine is not None else None
                 if certificate is not None:
                     out.append(Send(to=src, message=certificate))
+                elif mine is not None and tx is not None and mine.signature:
+                    # Collected here (its tombstone remains) but still endorsed: the
+                    # signature may be what the asker lacks for a quorum.
+                    out.append(Send(to=src, message=TransactionProof(tx=tx, endorsements=(mine,))))
                 continue
             own = kernel.refusal(tx_id)
+            endorsements = dict(record.endorsements)
+            mine = kernel.endorsement(tx_id)
+            if mine is not None and mine.signature and mine.endorser not in endorsements:
+                endorsements[mine.endorser] = mine  # a record restored from the WAL has none
             out.append(Send(to=src, message=TransactionProof(
-                tx=record.tx, endorsements=tuple(record.endorsements.values()),
+                tx=record.tx, endorsements=tuple(endorsements.values()),
                 refusals=(own,) if own is not None else ())))
         return out
 

@@ -2,7 +2,9 @@
 
 Owns: this node's own endorsements and refusals (and the transactions behind them, so a
 restarted node can still compute conflicts), restored from and written to the durable
-record (`LeaderlessDurableState.endorsed`/`refused`/`known`).
+record (`LeaderlessDurableState.endorsed`/`refused`/`known`). Endorsements are decided one
+by one and signed together (`seal`: one signature over the Merkle root of a step's
+endorsements, `endorsement_batch.py`).
 
 The driver writes `Ready.core_state` (with `must_sync`) before it sends `Ready.messages`, and
 the core puts every signed endorsement or refusal in `messages` of the Ready whose
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from phalanx.consensus.crypto import Signer
+from phalanx.consensus.leaderless.endorsement_batch import sign_batch
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
     LeaderlessDurableState,
@@ -35,7 +38,7 @@ from phalanx.consensus.types import LocalProtocolError, NodeId
 
 class SafetyKernel:
     __slots__ = ("_endorsed", "_node", "_parts", "_refused", "_signer", "_txs", "_unreadable",
-                 "unsafe")
+                 "_unsealed", "unsafe")
 
     def __init__(self, signer: Signer, node: NodeId,
                  restored: LeaderlessDurableState | None = None,
@@ -45,6 +48,8 @@ class SafetyKernel:
         self._endorsed: dict[TxId, Endorsement] = {}
         self._refused: dict[TxId, Refusal] = {}
         self._txs: dict[TxId, Transaction] = {}
+        self._unsealed: dict[TxId, Transaction] = {}
+        """Endorsements decided but not signed yet (`seal`), with their transactions."""
         self._parts: tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                            tuple[Transaction, ...]] | None = None
         """`record_parts`, cached until a change (the journal diffs by identity)."""
@@ -68,6 +73,10 @@ class SafetyKernel:
 
     def refusal(self, tx_id: TxId) -> Refusal | None:
         return self._refused.get(tx_id)
+
+    def transaction(self, tx_id: TxId) -> Transaction | None:
+        """The transaction behind an own endorsement or refusal, when held."""
+        return self._txs.get(tx_id)
 
     def touched(self, tx_id: TxId) -> bool:
         """This node endorsed or refused `tx_id` (it will sign nothing more about it)."""
@@ -97,7 +106,9 @@ class SafetyKernel:
 
     def endorse(self, tx_id: TxId, tx: Transaction, conditions: tuple[TxId, ...],
                 conflicting_pending: Callable[[TxId, Transaction], list[TxId]]) -> Endorsement:
-        """Sign this node's one endorsement of `tx_id` with `conditions` (sorted, unique).
+        """Record this node's one endorsement of `tx_id` with `conditions` (sorted, unique),
+        unsigned: `seal` signs it with the others of the step, before anything sends it or
+        writes the record (it counts as endorsed at once: `touched`, `endorsement`).
 
         `conflicting_pending(tx_id, tx)` lists the own endorsed still-pending transactions
         that conflict with `tx` (the caller's K); an unconditional endorsement requires it
@@ -114,12 +125,27 @@ class SafetyKernel:
                 raise LocalProtocolError(
                     f"endorsing {tx_id[:4].hex()} would conflict with {len(missing)} "
                     "pending endorsed transaction(s)")
-        body = Endorsement(tx_id=tx_id, endorser=self._node, conditions=conditions)
-        signed = Endorsement(tx_id=tx_id, endorser=self._node, conditions=conditions,
-                             signature=self._signer.sign(body))
-        self._endorsed[tx_id] = signed
-        self._appended(signed, tx_id, tx)
+        unsigned = Endorsement(tx_id=tx_id, endorser=self._node, conditions=conditions)
+        self._endorsed[tx_id] = unsigned
+        self._unsealed[tx_id] = tx
+        return unsigned
+
+    def seal(self) -> tuple[Endorsement, ...]:
+        """Sign every endorsement decided since the last seal under ONE signature
+        (`endorsement_batch.sign_batch`) and return them signed, in decision order (empty:
+        none). The core seals before it reads the record or sends an own endorsement."""
+        if not self._unsealed:
+            return ()
+        unsealed, self._unsealed = self._unsealed, {}
+        signed = sign_batch(self._signer, self._node,
+                            [(t, self._endorsed[t].conditions) for t in unsealed])
+        for e in signed:
+            self._endorsed[e.tx_id] = e  # same position: the key is already there
+            self._appended(e, e.tx_id, unsealed[e.tx_id])
         return signed
+
+    def unsealed(self) -> bool:
+        return bool(self._unsealed)
 
     def refuse(self, tx_id: TxId, tx: Transaction) -> Refusal:
         """Sign this node's refusal of `tx_id` (its deadline passed, never endorsed)."""
@@ -172,6 +198,8 @@ class SafetyKernel:
     def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                                     tuple[Transaction, ...]]:
         """(endorsed, refused, known) for the durable record, in signing order."""
+        if self._unsealed:
+            raise LocalProtocolError("record_parts before seal: unsigned own endorsements")
         if self._parts is None:
             self._parts = (tuple(self._endorsed.values()), tuple(self._refused.values()),
                            tuple(self._txs.values()))

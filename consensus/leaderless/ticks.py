@@ -16,7 +16,7 @@ from phalanx.consensus.leaderless.messages import FetchTransactions, TxId
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS
 from phalanx.consensus.leaderless.store import TxRecord, TxState
-from phalanx.consensus.types import Message
+from phalanx.consensus.types import Message, NodeId
 
 
 class TickWork(CoreParts):
@@ -94,6 +94,7 @@ class TickWork(CoreParts):
         doubling backoff), pull what peers know of pending transactions past their
         deadline (a peer that committed one no longer pushes its endorsement), and send
         this period's `CommittedDigest`."""
+        self._seal(out)  # what it re-sends is signed
         for tx_id in list(self._expired):
             if self._store.state_of(tx_id) is not TxState.PENDING:
                 del self._expired[tx_id]
@@ -101,6 +102,7 @@ class TickWork(CoreParts):
         for i in range(0, len(overdue), MAX_FETCH_IDS):
             self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
         out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
+        self._fetch_buffered(out)
         for tx_id in self._recovery.recent(self._ticks):
             own = self._kernel.endorsement(tx_id)
             if own is not None:
@@ -115,6 +117,20 @@ class TickWork(CoreParts):
             if signed is not None:
                 self._broadcast(signed, out)
                 self._resend_later(tx_id)
+
+    def _fetch_buffered(self, out: Outbox) -> None:
+        """Ask again for transactions known only from their endorsements (the client did not
+        send them here, and the fetch from the first endorser was lost): each from one of
+        its endorsers, rotating by period; `Recovery.want` allows one ask per period."""
+        me = self._config.node_id
+        by_peer: dict[NodeId, list[TxId]] = {}
+        for tx_id, slot in list(self._store.buffered.items())[:MAX_FETCH_IDS]:
+            endorsers = [n for n in sorted(slot) if n != me]
+            if endorsers:
+                peer = endorsers[(self._ticks // self._config.rebroadcast_ticks) % len(endorsers)]
+                by_peer.setdefault(peer, []).append(tx_id)
+        for peer, ids in by_peer.items():
+            out.sends += self._recovery.fetch(peer, ids, self._ticks)
 
     def _queue_stuck(self, now: int) -> None:
         for tx_id in self._rules.stuck(now - self._config.delta_old_ms):

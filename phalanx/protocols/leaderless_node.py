@@ -33,7 +33,8 @@ from typing import Any
 
 from phalanx.apps.interface import BaseVersions, EndorsementHooks, KeyAccess
 from phalanx.apps.replica import CheckpointPolicy, Replica
-from phalanx.consensus.core import Core
+from phalanx.consensus.core import Ready
+from phalanx.consensus.leaderless.batching import SubmitBatch
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules
@@ -43,7 +44,7 @@ from phalanx.consensus.leaderless.messages import (
     Transaction,
     transaction_id,
 )
-from phalanx.consensus.types import NodeId
+from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 from phalanx.ops.node_config import ConfigError, NodeConfig
@@ -312,13 +313,21 @@ class LeaderlessNode:
         if state is not None and not isinstance(state, LeaderlessDurableState):
             raise ProtocolError(f"{config.data_dir}: the stored core state is a "
                                 f"{type(state).__name__}, not the leaderless core's")
-        core: Core = LeaderlessCore(
+        honest = LeaderlessCore(
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
             app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
             recovering=durable.recovering, restored_entries=durable.entries,
             checkpoint_format=EnvelopeFormat())
-        return BuiltCore(core=core)
+        if byzantine is not None:  # the wrapper must see every input: one Submit each
+            return BuiltCore(core=honest)
+
+        def propose_batch(requests: tuple[ClientRequest, ...]) -> Ready:
+            # A pass's client writes in one step: their endorsements under one signature,
+            # one batch per peer, one record append (docs/LEADERLESS.md "Batch endorsements").
+            return honest.step(SubmitBatch(requests=requests))
+
+        return BuiltCore(core=honest, propose_batch=propose_batch)
 
 
 LEADERLESS_NODE = LeaderlessNode()

@@ -16,9 +16,11 @@ from phalanx.consensus.core import Abort, Input, Ready, Receive, Send, Submit, T
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
+from phalanx.consensus.leaderless.endorsement_batch import expand, sign_one
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     Endorsement,
+    EndorsementBatch,
     LeaderlessDurableState,
     Requirement,
     Transaction,
@@ -269,10 +271,22 @@ class Cluster:
         return [self.nodes[n].app.data for n in self.ids]
 
 
+def sent_endorsements(ready: Ready) -> list[Endorsement]:
+    """The endorsements `ready` sends, one per send: bare ones and the items of batches."""
+    out: list[Endorsement] = []
+    for send in ready.messages:
+        if isinstance(send.message, Endorsement):
+            out.append(send.message)
+        elif isinstance(send.message, EndorsementBatch):
+            expanded = expand(send.message)
+            assert expanded is not None
+            out += expanded[1]
+    return out
+
+
 def endorsement(node: str, tx: Transaction, conditions: tuple[TxId, ...] = ()) -> Endorsement:
     """`node`'s signed endorsement of `tx` (tests play the other nodes)."""
-    body = Endorsement(tx_id=tx_id(tx), endorser=NodeId(node), conditions=tuple(sorted(conditions)))
-    return replace(body, signature=FastCrypto(NodeId(node)).sign(body))
+    return sign_one(FastCrypto(NodeId(node)), NodeId(node), tx_id(tx), tuple(sorted(conditions)))
 
 
 def solo(node: str = "n1", *, bugs: frozenset[str] = frozenset(), app: KvApp | None = None,

@@ -5,12 +5,23 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from leaderless_harness import EPOCH, Cluster, make_tx, run, solo, tx_id, version
+from leaderless_harness import (
+    EPOCH,
+    Cluster,
+    endorsement,
+    make_tx,
+    run,
+    sent_endorsements,
+    solo,
+    tx_id,
+    version,
+)
 
 from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.leaderless.bugs import BUG_NAMES, check_bugs
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.messages import Endorsement
+from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.types import NodeId
 
 IDS = tuple(NodeId(f"n{i}") for i in range(1, 5))
@@ -61,7 +72,7 @@ def test_endorse_despite_conflict(bug: bool) -> None:
     signed = []
     for tx in (t1, t2):
         ready = run(core, app, Receive(src=NodeId("n2"), message=tx))
-        signed += {s.message for s in ready.messages if isinstance(s.message, Endorsement)}
+        signed += set(sent_endorsements(ready))
     unconditional = [e for e in signed if isinstance(e, Endorsement) and not e.conditions]
     assert [e.tx_id for e in unconditional] == ([tx_id(t1), tx_id(t2)] if bug else [tx_id(t1)])
 
@@ -100,3 +111,26 @@ def test_commuting_updates_converge_under_reordering(
     want = {k: str(v).encode() for k, v in expected.items()}
     assert all(s == want for s in c.states())
     assert all(c.nodes[n].core.status().committed == len(adds) for n in IDS)
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_count_conditional_commits_both_of_a_late_quorum(bug: bool) -> None:
+    """The late quorum by hand: T1 expires with only n1's endorsement here; T2 (conflicting)
+    is endorsed on condition of T1 by n1, n2, n3; then n2's and n3's endorsements of T1,
+    signed before its deadline, arrive late. Correct: T1 commits and T2 waits (its
+    endorsements now never count). With ``count_conditional``, T2 commits on its conditional
+    endorsements first, and T1 after: both conflicting transactions commit."""
+    core, app = solo(bugs=frozenset({"count_conditional"}) if bug else frozenset())
+    run(core, app, Tick(now_ms=EPOCH))
+    t1 = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 100)
+    t2 = make_tx("set x b", client="c2", reqs={"x": version(None)}, deadline=EPOCH + 5000)
+    run(core, app, Receive(src=NodeId("n2"), message=t1))
+    run(core, app, Tick(now_ms=EPOCH + 200))  # T1 expired, pending
+    ready = run(core, app, Receive(src=NodeId("n2"), message=t2))
+    assert [e.conditions for e in sent_endorsements(ready)][:1] == [(tx_id(t1),)]
+    for node in ("n2", "n3"):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t2, (tx_id(t1),))))
+    for node in ("n2", "n3"):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t1)))
+    assert core.status().committed == (2 if bug else 1)
+    assert core._store.state_of(tx_id(t2)) is (TxState.COMMITTED if bug else TxState.PENDING)

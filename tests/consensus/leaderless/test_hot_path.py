@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import itertools
 
-from leaderless_harness import EPOCH, endorsement, make_tx, run, solo, tx_id
+from leaderless_harness import EPOCH, endorsement, make_tx, run, sent_endorsements, solo, tx_id
 
 from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.crypto import FastCrypto
-from phalanx.consensus.leaderless.messages import Endorsement, TransactionProof
+from phalanx.consensus.leaderless.messages import TransactionProof
 from phalanx.consensus.types import NodeId
 
 N2, N3, N4 = NodeId("n2"), NodeId("n3"), NodeId("n4")
@@ -67,8 +67,7 @@ def test_own_endorsements_are_re_sent_at_a_doubling_backoff_while_pending() -> N
     sent_at = []
     for t in range(1, 40):
         ready = run(core, app, Tick(now_ms=EPOCH + t))
-        if any(isinstance(s.message, Endorsement) and s.message.endorser == "n1"
-               for s in ready.messages):
+        if any(e.endorser == "n1" for e in sent_endorsements(ready)):
             sent_at.append(t + 1)  # the core's tick count
     gaps = [b - a for a, b in itertools.pairwise(sent_at)]
     assert gaps[:3] == [4, 8, 16]  # 2, 4, 8 periods of 2 ticks
@@ -76,8 +75,8 @@ def test_own_endorsements_are_re_sent_at_a_doubling_backoff_while_pending() -> N
         run(core, app, Receive(src=NodeId(node), message=endorsement(node, tx)))
     assert app.data == {"x": b"1"}
     quiet = [run(core, app, Tick(now_ms=EPOCH + 100 + t)) for t in range(60)]
-    assert not any(isinstance(s.message, Endorsement) and s.message.tx_id == tx_id(tx)
-                   for r in quiet[10:] for s in r.messages)  # committed: no more re-sends
+    assert not any(e.tx_id == tx_id(tx)
+                   for r in quiet[10:] for e in sent_endorsements(r))  # committed: no more re-sends
 
 
 def test_a_commit_certificate_commits_past_an_equivocating_endorser() -> None:

@@ -9,6 +9,7 @@ from leaderless_harness import (
     endorsement,
     make_tx,
     run,
+    sent_endorsements,
     solo,
     submit_of,
     tx_id,
@@ -73,12 +74,12 @@ def test_committed_but_unapplied_conflict_waits() -> None:
     assert app.applied() == 0  # released, not applied yet
     t2 = make_tx("set x b", client="c2", reqs={"x": version(b"a")})
     ready = run(core, app, Receive(src=N2, message=t2))
-    assert not [s for s in ready.messages if isinstance(s.message, Endorsement)]
+    assert not sent_endorsements(ready)
     app.hold = False
     for entry in app.held:
         app.apply(entry)  # type: ignore[arg-type]
     ready = run(core, app, Tick(now_ms=EPOCH + 1))
-    (e,) = {s.message for s in ready.messages if isinstance(s.message, Endorsement)}
+    (e,) = set(sent_endorsements(ready))
     assert isinstance(e, Endorsement)
     assert e.tx_id == tx_id(t2)
     assert e.conditions == ()
@@ -126,10 +127,9 @@ def test_far_future_deadline_is_endorsed_only_once_within_the_lead() -> None:
     run(core, app, Tick(now_ms=EPOCH))
     tx = make_tx("add x 1", deadline=EPOCH + 1500)
     ready = run(core, app, Receive(src=N2, message=tx))
-    assert not [s for s in ready.messages if isinstance(s.message, Endorsement)]
+    assert not sent_endorsements(ready)
     ready = run(core, app, Tick(now_ms=EPOCH + 600))
-    assert {s.message.tx_id for s in ready.messages  # type: ignore[attr-defined]
-            if isinstance(s.message, Endorsement)} == {tx_id(tx)}
+    assert {e.tx_id for e in sent_endorsements(ready)} == {tx_id(tx)}
 
 
 def test_a_node_cut_off_for_long_catches_up_from_digests() -> None:

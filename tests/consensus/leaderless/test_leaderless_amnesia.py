@@ -9,6 +9,7 @@ from leaderless_harness import EPOCH, REGISTRY, endorsement, make_tx, run, solo,
 from phalanx.consensus.core import Receive, Tick
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
+    EndorsementBatch,
     LeaderlessDurableState,
     Refusal,
     StartCheckpoint,
@@ -23,7 +24,7 @@ FENCE = LEAD + HORIZON
 
 def _signed(ready: object) -> list[object]:
     return [s.message for s in ready.messages  # type: ignore[attr-defined]
-            if isinstance(s.message, Endorsement | Refusal | VetoChoice)]
+            if isinstance(s.message, Endorsement | EndorsementBatch | Refusal | VetoChoice)]
 
 
 def test_a_node_without_its_record_would_endorse_a_conflicting_transaction() -> None:

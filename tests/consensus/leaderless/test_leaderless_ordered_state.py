@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from leaderless_harness import client_keys, endorsement, make_tx, tx_id
 
 from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.leaderless.endorsement_batch import sign_one
 from phalanx.consensus.leaderless.messages import (
     CloseCheckpoint,
     Endorsement,
@@ -42,8 +43,7 @@ def sign(item: OrderedVote | CloseCheckpoint, as_node: NodeId) -> OrderedVote | 
 
 
 def forged(node: str, tx: object) -> Endorsement:
-    body = Endorsement(tx_id=tx_id(T1), endorser=NodeId(node), conditions=())
-    return dataclasses.replace(body, signature=FastCrypto(NodeId("n4")).sign(body))
+    return sign_one(FastCrypto(NodeId("n4")), NodeId(node), tx_id(T1))  # n4's key
 
 
 ENDORSEMENTS = {n: endorsement(n, T1) for n in ("n1", "n2", "n3", "n4")}

@@ -27,6 +27,7 @@ from phalanx.consensus.core import Input, Persisted, Ready, Receive
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
+from phalanx.consensus.leaderless.endorsement_batch import sign_one
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     CloseCheckpoint,
@@ -258,8 +259,7 @@ def test_a_forged_proof_keeps_nothing() -> None:
     name: the vote is invalid at every honest node (counted), so it is not counted; the
     honest votes and closes drop both transactions."""
     c0, t1, _t2 = split("pbft")
-    forged_body = Endorsement(tx_id=tx_id(t1), endorser=N3, conditions=())
-    forged = dataclasses.replace(forged_body, signature=FastCrypto(N4).sign(forged_body))
+    forged = sign_one(FastCrypto(N4), N3, tx_id(t1))  # n4's key, n3's name
     e1 = [e for e in honest_endorsements(c0, t1) if e.endorser == N1]
     proof = TransactionProof(tx=t1, endorsements=(*e1, forged, endorsement("n4", t1)))
     c, t1, t2 = byzantine_split({N1: (proof,), N2: (proof,), N3: (proof,)})

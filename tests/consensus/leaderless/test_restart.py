@@ -13,6 +13,7 @@ from leaderless_harness import (
     endorsement,
     make_tx,
     run,
+    sent_endorsements,
     solo,
     tx_id,
     version,
@@ -34,7 +35,7 @@ def test_signatures_are_recorded_before_they_are_sent() -> None:
     core, app = solo()
     run(core, app, Tick(now_ms=EPOCH))
     ready = run(core, app, Receive(src=N2, message=make_tx("add x 1", deadline=EPOCH + 10)))
-    sent = [s.message for s in ready.messages if isinstance(s.message, Endorsement)]
+    sent = sent_endorsements(ready)
     assert sent
     assert ready.must_sync
     assert isinstance(ready.core_state, LeaderlessDurableState)
@@ -65,12 +66,12 @@ def test_restart_never_signs_a_conflicting_endorsement() -> None:
     core, _ = solo(app=app, restored=state)
     run(core, app, Tick(now_ms=EPOCH + 10))
     ready = run(core, app, Receive(src=N2, message=t2))
-    assert not [s for s in ready.messages if isinstance(s.message, Endorsement)]
+    assert not sent_endorsements(ready)
     ready = run(core, app, Receive(src=N2, message=t1))  # a replay: no second endorsement
-    assert not [s for s in ready.messages if isinstance(s.message, Endorsement)]
+    assert not sent_endorsements(ready)
     # After T1 expired, n1 endorses T2 only on condition T1.
     ready = run(core, app, Tick(now_ms=EPOCH + 1100))
-    (e,) = [s.message for s in ready.messages if isinstance(s.message, Endorsement)][:1]
+    (e,) = sent_endorsements(ready)[:1]
     assert isinstance(e, Endorsement)
     assert e.tx_id == tx_id(t2)
     assert e.conditions == (tx_id(t1),)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
+from phalanx.consensus.leaderless.endorsement_batch import endorsement_problem, sign_one
 from phalanx.consensus.leaderless.messages import (
-    Endorsement,
     StartCheckpoint,
     Transaction,
     TransactionProof,
@@ -51,8 +51,7 @@ def proof(i: int, n: int = 4, endorsers: int | None = None) -> TransactionProof:
     q = endorsers if endorsers is not None else quorum(n)
     ends = []
     for node in nodes_of(n)[:q]:
-        e = Endorsement(tx_id=tid(i), endorser=node)
-        ends.append(dataclasses.replace(e, signature=FastCrypto(node).sign(e)))
+        ends.append(sign_one(FastCrypto(node), node, tid(i)))
     return TransactionProof(tx=tx(i), endorsements=tuple(ends))
 
 
@@ -63,13 +62,12 @@ def quorum(n: int) -> int:
 
 def verifier(n: int) -> Callable[[TransactionProof], bool]:
     crypto = FastCrypto("n0")
-    members = set(nodes_of(n))
+    members = nodes_of(n)
 
     def verify(p: TransactionProof) -> bool:
         t = transaction_id(p.tx, ENCODE)
         good = {e.endorser for e in p.endorsements
-                if e.tx_id == t and e.endorser in members
-                and crypto.verify(e.endorser, e, e.signature)}
+                if e.tx_id == t and endorsement_problem(e, members, crypto) is None}
         return len(good) >= quorum(n)
     return verify
 
