@@ -22,7 +22,7 @@ compare-and-sets; latency counts writes and CAS only); the leaderless core its s
 clients with commuting adds and set adds (plus versioned puts on the hot register in
 ``conflicts``), deadlines 4-6 s (PnyxDB's default is 5 s), submitted to f+1 nodes. Register
 latencies count the operations invoked before the heal (the faults of ``crashed`` last
-until then) and, for Raft, after its first election (`WARMUP_NS`).
+until then) and, for Raft, after its first election (`warmup_ns`).
 
 Usage: `python bench/scale.py [--sizes 4,10,20,60,180] [--only base,conflicts]
 [--quick] [--no-plot] [--no-docs] [--plot-from REPORT...]`. `--quick` is the smoke run
@@ -37,12 +37,16 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.run import RunConfig, RunResult, run
 from phalanx.jepsen.sim.wan import WanConfig
+from phalanx.protocols import CallStrategy, FaultModel
+from phalanx.protocols import get as protocol_spec
+from phalanx.protocols import names as protocol_names
 
 MS = 1_000_000
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -90,27 +94,38 @@ class Row:
 
 
 def faults_of(protocol: str, n: int) -> int:
-    return (n - 1) // 2 if protocol == "raft" else (n - 1) // 3
+    return protocol_spec(protocol).max_faults(n)
+
+
+def endorsing(protocol: str) -> bool:
+    """A leaderless (conditional-endorsement) protocol: its own workload, conflict rates and
+    commit latencies (the registry's `CallStrategy.ENDORSEMENT`), not a register history."""
+    return protocol_spec(protocol).call_strategy is CallStrategy.ENDORSEMENT
+
+
+def byzantine(protocol: str) -> bool:
+    return protocol_spec(protocol).fault_model is FaultModel.BYZANTINE
+
+
+def _all() -> tuple[str, ...]:
+    """The registered protocols, in the tables' order: crash-fault ones first."""
+    return tuple(sorted(protocol_names(), key=lambda p: (byzantine(p), endorsing(p), p)))
 
 
 def cells(experiments: list[str], sizes: list[int]) -> list[Cell]:
-    out: list[Cell] = []
-    for n in sizes:
-        for exp in experiments:
-            if exp == "base":
-                out += [Cell("base", p, n) for p in ("raft", "pbft", "leaderless")]
-            elif exp == "conflicts":
-                out += [Cell("conflicts", "leaderless", n, conflict_pct=c) for c in (10, 50)]
-            elif exp == "gossip":
-                out += [Cell("gossip", p, n, dissemination="gossip")
-                        for p in ("pbft", "leaderless")]
-            elif exp == "crashed":
-                out += [Cell("crashed", p, n, crashed=faults_of(p, n))
-                        for p in ("raft", "pbft", "leaderless") if faults_of(p, n)]
-            elif exp == "byzantine":
-                out += [Cell("byzantine", p, n, byzantine=faults_of(p, n))
-                        for p in ("pbft", "leaderless") if faults_of(p, n)]
-    return out
+    builders: dict[str, Callable[[int], list[Cell]]] = {
+        "base": lambda n: [Cell("base", p, n) for p in _all()],
+        "conflicts": lambda n: [Cell("conflicts", p, n, conflict_pct=c)
+                                for p in _all() if endorsing(p) for c in (10, 50)],
+        # the simulator's dissemination layer carries the Byzantine cores' broadcasts
+        "gossip": lambda n: [Cell("gossip", p, n, dissemination="gossip")
+                             for p in _all() if byzantine(p)],
+        "crashed": lambda n: [Cell("crashed", p, n, crashed=faults_of(p, n))
+                              for p in _all() if faults_of(p, n)],
+        "byzantine": lambda n: [Cell("byzantine", p, n, byzantine=faults_of(p, n))
+                                for p in _all() if byzantine(p) and faults_of(p, n)],
+    }
+    return [cell for n in sizes for exp in experiments for cell in builders[exp](n)]
 
 
 def shape(cell: Cell, quick: bool) -> tuple[int, int, int, int]:
@@ -122,9 +137,9 @@ def shape(cell: Cell, quick: bool) -> tuple[int, int, int, int]:
     if quick:
         return 3, 2, 4, 8
     if n >= 180:
-        return (32, 2, 4, 4) if cell.protocol != "leaderless" else (8, 2, 4, 10)
+        return (32, 2, 4, 4) if not endorsing(cell.protocol) else (8, 2, 4, 10)
     if n >= 60:
-        return (16, 3, 5, 4) if cell.protocol != "leaderless" else (10, 3, 5, 10)
+        return (16, 3, 5, 4) if not endorsing(cell.protocol) else (10, 3, 5, 10)
     return 10, 5, 6, 8
 
 
@@ -135,8 +150,8 @@ def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
                ) -> RunConfig:
     clients, per_client, seconds, after = override or shape(cell, quick)
     settings: tuple[tuple[str, int | bool | str], ...] = ()
-    if cell.protocol == "leaderless":
-        f = faults_of("leaderless", cell.n)
+    if endorsing(cell.protocol):
+        f = faults_of(cell.protocol, cell.n)
         settings = (("conflict_pct", cell.conflict_pct), ("short_pct", 0),
                     ("ops_per_client", per_client), ("submit_to", f + 1), ("mixed_pct", 0),
                     ("registers", 1), ("srem_pct", 0), ("hot_jitter_ms", 0),
@@ -146,7 +161,7 @@ def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
     if cell.crashed:
         # The last `crashed` nodes of the setup's order (spread over the regions, never n1).
         names = [f"n{i}" for i in range(1, cell.n + 1)]
-        if cell.protocol == "leaderless":
+        if endorsing(cell.protocol):
             names = sorted(names)
         down = tuple(sorted(names[-cell.crashed:]))
         schedule = (
@@ -163,17 +178,19 @@ def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
         gossip_tick_ns=10 * MS, wan=WanConfig(regions=5))
 
 
-WARMUP_NS = {"raft": 2_000 * MS}
-"""Raft's first election takes up to two election timeouts (10 ticks of 80 ms each over
-this WAN): operations invoked before are left out of its latencies (PBFT's view-0 primary
-and the leaderless core need no election)."""
+def warmup_ns(protocol: str) -> int:
+    """A crash-fault (Raft) cluster's first election takes up to two election timeouts (10
+    ticks of 80 ms each over this WAN): operations invoked before are left out of its
+    latencies (PBFT's view-0 primary and the leaderless core need no election)."""
+    spec = protocol_spec(protocol)
+    return 2_000 * MS if spec.fault_model is FaultModel.CRASH else 0
 
 
 def latencies(result: RunResult, after_ns: int, before_ns: int) -> list[int]:
     """Commit latencies: the leaderless workload's own (every committed transaction), else
     those of the register history's writes and CAS invoked in [after_ns, before_ns)
     (invoke to ok)."""
-    if result.config.protocol == "leaderless" or result.commit_latencies_ns:
+    if endorsing(result.config.protocol) or result.commit_latencies_ns:
         return list(result.commit_latencies_ns)
     invoked: dict[object, tuple[int, str]] = {}
     out: list[int] = []
@@ -203,8 +220,8 @@ def measure(cell: Cell, seed: int, quick: bool, override: Shape | None = None) -
     cpu0 = time.process_time()
     result = run(cfg)
     cpu = time.process_time() - cpu0
-    lat = latencies(result, WARMUP_NS.get(cell.protocol, 0), cfg.time_ns)
-    ops = len(lat) if cell.protocol == "leaderless" else result.ops_ok
+    lat = latencies(result, warmup_ns(cell.protocol), cfg.time_ns)
+    ops = len(lat) if endorsing(cell.protocol) else result.ops_ok
     st = result.stats
     note = "" if result.ok else "; ".join(v[:90] for v in result.violations[:2])
     return Row(experiment=cell.experiment, label=cell.label, n=cell.n, ops=ops,

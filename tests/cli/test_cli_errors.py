@@ -328,7 +328,7 @@ def _broken(exc: BaseException) -> object:
 def test_our_own_bug_is_one_line_exit_70_and_a_traceback_on_request(
     cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from phalanx.cli import kv as kv_cli
+    from phalanx.cli import status as kv_cli  # `phalanx status`'s handler
 
     monkeypatch.setattr(kv_cli, "_status_main", _broken(RuntimeError("boom")))
     monkeypatch.delenv("PHALANX_DEBUG", raising=False)
@@ -345,7 +345,7 @@ def test_our_own_bug_is_one_line_exit_70_and_a_traceback_on_request(
 def test_ctrl_c_and_a_closed_stdout(
     cluster: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from phalanx.cli import kv as kv_cli
+    from phalanx.cli import status as kv_cli  # `phalanx status`'s handler
 
     monkeypatch.setattr(kv_cli, "_status_main", _broken(KeyboardInterrupt()))
     _one_line(*_run(["status", "--cluster", str(cluster)], capsys), "interrupted",

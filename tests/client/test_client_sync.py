@@ -12,6 +12,7 @@ import trio
 from client_fakes import Certs, FakeNode, KvBackend, addresses, make_certs, serve_kv, start_nodes
 
 from phalanx.client.async_client import ClientClosed, ClientTimeout, KvCommandError
+from phalanx.client.errors import ClusterUnreachable
 from phalanx.client.sync_client import SyncClient
 from phalanx.net.transport import Backoff
 
@@ -89,7 +90,17 @@ def test_sync_client_timeout_and_bad_arguments(certs: Certs) -> None:
     import socket
 
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))  # bound, never listening
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = sock.getsockname()[1]
+        with SyncClient([("n1", "127.0.0.1", port)], ssl_context=certs.client_context(),
+                        timeout=30, attempt_timeout=0.1,
+                        backoff=Backoff(base=0.01, cap=0.05)) as client, pytest.raises(
+            ClusterUnreachable, match="connection refused by every node: n1"
+        ):
+            client.put("k", b"v")  # at once, not after the 30 s timeout
+    with socket.socket() as sock:  # listening, never accepting: a timeout, indeterminate
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
         port = sock.getsockname()[1]
         with SyncClient([("n1", "127.0.0.1", port)], ssl_context=certs.client_context(),
                         timeout=0.3, attempt_timeout=0.1,
