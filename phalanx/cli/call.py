@@ -91,7 +91,7 @@ def _call_main(args: argparse.Namespace) -> int:
     consistency = ReadConsistency.STALE if args.stale else ReadConsistency.LINEARIZABLE
 
     async def run() -> bytes:
-        async with open_client(cluster, timeout=args.timeout) as client:
+        async with open_client(cluster, timeout=args.timeout, fail_fast=True) as client:
             return await client.call(command, read_only=args.read_only,
                                      consistency=consistency)
 

@@ -414,7 +414,8 @@ async def run_kv(
     consistency = ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE
     failure: ClientError | ValueError | None = None
     raw = b""
-    options: ClientOptions = {"timeout": client_timeout}
+    # a command line tool: "connection refused by every node" at once, not after the timeout
+    options: ClientOptions = {"timeout": client_timeout, "fail_fast": True}
     if signer is not None:
         options["signer"] = signer
     async with open_client(cluster, **options) as client:

@@ -168,6 +168,7 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
         endorse_all: bool = True,
         abort_grace: float = 1.0,
         wall_clock: Callable[[], float] = wall_clock,
+        fail_fast: bool = False,
     ) -> None:
         spec = protocol_spec(protocol)  # UnknownProtocol (a ValueError) names the known ones
         if not (timeout > 0 and attempt_timeout > 0):
@@ -181,6 +182,10 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
         self._signer = signer
         self.endorse_all = endorse_all
         self.abort_grace = abort_grace
+        self.fail_fast = fail_fast
+        """Raise `ClusterUnreachable` as soon as every node refused the connection and
+        nothing was sent (command-line tools); default: keep trying until the deadline (a
+        cluster that is still starting)."""
         self._wall_clock = wall_clock
         self.client_id = uuid.uuid4().hex if client_id is None else client_id
         hello = None
@@ -489,7 +494,7 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
     async def _back_off(
         self, call: PendingCall[ClientReply], attempt: int, deadline: float, last_error: str | None
     ) -> None:
-        if self._pool.nothing_sent(call):
+        if self.fail_fast and self._pool.nothing_sent(call):
             raise ClusterUnreachable(
                 f"connection refused by every node: {self._pool.refusals()}; nothing was "
                 "sent, so the call had no effect (is the cluster running?)")
@@ -549,6 +554,7 @@ class ClientOptions(TypedDict, total=False):
     endorse_all: bool
     abort_grace: float
     wall_clock: Callable[[], float]
+    fail_fast: bool
 
 
 @asynccontextmanager
@@ -587,6 +593,9 @@ async def open_client(
         abort_grace: (ENDORSEMENT) how long past a transaction's deadline the call waits
             for f+1 matching outcomes (abort notices come after the deadline).
         wall_clock: (ENDORSEMENT) the clock of transaction deadlines (tests).
+        fail_fast: raise `ClusterUnreachable` (no effect) at once when every node refuses
+            the connection and nothing was sent, instead of trying until the deadline (for
+            command-line tools; a program starting its own cluster wants the default).
 
     Raises:
         phalanx.ops.node_config.ConfigError: the cluster directory is invalid, or its client

@@ -93,11 +93,17 @@ def test_sync_client_timeout_and_bad_arguments(certs: Certs) -> None:
         sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         port = sock.getsockname()[1]
         with SyncClient([("n1", "127.0.0.1", port)], ssl_context=certs.client_context(),
-                        timeout=30, attempt_timeout=0.1,
+                        timeout=30, attempt_timeout=0.1, fail_fast=True,
                         backoff=Backoff(base=0.01, cap=0.05)) as client, pytest.raises(
             ClusterUnreachable, match="connection refused by every node: n1"
         ):
             client.put("k", b"v")  # at once, not after the 30 s timeout
+        with SyncClient([("n1", "127.0.0.1", port)], ssl_context=certs.client_context(),
+                        timeout=0.3, attempt_timeout=0.1,
+                        backoff=Backoff(base=0.01, cap=0.05)) as client, pytest.raises(
+            ClientTimeout
+        ):
+            client.put("k", b"v")  # by default: tried until the deadline (a starting cluster)
     with socket.socket() as sock:  # listening, never accepting: a timeout, indeterminate
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)

@@ -25,7 +25,7 @@ from phalanx.apps.kv_types import Put
 from phalanx.apps.kv_wire import encode_command
 from phalanx.cli.announce import format_announce_status, query_announce
 from phalanx.client.async_client import open_client
-from phalanx.clustersend import Certificate, MemberSignature, SendStatement
+from phalanx.clustersend import Certificate, CertKind, MemberSignature, SendStatement
 from phalanx.ops.node_config import ClusterConfig, NodeConfig
 from phalanx.services.announce_api import AnnounceStatus
 from phalanx.services.announce_node import Announcement, AnnounceService, announce_digest
@@ -116,10 +116,12 @@ async def test_checkpoints_are_announced_verified_and_survive_a_killed_announcer
             forged_st = SendStatement(src_cluster=ida, dst_cluster=idb, epoch=0,
                                       seq=held.index + 1000,
                                       digest=announce_digest(held.index + 1000, digest))
+            crash = info.kind is CertKind.CRASH  # a Byzantine certificate names no leader
             forged = Certificate(kind=info.kind, statement=forged_st,
                                  signatures=tuple(MemberSignature(signer=m, sig=b"x" * 64)
                                                   for m in info.members[:info.cert_quorum]),
-                                 term=0, leader=info.members[0], leader_sig=b"y" * 64)
+                                 term=0, leader=info.members[0] if crash else "",
+                                 leader_sig=b"y" * 64 if crash else b"")
             a1 = c.nodes[("a", "n1")].transport
             b1 = next(p for p in a1.peers if str(p).startswith("n1@"))
             assert a1.send_nowait(b1, Announcement(index=held.index + 1000,
