@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from phalanx.appspec import DEFAULT_APP
 from phalanx.appspec import get as get_app
@@ -36,6 +37,9 @@ from phalanx.jepsen.nemesis import ScheduleError, parse_faults
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols import names as protocol_names
+
+Opts = TypeVar("Opts")
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -177,10 +181,8 @@ def add_run_command(
 
 def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     """The ``phalanx jepsen run`` handler; returns the exit status."""
-    import trio
     from rich.console import Console
 
-    from phalanx.jepsen.harness.cluster import ClusterUnavailable
     from phalanx.jepsen.harness.runner import WORKLOADS, RunOptions, run_test
     from phalanx.jepsen.linearizability import UNKNOWN
 
@@ -253,14 +255,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     except (ByzantinePlanError, ValueError) as e:
         print_error("phalanx jepsen run", str(e))
         return EXIT_USAGE
-    try:
-        result = trio.run(run_test, options, out)
-    except (ClusterUnavailable, BaseExceptionGroup) as e:
-        # raised inside the cluster's nursery it arrives in a group (exit 4, not 70)
-        unavailable = _unavailable(e, ClusterUnavailable)
-        if unavailable is None:
-            raise
-        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
+    result = _run_or_unavailable(run_test, options, out)
+    if result is None:
         return EXIT_UNKNOWN
     out.print(verdict_table(options, result))
     for reason in result.reasons:
@@ -289,9 +285,7 @@ def _protocol_list(text: str) -> str:
 def _run_shards(args: argparse.Namespace, out: Console) -> int:
     """``--shards 2``: two linked clusters and the cross-shard bank
     (`phalanx.jepsen.harness.shards`)."""
-    import trio
 
-    from phalanx.jepsen.harness.cluster import ClusterUnavailable
     from phalanx.jepsen.harness.shards import ShardRunOptions, run_shards
 
     if args.shards != 2 or args.workload not in (None, SHARDS_WORKLOAD):
@@ -314,24 +308,10 @@ def _run_shards(args: argparse.Namespace, out: Console) -> int:
     except (ScheduleError, ValueError) as e:
         print_error("phalanx jepsen run", str(e))
         return EXIT_USAGE
-    try:
-        result = trio.run(run_shards, options, out)
-    except (ClusterUnavailable, BaseExceptionGroup) as e:
-        # raised inside the cluster's nursery it arrives in a group (exit 4, not 70)
-        unavailable = _unavailable(e, ClusterUnavailable)
-        if unavailable is None:
-            raise
-        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
+    result = _run_or_unavailable(run_shards, options, out)
+    if result is None:
         return EXIT_UNKNOWN
-    from rich.table import Table
-
-    t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
-                    f"seed {options.seed}")
-    t.add_column("operation")
-    for col in ("ok", "info", "fail"):
-        t.add_column(col, justify="right")
-    for f, per in sorted(result.counts.items()):
-        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    t = _counts_table(options.test_name, options.time_s, options.seed, result.counts)
     t.add_section()
     t.add_row("nemesis events", str(result.nemesis_events), "", "")
     t.add_row("Byzantine", result.byzantine, "", "")
@@ -352,10 +332,7 @@ def _run_shards(args: argparse.Namespace, out: Console) -> int:
 def _run_gossip(args: argparse.Namespace, out: Console) -> int:
     """``--workload gossip``: the gossip service under faults
     (`phalanx.jepsen.harness.gossip_run`)."""
-    import trio
-    from rich.table import Table
 
-    from phalanx.jepsen.harness.cluster import ClusterUnavailable
     from phalanx.jepsen.harness.gossip_run import GossipRunOptions, run_gossip
 
     protocol = args.protocol or DEFAULT_PROTOCOL
@@ -373,22 +350,10 @@ def _run_gossip(args: argparse.Namespace, out: Console) -> int:
     except (ScheduleError, ValueError) as e:
         print_error("phalanx jepsen run", str(e))
         return EXIT_USAGE
-    try:
-        result = trio.run(run_gossip, options, out)
-    except (ClusterUnavailable, BaseExceptionGroup) as e:
-        # raised inside the cluster's nursery it arrives in a group (exit 4, not 70)
-        unavailable = _unavailable(e, ClusterUnavailable)
-        if unavailable is None:
-            raise
-        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
+    result = _run_or_unavailable(run_gossip, options, out)
+    if result is None:
         return EXIT_UNKNOWN
-    t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
-                    f"seed {options.seed}")
-    t.add_column("operation")
-    for col in ("ok", "info", "fail"):
-        t.add_column(col, justify="right")
-    for f, per in sorted(result.counts.items()):
-        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    t = _counts_table(options.test_name, options.time_s, options.seed, result.counts)
     t.add_section()
     t.add_row("nemesis events", str(result.nemesis_events), "", "")
     t.add_row("settled after heal", f"{result.settle_s:.1f} s", "", "")
@@ -424,15 +389,7 @@ def no_fault_warning(faults: tuple[str, ...], nemesis_events: int, time_s: float
 
 
 def verdict_table(options: RunOptions, r: RunOutcome) -> Table:
-    from rich.table import Table
-
-    t = Table(title=f"phalanx jepsen: {options.test_name}, {options.time_s:g} s, "
-                    f"seed {options.seed}")
-    t.add_column("operation")
-    for col in ("ok", "info", "fail"):
-        t.add_column(col, justify="right")
-    for f, per in sorted(r.counts.items()):
-        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    t = _counts_table(options.test_name, options.time_s, options.seed, r.counts)
     tot = r.totals
     t.add_row("all", *(f"{tot[k]:,}" for k in ("ok", "info", "fail")), style="bold")
     t.add_section()
@@ -466,3 +423,36 @@ def _unavailable(exc: BaseException, kind: type[Exception]) -> BaseException | N
                 leaf = leaf.exceptions[0]
             return leaf
     return None
+
+
+def _run_or_unavailable(run: Callable[[Opts, Console], Awaitable[R]], options: Opts,
+                        out: Console) -> R | None:
+    """`trio.run(run, options, out)`, or None after one line on stderr when the cluster never
+    became available: a `ClusterUnavailable` raised inside the cluster's nursery arrives in
+    an exception group (exit 4, not 70); anything else propagates."""
+    import trio
+
+    from phalanx.jepsen.harness.cluster import ClusterUnavailable
+
+    try:
+        return trio.run(run, options, out)
+    except (ClusterUnavailable, BaseExceptionGroup) as e:
+        unavailable = _unavailable(e, ClusterUnavailable)
+        if unavailable is None:
+            raise
+        print(f"phalanx jepsen run: {unavailable}", file=sys.stderr)
+        return None
+
+
+def _counts_table(name: str, time_s: float, seed: int,
+                  counts: dict[str, dict[str, int]]) -> Table:
+    """The verdict table's head: the test, then ok/info/fail per operation kind."""
+    from rich.table import Table
+
+    t = Table(title=f"phalanx jepsen: {name}, {time_s:g} s, seed {seed}")
+    t.add_column("operation")
+    for col in ("ok", "info", "fail"):
+        t.add_column(col, justify="right")
+    for f, per in sorted(counts.items()):
+        t.add_row(f, *(f"{per.get(k, 0):,}" for k in ("ok", "info", "fail")))
+    return t
