@@ -14,6 +14,7 @@ Must not import: trio, sockets, clocks, random, any consensus core.
 from __future__ import annotations
 
 import gc
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from phalanx.apps.envelope import decode_meta, encode_meta, parse_envelope
@@ -36,7 +37,7 @@ REPLAY_BATCH = 1024
 """WAL records read per batch during replay."""
 
 
-class ReplicaRecovery:
+class ReplicaRecovery(ABC):
     """`restore_latest` and `install` over the replica's state (see the module docstring)."""
 
     _machine: StateMachine
@@ -54,15 +55,18 @@ class ReplicaRecovery:
     _checkpoint_index: int
     _queued: CheckpointJob | None
 
-    # Provided by `Replica` (the apply path replay shares).
+    # The apply path's steps replay shares, defined by `Replica`.
+    @abstractmethod
     def _apply_transaction(self, command: bytes, read_only: bool) -> tuple[ApplyStatus, bytes]:
-        raise NotImplementedError
+        """Run one transaction-mode command exactly once (`Replica._apply_transaction`)."""
 
+    @abstractmethod
     def _begin_block(self, entry: Entry) -> BatchHooks | None:
-        raise NotImplementedError
+        """Open `entry`'s block for an app with batch hooks (`Replica._begin_block`)."""
 
+    @abstractmethod
     def _compact(self, index: int) -> None:
-        raise NotImplementedError
+        """Compact the WAL below a durable checkpoint at `index` (`Replica._compact`)."""
 
     def restore_latest(self, *, replay_upto: int | None = None) -> RecoveryReport:
         """Load the newest valid checkpoint, then replay the WAL suffix after it.
