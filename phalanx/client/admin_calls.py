@@ -22,19 +22,15 @@ from pathlib import Path
 import trio
 
 from phalanx.client.errors import ClientError, ClientTimeout, Forbidden, RequestRejected
-from phalanx.net import client_protocol, wire
+from phalanx.client.one_shot import ask_once
+from phalanx.net import client_protocol
 from phalanx.net.client_protocol import ReplyStatus
-from phalanx.net.codec import DecodeError
-from phalanx.net.framing import FrameDecoder, FrameError, encode_frame
-from phalanx.net.tls_stream import TlsStream
-from phalanx.net.transport import open_tcp_stream_to_other
 from phalanx.ops import admin_messages, pki
 from phalanx.ops.admin_messages import AdminCall, AdminReply
 from phalanx.ops.node_config import ClusterConfig, PeerConfig
 
 ADMIN_NAME = "admin"
 """The client certificate `cluster init` issues with the admin role (DIR/clients/admin.pem)."""
-_RECEIVE = 64 * 1024
 _MAX_HOPS = 4
 
 
@@ -47,25 +43,10 @@ def admin_context(cluster: ClusterConfig, name: str = ADMIN_NAME) -> ssl.SSLCont
 
 
 async def _ask(node: PeerConfig, context: ssl.SSLContext, call: AdminCall) -> AdminReply:
-    tcp = await open_tcp_stream_to_other(node.client_addr.host, node.client_addr.port)
-    tls = TlsStream(tcp, context)
-    try:
-        await tls.do_handshake()
-        await tls.send_all(encode_frame(wire.encode(call)))
-        decoder = FrameDecoder()
-        while True:
-            data = await tls.receive_some(_RECEIVE)
-            if not data:
-                raise ClientError(f"{node.id} closed the connection without an answer")
-            decoder.feed(data)
-            while (frame := decoder.next_frame()) is not None:
-                reply = wire.decode(frame)
-                if isinstance(reply, AdminReply) and reply.nonce == call.nonce:
-                    return reply
-    except (DecodeError, FrameError) as e:
-        raise ClientError(f"{node.id}: garbled answer ({e})") from None
-    finally:
-        await trio.aclose_forcefully(tls)
+    def accept(reply: object) -> AdminReply | None:
+        return reply if isinstance(reply, AdminReply) and reply.nonce == call.nonce else None
+
+    return await ask_once(node, context, call, accept)
 
 
 async def admin_call(cluster: ClusterConfig, op: str, node: str = "", *,

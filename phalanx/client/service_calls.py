@@ -17,19 +17,14 @@ from collections.abc import Mapping
 import trio
 
 from phalanx.client.errors import ClientError, ClientTimeout, Forbidden, RequestRejected
+from phalanx.client.one_shot import ask_once
 from phalanx.consensus.types import Message
 from phalanx.net import client_protocol, wire
-from phalanx.net.codec import DecodeError
-from phalanx.net.framing import FrameDecoder, FrameError, encode_frame
-from phalanx.net.tls_stream import TlsStream
-from phalanx.net.transport import open_tcp_stream_to_other
 from phalanx.ops import pki
 from phalanx.ops.node_config import ClusterConfig, PeerConfig
 from phalanx.services import get as get_service
 from phalanx.services.messages import ServiceCall, ServiceReply
 from phalanx.services.messages import register as register_service_calls
-
-_RECEIVE = 64 * 1024
 
 
 def _context(cluster: ClusterConfig) -> ssl.SSLContext:
@@ -46,25 +41,10 @@ def _register(service: str) -> None:
 
 
 async def _call(node: PeerConfig, context: ssl.SSLContext, call: ServiceCall) -> Message:
-    tcp = await open_tcp_stream_to_other(node.client_addr.host, node.client_addr.port)
-    tls = TlsStream(tcp, context)
-    try:
-        await tls.do_handshake()
-        await tls.send_all(encode_frame(wire.encode(call)))
-        decoder = FrameDecoder()
-        while True:
-            data = await tls.receive_some(_RECEIVE)
-            if not data:
-                raise ClientError(f"{node.id} closed the connection without an answer")
-            decoder.feed(data)
-            while (frame := decoder.next_frame()) is not None:
-                reply = wire.decode(frame)
-                if isinstance(reply, ServiceReply) and reply.nonce == call.nonce:
-                    return _result(node.id, reply)
-    except (DecodeError, FrameError) as e:
-        raise ClientError(f"{node.id}: garbled answer ({e})") from None
-    finally:
-        await trio.aclose_forcefully(tls)
+    def accept(reply: object) -> ServiceReply | None:
+        return reply if isinstance(reply, ServiceReply) and reply.nonce == call.nonce else None
+
+    return _result(node.id, await ask_once(node, context, call, accept))
 
 
 def _result(node: str, reply: ServiceReply) -> Message:
