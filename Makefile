@@ -17,7 +17,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/phalanx demo
 
-test: lint typecheck pytest
+# mypy runs beside pytest (the suite is mostly one process on 2 cores): its report is
+# printed after pytest's, and the target fails if either does.
+test: lint
+	@$(MAKE) --no-print-directory typecheck > .typecheck.log 2>&1 & tc=$$!; \
+	$(MAKE) --no-print-directory pytest; rc=$$?; \
+	wait $$tc; trc=$$?; cat .typecheck.log; \
+	[ $$trc -eq 0 ] || echo "make test: typecheck FAILED (above)"; \
+	[ $$rc -eq 0 ] && [ $$trc -eq 0 ]
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check phalanx $(PKG_DIRS) tests bench
