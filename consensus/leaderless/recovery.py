@@ -4,7 +4,10 @@ Owns: the fetch bookkeeping (which ids were asked for, when: one request per id 
 `rebroadcast_ticks`, bounded), the ids committed here recently (re-pushed once, at the next
 period), answering `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies
 on gossip history instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of
-the committed transactions it still holds (newest `MAX_DIGEST_IDS`); the peer fetches those
+the committed transactions it still holds (newest `MAX_DIGEST_IDS`). The round-robin starts at
+the node's own position (`offset`), so in each period the nodes' digests go to different peers
+(every node receives about one per period) instead of all to the same one (a restarted node
+late in the order then waited up to n-1 periods: 30 s at n = 20 over a WAN); the peer fetches those
 it does not know or still has pending, and commits them from the self-certifying proofs.
 A node that was down or cut off for longer than a period catches up this way.
 
@@ -34,10 +37,13 @@ MAX_DIGEST_IDS = 1024
 
 
 class Recovery:
-    __slots__ = ("_aborts", "_asked", "_every", "_fetched", "_max", "_peers", "_recent")
+    __slots__ = ("_aborts", "_asked", "_every", "_fetched", "_max", "_offset", "_peers",
+                 "_recent")
 
-    def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int) -> None:
+    def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int,
+                 offset: int = 0) -> None:
         self._peers = peers
+        self._offset = offset
         self._every = every
         self._max = max_entries
         self._fetched: dict[TxId, int] = {}
@@ -137,7 +143,7 @@ class Recovery:
         """This period's digest to the next peer (round-robin); none if nothing committed."""
         if not self._peers or not committed:
             return []
-        peer = self._peers[(tick // self._every) % len(self._peers)]
+        peer = self._peers[(tick // self._every + self._offset) % len(self._peers)]
         ids = tuple(sorted(committed[-MAX_DIGEST_IDS:]))
         return [Send(to=peer, message=CommittedDigest(tx_ids=ids))]
 
