@@ -370,6 +370,18 @@ def _decode_entry(data: bytes) -> Entry:
     return wire.decode(data, expected=Entry)
 
 
+SIM_DEFAULTS: Mapping[str, int] = {
+    "checkpoint_interval": 8,
+    "log_window": 16,
+    "batch_size": 4,
+    "view_change_ticks": 20,
+    "max_view_change_ticks": 80,
+    "fetch_ticks": 10,
+}
+"""The simulator's `PbftConfig` fields (small, so that seeds cross checkpoints and water
+marks quickly); `--set NAME=VALUE` replaces any of them (the scale bench batches more)."""
+
+
 def pbft_setup(
     *,
     nodes: int,
@@ -378,9 +390,13 @@ def pbft_setup(
     byzantine: int = 0,
     twins: int = 0,
     behaviours: tuple[str, ...] = (),
+    overrides: Mapping[str, int] | None = None,
 ) -> ProtocolSetup:
     """The simulator setup of a PBFT cluster `n1..nN`: `byzantine` replicas with seeded (or
-    the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine`."""
+    the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine`;
+    `overrides` replace `PbftConfig` fields of `SIM_KNOBS` (`--set batch_size=32`; the
+    replicas' checkpoint policy follows `checkpoint_interval`)."""
+    knobs = {**SIM_DEFAULTS, **(overrides or {})}
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     plan = choose_byzantine(seed, names, count=byzantine, twins=twins, behaviours=behaviours)
     pbft_bugs = PbftBugs.from_names(bugs)
@@ -409,13 +425,10 @@ def pbft_setup(
             block_stamp_skew_ms=stamps,
             node_id=NodeId(node),
             replicas=replicas,
-            checkpoint_interval=8,
-            log_window=16,
-            batch_size=4,
-            view_change_ticks=20,
-            max_view_change_ticks=80,
-            fetch_ticks=10,
+            **knobs,  # type: ignore[arg-type]
         )
+
+    config(names[0])  # a bad combination of knobs is a ValueError now, not in every core
 
     colluders = frozenset(NodeId(n) for n, b in plan.behaviours if b == ("collude",))
     collusion = None
@@ -429,7 +442,8 @@ def pbft_setup(
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=_decode_entry,
-            policy=CheckpointPolicy(every_entries=8, every_bytes=0, compact_lag=0, aligned=True),
+            policy=CheckpointPolicy(every_entries=knobs["checkpoint_interval"], every_bytes=0,
+                                    compact_lag=0, aligned=True),
             config=bootstrap,
         )
         replica.restore_latest(replay_upto=0)
@@ -499,6 +513,14 @@ def pbft_setup(
 
 def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
               seed: int, byzantine: int, twins: int) -> ProtocolSetup:
-    """`phalanx.protocols.builtin.PBFT.sim`: `pbft_setup` (PBFT takes no swarm knobs and
-    checkpoints every K sequence numbers of its own config)."""
-    return pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins)
+    """`phalanx.protocols.builtin.PBFT.sim`: `pbft_setup`. PBFT draws no swarm knobs; `knobs`
+    (`--set`) fix `SIM_KNOBS` fields, another name is a TypeError naming them. It checkpoints
+    every `checkpoint_interval` sequence numbers of its own config, not `checkpoint_every`."""
+    unknown = sorted(k for k, _ in knobs if k not in SIM_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown pbft sim knob(s) {unknown} (known: {', '.join(SIM_DEFAULTS)})")
+    bad = sorted(k for k, v in knobs if type(v) is not int or v < 1)
+    if bad:
+        raise ValueError(f"pbft sim knob(s) {bad} must be positive integers")
+    return pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins,
+                      overrides={k: int(v) for k, v in knobs})
