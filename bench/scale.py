@@ -37,11 +37,13 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.jepsen import nemesis
+from phalanx.jepsen.sim.cli import parse_settings
+from phalanx.jepsen.sim.protocols import Knobs
 from phalanx.jepsen.sim.run import RunConfig, RunResult, run
 from phalanx.jepsen.sim.wan import WanConfig
 from phalanx.protocols import CallStrategy, FaultModel
@@ -146,8 +148,8 @@ def shape(cell: Cell, quick: bool) -> tuple[int, int, int, int]:
 Shape = tuple[int, int, int, int]
 
 
-def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
-               ) -> RunConfig:
+def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None,
+               extra: Mapping[str, Knobs] | None = None) -> RunConfig:
     clients, per_client, seconds, after = override or shape(cell, quick)
     settings: tuple[tuple[str, int | bool | str], ...] = ()
     if endorsing(cell.protocol):
@@ -174,7 +176,9 @@ def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
         seed=seed, protocol=cell.protocol, nodes=cell.n, faults=(), swarm=False,
         byzantine=cell.byzantine, clients=clients, keys=3,
         time_ns=seconds * 1_000 * MS, liveness_ns=after * 1_000 * MS, sized_budgets=True,
-        settings=settings, schedule=schedule, dissemination=cell.dissemination,
+        settings=tuple(sorted({**dict(settings), **dict((extra or {}).get(cell.protocol, ()))}
+                              .items())),
+        schedule=schedule, dissemination=cell.dissemination,
         gossip_tick_ns=10 * MS, wan=WanConfig(regions=5))
 
 
@@ -215,8 +219,9 @@ def percentile(values: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def measure(cell: Cell, seed: int, quick: bool, override: Shape | None = None) -> Row:
-    cfg = config_for(cell, seed, quick, override)
+def measure(cell: Cell, seed: int, quick: bool, override: Shape | None = None,
+            extra: Mapping[str, Knobs] | None = None) -> tuple[Row, RunResult]:
+    cfg = config_for(cell, seed, quick, override, extra)
     cpu0 = time.process_time()
     result = run(cfg)
     cpu = time.process_time() - cpu0
@@ -228,7 +233,7 @@ def measure(cell: Cell, seed: int, quick: bool, override: Shape | None = None) -
                p50_ms=percentile(lat, 0.5) / MS, p99_ms=percentile(lat, 0.99) / MS,
                msgs_per_op=st["messages_sent"] / ops if ops else math.nan,
                kb_per_op=st["bytes_sent"] / 1000 / ops if ops else math.nan,
-               cpu_s=cpu, ok=result.ok, note=note)
+               cpu_s=cpu, ok=result.ok, note=note), result
 
 
 HEADER = ("| experiment | cell | n | ops | p50 ms | p99 ms | msgs/op | KB/op | CPU s | check |\n"
@@ -314,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", metavar="C,K,T,L",
                         help="every cell: C clients, K leaderless transactions each, T "
                         "virtual seconds before the heal and L after (default: by n)")
+    parser.add_argument("--set", action="append", default=[], metavar="PROTOCOL:NAME=VALUE",
+                        dest="settings",
+                        help="fix a simulator knob of one protocol's cells (repeatable), e.g. "
+                        "pbft:batch_size=32 (the names `phalanx sim --set` takes)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
                         help="run nothing: plot the tables of saved reports")
@@ -339,15 +348,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.shape:
         c, k, t, live = (int(x) for x in args.shape.split(","))
         override = (c, k, t, live)
+    extra: dict[str, dict[str, int | bool | str]] = {}
+    for item in args.settings:
+        proto, sep, knob = item.partition(":")
+        if not sep or proto not in protocols:
+            parser.error(f"--set {item}: expected PROTOCOL:NAME=VALUE with a protocol of "
+                         f"--protocols, e.g. pbft:batch_size=32")
+        try:
+            extra.setdefault(proto, {}).update(parse_settings([knob]))
+        except ValueError as exc:
+            parser.error(str(exc))
+    knobs = {proto: tuple(sorted(v.items())) for proto, v in extra.items()}
     todo = [c for c in cells(experiments, sizes) if c.protocol in protocols]
     print(f"scale: {len(todo)} cells, seed {args.seed}, WAN {WanConfig(regions=5).describe()}"
           f"{' (quick)' if args.quick else ''}", flush=True)
     rows: list[Row] = []
     for cell in todo:
-        row = measure(cell, args.seed, args.quick, override)
+        row, result = measure(cell, args.seed, args.quick, override, knobs)
         rows.append(row)
+        per = row.cpu_s / result.deliveries * 1e6 if result.deliveries else math.nan
         print(f"  n={cell.n} {cell.label}: {row.ops} ops, p50 {row.p50_ms:.0f} ms, "
-              f"cpu {row.cpu_s:.1f} s{'' if row.ok else ' FAILED ' + row.note}", flush=True)
+              f"cpu {row.cpu_s:.1f} s, {result.deliveries:,} deliveries ({per:.0f} us each)"
+              f"{'' if row.ok else ' FAILED ' + row.note}", flush=True)
     print()
     print(HEADER)
     for r in rows:
