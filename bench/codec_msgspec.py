@@ -1,0 +1,204 @@
+"""Would msgspec speed up phalanx's wire codec on its real messages? (issue 23, item 2)
+
+Usage (from bench/)::
+
+    ../.venv/bin/python codec_msgspec.py                 # all samples, 7 interleaved rounds
+    ../.venv/bin/python codec_msgspec.py --rounds 3 --number 5000
+
+msgspec is not a dependency of phalanx: ``pip install msgspec`` into the venv first.
+
+For each sample message of the Raft and PBFT write paths (built as the cores build them:
+100-byte commands, node ids ``n1``...), prints microseconds per encode and per decode of:
+
+- ``phalanx``: the codec in use, through its hot-path forms (`Registry.encoder()` and
+  `Registry.decoder()`: what the transport, the WAL and the simulator call);
+- ``msgspec+dc``: msgspec keeping the messages frozen dataclasses, as the codec's public
+  API requires (``register_all({id: DataclassType})``). msgspec writes a dataclass as a
+  msgpack MAP, never as our ``[type_id, fields...]`` array, so every registered class needs
+  a twin ``msgspec.Struct`` (``array_like=True, tag=type_id``: that array, byte for byte)
+  and each message is converted to its twin before encoding and back after decoding
+  (`msgspec.convert`, ``from_attributes=True``: the only C-level conversion msgspec offers);
+- ``msgspec-Struct``: the twin's encode/decode alone: the upper bound, reached only if
+  every message class of every protocol became a `msgspec.Struct` (a different public API).
+
+and whether the twin's bytes equal ours (``same``). Rounds interleave the three paths, so a
+change of machine load hits all of them alike; the figure is the median over rounds, in
+process CPU time (not wall time: the machine is shared). The
+load average is printed with the table.
+
+Must not be imported by the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import importlib
+import os
+import statistics
+import sys
+import time
+import types
+import typing
+from collections.abc import Callable
+
+import msgspec
+
+from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare
+from phalanx.consensus.raft.messages import AppendEntries, AppendEntriesResponse
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind
+from phalanx.net import wire
+from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
+
+MAPPINGS = (
+    "phalanx.consensus.raft.messages:RAFT_MESSAGES",
+    "phalanx.consensus.pbft.messages:PBFT_MESSAGES",
+    "phalanx.net.client_protocol:CLIENT_MESSAGES",
+)
+
+
+def _register() -> None:
+    for spec in MAPPINGS:
+        module, attr = spec.split(":")
+        wire.register_all(getattr(importlib.import_module(module), attr))
+
+
+class Twins:
+    """One `msgspec.Struct` per registered class (``[type_id, fields...]`` on the wire)."""
+
+    def __init__(self, classes: dict[int, type]) -> None:
+        self.module = types.ModuleType("_codec_msgspec_twins")
+        sys.modules[self.module.__name__] = self.module
+        self.module.typing = typing  # type: ignore[attr-defined]
+        self.names = {cls: f"T{tid}" for tid, cls in classes.items()}
+        self.classes = classes
+        self.struct: dict[type, type] = {}
+        for tid, cls in classes.items():
+            hints = typing.get_type_hints(cls)
+            fields: list[tuple[str, str] | tuple[str, str, object]] = []
+            for f in dataclasses.fields(cls):
+                if f.metadata.get("wire_optional"):
+                    fields.append((f.name, self._type(hints[f.name]), f.default))
+                else:
+                    fields.append((f.name, self._type(hints[f.name])))
+            twin = msgspec.defstruct(
+                self.names[cls], fields, module=self.module.__name__, array_like=True,
+                tag=tid, omit_defaults=True, frozen=True,
+            )
+            setattr(self.module, self.names[cls], twin)
+            self.struct[cls] = twin
+        self.dataclass = {twin: cls for cls, twin in self.struct.items()}
+        union = typing.Union[tuple(self.struct.values())]  # type: ignore[valid-type]  # noqa: UP007
+        self.decoder = msgspec.msgpack.Decoder(union)
+        self.encoder = msgspec.msgpack.Encoder()
+
+    def _type(self, tp: object) -> str:
+        if tp is None or tp is type(None):
+            return "None"
+        if tp in (int, str, bytes, bool):
+            return typing.cast(type, tp).__name__
+        if isinstance(tp, typing.NewType):
+            return self._type(tp.__supertype__)
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is tuple:
+            if len(args) == 2 and args[1] is Ellipsis:
+                return f"tuple[{self._type(args[0])}, ...]"
+            return "tuple[" + ", ".join(self._type(a) for a in args) + "]"
+        if origin is frozenset:
+            return f"frozenset[{self._type(args[0])}]"
+        if origin is typing.Union or origin is types.UnionType:
+            return "typing.Union[" + ", ".join(self._type(a) for a in args) + "]"
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            name = f"E_{tp.__name__}"
+            setattr(self.module, name, tp)
+            return name
+        if tp in self.names:
+            return self.names[typing.cast(type, tp)]
+        base = typing.cast(type, tp)
+        subs = [self.names[c] for c in self.classes.values() if issubclass(c, base)]
+        return "typing.Union[" + ", ".join(subs) + "]"
+
+    def encode(self, obj: object) -> bytes:
+        twin = msgspec.convert(obj, self.struct[type(obj)], from_attributes=True)
+        return self.encoder.encode(twin)
+
+    def decode(self, data: bytes) -> object:
+        twin = self.decoder.decode(data)
+        return msgspec.convert(twin, self.dataclass[type(twin)], from_attributes=True)
+
+
+def samples() -> dict[str, object]:
+    def request(i: int) -> ClientRequest:
+        return ClientRequest(client_id=f"client-{i}", request_no=1000 + i, command=b"v" * 100)
+
+    def entries(n: int) -> tuple[Entry, ...]:
+        return tuple(
+            Entry(index=500 + i, term=3, kind=EntryKind.COMMAND, requests=(request(i),))
+            for i in range(n)
+        )
+
+    digest, sig = b"d" * 32, b"s" * 64
+    return {
+        "ClientCall": ClientCall(request=request(0)),
+        "ClientReply": ClientReply(client_id="client-0", request_no=1000,
+                                   status=ReplyStatus.OK, replica="n1", result=b"ok"),
+        "Entry": entries(1)[0],
+        "AppendEntries(1)": AppendEntries(term=3, leader_id="n1", prev_log_index=499,
+                                          prev_log_term=3, entries=entries(1), leader_commit=499),
+        "AppendEntries(8)": AppendEntries(term=3, leader_id="n1", prev_log_index=499,
+                                          prev_log_term=3, entries=entries(8), leader_commit=499),
+        "AppendEntriesResponse": AppendEntriesResponse(term=3, success=True, match_index=500),
+        "PrePrepare(1)": PrePrepare(view=0, seq=77, digest=digest, batch=(request(0),),
+                                    replica="n1", signature=sig),
+        "PrePrepare(16)": PrePrepare(view=0, seq=77, digest=digest,
+                                     batch=tuple(request(i) for i in range(16)),
+                                     replica="n1", signature=sig),
+        "Prepare": Prepare(view=0, seq=77, digest=digest, replica="n2", signature=sig),
+        "Commit": Commit(view=0, seq=77, digest=digest, replica="n2", auth=b"a" * 32),
+    }
+
+
+def _time(fn: Callable[[object], object], arg: object, number: int) -> float:
+    start = time.process_time()  # CPU, not wall: the machine is shared
+    for _ in range(number):
+        fn(arg)
+    return (time.process_time() - start) / number * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--number", type=int, default=3000, help="calls per path per round")
+    args = p.parse_args()
+    _register()
+    registry = wire.default_registry()
+    twins = Twins(registry.classes())
+    encode, decode = registry.encoder(), registry.decoder()
+    print(f"msgspec {msgspec.__version__}; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'message':24} {'bytes':>5} {'same':>4} | {'encode µs: phalanx':>18} "
+          f"{'msgspec+dc':>10} {'Struct':>7} | {'decode µs: phalanx':>18} "
+          f"{'msgspec+dc':>10} {'Struct':>7}")
+    for name, msg in samples().items():
+        ours = encode(msg)
+        theirs = twins.encode(msg)
+        twin = msgspec.convert(msg, twins.struct[type(msg)], from_attributes=True)
+        assert twins.decode(ours) == msg
+        assert decode(ours) == msg
+        paths: list[tuple[Callable[[object], object], object]] = [
+            (encode, msg), (twins.encode, msg), (twins.encoder.encode, twin),
+            (decode, ours), (twins.decode, ours), (twins.decoder.decode, ours),
+        ]
+        times: list[list[float]] = [[] for _ in paths]
+        for _ in range(args.rounds):
+            for i, (fn, arg) in enumerate(paths):
+                times[i].append(_time(fn, arg, args.number))
+        med = [statistics.median(t) for t in times]
+        print(f"{name:24} {len(ours):5} {'yes' if ours == theirs else 'NO':>4} | "
+              f"{med[0]:18.2f} {med[1]:10.2f} {med[2]:7.2f} | "
+              f"{med[3]:18.2f} {med[4]:10.2f} {med[5]:7.2f}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
