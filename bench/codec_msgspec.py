@@ -21,10 +21,18 @@ For each sample message of the Raft and PBFT write paths (built as the cores bui
 - ``msgspec-Struct``: the twin's encode/decode alone: the upper bound, reached only if
   every message class of every protocol became a `msgspec.Struct` (a different public API).
 
-and whether the twin's bytes equal ours (``same``). Rounds interleave the three paths, so a
-change of machine load hits all of them alike; the figure is the median over rounds, in
-process CPU time (not wall time: the machine is shared). The
-load average is printed with the table.
+and whether the twin's bytes equal ours (``same``; the twins leave the ``wire_optional``
+fields at their default on the wire: omitting them would take a Python step per message).
+Rounds interleave the three paths, so a change of machine load hits all of them alike; the
+figure is the median over rounds, in process CPU time (not wall time: the machine is
+shared). The load average is printed with the table.
+
+On the real path (``--inproc PAIRS``): runs `inproc_cpu.py` (3 Raft nodes, a client, TLS,
+fsync, one process) PAIRS times as is and PAIRS times with `phalanx.net.wire`'s ``encode``,
+``decode``, ``decode_entry`` and ``canonical_bytes`` replaced by the twins (``msgspec+dc``),
+alternating, and prints each run's process CPU per write. Messages the twins do not know
+(registered after the twins were built) and ``canonical=True`` decodes take the codec in use;
+their count is printed.
 
 Must not be imported by the package.
 """
@@ -37,6 +45,7 @@ import enum
 import importlib
 import os
 import statistics
+import subprocess
 import sys
 import time
 import types
@@ -166,11 +175,93 @@ def _time(fn: Callable[[object], object], arg: object, number: int) -> float:
     return (time.process_time() - start) / number * 1e6
 
 
+def _patch_wire() -> dict[str, int]:
+    """Route `phalanx.net.wire`'s module functions through the twins (see the docstring)."""
+    _register()
+    registry = wire.default_registry()
+    twins = Twins(registry.classes())
+    counts = {"twin": 0, "fallback": 0}
+    slow_encode, slow_decode, slow_canonical = wire.encode, wire.decode, wire.canonical_bytes
+    struct_of, dataclass_of = twins.struct, twins.dataclass
+    encode_twin, decode_twin = twins.encoder.encode, twins.decoder.decode
+
+    def encode(obj: object) -> bytes:
+        twin = struct_of.get(type(obj))
+        if twin is None:
+            counts["fallback"] += 1
+            return slow_encode(obj)
+        counts["twin"] += 1
+        return encode_twin(msgspec.convert(obj, twin, from_attributes=True))
+
+    def decode(data: bytes, *, expected: type | None = None, canonical: bool = False) -> object:
+        if canonical:
+            counts["fallback"] += 1
+            return slow_decode(data, expected=expected, canonical=True)
+        try:
+            twin = decode_twin(data)
+        except msgspec.DecodeError:
+            counts["fallback"] += 1
+            return slow_decode(data, expected=expected)  # an unknown class, or an error
+        counts["twin"] += 1
+        obj = msgspec.convert(twin, dataclass_of[type(twin)], from_attributes=True)
+        if expected is not None and not isinstance(obj, expected):
+            raise wire.DecodeError(f"expected {expected.__name__}, got {type(obj).__name__}")
+        return obj
+
+    def canonical_bytes(obj: object, *, omit: tuple[str, ...] = ()) -> bytes:
+        if omit:
+            counts["fallback"] += 1
+            return slow_canonical(obj, omit=omit)
+        return encode(obj)
+
+    wire.encode = encode  # type: ignore[assignment]
+    wire.decode = decode  # type: ignore[assignment]
+    wire.decode_entry = decode  # type: ignore[assignment]
+    wire.canonical_bytes = canonical_bytes
+    return counts
+
+
+def _inproc(pairs: int, writes: int) -> None:
+    """A/B of `inproc_cpu.py` with the codec in use and with the twins, interleaved."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    runs = {
+        "phalanx": [sys.executable, os.path.join(here, "inproc_cpu.py"), "--writes", str(writes)],
+        "msgspec+dc": [sys.executable, os.path.abspath(__file__), "--patched-inproc",
+                       str(writes)],
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(pairs):
+        order = list(runs) if i % 2 == 0 else list(reversed(runs))
+        for name in order:
+            out = subprocess.run(runs[name], check=True, capture_output=True, text=True).stdout
+            line = next(ln for ln in out.splitlines() if "per write" in ln)
+            cpu[name].append(float(line.split("CPU ")[1].split(" ms")[0]))
+            extra = [ln for ln in out.splitlines() if ln.startswith("codec calls")]
+            print(f"{name:11} {line}" + (f"  [{extra[0]}]" if extra else ""), flush=True)
+    for name, values in cpu.items():
+        print(f"{name:11} median CPU per write {statistics.median(values):.3f} ms "
+              f"over {len(values)} runs")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--number", type=int, default=3000, help="calls per path per round")
+    p.add_argument("--inproc", type=int, default=0, metavar="PAIRS",
+                   help="A/B on the real path instead: PAIRS runs of inproc_cpu.py each way")
+    p.add_argument("--writes", type=int, default=1000, help="writes per --inproc run")
+    p.add_argument("--patched-inproc", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.patched_inproc:
+        counts = _patch_wire()
+        import inproc_cpu  # bench/ is on sys.path when this script runs
+
+        inproc_cpu.main(["--writes", str(args.patched_inproc)])
+        print(f"codec calls: {counts['twin']} through the twins, {counts['fallback']} not")
+        return
+    if args.inproc:
+        _inproc(args.inproc, args.writes)
+        return
     _register()
     registry = wire.default_registry()
     twins = Twins(registry.classes())
