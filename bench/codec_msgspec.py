@@ -221,13 +221,15 @@ def _patch_wire() -> dict[str, int]:
     return counts
 
 
-def _inproc(pairs: int, writes: int) -> None:
+def _inproc(pairs: int, writes: int, tick_ms: int) -> None:
     """A/B of `inproc_cpu.py` with the codec in use and with the twins, interleaved."""
     here = os.path.dirname(os.path.abspath(__file__))
+    tick = ["--tick-ms", str(tick_ms)]
     runs = {
-        "phalanx": [sys.executable, os.path.join(here, "inproc_cpu.py"), "--writes", str(writes)],
+        "phalanx": [sys.executable, os.path.join(here, "inproc_cpu.py"), "--writes", str(writes),
+                    *tick],
         "msgspec+dc": [sys.executable, os.path.abspath(__file__), "--patched-inproc",
-                       str(writes)],
+                       str(writes), *tick],
     }
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(pairs):
@@ -250,17 +252,20 @@ def main() -> None:
     p.add_argument("--inproc", type=int, default=0, metavar="PAIRS",
                    help="A/B on the real path instead: PAIRS runs of inproc_cpu.py each way")
     p.add_argument("--writes", type=int, default=1000, help="writes per --inproc run")
+    p.add_argument("--tick-ms", type=int, default=200,
+                   help="the nodes' tick in --inproc runs: long, so that idle ticks and "
+                        "heartbeats (more of them in a slower run) stay out of the figure")
     p.add_argument("--patched-inproc", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.patched_inproc:
         counts = _patch_wire()
         import inproc_cpu  # bench/ is on sys.path when this script runs
 
-        inproc_cpu.main(["--writes", str(args.patched_inproc)])
+        inproc_cpu.main(["--writes", str(args.patched_inproc), "--tick-ms", str(args.tick_ms)])
         print(f"codec calls: {counts['twin']} through the twins, {counts['fallback']} not")
         return
     if args.inproc:
-        _inproc(args.inproc, args.writes)
+        _inproc(args.inproc, args.writes, args.tick_ms)
         return
     _register()
     registry = wire.default_registry()
