@@ -32,7 +32,8 @@ fsync, one process) PAIRS times as is and PAIRS times with `phalanx.net.wire`'s 
 ``decode``, ``decode_entry`` and ``canonical_bytes`` replaced by the twins (``msgspec+dc``),
 alternating, and prints each run's process CPU per write. Messages the twins do not know
 (registered after the twins were built) and ``canonical=True`` decodes take the codec in use;
-their count is printed.
+their count is printed. ``--codec-share`` runs it once with the codec in use, adding up the
+main thread's CPU time inside it: the codec's own CPU per write on that path.
 
 Must not be imported by the package.
 """
@@ -175,38 +176,62 @@ def _time(fn: Callable[[object], object], arg: object, number: int) -> float:
     return (time.process_time() - start) / number * 1e6
 
 
-def _patch_wire() -> dict[str, int]:
-    """Route `phalanx.net.wire`'s module functions through the twins (see the docstring)."""
+def _patch_wire(mode: str) -> dict[str, float]:
+    """Route the default registry's ``encode``/``decode`` (the instance's methods, which the
+    WAL and state journals call) and `phalanx.net.wire`'s module functions (the transport's
+    and the client port's) through the twins (``mode="twins"``), or through the codec in use
+    with the main thread's CPU time spent in them added up (``mode="time"``)."""
     _register()
     registry = wire.default_registry()
-    twins = Twins(registry.classes())
-    counts = {"twin": 0, "fallback": 0}
-    slow_encode, slow_decode, slow_canonical = wire.encode, wire.decode, wire.canonical_bytes
-    struct_of, dataclass_of = twins.struct, twins.dataclass
-    encode_twin, decode_twin = twins.encoder.encode, twins.decoder.decode
+    counts: dict[str, float] = {"calls": 0, "fallback": 0, "cpu": 0.0}
+    slow_encode, slow_decode = registry.encode, registry.decode
+    slow_canonical = registry.canonical_bytes
+    clock = time.thread_time
+    if mode == "time":
+        def encode(obj: object) -> bytes:
+            start = clock()
+            try:
+                return slow_encode(obj)
+            finally:
+                counts["cpu"] += clock() - start
+                counts["calls"] += 1
 
-    def encode(obj: object) -> bytes:
-        twin = struct_of.get(type(obj))
-        if twin is None:
-            counts["fallback"] += 1
-            return slow_encode(obj)
-        counts["twin"] += 1
-        return encode_twin(msgspec.convert(obj, twin, from_attributes=True))
+        def decode(data: bytes, *, expected: type | None = None,
+                   canonical: bool = False) -> object:
+            start = clock()
+            try:
+                return slow_decode(data, expected=expected, canonical=canonical)
+            finally:
+                counts["cpu"] += clock() - start
+                counts["calls"] += 1
+    else:
+        twins = Twins(registry.classes())
+        struct_of, dataclass_of = twins.struct, twins.dataclass
+        encode_twin, decode_twin = twins.encoder.encode, twins.decoder.decode
 
-    def decode(data: bytes, *, expected: type | None = None, canonical: bool = False) -> object:
-        if canonical:
-            counts["fallback"] += 1
-            return slow_decode(data, expected=expected, canonical=True)
-        try:
-            twin = decode_twin(data)
-        except msgspec.DecodeError:
-            counts["fallback"] += 1
-            return slow_decode(data, expected=expected)  # an unknown class, or an error
-        counts["twin"] += 1
-        obj = msgspec.convert(twin, dataclass_of[type(twin)], from_attributes=True)
-        if expected is not None and not isinstance(obj, expected):
-            raise wire.DecodeError(f"expected {expected.__name__}, got {type(obj).__name__}")
-        return obj
+        def encode(obj: object) -> bytes:
+            twin = struct_of.get(type(obj))
+            if twin is None:
+                counts["fallback"] += 1
+                return slow_encode(obj)
+            counts["calls"] += 1
+            return encode_twin(msgspec.convert(obj, twin, from_attributes=True))
+
+        def decode(data: bytes, *, expected: type | None = None,
+                   canonical: bool = False) -> object:
+            if canonical:
+                counts["fallback"] += 1
+                return slow_decode(data, expected=expected, canonical=True)
+            try:
+                twin = decode_twin(data)
+            except msgspec.DecodeError:
+                counts["fallback"] += 1
+                return slow_decode(data, expected=expected)  # an unknown class, or an error
+            counts["calls"] += 1
+            obj = msgspec.convert(twin, dataclass_of[type(twin)], from_attributes=True)
+            if expected is not None and not isinstance(obj, expected):
+                raise wire.DecodeError(f"expected {expected.__name__}, got {type(obj).__name__}")
+            return obj
 
     def canonical_bytes(obj: object, *, omit: tuple[str, ...] = ()) -> bytes:
         if omit:
@@ -214,6 +239,9 @@ def _patch_wire() -> dict[str, int]:
             return slow_canonical(obj, omit=omit)
         return encode(obj)
 
+    registry.encode = encode  # type: ignore[method-assign]
+    registry.decode = decode  # type: ignore[method-assign,assignment]
+    registry.canonical_bytes = canonical_bytes  # type: ignore[method-assign]
     wire.encode = encode  # type: ignore[assignment]
     wire.decode = decode  # type: ignore[assignment]
     wire.decode_entry = decode  # type: ignore[assignment]
@@ -229,7 +257,7 @@ def _inproc(pairs: int, writes: int, tick_ms: int) -> None:
         "phalanx": [sys.executable, os.path.join(here, "inproc_cpu.py"), "--writes", str(writes),
                     *tick],
         "msgspec+dc": [sys.executable, os.path.abspath(__file__), "--patched-inproc",
-                       str(writes), *tick],
+                       str(writes), "--patch", "twins", *tick],
     }
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(pairs):
@@ -255,14 +283,28 @@ def main() -> None:
     p.add_argument("--tick-ms", type=int, default=200,
                    help="the nodes' tick in --inproc runs: long, so that idle ticks and "
                         "heartbeats (more of them in a slower run) stay out of the figure")
+    p.add_argument("--codec-share", action="store_true",
+                   help="run inproc_cpu.py once, adding up the CPU spent in the codec")
     p.add_argument("--patched-inproc", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--patch", choices=("twins", "time"), default="time", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.codec_share:
+        args.patched_inproc, args.patch = args.writes, "time"
     if args.patched_inproc:
-        counts = _patch_wire()
+        counts = _patch_wire(args.patch)
         import inproc_cpu  # bench/ is on sys.path when this script runs
 
-        inproc_cpu.main(["--writes", str(args.patched_inproc), "--tick-ms", str(args.tick_ms)])
-        print(f"codec calls: {counts['twin']} through the twins, {counts['fallback']} not")
+        warmup = 100
+        inproc_cpu.main(["--writes", str(args.patched_inproc), "--tick-ms", str(args.tick_ms),
+                         "--warmup", str(warmup)])
+        writes = args.patched_inproc + warmup  # the counts include the warm-up's writes
+        if args.patch == "time":
+            print(f"codec calls: {counts['calls'] / writes:.1f} per write, "
+                  f"{counts['cpu'] / writes * 1e3:.3f} ms CPU per write in the codec "
+                  f"(warm-up and start-up included)")
+        else:
+            print(f"codec calls: {counts['calls']:.0f} through the twins, "
+                  f"{counts['fallback']:.0f} not")
         return
     if args.inproc:
         _inproc(args.inproc, args.writes, args.tick_ms)
