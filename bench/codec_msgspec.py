@@ -57,9 +57,10 @@ import msgspec
 
 from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare
 from phalanx.consensus.raft.messages import AppendEntries, AppendEntriesResponse
-from phalanx.consensus.types import ClientRequest, Entry, EntryKind
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
 from phalanx.net import wire
 from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
+from phalanx.net.codec import DecodeError
 
 MAPPINGS = (
     "phalanx.consensus.raft.messages:RAFT_MESSAGES",
@@ -124,13 +125,13 @@ class Twins:
             setattr(self.module, name, tp)
             return name
         if tp in self.names:
-            return self.names[typing.cast(type, tp)]
+            return self.names[tp]
         base = typing.cast(type, tp)
         subs = [self.names[c] for c in self.classes.values() if issubclass(c, base)]
         return "typing.Union[" + ", ".join(subs) + "]"
 
     def encode(self, obj: object) -> bytes:
-        twin = msgspec.convert(obj, self.struct[type(obj)], from_attributes=True)
+        twin: object = msgspec.convert(obj, self.struct[type(obj)], from_attributes=True)
         return self.encoder.encode(twin)
 
     def decode(self, data: bytes) -> object:
@@ -154,18 +155,18 @@ def samples() -> dict[str, object]:
         "ClientReply": ClientReply(client_id="client-0", request_no=1000,
                                    status=ReplyStatus.OK, replica="n1", result=b"ok"),
         "Entry": entries(1)[0],
-        "AppendEntries(1)": AppendEntries(term=3, leader_id="n1", prev_log_index=499,
+        "AppendEntries(1)": AppendEntries(term=3, leader_id=NodeId("n1"), prev_log_index=499,
                                           prev_log_term=3, entries=entries(1), leader_commit=499),
-        "AppendEntries(8)": AppendEntries(term=3, leader_id="n1", prev_log_index=499,
+        "AppendEntries(8)": AppendEntries(term=3, leader_id=NodeId("n1"), prev_log_index=499,
                                           prev_log_term=3, entries=entries(8), leader_commit=499),
         "AppendEntriesResponse": AppendEntriesResponse(term=3, success=True, match_index=500),
         "PrePrepare(1)": PrePrepare(view=0, seq=77, digest=digest, batch=(request(0),),
-                                    replica="n1", signature=sig),
+                                    replica=NodeId("n1"), signature=sig),
         "PrePrepare(16)": PrePrepare(view=0, seq=77, digest=digest,
                                      batch=tuple(request(i) for i in range(16)),
-                                     replica="n1", signature=sig),
-        "Prepare": Prepare(view=0, seq=77, digest=digest, replica="n2", signature=sig),
-        "Commit": Commit(view=0, seq=77, digest=digest, replica="n2", auth=b"a" * 32),
+                                     replica=NodeId("n1"), signature=sig),
+        "Prepare": Prepare(view=0, seq=77, digest=digest, replica=NodeId("n2"), signature=sig),
+        "Commit": Commit(view=0, seq=77, digest=digest, replica=NodeId("n2"), auth=b"a" * 32),
     }
 
 
@@ -228,9 +229,9 @@ def _patch_wire(mode: str) -> dict[str, float]:
                 counts["fallback"] += 1
                 return slow_decode(data, expected=expected)  # an unknown class, or an error
             counts["calls"] += 1
-            obj = msgspec.convert(twin, dataclass_of[type(twin)], from_attributes=True)
+            obj: object = msgspec.convert(twin, dataclass_of[type(twin)], from_attributes=True)
             if expected is not None and not isinstance(obj, expected):
-                raise wire.DecodeError(f"expected {expected.__name__}, got {type(obj).__name__}")
+                raise DecodeError(f"expected {expected.__name__}, got {type(obj).__name__}")
             return obj
 
     def canonical_bytes(obj: object, *, omit: tuple[str, ...] = ()) -> bytes:
@@ -242,7 +243,7 @@ def _patch_wire(mode: str) -> dict[str, float]:
     registry.encode = encode  # type: ignore[method-assign]
     registry.decode = decode  # type: ignore[method-assign,assignment]
     registry.canonical_bytes = canonical_bytes  # type: ignore[method-assign]
-    wire.encode = encode  # type: ignore[assignment]
+    wire.encode = encode
     wire.decode = decode  # type: ignore[assignment]
     wire.decode_entry = decode  # type: ignore[assignment]
     wire.canonical_bytes = canonical_bytes
@@ -320,10 +321,10 @@ def main() -> None:
     for name, msg in samples().items():
         ours = encode(msg)
         theirs = twins.encode(msg)
-        twin = msgspec.convert(msg, twins.struct[type(msg)], from_attributes=True)
+        twin: object = msgspec.convert(msg, twins.struct[type(msg)], from_attributes=True)
         assert twins.decode(ours) == msg
         assert decode(ours) == msg
-        paths: list[tuple[Callable[[object], object], object]] = [
+        paths: list[tuple[Callable[[typing.Any], object], object]] = [
             (encode, msg), (twins.encode, msg), (twins.encoder.encode, twin),
             (decode, ours), (twins.decode, ours), (twins.decoder.decode, ours),
         ]

@@ -11,12 +11,12 @@ import importlib
 import types
 import typing
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]  # no stubs shipped
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.consensus.types import ClientRequest, Configuration, Entry, EntryKind
+from phalanx.consensus.types import ClientRequest, Configuration, Entry, EntryKind, NodeId
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError
 from phalanx.net.codec_fast import pack, unpack
@@ -139,7 +139,8 @@ def _candidates(tp: object, classes: dict[int, type], depth: int) -> list[object
         out = [v for m in members for v in _candidates(m, classes, depth)[:2]]
         return out + ([None] if len(members) < len(args) else [])
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return list(tp)[:2]
+        values: list[object] = list(tp)
+        return values[:2]
     if isinstance(tp, type):
         subclasses = [c for c in classes.values() if issubclass(c, tp)] or [tp]
         return [obj for c in subclasses[:3] if (obj := _build(c, classes, depth + 1)) is not None]
@@ -160,9 +161,10 @@ def _build(cls: type, classes: dict[int, type], depth: int = 0) -> object | None
         kwargs = {name: values[min(attempt, len(values) - 1)]
                   for name, values in options.items()}
         try:
-            return cls(**kwargs)
+            built: object = cls(**kwargs)
         except (ValueError, TypeError):
             continue
+        return built
     return None
 
 
@@ -171,7 +173,8 @@ EXPLICIT: tuple[object, ...] = (  # what `_build`'s field-by-field guesses canno
     Entry(index=1, term=2, kind=EntryKind.COMMAND, requests=(REQUEST, REQUEST)),
     Entry(index=3, term=2, kind=EntryKind.COMMAND, requests=(REQUEST,),
           timestamp=1_700_000_000_000, proposer="n2"),
-    Entry(index=4, term=2, kind=EntryKind.CONFIG, config=Configuration(voters=("n1", "n2"))),
+    Entry(index=4, term=2, kind=EntryKind.CONFIG,
+          config=Configuration(voters=(NodeId("n1"), NodeId("n2")))),
     Entry(index=5, term=2, kind=EntryKind.NOOP),
 )
 
