@@ -39,8 +39,9 @@ Invariants:
 - Canonical: `encode` is a function of the object's value, so equal objects give equal
   bytes and `canonical_bytes` is `encode` (optionally without some top-level fields, for
   signatures). Why: the array is built from the field values in a fixed order with exact
-  type checks (True never passes as 1, an IntEnum never as its int); msgpack-python always
-  writes the shortest form of every int, str, bin and array header; frozensets are sorted
+  type checks (True never passes as 1, an IntEnum never as its int); the msgpack engine
+  (msgspec's, `codec_fast.pack`) always writes the shortest form of every int, str, bin and
+  array header; frozensets are sorted
   by the bytes of their elements; there are no maps and no floats. Registered classes must
   compare by value (``eq=True`` and no ``compare=False`` field), so "equal" means "equal
   field values".
@@ -65,10 +66,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Final, TypeVar, overload
 
-import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
-
-from phalanx.net.codec_fast import compile_fast, pack, thread_packer
-from phalanx.net.codec_fast import packers as _packers
+from phalanx.net.codec_fast import compile_fast, pack, unpack
 from phalanx.net.codec_fields import (
     ARRAYS,
     ENUMS,
@@ -107,13 +105,8 @@ DEFAULT_MAX_SIZE: Final = 16 * 1024 * 1024
 DEFAULT_MAX_DEPTH: Final = 32
 
 
-def _reject_ext(code: int, data: bytes) -> object:
-    raise ValueError(f"msgpack ext type {code} is not allowed")
-
-
-# strict_types: only exact list/int/str/bytes/bool/None reach the packer, so a subclass
-# (an IntEnum, a str subclass) that slipped past a check fails loudly instead of silently
-# taking another encoding. One reused Packer per thread (`codec_fast.pack`).
+# The msgpack engine (msgspec's, `codec_fast.pack` and `unpack`): the field codecs hand it
+# only exact list/int/str/bytes/bool/None values.
 _pack = pack
 
 
@@ -244,9 +237,7 @@ class Registry:
         if spec is None:
             raise EncodeError(f"{type_name(obj)} is not a registered message class")
         try:
-            # `_pack` inlined (one call less on every send).
-            packer = getattr(_packers, "packer", None) or thread_packer()
-            data: bytes = packer.pack(spec.encode(obj, 0))
+            data = _pack(spec.encode(obj, 0))
         except (ValueError, TypeError, OverflowError) as exc:  # pragma: no cover - defensive
             raise EncodeError(f"{type_name(obj)}: msgpack refused the value: {exc}") from exc
         if len(data) > self.max_size:
@@ -258,15 +249,11 @@ class Registry:
     def encoder(self) -> Callable[[object], bytes]:
         """A function equal to `encode` (same bytes, same errors), for a hot path.
 
-        It skips `encode`'s per-call lookups: it owns its msgpack `Packer`, so it must be
-        called by one thread at a time (the simulator, one connection's writer). Classes
-        registered later are encoded too. Anything unusual (an unregistered class, a
-        value msgpack refuses, an oversize frame) goes to `encode`, which raises its error.
+        It skips `encode`'s per-call lookups. Classes registered later are encoded too.
+        Anything unusual (an unregistered class, a value the engine refuses, an oversize
+        frame) goes to `encode`, which raises its error.
         """
         by_class = self._by_class
-        pack = msgpack.Packer(
-            use_bin_type=True, strict_types=True, datetime=False, autoreset=True
-        ).pack
         max_size = self.max_size
         slow = self.encode
 
@@ -276,7 +263,7 @@ class Registry:
                 try:
                     data: bytes = pack(spec.encode(obj, 0))
                 except (ValueError, TypeError, OverflowError):
-                    return slow(obj)  # raises EncodeError (msgpack resets its buffer)
+                    return slow(obj)  # raises EncodeError
                 if len(data) <= max_size:
                     return data
             return slow(obj)
@@ -293,19 +280,13 @@ class Registry:
         top = self._expected.get(root)
         if top is None:
             top = self._expected[root] = self._polymorphic((root,), root.__name__)[1]
-        unpackb = msgpack.unpackb
         max_size = self.max_size
         slow = self.decode
 
         def decode(data: bytes) -> object:
             if type(data) is bytes and len(data) <= max_size:
-                size = len(data)
                 try:
-                    raw = unpackb(
-                        data, raw=False, use_list=True, strict_map_key=True,
-                        max_str_len=size, max_bin_len=size, max_array_len=size,
-                        max_map_len=0, max_ext_len=0, ext_hook=_reject_ext,
-                    )
+                    raw = unpack(data)
                 except Exception:  # malformed: `decode` says how
                     return slow(data, expected=expected)
                 return top(raw, 0)
@@ -381,19 +362,8 @@ class Registry:
         if size > self.max_size:
             raise DecodeError(f"frame of {size} bytes exceeds max_size={self.max_size}")
         try:
-            raw = msgpack.unpackb(
-                data,
-                raw=False,
-                use_list=True,
-                strict_map_key=True,
-                max_str_len=size,
-                max_bin_len=size,
-                max_array_len=size,
-                max_map_len=0,
-                max_ext_len=0,
-                ext_hook=_reject_ext,
-            )
-        except Exception as exc:  # msgpack raises many types; all mean "malformed"
+            raw = unpack(data)
+        except Exception as exc:  # a msgspec.DecodeError, or a RecursionError: "malformed"
             raise DecodeError(f"malformed msgpack: {type(exc).__name__}: {exc}") from None
         root = object if expected is None else expected
         decoder = self._expected.get(root)

@@ -2,7 +2,8 @@
 
 Owns: `compile_fast`, which turns one registered class's field list into a specialised
 encoder and decoder (straight-line Python source, compiled once at registration, the way
-`dataclasses` builds ``__init__``), and the per-thread msgpack `Packer` (`pack`).
+`dataclasses` builds ``__init__``), and the msgpack engine: `pack` and `unpack`, msgspec's
+untyped msgpack `Encoder` and `Decoder` (C), one of each for the process.
 
 Why: the generic codec walks a tuple of per-field closures for every message; on the
 simulator's and the runtime's hot paths that walk, not msgpack, was most of the cost. The
@@ -27,6 +28,12 @@ Invariants (what makes this safe):
   are its fields, else through the slots' raw setters, skipping the frozen ``__init__``'s
   ``object.__setattr__`` per field. The same object results and the same validation runs;
   anything else calls ``cls``.
+- The engine sees only exact list/int/str/bytes/bool/None values (the field codecs check
+  every value's exact type first) and writes the shortest form of each, byte for byte what
+  msgpack-python writes for them. It does not release the GIL and its one hook only raises
+  (ext types are refused), so one `Encoder` and one `Decoder` serve every thread. `unpack`
+  returns msgpack maps and floats as dict and float: no declared field type accepts them, so
+  they fail the field checks (a `DecodeError`, as before).
 - Must not import `phalanx.net.codec` (which imports this module), trio, clocks or pickle.
 """
 
@@ -34,14 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
-import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
 
-import msgpack  # type: ignore[import-untyped]  # msgpack ships no type hints
+import msgspec
 
-__all__ = ["EnumInfo", "FastField", "compile_fast", "pack", "packers", "thread_packer"]
+__all__ = ["EnumInfo", "FastField", "compile_fast", "pack", "unpack"]
 
 Coder = Callable[[object, int], object]
 
@@ -53,29 +59,17 @@ FastField = tuple[str, Coder, Coder, type | None, EnumInfo | None]
 passes through unchanged or None, the enum it holds or None). A field that is neither
 runs its nested codec."""
 
-packers = threading.local()
-"""Per-thread `msgpack.Packer` (attribute `packer`); see `thread_packer`."""
+pack: Callable[[object], bytes] = msgspec.msgpack.Encoder().encode
+"""msgpack-encode a value built of lists, ints, strs, bytes (bin), bools and None."""
+
+def _reject_ext(code: int, data: memoryview) -> object:
+    raise ValueError(f"msgpack ext type {code} is not allowed")
 
 
-def pack(value: object) -> bytes:
-    """msgpack-encode `value` (strict types, bin type for bytes) with this thread's Packer.
-
-    A `Packer` is cheap to reuse and costly to build; `msgpack.packb` builds one per call.
-    One per thread, since a Packer keeps an internal buffer between calls."""
-    data: bytes = (getattr(packers, "packer", None) or thread_packer()).pack(value)
-    return data
-
-
-def thread_packer() -> typing.Any:
-    """This thread's `msgpack.Packer` (see `pack`), built on first use. A hot caller may
-    write ``(getattr(packers, "packer", None) or thread_packer()).pack(value)`` as `pack`
-    does, saving a call."""
-    packer = getattr(packers, "packer", None)
-    if packer is None:
-        packer = packers.packer = msgpack.Packer(
-            use_bin_type=True, strict_types=True, datetime=False, autoreset=True
-        )
-    return packer
+unpack: Callable[[bytes | bytearray | memoryview], object] = msgspec.msgpack.Decoder(
+    ext_hook=_reject_ext).decode
+"""msgpack-decode exactly one value (trailing bytes, truncation and invalid utf-8 raise
+`msgspec.DecodeError`, an ext type `ValueError`); arrays come back as lists."""
 
 
 def compile_fast(

@@ -1,0 +1,101 @@
+"""Interleaved A/B of the wire codec: any bench command with the codec of a git revision (A)
+and with the working tree's (B), in alternating runs.
+
+Usage (from bench/)::
+
+    ../.venv/bin/python codec_ab.py --base 40caaaf --pairs 3 -- inproc_cpu.py --writes 500
+    ../.venv/bin/python codec_ab.py --base 40caaaf --pairs 2 -- \\
+        cpu_per_write.py --protocol pbft --clients 1,64 --duration 5
+
+A's runs get the revision's codec modules (`MODULES`, read with ``git show REV:path``)
+in place of the tree's: a ``sitecustomize.py`` in a temporary directory on ``PYTHONPATH``
+executes them into `sys.modules` before anything imports the codec, in the bench process
+and in every node process it starts (they inherit the environment). Everything else is
+the tree's, so the difference between A and B is the codec alone. Runs alternate
+A B B A A B ..., so a drift of the machine's speed or load hits both arms alike; each
+run's output is printed with its arm, then the lines that contain ``--grep`` (default
+``per write``) for each arm, together.
+
+Must not be imported by the package. Requires git and the revision in this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MODULES: tuple[tuple[str, str], ...] = (
+    ("phalanx.net.codec_fast", "net/codec_fast.py"),
+    ("phalanx.net.codec_fields", "net/codec_fields.py"),
+    ("phalanx.net.codec_optional", "net/codec_optional.py"),
+    ("phalanx.net.codec", "net/codec.py"),
+)
+"""The codec's modules, in import order (each imports only the ones before it)."""
+
+SITECUSTOMIZE = '''\
+import importlib.util, os, sys
+import phalanx.net
+_dir = os.path.dirname(os.path.abspath(__file__))
+for _name, _file in {modules!r}:
+    _spec = importlib.util.spec_from_file_location(_name, os.path.join(_dir, _file))
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules[_name] = _module
+    _spec.loader.exec_module(_module)
+'''
+
+
+def _stage(base: str, root: Path, into: Path) -> None:
+    modules = []
+    for name, path in MODULES:
+        source = subprocess.run(["git", "show", f"{base}:{path}"], cwd=root, check=True,
+                                capture_output=True, text=True).stdout
+        file = name.rsplit(".", 1)[1] + ".py"
+        (into / file).write_text(source)
+        modules.append((name, file))
+    (into / "sitecustomize.py").write_text(SITECUSTOMIZE.format(modules=tuple(modules)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--base", required=True, help="the git revision of arm A's codec")
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--grep", default="per write", help="summary: the output lines with this")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- SCRIPT ARGS...: a bench script (run with this interpreter) and "
+                        "its arguments")
+    args = p.parse_args()
+    command = [c for c in args.command if c != "--"]
+    if not command:
+        p.error("give the command after --, e.g. -- inproc_cpu.py --writes 500")
+    here = Path(__file__).resolve().parent
+    root = here.parent
+    summary: dict[str, list[str]] = {"A": [], "B": []}
+    with tempfile.TemporaryDirectory(prefix="codec-ab-") as tmp:
+        _stage(args.base, root, Path(tmp))
+        order = [("A", "B"), ("B", "A")]
+        for i in range(args.pairs):
+            for arm in order[i % 2]:
+                env = dict(os.environ)
+                if arm == "A":
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        [tmp, *filter(None, [env.get("PYTHONPATH")])])
+                run = subprocess.run([sys.executable, *command], cwd=here, env=env,
+                                     capture_output=True, text=True, check=False)
+                label = f"{arm} ({'codec of ' + args.base if arm == 'A' else 'tree'})"
+                print(f"--- run {i + 1} {label}, exit {run.returncode}", flush=True)
+                print(run.stdout.rstrip(), flush=True)
+                if run.returncode != 0:
+                    print(run.stderr[-2000:], flush=True)
+                summary[arm] += [ln.strip() for ln in run.stdout.splitlines() if args.grep in ln]
+    for arm, lines in summary.items():
+        print(f"=== {arm} ({'codec of ' + args.base if arm == 'A' else 'tree'}):")
+        for line in lines:
+            print(f"    {line}")
+
+
+if __name__ == "__main__":
+    main()
