@@ -51,6 +51,8 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
      "move the leadership of a running Raft cluster"),
     ("cert", "phalanx.cli.cert", "add_cert_command",
      "issue client certificates (roles read-only, read-write, admin)"),
+    ("snapshot", "phalanx.cli.snapshot", "add_snapshot_command",
+     "back up a running cluster into a file; restore it as a new cluster"),
     ("sim", "phalanx.jepsen.sim.cli", "add_sim_command",
      "run seeded deterministic simulations and check safety, linearizability, liveness"),
     ("jepsen", "phalanx.jepsen.cli", "add_jepsen_command",

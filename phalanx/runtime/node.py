@@ -63,7 +63,7 @@ from phalanx.net.transport import (
     max_peer_sockets,
     run_peer_transport,
 )
-from phalanx.ops import admin_messages
+from phalanx.ops import admin_messages, ops_messages
 from phalanx.ops.link import LinkError, intercluster_for, load_links
 from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
@@ -77,6 +77,7 @@ from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
 from phalanx.runtime.admin_ops import AdminOps
+from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
@@ -263,6 +264,7 @@ async def open_node(
     wire.register_all(spec.messages.load())
     client_protocol.register()
     admin_messages.register()
+    ops_messages.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     try:
@@ -366,11 +368,14 @@ async def open_node(
             config.client_listen.port, host=config.client_listen.host, backlog=LISTEN_BACKLOG)
         peers = {NodeId(p.id): PeerAddress(host=p.peer_addr.host, port=p.peer_addr.port)
                  for p in config.peers}
+        tls_contexts = (peer_server_context(paths), peer_client_context(paths),
+                        client_server_context(paths,
+                                              require_client_cert=config.client_auth != "none"))
         transport = Transport(
             node_id=NodeId(config.id),
             peers=peers,
-            server_context=peer_server_context(paths),
-            client_context=peer_client_context(paths),
+            server_context=tls_contexts[0],
+            client_context=tls_contexts[1],
             encode=wire.encode,
             decode=wire.decode,
             decode_error=DecodeError,
@@ -425,12 +430,17 @@ async def open_node(
                 wanted=DEFAULT_MAX_CONNECTIONS)
         except DescriptorError as e:
             raise NodeError(f"{config.id}: {e}") from None
+        def reload_tls() -> str:
+            return reload_contexts(tls_contexts, paths)
+
+        operator = OperatorOps(node_id=config.id, replica=replica,
+                               data_dir=config.data_dir, reload=reload_tls)
         client_port = ClientPort(
-            driver, ssl_context=client_server_context(paths, require_client_cert=secure),
+            driver, ssl_context=tls_contexts[2],
             node_id=config.id, batch_replies=True, require_client_auth=secure,
             max_frame_size=client_frame_limit(replica.max_command_bytes),
             max_connections=max_clients, services=services,
-            admin=AdminOps(driver, config.id, protocol, config.protocol))
+            admin=AdminOps(driver, config.id, protocol, config.protocol, operator=operator))
         logger.info("%s: open-file limit %d: up to %d client connections (request frames "
                     "<= %d bytes), %d peer sockets", config.id, nofile, max_clients,
                     client_port.max_frame_size, max_peer_sockets(len(peers)))
@@ -491,6 +501,7 @@ async def open_node(
                 watch_health, health, status=driver.status,
                 applied_index=lambda: replica.applied_index if replica else 0,
                 linked=lambda: map(str, transport.connected_peers()), spec=spec))
+            nursery.start_soon(reload_on_sighup, config.id, reload_tls)
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
             logger.info("%s: serving peers on %s, clients on %s", config.id,

@@ -1,0 +1,146 @@
+"""Operator calls on the client port beside membership (`phalanx.ops.ops_messages`): backups
+(`BackupCall`) and certificate reloads (`ReloadCall`), answered by the node's runtime.
+
+Owns: `OperatorOps.answer`, `reload_contexts` (the same files loaded again into the node's
+live TLS contexts) and `BACKUP_DIR`.
+
+Backups: the node waits until its replica applied the asked index, takes the replica's O(1)
+snapshot (`Replica.backup_job`: the state, session and transaction tables at the applied
+index, exactly what a checkpoint holds) and serialises it on a worker thread into a
+checkpoint store of its own, ``DATA_DIR/backup/`` (`FileCheckpointStore`, keep 1: v3
+manifest and content-addressed packs), while apply goes on. It is not one of the node's
+checkpoints: neither the core, nor the WAL, nor the checkpoint policy hear of it. One backup
+at a time per node (a second waits for the first).
+
+Reloads: `ssl.SSLContext.load_cert_chain` replaces a live context's certificate and key, and
+`load_verify_locations` adds the CA bundle's certificates to its trust store; connections
+made afterwards use them, open ones keep theirs. The files are first loaded into fresh
+contexts, so a bad file is answered ERROR and changes nothing. A context never forgets a
+CA it trusted: dropping an old CA after a rotation takes one restart per node
+(docs/OPERATIONS.md "Certificates").
+
+Rules: both need the admin role (FORBIDDEN otherwise); peer and client input is never
+trusted for a path (the backup directory is fixed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+import trio
+from cryptography import x509
+
+from phalanx.apps.replica import Replica
+from phalanx.net.client_protocol import ReplyStatus
+from phalanx.ops import pki
+from phalanx.ops.ops_messages import BackupCall, BackupReply, OpsCall, OpsReply, ReloadReply
+from phalanx.ops.ops_messages import refusal as refuse
+from phalanx.runtime.client_auth import ADMIN, Principal
+from phalanx.storage.checkpoint import FileCheckpointStore
+from phalanx.storage.directory import OsDirectory
+from phalanx.storage.interface import StorageError
+
+BACKUP_DIR: Final = "backup"
+"""The backup checkpoint store's directory, under the node's data directory."""
+BACKUP_WAIT_SECONDS: Final = 10.0
+"""How long a `BackupCall` waits for the replica to apply its `min_index`."""
+
+
+def certificate_not_after(path: Path) -> datetime.datetime:
+    """The expiry of the first certificate in PEM file `path` (UTC). Raises `ValueError`
+    or `OSError`."""
+    return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc
+
+
+def reload_contexts(contexts: Sequence[ssl.SSLContext], paths: pki.CredentialPaths) -> str:
+    """Load `paths` into every live context (module docstring); the certificate's expiry
+    (ISO 8601). Raises `ValueError` (with the file's name) when a file does not load; the
+    contexts are then unchanged."""
+    try:
+        pki.peer_server_context(paths)  # a trial load: every file parses and key fits cert
+        not_after = certificate_not_after(paths.certificate)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        raise ValueError(f"cannot load {paths.certificate}, {paths.private_key} or "
+                         f"{paths.ca_certificate}: {e}") from None
+    for context in contexts:
+        context.load_verify_locations(cafile=paths.ca_certificate)
+        context.load_cert_chain(paths.certificate, paths.private_key)
+    return not_after.isoformat()
+
+
+class OperatorOps:
+    """Answers `BackupCall` and `ReloadCall` for one node (module docstring)."""
+
+    def __init__(self, *, node_id: str, replica: Replica, data_dir: Path,
+                 reload: Callable[[], str]) -> None:
+        self._node = node_id
+        self._replica = replica
+        self.backup_dir = data_dir / BACKUP_DIR
+        self._reload = reload
+        self._lock = trio.Lock()
+
+    async def answer(self, call: OpsCall, principal: Principal | None) -> OpsReply:
+        if principal is not None and not principal.may(ADMIN):
+            return refuse(call, self._node, f"operator calls need role {ADMIN} (this "
+                          f"client's certificate has {principal.role})", ReplyStatus.FORBIDDEN)
+        if isinstance(call, BackupCall):
+            return await self._backup(call)
+        try:
+            not_after = self._reload()
+        except ValueError as e:
+            return refuse(call, self._node, str(e))
+        return ReloadReply(nonce=call.nonce, status=ReplyStatus.OK, node=self._node,
+                           not_after=not_after, message="certificates reloaded")
+
+    async def _backup(self, call: BackupCall) -> OpsReply:
+        replica = self._replica
+        with trio.move_on_after(BACKUP_WAIT_SECONDS):
+            while replica.applied_index < call.min_index:
+                await trio.sleep(0.01)
+        if replica.applied_index < call.min_index:
+            return refuse(call, self._node, f"applied index {replica.applied_index} did not "
+                          f"reach {call.min_index} within {BACKUP_WAIT_SECONDS:g}s")
+        async with self._lock:
+            meta = replica.snapshot_meta()
+            job = replica.backup_job()  # on the trio thread, between two applies
+
+            def write() -> None:
+                directory = OsDirectory(str(self.backup_dir))
+                try:
+                    FileCheckpointStore(directory, keep=1).save_stream(job.index, job.meta,
+                                                                      job.chunks)
+                finally:
+                    directory.close()
+
+            try:
+                await trio.to_thread.run_sync(write)
+            except (OSError, StorageError) as e:
+                return refuse(call, self._node, f"writing the backup into {self.backup_dir} "
+                              f"failed: {e}")
+        return BackupReply(nonce=call.nonce, status=ReplyStatus.OK, node=self._node,
+                           index=job.index, term=meta.term if meta is not None else 0,
+                           directory=str(self.backup_dir))
+
+
+async def reload_on_sighup(node_id: str, reload: Callable[[], str]) -> None:
+    """Reload the certificates on every SIGHUP (`kill -HUP PID`) until cancelled; a failure
+    is logged and changes nothing. Only in the main thread (where signals are delivered);
+    elsewhere it returns at once."""
+    import logging
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    logger = logging.getLogger("phalanx.runtime.node")
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            try:
+                logger.info("%s: SIGHUP: certificates reloaded (expires %s)", node_id,
+                            reload())
+            except ValueError as e:
+                logger.error("%s: SIGHUP: certificates not reloaded: %s", node_id, e)
