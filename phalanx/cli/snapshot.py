@@ -78,8 +78,6 @@ def add_snapshot_command(
 
 
 def _run_save(args: argparse.Namespace) -> int:
-    import trio
-
     from phalanx.client.errors import ClientTimeout, Forbidden, RequestRejected
     from phalanx.ops.backup import BackupError, save_snapshot
 
@@ -88,8 +86,8 @@ def _run_save(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     name = args.client_name or "admin"
     try:
-        saved = trio.run(lambda: save_snapshot(cluster, Path(args.file), node=args.node,
-                                               seconds=args.timeout, name=name))
+        saved = save_snapshot(cluster, Path(args.file), node=args.node, seconds=args.timeout,
+                              name=name)
     except BackupError as e:
         cause = e.__context__
         print_error("phalanx snapshot save", str(e))

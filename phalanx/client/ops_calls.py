@@ -34,15 +34,19 @@ async def _call(cluster: ClusterConfig, node: str, call: BackupCall | ReloadCall
         raise ClientError(f"no node {node!r} in {cluster.directory} (nodes: "
                           f"{', '.join(peers)})")
     context = admin_context(cluster, name)
-    want = BackupReply if isinstance(call, BackupCall) else ReloadReply
+    want: type[BackupReply] | type[ReloadReply] = (
+        BackupReply if isinstance(call, BackupCall) else ReloadReply)
 
     def accept(reply: object) -> BackupReply | ReloadReply | None:
-        return (reply if isinstance(reply, want) and reply.nonce == call.nonce  # type: ignore[return-value]
-                else None)
+        if isinstance(reply, (BackupReply, ReloadReply)) and isinstance(reply, want) \
+                and reply.nonce == call.nonce:
+            return reply
+        return None
 
     last = "no answer"
     with trio.move_on_after(seconds):
         while True:
+            reply: BackupReply | ReloadReply
             try:
                 reply = await ask_once(peers[node], context, call, accept)
             except (OSError, ssl.SSLError, trio.BrokenResourceError, ClientError) as e:

@@ -30,6 +30,7 @@ import datetime
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phalanx.apps.envelope import decode_meta, encode_meta
 from phalanx.apps.interface import SnapshotFormatError
@@ -41,6 +42,9 @@ from phalanx.ops.processes import ClusterError
 from phalanx.storage.checkpoint import FileCheckpointStore
 from phalanx.storage.directory import OsDirectory
 from phalanx.storage.interface import StorageError, StoredCheckpoint
+
+if TYPE_CHECKING:
+    from phalanx.ops.ops_messages import BackupReply
 
 
 class BackupError(ClusterError):
@@ -55,20 +59,20 @@ class Saved:
     """The highest commit index a node reported before the save (the backup covers it)."""
 
 
-async def save_snapshot(cluster: ClusterConfig, path: Path, *, node: str | None = None,
-                        seconds: float = 30.0, name: str = "admin") -> Saved:
-    """Take a backup of `cluster` into `path` (module docstring).
+async def request_backup(cluster: ClusterConfig, *, node: str | None = None,
+                         seconds: float = 30.0, name: str = "admin"
+                         ) -> tuple[BackupReply, int]:
+    """Ask `node` (default: the one that applied most) for a backup covering the highest
+    commit index any node reports; its reply and that commit index.
 
     Raises:
-        BackupError: no node answered, the node refused or timed out, its backup directory
-            is not on this host or does not check.
+        BackupError: no node answered, `node` is unknown, or the node refused or timed out
+            (the client error is the exception's context).
     """
     import trio
 
     from phalanx.client.async_client import ClientError, open_client
     from phalanx.client.ops_calls import backup_call
-    from phalanx.runtime.identity import cluster_fingerprint
-    from phalanx.runtime.operator_ops import BACKUP_DIR
 
     commits: dict[str, tuple[int, int]] = {}
     async with open_client(cluster, timeout=min(seconds, 3.0)) as client:
@@ -94,9 +98,28 @@ async def save_snapshot(cluster: ClusterConfig, path: Path, *, node: str | None 
         raise BackupError(f"no node {node!r} in {cluster.directory} (nodes: "
                           f"{', '.join(order)})")
     try:
-        reply = await backup_call(cluster, node, min_index=commit, seconds=seconds, name=name)
+        return await backup_call(cluster, node, min_index=commit, seconds=seconds,
+                                 name=name), commit
     except ClientError as e:
-        raise BackupError(f"the backup on {node} failed: {e}") from None
+        raise BackupError(f"the backup on {node} failed: {e}") from e
+
+
+def save_snapshot(cluster: ClusterConfig, path: Path, *, node: str | None = None,
+                  seconds: float = 30.0, name: str = "admin") -> Saved:
+    """Take a backup of `cluster` into `path` (module docstring).
+
+    Raises:
+        BackupError: as `request_backup`; or the node's backup directory is not on this
+            host or does not load.
+    """
+    import trio
+
+    from phalanx.runtime.identity import cluster_fingerprint
+    from phalanx.runtime.operator_ops import BACKUP_DIR
+
+    reply, commit = trio.run(lambda: request_backup(cluster, node=node, seconds=seconds,
+                                                    name=name))
+    node = reply.node
     try:
         local = load_node_config(cluster.node_config_path(node)).data_dir / BACKUP_DIR
     except ConfigError:

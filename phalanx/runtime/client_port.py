@@ -81,7 +81,8 @@ from phalanx.net.framing import (
 )
 from phalanx.net.tls_stream import TlsStream
 from phalanx.ops.admin_messages import AdminCall, AdminReply
-from phalanx.ops.ops_messages import BackupCall, OpsCall, OpsReply, ReloadCall, refusal
+from phalanx.ops.ops_messages import BackupCall, OpsCall, OpsReply, ReloadCall
+from phalanx.ops.ops_messages import refusal as ops_refusal
 from phalanx.runtime.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
 from phalanx.services.messages import ServiceCall, ServiceReply
 
@@ -542,8 +543,8 @@ class ClientPort:
                         conn.flush()
                     elif isinstance(message, (BackupCall, ReloadCall)):
                         await conn.slots.acquire()
-                        conn.deliver(refusal(message, self._node_id,
-                                             "this node answers no operator calls")
+                        conn.deliver(ops_refusal(message, self._node_id,
+                                                 "this node answers no operator calls")
                                      if self._admin is None
                                      else await self._admin.answer_ops(message,
                                                                        conn.principal))

@@ -77,7 +77,6 @@ from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
 from phalanx.runtime.admin_ops import AdminOps
-from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
@@ -108,6 +107,7 @@ from phalanx.runtime.node_checks import (
     record_membership,
     record_verdict,
 )
+from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
 from phalanx.runtime.services import ServiceHost
