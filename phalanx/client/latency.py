@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -102,6 +102,5 @@ class LatencyCollector:
         yield family
 
 
-class _HasLatency:
-    def latency(self) -> Mapping[tuple[str, str], LatencySnapshot]:
-        raise NotImplementedError
+class _HasLatency(Protocol):
+    def latency(self) -> Mapping[tuple[str, str], LatencySnapshot]: ...
