@@ -332,10 +332,36 @@ def write_credentials(credentials: Credentials, directory: Path) -> CredentialPa
         private_key=directory / f"{name}.key",
         ca_certificate=directory / "ca.pem",
     )
-    _write_atomic(paths.private_key, _key_pem(credentials.private_key), 0o600)
-    _write_atomic(paths.certificate, _cert_pem(credentials.certificate), 0o644)
-    _write_atomic(paths.ca_certificate, _cert_pem(credentials.ca_certificate), 0o644)
+    write_leaf(credentials, certificate=paths.certificate, private_key=paths.private_key)
+    if not _holds(paths.ca_certificate, credentials.ca_certificate):
+        # (a bundle that already trusts this CA, mid-rotation, is left as it is)
+        _write_atomic(paths.ca_certificate, _cert_pem(credentials.ca_certificate), 0o644)
     return paths
+
+
+def write_leaf(credentials: Credentials, *, certificate: Path, private_key: Path) -> None:
+    """Replace a leaf's key (0600) and certificate (0644) files, each atomically: the key
+    first (a reader between the two sees a key that does not fit and keeps what it has)."""
+    _write_atomic(private_key, _key_pem(credentials.private_key), 0o600)
+    _write_atomic(certificate, _cert_pem(credentials.certificate), 0o644)
+
+
+def load_certificates(path: Path) -> list[x509.Certificate]:
+    """Every certificate in PEM file `path`, in order (a CA bundle during a rotation holds
+    the old and the new CA). Raises `OSError` or `ValueError`."""
+    return x509.load_pem_x509_certificates(path.read_bytes())
+
+
+def write_trust(path: Path, authorities: list[x509.Certificate]) -> None:
+    """Replace CA file `path` with the bundle of `authorities` (0644, atomically)."""
+    _write_atomic(path, b"".join(_cert_pem(c) for c in authorities), 0o644)
+
+
+def _holds(path: Path, certificate: x509.Certificate) -> bool:
+    try:
+        return certificate in load_certificates(path)
+    except (OSError, ValueError):
+        return False
 
 
 def _spki(public_key: Any) -> bytes:
@@ -346,18 +372,18 @@ def _spki(public_key: Any) -> bytes:
 
 
 def load_ca(directory: Path) -> CertificateAuthority:
-    """Load a CA written by `write_ca`.
+    """Load a CA written by `write_ca` (from a bundle: the certificate that fits the key).
 
     Raises:
         ValueError: the files are not a PEM certificate and a P-256 key that belong together.
     """
-    certificate = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
     key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{directory / 'ca.key'} is not an ECDSA key")
-    if _spki(key.public_key()) != _spki(certificate.public_key()):
-        raise ValueError(f"{directory / 'ca.key'} does not match {directory / 'ca.pem'}")
-    return CertificateAuthority(certificate=certificate, private_key=key)
+    for certificate in load_certificates(directory / "ca.pem"):  # a bundle mid-rotation
+        if _spki(key.public_key()) == _spki(certificate.public_key()):
+            return CertificateAuthority(certificate=certificate, private_key=key)
+    raise ValueError(f"{directory / 'ca.key'} does not match {directory / 'ca.pem'}")
 
 
 # --------------------------------------------------------------------------------------------

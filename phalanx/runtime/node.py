@@ -94,9 +94,7 @@ from phalanx.runtime.driver_stats import DriverStatistics
 from phalanx.runtime.fault_hooks import control_file, watch_clock_rate
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.health import HealthState, LinkCollector, serve_http, watch_health
-from phalanx.runtime.identity import (
-    amnesia,
-)
+from phalanx.runtime.identity import IdentityError, adopt_rotated_identity, amnesia
 from phalanx.runtime.local_submit import LocalSubmitter
 from phalanx.runtime.metrics import NodeMetrics
 from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: public API
@@ -431,7 +429,12 @@ async def open_node(
         except DescriptorError as e:
             raise NodeError(f"{config.id}: {e}") from None
         def reload_tls() -> str:
-            return reload_contexts(tls_contexts, paths)
+            expires = reload_contexts(tls_contexts, paths)
+            try:  # a CA bundle mid-rotation: record the new CA as the cluster's identity
+                adopt_rotated_identity(config.data_dir, config.tls.ca)
+            except IdentityError as e:
+                raise ValueError(str(e)) from None
+            return expires
 
         operator = OperatorOps(node_id=config.id, replica=replica,
                                data_dir=config.data_dir, reload=reload_tls)
