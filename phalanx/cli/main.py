@@ -50,7 +50,7 @@ COMMANDS: tuple[tuple[str, str, str, str], ...] = (
     ("leader", "phalanx.cli.member", "add_leader_command",
      "move the leadership of a running Raft cluster"),
     ("cert", "phalanx.cli.cert", "add_cert_command",
-     "issue client certificates (roles read-only, read-write, admin)"),
+     "issue, show, rotate and reload certificates (client roles, expiry, CA rotation)"),
     ("snapshot", "phalanx.cli.snapshot", "add_snapshot_command",
      "back up a running cluster into a file; restore it as a new cluster"),
     ("sim", "phalanx.jepsen.sim.cli", "add_sim_command",

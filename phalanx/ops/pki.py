@@ -323,6 +323,14 @@ def write_ca(ca: CertificateAuthority, directory: Path) -> CredentialPaths:
     return CredentialPaths(certificate=cert_path, private_key=key_path, ca_certificate=cert_path)
 
 
+def write_ca_key(ca: CertificateAuthority, directory: Path, *, name: str = "ca.key") -> Path:
+    """Replace ``ca.key`` (or `name`; 0600) in `directory` with `ca`'s key (a CA rotation:
+    the bundle in ``ca.pem`` is written apart, `write_trust`)."""
+    path = directory / name
+    _write_atomic(path, _key_pem(ca.private_key), 0o600)
+    return path
+
+
 def write_credentials(credentials: Credentials, directory: Path) -> CredentialPaths:
     """Write ``<name>.pem``, ``<name>.key`` (0600) and ``ca.pem`` into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
