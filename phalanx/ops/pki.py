@@ -35,6 +35,7 @@ import ipaddress
 import os
 import re
 import ssl
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,6 +399,23 @@ def load_ca(directory: Path) -> CertificateAuthority:
 # TLS contexts
 
 
+PAIR_RETRIES = 5
+"""Tries to load a certificate and key that do not fit, 50 ms apart: `write_leaf` replaces
+the key, then the certificate, so a reader between the two sees a pair that fits soon."""
+
+
+def load_pair(context: ssl.SSLContext, certificate: Path, private_key: Path) -> None:
+    """`context.load_cert_chain`, retried while the pair does not fit (`PAIR_RETRIES`)."""
+    for attempt in range(PAIR_RETRIES):
+        try:
+            context.load_cert_chain(certificate, private_key)
+            return
+        except ssl.SSLError as e:
+            if "KEY_VALUES_MISMATCH" not in str(e) or attempt == PAIR_RETRIES - 1:
+                raise
+            time.sleep(0.05)
+
+
 def _base_context(purpose: int) -> ssl.SSLContext:
     context = ssl.SSLContext(purpose)
     context.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -408,7 +426,7 @@ def _base_context(purpose: int) -> ssl.SSLContext:
 def peer_server_context(paths: CredentialPaths) -> ssl.SSLContext:
     """Server side of a replica link: presents the node cert, REQUIRES a cluster-CA cert."""
     context = _base_context(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(paths.certificate, paths.private_key)
+    load_pair(context, paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
     context.verify_mode = ssl.CERT_REQUIRED
     return context
@@ -422,7 +440,7 @@ def peer_client_context(paths: CredentialPaths) -> ssl.SSLContext:
     context = _base_context(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_REQUIRED
-    context.load_cert_chain(paths.certificate, paths.private_key)
+    load_pair(context, paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
     return context
 
@@ -437,7 +455,7 @@ def client_server_context(
     certificates become optional, and one that is presented must still be valid.
     """
     context = _base_context(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(paths.certificate, paths.private_key)
+    load_pair(context, paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
     context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return context
@@ -461,7 +479,7 @@ def client_context(
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(cafile=ca_certificate)
     if certificate is not None and private_key is not None:
-        context.load_cert_chain(certificate, private_key)
+        load_pair(context, certificate, private_key)
     return context
 
 

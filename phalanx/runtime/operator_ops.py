@@ -66,9 +66,13 @@ def reload_contexts(contexts: Sequence[ssl.SSLContext], paths: pki.CredentialPat
     except (OSError, ssl.SSLError, ValueError) as e:
         raise ValueError(f"cannot load {paths.certificate}, {paths.private_key} or "
                          f"{paths.ca_certificate}: {e}") from None
-    for context in contexts:
-        context.load_verify_locations(cafile=paths.ca_certificate)
-        context.load_cert_chain(paths.certificate, paths.private_key)
+    try:
+        for context in contexts:
+            context.load_verify_locations(cafile=paths.ca_certificate)
+            pki.load_pair(context, paths.certificate, paths.private_key)
+    except (OSError, ssl.SSLError) as e:  # replaced again since the trial: try once more
+        raise ValueError(f"{paths.certificate} changed while it was loaded ({e}); reload "
+                         "again") from None
     return not_after.isoformat()
 
 
