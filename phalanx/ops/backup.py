@@ -114,11 +114,18 @@ def save_snapshot(cluster: ClusterConfig, path: Path, *, node: str | None = None
     """
     import trio
 
+    reply, commit = trio.run(lambda: request_backup(cluster, node=node, seconds=seconds,
+                                                    name=name))
+    return package_backup(cluster, reply, commit, path)
+
+
+def package_backup(cluster: ClusterConfig, reply: BackupReply, commit: int,
+                   path: Path) -> Saved:
+    """Load the checkpoint `reply` says its node wrote (every piece checked) and write it
+    into backup file `path`. Raises `BackupError`."""
     from phalanx.runtime.identity import cluster_fingerprint
     from phalanx.runtime.operator_ops import BACKUP_DIR
 
-    reply, commit = trio.run(lambda: request_backup(cluster, node=node, seconds=seconds,
-                                                    name=name))
     node = reply.node
     try:
         local = load_node_config(cluster.node_config_path(node)).data_dir / BACKUP_DIR

@@ -2,7 +2,8 @@
 protocol whose registry entry runs a cluster here (Raft, PBFT): keys written, `phalanx
 snapshot save` while the cluster runs, `phalanx snapshot restore --into` a new directory, the
 new cluster started, and every key acknowledged before the save read back from it. The new
-cluster has a new CA: the old cluster's client certificate is refused by it."""
+cluster has a new CA: the old cluster's client certificate is refused by it. Long (`make
+sweeps`); tests/runtime/test_backup_runtime.py runs the same with the nodes in-process."""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-@pytest.fixture(params=["raft", pytest.param("pbft", marks=pytest.mark.long)])
+@pytest.fixture(params=["raft", "pbft"])
 def protocol(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.mark.long  # two clusters of real processes: 12-15 s each (in-process and fast:
+# tests/runtime/test_backup_runtime.py)
 def test_restored_cluster_holds_every_key_acknowledged_before_the_save(
         tmp_path: Path, protocol: str, capsys: pytest.CaptureFixture[str]) -> None:
     old = tmp_path / "old"
