@@ -2,7 +2,7 @@
 protocol whose registry entry runs a cluster here (Raft, PBFT): keys written, `phalanx
 snapshot save` while the cluster runs, `phalanx snapshot restore --into` a new directory, the
 new cluster started, and every key acknowledged before the save read back from it. The new
-cluster has a new CA: the old cluster's client certificate is refused by it. Long (`make
+cluster has a new CA (a new identity). Long (`make
 sweeps`); tests/runtime/test_backup_runtime.py runs the same with the nodes in-process."""
 
 from __future__ import annotations
