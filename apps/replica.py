@@ -420,6 +420,7 @@ class Replica(ReplicaRecovery):
                 transactions=txs.records if txs is not None else None,
                 max_deadline_ms=txs.max_deadline_ms if txs is not None else 0),
             meta=encode_meta(meta) if meta is not None else b"",
+            progress=self._progress,
         )
 
     def _start(self, job: CheckpointJob) -> None:

@@ -6,7 +6,8 @@ live TLS contexts) and `BACKUP_DIR`.
 
 Backups: the node waits until its replica applied the asked index, takes the replica's O(1)
 snapshot (`Replica.backup_job`: the state, session and transaction tables at the applied
-index, exactly what a checkpoint holds) and serialises it on a worker thread into a
+index, exactly what a checkpoint holds) and serialises it on a checkpoint writer's thread
+(`ThreadedCheckpointWriter`: it yields the GIL to apply every millisecond) into a
 checkpoint store of its own, ``DATA_DIR/backup/`` (`FileCheckpointStore`, keep 1: v3
 manifest and content-addressed packs), while apply goes on. It is not one of the node's
 checkpoints: neither the core, nor the WAL, nor the checkpoint policy hear of it. One backup
@@ -35,6 +36,7 @@ import trio
 from cryptography import x509
 
 from phalanx.apps.replica import Replica
+from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.net.client_protocol import ReplyStatus
 from phalanx.ops import pki
 from phalanx.ops.ops_messages import BackupCall, BackupReply, OpsCall, OpsReply, ReloadReply
@@ -42,7 +44,6 @@ from phalanx.ops.ops_messages import refusal as refuse
 from phalanx.runtime.client_auth import ADMIN, Principal
 from phalanx.storage.checkpoint import FileCheckpointStore
 from phalanx.storage.directory import OsDirectory
-from phalanx.storage.interface import StorageError
 
 BACKUP_DIR: Final = "backup"
 """The backup checkpoint store's directory, under the node's data directory."""
@@ -111,20 +112,22 @@ class OperatorOps:
         async with self._lock:
             meta = replica.snapshot_meta()
             job = replica.backup_job()  # on the trio thread, between two applies
-
-            def write() -> None:
-                directory = OsDirectory(str(self.backup_dir))
-                try:
-                    FileCheckpointStore(directory, keep=1).save_stream(job.index, job.meta,
-                                                                      job.chunks)
-                finally:
-                    directory.close()
-
             try:
-                await trio.to_thread.run_sync(write)
-            except (OSError, StorageError) as e:
+                directory = OsDirectory(str(self.backup_dir))
+            except OSError as e:
+                return refuse(call, self._node, f"cannot create {self.backup_dir}: {e}")
+            # the checkpoint writer's thread: it hands the GIL back to apply every 1 ms
+            writer = ThreadedCheckpointWriter(FileCheckpointStore(directory, keep=1))
+            try:
+                writer.start(job)
+                while (done := writer.poll()) is None:  # noqa: ASYNC110 (a thread's result)
+                    await trio.sleep(0.01)
+            finally:
+                await trio.to_thread.run_sync(writer.close)
+                directory.close()
+            if done.error is not None:
                 return refuse(call, self._node, f"writing the backup into {self.backup_dir} "
-                              f"failed: {e}")
+                              f"failed: {done.error}")
         return BackupReply(nonce=call.nonce, status=ReplyStatus.OK, node=self._node,
                            index=job.index, term=meta.term if meta is not None else 0,
                            directory=str(self.backup_dir))
