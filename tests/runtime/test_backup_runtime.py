@@ -1,6 +1,7 @@
 """Backups from running nodes (`BackupCall`, `phalanx.runtime.operator_ops`) and restores
-(`phalanx.ops.backup`), with the nodes in this process (fast; the same on real processes, for
-Raft and PBFT, in tests/cli/test_snapshot_e2e.py): the backup covers the cluster's commit
+(`phalanx.ops.backup`), with the nodes in this process, for every registered protocol (the
+default one in the fast suite, the others long; real processes, Raft and PBFT:
+tests/cli/test_snapshot_e2e.py): the backup covers the cluster's commit
 index at the call, the restored cluster serves every key written before it and takes new
 writes; only an admin certificate may ask; the old and the new cluster do not trust each
 other."""
@@ -19,6 +20,9 @@ from phalanx.ops.backup import package_backup, request_backup, restore_snapshot
 from phalanx.ops.backup_file import read_backup
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
 from phalanx.ops.node_config import ClusterConfig, load_node_config
+from phalanx.protocols import DEFAULT_PROTOCOL
+from phalanx.protocols import get as protocol_spec
+from phalanx.protocols import names as protocol_names
 from phalanx.runtime.node import serve_node
 
 
@@ -27,10 +31,14 @@ async def _serve(cluster: ClusterConfig, nursery: trio.Nursery) -> None:
         await nursery.start(serve_node, load_node_config(cluster.node_config_path(peer.id)))
 
 
+@pytest.mark.parametrize("protocol", [
+    name if name == DEFAULT_PROTOCOL else pytest.param(name, marks=pytest.mark.long)
+    for name in protocol_names()])  # every registered protocol; the default one fast
 async def test_a_backup_restores_every_acknowledged_key_into_a_new_cluster(
-        tmp_path: Path) -> None:
-    init_cluster(tmp_path / "old", nodes=3, base_port=find_free_base_port(3),
-                 checkpoint_every=16)
+        tmp_path: Path, protocol: str) -> None:
+    nodes = protocol_spec(protocol).fault_model.nodes_for(1)
+    init_cluster(tmp_path / "old", protocol=protocol, nodes=nodes,
+                 base_port=find_free_base_port(nodes), checkpoint_every=16)
     old = open_cluster(tmp_path / "old")
     written = {f"k{i}": f"v{i}".encode() for i in range(40)}
     with trio.fail_after(60):
@@ -48,7 +56,8 @@ async def test_a_backup_restores_every_acknowledged_key_into_a_new_cluster(
     saved = package_backup(old, reply, commit, tmp_path / "b.phx")
     header, _ = read_backup(tmp_path / "b.phx")
     assert header == saved.header
-    assert header.voters == ("n1", "n2", "n3")
+    assert header.protocol == protocol
+    assert len(header.voters) == nodes
 
     _, new = restore_snapshot(tmp_path / "b.phx", tmp_path / "new")
     with trio.fail_after(60):
