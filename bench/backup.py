@@ -3,12 +3,13 @@
 An in-process 3-node Raft cluster (real TLS sockets, fsync as configured by `cluster init`)
 is loaded with `--keys` keys of `--value-bytes` bytes; then, while a writer keeps writing:
 a backup (`request_backup`: the node serialises its state into DATA_DIR/backup on a worker
-thread), its packaging into one file (`package_backup`: every piece loaded and checked), a
-second backup after the first `--change` of the keys (a contiguous run) changed (the backup store is content-addressed:
-only changed pieces are written again), and a restore into a new cluster plus its first
-read. The writer's put latency (the client's own histogram, `Client.latency`) is printed
-for the second before the backup and for the backup itself, so the backup's effect on
-writes shows. Figures are wall times on whatever machine runs it (no targets).
+thread), its transfer and packaging into one file (`fetch_backup`, `package_backup`), a
+second backup after the first `--change` of the keys (a contiguous run) changed (the
+backup store is content-addressed: only changed pieces are written again), and a restore
+into a new cluster plus its first read. The writer's put latency (the client's own
+histogram, `Client.latency`) is printed for the second before the backup and for the
+backup itself, so the backup's effect on writes shows. Figures are wall times on
+whatever machine runs it (no targets).
 
     .venv/bin/python bench/backup.py [--keys 20000] [--value-bytes 100] [--change 0.01]
 """
@@ -28,7 +29,12 @@ import trio
 
 from phalanx.client.async_client import Client, open_client
 from phalanx.client.latency import LatencySnapshot
-from phalanx.ops.backup import package_backup, request_backup, restore_snapshot
+from phalanx.ops.backup import (
+    fetch_backup,
+    package_backup,
+    request_backup,
+    restore_snapshot,
+)
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
 from phalanx.ops.node_config import ClusterConfig, load_node_config
 from phalanx.runtime.node import serve_node
@@ -73,22 +79,24 @@ async def _measure(client: Client, cluster: ClusterConfig, root: Path, keys: int
     node_s = time.perf_counter() - t
     during = client.latency()
     t = time.perf_counter()
+    data = await fetch_backup(cluster, reply, seconds=120)
     saved = await trio.to_thread.run_sync(
-        package_backup, cluster, reply, commit, root / "b1.phx")
+        package_backup, cluster, reply, commit, data, root / "b1.phx")
     pack_s = time.perf_counter() - t
     size = (root / "b1.phx").stat().st_size
-    print(f"backup 1: index {reply.index}, node wrote it in {node_s:.2f} s, packaged "
+    print(f"backup 1: index {reply.index}, node wrote it in {node_s:.2f} s, fetched and "
+          f"packaged "
           f"in {pack_s:.2f} s, file {size / 1e6:.1f} MB "
           f"({saved.header.data_bytes / 1e6:.1f} MB of state)")
     print(_line("1 s before", _since(mark, before)))
     print(_line("during backup", _since(during, mark)))
-    backup_dir = Path(reply.directory)
-    packs_before = {p.name for p in backup_dir.glob("*.pack")}  # noqa: ASYNC240
+    backup_dir = root / "old" / "data" / reply.node / "backup"
+    packs_before = {p.name for p in backup_dir.glob("*.pack")}
     await _load(client, range(int(keys * change)), b"w" * value_bytes)  # a contiguous run
     t = time.perf_counter()
     reply2, _ = await request_backup(cluster, seconds=120)
     node2_s = time.perf_counter() - t
-    fresh = sum(p.stat().st_size for p in backup_dir.glob("*.pack")  # noqa: ASYNC240
+    fresh = sum(p.stat().st_size for p in backup_dir.glob("*.pack")
                 if p.name not in packs_before)
     print(f"backup 2 after {change:.1%} of the keys changed: index {reply2.index}, "
           f"{node2_s:.2f} s, {fresh / 1e6:.2f} MB of new pack data")

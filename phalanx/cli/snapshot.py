@@ -30,10 +30,10 @@ examples:
   phalanx cluster up ./c-restored
 
 save: asks every node for its commit index, then one node (--node, else the one that
-applied most) writes its state at an index at least that high into DATA_DIR/backup/;
-every write acknowledged before the save is in the backup. FILE holds that checkpoint, its
-index, where it came from, and SHA-256 checksums. Run it on the node's host (it reads the
-node's data directory). Uses DIR/clients/admin.pem (--as NAME for another admin).
+applied most) writes its state at an index at least that high into DATA_DIR/backup/, and
+reads it from the node over the client port: every write acknowledged before the save is
+in the backup. FILE holds that checkpoint, its index, where it came from, and SHA-256
+checksums. Uses DIR/clients/admin.pem (--as NAME for another admin).
 
 restore: creates a NEW cluster at --into (a new CA and keys: it can never join the old
 cluster), with the backup's protocol and app, every node starting from the backup. It does

@@ -1,9 +1,9 @@
 """Operator calls from a client (`phalanx.ops.ops_messages`): ask one node for a backup
 checkpoint, or to reload its certificates.
 
-Owns: `backup_call` and `reload_call`. Each dials its own short TLS connection
-(`phalanx.client.one_shot.ask_once`) with the cluster's admin certificate (like
-`phalanx.client.admin_calls`).
+Owns: `backup_call`, `backup_read` (a piece of the backup's data) and `reload_call`. Each
+dials its own short TLS connection (`phalanx.client.one_shot.ask_once`) with the cluster's
+admin certificate (like `phalanx.client.admin_calls`).
 
 Errors: ERROR answers raise `RequestRejected`, FORBIDDEN `Forbidden`; no answer before the
 deadline raises `ClientTimeout` (with the last error seen).
@@ -22,7 +22,13 @@ from phalanx.net import client_protocol
 from phalanx.net.client_protocol import ReplyStatus
 from phalanx.ops import ops_messages
 from phalanx.ops.node_config import ClusterConfig
-from phalanx.ops.ops_messages import BackupCall, BackupReply, ReloadCall, ReloadReply
+from phalanx.ops.ops_messages import (
+    MAX_BACKUP_CHUNK,
+    BackupCall,
+    BackupReply,
+    ReloadCall,
+    ReloadReply,
+)
 
 
 async def _call(cluster: ClusterConfig, node: str, call: BackupCall | ReloadCall,
@@ -66,6 +72,17 @@ async def backup_call(cluster: ClusterConfig, node: str, *, min_index: int = 0,
                       seconds: float = 30.0, name: str = ADMIN_NAME) -> BackupReply:
     """Ask `node` to write a backup checkpoint at an applied index >= `min_index`."""
     reply = await _call(cluster, node, BackupCall(nonce=1, min_index=min_index), seconds, name)
+    assert isinstance(reply, BackupReply)
+    return reply
+
+
+async def backup_read(cluster: ClusterConfig, node: str, *, index: int, offset: int,
+                      length: int = MAX_BACKUP_CHUNK, seconds: float = 30.0,
+                      name: str = ADMIN_NAME) -> BackupReply:
+    """Read `length` bytes (at most `MAX_BACKUP_CHUNK`) at `offset` of backup `index`'s
+    data from `node` (the reply's `chunk`; shorter at the end)."""
+    call = BackupCall(nonce=2, index=index, offset=offset, length=length)
+    reply = await _call(cluster, node, call, seconds, name)
     assert isinstance(reply, BackupReply)
     return reply
 

@@ -3,16 +3,18 @@
 
 Owns: how a backup is taken and how a new cluster is made from one.
 
-Save (from a live node, through an admin call; not a checkpoint copied off a disk): a
+Save (from a live node, through admin calls; not a checkpoint copied off a disk): a
 checkpoint already on a node's disk may predate writes the cluster acknowledged, and the
 node may remove it while it is read. So `save_snapshot` asks every node for its status,
 takes the highest commit index C any of them reports (every write acknowledged before the
 save is at or below it), and asks one node (`--node`, else the one that applied most) for a
 `BackupCall(min_index=C)`: the node writes its state at an applied index >= C into
-``DATA_DIR/backup/`` (`phalanx.runtime.operator_ops`). The tool then loads that checkpoint
-(every piece checked against its SHA-256) and writes FILE (`phalanx.ops.backup_file`).
-It reads the node's data directory, so it runs on the node's host (a local cluster: any
-node). Protocol-neutral: any protocol's replica layer takes the same checkpoint.
+``DATA_DIR/backup/`` and announces its length and SHA-256 (`phalanx.runtime.operator_ops`).
+The tool then reads that data over the client port in pieces of 1 MiB (`fetch_backup`:
+any host that reaches the node with the admin certificate), checks it against the
+announcement and writes FILE (`phalanx.ops.backup_file`). The whole state passes through
+the tool's memory once. Protocol-neutral: any protocol's replica layer takes the same
+checkpoint.
 
 Restore: a NEW cluster directory (`cluster init`: a new CA, so a new cluster identity; new
 node keys), with the backup's protocol and app, whose every node starts from the backup's
@@ -104,61 +106,71 @@ async def request_backup(cluster: ClusterConfig, *, node: str | None = None,
         raise BackupError(f"the backup on {node} failed: {e}") from e
 
 
+async def fetch_backup(cluster: ClusterConfig, reply: BackupReply, *, seconds: float = 30.0,
+                       name: str = "admin") -> bytes:
+    """The data of the backup `reply` announced, read from its node piecewise over the
+    client port, checked against the length and SHA-256 the node announced.
+
+    Raises:
+        BackupError: the node refused a read (a newer backup replaced this one) or did not
+            answer, or the data does not check.
+    """
+    from phalanx.client.async_client import ClientError
+    from phalanx.client.ops_calls import backup_read
+
+    data = bytearray()
+    while len(data) < reply.data_bytes:
+        try:
+            part = await backup_read(cluster, reply.node, index=reply.index,
+                                     offset=len(data), seconds=seconds, name=name)
+        except ClientError as e:
+            raise BackupError(f"reading backup {reply.index} from {reply.node} failed: "
+                              f"{e}") from e
+        if part.offset != len(data) or not part.chunk:
+            raise BackupError(f"{reply.node} answered no data at offset {len(data)} of "
+                              f"backup {reply.index}")
+        data += part.chunk
+    if len(data) != reply.data_bytes or hashlib.sha256(data).hexdigest() != reply.data_sha256:
+        raise BackupError(f"backup {reply.index} from {reply.node} does not match the length "
+                          "and SHA-256 the node announced: take it again")
+    return bytes(data)
+
+
+def package_backup(cluster: ClusterConfig, reply: BackupReply, commit: int, data: bytes,
+                   path: Path) -> Saved:
+    """Write the backup `reply` announced, with its fetched `data`, into backup file `path`
+    (`phalanx.ops.backup_file`). Raises `BackupError` (bad metadata), `OSError`."""
+    from phalanx.runtime.identity import cluster_fingerprint
+
+    try:
+        meta = decode_meta(reply.meta)
+    except SnapshotFormatError as e:
+        raise BackupError(f"the backup from {reply.node} has bad metadata: {e}") from None
+    header = BackupHeader(
+        protocol=cluster.protocol, app=cluster.app, index=reply.index, term=meta.term,
+        node=reply.node, cluster=cluster_fingerprint(cluster.ca),
+        voters=tuple(map(str, meta.config.voters)),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        data_bytes=len(data), data_sha256=reply.data_sha256)
+    write_backup(path, header, StoredCheckpoint(index=reply.index, data=data, meta=reply.meta))
+    return Saved(header=header, path=path, commit_index=commit)
+
+
 def save_snapshot(cluster: ClusterConfig, path: Path, *, node: str | None = None,
                   seconds: float = 30.0, name: str = "admin") -> Saved:
     """Take a backup of `cluster` into `path` (module docstring).
 
     Raises:
-        BackupError: as `request_backup`; or the node's backup directory is not on this
-            host or does not load.
+        BackupError: as `request_backup` and `fetch_backup`.
     """
     import trio
 
-    reply, commit = trio.run(lambda: request_backup(cluster, node=node, seconds=seconds,
-                                                    name=name))
-    return package_backup(cluster, reply, commit, path)
+    async def take() -> tuple[BackupReply, int, bytes]:
+        reply, commit = await request_backup(cluster, node=node, seconds=seconds, name=name)
+        return reply, commit, await fetch_backup(cluster, reply, seconds=seconds, name=name)
 
-
-def package_backup(cluster: ClusterConfig, reply: BackupReply, commit: int,
-                   path: Path) -> Saved:
-    """Load the checkpoint `reply` says its node wrote (every piece checked) and write it
-    into backup file `path`. Raises `BackupError`."""
-    from phalanx.runtime.identity import cluster_fingerprint
-    from phalanx.runtime.operator_ops import BACKUP_DIR
-
-    node = reply.node
-    try:
-        local = load_node_config(cluster.node_config_path(node)).data_dir / BACKUP_DIR
-    except ConfigError:
-        local = Path(reply.directory)
-    directory = Path(reply.directory)
-    if not directory.is_dir():
-        directory = local
-    if not directory.is_dir():
-        raise BackupError(f"{node} wrote its backup into {reply.directory} on its host, "
-                          f"which is not here: run `phalanx snapshot save --node {node}` on "
-                          "that host")
-    store_dir = OsDirectory(str(directory))
-    try:
-        loaded = FileCheckpointStore(store_dir, keep=1).load_latest()
-    finally:
-        store_dir.close()
-    ckpt = loaded.checkpoint
-    if ckpt is None or ckpt.index < reply.index:
-        why = "; ".join(loaded.problems) or "no checkpoint in it"
-        raise BackupError(f"the backup {node} wrote into {directory} does not load: {why}")
-    try:
-        meta = decode_meta(ckpt.meta)
-    except SnapshotFormatError as e:
-        raise BackupError(f"the backup in {directory} has bad metadata: {e}") from None
-    header = BackupHeader(
-        protocol=cluster.protocol, app=cluster.app, index=ckpt.index, term=meta.term,
-        node=node, cluster=cluster_fingerprint(cluster.ca),
-        voters=tuple(map(str, meta.config.voters)),
-        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        data_bytes=len(ckpt.data), data_sha256=hashlib.sha256(ckpt.data).hexdigest())
-    write_backup(path, header, ckpt)
-    return Saved(header=header, path=path, commit_index=commit)
+    reply, commit, data = trio.run(take)
+    return package_backup(cluster, reply, commit, data, path)
 
 
 def restore_snapshot(path: Path, into: Path, *, nodes: int | None = None,

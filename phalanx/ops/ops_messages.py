@@ -9,9 +9,11 @@ Semantics: exactly one reply per call, with the same nonce; both need the admin 
     * `BackupCall(min_index)`: the node waits (a few seconds at most) until it has applied
       `min_index`, then writes its state at its applied index as a checkpoint of its own
       into ``DATA_DIR/backup/`` (the checkpoint store's format, v3 with packs; the node's
-      own checkpoints are untouched) and answers OK with the checkpoint's `index`, `term`
-      and `directory`; ERROR (`message` says why) when it did not get there in time or the
-      write failed. `phalanx.runtime.operator_ops` answers it.
+      own checkpoints are untouched) and answers OK with the checkpoint's `index`, `term`,
+      metadata, data length and SHA-256; ERROR (`message` says why) when it did not get
+      there in time or the write failed. `BackupCall(index, offset, length)` then reads
+      that checkpoint's data piecewise (ERROR once a newer backup replaced it).
+      `phalanx.runtime.operator_ops` answers both.
     * `ReloadCall`: the node reads its certificate, key and CA bundle files again; new
       connections (peer and client) use them, open ones keep theirs. OK with the loaded
       certificate's expiry (`not_after`, ISO 8601 UTC); ERROR when a file is unreadable or
@@ -28,18 +30,27 @@ from phalanx.consensus.types import Message
 from phalanx.net import wire
 from phalanx.net.client_protocol import ReplyStatus
 
+MAX_BACKUP_CHUNK = 1 << 20
+"""The most data bytes one `BackupReply` carries (a `BackupCall` asking more gets less)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackupCall(Message):
-    """Write a backup checkpoint at an applied index of at least `min_index`."""
+    """`index` 0: write a backup checkpoint at an applied index >= `min_index`. Else: read
+    `length` bytes (at most `MAX_BACKUP_CHUNK`) at `offset` of backup `index`'s data."""
 
     nonce: int
     min_index: int = 0
+    index: int = 0
+    offset: int = 0
+    length: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackupReply(Message):
-    """The answer to the `BackupCall` with the same nonce."""
+    """The answer to the `BackupCall` with the same nonce: the backup's `index`, `term`,
+    `meta` (its `SnapshotMeta` record), data length and SHA-256 (hex); for a read, the
+    bytes at `offset` in `chunk`."""
 
     nonce: int
     status: ReplyStatus
@@ -47,8 +58,11 @@ class BackupReply(Message):
     node: str = ""
     index: int = 0
     term: int = 0
-    directory: str = ""
-    """Where the node wrote it (absolute, on the node's host)."""
+    meta: bytes = b""
+    data_bytes: int = 0
+    data_sha256: str = ""
+    offset: int = 0
+    chunk: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -292,6 +292,7 @@ async def open_node(
         raise
     core_state = None
     replica: Replica | None = None
+    operator: OperatorOps | None = None
     metrics_server: Any = None
     try:
         if storage.wal.recovery.torn_path is not None:
@@ -519,6 +520,8 @@ async def open_node(
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
+        if operator is not None:
+            operator.close()
         if replica is not None:
             replica.close()
         if core_state is not None:

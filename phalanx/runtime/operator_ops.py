@@ -9,9 +9,12 @@ snapshot (`Replica.backup_job`: the state, session and transaction tables at the
 index, exactly what a checkpoint holds) and serialises it on a checkpoint writer's thread
 (`ThreadedCheckpointWriter`: it yields the GIL to apply every millisecond) into a
 checkpoint store of its own, ``DATA_DIR/backup/`` (`FileCheckpointStore`, keep 1: v3
-manifest and content-addressed packs), while apply goes on. It is not one of the node's
-checkpoints: neither the core, nor the WAL, nor the checkpoint policy hear of it. One backup
-at a time per node (a second waits for the first).
+manifest and content-addressed packs: a second backup writes only what changed), while
+apply goes on, then hashes it (SHA-256) and keeps a view of it that `BackupCall(index,
+offset, length)` reads piecewise (`phalanx snapshot save` fetches it that way, from any
+host). It is not one of the node's checkpoints: neither the core, nor the WAL, nor the
+checkpoint policy hear of it. One backup operation at a time per node; a new backup
+replaces the previous one (reads of that one are then refused).
 
 Reloads: `ssl.SSLContext.load_cert_chain` replaces a live context's certificate and key, and
 `load_verify_locations` adds the CA bundle's certificates to its trust store; connections
@@ -27,6 +30,7 @@ trusted for a path (the backup directory is fixed).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import ssl
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,11 +43,18 @@ from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.net.client_protocol import ReplyStatus
 from phalanx.ops import pki
-from phalanx.ops.ops_messages import BackupCall, BackupReply, OpsCall, OpsReply, ReloadReply
+from phalanx.ops.ops_messages import (
+    MAX_BACKUP_CHUNK,
+    BackupCall,
+    BackupReply,
+    OpsCall,
+    OpsReply,
+    ReloadReply,
+)
 from phalanx.ops.ops_messages import refusal as refuse
 from phalanx.runtime.client_auth import ADMIN, Principal
 from phalanx.storage.checkpoint import FileCheckpointStore
-from phalanx.storage.directory import OsDirectory
+from phalanx.storage.directory import ByteView, OsDirectory
 
 BACKUP_DIR: Final = "backup"
 """The backup checkpoint store's directory, under the node's data directory."""
@@ -78,7 +89,8 @@ def reload_contexts(contexts: Sequence[ssl.SSLContext], paths: pki.CredentialPat
 
 
 class OperatorOps:
-    """Answers `BackupCall` and `ReloadCall` for one node (module docstring)."""
+    """Answers `BackupCall` and `ReloadCall` for one node (module docstring). `close()`
+    when the node stops."""
 
     def __init__(self, *, node_id: str, replica: Replica, data_dir: Path,
                  reload: Callable[[], str]) -> None:
@@ -87,12 +99,22 @@ class OperatorOps:
         self.backup_dir = data_dir / BACKUP_DIR
         self._reload = reload
         self._lock = trio.Lock()
+        self._directory: OsDirectory | None = None
+        self._store: FileCheckpointStore | None = None
+        self._view: tuple[int, ByteView] | None = None  # the newest backup's data
+
+    def close(self) -> None:
+        self._view = None
+        if self._directory is not None:
+            self._directory.close()
 
     async def answer(self, call: OpsCall, principal: Principal | None) -> OpsReply:
         if principal is not None and not principal.may(ADMIN):
             return refuse(call, self._node, f"operator calls need role {ADMIN} (this "
                           f"client's certificate has {principal.role})", ReplyStatus.FORBIDDEN)
         if isinstance(call, BackupCall):
+            if call.index:
+                return await self._read(call)
             return await self._backup(call)
         try:
             not_after = self._reload()
@@ -100,6 +122,12 @@ class OperatorOps:
             return refuse(call, self._node, str(e))
         return ReloadReply(nonce=call.nonce, status=ReplyStatus.OK, node=self._node,
                            not_after=not_after, message="certificates reloaded")
+
+    def _open_store(self) -> FileCheckpointStore:
+        if self._store is None:
+            self._directory = OsDirectory(str(self.backup_dir))
+            self._store = FileCheckpointStore(self._directory, keep=1)
+        return self._store
 
     async def _backup(self, call: BackupCall) -> OpsReply:
         replica = self._replica
@@ -110,27 +138,54 @@ class OperatorOps:
             return refuse(call, self._node, f"applied index {replica.applied_index} did not "
                           f"reach {call.min_index} within {BACKUP_WAIT_SECONDS:g}s")
         async with self._lock:
-            meta = replica.snapshot_meta()
-            job = replica.backup_job()  # on the trio thread, between two applies
             try:
-                directory = OsDirectory(str(self.backup_dir))
+                store = self._open_store()
             except OSError as e:
                 return refuse(call, self._node, f"cannot create {self.backup_dir}: {e}")
+            meta = replica.snapshot_meta()
+            job = replica.backup_job()  # on the trio thread, between two applies
+            self._view = None
             # the checkpoint writer's thread: it hands the GIL back to apply every 1 ms
-            writer = ThreadedCheckpointWriter(FileCheckpointStore(directory, keep=1))
+            writer = ThreadedCheckpointWriter(store)
             try:
                 writer.start(job)
                 while (done := writer.poll()) is None:  # noqa: ASYNC110 (a thread's result)
                     await trio.sleep(0.01)
             finally:
                 await trio.to_thread.run_sync(writer.close)
-                directory.close()
-            if done.error is not None:
+            if done.error is not None or isinstance(done.data, bytes):
                 return refuse(call, self._node, f"writing the backup into {self.backup_dir} "
                               f"failed: {done.error}")
+            view = done.data
+            digest = await trio.to_thread.run_sync(_sha256, view)
+            self._view = (job.index, view)
         return BackupReply(nonce=call.nonce, status=ReplyStatus.OK, node=self._node,
                            index=job.index, term=meta.term if meta is not None else 0,
-                           directory=str(self.backup_dir))
+                           meta=job.meta, data_bytes=len(view), data_sha256=digest)
+
+    async def _read(self, call: BackupCall) -> OpsReply:
+        async with self._lock:
+            if self._view is None or self._view[0] != call.index:
+                return refuse(call, self._node, f"backup {call.index} is gone (a newer backup "
+                              "replaced it, or the node restarted): take the backup again")
+            view = self._view[1]
+            if not 0 <= call.offset <= len(view) or call.length < 0:
+                return refuse(call, self._node, f"offset {call.offset} is outside backup "
+                              f"{call.index} ({len(view)} bytes)")
+            end = min(len(view), call.offset + min(call.length, MAX_BACKUP_CHUNK))
+            try:
+                chunk = await trio.to_thread.run_sync(lambda: view[call.offset:end])
+            except (OSError, ValueError) as e:
+                return refuse(call, self._node, f"reading backup {call.index} failed: {e}")
+        return BackupReply(nonce=call.nonce, status=ReplyStatus.OK, node=self._node,
+                           index=call.index, offset=call.offset, chunk=bytes(chunk))
+
+
+def _sha256(view: ByteView) -> str:
+    h = hashlib.sha256()
+    for at in range(0, len(view), MAX_BACKUP_CHUNK):
+        h.update(view[at:at + MAX_BACKUP_CHUNK])
+    return h.hexdigest()
 
 
 async def reload_on_sighup(node_id: str, reload: Callable[[], str]) -> None:

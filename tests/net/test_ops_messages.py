@@ -34,9 +34,11 @@ def test_ids_are_712_to_715_in_the_admin_range() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(st.one_of(
-    st.builds(BackupCall, nonce=_ints, min_index=_ints),
+    st.builds(BackupCall, nonce=_ints, min_index=_ints, index=_ints, offset=_ints,
+              length=_ints),
     st.builds(BackupReply, nonce=_ints, status=st.sampled_from(ReplyStatus), message=_text,
-              node=_text, index=_ints, term=_ints, directory=_text),
+              node=_text, index=_ints, term=_ints, meta=st.binary(max_size=40),
+              data_bytes=_ints, data_sha256=_text, offset=_ints, chunk=st.binary(max_size=99)),
     st.builds(ReloadCall, nonce=_ints),
     st.builds(ReloadReply, nonce=_ints, status=st.sampled_from(ReplyStatus), message=_text,
               node=_text, not_after=_text)))

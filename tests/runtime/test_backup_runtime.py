@@ -14,9 +14,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from phalanx.client.async_client import ClientError, Forbidden, open_client
-from phalanx.client.ops_calls import backup_call
-from phalanx.ops.backup import package_backup, request_backup, restore_snapshot
+from phalanx.client.async_client import ClientError, Forbidden, RequestRejected, open_client
+from phalanx.client.ops_calls import backup_call, backup_read
+from phalanx.ops.backup import (
+    fetch_backup,
+    package_backup,
+    request_backup,
+    restore_snapshot,
+)
 from phalanx.ops.backup_file import read_backup
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
 from phalanx.ops.node_config import ClusterConfig, load_node_config
@@ -49,11 +54,17 @@ async def test_a_backup_restores_every_acknowledged_key_into_a_new_cluster(
                     await client.put(key, value)
                 reply, commit = await request_backup(old, seconds=20)
                 assert reply.index >= commit >= len(written)
+                data = await fetch_backup(old, reply, seconds=20)
+                part = await backup_read(old, reply.node, index=reply.index, offset=10,
+                                         length=100)
+                assert part.chunk == data[10:110]
+                with pytest.raises(RequestRejected, match="is gone"):
+                    await backup_read(old, reply.node, index=reply.index + 1, offset=0)
                 with pytest.raises(Forbidden, match="role admin"):
                     await backup_call(old, "n1", name="client", seconds=5)
                 await client.put("after", b"x")
             nursery.cancel_scope.cancel()
-    saved = package_backup(old, reply, commit, tmp_path / "b.phx")
+    saved = package_backup(old, reply, commit, data, tmp_path / "b.phx")
     header, _ = read_backup(tmp_path / "b.phx")
     assert header == saved.header
     assert header.protocol == protocol
