@@ -45,7 +45,7 @@ async def test_a_backup_restores_every_acknowledged_key_into_a_new_cluster(
     init_cluster(tmp_path / "old", protocol=protocol, nodes=nodes,
                  base_port=find_free_base_port(nodes), checkpoint_every=16)
     old = open_cluster(tmp_path / "old")
-    written = {f"k{i}": f"v{i}".encode() for i in range(40)}
+    written = {f"k{i}": f"v{i}".encode() for i in range(25)}
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await _serve(old, nursery)
@@ -83,7 +83,7 @@ async def test_a_backup_restores_every_acknowledged_key_into_a_new_cluster(
             # the old cluster's client credentials are not trusted by the new cluster
             stranger = dataclasses.replace(new, ca=old.ca, client_cert=old.client_cert,
                                            client_key=old.client_key)
-            async with open_client(stranger, timeout=1) as client:
+            async with open_client(stranger, timeout=0.5) as client:
                 with pytest.raises(ClientError):
                     await client.status("n1")
             nursery.cancel_scope.cancel()
