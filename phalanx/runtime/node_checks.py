@@ -12,6 +12,7 @@ the I/O and the logging around them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import ssl
@@ -157,6 +158,8 @@ async def record_membership(config: NodeConfig, cluster_id: str, driver: Driver,
         if status.recovering or (state == "new" and status.term == 0
                                  and status.commit_index == 0):
             continue
+        with contextlib.suppress(IdentityError):  # the CA file's newest certificate: a CA
+            cluster_id = trusted_fingerprints(config.tls.ca)[-1]  # rotation may have begun
         await trio.to_thread.run_sync(write_identity, config.data_dir, Identity(
             cluster=cluster_id, node=config.id, state="member"))
         if state == "recovering":
