@@ -17,29 +17,37 @@ the tool's memory once. Protocol-neutral: any protocol's replica layer takes the
 checkpoint.
 
 Restore: a NEW cluster directory (`cluster init`: a new CA, so a new cluster identity; new
-node keys), with the backup's protocol and app, whose every node starts from the backup's
-checkpoint: its data directory gets the checkpoint at the backup's index, with the new
-voters as its configuration and term 0 (the new cluster's terms start again; its log
-continues after the checkpoint). The new nodes' certificates are signed by the new CA, so
-they and the old cluster's nodes refuse each other's TLS handshakes, and a data directory
-of one is refused by the other's nodes (`phalanx.runtime.identity`): a restored copy can
-never join the old cluster by mistake.
+node keys), with the backup's protocol and app and its node's settings (fsync, timing,
+checkpoint interval, protocol options, services: `node_settings`), whose every node starts
+from the backup's checkpoint: its data directory gets the checkpoint at the backup's index,
+with the new voters as its configuration and term 0 (the new cluster's terms start again;
+its log continues after the checkpoint). The new nodes' certificates are signed by the new
+CA, so they and the old cluster's nodes refuse each other's TLS handshakes, and a data
+directory of one is refused by the other's nodes (`phalanx.runtime.identity`): a restored
+copy can never join the old cluster by mistake.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from phalanx.apps.envelope import decode_meta, encode_meta
 from phalanx.apps.interface import SnapshotFormatError
 from phalanx.consensus.types import Configuration, NodeId, SnapshotMeta
 from phalanx.ops.backup_file import BackupHeader, read_backup, write_backup
 from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
-from phalanx.ops.node_config import ClusterConfig, ConfigError, load_node_config
+from phalanx.ops.node_config import (
+    ClusterConfig,
+    ConfigError,
+    NodeConfig,
+    TimingConfig,
+    load_node_config,
+)
 from phalanx.ops.processes import ClusterError
 from phalanx.storage.checkpoint import FileCheckpointStore
 from phalanx.storage.directory import OsDirectory
@@ -136,6 +144,39 @@ async def fetch_backup(cluster: ClusterConfig, reply: BackupReply, *, seconds: f
     return bytes(data)
 
 
+def node_settings(config: NodeConfig) -> dict[str, object]:
+    """What of `config` a restore repeats (JSON): fsync, timing, the checkpoint interval,
+    the protocol's options and the services' tables."""
+    return {"fsync": config.fsync, "tick_ms": config.timing.tick_ms,
+            "election_ticks": config.timing.election_ticks,
+            "heartbeat_ticks": config.timing.heartbeat_ticks,
+            "checkpoint_every": config.checkpoint.every_entries,
+            "protocol_options": dict(config.protocol_options),
+            "services": {name: dict(table) for name, table in config.services.items()}}
+
+
+def _init_options(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`init_cluster` keyword arguments from `node_settings` (unknown or missing: default)."""
+    out: dict[str, Any] = {}
+    try:
+        if "fsync" in settings:
+            out["fsync"] = str(settings["fsync"])
+        if "tick_ms" in settings:
+            out["timing"] = TimingConfig(tick_ms=int(settings["tick_ms"]),
+                                         election_ticks=int(settings["election_ticks"]),
+                                         heartbeat_ticks=int(settings["heartbeat_ticks"]))
+        if "checkpoint_every" in settings:
+            out["checkpoint_every"] = int(settings["checkpoint_every"])
+        options = settings.get("protocol_options") or {}
+        out["protocol_options"] = {str(k): str(v) for k, v in dict(options).items()}
+        services = dict(settings.get("services") or {})
+        out["services"] = tuple(services)
+        out["service_options"] = {str(k): dict(v) for k, v in services.items()}
+    except (KeyError, TypeError, ValueError) as e:
+        raise BackupError(f"the backup's settings are malformed ({e})") from None
+    return out
+
+
 def package_backup(cluster: ClusterConfig, reply: BackupReply, commit: int, data: bytes,
                    path: Path) -> Saved:
     """Write the backup `reply` announced, with its fetched `data`, into backup file `path`
@@ -146,7 +187,12 @@ def package_backup(cluster: ClusterConfig, reply: BackupReply, commit: int, data
         meta = decode_meta(reply.meta)
     except SnapshotFormatError as e:
         raise BackupError(f"the backup from {reply.node} has bad metadata: {e}") from None
+    try:
+        settings = node_settings(load_node_config(cluster.node_config_path(reply.node)))
+    except ConfigError:
+        settings = {}  # the node's config is not in DIR: a restore takes the defaults
     header = BackupHeader(
+        settings=settings,
         protocol=cluster.protocol, app=cluster.app, index=reply.index, term=meta.term,
         node=reply.node, cluster=cluster_fingerprint(cluster.ca),
         voters=tuple(map(str, meta.config.voters)),
@@ -193,9 +239,11 @@ def restore_snapshot(path: Path, into: Path, *, nodes: int | None = None,
     count = nodes if nodes is not None else max(1, len(header.voters))
     if base_port is None:
         base_port = find_free_base_port(count)
+    options = _init_options(header.settings)
+    if checkpoint_every is not None:
+        options["checkpoint_every"] = checkpoint_every
     cluster = init_cluster(into, protocol=header.protocol, app=header.app, nodes=count,
-                           base_port=base_port, checkpoint_every=checkpoint_every,
-                           refuse_busy_ports=True)
+                           base_port=base_port, refuse_busy_ports=True, **options)
     try:
         for peer in cluster.nodes:
             config = load_node_config(cluster.node_config_path(peer.id))

@@ -9,8 +9,8 @@ Layout (integers little-endian):
     SHA-256 of every byte before it (32) | b"PHXBEND1"
 The header says where the state came from and what it is: the protocol and app, the
 checkpoint's index and term, the node that wrote it and the cluster's identity (the CA
-fingerprint, `phalanx.runtime.identity.cluster_fingerprint`), the voters then, when, and
-the data's length and SHA-256.
+fingerprint, `phalanx.runtime.identity.cluster_fingerprint`), the voters then, when, the
+data's length and SHA-256, and the node's settings a restore repeats.
 
 Invariants: `read_backup` returns a checkpoint only when the end marker, the SHA-256 of the
 whole file, the checkpoint's CRCs, the data's SHA-256 and length and the header's index all
@@ -25,7 +25,7 @@ import json
 import os
 import struct
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -57,6 +57,9 @@ class BackupHeader:
     """When the node wrote the checkpoint (ISO 8601, UTC)."""
     data_bytes: int
     data_sha256: str
+    settings: dict[str, object] = field(default_factory=dict)
+    """The source node's settings a restore repeats (`phalanx.ops.backup.node_settings`):
+    fsync, timing, checkpoint interval, protocol options, services; {} if unknown."""
     format: int = FORMAT
 
     def encode(self) -> bytes:
@@ -69,6 +72,8 @@ class BackupHeader:
             raise ValueError(f"format {obj.get('format') if isinstance(obj, dict) else obj!r}"
                              f" (this version reads {FORMAT})")
         obj["voters"] = tuple(obj["voters"])
+        if not isinstance(obj.get("settings", {}), dict):
+            raise ValueError("settings is not an object")
         return cls(**obj)
 
 

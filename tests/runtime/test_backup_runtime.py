@@ -71,6 +71,10 @@ async def test_a_backup_restores_every_acknowledged_key_into_a_new_cluster(
     assert len(header.voters) == nodes
 
     _, new = restore_snapshot(tmp_path / "b.phx", tmp_path / "new")
+    was, now = (load_node_config(c.node_config_path("n1")) for c in (old, new))
+    assert now.checkpoint == was.checkpoint  # the settings came along (every 16 entries)
+    assert (now.timing, now.fsync, now.protocol_options) == (
+        was.timing, was.fsync, was.protocol_options)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await _serve(new, nursery)
