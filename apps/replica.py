@@ -405,6 +405,24 @@ class Replica(ReplicaRecovery):
             progress=self._progress,
         )
 
+    def backup_job(self) -> CheckpointJob:
+        """The current state as a checkpoint job for a store of the caller's (a backup,
+        `phalanx snapshot save`): O(1) here, serialised later on any thread, like a
+        checkpoint's. It is not one of this replica's checkpoints: the policy's counters,
+        the core and the WAL do not hear of it."""
+        txs = self._txs
+        meta = self.snapshot_meta()
+        return CheckpointJob(
+            index=self._applied,
+            chunks=envelope_pieces(
+                index=self._applied, sessions=self._table.sessions,
+                app=self._machine.snapshot(), tombstones=self._table.tombstones,
+                transactions=txs.records if txs is not None else None,
+                max_deadline_ms=txs.max_deadline_ms if txs is not None else 0),
+            meta=encode_meta(meta) if meta is not None else b"",
+            progress=self._progress,
+        )
+
     def _start(self, job: CheckpointJob) -> None:
         self._in_flight = job.index
         self._writer.start(job)

@@ -21,7 +21,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
                CLUSTERSEND_MESSAGES`; 620-621 and 627-629 the announce service's,
                `phalanx.services.announce_node` and `.announce_api`)
     710-719    client admin operations (710-711 `phalanx.ops.admin_messages`: membership
-               and leadership transfer)
+               and leadership transfer; 712-715 `phalanx.ops.ops_messages`: backups and
+               certificate reloads)
     1000-1999  plug-in protocols outside this repository, and test-only protocols
     =========  ==================================================================
 

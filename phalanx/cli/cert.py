@@ -84,9 +84,10 @@ def _run_issue_client(args: argparse.Namespace) -> int:
 
 
 def add_cert_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``phalanx cert issue-client`` on `subparsers`."""
+    """Register ``phalanx cert issue-client`` (and show, rotate, rotate-ca, reload:
+    `phalanx.cli.cert_rotate`) on `subparsers`."""
     cert = subparsers.add_parser(
-        "cert", help="issue client certificates",
+        "cert", help="issue client certificates; show, rotate and reload certificates",
         description="Manage the certificates of a cluster directory.")
     sub = cert.add_subparsers(dest="cert_command", metavar="SUBCOMMAND", required=True)
     issue = sub.add_parser(
@@ -100,3 +101,6 @@ def add_cert_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     issue.add_argument("--cluster", metavar="DIR", default=os.environ.get("PHALANX_CLUSTER"),
                        help="the cluster directory (default: $PHALANX_CLUSTER)")
     issue.set_defaults(handler=_run_issue_client)
+    from phalanx.cli.cert_rotate import add_rotation_commands
+
+    add_rotation_commands(sub)

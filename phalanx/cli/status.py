@@ -35,7 +35,8 @@ examples:
 applied_index, last_checkpoint, peers, connected_peers, dropped_messages, protocol,
 client_auth (role "unreachable" and an "error" for a node that did not answer). A node
 running with [client] auth = "none" (no client authentication) is named in a WARNING on
-stderr. --cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1;
+stderr, as is every certificate of DIR expiring within 30 days (`phalanx cert show`).
+--cluster defaults to ${CLUSTER_ENV}. Exit status 0 if every node answered, else 1;
 2 on a usage error (bad arguments, no cluster at DIR, a missing or invalid config or
 credential file).
 """
@@ -132,6 +133,10 @@ def _status_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     import trio
 
+    from phalanx.cli.cert_rotate import expiry_warnings
+
+    for warning in expiry_warnings(cluster.directory):  # within 30 days: rotate them
+        print(warning, file=sys.stderr)
     rows = trio.run(lambda: query_status(cluster, client_timeout=args.timeout))
     insecure = [r.node for r in rows if r.reply is not None and r.reply.client_auth == "none"]
     if insecure:

@@ -96,6 +96,7 @@ from phalanx.client.errors import (
     TransactionAborted,
 )
 from phalanx.client.kv import KvHelpers
+from phalanx.client.latency import LatencyHistogram, LatencySnapshot
 from phalanx.consensus.quorum import max_byzantine_faults
 from phalanx.consensus.types import ClientRequest
 from phalanx.net import client_protocol, wire
@@ -174,6 +175,7 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
         if not (timeout > 0 and attempt_timeout > 0):
             raise ValueError("timeout and attempt_timeout must be > 0")
         self._stats = ClientStatistics()
+        self._latency = LatencyHistogram()
         self.protocol = protocol
         self._matching_replies = spec.call_strategy is CallStrategy.MATCHING_REPLIES
         self.signs_transactions = spec.call_strategy is CallStrategy.ENDORSEMENT
@@ -243,6 +245,11 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
             connection_failures=s.connection_failures, replies_dropped=s.replies_dropped,
         )
 
+    def latency(self) -> Mapping[tuple[str, str], LatencySnapshot]:
+        """Call latencies so far by (kind, outcome): ``("write", "ok")``, ``("read",
+        "error")``, ... (`phalanx.client.latency`; `LatencyCollector` exports them)."""
+        return self._latency.snapshot()
+
     def _close(self) -> None:
         self._closed = True
         self._pool.fail_all()
@@ -283,7 +290,8 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
             raise ValueError(f"requirements and deadlines are for protocols whose clients "
                              f"sign transactions, not {self.protocol}")
         endorsed = self.signs_transactions and consistency is ReadConsistency.LINEARIZABLE
-        deadline_at = trio.current_time() + self.timeout
+        started = trio.current_time()
+        deadline_at = started + self.timeout
         lane = None if read_only else self._take_lane()
         client_id = self.client_id if lane is None else f"{self.client_id}#{lane}"
         request_no = self._new_request_no()
@@ -308,18 +316,27 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls):
         call: PendingCall[ClientReply] = PendingCall(client_id, request_no)
         call.unsent_mark = self._pool.unsent_mark()
         self._stats.calls += 1
+        outcome = "error"
         try:
             if endorsed:
-                return await self._call_endorsed(call, frame, expires)
+                result = await self._call_endorsed(call, frame, expires)
+                outcome = "ok"
+                return result
             if self._matching_replies:
                 # A STALE read is answered by each replica it reaches, from its own state:
                 # the primary alone would give one answer, never f+1.
                 alone = consistency is ReadConsistency.LINEARIZABLE
-                return await self._call_all(call, frame, deadline_at, alone=alone)
+                result = await self._call_all(call, frame, deadline_at, alone=alone)
+                outcome = "ok"
+                return result
             # A stale read may be answered by a follower: that says nothing about the leader.
             learn = consistency is ReadConsistency.LINEARIZABLE
-            return await self._call_leader(call, frame, deadline_at, learn_leader=learn)
+            result = await self._call_leader(call, frame, deadline_at, learn_leader=learn)
+            outcome = "ok"
+            return result
         finally:
+            self._latency.observe("read" if read_only else "write", outcome,
+                                  trio.current_time() - started)
             self._pool.forget(request_no)
             if lane is not None:
                 self._release_lane(lane)

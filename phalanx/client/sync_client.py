@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar, Unpack
@@ -36,6 +36,7 @@ from phalanx.client.async_client import (
     open_client,
 )
 from phalanx.client.kv import Requirements
+from phalanx.client.latency import LatencySnapshot
 from phalanx.net.client_protocol import ReadConsistency, StatusReply
 from phalanx.ops.node_config import ClusterConfig
 
@@ -246,6 +247,10 @@ class SyncClient:
 
     def statistics(self) -> ClientStatistics:
         return self.client.statistics()
+
+    def latency(self) -> Mapping[tuple[str, str], LatencySnapshot]:
+        """Call latencies by (kind, outcome) (`Client.latency`)."""
+        return self.client.latency()
 
     @property
     def leader(self) -> str:

@@ -35,6 +35,7 @@ import ipaddress
 import os
 import re
 import ssl
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,6 +324,14 @@ def write_ca(ca: CertificateAuthority, directory: Path) -> CredentialPaths:
     return CredentialPaths(certificate=cert_path, private_key=key_path, ca_certificate=cert_path)
 
 
+def write_ca_key(ca: CertificateAuthority, directory: Path, *, name: str = "ca.key") -> Path:
+    """Replace ``ca.key`` (or `name`; 0600) in `directory` with `ca`'s key (a CA rotation:
+    the bundle in ``ca.pem`` is written apart, `write_trust`)."""
+    path = directory / name
+    _write_atomic(path, _key_pem(ca.private_key), 0o600)
+    return path
+
+
 def write_credentials(credentials: Credentials, directory: Path) -> CredentialPaths:
     """Write ``<name>.pem``, ``<name>.key`` (0600) and ``ca.pem`` into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -332,10 +341,36 @@ def write_credentials(credentials: Credentials, directory: Path) -> CredentialPa
         private_key=directory / f"{name}.key",
         ca_certificate=directory / "ca.pem",
     )
-    _write_atomic(paths.private_key, _key_pem(credentials.private_key), 0o600)
-    _write_atomic(paths.certificate, _cert_pem(credentials.certificate), 0o644)
-    _write_atomic(paths.ca_certificate, _cert_pem(credentials.ca_certificate), 0o644)
+    write_leaf(credentials, certificate=paths.certificate, private_key=paths.private_key)
+    if not _holds(paths.ca_certificate, credentials.ca_certificate):
+        # (a bundle that already trusts this CA, mid-rotation, is left as it is)
+        _write_atomic(paths.ca_certificate, _cert_pem(credentials.ca_certificate), 0o644)
     return paths
+
+
+def write_leaf(credentials: Credentials, *, certificate: Path, private_key: Path) -> None:
+    """Replace a leaf's key (0600) and certificate (0644) files, each atomically: the key
+    first (a reader between the two sees a key that does not fit and keeps what it has)."""
+    _write_atomic(private_key, _key_pem(credentials.private_key), 0o600)
+    _write_atomic(certificate, _cert_pem(credentials.certificate), 0o644)
+
+
+def load_certificates(path: Path) -> list[x509.Certificate]:
+    """Every certificate in PEM file `path`, in order (a CA bundle during a rotation holds
+    the old and the new CA). Raises `OSError` or `ValueError`."""
+    return x509.load_pem_x509_certificates(path.read_bytes())
+
+
+def write_trust(path: Path, authorities: list[x509.Certificate]) -> None:
+    """Replace CA file `path` with the bundle of `authorities` (0644, atomically)."""
+    _write_atomic(path, b"".join(_cert_pem(c) for c in authorities), 0o644)
+
+
+def _holds(path: Path, certificate: x509.Certificate) -> bool:
+    try:
+        return certificate in load_certificates(path)
+    except (OSError, ValueError):
+        return False
 
 
 def _spki(public_key: Any) -> bytes:
@@ -346,22 +381,39 @@ def _spki(public_key: Any) -> bytes:
 
 
 def load_ca(directory: Path) -> CertificateAuthority:
-    """Load a CA written by `write_ca`.
+    """Load a CA written by `write_ca` (from a bundle: the certificate that fits the key).
 
     Raises:
         ValueError: the files are not a PEM certificate and a P-256 key that belong together.
     """
-    certificate = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
     key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{directory / 'ca.key'} is not an ECDSA key")
-    if _spki(key.public_key()) != _spki(certificate.public_key()):
-        raise ValueError(f"{directory / 'ca.key'} does not match {directory / 'ca.pem'}")
-    return CertificateAuthority(certificate=certificate, private_key=key)
+    for certificate in load_certificates(directory / "ca.pem"):  # a bundle mid-rotation
+        if _spki(key.public_key()) == _spki(certificate.public_key()):
+            return CertificateAuthority(certificate=certificate, private_key=key)
+    raise ValueError(f"{directory / 'ca.key'} does not match {directory / 'ca.pem'}")
 
 
 # --------------------------------------------------------------------------------------------
 # TLS contexts
+
+
+PAIR_RETRIES = 5
+"""Tries to load a certificate and key that do not fit, 50 ms apart: `write_leaf` replaces
+the key, then the certificate, so a reader between the two sees a pair that fits soon."""
+
+
+def load_pair(context: ssl.SSLContext, certificate: Path, private_key: Path) -> None:
+    """`context.load_cert_chain`, retried while the pair does not fit (`PAIR_RETRIES`)."""
+    for attempt in range(PAIR_RETRIES):
+        try:
+            context.load_cert_chain(certificate, private_key)
+            return
+        except ssl.SSLError as e:
+            if "KEY_VALUES_MISMATCH" not in str(e) or attempt == PAIR_RETRIES - 1:
+                raise
+            time.sleep(0.05)
 
 
 def _base_context(purpose: int) -> ssl.SSLContext:
@@ -374,7 +426,7 @@ def _base_context(purpose: int) -> ssl.SSLContext:
 def peer_server_context(paths: CredentialPaths) -> ssl.SSLContext:
     """Server side of a replica link: presents the node cert, REQUIRES a cluster-CA cert."""
     context = _base_context(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(paths.certificate, paths.private_key)
+    load_pair(context, paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
     context.verify_mode = ssl.CERT_REQUIRED
     return context
@@ -388,7 +440,7 @@ def peer_client_context(paths: CredentialPaths) -> ssl.SSLContext:
     context = _base_context(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_REQUIRED
-    context.load_cert_chain(paths.certificate, paths.private_key)
+    load_pair(context, paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
     return context
 
@@ -403,7 +455,7 @@ def client_server_context(
     certificates become optional, and one that is presented must still be valid.
     """
     context = _base_context(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(paths.certificate, paths.private_key)
+    load_pair(context, paths.certificate, paths.private_key)
     context.load_verify_locations(cafile=paths.ca_certificate)
     context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return context
@@ -427,7 +479,7 @@ def client_context(
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(cafile=ca_certificate)
     if certificate is not None and private_key is not None:
-        context.load_cert_chain(certificate, private_key)
+        load_pair(context, certificate, private_key)
     return context
 
 

@@ -25,8 +25,10 @@ import trio
 from phalanx.consensus.core import CoreStatus
 from phalanx.net.client_protocol import ReplyStatus
 from phalanx.ops.admin_messages import ADMIN_OPS, AdminCall, AdminReply
+from phalanx.ops.ops_messages import OpsCall, OpsReply, refusal
 from phalanx.runtime.client_auth import ADMIN, Principal
 from phalanx.runtime.driver import Driver
+from phalanx.runtime.operator_ops import OperatorOps
 
 FENCE_SECONDS: Final = 2.0
 """How long to wait for the core to step a proposal (it normally takes one loop pass)."""
@@ -57,12 +59,19 @@ class AdminOps:
     """Answers `AdminCall`s for one node (see the module docstring)."""
 
     def __init__(self, driver: Driver, node_id: str, protocol_node: object,
-                 protocol: str) -> None:
+                 protocol: str, *, operator: OperatorOps | None = None) -> None:
+        self._operator = operator
         self._driver = driver
         self._node = node_id
         self._protocol = protocol
         self._admin_input: Callable[[str, str, CoreStatus], Any] | None = getattr(
             protocol_node, "admin_input", None)
+
+    async def answer_ops(self, call: OpsCall, principal: Principal | None) -> OpsReply:
+        """Backups and certificate reloads: `phalanx.runtime.operator_ops`."""
+        if self._operator is None:
+            return refusal(call, self._node, "this node answers no operator calls")
+        return await self._operator.answer(call, principal)
 
     async def answer(self, call: AdminCall, principal: Principal | None) -> AdminReply:
         status = self._driver.status()

@@ -81,6 +81,8 @@ from phalanx.net.framing import (
 )
 from phalanx.net.tls_stream import TlsStream
 from phalanx.ops.admin_messages import AdminCall, AdminReply
+from phalanx.ops.ops_messages import BackupCall, OpsCall, OpsReply, ReloadCall
+from phalanx.ops.ops_messages import refusal as ops_refusal
 from phalanx.runtime.client_auth import Principal, owns_client_id, principal_from_peercert, refusal
 from phalanx.services.messages import ServiceCall, ServiceReply
 
@@ -169,6 +171,10 @@ class AdminSink(Protocol):
 
     async def answer(self, call: AdminCall, principal: Principal | None) -> AdminReply: ...
 
+    async def answer_ops(self, call: OpsCall, principal: Principal | None) -> OpsReply:
+        """Backups and certificate reloads (`phalanx.runtime.operator_ops`)."""
+        ...
+
 
 @runtime_checkable
 class SubscribingSink(CallSink, Protocol):
@@ -249,7 +255,7 @@ class _Connection:
             math.inf)
 
     def deliver(self, reply: ClientReply | StatusReply | ClientHelloReply | ServiceReply
-                | AdminReply
+                | AdminReply | OpsReply
                 ) -> None:
         if self.closed:
             return
@@ -534,6 +540,14 @@ class ClientPort:
                             message="this node answers no admin operations")
                             if self._admin is None
                             else await self._admin.answer(message, conn.principal))
+                        conn.flush()
+                    elif isinstance(message, (BackupCall, ReloadCall)):
+                        await conn.slots.acquire()
+                        conn.deliver(ops_refusal(message, self._node_id,
+                                                 "this node answers no operator calls")
+                                     if self._admin is None
+                                     else await self._admin.answer_ops(message,
+                                                                       conn.principal))
                         conn.flush()
                     else:
                         st.unexpected_messages += 1

@@ -26,6 +26,11 @@ A data directory without the file is either from before this file existed (it ho
 adopted as ``member``) or was never prepared (empty: amnesia, unless the caller says this
 is a brand-new cluster).
 
+A CA rotation (`phalanx cert rotate --ca`) puts a bundle, old CA then new, in the CA file:
+a directory whose IDENTITY names any certificate of the bundle is this cluster's, and the
+node records the bundle's last (newest) certificate as the cluster's identity at start-up
+and on a certificate reload (`adopt_rotated_identity`).
+
 Invariants: the file is replaced atomically (write, fsync, rename, fsync the directory);
 identity mismatches (another node's or another cluster's directory) are refused, never
 repaired.
@@ -36,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -70,6 +76,36 @@ def cluster_fingerprint(ca_certificate: Path) -> str:
         raise IdentityError(f"cannot read the CA certificate {ca_certificate}: "
                             f"{e.strerror or e}") from None
     return hashlib.sha256(data).hexdigest()[:32]
+
+
+_PEM_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n?", re.DOTALL)
+
+
+def trusted_fingerprints(ca_certificate: Path) -> tuple[str, ...]:
+    """The cluster identities a CA file vouches for: the whole file's fingerprint, then each
+    certificate's in it, in order (a bundle mid-rotation: old CA, then new). The last one is
+    the cluster's current identity; for a file of one certificate all of them are equal."""
+    try:
+        data = ca_certificate.read_bytes()
+    except OSError as e:
+        raise IdentityError(f"cannot read the CA certificate {ca_certificate}: "
+                            f"{e.strerror or e}") from None
+    return (hashlib.sha256(data).hexdigest()[:32],
+            *(hashlib.sha256(b).hexdigest()[:32] for b in _PEM_BLOCK.findall(data)))
+
+
+def adopt_rotated_identity(data_dir: Path, ca_certificate: Path) -> bool:
+    """After a CA rotation put a bundle in `ca_certificate`: record its current identity
+    (the last certificate's) in `data_dir`'s IDENTITY if that names another certificate of
+    the bundle, so the directory is still recognised once the old CA leaves the file.
+    Whether it was rewritten. Raises `IdentityError`."""
+    identity = read_identity(data_dir)
+    known = trusted_fingerprints(ca_certificate)
+    if identity is None or identity.cluster == known[-1] or identity.cluster not in known:
+        return False
+    write_identity(data_dir, Identity(cluster=known[-1], node=identity.node,
+                                      state=identity.state))
+    return True
 
 
 def read_identity(data_dir: Path) -> Identity | None:

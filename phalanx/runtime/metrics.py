@@ -19,6 +19,13 @@ Families:
     phalanx_peer_link_up{peer}        1 while the outbound link to that peer is up
                                       (`phalanx.runtime.health`)
     and the counters in `COUNTER_HELP`, each with a HELP line saying what it counts.
+Process and Python runtime (`RuntimeCollector`, of the whole process: several nodes in one
+process report the same values):
+    phalanx_process_resident_memory_bytes, phalanx_process_cpu_seconds_total,
+    phalanx_process_open_fds, phalanx_process_max_fds, phalanx_process_start_time_seconds,
+    phalanx_python_gc_collections_total{generation}, phalanx_python_gc_objects_collected_total
+    {generation}, phalanx_python_gc_uncollectable_total{generation},
+    phalanx_python_gc_generation_count{generation}, phalanx_python_threads, phalanx_python_info
 
 Must not import: trio, consensus cores. The driver calls the `on_*` hooks from its one task;
 they only update plain Python numbers (no prometheus-client metric objects, whose every
@@ -31,6 +38,12 @@ that instant (a histogram's count is the sum of its buckets, so it is always con
 
 from __future__ import annotations
 
+import gc
+import os
+import platform
+import resource
+import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -45,6 +58,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from phalanx.consensus.core import CoreStatus
+from phalanx.runtime.descriptors import open_descriptors
 
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
@@ -147,6 +161,7 @@ class NodeMetrics:
         self._last_term: int | None = None
         self._last_leader: str | None = None
         self.registry.register(_NodeCollector(self))
+        self.registry.register(RuntimeCollector(node))
 
     def add_byte_source(self, source: Callable[[], dict[str, int]]) -> None:
         """Register counters read at scrape time (e.g. transport bytes in/out)."""
@@ -224,6 +239,99 @@ class _NodeCollector(Collector):
         yield gauge("phalanx_term", "Current term (Raft) or view (PBFT)", m.term)
         yield gauge("phalanx_is_leader", "1 while this node leads (Raft leader, PBFT primary), "
                     "else 0", m.is_leader)
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_STARTED = time.time()
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident set size now (Linux: /proc/self/statm), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _process_start() -> float:
+    """When this process started (seconds since the epoch; Linux: /proc, else module load)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _STARTED
+
+
+class RuntimeCollector(Collector):
+    """The process and the Python runtime it runs, read at scrape time (see the module
+    docstring). Values are the process's; the `node` label says which node serves them."""
+
+    def __init__(self, node: str) -> None:
+        self._node = node
+        self._start = _process_start()
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node
+
+        def one(family: GaugeMetricFamily | CounterMetricFamily, value: float
+                ) -> GaugeMetricFamily | CounterMetricFamily:
+            family.add_metric([node], value)
+            return family
+
+        rss = _resident_bytes()
+        if rss is not None:
+            yield one(GaugeMetricFamily("phalanx_process_resident_memory_bytes", "Resident "
+                      "memory of the node's process (RSS), bytes", labels=["node"]), rss)
+        times = os.times()
+        yield one(CounterMetricFamily("phalanx_process_cpu_seconds", "CPU time the node's "
+                  "process used, user plus system, seconds", labels=["node"]),
+                  times.user + times.system)
+        fds = open_descriptors()
+        if fds > 0:
+            yield one(GaugeMetricFamily("phalanx_process_open_fds", "File descriptors the "
+                      "node's process holds open (sockets, WAL segments, ...)",
+                      labels=["node"]), fds)
+        yield one(GaugeMetricFamily("phalanx_process_max_fds", "The process's open-file "
+                  "limit (soft RLIMIT_NOFILE)", labels=["node"]),
+                  resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        yield one(GaugeMetricFamily("phalanx_process_start_time_seconds", "When the node's "
+                  "process started, seconds since the Unix epoch", labels=["node"]),
+                  self._start)
+        stats = gc.get_stats()
+        counts = gc.get_count()
+        families = (
+            CounterMetricFamily("phalanx_python_gc_collections", "Runs of the cyclic garbage "
+                                "collector, by generation", labels=["node", "generation"]),
+            CounterMetricFamily("phalanx_python_gc_objects_collected", "Objects the cyclic "
+                                "garbage collector freed, by generation",
+                                labels=["node", "generation"]),
+            CounterMetricFamily("phalanx_python_gc_uncollectable", "Objects the cyclic "
+                                "garbage collector found but could not free, by generation",
+                                labels=["node", "generation"]),
+            GaugeMetricFamily("phalanx_python_gc_generation_count", "gc.get_count(): for "
+                              "generation 0 the allocations less deallocations since its last "
+                              "collection; for 1 and 2 the younger generation's collections "
+                              "since theirs", labels=["node", "generation"]))
+        for generation, stat in enumerate(stats):
+            label = [node, str(generation)]
+            families[0].add_metric(label, stat.get("collections", 0))
+            families[1].add_metric(label, stat.get("collected", 0))
+            families[2].add_metric(label, stat.get("uncollectable", 0))
+            families[3].add_metric(label, counts[generation] if generation < len(counts)
+                                   else 0)
+        yield from families
+        yield one(GaugeMetricFamily("phalanx_python_threads", "Threads alive in the node's "
+                  "process (the trio thread, checkpoint writers, fsync workers, ...)",
+                  labels=["node"]), threading.active_count())
+        info = GaugeMetricFamily("phalanx_python_info", "The Python running the node (always "
+                                 "1; the labels carry the version)",
+                                 labels=["node", "implementation", "version"])
+        info.add_metric([node, platform.python_implementation(), platform.python_version()], 1)
+        yield info
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:

@@ -63,7 +63,7 @@ from phalanx.net.transport import (
     max_peer_sockets,
     run_peer_transport,
 )
-from phalanx.ops import admin_messages
+from phalanx.ops import admin_messages, ops_messages
 from phalanx.ops.link import LinkError, intercluster_for, load_links
 from phalanx.ops.node_config import Address, NodeConfig, check_files
 from phalanx.ops.pki import (
@@ -94,9 +94,7 @@ from phalanx.runtime.driver_stats import DriverStatistics
 from phalanx.runtime.fault_hooks import control_file, watch_clock_rate
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.health import HealthState, LinkCollector, serve_http, watch_health
-from phalanx.runtime.identity import (
-    amnesia,
-)
+from phalanx.runtime.identity import IdentityError, adopt_rotated_identity, amnesia
 from phalanx.runtime.local_submit import LocalSubmitter
 from phalanx.runtime.metrics import NodeMetrics
 from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: public API
@@ -107,6 +105,7 @@ from phalanx.runtime.node_checks import (
     record_membership,
     record_verdict,
 )
+from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
 from phalanx.runtime.services import ServiceHost
@@ -263,6 +262,7 @@ async def open_node(
     wire.register_all(spec.messages.load())
     client_protocol.register()
     admin_messages.register()
+    ops_messages.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     try:
@@ -292,6 +292,7 @@ async def open_node(
         raise
     core_state = None
     replica: Replica | None = None
+    operator: OperatorOps | None = None
     metrics_server: Any = None
     try:
         if storage.wal.recovery.torn_path is not None:
@@ -366,11 +367,14 @@ async def open_node(
             config.client_listen.port, host=config.client_listen.host, backlog=LISTEN_BACKLOG)
         peers = {NodeId(p.id): PeerAddress(host=p.peer_addr.host, port=p.peer_addr.port)
                  for p in config.peers}
+        tls_contexts = (peer_server_context(paths), peer_client_context(paths),
+                        client_server_context(paths,
+                                              require_client_cert=config.client_auth != "none"))
         transport = Transport(
             node_id=NodeId(config.id),
             peers=peers,
-            server_context=peer_server_context(paths),
-            client_context=peer_client_context(paths),
+            server_context=tls_contexts[0],
+            client_context=tls_contexts[1],
             encode=wire.encode,
             decode=wire.decode,
             decode_error=DecodeError,
@@ -425,12 +429,22 @@ async def open_node(
                 wanted=DEFAULT_MAX_CONNECTIONS)
         except DescriptorError as e:
             raise NodeError(f"{config.id}: {e}") from None
+        def reload_tls() -> str:
+            expires = reload_contexts(tls_contexts, paths)
+            try:  # a CA bundle mid-rotation: record the new CA as the cluster's identity
+                adopt_rotated_identity(config.data_dir, config.tls.ca)
+            except IdentityError as e:
+                raise ValueError(str(e)) from None
+            return expires
+
+        operator = OperatorOps(node_id=config.id, replica=replica,
+                               data_dir=config.data_dir, reload=reload_tls)
         client_port = ClientPort(
-            driver, ssl_context=client_server_context(paths, require_client_cert=secure),
+            driver, ssl_context=tls_contexts[2],
             node_id=config.id, batch_replies=True, require_client_auth=secure,
             max_frame_size=client_frame_limit(replica.max_command_bytes),
             max_connections=max_clients, services=services,
-            admin=AdminOps(driver, config.id, protocol, config.protocol))
+            admin=AdminOps(driver, config.id, protocol, config.protocol, operator=operator))
         logger.info("%s: open-file limit %d: up to %d client connections (request frames "
                     "<= %d bytes), %d peer sockets", config.id, nofile, max_clients,
                     client_port.max_frame_size, max_peer_sockets(len(peers)))
@@ -491,6 +505,7 @@ async def open_node(
                 watch_health, health, status=driver.status,
                 applied_index=lambda: replica.applied_index if replica else 0,
                 linked=lambda: map(str, transport.connected_peers()), spec=spec))
+            nursery.start_soon(reload_on_sighup, config.id, reload_tls)
             if (ctl := control_file(config.id)) is not None:
                 nursery.start_soon(watch_clock_rate, ctl, driver.set_clock_rate)
             logger.info("%s: serving peers on %s, clients on %s", config.id,
@@ -505,6 +520,8 @@ async def open_node(
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
+        if operator is not None:
+            operator.close()
         if replica is not None:
             replica.close()
         if core_state is not None:

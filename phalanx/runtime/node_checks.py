@@ -12,6 +12,7 @@ the I/O and the logging around them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import ssl
@@ -25,8 +26,8 @@ from phalanx.runtime.identity import (
     Identity,
     IdentityError,
     Verdict,
-    cluster_fingerprint,
     read_identity,
+    trusted_fingerprints,
     write_identity,
 )
 from phalanx.runtime.persistence import ReadyPersister
@@ -102,14 +103,15 @@ def check_identity(config: NodeConfig) -> tuple[Identity | None, str]:
     Raises `NodeError` (one line) for another node's or another cluster's directory."""
     where = config.source or config.id
     try:
-        cluster_id = cluster_fingerprint(config.tls.ca)
+        known = trusted_fingerprints(config.tls.ca)  # a CA bundle mid-rotation: old, new
         identity = read_identity(config.data_dir)
     except IdentityError as e:
         raise NodeError(f"{where}: {e}") from None
+    cluster_id = known[-1]
     if identity is not None and identity.node != config.id:
         raise NodeError(f"{where}: data directory {config.data_dir} belongs to node "
                         f"{identity.node}, not {config.id}; fix data_dir in the config")
-    if identity is not None and identity.cluster != cluster_id:
+    if identity is not None and identity.cluster not in known:
         raise NodeError(f"{where}: data directory {config.data_dir} belongs to another "
                         f"cluster (its CA differs from {config.tls.ca}); fix data_dir or the "
                         "tls paths in the config")
@@ -134,7 +136,8 @@ def record_verdict(config: NodeConfig, cluster_id: str, identity: Identity | Non
             "stop it and start it with --bootstrap.", config.id, verdict.reason)
     elif verdict.reason:
         logger.error("%s: %s", config.id, verdict.reason)
-    if (identity.state if identity is not None else None) != verdict.next_state:
+    if identity is None or (identity.state, identity.cluster) != (verdict.next_state,
+                                                                  cluster_id):
         write_identity(config.data_dir, Identity(cluster=cluster_id, node=config.id,
                                                  state=verdict.next_state))
     return verdict
@@ -155,6 +158,8 @@ async def record_membership(config: NodeConfig, cluster_id: str, driver: Driver,
         if status.recovering or (state == "new" and status.term == 0
                                  and status.commit_index == 0):
             continue
+        with contextlib.suppress(IdentityError):  # the CA file's newest certificate: a CA
+            cluster_id = trusted_fingerprints(config.tls.ca)[-1]  # rotation may have begun
         await trio.to_thread.run_sync(write_identity, config.data_dir, Identity(
             cluster=cluster_id, node=config.id, state="member"))
         if state == "recovering":

@@ -202,11 +202,14 @@ class _ServiceCollector(Collector):
         self._disabled = disabled
 
     def collect(self) -> Iterator[Metric]:
-        events = CounterMetricFamily("phalanx_service_events",
-                                     "node service events (sent, dropped by reason, ...)",
-                                     labels=["node", "service", "event"])
-        state = GaugeMetricFamily("phalanx_service_state", "node service sizes and state",
-                                  labels=["node", "service", "name"])
+        events = CounterMetricFamily(
+            "phalanx_service_events", "Events counted by each node service (gossip, "
+            "block-certifier, ...), by event: messages sent and received, messages dropped "
+            "by reason; service \"\" counts messages for services this node does not run",
+            labels=["node", "service", "event"])
+        state = GaugeMetricFamily(
+            "phalanx_service_state", "Current sizes and states of each node service, by name "
+            "(queue lengths, members and rumors known, ...)", labels=["node", "service", "name"])
         for name, (counters, gauges) in sorted(dict(self._snapshots).items()):
             for event, value in sorted(counters.items()):
                 events.add_metric([self._node, name, _LABEL.sub("_", event)], value)
