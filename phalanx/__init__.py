@@ -10,7 +10,8 @@ The public API (loaded lazily, so importing a sans-IO subpackage never pulls in 
 the client); everything else is internal and may change between versions:
 
 - the application contract: `StateMachine`, `StateSnapshot`, `SnapshotFormatError`
-  (`phalanx.apps.interface`; docs/STATE_MACHINES.md);
+  (`phalanx.apps.interface`; docs/STATE_MACHINES.md) and `GeneratedCommand` (the optional
+  `random_command` testing hook: `phalanx.apps.command_source`);
 - running nodes: `open_node`, `serve_node`, `Node`, `NodeConfig`, `ClusterConfig`,
   `load_node_config`, `open_cluster`, `init_cluster`, `find_free_base_port`, `ConfigError`;
 - the client: `Client`, `open_client`, `SyncClient` and the client errors (all derive from
@@ -41,6 +42,7 @@ _LAZY = {
     "StateMachine": "phalanx.apps.interface",
     "StateSnapshot": "phalanx.apps.interface",
     "SnapshotFormatError": "phalanx.apps.interface",
+    "GeneratedCommand": "phalanx.apps.command_source",
     "open_node": "phalanx.runtime.node",
     "serve_node": "phalanx.runtime.node",
     "Node": "phalanx.runtime.node",
@@ -64,6 +66,7 @@ __all__ = [
     "ClusterConfig",
     "ClusterUnreachable",
     "ConfigError",
+    "GeneratedCommand",
     "HistoryRecorder",
     "InvalidArgument",
     "KvCommandError",
@@ -88,6 +91,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from phalanx.apps.command_source import GeneratedCommand
     from phalanx.apps.interface import SnapshotFormatError, StateMachine, StateSnapshot
     from phalanx.client.async_client import (
         Client,

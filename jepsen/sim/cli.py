@@ -58,6 +58,11 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     )
     p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                    help="the protocol to simulate (default: %(default)s)")
+    p.add_argument("--app", default="", metavar="FILE.py:FACTORY",
+                   help="simulate your own state machine (FILE.py:FACTORY or MODULE:FACTORY) "
+                   "instead of the KV store: it needs random_command(rng) (docs/"
+                   "STATE_MACHINES.md, \"Test it\"); checked: linearizability against its "
+                   "model, replica convergence, liveness")
     p.add_argument("--seeds", type=positive_int, default=100,
                    help="number of seeds (default 100)")
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
@@ -206,7 +211,18 @@ def _handle(args: argparse.Namespace) -> int:
     wan = None if args.regions is None else WanConfig(
         regions=args.regions, jitter_pct=args.wan_jitter_pct, link_mbps=args.link_mbps,
         uplink_mbps=args.uplink_mbps, loss=args.wan_loss)
+    if args.app:
+        from phalanx.appspec.custom import absolute
+        from phalanx.jepsen.sim.protocols import protocol_setup
+        args.app = absolute(args.app)  # worker processes load the same file
+        try:  # an app that will not load or cannot be tested: one line, before any seed
+            protocol_setup(args.protocol, bugs=frozenset(),
+                           nodes=spec.fault_model.nodes_for(1), app=args.app)
+        except ValueError as exc:
+            print_error("phalanx sim", str(exc))
+            return EXIT_USAGE
     base = RunConfig(
+        app=args.app,
         wan=wan,
         sized_budgets=args.sized_budgets,
         settings=settings,
@@ -253,7 +269,8 @@ def _handle(args: argparse.Namespace) -> int:
     if args.nodes is None:
         # Alternate two sizes by seed, so one sweep covers both quorum sizes (PBFT: 3f+1).
         sizes = ((0, spec.fault_model.nodes_for(1)), (1, spec.fault_model.nodes_for(2)))
-        groups = [(f"{base.protocol}, {n} nodes", n, off) for off, n in sizes
+        app = f", app {base.app.rpartition('/')[2]}" if base.app else ""
+        groups = [(f"{base.protocol}{app}, {n} nodes", n, off) for off, n in sizes
                   if args.seeds > off]
         results = [
             sweep(
@@ -267,7 +284,8 @@ def _handle(args: argparse.Namespace) -> int:
             for label, n, off in groups
         ]
     else:
-        groups = [(f"{base.protocol}, {base.nodes} nodes", base.nodes, 0)]
+        app = f", app {base.app.rpartition('/')[2]}" if base.app else ""
+        groups = [(f"{base.protocol}{app}, {base.nodes} nodes", base.nodes, 0)]
         results = [
             sweep(
                 base,
