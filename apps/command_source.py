@@ -59,4 +59,4 @@ class CommandSource(Protocol):
 def reference_of(machine: object) -> StateMachine | None:
     """The machine's own `reference_model()`, or None when it declares none."""
     make = getattr(machine, "reference_model", None)
-    return None if make is None else make()  # type: ignore[no-any-return]
+    return None if make is None else make()
