@@ -16,6 +16,8 @@ the client); everything else is internal and may change between versions:
   `load_node_config`, `open_cluster`, `init_cluster`, `find_free_base_port`, `ConfigError`;
 - the client: `Client`, `open_client`, `SyncClient` and the client errors (all derive from
   `ClientError`);
+- a plain class as a state machine: `replicated`, `query`, `Replicated` (the client proxy),
+  `ReplicatedMachine`, `ReplicatedCallError` (`phalanx.replicated_class`);
 - testing: `check_history`, `read_history`, `HistoryRecorder` (`phalanx.jepsen`).
 """
 
@@ -43,6 +45,11 @@ _LAZY = {
     "StateSnapshot": "phalanx.apps.interface",
     "SnapshotFormatError": "phalanx.apps.interface",
     "GeneratedCommand": "phalanx.apps.command_source",
+    "replicated": "phalanx.replicated_class",
+    "query": "phalanx.replicated_class",
+    "Replicated": "phalanx.replicated_class",
+    "ReplicatedMachine": "phalanx.replicated_class",
+    "ReplicatedCallError": "phalanx.replicated_class",
     "open_node": "phalanx.runtime.node",
     "serve_node": "phalanx.runtime.node",
     "Node": "phalanx.runtime.node",
@@ -73,6 +80,9 @@ __all__ = [
     "Node",
     "NodeConfig",
     "ProtocolViolation",
+    "Replicated",
+    "ReplicatedCallError",
+    "ReplicatedMachine",
     "RequestRejected",
     "SnapshotFormatError",
     "StateMachine",
@@ -86,7 +96,9 @@ __all__ = [
     "open_client",
     "open_cluster",
     "open_node",
+    "query",
     "read_history",
+    "replicated",
     "serve_node",
 ]
 
@@ -109,6 +121,13 @@ if TYPE_CHECKING:
     from phalanx.jepsen.history import HistoryRecorder, read_history
     from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
     from phalanx.ops.node_config import ClusterConfig, ConfigError, NodeConfig, load_node_config
+    from phalanx.replicated_class import (
+        Replicated,
+        ReplicatedCallError,
+        ReplicatedMachine,
+        query,
+        replicated,
+    )
     from phalanx.runtime.node import Node, open_node, serve_node
 
 

@@ -13,6 +13,10 @@ A machine with the optional `random_command` hook (`phalanx.apps.command_source`
 ``commands`` workload (`phalanx.jepsen.app_workload`: `phalanx jepsen run --app REF`) and
 runs in the simulator (`machine_factory`; `phalanx sim --app REF`).
 
+A class whose methods are marked `phalanx.replicated` / `phalanx.query` (and that has no
+`apply` of its own) is wrapped in `phalanx.replicated_class.ReplicatedMachine`: ``--app
+counter.py:Counter`` runs the plain class.
+
 Invariants: the reference is resolved and the factory called once, by `check_custom`
 (`cluster init` and node start-up), so a typo is one line naming the module or file, not a
 traceback in a running node. Loading a file executes it: only name files you trust.
@@ -97,6 +101,10 @@ def check_machine(reference: str, factory: Any) -> StateMachine:
         raise AppConfigError(f"--app {reference!r}: not callable")
     try:
         machine = factory()
+        if not callable(getattr(machine, "apply", None)):  # a @replicated class: wrapped
+            from phalanx.replicated_class import as_machine
+
+            machine = as_machine(machine)
     except Exception as e:
         raise AppConfigError(f"--app {reference!r}: calling it raised "
                              f"{type(e).__name__}: {e}") from None
@@ -113,7 +121,7 @@ def machine_factory(reference: str) -> Callable[[], StateMachine]:
     `AppConfigError` (one line) when it will not load."""
     factory = resolve(reference)
     check_machine(reference, factory)
-    return factory  # type: ignore[no-any-return]
+    return lambda: check_machine(reference, factory)
 
 
 @dataclass(frozen=True, slots=True)
