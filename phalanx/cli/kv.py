@@ -442,6 +442,34 @@ async def run_kv(
     return kv_wire.decode_result(raw)
 
 
+KV_HELPERS: Final = "phalanx.client.kv:KvHelpers"
+"""The KV app's client helpers (`phalanx.appspec.builtin.KV.client`): apps whose spec names
+them are KV stores."""
+
+
+def _call(cluster: ClusterConfig, command: KvCommand, *, read_only: bool, stale: bool,
+          client_timeout: float, signer: TransactionSigner | None,
+          requirements: dict[str, bytes] | None, retry_aborted: bool) -> KvResult:
+    """One KV command: through the blocking one-shot client (`phalanx.client.quick`: no
+    trio, no async client, for start-up time) where it can serve it, else `run_kv`."""
+    from phalanx.client import quick
+
+    if signer is None and not requirements and quick.supports(cluster):
+        from phalanx.apps import kv_wire
+        from phalanx.net.client_protocol import ReadConsistency
+
+        raw = quick.quick_call(
+            cluster, kv_wire.encode_command(command), read_only=read_only,
+            consistency=ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE,
+            timeout=client_timeout)
+        return kv_wire.decode_result(raw)
+    import trio
+
+    return trio.run(lambda: run_kv(
+        cluster, command, read_only=read_only, stale=stale, client_timeout=client_timeout,
+        signer=signer, requirements=requirements, retry_aborted=retry_aborted))
+
+
 _PREFIX_ROUNDS: Final = 20
 
 
@@ -512,10 +540,9 @@ def _kv_main(args: argparse.Namespace) -> int:
     if cluster is None:
         return EXIT_USAGE
     from phalanx.appspec import get as get_app
-    from phalanx.client.kv import KvHelpers
 
-    app = get_app(cluster.app)
-    if app.client is None or app.client.load() is not KvHelpers:
+    app = get_app(cluster.app)  # (the helpers' reference, not loaded: no async client)
+    if getattr(app.client, "target", None) != KV_HELPERS:
         print_error("phalanx kv", f"{args.cluster} runs the {cluster.app} app, not a KV store "
                     f"(see `phalanx {cluster.app} --help`)")
         return EXIT_USAGE
@@ -529,12 +556,12 @@ def _kv_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
-    import trio  # after the usage checks: a usage error costs no client import
-
-    from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
     from phalanx.client.errors import (
+        ClientError,
+        ClientTimeout,
         ClusterUnreachable,
         Forbidden,
+        RequestRejected,
         StorageUnavailable,
         TransactionAborted,
     )
@@ -543,6 +570,8 @@ def _kv_main(args: argparse.Namespace) -> int:
     requirements = dict(args.require) if args.require else None
     try:
         if args.kv_command == "delete" and args.prefix:
+            import trio
+
             deleted = trio.run(lambda: delete_prefix(
                 cluster, args.key, client_timeout=args.timeout, signer=signer))
             if args.output == "json":
@@ -550,9 +579,9 @@ def _kv_main(args: argparse.Namespace) -> int:
             else:
                 print(f"deleted {deleted}")
             return EXIT_OK if deleted else EXIT_NEGATIVE
-        result = trio.run(lambda: run_kv(
-            cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout,
-            signer=signer, requirements=requirements, retry_aborted=args.retry_aborted))
+        result = _call(cluster, command, read_only=read_only, stale=stale,
+                       client_timeout=args.timeout, signer=signer, requirements=requirements,
+                       retry_aborted=args.retry_aborted)
     except ValueError as e:  # --require on a cluster without versions, a leaderless scan
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
