@@ -14,8 +14,10 @@ Retries reuse the call's (client_id, request_no), so the replicas apply it at mo
 
 Strategies (the protocol's `CallStrategy`): LEADER (Raft): one node at a time, following
 REDIRECT hints, the next node after a connection failure or RETRY; MATCHING_REPLIES (PBFT):
-the call to every replica at once (a thread each, resent every second), the result once f+1
-replicas answered the same (status, result). ENDORSEMENT (signed transactions) is not
+a connection to every replica (a thread each) subscribed first (`ClientHello`, so a backup
+that executes the call before the call reaches it still answers), then the call to all at
+once (resent every second), the result once f+1 replicas answered the same (status,
+result, message). ENDORSEMENT (signed transactions) is not
 here: `supports` says False and the caller uses `phalanx.Client`.
 
 Each server must present a cluster-CA certificate naming the node dialled (as
@@ -47,7 +49,14 @@ from phalanx.client.errors import (
 )
 from phalanx.consensus.types import ClientRequest
 from phalanx.net import client_protocol, wire
-from phalanx.net.client_protocol import ClientCall, ClientReply, ReadConsistency, ReplyStatus
+from phalanx.net.client_protocol import (
+    ClientCall,
+    ClientHello,
+    ClientHelloReply,
+    ClientReply,
+    ReadConsistency,
+    ReplyStatus,
+)
 from phalanx.net.framing import FrameDecoder, FrameError, encode_frame
 from phalanx.protocols import CallStrategy
 from phalanx.protocols import get as protocol_spec
@@ -143,11 +152,24 @@ class _Link:
                 if (isinstance(message, ClientReply) and message.client_id == request.client_id
                         and message.request_no == request.request_no):
                     return message
-            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            data = self.sock.recv(_RECEIVE)
-            if not data:
-                raise OSError(f"{self.node} closed the connection")
-            self.decoder.feed(data)
+            self._receive(deadline)
+
+    def subscribe(self, client_id: str, deadline: float) -> None:
+        """`ClientHello`: this node answers our requests it executes, asked or not (a PBFT
+        backup that executes the call before the call itself reaches it)."""
+        self.sock.sendall(encode_frame(wire.encode(ClientHello(client_id=client_id))))
+        while True:
+            while (frame := self.decoder.next_frame()) is not None:
+                if isinstance(wire.decode(frame), ClientHelloReply):
+                    return
+            self._receive(deadline)
+
+    def _receive(self, deadline: float) -> None:
+        self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data = self.sock.recv(_RECEIVE)
+        if not data:
+            raise OSError(f"{self.node} closed the connection")
+        self.decoder.feed(data)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -175,6 +197,14 @@ def quick_call(cluster: ClusterConfig, command: bytes, *, read_only: bool = Fals
         return _matching_call(cluster, context, call, deadline, timeout,
                               need=spec.max_faults(len(cluster.nodes)) + 1)
     raise ValueError(f"protocol {cluster.protocol}: use phalanx.Client (signed transactions)")
+
+
+def _unreachable(cluster: ClusterConfig) -> ClusterUnreachable:
+    """`phalanx.Client`'s words for it (`fail_fast`)."""
+    refusals = ", ".join(f"{n.id} ({n.client_addr.host}:{n.client_addr.port})"
+                         for n in cluster.nodes)
+    return ClusterUnreachable(f"connection refused by every node: {refusals}; nothing was "
+                              "sent, so the call had no effect (is the cluster running?)")
 
 
 def _final(reply: ClientReply) -> bytes | None:
@@ -209,9 +239,7 @@ def _leader_call(cluster: ClusterConfig, context: ssl.SSLContext, call: ClientCa
             except _Refused:
                 refused.add(target)
                 if not reached and len(refused) == len(order):
-                    raise ClusterUnreachable(
-                        f"every node refused the connection ({', '.join(order)}): is the "
-                        "cluster running?") from None
+                    raise _unreachable(cluster) from None
                 last = f"{target} refused the connection"
                 target = order[(order.index(target) + 1) % len(order)]
                 continue
@@ -248,13 +276,23 @@ def _matching_call(cluster: ClusterConfig, context: ssl.SSLContext, call: Client
     answers: queue.Queue[tuple[str, ClientReply | Exception]] = queue.Queue()
     stop = threading.Event()
 
+    connected = threading.Semaphore(0)
+    go = threading.Event()
+    client_id = call.request.client_id
+
     def ask(node: PeerConfig) -> None:
         try:
             link = _Link(node, context, deadline)
         except Exception as e:  # refused, unreachable, a bad certificate: this node is out
             answers.put((node.id, e))
+            connected.release()
             return
         try:
+            try:
+                link.subscribe(client_id, min(deadline, time.monotonic() + RESEND_S))
+            finally:
+                connected.release()
+            go.wait(max(0.0, deadline - time.monotonic()))
             while not stop.is_set() and time.monotonic() < deadline:
                 link.send(call)  # (again after RESEND_S: a retransmission, same ids)
                 try:
@@ -272,6 +310,13 @@ def _matching_call(cluster: ClusterConfig, context: ssl.SSLContext, call: Client
 
     for node in cluster.nodes:
         threading.Thread(target=ask, args=(node,), daemon=True).start()
+    # Every replica subscribed (or out) before any sees the call: a backup that executes it
+    # from the primary's pre-prepare then answers on its subscribed connection.
+    for _ in cluster.nodes:
+        if not connected.acquire(timeout=max(0.001, min(deadline, time.monotonic() + RESEND_S)
+                                             - time.monotonic())):
+            break
+    go.set()
     votes: dict[tuple[ReplyStatus, bytes, str], set[str]] = {}
     refused: set[str] = set()
     failed: set[str] = set()
@@ -287,9 +332,7 @@ def _matching_call(cluster: ClusterConfig, context: ssl.SSLContext, call: Client
                 refused.update((node,) if isinstance(answer, _Refused) else ())
                 last = f"{node}: {answer or type(answer).__name__}"
                 if len(refused) == len(cluster.nodes):
-                    raise ClusterUnreachable(
-                        f"every node refused the connection "
-                        f"({', '.join(n.id for n in cluster.nodes)}): is the cluster running?")
+                    raise _unreachable(cluster)
                 continue
             last = f"{node}: {answer.status.name.lower()} {answer.message}".strip()
             if answer.status in (ReplyStatus.OK, ReplyStatus.ERROR, ReplyStatus.FORBIDDEN):
