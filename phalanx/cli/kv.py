@@ -27,8 +27,9 @@ command types, `phalanx.cli.errors`); trio, the client, the PKI and the cluster 
 imported by the functions that use them, so `phalanx kv --help` or a usage error costs no
 client import (`tests/test_packaging.py` holds this).
 
-Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes only
-through `phalanx.client.async_client`. Keys are UTF-8 text; values are bytes: arguments are encoded
+Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes
+through the blocking one-shot client `phalanx.client.quick` (Raft, PBFT: no trio on the path,
+for start-up time) or `phalanx.client.async_client` (signed transactions, `delete --prefix`). Keys are UTF-8 text; values are bytes: arguments are encoded
 with
 the file-system encoding (so any byte survives) and values are written raw to stdout.
 """

@@ -324,26 +324,26 @@ def _matching_call(cluster: ClusterConfig, context: ssl.SSLContext, call: Client
     try:
         while len(failed) < len(cluster.nodes):
             try:
-                node, answer = answers.get(timeout=max(0.001, deadline - time.monotonic()))
+                name, answer = answers.get(timeout=max(0.001, deadline - time.monotonic()))
             except queue.Empty:
                 break
             if isinstance(answer, Exception):
-                failed.add(node)
-                refused.update((node,) if isinstance(answer, _Refused) else ())
-                last = f"{node}: {answer or type(answer).__name__}"
+                failed.add(name)
+                refused.update((name,) if isinstance(answer, _Refused) else ())
+                last = f"{name}: {answer or type(answer).__name__}"
                 if len(refused) == len(cluster.nodes):
                     raise _unreachable(cluster)
                 continue
-            last = f"{node}: {answer.status.name.lower()} {answer.message}".strip()
+            last = f"{name}: {answer.status.name.lower()} {answer.message}".strip()
             if answer.status in (ReplyStatus.OK, ReplyStatus.ERROR, ReplyStatus.FORBIDDEN):
                 key = (answer.status, answer.result, answer.message)
                 voters = votes.setdefault(key, set())
-                voters.add(node)
+                voters.add(name)
                 result = _final(answer) if len(voters) >= need else None
                 if result is not None:  # (_final raised for f+1 matching refusals)
                     return result
             elif answer.status is not ReplyStatus.RETRY:  # (RETRY: its thread asks again)
-                failed.add(node)
+                failed.add(name)
     finally:
         stop.set()
     raise ClientTimeout(f"no {need} matching replies within {timeout:g}s", last_error=last)
