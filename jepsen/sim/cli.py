@@ -1,10 +1,11 @@
 """`phalanx sim`: seeded deterministic-simulation sweeps from the command line.
 
 Owns: `add_sim_command(subparsers)` (the lead wires it into `phalanx.cli.main`) and its handler.
-Progress goes to stderr, the summary and failure reports to stdout; the exit status is 1 when
-any seed fails, 2 on bad arguments (one line on stderr: `phalanx.cli.errors`). Counts and
-times are checked by their argparse types (finite, positive), so NaN or inf never reaches
-the simulator.
+Progress goes to stderr (rich bars on a terminal, plain lines otherwise:
+`phalanx.jepsen.sim.sim_progress`), the summary and failure reports to stdout; the exit
+status is 1 when any seed fails, 2 on bad arguments (one line on stderr:
+`phalanx.cli.errors`). Counts and times are checked by their argparse types (finite,
+positive), so NaN or inf never reaches the simulator.
 
 Rules: argument parsing and printing only; the work is `phalanx.jepsen.sim.sweep`, which
 the handler imports (with `phalanx.jepsen.sim.run`): building the parser, and so `phalanx
@@ -168,6 +169,7 @@ def parse_settings(items: list[str]) -> tuple[tuple[str, int | bool | str], ...]
 
 def _handle(args: argparse.Namespace) -> int:
     from phalanx.jepsen.sim.run import RunConfig, run
+    from phalanx.jepsen.sim.sim_progress import SweepProgress
     from phalanx.jepsen.sim.sweep import sweep
 
     try:
@@ -272,29 +274,21 @@ def _handle(args: argparse.Namespace) -> int:
         app = f", app {base.app.rpartition('/')[2]}" if base.app else ""
         groups = [(f"{base.protocol}{app}, {n} nodes", n, off) for off, n in sizes
                   if args.seeds > off]
-        results = [
-            sweep(
-                # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
-                replace(base, nodes=n, byzantine=min(args.byzantine, spec.max_faults(n))),
-                range(args.seed_start + off, args.seed_start + args.seeds, 2),
-                jobs=args.jobs,
-                progress=sys.stderr,
-                label=label,
-            )
-            for label, n, off in groups
-        ]
+        with SweepProgress(sys.stderr) as shown:
+            results = []
+            for label, n, off in groups:
+                seeds = range(args.seed_start + off, args.seed_start + args.seeds, 2)
+                results.append(sweep(
+                    # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
+                    replace(base, nodes=n, byzantine=min(args.byzantine, spec.max_faults(n))),
+                    seeds, jobs=args.jobs, label=label, **shown.group(label, len(seeds))))
     else:
         app = f", app {base.app.rpartition('/')[2]}" if base.app else ""
         groups = [(f"{base.protocol}{app}, {base.nodes} nodes", base.nodes, 0)]
-        results = [
-            sweep(
-                base,
-                range(args.seed_start, args.seed_start + args.seeds),
-                jobs=args.jobs,
-                progress=sys.stderr,
-                label=groups[0][0],
-            )
-        ]
+        seeds = range(args.seed_start, args.seed_start + args.seeds)
+        with SweepProgress(sys.stderr) as shown:
+            results = [sweep(base, seeds, jobs=args.jobs, label=groups[0][0],
+                             **shown.group(groups[0][0], len(seeds)))]
     failed = [o for r in results for o in r.failures]
     for o in sorted(failed, key=lambda o: o.seed):
         print(o.report)
