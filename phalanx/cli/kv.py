@@ -29,9 +29,9 @@ client import (`tests/test_packaging.py` holds this).
 
 Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes
 through the blocking one-shot client `phalanx.client.quick` (Raft, PBFT: no trio on the path,
-for start-up time) or `phalanx.client.async_client` (signed transactions, `delete --prefix`). Keys are UTF-8 text; values are bytes: arguments are encoded
-with
-the file-system encoding (so any byte survives) and values are written raw to stdout.
+for start-up time) or `phalanx.client.async_client` (signed transactions, `delete --prefix`).
+Keys are UTF-8 text; values are bytes: arguments are encoded with the file-system encoding
+(so any byte survives) and values are written raw to stdout.
 """
 
 from __future__ import annotations
