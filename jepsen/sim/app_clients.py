@@ -7,8 +7,8 @@ check, at the end of the run:
 
 - linearizability of that history against the app's sequential model
   (`phalanx.jepsen.app_model.MachineModel`: its `reference_model()`, else the app itself);
-- replica convergence: every replica at the highest applied index holds the same state
-  (its snapshot bytes' digest): a machine that is not deterministic diverges here;
+- replica convergence: every honest replica at the highest applied index holds the same
+  state (its snapshot bytes' digest): a machine that is not deterministic diverges here;
 - liveness: every operation pending when the clients stop completes by the end of the run.
 
 Clients as `phalanx.jepsen.sim.clients.SimClient` does (same request number on every
@@ -61,7 +61,8 @@ def app_setup(setup: ProtocolSetup, machine: Callable[[], StateMachine],
                          f"--app {reference}")
 
     def workload(env: WorkloadEnv) -> AppWorkload:
-        return AppWorkload(env, source=probe, model=model, replies=setup.replies)
+        return AppWorkload(env, source=probe, model=model, replies=setup.replies,
+                           byzantine=frozenset(setup.byzantine))
 
     return dataclasses.replace(setup, workload=workload,
                                description=(setup.description + "; " if setup.description
@@ -81,8 +82,11 @@ class AppWorkload:
     """`SimWorkload` of a custom app (see the module docstring)."""
 
     def __init__(self, env: WorkloadEnv, *, source: CommandSource,
-                 model: Callable[[], StateMachine], replies: ReplyFilter | None) -> None:
+                 model: Callable[[], StateMachine], replies: ReplyFilter | None,
+                 byzantine: frozenset[str] = frozenset()) -> None:
         self.env = env
+        self.byzantine = byzantine
+        """Replicas that may lie: their states are not compared."""
         self.source = source
         self.model = model
         self.replies = replies
@@ -167,7 +171,7 @@ class AppWorkload:
         at: dict[int, dict[str, str]] = {}
         for name, node in self.env.nodes.items():
             replica = node.replica
-            if replica is not None:
+            if replica is not None and name not in self.byzantine:
                 digest = state_digest(replica.machine)
                 at.setdefault(replica.applied_index, {})[name] = digest
         if not at:
