@@ -12,7 +12,8 @@ Owns:
       machine from them, applies (or queries) the command and compares the result;
     * `check_app_history(history, factory)`: linearizability under that model plus the stats
       checker, as a `phalanx.jepsen.checker.RunResult`;
-    * `state_digest(machine)`: SHA-256 of a machine's snapshot bytes (replica convergence).
+    * `state_digest(machine)`: SHA-256 of a machine's snapshot bytes (replica convergence);
+      `model_of(factory)`: the app's `reference_model()` or the app itself.
 
 Must not import: the simulator, consensus cores, trio, the client. Pure given the factory
 (the model memoises steps: a machine that is not deterministic shows up as a violation or
@@ -64,6 +65,16 @@ def from_text(text: Value, *, what: str = "value") -> bytes:
         except binascii.Error:
             raise HistoryError(f"{what}: bad base64 {text!r}") from None
     return text.encode()
+
+
+def model_of(machine: MachineFactory) -> MachineFactory:
+    """The sequential model of the app `machine` builds: its `reference_model()` when it
+    declares one (`phalanx.apps.command_source`), else the app itself."""
+    from phalanx.apps.command_source import reference_of
+
+    if reference_of(machine()) is None:
+        return machine
+    return lambda: reference_of(machine()) or machine()
 
 
 def snapshot_bytes(machine: StateMachine) -> bytes:

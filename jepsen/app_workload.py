@@ -21,10 +21,18 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from phalanx.apps.command_source import CommandSource, reference_of
+from phalanx.apps.command_source import CommandSource
 from phalanx.apps.interface import StateMachine
 from phalanx.client.errors import ClientError, RequestRejected
-from phalanx.jepsen.app_model import APPLY, QUERY, WORKLOAD, check_app_history, from_text, to_text
+from phalanx.jepsen.app_model import (
+    APPLY,
+    QUERY,
+    WORKLOAD,
+    check_app_history,
+    from_text,
+    model_of,
+    to_text,
+)
 from phalanx.jepsen.checker import RunResult
 from phalanx.jepsen.history import FAIL, INFO, OK, History
 from phalanx.jepsen.linearizability import DEFAULT_TIME_LIMIT
@@ -51,9 +59,7 @@ class CommandsWorkload:
         if not isinstance(probe, CommandSource):
             raise ValueError("the app has no random_command(rng): nothing to send it")
         self.source: CommandSource = probe
-        self.model: Callable[[], StateMachine] = machine
-        if reference_of(probe) is not None:
-            self.model = lambda: reference_of(machine()) or machine()
+        self.model: Callable[[], StateMachine] = model_of(machine)
 
     def delay(self) -> float:
         return self.rng.expovariate(self.config.rate)

@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from phalanx.apps.command_source import CommandSource, reference_of
+from phalanx.apps.command_source import CommandSource
 from phalanx.apps.interface import StateMachine
 from phalanx.consensus.types import ClientRequest
-from phalanx.jepsen.app_model import APPLY, QUERY, state_digest, to_text
+from phalanx.jepsen.app_model import APPLY, QUERY, model_of, state_digest, to_text
 from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder
 from phalanx.jepsen.sim.protocols import ProtocolSetup, ReplyFilter, WorkloadEnv
 
@@ -53,9 +53,7 @@ def app_setup(setup: ProtocolSetup, machine: Callable[[], StateMachine],
         raise ValueError(f"--app {reference}: the machine has no random_command(rng), so "
                          "the simulator has nothing to send it (docs/STATE_MACHINES.md, "
                          "\"Test it\")")
-    model: Callable[[], StateMachine] = machine
-    if reference_of(probe) is not None:
-        model = lambda: reference_of(machine()) or machine()  # noqa: E731
+    model = model_of(machine)
     if setup.workload is not None:
         raise ValueError("this protocol's simulator runs its own workload: it cannot drive "
                          f"--app {reference}")

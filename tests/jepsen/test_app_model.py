@@ -161,3 +161,22 @@ def test_jepsen_run_takes_a_custom_app_and_names_its_workload_alike() -> None:
 
     with pytest.raises(argparse.ArgumentTypeError, match="no 'Nope'"):
         _app_choice(f"{EXAMPLE}:Nope")
+
+
+def test_jepsen_check_takes_an_app_history(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from phalanx.jepsen.history import write_history
+
+    def check(ops: list[tuple[int, str, str, str, str | None]]) -> int:
+        path = tmp_path / "h.jsonl"
+        write_history(path, _history(ops).ops)
+        return subprocess.run([sys.executable, "-m", "phalanx", "jepsen", "check", "--app",
+                               f"{EXAMPLE}:TicketMachine", str(path)], capture_output=True,
+                              text=True, timeout=60, check=False).returncode
+
+    take = [(0, "invoke", APPLY, "take:q", None), (0, OK, APPLY, "take:q", "1")]
+    assert check(take) == 0
+    assert check([*take, (1, "invoke", APPLY, "take:q", None),
+                  (1, OK, APPLY, "take:q", "1")]) == 1  # a ticket handed out twice
