@@ -182,7 +182,7 @@ def run_check(
                 step_limit=args.step_limit,
                 clock=clock,
             )
-    except ValueError as exc:  # an app that will not load (AppConfigError: one line)
+    except _AppUnusable as exc:  # an app that will not load (AppConfigError: one line)
         print(f"phalanx jepsen check: error: {exc}", file=err)
         return EXIT_USAGE
     except HistoryError as exc:
@@ -212,6 +212,10 @@ def run_check(
     return EXIT_INVALID
 
 
+class _AppUnusable(Exception):
+    """``--app`` names a state machine that will not load (the message says why)."""
+
+
 def _check_app(args: argparse.Namespace, history: History) -> RunResult:
     """``--app``: the history against the app's model (`phalanx.jepsen.app_model`)."""
     from phalanx.appspec.custom import absolute, machine_factory
@@ -221,7 +225,7 @@ def _check_app(args: argparse.Namespace, history: History) -> RunResult:
     try:
         machine = machine_factory(absolute(args.app))
     except AppConfigError as e:
-        raise ValueError(str(e)) from None
+        raise _AppUnusable(str(e)) from None
     return check_app_history(history, model_of(machine), time_limit=args.time_limit or None,
                              step_limit=args.step_limit, stats=args.stats)
 
