@@ -114,3 +114,14 @@ def test_the_cli_says_why_in_one_line(apps: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1
     assert "random_command" in done.stderr
+
+
+def test_the_apps_own_checks_catch_a_raft_bug() -> None:
+    # The control for the replication side: Raft committing on a minority loses and forks
+    # tickets; the app's history and the replicas' states show it, not only the log checks.
+    result = run(RunConfig(seed=0, nodes=3, app=TICKETS, faults=("isolate-leader",),
+                           bugs=frozenset({"commit_on_minority"}), swarm=False,
+                           time_ns=1_500 * _MS, liveness_ns=1_000 * _MS))
+    kinds = {v.split(":")[0] for v in result.violations}
+    assert {"linearizability", "divergence"} <= kinds, result.violations
+    assert "--bug commit_on_minority" in result.report()
