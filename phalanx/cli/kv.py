@@ -80,6 +80,7 @@ from phalanx.cli.errors import (
     print_error,
     utf8_text,
 )
+from phalanx.cli.kv_signer import signer_from_args
 from phalanx.cli.value_args import ValueArgs
 
 if TYPE_CHECKING:  # the handlers import these: building the parser must stay cheap
@@ -511,31 +512,6 @@ async def delete_prefix(cluster: ClusterConfig, prefix: str, *, client_timeout: 
                              f"({deleted} deleted); run it again")
 
 
-def _signer(args: argparse.Namespace, cluster: ClusterConfig) -> TransactionSigner | None:
-    """The signing key --client-key / --client-name pick, or None (the cluster's default).
-    Raises ValueError (one line) when the protocol does not sign or the key will not load."""
-    path_text: str | None = getattr(args, "client_key", None)
-    name: str | None = getattr(args, "client_name_key", None)
-    if path_text is None and name is None:
-        return None
-    if path_text is not None and name is not None:
-        raise ValueError("give --client-key or --client-name, not both")
-    from pathlib import Path
-
-    from phalanx.ops.signing_keys import SigningKeyError, TransactionSigner, client_key_path
-    from phalanx.protocols import CallStrategy
-    from phalanx.protocols import get as protocol_spec
-
-    if protocol_spec(cluster.protocol).call_strategy is not CallStrategy.ENDORSEMENT:
-        raise ValueError(f"protocol {cluster.protocol} does not use client signing keys")
-    path = Path(path_text) if path_text is not None else client_key_path(
-        cluster.directory, name or "")
-    try:
-        return TransactionSigner.from_file(path, name)
-    except SigningKeyError as e:
-        raise ValueError(str(e)) from None
-
-
 def _kv_main(args: argparse.Namespace) -> int:
     cluster = open_cluster_arg(args, "phalanx kv")
     if cluster is None:
@@ -553,7 +529,7 @@ def _kv_main(args: argparse.Namespace) -> int:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
     try:
-        signer = _signer(args, cluster)
+        signer = signer_from_args(args, cluster)
     except ValueError as e:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
