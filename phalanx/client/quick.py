@@ -119,6 +119,11 @@ class _Refused(Exception):
     """Nothing listens at the node's client port."""
 
 
+class _Garbled(ValueError):
+    """A node sent a frame the codec refused (a peer's bytes are input: that node is out
+    for this attempt, the call goes on elsewhere)."""
+
+
 class _Link:
     """One TLS connection to one node's client port (blocking, with the call's deadline)."""
 
@@ -148,7 +153,7 @@ class _Link:
         """The next reply to `request`. Raises OSError (incl. timeout) or FrameError."""
         while True:
             while (frame := self.decoder.next_frame()) is not None:
-                message = wire.decode(frame)
+                message = self._decode(frame)
                 if (isinstance(message, ClientReply) and message.client_id == request.client_id
                         and message.request_no == request.request_no):
                     return message
@@ -160,9 +165,15 @@ class _Link:
         self.sock.sendall(encode_frame(wire.encode(ClientHello(client_id=client_id))))
         while True:
             while (frame := self.decoder.next_frame()) is not None:
-                if isinstance(wire.decode(frame), ClientHelloReply):
+                if isinstance(self._decode(frame), ClientHelloReply):
                     return
             self._receive(deadline)
+
+    def _decode(self, frame: bytes) -> object:
+        try:
+            return wire.decode(frame)
+        except Exception as e:  # the codec's DecodeError (not re-exported by net.wire)
+            raise _Garbled(f"{self.node} sent an undecodable frame: {e}") from None
 
     def _receive(self, deadline: float) -> None:
         self.sock.settimeout(max(0.001, deadline - time.monotonic()))

@@ -167,3 +167,13 @@ def test_tls_settings_and_certificate_names_match_the_pki(certs: Certs, tmp_path
     junk.write_text("not a certificate")
     with pytest.raises(ValueError, match="not a PEM certificate"):
         quick.client_identity(junk)
+
+
+async def test_a_garbled_answer_is_input_not_a_crash(certs: Certs) -> None:
+    async def garbled(node: FakeNode, call: ClientCall) -> Action:
+        return b"\x93\xff\xff"  # a frame, not a message
+
+    behaviours = {"n1": garbled, "n2": serve_kv, "n3": serve_kv}
+    result, nodes = await call_fakes(certs, behaviours, "raft", PUT)
+    assert kv_wire.decode_result(result) == Done()
+    assert len(nodes["n2"].received) == 1
