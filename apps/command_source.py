@@ -1,8 +1,9 @@
 """The optional hook that lets phalanx TEST your state machine: random commands and a model.
 
-Owns: `GeneratedCommand` (one command of a test workload), the `CommandSource` hook and
-`reference_of(machine)`. `phalanx sim --app FILE.py:FACTORY` and `phalanx jepsen run --app
-FILE.py:FACTORY` drive a custom app through it (docs/STATE_MACHINES.md "Test it"):
+Owns: `GeneratedCommand` (one command of a test workload), the `CommandSource` hook,
+`command_source(machine)` (the hook, checked) and `reference_of(machine)`. `phalanx sim
+--app FILE.py:FACTORY` and `phalanx jepsen run --app FILE.py:FACTORY` drive a custom app
+through it (docs/STATE_MACHINES.md "Test it"):
 
 - `random_command(rng)` (required for testing): the next command of a random client, drawn
   ONLY from `rng` (a seeded `random.Random`: the same seed gives the same commands, which
@@ -54,6 +55,22 @@ class CommandSource(Protocol):
     def random_command(self, rng: random.Random) -> GeneratedCommand:
         """A random command, drawn only from `rng`; never reads the machine's state."""
         ...
+
+
+def command_source(machine: object) -> CommandSource | None:
+    """`machine` if it has a working `random_command` (one is drawn, from a fixed seed, to
+    check its type), None if it has none. Raises TypeError (one line) when it returns
+    something other than a `GeneratedCommand` or raises."""
+    if not isinstance(machine, CommandSource):
+        return None
+    try:
+        sample = machine.random_command(random.Random(0))
+    except Exception as e:
+        raise TypeError(f"random_command raised {type(e).__name__}: {e}") from None
+    if not isinstance(sample, GeneratedCommand):
+        raise TypeError(f"random_command must return a GeneratedCommand, got "
+                        f"{type(sample).__name__}")
+    return machine
 
 
 def reference_of(machine: object) -> StateMachine | None:

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from phalanx.apps.command_source import CommandSource
+from phalanx.apps.command_source import CommandSource, command_source
 from phalanx.apps.interface import StateMachine
 from phalanx.client.errors import ClientError, RequestRejected
 from phalanx.jepsen.app_model import (
@@ -55,8 +55,11 @@ class CommandsWorkload:
                  config: WorkloadConfig | None = None) -> None:
         self.config = config if config is not None else WorkloadConfig()
         self.rng = random.Random(self.config.seed)
-        probe = machine()
-        if not isinstance(probe, CommandSource):
+        try:
+            probe = command_source(machine())
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        if probe is None:
             raise ValueError("the app has no random_command(rng): nothing to send it")
         self.source: CommandSource = probe
         self.model: Callable[[], StateMachine] = model_of(machine)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from phalanx.apps.command_source import CommandSource
+from phalanx.apps.command_source import CommandSource, command_source
 from phalanx.apps.interface import StateMachine
 from phalanx.consensus.types import ClientRequest
 from phalanx.jepsen.app_model import APPLY, QUERY, model_of, state_digest, to_text
@@ -48,8 +48,11 @@ def app_setup(setup: ProtocolSetup, machine: Callable[[], StateMachine],
               reference: str) -> ProtocolSetup:
     """`setup` (whose replicas already run `machine`) with `AppWorkload` as its clients.
     Raises ValueError when the app cannot be tested (no `random_command`)."""
-    probe = machine()
-    if not isinstance(probe, CommandSource):
+    try:
+        probe = command_source(machine())
+    except TypeError as e:
+        raise ValueError(f"--app {reference}: {e}") from None
+    if probe is None:
         raise ValueError(f"--app {reference}: the machine has no random_command(rng), so "
                          "the simulator has nothing to send it (docs/STATE_MACHINES.md, "
                          "\"Test it\")")

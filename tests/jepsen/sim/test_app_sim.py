@@ -57,6 +57,10 @@ class Doubling(Counter):
         machine.step = 2
         return machine
 
+class BadHook(Counter):
+    @staticmethod
+    def random_command(rng): return b"incr"
+
 class NoHook:
     def apply(self, c): return c
     def query(self, r): return r
@@ -101,6 +105,8 @@ def test_a_model_that_disagrees_with_the_app_is_caught(apps: Path) -> None:
 def test_apps_the_simulator_cannot_drive_are_a_value_error(apps: Path) -> None:
     with pytest.raises(ValueError, match="random_command"):
         protocol_setup("raft", bugs=frozenset(), nodes=3, app=f"{apps}:NoHook")
+    with pytest.raises(ValueError, match="must return a GeneratedCommand, got bytes"):
+        protocol_setup("raft", bugs=frozenset(), nodes=3, app=f"{apps}:BadHook")
     with pytest.raises(ValueError, match="no 'Missing'"):
         protocol_setup("raft", bugs=frozenset(), nodes=3, app=f"{apps}:Missing")
     with pytest.raises(ValueError, match="raft or pbft"):
