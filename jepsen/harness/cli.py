@@ -228,6 +228,11 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         args.nodes = 5
     if args.workload is None:
         args.workload = get_app(args.app).default_workload
+    if args.workload is None:  # a custom app without the testing hook
+        print_error("phalanx jepsen run", f"--app {args.app}: the machine has no "
+                    "random_command(rng), so there is nothing to send it (docs/"
+                    "STATE_MACHINES.md, \"Test it\")")
+        return EXIT_USAGE
     size_problem = get_protocol(args.protocol).size_problem(args.nodes)
     if size_problem is not None:
         print(f"phalanx jepsen run: error: {size_problem}", file=sys.stderr)

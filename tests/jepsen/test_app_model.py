@@ -180,3 +180,16 @@ def test_jepsen_check_takes_an_app_history(tmp_path: Path) -> None:
     assert check(take) == 0
     assert check([*take, (1, "invoke", APPLY, "take:q", None),
                   (1, OK, APPLY, "take:q", "1")]) == 1  # a ticket handed out twice
+
+
+def test_jepsen_run_says_when_an_app_has_nothing_to_send(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from phalanx.cli.main import main
+
+    plain = tmp_path / "plain.py"
+    plain.write_text(EXAMPLE.read_text().replace("def random_command", "def _unused"))
+    assert main(["jepsen", "run", "--app", f"{plain}:TicketMachine", "--time", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no random_command(rng)" in err
