@@ -8,7 +8,11 @@
     phalanx call --cluster ./tickets take:bakery          # prints 1, then 2, ...
     phalanx call --cluster ./tickets --read-only peek:bakery
 
-or from Python: ``await client.call(b"take:bakery")`` (`phalanx.open_client`).
+or from Python: ``await client.call(b"take:bakery")`` (`phalanx.open_client`). Test it
+(`random_command` below is what the simulator and the harness send it):
+
+    phalanx sim --app examples/tickets.py:TicketMachine --seeds 20
+    phalanx jepsen run --app examples/tickets.py:TicketMachine --nemesis kill --time 10
 
 What the StateMachine contract asks (docs/STATE_MACHINES.md): `apply` and `query` are
 deterministic (no clock, randomness or I/O; the same commands in the same order give the same
@@ -19,9 +23,12 @@ replaces the whole state with a snapshot's bytes.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 
-from phalanx import SnapshotFormatError
+from phalanx import GeneratedCommand, SnapshotFormatError
+
+QUEUES = ("bakery", "post office", "dmv")
 
 
 class _Snapshot:
@@ -53,6 +60,15 @@ class TicketMachine:
 
     def snapshot(self) -> _Snapshot:
         return _Snapshot(dict(self.counters))  # a copy: later applies never change it
+
+    @staticmethod
+    def random_command(rng: random.Random) -> GeneratedCommand:
+        """For testing (`phalanx sim --app`, `phalanx jepsen run --app`): a random client's
+        next command, drawn from `rng` only. Queues are independent, so each is a key."""
+        queue = rng.choice(QUEUES)
+        if rng.random() < 0.3:
+            return GeneratedCommand(command=f"peek:{queue}".encode(), read_only=True, key=queue)
+        return GeneratedCommand(command=f"take:{queue}".encode(), key=queue)
 
     def restore(self, data: bytes) -> None:
         try:

@@ -4,16 +4,18 @@ Owns:
     `add_jepsen_command(subparsers)`, which registers ``phalanx jepsen check`` on the
     top-level parser, and `run_check(args)`, its handler.
 
-``phalanx jepsen check --workload register|bank|set [--time-limit S] [--step-limit N]
-[--no-stats] [--report DIR] FILE`` reads a JSON Lines history (see `phalanx.jepsen.history`),
-checks it with the workload's checker and the stats checker (`phalanx.jepsen.checker`),
+``phalanx jepsen check --workload register|bank|set [--app FILE.py:FACTORY] [--time-limit S]
+[--step-limit N] [--no-stats] [--report DIR] FILE`` reads a JSON Lines history (see
+`phalanx.jepsen.history`),
+checks it with the workload's checker and the stats checker (`phalanx.jepsen.checker`;
+with ``--app``, linearizability against your state machine: `phalanx.jepsen.app_model`),
 prints a text verdict (or, with ``--json``, the JSON document) on stdout and, with
 ``--report``, writes a run store with plots and an HTML report (`phalanx.jepsen.store`,
 `phalanx.jepsen.report`). Exits with:
 
     0  valid (``"valid": true``)
     1  invalid (``"valid": false``)
-    2  usage error (argparse, before any history is read)
+    2  usage error (argparse, before any history is read; an ``--app`` that will not load)
     3  the history could not be read or is malformed (message on stderr, nothing on stdout)
     4  unknown: a key's search budget ran out (``"valid": "unknown"``)
 
@@ -34,11 +36,12 @@ from typing import Final, TextIO
 
 from phalanx.cli.errors import (
     EXIT_INDETERMINATE,
+    EXIT_USAGE,
     describe_os_error,
     non_negative_float,
     positive_int,
 )
-from phalanx.jepsen.checker import WORKLOADS, check_history
+from phalanx.jepsen.checker import WORKLOADS, RunResult, check_history
 from phalanx.jepsen.history import History, HistoryError, read_history
 from phalanx.jepsen.linearizability import DEFAULT_TIME_LIMIT, UNKNOWN
 
@@ -102,6 +105,12 @@ def add_jepsen_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="the workload the history comes from (default: %(default)s)",
     )
     check_parser.add_argument(
+        "--app", metavar="FILE.py:FACTORY", default=None,
+        help="a history of your own state machine (`jepsen run --app`, `f` apply/query): "
+        "checked for linearizability against it (its reference_model() when it has one) "
+        "instead of --workload's checker",
+    )
+    check_parser.add_argument(
         "--time-limit",
         type=non_negative_float,
         default=DEFAULT_TIME_LIMIT,
@@ -162,14 +171,20 @@ def run_check(
         return EXIT_BAD_HISTORY
     started = clock()
     try:
-        result = check_history(
-            args.workload,
-            history,
-            stats=args.stats,
-            time_limit=args.time_limit or None,
-            step_limit=args.step_limit,
-            clock=clock,
-        )
+        if getattr(args, "app", None):
+            result = _check_app(args, history)
+        else:
+            result = check_history(
+                args.workload,
+                history,
+                stats=args.stats,
+                time_limit=args.time_limit or None,
+                step_limit=args.step_limit,
+                clock=clock,
+            )
+    except _AppUnusable as exc:  # an app that will not load (AppConfigError: one line)
+        print(f"phalanx jepsen check: error: {exc}", file=err)
+        return EXIT_USAGE
     except HistoryError as exc:
         print(f"phalanx jepsen check: error: malformed history {args.history}: {exc}", file=err)
         return EXIT_BAD_HISTORY
@@ -195,6 +210,24 @@ def run_check(
     if result.valid == UNKNOWN:
         return EXIT_UNKNOWN
     return EXIT_INVALID
+
+
+class _AppUnusable(Exception):
+    """``--app`` names a state machine that will not load (the message says why)."""
+
+
+def _check_app(args: argparse.Namespace, history: History) -> RunResult:
+    """``--app``: the history against the app's model (`phalanx.jepsen.app_model`)."""
+    from phalanx.appspec.custom import absolute, machine_factory
+    from phalanx.appspec.spec import AppConfigError
+    from phalanx.jepsen.app_model import check_app_history, model_of
+
+    try:
+        machine = machine_factory(absolute(args.app))
+    except AppConfigError as e:
+        raise _AppUnusable(str(e)) from None
+    return check_app_history(history, model_of(machine), time_limit=args.time_limit or None,
+                             step_limit=args.step_limit, stats=args.stats)
 
 
 def _write_report(args: argparse.Namespace, history: History, doc: dict[str, object]) -> Path:

@@ -10,11 +10,14 @@ The public API (loaded lazily, so importing a sans-IO subpackage never pulls in 
 the client); everything else is internal and may change between versions:
 
 - the application contract: `StateMachine`, `StateSnapshot`, `SnapshotFormatError`
-  (`phalanx.apps.interface`; docs/STATE_MACHINES.md);
+  (`phalanx.apps.interface`; docs/STATE_MACHINES.md) and `GeneratedCommand` (the optional
+  `random_command` testing hook: `phalanx.apps.command_source`);
 - running nodes: `open_node`, `serve_node`, `Node`, `NodeConfig`, `ClusterConfig`,
   `load_node_config`, `open_cluster`, `init_cluster`, `find_free_base_port`, `ConfigError`;
 - the client: `Client`, `open_client`, `SyncClient` and the client errors (all derive from
   `ClientError`);
+- a plain class as a state machine: `replicated`, `query`, `Replicated` (the client proxy),
+  `ReplicatedMachine`, `ReplicatedCallError` (`phalanx.replicated_class`);
 - testing: `check_history`, `read_history`, `HistoryRecorder` (`phalanx.jepsen`).
 """
 
@@ -41,6 +44,12 @@ _LAZY = {
     "StateMachine": "phalanx.apps.interface",
     "StateSnapshot": "phalanx.apps.interface",
     "SnapshotFormatError": "phalanx.apps.interface",
+    "GeneratedCommand": "phalanx.apps.command_source",
+    "replicated": "phalanx.replicated_class",
+    "query": "phalanx.replicated_class",
+    "Replicated": "phalanx.replicated_class",
+    "ReplicatedMachine": "phalanx.replicated_class",
+    "ReplicatedCallError": "phalanx.replicated_class",
     "open_node": "phalanx.runtime.node",
     "serve_node": "phalanx.runtime.node",
     "Node": "phalanx.runtime.node",
@@ -64,12 +73,16 @@ __all__ = [
     "ClusterConfig",
     "ClusterUnreachable",
     "ConfigError",
+    "GeneratedCommand",
     "HistoryRecorder",
     "InvalidArgument",
     "KvCommandError",
     "Node",
     "NodeConfig",
     "ProtocolViolation",
+    "Replicated",
+    "ReplicatedCallError",
+    "ReplicatedMachine",
     "RequestRejected",
     "SnapshotFormatError",
     "StateMachine",
@@ -83,11 +96,14 @@ __all__ = [
     "open_client",
     "open_cluster",
     "open_node",
+    "query",
     "read_history",
+    "replicated",
     "serve_node",
 ]
 
 if TYPE_CHECKING:
+    from phalanx.apps.command_source import GeneratedCommand
     from phalanx.apps.interface import SnapshotFormatError, StateMachine, StateSnapshot
     from phalanx.client.async_client import (
         Client,
@@ -105,6 +121,13 @@ if TYPE_CHECKING:
     from phalanx.jepsen.history import HistoryRecorder, read_history
     from phalanx.ops.local_cluster import find_free_base_port, init_cluster, open_cluster
     from phalanx.ops.node_config import ClusterConfig, ConfigError, NodeConfig, load_node_config
+    from phalanx.replicated_class import (
+        Replicated,
+        ReplicatedCallError,
+        ReplicatedMachine,
+        query,
+        replicated,
+    )
     from phalanx.runtime.node import Node, open_node, serve_node
 
 

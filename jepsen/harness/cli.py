@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 SHARDS_WORKLOAD: Final = "cross-shard-bank"
 """``--shards 2``'s workload (`phalanx.jepsen.harness.shards`; named here so that the parser
 stays cheap)."""
+APP_WORKLOAD: Final = "commands"
+"""A custom app's workload (`phalanx.jepsen.app_workload`; named here so that the parser
+stays cheap; a test checks it is `phalanx.jepsen.app_model.WORKLOAD`)."""
 GOSSIP_WORKLOAD: Final = "gossip"
 """The gossip service's workload (`phalanx.jepsen.harness.gossip_run`): any protocol."""
 GOSSIP_BUGS: Final = ("no-anti-entropy",)
@@ -138,13 +141,17 @@ def add_run_command(
     p.add_argument("--shards", type=int_between(1, 2), default=1,
                    help="2: two linked clusters (shards) and the cross-shard-bank workload "
                         "(see docs/CLUSTER_SENDING.md; default: %(default)s)")
-    p.add_argument("--app", choices=app_names(), default=DEFAULT_APP,
+    p.add_argument("--app", type=_app_choice, default=DEFAULT_APP,
+                   metavar="{" + ",".join(app_names()) + ",FILE.py:FACTORY}",
                    help="the replicated application (default: %(default)s); its workloads: "
                    + "; ".join(f"{a.name}: {', '.join(a.workload_names)}"
-                               for a in app_specs()))
+                               for a in app_specs())
+                   + f"; your own state machine (FILE.py:FACTORY or MODULE:FACTORY) with a "
+                   f"random_command(rng) hook: {APP_WORKLOAD} (docs/STATE_MACHINES.md)")
     p.add_argument("--workload", choices=sorted({w for a in app_specs()
                                                  for w in a.workload_names}
-                                                | {SHARDS_WORKLOAD, GOSSIP_WORKLOAD}),
+                                                | {SHARDS_WORKLOAD, GOSSIP_WORKLOAD,
+                                                   APP_WORKLOAD}),
                    default=None,
                    help="the workload (default: the app's first: kv register, chain bank: "
                         "signed transfers, reads verified block by block)")
@@ -221,11 +228,16 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         args.nodes = 5
     if args.workload is None:
         args.workload = get_app(args.app).default_workload
+    if args.workload is None:  # a custom app without the testing hook
+        print_error("phalanx jepsen run", f"--app {args.app}: the machine has no "
+                    "random_command(rng), so there is nothing to send it (docs/"
+                    "STATE_MACHINES.md, \"Test it\")")
+        return EXIT_USAGE
     size_problem = get_protocol(args.protocol).size_problem(args.nodes)
     if size_problem is not None:
         print(f"phalanx jepsen run: error: {size_problem}", file=sys.stderr)
         return EXIT_USAGE
-    if args.workload not in WORKLOADS:  # argparse's choices already; a safety net
+    if args.workload not in (*WORKLOADS, APP_WORKLOAD):  # argparse's choices; a safety net
         print(f"phalanx jepsen run: error: the {args.workload} workload is not available yet "
               f"(available: {', '.join(WORKLOADS)})", file=sys.stderr)
         return EXIT_USAGE
@@ -270,6 +282,20 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
     if result.valid is True:
         return EXIT_VALID
     return EXIT_UNKNOWN if result.valid == UNKNOWN else EXIT_INVALID
+
+
+def _app_choice(text: str) -> str:
+    """``--app``: a registered app, or your own state machine (loaded now: a typo is one
+    line; a file path is made absolute, as `cluster init` stores it)."""
+    from phalanx.appspec import UnknownApp
+    from phalanx.appspec.custom import absolute, is_custom
+
+    name = absolute(text) if is_custom(text) else text
+    try:
+        get_app(name)
+    except UnknownApp as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
 
 
 def _protocol_list(text: str) -> str:

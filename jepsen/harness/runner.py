@@ -168,7 +168,9 @@ class RunOptions:
             faults = "+".join(self.faults) if self.faults else "none"
         label = self.byzantine_plan().label()
         byz = f"-{label}" if label else ""
-        app = "" if self.app == DEFAULT_APP else f"{self.app}-"
+        # (A custom app's FILE.py:FACTORY: its file and factory, no directories.)
+        app = "" if self.app == DEFAULT_APP else f"{self.app.rpartition('/')[2]}-"
+        app = app.replace(":", "-")
         return f"{self.protocol}-{app}{self.workload}-{faults}{byz}-n{self.nodes}"
 
     def workload_config(self) -> WorkloadConfig:

@@ -1,10 +1,11 @@
 """`phalanx sim`: seeded deterministic-simulation sweeps from the command line.
 
 Owns: `add_sim_command(subparsers)` (the lead wires it into `phalanx.cli.main`) and its handler.
-Progress goes to stderr, the summary and failure reports to stdout; the exit status is 1 when
-any seed fails, 2 on bad arguments (one line on stderr: `phalanx.cli.errors`). Counts and
-times are checked by their argparse types (finite, positive), so NaN or inf never reaches
-the simulator.
+Progress goes to stderr (rich bars on a terminal, plain lines otherwise:
+`phalanx.jepsen.sim.sim_progress`), the summary and failure reports to stdout; the exit
+status is 1 when any seed fails, 2 on bad arguments (one line on stderr:
+`phalanx.cli.errors`). Counts and times are checked by their argparse types (finite,
+positive), so NaN or inf never reaches the simulator.
 
 Rules: argument parsing and printing only; the work is `phalanx.jepsen.sim.sweep`, which
 the handler imports (with `phalanx.jepsen.sim.run`): building the parser, and so `phalanx
@@ -58,6 +59,11 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     )
     p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                    help="the protocol to simulate (default: %(default)s)")
+    p.add_argument("--app", default="", metavar="FILE.py:FACTORY",
+                   help="simulate your own state machine (FILE.py:FACTORY or MODULE:FACTORY) "
+                   "instead of the KV store: it needs random_command(rng) (docs/"
+                   "STATE_MACHINES.md, \"Test it\"); checked: linearizability against its "
+                   "model, replica convergence, liveness")
     p.add_argument("--seeds", type=positive_int, default=100,
                    help="number of seeds (default 100)")
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
@@ -163,6 +169,7 @@ def parse_settings(items: list[str]) -> tuple[tuple[str, int | bool | str], ...]
 
 def _handle(args: argparse.Namespace) -> int:
     from phalanx.jepsen.sim.run import RunConfig, run
+    from phalanx.jepsen.sim.sim_progress import SweepProgress
     from phalanx.jepsen.sim.sweep import sweep
 
     try:
@@ -206,7 +213,18 @@ def _handle(args: argparse.Namespace) -> int:
     wan = None if args.regions is None else WanConfig(
         regions=args.regions, jitter_pct=args.wan_jitter_pct, link_mbps=args.link_mbps,
         uplink_mbps=args.uplink_mbps, loss=args.wan_loss)
+    if args.app:
+        from phalanx.appspec.custom import absolute
+        from phalanx.jepsen.sim.protocols import protocol_setup
+        args.app = absolute(args.app)  # worker processes load the same file
+        try:  # an app that will not load or cannot be tested: one line, before any seed
+            protocol_setup(args.protocol, bugs=frozenset(),
+                           nodes=spec.fault_model.nodes_for(1), app=args.app)
+        except ValueError as exc:
+            print_error("phalanx sim", str(exc))
+            return EXIT_USAGE
     base = RunConfig(
+        app=args.app,
         wan=wan,
         sized_budgets=args.sized_budgets,
         settings=settings,
@@ -253,30 +271,24 @@ def _handle(args: argparse.Namespace) -> int:
     if args.nodes is None:
         # Alternate two sizes by seed, so one sweep covers both quorum sizes (PBFT: 3f+1).
         sizes = ((0, spec.fault_model.nodes_for(1)), (1, spec.fault_model.nodes_for(2)))
-        groups = [(f"{base.protocol}, {n} nodes", n, off) for off, n in sizes
+        app = f", app {base.app.rpartition('/')[2]}" if base.app else ""
+        groups = [(f"{base.protocol}{app}, {n} nodes", n, off) for off, n in sizes
                   if args.seeds > off]
-        results = [
-            sweep(
-                # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
-                replace(base, nodes=n, byzantine=min(args.byzantine, spec.max_faults(n))),
-                range(args.seed_start + off, args.seed_start + args.seeds, 2),
-                jobs=args.jobs,
-                progress=sys.stderr,
-                label=label,
-            )
-            for label, n, off in groups
-        ]
+        with SweepProgress(sys.stderr) as shown:
+            results = []
+            for label, n, off in groups:
+                seeds = range(args.seed_start + off, args.seed_start + args.seeds, 2)
+                results.append(sweep(
+                    # Mixed sizes keep K <= f at each (give --nodes to run more than f liars).
+                    replace(base, nodes=n, byzantine=min(args.byzantine, spec.max_faults(n))),
+                    seeds, jobs=args.jobs, label=label, **shown.group(label, len(seeds))))
     else:
-        groups = [(f"{base.protocol}, {base.nodes} nodes", base.nodes, 0)]
-        results = [
-            sweep(
-                base,
-                range(args.seed_start, args.seed_start + args.seeds),
-                jobs=args.jobs,
-                progress=sys.stderr,
-                label=groups[0][0],
-            )
-        ]
+        app = f", app {base.app.rpartition('/')[2]}" if base.app else ""
+        groups = [(f"{base.protocol}{app}, {base.nodes} nodes", base.nodes, 0)]
+        seeds = range(args.seed_start, args.seed_start + args.seeds)
+        with SweepProgress(sys.stderr) as shown:
+            results = [sweep(base, seeds, jobs=args.jobs, label=groups[0][0],
+                             **shown.group(groups[0][0], len(seeds)))]
     failed = [o for r in results for o in r.failures]
     for o in sorted(failed, key=lambda o: o.seed):
         print(o.report)

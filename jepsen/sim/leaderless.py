@@ -303,17 +303,22 @@ class _Run:
 
 def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
               seed: int, byzantine: int, twins: int,
-              behaviours: tuple[str, ...] = ()) -> ProtocolSetup:
+              behaviours: tuple[str, ...] = (),
+              machine: object | None = None) -> ProtocolSetup:
     """The simulator setup of a leaderless cluster `n1..nN` (`protocol_setup`'s contract):
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
     `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
-    (ValueError)."""
+    (ValueError), nor another app than its recording KV store (`machine`: ValueError)."""
     from phalanx.consensus.leaderless.config import LeaderlessConfig
     from phalanx.consensus.leaderless.core import LeaderlessCore
 
+    if machine is not None:
+        raise ValueError("the leaderless simulator runs its own KV workload only (its replicas "
+                         "apply transactions in different orders): simulate your app on "
+                         "raft or pbft")
     if twins:
         raise ValueError("the leaderless simulator has no twins (use --byzantine)")
     # Sorted, as configurations must be (from n = 10 on, "n10" sorts before "n2").

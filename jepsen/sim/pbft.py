@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from phalanx.apps.checkpoint_digest import digest_function
-from phalanx.apps.interface import BatchHooks, CheckpointDigest
+from phalanx.apps.interface import BatchHooks, CheckpointDigest, StateMachine
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
@@ -391,12 +391,16 @@ def pbft_setup(
     twins: int = 0,
     behaviours: tuple[str, ...] = (),
     overrides: Mapping[str, int] | None = None,
+    machine: Callable[[], StateMachine] | None = None,
 ) -> ProtocolSetup:
     """The simulator setup of a PBFT cluster `n1..nN`: `byzantine` replicas with seeded (or
     the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine`;
-    `overrides` replace `PbftConfig` fields of `SIM_KNOBS` (`--set batch_size=32`; the
-    replicas' checkpoint policy follows `checkpoint_interval`)."""
+    `overrides` replace `PbftConfig` fields of `SIM_DEFAULTS` (`--set batch_size=32`; the
+    replicas' checkpoint policy follows `checkpoint_interval`); `machine` builds each
+    replica's state machine (None: the KV store)."""
     knobs = {**SIM_DEFAULTS, **(overrides or {})}
+    build: Callable[[], StateMachine] = KvStateMachine if machine is None else machine
+    probe = build()
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
     plan = choose_byzantine(seed, names, count=byzantine, twins=twins, behaviours=behaviours)
     pbft_bugs = PbftBugs.from_names(bugs)
@@ -415,10 +419,9 @@ def pbft_setup(
 
     # Block stamps for an app that asks for block time (`wants_block_stamp`; the KV store
     # does not, a test's subclass with `BatchHooks` does).
-    stamps = SIM_BLOCK_STAMP_SKEW_MS if issubclass(KvStateMachine, BatchHooks) else 0
+    stamps = SIM_BLOCK_STAMP_SKEW_MS if isinstance(probe, BatchHooks) else 0
     # Likewise the app's own checkpoint digest (`CheckpointDigest`), if it has one.
-    state_digest = (digest_function(KvStateMachine())
-                    if issubclass(KvStateMachine, CheckpointDigest) else None)
+    state_digest = digest_function(probe) if isinstance(probe, CheckpointDigest) else None
 
     def config(node: str) -> PbftConfig:
         return PbftConfig(
@@ -438,7 +441,7 @@ def pbft_setup(
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
         replica = Replica(
-            KvStateMachine(),
+            build(),
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=_decode_entry,
@@ -512,10 +515,12 @@ def pbft_setup(
 
 
 def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
-              seed: int, byzantine: int, twins: int) -> ProtocolSetup:
+              seed: int, byzantine: int, twins: int,
+              machine: Callable[[], StateMachine] | None = None) -> ProtocolSetup:
     """`phalanx.protocols.builtin.PBFT.sim`: `pbft_setup`. PBFT draws no swarm knobs; `knobs`
-    (`--set`) fix `SIM_KNOBS` fields, another name is a TypeError naming them. It checkpoints
-    every `checkpoint_interval` sequence numbers of its own config, not `checkpoint_every`."""
+    (`--set`) fix `SIM_DEFAULTS` fields, another name is a TypeError naming them. It
+    checkpoints every `checkpoint_interval` sequence numbers of its own config, not
+    `checkpoint_every`."""
     unknown = sorted(k for k, _ in knobs if k not in SIM_DEFAULTS)
     if unknown:
         raise TypeError(f"unknown pbft sim knob(s) {unknown} (known: {', '.join(SIM_DEFAULTS)})")
@@ -523,4 +528,4 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     if bad:
         raise ValueError(f"pbft sim knob(s) {bad} must be positive integers")
     return pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins,
-                      overrides={k: int(v) for k, v in knobs})
+                      overrides={k: int(v) for k, v in knobs}, machine=machine)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from phalanx.apps.interface import StateMachine
 from phalanx.apps.replica import Replica
 from phalanx.consensus._fastpath import READY_TWIN
 from phalanx.consensus.core import Core, Ready
@@ -159,9 +160,14 @@ def protocol_setup(
     seed: int = 0,
     byzantine: int = 0,
     twins: int = 0,
+    app: str = "",
 ) -> ProtocolSetup:
     """The setup of protocol `name` (its `ProtocolSpec.sim`) for a cluster of `nodes`
     replicas `n1..nN`.
+
+    `app` ("": the KV store) names your own state machine (``FILE.py:FACTORY`` or
+    ``MODULE:FACTORY``): the replicas run it and its own clients drive it
+    (`phalanx.jepsen.sim.app_clients`).
 
     `knobs` override configuration fields of the protocol (unknown names raise TypeError:
     our own misuse) and `checkpoint_every`. `byzantine` replicas lie with seeded behaviours
@@ -169,21 +175,38 @@ def protocol_setup(
 
     Raises:
         UnknownProtocol: no protocol of that name is registered.
-        ValueError: Byzantine replicas asked of a protocol that does not tolerate them.
+        ValueError: Byzantine replicas asked of a protocol that does not tolerate them; an
+            app that will not load, cannot be tested or cannot run on this protocol.
     """
     spec = get_protocol(name)
     if (byzantine or twins) and spec.byzantine is None:
         raise ValueError(f"protocol {name!r} does not tolerate Byzantine replicas")
     setup: SimSetup = spec.sim.load()
-    return setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every, knobs=knobs,
-                 seed=seed, byzantine=byzantine, twins=twins)
+    if not app:
+        return setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every, knobs=knobs,
+                     seed=seed, byzantine=byzantine, twins=twins)
+    from phalanx.appspec.custom import machine_factory
+    from phalanx.appspec.spec import AppConfigError
+    from phalanx.jepsen.sim.app_clients import app_setup
+
+    try:
+        machine = machine_factory(app)
+    except AppConfigError as e:
+        raise ValueError(str(e)) from None
+    return app_setup(setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every,
+                           knobs=knobs, seed=seed, byzantine=byzantine, twins=twins,
+                           machine=machine), machine, app)
 
 
 class SimSetup(Protocol):
     """The signature of a `ProtocolSpec.sim` function (see `protocol_setup`)."""
 
     def __call__(self, *, nodes: int, bugs: frozenset[str], checkpoint_every: int,
-                 knobs: Knobs, seed: int, byzantine: int, twins: int) -> ProtocolSetup: ...
+                 knobs: Knobs, seed: int, byzantine: int, twins: int,
+                 machine: Callable[[], StateMachine] | None = None) -> ProtocolSetup:
+        """`machine`: a fresh state machine for a replica (None: the KV store); a setup
+        whose protocol cannot run an arbitrary machine raises ValueError."""
+        ...
 
 
 _READY_FIELDS = ("number", "early_messages", "snapshot", "truncate_from", "entries",

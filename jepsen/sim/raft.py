@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from phalanx.apps.interface import BatchHooks
+from phalanx.apps.interface import BatchHooks, StateMachine
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, Snapshot
@@ -41,10 +41,14 @@ def raft_setup(
     seed: int = 0,
     byzantine: int = 0,
     twins: int = 0,
+    machine: Callable[[], StateMachine] | None = None,
 ) -> ProtocolSetup:
     """A Raft cluster of `nodes` voters `n1..nN` (see `protocol_setup`). `knobs` override
     `RaftConfig` fields (unknown names raise TypeError: our own misuse) and
-    `checkpoint_every`; Raft has no Byzantine replicas (`byzantine`, `twins` must be 0)."""
+    `checkpoint_every`; Raft has no Byzantine replicas (`byzantine`, `twins` must be 0).
+    `machine` builds each replica's state machine (None: the KV store)."""
+    build: Callable[[], StateMachine] = KvStateMachine if machine is None else machine
+    stamps = isinstance(build(), BatchHooks)  # an app that asks for block time
     if byzantine or twins:
         raise ValueError("raft does not tolerate Byzantine replicas")
     options: dict[str, Any] = dict(knobs)
@@ -59,7 +63,7 @@ def raft_setup(
 
     def make_replica(node: str, storage: Storage, durable: DurableState) -> Replica:
         replica = Replica(
-            KvStateMachine(),
+            build(),
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=_decode_entry,
@@ -81,7 +85,7 @@ def raft_setup(
             recovering=durable.recovering,
         )
         config = RaftConfig(node_id=NodeId(node), voters=voters, **options)
-        if issubclass(KvStateMachine, BatchHooks):  # a test's app that asks for block time
+        if stamps:
             config = dataclasses.replace(config, block_stamps=True)
         return RaftCore(config, rng=rng, restored=restored, bugs=raft_bugs)
 

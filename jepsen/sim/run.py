@@ -95,7 +95,7 @@ class _Cluster:
         self.faults, self.knobs = swarm_choices(cfg)
         setup = protocol_setup(
             cfg.protocol, bugs=cfg.bugs, nodes=cfg.nodes, knobs=self.knobs,
-            seed=cfg.seed, byzantine=cfg.byzantine, twins=cfg.twins,
+            seed=cfg.seed, byzantine=cfg.byzantine, twins=cfg.twins, app=cfg.app,
         )
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies

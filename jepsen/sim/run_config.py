@@ -9,6 +9,7 @@ Rules: pure data and pure functions of the config (the swarm draws come from
 from __future__ import annotations
 
 import random
+import shlex
 from dataclasses import dataclass, field
 
 from phalanx.jepsen import nemesis
@@ -30,6 +31,9 @@ DEFAULT_LIVENESS_NS = 2_000 * MS
 class RunConfig:
     seed: int
     protocol: str = DEFAULT_PROTOCOL
+    app: str = ""
+    """Your own state machine, ``FILE.py:FACTORY`` or ``MODULE:FACTORY`` (its clients:
+    `phalanx.jepsen.sim.app_clients`); "": the KV store and its register clients."""
     nodes: int = 3
     faults: tuple[str, ...] = nemesis.SIM_FAULT_KINDS
     swarm: bool = True
@@ -133,6 +137,8 @@ class RunConfig:
             shape += f" --dissemination {self.dissemination}"
             if self.gossip_tick_ns != default.gossip_tick_ns:
                 shape += f" --gossip-tick-ms {self.gossip_tick_ns / MS:g}"
+        if self.app:
+            shape += f" --app {shlex.quote(self.app)}"
         return (
             f"phalanx sim --protocol {self.protocol} --seed-start {self.seed} --seeds 1 "
             f"--nodes {self.nodes} --faults {faults} --time {self.time_ns / 1e9:g}"

@@ -6,9 +6,16 @@ reference names a callable (a class or a function taking no arguments) that retu
 TicketMachine``) or in a Python file (``./tickets.py:TicketMachine``; `cluster init` stores
 the file's absolute path, so every node loads the same file whatever its working directory).
 
-Such an app has no client helpers, workloads or demo: clients send it raw command bytes
+Such an app has no client helpers or demo: clients send it raw command bytes
 (`phalanx.client.Client.call`, `phalanx call`). It runs on any protocol that orders commands
 (a total order is not asked for: say so with a registered `AppSpec` if your app needs it).
+A machine with the optional `random_command` hook (`phalanx.apps.command_source`) gets the
+``commands`` workload (`phalanx.jepsen.app_workload`: `phalanx jepsen run --app REF`) and
+runs in the simulator (`machine_factory`; `phalanx sim --app REF`).
+
+A class whose methods are marked `phalanx.replicated` / `phalanx.query` (and that has no
+`apply` of its own) is wrapped in `phalanx.replicated_class.ReplicatedMachine`: ``--app
+counter.py:Counter`` runs the plain class.
 
 Invariants: the reference is resolved and the factory called once, by `check_custom`
 (`cluster init` and node start-up), so a typo is one line naming the module or file, not a
@@ -20,6 +27,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +101,10 @@ def check_machine(reference: str, factory: Any) -> StateMachine:
         raise AppConfigError(f"--app {reference!r}: not callable")
     try:
         machine = factory()
+        if not callable(getattr(machine, "apply", None)):  # a @replicated class: wrapped
+            from phalanx.replicated_class import as_machine
+
+            machine = as_machine(machine)
     except Exception as e:
         raise AppConfigError(f"--app {reference!r}: calling it raised "
                              f"{type(e).__name__}: {e}") from None
@@ -102,6 +114,26 @@ def check_machine(reference: str, factory: Any) -> StateMachine:
         raise AppConfigError(f"--app {reference!r}: the object it returned has no "
                              f"{', '.join(missing)} (see docs/STATE_MACHINES.md)")
     return machine  # type: ignore[no-any-return]
+
+
+def machine_factory(reference: str) -> Callable[[], StateMachine]:
+    """A function building fresh machines of `reference` (checked once, now). Raises
+    `AppConfigError` (one line) when it will not load."""
+    factory = resolve(reference)
+    check_machine(reference, factory)
+    return lambda: check_machine(reference, factory)
+
+
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    """`Lazy`-shaped: `load()` gives the ``commands`` workload factory of `reference`."""
+
+    reference: str
+
+    def load(self) -> Any:
+        from phalanx.jepsen.app_workload import workload_factory
+
+        return workload_factory(self.reference)
 
 
 def absolute(reference: str) -> str:
@@ -114,6 +146,11 @@ def absolute(reference: str) -> str:
 
 def custom_spec(reference: str) -> AppSpec:
     """The spec of the state machine `reference` names (checked: loaded and built once)."""
-    check_machine(reference, resolve(reference))
+    from phalanx.apps.command_source import CommandSource
+
+    machine = check_machine(reference, resolve(reference))
+    workloads = ((("commands", _Workload(reference)),) if isinstance(machine, CommandSource)
+                 else ())
     return AppSpec(name=reference, summary=f"your state machine {reference}",
-                   machine=_Factory(reference))  # type: ignore[arg-type]
+                   machine=_Factory(reference),  # type: ignore[arg-type]
+                   workloads=workloads)  # type: ignore[arg-type]

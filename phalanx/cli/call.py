@@ -76,9 +76,7 @@ def _call_main(args: argparse.Namespace) -> int:
     cluster = open_cluster_arg(args, "phalanx call")
     if cluster is None:
         return EXIT_USAGE
-    import trio
-
-    from phalanx.client.async_client import open_client
+    from phalanx.client import quick
     from phalanx.client.errors import (
         ClientError,
         ClientTimeout,
@@ -90,13 +88,23 @@ def _call_main(args: argparse.Namespace) -> int:
 
     consistency = ReadConsistency.STALE if args.stale else ReadConsistency.LINEARIZABLE
 
-    async def run() -> bytes:
-        async with open_client(cluster, timeout=args.timeout, fail_fast=True) as client:
-            return await client.call(command, read_only=args.read_only,
-                                     consistency=consistency)
+    def run() -> bytes:
+        if quick.supports(cluster):  # the blocking one-shot client: no trio (start-up)
+            return quick.quick_call(cluster, command, read_only=args.read_only,
+                                    consistency=consistency, timeout=args.timeout)
+        import trio
+
+        from phalanx.client.async_client import open_client
+
+        async def signed() -> bytes:
+            async with open_client(cluster, timeout=args.timeout, fail_fast=True) as client:
+                return await client.call(command, read_only=args.read_only,
+                                         consistency=consistency)
+
+        return trio.run(signed)
 
     try:
-        reply = trio.run(run)
+        reply = run()
     except ClusterUnreachable as e:
         print(f"phalanx call: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -48,15 +48,23 @@ def add_cluster_option(parser: argparse.ArgumentParser, *, suppress: bool = Fals
 def open_cluster_arg(args: argparse.Namespace, prog: str) -> ClusterConfig | None:
     """The cluster at --cluster with its client credential files present, or None after
     printing why not (one line)."""
-    from phalanx.ops.local_cluster import ClusterError, open_cluster
-    from phalanx.ops.node_config import ConfigError, check_cluster_files
+    # (Light on purpose: not `ops.local_cluster` nor `ops.pki`, which import process
+    # management and `cryptography`; a `phalanx kv` call must start fast.)
+    from pathlib import Path
+
+    from phalanx.ops.node_config import ConfigError, check_cluster_files, load_cluster_config
 
     if not args.cluster:
         print_error(prog, f"no cluster given (use --cluster DIR or set ${CLUSTER_ENV})")
         return None
+    path = Path(args.cluster)
+    if not (path / "cluster.toml").is_file() and not path.is_file():
+        print_error(prog, f"no cluster at {args.cluster} (run `phalanx cluster init "
+                    f"{args.cluster}` first)")
+        return None
     try:
-        cluster = open_cluster(args.cluster)
-    except (ClusterError, ConfigError) as e:
+        cluster = load_cluster_config(path)
+    except ConfigError as e:
         print_error(prog, str(e))
         return None
     name = getattr(args, "client_name", None)
@@ -70,19 +78,19 @@ def open_cluster_arg(args: argparse.Namespace, prog: str) -> ClusterConfig | Non
         cluster = replace(cluster, client_cert=cert, client_key=key)
     try:
         check_cluster_files(cluster)
-    except (ClusterError, ConfigError) as e:
+    except ConfigError as e:
         print_error(prog, str(e))
         return None
-    from phalanx.ops import pki
+    from phalanx.client.quick import client_identity
 
     try:
-        identity = pki.identity_from_certificate(cluster.client_cert)
+        identity = client_identity(cluster.client_cert)
     except (OSError, ValueError) as e:
         identity = None
         why = f"cannot read it ({getattr(e, 'strerror', None) or e})"
     else:
         why = "it names no phalanx client"
-    if identity is None or identity.kind != "client":
+    if identity is None:
         print_error(prog, f"{cluster.client_cert} is not a usable client certificate: {why}")
         return None
     return cluster

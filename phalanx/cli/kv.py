@@ -27,10 +27,11 @@ command types, `phalanx.cli.errors`); trio, the client, the PKI and the cluster 
 imported by the functions that use them, so `phalanx kv --help` or a usage error costs no
 client import (`tests/test_packaging.py` holds this).
 
-Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes only
-through `phalanx.client.async_client`. Keys are UTF-8 text; values are bytes: arguments are encoded
-with
-the file-system encoding (so any byte survives) and values are written raw to stdout.
+Must not import: the runtime (`phalanx.runtime.node`), consensus cores, storage. Talks to nodes
+through the blocking one-shot client `phalanx.client.quick` (Raft, PBFT: no trio on the path,
+for start-up time) or `phalanx.client.async_client` (signed transactions, `delete --prefix`).
+Keys are UTF-8 text; values are bytes: arguments are encoded with the file-system encoding
+(so any byte survives) and values are written raw to stdout.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from phalanx.cli.errors import (
     print_error,
     utf8_text,
 )
+from phalanx.cli.kv_signer import signer_from_args
 from phalanx.cli.value_args import ValueArgs
 
 if TYPE_CHECKING:  # the handlers import these: building the parser must stay cheap
@@ -442,6 +444,34 @@ async def run_kv(
     return kv_wire.decode_result(raw)
 
 
+KV_HELPERS: Final = "phalanx.client.kv:KvHelpers"
+"""The KV app's client helpers (`phalanx.appspec.builtin.KV.client`): apps whose spec names
+them are KV stores."""
+
+
+def _call(cluster: ClusterConfig, command: KvCommand, *, read_only: bool, stale: bool,
+          client_timeout: float, signer: TransactionSigner | None,
+          requirements: dict[str, bytes] | None, retry_aborted: bool) -> KvResult:
+    """One KV command: through the blocking one-shot client (`phalanx.client.quick`: no
+    trio, no async client, for start-up time) where it can serve it, else `run_kv`."""
+    from phalanx.client import quick
+
+    if signer is None and not requirements and quick.supports(cluster):
+        from phalanx.apps import kv_wire
+        from phalanx.net.client_protocol import ReadConsistency
+
+        raw = quick.quick_call(
+            cluster, kv_wire.encode_command(command), read_only=read_only,
+            consistency=ReadConsistency.STALE if stale else ReadConsistency.LINEARIZABLE,
+            timeout=client_timeout)
+        return kv_wire.decode_result(raw)
+    import trio
+
+    return trio.run(lambda: run_kv(
+        cluster, command, read_only=read_only, stale=stale, client_timeout=client_timeout,
+        signer=signer, requirements=requirements, retry_aborted=retry_aborted))
+
+
 _PREFIX_ROUNDS: Final = 20
 
 
@@ -482,40 +512,14 @@ async def delete_prefix(cluster: ClusterConfig, prefix: str, *, client_timeout: 
                              f"({deleted} deleted); run it again")
 
 
-def _signer(args: argparse.Namespace, cluster: ClusterConfig) -> TransactionSigner | None:
-    """The signing key --client-key / --client-name pick, or None (the cluster's default).
-    Raises ValueError (one line) when the protocol does not sign or the key will not load."""
-    path_text: str | None = getattr(args, "client_key", None)
-    name: str | None = getattr(args, "client_name_key", None)
-    if path_text is None and name is None:
-        return None
-    if path_text is not None and name is not None:
-        raise ValueError("give --client-key or --client-name, not both")
-    from pathlib import Path
-
-    from phalanx.ops.signing_keys import SigningKeyError, TransactionSigner, client_key_path
-    from phalanx.protocols import CallStrategy
-    from phalanx.protocols import get as protocol_spec
-
-    if protocol_spec(cluster.protocol).call_strategy is not CallStrategy.ENDORSEMENT:
-        raise ValueError(f"protocol {cluster.protocol} does not use client signing keys")
-    path = Path(path_text) if path_text is not None else client_key_path(
-        cluster.directory, name or "")
-    try:
-        return TransactionSigner.from_file(path, name)
-    except SigningKeyError as e:
-        raise ValueError(str(e)) from None
-
-
 def _kv_main(args: argparse.Namespace) -> int:
     cluster = open_cluster_arg(args, "phalanx kv")
     if cluster is None:
         return EXIT_USAGE
     from phalanx.appspec import get as get_app
-    from phalanx.client.kv import KvHelpers
 
-    app = get_app(cluster.app)
-    if app.client is None or app.client.load() is not KvHelpers:
+    app = get_app(cluster.app)  # (the helpers' reference, not loaded: no async client)
+    if getattr(app.client, "target", None) != KV_HELPERS:
         print_error("phalanx kv", f"{args.cluster} runs the {cluster.app} app, not a KV store "
                     f"(see `phalanx {cluster.app} --help`)")
         return EXIT_USAGE
@@ -525,16 +529,16 @@ def _kv_main(args: argparse.Namespace) -> int:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
     try:
-        signer = _signer(args, cluster)
+        signer = signer_from_args(args, cluster)
     except ValueError as e:
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
-    import trio  # after the usage checks: a usage error costs no client import
-
-    from phalanx.client.async_client import ClientError, ClientTimeout, RequestRejected
     from phalanx.client.errors import (
+        ClientError,
+        ClientTimeout,
         ClusterUnreachable,
         Forbidden,
+        RequestRejected,
         StorageUnavailable,
         TransactionAborted,
     )
@@ -543,6 +547,8 @@ def _kv_main(args: argparse.Namespace) -> int:
     requirements = dict(args.require) if args.require else None
     try:
         if args.kv_command == "delete" and args.prefix:
+            import trio
+
             deleted = trio.run(lambda: delete_prefix(
                 cluster, args.key, client_timeout=args.timeout, signer=signer))
             if args.output == "json":
@@ -550,9 +556,9 @@ def _kv_main(args: argparse.Namespace) -> int:
             else:
                 print(f"deleted {deleted}")
             return EXIT_OK if deleted else EXIT_NEGATIVE
-        result = trio.run(lambda: run_kv(
-            cluster, command, read_only=read_only, stale=stale, client_timeout=args.timeout,
-            signer=signer, requirements=requirements, retry_aborted=args.retry_aborted))
+        result = _call(cluster, command, read_only=read_only, stale=stale,
+                       client_timeout=args.timeout, signer=signer, requirements=requirements,
+                       retry_aborted=args.retry_aborted)
     except ValueError as e:  # --require on a cluster without versions, a leaderless scan
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
