@@ -33,6 +33,7 @@ RAFT = ProtocolSpec(
     ),
     sim_bugs=Lazy("phalanx.consensus.raft.bugs:BUG_NAMES"),
     demo=Lazy("phalanx.demo.cluster_demo:run_raft_demo"),
+    piece_transfer=True,
 )
 
 PBFT = ProtocolSpec(

@@ -221,6 +221,11 @@ class ProtocolSpec:
     demo: Lazy[Callable[..., int]] | None = None
     proposer_rule: ProposerRule = ProposerRule.NONE
     """How an entry's proposer follows from its term (`proposer_of`)."""
+    piece_transfer: bool = False
+    """The core relays checkpoint data to peers unread (Raft's InstallSnapshot): the runtime
+    hands it a piece manifest instead, and a follower fetches only the pieces it lacks, from
+    every peer (`phalanx.runtime.piece_transfer`). A core that reads or digests the data
+    (PBFT's checkpoint votes) must leave it False."""
 
     def proposer_of(self, term: int, nodes: Sequence[str]) -> str:
         """The proposer of a committed entry of `term` in a cluster of `nodes`, identical on

@@ -76,6 +76,7 @@ from phalanx.protocols import ProtocolError, UnknownProtocol
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
+from phalanx.runtime import piece_messages
 from phalanx.runtime.admin_ops import AdminOps
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
@@ -109,6 +110,8 @@ from phalanx.runtime.node_checks import (
 )
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
+from phalanx.runtime.piece_manifest import ManifestViews, PieceStore
+from phalanx.runtime.piece_transfer import PieceTransfer
 from phalanx.runtime.services import ServiceHost
 from phalanx.runtime.stable_checkpoints import StableCheckpoints
 from phalanx.services import NodeService, ServiceError
@@ -263,6 +266,7 @@ async def open_node(
     wire.register_all(spec.messages.load())
     client_protocol.register()
     admin_messages.register()
+    piece_messages.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     try:
@@ -298,8 +302,11 @@ async def open_node(
             logger.warning("%s: cut a torn WAL tail in %s (%s)", config.id,
                            storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
         core_state = protocol.open_core_state_store(config, SyncPolicy(config.fsync))
+        # Shard-level state transfer: the core relays piece manifests, not checkpoints.
+        pieced = spec.piece_transfer and isinstance(storage.checkpoints, PieceStore)
+        relayed = ManifestViews(storage.checkpoints) if pieced else storage.checkpoints
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
-                                   checkpoints=storage.checkpoints, codec=wire.default_registry(),
+                                   checkpoints=relayed, codec=wire.default_registry(),
                                    core_state=core_state.store if core_state else None)
         try:  # with peers, a log lost to corruption is recovered from them
             durable = persister.load(recover_lost=bool(config.peers))
@@ -325,7 +332,7 @@ async def open_node(
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=wire.decode_entry,
-            writer=ThreadedCheckpointWriter(storage.checkpoints),
+            writer=ThreadedCheckpointWriter(relayed),
             policy=protocol.checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),
             gc_pacer=gc_pacer,
@@ -349,7 +356,13 @@ async def open_node(
         logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
                     (durable.hard_state or HardState()).term,
                     durable.snapshot.index if durable.snapshot else 0, len(durable.entries))
-        committer = GroupCommitter(persister, install=replica.install,
+        pieces = PieceTransfer(
+            store=storage.checkpoints,
+            peers=[NodeId(p.id) for p in config.peers],
+            send=lambda to, m: transport.send_nowait(to, m), flush=lambda: transport.flush(),
+            rng=random.Random(rng.getrandbits(64))) if pieced else None
+        committer = GroupCommitter(persister, install=(
+            replica.install if pieces is None else pieces.install_with(replica.install)),
                                    saved=durable.hard_state)
         paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
                                 ca_certificate=config.tls.ca)
@@ -478,13 +491,20 @@ async def open_node(
                 config.metrics_listen.port)
 
         # Peer messages go from the reading tasks straight into the driver's channel.
-        transport.set_deliver(services.route(driver.deliver))
+        deliver = services.route(driver.deliver)
+        if pieces is not None:
+            driver.fetch_pieces_with(pieces)
+            deliver = pieces.route(deliver)
+            metrics.add_byte_source(pieces.counters)
+        transport.set_deliver(deliver)
         async with run_peer_transport(transport, listeners=peer_listeners), \
                 trio.open_nursery() as nursery:
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
             await nursery.start(services.run)
             await nursery.start(submitter.run, driver)
+            if pieces is not None:
+                await nursery.start(pieces.run)
             nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             nursery.start_soon(functools.partial(
