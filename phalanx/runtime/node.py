@@ -181,6 +181,9 @@ class Node:
         self.services: Mapping[str, NodeService] = {}
         """The node's running services by name (`phalanx.services`), e.g.
         ``node.services["gossip"].publish(b"...")`` (`phalanx.services.gossip_node`)."""
+        self.pieces: PieceTransfer | None = None
+        """Shard-level state transfer (`phalanx.runtime.piece_transfer`), when the protocol
+        relays piece manifests (`ProtocolSpec.piece_transfer`): its `stats`."""
 
     @property
     def id(self) -> str:
@@ -452,6 +455,7 @@ async def open_node(
                     peer_address=_bound(peer_listeners, config.peer_listen.host),
                     client_address=_bound(client_listeners, config.client_listen.host))
         node.services = services.services
+        node.pieces = pieces
         metrics.registry.register(services.collector())
 
         def byte_counters() -> dict[str, int]:
