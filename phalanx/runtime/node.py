@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -76,7 +77,7 @@ from phalanx.protocols import ProtocolError, UnknownProtocol
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
-from phalanx.runtime import piece_messages
+from phalanx.runtime import piece_messages, piece_transfer
 from phalanx.runtime.admin_ops import AdminOps
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
@@ -306,7 +307,8 @@ async def open_node(
                            storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
         core_state = protocol.open_core_state_store(config, SyncPolicy(config.fsync))
         # Shard-level state transfer: the core relays piece manifests, not checkpoints.
-        pieced = spec.piece_transfer and isinstance(storage.checkpoints, PieceStore)
+        pieced = (spec.piece_transfer and piece_transfer.enabled(os.environ)
+                  and isinstance(storage.checkpoints, PieceStore))
         relayed = ManifestViews(storage.checkpoints) if pieced else storage.checkpoints
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
                                    checkpoints=relayed, codec=wire.default_registry(),

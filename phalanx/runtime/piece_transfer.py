@@ -30,7 +30,7 @@ import hashlib
 import logging
 import random
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -41,7 +41,7 @@ from phalanx.runtime.piece_messages import PieceReply, PieceRequest
 from phalanx.storage.interface import StorageError
 from phalanx.storage.packs import BytesPiece
 
-__all__ = ["Fetched", "PieceStats", "PieceTransfer"]
+__all__ = ["DISABLE_ENV", "Fetched", "PieceStats", "PieceTransfer", "enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,15 @@ MAX_REPLY_BYTES = 8 << 20
 WINDOW = 4
 TIMEOUT_S = 3.0
 SERVE_QUEUE = 16
+DISABLE_ENV = "PHALANX_PIECE_TRANSFER"
+"""Set to ``off`` (on every node) to send whole checkpoints as before: for a rolling upgrade
+from a version without piece transfer (an old node cannot read a manifest), and for the
+comparison in `bench/snapshot_catchup.py --full`."""
+
+
+def enabled(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` leaves shard-level state transfer on (`DISABLE_ENV`)."""
+    return environ.get(DISABLE_ENV, "on").strip().lower() not in ("off", "0", "no", "false")
 
 
 @dataclass(slots=True)
