@@ -262,7 +262,10 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                     raise PhalanxUnavailable(f"{follower} not caught up after {args.timeout} s "
                                              f"(applied {got} of {target})")
                 if now - last_log >= 5:
-                    rx = scrape(cluster, follower, "peer_bytes_in")
+                    try:
+                        rx = scrape(cluster, follower, "peer_bytes_in")
+                    except OSError:  # its metrics endpoint is not up yet
+                        rx = 0.0
                     log(f"  {now - t1:,.0f} s: {follower} applied {got}, received "
                         f"{rx / 2**20:,.1f} MiB")
                     last_log = now

@@ -113,16 +113,22 @@ class PersistPipeline:
         return found
 
     async def _fetch_then_persist(self, batch: Sequence[Ready], manifests: list[bytes],
-                                  flush_commit: bool) -> None:
+                                  flush_commit: bool, retry: bool = False) -> None:
+        """`_persist_batch` once the pieces of `manifests` are fetched (a storage failure
+        reading our own store is reported like a failed write: held and retried)."""
         assert self._pieces is not None  # our own misuse: `_manifests` found them
         for data in manifests:
             start = time.perf_counter()
-            await self._pieces.resolve(data)
+            try:
+                await self._pieces.resolve(data)
+            except Exception as exc:  # storage failure: reported to the core loop
+                await self._post(_BatchDone(batch, exc, retry))
+                return
             stats = self._pieces.stats
             logger.info("%s: fetched checkpoint pieces in %.2f s (%d fetched, %d bytes; %d "
                         "own)", self.node_id, time.perf_counter() - start,
                         stats.fetched_pieces, stats.fetched_bytes, stats.reused_pieces)
-        await self._persist_batch(batch, flush_commit)
+        await self._persist_batch(batch, flush_commit, retry)
 
     committer: GroupCommitter
     stats: DriverStatistics
@@ -204,6 +210,11 @@ class PersistPipeline:
             return
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse
         self._retrying = True
+        manifests = self._manifests(self._inflight)
+        if manifests:
+            self._nursery.start_soon(self._fetch_then_persist, self._inflight, manifests,
+                                     False, True)
+            return
         self._nursery.start_soon(self._persist_batch, self._inflight, False, True)
 
     def _flush(self) -> None:
