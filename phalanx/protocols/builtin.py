@@ -52,6 +52,7 @@ PBFT = ProtocolSpec(
     byzantine_modes=("silent", "omit", "equivocate", "replay", "mutate", "forge",
                      "bad_checkpoint", "corrupt_reply"),
     demo=Lazy("phalanx.demo.pbft:run"),
+    piece_carrier=Lazy("phalanx.protocols.pbft_node:PIECE_CARRIER"),
 )
 
 LEADERLESS = ProtocolSpec(

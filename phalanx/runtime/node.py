@@ -111,6 +111,7 @@ from phalanx.runtime.node_checks import (
 )
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
+from phalanx.runtime.piece_carrier import CarrierLink
 from phalanx.runtime.piece_manifest import ManifestViews, PieceStore
 from phalanx.runtime.piece_transfer import PieceTransfer
 from phalanx.runtime.services import ServiceHost
@@ -307,8 +308,10 @@ async def open_node(
                            storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
         core_state = protocol.open_core_state_store(config, SyncPolicy(config.fsync))
         # Shard-level state transfer: the core relays piece manifests, not checkpoints.
-        pieced = (spec.piece_transfer and piece_transfer.enabled(os.environ)
-                  and isinstance(storage.checkpoints, PieceStore))
+        piece_store = (storage.checkpoints if piece_transfer.enabled(os.environ)
+                       and isinstance(storage.checkpoints, PieceStore) else None)
+        carrier = spec.piece_carrier.load() if spec.piece_carrier and piece_store else None
+        pieced = spec.piece_transfer and piece_store is not None
         relayed = ManifestViews(storage.checkpoints) if pieced else storage.checkpoints
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
                                    checkpoints=relayed, codec=wire.default_registry(),
@@ -365,7 +368,9 @@ async def open_node(
             store=storage.checkpoints,
             peers=[NodeId(p.id) for p in config.peers],
             send=lambda to, m: transport.send_nowait(to, m), flush=lambda: transport.flush(),
-            rng=random.Random(rng.getrandbits(64))) if pieced else None
+            rng=random.Random(rng.getrandbits(64))) if pieced or carrier else None
+        link = (CarrierLink(carrier, pieces, storage.checkpoints)
+                if carrier is not None and pieces is not None else None)
         committer = GroupCommitter(persister, install=(
             replica.install if pieces is None else pieces.install_with(replica.install)),
                                    saved=durable.hard_state)
@@ -415,7 +420,8 @@ async def open_node(
             )
 
         driver = Driver(core=core, replica=replica, committer=committer,
-                        send=transport.send_nowait,
+                        send=(transport.send_nowait if link is None
+                              else link.outgoing(transport.send_nowait)),
                         tick_seconds=config.timing.tick_ms / 1000,
                         status_reply=status_reply, observer=metrics,
                         persist_inline=config.fsync == "off",
@@ -498,6 +504,8 @@ async def open_node(
 
         # Peer messages go from the reading tasks straight into the driver's channel.
         deliver = services.route(driver.deliver)
+        if link is not None:
+            deliver = link.incoming(deliver)
         if pieces is not None:
             driver.fetch_pieces_with(pieces)
             deliver = pieces.route(deliver)
@@ -511,6 +519,8 @@ async def open_node(
             await nursery.start(submitter.run, driver)
             if pieces is not None:
                 await nursery.start(pieces.run)
+            if link is not None:
+                await nursery.start(link.run, driver.deliver)
             nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             nursery.start_soon(functools.partial(

@@ -79,15 +79,20 @@ class PieceStats:
     dropped: Counter[str] = field(default_factory=Counter)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Fetched:
     """A checkpoint assembled from pieces: the pieces in order, each checked."""
 
     index: int
+    manifest: bytes
     pieces: tuple[BytesPiece, ...]
+    joined: bytes | None = None
 
     def data(self) -> bytes:
-        return b"".join(p.raw for p in self.pieces)
+        """The checkpoint's bytes (one object, made once: the install recognises them)."""
+        if self.joined is None:
+            self.joined = b"".join(p.raw for p in self.pieces)
+        return self.joined
 
 
 @dataclass(slots=True)
@@ -247,7 +252,12 @@ class PieceTransfer:
         """
         def installing(meta: SnapshotMeta, data: bytes) -> None:
             if not is_manifest(data):
-                install(meta, data)
+                got = self.fetched.get(meta.index)
+                if got is not None and got.joined is data:  # assembled for the core (PBFT)
+                    install(meta, data, pieces=got.pieces)
+                    self.fetched.pop(meta.index, None)
+                else:
+                    install(meta, data)
                 return
             got = self.fetched.get(meta.index)
             if got is None:
@@ -258,28 +268,34 @@ class PieceTransfer:
 
         return installing
 
-    async def resolve(self, data: bytes) -> None:
+    async def resolve(self, data: bytes, *, rounds: int | None = None) -> None:
         """Fetch what the piece manifest `data` names and this node lacks, then keep the
         assembled checkpoint in `fetched` for the install. Returns at once for bytes that
         are not a valid manifest (the install then refuses them as it refuses any malformed
-        checkpoint). Retries until every piece is had (the leader pins what it sent)."""
+        checkpoint). Retries until every piece is had (the leader pins what it sent), or,
+        with `rounds`, gives up (counted: `gave_up`) after that many rounds in which no peer
+        served what was left (a Byzantine sender's manifest may name pieces nobody has)."""
         manifest = decode(data)
         if isinstance(manifest, str):
             self.stats.dropped["bad_manifest"] += 1
             return
         for old in [i for i in self.fetched if i < manifest.index]:
             del self.fetched[old]
-        if manifest.index in self.fetched:
+        known = self.fetched.get(manifest.index)
+        if known is not None and known.manifest == data:
             return
         self.stats.resolves += 1
         sizes = dict(manifest.pieces)
         digests = list(sizes)
         missing = await trio.to_thread.run_sync(self._store.lacks, digests)
         while True:
-            got = await self._fetch_all(sizes, missing)
+            got = await self._fetch_all(sizes, missing, rounds)
+            if got is None:
+                self.stats.dropped["gave_up"] += 1
+                return
             pieces, missing = await trio.to_thread.run_sync(self._assemble, manifest, got)
             if pieces is not None:
-                self.fetched[manifest.index] = Fetched(manifest.index, pieces)
+                self.fetched[manifest.index] = Fetched(manifest.index, data, pieces)
                 return
             self.stats.dropped["own_piece_unreadable"] += len(missing)
 
@@ -302,8 +318,8 @@ class PieceTransfer:
         return tuple(BytesPiece(d, got[d] if d in got else own[d])
                      for d, _ in manifest.pieces), []
 
-    async def _fetch_all(self, sizes: dict[bytes, int], wanted: Sequence[bytes]
-                         ) -> dict[bytes, bytes]:
+    async def _fetch_all(self, sizes: dict[bytes, int], wanted: Sequence[bytes],
+                         rounds: int | None) -> dict[bytes, bytes] | None:
         fetch = self._fetch = _Fetch(sizes, wanted, self._range)
         peers = list(self._peers)
         self._rng.shuffle(peers)
@@ -324,6 +340,10 @@ class PieceTransfer:
                     # Every peer failed what is left (or none is reachable): forget who
                     # failed what and try them all again after a pause.
                     self.stats.dropped["no_peer_holds"] += 1
+                    if rounds is not None:
+                        rounds -= 1
+                        if rounds <= 0:
+                            return None
                     logger.warning("fetching checkpoint pieces: no peer served %d ranges; "
                                    "asking again", len(fetch.units))
                     fetch.refused.clear()
