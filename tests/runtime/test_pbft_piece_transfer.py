@@ -19,7 +19,7 @@ from phalanx.apps.kv_types import Get, Value
 from phalanx.client.async_client import open_client
 
 
-@pytest.mark.long  # ~65 s on a loaded 2-core machine (200 PBFT writes): `make sweeps`
+@pytest.mark.long  # 17 s, ~65 s on a loaded 2-core machine (200 PBFT writes): `make sweeps`
 def test_wiped_backup_catches_up_by_fetching_pieces(tmp_path: Path) -> None:
     cluster = make_pbft_cluster(tmp_path)
 

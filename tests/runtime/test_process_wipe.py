@@ -72,7 +72,7 @@ def check(replies: list[ClientReply], keys: list[int]) -> None:
         assert kv_wire.decode_result(reply.result) == Value(value=value(i)), i
 
 
-@pytest.mark.long  # ~30 s on a loaded 2-core machine: `make sweeps`
+@pytest.mark.long  # 20 s, ~55 s on a loaded 2-core machine: `make sweeps`
 async def test_wiped_node_rejoins_a_running_cluster_with_nothing_acknowledged_lost(
         tmp_path: Path) -> None:
     configs = make_cluster(tmp_path, checkpoint_every=8)
