@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from phalanx.apps.envelope import decode_meta, encode_meta, parse_envelope
 from phalanx.apps.gc_pacer import GcPacer
@@ -31,7 +31,7 @@ from phalanx.consensus.types import (
     LocalProtocolError,
     SnapshotMeta,
 )
-from phalanx.storage.interface import CheckpointStore, StoredCheckpoint, WriteAheadLog
+from phalanx.storage.interface import CheckpointStore, Piece, StoredCheckpoint, WriteAheadLog
 
 REPLAY_BATCH = 1024
 """WAL records read per batch during replay."""
@@ -158,9 +158,13 @@ class ReplicaRecovery(ABC):
         self._entries_since = self._bytes_since = 0
         return hi - lo + 1
 
-    def install(self, meta: SnapshotMeta, data: bytes) -> None:
+    def install(self, meta: SnapshotMeta, data: bytes, *,
+                pieces: Sequence[Piece] | None = None) -> None:
         """Install a checkpoint obtained from peers (Raft InstallSnapshot, PBFT state
         transfer): restore the state, store the checkpoint durably, compact the WAL below it.
+        `pieces`: `data` as the checked pieces it was fetched as (shard-level state
+        transfer, `phalanx.runtime.piece_transfer`), stored as such (a content-addressed
+        store then holds them under their digests, and writes only those it lacked).
 
         Raises:
             SnapshotFormatError: `data` does not parse or is not at `meta.index`.
@@ -172,7 +176,10 @@ class ReplicaRecovery(ABC):
             )
         self._load(meta.index, data, meta)
         # NB: a checkpoint still in flight (older) completes normally; it is just superseded.
-        self._store.save(StoredCheckpoint(meta.index, data, encode_meta(meta)))
+        if pieces is None:
+            self._store.save(StoredCheckpoint(meta.index, data, encode_meta(meta)))
+        else:
+            self._store.save_stream(meta.index, encode_meta(meta), pieces)
         self._checkpoint_index = meta.index
         self._compact(meta.index)
         if self._gc_pacer is not None:

@@ -15,7 +15,8 @@ Reserved type id ranges (a type id is part of the wire format: never reuse or re
     200-299    PBFT messages
     300-399    leaderless (PnyxDB-style) messages
     400-499    applications (KV commands and results, ...)
-    500-599    runtime and client protocol (500-505 client protocol; 550-579 gossip,
+    500-599    runtime and client protocol (500-505 client protocol; 506-507 checkpoint
+               pieces, `phalanx.runtime.piece_messages`; 550-579 gossip,
                `phalanx.gossip.messages.GOSSIP_MESSAGES`)
     600-699    inter-cluster / cluster-sending (600-629 `phalanx.clustersend.messages.
                CLUSTERSEND_MESSAGES`; 620-621 and 627-629 the announce service's,

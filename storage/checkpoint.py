@@ -465,6 +465,24 @@ class FileCheckpointStore:
             raise StorageError(f"checkpoint piece {digest.hex()[:16]}: {raw}")
         return raw
 
+    def read_piece_range(self, digest: bytes, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of a held piece, NOT checked (a peer fetching ranges
+        of a large piece checks the whole piece against `digest`); shorter at its end.
+
+        Raises:
+            StorageError: not held, or unreadable.
+        """
+        with self._lock:
+            self._ensure_catalog()
+            ref = self._held.get(digest)
+            if ref is None or offset < 0 or length < 0:
+                raise StorageError(f"checkpoint piece {digest.hex()[:16]}: not held")
+            take = max(0, min(length, ref.length - offset))
+            try:
+                return self._dir.read_at(pack_name(ref.pack), ref.offset + offset, take)
+            except OSError as e:
+                raise StorageError(f"checkpoint piece {digest.hex()[:16]}: {e}") from e
+
     def read_view(self, index: int) -> ByteView:
         """The data of stored checkpoint `index` as a view that reads the files on demand
         (`Directory.view`, or a `PackView` over its packs): it stays valid after the

@@ -33,6 +33,7 @@ RAFT = ProtocolSpec(
     ),
     sim_bugs=Lazy("phalanx.consensus.raft.bugs:BUG_NAMES"),
     demo=Lazy("phalanx.demo.cluster_demo:run_raft_demo"),
+    piece_transfer=True,
 )
 
 PBFT = ProtocolSpec(
@@ -51,6 +52,7 @@ PBFT = ProtocolSpec(
     byzantine_modes=("silent", "omit", "equivocate", "replay", "mutate", "forge",
                      "bad_checkpoint", "corrupt_reply"),
     demo=Lazy("phalanx.demo.pbft:run"),
+    piece_carrier=Lazy("phalanx.protocols.pbft_node:PIECE_CARRIER"),
 )
 
 LEADERLESS = ProtocolSpec(

@@ -38,11 +38,12 @@ from phalanx.consensus.pbft import (
     PbftRestoredState,
 )
 from phalanx.consensus.pbft.durable import PbftDeltaRules
+from phalanx.consensus.pbft.messages import CheckpointData
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
 from phalanx.ops.node_config import NodeConfig
 from phalanx.ops.signing_keys import SigningKeyError, load_crypto
-from phalanx.protocols.spec import BuiltCore, ProtocolError
+from phalanx.protocols.spec import BuiltCore, PieceCarrier, ProtocolError
 from phalanx.runtime.persistence import DurableState, StateJournal
 from phalanx.storage.directory import OsDirectory
 from phalanx.storage.interface import SyncPolicy
@@ -155,3 +156,8 @@ class PbftNode:
 
 
 PBFT_NODE = PbftNode()
+
+PIECE_CARRIER = PieceCarrier(message=CheckpointData, index_field="seq", data_field="data")
+"""State transfer's `CheckpointData` carries a piece manifest between nodes
+(`phalanx.runtime.piece_carrier`); the core sees the assembled bytes and checks them against
+the stable checkpoint's certificate as before."""

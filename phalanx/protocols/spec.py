@@ -109,6 +109,16 @@ class BuiltCore:
     supersedes: Callable[[Message, Message], bool] | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PieceCarrier:
+    """`message` carries the checkpoint at index `getattr(m, index_field)` as
+    `getattr(m, data_field)` (bytes), and is a frozen dataclass (`dataclasses.replace`)."""
+
+    message: type
+    index_field: str
+    data_field: str
+
+
 class ProtocolError(Exception):
     """This configuration cannot run (missing keys, a Byzantine mode the protocol lacks...)."""
 
@@ -221,6 +231,16 @@ class ProtocolSpec:
     demo: Lazy[Callable[..., int]] | None = None
     proposer_rule: ProposerRule = ProposerRule.NONE
     """How an entry's proposer follows from its term (`proposer_of`)."""
+    piece_carrier: Lazy[PieceCarrier] | None = None
+    """The protocol message that carries checkpoint data to a peer whose core checks it
+    against a certified digest (PBFT's `CheckpointData`): the runtime sends a piece manifest
+    in its place and hands the core the bytes assembled from checked pieces fetched from
+    every peer (`phalanx.runtime.piece_carrier`); the core's own check is unchanged."""
+    piece_transfer: bool = False
+    """The core relays checkpoint data to peers unread (Raft's InstallSnapshot): the runtime
+    hands it a piece manifest instead, and a follower fetches only the pieces it lacks, from
+    every peer (`phalanx.runtime.piece_transfer`). A core that reads or digests the data
+    (PBFT's checkpoint votes) must leave it False."""
 
     def proposer_of(self, term: int, nodes: Sequence[str]) -> str:
         """The proposer of a committed entry of `term` in a cluster of `nodes`, identical on

@@ -37,11 +37,13 @@ from dataclasses import dataclass
 
 import trio
 
-from phalanx.consensus.core import Ready
+from phalanx.consensus.core import Ready, snapshot_bytes
 from phalanx.consensus.types import NodeId
 from phalanx.runtime.driver_stats import DriverObserver, DriverStatistics
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.phase_trace import PhaseTrace
+from phalanx.runtime.piece_manifest import is_manifest
+from phalanx.runtime.piece_transfer import PieceTransfer
 from phalanx.storage.interface import StorageError
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,48 @@ class _BatchDone:
 
 
 class PersistPipeline:
-    """Step 1 for `Driver`, which provides the state and helpers declared here."""
+    """Step 1 for `Driver`, which provides the state and helpers declared here.
+
+    Shard-level state transfer (`fetch_pieces_with`): a batch whose Ready installs a
+    snapshot that is a piece manifest (`phalanx.runtime.piece_manifest`) goes to the worker
+    thread only after `PieceTransfer.resolve` fetched the pieces it names (meanwhile it is
+    `_inflight`: nothing after it persists, client writes are answered RETRY as during any
+    snapshot install)."""
+
+    _pieces: PieceTransfer | None = None
+
+    def fetch_pieces_with(self, pieces: PieceTransfer) -> None:
+        """Resolve piece manifests through `pieces` before installing them."""
+        self._pieces = pieces
+
+    def _manifests(self, batch: Sequence[Ready]) -> list[bytes]:
+        if self._pieces is None:
+            return []
+        found = []
+        for ready in batch:
+            if ready.snapshot is not None:
+                data = snapshot_bytes(ready.snapshot.data)
+                if is_manifest(data):
+                    found.append(data)
+        return found
+
+    async def _fetch_then_persist(self, batch: Sequence[Ready], manifests: list[bytes],
+                                  flush_commit: bool, retry: bool = False) -> None:
+        """`_persist_batch` once the pieces of `manifests` are fetched (a storage failure
+        reading our own store is reported like a failed write: held and retried)."""
+        assert self._pieces is not None  # our own misuse: `_manifests` found them
+        for data in manifests:
+            start = time.perf_counter()
+            try:
+                await self._pieces.resolve(data)
+            except Exception as exc:  # storage failure: reported to the core loop
+                await self._post(_BatchDone(batch, exc, retry))
+                return
+            stats = self._pieces.stats
+            logger.info("%s: fetched checkpoint pieces in %.2f s (%d fetched, %d bytes; %d "
+                        "own)", self.node_id, time.perf_counter() - start,
+                        stats.fetched_pieces, stats.fetched_bytes, stats.reused_pieces)
+        await self._persist_batch(batch, flush_commit, retry)
 
     committer: GroupCommitter
     stats: DriverStatistics
@@ -167,6 +210,11 @@ class PersistPipeline:
             return
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse
         self._retrying = True
+        manifests = self._manifests(self._inflight)
+        if manifests:
+            self._nursery.start_soon(self._fetch_then_persist, self._inflight, manifests,
+                                     False, True)
+            return
         self._nursery.start_soon(self._persist_batch, self._inflight, False, True)
 
     def _flush(self) -> None:
@@ -197,7 +245,7 @@ class PersistPipeline:
                 self._complete(batch)
                 continue
             self._pending = []
-            if self._persist_inline:
+            if self._persist_inline and not self._manifests(batch):
                 self._before_write()
                 if not self._persist_here(batch):
                     break
@@ -263,4 +311,8 @@ class PersistPipeline:
             self._trace.mark("io_start", str(len(batch)))
         self._inflight_snapshot = any(r.snapshot is not None for r in batch)
         self.stats.io_batches += 1
+        manifests = self._manifests(batch) if self._inflight_snapshot else []
+        if manifests:
+            self._nursery.start_soon(self._fetch_then_persist, batch, manifests, flush_commit)
+            return
         self._nursery.start_soon(self._persist_batch, batch, flush_commit)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -76,6 +77,7 @@ from phalanx.protocols import ProtocolError, UnknownProtocol
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols.registry import byzantine_mode_problem
 from phalanx.protocols.spec import TransactionalNode
+from phalanx.runtime import piece_messages, piece_transfer
 from phalanx.runtime.admin_ops import AdminOps
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
@@ -108,6 +110,9 @@ from phalanx.runtime.node_checks import (
 from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
+from phalanx.runtime.piece_carrier import CarrierLink
+from phalanx.runtime.piece_manifest import ManifestViews, PieceStore
+from phalanx.runtime.piece_transfer import PieceTransfer
 from phalanx.runtime.services import ServiceHost
 from phalanx.runtime.stable_checkpoints import StableCheckpoints
 from phalanx.services import NodeService, ServiceError
@@ -177,6 +182,9 @@ class Node:
         self.services: Mapping[str, NodeService] = {}
         """The node's running services by name (`phalanx.services`), e.g.
         ``node.services["gossip"].publish(b"...")`` (`phalanx.services.gossip_node`)."""
+        self.pieces: PieceTransfer | None = None
+        """Shard-level state transfer (`phalanx.runtime.piece_transfer`), when the protocol
+        relays piece manifests (`ProtocolSpec.piece_transfer`): its `stats`."""
 
     @property
     def id(self) -> str:
@@ -263,6 +271,7 @@ async def open_node(
     client_protocol.register()
     admin_messages.register()
     ops_messages.register()
+    piece_messages.register()
     nofile = raise_nofile_limit()  # connections are capped below it, with a storage reserve
     rng = rng if rng is not None else random.Random()
     try:
@@ -299,8 +308,14 @@ async def open_node(
             logger.warning("%s: cut a torn WAL tail in %s (%s)", config.id,
                            storage.wal.recovery.torn_path, storage.wal.recovery.torn_reason)
         core_state = protocol.open_core_state_store(config, SyncPolicy(config.fsync))
+        # Shard-level state transfer: the core relays piece manifests, not checkpoints.
+        piece_store = (storage.checkpoints if piece_transfer.enabled(os.environ)
+                       and isinstance(storage.checkpoints, PieceStore) else None)
+        carrier = spec.piece_carrier.load() if spec.piece_carrier and piece_store else None
+        pieced = spec.piece_transfer and piece_store is not None
+        relayed = ManifestViews(storage.checkpoints) if pieced else storage.checkpoints
         persister = ReadyPersister(wal=storage.wal, hard_state=storage.hard_state,
-                                   checkpoints=storage.checkpoints, codec=wire.default_registry(),
+                                   checkpoints=relayed, codec=wire.default_registry(),
                                    core_state=core_state.store if core_state else None)
         try:  # with peers, a log lost to corruption is recovered from them
             durable = persister.load(recover_lost=bool(config.peers))
@@ -326,7 +341,7 @@ async def open_node(
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=wire.decode_entry,
-            writer=ThreadedCheckpointWriter(storage.checkpoints),
+            writer=ThreadedCheckpointWriter(relayed),
             policy=protocol.checkpoint_policy(config, compact_lag=COMPACT_LAG),
             config=Configuration(voters=voters),
             gc_pacer=gc_pacer,
@@ -350,7 +365,15 @@ async def open_node(
         logger.info("%s: restored term=%d checkpoint=%d log=%d entries", config.id,
                     (durable.hard_state or HardState()).term,
                     durable.snapshot.index if durable.snapshot else 0, len(durable.entries))
-        committer = GroupCommitter(persister, install=replica.install,
+        pieces = PieceTransfer(
+            store=storage.checkpoints,
+            peers=[NodeId(p.id) for p in config.peers],
+            send=lambda to, m: transport.send_nowait(to, m), flush=lambda: transport.flush(),
+            rng=random.Random(rng.getrandbits(64))) if pieced or carrier else None
+        link = (CarrierLink(carrier, pieces, storage.checkpoints)
+                if carrier is not None and pieces is not None else None)
+        committer = GroupCommitter(persister, install=(
+            replica.install if pieces is None else pieces.install_with(replica.install)),
                                    saved=durable.hard_state)
         paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
                                 ca_certificate=config.tls.ca)
@@ -401,7 +424,8 @@ async def open_node(
             )
 
         driver = Driver(core=core, replica=replica, committer=committer,
-                        send=transport.send_nowait,
+                        send=(transport.send_nowait if link is None
+                              else link.outgoing(transport.send_nowait)),
                         tick_seconds=config.timing.tick_ms / 1000,
                         status_reply=status_reply, observer=metrics,
                         persist_inline=config.fsync == "off",
@@ -453,6 +477,7 @@ async def open_node(
                     peer_address=_bound(peer_listeners, config.peer_listen.host),
                     client_address=_bound(client_listeners, config.client_listen.host))
         node.services = services.services
+        node.pieces = pieces
         metrics.registry.register(services.collector())
 
         def byte_counters() -> dict[str, int]:
@@ -492,13 +517,24 @@ async def open_node(
                 config.metrics_listen.port)
 
         # Peer messages go from the reading tasks straight into the driver's channel.
-        transport.set_deliver(services.route(driver.deliver))
+        deliver = services.route(driver.deliver)
+        if link is not None:
+            deliver = link.incoming(deliver)
+        if pieces is not None:
+            driver.fetch_pieces_with(pieces)
+            deliver = pieces.route(deliver)
+            metrics.add_byte_source(pieces.counters)
+        transport.set_deliver(deliver)
         async with run_peer_transport(transport, listeners=peer_listeners), \
                 trio.open_nursery() as nursery:
             await nursery.start(driver.run)
             await nursery.start(client_port.serve, client_listeners)
             await nursery.start(services.run)
             await nursery.start(submitter.run, driver)
+            if pieces is not None:
+                await nursery.start(pieces.run)
+            if link is not None:
+                await nursery.start(link.run, driver.deliver)
             nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
             nursery.start_soon(functools.partial(

@@ -1,8 +1,10 @@
 """A restarted follower that needs a snapshot catches up with the checkpoint sent about once,
 on an in-process 3-node cluster over real TLS sockets and real disks (the attack: with a
 132 MB checkpoint, the leader sent 46 GB and the follower never caught up, because every
-heartbeat started another copy of the transfer; docs/RELIABILITY.md). The full-size
-measurement on separate processes is `bench/snapshot_catchup.py`.
+heartbeat started another copy of the transfer; docs/RELIABILITY.md). The leader's core sends
+a piece manifest, the follower fetches the pieces (`phalanx.runtime.piece_transfer`): the
+bound holds for both together. The full-size measurement on separate processes is
+`bench/snapshot_catchup.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from test_cluster import call, cluster, put
 
 from phalanx.consensus.raft import RaftCore
 from phalanx.net.client_protocol import ReplyStatus
+from phalanx.runtime import piece_manifest
 
 VALUE = 64 * 1024
 PUTS = 64  # ~4 MiB of state
@@ -39,7 +42,9 @@ async def test_restarted_follower_gets_the_snapshot_about_once(tmp_path: Path) -
         await wait_for(compacted_past_follower, within=20, what="a checkpoint past the load")
         snap = core.snapshot
         assert snap is not None
-        size, index = len(snap.data), snap.meta.index
+        manifest = piece_manifest.decode(snap.data[:])
+        assert not isinstance(manifest, str), manifest
+        size, index = manifest.data_len, snap.meta.index
         assert size > 3 * 2**20
 
         node = await c.start(follower)

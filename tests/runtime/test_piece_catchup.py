@@ -1,0 +1,140 @@
+"""Shard-level state transfer on an in-process 3-node Raft cluster over real TLS sockets and
+real disks: a follower that missed a few percent of the writes fetches only the shards they
+touched (it already holds the rest), and a follower whose data directory was wiped rejoins by
+fetching every piece, with every acknowledged write there. The separate-process version is
+`tests/runtime/test_process_wipe.py`; the measurement `bench/snapshot_catchup.py`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from runtime_helpers import RawClient, wait_for
+from test_cluster import cluster
+
+from phalanx.apps import kv_wire
+from phalanx.apps.kv_types import MAX_TXN_OPS, Get, Put, Txn, Value
+from phalanx.consensus.raft import RaftCore
+from phalanx.consensus.types import ClientRequest
+from phalanx.net.client_protocol import ClientCall, ClientReply, ReplyStatus
+from phalanx.runtime import piece_manifest
+from phalanx.runtime.node import Node
+
+KEYS = 6000  # ~6 shards of the KV state
+VALUE = 160
+
+
+async def load(client: RawClient, keys: range, first_no: int, tag: bytes) -> int:
+    """Put `keys` (`MAX_TXN_OPS` a command, pipelined); returns the next request number."""
+    n = first_no
+    sent = 0
+    for lo in range(keys.start, keys.stop, MAX_TXN_OPS):
+        writes = tuple(Put(key=f"k{i:05d}", value=tag + bytes(VALUE))
+                       for i in range(lo, min(lo + MAX_TXN_OPS, keys.stop)))
+        command = kv_wire.encode_command(Txn(compares=(), success=writes))
+        await client.send(ClientCall(request=ClientRequest(
+            client_id="tester/loader", request_no=n, command=command)))
+        n += 1
+        sent += 1
+    for _ in range(sent):
+        reply = await client.receive()
+        assert isinstance(reply, ClientReply)
+        assert reply.status is ReplyStatus.OK, reply
+    return n
+
+
+async def churn(client: RawClient, first_no: int) -> int:
+    """Enough small writes to one key (the last shard) that the leader's log, which keeps
+    100 entries behind its checkpoint, no longer reaches back before them."""
+    n = first_no
+    for _ in range(3):
+        n = await load(client, range(KEYS - 1, KEYS), n, b"c")
+    for i in range(120):
+        command = kv_wire.encode_command(Put(key="zz", value=b"%d" % i))
+        await client.send(ClientCall(request=ClientRequest(
+            client_id="tester/loader", request_no=n + i, command=command)))
+    for _ in range(120):
+        reply = await client.receive()
+        assert isinstance(reply, ClientReply)
+        assert reply.status is ReplyStatus.OK, reply
+    return n + 120
+
+
+def snapshot_of(node: Node) -> tuple[int, int]:
+    """(index, data bytes) of the leader core's snapshot (it holds a piece manifest)."""
+    core = node.driver.core
+    assert isinstance(core, RaftCore)
+    snap = core.snapshot
+    if snap is None:
+        return 0, 0
+    manifest = piece_manifest.decode(snap.data[:])
+    assert not isinstance(manifest, str), manifest
+    return snap.meta.index, manifest.data_len
+
+
+async def settle(leader: Node, past: int) -> tuple[int, int]:
+    """Wait until the leader's log starts after `past` (only a snapshot catches up a node
+    there); returns the leader's applied index and its checkpoint's size."""
+    core = leader.driver.core
+    assert isinstance(core, RaftCore)
+    await wait_for(lambda: core.log.offset > past, within=30,
+                   what="the leader's log compacted past the follower")
+    return leader.replica.applied_index, snapshot_of(leader)[1]
+
+
+def holds(node: Node, key: str, value: bytes) -> bool:
+    got = node.replica.query(kv_wire.encode_command(Get(key=key)))
+    return kv_wire.decode_result(got) == Value(value=value)
+
+
+async def test_lagging_follower_fetches_only_the_touched_shards(tmp_path: Path) -> None:
+    async with cluster(tmp_path, checkpoint_every=8) as c:
+        leader = await c.leader()
+        follower = next(n for n in sorted(c.nodes) if n != leader.id)
+        client = await c.client(leader)
+        n = await load(client, range(KEYS), 1, b"a")
+        node = c.nodes[follower]
+        await wait_for(lambda: node.replica.status().checkpoint_index >= n - 8,
+                       within=30, what="the follower's own checkpoint of the load")
+        past = node.replica.applied_index
+        await c.stop(follower)
+        # 2% of the keys, in one corner of the key space (a few shards), and enough entries
+        # that the leader's log no longer reaches back to the follower.
+        n = await load(client, range(0, KEYS // 50), n, b"b")
+        n = await churn(client, n)
+        index, size = await settle(leader, past)
+        node = await c.start(follower)
+        await wait_for(lambda: node.replica.applied_index >= index, within=30,
+                       what="the follower to install the checkpoint")
+        assert node.pieces is not None
+        stats = node.pieces.stats
+        assert stats.resolves == 1
+        assert stats.reused_pieces > 0
+        assert 0 < stats.fetched_bytes < size // 2, (stats, size)
+        assert node.transport.statistics().bytes_in < size // 2
+        assert holds(node, "k00000", b"b" + bytes(VALUE))
+        assert holds(node, f"k{KEYS // 2:05d}", b"a" + bytes(VALUE))
+        assert holds(node, f"k{KEYS - 1:05d}", b"c" + bytes(VALUE))
+
+
+async def test_wiped_follower_rejoins_from_its_peers(tmp_path: Path) -> None:
+    async with cluster(tmp_path, checkpoint_every=8) as c:
+        leader = await c.leader()
+        follower = next(n for n in sorted(c.nodes) if n != leader.id)
+        client = await c.client(leader)
+        await c.stop(follower)
+        shutil.rmtree(c.configs[follower].data_dir)
+        await churn(client, await load(client, range(KEYS), 1, b"a"))
+        index, size = await settle(leader, 0)
+        node = await c.start(follower)
+        await wait_for(lambda: node.replica.applied_index >= index, within=30,
+                       what="the wiped follower to install the checkpoint")
+        assert node.pieces is not None
+        assert node.pieces.stats.fetched_bytes >= size - 4096  # all of it (bar the header)
+        assert not node.pieces.stats.dropped
+        for i in range(0, KEYS, 97):
+            assert holds(node, f"k{i:05d}", b"a" + bytes(VALUE)), i
+        served = [p.pieces.stats.served_bytes for p in c.nodes.values()
+                  if p.id != follower and p.pieces is not None]
+        assert sum(served) >= node.pieces.stats.fetched_bytes
