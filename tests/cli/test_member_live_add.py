@@ -24,7 +24,7 @@ from phalanx.ops.local_cluster import NodeProcesses, find_free_base_port, init_c
 from phalanx.ops.local_cluster import open_cluster as load_cluster
 
 
-@pytest.fixture()
+@pytest.fixture
 def running(tmp_path: Path) -> Iterator[tuple[Path, NodeProcesses]]:
     directory = tmp_path / "c"
     init_cluster(directory, nodes=3, base_port=find_free_base_port(4), checkpoint_every=50)
@@ -40,7 +40,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def _status(capsys: pytest.CaptureFixture[str], directory: Path) -> dict[str, dict[str, object]]:
-    code, out, err = _cli(capsys, "status", "--cluster", str(directory), "--json")
+    _code, out, _err = _cli(capsys, "status", "--cluster", str(directory), "--json")
     return {row["node"]: row for row in json.loads(out)}
 
 
@@ -61,7 +61,7 @@ class _Writer:
                 key, value = f"w{i}", f"v{i}".encode()
                 try:
                     client.put(key, value)
-                except Exception as e:  # noqa: BLE001 - an unacknowledged write: not counted
+                except Exception as e:
                     self.errors.append(f"{key}: {e}")
                 else:
                     self.acked[key] = value
