@@ -117,6 +117,9 @@ of ``--faults all`` (so adding them changed no existing schedule or trace):
   nodes never come back (a node id is never reused)."""
 
 MEMBERSHIP_REPLACE, MEMBERSHIP_GROW, MEMBERSHIP_LEARNER = 1.0, 2.0, 3.0
+MEMBERSHIP_SPARES = 2
+"""Spare nodes a run with the `membership` fault has beyond its bootstrap voters (named
+after them: n4, n5 for three), in the simulator and on real clusters."""
 
 ALL_FAULT_KINDS: tuple[str, ...] = SIM_FAULT_KINDS + REAL_ONLY_FAULT_KINDS + OPT_IN_FAULT_KINDS
 """Every name a `FaultEvent` may carry."""

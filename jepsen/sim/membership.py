@@ -37,8 +37,6 @@ from phalanx.protocols import get as get_protocol
 POLL_NS: Final = 20_000_000
 """How often a pending change is retried (virtual ns)."""
 
-SPARES: Final = 2
-"""Spare nodes a run with the `membership` fault has beyond its bootstrap voters."""
 
 _VICTIM = "?"
 """The node of a replace's removal before it is drawn."""
@@ -188,7 +186,7 @@ def spares_for(protocol: str, faults: tuple[str, ...], nodes: int) -> int:
     if nemesis.MEMBERSHIP not in get_protocol(protocol).sim_fault_kinds:
         raise ValueError(f"protocol {protocol} does not support the membership fault "
                          "(static membership)")
-    return SPARES
+    return nemesis.MEMBERSHIP_SPARES
 
 
 def admin_hook(protocol: str) -> Callable[..., Any]:

@@ -1,0 +1,146 @@
+"""The ``membership`` nemesis on real node processes (``phalanx jepsen run --nemesis
+membership``): nodes added, promoted and removed while the workload runs.
+
+Owns: `RealMembership`. `apply` turns each `membership` episode
+(`phalanx.jepsen.nemesis.membership_schedule`: replace, grow, learner) into changes queued
+for `run`, a task that carries them out one at a time through the admin operations
+(`phalanx.client.admin_calls`, the cluster's admin certificate: what `phalanx member` does),
+retrying while a change is refused (no leader yet, one in progress, a learner that has not
+caught up) or unanswered, and checking each one took effect with ``list``.
+
+Rules:
+    * The cluster was laid out with its spare nodes up front (`open_real_cluster(spares=)`):
+      every node config names them (through the proxies), so no address goes with the
+      change (the links keep the proxied addresses); the spares run from the start, as
+      learners of their own bootstrap configuration, outside the membership.
+    * `RealCluster.outside` is kept in step: a spare leaves it when added, a removed node
+      joins it and `RealCluster.retired` (it is SIGKILLed once its removal took effect and
+      never restarted, as an operator stops a removed node), so recovery waits only for
+      members.
+    * A replace removes a voter drawn when the removal starts, only while the voters
+      outnumber the bootstrap's (the promotion happened): the voter count never drops below
+      it. Nothing is proposed after `stop` (the heal).
+    * Every change is recorded in the history as a ``membership`` nemesis op.
+
+Must not import the runtime or consensus cores. Real time; not deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from phalanx.client import admin_calls
+from phalanx.client.errors import ClientError, RequestRejected
+from phalanx.jepsen import nemesis
+from phalanx.jepsen.harness.cluster import RealCluster
+from phalanx.ops.admin_messages import AdminReply
+
+RETRY_SECONDS: Final = 0.3
+CALL_SECONDS: Final = 5.0
+_VICTIM = "?"
+
+
+class RealMembership:
+    """Membership changes on `cluster` (see the module docstring)."""
+
+    def __init__(self, cluster: RealCluster, *, bootstrap: int,
+                 record: Callable[[str, str], None], rng: random.Random) -> None:
+        self.cluster = cluster
+        self._bootstrap = bootstrap
+        self._record = record
+        self._rng = rng
+        self._ops: deque[tuple[str, str]] = deque()
+        self._wake = trio.Event()
+        self._stopped = False
+        self.done = 0
+
+    def apply(self, event: nemesis.FaultEvent) -> str:
+        spare, kind = event.nodes[0], event.value
+        if event.action == "start":
+            self._ops.append(("add-learner", spare))
+            if kind in (nemesis.MEMBERSHIP_REPLACE, nemesis.MEMBERSHIP_GROW):
+                self._ops.append(("promote", spare))
+            if kind == nemesis.MEMBERSHIP_REPLACE:
+                self._ops.append(("remove", _VICTIM))
+        elif kind in (nemesis.MEMBERSHIP_GROW, nemesis.MEMBERSHIP_LEARNER):
+            self._ops.append(("remove", spare))
+        self._wake.set()
+        return "queued: " + ", ".join(f"{op} {node}" for op, node in self._ops)
+
+    def stop(self) -> None:
+        """The heal: nothing more is proposed."""
+        self._stopped = True
+        self._ops.clear()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Carry out queued changes until `stop` (or cancelled)."""
+        while not self._stopped:
+            if not self._ops:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            op, node = self._ops[0]
+            try:
+                finished = await self._step(op, node)
+            except (ClientError, OSError) as e:  # refused or no answer: try again
+                if isinstance(e, RequestRejected) and "not caught up" not in str(e):
+                    self._record("membership", f"{op} {node}: refused ({e})")
+                finished = False
+            if finished:
+                self._ops.popleft()
+            else:
+                await trio.sleep(RETRY_SECONDS)
+
+    async def _step(self, op: str, node: str) -> bool:
+        """One attempt at the first queued change; whether it is done."""
+        cluster = self.cluster
+        reply = await admin_calls.member_list(cluster.config, seconds=CALL_SECONDS)
+        if reply.voters_outgoing or reply.leader != reply.node:
+            return False  # a change in flight, or no leader's view yet
+        if node == _VICTIM:
+            voters = sorted(v for v in reply.voters if v not in cluster.retired)
+            if len(voters) <= self._bootstrap:
+                self._record("membership", "replace: no removal (the promotion did not "
+                             "happen)")
+                return True
+            node = self._rng.choice(voters)
+            self._ops[0] = (op, node)
+        if _done(op, node, reply):
+            self._finish(op, node, reply)
+            return True
+        if op == "promote" and node not in reply.members:
+            self._ops.appendleft(("add-learner", node))  # the learner entry was lost
+            return False
+        await admin_calls.admin_call(cluster.config, op, node, seconds=CALL_SECONDS)
+        self._record("membership", f"{op} {node} proposed")
+        return False
+
+    def _finish(self, op: str, node: str, reply: AdminReply) -> None:
+        cluster = self.cluster
+        self.done += 1
+        note = ""
+        if op == "add-learner":
+            cluster.outside.discard(node)
+        elif op == "remove":
+            cluster.outside.add(node)
+            cluster.retired.add(node)
+            if cluster.procs.running(node):
+                cluster.procs.kill(node)
+            cluster.paused.discard(node)
+            note = f"; {node} stopped for good"
+        self._record("membership", f"{op} {node} done: voters {','.join(reply.voters)}"
+                     f" learners {','.join(reply.learners) or '-'}{note}")
+
+
+def _done(op: str, node: str, reply: AdminReply) -> bool:
+    if op == "add-learner":
+        return node in reply.members
+    if op == "promote":
+        return node in reply.voters
+    return node not in reply.members
