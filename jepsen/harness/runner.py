@@ -394,7 +394,9 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     # that test.json can carry it from the start.
     node_names = options.node_names + options.spare_names
     plan = options.byzantine_plan()
-    schedule = real_schedule(options, node_names, options.spare_names)
+    # Kills and partitions over the bootstrap nodes (a kill never takes a majority of
+    # them); the spares only take membership episodes.
+    schedule = real_schedule(options, options.node_names, options.spare_names)
     store = create_run(options.store, options.test_name, config=_config_doc(options),
                        seed=options.seed, schedule=schedule)
     outcome = RunOutcome(directory=store.path, byzantine=plan.describe())

@@ -90,7 +90,7 @@ def bridge_cuts(event: FaultEvent, nodes: Sequence[str]) -> list[tuple[str, str]
 def real_schedule(options: _Options, nodes: Sequence[str],
                   spares: Sequence[str] = ()) -> tuple[FaultEvent, ...]:
     """The run's schedule in unscaled (virtual) ns from the workload's start (module doc).
-    With ``membership`` among the faults, `spares` (also in `nodes`) are the nodes its
+    With ``membership`` among the faults, `spares` (not in `nodes`) are the nodes its
     episodes add (`nemesis.membership_schedule`, from a third seed-derived generator)."""
     duration_ns = int(options.time_s / options.nemesis_scale * 1e9)
     shared = tuple(f for f in options.faults if f in nemesis.FAULT_KINDS)
