@@ -362,23 +362,26 @@ def membership_schedule(
     rng: random.Random, *, spares: Sequence[str], duration_ns: int,
     start_ns: int = 300 * _MS,
 ) -> Schedule:
-    """Seeded `membership` episodes over [start_ns, duration_ns), one spare each, one at a
-    time (a cluster changes its membership one step at a time), each 300 ms..1.2 s long
-    (see `OPT_IN_FAULT_KINDS`). Deterministic in `rng` and the arguments; episodes are
-    numbered from 10_000 so they never share a number with `generate_schedule`'s."""
+    """Seeded `membership` episodes over [start_ns, duration_ns), one spare each (see
+    `OPT_IN_FAULT_KINDS`), spread over the run: [start_ns, duration_ns) is cut into one slot
+    per spare and each episode starts in the first quarter of its slot and lasts a quarter
+    to a half of it, so episodes never overlap (a cluster changes its membership one step
+    at a time). Deterministic in `rng` and the arguments; episodes are numbered from 10_000
+    so they never share a number with `generate_schedule`'s."""
+    names = sorted(spares)
+    if not names or duration_ns <= start_ns:
+        return ()
+    slot = (duration_ns - start_ns) // len(names)
     events: list[FaultEvent] = []
-    t = start_ns
-    for episode, spare in enumerate(sorted(spares), start=10_000):
-        t += rng.randrange(50 * _MS, 400 * _MS)
-        length = rng.randrange(300 * _MS, 1200 * _MS)
-        if t + length >= duration_ns:
-            break
+    for i, spare in enumerate(names):
+        t = start_ns + i * slot + rng.randrange(0, max(1, slot // 4))
+        length = rng.randrange(max(1, slot // 4), max(2, slot // 2))
         kind = rng.choice((MEMBERSHIP_REPLACE, MEMBERSHIP_GROW, MEMBERSHIP_LEARNER))
+        episode = 10_000 + i
         events.append(FaultEvent(at_ns=t, action="start", fault=MEMBERSHIP,
                                  episode=episode, nodes=(spare,), value=kind))
         events.append(FaultEvent(at_ns=t + length, action="stop", fault=MEMBERSHIP,
                                  episode=episode, nodes=(spare,), value=kind))
-        t += length
     return tuple(events)
 
 
