@@ -50,7 +50,7 @@ def test_changes_happen_and_removed_nodes_stay_stopped() -> None:
 def test_sweep_catches_learner_acks_counted_in_the_commit_quorum() -> None:
     # Caught today at seed 3 (a kill takes both other voters while n4 is a learner: the
     # leader and n4 "commit", the committed-durable check sees it held by a minority);
-    # seeds 0..12 catch it at 3, 13 and 15, so the sweep starts at 2 to stay fast.
+    # of seeds 0..19, 3, 13 and 15 catch it, so the sweep starts at 2 to stay fast.
     budget = 12
     result = sweep(_base(2.0, bugs=frozenset({"count_learner_acks"})), range(2, 2 + budget),
                    jobs=1, stop_on_failure=True)
