@@ -38,14 +38,15 @@ CHANGE_OPS: Final = ("add-learner", "promote", "remove")
 class AdminCall(Message):
     """An admin operation (needs the admin role); `node` is "" for ``list``."""
 
-    __repr__ = omit_default_repr
-
     nonce: int
     op: str
     node: str = ""
     address: str = field(default="", metadata={"wire_optional": True})
     """For ``add-learner``: the new node's peer address ``host:port``, recorded in the
-    configuration so running nodes link to it (no restart); "" keeps the links as they are."""
+    configuration so running nodes link to it (no restart); "" keeps the links as they are
+    (and the encoding: left off the wire)."""
+
+    __repr__ = omit_default_repr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
