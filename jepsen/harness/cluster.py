@@ -180,7 +180,7 @@ class RealCluster:
         """``; n2 exited: <its last log line>`` for every node process that is not running."""
         notes = []
         for node in self.nodes:
-            if not self.procs.running(node):
+            if not self.procs.running(node) and node not in self.retired:
                 log = self.config.directory / "logs" / f"{node}.log"
                 text = log.read_text(errors="replace") if log.is_file() else ""
                 # The last line that says something (a traceback ends in box drawing).

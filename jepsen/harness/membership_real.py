@@ -17,6 +17,9 @@ Rules:
       joins it and `RealCluster.retired` (it is SIGKILLed once its removal took effect and
       never restarted, as an operator stops a removed node), so recovery waits only for
       members.
+    * A change seen done at the leader may still be lost (its entry uncommitted when the
+      leader fell): `settle`, after the heal, sets `RealCluster.outside` from the
+      membership then in force (removed nodes stay outside: they were stopped).
     * A replace removes a voter drawn when the removal starts, only while the voters
       outnumber the bootstrap's (the promotion happened): the voter count never drops below
       it. Nothing is proposed after `stop` (the heal).
@@ -27,6 +30,7 @@ Must not import the runtime or consensus cores. Real time; not deterministic.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +81,27 @@ class RealMembership:
         self._stopped = True
         self._ops.clear()
         self._wake.set()
+
+    async def settle(self, within: float) -> str:
+        """After the heal: `RealCluster.outside` from the leader's membership (a change
+        seen done may have been lost with an uncommitted entry since): every node it does
+        not list, and the removed ones. Leaves it as it was if no leader answers within
+        `within` seconds (recovery then says so)."""
+        cluster = self.cluster
+        with trio.move_on_after(within):
+            while True:
+                with contextlib.suppress(ClientError, OSError):
+                    reply = await admin_calls.member_list(cluster.config,
+                                                          seconds=CALL_SECONDS)
+                    if reply.leader == reply.node and not reply.voters_outgoing:
+                        members = set(reply.members) - cluster.retired
+                        cluster.outside = set(cluster.nodes) - members
+                        note = (f"members {','.join(sorted(members))}; outside "
+                                f"{','.join(sorted(cluster.outside)) or '-'}")
+                        self._record("membership", note)
+                        return note
+                await trio.sleep(RETRY_SECONDS)
+        return "no leader's membership"
 
     async def run(self) -> None:
         """Carry out queued changes until `stop` (or cancelled)."""

@@ -442,6 +442,8 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
             run.nemesis.heal_all()
             console.print("healed every fault; waiting for the cluster to recover",
                           highlight=False)
+            if (changes := run.nemesis.membership) is not None:
+                await changes.settle(options.recovery_timeout / 2)
             try:
                 await cluster.wait_recovered(options.recovery_timeout)
                 outcome.recovered = True
