@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final, Protocol
 
 from phalanx.jepsen import nemesis
@@ -98,12 +99,40 @@ def real_schedule(options: _Options, nodes: Sequence[str],
         random.Random(options.seed), nodes=nodes, faults=shared, duration_ns=duration_ns)
     extra = _real_only(random.Random(options.seed ^ 0x5EA1), nodes,
                        [f for f in REAL_ONLY_FAULT_KINDS if f in options.faults], duration_ns)
-    changes = nemesis.membership_schedule(
-        random.Random(options.seed ^ 0x3E3B), spares=spares,
-        duration_ns=duration_ns) if nemesis.MEMBERSHIP in options.faults else ()
+    changes: tuple[FaultEvent, ...] = ()
+    if nemesis.MEMBERSHIP in options.faults:
+        changes = nemesis.membership_schedule(random.Random(options.seed ^ 0x3E3B),
+                                              spares=spares, duration_ns=duration_ns)
+        base = _place_spares(base, spares, random.Random(options.seed ^ 0x5EA2))
     events = [*base, *extra, *changes]
     events.sort(key=lambda e: (e.at_ns, e.episode, e.action == "start"))
     return tuple(events)
+
+
+def _place_spares(events: tuple[FaultEvent, ...], spares: Sequence[str],
+                  rng: random.Random) -> tuple[FaultEvent, ...]:
+    """Partitions drawn over the bootstrap nodes with each spare put on a side (its
+    episode's start and stop alike); otherwise the spares, in no group, would form one
+    more side together, cut from everyone (`nemesis.cut_links`)."""
+    if not spares:
+        return events
+    placed: dict[int, tuple[tuple[str, ...], ...]] = {}
+    out = []
+    for e in events:
+        if e.fault in (nemesis.PARTITION_ONE, nemesis.PARTITION_HALVES) and e.groups:
+            groups = placed.get(e.episode)
+            if groups is None:
+                sides = [list(g) for g in e.groups]
+                for spare in spares:  # partition-one: the spares stay with the majority
+                    side = (len(sides) - 1 if e.fault == nemesis.PARTITION_ONE
+                            else rng.randrange(len(sides)))
+                    sides[side].append(spare)
+                groups = placed[e.episode] = tuple(tuple(sorted(g)) for g in sides)
+            e = replace(e, groups=groups)
+        elif e.fault == nemesis.PARTITION_RING and e.groups:
+            e = replace(e, groups=(e.groups[0] + tuple(spares),))
+        out.append(e)
+    return tuple(out)
 
 
 def _real_only(rng: random.Random, nodes: Sequence[str], kinds: list[str],

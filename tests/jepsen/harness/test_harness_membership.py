@@ -37,6 +37,12 @@ def test_options_name_the_spares_and_the_schedule_uses_them() -> None:
     assert {e.nodes for e in changes} == {("n4",), ("n5",)}
     assert real_schedule(options, names, options.spare_names) == events  # seeded
     assert all(set(e.nodes) <= set(names) for e in events if e.fault != nemesis.MEMBERSHIP)
+    split = RunOptions(nodes=3, faults=("partition-halves", "membership"), time_s=60, seed=4)
+    halves = [e for e in real_schedule(split, names, split.spare_names)
+              if e.fault == "partition-halves"]
+    assert halves
+    for e in halves:  # every spare is on a side (else it would be cut from everyone)
+        assert sorted(n for g in e.groups for n in g) == ["n1", "n2", "n3", "n4", "n5"]
     plain = RunOptions(nodes=3, faults=("kill",), time_s=60, seed=4)
     assert not [e for e in real_schedule(plain, names) if e.fault == nemesis.MEMBERSHIP]
     assert nemesis.MEMBERSHIP not in REAL_FAULT_KINDS  # `--nemesis all` leaves it out
