@@ -157,7 +157,7 @@ class MembershipNemesis:
             if commit >= index:
                 del self._retire_after[node]
                 self.retired.add(node)
-                self._nodes[node].crash(lose_unfsynced=False)
+                self._nodes[node].retire()  # kill episodes' stops do not restart it
                 self._trace(f"MEMBERSHIP {node} removed: stopped for good")
 
 

