@@ -117,6 +117,8 @@ class RealMembership:
                 if isinstance(e, RequestRejected) and "not caught up" not in str(e):
                     self._record("membership", f"{op} {node}: refused ({e})")
                 finished = False
+            if self._stopped:  # the heal came during the attempt (the queue is gone)
+                return
             if finished:
                 self._ops.popleft()
             else:
@@ -126,7 +128,7 @@ class RealMembership:
         """One attempt at the first queued change; whether it is done."""
         cluster = self.cluster
         reply = await admin_calls.member_list(cluster.config, seconds=CALL_SECONDS)
-        if reply.voters_outgoing or reply.leader != reply.node:
+        if self._stopped or reply.voters_outgoing or reply.leader != reply.node:
             return False  # a change in flight, or no leader's view yet
         if node == _VICTIM:
             voters = sorted(v for v in reply.voters if v not in cluster.retired)
