@@ -45,6 +45,9 @@ from phalanx.jepsen.harness.cluster import RealCluster
 from phalanx.ops.admin_messages import AdminReply
 
 RETRY_SECONDS: Final = 0.3
+MAX_RETRY_SECONDS: Final = 3.0
+"""Attempts back off (doubling) while nothing happens: each is a few TLS handshakes with
+the nodes, which a cluster without a leader should not spend its CPU on."""
 CALL_SECONDS: Final = 5.0
 _VICTIM = "?"
 
@@ -105,6 +108,7 @@ class RealMembership:
 
     async def run(self) -> None:
         """Carry out queued changes until `stop` (or cancelled)."""
+        delay = RETRY_SECONDS
         while not self._stopped:
             if not self._ops:
                 self._wake = trio.Event()
@@ -121,8 +125,10 @@ class RealMembership:
                 return
             if finished:
                 self._ops.popleft()
+                delay = RETRY_SECONDS
             else:
-                await trio.sleep(RETRY_SECONDS)
+                await trio.sleep(delay)
+                delay = min(MAX_RETRY_SECONDS, delay * 2)
 
     async def _step(self, op: str, node: str) -> bool:
         """One attempt at the first queued change; whether it is done."""
