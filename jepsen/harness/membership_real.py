@@ -65,6 +65,7 @@ class RealMembership:
         self._wake = trio.Event()
         self._stopped = False
         self.done = 0
+        self._last_note = ""
 
     def apply(self, event: nemesis.FaultEvent) -> str:
         spare, kind = event.nodes[0], event.value
@@ -78,6 +79,10 @@ class RealMembership:
             self._ops.append(("remove", spare))
         self._wake.set()
         return "queued: " + ", ".join(f"{op} {node}" for op, node in self._ops)
+
+    def stopped(self) -> bool:
+        """Whether `stop` was called (checked after each await: it may come meanwhile)."""
+        return self._stopped
 
     def stop(self) -> None:
         """The heal: nothing more is proposed."""
@@ -118,10 +123,11 @@ class RealMembership:
             try:
                 finished = await self._step(op, node)
             except (ClientError, OSError) as e:  # refused or no answer: try again
-                if isinstance(e, RequestRejected) and "not caught up" not in str(e):
-                    self._record("membership", f"{op} {node}: refused ({e})")
+                self._note(f"{op} {node}: "
+                           + ("refused" if isinstance(e, RequestRejected) else "no answer")
+                           + f" ({e})")
                 finished = False
-            if self._stopped:  # the heal came during the attempt (the queue is gone)
+            if self.stopped():  # the heal came during the attempt (the queue is gone)
                 return
             if finished:
                 self._ops.popleft()
@@ -130,12 +136,22 @@ class RealMembership:
                 await trio.sleep(delay)
                 delay = min(MAX_RETRY_SECONDS, delay * 2)
 
+    def _note(self, text: str) -> None:
+        """Record why an attempt did nothing, once per reason in a row."""
+        if text != self._last_note:
+            self._last_note = text
+            self._record("membership", text)
+
     async def _step(self, op: str, node: str) -> bool:
         """One attempt at the first queued change; whether it is done."""
         cluster = self.cluster
         reply = await admin_calls.member_list(cluster.config, seconds=CALL_SECONDS)
-        if self._stopped or reply.voters_outgoing or reply.leader != reply.node:
-            return False  # a change in flight, or no leader's view yet
+        if self.stopped() or reply.voters_outgoing or reply.leader != reply.node:
+            self._note(f"{op} {node}: waiting ("
+                       + ("a change in flight" if reply.voters_outgoing else
+                          f"no leader's view: {reply.node} knows {reply.leader or 'none'}")
+                       + ")")
+            return False
         if node == _VICTIM:
             voters = sorted(v for v in reply.voters if v not in cluster.retired)
             if len(voters) <= self._bootstrap:
