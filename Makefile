@@ -88,7 +88,7 @@ sim-leaderless: $(STAMP)
 # control (anti-entropy off), which must end INVALID (exit 1).
 # Reports land in store/<test>/<timestamp>/index.html; store/latest is the newest.
 JEPSEN_WORKLOADS ?= register bank set
-JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced lose-disk,kill,partition-one all
+JEPSEN_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge kill-leader,kill-majority,kill-all,truncate-wal,flip-checkpoint,lose-unfsynced lose-disk,kill,partition-one membership,kill,partition-halves all
 JEPSEN_PBFT_WORKLOADS ?= register bank
 JEPSEN_PBFT_NEMESES   ?= kill pause partition-one,partition-halves,partition-ring,partition-asymmetric,isolate-leader,partition-bridge
 JEPSEN_PBFT_BYZANTINE ?= n1=equivocate corrupt_reply twins

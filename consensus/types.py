@@ -102,6 +102,14 @@ class Configuration:
     voters: tuple[NodeId, ...]
     voters_outgoing: tuple[NodeId, ...] = ()
     learners: tuple[NodeId, ...] = ()
+    addresses: str = field(default="", metadata={"wire_optional": True})
+    """Peer addresses of members that joined after bootstrap, so running nodes can link to
+    them: ``id=host:port`` items sorted by id, comma-separated ("" for none; left off the
+    wire then). Opaque to the cores; `phalanx.consensus.raft.confchange` carries it from
+    one configuration to the next and drops removed members'; a runtime reads it
+    (`address_map`) and ignores an item it cannot parse."""
+
+    __repr__ = omit_default_repr
 
     def __post_init__(self) -> None:
         for name in ("voters", "voters_outgoing", "learners"):
@@ -119,6 +127,21 @@ class Configuration:
     def members(self) -> tuple[NodeId, ...]:
         """Every node that receives replication, sorted (voters of both halves and learners)."""
         return tuple(sorted(set(self.voters) | set(self.voters_outgoing) | set(self.learners)))
+
+
+def address_map(addresses: str) -> dict[str, str]:
+    """`Configuration.addresses` as ``{id: "host:port"}`` (items without ``=`` skipped)."""
+    out: dict[str, str] = {}
+    for item in addresses.split(","):
+        node, sep, address = item.partition("=")
+        if sep and node and address:
+            out[node] = address
+    return out
+
+
+def format_addresses(addresses: dict[str, str]) -> str:
+    """The canonical `Configuration.addresses` text of `addresses` (sorted by id)."""
+    return ",".join(f"{node}={addresses[node]}" for node in sorted(addresses))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

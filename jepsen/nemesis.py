@@ -103,7 +103,25 @@ BYZANTINE_BEHAVIOURS: tuple[str, ...] = (
 re-exports this as its `BEHAVIOURS`): named here so that command-line parsers list them
 without importing the consensus cores."""
 
-ALL_FAULT_KINDS: tuple[str, ...] = SIM_FAULT_KINDS + REAL_ONLY_FAULT_KINDS
+MEMBERSHIP = "membership"
+OPT_IN_FAULT_KINDS: tuple[str, ...] = (MEMBERSHIP,)
+"""Faults only protocols that declare them take (`ProtocolSpec.sim_fault_kinds`), never part
+of ``--faults all`` (so adding them changed no existing schedule or trace):
+
+- `membership`: membership changes while the other faults run, drawn by
+  `membership_schedule` over spare nodes outside the bootstrap configuration. An
+  episode's `value` is its kind (`MEMBERSHIP_REPLACE`: the spare is added as a learner,
+  promoted, then a voter chosen when it runs is removed and stopped for good;
+  `MEMBERSHIP_GROW`: the spare is added and promoted, and removed at the episode's stop;
+  `MEMBERSHIP_LEARNER`: the spare is added as a learner, removed at the stop). Removed
+  nodes never come back (a node id is never reused)."""
+
+MEMBERSHIP_REPLACE, MEMBERSHIP_GROW, MEMBERSHIP_LEARNER = 1.0, 2.0, 3.0
+MEMBERSHIP_SPARES = 2
+"""Spare nodes a run with the `membership` fault has beyond its bootstrap voters (named
+after them: n4, n5 for three), in the simulator and on real clusters."""
+
+ALL_FAULT_KINDS: tuple[str, ...] = SIM_FAULT_KINDS + REAL_ONLY_FAULT_KINDS + OPT_IN_FAULT_KINDS
 """Every name a `FaultEvent` may carry."""
 """Every fault kind the simulator interprets (`phalanx sim --faults all`)."""
 
@@ -337,6 +355,33 @@ def generate_schedule(
         active.append((t + length, nodes_arg if kind in (KILL, PAUSE, LOSE_DISK) else ()))
         episode += 1
     events.sort(key=lambda e: (e.at_ns, e.episode, e.action == "start"))
+    return tuple(events)
+
+
+def membership_schedule(
+    rng: random.Random, *, spares: Sequence[str], duration_ns: int,
+    start_ns: int = 300 * _MS,
+) -> Schedule:
+    """Seeded `membership` episodes over [start_ns, duration_ns), one spare each (see
+    `OPT_IN_FAULT_KINDS`), spread over the run: [start_ns, duration_ns) is cut into one slot
+    per spare and each episode starts in the first quarter of its slot and lasts a quarter
+    to a half of it, so episodes never overlap (a cluster changes its membership one step
+    at a time). Deterministic in `rng` and the arguments; episodes are numbered from 10_000
+    so they never share a number with `generate_schedule`'s."""
+    names = sorted(spares)
+    if not names or duration_ns <= start_ns:
+        return ()
+    slot = (duration_ns - start_ns) // len(names)
+    events: list[FaultEvent] = []
+    for i, spare in enumerate(names):
+        t = start_ns + i * slot + rng.randrange(0, max(1, slot // 4))
+        length = rng.randrange(max(1, slot // 4), max(2, slot // 2))
+        kind = rng.choice((MEMBERSHIP_REPLACE, MEMBERSHIP_GROW, MEMBERSHIP_LEARNER))
+        episode = 10_000 + i
+        events.append(FaultEvent(at_ns=t, action="start", fault=MEMBERSHIP,
+                                 episode=episode, nodes=(spare,), value=kind))
+        events.append(FaultEvent(at_ns=t + length, action="stop", fault=MEMBERSHIP,
+                                 episode=episode, nodes=(spare,), value=kind))
     return tuple(events)
 
 

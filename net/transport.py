@@ -29,6 +29,9 @@ Connection model (one direction per TCP connection):
   peer is proof it is up again (a restart): it cuts the dialer's sleep short and resets
   `attempt`, so a restarted node is redialled at once, not after a grown backoff.
 
+Peer set: fixed at construction, changed at run time by `add_peer`/`remove_peer`
+(`phalanx.net.transport_peers`: a node that joined or left the membership).
+
 Connection state: `connected_peers()` names the peers whose outbound link is established
 (welcomed, not yet broken): the peers this node can send to right now. It is what an operator
 means by "connected" (`phalanx status`); it does not depend on the peer having sent anything
@@ -118,6 +121,7 @@ from phalanx.net.transport_dial import (
     _describe,
     open_tcp_stream_to_other,
 )
+from phalanx.net.transport_peers import DynamicPeers
 from phalanx.net.transport_types import (
     Backoff,
     PeerAddress,
@@ -126,18 +130,9 @@ from phalanx.net.transport_types import (
 )
 from phalanx.ops.pki import node_id_from_peercert
 
-__all__ = [
-    "RECEIVE_CHUNK",
-    "SEND_BATCH_BYTES",
-    "WELCOME",
-    "Backoff",
-    "PeerAddress",
-    "Transport",
-    "TransportStatistics",
-    "open_peer_transport",
-    "open_tcp_stream_to_other",
-    "run_peer_transport",
-]
+__all__ = ["RECEIVE_CHUNK", "SEND_BATCH_BYTES", "WELCOME", "Backoff", "PeerAddress", "Transport",
+           "TransportStatistics", "open_peer_transport", "open_tcp_stream_to_other",
+           "run_peer_transport"]
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +157,7 @@ def _remote(stream: trio.SocketStream) -> str:
     return f"{host}:{port}"
 
 
-class Transport(PeerDialer):
+class Transport(PeerDialer, DynamicPeers):
     """The peer links of node `node_id`. Usually created by `open_peer_transport`.
 
     Args:
@@ -260,6 +255,10 @@ class Transport(PeerDialer):
         """Peers whose outbound link is established (welcomed and not yet broken)."""
         self._deliver = deliver
         self._running = False
+        self._nursery: trio.Nursery | None = None
+        self._link_scopes: dict[NodeId, trio.CancelScope] = {}
+        self.peers_added = self.peers_removed = 0
+        """Run-time peer set changes (`add_peer`, `remove_peer`)."""
         self._links: dict[NodeId, TlsStream] = {}
         """The established outbound streams (as `_linked`), for direct writes."""
         self._queued: dict[NodeId, int] = dict.fromkeys(self._peers, 0)
@@ -294,7 +293,7 @@ class Transport(PeerDialer):
     # Sending
 
     def _frame(self, dst: NodeId, message: object) -> bytes:
-        if dst not in self._queues:
+        if dst not in self._peers:
             raise LocalProtocolError(f"{dst!r} is not a configured peer of {self.node_id!r}")
         if not isinstance(message, Message):  # maybe mutable: never reuse its bytes
             return encode_frame(self._encode(message), max_frame_size=self._max_frame_size)
@@ -594,8 +593,7 @@ async def run_peer_transport(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(transport.serve_peer_listener, listeners)
-            for peer in transport.peers:
-                nursery.start_soon(transport.run_peer_link, peer)
+            transport.start_links(nursery)
             try:
                 yield transport
             finally:

@@ -96,6 +96,7 @@ class PeerDialer:
         if dst not in self._queues:
             raise LocalProtocolError(f"{dst!r} is not a configured peer of {self.node_id!r}")
         attempt = 0
+        mine = self._queues[dst]  # (a peer removed and added again gets a new queue)
         while True:
             address = self._peers[dst]
             try:
@@ -128,7 +129,8 @@ class PeerDialer:
             finally:
                 self._linked.discard(dst)
                 self._links.pop(dst, None)
-                self._queued[dst] = self._queues[dst][1].statistics().current_buffer_used
+                if self._queues.get(dst) is mine:
+                    self._queued[dst] = mine[1].statistics().current_buffer_used
                 await trio.aclose_forcefully(tls)
             await self._sleep_or_redial(dst, self._backoff.delay(attempt, self._rng))
 
@@ -197,7 +199,8 @@ class PeerDialer:
 
     async def _pump(self, dst: NodeId, tls: TlsStream) -> None:
         """Write queued frames to `dst` until the link breaks; raises `_LinkClosed`."""
-        queue = self._queues[dst][1]
+        mine = self._queues[dst]
+        queue = mine[1]
         reason: list[str] = []
         in_flight = 0  # frames taken off the queue and not yet known to be written
         async with trio.open_nursery() as nursery:
@@ -232,7 +235,8 @@ class PeerDialer:
                     nursery.cancel_scope.cancel()
                     break
                 in_flight = 0
-                self._queued[dst] -= len(batch)
+                if self._queues.get(dst) is mine:
+                    self._queued[dst] -= len(batch)
                 self._counters.frames_out += len(batch) - batch.count(b"")  # not wake-ups
                 self._counters.bytes_out += size
         self._counters.frames_lost += in_flight

@@ -18,6 +18,10 @@ checkers can be shown to fail:
 - ``ignore_recovering``: a node restored in recovery mode (it lost its disk) votes and
   campaigns at once, as every node did before amnesia was detected, so it can help elect a
   leader that lacks an entry it had acknowledged.
+- ``count_learner_acks``: the commit rule sizes its quorum by the voters but takes the
+  acknowledgements of every node that receives the log, learners included, so a learner
+  and the leader can "commit" an entry the other voters never saw (caught by the
+  simulator's ``membership`` fault, which adds learners).
 
 Rules: pure data. Every real deployment runs with `NO_BUGS`.
 """
@@ -37,6 +41,7 @@ class RaftBugs:
     forget_persist_vote: bool = False
     truncate_matching_suffix: bool = False
     ignore_recovering: bool = False
+    count_learner_acks: bool = False
 
     @classmethod
     def from_names(cls, names: Iterable[str]) -> RaftBugs:

@@ -9,6 +9,9 @@ Rules:
 - A change is two steps: `enter_joint` returns C_old,new (voters = new set, voters_outgoing =
   old set); once that is committed the leader appends `leave_joint`'s C_new. A configuration
   is never changed while it is joint.
+- `Configuration.addresses` (peer addresses of nodes added at run time) is carried from
+  one configuration to the next: a change's `addresses` are added, and an address is kept
+  only while its node is a member (a removed node's goes with it).
 - Learners receive the log but never vote (§4.2.1: new servers catch up as non-voting
   members before they can be promoted). Demoting a voter directly is refused (remove it,
   then add it back as a learner), which keeps learners and outgoing voters disjoint.
@@ -19,7 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from phalanx.consensus.types import Configuration, NodeId
+from phalanx.consensus.types import (
+    Configuration,
+    NodeId,
+    address_map,
+    format_addresses,
+)
 
 
 class ConfChangeError(Exception):
@@ -35,12 +43,15 @@ class ConfChange:
         remove_voters: stop voting and leave the cluster (this may include the leader).
         add_learners: join (or, for a voter, be demoted) as non-voting learners.
         remove_learners: learners that leave the cluster.
+        addresses: peer addresses (``(id, "host:port")``) of added nodes, recorded in the
+            configuration so that running nodes link to them (`Configuration.addresses`).
     """
 
     add_voters: tuple[NodeId, ...] = ()
     remove_voters: tuple[NodeId, ...] = ()
     add_learners: tuple[NodeId, ...] = ()
     remove_learners: tuple[NodeId, ...] = ()
+    addresses: tuple[tuple[NodeId, str], ...] = ()
 
     def __post_init__(self) -> None:
         seen: set[NodeId] = set()
@@ -56,6 +67,17 @@ class ConfChange:
 
 def _sorted(nodes: Iterable[NodeId]) -> tuple[NodeId, ...]:
     return tuple(sorted(set(nodes)))
+
+
+def _addresses(config: Configuration, change: ConfChange | None,
+               members: Iterable[NodeId]) -> str:
+    """`config`'s addresses plus `change`'s, only for `members`, canonical."""
+    known = address_map(config.addresses)
+    if change is not None:
+        known.update((str(n), a) for n, a in change.addresses
+                     if a and "," not in a and "=" not in a)
+    keep = set(map(str, members))
+    return format_addresses({n: a for n, a in known.items() if n in keep})
 
 
 def enter_joint(config: Configuration, change: ConfChange) -> Configuration:
@@ -88,11 +110,13 @@ def enter_joint(config: Configuration, change: ConfChange) -> Configuration:
         raise ConfChangeError("a configuration needs at least one voter")
     if voters == set(config.voters):
         # Only learners change: quorums are untouched, so no joint step is needed.
-        return Configuration(voters=config.voters, learners=_sorted(learners))
+        return Configuration(voters=config.voters, learners=_sorted(learners),
+                             addresses=_addresses(config, change, voters | learners))
     return Configuration(
         voters=_sorted(voters),
         voters_outgoing=_sorted(config.voters),
         learners=_sorted(learners),
+        addresses=_addresses(config, change, voters | learners | set(config.voters)),
     )
 
 
@@ -100,4 +124,5 @@ def leave_joint(config: Configuration) -> Configuration:
     """C_new: the incoming half of the joint `config`, without the outgoing voters."""
     if not config.joint:
         raise ConfChangeError("configuration is not joint")
-    return Configuration(voters=config.voters, learners=config.learners)
+    return Configuration(voters=config.voters, learners=config.learners,
+                         addresses=_addresses(config, None, config.voters + config.learners))

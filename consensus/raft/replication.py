@@ -79,8 +79,9 @@ def _unwired(*args: object) -> None:
 class Replication:
     """Log replication: the leader's `prs` and sending, the follower's checks."""
 
-    __slots__ = ("_bug_minority", "_bug_truncate", "_id", "_ls", "_st", "_stall_limit",
-                 "ack_read", "after_commit", "cfg", "prs", "quorum_changed", "snap_recv")
+    __slots__ = ("_bug_learners", "_bug_minority", "_bug_truncate", "_id", "_ls", "_st",
+                 "_stall_limit", "ack_read", "after_commit", "cfg", "prs", "quorum_changed",
+                 "snap_recv")
 
     def __init__(self, st: RaftState, ls: LogState, bugs: RaftBugs) -> None:
         self._st = st
@@ -89,6 +90,7 @@ class Replication:
         self._id = st.id
         self._stall_limit = stall_limit(cfg.election_ticks, cfg.heartbeat_ticks)
         self._bug_minority = bugs.commit_on_minority
+        self._bug_learners = bugs.count_learner_acks
         self._bug_truncate = bugs.truncate_matching_suffix
         self.prs: dict[NodeId, Progress] = {}
         self.quorum_changed = True
@@ -225,6 +227,8 @@ class Replication:
         joint = ls.joint
         if self._bug_minority:
             idx = _minority_committed(joint, acked)
+        elif self._bug_learners:
+            idx = _learners_committed(joint, acked)
         elif not joint.outgoing.voters:  # not joint: `joint.committed_index`, one call less
             idx = joint.incoming.committed_index(acked)
             if idx == INFINITE_INDEX:
@@ -449,3 +453,12 @@ def _minority_committed(joint: JointConfig, acked: Mapping[NodeId, int]) -> int:
 
     r = min(half(joint.incoming.voters), half(joint.outgoing.voters))
     return 0 if r == _INF else r
+
+
+def _learners_committed(joint: JointConfig, acked: Mapping[NodeId, int]) -> int:
+    """BUG (test-only, ``count_learner_acks``): a quorum as large as the incoming voters'
+    majority, filled from every member's acknowledgement (learners' too)."""
+    if not joint.incoming.voters:
+        return 0
+    idx = sorted(acked.values(), reverse=True)
+    return idx[min(len(idx), len(joint.incoming.voters) // 2 + 1) - 1]

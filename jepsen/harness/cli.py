@@ -33,7 +33,7 @@ from phalanx.cli.errors import (
 )
 from phalanx.jepsen.harness.byzantine_plan import MODES, ByzantinePlanError
 from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS
-from phalanx.jepsen.nemesis import ScheduleError, parse_faults
+from phalanx.jepsen.nemesis import OPT_IN_FAULT_KINDS, ScheduleError, parse_faults
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols import names as protocol_names
@@ -79,6 +79,8 @@ counterexamples).
 
 nemesis kinds (--nemesis, comma-separated, `all` or `none`):
   {", ".join(REAL_FAULT_KINDS)}
+  opt-in, not in `all` (Raft): membership (two spare nodes are added, promoted and
+  removed, and voters replaced, during the workload)
 The shared kinds have the same names and schedule format as `phalanx sim --faults`; `all`
 means every kind above. kill-leader, kill-majority, kill-all, partition-bridge, truncate-wal
 (a torn WAL tail before a killed node restarts) and flip-checkpoint (a flipped bit in its
@@ -251,7 +253,8 @@ def run(args: argparse.Namespace, *, console: Console | None = None) -> int:
         print(f"phalanx jepsen run: error: {app_problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS)
+        faults = parse_faults(args.nemesis, kinds=REAL_FAULT_KINDS if (
+            args.nemesis.strip() == "all") else REAL_FAULT_KINDS + OPT_IN_FAULT_KINDS)
     except ScheduleError as e:
         print_error("phalanx jepsen run", str(e))
         return EXIT_USAGE

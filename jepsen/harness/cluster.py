@@ -98,6 +98,12 @@ class RealCluster:
     twin_config: ClusterConfig | None = None
     """The client view in which every twinned node is its twin B (None: no twins)."""
     paused: set[str] = field(default_factory=set)
+    outside: set[str] = field(default_factory=set)
+    """Nodes outside the membership now: spares not added yet, removed nodes (the
+    ``membership`` nemesis, `phalanx.jepsen.harness.membership_real`). Recovery waits for
+    the others only."""
+    retired: set[str] = field(default_factory=set)
+    """Removed nodes: stopped for good (never restarted by the nemesis or the heal)."""
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -108,7 +114,8 @@ class RealCluster:
 
     @property
     def honest(self) -> tuple[str, ...]:
-        return self.byzantine.honest(self.nodes)
+        """The members that do not lie (nodes `outside` the membership left out)."""
+        return self.byzantine.honest(tuple(n for n in self.nodes if n not in self.outside))
 
     def client_config(self, slot: int) -> ClusterConfig:
         """The config client `slot` uses: with twins, odd slots reach twin B of every
@@ -173,7 +180,7 @@ class RealCluster:
         """``; n2 exited: <its last log line>`` for every node process that is not running."""
         notes = []
         for node in self.nodes:
-            if not self.procs.running(node):
+            if not self.procs.running(node) and node not in self.retired:
                 log = self.config.directory / "logs" / f"{node}.log"
                 text = log.read_text(errors="replace") if log.is_file() else ""
                 # The last line that says something (a traceback ends in box drawing).
@@ -198,7 +205,7 @@ class RealCluster:
         each node's own (its release order), so a node is caught up when it applied all it
         released (applied = commit) and the same n - f - K honest nodes must be; whether they
         hold the same state is what the final (linearizable) reads and the checkers see."""
-        n = len(self.nodes)
+        n = len(self.nodes) - len(self.outside)
         honest = self.honest
         spec = get_protocol(self.config.protocol)
         byzantine_model = spec.fault_model is FaultModel.BYZANTINE
@@ -392,8 +399,14 @@ async def open_real_cluster(
     app: str = DEFAULT_APP,
     prepared: PreparedCluster | None = None,
     protocol_options: Mapping[str, str] | None = None,
+    spares: int = 0,
 ) -> AsyncIterator[RealCluster]:
     """Create, start and finally stop a proxied cluster in `directory` (see module docstring).
+
+    `spares`: that many more nodes laid out by `phalanx.ops.add_node.add_node` before any
+    starts (every config names them, through the proxies) and started with the others,
+    outside the membership (`RealCluster.outside`) until the ``membership`` nemesis adds
+    them.
 
     `byzantine`: nodes that run ``--byzantine MODE`` and nodes that are twinned (module
     docstring). `prepared`: a cluster `prepare_cluster` already initialised in `directory`
@@ -403,9 +416,16 @@ async def open_real_cluster(
     if prepared is None:
         prepared = prepare_cluster(directory, nodes=nodes, protocol=protocol, timing=timing,
                                    checkpoint_every=checkpoint_every, app=app,
-                                   extra_ports=len(plan.twins),
+                                   extra_ports=len(plan.twins) + spares,
                                    protocol_options=protocol_options)
     config, base_port = prepared.config, prepared.base_port
+    if spares:
+        from phalanx.ops.add_node import add_node
+        from phalanx.ops.local_cluster import open_cluster
+
+        for _ in range(spares):
+            add_node(config.directory)
+        config = open_cluster(config.directory)
     twin_config = _write_twin_configs(config, plan, base_port)
     targets = {n.id: (n.peer_addr.host, n.peer_addr.port) for n in config.nodes}
     identities = {n: n for n in targets}
@@ -440,7 +460,9 @@ async def open_real_cluster(
             async with open_client(config, timeout=client_timeout,
                                    attempt_timeout=STATUS_TIMEOUT) as admin:
                 yield RealCluster(config=config, procs=procs, network=network, admin=admin,
-                                  byzantine=plan, twin_config=twin_config)
+                                  byzantine=plan, twin_config=twin_config,
+                                  outside={n.id for n in config.nodes[-spares:]}
+                                  if spares else set())
         finally:
             for node in config.nodes:
                 with contextlib.suppress(Exception):

@@ -22,6 +22,8 @@ Owns:
       (the node leading when the episode starts), ``kill-majority``, ``kill-all``,
       ``partition-bridge``, and the storage faults ``truncate-wal`` / ``flip-checkpoint``
       (`storage_faults`), applied to the killed node's data directory just before its restart.
+    * ``membership`` (opt-in): handed to `membership_real.RealMembership`, which adds,
+      promotes and removes nodes from a task of its own; removed nodes are never restarted.
     * ``clock-skew``: atomically writes ``{"clock_rate": value}`` to ``DIR/run/<id>.ctl``,
       which the node polls (`phalanx.runtime.fault_hooks`) and applies to its tick source; 1.0 at
       the stop. The file outlives restarts, so a restarted node keeps its skew.
@@ -49,6 +51,7 @@ from collections.abc import Callable
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.harness import schedule as real
 from phalanx.jepsen.harness.cluster import RealCluster
+from phalanx.jepsen.harness.membership_real import RealMembership
 from phalanx.jepsen.harness.storage_faults import flip_checkpoint_bit, tear_wal_tail
 from phalanx.jepsen.nemesis import FaultEvent
 from phalanx.ops.local_cluster import ClusterError
@@ -75,6 +78,8 @@ class RealNemesis:
         self._killed: set[str] = set()
         self._episode_kills: dict[int, tuple[str, ...]] = {}
         self._rng = random.Random(0x5EED)
+        self.membership: RealMembership | None = None
+        """The ``membership`` nemesis (its `run` task is the runner's), when in the faults."""
         self.current: dict[int, str] = {}
         """Episodes in progress → their description (for the progress display)."""
         self.applied = 0
@@ -118,6 +123,8 @@ class RealNemesis:
             self.cluster.network.set_delay(event.value * DELAY_UNIT if start else 0.0)
         elif kind == nemesis.CLOCK_SKEW:
             note = self._skew(event.nodes, event.value if start else 1.0)
+        elif kind == nemesis.MEMBERSHIP and self.membership is not None:
+            note = self.membership.apply(event)
         description = event.describe() + (f" ({note})" if note else "")
         if start:
             self.current[event.episode] = description
@@ -187,7 +194,7 @@ class RealNemesis:
         return identity is None or identity.state == "recovering"
 
     def _restart(self, nodes: tuple[str, ...]) -> str:
-        todo = [n for n in nodes if n in self._killed]
+        todo = [n for n in nodes if n in self._killed and n not in self.cluster.retired]
         self.cluster.procs.start(todo)
         self._killed.difference_update(todo)
         return "restarted " + (",".join(todo) or "none")
@@ -216,7 +223,10 @@ class RealNemesis:
         return f"clock rate {rate:g} on " + ",".join(nodes)
 
     def heal_all(self) -> None:
-        """Heal every fault: links, pauses, kills and clock rates."""
+        """Heal every fault: links, pauses, kills and clock rates (removed nodes stay
+        stopped; no membership change is proposed after it)."""
+        if self.membership is not None:
+            self.membership.stop()
         self.cluster.network.reset()
         self._cuts.clear()
         self._signal(tuple(sorted(self.cluster.paused)), signal.SIGCONT)

@@ -70,11 +70,18 @@ from phalanx.jepsen.harness.cluster import (
     RealCluster,
     open_real_cluster,
 )
+from phalanx.jepsen.harness.membership_real import RealMembership
 from phalanx.jepsen.harness.nemesis_real import RealNemesis
 from phalanx.jepsen.harness.schedule import REAL_FAULT_KINDS, real_schedule
 from phalanx.jepsen.history import FAIL, INFO, OK, HistoryRecorder, OpType, Process
 from phalanx.jepsen.linearizability import UNKNOWN
-from phalanx.jepsen.nemesis import LOSE_UNFSYNCED, FaultEvent
+from phalanx.jepsen.nemesis import (
+    LOSE_UNFSYNCED,
+    MEMBERSHIP,
+    MEMBERSHIP_SPARES,
+    OPT_IN_FAULT_KINDS,
+    FaultEvent,
+)
 from phalanx.jepsen.report import render_report
 from phalanx.jepsen.store import RunStore, create_run
 from phalanx.jepsen.workloads import (
@@ -142,6 +149,11 @@ class RunOptions:
         if self.nemesis_scale <= 0 or self.keys < 1 or self.ops_per_key < 1:
             raise ValueError("nemesis_scale must be > 0, keys and ops_per_key >= 1")
         self.byzantine_plan()  # raises ByzantinePlanError (a ValueError) on a bad spec
+        spec = get_protocol(self.protocol)
+        for kind in OPT_IN_FAULT_KINDS:
+            if kind in self.faults and kind not in spec.sim_fault_kinds:
+                raise ValueError(f"--nemesis {kind}: protocol {self.protocol} does not "
+                                 "support it (static membership)")
         if self.protocol_options:
             check = getattr(get_protocol(self.protocol).node.load(), "options_problem", None)
             problem = (f"protocol {self.protocol} takes no --option" if check is None
@@ -159,6 +171,14 @@ class RunOptions:
     def node_names(self) -> tuple[str, ...]:
         """``n1..nN``, as `phalanx.ops.local_cluster.init_cluster` names them."""
         return tuple(f"n{i}" for i in range(1, self.nodes + 1))
+
+    @property
+    def spare_names(self) -> tuple[str, ...]:
+        """The spare nodes after them that the ``membership`` nemesis adds (none without)."""
+        if MEMBERSHIP not in self.faults:
+            return ()
+        return tuple(f"n{i}" for i in range(self.nodes + 1,
+                                            self.nodes + MEMBERSHIP_SPARES + 1))
 
     @property
     def test_name(self) -> str:
@@ -233,6 +253,10 @@ class _Run:
         self.stopped = False
         self.next_process = options.concurrency
         self.nemesis = RealNemesis(cluster, record=self.record_nemesis, clock_skew=True)
+        if options.spare_names:
+            self.nemesis.membership = RealMembership(
+                cluster, bootstrap=options.nodes, record=self.record_nemesis,
+                rng=random.Random(options.seed ^ 0x3E3B))
 
     def stopping(self) -> bool:
         return self.stopped
@@ -370,9 +394,11 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
     rng = random.Random(options.seed)
     # The schedule names nodes n1..nN, as `init_cluster` does; drawn before the cluster so
     # that test.json can carry it from the start.
-    node_names = options.node_names
+    node_names = options.node_names + options.spare_names
     plan = options.byzantine_plan()
-    schedule = real_schedule(options, node_names)
+    # Kills and partitions over the bootstrap nodes (a kill never takes a majority of
+    # them); the spares only take membership episodes.
+    schedule = real_schedule(options, options.node_names, options.spare_names)
     store = create_run(options.store, options.test_name, config=_config_doc(options),
                        seed=options.seed, schedule=schedule)
     outcome = RunOutcome(directory=store.path, byzantine=plan.describe())
@@ -381,7 +407,8 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
                                  rng=random.Random(rng.getrandbits(64)),
                                  volatile_writes=LOSE_UNFSYNCED in options.faults,
                                  byzantine=plan, app=options.app,
-                                 protocol_options=dict(options.protocol_options)) as cluster:
+                                 protocol_options=dict(options.protocol_options),
+                                 spares=len(options.spare_names)) as cluster:
         if cluster.nodes != node_names:
             raise ClusterUnavailable(f"unexpected node names {cluster.nodes}")
         byz = f"; Byzantine: {plan.describe()}" if plan.nodes else ""
@@ -407,12 +434,18 @@ async def run_test(options: RunOptions, console: Console) -> RunOutcome:
                 for slot in range(options.concurrency):
                     nursery.start_soon(run.worker, slot)
                 nursery.start_soon(run.run_nemesis, schedule, t_start)
+                if (changes := run.nemesis.membership) is not None:
+                    nursery.start_soon(changes.run)
                 await trio.sleep_until(t_start + options.time_s)
                 run.stopped = True
+                if changes is not None:
+                    changes.stop()
                 nursery.cancel_scope.deadline = trio.current_time() + options.op_timeout + 5
             run.nemesis.heal_all()
             console.print("healed every fault; waiting for the cluster to recover",
                           highlight=False)
+            if (changes := run.nemesis.membership) is not None:
+                await changes.settle(options.recovery_timeout / 2)
             try:
                 await cluster.wait_recovered(options.recovery_timeout)
                 outcome.recovered = True

@@ -18,6 +18,10 @@ Owns:
       checkpoint file is flipped; the node must report the corrupt checkpoint, fall back to
       an older one (or its peers) and catch up.
 
+Membership (``--nemesis membership``, opt-in, `nemesis.OPT_IN_FAULT_KINDS`): episodes of
+`nemesis.membership_schedule` over the run's spare nodes, carried out by
+`phalanx.jepsen.harness.membership_real`.
+
 Schedule: `real_schedule` is `generate_schedule` over the shared kinds (unchanged, so a
 shared fault list gives the simulator's schedule for the same seed), merged with episodes of
 the real-only kinds drawn from a second, seed-derived `random.Random`: one at a time, 1..2 s
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final, Protocol
 
 from phalanx.jepsen import nemesis
@@ -47,6 +52,8 @@ from phalanx.jepsen.nemesis import (
 )
 
 REAL_FAULT_KINDS: Final[tuple[str, ...]] = (*nemesis.FAULT_KINDS, *REAL_ONLY_FAULT_KINDS)
+"""``--nemesis all``; the opt-in kinds (`nemesis.OPT_IN_FAULT_KINDS`: ``membership``) are
+accepted by name too, for protocols that declare them."""
 KILLS: Final[tuple[str, ...]] = (KILL_LEADER, KILL_MAJORITY, KILL_ALL, TRUNCATE_WAL,
                                  FLIP_CHECKPOINT)
 """Real-only kinds that SIGKILL nodes at the start and restart them at the stop."""
@@ -81,17 +88,51 @@ def bridge_cuts(event: FaultEvent, nodes: Sequence[str]) -> list[tuple[str, str]
     return [(a, b) for a in names for b in names if a != b and not member[a] & member[b]]
 
 
-def real_schedule(options: _Options, nodes: Sequence[str]) -> tuple[FaultEvent, ...]:
-    """The run's schedule in unscaled (virtual) ns from the workload's start (module doc)."""
+def real_schedule(options: _Options, nodes: Sequence[str],
+                  spares: Sequence[str] = ()) -> tuple[FaultEvent, ...]:
+    """The run's schedule in unscaled (virtual) ns from the workload's start (module doc).
+    With ``membership`` among the faults, `spares` (not in `nodes`) are the nodes its
+    episodes add (`nemesis.membership_schedule`, from a third seed-derived generator)."""
     duration_ns = int(options.time_s / options.nemesis_scale * 1e9)
     shared = tuple(f for f in options.faults if f in nemesis.FAULT_KINDS)
     base = generate_schedule(
         random.Random(options.seed), nodes=nodes, faults=shared, duration_ns=duration_ns)
     extra = _real_only(random.Random(options.seed ^ 0x5EA1), nodes,
                        [f for f in REAL_ONLY_FAULT_KINDS if f in options.faults], duration_ns)
-    events = [*base, *extra]
+    changes: tuple[FaultEvent, ...] = ()
+    if nemesis.MEMBERSHIP in options.faults:
+        changes = nemesis.membership_schedule(random.Random(options.seed ^ 0x3E3B),
+                                              spares=spares, duration_ns=duration_ns)
+        base = _place_spares(base, spares, random.Random(options.seed ^ 0x5EA2))
+    events = [*base, *extra, *changes]
     events.sort(key=lambda e: (e.at_ns, e.episode, e.action == "start"))
     return tuple(events)
+
+
+def _place_spares(events: tuple[FaultEvent, ...], spares: Sequence[str],
+                  rng: random.Random) -> tuple[FaultEvent, ...]:
+    """Partitions drawn over the bootstrap nodes with each spare put on a side (its
+    episode's start and stop alike); otherwise the spares, in no group, would form one
+    more side together, cut from everyone (`nemesis.cut_links`)."""
+    if not spares:
+        return events
+    placed: dict[int, tuple[tuple[str, ...], ...]] = {}
+    out = []
+    for e in events:
+        if e.fault in (nemesis.PARTITION_ONE, nemesis.PARTITION_HALVES) and e.groups:
+            groups = placed.get(e.episode)
+            if groups is None:
+                sides = [list(g) for g in e.groups]
+                for spare in spares:  # partition-one: the spares stay with the majority
+                    side = (len(sides) - 1 if e.fault == nemesis.PARTITION_ONE
+                            else rng.randrange(len(sides)))
+                    sides[side].append(spare)
+                groups = placed[e.episode] = tuple(tuple(sorted(g)) for g in sides)
+            e = replace(e, groups=groups)
+        elif e.fault == nemesis.PARTITION_RING and e.groups:
+            e = replace(e, groups=(e.groups[0] + tuple(spares),))
+        out.append(e)
+    return tuple(out)
 
 
 def _real_only(rng: random.Random, nodes: Sequence[str], kinds: list[str],

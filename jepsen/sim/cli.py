@@ -72,7 +72,9 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument(
         "--faults",
         default="all",
-        help=f"all, none, or a comma list of: {', '.join(nemesis.SIM_FAULT_KINDS)}",
+        help=f"all, none, or a comma list of: {', '.join(nemesis.SIM_FAULT_KINDS)}; "
+        f"opt-in (not in all; protocols that declare them): "
+        f"{', '.join(nemesis.OPT_IN_FAULT_KINDS)}",
     )
     p.add_argument(
         "--bug",
@@ -173,7 +175,9 @@ def _handle(args: argparse.Namespace) -> int:
     from phalanx.jepsen.sim.sweep import sweep
 
     try:
-        faults = nemesis.parse_faults(args.faults, kinds=nemesis.SIM_FAULT_KINDS)
+        faults = nemesis.parse_faults(args.faults, kinds=nemesis.SIM_FAULT_KINDS) if (
+            args.faults.strip() == "all") else nemesis.parse_faults(
+            args.faults, kinds=nemesis.SIM_FAULT_KINDS + nemesis.OPT_IN_FAULT_KINDS)
     except nemesis.ScheduleError as exc:
         print_error("phalanx sim", str(exc))
         return EXIT_USAGE
@@ -188,6 +192,14 @@ def _handle(args: argparse.Namespace) -> int:
         able = ", ".join(s for s in protocol_names() if get_protocol(s).byzantine is not None)
         print_error("phalanx sim", f"--byzantine and --twins need a protocol that tolerates "
                     f"Byzantine replicas ({able}); {args.protocol} does not")
+        return EXIT_USAGE
+    unsupported = [k for k in faults
+                   if k in nemesis.OPT_IN_FAULT_KINDS and k not in spec.sim_fault_kinds]
+    if unsupported:
+        able = ", ".join(s for s in protocol_names()
+                         if unsupported[0] in get_protocol(s).sim_fault_kinds)
+        print_error("phalanx sim", f"--faults {unsupported[0]}: protocol {args.protocol} does "
+                    f"not support it (static membership); use one that does ({able or 'none'})")
         return EXIT_USAGE
     known_bugs = sorted(spec.sim_bugs.load()) if spec.sim_bugs is not None else []
     unknown_bugs = sorted(set(args.bug) - set(known_bugs))

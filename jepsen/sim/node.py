@@ -16,6 +16,7 @@ Faults:
 - `lose_disk()`: a crash that also replaces the disk with an empty one, IDENTITY included
   (`phalanx.runtime.identity`, modelled by `identity`): the restart then decides, as the runtime
   does (`phalanx.runtime.identity.amnesia`), that the node must recover before it votes.
+- `retire()`: a crash after which `restart` does nothing (removed from the membership).
 - `pause()/resume()`: no ticks; messages and client requests queue until resumed.
 - `clock_rate`: the tick period is divided by it (a fast clock ticks more often), and the
   node's wall clock (`Tick.now_ms`: `SIM_EPOCH_MS` plus virtual time, `wall_clock_ms`) runs
@@ -147,6 +148,8 @@ class SimNode:
         self._stepping = False
         self._reads: list[ReadState] = []
         self._client_requests: dict[tuple[str, int], ClientRequest] = {}
+        self.retired = False
+        """Removed from the membership and stopped for good (`retire`)."""
         self.crash_point: Callable[[SimNode, Ready], bool] | None = None
         self.outbox: Callable[[str, tuple[Send, ...]], None] | None = None
         """When set, carries out each Ready's (early) messages as a whole, `outbox(name,
@@ -232,9 +235,14 @@ class SimNode:
         self.trace(f"{self.name} LOSE DISK")
 
     def restart(self) -> None:
-        if self.core is None:
+        if self.core is None and not self.retired:
             self.stats.restarts += 1
             self.start()
+
+    def retire(self) -> None:
+        """Crash for good: no later `restart` (a node removed from the membership)."""
+        self.crash(lose_unfsynced=False)
+        self.retired = True
 
     def pause(self) -> None:
         if self.core is not None and not self.paused:

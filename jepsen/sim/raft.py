@@ -45,18 +45,21 @@ def raft_setup(
 ) -> ProtocolSetup:
     """A Raft cluster of `nodes` voters `n1..nN` (see `protocol_setup`). `knobs` override
     `RaftConfig` fields (unknown names raise TypeError: our own misuse) and
-    `checkpoint_every`; Raft has no Byzantine replicas (`byzantine`, `twins` must be 0).
-    `machine` builds each replica's state machine (None: the KV store)."""
+    `checkpoint_every`; the knob ``spares`` (the `membership` fault) adds that many nodes
+    after them, outside the bootstrap configuration until a membership change adds them.
+    Raft has no Byzantine replicas (`byzantine`, `twins` must be 0). `machine` builds each
+    replica's state machine (None: the KV store)."""
     build: Callable[[], StateMachine] = KvStateMachine if machine is None else machine
     stamps = isinstance(build(), BatchHooks)  # an app that asks for block time
     if byzantine or twins:
         raise ValueError("raft does not tolerate Byzantine replicas")
     options: dict[str, Any] = dict(knobs)
     checkpoint_every = int(options.pop("checkpoint_every", checkpoint_every))
+    spares = int(options.pop("spares", 0))
     wire.register_all(RAFT_MESSAGES)
-    names = tuple(f"n{i}" for i in range(1, nodes + 1))
+    names = tuple(f"n{i}" for i in range(1, nodes + spares + 1))
     # Sorted, as configurations must be (from n = 10 on, "n10" sorts before "n2").
-    voters = tuple(sorted(NodeId(n) for n in names))
+    voters = tuple(sorted(NodeId(n) for n in names[:nodes]))
     RaftConfig(node_id=voters[0], voters=voters, **options)  # bad knobs raise now
     raft_bugs = RaftBugs.from_names(bugs)  # the `--bug` names, checked now too
     bootstrap = Configuration(voters=voters)
@@ -84,7 +87,10 @@ def raft_setup(
             entries=durable.entries,
             recovering=durable.recovering,
         )
-        config = RaftConfig(node_id=NodeId(node), voters=voters, **options)
+        # A spare is a learner of its own bootstrap configuration (as a `joined` node of a
+        # real cluster): it never campaigns before the leader's log says what it is.
+        config = RaftConfig(node_id=NodeId(node), voters=voters, **options,
+                            learners=() if node in voters else (NodeId(node),))
         if stamps:
             config = dataclasses.replace(config, block_stamps=True)
         return RaftCore(config, rng=rng, restored=restored, bugs=raft_bugs)

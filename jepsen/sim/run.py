@@ -48,6 +48,7 @@ from phalanx.consensus.types import ClientRequest, Message
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import HistoryRecorder
 from phalanx.jepsen.linearizability import check as check_linearizable
+from phalanx.jepsen.sim import membership as sim_membership
 from phalanx.jepsen.sim.clients import ClientConfig, SimClient, ValueCounter
 from phalanx.jepsen.sim.dissemination import GossipFabric
 from phalanx.jepsen.sim.invariants import InvariantChecker
@@ -93,9 +94,11 @@ class _Cluster:
         self.trace = Trace(self.loop, keep_all=cfg.keep_trace)
         self.recorder = HistoryRecorder()
         self.faults, self.knobs = swarm_choices(cfg)
+        spares = sim_membership.spares_for(cfg.protocol, self.faults, cfg.nodes)
         setup = protocol_setup(
-            cfg.protocol, bugs=cfg.bugs, nodes=cfg.nodes, knobs=self.knobs,
-            seed=cfg.seed, byzantine=cfg.byzantine, twins=cfg.twins, app=cfg.app,
+            cfg.protocol, bugs=cfg.bugs, nodes=cfg.nodes, seed=cfg.seed,
+            knobs=self.knobs + ((("spares", spares),) if spares else ()),
+            byzantine=cfg.byzantine, twins=cfg.twins, app=cfg.app,
         )
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies
@@ -161,6 +164,13 @@ class _Cluster:
                 # only ever answer False: no call per persisted Ready.)
                 self.nodes[name].crash_point = self._crash_point
             self.network.route(name, self.nodes[name].deliver)
+        self.voters = self.names[:cfg.nodes]
+        self.membership: sim_membership.MembershipNemesis | None = None
+        if spares:  # (its own generator: every other draw stays as it was)
+            self.membership = sim_membership.MembershipNemesis(
+                loop=self.loop, rng=random.Random(f"membership:{cfg.seed}"),
+                trace=self.trace, nodes=self.nodes, voters=self.voters,
+                leader=self.leader, admin_input=sim_membership.admin_hook(cfg.protocol))
         self.fabric: GossipFabric | None = None
         if cfg.dissemination == GOSSIP:  # broadcasts through each node's gossip layer
             self.fabric = GossipFabric(loop=self.loop, nodes=self.nodes,
@@ -430,32 +440,14 @@ class _Cluster:
             self._crash_after_ready = event.value if start else 0.0
         elif kind == nemesis.STRAGGLE:
             cfg.straggle = event.value if start else 0.0
+        elif kind == nemesis.MEMBERSHIP and self.membership is not None:
+            self.membership.apply(event)
 
     def _links(self, event: nemesis.FaultEvent) -> list[tuple[str, str]]:
-        names = self.names
-        if event.fault == nemesis.ISOLATE_LEADER:
-            leader = self.leader()
-            if leader is None:
-                return []
+        leader = self.leader() if event.fault == nemesis.ISOLATE_LEADER else None
+        if leader is not None:
             self.trace(f"NEMESIS isolate-leader resolves to {leader}")
-            groups: tuple[tuple[str, ...], ...] = (
-                (leader,),
-                tuple(n for n in names if n != leader),
-            )
-        else:
-            groups = event.groups
-        if event.fault == nemesis.PARTITION_RING:
-            ring = list(groups[0])
-            allowed = {
-                (ring[i], ring[(i + d) % len(ring)]) for i in range(len(ring)) for d in (-1, 0, 1)
-            }
-            return [(a, b) for a in names for b in names if a != b and (a, b) not in allowed]
-        if event.fault == nemesis.PARTITION_ASYMMETRIC:
-            return [(a, b) for a in groups[0] for b in groups[1]]
-        side = {n: i for i, g in enumerate(groups) for n in g}
-        return [
-            (a, b) for a in names for b in names if a != b and side.get(a, -1) != side.get(b, -1)
-        ]
+        return nemesis.cut_links(event, self.names, leader=leader)
 
     def heal_all(self) -> None:
         self.trace("NEMESIS heal all")
@@ -465,15 +457,20 @@ class _Cluster:
         self.network.heal()
         cfg = self.network.config
         cfg.loss, cfg.duplicate, cfg.delay_factor, cfg.straggle = 0.0, 0.0, 1.0, 0.0
+        if self.membership is not None:
+            self.membership.stop()
         for name in self.names:
             node = self.nodes[name]
             node.clock_rate = 1.0
             node.resume()
-            node.restart()
+            node.restart()  # (not a retired one: removed from the membership)
 
     def check_logs(self) -> None:
         logs = {n: self.nodes[n].log for n in self.names}
         self.checker.check_log_matching(logs, self.loop.now)
+        if self.membership is not None:  # a majority of the voters in force, not of all
+            logs = {n: logs[n] for n in sim_membership.durable_voters(self.checker.applied,
+                                                                       self.voters)}
         self.checker.check_committed_durable(
             logs, self.loop.now,
             recovering=frozenset(n for n in self.names if self.nodes[n].recovering))
@@ -501,6 +498,9 @@ def _run(cfg: RunConfig) -> RunResult:
     schedule = cfg.schedule if cfg.schedule is not None else nemesis.generate_schedule(
         c.sched_rng, nodes=c.names, faults=c.faults, duration_ns=cfg.time_ns
     )
+    if c.membership is not None and cfg.schedule is None:
+        schedule = sim_membership.with_changes(schedule, cfg.seed, c.names[cfg.nodes:],
+                                              cfg.time_ns)
     for event in schedule:
         loop.call_at(event.at_ns, lambda e=event: c.apply_fault(e))  # type: ignore[misc]
     c.boot_buggify()

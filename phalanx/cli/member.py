@@ -135,7 +135,10 @@ def _run_member(args: argparse.Namespace) -> int:
     async def run() -> AdminReply:
         if op == "list":
             return await admin_calls.member_list(cluster, seconds=args.timeout, name=name)
-        await admin_calls.admin_call(cluster, op, node, seconds=args.timeout, name=name)
+        if op == "add-learner":  # with its peer address: running nodes link to it
+            await admin_calls.member_add(cluster, node, seconds=args.timeout, name=name)
+        else:
+            await admin_calls.admin_call(cluster, op, node, seconds=args.timeout, name=name)
         return await admin_calls.wait_for(cluster, done[op], seconds=args.timeout, name=name)
 
     try:

@@ -51,7 +51,7 @@ async def _ask(node: PeerConfig, context: ssl.SSLContext, call: AdminCall) -> Ad
 
 async def admin_call(cluster: ClusterConfig, op: str, node: str = "", *,
                      seconds: float = 5.0, name: str = ADMIN_NAME,
-                     prefer_leader: bool = True) -> AdminReply:
+                     prefer_leader: bool = True, address: str = "") -> AdminReply:
     """Run admin operation `op` on `node` (see `phalanx.ops.admin_messages`): asks the nodes
     in turn, following REDIRECTs. For ``list`` with `prefer_leader`, the leader's answer (it
     alone knows how far each member has caught up, and a removed node's view is stale);
@@ -70,7 +70,7 @@ async def admin_call(cluster: ClusterConfig, op: str, node: str = "", *,
                 target, hops = first, 0
                 while hops < _MAX_HOPS:
                     hops += 1
-                    call = AdminCall(nonce=hops, op=op, node=node)
+                    call = AdminCall(nonce=hops, op=op, node=node, address=address)
                     try:
                         reply = await _ask(peers[target], context, call)
                     except (OSError, ssl.SSLError, trio.BrokenResourceError,
@@ -113,8 +113,13 @@ async def member_list(cluster: ClusterConfig, *, seconds: float = 5.0,
 
 async def member_add(cluster: ClusterConfig, node: str, *, seconds: float = 5.0,
                      name: str = ADMIN_NAME) -> AdminReply:
-    """Add `node` as a learner (it must run: `phalanx cluster add-node` makes its config)."""
-    return await admin_call(cluster, "add-learner", node, seconds=seconds, name=name)
+    """Add `node` as a learner (it must run: `phalanx cluster add-node` makes its config).
+    Its peer address (from `cluster`, where `cluster add-node` wrote it) goes with the
+    change, so the running nodes link to it without a restart."""
+    known = {n.id: n for n in cluster.nodes}.get(node)
+    address = "" if known is None else f"{known.peer_addr.host}:{known.peer_addr.port}"
+    return await admin_call(cluster, "add-learner", node, seconds=seconds, name=name,
+                            address=address)
 
 
 async def member_promote(cluster: ClusterConfig, node: str, *, seconds: float = 5.0,

@@ -10,9 +10,9 @@ Rules:
     * Only for a protocol whose runtime changes membership (its `ProtocolNode` has
       ``admin_input``: Raft). PBFT's membership is static (docs/OPERATIONS.md).
     * Writes nothing until every check passed; each config is replaced atomically.
-    * Running nodes read their config at start-up only: restart each running node once
-      (`phalanx cluster up DIR --node ID` after stopping it) so it links to the new node,
-      start the new node, then `phalanx member add` it (docs/OPERATIONS.md, "Adding a node").
+    * Running nodes need no restart: start the new node, then `phalanx member add` it; the
+      change carries its peer address (from ``cluster.toml``), and every node links to it
+      once it sees the configuration (`phalanx.runtime.peer_links`; docs/OPERATIONS.md).
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ Rules: pure data, frozen slotted keyword-only dataclasses; `register()` is idemp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from phalanx.consensus.types import Message
+from phalanx.consensus.types import Message, omit_default_repr
 from phalanx.net import wire
 from phalanx.net.client_protocol import ReplyStatus
 
@@ -41,6 +41,12 @@ class AdminCall(Message):
     nonce: int
     op: str
     node: str = ""
+    address: str = field(default="", metadata={"wire_optional": True})
+    """For ``add-learner``: the new node's peer address ``host:port``, recorded in the
+    configuration so running nodes link to it (no restart); "" keeps the links as they are
+    (and the encoding: left off the wire)."""
+
+    __repr__ = omit_default_repr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -290,7 +290,7 @@ def _run_add_node(args: argparse.Namespace) -> int:
     d = args.directory
     print(f"added node {config.id}: peers {config.peer_listen}, clients "
           f"{config.client_listen}, config {d}/nodes/{config.id}.toml")
-    print("next: restart each running node once (it reads its peers at start-up), then")
+    print("next (the running nodes link to it when it is added; no restart):")
     print(f"  phalanx cluster up {d} --node {config.id}")
     print(f"  phalanx member add {config.id} --cluster {d}")
     print(f"  phalanx member promote {config.id} --cluster {d}   # once it has caught up")

@@ -32,6 +32,7 @@ RAFT = ProtocolSpec(
         ("checkpoint_every", (25, 100, 400)),
     ),
     sim_bugs=Lazy("phalanx.consensus.raft.bugs:BUG_NAMES"),
+    sim_fault_kinds=("membership",),
     demo=Lazy("phalanx.demo.cluster_demo:run_raft_demo"),
     piece_transfer=True,
 )

@@ -54,14 +54,22 @@ def notice_superseded(new: Message, held: Message) -> bool:
             and new.term == held.term and new.leader_commit >= held.leader_commit)
 
 
+def _valid_address(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return (bool(sep and host and port.isdigit()) and 0 < int(port) < 65536
+            and not any(c in address for c in ",= "))
+
+
 class RaftNode:
     """`ProtocolNode` for Raft."""
 
-    def admin_input(self, op: str, node: str,
-                    status: CoreStatus) -> ProposeConfChange | TransferLeadership | str:
+    def admin_input(self, op: str, node: str, status: CoreStatus,
+                    address: str = "") -> ProposeConfChange | TransferLeadership | str:
         """The core input for admin operation `op` on `node` (`phalanx.runtime.admin_ops`),
         or why there is none: add a learner, promote it (joint consensus), remove a voter
-        (joint) or a learner, transfer leadership."""
+        (joint) or a learner, transfer leadership. `address` (``host:port`` of the new
+        node's peer listener, for add-learner) rides in the configuration, so running
+        nodes link to the new node without a restart (`phalanx.runtime.peer_links`)."""
         target = NodeId(node)
         config = getattr(status, "config", None) or Configuration(voters=())
         if op == "transfer":
@@ -70,7 +78,10 @@ class RaftNode:
             return TransferLeadership(to=target)
         try:
             if op == "add-learner":
-                change = ConfChange(add_learners=(target,))
+                if address and not _valid_address(address):
+                    return f"bad peer address {address!r} for {node} (want host:port)"
+                change = ConfChange(add_learners=(target,), addresses=(
+                    ((target, address),) if address else ()))
             elif op == "promote":
                 if target not in config.learners:
                     return f"{node} is not a learner (add it with add-learner first)"

@@ -208,6 +208,10 @@ class ProtocolSpec:
         sim_knobs: per knob the values a swarm-testing seed draws from (simulator).
         sim_bugs: the names of the core's deliberate bugs (`phalanx sim --bug`), which the
             simulator's sweeps must catch.
+        sim_fault_kinds: the opt-in fault kinds (`phalanx.jepsen.nemesis.OPT_IN_FAULT_KINDS`)
+            its simulator setup and runtime interpret: "membership" needs `node` to have
+            ``admin_input`` and `sim` to take the ``spares`` knob (spare nodes outside the
+            bootstrap configuration); `phalanx jepsen run --nemesis membership` likewise.
         byzantine: Byzantine behaviours (`ByzantineSupport`), loaded only when asked for;
             None when the protocol cannot tolerate them.
         byzantine_modes: their names (for `--byzantine` choices without loading them).
@@ -226,6 +230,7 @@ class ProtocolSpec:
     signing_keys: bool = False
     sim_knobs: tuple[tuple[str, tuple[int | bool, ...]], ...] = ()
     sim_bugs: Lazy[Collection[str]] | None = None
+    sim_fault_kinds: tuple[str, ...] = ()
     byzantine: Lazy[ByzantineSupport] | None = None
     byzantine_modes: tuple[str, ...] = ()
     demo: Lazy[Callable[..., int]] | None = None

@@ -64,7 +64,7 @@ class AdminOps:
         self._driver = driver
         self._node = node_id
         self._protocol = protocol
-        self._admin_input: Callable[[str, str, CoreStatus], Any] | None = getattr(
+        self._admin_input: Callable[..., Any] | None = getattr(
             protocol_node, "admin_input", None)
 
     async def answer_ops(self, call: OpsCall, principal: Principal | None) -> OpsReply:
@@ -95,7 +95,8 @@ class AdminOps:
             return reply(ReplyStatus.REDIRECT, "not the leader" + (
                 f"; ask {status.leader}" if status.leader is not None else
                 " (no leader known yet)"))
-        made = self._admin_input(call.op, call.node, status)
+        made = (self._admin_input(call.op, call.node, status, address=call.address)
+                if call.address else self._admin_input(call.op, call.node, status))
         if isinstance(made, str):
             return reply(ReplyStatus.ERROR, made)
         await self._driver.control(made)

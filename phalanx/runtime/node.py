@@ -108,6 +108,7 @@ from phalanx.runtime.node_checks import (
     record_verdict,
 )
 from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
+from phalanx.runtime.peer_links import PeerLinks
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
 from phalanx.runtime.phase_trace import phase_trace_from_env
 from phalanx.runtime.piece_carrier import CarrierLink
@@ -407,25 +408,31 @@ async def open_node(
             intercluster=intercluster,
         )
 
+        # A protocol that changes membership at run time: links follow its configuration.
+        links = (PeerLinks(NodeId(config.id), transport, peers)
+                 if hasattr(protocol, "admin_input") else None)
+
         def status_reply(nonce: int, status: CoreStatus, replica: Replica) -> StatusReply:
             rs = replica.status()
+            own = (links.peers() if links is not None
+                   else tuple(sorted(p.id for p in config.peers)))
             return StatusReply(
                 nonce=nonce, node=config.id, protocol=config.protocol, role=status.role,
                 term=status.term, leader=status.leader, commit_index=status.commit_index,
                 applied_index=rs.applied_index, last_checkpoint=rs.checkpoint_index,
-                peers=tuple(sorted(p.id for p in config.peers)),
+                peers=own,
                 # The transport's link state, not "heard from recently": followers
                 # never message each other, yet each is connected to the other.
                 connected_peers=tuple(str(p) for p in transport.connected_peers()
-                                      if p in peers),  # not linked clusters' nodes
+                                      if p in own),  # not linked clusters' nodes
                 dropped_messages=sum(status.dropped.values())
                 + driver.stats.dropped_peer_messages,
                 client_auth=config.client_auth,
             )
 
+        base_send = transport.send_nowait if links is None else links.send
         driver = Driver(core=core, replica=replica, committer=committer,
-                        send=(transport.send_nowait if link is None
-                              else link.outgoing(transport.send_nowait)),
+                        send=(base_send if link is None else link.outgoing(base_send)),
                         tick_seconds=config.timing.tick_ms / 1000,
                         status_reply=status_reply, observer=metrics,
                         persist_inline=config.fsync == "off",
@@ -537,6 +544,8 @@ async def open_node(
                 await nursery.start(link.run, driver.deliver)
             nursery.start_soon(record_membership, config, cluster_id, driver,
                                verdict.next_state, persister)
+            if links is not None:
+                nursery.start_soon(links.watch, driver.status)
             nursery.start_soon(functools.partial(
                 watch_health, health, status=driver.status,
                 applied_index=lambda: replica.applied_index if replica else 0,
