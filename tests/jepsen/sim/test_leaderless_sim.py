@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import pytest
-
 from bug_seed_search import CatchRange, first_catch
 
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
@@ -129,17 +128,14 @@ test_config_bugs.py::test_count_conditional_commits_both_of_a_late_quorum` build
 scenario by hand."""
 
 
-@pytest.mark.parametrize("seed", [76])
-def test_count_conditional_is_caught_by_a_late_quorum(seed: int) -> None:
+def test_count_conditional_is_caught_by_a_late_quorum() -> None:
     """A transaction expires while its endorsements split; a conflicting one is endorsed on
     condition of it and, counted at once, commits; the first one's quorum then completes
-    late: both commit and the second's requirement never holds where it is gated."""
-    assert sim(seed, faults=LATE_QUORUM, time_s=1.5, liveness_s=3.0,
-               settings=LATE_QUORUM_MIX).ok
-    caught = sim(seed, faults=LATE_QUORUM, time_s=1.5, liveness_s=3.0,
-                 bugs=frozenset({"count_conditional"}), settings=LATE_QUORUM_MIX)
-    assert not caught.ok
-    assert "--bug count_conditional" in caught.report()
+    late: both commit and the second's requirement never holds where it is gated. Rare:
+    seeds 76 and 97 of 40-99 catch it (2026-12-02), tried first."""
+    first_catch("count_conditional", CatchRange(seeds=range(76, 100), known=(76, 97)),
+                lambda seed, bugs: sim(seed, faults=LATE_QUORUM, time_s=1.5, liveness_s=3.0,
+                                       bugs=bugs, settings=LATE_QUORUM_MIX))
 
 
 def test_f_byzantine_nodes_are_tolerated() -> None:
