@@ -197,3 +197,51 @@ def test_an_amnesiac_node_counts_its_own_lost_endorsements(seed: int) -> None:
     result = run(RunConfig(seed=seed, protocol="leaderless", nodes=7,
                            bugs=frozenset({"no_state_transfer"})))
     assert result.ok, result.report()
+
+
+SHORT_FENCE = (("gc_horizon_ms", 2_500), ("max_deadline_lead_ms", 2_000))
+"""The amnesia fence lasts `max_deadline_lead_ms` + `gc_horizon_ms` from the restart (660 s
+at the defaults: longer than any run, so a node that lost its disk stays a silent voter to
+the end and convergence after its fence is never judged; docs/LEADERLESS.md "Amnesia
+fence", limit d). These keep the workload's deadlines (at most `deadline_max_ms` = 1.5 s
+ahead) within the lead and the horizon longer than a fault episode (1.5 s) plus a
+deadline; a disk lost by t = 2 s is unfenced by 6.5 s. (A 1 s horizon fails seed 9 on
+`folds`: docs/LEADERLESS.md "Amnesia fence", the open problem found with it.)"""
+
+
+def fenced_at_end(result: RunResult) -> list[str]:
+    """The nodes whose last status in the trace says they are still fenced."""
+    return sorted(line.split("LEADERLESS ")[1].split()[0] for line in result.trace_tail
+                  if "status: LeaderlessStatus(" in line and "recovering=True" in line)
+
+
+def fenced_run(seed: int) -> RunResult:
+    """n = 7, every fault kind (lose-disk among them), 2 s of faults, and a liveness window
+    (5.5 s) that ends past any fence: convergence is judged after the fence."""
+    return run(RunConfig(seed=seed, protocol="leaderless", nodes=7,
+                         liveness_ns=int(5.5 * _S), settings=SHORT_FENCE))
+
+
+@pytest.mark.parametrize("seed", [33])
+def test_a_fenced_node_converges_once_its_fence_ends(seed: int) -> None:
+    """Seed 33 (`phalanx sim --protocol leaderless --seed-start 33 --seeds 1 --nodes 7`):
+    n5 lost its disk and was fenced from 1.33 s while six nodes voted DROP on a
+    transaction it then committed from a certificate; at the default fence the run ended
+    with the replicas apart (the checker's `converge`), a liveness limit the run could not
+    wait out. With a short fence the run waits for it: no node is fenced at the end, and
+    every check (convergence included) passes."""
+    result = fenced_run(seed)
+    assert "lose-disk" in result.faults_used
+    assert result.ok, result.report()
+    assert fenced_at_end(result) == [], result.report()
+
+
+@pytest.mark.long
+def test_fenced_nodes_converge_after_their_fence() -> None:
+    """The seeds of 0-39 that lose a disk (the swarm draws lose-disk for about half)."""
+    results = [fenced_run(seed) for seed in range(40)]
+    fenced = [r for r in results if "lose-disk" in r.faults_used]
+    assert len(fenced) >= 10
+    assert failures(fenced) == ""
+    assert all(fenced_at_end(r) == [] for r in fenced), [
+        (r.config.seed, fenced_at_end(r)) for r in fenced]
