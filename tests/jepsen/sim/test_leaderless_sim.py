@@ -236,12 +236,29 @@ def test_a_fenced_node_converges_once_its_fence_ends(seed: int) -> None:
     assert fenced_at_end(result) == [], result.report()
 
 
+OPEN_HORIZON_GAP = (17,)
+"""Seeds of the fenced sweep that fail on the open problem "a commit past the others' GC
+horizon" (docs/LEADERLESS.md "Amnesia fence"), not on the fence: seed 17, n1 (its clock
+skewed) commits `put r0 v17` that the six others kept pending and then collected."""
+
+
 @pytest.mark.long
 def test_fenced_nodes_converge_after_their_fence() -> None:
-    """The seeds of 0-39 that lose a disk (the swarm draws lose-disk for about half)."""
-    results = [fenced_run(seed) for seed in range(40)]
+    """The seeds of 0-39 that lose a disk (21 of them; 20 without the open problem's): 2026-12-02
+    all passed with no node fenced at the end."""
+    results = [fenced_run(seed) for seed in range(40) if seed not in OPEN_HORIZON_GAP]
     fenced = [r for r in results if "lose-disk" in r.faults_used]
     assert len(fenced) >= 10
-    assert failures(fenced) == ""
+    assert failures(results) == ""
     assert all(fenced_at_end(r) == [] for r in fenced), [
         (r.config.seed, fenced_at_end(r)) for r in fenced]
+
+
+@pytest.mark.long
+@pytest.mark.xfail(strict=True, reason="open core problem: a node commits a transaction the "
+                   "others already collected as pending past their GC horizon "
+                   "(docs/LEADERLESS.md 'Amnesia fence'); strict: a fix makes this pass")
+@pytest.mark.parametrize("seed", OPEN_HORIZON_GAP)
+def test_a_commit_past_the_others_horizon(seed: int) -> None:
+    result = fenced_run(seed)
+    assert result.ok, result.report()
