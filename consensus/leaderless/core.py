@@ -463,8 +463,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
 
     def _try_endorse(self, record: TxRecord, out: Outbox) -> None:
         if (self._now is None or record.state is not TxState.PENDING
-                or self._fence.active(self._now)):
-            return
+                or self._fence.active(self._now) or self._checkpoints.blocked(record.tx_id)):
+            return  # blocked: its vote showed what it held (docs "Ordered resolution")
         if self._endorser.decide(record, self._now) is None:
             return
         out.signed = True

@@ -35,6 +35,7 @@ from phalanx.consensus.leaderless.messages import (
     LeaderlessDurableState,
     OrderedVote,
     OrderingSubmit,
+    StartCheckpoint,
     Transaction,
     TransactionProof,
 )
@@ -323,3 +324,22 @@ def test_a_restarted_node_keeps_its_vote_and_the_ordering() -> None:
     for n in (N1, N2, N3, N4):
         assert state(c, n, t1) is TxState.DROPPED, n
         assert state(c, n, t2) is TxState.DROPPED, n
+
+
+@pytest.mark.parametrize("mode", ["veto", "pbft"])
+def test_a_voter_does_not_endorse_what_its_vote_blocks(mode: str) -> None:
+    """The ordered mode's crash-safe argument counts on every counted voter's evidence
+    holding its own endorsement: a node that voted in a checkpoint naming T before it heard
+    of T (a checkpoint of an unknown condition, a skewed clock) must not endorse T until
+    the checkpoint decides. Here n2 hears of {T} first, then T itself, well before its
+    deadline: no endorsement (n1 and n3 endorse it as usual)."""
+    c = OrderedCluster(4, delta_old_ms=100, checkpoint_ticks=2, close_ticks=10,
+                       stuck_resolution=mode)
+    c.tick()
+    t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 5_000)
+    c.step(N2, Receive(src=N1, message=StartCheckpoint(tx_ids=(tx_id(t),))))
+    assert c.nodes[N2].core._checkpoints.blocked(tx_id(t))
+    c.submit(t, to=(N1, N2, N3))
+    endorsers = {e.endorser for n in (N1, N2, N3)
+                 for e in c.nodes[n].core.durable_state().endorsed if e.tx_id == tx_id(t)}
+    assert endorsers == {N1, N3}
