@@ -20,6 +20,10 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``ordered_one_close``: `stuck_resolution = "pbft"` decides on n-f votes and ONE ordered
   close (the rule as first stated): a Byzantine node's immediate close then decides before
   a slow correct committer's vote is ordered (DROP meets a commit).
+- ``ordered_drop_ambiguous``: `stuck_resolution = "pbft"` drops, on n-f votes and f+1
+  closes, a transaction whose counted evidence plus the uncounted members could make a
+  quorum (the rule before 2026-12-02): a committer killed past the close then sees its
+  transaction dropped everywhere else (DROP meets a commit).
 - ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
   hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
   state goes in).
@@ -35,7 +39,8 @@ from collections.abc import Iterable
 
 BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
                               "skip_requirements", "count_conditional", "ordered_one_close",
-                              "skip_checkpoint_digest", "no_state_transfer")
+                              "ordered_drop_ambiguous", "skip_checkpoint_digest",
+                              "no_state_transfer")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -132,7 +132,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 codec=codec,  # type: ignore[arg-type]  # checked: encode_item/decode_item
                 tx_id_of=self._tx_id, evidence_of=self._evidence_of,
                 restored=restored.ordering if restored is not None else None,
-                one_close="ordered_one_close" in self._bugs)
+                one_close="ordered_one_close" in self._bugs,
+                drop_ambiguous="ordered_drop_ambiguous" in self._bugs)
         else:
             self._checkpoints = CheckpointMachine(
                 node_id=config.node_id, nodes=config.nodes, crypto=crypto,
@@ -463,8 +464,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
 
     def _try_endorse(self, record: TxRecord, out: Outbox) -> None:
         if (self._now is None or record.state is not TxState.PENDING
-                or self._fence.active(self._now)):
-            return
+                or self._fence.active(self._now) or self._checkpoints.blocked(record.tx_id)):
+            return  # blocked: its vote showed what it held (docs "Ordered resolution")
         if self._endorser.decide(record, self._now) is None:
             return
         out.signed = True

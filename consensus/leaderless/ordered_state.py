@@ -84,10 +84,12 @@ class OrderedState:
         "_counts",
         "_crypto",
         "_decided",
+        "_drop_ambiguous",
         "_dropped",
         "_faults",
         "_max_decided",
         "_members",
+        "_min_quorum",
         "_nodes",
         "_open",
         "_quorum_for",
@@ -99,9 +101,13 @@ class OrderedState:
                  client_keys: Verifier, quorum_for: Callable[[str], int],
                  tx_id_of: Callable[[Transaction], TxId],
                  snapshot: OrderingSnapshot | None = None, max_decided: int = 4096,
-                 close_quorum: int | None = None) -> None:
+                 close_quorum: int | None = None, drop_ambiguous: bool = False,
+                 min_quorum: int | None = None) -> None:
         """`close_quorum`: closes needed with n-f votes (f+1; fewer only as the deliberate
-        bug `ordered_one_close`)."""
+        bug `ordered_one_close`). `drop_ambiguous`: the deliberate bug
+        `ordered_drop_ambiguous` (drop what the uncounted members could have committed).
+        `min_quorum`: the smallest policy quorum, Q (default `quorum_for("")`): the bar for a
+        transaction no counted vote has evidence of (its policy is unknown)."""
         self._nodes = nodes
         self._members = frozenset(nodes)
         self._faults = faults
@@ -111,6 +117,8 @@ class OrderedState:
         self._tx_id_of = tx_id_of
         self._max_decided = max_decided
         self._close_quorum = faults + 1 if close_quorum is None else close_quorum
+        self._drop_ambiguous = drop_ambiguous
+        self._min_quorum = quorum_for("") if min_quorum is None else min_quorum
         self._counts: dict[str, int] = {}
         self.decisions = 0
         """Checkpoints decided since this object was built."""
@@ -238,10 +246,6 @@ class OrderedState:
         votes = len(o.votes)
         if not (votes == n or (votes >= n - f and len(o.closers) >= self._close_quorum)):
             return None
-        del self._open[cid]
-        self._decided[cid] = None
-        while len(self._decided) > self._max_decided:
-            del self._decided[next(iter(self._decided))]
         merged: dict[TxId, tuple[Transaction, dict[NodeId, Endorsement]]] = {}
         for vote in o.votes.values():  # in order: the first endorsement per endorser
             for proof in vote.evidence:
@@ -249,16 +253,30 @@ class OrderedState:
                 _tx, by = merged.setdefault(tx_id, (proof.tx, {}))
                 for e in proof.endorsements:
                     by.setdefault(e.endorser, e)
+        uncounted = n - votes
         kept: list[TransactionProof] = []
         dropped: list[TxId] = []
         for tx_id in o.tx_ids:
             got = merged.get(tx_id)
-            if got is not None and len(got[1]) >= self._quorum_for(got[0].policy):
+            quorum = self._min_quorum if got is None else self._quorum_for(got[0].policy)
+            seen = 0 if got is None else len(got[1])
+            if got is not None and seen >= quorum:
                 kept.append(TransactionProof(tx=got[0], endorsements=tuple(
                     got[1][node] for node in sorted(got[1]))))
-            else:
+            elif seen + uncounted < quorum or self._drop_ambiguous:
                 dropped.append(tx_id)
-                self._dropped[tx_id] = None
+            else:
+                # Ambiguous: the uncounted members' endorsements would complete a quorum,
+                # and one of them may have committed T (a killed node is silent for as long
+                # as it is down: no close timer covers it). Wait for more votes.
+                self._count("ordered_ambiguous")
+                return None
+        del self._open[cid]
+        self._decided[cid] = None
+        while len(self._decided) > self._max_decided:
+            del self._decided[next(iter(self._decided))]
+        for tx_id in dropped:
+            self._dropped[tx_id] = None
         while len(self._dropped) > self._max_decided:
             del self._dropped[next(iter(self._dropped))]
         self.decisions += 1

@@ -113,8 +113,10 @@ class OrderedCheckpoints:
     def __init__(self, *, config: LeaderlessConfig, crypto: Crypto, client_keys: Verifier,
                  codec: OrderingCodec, tx_id_of: Callable[[Transaction], TxId],
                  evidence_of: EvidenceOf, restored: OrderingRecord | None = None,
-                 pbft: PbftConfig | None = None, one_close: bool = False) -> None:
-        """`one_close`: the deliberate bug `ordered_one_close` (`bugs.py`)."""
+                 pbft: PbftConfig | None = None, one_close: bool = False,
+                 drop_ambiguous: bool = False) -> None:
+        """`one_close`, `drop_ambiguous`: the deliberate bugs `ordered_one_close` and
+        `ordered_drop_ambiguous` (`bugs.py`)."""
         if not (callable(getattr(codec, "encode_item", None))
                 and callable(getattr(codec, "decode_item", None))):
             raise LocalProtocolError("stuck_resolution 'pbft' needs a codec with "
@@ -136,6 +138,7 @@ class OrderedCheckpoints:
             raise LocalProtocolError("the embedded PBFT must have the same node and nodes")
         rec = restored if restored is not None else OrderingRecord()
         self._close_quorum = 1 if one_close else config.faults + 1
+        self._drop_ambiguous = drop_ambiguous
         self._state = self._new_state(rec.state)
         self._pbft_state = rec.pbft
         self._executed = rec.executed
@@ -430,7 +433,8 @@ class OrderedCheckpoints:
         return OrderedState(
             nodes=self._config.nodes, faults=self._config.faults, crypto=self._crypto,
             client_keys=self._client_keys, quorum_for=self._config.quorum_for,
-            tx_id_of=self._tx_id, snapshot=snapshot, close_quorum=self._close_quorum)
+            tx_id_of=self._tx_id, snapshot=snapshot, close_quorum=self._close_quorum,
+            drop_ambiguous=self._drop_ambiguous, min_quorum=self._config.quorum)
 
     def _install(self, ready: Ready) -> None:
         """State transfer of the embedded PBFT: its checkpoint data is the ordered state."""

@@ -86,7 +86,8 @@ since its last one): the quiet-point checkpoints state transfer serves (docs/LEA
 "State transfer")."""
 
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
-               "rebroadcast_ticks", "max_pending", "stuck_resolution", "close_ticks")
+               "rebroadcast_ticks", "max_pending", "stuck_resolution", "close_ticks",
+               "max_deadline_lead_ms")
 
 
 class RecordingKv(KvStateMachine):

@@ -1,8 +1,9 @@
 """`ordered_state.OrderedState`, the deterministic machine every node runs over the votes and
 closes PBFT orders (docs/LEADERLESS.md "Ordered resolution"), under arbitrary sequences of
 honest, equivocating, forged and late items: each checkpoint decides at most once and only
-by the rule (all n votes, or n-f votes and f+1 closes); a kept transaction has Q valid
-endorsements among the counted votes; a snapshot taken anywhere and restored (the embedded
+by the rule (all n votes, or n-f votes and f+1 closes when no transaction is ambiguous:
+its shown endorsements plus the uncounted members would reach Q); a kept transaction has Q
+valid endorsements among the counted votes; a snapshot taken anywhere and restored (the embedded
 PBFT's state transfer) continues exactly as the original."""
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def test_decides_once_by_the_rule_and_survives_a_snapshot(
                 voters[item.voter] = item
         elif ok:
             closers.add(item.proposer)
-        if len(voters) == 4 or (len(voters) >= 3 and len(closers) >= 2):
+        shown = {e.endorser for v in voters.values() for p in v.evidence
+                 for e in p.endorsements}
+        clear = len(shown) >= Q or len(shown) + 4 - len(voters) < Q  # T1 not ambiguous
+        if len(voters) == 4 or (len(voters) >= 3 and len(closers) >= 2 and clear):
             expected_at = i
             break
     assert (expected_at is not None) == bool(decisions)

@@ -35,6 +35,7 @@ from phalanx.consensus.leaderless.messages import (
     LeaderlessDurableState,
     OrderedVote,
     OrderingSubmit,
+    StartCheckpoint,
     Transaction,
     TransactionProof,
 )
@@ -96,11 +97,12 @@ class OrderedCluster(Cluster):
         return first
 
 
-def split(mode: str) -> tuple[Cluster, Transaction, Transaction]:
+def split(mode: str, bugs: frozenset[str] = frozenset()) -> tuple[
+        Cluster, Transaction, Transaction]:
     """n4 crashed; n1 and n2 endorse T1, n3 endorses T2 (conflicting puts of x): neither
     reaches Q = 3, and with n4 down no abort certificate (3 refusals) forms either."""
     c = OrderedCluster(4, delta_old_ms=100, checkpoint_ticks=2, close_ticks=10,
-                       stuck_resolution=mode)
+                       stuck_resolution=mode, bugs={n: bugs for n in (N1, N2, N3, N4)})
     c.down.add(N4)
     c.tick()
     t1 = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 400)
@@ -120,25 +122,44 @@ def state(c: Cluster, node: NodeId, tx: Transaction) -> TxState | None:
     return c.nodes[node].core._store.state_of(tx_id(tx))
 
 
+def dropped_everywhere(c: Cluster, nodes: tuple[NodeId, ...], *txs: Transaction) -> None:
+    for t in txs:
+        assert {state(c, n, t) for n in nodes} == {TxState.DROPPED}, t.command
+    for client in {t.client_id for t in txs}:  # f+1 abort notices: a definite fail
+        assert sum(any(a.request.client_id == client for a in c.nodes[n].aborted)
+                   for n in nodes) >= 2
+
+
 @pytest.mark.parametrize("mode", ["veto", "pbft"])
 def test_split_conflict_with_a_crashed_node(mode: str) -> None:
+    """While n4 is down nothing ends in either mode: T1 has two endorsements, and n4's
+    would make Q = 3 (n4 may have committed T1 before it crashed, so the ordered mode must
+    not drop it on n-f votes either). Once n4 is back, the pbft mode decides on all four
+    votes and drops both; the veto mode needs n4's delivered vote as well."""
     c, t1, t2 = split(mode)
     c.tick(rounds=80)
     states = {(n, t.command): state(c, n, t) for n in (N1, N2, N3) for t in (t1, t2)}
-    if mode == "veto":  # unanimity: n4's vote never comes, nothing ends
-        assert set(states.values()) == {TxState.PENDING}, states
-        assert all(not c.nodes[n].aborted for n in (N1, N2, N3))
-    else:
-        assert set(states.values()) == {TxState.DROPPED}, states
-        for client in ("c1", "c2"):  # f+1 abort notices: the client records a definite fail
-            assert sum(any(a.request.client_id == client for a in c.nodes[n].aborted)
-                       for n in (N1, N2, N3)) >= 2
-        for n in (N1, N2, N3):
-            assert c.nodes[n].core._checkpoints.decisions >= 1  # type: ignore[union-attr]
+    assert set(states.values()) == {TxState.PENDING}, states
+    assert all(not c.nodes[n].aborted for n in (N1, N2, N3))
+    if mode == "pbft":
+        assert all(c.nodes[n].core.status().dropped.get("veto_ordered_ambiguous", 0) > 0
+                   for n in (N1, N2, N3))
+    c.down.discard(N4)
+    c.restart(N4)
+    c.tick(rounds=120)
+    dropped_everywhere(c, (N1, N2, N3, N4), t1, t2)
+
+
+def test_split_conflict_with_a_crashed_node_old_rule() -> None:
+    """Control (the deliberate bug `ordered_drop_ambiguous`, the rule before 2026-12-02):
+    n-f votes and f+1 closes drop T1 although n4's endorsement would complete its quorum."""
+    c, t1, t2 = split("pbft", bugs=frozenset({"ordered_drop_ambiguous"}))
+    c.tick(rounds=80)
+    dropped_everywhere(c, (N1, N2, N3), t1, t2)
 
 
 
-def slow_committer(cut_ticks: int, *, early_close: bool = False,
+def slow_committer(cut_ticks: int, *, early_close: bool = False, ticks: int = 60,
                    bugs: frozenset[str] = frozenset()) -> tuple[Cluster, Transaction]:
     """n1, n2 and n3 endorse T; only n3 gets all three endorsements and commits it. n3's
     outbound links are cut for `cut_ticks` ticks from then on, so n1, n2 and n4 see T
@@ -157,7 +178,7 @@ def slow_committer(cut_ticks: int, *, early_close: bool = False,
     c.cut = {(N3, b) for b in (N1, N2, N4)}
     c.tick(rounds=4)  # past the deadline: n4 learns T too late to endorse it
     closed = False
-    for i in range(60):
+    for i in range(ticks):
         if i == cut_ticks:
             c.cut.clear()
         c.tick()
@@ -185,14 +206,22 @@ def test_a_slow_node_that_committed_is_heard_before_the_close() -> None:
         assert not c.nodes[n].aborted
 
 
-def test_the_timing_assumption_is_real() -> None:
-    """Control: the committer stays silent past the close (an asynchronous delay longer
-    than `close_ticks`): n1, n2 and n4 decide DROP on their n-f votes and f+1 closes while
-    n3 committed T. This is why DROP after n-f votes assumes partial synchrony
-    (docs/LEADERLESS.md "Ordered resolution"); the veto mode never does it."""
-    c, t = slow_committer(cut_ticks=50)
+@pytest.mark.parametrize("bug", [False, True])
+def test_a_committer_silent_past_the_close(bug: bool) -> None:
+    """The committer stays silent past the close (killed, or an asynchronous delay longer
+    than `close_ticks`): the real jepsen run's divergence (issue 15; docs/LEADERLESS.md
+    "Ordered resolution"). n1, n2 and n4 order their n-f votes and f+1 closes, with T's
+    endorsements by n1 and n2: 2 + 1 uncounted member = Q, so T is ambiguous and stays
+    open until n3's vote (its commit certificate) is ordered: T committed everywhere.
+    Control (`ordered_drop_ambiguous`, the rule before): they DROP T while n3 committed
+    it, and a conflicting write could then commit at them."""
+    c, t = slow_committer(cut_ticks=50, ticks=120,
+                          bugs=frozenset({"ordered_drop_ambiguous"}) if bug else frozenset())
     assert state(c, N3, t) is TxState.COMMITTED
-    assert {state(c, n, t) for n in (N1, N2, N4)} == {TxState.DROPPED}
+    others = {state(c, n, t) for n in (N1, N2, N4)}
+    assert others == ({TxState.DROPPED} if bug else {TxState.COMMITTED})
+    if not bug:
+        assert {c.nodes[n].app.data.get("x") for n in (N1, N2, N3, N4)} == {b"a"}
 
 
 @pytest.mark.parametrize("bug", [False, True])
@@ -200,9 +229,11 @@ def test_one_close_is_not_enough(bug: bool) -> None:
     """A Byzantine node closes the checkpoint at once. With f+1 closes required, the
     slow committer's vote still comes first (T kept everywhere); with the rule as first
     stated (one close: the deliberate bug `ordered_one_close`) n1, n2 and n4 drop T while
-    n3 committed it."""
-    c, t = slow_committer(cut_ticks=8, early_close=True,
-                          bugs=frozenset({"ordered_one_close"}) if bug else frozenset())
+    n3 committed it. Since ambiguous transactions wait for more votes, one close drops T
+    here only together with `ordered_drop_ambiguous`: the closes now guard the case of a
+    Byzantine endorser hiding its endorsement (docs/LEADERLESS.md "Ordered resolution")."""
+    bugs = frozenset({"ordered_one_close", "ordered_drop_ambiguous"})
+    c, t = slow_committer(cut_ticks=8, early_close=True, bugs=bugs if bug else frozenset())
     assert state(c, N3, t) is TxState.COMMITTED
     others = {state(c, n, t) for n in (N1, N2, N4)}
     assert others == ({TxState.DROPPED} if bug else {TxState.COMMITTED})
@@ -256,22 +287,25 @@ def test_an_equivocating_voter_cannot_split_the_honest_nodes(primary_sees_proof:
 
 def test_a_forged_proof_keeps_nothing() -> None:
     """n4's vote carries a 'commit certificate' of T1 with an endorsement forged in n3's
-    name: the vote is invalid at every honest node (counted), so it is not counted; the
-    honest votes and closes drop both transactions."""
+    name: the vote is invalid at every honest node (counted), so it is not counted and
+    T1 is not kept. The three honest votes cannot drop T1 either (its two endorsements
+    plus the uncounted n4's would make Q): it stays pending everywhere."""
     c0, t1, _t2 = split("pbft")
     forged = sign_one(FastCrypto(N4), N3, tx_id(t1))  # n4's key, n3's name
     e1 = [e for e in honest_endorsements(c0, t1) if e.endorser == N1]
     proof = TransactionProof(tx=t1, endorsements=(*e1, forged, endorsement("n4", t1)))
-    c, t1, t2 = byzantine_split({N1: (proof,), N2: (proof,), N3: (proof,)})
+    c, t1, _t2 = byzantine_split({N1: (proof,), N2: (proof,), N3: (proof,)})
     for n in (N1, N2, N3):
-        assert state(c, n, t1) is TxState.DROPPED
-        assert state(c, n, t2) is TxState.DROPPED
+        assert state(c, n, t1) is TxState.PENDING
+        assert c.nodes[n].app.data.get("x") is None
         assert c.nodes[n].core.status().dropped.get("veto_ordered_invalid_vote", 0) >= 1
+        assert c.nodes[n].core.status().dropped.get("veto_ordered_ambiguous", 0) >= 1
 
 
 def test_a_restarted_node_keeps_its_vote_and_the_ordering() -> None:
     """n1 restarts (from its durable record through the codec) after voting: it does not
-    vote again, its embedded PBFT resumes, and the checkpoint still decides everywhere."""
+    vote again, its embedded PBFT resumes, and the checkpoint still decides everywhere
+    (once n4 is back and votes too)."""
     c, t1, t2 = split("pbft")
     for _ in range(12):
         c.tick()
@@ -284,6 +318,28 @@ def test_a_restarted_node_keeps_its_vote_and_the_ordering() -> None:
     assert record.ordering.own
     c.restart(N1)
     c.tick(rounds=60)
-    for n in (N1, N2, N3):
+    c.down.discard(N4)  # T1 is ambiguous without n4's vote (test_split_conflict_...)
+    c.restart(N4)
+    c.tick(rounds=120)
+    for n in (N1, N2, N3, N4):
         assert state(c, n, t1) is TxState.DROPPED, n
         assert state(c, n, t2) is TxState.DROPPED, n
+
+
+@pytest.mark.parametrize("mode", ["veto", "pbft"])
+def test_a_voter_does_not_endorse_what_its_vote_blocks(mode: str) -> None:
+    """The ordered mode's crash-safe argument counts on every counted voter's evidence
+    holding its own endorsement: a node that voted in a checkpoint naming T before it heard
+    of T (a checkpoint of an unknown condition, a skewed clock) must not endorse T until
+    the checkpoint decides. Here n2 hears of {T} first, then T itself, well before its
+    deadline: no endorsement (n1 and n3 endorse it as usual)."""
+    c = OrderedCluster(4, delta_old_ms=100, checkpoint_ticks=2, close_ticks=10,
+                       stuck_resolution=mode)
+    c.tick()
+    t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 5_000)
+    c.step(N2, Receive(src=N1, message=StartCheckpoint(tx_ids=(tx_id(t),))))
+    assert c.nodes[N2].core._checkpoints.blocked(tx_id(t))
+    c.submit(t, to=(N1, N2, N3))
+    endorsers = {e.endorser for n in (N1, N2, N3)
+                 for e in c.nodes[n].core.durable_state().endorsed if e.tx_id == tx_id(t)}
+    assert endorsers == {N1, N3}

@@ -16,7 +16,10 @@ runs the long sweeps."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
+from bug_seed_search import CatchRange, first_catch
 
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
 from phalanx.jepsen.leaderless_byzantine import LEADERLESS_BEHAVIOURS
@@ -63,35 +66,40 @@ def test_the_registry_draws_the_simulators_knobs() -> None:
     assert spec.byzantine_modes == LEADERLESS_BEHAVIOURS
 
 
-CAUGHT: dict[str, tuple[int, ...]] = {
+class Mix(NamedTuple):
+    faults: tuple[str, ...] = FAULTS
+    time_s: float = 0.5
+    settings: tuple[tuple[str, int], ...] = ()
+
+
+CHAINS = Mix(faults=("partition-one",), time_s=1.0,
+             settings=(("chain_pct", 100), ("conflict_pct", 0)))
+"""Chained puts (each requiring the version its predecessor wrote) while one node is cut
+off: it then learns the chain's certificates in any order (what the version gate orders).
+Seeds 0-19: 7 catch `no_version_gate` (0 3 7 8 10 11 19); the sweep's own mix catches it
+at 1 of 40 (seed 34), too rare to search."""
+
+CAUGHT: dict[str, tuple[CatchRange, Mix]] = {
     # Two conflicting puts both commit: one is held at the version gate forever.
-    # (Re-seeded with state transfer, whose keep-alive answers shift message timing: seed 0
-    # no longer catches it, 4 does.)
-    # (Re-seeded with batch endorsements, which stop relaying a transaction endorsed on
-    # submit: seed 4 no longer catches it; 2, 3 and 7 do.)
-    "endorse_despite_conflict": (2, 3, 7),
+    "endorse_despite_conflict": (CatchRange(seeds=range(24), known=(2, 3, 7)), Mix()),
     # A chained put released before its predecessor applied at a lagging replica: the
-    # conflicting puts apply in different orders.
-    # (Re-seeded after merging main's reliable-broadcast veto into the hot-path branch:
-    # seed 2 no longer catches it; of seeds 0-13 only 8, 10 and 13 do.)
-    # (Re-seeded again with state transfer: its keep-alive queries shift message timing;
-    # seed 8 no longer catches it, 1 does.)
-    # (Re-seeded with batch endorsements: of seeds 0-83 only 34, 53 and 83 do.)
-    "no_version_gate": (34, 53, 83),
+    # puts apply in different orders.
+    "no_version_gate": (CatchRange(seeds=range(24), known=(0, 3, 7)), CHAINS),
     # A stale versioned put is endorsed and commits; its requirement never holds again.
-    # (Seed 1 no longer catches it after that merge; 0, 2 and 3 do.)
-    "skip_requirements": (0, 2, 3),
+    "skip_requirements": (CatchRange(seeds=range(16), known=(0, 2, 3)), Mix()),
 }
-"""Per bug switch, seeds of the sweep (its faults and timing) whose checker fails with it."""
+"""Per bug switch, a seed range of a configuration in which some seed's checker must fail
+with it (`bug_seed_search`): which seeds catch a bug moves whenever arrival orders change
+(the pinned seeds of this table moved four times), the range keeps the control honest.
+Measured 2026-12-02, seeds 0-59 of the sweep's mix: endorse_despite_conflict caught by 31,
+skip_requirements by 54."""
 
 
-@pytest.mark.parametrize(("bug", "seeds"), sorted(CAUGHT.items()))
-def test_a_deliberate_bug_is_caught(bug: str, seeds: tuple[int, ...]) -> None:
-    for seed in seeds:
-        caught = sim(seed, bugs=frozenset({bug}))
-        assert not caught.ok, f"seed {seed}: --bug {bug} not caught"
-        assert f"--bug {bug}" in caught.report()
-    # (The same seeds pass without the bug: they are in `test_sweep`.)
+@pytest.mark.parametrize(("bug", "control"), sorted(CAUGHT.items()))
+def test_a_deliberate_bug_is_caught(bug: str, control: tuple[CatchRange, Mix]) -> None:
+    where, mix = control
+    first_catch(bug, where, lambda seed, bugs: sim(
+        seed, bugs=bugs, faults=mix.faults, time_s=mix.time_s, settings=mix.settings))
 
 
 def test_every_bug_is_caught_or_covered_elsewhere() -> None:
@@ -101,14 +109,15 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     by the core's `test_gaps.py::test_no_drop_on_commit`, `count_conditional` by the seed
     below (a longer run under delay, straggle and loss, more conflicts and short deadlines)
     and by `test_config_bugs.py::test_count_conditional_commits_both_of_a_late_quorum`.
-    `ordered_one_close` (the ordered resolution's) needs a Byzantine closer and a slow committer:
-    `test_leaderless_ordered_veto.py::test_one_close_is_not_enough`. The state-transfer
+    `ordered_one_close` and `ordered_drop_ambiguous` (the ordered resolution's) need a slow
+    or killed committer: `test_leaderless_ordered_veto.py::test_one_close_is_not_enough`,
+    `::test_a_committer_silent_past_the_close`. The state-transfer
     switches need a node away past the GC horizon: `skip_checkpoint_digest` is covered by
     `tests/consensus/leaderless/test_state_transfer.py`, `no_state_transfer` by
     `test_leaderless_state_transfer_sim.py`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
-                              "ordered_one_close", "skip_checkpoint_digest",
-                              "no_state_transfer"}
+                              "ordered_one_close", "ordered_drop_ambiguous",
+                              "skip_checkpoint_digest", "no_state_transfer"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
@@ -121,17 +130,14 @@ test_config_bugs.py::test_count_conditional_commits_both_of_a_late_quorum` build
 scenario by hand."""
 
 
-@pytest.mark.parametrize("seed", [76])
-def test_count_conditional_is_caught_by_a_late_quorum(seed: int) -> None:
+def test_count_conditional_is_caught_by_a_late_quorum() -> None:
     """A transaction expires while its endorsements split; a conflicting one is endorsed on
     condition of it and, counted at once, commits; the first one's quorum then completes
-    late: both commit and the second's requirement never holds where it is gated."""
-    assert sim(seed, faults=LATE_QUORUM, time_s=1.5, liveness_s=3.0,
-               settings=LATE_QUORUM_MIX).ok
-    caught = sim(seed, faults=LATE_QUORUM, time_s=1.5, liveness_s=3.0,
-                 bugs=frozenset({"count_conditional"}), settings=LATE_QUORUM_MIX)
-    assert not caught.ok
-    assert "--bug count_conditional" in caught.report()
+    late: both commit and the second's requirement never holds where it is gated. Rare:
+    seeds 76 and 97 of 40-99 catch it (2026-12-02), tried first."""
+    first_catch("count_conditional", CatchRange(seeds=range(76, 100), known=(76, 97)),
+                lambda seed, bugs: sim(seed, faults=LATE_QUORUM, time_s=1.5, liveness_s=3.0,
+                                       bugs=bugs, settings=LATE_QUORUM_MIX))
 
 
 def test_f_byzantine_nodes_are_tolerated() -> None:
@@ -192,4 +198,69 @@ def test_an_amnesiac_node_counts_its_own_lost_endorsements(seed: int) -> None:
     the install happens to cover v15 and hides the bug). Seed 17 failed the same way."""
     result = run(RunConfig(seed=seed, protocol="leaderless", nodes=7,
                            bugs=frozenset({"no_state_transfer"})))
+    assert result.ok, result.report()
+
+
+SHORT_FENCE = (("gc_horizon_ms", 2_500), ("max_deadline_lead_ms", 2_000))
+"""The amnesia fence lasts `max_deadline_lead_ms` + `gc_horizon_ms` from the restart (660 s
+at the defaults: longer than any run, so a node that lost its disk stays a silent voter to
+the end and convergence after its fence is never judged; docs/LEADERLESS.md "Amnesia
+fence", limit d). These keep the workload's deadlines (at most `deadline_max_ms` = 1.5 s
+ahead) within the lead and the horizon longer than a fault episode (1.5 s) plus a
+deadline; a disk lost by t = 2 s is unfenced by 6.5 s. (A 1 s horizon fails seed 9 on
+`folds`: docs/LEADERLESS.md "Amnesia fence", the open problem found with it.)"""
+
+
+def fenced_at_end(result: RunResult) -> list[str]:
+    """The nodes whose last status in the trace says they are still fenced."""
+    return sorted(line.split("LEADERLESS ")[1].split()[0] for line in result.trace_tail
+                  if "status: LeaderlessStatus(" in line and "recovering=True" in line)
+
+
+def fenced_run(seed: int) -> RunResult:
+    """n = 7, every fault kind (lose-disk among them), 2 s of faults, and a liveness window
+    (5.5 s) that ends past any fence: convergence is judged after the fence."""
+    return run(RunConfig(seed=seed, protocol="leaderless", nodes=7,
+                         liveness_ns=int(5.5 * _S), settings=SHORT_FENCE))
+
+
+@pytest.mark.parametrize("seed", [33])
+def test_a_fenced_node_converges_once_its_fence_ends(seed: int) -> None:
+    """Seed 33 (`phalanx sim --protocol leaderless --seed-start 33 --seeds 1 --nodes 7`):
+    n5 lost its disk and was fenced from 1.33 s while six nodes voted DROP on a
+    transaction it then committed from a certificate; at the default fence the run ended
+    with the replicas apart (the checker's `converge`), a liveness limit the run could not
+    wait out. With a short fence the run waits for it: no node is fenced at the end, and
+    every check (convergence included) passes."""
+    result = fenced_run(seed)
+    assert "lose-disk" in result.faults_used
+    assert result.ok, result.report()
+    assert fenced_at_end(result) == [], result.report()
+
+
+OPEN_HORIZON_GAP = (17,)
+"""Seeds of the fenced sweep that fail on the open problem "a commit past the others' GC
+horizon" (docs/LEADERLESS.md "Amnesia fence"), not on the fence: seed 17, n1 (its clock
+skewed) commits `put r0 v17` that the six others kept pending and then collected."""
+
+
+@pytest.mark.long
+def test_fenced_nodes_converge_after_their_fence() -> None:
+    """The seeds of 0-39 that lose a disk (21 of them; 20 without the open problem's): 2026-12-02
+    all passed with no node fenced at the end."""
+    results = [fenced_run(seed) for seed in range(40) if seed not in OPEN_HORIZON_GAP]
+    fenced = [r for r in results if "lose-disk" in r.faults_used]
+    assert len(fenced) >= 10
+    assert failures(results) == ""
+    assert all(fenced_at_end(r) == [] for r in fenced), [
+        (r.config.seed, fenced_at_end(r)) for r in fenced]
+
+
+@pytest.mark.long
+@pytest.mark.xfail(strict=True, reason="open core problem: a node commits a transaction the "
+                   "others already collected as pending past their GC horizon "
+                   "(docs/LEADERLESS.md 'Amnesia fence'); strict: a fix makes this pass")
+@pytest.mark.parametrize("seed", OPEN_HORIZON_GAP)
+def test_a_commit_past_the_others_horizon(seed: int) -> None:
+    result = fenced_run(seed)
     assert result.ok, result.report()
