@@ -6,9 +6,11 @@ the byte interval from them:
 
 - the **load rate**: bytes of checkpoint loaded per second (`note_load`, timed by the replica
   around each checkpoint load; `DEFAULT_LOAD_RATE` until a load was seen);
-- the **replay rate**: bytes of commands applied per second (`note_apply`, the replica's
-  apply and replay time, summed into samples of at least `SAMPLE_BYTES`;
-  `DEFAULT_REPLAY_RATE` until then). Both are exponentially weighted averages.
+- the **replay rate**: bytes of commands replayed per second (`note_apply`: the replica's
+  replay time at a restart as it is, and its live apply time at `APPLY_TO_REPLAY` of its
+  rate, since a replay also reads and decodes every entry; summed into samples of at least
+  `SAMPLE_BYTES`; `DEFAULT_REPLAY_RATE` until then). Both are exponentially weighted
+  averages.
 
 The rule (docs/KV_STORAGE.md "Recovery-time objective"): a restart loads the newest durable
 checkpoint (`checkpoint_bytes / load_rate` seconds) and replays the commands after it. A crash
@@ -38,13 +40,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-DEFAULT_LOAD_RATE = 100e6
-"""Bytes of checkpoint loaded per second before any load was measured: below the KV app's
-measured load rate at 100k-1M keys (bench/recovery_target.py), so the first interval errs
-towards recovering fast."""
-DEFAULT_REPLAY_RATE = 5e6
-"""Bytes of commands replayed per second before any apply was measured: below the KV app's
-apply rate for 100-byte values (bench/recovery_target.py)."""
+DEFAULT_LOAD_RATE = 20e6
+"""Bytes of checkpoint loaded per second before any load was measured (a node's first run):
+at or below the KV app's load rate at 100k-1M keys on a loaded 2-core machine
+(bench/recovery_target.py), so the first interval errs towards recovering fast."""
+DEFAULT_REPLAY_RATE = 2e6
+"""Bytes of commands replayed per second before any was measured: below the KV app's replay
+rate for 256-byte puts on the same machine (bench/recovery_target.py)."""
+APPLY_TO_REPLAY = 0.5
+"""A live apply's rate counts at this share: the apply time the replica measures leaves out
+what a restart's replay also pays per entry (reading the WAL, decoding the entry), and the
+bench measured replay at 0.45-1.0 of the apply rate."""
 SAMPLE_BYTES = 256 << 10
 """Applied command bytes summed into one replay-rate sample (smooths per-entry timer noise)."""
 WEIGHT = 0.25
@@ -119,10 +125,11 @@ class RecoveryTarget:
             self.load_samples += 1
         self._interval = self._compute()
 
-    def note_apply(self, nbytes: int, seconds: float) -> None:
-        """Commands of `nbytes` were applied (or replayed) in `seconds`."""
+    def note_apply(self, nbytes: int, seconds: float, *, replay: bool = False) -> None:
+        """Commands of `nbytes` were applied live (or, `replay`, replayed from the WAL at a
+        restart) in `seconds`."""
         self._pending_bytes += nbytes
-        self._pending_seconds += seconds
+        self._pending_seconds += seconds if replay else seconds / APPLY_TO_REPLAY
         if self._pending_bytes >= SAMPLE_BYTES and self._pending_seconds > 0:
             rate = self._pending_bytes / self._pending_seconds
             self._replay_rate = _blend(self._replay_rate, rate, self.replay_samples)

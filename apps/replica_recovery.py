@@ -98,7 +98,7 @@ class ReplicaRecovery(ABC):
         started = recovery.clock() if recovery is not None else 0.0
         replayed, replayed_bytes = self._replay(replay_upto)
         if recovery is not None and replayed:
-            recovery.note_apply(replayed_bytes, recovery.clock() - started)
+            recovery.note_apply(replayed_bytes, recovery.clock() - started, replay=True)
         if self._gc_pacer is not None:
             self._gc_pacer.settle()
         return RecoveryReport(
