@@ -189,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=1_000_000, help="keys loaded before the burst")
     parser.add_argument("--target", type=float, default=2.0,
                         help="recovery_target in seconds (default 2)")
-    parser.add_argument("--burst-mb", type=int, default=48,
-                        help="MB of put commands in the burst (default 48)")
+    parser.add_argument("--burst-mb", type=int, default=24,
+                        help="MB of put commands in the burst (default 24)")
     parser.add_argument("--value-bytes", type=int, default=256, help="value size (default 256)")
-    parser.add_argument("--intervals", default="4,16,64",
-                        help="fixed intervals to compare, MiB (default 4,16,64)")
+    parser.add_argument("--intervals", default="4,16",
+                        help="fixed intervals to compare, MiB (default 4,16)")
     parser.add_argument("--fsync", choices=("off", "group"), default="off",
                         help="WAL fsync per batch of 64 (group) or none (default off)")
     args = parser.parse_args(argv)

@@ -355,6 +355,12 @@ async def open_node(
         # transactional core's log holds only committed entries and its record forgets
         # applied ones (GC), so its replica replays the whole WAL (as the simulator does).
         replica.restore_latest(replay_upto=None if transactions is not None else 0)
+        if replica.recovery is not None:
+            est = replica.recovery.estimate()
+            logger.info("%s: recovery_target %.3g s: checkpoint %d bytes loads in %.2f s; "
+                        "interval %d bytes of commands%s", config.id, est.target_seconds,
+                        est.checkpoint_bytes, est.load_seconds, est.interval_bytes,
+                        "" if est.feasible else " (the load alone exceeds the target)")
         try:
             built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
                                         pipeline_depth=PIPELINE_DEPTH, replica=replica)
