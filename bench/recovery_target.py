@@ -6,7 +6,8 @@ Real files in a temp dir; the replica layer in process with the node runtime's t
 checkpoint writer and GC pacer.
 
 For each policy (no checkpoints, fixed intervals, `[checkpoint] recovery_target`): load a
-`--keys`-key KV state and checkpoint it, then apply a write burst of `--burst-mb` MB of
+`--keys`-key KV state, checkpoint it and restart from it (so the target has measured the
+load rate, as on every start of a node after its first), then apply a write burst of `--burst-mb` MB of
 commands (puts of `--value-bytes` values to keys spread over the key space: the state grows
 by the burst) back to back, appending each to the WAL in batches of 64 (`--fsync off` by
 default, so the figure is the checkpoints' CPU and GIL cost, not the disk's). The burst then
@@ -52,7 +53,7 @@ from phalanx.consensus.types import (
     NodeId,
 )
 from phalanx.net import wire
-from phalanx.storage.files import open_file_storage
+from phalanx.storage.files import Storage, open_file_storage
 from phalanx.storage.interface import SyncPolicy
 from storage import kv_state_bytes  # bench/storage.py
 
@@ -84,7 +85,7 @@ def put(index: int, keys: int, value: bytes, rng: random.Random) -> Entry:
 
 
 def open_replica(path: str, sync: SyncPolicy, policy: CheckpointPolicy,
-                 recovery: RecoveryTarget | None) -> tuple[Replica, object]:
+                 recovery: RecoveryTarget | None) -> tuple[Replica, Storage]:
     storage = open_file_storage(path, sync=sync)
     replica = Replica(KvStateMachine(), checkpoints=storage.checkpoints, wal=storage.wal,
                       decode_entry=wire.decode_entry,
@@ -117,6 +118,17 @@ def run(name: str, root: str, args: argparse.Namespace, *, every_bytes: int | No
     while replica.status().checkpoint_in_flight is not None:  # the base checkpoint
         time.sleep(0.01)
         replica.poll()
+    # A node that restarted once: its load rate is measured (a first run has only the
+    # default's guess, DEFAULT_LOAD_RATE).
+    replica.close()
+    storage.close()
+    del replica, machine
+    gc.collect()
+    gc.unfreeze()
+    replica, opened = open_replica(path, sync, policy, recovery)
+    storage = opened
+    replica.restore_latest()
+    machine = replica.machine
     index, burst, since = 1, args.burst_mb * 1_000_000, 0
     applied_bytes, base_written, started_at = 0, replica.status().checkpoints_written, 0
     batch: list[tuple[int, bytes]] = []
@@ -172,7 +184,7 @@ def run(name: str, root: str, args: argparse.Namespace, *, every_bytes: int | No
     replayed_bytes = report.replayed * size
     replay = max(0.0, total - load)
     again.close()
-    storage2.close()  # type: ignore[attr-defined]
+    storage2.close()
     del again
     gc.collect()
     gc.unfreeze()
