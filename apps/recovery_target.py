@@ -15,16 +15,18 @@ the byte interval from them:
 The rule (docs/KV_STORAGE.md "Recovery-time objective"): a restart loads the newest durable
 checkpoint (`checkpoint_bytes / load_rate` seconds) and replays the commands after it. A crash
 just before a checkpoint completes replays the interval before that checkpoint plus what
-arrived while it was written, up to about two intervals, so the interval is half of what the
-remaining time replays:
+arrived while it was written (`written_bytes`, measured per checkpoint: `note_written`;
+assumed one interval until measured), so
 
-    interval = clamp(replay_rate * (target - checkpoint_bytes / load_rate) / 2,
-                     MIN_INTERVAL_BYTES, MAX_INTERVAL_BYTES)
+    budget = replay_rate * (target - checkpoint_bytes / load_rate)
+    interval = clamp(budget - written_bytes, MIN_INTERVAL_BYTES, MAX_INTERVAL_BYTES)
 
 which is the rarest checkpointing (least overhead) that keeps load plus replay under the
-target. `MAX_INTERVAL_BYTES` bounds memory (a Raft core holds the log since its newest
-checkpoint); `MIN_INTERVAL_BYTES` bounds overhead when the target cannot be met because
-loading alone takes longer (`estimate().feasible` is then False).
+target. When a checkpoint takes longer to write than an interval takes to fill, the next one
+waits for it and the tail is `written_bytes` twice over: no interval helps then (`feasible`
+is False; faster checkpoints or a longer target do). `MAX_INTERVAL_BYTES` bounds memory (a
+Raft core holds the log since its newest checkpoint); `MIN_INTERVAL_BYTES` bounds overhead
+when the target cannot be met because loading alone takes longer.
 
 Invariants: pure and clock-free except for the injected `clock` (the runtime passes
 `time.perf_counter`; tests a fake). The interval depends on measured wall time, so it differs
@@ -58,8 +60,8 @@ WEIGHT = 0.25
 MIN_INTERVAL_BYTES = 256 << 10
 MAX_INTERVAL_BYTES = 256 << 20
 REPLAY_SHARE = 0.5
-"""Fraction of the time left after the load that one interval's replay may take (a crash
-mid-checkpoint replays about two intervals)."""
+"""Until a checkpoint's write was measured, the share of the replay budget one interval may
+take (the bytes applied during a write are assumed to be another interval)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,10 +77,14 @@ class RecoveryEstimate:
     """Size of the newest durable checkpoint."""
     load_seconds: float
     interval_bytes: int
+    written_bytes: float
+    """Command bytes applied while a checkpoint is written (measured, or assumed)."""
     worst_seconds: float
-    """Load plus a replay of two intervals: the recovery time the interval allows."""
+    """Load plus the replay of a crash during a checkpoint's write: the recovery time the
+    interval allows."""
     feasible: bool
-    """Loading the checkpoint leaves time to replay at least `MIN_INTERVAL_BYTES` twice."""
+    """The target can be held: the budget covers `written_bytes` twice and a minimal
+    interval."""
 
 
 class RecoveryTarget:
@@ -109,6 +115,8 @@ class RecoveryTarget:
         self._min = min_bytes
         self._max = max_bytes
         self._checkpoint_bytes = 0
+        self._written: float | None = None  # bytes applied during a write, weighted
+        self.written_samples = 0
         self._pending_bytes = 0  # applied bytes not yet in a replay-rate sample
         self._pending_seconds = 0.0
         self.load_samples = 0
@@ -137,6 +145,13 @@ class RecoveryTarget:
             self._pending_bytes, self._pending_seconds = 0, 0.0
             self._interval = self._compute()
 
+    def note_written(self, nbytes: int) -> None:
+        """`nbytes` of commands were applied while the checkpoint just completed was written
+        (the tail a crash during its write would have replayed on top of an interval)."""
+        self._written = _blend(self._written or 0.0, float(nbytes), self.written_samples)
+        self.written_samples += 1
+        self._interval = self._compute()
+
     def note_checkpoint(self, nbytes: int) -> None:
         """A checkpoint of `nbytes` became durable: a restart would load it."""
         if nbytes != self._checkpoint_bytes:
@@ -157,19 +172,25 @@ class RecoveryTarget:
     def estimate(self) -> RecoveryEstimate:
         load = self._checkpoint_bytes / self._load_rate
         interval = self._interval
+        budget = self._budget(load)
+        written = self._written_bytes(budget)
         return RecoveryEstimate(
             target_seconds=self.target_seconds, load_rate=self._load_rate,
             replay_rate=self._replay_rate, checkpoint_bytes=self._checkpoint_bytes,
-            load_seconds=load, interval_bytes=interval,
-            worst_seconds=load + 2 * interval / self._replay_rate,
-            feasible=self._replay_budget(load) * self._replay_rate >= self._min)
+            load_seconds=load, interval_bytes=interval, written_bytes=written,
+            worst_seconds=load + (max(interval, written) + written) / self._replay_rate,
+            feasible=budget - written >= max(self._min, written))
 
-    def _replay_budget(self, load_seconds: float) -> float:
-        return max(0.0, self.target_seconds - load_seconds) * REPLAY_SHARE
+    def _budget(self, load_seconds: float) -> float:
+        """Command bytes a restart may replay after loading the checkpoint."""
+        return max(0.0, self.target_seconds - load_seconds) * self._replay_rate
+
+    def _written_bytes(self, budget: float) -> float:
+        return budget * REPLAY_SHARE if self._written is None else self._written
 
     def _compute(self) -> int:
-        load = self._checkpoint_bytes / self._load_rate
-        raw = self._replay_budget(load) * self._replay_rate
+        budget = self._budget(self._checkpoint_bytes / self._load_rate)
+        raw = budget - self._written_bytes(budget)
         return int(min(self._max, max(self._min, raw)))
 
 

@@ -486,6 +486,8 @@ class Replica(ReplicaRecovery):
         else:
             self._written += 1
             if self._recovery is not None and done.index > self._checkpoint_index:
+                # bytes_since restarted when this job was snapshotted: applied during its write
+                self._recovery.note_written(self._bytes_since)
                 self._recovery.note_checkpoint(len(done.data))
             self._checkpoint_index = max(self._checkpoint_index, done.index)
             self._taken.append(CheckpointTaken(index=done.index, data=done.data,

@@ -7,17 +7,18 @@ checkpoint writer and GC pacer.
 
 For each policy (no checkpoints, fixed intervals, `[checkpoint] recovery_target`): load a
 `--keys`-key KV state, checkpoint it and restart from it (so the target has measured the
-load rate, as on every start of a node after its first), then apply a write burst of `--burst-mb` MB of
-commands (puts of `--value-bytes` values to keys spread over the key space: the state grows
-by the burst) back to back, appending each to the WAL in batches of 64 (`--fsync off` by
-default, so the figure is the checkpoints' CPU and GIL cost, not the disk's). The burst then
-continues to just before the next checkpoint would start, the checkpoint in flight is let
-finish, and the process "crashes": a fresh replica on the same directory loads the newest
-checkpoint and replays the WAL after it, timed (load and replay apart). That is the worst
-point for the policy with its last checkpoint durable; a crash while a checkpoint is still
-being written replays up to one more interval, which the target's rule budgets for
-(`phalanx.apps.recovery_target`): the `worst` column adds that interval at the measured
-replay rate.
+load rate, as on every start of a node after its first), then apply a write burst of
+`--burst-mb` MB of commands (puts of `--value-bytes` values to keys spread over the key
+space: the state grows by the burst) back to back, appending each to the WAL in batches of
+64 (`--fsync off` by default, so the figure is the checkpoints' CPU and GIL cost, not the
+disk's). The burst then continues to just before the next checkpoint would start, the
+checkpoint in flight is let finish, and the process "crashes": a fresh replica on the same
+directory loads the newest checkpoint and replays the WAL after it, timed (load and replay
+apart). That is the worst point for the policy with its last checkpoint durable; a crash
+while a checkpoint is still being written replays what arrived during that write too, which
+the target's rule budgets for (`phalanx.apps.recovery_target`: `written_bytes`): the `worst`
+column adds the bytes applied during the run's last checkpoint write at the restart's replay
+rate.
 
 Columns: interval (MiB of commands; for the target, the one it chose at the end), checkpoints
 written during the burst, burst throughput (applies/s) and its cost against no checkpoints,
@@ -66,6 +67,7 @@ MIB = 1 << 20
 class Run:
     name: str
     interval_bytes: int | None  # None: no checkpoints
+    during_write: int  # command bytes applied during the last checkpoint write of the burst
     checkpoints: int
     applies_per_s: float
     load_s: float
@@ -131,6 +133,7 @@ def run(name: str, root: str, args: argparse.Namespace, *, every_bytes: int | No
     machine = replica.machine
     index, burst, since = 1, args.burst_mb * 1_000_000, 0
     applied_bytes, base_written, started_at = 0, replica.status().checkpoints_written, 0
+    done, during_write = base_written, 0  # bytes applied during the last checkpoint's write
     batch: list[tuple[int, bytes]] = []
     start = time.perf_counter()
     while True:
@@ -150,6 +153,8 @@ def run(name: str, root: str, args: argparse.Namespace, *, every_bytes: int | No
         applied_bytes += size
         since += size
         status = replica.status()
+        if status.checkpoints_written != done:
+            done, during_write = status.checkpoints_written, since
         if status.checkpoint_in_flight is not None and status.checkpoint_in_flight != started_at:
             started_at, since = status.checkpoint_in_flight, 0
         replica.poll()
@@ -189,7 +194,8 @@ def run(name: str, root: str, args: argparse.Namespace, *, every_bytes: int | No
     gc.collect()
     gc.unfreeze()
     shutil.rmtree(path, ignore_errors=True)
-    return Run(name=name, interval_bytes=interval_bytes, checkpoints=written,
+    return Run(name=name, interval_bytes=interval_bytes, during_write=during_write,
+               checkpoints=written,
                applies_per_s=applies / elapsed, load_s=load, replay_s=replay,
                replayed_bytes=replayed_bytes,
                replay_rate=replayed_bytes / replay if replay > 0 else 0.0,
@@ -229,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         total = r.load_s + r.replay_s
         interval = "-" if r.interval_bytes is None else f"{r.interval_bytes / MIB:.1f}"
-        # a crash while the next checkpoint is written replays one interval more
+        # a crash while the next checkpoint is written replays what arrives meanwhile too
         rate = r.replay_rate or max((x.replay_rate for x in runs), default=0.0)
-        worst = (total + (r.interval_bytes or 0) / rate) if rate and r.interval_bytes else total
+        worst = total + r.during_write / rate if rate else total
         held = "yes" if worst <= args.target else ("restart only" if total <= args.target
                                                    else "no")
         print(f"| {r.name} | {interval} | {r.checkpoints} | {r.applies_per_s:,.0f} | "

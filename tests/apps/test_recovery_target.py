@@ -98,6 +98,19 @@ def test_the_interval_follows_the_target_and_the_rates() -> None:
     assert fast.interval_bytes == MAX_INTERVAL_BYTES  # the memory bound
 
 
+def test_bytes_applied_during_a_write_come_off_the_interval() -> None:
+    t = RecoveryTarget(2.0, clock=FakeClock(), load_rate=50e6, replay_rate=10e6)
+    t.note_checkpoint(50_000_000)  # 1 s of replay budget: 10 MB
+    t.note_written(1_000_000)  # a write lets 1 MB arrive: the interval is the rest
+    assert t.interval_bytes == 9_000_000
+    assert t.estimate().worst_seconds == pytest.approx(2.0)
+    slow = RecoveryTarget(2.0, clock=FakeClock(), load_rate=50e6, replay_rate=10e6)
+    slow.note_checkpoint(50_000_000)
+    slow.note_written(6_000_000)  # writes outlast an interval: the next waits, tail 2 x 6 MB
+    assert not slow.estimate().feasible
+    assert slow.estimate().worst_seconds > 2.0
+
+
 def test_measured_rates_replace_the_defaults_and_move_the_interval() -> None:
     t = RecoveryTarget(1.0, clock=FakeClock())
     assert t.estimate().replay_rate == DEFAULT_REPLAY_RATE
