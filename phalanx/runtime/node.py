@@ -360,7 +360,8 @@ async def open_node(
             logger.info("%s: recovery_target %.3g s: checkpoint %d bytes loads in %.2f s; "
                         "interval %d bytes of commands%s", config.id, est.target_seconds,
                         est.checkpoint_bytes, est.load_seconds, est.interval_bytes,
-                        "" if est.feasible else " (the load alone exceeds the target)")
+                        "" if est.feasible else " (the target cannot be held at these "
+                        "rates: docs/KV_STORAGE.md, Recovery-time objective)")
         try:
             built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
                                         pipeline_depth=PIPELINE_DEPTH, replica=replica)
