@@ -10,8 +10,13 @@ leader had, with the bytes it received from its peers (phalanx: `peer_bytes_in`;
 keeps after a snapshot, the follower needs a snapshot as the phalanx one does. etcd's snapshot
 cost: its leader's raft snapshot saves (`etcd_debugging_snap_save_total_duration_seconds`:
 count and total) and the time of one `etcdctl snapshot save` of the whole database (a full
-copy, what phalanx's pre-v3 checkpoints cost); phalanx's incremental checkpoint cost is
-`bench/checkpoint_incremental.py`'s (docs/BENCHMARKS.md).
+copy, what phalanx's pre-v3 checkpoints cost). phalanx's checkpoint cost, in process on the
+same state (the KV app over the node's file store, fsync on): the first checkpoint (every
+shard new) and one after 1% of the keys changed, consecutive ones (incremental: only the
+touched shard; shards are 1024 keys, so 8 KiB values make 8 MiB shards and spread changes
+would touch all of them),
+wall time and bytes the store wrote (`bench/checkpoint_incremental.py` has the 1M-key
+figures).
 
 Usage: cd bench && ../.venv/bin/python catchup_vs_etcd.py [--state-mb 64] [--value-kb 8]
 Needs `etcd` and `etcdctl` (apt-get install etcd-server etcd-client); without them it says so
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -34,7 +40,59 @@ from _etcd import EtcdCluster, EtcdError, HttpConnection, etcd_binary, etcd_vers
 from _loadgen import LOOPBACK, make_value
 from _phalanx import PhalanxUnavailable
 
+from phalanx.apps import kv_wire
+from phalanx.apps.kv import KvStateMachine
+from phalanx.apps.kv_types import Put
+from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.consensus.types import ClientRequest, Configuration, Entry, EntryKind, NodeId
+from phalanx.storage.files import open_file_storage
+from phalanx.storage.interface import SyncPolicy
+
 log = snapshot_catchup.log
+CONFIG = Configuration(voters=(NodeId("n1"),))
+
+
+def dir_bytes(path: str) -> int:
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
+def our_checkpoint_cost(state_mb: int, value_kb: int) -> dict[str, float]:
+    """Seconds and bytes of a full and of a 1%-changed checkpoint of the KV app."""
+    root = tempfile.mkdtemp(prefix="phalanx-ckpt-cost-")
+    try:
+        storage = open_file_storage(root, sync=SyncPolicy.GROUP)
+        replica = Replica(KvStateMachine(), checkpoints=storage.checkpoints,
+                          policy=CheckpointPolicy(every_entries=0, every_bytes=0),
+                          config=CONFIG)
+        keys = (state_mb << 20) // (value_kb << 10)
+        value = make_value(value_kb << 10)
+        index = 0
+
+        def put(key: int, data: bytes) -> None:
+            nonlocal index
+            index += 1
+            command = kv_wire.encode_command(Put(key=f"k{key:08d}", value=data))
+            replica.apply(Entry(index=index, term=1, kind=EntryKind.COMMAND, requests=(
+                ClientRequest(client_id="loader", request_no=index, command=command),)))
+
+        for i in range(keys):
+            put(i, value)
+        out: dict[str, float] = {}
+        for label in ("full", "one_percent"):
+            if label == "one_percent":
+                changed = make_value((value_kb << 10) - 1) + b"!"
+                for i in range(keys // 100):  # consecutive keys: one shard of 1024 keys
+                    put(i, changed)
+            before = dir_bytes(root)
+            t0 = time.perf_counter()
+            replica.checkpoint_now()  # the inline writer: durable on return
+            out[f"{label}_s"] = time.perf_counter() - t0
+            replica.poll()
+            out[f"{label}_bytes"] = float(max(0, dir_bytes(root) - before))
+        storage.close()
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def metric(port: int, name: str) -> float:
@@ -141,6 +199,7 @@ def main() -> None:
         ours = trio.run(snapshot_catchup.run, ours_args)
     except PhalanxUnavailable as e:
         sys.exit(f"catchup_vs_etcd: phalanx: {e}")
+    cost = our_checkpoint_cost(args.state_mb, args.value_kb)
     binary = etcd_binary()
     theirs: dict[str, float] | None = None
     if binary is None or shutil.which("etcdctl") is None:
@@ -156,7 +215,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     print(f"| phalanx raft | {state / 2**20:.0f} (KV) | {ours['catch_up_s']:.2f} | "
           f"{ours['follower_bytes_in'] / 2**20:.1f} | {ours['follower_bytes_in'] / state:.2f} "
-          f"| bench/checkpoint_incremental.py |")
+          f"| first checkpoint {cost['full_s']:.2f} s, {cost['full_bytes'] / 2**20:.1f} MiB "
+          f"written; after 1% of the keys changed {cost['one_percent_s']:.2f} s, "
+          f"{cost['one_percent_bytes'] / 2**20:.1f} MiB |")
     if theirs is not None:
         print(f"| etcd 3.4 | {theirs['db_bytes'] / 2**20:.0f} (bbolt db) | "
               f"{theirs['catch_up_s']:.2f} | {theirs['follower_bytes_in'] / 2**20:.1f} | "
