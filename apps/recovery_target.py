@@ -54,8 +54,9 @@ APPLY_TO_REPLAY = 0.4
 what a restart's replay also pays per entry (reading the WAL, decoding the entry). The bench
 measured restart replay at 0.3-0.6 of the live apply rate (256-byte puts, a loaded 2-core
 machine); a restart's own replay sample enters the average as it is."""
-SAMPLE_BYTES = 256 << 10
-"""Applied command bytes summed into one replay-rate sample (smooths per-entry timer noise)."""
+SAMPLE_BYTES = 32 << 10
+"""Timed command bytes summed into one replay-rate sample (smooths per-entry timer noise;
+the replica times one entry in `phalanx.apps.replica.TIMED_EVERY`, so ~256 KiB applied)."""
 WEIGHT = 0.25
 """Weight of a new sample in the exponentially weighted rates."""
 MIN_INTERVAL_BYTES = 256 << 10

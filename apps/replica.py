@@ -95,6 +95,10 @@ from phalanx.storage.interface import (
 __all__ = ["MAX_CLIENT_ID_BYTES", "REPLAY_BATCH", "Applied", "ApplyStatus", "CheckpointPolicy",
            "RecoveryError", "RecoveryReport", "Replica", "ReplicaStatus"]
 
+TIMED_EVERY = 8
+"""With a `RecoveryTarget`, the apply of entries whose index is a multiple of this is timed
+(a sample of the replay rate; the rate is per byte, so a sample of entries serves)."""
+
 MAX_CLIENT_ID_BYTES = 128
 """Longest client id (UTF-8 bytes) a node admits on arrival (`Replica.admit`): a session
 table entry is keyed by it. A uuid4 hex id with a lane suffix takes ~36."""
@@ -278,7 +282,9 @@ class Replica(ReplicaRecovery):
             progress.applies += 1
 
     def _apply_entry(self, entry: Entry) -> tuple[Applied, ...]:
-        recovery = self._recovery
+        # A recovery target's replay rate: every TIMED_EVERY-th entry's apply is timed (two
+        # clock reads per entry cost up to ~8% of a small put's apply).
+        recovery = self._recovery if entry.index % TIMED_EVERY == 0 else None
         started = recovery.clock() if recovery is not None else 0.0
         out: list[Applied] = []
         size = 0

@@ -24,7 +24,7 @@ from phalanx.apps.recovery_target import (
     SAMPLE_BYTES,
     RecoveryTarget,
 )
-from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.apps.replica import TIMED_EVERY, CheckpointPolicy, Replica
 from phalanx.consensus.types import ClientRequest, Configuration, Entry, EntryKind, NodeId
 from phalanx.net import wire
 from phalanx.ops.config_toml import node_config_dict
@@ -112,7 +112,7 @@ def test_bytes_applied_during_a_write_come_off_the_interval() -> None:
 
 
 def test_measured_rates_replace_the_defaults_and_move_the_interval() -> None:
-    t = RecoveryTarget(1.0, clock=FakeClock())
+    t = RecoveryTarget(1.0, clock=FakeClock(), min_bytes=1)
     assert t.estimate().replay_rate == DEFAULT_REPLAY_RATE
     t.note_apply(SAMPLE_BYTES // 2, 0.1, replay=True)  # below a sample: no change yet
     assert t.replay_samples == 0
@@ -199,7 +199,7 @@ def burst_case(target: float, k: int, value_bytes: int, load_share: float,
     load_rate = 97 * value_bytes / (load_share * target)
     params: dict[str, float | int] = dict(
         replay_rate=replay_rate, load_rate=load_rate, value_bytes=value_bytes,
-        entries=max(6 * k, 2 * SAMPLE_BYTES // cmd), seed=k)
+        entries=max(6 * k, 2 * TIMED_EVERY * SAMPLE_BYTES // cmd), seed=k)
     return params, replay_rate / 2
 
 
