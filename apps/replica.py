@@ -29,7 +29,10 @@ Invariants:
   part of every checkpoint (envelope version 3). A machine that is `TransactionAware` runs
   each transaction through `apply_tx(tx_id, command, pinned)`, else `apply(command)`.
 - Determinism: with `InlineCheckpointWriter`, the same entries give the same results,
-  checkpoints and WAL calls; nothing depends on set order, `id()` or time.
+  checkpoints and WAL calls; nothing depends on set order, `id()` or time. The one
+  exception is opt-in: with a `RecoveryTarget` (`phalanx.apps.recovery_target`, its clock
+  injected), WHEN checkpoints are taken follows measured apply and load rates (never what
+  is applied); only for protocols whose checkpoints are local (not `aligned` ones).
 - Blocks: a machine with `BatchHooks` (outside transaction mode) sees each committed COMMAND
   entry holding a write as one batch: `begin_batch(BatchInfo(index=entry.index,
   timestamp=entry.timestamp, proposer=entry.proposer or proposer_of(entry.term)))`, its
@@ -58,6 +61,7 @@ from phalanx.apps.interface import (
     StateMachine,
     TransactionAware,
 )
+from phalanx.apps.recovery_target import RecoveryTarget
 from phalanx.apps.replica_recovery import REPLAY_BATCH, ReplicaRecovery
 from phalanx.apps.replica_types import (
     Applied,
@@ -91,6 +95,10 @@ from phalanx.storage.interface import (
 __all__ = ["MAX_CLIENT_ID_BYTES", "REPLAY_BATCH", "Applied", "ApplyStatus", "CheckpointPolicy",
            "RecoveryError", "RecoveryReport", "Replica", "ReplicaStatus"]
 
+TIMED_EVERY = 8
+"""With a `RecoveryTarget`, the apply of entries whose index is a multiple of this is timed
+(a sample of the replay rate; the rate is per byte, so a sample of entries serves)."""
+
 MAX_CLIENT_ID_BYTES = 128
 """Longest client id (UTF-8 bytes) a node admits on arrival (`Replica.admit`): a session
 table entry is keyed by it. A uuid4 hex id with a lane suffix takes ~36."""
@@ -114,6 +122,9 @@ class Replica(ReplicaRecovery):
             transaction; None (default) for the session rule.
         proposer_of: a batch's proposer from its entry's term, the same on every replica
             (`phalanx.protocols.ProtocolSpec.proposer_of`); default: none ("").
+        recovery: a recovery-time objective (`phalanx.apps.recovery_target`): replaces the
+            policy's `every_entries`/`every_bytes` triggers (and the idle rule's quarter of
+            them) by the interval its measured rates allow. Not with an `aligned` policy.
     """
 
     def __init__(
@@ -130,9 +141,14 @@ class Replica(ReplicaRecovery):
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         transactions: TransactionLayer | None = None,
         proposer_of: Callable[[int], str] | None = None,
+        recovery: RecoveryTarget | None = None,
     ) -> None:
         if wal is not None and decode_entry is None:
             raise LocalProtocolError("a replica with a WAL needs decode_entry to replay it")
+        if recovery is not None and policy is not None and policy.aligned:
+            raise ValueError("an aligned checkpoint policy checkpoints at fixed sequence "
+                             "numbers; a recovery target cannot move them")
+        self._recovery = recovery
         self._machine = machine
         self._maintain = machine.maintain if isinstance(machine, Housekeeping) else None
         self._admit = machine.admit if isinstance(machine, Admission) else None
@@ -178,6 +194,11 @@ class Replica(ReplicaRecovery):
     @property
     def machine(self) -> StateMachine:
         return self._machine
+
+    @property
+    def recovery(self) -> RecoveryTarget | None:
+        """The recovery-time objective choosing the interval, if any (read its `estimate`)."""
+        return self._recovery
 
     def session(self, client_id: str) -> Session | None:
         """The client's deduplication record, if it has one (never in transaction mode)."""
@@ -261,6 +282,10 @@ class Replica(ReplicaRecovery):
             progress.applies += 1
 
     def _apply_entry(self, entry: Entry) -> tuple[Applied, ...]:
+        # A recovery target's replay rate: every TIMED_EVERY-th entry's apply is timed (two
+        # clock reads per entry cost up to ~8% of a small put's apply).
+        recovery = self._recovery if entry.index % TIMED_EVERY == 0 else None
+        started = recovery.clock() if recovery is not None else 0.0
         out: list[Applied] = []
         size = 0
         if entry.kind is EntryKind.CONFIG:
@@ -280,6 +305,8 @@ class Replica(ReplicaRecovery):
         self._applied_term = entry.term
         self._entries_since += 1
         self._bytes_since += size
+        if recovery is not None:
+            recovery.note_apply(size, recovery.clock() - started)
         self._collect()
         if self._due():
             self._start_due()
@@ -355,6 +382,8 @@ class Replica(ReplicaRecovery):
             return (applied % p.every_entries == 0 and applied != self._checkpoint_index
                     and applied != self._in_flight
                     and (self._queued is None or self._queued.index != applied))
+        if self._recovery is not None:
+            return self._recovery.due(self._bytes_since) or self._cut_due()
         return (p.every_entries > 0 and self._entries_since >= p.every_entries) or (
             p.every_bytes > 0 and self._bytes_since >= p.every_bytes
         ) or self._cut_due()
@@ -462,6 +491,9 @@ class Replica(ReplicaRecovery):
 
     def _idle_due(self) -> bool:
         p, since = self._policy, self._entries_since
+        if self._recovery is not None and not p.idle_any:
+            return (0 < p.idle_calls <= self._idle_calls and since > 0
+                    and self._bytes_since * 4 >= self._recovery.interval_bytes)
         return 0 < p.idle_calls <= self._idle_calls and (since > 0 if p.idle_any else (
             (p.every_entries > 0 and since * 4 >= p.every_entries)
             or (p.every_bytes > 0 and self._bytes_since * 4 >= p.every_bytes)))
@@ -477,6 +509,10 @@ class Replica(ReplicaRecovery):
             self._last_error = done.error
         else:
             self._written += 1
+            if self._recovery is not None and done.index > self._checkpoint_index:
+                # bytes_since restarted when this job was snapshotted: applied during its write
+                self._recovery.note_written(self._bytes_since)
+                self._recovery.note_checkpoint(len(done.data))
             self._checkpoint_index = max(self._checkpoint_index, done.index)
             self._taken.append(CheckpointTaken(index=done.index, data=done.data,
                                                digest=self._digests.taken(done.index)))

@@ -6,7 +6,9 @@ Owns: `ReplicaRecovery`, the base class of `phalanx.apps.replica.Replica` holdin
 writes is the replica's (declared below, set by `Replica.__init__`); the invariants are the
 replica's (module docstring of `phalanx.apps.replica`): a load jumps `applied_index` to the
 checkpoint's index, replay applies each WAL entry exactly as `Replica.apply` would (the
-session rule, transaction mode, batch hooks) without building replies.
+session rule, transaction mode, batch hooks) without building replies. With a
+`RecoveryTarget`, the load (reading and restoring the checkpoint) and the replay are timed by
+its injected clock and reported to it as load and replay-rate samples.
 
 Must not import: trio, sockets, clocks, random, any consensus core.
 """
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from phalanx.apps.envelope import decode_meta, encode_meta, parse_envelope
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import BatchHooks, SnapshotFormatError, StateMachine
+from phalanx.apps.recovery_target import RecoveryTarget
 from phalanx.apps.replica_types import ApplyStatus, RecoveryError, RecoveryReport
 from phalanx.apps.sessions import SessionTable, Verdict
 from phalanx.apps.transactions import TransactionTable
@@ -54,6 +57,7 @@ class ReplicaRecovery(ABC):
     _bytes_since: int
     _checkpoint_index: int
     _queued: CheckpointJob | None
+    _recovery: RecoveryTarget | None
 
     # The apply path's steps replay shares, defined by `Replica`.
     @abstractmethod
@@ -80,6 +84,8 @@ class ReplicaRecovery(ABC):
                 record that does not decode.
             SnapshotFormatError: the stored checkpoint does not parse.
         """
+        recovery = self._recovery
+        started = recovery.clock() if recovery is not None else 0.0
         loaded = self._store.load_latest()
         checkpoint_index = 0
         if loaded.checkpoint is not None:
@@ -87,7 +93,12 @@ class ReplicaRecovery(ABC):
             meta = decode_meta(ckpt.meta) if ckpt.meta else None
             self._load(ckpt.index, ckpt.data, meta)
             checkpoint_index = ckpt.index
-        replayed = self._replay(replay_upto)
+            if recovery is not None:
+                recovery.note_load(len(ckpt.data), recovery.clock() - started)
+        started = recovery.clock() if recovery is not None else 0.0
+        replayed, replayed_bytes = self._replay(replay_upto)
+        if recovery is not None and replayed:
+            recovery.note_apply(replayed_bytes, recovery.clock() - started, replay=True)
         if self._gc_pacer is not None:
             self._gc_pacer.settle()
         return RecoveryReport(
@@ -97,15 +108,19 @@ class ReplicaRecovery(ABC):
             problems=loaded.problems,
         )
 
-    def _replay(self, replay_upto: int | None) -> int:
+    def _replay(self, replay_upto: int | None) -> tuple[int, int]:
+        """Replay the WAL after the state; (entries replayed, their command bytes if a
+        recovery target counts them, else 0)."""
         if self._wal is None or self._decode_entry is None:
-            return 0
+            return 0, 0
         hi = self._wal.last_index()
         if replay_upto is not None:
             hi = min(hi, replay_upto)
         lo = self._applied + 1
         if lo > hi:
-            return 0
+            return 0, 0
+        counting = self._recovery is not None
+        size = 0
         if self._wal.first_index() > lo:
             raise RecoveryError(
                 f"WAL starts at {self._wal.first_index()} but state is at {self._applied}: "
@@ -134,6 +149,8 @@ class ReplicaRecovery(ABC):
                         raise RecoveryError(f"WAL record {index} holds entry {entry.index}")
                     if entry.kind is EntryKind.CONFIG:
                         self._config = entry.config
+                    if counting:
+                        size += sum(len(r.command) for r in entry.requests)
                     if txs is not None:
                         for request in entry.requests:
                             if not request.read_only:
@@ -156,7 +173,7 @@ class ReplicaRecovery(ABC):
             if gc_was_enabled:
                 gc.enable()
         self._entries_since = self._bytes_since = 0
-        return hi - lo + 1
+        return hi - lo + 1, size
 
     def install(self, meta: SnapshotMeta, data: bytes, *,
                 pieces: Sequence[Piece] | None = None) -> None:
@@ -181,6 +198,8 @@ class ReplicaRecovery(ABC):
         else:
             self._store.save_stream(meta.index, encode_meta(meta), pieces)
         self._checkpoint_index = meta.index
+        if self._recovery is not None:
+            self._recovery.note_checkpoint(len(data))
         self._compact(meta.index)
         if self._gc_pacer is not None:
             self._gc_pacer.settle()

@@ -154,8 +154,9 @@ class EtcdCluster:
 
     name = "etcd"
 
-    def __init__(self, binary: str, *, members: int = 3) -> None:
+    def __init__(self, binary: str, *, members: int = 3, extra_args: Sequence[str] = ()) -> None:
         self._binary = binary
+        self._extra = tuple(extra_args)  # more etcd flags for every member
         ports = free_ports(2 * members)
         self.members = tuple(
             EtcdMember(name=f"e{i + 1}", client_port=ports[2 * i], peer_port=ports[2 * i + 1])
@@ -182,6 +183,7 @@ class EtcdCluster:
                     "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                     "--initial-cluster", initial, "--initial-cluster-token", "phalanx-bench",
                     "--initial-cluster-state", "new", "--log-level", "warn", "--logger", "zap",
+                    *self._extra,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

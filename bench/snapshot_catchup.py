@@ -262,12 +262,12 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                     raise PhalanxUnavailable(f"{follower} not caught up after {args.timeout} s "
                                              f"(applied {got} of {target})")
                 if now - last_log >= 5:
-                    try:
+                    try:  # a follower still starting has no metrics endpoint yet
                         rx = scrape(cluster, follower, "peer_bytes_in")
-                    except OSError:  # its metrics endpoint is not up yet
-                        rx = 0.0
-                    log(f"  {now - t1:,.0f} s: {follower} applied {got}, received "
-                        f"{rx / 2**20:,.1f} MiB")
+                        log(f"  {now - t1:,.0f} s: {follower} applied {got}, received "
+                            f"{rx / 2**20:,.1f} MiB")
+                    except OSError:
+                        log(f"  {now - t1:,.0f} s: {follower} not answering yet")
                     last_log = now
                 await trio.sleep(0.05)
             took = time.perf_counter() - t1

@@ -73,6 +73,10 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
         },
         "peers": peers,
     }
+    if cfg.checkpoint.recovery_target is not None:
+        checkpoint = doc["checkpoint"]
+        assert isinstance(checkpoint, dict)
+        checkpoint["recovery_target"] = f"{cfg.checkpoint.recovery_target:.15g}s"
     if cfg.app_files:
         doc["app"] = {k: rel(v) for k, v in sorted(cfg.app_files.items())}
     if cfg.protocol_options:

@@ -153,6 +153,35 @@ class CheckpointConfig:
     every_entries: int = CHECKPOINT_EVERY_ENTRIES
     every_bytes: int = CHECKPOINT_EVERY_BYTES
     keep: int = 3
+    recovery_target: float | None = None
+    """`recovery_target = "2s"`: seconds a restart may take to load the newest checkpoint and
+    replay the log after it. Set, it replaces `every_entries` and `every_bytes`: the node
+    measures its load and replay rates and checkpoints as rarely as keeps load plus replay
+    under it (`phalanx.apps.recovery_target`, docs/KV_STORAGE.md "Recovery-time objective").
+    Protocols that checkpoint at fixed sequence numbers (PBFT) keep their own interval."""
+
+    def __post_init__(self) -> None:
+        target = self.recovery_target
+        if target is not None and not (MIN_RECOVERY_TARGET <= target <= MAX_RECOVERY_TARGET):
+            raise ValueError(f"checkpoint recovery_target must be {MIN_RECOVERY_TARGET:g} to "
+                             f"{MAX_RECOVERY_TARGET:g} seconds, got {target!r}")
+
+
+MIN_RECOVERY_TARGET = 0.001
+MAX_RECOVERY_TARGET = 86_400.0
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|min)\s*")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0}
+
+
+def parse_duration(text: str, *, where: str) -> float:
+    """Seconds from ``"2s"``, ``"500ms"``, ``"1.5m"``; `ConfigError` naming `where`."""
+    match = _DURATION.fullmatch(text)
+    seconds = (float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+               if match is not None else 0.0)
+    if not MIN_RECOVERY_TARGET <= seconds <= MAX_RECOVERY_TARGET:
+        raise ConfigError(f"{where}: expected a duration like \"2s\" or \"500ms\" "
+                          f"(1 ms to 24 h), got {text!r}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -403,6 +432,14 @@ def _client_keys(t: _Table) -> dict[str, bytes]:
     return keys
 
 
+def _duration(t: _Table, key: str) -> float | None:
+    """An optional duration (`parse_duration`); a number without a unit is an error too."""
+    value = t._get(key, object, None)
+    if value is None:
+        return None
+    return parse_duration(value if isinstance(value, str) else repr(value), where=t.at(key))
+
+
 def _options(t: _Table) -> dict[str, str]:
     """`[protocol]`: option name -> text (its protocol's node checks them)."""
     return {name: t.text(name) for name in sorted(t.keys())}
@@ -468,6 +505,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
             every_entries=ckpt.integer("every_entries", CHECKPOINT_EVERY_ENTRIES),
             every_bytes=ckpt.integer("every_bytes", CHECKPOINT_EVERY_BYTES),
             keep=ckpt.integer("keep", 3),
+            recovery_target=_duration(ckpt, "recovery_target"),
         ),
         source=path,
         keys=keys,

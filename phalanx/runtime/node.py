@@ -32,6 +32,7 @@ import functools
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ import trio
 from phalanx.apps import kv_wire  # noqa: F401  (registers the KV types with the codec)
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import StateMachine
-from phalanx.apps.replica import Replica
+from phalanx.apps.recovery_target import RecoveryTarget
+from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.appspec import AppConfigError, UnknownApp
 from phalanx.appspec import get as get_app
@@ -214,6 +216,21 @@ class Node:
         )
 
 
+def recovery_target(config: NodeConfig, policy: CheckpointPolicy) -> RecoveryTarget | None:
+    """`[checkpoint] recovery_target` as the replica's interval, where checkpoints are a local
+    decision. An aligned policy's (PBFT) fall on sequence numbers every replica certifies
+    alike, which a locally measured rate cannot choose (docs/KV_STORAGE.md)."""
+    target = config.checkpoint.recovery_target
+    if target is None:
+        return None
+    if policy.aligned:
+        logger.info("%s: [checkpoint] recovery_target: %s checkpoints every %d sequence "
+                    "numbers on every replica alike; the target does not change that",
+                    config.id, config.protocol, policy.every_entries)
+        return None
+    return RecoveryTarget(target, clock=time.perf_counter)
+
+
 def _bound(listeners: list[trio.SocketListener], host: str) -> Address:
     port = listeners[0].socket.getsockname()[1]
     return Address(host=host, port=int(port))
@@ -337,13 +354,15 @@ async def open_node(
         voters = tuple(NodeId(m) for m in config.members())
         transactions = (protocol.transaction_layer(config)
                         if isinstance(protocol, TransactionalNode) else None)
+        policy = protocol.checkpoint_policy(config, compact_lag=COMPACT_LAG)
         replica = Replica(
             machine,
             checkpoints=storage.checkpoints,
             wal=storage.wal,
             decode_entry=wire.decode_entry,
             writer=ThreadedCheckpointWriter(relayed),
-            policy=protocol.checkpoint_policy(config, compact_lag=COMPACT_LAG),
+            policy=policy,
+            recovery=recovery_target(config, policy),
             config=Configuration(voters=voters),
             gc_pacer=gc_pacer,
             transactions=transactions,
@@ -353,6 +372,13 @@ async def open_node(
         # transactional core's log holds only committed entries and its record forgets
         # applied ones (GC), so its replica replays the whole WAL (as the simulator does).
         replica.restore_latest(replay_upto=None if transactions is not None else 0)
+        if replica.recovery is not None:
+            est = replica.recovery.estimate()
+            logger.info("%s: recovery_target %.3g s: checkpoint %d bytes loads in %.2f s; "
+                        "interval %d bytes of commands%s", config.id, est.target_seconds,
+                        est.checkpoint_bytes, est.load_seconds, est.interval_bytes,
+                        "" if est.feasible else " (the target cannot be held at these "
+                        "rates: docs/KV_STORAGE.md, Recovery-time objective)")
         try:
             built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
                                         pipeline_depth=PIPELINE_DEPTH, replica=replica)
