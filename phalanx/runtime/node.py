@@ -32,7 +32,6 @@ import functools
 import logging
 import os
 import random
-import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,8 +42,7 @@ import trio
 from phalanx.apps import kv_wire  # noqa: F401  (registers the KV types with the codec)
 from phalanx.apps.gc_pacer import GcPacer
 from phalanx.apps.interface import StateMachine
-from phalanx.apps.recovery_target import RecoveryTarget
-from phalanx.apps.replica import CheckpointPolicy, Replica
+from phalanx.apps.replica import Replica
 from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.appspec import AppConfigError, UnknownApp
 from phalanx.appspec import get as get_app
@@ -116,6 +114,7 @@ from phalanx.runtime.phase_trace import phase_trace_from_env
 from phalanx.runtime.piece_carrier import CarrierLink
 from phalanx.runtime.piece_manifest import ManifestViews, PieceStore
 from phalanx.runtime.piece_transfer import PieceTransfer
+from phalanx.runtime.recovery_policy import log_recovery_estimate, recovery_target
 from phalanx.runtime.services import ServiceHost
 from phalanx.runtime.stable_checkpoints import StableCheckpoints
 from phalanx.services import NodeService, ServiceError
@@ -214,21 +213,6 @@ class Node:
             fsyncs=committer.syncs,
             hard_state_writes=committer.hard_state_writes,
         )
-
-
-def recovery_target(config: NodeConfig, policy: CheckpointPolicy) -> RecoveryTarget | None:
-    """`[checkpoint] recovery_target` as the replica's interval, where checkpoints are a local
-    decision. An aligned policy's (PBFT) fall on sequence numbers every replica certifies
-    alike, which a locally measured rate cannot choose (docs/KV_STORAGE.md)."""
-    target = config.checkpoint.recovery_target
-    if target is None:
-        return None
-    if policy.aligned:
-        logger.info("%s: [checkpoint] recovery_target: %s checkpoints every %d sequence "
-                    "numbers on every replica alike; the target does not change that",
-                    config.id, config.protocol, policy.every_entries)
-        return None
-    return RecoveryTarget(target, clock=time.perf_counter)
 
 
 def _bound(listeners: list[trio.SocketListener], host: str) -> Address:
@@ -372,13 +356,7 @@ async def open_node(
         # transactional core's log holds only committed entries and its record forgets
         # applied ones (GC), so its replica replays the whole WAL (as the simulator does).
         replica.restore_latest(replay_upto=None if transactions is not None else 0)
-        if replica.recovery is not None:
-            est = replica.recovery.estimate()
-            logger.info("%s: recovery_target %.3g s: checkpoint %d bytes loads in %.2f s; "
-                        "interval %d bytes of commands%s", config.id, est.target_seconds,
-                        est.checkpoint_bytes, est.load_seconds, est.interval_bytes,
-                        "" if est.feasible else " (the target cannot be held at these "
-                        "rates: docs/KV_STORAGE.md, Recovery-time objective)")
+        log_recovery_estimate(config.id, replica.recovery)
         try:
             built = protocol.build_core(config, durable=durable, rng=rng, byzantine=byzantine,
                                         pipeline_depth=PIPELINE_DEPTH, replica=replica)

@@ -29,7 +29,7 @@ from phalanx.consensus.types import ClientRequest, Configuration, Entry, EntryKi
 from phalanx.net import wire
 from phalanx.ops.config_toml import node_config_dict
 from phalanx.ops.node_config import CheckpointConfig, ConfigError, load_node_config
-from phalanx.runtime.node import recovery_target as node_recovery_target
+from phalanx.runtime.recovery_policy import recovery_target as node_recovery_target
 from phalanx.storage.memory import MemoryDisk
 
 CONFIG = Configuration(voters=(NodeId("n1"),))
