@@ -98,7 +98,7 @@ class ReplicaAppView:
             neither names is refused (never endorsed).
     """
 
-    __slots__ = ("_access", "_commutes", "_hooks", "_policies", "_replica")
+    __slots__ = ("_access", "_base", "_commutes", "_hooks", "_needs", "_policies", "_replica")
 
     def __init__(self, replica: Replica, hooks: EndorsementHooks | None = None, *,
                  policies: Mapping[str, PolicyVote] | None = None) -> None:
@@ -113,6 +113,10 @@ class ReplicaAppView:
         self._commutes = hooks.commutes
         self._policies = dict(policies or {})
         self._access: dict[bytes, KeyAccess] = {}
+        self._needs: dict[bytes, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        """(needs_requirements, needs_base) per command, cached like `_access`."""
+        self._base: BaseVersions | None = hooks if isinstance(hooks, BaseVersions) else None
+        """The hooks as `BaseVersions` (an isinstance on a runtime Protocol costs ~50 us: once)."""
 
     def access(self, command: bytes) -> KeyAccess:
         """`hooks.access(command)`, cached (a pure function of the command)."""
@@ -139,8 +143,22 @@ class ReplicaAppView:
     def writes(self, command: bytes) -> tuple[str, ...]:
         return self.access(command).writes
 
+    def _needs_of(self, command: bytes) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(`needs_requirements`, `needs_base`) of `command`, cached (pure functions of the
+        command, asked of every transaction on every node: each decodes it)."""
+        cache = self._needs
+        found = cache.get(command)
+        if found is None:
+            base = self._base
+            found = (self._hooks.needs_requirements(command),
+                     base.needs_base(command) if base is not None else ())
+            if len(cache) >= ACCESS_CACHE:
+                del cache[next(iter(cache))]
+            cache[command] = found
+        return found
+
     def needs_requirements(self, command: bytes) -> tuple[str, ...]:
-        return self._hooks.needs_requirements(command)
+        return self._needs_of(command)[0]
 
     def accepts(self, command: bytes, policy: str) -> bool:
         if policy == "":
@@ -154,18 +172,17 @@ class ReplicaAppView:
     def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         """The app's base versions (`BaseVersions`, optional); an app without them has
         no base version that a requirement could name (`NO_BASE`: never holds)."""
-        hooks = self._hooks
-        if not isinstance(hooks, BaseVersions):
+        base = self._base
+        if base is None:
             return tuple(NO_BASE for _ in keys)
-        return hooks.base_versions(keys)
+        return base.base_versions(keys)
 
     def needs_base(self, command: bytes) -> tuple[str, ...]:
-        hooks = self._hooks
-        return hooks.needs_base(command) if isinstance(hooks, BaseVersions) else ()
+        return self._needs_of(command)[1]
 
     def fits_run(self, command: bytes, keys: Sequence[str]) -> bool:
-        hooks = self._hooks
-        return not isinstance(hooks, BaseVersions) or hooks.fits_run(command, keys)
+        base = self._base
+        return base is None or base.fits_run(command, keys)
 
     def applied(self) -> int:
         return self._replica.applied_index
