@@ -146,7 +146,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._duplicates: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
         self._recovery = Recovery(peers=self._peers, every=config.rebroadcast_ticks,
-                                  max_entries=config.max_pending)
+                                  max_entries=config.max_pending,
+                                  named_delay=config.named_fetch_delay_ticks)
         self._now: int | None = None
         self._ticks = 0
         self._number = 0

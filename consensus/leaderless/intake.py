@@ -182,7 +182,7 @@ class PeerIntake(CoreParts):
             return
         if record is None:
             if self._store.buffer(e) and src is not None:
-                out.sends += self._recovery.fetch_named(src, e.tx_id)
+                out.sends += self._recovery.fetch_named(src, e.tx_id, self._ticks)
             return
         self._add_endorsement(record, e, src, out)
 

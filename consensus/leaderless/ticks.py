@@ -29,6 +29,7 @@ class TickWork(CoreParts):
         the fence), the stuck check when the checkpoint batcher flushes; every period a
         full pass (endorse, commit) as a safety net, re-sends, GC."""
         self._ticks += 1
+        out.sends += self._recovery.named_due(self._ticks)
         if now is None:
             self._checkpoints.tick(self._proof_of)
             return

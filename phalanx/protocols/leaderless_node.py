@@ -77,6 +77,11 @@ checkpoint it alike, so state transfer finds f+1 matching checkpoints under cons
 cut is usually close enough to be vouched for."""
 
 REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
+
+NAMED_FETCH_DELAY_TICKS = 2
+"""`LeaderlessConfig.named_fetch_delay_ticks` of a real node: its clients send every
+transaction to every node, so an unknown one that peers' endorsements name is usually
+about to arrive (the driver steps a pass's client writes at the pass's end)."""
 """The replica's transaction-table horizon (module docstring)."""
 
 NO_BASE = b"\xffno base version"
@@ -287,6 +292,7 @@ def leaderless_config(config: NodeConfig) -> LeaderlessConfig:
         return LeaderlessConfig(node_id=NodeId(config.id),
                                 nodes=tuple(sorted(NodeId(m) for m in config.members())),
                                 gc_horizon_ms=GC_HORIZON_MS,
+                                named_fetch_delay_ticks=NAMED_FETCH_DELAY_TICKS,
                                 **_options(config.protocol_options))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{config.source}: [protocol] {e}") from None
