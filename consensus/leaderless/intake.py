@@ -25,6 +25,7 @@ from phalanx.consensus.leaderless.messages import (
     OrderingEnvelope,
     OrderingSubmit,
     Refusal,
+    SignatureResend,
     StartCheckpoint,
     Transaction,
     TransactionProof,
@@ -34,7 +35,7 @@ from phalanx.consensus.leaderless.messages import (
     VoteReady,
 )
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
-from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS
+from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, MAX_RESEND_ITEMS
 from phalanx.consensus.leaderless.store import TxRecord, TxState
 from phalanx.consensus.types import Message, NodeId
 
@@ -53,6 +54,8 @@ class PeerIntake(CoreParts):
             self._on_batch(src, msg, out)
         elif isinstance(msg, Endorsement):
             self._on_endorsement(src, msg, out)
+        elif isinstance(msg, SignatureResend):
+            self._on_resend(src, msg, out)
         elif isinstance(msg, Refusal):
             self._on_refusal(msg, out)
         elif isinstance(msg, TransactionProof):
@@ -143,6 +146,17 @@ class PeerIntake(CoreParts):
             return
         for e in news:
             self._on_endorsement(src, e, out)
+
+    def _on_resend(self, src: NodeId, msg: SignatureResend, out: Outbox) -> None:
+        """A peer's re-sent signatures: each as if it came alone (duplicates are
+        recognised before any signature check); an oversized one is one drop."""
+        if len(msg.endorsements) + len(msg.refusals) > MAX_RESEND_ITEMS:
+            self._drop("oversized_resend")
+            return
+        for e in msg.endorsements:
+            self._on_endorsement(src, e, out)
+        for r in msg.refusals:
+            self._on_refusal(r, out)
 
     def _old_endorsement(self, e: Endorsement) -> str | None:
         """Why `e` needs no signature check: "" (our own, echoed back), the benign drop

@@ -32,6 +32,9 @@ MAX_FETCH_IDS = 64
 MAX_DIGEST_IDS = 1024
 """At most this many ids go in one `CommittedDigest` (the newest commits)."""
 
+MAX_RESEND_ITEMS = 1024
+"""At most this many signatures go in one `SignatureResend`; a larger one is dropped."""
+
 
 
 class Recovery:

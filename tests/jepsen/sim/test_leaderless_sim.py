@@ -114,12 +114,13 @@ LATE_QUORUM_MIX = (("conflict_pct", 60), ("hot_jitter_ms", 30), ("short_max_ms",
                    ("short_pct", 30))
 """Since batch endorsements (a transaction endorsed on submit is no longer relayed, so
 arrival orders vary less) seed 71 stopped catching it; under this mix (more conflicts, more
-short deadlines) seed 76, the first of 0-76, does. `tests/consensus/leaderless/
-test_config_bugs.py::test_count_conditional_commits_both_of_a_late_quorum` builds the
-scenario by hand."""
+short deadlines) seed 76, the first of 0-76, did; since own signatures are re-sent in one
+`SignatureResend` per peer (wire id 350) seed 70, the first of 0-70, does.
+`tests/consensus/leaderless/test_config_bugs.py::test_count_conditional_commits_both_of_a_
+late_quorum` builds the scenario by hand."""
 
 
-@pytest.mark.parametrize("seed", [76])
+@pytest.mark.parametrize("seed", [70])
 def test_count_conditional_is_caught_by_a_late_quorum(seed: int) -> None:
     """A transaction expires while its endorsements split; a conflicting one is endorsed on
     condition of it and, counted at once, commits; the first one's quorum then completes
