@@ -144,8 +144,8 @@ class PeerIntake(CoreParts):
         if news and not self._roots.verify(self._crypto, batch.endorser, root, batch.signature):
             self._drop("bad_endorsement_batch_signature")
             return
-        for e in news:
-            self._on_endorsement(src, e, out)
+        for e in news:  # the checks of `endorsement_problem` passed for all of them above
+            self._on_endorsement(src, e, out, checked=True)
 
     def _on_resend(self, src: NodeId, msg: SignatureResend, out: Outbox) -> None:
         """A peer's re-sent signatures: each as if it came alone (duplicates are
@@ -183,14 +183,18 @@ class PeerIntake(CoreParts):
             return "duplicate_endorsement"
         return None
 
-    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox) -> None:
+    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox, *,
+                        checked: bool = False) -> None:
+        """`checked`: an item of a batch `_on_batch` verified (member, well-formed, its
+        root signed): not hashed up its path again."""
         old = self._old_endorsement(e)
         if old is not None:
             if old:
                 self._drop(old)
             return
         record = self._store.get(e.tx_id)
-        problem = endorsement_problem(e, self._config.nodes, self._crypto, self._roots)
+        problem = None if checked else endorsement_problem(
+            e, self._config.nodes, self._crypto, self._roots)
         if problem is not None:
             self._drop(problem)
             return
