@@ -71,8 +71,7 @@ def _bench_node_command(config_path: Path) -> list[str]:
 def _profiled_command(node_id: str, config_path_of: Callable[[str], Path], prefix: Path,
                       command: Callable[[Path], list[str]] | None
                       ) -> Callable[[Path], list[str]]:
-    """The node command, with `node_id` run under `_cprofile_node.py` (cProfile timed by
-    CPU time) into `PREFIX<id>.prof`."""
+    """The node command, with `node_id` wrapped in `python -m cProfile -o PREFIX<id>.prof`."""
     base = command or node_command
     target = config_path_of(node_id)
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +80,7 @@ def _profiled_command(node_id: str, config_path_of: Callable[[str], Path], prefi
         argv = base(config_path)
         if config_path != target:
             return argv
-        wrapper = str(Path(__file__).resolve().with_name("_cprofile_node.py"))
-        return [argv[0], wrapper, f"{prefix}{node_id}.prof", *argv[1:]]
+        return [argv[0], "-m", "cProfile", "-o", f"{prefix}{node_id}.prof", *argv[1:]]
 
     return make
 
@@ -109,9 +107,8 @@ class PhalanxCluster:
     def __init__(self, *, protocol: str, workdir: str | None, nodes: int = 3,
                  checkpoint_every_bytes: int | None = None, fsync: str = "group",
                  cprofile: str | None = None) -> None:
-        """`cprofile`: a directory; the first node then runs under cProfile (CPU time) and
-        dumps its stats there on a clean stop (`<protocol>-<node>.prof`; read with
-        `pstats`)."""
+        """`cprofile`: a directory; the first node then runs under cProfile and dumps its
+        stats there on a clean stop (`<protocol>-<node>.prof`; read with `pstats`)."""
         self._own_dir = workdir is None
         parent = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
         self.directory = parent / f"cluster-{protocol}"
