@@ -3,8 +3,10 @@
 
 Call counts are exact whatever the profiler's overhead (the times are not: the profiled node
 runs slower than its peers, so it receives more of their messages before its own client
-copies). Counted over the node's whole session (start-up, every level), divided by the
-client requests it applied:
+copies, and may fall behind). Counted over the node's whole session (start-up, every level),
+divided by the requests it handled: the larger of the client calls it received (a
+leaderless node gets every transaction from its client) and the requests it applied (a
+PBFT primary applies every request; a profiled node that fell behind applied fewer):
 
 - Ready bundles: steps of the core (`runtime.driver` `_step` and `_step_internal`);
 - client calls, peer messages received (`driver.deliver`) and sent (`transport.send_nowait`);
@@ -33,6 +35,7 @@ ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("fsyncs", (("~", "<built-in method posix.fsync>"),)),
 )
 APPLIED = ("apps/replica.py", "_apply_request")
+CALLS = ("runtime/driver_calls.py", "_on_call")
 
 
 def count(stats: pstats.Stats, wanted: tuple[tuple[str, str], ...]) -> int:
@@ -51,13 +54,13 @@ def main() -> None:
     columns = []
     for path in args.profiles:
         stats = pstats.Stats(path)
-        applied = max(count(stats, (APPLIED,)), 1)
-        columns.append((path, applied, [count(stats, w) / applied for _, w in ROWS]))
+        handled = max(count(stats, (APPLIED,)), count(stats, (CALLS,)), 1)
+        columns.append((path, handled, [count(stats, w) / handled for _, w in ROWS]))
     width = max(len(r) for r, _ in ROWS)
-    print(f"{'per applied request, one node':{width}}  " + "  ".join(
+    print(f"{'per request, one node':{width}}  " + "  ".join(
         f"{path.rsplit('/', 1)[-1]:>20}" for path, _, _ in columns))
-    print(f"{'(requests applied)':{width}}  " + "  ".join(
-        f"{applied:>20}" for _, applied, _ in columns))
+    print(f"{'(requests: calls or applied)':{width}}  " + "  ".join(
+        f"{handled:>20}" for _, handled, _ in columns))
     for i, (label, _) in enumerate(ROWS):
         print(f"{label:{width}}  " + "  ".join(f"{vals[i]:>20.2f}" for _, _, vals in columns))
 
