@@ -84,6 +84,9 @@ transaction to every node, so an unknown one that peers' endorsements name is us
 about to arrive (the driver steps a pass's client writes at the pass's end)."""
 """The replica's transaction-table horizon (module docstring)."""
 
+UNWRAP_MEMO = 1024
+"""Transactions whose `TxLayer.unwrap` is remembered (oldest out first)."""
+
 NO_BASE = b"\xffno base version"
 """`ReplicaAppView.base_versions` of an app without base versions: no requirement names it
 (a version is b"" or a digest), so a base requirement there never holds."""
@@ -226,20 +229,32 @@ class WireTxCodec:
 class TxLayer:
     """The replica's `TransactionLayer`: a command is a `WireTxCodec` transaction."""
 
-    __slots__ = ("_codec", "horizon_ms")
+    __slots__ = ("_codec", "_memo", "horizon_ms")
 
     def __init__(self, codec: WireTxCodec | None = None, *,
                  horizon_ms: int = REPLICA_HORIZON_MS) -> None:
         self._codec = codec if codec is not None else WireTxCodec()
         self.horizon_ms = horizon_ms
+        self._memo: dict[bytes, tuple[bytes, int, bytes, tuple[str, ...]]] = {}
+        """`unwrap` of the last `UNWRAP_MEMO` commands: the replica unwraps a transaction
+        when its client call is admitted and again when it applies it (a decode, an encode
+        and a SHA-256 each time)."""
 
     def unwrap(self, command: bytes) -> tuple[bytes, int, bytes, tuple[str, ...]] | None:
+        memo = self._memo
+        found = memo.get(command)
+        if found is not None:
+            return found
         codec = self._codec
         tx = codec.decode(command)
         if tx is None:
             return None
         pinned = tuple(sorted({r.key for r in tx.requirements if not r.base}))
-        return transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
+        found = transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
+        if len(memo) >= UNWRAP_MEMO:
+            del memo[next(iter(memo))]
+        memo[command] = found
+        return found
 
 
 class LeaderlessJournal:
