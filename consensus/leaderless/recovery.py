@@ -1,10 +1,12 @@
 """Loss recovery and anti-entropy of the leaderless core: how a node learns what it missed.
 
 Owns: the fetch bookkeeping (which ids were asked for, when: one request per id per
-`rebroadcast_ticks`, bounded), the ids committed here recently (re-pushed once, at the next
-period), answering `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies
-on gossip history instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of
-the committed transactions it still holds (newest `MAX_DIGEST_IDS`); the peer fetches those
+`rebroadcast_ticks`, bounded; unknown ids named by endorsements, fetched at once or after
+`named_fetch_delay_ticks`), the ids committed here recently (re-pushed once, at the next
+period, in the `SignatureResend` the core sends each peer), answering
+`FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies on gossip history
+instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of the
+committed transactions it still holds (newest `MAX_DIGEST_IDS`); the peer fetches those
 it does not know or still has pending, and commits them from the self-certifying proofs.
 A node that was down or cut off for longer than a period catches up this way.
 
@@ -34,7 +36,6 @@ MAX_DIGEST_IDS = 1024
 
 MAX_RESEND_ITEMS = 1024
 """At most this many signatures go in one `SignatureResend`; a larger one is dropped."""
-
 
 
 class Recovery:
