@@ -11,7 +11,10 @@ Gate rule: a committed T is released (next local index) only when no released-bu
 transaction (index > `app.applied()`) writes a key T requires, and `app.versions` of T's
 required keys equal its requirements (`requirements_hold`: a base requirement against the
 base version). A transaction without requirements passes at once
-(commuting updates). Waiting transactions are tried in commit order on every step.
+(commuting updates). Waiting transactions are tried in commit order on every step. The
+released-but-unapplied transactions are indexed by key (`_Unapplied`, rebuilt from
+`released` after a restore or an install): the rule, and the endorsement rule's
+unapplied-conflict check (`unapplied_touching`), look up keys instead of walking them.
 
 Skip rule (`skip_stale_reads`): a gated READ-ONLY transaction whose deadline lies more than
 `grace_ms` in the past leaves the gate unreleased (`skipped`): it changes no state, so
