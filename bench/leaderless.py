@@ -2,7 +2,9 @@
 
 Run: `.venv/bin/python bench/leaderless.py` (~3.5 min; `make bench-leaderless`),
 `--quick` for a smoke run (1 round, 4 clients at 0% and 50%, 1 s levels: ~15 s per
-protocol), `--help` for the flags.
+protocol), `--help` for the flags. `--cprofile DIR` runs each cluster's first node under
+cProfile; `bench/profile_counts.py` turns its dump into messages, signatures, Ready bundles
+and fsyncs per request (docs/LEADERLESS.md "Round 4").
 
 Clusters (real processes on loopback, TLS, fsync "group" = real fsync, default timing), one
 per protocol at its registry size (`ProtocolSpec.default_nodes`, f = 1): Raft n=3, PBFT n=4,
