@@ -81,6 +81,9 @@ from phalanx.apps.kv_validate import key_too_large, validate
 
 _DONE = Done()
 
+ACCESS_MEMO = 256
+"""Commands whose access sets `KvStateMachine.access` remembers (oldest out first)."""
+
 
 class KvStateMachine:
     """A replicated key-value store. Keys are `str`, values `bytes` (see `kv_types` limits)."""
@@ -96,6 +99,7 @@ class KvStateMachine:
         """Version metadata of the keys written in transaction mode (`apply_tx`)."""
         self._delivery_check: DeliveryCheck | None = None
         self.refused: dict[str, int] = {}
+        self._access_memo: dict[bytes, KeyAccess] = {}
         """Commands refused at apply by the cluster-sending rules (`phalanx.apps.kv_inbox`),
         by reason: ``reserved_key``, ``uncertified:<why>``, ``compact_not_next``,
         ``prune_gap``... Metrics, not state (not in checkpoints)."""
@@ -247,7 +251,17 @@ class KvStateMachine:
     # ---------------------------------------------------------------- EndorsementHooks
 
     def access(self, command: bytes) -> KeyAccess:
-        return self._access_of(kv_wire.decode_command(command))
+        """The command's access set; the last `ACCESS_MEMO` are remembered (a pure function
+        of the command, asked several times per transaction: conflicts, requirements,
+        base versions, each a decode before)."""
+        memo = self._access_memo
+        found = memo.get(command)
+        if found is None:
+            found = self._access_of(kv_wire.decode_command(command))
+            if len(memo) >= ACCESS_MEMO:
+                del memo[next(iter(memo))]
+            memo[command] = found
+        return found
 
     def _access_of(self, cmd: KvCommand | KvError) -> KeyAccess:
         match cmd:

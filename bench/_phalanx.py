@@ -31,7 +31,13 @@ from _loadgen import Writer, make_value, proc_rss_bytes
 
 from phalanx.apps.kv_types import Put
 from phalanx.client.async_client import Client, ClientError, open_client
-from phalanx.ops.local_cluster import ClusterError, NodeProcesses, find_free_base_port, init_cluster
+from phalanx.ops.local_cluster import (
+    ClusterError,
+    NodeProcesses,
+    find_free_base_port,
+    init_cluster,
+    node_command,
+)
 from phalanx.ops.node_config import ClusterConfig, load_node_config
 
 CHECKPOINT_QUIET_S = 17.0
@@ -62,6 +68,23 @@ def _bench_node_command(config_path: Path) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "node", str(config_path)]
 
 
+def _profiled_command(node_id: str, config_path_of: Callable[[str], Path], prefix: Path,
+                      command: Callable[[Path], list[str]] | None
+                      ) -> Callable[[Path], list[str]]:
+    """The node command, with `node_id` wrapped in `python -m cProfile -o PREFIX<id>.prof`."""
+    base = command or node_command
+    target = config_path_of(node_id)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+
+    def make(config_path: Path) -> list[str]:
+        argv = base(config_path)
+        if config_path != target:
+            return argv
+        return [argv[0], "-m", "cProfile", "-o", f"{prefix}{node_id}.prof", *argv[1:]]
+
+    return make
+
+
 class _SharedClientWriter:
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -82,7 +105,10 @@ class PhalanxCluster:
     name = "phalanx"
 
     def __init__(self, *, protocol: str, workdir: str | None, nodes: int = 3,
-                 checkpoint_every_bytes: int | None = None, fsync: str = "group") -> None:
+                 checkpoint_every_bytes: int | None = None, fsync: str = "group",
+                 cprofile: str | None = None) -> None:
+        """`cprofile`: a directory; the first node then runs under cProfile and dumps its
+        stats there on a clean stop (`<protocol>-<node>.prof`; read with `pstats`)."""
         self._own_dir = workdir is None
         parent = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
         self.directory = parent / f"cluster-{protocol}"
@@ -103,6 +129,9 @@ class PhalanxCluster:
                     raise PhalanxUnavailable(f"{path}: no [checkpoint] every_bytes to override")
                 path.write_text(text)
         command = None if _cli_has_node_run() else _bench_node_command
+        if cprofile is not None:
+            command = _profiled_command(self.config.nodes[0].id, self.config.node_config_path,
+                                        Path(cprofile) / f"{protocol}-", command)
         self.runner = "phalanx node run" if command is None else "bench/_phalanx.py node"
         self.procs = (
             NodeProcesses(self.config) if command is None

@@ -2,7 +2,9 @@
 
 Run: `.venv/bin/python bench/leaderless.py` (~3.5 min; `make bench-leaderless`),
 `--quick` for a smoke run (1 round, 4 clients at 0% and 50%, 1 s levels: ~15 s per
-protocol), `--help` for the flags.
+protocol), `--help` for the flags. `--cprofile DIR` runs each cluster's first node under
+cProfile; `bench/profile_counts.py` turns its dump into messages, signatures, Ready bundles
+and fsyncs per request (docs/LEADERLESS.md "Round 4").
 
 Clusters (real processes on loopback, TLS, fsync "group" = real fsync, default timing), one
 per protocol at its registry size (`ProtocolSpec.default_nodes`, f = 1): Raft n=3, PBFT n=4,
@@ -309,7 +311,9 @@ def run_protocol(protocol: str, round_no: int, args: argparse.Namespace, report:
     spec = get_protocol(protocol)
     nodes = spec.default_nodes
     cluster = PhalanxCluster(protocol=protocol, workdir=str(workdir / f"r{round_no}"),
-                             nodes=nodes)
+                             nodes=nodes, cprofile=(
+                                 os.path.join(args.cprofile, f"r{round_no}")
+                                 if args.cprofile else None))
     log(f"{protocol} (round {round_no}): starting {nodes} nodes in {cluster.directory}")
     cluster.start()
     try:
@@ -487,6 +491,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write the raw results to this file")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="py-spy every server of each level (raw stacks into DIR)")
+    p.add_argument("--cprofile", default=None, metavar="DIR",
+                   help="run each cluster's first node under cProfile, stats into "
+                   "DIR/r<round>/<protocol>-<node>.prof (whole session; the node's CPU grows)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 round, 4 clients at 0%% and 50%%, 1 s levels")
     args = p.parse_args(argv)

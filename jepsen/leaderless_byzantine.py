@@ -44,6 +44,7 @@ from phalanx.consensus.leaderless.messages import (
     EndorsementBatch,
     OrderedVote,
     OrderingSubmit,
+    SignatureResend,
     Transaction,
     TransactionProof,
     TxId,
@@ -209,6 +210,11 @@ class LeaderlessByzantineCore:
             if "forge_conditions" in b and isinstance(msg, EndorsementBatch) and (
                     rng.random() < self._rate):
                 msg = self._forge_batch(msg)
+            if "forge_conditions" in b and isinstance(msg, SignatureResend) and (
+                    msg.endorsements and rng.random() < self._rate):
+                msg = dataclasses.replace(msg, endorsements=tuple(
+                    f if isinstance(f := self._forge_conditions(e), Endorsement) else e
+                    for e in msg.endorsements))
             if isinstance(msg, OrderingSubmit):
                 msg = self._lie_ordered(msg, send.to)
             if isinstance(msg, VetoChoice):

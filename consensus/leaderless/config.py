@@ -49,6 +49,10 @@ class LeaderlessConfig:
             docs/LEADERLESS.md "Ordered resolution".
         close_ticks: "pbft" mode: a node proposes to close a checkpoint this many ticks
             after it heard of it (must exceed the message delay plus the ordering latency).
+        named_fetch_delay_ticks: an unknown transaction that endorsements name is fetched
+            from its endorsers this many ticks after the first naming (0: at once), unless
+            it arrived meanwhile (`recovery.Recovery.fetch_named`; the runtime, whose
+            clients send every transaction to every node, waits 2 ticks).
     """
 
     node_id: NodeId
@@ -64,6 +68,7 @@ class LeaderlessConfig:
     max_deadline_lead_ms: int = 600_000
     stuck_resolution: str = "veto"
     close_ticks: int = 100
+    named_fetch_delay_ticks: int = 0
 
     def __post_init__(self) -> None:
         if not self.nodes or list(self.nodes) != sorted(set(self.nodes)):
@@ -87,8 +92,9 @@ class LeaderlessConfig:
         if self.stuck_resolution not in STUCK_RESOLUTIONS:
             raise ValueError(f"stuck_resolution must be one of {', '.join(STUCK_RESOLUTIONS)}, "
                              f"got {self.stuck_resolution!r}")
-        if self.delta_old_ms < 0:
-            raise ValueError(f"delta_old_ms must be >= 0, got {self.delta_old_ms}")
+        for name in ("delta_old_ms", "named_fetch_delay_ticks"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def n(self) -> int:

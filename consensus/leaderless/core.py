@@ -148,6 +148,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._queued: dict[TxId, None] = {}
         self._recovery = Recovery(peers=self._peers, every=config.rebroadcast_ticks,
                                   max_entries=config.max_pending,
+                                  named_delay=config.named_fetch_delay_ticks,
                                   offset=config.nodes.index(config.node_id))
         self._now: int | None = None
         self._ticks = 0
@@ -234,7 +235,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                         tx_id=tx_id, deadline_ms=tx.deadline_ms, committed=True))
                     self._gate.restore_wal(Committed(
                         tx_id=tx_id, proof=None, request_command=request.command,
-                        writes=record.writes, index=entry.index))
+                        writes=record.writes, index=entry.index, keys=record.keys))
         wal_last = max([applied] + [e.index for e in entries])
         self._gate.last_index = max(self._gate.last_index, wal_last)
         indexes = state.released_at if len(state.released_at) == state.released else ()
@@ -495,7 +496,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
 
     def _committed_item(self, record: TxRecord, proof: TransactionProof) -> Committed:
         return Committed(tx_id=record.tx_id, proof=proof, request_command=record.request.command,
-                         writes=record.writes)
+                         writes=record.writes, keys=record.keys)
 
     def _drop_tx(self, record: TxRecord, reason: str, out: Outbox) -> None:
         self._store.decide(record, TxState.DROPPED)

@@ -177,7 +177,7 @@ class Endorser:
     def _unapplied_conflict(self, record: TxRecord) -> bool:
         keys = record.keys
         mine = set(keys) if keys is not None else None
-        for tx_id in self._gate.unapplied_ids():
+        for tx_id in self._gate.unapplied_touching(keys):
             other = self._store.get(tx_id)
             if other is None or (mine is not None and other.keys is not None
                                  and mine.isdisjoint(other.keys)):

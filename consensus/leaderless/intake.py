@@ -25,6 +25,7 @@ from phalanx.consensus.leaderless.messages import (
     OrderingEnvelope,
     OrderingSubmit,
     Refusal,
+    SignatureResend,
     StartCheckpoint,
     Transaction,
     TransactionProof,
@@ -34,7 +35,7 @@ from phalanx.consensus.leaderless.messages import (
     VoteReady,
 )
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
-from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS
+from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, MAX_RESEND_ITEMS
 from phalanx.consensus.leaderless.store import TxRecord, TxState
 from phalanx.consensus.types import Message, NodeId
 
@@ -53,6 +54,8 @@ class PeerIntake(CoreParts):
             self._on_batch(src, msg, out)
         elif isinstance(msg, Endorsement):
             self._on_endorsement(src, msg, out)
+        elif isinstance(msg, SignatureResend):
+            self._on_resend(src, msg, out)
         elif isinstance(msg, Refusal):
             self._on_refusal(msg, out)
         elif isinstance(msg, TransactionProof):
@@ -141,8 +144,19 @@ class PeerIntake(CoreParts):
         if news and not self._roots.verify(self._crypto, batch.endorser, root, batch.signature):
             self._drop("bad_endorsement_batch_signature")
             return
-        for e in news:
+        for e in news:  # the checks of `endorsement_problem` passed for all of them above
+            self._on_endorsement(src, e, out, checked=True)
+
+    def _on_resend(self, src: NodeId, msg: SignatureResend, out: Outbox) -> None:
+        """A peer's re-sent signatures: each as if it came alone (duplicates are
+        recognised before any signature check); an oversized one is one drop."""
+        if len(msg.endorsements) + len(msg.refusals) > MAX_RESEND_ITEMS:
+            self._drop("oversized_resend")
+            return
+        for e in msg.endorsements:
             self._on_endorsement(src, e, out)
+        for r in msg.refusals:
+            self._on_refusal(r, out)
 
     def _old_endorsement(self, e: Endorsement) -> str | None:
         """Why `e` needs no signature check: "" (our own, echoed back), the benign drop
@@ -169,20 +183,24 @@ class PeerIntake(CoreParts):
             return "duplicate_endorsement"
         return None
 
-    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox) -> None:
+    def _on_endorsement(self, src: NodeId | None, e: Endorsement, out: Outbox, *,
+                        checked: bool = False) -> None:
+        """`checked`: an item of a batch `_on_batch` verified (member, well-formed, its
+        root signed): not hashed up its path again."""
         old = self._old_endorsement(e)
         if old is not None:
             if old:
                 self._drop(old)
             return
         record = self._store.get(e.tx_id)
-        problem = endorsement_problem(e, self._config.nodes, self._crypto, self._roots)
+        problem = None if checked else endorsement_problem(
+            e, self._config.nodes, self._crypto, self._roots)
         if problem is not None:
             self._drop(problem)
             return
         if record is None:
             if self._store.buffer(e) and src is not None:
-                out.sends += self._recovery.fetch_named(src, e.tx_id)
+                out.sends += self._recovery.fetch_named(src, e.tx_id, self._ticks)
             return
         self._add_endorsement(record, e, src, out)
 

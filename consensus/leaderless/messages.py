@@ -176,6 +176,18 @@ class TransactionProof(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SignatureResend(Message):
+    """A node's own signatures sent again in one message per peer per period (loss
+    recovery, `ticks.TickWork._rebroadcast`): its endorsements of transactions it committed
+    since the last period or still pending, its refusals of pending ones. Each item is
+    self-certifying and handled as if it came alone (one message each, before: ~3
+    per transaction and node)."""
+
+    endorsements: tuple[Endorsement, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartCheckpoint(Message):
     """Propose dropping the stuck transactions `tx_ids` (sorted, unique; PnyxDB §1.8). Sent
     again every period while the checkpoint is undecided at the sender: the receiver then
@@ -450,8 +462,9 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     344: OrderedCheckpointState,
     345: OrderingSnapshot,
     346: OrderingSubmit,
+    350: SignatureResend,
     **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 311-319 and records in 327-339 and 347-399 (324-326: batch
-endorsements; 340-346: the ordered resolution)."""
+The core may add messages in 311-319 and records in 327-339 and 351-399 (324-326: batch
+endorsements; 340-346: the ordered resolution; 350: re-sent signatures)."""

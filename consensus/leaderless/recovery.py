@@ -1,13 +1,16 @@
 """Loss recovery and anti-entropy of the leaderless core: how a node learns what it missed.
 
 Owns: the fetch bookkeeping (which ids were asked for, when: one request per id per
-`rebroadcast_ticks`, bounded), the ids committed here recently (re-pushed once, at the next
-period), answering `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies
-on gossip history instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of
-the committed transactions it still holds (newest `MAX_DIGEST_IDS`). The round-robin starts at
-the node's own position (`offset`), so in each period the nodes' digests go to different peers
-(every node receives about one per period) instead of all to the same one (a restarted node
-late in the order then waited up to n-1 periods: 30 s at n = 20 over a WAN); the peer fetches those
+`rebroadcast_ticks`, bounded; unknown ids named by endorsements, fetched at once or after
+`named_fetch_delay_ticks`), the ids committed here recently (re-pushed once, at the next
+period, in the `SignatureResend` the core sends each peer), answering
+`FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies on gossip history
+instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of the
+committed transactions it still holds (newest `MAX_DIGEST_IDS`). The round-robin starts at
+the node's own position (`offset`), so in each period the nodes' digests go to different
+peers (every node receives about one per period) instead of all to the same one (a
+restarted node late in the order then waited up to n-1 periods: 30 s at n = 20 over a
+WAN); the peer fetches those
 it does not know or still has pending, and commits them from the self-certifying proofs.
 A node that was down or cut off for longer than a period catches up this way.
 
@@ -35,20 +38,29 @@ MAX_FETCH_IDS = 64
 MAX_DIGEST_IDS = 1024
 """At most this many ids go in one `CommittedDigest` (the newest commits)."""
 
+MAX_RESEND_ITEMS = 1024
+"""At most this many signatures go in one `SignatureResend`; a larger one is dropped."""
+
 
 class Recovery:
-    __slots__ = ("_aborts", "_asked", "_every", "_fetched", "_max", "_offset", "_peers",
-                 "_recent")
+    __slots__ = ("_aborts", "_asked", "_delay", "_every", "_fetched", "_max", "_named",
+                 "_offset", "_peers", "_recent")
 
     def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int,
-                 offset: int = 0) -> None:
+                 named_delay: int = 0, offset: int = 0) -> None:
+        """`named_delay`: `LeaderlessConfig.named_fetch_delay_ticks` (`fetch_named`);
+        `offset`: this node's position, where its digests' round-robin starts."""
         self._peers = peers
+        self._delay = named_delay
         self._offset = offset
         self._every = every
         self._max = max_entries
         self._fetched: dict[TxId, int] = {}
         self._asked: dict[TxId, tuple[NodeId, ...]] = {}
         """Unknown transactions named by endorsements: the endorsers asked for each."""
+        self._named: dict[TxId, tuple[int, tuple[NodeId, ...]]] = {}
+        """Unknown transactions named by endorsements, not asked for yet: the tick of the
+        first naming and the endorsers to ask (tick order)."""
         self._recent: dict[TxId, int] = {}
         self._aborts: dict[TxId, TransactionProof] = {}
 
@@ -73,11 +85,28 @@ class Recovery:
         wanted = self.want(ids, tick)
         return [Send(to=src, message=FetchTransactions(tx_ids=wanted))] if wanted else []
 
-    def fetch_named(self, src: NodeId, tx_id: TxId) -> list[Send]:
+    def fetch_named(self, src: NodeId, tx_id: TxId, tick: int) -> list[Send]:
         """Ask `src`, whose endorsement names the unknown `tx_id`, for it: once per
         endorser (a client that sent it to some nodes only makes this the usual way to
-        learn it, and a lost answer must not wait a period when another endorser has it)."""
-        asked = self._asked.get(tx_id, ())
+        learn it, and a lost answer must not wait a period when another endorser has it).
+        With a delay (`named_delay` ticks) the first namings wait (`named_due`), and once
+        those are asked a new endorser is asked at once: the runtime's client sends the
+        transaction to every node, and a driver pass steps its client writes at its end
+        (`SubmitBatch`), so a peer's endorsements usually come first and fetching at once
+        cost a fetch and a proof per transaction and node that told nothing new
+        (docs/LEADERLESS.md "Round 4")."""
+        waiting = self._named.get(tx_id)
+        if waiting is not None:
+            if src not in waiting[1]:
+                self._named[tx_id] = (waiting[0], (*waiting[1], src))
+            return []
+        asked = self._asked.get(tx_id)
+        if asked is None and self._delay:
+            self._named[tx_id] = (tick, (src,))
+            while len(self._named) > self._max:
+                del self._named[next(iter(self._named))]  # `_fetch_buffered` still asks
+            return []
+        asked = asked or ()
         if src in asked:
             return []
         self._asked[tx_id] = (*asked, src)
@@ -85,9 +114,28 @@ class Recovery:
             del self._asked[next(iter(self._asked))]
         return [Send(to=src, message=FetchTransactions(tx_ids=(tx_id,)))]
 
+    def named_due(self, tick: int) -> list[Send]:
+        """The fetches of named transactions whose delay ended by `tick`: one
+        `FetchTransactions` per endorser (at most `MAX_FETCH_IDS` ids each)."""
+        named = self._named
+        by_peer: dict[NodeId, list[TxId]] = {}
+        while named:
+            tx_id, (at, endorsers) = next(iter(named.items()))
+            if tick - at < self._delay:
+                break
+            del named[tx_id]
+            self._asked[tx_id] = endorsers
+            for src in endorsers:
+                by_peer.setdefault(src, []).append(tx_id)
+        while len(self._asked) > self._max:
+            del self._asked[next(iter(self._asked))]
+        return [Send(to=src, message=FetchTransactions(tx_ids=tuple(ids[i:i + MAX_FETCH_IDS])))
+                for src, ids in by_peer.items() for i in range(0, len(ids), MAX_FETCH_IDS)]
+
     def learned(self, tx_id: TxId) -> None:
         self._fetched.pop(tx_id, None)
         self._asked.pop(tx_id, None)
+        self._named.pop(tx_id, None)
 
     def committed(self, tx_id: TxId, tick: int) -> None:
         self._recent[tx_id] = tick

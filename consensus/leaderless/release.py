@@ -11,7 +11,10 @@ Gate rule: a committed T is released (next local index) only when no released-bu
 transaction (index > `app.applied()`) writes a key T requires, and `app.versions` of T's
 required keys equal its requirements (`requirements_hold`: a base requirement against the
 base version). A transaction without requirements passes at once
-(commuting updates). Waiting transactions are tried in commit order on every step.
+(commuting updates). Waiting transactions are tried in commit order on every step. The
+released-but-unapplied transactions are indexed by key (`_Unapplied`, rebuilt from
+`released` after a restore or an install): the rule, and the endorsement rule's
+unapplied-conflict check (`unapplied_touching`), look up keys instead of walking them.
 
 Skip rule (`skip_stale_reads`): a gated READ-ONLY transaction whose deadline lies more than
 `grace_ms` in the past leaves the gate unreleased (`skipped`): it changes no state, so
@@ -29,6 +32,8 @@ applies each transaction id once).
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phalanx.consensus.leaderless.app_view import AppView
@@ -48,12 +53,59 @@ class Committed:
     index: int = 0
     ready: int = 0
     """The number of the Ready that released it (0: not yet numbered)."""
+    keys: tuple[str, ...] | None = None
+    """Every key it reads or writes (`TxRecord.keys`); None: unknown or a range (it may
+    touch any key)."""
+
+
+class _Unapplied:
+    """The released transactions not applied yet (index > `applied()`), indexed by key:
+    the gate and the endorsement rule ask "which of them touch these keys" per decision
+    (walking all of them cost O(backlog) per transaction: ~1 ms at 64 clients)."""
+
+    __slots__ = ("by_key", "items", "wild")
+
+    def __init__(self, items: Sequence[Committed]) -> None:
+        self.items: deque[Committed] = deque()
+        self.by_key: dict[str, dict[TxId, Committed]] = {}
+        self.wild: dict[TxId, Committed] = {}
+        for item in items:
+            self.add(item)
+
+    def add(self, item: Committed) -> None:
+        """Append `item` (its index above every held one's)."""
+        self.items.append(item)
+        if item.keys is None:
+            self.wild[item.tx_id] = item
+            return
+        by_key = self.by_key
+        for key in {*item.keys, *item.writes}:
+            held = by_key.get(key)
+            if held is None:
+                by_key[key] = {item.tx_id: item}
+            else:
+                held[item.tx_id] = item
+
+    def prune(self, applied: int) -> None:
+        """Forget the oldest items up to index `applied`."""
+        items = self.items
+        by_key = self.by_key
+        while items and items[0].index <= applied:
+            item = items.popleft()
+            if item.keys is None:
+                del self.wild[item.tx_id]
+                continue
+            for key in {*item.keys, *item.writes}:
+                held = by_key[key]
+                del held[item.tx_id]
+                if not held:
+                    del by_key[key]
 
 
 class ReleaseGate:
-    __slots__ = ("_app", "_gated_proofs", "_proofs", "_unstamped", "_unsynced_proofs", "gated",
-                 "hold_until", "last_index", "no_gate", "released", "skip_count", "skipped",
-                 "unsynced")
+    __slots__ = ("_app", "_gated_proofs", "_proofs", "_unapplied", "_unstamped",
+                 "_unsynced_proofs", "gated", "hold_until", "last_index", "no_gate", "released",
+                 "skip_count", "skipped", "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
         self._app = app
@@ -75,6 +127,8 @@ class ReleaseGate:
         Python per Ready cost O(rate x horizon)); None: rebuild."""
         self._gated_proofs: tuple[TransactionProof, ...] | None = None
         """The gated part of `proofs()` (None: rebuild)."""
+        self._unapplied: _Unapplied | None = None
+        """Released and not applied yet, by key (None: rebuild from `released`)."""
         self.no_gate = no_gate
         self.hold_until = 0
         """Release nothing until `app.applied()` reaches this (an installed checkpoint's
@@ -93,6 +147,7 @@ class ReleaseGate:
         self._proofs = None
 
     def _all_changed(self) -> None:
+        self._unapplied = None
         self._unsynced_proofs = None
         self._gated_proofs = None
         self._proofs = None
@@ -149,6 +204,34 @@ class ReleaseGate:
             out.append(item.tx_id)
         return out
 
+    def unapplied_touching(self, keys: tuple[str, ...] | None) -> list[TxId]:
+        """The ids of `unapplied_ids()` that may touch one of `keys` (None: any key): the
+        gated ones, and the released-unapplied ones that name one of `keys` or a range. A
+        superset of those that conflict; order: gated, then by key."""
+        out = dict.fromkeys(self.gated)
+        unapplied = self._unapplied_now()
+        if keys is None:
+            out.update(dict.fromkeys(item.tx_id for item in unapplied.items))
+            return list(out)
+        by_key = unapplied.by_key
+        for key in keys:
+            held = by_key.get(key)
+            if held:
+                out.update(dict.fromkeys(held))
+        out.update(dict.fromkeys(unapplied.wild))
+        return list(out)
+
+    def _unapplied_now(self) -> _Unapplied:
+        unapplied = self._unapplied
+        applied = self._app.applied()
+        if unapplied is None:
+            unapplied = self._unapplied = _Unapplied(sorted(
+                (c for c in self.released.values() if c.index > applied),
+                key=lambda c: c.index))
+        else:
+            unapplied.prune(applied)
+        return unapplied
+
     def release_now(self, item: Committed) -> Entry:
         """Release `item` at the next index without the gate (restart re-release)."""
         if self.gated.pop(item.tx_id, None) is not None:
@@ -156,6 +239,8 @@ class ReleaseGate:
         self.last_index += 1
         item.index = self.last_index
         self.released[item.tx_id] = item
+        if self._unapplied is not None:
+            self._unapplied.add(item)
         self.unsynced[item.tx_id] = item
         self._proofs = None
         cached = self._unsynced_proofs
@@ -172,12 +257,14 @@ class ReleaseGate:
         reqs = item.proof.tx.requirements
         if not reqs:
             return True
-        keys = [r.key for r in reqs]
-        applied = self._app.applied()
-        for other in reversed(self.released.values()):
-            if other.index <= applied:
-                break
-            if any(k in other.writes for k in keys):
+        unapplied = self._unapplied_now()
+        by_key = unapplied.by_key
+        for r in reqs:
+            held = by_key.get(r.key)
+            if held and any(r.key in other.writes for other in held.values()):
+                return False
+        for other in unapplied.wild.values():
+            if any(r.key in other.writes for r in reqs):
                 return False
         return requirements_hold(self._app, reqs)
 

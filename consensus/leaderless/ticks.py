@@ -12,11 +12,17 @@ Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 
 from __future__ import annotations
 
-from phalanx.consensus.leaderless.messages import FetchTransactions, TxId
+from phalanx.consensus.leaderless.messages import (
+    Endorsement,
+    FetchTransactions,
+    Refusal,
+    SignatureResend,
+    TxId,
+)
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
-from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS
+from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, MAX_RESEND_ITEMS
 from phalanx.consensus.leaderless.store import TxRecord, TxState
-from phalanx.consensus.types import Message, NodeId
+from phalanx.consensus.types import NodeId
 
 
 class TickWork(CoreParts):
@@ -29,6 +35,7 @@ class TickWork(CoreParts):
         the fence), the stuck check when the checkpoint batcher flushes; every period a
         full pass (endorse, commit) as a safety net, re-sends, GC."""
         self._ticks += 1
+        out.sends += self._recovery.named_due(self._ticks)
         if now is None:
             self._checkpoints.tick(self._proof_of)
             return
@@ -93,7 +100,8 @@ class TickWork(CoreParts):
         here since the last period and own signatures of still-pending ones (at a
         doubling backoff), pull what peers know of pending transactions past their
         deadline (a peer that committed one no longer pushes its endorsement), and send
-        this period's `CommittedDigest`."""
+        this period's `CommittedDigest`. The re-sent signatures go in one `SignatureResend`
+        per peer (chunks of `MAX_RESEND_ITEMS`)."""
         self._seal(out)  # what it re-sends is signed
         for tx_id in list(self._expired):
             if self._store.state_of(tx_id) is not TxState.PENDING:
@@ -103,20 +111,31 @@ class TickWork(CoreParts):
             self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
         out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
         self._fetch_buffered(out)
+        endorsements: list[Endorsement] = []
+        refusals: list[Refusal] = []
         for tx_id in self._recovery.recent(self._ticks):
             own = self._kernel.endorsement(tx_id)
             if own is not None:
-                self._broadcast(own, out)
+                endorsements.append(own)
         for tx_id in self._resends.pop_due(self._ticks + 1):
             if self._store.state_of(tx_id) is not TxState.PENDING:
                 self._resend_every.pop(tx_id, None)
                 continue
-            signed: Message | None = self._kernel.endorsement(tx_id)
-            if signed is None:
-                signed = self._kernel.refusal(tx_id)
-            if signed is not None:
-                self._broadcast(signed, out)
-                self._resend_later(tx_id)
+            endorsed = self._kernel.endorsement(tx_id)
+            refused = self._kernel.refusal(tx_id) if endorsed is None else None
+            if endorsed is not None:
+                endorsements.append(endorsed)
+            elif refused is not None:
+                refusals.append(refused)
+            else:
+                continue
+            self._resend_later(tx_id)
+        signed = [*endorsements, *refusals]
+        for i in range(0, len(signed), MAX_RESEND_ITEMS):
+            chunk = signed[i:i + MAX_RESEND_ITEMS]
+            self._broadcast(SignatureResend(
+                endorsements=tuple(s for s in chunk if isinstance(s, Endorsement)),
+                refusals=tuple(s for s in chunk if isinstance(s, Refusal))), out)
 
     def _fetch_buffered(self, out: Outbox) -> None:
         """Ask again for transactions known only from their endorsements (the client did not

@@ -77,7 +77,15 @@ checkpoint it alike, so state transfer finds f+1 matching checkpoints under cons
 cut is usually close enough to be vouched for."""
 
 REPLICA_HORIZON_MS = GC_HORIZON_MS + MAX_DEADLINE_LEAD_MS
+
+NAMED_FETCH_DELAY_TICKS = 2
+"""`LeaderlessConfig.named_fetch_delay_ticks` of a real node: its clients send every
+transaction to every node, so an unknown one that peers' endorsements name is usually
+about to arrive (the driver steps a pass's client writes at the pass's end)."""
 """The replica's transaction-table horizon (module docstring)."""
+
+UNWRAP_MEMO = 1024
+"""Transactions whose `TxLayer.unwrap` is remembered (oldest out first)."""
 
 NO_BASE = b"\xffno base version"
 """`ReplicaAppView.base_versions` of an app without base versions: no requirement names it
@@ -98,7 +106,7 @@ class ReplicaAppView:
             neither names is refused (never endorsed).
     """
 
-    __slots__ = ("_access", "_commutes", "_hooks", "_policies", "_replica")
+    __slots__ = ("_access", "_base", "_commutes", "_hooks", "_needs", "_policies", "_replica")
 
     def __init__(self, replica: Replica, hooks: EndorsementHooks | None = None, *,
                  policies: Mapping[str, PolicyVote] | None = None) -> None:
@@ -113,6 +121,10 @@ class ReplicaAppView:
         self._commutes = hooks.commutes
         self._policies = dict(policies or {})
         self._access: dict[bytes, KeyAccess] = {}
+        self._needs: dict[bytes, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        """(needs_requirements, needs_base) per command, cached like `_access`."""
+        self._base: BaseVersions | None = hooks if isinstance(hooks, BaseVersions) else None
+        """The hooks as `BaseVersions` (an isinstance on a runtime Protocol costs ~50 us: once)."""
 
     def access(self, command: bytes) -> KeyAccess:
         """`hooks.access(command)`, cached (a pure function of the command)."""
@@ -139,8 +151,22 @@ class ReplicaAppView:
     def writes(self, command: bytes) -> tuple[str, ...]:
         return self.access(command).writes
 
+    def _needs_of(self, command: bytes) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(`needs_requirements`, `needs_base`) of `command`, cached (pure functions of the
+        command, asked of every transaction on every node: each decodes it)."""
+        cache = self._needs
+        found = cache.get(command)
+        if found is None:
+            base = self._base
+            found = (self._hooks.needs_requirements(command),
+                     base.needs_base(command) if base is not None else ())
+            if len(cache) >= ACCESS_CACHE:
+                del cache[next(iter(cache))]
+            cache[command] = found
+        return found
+
     def needs_requirements(self, command: bytes) -> tuple[str, ...]:
-        return self._hooks.needs_requirements(command)
+        return self._needs_of(command)[0]
 
     def accepts(self, command: bytes, policy: str) -> bool:
         if policy == "":
@@ -154,18 +180,17 @@ class ReplicaAppView:
     def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         """The app's base versions (`BaseVersions`, optional); an app without them has
         no base version that a requirement could name (`NO_BASE`: never holds)."""
-        hooks = self._hooks
-        if not isinstance(hooks, BaseVersions):
+        base = self._base
+        if base is None:
             return tuple(NO_BASE for _ in keys)
-        return hooks.base_versions(keys)
+        return base.base_versions(keys)
 
     def needs_base(self, command: bytes) -> tuple[str, ...]:
-        hooks = self._hooks
-        return hooks.needs_base(command) if isinstance(hooks, BaseVersions) else ()
+        return self._needs_of(command)[1]
 
     def fits_run(self, command: bytes, keys: Sequence[str]) -> bool:
-        hooks = self._hooks
-        return not isinstance(hooks, BaseVersions) or hooks.fits_run(command, keys)
+        base = self._base
+        return base is None or base.fits_run(command, keys)
 
     def applied(self) -> int:
         return self._replica.applied_index
@@ -204,20 +229,32 @@ class WireTxCodec:
 class TxLayer:
     """The replica's `TransactionLayer`: a command is a `WireTxCodec` transaction."""
 
-    __slots__ = ("_codec", "horizon_ms")
+    __slots__ = ("_codec", "_memo", "horizon_ms")
 
     def __init__(self, codec: WireTxCodec | None = None, *,
                  horizon_ms: int = REPLICA_HORIZON_MS) -> None:
         self._codec = codec if codec is not None else WireTxCodec()
         self.horizon_ms = horizon_ms
+        self._memo: dict[bytes, tuple[bytes, int, bytes, tuple[str, ...]]] = {}
+        """`unwrap` of the last `UNWRAP_MEMO` commands: the replica unwraps a transaction
+        when its client call is admitted and again when it applies it (a decode, an encode
+        and a SHA-256 each time)."""
 
     def unwrap(self, command: bytes) -> tuple[bytes, int, bytes, tuple[str, ...]] | None:
+        memo = self._memo
+        found = memo.get(command)
+        if found is not None:
+            return found
         codec = self._codec
         tx = codec.decode(command)
         if tx is None:
             return None
         pinned = tuple(sorted({r.key for r in tx.requirements if not r.base}))
-        return transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
+        found = transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
+        if len(memo) >= UNWRAP_MEMO:
+            del memo[next(iter(memo))]
+        memo[command] = found
+        return found
 
 
 class LeaderlessJournal:
@@ -270,6 +307,7 @@ def leaderless_config(config: NodeConfig) -> LeaderlessConfig:
         return LeaderlessConfig(node_id=NodeId(config.id),
                                 nodes=tuple(sorted(NodeId(m) for m in config.members())),
                                 gc_horizon_ms=GC_HORIZON_MS,
+                                named_fetch_delay_ticks=NAMED_FETCH_DELAY_TICKS,
                                 **_options(config.protocol_options))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{config.source}: [protocol] {e}") from None

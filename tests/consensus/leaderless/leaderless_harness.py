@@ -23,6 +23,7 @@ from phalanx.consensus.leaderless.messages import (
     EndorsementBatch,
     LeaderlessDurableState,
     Requirement,
+    SignatureResend,
     Transaction,
     TxId,
     transaction_id,
@@ -272,11 +273,14 @@ class Cluster:
 
 
 def sent_endorsements(ready: Ready) -> list[Endorsement]:
-    """The endorsements `ready` sends, one per send: bare ones and the items of batches."""
+    """The endorsements `ready` sends, one per send: bare ones, the items of batches and
+    of re-sends."""
     out: list[Endorsement] = []
     for send in ready.messages:
         if isinstance(send.message, Endorsement):
             out.append(send.message)
+        elif isinstance(send.message, SignatureResend):
+            out += send.message.endorsements
         elif isinstance(send.message, EndorsementBatch):
             expanded = expand(send.message)
             assert expanded is not None

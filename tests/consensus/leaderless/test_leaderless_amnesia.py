@@ -12,6 +12,7 @@ from phalanx.consensus.leaderless.messages import (
     EndorsementBatch,
     LeaderlessDurableState,
     Refusal,
+    SignatureResend,
     StartCheckpoint,
     VetoChoice,
 )
@@ -24,7 +25,8 @@ FENCE = LEAD + HORIZON
 
 def _signed(ready: object) -> list[object]:
     return [s.message for s in ready.messages  # type: ignore[attr-defined]
-            if isinstance(s.message, Endorsement | EndorsementBatch | Refusal | VetoChoice)]
+            if isinstance(s.message, Endorsement | EndorsementBatch | Refusal | VetoChoice
+                          | SignatureResend)]
 
 
 def test_a_node_without_its_record_would_endorse_a_conflicting_transaction() -> None:
