@@ -138,7 +138,9 @@ async def test_wiped_follower_rejoins_from_its_peers(tmp_path: Path) -> None:
                        what="the wiped follower to install the checkpoint")
         assert node.pieces is not None
         assert node.pieces.stats.fetched_bytes >= size - 4096  # all of it (bar the header)
-        assert not node.pieces.stats.dropped
+        # A peer may not hold every piece (the other follower's checkpoints lag the
+        # leader's): its "not held" answers are asked elsewhere, nothing else is dropped.
+        assert set(node.pieces.stats.dropped) <= {"not_held"}, node.pieces.stats.dropped
         for i in range(0, KEYS, 97):
             assert holds(node, f"k{i:05d}", b"a" + bytes(VALUE)), i
         served = [p.pieces.stats.served_bytes for p in c.nodes.values()
