@@ -53,8 +53,7 @@ soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all --jobs 2
 
 # What `make test` leaves out or samples, for its ~10-minute budget: the full sweeps (300 Raft
-# swarm seeds, make test: 60; 300 PBFT seeds with f Byzantine replicas, make test: 60; 200
-# leaderless seeds, make test: 100) and the
+# swarm seeds, make test: 60; 300 PBFT seeds with f Byzantine replicas, make test: 60) and the
 # tests marked `long` (real-cluster harness runs: Raft register, PBFT twins, the leaderless
 # run with a liar; the gossip and cross-shard demos; the leaderless pbft-mode and state-transfer
 # sweeps; the 1,000-seed cluster-sending sweep; the bench smoke run).
