@@ -27,6 +27,7 @@ dropped and counted (`dropped:undecodable_payload`), never raised.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,27 @@ class DisseminationConfig:
     its signatures, meant for lost messages, would otherwise start a second wave while the
     first is still spreading (and slower dissemination means more re-sends: a feedback
     loop). 0: publish every broadcast."""
+
+    @classmethod
+    def for_network(cls, *, tick_ns: int, max_rtt_ns: int,
+                    parallel_calls: int = 16) -> DisseminationConfig:
+        """The layer's timing in TIME, sized from the network (as `WanConfig.tick_ns` sizes
+        a core's tick): the defaults' ticks suit a LAN whose round trip is ~1/2 tick; over a
+        WAN whose round trip `max_rtt_ns` spans tens of ticks, a call times out after 1.5
+        round trips plus 2 ticks (not falsely: a false timeout re-calls a subtree), the
+        resend window is at least 4 round trips (a wave takes ~log2 n one-way delays), the
+        rumor and wave memory at least 40, and each node keeps `parallel_calls` calls in
+        flight (`GossipConfig.parallel_calls`). Never shorter than the defaults."""
+        if tick_ns < 1 or max_rtt_ns < 0:
+            raise ValueError(f"need tick_ns >= 1 and max_rtt_ns >= 0, got {tick_ns}, "
+                             f"{max_rtt_ns}")
+        base = cls()
+        rtt_ticks = -(-max_rtt_ns // tick_ns)  # ceil
+        gossip = dataclasses.replace(
+            base.gossip, call_timeout=max(base.gossip.call_timeout, rtt_ticks * 3 // 2 + 2),
+            rumor_ttl=max(base.gossip.rumor_ttl, 40 * rtt_ticks),
+            parallel_calls=parallel_calls)
+        return cls(gossip=gossip, resend_window=max(base.resend_window, 4 * rtt_ticks))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

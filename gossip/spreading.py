@@ -90,6 +90,8 @@ class Part(NamedTuple):
     b: int
     m: int
     whole: bool = False
+    kept: bool = False
+    """[a, m) went back to the caller when the call was planned (`early_keep`)."""
 
 
 class PlannedCall(NamedTuple):
@@ -101,13 +103,15 @@ class PlannedCall(NamedTuple):
 class Spreader:
     """Every wave one node takes part in."""
 
-    __slots__ = ("_active", "_created", "_member_set", "_members", "balance", "instances",
-                 "node_id", "overlapping_intervals", "permute", "seen", "ttl", "waves")
+    __slots__ = ("_active", "_created", "_member_set", "_members", "balance", "early_keep",
+                 "instances", "node_id", "overlapping_intervals", "permute", "seen", "ttl",
+                 "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
                  instances: int = 1, permute: bool = True, balance: bool = False,
-                 overlapping_intervals: bool = False) -> None:
+                 overlapping_intervals: bool = False, early_keep: bool = False) -> None:
         self.node_id = node_id
+        self.early_keep = early_keep
         self.instances = instances
         self.balance = balance
         self._members = tuple(sorted(members))
@@ -199,6 +203,13 @@ class Spreader:
                 if other_split and other.others[other.perm(other_split[2])] == target:
                     parts.append(self._take(other, *other_split))
             grants = tuple(self._grant(p) for p in parts)
+            if self.early_keep:  # what we keep whatever the outcome is ours again now
+                for i, part in enumerate(parts):
+                    if not part.whole:
+                        if part.a < part.m:
+                            self.waves[part.key].intervals.append((part.a, part.m))
+                            self._active[part.key] = self.waves[part.key]
+                        parts[i] = part._replace(kept=True)
             return PlannedCall(target=target, grants=grants, parts=tuple(parts))
         return None
 
@@ -245,7 +256,7 @@ class Spreader:
                 if not acked:
                     wave.intervals.append((part.a, part.b))
                 continue
-            if part.a < part.m:
+            if part.a < part.m and not part.kept:
                 wave.intervals.append((part.a, part.m))
             if not acked and part.m + 1 < part.b:
                 wave.intervals.append((part.m + 1, part.b))

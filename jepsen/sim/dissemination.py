@@ -30,6 +30,7 @@ from phalanx.gossip.dissemination import Carried, Dissemination, DisseminationCo
 from phalanx.gossip.messages import GOSSIP_MESSAGES
 from phalanx.jepsen.sim.loop import EventLoop
 from phalanx.jepsen.sim.node import SimNode
+from phalanx.jepsen.sim.wan import WanConfig
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError, Registry
 
@@ -45,9 +46,14 @@ class GossipFabric:
     def __init__(self, *, loop: EventLoop, nodes: Mapping[str, SimNode],
                  send: Callable[[str, str, Message], None], codec: Registry, seed: int,
                  config: DisseminationConfig | None = None,
-                 tick_ns: int = DEFAULT_TICK_NS) -> None:
+                 tick_ns: int = DEFAULT_TICK_NS, wan: WanConfig | None = None) -> None:
+        """Without a `config`, the layers' timing is the default (a LAN's) or, with a
+        `wan`, sized from its longest round trip (`DisseminationConfig.for_network`)."""
         if tick_ns < 1:
             raise ValueError(f"tick_ns must be >= 1, got {tick_ns}")
+        if config is None and wan is not None:
+            config = DisseminationConfig.for_network(tick_ns=tick_ns,
+                                                     max_rtt_ns=wan.max_rtt_ns)
         wire.register_all(GOSSIP_MESSAGES, registry=codec)
         self._loop = loop
         self._nodes = nodes
