@@ -8,6 +8,11 @@ receives the network's gossip messages for the node (everything else goes to the
 before), ticks every layer every `tick_ns`, and steps the delivered inner messages into the
 node's core as ``Receive`` from their origin. Generic: nothing here knows a protocol.
 
+Timing: without a WAN the layers run the default `DisseminationConfig` (ticks sized for
+this network's ~1 ms round trips: traces unchanged); with one (`RunConfig.wan`) it is
+sized from the WAN's longest round trip (`DisseminationConfig.for_network`: call timeout,
+resend window and rumor memory in time, several calls in flight per node).
+
 Model: a layer lives and dies with its node's process: a crashed node's layer is gone and
 its restart builds a new one at the node's new incarnation (`SimNode.incarnation`), so
 rumors of the previous life are not confused with the new ones. A paused node's layer does
