@@ -20,6 +20,10 @@ incarnation). What it costs: delivery now depends on forwarders; a Byzantine for
 withhold a subtree's copy (GP's failed-call rule, anti-entropy and the core's own re-sends
 and fetches recover it), and delivery takes O(log n) rounds instead of one hop.
 
+Timing: `DisseminationConfig()` counts ticks sized for a LAN; `for_network` derives the
+call timeout, resend window and rumor memory from a network's longest round trip and
+lets a node keep its calls in flight in parallel (a WAN: docs/GOSSIP.md "Over a WAN").
+
 Rules: as the gossip machine's (no I/O, clocks or global randomness; the `random.Random`,
 the crypto and the codec functions are injected). A rumor whose payload does not decode is
 dropped and counted (`dropped:undecodable_payload`), never raised.

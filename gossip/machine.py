@@ -65,7 +65,8 @@ class RumorCrypto(Signer, Verifier, Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GossipConfig:
-    """Knobs, in ticks. Defaults suit a tick of ~1/2 of a round-trip time.
+    """Knobs, in ticks. Defaults suit a tick of ~1/2 of a round-trip time (for a network
+    whose round trips span many ticks, `DisseminationConfig.for_network` sizes them).
 
     Attributes:
         call_timeout: a `Call` without `CallAck` for this long counts as to a dead node.

@@ -16,7 +16,8 @@ Invariants:
   node contact anyone twice in a wave; in a run without false timeouts the intervals of
   all nodes stay disjoint and the wave costs exactly n-1 calls, dead callees included.
 - A call's interval is out of `intervals` while the call is pending and comes back on its
-  outcome, so nothing is lost: every position is eventually called by someone, whatever
+  outcome (with `early_keep`, its kept half [a, m) at once, [m+1, b) on a timeout), so
+  nothing is lost: every position is eventually called by someone, whatever
   the crash set (a crashed caller takes its intervals with it, but a crashed node never
   acknowledged, so its caller kept them).
 - `overlapping_intervals` (a test-only bug switch) gives the callee [(a+m)//2, b) instead
