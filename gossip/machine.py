@@ -20,8 +20,9 @@ dropped and counted by reason (`status()["dropped:<reason>"]`), never raised. Ou
 (an unknown `node_id`, a bad config) raises `ValueError`.
 
 Invariants:
-- At most one `Call` outstanding per node; it ends on its `CallAck` or after
-  `call_timeout` ticks (protocols.md §3.2's transport ACK, made explicit).
+- At most `parallel_calls` `Call`s outstanding per node (1: GP's one call at a time);
+  each ends on its `CallAck` or after `call_timeout` ticks (protocols.md §3.2's
+  transport ACK, made explicit).
 - A rumor is delivered or forwarded only after its origin's signature verified; a rumor of
   an id already held with other bytes, or older than this node's memory, is dropped.
 - `no_signature_check` (test-only bug switch) skips verification: the forgery tests catch it.
@@ -64,7 +65,8 @@ class RumorCrypto(Signer, Verifier, Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GossipConfig:
-    """Knobs, in ticks. Defaults suit a tick of ~1/2 of a round-trip time.
+    """Knobs, in ticks. Defaults suit a tick of ~1/2 of a round-trip time (for a network
+    whose round trips span many ticks, `DisseminationConfig.for_network` sizes them).
 
     Attributes:
         call_timeout: a `Call` without `CallAck` for this long counts as to a dead node.
@@ -77,6 +79,10 @@ class GossipConfig:
         gossip_interval, gossip_nodes: send queued membership updates to this many random
             live peers every this many ticks (memberlist's gossip; 0: only piggy-backed).
         permute: False runs plain GP (identity labels), for comparison only.
+        parallel_calls: calls a node keeps in flight at once. 1 is GP (the next split
+            waits for the call's outcome); more lets a node split what it keeps while its
+            calls are pending (`Spreader.early_keep`), for networks whose round trips are
+            long against the tick (a WAN: docs/GOSSIP.md "Over a WAN").
         balance: a successful call also hands the callee whole intervals until the two
             hold about as many positions (still n-1 contacts: same call, disjoint
             intervals); much faster when most nodes are down (docs/GOSSIP.md).
@@ -94,11 +100,13 @@ class GossipConfig:
     swim: SwimConfig = field(default_factory=SwimConfig)
     permute: bool = True
     balance: bool = False
+    parallel_calls: int = 1
     bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.call_timeout < 1 or self.batch_max < 1 or self.instances < 1:
-            raise ValueError("call_timeout, batch_max and instances must be >= 1")
+        if min(self.call_timeout, self.batch_max, self.instances, self.parallel_calls) < 1:
+            raise ValueError("call_timeout, batch_max, instances and parallel_calls must be "
+                             ">= 1")
         if not self.bugs <= BUGS:
             raise ValueError(f"unknown bugs {sorted(self.bugs - BUGS)}")
 
@@ -160,12 +168,13 @@ class GossipMachine:
         self._wave_fill = 0  # rumors in it so far
         self._wave_seed = b""  # the seed drawn for it (signed into each of its rumors)
         self._call_id = 0
-        self._pending: _Pending | None = None
+        self._pending: dict[int, _Pending] = {}  # call id -> call, oldest first
         self._outbox: list[Rumor] = []
         self._store = RumorStore(cfg.rumor_ttl)
         self._spreader = Spreader(node_id, self.members, ttl=cfg.rumor_ttl,
                                   instances=cfg.instances,
                                   permute=cfg.permute, balance=cfg.balance,
+                                  early_keep=cfg.parallel_calls > 1,
                                   overlapping_intervals="overlapping_intervals" in cfg.bugs)
         self._verify = "no_signature_check" not in cfg.bugs
         self._counters: dict[str, int] = {}
@@ -285,18 +294,18 @@ class GossipMachine:
         self._wave_fill = 0
 
     def _next_call(self) -> None:
-        if self._pending is not None:
-            return
-        planned = self._spreader.plan()
-        if planned is None:
-            return
-        self._call_id += 1
-        self._pending = _Pending(call_id=self._call_id, target=planned.target,
-                                 parts=planned.parts,
-                                 deadline=self._now + self.config.call_timeout)
-        self._send(planned.target, Call(call_id=self._call_id, grants=planned.grants,
-                                        updates=self._updates(planned.target)))
-        self._count("calls")
+        pending = self._pending
+        while len(pending) < self.config.parallel_calls:
+            planned = self._spreader.plan()
+            if planned is None:
+                return
+            self._call_id += 1
+            pending[self._call_id] = _Pending(call_id=self._call_id, target=planned.target,
+                                              parts=planned.parts,
+                                              deadline=self._now + self.config.call_timeout)
+            self._send(planned.target, Call(call_id=self._call_id, grants=planned.grants,
+                                            updates=self._updates(planned.target)))
+            self._count("calls")
 
     def _accept_rumor(self, rumor: Rumor) -> bool:
         """Verify, deduplicate, store and deliver one rumor. False iff it is forged (or of
@@ -327,11 +336,11 @@ class GossipMachine:
     def _tick(self) -> None:
         self._now += 1
         now = self._now
-        pending = self._pending
-        if pending is not None and now >= pending.deadline:
-            self._pending = None
-            self._spreader.resolve(pending.parts, acked=False)
-            self._count("call_timeouts")
+        if self._pending:
+            for call in [c for c in self._pending.values() if now >= c.deadline]:
+                del self._pending[call.call_id]
+                self._spreader.resolve(call.parts, acked=False)
+                self._count("call_timeouts")
         self._start_waves()
         self._next_call()
         cfg = self.config
@@ -376,11 +385,11 @@ class GossipMachine:
             case Call():
                 self._on_call(src, message)
             case CallAck(call_id=call_id):
-                pending = self._pending
-                if pending is None or pending.call_id != call_id or pending.target != src:
+                pending = self._pending.get(call_id)
+                if pending is None or pending.target != src:
                     self._drop("unexpected_ack")
                     return
-                self._pending = None
+                del self._pending[call_id]
                 self._spreader.resolve(pending.parts, acked=True)
                 self._next_call()
             case Ping() | PingReq() | PingAck():
@@ -436,7 +445,7 @@ class GossipMachine:
 
     def busy(self) -> bool:
         """Whether this node still owns positions of some wave or waits on a call."""
-        return self._pending is not None or self._spreader.busy() or bool(self._outbox)
+        return bool(self._pending) or self._spreader.busy() or bool(self._outbox)
 
 
 __all__ = ["BUGS", "GossipConfig", "GossipInput", "GossipMachine", "GossipReady",

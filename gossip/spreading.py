@@ -16,7 +16,8 @@ Invariants:
   node contact anyone twice in a wave; in a run without false timeouts the intervals of
   all nodes stay disjoint and the wave costs exactly n-1 calls, dead callees included.
 - A call's interval is out of `intervals` while the call is pending and comes back on its
-  outcome, so nothing is lost: every position is eventually called by someone, whatever
+  outcome (with `early_keep`, its kept half [a, m) at once, [m+1, b) on a timeout), so
+  nothing is lost: every position is eventually called by someone, whatever
   the crash set (a crashed caller takes its intervals with it, but a crashed node never
   acknowledged, so its caller kept them).
 - `overlapping_intervals` (a test-only bug switch) gives the callee [(a+m)//2, b) instead
@@ -90,6 +91,8 @@ class Part(NamedTuple):
     b: int
     m: int
     whole: bool = False
+    kept: bool = False
+    """[a, m) went back to the caller when the call was planned (`early_keep`)."""
 
 
 class PlannedCall(NamedTuple):
@@ -101,13 +104,15 @@ class PlannedCall(NamedTuple):
 class Spreader:
     """Every wave one node takes part in."""
 
-    __slots__ = ("_active", "_created", "_member_set", "_members", "balance", "instances",
-                 "node_id", "overlapping_intervals", "permute", "seen", "ttl", "waves")
+    __slots__ = ("_active", "_created", "_member_set", "_members", "balance", "early_keep",
+                 "instances", "node_id", "overlapping_intervals", "permute", "seen", "ttl",
+                 "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
                  instances: int = 1, permute: bool = True, balance: bool = False,
-                 overlapping_intervals: bool = False) -> None:
+                 overlapping_intervals: bool = False, early_keep: bool = False) -> None:
         self.node_id = node_id
+        self.early_keep = early_keep
         self.instances = instances
         self.balance = balance
         self._members = tuple(sorted(members))
@@ -199,6 +204,13 @@ class Spreader:
                 if other_split and other.others[other.perm(other_split[2])] == target:
                     parts.append(self._take(other, *other_split))
             grants = tuple(self._grant(p) for p in parts)
+            if self.early_keep:  # what we keep whatever the outcome is ours again now
+                for i, part in enumerate(parts):
+                    if not part.whole:
+                        if part.a < part.m:
+                            self.waves[part.key].intervals.append((part.a, part.m))
+                            self._active[part.key] = self.waves[part.key]
+                        parts[i] = part._replace(kept=True)
             return PlannedCall(target=target, grants=grants, parts=tuple(parts))
         return None
 
@@ -245,7 +257,7 @@ class Spreader:
                 if not acked:
                     wave.intervals.append((part.a, part.b))
                 continue
-            if part.a < part.m:
+            if part.a < part.m and not part.kept:
                 wave.intervals.append((part.a, part.m))
             if not acked and part.m + 1 < part.b:
                 wave.intervals.append((part.m + 1, part.b))

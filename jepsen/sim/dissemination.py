@@ -8,6 +8,11 @@ receives the network's gossip messages for the node (everything else goes to the
 before), ticks every layer every `tick_ns`, and steps the delivered inner messages into the
 node's core as ``Receive`` from their origin. Generic: nothing here knows a protocol.
 
+Timing: without a WAN the layers run the default `DisseminationConfig` (ticks sized for
+this network's ~1 ms round trips: traces unchanged); with one (`RunConfig.wan`) it is
+sized from the WAN's longest round trip (`DisseminationConfig.for_network`: call timeout,
+resend window and rumor memory in time, several calls in flight per node).
+
 Model: a layer lives and dies with its node's process: a crashed node's layer is gone and
 its restart builds a new one at the node's new incarnation (`SimNode.incarnation`), so
 rumors of the previous life are not confused with the new ones. A paused node's layer does
@@ -30,6 +35,7 @@ from phalanx.gossip.dissemination import Carried, Dissemination, DisseminationCo
 from phalanx.gossip.messages import GOSSIP_MESSAGES
 from phalanx.jepsen.sim.loop import EventLoop
 from phalanx.jepsen.sim.node import SimNode
+from phalanx.jepsen.sim.wan import WanConfig
 from phalanx.net import wire
 from phalanx.net.codec import DecodeError, Registry
 
@@ -45,9 +51,14 @@ class GossipFabric:
     def __init__(self, *, loop: EventLoop, nodes: Mapping[str, SimNode],
                  send: Callable[[str, str, Message], None], codec: Registry, seed: int,
                  config: DisseminationConfig | None = None,
-                 tick_ns: int = DEFAULT_TICK_NS) -> None:
+                 tick_ns: int = DEFAULT_TICK_NS, wan: WanConfig | None = None) -> None:
+        """Without a `config`, the layers' timing is the default (a LAN's) or, with a
+        `wan`, sized from its longest round trip (`DisseminationConfig.for_network`)."""
         if tick_ns < 1:
             raise ValueError(f"tick_ns must be >= 1, got {tick_ns}")
+        if config is None and wan is not None:
+            config = DisseminationConfig.for_network(tick_ns=tick_ns,
+                                                     max_rtt_ns=wan.max_rtt_ns)
         wire.register_all(GOSSIP_MESSAGES, registry=codec)
         self._loop = loop
         self._nodes = nodes

@@ -175,7 +175,7 @@ class _Cluster:
         if cfg.dissemination == GOSSIP:  # broadcasts through each node's gossip layer
             self.fabric = GossipFabric(loop=self.loop, nodes=self.nodes,
                                        send=self.network.send, codec=codec, seed=cfg.seed,
-                                       tick_ns=cfg.gossip_tick_ns)
+                                       tick_ns=cfg.gossip_tick_ns, wan=cfg.wan)
             for name in self.names:
                 self.network.route(name, self.fabric.receive(name))
         values = ValueCounter()

@@ -1,0 +1,117 @@
+"""GP with several calls in flight (`GossipConfig.parallel_calls`, for WAN round trips):
+still exactly n-1 contacts per wave and every live node informed for any crash set and
+delivery order; a wave takes ~log2 n one-way delays instead of ~log2 n round trips; the
+broken-split control is still caught; `DisseminationConfig.for_network` sizes the layer's
+timing from the network so that WAN round trips cause no false timeouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phalanx.consensus.types import NodeId
+from phalanx.gossip.dissemination import DisseminationConfig
+from phalanx.gossip.machine import GossipConfig
+from phalanx.gossip.sim import GossipSim, SimConfig, node_ids
+
+MS = 1_000_000
+
+
+def _wave(n: int, *, parallel: int, seed: int = 0, crashed: frozenset[NodeId] = frozenset(),
+          latency: tuple[int, int] = (1, 1), call_timeout: int | None = None,
+          balance: bool = False, bugs: frozenset[str] = frozenset(),
+          origin: NodeId | None = None) -> tuple[GossipSim, int | None]:
+    lo, hi = latency
+    gossip = GossipConfig(membership=False, anti_entropy_interval=0, balance=balance,
+                          call_timeout=call_timeout or 2 * hi + 1, parallel_calls=parallel,
+                          bugs=bugs)
+    sim = GossipSim(SimConfig(n=n, seed=seed, gossip=gossip, latency_min=lo, latency_max=hi,
+                              crashed=crashed))
+    sim.run(1)
+    rid = sim.publish(origin or sim.members[0], b"x")
+    assert sim.run_until(lambda s: s.quiescent(), 60 * n * hi + 50), \
+        f"no quiescence: replay with _wave({n}, parallel={parallel}, seed={seed}, ...)"
+    return sim, sim.coverage_time(rid)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(2, 40), latency_max=st.integers(1, 4),
+       seed=st.integers(0, 2**32), balance=st.booleans(),
+       parallel=st.sampled_from([2, 3, 16]))
+def test_n_minus_1_contacts_and_full_coverage_with_calls_in_parallel(
+    data: st.DataObject, n: int, latency_max: int, seed: int, balance: bool, parallel: int
+) -> None:
+    members = node_ids(n)
+    origin = data.draw(st.sampled_from(members), label="origin")
+    crashed = data.draw(st.frozensets(st.sampled_from([m for m in members if m != origin])),
+                        label="crashed")
+    sim, _ = _wave(n, parallel=parallel, seed=seed, crashed=crashed,
+                   latency=(1, latency_max), balance=balance, origin=origin)
+    assert list(sim.wave_contacts().values()) == [n - 1]
+    assert sim.covered(sim.stats.published)
+
+
+@pytest.mark.parametrize("n", [20, 60, 180])
+def test_parallel_calls_cover_in_about_log_n_one_way_delays(n: int) -> None:
+    """One-way delays of 10-15 ticks (a WAN against a 10 ms tick): one call at a time
+    needs a round trip per split; with calls in flight each split costs one way."""
+    times = {}
+    for parallel in (1, 16):
+        sim, took = _wave(n, parallel=parallel, latency=(10, 15))
+        assert list(sim.wave_contacts().values()) == [n - 1]
+        assert took is not None
+        times[parallel] = took
+    depth = (n - 1).bit_length()
+    assert times[16] <= (depth + 1) * 15, times
+    assert 2 * times[16] < times[1], times
+
+
+def test_the_sweep_catches_overlapping_intervals_with_calls_in_parallel() -> None:
+    caught = 0
+    for seed in range(4):
+        sim, _ = _wave(120, parallel=16, seed=seed, bugs=frozenset({"overlapping_intervals"}))
+        caught += list(sim.wave_contacts().values()) != [119]
+    assert caught == 4
+
+
+def test_crashed_callees_time_out_and_their_subtrees_are_still_covered() -> None:
+    members = node_ids(60)
+    for seed in range(4):
+        crashed = frozenset(random.Random(seed).sample(members[1:], 20))
+        sim, took = _wave(60, parallel=16, seed=seed, crashed=crashed, latency=(10, 15))
+        assert list(sim.wave_contacts().values()) == [59], f"seed {seed}"
+        assert took is not None, f"seed {seed}"
+        assert sim.stats.counters.get("call_timeouts", 0) >= 1
+
+
+def test_for_network_sizes_the_timing_from_the_round_trip() -> None:
+    lan = DisseminationConfig()
+    # A LAN (round trip under a tick): the defaults, never shorter.
+    same = DisseminationConfig.for_network(tick_ns=2 * MS, max_rtt_ns=1 * MS)
+    assert (same.gossip.call_timeout, same.gossip.rumor_ttl, same.resend_window) == \
+        (lan.gossip.call_timeout, lan.gossip.rumor_ttl, lan.resend_window)
+    # The 5-region WAN (~320 ms) with 10 ms ticks: a call waits ~1.5 round trips.
+    wan = DisseminationConfig.for_network(tick_ns=10 * MS, max_rtt_ns=320 * MS)
+    assert wan.gossip.call_timeout == 32 * 3 // 2 + 2
+    assert wan.resend_window == 4 * 32
+    assert wan.gossip.rumor_ttl == 40 * 32
+    assert wan.gossip.parallel_calls == 1024
+    with pytest.raises(ValueError, match="tick_ns"):
+        DisseminationConfig.for_network(tick_ns=0, max_rtt_ns=1)
+    with pytest.raises(ValueError, match="parallel_calls"):
+        GossipConfig(parallel_calls=0)
+
+
+def test_lan_timeouts_fire_falsely_over_wan_delays_and_the_sized_ones_do_not() -> None:
+    """The failure this option fixes: the LAN default (4 ticks) against one-way delays of
+    10-15 ticks times every call out; the sized timeout (1.5 round trips) none."""
+    lan = DisseminationConfig().gossip.call_timeout
+    sized = DisseminationConfig.for_network(tick_ns=10 * MS, max_rtt_ns=300 * MS)
+    false, _ = _wave(60, parallel=16, latency=(10, 15), call_timeout=lan)
+    true, _ = _wave(60, parallel=16, latency=(10, 15), call_timeout=sized.gossip.call_timeout)
+    assert false.stats.counters.get("call_timeouts", 0) > 30
+    assert true.stats.counters.get("call_timeouts", 0) == 0
+    assert list(true.wave_contacts().values()) == [59]
