@@ -22,7 +22,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 KILL = "kill"
 PAUSE = "pause"
@@ -383,6 +383,28 @@ def membership_schedule(
         events.append(FaultEvent(at_ns=t + length, action="stop", fault=MEMBERSHIP,
                                  episode=episode, nodes=(spare,), value=kind))
     return tuple(events)
+
+
+MEMBERSHIP_VICTIM: Final = "?"
+"""The node of a replace episode's removal, drawn by the interpreter when the removal runs."""
+
+
+def membership_steps(event: FaultEvent) -> list[tuple[str, str]]:
+    """The membership changes a `membership` event asks for, in order, as ``(operation,
+    node)`` with operations ``add-learner``, ``promote`` and ``remove`` (node
+    `MEMBERSHIP_VICTIM`: a voter the interpreter draws). Shared by the simulator and the
+    real-cluster interpreter, so one schedule means the same changes to both."""
+    spare, kind = event.nodes[0], event.value
+    if event.action == "start":
+        steps = [("add-learner", spare)]
+        if kind in (MEMBERSHIP_REPLACE, MEMBERSHIP_GROW):
+            steps.append(("promote", spare))
+        if kind == MEMBERSHIP_REPLACE:
+            steps.append(("remove", MEMBERSHIP_VICTIM))
+        return steps
+    if kind in (MEMBERSHIP_GROW, MEMBERSHIP_LEARNER):
+        return [("remove", spare)]
+    return []
 
 
 def cut_links(

@@ -49,7 +49,7 @@ MAX_RETRY_SECONDS: Final = 3.0
 """Attempts back off (doubling) while nothing happens: each is a few TLS handshakes with
 the nodes, which a cluster without a leader should not spend its CPU on."""
 CALL_SECONDS: Final = 5.0
-_VICTIM = "?"
+_VICTIM = nemesis.MEMBERSHIP_VICTIM
 
 
 class RealMembership:
@@ -68,15 +68,7 @@ class RealMembership:
         self._last_note = ""
 
     def apply(self, event: nemesis.FaultEvent) -> str:
-        spare, kind = event.nodes[0], event.value
-        if event.action == "start":
-            self._ops.append(("add-learner", spare))
-            if kind in (nemesis.MEMBERSHIP_REPLACE, nemesis.MEMBERSHIP_GROW):
-                self._ops.append(("promote", spare))
-            if kind == nemesis.MEMBERSHIP_REPLACE:
-                self._ops.append(("remove", _VICTIM))
-        elif kind in (nemesis.MEMBERSHIP_GROW, nemesis.MEMBERSHIP_LEARNER):
-            self._ops.append(("remove", spare))
+        self._ops.extend(nemesis.membership_steps(event))
         self._wake.set()
         return "queued: " + ", ".join(f"{op} {node}" for op, node in self._ops)
 

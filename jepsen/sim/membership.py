@@ -38,8 +38,7 @@ POLL_NS: Final = 20_000_000
 """How often a pending change is retried (virtual ns)."""
 
 
-_VICTIM = "?"
-"""The node of a replace's removal before it is drawn."""
+_VICTIM = nemesis.MEMBERSHIP_VICTIM
 
 
 class MembershipNemesis:
@@ -67,16 +66,7 @@ class MembershipNemesis:
         self.refused = 0
 
     def apply(self, event: nemesis.FaultEvent) -> None:
-        spare = event.nodes[0]
-        kind = event.value
-        if event.action == "start":
-            self._ops.append(("add-learner", spare))
-            if kind in (nemesis.MEMBERSHIP_REPLACE, nemesis.MEMBERSHIP_GROW):
-                self._ops.append(("promote", spare))
-            if kind == nemesis.MEMBERSHIP_REPLACE:
-                self._ops.append(("remove", _VICTIM))
-        elif kind in (nemesis.MEMBERSHIP_GROW, nemesis.MEMBERSHIP_LEARNER):
-            self._ops.append(("remove", spare))
+        self._ops.extend(nemesis.membership_steps(event))
         self._kick()
 
     def stop(self) -> None:
