@@ -22,6 +22,7 @@ Must not import: consensus cores, storage, apps, the codec. Runs under trio.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -57,8 +58,9 @@ class DynamicPeers:
     peers_added: int
     peers_removed: int
 
-    async def run_peer_link(self, dst: NodeId) -> None:  # provided by `PeerDialer`
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        async def run_peer_link(self, dst: NodeId) -> None:
+            """Dial and serve the link to `dst` (provided by `PeerDialer`)."""
 
     def knows(self, dst: NodeId) -> bool:
         """Whether `dst` is a peer now (frames may be sent to it)."""
