@@ -150,16 +150,16 @@ class WanModel:
             self.dropped += 1
             return None
         start = float(now)
-        if size:
-            per = self._up_ns_per_byte
-            if per:
-                start = max(start, self._up_free.get(src, 0.0)) + size * per
-                self._up_free[src] = start
-            per = self._link_ns_per_byte
-            if per:
-                link = (src, dst)
-                start = max(start, self._link_free.get(link, 0.0)) + size * per
-                self._link_free[link] = start
+        # An empty message queues too: it must not overtake one still being sent (FIFO).
+        per = self._up_ns_per_byte
+        if per:
+            start = max(start, self._up_free.get(src, 0.0)) + size * per
+            self._up_free[src] = start
+        per = self._link_ns_per_byte
+        if per:
+            link = (src, dst)
+            start = max(start, self._link_free.get(link, 0.0)) + size * per
+            self._link_free[link] = start
         one_way = self._one_way[a][b]
         return int(start - now + one_way + self._jitter(self._rng, one_way))
 

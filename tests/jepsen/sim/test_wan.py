@@ -62,7 +62,8 @@ def test_bandwidth_queues_messages_per_link_and_per_uplink() -> None:
     assert model.delay("n1", "n2", 125_000, 0) == 1_000 * MS
     assert model.delay("n1", "n2", 125_000, 0) == 2_000 * MS  # queued behind the first
     assert model.delay("n1", "n3", 125_000, 0) == 1_000 * MS  # another link: no queue
-    assert model.delay("n1", "n2", 0, 0) == 0  # no size, no serialisation
+    assert model.delay("n1", "n2", 0, 0) == 2_000 * MS  # no serialisation, but FIFO: queued
+    assert model.delay("n1", "n4", 0, 0) == 0  # an idle link: no size, no serialisation
     shared = _model(WanConfig(regions=1, jitter_pct=0, link_mbps=0, uplink_mbps=8,
                               intra_rtt_ms=0))
     # An 8 Mbit/s uplink: a broadcast of 1 MB to 4 peers leaves one copy per second.
@@ -121,3 +122,14 @@ def test_sized_budgets_grow_with_the_cluster_only_when_asked() -> None:
     big = RunConfig(seed=0, nodes=50, sized_budgets=True)
     assert big.budgets() == (small.max_events * 100, small.max_bytes_sent * 100)
     assert RunConfig(seed=0, nodes=50).budgets() == (small.max_events, small.max_bytes_sent)
+
+
+def test_an_empty_message_does_not_overtake_one_being_sent() -> None:
+    """Hypothesis found it (2026-12-02): a size-0 message skipped the link and uplink queues
+    and arrived before a 1-byte one sent just before it on the same link."""
+    model = _model(WanConfig(regions=5, jitter_pct=0))
+    first = model.delay("n1", "n2", 1, 0)
+    second = model.delay("n1", "n2", 0, 0)
+    assert first is not None
+    assert second is not None
+    assert second >= first
