@@ -19,12 +19,9 @@ import sys
 
 from phalanx.cli.cluster_arg import add_cluster_option, open_cluster_arg
 from phalanx.cli.errors import (
-    EXIT_FORBIDDEN,
-    EXIT_INDETERMINATE,
     EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
+    client_error_exit,
     print_error,
 )
 from phalanx.cli.value_args import ValueArgs
@@ -79,10 +76,6 @@ def _call_main(args: argparse.Namespace) -> int:
     from phalanx.client import quick
     from phalanx.client.errors import (
         ClientError,
-        ClientTimeout,
-        ClusterUnreachable,
-        Forbidden,
-        RequestRejected,
     )
     from phalanx.net.client_protocol import ReadConsistency
 
@@ -105,23 +98,8 @@ def _call_main(args: argparse.Namespace) -> int:
 
     try:
         reply = run()
-    except ClusterUnreachable as e:
-        print(f"phalanx call: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except Forbidden as e:
-        print(f"phalanx call: forbidden: {e}", file=sys.stderr)
-        return EXIT_FORBIDDEN
-    except RequestRejected as e:
-        print(f"phalanx call: refused: {e}", file=sys.stderr)
-        return EXIT_REFUSED
-    except ClientTimeout as e:
-        print(f"phalanx call: timed out, the command may or may not have taken effect: {e}",
-              file=sys.stderr)
-        return EXIT_INDETERMINATE
     except ClientError as e:
-        print(f"phalanx call: {e}; the command may or may not have taken effect",
-              file=sys.stderr)
-        return EXIT_INDETERMINATE
+        return client_error_exit("phalanx call", e)
     if args.output == "json":
         try:
             doc = {"result": reply.decode("utf-8"), "encoding": "utf-8"}

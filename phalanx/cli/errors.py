@@ -32,7 +32,10 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
+
+if TYPE_CHECKING:
+    from phalanx.client.errors import ClientError
 
 EXIT_OK: Final = 0
 EXIT_NEGATIVE: Final = 1
@@ -88,6 +91,34 @@ def one_line(text: str) -> str:
     """`text` on a single line (a multi-line message would break the one-line promise)."""
     return " ".join(text.split("\n")).strip()
 
+
+
+def client_error_exit(prog: str, e: ClientError) -> int:
+    """Print the one-line message of a client call that failed with `e` and return its exit
+    code: the mapping `phalanx kv` and `phalanx call` share (a caller handles its finer cases,
+    such as an aborted transaction, before this)."""
+    from phalanx.client.errors import (
+        ClientTimeout,
+        ClusterUnreachable,
+        Forbidden,
+        RequestRejected,
+    )
+
+    if isinstance(e, ClusterUnreachable):
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if isinstance(e, Forbidden):
+        print(f"{prog}: forbidden: {e}", file=sys.stderr)
+        return EXIT_FORBIDDEN
+    if isinstance(e, RequestRejected):
+        print(f"{prog}: refused: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    if isinstance(e, ClientTimeout):
+        print(f"{prog}: timed out, the command may or may not have taken effect: {e}",
+              file=sys.stderr)
+        return EXIT_INDETERMINATE
+    print(f"{prog}: {e}; the command may or may not have taken effect", file=sys.stderr)
+    return EXIT_INDETERMINATE
 
 def print_error(prog: str, message: str) -> None:
     """``PROG: error: MESSAGE`` as one line on stderr (undecodable bytes backslash-escaped)."""

@@ -71,11 +71,10 @@ from phalanx.cli.cluster_arg import (
     open_cluster_arg,
 )
 from phalanx.cli.errors import (
-    EXIT_FORBIDDEN,
     EXIT_INDETERMINATE,
     EXIT_REFUSED,
     EXIT_STORAGE_UNAVAILABLE,
-    EXIT_UNREACHABLE,
+    client_error_exit,
     int_between,
     print_error,
     utf8_text,
@@ -535,10 +534,6 @@ def _kv_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from phalanx.client.errors import (
         ClientError,
-        ClientTimeout,
-        ClusterUnreachable,
-        Forbidden,
-        RequestRejected,
         StorageUnavailable,
         TransactionAborted,
     )
@@ -562,31 +557,16 @@ def _kv_main(args: argparse.Namespace) -> int:
     except ValueError as e:  # --require on a cluster without versions, a leaderless scan
         print_error("phalanx kv", str(e))
         return EXIT_USAGE
-    except ClusterUnreachable as e:
-        print(f"phalanx kv: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
     except StorageUnavailable as e:
         print(f"phalanx kv: storage unavailable, the command may or may not have taken "
               f"effect: {e}", file=sys.stderr)
         return EXIT_STORAGE_UNAVAILABLE
-    except ClientTimeout as e:
-        print(f"phalanx kv: timed out, the command may or may not have taken effect: {e}",
-              file=sys.stderr)
-        return EXIT_UNKNOWN
-    except Forbidden as e:
-        print(f"phalanx kv: forbidden: {e}", file=sys.stderr)
-        return EXIT_FORBIDDEN
     except TransactionAborted as e:
         # (a node's reason may itself begin with "aborted: ")
         print(f"aborted: {e.reason.removeprefix('aborted: ')}", file=sys.stderr)
         return EXIT_REJECTED
-    except RequestRejected as e:
-        print(f"phalanx kv: refused: {e}", file=sys.stderr)
-        return EXIT_REJECTED
     except ClientError as e:
-        print(f"phalanx kv: {e}; the command may or may not have taken effect",
-              file=sys.stderr)
-        return EXIT_UNKNOWN
+        return client_error_exit("phalanx kv", e)
     from phalanx.cli.kv_output import print_result
 
     return print_result(command, result, fmt=args.output, as_set=args.kv_command == "smembers",

@@ -259,7 +259,9 @@ def test_fenced_nodes_converge_after_their_fence() -> None:
 @pytest.mark.long
 @pytest.mark.xfail(strict=True, reason="open core problem: a node commits a transaction the "
                    "others already collected as pending past their GC horizon "
-                   "(docs/LEADERLESS.md 'Amnesia fence'); strict: a fix makes this pass")
+                   "(a known, documented safety gap, not fixed: docs/LEADERLESS.md, 'Amnesia "
+                   "fence', 'Open problem ... a commit past the others' horizon'); strict: "
+                   "the fix makes this pass and must remove the mark")
 @pytest.mark.parametrize("seed", OPEN_HORIZON_GAP)
 def test_a_commit_past_the_others_horizon(seed: int) -> None:
     result = fenced_run(seed)
