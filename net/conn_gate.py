@@ -44,6 +44,22 @@ often 4,096). At the default client handshake rate (200/s) a full queue drains i
 the node accepts far faster than that whenever it is not flooded."""
 
 
+PEER_SLACK = 4
+"""Unauthenticated connections a peer port holds beyond one per peer (`phalanx.net.transport`:
+each peer may hold a connection it dialled and one it is replacing)."""
+
+
+def max_peer_sockets(peer_count: int) -> int:
+    """The most sockets a peer port holds open at once: two per peer plus `PEER_SLACK`."""
+    return 2 * peer_count + PEER_SLACK
+
+
+def max_peer_pending(peer_count: int) -> int:
+    """The most peer-port connections still in their TLS handshake: one per peer plus
+    `PEER_SLACK`."""
+    return peer_count + PEER_SLACK
+
+
 @dataclass(slots=True)
 class GateStatistics:
     open: int = 0

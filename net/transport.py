@@ -103,7 +103,7 @@ from typing import Any
 import trio
 
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
-from phalanx.net.conn_gate import ConnectionGate
+from phalanx.net.conn_gate import ConnectionGate, max_peer_pending, max_peer_sockets
 from phalanx.net.framing import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -138,16 +138,6 @@ logger = logging.getLogger(__name__)
 
 WELCOME = encode_frame(b"")
 """The acceptor's single write: an empty frame meaning "authenticated, go ahead"."""
-
-PEER_SLACK = 4
-"""Unauthenticated connections the peer port holds beyond one per peer (see the module
-docstring)."""
-
-
-def max_peer_sockets(peer_count: int) -> int:
-    """The most sockets the peer port holds open: inbound (see the module docstring)."""
-    return 2 * peer_count + PEER_SLACK
-
 
 def _remote(stream: trio.SocketStream) -> str:
     try:
@@ -236,7 +226,7 @@ class Transport(PeerDialer, DynamicPeers):
         self._handshake_timeout = handshake_timeout
         self._counters = TransportCounters()
         self.gate = ConnectionGate(max_connections=max_peer_sockets(len(peers)),
-                                   max_pending=len(peers) + PEER_SLACK)
+                                   max_pending=max_peer_pending(len(peers)))
         """Inbound socket limits (see the module docstring)."""
         self.budget = InboundBudget(max(1, len(peers)) * max_frame_size)
         self._queues: dict[

@@ -27,14 +27,12 @@ from typing import TYPE_CHECKING
 import trio
 
 from phalanx.consensus.types import LocalProtocolError, NodeId
-from phalanx.net.conn_gate import ConnectionGate
+from phalanx.net.conn_gate import ConnectionGate, max_peer_pending, max_peer_sockets
 from phalanx.net.framing import InboundBudget
 from phalanx.net.transport_types import PeerAddress
 
 logger = logging.getLogger("phalanx.net.transport")
 
-_SLACK = 4
-"""Unauthenticated connections beyond one per peer (`phalanx.net.transport.PEER_SLACK`)."""
 
 
 class DynamicPeers:
@@ -136,6 +134,6 @@ class DynamicPeers:
 
     def _resize(self) -> None:
         n = len(self._peers)
-        self.gate.max_connections = 2 * n + _SLACK
-        self.gate.max_pending = n + _SLACK
+        self.gate.max_connections = max_peer_sockets(n)
+        self.gate.max_pending = max_peer_pending(n)
         self.budget.limit = max(1, n) * self._max_frame_size

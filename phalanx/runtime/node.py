@@ -55,13 +55,12 @@ from phalanx.consensus.types import (
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
-from phalanx.net.conn_gate import LISTEN_BACKLOG
+from phalanx.net.conn_gate import LISTEN_BACKLOG, max_peer_sockets
 from phalanx.net.transport import (
     Backoff,
     PeerAddress,
     Transport,
     TransportStatistics,
-    max_peer_sockets,
     run_peer_transport,
 )
 from phalanx.ops import admin_messages, ops_messages
