@@ -5,7 +5,8 @@ Owns:
       of its core's status, its applied index, its live peer links and its protocol's spec.
     * `HealthState`: the node's latest verdict and per-peer link state, written by the node's
       trio task (`watch_health`) and read by the HTTP thread (attribute assignments of
-      immutable values: no lock); `LinkCollector` exports the links as
+      immutable values: no lock; `assess` keeps its peers those of the configuration in
+      force); `LinkCollector` exports the links as
       ``phalanx_peer_link_up{peer}``.
     * `serve_http`: a small threaded HTTP server (stdlib `http.server`) answering
         - ``GET /metrics`` (and ``/``): the Prometheus text exposition of the node's registry;
@@ -147,27 +148,40 @@ class LinkCollector(Collector):
         yield family
 
 
+def assess(status: CoreStatus, *, applied_index: int, linked: Iterable[str],
+           peers: Sequence[str], spec: ProtocolSpec
+           ) -> tuple[tuple[str, ...], str | None, frozenset[str]]:
+    """One verdict: (the peers to report, the problem or None, the live links among them).
+    For a core that reports its configuration (Raft) the peers are the configuration's other
+    members, so a node added at run time counts and gets its link gauge and a removed one
+    drops out; otherwise `peers` (the config file's) stay."""
+    config = getattr(status, "config", None)  # a core that changes membership (Raft)
+    me = str(status.node)
+    voters = {str(v) for v in getattr(config, "voters", ())}
+    members = voters | {str(m) for m in (*getattr(config, "voters_outgoing", ()),
+                                         *getattr(config, "learners", ()))}
+    reported = tuple(sorted(members - {me})) if voters else tuple(peers)
+    up = frozenset(p for p in linked if p in reported)
+    problem: str | None
+    if voters and me not in members:
+        problem = "not a member of the configuration (removed: stop this node)"
+    elif voters:  # the configuration in force, not the config file's peers
+        problem = readiness_problem(status=status, applied_index=applied_index,
+                                    connected=len(up & voters), members=len(voters), spec=spec)
+    else:
+        problem = readiness_problem(status=status, applied_index=applied_index,
+                                    connected=len(up), members=len(reported) + 1, spec=spec)
+    return reported, problem, up
+
+
 async def watch_health(health: HealthState, *, status: Callable[[], CoreStatus],
                        applied_index: Callable[[], int], linked: Callable[[], Iterable[str]],
                        spec: ProtocolSpec) -> None:
     """Recompute the node's verdict every `HEALTH_POLL_SECONDS`, in the node's trio task
     (which owns the core and the transport) so the HTTP thread only reads the result."""
     while True:
-        now = status()
-        up = frozenset(p for p in linked() if p in health.peers)
-        config = getattr(now, "config", None)  # a core that changes membership (Raft)
-        voters = {str(v) for v in getattr(config, "voters", ())}
-        if voters and str(now.node) not in voters | {
-                str(m) for m in (*config.voters_outgoing, *config.learners)}:  # type: ignore[union-attr]
-            problem: str | None = ("not a member of the configuration (removed: stop this "
-                                   "node)")
-        elif voters:  # the configuration in force, not the config file's peers
-            problem = readiness_problem(
-                status=now, applied_index=applied_index(), connected=len(up & voters),
-                members=len(voters), spec=spec)
-        else:
-            problem = readiness_problem(
-                status=now, applied_index=applied_index(), connected=len(up),
-                members=len(health.peers) + 1, spec=spec)
+        peers, problem, up = assess(status(), applied_index=applied_index(), linked=linked(),
+                                    peers=health.peers, spec=spec)
+        health.peers = peers
         health.update(problem, up)
         await trio.sleep(HEALTH_POLL_SECONDS)

@@ -121,3 +121,36 @@ def test_every_metric_has_a_help_line_that_says_what_it_counts() -> None:
         name, doc = line[len("# HELP "):].split(" ", 1)
         assert len(doc.split()) >= 3, line  # a phrase, not the name again
         assert doc.lower() != name.replace("_", " ").lower(), line
+
+
+def test_the_reported_peers_follow_the_configuration_in_force() -> None:
+    """A node added at run time counts toward the quorum and gets a link gauge; a removed
+    one drops out (before, only the config file's start-up peers were ever reported)."""
+    from phalanx.consensus.raft.config import RaftStatus
+    from phalanx.consensus.types import Configuration
+    from phalanx.runtime.health import assess
+
+    def status(voters: tuple[str, ...], learners: tuple[str, ...] = ()) -> RaftStatus:
+        return RaftStatus(node=NodeId("n1"), role="leader", term=1, commit_index=10,
+                          leader=NodeId("n1"),
+                          config=Configuration(voters=tuple(NodeId(v) for v in voters),
+                                               learners=tuple(NodeId(v) for v in learners)))
+
+    raft = protocol("raft")
+    start = ("n2", "n3")
+    # Grown to five voters; n2 and n3 are down, the new n4 and n5 are linked: a quorum of 3.
+    peers, problem, up = assess(status(("n1", "n2", "n3", "n4", "n5"), learners=("n6",)),
+                                applied_index=10, linked=["n4", "n5", "n6"], peers=start,
+                                spec=raft)
+    assert peers == ("n2", "n3", "n4", "n5", "n6")
+    assert up == frozenset({"n4", "n5", "n6"})
+    assert problem is None
+    # n3 removed: it is no longer reported, and only n2 of the three voters is linked.
+    peers, problem, up = assess(status(("n1", "n2")), applied_index=10, linked=["n3"],
+                                peers=peers, spec=raft)
+    assert (peers, up) == (("n2",), frozenset())
+    assert problem == "linked to 0 of 1 peers; a quorum of 2 needs 1"
+    # A core without a configuration keeps the config file's peers.
+    peers, problem, up = assess(_status(), applied_index=10, linked=["n3", "n9"],
+                                peers=start, spec=protocol("pbft"))
+    assert (peers, up) == (start, frozenset({"n3"}))
