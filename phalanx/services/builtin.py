@@ -35,6 +35,9 @@ GOSSIP = ServiceSpec(
                            "than this misses it; 2400 x 25 ms = 1 minute)"),
         ServiceOption(name="instances", default=1, minimum=1,
                       help="independent waves per batch (f+1 against silent forwarders)"),
+        ServiceOption(name="parallel_calls", default=1, minimum=1,
+                      help="GP calls a node keeps in flight at once (1: one at a time; "
+                           "more over a WAN, where each ack takes a round trip)"),
         ServiceOption(name="balance", default=False,
                       help="hand callees whole intervals (faster with many nodes down)"),
         ServiceOption(name="probe_interval", default=8, minimum=2,

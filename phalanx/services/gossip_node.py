@@ -99,6 +99,7 @@ def gossip_config(options: Mapping[str, OptionValue]) -> GossipConfig:
             anti_entropy_interval=int(options["anti_entropy_interval"]),
             rumor_ttl=int(options["rumor_ttl"]),
             instances=int(options["instances"]),
+            parallel_calls=int(options["parallel_calls"]),
             balance=bool(options["balance"]),
             swim=SwimConfig(probe_interval=int(options["probe_interval"]),
                             probe_timeout=int(options["probe_timeout"])),

@@ -137,3 +137,19 @@ def test_a_send_larger_than_a_frame_is_counted_not_raised() -> None:
                             wall_clock=lambda: 1.0)
     service.receive(NodeId("n1"), Ping(seq=1, target=NodeId("n2")))  # answered: a PingAck
     assert service.counters()["send_too_large"] == 1
+
+
+def test_the_gossip_table_sets_every_machine_knob() -> None:
+    """Each `[gossip]` option reaches the machine's config (parallel_calls was missing: a node
+    could not keep calls in flight in parallel, which a WAN needs); a bad value is a
+    one-line ServiceError, not a traceback."""
+    from phalanx.services.builtin import GOSSIP
+    from phalanx.services.gossip_node import gossip_config
+    from phalanx.services.spec import ServiceError
+
+    options = {o.name: o.default for o in GOSSIP.options}
+    config = gossip_config({**options, "parallel_calls": 8, "instances": 2, "balance": True})
+    assert (config.parallel_calls, config.instances, config.balance) == (8, 2, True)
+    assert gossip_config(options).parallel_calls == 1  # GP's one call at a time by default
+    with pytest.raises(ServiceError, match=r"^\[gossip\]: .*parallel_calls"):
+        gossip_config({**options, "parallel_calls": 0})
