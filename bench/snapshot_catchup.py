@@ -11,6 +11,8 @@ Scenarios (`--scenario`):
 - ``lag``: load, stop a follower, write `--lag-percent` of the keys again (`--lag-pattern`
   ``random`` keys, or one ``range`` of keys), restart it: it fetches only the pieces the
   writes touched.
+`--piece-memory-mb N` sets the nodes' ``PHALANX_PIECE_MEMORY_MB`` (0: peers serve pieces from
+their packs only, as before pieces were kept in memory; default: the node's own default).
 `--full` runs the nodes with ``PHALANX_PIECE_TRANSFER=off``: today's whole-checkpoint
 InstallSnapshot, for the comparison. Before the restart, the leader's checkpoints settle (its
 log no longer reaches back to the follower, so only a snapshot catches it up).
@@ -50,6 +52,7 @@ from phalanx.client.async_client import ClientError
 from phalanx.ops.node_config import load_node_config
 from phalanx.runtime.piece_transfer import DISABLE_ENV
 from phalanx.storage.packs import MAGIC3, decode_manifest
+from phalanx.storage.volatile import PIECE_MEMORY_ENV
 
 
 def log(msg: str) -> None:
@@ -278,12 +281,18 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             fetched = scrape(cluster, follower, "piece_fetched_bytes")
             reused = scrape(cluster, follower, "piece_reused_pieces")
             resolves = scrape(cluster, follower, "piece_resolves")
+            cpu = scrape(cluster, follower, "process_cpu_seconds")
+            peers = [n for n in cluster.procs.node_ids if n != follower]
+            served = sum(scrape(cluster, n, "piece_served_bytes") for n in peers)
+            from_memory = sum(scrape(cluster, n, "piece_served_from_memory_bytes")
+                              for n in peers)
     finally:
         cluster.stop()
     return {"keys": float(keys), "checkpoint_bytes": float(size), "catch_up_s": took,
             "start_s": up, "follower_bytes_in": received, "leader_bytes_out": sent,
             "pieces_fetched_bytes": fetched, "pieces_reused": reused,
-            "manifests": resolves,
+            "manifests": resolves, "follower_cpu_s": cpu, "peers_served_bytes": served,
+            "peers_served_from_memory_bytes": from_memory,
             "ratio": received / size, "mib_per_s": size / 2**20 / took}
 
 
@@ -310,12 +319,16 @@ def main() -> None:
                    help="lag: random keys, or one contiguous range of keys")
     p.add_argument("--full", action="store_true",
                    help="whole-checkpoint InstallSnapshot (PHALANX_PIECE_TRANSFER=off)")
+    p.add_argument("--piece-memory-mb", type=int, default=None,
+                   help="the nodes' PHALANX_PIECE_MEMORY_MB (0: serve pieces from disk only)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per wait")
     p.add_argument("--workdir", default=None, help="where to put the cluster (default: tmp)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = p.parse_args()
     if args.full:
         os.environ[DISABLE_ENV] = "off"  # inherited by the node processes
+    if args.piece_memory_mb is not None:
+        os.environ[PIECE_MEMORY_ENV] = str(args.piece_memory_mb)
     try:
         r = trio.run(run, args)
     except PhalanxUnavailable as e:
@@ -330,7 +343,10 @@ def main() -> None:
           f"{r['leader_bytes_out'] / 2**20:,.1f} MiB to both followers meanwhile; the "
           f"follower process answered {r['start_s']:.2f} s after its start; pieces fetched "
           f"{r['pieces_fetched_bytes'] / 2**20:,.1f} MiB, {r['pieces_reused']:.0f} own reused, "
-          f"{r['manifests']:.0f} manifest(s)")
+          f"{r['manifests']:.0f} manifest(s); the peers served "
+          f"{r['peers_served_bytes'] / 2**20:,.1f} MiB of pieces, "
+          f"{r['peers_served_from_memory_bytes'] / 2**20:,.1f} MiB from memory; follower "
+          f"process CPU {r['follower_cpu_s']:.2f} s")
 
 
 if __name__ == "__main__":
