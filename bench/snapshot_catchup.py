@@ -19,7 +19,8 @@ log no longer reaches back to the follower, so only a snapshot catches it up).
 
 Measured: the time from the follower's process start until its applied index reaches the
 leader's (it serves again), the follower's `peer_bytes_in` (everything it received since its
-restart) and the change of the leader's `peer_bytes_out` (to both followers).
+restart) and the change of the leader's `peer_bytes_out` (to both followers); the follower's
+process CPU time (all of it since its start) and the peers' during the catch-up (serving).
 `--keys N` loads N keys of `--value-bytes` in transactions of 128 puts (fast, for 1M keys);
 without it, `--state-mb` of 64 KiB values one put at a time (the 2x-bound run below).
 Target (docs/RELIABILITY.md): bytes received <= 2x the checkpoint, time near disk speed.
@@ -73,6 +74,24 @@ def scrape(cluster: PhalanxCluster, node: str, name: str) -> float:
         if base in (f"phalanx_{name}", f"phalanx_{name}_total"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def scrape_prefix(cluster: PhalanxCluster, node: str, prefix: str) -> dict[str, float]:
+    """Every counter of `node` whose name starts with ``phalanx_<prefix>`` (by name, the
+    ``phalanx_`` and ``_total`` cut off)."""
+    listen = load_node_config(cluster.config.node_config_path(node)).metrics_listen
+    if listen is None:
+        raise PhalanxUnavailable(f"{node} has no metrics endpoint")
+    with urllib.request.urlopen(f"http://{listen.host}:{listen.port}/metrics",
+                                timeout=5) as reply:
+        text = reply.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        base = line.split("{", 1)[0].split(" ", 1)[0]
+        if base.startswith(f"phalanx_{prefix}") and not line.startswith("#"):
+            name = base.removeprefix("phalanx_").removesuffix("_total")
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def newest_checkpoint_size(cluster: PhalanxCluster, node: str) -> tuple[int, int]:
@@ -248,6 +267,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 log(f"wiped {data_dir}")
             target, _ = await status_applied(cluster, leader)
             out_before = scrape(cluster, leader, "peer_bytes_out")
+            peers = [n for n in cluster.procs.node_ids if n != follower]
+            peers_cpu = sum(scrape(cluster, n, "process_cpu_seconds") for n in peers)
             log(f"restarting {follower}; catching up to index {target}")
             t1 = time.perf_counter()
             cluster.procs.start([follower])
@@ -282,7 +303,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             reused = scrape(cluster, follower, "piece_reused_pieces")
             resolves = scrape(cluster, follower, "piece_resolves")
             cpu = scrape(cluster, follower, "process_cpu_seconds")
-            peers = [n for n in cluster.procs.node_ids if n != follower]
+            dropped = scrape_prefix(cluster, follower, "piece_dropped_")
+            peers_cpu = sum(scrape(cluster, n, "process_cpu_seconds") for n in peers) - peers_cpu
             served = sum(scrape(cluster, n, "piece_served_bytes") for n in peers)
             from_memory = sum(scrape(cluster, n, "piece_served_from_memory_bytes")
                               for n in peers)
@@ -291,8 +313,10 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     return {"keys": float(keys), "checkpoint_bytes": float(size), "catch_up_s": took,
             "start_s": up, "follower_bytes_in": received, "leader_bytes_out": sent,
             "pieces_fetched_bytes": fetched, "pieces_reused": reused,
-            "manifests": resolves, "follower_cpu_s": cpu, "peers_served_bytes": served,
+            "manifests": resolves, "follower_cpu_s": cpu, "peers_cpu_s": peers_cpu,
+            "peers_served_bytes": served,
             "peers_served_from_memory_bytes": from_memory,
+            **{f"follower_{k}": v for k, v in dropped.items()},
             "ratio": received / size, "mib_per_s": size / 2**20 / took}
 
 
@@ -346,7 +370,8 @@ def main() -> None:
           f"{r['manifests']:.0f} manifest(s); the peers served "
           f"{r['peers_served_bytes'] / 2**20:,.1f} MiB of pieces, "
           f"{r['peers_served_from_memory_bytes'] / 2**20:,.1f} MiB from memory; follower "
-          f"process CPU {r['follower_cpu_s']:.2f} s")
+          f"process CPU {r['follower_cpu_s']:.2f} s, the peers' {r['peers_cpu_s']:.2f} s during "
+          "the catch-up")
 
 
 if __name__ == "__main__":
