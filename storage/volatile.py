@@ -39,9 +39,12 @@ from phalanx.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
 HOOKS_ENV = "PHALANX_TEST_HOOKS"
 PIECE_MEMORY_ENV = "PHALANX_PIECE_MEMORY_MB"
-PIECE_MEMORY_MB = 128
-"""A node's default budget of checkpoint pieces in memory (a 1M-key KV state of 100-byte
-values is ~117 MB: all of it)."""
+PIECE_MEMORY_MB = 16
+"""A node's default budget of checkpoint pieces in memory: the most recently written or
+reused ones, which are what a lagging follower lacks (a wiped one fetches the rest from the
+packs: the page cache or the disk). Small because it is resident memory: a 1M-key KV state of
+100-byte values is ~117 MB of pieces, and holding all of it would take a node past the RSS
+target of 3x the raw data (docs/BENCHMARKS.md); set `PIECE_MEMORY_ENV` to 128 for that."""
 VOLATILE_ENV = "PHALANX_VOLATILE_WRITES"
 
 
