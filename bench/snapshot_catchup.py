@@ -165,6 +165,28 @@ async def churn(cluster: PhalanxCluster) -> None:
         await cluster.client.put("zz-churn", b"%d" % i)
 
 
+async def churn_past(cluster: PhalanxCluster, leader: str, past: int, within: float) -> None:
+    """Writes of 64 KiB to one key, one at a time, until the leader's checkpoint is
+    `CHURN_MARGIN` entries past `past` (the stopped follower's last index): its log (100
+    entries behind its checkpoint) then no longer reaches the follower, nor do the stale
+    AppendEntries its transport queued for the follower while it was down (up to 64
+    frames). `churn`'s 150 small writes do not make a checkpoint (under a quarter of the
+    byte trigger), so a follower that missed little was caught up from the log."""
+    value = make_value(64 << 10)
+    deadline = time.monotonic() + within
+    i = 0
+    while (await status_applied(cluster, leader))[1] < past + CHURN_MARGIN:
+        if time.monotonic() > deadline:
+            raise PhalanxUnavailable("the leader did not checkpoint past the follower")
+        for _ in range(16):
+            i += 1
+            await cluster.client.put("zz-churn", value[i % 256:] + value[:i % 256])
+    log(f"churned {i} writes of 64 KiB: the leader checkpointed past {past + CHURN_MARGIN}")
+
+
+CHURN_MARGIN = 400
+
+
 async def load(cluster: PhalanxCluster, state_bytes: int, value_size: int,
                concurrency: int) -> int:
     """Put distinct keys until `state_bytes` of values are stored; returns the key count."""
@@ -242,6 +264,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 log("waiting for the follower's checkpoints to settle")
                 await settle(cluster, follower, args.timeout)
                 log(f"leader {leader}; stopping follower {follower}")
+                past = (await status_applied(cluster, follower))[0]
                 cluster.procs.kill(follower)
             if args.scenario == "lag":
                 n = max(1, keys * args.lag_percent // 100)
@@ -252,7 +275,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 log(f"writing {n:,} keys again ({args.lag_pattern})")
                 await load_keys(cluster, touched, make_value(args.value_bytes)[::-1],
                                 args.concurrency)
-            if args.scenario != "restart":
+            if args.scenario == "lag":
+                await churn_past(cluster, leader, past, args.timeout)
+            elif args.scenario != "restart":
                 await churn(cluster)
             # The last byte trigger's checkpoint may still be written; wait until the newest
             # checkpoint stays the same for 3 s (the tail after it, under a quarter of a
