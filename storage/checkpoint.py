@@ -11,6 +11,9 @@ File `checkpoint-<index, 20 digits>.ckpt`, in one of three layouts:
   writes only the pieces no retained checkpoint holds (an app's unchanged shards cost nothing
   but their 52-byte reference), so its cost follows what changed.
 All three are read by `load_latest` and `read_view`.
+Piece memory (`memory_bytes`, `phalanx.storage.piece_memory`): up to that many bytes of held
+pieces, from saves and loads, answer `read_piece_range` and `read_piece` (a peer's fetch)
+before the packs; it never answers for a piece the store no longer holds.
 Save protocol (v3): write the new pieces into a new pack, fsync it; write `<name>.tmp`, fsync,
 rename to `<name>`, fsync the directory (one directory fsync covers the pack's creation and
 the rename: directory operations become durable in order, the crash model

@@ -3,7 +3,8 @@
 Owns: `VolatileDirectory`, `open_volatile_storage`, and `open_node_storage`, the one place a
 node opens its storage, which picks the volatile layer only when both ``PHALANX_TEST_HOOKS=1``
 and ``PHALANX_VOLATILE_WRITES=1`` are in the environment (the Jepsen harness sets them for a
-``lose-unfsynced`` run), and `open_file_storage` otherwise.
+``lose-unfsynced`` run), and `open_file_storage` otherwise; either with the checkpoint
+store's piece memory budget from ``PHALANX_PIECE_MEMORY_MB`` (`piece_memory_bytes`).
 
 Why: SIGKILL is a *process* crash; the OS keeps every written page, so it cannot show what
 a *machine* crash does (un-fsynced writes vanish). Keeping appended bytes in memory until
