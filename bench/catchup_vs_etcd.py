@@ -1,9 +1,14 @@
 """Member catch-up and snapshot cost, phalanx's Raft beside etcd 3.4, in one run.
 
-Both systems, one after the other, same scenario: a 3-member cluster on loopback (fsync on),
-one follower SIGKILLed, `--state-mb` MiB of KV state written as `--value-kb` KiB values by 16
-concurrent writers, then the follower restarted; timed until it has applied everything the
-leader had, with the bytes it received from its peers (phalanx: `peer_bytes_in`; etcd:
+Both systems, one after the other, per scenario (`--scenarios`, all three by default): a
+3-member cluster on loopback (fsync on), `--state-mb` MiB of KV state written as `--value-kb`
+KiB values by 16 concurrent writers, and one follower SIGKILLed: ``late``, before the load;
+``wipe``, after it, its data directory then removed (etcd: `member remove` + `member add`,
+restarted with `--initial-cluster-state existing`; phalanx: restarted empty, it rejoins in
+recovery mode and fetches the checkpoint's pieces); ``lag``, after it, then `--lag-percent`
+of the keys (one range) written again and both leaders' logs moved past the follower (so
+each needs a snapshot). Then the follower restarted; timed until it has applied everything
+the leader had, with the bytes it received from its peers (phalanx: `peer_bytes_in`; etcd:
 `etcd_network_peer_received_bytes_total`). The phalanx half is `bench/snapshot_catchup.py`'s
 `run` (its `[checkpoint] every_bytes` 16 MiB). etcd runs with `--snapshot-count
 --etcd-snapshot-count` (default 1000 entries) so that, past the 5,000 entries an etcd leader
@@ -19,6 +24,7 @@ wall time and bytes the store wrote (`bench/checkpoint_incremental.py` has the 1
 figures).
 
 Usage: cd bench && ../.venv/bin/python catchup_vs_etcd.py [--state-mb 64] [--value-kb 8]
+       [--scenarios late,wipe,lag] [--lag-percent 1]
 Needs `etcd` and `etcdctl` (apt-get install etcd-server etcd-client); without them it says so
 and runs only the phalanx half. Every process is stopped by the pid it was started with.
 """
