@@ -170,7 +170,7 @@ class EtcdCluster:
         for m in self.members:
             self._spawn(m)
 
-    def _spawn(self, m: EtcdMember) -> None:
+    def _spawn(self, m: EtcdMember, state: str = "new") -> None:
         initial = ",".join(f"{x.name}=http://{LOOPBACK}:{x.peer_port}" for x in self.members)
         client_url = f"http://{LOOPBACK}:{m.client_port}"
         peer_url = f"http://{LOOPBACK}:{m.peer_port}"
@@ -182,7 +182,7 @@ class EtcdCluster:
                     "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
                     "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                     "--initial-cluster", initial, "--initial-cluster-token", "phalanx-bench",
-                    "--initial-cluster-state", "new", "--log-level", "warn", "--logger", "zap",
+                    "--initial-cluster-state", state, "--log-level", "warn", "--logger", "zap",
                     *self._extra,
                 ],
                 stdout=log,
@@ -195,8 +195,14 @@ class EtcdCluster:
         self._procs[name].kill()
         self._procs[name].wait()
 
-    def restart(self, name: str) -> None:
-        self._spawn(next(m for m in self.members if m.name == name))
+    def restart(self, name: str, *, existing: bool = False) -> None:
+        """Start member `name` again (`existing`: joining the running cluster with an empty
+        data directory, after `etcdctl member add`)."""
+        self._spawn(next(m for m in self.members if m.name == name),
+                    "existing" if existing else "new")
+
+    def data_dir(self, name: str) -> Path:
+        return self._dir / name
 
     def server_pids(self) -> Sequence[int]:
         return [p.pid for p in self._procs.values()]

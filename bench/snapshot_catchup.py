@@ -11,13 +11,16 @@ Scenarios (`--scenario`):
 - ``lag``: load, stop a follower, write `--lag-percent` of the keys again (`--lag-pattern`
   ``random`` keys, or one ``range`` of keys), restart it: it fetches only the pieces the
   writes touched.
+`--piece-memory-mb N` sets the nodes' ``PHALANX_PIECE_MEMORY_MB`` (0: peers serve pieces from
+their packs only, as before pieces were kept in memory; default: the node's own default).
 `--full` runs the nodes with ``PHALANX_PIECE_TRANSFER=off``: today's whole-checkpoint
 InstallSnapshot, for the comparison. Before the restart, the leader's checkpoints settle (its
 log no longer reaches back to the follower, so only a snapshot catches it up).
 
 Measured: the time from the follower's process start until its applied index reaches the
 leader's (it serves again), the follower's `peer_bytes_in` (everything it received since its
-restart) and the change of the leader's `peer_bytes_out` (to both followers).
+restart) and the change of the leader's `peer_bytes_out` (to both followers); the follower's
+process CPU time (all of it since its start) and the peers' during the catch-up (serving).
 `--keys N` loads N keys of `--value-bytes` in transactions of 128 puts (fast, for 1M keys);
 without it, `--state-mb` of 64 KiB values one put at a time (the 2x-bound run below).
 Target (docs/RELIABILITY.md): bytes received <= 2x the checkpoint, time near disk speed.
@@ -50,6 +53,7 @@ from phalanx.client.async_client import ClientError
 from phalanx.ops.node_config import load_node_config
 from phalanx.runtime.piece_transfer import DISABLE_ENV
 from phalanx.storage.packs import MAGIC3, decode_manifest
+from phalanx.storage.volatile import PIECE_MEMORY_ENV
 
 
 def log(msg: str) -> None:
@@ -70,6 +74,24 @@ def scrape(cluster: PhalanxCluster, node: str, name: str) -> float:
         if base in (f"phalanx_{name}", f"phalanx_{name}_total"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def scrape_prefix(cluster: PhalanxCluster, node: str, prefix: str) -> dict[str, float]:
+    """Every counter of `node` whose name starts with ``phalanx_<prefix>`` (by name, the
+    ``phalanx_`` and ``_total`` cut off)."""
+    listen = load_node_config(cluster.config.node_config_path(node)).metrics_listen
+    if listen is None:
+        raise PhalanxUnavailable(f"{node} has no metrics endpoint")
+    with urllib.request.urlopen(f"http://{listen.host}:{listen.port}/metrics",
+                                timeout=5) as reply:
+        text = reply.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        base = line.split("{", 1)[0].split(" ", 1)[0]
+        if base.startswith(f"phalanx_{prefix}") and not line.startswith("#"):
+            name = base.removeprefix("phalanx_").removesuffix("_total")
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def newest_checkpoint_size(cluster: PhalanxCluster, node: str) -> tuple[int, int]:
@@ -141,6 +163,28 @@ async def churn(cluster: PhalanxCluster) -> None:
     its checkpoint) no longer reaches back to the stopped follower."""
     for i in range(150):
         await cluster.client.put("zz-churn", b"%d" % i)
+
+
+async def churn_past(cluster: PhalanxCluster, leader: str, past: int, within: float) -> None:
+    """Writes of 64 KiB to one key, one at a time, until the leader's checkpoint is
+    `CHURN_MARGIN` entries past `past` (the stopped follower's last index): its log (100
+    entries behind its checkpoint) then no longer reaches the follower, nor do the stale
+    AppendEntries its transport queued for the follower while it was down (up to 64
+    frames). `churn`'s 150 small writes do not make a checkpoint (under a quarter of the
+    byte trigger), so a follower that missed little was caught up from the log."""
+    value = make_value(64 << 10)
+    deadline = time.monotonic() + within
+    i = 0
+    while (await status_applied(cluster, leader))[1] < past + CHURN_MARGIN:
+        if time.monotonic() > deadline:
+            raise PhalanxUnavailable("the leader did not checkpoint past the follower")
+        for _ in range(16):
+            i += 1
+            await cluster.client.put("zz-churn", value[i % 256:] + value[:i % 256])
+    log(f"churned {i} writes of 64 KiB: the leader checkpointed past {past + CHURN_MARGIN}")
+
+
+CHURN_MARGIN = 400
 
 
 async def load(cluster: PhalanxCluster, state_bytes: int, value_size: int,
@@ -220,6 +264,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 log("waiting for the follower's checkpoints to settle")
                 await settle(cluster, follower, args.timeout)
                 log(f"leader {leader}; stopping follower {follower}")
+                past = (await status_applied(cluster, follower))[0]
                 cluster.procs.kill(follower)
             if args.scenario == "lag":
                 n = max(1, keys * args.lag_percent // 100)
@@ -230,7 +275,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 log(f"writing {n:,} keys again ({args.lag_pattern})")
                 await load_keys(cluster, touched, make_value(args.value_bytes)[::-1],
                                 args.concurrency)
-            if args.scenario != "restart":
+            if args.scenario == "lag":
+                await churn_past(cluster, leader, past, args.timeout)
+            elif args.scenario != "restart":
                 await churn(cluster)
             # The last byte trigger's checkpoint may still be written; wait until the newest
             # checkpoint stays the same for 3 s (the tail after it, under a quarter of a
@@ -245,6 +292,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 log(f"wiped {data_dir}")
             target, _ = await status_applied(cluster, leader)
             out_before = scrape(cluster, leader, "peer_bytes_out")
+            peers = [n for n in cluster.procs.node_ids if n != follower]
+            peers_cpu = sum(scrape(cluster, n, "process_cpu_seconds") for n in peers)
             log(f"restarting {follower}; catching up to index {target}")
             t1 = time.perf_counter()
             cluster.procs.start([follower])
@@ -278,12 +327,21 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             fetched = scrape(cluster, follower, "piece_fetched_bytes")
             reused = scrape(cluster, follower, "piece_reused_pieces")
             resolves = scrape(cluster, follower, "piece_resolves")
+            cpu = scrape(cluster, follower, "process_cpu_seconds")
+            dropped = scrape_prefix(cluster, follower, "piece_dropped_")
+            peers_cpu = sum(scrape(cluster, n, "process_cpu_seconds") for n in peers) - peers_cpu
+            served = sum(scrape(cluster, n, "piece_served_bytes") for n in peers)
+            from_memory = sum(scrape(cluster, n, "piece_served_from_memory_bytes")
+                              for n in peers)
     finally:
         cluster.stop()
     return {"keys": float(keys), "checkpoint_bytes": float(size), "catch_up_s": took,
             "start_s": up, "follower_bytes_in": received, "leader_bytes_out": sent,
             "pieces_fetched_bytes": fetched, "pieces_reused": reused,
-            "manifests": resolves,
+            "manifests": resolves, "follower_cpu_s": cpu, "peers_cpu_s": peers_cpu,
+            "peers_served_bytes": served,
+            "peers_served_from_memory_bytes": from_memory,
+            **{f"follower_{k}": v for k, v in dropped.items()},
             "ratio": received / size, "mib_per_s": size / 2**20 / took}
 
 
@@ -310,12 +368,16 @@ def main() -> None:
                    help="lag: random keys, or one contiguous range of keys")
     p.add_argument("--full", action="store_true",
                    help="whole-checkpoint InstallSnapshot (PHALANX_PIECE_TRANSFER=off)")
+    p.add_argument("--piece-memory-mb", type=int, default=None,
+                   help="the nodes' PHALANX_PIECE_MEMORY_MB (0: serve pieces from disk only)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per wait")
     p.add_argument("--workdir", default=None, help="where to put the cluster (default: tmp)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = p.parse_args()
     if args.full:
         os.environ[DISABLE_ENV] = "off"  # inherited by the node processes
+    if args.piece_memory_mb is not None:
+        os.environ[PIECE_MEMORY_ENV] = str(args.piece_memory_mb)
     try:
         r = trio.run(run, args)
     except PhalanxUnavailable as e:
@@ -330,7 +392,11 @@ def main() -> None:
           f"{r['leader_bytes_out'] / 2**20:,.1f} MiB to both followers meanwhile; the "
           f"follower process answered {r['start_s']:.2f} s after its start; pieces fetched "
           f"{r['pieces_fetched_bytes'] / 2**20:,.1f} MiB, {r['pieces_reused']:.0f} own reused, "
-          f"{r['manifests']:.0f} manifest(s)")
+          f"{r['manifests']:.0f} manifest(s); the peers served "
+          f"{r['peers_served_bytes'] / 2**20:,.1f} MiB of pieces, "
+          f"{r['peers_served_from_memory_bytes'] / 2**20:,.1f} MiB from memory; follower "
+          f"process CPU {r['follower_cpu_s']:.2f} s, the peers' {r['peers_cpu_s']:.2f} s during "
+          "the catch-up")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ File `checkpoint-<index, 20 digits>.ckpt`, in one of three layouts:
   writes only the pieces no retained checkpoint holds (an app's unchanged shards cost nothing
   but their 52-byte reference), so its cost follows what changed.
 All three are read by `load_latest` and `read_view`.
+Piece memory (`memory_bytes`, `phalanx.storage.piece_memory`): up to that many bytes of held
+pieces, from saves and loads, answer `read_piece_range` and `read_piece` (a peer's fetch)
+before the packs; it never answers for a piece the store no longer holds.
 Save protocol (v3): write the new pieces into a new pack, fsync it; write `<name>.tmp`, fsync,
 rename to `<name>`, fsync the directory (one directory fsync covers the pack's creation and
 the rename: directory operations become durable in order, the crash model
@@ -66,6 +69,7 @@ from phalanx.storage.packs import (
     read_pieces,
     resolve,
 )
+from phalanx.storage.piece_memory import PieceMemory
 
 CHECKPOINT_PREFIX = "checkpoint-"
 CHECKPOINT_SUFFIX = ".ckpt"
@@ -101,10 +105,11 @@ class FileCheckpointStore:
     """
 
     __slots__ = ("_active", "_catalog", "_dir", "_held", "_keep", "_layout", "_lock", "_sync",
-                 "_tmps", "_views", "stats")
+                 "_tmps", "_views", "memory", "stats")
 
     def __init__(self, directory: Directory, *, keep: int = 3,
-                 sync: SyncPolicy = SyncPolicy.GROUP, layout: int = 3) -> None:
+                 sync: SyncPolicy = SyncPolicy.GROUP, layout: int = 3,
+                 memory_bytes: int = 0) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
         if layout not in (2, 3):
@@ -121,6 +126,10 @@ class FileCheckpointStore:
         self._tmps: set[str] = set()
         self.stats = SaveStats()
         """What the last save wrote (benchmarks, tests)."""
+        self.memory = PieceMemory(memory_bytes)
+        """Up to `memory_bytes` of held pieces, kept as saves write them and loads read them
+        (`phalanx.storage.piece_memory`): `read_piece_range` and `read_piece` use them
+        before the packs."""
 
     def indexes(self) -> list[int]:
         found = [_parse_name(n) for n in self._dir.list()]
@@ -184,6 +193,7 @@ class FileCheckpointStore:
         group: list[Ref] = []
         groups: list[Ref] = []
         lock, held, append = self._lock, self._held, self._dir.append
+        memory = self.memory if self.memory.budget else None
 
         def put(digest: bytes, raw: bytes) -> Ref:
             nonlocal offset, size, pending
@@ -228,10 +238,15 @@ class FileCheckpointStore:
                 digest = piece.digest
                 ref = stored(digest)
                 if ref is None:
-                    ref = put(digest, piece.data())
+                    raw = piece.data()
+                    ref = put(digest, raw)
                     stats.new_pieces += 1
+                    if memory is not None:
+                        memory.put(digest, raw)
                 else:
                     stats.reused_pieces += 1
+                    if memory is not None:
+                        memory.touch(digest)
                 group.append(ref)
                 length += ref.length
                 if group_ends(digest, len(group)):
@@ -368,6 +383,8 @@ class FileCheckpointStore:
 
     def _index_held(self) -> None:
         self._held = {r.digest: r for refs in (self._catalog or {}).values() for r in refs}
+        if self.memory.budget:
+            self.memory.keep_only(self._held)
 
     def _sparse(self) -> set[int]:
         """Packs the newest checkpoint uses less than a quarter of: a save copies the pieces
@@ -460,6 +477,9 @@ class FileCheckpointStore:
         with self._lock:
             self._ensure_catalog()
             ref = self._held.get(digest)
+            kept = self.memory.get(digest) if ref is not None and self.memory.budget else None
+            if kept is not None and hashlib.sha256(kept).digest() == digest:
+                return kept
             raw = read_pieces(self._dir, (ref,)) if ref is not None else "not held"
         if isinstance(raw, str):
             raise StorageError(f"checkpoint piece {digest.hex()[:16]}: {raw}")
@@ -467,7 +487,8 @@ class FileCheckpointStore:
 
     def read_piece_range(self, digest: bytes, offset: int, length: int) -> bytes:
         """`length` bytes at `offset` of a held piece, NOT checked (a peer fetching ranges
-        of a large piece checks the whole piece against `digest`); shorter at its end.
+        of a large piece checks the whole piece against `digest`); shorter at its end. From
+        `memory` when it holds the piece, else from its pack.
 
         Raises:
             StorageError: not held, or unreadable.
@@ -478,6 +499,10 @@ class FileCheckpointStore:
             if ref is None or offset < 0 or length < 0:
                 raise StorageError(f"checkpoint piece {digest.hex()[:16]}: not held")
             take = max(0, min(length, ref.length - offset))
+            kept = self.memory.get(digest) if self.memory.budget else None
+            if kept is not None and len(kept) == ref.length:
+                self.memory.count_served(take)
+                return kept[offset:offset + take]
             try:
                 return self._dir.read_at(pack_name(ref.pack), ref.offset + offset, take)
             except OSError as e:
@@ -523,9 +548,10 @@ class FileCheckpointStore:
         manifest = decode_manifest(raw)
         if isinstance(manifest, str):
             return manifest
+        keep = self.memory.put if self.memory.budget else None
         with self._lock:
             refs = resolve(self._dir, manifest)
-            data = refs if isinstance(refs, str) else read_pieces(self._dir, refs)
+            data = refs if isinstance(refs, str) else read_pieces(self._dir, refs, keep=keep)
         if isinstance(data, str):
             return data
         return StoredCheckpoint(index=manifest.index, data=data, meta=manifest.meta)

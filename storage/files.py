@@ -44,8 +44,9 @@ class Storage:
 
 def open_file_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
                       segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                      keep_checkpoints: int = 3) -> Storage:
-    """Open (creating if needed) and recover the storage in directory `path`.
+                      keep_checkpoints: int = 3, piece_memory_bytes: int = 0) -> Storage:
+    """Open (creating if needed) and recover the storage in directory `path`; the
+    checkpoint store keeps up to `piece_memory_bytes` of pieces in memory (to serve peers).
 
     Raises:
         CorruptionError: the WAL holds corruption a crash cannot explain; run
@@ -58,7 +59,8 @@ def open_file_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
         directory.close()
         raise
     return Storage(wal=wal, hard_state=FileHardStateStore(directory, sync=sync),
-                   checkpoints=FileCheckpointStore(directory, keep=keep_checkpoints, sync=sync),
+                   checkpoints=FileCheckpointStore(directory, keep=keep_checkpoints, sync=sync,
+                                                   memory_bytes=piece_memory_bytes),
                    directory=directory)
 
 

@@ -31,7 +31,7 @@ import bisect
 import hashlib
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from phalanx.storage.directory import Directory
@@ -151,13 +151,17 @@ def resolve(directory: Directory, manifest: Manifest) -> list[Ref] | str:
     return pieces
 
 
-def read_pieces(directory: Directory, refs: Iterable[Ref]) -> bytes | str:
-    """The concatenated pieces, each checked against its SHA-256, or why not."""
+def read_pieces(directory: Directory, refs: Iterable[Ref],
+                keep: Callable[[bytes, bytes], None] | None = None) -> bytes | str:
+    """The concatenated pieces, each checked against its SHA-256, or why not; `keep` is
+    handed each checked piece (digest, bytes)."""
     parts: list[bytes] = []
     for ref in refs:
         raw = _read(directory, ref)
         if isinstance(raw, str):
             return raw
+        if keep is not None:
+            keep(ref.digest, raw)
         parts.append(raw)
     return b"".join(parts)
 

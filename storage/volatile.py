@@ -3,7 +3,8 @@
 Owns: `VolatileDirectory`, `open_volatile_storage`, and `open_node_storage`, the one place a
 node opens its storage, which picks the volatile layer only when both ``PHALANX_TEST_HOOKS=1``
 and ``PHALANX_VOLATILE_WRITES=1`` are in the environment (the Jepsen harness sets them for a
-``lose-unfsynced`` run), and `open_file_storage` otherwise.
+``lose-unfsynced`` run), and `open_file_storage` otherwise; either with the checkpoint
+store's piece memory budget from ``PHALANX_PIECE_MEMORY_MB`` (`piece_memory_bytes`).
 
 Why: SIGKILL is a *process* crash; the OS keeps every written page, so it cannot show what
 a *machine* crash does (un-fsynced writes vanish). Keeping appended bytes in memory until
@@ -38,6 +39,13 @@ from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
 HOOKS_ENV = "PHALANX_TEST_HOOKS"
+PIECE_MEMORY_ENV = "PHALANX_PIECE_MEMORY_MB"
+PIECE_MEMORY_MB = 16
+"""A node's default budget of checkpoint pieces in memory: the most recently written or
+reused ones, which are what a lagging follower lacks (a wiped one fetches the rest from the
+packs: the page cache or the disk). Small because it is resident memory: a 1M-key KV state of
+100-byte values is ~117 MB of pieces, and holding all of it would take a node past the RSS
+target of 3x the raw data (docs/BENCHMARKS.md); set `PIECE_MEMORY_ENV` to 128 for that."""
 VOLATILE_ENV = "PHALANX_VOLATILE_WRITES"
 
 
@@ -159,7 +167,7 @@ class VolatileDirectory:
 
 def open_volatile_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
                           segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                          keep_checkpoints: int = 3) -> Storage:
+                          keep_checkpoints: int = 3, piece_memory_bytes: int = 0) -> Storage:
     """`open_file_storage` over a `VolatileDirectory` (test mode; see the module docstring)."""
     directory = VolatileDirectory(path)
     try:
@@ -168,7 +176,8 @@ def open_volatile_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
         directory.close()
         raise
     return Storage(wal=wal, hard_state=FileHardStateStore(directory, sync=sync),
-                   checkpoints=FileCheckpointStore(directory, keep=keep_checkpoints, sync=sync),
+                   checkpoints=FileCheckpointStore(directory, keep=keep_checkpoints, sync=sync,
+                                                   memory_bytes=piece_memory_bytes),
                    directory=directory)
 
 
@@ -178,11 +187,30 @@ def volatile_selected(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(HOOKS_ENV) == "1" and env.get(VOLATILE_ENV) == "1"
 
 
+def piece_memory_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """A node's budget of checkpoint pieces kept in memory to serve its peers
+    (`PIECE_MEMORY_ENV` in MiB, default `PIECE_MEMORY_MB`; 0 serves every piece from disk).
+
+    Raises:
+        ValueError: the variable is not a whole number of MiB >= 0 (one line, for the operator).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(PIECE_MEMORY_ENV, "").strip()
+    if not raw:
+        return PIECE_MEMORY_MB << 20
+    if not raw.isdigit():
+        raise ValueError(f"{PIECE_MEMORY_ENV}={raw!r}: expected a whole number of MiB >= 0")
+    return int(raw) << 20
+
+
 def open_node_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
                       keep_checkpoints: int = 3,
                       environ: Mapping[str, str] | None = None) -> Storage:
     """A node's storage: `open_volatile_storage` in test mode (`volatile_selected`), else
-    `open_file_storage`."""
+    `open_file_storage`; with `piece_memory_bytes(environ)` of pieces kept in memory."""
+    memory = piece_memory_bytes(environ)
     if volatile_selected(environ):
-        return open_volatile_storage(path, sync=sync, keep_checkpoints=keep_checkpoints)
-    return open_file_storage(path, sync=sync, keep_checkpoints=keep_checkpoints)
+        return open_volatile_storage(path, sync=sync, keep_checkpoints=keep_checkpoints,
+                                     piece_memory_bytes=memory)
+    return open_file_storage(path, sync=sync, keep_checkpoints=keep_checkpoints,
+                             piece_memory_bytes=memory)

@@ -20,8 +20,9 @@ fetched whole from one peer at a time, so the liar is found). A request unanswer
 Pieces this node holds are read from its own store (checked); one that fails is fetched.
 
 Serving: a `PieceRequest` is checked (shape and bounds) and queued (a full queue drops it:
-the fetcher asks again); a worker task reads the ranges on a thread (the store's packs: the
-page cache, else the disk) and answers one `PieceReply`, b"" for what it does not hold.
+the fetcher asks again); a worker task reads the ranges on a thread (from the pieces the store
+keeps in memory, `phalanx.storage.piece_memory`, else its packs: the page cache or the disk)
+and answers one `PieceReply`, b"" for what it does not hold.
 
 Invariants: nothing is installed that failed its digest; peer input never raises here.
 """
@@ -42,6 +43,7 @@ from phalanx.runtime.piece_manifest import PieceManifest, PieceStore, decode, is
 from phalanx.runtime.piece_messages import PieceReply, PieceRequest
 from phalanx.storage.interface import StorageError
 from phalanx.storage.packs import BytesPiece
+from phalanx.storage.piece_memory import PieceMemory
 
 __all__ = ["DISABLE_ENV", "Fetched", "PieceStats", "PieceTransfer", "enabled"]
 
@@ -213,6 +215,11 @@ class PieceTransfer:
                "piece_fetched_bytes": s.fetched_bytes, "piece_reused_pieces": s.reused_pieces,
                "piece_resolves": s.resolves}
         out.update((f"piece_dropped_{why}", n) for why, n in s.dropped.items())
+        memory = getattr(self._store, "memory", None)
+        if isinstance(memory, PieceMemory):
+            out.update(piece_memory_bytes=memory.size, piece_memory_hits=memory.hits,
+                       piece_memory_misses=memory.misses,
+                       piece_served_from_memory_bytes=memory.hit_bytes)
         return out
 
     # ------------------------------------------------------------------ serving
