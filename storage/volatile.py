@@ -205,10 +205,12 @@ def piece_memory_bytes(environ: Mapping[str, str] | None = None) -> int:
 
 def open_node_storage(path: str, *, sync: SyncPolicy = SyncPolicy.GROUP,
                       keep_checkpoints: int = 3,
-                      environ: Mapping[str, str] | None = None) -> Storage:
+                      environ: Mapping[str, str] | None = None,
+                      piece_memory: int | None = None) -> Storage:
     """A node's storage: `open_volatile_storage` in test mode (`volatile_selected`), else
-    `open_file_storage`; with `piece_memory_bytes(environ)` of pieces kept in memory."""
-    memory = piece_memory_bytes(environ)
+    `open_file_storage`; with `piece_memory` bytes of pieces kept in memory (None:
+    `piece_memory_bytes(environ)`)."""
+    memory = piece_memory_bytes(environ) if piece_memory is None else piece_memory
     if volatile_selected(environ):
         return open_volatile_storage(path, sync=sync, keep_checkpoints=keep_checkpoints,
                                      piece_memory_bytes=memory)

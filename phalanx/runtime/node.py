@@ -119,7 +119,7 @@ from phalanx.runtime.stable_checkpoints import StableCheckpoints
 from phalanx.services import NodeService, ServiceError
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.lock import DirectoryLocked, lock_data_dir
-from phalanx.storage.volatile import open_node_storage
+from phalanx.storage.volatile import open_node_storage, piece_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -295,8 +295,13 @@ async def open_node(
         raise NodeError(f"{config.id}: {e}") from None
     try:
         identity, cluster_id = check_identity(config)
+        try:
+            memory = piece_memory_bytes()
+        except ValueError as e:  # the operator's environment: one line, not a traceback
+            raise NodeError(f"{config.id}: {e}") from None
         storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
-                                    keep_checkpoints=config.checkpoint.keep)
+                                    keep_checkpoints=config.checkpoint.keep,
+                                    piece_memory=memory)
     except BaseException:
         dir_lock.release()
         raise

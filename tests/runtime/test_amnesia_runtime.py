@@ -123,6 +123,19 @@ async def test_missing_hard_state_is_amnesia_too(tmp_path: Path) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_bad_piece_memory_budget_is_one_line_and_frees_the_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    configs = make_cluster(tmp_path)
+    monkeypatch.setenv("PHALANX_PIECE_MEMORY_MB", "lots")
+    with pytest.raises(NodeError, match=r"^n1: PHALANX_PIECE_MEMORY_MB='lots': expected a "
+                                        r"whole number of MiB >= 0$"):
+        async with open_node(configs[0]):
+            pass
+    monkeypatch.setenv("PHALANX_PIECE_MEMORY_MB", "0")
+    async with open_node(configs[0]):  # the lock was released: the directory opens now
+        pass
+
+
 async def test_another_nodes_data_directory_is_refused(tmp_path: Path) -> None:
     configs = make_cluster(tmp_path)
     wrong = dataclasses.replace(configs[0], data_dir=configs[1].data_dir)
