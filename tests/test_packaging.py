@@ -213,7 +213,8 @@ def test_kv_call_path_loads_exactly_its_modules(tmp_path: Path) -> None:
     init_cluster(tmp_path / "c", nodes=1, base_port=find_free_base_port(1))
     code = (  # (the probe imports json after taking the module list)
         "import sys\nfrom phalanx.cli.main import main\n"
-        f"status = main(['kv', '--cluster', {str(tmp_path / 'c')!r}, 'get', 'k'])\n"
+        f"status = main(['kv', '--cluster', {str(tmp_path / 'c')!r}, '--timeout', '2', "
+        "'get', 'k'])\n"
         "loaded = sorted(sys.modules)\nimport json\nprint(json.dumps([status, loaded]))"
     )
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
