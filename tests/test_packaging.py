@@ -230,6 +230,19 @@ def test_kv_call_path_loads_exactly_its_modules(tmp_path: Path) -> None:
     assert not heavy, f"phalanx kv get imported {heavy}"
 
 
+def test_import_phalanx_loads_only_the_facade() -> None:
+    """`import phalanx` (the public facade) loads its two modules and not even `typing`:
+    each public name loads its module on first use (`phalanx._lazy`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nbefore = set(sys.modules)\nimport phalanx\n"
+            "print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True)
+    assert done.stdout.strip() == "['phalanx', 'phalanx._lazy']", done.stdout
+
+
 def test_sim_parser_defaults_are_the_simulators() -> None:
     from phalanx.jepsen.sim import cli
     from phalanx.jepsen.sim.run import RunConfig
