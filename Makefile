@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen gossip clustersend
 
-.PHONY: demo test lint typecheck pytest soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-scale bench-clustersend attack docs clean
+.PHONY: demo test lint typecheck pytest bytecode soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-scale bench-clustersend attack docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -46,8 +46,15 @@ docs: typecheck
 	$(VENV)/bin/mkdocs build --strict
 	@echo "site: site/index.html"
 
-pytest: $(STAMP)
+pytest: bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -m "not long"
+
+# Byte-compile the tree first: under PYTHONDONTWRITEBYTECODE=1 (these sessions' environment)
+# every process a test spawns (a CLI call, a node) otherwise compiles each module it imports
+# from source: ~0.1 s of CPU per node start, ~25% of the CLI tests' CPU (docs/BENCHMARKS.md,
+# "CLI start-up"). checked-hash: a .pyc is used only while it matches its source's bytes.
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q --invalidation-mode checked-hash phalanx $(PKG_DIRS)
 
 soak: $(STAMP)
 	$(VENV)/bin/phalanx sim --protocol raft --seeds 10000 --faults all --jobs 2
@@ -58,7 +65,7 @@ soak: $(STAMP)
 # run with a liar; the gossip and cross-shard demos; the leaderless pbft-mode and state-transfer
 # sweeps; the 1,000-seed cluster-sending sweep; the bench smoke run).
 # ~7 min on 2 cores (measured 6m31s).
-sweeps: $(STAMP)
+sweeps: bytecode
 	PHALANX_SWARM_SEEDS=300 PHALANX_PBFT_SEEDS=300 $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/jepsen/sim/test_sim_runs.py::test_swarm_sweep_passes \
 	  tests/jepsen/sim/test_pbft_sweep.py::test_sweep_with_f_byzantine_replicas_mixes_n4_and_n7
@@ -171,3 +178,4 @@ attack: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .typecheck .mypy_cache .pytest_cache .hypothesis build *.egg-info
+	find phalanx $(PKG_DIRS) -name __pycache__ -type d -prune -exec rm -rf {} +

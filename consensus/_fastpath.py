@@ -4,13 +4,15 @@
 dataclasses. Building one through its generated ``__init__`` goes through
 `object.__setattr__` for every field (about twice the cost of a slot store) and matches
 keywords; on the hot paths (a core's step, the simulator's delivery, the replica's apply,
-the history recorder) that is a visible share of the cost. This module owns the three ways
-to build them cheaper, and applies the first to the contract's hot records:
+the history recorder) that is a visible share of the cost. This module gathers the three ways
+to build them cheaper:
 
-- `raw_init(cls)`: replace ``cls.__init__`` with one of the same keyword-only signature and
-  defaults that fills the slots through their raw setters, then calls ``__post_init__``.
-  Applied here, once at import, to `HOT_RECORDS` (the package's ``__init__`` imports this
-  module, so every user of `phalanx.consensus` sees the cheaper ``__init__``); other
+- `raw_init(cls)` (`phalanx.consensus._raw_init`, re-exported here): replace ``cls.__init__``
+  with one of the same keyword-only signature and defaults that fills the slots through
+  their raw setters, then calls ``__post_init__``. The contract's hot records (`HOT_RECORDS`)
+  get it where they are declared, once at import (`TYPES_HOT_RECORDS` at the end of
+  `consensus/types.py`, `CORE_HOT_RECORDS` of `consensus/core.py`), so every user sees the
+  cheaper ``__init__`` and a client that only needs `ClientRequest` loads no core; other
   packages decorate their own hot records with it (Raft's messages, the replica layer's
   envelopes, `jepsen.history.Op`).
 - `slot_twin(cls)`: a mutable class with `cls`'s exact slot layout: instantiate it, store
@@ -28,11 +30,12 @@ codec's fast decoder (`phalanx.net.codec_fast`) recognises `raw_init`'s ``__init
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from phalanx.consensus._raw_init import raw_init
 from phalanx.consensus.core import (
+    CORE_HOT_RECORDS,
     Persisted,
     ReadState,
     Ready,
@@ -40,71 +43,19 @@ from phalanx.consensus.core import (
     Rejection,
     Send,
     Snapshot,
-    Submit,
 )
-from phalanx.consensus.types import ClientRequest, Entry, HardState, Message, NodeId
+from phalanx.consensus.types import TYPES_HOT_RECORDS, Entry, HardState, Message, NodeId
 
-_C = TypeVar("_C", bound=type)
 _T = TypeVar("_T")
 
-
-def raw_init(cls: _C) -> _C:
-    """Give a frozen, slotted, keyword-only dataclass an ``__init__`` that fills its slots
-    through their raw setters, then calls ``__post_init__`` if it has one.
-
-    The generated frozen ``__init__`` goes through `object.__setattr__` for every field,
-    which costs about twice as much; records built once or more per message use this. The
-    signature (keyword-only, the same defaults), the validation, equality, hashing, repr and
-    `dataclasses.fields/replace` are unchanged, and so is the resulting object. The new
-    function carries ``__raw_init__ = True`` (the codec's fast decoder builds such classes
-    the same way). Misuse (not such a dataclass, an `InitVar`, a default factory) raises
-    `TypeError` at import time.
-    """
-    fields = dataclasses.fields(cls)
-    params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
-        raise TypeError(f"raw_init needs a frozen slotted dataclass, got {cls.__name__}")
-    if len(cls.__dict__["__dataclass_fields__"]) != len(fields):
-        raise TypeError(f"raw_init: {cls.__name__} has InitVar or ClassVar pseudo-fields")
-    env: dict[str, object] = {}
-    args: list[str] = []
-    body: list[str] = []
-    for i, f in enumerate(fields):
-        slot = cls.__dict__.get(f.name)
-        if not f.init or not f.kw_only or not isinstance(slot, types.MemberDescriptorType):
-            raise TypeError(f"raw_init: {cls.__name__}.{f.name} is not a keyword-only slot")
-        if f.default_factory is not dataclasses.MISSING:
-            raise TypeError(f"raw_init: {cls.__name__}.{f.name} has a default factory")
-        if f.default is dataclasses.MISSING:
-            args.append(f.name)
-        else:
-            env[f"D{i}"] = f.default
-            args.append(f"{f.name}=D{i}")
-        env[f"S{i}"] = slot.__set__
-        body.append(f"S{i}(self, {f.name})")
-    post_init = getattr(cls, "__post_init__", None)
-    if post_init is not None:
-        env["POST"] = post_init
-        body.append("POST(self)")
-    source = f"def __init__(self, *, {', '.join(args)}):\n    " + "\n    ".join(body or ["pass"])
-    namespace: dict[str, object] = {}
-    exec(compile(source, f"<raw_init {cls.__qualname__}>", "exec"), env, namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]
-    init.__raw_init__ = True  # type: ignore[attr-defined]
-    cls.__init__ = init  # type: ignore[misc]
-    return cls
+__all__ = ["HOT_RECORDS", "READY_TWIN", "make_ready", "maker", "new_persisted", "new_receive",
+           "new_send", "raw_init", "slot_twin"]
 
 
-HOT_RECORDS: tuple[type, ...] = (
-    ClientRequest, Entry, HardState,  # consensus/types.py
-    Receive, Submit, Persisted, Send, ReadState, Rejection, Ready,  # consensus/core.py
-)
+HOT_RECORDS: tuple[type, ...] = (*TYPES_HOT_RECORDS, *CORE_HOT_RECORDS)
 """The contract's records built once or more per message: `raw_init` is applied to each,
-once, when this module is imported."""
-
-for _cls in HOT_RECORDS:
-    raw_init(_cls)
+once, by the module that declares it (`phalanx.consensus.types`, `phalanx.consensus.core`),
+so every user sees the cheaper ``__init__`` whichever module it imports first."""
 
 
 _TWINS: dict[type, type] = {}

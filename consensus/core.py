@@ -22,7 +22,8 @@ Rules of this module and of every core:
 - A faulty peer's input is dropped and counted in `status()`; it never raises. Misuse by the
   caller raises `LocalProtocolError`.
 
-Plain declarations: hot paths build these records through the private
+Plain declarations: the hot records (`CORE_HOT_RECORDS`) get the cheaper ``__init__`` of the
+private `phalanx.consensus._raw_init` at the end of this module; hot paths build them through
 `phalanx.consensus._fastpath` (cheaper constructors of the same objects).
 """
 
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
+from phalanx.consensus._raw_init import raw_init
 from phalanx.consensus.types import (
     ClientRequest,
     Entry,
@@ -312,3 +314,12 @@ class Core(Protocol):
     def status(self) -> CoreStatus:
         """A snapshot of the core's state; never changes the core."""
         ...
+
+
+CORE_HOT_RECORDS: tuple[type, ...] = (Receive, Submit, Persisted, Send, ReadState, Rejection,
+                                      Ready)
+"""This module's records built once or more per message: `raw_init` gives each its cheaper
+``__init__`` here, once (`phalanx.consensus._fastpath.HOT_RECORDS`)."""
+
+for _cls in CORE_HOT_RECORDS:
+    raw_init(_cls)

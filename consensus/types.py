@@ -6,9 +6,10 @@ Rules:
   hashed, compared, put in a trace and encoded by `phalanx.net.codec` without copying.
 - Protocol messages subclass `Message`; the codec registers each concrete message class
   under a stable type id (see `phalanx.net.wire`).
-- Plain declarations: the cheaper constructors of the hot records (`ClientRequest`, `Entry`,
-  `HardState`) live in the private `phalanx.consensus._fastpath`, which builds the same
-  objects.
+- Plain declarations: the hot records (`ClientRequest`, `Entry`, `HardState`:
+  `TYPES_HOT_RECORDS`) get the cheaper ``__init__`` of the private
+  `phalanx.consensus._raw_init` at the end of this module (the same objects); the other
+  builders live in `phalanx.consensus._fastpath`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import NewType
+
+from phalanx.consensus._raw_init import raw_init
 
 NodeId = NewType("NodeId", str)
 """A replica's identity: stable across restarts, unique in a cluster (e.g. ``"n1"``)."""
@@ -213,3 +216,11 @@ class SnapshotMeta:
     index: int
     term: int
     config: Configuration
+
+
+TYPES_HOT_RECORDS: tuple[type, ...] = (ClientRequest, Entry, HardState)
+"""This module's records built once or more per message: `raw_init` gives each its cheaper
+``__init__`` here, once (`phalanx.consensus._fastpath.HOT_RECORDS`)."""
+
+for _cls in TYPES_HOT_RECORDS:
+    raw_init(_cls)

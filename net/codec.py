@@ -3,7 +3,8 @@
 Owns: `Registry` (stable type id <-> class, with an encoder and a decoder compiled once per
 class from its type hints) and the wire shape below. The per-field codecs, `DecodeError` and
 `EncodeError` live in `phalanx.net.codec_fields` (re-exported here); the compiled fast paths
-in `phalanx.net.codec_fast`.
+in `phalanx.net.codec_fast` (compiled at a class's first encode or decode, not at
+registration: start-up pays only for the classes a process uses).
 Must not import: trio, sockets, clocks, random, pickle, or any protocol module. Protocols
 register their classes into a registry (the project's default one is `phalanx.net.wire`);
 the codec knows none of them.
@@ -122,6 +123,8 @@ class _Spec:
     generic_encode: Encoder
     """The field-by-field walk `encode` falls back to (kept for its error messages)."""
     generic_decode: Decoder
+    compile_fast: Callable[[], tuple[Encoder, Decoder]] | None = None
+    """Until compiled: builds the fast pair that `encode`/`decode` put in place at first use."""
 
 
 class Registry:
@@ -133,8 +136,9 @@ class Registry:
             frozenset or nested message inside it one more) that either direction accepts.
 
     Determinism: the encoding depends only on the registered ids and the object's value.
-    Registration is meant for import time; encode and decode never change the table (decode
-    only caches one decoder per `expected` class).
+    Registration is meant for import time; encode and decode never change what the table
+    maps (decode caches one decoder per `expected` class, and a class's first encode or
+    decode puts its compiled fast paths in place of the generic ones: the same results).
     """
 
     def __init__(
@@ -465,35 +469,62 @@ class Registry:
                 raise DecodeError(f"{label} rejected its fields: {exc}") from None
 
         names = tuple(name for name, _, _ in pairs)
-        fast_encode: Encoder
-        fast_decode: Decoder
-        fast_encode, fast_decode = compile_fast(
-            type_id=type_id,
-            cls=cls,
-            fields=tuple(
-                (name, enc, dec, EXACT.get(dec), ENUMS.get(dec)) for name, enc, dec in pairs
-            ),
-            max_depth=max_depth,
-            int_min=INT_MIN,
-            int_max=INT_MAX,
-            slow_encode=encode,
-            slow_decode=decode,
-            errors=(EncodeError, DecodeError),
-            arrays=ARRAYS,
-            optionals=OPTIONALS,
-        )
+        optional = optional_tail(cls)
+
+        def compile_paths() -> tuple[Encoder, Decoder]:
+            fast_encode: Encoder
+            fast_decode: Decoder
+            fast_encode, fast_decode = compile_fast(
+                type_id=type_id,
+                cls=cls,
+                fields=tuple(
+                    (name, enc, dec, EXACT.get(dec), ENUMS.get(dec)) for name, enc, dec in pairs
+                ),
+                max_depth=max_depth,
+                int_min=INT_MIN,
+                int_max=INT_MAX,
+                slow_encode=encode,
+                slow_decode=decode,
+                errors=(EncodeError, DecodeError),
+                arrays=ARRAYS,
+                optionals=OPTIONALS,
+            )
+            if optional:
+                fast_encode, fast_decode = omit_defaults(
+                    label, arity, optional, fast_encode, fast_decode)
+            return fast_encode, fast_decode
+
+        def encode_first(value: object, depth: int) -> object:
+            return self._fast_spec(type_id).encode(value, depth)
+
+        def decode_first(raw: object, depth: int) -> object:
+            return self._fast_spec(type_id).decode(raw, depth)
+
         generic_encode: Encoder = encode
         generic_decode: Decoder = decode
-        optional = optional_tail(cls)
         if optional:
-            fast_encode, fast_decode = omit_defaults(
-                label, arity, optional, fast_encode, fast_decode)
             generic_encode, generic_decode = omit_defaults(
                 label, arity, optional, encode, decode)
         return _Spec(
-            type_id=type_id, cls=cls, names=names, encode=fast_encode, decode=fast_decode,
+            type_id=type_id, cls=cls, names=names, encode=encode_first, decode=decode_first,
             generic_encode=generic_encode, generic_decode=generic_decode,
+            compile_fast=compile_paths,
         )
+
+    def _fast_spec(self, type_id: int) -> _Spec:
+        """`type_id`'s spec with its fast paths, compiled at first use (a process pays only for
+        the classes it uses) and put in place of the uncompiled one. They are exact
+        shortcuts of the generic paths, so when they are compiled changes no result or
+        error; two threads compiling at once make the same code."""
+        spec = self._by_id[type_id]
+        if spec.compile_fast is None:
+            return spec
+        fast_encode, fast_decode = spec.compile_fast()
+        done = dataclasses.replace(spec, encode=fast_encode, decode=fast_decode,
+                                   compile_fast=None)
+        self._by_id[type_id] = done
+        self._by_class[spec.cls] = done
+        return done
 
     def _build(self, tp: object, where: str) -> tuple[Encoder, Decoder]:
         """Compile the codec pair for one declared type, or raise TypeError naming `where`."""

@@ -23,9 +23,7 @@ the client); everything else is internal and may change between versions:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from phalanx._lazy import lazy_attributes
+from phalanx._lazy import TYPE_CHECKING, lazy_attributes
 
 __version__ = "0.1.0"
 

@@ -8,8 +8,13 @@ stays cheap (no trio, TLS or core until a name is used).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import Any
+
+# `typing.TYPE_CHECKING` without importing `typing` (type checkers read the name as True):
+# `import phalanx` costs the interpreter's start-up and this package, nothing more.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 
 def lazy_attributes(package: str, table: Mapping[str, str],

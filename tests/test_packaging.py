@@ -176,6 +176,73 @@ def test_a_command_imports_only_what_it_runs(
     assert not heavy, f"phalanx {' '.join(argv)} imported {heavy}"
 
 
+# The modules `phalanx kv --cluster DIR get k` loads up to its call (issue 22, item 3: start-up
+# <= 0.25 s of CPU): exactly these of phalanx's. A new one on the path is a start-up cost:
+# import it where it is used, or add it here with its measured cost (docs/BENCHMARKS.md,
+# "CLI start-up").
+_KV_CALL_PATH = frozenset({
+    "phalanx", "phalanx._lazy", "phalanx._spec_table",
+    "phalanx.cli", "phalanx.cli.main", "phalanx.cli.errors", "phalanx.cli.kv",
+    "phalanx.cli.cluster_arg", "phalanx.cli.kv_signer", "phalanx.cli.value_args",
+    "phalanx.apps", "phalanx.apps.kv_types", "phalanx.apps.kv_wire",
+    "phalanx.appspec", "phalanx.appspec.builtin", "phalanx.appspec.registry",
+    "phalanx.appspec.spec",
+    "phalanx.protocols", "phalanx.protocols.builtin", "phalanx.protocols.registry",
+    "phalanx.protocols.spec",
+    "phalanx.ops", "phalanx.ops.node_config",
+    "phalanx.client", "phalanx.client.errors", "phalanx.client.quick",
+    "phalanx.consensus", "phalanx.consensus._raw_init", "phalanx.consensus.types",
+    "phalanx.net", "phalanx.net.client_protocol", "phalanx.net.framing", "phalanx.net.wire",
+    "phalanx.net.codec", "phalanx.net.codec_fast", "phalanx.net.codec_fields",
+    "phalanx.net.codec_optional",
+})
+_NOT_ON_THE_KV_CALL_PATH = ("trio", "cryptography", "asyncio", "logging", "rich", "json",
+                            "traceback", "difflib", "queue", "threading")
+
+
+def test_kv_call_path_loads_exactly_its_modules(tmp_path: Path) -> None:
+    """`phalanx kv get` against a Raft cluster (its node down: the quick client is refused
+    and exits 7) loads `_KV_CALL_PATH`, no core (`phalanx.consensus.core`), no service
+    config, and none of `_NOT_ON_THE_KV_CALL_PATH` (a Raft call needs no thread)."""
+    import json
+    import subprocess
+    import sys
+
+    from phalanx.ops.local_cluster import find_free_base_port, init_cluster
+
+    init_cluster(tmp_path / "c", nodes=1, base_port=find_free_base_port(1))
+    code = (  # (the probe imports json after taking the module list)
+        "import sys\nfrom phalanx.cli.main import main\n"
+        f"status = main(['kv', '--cluster', {str(tmp_path / 'c')!r}, '--timeout', '2', "
+        "'get', 'k'])\n"
+        "loaded = sorted(sys.modules)\nimport json\nprint(json.dumps([status, loaded]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True)
+    status, loaded = json.loads(done.stdout.splitlines()[-1])
+    assert status == 7, done.stderr  # connection refused by every node
+    ours = {m for m in loaded if m == "phalanx" or m.startswith("phalanx.")}
+    assert ours == _KV_CALL_PATH, (
+        f"new on the path: {sorted(ours - _KV_CALL_PATH)}; "
+        f"no longer: {sorted(_KV_CALL_PATH - ours)}")
+    heavy = sorted(m for m in loaded for a in _NOT_ON_THE_KV_CALL_PATH
+                   if m == a or m.startswith(a + "."))
+    assert not heavy, f"phalanx kv get imported {heavy}"
+
+
+def test_import_phalanx_loads_only_the_facade() -> None:
+    """`import phalanx` (the public facade) loads its two modules and not even `typing`:
+    each public name loads its module on first use (`phalanx._lazy`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nbefore = set(sys.modules)\nimport phalanx\n"
+            "print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True)
+    assert done.stdout.strip() == "['phalanx', 'phalanx._lazy']", done.stdout
+
+
 def test_sim_parser_defaults_are_the_simulators() -> None:
     from phalanx.jepsen.sim import cli
     from phalanx.jepsen.sim.run import RunConfig

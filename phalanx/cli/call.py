@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
 
 from phalanx.cli.cluster_arg import add_cluster_option, open_cluster_arg
@@ -105,6 +104,8 @@ def _call_main(args: argparse.Namespace) -> int:
             doc = {"result": reply.decode("utf-8"), "encoding": "utf-8"}
         except UnicodeDecodeError:
             doc = {"result": base64.b64encode(reply).decode("ascii"), "encoding": "base64"}
+        import json
+
         print(json.dumps(doc))
     else:
         sys.stdout.buffer.write(reply if args.raw else reply + b"\n")

@@ -30,7 +30,6 @@ import contextlib
 import math
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, NoReturn
 
@@ -175,6 +174,8 @@ def run_handler(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
 
 def report_internal_error(prog: str, e: BaseException) -> int:
     """A bug: its summary on one line (and the traceback if PHALANX_DEBUG=1); exit 70."""
+    import traceback  # (a bug's path only: start-up of every command skips it)
+
     if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         traceback.print_exception(e)
     frames = traceback.extract_tb(e.__traceback__)

@@ -37,7 +37,6 @@ Keys are UTF-8 text; values are bytes: arguments are encoded with the file-syste
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Final
@@ -547,6 +546,8 @@ def _kv_main(args: argparse.Namespace) -> int:
             deleted = trio.run(lambda: delete_prefix(
                 cluster, args.key, client_timeout=args.timeout, signer=signer))
             if args.output == "json":
+                import json
+
                 print(json.dumps({"prefix": args.key, "deleted": deleted}))
             else:
                 print(f"deleted {deleted}")

@@ -17,7 +17,6 @@ Imports nothing heavy: only the KV result types and the exit codes.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import sys
 from typing import Final
@@ -60,6 +59,8 @@ def json_bytes(data: bytes | None) -> dict[str, object] | None:
 
 
 def _emit(doc: dict[str, object]) -> None:
+    import json  # (-o json only: the text output imports no more than it needs)
+
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     sys.stdout.flush()
 

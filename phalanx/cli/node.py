@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import signal
-import socket
-import ssl
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,9 +31,17 @@ from phalanx.protocols import UnknownProtocol, byzantine_mode_problem, specs
 from phalanx.protocols import get as get_protocol
 
 if TYPE_CHECKING:
+    import logging
+
     from phalanx.runtime.node import Node
 
-logger = logging.getLogger(__name__)
+
+def _logger() -> logging.Logger:
+    import logging  # (`node run` only: `node --help` skips it, as it skips ssl and socket)
+
+    return logging.getLogger(__name__)
+
+
 TRIM_POLL_S = 1.0
 """How often the node looks whether a heap trim is due (a status read: microseconds)."""
 
@@ -58,7 +63,7 @@ async def _run(config: NodeConfig, byzantine: str | None, bootstrap: bool) -> No
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_release_free_memory, node)
                 async for signum in signals:
-                    logger.info("%s: %s received, shutting down", node.id,
+                    _logger().info("%s: %s received, shutting down", node.id,
                                 signal.Signals(signum).name)
                     break
                 nursery.cancel_scope.cancel()
@@ -91,6 +96,8 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
     then (`phalanx.cli.main.main`, `phalanx.runtime.process_tuning.use_system_malloc`); this
     function
     never re-executes its caller's process."""
+    import logging
+
     import trio
 
     from phalanx.runtime.node import NodeError
@@ -135,7 +142,7 @@ def run_node(config_path: str | Path, *, byzantine: str | None = None,
         if problem is not None:
             print_error(_PROG, problem)
             return EXIT_USAGE
-        logger.exception("%s: node stopped on an error", config.id)
+        _logger().exception("%s: node stopped on an error", config.id)
         return 1
     return 0
 
@@ -153,6 +160,9 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def _operator_problem(exc: BaseException, config: NodeConfig) -> str | None:
     """One line for a start-up failure the operator can fix (a listen address in use, not
     on this machine or not resolvable; TLS credentials that do not load), else None."""
+    import socket
+    import ssl
+
     leaves = _leaves(exc)
     if len(leaves) != 1:
         return None
@@ -189,6 +199,8 @@ def _listen_addresses(config: NodeConfig) -> list[tuple[str, Address]]:
 def _cannot_bind(address: Address) -> str | None:
     """Why `address` cannot be bound now (None if it can), with SO_REUSEADDR as the node's
     listeners have (so a port in TIME_WAIT after a restart is not mistaken for in use)."""
+    import socket
+
     try:
         infos = socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:

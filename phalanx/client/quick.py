@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import socket
 import ssl
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -286,6 +284,9 @@ def _leader_call(cluster: ClusterConfig, context: ssl.SSLContext, call: ClientCa
 def _matching_call(cluster: ClusterConfig, context: ssl.SSLContext, call: ClientCall,
                    deadline: float, timeout: float, *, need: int) -> bytes:
     """Every replica at once; the result f+1 (`need`) replicas agree on."""
+    import queue  # (a thread per replica: only this strategy needs them)
+    import threading
+
     answers: queue.Queue[tuple[str, ClientReply | Exception]] = queue.Queue()
     stop = threading.Event()
 

@@ -33,24 +33,21 @@ Rules:
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phalanx.appspec import DEFAULT_APP, UnknownApp
 from phalanx.appspec import get as app_spec
 from phalanx.cli.errors import OperatorError
 from phalanx.protocols import UnknownProtocol
 from phalanx.protocols import get as protocol_spec
-from phalanx.services.config import (
-    ServiceTables,
-    needs_signing_keys,
-    read_service_tables,
-)
+
+if TYPE_CHECKING:  # (loaded by `load_node_config`: a client reading cluster.toml skips it)
+    from phalanx.services.config import ServiceTables
 
 FSYNC_MODES = ("every-write", "group", "off")
 CLIENT_AUTH_MODES = ("required", "none")
@@ -360,6 +357,8 @@ class _Table:
             if key not in self._known:
                 where = f"[{self._name}]" if self._name else "the top level"
                 kind = "table" if isinstance(self._data[key], dict) else "key"
+                import difflib  # (only for the error's suggestion)
+
                 close = difflib.get_close_matches(key, sorted(self._known), n=1, cutoff=0.6)
                 hint = f" (did you mean {close[0]!r}?)" if close else (
                     f" (known: {', '.join(sorted(self._known))})" if self._known else "")
@@ -475,6 +474,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
     key_table = root.table(LEGACY_KEYS_TABLE if root.has(LEGACY_KEYS_TABLE) else KEYS_TABLE)
     key_table.opt_str("signing_key")
     client_keys = _client_keys(key_table.table("clients"))
+    from phalanx.services.config import needs_signing_keys, read_service_tables
+
     services = read_service_tables(root)
     if protocol_spec(protocol).signing_keys or needs_signing_keys(services):
         keys = KeyFiles(signing_key=(base / key_table.text("signing_key")).resolve())

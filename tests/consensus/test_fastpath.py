@@ -246,8 +246,9 @@ def test_hand_written_eq_is_the_generated_one(a: Entry, b: Entry) -> None:
 
 
 def test_every_hot_record_has_the_cheaper_init() -> None:
-    """`_fastpath` applies `raw_init` to the contract's hot records at import (the declarations
-    stay plain), and Raft's messages keep theirs: the codec's fast decoder relies on it."""
+    """`types` and `core` apply `raw_init` to the contract's hot records at import (the
+    declarations stay plain), and Raft's messages keep theirs: the codec's fast decoder
+    relies on it."""
     from phalanx.consensus import raft
     from phalanx.consensus.core import ReadState, Rejection, Submit
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 import msgpack
 import pytest
-from codec_samples import REGISTRY, Everything, Tree, make_registry, messages, sample
+from codec_samples import REGISTRY, Checked, Everything, Tree, make_registry, messages, sample
 from hypothesis import given, settings
 
 from phalanx.net.codec import DecodeError, EncodeError, Registry, _Spec
@@ -221,3 +221,24 @@ def test_inline_optional_fields_fall_back_for_the_precise_error(
     for none_or_value in (None, sample().maybe_leaf):
         ok = dataclasses.replace(sample(), maybe_leaf=none_or_value, maybe=None)
         assert REGISTRY.decode(REGISTRY.encode(ok)) == ok
+
+
+def test_fast_paths_are_compiled_at_first_use_with_the_same_results() -> None:
+    """Registering compiles no fast path (start-up pays only for the classes it uses); the
+    first encode or decode of a class puts them in place, and the bytes, the object and the
+    errors are the ones a registry compiled from the start gives."""
+    registry = make_registry()
+    assert all(spec.compile_fast is not None for spec in registry._by_class.values())
+    obj = sample()
+    data = registry.encode(obj)
+    compiled = registry._by_class[Everything]
+    assert compiled.compile_fast is None
+    assert registry._by_id[compiled.type_id] is compiled
+    assert compiled.encode.__code__.co_filename.startswith("<phalanx codec for")
+    assert registry._by_class[Checked].compile_fast is not None  # untouched: still lazy
+    assert data == REGISTRY.encode(obj) == pack(compiled.generic_encode(obj, 0))
+    fresh = make_registry()
+    assert fresh.decode(data) == obj  # first use through decode
+    assert fresh._by_class[Everything].compile_fast is None
+    with pytest.raises(DecodeError, match="expected 2 fields"):
+        make_registry().decode(pack([REGISTRY.type_id(Tree), 1, [], 3]))
