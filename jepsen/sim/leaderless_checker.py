@@ -11,8 +11,9 @@ Checks (honest replicas only; Byzantine ones are not judged):
 - **order**: two conflicting commands (the app's conflict relation) applied in one order at
   one replica are applied in that order at every replica (and every incarnation);
 - **requirements**: every applied transaction's requirements held when it applied;
-- **once**: no command applied twice by one replica incarnation (a double apply across a
-  restart shows in the folds below);
+- **once**: no command applied twice by one replica incarnation between two installs of a
+  checkpoint (an install replaces the state, so a transaction the checkpoint lacks is
+  applied again after it; a double apply across a restart shows in the folds below);
 - **outcomes**: a transaction with f+1 matching commit notices was applied (by an honest
   replica, so everywhere by converge); one with f+1 abort notices was applied nowhere;
 - **folds**: a counter's final value is the sum of its committed adds (modulo 2**64), a set's
@@ -41,9 +42,15 @@ class ApplyLog:
     (command, versions before) in apply order."""
 
     runs: dict[tuple[str, int], list[tuple[bytes, Versions]]] = field(default_factory=dict)
+    installs: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    """Per incarnation, the length of its run at each checkpoint install (state replaced)."""
 
     def record(self, node: str, incarnation: int, command: bytes, before: Versions) -> None:
         self.runs.setdefault((node, incarnation), []).append((command, before))
+
+    def installed(self, node: str, incarnation: int) -> None:
+        self.installs.setdefault((node, incarnation), []).append(
+            len(self.runs.get((node, incarnation), ())))
 
     def applied_by(self, nodes: Sequence[str]) -> set[bytes]:
         keep = set(nodes)
@@ -85,7 +92,7 @@ def check(
     add("converge", _converge(finals, honest))
     add("order", _order(honest_runs, conflicts, by_command))
     add("requirements", _requirements(honest_runs, by_command))
-    add("once", _once(honest_runs, by_command))
+    add("once", _once(honest_runs, by_command, log.installs))
     add("outcomes", _outcomes(records, committed, faults))
     add("folds", _folds(records, committed, finals, honest))
     return out
@@ -170,11 +177,15 @@ def _requirements(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
 
 
 def _once(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
-          by_command: Mapping[bytes, TxRecord]) -> list[str]:
+          by_command: Mapping[bytes, TxRecord],
+          installs: Mapping[tuple[str, int], list[int]]) -> list[str]:
     problems = []
     for (node, inc), run in sorted(runs.items()):
         seen: set[bytes] = set()
-        for command, _ in run:
+        resets = set(installs.get((node, inc), ()))
+        for i, (command, _) in enumerate(run):
+            if i in resets:
+                seen.clear()  # an install replaced the state: what it lacks applies again
             if command in seen:
                 problems.append(f"{node}#{inc} applied {_name(command, by_command)} twice")
             seen.add(command)
