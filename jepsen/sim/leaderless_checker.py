@@ -9,7 +9,9 @@ Checks (honest replicas only; Byzantine ones are not judged):
 - **validity**: every applied command is one a client issued;
 - **converge**: every honest replica's final state (every workload key) is identical;
 - **order**: two conflicting commands (the app's conflict relation) applied in one order at
-  one replica are applied in that order at every replica (and every incarnation);
+  one replica are applied in that order at every replica (and every incarnation; each
+  stretch between two installs of a checkpoint is judged on its own: what the installed
+  state lacks is applied again after it);
 - **requirements**: every applied transaction's requirements held when it applied;
 - **once**: no command applied twice by one replica incarnation between two installs of a
   checkpoint (an install replaces the state, so a transaction the checkpoint lacks is
@@ -25,6 +27,7 @@ Rules: pure (no simulator, no clocks); the conflict relation is injected.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -90,7 +93,7 @@ def check(
                      for (node, inc), run in sorted(honest_runs.items())
                      for c, _ in run if c not in by_command])
     add("converge", _converge(finals, honest))
-    add("order", _order(honest_runs, conflicts, by_command))
+    add("order", _order(honest_runs, conflicts, by_command, log.installs))
     add("requirements", _requirements(honest_runs, by_command))
     add("once", _once(honest_runs, by_command, log.installs))
     add("outcomes", _outcomes(records, committed, faults))
@@ -123,14 +126,21 @@ def _show(value: bytes | None) -> str:
     return "absent" if value is None else repr(value[:40])
 
 
+def _segments(run: list[tuple[bytes, Versions]], cuts: Sequence[int]) -> list[list[bytes]]:
+    """The commands of `run` split at its installs (each install replaced the state)."""
+    bounds = [0, *sorted(c for c in set(cuts) if 0 < c < len(run)), len(run)]
+    return [[c for c, _ in run[a:b]] for a, b in itertools.pairwise(bounds)]
+
+
 def _order(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
            conflicts: Callable[[bytes, bytes], bool],
-           by_command: Mapping[bytes, TxRecord]) -> list[str]:
+           by_command: Mapping[bytes, TxRecord],
+           installs: Mapping[tuple[str, int], list[int]]) -> list[str]:
     first_seen: dict[tuple[bytes, bytes], tuple[str, int]] = {}
     problems = []
     verdicts: dict[tuple[bytes, bytes], bool] = {}
-    for where, run in sorted(runs.items()):
-        seq = [c for c, _ in run]
+    for where, seq in ((w, seg) for w, run in sorted(runs.items())
+                       for seg in _segments(run, installs.get(w, ()))):
         by_key: dict[str, list[bytes]] = {}
         for c in seq:
             record = by_command.get(c)
