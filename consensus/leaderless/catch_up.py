@@ -24,10 +24,10 @@ than any checkpoint its peers offer covers them, so it refused every one: a live
 docs/LEADERLESS.md "State transfer".) A lacking one restored from the WAL without its proof
 cannot be released again: then the checkpoint is still refused. Then: `Ready.snapshot`
 at the next local index (rebased there), the gate releases nothing until the driver
-installed it, gated transactions the checkpoint holds count as released there, and every transaction in its table becomes decided
-(committed) here, so it is never endorsed, released nor applied again (exactly-once, with
-the replica's transaction table inside the checkpoint). The rest (committed after the
-checkpoint) comes by the fetch path.
+installed it, gated transactions the checkpoint holds count as released there, and every
+transaction in its table becomes decided (committed) here, so it is never endorsed,
+released nor applied again (exactly-once, with the replica's transaction table inside the
+checkpoint). The rest (committed after the checkpoint) comes by the fetch path.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`, `phalanx.apps`.
 """
