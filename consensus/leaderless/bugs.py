@@ -27,6 +27,14 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
   hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
   state goes in).
+- ``forget_undecided``: garbage-collect a pending (undecided) transaction once its
+  deadline is older than the GC horizon, as before 2026-12-02: a node that commits it
+  later (a pause, a skewed clock, a late quorum) applies what the others forgot (an
+  acknowledged write lost, or replicas apart).
+- ``refuse_behind_checkpoint``: refuse to install a verified checkpoint that lacks a
+  writing transaction this node applied (the install rule before 2026-12-02) instead of
+  applying that transaction again after the install: a node catching up under load applies
+  new commits before its first install and then refuses every checkpoint (a livelock).
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 
@@ -40,7 +48,8 @@ from collections.abc import Iterable
 BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_despite_conflict",
                               "skip_requirements", "count_conditional", "ordered_one_close",
                               "ordered_drop_ambiguous", "skip_checkpoint_digest",
-                              "no_state_transfer")
+                              "no_state_transfer", "forget_undecided",
+                              "refuse_behind_checkpoint")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -15,15 +15,19 @@ Serving: a node vouches for a retained checkpoint while what it applied after it
 fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
 fetch is followed by this node's `CommittedDigest` (the installer fetches the suffix at once).
 
-Install rule: a verified checkpoint (f+1 matching descriptors, bytes hashing to them) goes in
-only if it is AHEAD of this node: every writing transaction this node released and still
-holds is in its transaction table (else it would undo an apply here; the target is refused
-and a later one awaited). Then: `Ready.snapshot` at the next local index (rebased there),
-the gate releases nothing until the driver installed it, gated transactions the checkpoint
-holds count as released there, and every transaction in its table becomes decided
-(committed) here, so it is never endorsed, released nor applied again (exactly-once, with
-the replica's transaction table inside the checkpoint). The rest (committed after the
-checkpoint) comes by the fetch path.
+Install rule: a verified checkpoint (f+1 matching descriptors, bytes hashing to them) goes
+in. A writing transaction this node released (applied) and still holds that its table lacks
+goes back to the gate (`ReleaseGate.regate`) and is applied again after the install, on the
+installed state: the install does not undo it. (Until 2026-12-02 such a checkpoint was
+refused and a newer one awaited; a node catching up under load applies new commits faster
+than any checkpoint its peers offer covers them, so it refused every one: a livelock,
+docs/LEADERLESS.md "State transfer".) A lacking one restored from the WAL without its proof
+cannot be released again: then the checkpoint is still refused. Then: `Ready.snapshot`
+at the next local index (rebased there), the gate releases nothing until the driver
+installed it, gated transactions the checkpoint holds count as released there, and every
+transaction in its table becomes decided (committed) here, so it is never endorsed,
+released nor applied again (exactly-once, with the replica's transaction table inside the
+checkpoint). The rest (committed after the checkpoint) comes by the fetch path.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`, `phalanx.apps`.
 """
@@ -68,6 +72,7 @@ class CatchUp(CoreParts):
         _restored_horizon: int | None
         _behind: int
         _heard_tick: int
+        _refuse_behind: bool
         _peers: tuple[NodeId, ...]
 
     def _heard(self, src: NodeId) -> None:
@@ -174,11 +179,13 @@ class CatchUp(CoreParts):
     def _install(self, transfer: StateTransfer, got: Verified, out: Outbox) -> None:
         fmt = self._format
         assert fmt is not None  # a transfer exists only with a format
-        for tx_id, item in self._gate.released.items():
-            if item.writes and tx_id not in got.applied:
-                self._behind += 1  # it would undo an apply here: wait for a newer one
-                transfer.refuse()
-                return
+        lacking = [t for t, item in self._gate.released.items()
+                   if item.writes and t not in got.applied]
+        if lacking and (self._refuse_behind or any(
+                self._gate.released[t].proof is None for t in lacking)):
+            self._behind += 1  # it would undo an apply it cannot redo: wait for a newer one
+            transfer.refuse()
+            return
         index = self._gate.last_index + 1
         data = fmt.rebase(got.data, index)
         if data is None:  # verified bytes always parse; a broken format is our bug
@@ -186,6 +193,7 @@ class CatchUp(CoreParts):
         out.snapshot = Snapshot(meta=SnapshotMeta(
             index=index, term=0, config=Configuration(voters=self._config.nodes)), data=data)
         self._gate.installed(index, got.applied)
+        self._gate.regate(lacking)  # applied here, not there: applied again after it
         store = self._store
         for tx_id, deadline in got.applied.items():
             record = store.get(tx_id)

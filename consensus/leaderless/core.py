@@ -117,6 +117,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._bugs = check_bugs(bugs)
         self._peers = config.peers()
         self._store = TxStore(max_buffered=config.max_pending)
+        self._store.forget_undecided = "forget_undecided" in self._bugs
         self._rules = Rules(self._store, config.quorum_for)
         self._gate = ReleaseGate(app, start_index=app.applied(),
                                  no_gate="no_version_gate" in self._bugs)
@@ -196,6 +197,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._heard_tick = 0
         self._restored_horizon = restored.gc_horizon_ms if restored is not None else None
         self._behind = 0
+        self._refuse_behind = "refuse_behind_checkpoint" in self._bugs
         if self._transfer is not None and recovering:
             self._transfer.want("lost its durable record")
 

@@ -326,6 +326,21 @@ class ReleaseGate:
         self.last_index = index
         self.hold_until = index
 
+    def regate(self, tx_ids: list[TxId]) -> None:
+        """An installed checkpoint lacks these released transactions (applied here on the
+        state it replaces): they wait at the gate again, ahead of the gated ones (commit
+        order), to be released after the install, judged on the installed state. Each
+        must still hold its proof (`_entry`)."""
+        self._all_changed()
+        back: dict[TxId, Committed] = {}
+        for tx_id in tx_ids:
+            item = self.released.pop(tx_id)
+            self.unsynced.pop(tx_id, None)
+            item.index = item.ready = 0
+            back[tx_id] = item
+        self._unstamped = [i for i in self._unstamped if i.tx_id not in back]
+        self.gated = {**back, **self.gated}
+
     def sort_released(self) -> None:
         """Put `released` back in index order (after a restore inserted out of order)."""
         self._all_changed()

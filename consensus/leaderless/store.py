@@ -9,10 +9,15 @@ Invariants:
 - A transaction id is in at most one of: `records` (pending or committed), `tombstones`
   only (dropped, or committed and collected).
 - Every map iterates in insertion order (arrival order): no decision depends on set order.
-- Memory is bounded: records and tombstones go once their deadline is older than the GC
+- A pending (undecided) record is never collected: only a decision (commit, abort
+  certificate, checkpoint, install) ends it, whatever its deadline; a node that commits it
+  late must not meet replicas that forgot it (docs/LEADERLESS.md "Undecided transactions
+  are never forgotten"). `decide` re-indexes one decided past the horizon.
+- Memory is bounded by `max_pending` undecided records plus the decided ones of the
+  horizon: decided records and tombstones go once their deadline is older than the GC
   horizon (committed ones only once released and applied and no pending transaction's
-  endorsement names them as a condition, see `gc`: bounded by the pending ones); buffered
-  endorsements are capped at `max_buffered`, oldest evicted first.
+  endorsement names them as a condition, see `gc`); buffered endorsements are capped at
+  `max_buffered`, oldest evicted first.
 """
 
 from __future__ import annotations
@@ -67,14 +72,15 @@ class TxRecord:
 class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
-    __slots__ = ("_by_deadline", "_max_buffered", "_pending", "_stones", "buffered", "horizon",
-                 "records", "tombstones")
+    __slots__ = ("_by_deadline", "_max_buffered", "_pending", "_stones", "buffered",
+                 "forget_undecided", "horizon", "records", "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
         self.records: dict[TxId, TxRecord] = {}
         self.tombstones: dict[TxId, DecidedTx] = {}
         self.buffered: dict[TxId, dict[NodeId, Endorsement]] = {}
         self.horizon = 0
+        self.forget_undecided = False  # the `forget_undecided` bug (bugs.py)
         self._max_buffered = max_buffered
         self._stones: tuple[DecidedTx, ...] | None = None
         self._by_deadline = DueHeap()
@@ -153,6 +159,8 @@ class TxStore:
         record leaves `records` (only its tombstone stays)."""
         record.state = state
         self._pending.pop(record.tx_id, None)
+        if record.deadline < self.horizon:  # held past the horizon undecided: collect it
+            self._by_deadline.push(record.deadline, record.tx_id)
         committed = state is TxState.COMMITTED
         self.tombstones[record.tx_id] = DecidedTx(
             tx_id=record.tx_id, deadline_ms=record.deadline, committed=committed)
@@ -173,7 +181,8 @@ class TxStore:
            keep_stone: Callable[[DecidedTx], bool] = lambda _s: False,
            ) -> tuple[list[TxId], list[TxId]]:
         """Raise the horizon (monotone; the caller may have raised it already) and forget
-        every record and tombstone whose deadline is older than it, except records `keep`
+        every decided record and tombstone whose deadline is older than it (never a pending
+        record, unless the `forget_undecided` bug is on), except records `keep`
         says are still needed (a committed transaction not yet applied, or one a pending
         transaction's endorsement names as a condition) and tombstones without a record
         `keep_stone` says are (looked at again on the next call). Touches only the ids
@@ -188,6 +197,8 @@ class TxStore:
             if record is not None:
                 if record.deadline >= horizon:
                     continue  # indexed twice (an id re-added): its other entry is due later
+                if record.state is TxState.PENDING and not self.forget_undecided:
+                    continue  # never forgotten undecided: `decide` indexes it again
                 if keep(record):
                     kept.append((record.deadline, tx_id))
                     continue

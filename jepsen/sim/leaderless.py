@@ -108,6 +108,10 @@ class RecordingKv(KvStateMachine):
         self._record(command)
         return super().apply_tx(tx_id, command, pinned)
 
+    def restore(self, data: bytes) -> None:
+        super().restore(data)
+        self._log.installed(self._node, self._incarnation)
+
     def _record(self, command: bytes) -> None:
         access = self.access(command)
         keys = sorted(set(access.reads) | set(access.writes))

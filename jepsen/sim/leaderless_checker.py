@@ -9,10 +9,13 @@ Checks (honest replicas only; Byzantine ones are not judged):
 - **validity**: every applied command is one a client issued;
 - **converge**: every honest replica's final state (every workload key) is identical;
 - **order**: two conflicting commands (the app's conflict relation) applied in one order at
-  one replica are applied in that order at every replica (and every incarnation);
+  one replica are applied in that order at every replica (and every incarnation; each
+  stretch between two installs of a checkpoint is judged on its own: what the installed
+  state lacks is applied again after it);
 - **requirements**: every applied transaction's requirements held when it applied;
-- **once**: no command applied twice by one replica incarnation (a double apply across a
-  restart shows in the folds below);
+- **once**: no command applied twice by one replica incarnation between two installs of a
+  checkpoint (an install replaces the state, so a transaction the checkpoint lacks is
+  applied again after it; a double apply across a restart shows in the folds below);
 - **outcomes**: a transaction with f+1 matching commit notices was applied (by an honest
   replica, so everywhere by converge); one with f+1 abort notices was applied nowhere;
 - **folds**: a counter's final value is the sum of its committed adds (modulo 2**64), a set's
@@ -24,6 +27,7 @@ Rules: pure (no simulator, no clocks); the conflict relation is injected.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,9 +45,15 @@ class ApplyLog:
     (command, versions before) in apply order."""
 
     runs: dict[tuple[str, int], list[tuple[bytes, Versions]]] = field(default_factory=dict)
+    installs: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    """Per incarnation, the length of its run at each checkpoint install (state replaced)."""
 
     def record(self, node: str, incarnation: int, command: bytes, before: Versions) -> None:
         self.runs.setdefault((node, incarnation), []).append((command, before))
+
+    def installed(self, node: str, incarnation: int) -> None:
+        self.installs.setdefault((node, incarnation), []).append(
+            len(self.runs.get((node, incarnation), ())))
 
     def applied_by(self, nodes: Sequence[str]) -> set[bytes]:
         keep = set(nodes)
@@ -83,9 +93,9 @@ def check(
                      for (node, inc), run in sorted(honest_runs.items())
                      for c, _ in run if c not in by_command])
     add("converge", _converge(finals, honest))
-    add("order", _order(honest_runs, conflicts, by_command))
+    add("order", _order(honest_runs, conflicts, by_command, log.installs))
     add("requirements", _requirements(honest_runs, by_command))
-    add("once", _once(honest_runs, by_command))
+    add("once", _once(honest_runs, by_command, log.installs))
     add("outcomes", _outcomes(records, committed, faults))
     add("folds", _folds(records, committed, finals, honest))
     return out
@@ -116,14 +126,21 @@ def _show(value: bytes | None) -> str:
     return "absent" if value is None else repr(value[:40])
 
 
+def _segments(run: list[tuple[bytes, Versions]], cuts: Sequence[int]) -> list[list[bytes]]:
+    """The commands of `run` split at its installs (each install replaced the state)."""
+    bounds = [0, *sorted(c for c in set(cuts) if 0 < c < len(run)), len(run)]
+    return [[c for c, _ in run[a:b]] for a, b in itertools.pairwise(bounds)]
+
+
 def _order(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
            conflicts: Callable[[bytes, bytes], bool],
-           by_command: Mapping[bytes, TxRecord]) -> list[str]:
+           by_command: Mapping[bytes, TxRecord],
+           installs: Mapping[tuple[str, int], list[int]]) -> list[str]:
     first_seen: dict[tuple[bytes, bytes], tuple[str, int]] = {}
     problems = []
     verdicts: dict[tuple[bytes, bytes], bool] = {}
-    for where, run in sorted(runs.items()):
-        seq = [c for c, _ in run]
+    for where, seq in ((w, seg) for w, run in sorted(runs.items())
+                       for seg in _segments(run, installs.get(w, ()))):
         by_key: dict[str, list[bytes]] = {}
         for c in seq:
             record = by_command.get(c)
@@ -170,11 +187,15 @@ def _requirements(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
 
 
 def _once(runs: Mapping[tuple[str, int], list[tuple[bytes, Versions]]],
-          by_command: Mapping[bytes, TxRecord]) -> list[str]:
+          by_command: Mapping[bytes, TxRecord],
+          installs: Mapping[tuple[str, int], list[int]]) -> list[str]:
     problems = []
     for (node, inc), run in sorted(runs.items()):
         seen: set[bytes] = set()
-        for command, _ in run:
+        resets = set(installs.get((node, inc), ()))
+        for i, (command, _) in enumerate(run):
+            if i in resets:
+                seen.clear()  # an install replaced the state: what it lacks applies again
             if command in seen:
                 problems.append(f"{node}#{inc} applied {_name(command, by_command)} twice")
             seen.add(command)

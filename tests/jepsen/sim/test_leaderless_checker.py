@@ -221,3 +221,28 @@ def test_validity_an_unissued_command_is_caught() -> None:
                                      requirements=(), command=b"junk"))
     cluster.log.record("n1", 1, forged.command, ())
     assert any(p.startswith("validity:") for p in judge(cluster, w))
+
+
+def test_an_install_starts_a_new_stretch_for_once_and_order() -> None:
+    """A replica that installs a checkpoint applies again what the checkpoint lacks
+    (docs/LEADERLESS.md "The livelock, fixed"): n4 applies a and b, installs a state
+    holding neither (here: an empty one) and applies a and b again. With the install
+    logged that is one apply each per stretch; without it, `once` and `order` fire."""
+    loop, cluster = EventLoop(), FakeCluster()
+    w = workload(cluster, loop)
+    w.issue("c0", ("put", "r0"))
+    run_all(cluster, w)
+    w.issue("c1", ("put", "r0"))  # requires a's version: after a everywhere
+    for node in NODES:
+        cluster.apply_at(node, w.records[-1])
+        w.answer(node, "c1", 1, DONE)
+    plain = ApplyLog(runs={k: list(v) for k, v in cluster.log.runs.items()})
+    cluster.log.installed("n4", 1)
+    for log in (cluster.log, plain):
+        for command, before in cluster.log.runs[("n1", 1)]:  # a, then b, as at n1
+            log.record("n4", 1, command, before)
+    assert judge(cluster, w) == []
+    problems = check(records=w.records, log=plain, finals=cluster.finals(w.config.keys),
+                     honest=NODES, faults=1, conflicts=conflicts)
+    assert any(p.startswith("once:") for p in problems)
+    assert any(p.startswith("order:") for p in problems)

@@ -112,10 +112,14 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `::test_a_committer_silent_past_the_close`. The state-transfer
     switches need a node away past the GC horizon: `skip_checkpoint_digest` is covered by
     `tests/consensus/leaderless/test_state_transfer.py`, `no_state_transfer` by
-    `test_leaderless_state_transfer_sim.py`."""
+    `test_leaderless_state_transfer_sim.py`. `forget_undecided` needs n = 7 and a short
+    horizon: `test_forget_undecided_is_caught`; `refuse_behind_checkpoint` a node catching
+    up under load: `test_leaderless_transfer_load_sim.py::test_an_install_under_load_
+    reapplies_what_it_lacks`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
-                              "skip_checkpoint_digest", "no_state_transfer"}
+                              "skip_checkpoint_digest", "no_state_transfer",
+                              "forget_undecided", "refuse_behind_checkpoint"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
@@ -207,8 +211,8 @@ at the defaults: longer than any run, so a node that lost its disk stays a silen
 the end and convergence after its fence is never judged; docs/LEADERLESS.md "Amnesia
 fence", limit d). These keep the workload's deadlines (at most `deadline_max_ms` = 1.5 s
 ahead) within the lead and the horizon longer than a fault episode (1.5 s) plus a
-deadline; a disk lost by t = 2 s is unfenced by 6.5 s. (A 1 s horizon fails seed 9 on
-`folds`: docs/LEADERLESS.md "Amnesia fence", the open problem found with it.)"""
+deadline; a disk lost by t = 2 s is unfenced by 6.5 s. (A 1 s horizon failed seed 9 on
+`folds` until undecided transactions were never forgotten: `horizon_run`.)"""
 
 
 def fenced_at_end(result: RunResult) -> list[str]:
@@ -238,31 +242,53 @@ def test_a_fenced_node_converges_once_its_fence_ends(seed: int) -> None:
     assert fenced_at_end(result) == [], result.report()
 
 
-OPEN_HORIZON_GAP = (17,)
-"""Seeds of the fenced sweep that fail on the open problem "a commit past the others' GC
-horizon" (docs/LEADERLESS.md "Amnesia fence"), not on the fence: seed 17, n1 (its clock
-skewed) commits `put r0 v17` that the six others kept pending and then collected."""
+def horizon_run(seed: int, *, bugs: frozenset[str] = frozenset()) -> RunResult:
+    """`fenced_run` with a 1 s GC horizon and a 4 s liveness window (the configuration
+    that found the commit past the others' horizon, seed 9)."""
+    return run(RunConfig(seed=seed, protocol="leaderless", nodes=7, liveness_ns=4 * _S,
+                         bugs=bugs, settings=(("gc_horizon_ms", 1_000),
+                                              ("max_deadline_lead_ms", 2_000))))
+
+
+@pytest.mark.long
+@pytest.mark.parametrize(("seed", "horizon_ms"), [(9, 1_000), (17, 2_500)])
+def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
+    """Issue 15, the safety gap (docs/LEADERLESS.md "Undecided transactions are never
+    forgotten"). Seed 9 (1 s horizon): n2, n5, n6 paused 576-1988 ms, resumed on their
+    pre-pause clock reading, endorsed `c1#4 add a0 18` past its deadline, committed it on
+    seven endorsements and answered ok; n1, n3, n4, n7 had forgotten it (pending, 4 < Q
+    endorsements) at deadline + horizon, and the paused nodes' install of their checkpoint
+    erased it (`folds`). Seed 17 (2.5 s horizon): n1, its clock skewed, committed
+    `put r0 v17` that the six others had forgotten (`converge`). Now the others keep it
+    pending until a decision; here the checkpoint keeps it on the committers' veto.
+    Long only because `test_forget_undecided_is_caught` runs both seeds clean too."""
+    result = horizon_run(seed) if horizon_ms == 1_000 else fenced_run(seed)
+    assert result.ok, result.report()
+
+
+@pytest.mark.parametrize("control", ["horizon", "fenced"])
+def test_forget_undecided_is_caught(control: str) -> None:
+    """The deliberate bug `forget_undecided` (GC forgets an undecided pending transaction,
+    the rule before the fix) fails the checker on some seed of both configurations above
+    (seeds 9 and 17 on 2026-12-02, tried first); `first_catch` also runs the catching
+    seed without the bug, which must pass (the regression test of the fix)."""
+    if control == "horizon":
+        first_catch("forget_undecided", CatchRange(seeds=range(24), known=(9,)),
+                    lambda seed, bugs: horizon_run(seed, bugs=bugs))
+    else:
+        first_catch("forget_undecided", CatchRange(seeds=range(40), known=(17,)),
+                    lambda seed, bugs: run(RunConfig(
+                        seed=seed, protocol="leaderless", nodes=7, bugs=bugs,
+                        liveness_ns=int(5.5 * _S), settings=SHORT_FENCE)))
 
 
 @pytest.mark.long
 def test_fenced_nodes_converge_after_their_fence() -> None:
-    """The seeds of 0-39 that lose a disk (21 of them; 20 without the open problem's): 2026-12-02
-    all passed with no node fenced at the end."""
-    results = [fenced_run(seed) for seed in range(40) if seed not in OPEN_HORIZON_GAP]
+    """The seeds of 0-39 that lose a disk (21 of them): 2026-12-02 all passed with no node
+    fenced at the end (seed 17 since undecided transactions are never forgotten)."""
+    results = [fenced_run(seed) for seed in range(40)]
     fenced = [r for r in results if "lose-disk" in r.faults_used]
     assert len(fenced) >= 10
     assert failures(results) == ""
     assert all(fenced_at_end(r) == [] for r in fenced), [
         (r.config.seed, fenced_at_end(r)) for r in fenced]
-
-
-@pytest.mark.long
-@pytest.mark.xfail(strict=True, reason="open core problem: a node commits a transaction the "
-                   "others already collected as pending past their GC horizon "
-                   "(a known, documented safety gap, not fixed: docs/LEADERLESS.md, 'Amnesia "
-                   "fence', 'Open problem ... a commit past the others' horizon'); strict: "
-                   "the fix makes this pass and must remove the mark")
-@pytest.mark.parametrize("seed", OPEN_HORIZON_GAP)
-def test_a_commit_past_the_others_horizon(seed: int) -> None:
-    result = fenced_run(seed)
-    assert result.ok, result.report()
