@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
+    EndorsementBatch,
     FetchTransactions,
     Refusal,
     SignatureResend,
@@ -113,10 +114,16 @@ class TickWork(CoreParts):
         self._fetch_buffered(out)
         endorsements: list[Endorsement] = []
         refusals: list[Refusal] = []
+        batches: dict[bytes, EndorsementBatch] = {}  # by signature: one per signed root
         for tx_id in self._recovery.recent(self._ticks):
+            batch = self._recovery.pushed_batch(tx_id)
             own = self._kernel.endorsement(tx_id)
-            if own is not None:
+            if batch is not None and own is not None and own.signature == batch.signature:
+                batches.setdefault(batch.signature, batch)
+            elif own is not None:
                 endorsements.append(own)
+        for batch in batches.values():
+            self._broadcast(batch, out)
         for tx_id in self._resends.pop_due(self._ticks + 1):
             if self._store.state_of(tx_id) is not TxState.PENDING:
                 self._resend_every.pop(tx_id, None)
