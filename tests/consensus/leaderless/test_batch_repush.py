@@ -59,7 +59,8 @@ def test_own_endorsements_of_committed_transactions_are_re_pushed_as_their_batch
     txs = [make_tx(f"add w{i} 1", no=i + 1) for i in range(5)]
     ready = run(core, app, SubmitBatch(requests=tuple(submit_of(t).request for t in txs)))
     sent = [s.message for s in ready.messages if isinstance(s.message, EndorsementBatch)]
-    assert len(sent) == 3 and len(set(sent)) == 1
+    assert len(sent) == 3
+    assert len(set(sent)) == 1
     own = sent[0]
     for node in (N2, N3):
         batch = batch_of(sign_batch(FastCrypto(node), node, [(tx_id(t), ()) for t in txs]))
