@@ -101,8 +101,10 @@ class TickWork(CoreParts):
         here since the last period and own signatures of still-pending ones (at a
         doubling backoff), pull what peers know of pending transactions past their
         deadline (a peer that committed one no longer pushes its endorsement), and send
-        this period's `CommittedDigest`. The re-sent signatures go in one `SignatureResend`
-        per peer (chunks of `MAX_RESEND_ITEMS`)."""
+        this period's `CommittedDigest`. A committed one's endorsement goes as the
+        `EndorsementBatch` it was signed in when that is known (`Recovery.pushed_batch`);
+        the other re-sent signatures go in one `SignatureResend` per peer (chunks of
+        `MAX_RESEND_ITEMS`)."""
         self._seal(out)  # what it re-sends is signed
         for tx_id in list(self._expired):
             if self._store.state_of(tx_id) is not TxState.PENDING:
