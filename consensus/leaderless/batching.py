@@ -39,7 +39,9 @@ class EndorsementBatching(CoreParts):
         if not signed:
             return
         out.signed = True
-        self._broadcast(batch_of(signed), out)
+        batch = batch_of(signed)
+        self._recovery.sealed(batch)
+        self._broadcast(batch, out)
         records = []
         for e in signed:
             record = self._store.get(e.tx_id)

@@ -1,8 +1,8 @@
 """Batch-signed endorsements: one signature over a Merkle root of many endorsements.
 
 Owns: the leaf and inner hashes, `sign_batch` (a node's endorsements of one step under one
-signature, each returned with its Merkle path; `sign_one`: a batch of one), `expand` (an
-`EndorsementBatch` received as per-transaction `Endorsement`s), `root_of` (an
+signature, each returned with its Merkle path; `sign_one`: a batch of one), `malformed`
+and `expand` (an `EndorsementBatch` received as per-transaction `Endorsement`s), `root_of` (an
 endorsement's root from its leaf and path), `VerifiedRoots` (which signed roots this node
 already verified: the items of one batch cost one signature check), and
 `endorsement_problem` (the check of one endorsement).
@@ -118,16 +118,25 @@ def sorted_ids(ids: object) -> bool:
             and list(ids) == sorted(set(ids)))
 
 
-def expand(batch: EndorsementBatch) -> tuple[bytes, tuple[Endorsement, ...]] | None:
-    """The root of `batch` and its items as `Endorsement`s (equal to the endorser's own),
-    or None when malformed (empty, too large, an item not a well-formed `EndorsedTx`)."""
+def malformed(batch: EndorsementBatch) -> bool:
+    """Whether `batch` is malformed: empty, too large, an item not a well-formed
+    `EndorsedTx` (what `expand` refuses, without hashing anything)."""
     items = batch.items
     if not isinstance(items, tuple) or not 0 < len(items) <= MAX_BATCH:
-        return None
+        return True
     for item in items:
         if (not isinstance(item, EndorsedTx) or not isinstance(item.tx_id, bytes)
                 or not sorted_ids(item.conditions) or item.tx_id in item.conditions):
-            return None
+            return True
+    return False
+
+
+def expand(batch: EndorsementBatch) -> tuple[bytes, tuple[Endorsement, ...]] | None:
+    """The root of `batch` and its items as `Endorsement`s (equal to the endorser's own),
+    or None when malformed (empty, too large, an item not a well-formed `EndorsedTx`)."""
+    if malformed(batch):
+        return None
+    items = batch.items
     root, paths = merkle([leaf_hash(item.tx_id, item.conditions) for item in items])
     return root, tuple(
         Endorsement(tx_id=item.tx_id, endorser=batch.endorser, conditions=item.conditions,

@@ -16,9 +16,10 @@ Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 from __future__ import annotations
 
 from phalanx.consensus.leaderless.checks import endorsement_problem, refusal_problem
-from phalanx.consensus.leaderless.endorsement_batch import expand
+from phalanx.consensus.leaderless.endorsement_batch import expand, malformed
 from phalanx.consensus.leaderless.messages import (
     CommittedDigest,
+    EndorsedTx,
     Endorsement,
     EndorsementBatch,
     FetchTransactions,
@@ -129,6 +130,15 @@ class PeerIntake(CoreParts):
         if batch.endorser not in self._config.nodes:
             self._drop("unknown_endorser")
             return
+        if malformed(batch):
+            self._drop("malformed_endorsement_batch")
+            return
+        olds = [self._old_item(batch, i, item) for i, item in enumerate(batch.items)]
+        if None not in olds:  # nothing news: no Merkle tree, no signature check
+            for old in olds:
+                if old:
+                    self._drop(old)
+            return
         expanded = expand(batch)
         if expanded is None:
             self._drop("malformed_endorsement_batch")
@@ -157,6 +167,27 @@ class PeerIntake(CoreParts):
             self._on_endorsement(src, e, out)
         for r in msg.refusals:
             self._on_refusal(r, out)
+
+    def _old_item(self, batch: EndorsementBatch, index: int, item: EndorsedTx) -> str | None:
+        """`_old_endorsement` of item `index` of a well-formed `batch`, judged before its
+        tree is built: "" (our own), the benign drop reason when its transaction is
+        decided here (an equal endorsement held: "duplicate_endorsement", as
+        `_old_endorsement` says; equal signature and position mean the same root and path
+        short of a SHA-256 collision, and either way the item is dropped), or None (it
+        may be news: the batch is expanded and each item judged by `_old_endorsement`)."""
+        if batch.endorser == self._config.node_id and self._kernel.endorsement(
+                item.tx_id) is not None:
+            return ""
+        record = self._store.get(item.tx_id)
+        if record is None:
+            return "decided_endorsement" if self._store.decided(item.tx_id) else None
+        if record.state is TxState.PENDING:
+            return None
+        held = record.endorsements.get(batch.endorser)
+        if (held is not None and held.signature == batch.signature and held.index == index
+                and held.conditions == item.conditions):
+            return "duplicate_endorsement"
+        return "decided_endorsement"
 
     def _old_endorsement(self, e: Endorsement) -> str | None:
         """Why `e` needs no signature check: "" (our own, echoed back), the benign drop

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
+    EndorsementBatch,
     FetchTransactions,
     Refusal,
     SignatureResend,
@@ -100,8 +101,10 @@ class TickWork(CoreParts):
         here since the last period and own signatures of still-pending ones (at a
         doubling backoff), pull what peers know of pending transactions past their
         deadline (a peer that committed one no longer pushes its endorsement), and send
-        this period's `CommittedDigest`. The re-sent signatures go in one `SignatureResend`
-        per peer (chunks of `MAX_RESEND_ITEMS`)."""
+        this period's `CommittedDigest`. A committed one's endorsement goes as the
+        `EndorsementBatch` it was signed in when that is known (`Recovery.pushed_batch`);
+        the other re-sent signatures go in one `SignatureResend` per peer (chunks of
+        `MAX_RESEND_ITEMS`)."""
         self._seal(out)  # what it re-sends is signed
         for tx_id in list(self._expired):
             if self._store.state_of(tx_id) is not TxState.PENDING:
@@ -113,10 +116,16 @@ class TickWork(CoreParts):
         self._fetch_buffered(out)
         endorsements: list[Endorsement] = []
         refusals: list[Refusal] = []
+        batches: dict[bytes, EndorsementBatch] = {}  # by signature: one per signed root
         for tx_id in self._recovery.recent(self._ticks):
+            batch = self._recovery.pushed_batch(tx_id)
             own = self._kernel.endorsement(tx_id)
-            if own is not None:
+            if batch is not None and own is not None and own.signature == batch.signature:
+                batches.setdefault(batch.signature, batch)
+            elif own is not None:
                 endorsements.append(own)
+        for batch in batches.values():
+            self._broadcast(batch, out)
         for tx_id in self._resends.pop_due(self._ticks + 1):
             if self._store.state_of(tx_id) is not TxState.PENDING:
                 self._resend_every.pop(tx_id, None)
