@@ -104,18 +104,24 @@ def test_an_install_under_load_reapplies_what_it_lacks() -> None:
     checkpoint ("would undo an apply"), so n4 never installed and its later commits stayed
     gated. Now the install goes in and what it lacks is applied again after it
     (`ReleaseGate.regate`). The control `refuse_behind_checkpoint` (the old rule) must fail
-    on some seed (seed 2 on 2026-12-02, tried first; lose-disk seed 0 failed alike before
-    message timing moved); that seed must pass, installing, without it."""
-    for seed in (2, *range(10)):
-        caught = constant_load(seed, cut_every=4, bugs=frozenset({"refuse_behind_checkpoint"}))
+    on some run (lose-disk and kill seed 5 on 2026-12-02, tried first; partition seed 2 and
+    lose-disk seed 0 failed alike before message timing moved); that run must pass,
+    installing, without it."""
+    tries = ((nemesis.LOSE_DISK, 5), (nemesis.KILL, 5), (nemesis.PARTITION_ONE, 2),
+             *((kind, seed) for seed in range(10)
+               for kind in (nemesis.LOSE_DISK, nemesis.KILL, nemesis.PARTITION_ONE)))
+    for kind, seed in tries:
+        caught = constant_load(seed, cut_every=4, kind=kind,
+                               bugs=frozenset({"refuse_behind_checkpoint"}))
         if not caught.ok:
-            clean = constant_load(seed, cut_every=4)
-            assert clean.ok, f"{replay(seed, 4)}\n{clean.report()}"
-            assert install_times_ms(clean), replay(seed, 4)
+            clean = constant_load(seed, cut_every=4, kind=kind)
+            assert clean.ok, f"{kind}: {replay(seed, 4)}\n{clean.report()}"
+            assert install_times_ms(clean), f"{kind}: {replay(seed, 4)}"
             assert any("gate" in v or "converge" in v for v in caught.report().splitlines())
             return
-    raise AssertionError("refuse_behind_checkpoint was caught by none of seeds 0-9: "
-                         f"replay: constant_load(SEED, cut_every=4) in {__file__}")
+    raise AssertionError("refuse_behind_checkpoint was caught by none of seeds 0-9 (lose-disk, "
+                         f"kill, partition): replay: constant_load(SEED, cut_every=4, kind=KIND) "
+                         f"in {__file__}")
 
 
 @pytest.mark.long
