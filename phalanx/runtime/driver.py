@@ -507,8 +507,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
                 self._step_internal()
             if crossed and self.committer.flush_commit_due():
                 self._start_io([], flush_commit=True)
-        self._pace(bool(self._pending or self._inflight is not None or self._proposals
-                        or self._reads or len(self._waiters) or self._output.lazy_held))
+        # Only what a tick can move on counts: a persisting batch ends by its own input.
+        self._pace(bool(len(self._waiters) or self._proposals or self._output.lazy_held))
 
     def _step_internal(self) -> None:
         internal, self._internal = self._internal, []

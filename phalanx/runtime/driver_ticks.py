@@ -8,8 +8,9 @@ Why a stride: every tick is a wake-up of the node (the timer, a task switch to t
 a channel hop, a task switch to the core loop, a pass with its flushes): 100 a second per
 node at the default 10 ms tick, most of an idle node's CPU, and at a few hundred writes a
 second a tenth of a write's. While the node is *quiet* (for `QUIET_AFTER_TICKS` ticks no
-client call arrived and nothing waits: no unanswered call, no queued or persisting Ready, no
-proposal, no read, no held lazy message) the ticker reports its periods `idle_stride` at a
+client call arrived and nothing a tick could move on waits: no unanswered call, no proposal,
+no held lazy message; a persisting batch ends by its own input, not a tick) the ticker
+reports its periods `idle_stride` at a
 time: one wake-up, `idle_stride` `Tick`s stepped in one pass and the per-tick housekeeping
 (`Driver._on_tick`: status, metrics, checkpoints) done once for the pass.
 
