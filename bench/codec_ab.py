@@ -1,5 +1,5 @@
-"""Interleaved A/B of the wire codec: any bench command with the codec of a git revision (A)
-and with the working tree's (B), in alternating runs.
+"""Interleaved A/B of the wire codec (or another set of modules): any bench command with the
+codec of a git revision (A) and with the working tree's (B), in alternating runs.
 
 Usage (from bench/)::
 
@@ -15,6 +15,10 @@ the tree's, so the difference between A and B is the codec alone. Runs alternate
 A B B A A B ..., so a drift of the machine's speed or load hits both arms alike; each
 run's output is printed with its arm, then the lines that contain ``--grep`` (default
 ``per write``) for each arm, together.
+
+``--modules ticks`` swaps the runtime's tick modules instead (`phalanx.runtime.ticker`,
+`driver`, `node`: the idle stride of `phalanx.runtime.driver_ticks`, which the revision's
+driver does not import), so A is the revision's tick handling and B the tree's.
 
 Must not be imported by the package. Requires git and the revision in this repository.
 """
@@ -36,6 +40,16 @@ MODULES: tuple[tuple[str, str], ...] = (
 )
 """The codec's modules, in import order (each imports only the ones before it)."""
 
+MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
+    "codec": MODULES,
+    "ticks": (
+        ("phalanx.runtime.ticker", "phalanx/runtime/ticker.py"),
+        ("phalanx.runtime.driver", "phalanx/runtime/driver.py"),
+        ("phalanx.runtime.node", "phalanx/runtime/node.py"),
+    ),
+}
+"""``--modules``: the sets of modules arm A takes from the revision, in import order."""
+
 SITECUSTOMIZE = '''\
 import importlib.util, os, sys
 import phalanx.net
@@ -48,9 +62,9 @@ for _name, _file in {modules!r}:
 '''
 
 
-def _stage(base: str, root: Path, into: Path) -> None:
+def _stage(base: str, root: Path, into: Path, which: str = "codec") -> None:
     modules = []
-    for name, path in MODULES:
+    for name, path in MODULE_SETS[which]:
         source = subprocess.run(["git", "show", f"{base}:{path}"], cwd=root, check=True,
                                 capture_output=True, text=True).stdout
         file = name.rsplit(".", 1)[1] + ".py"
@@ -63,6 +77,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--base", required=True, help="the git revision of arm A's codec")
     p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--modules", choices=sorted(MODULE_SETS), default="codec",
+                   help="the modules arm A takes from the revision (default: the codec)")
     p.add_argument("--grep", default="per write", help="summary: the output lines with this")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- SCRIPT ARGS...: a bench script (run with this interpreter) and "
@@ -74,8 +90,9 @@ def main() -> None:
     here = Path(__file__).resolve().parent
     root = here.parent
     summary: dict[str, list[str]] = {"A": [], "B": []}
+    what = f"{args.modules} of {args.base}"
     with tempfile.TemporaryDirectory(prefix="codec-ab-") as tmp:
-        _stage(args.base, root, Path(tmp))
+        _stage(args.base, root, Path(tmp), args.modules)
         order = [("A", "B"), ("B", "A")]
         for i in range(args.pairs):
             for arm in order[i % 2]:
@@ -85,14 +102,14 @@ def main() -> None:
                         [tmp, *filter(None, [env.get("PYTHONPATH")])])
                 run = subprocess.run([sys.executable, *command], cwd=here, env=env,
                                      capture_output=True, text=True, check=False)
-                label = f"{arm} ({'codec of ' + args.base if arm == 'A' else 'tree'})"
+                label = f"{arm} ({what if arm == 'A' else 'tree'})"
                 print(f"--- run {i + 1} {label}, exit {run.returncode}", flush=True)
                 print(run.stdout.rstrip(), flush=True)
                 if run.returncode != 0:
                     print(run.stderr[-2000:], flush=True)
                 summary[arm] += [ln.strip() for ln in run.stdout.splitlines() if args.grep in ln]
     for arm, lines in summary.items():
-        print(f"=== {arm} ({'codec of ' + args.base if arm == 'A' else 'tree'}):")
+        print(f"=== {arm} ({what if arm == 'A' else 'tree'}):")
         for line in lines:
             print(f"    {line}")
 

@@ -63,7 +63,9 @@ stale reads are answered `ReplyStatus.UNAVAILABLE`, status calls as usual.
 Time: ticks come from a periodic timer (`phalanx.runtime.ticker.Ticker`: a timerfd, else trio's
 clock) every `tick_seconds`, each carrying the wall clock (`Tick.now_ms`, for cores whose
 inputs carry absolute deadlines); a loop that falls behind more than `MAX_CATCH_UP_TICKS` ticks
-skips them instead of bursting. Inputs are queued with `send_nowait` first (`_put`), so a
+skips them instead of bursting. While the node is quiet the ticker wakes once per
+`idle_stride` ticks (`phalanx.runtime.driver_ticks`); the per-tick housekeeping (`_on_tick`)
+runs once per pass that stepped ticks. Inputs are queued with `send_nowait` first (`_put`), so a
 message costs no extra scheduler pass while the channel has room. Client errors are normal
 input: an unknown request never raises.
 """
@@ -114,21 +116,18 @@ from phalanx.runtime.driver_persist import (
     is_storage_failure,
 )
 from phalanx.runtime.driver_stats import DriverObserver, DriverStatistics
+from phalanx.runtime.driver_ticks import MAX_CATCH_UP_TICKS, TickPacing
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.phase_trace import PhaseTrace
-from phalanx.runtime.ticker import Ticker
 from phalanx.runtime.waiters import ClientWaiters, ReplyTarget
 
-__all__ = ["DRAIN_LIMIT", "MAX_PENDING_CALLS", "PROPOSAL_MAX_BYTES", "PROPOSAL_MAX_REQUESTS",
-           "Driver"]
+__all__ = ["DRAIN_LIMIT", "MAX_CATCH_UP_TICKS", "MAX_PENDING_CALLS", "PROPOSAL_MAX_BYTES",
+           "PROPOSAL_MAX_REQUESTS", "Driver"]
 
 logger = logging.getLogger(__name__)
 
 DRAIN_LIMIT = 512
 """Items the core loop takes without yielding before it flushes (bounds batch latency)."""
-
-MAX_CATCH_UP_TICKS = 5
-"""Ticks the ticker delivers at once after a late wake-up; a longer pause delivers one."""
 
 SLOW_PASS_TICKS = 5
 """A pass of the core loop longer than this many ticks is counted in `slow_passes`: while it
@@ -143,7 +142,7 @@ holds up the persistence pipeline; restoring `commit` is only an optimisation.""
 _Item: TypeAlias = Input | CallInput | CallsInput | StatusInput | DisconnectInput | _BatchDone
 
 
-class Driver(CallAdmission, PersistPipeline):
+class Driver(CallAdmission, PersistPipeline, TickPacing):
     """Runs `core` with `replica` and `committer` under trio (see the module docstring).
 
     Args:
@@ -180,6 +179,8 @@ class Driver(CallAdmission, PersistPipeline):
             and after a batch's messages.
         lazy: names the early messages that may wait for the next message to their peer or
             the next tick (`phalanx.runtime.driver_output`; a Raft leader's commit notices).
+        idle_stride: ticks per wake-up while the node is quiet (`phalanx.runtime.driver_ticks`;
+            1: every tick wakes the node; capped to `MAX_IDLE_STRIDE`).
         supersedes: ``supersedes(new, held)``: whether `new` makes the lazy message `held`
             for the same peer useless; `held` is then dropped (`phalanx.runtime.driver_output`).
     """
@@ -205,6 +206,7 @@ class Driver(CallAdmission, PersistPipeline):
         flush_sends: Callable[[], None] | None = None,
         lazy: Callable[[Message], bool] | None = None,
         supersedes: Callable[[Message, Message], bool] | None = None,
+        idle_stride: int = 1,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -223,7 +225,9 @@ class Driver(CallAdmission, PersistPipeline):
 
             self._send = traced_send
         self._tick_seconds = tick_seconds
-        self._tick_period = tick_seconds
+        self._init_pacing(tick_seconds, idle_stride)
+        self._tick_due = False
+        self._ticks_seen = 0
         self._status_reply = status_reply
         self._observer = observer
         self._persist_inline = persist_inline
@@ -335,24 +339,6 @@ class Driver(CallAdmission, PersistPipeline):
 
     # ---------------------------------------------------------------------- tasks
 
-    def set_clock_rate(self, rate: float) -> None:
-        """Test hook (`phalanx.runtime.fault_hooks`): tick every ``tick_seconds / rate`` from the
-        next
-        tick on, as if this node's clock ran `rate` times as fast as real time."""
-        if not rate > 0:
-            raise ValueError(f"clock rate must be > 0, got {rate}")
-        self._tick_period = self._tick_seconds / rate
-
-    async def _ticker(self) -> None:
-        with Ticker(self._tick_period) as ticker:
-            while True:
-                if ticker.period != self._tick_period:  # `set_clock_rate` changed it
-                    ticker.set_period(self._tick_period)
-                ended = await ticker.wait()
-                # Fell behind (a long pause): skip ticks, never burst.
-                for _ in range(ended if ended <= MAX_CATCH_UP_TICKS else 1):
-                    await self._put(Tick(now_ms=time.time_ns() // 1_000_000))
-
     async def _core_loop(self) -> None:
         rx = self._rx
         slow = SLOW_PASS_TICKS * self._tick_seconds
@@ -376,6 +362,9 @@ class Driver(CallAdmission, PersistPipeline):
                 except trio.WouldBlock:
                     break
                 self._handle(item)
+            if self._tick_due:
+                self._tick_due = False
+                self._on_tick()
             if self._proposals:
                 if self._storage_error is None:
                     self._propose()
@@ -428,8 +417,10 @@ class Driver(CallAdmission, PersistPipeline):
                 self._inflight_snapshot = False
                 self._complete(batch)
             case CallInput(call=call, target=target):
+                self._wake_ticks()
                 self._on_call(call, target)
             case CallsInput(calls=calls, target=target):
+                self._wake_ticks()
                 for one in calls:
                     self._on_call(one, target)
             case StatusInput(nonce=nonce, target=target):
@@ -444,7 +435,7 @@ class Driver(CallAdmission, PersistPipeline):
                     self._trace_tick(item, self._trace)
                 else:
                     self._step(item)
-                self._on_tick()
+                self._tick_due = True  # `_on_tick` once, at the end of the pass
             case _:
                 if self._trace is not None and isinstance(item, Receive):
                     self._trace.mark("recv", type(item.message).__name__)
@@ -491,6 +482,9 @@ class Driver(CallAdmission, PersistPipeline):
             self._unsent_output = True
 
     def _on_tick(self) -> None:
+        """Once per pass that stepped ticks (one or a stride's worth)."""
+        crossed = self._ticks // COMMIT_FLUSH_TICKS != self._ticks_seen // COMMIT_FLUSH_TICKS
+        self._ticks_seen = self._ticks
         previous, status = self._status, self.core.status()
         self._status = status
         is_leader = status.role == "leader"
@@ -511,8 +505,10 @@ class Driver(CallAdmission, PersistPipeline):
             if taken:
                 self._internal.extend(taken)
                 self._step_internal()
-            if self._ticks % COMMIT_FLUSH_TICKS == 0 and self.committer.flush_commit_due():
+            if crossed and self.committer.flush_commit_due():
                 self._start_io([], flush_commit=True)
+        # Only what a tick can move on counts: a persisting batch ends by its own input.
+        self._pace(bool(len(self._waiters) or self._proposals or self._output.lazy_held))
 
     def _step_internal(self) -> None:
         internal, self._internal = self._internal, []

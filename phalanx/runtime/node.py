@@ -449,9 +449,9 @@ async def open_node(
                         trace=phase_trace_from_env(config.id),
                         output_pending=lambda: (transport.has_backlog()
                                                 or client_port.has_backlog()),
-                        after_pass=lambda: client_port.flush(),
-                        flush_sends=transport.flush,
-                        lazy=built.lazy, supersedes=built.supersedes)
+                        after_pass=lambda: client_port.flush(), flush_sends=transport.flush,
+                        lazy=built.lazy, supersedes=built.supersedes,
+                        idle_stride=config.timing.heartbeat_ticks)
         try:
             submitter = LocalSubmitter(config.id, random.Random(rng.getrandbits(64)))
             services = ServiceHost(config, transport=transport,

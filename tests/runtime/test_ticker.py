@@ -48,3 +48,53 @@ def test_close_releases_the_descriptor_once() -> None:
     ticker.close()
     ticker.close()
     assert not ticker.uses_timerfd
+
+
+@pytest.mark.parametrize("use_timerfd", [True, False])
+async def test_a_stride_reports_its_periods_together_and_loses_none(use_timerfd: bool) -> None:
+    before = time.monotonic()
+    with Ticker(PERIOD, use_timerfd=use_timerfd) as ticker:
+        after = time.monotonic()  # the grid of periods starts between the two readings
+        ticker.set_stride(4)
+        assert ticker.stride == 4
+        waits = reported = 0
+        while reported < 40:
+            ended = await ticker.wait()
+            assert ended >= 4  # never a wake-up before the stride's periods ended
+            waits, reported = waits + 1, reported + ended
+        now = time.monotonic()
+        assert waits <= 10
+        # Every period that ended was reported once: the count follows the clock, whatever
+        # the stride (the period in progress, and one that ended since the last wait, are
+        # not reported yet).
+        assert reported <= (now - before) / PERIOD + 1e-6
+        assert reported >= (now - after) / PERIOD - 2
+
+
+@pytest.mark.parametrize("use_timerfd", [True, False])
+async def test_lowering_the_stride_ends_the_pending_wait_at_the_next_period(
+        use_timerfd: bool) -> None:
+    period = 0.02
+    with Ticker(period, use_timerfd=use_timerfd) as ticker:
+        ticker.set_stride(10_000)  # a wait of 200 s unless the stride comes down
+        results: list[int] = []
+        async with trio.open_nursery() as nursery:
+
+            async def waiter() -> None:
+                results.append(await ticker.wait())
+
+            nursery.start_soon(waiter)
+            await trio.sleep(3 * period)
+            start = time.monotonic()
+            ticker.set_stride(1)
+            with trio.fail_after(10):
+                while not results:  # noqa: ASYNC110
+                    await trio.sleep(0.001)
+        # The periods that ended before the change are reported, none twice, none early.
+        assert results[0] >= 3
+        assert results[0] <= (time.monotonic() - start) / period + 4 + 1e-6
+
+
+def test_a_stride_must_be_positive() -> None:
+    with Ticker(1.0) as ticker, pytest.raises(ValueError, match="stride"):
+        ticker.set_stride(0)
