@@ -47,11 +47,7 @@ from phalanx.apps.writer import ThreadedCheckpointWriter
 from phalanx.appspec import AppConfigError, UnknownApp
 from phalanx.appspec import get as get_app
 from phalanx.consensus.core import CoreStatus
-from phalanx.consensus.types import (
-    Configuration,
-    HardState,
-    NodeId,
-)
+from phalanx.consensus.types import Configuration, HardState, NodeId
 from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
@@ -102,6 +98,7 @@ from phalanx.runtime.node_checks import NodeError as NodeError  # re-exported: p
 from phalanx.runtime.node_checks import (
     check_identity,
     check_node_certificate,
+    check_piece_memory,
     check_tls_credentials,
     record_membership,
     record_verdict,
@@ -119,7 +116,7 @@ from phalanx.runtime.stable_checkpoints import StableCheckpoints
 from phalanx.services import NodeService, ServiceError
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.lock import DirectoryLocked, lock_data_dir
-from phalanx.storage.volatile import open_node_storage, piece_memory_bytes
+from phalanx.storage.volatile import open_node_storage
 
 logger = logging.getLogger(__name__)
 
@@ -295,13 +292,9 @@ async def open_node(
         raise NodeError(f"{config.id}: {e}") from None
     try:
         identity, cluster_id = check_identity(config)
-        try:
-            memory = piece_memory_bytes()
-        except ValueError as e:  # the operator's environment: one line, not a traceback
-            raise NodeError(f"{config.id}: {e}") from None
         storage = open_node_storage(str(config.data_dir), sync=SyncPolicy(config.fsync),
                                     keep_checkpoints=config.checkpoint.keep,
-                                    piece_memory=memory)
+                                    piece_memory=check_piece_memory(config))
     except BaseException:
         dir_lock.release()
         raise

@@ -31,6 +31,7 @@ from phalanx.runtime.identity import (
     write_identity,
 )
 from phalanx.runtime.persistence import ReadyPersister
+from phalanx.storage.volatile import piece_memory_bytes
 
 logger = logging.getLogger("phalanx.runtime.node")
 
@@ -96,6 +97,15 @@ def check_tls_credentials(config: NodeConfig) -> None:
         raise NodeError(f"{where}: tls.cert {tls.cert} is not signed by the CA in tls.ca "
                         f"{tls.ca}; peers would refuse it (issue it again with this cluster's "
                         "CA, or fix the tls paths)") from None
+
+
+def check_piece_memory(config: NodeConfig) -> int:
+    """The node's piece-memory budget in bytes (`PHALANX_PIECE_MEMORY_MB`); a bad value is a
+    one-line `NodeError`, not a traceback."""
+    try:
+        return piece_memory_bytes()
+    except ValueError as e:
+        raise NodeError(f"{config.source or config.id}: {e}") from None
 
 
 def check_identity(config: NodeConfig) -> tuple[Identity | None, str]:

@@ -127,7 +127,7 @@ async def test_a_bad_piece_memory_budget_is_one_line_and_frees_the_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     configs = make_cluster(tmp_path)
     monkeypatch.setenv("PHALANX_PIECE_MEMORY_MB", "lots")
-    with pytest.raises(NodeError, match=r"^n1: PHALANX_PIECE_MEMORY_MB='lots': expected a "
+    with pytest.raises(NodeError, match=r": PHALANX_PIECE_MEMORY_MB='lots': expected a "
                                         r"whole number of MiB >= 0$"):
         async with open_node(configs[0]):
             pass
