@@ -167,6 +167,7 @@ class CheckpointFlow:
         if s.executed < stable.seq:
             self.start_transfer(stable, send=True)
         self._requests.stable_moved(stable.seq)
+        self._votes.window_moved()
 
     # ----------------------------------------------------------------------------------
     # Serving lagging peers

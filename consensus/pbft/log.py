@@ -257,3 +257,46 @@ class FutureVotes:
         for s, _ in self._items:
             self._count[s] = self._count.get(s, 0) + 1
         return out
+
+
+class AheadVotes:
+    """Votes of the current view for seqs up to one window above the high water mark, kept
+    until the water marks move (`take`) instead of dropped.
+
+    A backup learns that a checkpoint is stable when 2f+1 checkpoint votes reached it, the
+    primary when they reached the primary: over a WAN the primary may move its window and
+    pre-prepare above the backup's high water mark a few round trips before the backup
+    moves its own. Dropped, such a pre-prepare is never sent again: its slot stalls until a
+    view change re-proposes it, and where every correct replica is needed for a quorum (f
+    of them crashed) the whole cluster stalls with it. Bounded per sender (`per_sender`),
+    so a Byzantine replica fills only its own share (`add` returns False when it is full:
+    the core drops and counts the vote). Replay order is arrival order.
+    """
+
+    __slots__ = ("_count", "_items", "_per_sender")
+
+    def __init__(self, *, per_sender: int) -> None:
+        self._per_sender = per_sender
+        self._items: list[tuple[NodeId, PrePrepare | Prepare | Commit]] = []
+        self._count: dict[NodeId, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, src: NodeId, msg: PrePrepare | Prepare | Commit) -> bool:
+        held = self._count.get(src, 0)
+        if held >= self._per_sender:
+            return False
+        self._count[src] = held + 1
+        self._items.append((src, msg))
+        return True
+
+    def take(self, view: int, low: int, high: int) -> list[PrePrepare | Prepare | Commit]:
+        """The votes of `view` now within (low, high]; those of `view` still above `high`
+        stay; the others (older views, seqs at or below `low`) go."""
+        out = [m for _, m in self._items if m.view == view and low < m.seq <= high]
+        self._items = [(s, m) for s, m in self._items if m.view == view and m.seq > high]
+        self._count = {}
+        for s, _ in self._items:
+            self._count[s] = self._count.get(s, 0) + 1
+        return out

@@ -15,6 +15,7 @@ re-issues it at n (Castro-Liskov TOCS Thm. 4.4).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +31,7 @@ from phalanx.consensus.pbft.messages import (
     signed_part,
 )
 from phalanx.consensus.pbft.stamp import pp_digest_ok
+from phalanx.consensus.types import NodeId
 
 
 class CheckCrypto(Verifier, Hasher, Protocol):
@@ -159,10 +161,15 @@ def compute_new_view(
 
 
 def check_new_view(
-    config: PbftConfig, crypto: CheckCrypto, nv: NewView
+    config: PbftConfig,
+    crypto: CheckCrypto,
+    nv: NewView,
+    *,
+    checked: Mapping[NodeId, ViewChange] | None = None,
 ) -> tuple[str | None, NewViewPlan | None]:
     """Verify a NewView by checking its view changes and recomputing O; return
-    (drop reason, None) or (None, plan)."""
+    (drop reason, None) or (None, plan). `checked`: view changes the caller verified with
+    the same crypto (by sender); one of the NewView's equal to it is not verified again."""
     primary = config.primary(nv.view)
     if nv.view < 1 or nv.replica != primary:
         return "bad_new_view", None
@@ -174,6 +181,8 @@ def check_new_view(
     for vc in nv.view_changes:
         if vc.new_view != nv.view:
             return "bad_new_view", None
+        if checked is not None and checked.get(vc.replica) == vc:
+            continue
         reason = check_view_change(config, crypto, vc)
         if reason is not None:
             return reason, None

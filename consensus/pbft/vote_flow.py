@@ -3,12 +3,15 @@
 
 Owns: `VoteFlow`: the batches committed but not yet executed (`committed`, waiting for their
 predecessors) and this replica's own votes sent recorded-first, waiting for the `Persisted`
-of the Ready that recorded them (`awaiting`). It checks incoming votes and stores them in
-the message log (`Shared.log`), sends this replica's prepares and commits, decides when a
-slot is prepared (with verified prepares) and committed-local, executes committed batches in
-sequence order into `Ready.committed` (moving `Shared.executed`), and counts own votes once
-they are durable. Executing tells `RequestFlow` (dedup, the primary's next batch),
-`CatchUp` (its history) and the `ViewTimer` (the primary works).
+of the Ready that recorded them (`awaiting`), and the votes that arrived up to one window
+above the high water mark (`log.AheadVotes`, replayed by `window_moved` when a new stable
+checkpoint moves the window: a primary may move its window first). It checks incoming
+votes and stores them in the message log (`Shared.log`), sends this replica's prepares and
+commits, decides when a slot is prepared (with verified prepares) and committed-local,
+executes committed batches in sequence order into `Ready.committed` (moving
+`Shared.executed`), and counts own votes once they are durable. Executing tells
+`RequestFlow` (dedup, the primary's next batch), `CatchUp` (its history) and the
+`ViewTimer` (the primary works).
 
 Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 
@@ -33,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import assert_never
 
-from phalanx.consensus.pbft.log import AddResult
+from phalanx.consensus.pbft.log import AddResult, AheadVotes
 from phalanx.consensus.pbft.messages import Commit, Prepare, PrePrepare, signed_part
 from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.safety import SafetyViolation
@@ -48,6 +51,7 @@ class VoteFlow:
     """The normal case; see the module docstring."""
 
     __slots__ = (
+        "_ahead",
         "_awaiting",
         "_catchup",
         "_commit_quorum",
@@ -77,6 +81,7 @@ class VoteFlow:
         self._stamp_skew = shared.cfg.block_stamp_skew_ms
         self._committed: dict[int, Batch] = {}  # committed, waiting to execute in order
         self._awaiting: list[tuple[int, Vote]] = []  # (Ready number, own vote)
+        self._ahead = AheadVotes(per_sender=3 * shared.cfg.log_window)
 
     @property
     def queued(self) -> Container[int]:
@@ -96,7 +101,11 @@ class VoteFlow:
         crypto = s.crypto
         primary = s.cfg.primary(msg.view)
         if not log.in_window(msg.seq):
-            s.drop("out_of_window")
+            if not (s.active and msg.view == s.view and log.high < msg.seq
+                    <= log.high + s.cfg.log_window):
+                s.drop("out_of_window")
+            elif not self._ahead.add(msg.replica, msg):  # replayed once the window moves
+                s.drop("ahead_overflow")
             return
         match msg:
             case PrePrepare():
@@ -222,6 +231,15 @@ class VoteFlow:
             catchup.caught_up(s.executed)
             # A batch left the pipeline: the primary proposes what accumulated.
             self._requests.executed(requests)
+
+    def window_moved(self) -> None:
+        """The water marks moved (a new stable checkpoint): the votes kept above the old
+        high water mark that are now within the window count as if they arrived now."""
+        s = self._s
+        if not s.active or not self._ahead:
+            return
+        for msg in self._ahead.take(s.view, s.log.low, s.log.high):
+            self.on_vote(msg)
 
     def queue(self, seq: int, batch: Batch) -> None:
         """A batch committed elsewhere and fetched (f+1 replicas agree): execute it in turn."""

@@ -103,12 +103,15 @@ def choose_byzantine(
     count: int,
     twins: int = 0,
     behaviours: tuple[str, ...] = (),
+    targeted_attacks: bool = True,
 ) -> ByzantinePlan:
     """The seeded plan: `count` replicas with behaviours (the given ones, or one or two drawn
     from `SWEEP_BEHAVIOURS`), plus `twins` twinned replicas. Without given behaviours and
     twins, half the seeds instead give every liar one targeted attack from
     `phalanx.jepsen.attacks.ATTACKS` (``collude`` only with >= 2 liars, who are then n1..nK,
-    the primaries of views 0..K-1). Twins come first in the order,
+    the primaries of views 0..K-1: PBFT's worst case, K-1 view changes in a row before an
+    honest primary leads); `targeted_attacks=False` never draws one (liars at seeded places,
+    with behaviours: what the scale bench measures). Twins come first in the order,
     so `twins=2` at n=4 twins two nodes including the view-0 primary half of the time."""
     if count < 0 or twins < 0 or count + twins > len(names):
         raise ValueError(f"cannot make {count} + {twins} of {len(names)} replicas Byzantine")
@@ -125,7 +128,7 @@ def choose_byzantine(
     twinned = tuple(sorted(picked[:twins]))
     liars = sorted(picked[twins:])
     attack = attacks[0] if attacks else None
-    if not behaviours and count and not twins:
+    if not behaviours and count and not twins and targeted_attacks:
         # Half the seeds run one targeted attack (`phalanx.jepsen.attacks`) on every liar.
         draw = random.Random(f"pbft-attack:{seed}")
         if draw.random() < 0.5:
@@ -370,6 +373,11 @@ def _decode_entry(data: bytes) -> Entry:
     return wire.decode(data, expected=Entry)
 
 
+PLAN_DEFAULTS: Mapping[str, int] = {"targeted_attacks": 1}
+"""The simulator's knobs of the Byzantine plan (`choose_byzantine`), not of `PbftConfig`:
+``targeted_attacks=0`` keeps the seeds' liars from drawing a targeted attack (``collude``
+puts them at the primaries of views 0..f-1, the worst case of a leader-based protocol)."""
+
 SIM_DEFAULTS: Mapping[str, int] = {
     "checkpoint_interval": 8,
     "log_window": 16,
@@ -392,17 +400,19 @@ def pbft_setup(
     behaviours: tuple[str, ...] = (),
     overrides: Mapping[str, int] | None = None,
     machine: Callable[[], StateMachine] | None = None,
+    targeted_attacks: bool = True,
 ) -> ProtocolSetup:
     """The simulator setup of a PBFT cluster `n1..nN`: `byzantine` replicas with seeded (or
-    the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine`;
-    `overrides` replace `PbftConfig` fields of `SIM_DEFAULTS` (`--set batch_size=32`; the
-    replicas' checkpoint policy follows `checkpoint_interval`); `machine` builds each
-    replica's state machine (None: the KV store)."""
+    the given) behaviours and `twins` twinned replicas, chosen by `choose_byzantine` (with
+    `targeted_attacks`); `overrides` replace `PbftConfig` fields of `SIM_DEFAULTS` (`--set
+    batch_size=32`; the replicas' checkpoint policy follows `checkpoint_interval`);
+    `machine` builds each replica's state machine (None: the KV store)."""
     knobs = {**SIM_DEFAULTS, **(overrides or {})}
     build: Callable[[], StateMachine] = KvStateMachine if machine is None else machine
     probe = build()
     names = tuple(f"n{i}" for i in range(1, nodes + 1))
-    plan = choose_byzantine(seed, names, count=byzantine, twins=twins, behaviours=behaviours)
+    plan = choose_byzantine(seed, names, count=byzantine, twins=twins, behaviours=behaviours,
+                            targeted_attacks=targeted_attacks)
     pbft_bugs = PbftBugs.from_names(bugs)
     wire.register_all(PBFT_MESSAGES)
     replicas = tuple(NodeId(n) for n in names)
@@ -518,14 +528,20 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
               seed: int, byzantine: int, twins: int,
               machine: Callable[[], StateMachine] | None = None) -> ProtocolSetup:
     """`phalanx.protocols.builtin.PBFT.sim`: `pbft_setup`. PBFT draws no swarm knobs; `knobs`
-    (`--set`) fix `SIM_DEFAULTS` fields, another name is a TypeError naming them. It
-    checkpoints every `checkpoint_interval` sequence numbers of its own config, not
-    `checkpoint_every`."""
-    unknown = sorted(k for k, _ in knobs if k not in SIM_DEFAULTS)
+    (`--set`) fix `SIM_DEFAULTS` fields or `PLAN_DEFAULTS` ones (0 or 1), another name is a
+    TypeError naming them. It checkpoints every `checkpoint_interval` sequence numbers of
+    its own config, not `checkpoint_every`."""
+    known = (*SIM_DEFAULTS, *PLAN_DEFAULTS)
+    unknown = sorted(k for k, _ in knobs if k not in known)
     if unknown:
-        raise TypeError(f"unknown pbft sim knob(s) {unknown} (known: {', '.join(SIM_DEFAULTS)})")
-    bad = sorted(k for k, v in knobs if type(v) is not int or v < 1)
+        raise TypeError(f"unknown pbft sim knob(s) {unknown} (known: {', '.join(known)})")
+    bad = sorted(k for k, v in knobs if k in SIM_DEFAULTS and (type(v) is not int or v < 1))
     if bad:
         raise ValueError(f"pbft sim knob(s) {bad} must be positive integers")
+    flags = sorted(k for k, v in knobs if k in PLAN_DEFAULTS and v not in (0, 1))
+    if flags:
+        raise ValueError(f"pbft sim knob(s) {flags} must be 0 or 1")
+    plan = {**PLAN_DEFAULTS, **{k: int(v) for k, v in knobs if k in PLAN_DEFAULTS}}
     return pbft_setup(nodes=nodes, bugs=bugs, seed=seed, byzantine=byzantine, twins=twins,
-                      overrides={k: int(v) for k, v in knobs}, machine=machine)
+                      overrides={k: int(v) for k, v in knobs if k in SIM_DEFAULTS},
+                      machine=machine, targeted_attacks=bool(plan["targeted_attacks"]))

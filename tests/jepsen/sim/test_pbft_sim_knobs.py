@@ -38,6 +38,7 @@ def test_batch_size_changes_the_batches_and_the_default_is_the_old_config() -> N
     ("bogus=1", "unknown pbft sim knob(s) ['bogus']"),
     ("batch_size=0", "must be positive integers"),
     ("log_window=4", "log_window must be >= checkpoint_interval"),
+    ("targeted_attacks=2", "must be 0 or 1"),
 ])
 def test_a_bad_knob_is_a_one_line_usage_error(item: str, says: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -130,6 +130,20 @@ def test_byzantine_plan_is_seeded_and_within_bounds(seed: int, n: int) -> None:
         assert plan.nodes == names[:f], "colluders lead views 0 .. f-1"
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from((7, 20)))
+def test_byzantine_plan_without_targeted_attacks_draws_behaviours_only(seed: int, n: int) -> None:
+    names = tuple(f"n{i}" for i in range(1, n + 1))
+    f = (n - 1) // 3
+    plan = choose_byzantine(seed, names, count=f, targeted_attacks=False)
+    assert len(plan.nodes) == f
+    assert all(b and set(b) <= set(BEHAVIOURS) for _, b in plan.behaviours)
+    # the same liars as the seed's behaviour draw with attacks allowed (only the attack differs)
+    with_attacks = choose_byzantine(seed, names, count=f)
+    if not any(b in ATTACK_PLANS for _, b in with_attacks.behaviours):
+        assert plan == with_attacks
+
+
 def _entry(seq: int, *reqs: ClientRequest, view: int = 0) -> Entry:
     return Entry(index=seq, term=view, kind=EntryKind.COMMAND, requests=reqs)
 
