@@ -379,7 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         per = row.cpu_s / result.deliveries * 1e6 if result.deliveries else math.nan
         print(f"  n={cell.n} {cell.label}: {row.ops} ops, p50 {row.p50_ms:.0f} ms, "
               f"cpu {row.cpu_s:.1f} s, {result.deliveries:,} deliveries ({per:.0f} us each)"
-              f"{'' if row.ok else ' FAILED ' + row.note}", flush=True)
+              + ("" if CPU[0] is None else f", CPU model: busiest node "
+                 f"{result.stats['cpu_busiest_ms']} ms, longest queue "
+                 f"{result.stats['cpu_max_queue']}")
+              + ("" if row.ok else " FAILED " + row.note), flush=True)
     print()
     print(HEADER)
     for r in rows:

@@ -73,7 +73,7 @@ class CpuModel:
     """Each node's queue and busy time (see the module docstring)."""
 
     __slots__ = ("_busy", "_process", "_queues", "_schedule", "costs", "max_queue",
-                 "queued")
+                 "queued", "spent")
 
     def __init__(self, costs: CpuCosts, process: Process, schedule: Schedule) -> None:
         self.costs = costs
@@ -86,6 +86,8 @@ class CpuModel:
         """Messages that had to wait for a busy CPU."""
         self.max_queue = 0
         """The longest queue seen at any node."""
+        self.spent: dict[str, int] = {}
+        """Node -> virtual CPU ns it spent handling messages."""
 
     def free_at(self, node: str, now: int) -> int:
         """When `node`'s CPU is free (`now` if it is idle)."""
@@ -111,14 +113,19 @@ class CpuModel:
             self.max_queue = max(self.max_queue, 1)
             self._schedule(busy, self._next, dst)
             return
-        self._busy[dst] = now + self._process(item)
+        cost = self._process(item)
+        self._busy[dst] = now + cost
+        self.spent[dst] = self.spent.get(dst, 0) + cost
 
     def _next(self, node: object) -> None:
         """The node's CPU is free: take the first queued message."""
         assert isinstance(node, str)
         queue = self._queues[node]
         item = queue.popleft()
-        self._busy[node] = done = self._busy[node] + self._process(item)
+        start = self._busy[node]  # now: this callback was scheduled for then
+        cost = self._process(item)
+        self._busy[node] = done = start + cost
+        self.spent[node] = self.spent.get(node, 0) + cost
         if queue:
             self._schedule(done, self._next, node)
         else:

@@ -68,6 +68,7 @@ def test_messages_wait_for_a_busy_node_and_its_sends_leave_when_it_is_done() -> 
         (half + (k + 1) * each + half, k) for k in range(3)]
     assert net.cpu is not None
     assert (net.cpu.queued, net.cpu.max_queue) == (2, 2)
+    assert net.cpu.spent == {"n2": 3 * each, "n1": 3 * 100 * US}
 
 
 def test_without_the_model_handling_takes_no_time() -> None:
@@ -110,6 +111,8 @@ def test_a_pbft_run_with_costly_cpu_commits_later() -> None:
     assert "--cpu-model" not in config(None).replay_command()
     slow, free = run(config(CpuCosts(message_us=2_000))), run(config(None))
     assert slow.ok, slow.report()
+    assert slow.stats["cpu_busiest_ms"] > 0
+    assert "cpu_queued" not in free.stats
     fast_ms, slow_ms = (statistics.median(latencies(r)) / MS for r in (free, slow))
     # 2 ms per message on the path (request, pre-prepare, prepares, commits, each
     # replica's queue behind the others' messages): milliseconds more per operation.
