@@ -14,7 +14,8 @@ Model (per node, FIFO):
 - what the node sends while handling it leaves when the processing ends (start + cost), then
   queues on the uplink and the link as before (`wan.WanModel.delay`);
 - timer ticks and client requests are not queued nor charged (a simplification), but what
-  the node sends then still waits until its CPU is free.
+  the node sends then still waits until its CPU is free; answers to clients leave through
+  the run, not the network, and are not delayed by the handling that produced them.
 
 Default costs (`CpuCosts()`), measured on the development machine by `bench/cpu_costs.py`
 (2026-12-02, 2 cores shared with other work, load ~11, Python 3.11, libsodium through
