@@ -45,6 +45,7 @@ from pathlib import Path
 
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.sim.cli import parse_settings
+from phalanx.jepsen.sim.cpu import CpuCosts
 from phalanx.jepsen.sim.protocols import Knobs
 from phalanx.jepsen.sim.run import RunConfig, RunResult, run
 from phalanx.jepsen.sim.wan import WanConfig
@@ -186,7 +187,11 @@ def config_for(cell: Cell, seed: int, quick: bool, override: Shape | None = None
         settings=tuple(sorted({**dict(settings), **dict((extra or {}).get(cell.protocol, ()))}
                               .items())),
         schedule=schedule, dissemination=cell.dissemination,
-        gossip_tick_ns=10 * MS, wan=WanConfig(regions=5))
+        gossip_tick_ns=10 * MS, wan=WanConfig(regions=5, cpu=CPU[0]))
+
+
+CPU: list[CpuCosts | None] = [None]
+"""The WAN's CPU model of every cell (`--cpu-model`: `CpuCosts()`; default none)."""
 
 
 def warmup_ns(protocol: str) -> int:
@@ -330,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                         dest="settings",
                         help="fix a simulator knob of one protocol's cells (repeatable), e.g. "
                         "pbft:batch_size=32 (the names `phalanx sim --set` takes)")
+    parser.add_argument("--cpu-model", action="store_true",
+                        help="the WAN's CPU model: nodes handle messages one at a time at "
+                        "measured costs (phalanx.jepsen.sim.cpu; default off)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
                         help="run nothing: plot the tables of saved reports")
@@ -367,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     knobs = {proto: tuple(sorted(v.items())) for proto, v in extra.items()}
     todo = [c for c in cells(experiments, sizes) if c.protocol in protocols]
-    print(f"scale: {len(todo)} cells, seed {args.seed}, WAN {WanConfig(regions=5).describe()}"
+    CPU[0] = CpuCosts() if args.cpu_model else None
+    print(f"scale: {len(todo)} cells, seed {args.seed}, "
+          f"WAN {WanConfig(regions=5, cpu=CPU[0]).describe()}"
           f"{' (quick)' if args.quick else ''}", flush=True)
     rows: list[Row] = []
     for cell in todo:
@@ -376,7 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         per = row.cpu_s / result.deliveries * 1e6 if result.deliveries else math.nan
         print(f"  n={cell.n} {cell.label}: {row.ops} ops, p50 {row.p50_ms:.0f} ms, "
               f"cpu {row.cpu_s:.1f} s, {result.deliveries:,} deliveries ({per:.0f} us each)"
-              f"{'' if row.ok else ' FAILED ' + row.note}", flush=True)
+              + ("" if CPU[0] is None else f", CPU model: busiest node "
+                 f"{result.stats['cpu_busiest_ms']} ms, longest queue "
+                 f"{result.stats['cpu_max_queue']}")
+              + ("" if row.ok else " FAILED " + row.note), flush=True)
     print()
     print(HEADER)
     for r in rows:

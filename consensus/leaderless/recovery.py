@@ -7,13 +7,19 @@ period: the own `EndorsementBatch` each was signed in, as sent; else the endorse
 `SignatureResend` the core sends each peer), answering
 `FetchTransactions`, and the periodic `CommittedDigest` (PnyxDB relies on gossip history
 instead): every `rebroadcast_ticks` a node sends one peer, round-robin, the ids of the
-committed transactions it still holds (newest `MAX_DIGEST_IDS`). The round-robin starts at
-the node's own position (`offset`), so in each period the nodes' digests go to different
-peers (every node receives about one per period) instead of all to the same one (a
-restarted node late in the order then waited up to n-1 periods: 30 s at n = 20 over a
-WAN); the peer fetches those
-it does not know or still has pending, and commits them from the self-certifying proofs.
-A node that was down or cut off for longer than a period catches up this way.
+committed transactions it still holds (newest `MAX_DIGEST_IDS`). In period t the node at
+position p sends to the node at position p + 1 + s(t) (mod n), the same shift s(t) for
+all, so the digests of a period form a permutation: every node receives one (before, all
+started at the same index and a restarted node late in the order waited up to n-1
+periods: 30 s at n = 20 over a WAN). The shift jumps by a golden-ratio stride coprime
+with n-1 (`digest_stride`), not by one: a node's senders in successive periods are spread
+over the whole order, not its nearest predecessors, so a block of neighbours that were
+down together (restarted with nothing: their digests name nothing they miss) is not
+caught up one node per period (at n = 180 with 59 such nodes, nodes deep in the block
+still missed commits 10 s after the heal); every shift still comes once in n-1 periods.
+The peer fetches the ids it does not know or still has pending, and commits them from
+the self-certifying proofs. A node that was down or cut off for longer than a period
+catches up this way.
 
 Acting on a digest or a fetch needs no trust in the sender: only signed proofs change state.
 """
@@ -21,6 +27,7 @@ Acting on a digest or a fetch needs no trust in the sender: only signed proofs c
 from __future__ import annotations
 
 from collections.abc import Iterable
+from math import gcd
 
 from phalanx.consensus.core import Send
 from phalanx.consensus.leaderless.messages import (
@@ -44,9 +51,19 @@ MAX_RESEND_ITEMS = 1024
 """At most this many signatures go in one `SignatureResend`; a larger one is dropped."""
 
 
+def digest_stride(peers: int) -> int:
+    """The step of the digests' shift from one period to the next among `peers` peers: the
+    integer nearest `peers` / golden ratio^2 that is coprime with `peers` (successive shifts
+    spread evenly over the ring, and `peers` periods take every shift once)."""
+    stride = max(1, round(peers * 0.381966))
+    while gcd(stride, peers) != 1:
+        stride += 1
+    return stride
+
+
 class Recovery:
     __slots__ = ("_aborts", "_asked", "_batches", "_delay", "_every", "_fetched", "_max",
-                 "_named", "_offset", "_peers", "_recent")
+                 "_named", "_offset", "_peers", "_recent", "_stride")
 
     def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int,
                  named_delay: int = 0, offset: int = 0) -> None:
@@ -55,6 +72,7 @@ class Recovery:
         self._peers = peers
         self._delay = named_delay
         self._offset = offset
+        self._stride = digest_stride(len(peers)) if peers else 1
         self._every = every
         self._max = max_entries
         self._fetched: dict[TxId, int] = {}
@@ -213,10 +231,12 @@ class Recovery:
         return out
 
     def digest(self, tick: int, committed: list[TxId]) -> list[Send]:
-        """This period's digest to the next peer (round-robin); none if nothing committed."""
+        """This period's digest to its peer (the period's shift from this node's position,
+        see the module docstring); none if nothing committed."""
         if not self._peers or not committed:
             return []
-        peer = self._peers[(tick // self._every + self._offset) % len(self._peers)]
+        shift = (tick // self._every) * self._stride
+        peer = self._peers[(shift + self._offset) % len(self._peers)]
         ids = tuple(sorted(committed[-MAX_DIGEST_IDS:]))
         return [Send(to=peer, message=CommittedDigest(tx_ids=ids))]
 

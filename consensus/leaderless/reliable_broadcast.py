@@ -59,6 +59,28 @@ class _Instance:
     ready: bytes | None = None
     """This node's own READY, durable."""
     delivered: bytes | None = None
+    echo_counts: dict[bytes, int] = field(default_factory=dict)
+    """How many members' first ECHO is each digest (`echoes` counted, kept with it)."""
+    ready_counts: dict[bytes, int] = field(default_factory=dict)
+    """How many members' first READY is each digest (`readies` counted)."""
+
+    def add_echo(self, src: NodeId, digest: bytes) -> None:
+        """`src`'s first ECHO (the caller checked it has none)."""
+        self.echoes[src] = digest
+        self.echo_counts[digest] = self.echo_counts.get(digest, 0) + 1
+
+    def add_ready(self, src: NodeId, digest: bytes) -> None:
+        """`src`'s first READY (the caller checked it has none)."""
+        self.readies[src] = digest
+        self.ready_counts[digest] = self.ready_counts.get(digest, 0) + 1
+
+    def held_digest(self, vote: VetoChoice) -> bytes | None:
+        """The digest of `vote` when it is one of the held contents (usually the first
+        echo's object itself): no re-encoding and hashing per echo."""
+        for digest, held in self.contents.items():
+            if held is vote or held == vote:
+                return digest
+        return None
 
 
 class VoteBroadcast:
@@ -91,9 +113,9 @@ class VoteBroadcast:
             inst.echo = relay.echo or None
             inst.ready = relay.ready or None
             if inst.echo is not None:
-                inst.echoes[node_id] = inst.echo
+                inst.add_echo(node_id, inst.echo)
             if inst.ready is not None:
-                inst.readies[node_id] = inst.ready
+                inst.add_ready(node_id, inst.ready)
 
     # Instances -------------------------------------------------------------------------
 
@@ -173,7 +195,7 @@ class VoteBroadcast:
         if digest is not None:
             self._echo(key, inst, src, digest)
         else:
-            inst.echoes[src] = b""  # its one echo, spent on an invalid vote
+            inst.add_echo(src, b"")  # its one echo, spent on an invalid vote
 
     def on_ready(self, src: NodeId, msg: VoteReady) -> None:
         key = (msg.voter, msg.checkpoint)
@@ -186,7 +208,7 @@ class VoteBroadcast:
             if first != msg.digest:
                 self._count("ready_equivocation")
             return
-        inst.readies[src] = msg.digest
+        inst.add_ready(src, msg.digest)
         self._progress(key, inst, msg.digest)
 
     def answer(self, key: Key, to: NodeId) -> list[Send]:
@@ -224,9 +246,10 @@ class VoteBroadcast:
 
     def _content(self, inst: _Instance, vote: VetoChoice, validate: Validate) -> bytes | None:
         """The digest of `vote` if it is valid (held from now on), else None (counted)."""
-        digest = self._digest(vote)
-        if digest in inst.contents:
+        digest = inst.held_digest(vote)
+        if digest is not None:
             return digest
+        digest = self._digest(vote)
         if digest in inst.invalid:
             self._count(inst.invalid[digest])
             return None
@@ -247,21 +270,22 @@ class VoteBroadcast:
         self._sends.extend(Send(to=p, message=msg) for p in self._nodes if p != self.node_id)
 
     def _echo(self, key: Key, inst: _Instance, src: NodeId, digest: bytes) -> None:
-        inst.echoes[src] = digest
+        inst.add_echo(src, digest)
         self._progress(key, inst, digest)
 
     def _progress(self, key: Key, inst: _Instance, digest: bytes) -> None:
-        if inst.ready is None and not self.fenced:
-            echoes = sum(1 for d in inst.echoes.values() if d == digest)
-            readies = sum(1 for d in inst.readies.values() if d == digest)
-            if echoes >= self._echo_at or readies >= self._ready_at:
-                inst.ready = digest
-                inst.readies[self.node_id] = digest
-                self._dirty = True
-                self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
+        """The counts are kept as echoes and readies are stored (O(1) here: a scan of every
+        member's was O(n) per message, O(n^4) per checkpoint for the cluster)."""
+        if inst.ready is None and not self.fenced and (
+                inst.echo_counts.get(digest, 0) >= self._echo_at
+                or inst.ready_counts.get(digest, 0) >= self._ready_at):
+            inst.ready = digest
+            if self.node_id not in inst.readies:
+                inst.add_ready(self.node_id, digest)
+            self._dirty = True
+            self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
         if inst.delivered is None:
             d = digest if inst.ready is None else inst.ready
-            if d in inst.contents and sum(
-                    1 for x in inst.readies.values() if x == d) >= self._deliver_at:
+            if d in inst.contents and inst.ready_counts.get(d, 0) >= self._deliver_at:
                 inst.delivered = d
                 self._delivered.append(inst.contents[d])

@@ -146,6 +146,10 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                      help="bandwidth of each node's uplink, 0 = unlimited (default 1000)")
     wan.add_argument("--wan-loss", type=non_negative_float, default=0.0,
                      help="probability that an inter-region message is lost (default 0)")
+    wan.add_argument("--cpu-model", action="store_true",
+                     help="with --regions: each node handles its received messages one at a "
+                     "time, paying measured CPU costs per message, signature and MAC "
+                     "(phalanx.jepsen.sim.cpu; default: processing takes no time)")
     p.add_argument("--sized-budgets", action="store_true",
                    help="scale the event and byte budgets with (nodes/5)^2 and the run's "
                    "length (for large clusters; default: --max-events as given)")
@@ -221,10 +225,15 @@ def _handle(args: argparse.Namespace) -> int:
     if args.wan_loss > 1:
         print_error("phalanx sim", f"--wan-loss {args.wan_loss:g}: a probability, 0..1")
         return EXIT_USAGE
+    if args.cpu_model and args.regions is None:
+        print_error("phalanx sim", "--cpu-model is part of the WAN model: give --regions K")
+        return EXIT_USAGE
+    from phalanx.jepsen.sim.cpu import CpuCosts
     from phalanx.jepsen.sim.wan import WanConfig
     wan = None if args.regions is None else WanConfig(
         regions=args.regions, jitter_pct=args.wan_jitter_pct, link_mbps=args.link_mbps,
-        uplink_mbps=args.uplink_mbps, loss=args.wan_loss)
+        uplink_mbps=args.uplink_mbps, loss=args.wan_loss,
+        cpu=CpuCosts() if args.cpu_model else None)
     if args.app:
         from phalanx.appspec.custom import absolute
         from phalanx.jepsen.sim.protocols import protocol_setup

@@ -19,6 +19,10 @@ Model:
   instead (regions, a round-trip table, jitter, bandwidth queues, inter-region loss), scaled
   by `delay_factor`; the nemesis' loss, duplication and straggling still apply. Without one
   (the default), the model above, draw for draw.
+- With the WAN's CPU model (`WanConfig.cpu`, `phalanx.jepsen.sim.cpu.CpuModel`), an arrived
+  message waits for its node's CPU; what the node sends while handling it (counted as
+  `FastCrypto.OPS` moved) departs when the handling ends, and what it sends while busy
+  otherwise departs when the CPU is free.
 
 Rules:
 - All randomness comes from the injected `random.Random`; no clocks, no global random.
@@ -34,7 +38,9 @@ from dataclasses import dataclass, field
 from heapq import heappush as _push
 from math import log
 
+from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.types import Message
+from phalanx.jepsen.sim.cpu import CpuModel
 from phalanx.jepsen.sim.loop import Event, EventLoop, Trace
 from phalanx.jepsen.sim.wan import WanModel
 
@@ -153,6 +159,18 @@ class SimNetwork:
         self._watch_types = watch_types
         self._routes: dict[str, Receive] = {}
         self.wan = wan
+        self.cpu: CpuModel | None = None
+        if wan is not None and wan.config.cpu is not None:
+            self.cpu = CpuModel(wan.config.cpu, self._process, self._call_at)
+            self._arrive_event = self._arrive_cpu
+        self._cpu_node: str | None = None
+        """The node whose message is being handled under the CPU model (its sends wait)."""
+        self._cpu_sends: list[tuple[str, str, Message]] = []
+
+    def _call_at(self, when: int, function: Callable[[object], None], argument: object) -> None:
+        """`function(argument)` at virtual time `when` (>= now; see `EventLoop.raw_queue`)."""
+        _push(self._near if when < self.loop.horizon else self._far,
+              (when, self._next_seq(), function, argument))
 
     def route(self, dst: str, receive: Receive) -> None:
         """Deliver messages for `dst` by calling `receive(src, message)` instead of the
@@ -186,6 +204,9 @@ class SimNetwork:
         return latency
 
     def send(self, src: str, dst: str, message: Message) -> None:
+        if self._cpu_node is not None and src == self._cpu_node:
+            self._cpu_sends.append((src, dst, message))
+            return
         kind = type(message)
         watch = self._watch
         if watch is not None:
@@ -246,6 +267,9 @@ class SimNetwork:
         assert wan is not None
         stats = self.stats
         cfg = self.config
+        loop = self.loop
+        cpu = self.cpu
+        start = loop.now if cpu is None else cpu.free_at(src, loop.now)
         if cfg.loss and self._random() < cfg.loss:
             stats.dropped_loss += 1
             if self._trace_messages:
@@ -256,18 +280,46 @@ class SimNetwork:
         if cfg.duplicate and self._random() < cfg.duplicate:
             stats.duplicated += 1
             copies = 2
-        loop = self.loop
         for _ in range(copies):
-            delay = wan.delay(src, dst, size, loop.now)
+            delay = wan.delay(src, dst, size, start)
             if delay is None:  # (counted by the WAN: `WanModel.dropped`)
                 continue
-            delay = int(delay * cfg.delay_factor)
+            delay = int(delay * cfg.delay_factor) + start - loop.now
             if cfg.straggle and self._random() < cfg.straggle:
                 stats.straggled += 1
                 delay += self.rng.randrange(cfg.straggle_min_ns, cfg.straggle_max_ns)
             when = loop.now + delay
             _push(self._near if when < loop.horizon else self._far,
                   (when, self._next_seq(), self._arrive_event, (src, dst, payload)))
+
+    def _arrive_cpu(self, item: tuple[str, str, bytes | Message]) -> None:
+        """A message arrives under the CPU model: its node takes it when free (`_process`;
+        a link cut meanwhile drops it then, as for one in flight)."""
+        cpu = self.cpu
+        assert cpu is not None
+        cpu.arrive(item, self.loop.now)
+
+    def _process(self, item: tuple[str, str, object]) -> int:
+        """The CPU model's handling of one message (now): deliver it with the node's sends
+        held, charge the crypto its core performed, and send them when the CPU is done."""
+        cpu = self.cpu
+        assert cpu is not None
+        node = item[1]
+        ops = FastCrypto.OPS
+        signs, verifies, macs = ops
+        self._cpu_node = node
+        try:
+            self._arrive(item)  # type: ignore[arg-type]
+        finally:
+            self._cpu_node = None
+        cost = cpu.costs.cost_ns(ops[0] - signs, ops[1] - verifies, ops[2] - macs)
+        sends, self._cpu_sends = self._cpu_sends, []
+        if sends:
+            # Sent at the end of the handling: `free_at` is that time while they go out.
+            cpu.busy_until(node, self.loop.now + cost)
+            for src, dst, message in sends:
+                self.send(src, dst, message)
+        return cost
 
     def _arrive(self, item: tuple[str, str, bytes | Message]) -> None:
         src, dst, payload = item

@@ -132,6 +132,8 @@ class RunConfig:
                     ("link-mbps", w.link_mbps, base_wan.link_mbps),
                     ("uplink-mbps", w.uplink_mbps, base_wan.uplink_mbps),
                     ("wan-loss", w.loss, base_wan.loss)) if value != base)
+            if w.cpu is not None:  # (the CLI's model has the default costs)
+                shape += " --cpu-model"
         shape += "".join(f" --set {name}={value}" for name, value in self.settings)
         if self.dissemination != default.dissemination:
             shape += f" --dissemination {self.dissemination}"

@@ -14,7 +14,9 @@ Model (one message of `size` bytes from `src` to `dst`, sent at `now`):
   messages, FIFO), then crosses the directed link (`link_mbps`, FIFO per (src, dst)); each
   costs ``size * 8 / rate`` and a message waits for the ones queued before it. A rate of 0
   is unlimited. Without the codec a message has no size (no serialisation cost);
-- loss: each message between two regions is lost with probability `loss`.
+- loss: each message between two regions is lost with probability `loss`;
+- CPU (opt-in, `cpu`): each node handles its received messages one at a time, each costing
+  virtual time, and what it sends leaves when it is done (`phalanx.jepsen.sim.cpu`).
 
 Rules: deterministic (the injected `random.Random` only; queues are plain dicts keyed by
 names, never iterated); imports no core, node or run; the default run has no WAN at all
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from functools import cache
 from math import log
 from pathlib import Path
+
+from phalanx.jepsen.sim.cpu import CpuCosts
 
 MS = 1_000_000
 TABLE = Path(__file__).with_name("wan_rtt.csv")
@@ -70,6 +74,9 @@ class WanConfig:
     """Probability that a message between two different regions is lost."""
     intra_rtt_ms: float = 1.0
     """Round trip inside one region (between availability zones: ~0.25-3.4 ms measured)."""
+    cpu: CpuCosts | None = None
+    """The CPU model (`phalanx.jepsen.sim.cpu`): each node handles its received messages one
+    at a time at these costs. None (the default): processing takes no virtual time."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.regions <= len(SPREAD):
@@ -105,7 +112,7 @@ class WanConfig:
     def describe(self) -> str:
         return (f"{self.regions} regions ({', '.join(self.names)}), jitter {self.jitter_pct:g}%, "
                 f"link {self.link_mbps:g} Mbit/s, uplink {self.uplink_mbps:g} Mbit/s, "
-                f"loss {self.loss:g}")
+                f"loss {self.loss:g}" + (f", {self.cpu.describe()}" if self.cpu else ""))
 
 
 def client_index(client_id: str) -> int:

@@ -241,3 +241,29 @@ def test_fenced_node_echoes_and_readies_nothing_but_delivers() -> None:
     assert not dirty
     assert delivered == [v]
     assert rb.relays([key]) == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("echo", "ready")), st.integers(0, 6),
+                          st.integers(0, 2)), max_size=40))
+def test_kept_counts_equal_a_scan_of_the_first_echoes_and_readies(
+        inputs: list[tuple[str, int, int]]) -> None:
+    """`_Instance.echo_counts`/`ready_counts` (kept as messages are stored, so `_progress`
+    is O(1)) always equal a count over every member's first ECHO and READY."""
+    from collections import Counter
+
+    nodes = nodes_of(7)
+    rb = VoteBroadcast(node_id=nodes[0], nodes=nodes, faults=2, hasher=HASH)
+    key = (NodeId("n1"), CID)
+    rb.open(key)
+    for kind, sender, variant in inputs:
+        src = nodes[sender]
+        content = vote("n1", variant)
+        if kind == "echo":
+            rb.on_echo(src, VoteEcho(vote=content), ok)
+        else:
+            rb.on_ready(src, VoteReady(checkpoint=CID, voter=NodeId("n1"),
+                                       digest=digest_of(HASH, content)))
+        inst = rb._instances[key]
+        assert inst.echo_counts == {d: c for d, c in Counter(inst.echoes.values()).items()}
+        assert inst.ready_counts == {d: c for d, c in Counter(inst.readies.values()).items()}
