@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from phalanx.consensus.pbft.messages import Commit, Prepare, PreparedProof, PrePrepare
@@ -223,13 +224,10 @@ def _matching(slot: Slot, pp: PrePrepare, *, verified_only: bool) -> int:
     return found
 
 
-class FutureVotes:
-    """Votes of views this replica has not entered yet, replayed when it enters their view.
-
-    Bounded per sender (`per_sender`), so a Byzantine replica flooding messages for a far
-    view fills only its own share; `add` returns False when the sender's share is full (the
-    core drops and counts the message). Replay order is arrival order.
-    """
+class _HeldVotes:
+    """Votes kept for later instead of dropped, bounded per sender (`per_sender`), so a
+    Byzantine replica fills only its own share; `add` returns False when the sender's share
+    is full (the core drops and counts the message). Replay order is arrival order."""
 
     __slots__ = ("_count", "_items", "_per_sender")
 
@@ -249,54 +247,46 @@ class FutureVotes:
         self._items.append((src, msg))
         return True
 
-    def take(self, view: int) -> list[PrePrepare | Prepare | Commit]:
-        """The votes of `view`; those of later views stay, those of earlier ones go."""
-        out = [m for _, m in self._items if m.view == view]
-        self._items = [(s, m) for s, m in self._items if m.view > view]
+    def _take(self, due: Callable[[PrePrepare | Prepare | Commit], bool],
+              keep: Callable[[PrePrepare | Prepare | Commit], bool]
+              ) -> list[PrePrepare | Prepare | Commit]:
+        """The held votes `due` now, in arrival order; those to `keep` stay, the rest go."""
+        out = [m for _, m in self._items if due(m)]
+        self._items = [(s, m) for s, m in self._items if keep(m)]
         self._count = {}
         for s, _ in self._items:
             self._count[s] = self._count.get(s, 0) + 1
         return out
 
 
-class AheadVotes:
+class FutureVotes(_HeldVotes):
+    """Votes of views this replica has not entered yet, replayed when it enters their view
+    (bounded per sender, see `_HeldVotes`)."""
+
+    __slots__ = ()
+
+    def take(self, view: int) -> list[PrePrepare | Prepare | Commit]:
+        """The votes of `view`; those of later views stay, those of earlier ones go."""
+        return self._take(lambda m: m.view == view, lambda m: m.view > view)
+
+
+class AheadVotes(_HeldVotes):
     """Votes of the current view for seqs up to one window above the high water mark, kept
-    until the water marks move (`take`) instead of dropped.
+    until the water marks move (`take`) instead of dropped (bounded per sender, see
+    `_HeldVotes`).
 
     A backup learns that a checkpoint is stable when 2f+1 checkpoint votes reached it, the
     primary when they reached the primary: over a WAN the primary may move its window and
     pre-prepare above the backup's high water mark a few round trips before the backup
     moves its own. Dropped, such a pre-prepare is never sent again: its slot stalls until a
     view change re-proposes it, and where every correct replica is needed for a quorum (f
-    of them crashed) the whole cluster stalls with it. Bounded per sender (`per_sender`),
-    so a Byzantine replica fills only its own share (`add` returns False when it is full:
-    the core drops and counts the vote). Replay order is arrival order.
+    of them crashed) the whole cluster stalls with it.
     """
 
-    __slots__ = ("_count", "_items", "_per_sender")
-
-    def __init__(self, *, per_sender: int) -> None:
-        self._per_sender = per_sender
-        self._items: list[tuple[NodeId, PrePrepare | Prepare | Commit]] = []
-        self._count: dict[NodeId, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def add(self, src: NodeId, msg: PrePrepare | Prepare | Commit) -> bool:
-        held = self._count.get(src, 0)
-        if held >= self._per_sender:
-            return False
-        self._count[src] = held + 1
-        self._items.append((src, msg))
-        return True
+    __slots__ = ()
 
     def take(self, view: int, low: int, high: int) -> list[PrePrepare | Prepare | Commit]:
         """The votes of `view` now within (low, high]; those of `view` still above `high`
         stay; the others (older views, seqs at or below `low`) go."""
-        out = [m for _, m in self._items if m.view == view and low < m.seq <= high]
-        self._items = [(s, m) for s, m in self._items if m.view == view and m.seq > high]
-        self._count = {}
-        for s, _ in self._items:
-            self._count[s] = self._count.get(s, 0) + 1
-        return out
+        return self._take(lambda m: m.view == view and low < m.seq <= high,
+                          lambda m: m.view == view and m.seq > high)
