@@ -118,6 +118,12 @@ class CpuModel:
         self._busy[dst] = now + cost
         self.spent[dst] = self.spent.get(dst, 0) + cost
 
+    def stats(self) -> dict[str, int]:
+        """The run's `RunResult.stats` entries of the model: messages that queued, the
+        longest queue, the busiest node's CPU time (ms)."""
+        return {"cpu_queued": self.queued, "cpu_max_queue": self.max_queue,
+                "cpu_busiest_ms": max(self.spent.values(), default=0) // 1_000_000}
+
     def _next(self, node: object) -> None:
         """The node's CPU is free: take the first queued message."""
         assert isinstance(node, str)

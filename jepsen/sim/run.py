@@ -591,10 +591,7 @@ def _run(cfg: RunConfig) -> RunResult:
             "messages_sent": net_stats.sent,
             "bytes_sent": net_stats.bytes_sent,
             "max_node_sent": max(net_stats.sent_by.values(), default=0),
-            **({} if c.network.cpu is None else {
-                "cpu_queued": c.network.cpu.queued,
-                "cpu_max_queue": c.network.cpu.max_queue,
-                "cpu_busiest_ms": max(c.network.cpu.spent.values(), default=0) // 1_000_000}),
+            **({} if c.network.cpu is None else c.network.cpu.stats()),
             **{f"gossip:{k}": v for k, v in sorted(
                 (c.fabric.counters if c.fabric is not None else {}).items())},
         },
