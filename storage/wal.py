@@ -25,6 +25,12 @@ Crash-safety protocol (each rule closes one crash state recovery could not expla
   Repair is `phalanx.storage.repair.repair_wal`, an explicit separate action.
 - After an I/O error the log is poisoned: every later call raises `StorageError` (after a
   failed fsync the page cache can no longer be trusted; reopen to recover).
+- Segments grow by appending and are synced with `fsync`; they are not preallocated. Zeros
+  after the last record of the final segment (a preallocated region, e.g. written by a
+  future writer, or a size extended before its data) end the log and are cut like a torn
+  tail; a record torn inside and followed by zeros is refused. A preallocating layout was
+  measured (~0.1 ms of a 1-client write, docs/BENCHMARKS.md issue 23 "Round 3", with what
+  it would need); `tests/storage/test_wal_zero_tail.py` pins these zero-tail rules.
 
 Invariant: segments are sorted and contiguous; `segments[i+1].first == segments[i].last + 1`;
 `first_index() == compacted + 1` whenever the log is non-empty, and records at indexes
