@@ -19,6 +19,8 @@ a view), and never proposes in a view it is fenced in (`SafetyRules.fenced`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from phalanx.consensus.core import Rejection
 from phalanx.consensus.pbft.messages import ForwardRequest, PrePrepare
 from phalanx.consensus.pbft.requests import RequestBook
@@ -160,11 +162,11 @@ class RequestFlow:
     def was_executed(self, batch: tuple[ClientRequest, ...]) -> None:
         self.book.was_executed(batch)
 
-    def executed(self, count: int) -> None:
-        """`count` requests just executed: the primary proposes what accumulated, once the
+    def executed(self, requests: Sequence[ClientRequest]) -> None:
+        """`requests` just executed: the primary proposes what accumulated, once the
         clients just answered are back (`RequestBook.served`)."""
         if self._s.is_primary():
-            self.book.served(count)
+            self.book.served(requests)
             self.flush()
 
     def waiting(self) -> bool:

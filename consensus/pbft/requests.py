@@ -22,11 +22,14 @@ loaded cluster settles into two half-size batches per round trip, each paying th
 fixed cost of a batch (at n=4 about 24 peer messages, 8 signature checks and 4 signatures
 and an fsync per replica). So after executing, the primary expects back as many requests
 as it just executed plus those already pending, and proposes a partial batch once that many
-are pending. An expectation that fails is bounded (`tick`): while the pipeline has room,
-the second tick that finds requests pending drops it (at most two ticks of extra wait; not
-the first, which may fall while the clients are coming back: under load the last of them
-is back 10 ms or more after the first) and they go at once; waiting then stays off until
-the primary executes again. One closed-loop client never waits (it is expected back alone).
+are pending. A client whose newer request is already pending when its previous one
+executes is back already and not expected twice (one closed-loop client usually is: it
+accepts the f+1 backups' answers before the primary executes). An expectation that fails is
+bounded (`tick`): while the pipeline has room, the second tick that finds requests pending
+drops it (at most two ticks of extra wait; not the first, which may fall while the clients
+are coming back: under load the last of them is back 10 ms or more after the first) and
+they go at once; waiting then stays off until the primary executes again. One closed-loop
+client never waits (it is expected back alone, or is back already).
 
 Relaying (`PbftConfig.forward_ticks`): a backup that queues a request to wait for it also
 notes the tick at which to relay it to the primary; `due_forwards` returns the requests whose
@@ -41,6 +44,7 @@ order.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from phalanx.consensus.types import ClientRequest
 
@@ -131,9 +135,17 @@ class RequestBook:
             return False
         return n >= batch_size or (inflight < max_inflight and n >= self.returning)
 
-    def served(self, executed: int) -> None:
-        """The primary executed `executed` requests: expect their clients back."""
-        self.returning = executed + len(self.pending)
+    def served(self, executed: Sequence[ClientRequest]) -> None:
+        """The primary executed `executed`: expect their clients back, except those already
+        back (a newer request of theirs is pending: a client that accepted f+1 backups'
+        answers may call again before the primary executes its previous request)."""
+        pending = self.pending
+        if pending and executed:
+            back = {r.client_id for r in pending}
+            expected = sum(1 for r in executed if r.client_id not in back)
+        else:
+            expected = len(executed)
+        self.returning = expected + len(pending)
         self._waited = 0
 
     def tick(self) -> bool:

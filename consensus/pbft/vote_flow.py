@@ -44,7 +44,7 @@ from phalanx.consensus.pbft.shared import Shared, Vote
 from phalanx.consensus.pbft.stamp import check_stamp, pp_digest_ok
 from phalanx.consensus.pbft.transfer import Batch, CatchUp
 from phalanx.consensus.pbft.view_flow import ViewTimer
-from phalanx.consensus.types import Entry, EntryKind, LocalProtocolError
+from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError
 
 
 class VoteFlow:
@@ -209,7 +209,7 @@ class VoteFlow:
         committed = self._committed
         catchup = self._catchup
         progressed = False
-        requests = 0
+        requests: list[ClientRequest] = []
         while s.executed + 1 in committed:
             seq = s.executed + 1
             done = committed.pop(seq)
@@ -222,7 +222,7 @@ class VoteFlow:
                 s.executed_ts = ts
             catchup.history[seq] = done
             self._requests.was_executed(batch)
-            requests += len(batch)
+            requests.extend(batch)
             progressed = True
         if progressed and s.active:
             self._timer.progressed()
