@@ -187,9 +187,10 @@ def volatile_selected(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(HOOKS_ENV) == "1" and env.get(VOLATILE_ENV) == "1"
 
 
-def piece_memory_bytes(environ: Mapping[str, str] | None = None) -> int:
+def piece_memory_bytes(environ: Mapping[str, str] | None = None, *,
+                       default_mb: int = PIECE_MEMORY_MB) -> int:
     """A node's budget of checkpoint pieces kept in memory to serve its peers
-    (`PIECE_MEMORY_ENV` in MiB, default `PIECE_MEMORY_MB`; 0 serves every piece from disk).
+    (`PIECE_MEMORY_ENV` in MiB, else `default_mb`; 0 serves every piece from disk).
 
     Raises:
         ValueError: the variable is not a whole number of MiB >= 0 (one line, for the operator).
@@ -197,7 +198,7 @@ def piece_memory_bytes(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     raw = env.get(PIECE_MEMORY_ENV, "").strip()
     if not raw:
-        return PIECE_MEMORY_MB << 20
+        return default_mb << 20
     if not raw.isdigit():
         raise ValueError(f"{PIECE_MEMORY_ENV}={raw!r}: expected a whole number of MiB >= 0")
     return int(raw) << 20

@@ -192,7 +192,7 @@ _MINIMAL = ("[node]\nid='n1'\nprotocol='raft'\ndata_dir='d'\npeer_listen='h:1'\n
                                           "'election_ticks'?)"),
         ("[checkpoint]\nevery_entry = 5\n", "in [checkpoint] (did you mean 'every_entries'?)"),
         ("[checkpoint]\nzzz = 5\n", "unknown key 'zzz' in [checkpoint] (known: every_bytes, "
-                                    "every_entries, keep, recovery_target)"),
+                                    "every_entries, keep, piece_memory_mb, recovery_target)"),
         ("[checkpoint]\nrecovery_targt = '2s'\n", "(did you mean 'recovery_target'?)"),
         ("[pbft]\nsigning_kye = 'k'\n", "'signing_kye' in [pbft] (did you mean 'signing_key'?)"),
         ("[[peers]]\nid='n2'\npeer_addr='h:3'\nclient_addr='h:4'\nclient_adr='h:5'\n",

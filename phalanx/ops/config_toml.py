@@ -70,6 +70,7 @@ def node_config_dict(cfg: NodeConfig, *, relative_to: Path) -> dict[str, object]
             "every_entries": cfg.checkpoint.every_entries,
             "every_bytes": cfg.checkpoint.every_bytes,
             "keep": cfg.checkpoint.keep,
+            "piece_memory_mb": cfg.checkpoint.piece_memory_mb,
         },
         "peers": peers,
     }

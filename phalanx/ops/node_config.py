@@ -156,6 +156,9 @@ class CheckpointConfig:
     measures its load and replay rates and checkpoints as rarely as keeps load plus replay
     under it (`phalanx.apps.recovery_target`, docs/KV_STORAGE.md "Recovery-time objective").
     Protocols that checkpoint at fixed sequence numbers (PBFT) keep their own interval."""
+    piece_memory_mb: int = 16
+    """MiB of the newest checkpoint pieces kept in memory to serve peers' state transfer (0:
+    from disk only; `storage.volatile.PIECE_MEMORY_MB`; ``PHALANX_PIECE_MEMORY_MB`` overrides)."""
 
     def __post_init__(self) -> None:
         target = self.recovery_target
@@ -507,6 +510,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
             every_bytes=ckpt.integer("every_bytes", CHECKPOINT_EVERY_BYTES),
             keep=ckpt.integer("keep", 3),
             recovery_target=_duration(ckpt, "recovery_target"),
+            piece_memory_mb=ckpt.integer("piece_memory_mb", 16, minimum=0),
         ),
         source=path,
         keys=keys,

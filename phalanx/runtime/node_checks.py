@@ -100,10 +100,10 @@ def check_tls_credentials(config: NodeConfig) -> None:
 
 
 def check_piece_memory(config: NodeConfig) -> int:
-    """The node's piece-memory budget in bytes (`PHALANX_PIECE_MEMORY_MB`); a bad value is a
-    one-line `NodeError`, not a traceback."""
+    """The node's piece-memory budget in bytes: ``PHALANX_PIECE_MEMORY_MB`` when set, else
+    ``[checkpoint] piece_memory_mb``; a bad variable is a one-line `NodeError`."""
     try:
-        return piece_memory_bytes()
+        return piece_memory_bytes(default_mb=config.checkpoint.piece_memory_mb)
     except ValueError as e:
         raise NodeError(f"{config.source or config.id}: {e}") from None
 

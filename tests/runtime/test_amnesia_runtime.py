@@ -142,3 +142,20 @@ async def test_another_nodes_data_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(NodeError, match="belongs to node n2, not n1"):
         async with open_node(wrong):
             pass
+
+
+def test_the_piece_memory_budget_comes_from_the_config_unless_the_variable_is_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.ops.node_config import CheckpointConfig
+    from phalanx.runtime.node_checks import check_piece_memory
+    from phalanx.storage.volatile import PIECE_MEMORY_MB
+
+    assert CheckpointConfig().piece_memory_mb == PIECE_MEMORY_MB  # one default, two places
+    config = make_cluster(tmp_path)[0]
+    monkeypatch.delenv("PHALANX_PIECE_MEMORY_MB", raising=False)
+    assert check_piece_memory(config) == PIECE_MEMORY_MB << 20
+    small = dataclasses.replace(config, checkpoint=dataclasses.replace(
+        config.checkpoint, piece_memory_mb=0))
+    assert check_piece_memory(small) == 0
+    monkeypatch.setenv("PHALANX_PIECE_MEMORY_MB", "3")
+    assert check_piece_memory(small) == 3 << 20
