@@ -28,6 +28,9 @@ from phalanx.jepsen.sim.run import RunConfig, run
 from phalanx.jepsen.sim.wan import WanConfig
 from phalanx.net import wire
 from phalanx.net.crypto import ed25519_cluster
+from phalanx.protocols import FaultModel
+from phalanx.protocols import get as protocol_spec
+from phalanx.protocols import names as protocol_names
 
 MS = 1_000_000
 
@@ -85,6 +88,12 @@ def per_message_us(protocol: str) -> float:
     return spent[0] / max(1, int(spent[1])) * 1e6
 
 
+def byzantine_protocols() -> list[str]:
+    """The registered protocols that tolerate Byzantine faults (the ones the CPU model
+    compares), from the registry."""
+    return [n for n in protocol_names() if protocol_spec(n).fault_model is FaultModel.BYZANTINE]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(f'{v:.1f}' for v in values)})")
     rows: dict[str, list[float]] = {}
     for _ in range(max(1, args.rounds // 2)):
-        for protocol in ("pbft", "leaderless"):
+        for protocol in byzantine_protocols():
             rows.setdefault(protocol, []).append(per_message_us(protocol))
     for protocol, values in rows.items():
         print(f"per message, {protocol:10s} {statistics.median(values):7.1f} us  (runs: "
