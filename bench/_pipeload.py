@@ -57,10 +57,6 @@ from phalanx.ops.node_config import ClusterConfig
 client_protocol.register()
 
 
-class LoadError(RuntimeError):
-    """The system answered something a pipelined generator cannot go on from."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipeResult:
     """One (system, generator, N, D) measurement."""
@@ -288,8 +284,10 @@ def phalanx_raw(config: ClusterConfig, leader: str, plan: RawPlan) -> Body:
                         else:
                             window.error(f"{reply.status.name}: {reply.message}")
                             if reply.status is not ReplyStatus.RETRY:
-                                raise LoadError(f"phalanx answered {reply.status.name} "
-                                                f"({reply.message}); raw generator stops")
+                                # (a REDIRECT: the leader changed under the load; this
+                                # connection stops, and the level reports the errors)
+                                window.first_error += " (this connection stopped)"
+                                return
                         lane.sent_at = t1
                         out.append(lane.frame)
                     if out:

@@ -19,6 +19,9 @@ run's output is printed with its arm, then the lines that contain ``--grep`` (de
 ``--modules ticks`` swaps the runtime's tick modules instead (`phalanx.runtime.ticker`,
 `driver`, `node`: the idle stride of `phalanx.runtime.driver_ticks`, which the revision's
 driver does not import), so A is the revision's tick handling and B the tree's.
+``--modules client`` swaps the client library's call path (`phalanx.client.connection`,
+`leader_calls`, `async_client`), ``--modules clientport`` the node's client port
+(`phalanx.runtime.waiters`, `client_port`): `pipelined.py`'s A/B of issue 23.
 
 Must not be imported by the package. Requires git and the revision in this repository.
 """
@@ -46,6 +49,15 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
         ("phalanx.runtime.ticker", "phalanx/runtime/ticker.py"),
         ("phalanx.runtime.driver", "phalanx/runtime/driver.py"),
         ("phalanx.runtime.node", "phalanx/runtime/node.py"),
+    ),
+    "client": (
+        ("phalanx.client.connection", "phalanx/client/connection.py"),
+        ("phalanx.client.leader_calls", "phalanx/client/leader_calls.py"),
+        ("phalanx.client.async_client", "phalanx/client/async_client.py"),
+    ),
+    "clientport": (
+        ("phalanx.runtime.waiters", "phalanx/runtime/waiters.py"),
+        ("phalanx.runtime.client_port", "phalanx/runtime/client_port.py"),
     ),
 }
 """``--modules``: the sets of modules arm A takes from the revision, in import order."""
