@@ -91,6 +91,8 @@ class Window:
         self.latencies: list[float] = []
         self.errors = 0
         self.first_error = ""
+        self.stopped_connections = 0
+        """Raw connections that stopped on a REDIRECT (the leader changed under the load)."""
 
     def inside(self, t: float) -> bool:
         return self.start <= t <= self.end
@@ -132,6 +134,8 @@ async def measure(system: str, connections: int, depth: int, server_pids: Sequen
         outer.cancel_scope.cancel()
     lat = sorted(window.latencies)
     extra = f"first error: {window.first_error}" if window.first_error else ""
+    if window.stopped_connections:
+        extra += f" ({window.stopped_connections} connection(s) stopped on a REDIRECT)"
     return PipeResult(system=system, connections=connections, depth=depth, ops=len(lat),
                       errors=window.errors, seconds=duration_s,
                       p50_ms=percentile(lat, 50) * 1e3, p99_ms=percentile(lat, 99) * 1e3,
@@ -286,7 +290,7 @@ def phalanx_raw(config: ClusterConfig, leader: str, plan: RawPlan) -> Body:
                             if reply.status is not ReplyStatus.RETRY:
                                 # (a REDIRECT: the leader changed under the load; this
                                 # connection stops, and the level reports the errors)
-                                window.first_error += " (this connection stopped)"
+                                window.stopped_connections += 1
                                 return
                         lane.sent_at = t1
                         out.append(lane.frame)

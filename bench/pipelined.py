@@ -147,11 +147,9 @@ async def run(args: argparse.Namespace, results: list[tuple[int, str, PipeResult
                 etcd = EtcdCluster(binary)
                 log(f"etcd: starting 3 members ({info['etcd']})")
                 etcd.start()
-        leader = ""
         if phalanx is not None:
             async with phalanx.connected():
-                leader = await phalanx.wait_ready()
-            log(f"phalanx: leader {leader}")
+                log(f"phalanx: leader {await phalanx.wait_ready()}")
         if etcd is not None:
             etcd_leader = await etcd.wait_ready()
             log(f"etcd: leader {etcd_leader.name} (client port {etcd_leader.client_port})")
@@ -163,6 +161,11 @@ async def run(args: argparse.Namespace, results: list[tuple[int, str, PipeResult
                     log(f"round {rnd + 1}/{args.rounds}, {arm}, {n}x{d}: "
                         f"{args.warmup:g} s warmup + {args.duration:g} s "
                         f"(load {info_load()})")
+                    leader = ""
+                    if arm == "phalanx-raw" and phalanx is not None:
+                        # (found again per level: under a loaded machine elections happen)
+                        async with phalanx.connected():
+                            leader = await phalanx.wait_ready()
                     body, pids, note = _arm(arm, args, phalanx, etcd, leader, n, d, value,
                                             prefix)
                     spies = []
