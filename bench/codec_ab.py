@@ -21,7 +21,7 @@ run's output is printed with its arm, then the lines that contain ``--grep`` (de
 driver does not import), so A is the revision's tick handling and B the tree's.
 ``--modules client`` swaps the client library's call path (`phalanx.client.connection`,
 `leader_calls`, `async_client`), ``--modules clientport`` the node's client port
-(`phalanx.runtime.waiters`, `client_port`): `pipelined.py`'s A/B of issue 23.
+(`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): `pipelined.py`'s A/B of issue 23.
 
 Must not be imported by the package. Requires git and the revision in this repository.
 """
@@ -56,6 +56,7 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
         ("phalanx.client.async_client", "phalanx/client/async_client.py"),
     ),
     "clientport": (
+        ("phalanx.net.client_protocol", "net/client_protocol.py"),
         ("phalanx.runtime.waiters", "phalanx/runtime/waiters.py"),
         ("phalanx.runtime.client_port", "phalanx/runtime/client_port.py"),
     ),
