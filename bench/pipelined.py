@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import trio
 from _etcd import EtcdCluster, EtcdError, etcd_binary, etcd_version
@@ -172,8 +173,15 @@ async def run(args: argparse.Namespace, results: list[tuple[int, str, PipeResult
                     if args.profile:
                         spies = start_profilers(pids, f"{args.profile}/{arm}-{n}x{d}-r{rnd}",
                                                 args.warmup + args.duration)
+                    counters = COUNTERS if arm.startswith("phalanx") and phalanx else ()
+                    before = await _scrape(phalanx, counters)
+                    started = time.perf_counter()
                     result = await measure(arm, n, d, pids, body(), warmup_s=args.warmup,
-                                           duration_s=args.duration, note=note())
+                                           duration_s=args.duration)
+                    after = await _scrape(phalanx, counters)
+                    result = replace(result, note=" ".join(filter(None, (
+                        result.note, note(),
+                        _counter_note(before, after, time.perf_counter() - started)))))
                     for spy in spies:
                         await trio.to_thread.run_sync(spy.wait)
                     log(f"  {fmt(result)}")
@@ -183,6 +191,31 @@ async def run(args: argparse.Namespace, results: list[tuple[int, str, PipeResult
             phalanx.stop()
         if etcd is not None:
             etcd.stop()
+
+
+COUNTERS = ("leader_changes", "driver_proposal_batches", "driver_io_batches",
+            "driver_slow_passes")
+"""The nodes' counters each phalanx level reports (summed over the nodes, per second of
+the level: warmup, window and drain), so a reader sees writes per proposal, fsync batches
+and leader changes beside the writes/s."""
+
+
+async def _scrape(cluster: PhalanxCluster | None, names: Sequence[str]) -> dict[str, float]:
+    if cluster is None or not names:
+        return {}
+    return await trio.to_thread.run_sync(cluster.scrape, names)
+
+
+def _counter_note(before: dict[str, float], after: dict[str, float], seconds: float) -> str:
+    if not after:
+        return ""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    short = {"driver_proposal_batches": "proposals/s",
+             "driver_io_batches": "worker-thread persists/s",
+             "driver_slow_passes": "slow passes", "leader_changes": "leader changes"}
+    return ", ".join(
+        f"{short[k]} {v / seconds:,.0f}" if k.endswith("batches") else f"{short[k]} {v:g}"
+        for k, v in sorted(delta.items()) if v)
 
 
 def info_load() -> str:
