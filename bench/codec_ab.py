@@ -20,8 +20,9 @@ run's output is printed with its arm, then the lines that contain ``--grep`` (de
 `driver`, `node`: the idle stride of `phalanx.runtime.driver_ticks`, which the revision's
 driver does not import), so A is the revision's tick handling and B the tree's.
 ``--modules client`` swaps the client library's call path (`phalanx.client.connection`,
-`leader_calls`, `async_client`), ``--modules clientport`` the node's client port
-(`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): `pipelined.py`'s A/B of issue 23.
+`leader_calls`, `bft_calls`, `async_client`), ``--modules clientport`` the node's client
+port (`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): the A/Bs of
+issue 23's Round 6 (`pipelined.py`, `client_path_cpu.py`).
 
 Must not be imported by the package. Requires git and the revision in this repository.
 """
@@ -53,6 +54,7 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
     "client": (
         ("phalanx.client.connection", "phalanx/client/connection.py"),
         ("phalanx.client.leader_calls", "phalanx/client/leader_calls.py"),
+        ("phalanx.client.bft_calls", "phalanx/client/bft_calls.py"),
         ("phalanx.client.async_client", "phalanx/client/async_client.py"),
     ),
     "clientport": (
