@@ -2,7 +2,9 @@
 
 Owns: `ConnectionPool` (used by `phalanx.client.Client`), a node's `NodeSlot` (its connection
 state and every call and status request waiting on it), a request's `PendingCall` (the inbox
-the readers fill) and `ClientStatistics` (the counters the client and its pool share).
+the readers fill), `CallTimer` (ends a call's attempt wait at its time: one heap and one task
+per client instead of a cancel scope per call) and `ClientStatistics` (the counters the
+client and its pool share).
 
 Connections. The first frame queued for a node starts one task in the client's nursery that
 dials it (TCP with TCP_NODELAY, TLS 1.3, bounded by `dial_timeout`), checks that the server's
