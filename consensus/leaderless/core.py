@@ -48,10 +48,7 @@ from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.batching import EndorsementBatching, SubmitBatch
 from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.catch_up import TRANSFER_TYPES, CatchUp
-from phalanx.consensus.leaderless.checks import (
-    ProofChecker,
-    tx_problem,
-)
+from phalanx.consensus.leaderless.checks import ProofChecker, tx_problem
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.endorse import Endorser
 from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots
@@ -418,6 +415,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             return
         if self._now is not None and tx.deadline_ms < self._now:
             self._reject(request, "submit_expired", out)
+            return
+        if self._store.pending_of(tx.client) >= self._config.max_pending_per_client:
+            self._reject(request, "client_overloaded", out)  # others still get in
             return
         problem = self._accept_tx(tx_id, tx, out)
         if problem is not None:
