@@ -35,6 +35,10 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   writing transaction this node applied (the install rule before 2026-12-02) instead of
   applying that transaction again after the install: a node catching up under load applies
   new commits before its first install and then refuses every checkpoint (a livelock).
+- ``drop_forgotten``: vote drop on a checkpoint id this node holds nothing of, whatever
+  its deadline (the rule before 2026-12-02): a node that committed T and collected it past
+  its GC horizon then completes a DROP of T at the nodes that still hold it pending (DROP
+  meets a commit; `memory.py`).
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 
@@ -49,7 +53,7 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "skip_requirements", "count_conditional", "ordered_one_close",
                               "ordered_drop_ambiguous", "skip_checkpoint_digest",
                               "no_state_transfer", "forget_undecided",
-                              "refuse_behind_checkpoint")
+                              "refuse_behind_checkpoint", "drop_forgotten")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

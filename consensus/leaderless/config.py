@@ -39,6 +39,12 @@ class LeaderlessConfig:
             are sent again this often (loss recovery).
         max_pending: bound on pending transactions and on endorsements buffered for
             unknown transactions (a flood is dropped and counted).
+        max_pending_per_client: a client's submits are refused (RETRY, "this client has
+            too many undecided transactions here") while this node holds that many of its
+            transactions undecided (signing client, `Transaction.client`), so one client,
+            or leftovers no checkpoint can decide, cannot fill `max_pending` for every
+            client (docs/LEADERLESS.md "Per-client bound"). Relayed transactions and
+            certificates are taken as before.
         max_deadline_lead_ms: a node endorses a transaction only while its deadline lies at
             most this far past the node's clock (the replica's transaction table keeps
             records for the GC horizon plus this lead: docs/LEADERLESS.md "Runtime half").
@@ -65,6 +71,7 @@ class LeaderlessConfig:
     gc_horizon_ms: int = 60_000
     rebroadcast_ticks: int = 20
     max_pending: int = 8192
+    max_pending_per_client: int = 1024
     max_deadline_lead_ms: int = 600_000
     stuck_resolution: str = "veto"
     close_ticks: int = 100
@@ -86,7 +93,8 @@ class LeaderlessConfig:
             if not q <= size <= n:
                 raise ValueError(f"policy {name!r} quorum {size} must be in [Q={q}, n={n}]")
         for name in ("checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
-                     "rebroadcast_ticks", "max_pending", "max_deadline_lead_ms", "close_ticks"):
+                     "rebroadcast_ticks", "max_pending", "max_pending_per_client",
+                     "max_deadline_lead_ms", "close_ticks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.stuck_resolution not in STUCK_RESOLUTIONS:

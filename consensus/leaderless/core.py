@@ -48,15 +48,13 @@ from phalanx.consensus.leaderless.app_view import AppView
 from phalanx.consensus.leaderless.batching import EndorsementBatching, SubmitBatch
 from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.catch_up import TRANSFER_TYPES, CatchUp
-from phalanx.consensus.leaderless.checks import (
-    ProofChecker,
-    tx_problem,
-)
+from phalanx.consensus.leaderless.checks import ProofChecker, tx_problem
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.endorse import Endorser
 from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots
 from phalanx.consensus.leaderless.fence import Fence
 from phalanx.consensus.leaderless.intake import PeerIntake
+from phalanx.consensus.leaderless.memory import Memory, with_bodies
 from phalanx.consensus.leaderless.messages import (
     DecidedTx,
     Endorsement,
@@ -91,7 +89,6 @@ __all__ = ["MAX_FETCH_IDS", "LeaderlessCore", "LeaderlessStatus"]
 
 TX_ID_CACHE = 4096
 """Transactions whose ids `LeaderlessCore._tx_id` remembers (oldest out first)."""
-
 
 
 class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
@@ -144,6 +141,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 restored_relays=restored.relays if restored is not None else (),
                 tx_id_of=self._tx_id)
         self._checkpoints.unprovable = self._unprovable
+        self._memory = Memory(limit=config.max_pending)
+        self._memory.drop_forgotten = "drop_forgotten" in self._bugs
         self._dropped: dict[str, int] = {}
         self._duplicates: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
@@ -417,6 +416,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         if self._now is not None and tx.deadline_ms < self._now:
             self._reject(request, "submit_expired", out)
             return
+        if self._store.pending_of(tx.client) >= self._config.max_pending_per_client:
+            self._reject(request, "client_overloaded", out)  # others still get in
+            return
         problem = self._accept_tx(tx_id, tx, out)
         if problem is not None:
             self._reject(request, problem, out)
@@ -516,11 +518,13 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
     # ------------------------------------------------------------------------------ veto
 
     def _unprovable(self, tx_id: TxId) -> bool:
-        """Committed here without a proof (restored from the WAL after a restart, or a
-        tombstone only: an installed checkpoint's): this node must never vote to drop it,
-        and has no proof to veto with."""
-        return (self._store.state_of(tx_id) is TxState.COMMITTED
-                and self._gate.proof(tx_id) is None)
+        """This node must not vote to drop `tx_id` and has no proof to veto with: committed
+        here without one (restored from the WAL, or an installed checkpoint's tombstone),
+        or held nothing of and possibly committed and forgotten (`memory.py`)."""
+        state = self._store.state_of(tx_id)
+        if state is None:
+            return not self._memory.covers(tx_id, self._store.horizon)
+        return state is TxState.COMMITTED and self._gate.proof(tx_id) is None
 
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:
         """A proof that `tx_id` is applicable here: its commit certificate when committed
@@ -552,7 +556,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         effects = self._checkpoints.drain()
         if effects.sync:  # own votes and echo/ready choices are durable before they leave
             out.signed = True
-        out.sends += effects.sends
+        out.sends += with_bodies(effects.sends, lambda t: (
+            None if (record := self._store.get(t)) is None else record.tx))
         for tx_id in effects.dropped:
             record = self._store.get(tx_id)
             if record is not None and record.state is TxState.PENDING:

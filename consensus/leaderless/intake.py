@@ -72,6 +72,9 @@ class PeerIntake(CoreParts):
                     # for an overdue one (the sender may lack the signature it needs).
                     self._expired[tx_id] = None
         elif isinstance(msg, StartCheckpoint):
+            if self._memory.learn(msg, self._tx_id, lambda t: self._store.state_of(t)
+                                  is not None):  # bodies first: they may let it vote
+                self._drop("bad_checkpoint_body")
             self._checkpoints.on_start(src, msg, self._proof_of)
         elif isinstance(msg, VetoChoice):
             self._checkpoints.on_choice(src, msg, self._proof_of)

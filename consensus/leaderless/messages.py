@@ -192,10 +192,15 @@ class StartCheckpoint(Message):
     """Propose dropping the stuck transactions `tx_ids` (sorted, unique; PnyxDB §1.8). Sent
     again every period while the checkpoint is undecided at the sender: the receiver then
     answers with its reliable-broadcast messages of the votes whose voters are not in
-    `delivered` (sorted: the votes the sender already delivered; an unsigned hint)."""
+    `delivered` (sorted: the votes the sender already delivered; an unsigned hint).
+    `txs`: the bodies of the listed transactions the sender holds (self-certifying: a
+    body counts only when it hashes to a listed id); a receiver that holds nothing of a
+    listed id learns its deadline from it, to tell whether its memory covers that id
+    (docs/LEADERLESS.md "Forgotten commits", `memory.py`)."""
 
     tx_ids: tuple[TxId, ...]
     delivered: tuple[NodeId, ...] = ()
+    txs: tuple[Transaction, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from phalanx.consensus.leaderless.config import LeaderlessConfig
     from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots
     from phalanx.consensus.leaderless.fence import Fence
+    from phalanx.consensus.leaderless.memory import Memory
     from phalanx.consensus.leaderless.messages import (
         Endorsement,
         Transaction,
@@ -72,6 +73,7 @@ class CoreParts:
         _recovery: Recovery
         _checkpoints: CheckpointMachine | OrderedCheckpoints
         _fence: Fence
+        _memory: Memory
         _queued: dict[TxId, None]
         _ticks: int
         _now: int | None

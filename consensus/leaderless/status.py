@@ -57,6 +57,8 @@ REASONS = {
     "submit_mismatch": "client_id, request_no or read_only differ from the transaction's",
     "submit_expired": "the transaction's deadline has passed",
     "malformed_tx": "malformed transaction (request number, deadline or requirements)",
+    "client_overloaded": "this client has too many undecided transactions at this node "
+                         "(max_pending_per_client): retry once some are decided",
     "bad_tx_signature": "the transaction's signature does not verify with the key this node "
                         "holds for its client (a client key missing from the nodes' keyring?)",
 }

@@ -13,6 +13,9 @@ Invariants:
   certificate, checkpoint, install) ends it, whatever its deadline; a node that commits it
   late must not meet replicas that forgot it (docs/LEADERLESS.md "Undecided transactions
   are never forgotten"). `decide` re-indexes one decided past the horizon.
+- `pending_of(client)` counts the pending records of each signing client (the per-client
+  bound, `LeaderlessConfig.max_pending_per_client`); every way into or out of the pending
+  set goes through `_pending_in` / `_pending_out`.
 - Memory is bounded by `max_pending` undecided records plus the decided ones of the
   horizon: decided records and tombstones go once their deadline is older than the GC
   horizon (committed ones only once released and applied and no pending transaction's
@@ -72,8 +75,8 @@ class TxRecord:
 class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
-    __slots__ = ("_by_deadline", "_max_buffered", "_pending", "_stones", "buffered",
-                 "forget_undecided", "horizon", "records", "tombstones")
+    __slots__ = ("_by_client", "_by_deadline", "_max_buffered", "_pending", "_stones",
+                 "buffered", "forget_undecided", "horizon", "records", "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
         self.records: dict[TxId, TxRecord] = {}
@@ -88,6 +91,8 @@ class TxStore:
         self._pending: dict[TxId, None] = {}
         """The ids of the pending records, in insertion order (`pending()` walked every
         record of the horizon, several times per tick under load)."""
+        self._by_client: dict[str, int] = {}
+        """How many pending records each signing client (`Transaction.client`) has."""
 
     def index(self, tx_id: TxId, deadline_ms: int) -> None:
         """Put a record or tombstone inserted directly (a restore) into the GC index."""
@@ -129,17 +134,37 @@ class TxStore:
     def pending_count(self) -> int:
         return len(self._pending)
 
+    def pending_of(self, client: str) -> int:
+        """How many pending records `client` (the signing client) has here."""
+        return self._by_client.get(client, 0)
+
+    def _pending_in(self, record: TxRecord) -> None:
+        self._pending[record.tx_id] = None
+        client = record.tx.client
+        self._by_client[client] = self._by_client.get(client, 0) + 1
+
+    def _pending_out(self, record: TxRecord) -> None:
+        if record.tx_id not in self._pending:
+            return
+        del self._pending[record.tx_id]
+        client = record.tx.client
+        left = self._by_client[client] - 1
+        if left:
+            self._by_client[client] = left
+        else:
+            del self._by_client[client]
+
     def restore_pending(self, record: TxRecord) -> None:
         """Insert a pending record rebuilt from the durable record (a restart)."""
         self.records[record.tx_id] = record
-        self._pending[record.tx_id] = None
+        self._pending_in(record)
         self.index(record.tx_id, record.deadline)
 
     def add(self, record: TxRecord) -> dict[NodeId, Endorsement]:
         """Insert a new pending record; returns the endorsements buffered for it (removed
         from the buffer), in arrival order, for the caller to add through its checks."""
         self.records[record.tx_id] = record
-        self._pending[record.tx_id] = None
+        self._pending_in(record)
         self._by_deadline.push(record.deadline, record.tx_id)
         return self.buffered.pop(record.tx_id, {})
 
@@ -158,7 +183,7 @@ class TxStore:
         """Mark a pending record committed or dropped and write its tombstone. A dropped
         record leaves `records` (only its tombstone stays)."""
         record.state = state
-        self._pending.pop(record.tx_id, None)
+        self._pending_out(record)
         if record.deadline < self.horizon:  # held past the horizon undecided: collect it
             self._by_deadline.push(record.deadline, record.tx_id)
         committed = state is TxState.COMMITTED
@@ -203,7 +228,7 @@ class TxStore:
                     kept.append((record.deadline, tx_id))
                     continue
                 del self.records[tx_id]
-                self._pending.pop(tx_id, None)
+                self._pending_out(record)
                 gone.append(tx_id)
             stone = self.tombstones.get(tx_id)
             if stone is not None and stone.deadline_ms < horizon:

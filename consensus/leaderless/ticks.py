@@ -188,7 +188,7 @@ class TickWork(CoreParts):
 
         gone, stones = self._store.gc(
             now - self._config.gc_horizon_ms, keep=keep,
-            keep_stone=lambda stone: stone.committed and is_named(stone.tx_id))
+            keep_stone=lambda stone: is_named(stone.tx_id))  # committed or dropped
         if not (gone or stones or full):
             return
         for tx_id in gone:
@@ -216,7 +216,10 @@ class TickWork(CoreParts):
         it would be unknown here, so `Rules.stuck` would queue it and this node would vote
         to DROP what it committed; once every correct node had collected it, the checkpoint
         would drop it and its conflicting dependent would commit too (docs/LEADERLESS.md
-        "Garbage collection")."""
+        "Garbage collection"). A dropped one's tombstone stays too: the dependents'
+        endorsements are definitely valid only through it, and collected it would be an id
+        older than the horizon that no node holds, on which nobody may vote drop again
+        ("Forgotten commits": the dependents would stay pending for good)."""
         return {c for record in self._store.pending()
                 for e in record.endorsements.values() for c in e.conditions}
 

@@ -15,7 +15,8 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
   echoed copy of its own old vote is adopted rather than re-voted): veto with a proof when
   `proof_of` knows one of the ids applicable (or it holds a valid veto), drop otherwise;
   abstain (no vote) when one of the ids is `unprovable` (committed here without a proof,
-  after a restart), until a delivered veto brings a proof.
+  after a restart; or held nothing of and possibly committed and forgotten: the core's
+  `memory.py`), until a delivered veto brings a proof or the core learns more.
 - Decisions come ONLY from reliably delivered votes: DROP when the delivered votes of all
   n members are drops; KEEP on the first delivered veto (valid: every correct node judges a
   vote alike). Each voter's delivered vote is unique and the same at every correct node,
@@ -157,8 +158,10 @@ class CheckpointMachine:
         self._kept: list[TransactionProof] = []
         self._dropped_counts: dict[str, int] = {}
         self.unprovable: Callable[[TxId], bool] = lambda _t: False
-        """Committed here without a proof (after a restart): never vote drop on it; with no
-        proof to veto with either, the node does not vote until a veto's proof arrives."""
+        """Never vote drop on it, and no proof to veto with: committed here without a proof
+        (after a restart), or possibly committed and forgotten (the core's `memory.py`).
+        The node does not vote until a veto's proof arrives or this changes (retried on
+        every start, pull and vote it hears)."""
         for vote in restored_votes:
             self._restore(vote)
 

@@ -271,9 +271,9 @@ class LeaderlessJournal:
         self._directory.close()
 
 
-OPTIONS = {"stuck_resolution": str, "close_ticks": int}
+OPTIONS = {"stuck_resolution": str, "close_ticks": int, "max_pending_per_client": int}
 """The node config's ``[protocol]`` options (`LeaderlessConfig` fields; docs/LEADERLESS.md
-"Ordered resolution"), as text in the config."""
+"Ordered resolution", "Per-client bound"), as text in the config."""
 
 
 def options_problem(options: Mapping[str, str]) -> str | None:

@@ -115,11 +115,14 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `test_leaderless_state_transfer_sim.py`. `forget_undecided` needs n = 7 and a short
     horizon: `test_forget_undecided_is_caught`; `refuse_behind_checkpoint` a node catching
     up under load: `test_leaderless_transfer_load_sim.py::test_an_install_under_load_
-    reapplies_what_it_lacks`."""
+    reapplies_what_it_lacks`. `drop_forgotten` needs a checkpoint reaching a committer past
+    its GC horizon: `tests/consensus/leaderless/test_forgotten_commit.py`, and
+    `test_drop_forgotten_is_caught_where_undecided_transactions_are_forgotten`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
-                              "forget_undecided", "refuse_behind_checkpoint"}
+                              "forget_undecided", "refuse_behind_checkpoint",
+                              "drop_forgotten"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
@@ -275,11 +278,34 @@ def test_forget_undecided_is_caught(control: str) -> None:
     if control == "horizon":
         first_catch("forget_undecided", CatchRange(seeds=range(24), known=(9,)),
                     lambda seed, bugs: horizon_run(seed, bugs=bugs))
-    else:
+    else:  # with the old voting rule too: see test_drop_forgotten_is_caught_...
         first_catch("forget_undecided", CatchRange(seeds=range(40), known=(17,)),
-                    lambda seed, bugs: run(RunConfig(
-                        seed=seed, protocol="leaderless", nodes=7, bugs=bugs,
-                        liveness_ns=int(5.5 * _S), settings=SHORT_FENCE)))
+                    lambda seed, bugs: short_fence_run(
+                        seed, bugs | {"drop_forgotten"} if bugs else bugs))
+
+
+def short_fence_run(seed: int, bugs: frozenset[str]) -> RunResult:
+    return run(RunConfig(seed=seed, protocol="leaderless", nodes=7, bugs=bugs,
+                         liveness_ns=int(5.5 * _S), settings=SHORT_FENCE))
+
+
+@pytest.mark.long
+def test_drop_forgotten_is_caught_where_undecided_transactions_are_forgotten() -> None:
+    """Seed 17 of the short fence (docs/LEADERLESS.md "Forgotten commits"): with
+    `forget_undecided` on, six nodes collect the pending `put r0 v17` that n1 (its clock
+    slowed) later commits. Under the old voting rule (`drop_forgotten`) they also vote drop
+    on checkpoints of what they hold nothing of, and the replicas end apart (`converge`);
+    under the coverage rule they abstain on what is older than their horizon, and the run
+    passes. So the checker catches `drop_forgotten` on a seeded run, though only with the
+    forgetting it guards against switched on too (a clean run never forgets an undecided
+    transaction, and the sweep's faults are shorter than any GC horizon:
+    `tests/consensus/leaderless/test_forgotten_commit.py` builds the race by hand). Long:
+    `test_forget_undecided_is_caught[fenced]` runs the two switches together in `make
+    test`."""
+    assert short_fence_run(17, frozenset({"forget_undecided"})).ok
+    both = short_fence_run(17, frozenset({"forget_undecided", "drop_forgotten"}))
+    assert not both.ok
+    assert "converge" in both.report(), both.report()
 
 
 @pytest.mark.long
