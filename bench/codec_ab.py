@@ -19,6 +19,9 @@ run's output is printed with its arm, then the lines that contain ``--grep`` (de
 ``--modules ticks`` swaps the runtime's tick modules instead (`phalanx.runtime.ticker`,
 `driver`, `node`: the idle stride of `phalanx.runtime.driver_ticks`, which the revision's
 driver does not import), so A is the revision's tick handling and B the tree's.
+``--modules msgpath`` swaps the peer receive path (`phalanx.net.transport`, `driver`,
+`node`): A steps every peer message through the driver's input channel, B in the reading
+task while the core loop is idle (`phalanx.runtime.driver_inline`).
 
 Must not be imported by the package. Requires git and the revision in this repository.
 """
@@ -44,6 +47,11 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
     "codec": MODULES,
     "ticks": (
         ("phalanx.runtime.ticker", "phalanx/runtime/ticker.py"),
+        ("phalanx.runtime.driver", "phalanx/runtime/driver.py"),
+        ("phalanx.runtime.node", "phalanx/runtime/node.py"),
+    ),
+    "msgpath": (
+        ("phalanx.net.transport", "net/transport.py"),
         ("phalanx.runtime.driver", "phalanx/runtime/driver.py"),
         ("phalanx.runtime.node", "phalanx/runtime/node.py"),
     ),

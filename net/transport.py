@@ -244,6 +244,7 @@ class Transport(PeerDialer, DynamicPeers):
         self._linked: set[NodeId] = set()
         """Peers whose outbound link is established (welcomed and not yet broken)."""
         self._deliver = deliver
+        self._after_read: Callable[[], None] | None = None
         self._running = False
         self._nursery: trio.Nursery | None = None
         self._link_scopes: dict[NodeId, trio.CancelScope] = {}
@@ -264,8 +265,13 @@ class Transport(PeerDialer, DynamicPeers):
         every peer, e.g. AppendEntries to followers at the same index) is encoded once.
         Only `Message`s (frozen dataclasses of immutable fields) are reused this way."""
 
-    def set_deliver(self, deliver: Callable[[NodeId, object], Awaitable[None]]) -> None:
-        """Hand inbound messages to `deliver` instead of `inbound` (see `__init__`).
+    def set_deliver(self, deliver: Callable[[NodeId, object], Awaitable[None]], *,
+                    after_read: Callable[[], None] | None = None) -> None:
+        """Hand inbound messages to `deliver` instead of `inbound` (see `__init__`), and
+        call `after_read` (if given) after the messages of each read were delivered,
+        before the reading task waits for the next read (and when its connection ends):
+        `deliver` may then leave work for it that must be done before the task yields
+        (`phalanx.runtime.driver_inline`: a pass stepped in the reading task).
 
         Raises:
             LocalProtocolError: the transport is already running (messages may already be
@@ -274,6 +280,7 @@ class Transport(PeerDialer, DynamicPeers):
         if self._running:
             raise LocalProtocolError("set_deliver after the transport started")
         self._deliver = deliver
+        self._after_read = after_read
 
     @property
     def peers(self) -> Mapping[NodeId, PeerAddress]:
@@ -500,7 +507,7 @@ class Transport(PeerDialer, DynamicPeers):
 
     async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
-        deliver = self._deliver
+        deliver, after_read = self._deliver, self._after_read
         foreign, allowed = src in self._linked_peers.foreign, self._linked_peers.allowed
         decoder = FrameDecoder(max_frame_size=self._max_frame_size, budget=self.budget)
         try:
@@ -533,6 +540,8 @@ class Transport(PeerDialer, DynamicPeers):
                         await self._inbound_send.send((src, message))
                     else:
                         await deliver(src, message)
+                if after_read is not None:
+                    after_read()
         except FrameTooLarge as exc:
             c.oversized_frames += 1
             logger.warning("%s: closing connection from %s: %s", self.node_id, src, exc)
@@ -544,6 +553,8 @@ class Transport(PeerDialer, DynamicPeers):
         except trio.BrokenResourceError as exc:
             logger.info("%s: connection from %s lost (%s)", self.node_id, src, _describe(exc))
         finally:
+            if after_read is not None:  # messages delivered before a bad frame
+                after_read()
             decoder.release()
 
     def _close_inbound(self) -> None:
