@@ -167,7 +167,8 @@ class Transport(PeerDialer, DynamicPeers):
         deliver: where the reading tasks hand each ``(src, message)`` (awaited: a slow
             consumer blocks them, as a full `inbound` channel would). None: into `inbound`.
             Delivering straight to the consumer saves a task hop per message. Also settable
-            with `set_deliver` before the transport runs.
+            with `set_deliver` before the transport runs, as is `after_read`.
+        after_read: called after the messages of each read were delivered (`set_deliver`).
         hold_sends: hold the frames `send_nowait` would write directly until `flush`, so a
             peer's frames of one pass leave in one write (see the module docstring). The
             owner must call `flush` before it blocks or yields.
@@ -193,6 +194,7 @@ class Transport(PeerDialer, DynamicPeers):
         rng: random.Random,
         handshake_timeout: float = 10.0,
         deliver: Callable[[NodeId, object], Awaitable[None]] | None = None,
+        after_read: Callable[[], None] | None = None,
         hold_sends: bool = False,
         intercluster: Intercluster | None = None,
     ) -> None:
@@ -244,7 +246,7 @@ class Transport(PeerDialer, DynamicPeers):
         self._linked: set[NodeId] = set()
         """Peers whose outbound link is established (welcomed and not yet broken)."""
         self._deliver = deliver
-        self._after_read: Callable[[], None] | None = None
+        self._after_read = after_read
         self._running = False
         self._nursery: trio.Nursery | None = None
         self._link_scopes: dict[NodeId, trio.CancelScope] = {}
