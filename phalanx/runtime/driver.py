@@ -278,7 +278,7 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
         """Several calls of one connection, in order, as ONE item of the input channel: the
         client port hands over every call decoded from one read, so they reach the core in
         one pass and their writes become one proposal (one entry, one AppendEntries)."""
-        if calls:
+        if calls and not self._calls_inline(CallsInput(calls, target)):
             await self._put(CallsInput(calls, target))
 
     async def request_status(self, nonce: int, target: ReplyTarget) -> None:

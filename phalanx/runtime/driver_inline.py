@@ -29,8 +29,11 @@ Rules (the driver's single-owner rule restated):
     * An inline pass whose persistence must first let written-but-unsent output go (the
       driver's `_flush_again`: the writer tasks must run before an fsync blocks the loop)
       wakes the core loop (`WAKE`), which yields and writes, as after its own passes.
-    * Client calls, ticks and persistence completions always go through the channel: a pass
-      over the channel batches several connections' calls into one proposal.
+    * A client connection's calls of one read (`Driver.calls`) are stepped in its reading
+      task, pass ended at once, only if moreover no call waits for an answer (an idle
+      node: one closed-loop client). With calls waiting (several clients) they go through
+      the channel, where one pass batches several connections' calls into one proposal.
+      Ticks and persistence completions always go through the channel.
 
 Must not import: sockets, TLS, consensus cores.
 """
@@ -48,6 +51,7 @@ from phalanx.consensus.core import Receive
 from phalanx.consensus.types import Message, NodeId
 from phalanx.net.client_protocol import ClientCall, ClientReply
 from phalanx.runtime.driver_stats import DriverStatistics
+from phalanx.runtime.waiters import ClientWaiters
 
 __all__ = ["WAKE", "InlineSteps"]
 
@@ -77,6 +81,7 @@ class InlineSteps:
     _handle: Callable[[Any], None]
     _end_pass: Callable[[float], None]
     _put: Callable[[Any], Awaitable[None]]
+    _waiters: ClientWaiters
 
     async def deliver(self, src: NodeId, message: object) -> None:
         """A peer's message, through the input channel (waits while the core is busy)."""
@@ -105,6 +110,20 @@ class InlineSteps:
             self.stats.inline_passes += 1
         self.stats.inline_inputs += 1
         self._handle(item)
+
+    def _calls_inline(self, item: Any) -> bool:
+        """Step a connection's calls of one read (`CallsInput`) and end the pass, in the
+        calling task, if the core loop is parked and no call is waiting for an answer;
+        whether it did (else the caller queues them)."""
+        if self._inline_start is not None or len(self._waiters) or not self._core_parked():
+            return False
+        self._inline_start = time.perf_counter()
+        self._just_yielded = False
+        self.stats.inline_passes += 1
+        self.stats.inline_calls += 1
+        self._handle(item)
+        self.end_inline_pass()
+        return True
 
     def end_inline_pass(self) -> None:
         """End the pass `deliver_inline` opened, if one is open: proposals, persistence,

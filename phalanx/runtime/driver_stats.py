@@ -67,4 +67,6 @@ class DriverStatistics:
     (`phalanx.runtime.driver_inline`)."""
     inline_inputs: int = 0
     """Peer messages stepped in those passes (the rest went through the input channel)."""
+    inline_calls: int = 0
+    """Reads of client calls stepped in their reading task (an idle node's one client)."""
     extra: dict[str, int] = field(default_factory=dict)

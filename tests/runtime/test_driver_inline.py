@@ -12,7 +12,17 @@ import threading
 
 import trio
 from runtime_helpers import wait_for
-from test_driver_pipeline import EARLY, LATE, N1, N2, GatedCommitter
+from test_driver_pipeline import (
+    EARLY,
+    LATE,
+    N1,
+    N2,
+    GatedCommitter,
+    ScriptedCore,
+    Sink,
+    call,
+    make_driver,
+)
 
 from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.replica import Replica
@@ -157,3 +167,24 @@ async def test_an_inline_write_that_must_let_output_go_first_is_left_to_the_core
     assert committer.threads == [threading.current_thread().name]  # inline, on the loop
     assert _squash(events) == ["send AppendEntries", "flush", "send AppendEntriesResponse",
                                "flush"]  # the late one once durable
+
+
+async def test_a_call_to_an_idle_node_is_stepped_at_once_and_one_to_a_busy_node_queues() -> None:
+    core, committer, sent = ScriptedCore("leader"), GatedCommitter(), list[tuple[NodeId, Message]]()
+    committer.gate.clear()  # the write stays in flight: its call keeps waiting
+    driver = make_driver(core, committer, sent)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(driver.run)
+        await wait_for(driver._core_parked)
+        await driver.calls([call(1)], Sink())
+        # Stepped in this task and its pass ended: proposed, the early message sent.
+        assert [[r.request_no for r in p] for p in core.proposals] == [[1]]
+        assert sent == [(N2, EARLY)]
+        await wait_for(committer.started.is_set)
+        await wait_for(driver._core_parked)
+        await driver.calls([call(2)], Sink())  # call 1 waits: several clients, so queue
+        assert len(core.proposals) == 1
+        await wait_for(lambda: len(core.proposals) == 2)
+        assert driver.stats.inline_calls == 1
+        committer.gate.set()
+        nursery.cancel_scope.cancel()
