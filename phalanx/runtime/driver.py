@@ -110,7 +110,7 @@ from phalanx.runtime.driver_calls import (
     DisconnectInput,
     StatusInput,
 )
-from phalanx.runtime.driver_inline import WAKE, InlineSteps, _Wake
+from phalanx.runtime.driver_inline import InlineSteps, _Wake
 from phalanx.runtime.driver_output import PeerOutput
 from phalanx.runtime.driver_persist import (
     EARLY_WRITE_CHECKPOINTS,
@@ -398,7 +398,7 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
     # ---------------------------------------------------------------------- the core task
 
     def _handle(self, item: _Item) -> None:
-        if item is WAKE:  # after an inline pass: `_end_pass` does what is left
+        if isinstance(item, _Wake):  # after an inline pass: `_end_pass` does what is left
             return
         if self._storage_error is not None and not isinstance(item, _BatchDone | StatusInput):
             self._while_unavailable(item)
