@@ -72,6 +72,14 @@ class HttpConnection:
         await self._stream.send_all(head + body)
         return await self._read_response()
 
+    async def send_raw(self, data: bytes) -> None:
+        """Write already formatted requests (HTTP/1.1 pipelining: several at once)."""
+        await self._stream.send_all(data)
+
+    async def read_response(self) -> bytes:
+        """The body of the next response (200 required, as `post_json`)."""
+        return await self._read_response()
+
     async def _fill(self) -> None:
         chunk = await self._stream.receive_some(65536)
         if not chunk:

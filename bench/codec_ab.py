@@ -19,6 +19,10 @@ run's output is printed with its arm, then the lines that contain ``--grep`` (de
 ``--modules ticks`` swaps the runtime's tick modules instead (`phalanx.runtime.ticker`,
 `driver`, `node`: the idle stride of `phalanx.runtime.driver_ticks`, which the revision's
 driver does not import), so A is the revision's tick handling and B the tree's.
+``--modules client`` swaps the client library's call path (`phalanx.client.connection`,
+`leader_calls`, `bft_calls`, `async_client`), ``--modules clientport`` the node's client
+port (`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): the A/Bs of
+issue 23's Round 6 (`pipelined.py`, `client_path_cpu.py`).
 ``--modules msgpath`` swaps the peer receive path (`phalanx.net.transport`, `driver`,
 `node`): A steps every peer message through the driver's input channel, B in the reading
 task while the core loop is idle (`phalanx.runtime.driver_inline`).
@@ -49,6 +53,17 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
         ("phalanx.runtime.ticker", "phalanx/runtime/ticker.py"),
         ("phalanx.runtime.driver", "phalanx/runtime/driver.py"),
         ("phalanx.runtime.node", "phalanx/runtime/node.py"),
+    ),
+    "client": (
+        ("phalanx.client.connection", "phalanx/client/connection.py"),
+        ("phalanx.client.leader_calls", "phalanx/client/leader_calls.py"),
+        ("phalanx.client.bft_calls", "phalanx/client/bft_calls.py"),
+        ("phalanx.client.async_client", "phalanx/client/async_client.py"),
+    ),
+    "clientport": (
+        ("phalanx.net.client_protocol", "net/client_protocol.py"),
+        ("phalanx.runtime.waiters", "phalanx/runtime/waiters.py"),
+        ("phalanx.runtime.client_port", "phalanx/runtime/client_port.py"),
     ),
     "msgpath": (
         ("phalanx.net.transport", "net/transport.py"),

@@ -46,6 +46,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from phalanx.consensus._raw_init import raw_init
 from phalanx.consensus.types import ClientRequest, Message
 from phalanx.net import wire
 
@@ -68,6 +69,7 @@ class ReadConsistency(enum.IntEnum):
     STALE = 1
 
 
+@raw_init  # built once per call by the client
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientCall(Message):
     """A client's request to a node."""
@@ -76,6 +78,7 @@ class ClientCall(Message):
     consistency: ReadConsistency = ReadConsistency.LINEARIZABLE
 
 
+@raw_init  # built once per answer by the node
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientReply(Message):
     """A node's answer to one `ClientCall`."""

@@ -69,6 +69,7 @@ Not deterministic and not run by the simulator: it uses the real clock and a pri
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import ssl
@@ -81,7 +82,13 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 import trio
 
 from phalanx.client.bft_calls import PbftCalls
-from phalanx.client.connection import ClientStatistics, ConnectionPool, NodeAddress, PendingCall
+from phalanx.client.connection import (
+    CallTimer,
+    ClientStatistics,
+    ConnectionPool,
+    NodeAddress,
+    PendingCall,
+)
 from phalanx.client.endorsement_calls import EndorsementCalls, wall_clock
 from phalanx.client.errors import (
     ClientClosed,
@@ -198,6 +205,8 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls, LeaderCalls):
                                     dial_timeout=attempt_timeout, max_frame_size=max_frame_size,
                                     stats=self._stats, hello=hello)
         self._slots = self._pool.slots
+        self._timer = CallTimer()
+        """Ends the leader path's attempt waits (its task runs in `open_client`'s nursery)."""
         self._order = tuple(self._slots)
         self._faults = max_byzantine_faults(len(self._order))
         self._primary_probed = -math.inf
@@ -211,7 +220,7 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls, LeaderCalls):
         self._leader: str = self._order[self._rng.randrange(len(self._order))]
         self._next_request_no = 1
         self._next_nonce = 1
-        self._free_lanes: list[int] = []  # a min-heap would do; lanes are few, keep a sorted list
+        self._free_lanes: list[int] = []  # sorted: the lowest free lane is reused first
         self._lane_count = 0
         self._closed = False
 
@@ -355,11 +364,7 @@ class Client(EndorsementCalls, KvHelpers, PbftCalls, LeaderCalls):
         return self._lane_count - 1
 
     def _release_lane(self, lane: int) -> None:
-        lanes = self._free_lanes
-        i = len(lanes)
-        while i > 0 and lanes[i - 1] > lane:
-            i -= 1
-        lanes.insert(i, lane)
+        bisect.insort(self._free_lanes, lane)
 
     def _timed_out(
         self, call: PendingCall[ClientReply] | PendingCall[StatusReply], last_error: str | None
@@ -532,6 +537,7 @@ async def open_client(
     client = Client(nodes, **options)  # validate before anything runs
     async with trio.open_nursery() as nursery:
         client._pool.nursery = nursery
+        nursery.start_soon(client._timer.run, name="client:timer")
         try:
             yield client
         finally:

@@ -30,7 +30,13 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-from phalanx.client.connection import ClientStatistics, ConnectionPool, NodeSlot, PendingCall
+from phalanx.client.connection import (
+    CallTimer,
+    ClientStatistics,
+    ConnectionPool,
+    NodeSlot,
+    PendingCall,
+)
 from phalanx.client.errors import ClientTimeout, Forbidden, RequestRejected
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
@@ -75,6 +81,7 @@ class PbftCalls:
     _order: tuple[str, ...]
     _faults: int
     _pool: ConnectionPool
+    _timer: CallTimer
     _stats: ClientStatistics
     _primary_probed: float
     _next_nonce: int
@@ -109,27 +116,30 @@ class PbftCalls:
             else:
                 for node in self._order:
                     self._pool.send(node, call, frame)
-            with trio.move_on_at(min(deadline, trio.current_time() + self.attempt_timeout)):
-                while True:
-                    node, reply = await call.next()
-                    if reply is None:
-                        last_error = f"connection to {node} lost"
-                        if node == primary:
-                            break  # retransmit to every replica at once
-                        continue
-                    if reply.status not in (ReplyStatus.OK, ReplyStatus.ERROR,
-                                            ReplyStatus.FORBIDDEN):
-                        last_error = f"{node}: {reply.status.name} {reply.message}"
-                        continue
-                    decided = collector.add(NodeId(node), bytes([reply.status]) + reply.result)
-                    if decided is None:
-                        continue
-                    if decided[0] == ReplyStatus.ERROR:
-                        raise RequestRejected(reply.message or "rejected", replica=node)
-                    if decided[0] == ReplyStatus.FORBIDDEN:  # f+1 replicas agree: no effect
-                        raise Forbidden(f"forbidden by {collector.needed} replicas: "
-                                        f"{reply.message}", replica=node)
-                    return decided[1:]
+            until = min(deadline, trio.current_time() + self.attempt_timeout)
+            while True:
+                item = await call.next_before(until, self._timer)
+                if item is None:
+                    break
+                node, reply = item
+                if reply is None:
+                    last_error = f"connection to {node} lost"
+                    if node == primary:
+                        break  # retransmit to every replica at once
+                    continue
+                if reply.status not in (ReplyStatus.OK, ReplyStatus.ERROR,
+                                        ReplyStatus.FORBIDDEN):
+                    last_error = f"{node}: {reply.status.name} {reply.message}"
+                    continue
+                decided = collector.add(NodeId(node), bytes([reply.status]) + reply.result)
+                if decided is None:
+                    continue
+                if decided[0] == ReplyStatus.ERROR:
+                    raise RequestRejected(reply.message or "rejected", replica=node)
+                if decided[0] == ReplyStatus.FORBIDDEN:  # f+1 replicas agree: no effect
+                    raise Forbidden(f"forbidden by {collector.needed} replicas: "
+                                    f"{reply.message}", replica=node)
+                return decided[1:]
             self._check_open()
             self._stats.retries += 1
             last_error = last_error or f"fewer than {collector.needed} matching replies"

@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from phalanx.client.connection import ClientStatistics, ConnectionPool, NodeSlot, PendingCall
+from phalanx.client.connection import (
+    CallTimer,
+    ClientStatistics,
+    ConnectionPool,
+    NodeSlot,
+    PendingCall,
+)
 from phalanx.client.errors import ClientTimeout, Forbidden, RequestRejected
 from phalanx.net import wire
 from phalanx.net.client_protocol import ClientReply, ReplyStatus, StatusCall
@@ -37,6 +43,7 @@ class LeaderCalls:
     _order: tuple[str, ...]
     _leader: str
     _pool: ConnectionPool
+    _timer: CallTimer
     _stats: ClientStatistics
     _next_nonce: int
     _check_open: Callable[[], None]
@@ -100,33 +107,34 @@ class LeaderCalls:
         self, call: PendingCall[ClientReply], target: str, until: float, *, learn_leader: bool
     ) -> tuple[bool, bytes, str | None, str] | None:
         """One wait of `_attempt`: its outcome, or None when `until` passed first."""
-        with trio.move_on_at(until):
-            while True:
-                node, reply = await call.next()
-                if reply is None:
-                    if node == target:
-                        return False, b"", None, f"connection to {node} lost"
-                    continue
-                if reply.status is ReplyStatus.OK:
-                    if learn_leader:
-                        self._leader = node
-                    return True, reply.result, None, ""
-                if reply.status is ReplyStatus.ERROR:
-                    raise RequestRejected(reply.message or "rejected", replica=node)
-                if reply.status is ReplyStatus.FORBIDDEN:
-                    raise Forbidden(f"forbidden by {node}: {reply.message}", replica=node)
-                if node != target:
-                    continue  # a stale REDIRECT/RETRY from an earlier attempt
-                if reply.status is ReplyStatus.UNAVAILABLE:  # its disk: try the others
-                    return False, b"", None, f"{node}{UNAVAILABLE}{reply.message}"
-                if reply.status is ReplyStatus.REDIRECT:
-                    self._stats.redirects += 1
-                    hint = reply.leader_hint
-                    return False, b"", hint, f"{node} redirected to {hint}"
-                if reply.leader_hint == node:  # the leader itself: busy, try it again later
-                    return False, b"", node, f"{node} asked to retry: {reply.message}"
-                return False, b"", None, f"{node} asked to retry: {reply.message}"
-        return None
+        while True:
+            item = await call.next_before(until, self._timer)
+            if item is None:
+                return None
+            node, reply = item
+            if reply is None:
+                if node == target:
+                    return False, b"", None, f"connection to {node} lost"
+                continue
+            if reply.status is ReplyStatus.OK:
+                if learn_leader:
+                    self._leader = node
+                return True, reply.result, None, ""
+            if reply.status is ReplyStatus.ERROR:
+                raise RequestRejected(reply.message or "rejected", replica=node)
+            if reply.status is ReplyStatus.FORBIDDEN:
+                raise Forbidden(f"forbidden by {node}: {reply.message}", replica=node)
+            if node != target:
+                continue  # a stale REDIRECT/RETRY from an earlier attempt
+            if reply.status is ReplyStatus.UNAVAILABLE:  # its disk: try the others
+                return False, b"", None, f"{node}{UNAVAILABLE}{reply.message}"
+            if reply.status is ReplyStatus.REDIRECT:
+                self._stats.redirects += 1
+                hint = reply.leader_hint
+                return False, b"", hint, f"{node} redirected to {hint}"
+            if reply.leader_hint == node:  # the leader itself: busy, try it again later
+                return False, b"", node, f"{node} asked to retry: {reply.message}"
+            return False, b"", None, f"{node} asked to retry: {reply.message}"
 
     async def _call_leader(
         self, call: PendingCall[ClientReply], frame: bytes, deadline: float, *, learn_leader: bool
