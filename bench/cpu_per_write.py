@@ -4,6 +4,7 @@ Usage (from bench/)::
 
     ../.venv/bin/python cpu_per_write.py --clients 1,64 --duration 5
     ../.venv/bin/python cpu_per_write.py --clients 1 --profile /tmp/spy   # + py-spy raw stacks
+    ../.venv/bin/python cpu_per_write.py --clients 1 --strace      # + system calls per write
 
 Starts a cluster (`_phalanx.PhalanxCluster`, fsync "group" unless `--fsync off`, 100-byte
 values), waits for a leader, measures each node's idle CPU (utime+stime from
@@ -18,6 +19,12 @@ With ``--profile DIR`` every node (or those of ``--profile-role``) is sampled by
 level and the idle phase, into ``DIR/c<clients>-<role>-<node>.txt`` and
 ``DIR/idle-<role>-<node>.txt``. Sampling perturbs the figures printed beside.
 
+With ``--strace`` every node is attached by ``strace -c -f`` during the idle phase and each
+level, and the system calls it made per acknowledged write are printed (all; then net of
+the idle phase's rate, and the busiest few of those): a count, so unlike CPU time it does
+not drift with the machine's load; tracing slows the nodes, so the CPU and latency figures
+printed beside it are not comparable with untraced runs.
+
 Must not be imported by the package. Every process it starts is stopped (by pid).
 """
 
@@ -29,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -92,6 +100,47 @@ def _spy(pids: dict[str, int], roles: dict[str, str], prefix: Path, seconds: flo
     ]
 
 
+def _strace(pids: dict[str, int], seconds: float, into: Path) -> list[subprocess.Popen[bytes]]:
+    """``strace -c -f`` attached to each node for `seconds` (then SIGINT: it detaches and
+    writes its table to ``into/<node>.txt``)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        print("strace not found: no system-call counts", flush=True)
+        return []
+    into.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen(["timeout", "-s", "INT", f"{seconds:.1f}", strace, "-c", "-f",
+                              "-o", str(into / f"{node}.txt"), "-p", str(pid)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for node, pid in pids.items()]
+
+
+def _syscalls(path: Path) -> dict[str, int]:
+    """calls per system call from an ``strace -c`` table."""
+    calls: dict[str, int] = {}
+    if not path.exists():
+        return calls
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[0].replace(".", "").isdigit() and fields[-1] != "total":
+            calls[fields[-1]] = int(fields[3])
+    return calls
+
+
+def _print_syscalls(into: Path, level: str, order: list[str], roles: dict[str, str],
+                    writes: float, *, idle_seconds: float, level_seconds: float) -> None:
+    """Per node: the level's calls per write, then the same net of the idle phase's rate
+    (ticks, heartbeats, polls: what the node would have done anyway over the level)."""
+    for node in order:
+        calls = _syscalls(into / level / f"{node}.txt")
+        idle = _syscalls(into / "idle" / f"{node}.txt")
+        scale = level_seconds / idle_seconds
+        net = {name: (n - idle.get(name, 0) * scale) / writes for name, n in calls.items()}
+        top = sorted(net.items(), key=lambda kv: -kv[1])[:6]
+        print(f"      syscalls/write: {node} {roles[node]} "
+              f"{sum(calls.values()) / writes:.2f}, net of idle {sum(net.values()):.2f} ("
+              + ", ".join(f"{name} {n:.2f}" for name, n in top) + ")", flush=True)
+
+
 async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
     async with cluster.connected():
         leader = await cluster.wait_ready()
@@ -105,6 +154,8 @@ async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
             idle_spies = _spy(pids, roles, args.profile / "idle", args.idle, args.rate,
                               args.profile_role, args.profile_idle)
         before = {n: proc_cpu_seconds(p) for n, p in pids.items()}
+        if args.strace:
+            idle_spies += _strace(pids, args.idle, args.strace_dir / "idle")
         t0 = time.perf_counter()
         await trio.sleep(args.idle)
         elapsed = time.perf_counter() - t0
@@ -126,13 +177,15 @@ async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
             if args.profile is not None:
                 spies = _spy(pids, roles, args.profile / f"c{level}", args.warmup + args.duration,
                              args.rate, args.profile_role, args.profile_idle)
+            traces = (_strace(pids, args.warmup + args.duration, args.strace_dir / f"c{level}")
+                      if args.strace else [])
             result = await run_level(cluster, clients=level, warmup_s=args.warmup,
                                      duration_s=args.duration, value=value,
                                      key_prefix=f"cpw{level}-")
             spent = {n: proc_cpu_seconds(p) - start[n] for n, p in pids.items()}
             wall = time.perf_counter() - began
             index1 = await trio.to_thread.run_sync(_commit_index, cluster)
-            for proc in spies:
+            for proc in spies + traces:
                 await trio.to_thread.run_sync(lambda proc=proc: proc.wait(timeout=60))
             # Writes over the whole bracket: the window's rate times the bracket's span
             # (the warmup and the drain run at the same closed-loop rate).
@@ -147,6 +200,9 @@ async def _measure(cluster: PhalanxCluster, args: argparse.Namespace) -> None:
                   + ", ".join(f"{n} {roles[n]} {per[n]:.3f}" for n in order)
                   + f"  (sum {sum(per.values()):.3f}; loadgen {result.loadgen_cpu * 100:.0f}%"
                   " of a core)", flush=True)
+            if traces:
+                _print_syscalls(args.strace_dir, f"c{level}", order, roles, writes,
+                                idle_seconds=args.idle, level_seconds=wall)
 
 
 def _client_list(text: str) -> list[int]:
@@ -169,6 +225,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="profile only the nodes of this role (default: every node)")
     p.add_argument("--profile-idle", action="store_true",
                    help="keep py-spy's idle samples (threads waiting in epoll, locks, ...)")
+    p.add_argument("--strace", action="store_true",
+                   help="count each node's system calls per write (strace -c -f)")
     p.add_argument("--workdir", default=None)
     p.add_argument("--protocol", choices=protocol_names(), default=DEFAULT_PROTOCOL,
                    help="raft: 3 nodes (roles leader/follower); pbft: 4 replicas (the node "
@@ -182,6 +240,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    args.strace_dir = Path(tempfile.mkdtemp(prefix="cpw-strace-"))
     cluster = PhalanxCluster(protocol=args.protocol, workdir=args.workdir, fsync=args.fsync,
                              nodes=get_protocol(args.protocol).default_nodes)
     cluster.start()
@@ -189,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trio.run(_measure, cluster, args)
     finally:
         cluster.stop()
+        shutil.rmtree(args.strace_dir, ignore_errors=True)
     return 0
 
 

@@ -9,7 +9,8 @@ leaderless node gets every transaction from its client) and the requests it appl
 PBFT primary applies every request; a profiled node that fell behind applied fewer):
 
 - Ready bundles: steps of the core (`runtime.driver` `_step` and `_step_internal`);
-- client calls, peer messages received (`driver.deliver`) and sent (`transport.send_nowait`);
+- client calls, peer messages received (`driver.deliver`, `deliver_inline`) and sent
+  (`transport.send_nowait`);
 - Ed25519 signatures made (`crypto_sign`) and checked (`crypto_sign_open`), HMACs;
 - core-state journal appends (`persistence.save_state`), WAL appends (`persist_log`), fsyncs.
 
@@ -25,7 +26,8 @@ ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Ready bundles (core steps)", (("runtime/driver.py", "_step"),
                                     ("runtime/driver.py", "_step_internal"))),
     ("client calls received", (("runtime/driver_calls.py", "_on_call"),)),
-    ("peer messages received", (("runtime/driver.py", "deliver"),)),
+    ("peer messages received", (("runtime/driver_inline.py", "deliver"),
+                                ("runtime/driver_inline.py", "deliver_inline"))),
     ("peer messages sent", (("net/transport.py", "send_nowait"),)),
     ("Ed25519 signatures made", (("~", "<built-in method _sodium.crypto_sign>"),)),
     ("Ed25519 signatures checked", (("~", "<built-in method _sodium.crypto_sign_open>"),)),

@@ -153,12 +153,33 @@ class TlsStream(trio.abc.Stream):
                     return b""
                 except ssl.SSLError as exc:
                     raise trio.BrokenResourceError(f"TLS error: {exc}") from exc
+                limit = max_bytes or _RECEIVE_SIZE
+                if self._in.pending and len(data) < limit:
+                    data = self._read_more(data, limit)
                 if self._out.pending and not self._sending:
                     await self._flush()
                 await self._maybe_yield()
                 return data
         finally:
             self._receiving = False
+
+    def _read_more(self, data: bytes, limit: int) -> bytes:
+        """`data` and the plaintext of the further whole records the last socket read
+        brought (`ssl.SSLObject.read` returns one record's at a time), up to `limit` bytes:
+        what arrived together is handed over together (the transport steps a read's
+        messages in one pass). An error or the peer's close_notify stops it; the next
+        `receive_some` reports them."""
+        parts, size = [data], len(data)
+        while self._in.pending and size < limit:
+            try:
+                more = self._ssl.read(limit - size)
+            except ssl.SSLError:  # a partial record, close_notify or a failure: later
+                break
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return data if len(parts) == 1 else b"".join(parts)
 
     async def _fill(self) -> None:
         """Read ciphertext from the socket into the engine; EOF without close_notify is

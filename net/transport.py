@@ -167,7 +167,8 @@ class Transport(PeerDialer, DynamicPeers):
         deliver: where the reading tasks hand each ``(src, message)`` (awaited: a slow
             consumer blocks them, as a full `inbound` channel would). None: into `inbound`.
             Delivering straight to the consumer saves a task hop per message. Also settable
-            with `set_deliver` before the transport runs.
+            with `set_deliver` before the transport runs, as is `after_read`.
+        after_read: called after the messages of each read were delivered (`set_deliver`).
         hold_sends: hold the frames `send_nowait` would write directly until `flush`, so a
             peer's frames of one pass leave in one write (see the module docstring). The
             owner must call `flush` before it blocks or yields.
@@ -193,6 +194,7 @@ class Transport(PeerDialer, DynamicPeers):
         rng: random.Random,
         handshake_timeout: float = 10.0,
         deliver: Callable[[NodeId, object], Awaitable[None]] | None = None,
+        after_read: Callable[[], None] | None = None,
         hold_sends: bool = False,
         intercluster: Intercluster | None = None,
     ) -> None:
@@ -244,6 +246,7 @@ class Transport(PeerDialer, DynamicPeers):
         self._linked: set[NodeId] = set()
         """Peers whose outbound link is established (welcomed and not yet broken)."""
         self._deliver = deliver
+        self._after_read = after_read
         self._running = False
         self._nursery: trio.Nursery | None = None
         self._link_scopes: dict[NodeId, trio.CancelScope] = {}
@@ -264,8 +267,13 @@ class Transport(PeerDialer, DynamicPeers):
         every peer, e.g. AppendEntries to followers at the same index) is encoded once.
         Only `Message`s (frozen dataclasses of immutable fields) are reused this way."""
 
-    def set_deliver(self, deliver: Callable[[NodeId, object], Awaitable[None]]) -> None:
-        """Hand inbound messages to `deliver` instead of `inbound` (see `__init__`).
+    def set_deliver(self, deliver: Callable[[NodeId, object], Awaitable[None]], *,
+                    after_read: Callable[[], None] | None = None) -> None:
+        """Hand inbound messages to `deliver` instead of `inbound` (see `__init__`), and
+        call `after_read` (if given) after the messages of each read were delivered,
+        before the reading task waits for the next read (and when its connection ends):
+        `deliver` may then leave work for it that must be done before the task yields
+        (`phalanx.runtime.driver_inline`: a pass stepped in the reading task).
 
         Raises:
             LocalProtocolError: the transport is already running (messages may already be
@@ -274,6 +282,7 @@ class Transport(PeerDialer, DynamicPeers):
         if self._running:
             raise LocalProtocolError("set_deliver after the transport started")
         self._deliver = deliver
+        self._after_read = after_read
 
     @property
     def peers(self) -> Mapping[NodeId, PeerAddress]:
@@ -500,7 +509,7 @@ class Transport(PeerDialer, DynamicPeers):
 
     async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
         c = self._counters
-        deliver = self._deliver
+        deliver, after_read = self._deliver, self._after_read
         foreign, allowed = src in self._linked_peers.foreign, self._linked_peers.allowed
         decoder = FrameDecoder(max_frame_size=self._max_frame_size, budget=self.budget)
         try:
@@ -533,6 +542,8 @@ class Transport(PeerDialer, DynamicPeers):
                         await self._inbound_send.send((src, message))
                     else:
                         await deliver(src, message)
+                if after_read is not None:
+                    after_read()
         except FrameTooLarge as exc:
             c.oversized_frames += 1
             logger.warning("%s: closing connection from %s: %s", self.node_id, src, exc)
@@ -544,6 +555,8 @@ class Transport(PeerDialer, DynamicPeers):
         except trio.BrokenResourceError as exc:
             logger.info("%s: connection from %s lost (%s)", self.node_id, src, _describe(exc))
         finally:
+            if after_read is not None:  # messages delivered before a bad frame
+                after_read()
             decoder.release()
 
     def _close_inbound(self) -> None:

@@ -41,7 +41,10 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 - Client writes that arrive in one pass over the input channel are stepped together at the
   end of the pass (`propose_batch`: one log entry, one AppendEntries per follower).
 - The replica (and so the WAL, which it compacts) is only touched by the core task while no
-  batch is on the worker thread; the worker thread touches storage only.
+  batch is on the worker thread; the worker thread touches storage only. The "core task" is
+  the core loop, or a peer link's reading task running a whole pass while the core loop is
+  parked on an empty channel (`phalanx.runtime.driver_inline`: one task switch fewer per
+  message); never both at once.
 
 Must not import: sockets, TLS, prometheus (metrics arrive as an injected `DriverObserver`),
 any particular core (the core is injected; only the `Core` contract is used).
@@ -94,7 +97,6 @@ from phalanx.consensus.core import (
 from phalanx.consensus.types import ClientRequest, Message, NodeId
 from phalanx.net.client_protocol import (
     ClientCall,
-    ClientReply,
     ReplyStatus,
     StatusReply,
 )
@@ -108,6 +110,7 @@ from phalanx.runtime.driver_calls import (
     DisconnectInput,
     StatusInput,
 )
+from phalanx.runtime.driver_inline import InlineSteps, _Wake
 from phalanx.runtime.driver_output import PeerOutput
 from phalanx.runtime.driver_persist import (
     EARLY_WRITE_CHECKPOINTS,
@@ -139,10 +142,11 @@ default 10 ms tick). Each write is a temp file, an fsync, a rename and a directo
 holds up the persistence pipeline; restoring `commit` is only an optimisation."""
 
 
-_Item: TypeAlias = Input | CallInput | CallsInput | StatusInput | DisconnectInput | _BatchDone
+_Item: TypeAlias = (Input | CallInput | CallsInput | StatusInput | DisconnectInput | _BatchDone
+                   | _Wake)
 
 
-class Driver(CallAdmission, PersistPipeline, TickPacing):
+class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
     """Runs `core` with `replica` and `committer` under trio (see the module docstring).
 
     Args:
@@ -241,6 +245,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
         self._proposals: list[ClientRequest] = []
         self._proposal_bytes = 0
         self._tx, self._rx = trio.open_memory_channel[_Item](capacity)
+        self._inline_start: float | None = None
+        """When the open inline pass began (`InlineSteps`); None: none is open."""
         self._pending: list[Ready] = []
         self._inflight: Sequence[Ready] | None = None
         self._inflight_snapshot = False
@@ -264,13 +270,6 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
 
     # ---------------------------------------------------------------------- public (any task)
 
-    async def deliver(self, src: NodeId, message: object) -> None:
-        """A peer's message (waits while the core is busy)."""
-        if not isinstance(message, Message) or isinstance(message, ClientCall | ClientReply):
-            self.stats.dropped_peer_messages += 1
-            return
-        await self._put(Receive(src=src, message=message))
-
     async def call(self, call: ClientCall, target: ReplyTarget) -> None:
         """A client's call; the answer goes to `target.deliver`."""
         await self._put(CallInput(call, target))
@@ -279,7 +278,7 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
         """Several calls of one connection, in order, as ONE item of the input channel: the
         client port hands over every call decoded from one read, so they reach the core in
         one pass and their writes become one proposal (one entry, one AppendEntries)."""
-        if calls:
+        if calls and not self._calls_inline(CallsInput(calls, target)):
             await self._put(CallsInput(calls, target))
 
     async def request_status(self, nonce: int, target: ReplyTarget) -> None:
@@ -341,7 +340,6 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
 
     async def _core_loop(self) -> None:
         rx = self._rx
-        slow = SLOW_PASS_TICKS * self._tick_seconds
         clock = time.perf_counter
         while True:
             if self._flush_again:  # `_flush` deferred an inline write: let writers run
@@ -362,20 +360,25 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
                 except trio.WouldBlock:
                     break
                 self._handle(item)
-            if self._tick_due:
-                self._tick_due = False
-                self._on_tick()
-            if self._proposals:
-                if self._storage_error is None:
-                    self._propose()
-                else:  # their waiters were answered when the storage failed
-                    self._proposals, self._proposal_bytes = [], 0
-            self._flush()
-            self._after_pass()
-            self._release_early()
-            self._flush_sends()
-            if clock() - start > slow:
-                self.stats.slow_passes += 1
+            self._end_pass(start)
+
+    def _end_pass(self, start: float) -> None:
+        """The end of a pass (the core loop's, or an inline one: `InlineSteps`)."""
+        self._inline_start = None  # an open inline pass ends with this one
+        if self._tick_due:
+            self._tick_due = False
+            self._on_tick()
+        if self._proposals:
+            if self._storage_error is None:
+                self._propose()
+            else:  # their waiters were answered when the storage failed
+                self._proposals, self._proposal_bytes = [], 0
+        self._flush()
+        self._after_pass()
+        self._release_early()
+        self._flush_sends()
+        if time.perf_counter() - start > SLOW_PASS_TICKS * self._tick_seconds:
+            self.stats.slow_passes += 1
 
     def _queued_inputs(self) -> int:
         return self._rx.statistics().current_buffer_used
@@ -395,6 +398,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
     # ---------------------------------------------------------------------- the core task
 
     def _handle(self, item: _Item) -> None:
+        if isinstance(item, _Wake):  # after an inline pass: `_end_pass` does what is left
+            return
         if self._storage_error is not None and not isinstance(item, _BatchDone | StatusInput):
             self._while_unavailable(item)
             return

@@ -62,4 +62,11 @@ class DriverStatistics:
     refused_calls: int = 0
     """Calls refused on arrival (`Replica.admit`: oversized key, value, command or client
     id), answered ERROR and never proposed."""
+    inline_passes: int = 0
+    """Passes run by a peer link's reading task while the core loop was idle
+    (`phalanx.runtime.driver_inline`)."""
+    inline_inputs: int = 0
+    """Peer messages stepped in those passes (the rest went through the input channel)."""
+    inline_calls: int = 0
+    """Reads of client calls stepped in their reading task (an idle node's one client)."""
     extra: dict[str, int] = field(default_factory=dict)

@@ -524,15 +524,16 @@ async def open_node(
                 metrics.registry, health, config.metrics_listen.host,
                 config.metrics_listen.port)
 
-        # Peer messages go from the reading tasks straight into the driver's channel.
-        deliver = services.route(driver.deliver)
+        # Peer messages go from the reading tasks straight to the driver: stepped in the
+        # reading task while the core loop is idle (`driver_inline`), else into its channel.
+        deliver = services.route(driver.deliver_inline)
         if link is not None:
             deliver = link.incoming(deliver)
         if pieces is not None:
             driver.fetch_pieces_with(pieces)
             deliver = pieces.route(deliver)
             metrics.add_byte_source(pieces.counters)
-        transport.set_deliver(deliver)
+        transport.set_deliver(deliver, after_read=driver.end_inline_pass)
         async with run_peer_transport(transport, listeners=peer_listeners), \
                 trio.open_nursery() as nursery:
             await nursery.start(driver.run)

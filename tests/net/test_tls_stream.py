@@ -125,6 +125,24 @@ async def test_close_notify_is_eof_and_an_abrupt_close_is_broken(
             await s.receive_some()
 
 
+async def test_records_that_arrived_together_are_returned_together(
+        creds: dict[str, pki.CredentialPaths]) -> None:
+    """One `receive_some` hands over every whole record the socket read brought (the
+    transport steps a read's messages in one pass); a close_notify behind them still ends
+    the stream, at the next call."""
+    async with tls_pair(creds, client=stock) as (s, c):
+        for part in (b"a", b"bb", b"ccc"):  # three records (loopback: all in by now)
+            await c.send_all(part)
+        await c.aclose()  # and a close_notify
+        assert await s.receive_some() == b"abbccc"
+        assert await s.receive_some() == b""
+    async with tls_pair(creds, client=stock) as (s, c):
+        for part in (b"a", b"bb", b"ccc"):
+            await c.send_all(part)
+        assert await s.receive_some(3) == b"abb"  # at most max_bytes
+        assert await s.receive_some() == b"ccc"
+
+
 async def test_a_client_without_a_certificate_is_refused(
         creds: dict[str, pki.CredentialPaths]) -> None:
     anonymous = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,

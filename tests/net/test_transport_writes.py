@@ -117,6 +117,35 @@ async def test_deliver_hands_messages_to_the_consumer_in_order_instead_of_inboun
             t2.set_deliver(deliver)  # already running: could reorder a link's messages
 
 
+async def test_after_read_follows_the_messages_of_each_read(
+    creds: dict[str, pki.CredentialPaths],
+) -> None:
+    """`after_read` runs once the frames of one read were delivered, before the reading
+    task waits again: frames written in one record come in one read, then one call."""
+    l1, l2 = await listen(), await listen()
+    peers = {N1: address(l1), N2: address(l2)}
+    events: list[object] = []
+    ended = trio.Event()
+
+    async def deliver(src: NodeId, message: object) -> None:
+        events.append(message)
+
+    def after_read() -> None:
+        events.append("end")
+        if len(events) >= 6:
+            ended.set()
+
+    async with node(creds, N1, l1, peers, hold_sends=True) as t1, \
+            node(creds, N2, l2, peers, deliver=deliver, after_read=after_read):
+        await settled(lambda: t1.connected_peers() == (N2,))
+        for i in range(5):
+            assert t1.send_nowait(N2, i)
+        t1.flush()  # one write, one TLS record
+        with trio.fail_after(GUARD):
+            await ended.wait()
+        assert events == [0, 1, 2, 3, 4, "end"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Note(Message):
     entries: tuple[Entry, ...]

@@ -278,7 +278,7 @@ async def test_no_message_leaves_before_its_state_is_durable(
     violations: list[str] = []
     checked = [0]
     nodes: dict[str, Node] = {}
-    original_deliver = Driver.deliver
+    original_deliver = Driver.deliver_inline  # the transport's entry (`driver_inline`)
 
     async def checking_deliver(self: Driver, src: NodeId, message: object) -> None:
         sender = nodes.get(src)
@@ -301,7 +301,7 @@ async def test_no_message_leaves_before_its_state_is_durable(
             checked[0] += 1
         await original_deliver(self, src, message)
 
-    monkeypatch.setattr(Driver, "deliver", checking_deliver)
+    monkeypatch.setattr(Driver, "deliver_inline", checking_deliver)
     async with cluster(tmp_path) as c:
         nodes.update(c.nodes)
         leader = await c.leader()
