@@ -374,7 +374,6 @@ class Driver(CallAdmission, PersistPipeline, TickPacing):
             self._after_pass()
             self._release_early()
             self._flush_sends()
-            self._sync_when_idle()
             if clock() - start > slow:
                 self.stats.slow_passes += 1
 

@@ -163,7 +163,7 @@ class PersistPipeline:
     _retrying: bool
 
     async def _persist_batch(self, batch: Sequence[Ready], flush_commit: bool,
-                             retry: bool = False, sync_wal: bool = False) -> None:
+                             retry: bool = False) -> None:
         committer = self.committer
 
         spent = [0.0]
@@ -173,8 +173,6 @@ class PersistPipeline:
             synced = committer.retry(batch) if retry else committer.persist(batch)
             if flush_commit and not retry:
                 committer.flush_commit()
-            if sync_wal and not retry:
-                synced = committer.sync_wal() or synced
             spent[0] = time.perf_counter() - begin
             return synced
 
@@ -305,8 +303,7 @@ class PersistPipeline:
                 self._observer.on_fsync(time.perf_counter() - start, len(batch))
         return True
 
-    def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool,
-                  sync_wal: bool = False) -> None:
+    def _start_io(self, batch: Sequence[Ready], *, flush_commit: bool) -> None:
         assert self._nursery is not None, "Driver.run is not running"  # our own misuse
         self._before_write()
         self._inflight = batch
@@ -318,19 +315,4 @@ class PersistPipeline:
         if manifests:
             self._nursery.start_soon(self._fetch_then_persist, batch, manifests, flush_commit)
             return
-        self._nursery.start_soon(self._persist_batch, batch, flush_commit, False, sync_wal)
-
-    def _sync_when_idle(self) -> None:
-        """At the end of a pass with nothing to persist, nothing on the worker thread and no
-        input waiting: fsync log records that no batch synced yet (`GroupCommitter.wal_unsynced`:
-        the leaderless core's commit Readys append their entries without a sync, since its
-        journal holds their proofs). The next `must_sync` batch (the next endorsement) would
-        pay that fsync on its own path, before its messages leave; done while the node waits
-        for its next input, it is off the path (docs/LEADERLESS.md "Round 6"). A worker-thread
-        batch like any other, so the single-writer invariant holds; an input arriving
-        meanwhile is stepped, and its batch waits for this one as it waits for any."""
-        if (self._inflight is None and not self._pending and self._storage_error is None
-                and not self._persist_inline and self.committer.wal_unsynced
-                and not self._queued_inputs()):
-            self.stats.idle_syncs += 1
-            self._start_io((), flush_commit=False, sync_wal=True)
+        self._nursery.start_soon(self._persist_batch, batch, flush_commit)

@@ -59,9 +59,6 @@ class DriverStatistics:
     """Core-loop passes longer than `SLOW_PASS_TICKS` ticks (heartbeats were late)."""
     session_replies: int = 0
     """Retried writes answered from the replica's session table (already applied here)."""
-    idle_syncs: int = 0
-    """WAL fsyncs started while idle for log records no batch synced
-    (`phalanx.runtime.driver_persist.PersistPipeline._sync_when_idle`)."""
     refused_calls: int = 0
     """Calls refused on arrival (`Replica.admit`: oversized key, value, command or client
     id), answered ERROR and never proposed."""

@@ -25,11 +25,6 @@ Rules and invariants:
   hard state included, then syncs (`phalanx.runtime.driver` retries until it succeeds).
 - `needs_io(batch)` is False exactly when persisting the batch would write nothing durable
   (only deferrable hard states): the driver then skips the worker thread altogether.
-- `wal_unsynced` is True while log records written by a batch that did not sync are not yet
-  fsynced (a core that keeps its own durability elsewhere, e.g. the leaderless core's commit
-  Readys, whose proofs its `core_state` journal holds). `sync_wal` makes them durable early:
-  the driver calls it while idle (`phalanx.runtime.driver`), so the next `must_sync` batch does
-  not pay that fsync on its own path. Syncing earlier than asked is always allowed.
 """
 
 from __future__ import annotations
@@ -65,9 +60,6 @@ class GroupCommitter:
         self.batches = 0
         self.syncs = 0
         self.hard_state_writes = 0
-        self.wal_unsynced = False
-        """Log records written since the last WAL sync (see the module docstring)."""
-        self.idle_syncs = 0
 
     @property
     def saved_hard_state(self) -> HardState:
@@ -115,7 +107,6 @@ class GroupCommitter:
                 core_state = ready.core_state  # each replaces the last: write only the newest
             must_sync = must_sync or ready.must_sync
             if ready.snapshot is not None or ready.truncate_from is not None or ready.entries:
-                self.wal_unsynced = True
                 persister.persist_log(ready, install=self._install, again=again)
         if core_state is not None:
             persister.persist(Ready(core_state=core_state))
@@ -126,20 +117,8 @@ class GroupCommitter:
         if must_sync:
             persister.wal.sync()
             self.syncs += 1
-            self.wal_unsynced = False
         self.batches += 1
         return must_sync
-
-    def sync_wal(self) -> bool:
-        """fsync log records no batch synced yet (`wal_unsynced`); returns whether it did.
-        Raises as `persist` does."""
-        if not self.wal_unsynced:
-            return False
-        self.persister.wal.sync()
-        self.wal_unsynced = False
-        self.syncs += 1
-        self.idle_syncs += 1
-        return True
 
     def retry(self, batch: Sequence[Ready]) -> bool:
         """Persist a batch whose earlier attempt failed: rewind the WAL to its last durable
@@ -151,7 +130,6 @@ class GroupCommitter:
         self._write_hard_state(self._latest)  # a failed save may have left either value
         self.persister.wal.sync()
         self.syncs += 1
-        self.wal_unsynced = False
         return True
 
     def flush_commit_due(self) -> bool:
