@@ -209,6 +209,19 @@ class Replica(ReplicaRecovery):
         """The transaction table (transaction mode), else None. Read only."""
         return self._txs
 
+    def applied_result(self, command: bytes) -> bytes | None:
+        """Transaction mode: the cached result of the writing transaction `command` encodes
+        if it was applied here (its record is in the table), else None (and always None
+        outside transaction mode). A client's retry of it is answered from this, as a
+        session-mode retry is from `session`."""
+        if self._tx is None or self._txs is None:
+            return None
+        unwrapped = self._tx.unwrap(command)
+        if unwrapped is None:
+            return None
+        done = self._txs.get(unwrapped[0])
+        return None if done is None else done.result
+
     def admit(self, client_id: str, command: bytes, read_only: bool, *,
               local: bool = False) -> str | None:
         """Arrival checks for a client request (before it is proposed): None to admit it,

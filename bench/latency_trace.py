@@ -119,10 +119,13 @@ async def _drive(cluster: PhalanxCluster, *, clients: int, warmup: float, durati
     clock = time.monotonic_ns
     out: list[tuple[int, int]] = []
     async with cluster.connected() as client:
-        for _ in range(200):  # until the cluster answers
+        for attempt in range(200):  # until the cluster answers
+            # A fresh key per attempt: a signing client requires it "absent", and a timed-out
+            # attempt may still have committed (then "warm" again would abort forever).
+            key = f"warm-{attempt}"
             try:
-                await client.put("warm", value, requirements=(
-                    {"warm": b""} if client.signs_transactions else None))
+                await client.put(key, value, requirements=(
+                    {key: b""} if client.signs_transactions else None))
                 break
             except ClientError:  # still electing
                 await trio.sleep(0.1)

@@ -143,6 +143,14 @@ class CallAdmission:
                 reply(target, request, ReplyStatus.OK, result=result)
             return
         if not request.read_only and not self._inflight_snapshot:
+            done = self.replica.applied_result(request.command)
+            if done is not None:
+                # Transaction mode (leaderless): a retry of a transaction applied here. The
+                # core drops it as a duplicate submit, so nothing else would answer it (a
+                # node that learned it from its peers never had a waiter for it).
+                self.stats.session_replies += 1
+                reply(target, request, ReplyStatus.OK, result=done)
+                return
             session = self.replica.session(request.client_id)
             if session is not None and request.request_no <= session.request_no:
                 # A retry of a write already applied here: answer from the session table (a

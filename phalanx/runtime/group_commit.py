@@ -25,15 +25,25 @@ Rules and invariants:
   hard state included, then syncs (`phalanx.runtime.driver` retries until it succeeds).
 - `needs_io(batch)` is False exactly when persisting the batch would write nothing durable
   (only deferrable hard states): the driver then skips the worker thread altogether.
+- Two fsyncs at once (`overlap_wal_sync`, set by `phalanx.runtime.node`, whose core-state
+  journal lives in its own `Directory` object): a batch that must sync, wrote log records
+  since the WAL's last sync (`wal_unsynced`) and writes a core state through a
+  `StateJournal` (which fsyncs its own file) and no hard state syncs the WAL on a helper
+  thread while the journal is written and fsynced (different files, different `Directory`
+  objects: nothing shared; `OsDirectory` is not thread-safe), and returns once both are
+  durable. On one ext4 disk two concurrent fsyncs cost about one (the second joins the
+  first's journal commit): the leaderless core's batches carry released entries and its
+  record together (docs/LEADERLESS.md "Round 6"). Any other batch syncs as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from phalanx.consensus.core import Ready
 from phalanx.consensus.types import HardState, SnapshotMeta
-from phalanx.runtime.persistence import ReadyPersister, commit_only_change
+from phalanx.runtime.persistence import ReadyPersister, StateJournal, commit_only_change
 
 
 class GroupCommitter:
@@ -44,6 +54,8 @@ class GroupCommitter:
         install: the replica layer's `install` (restores the state machine from a snapshot
             and stores the checkpoint); None stores the checkpoint only.
         saved: the hard state found on disk at start (None if none).
+        overlap_wal_sync: fsync the WAL beside the core-state journal (module docstring);
+            only when that journal's `Directory` object is not the WAL's.
     """
 
     def __init__(
@@ -52,6 +64,7 @@ class GroupCommitter:
         *,
         install: Callable[[SnapshotMeta, bytes], None] | None,
         saved: HardState | None,
+        overlap_wal_sync: bool = False,
     ) -> None:
         self.persister = persister
         self._install = install
@@ -60,6 +73,12 @@ class GroupCommitter:
         self.batches = 0
         self.syncs = 0
         self.hard_state_writes = 0
+        self.wal_unsynced = False
+        """Log records were written since the WAL's last sync (by this committer)."""
+        self.overlapped_syncs = 0
+        """WAL fsyncs run beside the core-state journal's (module docstring)."""
+        self._overlap = overlap_wal_sync
+        self._helper: ThreadPoolExecutor | None = None
 
     @property
     def saved_hard_state(self) -> HardState:
@@ -107,18 +126,44 @@ class GroupCommitter:
                 core_state = ready.core_state  # each replaces the last: write only the newest
             must_sync = must_sync or ready.must_sync
             if ready.snapshot is not None or ready.truncate_from is not None or ready.entries:
+                self.wal_unsynced = True
                 persister.persist_log(ready, install=self._install, again=again)
-        if core_state is not None:
-            persister.persist(Ready(core_state=core_state))
         if hs is not None:
             self._latest = hs
-            if self._must_write(hs):
+        write_hs = hs is not None and self._must_write(hs)
+        if (self._overlap and must_sync and core_state is not None and not write_hs
+                and self.wal_unsynced and isinstance(persister.core_state, StateJournal)):
+            self._journal_beside_wal_sync(core_state)
+        else:
+            if core_state is not None:
+                persister.persist(Ready(core_state=core_state))
+            if write_hs:
+                assert hs is not None  # write_hs says so
                 self._write_hard_state(hs)
+            if must_sync:
+                persister.wal.sync()
         if must_sync:
-            persister.wal.sync()
             self.syncs += 1
+            self.wal_unsynced = False
         self.batches += 1
         return must_sync
+
+    def _journal_beside_wal_sync(self, core_state: object) -> None:
+        """Write (and fsync) the core-state journal while a helper thread fsyncs the WAL;
+        return once both are durable. Raises the journal's error, else the WAL's."""
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-sync")
+        persister = self.persister
+        journal = persister.core_state
+        assert isinstance(journal, StateJournal)  # our caller checked
+        wal_synced = self._helper.submit(persister.wal.sync)
+        try:
+            journal.save_state(core_state)  # appends and fsyncs; touches no WAL file
+        finally:
+            wal_error = wal_synced.exception()  # waits for the fsync
+        if wal_error is not None:
+            raise wal_error
+        self.overlapped_syncs += 1
 
     def retry(self, batch: Sequence[Ready]) -> bool:
         """Persist a batch whose earlier attempt failed: rewind the WAL to its last durable
@@ -130,6 +175,7 @@ class GroupCommitter:
         self._write_hard_state(self._latest)  # a failed save may have left either value
         self.persister.wal.sync()
         self.syncs += 1
+        self.wal_unsynced = False
         return True
 
     def flush_commit_due(self) -> bool:

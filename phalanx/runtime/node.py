@@ -376,7 +376,8 @@ async def open_node(
                 if carrier is not None and pieces is not None else None)
         committer = GroupCommitter(persister, install=(
             replica.install if pieces is None else pieces.install_with(replica.install)),
-                                   saved=durable.hard_state)
+                                   saved=durable.hard_state,
+                                   overlap_wal_sync=True)  # the journal has its own directory
         paths = CredentialPaths(certificate=config.tls.cert, private_key=config.tls.key,
                                 ca_certificate=config.tls.ca)
         try:  # linked clusters' nodes: the inter-cluster path only (`phalanx.ops.link`)
