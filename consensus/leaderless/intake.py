@@ -278,29 +278,6 @@ class PeerIntake(CoreParts):
                 tx=record.tx, refusals=tuple(sorted(certificate, key=lambda r: r.endorser))))
             self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
 
-    def _check_hopeless(self, record: TxRecord, out: Outbox) -> None:
-        """Drop pending `record` when at least the abort threshold (n-Q+1+f) of distinct
-        nodes can never count towards its quorum: those that refused it, and those whose
-        endorsement is conditional on a transaction committed here. A condition holds only
-        once its transaction is dropped, which a committed one never is, and a correct node
-        signs at most one endorsement of a transaction: as with an abort certificate
-        (`refusals.py`), at least n-Q+1 correct nodes are then out, so T can never gather Q
-        valid endorsements anywhere, and every correct node comes to the same end once it
-        holds those endorsements (the committed condition's tombstone stays while a pending
-        endorsement names it: `_named_conditions`). Without this, a transaction whose
-        endorsements all name a committed transaction stays pending for ever: the ordered
-        resolution KEEPs it on Q merged endorsements (it cannot judge conditions) and never
-        checkpoints it again, and it blocks every later conflicting transaction
-        (docs/LEADERLESS.md, "A pbft-mode real-cluster run")."""
-        committed = TxState.COMMITTED
-        state_of = self._store.state_of
-        out_nodes = set(self._tally.refusers(record.tx_id))
-        out_nodes.update(node for node, e in record.endorsements.items()
-                         if any(state_of(c) is committed for c in e.conditions))
-        if len(out_nodes) >= self._tally.threshold:
-            self._drop_tx(record, "aborted: it can never gather a quorum (its endorsements "
-                          "are conditional on committed transactions, or refused)", out)
-
     def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: Outbox) -> None:
         if len(msg.tx_ids) > MAX_FETCH_IDS:
             self._drop("oversized_fetch")

@@ -59,10 +59,6 @@ class RefusalTally:
         refusers = self._by_tx.get(refusal.tx_id)
         return refusers is not None and refusers.get(refusal.endorser) == refusal
 
-    def refusers(self, tx_id: TxId) -> tuple[NodeId, ...]:
-        """The distinct nodes that refused `tx_id` (in the order their refusals came)."""
-        return tuple(self._by_tx.get(tx_id, ()))
-
     def count(self, tx_id: TxId) -> int:
         """How many distinct nodes refused `tx_id`."""
         return len(self._by_tx.get(tx_id, ()))

@@ -107,9 +107,6 @@ class TickWork(CoreParts):
         `MAX_RESEND_ITEMS`)."""
         self._seal(out)  # what it re-sends is signed
         for tx_id in list(self._expired):
-            record = self._store.get(tx_id)
-            if record is not None and record.state is TxState.PENDING:
-                self._check_hopeless(record, out)
             if self._store.state_of(tx_id) is not TxState.PENDING:
                 del self._expired[tx_id]
         overdue = tuple(self._expired)
@@ -191,7 +188,7 @@ class TickWork(CoreParts):
 
         gone, stones = self._store.gc(
             now - self._config.gc_horizon_ms, keep=keep,
-            keep_stone=lambda stone: is_named(stone.tx_id))
+            keep_stone=lambda stone: stone.committed and is_named(stone.tx_id))
         if not (gone or stones or full):
             return
         for tx_id in gone:
@@ -219,12 +216,7 @@ class TickWork(CoreParts):
         it would be unknown here, so `Rules.stuck` would queue it and this node would vote
         to DROP what it committed; once every correct node had collected it, the checkpoint
         would drop it and its conflicting dependent would commit too (docs/LEADERLESS.md
-        "Garbage collection"). A dropped one's tombstone stays too: collected, the
-        condition is unknown, so the dependent cannot commit here while nodes that still
-        hold the tombstone commit it, and in the ordered resolution the checkpoint that
-        dropped it is decided already (its outcome is not learnt again): that node's
-        replica would stay behind for ever (found with `_check_hopeless`, see
-        test_hopeless_tx.py)."""
+        "Garbage collection")."""
         return {c for record in self._store.pending()
                 for e in record.endorsements.values() for c in e.conditions}
 

@@ -18,6 +18,7 @@ from leaderless_harness import EPOCH, KvApp, endorsement, make_tx, run, solo, tx
 from phalanx.consensus.core import Ready, Receive, Tick
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import StartCheckpoint, Transaction, VetoChoice
+from phalanx.consensus.leaderless.parts import Outbox
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.types import NodeId
 
@@ -68,15 +69,19 @@ def test_a_named_committed_condition_outlives_the_horizon() -> None:
 
 
 def test_it_goes_once_nothing_names_it() -> None:
-    """Bounded by T2's decision: while T2 is pending and names T, T stays past its own
-    horizon; T2 can never commit (its endorsements' condition T committed, so they never
-    count), so past its deadline it is dropped (`_check_hopeless`, test_hopeless_tx.py;
-    before that rule only a checkpoint's DROP ended it), and both go at the next GC."""
+    """Bounded by T2's decision: T2 (undecided: its endorsements' condition T committed, so
+    they never count) is never collected past its deadline (docs/LEADERLESS.md "Undecided
+    transactions are never forgotten"), so T stays; once T2 is decided (dropped, as a
+    checkpoint's DROP does it), both go at the next GC."""
     core, app, t, t2 = _t_committed_t2_named_on_it()
-    _ticks(core, app, EPOCH + 30, t2.deadline_ms)  # T's deadline + 4.9 s: past its horizon
+    _ticks(core, app, EPOCH + 30, t2.deadline_ms + 2 * HORIZON_MS + 500)
     assert core._store.state_of(tx_id(t2)) is TxState.PENDING
     assert core._store.state_of(tx_id(t)) is TxState.COMMITTED
-    _ticks(core, app, t2.deadline_ms, t2.deadline_ms + 2 * HORIZON_MS + 500)
+    record = core._store.get(tx_id(t2))
+    assert record is not None
+    core._drop_tx(record, "dropped by a checkpoint (veto procedure)", Outbox())
+    now = t2.deadline_ms + 2 * HORIZON_MS + 600
+    _ticks(core, app, now, now + 30)
     assert core._store.state_of(tx_id(t2)) is None
     assert core._store.state_of(tx_id(t)) is None
     assert app.data == {"x": b"a"}
