@@ -17,7 +17,11 @@ Faults:
   (`phalanx.runtime.identity`, modelled by `identity`): the restart then decides, as the runtime
   does (`phalanx.runtime.identity.amnesia`), that the node must recover before it votes.
 - `retire()`: a crash after which `restart` does nothing (removed from the membership).
-- `pause()/resume()`: no ticks; messages and client requests queue until resumed.
+- `pause()/resume()`: no ticks; messages and client requests queue until resumed. With
+  `fresh_clock` (`ProtocolSpec.deadline_clock`: a core that compares `Tick.now_ms` with
+  deadlines) `resume` steps a `Tick` with the current time before the queued inputs, as the
+  runtime does after a gap (`phalanx.runtime.fresh_clock`); without it, that core would judge
+  them by its reading from before the pause.
 - `clock_rate`: the tick period is divided by it (a fast clock ticks more often), and the
   node's wall clock (`Tick.now_ms`: `SIM_EPOCH_MS` plus virtual time, `wall_clock_ms`) runs
   `clock_rate` times as fast. The wall clock survives crashes (it is the machine's).
@@ -113,8 +117,10 @@ class SimNode:
         codec: Codec,
         observe: Callable[[Core], tuple[str, int, int]],
         tick_ns: int,
+        fresh_clock: bool = False,
     ) -> None:
         self.name = name
+        self.fresh_clock = fresh_clock
         self.loop = loop
         self.rng = rng
         self.trace = trace
@@ -255,6 +261,8 @@ class SimNode:
         self.paused = False
         self.trace(f"{self.name} RESUME")
         inbox, self._paused_inbox = self._paused_inbox, []
+        if self.fresh_clock:  # the time first: the inbox queued while the clock ran on
+            inbox.insert(0, Tick(now_ms=self.wall_clock_ms()))
         for inp in inbox:
             self.step(inp)
         self._schedule_tick(self.incarnation)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from phalanx.apps.interface import StateMachine
@@ -82,6 +82,9 @@ class ProtocolSetup:
     the final reads and the linearizability check (the leaderless core: signed
     transactions, an eventually consistent model). Every node then answers every
     transaction it applies or aborts (`answers_all`)."""
+    deadline_clock: bool = False
+    """The protocol's `ProtocolSpec.deadline_clock` (set by `protocol_setup`): its nodes step a
+    fresh `Tick` first on resume (`SimNode.fresh_clock`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,8 +186,9 @@ def protocol_setup(
         raise ValueError(f"protocol {name!r} does not tolerate Byzantine replicas")
     setup: SimSetup = spec.sim.load()
     if not app:
-        return setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every, knobs=knobs,
-                     seed=seed, byzantine=byzantine, twins=twins)
+        built = setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every, knobs=knobs,
+                      seed=seed, byzantine=byzantine, twins=twins)
+        return replace(built, deadline_clock=spec.deadline_clock)
     from phalanx.appspec.custom import machine_factory
     from phalanx.appspec.spec import AppConfigError
     from phalanx.jepsen.sim.app_clients import app_setup
@@ -193,9 +197,10 @@ def protocol_setup(
         machine = machine_factory(app)
     except AppConfigError as e:
         raise ValueError(str(e)) from None
-    return app_setup(setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every,
-                           knobs=knobs, seed=seed, byzantine=byzantine, twins=twins,
-                           machine=machine), machine, app)
+    built = app_setup(setup(nodes=nodes, bugs=bugs, checkpoint_every=checkpoint_every,
+                            knobs=knobs, seed=seed, byzantine=byzantine, twins=twins,
+                            machine=machine), machine, app)
+    return replace(built, deadline_clock=spec.deadline_clock)
 
 
 class SimSetup(Protocol):

@@ -158,6 +158,7 @@ class _Cluster:
                 codec=node_codec,
                 observe=setup.observe,
                 tick_ns=cfg.tick,
+                fresh_clock=setup.deadline_clock,
             )
             if nemesis.CRASH_AFTER_READY in self.faults:
                 # (Otherwise the probability stays 0 for the whole run and the hook would

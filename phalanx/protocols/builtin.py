@@ -85,6 +85,7 @@ LEADERLESS = ProtocolSpec(
     byzantine_modes=("silent", "equivocate", "lie_versions", "forge_conditions",
                      "withhold_veto", "forge_veto", "replay"),
     demo=Lazy("phalanx.demo.leaderless:run"),
+    deadline_clock=True,
 )
 
 SPECS: tuple[ProtocolSpec, ...] = (RAFT, PBFT, LEADERLESS)

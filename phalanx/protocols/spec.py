@@ -241,6 +241,12 @@ class ProtocolSpec:
     against a certified digest (PBFT's `CheckpointData`): the runtime sends a piece manifest
     in its place and hands the core the bytes assembled from checked pieces fetched from
     every peer (`phalanx.runtime.piece_carrier`); the core's own check is unchanged."""
+    deadline_clock: bool = False
+    """The core compares its wall-clock reading (`Tick.now_ms`) with absolute deadlines (the
+    leaderless core): after a gap in its ticks (a paused process, a stalled loop) the runtime
+    steps a `Tick` with the current time before the inputs that queued meanwhile
+    (`phalanx.runtime.fresh_clock`), and the simulator does on `resume`. Cores that count
+    ticks leave it False: their inputs and traces are untouched."""
     piece_transfer: bool = False
     """The core relays checkpoint data to peers unread (Raft's InstallSnapshot): the runtime
     hands it a piece manifest instead, and a follower fetches only the pieces it lacks, from

@@ -68,9 +68,11 @@ clock) every `tick_seconds`, each carrying the wall clock (`Tick.now_ms`, for co
 inputs carry absolute deadlines); a loop that falls behind more than `MAX_CATCH_UP_TICKS` ticks
 skips them instead of bursting. While the node is quiet the ticker wakes once per
 `idle_stride` ticks (`phalanx.runtime.driver_ticks`); the per-tick housekeeping (`_on_tick`)
-runs once per pass that stepped ticks. Inputs are queued with `send_nowait` first (`_put`), so a
-message costs no extra scheduler pass while the channel has room. Client errors are normal
-input: an unknown request never raises.
+runs once per pass that stepped ticks. With `fresh_clock` an input that finds the core's
+reading stale is preceded by a `Tick` with the current time (`phalanx.runtime.fresh_clock`).
+Inputs are queued with `send_nowait` first (`_put`), so a message costs no extra scheduler
+pass while the channel has room. Client errors are normal input: an unknown request never
+raises.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ from phalanx.runtime.driver_persist import (
     is_storage_failure,
 )
 from phalanx.runtime.driver_stats import DriverObserver, DriverStatistics
-from phalanx.runtime.driver_ticks import MAX_CATCH_UP_TICKS, TickPacing
+from phalanx.runtime.driver_ticks import MAX_CATCH_UP_TICKS, TickPacing, wall_clock_ms
+from phalanx.runtime.fresh_clock import FreshClock
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.phase_trace import PhaseTrace
 from phalanx.runtime.waiters import ClientWaiters, ReplyTarget
@@ -187,6 +190,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
             1: every tick wakes the node; capped to `MAX_IDLE_STRIDE`).
         supersedes: ``supersedes(new, held)``: whether `new` makes the lazy message `held`
             for the same peer useless; `held` is then dropped (`phalanx.runtime.driver_output`).
+        fresh_clock: the core compares `Tick.now_ms` with deadlines (`ProtocolSpec.deadline_clock`).
+        wall_clock: the clock `Tick.now_ms` reads, ms since the epoch (tests: a fake one).
     """
 
     def __init__(
@@ -211,6 +216,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
         lazy: Callable[[Message], bool] | None = None,
         supersedes: Callable[[Message, Message], bool] | None = None,
         idle_stride: int = 1,
+        fresh_clock: bool = False,
+        wall_clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         if tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be > 0, got {tick_seconds}")
@@ -229,7 +236,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
 
             self._send = traced_send
         self._tick_seconds = tick_seconds
-        self._init_pacing(tick_seconds, idle_stride)
+        self._init_pacing(tick_seconds, idle_stride, wall_clock)
+        self.fresh_clock = FreshClock(tick_seconds, wall_clock) if fresh_clock else None
         self._tick_due = False
         self._ticks_seen = 0
         self._status_reply = status_reply
@@ -400,6 +408,9 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
     def _handle(self, item: _Item) -> None:
         if isinstance(item, _Wake):  # after an inline pass: `_end_pass` does what is left
             return
+        fresh = self.fresh_clock
+        if fresh is not None and type(item) is not Tick and (tick := fresh.stale_tick()):
+            self._handle(tick)  # a stale reading (a pause): the time first
         if self._storage_error is not None and not isinstance(item, _BatchDone | StatusInput):
             self._while_unavailable(item)
             return
@@ -433,6 +444,8 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
             case DisconnectInput(target=target):
                 self._waiters.forget(target)
             case Tick():
+                if self.fresh_clock is not None:
+                    self.fresh_clock.stepped(item)
                 self._ticks += 1
                 if self._output.release_lazy():
                     self._unsent_output = True
@@ -583,18 +596,6 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
             self._internal.extend(replica.poll())
         if self._internal:
             self._step_internal()
-
-    def _serve_reads(self) -> None:
-        applied = self.replica.applied_index
-        waiting: list[ReadState] = []
-        for read in self._reads:
-            if read.index <= applied:
-                request = read.request
-                self._answer(request.client_id, request.request_no, ReplyStatus.OK,
-                             result=self.replica.query(request.command))
-            else:
-                waiting.append(read)
-        self._reads = waiting
 
 
 def _only_early(ready: Ready) -> bool:

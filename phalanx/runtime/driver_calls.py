@@ -207,6 +207,19 @@ class CallAdmission:
         self.stats.proposal_batches += 1
         self._queue(propose_batch(requests))
 
+    def _serve_reads(self) -> None:
+        """Answer the reads whose index is applied; keep the rest."""
+        applied = self.replica.applied_index
+        waiting: list[ReadState] = []
+        for read in self._reads:
+            if read.index <= applied:
+                request = read.request
+                self._waiters.answer(request.client_id, request.request_no, ReplyStatus.OK,
+                                     result=self.replica.query(request.command))
+            else:
+                waiting.append(read)
+        self._reads = waiting
+
     def _fail_waiters(self, reason: str) -> None:
         """Answer RETRY to every waiter: this node stopped being leader. Their requests may
         still commit (under the next leader); the client retries with the same ids and the

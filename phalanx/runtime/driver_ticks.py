@@ -33,7 +33,8 @@ from collections.abc import Awaitable, Callable
 from phalanx.consensus.core import Tick
 from phalanx.runtime.ticker import Ticker
 
-__all__ = ["MAX_CATCH_UP_TICKS", "MAX_IDLE_STRIDE", "QUIET_AFTER_TICKS", "TickPacing"]
+__all__ = ["MAX_CATCH_UP_TICKS", "MAX_IDLE_STRIDE", "QUIET_AFTER_TICKS", "TickPacing",
+           "wall_clock_ms"]
 
 MAX_CATCH_UP_TICKS = 5
 """Ticks the ticker delivers at once after a late wake-up (beyond its stride); a longer pause
@@ -46,6 +47,11 @@ MAX_IDLE_STRIDE = 5
 """The largest stride a node uses while quiet (a larger `idle_stride` is capped to it)."""
 
 
+def wall_clock_ms() -> int:
+    """The system's wall clock, ms since the Unix epoch (what `Tick.now_ms` carries)."""
+    return time.time_ns() // 1_000_000
+
+
 class TickPacing:
     """The tick task and the stride choice (see the module docstring). Set up by
     `_init_pacing`; `Driver` calls `_pace` after a pass's ticks and `_wake_ticks` on
@@ -55,12 +61,14 @@ class TickPacing:
     _tick_seconds: float
     _put: Callable[[Tick], Awaitable[None]]
 
-    def _init_pacing(self, tick_seconds: float, idle_stride: int) -> None:
+    def _init_pacing(self, tick_seconds: float, idle_stride: int,
+                     wall_clock: Callable[[], int] = wall_clock_ms) -> None:
         if idle_stride < 1:
             raise ValueError(f"idle_stride must be >= 1, got {idle_stride}")
         self._tick_period = tick_seconds
         self._idle_stride = min(idle_stride, MAX_IDLE_STRIDE)
         self._pacer: Ticker | None = None
+        self._wall_clock = wall_clock  # `Tick.now_ms` (tests inject a fake clock)
         self._busy_tick = 0  # the last tick at which the node was not quiet
         self.coarse_switches = 0  # times the stride went up (tests, diagnostics)
 
@@ -87,7 +95,7 @@ class TickPacing:
                     # Fell behind (a long pause): skip ticks, never burst.
                     if ended > MAX_CATCH_UP_TICKS + ticker.stride - 1:
                         ended = 1
-                    now_ms = time.time_ns() // 1_000_000
+                    now_ms = self._wall_clock()
                     for _ in range(ended):
                         await self._put(Tick(now_ms=now_ms))
             finally:

@@ -445,7 +445,8 @@ async def open_node(
                                                 or client_port.has_backlog()),
                         after_pass=lambda: client_port.flush(), flush_sends=transport.flush,
                         lazy=built.lazy, supersedes=built.supersedes,
-                        idle_stride=config.timing.heartbeat_ticks)
+                        idle_stride=config.timing.heartbeat_ticks,
+                        fresh_clock=spec.deadline_clock)
         try:
             submitter = LocalSubmitter(config.id, random.Random(rng.getrandbits(64)))
             services = ServiceHost(config, transport=transport,
