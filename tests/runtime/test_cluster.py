@@ -334,7 +334,10 @@ async def test_sequential_writes_carry_commits_in_the_next_append_and_followers_
         await wait_for(lambda: all(f.replica.applied_index == leader.replica.applied_index
                                    for f in followers))
         driver = leader.statistics().driver
-        assert driver.superseded_messages >= 10  # two followers, 19 superseded writes each
+        # Two followers, up to 19 superseded notices each; a notice a tick releases first is
+        # sent instead, so how many depends on timing (8-19 of ~40 held at load ~10, both
+        # with and without inline passes). Without superseding it is 0.
+        assert driver.superseded_messages >= 4
         assert driver.lazy_messages >= driver.superseded_messages
         transport = leader.statistics().transport
         assert 0 < transport.direct_write_calls <= transport.direct_writes
