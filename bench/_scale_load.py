@@ -136,11 +136,33 @@ _LOAD = re.compile(r"^\| load \| (\w+) \| (\d+) \| (\d+) \| (\S+) \| (\S+) \| (\
                    r"\| (\S+) \| (\S+) \| (\d+) \| (\S+) \| (ok|FAIL[^|]*) \|$")
 
 
+_PROGRESS = re.compile(
+    r"^load n=(\d+) (\w+), (\d+) clients: (\S+) ops/s, p50 (\S+) ms, p99 (\S+) ms, "
+    r"cpu (\S+) s, [\d,]+ deliveries, busiest (\S+) (\S+)% CPU, mean wait (\S+) ms, "
+    r"longest queue (\d+), .*?( FAILED (.*))?$")
+
+
+def _from_progress(line: str) -> LoadRow | None:
+    """A cell's progress line (a run stopped before its table was printed)."""
+    m = _PROGRESS.match(line.strip())
+    if m is None:
+        return None
+    return LoadRow(protocol=m[2], n=int(m[1]), clients=int(m[3]), ops_per_s=float(m[4]),
+                   p50_ms=float(m[5]), p99_ms=float(m[6]), busiest=m[8],
+                   busiest_pct=float(m[9]), wait_ms=float(m[10]), max_queue=int(m[11]),
+                   cpu_s=float(m[7]), ok=m[12] is None, note=m[13] or "")
+
+
 def load_rows_from(paths: list[str]) -> list[LoadRow]:
-    """The load-table lines of earlier reports (`--plot-from`)."""
+    """The load-table lines of earlier reports (`--plot-from`); of a report without its
+    table (a run stopped early), its cells' progress lines."""
     rows: list[LoadRow] = []
     for path in paths:
-        for line in Path(path).read_text().splitlines():
+        lines = Path(path).read_text().splitlines()
+        if not any(_LOAD.match(line.strip()) for line in lines):
+            rows += [r for r in map(_from_progress, lines) if r is not None]
+            continue
+        for line in lines:
             m = _LOAD.match(line.strip())
             if m is None:
                 continue

@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.plot_from:
         saved = rows_from(args.plot_from)
-        print(HEADER)
+        if saved:
+            print(HEADER)
         for r in saved:
             print(table_line(r))
         if any(r.experiment == "base" for r in saved):
