@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-window", metavar="T,W,L",
                         help="the load experiment: T virtual seconds of clients, figures "
                         "counted from W to T, L more seconds for the liveness check (default "
-                        "3,1,1; 2,1,1 at n >= 180)")
+                        "3,1,2; 2,1,2 at n >= 180)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
                         help="run nothing: plot the tables of saved reports")
