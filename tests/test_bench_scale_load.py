@@ -31,7 +31,7 @@ def test_load_cells_measure_a_window_and_the_busiest_node(tmp_path: Path) -> Non
     scale = _scale()
     scale.CPU[0] = CpuCosts()
     try:
-        rows = [scale.measure_load(scale.Cell("load", p, 4), 10, 1, (1.0, 0.4, 1.0), {})
+        rows = [scale.measure_load(scale.Cell("load", p, 4), 10, 1, (1.0, 0.4, 2.0), {})
                 for p in ("pbft", "leaderless")]
     finally:
         scale.CPU[0] = None
