@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.jepsen.sim.run import RunResult
+from phalanx.protocols import CallStrategy
+from phalanx.protocols import get as protocol_spec
 
 MS = 1_000_000
 REGIONS = 5
@@ -178,16 +180,23 @@ def load_rows_from(paths: list[str]) -> list[LoadRow]:
     return rows
 
 
+def _endorsing(protocol: str) -> bool:
+    return protocol_spec(protocol).call_strategy is CallStrategy.ENDORSEMENT
+
+
 def ratios(rows: list[LoadRow]) -> list[str]:
-    """PBFT p50 over leaderless p50 per (n, clients) measured for both."""
+    """Per (n, clients) measured for both: an ordering protocol's p50 (PBFT's) over the
+    endorsing one's (the leaderless core's; the registry's `CallStrategy.ENDORSEMENT`)."""
     out = []
     by = {(r.protocol, r.n, r.clients): r for r in rows}
     for (protocol, n, clients), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        other = by.get(("leaderless", n, clients))
-        if protocol == "pbft" and other is not None and other.p50_ms and r.p50_ms:
-            out.append(f"n = {n}, {clients} clients: PBFT p50 / leaderless p50 = "
-                       f"{r.p50_ms / other.p50_ms:.2f} (PBFT {r.ops_per_s:.0f} ops/s, busiest "
-                       f"{r.busiest} {r.busiest_pct:.0f}% CPU; leaderless "
+        if _endorsing(protocol) or not r.p50_ms:
+            continue
+        for other in (o for (p, m, c), o in sorted(by.items())
+                      if (m, c) == (n, clients) and _endorsing(p) and o.p50_ms):
+            out.append(f"n = {n}, {clients} clients: {protocol} p50 / {other.protocol} p50 = "
+                       f"{r.p50_ms / other.p50_ms:.2f} ({protocol} {r.ops_per_s:.0f} ops/s, "
+                       f"busiest {r.busiest} {r.busiest_pct:.0f}% CPU; {other.protocol} "
                        f"{other.ops_per_s:.0f} ops/s, busiest {other.busiest_pct:.0f}%)")
     return out
 
@@ -212,7 +221,7 @@ def plot_load(rows: list[LoadRow], out: Path) -> bool:
             pts = sorted((r.ops_per_s, value(r)) for r in rows
                          if (r.protocol, r.n) == (protocol, n) and not math.isnan(value(r)))
             if pts:
-                style = ("o-" if protocol == "pbft" else "s--")
+                style = "s--" if _endorsing(protocol) else "o-"
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
                         label=f"{protocol}, n = {n}")
         ax.set_title(title, fontsize=9)

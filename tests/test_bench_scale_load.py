@@ -50,4 +50,4 @@ def test_load_cells_measure_a_window_and_the_busiest_node(tmp_path: Path) -> Non
     assert [(r.protocol, r.clients, r.busiest, r.ok) for r in back] == [
         (r.protocol, r.clients, r.busiest, r.ok) for r in rows]
     assert [round(r.p50_ms) for r in back] == [round(r.p50_ms) for r in rows]
-    assert scale.load.ratios(back)[0].startswith("n = 4, 10 clients: PBFT p50 / leaderless")
+    assert scale.load.ratios(back)[0].startswith("n = 4, 10 clients: pbft p50 / leaderless")
