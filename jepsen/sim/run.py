@@ -207,9 +207,8 @@ class _Cluster:
         """Client to node and back, one way, without a WAN (with one: `WanModel`)."""
         self._reply_ns = 0 if wan is not None else self._client_rtt_ns
         """The latency `answer_decided` adds (with a WAN each reply crossed it already)."""
+        # Node -> its batched submit (`SimNetwork.local`), under the CPU model, if any.
         self._submit_many: dict[str, Callable[[tuple[ClientRequest, ...]], None]] = {}
-        """Node -> its batched submit, under the CPU model when the protocol has one
-        (`ProtocolSetup.submit_batch`, `SimNetwork.local`)."""
         if setup.submit_batch is not None and self.network.cpu is not None:
             self._submit_many = {name: partial(node.submit_many, batch=setup.submit_batch)
                                  for name, node in self.nodes.items()}
@@ -239,11 +238,7 @@ class _Cluster:
             cores = [self.nodes[name].core for name in self.names]
             claims = [None if c is None else c.status().leader for c in cores]
             for name in self.replies.targets(request, claims):
-                each = self.nodes[name]
-                self.loop.call_later(self._client_ns(request.client_id, name),
-                                     partial(self.network.local, name,
-                                             partial(each.submit, request), request,
-                                             self._submit_many.get(name)))
+                self._submit_later(name, request)
             return
         self._submit_later(node, request)
 
