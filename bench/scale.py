@@ -18,6 +18,9 @@ Experiments (`--only` picks some; each is a list of cells):
 - ``byzantine``: f Byzantine replicas with seeded behaviours (PBFT, leaderless); PBFT's at
   seeded places, without the targeted attacks (docs/SCALE.md: the worst case, f-1 Byzantine
   primaries in a row, is measured apart).
+- ``load`` (only when named in `--only`): PBFT and the leaderless core at `--loads` closed-loop
+  clients per region, throughput, latency and, with `--cpu-model`, the busiest node's CPU
+  share and queueing (`bench/_scale_load.py`; docs/SCALE.md "Under load").
 
 Workload: Raft and PBFT run the simulator's register clients (closed loop: reads, writes,
 compare-and-sets; latency counts writes and CAS only); the leaderless core its signing
@@ -35,6 +38,7 @@ deterministic); CPU seconds are the shared machine's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import sys
@@ -53,10 +57,14 @@ from phalanx.protocols import CallStrategy, FaultModel
 from phalanx.protocols import get as protocol_spec
 from phalanx.protocols import names as protocol_names
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _scale_load as load  # a sibling bench module (also when imported by tests)
+
 MS = 1_000_000
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SIZES = (4, 10, 20, 60, 180)
 EXPERIMENTS = ("base", "conflicts", "gossip", "crashed", "byzantine")
+"""The default experiments; ``load`` runs only when `--only` names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,21 +346,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-model", action="store_true",
                         help="the WAN's CPU model: nodes handle messages one at a time at "
                         "measured costs (phalanx.jepsen.sim.cpu; default off)")
+    parser.add_argument("--loads", default=",".join(map(str, load.LOADS)),
+                        help="the load experiment's closed-loop clients per region "
+                        "(default %(default)s)")
+    parser.add_argument("--load-window", metavar="T,W,L",
+                        help="the load experiment: T virtual seconds of clients, figures "
+                        "counted from W to T, L more seconds for the liveness check (default "
+                        "3,1,2; 2,1,2 at n >= 180)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
                         help="run nothing: plot the tables of saved reports")
     parser.add_argument("--plot", type=Path, default=DOCS / "scale.png",
                         help="where the plot goes (default docs/scale.png)")
+    parser.add_argument("--load-plot", type=Path, default=DOCS / "scale_load.png",
+                        help="where the load plot goes (default docs/scale_load.png)")
     args = parser.parse_args(argv)
     if args.plot_from:
-        rows = rows_from(args.plot_from)
-        print(HEADER)
-        for r in rows:
+        saved = rows_from(args.plot_from)
+        if saved:
+            print(HEADER)
+        for r in saved:
             print(table_line(r))
-        plot([r for r in rows if r.experiment == "base"], args.plot)
+        if any(r.experiment == "base" for r in saved):
+            plot([r for r in saved if r.experiment == "base"], args.plot)
+        saved_load = load.load_rows_from(args.plot_from)
+        if saved_load:
+            print_load(saved_load)
+            load.plot_load(saved_load, args.load_plot)
         return 0
     experiments = [e for e in args.only.split(",") if e]
-    unknown = [e for e in experiments if e not in EXPERIMENTS]
+    unknown = [e for e in experiments if e not in (*EXPERIMENTS, "load")]
     if unknown:
         parser.error(f"unknown experiment(s) {unknown}; known: {', '.join(EXPERIMENTS)}")
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -374,12 +397,29 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     knobs = {proto: tuple(sorted(v.items())) for proto, v in extra.items()}
-    todo = [c for c in cells(experiments, sizes) if c.protocol in protocols]
+    todo = [c for c in cells([e for e in experiments if e != "load"], sizes)
+            if c.protocol in protocols]
+    levels = [int(x) for x in args.loads.split(",") if x]
+    window: tuple[float | None, float | None, float | None] = (None, None, None)
+    if args.load_window:
+        t_s, w_s, l_s = (float(x) for x in args.load_window.split(","))
+        if not 0 <= w_s < t_s:
+            parser.error(f"--load-window {args.load_window}: expected 0 <= W < T")
+        window = (t_s, w_s, l_s)
+    load_cells = [(Cell("load", p, n), level) for n in sizes for level in levels
+                  for p in _all()
+                  if "load" in experiments and p in protocols and byzantine(p)]
     CPU[0] = CpuCosts() if args.cpu_model else None
-    print(f"scale: {len(todo)} cells, seed {args.seed}, "
+    print(f"scale: {len(todo) + len(load_cells)} cells, seed {args.seed}, "
           f"WAN {WanConfig(regions=5, cpu=CPU[0]).describe()}"
           f"{' (quick)' if args.quick else ''}", flush=True)
     rows: list[Row] = []
+    load_rows = [measure_load(cell, level * load.REGIONS, args.seed, window, knobs)
+                 for cell, level in load_cells]
+    if load_rows:
+        print_load(load_rows)
+        if not args.no_plot:
+            load.plot_load(load_rows, args.load_plot)
     for cell in todo:
         row, result = measure(cell, args.seed, args.quick, override, knobs)
         rows.append(row)
@@ -390,13 +430,52 @@ def main(argv: list[str] | None = None) -> int:
                  f"{result.stats['cpu_busiest_ms']} ms, longest queue "
                  f"{result.stats['cpu_max_queue']}")
               + ("" if row.ok else " FAILED " + row.note), flush=True)
-    print()
-    print(HEADER)
-    for r in rows:
-        print(table_line(r))
+    if rows:
+        print()
+        print(HEADER)
+        for r in rows:
+            print(table_line(r))
     if not args.no_plot and any(r.experiment == "base" for r in rows):
         plot([r for r in rows if r.experiment == "base"], args.plot)
-    return 0 if all(r.ok for r in rows) else 1
+    return 0 if all(r.ok for r in rows) and all(r.ok for r in load_rows) else 1
+
+
+def measure_load(cell: Cell, clients: int, seed: int,
+                 window: tuple[float | None, float | None, float | None],
+                 knobs: Mapping[str, Knobs]) -> load.LoadRow:
+    """One load cell (`bench/_scale_load.py`): `clients` closed-loop clients."""
+    seconds, warmup, after = load.load_shape(cell.n, *window)
+    own = load.LEADERLESS_LOAD_SETTINGS if endorsing(cell.protocol) else load.PBFT_LOAD_SETTINGS
+    extra = {cell.protocol: tuple(sorted({**dict(own), **dict(knobs.get(cell.protocol, ()))}
+                                         .items()))}
+    cfg = config_for(cell, seed, False, (clients, 1, 1, 1), extra)
+    cfg = dataclasses.replace(cfg, time_ns=int(seconds * 1e3) * MS,
+                              liveness_ns=int(after * 1e3) * MS)
+    cpu0 = time.process_time()
+    result = run(cfg)
+    cpu = time.process_time() - cpu0
+    row = load.load_row(result, protocol=cell.protocol, n=cell.n, clients=clients,
+                        endorsing=endorsing(cell.protocol), seconds=seconds, warmup=warmup,
+                        after=after, cpu_s=cpu, percentile=percentile)
+    st = result.stats
+    print(f"  load n={cell.n} {cell.protocol}, {clients} clients: {row.ops_per_s:.0f} ops/s, "
+          f"p50 {row.p50_ms:.0f} ms, p99 {row.p99_ms:.0f} ms, cpu {cpu:.1f} s, "
+          f"{result.deliveries:,} deliveries"
+          + ("" if "cpu_busiest_ms" not in st else
+             f", busiest {row.busiest} {row.busiest_pct:.0f}% CPU, mean wait "
+             f"{row.wait_ms:.2f} ms, longest queue {row.max_queue}, all queues "
+             f"{st['cpu_wait_ms']} ms over {st['cpu_handled']:,} messages")
+          + ("" if row.ok else " FAILED " + row.note), flush=True)
+    return row
+
+
+def print_load(rows: list[load.LoadRow]) -> None:
+    print()
+    print(load.LOAD_HEADER)
+    for r in rows:
+        print(load.load_line(r))
+    for line in load.ratios(rows):
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

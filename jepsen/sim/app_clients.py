@@ -104,6 +104,7 @@ class AppWorkload:
         self._infos = 0
         self._stuck: list[str] = []
         self._latencies: list[int] = []
+        self._times: list[tuple[int, int]] = []
         self._invoked: dict[int, int] = {}
 
     # -- SimWorkload --------------------------------------------------------------------------
@@ -165,6 +166,9 @@ class AppWorkload:
 
     def commit_latencies_ns(self) -> tuple[int, ...]:
         return tuple(self._latencies)
+
+    def commit_times_ns(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self._times)
 
     # -- convergence --------------------------------------------------------------------------
 
@@ -268,6 +272,7 @@ class AppWorkload:
             extra["value"] = (to_text(op.request.command), to_text(result))
             self._ok += 1
             self._latencies.append(now - self._invoked[c])
+            self._times.append((self._invoked[c], now))
         self.recorder.complete(process=self.process[c], type=kind,  # type: ignore[arg-type]
                                time=now, error=error, node=op.target,
                                **extra)  # type: ignore[arg-type]

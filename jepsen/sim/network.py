@@ -22,7 +22,8 @@ Model:
 - With the WAN's CPU model (`WanConfig.cpu`, `phalanx.jepsen.sim.cpu.CpuModel`), an arrived
   message waits for its node's CPU; what the node sends while handling it (counted as
   `FastCrypto.OPS` moved) departs when the handling ends, and what it sends while busy
-  otherwise departs when the CPU is free.
+  otherwise departs when the CPU is free. A client's request to a node (`local`) waits in
+  the same queue and is charged the same way; without the CPU model `local` runs it now.
 
 Rules:
 - All randomness comes from the injected `random.Random`; no clocks, no global random.
@@ -37,12 +38,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from heapq import heappush as _push
 from math import log
+from typing import Any
 
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.types import Message
 from phalanx.jepsen.sim.cpu import CpuModel
 from phalanx.jepsen.sim.loop import Event, EventLoop, Trace
 from phalanx.jepsen.sim.wan import WanModel
+
+
+class _Local:
+    """Work a node does for a client (`SimNetwork.local`), queued as a message."""
+
+    __slots__ = ("many", "request", "work")
+
+    def __init__(self, work: Callable[[], None], request: object,
+                 many: Callable[[tuple[Any, ...]], None] | None) -> None:
+        self.work = work
+        self.request = request
+        self.many = many
+
 
 Deliver = Callable[[str, str, Message], None]
 Receive = Callable[[str, Message], None]
@@ -292,6 +307,19 @@ class SimNetwork:
             _push(self._near if when < loop.horizon else self._far,
                   (when, self._next_seq(), self._arrive_event, (src, dst, payload)))
 
+    def local(self, node: str, work: Callable[[], None], request: object = None,
+              many: Callable[[tuple[Any, ...]], None] | None = None) -> None:
+        """Run `work` (the handling of client `request` at `node`) now, or under the CPU
+        model as a message to `node`: queued behind what it is busy with and charged its
+        cost. With `many`, the node takes every request waiting in its queue with the same
+        `many` together, `many(requests)`, as a driver pass steps the client writes it
+        found (each request is charged `message_us`, the crypto once as performed)."""
+        cpu = self.cpu
+        if cpu is None:
+            work()
+            return
+        cpu.arrive((node, node, _Local(work, request, many)), self.loop.now)
+
     def _arrive_cpu(self, item: tuple[str, str, bytes | Message]) -> None:
         """A message arrives under the CPU model: its node takes it when free (`_process`;
         a link cut meanwhile drops it then, as for one in flight)."""
@@ -308,11 +336,24 @@ class SimNetwork:
         ops = FastCrypto.OPS
         signs, verifies, macs = ops
         self._cpu_node = node
+        handled = 1
         try:
-            self._arrive(item)  # type: ignore[arg-type]
+            payload = item[2]
+            if type(payload) is _Local:
+                many = payload.many
+                taken = [] if many is None else cpu.take(
+                    node, lambda i: type(i[2]) is _Local and i[2].many is many)
+                if many is not None and taken:
+                    handled += len(taken)
+                    many((payload.request,
+                          *(i[2].request for i in taken)))  # type: ignore[attr-defined]
+                else:
+                    payload.work()
+            else:
+                self._arrive(item)  # type: ignore[arg-type]
         finally:
             self._cpu_node = None
-        cost = cpu.costs.cost_ns(ops[0] - signs, ops[1] - verifies, ops[2] - macs)
+        cost = cpu.costs.cost_ns(ops[0] - signs, ops[1] - verifies, ops[2] - macs, handled)
         sends, self._cpu_sends = self._cpu_sends, []
         if sends:
             # Sent at the end of the handling: `free_at` is that time while they go out.

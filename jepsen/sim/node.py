@@ -334,6 +334,16 @@ class SimNode:
         self._client_requests[(request.client_id, request.request_no)] = request
         self.step(Submit(request=request))
 
+    def submit_many(self, requests: tuple[ClientRequest, ...],
+                    batch: Callable[[tuple[ClientRequest, ...]], Input]) -> None:
+        """Several client requests in one step (`batch`: `ProtocolSetup.submit_batch`), as
+        the runtime steps the writes of one driver pass."""
+        if self.core is None:
+            return
+        for request in requests:
+            self._client_requests[(request.client_id, request.request_no)] = request
+        self.step(batch(requests))
+
     def step(self, inp: Input) -> None:
         """Feed one input and carry out the resulting Readys (and the inputs they cause)."""
         if self.core is None:

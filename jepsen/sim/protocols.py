@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from phalanx.apps.interface import StateMachine
 from phalanx.apps.replica import Replica
 from phalanx.consensus._fastpath import READY_TWIN
-from phalanx.consensus.core import Core, Ready
+from phalanx.consensus.core import Core, Input, Ready
 from phalanx.consensus.types import (
     ClientRequest,
     HardState,
@@ -77,6 +77,11 @@ class ProtocolSetup:
     `client_id` (`client_request(client_id, request_no, command)`), for a harness that
     issues bare app commands (the conformance suite); None: a plain `ClientRequest`. The
     leaderless setup's signs a transaction (`phalanx.jepsen.sim.leaderless`)."""
+    submit_batch: Callable[[tuple[ClientRequest, ...]], Input] | None = None
+    """The input that steps several client writes at once, as the runtime's `propose_batch`
+    does for the writes of one driver pass (the leaderless core's `SubmitBatch`: their
+    endorsements under one signature), or None (one `Submit` each). The CPU model uses it
+    for the client requests a busy node finds waiting (`SimNetwork.local`)."""
     workload: Callable[[WorkloadEnv], SimWorkload] | None = None
     """The protocol's own clients and end-of-run checks, replacing the register clients,
     the final reads and the linearizability check (the leaderless core: signed
@@ -127,6 +132,11 @@ class SimWorkload(Protocol):
     def commit_latencies_ns(self) -> tuple[int, ...]:
         """Each committed operation's time from issue to the client's decision (virtual
         ns), in issue order (benches)."""
+        ...
+
+    def commit_times_ns(self) -> tuple[tuple[int, int], ...]:
+        """Each committed operation's (issue, decision) virtual times, in the order of
+        `commit_latencies_ns` (benches that measure a window of the run)."""
         ...
 
 

@@ -208,6 +208,11 @@ class _Cluster:
         """Client to node and back, one way, without a WAN (with one: `WanModel`)."""
         self._reply_ns = 0 if wan is not None else self._client_rtt_ns
         """The latency `answer_decided` adds (with a WAN each reply crossed it already)."""
+        # Node -> its batched submit (`SimNetwork.local`), under the CPU model, if any.
+        self._submit_many: dict[str, Callable[[tuple[ClientRequest, ...]], None]] = {}
+        if setup.submit_batch is not None and self.network.cpu is not None:
+            self._submit_many = {name: partial(node.submit_many, batch=setup.submit_batch)
+                                 for name, node in self.nodes.items()}
         self.workload: SimWorkload | None = None
         if setup.workload is not None:  # the protocol's own clients (after every other draw)
             self.workload = setup.workload(WorkloadEnv(
@@ -234,18 +239,15 @@ class _Cluster:
             cores = [self.nodes[name].core for name in self.names]
             claims = [None if c is None else c.status().leader for c in cores]
             for name in self.replies.targets(request, claims):
-                each = self.nodes[name]
-                self.loop.call_later(self._client_ns(request.client_id, name),
-                                     partial(each.submit, request))
+                self._submit_later(name, request)
             return
-        target = self.nodes[node]
-        self.loop.call_later(self._client_ns(request.client_id, node),
-                             lambda: target.submit(request))
+        self._submit_later(node, request)
 
     def _submit_later(self, node: str, request: ClientRequest) -> None:
         target = self.nodes[node]
         self.loop.call_later(self._client_ns(request.client_id, node),
-                             lambda: target.submit(request))
+                             partial(self.network.local, node, partial(target.submit, request),
+                                     request, self._submit_many.get(node)))
 
     def _client_ns(self, client_id: str, node: str) -> int:
         """One way between a client and a node."""
@@ -597,6 +599,7 @@ def _run(cfg: RunConfig) -> RunResult:
                 (c.fabric.counters if c.fabric is not None else {}).items())},
         },
         commit_latencies_ns=workload.commit_latencies_ns() if workload is not None else (),
+        commit_times_ns=workload.commit_times_ns() if workload is not None else (),
         faults_used=c.faults,
         knobs=c.knobs,
     )

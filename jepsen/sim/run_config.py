@@ -192,6 +192,8 @@ class RunResult:
     commit_latencies_ns: tuple[int, ...] = ()
     """The protocol workload's committed transactions, invocation to the client's
     decision (virtual ns), in issue order (empty without a workload)."""
+    commit_times_ns: tuple[tuple[int, int], ...] = ()
+    """The same transactions' (issue, decision) virtual times."""
 
     @property
     def ok(self) -> bool:
