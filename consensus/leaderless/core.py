@@ -142,7 +142,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 verify_proof=self._verify_proof, faults=config.faults,
                 restored_votes=restored.votes if restored is not None else (),
                 restored_relays=restored.relays if restored is not None else (),
-                tx_id_of=self._tx_id)
+                tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks)
         self._checkpoints.unprovable = self._unprovable
         self._dropped: dict[str, int] = {}
         self._duplicates: dict[str, int] = {}
