@@ -59,6 +59,10 @@ class LeaderlessConfig:
             from its endorsers this many ticks after the first naming (0: at once), unless
             it arrived meanwhile (`recovery.Recovery.fetch_named`; the runtime, whose
             clients send every transaction to every node, waits 2 ticks).
+        vote_batch_ticks: "veto" mode: a node sends its echoes and readies of the vote
+            broadcasts in one `VoteBatch` per peer every this many ticks (0: each alone, at
+            once; ~n times the messages per checkpoint): docs/LEADERLESS.md "Batched
+            echoes and readies".
     """
 
     node_id: NodeId
@@ -76,6 +80,7 @@ class LeaderlessConfig:
     stuck_resolution: str = "veto"
     close_ticks: int = 100
     named_fetch_delay_ticks: int = 0
+    vote_batch_ticks: int = 1
 
     def __post_init__(self) -> None:
         if not self.nodes or list(self.nodes) != sorted(set(self.nodes)):
@@ -100,7 +105,7 @@ class LeaderlessConfig:
         if self.stuck_resolution not in STUCK_RESOLUTIONS:
             raise ValueError(f"stuck_resolution must be one of {', '.join(STUCK_RESOLUTIONS)}, "
                              f"got {self.stuck_resolution!r}")
-        for name in ("delta_old_ms", "named_fetch_delay_ticks"):
+        for name in ("delta_old_ms", "named_fetch_delay_ticks", "vote_batch_ticks"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

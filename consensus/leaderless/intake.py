@@ -32,6 +32,7 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteBatch,
     VoteEcho,
     VoteReady,
 )
@@ -82,6 +83,8 @@ class PeerIntake(CoreParts):
             self._checkpoints.on_echo(src, msg, self._proof_of)
         elif isinstance(msg, VoteReady):
             self._checkpoints.on_ready(src, msg)
+        elif isinstance(msg, VoteBatch):
+            self._checkpoints.on_batch(src, msg, self._proof_of)
         elif isinstance(msg, OrderingEnvelope | OrderingSubmit):
             self._checkpoints.on_envelope(src, msg)
         else:

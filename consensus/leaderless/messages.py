@@ -3,7 +3,8 @@
 
 Owns: the wire types of the leaderless core (`Transaction`, `Endorsement`,
 `StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`,
-`CommittedDigest`, the reliable broadcast of votes `VoteEcho` and `VoteReady`, the batch
+`CommittedDigest`, the reliable broadcast of votes `VoteEcho` and `VoteReady` (and their
+per-peer batch `VoteBatch`), the batch
 endorsement `EndorsementBatch` with `EndorsedTx` and the signed `EndorsementRoot`),
 the durable record `LeaderlessDurableState`, and the stable codec ids `LEADERLESS_MESSAGES`
 (300-399, see `phalanx.net.wire`).
@@ -23,8 +24,8 @@ Who signs what:
 - `StartCheckpoint`, `FetchTransactions` and `CommittedDigest` are unsigned requests:
   acting on them never needs trust in the sender.
 - `VoteEcho` and `VoteReady` (Bracha's reliable broadcast of votes, `reliable_broadcast.py`)
-  are unsigned: they count as the sender's, which the transport authenticates
-  (`Receive.src`); the vote inside an echo is the voter's signed `VetoChoice`.
+  and `VoteBatch` are unsigned: they count as the sender's, which the transport
+  authenticates (`Receive.src`); the vote inside an echo is the voter's signed `VetoChoice`.
 
 Invariants: every class is a frozen, slotted, keyword-only dataclass whose fields are ints,
 strs, bytes, bools, tuples or nested such dataclasses; tuples that are sets are sorted and
@@ -235,6 +236,19 @@ class VoteReady(Message):
     checkpoint: bytes
     voter: NodeId
     digest: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteBatch(Message):
+    """A node's ECHOes (`echoes`: the votes it echoes, each meaning `VoteEcho(vote)`) and
+    READYs (`readies`) of any number of reliable-broadcast instances, collected since its
+    last flush and sent to one peer in one message (`reliable_broadcast.py`, "batched"):
+    one checkpoint's n broadcasts cost a node one message per peer and flush instead of
+    one per broadcast. Counts as the sender's; each item is handled as if it came alone.
+    At most `reliable_broadcast.MAX_BATCH_ITEMS` of each (a larger batch is dropped)."""
+
+    echoes: tuple[VetoChoice, ...] = ()
+    readies: tuple[VoteReady, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -452,6 +466,7 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     308: CommittedDigest,
     309: VoteEcho,
     310: VoteReady,
+    311: VoteBatch,
     320: DecidedTx,
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
@@ -471,5 +486,6 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 311-319 and records in 327-339 and 351-399 (324-326: batch
-endorsements; 340-346: the ordered resolution; 350: re-sent signatures)."""
+The core may add messages in 312-319 and records in 327-339 and 351-399 (311: batched echoes
+and readies; 324-326: batch endorsements; 340-346: the ordered resolution; 350: re-sent
+signatures)."""

@@ -62,6 +62,7 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteBatch,
     VoteEcho,
     VoteReady,
     VoteRelay,
@@ -231,6 +232,9 @@ class OrderedCheckpoints:
         self._count("veto_message_in_pbft_mode")
 
     def on_ready(self, src: NodeId, msg: VoteReady) -> None:
+        self._count("veto_message_in_pbft_mode")
+
+    def on_batch(self, src: NodeId, msg: VoteBatch, proof_of: ProofOf) -> None:
         self._count("veto_message_in_pbft_mode")
 
     def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:

@@ -15,6 +15,17 @@ Protocol (n >= 3f+1; Q = ceil((n+f+1)/2) = 2f+1 at n = 3f+1):
 - DELIVER: on 2f+1 matching readies, once the vote with that digest is held (from the SEND
   or any echo: the digest authenticates the content).
 
+Batched (`batch_ticks` > 0, the core's default; docs/LEADERLESS.md "Batched echoes and
+readies"): ECHOes and READYs are not sent at once but collected, per peer, and sent every
+`batch_ticks` ticks (`tick`) as one `VoteBatch` per peer carrying all of them, for every
+instance (a checkpoint's n broadcasts cost a node ~2 messages per peer and flush instead of
+2n: n^2 per phase for the cluster instead of n^3). The SEND still goes at once. A received
+batch is handled item by item, each exactly as the lone `VoteEcho`/`VoteReady` it stands for
+(the caller, `veto.py`): a bad item is dropped and counted, the others count. Pending items
+are keyed by instance, so at most one echo and one ready per instance and peer wait (bounded
+by the open instances); a batch carries at most `MAX_BATCH_ITEMS` of each (more go in
+further batches of the same flush).
+
 Properties (f Byzantine members): two Q-sets of echoers share f+1 members, one correct, and
 a correct node echoes once, so at most one digest ever gets a READY from a correct node;
 delivery needs f+1 correct readies, which make every correct node ready that digest and so
@@ -33,7 +44,13 @@ from dataclasses import dataclass, field
 
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Hasher, digest_of
-from phalanx.consensus.leaderless.messages import VetoChoice, VoteEcho, VoteReady, VoteRelay
+from phalanx.consensus.leaderless.messages import (
+    VetoChoice,
+    VoteBatch,
+    VoteEcho,
+    VoteReady,
+    VoteRelay,
+)
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
 Key = tuple[NodeId, bytes]
@@ -42,6 +59,22 @@ Key = tuple[NodeId, bytes]
 Validate = Callable[[VetoChoice], str | None]
 """Why a vote's content is invalid (a drop reason), or None: must give the same answer on
 every correct node (signatures and self-certifying proofs only, never local state)."""
+
+MAX_BATCH_ITEMS = 256
+"""At most this many echoes, and as many readies, in one `VoteBatch` (a correct sender
+splits; a receiver drops a larger one whole). An echo carries a vote, with a veto's proof
+(~Q endorsements): 256 of them stay well under the codec's frame limit at n = 180."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    """Echoes and readies waiting for the next flush, keyed by instance (one each)."""
+
+    echoes: dict[Key, VetoChoice] = field(default_factory=dict)
+    readies: dict[Key, VoteReady] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.echoes or self.readies)
 
 
 @dataclass(slots=True)
@@ -86,14 +119,26 @@ class _Instance:
 class VoteBroadcast:
     """The reliable broadcast of votes at one node."""
 
-    __slots__ = ("_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at", "_hasher",
-                 "_instances", "_nodes", "_ready_at", "_sends", "fenced", "node_id")
+    __slots__ = ("_batch_ticks", "_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at",
+                 "_hasher", "_instances", "_nodes", "_out_all", "_out_to", "_ready_at", "_sends",
+                 "_ticks", "fenced", "node_id")
 
     def __init__(self, *, node_id: NodeId, nodes: tuple[NodeId, ...], faults: int,
-                 hasher: Hasher, restored: Iterable[VoteRelay] = ()) -> None:
+                 hasher: Hasher, restored: Iterable[VoteRelay] = (),
+                 batch_ticks: int = 0) -> None:
+        """`batch_ticks`: 0 sends every ECHO and READY at once, alone; k > 0 batches them
+        per peer and sends the batches every k ticks (`tick`)."""
         n = len(nodes)
         if n < 3 * faults + 1 or faults < 0:
             raise LocalProtocolError(f"reliable broadcast needs n >= 3f+1 (n={n}, f={faults})")
+        if batch_ticks < 0:
+            raise LocalProtocolError(f"batch_ticks must be >= 0, got {batch_ticks}")
+        self._batch_ticks = batch_ticks
+        self._ticks = 0
+        self._out_all = _Pending()
+        """Batched: what goes to every peer at the next flush."""
+        self._out_to: dict[NodeId, _Pending] = {}
+        """Batched: what goes to one peer only (answers to its pulls)."""
         self.node_id = node_id
         self._nodes = tuple(sorted(nodes))
         self._hasher = hasher
@@ -176,7 +221,10 @@ class VoteBroadcast:
         if inst.echo is None and not self.fenced:
             inst.echo = digest
             self._dirty = True
-            self._to_all(VoteEcho(vote=vote))
+            if self._batch_ticks:
+                self._out_all.echoes[key] = vote
+            else:
+                self._to_all(VoteEcho(vote=vote))
             self._echo(key, inst, self.node_id, digest)
 
     def on_echo(self, src: NodeId, msg: VoteEcho, validate: Validate) -> None:
@@ -213,18 +261,50 @@ class VoteBroadcast:
 
     def answer(self, key: Key, to: NodeId) -> list[Send]:
         """This node's messages of instance `key`, again, for peer `to` (loss recovery):
-        its SEND when it is the voter, its ECHO (when it holds the content) and READY."""
+        its SEND when it is the voter, its ECHO (when it holds the content) and READY
+        (batched: those two wait for the next flush, in `to`'s batch)."""
         inst = self._instances.get(key)
         if inst is None:
             return []
         out: list[Message] = []
         if key[0] == self.node_id and inst.sent is not None:
             out.append(inst.contents[inst.sent])
+        pending = self._out_to.setdefault(to, _Pending()) if self._batch_ticks else None
         if inst.echo is not None and inst.echo in inst.contents:
-            out.append(VoteEcho(vote=inst.contents[inst.echo]))
+            if pending is None:
+                out.append(VoteEcho(vote=inst.contents[inst.echo]))
+            else:
+                pending.echoes[key] = inst.contents[inst.echo]
         if inst.ready is not None:
-            out.append(VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready))
+            ready = VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready)
+            if pending is None:
+                out.append(ready)
+            else:
+                pending.readies[key] = ready
         return [Send(to=to, message=m) for m in out]
+
+    def tick(self) -> None:
+        """Batched: every `batch_ticks` ticks, flush the pending echoes and readies (into
+        the sends `drain` returns): one `VoteBatch` per peer (more past `MAX_BATCH_ITEMS`),
+        the same object for every peer that has no answer of its own pending."""
+        if not self._batch_ticks:
+            return
+        self._ticks += 1
+        if self._ticks % self._batch_ticks:
+            return
+        shared, self._out_all = self._out_all, _Pending()
+        own, self._out_to = self._out_to, {}
+        common = _batches(shared) if shared else []
+        for peer in self._nodes:
+            extra = own.get(peer)
+            if peer == self.node_id:
+                continue
+            if extra:
+                merged = _Pending(echoes={**shared.echoes, **extra.echoes},
+                                  readies={**shared.readies, **extra.readies})
+                self._sends.extend(Send(to=peer, message=b) for b in _batches(merged))
+            else:
+                self._sends.extend(Send(to=peer, message=b) for b in common)
 
     def drain(self) -> tuple[list[Send], list[VetoChoice], bool]:
         """(sends, newly delivered votes, whether own choices changed: persist before
@@ -283,9 +363,21 @@ class VoteBroadcast:
             if self.node_id not in inst.readies:
                 inst.add_ready(self.node_id, digest)
             self._dirty = True
-            self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
+            ready = VoteReady(checkpoint=key[1], voter=key[0], digest=digest)
+            if self._batch_ticks:
+                self._out_all.readies[key] = ready
+            else:
+                self._to_all(ready)
         if inst.delivered is None:
             d = digest if inst.ready is None else inst.ready
             if d in inst.contents and inst.ready_counts.get(d, 0) >= self._deliver_at:
                 inst.delivered = d
                 self._delivered.append(inst.contents[d])
+
+
+def _batches(pending: _Pending) -> list[VoteBatch]:
+    """`pending` as `VoteBatch`es of at most `MAX_BATCH_ITEMS` echoes and readies each."""
+    echoes, readies = tuple(pending.echoes.values()), tuple(pending.readies.values())
+    m = MAX_BATCH_ITEMS
+    return [VoteBatch(echoes=echoes[i:i + m], readies=readies[i:i + m])
+            for i in range(0, max(len(echoes), len(readies)), m)]

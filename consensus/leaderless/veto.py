@@ -48,12 +48,13 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteBatch,
     VoteEcho,
     VoteReady,
     VoteRelay,
     transaction_id,
 )
-from phalanx.consensus.leaderless.reliable_broadcast import Key, VoteBroadcast
+from phalanx.consensus.leaderless.reliable_broadcast import MAX_BATCH_ITEMS, Key, VoteBroadcast
 from phalanx.consensus.types import LocalProtocolError, NodeId
 
 MAX_TX_ID_BYTES = 64
@@ -124,6 +125,7 @@ class CheckpointMachine:
         restored_relays: tuple[VoteRelay, ...] = (),
         max_open: int = 1024,
         tx_id_of: Callable[[Transaction], TxId] | None = None,
+        vote_batch_ticks: int = 0,
     ) -> None:
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
@@ -145,7 +147,7 @@ class CheckpointMachine:
         self._rb = VoteBroadcast(
             node_id=node_id, nodes=nodes,
             faults=(len(nodes) - 1) // 3 if faults is None else faults,
-            hasher=crypto, restored=restored_relays)
+            hasher=crypto, restored=restored_relays, batch_ticks=vote_batch_ticks)
         self._ticks = 0
         self._queued: dict[TxId, None] = {}
         self._checkpoints: dict[bytes, _Checkpoint] = {}
@@ -186,7 +188,9 @@ class CheckpointMachine:
     def tick(self, proof_of: ProofOf) -> None:
         """Every `checkpoint_ticks` ticks: pull what this node lacks of its undecided
         checkpoints (a `StartCheckpoint` again: peers answer), then start a checkpoint of
-        the first `batch` queued ids (sorted)."""
+        the first `batch` queued ids (sorted). Batched broadcast: flush its echoes and
+        readies every `vote_batch_ticks` ticks."""
+        self._rb.tick()
         self._ticks += 1
         if self._ticks % self._period:
             return
@@ -258,6 +262,24 @@ class CheckpointMachine:
         else:
             self._rb.on_ready(src, msg)
             self._collect()
+
+    def on_batch(self, src: NodeId, msg: VoteBatch, proof_of: ProofOf) -> None:
+        """A peer's batched ECHOes and READYs: each item handled exactly as the lone
+        `VoteEcho`/`VoteReady` it stands for (a bad one is dropped and counted, the others
+        count); a batch over `MAX_BATCH_ITEMS` of either, or not of tuples, is dropped."""
+        echoes, readies = msg.echoes, msg.readies
+        items: tuple[object, ...] = readies  # peer input: checked
+        if not isinstance(echoes, tuple) or not isinstance(readies, tuple) \
+                or len(echoes) > MAX_BATCH_ITEMS or len(readies) > MAX_BATCH_ITEMS:
+            self._drop("bad_vote_batch")
+            return
+        for vote in echoes:
+            self.on_echo(src, VoteEcho(vote=vote), proof_of)
+        for ready in items:
+            if isinstance(ready, VoteReady):
+                self.on_ready(src, ready)
+            else:
+                self._drop("bad_vote_batch_item")
 
     def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:
         """The ordered resolution's message: not this mode's (counted)."""

@@ -76,7 +76,9 @@ SIM_KNOBS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("rebroadcast_ticks", (5, 20)),
     *WORKLOAD_KNOBS,
 )
-"""The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix."""
+"""The registry entry's `sim_knobs` for ``leaderless``: core timing and the workload mix.
+(`vote_batch_ticks` is not drawn: the sweeps run the default, 1; `--set vote_batch_ticks=0`
+runs the unbatched vote broadcast.)"""
 
 IDLE_CHECKPOINT_TICKS = 20
 CUT_EVERY = 0
@@ -89,7 +91,7 @@ since its last one): the quiet-point checkpoints state transfer serves (docs/LEA
 
 _CORE_KNOBS = ("delta_old_ms", "checkpoint_ticks", "checkpoint_batch", "gc_horizon_ms",
                "rebroadcast_ticks", "max_pending", "stuck_resolution", "close_ticks",
-               "max_deadline_lead_ms")
+               "max_deadline_lead_ms", "vote_batch_ticks")
 
 
 class RecordingKv(KvStateMachine):

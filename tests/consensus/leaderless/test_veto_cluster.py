@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 from leaderless_harness import EPOCH, Cluster, endorsement, make_tx, tx_id, version
 
-from phalanx.consensus.core import Receive, Send
+from phalanx.consensus.core import Ready, Receive, Send, Tick
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import (
     StartCheckpoint,
     TransactionProof,
     VetoChoice,
+    VoteBatch,
     VoteEcho,
+    VoteReady,
 )
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.leaderless.veto import checkpoint_id
-from phalanx.consensus.types import NodeId
+from phalanx.consensus.types import Message, NodeId
 
 N1, N2, N3, N4 = (NodeId(f"n{i}") for i in range(1, 5))
 HONEST = (N1, N2, N3)
@@ -30,12 +32,12 @@ def signed_vote(voter: NodeId, vote: VetoChoice) -> VetoChoice:
                       drop=body.drop, proofs=body.proofs, signature=FastCrypto(voter).sign(body))
 
 
-def stuck_checkpoint() -> tuple[Cluster, TransactionProof]:
+def stuck_checkpoint(**config: object) -> tuple[Cluster, TransactionProof]:
     """n1 and n3 endorse T (so no abort certificate can end it); n2 never hears of it in
     time; n4 (played by the test, Byzantine) endorses it too but tells no one. T expires
     with 2 < Q endorsements known to the correct nodes: they checkpoint it and vote drop,
     while n4 holds a valid proof (Q real endorsements)."""
-    c = Cluster(4, delta_old_ms=100, checkpoint_ticks=2)
+    c = Cluster(4, delta_old_ms=100, checkpoint_ticks=2, **config)
     c.down.add(N4)  # n4's inbox is ignored; the test sends in its name
     c.tick()
     t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 300)
@@ -93,32 +95,53 @@ def test_equivocating_voter_with_a_real_proof_cannot_split_correct_nodes(
     assert all(c.nodes[x].app.data == {} for x in HONEST)
 
 
-def test_a_restarted_node_never_echoes_another_value() -> None:
+def vote_messages(c: Cluster, node: NodeId, ready: Ready, batch: int) -> list[Message]:
+    """The messages of n4's vote broadcast that `ready` sends (SENDs, echoes, readies),
+    each echo and ready alone; batched (`batch` = `vote_batch_ticks` = 1), those of the
+    next tick's `VoteBatch`es (the core's own flush) instead."""
+    msgs = [s.message for s in ready.messages]
+    if batch:
+        msgs += [s.message for s in c.step(node, Tick(now_ms=c.now)).messages]
+    out: list[Message] = []
+    for m in msgs:
+        if isinstance(m, VoteBatch):
+            out += [VoteEcho(vote=v) for v in m.echoes if v.voter == N4]
+            out += [r for r in m.readies if r.voter == N4]
+        elif (isinstance(m, VetoChoice | VoteReady) and m.voter == N4) or (
+                isinstance(m, VoteEcho) and m.vote.voter == N4):
+            out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("batch", [0, 1])
+def test_a_restarted_node_never_echoes_another_value(batch: int) -> None:
     """n2 echoed n4's DROP and crashed; after the restart (from its durable record, through
-    the wire codec) n4 sends it the VETO: n2 neither echoes nor readies it."""
-    c, proof = stuck_checkpoint()
+    the wire codec) n4 sends it the VETO: n2 neither echoes nor readies it. Alone or
+    batched (`vote_batch_ticks`)."""
+    c, proof = stuck_checkpoint(vote_batch_ticks=batch)
     ids = (tx_id(proof.tx),)
     cid = checkpoint_id(FastCrypto(N4), ids)
     drop = signed_vote(N4, VetoChoice(checkpoint=cid, tx_ids=ids, voter=N4, drop=True))
     veto = signed_vote(N4, VetoChoice(checkpoint=cid, tx_ids=ids, voter=N4, drop=False,
                                       proofs=(proof,)))
     ready = c.step(N2, Receive(src=N4, message=drop))
-    assert [s.message for s in ready.messages] == [VoteEcho(vote=drop)] * 3
     assert ready.must_sync
     assert ready.core_state is not None
     assert any(r.voter == N4 and r.echo for r in ready.core_state.relays)
+    assert vote_messages(c, N2, ready, batch) == [VoteEcho(vote=drop)] * 3
     c.net.clear()
     c.restart(N2)
     ready = c.step(N2, Receive(src=N4, message=veto))
-    ready2 = c.step(N2, Receive(src=N1, message=VoteEcho(vote=veto)))
-    sent = [s.message for s in (*ready.messages, *ready2.messages)]
+    sent = vote_messages(c, N2, ready, batch)
+    ready = c.step(N2, Receive(src=N1, message=VoteEcho(vote=veto)))
+    sent += vote_messages(c, N2, ready, batch)
     assert not any(isinstance(m, VoteEcho) and m.vote == veto for m in sent)
     # Pulled, it answers with nothing of the veto; once it holds the drop again (from
     # any echo: the digest it recorded names it), its answers carry its old echo.
     ready = c.step(N2, Receive(src=N1, message=StartCheckpoint(tx_ids=ids, delivered=(N1,))))
-    answers = [s.message for s in ready.messages]
+    answers = vote_messages(c, N2, ready, batch)
     assert not any(isinstance(m, VoteEcho) and m.vote == veto for m in answers)
     assert VoteEcho(vote=drop) not in answers  # the content was lost in the crash
     c.step(N2, Receive(src=N3, message=VoteEcho(vote=drop)))
     ready = c.step(N2, Receive(src=N3, message=StartCheckpoint(tx_ids=ids, delivered=(N1,))))
-    assert VoteEcho(vote=drop) in [s.message for s in ready.messages]
+    assert VoteEcho(vote=drop) in vote_messages(c, N2, ready, batch)

@@ -24,7 +24,8 @@ LOAD_MS = 4_500
 
 
 def constant_load(seed: int, *, cut_every: int, kind: str = nemesis.PARTITION_ONE,
-                  byzantine: int = 0, bugs: frozenset[str] = frozenset()) -> RunResult:
+                  byzantine: int = 0, bugs: frozenset[str] = frozenset(),
+                  vote_batch_ticks: int = 1) -> RunResult:
     shape: dict[str, object] = {"fault": kind, "episode": 1, "nodes": ("n4",)}
     if kind == nemesis.PARTITION_ONE:
         shape["groups"] = (("n4",), ("n1", "n2", "n3"))
@@ -36,7 +37,8 @@ def constant_load(seed: int, *, cut_every: int, kind: str = nemesis.PARTITION_ON
         byzantine=byzantine, bugs=bugs,
         settings=(("conflict_pct", 0), ("gc_horizon_ms", 1_000), ("clients", CLIENTS),
                   ("ops_per_client", 1_000), ("think_ns", 20 * MS),
-                  ("idle_checkpoint_ticks", 0), ("cut_every", cut_every))))
+                  ("idle_checkpoint_ticks", 0), ("cut_every", cut_every),
+                  ("vote_batch_ticks", vote_batch_ticks))))
 
 
 def install_times_ms(result: RunResult) -> list[float]:
@@ -106,15 +108,18 @@ def test_an_install_under_load_reapplies_what_it_lacks() -> None:
     (`ReleaseGate.regate`). The control `refuse_behind_checkpoint` (the old rule) must fail
     on some run (lose-disk and kill seed 5 on 2026-12-02, tried first; partition seed 2 and
     lose-disk seed 0 failed alike before message timing moved); that run must pass,
-    installing, without it."""
+    installing, without it. The veto votes' echoes and readies go alone here
+    (`vote_batch_ticks=0`, the timing those seeds were found with): batched, the control is
+    caught only on kill seeds 6 and 11 of 0-13, whose runs fail `converge` without it too,
+    batched or not (an open problem of the install path, not of this rule)."""
     tries = ((nemesis.LOSE_DISK, 5), (nemesis.KILL, 5), (nemesis.PARTITION_ONE, 2),
              *((kind, seed) for seed in range(10)
                for kind in (nemesis.LOSE_DISK, nemesis.KILL, nemesis.PARTITION_ONE)))
     for kind, seed in tries:
-        caught = constant_load(seed, cut_every=4, kind=kind,
+        caught = constant_load(seed, cut_every=4, kind=kind, vote_batch_ticks=0,
                                bugs=frozenset({"refuse_behind_checkpoint"}))
         if not caught.ok:
-            clean = constant_load(seed, cut_every=4, kind=kind)
+            clean = constant_load(seed, cut_every=4, kind=kind, vote_batch_ticks=0)
             assert clean.ok, f"{kind}: {replay(seed, 4)}\n{clean.report()}"
             assert install_times_ms(clean), f"{kind}: {replay(seed, 4)}"
             assert any("gate" in v or "converge" in v for v in caught.report().splitlines())
