@@ -65,7 +65,7 @@ class PbftConfig:
     view_change_ticks: int = 20
     max_view_change_ticks: int = 640
     fetch_ticks: int = 10
-    view_change_fetch_ticks: int = 2
+    view_change_fetch_ticks: int = 1
     checkpoint_resend_ticks: int = 50
     max_pending: int = 1024
     early_votes: bool = True

@@ -14,8 +14,9 @@ Must not import: trio, sockets, clocks, randomness, `phalanx.net`.
 Why (Castro-Liskov TOCS §5.2 / Castro's thesis §3.2.4): a NewView carrying 2f+1 whole
 ViewChanges, each with a prepared certificate of 2f+1 signatures per seq, grows as n^2 per
 seq (21 MB at n = 180); replicas already broadcast their ViewChange to all, so the NewView
-names them by (replica, digest) and a backup fetches only what it lacks, first from the
-signers, then also from the new primary (which holds every one it named).
+names them by (replica, digest) and a backup fetches only what it lacks, from the signers
+and the new primary (which holds every one it named), `view_change_fetch_ticks` after the
+NewView arrived (most are then on their way) and every `fetch_ticks` after that.
 
 Invariants (bounded memory under Byzantine input): at most one waiting NewView per primary
 (a later view's, or a later copy, replaces it), so a Byzantine primary's NewView naming
@@ -168,7 +169,8 @@ class ViewChangeFetch:
 
     def tick(self, latest: dict[NodeId, ViewChange]) -> None:
         """Fetch what each waiting NewView still lacks when its time comes: from each signer
-        its own, and from the second attempt on also all of them from the new primary."""
+        its own, and all of them from the new primary (a Byzantine signer may have sent its
+        ViewChange to some replicas only: the primary holds every one it named)."""
         s = self._s
         for w in self.by_view():
             if s.ticks < w.next_fetch:
@@ -180,7 +182,7 @@ class ViewChangeFetch:
             ]
             if not missing:
                 continue
-            to_primary = w.attempts > 0 and w.nv.replica != s.me
+            to_primary = w.nv.replica != s.me
             if to_primary:
                 s.send(
                     w.nv.replica, FetchViewChanges(view=view, wanted=tuple(missing), replica=s.me)
