@@ -16,6 +16,7 @@ re-issues it at n (Castro-Liskov TOCS Thm. 4.4).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,13 +71,22 @@ def check_checkpoint_proof(
 
 
 def check_prepared_proof(
-    config: PbftConfig, crypto: CheckCrypto, proof: PreparedProof, *, new_view: int, low: int
+    config: PbftConfig,
+    crypto: CheckCrypto,
+    proof: PreparedProof,
+    *,
+    new_view: int,
+    low: int,
+    known: Container[object] = frozenset(),
 ) -> str | None:
-    """A prepared certificate from a view before `new_view` for a seq in (low, low + L]."""
+    """A prepared certificate from a view before `new_view` for a seq in (low, low + L].
+    `known`: pre-prepares and prepares (whole, signature included) the caller verified
+    before with the same crypto; their digest and signatures are not checked again."""
     pp = proof.pre_prepare
     if not pp.view < new_view or not low < pp.seq <= low + config.log_window:
         return "bad_prepared_proof"
-    if pp.replica != config.primary(pp.view) or not pp_digest_ok(crypto, pp):
+    pp_known = pp in known
+    if pp.replica != config.primary(pp.view) or not (pp_known or pp_digest_ok(crypto, pp)):
         return "bad_prepared_proof"
     backups = {p.replica for p in proof.prepares}
     if len(backups) != len(proof.prepares) or len(backups) < config.quorum - 1:
@@ -85,16 +95,23 @@ def check_prepared_proof(
         return "bad_prepared_proof"
     if any((p.view, p.seq, p.digest) != (pp.view, pp.seq, pp.digest) for p in proof.prepares):
         return "bad_prepared_proof"
-    if not crypto.verify(pp.replica, signed_part(pp), pp.signature):
+    if not pp_known and not crypto.verify(pp.replica, signed_part(pp), pp.signature):
         return "bad_signature"
     for p in proof.prepares:
-        if not crypto.verify(p.replica, p, p.signature):
+        if p not in known and not crypto.verify(p.replica, p, p.signature):
             return "bad_signature"
     return None
 
 
-def check_view_change(config: PbftConfig, crypto: CheckCrypto, vc: ViewChange) -> str | None:
-    """Whether `vc` is well formed and correctly signed."""
+def check_view_change(
+    config: PbftConfig,
+    crypto: CheckCrypto,
+    vc: ViewChange,
+    *,
+    known: Container[object] = frozenset(),
+) -> str | None:
+    """Whether `vc` is well formed and correctly signed (`known`: as `check_prepared_proof`'s;
+    the certificates of the view changes of one view share most of their votes)."""
     if vc.replica not in config.replicas or vc.new_view < 1 or vc.stable_seq < 0:
         return "bad_view_change"
     if not crypto.verify(vc.replica, vc, vc.signature):
@@ -107,7 +124,7 @@ def check_view_change(config: PbftConfig, crypto: CheckCrypto, vc: ViewChange) -
         return "bad_prepared_proof"
     for proof in vc.prepared_proofs:
         reason = check_prepared_proof(
-            config, crypto, proof, new_view=vc.new_view, low=vc.stable_seq
+            config, crypto, proof, new_view=vc.new_view, low=vc.stable_seq, known=known
         )
         if reason is not None:
             return reason

@@ -12,7 +12,8 @@ import dataclasses
 from pbft_harness import Cluster, req
 
 from phalanx.consensus.core import Receive
-from phalanx.consensus.pbft import PBFT_MESSAGES
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.pbft import PBFT_MESSAGES, PbftCore
 from phalanx.consensus.pbft.messages import (
     FetchViewChanges,
     NewView,
@@ -183,3 +184,33 @@ def test_a_new_view_whose_o_set_does_not_follow_from_its_view_changes_is_dropped
     _view_change_to_1(c, rewrite=rewrite, ticks=4)
     assert c.dropped(n2).get("bad_new_view") == 1
     assert not (c.cores[n2].view == 1 and c.cores[n2].status().view_active)
+
+
+def test_view_changes_sharing_certificates_verify_each_vote_once() -> None:
+    # Two replicas' view changes for view 1 carry certificates for the same seqs, mostly of
+    # the same votes: a replica verifies the second one's outer signature and looks the
+    # votes up (FastCrypto.OPS[1] counts signature verifications).
+    c = Cluster(4, batch_size=1, view_change_ticks=3)
+    for no in range(3):
+        c.submit(c.ids[0], req("a", no))
+        c.deliver()
+    sent = _view_change_to_1(c, ticks=8)
+    vcs = [m for _, d, m in sent if isinstance(m, ViewChange) and d == c.ids[1]]
+    a = next(v for v in vcs if v.replica == c.ids[2] and v.new_view == 1)
+    b = next(v for v in vcs if v.replica == c.ids[3] and v.new_view == 1)
+    assert len(a.prepared_proofs) == len(b.prepared_proofs) == 3
+    fresh = PbftCore(c.config(c.ids[1]), crypto=FastCrypto(c.ids[1]))
+    ops = FastCrypto.OPS
+    before = ops[1]
+    fresh.step(Receive(src=a.replica, message=a))
+    full = ops[1] - before
+    assert full >= 1 + 3 * 3  # its signature, and per certificate a pre-prepare and 2 prepares
+    before = ops[1]
+    fresh.step(Receive(src=b.replica, message=b))
+    shared = {p for cert in a.prepared_proofs for p in (cert.pre_prepare, *cert.prepares)}
+    unseen = sum(
+        1 for cert in b.prepared_proofs for p in (cert.pre_prepare, *cert.prepares)
+        if p not in shared
+    )
+    assert ops[1] - before == 1 + unseen
+    assert ops[1] - before < full
