@@ -13,13 +13,15 @@ once one deliberate bug (`phalanx.consensus.pbft.bugs.PbftBugs`) weakens a rule:
   with the colluders' commits: a commit under the bug, never with 2f+1. Every colluder's
   ViewChange leaves out the attacked slots' certificates (re-signed: a replica's own view
   change may omit anything). As primary of v+1, a colluder builds its NewView from 2f+1
-  valid ViewChanges that carry no certificate for an attacked slot (W's, the outsiders', the
-  colluders'), waiting until it holds that many, and re-issues the null request there: the
-  honest replicas outside S \\ W execute null where S \\ W executed the request.
+  valid ViewChanges that carry no certificate for an attacked slot (W's, the outsiders',
+  the colluders'; relayed beside it), waiting until it holds that many, and re-issues the
+  null request there: the honest replicas outside S \\ W execute null where S \\ W executed
+  the request.
 - ``forge_new_view`` (``accept_unsigned_view_change``): on seeing a prepare or commit for
   (v, s), the replica sends, as primary of the next view it leads, a NewView over 2f+1
-  ViewChanges it forged for other replicas (bad signatures, no certificates) and a null
-  pre-prepare at s, with its commit. It withholds its own votes, so honest replicas race:
+  ViewChanges it forged for other replicas (bad signatures, no certificates; the NewView
+  names them by digest, and it relays them beside it) and a null pre-prepare at s, with its
+  commit. It withholds its own votes, so honest replicas race:
   some execute the request at s in view v, others enter the forged view and execute null.
 - ``cross_view`` (``skip_view_check``): on seeing the pre-prepare (v, s, m), the replica sends
   a null pre-prepare for s in the next view it leads, with its commits, and withholds its own
@@ -49,10 +51,16 @@ from phalanx.consensus.pbft.messages import (
     NewView,
     Prepare,
     PrePrepare,
+    RelayedViewChange,
     ViewChange,
+    ViewChangeRef,
     signed_part,
 )
-from phalanx.consensus.pbft.view_change import check_view_change, compute_new_view
+from phalanx.consensus.pbft.view_change import (
+    check_view_change,
+    compute_new_view,
+    view_change_digest,
+)
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
 ATTACKS: tuple[str, ...] = ("collude", "cross_view", "forge_new_view")
@@ -236,14 +244,30 @@ class AttackCore:
             else:
                 signature = bytes(self._rng.randrange(256) for _ in range(32))
             forged.append(dataclasses.replace(vc, signature=signature))
-        nv = NewView(view=target, view_changes=tuple(forged), pre_prepares=(), replica=self._me)
+        nv = NewView(
+            view=target, view_changes=self._refs(forged), pre_prepares=(), replica=self._me
+        )
         nv = dataclasses.replace(nv, signature=self._crypto.sign(nv))
         peers = list(cfg.peers())
         if self._rng.random() < 0.5:
             peers.remove(self._rng.choice(peers))  # one replica stays behind in view `view`
         for peer in peers:
             extra.append(Send(to=peer, message=nv))
+            self._relay(forged, peer, extra)
         self._null_slot(view, seq, extra, new_view=target)
+
+    def _refs(self, vcs: list[ViewChange] | tuple[ViewChange, ...]) -> tuple[ViewChangeRef, ...]:
+        return tuple(
+            ViewChangeRef(replica=vc.replica, digest=view_change_digest(self._crypto, vc))
+            for vc in vcs
+        )
+
+    def _relay(
+        self, vcs: list[ViewChange] | tuple[ViewChange, ...], to: NodeId, extra: list[Send]
+    ) -> None:
+        """Send `to` the view changes a NewView names (the NewView names them by digest)."""
+        for vc in vcs:
+            extra.append(Send(to=to, message=RelayedViewChange(view_change=vc, replica=self._me)))
 
     # ------------------------------------------------------------------------------------
     # Rewriting the honest core's output
@@ -326,10 +350,13 @@ class AttackCore:
             dataclasses.replace(pp, signature=self._crypto.sign(signed_part(pp)))
             for pp in plan.pre_prepares
         )
-        forged = NewView(view=nv.view, view_changes=chosen, pre_prepares=o_set, replica=self._me)
+        forged = NewView(
+            view=nv.view, view_changes=self._refs(chosen), pre_prepares=o_set, replica=self._me
+        )
         forged = dataclasses.replace(forged, signature=self._crypto.sign(forged))
         for peer in cfg.peers():
             extra.append(Send(to=peer, message=forged))
+            self._relay(chosen, peer, extra)
         self.launched += 1
         for view, seq in sorted(coll.attacked):
             if view < nv.view and seq > plan.max_seq:

@@ -58,10 +58,11 @@ def test_byzantine_cell_at_n20_commits() -> None:
 
 @pytest.mark.long  # `make sweeps`: ~3 CPU s, a 20-node cluster over the WAN for 36 virtual s
 def test_collude_worst_case_at_n20_gets_through_once_the_window_allows() -> None:
-    """f = 6 colluders leading views 0..5: five Byzantine primaries in a row, each costing a
-    view-change timeout doubled per failed view (20, 40, 80 ticks of 80 ms, the simulator's
-    cap): the first commit comes after ~18 virtual s, past the cell's 14 s window, and all
-    clients finish within 36 s."""
+    """f = 6 colluders leading views 0..5: Byzantine primaries in a row, each costing a
+    view-change timeout doubled per view that executed nothing (20, 40, 80 ticks of 80 ms, the
+    simulator's cap): nothing commits in views 0..3 (the first commit after ~10.8 virtual s;
+    since the NewView names its view changes by digest, the null re-issues of view 4's O set
+    commit, at ~13.5 s, where they did not before, ~18 s), and all clients finish within 36 s."""
     scale = _scale()
     cell = scale.Cell("byzantine", "pbft", 20, byzantine=6)
     cfg = scale.config_for(cell, 1, False, (10, 5, 6, 30))
@@ -69,4 +70,4 @@ def test_collude_worst_case_at_n20_gets_through_once_the_window_allows() -> None
     result = run(cfg)
     assert result.ok, result.report()
     first_ok = min(op.time for op in result.history if op.type == "ok")
-    assert first_ok > 14_000 * MS, "the worst case fits the cell's window after all?"
+    assert first_ok > 10_800 * MS, "a commit in the colluders' views 0..3?"

@@ -36,7 +36,11 @@ class PbftConfig:
             re-broadcast after its timeout).
         view_change_ticks: base view-change timeout; doubles per consecutive view change.
         max_view_change_ticks: cap of the doubled timeout.
-        fetch_ticks: ticks before a state-transfer fetch is retried with another peer.
+        fetch_ticks: ticks before a state-transfer fetch is retried with another peer (and
+            between two fetches of the ViewChanges a NewView names and a backup lacks).
+        view_change_fetch_ticks: a backup holding a NewView but not every ViewChange it
+            names first asks for the missing ones after this many ticks (they are usually
+            still on their way: every replica broadcasts its ViewChange).
         checkpoint_resend_ticks: a replica re-broadcasts its newest signed checkpoint vote
             this often while that checkpoint is not stable (a lost vote must not freeze the
             water marks for good).
@@ -61,6 +65,7 @@ class PbftConfig:
     view_change_ticks: int = 20
     max_view_change_ticks: int = 640
     fetch_ticks: int = 10
+    view_change_fetch_ticks: int = 1
     checkpoint_resend_ticks: int = 50
     max_pending: int = 1024
     early_votes: bool = True
@@ -78,6 +83,7 @@ class PbftConfig:
             "max_inflight_batches",
             "view_change_ticks",
             "fetch_ticks",
+            "view_change_fetch_ticks",
             "checkpoint_resend_ticks",
             "max_pending",
         ):

@@ -79,11 +79,13 @@ from phalanx.consensus.pbft.messages import (
     CommittedBatch,
     FetchCheckpoint,
     FetchCommitted,
+    FetchViewChanges,
     ForwardRequest,
     NewView,
     PbftDurableState,
     Prepare,
     PrePrepare,
+    RelayedViewChange,
     ViewChange,
     VoteKind,
 )
@@ -102,6 +104,8 @@ _PBFT_TYPES = (
     Checkpoint,
     ViewChange,
     NewView,
+    FetchViewChanges,
+    RelayedViewChange,
     ForwardRequest,
     FetchCheckpoint,
     CheckpointData,
@@ -358,6 +362,10 @@ class PbftCore:
                 self._views.on_view_change(msg)
             case NewView():
                 self._views.on_new_view(msg)
+            case FetchViewChanges():
+                self._views.on_fetch_view_changes(src, msg)
+            case RelayedViewChange():
+                self._views.on_relayed_view_change(msg)
             case ForwardRequest():
                 self._requests.forwarded(msg.request)
             case FetchCheckpoint():

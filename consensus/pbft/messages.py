@@ -10,7 +10,8 @@ clocks, random.
 Authentication (who signs what, and why):
 - Messages that travel as proofs are signed (Ed25519 in production): `PrePrepare` and
   `Prepare` (they form the prepared certificates carried by `ViewChange`), `Checkpoint`
-  (stable-checkpoint certificates), `ViewChange` and `NewView`.
+  (stable-checkpoint certificates), `ViewChange` and `NewView` (which names its view changes
+  by digest; a `RelayedViewChange` carries the signer's signature, whoever relays it).
 - What a signature covers is `signed_part(message)`: the message itself, except for a
   `PrePrepare`, whose signature covers only its header <PRE-PREPARE, v, n, d>
   (`PrePrepareHeader`), the batch m travelling alongside as in Castro-Liskov §4.2. The
@@ -159,18 +160,52 @@ class ViewChange(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ViewChangeRef:
+    """One entry of a NewView's V: the replica whose ViewChange it is and the digest of that
+    ViewChange's canonical encoding (`view_change.view_change_digest`), signature included."""
+
+    replica: NodeId
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NewView(Message):
-    """<NEW-VIEW, v+1, V, O>_sig(p) (Castro-Liskov §4.4): 2f+1 view changes V and the
-    pre-prepares O the new primary re-issues for the sequence numbers above min-s."""
+    """<NEW-VIEW, v+1, V, O>_sig(p) (Castro-Liskov §4.4, TOCS §5.2 digest form): V names 2f+1
+    view changes by (replica, digest) and O holds the pre-prepares the new primary re-issues
+    for the sequence numbers above min-s. Replicas broadcast their ViewChange to all, so a
+    backup checks V against the ones it holds and fetches the others (`FetchViewChanges`);
+    the NewView stays small whatever the prepared certificates weigh."""
 
     view: int
-    view_changes: tuple[ViewChange, ...]
+    view_changes: tuple[ViewChangeRef, ...]
     pre_prepares: tuple[PrePrepare, ...]
     replica: NodeId
     signature: bytes = b""
 
     def __str__(self) -> str:
         return f"NewView v={self.view} |V|={len(self.view_changes)} |O|={len(self.pre_prepares)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchViewChanges(Message):
+    """Ask for the ViewChanges of view `view` that a NewView names and the asker lacks (sent
+    to the new primary, which holds V, and to each signer for its own)."""
+
+    view: int
+    wanted: tuple[ViewChangeRef, ...]
+    replica: NodeId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelayedViewChange(Message):
+    """A ViewChange sent on by `replica` (which need not be its signer: its signature is the
+    signer's), in answer to `FetchViewChanges`."""
+
+    view_change: ViewChange
+    replica: NodeId
+
+    def __str__(self) -> str:
+        return f"RelayedViewChange ({self.view_change}) by {self.replica}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +271,8 @@ PbftMessage: TypeAlias = (
     | Checkpoint
     | ViewChange
     | NewView
+    | FetchViewChanges
+    | RelayedViewChange
     | ForwardRequest
     | FetchCheckpoint
     | CheckpointData
@@ -338,6 +375,9 @@ PBFT_MESSAGES: dict[int, type] = {
     210: FetchCommitted,
     211: CommittedBatch,
     212: PrePrepareHeader,
+    213: ViewChangeRef,
+    214: FetchViewChanges,
+    215: RelayedViewChange,
     220: SignedVote,
     221: SafetyData,
     222: PbftDurableState,

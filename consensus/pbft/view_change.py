@@ -3,8 +3,9 @@
 Owns: the checks of a `ViewChange` (its signature, its stable-checkpoint certificate, each
 prepared certificate), the computation of the pre-prepares a new primary must re-issue (the
 O set: for each seq between min-s and max-s, the batch of the highest-view prepared
-certificate, or a null request), and the verification of a received `NewView` by
-recomputing O. Pure functions of their arguments: no state, no I/O.
+certificate, or a null request), the digest a NewView names a ViewChange by, and the
+verification of a received `NewView` (its header alone, then against the view changes it
+names, by recomputing O). Pure functions of their arguments: no state, no I/O.
 Must not import: the core, trio, clocks, random, `phalanx.net`.
 
 Every check returns a drop reason (str) or None; peer input never raises here.
@@ -15,7 +16,7 @@ re-issues it at n (Castro-Liskov TOCS Thm. 4.4).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,7 +32,6 @@ from phalanx.consensus.pbft.messages import (
     signed_part,
 )
 from phalanx.consensus.pbft.stamp import pp_digest_ok
-from phalanx.consensus.types import NodeId
 
 
 class CheckCrypto(Verifier, Hasher, Protocol):
@@ -71,13 +71,22 @@ def check_checkpoint_proof(
 
 
 def check_prepared_proof(
-    config: PbftConfig, crypto: CheckCrypto, proof: PreparedProof, *, new_view: int, low: int
+    config: PbftConfig,
+    crypto: CheckCrypto,
+    proof: PreparedProof,
+    *,
+    new_view: int,
+    low: int,
+    known: Container[object] = frozenset(),
 ) -> str | None:
-    """A prepared certificate from a view before `new_view` for a seq in (low, low + L]."""
+    """A prepared certificate from a view before `new_view` for a seq in (low, low + L].
+    `known`: pre-prepares and prepares (whole, signature included) the caller verified
+    before with the same crypto; their digest and signatures are not checked again."""
     pp = proof.pre_prepare
     if not pp.view < new_view or not low < pp.seq <= low + config.log_window:
         return "bad_prepared_proof"
-    if pp.replica != config.primary(pp.view) or not pp_digest_ok(crypto, pp):
+    pp_known = pp in known
+    if pp.replica != config.primary(pp.view) or not (pp_known or pp_digest_ok(crypto, pp)):
         return "bad_prepared_proof"
     backups = {p.replica for p in proof.prepares}
     if len(backups) != len(proof.prepares) or len(backups) < config.quorum - 1:
@@ -86,16 +95,23 @@ def check_prepared_proof(
         return "bad_prepared_proof"
     if any((p.view, p.seq, p.digest) != (pp.view, pp.seq, pp.digest) for p in proof.prepares):
         return "bad_prepared_proof"
-    if not crypto.verify(pp.replica, signed_part(pp), pp.signature):
+    if not pp_known and not crypto.verify(pp.replica, signed_part(pp), pp.signature):
         return "bad_signature"
     for p in proof.prepares:
-        if not crypto.verify(p.replica, p, p.signature):
+        if p not in known and not crypto.verify(p.replica, p, p.signature):
             return "bad_signature"
     return None
 
 
-def check_view_change(config: PbftConfig, crypto: CheckCrypto, vc: ViewChange) -> str | None:
-    """Whether `vc` is well formed and correctly signed."""
+def check_view_change(
+    config: PbftConfig,
+    crypto: CheckCrypto,
+    vc: ViewChange,
+    *,
+    known: Container[object] = frozenset(),
+) -> str | None:
+    """Whether `vc` is well formed and correctly signed (`known`: as `check_prepared_proof`'s;
+    the certificates of the view changes of one view share most of their votes)."""
     if vc.replica not in config.replicas or vc.new_view < 1 or vc.stable_seq < 0:
         return "bad_view_change"
     if not crypto.verify(vc.replica, vc, vc.signature):
@@ -108,7 +124,7 @@ def check_view_change(config: PbftConfig, crypto: CheckCrypto, vc: ViewChange) -
         return "bad_prepared_proof"
     for proof in vc.prepared_proofs:
         reason = check_prepared_proof(
-            config, crypto, proof, new_view=vc.new_view, low=vc.stable_seq
+            config, crypto, proof, new_view=vc.new_view, low=vc.stable_seq, known=known
         )
         if reason is not None:
             return reason
@@ -160,33 +176,67 @@ def compute_new_view(
     return NewViewPlan(stable=stable, pre_prepares=tuple(o_set))
 
 
+def view_change_digest(crypto: Hasher, vc: ViewChange) -> bytes:
+    """The digest a NewView names `vc` by: of its canonical encoding, signature included."""
+    return digest_of(crypto, vc)
+
+
+def check_new_view_header(config: PbftConfig, crypto: CheckCrypto, nv: NewView) -> str | None:
+    """What can be checked of a NewView without its view changes: its sender is the primary
+    of its view, its signature, and V names 2f+1 distinct replicas of the configuration."""
+    primary = config.primary(nv.view)
+    if nv.view < 1 or nv.replica != primary:
+        return "bad_new_view"
+    if not crypto.verify(primary, nv, nv.signature):
+        return "bad_signature"
+    senders = [ref.replica for ref in nv.view_changes]
+    if len(set(senders)) != len(senders) or len(senders) < config.quorum:
+        return "bad_new_view"
+    if not set(senders) <= set(config.replicas):
+        return "bad_new_view"
+    return None
+
+
+def resolve_view_changes(
+    crypto: Hasher, nv: NewView, pool: tuple[ViewChange, ...]
+) -> tuple[ViewChange, ...] | None:
+    """The view changes `nv` names, in its order, found in `pool` by replica and digest
+    (None: one is missing). For callers holding whole messages (tests, attack models)."""
+    found = {
+        (vc.replica, view_change_digest(crypto, vc)): vc for vc in pool
+    }
+    out = [found.get((ref.replica, ref.digest)) for ref in nv.view_changes]
+    return None if any(vc is None for vc in out) else tuple(vc for vc in out if vc is not None)
+
+
 def check_new_view(
     config: PbftConfig,
     crypto: CheckCrypto,
     nv: NewView,
+    view_changes: tuple[ViewChange, ...],
     *,
-    checked: Mapping[NodeId, ViewChange] | None = None,
+    checked: bool = False,
 ) -> tuple[str | None, NewViewPlan | None]:
-    """Verify a NewView by checking its view changes and recomputing O; return
-    (drop reason, None) or (None, plan). `checked`: view changes the caller verified with
-    the same crypto (by sender); one of the NewView's equal to it is not verified again."""
-    primary = config.primary(nv.view)
-    if nv.view < 1 or nv.replica != primary:
+    """Verify a NewView against the view changes it names and recompute O; return (drop
+    reason, None) or (None, plan). `view_changes[i]` must be the one whose digest
+    `nv.view_changes[i]` names (the caller found it by that digest: `resolve_view_changes`,
+    or `ViewChangeFlow`'s store). `checked`: the caller verified each of them already (on
+    arrival, with the same crypto); they are not verified again."""
+    reason = check_new_view_header(config, crypto, nv)
+    if reason is not None:
+        return reason, None
+    if len(view_changes) != len(nv.view_changes):
         return "bad_new_view", None
-    if not crypto.verify(primary, nv, nv.signature):
-        return "bad_signature", None
-    senders = [vc.replica for vc in nv.view_changes]
-    if len(set(senders)) != len(senders) or len(senders) < config.quorum:
-        return "bad_new_view", None
-    for vc in nv.view_changes:
-        if vc.new_view != nv.view:
+    for ref, vc in zip(nv.view_changes, view_changes, strict=True):
+        if vc.replica != ref.replica or vc.new_view != nv.view:
             return "bad_new_view", None
-        if checked is not None and checked.get(vc.replica) == vc:
+        if checked:
             continue
         reason = check_view_change(config, crypto, vc)
         if reason is not None:
             return reason, None
-    plan = compute_new_view(config, crypto, nv.view, nv.view_changes)
+    plan = compute_new_view(config, crypto, nv.view, view_changes)
+    primary = nv.replica
     if len(plan.pre_prepares) != len(nv.pre_prepares):
         return "bad_new_view", None
     for want, got in zip(plan.pre_prepares, nv.pre_prepares, strict=True):

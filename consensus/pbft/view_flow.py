@@ -1,11 +1,13 @@
 """The view-change protocol of a PBFT replica (Castro-Liskov §4.4, liveness §4.5.2).
 
-Owns: `ViewChangeFlow`: the latest ViewChange of every replica, the NewView it sent (and
-when it resent it to whom), the votes of views not entered yet (`FutureVotes`), and the
-view-change timer (`ViewTimer`, which `vote_flow` resets when a batch executes). It leaves
-a view (ViewChange), collects view changes, builds and checks NewView messages, enters the
-new view, parks votes of other views, and resends its NewView to replicas that still speak
-in an older view (a restarted replica, or one that missed the NewView): the normal-case
+Owns: `ViewChangeFlow`: the latest ViewChange of every replica, the NewView it sent with
+its V (and when it resent it to whom), the votes of views not entered yet (`FutureVotes`),
+and the view-change timer (`ViewTimer`, which `vote_flow` resets when a batch executes). It
+leaves a view (ViewChange), collects view changes, builds NewView messages (V named by
+digest), checks received ones once it holds every ViewChange they name (`view_fetch.py`
+waits for and fetches the missing ones, and answers others' fetches), enters the new view,
+parks votes of other views, and resends its NewView to replicas that still speak in an
+older view (a restarted replica, or one that missed the NewView): the normal-case
 retransmission that brings them back. The pure checks and the O set are `view_change.py`'s;
 signing is `SafetyRules`'. It moves `Shared.view` and `Shared.active`, and tells the other
 sub-machines about a new view (`RequestFlow.new_view`/`entered_view`, `VoteFlow.prepare`,
@@ -29,16 +31,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phalanx.consensus.pbft.log import AddResult, FutureVotes
-from phalanx.consensus.pbft.messages import NewView, PrePrepare, ViewChange
+from phalanx.consensus.pbft.messages import (
+    FetchViewChanges,
+    NewView,
+    PrePrepare,
+    RelayedViewChange,
+    ViewChange,
+)
 from phalanx.consensus.pbft.request_flow import RequestFlow
 from phalanx.consensus.pbft.shared import Shared, Vote
 from phalanx.consensus.pbft.view_change import (
     CheckCrypto,
     NewViewPlan,
     check_new_view,
+    check_new_view_header,
     check_view_change,
     compute_new_view,
 )
+from phalanx.consensus.pbft.view_fetch import ViewChangeFetch, refs_of
 from phalanx.consensus.types import NodeId
 
 if TYPE_CHECKING:
@@ -73,14 +83,18 @@ class ViewChangeFlow:
 
     __slots__ = (
         "_checkpoints",
+        "_fetch",
         "_future",
         "_latest_vc",
         "_new_view",
         "_new_view_resent",
         "_new_view_sent",
+        "_new_view_vcs",
         "_requests",
         "_s",
         "_timer",
+        "_verified",
+        "_verified_cap",
         "_verifier",
         "_votes",
     )
@@ -105,6 +119,10 @@ class ViewChangeFlow:
         self._latest_vc: dict[NodeId, ViewChange] = {}
         self._new_view_sent = -1
         self._new_view: NewView | None = None  # ours, for the view we lead (resent to laggards)
+        self._new_view_vcs: dict[NodeId, ViewChange] = {}  # its V (served to backups lacking one)
+        self._fetch = ViewChangeFetch(shared)
+        self._verified: set[object] = set()  # votes of verified certificates (`_remember_votes`)
+        self._verified_cap = 2 * shared.cfg.n * (shared.cfg.log_window + 1)
         self._new_view_resent: dict[NodeId, tuple[int, int]] = {}
         self._future = FutureVotes(per_sender=3 * shared.cfg.log_window)
 
@@ -172,6 +190,7 @@ class ViewChangeFlow:
                 self.start_view_change(s.view + 1)
         if not s.active and s.ticks % s.cfg.fetch_ticks == 0:
             self._rebroadcast_view_change()  # a lost ViewChange must not stall rule 1 for good
+        self._fetch.tick(self._latest_vc)
 
     # ----------------------------------------------------------------------------------
     # Leaving a view
@@ -182,6 +201,7 @@ class ViewChangeFlow:
             return
         s.view = new_view
         s.active = False
+        self._fetch.forget(new_view, entered=False)
         self._timer.backoff += 1
         self._timer.remaining = None  # started by `tick` once the view change is backed
         s.durable_dirty = True
@@ -225,30 +245,68 @@ class ViewChangeFlow:
 
     def broadcast_view_change(self) -> None:
         vc = self._own_view_change()
+        self._remember_votes(vc)  # our own certificates: each vote verified on arrival
         self._s.broadcast(vc)
         self._add_view_change(vc)
 
     # ----------------------------------------------------------------------------------
     # Collecting view changes, NewView
 
-    def on_view_change(self, vc: ViewChange) -> None:
+    def on_view_change(self, vc: ViewChange, *, relayed: bool = False) -> None:
+        """A ViewChange from its signer, or `relayed` by another replica (an answer to our
+        `FetchViewChanges`; its signature is the signer's all the same)."""
         s = self._s
         # A copy of the ViewChange we hold from its sender (its periodic re-broadcast) passed
         # these checks already: the same verdict, without ~2f+1 signatures per certificate.
-        if self._latest_vc.get(vc.replica) != vc:
-            reason = check_view_change(s.cfg, self._verifier, vc)
+        if self._latest_vc.get(vc.replica) != vc and not self._fetch.found(vc):
+            reason = check_view_change(s.cfg, self._verifier, vc, known=self._verified)
             if reason is not None:
                 s.drop(reason)
                 return
+            self._remember_votes(vc)
         if vc.new_view < s.view or (vc.new_view == s.view and s.active):
             s.drop("stale_view_change")
-            self.resend_new_view(vc.replica)
+            if not relayed:
+                self.resend_new_view(vc.replica)
             return
-        self._add_view_change(vc)
+        if vc.replica != s.me:  # our own one sent back (signed before a restart): kept aside
+            self._add_view_change(vc)
+        if self._fetch.offer(vc):
+            self._try_waiting_new_views()
+
+    def _remember_votes(self, vc: ViewChange) -> None:
+        """The votes of `vc`'s certificates (verified): another view change's certificates
+        for the same seqs mostly hold the same ones, checked then by lookup, not signature
+        (per replica, ~n verifications per seq instead of ~n^2). Cleared when over
+        `_verified_cap`, so bounded whatever Byzantine signers send."""
+        verified = self._verified
+        if len(verified) > self._verified_cap:
+            verified.clear()
+        for proof in vc.prepared_proofs:
+            verified.add(proof.pre_prepare)
+            verified.update(proof.prepares)
+
+    def on_relayed_view_change(self, msg: RelayedViewChange) -> None:
+        self.on_view_change(msg.view_change, relayed=True)
+
+    def on_fetch_view_changes(self, src: NodeId, msg: FetchViewChanges) -> None:
+        """Send `src` the view changes it lacks that we hold: our own, the latest of each
+        signer, the V of the NewView we sent, those found for a NewView we wait on."""
+        own_nv = self._new_view_vcs if self._new_view is not None and (
+            self._new_view.view == msg.view) else {}
+
+        def held(replica: NodeId) -> tuple[ViewChange | None, ...]:
+            return (self._latest_vc.get(replica), own_nv.get(replica))
+
+        self._fetch.serve(src, msg, held)
 
     def _add_view_change(self, vc: ViewChange) -> None:
         old = self._latest_vc.get(vc.replica)
-        if old is not None and old.new_view >= vc.new_view:
+        # A newer ViewChange of the same view replaces the one held (its signer restarted,
+        # or, as new primary, refreshed its checkpoint): the NewView names the newer one.
+        if old is not None and (
+            old.new_view > vc.new_view or (old.new_view == vc.new_view and old == vc)
+        ):
             return
         self._latest_vc[vc.replica] = vc
         # Liveness (§4.5.2): f+1 replicas want a higher view; join the smallest of them.
@@ -281,34 +339,63 @@ class ViewChangeFlow:
         self._new_view_sent = v
         plan = compute_new_view(cfg, s.crypto, v, vcs)
         signed = tuple(s.safety.sign_pre_prepare(pp) for pp in plan.pre_prepares)
-        nv = NewView(view=v, view_changes=vcs, pre_prepares=signed, replica=me)
+        refs = refs_of(self._fetch, vcs)
+        nv = NewView(view=v, view_changes=refs, pre_prepares=signed, replica=me)
         nv = NewView(
             view=v,
-            view_changes=vcs,
+            view_changes=refs,
             pre_prepares=signed,
             replica=me,
             signature=s.safety.sign(nv),
         )
         self._new_view = nv
+        self._new_view_vcs = {vc.replica: vc for vc in vcs}
         s.broadcast(nv)
         self._enter_view(v, plan, signed)
 
     def on_new_view(self, nv: NewView) -> None:
+        """Check the NewView's header, then wait for the view changes it names (most are
+        held already: each replica broadcast its own), fetching the missing ones."""
         s = self._s
         if nv.view < s.view or (nv.view == s.view and s.active):
             s.drop("stale_new_view")
             return
-        reason, plan = check_new_view(s.cfg, self._verifier, nv, checked=self._latest_vc)
-        if reason is not None or plan is None:
-            s.drop(reason or "bad_new_view")
+        reason = check_new_view_header(s.cfg, self._verifier, nv)
+        if reason is not None:
+            s.drop(reason)
             return
-        self._enter_view(nv.view, plan, nv.pre_prepares)
+        if not self._fetch.wait(nv):
+            s.drop("stale_new_view")  # a copy of the one waiting, or older than it
+            return
+        for _ in range(self._fetch.mismatched(nv, self._latest_vc)):
+            s.drop("view_change_digest_mismatch")
+        self._try_waiting_new_views()
+
+    def _try_waiting_new_views(self) -> None:
+        """Check the waiting NewViews, lowest view first, and enter the view of the first
+        one whose view changes are all at hand and whose O follows from them (each view
+        change was verified on arrival: not again)."""
+        s = self._s
+        fetch = self._fetch
+        for w in fetch.by_view():
+            vcs = fetch.resolve(w, self._latest_vc)
+            if vcs is None:
+                continue
+            del fetch.waiting[w.nv.replica]
+            nv = w.nv
+            reason, plan = check_new_view(s.cfg, self._verifier, nv, vcs, checked=True)
+            if reason is not None or plan is None:
+                s.drop(reason or "bad_new_view")
+                continue
+            self._enter_view(nv.view, plan, nv.pre_prepares)
+            return
 
     def _enter_view(self, v: int, plan: NewViewPlan, pre_prepares: tuple[PrePrepare, ...]) -> None:
         s = self._s
         log = s.log
         s.view = v
         s.active = True
+        self._fetch.forget(v, entered=True)
         self._timer.remaining = None
         s.durable_dirty = True
         s.hard_dirty = True

@@ -156,6 +156,10 @@ class SimNetwork:
         """Once `stats.bytes_sent` exceeds it, `loop.halted` is set (a runaway guard)."""
         self._deliver = deliver
         self._encode = encode
+        # The last message encoded and its bytes: a broadcast sends one (immutable) message
+        # object to every peer, encoded once (a NewView or ViewChange weighs up to MBs).
+        self._last_sent: Message | None = None
+        self._last_payload = b""
         self._decode: Decode = decode if decode is not None else _no_decode
         if decode_memo < 0:
             raise ValueError(f"decode_memo must be >= 0, got {decode_memo}")
@@ -237,7 +241,11 @@ class SimNetwork:
         payload: bytes | Message
         encode = self._encode
         if encode is not None:
-            payload = encode(message)
+            if message is self._last_sent:
+                payload = self._last_payload
+            else:
+                payload = self._last_payload = encode(message)
+                self._last_sent = message
             stats.bytes_sent += len(payload)
             if stats.bytes_sent > self.byte_budget:
                 self.loop.halted = True

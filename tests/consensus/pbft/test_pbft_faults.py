@@ -19,8 +19,11 @@ from phalanx.consensus.pbft.messages import (
     NewView,
     Prepare,
     PrePrepare,
+    RelayedViewChange,
     ViewChange,
+    ViewChangeRef,
 )
+from phalanx.consensus.pbft.view_change import view_change_digest
 from phalanx.consensus.types import Message, NodeId
 
 
@@ -322,11 +325,18 @@ def _forged_new_view_scenario(bugs: frozenset[str]) -> bool:
         )
         for r in (n2, n3)
     )
-    nv = c.byz_sign(byz, NewView(view=1, view_changes=(own, *forged), pre_prepares=(), replica=byz))  # type: ignore[arg-type]
+    vcs = (own, *forged)
+    refs = tuple(
+        ViewChangeRef(replica=vc.replica, digest=view_change_digest(c.crypto[byz], vc))
+        for vc in vcs
+    )
+    nv = c.byz_sign(byz, NewView(view=1, view_changes=refs, pre_prepares=(), replica=byz))
     batch = (req("b", 0),)
     pp = _pp(c, 1, 1, batch, byz)
     for i in (n2, n3):
         c.inject(byz, i, nv)
+        for vc in vcs:  # the NewView names them by digest: relayed beside it
+            c.inject(byz, i, RelayedViewChange(view_change=vc, replica=byz))  # type: ignore[arg-type]
         c.inject(byz, i, pp)
         c.inject(byz, i, _commit(c, byz, i, 1, 1, pp.digest))
     c.deliver()

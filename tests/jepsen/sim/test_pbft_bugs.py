@@ -29,8 +29,15 @@ from phalanx.consensus.core import Receive
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.pbft import PbftBugs, PbftConfig, PbftCore
 from phalanx.consensus.pbft.bugs import SkipViewChangeSignatures
-from phalanx.consensus.pbft.messages import Commit, NewView, Prepare, PrePrepare, signed_part
-from phalanx.consensus.pbft.view_change import check_new_view
+from phalanx.consensus.pbft.messages import (
+    Commit,
+    NewView,
+    Prepare,
+    PrePrepare,
+    RelayedViewChange,
+    signed_part,
+)
+from phalanx.consensus.pbft.view_change import check_new_view, resolve_view_changes
 from phalanx.consensus.types import ClientRequest, NodeId
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.attacks import AttackCore, Collusion
@@ -182,9 +189,12 @@ def test_forged_new_view_is_rejected_unless_view_change_signatures_are_skipped(
     nv = nvs[0]
     assert nv.view == 1
     assert not [m for m in sent if isinstance(m, Commit) and m.view == 0], "own votes withheld"
-    reason, _ = check_new_view(_cfg("n3"), crypto3, nv)
+    relayed = tuple(m.view_change for m in sent if isinstance(m, RelayedViewChange))
+    vcs = resolve_view_changes(crypto3, nv, relayed)
+    assert vcs is not None, "the forged view changes the NewView names travel beside it"
+    reason, _ = check_new_view(_cfg("n3"), crypto3, nv, vcs)
     assert reason == "bad_signature"
-    reason, plan = check_new_view(_cfg("n3"), SkipViewChangeSignatures(crypto3), nv)
+    reason, plan = check_new_view(_cfg("n3"), SkipViewChangeSignatures(crypto3), nv, vcs)
     assert reason is None
     assert plan is not None
     assert plan.pre_prepares == ()
