@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from phalanx.consensus.leaderless.transfer_messages import TRANSFER_MESSAGES
 from phalanx.consensus.pbft.messages import PBFT_MESSAGES, PbftDurableState
@@ -45,6 +45,8 @@ from phalanx.consensus.types import ClientRequest, Message, NodeId
 TxId = bytes
 """A transaction's id: the digest of its body (`Transaction` with the signature emptied)."""
 
+
+_OPTIONAL = {"wire_optional": True}  # a trailing field old encodings omit (net/codec.py)
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
 class Requirement:
@@ -201,6 +203,9 @@ class StartCheckpoint(Message):
     tx_ids: tuple[TxId, ...]
     delivered: tuple[NodeId, ...] = ()
     txs: tuple[Transaction, ...] = ()
+    round: int = field(default=0, metadata=_OPTIONAL)
+    """The ordered mode's re-checkpoint round (0 first; docs/LEADERLESS.md "Kept, then
+    stuck"); the veto mode ignores it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,6 +315,7 @@ class OrderedVote(Message):
     voter: NodeId
     evidence: tuple[TransactionProof, ...] = ()
     signature: bytes = b""
+    round: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,6 +327,7 @@ class CloseCheckpoint(Message):
     tx_ids: tuple[TxId, ...]
     proposer: NodeId
     signature: bytes = b""
+    round: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -332,6 +339,7 @@ class OrderedCheckpointState(Message):
     tx_ids: tuple[TxId, ...]
     votes: tuple[OrderedVote, ...] = ()
     closers: tuple[NodeId, ...] = ()
+    round: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
