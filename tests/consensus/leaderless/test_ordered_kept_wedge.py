@@ -4,12 +4,18 @@ the pbft-mode bank wedge; docs/LEADERLESS.md "Ordered resolution", "Kept, then s
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from leaderless_harness import EPOCH, make_tx, tx_id, version
+from test_leaderless_ordered_state import IDS, NODES, machine, sign
 from test_leaderless_ordered_veto import N1, N2, N3, OrderedCluster, state
 
-from phalanx.consensus.leaderless.messages import Transaction
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.leaderless.messages import OrderedVote, OrderingSnapshot, Transaction
 from phalanx.consensus.leaderless.store import TxState
+from phalanx.consensus.leaderless.veto import checkpoint_id
+from phalanx.net import wire
 
 
 def wedge(bugs: frozenset[str] = frozenset()) -> tuple[
@@ -63,3 +69,33 @@ def test_a_transaction_endorsed_only_on_a_committed_condition_is_dropped(
         c.tick(rounds=3)
         assert {state(c, n, t3) for n in c.ids} == {TxState.COMMITTED}
     assert {c.nodes[n].app.data.get("x") for n in c.ids} == {b"c" if bug is None else b"a"}
+
+
+def test_a_round_names_a_new_checkpoint_and_travels_on_the_wire() -> None:
+    """Round r > 0 is a different checkpoint of the same ids (decided round 0 does not hide
+    it), survives the wire codec and a snapshot; a vote naming the round-0 id with round 1,
+    or a negative round, is invalid everywhere."""
+    crypto = FastCrypto(NODES[0])
+    cid0, cid1 = checkpoint_id(crypto, IDS), checkpoint_id(crypto, IDS, 1)
+    assert cid0 != cid1
+    state = machine()
+    for rnd, cid in ((0, cid0), (1, cid1)):
+        decisions = [state.execute(b"%d%s" % (rnd, n.encode()), sign(
+            OrderedVote(checkpoint=cid, tx_ids=IDS, voter=n, round=rnd), n)) for n in NODES]
+        assert [d is not None for d in decisions] == [False, False, False, True]
+        assert state.decided(cid)
+    vote = sign(OrderedVote(checkpoint=checkpoint_id(crypto, IDS, 2), tx_ids=IDS,
+                            voter=NODES[0], round=2), NODES[0])
+    assert wire.decode(wire.encode(vote)) == vote
+    plain = OrderedVote(checkpoint=cid0, tx_ids=IDS, voter=NODES[0])
+    assert wire.decode(wire.encode(plain)) == plain  # round 0 is not sent: old encodings
+    assert len(wire.encode(plain)) < len(wire.encode(dataclasses.replace(plain, round=1)))
+    state.execute(b"open", vote)
+    snap = state.snapshot()
+    assert [s.round for s in snap.open] == [2]
+    assert wire.decode(wire.encode(snap), expected=OrderingSnapshot) == snap
+    for bad in (dataclasses.replace(vote, checkpoint=cid0, round=1),
+                dataclasses.replace(vote, round=-1)):
+        assert state.execute(b"bad", sign(bad, NODES[0])) is None
+    assert state.counts().get("ordered_bad_checkpoint_id") == 1
+    assert state.counts().get("ordered_bad_id_list") == 1
