@@ -306,9 +306,10 @@ class OrderingSubmit(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OrderedVote(Message):
     """A voter's signed vote on checkpoint `checkpoint` (the digest of its sorted
-    `tx_ids`), ordered through the embedded PBFT: `evidence` is the voter's full
-    endorsement set for those transactions (per transaction at most one proof, sorted by
-    transaction id; a commit certificate when the voter committed it)."""
+    `tx_ids` and `round`), ordered through the embedded PBFT: `evidence` is the voter's
+    endorsement set for those transactions but the dead ones (a condition committed at the
+    voter; per transaction at most one proof, sorted by transaction id; a commit
+    certificate when the voter committed it)."""
 
     checkpoint: bytes
     tx_ids: tuple[TxId, ...]

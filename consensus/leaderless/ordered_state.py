@@ -15,6 +15,8 @@ Rules (docs/LEADERLESS.md, "Ordered resolution"):
   and the closes of at least f+1 distinct members (one of them correct, who waited).
 - Per transaction T of C: the endorsements of T the counted votes carry (the first per
   endorser, in order) reaching Q_policy(T) KEEP T (with that proof), else T is DROPPED.
+- A checkpoint is named by its ids and its round (`checkpoint_id`): round r > 0 is a new
+  checkpoint of ids an earlier round kept (docs/LEADERLESS.md "Kept, then stuck").
 
 Invariants: a pure, deterministic function of the executed sequence (insertion-ordered
 dicts, sorted ids, no clocks, no randomness); peer content never raises; memory is bounded
