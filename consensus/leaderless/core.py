@@ -542,21 +542,16 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             sorted(record.endorsements.values(), key=lambda e: e.endorser)))
 
     def _evidence_of(self, tx_id: TxId) -> TransactionProof | None:
-        """Every endorsement this node holds of `tx_id` that may still count (its commit
-        certificate when committed here): an ordered vote's evidence (`ordered_veto.py`).
-        An endorsement with a condition committed here is dead (it never becomes definitely
-        valid anywhere) and left out (docs/LEADERLESS.md "Kept, then stuck")."""
-        certificate = self._gate.proof(tx_id)
-        if certificate is not None:
-            return certificate
+        """An ordered vote's evidence (`ordered_veto.py`): the commit certificate of `tx_id`
+        when committed here, else its endorsements held here but the dead ones (a condition
+        committed here: never definitely valid anywhere; LEADERLESS.md "Kept, then stuck")."""
         record = self._store.get(tx_id)
-        if record is None:
-            return None
-        committed = TxState.COMMITTED
+        if (certificate := self._gate.proof(tx_id)) is not None or record is None:
+            return certificate
         dead_too = "ordered_dead_evidence" in self._bugs  # the deliberate bug (bugs.py)
-        live = sorted((e for e in record.endorsements.values() if dead_too
-                       or not any(self._store.state_of(c) is committed for c in e.conditions)),
-                      key=lambda e: e.endorser)
+        live = sorted((e for e in record.endorsements.values() if dead_too or not any(
+            self._store.state_of(c) is TxState.COMMITTED for c in e.conditions)),
+            key=lambda e: e.endorser)
         return TransactionProof(tx=record.tx, endorsements=tuple(live)) if live else None
 
     def _drain_checkpoints(self, out: Outbox) -> None:
