@@ -24,6 +24,12 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   closes, a transaction whose counted evidence plus the uncounted members could make a
   quorum (the rule before 2026-12-02): a committer killed past the close then sees its
   transaction dropped everywhere else (DROP meets a commit).
+- ``ordered_decided_once``: `stuck_resolution = "pbft"` never checkpoints a transaction
+  again once a checkpoint naming it decided (the rule before 2026-12-02 evening): one kept
+  on endorsements that later died stays pending for ever (the bank wedge; liveness).
+- ``ordered_dead_evidence``: `stuck_resolution = "pbft"` votes carry endorsements whose
+  condition committed at the voter (the rule before 2026-12-02 evening): every later round
+  keeps such a transaction again (liveness).
 - ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
   hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
   state goes in).
@@ -53,7 +59,8 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "skip_requirements", "count_conditional", "ordered_one_close",
                               "ordered_drop_ambiguous", "skip_checkpoint_digest",
                               "no_state_transfer", "forget_undecided",
-                              "refuse_behind_checkpoint", "drop_forgotten")
+                              "refuse_behind_checkpoint", "drop_forgotten",
+                              "ordered_decided_once", "ordered_dead_evidence")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -131,7 +131,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 tx_id_of=self._tx_id, evidence_of=self._evidence_of,
                 restored=restored.ordering if restored is not None else None,
                 one_close="ordered_one_close" in self._bugs,
-                drop_ambiguous="ordered_drop_ambiguous" in self._bugs)
+                drop_ambiguous="ordered_drop_ambiguous" in self._bugs,
+                decided_once="ordered_decided_once" in self._bugs)
         else:
             self._checkpoints = CheckpointMachine(
                 node_id=config.node_id, nodes=config.nodes, crypto=crypto,
@@ -541,16 +542,17 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             sorted(record.endorsements.values(), key=lambda e: e.endorser)))
 
     def _evidence_of(self, tx_id: TxId) -> TransactionProof | None:
-        """Every endorsement this node holds of `tx_id` (its commit certificate when
-        committed here): an ordered vote's evidence (`ordered_veto.py`)."""
-        certificate = self._gate.proof(tx_id)
-        if certificate is not None:
-            return certificate
+        """An ordered vote's evidence (`ordered_veto.py`): the commit certificate of `tx_id`
+        when committed here, else its endorsements held here but the dead ones (a condition
+        committed here: never definitely valid anywhere; LEADERLESS.md "Kept, then stuck")."""
         record = self._store.get(tx_id)
-        if record is None or not record.endorsements:
-            return None
-        return TransactionProof(tx=record.tx, endorsements=tuple(
-            sorted(record.endorsements.values(), key=lambda e: e.endorser)))
+        if (certificate := self._gate.proof(tx_id)) is not None or record is None:
+            return certificate
+        dead_too = "ordered_dead_evidence" in self._bugs  # the deliberate bug (bugs.py)
+        live = sorted((e for e in record.endorsements.values() if dead_too or not any(
+            self._store.state_of(c) is TxState.COMMITTED for c in e.conditions)),
+            key=lambda e: e.endorser)
+        return TransactionProof(tx=record.tx, endorsements=tuple(live)) if live else None
 
     def _drain_checkpoints(self, out: Outbox) -> None:
         effects = self._checkpoints.drain()

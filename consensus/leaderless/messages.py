@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from phalanx.consensus.leaderless.transfer_messages import TRANSFER_MESSAGES
 from phalanx.consensus.pbft.messages import PBFT_MESSAGES, PbftDurableState
@@ -46,6 +46,8 @@ from phalanx.consensus.types import ClientRequest, Message, NodeId
 TxId = bytes
 """A transaction's id: the digest of its body (`Transaction` with the signature emptied)."""
 
+
+_OPTIONAL = {"wire_optional": True}  # a trailing field old encodings omit (net/codec.py)
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
 class Requirement:
@@ -202,6 +204,9 @@ class StartCheckpoint(Message):
     tx_ids: tuple[TxId, ...]
     delivered: tuple[NodeId, ...] = ()
     txs: tuple[Transaction, ...] = ()
+    round: int = field(default=0, metadata=_OPTIONAL)
+    """The ordered mode's re-checkpoint round (0 first; docs/LEADERLESS.md "Kept, then
+    stuck"); the veto mode ignores it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,15 +320,17 @@ class OrderingSubmit(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OrderedVote(Message):
     """A voter's signed vote on checkpoint `checkpoint` (the digest of its sorted
-    `tx_ids`), ordered through the embedded PBFT: `evidence` is the voter's full
-    endorsement set for those transactions (per transaction at most one proof, sorted by
-    transaction id; a commit certificate when the voter committed it)."""
+    `tx_ids` and `round`), ordered through the embedded PBFT: `evidence` is the voter's
+    endorsement set for those transactions but the dead ones (a condition committed at the
+    voter; per transaction at most one proof, sorted by transaction id; a commit
+    certificate when the voter committed it)."""
 
     checkpoint: bytes
     tx_ids: tuple[TxId, ...]
     voter: NodeId
     evidence: tuple[TransactionProof, ...] = ()
     signature: bytes = b""
+    round: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,6 +342,7 @@ class CloseCheckpoint(Message):
     tx_ids: tuple[TxId, ...]
     proposer: NodeId
     signature: bytes = b""
+    round: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -346,6 +354,7 @@ class OrderedCheckpointState(Message):
     tx_ids: tuple[TxId, ...]
     votes: tuple[OrderedVote, ...] = ()
     closers: tuple[NodeId, ...] = ()
+    round: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

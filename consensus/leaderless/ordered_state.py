@@ -7,7 +7,7 @@ catches up by state transfer learns the drops it skipped), the hash chain of exe
 `OrderingSnapshot` (the embedded PBFT's checkpoint data) and the `Decision`s it reaches.
 
 Rules (docs/LEADERLESS.md, "Ordered resolution"):
-- An item is judged only on its own content (membership, ids, checkpoint id, signature,
+- An item is judged only on its own content (membership, ids, round, checkpoint id, signature,
   self-certifying evidence): the same verdict at every correct node. Invalid items are
   ignored and counted; of each voter only the first valid vote counts, of each proposer the
   first close; items of a remembered decided checkpoint are ignored.
@@ -15,6 +15,8 @@ Rules (docs/LEADERLESS.md, "Ordered resolution"):
   and the closes of at least f+1 distinct members (one of them correct, who waited).
 - Per transaction T of C: the endorsements of T the counted votes carry (the first per
   endorser, in order) reaching Q_policy(T) KEEP T (with that proof), else T is DROPPED.
+- A checkpoint is named by its ids and its round (`checkpoint_id`): round r > 0 is a new
+  checkpoint of ids an earlier round kept (docs/LEADERLESS.md "Kept, then stuck").
 
 Invariants: a pure, deterministic function of the executed sequence (insertion-ordered
 dicts, sorted ids, no clocks, no randomness); peer content never raises; memory is bounded
@@ -63,6 +65,7 @@ class _Open:
     tx_ids: tuple[TxId, ...]
     votes: dict[NodeId, OrderedVote]
     closers: dict[NodeId, None]
+    round: int = 0
 
 
 def valid_ids(tx_ids: object) -> bool:
@@ -72,6 +75,14 @@ def valid_ids(tx_ids: object) -> bool:
     if not all(isinstance(t, bytes) and 1 <= len(t) <= MAX_TX_ID_BYTES for t in tx_ids):
         return False
     return all(a < b for a, b in pairwise(tx_ids))
+
+
+MAX_ROUND = 2**32 - 1
+
+
+def valid_round(round_no: object) -> bool:
+    """A re-checkpoint round (docs/LEADERLESS.md "Kept, then stuck"): an int in 0..2^32-1."""
+    return type(round_no) is int and 0 <= round_no <= MAX_ROUND
 
 
 class OrderedState:
@@ -126,7 +137,8 @@ class OrderedState:
         self._chain = snap.chain
         self._open: dict[bytes, _Open] = {
             s.checkpoint: _Open(tx_ids=s.tx_ids, votes={v.voter: v for v in s.votes},
-                                closers=dict.fromkeys(s.closers)) for s in snap.open}
+                                closers=dict.fromkeys(s.closers), round=s.round)
+            for s in snap.open}
         self._decided: dict[bytes, None] = dict.fromkeys(snap.decided)
         self._dropped: dict[TxId, None] = dict.fromkeys(snap.dropped)
 
@@ -137,7 +149,7 @@ class OrderedState:
             chain=self._chain,
             open=tuple(OrderedCheckpointState(checkpoint=cid, tx_ids=o.tx_ids,
                                               votes=tuple(o.votes.values()),
-                                              closers=tuple(o.closers))
+                                              closers=tuple(o.closers), round=o.round)
                        for cid, o in self._open.items()),
             decided=tuple(self._decided), dropped=tuple(self._dropped))
 
@@ -170,15 +182,17 @@ class OrderedState:
     def _count(self, reason: str) -> None:
         self._counts[reason] = self._counts.get(reason, 0) + 1
 
-    def _checkpoint(self, cid: object, tx_ids: object, who: object) -> _Open | None:
+    def _checkpoint(self, cid: object, tx_ids: object, who: object,
+                    round_no: object) -> _Open | None:
         if who not in self._members:
             self._count("ordered_not_a_member")
             return None
-        if not valid_ids(tx_ids) or not isinstance(cid, bytes):
+        if not valid_ids(tx_ids) or not isinstance(cid, bytes) or not valid_round(round_no):
             self._count("ordered_bad_id_list")
             return None
         assert isinstance(tx_ids, tuple)
-        if cid != checkpoint_id(self._crypto, tx_ids):
+        assert isinstance(round_no, int)
+        if cid != checkpoint_id(self._crypto, tx_ids, round_no):
             self._count("ordered_bad_checkpoint_id")
             return None
         if cid in self._decided:
@@ -186,11 +200,11 @@ class OrderedState:
             return None
         o = self._open.get(cid)
         if o is None:
-            o = self._open[cid] = _Open(tx_ids=tx_ids, votes={}, closers={})
+            o = self._open[cid] = _Open(tx_ids=tx_ids, votes={}, closers={}, round=round_no)
         return o
 
     def _vote(self, vote: OrderedVote) -> Decision | None:
-        o = self._checkpoint(vote.checkpoint, vote.tx_ids, vote.voter)
+        o = self._checkpoint(vote.checkpoint, vote.tx_ids, vote.voter, vote.round)
         if o is None:
             return None
         held = o.votes.get(vote.voter)
@@ -205,7 +219,7 @@ class OrderedState:
         return self._maybe_decide(vote.checkpoint, o)
 
     def _close(self, close: CloseCheckpoint) -> Decision | None:
-        o = self._checkpoint(close.checkpoint, close.tx_ids, close.proposer)
+        o = self._checkpoint(close.checkpoint, close.tx_ids, close.proposer, close.round)
         if o is None:
             return None
         if close.proposer in o.closers:

@@ -17,6 +17,9 @@ Rules:
   until the checkpoint decides (`blocked`); it abstains while one of them is `unprovable`.
 - It proposes a close `close_ticks` ticks after it heard of an undecided checkpoint, once
   its own vote is ordered.
+- A transaction still stuck whose remembered checkpoints are all decided (kept: KEEP only
+  says "not dropped now") goes out again in a checkpoint of the next round, after a wait
+  that doubles with the round (docs/LEADERLESS.md "Kept, then stuck").
 - Its own items go to PBFT one at a time (PBFT deduplicates a client's requests by
   increasing numbers: a later number executed first would swallow an earlier one); the head
   is submitted again every period until it executes.
@@ -67,7 +70,13 @@ from phalanx.consensus.leaderless.messages import (
     VoteReady,
     VoteRelay,
 )
-from phalanx.consensus.leaderless.ordered_state import Decision, OrderedState, valid_ids
+from phalanx.consensus.leaderless.ordered_state import (
+    MAX_ROUND,
+    Decision,
+    OrderedState,
+    valid_ids,
+    valid_round,
+)
 from phalanx.consensus.leaderless.veto import ProofOf, VetoEffects, checkpoint_id
 from phalanx.consensus.pbft.config import PbftConfig
 from phalanx.consensus.pbft.core import PbftCore, PbftRestoredState
@@ -94,9 +103,11 @@ class OrderingCodec(Protocol):
 class _Local:
     tx_ids: tuple[TxId, ...]
     heard: int
+    round: int = 0
     own: OrderedVote | None = None
     closed: bool = False
     decided: bool = False
+    decided_at: int = 0
 
 
 @dataclass(slots=True)
@@ -115,9 +126,9 @@ class OrderedCheckpoints:
                  codec: OrderingCodec, tx_id_of: Callable[[Transaction], TxId],
                  evidence_of: EvidenceOf, restored: OrderingRecord | None = None,
                  pbft: PbftConfig | None = None, one_close: bool = False,
-                 drop_ambiguous: bool = False) -> None:
-        """`one_close`, `drop_ambiguous`: the deliberate bugs `ordered_one_close` and
-        `ordered_drop_ambiguous` (`bugs.py`)."""
+                 drop_ambiguous: bool = False, decided_once: bool = False) -> None:
+        """`one_close`, `drop_ambiguous`, `decided_once`: the deliberate bugs
+        `ordered_one_close`, `ordered_drop_ambiguous` and `ordered_decided_once` (`bugs.py`)."""
         if not (callable(getattr(codec, "encode_item", None))
                 and callable(getattr(codec, "decode_item", None))):
             raise LocalProtocolError("stuck_resolution 'pbft' needs a codec with "
@@ -140,6 +151,7 @@ class OrderedCheckpoints:
         rec = restored if restored is not None else OrderingRecord()
         self._close_quorum = 1 if one_close else config.faults + 1
         self._drop_ambiguous = drop_ambiguous
+        self._decided_once = decided_once
         self._state = self._new_state(rec.state)
         self._pbft_state = rec.pbft
         self._executed = rec.executed
@@ -151,7 +163,7 @@ class OrderedCheckpoints:
                               else PbftRestoredState(durable=rec.pbft, executed=rec.executed,
                                                      checkpoint_data=data))
         self._ticks = 0
-        self._queued: dict[TxId, None] = {}
+        self._queued: dict[TxId, int] = {}  # id -> the round of its next checkpoint
         self._local: dict[bytes, _Local] = {}
         self._by_tx: dict[TxId, dict[bytes, None]] = {}
         self._out = _Outgoing()
@@ -171,7 +183,7 @@ class OrderedCheckpoints:
         for vote in rec.own:
             if vote.voter != self.node_id:
                 raise LocalProtocolError(f"restored vote is not {self.node_id!r}'s: {vote!r}")
-            loc = self._remember(vote.checkpoint, vote.tx_ids)
+            loc = self._remember(vote.checkpoint, vote.tx_ids, vote.round)
             loc.own = vote
             loc.decided = self._state.decided(vote.checkpoint)
             if not loc.decided:
@@ -180,8 +192,29 @@ class OrderedCheckpoints:
     # Inputs (the `CheckpointMachine` interface) ----------------------------------------
 
     def queue(self, tx_id: TxId) -> None:
-        if tx_id not in self._by_tx:
-            self._queued[tx_id] = None
+        """Ask for a checkpoint of stuck `tx_id` (the core asks again every period while it
+        stays stuck): round 0 when no remembered checkpoint names it; when every one that
+        does is decided, the last at least `_retry_wait(r)` ticks ago, round r + 1 (r: the
+        highest round among them)."""
+        holders = self._by_tx.get(tx_id)
+        if not holders:
+            self._queued.setdefault(tx_id, 0)
+            return
+        locs = [self._local[cid] for cid in holders]
+        if self._decided_once or any(not loc.decided for loc in locs):
+            return
+        last = max(loc.round for loc in locs)
+        if last < MAX_ROUND and self._ticks - max(
+                loc.decided_at for loc in locs) >= self._retry_wait(last):
+            self._queued[tx_id] = last + 1
+
+    def _retry_wait(self, round_no: int) -> int:
+        return (self._config.close_ticks + self._config.checkpoint_ticks) << min(round_no, 6)
+
+    def _covered(self, tx_id: TxId, round_no: int) -> bool:
+        """Whether a remembered checkpoint of `tx_id` is undecided or of round >= `round_no`."""
+        return any(not (loc := self._local[cid]).decided or loc.round >= round_no
+                   for cid in self._by_tx.get(tx_id, ()))
 
     def tick(self, proof_of: ProofOf) -> None:
         """Every tick: the embedded PBFT's tick and the close timers. Every
@@ -198,23 +231,25 @@ class OrderedCheckpoints:
                     and self._state.counted(cid, self.node_id)[0]):
                 loc.closed = True
                 close = CloseCheckpoint(checkpoint=cid, tx_ids=loc.tx_ids,
-                                        proposer=self.node_id)
+                                        proposer=self.node_id, round=loc.round)
                 self._enqueue(dataclasses.replace(close, signature=self._crypto.sign(close)))
         if self._ticks % self._config.checkpoint_ticks:
             return
         for loc in self._local.values():
             if not loc.decided:
-                self._broadcast(StartCheckpoint(tx_ids=loc.tx_ids))
+                self._broadcast(StartCheckpoint(tx_ids=loc.tx_ids, round=loc.round))
         if self._out.head is not None:
             self._submit(self._out.head)
-        queued = sorted(t for t in self._queued if t not in self._by_tx)
-        self._queued = dict.fromkeys(queued)
-        if queued:
-            tx_ids = tuple(queued[: self._config.checkpoint_batch])
+        self._queued = {t: self._queued[t] for t in sorted(self._queued)
+                        if not self._covered(t, self._queued[t])}
+        if self._queued:
+            round_no = min(self._queued.values())  # one round per checkpoint
+            tx_ids = tuple([t for t, r in self._queued.items() if r == round_no][
+                : self._config.checkpoint_batch])
             for t in tx_ids:
                 del self._queued[t]
-            self._broadcast(StartCheckpoint(tx_ids=tx_ids))
-            self._hear(tx_ids)
+            self._broadcast(StartCheckpoint(tx_ids=tx_ids, round=round_no))
+            self._hear(tx_ids, round_no)
 
     def on_start(self, src: NodeId, msg: StartCheckpoint, proof_of: ProofOf) -> None:
         del proof_of
@@ -222,8 +257,10 @@ class OrderedCheckpoints:
             self._count("not_a_member")
         elif not valid_ids(msg.tx_ids):
             self._count("bad_id_list")
+        elif not valid_round(msg.round):
+            self._count("bad_round")
         else:
-            self._hear(msg.tx_ids)
+            self._hear(msg.tx_ids, msg.round)
 
     def on_choice(self, src: NodeId, msg: VetoChoice, proof_of: ProofOf) -> None:
         self._count("veto_message_in_pbft_mode")
@@ -336,25 +373,26 @@ class OrderedCheckpoints:
         self._sends.extend(Send(to=peer, message=msg)
                            for peer in self._nodes if peer != self.node_id)
 
-    def _remember(self, cid: bytes, tx_ids: tuple[TxId, ...]) -> _Local:
+    def _remember(self, cid: bytes, tx_ids: tuple[TxId, ...], round_no: int) -> _Local:
         loc = self._local.get(cid)
         if loc is None:
-            loc = self._local[cid] = _Local(tx_ids=tx_ids, heard=self._ticks)
+            loc = self._local[cid] = _Local(tx_ids=tx_ids, heard=self._ticks, round=round_no)
             for t in tx_ids:
                 self._by_tx.setdefault(t, {})[cid] = None
                 self._queued.pop(t, None)
         return loc
 
-    def _hear(self, tx_ids: tuple[TxId, ...]) -> None:
-        """This node heard of checkpoint `tx_ids`: remember it and vote once."""
-        cid = checkpoint_id(self._crypto, tx_ids)
+    def _hear(self, tx_ids: tuple[TxId, ...], round_no: int) -> None:
+        """This node heard of checkpoint `tx_ids` (of round `round_no`): remember it and
+        vote once."""
+        cid = checkpoint_id(self._crypto, tx_ids, round_no)
         if cid not in self._local and sum(
                 1 for loc in self._local.values() if not loc.decided) >= MAX_OPEN:
             self._count("too_many_open_checkpoints")  # as the veto mode's `max_open`
             return
-        loc = self._remember(cid, tx_ids)
-        if self._state.decided(cid):
-            loc.decided = True
+        loc = self._remember(cid, tx_ids, round_no)
+        if self._state.decided(cid) and not loc.decided:
+            loc.decided, loc.decided_at = True, self._ticks
         if loc.own is not None or loc.decided or self.fenced:
             return
         evidence = tuple(p for p in map(self._evidence_of, tx_ids) if p is not None)
@@ -362,7 +400,7 @@ class OrderedCheckpoints:
             return  # committed here without a proof (after a restart): abstain (a limit:
             # docs/LEADERLESS.md "Ordered resolution", unlike the veto mode it blocks nothing)
         vote = OrderedVote(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
-                           evidence=evidence)
+                           evidence=evidence, round=round_no)
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))
         loc.own = vote
         self._dirty = self._sync = True
@@ -465,9 +503,9 @@ class OrderedCheckpoints:
             if decision is not None:
                 self._decided_here(decision.checkpoint, decision)
             if isinstance(item, OrderedVote | CloseCheckpoint) and valid_ids(item.tx_ids) \
-                    and self._state.is_open(item.checkpoint) \
-                    and item.checkpoint == checkpoint_id(self._crypto, item.tx_ids):
-                self._hear(item.tx_ids)
+                    and valid_round(item.round) and self._state.is_open(item.checkpoint) \
+                    and item.checkpoint == checkpoint_id(self._crypto, item.tx_ids, item.round):
+                self._hear(item.tx_ids, item.round)
             if request.client_id == self.node_id:
                 # Never reuse a number PBFT executed under our id (a Byzantine primary may
                 # order one we never sent): PBFT would take ours for a retry of it.
@@ -488,8 +526,8 @@ class OrderedCheckpoints:
 
     def _decided_here(self, cid: bytes, decision: Decision | None) -> None:
         loc = self._local.get(cid)
-        if loc is not None:
-            loc.decided = True
+        if loc is not None and not loc.decided:
+            loc.decided, loc.decided_at = True, self._ticks
         if decision is not None:
             self._dropped.extend(decision.dropped)
             self._kept.extend(decision.kept)

@@ -64,10 +64,13 @@ ProofOf = Callable[[TxId], TransactionProof | None]
 VerifyProof = Callable[[TransactionProof], bool]
 
 
-def checkpoint_id(crypto: Crypto, tx_ids: tuple[TxId, ...]) -> bytes:
+def checkpoint_id(crypto: Crypto, tx_ids: tuple[TxId, ...], round_no: int = 0) -> bytes:
     """The checkpoint of `tx_ids` (sorted, unique): the digest of their concatenation, each
-    id prefixed with its one-byte length so that two id lists never concatenate alike."""
-    return crypto.digest(b"".join(bytes((len(t),)) + t for t in tx_ids))
+    id prefixed with its one-byte length so that two id lists never concatenate alike. A
+    re-checkpoint round r > 0 (the ordered mode) prefixes a zero byte and r in 4 bytes (a
+    length byte is never 0: the names never meet)."""
+    body = b"".join(bytes((len(t),)) + t for t in tx_ids)
+    return crypto.digest(b"\0" + round_no.to_bytes(4, "big") + body if round_no else body)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

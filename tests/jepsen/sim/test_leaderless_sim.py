@@ -117,12 +117,16 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     up under load: `test_leaderless_transfer_load_sim.py::test_an_install_under_load_
     reapplies_what_it_lacks`. `drop_forgotten` needs a checkpoint reaching a committer past
     its GC horizon: `tests/consensus/leaderless/test_forgotten_commit.py`, and
-    `test_drop_forgotten_is_caught_where_undecided_transactions_are_forgotten`."""
+    `test_drop_forgotten_is_caught_where_undecided_transactions_are_forgotten`.
+    `ordered_decided_once` and `ordered_dead_evidence` are liveness bugs of the pbft mode
+    (a kept transaction whose endorsements died stays pending):
+    `tests/consensus/leaderless/test_ordered_kept_wedge.py`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
                               "forget_undecided", "refuse_behind_checkpoint",
-                              "drop_forgotten"}
+                              "drop_forgotten", "ordered_decided_once",
+                              "ordered_dead_evidence"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
