@@ -44,17 +44,26 @@ class Cluster:
         self.byzantine = byzantine or {}
         self.nodes: dict[str, Node] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
+        self.closed: dict[str, trio.Event] = {}
 
     async def start(self, node_id: str) -> None:
+        previous = self.closed.get(node_id)
+        if previous is not None:  # a stopped incarnation releases its data directory first
+            await previous.wait()
+        closed = self.closed[node_id] = trio.Event()
+
         async def run(task_status: trio.TaskStatus[Node]) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[node_id] = scope
-                # Seeded: under "byz-0" the equivocating primary sends the other batch to
-                # two of its three peers (an unlucky OS seed may pick none of them).
-                async with open_node(self.configs[node_id], rng=random.Random("byz-0"),
-                                     byzantine=self.byzantine.get(node_id)) as node:
-                    task_status.started(node)
-                    await trio.sleep_forever()
+            try:
+                with trio.CancelScope() as scope:
+                    self.scopes[node_id] = scope
+                    # Seeded: under "byz-0" the equivocating primary sends the other batch
+                    # to two of its three peers (an unlucky OS seed may pick none of them).
+                    async with open_node(self.configs[node_id], rng=random.Random("byz-0"),
+                                         byzantine=self.byzantine.get(node_id)) as node:
+                        task_status.started(node)
+                        await trio.sleep_forever()
+            finally:
+                closed.set()
 
         self.nodes[node_id] = await self.nursery.start(run)
 
