@@ -33,8 +33,10 @@ from phalanx.apps.kv_types import (
     Deleted,
     Done,
     Get,
+    GetBaseVersion,
     GetVersion,
     GetVersioned,
+    KvCommand,
     KvError,
     KvErrorCode,
     KvResult,
@@ -120,7 +122,14 @@ _ANSWERS: dict[type, tuple[type, ...]] = {
     Scan: (ScanResult,), Txn: (TxnResult,), GetVersion: (VersionResult,),
     GetVersioned: (VersionedValue,), Add: (Done,), Mul: (Done,), SAdd: (Done,), SRem: (Done,),
     Concat: (Done,), CsDeliver: (TxnResult,), CsCompact: (TxnResult,), CsPrune: (TxnResult,),
+    GetBaseVersion: (VersionResult,),
 }
+
+
+def test_every_command_type_has_its_expected_answers() -> None:
+    """`_ANSWERS` covers the whole `KvCommand` union: a command added without its answer
+    here made the property test below raise KeyError once hypothesis drew it."""
+    assert set(_ANSWERS) == set(KvCommand.__args__)  # type: ignore[attr-defined]
 
 
 def _well_formed(command: bytes, answer: bytes, *, as_query: bool) -> KvResult:
