@@ -7,30 +7,19 @@ apart: PBFT gets through it, late."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_module import load_bench
 
 from phalanx.jepsen.sim.protocols import protocol_setup
 from phalanx.jepsen.sim.run import run
 
-ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000
 
 
 def _scale() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "scale_bench_under_test", ROOT / "bench" / "scale.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("scale.py", "scale_bench_under_test")
 
 
 @pytest.mark.parametrize("n", [10, 20, 60, 180])

@@ -4,27 +4,17 @@ share and queueing under the CPU model, and the table's parse-back (`--plot-from
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
-from phalanx.jepsen.sim.cpu import CpuCosts
+from bench_module import load_bench
 
-ROOT = Path(__file__).resolve().parent.parent
+from phalanx.jepsen.sim.cpu import CpuCosts
 
 
 def _scale() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "scale_bench_load_under_test", ROOT / "bench" / "scale.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("scale.py", "scale_bench_load_under_test")
 
 
 def test_load_cells_measure_a_window_and_the_busiest_node(tmp_path: Path) -> None:
