@@ -44,8 +44,10 @@ def _killed_committers_run(monkeypatch: pytest.MonkeyPatch) -> RunResult:
                          settings=(("gc_horizon_ms", 1_000), ("max_deadline_lead_ms", 2_000))))
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: an install can undo a transaction the "
-                   "node applied and already forgot (module docstring)")
+@pytest.mark.xfail(strict=True, reason=(
+    "open safety bug, issue 15 (docs/LEADERLESS.md Limits 5): a node down past its GC "
+    "horizon installs an f+1-vouched checkpoint lacking a write it applied, acknowledged "
+    "and forgot; strict, so the fix must turn this test into a pass"))
 def test_an_install_never_undoes_an_acknowledged_write(monkeypatch: pytest.MonkeyPatch) -> None:
     result = _killed_committers_run(monkeypatch)
     assert result.ok, result.report()
