@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from phalanx.jepsen.sim.run import RunResult
 from phalanx.protocols import CallStrategy
@@ -201,7 +202,9 @@ def ratios(rows: list[LoadRow]) -> list[str]:
     return out
 
 
-def plot_load(rows: list[LoadRow], out: Path) -> bool:
+def pyplot() -> ModuleType | None:
+    """matplotlib's pyplot on the Agg backend, or None (said on stdout) when matplotlib is
+    not installed: the plots are optional, the tables are the result."""
     try:
         import matplotlib
 
@@ -209,6 +212,13 @@ def plot_load(rows: list[LoadRow], out: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         print("(matplotlib is not installed: no plot written)")
+        return None
+    return plt
+
+
+def plot_load(rows: list[LoadRow], out: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
         return False
     best: dict[tuple[str, int, int], LoadRow] = {}
     for r in rows:  # one point per cell: a passing run over a failed one of the same cell

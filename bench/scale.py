@@ -290,13 +290,8 @@ def rows_from(paths: list[str]) -> list[Row]:
 
 
 def plot(rows: list[Row], out: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib is not installed: no plot written)")
+    plt = load.pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     panels = (("commit latency p50 (simulated ms)", lambda r: r.p50_ms),
