@@ -1,7 +1,8 @@
 """Keep CPython's cyclic garbage collector from stalling apply in a process with a large state.
 
 Owns: `GcPacer`, an opt-in policy the replica layer calls at two points: after it loads a
-large state (`settle`), and every `every_applies` applies (`note_apply`).
+large state (`settle`), and every `every_applies` applies (`note_apply`: an apply is one
+command, so a log entry holding a batch of commands counts as that many).
 
 Why: a replica's state (an `immutables.Map` of a million keys is ~300k tracked map nodes)
 is long-lived and acyclic, yet every full ("generation 2") pass of the cyclic collector walks
@@ -62,9 +63,16 @@ class GcPacer:
         self._freeze()
         self._since = 0
 
-    def note_apply(self) -> None:
-        """Count one apply; every `every_applies`, collect the young generations and freeze."""
-        self._since += 1
+    def note_apply(self, applies: int = 1) -> None:
+        """Count `applies` applies (the commands of one log entry); once `every_applies`
+        are counted, collect the young generations and freeze. The replica passes an
+        entry's command count, not 1: a batched entry (Raft's `ProposeBatch`) holds up to
+        256 commands, and counting it as one apply let a pipelined node write ~65,000
+        commands between freezes, whose objects every full pass then walked: 50 ms of CPU
+        with the GIL held, 150-280 ms of wall time on a loaded 2-core machine, long enough
+        for a leader's followers to time out (docs/BENCHMARKS.md, "Elections under
+        pipelined load")."""
+        self._since += applies
         if self._since >= self.every_applies:
             if gc.isenabled():  # e.g. replay pauses the collector: nothing to pace then
                 gc.collect(1)

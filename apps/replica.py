@@ -323,8 +323,8 @@ class Replica(ReplicaRecovery):
         self._collect()
         if self._due():
             self._start_due()
-        if self._gc_pacer is not None:
-            self._gc_pacer.note_apply()
+        if self._gc_pacer is not None:  # per command: a batched entry holds up to 256
+            self._gc_pacer.note_apply(len(entry.requests) or 1)
         return tuple(out)
 
     def _begin_block(self, entry: Entry) -> BatchHooks | None:

@@ -23,6 +23,8 @@ driver does not import), so A is the revision's tick handling and B the tree's.
 `leader_calls`, `bft_calls`, `async_client`), ``--modules clientport`` the node's client
 port (`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): the A/Bs of
 issue 23's Round 6 (`pipelined.py`, `client_path_cpu.py`).
+``--modules gcpacer`` swaps the replica (`phalanx.apps.replica`): with a revision before
+issue 23's raftelect fix, A's GC pacer counts one apply per log entry, B's one per command.
 ``--modules msgpath`` swaps the peer receive path (`phalanx.net.transport`, `driver`,
 `node`): A steps every peer message through the driver's input channel, B in the reading
 task while the core loop is idle (`phalanx.runtime.driver_inline`).
@@ -69,6 +71,9 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
         ("phalanx.net.transport", "net/transport.py"),
         ("phalanx.runtime.driver", "phalanx/runtime/driver.py"),
         ("phalanx.runtime.node", "phalanx/runtime/node.py"),
+    ),
+    "gcpacer": (
+        ("phalanx.apps.replica", "apps/replica.py"),
     ),
 }
 """``--modules``: the sets of modules arm A takes from the revision, in import order."""
