@@ -5,7 +5,10 @@ deliveries/wall-s, ok ops/wall-s and wall seconds per seed, against the target o
 deliveries per wall-second on one core. Usage: `python bench/sim.py [--seeds N] [--time SECONDS]`.
 
 Also printed: deliveries per CPU-second of this process (`time.process_time`), which a shared,
-loaded machine distorts far less than the wall-clock rate (the verdict stays on the wall rate).
+loaded machine distorts far less than the wall-clock rate (the verdict stays on the wall rate),
+its inverse (CPU microseconds per delivery) and the deliveries counted over all seeds (a
+protocol change that alters the message pattern changes that count, and with it what a
+delivery costs on average: compare CPU per delivery only where the counts are close).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ def main() -> None:
     args = parser.parse_args()
     faults: tuple[str, ...] = () if args.faults == "none" else RunConfig(seed=0).faults
     print(f"{'nodes':>5} {'deliveries/s':>13} {'ok ops/s':>9} {'sim s/wall s':>12} "
-          f"{'wall s/seed':>11} {'deliv/cpu-s':>11}  vs target")
+          f"{'wall s/seed':>11} {'deliv/cpu-s':>11} {'cpu us/deliv':>12} {'deliveries':>10}"
+          "  vs target")
     for nodes in (3, 5):
         deliveries = ops = 0
         wall = virtual = cpu = 0.0
@@ -43,7 +47,8 @@ def main() -> None:
         verdict = "OK" if rate >= TARGET_DELIVERIES_PER_S else "BELOW"
         print(
             f"{nodes:>5} {rate:>13,.0f} {ops / wall:>9,.0f} {virtual / wall:>12.2f} "
-            f"{wall / args.seeds:>11.2f} {deliveries / cpu:>11,.0f}  "
+            f"{wall / args.seeds:>11.2f} {deliveries / cpu:>11,.0f} "
+            f"{cpu / deliveries * 1e6:>12.2f} {deliveries:>10,}  "
             f"{verdict} ({rate / TARGET_DELIVERIES_PER_S:.0%} of {TARGET_DELIVERIES_PER_S:,})"
         )
 

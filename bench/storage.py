@@ -15,6 +15,12 @@ Rows (targets for a 2-core machine):
 - Recovery: open storage, load the 1M-key checkpoint and replay 100k WAL entries (target
   <= 3 s).
 
+CPU columns (`time.process_time`/`time.thread_time`, which a loaded, shared machine distorts far
+less than wall time; for A/B comparisons, the verdicts stay on wall time): the WAL rows give
+this process's CPU microseconds per record; each checkpoint scenario gives the CPU seconds of
+the process minus the applying thread over the checkpoint (the writer thread's work) and the
+applying thread's CPU microseconds per apply; recovery gives its CPU seconds.
+
 Method notes (so the numbers are honest): the apply stall is the max wall time of individual
 `Replica.apply` calls issued back to back for the whole life of the checkpoint, measured with
 `time.perf_counter`. On a loaded machine the OS preempting the applying thread inflates it;
@@ -81,13 +87,16 @@ def put_entry(index: int, key: str, value: bytes) -> Entry:
     return Entry(index=index, term=1, kind=EntryKind.COMMAND, requests=(request,))
 
 
-def bench_wal(root: str, *, sync: SyncPolicy, batch: int, budget_s: float) -> tuple[float, int]:
-    """Append 100-byte records for about `budget_s` seconds; return (records/s, records)."""
+def bench_wal(root: str, *, sync: SyncPolicy, batch: int,
+              budget_s: float) -> tuple[float, int, float]:
+    """Append 100-byte records for about `budget_s` seconds; return (records/s, records,
+    CPU seconds of this process over the appends)."""
     storage = open_file_storage(os.path.join(root, f"wal-{sync.value}-{batch}"), sync=sync)
     wal = storage.wal
     payload = b"x" * 100
     index = 1
     start = time.perf_counter()
+    cpu_start = time.process_time()
     deadline = start + budget_s
     while time.perf_counter() < deadline:
         if batch == 1:
@@ -98,8 +107,9 @@ def bench_wal(root: str, *, sync: SyncPolicy, batch: int, budget_s: float) -> tu
             wal.sync()
             index += batch
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     storage.close()
-    return (index - 1) / elapsed, index - 1
+    return (index - 1) / elapsed, index - 1, cpu
 
 
 def kv_state_bytes(keys: int) -> bytes:
@@ -137,6 +147,8 @@ class CheckpointRun:
     steal_ms: float | None  # host steal over the checkpoint, all CPUs
     stalls: int  # applies over STALL_MS
     stalls_with_steal: int  # of those, how many had host steal in their sampling window
+    apply_cpu_s: float  # CPU time of the applying thread over the checkpoint
+    other_cpu_s: float  # CPU time of the rest of the process meanwhile (the writer thread)
 
 
 STALL_MS = 5.0
@@ -183,6 +195,7 @@ def bench_checkpoint(root: str, keys: int, *, changed: int, pace: bool) -> Check
     samples: list[tuple[float, float]] = []  # (perf_counter, steal seconds), every STEAL_EVERY
     slow: list[tuple[float, float]] = []  # (start, seconds) of applies over STALL_MS
     start = time.perf_counter()
+    cpu_start, thread_start = time.process_time(), time.thread_time()
     if not replica.checkpoint_now():
         raise SystemExit("the checkpoint did not start")
     n = max(changed, 1) + 1
@@ -204,6 +217,8 @@ def bench_checkpoint(root: str, keys: int, *, changed: int, pace: bool) -> Check
             unpreempted = took
         n += 1
     elapsed = time.perf_counter() - start
+    apply_cpu = time.thread_time() - thread_start
+    other_cpu = time.process_time() - cpu_start - apply_cpu
     steal_after = host_steal_seconds()
     if replica.status().checkpoints_written != 1:
         raise SystemExit(f"checkpoint failed: {replica.status()}")
@@ -215,6 +230,7 @@ def bench_checkpoint(root: str, keys: int, *, changed: int, pace: bool) -> Check
     with_steal = sum(_stolen_during(samples, t0, t0 + took) for t0, took in slow)
     return CheckpointRun(
         stalls=len(slow), stalls_with_steal=with_steal,
+        apply_cpu_s=apply_cpu, other_cpu_s=other_cpu,
         seconds=elapsed, max_stall_ms=latencies[-1] * 1e3, p999_ms=p999 * 1e3,
         applies=len(latencies), unpreempted_ms=unpreempted * 1e3,
         steal_ms=None if steal is None or steal_after is None else (steal_after - steal) * 1e3,
@@ -288,6 +304,10 @@ def checkpoint_rows(runs: list[CheckpointRun], what: str) -> list[Row]:
             value=_spread([r.seconds for r in runs], "s")
             + f" ({max(r.applies for r in runs):,} applies meanwhile at most)",
             target="-", ok=None),
+        Row(name="  CPU: writer (process minus applier), applier per apply",
+            value=_spread([r.other_cpu_s for r in runs], "s") + ", "
+            + _spread([r.apply_cpu_s / max(r.applies, 1) * 1e6 for r in runs], "us"),
+            target="-", ok=None),
         Row(name="  max apply stall meanwhile",
             value=_spread([r.max_stall_ms for r in runs], "ms")
             + f" (p99.9 {max(r.p999_ms for r in runs):.3f} ms)",
@@ -324,14 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as root:
         print(f"phalanx storage benchmark (files in {root}, fsync on, {os.cpu_count()} CPUs)")
         print("  WAL, fsync per record ...", flush=True)
-        rate, _ = bench_wal(root, sync=SyncPolicy.EVERY_WRITE, batch=1, budget_s=args.wal_seconds)
+        rate, records, cpu = bench_wal(root, sync=SyncPolicy.EVERY_WRITE, batch=1,
+                                       budget_s=args.wal_seconds)
         rows.append(Row(name="WAL append, fsync per record",
-                        value=f"{rate:,.0f} rec/s  {rate * 100 / 1e6:.2f} MB/s",
+                        value=f"{rate:,.0f} rec/s  {rate * 100 / 1e6:.2f} MB/s  "
+                        f"{cpu / records * 1e6:.2f} us CPU/rec",
                         target="-", ok=None))
         print("  WAL, group commit of 64 ...", flush=True)
-        rate, _ = bench_wal(root, sync=SyncPolicy.GROUP, batch=64, budget_s=args.wal_seconds)
+        rate, records, cpu = bench_wal(root, sync=SyncPolicy.GROUP, batch=64,
+                                       budget_s=args.wal_seconds)
         rows.append(Row(name="WAL append, group commit 64",
-                        value=f"{rate:,.0f} rec/s  {rate * 100 / 1e6:.2f} MB/s",
+                        value=f"{rate:,.0f} rec/s  {rate * 100 / 1e6:.2f} MB/s  "
+                        f"{cpu / records * 1e6:.2f} us CPU/rec",
                         target=">= 50,000 rec/s", ok=rate >= 50_000))
         all_runs: list[CheckpointRun] = []
         for changed in (1, args.changed):
