@@ -81,6 +81,8 @@ class CoreParts:
         _wakeups: DueHeap
         _resends: DueHeap
         _resend_every: dict[TxId, int]
+        _sync_numbers: list[int]
+        _synced_ready: int
         _expired: dict[TxId, None]
         _to_refuse: dict[TxId, None]
         _waiting: dict[TxId, None]

@@ -187,7 +187,7 @@ class TickWork(CoreParts):
         def keep(record: TxRecord) -> bool:
             return record.state is TxState.COMMITTED and (
                 self._gate.unapplied(record.tx_id) or is_named(record.tx_id)
-                or self._retained_suffix(record.tx_id))
+                or self._retained_suffix(record.tx_id) or self._wal_unsynced(record.tx_id, out))
 
         gone, stones = self._store.gc(
             now - self._config.gc_horizon_ms, keep=keep,
@@ -212,6 +212,22 @@ class TickWork(CoreParts):
         self._rules.invalidate()
         if gone or stones:
             out.dirty = True
+
+    def _wal_unsynced(self, tx_id: TxId, out: Outbox) -> bool:
+        """`tx_id` was released by a Ready no fsync is known to have covered yet (its WAL
+        entry may be in the page cache only): GC keeps it, so its proof stays in the record,
+        and this step's Ready syncs the WAL (`must_sync`, unless a sync Ready covering it
+        is already on its way); once its `Persisted` is back, the next GC collects it.
+        Without this, a node that committed without signing (nothing syncs the WAL: the
+        journal's fsync made the proof durable) and stayed idle until GC lost the commit
+        in a machine crash after GC: neither the WAL nor the record held it. A release
+        restored from the WAL at a restart (`ready` 0) counts as synced."""
+        item = self._gate.released.get(tx_id)
+        if item is None or item.ready <= self._synced_ready:
+            return False
+        if not self._sync_numbers or self._sync_numbers[-1] < item.ready:
+            out.signed = True  # a `must_sync` Ready (nothing is signed for it)
+        return True
 
     def _named_conditions(self) -> set[TxId]:
         """The ids the endorsements of pending transactions name as conditions. A committed
