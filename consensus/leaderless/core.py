@@ -67,6 +67,7 @@ from phalanx.consensus.leaderless.messages import (
 from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
 from phalanx.consensus.leaderless.parts import Outbox
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, Recovery
+from phalanx.consensus.leaderless.refetch import OverdueFetch
 from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
@@ -151,6 +152,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                                   max_entries=config.max_pending,
                                   named_delay=config.named_fetch_delay_ticks,
                                   offset=config.nodes.index(config.node_id))
+        self._refetch = OverdueFetch(peers=self._peers, every=config.rebroadcast_ticks,
+                                     max_entries=config.max_pending,
+                                     offset=config.nodes.index(config.node_id))
         self._now: int | None = None
         self._ticks = 0
         self._number = 0

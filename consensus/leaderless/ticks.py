@@ -15,7 +15,6 @@ from __future__ import annotations
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
     EndorsementBatch,
-    FetchTransactions,
     Refusal,
     SignatureResend,
     TxId,
@@ -101,18 +100,18 @@ class TickWork(CoreParts):
         """Loss recovery (`recovery.py`): push own endorsements of transactions committed
         here since the last period and own signatures of still-pending ones (at a
         doubling backoff), pull what peers know of pending transactions past their
-        deadline (a peer that committed one no longer pushes its endorsement), and send
+        deadline (a peer that committed one no longer pushes its endorsement; one peer per
+        transaction at a backoff, `refetch.OverdueFetch`), and send
         this period's `CommittedDigest`. A committed one's endorsement goes as the
         `EndorsementBatch` it was signed in when that is known (`Recovery.pushed_batch`);
         the other re-sent signatures go in one `SignatureResend` per peer (chunks of
         `MAX_RESEND_ITEMS`)."""
         self._seal(out)  # what it re-sends is signed
-        for tx_id in list(self._expired):
-            if self._store.state_of(tx_id) is not TxState.PENDING:
-                del self._expired[tx_id]
-        overdue = tuple(self._expired)
-        for i in range(0, len(overdue), MAX_FETCH_IDS):
-            self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
+        for tx_id in self._expired:  # overdue, or named again by a digest: ask (again) now
+            self._refetch.add(tx_id, self._ticks)
+        self._expired.clear()
+        out.sends += self._refetch.due(
+            self._ticks, lambda t: self._store.state_of(t) is TxState.PENDING)
         out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
         self._fetch_buffered(out)
         endorsements: list[Endorsement] = []
