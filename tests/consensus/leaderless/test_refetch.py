@@ -5,6 +5,7 @@ overdue transaction of every peer, every period: docs/LEADERLESS.md)."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from leaderless_harness import EPOCH, make_tx, version
@@ -54,7 +55,7 @@ def test_one_peer_per_ask_rotating_at_a_doubling_backoff() -> None:
     assert list(asked) == [0, 1, 3, 7, 15, 23, 31, 39]  # waits 1, 2, 4, then 8 periods
     assert MAX_BACKOFF_PERIODS == 8
     peers = list(asked.values())
-    assert all(a != b for a, b in zip(peers, peers[1:], strict=False))  # rotates
+    assert all(a != b for a, b in itertools.pairwise(peers))  # rotates
     assert set(peers[:3]) == set(PEERS)
 
 
