@@ -14,6 +14,13 @@ in the steady state (ticks 100 to 300 after the split), the `FetchTransactions` 
 all 2B (and the bytes sent meanwhile). Counts are deterministic (no wall clock).
 
     .venv/bin/python bench/leaderless_refetch.py [--pairs 25,50,100,200]
+
+With `--sim SEEDS` (e.g. `--sim 0,1,2`): simulator runs instead (`phalanx.jepsen.sim`, 4
+nodes, codec on): `--clients` signing clients (20 ms think time) write for 6 virtual
+seconds, the halves n1,n2 | n3,n4 are cut apart from 0.3 s to 4.3 s (no half has Q = 3:
+everything submitted meanwhile expires pending), then 4 s of liveness. Printed per seed:
+messages and bytes sent in all, the `FetchTransactions` and `TransactionProof` messages, the
+operations' outcomes and the checker's verdict.
 """
 
 from __future__ import annotations
@@ -104,10 +111,54 @@ def scenario(pairs: int) -> str:
     return f"{line} | healed: {left} undecided after {MAX_HEAL_TICKS} ticks"
 
 
+def sim(seed: int, clients: int) -> str:
+    from phalanx.jepsen import nemesis
+    from phalanx.jepsen.sim import network
+    from phalanx.jepsen.sim.run import RunConfig, run
+
+    ms = 1_000_000
+    made: list[network.NetworkStats] = []
+    base = network.NetworkStats
+
+    def recording() -> network.NetworkStats:
+        stats = base()
+        made.append(stats)
+        return stats
+
+    network.NetworkStats = recording  # type: ignore[assignment, misc]
+    try:
+        shape = {"fault": nemesis.PARTITION_HALVES, "episode": 1,
+                 "groups": (("n1", "n2"), ("n3", "n4"))}
+        schedule = (nemesis.FaultEvent(at_ns=300 * ms, action="start", **shape),  # type: ignore[arg-type]
+                    nemesis.FaultEvent(at_ns=4_300 * ms, action="stop", **shape))  # type: ignore[arg-type]
+        result = run(RunConfig(
+            seed=seed, protocol="leaderless", nodes=4, faults=(nemesis.PARTITION_HALVES,),
+            swarm=False, time_ns=6_000 * ms, liveness_ns=4_000 * ms, schedule=schedule,
+            max_events=20_000_000, max_bytes_sent=4_000_000_000,
+            clients=clients, settings=(("ops_per_client", 10_000),
+                      ("think_ns", 20 * ms))))
+    finally:
+        network.NetworkStats = base  # type: ignore[misc]
+    by_type = made[-1].by_type()
+    st = result.stats
+    verdict = "ok" if not result.violations else "VIOLATIONS: " + "; ".join(
+        str(v) for v in result.violations)[:300]
+    return (f"seed {seed} clients {clients}: {st['messages_sent']:,} msgs "
+            f"{st['bytes_sent'] / 1e6:.1f} MB | Fetch {by_type.get('FetchTransactions', 0):,} "
+            f"Proof {by_type.get('TransactionProof', 0):,} | ops ok {result.ops_ok} info "
+            f"{result.ops_info} | {result.wall_s:.0f} s wall | {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", default="25,50,100,200")
+    parser.add_argument("--sim", default="", help="simulator seeds, e.g. 0,1,2")
+    parser.add_argument("--clients", type=int, default=32)
     args = parser.parse_args()
+    if args.sim:
+        for seed in (int(s) for s in args.sim.split(",")):
+            print(sim(seed, args.clients), flush=True)
+        return
     for pairs in (int(p) for p in args.pairs.split(",")):
         print(scenario(pairs), flush=True)
 
