@@ -47,17 +47,20 @@ silence resets every backoff."""
 
 
 class OverdueFetch:
-    __slots__ = ("_every", "_heard", "_max", "_offset", "_peers", "_state", "_wake")
+    __slots__ = ("_every", "_heard", "_max", "_members", "_offset", "_peers", "_state",
+                 "_wake")
 
     def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int,
                  offset: int = 0) -> None:
         """`every`: ticks per period (`rebroadcast_ticks`); `offset`: this node's position."""
         self._peers = peers
+        self._members = frozenset(peers)
         self._every = every
         self._max = max_entries
         self._offset = offset
         self._state: dict[TxId, list[int]] = {}
-        """Per overdue id: [asks so far, the tick it is due again]."""
+        """Per overdue id: [asks since its backoff (re)started, the tick it is due again,
+        asks in all (the rotation: a restarted backoff does not go back to the same peer)]."""
         self._heard: dict[NodeId, int] = {}
         self._wake = False
 
@@ -69,7 +72,7 @@ class OverdueFetch:
         backoff starts over."""
         state = self._state.get(tx_id)
         if state is None:
-            self._state[tx_id] = [0, tick]
+            self._state[tx_id] = [0, tick, 0]
             while len(self._state) > self._max:
                 del self._state[next(iter(self._state))]
         else:
@@ -77,6 +80,8 @@ class OverdueFetch:
 
     def heard(self, src: NodeId, tick: int) -> None:
         """A message from peer `src` arrived (any message: it is reachable)."""
+        if src not in self._members:
+            return
         last = self._heard.get(src)
         if last is not None and tick - last > LIVE_PERIODS * self._every:
             self._wake = True
@@ -103,9 +108,10 @@ class OverdueFetch:
         for _, _, tx_id in due:
             entry = state[tx_id]
             start = self._offset + (tx_id[0] if tx_id else 0)
-            peer = choose[(start + entry[0]) % len(choose)]
+            peer = choose[(start + entry[2]) % len(choose)]
             by_peer.setdefault(peer, []).append(tx_id)
             entry[1] = tick + min(1 << entry[0], MAX_BACKOFF_PERIODS) * self._every
             entry[0] += 1
+            entry[2] += 1
         return [Send(to=peer, message=FetchTransactions(tx_ids=tuple(ids[i:i + MAX_FETCH_IDS])))
                 for peer, ids in by_peer.items() for i in range(0, len(ids), MAX_FETCH_IDS)]

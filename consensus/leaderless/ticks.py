@@ -1,11 +1,14 @@
 """Per-tick work of `LeaderlessCore` (a mixin over the core's state: see `parts.py`):
 refusals past a deadline, re-checks of waiting transactions, the stuck check that feeds
-the checkpoint batcher, loss recovery (re-sends, pulls, the committed digest) and GC.
+the checkpoint batcher, loss recovery (re-sends, pulls, the committed digest) and GC (a
+released proof leaves the record only once an fsync covering it is known: `_wal_unsynced`).
 
 Rules: work is done by due time (`schedule.DueHeap`): deadlines, far-future deadlines
 coming within the lead, re-sends of own signatures at a doubling backoff (1, 2, 4, 8
-periods); waiting transactions are re-checked only when an input changed, and in a full
-pass (endorse, commit) once per `rebroadcast_ticks`; nothing is signed while fenced.
+periods), the pull of overdue transactions (`refetch.OverdueFetch`: one peer per
+transaction at a backoff, capped per period); waiting transactions are re-checked only
+when an input changed, and in a full pass (endorse, commit) once per `rebroadcast_ticks`;
+nothing is signed while fenced.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 """

@@ -85,7 +85,10 @@ def test_news_and_a_healed_peer_reset_the_backoff() -> None:
     now = 8 * EVERY
     assert _asks(f.due(now, _always)) == []
     f.add(a, now)  # named again (a digest: committed at a peer)
-    assert [t for _, t in _asks(f.due(now + EVERY, _always))] == [a]
+    again = _asks(f.due(now + EVERY, _always))
+    assert [t for _, t in again] == [a]
+    f.add(a, now + EVERY)  # and again: asked again, of the next peer in turn
+    assert [p for p, _ in _asks(f.due(now + EVERY, _always))] != [again[0][0]]
     f.heard(N3, now)
     f.heard(N3, now + EVERY)  # within LIVE_PERIODS: no news
     assert b not in [t for _, t in _asks(f.due(now + 2 * EVERY, _always))]
