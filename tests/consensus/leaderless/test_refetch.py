@@ -14,6 +14,7 @@ from test_leaderless_ordered_veto import N1, N2, N3, N4, OrderedCluster, state
 from phalanx.consensus.core import Input, Ready, Send
 from phalanx.consensus.leaderless.messages import FetchTransactions, TxId
 from phalanx.consensus.leaderless.refetch import (
+    FIRST_ASK_PEERS,
     LIVE_PERIODS,
     MAX_BACKOFF_PERIODS,
     MAX_OVERDUE_IDS,
@@ -42,20 +43,22 @@ def _always(_tx_id: TxId) -> bool:
     return True
 
 
-def test_one_peer_per_ask_rotating_at_a_doubling_backoff() -> None:
+def test_first_every_peer_then_one_peer_per_ask_rotating_at_a_doubling_backoff() -> None:
     f = OverdueFetch(peers=PEERS, every=EVERY, max_entries=100)
     (t,) = _ids(1)
     f.add(t, 0)
-    asked: dict[int, NodeId] = {}
+    asked: dict[int, list[NodeId]] = {}
     for period in range(40):
         got = _asks(f.due(period * EVERY, _always))
-        assert len(got) <= 1
         if got:
-            asked[period] = got[0][0]
+            asked[period] = [p for p, _ in got]
     assert list(asked) == [0, 1, 3, 7, 15, 23, 31, 39]  # waits 1, 2, 4, then 8 periods
     assert MAX_BACKOFF_PERIODS == 8
-    peers = list(asked.values())
-    assert all(a != b for a, b in itertools.pairwise(peers))  # rotates
+    assert sorted(asked.pop(0)) == sorted(PEERS)  # the first ask: FIRST_ASK_PEERS (all 3)
+    assert FIRST_ASK_PEERS == 3
+    assert all(len(p) == 1 for p in asked.values())  # then one peer per ask ...
+    peers = [p[0] for p in asked.values()]
+    assert all(a != b for a, b in itertools.pairwise(peers))  # ... rotating
     assert set(peers[:3]) == set(PEERS)
 
 
@@ -70,7 +73,8 @@ def test_the_asks_of_a_period_are_capped_and_every_id_comes_in_turn() -> None:
         assert all(isinstance(s.message, FetchTransactions) and len(s.message.tx_ids) <= 64
                    for s in sends)
         got = _asks(sends)
-        assert len(got) == MAX_OVERDUE_IDS
+        assert len({t for _, t in got}) == MAX_OVERDUE_IDS
+        assert len(got) <= MAX_OVERDUE_IDS * FIRST_ASK_PEERS
         seen.update(t for _, t in got)
     assert set(seen) == set(ids)  # the never-asked ones go first
 
@@ -86,12 +90,16 @@ def test_news_and_a_healed_peer_reset_the_backoff() -> None:
     assert _asks(f.due(now, _always)) == []
     f.add(a, now)  # named again (a digest: committed at a peer)
     again = _asks(f.due(now + EVERY, _always))
-    assert [t for _, t in again] == [a]
-    f.add(a, now + EVERY)  # and again: asked again, of the next peer in turn
-    assert [p for p, _ in _asks(f.due(now + EVERY, _always))] != [again[0][0]]
+    assert [t for _, t in again] == [a] * 3  # news: a first ask again
+    (single,) = _asks(f.due(now + 2 * EVERY, _always))
+    assert single[1] == a
+    f.add(a, now + 2 * EVERY)  # named again: a first ask again ...
+    assert len(_asks(f.due(now + 2 * EVERY, _always))) == 3
+    (after,) = _asks(f.due(now + 3 * EVERY, _always))
+    assert after[0] != single[0]  # ... and the rotation goes on (not back to the same peer)
     f.heard(N3, now)
     f.heard(N3, now + EVERY)  # within LIVE_PERIODS: no news
-    assert b not in [t for _, t in _asks(f.due(now + 2 * EVERY, _always))]
+    assert b not in [t for _, t in _asks(f.due(now + 4 * EVERY, _always))]
     f.heard(N3, now + (3 + LIVE_PERIODS) * EVERY)  # back after a silence: ask everything
     assert sorted(t for _, t in _asks(f.due(now + (3 + LIVE_PERIODS) * EVERY, _always))) == [
         a, b]
@@ -104,7 +112,8 @@ def test_peers_heard_recently_are_asked_first_and_decided_ids_leave() -> None:
         f.add(t, 0)
     f.heard(N3, 0)  # n2 and n4 silent (down or cut off)
     assert {p for p, _ in _asks(f.due(0, _always))} == {N3}
-    assert _asks(f.due(EVERY, lambda t: t != ids[0])) != []
+    f.heard(N2, EVERY)
+    assert {p for p, _ in _asks(f.due(EVERY, lambda t: t != ids[0]))} == {N2, N3}
     assert len(f) == 29
 
 
