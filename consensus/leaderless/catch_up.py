@@ -77,7 +77,9 @@ class CatchUp(CoreParts):
 
     def _heard(self, src: NodeId) -> None:
         """A message from peer `src` arrived: after a silence longer than the GC horizon,
-        this node may have missed transactions no peer can send any more."""
+        this node may have missed transactions no peer can send any more. (Also: `src`
+        is reachable, for the pull of overdue transactions, `refetch.py`.)"""
+        self._refetch.heard(src, self._ticks)
         now, transfer = self._now, self._transfer
         if now is None or transfer is None or src not in self._config.nodes:
             return

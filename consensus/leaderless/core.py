@@ -67,6 +67,7 @@ from phalanx.consensus.leaderless.messages import (
 from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
 from phalanx.consensus.leaderless.parts import Outbox
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, Recovery
+from phalanx.consensus.leaderless.refetch import OverdueFetch
 from phalanx.consensus.leaderless.refusals import RefusalTally
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
@@ -151,6 +152,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                                   max_entries=config.max_pending,
                                   named_delay=config.named_fetch_delay_ticks,
                                   offset=config.nodes.index(config.node_id))
+        self._refetch = OverdueFetch(peers=self._peers, every=config.rebroadcast_ticks,
+                                     max_entries=config.max_pending,
+                                     offset=config.nodes.index(config.node_id))
         self._now: int | None = None
         self._ticks = 0
         self._number = 0
@@ -159,7 +163,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._aborted = 0
         self._restart: list[Committed] = []
         self._replay: list[Entry] = []
-        self._sync_numbers: list[int] = []
+        self._sync_numbers: list[int] = []  # `must_sync` Readys not yet `Persisted`
+        self._synced_ready = 0  # the newest `must_sync` Ready known durable (WAL fsynced)
         self._deadlines = DueHeap()  # pending transactions by deadline
         self._wakeups = DueHeap()  # far-future deadlines, by when they come within the lead
         self._resends = DueHeap()  # own signatures of pending transactions, by re-send tick
@@ -322,9 +327,10 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         """Own signatures count at once (see safety.py). Releases covered by a fsynced
         `Persisted` are known durable in the WAL (`ReleaseGate.mark_synced`), but their
         proofs stay in the record until GC: dropping them there lost commits in the
-        simulator's restart sweep (seed 10; docs/LEADERLESS.md "The hot path")."""
+        simulator's restart sweep (seed 10; docs/LEADERLESS.md "The hot path"). GC takes a
+        proof out only once such a `Persisted` covered its release (`_synced_ready`)."""
         while self._sync_numbers and self._sync_numbers[0] <= number:
-            self._sync_numbers.pop(0)
+            self._synced_ready = self._sync_numbers.pop(0)  # the WAL up to it is fsynced
         self._checkpoints.persisted(number)
 
     def _ready(self, out: Outbox) -> Ready:

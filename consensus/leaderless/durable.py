@@ -30,6 +30,10 @@ WAL entries and its `core_state`, then reports `Persisted`):
   lost unsynced WAL data): the record still holds the proofs released at indexes past the
   WAL's end (they were not `Persisted`): the restart releases them again at exactly those
   indexes, in order.
+- GC of a released proof (the record forgets it) waits until a fsynced `Persisted` covered
+  its release (`TickWork._wal_unsynced`; the GC step's Ready asks for the sync): a commit
+  that signed nothing appends its WAL entry without `must_sync`, and a node idle until GC
+  then lost it in a machine crash (neither WAL nor record held it; until 2026-12-02).
 - A transaction committed in the WAL but not in the record has no proof after a restart:
   the checkpoint machine never votes drop on a checkpoint naming it (`unprovable`).
 

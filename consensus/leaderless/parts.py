@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     )
     from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
     from phalanx.consensus.leaderless.recovery import Recovery
+    from phalanx.consensus.leaderless.refetch import OverdueFetch
     from phalanx.consensus.leaderless.refusals import RefusalTally
     from phalanx.consensus.leaderless.release import ReleaseGate
     from phalanx.consensus.leaderless.rules import Rules
@@ -71,6 +72,7 @@ class CoreParts:
         _kernel: SafetyKernel
         _roots: VerifiedRoots
         _recovery: Recovery
+        _refetch: OverdueFetch
         _checkpoints: CheckpointMachine | OrderedCheckpoints
         _fence: Fence
         _memory: Memory
@@ -81,6 +83,8 @@ class CoreParts:
         _wakeups: DueHeap
         _resends: DueHeap
         _resend_every: dict[TxId, int]
+        _sync_numbers: list[int]
+        _synced_ready: int
         _expired: dict[TxId, None]
         _to_refuse: dict[TxId, None]
         _waiting: dict[TxId, None]

@@ -1,11 +1,14 @@
 """Per-tick work of `LeaderlessCore` (a mixin over the core's state: see `parts.py`):
 refusals past a deadline, re-checks of waiting transactions, the stuck check that feeds
-the checkpoint batcher, loss recovery (re-sends, pulls, the committed digest) and GC.
+the checkpoint batcher, loss recovery (re-sends, pulls, the committed digest) and GC (a
+released proof leaves the record only once an fsync covering it is known: `_wal_unsynced`).
 
 Rules: work is done by due time (`schedule.DueHeap`): deadlines, far-future deadlines
 coming within the lead, re-sends of own signatures at a doubling backoff (1, 2, 4, 8
-periods); waiting transactions are re-checked only when an input changed, and in a full
-pass (endorse, commit) once per `rebroadcast_ticks`; nothing is signed while fenced.
+periods), the pull of overdue transactions (`refetch.OverdueFetch`: one peer per
+transaction at a backoff, capped per period); waiting transactions are re-checked only
+when an input changed, and in a full pass (endorse, commit) once per `rebroadcast_ticks`;
+nothing is signed while fenced.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 """
@@ -15,7 +18,6 @@ from __future__ import annotations
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
     EndorsementBatch,
-    FetchTransactions,
     Refusal,
     SignatureResend,
     TxId,
@@ -101,18 +103,18 @@ class TickWork(CoreParts):
         """Loss recovery (`recovery.py`): push own endorsements of transactions committed
         here since the last period and own signatures of still-pending ones (at a
         doubling backoff), pull what peers know of pending transactions past their
-        deadline (a peer that committed one no longer pushes its endorsement), and send
+        deadline (a peer that committed one no longer pushes its endorsement; one peer per
+        transaction at a backoff, `refetch.OverdueFetch`), and send
         this period's `CommittedDigest`. A committed one's endorsement goes as the
         `EndorsementBatch` it was signed in when that is known (`Recovery.pushed_batch`);
         the other re-sent signatures go in one `SignatureResend` per peer (chunks of
         `MAX_RESEND_ITEMS`)."""
         self._seal(out)  # what it re-sends is signed
-        for tx_id in list(self._expired):
-            if self._store.state_of(tx_id) is not TxState.PENDING:
-                del self._expired[tx_id]
-        overdue = tuple(self._expired)
-        for i in range(0, len(overdue), MAX_FETCH_IDS):
-            self._broadcast(FetchTransactions(tx_ids=overdue[i:i + MAX_FETCH_IDS]), out)
+        for tx_id in self._expired:  # overdue, or named again by a digest: ask (again) now
+            self._refetch.add(tx_id, self._ticks)
+        self._expired.clear()
+        out.sends += self._refetch.due(
+            self._ticks, lambda t: self._store.state_of(t) is TxState.PENDING)
         out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
         self._fetch_buffered(out)
         endorsements: list[Endorsement] = []
@@ -187,7 +189,7 @@ class TickWork(CoreParts):
         def keep(record: TxRecord) -> bool:
             return record.state is TxState.COMMITTED and (
                 self._gate.unapplied(record.tx_id) or is_named(record.tx_id)
-                or self._retained_suffix(record.tx_id))
+                or self._retained_suffix(record.tx_id) or self._wal_unsynced(record.tx_id, out))
 
         gone, stones = self._store.gc(
             now - self._config.gc_horizon_ms, keep=keep,
@@ -212,6 +214,22 @@ class TickWork(CoreParts):
         self._rules.invalidate()
         if gone or stones:
             out.dirty = True
+
+    def _wal_unsynced(self, tx_id: TxId, out: Outbox) -> bool:
+        """`tx_id` was released by a Ready no fsync is known to have covered yet (its WAL
+        entry may be in the page cache only): GC keeps it, so its proof stays in the record,
+        and this step's Ready syncs the WAL (`must_sync`, unless a sync Ready covering it
+        is already on its way); once its `Persisted` is back, the next GC collects it.
+        Without this, a node that committed without signing (nothing syncs the WAL: the
+        journal's fsync made the proof durable) and stayed idle until GC lost the commit
+        in a machine crash after GC: neither the WAL nor the record held it. A release
+        restored from the WAL at a restart (`ready` 0) counts as synced."""
+        item = self._gate.released.get(tx_id)
+        if item is None or item.ready <= self._synced_ready:
+            return False
+        if not self._sync_numbers or self._sync_numbers[-1] < item.ready:
+            out.signed = True  # a `must_sync` Ready (nothing is signed for it)
+        return True
 
     def _named_conditions(self) -> set[TxId]:
         """The ids the endorsements of pending transactions name as conditions. A committed

@@ -12,7 +12,7 @@ import hashlib
 import random
 from dataclasses import dataclass, field, replace
 
-from phalanx.consensus.core import Abort, Input, Ready, Receive, Send, Submit, Tick
+from phalanx.consensus.core import Abort, Input, Persisted, Ready, Receive, Send, Submit, Tick
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
@@ -243,6 +243,8 @@ class Cluster:
         for send in ready.messages:
             if (node, send.to) not in self.cut:
                 self.net.append((node, send))
+        if ready.number:  # durable at once (GC waits for it: `TickWork._wal_unsynced`)
+            self.step(node, Persisted(number=ready.number))
         return ready
 
     def submit(self, tx: Transaction, to: tuple[NodeId, ...] | None = None) -> None:
@@ -307,8 +309,14 @@ def solo(node: str = "n1", *, bugs: frozenset[str] = frozenset(), app: KvApp | N
 
 
 def run(core: LeaderlessCore, app: KvApp, inp: Input) -> Ready:
-    """Step `core` and apply what it releases to `app` (the driver's job)."""
-    ready = core.step(inp)
-    for entry in ready.committed:
-        app.apply(entry)
-    return ready
+    """Step `core` and apply what it releases to `app`, then feed `Persisted` back (the
+    driver's job: GC takes a released proof out of the record only once a `Persisted`
+    covered an fsync after its release). Returns the Ready of `inp`."""
+    first = ready = core.step(inp)
+    while True:
+        for entry in ready.committed:
+            app.apply(entry)
+        if not ready.number:
+            return first
+        ready = core.step(Persisted(number=ready.number))
+        assert not ready.messages, "a Persisted step sent messages: run() would lose them"

@@ -265,3 +265,26 @@ def test_a_wal_only_commit_is_never_voted_dropped_after_a_restart() -> None:
     assert ready.entries == ()  # not appended again
     assert not any(getattr(s.message, "drop", False) for s in ready.messages)
     assert core.durable_state().votes == ()
+
+
+def test_an_idle_commit_survives_its_gc_and_a_crash_that_loses_the_unsynced_wal() -> None:
+    """The commit of a transaction this node had endorsed earlier signs nothing: its Ready
+    appends the WAL entry without `must_sync` (the record, fsynced by the journal, holds
+    the proof). Idle after that (nothing signed, so nothing syncs the WAL), GC past the
+    horizon takes the proof out of the record; a machine crash then lost the WAL entry
+    too: the commit was gone (applied and answered before). GC must first have the WAL
+    synced (a `must_sync` Ready, known durable by its `Persisted`)."""
+    tx = make_tx("add x 1")
+    app, disk = KvApp(), Disk()
+    core = _core(app)
+    _drive(core, app, disk, _inputs([tx]))
+    assert _ids(disk.wal) == [tx_id(tx)]  # committed ...
+    assert disk.synced == 0  # ... its WAL entry not synced
+    horizon = LeaderlessConfig(node_id=N1, nodes=(N1,)).gc_horizon_ms
+    later = [Tick(now_ms=tx.deadline_ms + horizon + 1 + k) for k in range(3)]
+    _drive(core, app, disk, later)
+    assert core._store.state_of(tx_id(tx)) is None  # collected
+    disk.wal = disk.wal[:disk.synced]  # a machine crash: the unsynced WAL tail is lost
+    assert disk.record is not None
+    held = set(_ids(disk.wal)) | {tx_id(p.tx) for p in disk.record.committed}
+    assert tx_id(tx) in held, "an applied commit lost: neither the WAL nor the record holds it"

@@ -42,7 +42,8 @@ def test_a_forgotten_commit_never_meets_a_drop(bug: bool) -> None:
     for n in (N2, N3):
         assert c.nodes[n].core._checkpoints.blocked(t_id), n
         assert c.nodes[n].core._store.state_of(t_id) is TxState.PENDING, n
-    c.step(N4, Tick(now_ms=c.now))  # n4's own clock: it collects T
+    c.step(N4, Tick(now_ms=c.now))  # n4's own clock: it syncs T's WAL entry (idle since) ...
+    c.step(N4, Tick(now_ms=c.now + 1))  # ... and collects T
     assert c.nodes[N4].core._store.state_of(t_id) is None
     assert c.nodes[N4].app.data == {"x": b"a"}
 

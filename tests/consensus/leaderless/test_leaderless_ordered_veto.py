@@ -23,7 +23,7 @@ from leaderless_harness import (
     version,
 )
 
-from phalanx.consensus.core import Input, Persisted, Ready, Receive
+from phalanx.consensus.core import Receive
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
@@ -88,13 +88,6 @@ class OrderedCluster(Cluster):
         self.net = [(src, s) for src, s in self.net if s.to != node]
         self.nodes[node] = self._make(node, old.app, old.durable)
 
-    def step(self, node: NodeId, inp: Input) -> Ready:
-        """The harness's step, then `Persisted` fed back (the embedded PBFT counts its own
-        votes only once they are durable)."""
-        ready = first = super().step(node, inp)
-        while ready.number:
-            ready = super().step(node, Persisted(number=ready.number))
-        return first
 
 
 def split(mode: str, bugs: frozenset[str] = frozenset()) -> tuple[
