@@ -27,6 +27,10 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``ordered_decided_once``: `stuck_resolution = "pbft"` never checkpoints a transaction
   again once a checkpoint naming it decided (the rule before 2026-12-02 evening): one kept
   on endorsements that later died stays pending for ever (the bank wedge; liveness).
+- ``veto_decided_once``: the veto mode never checkpoints an id again once a remembered
+  checkpoint names it, even one kept on ANOTHER id's proof (the rule before 2026-12-02
+  night): a stuck condition of the kept id stays pending for ever, with the kept id and
+  what is conditioned on them (liveness; the 1 s-horizon "runaway" seeds 44 and 55).
 - ``ordered_dead_evidence``: `stuck_resolution = "pbft"` votes carry endorsements whose
   condition committed at the voter (the rule before 2026-12-02 evening): every later round
   keeps such a transaction again (liveness).
@@ -60,7 +64,8 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "ordered_drop_ambiguous", "skip_checkpoint_digest",
                               "no_state_transfer", "forget_undecided",
                               "refuse_behind_checkpoint", "drop_forgotten",
-                              "ordered_decided_once", "ordered_dead_evidence")
+                              "ordered_decided_once", "ordered_dead_evidence",
+                              "veto_decided_once")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

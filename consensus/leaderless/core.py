@@ -141,7 +141,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 verify_proof=self._verify_proof, faults=config.faults,
                 restored_votes=restored.votes if restored is not None else (),
                 restored_relays=restored.relays if restored is not None else (),
-                tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks)
+                tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks,
+                decided_once="veto_decided_once" in self._bugs)
         self._checkpoints.unprovable = self._unprovable
         self._memory = Memory(limit=config.max_pending)
         self._memory.drop_forgotten = "drop_forgotten" in self._bugs

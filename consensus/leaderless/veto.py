@@ -102,13 +102,16 @@ class _Checkpoint:
     own: VetoChoice | None = None
     drop: bool | None = None
     """The decision: True drop, False keep, None undecided."""
+    kept: frozenset[TxId] = frozenset()
+    """On KEEP, the ids the deciding veto carried a verified proof of: the others of the
+    checkpoint were not shown applicable, and may be queued again (`CheckpointMachine.queue`)."""
 
 
 class CheckpointMachine:
     """The checkpoint batcher and the veto procedure of one node."""
 
     __slots__ = (
-        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped",
+        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_dropped",
         "_dropped_counts", "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period",
         "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of", "_verify_proof", "node_id",
         "unprovable",
@@ -129,7 +132,10 @@ class CheckpointMachine:
         max_open: int = 1024,
         tx_id_of: Callable[[Transaction], TxId] | None = None,
         vote_batch_ticks: int = 0,
+        decided_once: bool = False,
     ) -> None:
+        """`decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
+        a remembered checkpoint names, the rule before `_Checkpoint.kept`."""
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
         if checkpoint_ticks < 1 or batch < 1 or max_open < 1:
@@ -144,6 +150,7 @@ class CheckpointMachine:
         self._batch = batch
         self._max_open = max_open
         self._verify_proof = verify_proof
+        self._decided_once = decided_once
         # The core's transaction id (`transaction_id` over the codec's encoding); the
         # default hashes `crypto.encode`, which is the codec only where they coincide.
         self._tx_id_of = tx_id_of or (lambda tx: transaction_id(tx, crypto.encode))
@@ -183,10 +190,28 @@ class CheckpointMachine:
     # Inputs --------------------------------------------------------------------------
 
     def queue(self, tx_id: TxId) -> None:
-        """Ask for a checkpoint that drops `tx_id` (ignored when a checkpoint this node
-        remembers already contains it)."""
-        if tx_id not in self._by_tx:
+        """Ask for a checkpoint that drops `tx_id`: ignored while a checkpoint this node
+        remembers is undecided on it, dropped it, or kept it on its proof. A checkpoint
+        kept on ANOTHER id's proof says nothing of `tx_id` (a veto shows one id applicable,
+        and the batch rides along), so `tx_id` goes out again, in a new id list (a kept
+        checkpoint names an id it kept, which a new list of uncovered ids never does).
+        Before, it never did: a stuck condition of the kept id stayed pending for ever,
+        and the kept id and everything conditioned on it with it (docs/LEADERLESS.md
+        "Kept on another's proof")."""
+        if self._open_to_queue(tx_id):
             self._queued[tx_id] = None
+
+    def _open_to_queue(self, tx_id: TxId) -> bool:
+        holders = self._by_tx.get(tx_id)
+        if not holders:
+            return True
+        if self._decided_once:
+            return False
+        for cid in holders:
+            cp = self._checkpoints[cid]
+            if cp.drop is not False or tx_id in cp.kept:
+                return False
+        return True
 
     def tick(self, proof_of: ProofOf) -> None:
         """Every `checkpoint_ticks` ticks: pull what this node lacks of its undecided
@@ -202,7 +227,7 @@ class CheckpointMachine:
             if cp.drop is None:
                 self._broadcast(StartCheckpoint(tx_ids=cp.tx_ids,
                                                 delivered=tuple(sorted(cp.delivered))))
-        queued = sorted(t for t in self._queued if t not in self._by_tx)
+        queued = sorted(t for t in self._queued if self._open_to_queue(t))
         self._queued = dict.fromkeys(queued)
         if not queued or self._open() >= self._max_open or self.fenced:
             return
@@ -501,7 +526,9 @@ class CheckpointMachine:
             if cp.drop is None:
                 if not vote.drop:
                     cp.drop = False
-                    self._kept.extend(self._verified(vote))
+                    proofs = self._verified(vote)
+                    cp.kept = frozenset(self._tx_id_of(p.tx) for p in proofs)
+                    self._kept.extend(proofs)
                 elif len(cp.delivered) == len(self._nodes) and all(
                         v.drop for v in cp.delivered.values()):
                     cp.drop = True
