@@ -392,10 +392,13 @@ class LeaderlessDurableState(Message):
         endorsed: this node's own signed endorsements not yet garbage-collected; the safety
             kernel never signs one that conflicts with them, across restarts too.
         refused: this node's own refusals, likewise (never endorse what it refused).
-        votes: this node's own veto-procedure votes of undecided checkpoints (a node that
-            voted drop never commits those transactions unless the checkpoint keeps them).
-        relays: this node's echo and ready choices in the vote broadcasts of undecided
-            checkpoints (`VoteRelay`), so it never echoes two values of one vote.
+        votes: this node's own veto-procedure votes of the checkpoints it remembers,
+            decided ones too until collected (a node that voted drop never commits those
+            transactions unless the checkpoint keeps them; a restarted node never votes
+            twice).
+        relays: this node's echo and ready choices in the vote broadcasts of those
+            checkpoints (`VoteRelay`), so it never echoes two values of one vote and its
+            READYs still answer a lagging peer after a restart.
         decided: tombstones of committed and dropped transactions.
         committed: the committed transactions not yet garbage-collected, with their
             commit certificates. On restart the core releases every one of them again: the

@@ -23,6 +23,10 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
   so no correct node delivers n drops while another delivers a veto. A decision is final.
 - `blocked(t)`: this node voted drop in an undecided checkpoint containing t; the core must
   not commit t meanwhile (so a drop decided anywhere never meets a commit here).
+- Durable until `gc`, decided or not: `votes()` and `relays()` cover every remembered
+  checkpoint, so a decider restarted from its record never votes again and still answers a
+  lagging peer's pull with its READYs (Bracha's totality across restarts; a restored
+  checkpoint is undecided until its votes are delivered again: the same decision).
 
 Invariants: deterministic (insertion-ordered dicts, sorted ids; no clocks, no randomness);
 peer input is counted in `dropped_counts`, never raised; memory is bounded by
@@ -334,16 +338,17 @@ class CheckpointMachine:
         return False
 
     def votes(self) -> tuple[VetoChoice, ...]:
-        """This node's votes of undecided checkpoints (for the durable record)."""
-        return tuple(cp.own for cp in self._checkpoints.values()
-                     if cp.drop is None and cp.own is not None)
+        """This node's votes of the checkpoints it remembers, decided ones too until `gc`
+        (for the durable record: a restarted node never votes again on a checkpoint a
+        lagging peer still asks about)."""
+        return tuple(cp.own for cp in self._checkpoints.values() if cp.own is not None)
 
     def relays(self) -> tuple[VoteRelay, ...]:
-        """This node's echo/ready choices in the vote broadcasts of undecided checkpoints
-        (and restored ones of checkpoints it has not heard of again), for the durable
-        record."""
-        keys: list[Key] = [(v, cid) for cid, cp in self._checkpoints.items()
-                           if cp.drop is None for v in self._nodes]
+        """This node's echo/ready choices in the vote broadcasts of the checkpoints it
+        remembers, decided ones too until `gc` (and restored ones of checkpoints it has not
+        heard of again), for the durable record: after a restart its READYs still answer a
+        lagging peer's pull."""
+        keys: list[Key] = [(v, cid) for cid in self._checkpoints for v in self._nodes]
         keys += self._rb.orphans(self._checkpoints.__contains__)
         return self._rb.relays(keys)
 

@@ -165,9 +165,14 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
     for node in c.nodes:
         assert c.dropped[node] == list(ids)
         assert not c.machines[node].blocked(ids[0])
-        assert c.machines[node].votes() == ()
+        # Decided: the vote stays in the durable record until gc (a lagging peer may
+        # still ask; test_veto_lagging.py), then goes.
+        assert c.machines[node].votes() == tuple(c.persisted[node])
         assert c.persisted[node]
         assert c.persisted[node][0].drop
+        c.machines[node].gc(lambda t: False)
+        assert c.machines[node].votes() == ()
+        assert c.machines[node].relays() == ()
 
 
 def test_n_minus_1_votes_do_not_decide_and_one_silent_node_blocks() -> None:
@@ -545,12 +550,14 @@ def test_gc_bounds_memory(crashes: list[bool]) -> None:
         c.run()
     m = c.machines["n0"]
     assert len(m) == len(crashes)
-    undecided = len(m.votes())
+    assert len(m.votes()) == len(crashes)  # decided ones too, until gc
+    undecided = sum(1 for v in m.votes() if m.blocked(v.tx_ids[0]))
     assert undecided <= sum(crashes)
     m.gc(lambda t: True)  # everything still live: nothing forgotten
     assert len(m) == len(crashes)
     m.gc(lambda t: False)
     assert len(m) == undecided  # only undecided checkpoints stay (own votes are kept)
+    assert len(m.votes()) == undecided
     assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
     assert len(m.relays()) <= 4 * undecided
 
