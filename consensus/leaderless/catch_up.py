@@ -9,7 +9,9 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
   node that heard nothing for a period asks one peer for its checkpoint descriptor, so
   even a quiet cluster answers);
 - a committed transaction waited at the version gate past the GC horizon (what it waits
-  for can no longer be fetched from anyone).
+  for can no longer be fetched from anyone);
+- a transaction is still undecided here past the GC horizon (`_ask_for_overdue`, with
+  backoff): only its committers' checkpoints may still say it committed.
 
 Serving: a node vouches for a retained checkpoint while what it applied after it is still
 fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
@@ -22,7 +24,9 @@ installed state: the install does not undo it. (Until 2026-12-02 such a checkpoi
 refused and a newer one awaited; a node catching up under load applies new commits faster
 than any checkpoint its peers offer covers them, so it refused every one: a livelock,
 docs/LEADERLESS.md "State transfer".) A lacking one restored from the WAL without its proof
-cannot be released again: then the checkpoint is still refused. Then: `Ready.snapshot`
+cannot be released again: then the checkpoint is still refused. One lacking an apply
+the core no longer holds (`_forgotten`: the replica's table minus the gate's releases) was
+already refused by `StateTransfer` (the coverage rule). Then: `Ready.snapshot`
 at the next local index (rebased there), the gate releases nothing until the driver
 installed it, gated transactions the checkpoint holds count as released there, and every
 transaction in its table becomes decided (committed) here, so it is never endorsed,
@@ -132,6 +136,7 @@ class CatchUp(CoreParts):
     def _transfer_tick(self, now: int | None, out: Outbox) -> None:
         transfer = self._transfer
         if transfer is None:
+            self._store.overdue.clear()  # nobody to ask
             return
         horizon = self._config.gc_horizon_ms
         if now is not None and self._restored_horizon is not None:

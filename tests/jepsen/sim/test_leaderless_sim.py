@@ -120,13 +120,17 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `test_drop_forgotten_is_caught_where_undecided_transactions_are_forgotten`.
     `ordered_decided_once` and `ordered_dead_evidence` are liveness bugs of the pbft mode
     (a kept transaction whose endorsements died stays pending):
-    `tests/consensus/leaderless/test_ordered_kept_wedge.py`."""
+    `tests/consensus/leaderless/test_ordered_kept_wedge.py`. `install_over_forgotten` and
+    `no_overdue_transfer` need the committers of a transaction killed past their horizon
+    while f + 1 nodes hold it pending: `test_leaderless_install_rollback.py` (seed 87 with a
+    scripted kill) and `tests/consensus/leaderless/test_state_transfer.py`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
                               "forget_undecided", "refuse_behind_checkpoint",
                               "drop_forgotten", "ordered_decided_once",
-                              "ordered_dead_evidence"}
+                              "ordered_dead_evidence", "install_over_forgotten",
+                              "no_overdue_transfer"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
