@@ -49,6 +49,15 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   its deadline (the rule before 2026-12-02): a node that committed T and collected it past
   its GC horizon then completes a DROP of T at the nodes that still hold it pending (DROP
   meets a commit; `memory.py`).
+- ``install_over_forgotten``: install a verified checkpoint whose transaction table lacks a
+  transaction this node applied and no longer holds (the rule before 2026-12-02 evening,
+  `state_transfer.py` coverage rule off): a committer down past its GC horizon installs
+  the state of f+1 nodes that never applied its write, undoing an acknowledged write on
+  every replica (`test_leaderless_install_rollback.py`, seed 87).
+- ``no_overdue_transfer``: never ask for state transfer for a transaction still undecided
+  past the GC horizon (the rule before 2026-12-02 evening): where its committers applied it
+  and collected its certificate, it stays pending for good at the nodes that hold it (no
+  checkpoint vote can keep it), and their replicas lack the write the others applied.
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 
@@ -65,7 +74,8 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "no_state_transfer", "forget_undecided",
                               "refuse_behind_checkpoint", "drop_forgotten",
                               "ordered_decided_once", "ordered_dead_evidence",
-                              "veto_decided_once")
+                              "veto_decided_once", "install_over_forgotten",
+                              "no_overdue_transfer")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -123,13 +123,18 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `tests/consensus/leaderless/test_ordered_kept_wedge.py`; `veto_decided_once`, the veto
     mode's (a condition of a kept transaction is never checkpointed again):
     `tests/consensus/leaderless/test_veto_requeue.py` and
-    `test_a_kept_checkpoints_other_ids_go_again` (seed 44 of the 1 s horizon)."""
+    `test_a_kept_checkpoints_other_ids_go_again` (seed 44 of the 1 s horizon).
+    `install_over_forgotten` and `no_overdue_transfer` need the committers of a transaction
+    killed past their horizon while f + 1 nodes hold it pending:
+    `test_leaderless_install_rollback.py` (seed 87 with a scripted kill) and
+    `tests/consensus/leaderless/test_state_transfer.py`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
                               "forget_undecided", "refuse_behind_checkpoint",
                               "drop_forgotten", "ordered_decided_once",
-                              "ordered_dead_evidence", "veto_decided_once"}
+                              "ordered_dead_evidence", "veto_decided_once",
+                              "install_over_forgotten", "no_overdue_transfer"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
