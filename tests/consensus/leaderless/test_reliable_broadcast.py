@@ -10,9 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
-from phalanx.consensus.leaderless.messages import VetoChoice, VoteEcho, VoteReady
+from phalanx.consensus.leaderless.messages import (
+    FetchVote,
+    VetoChoice,
+    VoteBody,
+    VoteEcho,
+    VoteEchoDigest,
+    VoteReady,
+)
 from phalanx.consensus.leaderless.reliable_broadcast import VoteBroadcast
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
@@ -64,12 +70,22 @@ class Net:
                 rb.on_send(src, msg, ok)
         elif isinstance(msg, VoteEcho):
             rb.on_echo(src, msg, ok)
+        elif isinstance(msg, VoteEchoDigest):
+            rb.on_echo_digest(src, (msg.voter, msg.checkpoint), msg.digest)
         elif isinstance(msg, VoteReady):
             rb.on_ready(src, msg)
+        elif isinstance(msg, FetchVote):
+            rb.on_fetch(src, msg)
+        elif isinstance(msg, VoteBody) and rb.expects(msg.vote):
+            rb.on_body(msg.vote, ok)
         self.collect(dst)
 
     def answer_round(self) -> None:
-        """Loss recovery: every honest node answers every other (the periodic pull)."""
+        """Loss recovery: every honest node answers every other (the periodic pull) and
+        asks again for the bodies it lacks."""
+        for x in self.honest:
+            self.rb[x].refetch()
+            self.collect(x)
         for x in self.honest:
             for y in self.honest:
                 if x != y:
@@ -151,7 +167,8 @@ def test_echo_and_ready_only_once_and_only_from_the_voter() -> None:
     rb.on_send(NodeId("n3"), b, ok)  # equivocation: not echoed
     sends, _, dirty = rb.drain()
     assert dirty
-    assert [s.message for s in sends] == [VoteEcho(vote=a)] * 3
+    echo = VoteEchoDigest(checkpoint=CID, voter=NodeId("n3"), digest=digest_of(HASH, a))
+    assert [s.message for s in sends] == [echo] * 3  # the digest, not the vote
     assert rb.dropped_counts() == {"equivocation": 1}
     for src in ("n1", "n2"):
         rb.on_echo(NodeId(src), VoteEcho(vote=b), ok)
@@ -203,15 +220,16 @@ def test_restart_never_echoes_or_readies_another_value() -> None:
         again.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"),
                                               digest=digest_of(HASH, b)))
     sends, delivered, _ = again.drain()
-    assert sends == []  # neither an echo nor a ready of b
+    # Neither an echo nor a ready of b (and no fetch of a's body yet: it knows no echoer
+    # of a but itself).
+    assert sends == []
     assert delivered == []
-    # Its answers repeat its old choices (the echo once the content is held again).
+    # Its answers repeat its old choices, by digest: no content needed.
     answers = again.answer((NodeId("n3"), CID), NodeId("n1"))
-    assert [s.message for s in answers] == [VoteReady(checkpoint=CID, voter=NodeId("n3"),
-                                                      digest=digest_of(HASH, a))]
-    again.on_echo(NodeId("n3"), VoteEcho(vote=a), ok)  # the content, from any echo
-    assert Send(to=NodeId("n1"), message=VoteEcho(vote=a)) in again.answer(
-        (NodeId("n3"), CID), NodeId("n1"))
+    da = digest_of(HASH, a)
+    assert [s.message for s in answers] == [
+        VoteEchoDigest(checkpoint=CID, voter=NodeId("n3"), digest=da),
+        VoteReady(checkpoint=CID, voter=NodeId("n3"), digest=da)]
 
 
 def test_needs_n_at_least_3f_plus_1() -> None:

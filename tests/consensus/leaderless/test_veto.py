@@ -16,12 +16,16 @@ from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.endorsement_batch import endorsement_problem, sign_one
 from phalanx.consensus.leaderless.messages import (
+    FetchVote,
     StartCheckpoint,
     Transaction,
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
     transaction_id,
 )
@@ -132,6 +136,8 @@ class Cluster:
             m.on_echo(src, msg, self.proof_of(node))
         elif isinstance(msg, VoteReady):
             m.on_ready(src, msg)
+        elif isinstance(msg, VoteEchoDigest | VoteDigestBatch | FetchVote | VoteBody):
+            m.on_relay(src, msg, self.proof_of(node))
         self.collect(node)
 
     def run(self) -> None:
@@ -195,9 +201,11 @@ def about(m: Message, voter: str) -> bool:
     """Whether `m` is a broadcast message of `voter`'s vote."""
     if isinstance(m, VetoChoice):
         return m.voter == voter
-    if isinstance(m, VoteEcho):
+    if isinstance(m, VoteEcho | VoteBody):
         return m.vote.voter == voter
-    return isinstance(m, VoteReady) and m.voter == voter
+    if isinstance(m, VoteDigestBatch):
+        return voter in m.echo_voters or voter in m.ready_voters
+    return isinstance(m, VoteReady | VoteEchoDigest | FetchVote) and m.voter == voter
 
 
 def test_pull_after_loss() -> None:
@@ -343,7 +351,9 @@ def test_equivocation_is_counted_first_choice_echoed() -> None:
     for v in (v1, v2, signed("n1", ids, drop=True), v1):  # a plain duplicate is no lie
         m.on_choice("n1", v, c.proof_of("n0"))
     eff = c.collect("n0")
-    assert [s.message for s in eff.sends] == [VoteEcho(vote=v1)] * 3
+    echo = VoteEchoDigest(checkpoint=v1.checkpoint, voter=v1.voter,
+                          digest=digest_of(FastCrypto("n0"), v1))
+    assert [s.message for s in eff.sends] == [echo] * 3
     assert eff.kept == eff.dropped == ()
     assert m.dropped_counts() == {"equivocation": 2}
 
