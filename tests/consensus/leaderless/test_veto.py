@@ -644,3 +644,31 @@ def test_honest_nodes_never_disagree(plan: list[str], echoes: list[str],
         assert decisions == {"drop"}
     if plan == ["veto"] * 3:
         assert decisions == {"keep"}
+
+
+def test_a_fenced_node_adopts_its_old_vote_fetched_by_digest() -> None:
+    """n0 lost its record (fenced: it votes, echoes and readies nothing). Echoes by digest
+    carry no vote, so f+1 = 2 echoes of one digest in its own instance (one of them correct:
+    its old vote) make it fetch that body from those echoers and adopt it, as a full echo
+    used to: never a second, different vote of its own. A forged body is dropped."""
+    c = Cluster(4)
+    ids = (tid(1),)
+    m = c.machines["n0"]
+    m.fenced = True
+    m.on_start("n1", StartCheckpoint(tx_ids=ids), c.proof_of("n0"))
+    c.collect("n0")
+    assert m.votes() == ()
+    old = signed("n0", ids, drop=True)
+    echo = VoteEchoDigest(checkpoint=old.checkpoint, voter="n0",
+                          digest=digest_of(FastCrypto("n0"), old))
+    m.on_relay("n1", echo, c.proof_of("n0"))
+    assert not any(isinstance(s.message, FetchVote) for s in c.collect("n0").sends)  # f
+    m.on_relay("n2", echo, c.proof_of("n0"))
+    fetches = [s for s in c.collect("n0").sends if isinstance(s.message, FetchVote)]
+    assert [s.to for s in fetches] == ["n1", "n2"]
+    m.on_relay("n1", VoteBody(vote=signed("n0", ids, drop=False, proofs=(proof(1),))),
+               c.proof_of("n0"))
+    assert m.votes() == ()
+    assert m.dropped_counts() == {"vote_body_mismatch": 1}
+    m.on_relay("n2", VoteBody(vote=old), c.proof_of("n0"))
+    assert m.votes() == (old,)
