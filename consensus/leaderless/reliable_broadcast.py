@@ -17,11 +17,12 @@ Protocol (n >= 3f+1; Q = ceil((n+f+1)/2) = 2f+1 at n = 3f+1):
 - DELIVER: on 2f+1 matching readies, once the vote with that digest is held (from the SEND,
   a fetched `VoteBody`, or an older node's full `VoteEcho`: the digest authenticates it).
 - FETCH: a node that readied digest d (or holds 2f+1 readies of d) without the body asks
-  f+1 distinct members whose echo was d (`FetchVote`), as their echoes arrive, and asks
-  again every period (`refetch`) until it holds it; a member answers a fetch of a body it
-  holds with `VoteBody`, once per period per asker. A body whose digest is not the one
-  being fetched is dropped (`vote_body_mismatch`). A node's own instance, after it lost its
-  vote: f+1 echoes of one digest make it fetch that body (its old vote, then adopted).
+  f+1 distinct members whose echo was d (`FetchVote`), as their echoes arrive, and every
+  period (`refetch`) f+1 more (round robin over d's echoers) until it holds it; a member
+  answers a fetch of a body it holds with `VoteBody`, once per period per asker. A body
+  whose digest is not the one being fetched is dropped (`vote_body_mismatch`). A node's own
+  instance, after it lost its vote: f+1 echoes of one digest make it fetch that body (its
+  old vote, then adopted).
 
 Batched (`batch_ticks` > 0, the core's default; docs/LEADERLESS.md "Batched echoes and
 readies"): ECHOes and READYs are not sent at once but collected, per peer, and sent every
@@ -112,7 +113,10 @@ class _Instance:
     fetching: bytes | None = None
     """The digest whose body this node must obtain (set once: see `_want`)."""
     asked: dict[NodeId, None] = field(default_factory=dict)
-    """Members asked for `fetching` this period (at most f+1, echoers of it)."""
+    """Echoers of `fetching` asked for it, across periods (cleared once all known ones
+    were: the next period starts over)."""
+    asked_now: int = 0
+    """How many of them were asked this period (at most f+1)."""
 
     def add_echo(self, src: NodeId, digest: bytes) -> None:
         """`src`'s first ECHO (the caller checked it has none)."""
@@ -348,7 +352,11 @@ class VoteBroadcast:
             if inst is None or inst.fetching is None or inst.fetching in inst.contents:
                 del self._wanting[key]
                 continue
-            inst.asked.clear()
+            inst.asked_now = 0
+            want = inst.fetching
+            if all(d != want or src == self.node_id or src in inst.asked
+                   for src, d in inst.echoes.items()):
+                inst.asked.clear()  # every known echoer asked: start over
             self._ask(key, inst)
 
     def answer(self, key: Key, to: NodeId) -> list[Send]:
@@ -467,7 +475,7 @@ class VoteBroadcast:
                     self._delivered.append(inst.contents[d])
             elif inst.fetching is None:
                 self._want(key, inst, d)
-            elif inst.fetching == d and len(inst.asked) <= self._faults:
+            elif inst.fetching == d and inst.asked_now <= self._faults:
                 self._ask(key, inst)  # a new echoer of it, maybe
 
     def _want(self, key: Key, inst: _Instance, d: bytes) -> None:
@@ -482,16 +490,18 @@ class VoteBroadcast:
             self._ask(key, inst)
 
     def _ask(self, key: Key, inst: _Instance) -> None:
-        """Ask echoers of `inst.fetching` (not yet asked this period) until f+1 were asked:
-        one of f+1 distinct echoers is correct, and a correct echoer holds the body."""
+        """Ask echoers of `inst.fetching` not asked yet until f+1 were asked this period:
+        one of f+1 distinct echoers is correct, and a correct echoer holds the body (unless
+        it lost it in a crash: the next period asks the next ones)."""
         want = inst.fetching
         if want is None:
             return
         for src, d in inst.echoes.items():
-            if len(inst.asked) > self._faults:
+            if inst.asked_now > self._faults:
                 return
             if d == want and src != self.node_id and src not in inst.asked:
                 inst.asked[src] = None
+                inst.asked_now += 1
                 self._sends.append(Send(to=src, message=FetchVote(
                     checkpoint=key[1], voter=key[0], digest=want)))
 

@@ -11,8 +11,9 @@ persists `votes()` and `relays()` before sending (`VetoEffects.sync`), and appli
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
-- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and an
-  echoed copy of its own old vote is adopted rather than re-voted): veto with a proof when
+- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and its
+  own old vote, seen in a full echo or fetched on f+1 echoes of its digest, is adopted
+  rather than re-voted): veto with a proof when
   `proof_of` knows one of the ids applicable (or it holds a valid veto), drop otherwise;
   abstain (no vote) when one of the ids is `unprovable` (committed here without a proof,
   after a restart; or held nothing of and possibly committed and forgotten: the core's
@@ -255,7 +256,8 @@ class CheckpointMachine:
             self._collect()
 
     def on_echo(self, src: NodeId, msg: VoteEcho, proof_of: ProofOf) -> None:
-        """A peer's ECHO of a vote (possibly this node's own old vote: adopted)."""
+        """An older peer's full ECHO of a vote (possibly this node's own old vote:
+        adopted); correct nodes now echo by digest (`on_relay`)."""
         cp = self._enter(src, msg.vote, proof_of)
         if cp is not None:
             self._rb.on_echo(src, msg, self._problem)

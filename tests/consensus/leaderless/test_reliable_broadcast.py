@@ -385,7 +385,7 @@ def test_a_forged_or_unasked_body_is_dropped_and_counted() -> None:
     assert rb.delivered(key) is None
 
 
-def test_lost_fetches_are_asked_again_each_period_and_new_echoers_are_asked() -> None:
+def test_lost_fetches_are_asked_again_round_robin_and_new_echoers_are_asked() -> None:
     rb, _ = lone(7)  # f = 2: ask 3 echoers
     key = (NodeId("n1"), CID)
     v = vote("n1", 1)
@@ -400,7 +400,10 @@ def test_lost_fetches_are_asked_again_each_period_and_new_echoers_are_asked() ->
     rb.on_echo_digest(NodeId("n4"), key, d)
     asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
     assert asked == ["n3"]  # up to f+1 = 3 asked
-    rb.refetch()  # a period later, nothing came: ask again
+    rb.refetch()  # a period later, nothing came: ask the echoers not asked yet
+    asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
+    assert asked == ["n4"]
+    rb.refetch()  # every known echoer asked (a correct one may have lost it): start over
     asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
     assert asked == ["n1", "n2", "n3"]
     assert rb.expects(v)
