@@ -11,8 +11,9 @@ persists `votes()` and `relays()` before sending (`VetoEffects.sync`), and appli
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
-- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and an
-  echoed copy of its own old vote is adopted rather than re-voted): veto with a proof when
+- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and its
+  own old vote, seen in a full echo or fetched on f+1 echoes of its digest, is adopted
+  rather than re-voted): veto with a proof when
   `proof_of` knows one of the ids applicable (or it holds a valid veto), drop otherwise;
   abstain (no vote) when one of the ids is `unprovable` (committed here without a proof,
   after a restart; or held nothing of and possibly committed and forgotten: the core's
@@ -44,6 +45,7 @@ from itertools import pairwise
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
+    FetchVote,
     OrderingEnvelope,
     OrderingRecord,
     OrderingSubmit,
@@ -53,7 +55,10 @@ from phalanx.consensus.leaderless.messages import (
     TxId,
     VetoChoice,
     VoteBatch,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
     VoteRelay,
     transaction_id,
@@ -227,6 +232,7 @@ class CheckpointMachine:
         if self._ticks % self._period:
             return
         self._answered.clear()
+        self._rb.refetch()
         for cp in self._checkpoints.values():
             if cp.drop is None:
                 self._broadcast(StartCheckpoint(tx_ids=cp.tx_ids,
@@ -279,7 +285,8 @@ class CheckpointMachine:
             self._collect()
 
     def on_echo(self, src: NodeId, msg: VoteEcho, proof_of: ProofOf) -> None:
-        """A peer's ECHO of a vote (possibly this node's own old vote: adopted)."""
+        """An older peer's full ECHO of a vote (possibly this node's own old vote:
+        adopted); correct nodes now echo by digest (`on_relay`)."""
         cp = self._enter(src, msg.vote, proof_of)
         if cp is not None:
             self._rb.on_echo(src, msg, self._problem)
@@ -312,6 +319,66 @@ class CheckpointMachine:
                 self.on_ready(src, ready)
             else:
                 self._drop("bad_vote_batch_item")
+
+    def on_relay(self, src: NodeId,
+                 msg: VoteEchoDigest | VoteDigestBatch | FetchVote | VoteBody,
+                 proof_of: ProofOf) -> None:
+        """The broadcast's digest-only messages (docs/LEADERLESS.md "Echoes by digest"): an
+        ECHO by digest, a batch of them and READYs of one checkpoint, a fetch of a body,
+        the fetched body."""
+        if src not in self._members:
+            self._drop("not_a_member")
+        elif isinstance(msg, VoteDigestBatch):
+            self._on_digest_batch(src, msg)
+        elif isinstance(msg, VoteEchoDigest):
+            self._relay_item(src, msg.voter, msg.checkpoint, msg.digest, echo=True)
+        elif isinstance(msg, FetchVote):
+            if msg.voter not in self._members:
+                self._drop("not_a_member")
+            elif self._rb.known((msg.voter, msg.checkpoint)):
+                self._rb.on_fetch(src, msg)
+            else:
+                self._drop("unknown_checkpoint")  # forgotten (decided, collected) or never
+        else:
+            vote = msg.vote
+            if not isinstance(vote, VetoChoice) or vote.voter not in self._members:
+                self._drop("not_a_member")
+            elif self._rb.expects(vote):  # before any signature check (else counted)
+                cp = self._enter(src, vote, proof_of)
+                if cp is not None:
+                    self._rb.on_body(vote, self._problem)
+        self._collect()
+
+    def _on_digest_batch(self, src: NodeId, msg: VoteDigestBatch) -> None:
+        """Each item exactly as the lone `VoteEchoDigest`/`VoteReady` it stands for; a batch
+        whose fields are not parallel tuples of at most `MAX_BATCH_ITEMS`, or whose
+        checkpoint is not bytes, is dropped whole (`bad_vote_batch`)."""
+        cid, ev, ed, rv, rd = (msg.checkpoint, msg.echo_voters, msg.echo_digests,
+                               msg.ready_voters, msg.ready_digests)
+        if not isinstance(cid, bytes) or not all(isinstance(t, tuple) for t in (ev, ed, rv, rd)) \
+                or len(ev) != len(ed) or len(rv) != len(rd) \
+                or len(ev) > MAX_BATCH_ITEMS or len(rv) > MAX_BATCH_ITEMS:
+            self._drop("bad_vote_batch")
+            return
+        for voter, digest in zip(ev, ed, strict=True):
+            self._relay_item(src, voter, cid, digest, echo=True)
+        for voter, digest in zip(rv, rd, strict=True):
+            self._relay_item(src, voter, cid, digest, echo=False)
+
+    def _relay_item(self, src: NodeId, voter: object, cid: bytes, digest: object, *,
+                    echo: bool) -> None:
+        """One ECHO or READY by digest from member `src` (peer input: types checked)."""
+        if not isinstance(voter, str) or not isinstance(digest, bytes) \
+                or not isinstance(cid, bytes):
+            self._drop("bad_vote_batch_item")
+        elif voter not in self._members:
+            self._drop("not_a_member")
+        elif not self._rb.known((NodeId(voter), cid)):
+            self._drop("unknown_checkpoint")  # the sender sends it again when pulled
+        elif echo:
+            self._rb.on_echo_digest(src, (NodeId(voter), cid), digest)
+        else:
+            self._rb.on_ready_digest(src, (NodeId(voter), cid), digest)
 
     def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:
         """The ordered resolution's message: not this mode's (counted)."""
