@@ -3,7 +3,8 @@
 Owns: the `Signer`, `Verifier`, `Authenticator`, `Hasher` protocols (and `Crypto`, all four
 together) that a Byzantine core receives at construction, `signing_view` (what a signature
 or a MAC covers), and `FastCrypto`, a cheap deterministic implementation for the simulator
-and unit tests.
+and unit tests (with `FastCryptoMemo`, the protocol of a memo its instances may share: the
+simulator's `phalanx.jepsen.sim.crypto_memo`).
 
 Must not import: `phalanx.net` (the real Ed25519/HMAC implementation lives in
 `phalanx.net.crypto` and plugs in through these protocols), trio, clocks, global random.
