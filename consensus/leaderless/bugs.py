@@ -58,6 +58,10 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   past the GC horizon (the rule before 2026-12-02 evening): where its committers applied it
   and collected its certificate, it stays pending for good at the nodes that hold it (no
   checkpoint vote can keep it), and their replicas lack the write the others applied.
+- ``no_stale_transfer``: a certified proof of a transaction past this node's GC horizon
+  that it holds nothing of does not ask for state transfer (the rule before 2026-12-02
+  night): a commit missed during a cut or a clock offset that, with the catch-up's delay,
+  outlasted the horizon is never learnt (1 s-horizon seeds 31 and 33, `converge`).
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 
@@ -75,7 +79,7 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "refuse_behind_checkpoint", "drop_forgotten",
                               "ordered_decided_once", "ordered_dead_evidence",
                               "veto_decided_once", "install_over_forgotten",
-                              "no_overdue_transfer")
+                              "no_overdue_transfer", "no_stale_transfer")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -11,7 +11,11 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
 - a committed transaction waited at the version gate past the GC horizon (what it waits
   for can no longer be fetched from anyone);
 - a transaction is still undecided here past the GC horizon (`_ask_for_overdue`, with
-  backoff): only its committers' checkpoints may still say it committed.
+  backoff): only its committers' checkpoints may still say it committed;
+- a peer's proof of a transaction this node holds nothing of arrives past its GC horizon
+  (`stale_tx`) with Q valid unconditional endorsements (`_stale_certified`, with backoff):
+  it committed, and no fetch can bring it here any more (a cut or a clock offset that,
+  with the catch-up's delay, outlasted the horizon).
 
 Serving: a node vouches for a retained checkpoint while what it applied after it is still
 fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
@@ -41,7 +45,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import Send, Snapshot
-from phalanx.consensus.leaderless.messages import CommittedDigest, DecidedTx, TxId
+from phalanx.consensus.leaderless.checks import endorsement_problem
+from phalanx.consensus.leaderless.messages import (
+    CommittedDigest,
+    DecidedTx,
+    Endorsement,
+    TransactionProof,
+    TxId,
+)
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
 from phalanx.consensus.leaderless.recovery import MAX_DIGEST_IDS
 from phalanx.consensus.leaderless.state_transfer import StateTransfer, Verified
@@ -106,6 +117,8 @@ class CatchUp(CoreParts):
         self._overdue: dict[TxId, None] = {}
         self._overdue_next = 0  # the tick from which an overdue id may ask again
         self._overdue_backoff = 1  # periods until the next ask (doubles to OVERDUE_MAX)
+        self._stale_next = 0  # the tick from which a certified stale proof may ask again
+        self._stale_backoff = 1  # periods until then (doubles to OVERDUE_MAX)
         if self._transfer is not None and recovering:
             self._transfer.want("lost its durable record")
 
@@ -181,6 +194,37 @@ class CatchUp(CoreParts):
         transfer.want("undecided past the GC horizon")
         self._overdue_next = self._ticks + self._overdue_backoff * self._config.rebroadcast_ticks
         self._overdue_backoff = min(OVERDUE_MAX, 2 * self._overdue_backoff)
+
+    def _stale_certified(self, proof: TransactionProof) -> None:
+        """`proof` names a transaction past this node's GC horizon that it holds nothing of
+        (`stale_tx`, counted by the caller). With Q valid unconditional endorsements it
+        committed at some correct node, and this node missed it for good by fetching (every
+        later proof of it is stale here too): only a checkpoint can bring it. Ask for state
+        transfer, at most once per 1, 2, 4 ... `OVERDUE_MAX` periods (an old proof replayed by
+        a Byzantine peer costs a descriptor round, no more); the backoff starts over after
+        `OVERDUE_MAX` periods without one. The signatures are checked only when an ask is
+        due. Safety is the install rule's (f + 1 descriptors, the coverage rule)."""
+        transfer = self._transfer
+        every = self._config.rebroadcast_ticks
+        if transfer is None or "no_stale_transfer" in self._bugs:  # the deliberate bug
+            return
+        if self._ticks < self._stale_next:
+            return
+        if self._ticks >= self._stale_next + OVERDUE_MAX * every:
+            self._stale_backoff = 1
+        tx_id = self._tx_id(proof.tx)
+        nodes = self._config.nodes
+        signers: dict[NodeId, None] = {}
+        for e in proof.endorsements:
+            if (isinstance(e, Endorsement) and e.tx_id == tx_id and not e.conditions
+                    and e.endorser not in signers
+                    and endorsement_problem(e, nodes, self._crypto, self._roots) is None):
+                signers[e.endorser] = None
+        if len(signers) < self._config.quorum_for(proof.tx.policy):
+            return
+        transfer.want("a certified transaction past the GC horizon")
+        self._stale_next = self._ticks + self._stale_backoff * every
+        self._stale_backoff = min(OVERDUE_MAX, 2 * self._stale_backoff)
 
     def _on_transfer(self, src: NodeId, msg: Message, out: Outbox) -> None:
         transfer = self._transfer

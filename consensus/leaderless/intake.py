@@ -100,6 +100,8 @@ class PeerIntake(CoreParts):
         problem = self._accept_tx(self._tx_id(proof.tx), proof.tx, out)
         if problem not in (None, "duplicate_tx", "decided_tx"):
             self._drop(problem or "")
+            if problem == "stale_tx":
+                self._stale_certified(proof)  # missed for good here: ask for a checkpoint
             return
         for e in proof.endorsements:
             if isinstance(e, Endorsement):

@@ -127,14 +127,16 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `install_over_forgotten` and `no_overdue_transfer` need the committers of a transaction
     killed past their horizon while f + 1 nodes hold it pending:
     `test_leaderless_install_rollback.py` (seed 87 with a scripted kill) and
-    `tests/consensus/leaderless/test_state_transfer.py`."""
+    `tests/consensus/leaderless/test_state_transfer.py`. `no_stale_transfer`: seed 31 of
+    the 1 s horizon, `test_a_certified_stale_proof_asks_for_state_transfer`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
                               "forget_undecided", "refuse_behind_checkpoint",
                               "drop_forgotten", "ordered_decided_once",
                               "ordered_dead_evidence", "veto_decided_once",
-                              "install_over_forgotten", "no_overdue_transfer"}
+                              "install_over_forgotten", "no_overdue_transfer",
+                              "no_stale_transfer"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
@@ -263,6 +265,19 @@ def horizon_run(seed: int, *, bugs: frozenset[str] = frozenset()) -> RunResult:
     return run(RunConfig(seed=seed, protocol="leaderless", nodes=7, liveness_ns=4 * _S,
                          bugs=bugs, settings=(("gc_horizon_ms", 1_000),
                                               ("max_deadline_lead_ms", 2_000))))
+
+
+def test_a_certified_stale_proof_asks_for_state_transfer() -> None:
+    """Seed 31 of the 1 s horizon (docs/LEADERLESS.md "Limits", 6): a clock-skew fault leaves
+    n1 ~1.36 s ahead, so every proof of a transaction it missed arrives past its horizon
+    (`stale_tx`) and no fetch can bring it; n1 ended two writes behind (`converge`). A
+    proof certified by Q valid unconditional endorsements now asks for state transfer
+    (`CatchUp._stale_certified`), and the install brings the missed writes. The control
+    `no_stale_transfer` is the rule before."""
+    fixed = horizon_run(31)
+    assert fixed.ok, fixed.report()
+    old = horizon_run(31, bugs=frozenset({"no_stale_transfer"}))
+    assert any(v.startswith("converge") for v in old.violations), old.report()
 
 
 @pytest.mark.long
