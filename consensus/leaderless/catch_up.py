@@ -13,9 +13,11 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
 - a transaction is still undecided here past the GC horizon (`_ask_for_overdue`, with
   backoff): only its committers' checkpoints may still say it committed;
 - a peer's proof of a transaction this node holds nothing of arrives past its GC horizon
-  (`stale_tx`) with Q valid unconditional endorsements (`_stale_certified`, with backoff):
-  it committed, and no fetch can bring it here any more (a cut or a clock offset that,
-  with the catch-up's delay, outlasted the horizon).
+  (`stale_tx`) with Q valid endorsements that are definitely valid here (unconditional, or
+  every condition dropped here: the commit rule's count; `_stale_certified`, with
+  backoff): it committed, and no fetch can bring it here any more (a cut or a clock offset
+  that, with the catch-up's delay, outlasted the horizon; or a late commit, once the veto
+  procedure dropped its conditions past every horizon).
 
 Serving: a node vouches for a retained checkpoint while what it applied after it is still
 fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
@@ -197,8 +199,11 @@ class CatchUp(CoreParts):
 
     def _stale_certified(self, proof: TransactionProof) -> None:
         """`proof` names a transaction past this node's GC horizon that it holds nothing of
-        (`stale_tx`, counted by the caller). With Q valid unconditional endorsements it
-        committed at some correct node, and this node missed it for good by fetching (every
+        (`stale_tx`, counted by the caller). With Q valid endorsements definitely valid here
+        (unconditional, or conditioned only on transactions dropped here, as the commit rule
+        counts them: a transaction committed late, after a veto dropped its conditions past
+        every horizon, carries such a proof; 1 s-horizon seed 33) it committed at some
+        correct node, and this node missed it for good by fetching (every
         later proof of it is stale here too): only a checkpoint can bring it. Ask for state
         transfer, at most once per 1, 2, 4 ... `OVERDUE_MAX` periods (an old proof replayed by
         a Byzantine peer costs a descriptor round, no more); the backoff starts over after
@@ -215,9 +220,11 @@ class CatchUp(CoreParts):
         tx_id = self._tx_id(proof.tx)
         nodes = self._config.nodes
         signers: dict[NodeId, None] = {}
+        dropped = TxState.DROPPED
+        state_of = self._store.state_of
         for e in proof.endorsements:
-            if (isinstance(e, Endorsement) and e.tx_id == tx_id and not e.conditions
-                    and e.endorser not in signers
+            if (isinstance(e, Endorsement) and e.tx_id == tx_id and e.endorser not in signers
+                    and all(state_of(c) is dropped for c in e.conditions)
                     and endorsement_problem(e, nodes, self._crypto, self._roots) is None):
                 signers[e.endorser] = None
         if len(signers) < self._config.quorum_for(proof.tx.policy):

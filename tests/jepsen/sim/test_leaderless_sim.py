@@ -280,6 +280,22 @@ def test_a_certified_stale_proof_asks_for_state_transfer() -> None:
     assert any(v.startswith("converge") for v in old.violations), old.report()
 
 
+def test_a_stale_proof_with_dropped_conditions_asks_for_state_transfer() -> None:
+    """Seed 33 of the 1 s horizon: `c1#9 put r0 v23` (deadline 0.625 s) holds two
+    unconditional endorsements and four conditioned on `c1#10 put r0 v24`; the veto drops
+    `c1#10` only at 4.40 s (n5 is fenced until 4.34 s after losing its disk), and n1-n6
+    then commit and apply `c1#9`, 3.8 s past its deadline. n7 held nothing of it (stale
+    since 1.69 s): every proof of it is `stale_tx` there, and the trigger counted only
+    unconditional endorsements (2 < Q = 5), so n7 ended with r0 = v20 (`converge`). It now
+    counts those whose conditions are all dropped here, as the commit rule does: n7 (which
+    decided the DROP too) asks at 4.49 s and installs the others' checkpoint at 4.70 s.
+    The control `no_stale_transfer` fails as before."""
+    fixed = horizon_run(33)
+    assert fixed.ok, fixed.report()
+    old = horizon_run(33, bugs=frozenset({"no_stale_transfer"}))
+    assert any(v.startswith("converge") for v in old.violations), old.report()
+
+
 @pytest.mark.long
 @pytest.mark.parametrize(("seed", "horizon_ms"), [(9, 1_000), (17, 2_500)])
 def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
