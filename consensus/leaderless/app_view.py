@@ -83,3 +83,11 @@ class AppView(Protocol):
         """How many of the entries this core released (`Ready.committed`, local index
         order) the replica has applied: the applied index."""
         ...
+
+    def applied_within(self, max_deadline_ms: int) -> list[bytes]:
+        """The ids in the replica's transaction table (the writing transactions it applied
+        and still records, an installed checkpoint's included) that a table whose newest
+        deadline is `max_deadline_ms` keeps too (deadline >= `max_deadline_ms` minus the
+        table's horizon), sorted. [] when the replica keeps no table. State transfer's
+        coverage rule (`state_transfer.py`) reads it."""
+        ...

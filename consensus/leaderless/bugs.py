@@ -27,6 +27,10 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``ordered_decided_once``: `stuck_resolution = "pbft"` never checkpoints a transaction
   again once a checkpoint naming it decided (the rule before 2026-12-02 evening): one kept
   on endorsements that later died stays pending for ever (the bank wedge; liveness).
+- ``veto_decided_once``: the veto mode never checkpoints an id again once a remembered
+  checkpoint names it, even one kept on ANOTHER id's proof (the rule before 2026-12-02
+  night): a stuck condition of the kept id stays pending for ever, with the kept id and
+  what is conditioned on them (liveness; the 1 s-horizon "runaway" seeds 44 and 55).
 - ``ordered_dead_evidence``: `stuck_resolution = "pbft"` votes carry endorsements whose
   condition committed at the voter (the rule before 2026-12-02 evening): every later round
   keeps such a transaction again (liveness).
@@ -45,6 +49,19 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   its deadline (the rule before 2026-12-02): a node that committed T and collected it past
   its GC horizon then completes a DROP of T at the nodes that still hold it pending (DROP
   meets a commit; `memory.py`).
+- ``install_over_forgotten``: install a verified checkpoint whose transaction table lacks a
+  transaction this node applied and no longer holds (the rule before 2026-12-02 evening,
+  `state_transfer.py` coverage rule off): a committer down past its GC horizon installs
+  the state of f+1 nodes that never applied its write, undoing an acknowledged write on
+  every replica (`test_leaderless_install_rollback.py`, seed 87).
+- ``no_overdue_transfer``: never ask for state transfer for a transaction still undecided
+  past the GC horizon (the rule before 2026-12-02 evening): where its committers applied it
+  and collected its certificate, it stays pending for good at the nodes that hold it (no
+  checkpoint vote can keep it), and their replicas lack the write the others applied.
+- ``no_stale_transfer``: a certified proof of a transaction past this node's GC horizon
+  that it holds nothing of does not ask for state transfer (the rule before 2026-12-02
+  night): a commit missed during a cut or a clock offset that, with the catch-up's delay,
+  outlasted the horizon is never learnt (1 s-horizon seeds 31 and 33, `converge`).
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 
@@ -60,7 +77,9 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "ordered_drop_ambiguous", "skip_checkpoint_digest",
                               "no_state_transfer", "forget_undecided",
                               "refuse_behind_checkpoint", "drop_forgotten",
-                              "ordered_decided_once", "ordered_dead_evidence")
+                              "ordered_decided_once", "ordered_dead_evidence",
+                              "veto_decided_once", "install_over_forgotten",
+                              "no_overdue_transfer", "no_stale_transfer")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

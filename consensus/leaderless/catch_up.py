@@ -9,7 +9,13 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
   node that heard nothing for a period asks one peer for its checkpoint descriptor, so
   even a quiet cluster answers);
 - a committed transaction waited at the version gate past the GC horizon (what it waits
-  for can no longer be fetched from anyone).
+  for can no longer be fetched from anyone);
+- a transaction is still undecided here past the GC horizon (`_ask_for_overdue`, with
+  backoff): only its committers' checkpoints may still say it committed;
+- a peer's proof of a transaction this node holds nothing of arrives past its GC horizon
+  (`stale_tx`) with Q valid unconditional endorsements (`_stale_certified`, with backoff):
+  it committed, and no fetch can bring it here any more (a cut or a clock offset that,
+  with the catch-up's delay, outlasted the horizon).
 
 Serving: a node vouches for a retained checkpoint while what it applied after it is still
 fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
@@ -22,7 +28,9 @@ installed state: the install does not undo it. (Until 2026-12-02 such a checkpoi
 refused and a newer one awaited; a node catching up under load applies new commits faster
 than any checkpoint its peers offer covers them, so it refused every one: a livelock,
 docs/LEADERLESS.md "State transfer".) A lacking one restored from the WAL without its proof
-cannot be released again: then the checkpoint is still refused. Then: `Ready.snapshot`
+cannot be released again: then the checkpoint is still refused. One lacking an apply
+the core no longer holds (`_forgotten`: the replica's table minus the gate's releases) was
+already refused by `StateTransfer` (the coverage rule). Then: `Ready.snapshot`
 at the next local index (rebased there), the gate releases nothing until the driver
 installed it, gated transactions the checkpoint holds count as released there, and every
 transaction in its table becomes decided (committed) here, so it is never endorsed,
@@ -37,10 +45,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from phalanx.consensus.core import Send, Snapshot
-from phalanx.consensus.leaderless.messages import CommittedDigest, DecidedTx, TxId
+from phalanx.consensus.leaderless.checks import endorsement_problem
+from phalanx.consensus.leaderless.messages import (
+    CommittedDigest,
+    DecidedTx,
+    Endorsement,
+    TransactionProof,
+    TxId,
+)
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
 from phalanx.consensus.leaderless.recovery import MAX_DIGEST_IDS
-from phalanx.consensus.leaderless.state_transfer import Verified
+from phalanx.consensus.leaderless.state_transfer import StateTransfer, Verified
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.leaderless.transfer_messages import (
     CheckpointChunk,
@@ -52,7 +67,8 @@ from phalanx.consensus.leaderless.transfer_messages import (
 from phalanx.consensus.types import Configuration, Message, NodeId, SnapshotMeta
 
 if TYPE_CHECKING:
-    from phalanx.consensus.leaderless.state_transfer import CheckpointFormat, StateTransfer
+    from phalanx.consensus.leaderless.messages import LeaderlessDurableState
+    from phalanx.consensus.leaderless.state_transfer import CheckpointFormat
 
 TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, CheckpointDescriptors, FetchCheckpoint,
                   CheckpointChunk)
@@ -60,6 +76,11 @@ TRANSFER_TYPES = (CheckpointQuery, CheckpointDescriptor, CheckpointDescriptors, 
 MAX_SUFFIX = MAX_DIGEST_IDS // 2
 """A retained checkpoint is vouched for only while at most this many entries were applied
 after it (the peers' `CommittedDigest`s, capped at `MAX_DIGEST_IDS`, must name them all)."""
+
+
+OVERDUE_MAX = 256
+"""At most this many periods (`rebroadcast_ticks`) between two state-transfer asks for a
+transaction still undecided past the GC horizon (`CatchUp._ask_for_overdue`)."""
 
 
 class CatchUp(CoreParts):
@@ -74,6 +95,44 @@ class CatchUp(CoreParts):
         _heard_tick: int
         _refuse_behind: bool
         _peers: tuple[NodeId, ...]
+        _bugs: frozenset[str]
+
+    def _init_transfer(self, fmt: CheckpointFormat | None, *,
+                       restored: LeaderlessDurableState | None, recovering: bool) -> None:
+        """The state-transfer part of the core's constructor: with `fmt` the node serves
+        and fetches checkpoints; an amnesiac node (`recovering`) asks at once."""
+        if "no_state_transfer" in self._bugs:
+            fmt = None
+        self._format = fmt
+        self._transfer = None if fmt is None else StateTransfer(
+            fmt=fmt, peers=self._peers, faults=self._config.faults,
+            every=self._config.rebroadcast_ticks, drop=self._drop,
+            check_digest="skip_checkpoint_digest" not in self._bugs,
+            forgotten=self._forgotten)
+        self._last_heard_ms = None
+        self._heard_tick = 0
+        self._restored_horizon = restored.gc_horizon_ms if restored is not None else None
+        self._behind = 0
+        self._refuse_behind = "refuse_behind_checkpoint" in self._bugs
+        self._overdue: dict[TxId, None] = {}
+        self._overdue_next = 0  # the tick from which an overdue id may ask again
+        self._overdue_backoff = 1  # periods until the next ask (doubles to OVERDUE_MAX)
+        self._stale_next = 0  # the tick from which a certified stale proof may ask again
+        self._stale_backoff = 1  # periods until then (doubles to OVERDUE_MAX)
+        if self._transfer is not None and recovering:
+            self._transfer.want("lost its durable record")
+
+    def _forgotten(self, max_deadline_ms: int) -> list[bytes]:
+        """The coverage rule's input (`StateTransfer`, docs/LEADERLESS.md "An install never
+        undoes a forgotten apply"): the transactions this node's replica applied that a
+        checkpoint whose newest deadline is `max_deadline_ms` must record if its replica
+        applied them, and that the core no longer holds (GC collected the release): the
+        install rule could not apply them again. Those still held are the install rule's
+        (applied again after the install, or the checkpoint refused)."""
+        if "install_over_forgotten" in self._bugs:
+            return []  # the deliberate bug (bugs.py): the rule before 2026-12-02 evening
+        released = self._gate.released
+        return [t for t in self._app.applied_within(max_deadline_ms) if t not in released]
 
     def _heard(self, src: NodeId) -> None:
         """A message from peer `src` arrived: after a silence longer than the GC horizon,
@@ -92,6 +151,7 @@ class CatchUp(CoreParts):
     def _transfer_tick(self, now: int | None, out: Outbox) -> None:
         transfer = self._transfer
         if transfer is None:
+            self._store.overdue.clear()  # nobody to ask
             return
         horizon = self._config.gc_horizon_ms
         if now is not None and self._restored_horizon is not None:
@@ -102,6 +162,7 @@ class CatchUp(CoreParts):
                 and any(item.proof is not None and item.proof.tx.deadline_ms < now - horizon
                         for item in self._gate.gated.values())):
             transfer.want("gated past the GC horizon")
+        self._ask_for_overdue(transfer)
         every = self._config.rebroadcast_ticks
         if self._ticks % every == 0 and self._ticks - self._heard_tick >= every and self._peers:
             # Nothing heard for a period: ask one peer (round-robin) for its checkpoint. Its
@@ -110,6 +171,60 @@ class CatchUp(CoreParts):
             peer = self._peers[(self._ticks // every) % len(self._peers)]
             out.sends.append(Send(to=peer, message=CheckpointQuery()))
         out.sends += transfer.tick()
+
+    def _ask_for_overdue(self, transfer: StateTransfer) -> None:
+        """A transaction still pending here past the GC horizon may have committed at nodes
+        that applied it and then collected its certificate: no proof of it is left, only
+        their replicas' transaction tables, which their checkpoints carry. Ask for state
+        transfer (an installed table holding it decides it committed here, `_install`), then
+        again after 1, 2, 4 ... `OVERDUE_MAX` periods while one stays pending (a checkpoint
+        covering it may appear later: its committers down, or cut off)."""
+        store = self._store
+        if store.overdue:
+            if "no_overdue_transfer" not in self._bugs:  # the deliberate bug (bugs.py)
+                self._overdue.update(dict.fromkeys(store.overdue))
+            store.overdue.clear()
+        if not self._overdue or self._ticks < self._overdue_next:
+            return
+        for tx_id in [t for t in self._overdue if store.state_of(t) is not TxState.PENDING]:
+            del self._overdue[tx_id]
+        if not self._overdue:
+            self._overdue_backoff = 1
+            return
+        transfer.want("undecided past the GC horizon")
+        self._overdue_next = self._ticks + self._overdue_backoff * self._config.rebroadcast_ticks
+        self._overdue_backoff = min(OVERDUE_MAX, 2 * self._overdue_backoff)
+
+    def _stale_certified(self, proof: TransactionProof) -> None:
+        """`proof` names a transaction past this node's GC horizon that it holds nothing of
+        (`stale_tx`, counted by the caller). With Q valid unconditional endorsements it
+        committed at some correct node, and this node missed it for good by fetching (every
+        later proof of it is stale here too): only a checkpoint can bring it. Ask for state
+        transfer, at most once per 1, 2, 4 ... `OVERDUE_MAX` periods (an old proof replayed by
+        a Byzantine peer costs a descriptor round, no more); the backoff starts over after
+        `OVERDUE_MAX` periods without one. The signatures are checked only when an ask is
+        due. Safety is the install rule's (f + 1 descriptors, the coverage rule)."""
+        transfer = self._transfer
+        every = self._config.rebroadcast_ticks
+        if transfer is None or "no_stale_transfer" in self._bugs:  # the deliberate bug
+            return
+        if self._ticks < self._stale_next:
+            return
+        if self._ticks >= self._stale_next + OVERDUE_MAX * every:
+            self._stale_backoff = 1
+        tx_id = self._tx_id(proof.tx)
+        nodes = self._config.nodes
+        signers: dict[NodeId, None] = {}
+        for e in proof.endorsements:
+            if (isinstance(e, Endorsement) and e.tx_id == tx_id and not e.conditions
+                    and e.endorser not in signers
+                    and endorsement_problem(e, nodes, self._crypto, self._roots) is None):
+                signers[e.endorser] = None
+        if len(signers) < self._config.quorum_for(proof.tx.policy):
+            return
+        transfer.want("a certified transaction past the GC horizon")
+        self._stale_next = self._ticks + self._stale_backoff * every
+        self._stale_backoff = min(OVERDUE_MAX, 2 * self._stale_backoff)
 
     def _on_transfer(self, src: NodeId, msg: Message, out: Outbox) -> None:
         transfer = self._transfer

@@ -73,7 +73,7 @@ from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.rules import Rules
 from phalanx.consensus.leaderless.safety import SafetyKernel
 from phalanx.consensus.leaderless.schedule import DueHeap
-from phalanx.consensus.leaderless.state_transfer import CheckpointFormat, StateTransfer
+from phalanx.consensus.leaderless.state_transfer import CheckpointFormat
 from phalanx.consensus.leaderless.status import (
     BENIGN_DUPLICATES,
     INVALID_SUBMITS,
@@ -141,7 +141,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 verify_proof=self._verify_proof, faults=config.faults,
                 restored_votes=restored.votes if restored is not None else (),
                 restored_relays=restored.relays if restored is not None else (),
-                tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks)
+                tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks,
+                decided_once="veto_decided_once" in self._bugs)
         self._checkpoints.unprovable = self._unprovable
         self._memory = Memory(limit=config.max_pending)
         self._memory.drop_forgotten = "drop_forgotten" in self._bugs
@@ -191,20 +192,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._rules.count_conditional = "count_conditional" in self._bugs
         if restored is not None or restored_entries:
             self._restore(restored or LeaderlessDurableState(), known, restored_entries)
-        if "no_state_transfer" in self._bugs:
-            checkpoint_format = None
-        self._format = checkpoint_format
-        self._transfer = None if checkpoint_format is None else StateTransfer(
-            fmt=checkpoint_format, peers=self._peers, faults=config.faults,
-            every=config.rebroadcast_ticks, drop=self._drop,
-            check_digest="skip_checkpoint_digest" not in self._bugs)
-        self._last_heard_ms: int | None = None
-        self._heard_tick = 0
-        self._restored_horizon = restored.gc_horizon_ms if restored is not None else None
-        self._behind = 0
-        self._refuse_behind = "refuse_behind_checkpoint" in self._bugs
-        if self._transfer is not None and recovering:
-            self._transfer.want("lost its durable record")
+        self._init_transfer(checkpoint_format, restored=restored, recovering=recovering)
 
     @property
     def node_id(self) -> NodeId:
@@ -607,4 +595,5 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates),
             installs=self._transfer.installs if self._transfer is not None else 0,
             catching_up=self._transfer.reason if self._transfer is not None else "",
-            behind_checkpoints=self._behind)
+            behind_checkpoints=self._behind + (
+                self._transfer.refused_lacking if self._transfer is not None else 0))

@@ -23,6 +23,7 @@ from phalanx.consensus.leaderless.messages import (
     Endorsement,
     EndorsementBatch,
     FetchTransactions,
+    FetchVote,
     OrderingEnvelope,
     OrderingSubmit,
     Refusal,
@@ -33,7 +34,10 @@ from phalanx.consensus.leaderless.messages import (
     TxId,
     VetoChoice,
     VoteBatch,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
 )
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
@@ -85,6 +89,8 @@ class PeerIntake(CoreParts):
             self._checkpoints.on_ready(src, msg)
         elif isinstance(msg, VoteBatch):
             self._checkpoints.on_batch(src, msg, self._proof_of)
+        elif isinstance(msg, VoteDigestBatch | VoteEchoDigest | FetchVote | VoteBody):
+            self._checkpoints.on_relay(src, msg, self._proof_of)
         elif isinstance(msg, OrderingEnvelope | OrderingSubmit):
             self._checkpoints.on_envelope(src, msg)
         else:
@@ -94,6 +100,8 @@ class PeerIntake(CoreParts):
         problem = self._accept_tx(self._tx_id(proof.tx), proof.tx, out)
         if problem not in (None, "duplicate_tx", "decided_tx"):
             self._drop(problem or "")
+            if problem == "stale_tx":
+                self._stale_certified(proof)  # missed for good here: ask for a checkpoint
             return
         for e in proof.endorsements:
             if isinstance(e, Endorsement):

@@ -3,8 +3,9 @@
 
 Owns: the wire types of the leaderless core (`Transaction`, `Endorsement`,
 `StartCheckpoint`, `VetoChoice`, `Refusal`, `FetchTransactions`, `TransactionProof`,
-`CommittedDigest`, the reliable broadcast of votes `VoteEcho` and `VoteReady` (and their
-per-peer batch `VoteBatch`), the batch
+`CommittedDigest`, the reliable broadcast of votes `VoteEchoDigest` and `VoteReady` (their
+per-peer batch `VoteDigestBatch`, the body fetch `FetchVote`/`VoteBody`; the older
+full-vote `VoteEcho` and its batch `VoteBatch`, still accepted), the batch
 endorsement `EndorsementBatch` with `EndorsedTx` and the signed `EndorsementRoot`),
 the durable record `LeaderlessDurableState`, and the stable codec ids `LEADERLESS_MESSAGES`
 (300-399, see `phalanx.net.wire`).
@@ -23,9 +24,11 @@ Who signs what:
   transaction is applicable).
 - `StartCheckpoint`, `FetchTransactions` and `CommittedDigest` are unsigned requests:
   acting on them never needs trust in the sender.
-- `VoteEcho` and `VoteReady` (Bracha's reliable broadcast of votes, `reliable_broadcast.py`)
-  and `VoteBatch` are unsigned: they count as the sender's, which the transport
-  authenticates (`Receive.src`); the vote inside an echo is the voter's signed `VetoChoice`.
+- `VoteEchoDigest`, `VoteReady`, `VoteDigestBatch`, `FetchVote` and `VoteBody` (Bracha's
+  reliable broadcast of votes, `reliable_broadcast.py`; and the older `VoteEcho`,
+  `VoteBatch`) are unsigned: they count as the sender's, which the transport authenticates
+  (`Receive.src`); the vote inside a body or a full echo is the voter's signed `VetoChoice`,
+  and it counts only when it hashes to the digest asked for.
 
 Invariants: every class is a frozen, slotted, keyword-only dataclass whose fields are ints,
 strs, bytes, bools, tuples or nested such dataclasses; tuples that are sets are sorted and
@@ -257,6 +260,55 @@ class VoteBatch(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class VoteEchoDigest(Message):
+    """Bracha's ECHO, by digest, in the instance (`voter`, `checkpoint`): the digest of the
+    first valid SEND (the voter's `VetoChoice`) the sender received from the voter; the
+    vote itself travels once, from its voter, and is fetched (`FetchVote`) by a node that
+    must deliver a digest it lacks the body of. Counts as the sender's."""
+
+    checkpoint: bytes
+    voter: NodeId
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteDigestBatch(Message):
+    """A node's ECHOes (by digest) and READYs in the reliable-broadcast instances of ONE
+    checkpoint, collected since its last flush and sent to one peer in one message (the
+    successor of `VoteBatch`, whose echoes carried whole votes and repeated the checkpoint
+    per item): item i of `echo_voters` and `echo_digests` means
+    `VoteEchoDigest(checkpoint, echo_voters[i], echo_digests[i])`, likewise the readies.
+    Counts as the sender's; each item is handled as if it came alone. Parallel tuples of
+    equal length, at most `reliable_broadcast.MAX_BATCH_ITEMS` each (else dropped whole)."""
+
+    checkpoint: bytes
+    echo_voters: tuple[NodeId, ...] = ()
+    echo_digests: tuple[bytes, ...] = ()
+    ready_voters: tuple[NodeId, ...] = ()
+    ready_digests: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchVote(Message):
+    """Ask a peer that echoed `digest` in the instance (`voter`, `checkpoint`) for the vote
+    with that digest: sent by a node that must deliver it (its own READY, or 2f+1 readies)
+    and does not hold it. Answered by `VoteBody`."""
+
+    checkpoint: bytes
+    voter: NodeId
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteBody(Message):
+    """A vote (the voter's signed `VetoChoice`) sent to a node that asked for it
+    (`FetchVote`): it counts only when its digest is the one the receiver is fetching in
+    its instance (else `vote_body_mismatch`), and only when valid."""
+
+    vote: VetoChoice
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class VoteRelay(Message):
     """This node's own reliable-broadcast choices in one instance (`voter`'s vote on
     `checkpoint`), in the durable record: the digest it echoed and the digest it sent READY
@@ -392,10 +444,13 @@ class LeaderlessDurableState(Message):
         endorsed: this node's own signed endorsements not yet garbage-collected; the safety
             kernel never signs one that conflicts with them, across restarts too.
         refused: this node's own refusals, likewise (never endorse what it refused).
-        votes: this node's own veto-procedure votes of undecided checkpoints (a node that
-            voted drop never commits those transactions unless the checkpoint keeps them).
-        relays: this node's echo and ready choices in the vote broadcasts of undecided
-            checkpoints (`VoteRelay`), so it never echoes two values of one vote.
+        votes: this node's own veto-procedure votes of the checkpoints it remembers,
+            decided ones too until collected (a node that voted drop never commits those
+            transactions unless the checkpoint keeps them; a restarted node never votes
+            twice).
+        relays: this node's echo and ready choices in the vote broadcasts of those
+            checkpoints (`VoteRelay`), so it never echoes two values of one vote and its
+            READYs still answer a lagging peer after a restart.
         decided: tombstones of committed and dropped transactions.
         committed: the committed transactions not yet garbage-collected, with their
             commit certificates. On restart the core releases every one of them again: the
@@ -476,6 +531,10 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     309: VoteEcho,
     310: VoteReady,
     311: VoteBatch,
+    312: VoteEchoDigest,
+    313: VoteDigestBatch,
+    314: FetchVote,
+    315: VoteBody,
     320: DecidedTx,
     321: LeaderlessDurableState,
     322: LeaderlessStateDelta,
@@ -495,6 +554,6 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 312-319 and records in 327-339 and 351-399 (311: batched echoes
-and readies; 324-326: batch endorsements; 340-346: the ordered resolution; 350: re-sent
-signatures)."""
+The core may add messages in 316-319 and records in 327-339 and 351-399 (311: batched echoes
+and readies; 312-315: echoes by digest, their batch, the body fetch and answer; 324-326:
+batch endorsements; 340-346: the ordered resolution; 350: re-sent signatures)."""

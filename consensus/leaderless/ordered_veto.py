@@ -55,6 +55,7 @@ from phalanx.consensus.crypto import Crypto, Verifier
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.messages import (
     CloseCheckpoint,
+    FetchVote,
     OrderedVote,
     OrderingEnvelope,
     OrderingRecord,
@@ -66,7 +67,10 @@ from phalanx.consensus.leaderless.messages import (
     TxId,
     VetoChoice,
     VoteBatch,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
     VoteRelay,
 )
@@ -272,6 +276,11 @@ class OrderedCheckpoints:
         self._count("veto_message_in_pbft_mode")
 
     def on_batch(self, src: NodeId, msg: VoteBatch, proof_of: ProofOf) -> None:
+        self._count("veto_message_in_pbft_mode")
+
+    def on_relay(self, src: NodeId,
+                 msg: VoteEchoDigest | VoteDigestBatch | FetchVote | VoteBody,
+                 proof_of: ProofOf) -> None:
         self._count("veto_message_in_pbft_mode")
 
     def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:

@@ -1,40 +1,51 @@
-"""Bracha's reliable broadcast (Bracha 1987) of veto-procedure votes, as a sans-IO sub-machine.
+"""Bracha's reliable broadcast (Bracha 1987) of veto-procedure votes, as a sans-IO sub-machine,
+with echoes by digest.
 
 Owns: `VoteBroadcast`: one instance per (voter, checkpoint id): the vote contents it holds
 (by digest), the first ECHO and READY of every member, this node's own ECHO and READY
-choices, and the delivered vote. The checkpoint machine (`veto.py`) owns which instances
-exist (`open`/`forget`), validates vote contents (`Validate`, deterministic across correct
-nodes), persists `relays()` before sending, and decides only from `drain().delivered`.
+choices, the body it fetches, and the delivered vote. The checkpoint machine (`veto.py`)
+owns which instances exist (`open`/`forget`), validates vote contents (`Validate`,
+deterministic across correct nodes), persists `relays()` before sending, calls `refetch`
+once per checkpoint period, and decides only from `drain().delivered`.
 
 Protocol (n >= 3f+1; Q = ceil((n+f+1)/2) = 2f+1 at n = 3f+1):
 - SEND: the voter's signed `VetoChoice`, accepted only from the voter itself (`Receive.src`
-  is authenticated by the transport).
-- ECHO (`VoteEcho`, carries the vote): sent once per instance, on the first valid SEND.
+  is authenticated by the transport). The body travels once, in the SEND.
+- ECHO (`VoteEchoDigest`, the vote's digest): sent once per instance, on the first valid SEND.
 - READY (`VoteReady`, the digest): sent once per instance, on Q matching echoes or f+1
   matching readies.
-- DELIVER: on 2f+1 matching readies, once the vote with that digest is held (from the SEND
-  or any echo: the digest authenticates the content).
+- DELIVER: on 2f+1 matching readies, once the vote with that digest is held (from the SEND,
+  a fetched `VoteBody`, or an older node's full `VoteEcho`: the digest authenticates it).
+- FETCH: a node that readied digest d (or holds 2f+1 readies of d) without the body asks
+  f+1 distinct members whose echo was d (`FetchVote`), as their echoes arrive, and every
+  period (`refetch`) f+1 more (round robin over d's echoers) until it holds it; a member
+  answers a fetch of a body it holds with `VoteBody`, once per period per asker. A body
+  whose digest is not the one being fetched is dropped (`vote_body_mismatch`). A node's own
+  instance, after it lost its vote: f+1 echoes of one digest make it fetch that body (its
+  old vote, then adopted).
 
 Batched (`batch_ticks` > 0, the core's default; docs/LEADERLESS.md "Batched echoes and
 readies"): ECHOes and READYs are not sent at once but collected, per peer, and sent every
-`batch_ticks` ticks (`tick`) as one `VoteBatch` per peer carrying all of them, for every
-instance (a checkpoint's n broadcasts cost a node ~2 messages per peer and flush instead of
-2n: n^2 per phase for the cluster instead of n^3). The SEND still goes at once. A received
-batch is handled item by item, each exactly as the lone `VoteEcho`/`VoteReady` it stands for
-(the caller, `veto.py`): a bad item is dropped and counted, the others count. Pending items
-are keyed by instance, so at most one echo and one ready per instance and peer wait (bounded
-by the open instances); a batch carries at most `MAX_BATCH_ITEMS` of each (more go in
-further batches of the same flush).
+`batch_ticks` ticks (`tick`) as one `VoteDigestBatch` per peer and checkpoint carrying all of
+them (the checkpoint once, then voter and digest per item: ~40 bytes an item). The SEND,
+fetches and bodies go at once. A received batch is handled item by item, each exactly as
+the lone `VoteEchoDigest`/`VoteReady` it stands for (the caller, `veto.py`): a bad item is
+dropped and counted, the others count. Pending items are keyed by instance, so at most one
+echo and one ready per instance and peer wait; a batch carries at most `MAX_BATCH_ITEMS`
+of each (more go in further batches of the same flush).
 
 Properties (f Byzantine members): two Q-sets of echoers share f+1 members, one correct, and
 a correct node echoes once, so at most one digest ever gets a READY from a correct node;
 delivery needs f+1 correct readies, which make every correct node ready that digest and so
-deliver it (totality, given resends: `answer`). Hence per instance every correct node
-delivers the same vote or none, and with a correct voter all deliver its vote.
+deliver it (totality, given resends: `answer`), once it holds the body: the first correct
+READY of d came from Q echoes of d, of which f+1 are correct, and a correct node echoes
+only a body it validated and holds; f+1 distinct echoers of d include one of them, so the
+fetch succeeds (docs/LEADERLESS.md "Echoes by digest"). Hence per instance every correct
+node delivers the same vote or none, and with a correct voter all deliver its vote.
 
 Invariants: deterministic (insertion-ordered dicts, members sorted); peer input is counted
 by the caller's reason names, never raised; per instance at most n+1 contents are held
-(the SEND and each member's first echo).
+(the SEND, each member's first full echo, the fetched body: only the fetched digest).
 """
 
 from __future__ import annotations
@@ -45,9 +56,12 @@ from dataclasses import dataclass, field
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Hasher, digest_of
 from phalanx.consensus.leaderless.messages import (
+    FetchVote,
     VetoChoice,
-    VoteBatch,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
     VoteRelay,
 )
@@ -61,17 +75,17 @@ Validate = Callable[[VetoChoice], str | None]
 every correct node (signatures and self-certifying proofs only, never local state)."""
 
 MAX_BATCH_ITEMS = 256
-"""At most this many echoes, and as many readies, in one `VoteBatch` (a correct sender
-splits; a receiver drops a larger one whole). An echo carries a vote, with a veto's proof
-(~Q endorsements): 256 of them stay well under the codec's frame limit at n = 180."""
+"""At most this many echoes, and as many readies, in one `VoteDigestBatch` (or the older
+`VoteBatch`; a correct sender splits; a receiver drops a larger one whole)."""
 
 
 @dataclass(slots=True)
 class _Pending:
-    """Echoes and readies waiting for the next flush, keyed by instance (one each)."""
+    """Echoes and readies (digests) waiting for the next flush, keyed by instance (one
+    each)."""
 
-    echoes: dict[Key, VetoChoice] = field(default_factory=dict)
-    readies: dict[Key, VoteReady] = field(default_factory=dict)
+    echoes: dict[Key, bytes] = field(default_factory=dict)
+    readies: dict[Key, bytes] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.echoes or self.readies)
@@ -96,6 +110,13 @@ class _Instance:
     """How many members' first ECHO is each digest (`echoes` counted, kept with it)."""
     ready_counts: dict[bytes, int] = field(default_factory=dict)
     """How many members' first READY is each digest (`readies` counted)."""
+    fetching: bytes | None = None
+    """The digest whose body this node must obtain (set once: see `_want`)."""
+    asked: dict[NodeId, None] = field(default_factory=dict)
+    """Echoers of `fetching` asked for it, across periods (cleared once all known ones
+    were: the next period starts over)."""
+    asked_now: int = 0
+    """How many of them were asked this period (at most f+1)."""
 
     def add_echo(self, src: NodeId, digest: bytes) -> None:
         """`src`'s first ECHO (the caller checked it has none)."""
@@ -108,8 +129,8 @@ class _Instance:
         self.ready_counts[digest] = self.ready_counts.get(digest, 0) + 1
 
     def held_digest(self, vote: VetoChoice) -> bytes | None:
-        """The digest of `vote` when it is one of the held contents (usually the first
-        echo's object itself): no re-encoding and hashing per echo."""
+        """The digest of `vote` when it is one of the held contents (usually the SEND's
+        object itself): no re-encoding and hashing."""
         for digest, held in self.contents.items():
             if held is vote or held == vote:
                 return digest
@@ -120,8 +141,8 @@ class VoteBroadcast:
     """The reliable broadcast of votes at one node."""
 
     __slots__ = ("_batch_ticks", "_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at",
-                 "_hasher", "_instances", "_nodes", "_out_all", "_out_to", "_ready_at", "_sends",
-                 "_ticks", "fenced", "node_id")
+                 "_faults", "_hasher", "_instances", "_nodes", "_out_all", "_out_to",
+                 "_ready_at", "_sends", "_served", "_ticks", "_wanting", "fenced", "node_id")
 
     def __init__(self, *, node_id: NodeId, nodes: tuple[NodeId, ...], faults: int,
                  hasher: Hasher, restored: Iterable[VoteRelay] = (),
@@ -142,16 +163,21 @@ class VoteBroadcast:
         self.node_id = node_id
         self._nodes = tuple(sorted(nodes))
         self._hasher = hasher
+        self._faults = faults
         self._echo_at = -(-(n + faults + 1) // 2)
         self._ready_at = faults + 1
         self._deliver_at = 2 * faults + 1
         self._instances: dict[Key, _Instance] = {}
+        self._wanting: dict[Key, None] = {}
+        """Instances whose `fetching` body is not held yet."""
+        self._served: dict[tuple[NodeId, Key], None] = {}
+        """(asker, instance) fetches answered this period (one each)."""
         self._sends: list[Send] = []
         self._delivered: list[VetoChoice] = []
         self._counts: dict[str, int] = {}
         self._dirty = False
         self.fenced = False
-        """While set, this node echoes and readies nothing (it still records and
+        """While set, this node echoes and readies nothing (it still records, fetches and
         delivers): the amnesia fence of a node that lost its choices."""
         for relay in restored:
             inst = self._instances.setdefault((relay.voter, relay.checkpoint), _Instance())
@@ -173,6 +199,7 @@ class VoteBroadcast:
 
     def forget(self, key: Key) -> None:
         self._instances.pop(key, None)
+        self._wanting.pop(key, None)
 
     def delivered(self, key: Key) -> VetoChoice | None:
         inst = self._instances.get(key)
@@ -222,12 +249,13 @@ class VoteBroadcast:
             inst.echo = digest
             self._dirty = True
             if self._batch_ticks:
-                self._out_all.echoes[key] = vote
+                self._out_all.echoes[key] = digest
             else:
-                self._to_all(VoteEcho(vote=vote))
+                self._to_all(VoteEchoDigest(checkpoint=key[1], voter=key[0], digest=digest))
             self._echo(key, inst, self.node_id, digest)
 
     def on_echo(self, src: NodeId, msg: VoteEcho, validate: Validate) -> None:
+        """An older node's full ECHO (the vote itself): its echo, and a content."""
         vote = msg.vote
         key = (vote.voter, vote.checkpoint)
         inst = self._instances.get(key)
@@ -245,24 +273,96 @@ class VoteBroadcast:
         else:
             inst.add_echo(src, b"")  # its one echo, spent on an invalid vote
 
+    def on_echo_digest(self, src: NodeId, key: Key, digest: bytes) -> None:
+        """`src`'s ECHO, by digest, in instance `key`."""
+        inst = self._instances.get(key)
+        if inst is None:
+            self._count("unknown_instance")
+            return
+        first = inst.echoes.get(src)
+        if first is not None:
+            if first != digest:
+                self._count("echo_equivocation")
+            return
+        self._echo(key, inst, src, digest)
+
     def on_ready(self, src: NodeId, msg: VoteReady) -> None:
-        key = (msg.voter, msg.checkpoint)
+        self.on_ready_digest(src, (msg.voter, msg.checkpoint), msg.digest)
+
+    def on_ready_digest(self, src: NodeId, key: Key, digest: bytes) -> None:
+        """`src`'s READY of `digest` in instance `key`."""
         inst = self._instances.get(key)
         if inst is None:
             self._count("unknown_instance")
             return
         first = inst.readies.get(src)
         if first is not None:
-            if first != msg.digest:
+            if first != digest:
                 self._count("ready_equivocation")
             return
-        inst.add_ready(src, msg.digest)
-        self._progress(key, inst, msg.digest)
+        inst.add_ready(src, digest)
+        self._progress(key, inst, digest)
+
+    def on_fetch(self, src: NodeId, msg: FetchVote) -> None:
+        """A peer asks for the body of `msg.digest`: answered at once when held, once per
+        period (`refetch`) per asker and instance."""
+        key = (msg.voter, msg.checkpoint)
+        inst = self._instances.get(key)
+        if inst is None:
+            self._count("unknown_instance")
+            return
+        vote = inst.contents.get(msg.digest)
+        if vote is None:
+            self._count("vote_fetch_unheld")  # e.g. lost in a crash: another echoer has it
+            return
+        if (src, key) in self._served:
+            self._count("vote_fetch_repeat")
+            return
+        self._served[(src, key)] = None
+        self._sends.append(Send(to=src, message=VoteBody(vote=vote)))
+
+    def expects(self, vote: VetoChoice) -> bool:
+        """Whether `vote` is the body this node is fetching in its instance (else counted:
+        `unknown_instance`, `vote_body_mismatch`, or a duplicate answer)."""
+        inst = self._instances.get((vote.voter, vote.checkpoint))
+        if inst is None:
+            self._count("unknown_instance")
+            return False
+        if inst.fetching is None or inst.fetching in inst.contents:
+            self._count("vote_body_unasked")  # not fetching (any more): a late duplicate
+            return False
+        if self._digest(vote) != inst.fetching:
+            self._count("vote_body_mismatch")
+            return False
+        return True
+
+    def on_body(self, vote: VetoChoice, validate: Validate) -> None:
+        """The fetched body (the caller checked `expects(vote)`): held from now on, when
+        valid (a correct echoer only echoes valid contents)."""
+        inst = self._instances.get((vote.voter, vote.checkpoint))
+        if inst is not None:
+            self._content(inst, vote, validate)
+
+    def refetch(self) -> None:
+        """Once per period: ask again for every body still missing (the answers may have
+        been lost), and accept one more fetch from every asker."""
+        self._served.clear()
+        for key in tuple(self._wanting):
+            inst = self._instances.get(key)
+            if inst is None or inst.fetching is None or inst.fetching in inst.contents:
+                del self._wanting[key]
+                continue
+            inst.asked_now = 0
+            want = inst.fetching
+            if all(d != want or src == self.node_id or src in inst.asked
+                   for src, d in inst.echoes.items()):
+                inst.asked.clear()  # every known echoer asked: start over
+            self._ask(key, inst)
 
     def answer(self, key: Key, to: NodeId) -> list[Send]:
         """This node's messages of instance `key`, again, for peer `to` (loss recovery):
-        its SEND when it is the voter, its ECHO (when it holds the content) and READY
-        (batched: those two wait for the next flush, in `to`'s batch)."""
+        its SEND when it is the voter, its ECHO and READY (batched: those two wait for the
+        next flush, in `to`'s batch)."""
         inst = self._instances.get(key)
         if inst is None:
             return []
@@ -270,23 +370,23 @@ class VoteBroadcast:
         if key[0] == self.node_id and inst.sent is not None:
             out.append(inst.contents[inst.sent])
         pending = self._out_to.setdefault(to, _Pending()) if self._batch_ticks else None
-        if inst.echo is not None and inst.echo in inst.contents:
+        if inst.echo is not None:
             if pending is None:
-                out.append(VoteEcho(vote=inst.contents[inst.echo]))
+                out.append(VoteEchoDigest(checkpoint=key[1], voter=key[0], digest=inst.echo))
             else:
-                pending.echoes[key] = inst.contents[inst.echo]
+                pending.echoes[key] = inst.echo
         if inst.ready is not None:
-            ready = VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready)
             if pending is None:
-                out.append(ready)
+                out.append(VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready))
             else:
-                pending.readies[key] = ready
+                pending.readies[key] = inst.ready
         return [Send(to=to, message=m) for m in out]
 
     def tick(self) -> None:
         """Batched: every `batch_ticks` ticks, flush the pending echoes and readies (into
-        the sends `drain` returns): one `VoteBatch` per peer (more past `MAX_BATCH_ITEMS`),
-        the same object for every peer that has no answer of its own pending."""
+        the sends `drain` returns): one `VoteDigestBatch` per peer and checkpoint (more past
+        `MAX_BATCH_ITEMS`), the same objects for every peer that has no answer of its own
+        pending."""
         if not self._batch_ticks:
             return
         self._ticks += 1
@@ -363,21 +463,64 @@ class VoteBroadcast:
             if self.node_id not in inst.readies:
                 inst.add_ready(self.node_id, digest)
             self._dirty = True
-            ready = VoteReady(checkpoint=key[1], voter=key[0], digest=digest)
             if self._batch_ticks:
-                self._out_all.readies[key] = ready
+                self._out_all.readies[key] = digest
             else:
-                self._to_all(ready)
+                self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
         if inst.delivered is None:
             d = digest if inst.ready is None else inst.ready
-            if d in inst.contents and inst.ready_counts.get(d, 0) >= self._deliver_at:
-                inst.delivered = d
-                self._delivered.append(inst.contents[d])
+            if d in inst.contents:
+                if inst.ready_counts.get(d, 0) >= self._deliver_at:
+                    inst.delivered = d
+                    self._delivered.append(inst.contents[d])
+            elif inst.fetching is None:
+                self._want(key, inst, d)
+            elif inst.fetching == d and inst.asked_now <= self._faults:
+                self._ask(key, inst)  # a new echoer of it, maybe
+
+    def _want(self, key: Key, inst: _Instance, d: bytes) -> None:
+        """Fetch the body of `d` when this node must deliver it: it readied `d`, or holds
+        2f+1 readies of it (a fenced node), or, in its own instance without its own vote
+        (lost), f+1 members echoed `d` (one correct: its old vote, to adopt)."""
+        if inst.ready == d or inst.ready_counts.get(d, 0) >= self._deliver_at or (
+                key[0] == self.node_id and inst.sent is None
+                and inst.echo_counts.get(d, 0) > self._faults):
+            inst.fetching = d
+            self._wanting[key] = None
+            self._ask(key, inst)
+
+    def _ask(self, key: Key, inst: _Instance) -> None:
+        """Ask echoers of `inst.fetching` not asked yet until f+1 were asked this period:
+        one of f+1 distinct echoers is correct, and a correct echoer holds the body (unless
+        it lost it in a crash: the next period asks the next ones)."""
+        want = inst.fetching
+        if want is None:
+            return
+        for src, d in inst.echoes.items():
+            if inst.asked_now > self._faults:
+                return
+            if d == want and src != self.node_id and src not in inst.asked:
+                inst.asked[src] = None
+                inst.asked_now += 1
+                self._sends.append(Send(to=src, message=FetchVote(
+                    checkpoint=key[1], voter=key[0], digest=want)))
 
 
-def _batches(pending: _Pending) -> list[VoteBatch]:
-    """`pending` as `VoteBatch`es of at most `MAX_BATCH_ITEMS` echoes and readies each."""
-    echoes, readies = tuple(pending.echoes.values()), tuple(pending.readies.values())
+def _batches(pending: _Pending) -> list[VoteDigestBatch]:
+    """`pending` as `VoteDigestBatch`es, one per checkpoint (in the order the checkpoints
+    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each."""
+    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes]]] = {}
+    for (voter, cid), d in pending.echoes.items():
+        g = groups.setdefault(cid, ([], [], [], []))
+        g[0].append(voter)
+        g[1].append(d)
+    for (voter, cid), d in pending.readies.items():
+        g = groups.setdefault(cid, ([], [], [], []))
+        g[2].append(voter)
+        g[3].append(d)
     m = MAX_BATCH_ITEMS
-    return [VoteBatch(echoes=echoes[i:i + m], readies=readies[i:i + m])
-            for i in range(0, max(len(echoes), len(readies)), m)]
+    return [VoteDigestBatch(checkpoint=cid, echo_voters=tuple(ev[i:i + m]),
+                            echo_digests=tuple(ed[i:i + m]), ready_voters=tuple(rv[i:i + m]),
+                            ready_digests=tuple(rd[i:i + m]))
+            for cid, (ev, ed, rv, rd) in groups.items()
+            for i in range(0, max(len(ev), len(rv)), m)]

@@ -13,12 +13,20 @@ a timeout or on bytes that do not hash to the descriptor's `state_digest`; a ver
 checkpoint comes out of `on_chunk` as `Verified` (the core decides whether it is ahead of
 this node, and installs it).
 
+Coverage rule (issue 15, docs/LEADERLESS.md "An install never undoes a forgotten apply"): a
+verified checkpoint whose transaction table lacks an id of `forgotten(max_deadline_ms)` (what
+this node's replica applied, that a table reaching that newest deadline still records, and
+that the core no longer holds, so could not apply again) is refused (`lacking`, counted in
+`refused_lacking`) and the next agreed descriptor of the round is tried at once; none left:
+the node keeps its own state and keeps asking.
+
 `CheckpointFormat` is injected (the runtime half reads the replica's checkpoint envelope:
 `phalanx.protocols.leaderless_node.EnvelopeFormat`): the core never parses app bytes.
 
 Rules: peer input never raises (dropped and counted through `drop`: `forged_checkpoint`,
 `oversized_checkpoint`, `unexpected_checkpoint_chunk`, `unknown_checkpoint`); a peer's
-answer replaces its previous one (at most `RETAINED` descriptors, one vote each); nothing
+answer replaces its previous one (at most `RETAINED` descriptors, one vote each); a refused
+state digest (behind, lacking, or failed at every server) is never fetched again; nothing
 here is signed or persisted.
 Deterministic: peers are walked in sorted order, agreement picks the greatest descriptor.
 
@@ -28,7 +36,7 @@ Must not import: trio, sockets, clocks, global random, `phalanx.net`, `phalanx.a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -109,12 +117,30 @@ def state_digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def nothing_forgotten(max_deadline_ms: int) -> Sequence[bytes]:
+    """The default `forgotten`: no coverage check (a node whose replica keeps no table)."""
+    return ()
+
+
+def lacking(applied: dict[bytes, int], forgotten: Sequence[bytes]) -> list[bytes]:
+    """The ids of `forgotten` that a checkpoint's transaction table `applied` lacks (in
+    `forgotten`'s order): installing it would undo their applies here for good."""
+    return [t for t in forgotten if t not in applied]
+
+
 class StateTransfer:
     """Both sides of the state transfer (see the module docstring)."""
 
     def __init__(self, *, fmt: CheckpointFormat, peers: tuple[NodeId, ...], faults: int,
-                 every: int, drop: Callable[[str], None], check_digest: bool = True) -> None:
+                 every: int, drop: Callable[[str], None], check_digest: bool = True,
+                 forgotten: Callable[[int], Sequence[bytes]] = nothing_forgotten) -> None:
+        """`forgotten(max_deadline_ms)`: the ids this node applied that a transaction table
+        whose newest deadline is `max_deadline_ms` still records and that this node could
+        not apply again (the coverage rule, module docstring)."""
         self._fmt = fmt
+        self._forgotten = forgotten
+        self.refused_lacking = 0
+        """Verified checkpoints refused by the coverage rule."""
         self._peers = tuple(sorted(peers))
         self._faults = faults
         self._every = max(1, every)
@@ -243,6 +269,11 @@ class StateTransfer:
                 self._drop("oversized_checkpoint")
                 return []
         self._reports[src] = tuple(dict.fromkeys(got))
+        return self._choose()
+
+    def _choose(self) -> list[Send]:
+        """Fetch the greatest descriptor f+1 peers of this round agree on and that was not
+        refused, if any and nothing is being fetched."""
         if not self.need or self._target is not None:
             return []
         own = self.own()
@@ -315,6 +346,12 @@ class StateTransfer:
                 or _descriptor_of(self._fmt, data) != target)):
             self._drop("forged_checkpoint")
             return self._next_server(), None
+        if lacking(applied, self._forgotten(target.max_deadline_ms)):
+            # A correct replica's state (f+1 agree) that never applied something this node
+            # applied, answered and forgot: installing it would undo that write for good.
+            self.refused_lacking += 1
+            self.refuse()
+            return self._choose(), None
         return [], Verified(descriptor=target, data=data, applied=applied)
 
 

@@ -76,7 +76,7 @@ class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
     __slots__ = ("_by_client", "_by_deadline", "_max_buffered", "_pending", "_stones",
-                 "buffered", "forget_undecided", "horizon", "records", "tombstones")
+                 "buffered", "forget_undecided", "horizon", "overdue", "records", "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
         self.records: dict[TxId, TxRecord] = {}
@@ -84,6 +84,9 @@ class TxStore:
         self.buffered: dict[TxId, dict[NodeId, Endorsement]] = {}
         self.horizon = 0
         self.forget_undecided = False  # the `forget_undecided` bug (bugs.py)
+        self.overdue: list[TxId] = []
+        """Pending records GC found past the horizon (each once, until decided and
+        re-indexed); the core drains it (`catch_up.py`: state transfer may decide them)."""
         self._max_buffered = max_buffered
         self._stones: tuple[DecidedTx, ...] | None = None
         self._by_deadline = DueHeap()
@@ -223,6 +226,7 @@ class TxStore:
                 if record.deadline >= horizon:
                     continue  # indexed twice (an id re-added): its other entry is due later
                 if record.state is TxState.PENDING and not self.forget_undecided:
+                    self.overdue.append(tx_id)
                     continue  # never forgotten undecided: `decide` indexes it again
                 if keep(record):
                     kept.append((record.deadline, tx_id))

@@ -22,7 +22,6 @@ from phalanx.consensus.leaderless.messages import (
     SignatureResend,
     TxId,
 )
-from phalanx.consensus.leaderless.ordered_veto import OrderedCheckpoints
 from phalanx.consensus.leaderless.parts import CoreParts, Outbox
 from phalanx.consensus.leaderless.recovery import MAX_FETCH_IDS, MAX_RESEND_ITEMS
 from phalanx.consensus.leaderless.store import TxRecord, TxState
@@ -171,8 +170,8 @@ class TickWork(CoreParts):
         if tx_id not in self._queued:
             self._queued[tx_id] = None
             self._checkpoints.queue(tx_id)
-        elif isinstance(self._checkpoints, OrderedCheckpoints):
-            self._checkpoints.queue(tx_id)  # still stuck: a kept one goes again (next round)
+        else:  # still stuck: ordered, a kept one goes again (next round); veto, one kept
+            self._checkpoints.queue(tx_id)  # on another id's proof goes again
 
     def _gc(self, now: int, full: bool, out: Outbox) -> None:
         """Forget what lies beyond the horizon: every tick what came due in the store's

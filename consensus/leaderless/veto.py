@@ -11,8 +11,9 @@ persists `votes()` and `relays()` before sending (`VetoEffects.sync`), and appli
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
-- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and an
-  echoed copy of its own old vote is adopted rather than re-voted): veto with a proof when
+- A correct node votes once per checkpoint, across restarts too (`restored_votes`, and its
+  own old vote, seen in a full echo or fetched on f+1 echoes of its digest, is adopted
+  rather than re-voted): veto with a proof when
   `proof_of` knows one of the ids applicable (or it holds a valid veto), drop otherwise;
   abstain (no vote) when one of the ids is `unprovable` (committed here without a proof,
   after a restart; or held nothing of and possibly committed and forgotten: the core's
@@ -23,6 +24,10 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
   so no correct node delivers n drops while another delivers a veto. A decision is final.
 - `blocked(t)`: this node voted drop in an undecided checkpoint containing t; the core must
   not commit t meanwhile (so a drop decided anywhere never meets a commit here).
+- Durable until `gc`, decided or not: `votes()` and `relays()` cover every remembered
+  checkpoint, so a decider restarted from its record never votes again and still answers a
+  lagging peer's pull with its READYs (Bracha's totality across restarts; a restored
+  checkpoint is undecided until its votes are delivered again: the same decision).
 
 Invariants: deterministic (insertion-ordered dicts, sorted ids; no clocks, no randomness);
 peer input is counted in `dropped_counts`, never raised; memory is bounded by
@@ -40,6 +45,7 @@ from itertools import pairwise
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
+    FetchVote,
     OrderingEnvelope,
     OrderingRecord,
     OrderingSubmit,
@@ -49,7 +55,10 @@ from phalanx.consensus.leaderless.messages import (
     TxId,
     VetoChoice,
     VoteBatch,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
     VoteRelay,
     transaction_id,
@@ -102,13 +111,16 @@ class _Checkpoint:
     own: VetoChoice | None = None
     drop: bool | None = None
     """The decision: True drop, False keep, None undecided."""
+    kept: frozenset[TxId] = frozenset()
+    """On KEEP, the ids the deciding veto carried a verified proof of: the others of the
+    checkpoint were not shown applicable, and may be queued again (`CheckpointMachine.queue`)."""
 
 
 class CheckpointMachine:
     """The checkpoint batcher and the veto procedure of one node."""
 
     __slots__ = (
-        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_dropped",
+        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_dropped",
         "_dropped_counts", "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period",
         "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of", "_verify_proof", "node_id",
         "unprovable",
@@ -129,7 +141,10 @@ class CheckpointMachine:
         max_open: int = 1024,
         tx_id_of: Callable[[Transaction], TxId] | None = None,
         vote_batch_ticks: int = 0,
+        decided_once: bool = False,
     ) -> None:
+        """`decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
+        a remembered checkpoint names, the rule before `_Checkpoint.kept`."""
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
         if checkpoint_ticks < 1 or batch < 1 or max_open < 1:
@@ -144,6 +159,7 @@ class CheckpointMachine:
         self._batch = batch
         self._max_open = max_open
         self._verify_proof = verify_proof
+        self._decided_once = decided_once
         # The core's transaction id (`transaction_id` over the codec's encoding); the
         # default hashes `crypto.encode`, which is the codec only where they coincide.
         self._tx_id_of = tx_id_of or (lambda tx: transaction_id(tx, crypto.encode))
@@ -183,10 +199,28 @@ class CheckpointMachine:
     # Inputs --------------------------------------------------------------------------
 
     def queue(self, tx_id: TxId) -> None:
-        """Ask for a checkpoint that drops `tx_id` (ignored when a checkpoint this node
-        remembers already contains it)."""
-        if tx_id not in self._by_tx:
+        """Ask for a checkpoint that drops `tx_id`: ignored while a checkpoint this node
+        remembers is undecided on it, dropped it, or kept it on its proof. A checkpoint
+        kept on ANOTHER id's proof says nothing of `tx_id` (a veto shows one id applicable,
+        and the batch rides along), so `tx_id` goes out again, in a new id list (a kept
+        checkpoint names an id it kept, which a new list of uncovered ids never does).
+        Before, it never did: a stuck condition of the kept id stayed pending for ever,
+        and the kept id and everything conditioned on it with it (docs/LEADERLESS.md
+        "Kept on another's proof")."""
+        if self._open_to_queue(tx_id):
             self._queued[tx_id] = None
+
+    def _open_to_queue(self, tx_id: TxId) -> bool:
+        holders = self._by_tx.get(tx_id)
+        if not holders:
+            return True
+        if self._decided_once:
+            return False
+        for cid in holders:
+            cp = self._checkpoints[cid]
+            if cp.drop is not False or tx_id in cp.kept:
+                return False
+        return True
 
     def tick(self, proof_of: ProofOf) -> None:
         """Every `checkpoint_ticks` ticks: pull what this node lacks of its undecided
@@ -198,11 +232,12 @@ class CheckpointMachine:
         if self._ticks % self._period:
             return
         self._answered.clear()
+        self._rb.refetch()
         for cp in self._checkpoints.values():
             if cp.drop is None:
                 self._broadcast(StartCheckpoint(tx_ids=cp.tx_ids,
                                                 delivered=tuple(sorted(cp.delivered))))
-        queued = sorted(t for t in self._queued if t not in self._by_tx)
+        queued = sorted(t for t in self._queued if self._open_to_queue(t))
         self._queued = dict.fromkeys(queued)
         if not queued or self._open() >= self._max_open or self.fenced:
             return
@@ -250,7 +285,8 @@ class CheckpointMachine:
             self._collect()
 
     def on_echo(self, src: NodeId, msg: VoteEcho, proof_of: ProofOf) -> None:
-        """A peer's ECHO of a vote (possibly this node's own old vote: adopted)."""
+        """An older peer's full ECHO of a vote (possibly this node's own old vote:
+        adopted); correct nodes now echo by digest (`on_relay`)."""
         cp = self._enter(src, msg.vote, proof_of)
         if cp is not None:
             self._rb.on_echo(src, msg, self._problem)
@@ -284,6 +320,66 @@ class CheckpointMachine:
             else:
                 self._drop("bad_vote_batch_item")
 
+    def on_relay(self, src: NodeId,
+                 msg: VoteEchoDigest | VoteDigestBatch | FetchVote | VoteBody,
+                 proof_of: ProofOf) -> None:
+        """The broadcast's digest-only messages (docs/LEADERLESS.md "Echoes by digest"): an
+        ECHO by digest, a batch of them and READYs of one checkpoint, a fetch of a body,
+        the fetched body."""
+        if src not in self._members:
+            self._drop("not_a_member")
+        elif isinstance(msg, VoteDigestBatch):
+            self._on_digest_batch(src, msg)
+        elif isinstance(msg, VoteEchoDigest):
+            self._relay_item(src, msg.voter, msg.checkpoint, msg.digest, echo=True)
+        elif isinstance(msg, FetchVote):
+            if msg.voter not in self._members:
+                self._drop("not_a_member")
+            elif self._rb.known((msg.voter, msg.checkpoint)):
+                self._rb.on_fetch(src, msg)
+            else:
+                self._drop("unknown_checkpoint")  # forgotten (decided, collected) or never
+        else:
+            vote = msg.vote
+            if not isinstance(vote, VetoChoice) or vote.voter not in self._members:
+                self._drop("not_a_member")
+            elif self._rb.expects(vote):  # before any signature check (else counted)
+                cp = self._enter(src, vote, proof_of)
+                if cp is not None:
+                    self._rb.on_body(vote, self._problem)
+        self._collect()
+
+    def _on_digest_batch(self, src: NodeId, msg: VoteDigestBatch) -> None:
+        """Each item exactly as the lone `VoteEchoDigest`/`VoteReady` it stands for; a batch
+        whose fields are not parallel tuples of at most `MAX_BATCH_ITEMS`, or whose
+        checkpoint is not bytes, is dropped whole (`bad_vote_batch`)."""
+        cid, ev, ed, rv, rd = (msg.checkpoint, msg.echo_voters, msg.echo_digests,
+                               msg.ready_voters, msg.ready_digests)
+        if not isinstance(cid, bytes) or not all(isinstance(t, tuple) for t in (ev, ed, rv, rd)) \
+                or len(ev) != len(ed) or len(rv) != len(rd) \
+                or len(ev) > MAX_BATCH_ITEMS or len(rv) > MAX_BATCH_ITEMS:
+            self._drop("bad_vote_batch")
+            return
+        for voter, digest in zip(ev, ed, strict=True):
+            self._relay_item(src, voter, cid, digest, echo=True)
+        for voter, digest in zip(rv, rd, strict=True):
+            self._relay_item(src, voter, cid, digest, echo=False)
+
+    def _relay_item(self, src: NodeId, voter: object, cid: bytes, digest: object, *,
+                    echo: bool) -> None:
+        """One ECHO or READY by digest from member `src` (peer input: types checked)."""
+        if not isinstance(voter, str) or not isinstance(digest, bytes) \
+                or not isinstance(cid, bytes):
+            self._drop("bad_vote_batch_item")
+        elif voter not in self._members:
+            self._drop("not_a_member")
+        elif not self._rb.known((NodeId(voter), cid)):
+            self._drop("unknown_checkpoint")  # the sender sends it again when pulled
+        elif echo:
+            self._rb.on_echo_digest(src, (NodeId(voter), cid), digest)
+        else:
+            self._rb.on_ready_digest(src, (NodeId(voter), cid), digest)
+
     def on_envelope(self, src: NodeId, msg: OrderingEnvelope | OrderingSubmit) -> None:
         """The ordered resolution's message: not this mode's (counted)."""
         self._drop("ordering_in_veto_mode")
@@ -309,16 +405,17 @@ class CheckpointMachine:
         return False
 
     def votes(self) -> tuple[VetoChoice, ...]:
-        """This node's votes of undecided checkpoints (for the durable record)."""
-        return tuple(cp.own for cp in self._checkpoints.values()
-                     if cp.drop is None and cp.own is not None)
+        """This node's votes of the checkpoints it remembers, decided ones too until `gc`
+        (for the durable record: a restarted node never votes again on a checkpoint a
+        lagging peer still asks about)."""
+        return tuple(cp.own for cp in self._checkpoints.values() if cp.own is not None)
 
     def relays(self) -> tuple[VoteRelay, ...]:
-        """This node's echo/ready choices in the vote broadcasts of undecided checkpoints
-        (and restored ones of checkpoints it has not heard of again), for the durable
-        record."""
-        keys: list[Key] = [(v, cid) for cid, cp in self._checkpoints.items()
-                           if cp.drop is None for v in self._nodes]
+        """This node's echo/ready choices in the vote broadcasts of the checkpoints it
+        remembers, decided ones too until `gc` (and restored ones of checkpoints it has not
+        heard of again), for the durable record: after a restart its READYs still answer a
+        lagging peer's pull."""
+        keys: list[Key] = [(v, cid) for cid in self._checkpoints for v in self._nodes]
         keys += self._rb.orphans(self._checkpoints.__contains__)
         return self._rb.relays(keys)
 
@@ -501,7 +598,9 @@ class CheckpointMachine:
             if cp.drop is None:
                 if not vote.drop:
                     cp.drop = False
-                    self._kept.extend(self._verified(vote))
+                    proofs = self._verified(vote)
+                    cp.kept = frozenset(self._tx_id_of(p.tx) for p in proofs)
+                    self._kept.extend(proofs)
                 elif len(cp.delivered) == len(self._nodes) and all(
                         v.drop for v in cp.delivered.values()):
                     cp.drop = True

@@ -44,6 +44,9 @@ DEFAULT_TICK_NS = 2_000_000
 exponential 0.9 ms mean), so a GP call (timeout 3 ticks) rarely times out falsely, and the
 broadcasts of 2 ms share one wave."""
 
+_DECODE_MEMO = 4096
+"""Rumor payloads kept decoded (by their bytes; cleared when full)."""
+
 
 class GossipFabric:
     """Every node's dissemination layer for one run (see the module docstring)."""
@@ -70,6 +73,7 @@ class GossipFabric:
         self._tick_ns = tick_ns
         self._members = tuple(NodeId(n) for n in sorted(nodes))
         self._layers: dict[str, tuple[int, Dissemination]] = {}
+        self._decoded: dict[bytes, Message | None] = {}
         self.counters: dict[str, int] = {}
         """Every layer's counters, summed over the run (`Dissemination.status` names)."""
         for node in nodes.values():
@@ -102,11 +106,22 @@ class GossipFabric:
     # -- internals ---------------------------------------------------------------------------
 
     def _decode(self, data: bytes) -> Message | None:
+        # Memoised by the bytes, as the network's decoding (`SimNetwork` `decode_memo`): a
+        # rumor's payload reaches every node; decoded once, as one object, which the cores'
+        # `FastCrypto` memo then verifies once (`crypto_memo`). Messages are frozen:
+        # sharing one object between nodes changes nothing they do.
+        memo = self._decoded
+        if data in memo:
+            return memo[data]
         try:
-            message = self._codec.decode(data)
+            message: object = self._codec.decode(data)
         except DecodeError:
-            return None
-        return message if isinstance(message, Message) else None
+            message = None
+        out = message if isinstance(message, Message) else None
+        if len(memo) >= _DECODE_MEMO:
+            memo.clear()
+        memo[data] = out
+        return out
 
     def _layer(self, name: str) -> Dissemination | None:
         node = self._nodes[name]

@@ -229,8 +229,9 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: WireTxCodec) -> None:
+                 codec: WireTxCodec, contract: str = "") -> None:
         self._env = env
+        self._contract = contract
         self._config = config
         self._faults = faults
         self._honest = honest
@@ -310,6 +311,8 @@ class _Run:
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
+        if self._contract:  # last: the failure report's trace tail shows it
+            self._env.trace(f"LEADERLESS outside the contract: {self._contract}")
         return gated + check(records=w.records, log=self._log, finals=finals,
                              honest=self._honest, faults=self._faults, conflicts=conflicts)
 
@@ -412,7 +415,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
 
     def workload(env: WorkloadEnv) -> _Run:
         return _Run(env, config=dataclasses.replace(config, clients=env.clients),
-                    faults=faults, honest=honest, log=log, machines=machines, codec=codec)
+                    faults=faults, honest=honest, log=log, machines=machines, codec=codec,
+                    contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms))
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`
@@ -428,6 +432,19 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         # Not with liars: a Byzantine wrapper must see each Submit (as in the runtime).
         submit_batch=None if liars else submit_batch,
         description=f"byzantine: {described}; workload: {_describe(config)}")
+
+
+def horizon_contract(delta_old_ms: int, gc_horizon_ms: int) -> str:
+    """Why these settings break the GC-horizon contract (docs/LEADERLESS.md "Limits", 6),
+    or "". A stuck transaction is checkpointed only `delta_old_ms` after its deadline; a
+    node that never held it may vote drop on it only while its deadline is within that
+    node's horizon ("Forgotten commits"), so with `delta_old_ms` >= `gc_horizon_ms` every
+    such node abstains, the DROP never comes, and the holders pull the transaction every
+    period for good (the 1 s-horizon "runaway" seeds 44 and 55, "Runaway seeds")."""
+    if delta_old_ms < gc_horizon_ms:
+        return ""
+    return (f"delta_old_ms={delta_old_ms} is not below gc_horizon_ms={gc_horizon_ms}: a node "
+            "that never held a stuck transaction abstains on its checkpoint (liveness only)")
 
 
 def _describe(config: WorkloadConfig) -> str:

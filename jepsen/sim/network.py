@@ -106,6 +106,23 @@ class NetworkStats:
     """Messages sent per class (see `by_type` for the names)."""
     sent_by: dict[str, int] = field(default_factory=dict)
     """Messages sent per source node (a full mesh's hot spot shows here)."""
+    bytes_by_class: dict[type, int] = field(default_factory=dict)
+    """Encoded bytes sent per class (a network with an encoder only)."""
+
+    def runaway(self, *, events: int, max_events: int, max_bytes: int, now_ns: int) -> str:
+        """The run's `runaway` violation: which budget tripped, and the message kinds the
+        bytes went to (a storm shows its kind: docs/LEADERLESS.md "Runaway seeds")."""
+        total = max(1, self.bytes_sent)
+        kinds: dict[str, int] = {}
+        for cls, n in self.bytes_by_class.items():
+            kinds[cls.__name__] = kinds.get(cls.__name__, 0) + n
+        top = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        tripped = [f"{events} events (budget {max_events})"] if events > max_events else []
+        if self.bytes_sent > max_bytes:
+            tripped.append(f"{self.bytes_sent} bytes sent (budget {max_bytes})")
+        return (f"runaway: {' and '.join(tripped)} by t={now_ns / 1e6:.3f}ms, "
+                f"{self.sent} messages (a message storm or a livelock); bytes by kind: "
+                + (", ".join(f"{k} {100 * n // total}%" for k, n in top) or "not measured"))
 
     def by_type(self) -> dict[str, int]:
         """Messages sent per class name, sorted by name."""
@@ -247,6 +264,8 @@ class SimNetwork:
                 payload = self._last_payload = encode(message)
                 self._last_sent = message
             stats.bytes_sent += len(payload)
+            per_class = stats.bytes_by_class
+            per_class[kind] = per_class.get(kind, 0) + len(payload)
             if stats.bytes_sent > self.byte_budget:
                 self.loop.halted = True
         else:

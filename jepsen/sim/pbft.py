@@ -58,6 +58,7 @@ from phalanx.jepsen.byzantine import (
     TwinsCore,
     corrupt_result,
 )
+from phalanx.jepsen.sim.crypto_memo import CryptoMemo
 from phalanx.jepsen.sim.invariants import InvariantChecker, LogMirror
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, durable_ready
 from phalanx.net import wire
@@ -423,6 +424,9 @@ def pbft_setup(
     twinned = frozenset(NodeId(n) for n in plan.twins)
     side_a = frozenset(NodeId(n) for n in plan.side_a)
     channel = TwinsChannel()
+    # Every replica's FastCrypto shares one memo of encodings and tags (the same values, less
+    # CPU: a broadcast decodes to one object that n-1 replicas verify; `crypto_memo`).
+    memo = CryptoMemo()
     corrupting = tuple(n for n, b in plan.behaviours if "corrupt_reply" in b)
     replies = BftReplies(names, corrupting, seed)
     checker = BftChecker(replies.issued)
@@ -473,7 +477,7 @@ def pbft_setup(
         )
 
     def make_core(node: str, durable: DurableState, rng: random.Random) -> Core:
-        crypto = FastCrypto(NodeId(node))
+        crypto = FastCrypto(NodeId(node), memo=memo)
         honest: Core = DurableStateCore(
             PbftCore(
                 config(node), crypto=crypto, restored=restored(node, durable), bugs=pbft_bugs,

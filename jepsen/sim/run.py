@@ -550,10 +550,8 @@ def _run(cfg: RunConfig) -> RunResult:
         c.check_logs()
     violations = [str(v) for v in c.checker.violations]
     if runaway():
-        violations.append(
-            f"runaway: over {max_events} events or {max_bytes} bytes sent by "
-            f"t={loop.now / 1e6:.3f}ms (a message storm or a livelock)"
-        )
+        violations.append(net_stats.runaway(events=loop.events_run, max_events=max_events,
+                                            max_bytes=max_bytes, now_ns=loop.now))
     for client in workers + final_readers:
         violations += [f"liveness: {s}" for s in client.stuck()]
     for reader in final_readers:

@@ -195,6 +195,13 @@ class ReplicaAppView:
     def applied(self) -> int:
         return self._replica.applied_index
 
+    def applied_within(self, max_deadline_ms: int) -> list[bytes]:
+        table = self._replica.transactions
+        if table is None:
+            return []
+        cutoff = max_deadline_ms - table.horizon_ms
+        return sorted(t for t, r in table.records.items() if r.deadline_ms >= cutoff)
+
 
 class WireTxCodec:
     """`Transaction`s as `phalanx.net.wire` frames (the core's `TxCodec`); registers the

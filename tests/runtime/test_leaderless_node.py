@@ -167,3 +167,25 @@ def test_an_app_without_endorsement_hooks_is_refused() -> None:
     plain = Replica(Plain(), checkpoints=storage.checkpoints)  # type: ignore[arg-type]
     with pytest.raises(ProtocolError, match="EndorsementHooks"):
         ReplicaAppView(plain)
+
+
+def test_app_view_names_the_applied_ids_a_table_would_still_record() -> None:
+    """`applied_within(D)`: the replica's table ids whose deadline is at least D minus the
+    table's horizon, sorted (state transfer's coverage rule); none without a table."""
+    r = replica()
+    view = ReplicaAppView(r)
+    codec = WireTxCodec()
+    base = 1_700_000_060_000
+    ids = []
+    for no, deadline in enumerate((base, base + 5_000), start=1):
+        tx = transaction(Add(key="n", amount=1), no=no, deadline=deadline)
+        ids.append(transaction_id(tx, codec.encode))
+        request = ClientRequest(client_id="c1", request_no=no, command=codec.encode(tx))
+        r.apply(Entry(index=no, term=0, kind=EntryKind.COMMAND, requests=(request,)))
+    assert view.applied_within(base) == sorted(ids)
+    assert view.applied_within(base + REPLICA_HORIZON_MS) == sorted(ids)
+    assert view.applied_within(base + REPLICA_HORIZON_MS + 1) == [ids[1]]
+    assert view.applied_within(base + 5_000 + REPLICA_HORIZON_MS + 1) == []
+    storage = MemoryDisk("n2").open()
+    assert ReplicaAppView(Replica(KvStateMachine(), checkpoints=storage.checkpoints)
+                          ).applied_within(base) == []

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
-from phalanx.consensus.leaderless.messages import VetoChoice, VoteEcho, VoteReady
+from phalanx.consensus.leaderless.messages import (
+    FetchVote,
+    VetoChoice,
+    VoteBody,
+    VoteEcho,
+    VoteEchoDigest,
+    VoteReady,
+)
 from phalanx.consensus.leaderless.reliable_broadcast import VoteBroadcast
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
@@ -64,12 +71,22 @@ class Net:
                 rb.on_send(src, msg, ok)
         elif isinstance(msg, VoteEcho):
             rb.on_echo(src, msg, ok)
+        elif isinstance(msg, VoteEchoDigest):
+            rb.on_echo_digest(src, (msg.voter, msg.checkpoint), msg.digest)
         elif isinstance(msg, VoteReady):
             rb.on_ready(src, msg)
+        elif isinstance(msg, FetchVote):
+            rb.on_fetch(src, msg)
+        elif isinstance(msg, VoteBody) and rb.expects(msg.vote):
+            rb.on_body(msg.vote, ok)
         self.collect(dst)
 
     def answer_round(self) -> None:
-        """Loss recovery: every honest node answers every other (the periodic pull)."""
+        """Loss recovery: every honest node answers every other (the periodic pull) and
+        asks again for the bodies it lacks."""
+        for x in self.honest:
+            self.rb[x].refetch()
+            self.collect(x)
         for x in self.honest:
             for y in self.honest:
                 if x != y:
@@ -102,6 +119,11 @@ def test_agreement_and_totality_under_byzantine_voter(data: st.DataObject, n: in
             if data.draw(st.booleans()):
                 net.pool.append((b, x, VoteReady(checkpoint=CID, voter=origin,
                                                  digest=digests[data.draw(st.integers(0, 2))])))
+            if data.draw(st.booleans()):  # echoes by digest, and unasked or forged bodies
+                k = data.draw(st.integers(0, 2))
+                net.pool.append((b, x, VoteEchoDigest(checkpoint=CID, voter=origin,
+                                                      digest=digests[k])))
+                net.pool.append((b, x, VoteBody(vote=variants[data.draw(st.integers(0, 2))])))
     rng = data.draw(st.randoms(use_true_random=False))
     steps = 0
     while net.pool and steps < 2000:
@@ -151,7 +173,8 @@ def test_echo_and_ready_only_once_and_only_from_the_voter() -> None:
     rb.on_send(NodeId("n3"), b, ok)  # equivocation: not echoed
     sends, _, dirty = rb.drain()
     assert dirty
-    assert [s.message for s in sends] == [VoteEcho(vote=a)] * 3
+    echo = VoteEchoDigest(checkpoint=CID, voter=NodeId("n3"), digest=digest_of(HASH, a))
+    assert [s.message for s in sends] == [echo] * 3  # the digest, not the vote
     assert rb.dropped_counts() == {"equivocation": 1}
     for src in ("n1", "n2"):
         rb.on_echo(NodeId(src), VoteEcho(vote=b), ok)
@@ -203,15 +226,16 @@ def test_restart_never_echoes_or_readies_another_value() -> None:
         again.on_ready(NodeId(src), VoteReady(checkpoint=CID, voter=NodeId("n3"),
                                               digest=digest_of(HASH, b)))
     sends, delivered, _ = again.drain()
-    assert sends == []  # neither an echo nor a ready of b
+    # Neither an echo nor a ready of b (and no fetch of a's body yet: it knows no echoer
+    # of a but itself).
+    assert sends == []
     assert delivered == []
-    # Its answers repeat its old choices (the echo once the content is held again).
+    # Its answers repeat its old choices, by digest: no content needed.
     answers = again.answer((NodeId("n3"), CID), NodeId("n1"))
-    assert [s.message for s in answers] == [VoteReady(checkpoint=CID, voter=NodeId("n3"),
-                                                      digest=digest_of(HASH, a))]
-    again.on_echo(NodeId("n3"), VoteEcho(vote=a), ok)  # the content, from any echo
-    assert Send(to=NodeId("n1"), message=VoteEcho(vote=a)) in again.answer(
-        (NodeId("n3"), CID), NodeId("n1"))
+    da = digest_of(HASH, a)
+    assert [s.message for s in answers] == [
+        VoteEchoDigest(checkpoint=CID, voter=NodeId("n3"), digest=da),
+        VoteReady(checkpoint=CID, voter=NodeId("n3"), digest=da)]
 
 
 def test_needs_n_at_least_3f_plus_1() -> None:
@@ -267,3 +291,122 @@ def test_kept_counts_equal_a_scan_of_the_first_echoes_and_readies(
         inst = rb._instances[key]
         assert inst.echo_counts == {d: c for d, c in Counter(inst.echoes.values()).items()}
         assert inst.ready_counts == {d: c for d, c in Counter(inst.readies.values()).items()}
+
+
+# Echoes by digest: the body fetch ------------------------------------------------------
+
+
+def echo_d(v: VetoChoice) -> VoteEchoDigest:
+    return VoteEchoDigest(checkpoint=CID, voter=v.voter, digest=digest_of(HASH, v))
+
+
+def ready_d(v: VetoChoice) -> VoteReady:
+    return VoteReady(checkpoint=CID, voter=v.voter, digest=digest_of(HASH, v))
+
+
+def test_byzantine_author_sends_different_bodies_the_others_fetch_the_delivered_one() -> None:
+    """n = 4, f = 1: the Byzantine voter n3 sends body a to n0 and n1, body b to n2, and
+    echoes a. a gets Q = 3 echoes; n2 readies a without its body, fetches it from f+1
+    echoers of a, and delivers a like the others; b is never delivered."""
+    nodes = nodes_of(4)
+    net = Net(4, nodes[:3])
+    a, b = vote("n3", 1), vote("n3", 2)
+    byz = NodeId("n3")
+    net.pool += [(byz, NodeId("n0"), a), (byz, NodeId("n1"), a), (byz, NodeId("n2"), b)]
+    net.pool += [(byz, x, echo_d(a)) for x in nodes[:3]]
+    while net.pool:
+        net.deliver(*net.pool.pop(0))
+    assert net.delivered == {x: [a] for x in nodes[:3]}
+    rb2 = net.rb[NodeId("n2")]
+    assert rb2.delivered((byz, CID)) == a
+    assert rb2.relays([(byz, CID)])[0].echo == digest_of(HASH, b)  # its echo was b's
+
+
+def lone(n: int = 4) -> tuple[VoteBroadcast, tuple[NodeId, ...]]:
+    nodes = nodes_of(n)
+    rb = VoteBroadcast(node_id=nodes[0], nodes=nodes, faults=(n - 1) // 3, hasher=HASH)
+    rb.open((NodeId("n1"), CID))
+    return rb, nodes
+
+
+def test_a_node_that_missed_the_send_fetches_the_body_from_f_plus_1_echoers() -> None:
+    rb, _ = lone()
+    v = vote("n1", 1)
+    key = (NodeId("n1"), CID)
+    for src in ("n3", "n2", "n1"):  # n1 (the voter) echoes its own vote too
+        rb.on_echo_digest(NodeId(src), key, digest_of(HASH, v))
+    sends, delivered, _ = rb.drain()
+    fetch = FetchVote(checkpoint=CID, voter=NodeId("n1"), digest=digest_of(HASH, v))
+    # Q = 3 echoes: it readies the digest, and asks the first f+1 = 2 echoers for the body.
+    assert [s.message for s in sends if isinstance(s.message, VoteReady)] == [ready_d(v)] * 3
+    assert [(s.to, s.message) for s in sends if isinstance(s.message, FetchVote)] == [
+        ("n3", fetch), ("n2", fetch)]
+    assert delivered == []
+    # An echoer that holds the body (it got the SEND) answers, once per period.
+    peer = VoteBroadcast(node_id=NodeId("n2"), nodes=nodes_of(4), faults=1, hasher=HASH)
+    peer.open(key)
+    peer.on_send(NodeId("n1"), v, ok)
+    peer.drain()
+    peer.on_fetch(NodeId("n0"), fetch)
+    peer.on_fetch(NodeId("n0"), fetch)
+    (answer,) = peer.drain()[0]
+    assert answer == Send(to=NodeId("n0"), message=VoteBody(vote=v))
+    assert peer.dropped_counts() == {"vote_fetch_repeat": 1}
+    peer.refetch()  # a new period: n0 may ask again (its answer may have been lost)
+    peer.on_fetch(NodeId("n0"), fetch)
+    assert [s.message for s in peer.drain()[0]] == [VoteBody(vote=v)]
+    # The body arrives: held; delivered once 2f+1 = 3 readies are in.
+    assert rb.expects(v)
+    rb.on_body(v, ok)
+    for src in ("n2", "n3"):
+        rb.on_ready(NodeId(src), ready_d(v))
+    assert rb.drain()[1] == [v]
+    assert not rb.expects(v)  # a second answer (the other echoer's) is a late duplicate
+    assert rb.dropped_counts() == {"vote_body_unasked": 1}
+
+
+def test_a_forged_or_unasked_body_is_dropped_and_counted() -> None:
+    rb, _ = lone()
+    key = (NodeId("n1"), CID)
+    v, other = vote("n1", 1), vote("n1", 2)
+    assert not rb.expects(v)  # nothing fetched yet: unasked
+    for src in ("n1", "n2", "n3"):
+        rb.on_echo_digest(NodeId(src), key, digest_of(HASH, v))
+    rb.drain()
+    assert not rb.expects(other)  # signed by the voter, but not the digest being fetched
+    assert rb.expects(v)
+    rb.on_body(v, lambda _v: "bad_signature")  # a body that fails validation is not held
+    assert not rb.expects(other)
+    assert rb.dropped_counts() == {"vote_body_unasked": 1, "vote_body_mismatch": 2,
+                                   "bad_signature": 1}
+    for src in ("n1", "n2", "n3"):
+        rb.on_ready(NodeId(src), ready_d(v))
+    assert rb.drain()[1] == []  # never delivered without the valid body
+    assert rb.delivered(key) is None
+
+
+def test_lost_fetches_are_asked_again_round_robin_and_new_echoers_are_asked() -> None:
+    rb, _ = lone(7)  # f = 2: ask 3 echoers
+    key = (NodeId("n1"), CID)
+    v = vote("n1", 1)
+    d = digest_of(HASH, v)
+    for src in ("n1", "n2"):
+        rb.on_echo_digest(NodeId(src), key, d)
+    for src in ("n4", "n5", "n6"):
+        rb.on_ready(NodeId(src), ready_d(v))  # f+1 readies: it readies d, wants its body
+    asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
+    assert asked == ["n1", "n2"]  # the echoers of d it knows
+    rb.on_echo_digest(NodeId("n3"), key, d)
+    rb.on_echo_digest(NodeId("n4"), key, d)
+    asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
+    assert asked == ["n3"]  # up to f+1 = 3 asked
+    rb.refetch()  # a period later, nothing came: ask the echoers not asked yet
+    asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
+    assert asked == ["n4"]
+    rb.refetch()  # every known echoer asked (a correct one may have lost it): start over
+    asked = [s.to for s in rb.drain()[0] if isinstance(s.message, FetchVote)]
+    assert asked == ["n1", "n2", "n3"]
+    assert rb.expects(v)
+    rb.on_body(v, ok)
+    rb.refetch()
+    assert rb.drain()[0] == []  # held: nothing more to ask

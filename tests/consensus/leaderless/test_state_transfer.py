@@ -78,12 +78,20 @@ def test_the_applied_digest_is_order_free(ids: list[bytes], rnd: object) -> None
 class Net:
     """Four `StateTransfer`s (f = 1) wired by hand; `serve` gives each server its data."""
 
-    def __init__(self, *, check_digest: bool = True) -> None:
+    def __init__(self, *, check_digest: bool = True, forgotten: tuple[bytes, ...] = ()) -> None:
+        """`forgotten`: what every node applied and no longer holds (the coverage rule)."""
         wire.register_all(TRANSFER_MESSAGES)
         self.drops: dict[NodeId, list[str]] = {n: [] for n in NODES}
+        self.asked: list[int] = []
+        """The `max_deadline_ms` the coverage rule was asked about."""
+
+        def forgot(max_deadline_ms: int) -> tuple[bytes, ...]:
+            self.asked.append(max_deadline_ms)
+            return forgotten
         self.machines = {n: StateTransfer(
             fmt=FMT, peers=tuple(p for p in NODES if p != n), faults=1, every=2,
-            drop=self.drops[n].append, check_digest=check_digest) for n in NODES}
+            drop=self.drops[n].append, check_digest=check_digest, forgotten=forgot)
+            for n in NODES}
         self.forged: dict[NodeId, bytes] = {}
         self.verified: list[Verified] = []
         self.applied: dict[NodeId, int] = {}
@@ -247,3 +255,57 @@ def test_only_the_last_retained_checkpoints_are_served() -> None:
     expect = [FMT.describe(checkpoint(i, b"v%d" % i)) for i in
               range(state_transfer.RETAINED + 1, 1, -1)]
     assert list(answer.descriptors) == [d.descriptor for d in expect if d is not None]
+
+
+A, B, X = b"a" * 32, b"b" * 32, b"x" * 32
+
+
+def _two_agreed(net: Net) -> tuple[bytes, bytes]:
+    """n1 and n2 vouch for `lacking` (ids a, b, and c: the greater descriptor, tried first),
+    n2 and n3 for `covering` (a and x): both have f+1 = 2 reports."""
+    lacking, covering = checkpoint(4, b"old", (A, B, b"c" * 32)), checkpoint(3, b"new", (A, X))
+    net.take(NodeId("n1"), 4, lacking)
+    net.take(NodeId("n2"), 3, covering)
+    net.take(NodeId("n2"), 4, lacking)
+    net.vouch[NodeId("n2")] = lambda index: True
+    net.take(NodeId("n3"), 3, covering)
+    return lacking, covering
+
+
+def test_a_checkpoint_lacking_a_forgotten_apply_is_refused() -> None:
+    """The coverage rule (issue 15, seed 87): n4 applied x and forgot it (its core no longer
+    holds it). The greatest agreed checkpoint lacks x: verified, then refused, and the next
+    agreed one, which records x, is fetched and handed over at once (no new round)."""
+    net = Net(forgotten=(X,))
+    lacking, covering = _two_agreed(net)
+    net.run(NodeId("n4"))
+    n4 = net.machines[NodeId("n4")]
+    assert [v.data for v in net.verified] == [FMT.rebase(covering, 0)]
+    assert n4.refused_lacking == 1
+    assert net.asked == [1003, 1002]  # asked about each checkpoint's newest deadline
+    control = Net()  # the rule off (`install_over_forgotten`): the lacking one goes in
+    _two_agreed(control)
+    control.run(NodeId("n4"))
+    assert [v.data for v in control.verified] == [FMT.rebase(lacking, 0)]
+
+
+def test_without_a_covering_checkpoint_the_node_keeps_asking() -> None:
+    """Only the lacking checkpoint is agreed: nothing is handed over, the transfer stays
+    wanted, and the refused checkpoint is never fetched again in later rounds."""
+    net = Net(forgotten=(X,))
+    for n in NODES[:3]:
+        net.take(n, 4, checkpoint(4, b"old", (A, B)))
+    net.run(NodeId("n4"), ticks=20)
+    n4 = net.machines[NodeId("n4")]
+    assert net.verified == []
+    assert n4.need
+    assert n4.refused_lacking == 1  # fetched once, then refused for good
+    net.take(NodeId("n1"), 5, checkpoint(5, b"new", (A, B, X)))
+    net.take(NodeId("n2"), 5, checkpoint(5, b"new", (A, B, X)))
+    net.run(NodeId("n4"), ticks=20)  # a covering one appears: it goes in
+    assert [v.data for v in net.verified] == [FMT.rebase(checkpoint(5, b"new", (A, B, X)), 0)]
+
+
+def test_lacking_names_what_the_table_does_not_record() -> None:
+    assert state_transfer.lacking({A: 1, B: 2}, (X, A, b"y" * 32)) == [X, b"y" * 32]
+    assert state_transfer.lacking({A: 1}, ()) == []

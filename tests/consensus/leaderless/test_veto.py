@@ -16,12 +16,16 @@ from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.endorsement_batch import endorsement_problem, sign_one
 from phalanx.consensus.leaderless.messages import (
+    FetchVote,
     StartCheckpoint,
     Transaction,
     TransactionProof,
     TxId,
     VetoChoice,
+    VoteBody,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
     transaction_id,
 )
@@ -132,6 +136,8 @@ class Cluster:
             m.on_echo(src, msg, self.proof_of(node))
         elif isinstance(msg, VoteReady):
             m.on_ready(src, msg)
+        elif isinstance(msg, VoteEchoDigest | VoteDigestBatch | FetchVote | VoteBody):
+            m.on_relay(src, msg, self.proof_of(node))
         self.collect(node)
 
     def run(self) -> None:
@@ -165,9 +171,14 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
     for node in c.nodes:
         assert c.dropped[node] == list(ids)
         assert not c.machines[node].blocked(ids[0])
-        assert c.machines[node].votes() == ()
+        # Decided: the vote stays in the durable record until gc (a lagging peer may
+        # still ask; test_veto_lagging.py), then goes.
+        assert c.machines[node].votes() == tuple(c.persisted[node])
         assert c.persisted[node]
         assert c.persisted[node][0].drop
+        c.machines[node].gc(lambda t: False)
+        assert c.machines[node].votes() == ()
+        assert c.machines[node].relays() == ()
 
 
 def test_n_minus_1_votes_do_not_decide_and_one_silent_node_blocks() -> None:
@@ -195,9 +206,11 @@ def about(m: Message, voter: str) -> bool:
     """Whether `m` is a broadcast message of `voter`'s vote."""
     if isinstance(m, VetoChoice):
         return m.voter == voter
-    if isinstance(m, VoteEcho):
+    if isinstance(m, VoteEcho | VoteBody):
         return m.vote.voter == voter
-    return isinstance(m, VoteReady) and m.voter == voter
+    if isinstance(m, VoteDigestBatch):
+        return voter in m.echo_voters or voter in m.ready_voters
+    return isinstance(m, VoteReady | VoteEchoDigest | FetchVote) and m.voter == voter
 
 
 def test_pull_after_loss() -> None:
@@ -343,7 +356,9 @@ def test_equivocation_is_counted_first_choice_echoed() -> None:
     for v in (v1, v2, signed("n1", ids, drop=True), v1):  # a plain duplicate is no lie
         m.on_choice("n1", v, c.proof_of("n0"))
     eff = c.collect("n0")
-    assert [s.message for s in eff.sends] == [VoteEcho(vote=v1)] * 3
+    echo = VoteEchoDigest(checkpoint=v1.checkpoint, voter=v1.voter,
+                          digest=digest_of(FastCrypto("n0"), v1))
+    assert [s.message for s in eff.sends] == [echo] * 3
     assert eff.kept == eff.dropped == ()
     assert m.dropped_counts() == {"equivocation": 2}
 
@@ -545,12 +560,14 @@ def test_gc_bounds_memory(crashes: list[bool]) -> None:
         c.run()
     m = c.machines["n0"]
     assert len(m) == len(crashes)
-    undecided = len(m.votes())
+    assert len(m.votes()) == len(crashes)  # decided ones too, until gc
+    undecided = sum(1 for v in m.votes() if m.blocked(v.tx_ids[0]))
     assert undecided <= sum(crashes)
     m.gc(lambda t: True)  # everything still live: nothing forgotten
     assert len(m) == len(crashes)
     m.gc(lambda t: False)
     assert len(m) == undecided  # only undecided checkpoints stay (own votes are kept)
+    assert len(m.votes()) == undecided
     assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
     assert len(m.relays()) <= 4 * undecided
 
@@ -634,3 +651,31 @@ def test_honest_nodes_never_disagree(plan: list[str], echoes: list[str],
         assert decisions == {"drop"}
     if plan == ["veto"] * 3:
         assert decisions == {"keep"}
+
+
+def test_a_fenced_node_adopts_its_old_vote_fetched_by_digest() -> None:
+    """n0 lost its record (fenced: it votes, echoes and readies nothing). Echoes by digest
+    carry no vote, so f+1 = 2 echoes of one digest in its own instance (one of them correct:
+    its old vote) make it fetch that body from those echoers and adopt it, as a full echo
+    used to: never a second, different vote of its own. A forged body is dropped."""
+    c = Cluster(4)
+    ids = (tid(1),)
+    m = c.machines["n0"]
+    m.fenced = True
+    m.on_start("n1", StartCheckpoint(tx_ids=ids), c.proof_of("n0"))
+    c.collect("n0")
+    assert m.votes() == ()
+    old = signed("n0", ids, drop=True)
+    echo = VoteEchoDigest(checkpoint=old.checkpoint, voter="n0",
+                          digest=digest_of(FastCrypto("n0"), old))
+    m.on_relay("n1", echo, c.proof_of("n0"))
+    assert not any(isinstance(s.message, FetchVote) for s in c.collect("n0").sends)  # f
+    m.on_relay("n2", echo, c.proof_of("n0"))
+    fetches = [s for s in c.collect("n0").sends if isinstance(s.message, FetchVote)]
+    assert [s.to for s in fetches] == ["n1", "n2"]
+    m.on_relay("n1", VoteBody(vote=signed("n0", ids, drop=False, proofs=(proof(1),))),
+               c.proof_of("n0"))
+    assert m.votes() == ()
+    assert m.dropped_counts() == {"vote_body_mismatch": 1}
+    m.on_relay("n2", VoteBody(vote=old), c.proof_of("n0"))
+    assert m.votes() == (old,)

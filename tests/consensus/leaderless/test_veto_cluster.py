@@ -8,13 +8,14 @@ import pytest
 from leaderless_harness import EPOCH, Cluster, endorsement, make_tx, tx_id, version
 
 from phalanx.consensus.core import Ready, Receive, Send, Tick
-from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.messages import (
     StartCheckpoint,
     TransactionProof,
     VetoChoice,
-    VoteBatch,
+    VoteDigestBatch,
     VoteEcho,
+    VoteEchoDigest,
     VoteReady,
 )
 from phalanx.consensus.leaderless.store import TxState
@@ -98,19 +99,26 @@ def test_equivocating_voter_with_a_real_proof_cannot_split_correct_nodes(
 def vote_messages(c: Cluster, node: NodeId, ready: Ready, batch: int) -> list[Message]:
     """The messages of n4's vote broadcast that `ready` sends (SENDs, echoes, readies),
     each echo and ready alone; batched (`batch` = `vote_batch_ticks` = 1), those of the
-    next tick's `VoteBatch`es (the core's own flush) instead."""
+    next tick's `VoteDigestBatch`es (the core's own flush) instead."""
     msgs = [s.message for s in ready.messages]
     if batch:
         msgs += [s.message for s in c.step(node, Tick(now_ms=c.now)).messages]
     out: list[Message] = []
     for m in msgs:
-        if isinstance(m, VoteBatch):
-            out += [VoteEcho(vote=v) for v in m.echoes if v.voter == N4]
-            out += [r for r in m.readies if r.voter == N4]
-        elif (isinstance(m, VetoChoice | VoteReady) and m.voter == N4) or (
+        if isinstance(m, VoteDigestBatch):
+            out += [VoteEchoDigest(checkpoint=m.checkpoint, voter=v, digest=d)
+                    for v, d in zip(m.echo_voters, m.echo_digests, strict=True) if v == N4]
+            out += [VoteReady(checkpoint=m.checkpoint, voter=v, digest=d)
+                    for v, d in zip(m.ready_voters, m.ready_digests, strict=True) if v == N4]
+        elif (isinstance(m, VetoChoice | VoteReady | VoteEchoDigest) and m.voter == N4) or (
                 isinstance(m, VoteEcho) and m.vote.voter == N4):
             out.append(m)
     return out
+
+
+def echo_of(vote: VetoChoice) -> VoteEchoDigest:
+    return VoteEchoDigest(checkpoint=vote.checkpoint, voter=vote.voter,
+                          digest=digest_of(FastCrypto(N4), vote))
 
 
 @pytest.mark.parametrize("batch", [0, 1])
@@ -128,20 +136,20 @@ def test_a_restarted_node_never_echoes_another_value(batch: int) -> None:
     assert ready.must_sync
     assert ready.core_state is not None
     assert any(r.voter == N4 and r.echo for r in ready.core_state.relays)
-    assert vote_messages(c, N2, ready, batch) == [VoteEcho(vote=drop)] * 3
+    assert vote_messages(c, N2, ready, batch) == [echo_of(drop)] * 3
     c.net.clear()
     c.restart(N2)
     ready = c.step(N2, Receive(src=N4, message=veto))
     sent = vote_messages(c, N2, ready, batch)
     ready = c.step(N2, Receive(src=N1, message=VoteEcho(vote=veto)))
     sent += vote_messages(c, N2, ready, batch)
-    assert not any(isinstance(m, VoteEcho) and m.vote == veto for m in sent)
-    # Pulled, it answers with nothing of the veto; once it holds the drop again (from
-    # any echo: the digest it recorded names it), its answers carry its old echo.
+    ready = c.step(N2, Receive(src=N3, message=echo_of(veto)))
+    sent += vote_messages(c, N2, ready, batch)
+    assert echo_of(veto) not in sent
+    assert not any(isinstance(m, VoteReady) and m.digest == echo_of(veto).digest for m in sent)
+    # Pulled, it answers with nothing of the veto, and with its old echo by digest: the
+    # content it lost in the crash is not needed for that.
     ready = c.step(N2, Receive(src=N1, message=StartCheckpoint(tx_ids=ids, delivered=(N1,))))
     answers = vote_messages(c, N2, ready, batch)
-    assert not any(isinstance(m, VoteEcho) and m.vote == veto for m in answers)
-    assert VoteEcho(vote=drop) not in answers  # the content was lost in the crash
-    c.step(N2, Receive(src=N3, message=VoteEcho(vote=drop)))
-    ready = c.step(N2, Receive(src=N3, message=StartCheckpoint(tx_ids=ids, delivered=(N1,))))
-    assert VoteEcho(vote=drop) in vote_messages(c, N2, ready, batch)
+    assert echo_of(veto) not in answers
+    assert echo_of(drop) in answers

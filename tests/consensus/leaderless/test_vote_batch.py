@@ -1,7 +1,8 @@
-"""The batched reliable broadcast of veto votes (`VoteBatch`, `vote_batch_ticks`): each item
-of a batch counts for its own instance and sender, exactly as the lone echo or ready it
+"""The batched reliable broadcast of veto votes (`VoteDigestBatch`, `vote_batch_ticks`): each
+item of a batch counts for its own instance and sender, exactly as the lone echo or ready it
 stands for; a bad item is dropped and counted without the good ones; a node sends one batch
-per peer and flush; batched and unbatched clusters decide alike."""
+per peer, checkpoint and flush; batched and unbatched clusters decide alike; an older
+node's full-vote `VoteBatch` still counts."""
 
 from __future__ import annotations
 
@@ -12,18 +13,21 @@ import pytest
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.messages import (
+    FetchVote,
     StartCheckpoint,
     Transaction,
     TxId,
     VetoChoice,
     VoteBatch,
-    VoteEcho,
+    VoteBody,
+    VoteDigestBatch,
+    VoteEchoDigest,
     VoteReady,
     transaction_id,
 )
 from phalanx.consensus.leaderless.reliable_broadcast import MAX_BATCH_ITEMS
 from phalanx.consensus.leaderless.veto import CheckpointMachine, checkpoint_id
-from phalanx.consensus.types import Message, NodeId
+from phalanx.consensus.types import NodeId
 
 CRYPTO = FastCrypto("n0")
 TX = Transaction(client="c", client_id="c", request_no=1, deadline_ms=1_000,
@@ -44,6 +48,15 @@ def drop_vote(voter: str, *, signer: str | None = None) -> VetoChoice:
 def ready_for(vote: VetoChoice) -> VoteReady:
     return VoteReady(checkpoint=vote.checkpoint, voter=vote.voter,
                      digest=digest_of(CRYPTO, vote))
+
+
+def batch_of(echoes: tuple[VetoChoice, ...] = (),
+             readies: tuple[VetoChoice, ...] = ()) -> VoteDigestBatch:
+    """The batch of a node that echoes `echoes` and readies `readies` (by digest)."""
+    return VoteDigestBatch(checkpoint=CID, echo_voters=tuple(v.voter for v in echoes),
+                           echo_digests=tuple(digest_of(CRYPTO, v) for v in echoes),
+                           ready_voters=tuple(v.voter for v in readies),
+                           ready_digests=tuple(digest_of(CRYPTO, v) for v in readies))
 
 
 def machine(node: str = "n0", n: int = 4, batch_ticks: int = 1,
@@ -72,31 +85,35 @@ def test_each_item_counts_for_its_own_broadcast() -> None:
     v1, v2, v3 = drop_vote("n1"), drop_vote("n2"), drop_vote("n3")
     m.on_choice(NodeId("n1"), v1, no_proof)  # n1's SEND: n0 votes (v0) and echoes v1
     (first,) = {s.message for s in flushed(m)}  # one object, the same for every peer
-    assert isinstance(first, VoteBatch)
-    assert [v.voter for v in first.echoes] == ["n0", "n1"]
-    assert first.readies == ()
-    # n2 echoes v2 and v3 and readies v1; n3 echoes v3 and readies v1.
-    m.on_batch(NodeId("n2"), VoteBatch(echoes=(v2, v3), readies=(ready_for(v1),)), no_proof)
-    m.on_batch(NodeId("n3"), VoteBatch(echoes=(v3,), readies=(ready_for(v1),)), no_proof)
-    # v1: 2 readies (f+1) -> READY v1; v2: 1 echo, v3: 2 echoes (< Q): nothing else.
+    assert isinstance(first, VoteDigestBatch)
+    assert first.echo_voters == ("n0", "n1")
+    assert first.echo_digests[1] == digest_of(CRYPTO, v1)  # digests, not votes
+    assert first.ready_voters == ()
+    # n2 and n3 send v2's and v3's SENDs (the bodies); n2 echoes v2 and v3 and readies v1;
+    # n3 echoes v3 and readies v1.
+    m.on_choice(NodeId("n2"), v2, no_proof)
+    m.on_choice(NodeId("n3"), v3, no_proof)
+    flushed(m)  # n0's own echoes of v2 and v3
+    m.on_relay(NodeId("n2"), batch_of(echoes=(v2, v3), readies=(v1,)), no_proof)
+    m.on_relay(NodeId("n3"), batch_of(echoes=(v3,), readies=(v1,)), no_proof)
+    # v1: 2 readies (f+1) -> READY v1; v3: echoes n0, n2, n3 = Q -> READY v3; v2: 2.
     (batch,) = {s.message for s in flushed(m)}
-    assert isinstance(batch, VoteBatch)
-    assert batch.echoes == ()
-    assert batch.readies == (ready_for(v1),)
-    # v3's third echo (n1's) completes Q = 3 for v3 only.
-    m.on_batch(NodeId("n1"), VoteBatch(echoes=(v3,)), no_proof)
+    assert isinstance(batch, VoteDigestBatch)
+    assert batch.echo_voters == ()
+    assert batch.ready_voters == ("n3", "n1")  # in n3's batch, echoes before readies
+    # v2's third echo (n1's) completes Q = 3 for v2 only.
+    m.on_relay(NodeId("n1"), batch_of(echoes=(v2,)), no_proof)
     (batch,) = {s.message for s in flushed(m)}
-    assert isinstance(batch, VoteBatch)
-    assert batch.readies == (ready_for(v3),)
-    # DROP needs all four votes delivered (3 readies each): v1 is (n0, n2, n3); v3 has 1
-    # (n0's), v0 and v2 none.
+    assert isinstance(batch, VoteDigestBatch)
+    assert batch.ready_voters == ("n2",)
+    # DROP needs all four votes delivered (3 readies each): v1 is (n0, n2, n3); v2 and v3
+    # have 1 (n0's), v0 none.
     assert m.drain().dropped == ()
-    v0 = first.echoes[0]
-    readies = tuple(ready_for(v) for v in (v0, v2, v3))
-    m.on_batch(NodeId("n1"), VoteBatch(readies=readies), no_proof)
-    assert m.drain().dropped == ()  # v0, v2: 1 ready each; v3: 2
-    m.on_batch(NodeId("n2"), VoteBatch(readies=readies), no_proof)
-    # v0, v2: 2 readies = f+1, so n0 readies them too: 3; v3: 3. All four delivered.
+    v0 = m.votes()[0]
+    m.on_relay(NodeId("n1"), batch_of(readies=(v0, v2, v3)), no_proof)
+    assert m.drain().dropped == ()  # v0: 1 ready (n0 readies on f+1 = 2); v2, v3: 2
+    m.on_relay(NodeId("n2"), batch_of(readies=(v0, v2, v3)), no_proof)
+    # v0: 2 readies = f+1, so n0 readies it too: 3; v2, v3: 3. All four delivered.
     assert m.drain().dropped == IDS
     assert m.dropped_counts() == {}
 
@@ -104,28 +121,38 @@ def test_each_item_counts_for_its_own_broadcast() -> None:
 def test_a_bad_item_is_dropped_and_counted_and_the_good_ones_count() -> None:
     m = machine()
     v1, v2 = drop_vote("n1"), drop_vote("n2")
-    forged = drop_vote("n3", signer="n2")  # n3's vote signed by someone else
     m.on_choice(NodeId("n1"), v1, no_proof)
     flushed(m)
-    junk: tuple[VoteReady, ...] = (b"junk",)  # type: ignore[assignment]
-    m.on_batch(NodeId("n2"), VoteBatch(echoes=(forged, v1), readies=(*junk, ready_for(v2))),
-               no_proof)
-    m.on_batch(NodeId("n3"), VoteBatch(echoes=(v1,), readies=(ready_for(v2),)), no_proof)
+    good = batch_of(echoes=(v1,), readies=(v2,))
+    bad = dataclasses.replace(good, echo_voters=("n9", *good.echo_voters),
+                              echo_digests=(b"x", *good.echo_digests),
+                              ready_voters=(b"junk", *good.ready_voters),  # type: ignore[arg-type]
+                              ready_digests=(b"y", *good.ready_digests))
+    m.on_relay(NodeId("n2"), bad, no_proof)
+    m.on_relay(NodeId("n3"), good, no_proof)
     (batch,) = {s.message for s in flushed(m)}
-    assert isinstance(batch, VoteBatch)
-    # v1: echoes n0, n1's SEND-echo is n0's own; n2, n3 -> 3 = Q; v2: 2 readies = f+1.
-    assert batch.readies == (ready_for(v1), ready_for(v2))
-    assert m.dropped_counts() == {"bad_signature": 1, "bad_vote_batch_item": 1}
+    assert isinstance(batch, VoteDigestBatch)
+    # v1: echoes n0 (its own), n2, n3 -> 3 = Q; v2: 2 readies = f+1.
+    assert batch.ready_voters == ("n1", "n2")
+    assert m.dropped_counts() == {"not_a_member": 1, "bad_vote_batch_item": 1}
 
 
-@pytest.mark.parametrize("field", ["echoes", "readies"])
-def test_an_oversized_batch_is_dropped_whole(field: str) -> None:
+@pytest.mark.parametrize("how", ["echoes", "readies", "unequal", "not_tuples"])
+def test_an_oversized_or_malformed_batch_is_dropped_whole(how: str) -> None:
     m = machine()
     v1 = drop_vote("n1")
     m.on_choice(NodeId("n1"), v1, no_proof)
     flushed(m)
-    item: Message = v1 if field == "echoes" else ready_for(v1)
-    m.on_batch(NodeId("n2"), VoteBatch(**{field: (item,) * (MAX_BATCH_ITEMS + 1)}), no_proof)
+    one = batch_of(echoes=(v1,), readies=(v1,))
+    big = MAX_BATCH_ITEMS + 1
+    bad = {"echoes": dataclasses.replace(one, echo_voters=one.echo_voters * big,
+                                         echo_digests=one.echo_digests * big),
+           "readies": dataclasses.replace(one, ready_voters=one.ready_voters * big,
+                                          ready_digests=one.ready_digests * big),
+           "unequal": dataclasses.replace(one, echo_digests=()),
+           "not_tuples": dataclasses.replace(one, echo_voters=["n1"]),  # type: ignore[arg-type]
+           }[how]
+    m.on_relay(NodeId("n2"), bad, no_proof)
     assert m.dropped_counts() == {"bad_vote_batch": 1}
     assert flushed(m) == []  # nothing of it counted
 
@@ -139,18 +166,36 @@ def test_answers_to_a_pull_go_in_that_peers_batch_only() -> None:
     sends = flushed(m)
     assert [s.to for s in sends] == ["n2"]
     (batch,) = (s.message for s in sends)
-    assert isinstance(batch, VoteBatch)
-    assert sorted(v.voter for v in batch.echoes) == ["n0", "n1"]
+    assert isinstance(batch, VoteDigestBatch)
+    assert sorted(batch.echo_voters) == ["n0", "n1"]
 
 
 def test_unbatched_mode_sends_each_echo_alone() -> None:
     m = machine(batch_ticks=0)
     m.on_choice(NodeId("n1"), drop_vote("n1"), no_proof)
     sent = [s.message for s in m.drain().sends]
-    assert sum(isinstance(x, VoteEcho) for x in sent) == 6  # own vote and v1, to 3 peers
-    assert not any(isinstance(x, VoteBatch) for x in sent)
+    assert sum(isinstance(x, VoteEchoDigest) for x in sent) == 6  # own vote and v1, to 3 peers
+    assert not any(isinstance(x, VoteDigestBatch) for x in sent)
     m.tick(no_proof)
-    assert not any(isinstance(s.message, VoteBatch) for s in m.drain().sends)
+    assert not any(isinstance(s.message, VoteDigestBatch) for s in m.drain().sends)
+
+
+def test_an_older_nodes_full_vote_batch_still_counts() -> None:
+    """A `VoteBatch` (wire 311: echoes carrying the votes) from a node not yet upgraded:
+    each echo counts as the sender's echo and brings the content."""
+    m = machine()
+    v1 = drop_vote("n1")
+    m.on_start(NodeId("n2"), StartCheckpoint(tx_ids=IDS), no_proof)
+    flushed(m)
+    for src in ("n2", "n3"):
+        m.on_batch(NodeId(src), VoteBatch(echoes=(v1,), readies=(ready_for(v1),)), no_proof)
+    m.on_batch(NodeId("n1"), VoteBatch(readies=(ready_for(v1),)), no_proof)
+    # v1: 2 echoes (< Q), 3 readies: n0 readies on f+1 and delivers on 2f+1, holding the
+    # content from the full echoes (n1's SEND never came).
+    (batch,) = {s.message for s in flushed(m)}
+    assert isinstance(batch, VoteDigestBatch)
+    assert batch.ready_voters == ("n1",)
+    assert m.dropped_counts() == {}
 
 
 def run_cluster(n: int, batch_ticks: int) -> tuple[dict[NodeId, tuple[TxId, ...]], int]:
@@ -166,7 +211,8 @@ def run_cluster(n: int, batch_ticks: int) -> tuple[dict[NodeId, tuple[TxId, ...]
         eff = ms[x].drain()
         dropped[x] += eff.dropped
         wire.extend((x, s) for s in eff.sends)
-        counted += sum(isinstance(s.message, VetoChoice | VoteEcho | VoteReady | VoteBatch)
+        counted += sum(isinstance(s.message, VetoChoice | VoteEchoDigest | VoteReady
+                                  | VoteDigestBatch | FetchVote | VoteBody)
                        for s in eff.sends)
 
     ms[NodeId("n0")].queue(IDS[0])
@@ -181,12 +227,10 @@ def run_cluster(n: int, batch_ticks: int) -> tuple[dict[NodeId, tuple[TxId, ...]
                 m.on_start(src, msg, no_proof)
             elif isinstance(msg, VetoChoice):
                 m.on_choice(src, msg, no_proof)
-            elif isinstance(msg, VoteEcho):
-                m.on_echo(src, msg, no_proof)
             elif isinstance(msg, VoteReady):
                 m.on_ready(src, msg)
-            elif isinstance(msg, VoteBatch):
-                m.on_batch(src, msg, no_proof)
+            elif isinstance(msg, VoteDigestBatch | VoteEchoDigest | FetchVote | VoteBody):
+                m.on_relay(src, msg, no_proof)
             collect(send.to)
     return dropped, counted
 

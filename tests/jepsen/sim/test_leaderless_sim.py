@@ -22,7 +22,7 @@ from bug_seed_search import CatchRange, first_catch
 
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
 from phalanx.jepsen.leaderless_byzantine import LEADERLESS_BEHAVIOURS
-from phalanx.jepsen.sim.leaderless import SIM_KNOBS
+from phalanx.jepsen.sim.leaderless import SIM_KNOBS, horizon_contract
 from phalanx.jepsen.sim.run import RunConfig, RunResult, run, swarm_choices
 from phalanx.jepsen.sim.sweep import sweep
 from phalanx.protocols import get as get_protocol
@@ -120,13 +120,23 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `test_drop_forgotten_is_caught_where_undecided_transactions_are_forgotten`.
     `ordered_decided_once` and `ordered_dead_evidence` are liveness bugs of the pbft mode
     (a kept transaction whose endorsements died stays pending):
-    `tests/consensus/leaderless/test_ordered_kept_wedge.py`."""
+    `tests/consensus/leaderless/test_ordered_kept_wedge.py`; `veto_decided_once`, the veto
+    mode's (a condition of a kept transaction is never checkpointed again):
+    `tests/consensus/leaderless/test_veto_requeue.py` and
+    `test_a_kept_checkpoints_other_ids_go_again` (seed 44 of the 1 s horizon).
+    `install_over_forgotten` and `no_overdue_transfer` need the committers of a transaction
+    killed past their horizon while f + 1 nodes hold it pending:
+    `test_leaderless_install_rollback.py` (seed 87 with a scripted kill) and
+    `tests/consensus/leaderless/test_state_transfer.py`. `no_stale_transfer`: seed 31 of
+    the 1 s horizon, `test_a_certified_stale_proof_asks_for_state_transfer`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
                               "forget_undecided", "refuse_behind_checkpoint",
                               "drop_forgotten", "ordered_decided_once",
-                              "ordered_dead_evidence"}
+                              "ordered_dead_evidence", "veto_decided_once",
+                              "install_over_forgotten", "no_overdue_transfer",
+                              "no_stale_transfer"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
@@ -257,6 +267,19 @@ def horizon_run(seed: int, *, bugs: frozenset[str] = frozenset()) -> RunResult:
                                               ("max_deadline_lead_ms", 2_000))))
 
 
+def test_a_certified_stale_proof_asks_for_state_transfer() -> None:
+    """Seed 31 of the 1 s horizon (docs/LEADERLESS.md "Limits", 6): a clock-skew fault leaves
+    n1 ~1.36 s ahead, so every proof of a transaction it missed arrives past its horizon
+    (`stale_tx`) and no fetch can bring it; n1 ended two writes behind (`converge`). A
+    proof certified by Q valid unconditional endorsements now asks for state transfer
+    (`CatchUp._stale_certified`), and the install brings the missed writes. The control
+    `no_stale_transfer` is the rule before."""
+    fixed = horizon_run(31)
+    assert fixed.ok, fixed.report()
+    old = horizon_run(31, bugs=frozenset({"no_stale_transfer"}))
+    assert any(v.startswith("converge") for v in old.violations), old.report()
+
+
 @pytest.mark.long
 @pytest.mark.parametrize(("seed", "horizon_ms"), [(9, 1_000), (17, 2_500)])
 def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
@@ -271,6 +294,36 @@ def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
     Long only because `test_forget_undecided_is_caught` runs both seeds clean too."""
     result = horizon_run(seed) if horizon_ms == 1_000 else fenced_run(seed)
     assert result.ok, result.report()
+
+
+@pytest.mark.long
+def test_a_kept_checkpoints_other_ids_go_again() -> None:
+    """Seed 44 of the 1 s horizon (docs/LEADERLESS.md "Runaway seeds"): the checkpoint of
+    `c0#6`, `c0#5` and two more was kept on `c0#6`'s proof (applicable on endorsements
+    conditional on `c0#5`, which had four of Q = 5); `c0#5` was never checkpointed again,
+    so neither could commit or drop, and the holders' pulls of the five stuck transactions
+    (n(n-1) `TransactionProof`s a period each) tripped the byte budget at 4.5 s. Now
+    `c0#5` goes out again, is dropped and `c0#6` commits at the six nodes that hold its
+    conditions. The run still fails (`converge`: n1 holds nothing of two stuck ids and
+    abstains on their checkpoints) because the seed draws `delta_old_ms` = 1,000, not
+    below the horizon: outside the contract, and the run says so. The control
+    `veto_decided_once` is the runaway again. Long: ~10 s of CPU; the rule itself is
+    `tests/consensus/leaderless/test_veto_requeue.py`."""
+    fixed = horizon_run(44)
+    assert not any(v.startswith("runaway") for v in fixed.violations), fixed.report()
+    assert any("LEADERLESS outside the contract: delta_old_ms=1000" in line
+               for line in fixed.trace_tail), fixed.report()
+    old = horizon_run(44, bugs=frozenset({"veto_decided_once"}))
+    assert any(v.startswith("runaway") and "TransactionProof" in v
+               for v in old.violations), old.report()
+
+
+def test_the_horizon_contract_is_named() -> None:
+    """`delta_old_ms` not below `gc_horizon_ms` is outside the contract (seeds 44 and 55
+    of the 1 s horizon draw 1,000 for both); the sweeps' defaults are within it."""
+    assert horizon_contract(1_000, 1_000).startswith("delta_old_ms=1000 is not below")
+    assert horizon_contract(200, 1_000) == ""
+    assert horizon_contract(1_000, 60_000) == ""
 
 
 @pytest.mark.parametrize("control", ["horizon", "fenced"])
