@@ -497,7 +497,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         return Committed(tx_id=record.tx_id, proof=proof, request_command=record.request.command,
                          writes=record.writes, keys=record.keys)
 
-    def _drop_tx(self, record: TxRecord, reason: str, out: Outbox) -> None:
+    def _drop_tx(self, record: TxRecord, reason: str, out: Outbox, cascade: bool = True) -> None:
         self._store.decide(record, TxState.DROPPED)
         self._tally.forget(record.tx_id)
         self._dropped_txs += 1
@@ -506,7 +506,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._wake = True
         out.dirty = True
         out.aborted.append(Abort(request=record.request, reason=reason))
-        for other in self._store.pending():  # conditions on it are now definitely valid
+        for other in self._store.pending() if cascade else ():  # its dependents may commit
             if any(record.tx_id in e.conditions for e in other.endorsements.values()):
                 self._try_commit(other, out)
 
@@ -554,10 +554,10 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             out.signed = True
         out.sends += with_bodies(effects.sends, lambda t: (
             None if (record := self._store.get(t)) is None else record.tx))
-        for tx_id in effects.dropped:
-            record = self._store.get(tx_id)
+        for tx_id in effects.dropped:  # all dropped before any dependent commits (docs "DROP
+            record = self._store.get(tx_id)  # meets a commit in one drain"): cascade below
             if record is not None and record.state is TxState.PENDING:
-                self._drop_tx(record, "dropped by a checkpoint (veto procedure)", out)
+                self._drop_tx(record, "dropped by a checkpoint (veto procedure)", out, False)
             elif record is None and not self._store.decided(tx_id):
                 self._store.drop_unknown(tx_id, self._now or 0)
                 self._dropped_txs += 1

@@ -1,0 +1,69 @@
+"""Checkpoints decided DROP together are applied together: no id of them commits on the way
+(docs/LEADERLESS.md "DROP meets a commit in one drain"; issue 15, the long halves partition
+of `bench/leaderless_refetch.py --sim 4`).
+
+Dropping T1 makes the endorsements of T2 conditioned on T1 definitely valid; when T2 is in a
+checkpoint decided DROP in the same drain, `blocked(T2)` is already false (its checkpoint is
+decided), so a cascade from T1's drop committed T2 before the core reached T2's drop, while
+every node that met T2's checkpoint first dropped it: the replicas parted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from leaderless_harness import EPOCH, endorsement, make_tx, run, solo, submit_of, tx_id, version
+
+from phalanx.consensus.core import Receive, Tick
+from phalanx.consensus.leaderless.messages import TxId
+from phalanx.consensus.leaderless.store import TxState
+from phalanx.consensus.leaderless.veto import CheckpointMachine, VetoEffects
+from phalanx.consensus.types import NodeId
+
+N2, N3, N4 = (NodeId(f"n{i}") for i in range(2, 5))
+
+
+class DecidesDrop:
+    """The node's real machine, plus DROP decisions of `ids` at the next drain, as
+    `CheckpointMachine._collect` reports them: in decision order, their checkpoints already
+    decided (so none of the ids is `blocked` any more)."""
+
+    def __init__(self, inner: CheckpointMachine, ids: tuple[TxId, ...]) -> None:
+        self._inner, self._ids = inner, ids
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def blocked(self, tx_id: TxId) -> bool:
+        return tx_id not in self._ids and self._inner.blocked(tx_id)
+
+    def drain(self) -> VetoEffects:
+        effects, ids = self._inner.drain(), self._ids
+        self._ids = ()
+        return replace(effects, dropped=effects.dropped + ids)
+
+
+def test_a_dependent_dropped_in_the_same_drain_never_commits() -> None:
+    core, app = solo("n1", delta_old_ms=100)
+    run(core, app, Tick(now_ms=EPOCH))
+    t1 = make_tx("set r a", reqs={"r": version(None)}, deadline=EPOCH + 500)
+    t2 = make_tx("set r b", client="c2", reqs={"r": version(None)}, deadline=EPOCH + 600)
+    run(core, app, submit_of(t1))  # n1 endorses T1: with n2's, 2 < Q = 3: pending
+    run(core, app, Receive(src=N2, message=endorsement("n2", t1)))
+    run(core, app, submit_of(t2))
+    for node in (N2, N3, N4):  # Q endorsements of T2, each conditioned on T1
+        run(core, app, Receive(src=node, message=endorsement(node, t2, (tx_id(t1),))))
+    store = core._store
+    assert store.state_of(tx_id(t1)) is TxState.PENDING
+    assert store.state_of(tx_id(t2)) is TxState.PENDING
+
+    assert isinstance(core._checkpoints, CheckpointMachine)
+    core._checkpoints = DecidesDrop(core._checkpoints, (tx_id(t1), tx_id(t2)))  # type: ignore[assignment]
+    ready = run(core, app, Tick(now_ms=EPOCH + 700))
+
+    assert store.state_of(tx_id(t1)) is TxState.DROPPED
+    assert store.state_of(tx_id(t2)) is TxState.DROPPED  # was COMMITTED before the fix
+    assert not ready.committed
+    assert app.data == {}
+    assert {(a.request.client_id, a.request.request_no) for a in ready.aborted} == {
+        ("c1", 1), ("c2", 1)}
+    assert "checkpoint_dropped_committed" not in core.status().dropped
