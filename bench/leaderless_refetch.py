@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests/consensus/leaderless"))
 
-from leaderless_harness import EPOCH, make_tx, version
+from leaderless_harness import submit_split_pairs
 from test_leaderless_ordered_veto import N1, N2, N3, N4, OrderedCluster, state
 
 from phalanx.consensus.core import Input, Ready
@@ -68,18 +68,7 @@ def scenario(pairs: int) -> str:
     c.reset()
     c.down.add(N4)
     c.tick()
-    txs = []
-    c.cut = {(a, b) for a in (N1, N2, N3) for b in (N1, N2, N3) if (a == N3) != (b == N3)}
-    for k in range(pairs):
-        key = f"k{k}"
-        t1 = make_tx(f"set {key} a", no=k + 1, reqs={key: version(None)}, deadline=EPOCH + 400)
-        t2 = make_tx(f"set {key} b", client="c2", no=k + 1, reqs={key: version(None)},
-                     deadline=EPOCH + 400)
-        c.submit(t1, to=(N1, N2))
-        c.submit(t2, to=(N3,))
-        txs += [t1, t2]
-    c.deliver()
-    c.cut.clear()
+    txs = [t for pair in submit_split_pairs(c, pairs) for t in pair]
     for t1, t2 in zip(txs[::2], txs[1::2], strict=True):
         c.submit(t1, to=(N3,))  # the clients send to every node (retries)
         c.submit(t2, to=(N1, N2))

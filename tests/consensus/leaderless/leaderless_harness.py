@@ -274,6 +274,26 @@ class Cluster:
         return [self.nodes[n].app.data for n in self.ids]
 
 
+def submit_split_pairs(c: Cluster, pairs: int) -> list[tuple[Transaction, Transaction]]:
+    """A backlog nobody can decide without n4: `pairs` conflicting puts, the first of each
+    pair to n1 and n2, the second to n3, n3 cut off from n1 and n2 meanwhile (neither reaches
+    Q = 3 at n = 4 with n4 down); the cut is healed before returning."""
+    side = {NodeId("n1"), NodeId("n2"), NodeId("n3")}
+    c.cut = {(a, b) for a in side for b in side if (a == "n3") != (b == "n3")}
+    made = []
+    for k in range(pairs):
+        key = f"k{k}"
+        t1 = make_tx(f"set {key} a", no=k + 1, reqs={key: version(None)}, deadline=EPOCH + 400)
+        t2 = make_tx(f"set {key} b", client="c2", no=k + 1, reqs={key: version(None)},
+                     deadline=EPOCH + 400)
+        c.submit(t1, to=(NodeId("n1"), NodeId("n2")))
+        c.submit(t2, to=(NodeId("n3"),))
+        made.append((t1, t2))
+    c.deliver()
+    c.cut.clear()
+    return made
+
+
 def sent_endorsements(ready: Ready) -> list[Endorsement]:
     """The endorsements `ready` sends, one per send: bare ones, the items of batches and
     of re-sends."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from leaderless_harness import EPOCH, make_tx, version
+from leaderless_harness import submit_split_pairs
 from test_leaderless_ordered_veto import N1, N2, N3, N4, OrderedCluster, state
 
 from phalanx.consensus.core import Input, Ready, Send
@@ -141,18 +141,7 @@ def test_a_backlog_that_cannot_be_decided_costs_a_bounded_pull_and_clears_when_i
     c.asked = Counter()
     c.down.add(N4)
     c.tick()
-    c.cut = {(a, b) for a in (N1, N2, N3) for b in (N1, N2, N3) if (a == N3) != (b == N3)}
-    pairs = []
-    for k in range(30):
-        key = f"k{k}"
-        t1 = make_tx(f"set {key} a", no=k + 1, reqs={key: version(None)}, deadline=EPOCH + 400)
-        t2 = make_tx(f"set {key} b", client="c2", no=k + 1, reqs={key: version(None)},
-                     deadline=EPOCH + 400)
-        c.submit(t1, to=(N1, N2))
-        c.submit(t2, to=(N3,))
-        pairs.append((t1, t2))
-    c.deliver()
-    c.cut.clear()
+    pairs = submit_split_pairs(c, 30)
     for t1, t2 in pairs:
         c.submit(t1, to=(N3,))
         c.submit(t2, to=(N1, N2))
