@@ -279,12 +279,8 @@ class VoteBroadcast:
         if inst is None:
             self._count("unknown_instance")
             return
-        first = inst.echoes.get(src)
-        if first is not None:
-            if first != digest:
-                self._count("echo_equivocation")
-            return
-        self._echo(key, inst, src, digest)
+        if not self._spoke(inst.echoes, src, digest, "echo_equivocation"):
+            self._echo(key, inst, src, digest)
 
     def on_ready(self, src: NodeId, msg: VoteReady) -> None:
         self.on_ready_digest(src, (msg.voter, msg.checkpoint), msg.digest)
@@ -295,13 +291,21 @@ class VoteBroadcast:
         if inst is None:
             self._count("unknown_instance")
             return
-        first = inst.readies.get(src)
-        if first is not None:
-            if first != digest:
-                self._count("ready_equivocation")
+        if self._spoke(inst.readies, src, digest, "ready_equivocation"):
             return
         inst.add_ready(src, digest)
         self._progress(key, inst, digest)
+
+    def _spoke(self, seen: dict[NodeId, bytes], src: NodeId, digest: bytes,
+               equivocation: str) -> bool:
+        """Whether `src` already echoed (readied) in this instance: only its first counts;
+        a different later one is counted as `equivocation`."""
+        first = seen.get(src)
+        if first is None:
+            return False
+        if first != digest:
+            self._count(equivocation)
+        return True
 
     def on_fetch(self, src: NodeId, msg: FetchVote) -> None:
         """A peer asks for the body of `msg.digest`: answered at once when held, once per
