@@ -140,10 +140,12 @@ def test_checkpoint_read_after_a_lost_directory_fsync_survives() -> None:
         FileCheckpointStore(d).save(StoredCheckpoint(index=10, data=b"ten", meta=b"m"))
         d.restart()
         loaded = FileCheckpointStore(d).load_latest().checkpoint
-        assert loaded is not None and loaded.index == 10
+        assert loaded is not None
+        assert loaded.index == 10
         d.crash(random.Random(seed))
         again = FileCheckpointStore(d).load_latest()
-        assert again.checkpoint is not None and again.checkpoint.index == 10, f"seed {seed}"
+        assert again.checkpoint is not None, f"seed {seed}: the checkpoint vanished"
+        assert again.checkpoint.index == 10, f"seed {seed}"
         assert again.problems == ()
 
 
