@@ -2,9 +2,10 @@
 
 Owns: `Registry` (stable type id <-> class, with an encoder and a decoder compiled once per
 class from its type hints) and the wire shape below. The per-field codecs, `DecodeError` and
-`EncodeError` live in `phalanx.net.codec_fields` (re-exported here); the compiled fast paths
-in `phalanx.net.codec_fast` (compiled at a class's first encode or decode, not at
-registration: start-up pays only for the classes a process uses).
+`EncodeError` live in `phalanx.net.codec_fields` (re-exported here); the per-class codec
+(`Spec`, the generic field walk, the polymorphic field codec) in `phalanx.net.codec_spec`;
+the compiled fast paths in `phalanx.net.codec_fast` (compiled at a class's first encode or
+decode, not at registration: start-up pays only for the classes a process uses).
 Must not import: trio, sockets, clocks, random, pickle, or any protocol module. Protocols
 register their classes into a registry (the project's default one is `phalanx.net.wire`);
 the codec knows none of them.
@@ -67,27 +68,22 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Final, TypeVar, overload
 
-from phalanx.net.codec_fast import compile_fast, pack, unpack
+from phalanx.net.codec_fast import pack, unpack
 from phalanx.net.codec_fields import (
-    ARRAYS,
-    ENUMS,
-    EXACT,
     INT_MAX,
     INT_MIN,
-    OPTIONALS,
     SCALARS,
     DecodeError,
     Decoder,
     EncodeError,
     Encoder,
     array_codec,
-    at_path,
     enum_codec,
     frozenset_codec,
     optional_codec,
     type_name,
 )
-from phalanx.net.codec_optional import omit_defaults, optional_tail
+from phalanx.net.codec_spec import Spec, build_spec, polymorphic
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -109,22 +105,7 @@ DEFAULT_MAX_DEPTH: Final = 32
 # The msgpack engine (msgspec's, `codec_fast.pack` and `unpack`): the field codecs hand it
 # only exact list/int/str/bytes/bool/None values.
 _pack = pack
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Spec:
-    """One registered class with its compiled field codecs."""
-
-    type_id: int
-    cls: type
-    names: tuple[str, ...]
-    encode: Encoder
-    decode: Decoder
-    generic_encode: Encoder
-    """The field-by-field walk `encode` falls back to (kept for its error messages)."""
-    generic_decode: Decoder
-    compile_fast: Callable[[], tuple[Encoder, Decoder]] | None = None
-    """Until compiled: builds the fast pair that `encode`/`decode` put in place at first use."""
+_Spec = Spec  # the name this module used to define it under (tests import it)
 
 
 class Registry:
@@ -150,8 +131,8 @@ class Registry:
             raise ValueError(f"max_depth must be a positive int, got {max_depth!r}")
         self.max_size: Final = max_size
         self.max_depth: Final = max_depth
-        self._by_id: dict[int, _Spec] = {}
-        self._by_class: dict[type, _Spec] = {}
+        self._by_id: dict[int, Spec] = {}
+        self._by_class: dict[type, Spec] = {}
         self._referenced: dict[type, str] = {}  # concrete dataclass -> where it is used
         self._expected: dict[type, Decoder] = {
             object: self._polymorphic((object,), "a registered message")[1]
@@ -388,7 +369,7 @@ class Registry:
     # ----------------------------------------------------------------------------------
     # Compilation: one encoder/decoder pair per field type, built once at registration.
 
-    def _compile(self, type_id: int, cls: type) -> _Spec:
+    def _compile(self, type_id: int, cls: type) -> Spec:
         name = cls.__name__
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"{name} is not a dataclass")
@@ -413,105 +394,10 @@ class Registry:
                 raise TypeError(f"{where}: compare=False breaks 'equal objects, equal bytes'")
             enc, dec = self._build(hints[field.name], where)
             pairs.append((field.name, enc, dec))
-        return self._spec(type_id, cls, tuple(pairs))
+        return build_spec(type_id, cls, tuple(pairs), max_depth=self.max_depth,
+                          fast_spec=self._fast_spec)
 
-    def _spec(
-        self, type_id: int, cls: type, pairs: tuple[tuple[str, Encoder, Decoder], ...]
-    ) -> _Spec:
-        max_depth = self.max_depth
-        label = cls.__name__
-        arity = len(pairs) + 1
-        constructor: Callable[..., object] = cls
-        # Fast path: a scalar field whose value has exactly its type skips the call.
-        encoders = tuple((name, enc, EXACT.get(dec)) for name, enc, dec in pairs)
-        decoders = tuple((name, dec, EXACT.get(dec)) for name, _, dec in pairs)
-
-        def encode(value: object, depth: int) -> object:
-            if depth >= max_depth:
-                raise EncodeError(f"{label}: nesting deeper than max_depth={max_depth}")
-            depth += 1
-            out: list[object] = [type_id]
-            for field_name, enc, exact in encoders:
-                item = getattr(value, field_name)
-                if type(item) is int:
-                    if exact is int and INT_MIN <= item <= INT_MAX:
-                        out.append(item)
-                        continue
-                elif type(item) is exact:
-                    out.append(item)
-                    continue
-                try:
-                    out.append(enc(item, depth))
-                except EncodeError as exc:
-                    raise EncodeError(at_path(f"{label}.{field_name}", exc)) from None
-            return out
-
-        def decode(raw: object, depth: int) -> object:
-            # The caller checked that raw is a non-empty list starting with type_id.
-            items = typing.cast(list[object], raw)
-            if depth >= max_depth:
-                raise DecodeError(f"{label}: nesting deeper than max_depth={max_depth}")
-            if len(items) != arity:
-                raise DecodeError(f"{label}: expected {arity - 1} fields, got {len(items) - 1}")
-            depth += 1
-            kwargs: dict[str, object] = {}
-            for (field_name, dec, exact), item in zip(decoders, items[1:]):  # noqa: B905
-                if type(item) is exact:
-                    kwargs[field_name] = item
-                    continue
-                try:
-                    kwargs[field_name] = dec(item, depth)
-                except DecodeError as exc:
-                    raise DecodeError(at_path(f"{label}.{field_name}", exc)) from None
-            try:
-                return constructor(**kwargs)
-            except (ValueError, TypeError) as exc:
-                raise DecodeError(f"{label} rejected its fields: {exc}") from None
-
-        names = tuple(name for name, _, _ in pairs)
-        optional = optional_tail(cls)
-
-        def compile_paths() -> tuple[Encoder, Decoder]:
-            fast_encode: Encoder
-            fast_decode: Decoder
-            fast_encode, fast_decode = compile_fast(
-                type_id=type_id,
-                cls=cls,
-                fields=tuple(
-                    (name, enc, dec, EXACT.get(dec), ENUMS.get(dec)) for name, enc, dec in pairs
-                ),
-                max_depth=max_depth,
-                int_min=INT_MIN,
-                int_max=INT_MAX,
-                slow_encode=encode,
-                slow_decode=decode,
-                errors=(EncodeError, DecodeError),
-                arrays=ARRAYS,
-                optionals=OPTIONALS,
-            )
-            if optional:
-                fast_encode, fast_decode = omit_defaults(
-                    label, arity, optional, fast_encode, fast_decode)
-            return fast_encode, fast_decode
-
-        def encode_first(value: object, depth: int) -> object:
-            return self._fast_spec(type_id).encode(value, depth)
-
-        def decode_first(raw: object, depth: int) -> object:
-            return self._fast_spec(type_id).decode(raw, depth)
-
-        generic_encode: Encoder = encode
-        generic_decode: Decoder = decode
-        if optional:
-            generic_encode, generic_decode = omit_defaults(
-                label, arity, optional, encode, decode)
-        return _Spec(
-            type_id=type_id, cls=cls, names=names, encode=encode_first, decode=decode_first,
-            generic_encode=generic_encode, generic_decode=generic_decode,
-            compile_fast=compile_paths,
-        )
-
-    def _fast_spec(self, type_id: int) -> _Spec:
+    def _fast_spec(self, type_id: int) -> Spec:
         """`type_id`'s spec with its fast paths, compiled at first use (a process pays only for
         the classes it uses) and put in place of the uncompiled one. They are exact
         shortcuts of the generic paths, so when they are compiled changes no result or
@@ -581,27 +467,4 @@ class Registry:
         return optional_codec(inner) if optional else inner
 
     def _polymorphic(self, allowed: tuple[type, ...], label: str) -> tuple[Encoder, Decoder]:
-        by_id, by_class = self._by_id, self._by_class
-
-        def encode(value: object, depth: int) -> object:
-            spec = by_class.get(type(value))
-            if spec is None:
-                raise EncodeError(f"{type_name(value)} is not a registered message class")
-            if not isinstance(value, allowed):
-                raise EncodeError(f"expected {label}, got {type_name(value)}")
-            return spec.encode(value, depth)
-
-        def decode(raw: object, depth: int) -> object:
-            if type(raw) is not list or not raw:
-                raise DecodeError(f"expected {label} as [type_id, ...], got {type_name(raw)}")
-            type_id = raw[0]
-            if type(type_id) is not int:
-                raise DecodeError(f"expected an int type id, got {type_name(type_id)}")
-            spec = by_id.get(type_id)
-            if spec is None:
-                raise DecodeError(f"unknown type id {type_id}")
-            if not issubclass(spec.cls, allowed):
-                raise DecodeError(f"expected {label}, got {spec.cls.__name__}")
-            return spec.decode(raw, depth)
-
-        return encode, decode
+        return polymorphic(self._by_id, self._by_class, allowed, label)

@@ -29,6 +29,12 @@ Connection model (one direction per TCP connection):
   peer is proof it is up again (a restart): it cuts the dialer's sleep short and resets
   `attempt`, so a restarted node is redialled at once, not after a grown backoff.
 
+Code: this module owns `Transport` (construction, the send side: queues, direct and held
+writes, statistics) and running it (`open_peer_transport`, `run_peer_transport`); its bases
+own the rest: `phalanx.net.transport_accept.PeerAcceptor` (listener, handshake, admission,
+reading tasks), `phalanx.net.transport_dial.PeerDialer` (link tasks) and
+`phalanx.net.transport_peers.DynamicPeers` (run-time peer set).
+
 Peer set: fixed at construction, changed at run time by `add_peer`/`remove_peer`
 (`phalanx.net.transport_peers`: a node that joined or left the membership).
 
@@ -93,7 +99,6 @@ simulator never runs this module.
 
 from __future__ import annotations
 
-import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -104,21 +109,14 @@ import trio
 
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 from phalanx.net.conn_gate import ConnectionGate, max_peer_pending, max_peer_sockets
-from phalanx.net.framing import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FrameDecoder,
-    FrameError,
-    FrameTooLarge,
-    InboundBudget,
-    encode_frame,
-)
+from phalanx.net.framing import DEFAULT_MAX_FRAME_SIZE, InboundBudget, encode_frame
 from phalanx.net.intercluster import Intercluster, LinkedPeers
 from phalanx.net.tls_stream import TlsStream
+from phalanx.net.transport_accept import WELCOME, PeerAcceptor
 from phalanx.net.transport_dial import (
     RECEIVE_CHUNK,
     SEND_BATCH_BYTES,
     PeerDialer,
-    _describe,
     open_tcp_stream_to_other,
 )
 from phalanx.net.transport_peers import DynamicPeers
@@ -128,26 +126,13 @@ from phalanx.net.transport_types import (
     TransportCounters,
     TransportStatistics,
 )
-from phalanx.ops.pki import node_id_from_peercert
 
 __all__ = ["RECEIVE_CHUNK", "SEND_BATCH_BYTES", "WELCOME", "Backoff", "PeerAddress", "Transport",
            "TransportStatistics", "open_peer_transport", "open_tcp_stream_to_other",
            "run_peer_transport"]
 
-logger = logging.getLogger(__name__)
 
-WELCOME = encode_frame(b"")
-"""The acceptor's single write: an empty frame meaning "authenticated, go ahead"."""
-
-def _remote(stream: trio.SocketStream) -> str:
-    try:
-        host, port, *_ = stream.socket.getpeername()
-    except OSError:
-        return "<unknown>"
-    return f"{host}:{port}"
-
-
-class Transport(PeerDialer, DynamicPeers):
+class Transport(PeerAcceptor, PeerDialer, DynamicPeers):
     """The peer links of node `node_id`. Usually created by `open_peer_transport`.
 
     Args:
@@ -429,138 +414,6 @@ class Transport(PeerDialer, DynamicPeers):
             direct_write_calls=c.direct_write_calls,
             connections_shed=self.gate.stats.shed_full + self.gate.stats.shed_pending,
         )
-
-    # ----------------------------------------------------------------------------------------
-    # Accepting
-
-    async def serve_peer_listener(
-        self,
-        listeners: Sequence[trio.SocketListener],
-        *,
-        task_status: trio.TaskStatus[Sequence[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Accept peer connections on `listeners` forever (until cancelled).
-
-        Calls ``task_status.started(listeners)`` once accepting.
-        """
-        await trio.serve_listeners(
-            self._handle_inbound, list(listeners), task_status=task_status
-        )
-
-    def _refuse(self, remote: str, reason: str) -> None:
-        self._counters.connections_refused += 1
-        logger.warning("%s: refused peer connection from %s: %s", self.node_id, remote, reason)
-
-    async def _handle_inbound(self, stream: trio.SocketStream) -> None:
-        if not self.gate.try_open():  # full: close before any TLS work
-            stream.socket.close()
-            return
-        try:
-            remote = _remote(stream)
-            tls = TlsStream(stream, self._server_context, server_side=True)
-            try:
-                await self._serve_inbound(tls, remote)
-            finally:
-                await trio.aclose_forcefully(tls)
-        finally:
-            self.gate.closed()
-
-    async def _serve_inbound(self, tls: TlsStream, remote: str) -> None:
-        with self.gate.handshaking() as pending, \
-                trio.move_on_after(self._handshake_timeout) as timeout:
-            try:
-                await tls.do_handshake()
-            except trio.BrokenResourceError as exc:
-                self._refuse(remote, f"TLS handshake failed ({_describe(exc)})")
-                return
-        if pending.cancelled_caught:
-            self._refuse(remote, "handshake shed: too many unauthenticated connections")
-            return
-        if timeout.cancelled_caught:
-            self._refuse(remote, f"TLS handshake timed out after {self._handshake_timeout}s")
-            return
-        src = node_id_from_peercert(tls.getpeercert())
-        if src is None:
-            self._refuse(remote, "certificate names no phalanx node")
-            return
-        admitted, problem = self._linked_peers.admit(src, tls.getpeercert_der(), self._peers)
-        if admitted is None:
-            self._refuse(remote, problem)
-            return
-        src = admitted
-        redial = self._redial.pop(src, None)
-        if redial is not None:
-            redial.set()
-            self._counters.early_redials += 1
-        with trio.CancelScope() as scope:
-            previous = self._inbound_scopes.get(src)
-            self._inbound_scopes[src] = scope
-            if previous is not None:
-                previous.cancel()
-                self._counters.connections_replaced += 1
-                logger.info("%s: new connection from %s replaces the older one", self.node_id, src)
-            try:
-                self._counters.connections_accepted += 1
-                logger.info("%s: accepted peer %s from %s", self.node_id, src, remote)
-                await self._receive_loop(tls, src)
-            finally:
-                if self._inbound_scopes.get(src) is scope:
-                    del self._inbound_scopes[src]
-
-    async def _receive_loop(self, tls: TlsStream, src: NodeId) -> None:
-        c = self._counters
-        deliver, after_read = self._deliver, self._after_read
-        foreign, allowed = src in self._linked_peers.foreign, self._linked_peers.allowed
-        decoder = FrameDecoder(max_frame_size=self._max_frame_size, budget=self.budget)
-        try:
-            await tls.send_all(WELCOME)
-            while True:
-                data = await tls.receive_some(RECEIVE_CHUNK)
-                if not data:
-                    decoder.eof()
-                    logger.info("%s: peer %s closed its connection", self.node_id, src)
-                    return
-                c.bytes_in += len(data)
-                decoder.feed(data)
-                while (payload := decoder.next_frame()) is not None:
-                    try:
-                        message = self._decode(payload)
-                    except self._decode_error as exc:
-                        c.malformed_frames += 1
-                        logger.warning(
-                            "%s: closing connection from %s: malformed frame (%s)",
-                            self.node_id,
-                            src,
-                            exc,
-                        )
-                        return
-                    c.frames_in += 1
-                    if foreign and not allowed(message):
-                        self.intercluster_refused += 1
-                        continue
-                    if deliver is None:
-                        await self._inbound_send.send((src, message))
-                    else:
-                        await deliver(src, message)
-                if after_read is not None:
-                    after_read()
-        except FrameTooLarge as exc:
-            c.oversized_frames += 1
-            logger.warning("%s: closing connection from %s: %s", self.node_id, src, exc)
-        except FrameError as exc:
-            c.malformed_frames += 1
-            logger.warning(
-                "%s: closing connection from %s: malformed frame (%s)", self.node_id, src, exc
-            )
-        except trio.BrokenResourceError as exc:
-            logger.info("%s: connection from %s lost (%s)", self.node_id, src, _describe(exc))
-        finally:
-            if after_read is not None:  # messages delivered before a bad frame
-                after_read()
-            decoder.release()
-
-    def _close_inbound(self) -> None:
-        self._inbound_send.close()
 
 
 @asynccontextmanager

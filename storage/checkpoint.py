@@ -21,6 +21,9 @@ the rename: directory operations become durable in order, the crash model
 retained checkpoint needs (nor a live view, nor a save in progress). A crash leaves the
 previous set plus, at most, a stray temp file or pack (removed by the next save). Until the
 new manifest is durable the previous checkpoint and all its packs stay as they were.
+Load: the first `load_latest` (durable policy) fsyncs the directory first: a process that
+died between a manifest's rename and the directory fsync left a checkpoint readable but not
+durable (file contents are fsynced before the rename), which the node must not build on.
 
 Invariant: `load_latest` returns only a checkpoint whose checksums, hashes, lengths and index
 match; every newer checkpoint it skipped is named in `problems` (reported, never hidden).
@@ -104,8 +107,8 @@ class FileCheckpointStore:
     one lock; a pack an in-progress save or a live `read_view` uses is never collected.
     """
 
-    __slots__ = ("_active", "_catalog", "_dir", "_held", "_keep", "_layout", "_lock", "_sync",
-                 "_tmps", "_views", "memory", "stats")
+    __slots__ = ("_active", "_catalog", "_dir", "_held", "_keep", "_layout", "_lock",
+                 "_settled", "_sync", "_tmps", "_views", "memory", "stats")
 
     def __init__(self, directory: Directory, *, keep: int = 3,
                  sync: SyncPolicy = SyncPolicy.GROUP, layout: int = 3,
@@ -117,6 +120,7 @@ class FileCheckpointStore:
         self._dir = directory
         self._keep = keep
         self._sync = sync
+        self._settled = sync is SyncPolicy.OFF  # whether the directory is known durable
         self._layout = layout
         self._lock = threading.Lock()
         self._catalog: dict[int, list[Ref]] | None = None  # v3 index -> its pieces and groups
@@ -558,7 +562,15 @@ class FileCheckpointStore:
 
     def load_latest(self) -> LoadedCheckpoint:
         """The newest valid checkpoint, with a problem line for every newer invalid one (a
-        v3 checkpoint is valid when its manifest, every group and every piece check out)."""
+        v3 checkpoint is valid when its manifest, every group and every piece check out).
+        The first call fsyncs the directory first (module docstring); `StorageError` if
+        that fails."""
+        if not self._settled:
+            try:
+                self._dir.fsync_dir()
+            except OSError as e:
+                raise StorageError(f"making the checkpoints durable failed: {e}") from e
+            self._settled = True
         problems: list[str] = []
         for index in reversed(self.indexes()):
             name = checkpoint_name(index)

@@ -7,6 +7,11 @@ Format of `hardstate`: `b"PHXHS001" | u32 length | u32 crc32(magic, length, valu
 Save protocol: write `hardstate.tmp`, fsync it, rename over `hardstate`, fsync the directory.
 A crash at any point leaves either the old or the new value, never a mix; a stray
 `hardstate.tmp` is an interrupted save and is ignored.
+Load protocol: the first `load` of a store (under a durable policy) fsyncs `hardstate` and
+the directory before returning the value. A previous process may have died after the rename
+and before the directory fsync: the new value is readable but not durable, and a power loss
+after this process acted on it (granted the same vote again, say) would bring back the old
+term and vote, so the node could vote twice in one term.
 
 Invariant: `load` never returns bytes that fail the checksum; it raises `CorruptionError`
 (CTRL: a voter with corrupt term/vote must not vote until repaired).
@@ -53,17 +58,34 @@ class FileHardStateStore:
     With `SyncPolicy.OFF` the replacement is still atomic but not durable.
     """
 
-    __slots__ = ("_dir", "_sync")
+    __slots__ = ("_dir", "_settled", "_sync")
 
     def __init__(self, directory: Directory, *, sync: SyncPolicy = SyncPolicy.GROUP) -> None:
         self._dir = directory
         self._sync = sync
+        self._settled = sync is SyncPolicy.OFF  # whether what `load` reads is known durable
 
     def load(self) -> bytes | None:
+        """The saved value, or None if none was ever saved. The first call makes what it
+        reads durable (module docstring, load protocol).
+
+        Raises:
+            CorruptionError: the file fails its checksum.
+            StorageError: making it durable failed.
+        """
         if HARD_STATE_NAME not in self._dir.list():
             return None
-        return decode_hard_state(self._dir.read(HARD_STATE_NAME),
-                                 path=self._dir.path(HARD_STATE_NAME))
+        value = decode_hard_state(self._dir.read(HARD_STATE_NAME),
+                                  path=self._dir.path(HARD_STATE_NAME))
+        if not self._settled:
+            try:
+                self._dir.fsync(HARD_STATE_NAME)
+                self._dir.release(HARD_STATE_NAME)
+                self._dir.fsync_dir()
+            except OSError as e:
+                raise StorageError(f"making the hard state durable failed: {e}") from e
+            self._settled = True
+        return value
 
     def save(self, value: bytes) -> None:
         """Replace the value durably and atomically.
@@ -83,5 +105,6 @@ class FileHardStateStore:
             self._dir.rename(_TMP, HARD_STATE_NAME)
             if durable:
                 self._dir.fsync_dir()
+                self._settled = True
         except OSError as e:
             raise StorageError(f"saving hard state failed: {e}") from e

@@ -6,6 +6,10 @@ Rules:
 - Payloads are opaque bytes; encoding entries is the caller's job (`phalanx.net.codec`).
 - Durability is explicit: nothing is durable until `sync()` returns (or the fsync policy did
   it). A crash may lose any un-synced suffix of the log, never a synced record.
+- Recovery returns only durable state: what a previous process wrote but never fsynced (it
+  died between the write and the fsync; the page cache still holds it) is made durable
+  before it is returned (opening the WAL, the first hard-state load, the first checkpoint
+  load), so no later power loss takes back what the restarted node acted on.
 - Recovery never returns a corrupt record. A torn tail (a crash during the last append) is
   cut off silently; corruption followed by valid records is an error naming the file and
   offset (`CorruptionError`), and repair is an explicit, separate action.

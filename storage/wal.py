@@ -23,6 +23,14 @@ Crash-safety protocol (each rule closes one crash state recovery could not expla
 - Recovery: a torn tail in the final segment is cut off (and reported in `recovery`);
   corruption, a gap, or a torn non-final segment raises `CorruptionError(path, offset)`.
   Repair is `phalanx.storage.repair.repair_wal`, an explicit separate action.
+- Recovery trusts only durable bytes: under a durable policy `open` fsyncs every segment it
+  keeps, `wal.meta` and `wal.lost`, then the directory, before it returns (and before it
+  removes segments below the compaction point). A previous process may have died between a
+  write and its fsync (or a create/rename and the directory fsync): its page-cache bytes and
+  names are readable but not durable. Without this pass, a power loss after the restart
+  could take records this process had treated as durable (acknowledged, rewound to, built
+  on), leave a gap behind a segment this process created (it fsyncs a predecessor only if
+  it wrote to it), or drop a `wal.lost` marker. A clean file's fsync costs next to nothing.
 - After an I/O error the log is poisoned: every later call raises `StorageError` (after a
   failed fsync the page cache can no longer be trusted; reopen to recover).
 - Segments grow by appending and are synced with `fsync`; they are not preallocated. Zeros
@@ -132,6 +140,19 @@ def write_lost(directory: Directory, reason: str, *, durable: bool) -> None:
     directory.rename(_LOST_TMP, LOST_NAME)
     if durable:
         directory.fsync_dir()
+
+
+def _make_durable(directory: Directory, segments: list[str]) -> None:
+    """Recovery's durability pass (module docstring): fsync the segments kept, the meta and
+    lost files, then the directory. Descriptors it opened are released, except the final
+    segment's (the next append uses it)."""
+    present = directory.list()
+    names = [*segments, *(n for n in (META_NAME, LOST_NAME) if n in present)]
+    for name in names:
+        directory.fsync(name)
+        if not segments or name != segments[-1]:
+            directory.release(name)
+    directory.fsync_dir()
 
 
 def list_segments(directory: Directory) -> list[tuple[int, str]]:
@@ -248,13 +269,16 @@ class Wal:
         if torn is not None:
             seg = torn[0]
             directory.truncate(seg.name, seg.size)
-            if durable:
-                directory.fsync(seg.name)
+        stale: list[str] = []
         while segs and segs[0].last <= compacted and (len(segs) == 1 or segs[1].first
                                                       <= compacted + 1):
-            removed.append(segs.pop(0).name)
-            directory.remove(removed[-1])
-        if removed and durable:
+            stale.append(segs.pop(0).name)
+        if durable:
+            _make_durable(directory, [s.name for s in segs])
+        for name in stale:
+            directory.remove(name)
+            removed.append(name)
+        if stale and durable:
             directory.fsync_dir()
         recovery = WalRecovery(
             segments=len(segs), records=sum(len(s.offsets) for s in segs), compacted=compacted,

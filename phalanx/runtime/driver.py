@@ -49,6 +49,12 @@ Group commit, and the ordering rule of `phalanx.consensus.core.Ready`:
 Must not import: sockets, TLS, prometheus (metrics arrive as an injected `DriverObserver`),
 any particular core (the core is injected; only the `Core` contract is used).
 
+Code: the Driver's bases own parts of it: `driver_calls.CallAdmission` (client calls),
+`driver_persist.PersistPipeline` (step 1), `driver_apply.BatchCompletion` (steps 2-5 of a
+durable batch), `driver_ticks.TickPacing` (idle stride) and `driver_inline.InlineSteps`
+(passes stepped in a reading task); this module owns the core loop and the core task's
+stepping, ticks and status.
+
 Client calls are admitted by `phalanx.runtime.driver_calls.CallAdmission` (a base class: stale
 reads, session-table answers, backpressure, duplicate joins, proposal batching).
 Backpressure: a leader holding `max_pending_calls` unanswered calls answers a NEW write with
@@ -85,23 +91,19 @@ from typing import TypeAlias
 
 import trio
 
-from phalanx.apps.replica import ApplyStatus, Replica
+from phalanx.apps.replica import Replica
 from phalanx.consensus.core import (
     Core,
     CoreStatus,
     Input,
-    Persisted,
     ReadState,
     Ready,
     Receive,
     Tick,
 )
 from phalanx.consensus.types import ClientRequest, Message, NodeId
-from phalanx.net.client_protocol import (
-    ClientCall,
-    ReplyStatus,
-    StatusReply,
-)
+from phalanx.net.client_protocol import ClientCall, StatusReply
+from phalanx.runtime.driver_apply import BatchCompletion
 from phalanx.runtime.driver_calls import (
     MAX_PENDING_CALLS,
     PROPOSAL_MAX_BYTES,
@@ -149,7 +151,7 @@ _Item: TypeAlias = (Input | CallInput | CallsInput | StatusInput | DisconnectInp
                    | _Wake)
 
 
-class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
+class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps, BatchCompletion):
     """Runs `core` with `replica` and `committer` under trio (see the module docstring).
 
     Args:
@@ -532,70 +534,6 @@ class Driver(CallAdmission, PersistPipeline, TickPacing, InlineSteps):
         internal, self._internal = self._internal, []
         for inp in internal:
             self._step(inp)
-
-    # ---------------------------------------------------------------------- batches
-
-    def _complete(self, batch: Sequence[Ready]) -> None:
-        """Steps 2-5 of the ordering rule for a durable batch, in Ready order."""
-        self.stats.batches += 1
-        self._unsent_output = True
-        replica = self.replica
-        last = 0
-        applied = 0
-        output = self._output
-        sent = False
-        for ready in batch:
-            for send in ready.messages:
-                output.send(send.to, send.message)
-                sent = True
-        if sent:
-            self._flush_sends()
-        for ready in batch:
-            for entry in ready.committed:
-                for outcome in replica.apply(entry):
-                    if outcome.status is ApplyStatus.EXPIRED:
-                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
-                                     message="expired: a newer request of this client was "
-                                     "already applied")
-                    elif outcome.status is ApplyStatus.SESSION_EXPIRED:
-                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
-                                     message="session expired: this request may have been "
-                                     "applied before; use a new client id")
-                    elif outcome.status is ApplyStatus.INVALID:
-                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.ERROR,
-                                     message="malformed transaction: not applied")
-                    else:
-                        self._answer(outcome.client_id, outcome.request_no, ReplyStatus.OK,
-                                     result=outcome.result)
-                applied += 1
-            for rejection in ready.rejected:
-                hint = rejection.leader_hint
-                status = (ReplyStatus.ERROR if rejection.invalid
-                          else ReplyStatus.REDIRECT if hint is not None else ReplyStatus.RETRY)
-                self._answer(rejection.request.client_id, rejection.request.request_no, status,
-                             leader_hint=hint, message=rejection.reason)
-            for abort in ready.aborted:
-                self._answer(abort.request.client_id, abort.request.request_no,
-                             ReplyStatus.ABORTED, message=abort.reason)
-            if ready.reads:
-                self._reads.extend(ready.reads)
-            if ready.has_persistence:
-                last = max(last, ready.number)
-        if self._reads:
-            self._serve_reads()
-        if applied and self._trace is not None:
-            self._trace.mark("apply", str(applied))
-        if applied:
-            self.stats.applied_entries += applied
-            if self._observer is not None:
-                self._observer.on_applied(applied, replica.applied_index,
-                                          self._status.commit_index)
-        if last:
-            self._internal.append(Persisted(number=last))
-        if applied:
-            self._internal.extend(replica.poll())
-        if self._internal:
-            self._step_internal()
 
 
 def _only_early(ready: Ready) -> bool:

@@ -6,7 +6,7 @@ rule for them as one batch through the `GroupCommitter`: on a worker thread
 (`trio.to_thread.run_sync`, the loop keeps stepping meanwhile; the result comes back as a
 `_BatchDone` item of the input channel), or on the core task (`persist_inline` with fsync
 off, or `idle_inline` for a small batch while no input waits). Readys at the head of a batch
-that write nothing durable complete at once. Then `Driver._complete`
+that write nothing durable complete at once. Then `Driver._complete` (`driver_apply`)
 carries out steps 2-5. Before any write starts (`_before_write`), the replies handed out so
 far and the early messages the driver holds are released, so neither waits behind a write.
 

@@ -2,8 +2,9 @@
 port + metrics, built from a `NodeConfig`. The public embedding API of the runtime.
 
 Owns: `open_node` (an async context manager yielding a running `Node`), `serve_node` (the
-same, following trio's `task_status` convention), `Node` (status, statistics, bound
-addresses) and the assembly of the parts: it opens the node's storage and loads its durable
+same, following trio's `task_status` convention) and the assembly of the parts (`Node`, the
+handle with its status, statistics and bound addresses, is `phalanx.runtime.node_handle`'s,
+re-exported here): it opens the node's storage and loads its durable
 state (`phalanx.runtime.persistence`), restores the replica from its newest checkpoint (the core
 re-emits the committed entries after it), builds the Raft core, the mTLS peer transport
 (`phalanx.net.transport`), the TLS client port (`phalanx.runtime.client_port`), the Prometheus
@@ -32,9 +33,8 @@ import functools
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -52,16 +52,10 @@ from phalanx.net import client_protocol, wire
 from phalanx.net.client_protocol import StatusReply
 from phalanx.net.codec import DecodeError
 from phalanx.net.conn_gate import LISTEN_BACKLOG, max_peer_sockets
-from phalanx.net.transport import (
-    Backoff,
-    PeerAddress,
-    Transport,
-    TransportStatistics,
-    run_peer_transport,
-)
+from phalanx.net.transport import Backoff, PeerAddress, Transport, run_peer_transport
 from phalanx.ops import admin_messages, ops_messages
 from phalanx.ops.link import LinkError, intercluster_for, load_links
-from phalanx.ops.node_config import Address, NodeConfig, check_files
+from phalanx.ops.node_config import NodeConfig, check_files
 from phalanx.ops.pki import (
     CredentialPaths,
     client_server_context,
@@ -77,7 +71,6 @@ from phalanx.runtime.admin_ops import AdminOps
 from phalanx.runtime.client_port import (
     DEFAULT_MAX_CONNECTIONS,
     ClientPort,
-    ClientPortStatistics,
     client_frame_limit,
 )
 from phalanx.runtime.descriptors import (
@@ -87,7 +80,6 @@ from phalanx.runtime.descriptors import (
     raise_nofile_limit,
 )
 from phalanx.runtime.driver import Driver
-from phalanx.runtime.driver_stats import DriverStatistics
 from phalanx.runtime.fault_hooks import control_file, watch_clock_rate
 from phalanx.runtime.group_commit import GroupCommitter
 from phalanx.runtime.health import HealthState, LinkCollector, serve_http, watch_health
@@ -103,6 +95,9 @@ from phalanx.runtime.node_checks import (
     record_membership,
     record_verdict,
 )
+from phalanx.runtime.node_handle import Node as Node  # re-exported: public API
+from phalanx.runtime.node_handle import NodeStatistics as NodeStatistics  # re-exported
+from phalanx.runtime.node_handle import bound_address
 from phalanx.runtime.operator_ops import OperatorOps, reload_contexts, reload_on_sighup
 from phalanx.runtime.peer_links import PeerLinks
 from phalanx.runtime.persistence import LostStateError, ReadyPersister
@@ -113,7 +108,7 @@ from phalanx.runtime.piece_transfer import PieceTransfer
 from phalanx.runtime.recovery_policy import log_recovery_estimate, recovery_target
 from phalanx.runtime.services import ServiceHost
 from phalanx.runtime.stable_checkpoints import StableCheckpoints
-from phalanx.services import NodeService, ServiceError
+from phalanx.services import ServiceError
 from phalanx.storage.interface import SyncPolicy
 from phalanx.storage.lock import DirectoryLocked, lock_data_dir
 from phalanx.storage.volatile import open_node_storage
@@ -139,81 +134,6 @@ PEER_BACKOFF = Backoff(base=0.05, cap=0.5)
 """Redial delays to a peer: a cluster is a handful of nodes, so a dead peer is cheap to retry
 every half second, and a restarted one is back within that (sooner when it dials us first:
 the transport redials on its inbound connection)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeStatistics:
-    driver: DriverStatistics
-    transport: TransportStatistics
-    client_port: ClientPortStatistics
-    group_commit_batches: int
-    fsyncs: int
-    hard_state_writes: int
-
-
-
-
-class Node:
-    """A running node (yielded by `open_node`). Read-only accessors; safe from any task."""
-
-    def __init__(
-        self,
-        *,
-        config: NodeConfig,
-        driver: Driver,
-        transport: Transport,
-        client_port: ClientPort,
-        metrics: NodeMetrics,
-        peer_address: Address,
-        client_address: Address,
-    ) -> None:
-        self.config = config
-        self.driver = driver
-        self.transport = transport
-        self.client_port = client_port
-        self.metrics = metrics
-        self.peer_address = peer_address
-        """Where the peer listener is bound (the real port when configured with port 0)."""
-        self.client_address = client_address
-        """Where the client port is bound."""
-        self.metrics_port: int | None = None
-        self.services: Mapping[str, NodeService] = {}
-        """The node's running services by name (`phalanx.services`), e.g.
-        ``node.services["gossip"].publish(b"...")`` (`phalanx.services.gossip_node`)."""
-        self.pieces: PieceTransfer | None = None
-        """Shard-level state transfer (`phalanx.runtime.piece_transfer`), when the protocol
-        relays piece manifests (`ProtocolSpec.piece_transfer`): its `stats`."""
-
-    @property
-    def id(self) -> str:
-        return self.config.id
-
-    @property
-    def replica(self) -> Replica:
-        return self.driver.replica
-
-    def core_status(self) -> CoreStatus:
-        return self.driver.status()
-
-    def status(self, nonce: int = 0) -> StatusReply:
-        """What `phalanx status` shows: role, term, leader, commit/applied, checkpoint, peers."""
-        return self.driver.status_reply(nonce)
-
-    def statistics(self) -> NodeStatistics:
-        committer = self.driver.committer
-        return NodeStatistics(
-            driver=self.driver.stats,
-            transport=self.transport.statistics(),
-            client_port=self.client_port.stats,
-            group_commit_batches=committer.batches,
-            fsyncs=committer.syncs,
-            hard_state_writes=committer.hard_state_writes,
-        )
-
-
-def _bound(listeners: list[trio.SocketListener], host: str) -> Address:
-    port = listeners[0].socket.getsockname()[1]
-    return Address(host=host, port=int(port))
 
 
 @asynccontextmanager
@@ -484,8 +404,8 @@ async def open_node(
                     client_port.max_frame_size, max_peer_sockets(len(peers)))
         node = Node(config=config, driver=driver, transport=transport,
                     client_port=client_port, metrics=metrics,
-                    peer_address=_bound(peer_listeners, config.peer_listen.host),
-                    client_address=_bound(client_listeners, config.client_listen.host))
+                    peer_address=bound_address(peer_listeners, config.peer_listen.host),
+                    client_address=bound_address(client_listeners, config.client_listen.host))
         node.services = services.services
         node.pieces = pieces
         metrics.registry.register(services.collector())

@@ -150,6 +150,11 @@ class StateJournal:
     followed by further bytes is corruption: `CorruptionError`, never a silently shorter
     history (a forgotten signed vote could let the replica sign a conflicting one).
 
+    Load: `load_state` fsyncs the file it read and the directory before returning (durable
+    policy). A previous process may have died between an append and its fsync, or between a
+    compaction's rename and the directory fsync: that record is readable but not durable,
+    and the restarted replica must not act on it (re-send a vote it holds, say) until it is.
+
     A replica upgraded from the whole-file store finds its old `hardstate` value and starts
     the journal from it.
 
@@ -190,6 +195,7 @@ class StateJournal:
                     self._dir.read(HARD_STATE_NAME), path=self._dir.path(HARD_STATE_NAME)
                 )
                 self._last = self._decode(raw, "legacy core state")
+                self._settle(HARD_STATE_NAME)
             self._size = 0
             return self._last
         data = self._dir.read(JOURNAL_NAME)
@@ -231,11 +237,20 @@ class StateJournal:
             offset = end + length
         if offset < len(data):
             self._dir.truncate(JOURNAL_NAME, offset)
-            if self._durable:
-                self._dir.fsync(JOURNAL_NAME)
+        self._settle(JOURNAL_NAME)
         self._size = offset
         self._last = state
         return state
+
+    def _settle(self, name: str) -> None:
+        """Make what `load_state` read from `name` durable (class docstring, load)."""
+        if not self._durable:
+            return
+        try:
+            self._dir.fsync(name)
+            self._dir.fsync_dir()
+        except OSError as exc:
+            raise StorageError(f"making {self._dir.path(name)} durable failed: {exc}") from exc
 
     def save_state(self, state: object) -> None:
         """Record `state` (replacing the previous one) durably. Raises `StorageError`."""

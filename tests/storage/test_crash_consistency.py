@@ -9,6 +9,8 @@ optionally after a bit flip. After recovery:
 - every record synced before the crash, and not truncated since, is present and intact;
 - with no truncation since the last sync, the recovered log is a prefix of the written one;
 - hard state and the newest checkpoint are the last saved (or, if in flight, the previous);
+- a process that dies without a power loss (`restart`, `process_dies_during`) and restarts
+  makes durable what it read: a later power loss keeps all of it;
 - after a bit flip, recovery either raises `CorruptionError` naming the flipped file (then
   `repair_wal` restores a clean prefix) or satisfies all of the above: never silent loss.
 """
@@ -176,6 +178,14 @@ class _Base(RuleBasedStateMachine):
         self.backend.power_cut(random.Random(seed))
         self.recover_and_check()
 
+    @rule()
+    def restart(self) -> None:
+        """The process dies (the machine does not: every write stays readable) and starts
+        again. What the new process reads becomes the model's durable state, so a later
+        power loss checks that recovery made it durable (issue 15 item 5)."""
+        self.storage.close()
+        self.recover_and_check()
+
     @rule(seed=st.integers(0, 2**32))
     def flip_then_crash(self, seed: int) -> None:
         rng = random.Random(seed)
@@ -285,6 +295,19 @@ class MemoryMachine(_Base):
           countdown=st.integers(0, 6), seed=st.integers(0, 2**32), blob=payloads)
     def crash_during(self, op: str, countdown: int, seed: int, blob: bytes) -> None:
         """Die inside an operation, at any of its file-system steps."""
+        self._die_during(op, countdown, seed, blob, power_cut=True)
+
+    @rule(op=st.sampled_from(["append", "sync", "truncate", "compact", "checkpoint",
+                              "hard_state"]),
+          countdown=st.integers(0, 6), seed=st.integers(0, 2**32), blob=payloads)
+    def process_dies_during(self, op: str, countdown: int, seed: int, blob: bytes) -> None:
+        """The process dies inside an operation, the machine keeps running (nothing is
+        lost yet), and a new process recovers: e.g. between a write and its fsync, or a
+        rename and the directory fsync."""
+        self._die_during(op, countdown, seed, blob, power_cut=False)
+
+    def _die_during(self, op: str, countdown: int, seed: int, blob: bytes, *,
+                    power_cut: bool) -> None:
         self.disk.directory.crash_after(countdown)
         t_min, synced = self.t_min, self.synced
         try:
@@ -303,7 +326,9 @@ class MemoryMachine(_Base):
         except SimulatedCrash:
             if op == "sync":  # in flight: nothing more is known durable
                 self.t_min, self.synced = t_min, synced
-            self.disk.crash(random.Random(seed))
+            self.disk.directory.crash_after(None)
+            if power_cut:
+                self.disk.crash(random.Random(seed))
             self.recover_and_check()
         finally:
             self.disk.directory.crash_after(None)
