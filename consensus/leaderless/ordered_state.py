@@ -42,7 +42,7 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
 )
-from phalanx.consensus.leaderless.veto import MAX_TX_ID_BYTES, checkpoint_id
+from phalanx.consensus.leaderless.veto_votes import MAX_TX_ID_BYTES, checkpoint_id
 from phalanx.consensus.types import NodeId
 
 MAX_IDS = 1024

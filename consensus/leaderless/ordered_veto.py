@@ -81,7 +81,7 @@ from phalanx.consensus.leaderless.ordered_state import (
     valid_ids,
     valid_round,
 )
-from phalanx.consensus.leaderless.veto import ProofOf, VetoEffects, checkpoint_id
+from phalanx.consensus.leaderless.veto_votes import ProofOf, VetoEffects, checkpoint_id
 from phalanx.consensus.pbft.config import PbftConfig
 from phalanx.consensus.pbft.core import PbftCore, PbftRestoredState
 from phalanx.consensus.types import ClientRequest, Entry, LocalProtocolError, NodeId

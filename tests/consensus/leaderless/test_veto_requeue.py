@@ -7,7 +7,7 @@ so neither could ever commit or drop. `veto_decided_once` (bugs.py) is the old r
 
 from __future__ import annotations
 
-from test_veto import PERIOD, Cluster, proof, start, tid
+from veto_harness import PERIOD, Cluster, proof, start, tid
 
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import StartCheckpoint

@@ -1,0 +1,109 @@
+"""CheckpointMachine across restarts: a restored vote is never voted the other way, a node
+without its record adopts its old vote echoed back (in full, or fetched by digest while
+fenced), and a restored vote must be the node's own."""
+
+from __future__ import annotations
+
+import pytest
+from veto_harness import (
+    BATCH,
+    PERIOD,
+    Cluster,
+    nodes_of,
+    proof,
+    restarted,
+    signed,
+    start,
+    tid,
+    verifier,
+)
+
+from phalanx.consensus.crypto import FastCrypto, digest_of
+from phalanx.consensus.leaderless.messages import (
+    FetchVote,
+    StartCheckpoint,
+    VetoChoice,
+    VoteBody,
+    VoteEcho,
+    VoteEchoDigest,
+)
+from phalanx.consensus.leaderless.veto import CheckpointMachine
+from phalanx.consensus.types import LocalProtocolError
+
+def test_restart_with_restored_votes_never_votes_the_other_way() -> None:
+    c = Cluster(4)
+    c.lose = lambda s, t, m: t == "n3"  # keeps the checkpoint undecided
+    ids = start(c, [1])
+    c.run()
+    before = c.machines["n1"].votes()
+    assert len(before) == 1
+    assert before[0].drop
+    assert c.machines["n1"].relays()
+    c.wire.clear()
+    m = restarted(c, "n1")
+    assert m.relays() == c.machines["n1"].relays()
+    c.proofs["n1"][tid(1)] = proof(1)  # it now sees tx 1 applicable
+    assert m.blocked(ids[0])
+    assert m.votes() == before
+    m.on_start("n0", StartCheckpoint(tx_ids=ids), c.proof_of("n1"))
+    m.on_choice("n2", signed("n2", ids, drop=True), c.proof_of("n1"))
+    c.tick()
+    eff_votes = [msg for s, _, msg in c.log if s == "n1" and isinstance(msg, VetoChoice)]
+    assert eff_votes
+    assert all(v == before[0] for v in eff_votes)
+    assert not c.persisted["n1"][1:]  # no new vote was signed
+
+
+def test_restart_without_record_adopts_its_echoed_old_vote() -> None:
+    c = Cluster(4)
+    c.lose = lambda s, t, m: t == "n3"
+    ids = start(c, [1])
+    c.run()
+    old = c.machines["n1"].votes()[0]
+    m = restarted(c, "n1", record=False)
+    c.proofs["n1"][tid(1)] = proof(1)
+    m.on_echo("n0", VoteEcho(vote=old), c.proof_of("n1"))  # its old vote, echoed back
+    m.on_start("n0", StartCheckpoint(tx_ids=ids), c.proof_of("n1"))
+    eff = m.drain()
+    assert eff.votes == ()
+    assert eff.sync  # the adopted vote must be persisted before anything is sent
+    assert m.votes() == (old,)
+    assert m.blocked(ids[0])
+
+
+def test_restored_vote_must_be_own_undecided_vote() -> None:
+    ids = (tid(1),)
+    for bad in (signed("n2", ids, drop=True), signed("n1", ids, drop=False),
+                signed("n1", ids, drop=True, proofs=(proof(1),))):
+        with pytest.raises(LocalProtocolError):
+            CheckpointMachine(node_id="n1", nodes=nodes_of(4), crypto=FastCrypto("n1"),
+                              checkpoint_ticks=PERIOD, batch=BATCH, verify_proof=verifier(4),
+                              restored_votes=(bad,))
+
+
+def test_a_fenced_node_adopts_its_old_vote_fetched_by_digest() -> None:
+    """n0 lost its record (fenced: it votes, echoes and readies nothing). Echoes by digest
+    carry no vote, so f+1 = 2 echoes of one digest in its own instance (one of them correct:
+    its old vote) make it fetch that body from those echoers and adopt it, as a full echo
+    used to: never a second, different vote of its own. A forged body is dropped."""
+    c = Cluster(4)
+    ids = (tid(1),)
+    m = c.machines["n0"]
+    m.fenced = True
+    m.on_start("n1", StartCheckpoint(tx_ids=ids), c.proof_of("n0"))
+    c.collect("n0")
+    assert m.votes() == ()
+    old = signed("n0", ids, drop=True)
+    echo = VoteEchoDigest(checkpoint=old.checkpoint, voter="n0",
+                          digest=digest_of(FastCrypto("n0"), old))
+    m.on_relay("n1", echo, c.proof_of("n0"))
+    assert not any(isinstance(s.message, FetchVote) for s in c.collect("n0").sends)  # f
+    m.on_relay("n2", echo, c.proof_of("n0"))
+    fetches = [s for s in c.collect("n0").sends if isinstance(s.message, FetchVote)]
+    assert [s.to for s in fetches] == ["n1", "n2"]
+    m.on_relay("n1", VoteBody(vote=signed("n0", ids, drop=False, proofs=(proof(1),))),
+               c.proof_of("n0"))
+    assert m.votes() == ()
+    assert m.dropped_counts() == {"vote_body_mismatch": 1}
+    m.on_relay("n2", VoteBody(vote=old), c.proof_of("n0"))
+    assert m.votes() == (old,)
