@@ -54,6 +54,7 @@ from phalanx.consensus.core import (
 from phalanx.consensus.crypto import Crypto, Verifier
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     CloseCheckpoint,
     FetchVote,
     OrderedVote,
@@ -324,6 +325,10 @@ class OrderedCheckpoints:
         return ()
 
     def relays(self) -> tuple[VoteRelay, ...]:
+        return ()
+
+    def decisions(self) -> tuple[CheckpointDecision, ...]:
+        """The veto mode's decisions: none here (the ordered state is in `record()`)."""
         return ()
 
     def record(self) -> OrderingRecord | None:

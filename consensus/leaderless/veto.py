@@ -8,8 +8,8 @@ per-checkpoint record, the effects and the judge of a vote's validity are in `ve
 (re-exported here: `checkpoint_id`, `VetoEffects`, `ProofOf`). The core owns the
 transactions: it answers `proof_of` (a proof that a transaction is applicable or
 committed, or None) and `verify_proof` (deterministic: signatures and quorum only),
-persists `votes()` and `relays()` before sending (`VetoEffects.sync`), and applies
-`dropped`/`kept`.
+persists `votes()`, `relays()` and `decisions()` before sending (`VetoEffects.sync`), and
+applies `dropped`/`kept`.
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
@@ -28,8 +28,10 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
   not commit t meanwhile (so a drop decided anywhere never meets a commit here).
 - Durable until `gc`, decided or not: `votes()` and `relays()` cover every remembered
   checkpoint, so a decider restarted from its record never votes again and still answers a
-  lagging peer's pull with its READYs (Bracha's totality across restarts; a restored
-  checkpoint is undecided until its votes are delivered again: the same decision).
+  lagging peer's pull with its READYs (Bracha's totality across restarts), and
+  `decisions()` holds each decision (synced before anything it unblocks leaves): a
+  restarted decider is decided again at once (`restored_decisions`: its drops and kept
+  proofs re-applied, no vote, no pull), even when every peer has collected the checkpoint.
 
 Invariants: deterministic (insertion-ordered dicts, sorted ids; no clocks, no randomness);
 peer input is counted in `dropped_counts`, never raised; memory is bounded by
@@ -45,6 +47,7 @@ from collections.abc import Callable, Mapping
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     FetchVote,
     OrderingEnvelope,
     OrderingRecord,
@@ -66,6 +69,7 @@ from phalanx.consensus.leaderless.messages import (
 from phalanx.consensus.leaderless.reliable_broadcast import MAX_BATCH_ITEMS, Key, VoteBroadcast
 from phalanx.consensus.leaderless.veto_votes import (
     MAX_TX_ID_BYTES,
+    DecisionLog,
     ProofOf,
     VerifyProof,
     VetoCheckpoint,
@@ -83,8 +87,8 @@ class CheckpointMachine:
     """The checkpoint batcher and the veto procedure of one node."""
 
     __slots__ = (
-        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_dropped",
-        "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes", "_nodes",
+        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_decisions",
+        "_dropped", "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes", "_nodes",
         "_period", "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of", "node_id",
         "unprovable",
     )
@@ -105,8 +109,10 @@ class CheckpointMachine:
         tx_id_of: Callable[[Transaction], TxId] | None = None,
         vote_batch_ticks: int = 0,
         decided_once: bool = False,
+        restored_decisions: tuple[CheckpointDecision, ...] = (),
     ) -> None:
-        """`decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
+        """`restored_*`: the durable record (`votes()`, `relays()`, `decisions()`).
+        `decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
         a remembered checkpoint names, the rule before `VetoCheckpoint.kept`."""
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
@@ -134,6 +140,7 @@ class CheckpointMachine:
         self._ticks = 0
         self._queued: dict[TxId, None] = {}
         self._checkpoints: dict[bytes, VetoCheckpoint] = {}
+        self._decisions = DecisionLog()
         self._by_tx: dict[TxId, dict[bytes, None]] = {}
         self._answered: dict[tuple[NodeId, bytes], None] = {}
         self._sends: list[Send] = []
@@ -149,6 +156,8 @@ class CheckpointMachine:
         every start, pull and vote it hears)."""
         for vote in restored_votes:
             self._restore(vote)
+        for decision in restored_decisions:
+            self._restore_decision(decision)
 
     @property
     def fenced(self) -> bool:
@@ -383,6 +392,12 @@ class CheckpointMachine:
         keys += self._rb.orphans(self._checkpoints.__contains__)
         return self._rb.relays(keys)
 
+    def decisions(self) -> tuple[CheckpointDecision, ...]:
+        """The decisions of the checkpoints this node remembers, in decision order, for the
+        durable record (the same tuple object until one is added or collected): a restarted
+        node is decided on them again at once, with no vote, pull or delivery."""
+        return self._decisions.record()
+
     def dropped_counts(self) -> Mapping[str, int]:
         counts = dict(self._dropped_counts)
         for reason, n in self._rb.dropped_counts().items():
@@ -460,6 +475,7 @@ class CheckpointMachine:
 
     def _forget(self, cid: bytes) -> None:
         cp = self._checkpoints.pop(cid)
+        self._decisions.forget(cid)
         for voter in self._nodes:
             self._rb.forget((voter, cid))
         for t in cp.tx_ids:
@@ -515,6 +531,34 @@ class CheckpointMachine:
         if vote.checkpoint not in self._checkpoints:
             self._adopt(vote)
 
+    def _restore_decision(self, decision: CheckpointDecision) -> None:
+        """A decision of the durable record: the checkpoint is decided again at once (its
+        drops or kept proofs go to the core at the next drain, which applies them
+        idempotently); no vote, no pull, no delivery needed (its peers may have collected
+        it: asked, they would abstain)."""
+        ids = decision.tx_ids
+        if not self._judge.valid_ids(ids, limit=len(ids)) or (decision.drop and decision.kept) \
+                or not all(isinstance(p, TransactionProof) and self._tx_id_of(p.tx) in ids
+                           for p in decision.kept):
+            raise LocalProtocolError(f"restored decision is malformed: {decision!r}")
+        cid = checkpoint_id(self._crypto, ids)
+        cp = self._checkpoints.get(cid)
+        if cp is None:
+            cp = self._record(cid, ids)
+        if cp.drop is None:
+            self._decide(cid, cp, decision)
+
+    def _decide(self, cid: bytes, cp: VetoCheckpoint, decision: CheckpointDecision) -> None:
+        """Checkpoint `cid` is decided (final): DROP hands the core its ids, KEEP the deciding
+        veto's verified proofs; the decision goes to the durable record."""
+        cp.drop = decision.drop
+        cp.kept = frozenset(self._tx_id_of(p.tx) for p in decision.kept)
+        if decision.drop:
+            self._dropped.extend(cp.tx_ids)
+        else:
+            self._kept.extend(decision.kept)
+        self._decisions.add(cid, decision)
+
     def _collect(self) -> None:
         """Take the broadcast's effects: its sends, its choices to persist, and decide on
         newly delivered votes."""
@@ -528,13 +572,13 @@ class CheckpointMachine:
             cp.delivered[vote.voter] = vote
             if cp.drop is None:
                 if not vote.drop:
-                    cp.drop = False
-                    proofs = self._judge.verified(vote)
-                    cp.kept = frozenset(self._tx_id_of(p.tx) for p in proofs)
-                    self._kept.extend(proofs)
+                    self._decide(vote.checkpoint, cp, CheckpointDecision(
+                        tx_ids=cp.tx_ids, drop=False, kept=self._judge.verified(vote)))
+                    self._sync = True  # durable before what the decision unblocks leaves
                 elif len(cp.delivered) == len(self._nodes) and all(
                         v.drop for v in cp.delivered.values()):
-                    cp.drop = True
-                    self._dropped.extend(cp.tx_ids)
+                    self._decide(vote.checkpoint, cp,
+                                 CheckpointDecision(tx_ids=cp.tx_ids, drop=True))
+                    self._sync = True
             elif cp.drop and not vote.drop:
                 self._drop("veto_after_drop")  # impossible with at most f faulty members

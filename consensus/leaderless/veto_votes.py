@@ -3,8 +3,9 @@
 Owns: `checkpoint_id` (the name of a checkpoint: the digest of its sorted ids, and of its
 round in the ordered mode), `VetoEffects` (what a checkpoint machine hands the core at each
 drain, in both modes), `VetoCheckpoint` (the veto mode's per-checkpoint record: its ids,
-this node's own vote, the votes delivered so far, the decision) and `VoteJudge` (the
-validity of a vote and its proofs).
+this node's own vote, the votes delivered so far, the decision), `VoteJudge` (the
+validity of a vote and its proofs) and `DecisionLog` (the veto mode's decisions for the
+durable record, `LeaderlessDurableState.veto_decisions`).
 
 Invariants: `VoteJudge` judges a vote on its own content only (membership, ids, checkpoint
 id, signature, self-certifying proofs), never on local state, so every correct node gives a
@@ -23,6 +24,7 @@ from itertools import pairwise
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     Transaction,
     TransactionProof,
     TxId,
@@ -53,8 +55,8 @@ class VetoEffects:
     Attributes:
         sends: messages to send, after the durable record is synced when `sync`.
         votes: this node's new signed votes (in `votes()` until decided).
-        sync: own votes or broadcast choices changed: persist `votes()` and `relays()`
-            (synced) before any send.
+        sync: own votes, broadcast choices or decisions changed: persist `votes()`,
+            `relays()` and `decisions()` (synced) before any send.
         dropped: ids of checkpoints decided DROP (in decision order, each checkpoint's ids
             sorted); final.
         kept: the verified proofs of vetoes that decided KEEP (feed them to the store).
@@ -127,3 +129,28 @@ class VoteJudge:
         if msg.drop:
             return "bad_drop_vote" if msg.proofs else None
         return None if self.verified(msg) else "forged_veto"
+
+
+class DecisionLog:
+    """The decisions of the checkpoints a veto-mode machine remembers, in decision order,
+    as the durable record holds them: `record()` is the same tuple object until a decision
+    is added or forgotten (the record's delta finds an unchanged category by identity)."""
+
+    __slots__ = ("_by_checkpoint", "_record")
+
+    def __init__(self) -> None:
+        self._by_checkpoint: dict[bytes, CheckpointDecision] = {}
+        self._record: tuple[CheckpointDecision, ...] | None = ()
+
+    def add(self, cid: bytes, decision: CheckpointDecision) -> None:
+        self._by_checkpoint[cid] = decision
+        self._record = None
+
+    def forget(self, cid: bytes) -> None:
+        if self._by_checkpoint.pop(cid, None) is not None:
+            self._record = None
+
+    def record(self) -> tuple[CheckpointDecision, ...]:
+        if self._record is None:
+            self._record = tuple(self._by_checkpoint.values())
+        return self._record

@@ -1,6 +1,7 @@
 """CheckpointMachine across restarts: a restored vote is never voted the other way, a node
 without its record adopts its old vote echoed back (in full, or fetched by digest while
-fenced), and a restored vote must be the node's own."""
+fenced), a restored vote must be the node's own, and a restored decision decides again at
+once (no vote, no pull) even when every peer has collected the checkpoint."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from veto_harness import (
 
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     FetchVote,
     StartCheckpoint,
     VetoChoice,
@@ -27,8 +29,8 @@ from phalanx.consensus.leaderless.messages import (
     VoteEcho,
     VoteEchoDigest,
 )
-from phalanx.consensus.leaderless.veto import CheckpointMachine
-from phalanx.consensus.types import LocalProtocolError
+from phalanx.consensus.leaderless.veto import CheckpointMachine, VetoEffects
+from phalanx.consensus.types import LocalProtocolError, NodeId
 
 def test_restart_with_restored_votes_never_votes_the_other_way() -> None:
     c = Cluster(4)
@@ -107,3 +109,87 @@ def test_a_fenced_node_adopts_its_old_vote_fetched_by_digest() -> None:
     assert m.dropped_counts() == {"vote_body_mismatch": 1}
     m.on_relay("n2", VoteBody(vote=old), c.proof_of("n0"))
     assert m.votes() == (old,)
+
+
+# Decisions in the durable record (docs/LEADERLESS.md "Decisions in the record") ----------
+
+
+@pytest.mark.parametrize("outcome", ["keep", "drop"])
+def test_a_restarted_decider_is_decided_again_though_every_peer_collected_it(
+        outcome: str) -> None:
+    """All four decide; then every peer but n1 collects the checkpoint (`gc`: its ids past
+    the horizon) and, holding nothing of tx 5 any more, abstains when asked (`unprovable`),
+    and n1 restarts from its record. Before the decision was in the record, n1's restored
+    checkpoint came back undecided, its own drop vote blocking tx 5, and n1 pulled it every
+    period for ever: nobody could deliver a vote again. Now it is decided again at once:
+    the same drops or kept proof go to the core, no pull, no vote."""
+    c = Cluster(4)
+    if outcome == "keep":
+        c.proofs["n2"][tid(5)] = proof(5)
+    ids = start(c, [5])
+    c.run()
+    assert {c.decided(x) for x in c.nodes} == {outcome}
+    decisions = c.machines["n1"].decisions()
+    assert [(d.tx_ids, d.drop, d.kept) for d in decisions] == [
+        (ids, outcome == "drop", (proof(5),) if outcome == "keep" else ())]
+    for node in ("n0", "n2", "n3"):
+        c.machines[node].gc(lambda t: False)
+        c.machines[node].unprovable = lambda t: True
+    c.proofs["n2"].clear()
+    c.dropped["n1"].clear()
+    c.kept["n1"].clear()
+    c.log.clear()
+    signed_before = len(c.persisted["n1"])
+    m = restarted(c, "n1")
+    assert m.decisions() == decisions
+    for _ in range(4):
+        c.tick()
+        c.run()
+    assert c.decided("n1") == outcome
+    assert c.kept["n1"] == ([proof(5)] if outcome == "keep" else [])
+    assert c.dropped["n1"] == (list(ids) if outcome == "drop" else [])
+    if outcome == "keep":
+        assert not m.blocked(ids[0])  # was blocked by its restored drop vote
+    assert not [msg for s, _, msg in c.log if s == "n1" and isinstance(msg, StartCheckpoint)]
+    assert len(c.persisted["n1"]) == signed_before  # no second vote
+
+
+def test_a_decision_is_synced_at_once_and_collected_by_gc(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain that reports a decision asks for a synced save of the record (which then
+    holds the decision) before its sends, and `gc` forgets the decision with its
+    checkpoint."""
+    c = Cluster(4)
+    m = c.machines["n0"]
+    syncs: list[bool] = []
+    collect = c.collect
+
+    def spy(node: NodeId) -> VetoEffects:
+        eff = collect(node)
+        if node == "n0" and eff.dropped:
+            syncs.append(eff.sync)
+        return eff
+    monkeypatch.setattr(c, "collect", spy)
+    ids = start(c, [2])
+    c.run()
+    assert c.dropped["n0"] == list(ids)
+    assert syncs == [True]
+    assert m.decisions() == (CheckpointDecision(tx_ids=ids, drop=True),)
+    assert m.decisions() is m.decisions()  # the same tuple until it changes (fast deltas)
+    m.gc(lambda t: True)
+    assert len(m.decisions()) == 1
+    m.gc(lambda t: False)
+    assert m.decisions() == ()
+
+
+def test_restored_decision_must_be_well_formed() -> None:
+    ids = (tid(1),)
+    for bad in (CheckpointDecision(tx_ids=ids, drop=True, kept=(proof(1),)),
+                CheckpointDecision(tx_ids=(), drop=True),
+                CheckpointDecision(tx_ids=tuple(sorted((tid(1), tid(2)), reverse=True)),
+                                   drop=True),
+                CheckpointDecision(tx_ids=ids, drop=False, kept=(proof(9),))):
+        with pytest.raises(LocalProtocolError):
+            CheckpointMachine(node_id="n1", nodes=nodes_of(4), crypto=FastCrypto("n1"),
+                              checkpoint_ticks=PERIOD, batch=BATCH, verify_proof=verifier(4),
+                              restored_decisions=(bad,))

@@ -172,6 +172,7 @@ def restarted(c: Cluster, node: NodeId, *, record: bool = True) -> CheckpointMac
     m = CheckpointMachine(node_id=node, nodes=c.nodes, crypto=FastCrypto(node),
                           checkpoint_ticks=PERIOD, batch=BATCH, verify_proof=c.verify,
                           restored_votes=old.votes() if record else (),
-                          restored_relays=old.relays() if record else ())
+                          restored_relays=old.relays() if record else (),
+                          restored_decisions=old.decisions() if record else ())
     c.machines[node] = m
     return m
