@@ -156,6 +156,10 @@ class OrderedState:
     def decided(self, cid: bytes) -> bool:
         return cid in self._decided
 
+    def was_dropped(self, tx_id: TxId) -> bool:
+        """Whether a decision dropped `tx_id` (among the last `max_decided` dropped ids)."""
+        return tx_id in self._dropped
+
     def is_open(self, cid: bytes) -> bool:
         return cid in self._open
 

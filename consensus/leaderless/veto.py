@@ -24,8 +24,11 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
   n members are drops; KEEP on the first delivered veto (valid: every correct node judges a
   vote alike). Each voter's delivered vote is unique and the same at every correct node,
   so no correct node delivers n drops while another delivers a veto. A decision is final.
-- `blocked(t)`: this node voted drop in an undecided checkpoint containing t; the core must
-  not commit t meanwhile (so a drop decided anywhere never meets a commit here).
+- `blocked(t)`: this node voted drop in an undecided checkpoint containing t, or a
+  remembered checkpoint containing t was decided DROP; the core must not commit (nor
+  endorse) t meanwhile, so a drop decided anywhere never meets a commit here. The second
+  half is defence in depth: a dropped id is dropped by the core anyway, but no path (a
+  cascade from another drop in the same drain, a proof replayed later) may commit it.
 - Durable until `gc`, decided or not: `votes()` and `relays()` cover every remembered
   checkpoint, so a decider restarted from its record never votes again and still answers a
   lagging peer's pull with its READYs (Bracha's totality across restarts), and
@@ -370,10 +373,12 @@ class CheckpointMachine:
     # Queries -------------------------------------------------------------------------
 
     def blocked(self, tx_id: TxId) -> bool:
-        """Whether this node voted drop in an undecided checkpoint containing `tx_id`."""
+        """Whether this node voted drop in an undecided checkpoint containing `tx_id`, or a
+        checkpoint it remembers containing `tx_id` was decided DROP (see the module
+        docstring)."""
         for cid in self._by_tx.get(tx_id, ()):
             cp = self._checkpoints[cid]
-            if cp.drop is None and cp.own is not None and cp.own.drop:
+            if cp.drop or (cp.drop is None and cp.own is not None and cp.own.drop):
                 return True
         return False
 

@@ -44,7 +44,8 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
     c.run()
     for node in c.nodes:
         assert c.dropped[node] == list(ids)
-        assert not c.machines[node].blocked(ids[0])
+        # Decided DROP: blocked while remembered (no path may commit a dropped id).
+        assert all(c.machines[node].blocked(t) for t in ids)
         # Decided: the vote stays in the durable record until gc (a lagging peer may
         # still ask; test_veto_lagging.py), then goes.
         assert c.machines[node].votes() == tuple(c.persisted[node])
@@ -53,6 +54,8 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
         c.machines[node].gc(lambda t: False)
         assert c.machines[node].votes() == ()
         assert c.machines[node].relays() == ()
+        assert c.machines[node].decisions() == ()
+        assert not c.machines[node].blocked(ids[0])  # collected: forgotten
 
 
 def test_n_minus_1_votes_do_not_decide_and_one_silent_node_blocks() -> None:
@@ -73,7 +76,7 @@ def test_n_minus_1_votes_do_not_decide_and_one_silent_node_blocks() -> None:
     c.run()
     for node in c.nodes:
         assert c.dropped[node] == list(ids)
-        assert not c.machines[node].blocked(ids[0])
+        assert c.machines[node].blocked(ids[0])  # now decided DROP
 
 
 def test_pull_after_loss() -> None:

@@ -81,14 +81,20 @@ def test_gc_bounds_memory(crashes: list[bool]) -> None:
     m = c.machines["n0"]
     assert len(m) == len(crashes)
     assert len(m.votes()) == len(crashes)  # decided ones too, until gc
-    undecided = sum(1 for v in m.votes() if m.blocked(v.tx_ids[0]))
+    dropped = set(c.dropped["n0"])
+    undecided = sum(1 for v in m.votes() if v.tx_ids[0] not in dropped)
     assert undecided <= sum(crashes)
+    assert len(m.decisions()) == len(crashes) - undecided
+    # Each is blocked: by its drop vote while undecided, by its DROP once decided.
+    assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
     m.gc(lambda t: True)  # everything still live: nothing forgotten
     assert len(m) == len(crashes)
     m.gc(lambda t: False)
     assert len(m) == undecided  # only undecided checkpoints stay (own votes are kept)
     assert len(m.votes()) == undecided
+    assert m.decisions() == ()
     assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
+    assert not any(m.blocked(t) for t in dropped)  # collected DROPs are forgotten
     assert len(m.relays()) <= 4 * undecided
 
 
@@ -121,9 +127,10 @@ def test_honest_nodes_agree_and_are_deterministic(losses: list[tuple[int, int]],
     again = scenario(losses, holders)
     assert c.log == again.log
     for node in c.nodes:
-        # Every checkpoint decides once loss stops; the one holding a proof is kept.
-        assert not any(c.machines[node].blocked(tid(i)) for i in range(4))
+        # Every checkpoint decides once loss stops; the one holding a proof is kept. Only
+        # the dropped ids stay blocked (decided DROP).
         for i in range(4):
+            assert c.machines[node].blocked(tid(i)) == (tid(i) in c.dropped[node])
             assert (tid(i) in c.dropped[node]) == (tid(i) in c.dropped["n0"])
             if i in holders:
                 assert tid(i) not in c.dropped[node]

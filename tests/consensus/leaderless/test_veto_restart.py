@@ -148,8 +148,8 @@ def test_a_restarted_decider_is_decided_again_though_every_peer_collected_it(
     assert c.decided("n1") == outcome
     assert c.kept["n1"] == ([proof(5)] if outcome == "keep" else [])
     assert c.dropped["n1"] == (list(ids) if outcome == "drop" else [])
-    if outcome == "keep":
-        assert not m.blocked(ids[0])  # was blocked by its restored drop vote
+    # KEEP: no longer blocked by its restored drop vote; DROP: blocked, decided DROP.
+    assert m.blocked(ids[0]) == (outcome == "drop")
     assert not [msg for s, _, msg in c.log if s == "n1" and isinstance(msg, StartCheckpoint)]
     assert len(c.persisted["n1"]) == signed_before  # no second vote
 
