@@ -349,7 +349,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             gc_horizon_ms=self._store.horizon, known=known, released=len(released_at),
             released_at=released_at, fence_until_ms=self._fence.until_ms,
             relays=self._checkpoints.relays(), ordering=self._checkpoints.record(),
-            veto_decisions=self._checkpoints.decisions() or None)
+            veto_decisions=self._checkpoints.veto_decisions() or None)
 
     def _drop(self, reason: str) -> None:
         if reason in BENIGN_DUPLICATES:

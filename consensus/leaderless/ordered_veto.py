@@ -332,7 +332,7 @@ class OrderedCheckpoints:
     def relays(self) -> tuple[VoteRelay, ...]:
         return ()
 
-    def decisions(self) -> tuple[CheckpointDecision, ...]:
+    def veto_decisions(self) -> tuple[CheckpointDecision, ...]:
         """The veto mode's decisions: none here (the ordered state is in `record()`)."""
         return ()
 

@@ -8,7 +8,7 @@ per-checkpoint record, the effects and the judge of a vote's validity are in `ve
 (re-exported here: `checkpoint_id`, `VetoEffects`, `ProofOf`). The core owns the
 transactions: it answers `proof_of` (a proof that a transaction is applicable or
 committed, or None) and `verify_proof` (deterministic: signatures and quorum only),
-persists `votes()`, `relays()` and `decisions()` before sending (`VetoEffects.sync`), and
+persists `votes()`, `relays()` and `veto_decisions()` before sending (`VetoEffects.sync`), and
 applies `dropped`/`kept`.
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
@@ -32,7 +32,7 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - Durable until `gc`, decided or not: `votes()` and `relays()` cover every remembered
   checkpoint, so a decider restarted from its record never votes again and still answers a
   lagging peer's pull with its READYs (Bracha's totality across restarts), and
-  `decisions()` holds each decision (synced before anything it unblocks leaves): a
+  `veto_decisions()` holds each decision (synced before anything it unblocks leaves): a
   restarted decider is decided again at once (`restored_decisions`: its drops and kept
   proofs re-applied, no vote, no pull), even when every peer has collected the checkpoint.
 
@@ -91,9 +91,9 @@ class CheckpointMachine:
 
     __slots__ = (
         "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_decisions",
-        "_dropped", "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes", "_nodes",
-        "_period", "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of", "node_id",
-        "unprovable",
+        "_dropped", "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes",
+        "_nodes", "_period", "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of",
+        "node_id", "unprovable",
     )
 
     def __init__(
@@ -114,7 +114,7 @@ class CheckpointMachine:
         decided_once: bool = False,
         restored_decisions: tuple[CheckpointDecision, ...] = (),
     ) -> None:
-        """`restored_*`: the durable record (`votes()`, `relays()`, `decisions()`).
+        """`restored_*`: the durable record (`votes()`, `relays()`, `veto_decisions()`).
         `decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
         a remembered checkpoint names, the rule before `VetoCheckpoint.kept`."""
         if node_id not in nodes or len(set(nodes)) != len(nodes):
@@ -397,7 +397,7 @@ class CheckpointMachine:
         keys += self._rb.orphans(self._checkpoints.__contains__)
         return self._rb.relays(keys)
 
-    def decisions(self) -> tuple[CheckpointDecision, ...]:
+    def veto_decisions(self) -> tuple[CheckpointDecision, ...]:
         """The decisions of the checkpoints this node remembers, in decision order, for the
         durable record (the same tuple object until one is added or collected): a restarted
         node is decided on them again at once, with no vote, pull or delivery."""

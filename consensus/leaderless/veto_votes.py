@@ -56,7 +56,7 @@ class VetoEffects:
         sends: messages to send, after the durable record is synced when `sync`.
         votes: this node's new signed votes (in `votes()` until decided).
         sync: own votes, broadcast choices or decisions changed: persist `votes()`,
-            `relays()` and `decisions()` (synced) before any send.
+            `relays()` and `veto_decisions()` (synced) before any send.
         dropped: ids of checkpoints decided DROP (in decision order, each checkpoint's ids
             sorted); final.
         kept: the verified proofs of vetoes that decided KEEP (feed them to the store).

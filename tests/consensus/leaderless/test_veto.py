@@ -54,7 +54,7 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
         c.machines[node].gc(lambda t: False)
         assert c.machines[node].votes() == ()
         assert c.machines[node].relays() == ()
-        assert c.machines[node].decisions() == ()
+        assert c.machines[node].veto_decisions() == ()
         assert not c.machines[node].blocked(ids[0])  # collected: forgotten
 
 

@@ -84,7 +84,7 @@ def test_gc_bounds_memory(crashes: list[bool]) -> None:
     dropped = set(c.dropped["n0"])
     undecided = sum(1 for v in m.votes() if v.tx_ids[0] not in dropped)
     assert undecided <= sum(crashes)
-    assert len(m.decisions()) == len(crashes) - undecided
+    assert len(m.veto_decisions()) == len(crashes) - undecided
     # Each is blocked: by its drop vote while undecided, by its DROP once decided.
     assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
     m.gc(lambda t: True)  # everything still live: nothing forgotten
@@ -92,7 +92,7 @@ def test_gc_bounds_memory(crashes: list[bool]) -> None:
     m.gc(lambda t: False)
     assert len(m) == undecided  # only undecided checkpoints stay (own votes are kept)
     assert len(m.votes()) == undecided
-    assert m.decisions() == ()
+    assert m.veto_decisions() == ()
     assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
     assert not any(m.blocked(t) for t in dropped)  # collected DROPs are forgotten
     assert len(m.relays()) <= 4 * undecided

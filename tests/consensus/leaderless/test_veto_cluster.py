@@ -180,7 +180,7 @@ def test_a_decision_is_synced_with_its_drop_and_decided_again_after_a_restart() 
                      and r.core_state.veto_decisions)
         assert first.must_sync
     c.restart(N2)
-    assert c.nodes[N2].core._checkpoints.decisions() == (decision,)
+    assert c.nodes[N2].core._checkpoints.veto_decisions() == (decision,)
     c.net.clear()
     for _ in range(6):
         c.step(N2, Tick(now_ms=c.now))

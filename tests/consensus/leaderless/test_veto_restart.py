@@ -32,6 +32,7 @@ from phalanx.consensus.leaderless.messages import (
 from phalanx.consensus.leaderless.veto import CheckpointMachine, VetoEffects
 from phalanx.consensus.types import LocalProtocolError, NodeId
 
+
 def test_restart_with_restored_votes_never_votes_the_other_way() -> None:
     c = Cluster(4)
     c.lose = lambda s, t, m: t == "n3"  # keeps the checkpoint undecided
@@ -129,7 +130,7 @@ def test_a_restarted_decider_is_decided_again_though_every_peer_collected_it(
     ids = start(c, [5])
     c.run()
     assert {c.decided(x) for x in c.nodes} == {outcome}
-    decisions = c.machines["n1"].decisions()
+    decisions = c.machines["n1"].veto_decisions()
     assert [(d.tx_ids, d.drop, d.kept) for d in decisions] == [
         (ids, outcome == "drop", (proof(5),) if outcome == "keep" else ())]
     for node in ("n0", "n2", "n3"):
@@ -141,7 +142,7 @@ def test_a_restarted_decider_is_decided_again_though_every_peer_collected_it(
     c.log.clear()
     signed_before = len(c.persisted["n1"])
     m = restarted(c, "n1")
-    assert m.decisions() == decisions
+    assert m.veto_decisions() == decisions
     for _ in range(4):
         c.tick()
         c.run()
@@ -174,12 +175,12 @@ def test_a_decision_is_synced_at_once_and_collected_by_gc(
     c.run()
     assert c.dropped["n0"] == list(ids)
     assert syncs == [True]
-    assert m.decisions() == (CheckpointDecision(tx_ids=ids, drop=True),)
-    assert m.decisions() is m.decisions()  # the same tuple until it changes (fast deltas)
+    assert m.veto_decisions() == (CheckpointDecision(tx_ids=ids, drop=True),)
+    assert m.veto_decisions() is m.veto_decisions()  # the same tuple until it changes (fast deltas)
     m.gc(lambda t: True)
-    assert len(m.decisions()) == 1
+    assert len(m.veto_decisions()) == 1
     m.gc(lambda t: False)
-    assert m.decisions() == ()
+    assert m.veto_decisions() == ()
 
 
 def test_restored_decision_must_be_well_formed() -> None:

@@ -173,6 +173,6 @@ def restarted(c: Cluster, node: NodeId, *, record: bool = True) -> CheckpointMac
                           checkpoint_ticks=PERIOD, batch=BATCH, verify_proof=c.verify,
                           restored_votes=old.votes() if record else (),
                           restored_relays=old.relays() if record else (),
-                          restored_decisions=old.decisions() if record else ())
+                          restored_decisions=old.veto_decisions() if record else ())
     c.machines[node] = m
     return m
