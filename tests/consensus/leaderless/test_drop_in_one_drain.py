@@ -111,9 +111,9 @@ def test_a_drop_decided_id_is_refused_by_any_commit_path(monkeypatch: pytest.Mon
         record, reason, out, True))
     ready = run(core, app, Tick(now_ms=EPOCH + 700))
 
-    assert machine.blocked(tx_id(t2))
     assert core._store.state_of(tx_id(t1)) is TxState.DROPPED
     assert core._store.state_of(tx_id(t2)) is TxState.DROPPED
     assert not ready.committed
     assert app.data == {}
     assert "checkpoint_dropped_committed" not in core.status().dropped
+    assert machine.blocked(tx_id(t2))
