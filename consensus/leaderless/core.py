@@ -135,12 +135,13 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 drop_ambiguous="ordered_drop_ambiguous" in self._bugs,
                 decided_once="ordered_decided_once" in self._bugs)
         else:
+            record = restored or LeaderlessDurableState()
             self._checkpoints = CheckpointMachine(
                 node_id=config.node_id, nodes=config.nodes, crypto=crypto,
                 checkpoint_ticks=config.checkpoint_ticks, batch=config.checkpoint_batch,
                 verify_proof=self._verify_proof, faults=config.faults,
-                restored_votes=restored.votes if restored is not None else (),
-                restored_relays=restored.relays if restored is not None else (),
+                restored_votes=record.votes, restored_relays=record.relays,
+                restored_decisions=record.veto_decisions or (),
                 tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks,
                 decided_once="veto_decided_once" in self._bugs)
         self._checkpoints.unprovable = self._unprovable
@@ -347,7 +348,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             decided=self._store.tombstone_tuple(), committed=proofs,
             gc_horizon_ms=self._store.horizon, known=known, released=len(released_at),
             released_at=released_at, fence_until_ms=self._fence.until_ms,
-            relays=self._checkpoints.relays(), ordering=self._checkpoints.record())
+            relays=self._checkpoints.relays(), ordering=self._checkpoints.record(),
+            veto_decisions=self._checkpoints.veto_decisions() or None)
 
     def _drop(self, reason: str) -> None:
         if reason in BENIGN_DUPLICATES:
@@ -550,8 +552,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
 
     def _drain_checkpoints(self, out: Outbox) -> None:
         effects = self._checkpoints.drain()
-        if effects.sync:  # own votes and echo/ready choices are durable before they leave
-            out.signed = True
+        out.signed |= effects.sync  # own votes, echo/ready choices, decisions: synced first
         out.sends += with_bodies(effects.sends, lambda t: (
             None if (record := self._store.get(t)) is None else record.tx))
         for tx_id in effects.dropped:  # all dropped before any dependent commits (docs "DROP

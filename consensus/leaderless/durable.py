@@ -7,13 +7,14 @@ Owns: `LeaderlessDeltaRules`, the pure `diff(old, new)` / `apply(state, delta)` 
 
 Shape of a record, as `LeaderlessCore.durable_state` builds it: each tuple field (own
 endorsements, refusals, votes, tombstones, commit proofs, known transactions, vote relays,
-release indexes) is the previous record's tuple minus some items plus new items appended at
-the end, in the core's insertion order, and the core reuses the same objects from one record
-to the next (a category that did not change is the very same tuple). So `diff` finds a
-change by identity: an unchanged category costs one `is`; a grown one one C-level slice
-comparison; each removed item a galloping search (a few C-level slice comparisons). The
-delta holds, per category, the positions removed from the old tuple and the items appended.
-Cost and size are proportional to the change, not to the record.
+release indexes, veto decisions) is the previous record's tuple minus some items plus new
+items appended at the end, in the core's insertion order, and the core reuses the same
+objects from one record to the next (a category that did not change is the very same
+tuple). So `diff` finds a change by identity: an unchanged category costs one `is`; a
+grown one one C-level slice comparison; each removed item a galloping search (a few
+C-level slice comparisons). The delta holds, per category, the positions removed from the
+old tuple and the items appended. Cost and size are proportional to the change, not to
+the record.
 
 Crash cases (with the core's rules in `core.py`, `release.py`; the driver writes a Ready's
 WAL entries and its `core_state`, then reports `Persisted`):
@@ -57,6 +58,12 @@ from phalanx.consensus.leaderless.messages import LeaderlessDurableState, Leader
 CATEGORIES = ("endorsed", "refused", "votes", "decided", "committed", "known", "relays",
               "released_at")
 """The tuple fields of `LeaderlessDurableState` diffed item by item."""
+
+OPTIONAL_CATEGORIES = ("veto_decisions",)
+"""Tuple fields diffed item by item like `CATEGORIES`, but None when empty, in the record
+and in both parts of the delta: the codec leaves a trailing None off the wire
+(``wire_optional``), so a record or delta that does not use them keeps its old bytes, and
+one written before they existed still loads (as None)."""
 
 SCALARS = ("gc_horizon_ms", "released", "fence_until_ms")
 """The fields copied whole into every delta (small)."""
@@ -149,6 +156,11 @@ class LeaderlessDeltaRules:
             fields[f"{name}_removed"] = removed
             fields[f"{name}_added"] = added
             changed = changed or bool(removed or added)
+        for name in OPTIONAL_CATEGORIES:
+            removed, added = diff_items(getattr(old, name) or (), getattr(new, name) or ())
+            fields[f"{name}_removed"] = removed or None
+            fields[f"{name}_added"] = added or None
+            changed = changed or bool(removed or added)
         for name in SCALARS:
             value = getattr(new, name)
             fields[name] = value
@@ -170,6 +182,10 @@ class LeaderlessDeltaRules:
             name: apply_items(getattr(state, name), getattr(delta, f"{name}_removed"),
                               getattr(delta, f"{name}_added"))
             for name in CATEGORIES}
+        for name in OPTIONAL_CATEGORIES:
+            fields[name] = apply_items(
+                getattr(state, name) or (), getattr(delta, f"{name}_removed") or (),
+                getattr(delta, f"{name}_added") or ()) or None
         for name in SCALARS:
             fields[name] = getattr(delta, name)
         for name in WHOLE_IF_CHANGED:

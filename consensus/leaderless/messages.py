@@ -321,6 +321,17 @@ class VoteRelay(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointDecision(Message):
+    """A checkpoint this node decided (veto mode), in its durable record until `gc` forgets
+    the checkpoint: its sorted ids, DROP or KEEP, and on KEEP the verified proofs of the
+    deciding veto. A restarted node is decided on it again at once (`veto.py`)."""
+
+    tx_ids: tuple[TxId, ...]
+    drop: bool
+    kept: tuple[TransactionProof, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FetchTransactions(Message):
     """Ask a peer for the transactions `tx_ids` (and what it knows of them): sent when an
     endorsement or a condition names an unknown transaction, or to catch up."""
@@ -472,6 +483,9 @@ class LeaderlessDurableState(Message):
             (empty, e.g. in an older record: every one is released again).
         ordering: the ordered resolution's part (`stuck_resolution = "pbft"`); None in
             the veto mode.
+        veto_decisions: the veto mode's decisions of the checkpoints in `votes`/`relays`
+            (`CheckpointDecision`, in decision order), until collected; None when there are
+            none (and in older records, which lack the field).
     """
 
     endorsed: tuple[Endorsement, ...] = ()
@@ -486,6 +500,8 @@ class LeaderlessDurableState(Message):
     released_at: tuple[int, ...] = ()
     relays: tuple[VoteRelay, ...] = ()
     ordering: OrderingRecord | None = None
+    veto_decisions: tuple[CheckpointDecision, ...] | None = field(default=None,
+                                                                  metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -494,7 +510,8 @@ class LeaderlessStateDelta(Message):
     (`durable.LeaderlessDeltaRules`): per tuple field of the record, the positions removed
     from the previous record's tuple (sorted) and the items appended (`released_at` too: it
     holds an index per released proof of the horizon); the small fields whole; `ordering`
-    whole when it changed (None: unchanged)."""
+    whole when it changed (None: unchanged); `veto_decisions` like a tuple field, None for
+    an empty part (absent from older deltas)."""
 
     endorsed_removed: tuple[int, ...] = ()
     endorsed_added: tuple[Endorsement, ...] = ()
@@ -516,6 +533,9 @@ class LeaderlessStateDelta(Message):
     relays_removed: tuple[int, ...] = ()
     relays_added: tuple[VoteRelay, ...] = ()
     ordering: OrderingRecord | None = None
+    veto_decisions_removed: tuple[int, ...] | None = field(default=None, metadata=_OPTIONAL)
+    veto_decisions_added: tuple[CheckpointDecision, ...] | None = field(default=None,
+                                                                        metadata=_OPTIONAL)
 
 
 LEADERLESS_MESSAGES: dict[int, type] = {
@@ -542,6 +562,7 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     324: EndorsementRoot,
     325: EndorsedTx,
     326: EndorsementBatch,
+    327: CheckpointDecision,
     **TRANSFER_MESSAGES,  # 330-333: state transfer (`transfer_messages.py`)
     340: OrderingEnvelope,
     341: OrderedVote,
@@ -554,6 +575,7 @@ LEADERLESS_MESSAGES: dict[int, type] = {
     **PBFT_MESSAGES,  # the embedded PBFT of `stuck_resolution = "pbft"` (its own ids)
 }
 """Stable codec type ids (never renumber): register with `phalanx.net.wire.register_all`.
-The core may add messages in 316-319 and records in 327-339 and 351-399 (311: batched echoes
+The core may add messages in 316-319 and records in 328-339 and 351-399 (311: batched echoes
 and readies; 312-315: echoes by digest, their batch, the body fetch and answer; 324-326:
-batch endorsements; 340-346: the ordered resolution; 350: re-sent signatures)."""
+batch endorsements; 327: a veto decision in the record; 340-346: the ordered resolution;
+350: re-sent signatures)."""

@@ -42,7 +42,7 @@ from phalanx.consensus.leaderless.messages import (
     TransactionProof,
     TxId,
 )
-from phalanx.consensus.leaderless.veto import MAX_TX_ID_BYTES, checkpoint_id
+from phalanx.consensus.leaderless.veto_votes import MAX_TX_ID_BYTES, checkpoint_id
 from phalanx.consensus.types import NodeId
 
 MAX_IDS = 1024
@@ -155,6 +155,10 @@ class OrderedState:
 
     def decided(self, cid: bytes) -> bool:
         return cid in self._decided
+
+    def was_dropped(self, tx_id: TxId) -> bool:
+        """Whether a decision dropped `tx_id` (among the last `max_decided` dropped ids)."""
+        return tx_id in self._dropped
 
     def is_open(self, cid: bytes) -> bool:
         return cid in self._open

@@ -14,7 +14,8 @@ transaction, a commit certificate when committed) and persists `record()` before
 Rules:
 - A correct node votes once per checkpoint, when it first hears of it (its own start, a
   `StartCheckpoint`, or an ordered item naming it), and never commits those transactions
-  until the checkpoint decides (`blocked`); it abstains while one of them is `unprovable`.
+  until the checkpoint decides, nor an id a decision dropped (`blocked`); it abstains while
+  one of them is `unprovable`.
 - It proposes a close `close_ticks` ticks after it heard of an undecided checkpoint, once
   its own vote is ordered.
 - A transaction still stuck whose remembered checkpoints are all decided (kept: KEEP only
@@ -54,6 +55,7 @@ from phalanx.consensus.core import (
 from phalanx.consensus.crypto import Crypto, Verifier
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     CloseCheckpoint,
     FetchVote,
     OrderedVote,
@@ -81,7 +83,7 @@ from phalanx.consensus.leaderless.ordered_state import (
     valid_ids,
     valid_round,
 )
-from phalanx.consensus.leaderless.veto import ProofOf, VetoEffects, checkpoint_id
+from phalanx.consensus.leaderless.veto_votes import ProofOf, VetoEffects, checkpoint_id
 from phalanx.consensus.pbft.config import PbftConfig
 from phalanx.consensus.pbft.core import PbftCore, PbftRestoredState
 from phalanx.consensus.types import ClientRequest, Entry, LocalProtocolError, NodeId
@@ -313,7 +315,11 @@ class OrderedCheckpoints:
     # Queries ---------------------------------------------------------------------------
 
     def blocked(self, tx_id: TxId) -> bool:
-        """Whether this node voted in an undecided checkpoint containing `tx_id`."""
+        """Whether this node voted in an undecided checkpoint containing `tx_id`, or a
+        decision dropped it (the ordered state's bounded memory of dropped ids, durable in
+        `record()`): defence in depth, no path may commit an id decided DROP."""
+        if self._state.was_dropped(tx_id):
+            return True
         for cid in self._by_tx.get(tx_id, ()):
             loc = self._local[cid]
             if loc.own is not None and not loc.decided:
@@ -324,6 +330,10 @@ class OrderedCheckpoints:
         return ()
 
     def relays(self) -> tuple[VoteRelay, ...]:
+        return ()
+
+    def veto_decisions(self) -> tuple[CheckpointDecision, ...]:
+        """The veto mode's decisions: none here (the ordered state is in `record()`)."""
         return ()
 
     def record(self) -> OrderingRecord | None:

@@ -3,11 +3,13 @@
 Owns: `CheckpointMachine`: the queue of stuck transactions, one record per checkpoint
 (its sorted ids, this node's own vote, the votes delivered so far, the decision), the
 periodic start and pull, and the counters of dropped inputs; votes travel by Bracha's
-reliable broadcast (`reliable_broadcast.VoteBroadcast`, owned here). The core owns the
+reliable broadcast (`reliable_broadcast.VoteBroadcast`, owned here). Checkpoint names, the
+per-checkpoint record, the effects and the judge of a vote's validity are in `veto_votes.py`
+(re-exported here: `checkpoint_id`, `VetoEffects`, `ProofOf`). The core owns the
 transactions: it answers `proof_of` (a proof that a transaction is applicable or
 committed, or None) and `verify_proof` (deterministic: signatures and quorum only),
-persists `votes()` and `relays()` before sending (`VetoEffects.sync`), and applies
-`dropped`/`kept`.
+persists `votes()`, `relays()` and `veto_decisions()` before sending (`VetoEffects.sync`), and
+applies `dropped`/`kept`.
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
 - A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
@@ -22,12 +24,17 @@ Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
   n members are drops; KEEP on the first delivered veto (valid: every correct node judges a
   vote alike). Each voter's delivered vote is unique and the same at every correct node,
   so no correct node delivers n drops while another delivers a veto. A decision is final.
-- `blocked(t)`: this node voted drop in an undecided checkpoint containing t; the core must
-  not commit t meanwhile (so a drop decided anywhere never meets a commit here).
+- `blocked(t)`: this node voted drop in an undecided checkpoint containing t, or a
+  remembered checkpoint containing t was decided DROP; the core must not commit (nor
+  endorse) t meanwhile, so a drop decided anywhere never meets a commit here. The second
+  half is defence in depth: a dropped id is dropped by the core anyway, but no path (a
+  cascade from another drop in the same drain, a proof replayed later) may commit it.
 - Durable until `gc`, decided or not: `votes()` and `relays()` cover every remembered
   checkpoint, so a decider restarted from its record never votes again and still answers a
-  lagging peer's pull with its READYs (Bracha's totality across restarts; a restored
-  checkpoint is undecided until its votes are delivered again: the same decision).
+  lagging peer's pull with its READYs (Bracha's totality across restarts), and
+  `veto_decisions()` holds each decision (synced before anything it unblocks leaves): a
+  restarted decider is decided again at once (`restored_decisions`: its drops and kept
+  proofs re-applied, no vote, no pull), even when every peer has collected the checkpoint.
 
 Invariants: deterministic (insertion-ordered dicts, sorted ids; no clocks, no randomness);
 peer input is counted in `dropped_counts`, never raised; memory is bounded by
@@ -39,12 +46,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from itertools import pairwise
 
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import Crypto
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     FetchVote,
     OrderingEnvelope,
     OrderingRecord,
@@ -64,66 +70,30 @@ from phalanx.consensus.leaderless.messages import (
     transaction_id,
 )
 from phalanx.consensus.leaderless.reliable_broadcast import MAX_BATCH_ITEMS, Key, VoteBroadcast
+from phalanx.consensus.leaderless.veto_votes import (
+    MAX_TX_ID_BYTES,
+    DecisionLog,
+    ProofOf,
+    VerifyProof,
+    VetoCheckpoint,
+    VetoEffects,
+    VoteJudge,
+    checkpoint_id,
+)
 from phalanx.consensus.types import LocalProtocolError, NodeId
 
-MAX_TX_ID_BYTES = 64
-"""Longer ids are malformed (a transaction id is a 32-byte SHA-256 digest)."""
-
-ProofOf = Callable[[TxId], TransactionProof | None]
-VerifyProof = Callable[[TransactionProof], bool]
-
-
-def checkpoint_id(crypto: Crypto, tx_ids: tuple[TxId, ...], round_no: int = 0) -> bytes:
-    """The checkpoint of `tx_ids` (sorted, unique): the digest of their concatenation, each
-    id prefixed with its one-byte length so that two id lists never concatenate alike. A
-    re-checkpoint round r > 0 (the ordered mode) prefixes a zero byte and r in 4 bytes (a
-    length byte is never 0: the names never meet)."""
-    body = b"".join(bytes((len(t),)) + t for t in tx_ids)
-    return crypto.digest(b"\0" + round_no.to_bytes(4, "big") + body if round_no else body)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class VetoEffects:
-    """What the core must do after feeding the machine (drained by `drain`).
-
-    Attributes:
-        sends: messages to send, after the durable record is synced when `sync`.
-        votes: this node's new signed votes (in `votes()` until decided).
-        sync: own votes or broadcast choices changed: persist `votes()` and `relays()`
-            (synced) before any send.
-        dropped: ids of checkpoints decided DROP (in decision order, each checkpoint's ids
-            sorted); final.
-        kept: the verified proofs of vetoes that decided KEEP (feed them to the store).
-    """
-
-    sends: tuple[Send, ...] = ()
-    votes: tuple[VetoChoice, ...] = ()
-    sync: bool = False
-    dropped: tuple[TxId, ...] = ()
-    kept: tuple[TransactionProof, ...] = ()
-
-
-@dataclass(slots=True)
-class _Checkpoint:
-    tx_ids: tuple[TxId, ...]
-    delivered: dict[NodeId, VetoChoice] = field(default_factory=dict)
-    """The reliably delivered vote of each voter."""
-    own: VetoChoice | None = None
-    drop: bool | None = None
-    """The decision: True drop, False keep, None undecided."""
-    kept: frozenset[TxId] = frozenset()
-    """On KEEP, the ids the deciding veto carried a verified proof of: the others of the
-    checkpoint were not shown applicable, and may be queued again (`CheckpointMachine.queue`)."""
+__all__ = ["MAX_TX_ID_BYTES", "CheckpointMachine", "ProofOf", "VerifyProof", "VetoEffects",
+           "checkpoint_id"]
 
 
 class CheckpointMachine:
     """The checkpoint batcher and the veto procedure of one node."""
 
     __slots__ = (
-        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_dropped",
-        "_dropped_counts", "_kept", "_max_open", "_members", "_new_votes", "_nodes", "_period",
-        "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of", "_verify_proof", "node_id",
-        "unprovable",
+        "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_decisions",
+        "_dropped", "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes",
+        "_nodes", "_period", "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of",
+        "node_id", "unprovable",
     )
 
     def __init__(
@@ -142,9 +112,11 @@ class CheckpointMachine:
         tx_id_of: Callable[[Transaction], TxId] | None = None,
         vote_batch_ticks: int = 0,
         decided_once: bool = False,
+        restored_decisions: tuple[CheckpointDecision, ...] = (),
     ) -> None:
-        """`decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
-        a remembered checkpoint names, the rule before `_Checkpoint.kept`."""
+        """`restored_*`: the durable record (`votes()`, `relays()`, `veto_decisions()`).
+        `decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
+        a remembered checkpoint names, the rule before `VetoCheckpoint.kept`."""
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
         if checkpoint_ticks < 1 or batch < 1 or max_open < 1:
@@ -158,18 +130,20 @@ class CheckpointMachine:
         self._period = checkpoint_ticks
         self._batch = batch
         self._max_open = max_open
-        self._verify_proof = verify_proof
         self._decided_once = decided_once
         # The core's transaction id (`transaction_id` over the codec's encoding); the
         # default hashes `crypto.encode`, which is the codec only where they coincide.
         self._tx_id_of = tx_id_of or (lambda tx: transaction_id(tx, crypto.encode))
+        self._judge = VoteJudge(members=self._members, crypto=crypto, batch=batch,
+                                tx_id_of=self._tx_id_of, verify_proof=verify_proof)
         self._rb = VoteBroadcast(
             node_id=node_id, nodes=nodes,
             faults=(len(nodes) - 1) // 3 if faults is None else faults,
             hasher=crypto, restored=restored_relays, batch_ticks=vote_batch_ticks)
         self._ticks = 0
         self._queued: dict[TxId, None] = {}
-        self._checkpoints: dict[bytes, _Checkpoint] = {}
+        self._checkpoints: dict[bytes, VetoCheckpoint] = {}
+        self._decisions = DecisionLog()
         self._by_tx: dict[TxId, dict[bytes, None]] = {}
         self._answered: dict[tuple[NodeId, bytes], None] = {}
         self._sends: list[Send] = []
@@ -185,6 +159,8 @@ class CheckpointMachine:
         every start, pull and vote it hears)."""
         for vote in restored_votes:
             self._restore(vote)
+        for decision in restored_decisions:
+            self._restore_decision(decision)
 
     @property
     def fenced(self) -> bool:
@@ -254,7 +230,7 @@ class CheckpointMachine:
         if src not in self._members:
             self._drop("not_a_member")
             return
-        if not self._valid_ids(msg.tx_ids):
+        if not self._judge.valid_ids(msg.tx_ids):
             self._drop("bad_id_list")
             return
         cid = checkpoint_id(self._crypto, msg.tx_ids)
@@ -281,7 +257,7 @@ class CheckpointMachine:
             return
         cp = self._enter(src, msg, proof_of)
         if cp is not None:
-            self._rb.on_send(src, msg, self._problem)
+            self._rb.on_send(src, msg, self._judge.problem)
             self._collect()
 
     def on_echo(self, src: NodeId, msg: VoteEcho, proof_of: ProofOf) -> None:
@@ -289,7 +265,7 @@ class CheckpointMachine:
         adopted); correct nodes now echo by digest (`on_relay`)."""
         cp = self._enter(src, msg.vote, proof_of)
         if cp is not None:
-            self._rb.on_echo(src, msg, self._problem)
+            self._rb.on_echo(src, msg, self._judge.problem)
             self._collect()
 
     def on_ready(self, src: NodeId, msg: VoteReady) -> None:
@@ -346,7 +322,7 @@ class CheckpointMachine:
             elif self._rb.expects(vote):  # before any signature check (else counted)
                 cp = self._enter(src, vote, proof_of)
                 if cp is not None:
-                    self._rb.on_body(vote, self._problem)
+                    self._rb.on_body(vote, self._judge.problem)
         self._collect()
 
     def _on_digest_batch(self, src: NodeId, msg: VoteDigestBatch) -> None:
@@ -397,10 +373,12 @@ class CheckpointMachine:
     # Queries -------------------------------------------------------------------------
 
     def blocked(self, tx_id: TxId) -> bool:
-        """Whether this node voted drop in an undecided checkpoint containing `tx_id`."""
+        """Whether this node voted drop in an undecided checkpoint containing `tx_id`, or a
+        checkpoint it remembers containing `tx_id` was decided DROP (see the module
+        docstring)."""
         for cid in self._by_tx.get(tx_id, ()):
             cp = self._checkpoints[cid]
-            if cp.drop is None and cp.own is not None and cp.own.drop:
+            if cp.drop or (cp.drop is None and cp.own is not None and cp.own.drop):
                 return True
         return False
 
@@ -418,6 +396,12 @@ class CheckpointMachine:
         keys: list[Key] = [(v, cid) for cid in self._checkpoints for v in self._nodes]
         keys += self._rb.orphans(self._checkpoints.__contains__)
         return self._rb.relays(keys)
+
+    def veto_decisions(self) -> tuple[CheckpointDecision, ...]:
+        """The decisions of the checkpoints this node remembers, in decision order, for the
+        durable record (the same tuple object until one is added or collected): a restarted
+        node is decided on them again at once, with no vote, pull or delivery."""
+        return self._decisions.record()
 
     def dropped_counts(self) -> Mapping[str, int]:
         counts = dict(self._dropped_counts)
@@ -451,47 +435,14 @@ class CheckpointMachine:
     def _drop(self, reason: str) -> None:
         self._dropped_counts[reason] = self._dropped_counts.get(reason, 0) + 1
 
-    def _valid_ids(self, tx_ids: tuple[TxId, ...], *, limit: int | None = None) -> bool:
-        """Non-empty, at most `limit` (the batch) ids, each 1..MAX_TX_ID_BYTES bytes, sorted
-        and unique."""
-        if not isinstance(tx_ids, tuple) \
-                or not 1 <= len(tx_ids) <= (self._batch if limit is None else limit):
-            return False
-        if not all(isinstance(t, bytes) and 1 <= len(t) <= MAX_TX_ID_BYTES for t in tx_ids):
-            return False
-        return all(a < b for a, b in pairwise(tx_ids))
-
-    def _verified(self, msg: VetoChoice) -> tuple[TransactionProof, ...]:
-        """The proofs of `msg` that are about one of its ids and verify."""
-        if len(msg.proofs) > len(msg.tx_ids):
-            return ()
-        ids = set(msg.tx_ids)
-        return tuple(p for p in msg.proofs if isinstance(p, TransactionProof)
-                     and self._tx_id_of(p.tx) in ids and self._verify_proof(p))
-
-    def _problem(self, msg: VetoChoice) -> str | None:
-        """Why vote `msg` is invalid, or None; the same answer at every correct node
-        (membership, ids, signature, self-certifying proofs: never local state)."""
-        if msg.voter not in self._members:
-            return "not_a_member"
-        if not self._valid_ids(msg.tx_ids):
-            return "bad_id_list"
-        if msg.checkpoint != checkpoint_id(self._crypto, msg.tx_ids):
-            return "bad_checkpoint_id"
-        if not self._crypto.verify(msg.voter, msg, msg.signature):
-            return "bad_signature"
-        if msg.drop:
-            return "bad_drop_vote" if msg.proofs else None
-        return None if self._verified(msg) else "forged_veto"
-
-    def _enter(self, src: NodeId, vote: VetoChoice, proof_of: ProofOf) -> _Checkpoint | None:
+    def _enter(self, src: NodeId, vote: VetoChoice, proof_of: ProofOf) -> VetoCheckpoint | None:
         """The checkpoint of a vote this node hears of (SEND or ECHO), recorded and voted on
         when new; None (counted) when the vote is malformed or the machine is full."""
         if src not in self._members or not isinstance(vote, VetoChoice) \
                 or vote.voter not in self._members:
             self._drop("not_a_member")
             return None
-        if not self._valid_ids(vote.tx_ids):
+        if not self._judge.valid_ids(vote.tx_ids):
             self._drop("bad_id_list")
             return None
         if vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
@@ -500,7 +451,7 @@ class CheckpointMachine:
         cp = self._checkpoints.get(vote.checkpoint)
         if cp is not None and cp.own is not None:
             return cp  # the broadcast checks the rest once per content
-        problem = self._problem(vote)  # before voting on it or adopting it
+        problem = self._judge.problem(vote)  # before voting on it or adopting it
         if problem is not None:
             self._drop(problem)
             return None
@@ -508,7 +459,7 @@ class CheckpointMachine:
             return self._adopt(vote)  # our own vote from before a restart: never vote again
         # Not voted yet: vote now. Holding a valid veto, vote veto with its proof (the
         # safe side: such a vote never completes a DROP).
-        known = None if vote.drop else self._verified(vote)[0]
+        known = None if vote.drop else self._judge.verified(vote)[0]
         return self._start(vote.tx_ids, proof_of, known=known)
 
     def _open(self) -> int:
@@ -518,8 +469,8 @@ class CheckpointMachine:
         self._sends.extend(Send(to=peer, message=msg)
                            for peer in self._nodes if peer != self.node_id)
 
-    def _record(self, cid: bytes, tx_ids: tuple[TxId, ...]) -> _Checkpoint:
-        cp = self._checkpoints[cid] = _Checkpoint(tx_ids=tx_ids)
+    def _record(self, cid: bytes, tx_ids: tuple[TxId, ...]) -> VetoCheckpoint:
+        cp = self._checkpoints[cid] = VetoCheckpoint(tx_ids=tx_ids)
         for t in tx_ids:
             self._by_tx.setdefault(t, {})[cid] = None
             self._queued.pop(t, None)
@@ -529,6 +480,7 @@ class CheckpointMachine:
 
     def _forget(self, cid: bytes) -> None:
         cp = self._checkpoints.pop(cid)
+        self._decisions.forget(cid)
         for voter in self._nodes:
             self._rb.forget((voter, cid))
         for t in cp.tx_ids:
@@ -538,7 +490,7 @@ class CheckpointMachine:
                 del self._by_tx[t]
 
     def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf, *,
-               known: TransactionProof | None = None) -> _Checkpoint | None:
+               known: TransactionProof | None = None) -> VetoCheckpoint | None:
         """Vote on checkpoint `tx_ids` unless this node already did: veto with `known` (a
         verified proof) or `proof_of`'s first proof, drop when there is none."""
         cid = checkpoint_id(self._crypto, tx_ids)
@@ -563,7 +515,7 @@ class CheckpointMachine:
         self._collect()
         return cp
 
-    def _adopt(self, vote: VetoChoice) -> _Checkpoint:
+    def _adopt(self, vote: VetoChoice) -> VetoCheckpoint:
         """Take `vote` (this node's, signature verified) as its own vote of that checkpoint
         and broadcast it again (a correct node's vote is one value: the same digest).
         Never capped by `max_open`: forgetting an own vote could let this node vote twice."""
@@ -577,12 +529,40 @@ class CheckpointMachine:
 
     def _restore(self, vote: VetoChoice) -> None:
         if vote.voter != self.node_id or bool(vote.proofs) == vote.drop \
-                or not self._valid_ids(vote.tx_ids, limit=len(vote.tx_ids)) \
+                or not self._judge.valid_ids(vote.tx_ids, limit=len(vote.tx_ids)) \
                 or vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
             raise LocalProtocolError(
                 f"restored vote is not an undecided vote of {self.node_id!r}: {vote!r}")
         if vote.checkpoint not in self._checkpoints:
             self._adopt(vote)
+
+    def _restore_decision(self, decision: CheckpointDecision) -> None:
+        """A decision of the durable record: the checkpoint is decided again at once (its
+        drops or kept proofs go to the core at the next drain, which applies them
+        idempotently); no vote, no pull, no delivery needed (its peers may have collected
+        it: asked, they would abstain)."""
+        ids = decision.tx_ids
+        if not self._judge.valid_ids(ids, limit=len(ids)) or (decision.drop and decision.kept) \
+                or not all(isinstance(p, TransactionProof) and self._tx_id_of(p.tx) in ids
+                           for p in decision.kept):
+            raise LocalProtocolError(f"restored decision is malformed: {decision!r}")
+        cid = checkpoint_id(self._crypto, ids)
+        cp = self._checkpoints.get(cid)
+        if cp is None:
+            cp = self._record(cid, ids)
+        if cp.drop is None:
+            self._decide(cid, cp, decision)
+
+    def _decide(self, cid: bytes, cp: VetoCheckpoint, decision: CheckpointDecision) -> None:
+        """Checkpoint `cid` is decided (final): DROP hands the core its ids, KEEP the deciding
+        veto's verified proofs; the decision goes to the durable record."""
+        cp.drop = decision.drop
+        cp.kept = frozenset(self._tx_id_of(p.tx) for p in decision.kept)
+        if decision.drop:
+            self._dropped.extend(cp.tx_ids)
+        else:
+            self._kept.extend(decision.kept)
+        self._decisions.add(cid, decision)
 
     def _collect(self) -> None:
         """Take the broadcast's effects: its sends, its choices to persist, and decide on
@@ -597,13 +577,13 @@ class CheckpointMachine:
             cp.delivered[vote.voter] = vote
             if cp.drop is None:
                 if not vote.drop:
-                    cp.drop = False
-                    proofs = self._verified(vote)
-                    cp.kept = frozenset(self._tx_id_of(p.tx) for p in proofs)
-                    self._kept.extend(proofs)
+                    self._decide(vote.checkpoint, cp, CheckpointDecision(
+                        tx_ids=cp.tx_ids, drop=False, kept=self._judge.verified(vote)))
+                    self._sync = True  # durable before what the decision unblocks leaves
                 elif len(cp.delivered) == len(self._nodes) and all(
                         v.drop for v in cp.delivered.values()):
-                    cp.drop = True
-                    self._dropped.extend(cp.tx_ids)
+                    self._decide(vote.checkpoint, cp,
+                                 CheckpointDecision(tx_ids=cp.tx_ids, drop=True))
+                    self._sync = True
             elif cp.drop and not vote.drop:
                 self._drop("veto_after_drop")  # impossible with at most f faulty members

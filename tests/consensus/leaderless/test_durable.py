@@ -28,6 +28,7 @@ from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.durable import (
     CATEGORIES,
+    OPTIONAL_CATEGORIES,
     SCALARS,
     WHOLE_IF_CHANGED,
     LeaderlessDeltaRules,
@@ -35,6 +36,7 @@ from phalanx.consensus.leaderless.durable import (
     diff_items,
 )
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
     LeaderlessDurableState,
     LeaderlessStateDelta,
     StartCheckpoint,
@@ -44,6 +46,7 @@ from phalanx.consensus.leaderless.messages import (
 )
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.types import Entry, NodeId
+from phalanx.net.codec_fast import unpack
 
 N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
 RULES = LeaderlessDeltaRules()
@@ -72,10 +75,45 @@ def test_the_delta_covers_every_field_of_the_record() -> None:
     `LeaderlessDurableState` is a diffed category or a whole scalar, and the delta has
     exactly their fields."""
     record = {f.name for f in dataclasses.fields(LeaderlessDurableState)}
-    assert set(CATEGORIES) | set(SCALARS) | set(WHOLE_IF_CHANGED) == record
-    assert not set(CATEGORIES) & set(SCALARS)
+    tuples = CATEGORIES + OPTIONAL_CATEGORIES
+    assert set(tuples) | set(SCALARS) | set(WHOLE_IF_CHANGED) == record
+    assert not set(tuples) & set(SCALARS)
     assert {f.name for f in dataclasses.fields(LeaderlessStateDelta)} == set(SCALARS) | set(
-        WHOLE_IF_CHANGED) | {f"{c}_{part}" for c in CATEGORIES for part in ("removed", "added")}
+        WHOLE_IF_CHANGED) | {f"{c}_{part}" for c in tuples for part in ("removed", "added")}
+
+
+def _decision(i: int, drop: bool = True) -> CheckpointDecision:
+    return CheckpointDecision(tx_ids=(bytes([i]) * 32,), drop=drop)
+
+
+def test_veto_decisions_replay_exactly_and_older_records_and_deltas_still_load() -> None:
+    """`veto_decisions` (None when empty) is left off the wire: a record or delta without
+    decisions encodes as before the field existed (so those older bytes decode, to None),
+    and a change of decisions is a delta of the change, replayed exactly."""
+    plain = LeaderlessDurableState(gc_horizon_ms=5, relays=(_relay(1, "n1"),))
+    raw = unpack(REGISTRY.encode(plain))
+    assert isinstance(raw, list)
+    assert len(raw) == len(dataclasses.fields(LeaderlessDurableState))  # type id + old fields
+    assert REGISTRY.decode(REGISTRY.encode(plain)) == plain
+    quiet = RULES.diff(plain, dataclasses.replace(plain, gc_horizon_ms=6))
+    assert quiet is not None
+    raw = unpack(REGISTRY.encode(quiet))
+    assert isinstance(raw, list)
+    assert len(raw) == len(dataclasses.fields(LeaderlessStateDelta)) - 1  # + id - 2 new
+
+    d1, d2 = _decision(1), _decision(2, drop=False)
+    one = dataclasses.replace(plain, veto_decisions=(d1, d2))
+    two = dataclasses.replace(plain, veto_decisions=(d2,))
+    for old, new in ((plain, one), (one, two), (two, plain), (plain, two)):
+        delta = RULES.diff(old, new)
+        assert delta is not None
+        assert RULES.apply(old, delta) == new
+        assert REGISTRY.decode(REGISTRY.encode(delta)) == delta
+        assert REGISTRY.decode(REGISTRY.encode(new)) == new
+    delta = RULES.diff(one, two)
+    assert delta is not None
+    assert (delta.veto_decisions_removed, delta.veto_decisions_added) == ((0,), None)
+    assert RULES.diff(one, dataclasses.replace(one)) is None
 
 
 def test_one_more_release_adds_one_index_to_the_delta_not_all_of_them() -> None:

@@ -141,6 +141,8 @@ def test_split_conflict_with_a_crashed_node(mode: str) -> None:
     c.restart(N4)
     c.tick(rounds=120)
     dropped_everywhere(c, (N1, N2, N3, N4), t1, t2)
+    for n in (N1, N2, N3, N4):  # decided DROP: refused on any commit path (defence in depth)
+        assert all(c.nodes[n].core._checkpoints.blocked(tx_id(t)) for t in (t1, t2)), n
 
 
 def test_split_conflict_with_a_crashed_node_old_rule() -> None:

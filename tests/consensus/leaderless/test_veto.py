@@ -1,164 +1,38 @@
 """CheckpointMachine: unanimity drop, verified veto keep (both only from reliably delivered
-votes), forgeries, equivocation, restart, pulls after loss, gc, determinism, and agreement
-against an equivocating voter (the old agreement gap, closed)."""
+votes), pulls after loss, forgeries, equivocation, and agreement against an equivocating
+voter (the old agreement gap, closed). Restarts: `test_veto_restart.py`; inputs, bounds, gc
+and properties: `test_veto_bounds.py`; the set-up: `veto_harness.py`."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from veto_harness import (
+    BATCH,
+    PERIOD,
+    Cluster,
+    about,
+    nodes_of,
+    proof,
+    signed,
+    start,
+    tid,
+    verifier,
+)
 
 from phalanx.consensus.core import Send
 from phalanx.consensus.crypto import FastCrypto, digest_of
-from phalanx.consensus.leaderless.endorsement_batch import endorsement_problem, sign_one
 from phalanx.consensus.leaderless.messages import (
-    FetchVote,
     StartCheckpoint,
-    Transaction,
     TransactionProof,
-    TxId,
     VetoChoice,
-    VoteBody,
-    VoteDigestBatch,
     VoteEcho,
     VoteEchoDigest,
     VoteReady,
-    transaction_id,
 )
-from phalanx.consensus.leaderless.veto import CheckpointMachine, VetoEffects, checkpoint_id
-from phalanx.consensus.types import LocalProtocolError, Message, NodeId
-
-PERIOD = 3
-BATCH = 4
-ENCODE = FastCrypto("n0").encode
-
-
-def nodes_of(n: int) -> tuple[NodeId, ...]:
-    return tuple(f"n{i}" for i in range(n))
-
-
-def tx(i: int) -> Transaction:
-    return Transaction(client="c", client_id="c", request_no=i, deadline_ms=1_000,
-                       requirements=(), command=b"x%d" % i)
-
-
-def tid(i: int) -> TxId:
-    return transaction_id(tx(i), ENCODE)
-
-
-def proof(i: int, n: int = 4, endorsers: int | None = None) -> TransactionProof:
-    """A genuine applicability proof: Q endorsements of tx(i), each signed by its endorser."""
-    q = endorsers if endorsers is not None else quorum(n)
-    ends = []
-    for node in nodes_of(n)[:q]:
-        ends.append(sign_one(FastCrypto(node), node, tid(i)))
-    return TransactionProof(tx=tx(i), endorsements=tuple(ends))
-
-
-def quorum(n: int) -> int:
-    f = (n - 1) // 3
-    return math.ceil((n + f + 1) / 2)
-
-
-def verifier(n: int) -> Callable[[TransactionProof], bool]:
-    crypto = FastCrypto("n0")
-    members = nodes_of(n)
-
-    def verify(p: TransactionProof) -> bool:
-        t = transaction_id(p.tx, ENCODE)
-        good = {e.endorser for e in p.endorsements
-                if e.tx_id == t and endorsement_problem(e, members, crypto) is None}
-        return len(good) >= quorum(n)
-    return verify
-
-
-def signed(voter: NodeId, ids: tuple[TxId, ...], *, drop: bool,
-           proofs: tuple[TransactionProof, ...] = (), signer: NodeId | None = None,
-           checkpoint: bytes | None = None) -> VetoChoice:
-    cid = checkpoint if checkpoint is not None else checkpoint_id(FastCrypto("n0"), ids)
-    v = VetoChoice(checkpoint=cid, tx_ids=ids, voter=voter, drop=drop, proofs=proofs)
-    return dataclasses.replace(v, signature=FastCrypto(signer or voter).sign(v))
-
-
-class Cluster:
-    """n machines wired by a FIFO network the test controls (loss by predicate)."""
-
-    def __init__(self, n: int = 4, *, batch: int = BATCH, max_open: int = 1024) -> None:
-        self.n = n
-        self.nodes = nodes_of(n)
-        self.verify = verifier(n)
-        self.machines = {
-            node: CheckpointMachine(node_id=node, nodes=self.nodes, crypto=FastCrypto(node),
-                                    checkpoint_ticks=PERIOD, batch=batch, max_open=max_open,
-                                    verify_proof=self.verify)
-            for node in self.nodes}
-        self.proofs: dict[NodeId, dict[TxId, TransactionProof]] = {x: {} for x in self.nodes}
-        self.wire: list[tuple[NodeId, Send]] = []
-        self.log: list[tuple[NodeId, NodeId, Message]] = []
-        self.dropped: dict[NodeId, list[TxId]] = {x: [] for x in self.nodes}
-        self.kept: dict[NodeId, list[TransactionProof]] = {x: [] for x in self.nodes}
-        self.persisted: dict[NodeId, list[VetoChoice]] = {x: [] for x in self.nodes}
-        self.lose: Callable[[NodeId, NodeId, Message], bool] = lambda s, t, m: False
-
-    def proof_of(self, node: NodeId) -> Callable[[TxId], TransactionProof | None]:
-        return self.proofs[node].get
-
-    def collect(self, node: NodeId) -> VetoEffects:
-        eff = self.machines[node].drain()
-        self.persisted[node].extend(eff.votes)
-        self.dropped[node].extend(eff.dropped)
-        self.kept[node].extend(eff.kept)
-        for send in eff.sends:
-            self.log.append((node, send.to, send.message))
-            self.wire.append((node, send))
-        return eff
-
-    def tick(self, times: int = PERIOD) -> None:
-        for _ in range(times):
-            for node in self.nodes:
-                self.machines[node].tick(self.proof_of(node))
-                self.collect(node)
-
-    def deliver_one(self, src: NodeId, send: Send) -> None:
-        node, msg = send.to, send.message
-        if self.lose(src, node, msg):
-            return
-        m = self.machines[node]
-        if isinstance(msg, StartCheckpoint):
-            m.on_start(src, msg, self.proof_of(node))
-        elif isinstance(msg, VetoChoice):
-            m.on_choice(src, msg, self.proof_of(node))
-        elif isinstance(msg, VoteEcho):
-            m.on_echo(src, msg, self.proof_of(node))
-        elif isinstance(msg, VoteReady):
-            m.on_ready(src, msg)
-        elif isinstance(msg, VoteEchoDigest | VoteDigestBatch | FetchVote | VoteBody):
-            m.on_relay(src, msg, self.proof_of(node))
-        self.collect(node)
-
-    def run(self) -> None:
-        while self.wire:
-            src, send = self.wire.pop(0)
-            self.deliver_one(src, send)
-
-    def decided(self, node: NodeId) -> str | None:
-        if self.dropped[node]:
-            return "drop"
-        if self.kept[node]:
-            return "keep"
-        return None
-
-
-def start(c: Cluster, ids: list[int], at: NodeId = "n0") -> tuple[TxId, ...]:
-    for i in ids:
-        c.machines[at].queue(tid(i))
-    c.tick()
-    return tuple(sorted(tid(i) for i in ids))
-
+from phalanx.consensus.leaderless.veto import CheckpointMachine, VetoEffects
+from phalanx.consensus.types import Message, NodeId
 
 # Unanimity ---------------------------------------------------------------------------
 
@@ -170,7 +44,8 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
     c.run()
     for node in c.nodes:
         assert c.dropped[node] == list(ids)
-        assert not c.machines[node].blocked(ids[0])
+        # Decided DROP: blocked while remembered (no path may commit a dropped id).
+        assert all(c.machines[node].blocked(t) for t in ids)
         # Decided: the vote stays in the durable record until gc (a lagging peer may
         # still ask; test_veto_lagging.py), then goes.
         assert c.machines[node].votes() == tuple(c.persisted[node])
@@ -179,6 +54,8 @@ def test_drop_is_decided_on_all_n_votes(n: int) -> None:
         c.machines[node].gc(lambda t: False)
         assert c.machines[node].votes() == ()
         assert c.machines[node].relays() == ()
+        assert c.machines[node].veto_decisions() == ()
+        assert not c.machines[node].blocked(ids[0])  # collected: forgotten
 
 
 def test_n_minus_1_votes_do_not_decide_and_one_silent_node_blocks() -> None:
@@ -199,18 +76,7 @@ def test_n_minus_1_votes_do_not_decide_and_one_silent_node_blocks() -> None:
     c.run()
     for node in c.nodes:
         assert c.dropped[node] == list(ids)
-        assert not c.machines[node].blocked(ids[0])
-
-
-def about(m: Message, voter: str) -> bool:
-    """Whether `m` is a broadcast message of `voter`'s vote."""
-    if isinstance(m, VetoChoice):
-        return m.voter == voter
-    if isinstance(m, VoteEcho | VoteBody):
-        return m.vote.voter == voter
-    if isinstance(m, VoteDigestBatch):
-        return voter in m.echo_voters or voter in m.ready_voters
-    return isinstance(m, VoteReady | VoteEchoDigest | FetchVote) and m.voter == voter
+        assert c.machines[node].blocked(ids[0])  # now decided DROP
 
 
 def test_pull_after_loss() -> None:
@@ -428,254 +294,3 @@ def test_a_node_that_sees_a_veto_before_voting_vetoes_too() -> None:
     c.run()
     for node in ("n0", "n1", "n2"):
         assert c.decided(node) == "keep"
-
-
-# Restart -------------------------------------------------------------------------------
-
-
-def restarted(c: Cluster, node: NodeId, *, record: bool = True) -> CheckpointMachine:
-    old = c.machines[node]
-    m = CheckpointMachine(node_id=node, nodes=c.nodes, crypto=FastCrypto(node),
-                          checkpoint_ticks=PERIOD, batch=BATCH, verify_proof=c.verify,
-                          restored_votes=old.votes() if record else (),
-                          restored_relays=old.relays() if record else ())
-    c.machines[node] = m
-    return m
-
-
-def test_restart_with_restored_votes_never_votes_the_other_way() -> None:
-    c = Cluster(4)
-    c.lose = lambda s, t, m: t == "n3"  # keeps the checkpoint undecided
-    ids = start(c, [1])
-    c.run()
-    before = c.machines["n1"].votes()
-    assert len(before) == 1
-    assert before[0].drop
-    assert c.machines["n1"].relays()
-    c.wire.clear()
-    m = restarted(c, "n1")
-    assert m.relays() == c.machines["n1"].relays()
-    c.proofs["n1"][tid(1)] = proof(1)  # it now sees tx 1 applicable
-    assert m.blocked(ids[0])
-    assert m.votes() == before
-    m.on_start("n0", StartCheckpoint(tx_ids=ids), c.proof_of("n1"))
-    m.on_choice("n2", signed("n2", ids, drop=True), c.proof_of("n1"))
-    c.tick()
-    eff_votes = [msg for s, _, msg in c.log if s == "n1" and isinstance(msg, VetoChoice)]
-    assert eff_votes
-    assert all(v == before[0] for v in eff_votes)
-    assert not c.persisted["n1"][1:]  # no new vote was signed
-
-
-def test_restart_without_record_adopts_its_echoed_old_vote() -> None:
-    c = Cluster(4)
-    c.lose = lambda s, t, m: t == "n3"
-    ids = start(c, [1])
-    c.run()
-    old = c.machines["n1"].votes()[0]
-    m = restarted(c, "n1", record=False)
-    c.proofs["n1"][tid(1)] = proof(1)
-    m.on_echo("n0", VoteEcho(vote=old), c.proof_of("n1"))  # its old vote, echoed back
-    m.on_start("n0", StartCheckpoint(tx_ids=ids), c.proof_of("n1"))
-    eff = m.drain()
-    assert eff.votes == ()
-    assert eff.sync  # the adopted vote must be persisted before anything is sent
-    assert m.votes() == (old,)
-    assert m.blocked(ids[0])
-
-
-def test_restored_vote_must_be_own_undecided_vote() -> None:
-    ids = (tid(1),)
-    for bad in (signed("n2", ids, drop=True), signed("n1", ids, drop=False),
-                signed("n1", ids, drop=True, proofs=(proof(1),))):
-        with pytest.raises(LocalProtocolError):
-            CheckpointMachine(node_id="n1", nodes=nodes_of(4), crypto=FastCrypto("n1"),
-                              checkpoint_ticks=PERIOD, batch=BATCH, verify_proof=verifier(4),
-                              restored_votes=(bad,))
-
-
-# Inputs, queue, gc, bounds ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize("ids", [
-    "none", "unsorted", "duplicate", "oversized", "empty id", "long id",
-])
-def test_bad_id_lists_are_counted(ids: object) -> None:
-    a, b = sorted((tid(1), tid(2)))
-    lists: dict[object, tuple[bytes, ...]] = {
-        "none": (), "unsorted": (b, a), "duplicate": (a, a),
-        "oversized": tuple(sorted(tid(i) for i in range(BATCH + 1))),
-        "empty id": (b"",), "long id": (b"x" * 65,)}
-    c = Cluster(4)
-    m = c.machines["n0"]
-    m.on_start("n1", StartCheckpoint(tx_ids=lists[ids]), c.proof_of("n0"))
-    vote = signed("n1", lists[ids], drop=True)
-    m.on_choice("n1", vote, c.proof_of("n0"))
-    assert m.drain() == VetoEffects()
-    assert len(m) == 0
-    assert m.dropped_counts() == {"bad_id_list": 2}
-
-
-def test_ready_for_an_unknown_checkpoint_is_counted() -> None:
-    c = Cluster(4)
-    m = c.machines["n0"]
-    m.on_ready("n1", VoteReady(checkpoint=b"\x07" * 32, voter="n1", digest=b"d"))
-    m.on_ready("x9", VoteReady(checkpoint=b"\x07" * 32, voter="n1", digest=b"d"))
-    assert m.dropped_counts() == {"unknown_checkpoint": 1, "not_a_member": 1}
-
-
-def test_queue_is_deduplicated_and_batched_sorted() -> None:
-    c = Cluster(4, batch=2)
-    m = c.machines["n0"]
-    for i in (3, 1, 2, 1, 3):
-        m.queue(tid(i))
-    c.tick()
-    starts = [msg for s, _, msg in c.log if isinstance(msg, StartCheckpoint)]
-    first = tuple(sorted(tid(i) for i in (1, 2, 3))[:2])
-    assert starts == [StartCheckpoint(tx_ids=first)] * 3
-    m.queue(first[0])  # already in an undecided checkpoint: ignored
-    c.log.clear()
-    c.tick()
-    starts = [msg for s, _, msg in c.log if isinstance(msg, StartCheckpoint)
-              and msg.tx_ids != first]  # (the first one is pulled again: undecided)
-    assert [s.tx_ids for s in starts] == [tuple(sorted({tid(1), tid(2), tid(3)} - set(first)))] * 3
-
-
-def test_max_open_bounds_undecided_checkpoints() -> None:
-    c = Cluster(4, max_open=2)
-    m = c.machines["n0"]
-    for i in range(5):  # a Byzantine peer spams checkpoints of made-up ids
-        m.on_start("n3", StartCheckpoint(tx_ids=(bytes([i]) * 32,)), c.proof_of("n0"))
-    assert len(m) == 2
-    assert m.dropped_counts() == {"too_many_open_checkpoints": 3}
-
-
-@settings(max_examples=25, deadline=None)
-@given(crashes=st.lists(st.booleans(), min_size=1, max_size=10))
-def test_gc_bounds_memory(crashes: list[bool]) -> None:
-    c = Cluster(4)
-    for k, crash in enumerate(crashes):
-        c.lose = (lambda s, t, m: "n3" in (s, t)) if crash else (lambda s, t, m: False)
-        start(c, [1000 + k])
-        c.run()
-    m = c.machines["n0"]
-    assert len(m) == len(crashes)
-    assert len(m.votes()) == len(crashes)  # decided ones too, until gc
-    undecided = sum(1 for v in m.votes() if m.blocked(v.tx_ids[0]))
-    assert undecided <= sum(crashes)
-    m.gc(lambda t: True)  # everything still live: nothing forgotten
-    assert len(m) == len(crashes)
-    m.gc(lambda t: False)
-    assert len(m) == undecided  # only undecided checkpoints stay (own votes are kept)
-    assert len(m.votes()) == undecided
-    assert all(m.blocked(v.tx_ids[0]) for v in m.votes())
-    assert len(m.relays()) <= 4 * undecided
-
-
-# Properties ------------------------------------------------------------------------------
-
-
-def scenario(seed_ops: list[tuple[int, int]], holders: list[int]) -> Cluster:
-    c = Cluster(4)
-    for h in holders:
-        c.proofs[f"n{h}"][tid(h)] = proof(h)
-    losses = {(a, b) for a, b in seed_ops}
-    c.lose = lambda s, t, m: (int(s[1:]), int(t[1:])) in losses
-    for i in range(4):
-        c.machines[f"n{i}"].queue(tid(i))
-    c.tick()
-    c.run()
-    c.lose = lambda s, t, m: False
-    for _ in range(2):
-        c.tick()
-        c.run()
-    return c
-
-
-@settings(max_examples=30, deadline=None)
-@given(losses=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=6),
-       holders=st.lists(st.integers(0, 3), max_size=2, unique=True))
-def test_honest_nodes_agree_and_are_deterministic(losses: list[tuple[int, int]],
-                                                  holders: list[int]) -> None:
-    c = scenario(losses, holders)
-    again = scenario(losses, holders)
-    assert c.log == again.log
-    for node in c.nodes:
-        # Every checkpoint decides once loss stops; the one holding a proof is kept.
-        assert not any(c.machines[node].blocked(tid(i)) for i in range(4))
-        for i in range(4):
-            assert (tid(i) in c.dropped[node]) == (tid(i) in c.dropped["n0"])
-            if i in holders:
-                assert tid(i) not in c.dropped[node]
-
-
-@settings(max_examples=60, deadline=None)
-@given(plan=st.lists(st.sampled_from(["none", "drop", "veto", "forged"]), min_size=3,
-                     max_size=3),
-       echoes=st.lists(st.sampled_from(["none", "drop", "veto", "forged"]), min_size=3,
-                       max_size=3),
-       rng=st.randoms(use_true_random=False))
-def test_honest_nodes_never_disagree(plan: list[str], echoes: list[str],
-                                     rng: object) -> None:
-    """n3 is Byzantine and holds a valid proof; it sends each correct node nothing, a drop,
-    a veto or a forged veto, echoes any of them to anyone, and the network delivers in any
-    order. Correct nodes always end with the same decision (none only when n3's vote is
-    never delivered: unanimity needs it): DROP when n3 votes drop everywhere and shows its
-    proof to nobody, KEEP when it vetoes everywhere."""
-    import random
-    assert isinstance(rng, random.Random)
-    c = Cluster(4)
-    ids = (tid(1),)
-    c.machines["n0"].on_start("n2", StartCheckpoint(tx_ids=ids), c.proof_of("n0"))
-    c.collect("n0")
-    byz = {"drop": signed("n3", ids, drop=True),
-           "veto": signed("n3", ids, drop=False, proofs=(proof(1),)),
-           "forged": signed("n3", ids, drop=False, proofs=(proof(1, endorsers=2),))}
-    for node, what, echo in zip(("n0", "n1", "n2"), plan, echoes, strict=True):
-        if what != "none":
-            c.wire.append(("n3", Send(to=node, message=byz[what])))
-        if echo != "none":
-            c.wire.append(("n3", Send(to=node, message=VoteEcho(vote=byz[echo]))))
-    c.lose = lambda s, t, m: t == "n3"  # n3 ignores everything it hears
-    while c.wire:
-        src, send = c.wire.pop(rng.randrange(len(c.wire)))
-        c.deliver_one(src, send)
-    for _ in range(2):
-        c.tick()
-        c.run()
-    decisions = {c.decided(node) for node in ("n0", "n1", "n2")}
-    assert len(decisions) == 1
-    if plan == ["drop"] * 3 and "veto" not in echoes:
-        # A valid veto echoed to a correct node lets it veto with that proof itself
-        # (holding a valid proof, it never votes drop): KEEP is then the right outcome.
-        assert decisions == {"drop"}
-    if plan == ["veto"] * 3:
-        assert decisions == {"keep"}
-
-
-def test_a_fenced_node_adopts_its_old_vote_fetched_by_digest() -> None:
-    """n0 lost its record (fenced: it votes, echoes and readies nothing). Echoes by digest
-    carry no vote, so f+1 = 2 echoes of one digest in its own instance (one of them correct:
-    its old vote) make it fetch that body from those echoers and adopt it, as a full echo
-    used to: never a second, different vote of its own. A forged body is dropped."""
-    c = Cluster(4)
-    ids = (tid(1),)
-    m = c.machines["n0"]
-    m.fenced = True
-    m.on_start("n1", StartCheckpoint(tx_ids=ids), c.proof_of("n0"))
-    c.collect("n0")
-    assert m.votes() == ()
-    old = signed("n0", ids, drop=True)
-    echo = VoteEchoDigest(checkpoint=old.checkpoint, voter="n0",
-                          digest=digest_of(FastCrypto("n0"), old))
-    m.on_relay("n1", echo, c.proof_of("n0"))
-    assert not any(isinstance(s.message, FetchVote) for s in c.collect("n0").sends)  # f
-    m.on_relay("n2", echo, c.proof_of("n0"))
-    fetches = [s for s in c.collect("n0").sends if isinstance(s.message, FetchVote)]
-    assert [s.to for s in fetches] == ["n1", "n2"]
-    m.on_relay("n1", VoteBody(vote=signed("n0", ids, drop=False, proofs=(proof(1),))),
-               c.proof_of("n0"))
-    assert m.votes() == ()
-    assert m.dropped_counts() == {"vote_body_mismatch": 1}
-    m.on_relay("n2", VoteBody(vote=old), c.proof_of("n0"))
-    assert m.votes() == (old,)

@@ -1,6 +1,7 @@
 """The veto procedure's agreement, end to end in an in-process cluster of leaderless cores:
 the equivocating-endorser scenario found on a real cluster (honest replicas diverged for
-good before votes travelled by reliable broadcast), and restarts that keep echo choices."""
+good before votes travelled by reliable broadcast), and restarts that keep echo choices and
+decisions."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from leaderless_harness import EPOCH, Cluster, endorsement, make_tx, tx_id, vers
 from phalanx.consensus.core import Ready, Receive, Send, Tick
 from phalanx.consensus.crypto import FastCrypto, digest_of
 from phalanx.consensus.leaderless.messages import (
+    CheckpointDecision,
+    LeaderlessDurableState,
     StartCheckpoint,
     TransactionProof,
     VetoChoice,
@@ -153,3 +156,33 @@ def test_a_restarted_node_never_echoes_another_value(batch: int) -> None:
     answers = vote_messages(c, N2, ready, batch)
     assert echo_of(veto) not in answers
     assert echo_of(drop) in answers
+
+
+def test_a_decision_is_synced_with_its_drop_and_decided_again_after_a_restart() -> None:
+    """n4 votes drop too (sent and echoed to every correct node): T is dropped everywhere,
+    the Ready that decides carries the decision in its record and asks for a sync; n2,
+    restarted from that record through the wire codec, is decided again at once (the
+    decision re-applied: T stays dropped) and never pulls the checkpoint again."""
+    c, proof = stuck_checkpoint()
+    ids = (tx_id(proof.tx),)
+    cid = checkpoint_id(FastCrypto(N4), ids)
+    drop = signed_vote(N4, VetoChoice(checkpoint=cid, tx_ids=ids, voter=N4, drop=True))
+    for to in HONEST:
+        c.net += [(N4, Send(to=to, message=drop)), (N4, Send(to=to, message=VoteEcho(vote=drop)))]
+    c.tick(rounds=10)
+    decision = CheckpointDecision(tx_ids=ids, drop=True)
+    for x in HONEST:
+        node = c.nodes[x]
+        assert node.core._store.state_of(ids[0]) is TxState.DROPPED
+        assert node.durable is not None
+        assert node.durable.veto_decisions == (decision,)
+        first = next(r for r in node.readys if isinstance(r.core_state, LeaderlessDurableState)
+                     and r.core_state.veto_decisions)
+        assert first.must_sync
+    c.restart(N2)
+    assert c.nodes[N2].core._checkpoints.veto_decisions() == (decision,)
+    c.net.clear()
+    for _ in range(6):
+        c.step(N2, Tick(now_ms=c.now))
+    assert c.nodes[N2].core._store.state_of(ids[0]) is TxState.DROPPED
+    assert not [s for s in c.net if isinstance(s[1].message, StartCheckpoint)]

@@ -8,7 +8,7 @@ in the record")."""
 from __future__ import annotations
 
 import pytest
-from test_veto import Cluster, about, proof, restarted, start, tid
+from veto_harness import Cluster, about, proof, restarted, start, tid
 
 from phalanx.consensus.leaderless.messages import VetoChoice
 from phalanx.consensus.types import NodeId

@@ -7,7 +7,7 @@ so neither could ever commit or drop. `veto_decided_once` (bugs.py) is the old r
 
 from __future__ import annotations
 
-from test_veto import PERIOD, Cluster, proof, start, tid
+from veto_harness import PERIOD, Cluster, proof, start, tid
 
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import StartCheckpoint
@@ -46,7 +46,7 @@ def test_the_other_id_of_a_kept_checkpoint_goes_again_and_is_dropped() -> None:
     assert starts_of(c, (tid(5),)) == 0  # kept on its own proof: not again
     for node in c.nodes:
         assert c.dropped[node] == [tid(6)]
-        assert not c.machines[node].blocked(tid(6))
+        assert c.machines[node].blocked(tid(6))  # decided DROP: never committed here
 
 
 def test_a_holder_of_a_proof_still_keeps_the_new_checkpoint() -> None:
