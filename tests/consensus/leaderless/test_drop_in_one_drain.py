@@ -5,15 +5,28 @@ of `bench/leaderless_refetch.py --sim 4`).
 Dropping T1 makes the endorsements of T2 conditioned on T1 definitely valid; when T2 is in a
 checkpoint decided DROP in the same drain, `blocked(T2)` is already false (its checkpoint is
 decided), so a cascade from T1's drop committed T2 before the core reached T2's drop, while
-every node that met T2's checkpoint first dropped it: the replicas parted."""
+every node that met T2's checkpoint first dropped it: the replicas parted. The deliberate
+bug `cascade_in_drain` (`bugs.py`) is that rule; the simulator's control for it is
+`tests/jepsen/sim/test_leaderless_long_halves.py`."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from leaderless_harness import EPOCH, endorsement, make_tx, run, solo, submit_of, tx_id, version
+from leaderless_harness import (
+    EPOCH,
+    KvApp,
+    endorsement,
+    make_tx,
+    run,
+    solo,
+    submit_of,
+    tx_id,
+    version,
+)
 
-from phalanx.consensus.core import Receive, Tick
+from phalanx.consensus.core import Ready, Receive, Tick
+from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import TxId
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.leaderless.veto import CheckpointMachine, VetoEffects
@@ -42,8 +55,11 @@ class DecidesDrop:
         return replace(effects, dropped=effects.dropped + ids)
 
 
-def test_a_dependent_dropped_in_the_same_drain_never_commits() -> None:
-    core, app = solo("n1", delta_old_ms=100)
+def _drop_both_in_one_drain(bugs: frozenset[str] = frozenset()) -> tuple[
+        LeaderlessCore, KvApp, Ready, TxId, TxId]:
+    """T1 pending at n1 (2 < Q endorsements), T2 with Q endorsements conditioned on T1;
+    then one drain decides DROP of T1's checkpoint and then of T2's."""
+    core, app = solo("n1", bugs=bugs, delta_old_ms=100)
     run(core, app, Tick(now_ms=EPOCH))
     t1 = make_tx("set r a", reqs={"r": version(None)}, deadline=EPOCH + 500)
     t2 = make_tx("set r b", client="c2", reqs={"r": version(None)}, deadline=EPOCH + 600)
@@ -59,11 +75,25 @@ def test_a_dependent_dropped_in_the_same_drain_never_commits() -> None:
     assert isinstance(core._checkpoints, CheckpointMachine)
     core._checkpoints = DecidesDrop(core._checkpoints, (tx_id(t1), tx_id(t2)))  # type: ignore[assignment]
     ready = run(core, app, Tick(now_ms=EPOCH + 700))
+    return core, app, ready, tx_id(t1), tx_id(t2)
 
-    assert store.state_of(tx_id(t1)) is TxState.DROPPED
-    assert store.state_of(tx_id(t2)) is TxState.DROPPED  # was COMMITTED before the fix
+
+def test_a_dependent_dropped_in_the_same_drain_never_commits() -> None:
+    core, app, ready, t1, t2 = _drop_both_in_one_drain()
+    store = core._store
+    assert store.state_of(t1) is TxState.DROPPED
+    assert store.state_of(t2) is TxState.DROPPED  # was COMMITTED before the fix
     assert not ready.committed
     assert app.data == {}
     assert {(a.request.client_id, a.request.request_no) for a in ready.aborted} == {
         ("c1", 1), ("c2", 1)}
     assert "checkpoint_dropped_committed" not in core.status().dropped
+
+
+def test_the_cascade_in_drain_bug_commits_the_dependent() -> None:
+    """The deliberate bug: the old rule, each drop cascading at once (DROP meets a commit)."""
+    core, _app, ready, t1, t2 = _drop_both_in_one_drain(frozenset({"cascade_in_drain"}))
+    assert core._store.state_of(t1) is TxState.DROPPED
+    assert core._store.state_of(t2) is TxState.COMMITTED
+    assert len(ready.committed) == 1
+    assert core.status().dropped.get("checkpoint_dropped_committed") == 1
