@@ -2,9 +2,10 @@
 and network, the BUGGIFY crash hook, and the heal at the end of the fault phase.
 
 Owns: `NemesisRun` (the run's fault state: active partitions by episode, killed nodes, the
-crash-after-ready probability and the last term/vote each node persisted). `phalanx.jepsen.
-sim.run` builds one per run, after its nodes and membership nemesis, and hands it the
-schedule's events in time order.
+crash-after-ready probability and the last term/vote each node persisted). The run
+(`phalanx.jepsen.sim.run`) builds one per run, after its nodes and membership nemesis, and
+hands it the schedule's events in time order (a named scenario's among them:
+`phalanx.jepsen.sim.scenarios`).
 
 Rules: deterministic (all draws from the injected `buggify_rng`, virtual time only); at
 most a minority is down through BUGGIFY crashes; `heal_all` leaves every node up, resumed,

@@ -9,8 +9,9 @@ two runs can be compared.
 
 Phases:
 1. Fault phase `[0, time_ns)`: nodes boot, clients run closed loops, the nemesis schedule
-   (`phalanx.jepsen.nemesis.generate_schedule`) is interpreted; log matching is checked
-   every `check_every_ns`.
+   (`phalanx.jepsen.nemesis.generate_schedule`, plus a named scenario's events:
+   `phalanx.jepsen.sim.scenarios`) is interpreted; log matching is checked every
+   `check_every_ns`.
 2. Heal at `time_ns`: every node restarted/resumed, links restored, packet faults off.
 3. Liveness window `[time_ns, time_ns + liveness_ns)`: every pending operation must
    complete by its end; halfway through, clients stop and one final read per key is issued,
@@ -58,6 +59,7 @@ from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.protocols import SimWorkload, WorkloadEnv, protocol_setup
 from phalanx.jepsen.sim.run_config import GOSSIP, MS, RunConfig, RunResult, swarm_choices
+from phalanx.jepsen.sim.scenarios import with_scenario
 from phalanx.jepsen.sim.wan import WanModel
 from phalanx.net.codec import DecodeError, Registry
 
@@ -367,6 +369,8 @@ def _run(cfg: RunConfig) -> RunResult:
     if c.membership is not None and cfg.schedule is None:
         schedule = sim_membership.with_changes(schedule, cfg.seed, c.names[cfg.nodes:],
                                               cfg.time_ns)
+    schedule = with_scenario(cfg.scenario, schedule, seed=cfg.seed, voters=c.voters,
+                             time_ns=cfg.time_ns)
     for event in schedule:
         loop.call_at(event.at_ns, lambda e=event: c.nemesis.apply_fault(e))  # type: ignore[misc]
     c.nemesis.boot_buggify()
