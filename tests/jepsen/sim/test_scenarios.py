@@ -27,7 +27,7 @@ def test_long_halves_cuts_two_halves_for_most_of_the_fault_phase() -> None:
         assert len(left) == len(right) == 2 and sorted(left + right) == list(VOTERS)
         assert 200 * MS <= start.at_ns < 400 * MS
         assert 2_400 * MS < stop.at_ns <= 3_000 * MS
-        splits.add(start.groups)
+        splits.add(frozenset(start.groups))
         assert events == with_scenario(LONG_HALVES, (), seed=seed, voters=VOTERS,
                                        time_ns=3_000 * MS)  # a function of the seed
     assert len(splits) == 3  # every split of four nodes into halves occurs
