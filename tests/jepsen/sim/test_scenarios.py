@@ -22,9 +22,11 @@ def test_long_halves_cuts_two_halves_for_most_of_the_fault_phase() -> None:
         start, stop = events
         assert (start.action, stop.action) == ("start", "stop")
         assert start.fault == stop.fault == nemesis.PARTITION_HALVES
-        assert start.groups == stop.groups and start.episode == stop.episode == 0
+        assert start.groups == stop.groups
+        assert start.episode == stop.episode == 0
         left, right = start.groups
-        assert len(left) == len(right) == 2 and sorted(left + right) == list(VOTERS)
+        assert len(left) == len(right) == 2
+        assert sorted(left + right) == list(VOTERS)
         assert 200 * MS <= start.at_ns < 400 * MS
         assert 2_400 * MS < stop.at_ns <= 3_000 * MS
         splits.add(frozenset(start.groups))
