@@ -43,8 +43,9 @@ SEEDS = range(7)
 """4.4-6.2 s of CPU a seed (load 9-11 on 2 cores), ~38 s in all (2026-12-03)."""
 
 CATCHES = CatchRange(seeds=SEEDS, known=(6,))
-"""`cascade_in_drain` failed at seed 6 of 0-9 (`converge`: n2 and n4 applied a put of r0 that
-f+1 nodes aborted) and at none of the others; seed 6 passes without it."""
+"""`cascade_in_drain` failed at seed 6 of 0-9 (`converge`: n1 differs from n2 and n4 on r0;
+a put of r0 applied although f+1 = 2 nodes sent its abort notice) and at none of the
+others; seed 6 passes without it (2026-12-03)."""
 
 
 def long_halves(seed: int, bugs: frozenset[str] = frozenset()) -> RunResult:
