@@ -75,7 +75,10 @@ sweeps: bytecode
 
 # The long leaderless sweep (docs/LEADERLESS.md "Simulation"): 1,000 seeds at n=4 under every
 # fault kind but lose-disk (the core has no amnesia recovery: a node that lost its disk could
-# sign conflicting endorsements), then 200 seeds with one Byzantine node (f=1).
+# sign conflicting endorsements), then 200 seeds with one Byzantine node (f=1), then 40 seeds
+# of the long halves partition (--scenario long-halves: n1..n4 cut into two seeded halves for
+# most of 6 s, 32 signing clients; issue 15's "DROP meets a commit in one drain"; make test
+# runs seeds 3-9 of it, ~5.5 s of CPU a seed).
 # SIM_LEADERLESS_ARGS adds options (e.g. --jobs 2).
 SIM_LEADERLESS_FAULTS ?= pause,partition-one,partition-halves,partition-ring,partition-asymmetric,loss,duplicate,delay,straggle,clock-skew,kill,lose-unfsynced,crash-after-ready
 # With a Byzantine node, no restarts yet: an equivocating endorser leaves honest replicas apart,
@@ -87,6 +90,10 @@ sim-leaderless: $(STAMP)
 	  --faults $(SIM_LEADERLESS_FAULTS) --time 1 --liveness 3 $(SIM_LEADERLESS_ARGS)
 	$(VENV)/bin/phalanx sim --protocol leaderless --nodes 4 --seeds 200 --byzantine 1 \
 	  --faults $(SIM_LEADERLESS_BYZANTINE_FAULTS) --time 1 --liveness 3 $(SIM_LEADERLESS_ARGS)
+	$(VENV)/bin/phalanx sim --protocol leaderless --nodes 4 --seeds 40 --faults none \
+	  --scenario long-halves --time 6 --liveness 4 --clients 32 --no-swarm --sized-budgets \
+	  --set conflict_pct=60 --set ops_per_client=10000 --set think_ns=20000000 \
+	  $(SIM_LEADERLESS_ARGS)
 
 # The Jepsen matrix on real clusters, 60 s per cell (~30 min in all). Raft: 5 nodes, workload
 # x nemesis. PBFT: 4 nodes (f=1), workload x nemesis, then workload x one Byzantine replica

@@ -62,6 +62,12 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   that it holds nothing of does not ask for state transfer (the rule before 2026-12-02
   night): a commit missed during a cut or a clock offset that, with the catch-up's delay,
   outlasted the horizon is never learnt (1 s-horizon seeds 31 and 33, `converge`).
+- ``cascade_in_drain``: apply the DROPs of the checkpoints one drain decided one id at a
+  time, each drop cascading at once into the commit of its dependents (the rule before
+  2026-12-02, branch lldiverge): a dependent whose endorsements are conditioned on the
+  dropped id commits although the same drain also decided the dependent's own checkpoint
+  DROP, at a node that decided the condition's checkpoint first (DROP meets a commit; a
+  long halves partition with hot keys, `phalanx.jepsen.sim.scenarios`).
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 
@@ -79,7 +85,8 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "refuse_behind_checkpoint", "drop_forgotten",
                               "ordered_decided_once", "ordered_dead_evidence",
                               "veto_decided_once", "install_over_forgotten",
-                              "no_overdue_transfer", "no_stale_transfer")
+                              "no_overdue_transfer", "no_stale_transfer",
+                              "cascade_in_drain")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -191,6 +191,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             unconditional_always="endorse_despite_conflict" in self._bugs)
         self._endorser.skip_requirements = "skip_requirements" in self._bugs
         self._rules.count_conditional = "count_conditional" in self._bugs
+        self._drain_cascades = "cascade_in_drain" in self._bugs  # the bug (bugs.py)
         if restored is not None or restored_entries:
             self._restore(restored or LeaderlessDurableState(), known, restored_entries)
         self._init_transfer(checkpoint_format, restored=restored, recovering=recovering)
@@ -335,8 +336,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         entries = tuple(out.entries)
         committed = tuple(out.replayed) + entries if out.replayed else entries
         return Ready(number=number, entries=entries, committed=committed, core_state=core_state,
-                     snapshot=out.snapshot,
-                     must_sync=out.signed, messages=tuple(out.sends),
+                     snapshot=out.snapshot, must_sync=out.signed, messages=tuple(out.sends),
                      rejected=tuple(out.rejected), aborted=tuple(out.aborted))
 
     def durable_state(self) -> LeaderlessDurableState:
@@ -558,7 +558,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         for tx_id in effects.dropped:  # all dropped before any dependent commits (docs "DROP
             record = self._store.get(tx_id)  # meets a commit in one drain"): cascade below
             if record is not None and record.state is TxState.PENDING:
-                self._drop_tx(record, "dropped by a checkpoint (veto procedure)", out, False)
+                self._drop_tx(record, "dropped by a checkpoint (veto procedure)", out,
+                              self._drain_cascades)  # (False but with `cascade_in_drain`)
             elif record is None and not self._store.decided(tx_id):
                 self._store.drop_unknown(tx_id, self._now or 0)
                 self._dropped_txs += 1

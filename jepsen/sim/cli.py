@@ -30,6 +30,7 @@ from phalanx.cli.errors import (
     print_error,
 )
 from phalanx.jepsen import nemesis
+from phalanx.jepsen.sim.scenarios import SCENARIOS, check_scenario
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
 from phalanx.protocols import names as protocol_names
@@ -84,6 +85,11 @@ def add_sim_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="TEST ONLY: enable a deliberate bug of the protocol's core (the sweep should "
         "then fail); a wrong name lists the protocol's bugs",
     )
+    p.add_argument(
+        "--scenario", choices=SCENARIOS, default="",
+        help="add a named nemesis scenario to each seed's schedule (with --faults none: the "
+        "scenario alone): long-halves cuts the nodes into two halves from ~0.3 s to the last "
+        "fifth of --time (docs/LEADERLESS.md \"Simulation\")")
     p.add_argument("--jobs", type=int_between(1, MAX_JOBS), default=1,
                    help=f"worker processes, 1..{MAX_JOBS} (default 1)")
     p.add_argument("--time", type=positive_float, default=2.0,
@@ -188,6 +194,11 @@ def _handle(args: argparse.Namespace) -> int:
     if args.seeds < 1 or args.jobs < 1 or args.time <= 0 or args.liveness <= 0:
         print_error("phalanx sim", "--seeds, --jobs, --time and --liveness must be positive")
         return EXIT_USAGE
+    try:
+        check_scenario(args.scenario, int(args.time * 1e9))
+    except ValueError as exc:
+        print_error("phalanx sim", f"--scenario: {exc}")
+        return EXIT_USAGE
     if args.byzantine < 0 or args.twins < 0:
         print_error("phalanx sim", "--byzantine and --twins must be >= 0")
         return EXIT_USAGE
@@ -265,6 +276,7 @@ def _handle(args: argparse.Namespace) -> int:
         clients=args.clients,
         keys=args.keys,
         max_events=args.max_events,
+        scenario=args.scenario,
     )
     if settings:
         from phalanx.jepsen.sim.protocols import protocol_setup

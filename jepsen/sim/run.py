@@ -1,15 +1,17 @@
 """One seeded simulation: build a cluster, inject a fault schedule, heal, check everything.
 
 Owns: `run(config)` (and `_Cluster`, what a run drives); `RunConfig`, `RunResult` and
-`swarm_choices` live in `phalanx.jepsen.sim.run_config` and are re-exported here. A run is
+`swarm_choices` live in `phalanx.jepsen.sim.run_config` and are re-exported here; the
+fault events are carried out by `phalanx.jepsen.sim.nemesis_run.NemesisRun`. A run is
 a pure function of its config: every random draw comes from child generators of
 `random.Random(seed)`, time is virtual, and the result carries the sha256 of the trace so
 two runs can be compared.
 
 Phases:
 1. Fault phase `[0, time_ns)`: nodes boot, clients run closed loops, the nemesis schedule
-   (`phalanx.jepsen.nemesis.generate_schedule`) is interpreted; log matching is checked
-   every `check_every_ns`.
+   (`phalanx.jepsen.nemesis.generate_schedule`, plus a named scenario's events:
+   `phalanx.jepsen.sim.scenarios`) is interpreted; log matching is checked every
+   `check_every_ns`.
 2. Heal at `time_ns`: every node restarted/resumed, links restored, packet faults off.
 3. Liveness window `[time_ns, time_ns + liveness_ns)`: every pending operation must
    complete by its end; halfway through, clients stop and one final read per key is issued,
@@ -43,7 +45,6 @@ from collections.abc import Callable
 from functools import partial
 
 from phalanx.apps import kv_wire
-from phalanx.consensus.core import Ready
 from phalanx.consensus.types import ClientRequest, Message
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import HistoryRecorder
@@ -53,17 +54,18 @@ from phalanx.jepsen.sim.clients import ClientConfig, SimClient, ValueCounter
 from phalanx.jepsen.sim.dissemination import GossipFabric
 from phalanx.jepsen.sim.invariants import InvariantChecker
 from phalanx.jepsen.sim.loop import EventLoop, Trace
+from phalanx.jepsen.sim.nemesis_run import NemesisRun
 from phalanx.jepsen.sim.network import NetworkConfig, SimNetwork
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.protocols import SimWorkload, WorkloadEnv, protocol_setup
 from phalanx.jepsen.sim.run_config import GOSSIP, MS, RunConfig, RunResult, swarm_choices
+from phalanx.jepsen.sim.scenarios import with_scenario
 from phalanx.jepsen.sim.wan import WanModel
 from phalanx.net.codec import DecodeError, Registry
 
 __all__ = ["GC_THRESHOLD0", "RunConfig", "RunResult", "run", "swarm_choices"]
 
 _MS = MS
-_BOOT_WINDOW_NS = 200 * _MS
 _ABORTED = b"\x00phalanx:aborted"
 """What an abort counts as among a BFT request's replies (no KV result encodes so)."""
 
@@ -85,7 +87,7 @@ class _NodeCodec:
 
 
 class _Cluster:
-    """Wires nodes, network and clients for one run; interprets the nemesis schedule."""
+    """Wires nodes, network, clients and the nemesis (`NemesisRun`) for one run."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -103,7 +105,6 @@ class _Cluster:
         self.checker = setup.checker or InvariantChecker(leader_role=setup.leader_role)
         self.replies = setup.replies
         self.answers_all = setup.replies is not None or setup.workload is not None
-        self.recovers_lost_disk = setup.recovers_lost_disk
         self._watch_send = setup.watch_send
         if setup.description:
             self.trace(f"SETUP {setup.description}")
@@ -134,10 +135,6 @@ class _Cluster:
         self.client_rng = random.Random(root.getrandbits(64))
         self.sched_rng = random.Random(root.getrandbits(64))
         self.buggify_rng = random.Random(root.getrandbits(64))
-        self._crash_after_ready = 0.0
-        self._killed: set[str] = set()
-        self._term_vote: dict[str, tuple[int, str | None]] = {}
-        self._minority = (cfg.nodes - 1) // 2
         self.nodes: dict[str, SimNode] = {}
         node_codec = _NodeCodec(codec)  # the simulator is single-threaded: one is enough
         for name in self.names:
@@ -160,10 +157,6 @@ class _Cluster:
                 tick_ns=cfg.tick,
                 fresh_clock=setup.deadline_clock,
             )
-            if nemesis.CRASH_AFTER_READY in self.faults:
-                # (Otherwise the probability stays 0 for the whole run and the hook would
-                # only ever answer False: no call per persisted Ready.)
-                self.nodes[name].crash_point = self._crash_point
             self.network.route(name, self.nodes[name].deliver)
         self.voters = self.names[:cfg.nodes]
         self.membership: sim_membership.MembershipNemesis | None = None
@@ -172,6 +165,12 @@ class _Cluster:
                 loop=self.loop, rng=random.Random(f"membership:{cfg.seed}"),
                 trace=self.trace, nodes=self.nodes, voters=self.voters,
                 leader=self.leader, admin_input=sim_membership.admin_hook(cfg.protocol))
+        self.nemesis = NemesisRun(
+            loop=self.loop, trace=self.trace, recorder=self.recorder, network=self.network,
+            nodes=self.nodes, names=self.names, minority=(cfg.nodes - 1) // 2,
+            faults=self.faults, buggify_rng=self.buggify_rng,
+            recovers_lost_disk=setup.recovers_lost_disk, leader=self.leader,
+            membership=self.membership)
         self.fabric: GossipFabric | None = None
         if cfg.dissemination == GOSSIP:  # broadcasts through each node's gossip layer
             self.fabric = GossipFabric(loop=self.loop, nodes=self.nodes,
@@ -203,7 +202,6 @@ class _Cluster:
             )
             self.clients[f"c{i}"] = client
         self._by_session: dict[str, SimClient] = {}
-        self._partitions: dict[int, list[tuple[str, str]]] = {}
         self._client_rtt_ns = 500_000
         """Client to node and back, one way, without a WAN (with one: `WanModel`)."""
         self._reply_ns = 0 if wan is not None else self._client_rtt_ns
@@ -322,37 +320,7 @@ class _Cluster:
         self.loop.call_later(
             self._reply_ns, lambda: client.on_aborted(node, request.request_no, reason))
 
-    # -- nemesis ----------------------------------------------------------------------------
-
-    def _crash_point(self, node: SimNode, ready: Ready) -> bool:
-        """BUGGIFY: maybe crash `node` right after a Ready with persistence (see
-        `nemesis.CRASH_AFTER_READY`), keeping at most a minority down; restart it soon.
-
-        A Ready that changed the durable term or vote other than to vote for itself (a voter's
-        election step: the moment a lost or unpersisted vote matters) crashes with probability
-        3/4, any other with the episode's probability."""
-        hs = ready.hard_state
-        election = False
-        if hs is not None:
-            election = hs.vote != node.name and (
-                self._term_vote.get(node.name) != (hs.term, hs.vote))
-            self._term_vote[node.name] = (hs.term, hs.vote)
-        p = self._crash_after_ready
-        if not p or self.buggify_rng.random() >= (0.75 if election else p):
-            return False
-        down = sum(1 for name in self.names if not self.nodes[name].up)
-        if down >= self._minority:
-            return False
-        name = node.name
-        self.trace(f"NEMESIS crash-after-ready {name}")
-        delay = self.buggify_rng.randrange(20_000, 1 * _MS)
-
-        def restart() -> None:
-            if name not in self._killed:
-                node.restart()
-
-        self.loop.call_later(delay, restart)
-        return True
+    # -- state ------------------------------------------------------------------------------
 
     def leader(self) -> str | None:
         best: tuple[int, str] | None = None
@@ -364,109 +332,6 @@ class _Cluster:
             if st.role == self.checker.leader_role and (best is None or st.term > best[0]):
                 best = (st.term, name)
         return None if best is None else best[1]
-
-    def boot_buggify(self) -> None:
-        """With the BUGGIFY faults in this seed's mix, `crash-after-ready` is also on (and
-        `straggle` with probability 1/2) from boot until the schedule's first possible episode
-        (`_BOOT_WINDOW_NS`): the first election is where candidates collide most (every
-        node's timer started together)."""
-        rng = self.buggify_rng
-        cfg = self.network.config
-        boot: list[str] = []
-        if nemesis.CRASH_AFTER_READY in self.faults:
-            self._crash_after_ready = round(rng.uniform(0.005, 0.05), 3)
-            boot.append(f"crash-after-ready={self._crash_after_ready:g}")
-        if nemesis.STRAGGLE in self.faults and rng.random() < 0.5:
-            cfg.straggle = round(rng.uniform(0.02, 0.2), 3)
-            boot.append(f"straggle={cfg.straggle:g}")
-        if not boot:
-            return
-        self.trace(f"NEMESIS boot buggify {' '.join(boot)}")
-
-        def stop() -> None:
-            self.trace("NEMESIS boot buggify ends")
-            self._crash_after_ready = 0.0
-            cfg.straggle = 0.0
-
-        self.loop.call_at(_BOOT_WINDOW_NS, stop)
-
-    def apply_fault(self, event: nemesis.FaultEvent) -> None:
-        start = event.action == "start"
-        kind = event.fault
-        self.trace(f"NEMESIS {event.describe()}")
-        self.recorder.nemesis(f=kind, value=event.describe(), time=self.loop.now)
-        cfg = self.network.config
-        if kind == nemesis.KILL:
-            for name in event.nodes:
-                if start:
-                    self._killed.add(name)
-                    self.nodes[name].crash(lose_unfsynced=event.value >= 1.0)
-                else:
-                    self._killed.discard(name)
-                    self.nodes[name].restart()
-        elif kind == nemesis.LOSE_DISK:
-            for name in event.nodes:
-                if not start:
-                    self._killed.discard(name)
-                    self.nodes[name].restart()
-                    continue
-                self._killed.add(name)
-                others = any(self.nodes[o].recovering for o in self.names if o != name)
-                if self.recovers_lost_disk and not others:
-                    self.nodes[name].lose_disk()
-                else:  # one lost disk at a time, and only where the core can recover
-                    self.nodes[name].crash(lose_unfsynced=False)
-        elif kind == nemesis.PAUSE:
-            for name in event.nodes:
-                if start:
-                    self.nodes[name].pause()
-                else:
-                    self.nodes[name].resume()
-        elif kind in nemesis.PARTITIONS:
-            if start:
-                self._partitions[event.episode] = self._links(event)
-            else:
-                self._partitions.pop(event.episode, None)
-            self.network.heal()
-            for links in self._partitions.values():
-                self.network.block(links)
-        elif kind == nemesis.LOSS:
-            cfg.loss = event.value if start else 0.0
-        elif kind == nemesis.DUPLICATE:
-            cfg.duplicate = event.value if start else 0.0
-        elif kind == nemesis.DELAY:
-            cfg.delay_factor = event.value if start else 1.0
-        elif kind == nemesis.CLOCK_SKEW:
-            for name in event.nodes:
-                self.nodes[name].clock_rate = event.value if start else 1.0
-        elif kind == nemesis.CRASH_AFTER_READY:
-            self._crash_after_ready = event.value if start else 0.0
-        elif kind == nemesis.STRAGGLE:
-            cfg.straggle = event.value if start else 0.0
-        elif kind == nemesis.MEMBERSHIP and self.membership is not None:
-            self.membership.apply(event)
-
-    def _links(self, event: nemesis.FaultEvent) -> list[tuple[str, str]]:
-        leader = self.leader() if event.fault == nemesis.ISOLATE_LEADER else None
-        if leader is not None:
-            self.trace(f"NEMESIS isolate-leader resolves to {leader}")
-        return nemesis.cut_links(event, self.names, leader=leader)
-
-    def heal_all(self) -> None:
-        self.trace("NEMESIS heal all")
-        self._partitions.clear()
-        self._killed.clear()
-        self._crash_after_ready = 0.0
-        self.network.heal()
-        cfg = self.network.config
-        cfg.loss, cfg.duplicate, cfg.delay_factor, cfg.straggle = 0.0, 0.0, 1.0, 0.0
-        if self.membership is not None:
-            self.membership.stop()
-        for name in self.names:
-            node = self.nodes[name]
-            node.clock_rate = 1.0
-            node.resume()
-            node.restart()  # (not a retired one: removed from the membership)
 
     def check_logs(self) -> None:
         logs = {n: self.nodes[n].log for n in self.names}
@@ -504,9 +369,11 @@ def _run(cfg: RunConfig) -> RunResult:
     if c.membership is not None and cfg.schedule is None:
         schedule = sim_membership.with_changes(schedule, cfg.seed, c.names[cfg.nodes:],
                                               cfg.time_ns)
+    schedule = with_scenario(cfg.scenario, schedule, seed=cfg.seed, voters=c.voters,
+                             time_ns=cfg.time_ns)
     for event in schedule:
-        loop.call_at(event.at_ns, lambda e=event: c.apply_fault(e))  # type: ignore[misc]
-    c.boot_buggify()
+        loop.call_at(event.at_ns, lambda e=event: c.nemesis.apply_fault(e))  # type: ignore[misc]
+    c.nemesis.boot_buggify()
     for name in c.names:
         c.nodes[name].start()
     if c.fabric is not None:
@@ -532,7 +399,7 @@ def _run(cfg: RunConfig) -> RunResult:
         t = min(cfg.time_ns, t + cfg.check_every_ns)
         loop.run_until(t)
         c.check_logs()
-    c.heal_all()
+    c.nemesis.heal_all()
     end = cfg.time_ns + cfg.liveness_ns
     for client in workers:
         client.enter_liveness(end)

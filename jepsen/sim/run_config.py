@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from phalanx.jepsen import nemesis
 from phalanx.jepsen.history import Op
 from phalanx.jepsen.sim.protocols import Knobs
+from phalanx.jepsen.sim.scenarios import check_scenario
 from phalanx.jepsen.sim.wan import WanConfig
 from phalanx.protocols import DEFAULT_PROTOCOL
 from phalanx.protocols import get as get_protocol
@@ -61,6 +62,10 @@ class RunConfig:
     schedule: nemesis.Schedule | None = None
     """An explicit fault schedule instead of the seed's generated one (scripted scenario
     tests; the replay command then names the test, not the CLI)."""
+    scenario: str = ""
+    """A named nemesis scenario (`phalanx.jepsen.sim.scenarios`, e.g. ``long-halves``)
+    whose seeded events are added to the seed's generated schedule (`faults` none: the
+    scenario alone); not with an explicit `schedule`."""
     dissemination: str = DIRECT
     """How cores' broadcasts travel: "direct" (one message per peer: the full mesh) or
     "gossip" (rumors through each node's gossip layer; `phalanx.jepsen.sim.dissemination`)."""
@@ -76,6 +81,10 @@ class RunConfig:
         if self.dissemination not in DISSEMINATIONS:
             raise ValueError(f"dissemination must be one of {', '.join(DISSEMINATIONS)}, "
                              f"got {self.dissemination!r}")
+        check_scenario(self.scenario, self.time_ns)
+        if self.scenario and self.schedule is not None:
+            raise ValueError("a scenario adds to the generated schedule: not with an "
+                             "explicit schedule")
 
     @property
     def tick(self) -> int:
@@ -135,6 +144,7 @@ class RunConfig:
             if w.cpu is not None:  # (the CLI's model has the default costs)
                 shape += " --cpu-model"
         shape += "".join(f" --set {name}={value}" for name, value in self.settings)
+        shape += f" --scenario {self.scenario}" if self.scenario else ""
         if self.dissemination != default.dissemination:
             shape += f" --dissemination {self.dissemination}"
             if self.gossip_tick_ns != default.gossip_tick_ns:

@@ -7,7 +7,9 @@ checkpoint decided DROP in the same drain, `blocked(T2)` is already false (its c
 decided), so a cascade from T1's drop committed T2 before the core reached T2's drop, while
 every node that met T2's checkpoint first dropped it: the replicas parted. Since then
 `blocked` also holds for the ids of a checkpoint decided DROP, so no commit path (that
-cascade re-enabled, here) can commit one (defence in depth)."""
+cascade re-enabled, here) can commit one (defence in depth). The deliberate bug
+`cascade_in_drain` (`bugs.py`) is the old rule; the simulator's control for it is
+`tests/jepsen/sim/test_leaderless_long_halves.py`."""
 
 from __future__ import annotations
 
@@ -56,10 +58,11 @@ class DecidesDrop:
         return replace(effects, dropped=effects.dropped + ids)
 
 
-def t1_t2_pending() -> tuple[LeaderlessCore, KvApp, Transaction, Transaction]:
+def t1_t2_pending(bugs: frozenset[str] = frozenset()) -> tuple[
+        LeaderlessCore, KvApp, Transaction, Transaction]:
     """T1 pending with two endorsements; T2 pending with Q endorsements, each conditioned
     on T1 (so dropping T1 makes T2 committable)."""
-    core, app = solo("n1", delta_old_ms=100)
+    core, app = solo("n1", bugs=bugs, delta_old_ms=100)
     run(core, app, Tick(now_ms=EPOCH))
     t1 = make_tx("set r a", reqs={"r": version(None)}, deadline=EPOCH + 500)
     t2 = make_tx("set r b", client="c2", reqs={"r": version(None)}, deadline=EPOCH + 600)
@@ -117,3 +120,16 @@ def test_a_drop_decided_id_is_refused_by_any_commit_path(monkeypatch: pytest.Mon
     assert app.data == {}
     assert "checkpoint_dropped_committed" not in core.status().dropped
     assert machine.blocked(tx_id(t2))
+
+
+def test_the_cascade_in_drain_bug_commits_the_dependent() -> None:
+    """The deliberate bug: the old rule, each drop cascading at once (DROP meets a commit;
+    the fake machine here does not block the DROP-decided T2, as before the hardening)."""
+    core, app, t1, t2 = t1_t2_pending(frozenset({"cascade_in_drain"}))
+    assert isinstance(core._checkpoints, CheckpointMachine)
+    core._checkpoints = DecidesDrop(core._checkpoints, (tx_id(t1), tx_id(t2)))  # type: ignore[assignment]
+    ready = run(core, app, Tick(now_ms=EPOCH + 700))
+    assert core._store.state_of(tx_id(t1)) is TxState.DROPPED
+    assert core._store.state_of(tx_id(t2)) is TxState.COMMITTED
+    assert len(ready.committed) == 1
+    assert core.status().dropped.get("checkpoint_dropped_committed") == 1
