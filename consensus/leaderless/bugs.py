@@ -67,7 +67,9 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   2026-12-02, branch lldiverge): a dependent whose endorsements are conditioned on the
   dropped id commits although the same drain also decided the dependent's own checkpoint
   DROP, at a node that decided the condition's checkpoint first (DROP meets a commit; a
-  long halves partition with hot keys, `phalanx.jepsen.sim.scenarios`).
+  long halves partition with hot keys, `phalanx.jepsen.sim.scenarios`). With it `blocked`
+  also ends at a checkpoint's decision, as it did then (`old_unblock` of the veto and ordered
+  machines): the hardening of 2026-12-03 would otherwise refuse the dependent's commit.
 - ``no_state_transfer``: ignore the checkpoint format (no state transfer): a node away for
   longer than the GC horizon never catches up.
 

@@ -191,7 +191,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
             unconditional_always="endorse_despite_conflict" in self._bugs)
         self._endorser.skip_requirements = "skip_requirements" in self._bugs
         self._rules.count_conditional = "count_conditional" in self._bugs
-        self._drain_cascades = "cascade_in_drain" in self._bugs  # the bug (bugs.py)
+        self._drain_cascades = self._checkpoints.old_unblock = "cascade_in_drain" in self._bugs
         if restored is not None or restored_entries:
             self._restore(restored or LeaderlessDurableState(), known, restored_entries)
         self._init_transfer(checkpoint_format, restored=restored, recovering=recovering)

@@ -186,6 +186,7 @@ class OrderedCheckpoints:
         self._counts: dict[str, int] = {}
         self.fenced = False
         self.unprovable: Callable[[TxId], bool] = lambda _t: False
+        self.old_unblock = False  # `cascade_in_drain` (bugs.py): blocked ends at the decision
         for vote in rec.own:
             if vote.voter != self.node_id:
                 raise LocalProtocolError(f"restored vote is not {self.node_id!r}'s: {vote!r}")
@@ -318,7 +319,7 @@ class OrderedCheckpoints:
         """Whether this node voted in an undecided checkpoint containing `tx_id`, or a
         decision dropped it (the ordered state's bounded memory of dropped ids, durable in
         `record()`): defence in depth, no path may commit an id decided DROP."""
-        if self._state.was_dropped(tx_id):
+        if self._state.was_dropped(tx_id) and not self.old_unblock:
             return True
         for cid in self._by_tx.get(tx_id, ()):
             loc = self._local[cid]

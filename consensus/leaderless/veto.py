@@ -93,7 +93,7 @@ class CheckpointMachine:
         "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_decisions",
         "_dropped", "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes",
         "_nodes", "_period", "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of",
-        "node_id", "unprovable",
+        "node_id", "old_unblock", "unprovable",
     )
 
     def __init__(
@@ -153,6 +153,7 @@ class CheckpointMachine:
         self._kept: list[TransactionProof] = []
         self._dropped_counts: dict[str, int] = {}
         self.unprovable: Callable[[TxId], bool] = lambda _t: False
+        self.old_unblock = False  # `cascade_in_drain` (bugs.py): blocked ends at the decision
         """Never vote drop on it, and no proof to veto with: committed here without a proof
         (after a restart), or possibly committed and forgotten (the core's `memory.py`).
         The node does not vote until a veto's proof arrives or this changes (retried on
@@ -378,7 +379,8 @@ class CheckpointMachine:
         docstring)."""
         for cid in self._by_tx.get(tx_id, ()):
             cp = self._checkpoints[cid]
-            if cp.drop or (cp.drop is None and cp.own is not None and cp.own.drop):
+            if (cp.drop and not self.old_unblock) or (
+                    cp.drop is None and cp.own is not None and cp.own.drop):
                 return True
         return False
 
