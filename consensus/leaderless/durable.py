@@ -37,18 +37,20 @@ WAL entries and its `core_state`, then reports `Persisted`):
 - A transaction committed in the WAL but not in the record has no proof after a restart:
   the checkpoint machine never votes drop on a checkpoint naming it (`unprovable`).
 
-Growth notes (`note_growth`): at the GC horizon a category holds rate x horizon
-items (~20,000 at 350 commits/s), and the identity rules above still cost a C-level copy and
-comparison of the whole tuple per changed category and save. A producer that knows how its
-tuple changed since the last record (its head trimmed by k items, then items appended)
-says so (`growing.Growth`); the core notes, per record it builds, the growth of each category
-from the record before (`note_growth`, when built with ``growth_hints``), and `diff` uses a
-chain of such notes from `old` to `new` (found by identity of the records, never by `id()`)
-instead of comparing, for each category every note of the chain covers. The notes are
-bounded (`MAX_NOTES` per process) and a consumed chain is dropped; a category without a
-note, or a chain that is not there, is diffed as before. A note only says what the
-comparison would have found, so the delta is the same either way (a test checks it on
-the core's own records).
+Growth notes (`note_growth`): at the GC horizon a category holds rate x horizon items
+(~20,000 at 350 commits/s), and the identity rules above still cost a C-level copy and
+comparison of the whole tuple per changed category and save. A producer that knows how
+its tuple changed since the last record (its head trimmed by k items, then items
+appended) says so (`growing.Growth`); the core notes, per record it builds, the growth of
+each category from the record before (`RecordNotes`, when built with ``growth_notes``),
+and `diff` uses a chain of such notes from `old` to `new` (found by identity of the
+records, never by `id()`) instead of comparing, for each category every note of the chain
+covers, after an O(1) plausibility check (`_fits`). The notes are bounded (`MAX_NOTES` per
+process), shared under a lock (the journal diffs on the persistence worker thread while
+the core steps), and a consumed chain is dropped; a category without a note, or a chain
+that is not there, is diffed as before. A note says what the comparison would have
+found, so the delta is the same either way (`test_growth_notes.py` checks it on the
+core's own records).
 
 Invariants:
 - Exact replay: ``apply(old, diff(old, new)) == new`` for ANY two records (the walk matches
@@ -64,6 +66,7 @@ Must not import: storage, the codec, trio, clocks.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -103,6 +106,9 @@ class _Note:
 
 
 _notes: deque[_Note] = deque(maxlen=MAX_NOTES)
+_lock = threading.Lock()
+"""The core notes on its task while a real node's journal diffs on the persistence worker
+thread: every use of `_notes` holds this lock."""
 
 
 def note_growth(old: LeaderlessDurableState, new: LeaderlessDurableState,
@@ -111,7 +117,8 @@ def note_growth(old: LeaderlessDurableState, new: LeaderlessDurableState,
     trimming its head and appending (the module docstring: a wrong note is a wrong delta;
     only the core's producers, which did exactly that, call this)."""
     if old is not new:
-        _notes.append(_Note(old, new, grown))
+        with _lock:
+            _notes.append(_Note(old, new, grown))
 
 
 NOTED = ("endorsed", "refused", "known", "committed", "released_at", "decided")
@@ -289,9 +296,10 @@ class LeaderlessDeltaRules:
             raise ValueError("LeaderlessDeltaRules only diffs LeaderlessDurableState records")
         if old is new:
             return None
-        chain = _chain(old, new) if _notes else None
-        if chain is not None:
-            _consume(chain)
+        with _lock:
+            chain = _chain(old, new) if _notes else None
+            if chain is not None:
+                _consume(chain)
         fields: dict[str, Any] = {}
         changed = False
         for name in CATEGORIES:
