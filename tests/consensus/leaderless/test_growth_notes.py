@@ -3,7 +3,8 @@ any appends, head removals and resets, and its `Growth` turns the marked base in
 a cluster of cores built with ``growth_notes``, every journal diff taken from the notes is
 the delta the comparison finds, and it replays to the record, whichever records the journal
 skips (group commit writes only a batch's last one), through commits, aborts, GC and a
-restart."""
+restart; and a real `StateJournal` over those records (compactions included) loads the
+last one saved."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.durable import CATEGORIES, LeaderlessDeltaRules, diff_items
 from phalanx.consensus.leaderless.growing import GrowingTuple
-from phalanx.consensus.leaderless.messages import LeaderlessDurableState
+from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, LeaderlessDurableState
 from phalanx.consensus.types import NodeId
+from phalanx.net import wire
+from phalanx.runtime.persistence import StateJournal
+from phalanx.storage.memory import MemoryDirectory
 
 OPS = st.lists(st.tuples(st.sampled_from(["append", "extend", "pop", "pop", "reset", "read"]),
                          st.integers(0, 5)), max_size=60)
@@ -123,3 +127,53 @@ def test_noted_deltas_are_the_compared_ones_through_commits_aborts_gc_and_a_rest
     assert c.saves > 100
     assert c.rules.noted > 100  # the notes were used, not only the comparison
     assert len({tuple(sorted(s.items())) for s in c.states()}) == 1
+
+
+class RealJournalCluster(Cluster):
+    """Cores with growth notes whose records n1 saves through a real `StateJournal` (tiny
+    compaction threshold: full rewrites between the deltas), as a node's persistence does."""
+
+    def __init__(self, **config: object) -> None:
+        self.directory = MemoryDirectory("journal")
+        self.rules = LeaderlessDeltaRules()
+        self.journal = StateJournal(self.directory, codec=wire.default_registry(),
+                                    rules=self.rules, compact_bytes=20_000)
+        self.last: LeaderlessDurableState | None = None
+        super().__init__(**config)
+
+    def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None,
+              recovering: bool = False) -> Node:
+        cfg = LeaderlessConfig(node_id=node, nodes=self.ids, **self.config)  # type: ignore[arg-type]
+        core = LeaderlessCore(cfg, crypto=FastCrypto(node), client_keys=client_keys(), app=app,
+                              codec=CODEC, restored=durable, recovering=recovering,
+                              growth_notes=True)
+        return Node(core=core, app=app, crypto=FastCrypto(node), durable=durable)
+
+    def step(self, node: NodeId, inp: Input) -> Ready:
+        ready = super().step(node, inp)
+        if node == NodeId("n1") and isinstance(ready.core_state, LeaderlessDurableState):
+            self.journal.save_state(ready.core_state)
+            self.last = ready.core_state
+        return ready
+
+
+def test_a_state_journal_fed_with_noted_records_loads_the_last_one() -> None:
+    wire.register_all(LEADERLESS_MESSAGES)
+    c = RealJournalCluster(gc_horizon_ms=300)
+    c.tick(100)
+    no = 0
+    for _ in range(10):
+        for k in range(5):
+            no += 1
+            tx = make_tx(f"set key{no} v", client=f"c{k % 2 + 1}", no=no,
+                         reqs={f"key{no}": version(None)}, deadline=c.now + 250)
+            c.submit(tx, to=c.ids)
+        c.deliver()
+        c.tick(100, rounds=2)
+    c.tick(100, rounds=8)
+    assert c.journal.compactions > 1
+    assert c.journal.appends > 20
+    assert c.rules.noted > 20
+    loaded = StateJournal(c.directory, codec=wire.default_registry(),
+                          rules=LeaderlessDeltaRules()).load_state()
+    assert loaded == c.last
