@@ -8,7 +8,9 @@ last one saved."""
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,11 +18,16 @@ from leaderless_harness import CODEC, Cluster, KvApp, Node, client_keys, make_tx
 
 from phalanx.consensus.core import Input, Ready
 from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.leaderless import durable
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.durable import CATEGORIES, LeaderlessDeltaRules, diff_items
 from phalanx.consensus.leaderless.growing import GrowingTuple
-from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, LeaderlessDurableState
+from phalanx.consensus.leaderless.messages import (
+    LEADERLESS_MESSAGES,
+    DecidedTx,
+    LeaderlessDurableState,
+)
 from phalanx.consensus.types import NodeId
 from phalanx.net import wire
 from phalanx.runtime.persistence import StateJournal
@@ -177,3 +184,39 @@ def test_a_state_journal_fed_with_noted_records_loads_the_last_one() -> None:
     loaded = StateJournal(c.directory, codec=wire.default_registry(),
                           rules=LeaderlessDeltaRules()).load_state()
     assert loaded == c.last
+
+
+def test_notes_are_taken_on_one_thread_while_another_adds_them() -> None:
+    """A real node's journal diffs on the persistence worker thread while the core adds
+    notes on its task: the chain walk must never see the notes change under it."""
+    base = LeaderlessDurableState(decided=())
+    records = [base]
+    for i in range(1, 400):  # a line of records, one tombstone appended per record
+        records.append(LeaderlessDurableState(decided=(*records[-1].decided, DecidedTx(
+            tx_id=i.to_bytes(32, "big"), deadline_ms=i, committed=True))))
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def noise() -> None:  # another core's notes, added and evicted all the time
+        other = [LeaderlessDurableState(gc_horizon_ms=i) for i in range(64)]
+        while not done.is_set():
+            for a, b in itertools.pairwise(other):
+                durable.note_growth(a, b, {})
+
+    rules = LeaderlessDeltaRules()
+    thread = threading.Thread(target=noise)
+    thread.start()
+    try:
+        for old, new in itertools.pairwise(records):
+            durable.note_growth(old, new, {"decided": (0, new.decided[-1:])})
+            try:
+                delta = rules.diff(old, new)
+            except RuntimeError as e:  # "deque mutated during iteration"
+                errors.append(e)
+                continue
+            assert delta is not None
+            assert rules.apply(old, delta) == new
+    finally:
+        done.set()
+        thread.join()
+    assert not errors
