@@ -58,7 +58,8 @@ WAITS = re.compile(
     r"|^_worker \(concurrent/futures/thread\.py:\d+\)$"
 )
 """Innermost frames where a thread blocks rather than computes (a worker or the checkpoint
-writer waiting for work, a thread pool's idle `_worker` (its queue wait is a C call), the metrics server's select, trio's epoll_wait, fsync): py-spy's
+writer waiting for work, a thread pool's idle `_worker` (its queue wait is a C call), the
+metrics server's select, trio's epoll_wait, fsync): py-spy's
 own idle detection does not see them as idle in this VM, so they are counted apart
 (``wait``, as a share of all samples) and left out of the parts' shares."""
 
