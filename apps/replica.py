@@ -154,6 +154,8 @@ class Replica(ReplicaRecovery):
         self._admit = machine.admit if isinstance(machine, Admission) else None
         self._hooks = (machine if isinstance(machine, BatchHooks) and transactions is None
                        else None)
+        self._apply_tx = machine.apply_tx if isinstance(machine, TransactionAware) else None
+        """Taken once: an isinstance on a runtime Protocol costs ~50 us (it ran per apply)."""
         self._proposer_of = proposer_of
         self._store = checkpoints
         self._wal = wal
@@ -378,11 +380,11 @@ class Replica(ReplicaRecovery):
             return ApplyStatus.DUPLICATE, done.result
         if table.too_old(deadline_ms):
             return ApplyStatus.EXPIRED, b""
-        machine = self._machine
-        if isinstance(machine, TransactionAware):
-            result = machine.apply_tx(tx_id, app_command, pinned)
+        apply_tx = self._apply_tx
+        if apply_tx is not None:
+            result = apply_tx(tx_id, app_command, pinned)
         else:
-            result = machine.apply(app_command)
+            result = self._machine.apply(app_command)
         table.record(tx_id, deadline_ms, result)
         return ApplyStatus.APPLIED, result
 

@@ -25,6 +25,10 @@ port (`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): 
 issue 23's Round 6 (`pipelined.py`, `client_path_cpu.py`).
 ``--modules gcpacer`` swaps the replica (`phalanx.apps.replica`): with a revision before
 issue 23's raftelect fix, A's GC pacer counts one apply per log entry, B's one per command.
+``--modules tree`` gives arm A the revision's whole package (every folder of the import
+package, `PACKAGE_DIRS`, exported with ``git archive`` and laid out as one `phalanx` package
+of symlinks, first on ``PYTHONPATH``): A is the revision, B the working tree, for a change
+that spans many modules (docs/LEADERLESS.md "Round 7").
 ``--modules msgpath`` swaps the peer receive path (`phalanx.net.transport`, `driver`,
 `node`): A steps every peer message through the driver's input channel, B in the reading
 task while the core loop is idle (`phalanx.runtime.driver_inline`).
@@ -78,6 +82,28 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 """``--modules``: the sets of modules arm A takes from the revision, in import order."""
 
+PACKAGE_DIRS: dict[str, str] = {
+    "phalanx": "phalanx", "consensus": "consensus", "storage": "storage", "apps": "apps",
+    "net": "net", "jepsen": "jepsen", "gossip": "gossip", "clustersend": "clustersend"}
+"""``--modules tree``: subpackage name -> the repository folder it installs from
+(pyproject.toml's ``package-dir``; ``phalanx`` itself is the package's root)."""
+
+
+def _stage_tree(base: str, root: Path, into: Path) -> None:
+    """The revision's package under `into`/phalanx (its folders exported, then linked)."""
+    src = into / "src"
+    src.mkdir()
+    archive = subprocess.run(["git", "archive", base, *PACKAGE_DIRS.values()], cwd=root,
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    package = into / "phalanx"
+    package.mkdir()
+    for entry in (src / "phalanx").iterdir():
+        (package / entry.name).symlink_to(entry)
+    for name, folder in PACKAGE_DIRS.items():
+        if name != "phalanx":
+            (package / name).symlink_to(src / folder)
+
 SITECUSTOMIZE = '''\
 import importlib.util, os, sys
 import phalanx.net
@@ -91,6 +117,9 @@ for _name, _file in {modules!r}:
 
 
 def _stage(base: str, root: Path, into: Path, which: str = "codec") -> None:
+    if which == "tree":
+        _stage_tree(base, root, into)
+        return
     modules = []
     for name, path in MODULE_SETS[which]:
         source = subprocess.run(["git", "show", f"{base}:{path}"], cwd=root, check=True,
@@ -105,7 +134,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--base", required=True, help="the git revision of arm A's codec")
     p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--modules", choices=sorted(MODULE_SETS), default="codec",
+    p.add_argument("--modules", choices=sorted([*MODULE_SETS, "tree"]), default="codec",
                    help="the modules arm A takes from the revision (default: the codec)")
     p.add_argument("--grep", default="per write", help="summary: the output lines with this")
     p.add_argument("command", nargs=argparse.REMAINDER,

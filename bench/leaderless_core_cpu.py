@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import inspect
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -113,8 +114,13 @@ def main() -> None:
     apps = {n: App(codec) for n in ids}
     client_keys = FastCrypto(NodeId("verifier"), cluster_secret=CLIENT_SECRET)
     signer = FastCrypto(NodeId("c1"), cluster_secret=CLIENT_SECRET)
+    # As a real node (`leaderless_node.build_core`): growth notes for the journal's diff,
+    # where this revision has them (docs/LEADERLESS.md "Round 7").
+    notes = ({"growth_notes": True} if "growth_notes" in inspect.signature(
+        LeaderlessCore.__init__).parameters else {})
     cores = {n: LeaderlessCore(LeaderlessConfig(node_id=n, nodes=ids), crypto=FastCrypto(n),
-                               client_keys=client_keys, app=apps[n], codec=codec)
+                               client_keys=client_keys, app=apps[n], codec=codec,
+                               **notes)  # type: ignore[arg-type]
              for n in ids}
     last: dict[NodeId, object] = {}
     stats: dict[str, float] = {"records": 0, "sampled": 0, "whole": 0, "appended": 0,

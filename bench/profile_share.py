@@ -54,10 +54,13 @@ PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 WAITS = re.compile(
     r"\(trio/_core/_thread_cache\.py:211\)$|\(apps/writer\.py:227\)$|\(selectors\.py:\d+\)$"
+    r"|^_paced \(apps/writer\.py:\d+\)$"
     r"|EpollIOManager\.get_events|\(storage/directory\.py:222\)$|\(threading\.py:\d+\)$"
+    r"|^_worker \(concurrent/futures/thread\.py:\d+\)$"
 )
 """Innermost frames where a thread blocks rather than computes (a worker or the checkpoint
-writer waiting for work, the metrics server's select, trio's epoll_wait, fsync): py-spy's
+writer waiting for work, its `_paced` hand-off sleeps, a thread pool's idle `_worker` (its
+queue wait is a C call), the metrics server's select, trio's epoll_wait, fsync): py-spy's
 own idle detection does not see them as idle in this VM, so they are counted apart
 (``wait``, as a share of all samples) and left out of the parts' shares."""
 

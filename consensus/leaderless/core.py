@@ -50,6 +50,7 @@ from phalanx.consensus.leaderless.bugs import check_bugs
 from phalanx.consensus.leaderless.catch_up import TRANSFER_TYPES, CatchUp
 from phalanx.consensus.leaderless.checks import ProofChecker, tx_problem
 from phalanx.consensus.leaderless.config import LeaderlessConfig
+from phalanx.consensus.leaderless.durable import RecordNotes
 from phalanx.consensus.leaderless.endorse import Endorser
 from phalanx.consensus.leaderless.endorsement_batch import VerifiedRoots
 from phalanx.consensus.leaderless.fence import Fence
@@ -99,19 +100,22 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                  app: AppView, codec: TxCodec, restored: LeaderlessDurableState | None = None,
                  bugs: frozenset[str] = frozenset(), recovering: bool = False,
                  restored_entries: Sequence[Entry] = (),
-                 checkpoint_format: CheckpointFormat | None = None) -> None:
+                 checkpoint_format: CheckpointFormat | None = None,
+                 growth_notes: bool = False) -> None:
         """`recovering`: this node lost its durable record (amnesia): it starts fenced
         (`fence.py`), signing nothing until the fence's end. `restored_entries`: the WAL
         after the replica's checkpoint (`DurableState.entries`): every one is committed; those
         beyond `app.applied()` go out again in the first Ready's `committed`.
         `checkpoint_format`: how to read the replica's checkpoints; with it the node serves
-        and fetches checkpoints (state transfer, `catch_up.py`), without it neither."""
+        and fetches checkpoints (state transfer, `catch_up.py`), without it neither.
+        `growth_notes`: for a delta journal (`durable.py` "Growth notes")."""
         self._config = config
         self._crypto = crypto
         self._client_keys = client_keys
         self._app = app
         self._codec = codec
         self._ids: dict[Transaction, TxId] = {}
+        self._notes = RecordNotes() if growth_notes else None
         self._bugs = check_bugs(bugs)
         self._peers = config.peers()
         self._store = TxStore(max_buffered=config.max_pending)
@@ -325,6 +329,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
 
     def _ready(self, out: Outbox) -> Ready:
         core_state = self.durable_state() if (out.dirty or out.signed) else None
+        if core_state is not None and self._notes is not None:  # durable.py "Growth notes"
+            self._notes.note(core_state, (self._kernel, self._gate, self._store))
         number = 0
         if core_state is not None or out.entries or out.snapshot is not None:
             self._number += 1

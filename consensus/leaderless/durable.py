@@ -38,10 +38,27 @@ WAL entries and its `core_state`, then reports `Persisted`):
 - A transaction committed in the WAL but not in the record has no proof after a restart:
   the checkpoint machine never votes drop on a checkpoint naming it (`unprovable`).
 
+Growth notes (`note_growth`): at the GC horizon a category holds rate x horizon items
+(~20,000 at 350 commits/s), and the identity rules above still cost a C-level copy and
+comparison of the whole tuple per changed category and save. A producer that knows how
+its tuple changed since the last record (its head trimmed by k items, then items
+appended) says so (`growing.Growth`); the core notes, per record it builds, the growth of
+each category from the record before (`RecordNotes`, when built with ``growth_notes``),
+and `diff` uses a chain of such notes from `old` to `new` (found by identity of the
+records, never by `id()`) instead of comparing, for each category every note of the chain
+covers, after an O(1) plausibility check (`_fits`). The notes are bounded (`MAX_NOTES` per
+process), shared under a lock (the journal diffs on the persistence worker thread while
+the core steps), and a consumed chain is dropped; a category without a note, or a chain
+that is not there, is diffed as before. A note says what the comparison would have
+found, so the delta is the same either way (`test_growth_notes.py` checks it on the
+core's own records).
+
 Invariants:
 - Exact replay: ``apply(old, diff(old, new)) == new`` for ANY two records (the walk matches
   items by value; the identity rules above only make it fast); a property test checks it.
-- A delta is a function of the two records only.
+- A delta is a function of the two records only (a noted category's delta is the one the
+  comparison finds: the core's items of a category are distinct objects, so its "k oldest
+  out, items appended" match is the noted trim and append).
 - `apply` raises `ValueError` on a record or delta of the wrong type or with positions out
   of range (disk from elsewhere); the journal turns that into a `StorageError`.
 
@@ -50,8 +67,10 @@ Must not import: storage, the codec, trio, clocks.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from phalanx.consensus.leaderless.messages import LeaderlessDurableState, LeaderlessStateDelta
 
@@ -72,6 +91,137 @@ WHOLE_IF_CHANGED = ("ordering",)
 """The fields copied whole into a delta only when they changed (None in the delta:
 unchanged): the ordered resolution's record (`stuck_resolution = "pbft"`). A record never goes
 back from a value to None (the mode is fixed per node), so "unchanged" is exact."""
+
+
+MAX_NOTES = 64
+"""Growth notes kept per process (`note_growth`): a journal consumes the chain up to each
+record it saves, so a few are enough; the bound holds memory where nothing consumes them
+(a core without a journal)."""
+
+
+class _Note:
+    """`new` is `old` with, per category in `grown`, its head trimmed and items appended.
+    Compared by identity (a record's value equality costs O(record))."""
+
+    __slots__ = ("grown", "new", "old")
+
+    def __init__(self, old: LeaderlessDurableState, new: LeaderlessDurableState,
+                 grown: dict[str, tuple[int, tuple[Any, ...]]]) -> None:
+        self.old = old
+        self.new = new
+        self.grown = grown
+
+
+_notes: deque[_Note] = deque(maxlen=MAX_NOTES)
+_lock = threading.Lock()
+"""The core notes on its task while a real node's journal diffs on the persistence worker
+thread: every use of `_notes` holds this lock."""
+
+
+def note_growth(old: LeaderlessDurableState, new: LeaderlessDurableState,
+                grown: dict[str, tuple[int, tuple[Any, ...]]]) -> None:
+    """Record that each category of `grown` went from `old`'s tuple to `new`'s by
+    trimming its head and appending (the module docstring: a wrong note is a wrong delta;
+    only the core's producers, which did exactly that, call this)."""
+    if old is not new:
+        with _lock:
+            _notes.append(_Note(old, new, grown))
+
+
+NOTED = ("endorsed", "refused", "known", "committed", "released_at", "decided")
+"""The categories `RecordNotes.note` takes growths of, in its order."""
+
+
+class Producer(Protocol):
+    """A part of the core that builds categories of the record: `record_growth` is how each
+    changed since its last `mark_record` (`growing.Growth.of`, None: unknown)."""
+
+    def record_growth(self) -> tuple[tuple[int, tuple[Any, ...]] | None, ...]: ...
+
+    def mark_record(self) -> None: ...
+
+
+class RecordNotes:
+    """The core's side of the notes: the last record it built, and `note`."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: LeaderlessDurableState | None = None
+
+    def note(self, record: LeaderlessDurableState, producers: Sequence[Producer]) -> None:
+        """`record` was just built from `producers` (the safety kernel: endorsed, refused,
+        known; the release gate: committed, released_at; the store: decided, in `NOTED`
+        order): note each category's growth since the last record, then mark them."""
+        growths = [growth for producer in producers for growth in producer.record_growth()]
+        if self._last is not None:
+            note_growth(self._last, record, {name: growth for name, growth in zip(
+                NOTED, growths, strict=True) if growth is not None})
+        for producer in producers:
+            producer.mark_record()
+        self._last = record
+
+
+def _chain(old: LeaderlessDurableState, new: LeaderlessDurableState) -> list[_Note] | None:
+    """The notes leading from `old` to `new`, oldest first (None: not all noted)."""
+    chain: list[_Note] = []
+    at = new
+    while at is not old:
+        step = next((n for n in reversed(_notes) if n.new is at), None)
+        if step is None or len(chain) >= MAX_NOTES:
+            return None
+        chain.append(step)
+        at = step.old
+    chain.reverse()
+    return chain
+
+
+def _consume(chain: list[_Note]) -> None:
+    """Forget the notes of a chain a journal consumed, and the notes before it in the same
+    line of records (a journal rewritten whole skipped them): nothing diffs from them
+    again, and each holds a record."""
+    done = list(chain)
+    at = chain[0].old
+    while len(done) <= len(_notes) and (
+            before := next((n for n in _notes if n.new is at), None)) is not None:
+        done.append(before)
+        at = before.old
+    kept = [n for n in _notes if not any(n is d for d in done)]
+    _notes.clear()
+    _notes.extend(kept)
+
+
+def _fits(before: Sequence[Any], after: Sequence[Any], trimmed: int,
+          added: tuple[Any, ...]) -> bool:
+    """O(1) checks that ``after == before[trimmed:] + added`` is plausible: the length, and
+    the items at both ends of the kept part and of `added` are the very objects there."""
+    kept = len(before) - trimmed
+    if kept + len(added) != len(after):
+        return False
+    if kept and (before[trimmed] is not after[0] or before[-1] is not after[kept - 1]):
+        return False
+    return not added or (added[0] is after[kept] and added[-1] is after[-1])
+
+
+def _composed(chain: list[_Note], name: str, old_len: int
+              ) -> tuple[tuple[int, ...], tuple[Any, ...]] | None:
+    """The (removed positions, added items) of category `name` over `chain`, or None when a
+    note of it lacks the category."""
+    trimmed = 0  # the record's tuple is old[trimmed:] + added after each note
+    added: tuple[Any, ...] = ()
+    for note in chain:
+        grown = note.grown.get(name)
+        if grown is None:
+            return None
+        k, more = grown
+        rest = old_len - trimmed  # what is left of old's items
+        if k <= rest:
+            trimmed += k
+        else:
+            trimmed = old_len
+            added = added[k - rest:]
+        added += more
+    return tuple(range(trimmed)), added
 
 
 HEAD_TRIM = 8
@@ -140,7 +290,11 @@ def apply_items(old: Sequence[Any], removed: tuple[int, ...], added: tuple[Any, 
 class LeaderlessDeltaRules:
     """`diff`/`apply` for `LeaderlessDurableState` (see the module docstring)."""
 
-    __slots__ = ()
+    __slots__ = ("noted",)
+
+    def __init__(self) -> None:
+        self.noted = 0
+        """Categories diffed from growth notes rather than compared (a statistic)."""
 
     def diff(self, old: object, new: object) -> LeaderlessStateDelta | None:
         """The delta turning `old` into `new`; None when they are equal."""
@@ -149,10 +303,23 @@ class LeaderlessDeltaRules:
             raise ValueError("LeaderlessDeltaRules only diffs LeaderlessDurableState records")
         if old is new:
             return None
+        with _lock:
+            chain = _chain(old, new) if _notes else None
+            if chain is not None:
+                _consume(chain)
         fields: dict[str, Any] = {}
         changed = False
         for name in CATEGORIES:
-            removed, added = diff_items(getattr(old, name), getattr(new, name))
+            before, after = getattr(old, name), getattr(new, name)
+            noted = (_composed(chain, name, len(before)) if chain is not None and before
+                     is not after else None)
+            if noted is not None and not _fits(before, after, len(noted[0]), noted[1]):
+                noted = None  # a wrong note (a bug): the comparison decides
+            if noted is not None:
+                self.noted += 1
+                removed, added = noted
+            else:
+                removed, added = diff_items(before, after)
             fields[f"{name}_removed"] = removed
             fields[f"{name}_added"] = added
             changed = changed or bool(removed or added)

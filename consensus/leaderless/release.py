@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phalanx.consensus.leaderless.app_view import AppView
+from phalanx.consensus.leaderless.growing import GrowingTuple
 from phalanx.consensus.leaderless.messages import Requirement, TransactionProof, TxId
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, LocalProtocolError
 
@@ -103,9 +104,9 @@ class _Unapplied:
 
 
 class ReleaseGate:
-    __slots__ = ("_app", "_gated_proofs", "_proofs", "_unapplied", "_unstamped",
-                 "_unsynced_proofs", "gated", "hold_until", "last_index", "no_gate", "released",
-                 "skip_count", "skipped", "unsynced")
+    __slots__ = ("_app", "_gated_at_mark", "_gated_proofs", "_proofs", "_unapplied", "_unstamped",
+                 "_unsynced_indexes", "_unsynced_proofs", "_unsynced_stale", "gated", "hold_until",
+                 "last_index", "no_gate", "released", "skip_count", "skipped", "unsynced")
 
     def __init__(self, app: AppView, *, start_index: int, no_gate: bool = False) -> None:
         self._app = app
@@ -121,10 +122,15 @@ class ReleaseGate:
         self._unstamped: list[Committed] = []
         self._proofs: tuple[tuple[TransactionProof, ...], tuple[int, ...]] | None = None
         """`proofs()`, cached until a change (the journal diffs the record by identity)."""
-        self._unsynced_proofs: tuple[tuple[TransactionProof, ...], tuple[int, ...]] | None = None
-        """The unsynced part of `proofs()`, kept up to date by appending a release and
-        slicing off a collected head (it holds the horizon's releases: rebuilding it in
-        Python per Ready cost O(rate x horizon)); None: rebuild."""
+        self._unsynced_proofs: GrowingTuple[TransactionProof] = GrowingTuple()
+        self._unsynced_indexes: GrowingTuple[int] = GrowingTuple()
+        """The unsynced part of `proofs()` and its indexes, kept up to date by appending a
+        release and trimming a collected head (`growing.py`: one copy per read; it holds
+        the horizon's releases, and rebuilding it per Ready cost O(rate x horizon))."""
+        self._unsynced_stale = True
+        """They must be rebuilt from `unsynced` (it changed some other way)."""
+        self._gated_at_mark = True
+        """No gated proof was in the record `mark_record` marked (`record_growth`)."""
         self._gated_proofs: tuple[TransactionProof, ...] | None = None
         """The gated part of `proofs()` (None: rebuild)."""
         self._unapplied: _Unapplied | None = None
@@ -148,7 +154,7 @@ class ReleaseGate:
 
     def _all_changed(self) -> None:
         self._unapplied = None
-        self._unsynced_proofs = None
+        self._unsynced_stale = True
         self._gated_proofs = None
         self._proofs = None
 
@@ -243,9 +249,9 @@ class ReleaseGate:
             self._unapplied.add(item)
         self.unsynced[item.tx_id] = item
         self._proofs = None
-        cached = self._unsynced_proofs
-        if cached is not None and item.proof is not None:
-            self._unsynced_proofs = (cached[0] + (item.proof,), cached[1] + (item.index,))
+        if item.proof is not None:
+            self._unsynced_proofs.append(item.proof)
+            self._unsynced_indexes.append(item.index)
         self._unstamped.append(item)
         return _entry(item)
 
@@ -306,11 +312,12 @@ class ReleaseGate:
         del self.released[tx_id]
         if self.unsynced.pop(tx_id, None) is not None:
             self._proofs = None
-            cached = self._unsynced_proofs
-            if cached is not None and cached[0] and cached[0][0] is item.proof:
-                self._unsynced_proofs = (cached[0][1:], cached[1][1:])  # the oldest: usual
+            proofs = self._unsynced_proofs
+            if len(proofs) and proofs.head() is item.proof:
+                proofs.pop_head()  # the oldest: the usual order
+                self._unsynced_indexes.pop_head()
             elif item.proof is not None:
-                self._unsynced_proofs = None
+                self._unsynced_stale = True
         return True
 
     def installed(self, index: int, applied: dict[TxId, int]) -> None:
@@ -358,18 +365,35 @@ class ReleaseGate:
         """(the proofs the durable record holds: the unsynced released ones in index order,
         then the gated ones; the unsynced ones' indexes)."""
         if self._proofs is None:
-            unsynced = self._unsynced_proofs
-            if unsynced is None:
+            if self._unsynced_stale:
+                self._unsynced_stale = False
                 done = [c for c in self.unsynced.values() if c.proof is not None]
-                unsynced = self._unsynced_proofs = (
-                    tuple(c.proof for c in done if c.proof is not None),
-                    tuple(c.index for c in done))
+                self._unsynced_proofs.reset(c.proof for c in done if c.proof is not None)
+                self._unsynced_indexes.reset(c.index for c in done)
+            unsynced = self._unsynced_proofs.value()
             gated = self._gated_proofs
             if gated is None:
                 gated = self._gated_proofs = tuple(
                     c.proof for c in self.gated.values() if c.proof is not None)
-            self._proofs = (unsynced[0] + gated if gated else unsynced[0], unsynced[1])
+            self._proofs = (unsynced + gated if gated else unsynced,
+                            self._unsynced_indexes.value())
         return self._proofs
+
+    def record_growth(self) -> tuple[tuple[int, tuple[object, ...]] | None, ...]:
+        """How the (committed, released_at) parts of `proofs()` changed since the last
+        `mark_record` (`growing.Growth.of`; None: some other way, or gated proofs were in
+        either). Read right after `proofs()`."""
+        proofs, indexes = self.proofs()
+        if not self._gated_at_mark or self._gated_proofs:
+            return None, self._unsynced_indexes.growth.of(indexes)
+        return (self._unsynced_proofs.growth.of(proofs),
+                self._unsynced_indexes.growth.of(indexes))
+
+    def mark_record(self) -> None:
+        """`proofs()` as it is now went into a record (the base of `record_growth`)."""
+        self._gated_at_mark = not self._gated_proofs
+        self._unsynced_proofs.growth.mark()
+        self._unsynced_indexes.growth.mark()
 
 
 def requirements_hold(app: AppView, reqs: tuple[Requirement, ...]) -> bool:

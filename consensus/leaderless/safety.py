@@ -26,6 +26,7 @@ from typing import Any
 
 from phalanx.consensus.crypto import Signer
 from phalanx.consensus.leaderless.endorsement_batch import sign_batch
+from phalanx.consensus.leaderless.growing import GrowingTuple
 from phalanx.consensus.leaderless.messages import (
     Endorsement,
     LeaderlessDurableState,
@@ -37,8 +38,8 @@ from phalanx.consensus.types import LocalProtocolError, NodeId
 
 
 class SafetyKernel:
-    __slots__ = ("_endorsed", "_node", "_parts", "_refused", "_signer", "_txs", "_unreadable",
-                 "_unsealed", "unsafe")
+    __slots__ = ("_endorsed", "_node", "_parts", "_refused", "_signer", "_stale", "_txs",
+                 "_unreadable", "_unsealed", "unsafe")
 
     def __init__(self, signer: Signer, node: NodeId,
                  restored: LeaderlessDurableState | None = None,
@@ -50,9 +51,13 @@ class SafetyKernel:
         self._txs: dict[TxId, Transaction] = {}
         self._unsealed: dict[TxId, Transaction] = {}
         """Endorsements decided but not signed yet (`seal`), with their transactions."""
-        self._parts: tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
-                           tuple[Transaction, ...]] | None = None
-        """`record_parts`, cached until a change (the journal diffs by identity)."""
+        self._parts: tuple[GrowingTuple[Endorsement], GrowingTuple[Refusal],
+                           GrowingTuple[Transaction]] = (
+            GrowingTuple(), GrowingTuple(), GrowingTuple())
+        """`record_parts`, kept equal to the three tables by appending and trimming their
+        heads (`growing.py`: one copy per read, the same tuples until a change)."""
+        self._stale = True
+        """The parts must be rebuilt from the tables (they changed some other way)."""
         self.unsafe = False
         if restored is not None:
             for e in restored.endorsed:
@@ -100,7 +105,7 @@ class SafetyKernel:
         if (tx_id in self._endorsed or tx_id in self._refused) and tx_id not in self._txs:
             self._txs[tx_id] = tx
             self._unreadable.pop(tx_id, None)
-            self._parts = None
+            self._parts[2].append(tx)  # at the end of `_txs` too
 
     # ---------------------------------------------------------------------------- signing
 
@@ -141,7 +146,7 @@ class SafetyKernel:
                             [(t, self._endorsed[t].conditions) for t in unsealed])
         for e in signed:
             self._endorsed[e.tx_id] = e  # same position: the key is already there
-            self._appended(e, e.tx_id, unsealed[e.tx_id])
+        self._appended(signed, (), [(e.tx_id, unsealed[e.tx_id]) for e in signed])
         return signed
 
     def unsealed(self) -> bool:
@@ -154,53 +159,63 @@ class SafetyKernel:
         body = Refusal(tx_id=tx_id, endorser=self._node)
         signed = Refusal(tx_id=tx_id, endorser=self._node, signature=self._signer.sign(body))
         self._refused[tx_id] = signed
-        self._appended(signed, tx_id, tx)
+        self._appended((), (signed,), [(tx_id, tx)])
         return signed
 
-    def _appended(self, signed: Endorsement | Refusal, tx_id: TxId, tx: Transaction) -> None:
-        """`signed` was added at the end of its table: keep the cached `record_parts` by
-        appending (rebuilding them copied every own signature of
-        the horizon, once per signature)."""
-        new_tx = tx_id not in self._txs
-        self._txs[tx_id] = tx
-        parts = self._parts
-        if parts is None or not new_tx:
-            self._parts = None
-            return
-        endorsed, refused, known = parts
-        if isinstance(signed, Endorsement):
-            endorsed = (*endorsed, signed)
-        else:
-            refused = (*refused, signed)
-        self._parts = (endorsed, refused, (*known, tx))
+    def _appended(self, endorsements: tuple[Endorsement, ...], refusals: tuple[Refusal, ...],
+                  txs: list[tuple[TxId, Transaction]]) -> None:
+        """`endorsements` and `refusals` were added at the end of their tables, `txs` are
+        the transactions behind them: keep the cached `record_parts` by appending all of
+        them at once (rebuilding the parts copied every own signature of the horizon,
+        and so did appending them one by one: one copy per seal, not per signature)."""
+        new_txs = [tx for tx_id, tx in txs if tx_id not in self._txs]
+        if len(new_txs) != len(txs):
+            self._stale = True  # a held one's value changes in place: rebuild
+        for tx_id, tx in txs:
+            self._txs[tx_id] = tx
+        endorsed, refused, known = self._parts
+        endorsed.extend(endorsements)
+        refused.extend(refusals)
+        known.extend(new_txs)
 
     # ---------------------------------------------------------------------------- GC, record
 
     def forget(self, tx_id: TxId) -> None:
         """`tx_id` was garbage-collected (its deadline is older than the horizon). The
-        cached `record_parts` lose their first item when it was the oldest (GC's usual
-        order), else are rebuilt."""
+        `record_parts` lose their first item when it was the oldest (GC's usual order),
+        else are rebuilt."""
         self._unreadable.pop(tx_id, None)
-        parts: list[tuple[Any, ...]] | None = (
-            list(self._parts) if self._parts is not None else None)
         tables: tuple[dict[TxId, Any], ...] = (self._endorsed, self._refused, self._txs)
-        for i, table in enumerate(tables):
+        parts: tuple[GrowingTuple[Any], ...] = self._parts
+        for table, part in zip(tables, parts, strict=True):
             if tx_id not in table:
                 continue
             head = next(iter(table)) == tx_id
             del table[tx_id]
-            if parts is not None and head and parts[i]:
-                parts[i] = parts[i][1:]
+            if head and len(part):
+                part.pop_head()
             else:
-                parts = None
-        self._parts = None if parts is None else (parts[0], parts[1], parts[2])
+                self._stale = True
 
     def record_parts(self) -> tuple[tuple[Endorsement, ...], tuple[Refusal, ...],
                                     tuple[Transaction, ...]]:
         """(endorsed, refused, known) for the durable record, in signing order."""
         if self._unsealed:
             raise LocalProtocolError("record_parts before seal: unsigned own endorsements")
-        if self._parts is None:
-            self._parts = (tuple(self._endorsed.values()), tuple(self._refused.values()),
-                           tuple(self._txs.values()))
-        return self._parts
+        endorsed, refused, known = self._parts
+        if self._stale:
+            self._stale = False
+            endorsed.reset(self._endorsed.values())
+            refused.reset(self._refused.values())
+            known.reset(self._txs.values())
+        return endorsed.value(), refused.value(), known.value()
+
+    def record_growth(self) -> tuple[tuple[int, tuple[Any, ...]] | None, ...]:
+        """How (endorsed, refused, known) changed since the last `mark_record`
+        (`growing.Growth.of`; None: some other way). Read right after `record_parts`."""
+        return tuple(part.growth.of(part.value()) for part in self._parts)
+
+    def mark_record(self) -> None:
+        """The parts as they are now went into a record (the base of `record_growth`)."""
+        for part in self._parts:
+            part.growth.mark()

@@ -29,6 +29,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from phalanx.consensus.leaderless.growing import GrowingTuple
 from phalanx.consensus.leaderless.messages import DecidedTx, Endorsement, Transaction, TxId
 from phalanx.consensus.leaderless.schedule import DueHeap
 from phalanx.consensus.types import ClientRequest, NodeId
@@ -76,6 +77,7 @@ class TxStore:
     """Known transactions, tombstones and buffered endorsements (see the module docstring)."""
 
     __slots__ = ("_by_client", "_by_deadline", "_max_buffered", "_pending", "_stones",
+                 "_stones_stale",
                  "buffered", "forget_undecided", "horizon", "overdue", "records", "tombstones")
 
     def __init__(self, *, max_buffered: int) -> None:
@@ -88,7 +90,11 @@ class TxStore:
         """Pending records GC found past the horizon (each once, until decided and
         re-indexed); the core drains it (`catch_up.py`: state transfer may decide them)."""
         self._max_buffered = max_buffered
-        self._stones: tuple[DecidedTx, ...] | None = None
+        self._stones: GrowingTuple[DecidedTx] = GrowingTuple()
+        """The tombstones in insertion order, kept up to date by appending a decision and
+        trimming a collected head (`growing.py`: rebuilding it from the dict cost
+        O(horizon) per Ready)."""
+        self._stones_stale = True
         self._by_deadline = DueHeap()
         """Every record's and tombstone's id by deadline: GC touches only what came due."""
         self._pending: dict[TxId, None] = {}
@@ -105,12 +111,23 @@ class TxStore:
         """The tombstones in insertion order, the same tuple until they change (the
         journal diffs the durable record by identity). Whoever changes `tombstones`
         outside this class calls `stones_changed`."""
-        if self._stones is None or len(self._stones) != len(self.tombstones):
-            self._stones = tuple(self.tombstones.values())
-        return self._stones
+        stones = self._stones
+        if self._stones_stale or len(stones) != len(self.tombstones):
+            self._stones_stale = False
+            stones.reset(self.tombstones.values())
+        return stones.value()
+
+    def record_growth(self) -> tuple[tuple[int, tuple[DecidedTx, ...]] | None]:
+        """How `tombstone_tuple()` changed since the last `mark_record` (`growing.Growth`;
+        None: some other way). Read right after `tombstone_tuple()`."""
+        return (self._stones.growth.of(self._stones.value()),)
+
+    def mark_record(self) -> None:
+        """`tombstone_tuple()` as it is now went into a record."""
+        self._stones.growth.mark()
 
     def stones_changed(self) -> None:
-        self._stones = None
+        self._stones_stale = True
 
     def get(self, tx_id: TxId) -> TxRecord | None:
         return self.records.get(tx_id)
@@ -190,9 +207,12 @@ class TxStore:
         if record.deadline < self.horizon:  # held past the horizon undecided: collect it
             self._by_deadline.push(record.deadline, record.tx_id)
         committed = state is TxState.COMMITTED
-        self.tombstones[record.tx_id] = DecidedTx(
-            tx_id=record.tx_id, deadline_ms=record.deadline, committed=committed)
-        self._stones = None
+        stone = DecidedTx(tx_id=record.tx_id, deadline_ms=record.deadline, committed=committed)
+        if record.tx_id in self.tombstones:
+            self._stones_stale = True  # its value changes in place
+        else:
+            self._stones.append(stone)  # at the end of the dict too
+        self.tombstones[record.tx_id] = stone
         if not committed:
             del self.records[record.tx_id]
 
@@ -200,10 +220,11 @@ class TxStore:
         """A tombstone for a transaction dropped (by a checkpoint) that this node never
         saw: `deadline_ms` is an upper bound of its deadline for GC."""
         self.buffered.pop(tx_id, None)
-        self._stones = None
         self._by_deadline.push(deadline_ms, tx_id)
-        self.tombstones.setdefault(
-            tx_id, DecidedTx(tx_id=tx_id, deadline_ms=deadline_ms, committed=False))
+        if tx_id not in self.tombstones:
+            stone = DecidedTx(tx_id=tx_id, deadline_ms=deadline_ms, committed=False)
+            self.tombstones[tx_id] = stone
+            self._stones.append(stone)
 
     def gc(self, horizon: int, keep: Callable[[TxRecord], bool],
            keep_stone: Callable[[DecidedTx], bool] = lambda _s: False,
@@ -239,10 +260,12 @@ class TxStore:
                 if record is None and keep_stone(stone):
                     kept.append((stone.deadline_ms, tx_id))
                     continue
+                if next(iter(self.tombstones)) == tx_id and len(self._stones):
+                    self._stones.pop_head()  # the oldest: the usual order
+                else:
+                    self._stones_stale = True
                 del self.tombstones[tx_id]
                 stones.append(tx_id)
         for deadline, tx_id in kept:
             self._by_deadline.push(deadline, tx_id)
-        if stones:
-            self._stones = None
         return gone, stones

@@ -363,7 +363,7 @@ class LeaderlessNode:
             client_keys=client_verifier(config.client_keys),
             app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
             recovering=durable.recovering, restored_entries=durable.entries,
-            checkpoint_format=EnvelopeFormat())
+            checkpoint_format=EnvelopeFormat(), growth_notes=True)  # for the journal's diff
         if byzantine is not None:  # the wrapper must see every input: one Submit each
             return BuiltCore(core=honest)
 

@@ -1,8 +1,10 @@
 """The durable record's parts are kept up to date incrementally (an addition appends, a
 collected head is sliced off): `ReleaseGate.proofs()` after any sequence of gate
-operations, and `SafetyKernel.record_parts()` after any sequence of signatures and GC,
-equal the parts rebuilt from their tables, and an unchanged part is the very same tuple
-(the journal diffs the durable record by identity)."""
+operations, `SafetyKernel.record_parts()` after any sequence of signatures and GC, and
+`TxStore.tombstone_tuple()` after any sequence of decisions and GC, equal the parts rebuilt
+from their tables, and an unchanged part is the very same tuple (the journal diffs the
+durable record by identity). The parts are read only now and then (the core reads them
+once per Ready), so several additions are appended at once in between."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import TransactionProof
 from phalanx.consensus.leaderless.release import Committed, ReleaseGate
 from phalanx.consensus.leaderless.safety import SafetyKernel
+from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.types import NodeId
 
 
@@ -74,13 +77,16 @@ def test_proofs_match_a_rebuild_after_any_operations(ops: list[tuple[str, int]])
         elif op == "sync":
             gate.stamp(k)
             gate.mark_synced(k)
-        first = gate.proofs()
-        assert first == _rebuilt(gate)
-        assert gate.proofs() is first
+        if k % 2 == 0:  # read now and then: releases in between are appended together
+            first = gate.proofs()
+            assert first == _rebuilt(gate)
+            assert gate.proofs() is first
+    assert gate.proofs() == _rebuilt(gate)
 
 
-KERNEL_OPS = st.lists(st.tuples(st.sampled_from(["endorse", "refuse", "forget_oldest",
-                                                 "forget_any", "learn"]),
+KERNEL_OPS = st.lists(st.tuples(st.sampled_from(["endorse", "endorse", "refuse",
+                                                 "forget_oldest", "forget_any", "learn",
+                                                 "read"]),
                                 st.integers(0, 40)), max_size=60)
 
 
@@ -92,6 +98,8 @@ def test_record_parts_match_a_rebuild_after_any_operations(ops: list[tuple[str, 
     signed: list[bytes] = []
     for op, k in ops:
         tx = txs[k]
+        if op.startswith("forget"):
+            kernel.seal()  # the core seals at the end of every step, before GC can run
         if op in ("endorse", "refuse") and not kernel.touched(tx_id(tx)):
             if op == "endorse":
                 kernel.endorse(tx_id(tx), tx, (), lambda _t, _x: [])
@@ -104,8 +112,42 @@ def test_record_parts_match_a_rebuild_after_any_operations(ops: list[tuple[str, 
             kernel.forget(signed.pop(k % len(signed)))
         elif op == "learn":
             kernel.learn(tx_id(tx), tx)
-        kernel.seal()  # as the core does before it reads the record
-        first = kernel.record_parts()
-        assert first == (tuple(kernel.endorsements()), tuple(kernel.refusals()),
-                         tuple(kernel._txs.values()))
-        assert kernel.record_parts() is first
+        if op == "read":  # a step's end: several endorsements sealed (and appended) at once
+            kernel.seal()  # as the core does before it reads the record
+            first = kernel.record_parts()
+            assert first == (tuple(kernel.endorsements()), tuple(kernel.refusals()),
+                             tuple(kernel._txs.values()))
+            assert all(a is b for a, b in zip(kernel.record_parts(), first, strict=True))
+    kernel.seal()
+    assert kernel.record_parts() == (tuple(kernel.endorsements()), tuple(kernel.refusals()),
+                                     tuple(kernel._txs.values()))
+
+
+STORE_OPS = st.lists(st.tuples(st.sampled_from(["commit", "commit", "drop", "unknown", "gc",
+                                                "read"]),
+                               st.integers(0, 40)), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STORE_OPS)
+@example([("commit", 1), ("commit", 2), ("read", 0), ("commit", 3), ("drop", 4),
+          ("gc", 2), ("commit", 5), ("read", 0), ("unknown", 6), ("commit", 7), ("read", 0)])
+def test_tombstones_match_a_rebuild_after_any_operations(ops: list[tuple[str, int]]) -> None:
+    store = TxStore(max_buffered=16)
+    txs = [make_tx(f"add x{i} 1", no=i + 1, deadline=EPOCH + i) for i in range(41)]
+    for op, k in ops:
+        tx = txs[k]
+        if op in ("commit", "drop") and store.state_of(tx_id(tx)) is None:
+            record = TxRecord(tx_id=tx_id(tx), tx=tx, request=None,  # type: ignore[arg-type]
+                              writes=(), needs=())
+            store.add(record)
+            store.decide(record, TxState.COMMITTED if op == "commit" else TxState.DROPPED)
+        elif op == "unknown":
+            store.drop_unknown(tx_id(tx), EPOCH + k)
+        elif op == "gc":
+            store.gc(EPOCH + k, keep=lambda _r: False)
+        elif op == "read":
+            first = store.tombstone_tuple()
+            assert first == tuple(store.tombstones.values())
+            assert store.tombstone_tuple() is first
+    assert store.tombstone_tuple() == tuple(store.tombstones.values())
