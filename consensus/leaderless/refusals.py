@@ -63,6 +63,11 @@ class RefusalTally:
         """How many distinct nodes refused `tx_id`."""
         return len(self._by_tx.get(tx_id, ()))
 
+    def refusals(self, tx_id: TxId) -> tuple[Refusal, ...]:
+        """The refusals of `tx_id` held, one per refusing node (sorted by node)."""
+        refusers = self._by_tx.get(tx_id, {})
+        return tuple(refusers[node] for node in sorted(refusers))
+
     def certificate(self, tx_id: TxId) -> tuple[Refusal, ...] | None:
         """`threshold` refusals of `tx_id` from distinct nodes (the lowest endorser ids, sorted),
         or None while fewer nodes refused it."""
