@@ -15,9 +15,19 @@ that refused T or endorsed it only on a condition committed here form an abort c
 from __future__ import annotations
 
 import pytest
-from leaderless_harness import EPOCH, REGISTRY, Cluster, make_tx, tx_id, version
+from leaderless_harness import (
+    EPOCH,
+    REGISTRY,
+    Cluster,
+    endorsement,
+    make_tx,
+    run,
+    solo,
+    tx_id,
+    version,
+)
 
-from phalanx.consensus.core import Receive, Send
+from phalanx.consensus.core import Receive, Send, Tick
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import Transaction, TransactionProof
 from phalanx.consensus.leaderless.store import TxState
@@ -125,3 +135,46 @@ def test_a_kept_transaction_whose_endorsements_died_is_aborted(bug: str | None) 
     else:
         assert {state(c, n, t3) for n in c.ids} == {TxState.COMMITTED}
     assert {c.nodes[n].app.data.get("x") for n in c.ids} == {b"a" if wedged else b"c"}
+
+
+def test_dead_endorsements_count_only_once_their_condition_committed() -> None:
+    """One core (n1): T is endorsed on condition of C by n1 itself and n2, unconditionally by
+    n3. While C is pending nothing is dead; once C commits, two dead endorsements are no
+    certificate (3 at n = 4); n4's endorsement on condition of C makes three, and the next
+    periodic pass drops T, long before its deadline. (`delta_old_ms` is long: C is not
+    checkpointed meanwhile, which would block it at n1.)"""
+    core, app = solo(delta_old_ms=10_000)
+    run(core, app, Tick(now_ms=EPOCH))
+    tc = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 10)
+    t = make_tx("set x b", client="c2", reqs={"x": version(None)}, deadline=EPOCH + 50_000)
+    run(core, app, Receive(src=N2, message=tc))  # n1 endorses C
+    run(core, app, Tick(now_ms=EPOCH + 20))  # C expired, pending
+    run(core, app, Receive(src=N2, message=t))  # n1 endorses T on condition of C
+    for node, conditions in (("n2", (tx_id(tc),)), ("n3", ())):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t, conditions)))
+    record = core._store.get(tx_id(t))
+    assert record is not None
+    assert sorted(e.conditions for e in record.endorsements.values()) == [
+        (), (tx_id(tc),), (tx_id(tc),)]
+    now = EPOCH + 20
+    for _ in range(45):  # two full passes: C pending, nothing dead
+        now += 10
+        run(core, app, Tick(now_ms=now))
+    assert core._store.state_of(tx_id(t)) is TxState.PENDING
+    for node in ("n2", "n3"):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, tc)))
+    assert core._store.state_of(tx_id(tc)) is TxState.COMMITTED
+    for _ in range(45):  # two dead endorsements (n1, n2): no certificate
+        now += 10
+        run(core, app, Tick(now_ms=now))
+    assert core._store.state_of(tx_id(t)) is TxState.PENDING
+    run(core, app, Receive(src=N4, message=endorsement("n4", t, (tx_id(tc),))))
+    aborted = []
+    for _ in range(25):
+        now += 10
+        aborted += run(core, app, Tick(now_ms=now)).aborted
+    assert core._store.state_of(tx_id(t)) is TxState.DROPPED
+    assert [a.reason for a in aborted] == [
+        "aborted: its endorsements name a committed transaction"]
+    assert now < t.deadline_ms
+    assert app.data == {"x": b"a"}
