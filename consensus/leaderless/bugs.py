@@ -34,6 +34,11 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
 - ``ordered_dead_evidence``: `stuck_resolution = "pbft"` votes carry endorsements whose
   condition committed at the voter (the rule before 2026-12-02 evening): every later round
   keeps such a transaction again (liveness).
+- ``no_dead_abort``: no abort certificate from endorsements whose condition committed here
+  (refusals only, the rule before 2026-12-03): a transaction a veto checkpoint kept while
+  its conditional endorsements were still alive, whose condition then committed, stays
+  pending for ever, and every transaction conflicting with it behind it (liveness; the
+  veto-mode bank run of seed 4, `test_dead_abort.py`).
 - ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
   hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
   state goes in).
@@ -88,7 +93,7 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "ordered_decided_once", "ordered_dead_evidence",
                               "veto_decided_once", "install_over_forgotten",
                               "no_overdue_transfer", "no_stale_transfer",
-                              "cascade_in_drain")
+                              "cascade_in_drain", "no_dead_abort")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -284,6 +284,12 @@ class PeerIntake(CoreParts):
         self._check_certificate(record, out)
 
     def _check_certificate(self, record: TxRecord, out: Outbox) -> None:
+        """Drop `record` on an abort certificate: `threshold` (n-Q+1+f) distinct nodes that
+        refused it, or that endorsed it only on a condition committed here (`Rules.dead`:
+        such an endorsement is definitely valid at no correct node, and a correct node signs
+        one endorsement of a transaction, never with a refusal), so at most Q-1 correct
+        nodes can count towards its commit anywhere (`refusals.py`; docs/LEADERLESS.md
+        "Dead endorsements abort"). Kept as the answer to a peer's fetch."""
         if record.state is not TxState.PENDING:
             return
         certificate = self._tally.certificate(record.tx_id)
@@ -291,6 +297,18 @@ class PeerIntake(CoreParts):
             self._recovery.aborted(record.tx_id, TransactionProof(
                 tx=record.tx, refusals=tuple(sorted(certificate, key=lambda r: r.endorser))))
             self._drop_tx(record, "aborted: enough nodes refused it past its deadline", out)
+            return
+        if "no_dead_abort" in self._bugs or not record.endorsements:  # the deliberate bug (bugs.py)
+            return
+        dead = {e.endorser: e for e in self._rules.dead(record)}
+        refusals = {r.endorser: r for r in self._tally.refusals(record.tx_id)
+                    if r.endorser not in dead}
+        if not dead or len(dead) + len(refusals) < self._tally.threshold:
+            return
+        self._recovery.aborted(record.tx_id, TransactionProof(
+            tx=record.tx, endorsements=tuple(dead[n] for n in sorted(dead)),
+            refusals=tuple(refusals[n] for n in sorted(refusals))))
+        self._drop_tx(record, "aborted: its endorsements name a committed transaction", out)
 
     def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: Outbox) -> None:
         if len(msg.tx_ids) > MAX_FETCH_IDS:

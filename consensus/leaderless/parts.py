@@ -91,6 +91,7 @@ class CoreParts:
         _wake: bool
         _seen_applied: int
         _fenced: bool
+        _bugs: frozenset[str]
 
         def _tx_id(self, tx: Transaction) -> TxId: ...
         def _drop(self, reason: str) -> None: ...

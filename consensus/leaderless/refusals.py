@@ -15,6 +15,11 @@ policy quorum Q_policy >= Q (fewer possible endorsers than it needs); so the tal
 the base Q. At n = 3f+1 (Q = 2f+1) the threshold is 2f+1, which n-f correct nodes reach
 without any Byzantine help; in general n-Q+1+f <= n-f because Q >= 2f+1.
 
+The same count admits endorsements one of whose conditions committed (a correct node signs
+one endorsement of T, never with a refusal, and such an endorsement is definitely valid at
+no correct node): the core counts those endorsers with the refusers (`intake.py`
+`_check_certificate`, `Rules.dead`; docs/LEADERLESS.md "Dead endorsements abort").
+
 Invariants: at most one refusal per endorser per transaction (the first kept); memory is
 one entry per tracked transaction until `forget`.
 """
@@ -62,6 +67,11 @@ class RefusalTally:
     def count(self, tx_id: TxId) -> int:
         """How many distinct nodes refused `tx_id`."""
         return len(self._by_tx.get(tx_id, ()))
+
+    def refusals(self, tx_id: TxId) -> tuple[Refusal, ...]:
+        """The refusals of `tx_id` held, one per refusing node (sorted by node)."""
+        refusers = self._by_tx.get(tx_id, {})
+        return tuple(refusers[node] for node in sorted(refusers))
 
     def certificate(self, tx_id: TxId) -> tuple[Refusal, ...] | None:
         """`threshold` refusals of `tx_id` from distinct nodes (the lowest endorser ids, sorted),

@@ -8,6 +8,10 @@ Owns: `Rules`, pure reads of a `TxStore`:
 - `definitely_valid(record)`: the endorsements whose every condition is dropped
   (unconditional ones always); one whose condition committed is permanently invalid.
 - `committable(record)`: pending with at least Q_policy definitely valid endorsements.
+- `dead(record)`: the held endorsements one of whose conditions COMMITTED here: never
+  definitely valid at any correct node (a committed transaction is dropped at none), so
+  their endorsers, like refusers, never count towards this transaction's commit
+  (`intake.py` `_check_certificate`: the abort certificate counts both).
 - `stuck(old)`: what to queue for a checkpoint (docs/LEADERLESS.md "Deadlocks"): a
   condition of an applicable pending transaction's endorsement that is unknown, or pending,
   not applicable and expired before `old` (= now - delta_old); a pending transaction, not
@@ -88,6 +92,11 @@ class Rules:
         dropped = TxState.DROPPED
         return [e for e in record.endorsements.values()
                 if all(self._store.state_of(c) is dropped for c in e.conditions)]
+
+    def dead(self, record: TxRecord) -> list[Endorsement]:
+        committed = TxState.COMMITTED
+        return [e for e in record.endorsements.values()
+                if any(self._store.state_of(c) is committed for c in e.conditions)]
 
     def committable(self, record: TxRecord) -> bool:
         return (record.state is TxState.PENDING

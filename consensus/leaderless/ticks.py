@@ -7,8 +7,8 @@ Rules: work is done by due time (`schedule.DueHeap`): deadlines, far-future dead
 coming within the lead, re-sends of own signatures at a doubling backoff (1, 2, 4, 8
 periods), the pull of overdue transactions (`refetch.OverdueFetch`: one peer per
 transaction at a backoff, capped per period); waiting transactions are re-checked only
-when an input changed, and in a full pass (endorse, commit) once per `rebroadcast_ticks`;
-nothing is signed while fenced.
+when an input changed, and in a full pass (endorse, commit, the abort certificate of
+dead endorsements) once per `rebroadcast_ticks`; nothing is signed while fenced.
 
 Must not import: trio, sockets, clocks, global random, `phalanx.net`.
 """
@@ -85,6 +85,7 @@ class TickWork(CoreParts):
         if periodic:
             for record in self._store.pending():
                 self._try_commit(record, out)
+                self._check_certificate(record, out)  # endorsements died: docs "Dead ..."
         if self._ticks % self._config.checkpoint_ticks == 0:
             self._queue_stuck(now)  # the batcher flushes on this tick (`veto.py`)
         self._checkpoints.tick(self._proof_of)

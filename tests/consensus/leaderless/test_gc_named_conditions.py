@@ -18,7 +18,6 @@ from leaderless_harness import EPOCH, KvApp, endorsement, make_tx, run, solo, tx
 from phalanx.consensus.core import Ready, Receive, Tick
 from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import StartCheckpoint, Transaction, VetoChoice
-from phalanx.consensus.leaderless.parts import Outbox
 from phalanx.consensus.leaderless.store import TxState
 from phalanx.consensus.types import NodeId
 
@@ -28,20 +27,24 @@ HORIZON_MS = 1_000
 
 def _t_committed_t2_named_on_it() -> tuple[LeaderlessCore, KvApp, Transaction, Transaction]:
     """n1 commits and applies T (set x a, deadline +10 ms); T2 (set x b, on the same
-    version of x) holds n2, n3 and n4's endorsements on condition T."""
+    version of x) holds n2 and n3's endorsements on condition T and n4's unconditional one.
+    Two dead endorsements are no abort certificate (3 at n = 4, with refusals: `refusals.py`,
+    docs/LEADERLESS.md "Dead endorsements abort"), and with T dropped T2 would commit on
+    the three. n1 applied T before T2 was endorsable: it never endorses T2."""
     core, app = solo(gc_horizon_ms=HORIZON_MS, delta_old_ms=100)
     run(core, app, Tick(now_ms=EPOCH))
     t = make_tx("set x a", reqs={"x": version(None)}, deadline=EPOCH + 10)
     t2 = make_tx("set x b", client="c2", reqs={"x": version(None)}, deadline=EPOCH + 5_000)
     for tx in (t, t2):
         run(core, app, Receive(src=N2, message=tx))
-    run(core, app, Tick(now_ms=EPOCH + 20))  # T expired
-    for node in ("n2", "n3", "n4"):
-        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t2, (tx_id(t),))))
     for node in ("n2", "n3"):
         run(core, app, Receive(src=NodeId(node), message=endorsement(node, t)))
     assert app.data == {"x": b"a"}
+    run(core, app, Tick(now_ms=EPOCH + 20))  # T expired
+    for node, conditions in (("n2", (tx_id(t),)), ("n3", (tx_id(t),)), ("n4", ())):
+        run(core, app, Receive(src=NodeId(node), message=endorsement(node, t2, conditions)))
     assert core.status().committed == 1
+    assert core._store.state_of(tx_id(t2)) is TxState.PENDING
     return core, app, t, t2
 
 
@@ -69,19 +72,18 @@ def test_a_named_committed_condition_outlives_the_horizon() -> None:
 
 
 def test_it_goes_once_nothing_names_it() -> None:
-    """Bounded by T2's decision: T2 (undecided: its endorsements' condition T committed, so
-    they never count) is never collected past its deadline (docs/LEADERLESS.md "Undecided
-    transactions are never forgotten"), so T stays; once T2 is decided (dropped, as a
-    checkpoint's DROP does it), both go at the next GC."""
+    """Bounded by T2's decision: T2 (undecided: two of its endorsements name the committed
+    T, so they never count) is never collected past its deadline (docs/LEADERLESS.md
+    "Undecided transactions are never forgotten"), so T stays; at T2's deadline n1 refuses
+    it, and its refusal with the two dead endorsements drops T2 (an abort certificate);
+    both go at the next GC."""
     core, app, t, t2 = _t_committed_t2_named_on_it()
-    _ticks(core, app, EPOCH + 30, t2.deadline_ms + 2 * HORIZON_MS + 500)
+    _ticks(core, app, EPOCH + 30, t2.deadline_ms - 10)
+    assert t.deadline_ms + 2 * HORIZON_MS < t2.deadline_ms - 10
     assert core._store.state_of(tx_id(t2)) is TxState.PENDING
     assert core._store.state_of(tx_id(t)) is TxState.COMMITTED
-    record = core._store.get(tx_id(t2))
-    assert record is not None
-    core._drop_tx(record, "dropped by a checkpoint (veto procedure)", Outbox())
     now = t2.deadline_ms + 2 * HORIZON_MS + 600
-    _ticks(core, app, now, now + 30)
+    _ticks(core, app, t2.deadline_ms - 10, now)
     assert core._store.state_of(tx_id(t2)) is None
     assert core._store.state_of(tx_id(t)) is None
     assert app.data == {"x": b"a"}

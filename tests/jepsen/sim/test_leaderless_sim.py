@@ -130,7 +130,10 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     `tests/consensus/leaderless/test_state_transfer.py`. `no_stale_transfer`: seed 31 of
     the 1 s horizon, `test_a_certified_stale_proof_asks_for_state_transfer`.
     `cascade_in_drain` needs dependent stuck transactions whose checkpoints decide in one
-    step: the long-halves sweep, `test_leaderless_long_halves.py`."""
+    step: the long-halves sweep, `test_leaderless_long_halves.py`.
+    `no_dead_abort`, a liveness bug of the veto mode (a transaction kept while its
+    conditional endorsements lived, whose condition then committed, stays pending):
+    `tests/consensus/leaderless/test_dead_abort.py`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
@@ -138,7 +141,7 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
                               "drop_forgotten", "ordered_decided_once",
                               "ordered_dead_evidence", "veto_decided_once",
                               "install_over_forgotten", "no_overdue_transfer",
-                              "no_stale_transfer", "cascade_in_drain"}
+                              "no_stale_transfer", "cascade_in_drain", "no_dead_abort"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
