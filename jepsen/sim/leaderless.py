@@ -38,10 +38,11 @@ from phalanx.consensus.leaderless.messages import (
     Transaction,
     transaction_id,
 )
+from phalanx.consensus.leaderless.status import LeaderlessStatus
 from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
 from phalanx.jepsen.leaderless_byzantine import LeaderlessByzantineCore, choose_liars
 from phalanx.jepsen.sim.invariants import InvariantChecker
-from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check
+from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check, quiescence
 from phalanx.jepsen.sim.leaderless_workload import OK, LeaderlessWorkload, WorkloadConfig
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv, durable_ready
@@ -229,8 +230,9 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: WireTxCodec, contract: str = "") -> None:
+                 codec: WireTxCodec, contract: str = "", delta_old_ms: int = 0) -> None:
         self._env = env
+        self._delta_old_ms = delta_old_ms
         self._contract = contract
         self._config = config
         self._faults = faults
@@ -301,6 +303,7 @@ class _Run:
             return probe.access(a).conflicts_with(probe.access(b), probe.commutes)
 
         gated: list[str] = []
+        pending: dict[str, tuple[int, int]] = {}
         for name, node in self._env.nodes.items():
             status = node.core.status() if node.core is not None else None
             self._env.trace(f"LEADERLESS {name} status: {status}")
@@ -308,6 +311,11 @@ class _Run:
             if name in self._honest and held:
                 gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
                              "requirements never matched (committed, never applied)")
+            if (isinstance(status, LeaderlessStatus) and node.up and not status.recovering
+                    and len(self._honest) == len(self._env.nodes)):
+                pending[name] = (status.pending, status.oldest_pending_ms)
+        gated += quiescence(pending, now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000,
+                            delta_old_ms=self._delta_old_ms)
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
@@ -416,7 +424,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     def workload(env: WorkloadEnv) -> _Run:
         return _Run(env, config=dataclasses.replace(config, clients=env.clients),
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
-                    contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms))
+                    contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
+                    delta_old_ms=base.delta_old_ms)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`
