@@ -311,11 +311,11 @@ class _Run:
             if name in self._honest and held:
                 gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
                              "requirements never matched (committed, never applied)")
-            if (isinstance(status, LeaderlessStatus) and node.up and not status.recovering
-                    and len(self._honest) == len(self._env.nodes)):
+            if isinstance(status, LeaderlessStatus) and node.up and not status.recovering:
                 pending[name] = (status.pending, status.oldest_pending_ms)
-        gated += quiescence(pending, now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000,
-                            delta_old_ms=self._delta_old_ms)
+        if len(pending) == len(self._honest) == len(self._env.nodes):  # quiescence's scope
+            gated += quiescence(pending, now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000,
+                                delta_old_ms=self._delta_old_ms)
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")

@@ -21,13 +21,14 @@ Checks (honest replicas only; Byzantine ones are not judged):
 - **folds**: a counter's final value is the sum of its committed adds (modulo 2**64), a set's
   members are its committed sadds minus its committed srems, a register holds the value of a
   committed put (or nothing if none committed): commuting updates converge under any order.
-- **quiescence** (`quiescence`, judged by the run from the nodes' status, runs without
-  Byzantine nodes only): no honest node, up and unfenced at the end, still holds a pending
-  transaction whose deadline passed more than `delta_old_ms` + `QUIESCENCE_GRACE_MS` before
-  the end. Past `delta_old_ms` a stuck transaction is checkpointed and the veto commits or
-  drops it; one pending for good is a liveness bug (the control `veto_decided_once`). With a
-  liar, honest nodes may keep a transaction pending (a gap, docs/LEADERLESS.md
-  "Simulation"): not judged there.
+- **quiescence** (`quiescence`, judged by the run from the nodes' status, only when every
+  node is honest, up and unfenced at the end): no node still holds a pending transaction
+  whose deadline passed more than `delta_old_ms` + `QUIESCENCE_GRACE_MS` before the end.
+  Past `delta_old_ms` a stuck transaction is checkpointed and the veto commits or drops it;
+  one pending for good is a liveness bug (the control `veto_decided_once`). With a liar, or
+  a node fenced after losing its disk (a silent voter, docs/LEADERLESS.md "Limits"), honest
+  nodes may keep a transaction pending for good (gaps, docs/LEADERLESS.md "Simulation"):
+  not judged there.
 
 Rules: pure (no simulator, no clocks); the conflict relation is injected.
 """
