@@ -592,12 +592,12 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         return counts
 
     def status(self) -> LeaderlessStatus:
-        pending = self._store.pending_count()
         return LeaderlessStatus(
             node=self._config.node_id, role="endorser", term=0,
             commit_index=self._gate.last_index, leader=None, dropped=self._drop_counts(),
-            pending=pending, committed=self._committed, dropped_txs=self._dropped_txs,
-            aborted=self._aborted, gated=len(self._gate.gated),
+            pending=self._store.pending_count(), committed=self._committed,
+            oldest_pending_ms=min((r.deadline for r in self._store.pending()), default=0),
+            dropped_txs=self._dropped_txs, aborted=self._aborted, gated=len(self._gate.gated),
             skipped_reads=self._gate.skip_count,
             recovering=self._fence.active(self._now),
             gc_horizon_ms=self._store.horizon, duplicate=dict(self._duplicates),

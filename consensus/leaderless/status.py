@@ -19,6 +19,8 @@ class LeaderlessStatus(CoreStatus):
 
     Attributes:
         pending: known undecided transactions.
+        oldest_pending_ms: the earliest deadline (ms since the epoch) among them, 0 when
+            none (the simulator's `quiescence` check: one stuck for good shows here).
         committed: transactions committed by this process (restored ones included).
         dropped_txs: transactions dropped (checkpoint or abort certificate).
         aborted: `Abort`s emitted.
@@ -35,6 +37,7 @@ class LeaderlessStatus(CoreStatus):
     """
 
     pending: int = 0
+    oldest_pending_ms: int = 0
     committed: int = 0
     dropped_txs: int = 0
     aborted: int = 0

@@ -38,10 +38,11 @@ from phalanx.consensus.leaderless.messages import (
     Transaction,
     transaction_id,
 )
+from phalanx.consensus.leaderless.status import LeaderlessStatus
 from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
 from phalanx.jepsen.leaderless_byzantine import LeaderlessByzantineCore, choose_liars
 from phalanx.jepsen.sim.invariants import InvariantChecker
-from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check
+from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check, quiescence
 from phalanx.jepsen.sim.leaderless_workload import OK, LeaderlessWorkload, WorkloadConfig
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv, durable_ready
@@ -229,8 +230,9 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: WireTxCodec, contract: str = "") -> None:
+                 codec: WireTxCodec, contract: str = "", delta_old_ms: int = -1) -> None:
         self._env = env
+        self._delta_old_ms = delta_old_ms
         self._contract = contract
         self._config = config
         self._faults = faults
@@ -301,6 +303,7 @@ class _Run:
             return probe.access(a).conflicts_with(probe.access(b), probe.commutes)
 
         gated: list[str] = []
+        pending: dict[str, tuple[int, int]] = {}
         for name, node in self._env.nodes.items():
             status = node.core.status() if node.core is not None else None
             self._env.trace(f"LEADERLESS {name} status: {status}")
@@ -308,6 +311,12 @@ class _Run:
             if name in self._honest and held:
                 gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
                              "requirements never matched (committed, never applied)")
+            if isinstance(status, LeaderlessStatus) and node.up and not status.recovering:
+                pending[name] = (status.pending, status.oldest_pending_ms)
+        if (self._delta_old_ms >= 0  # the knob `quiescence` asked for it; its scope:
+                and len(pending) == len(self._honest) == len(self._env.nodes)):
+            gated += quiescence(pending, now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000,
+                                delta_old_ms=self._delta_old_ms)
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
@@ -323,7 +332,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
               machine: object | None = None) -> ProtocolSetup:
     """The simulator setup of a leaderless cluster `n1..nN` (`protocol_setup`'s contract):
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
-    `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off) and
+    `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off),
+    `quiescence` (1: the checker judges `quiescence`, `leaderless_checker`; 0, the default:
+    not, as transactions stay pending for good under known limits) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
@@ -345,12 +356,14 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     work_knobs = {k: v for k, v in knobs if k in work_fields}
     unknown = [k for k, _ in knobs
                if k not in core_knobs and k not in work_knobs
-               and k not in ("checkpoint_every", "cut_every", "idle_checkpoint_ticks")]
+               and k not in ("checkpoint_every", "cut_every", "idle_checkpoint_ticks",
+                             "quiescence")]
     if unknown:
         raise TypeError(f"unknown leaderless sim knob(s) {unknown}")
     checkpoint_every = int(dict(knobs).get("checkpoint_every", checkpoint_every))
     cut_every = int(dict(knobs).get("cut_every", CUT_EVERY))
     idle_ticks = int(dict(knobs).get("idle_checkpoint_ticks", IDLE_CHECKPOINT_TICKS))
+    settle = bool(dict(knobs).get("quiescence", 0))  # the checker's opt-in `quiescence`
     wire.register_all(LEADERLESS_MESSAGES)
     plan = choose_liars(seed, names, count=byzantine, behaviours=behaviours)
     liars = dict(plan)
@@ -416,7 +429,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     def workload(env: WorkloadEnv) -> _Run:
         return _Run(env, config=dataclasses.replace(config, clients=env.clients),
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
-                    contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms))
+                    contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
+                    delta_old_ms=base.delta_old_ms if settle else -1)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`

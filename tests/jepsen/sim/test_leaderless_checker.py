@@ -14,7 +14,7 @@ from phalanx.apps.kv import KvStateMachine
 from phalanx.apps.kv_types import Done, Put
 from phalanx.consensus.leaderless.messages import Requirement, Transaction
 from phalanx.consensus.types import ClientRequest
-from phalanx.jepsen.sim.leaderless_checker import ApplyLog, check
+from phalanx.jepsen.sim.leaderless_checker import QUIESCENCE_GRACE_MS, ApplyLog, check, quiescence
 from phalanx.jepsen.sim.leaderless_workload import (
     FAIL,
     INFO,
@@ -246,3 +246,16 @@ def test_an_install_starts_a_new_stretch_for_once_and_order() -> None:
                      honest=NODES, faults=1, conflicts=conflicts)
     assert any(p.startswith("once:") for p in problems)
     assert any(p.startswith("order:") for p in problems)
+
+
+def test_quiescence_reports_only_a_transaction_pending_past_its_settling_time() -> None:
+    """A node still holding a transaction whose deadline passed more than `delta_old_ms` +
+    `QUIESCENCE_GRACE_MS` before the end is reported; a younger one (it may still be
+    checkpointed and decided) and a node with nothing pending are not."""
+    now, delta_old = 10_000, 1_000
+    settle = now - delta_old - QUIESCENCE_GRACE_MS
+    pending = {"n1": (2, settle), "n2": (1, settle + 1), "n3": (0, 0)}
+    assert quiescence(pending, now_ms=now, delta_old_ms=delta_old) == [
+        f"quiescence: n1 holds 2 pending transaction(s), the oldest {now - settle} ms past "
+        "its deadline at the end (never committed or dropped)"]
+    assert quiescence({}, now_ms=now, delta_old_ms=delta_old) == []
