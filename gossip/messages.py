@@ -151,7 +151,9 @@ class MemberUpdate(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Call(Message):
     """One GP contact: the grants (several waves may share a contact) and piggy-backed
-    membership updates. The callee answers `CallAck(call_id)` iff it accepted every grant."""
+    membership updates. The callee answers `CallAck(call_id)` iff it accepted every grant
+    and `call_id` is not 0 (0: the caller wants no ack, as nothing depends on the outcome of
+    a call whose grants are all empty once it keeps its share at once: `parallel_calls`)."""
 
     call_id: int
     grants: tuple[Grant, ...]
