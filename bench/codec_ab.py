@@ -24,7 +24,8 @@ driver does not import), so A is the revision's tick handling and B the tree's.
 port (`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): the A/Bs of
 issue 23's Round 6 (`pipelined.py`, `client_path_cpu.py`).
 ``--modules gossip`` swaps the gossip layer (`phalanx.gossip`'s permutation, rumors,
-spreading, machine and dissemination modules: issue 19's pbftwave A/B of the gossip
+spreading, machine and dissemination modules, and the simulator's gossip fabric
+`phalanx.jepsen.sim.dissemination`: issue 19's pbftwave A/B of the gossip
 cells, e.g. ``-- scale.py --sizes 60 --only gossip --protocols pbft --no-plot``
 with ``--grep "| gossip"``).
 ``--modules gcpacer`` swaps the replica (`phalanx.apps.replica`): with a revision before
@@ -85,6 +86,7 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
         ("phalanx.gossip.spreading", "gossip/spreading.py"),
         ("phalanx.gossip.machine", "gossip/machine.py"),
         ("phalanx.gossip.dissemination", "gossip/dissemination.py"),
+        ("phalanx.jepsen.sim.dissemination", "jepsen/sim/dissemination.py"),
     ),
 }
 """``--modules``: the sets of modules arm A takes from the revision, in import order."""
@@ -112,7 +114,7 @@ def _stage(base: str, root: Path, into: Path, which: str = "codec") -> None:
     for name, path in MODULE_SETS[which]:
         source = subprocess.run(["git", "show", f"{base}:{path}"], cwd=root, check=True,
                                 capture_output=True, text=True).stdout
-        file = name.rsplit(".", 1)[1] + ".py"
+        file = name.replace(".", "_") + ".py"  # (two sets' modules share a last name)
         (into / file).write_text(source)
         modules.append((name, file))
     (into / "sitecustomize.py").write_text(SITECUSTOMIZE.format(

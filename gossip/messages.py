@@ -85,7 +85,13 @@ class Rumor(Message):
 
     @property
     def rumor_id(self) -> RumorId:
-        return RumorId(origin=self.origin, incarnation=self.incarnation, seq=self.seq)
+        # Hot (twice per rumor a node takes): `RumorId(origin=..., incarnation=..., seq=...)`
+        # without re-running the checks this rumor's `__post_init__` already passed.
+        rid = object.__new__(RumorId)
+        object.__setattr__(rid, "origin", self.origin)
+        object.__setattr__(rid, "incarnation", self.incarnation)
+        object.__setattr__(rid, "seq", self.seq)
+        return rid
 
     def __str__(self) -> str:
         return f"Rumor {self.origin}/{self.incarnation}/{self.seq} |p|={len(self.payload)}"

@@ -308,24 +308,36 @@ class Spreader:
             wave = self.waves.get(part.key)
             if wave is None:
                 continue
-            self._active[part.key] = wave
-            if part.whole:
-                if not acked:
-                    wave.intervals.append((part.a, part.b))
-                continue
-            if part.leaf:  # [a+1, b) is ours whatever the outcome
-                if not part.kept and part.m + 1 < part.b:
-                    wave.intervals.append((part.m + 1, part.b))
-                continue
-            if part.a < part.m and not part.kept:
-                wave.intervals.append((part.a, part.m))
-            if not acked and part.m + 1 < part.b:
+            held = len(wave.intervals)
+            self._resolve(wave, part, acked)
+            if len(wave.intervals) > held:  # (a wave that got nothing back stays idle)
+                self._active[part.key] = wave
+
+    @staticmethod
+    def _resolve(wave: Wave, part: Part, acked: bool) -> None:
+        if part.whole:
+            if not acked:
+                wave.intervals.append((part.a, part.b))
+            return
+        if part.leaf:  # [a+1, b) is ours whatever the outcome
+            if not part.kept and part.m + 1 < part.b:
                 wave.intervals.append((part.m + 1, part.b))
+            return
+        if part.a < part.m and not part.kept:
+            wave.intervals.append((part.a, part.m))
+        if not acked and part.m + 1 < part.b:
+            wave.intervals.append((part.m + 1, part.b))
 
     def _busy(self) -> list[tuple[WaveKey, Wave]]:
         """The waves owning intervals, oldest first (as `waves` orders them); the active
         index forgets the others."""
         active = self._active
+        if len(active) == 1:  # the common case
+            for key, wave in active.items():
+                if wave.intervals:
+                    return [(key, wave)]
+            active.clear()
+            return []
         for key in [k for k, w in active.items() if not w.intervals]:
             del active[key]
         if len(active) > 1:
