@@ -186,3 +186,25 @@ def test_lan_timeouts_fire_falsely_over_wan_delays_and_the_sized_ones_do_not() -
     assert false.stats.counters.get("call_timeouts", 0) > 30
     assert true.stats.counters.get("call_timeouts", 0) == 0
     assert list(true.wave_contacts().values()) == [59]
+
+
+def test_wave_interval_batches_a_nodes_rumors_of_several_ticks_into_one_wave() -> None:
+    """`GossipConfig.wave_interval`: a node's rumors of 4 consecutive ticks ride 4 waves
+    with a wave per tick, at most 2 with a wave every 4 ticks; each wave still costs n-1
+    contacts and covers everyone."""
+    for interval in (1, 4):
+        gossip = GossipConfig(membership=False, anti_entropy_interval=0, call_timeout=3,
+                              wave_interval=interval)
+        sim = GossipSim(SimConfig(n=30, seed=1, gossip=gossip))
+        sim.run(1)
+        rids = []
+        for i in range(4):
+            rids.append(sim.publish(sim.members[0], b"x%d" % i))
+            sim.run(1)
+        assert sim.run_until(lambda s: s.quiescent(), 500)
+        assert sim.covered(rids)
+        waves = sim.stats.counters["waves_started"]
+        assert waves == 4 if interval == 1 else waves <= 2
+        assert list(sim.wave_contacts().values()) == [29] * waves
+    with pytest.raises(ValueError, match="wave_interval"):
+        GossipConfig(wave_interval=0)
