@@ -23,6 +23,11 @@ driver does not import), so A is the revision's tick handling and B the tree's.
 `leader_calls`, `bft_calls`, `async_client`), ``--modules clientport`` the node's client
 port (`phalanx.net.client_protocol`, `phalanx.runtime.waiters`, `client_port`): the A/Bs of
 issue 23's Round 6 (`pipelined.py`, `client_path_cpu.py`).
+``--modules gossip`` swaps the gossip layer (`phalanx.gossip`'s permutation, rumors,
+spreading, machine and dissemination modules, and the simulator's gossip fabric
+`phalanx.jepsen.sim.dissemination`: issue 19's pbftwave A/B of the gossip
+cells, e.g. ``-- scale.py --sizes 60 --only gossip --protocols pbft --no-plot``
+with ``--grep "| gossip"``).
 ``--modules gcpacer`` swaps the replica (`phalanx.apps.replica`): with a revision before
 issue 23's raftelect fix, A's GC pacer counts one apply per log entry, B's one per command.
 ``--modules tree`` gives arm A the revision's whole package (every folder of the import
@@ -79,6 +84,14 @@ MODULE_SETS: dict[str, tuple[tuple[str, str], ...]] = {
     "gcpacer": (
         ("phalanx.apps.replica", "apps/replica.py"),
     ),
+    "gossip": (
+        ("phalanx.gossip.permutation", "gossip/permutation.py"),
+        ("phalanx.gossip.rumors", "gossip/rumors.py"),
+        ("phalanx.gossip.spreading", "gossip/spreading.py"),
+        ("phalanx.gossip.machine", "gossip/machine.py"),
+        ("phalanx.gossip.dissemination", "gossip/dissemination.py"),
+        ("phalanx.jepsen.sim.dissemination", "jepsen/sim/dissemination.py"),
+    ),
 }
 """``--modules``: the sets of modules arm A takes from the revision, in import order."""
 
@@ -104,9 +117,16 @@ def _stage_tree(base: str, root: Path, into: Path) -> None:
         if name != "phalanx":
             (package / name).symlink_to(src / folder)
 
+
+PREIMPORT: dict[str, tuple[str, ...]] = {"gossip": ("phalanx.gossip",)}
+"""Packages imported (the tree's) before a set's modules are swapped in: `phalanx.gossip`'s
+``__init__`` imports the machine, which must not meet a half-executed swapped module."""
+
 SITECUSTOMIZE = '''\
-import importlib.util, os, sys
+import importlib, importlib.util, os, sys
 import phalanx.net
+for _package in {preimport!r}:
+    importlib.import_module(_package)
 _dir = os.path.dirname(os.path.abspath(__file__))
 for _name, _file in {modules!r}:
     _spec = importlib.util.spec_from_file_location(_name, os.path.join(_dir, _file))
@@ -124,10 +144,11 @@ def _stage(base: str, root: Path, into: Path, which: str = "codec") -> None:
     for name, path in MODULE_SETS[which]:
         source = subprocess.run(["git", "show", f"{base}:{path}"], cwd=root, check=True,
                                 capture_output=True, text=True).stdout
-        file = name.rsplit(".", 1)[1] + ".py"
+        file = name.replace(".", "_") + ".py"  # (two sets' modules share a last name)
         (into / file).write_text(source)
         modules.append((name, file))
-    (into / "sitecustomize.py").write_text(SITECUSTOMIZE.format(modules=tuple(modules)))
+    (into / "sitecustomize.py").write_text(SITECUSTOMIZE.format(
+        modules=tuple(modules), preimport=PREIMPORT.get(which, ())))
 
 
 def main() -> None:

@@ -42,6 +42,11 @@ from phalanx.gossip.machine import GossipConfig, GossipMachine, GossipReady, Pub
 from phalanx.gossip.messages import GOSSIP_MESSAGES
 
 GOSSIP_TYPES: frozenset[type] = frozenset(GOSSIP_MESSAGES.values())
+
+LEAF_SPAN = 8
+"""`for_network`'s `GossipConfig.leaf_span`: of a wave's n-1 calls, 7 wait for an ack at
+n = 60 and 31 at n = 180 (GP's midpoint splits: 27 and 63 with its empty grants
+unacknowledged, all n-1 before; docs/GOSSIP.md "Over a WAN")."""
 """The classes a node hands to its layer instead of its core (`Dissemination.handles`)."""
 
 
@@ -71,8 +76,9 @@ class DisseminationConfig:
     loop). 0: publish every broadcast."""
 
     @classmethod
-    def for_network(cls, *, tick_ns: int, max_rtt_ns: int,
-                    parallel_calls: int = 1024) -> DisseminationConfig:
+    def for_network(cls, *, tick_ns: int, max_rtt_ns: int, parallel_calls: int = 1024,
+                    leaf_span: int = LEAF_SPAN, wave_interval: int = 1
+                    ) -> DisseminationConfig:
         """The layer's timing in TIME, sized from the network (as `WanConfig.tick_ns` sizes
         a core's tick): the defaults' ticks suit a LAN whose round trip is ~1/2 tick; over a
         WAN whose round trip `max_rtt_ns` spans tens of ticks, a call times out after 1.5
@@ -81,7 +87,10 @@ class DisseminationConfig:
         rumor and wave memory at least 40, and each node keeps up to `parallel_calls` calls
         in flight (`GossipConfig.parallel_calls`; a bound on state, not a pace: at n = 60
         over the 5-region WAN, 16 left PBFT's calls queued for seconds, 64 cost 1.0 s p50,
-        1024 0.83 s). Never shorter than the defaults."""
+        1024 0.83 s). Intervals of at most `leaf_span` positions are called position by
+        position with empty, unacknowledged grants (`GossipConfig.leaf_span`, `LEAF_SPAN`:
+        the same n-1 contacts per wave, fewer acks and hops; 0: GP's splits). Never
+        shorter than the defaults."""
         if tick_ns < 1 or max_rtt_ns < 0:
             raise ValueError(f"need tick_ns >= 1 and max_rtt_ns >= 0, got {tick_ns}, "
                              f"{max_rtt_ns}")
@@ -90,7 +99,8 @@ class DisseminationConfig:
         gossip = dataclasses.replace(
             base.gossip, call_timeout=max(base.gossip.call_timeout, rtt_ticks * 3 // 2 + 2),
             rumor_ttl=max(base.gossip.rumor_ttl, 40 * rtt_ticks),
-            parallel_calls=parallel_calls)
+            parallel_calls=parallel_calls, leaf_span=leaf_span if parallel_calls > 1 else 0,
+            wave_interval=wave_interval)
         return cls(gossip=gossip, resend_window=max(base.resend_window, 4 * rtt_ticks))
 
 
@@ -149,13 +159,17 @@ class Dissemination:
         published = 0
         counts: dict[str, int] = {}
         i, end = 0, len(sends)
+        peers = len(self._peers)
         while i < end:
+            if end - i < peers:  # too few left for a broadcast: the rest go direct
+                direct += sends[i:]
+                break
             message = sends[i].message
             j = i + 1
             while j < end and (sends[j].message is message or sends[j].message == message):
                 j += 1
             run = sends[i:j]
-            if len(run) == len(self._peers) and {s.to for s in run} == self._peers:
+            if len(run) == peers and {s.to for s in run} == self._peers:
                 payload = self._encode(message)
                 if payload in self._recent:
                     _add(counts, "suppressed_resends", 1)
@@ -196,16 +210,25 @@ class Dissemination:
     # -- plumbing ----------------------------------------------------------------------------
 
     def _from_machine(self, ready: GossipReady) -> Carried:
-        counts: dict[str, int] = {}
-        _merge(counts, ready.counters)
+        # Hot (every gossip message): the machine's sorted counters pass through as they
+        # are unless a payload fails to decode.
+        counters = ready.counters
+        if not ready.delivered:
+            return Carried(sends=ready.sends, counters=counters)
         delivered: list[Receive] = []
+        undecodable = 0
         for rumor in ready.delivered:
             inner = self._decode(rumor.payload)
             if inner is None:
-                _add(counts, "dropped:undecodable_payload", 1)
+                undecodable += 1
                 continue
             delivered.append(Receive(src=rumor.origin, message=inner))
-        return self._carried(list(ready.sends), delivered, 0, counts)
+        if undecodable:
+            counts = dict(counters)
+            _add(counts, "dropped:undecodable_payload", undecodable)
+            _add(self._counters, "dropped:undecodable_payload", undecodable)
+            counters = tuple(sorted(counts.items()))
+        return Carried(sends=ready.sends, delivered=tuple(delivered), counters=counters)
 
     def _carried(self, sends: list[Send], delivered: Sequence[Receive], published: int,
                  counts: dict[str, int]) -> Carried:

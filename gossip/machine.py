@@ -22,7 +22,9 @@ dropped and counted by reason (`status()["dropped:<reason>"]`), never raised. Ou
 Invariants:
 - At most `parallel_calls` `Call`s outstanding per node (1: GP's one call at a time);
   each ends on its `CallAck` or after `call_timeout` ticks (protocols.md §3.2's
-  transport ACK, made explicit).
+  transport ACK, made explicit). With `parallel_calls` > 1 a call whose grants are all
+  empty is not outstanding at all: its outcome would change nothing (the caller keeps
+  what it keeps at once), so it carries `call_id` 0, which asks the callee for no ack.
 - A rumor is delivered or forwarded only after its origin's signature verified; a rumor of
   an id already held with other bytes, or older than this node's memory, is dropped.
 - `no_signature_check` (test-only bug switch) skips verification: the forgery tests catch it.
@@ -82,7 +84,15 @@ class GossipConfig:
         parallel_calls: calls a node keeps in flight at once. 1 is GP (the next split
             waits for the call's outcome); more lets a node split what it keeps while its
             calls are pending (`Spreader.early_keep`), for networks whose round trips are
-            long against the tick (a WAN: docs/GOSSIP.md "Over a WAN").
+            long against the tick (a WAN: docs/GOSSIP.md "Over a WAN"); its calls with
+            only empty grants then ask for no ack (`call_id` 0).
+        wave_interval: a node starts its waves every this many ticks (at its own phase),
+            so the rumors it publishes in between share one wave and its n-1 contacts
+            (1: every tick).
+        leaf_span: 0 is GP; more (with `parallel_calls` > 1) calls an interval of at most
+            this many positions position by position with empty grants, unacknowledged,
+            instead of splitting it: the same n-1 contacts, fewer acks and hops
+            (docs/GOSSIP.md "Over a WAN").
         balance: a successful call also hands the callee whole intervals until the two
             hold about as many positions (still n-1 contacts: same call, disjoint
             intervals); much faster when most nodes are down (docs/GOSSIP.md).
@@ -101,12 +111,19 @@ class GossipConfig:
     permute: bool = True
     balance: bool = False
     parallel_calls: int = 1
+    leaf_span: int = 0
+    wave_interval: int = 1
     bugs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if min(self.call_timeout, self.batch_max, self.instances, self.parallel_calls) < 1:
-            raise ValueError("call_timeout, batch_max, instances and parallel_calls must be "
-                             ">= 1")
+        if min(self.call_timeout, self.batch_max, self.instances, self.parallel_calls,
+               self.wave_interval) < 1:
+            raise ValueError("call_timeout, batch_max, instances, parallel_calls and "
+                             "wave_interval must be >= 1")
+        if self.leaf_span < 0 or (self.leaf_span and self.parallel_calls == 1):
+            raise ValueError("leaf_span must be >= 0, and needs parallel_calls > 1 (one call "
+                             f"at a time would wait a round trip per leaf), got "
+                             f"{self.leaf_span} with parallel_calls {self.parallel_calls}")
         if not self.bugs <= BUGS:
             raise ValueError(f"unknown bugs {sorted(self.bugs - BUGS)}")
 
@@ -169,12 +186,14 @@ class GossipMachine:
         self._wave_seed = b""  # the seed drawn for it (signed into each of its rumors)
         self._call_id = 0
         self._pending: dict[int, _Pending] = {}  # call id -> call, oldest first
+        self._unacked: Call | None = None  # the last unacknowledged call (reused when equal)
         self._outbox: list[Rumor] = []
         self._store = RumorStore(cfg.rumor_ttl)
         self._spreader = Spreader(node_id, self.members, ttl=cfg.rumor_ttl,
                                   instances=cfg.instances,
                                   permute=cfg.permute, balance=cfg.balance,
                                   early_keep=cfg.parallel_calls > 1,
+                                  leaf_span=cfg.leaf_span,
                                   overlapping_intervals="overlapping_intervals" in cfg.bugs)
         self._verify = "no_signature_check" not in cfg.bugs
         self._counters: dict[str, int] = {}
@@ -299,11 +318,25 @@ class GossipMachine:
             planned = self._spreader.plan()
             if planned is None:
                 return
-            self._call_id += 1
-            pending[self._call_id] = _Pending(call_id=self._call_id, target=planned.target,
-                                              parts=planned.parts,
-                                              deadline=self._now + self.config.call_timeout)
-            self._send(planned.target, Call(call_id=self._call_id, grants=planned.grants,
+            if planned.ack:
+                self._call_id += 1
+                call_id = self._call_id
+                pending[call_id] = _Pending(call_id=call_id, target=planned.target,
+                                            parts=planned.parts,
+                                            deadline=self._now + self.config.call_timeout)
+            else:  # nothing depends on its outcome: no ack asked, not pending
+                self._count("calls_unacked")
+                updates = self._updates(planned.target)
+                last = self._unacked
+                # A wave's leaf calls carry one grant object: then one Call object too (a
+                # driver may encode it once for all its targets).
+                if last is None or updates or last.grants != planned.grants:
+                    last = Call(call_id=0, grants=planned.grants, updates=updates)
+                    self._unacked = None if updates else last
+                self._send(planned.target, last)
+                self._count("calls")
+                continue
+            self._send(planned.target, Call(call_id=call_id, grants=planned.grants,
                                             updates=self._updates(planned.target)))
             self._count("calls")
 
@@ -337,13 +370,19 @@ class GossipMachine:
         self._now += 1
         now = self._now
         if self._pending:
-            for call in [c for c in self._pending.values() if now >= c.deadline]:
+            expired = []
+            for call in self._pending.values():  # oldest first: deadlines never decrease
+                if now < call.deadline:
+                    break
+                expired.append(call)
+            for call in expired:
                 del self._pending[call.call_id]
                 self._spreader.resolve(call.parts, acked=False)
                 self._count("call_timeouts")
-        self._start_waves()
-        self._next_call()
         cfg = self.config
+        if cfg.wave_interval == 1 or (now + self._phase) % cfg.wave_interval == 0:
+            self._start_waves()
+        self._next_call()
         if self._membership is not None:
             self._membership.tick(now)
             if cfg.gossip_interval and (now + self._phase) % cfg.gossip_interval == 0 \
@@ -413,7 +452,7 @@ class GossipMachine:
             if verdict != "ok":
                 self._drop(verdict)
                 ok = False
-        if ok:
+        if ok and call.call_id:  # (call id 0 asks for no ack)
             self._send(src, CallAck(call_id=call.call_id, updates=self._updates()))
         self._next_call()
 

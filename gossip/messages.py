@@ -85,7 +85,13 @@ class Rumor(Message):
 
     @property
     def rumor_id(self) -> RumorId:
-        return RumorId(origin=self.origin, incarnation=self.incarnation, seq=self.seq)
+        # Hot (twice per rumor a node takes): `RumorId(origin=..., incarnation=..., seq=...)`
+        # without re-running the checks this rumor's `__post_init__` already passed.
+        rid = object.__new__(RumorId)
+        object.__setattr__(rid, "origin", self.origin)
+        object.__setattr__(rid, "incarnation", self.incarnation)
+        object.__setattr__(rid, "seq", self.seq)
+        return rid
 
     def __str__(self) -> str:
         return f"Rumor {self.origin}/{self.incarnation}/{self.seq} |p|={len(self.payload)}"
@@ -151,7 +157,9 @@ class MemberUpdate(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Call(Message):
     """One GP contact: the grants (several waves may share a contact) and piggy-backed
-    membership updates. The callee answers `CallAck(call_id)` iff it accepted every grant."""
+    membership updates. The callee answers `CallAck(call_id)` iff it accepted every grant
+    and `call_id` is not 0 (0: the caller wants no ack, as nothing depends on the outcome of
+    a call whose grants are all empty once it keeps its share at once: `parallel_calls`)."""
 
     call_id: int
     grants: tuple[Grant, ...]

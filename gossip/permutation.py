@@ -47,7 +47,7 @@ class Others:
 class Permutation:
     """A bijection of range(size) drawn from `seed` (or the identity)."""
 
-    __slots__ = ("_bits", "_cache", "_keys", "_mask", "identity", "size")
+    __slots__ = ("_bits", "_cache", "_keys", "_mask", "_seed", "identity", "size")
 
     def __init__(self, seed: bytes, size: int, *, identity: bool = False) -> None:
         if size < 0:
@@ -59,22 +59,29 @@ class Permutation:
             half += 1
         self._bits = half
         self._mask = (1 << half) - 1
-        self._keys = tuple(
-            hashlib.blake2b(seed, person=b"gp-round" + bytes([r]), digest_size=16).digest()
-            for r in range(_ROUNDS)
-        )
+        self._seed = seed
+        self._keys: tuple[bytes, ...] = ()
+        """The round keys, derived at the first lookup (most nodes of a wave get an empty
+        grant and never look one up)."""
         self._cache: dict[int, int] = {}
 
-    def _round(self, r: int, value: int) -> int:
-        digest = hashlib.blake2b(value.to_bytes(4, "big"), key=self._keys[r],
-                                 digest_size=8).digest()
-        return int.from_bytes(digest, "big") & self._mask
+    def _round_keys(self) -> tuple[bytes, ...]:
+        self._keys = tuple(
+            hashlib.blake2b(self._seed, person=b"gp-round" + bytes([r]),
+                            digest_size=16).digest()
+            for r in range(_ROUNDS)
+        )
+        return self._keys
 
     def _feistel(self, x: int) -> int:
-        left, right = x >> self._bits, x & self._mask
-        for r in range(_ROUNDS):
-            left, right = right, left ^ self._round(r, right)
-        return (left << self._bits) | right
+        bits, mask = self._bits, self._mask
+        keys = self._keys or self._round_keys()
+        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+        left, right = x >> bits, x & mask
+        for key in keys:
+            digest = blake2b(right.to_bytes(4, "big"), key=key, digest_size=8).digest()
+            left, right = right, left ^ (from_bytes(digest, "big") & mask)
+        return (left << bits) | right
 
     def __call__(self, position: int) -> int:
         """π(position), for 0 <= position < size."""

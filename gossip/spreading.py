@@ -20,9 +20,15 @@ Invariants:
   nothing is lost: every position is eventually called by someone, whatever
   the crash set (a crashed caller takes its intervals with it, but a crashed node never
   acknowledged, so its caller kept them).
+- `leaf_span` (0: off, GP verbatim): an interval of at most that many positions is not
+  split at its midpoint but called position by position, each call with an EMPTY grant
+  ([0, 0), one object per wave: `Wave.leaf_grant`; the caller keeps [a+1, b) whatever
+  the outcome): the same n-1 contacts, the same
+  every-position-called-once invariant, a shallower tree, and (with `early_keep`) no
+  ack needed, since an empty grant's outcome changes nothing (`PlannedCall.ack`).
 - `overlapping_intervals` (a test-only bug switch) gives the callee [(a+m)//2, b) instead
-  of [m+1, b), overlapping what the caller keeps: those positions are called twice, and
-  the n-1 sweep must catch it.
+  of [m+1, b) (a leaf call: [a, b) instead of nothing), overlapping what the caller keeps:
+  those positions are called twice, and the n-1 sweep must catch it.
 """
 
 from __future__ import annotations
@@ -56,18 +62,33 @@ class Wave:
     order: int = 0
     """Creation number at this node: `plan` serves waves oldest first."""
     intervals: list[tuple[int, int]] = field(default_factory=list)
+    leaf_grant: Grant | None = None
+    """The grant of this wave's leaf calls from this node (empty, [0, 0)): one object for
+    all of them while the rumors stay the same, so the calls that carry it can be too."""
 
-    def next_split(self) -> tuple[int, int, int] | None:
-        """(a, b, m) of the interval this wave would split next: the largest, then lowest."""
-        if not self.intervals:
+    def next_split(self, leaf_span: int = 0) -> tuple[int, int, int] | None:
+        """(a, b, m) of the interval this wave would split next (the largest, then lowest)
+        and the position m it calls: its midpoint, or a when it spans at most `leaf_span`
+        positions (a leaf call: empty grant)."""
+        intervals = self.intervals
+        if not intervals:
             return None
-        a, b = min(self.intervals, key=lambda iv: (iv[0] - iv[1], iv[0]))
-        return a, b, (a + b) // 2
+        if len(intervals) == 1:
+            a, b = intervals[0]
+        else:
+            a, b = min(intervals, key=_largest_lowest)
+        return a, b, (a if b - a <= leaf_span else (a + b) // 2)
 
     def own(self, lo: int, hi: int) -> None:
         """Take ownership of the unclaimed positions of [lo, hi), as maximal runs; they are
         claimed from now on (owned, called, or handed on: never owned twice)."""
         claimed = self.claimed
+        if lo >= hi:
+            return
+        if claimed.find(1, lo, hi) < 0:  # the common case (disjoint grants): one run
+            claimed[lo:hi] = b"\x01" * (hi - lo)
+            self.intervals.append((lo, hi))
+            return
         start = None
         for pos in range(lo, hi):
             if claimed[pos]:
@@ -82,9 +103,14 @@ class Wave:
             self.intervals.append((start, hi))
 
 
+def _largest_lowest(iv: tuple[int, int]) -> tuple[int, int]:
+    return iv[0] - iv[1], iv[0]
+
+
 class Part(NamedTuple):
     """One grant inside a pending call: wave `key`'s interval [a, b) split at m, or (when
-    `whole`, the `balance` option) all of [a, b) handed over."""
+    `whole`, the `balance` option) all of [a, b) handed over, or (when `leaf`, m == a) a
+    leaf call: π(a) is called with an empty grant and the caller keeps [a+1, b)."""
 
     key: WaveKey
     a: int
@@ -92,27 +118,39 @@ class Part(NamedTuple):
     m: int
     whole: bool = False
     kept: bool = False
-    """[a, m) went back to the caller when the call was planned (`early_keep`)."""
+    """What the caller keeps whatever the outcome ([a, m), or a leaf's [a+1, b)) went back
+    to it when the call was planned (`early_keep`)."""
+    leaf: bool = False
+
+    @property
+    def empty(self) -> bool:
+        """The grant hands over no position (a leaf call, or a split of b - a <= 2)."""
+        return not self.whole and (self.leaf or self.m + 1 >= self.b)
 
 
 class PlannedCall(NamedTuple):
     target: NodeId
     grants: tuple[Grant, ...]
     parts: tuple[Part, ...]
+    ack: bool = True
+    """False: nothing depends on the call's outcome (`early_keep`, every grant empty), so
+    the callee is asked for no ack and the call is not pending."""
 
 
 class Spreader:
     """Every wave one node takes part in."""
 
     __slots__ = ("_active", "_created", "_member_set", "_members", "balance", "early_keep",
-                 "instances", "node_id", "overlapping_intervals", "permute", "seen", "ttl",
-                 "waves")
+                 "instances", "leaf_span", "node_id", "overlapping_intervals", "permute",
+                 "seen", "ttl", "waves")
 
     def __init__(self, node_id: NodeId, members: Sequence[NodeId], *, ttl: int,
                  instances: int = 1, permute: bool = True, balance: bool = False,
-                 overlapping_intervals: bool = False, early_keep: bool = False) -> None:
+                 overlapping_intervals: bool = False, early_keep: bool = False,
+                 leaf_span: int = 0) -> None:
         self.node_id = node_id
         self.early_keep = early_keep
+        self.leaf_span = leaf_span
         self.instances = instances
         self.balance = balance
         self._members = tuple(sorted(members))
@@ -184,34 +222,40 @@ class Spreader:
         wave whose next split calls the same node rides along. Claims and removes the
         intervals; `resolve` gives them back. Positions naming this node are skipped."""
         busy = self._busy()
+        span = self.leaf_span
         for key, wave in busy:
-            split = wave.next_split()
+            split = wave.next_split(span)
             while split is not None:
                 a, b, m = split
                 target = wave.others[wave.perm(m)]
                 if target != self.node_id:
                     break
-                self._take(wave, a, b, m)  # our own position: owned, never called
+                wave.intervals.remove((a, b))  # our own position: owned, never called
                 wave.intervals.extend(iv for iv in ((a, m), (m + 1, b)) if iv[0] < iv[1])
-                split = wave.next_split()
+                split = wave.next_split(span)
             if split is None:
                 continue
             parts = [self._take(wave, *split)]
-            if self.balance:
+            if self.balance and not parts[0].leaf:
                 parts += self._handoff(wave, split)
-            for other_key, other in busy:
-                other_split = other_key != key and other.next_split()
-                if other_split and other.others[other.perm(other_split[2])] == target:
-                    parts.append(self._take(other, *other_split))
+            if len(busy) > 1:
+                for other_key, other in busy:
+                    other_split = other_key != key and other.next_split(span)
+                    if other_split and other.others[other.perm(other_split[2])] == target:
+                        parts.append(self._take(other, *other_split))
             grants = tuple(self._grant(p) for p in parts)
             if self.early_keep:  # what we keep whatever the outcome is ours again now
                 for i, part in enumerate(parts):
                     if not part.whole:
-                        if part.a < part.m:
-                            self.waves[part.key].intervals.append((part.a, part.m))
+                        kept = (part.m + 1, part.b) if part.leaf else (part.a, part.m)
+                        if kept[0] < kept[1]:
+                            self.waves[part.key].intervals.append(kept)
                             self._active[part.key] = self.waves[part.key]
                         parts[i] = part._replace(kept=True)
-            return PlannedCall(target=target, grants=grants, parts=tuple(parts))
+                ack = not all(part.empty for part in parts)
+            else:
+                ack = True
+            return PlannedCall(target=target, grants=grants, parts=tuple(parts), ack=ack)
         return None
 
     def _handoff(self, wave: Wave, split: tuple[int, int, int]) -> list[Part]:
@@ -233,17 +277,29 @@ class Spreader:
 
     def _take(self, wave: Wave, a: int, b: int, m: int) -> Part:
         wave.intervals.remove((a, b))
-        return Part(wave.key, a, b, m)
+        return Part(wave.key, a, b, m, leaf=m == a and b - a <= self.leaf_span)
 
     def _grant(self, part: Part) -> Grant:
         wave = self.waves[part.key]
+        hi = part.b
         if part.whole:
             lo = part.a
+        elif part.leaf:
+            if self.overlapping_intervals:
+                lo = part.a
+            else:  # every leaf grant of the wave is the same empty one
+                grant = wave.leaf_grant
+                if grant is None or grant.rumors is not wave.rumors:
+                    grant = wave.leaf_grant = Grant(
+                        origin=part.key.origin, incarnation=part.key.incarnation,
+                        wave=part.key.wave, instance=part.key.instance, seed=wave.seed,
+                        lo=0, hi=0, rumors=wave.rumors)
+                return grant
         else:
             lo = (part.a + part.m) // 2 if self.overlapping_intervals else part.m + 1
         return Grant(origin=part.key.origin, incarnation=part.key.incarnation,
                      wave=part.key.wave, instance=part.key.instance, seed=wave.seed,
-                     lo=lo, hi=part.b, rumors=wave.rumors)
+                     lo=lo, hi=hi, rumors=wave.rumors)
 
     def resolve(self, parts: tuple[Part, ...], acked: bool) -> None:
         """A call's outcome: acknowledged (the callee owns [m+1, b)) or timed out (we keep
@@ -252,20 +308,36 @@ class Spreader:
             wave = self.waves.get(part.key)
             if wave is None:
                 continue
-            self._active[part.key] = wave
-            if part.whole:
-                if not acked:
-                    wave.intervals.append((part.a, part.b))
-                continue
-            if part.a < part.m and not part.kept:
-                wave.intervals.append((part.a, part.m))
-            if not acked and part.m + 1 < part.b:
+            held = len(wave.intervals)
+            self._resolve(wave, part, acked)
+            if len(wave.intervals) > held:  # (a wave that got nothing back stays idle)
+                self._active[part.key] = wave
+
+    @staticmethod
+    def _resolve(wave: Wave, part: Part, acked: bool) -> None:
+        if part.whole:
+            if not acked:
+                wave.intervals.append((part.a, part.b))
+            return
+        if part.leaf:  # [a+1, b) is ours whatever the outcome
+            if not part.kept and part.m + 1 < part.b:
                 wave.intervals.append((part.m + 1, part.b))
+            return
+        if part.a < part.m and not part.kept:
+            wave.intervals.append((part.a, part.m))
+        if not acked and part.m + 1 < part.b:
+            wave.intervals.append((part.m + 1, part.b))
 
     def _busy(self) -> list[tuple[WaveKey, Wave]]:
         """The waves owning intervals, oldest first (as `waves` orders them); the active
         index forgets the others."""
         active = self._active
+        if len(active) == 1:  # the common case
+            for key, wave in active.items():
+                if wave.intervals:
+                    return [(key, wave)]
+            active.clear()
+            return []
         for key in [k for k, w in active.items() if not w.intervals]:
             del active[key]
         if len(active) > 1:

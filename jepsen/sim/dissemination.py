@@ -33,6 +33,7 @@ from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.types import Message, NodeId
 from phalanx.gossip.dissemination import Carried, Dissemination, DisseminationConfig
 from phalanx.gossip.messages import GOSSIP_MESSAGES
+from phalanx.jepsen.sim.crypto_memo import CryptoMemo
 from phalanx.jepsen.sim.loop import EventLoop
 from phalanx.jepsen.sim.node import SimNode
 from phalanx.jepsen.sim.wan import WanConfig
@@ -74,6 +75,10 @@ class GossipFabric:
         self._members = tuple(NodeId(n) for n in sorted(nodes))
         self._layers: dict[str, tuple[int, Dissemination]] = {}
         self._decoded: dict[bytes, Message | None] = {}
+        # Every layer's FastCrypto shares one memo of tags (`crypto_memo`: the same values,
+        # less CPU): the copies of a wave's leaf call decode to one object (the network's
+        # decode memo), whose rumors its receivers then verify once.
+        self._crypto_memo = CryptoMemo()
         self.counters: dict[str, int] = {}
         """Every layer's counters, summed over the run (`Dissemination.status` names)."""
         for node in nodes.values():
@@ -132,7 +137,8 @@ class GossipFabric:
         if held is not None and held[0] == node.incarnation:
             return held[1]
         layer = Dissemination(
-            NodeId(name), self._members, crypto=FastCrypto(NodeId(name)),
+            NodeId(name), self._members,
+            crypto=FastCrypto(NodeId(name), memo=self._crypto_memo),
             rng=random.Random(f"gossip:{self._seed}:{name}:{node.incarnation}"),
             encode=self._encode, decode=self._decode, config=self._config,
             incarnation=node.incarnation)
