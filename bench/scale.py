@@ -32,8 +32,8 @@ until then) and, for Raft, after its first election (`warmup_ns`).
 Usage: `python bench/scale.py [--sizes 4,10,20,60,180] [--only base,conflicts]
 [--conflicts 10,50] [--by-kind] [--quick] [--no-plot] [--no-docs] [--plot-from REPORT...]`.
 `--quick` is the smoke run (n = 4 and 10, small workloads); `--conflicts 50` runs the 50%
-conflicts cell alone; `--by-kind` prints each cell's bytes by message kind. Figures depend only on the arguments (the simulator is
-deterministic); CPU seconds are the shared machine's.
+conflicts cell alone; `--by-kind` prints each cell's bytes by message kind. Figures depend
+only on the arguments (the simulator is deterministic); CPU seconds are the shared machine's.
 """
 
 from __future__ import annotations
