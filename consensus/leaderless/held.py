@@ -5,12 +5,17 @@ transaction are held here" that an asker puts in its `FetchTransactions` and an 
 reads (`recovery.Recovery.answer`), so an answer carries only the endorsements the asker
 lacks (docs/LEADERLESS.md "Answers by what the asker holds").
 
-Format: `held` is empty, or one bitmap of `width` = ceil((n+1)/8) bytes per asked id, in
+Format: `held` is empty, or one bitmap of `width` = ceil((n+2)/8) bytes per asked id, in
 the ids' order; bit j is byte j // 8, value 1 << (j % 8). Bit j < n is member j of the
 sorted membership: set, the asker holds an unconditional endorsement of that transaction by
 that member (held with the transaction, or buffered while the transaction is unknown).
 Bit n: the asker holds the transaction itself (then an answer with no endorsement left to
 send, and no refusal, is not sent; without it the answer always carries the transaction).
+Bit n+1: the body alone. A node that learns of a transaction from the endorsements naming
+it asks each of their endorsers for the transaction (`Recovery.fetch_named`), while every
+endorser's own endorsement reaches it directly (endorsements are broadcast, and re-sent by
+their signers: docs/LEADERLESS.md "Answers by what the asker holds"): the answer is the
+transaction with no endorsement.
 Only unconditional endorsements: one endorsement of a member that counts is all the commit
 rule needs of it, and an unconditional one always counts; a conditional one may not (its
 condition may commit), and an equivocating member's other endorsement may be the one that
@@ -37,13 +42,16 @@ class HeldMasks:
         ordered = sorted(set(members))
         self._position = {m: i for i, m in enumerate(ordered)}
         self._tx_bit = len(ordered)
-        self.width = (len(ordered) + 1 + 7) // 8
+        self.width = (len(ordered) + 2 + 7) // 8
         self.zero = bytes(self.width)
 
-    def mask(self, endorsements: Iterable[Endorsement], *, holds_tx: bool) -> bytes:
+    def mask(self, endorsements: Iterable[Endorsement], *, holds_tx: bool,
+             body_only: bool = False) -> bytes:
         """The bitmap of the members whose endorsement in `endorsements` is unconditional,
-        and whether the asker holds the transaction (`holds_tx`)."""
-        bits = 1 << self._tx_bit if holds_tx else 0
+        whether the asker holds the transaction (`holds_tx`), and whether it asks for the
+        body alone (`body_only`)."""
+        bits = (1 << self._tx_bit if holds_tx else 0) | (
+            2 << self._tx_bit if body_only else 0)
         position = self._position
         for e in endorsements:
             j = position.get(e.endorser)
@@ -79,4 +87,9 @@ class HeldMasks:
     def holds_tx(self, mask: bytes) -> bool:
         """Whether `mask` says the asker holds the transaction itself."""
         j = self._tx_bit
+        return bool(mask[j >> 3] >> (j & 7) & 1)
+
+    def body_only(self, mask: bytes) -> bool:
+        """Whether `mask` asks for the transaction alone, without endorsements."""
+        j = self._tx_bit + 1
         return bool(mask[j >> 3] >> (j & 7) & 1)

@@ -252,7 +252,8 @@ class PeerIntake(CoreParts):
         if record is None:
             if self._store.buffer(e) and src is not None:
                 out.sends += self._recovery.fetch_named(
-                    src, e.tx_id, self._ticks, self._recovery.held_of(self._store))
+                    src, e.tx_id, self._ticks,
+                    self._recovery.held_of(self._store, body_only=True))
             return
         self._add_endorsement(record, e, src, out)
 

@@ -129,8 +129,10 @@ class Recovery:
         """Ask `src`, whose endorsement names the unknown `tx_id`, for it: once per
         endorser (a client that sent it to some nodes only makes this the usual way to
         learn it, and a lost answer must not wait a period when another endorser has it),
-        saying which endorsements of it this node buffered (`held`: those are left out of
-        the answers, which at n = 180 repeated up to n of them to each of ~n askers).
+        for the body alone (`held`, with `body_only`): every endorser sends this node its
+        endorsement itself, and an answer repeating up to n of them to each of up to n
+        askers per asker was most of the bytes at n = 180 (docs/LEADERLESS.md "Answers by
+        what the asker holds")).
         With a delay (`named_delay` ticks) the first namings wait (`named_due`), and once
         those are asked a new endorser is asked at once: the runtime's client sends the
         transaction to every node, and a driver pass steps its client writes at its end
@@ -258,7 +260,9 @@ class Recovery:
             if mine is not None and mine.signature and mine.endorser not in endorsements:
                 endorsements[mine.endorser] = mine  # a record restored from the WAL has none
             sent: Iterable[Endorsement] = endorsements.values()
-            if mask != zero:  # only what the asker lacks
+            if masks.body_only(mask):
+                sent = ()  # its endorsers send it theirs (`fetch_named`)
+            elif mask != zero:  # only what the asker lacks
                 sent = [e for e in sent if not masks.has(mask, e.endorser)]
                 if not sent and own is None and masks.holds_tx(mask):
                     continue  # nothing it lacks
@@ -285,15 +289,18 @@ class Recovery:
                    and store.state_of(t) in (None, TxState.PENDING)]
         return self.fetch(src, missing, tick, self.held_of(store))
 
-    def held_of(self, store: TxStore) -> Callable[[TxId], bytes]:
+    def held_of(self, store: TxStore, *, body_only: bool = False) -> Callable[[TxId], bytes]:
         """The bitmap of what this node holds of a transaction: with its record, or the
-        endorsements it buffered while the transaction is unknown (b"": nothing)."""
+        endorsements it buffered while the transaction is unknown (b"": nothing);
+        `body_only`: an unknown one is asked for its body alone (`fetch_named`)."""
         mask = self.masks.mask
 
         def held(tx_id: TxId) -> bytes:
             record = store.get(tx_id)
             if record is not None:
                 return mask(record.endorsements.values(), holds_tx=True)
+            if body_only:
+                return mask((), holds_tx=False, body_only=True)
             slot = store.buffered.get(tx_id)
             return b"" if slot is None else mask(slot.values(), holds_tx=False)
         return held

@@ -38,7 +38,8 @@ class TickWork(CoreParts):
         the fence), the stuck check when the checkpoint batcher flushes; every period a
         full pass (endorse, commit) as a safety net, re-sends, GC."""
         self._ticks += 1
-        out.sends += self._recovery.named_due(self._ticks, self._recovery.held_of(self._store))
+        out.sends += self._recovery.named_due(
+            self._ticks, self._recovery.held_of(self._store, body_only=True))
         if now is None:
             self._checkpoints.tick(self._proof_of)
             return

@@ -38,8 +38,10 @@ def test_masks_name_the_unconditional_endorsers_in_sorted_member_order() -> None
     assert [m for m in sorted(members) if masks.has(held, m)] == [N1, NodeId("n9")]
     assert not masks.holds_tx(held)
     assert masks.holds_tx(masks.mask([], holds_tx=True))
-    assert HeldMasks((N1, N2, N3, N4, NodeId("n5"), NodeId("n6"), NodeId("n7"))).width == 1
-    assert HeldMasks(tuple(NodeId(f"n{i}") for i in range(1, 9))).width == 2
+    assert not masks.body_only(held)
+    assert masks.body_only(masks.mask([], holds_tx=False, body_only=True))
+    assert HeldMasks(tuple(NodeId(f"n{i}") for i in range(1, 7))).width == 1  # 6 + 2 bits
+    assert HeldMasks(tuple(NodeId(f"n{i}") for i in range(1, 8))).width == 2
     assert masks.field([b"a", b"b"], lambda _t: masks.zero) == b""  # nothing held: empty
     assert masks.field([b"a", b"b"], {b"a": b"", b"b": held}.__getitem__) == b"\0\0" + held
     assert masks.split(b"", 2) == [b"\0\0", b"\0\0"]
@@ -151,10 +153,11 @@ def test_a_backlog_pulled_with_bitmaps_gets_only_what_it_lacks() -> None:
     assert all(c.nodes[n].core.status().pending == 0 for n in c.ids)
 
 
-def test_a_named_fetch_says_what_it_buffered_and_gets_the_transaction_with_the_rest() -> None:
+def test_a_named_fetch_asks_for_the_body_alone() -> None:
     """n3 learns of a transaction only from endorsements (its client did not send it there):
-    it asks each endorser, naming the endorsements it buffered; the answer still carries the
-    transaction (n3 lacks it) but not those endorsements."""
+    it asks each endorser for the body alone (the endorsers send it their endorsements
+    themselves); the answer is the transaction without endorsements, and n3 holds it with
+    the endorsement it buffered."""
     c = Cluster(4)
     c.tick(100)  # the cores know the time: n1 endorses at once (and does not relay the tx)
     tx = make_tx("add x 1")
@@ -167,14 +170,14 @@ def test_a_named_fetch_says_what_it_buffered_and_gets_the_transaction_with_the_r
     assert asks, "n3 asked n1 for the transaction its endorsement named"
     masks = HeldMasks(c.ids)
     (held,) = masks.split(asks[0][1].message.held, 1) or [b""]
-    assert masks.has(held, N1)
+    assert masks.body_only(held)
     assert not masks.holds_tx(held)
     c.net = []
     ready = c.step(N1, Receive(src=N3, message=asks[0][1].message))
     (answer,) = [s.message for s in ready.messages if s.to == N3]
     assert isinstance(answer, TransactionProof)
     assert answer.tx == tx
-    assert N1 not in [e.endorser for e in answer.endorsements]
+    assert answer.endorsements == ()
     c.step(N3, Receive(src=N1, message=answer))
     assert c.nodes[N3].core._store.get(tx_id(tx)) is not None  # learnt, with n1's buffered
     assert N1 in c.nodes[N3].core._store.get(tx_id(tx)).endorsements  # type: ignore[union-attr]
