@@ -67,9 +67,9 @@ Must not import: storage, the codec, trio, clocks.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from phalanx.consensus.leaderless.messages import LeaderlessDurableState, LeaderlessStateDelta
@@ -113,9 +113,19 @@ class _Note:
 
 
 _notes: deque[_Note] = deque(maxlen=MAX_NOTES)
-_lock = threading.Lock()
-"""The core notes on its task while a real node's journal diffs on the persistence worker
-thread: every use of `_notes` holds this lock."""
+_lock: AbstractContextManager[object] = nullcontext()
+"""Every use of `_notes` holds this. A real node's core notes on its task while its journal
+diffs on the persistence worker thread, so the runtime installs a real lock
+(`guard_notes(threading.Lock())`, `phalanx.protocols.leaderless_node`); this package
+imports no threading (sans-IO), and a single-threaded user needs none."""
+
+
+def guard_notes(lock: AbstractContextManager[object]) -> None:
+    """Install the lock that guards the growth notes (once per process: a later call keeps
+    the first lock, so a thread holding it is never raced by a replacement)."""
+    global _lock
+    if isinstance(_lock, nullcontext):
+        _lock = lock
 
 
 def note_growth(old: LeaderlessDurableState, new: LeaderlessDurableState,

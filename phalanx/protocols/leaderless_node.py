@@ -28,6 +28,7 @@ Must not import: `phalanx.runtime.node`, `phalanx.runtime.driver`, trio, sockets
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ from phalanx.consensus.core import Ready
 from phalanx.consensus.leaderless.batching import SubmitBatch
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
-from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules
+from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules, guard_notes
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     LeaderlessDurableState,
@@ -358,6 +359,7 @@ class LeaderlessNode:
         if state is not None and not isinstance(state, LeaderlessDurableState):
             raise ProtocolError(f"{config.data_dir}: the stored core state is a "
                                 f"{type(state).__name__}, not the leaderless core's")
+        guard_notes(threading.Lock())  # the journal diffs on the persistence worker thread
         honest = LeaderlessCore(
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),

@@ -203,6 +203,7 @@ def test_notes_are_taken_on_one_thread_while_another_adds_them() -> None:
             for a, b in itertools.pairwise(other):
                 durable.note_growth(a, b, {})
 
+    durable.guard_notes(threading.Lock())  # as a real node does (leaderless_node)
     rules = LeaderlessDeltaRules()
     thread = threading.Thread(target=noise)
     thread.start()
