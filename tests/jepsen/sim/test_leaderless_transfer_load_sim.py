@@ -82,21 +82,25 @@ def test_without_cuts_the_same_run_never_installs_and_diverges() -> None:
     whose run installs during the load, in order, until one diverges without cuts (since an
     install re-applies what it lacks, 2026-12-02, seed 3 installs even without cuts: two
     peers happened to share a checkpoint older than n4's applies, once refused; seed 4
-    does not: tried first)."""
+    does not: tried first). Since dead endorsements abort (2026-12-03, docs/LEADERLESS.md
+    "Dead endorsements abort") the run without cuts installs and converges on every seed
+    here: the control runs without that rule (`no_dead_abort`), the rules the cuts were
+    added for."""
     tried = []
     for seed in (4, *(s for s in SEEDS if s != 4)):
         with_cuts = constant_load(seed, cut_every=4)
         times = install_times_ms(with_cuts)
         if not (with_cuts.ok and times and times[0] < LOAD_MS):
             continue
-        result = constant_load(seed, cut_every=0)
+        result = constant_load(seed, cut_every=0, bugs=frozenset({"no_dead_abort"}))
         if not install_times_ms(result):
             assert not result.ok, replay(seed, 0)
             assert any("converge" in v or "gate" in v for v in result.report().splitlines())
             return
         tried.append(seed)
     raise AssertionError(f"without cuts, seeds {tried} installed anyway (of {SEEDS}); "
-                         f"replay: constant_load(SEED, cut_every=0) in {__file__}")
+                         f"replay: constant_load(SEED, cut_every=0, "
+                         f"bugs=frozenset({{'no_dead_abort'}})) in {__file__}")
 
 
 def test_an_install_under_load_reapplies_what_it_lacks() -> None:
@@ -116,14 +120,15 @@ def test_an_install_under_load_reapplies_what_it_lacks() -> None:
     docs/LEADERLESS.md "An install never undoes a forgotten apply", rule 2), n4 asks again
     later and finds a checkpoint covering its new applies (lose-disk seed 5 then installs
     at 4.3 s even with the old rule), so the control turns that ask off too
-    (`no_overdue_transfer`): the old rules as they were."""
+    (`no_overdue_transfer`), and the dead-endorsement abort of 2026-12-03 (`no_dead_abort`),
+    which otherwise resolves the stuck transactions first: the old rules as they were."""
     tries = ((nemesis.LOSE_DISK, 5), (nemesis.KILL, 5), (nemesis.PARTITION_ONE, 2),
              *((kind, seed) for seed in range(10)
                for kind in (nemesis.LOSE_DISK, nemesis.KILL, nemesis.PARTITION_ONE)))
     for kind, seed in tries:
         caught = constant_load(seed, cut_every=4, kind=kind, vote_batch_ticks=0,
                                bugs=frozenset({"refuse_behind_checkpoint",
-                                               "no_overdue_transfer"}))
+                                               "no_overdue_transfer", "no_dead_abort"}))
         if not caught.ok:
             clean = constant_load(seed, cut_every=4, kind=kind, vote_batch_ticks=0)
             assert clean.ok, f"{kind}: {replay(seed, 4)}\n{clean.report()}"
