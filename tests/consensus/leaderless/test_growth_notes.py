@@ -76,6 +76,15 @@ def test_a_growing_tuple_matches_its_model_and_its_growth(ops: list[tuple[str, i
     assert grown.value() == tuple(model)
 
 
+def noted_core(node: NodeId, ids: tuple[NodeId, ...], config: dict[str, object], app: KvApp,
+               durable: LeaderlessDurableState | None, recovering: bool) -> LeaderlessCore:
+    """A core with growth notes on, as a real node builds it."""
+    cfg = LeaderlessConfig(node_id=node, nodes=ids, **config)  # type: ignore[arg-type]
+    return LeaderlessCore(cfg, crypto=FastCrypto(node), client_keys=client_keys(), app=app,
+                          codec=CODEC, restored=durable, recovering=recovering,
+                          growth_notes=True)
+
+
 class JournalCluster(Cluster):
     """Cores with growth notes; each node's records go through a simulated journal that
     saves a random subset of them (in order), checking every delta."""
@@ -89,10 +98,7 @@ class JournalCluster(Cluster):
 
     def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None,
               recovering: bool = False) -> Node:
-        cfg = LeaderlessConfig(node_id=node, nodes=self.ids, **self.config)  # type: ignore[arg-type]
-        core = LeaderlessCore(cfg, crypto=FastCrypto(node), client_keys=client_keys(), app=app,
-                              codec=CODEC, restored=durable, recovering=recovering,
-                              growth_notes=True)
+        core = noted_core(node, self.ids, self.config, app, durable, recovering)
         if durable is not None:
             self.saved[node] = durable  # a restart's journal starts from the loaded record
         return Node(core=core, app=app, crypto=FastCrypto(node), durable=durable)
@@ -150,10 +156,7 @@ class RealJournalCluster(Cluster):
 
     def _make(self, node: NodeId, app: KvApp, durable: LeaderlessDurableState | None,
               recovering: bool = False) -> Node:
-        cfg = LeaderlessConfig(node_id=node, nodes=self.ids, **self.config)  # type: ignore[arg-type]
-        core = LeaderlessCore(cfg, crypto=FastCrypto(node), client_keys=client_keys(), app=app,
-                              codec=CODEC, restored=durable, recovering=recovering,
-                              growth_notes=True)
+        core = noted_core(node, self.ids, self.config, app, durable, recovering)
         return Node(core=core, app=app, crypto=FastCrypto(node), durable=durable)
 
     def step(self, node: NodeId, inp: Input) -> Ready:
