@@ -39,6 +39,11 @@ protocol (the `endorse_despite_conflict` switch bypasses its conflict check expl
   its conditional endorsements were still alive, whose condition then committed, stays
   pending for ever, and every transaction conflicting with it behind it (liveness; the
   veto-mode bank run of seed 4, `test_dead_abort.py`).
+- ``veto_no_rounds``: the veto mode never checkpoints an id again once a remembered
+  checkpoint kept it on its OWN proof (the rule before 2026-12-03, branch vetolive): one
+  whose endorsements then stay unusable without reaching the dead-endorsement abort
+  threshold (a Byzantine endorser's unconditional one among them) stays pending for ever,
+  and every transaction conflicting with it behind it (liveness; `test_veto_rounds.py`).
 - ``skip_checkpoint_digest``: install a fetched checkpoint without checking that its bytes
   hash to the descriptor f+1 peers agreed on (state transfer: a Byzantine server's forged
   state goes in).
@@ -93,7 +98,7 @@ BUG_NAMES: tuple[str, ...] = ("drop_on_commit", "no_version_gate", "endorse_desp
                               "ordered_decided_once", "ordered_dead_evidence",
                               "veto_decided_once", "install_over_forgotten",
                               "no_overdue_transfer", "no_stale_transfer",
-                              "cascade_in_drain", "no_dead_abort")
+                              "cascade_in_drain", "no_dead_abort", "veto_no_rounds")
 
 
 def check_bugs(names: Iterable[str]) -> frozenset[str]:

@@ -147,7 +147,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
                 restored_votes=record.votes, restored_relays=record.relays,
                 restored_decisions=record.veto_decisions or (),
                 tx_id_of=self._tx_id, vote_batch_ticks=config.vote_batch_ticks,
-                decided_once="veto_decided_once" in self._bugs)
+                decided_once="veto_decided_once" in self._bugs,
+                no_rounds="veto_no_rounds" in self._bugs)
         self._checkpoints.unprovable = self._unprovable
         self._memory = Memory(limit=config.max_pending)
         self._memory.drop_forgotten = "drop_forgotten" in self._bugs

@@ -208,8 +208,8 @@ class StartCheckpoint(Message):
     delivered: tuple[NodeId, ...] = ()
     txs: tuple[Transaction, ...] = ()
     round: int = field(default=0, metadata=_OPTIONAL)
-    """The ordered mode's re-checkpoint round (0 first; docs/LEADERLESS.md "Kept, then
-    stuck"); the veto mode ignores it."""
+    """The re-checkpoint round (0 first; docs/LEADERLESS.md "Kept, then stuck", and
+    "Rounds in the veto mode")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +224,9 @@ class VetoChoice(Message):
     drop: bool
     proofs: tuple[TransactionProof, ...] = ()
     signature: bytes = b""
+    round: int = field(default=0, metadata=_OPTIONAL)
+    """The re-checkpoint round (0 first; `checkpoint` names it: docs/LEADERLESS.md "Rounds
+    in the veto mode"); 0 is not sent, so older encodings are unchanged."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,6 +332,8 @@ class CheckpointDecision(Message):
     tx_ids: tuple[TxId, ...]
     drop: bool
     kept: tuple[TransactionProof, ...] = ()
+    round: int = field(default=0, metadata=_OPTIONAL)
+    """The checkpoint's round (its name is `checkpoint_id(tx_ids, round)`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

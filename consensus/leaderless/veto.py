@@ -12,7 +12,8 @@ persists `votes()`, `relays()` and `veto_decisions()` before sending (`VetoEffec
 applies `dropped`/`kept`.
 
 Rules (docs/LEADERLESS.md, "Checkpoints and the veto procedure"):
-- A checkpoint is identified by `checkpoint_id` of its sorted unique ids.
+- A checkpoint is identified by `checkpoint_id` of its sorted unique ids and its round; a
+  still-stuck id a KEEP kept on its own proof goes out again in the next round (`next_round`).
 - A correct node votes once per checkpoint, across restarts too (`restored_votes`, and its
   own old vote, seen in a full echo or fetched on f+1 echoes of its digest, is adopted
   rather than re-voted): veto with a proof when
@@ -79,6 +80,8 @@ from phalanx.consensus.leaderless.veto_votes import (
     VetoEffects,
     VoteJudge,
     checkpoint_id,
+    next_round,
+    valid_round,
 )
 from phalanx.consensus.types import LocalProtocolError, NodeId
 
@@ -92,8 +95,8 @@ class CheckpointMachine:
     __slots__ = (
         "_answered", "_batch", "_by_tx", "_checkpoints", "_crypto", "_decided_once", "_decisions",
         "_dropped", "_dropped_counts", "_judge", "_kept", "_max_open", "_members", "_new_votes",
-        "_nodes", "_period", "_queued", "_rb", "_sends", "_sync", "_ticks", "_tx_id_of",
-        "node_id", "old_unblock", "unprovable",
+        "_no_rounds", "_nodes", "_period", "_queued", "_rb", "_sends", "_sync", "_ticks",
+        "_tx_id_of", "node_id", "old_unblock", "unprovable",
     )
 
     def __init__(
@@ -113,10 +116,12 @@ class CheckpointMachine:
         vote_batch_ticks: int = 0,
         decided_once: bool = False,
         restored_decisions: tuple[CheckpointDecision, ...] = (),
+        no_rounds: bool = False,
     ) -> None:
         """`restored_*`: the durable record (`votes()`, `relays()`, `veto_decisions()`).
         `decided_once`: the deliberate bug `veto_decided_once` (bugs.py): never queue an id
-        a remembered checkpoint names, the rule before `VetoCheckpoint.kept`."""
+        a remembered checkpoint names, the rule before `VetoCheckpoint.kept`. `no_rounds`:
+        `veto_no_rounds`, never queue again an id kept on its own proof (before rounds)."""
         if node_id not in nodes or len(set(nodes)) != len(nodes):
             raise LocalProtocolError(f"{node_id!r} must be one of the unique nodes {nodes!r}")
         if checkpoint_ticks < 1 or batch < 1 or max_open < 1:
@@ -131,6 +136,7 @@ class CheckpointMachine:
         self._batch = batch
         self._max_open = max_open
         self._decided_once = decided_once
+        self._no_rounds = no_rounds
         # The core's transaction id (`transaction_id` over the codec's encoding); the
         # default hashes `crypto.encode`, which is the codec only where they coincide.
         self._tx_id_of = tx_id_of or (lambda tx: transaction_id(tx, crypto.encode))
@@ -176,28 +182,22 @@ class CheckpointMachine:
     # Inputs --------------------------------------------------------------------------
 
     def queue(self, tx_id: TxId) -> None:
-        """Ask for a checkpoint that drops `tx_id`: ignored while a checkpoint this node
-        remembers is undecided on it, dropped it, or kept it on its proof. A checkpoint
-        kept on ANOTHER id's proof says nothing of `tx_id` (a veto shows one id applicable,
-        and the batch rides along), so `tx_id` goes out again, in a new id list (a kept
-        checkpoint names an id it kept, which a new list of uncovered ids never does).
-        Before, it never did: a stuck condition of the kept id stayed pending for ever,
-        and the kept id and everything conditioned on it with it (docs/LEADERLESS.md
-        "Kept on another's proof")."""
-        if self._open_to_queue(tx_id):
+        """Ask for a checkpoint that drops stuck `tx_id` (the core asks again every period
+        while it stays stuck): ignored while a checkpoint this node remembers is undecided
+        on it or dropped it. A checkpoint kept on ANOTHER id's proof says nothing of
+        `tx_id` (a veto shows one id applicable, the batch rides along): it goes out again
+        at once, in a new id list ("Kept on another's proof"). One kept on its own proof
+        goes out in the next ROUND, after a wait doubling with the round (KEEP only says
+        "not dropped now": docs/LEADERLESS.md "Rounds in the veto mode"; `next_round`)."""
+        if self._next_round(tx_id) is not None:
             self._queued[tx_id] = None
 
-    def _open_to_queue(self, tx_id: TxId) -> bool:
+    def _next_round(self, tx_id: TxId) -> int | None:
         holders = self._by_tx.get(tx_id)
-        if not holders:
-            return True
-        if self._decided_once:
-            return False
-        for cid in holders:
-            cp = self._checkpoints[cid]
-            if cp.drop is not False or tx_id in cp.kept:
-                return False
-        return True
+        if holders and self._decided_once:
+            return None
+        return next_round(tx_id, (self._checkpoints[cid] for cid in holders or ()),
+                          ticks=self._ticks, period=self._period, no_rounds=self._no_rounds)
 
     def tick(self, proof_of: ProofOf) -> None:
         """Every `checkpoint_ticks` ticks: pull what this node lacks of its undecided
@@ -212,17 +212,18 @@ class CheckpointMachine:
         self._rb.refetch()
         for cp in self._checkpoints.values():
             if cp.drop is None:
-                self._broadcast(StartCheckpoint(tx_ids=cp.tx_ids,
+                self._broadcast(StartCheckpoint(tx_ids=cp.tx_ids, round=cp.round,
                                                 delivered=tuple(sorted(cp.delivered))))
-        queued = sorted(t for t in self._queued if self._open_to_queue(t))
-        self._queued = dict.fromkeys(queued)
-        if not queued or self._open() >= self._max_open or self.fenced:
+        rounds = {t: r for t in sorted(self._queued) if (r := self._next_round(t)) is not None}
+        self._queued = dict.fromkeys(rounds)
+        if not rounds or self._open() >= self._max_open or self.fenced:
             return
-        tx_ids = tuple(queued[: self._batch])
+        tx_ids = tuple(rounds)[: self._batch]
         for t in tx_ids:
             del self._queued[t]
-        self._broadcast(StartCheckpoint(tx_ids=tx_ids))
-        self._start(tx_ids, proof_of)
+        round_no = max(rounds[t] for t in tx_ids)  # a name this node never decided
+        self._broadcast(StartCheckpoint(tx_ids=tx_ids, round=round_no))
+        self._start(tx_ids, proof_of, round_no)
 
     def on_start(self, src: NodeId, msg: StartCheckpoint, proof_of: ProofOf) -> None:
         """A peer proposes a checkpoint (or pulls one it has not decided): vote on it once,
@@ -234,15 +235,18 @@ class CheckpointMachine:
         if not self._judge.valid_ids(msg.tx_ids):
             self._drop("bad_id_list")
             return
-        cid = checkpoint_id(self._crypto, msg.tx_ids)
+        if not valid_round(msg.round):
+            self._drop("bad_round")
+            return
+        cid = checkpoint_id(self._crypto, msg.tx_ids, msg.round)
         new = cid not in self._checkpoints
-        cp = self._start(msg.tx_ids, proof_of)
+        cp = self._start(msg.tx_ids, proof_of, msg.round)
         if cp is None:
             return
         if new and msg.delivered:
             # Learnt from a pull: this node missed votes its peers hold; pull them now
             # rather than a period later (they know the checkpoint: no pull back again).
-            self._broadcast(StartCheckpoint(tx_ids=msg.tx_ids))
+            self._broadcast(StartCheckpoint(tx_ids=msg.tx_ids, round=msg.round))
         if (src, cid) in self._answered:
             return
         self._answered[(src, cid)] = None
@@ -444,11 +448,9 @@ class CheckpointMachine:
                 or vote.voter not in self._members:
             self._drop("not_a_member")
             return None
-        if not self._judge.valid_ids(vote.tx_ids):
-            self._drop("bad_id_list")
-            return None
-        if vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
-            self._drop("bad_checkpoint_id")
+        name = self._judge.name_problem(vote)  # bad_id_list, bad_round, bad_checkpoint_id
+        if name is not None:
+            self._drop(name)
             return None
         cp = self._checkpoints.get(vote.checkpoint)
         if cp is not None and cp.own is not None:
@@ -462,7 +464,7 @@ class CheckpointMachine:
         # Not voted yet: vote now. Holding a valid veto, vote veto with its proof (the
         # safe side: such a vote never completes a DROP).
         known = None if vote.drop else self._judge.verified(vote)[0]
-        return self._start(vote.tx_ids, proof_of, known=known)
+        return self._start(vote.tx_ids, proof_of, vote.round, known=known)
 
     def _open(self) -> int:
         return sum(1 for cp in self._checkpoints.values() if cp.drop is None)
@@ -471,8 +473,8 @@ class CheckpointMachine:
         self._sends.extend(Send(to=peer, message=msg)
                            for peer in self._nodes if peer != self.node_id)
 
-    def _record(self, cid: bytes, tx_ids: tuple[TxId, ...]) -> VetoCheckpoint:
-        cp = self._checkpoints[cid] = VetoCheckpoint(tx_ids=tx_ids)
+    def _record(self, cid: bytes, tx_ids: tuple[TxId, ...], round_no: int) -> VetoCheckpoint:
+        cp = self._checkpoints[cid] = VetoCheckpoint(tx_ids=tx_ids, round=round_no)
         for t in tx_ids:
             self._by_tx.setdefault(t, {})[cid] = None
             self._queued.pop(t, None)
@@ -491,23 +493,23 @@ class CheckpointMachine:
             if not holders:
                 del self._by_tx[t]
 
-    def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf, *,
+    def _start(self, tx_ids: tuple[TxId, ...], proof_of: ProofOf, round_no: int, *,
                known: TransactionProof | None = None) -> VetoCheckpoint | None:
-        """Vote on checkpoint `tx_ids` unless this node already did: veto with `known` (a
-        verified proof) or `proof_of`'s first proof, drop when there is none."""
-        cid = checkpoint_id(self._crypto, tx_ids)
+        """Vote on checkpoint (`tx_ids`, `round_no`) unless this node already did: veto with
+        `known` (a verified proof) or `proof_of`'s first proof, drop when there is none."""
+        cid = checkpoint_id(self._crypto, tx_ids, round_no)
         cp = self._checkpoints.get(cid)
         if cp is None:
             if self._open() >= self._max_open:
                 self._drop("too_many_open_checkpoints")
                 return None
-            cp = self._record(cid, tx_ids)
+            cp = self._record(cid, tx_ids, round_no)
         if cp.own is not None or self.fenced:
             return cp
         proof = known or next((p for p in map(proof_of, tx_ids) if p is not None), None)
         if proof is None and any(self.unprovable(t) for t in tx_ids):
             return cp  # committed here without a proof: abstain (never a drop vote)
-        vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id,
+        vote = VetoChoice(checkpoint=cid, tx_ids=tx_ids, voter=self.node_id, round=round_no,
                           drop=proof is None, proofs=() if proof is None else (proof,))
         vote = dataclasses.replace(vote, signature=self._crypto.sign(vote))
         cp.own = vote
@@ -523,7 +525,7 @@ class CheckpointMachine:
         Never capped by `max_open`: forgetting an own vote could let this node vote twice."""
         cp = self._checkpoints.get(vote.checkpoint)
         if cp is None:
-            cp = self._record(vote.checkpoint, vote.tx_ids)
+            cp = self._record(vote.checkpoint, vote.tx_ids, vote.round)
         cp.own = vote
         self._sync = True
         self._rb.on_send(self.node_id, vote, lambda _v: None)
@@ -532,7 +534,8 @@ class CheckpointMachine:
     def _restore(self, vote: VetoChoice) -> None:
         if vote.voter != self.node_id or bool(vote.proofs) == vote.drop \
                 or not self._judge.valid_ids(vote.tx_ids, limit=len(vote.tx_ids)) \
-                or vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids):
+                or not valid_round(vote.round) \
+                or vote.checkpoint != checkpoint_id(self._crypto, vote.tx_ids, vote.round):
             raise LocalProtocolError(
                 f"restored vote is not an undecided vote of {self.node_id!r}: {vote!r}")
         if vote.checkpoint not in self._checkpoints:
@@ -545,20 +548,20 @@ class CheckpointMachine:
         it: asked, they would abstain)."""
         ids = decision.tx_ids
         if not self._judge.valid_ids(ids, limit=len(ids)) or (decision.drop and decision.kept) \
-                or not all(isinstance(p, TransactionProof) and self._tx_id_of(p.tx) in ids
+                or not valid_round(decision.round) or not all(isinstance(p, TransactionProof) and self._tx_id_of(p.tx) in ids
                            for p in decision.kept):
             raise LocalProtocolError(f"restored decision is malformed: {decision!r}")
-        cid = checkpoint_id(self._crypto, ids)
+        cid = checkpoint_id(self._crypto, ids, decision.round)
         cp = self._checkpoints.get(cid)
         if cp is None:
-            cp = self._record(cid, ids)
+            cp = self._record(cid, ids, decision.round)
         if cp.drop is None:
             self._decide(cid, cp, decision)
 
     def _decide(self, cid: bytes, cp: VetoCheckpoint, decision: CheckpointDecision) -> None:
         """Checkpoint `cid` is decided (final): DROP hands the core its ids, KEEP the deciding
         veto's verified proofs; the decision goes to the durable record."""
-        cp.drop = decision.drop
+        cp.drop, cp.decided_at = decision.drop, self._ticks
         cp.kept = frozenset(self._tx_id_of(p.tx) for p in decision.kept)
         if decision.drop:
             self._dropped.extend(cp.tx_ids)
@@ -580,12 +583,13 @@ class CheckpointMachine:
             if cp.drop is None:
                 if not vote.drop:
                     self._decide(vote.checkpoint, cp, CheckpointDecision(
-                        tx_ids=cp.tx_ids, drop=False, kept=self._judge.verified(vote)))
+                        tx_ids=cp.tx_ids, drop=False, kept=self._judge.verified(vote),
+                        round=cp.round))
                     self._sync = True  # durable before what the decision unblocks leaves
                 elif len(cp.delivered) == len(self._nodes) and all(
                         v.drop for v in cp.delivered.values()):
-                    self._decide(vote.checkpoint, cp,
-                                 CheckpointDecision(tx_ids=cp.tx_ids, drop=True))
+                    self._decide(vote.checkpoint, cp, CheckpointDecision(
+                        tx_ids=cp.tx_ids, drop=True, round=cp.round))
                     self._sync = True
             elif cp.drop and not vote.drop:
                 self._drop("veto_after_drop")  # impossible with at most f faulty members

@@ -1,7 +1,8 @@
 """What the veto procedure's checkpoints and votes are (`veto.py`'s building blocks).
 
-Owns: `checkpoint_id` (the name of a checkpoint: the digest of its sorted ids, and of its
-round in the ordered mode), `VetoEffects` (what a checkpoint machine hands the core at each
+Owns: `checkpoint_id` (the name of a checkpoint: the digest of its sorted ids and of its
+round), `valid_round`, `next_round` (the veto mode's rule for queueing an id again: rounds),
+`VetoEffects` (what a checkpoint machine hands the core at each
 drain, in both modes), `VetoCheckpoint` (the veto mode's per-checkpoint record: its ids,
 this node's own vote, the votes delivered so far, the decision), `VoteJudge` (the
 validity of a vote and its proofs) and `DecisionLog` (the veto mode's decisions for the
@@ -17,7 +18,7 @@ string the caller counts).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -35,6 +36,9 @@ from phalanx.consensus.types import NodeId
 MAX_TX_ID_BYTES = 64
 """Longer ids are malformed (a transaction id is a 32-byte SHA-256 digest)."""
 
+MAX_ROUND = 2**32 - 1
+"""Rounds travel in 4 bytes of a checkpoint's name."""
+
 ProofOf = Callable[[TxId], TransactionProof | None]
 VerifyProof = Callable[[TransactionProof], bool]
 
@@ -42,10 +46,48 @@ VerifyProof = Callable[[TransactionProof], bool]
 def checkpoint_id(crypto: Crypto, tx_ids: tuple[TxId, ...], round_no: int = 0) -> bytes:
     """The checkpoint of `tx_ids` (sorted, unique): the digest of their concatenation, each
     id prefixed with its one-byte length so that two id lists never concatenate alike. A
-    re-checkpoint round r > 0 (the ordered mode) prefixes a zero byte and r in 4 bytes (a
-    length byte is never 0: the names never meet)."""
+    re-checkpoint round r > 0 (both modes) prefixes a zero byte and r in 4 bytes (a length
+    byte is never 0: the names never meet). `round_no` must be `valid_round`."""
     body = b"".join(bytes((len(t),)) + t for t in tx_ids)
     return crypto.digest(b"\0" + round_no.to_bytes(4, "big") + body if round_no else body)
+
+
+def valid_round(round_no: object) -> bool:
+    """A re-checkpoint round (docs/LEADERLESS.md "Kept, then stuck"): an int in 0..2^32-1."""
+    return type(round_no) is int and 0 <= round_no <= MAX_ROUND
+
+
+def retry_wait(period: int, round_no: int) -> int:
+    """Ticks a stuck id kept on its own proof in round `round_no` waits after the last
+    decision naming it before it goes out in round `round_no` + 1: two checkpoint periods,
+    doubling with the round up to 64 times."""
+    return (2 * period) << min(round_no, 6)
+
+
+def next_round(tx_id: TxId, holders: Iterable[VetoCheckpoint], *, ticks: int, period: int,
+               no_rounds: bool = False) -> int | None:
+    """The round of the next checkpoint of stuck `tx_id` (veto mode), None while none may
+    start. `holders`: the remembered checkpoints naming it. None of them: round 0. Any
+    undecided, or decided DROP: none. All KEEP, none on `tx_id`'s own proof: at once, in
+    the highest round r among them (a new id list: "Kept on another's proof"). Kept on its
+    own proof: round r + 1 once the last decision is `retry_wait(period, r)` ticks old
+    (`no_rounds`, the deliberate bug `veto_no_rounds`: never, the rule before). The
+    started checkpoint's round is the highest of its ids' (`CheckpointMachine.tick`), so
+    its name is one this node never decided: a decided KEEP of the same ids and round kept
+    one of them on its own proof, whose next round is higher."""
+    last, own, decided_at, seen = 0, False, 0, False
+    for cp in holders:
+        if cp.drop is not False:
+            return None
+        seen = True
+        last = max(last, cp.round)
+        decided_at = max(decided_at, cp.decided_at)
+        own = own or tx_id in cp.kept
+    if not seen or not own:
+        return last
+    if no_rounds or last >= MAX_ROUND or ticks - decided_at < retry_wait(period, last):
+        return None
+    return last + 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +116,7 @@ class VetoCheckpoint:
     """One checkpoint the veto-mode machine remembers (until `gc`)."""
 
     tx_ids: tuple[TxId, ...]
+    round: int = 0
     delivered: dict[NodeId, VetoChoice] = field(default_factory=dict)
     """The reliably delivered vote of each voter."""
     own: VetoChoice | None = None
@@ -82,6 +125,8 @@ class VetoCheckpoint:
     kept: frozenset[TxId] = frozenset()
     """On KEEP, the ids the deciding veto carried a verified proof of: the others of the
     checkpoint were not shown applicable, and may be queued again (`CheckpointMachine.queue`)."""
+    decided_at: int = 0
+    """The machine's tick of the decision (of the restart, for a restored one)."""
 
 
 class VoteJudge:
@@ -107,6 +152,16 @@ class VoteJudge:
             return False
         return all(a < b for a, b in pairwise(tx_ids))
 
+    def name_problem(self, msg: VetoChoice) -> str | None:
+        """Why `msg` does not name its checkpoint (ids, round, checkpoint id), or None."""
+        if not self.valid_ids(msg.tx_ids):
+            return "bad_id_list"
+        if not valid_round(msg.round):
+            return "bad_round"
+        if msg.checkpoint != checkpoint_id(self._crypto, msg.tx_ids, msg.round):
+            return "bad_checkpoint_id"
+        return None
+
     def verified(self, msg: VetoChoice) -> tuple[TransactionProof, ...]:
         """The proofs of `msg` that are about one of its ids and verify."""
         if len(msg.proofs) > len(msg.tx_ids):
@@ -120,10 +175,9 @@ class VoteJudge:
         (membership, ids, signature, self-certifying proofs: never local state)."""
         if msg.voter not in self._members:
             return "not_a_member"
-        if not self.valid_ids(msg.tx_ids):
-            return "bad_id_list"
-        if msg.checkpoint != checkpoint_id(self._crypto, msg.tx_ids):
-            return "bad_checkpoint_id"
+        name = self.name_problem(msg)
+        if name is not None:
+            return name
         if not self._crypto.verify(msg.voter, msg, msg.signature):
             return "bad_signature"
         if msg.drop:

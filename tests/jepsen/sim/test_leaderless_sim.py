@@ -136,7 +136,9 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     step: the long-halves sweep, `test_leaderless_long_halves.py`.
     `no_dead_abort`, a liveness bug of the veto mode (a transaction kept while its
     conditional endorsements lived, whose condition then committed, stays pending):
-    `tests/consensus/leaderless/test_dead_abort.py`."""
+    `tests/consensus/leaderless/test_dead_abort.py`. `veto_no_rounds` (a transaction kept
+    on its own proof is never checkpointed again: the swarm does not build that shape
+    either): `tests/consensus/leaderless/test_veto_rounds.py`."""
     assert set(BUG_NAMES) == {*CAUGHT, "drop_on_commit", "count_conditional",
                               "ordered_one_close", "ordered_drop_ambiguous",
                               "skip_checkpoint_digest", "no_state_transfer",
@@ -144,7 +146,8 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
                               "drop_forgotten", "ordered_decided_once",
                               "ordered_dead_evidence", "veto_decided_once",
                               "install_over_forgotten", "no_overdue_transfer",
-                              "no_stale_transfer", "cascade_in_drain", "no_dead_abort"}
+                              "no_stale_transfer", "cascade_in_drain", "no_dead_abort",
+                              "veto_no_rounds"}
 
 
 LATE_QUORUM = ("delay", "straggle", "loss", "partition-one")
