@@ -526,8 +526,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         here without one (restored from the WAL, or an installed checkpoint's tombstone),
         or held nothing of and possibly committed and forgotten (`memory.py`)."""
         state = self._store.state_of(tx_id)
-        if state is None:
-            return not self._memory.covers(tx_id, self._store.horizon)
+        if state is None:  # a body behind an own signature (the kernel's) gives the deadline
+            body = self._kernel.transaction(tx_id)
+            return not self._memory.covers(tx_id, self._store.horizon, body)
         return state is TxState.COMMITTED and self._gate.proof(tx_id) is None
 
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:
@@ -560,8 +561,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
     def _drain_checkpoints(self, out: Outbox) -> None:
         effects = self._checkpoints.drain()
         out.signed |= effects.sync  # own votes, echo/ready choices, decisions: synced first
-        out.sends += with_bodies(effects.sends, lambda t: (
-            None if (record := self._store.get(t)) is None else record.tx))
+        out.sends += with_bodies(effects.sends, lambda t: (  # else the kernel's (docs "Bodies")
+            self._kernel.transaction(t) if (record := self._store.get(t)) is None else record.tx))
         for tx_id in effects.dropped:  # all dropped before any dependent commits (docs "DROP
             record = self._store.get(tx_id)  # meets a commit in one drain"): cascade below
             if record is not None and record.state is TxState.PENDING:

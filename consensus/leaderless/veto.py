@@ -548,8 +548,9 @@ class CheckpointMachine:
         it: asked, they would abstain)."""
         ids = decision.tx_ids
         if not self._judge.valid_ids(ids, limit=len(ids)) or (decision.drop and decision.kept) \
-                or not valid_round(decision.round) or not all(isinstance(p, TransactionProof) and self._tx_id_of(p.tx) in ids
-                           for p in decision.kept):
+                or not valid_round(decision.round) or not all(
+                    isinstance(p, TransactionProof) and self._tx_id_of(p.tx) in ids
+                    for p in decision.kept):
             raise LocalProtocolError(f"restored decision is malformed: {decision!r}")
         cid = checkpoint_id(self._crypto, ids, decision.round)
         cp = self._checkpoints.get(cid)
