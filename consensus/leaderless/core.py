@@ -526,9 +526,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         here without one (restored from the WAL, or an installed checkpoint's tombstone),
         or held nothing of and possibly committed and forgotten (`memory.py`)."""
         state = self._store.state_of(tx_id)
-        if state is None:  # a body behind an own signature (the kernel's) gives the deadline
-            body = self._kernel.transaction(tx_id)
-            return not self._memory.covers(tx_id, self._store.horizon, body)
+        if state is None:
+            return not self._memory.covers(tx_id, self._store.horizon)
         return state is TxState.COMMITTED and self._gate.proof(tx_id) is None
 
     def _proof_of(self, tx_id: TxId) -> TransactionProof | None:

@@ -64,15 +64,12 @@ class Memory:
                     del self._deadlines[next(iter(self._deadlines))]
         return bad + max(0, len(txs) - len(ids))
 
-    def covers(self, tx_id: TxId, horizon: int, body: Transaction | None = None) -> bool:
+    def covers(self, tx_id: TxId, horizon: int) -> bool:
         """Whether this node, holding nothing of `tx_id`, would still hold it had it
-        committed it (so it may vote drop on it). `body`: `tx_id`'s transaction when this
-        node holds it elsewhere (behind its own endorsement or refusal: the kernel's)."""
+        committed it (so it may vote drop on it)."""
         if self.drop_forgotten or horizon <= 0:
             return True
         deadline = self._deadlines.get(tx_id)
-        if deadline is None and body is not None:
-            deadline = body.deadline_ms
         return deadline is not None and deadline >= horizon
 
     def __len__(self) -> int:
