@@ -341,7 +341,7 @@ class _Run:
         if silent:
             return (f"{', '.join(silent)} down or fenced at the end: a silent voter blocks "
                     "every DROP (docs/LEADERLESS.md \"Limits\" 1)")
-        withholding = []
+        withholding: list[str] = []
         for liar, behaviours in sorted(self._liars.items()):
             why = sorted(VOTE_WITHHOLDING & set(behaviours))
             if not self._env.nodes[liar].up:
