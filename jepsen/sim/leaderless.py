@@ -231,8 +231,11 @@ class _Run:
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
                  codec: WireTxCodec, contract: str = "", delta_old_ms: int = -1,
-                 liars: Mapping[str, tuple[str, ...]] | None = None) -> None:
+                 liars: Mapping[str, tuple[str, ...]] | None = None,
+                 unanimous_drop: bool = True, past_contract: bool = False) -> None:
         self._env = env
+        self._unanimous_drop = unanimous_drop
+        self._past_contract = past_contract
         self._delta_old_ms = delta_old_ms
         self._liars = dict(liars or {})
         self._contract = contract
@@ -335,14 +338,20 @@ class _Run:
         """Why `quiescence` cannot be asked of this run's end (docs/LEADERLESS.md "Limits"
         1: a DROP needs the delivered votes of all n members, so one voter whose drop vote
         is never delivered keeps every transaction that needs a DROP pending for good), or
-        "" when it is judged: every honest node up and unfenced, every liar up and none
-        with a behaviour of `VOTE_WITHHOLDING`."""
+        "" when it is judged: within the horizon contract (`horizon_contract`; or the knob
+        `quiescence` = 2), every honest node up and unfenced, and in the veto mode
+        (`unanimous_drop`) every liar up and none with a behaviour of `VOTE_WITHHOLDING`
+        (the pbft mode decides a DROP on n - f ordered votes: its liars are judged)."""
+        if self._contract and not self._past_contract:
+            return ("outside the horizon contract: a node that never held a stuck transaction "
+                    "abstains on its checkpoint and the DROP never comes (docs/LEADERLESS.md "
+                    "\"Limits\" 6, \"Runaway seeds\" cause 1)")
         silent = [n for n in self._honest if n not in pending]
         if silent:
             return (f"{', '.join(silent)} down or fenced at the end: a silent voter blocks "
                     "every DROP (docs/LEADERLESS.md \"Limits\" 1)")
         withholding: list[str] = []
-        for liar, behaviours in sorted(self._liars.items()):
+        for liar, behaviours in sorted(self._liars.items() if self._unanimous_drop else ()):
             why = sorted(VOTE_WITHHOLDING & set(behaviours))
             if not self._env.nodes[liar].up:
                 why.append("down")
@@ -370,8 +379,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
     `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off),
     `quiescence` (1, the default: the checker judges `quiescence`, `leaderless_checker`,
-    within `_Run._unjudged`'s scope; 0: not, for runs that meet a documented limit under
-    which transactions stay pending for good) and
+    within `_Run._unjudged`'s scope; 2: outside the horizon contract too, for a control
+    whose seed settles there; 0: not, for runs that meet a documented limit under which
+    transactions stay pending for good) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
@@ -400,7 +410,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     checkpoint_every = int(dict(knobs).get("checkpoint_every", checkpoint_every))
     cut_every = int(dict(knobs).get("cut_every", CUT_EVERY))
     idle_ticks = int(dict(knobs).get("idle_checkpoint_ticks", IDLE_CHECKPOINT_TICKS))
-    settle = bool(dict(knobs).get("quiescence", 1))  # the checker's `quiescence`, on by default
+    settle = int(dict(knobs).get("quiescence", 1))  # the checker's `quiescence`, on by default
+    if settle not in (0, 1, 2):
+        raise ValueError(f"the leaderless sim knob quiescence is 0, 1 or 2, not {settle}")
     wire.register_all(LEADERLESS_MESSAGES)
     plan = choose_liars(seed, names, count=byzantine, behaviours=behaviours)
     liars = dict(plan)
@@ -467,7 +479,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         return _Run(env, config=dataclasses.replace(config, clients=env.clients),
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
                     contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
-                    delta_old_ms=base.delta_old_ms if settle else -1, liars=liars)
+                    delta_old_ms=base.delta_old_ms if settle else -1, liars=liars,
+                    unanimous_drop=base.stuck_resolution != "pbft", past_contract=settle == 2)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`
