@@ -339,7 +339,8 @@ class _Run:
         1: a DROP needs the delivered votes of all n members, so one voter whose drop vote
         is never delivered keeps every transaction that needs a DROP pending for good), or
         "" when it is judged: within the horizon contract (`horizon_contract`; or the knob
-        `quiescence` = 2), every honest node up and unfenced, and in the veto mode
+        `quiescence` = 2), every honest node up, unfenced and voting in every checkpoint it
+        remembers (`_abstains`; ignored with `quiescence` = 2 too), and in the veto mode
         (`unanimous_drop`) every liar up and none with a behaviour of `VOTE_WITHHOLDING`
         (the pbft mode decides a DROP on n - f ordered votes: its liars are judged)."""
         if self._contract and not self._past_contract:
@@ -350,6 +351,12 @@ class _Run:
         if silent:
             return (f"{', '.join(silent)} down or fenced at the end: a silent voter blocks "
                     "every DROP (docs/LEADERLESS.md \"Limits\" 1)")
+        abstaining = [n for n in self._honest if _abstains(self._env.nodes[n].core)]
+        if abstaining and not self._past_contract:
+            return (f"{', '.join(abstaining)} abstain(s) on an undecided checkpoint (holding "
+                    "nothing of an id past the GC horizon: away longer than it, "
+                    "docs/LEADERLESS.md \"Forgotten commits\", liveness cost (2), and "
+                    "\"Limits\" 6)")
         withholding: list[str] = []
         for liar, behaviours in sorted(self._liars.items() if self._unanimous_drop else ()):
             why = sorted(VOTE_WITHHOLDING & set(behaviours))
@@ -361,6 +368,20 @@ class _Run:
             return (f"the liar {', '.join(withholding)} never has a drop vote delivered: "
                     "it blocks every DROP (docs/LEADERLESS.md \"Limits\" 1)")
         return ""
+
+
+def _abstains(core: Core | None) -> bool:
+    """Whether this node (the veto mode's `CheckpointMachine`) remembers an undecided
+    checkpoint it has not voted in: it abstains (an id `unprovable` here, rule 2 of the veto
+    procedure), and the DROP waits for it. Read from the core's fields, as `observe` reads
+    the gate (the simulator's view; the pbft mode has no such field: False)."""
+    while isinstance(core, _DurableCell | LeaderlessByzantineCore):
+        core = core.inner
+    checkpoints = getattr(getattr(core, "_checkpoints", None), "_checkpoints", None)
+    if not isinstance(checkpoints, dict):
+        return False
+    return any(getattr(cp, "drop", False) is None and getattr(cp, "own", True) is None
+               for cp in checkpoints.values())
 
 
 VOTE_WITHHOLDING = frozenset({"silent", "forge_veto"})
