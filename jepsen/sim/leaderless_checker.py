@@ -27,10 +27,12 @@ Checks (honest replicas only; Byzantine ones are not judged):
   Past `delta_old_ms` a stuck transaction is checkpointed and the veto commits or drops it;
   one pending for good is a liveness bug (the control `veto_decided_once`). Not judged (the
   run traces why, `jepsen/sim/leaderless.py` `_Run._unjudged`) where a DROP cannot come
-  (docs/LEADERLESS.md "Limits" 1: it needs the delivered votes of all n members): an honest
-  node down or fenced at the end, or a liar down or whose drop votes are never delivered
-  (`silent`, `forge_veto`: `VOTE_WITHHOLDING`). The tests that meet another documented
-  limit turn it off, naming it (docs/LEADERLESS.md "Simulation").
+  (docs/LEADERLESS.md "Limits" 1: it needs the delivered votes of all n members): outside
+  the horizon contract ("Limits" 6), an honest node down, fenced or abstaining on an
+  undecided checkpoint at the end ("Forgotten commits", liveness cost (2)), or a liar down
+  or whose drop votes are never delivered (`silent`, `forge_veto`: `VOTE_WITHHOLDING`).
+  The tests that meet a documented limit turn it off, naming it (docs/LEADERLESS.md
+  "Quiescence on by default").
 
 Rules: pure (no simulator, no clocks); the conflict relation is injected.
 """
