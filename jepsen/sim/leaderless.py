@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from phalanx.apps import kv_wire
@@ -230,9 +230,14 @@ class _Run:
 
     def __init__(self, env: WorkloadEnv, *, config: WorkloadConfig, faults: int,
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
-                 codec: WireTxCodec, contract: str = "", delta_old_ms: int = -1) -> None:
+                 codec: WireTxCodec, contract: str = "", delta_old_ms: int = -1,
+                 liars: Mapping[str, tuple[str, ...]] | None = None,
+                 unanimous_drop: bool = True, past_contract: bool = False) -> None:
         self._env = env
+        self._unanimous_drop = unanimous_drop
+        self._past_contract = past_contract
         self._delta_old_ms = delta_old_ms
+        self._liars = dict(liars or {})
         self._contract = contract
         self._config = config
         self._faults = faults
@@ -311,12 +316,16 @@ class _Run:
             if name in self._honest and held:
                 gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
                              "requirements never matched (committed, never applied)")
-            if isinstance(status, LeaderlessStatus) and node.up and not status.recovering:
+            if (name in self._honest and isinstance(status, LeaderlessStatus) and node.up
+                    and not status.recovering):
                 pending[name] = (status.pending, status.oldest_pending_ms)
-        if (self._delta_old_ms >= 0  # the knob `quiescence` asked for it; its scope:
-                and len(pending) == len(self._honest) == len(self._env.nodes)):
-            gated += quiescence(pending, now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000,
-                                delta_old_ms=self._delta_old_ms)
+        if self._delta_old_ms >= 0:  # the knob `quiescence` (on by default); its scope:
+            unjudged = self._unjudged(pending)
+            if unjudged:
+                self._env.trace(f"LEADERLESS quiescence not judged: {unjudged}")
+            else:
+                gated += quiescence(pending, delta_old_ms=self._delta_old_ms,
+                                    now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000)
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
@@ -324,6 +333,63 @@ class _Run:
             self._env.trace(f"LEADERLESS outside the contract: {self._contract}")
         return gated + check(records=w.records, log=self._log, finals=finals,
                              honest=self._honest, faults=self._faults, conflicts=conflicts)
+
+    def _unjudged(self, pending: Mapping[str, tuple[int, int]]) -> str:
+        """Why `quiescence` cannot be asked of this run's end (docs/LEADERLESS.md "Limits"
+        1: a DROP needs the delivered votes of all n members, so one voter whose drop vote
+        is never delivered keeps every transaction that needs a DROP pending for good), or
+        "" when it is judged: within the horizon contract (`horizon_contract`; or the knob
+        `quiescence` = 2), every honest node up, unfenced and voting in every checkpoint it
+        remembers (`_abstains`; ignored with `quiescence` = 2 too), and in the veto mode
+        (`unanimous_drop`) every liar up and none with a behaviour of `VOTE_WITHHOLDING`
+        (the pbft mode decides a DROP on n - f ordered votes: its liars are judged)."""
+        if self._contract and not self._past_contract:
+            return ("outside the horizon contract: a node that never held a stuck transaction "
+                    "abstains on its checkpoint and the DROP never comes (docs/LEADERLESS.md "
+                    "\"Limits\" 6, \"Runaway seeds\" cause 1)")
+        silent = [n for n in self._honest if n not in pending]
+        if silent:
+            return (f"{', '.join(silent)} down or fenced at the end: a silent voter blocks "
+                    "every DROP (docs/LEADERLESS.md \"Limits\" 1)")
+        abstaining = [n for n in self._honest if _abstains(self._env.nodes[n].core)]
+        if abstaining and not self._past_contract:
+            return (f"{', '.join(abstaining)} abstain(s) on an undecided checkpoint (holding "
+                    "nothing of an id past the GC horizon: away longer than it, "
+                    "docs/LEADERLESS.md \"Forgotten commits\", liveness cost (2), and "
+                    "\"Limits\" 6)")
+        withholding: list[str] = []
+        for liar, behaviours in sorted(self._liars.items() if self._unanimous_drop else ()):
+            why = sorted(VOTE_WITHHOLDING & set(behaviours))
+            if not self._env.nodes[liar].up:
+                why.append("down")
+            if why:
+                withholding.append(f"{liar} ({'+'.join(why)})")
+        if withholding:
+            return (f"the liar {', '.join(withholding)} never has a drop vote delivered: "
+                    "it blocks every DROP (docs/LEADERLESS.md \"Limits\" 1)")
+        return ""
+
+
+def _abstains(core: Core | None) -> bool:
+    """Whether this node (the veto mode's `CheckpointMachine`) remembers an undecided
+    checkpoint it has not voted in: it abstains (an id `unprovable` here, rule 2 of the veto
+    procedure), and the DROP waits for it. Read from the core's fields, as `observe` reads
+    the gate (the simulator's view; the pbft mode has no such field: False)."""
+    while isinstance(core, _DurableCell | LeaderlessByzantineCore):
+        core = core.inner
+    checkpoints = getattr(getattr(core, "_checkpoints", None), "_checkpoints", None)
+    if not isinstance(checkpoints, dict):
+        return False
+    return any(getattr(cp, "drop", False) is None and getattr(cp, "own", True) is None
+               for cp in checkpoints.values())
+
+
+VOTE_WITHHOLDING = frozenset({"silent", "forge_veto"})
+"""Byzantine behaviours (`phalanx.jepsen.leaderless_byzantine`) under which the liar's drop
+votes are never delivered: ``silent`` sends none, ``forge_veto`` turns each into a veto
+carrying forged endorsements, which no correct node echoes (`forged_veto`). The unanimous
+DROP then never comes (docs/LEADERLESS.md "Limits" 1), so `quiescence` is not judged in a
+run with such a liar (the other checks are)."""
 
 
 def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
@@ -333,8 +399,10 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     """The simulator setup of a leaderless cluster `n1..nN` (`protocol_setup`'s contract):
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
     `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off),
-    `quiescence` (1: the checker judges `quiescence`, `leaderless_checker`; 0, the default:
-    not, as transactions stay pending for good under known limits) and
+    `quiescence` (1, the default: the checker judges `quiescence`, `leaderless_checker`,
+    within `_Run._unjudged`'s scope; 2: outside the horizon contract too, for a control
+    whose seed settles there; 0: not, for runs that meet a documented limit under which
+    transactions stay pending for good) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
@@ -363,7 +431,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     checkpoint_every = int(dict(knobs).get("checkpoint_every", checkpoint_every))
     cut_every = int(dict(knobs).get("cut_every", CUT_EVERY))
     idle_ticks = int(dict(knobs).get("idle_checkpoint_ticks", IDLE_CHECKPOINT_TICKS))
-    settle = bool(dict(knobs).get("quiescence", 0))  # the checker's opt-in `quiescence`
+    settle = int(dict(knobs).get("quiescence", 1))  # the checker's `quiescence`, on by default
+    if settle not in (0, 1, 2):
+        raise ValueError(f"the leaderless sim knob quiescence is 0, 1 or 2, not {settle}")
     wire.register_all(LEADERLESS_MESSAGES)
     plan = choose_liars(seed, names, count=byzantine, behaviours=behaviours)
     liars = dict(plan)
@@ -430,7 +500,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
         return _Run(env, config=dataclasses.replace(config, clients=env.clients),
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
                     contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
-                    delta_old_ms=base.delta_old_ms if settle else -1)
+                    delta_old_ms=base.delta_old_ms if settle else -1, liars=liars,
+                    unanimous_drop=base.stuck_resolution != "pbft", past_contract=settle == 2)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`

@@ -21,17 +21,18 @@ Checks (honest replicas only; Byzantine ones are not judged):
 - **folds**: a counter's final value is the sum of its committed adds (modulo 2**64), a set's
   members are its committed sadds minus its committed srems, a register holds the value of a
   committed put (or nothing if none committed): commuting updates converge under any order.
-- **quiescence** (`quiescence`, judged by the run from the nodes' status, opt-in with the
-  sim knob `quiescence=1`, and only when every node is honest, up and unfenced at the
-  end): no node still holds a pending transaction
+- **quiescence** (`quiescence`, judged by the run from the nodes' status; on by default,
+  off with the sim knob `quiescence=0`): no honest node still holds a pending transaction
   whose deadline passed more than `delta_old_ms` + `QUIESCENCE_GRACE_MS` before the end.
   Past `delta_old_ms` a stuck transaction is checkpointed and the veto commits or drops it;
-  one pending for good is a liveness bug (the control `veto_decided_once`). With a liar, or
-  a node fenced after losing its disk (a silent voter, docs/LEADERLESS.md "Limits"), honest
-  nodes may keep a transaction pending for good (gaps, docs/LEADERLESS.md "Simulation"):
-  not judged there. Opt-in: runs with a node away past its GC horizon, state transfer or a
-  stale proof (seed 31 of the 1 s horizon, the state-transfer and install tests) end with
-  transactions pending for good too (known limits, docs/LEADERLESS.md "Runaway seeds").
+  one pending for good is a liveness bug (the control `veto_decided_once`). Not judged (the
+  run traces why, `jepsen/sim/leaderless.py` `_Run._unjudged`) where a DROP cannot come
+  (docs/LEADERLESS.md "Limits" 1: it needs the delivered votes of all n members): outside
+  the horizon contract ("Limits" 6), an honest node down, fenced or abstaining on an
+  undecided checkpoint at the end ("Forgotten commits", liveness cost (2)), or a liar down
+  or whose drop votes are never delivered (`silent`, `forge_veto`: `VOTE_WITHHOLDING`).
+  The tests that meet a documented limit turn it off, naming it (docs/LEADERLESS.md
+  "Quiescence on by default").
 
 Rules: pure (no simulator, no clocks); the conflict relation is injected.
 """

@@ -22,6 +22,7 @@ from bug_seed_search import CatchRange, first_catch
 
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
 from phalanx.jepsen.leaderless_byzantine import LEADERLESS_BEHAVIOURS
+from phalanx.jepsen.sim import leaderless
 from phalanx.jepsen.sim.leaderless import SIM_KNOBS, horizon_contract
 from phalanx.jepsen.sim.run import RunConfig, RunResult, run, swarm_choices
 from phalanx.jepsen.sim.sweep import sweep
@@ -124,9 +125,10 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     mode's (a condition of a kept transaction is never checkpointed again):
     `tests/consensus/leaderless/test_veto_requeue.py` and
     `test_a_kept_checkpoints_other_ids_go_again` (seed 44 of the 1 s horizon, caught by
-    the checker's `quiescence`: its conditions stay pending for good; not a runaway since
-    the bounded pull of overdue transactions; seeds 0-49 of the horizon configuration
-    passed the other checks with it, 2026-12-03, so it is pinned, not searched).
+    the checker's `quiescence`, judged there past the horizon contract: its conditions stay
+    pending for good; not a runaway since the bounded pull of overdue transactions; seeds
+    0-49 of the horizon configuration passed the other checks with it, 2026-12-03, so it is
+    pinned, not searched).
     `install_over_forgotten` and `no_overdue_transfer` need the committers of a transaction
     killed past their horizon while f + 1 nodes hold it pending:
     `test_leaderless_install_rollback.py` (seed 87 with a scripted kill) and
@@ -189,6 +191,31 @@ def test_the_f_plus_one_control_is_detected() -> None:
     certificate commits past an equivocator: seeds 0-3 no longer diverge)."""
     results = [sim(seed, faults=BYZANTINE_FAULTS, byzantine=2) for seed in (34, 35)]
     assert any(not r.ok for r in results)
+
+
+def test_quiescence_is_not_judged_past_a_liar_withholding_its_drop_votes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`quiescence` is judged with a liar too (its honest nodes), but not where the liar's
+    drop votes are never delivered (`VOTE_WITHHOLDING`: docs/LEADERLESS.md "Limits" 1, a DROP
+    needs all n votes). Seed 10 of `make sim-leaderless`'s Byzantine runs (1 s, 3 s):
+    n3 is `silent` (and `withhold_veto`); a checkpoint of one stuck put holds the delivered
+    drops of n1, n2 and n4 and waits for n3's for good. Judged anyway, the run fails
+    `quiescence` at the three honest nodes; seed 7's liar (`equivocate`, `withhold_veto`:
+    its drops are delivered) is judged and passes."""
+    def byzantine(seed: int) -> RunResult:
+        return sim(seed, faults=BYZANTINE_FAULTS, byzantine=1, time_s=1.0, liveness_s=3.0)
+
+    silent = byzantine(10)
+    assert silent.ok, silent.report()
+    assert any("quiescence not judged: the liar n3 (silent)" in line
+               for line in silent.trace_tail), silent.report()
+    judged = byzantine(7)
+    assert judged.ok, judged.report()
+    assert not any("quiescence not judged" in line for line in judged.trace_tail)
+    monkeypatch.setattr(leaderless, "VOTE_WITHHOLDING", frozenset())
+    stuck = byzantine(10)
+    assert sorted(v.split(" holds")[0] for v in stuck.violations) == [
+        "quiescence: n1", "quiescence: n2", "quiescence: n4"], stuck.report()
 
 
 def test_a_restarted_node_catches_up() -> None:
@@ -324,8 +351,10 @@ def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
     assert result.ok, result.report()
 
 
-QUIESCENCE = (("quiescence", 1),)
-"""The checker's opt-in `quiescence` (no transaction pending for good at the end)."""
+PAST_THE_CONTRACT = (("quiescence", 2),)
+"""The checker's `quiescence` judged outside the horizon contract too (it is not by default:
+there a node that never held a stuck transaction abstains on its checkpoint, "Runaway seeds"
+cause 1). Seed 44 settles there: its stuck transactions are held by every node."""
 
 
 @pytest.mark.long
@@ -339,16 +368,17 @@ def test_a_kept_checkpoints_other_ids_go_again() -> None:
     1,000, not below the horizon: outside the contract, and the run says so (it passes
     since 2026-12-03; it used to end apart on `converge`). The control `veto_decided_once`
     no longer runs away since the bounded pull of overdue transactions (`refetch.py`): it
-    is caught by the checker's opt-in `quiescence` (`leaderless_checker.py`): every node ends with
+    is caught by the checker's `quiescence` (`leaderless_checker.py`; judged here outside the
+    contract, `PAST_THE_CONTRACT`): every node ends with
     three transactions (`c0#5`, `c0#6`, `c1#5`) pending ~5.2 s past their deadline. Long:
     ~2.7 s of CPU (both runs); the rule itself is
     `tests/consensus/leaderless/test_veto_requeue.py`."""
-    fixed = horizon_run(44, settings=QUIESCENCE)
+    fixed = horizon_run(44, settings=PAST_THE_CONTRACT)
     assert not any(v.startswith("runaway") for v in fixed.violations), fixed.report()
     assert any("LEADERLESS outside the contract: delta_old_ms=1000" in line
                for line in fixed.trace_tail), fixed.report()
     assert not any(v.startswith("quiescence") for v in fixed.violations), fixed.report()
-    old = horizon_run(44, bugs=frozenset({"veto_decided_once"}), settings=QUIESCENCE)
+    old = horizon_run(44, bugs=frozenset({"veto_decided_once"}), settings=PAST_THE_CONTRACT)
     assert any(v.startswith("quiescence") for v in old.violations), old.report()
 
 
