@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/phalanx demo
 
-# mypy runs beside pytest (the suite is mostly one process on 2 cores): its report is
+# mypy runs beside pytest (pytest on PYTEST_JOBS workers, 2 by default): its report is
 # printed after pytest's, and the target fails if either does.
 test: lint
 	@$(MAKE) --no-print-directory typecheck > .typecheck.log 2>&1 & tc=$$!; \
@@ -46,8 +46,18 @@ docs: typecheck
 	$(VENV)/bin/mkdocs build --strict
 	@echo "site: site/index.html"
 
+# pytest-xdist: PYTEST_JOBS worker processes (2: the cores of the reference VM; 0 runs the
+# suite in this one process, as before). --dist loadfile keeps each test file on one worker,
+# in order: module-scoped clusters and fixtures, and the cached runs some files share between
+# their tests, are built once. Files are handed out in collection order as workers free up
+# (xdist's default order, most tests first, would leave the few-test slow files, the harness
+# runs and sweeps, for the end: one worker busy alone for their last minute).
+# PYTEST_ARGS adds options (e.g. --durations=30, or paths to run only those).
+PYTEST_JOBS ?= 2
+PYTEST_ARGS ?=
 pytest: bytecode
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -m "not long"
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -m "not long" \
+	  -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Byte-compile the tree first: under PYTHONDONTWRITEBYTECODE=1 (these sessions' environment)
 # every process a test spawns (a CLI call, a node) otherwise compiles each module it imports

@@ -22,7 +22,8 @@ how many periods are counted, only when they are reported, and never reports one
 ended. Lowering the stride takes effect at once: the pending wait returns at the end of the
 next period not yet reported (at once if it already ended). With a timerfd the timer is armed
 at absolute grid points (`TFD_TIMER_ABSTIME`) with an interval of `n` periods, so a stride
-costs one `timerfd_settime` per change and nothing per wake-up; the fallback moves the
+costs one `timerfd_settime` per change and nothing per wake-up but a late one that reported
+a part stride (re-armed, so the next wait still waits a whole stride); the fallback moves the
 deadline of its sleep.
 
 Must not import: consensus cores, storage, sockets. Runs only under trio with the real clock
@@ -200,6 +201,10 @@ class Ticker:
             if expirations:
                 ended = self._take()
                 if ended:
+                    if ended % self._stride:
+                        # A late wake-up reported a part stride: the timer's grid of
+                        # stride-long intervals no longer ends the next stride, re-arm it.
+                        self._rearm()
                     return ended
 
     async def _sleep(self) -> int:
