@@ -141,7 +141,7 @@ class VoteBroadcast:
     """The reliable broadcast of votes at one node."""
 
     __slots__ = ("_batch_ticks", "_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at",
-                 "_faults", "_hasher", "_instances", "_nodes", "_out_all", "_out_to",
+                 "_faults", "_hasher", "_instances", "_members", "_nodes", "_out_all", "_out_to",
                  "_ready_at", "_sends", "_served", "_ticks", "_wanting", "fenced", "node_id")
 
     def __init__(self, *, node_id: NodeId, nodes: tuple[NodeId, ...], faults: int,
@@ -162,6 +162,7 @@ class VoteBroadcast:
         """Batched: what goes to one peer only (answers to its pulls)."""
         self.node_id = node_id
         self._nodes = tuple(sorted(nodes))
+        self._members = frozenset(nodes)
         self._hasher = hasher
         self._faults = faults
         self._echo_at = -(-(n + faults + 1) // 2)
@@ -295,6 +296,69 @@ class VoteBroadcast:
             return
         inst.add_ready(src, digest)
         self._progress(key, inst, digest)
+
+    def on_digest_items(self, src: NodeId, cid: bytes, voters: tuple[object, ...],
+                        digests: tuple[object, ...], *, echo: bool) -> None:
+        """The ECHOes (`echo`) or READYs of one `VoteDigestBatch` from member `src` (the
+        caller checked the batch's shape: parallel tuples, bounded), each exactly as the
+        lone `on_echo_digest`/`on_ready_digest` of its own instance (`(voter, cid)`) after
+        the per-item checks of the lone message (types: `bad_vote_batch_item`; a voter
+        not a member: `not_a_member`; an instance not open: `unknown_checkpoint`), in one
+        loop: an item whose instance cannot move (below every threshold with the body
+        held, or readied and delivered) is recorded and counted with no further call
+        (`_progress` would do nothing); the others go to `_progress` as before. The n^3
+        items of a checkpoint are the broadcast's hot loop (docs/LEADERLESS.md "Items in
+        bulk")."""
+        instances = self._instances
+        members = self._members
+        echo_at, ready_at, deliver_at = self._echo_at, self._ready_at, self._deliver_at
+        for voter, digest in zip(voters, digests, strict=True):
+            if not isinstance(voter, str) or not isinstance(digest, bytes):
+                self._count("bad_vote_batch_item")
+                continue
+            if voter not in members:
+                self._count("not_a_member")
+                continue
+            inst = instances.get((voter, cid))  # type: ignore[arg-type]  # a member: a NodeId
+            if inst is None:
+                self._count("unknown_checkpoint")  # the sender sends it again when pulled
+                continue
+            if echo:
+                first = inst.echoes.get(src)
+                if first is not None:
+                    if first != digest:
+                        self._count("echo_equivocation")
+                    continue
+                inst.echoes[src] = digest
+                counts = inst.echo_counts
+                c = counts[digest] = counts.get(digest, 0) + 1
+                ready = inst.ready
+                if ready is None:
+                    if c < echo_at and digest in inst.contents \
+                            and inst.ready_counts.get(digest, 0) < ready_at:
+                        continue  # no READY (both counts below) and no delivery
+                elif inst.delivered is not None or (
+                        ready in inst.contents
+                        and inst.ready_counts.get(ready, 0) < deliver_at):
+                    continue  # readied: an echo moves no ready count
+            else:
+                first = inst.readies.get(src)
+                if first is not None:
+                    if first != digest:
+                        self._count("ready_equivocation")
+                    continue
+                inst.readies[src] = digest
+                counts = inst.ready_counts
+                c = counts[digest] = counts.get(digest, 0) + 1
+                if inst.ready is None:
+                    if c < ready_at and digest in inst.contents \
+                            and inst.echo_counts.get(digest, 0) < echo_at:
+                        continue  # as for an echo: below f+1 < 2f+1 and Q
+                elif inst.delivered is not None:
+                    continue
+                elif digest == inst.ready and c < deliver_at and digest in inst.contents:
+                    continue  # short of 2f+1 readies of the digest it readied, body held
+            self._progress((voter, cid), inst, digest)  # type: ignore[arg-type]
 
     def _spoke(self, seen: dict[NodeId, bytes], src: NodeId, digest: bytes,
                equivocation: str) -> bool:
