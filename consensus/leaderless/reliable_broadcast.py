@@ -86,9 +86,17 @@ class _Pending:
 
     echoes: dict[Key, bytes] = field(default_factory=dict)
     readies: dict[Key, bytes] = field(default_factory=dict)
+    echoed: dict[Key, None] = field(default_factory=dict)
+    """READYs of the digest this node echoed there: sent without it (`echoed_readies`)."""
 
     def __bool__(self) -> bool:
-        return bool(self.echoes or self.readies)
+        return bool(self.echoes or self.readies or self.echoed)
+
+    def add_ready(self, key: Key, digest: bytes, echo: bytes | None) -> None:
+        if digest == echo:
+            self.echoed[key] = None
+        else:
+            self.readies[key] = digest
 
 
 @dataclass(slots=True)
@@ -117,6 +125,9 @@ class _Instance:
     were: the next period starts over)."""
     asked_now: int = 0
     """How many of them were asked this period (at most f+1)."""
+    ready_on_echo: dict[NodeId, None] = field(default_factory=dict)
+    """Members whose READY of "the digest I echoed" came before their echo: counted when
+    the echo arrives (at most one per member)."""
 
     def add_echo(self, src: NodeId, digest: bytes) -> None:
         """`src`'s first ECHO (the caller checked it has none)."""
@@ -312,6 +323,7 @@ class VoteBroadcast:
         instances = self._instances
         members = self._members
         echo_at, ready_at, deliver_at = self._echo_at, self._ready_at, self._deliver_at
+        waiting: list[tuple[object, bytes]] = []  # READYs by echo this echo resolves
         for voter, digest in zip(voters, digests, strict=True):
             if not isinstance(voter, str) or not isinstance(digest, bytes):
                 self._count("bad_vote_batch_item")
@@ -330,6 +342,9 @@ class VoteBroadcast:
                         self._count("echo_equivocation")
                     continue
                 inst.echoes[src] = digest
+                if inst.ready_on_echo and src in inst.ready_on_echo:
+                    del inst.ready_on_echo[src]
+                    waiting.append((voter, digest))
                 counts = inst.echo_counts
                 c = counts[digest] = counts.get(digest, 0) + 1
                 ready = inst.ready
@@ -359,6 +374,38 @@ class VoteBroadcast:
                 elif digest == inst.ready and c < deliver_at and digest in inst.contents:
                     continue  # short of 2f+1 readies of the digest it readied, body held
             self._progress((voter, cid), inst, digest)  # type: ignore[arg-type]
+        for voter, digest in waiting:
+            self.on_ready_digest(src, (voter, cid), digest)  # type: ignore[arg-type]
+
+    def on_echoed_readies(self, src: NodeId, cid: bytes, voters: tuple[object, ...]) -> None:
+        """READYs from member `src` of "the digest I echoed" in the instances (voter, `cid`)
+        (`VoteDigestBatch.echoed_readies`), each counted as `src`'s READY of `src`'s first
+        echo recorded here; one whose echo has not arrived yet waits for it
+        (`ready_on_echo`, one per member and instance). The per-item checks are the
+        other items' (`on_digest_items`)."""
+        instances = self._instances
+        members = self._members
+        found: list[object] = []
+        digests: list[bytes] = []
+        for voter in voters:
+            if not isinstance(voter, str):
+                self._count("bad_vote_batch_item")
+                continue
+            if voter not in members:
+                self._count("not_a_member")
+                continue
+            inst = instances.get((voter, cid))  # type: ignore[arg-type]  # a member: a NodeId
+            if inst is None:
+                self._count("unknown_checkpoint")
+                continue
+            echoed = inst.echoes.get(src)
+            if echoed is None:
+                inst.ready_on_echo[src] = None
+            else:
+                found.append(voter)
+                digests.append(echoed)
+        if found:
+            self.on_digest_items(src, cid, tuple(found), tuple(digests), echo=False)
 
     def _spoke(self, seen: dict[NodeId, bytes], src: NodeId, digest: bytes,
                equivocation: str) -> bool:
@@ -447,7 +494,7 @@ class VoteBroadcast:
             if pending is None:
                 out.append(VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready))
             else:
-                pending.readies[key] = inst.ready
+                pending.add_ready(key, inst.ready, inst.echo)
         return [Send(to=to, message=m) for m in out]
 
     def tick(self) -> None:
@@ -469,7 +516,8 @@ class VoteBroadcast:
                 continue
             if extra:
                 merged = _Pending(echoes={**shared.echoes, **extra.echoes},
-                                  readies={**shared.readies, **extra.readies})
+                                  readies={**shared.readies, **extra.readies},
+                                  echoed={**shared.echoed, **extra.echoed})
                 self._sends.extend(Send(to=peer, message=b) for b in _batches(merged))
             else:
                 self._sends.extend(Send(to=peer, message=b) for b in common)
@@ -520,6 +568,9 @@ class VoteBroadcast:
     def _echo(self, key: Key, inst: _Instance, src: NodeId, digest: bytes) -> None:
         inst.add_echo(src, digest)
         self._progress(key, inst, digest)
+        if inst.ready_on_echo and src in inst.ready_on_echo:
+            del inst.ready_on_echo[src]
+            self.on_ready_digest(src, key, digest)  # its READY by echo, waiting for this
 
     def _progress(self, key: Key, inst: _Instance, digest: bytes) -> None:
         """The counts are kept as echoes and readies are stored (O(1) here: a scan of every
@@ -532,7 +583,7 @@ class VoteBroadcast:
                 inst.add_ready(self.node_id, digest)
             self._dirty = True
             if self._batch_ticks:
-                self._out_all.readies[key] = digest
+                self._out_all.add_ready(key, digest, inst.echo)
             else:
                 self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
         if inst.delivered is None:
@@ -576,19 +627,30 @@ class VoteBroadcast:
 
 def _batches(pending: _Pending) -> list[VoteDigestBatch]:
     """`pending` as `VoteDigestBatch`es, one per checkpoint (in the order the checkpoints
-    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each."""
-    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes]]] = {}
+    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each; the readies of
+    this node's own echo first, without their digests (`echoed_readies`)."""
+    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes],
+                              list[NodeId]]] = {}
     for (voter, cid), d in pending.echoes.items():
-        g = groups.setdefault(cid, ([], [], [], []))
+        g = groups.setdefault(cid, ([], [], [], [], []))
         g[0].append(voter)
         g[1].append(d)
+    for (voter, cid) in pending.echoed:
+        groups.setdefault(cid, ([], [], [], [], []))[4].append(voter)
     for (voter, cid), d in pending.readies.items():
-        g = groups.setdefault(cid, ([], [], [], []))
+        g = groups.setdefault(cid, ([], [], [], [], []))
         g[2].append(voter)
         g[3].append(d)
     m = MAX_BATCH_ITEMS
-    return [VoteDigestBatch(checkpoint=cid, echo_voters=tuple(ev[i:i + m]),
-                            echo_digests=tuple(ed[i:i + m]), ready_voters=tuple(rv[i:i + m]),
-                            ready_digests=tuple(rd[i:i + m]))
-            for cid, (ev, ed, rv, rd) in groups.items()
-            for i in range(0, max(len(ev), len(rv)), m)]
+    out = []
+    for cid, (ev, ed, rv, rd, xv) in groups.items():
+        voters = xv + rv  # the readies: by echo first, then with their digests
+        k = len(xv)
+        for i in range(0, max(len(ev), len(voters)), m):
+            by_echo = max(0, min(k - i, m))
+            out.append(VoteDigestBatch(
+                checkpoint=cid, echo_voters=tuple(ev[i:i + m]), echo_digests=tuple(ed[i:i + m]),
+                ready_voters=tuple(voters[i:i + m]),
+                ready_digests=tuple(rd[max(0, i - k):max(0, i + m - k)]),
+                echoed_readies=by_echo))
+    return out
