@@ -29,10 +29,15 @@ readies"): ECHOes and READYs are not sent at once but collected, per peer, and s
 `batch_ticks` ticks (`tick`) as one `VoteDigestBatch` per peer and checkpoint carrying all of
 them (the checkpoint once, then voter and digest per item: ~40 bytes an item). The SEND,
 fetches and bodies go at once. A received batch is handled item by item, each exactly as
-the lone `VoteEchoDigest`/`VoteReady` it stands for (the caller, `veto.py`): a bad item is
-dropped and counted, the others count. Pending items are keyed by instance, so at most one
-echo and one ready per instance and peer wait; a batch carries at most `MAX_BATCH_ITEMS`
-of each (more go in further batches of the same flush).
+the lone `VoteEchoDigest`/`VoteReady` it stands for, in one loop (`on_digest_items`: no
+Python call per item unless its instance can move): a bad item is dropped and counted, the
+others count. Pending items are keyed by instance, so at most one echo and one ready per
+instance and peer wait; a batch carries at most `MAX_BATCH_ITEMS` of each (more go in
+further batches of the same flush). READYs by echo (`echoed_readies`): a READY of the
+digest this node echoed goes without the digest; the receiver counts it as the sender's
+READY of the sender's first echo recorded there, or once that echo arrives
+(`ready_on_echo`): a correct sender echoes once, so it counts exactly as the explicit READY
+would (docs/LEADERLESS.md "Items in bulk, and readies by echo").
 
 Properties (f Byzantine members): two Q-sets of echoers share f+1 members, one correct, and
 a correct node echoes once, so at most one digest ever gets a READY from a correct node;

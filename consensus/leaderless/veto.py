@@ -327,8 +327,9 @@ class CheckpointMachine:
         self._collect()
 
     def _on_digest_batch(self, src: NodeId, msg: VoteDigestBatch) -> None:
-        """Each item exactly as the lone `VoteEchoDigest`/`VoteReady` it stands for; a batch
-        whose fields are not parallel tuples of at most `MAX_BATCH_ITEMS`, or whose
+        """Each item exactly as the lone `VoteEchoDigest`/`VoteReady` it stands for (a READY
+        by echo: of the sender's first echo there); a batch whose fields are not parallel
+        tuples of at most `MAX_BATCH_ITEMS` (less `echoed_readies` digests), or whose
         checkpoint is not bytes, is dropped whole (`bad_vote_batch`)."""
         cid, ev, ed, rv, rd, k = (msg.checkpoint, msg.echo_voters, msg.echo_digests,
                                   msg.ready_voters, msg.ready_digests, msg.echoed_readies)
