@@ -64,45 +64,19 @@ from phalanx.consensus.leaderless.messages import (
     FetchVote,
     VetoChoice,
     VoteBody,
-    VoteDigestBatch,
     VoteEcho,
     VoteEchoDigest,
     VoteReady,
     VoteRelay,
 )
+from phalanx.consensus.leaderless.vote_flush import MAX_BATCH_ITEMS, Key, Pending, batches
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
-Key = tuple[NodeId, bytes]
-"""An instance: (voter, checkpoint id)."""
+__all__ = ["MAX_BATCH_ITEMS", "Key", "Validate", "VoteBroadcast"]
 
 Validate = Callable[[VetoChoice], str | None]
 """Why a vote's content is invalid (a drop reason), or None: must give the same answer on
 every correct node (signatures and self-certifying proofs only, never local state)."""
-
-MAX_BATCH_ITEMS = 256
-"""At most this many echoes, and as many readies, in one `VoteDigestBatch` (or the older
-`VoteBatch`; a correct sender splits; a receiver drops a larger one whole)."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    """Echoes and readies (digests) waiting for the next flush, keyed by instance (one
-    each)."""
-
-    echoes: dict[Key, bytes] = field(default_factory=dict)
-    readies: dict[Key, bytes] = field(default_factory=dict)
-    echoed: dict[Key, None] = field(default_factory=dict)
-    """READYs of the digest this node echoed there: sent without it (`echoed_readies`)."""
-
-    def __bool__(self) -> bool:
-        return bool(self.echoes or self.readies or self.echoed)
-
-    def add_ready(self, key: Key, digest: bytes, echo: bytes | None) -> None:
-        if digest == echo:
-            self.echoed[key] = None
-        else:
-            self.readies[key] = digest
-
 
 @dataclass(slots=True)
 class _Instance:
@@ -172,9 +146,9 @@ class VoteBroadcast:
             raise LocalProtocolError(f"batch_ticks must be >= 0, got {batch_ticks}")
         self._batch_ticks = batch_ticks
         self._ticks = 0
-        self._out_all = _Pending()
+        self._out_all = Pending()
         """Batched: what goes to every peer at the next flush."""
-        self._out_to: dict[NodeId, _Pending] = {}
+        self._out_to: dict[NodeId, Pending] = {}
         """Batched: what goes to one peer only (answers to its pulls)."""
         self.node_id = node_id
         self._nodes = tuple(sorted(nodes))
@@ -489,7 +463,7 @@ class VoteBroadcast:
         out: list[Message] = []
         if key[0] == self.node_id and inst.sent is not None:
             out.append(inst.contents[inst.sent])
-        pending = self._out_to.setdefault(to, _Pending()) if self._batch_ticks else None
+        pending = self._out_to.setdefault(to, Pending()) if self._batch_ticks else None
         if inst.echo is not None:
             if pending is None:
                 out.append(VoteEchoDigest(checkpoint=key[1], voter=key[0], digest=inst.echo))
@@ -512,18 +486,18 @@ class VoteBroadcast:
         self._ticks += 1
         if self._ticks % self._batch_ticks:
             return
-        shared, self._out_all = self._out_all, _Pending()
+        shared, self._out_all = self._out_all, Pending()
         own, self._out_to = self._out_to, {}
-        common = _batches(shared) if shared else []
+        common = batches(shared) if shared else []
         for peer in self._nodes:
             extra = own.get(peer)
             if peer == self.node_id:
                 continue
             if extra:
-                merged = _Pending(echoes={**shared.echoes, **extra.echoes},
+                merged = Pending(echoes={**shared.echoes, **extra.echoes},
                                   readies={**shared.readies, **extra.readies},
                                   echoed={**shared.echoed, **extra.echoed})
-                self._sends.extend(Send(to=peer, message=b) for b in _batches(merged))
+                self._sends.extend(Send(to=peer, message=b) for b in batches(merged))
             else:
                 self._sends.extend(Send(to=peer, message=b) for b in common)
 
@@ -628,34 +602,3 @@ class VoteBroadcast:
                 inst.asked_now += 1
                 self._sends.append(Send(to=src, message=FetchVote(
                     checkpoint=key[1], voter=key[0], digest=want)))
-
-
-def _batches(pending: _Pending) -> list[VoteDigestBatch]:
-    """`pending` as `VoteDigestBatch`es, one per checkpoint (in the order the checkpoints
-    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each; the readies of
-    this node's own echo first, without their digests (`echoed_readies`)."""
-    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes],
-                              list[NodeId]]] = {}
-    for (voter, cid), d in pending.echoes.items():
-        g = groups.setdefault(cid, ([], [], [], [], []))
-        g[0].append(voter)
-        g[1].append(d)
-    for (voter, cid) in pending.echoed:
-        groups.setdefault(cid, ([], [], [], [], []))[4].append(voter)
-    for (voter, cid), d in pending.readies.items():
-        g = groups.setdefault(cid, ([], [], [], [], []))
-        g[2].append(voter)
-        g[3].append(d)
-    m = MAX_BATCH_ITEMS
-    out = []
-    for cid, (ev, ed, rv, rd, xv) in groups.items():
-        voters = xv + rv  # the readies: by echo first, then with their digests
-        k = len(xv)
-        for i in range(0, max(len(ev), len(voters)), m):
-            by_echo = max(0, min(k - i, m))
-            out.append(VoteDigestBatch(
-                checkpoint=cid, echo_voters=tuple(ev[i:i + m]), echo_digests=tuple(ed[i:i + m]),
-                ready_voters=tuple(voters[i:i + m]),
-                ready_digests=tuple(rd[max(0, i - k):max(0, i + m - k)]),
-                echoed_readies=by_echo))
-    return out

@@ -147,12 +147,14 @@ def test_a_ready_by_echo_before_the_echo_waits_for_it() -> None:
     for src in ("n2", "n3"):  # READYs by echo before any echo of theirs: they wait
         receive(rb, NodeId(src), batch(by_echo=("n1",)))
     inst = rb._instances[(NodeId("n1"), CID)]
-    assert inst.readies == {} and set(inst.ready_on_echo) == {"n2", "n3"}
+    assert inst.readies == {}
+    assert set(inst.ready_on_echo) == {"n2", "n3"}
     receive(rb, NodeId("n2"), batch(echoes=(("n1", d),)))
     assert inst.readies == {"n2": d}
     receive(rb, NodeId("n3"), batch(echoes=(("n1", d),)))
     # Q = 3 echoes (n0's, n2's, n3's): READY; 3 readies = 2f+1 with the body: delivered.
-    assert inst.ready == d and rb.delivered((NodeId("n1"), CID)) == v
+    assert inst.ready == d
+    assert rb.delivered((NodeId("n1"), CID)) == v
     assert inst.ready_on_echo == {}
 
 
@@ -165,7 +167,8 @@ def test_a_byzantine_ready_by_echo_counts_once_for_its_first_echo() -> None:
     receive(rb, NodeId("n3"), batch(echoes=(("n1", d2),), by_echo=("n1", "n1"),
                                     readies=(("n1", d2),)))
     inst = rb._instances[(NodeId("n1"), CID)]
-    assert inst.echoes == {"n3": d1} and inst.readies == {"n3": d1}
+    assert inst.echoes == {"n3": d1}
+    assert inst.readies == {"n3": d1}
     assert inst.ready_counts == {d1: 1}
     assert rb.dropped_counts() == {"echo_equivocation": 1, "ready_equivocation": 1}
 
