@@ -279,20 +279,13 @@ class VoteDigestBatch(Message):
     per item): item i of `echo_voters` and `echo_digests` means
     `VoteEchoDigest(checkpoint, echo_voters[i], echo_digests[i])`, likewise the readies.
     Counts as the sender's; each item is handled as if it came alone. Parallel tuples of
-    equal length, at most `reliable_broadcast.MAX_BATCH_ITEMS` each (else dropped whole).
-
-    `echoed_readies` (wire-optional, 2026-12-03): the first `echoed_readies` of
-    `ready_voters` carry no digest (`ready_digests` holds the others'): each is a READY of
-    the digest the SENDER echoed in that instance (its one echo, sent to every node in this
-    batch or an earlier one), resolved by the receiver against the sender's first echo
-    it recorded there, or once that echo arrives (docs/LEADERLESS.md "Readies by echo")."""
+    equal length, at most `reliable_broadcast.MAX_BATCH_ITEMS` each (else dropped whole)."""
 
     checkpoint: bytes
     echo_voters: tuple[NodeId, ...] = ()
     echo_digests: tuple[bytes, ...] = ()
     ready_voters: tuple[NodeId, ...] = ()
     ready_digests: tuple[bytes, ...] = ()
-    echoed_readies: int = field(default=0, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,11 +33,7 @@ the lone `VoteEchoDigest`/`VoteReady` it stands for, in one loop (`on_digest_ite
 Python call per item unless its instance can move): a bad item is dropped and counted, the
 others count. Pending items are keyed by instance, so at most one echo and one ready per
 instance and peer wait; a batch carries at most `MAX_BATCH_ITEMS` of each (more go in
-further batches of the same flush). READYs by echo (`echoed_readies`): a READY of the
-digest this node echoed goes without the digest; the receiver counts it as the sender's
-READY of the sender's first echo recorded there, or once that echo arrives
-(`ready_on_echo`): a correct sender echoes once, so it counts exactly as the explicit READY
-would (docs/LEADERLESS.md "Items in bulk, and readies by echo").
+further batches of the same flush; the flush itself is `vote_flush.py`'s).
 
 Properties (f Byzantine members): two Q-sets of echoers share f+1 members, one correct, and
 a correct node echoes once, so at most one digest ever gets a READY from a correct node;
@@ -104,9 +100,6 @@ class _Instance:
     were: the next period starts over)."""
     asked_now: int = 0
     """How many of them were asked this period (at most f+1)."""
-    ready_on_echo: dict[NodeId, None] = field(default_factory=dict)
-    """Members whose READY of "the digest I echoed" came before their echo: counted when
-    the echo arrives (at most one per member)."""
 
     def add_echo(self, src: NodeId, digest: bytes) -> None:
         """`src`'s first ECHO (the caller checked it has none)."""
@@ -302,7 +295,6 @@ class VoteBroadcast:
         instances = self._instances
         members = self._members
         echo_at, ready_at, deliver_at = self._echo_at, self._ready_at, self._deliver_at
-        waiting: list[tuple[object, bytes]] = []  # READYs by echo this echo resolves
         for voter, digest in zip(voters, digests, strict=True):
             if not isinstance(voter, str) or not isinstance(digest, bytes):
                 self._count("bad_vote_batch_item")
@@ -321,9 +313,6 @@ class VoteBroadcast:
                         self._count("echo_equivocation")
                     continue
                 inst.echoes[src] = digest
-                if inst.ready_on_echo and src in inst.ready_on_echo:
-                    del inst.ready_on_echo[src]
-                    waiting.append((voter, digest))
                 counts = inst.echo_counts
                 c = counts[digest] = counts.get(digest, 0) + 1
                 ready = inst.ready
@@ -353,38 +342,6 @@ class VoteBroadcast:
                 elif digest == inst.ready and c < deliver_at and digest in inst.contents:
                     continue  # short of 2f+1 readies of the digest it readied, body held
             self._progress((voter, cid), inst, digest)  # type: ignore[arg-type]
-        for voter, digest in waiting:
-            self.on_ready_digest(src, (voter, cid), digest)  # type: ignore[arg-type]
-
-    def on_echoed_readies(self, src: NodeId, cid: bytes, voters: tuple[object, ...]) -> None:
-        """READYs from member `src` of "the digest I echoed" in the instances (voter, `cid`)
-        (`VoteDigestBatch.echoed_readies`), each counted as `src`'s READY of `src`'s first
-        echo recorded here; one whose echo has not arrived yet waits for it
-        (`ready_on_echo`, one per member and instance). The per-item checks are the
-        other items' (`on_digest_items`)."""
-        instances = self._instances
-        members = self._members
-        found: list[object] = []
-        digests: list[bytes] = []
-        for voter in voters:
-            if not isinstance(voter, str):
-                self._count("bad_vote_batch_item")
-                continue
-            if voter not in members:
-                self._count("not_a_member")
-                continue
-            inst = instances.get((voter, cid))  # type: ignore[arg-type]  # a member: a NodeId
-            if inst is None:
-                self._count("unknown_checkpoint")
-                continue
-            echoed = inst.echoes.get(src)
-            if echoed is None:
-                inst.ready_on_echo[src] = None
-            else:
-                found.append(voter)
-                digests.append(echoed)
-        if found:
-            self.on_digest_items(src, cid, tuple(found), tuple(digests), echo=False)
 
     def _spoke(self, seen: dict[NodeId, bytes], src: NodeId, digest: bytes,
                equivocation: str) -> bool:
@@ -473,7 +430,7 @@ class VoteBroadcast:
             if pending is None:
                 out.append(VoteReady(checkpoint=key[1], voter=key[0], digest=inst.ready))
             else:
-                pending.add_ready(key, inst.ready, inst.echo)
+                pending.readies[key] = inst.ready
         return [Send(to=to, message=m) for m in out]
 
     def tick(self) -> None:
@@ -495,8 +452,7 @@ class VoteBroadcast:
                 continue
             if extra:
                 merged = Pending(echoes={**shared.echoes, **extra.echoes},
-                                  readies={**shared.readies, **extra.readies},
-                                  echoed={**shared.echoed, **extra.echoed})
+                                  readies={**shared.readies, **extra.readies})
                 self._sends.extend(Send(to=peer, message=b) for b in batches(merged))
             else:
                 self._sends.extend(Send(to=peer, message=b) for b in common)
@@ -547,9 +503,6 @@ class VoteBroadcast:
     def _echo(self, key: Key, inst: _Instance, src: NodeId, digest: bytes) -> None:
         inst.add_echo(src, digest)
         self._progress(key, inst, digest)
-        if inst.ready_on_echo and src in inst.ready_on_echo:
-            del inst.ready_on_echo[src]
-            self.on_ready_digest(src, key, digest)  # its READY by echo, waiting for this
 
     def _progress(self, key: Key, inst: _Instance, digest: bytes) -> None:
         """The counts are kept as echoes and readies are stored (O(1) here: a scan of every
@@ -562,7 +515,7 @@ class VoteBroadcast:
                 inst.add_ready(self.node_id, digest)
             self._dirty = True
             if self._batch_ticks:
-                self._out_all.add_ready(key, digest, inst.echo)
+                self._out_all.readies[key] = digest
             else:
                 self._to_all(VoteReady(checkpoint=key[1], voter=key[0], digest=digest))
         if inst.delivered is None:

@@ -327,22 +327,18 @@ class CheckpointMachine:
         self._collect()
 
     def _on_digest_batch(self, src: NodeId, msg: VoteDigestBatch) -> None:
-        """Each item exactly as the lone `VoteEchoDigest`/`VoteReady` it stands for (a READY
-        by echo: of the sender's first echo there); a batch whose fields are not parallel
-        tuples of at most `MAX_BATCH_ITEMS` (less `echoed_readies` digests), or whose
+        """Each item exactly as the lone `VoteEchoDigest`/`VoteReady` it stands for; a batch
+        whose fields are not parallel tuples of at most `MAX_BATCH_ITEMS`, or whose
         checkpoint is not bytes, is dropped whole (`bad_vote_batch`)."""
-        cid, ev, ed, rv, rd, k = (msg.checkpoint, msg.echo_voters, msg.echo_digests,
-                                  msg.ready_voters, msg.ready_digests, msg.echoed_readies)
+        cid, ev, ed, rv, rd = (msg.checkpoint, msg.echo_voters, msg.echo_digests,
+                               msg.ready_voters, msg.ready_digests)
         if not isinstance(cid, bytes) or not all(isinstance(t, tuple) for t in (ev, ed, rv, rd)) \
-                or type(k) is not int or not 0 <= k <= len(rv) \
-                or len(ev) != len(ed) or len(rv) != len(rd) + k \
+                or len(ev) != len(ed) or len(rv) != len(rd) \
                 or len(ev) > MAX_BATCH_ITEMS or len(rv) > MAX_BATCH_ITEMS:
             self._drop("bad_vote_batch")
             return
         self._rb.on_digest_items(src, cid, ev, ed, echo=True)  # in bulk: no call per item
-        if k:  # READYs of the sender's own echo ("Readies by echo")
-            self._rb.on_echoed_readies(src, cid, rv[:k])
-        self._rb.on_digest_items(src, cid, rv[k:], rd, echo=False)
+        self._rb.on_digest_items(src, cid, rv, rd, echo=False)
 
     def _relay_item(self, src: NodeId, voter: object, cid: bytes, digest: object, *,
                     echo: bool) -> None:

@@ -3,9 +3,8 @@ for the next flush, and how it goes out.
 
 Owns: `Pending` (echoes and readies, by digest, waiting for the next flush, keyed by
 instance: at most one of each per instance) and `batches` (a flush as `VoteDigestBatch`es,
-one per checkpoint, at most `MAX_BATCH_ITEMS` echoes and readies each; the READYs of the
-node's own echo first and without their digests: `echoed_readies`, docs/LEADERLESS.md
-"Items in bulk, and readies by echo").
+one per checkpoint, at most `MAX_BATCH_ITEMS` echoes and readies each; docs/LEADERLESS.md
+"Batched echoes and readies").
 
 Invariants: deterministic (insertion-ordered dicts: checkpoints in the order they first
 appear, items in the order they were chosen); pure (no I/O, no state beyond `Pending`).
@@ -33,46 +32,27 @@ class Pending:
 
     echoes: dict[Key, bytes] = field(default_factory=dict)
     readies: dict[Key, bytes] = field(default_factory=dict)
-    echoed: dict[Key, None] = field(default_factory=dict)
-    """READYs of the digest this node echoed there: sent without it (`echoed_readies`)."""
 
     def __bool__(self) -> bool:
-        return bool(self.echoes or self.readies or self.echoed)
-
-    def add_ready(self, key: Key, digest: bytes, echo: bytes | None) -> None:
-        if digest == echo:
-            self.echoed[key] = None
-        else:
-            self.readies[key] = digest
+        return bool(self.echoes or self.readies)
 
 
 
 def batches(pending: Pending) -> list[VoteDigestBatch]:
     """`pending` as `VoteDigestBatch`es, one per checkpoint (in the order the checkpoints
-    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each; the readies of
-    this node's own echo first, without their digests (`echoed_readies`)."""
-    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes],
-                              list[NodeId]]] = {}
+    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each."""
+    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes]]] = {}
     for (voter, cid), d in pending.echoes.items():
-        g = groups.setdefault(cid, ([], [], [], [], []))
+        g = groups.setdefault(cid, ([], [], [], []))
         g[0].append(voter)
         g[1].append(d)
-    for (voter, cid) in pending.echoed:
-        groups.setdefault(cid, ([], [], [], [], []))[4].append(voter)
     for (voter, cid), d in pending.readies.items():
-        g = groups.setdefault(cid, ([], [], [], [], []))
+        g = groups.setdefault(cid, ([], [], [], []))
         g[2].append(voter)
         g[3].append(d)
     m = MAX_BATCH_ITEMS
-    out = []
-    for cid, (ev, ed, rv, rd, xv) in groups.items():
-        voters = xv + rv  # the readies: by echo first, then with their digests
-        k = len(xv)
-        for i in range(0, max(len(ev), len(voters)), m):
-            by_echo = max(0, min(k - i, m))
-            out.append(VoteDigestBatch(
-                checkpoint=cid, echo_voters=tuple(ev[i:i + m]), echo_digests=tuple(ed[i:i + m]),
-                ready_voters=tuple(voters[i:i + m]),
-                ready_digests=tuple(rd[max(0, i - k):max(0, i + m - k)]),
-                echoed_readies=by_echo))
-    return out
+    return [VoteDigestBatch(checkpoint=cid, echo_voters=tuple(ev[i:i + m]),
+                            echo_digests=tuple(ed[i:i + m]), ready_voters=tuple(rv[i:i + m]),
+                            ready_digests=tuple(rd[i:i + m]))
+            for cid, (ev, ed, rv, rd) in groups.items()
+            for i in range(0, max(len(ev), len(rv)), m)]
