@@ -29,10 +29,11 @@ readies"): ECHOes and READYs are not sent at once but collected, per peer, and s
 `batch_ticks` ticks (`tick`) as one `VoteDigestBatch` per peer and checkpoint carrying all of
 them (the checkpoint once, then voter and digest per item: ~40 bytes an item). The SEND,
 fetches and bodies go at once. A received batch is handled item by item, each exactly as
-the lone `VoteEchoDigest`/`VoteReady` it stands for (the caller, `veto.py`): a bad item is
-dropped and counted, the others count. Pending items are keyed by instance, so at most one
-echo and one ready per instance and peer wait; a batch carries at most `MAX_BATCH_ITEMS`
-of each (more go in further batches of the same flush).
+the lone `VoteEchoDigest`/`VoteReady` it stands for, in one loop (`on_digest_items`: no
+Python call per item unless its instance can move): a bad item is dropped and counted, the
+others count. Pending items are keyed by instance, so at most one echo and one ready per
+instance and peer wait; a batch carries at most `MAX_BATCH_ITEMS` of each (more go in
+further batches of the same flush; the flush itself is `vote_flush.py`'s).
 
 Properties (f Byzantine members): two Q-sets of echoers share f+1 members, one correct, and
 a correct node echoes once, so at most one digest ever gets a READY from a correct node;
@@ -59,37 +60,19 @@ from phalanx.consensus.leaderless.messages import (
     FetchVote,
     VetoChoice,
     VoteBody,
-    VoteDigestBatch,
     VoteEcho,
     VoteEchoDigest,
     VoteReady,
     VoteRelay,
 )
+from phalanx.consensus.leaderless.vote_flush import MAX_BATCH_ITEMS, Key, Pending, batches
 from phalanx.consensus.types import LocalProtocolError, Message, NodeId
 
-Key = tuple[NodeId, bytes]
-"""An instance: (voter, checkpoint id)."""
+__all__ = ["MAX_BATCH_ITEMS", "Key", "Validate", "VoteBroadcast"]
 
 Validate = Callable[[VetoChoice], str | None]
 """Why a vote's content is invalid (a drop reason), or None: must give the same answer on
 every correct node (signatures and self-certifying proofs only, never local state)."""
-
-MAX_BATCH_ITEMS = 256
-"""At most this many echoes, and as many readies, in one `VoteDigestBatch` (or the older
-`VoteBatch`; a correct sender splits; a receiver drops a larger one whole)."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    """Echoes and readies (digests) waiting for the next flush, keyed by instance (one
-    each)."""
-
-    echoes: dict[Key, bytes] = field(default_factory=dict)
-    readies: dict[Key, bytes] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.echoes or self.readies)
-
 
 @dataclass(slots=True)
 class _Instance:
@@ -141,7 +124,7 @@ class VoteBroadcast:
     """The reliable broadcast of votes at one node."""
 
     __slots__ = ("_batch_ticks", "_counts", "_deliver_at", "_delivered", "_dirty", "_echo_at",
-                 "_faults", "_hasher", "_instances", "_nodes", "_out_all", "_out_to",
+                 "_faults", "_hasher", "_instances", "_members", "_nodes", "_out_all", "_out_to",
                  "_ready_at", "_sends", "_served", "_ticks", "_wanting", "fenced", "node_id")
 
     def __init__(self, *, node_id: NodeId, nodes: tuple[NodeId, ...], faults: int,
@@ -156,12 +139,13 @@ class VoteBroadcast:
             raise LocalProtocolError(f"batch_ticks must be >= 0, got {batch_ticks}")
         self._batch_ticks = batch_ticks
         self._ticks = 0
-        self._out_all = _Pending()
+        self._out_all = Pending()
         """Batched: what goes to every peer at the next flush."""
-        self._out_to: dict[NodeId, _Pending] = {}
+        self._out_to: dict[NodeId, Pending] = {}
         """Batched: what goes to one peer only (answers to its pulls)."""
         self.node_id = node_id
         self._nodes = tuple(sorted(nodes))
+        self._members = frozenset(nodes)
         self._hasher = hasher
         self._faults = faults
         self._echo_at = -(-(n + faults + 1) // 2)
@@ -296,6 +280,69 @@ class VoteBroadcast:
         inst.add_ready(src, digest)
         self._progress(key, inst, digest)
 
+    def on_digest_items(self, src: NodeId, cid: bytes, voters: tuple[object, ...],
+                        digests: tuple[object, ...], *, echo: bool) -> None:
+        """The ECHOes (`echo`) or READYs of one `VoteDigestBatch` from member `src` (the
+        caller checked the batch's shape: parallel tuples, bounded), each exactly as the
+        lone `on_echo_digest`/`on_ready_digest` of its own instance (`(voter, cid)`) after
+        the per-item checks of the lone message (types: `bad_vote_batch_item`; a voter
+        not a member: `not_a_member`; an instance not open: `unknown_checkpoint`), in one
+        loop: an item whose instance cannot move (below every threshold with the body
+        held, or readied and delivered) is recorded and counted with no further call
+        (`_progress` would do nothing); the others go to `_progress` as before. The n^3
+        items of a checkpoint are the broadcast's hot loop (docs/LEADERLESS.md "Items in
+        bulk")."""
+        instances = self._instances
+        members = self._members
+        echo_at, ready_at, deliver_at = self._echo_at, self._ready_at, self._deliver_at
+        for voter, digest in zip(voters, digests, strict=True):
+            if not isinstance(voter, str) or not isinstance(digest, bytes):
+                self._count("bad_vote_batch_item")
+                continue
+            if voter not in members:
+                self._count("not_a_member")
+                continue
+            inst = instances.get((voter, cid))  # type: ignore[arg-type]  # a member: a NodeId
+            if inst is None:
+                self._count("unknown_checkpoint")  # the sender sends it again when pulled
+                continue
+            if echo:
+                first = inst.echoes.get(src)
+                if first is not None:
+                    if first != digest:
+                        self._count("echo_equivocation")
+                    continue
+                inst.echoes[src] = digest
+                counts = inst.echo_counts
+                c = counts[digest] = counts.get(digest, 0) + 1
+                ready = inst.ready
+                if ready is None:
+                    if c < echo_at and digest in inst.contents \
+                            and inst.ready_counts.get(digest, 0) < ready_at:
+                        continue  # no READY (both counts below) and no delivery
+                elif inst.delivered is not None or (
+                        ready in inst.contents
+                        and inst.ready_counts.get(ready, 0) < deliver_at):
+                    continue  # readied: an echo moves no ready count
+            else:
+                first = inst.readies.get(src)
+                if first is not None:
+                    if first != digest:
+                        self._count("ready_equivocation")
+                    continue
+                inst.readies[src] = digest
+                counts = inst.ready_counts
+                c = counts[digest] = counts.get(digest, 0) + 1
+                if inst.ready is None:
+                    if c < ready_at and digest in inst.contents \
+                            and inst.echo_counts.get(digest, 0) < echo_at:
+                        continue  # as for an echo: below f+1 < 2f+1 and Q
+                elif inst.delivered is not None:
+                    continue
+                elif digest == inst.ready and c < deliver_at and digest in inst.contents:
+                    continue  # short of 2f+1 readies of the digest it readied, body held
+            self._progress((voter, cid), inst, digest)  # type: ignore[arg-type]
+
     def _spoke(self, seen: dict[NodeId, bytes], src: NodeId, digest: bytes,
                equivocation: str) -> bool:
         """Whether `src` already echoed (readied) in this instance: only its first counts;
@@ -373,7 +420,7 @@ class VoteBroadcast:
         out: list[Message] = []
         if key[0] == self.node_id and inst.sent is not None:
             out.append(inst.contents[inst.sent])
-        pending = self._out_to.setdefault(to, _Pending()) if self._batch_ticks else None
+        pending = self._out_to.setdefault(to, Pending()) if self._batch_ticks else None
         if inst.echo is not None:
             if pending is None:
                 out.append(VoteEchoDigest(checkpoint=key[1], voter=key[0], digest=inst.echo))
@@ -396,17 +443,17 @@ class VoteBroadcast:
         self._ticks += 1
         if self._ticks % self._batch_ticks:
             return
-        shared, self._out_all = self._out_all, _Pending()
+        shared, self._out_all = self._out_all, Pending()
         own, self._out_to = self._out_to, {}
-        common = _batches(shared) if shared else []
+        common = batches(shared) if shared else []
         for peer in self._nodes:
             extra = own.get(peer)
             if peer == self.node_id:
                 continue
             if extra:
-                merged = _Pending(echoes={**shared.echoes, **extra.echoes},
+                merged = Pending(echoes={**shared.echoes, **extra.echoes},
                                   readies={**shared.readies, **extra.readies})
-                self._sends.extend(Send(to=peer, message=b) for b in _batches(merged))
+                self._sends.extend(Send(to=peer, message=b) for b in batches(merged))
             else:
                 self._sends.extend(Send(to=peer, message=b) for b in common)
 
@@ -508,23 +555,3 @@ class VoteBroadcast:
                 inst.asked_now += 1
                 self._sends.append(Send(to=src, message=FetchVote(
                     checkpoint=key[1], voter=key[0], digest=want)))
-
-
-def _batches(pending: _Pending) -> list[VoteDigestBatch]:
-    """`pending` as `VoteDigestBatch`es, one per checkpoint (in the order the checkpoints
-    first appear), of at most `MAX_BATCH_ITEMS` echoes and readies each."""
-    groups: dict[bytes, tuple[list[NodeId], list[bytes], list[NodeId], list[bytes]]] = {}
-    for (voter, cid), d in pending.echoes.items():
-        g = groups.setdefault(cid, ([], [], [], []))
-        g[0].append(voter)
-        g[1].append(d)
-    for (voter, cid), d in pending.readies.items():
-        g = groups.setdefault(cid, ([], [], [], []))
-        g[2].append(voter)
-        g[3].append(d)
-    m = MAX_BATCH_ITEMS
-    return [VoteDigestBatch(checkpoint=cid, echo_voters=tuple(ev[i:i + m]),
-                            echo_digests=tuple(ed[i:i + m]), ready_voters=tuple(rv[i:i + m]),
-                            ready_digests=tuple(rd[i:i + m]))
-            for cid, (ev, ed, rv, rd) in groups.items()
-            for i in range(0, max(len(ev), len(rv)), m)]

@@ -341,10 +341,8 @@ class CheckpointMachine:
                 or len(ev) > MAX_BATCH_ITEMS or len(rv) > MAX_BATCH_ITEMS:
             self._drop("bad_vote_batch")
             return
-        for voter, digest in zip(ev, ed, strict=True):
-            self._relay_item(src, voter, cid, digest, echo=True)
-        for voter, digest in zip(rv, rd, strict=True):
-            self._relay_item(src, voter, cid, digest, echo=False)
+        self._rb.on_digest_items(src, cid, ev, ed, echo=True)  # in bulk: no call per item
+        self._rb.on_digest_items(src, cid, rv, rd, echo=False)
 
     def _relay_item(self, src: NodeId, voter: object, cid: bytes, digest: object, *,
                     echo: bool) -> None:
