@@ -6,9 +6,13 @@ holds")."""
 
 from __future__ import annotations
 
+import pytest
 from leaderless_harness import (
+    CODEC,
     EPOCH,
     Cluster,
+    KvApp,
+    client_keys,
     endorsement,
     make_tx,
     run,
@@ -19,9 +23,13 @@ from leaderless_harness import (
 )
 
 from phalanx.consensus.core import Receive, Tick
+from phalanx.consensus.crypto import FastCrypto
+from phalanx.consensus.leaderless.config import LeaderlessConfig
+from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.held import HeldMasks
 from phalanx.consensus.leaderless.messages import FetchTransactions, TransactionProof
 from phalanx.consensus.types import NodeId
+from phalanx.protocols.leaderless_checkpoints import EnvelopeFormat
 
 N1, N2, N3, N4 = (NodeId(f"n{i}") for i in range(1, 5))
 
@@ -181,3 +189,37 @@ def test_a_named_fetch_asks_for_the_body_alone() -> None:
     c.step(N3, Receive(src=N1, message=answer))
     assert c.nodes[N3].core._store.get(tx_id(tx)) is not None  # learnt, with n1's buffered
     assert N1 in c.nodes[N3].core._store.get(tx_id(tx)).endorsements  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("buffered", "answered", "certified"), [
+    (("n2", "n3", "n4"), (), True),  # a named fetch's body-only answer
+    (("n2", "n3"), ("n4",), True),  # a bitmap's answer: what the asker lacks
+    (("n2", "n3"), (), False),  # fewer than Q in all
+])
+def test_a_stale_answer_counts_the_buffered_endorsements_towards_state_transfer(
+        buffered: tuple[str, ...], answered: tuple[str, ...], certified: bool) -> None:
+    """1 s-horizon seed 31: n1's clock runs ahead, so a transaction it missed is past its
+    GC horizon by the time its body arrives (`stale_tx`), and only a checkpoint can bring
+    it; a proof with Q valid endorsements asks for one (`_stale_certified`). The
+    endorsements reached n1 directly (buffered: the transaction is unknown), so its fetches
+    asked for the body alone or named them held, and the answers leave them out: the
+    buffered ones count with the proof's. Before, n1 counted the proof's alone (< Q = 3),
+    never asked, and ended two writes behind (`converge`)."""
+    app = KvApp()
+    cfg = LeaderlessConfig(node_id=N1, nodes=(N1, N2, N3, N4), gc_horizon_ms=1_000)
+    core = LeaderlessCore(cfg, crypto=FastCrypto(N1), client_keys=client_keys(), app=app,
+                          codec=CODEC, checkpoint_format=EnvelopeFormat())
+    run(core, app, Tick(now_ms=EPOCH + 2_000))  # the horizon is EPOCH + 1000
+    tx = make_tx("add x 1", deadline=EPOCH + 100)
+    masks = HeldMasks((N1, N2, N3, N4))
+    for node in buffered:
+        ready = run(core, app, Receive(src=NodeId(node), message=endorsement(node, tx)))
+        (ask,) = [s.message for s in ready.messages if isinstance(s.message, FetchTransactions)]
+        (held,) = masks.split(ask.held, 1) or [b""]
+        assert masks.body_only(held)  # the named fetch: the endorsers' own reach n1
+    assert core.status().catching_up == ""
+    proof = TransactionProof(tx=tx, endorsements=tuple(endorsement(n, tx) for n in answered))
+    run(core, app, Receive(src=N2, message=proof))
+    assert core.status().dropped.get("stale_tx") == 1
+    assert core.status().catching_up == (
+        "a certified transaction past the GC horizon" if certified else "")
