@@ -30,9 +30,10 @@ latencies count the operations invoked before the heal (the faults of ``crashed`
 until then) and, for Raft, after its first election (`warmup_ns`).
 
 Usage: `python bench/scale.py [--sizes 4,10,20,60,180] [--only base,conflicts]
-[--quick] [--no-plot] [--no-docs] [--plot-from REPORT...]`. `--quick` is the smoke run
-(n = 4 and 10, small workloads). Figures depend only on the arguments (the simulator is
-deterministic); CPU seconds are the shared machine's.
+[--conflicts 10,50] [--by-kind] [--quick] [--no-plot] [--no-docs] [--plot-from REPORT...]`.
+`--quick` is the smoke run (n = 4 and 10, small workloads); `--conflicts 50` runs the 50%
+conflicts cell alone; `--by-kind` prints each cell's bytes by message kind. Figures depend
+only on the arguments (the simulator is deterministic); CPU seconds are the shared machine's.
 """
 
 from __future__ import annotations
@@ -125,11 +126,16 @@ def _all() -> tuple[str, ...]:
     return tuple(sorted(protocol_names(), key=lambda p: (byzantine(p), endorsing(p), p)))
 
 
-def cells(experiments: list[str], sizes: list[int]) -> list[Cell]:
+CONFLICT_PCTS = (10, 50)
+"""The ``conflicts`` experiment's conflict rates (`--conflicts` picks some)."""
+
+
+def cells(experiments: list[str], sizes: list[int],
+          conflict_pcts: tuple[int, ...] = CONFLICT_PCTS) -> list[Cell]:
     builders: dict[str, Callable[[int], list[Cell]]] = {
         "base": lambda n: [Cell("base", p, n) for p in _all()],
         "conflicts": lambda n: [Cell("conflicts", p, n, conflict_pct=c)
-                                for p in _all() if endorsing(p) for c in (10, 50)],
+                                for p in _all() if endorsing(p) for c in conflict_pcts],
         # the simulator's dissemination layer carries the Byzantine cores' broadcasts
         "gossip": lambda n: [Cell("gossip", p, n, dissemination="gossip")
                              for p in _all() if byzantine(p)],
@@ -256,6 +262,14 @@ def measure(cell: Cell, seed: int, quick: bool, override: Shape | None = None,
                cpu_s=cpu, ok=result.ok, note=note), result
 
 
+def by_kind(stats: Mapping[str, int], top: int = 5) -> str:
+    """The `top` message kinds by bytes sent (the run's ``bytes:KIND`` stats), with shares."""
+    kinds = sorted(((k.removeprefix("bytes:"), v) for k, v in stats.items()
+                    if k.startswith("bytes:")), key=lambda kv: (-kv[1], kv[0]))
+    total = max(1, stats.get("bytes_sent", 0))
+    return ", ".join(f"{k} {v / 1e6:,.1f} MB ({100 * v / total:.0f}%)" for k, v in kinds[:top])
+
+
 HEADER = ("| experiment | cell | n | ops | p50 ms | p99 ms | msgs/op | KB/op | CPU s | check |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
 
@@ -328,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: all)")
     parser.add_argument("--protocols", default="raft,pbft,leaderless",
                         help="keep only cells of these protocols (default %(default)s)")
+    parser.add_argument("--conflicts", default=",".join(map(str, CONFLICT_PCTS)),
+                        metavar="PCTS", help="the conflicts experiment's conflict rates in "
+                        "percent (default %(default)s; e.g. 50 for the 50%% cell alone)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true",
                         help="the smoke run: n = 4 and 10 unless --sizes, small workloads")
@@ -348,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the load experiment: T virtual seconds of clients, figures "
                         "counted from W to T, L more seconds for the liveness check (default "
                         "3,1,2; 2,1,2 at n >= 180)")
+    parser.add_argument("--by-kind", action="store_true",
+                        help="print each cell's bytes by message kind (the five largest)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--plot-from", nargs="+", metavar="REPORT",
                         help="run nothing: plot the tables of saved reports")
@@ -392,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     knobs = {proto: tuple(sorted(v.items())) for proto, v in extra.items()}
-    todo = [c for c in cells([e for e in experiments if e != "load"], sizes)
+    pcts = tuple(int(x) for x in args.conflicts.split(",") if x)
+    if not all(0 <= pct <= 100 for pct in pcts):
+        parser.error(f"--conflicts {args.conflicts}: expected percentages 0-100")
+    todo = [c for c in cells([e for e in experiments if e != "load"], sizes, pcts)
             if c.protocol in protocols]
     levels = [int(x) for x in args.loads.split(",") if x]
     window: tuple[float | None, float | None, float | None] = (None, None, None)
@@ -425,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{result.stats['cpu_busiest_ms']} ms, longest queue "
                  f"{result.stats['cpu_max_queue']}")
               + ("" if row.ok else " FAILED " + row.note), flush=True)
+        if args.by_kind:
+            print("    bytes by kind: " + by_kind(result.stats), flush=True)
     if rows:
         print()
         print(HEADER)

@@ -36,3 +36,18 @@ def test_quick_run_prints_every_experiment_and_plots(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
     assert [line for line in again.stdout.splitlines() if line.startswith("| ")
             and not line.startswith("| experiment")] == rows
+
+
+def test_one_conflicts_cell_with_its_bytes_by_kind() -> None:
+    """`--conflicts 50` runs the 50% cell alone; `--by-kind` names where its bytes went."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale.py"), "--quick", "--sizes", "4",
+         "--only", "conflicts", "--conflicts", "50", "--protocols", "leaderless",
+         "--by-kind", "--no-plot"],
+        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| conflicts")]
+    assert [row.split("|")[2].strip() for row in rows] == ["leaderless, conflicts 50%"]
+    (kinds,) = [line for line in out.stdout.splitlines() if "bytes by kind:" in line]
+    assert "EndorsementBatch" in kinds, kinds

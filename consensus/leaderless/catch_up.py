@@ -14,10 +14,12 @@ When a node wants one (`StateTransfer.want`; each only with a `CheckpointFormat`
   backoff): only its committers' checkpoints may still say it committed;
 - a peer's proof of a transaction this node holds nothing of arrives past its GC horizon
   (`stale_tx`) with Q valid endorsements that are definitely valid here (unconditional, or
-  every condition dropped here: the commit rule's count; `_stale_certified`, with
-  backoff): it committed, and no fetch can bring it here any more (a cut or a clock offset
-  that, with the catch-up's delay, outlasted the horizon; or a late commit, once the veto
-  procedure dropped its conditions past every horizon).
+  every condition dropped here: the commit rule's count; those this node buffered while
+  the transaction was unknown count with the proof's, which leaves them out:
+  `FetchTransactions.held`; `_stale_certified`, with backoff): it committed, and no fetch
+  can bring it here any more (a cut or a clock offset that, with the catch-up's delay,
+  outlasted the horizon; or a late commit, once the veto procedure dropped its conditions
+  past every horizon).
 
 Serving: a node vouches for a retained checkpoint while what it applied after it is still
 fetchable (`_vouch`), GC keeps that suffix (`_retained_suffix`), and the last chunk of a
@@ -199,16 +201,17 @@ class CatchUp(CoreParts):
 
     def _stale_certified(self, proof: TransactionProof) -> None:
         """`proof` names a transaction past this node's GC horizon that it holds nothing of
-        (`stale_tx`, counted by the caller). With Q valid endorsements definitely valid here
-        (unconditional, or conditioned only on transactions dropped here, as the commit rule
-        counts them: a transaction committed late, after a veto dropped its conditions past
-        every horizon, carries such a proof; 1 s-horizon seed 33) it committed at some
-        correct node, and this node missed it for good by fetching (every
-        later proof of it is stale here too): only a checkpoint can bring it. Ask for state
-        transfer, at most once per 1, 2, 4 ... `OVERDUE_MAX` periods (an old proof replayed by
-        a Byzantine peer costs a descriptor round, no more); the backoff starts over after
-        `OVERDUE_MAX` periods without one. The signatures are checked only when an ask is
-        due. Safety is the install rule's (f + 1 descriptors, the coverage rule)."""
+        but buffered endorsements (`stale_tx`, counted by the caller). With Q valid
+        endorsements definitely valid here, the proof's and the buffered ones (unconditional,
+        or conditioned only on transactions dropped here, as the commit rule counts them: a
+        transaction committed late, after a veto dropped its conditions past every horizon,
+        carries such a proof; 1 s-horizon seed 33) it committed at some correct node, and
+        this node missed it for good by fetching (every later proof of it is stale here too):
+        only a checkpoint can bring it. Ask for state transfer, at most once per 1, 2, 4 ...
+        `OVERDUE_MAX` periods (an old proof replayed by a Byzantine peer costs a descriptor
+        round, no more); the backoff starts over after `OVERDUE_MAX` periods without one.
+        The proof's signatures are checked only when an ask is due. Safety is the install
+        rule's (f + 1 descriptors, the coverage rule)."""
         transfer = self._transfer
         every = self._config.rebroadcast_ticks
         if transfer is None or "no_stale_transfer" in self._bugs:  # the deliberate bug
@@ -222,6 +225,14 @@ class CatchUp(CoreParts):
         signers: dict[NodeId, None] = {}
         dropped = TxState.DROPPED
         state_of = self._store.state_of
+        # An answer leaves out what this node said it holds, and a named fetch asks for the
+        # body alone (`FetchTransactions.held`): the endorsements buffered here while the
+        # transaction was unknown (verified on arrival) count with the proof's, as the whole
+        # proof would have carried them (1 s-horizon seed 31; docs/LEADERLESS.md "Answers
+        # by what the asker holds").
+        for endorser, e in self._store.buffered.get(tx_id, {}).items():
+            if all(state_of(c) is dropped for c in e.conditions):
+                signers[endorser] = None
         for e in proof.endorsements:
             if (isinstance(e, Endorsement) and e.tx_id == tx_id and e.endorser not in signers
                     and all(state_of(c) is dropped for c in e.conditions)

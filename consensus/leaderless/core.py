@@ -155,8 +155,8 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching):
         self._dropped: dict[str, int] = {}
         self._duplicates: dict[str, int] = {}
         self._queued: dict[TxId, None] = {}
-        self._recovery = Recovery(peers=self._peers, every=config.rebroadcast_ticks,
-                                  max_entries=config.max_pending,
+        self._recovery = Recovery(peers=self._peers, members=config.nodes,
+                                  every=config.rebroadcast_ticks, max_entries=config.max_pending,
                                   named_delay=config.named_fetch_delay_ticks,
                                   offset=config.nodes.index(config.node_id))
         self._refetch = OverdueFetch(peers=self._peers, every=config.rebroadcast_ticks,

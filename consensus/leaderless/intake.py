@@ -123,14 +123,20 @@ class PeerIntake(CoreParts):
         first would do."""
         valid: dict[NodeId, Endorsement] = {}
         dropped = TxState.DROPPED
+        state_of = self._store.state_of
         for e in proof.endorsements:
             if (not isinstance(e, Endorsement) or e.tx_id != record.tx_id or e.endorser in valid
-                    or not all(self._store.state_of(c) is dropped for c in e.conditions)):
+                    or not all(state_of(c) is dropped for c in e.conditions)):
                 continue
             held = record.endorsements.get(e.endorser)
             if held == e or (e.endorser != self._config.node_id and endorsement_problem(
                     e, self._config.nodes, self._crypto, self._roots) is None):
                 valid[e.endorser] = e
+        # An answer leaves out what this node said it holds (`FetchTransactions.held`): the
+        # held endorsements count as they would inside the proof (verified on arrival).
+        for endorser, e in record.endorsements.items():
+            if endorser not in valid and all(state_of(c) is dropped for c in e.conditions):
+                valid[endorser] = e
         if (len(valid) < self._rules.quorum(record) or self._rules.committable(record)
                 or self._checkpoints.blocked(record.tx_id)):
             return
@@ -245,7 +251,9 @@ class PeerIntake(CoreParts):
             return
         if record is None:
             if self._store.buffer(e) and src is not None:
-                out.sends += self._recovery.fetch_named(src, e.tx_id, self._ticks)
+                out.sends += self._recovery.fetch_named(
+                    src, e.tx_id, self._ticks,
+                    self._recovery.held_of(self._store, body_only=True))
             return
         self._add_endorsement(record, e, src, out)
 
@@ -313,8 +321,12 @@ class PeerIntake(CoreParts):
     def _on_fetch(self, src: NodeId, msg: FetchTransactions, out: Outbox) -> None:
         if len(msg.tx_ids) > MAX_FETCH_IDS:
             self._drop("oversized_fetch")
-        out.sends += self._recovery.answer(src, msg.tx_ids, self._store, self._kernel)
+        held = self._recovery.masks.split(msg.held, len(msg.tx_ids))
+        if held is None:
+            self._drop("malformed_fetch_held")  # answered in full, as a fetch without one
+        out.sends += self._recovery.answer(src, msg.tx_ids, self._store, self._kernel, held)
 
     def _fetch(self, src: NodeId, tx_id: TxId, out: Outbox) -> None:
-        out.sends += self._recovery.fetch(src, (tx_id,), self._ticks)
+        out.sends += self._recovery.fetch(src, (tx_id,), self._ticks,
+                                          self._recovery.held_of(self._store))
 

@@ -342,6 +342,11 @@ class FetchTransactions(Message):
     endorsement or a condition names an unknown transaction, or to catch up."""
 
     tx_ids: tuple[TxId, ...]
+    held: bytes = field(default=b"", metadata=_OPTIONAL)
+    """What the asker already holds of each id (`held.HeldMasks`: empty, or one bitmap of
+    members per id whose unconditional endorsements it holds): the answer leaves those out,
+    and is not sent when nothing is left (docs/LEADERLESS.md "Answers by what the asker
+    holds"). Unsigned, like the ask: a false one only costs its asker."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

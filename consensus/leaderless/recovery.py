@@ -21,17 +21,24 @@ The peer fetches the ids it does not know or still has pending, and commits them
 the self-certifying proofs. A node that was down or cut off for longer than a period
 catches up this way.
 
+A fetch of transactions this node holds says which members' unconditional endorsements of
+each it holds (`FetchTransactions.held`, `held.HeldMasks`), and an answer leaves those out
+and is not sent when nothing is left: at n = 180 a proof carried up to n endorsements the
+asker mostly held already (docs/LEADERLESS.md "Answers by what the asker holds").
+
 Acting on a digest or a fetch needs no trust in the sender: only signed proofs change state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from math import gcd
 
 from phalanx.consensus.core import Send
+from phalanx.consensus.leaderless.held import HeldMasks
 from phalanx.consensus.leaderless.messages import (
     CommittedDigest,
+    Endorsement,
     EndorsementBatch,
     FetchTransactions,
     TransactionProof,
@@ -63,13 +70,16 @@ def digest_stride(peers: int) -> int:
 
 class Recovery:
     __slots__ = ("_aborts", "_asked", "_batches", "_delay", "_every", "_fetched", "_max",
-                 "_named", "_offset", "_peers", "_recent", "_stride")
+                 "_named", "_offset", "_peers", "_recent", "_stride", "masks")
 
-    def __init__(self, *, peers: tuple[NodeId, ...], every: int, max_entries: int,
-                 named_delay: int = 0, offset: int = 0) -> None:
-        """`named_delay`: `LeaderlessConfig.named_fetch_delay_ticks` (`fetch_named`);
-        `offset`: this node's position, where its digests' round-robin starts."""
+    def __init__(self, *, peers: tuple[NodeId, ...], members: tuple[NodeId, ...], every: int,
+                 max_entries: int, named_delay: int = 0, offset: int = 0) -> None:
+        """`members`: the whole membership (the `held` bitmaps name its sorted order, the
+        same at every node); `named_delay`: `LeaderlessConfig.named_fetch_delay_ticks`
+        (`fetch_named`); `offset`: this node's position, where its digests' round-robin
+        starts."""
         self._peers = peers
+        self.masks = HeldMasks(members)
         self._delay = named_delay
         self._offset = offset
         self._stride = digest_stride(len(peers)) if peers else 1
@@ -104,14 +114,25 @@ class Recovery:
             del self._fetched[next(iter(self._fetched))]
         return tuple(out)
 
-    def fetch(self, src: NodeId, ids: Iterable[TxId], tick: int) -> list[Send]:
+    def fetch(self, src: NodeId, ids: Iterable[TxId], tick: int,
+              held: Callable[[TxId], bytes] | None = None) -> list[Send]:
+        """Ask `src` for the ids of `ids` not asked for in the last period; `held`: the
+        bitmap of what this node holds of an id (`HeldMasks.mask`; b"": nothing)."""
         wanted = self.want(ids, tick)
-        return [Send(to=src, message=FetchTransactions(tx_ids=wanted))] if wanted else []
+        if not wanted:
+            return []
+        return [Send(to=src, message=FetchTransactions(tx_ids=wanted,
+                                                       held=self._field(wanted, held)))]
 
-    def fetch_named(self, src: NodeId, tx_id: TxId, tick: int) -> list[Send]:
+    def fetch_named(self, src: NodeId, tx_id: TxId, tick: int,
+                    held: Callable[[TxId], bytes] | None = None) -> list[Send]:
         """Ask `src`, whose endorsement names the unknown `tx_id`, for it: once per
         endorser (a client that sent it to some nodes only makes this the usual way to
-        learn it, and a lost answer must not wait a period when another endorser has it).
+        learn it, and a lost answer must not wait a period when another endorser has it),
+        for the body alone (`held`, with `body_only`): every endorser sends this node its
+        endorsement itself, and an answer repeating up to n of them to each of up to n
+        askers per asker was most of the bytes at n = 180 (docs/LEADERLESS.md "Answers by
+        what the asker holds")).
         With a delay (`named_delay` ticks) the first namings wait (`named_due`), and once
         those are asked a new endorser is asked at once: the runtime's client sends the
         transaction to every node, and a driver pass steps its client writes at its end
@@ -135,11 +156,16 @@ class Recovery:
         self._asked[tx_id] = (*asked, src)
         while len(self._asked) > self._max:
             del self._asked[next(iter(self._asked))]
-        return [Send(to=src, message=FetchTransactions(tx_ids=(tx_id,)))]
+        return [Send(to=src, message=FetchTransactions(tx_ids=(tx_id,), held=self._field(
+            (tx_id,), held)))]
 
-    def named_due(self, tick: int) -> list[Send]:
+    def _field(self, ids: tuple[TxId, ...], held: Callable[[TxId], bytes] | None) -> bytes:
+        return b"" if held is None else self.masks.field(ids, held)
+
+    def named_due(self, tick: int, held: Callable[[TxId], bytes] | None = None) -> list[Send]:
         """The fetches of named transactions whose delay ended by `tick`: one
-        `FetchTransactions` per endorser (at most `MAX_FETCH_IDS` ids each)."""
+        `FetchTransactions` per endorser (at most `MAX_FETCH_IDS` ids each; `held` as for
+        `fetch`)."""
         named = self._named
         by_peer: dict[NodeId, list[TxId]] = {}
         while named:
@@ -152,8 +178,10 @@ class Recovery:
                 by_peer.setdefault(src, []).append(tx_id)
         while len(self._asked) > self._max:
             del self._asked[next(iter(self._asked))]
-        return [Send(to=src, message=FetchTransactions(tx_ids=tuple(ids[i:i + MAX_FETCH_IDS])))
-                for src, ids in by_peer.items() for i in range(0, len(ids), MAX_FETCH_IDS)]
+        chunks = [(src, tuple(ids[i:i + MAX_FETCH_IDS]))
+                  for src, ids in by_peer.items() for i in range(0, len(ids), MAX_FETCH_IDS)]
+        return [Send(to=src, message=FetchTransactions(tx_ids=chunk, held=self._field(
+            chunk, held))) for src, chunk in chunks]
 
     def learned(self, tx_id: TxId) -> None:
         self._fetched.pop(tx_id, None)
@@ -202,12 +230,17 @@ class Recovery:
             del self._aborts[tx_id]
 
     def answer(self, src: NodeId, ids: tuple[TxId, ...], store: TxStore,
-               kernel: SafetyKernel) -> list[Send]:
+               kernel: SafetyKernel, held: list[bytes] | None = None) -> list[Send]:
         """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them): the
         transaction with its endorsements (its own too, which a record restored from the WAL
-        lacks), or its abort certificate."""
+        lacks), or its abort certificate. `held` (`HeldMasks.split` of the ask): the
+        endorsements the asker holds are left out, and a proof left with nothing to tell
+        (no endorsement, no refusal) is not sent."""
         out: list[Send] = []
-        for tx_id in ids[:MAX_FETCH_IDS]:
+        masks = self.masks
+        zero = masks.zero
+        for i, tx_id in enumerate(ids[:MAX_FETCH_IDS]):
+            mask = held[i] if held is not None else zero
             record = store.get(tx_id) if isinstance(tx_id, bytes) else None
             if record is None:
                 certificate = self._aborts.get(tx_id) if isinstance(tx_id, bytes) else None
@@ -215,7 +248,8 @@ class Recovery:
                 tx = kernel.transaction(tx_id) if mine is not None else None
                 if certificate is not None:
                     out.append(Send(to=src, message=certificate))
-                elif mine is not None and tx is not None and mine.signature:
+                elif (mine is not None and tx is not None and mine.signature
+                      and not (masks.has(mask, mine.endorser) and masks.holds_tx(mask))):
                     # Collected here (its tombstone remains) but still endorsed: the
                     # signature may be what the asker lacks for a quorum.
                     out.append(Send(to=src, message=TransactionProof(tx=tx, endorsements=(mine,))))
@@ -225,8 +259,15 @@ class Recovery:
             mine = kernel.endorsement(tx_id)
             if mine is not None and mine.signature and mine.endorser not in endorsements:
                 endorsements[mine.endorser] = mine  # a record restored from the WAL has none
+            sent: Iterable[Endorsement] = endorsements.values()
+            if masks.body_only(mask):
+                sent = ()  # its endorsers send it theirs (`fetch_named`)
+            elif mask != zero:  # only what the asker lacks
+                sent = [e for e in sent if not masks.has(mask, e.endorser)]
+                if not sent and own is None and masks.holds_tx(mask):
+                    continue  # nothing it lacks
             out.append(Send(to=src, message=TransactionProof(
-                tx=record.tx, endorsements=tuple(endorsements.values()),
+                tx=record.tx, endorsements=tuple(sent),
                 refusals=(own,) if own is not None else ())))
         return out
 
@@ -242,7 +283,24 @@ class Recovery:
 
     def on_digest(self, src: NodeId, ids: tuple[TxId, ...], store: TxStore,
                   tick: int) -> list[Send]:
-        """Fetch from `src` the digest's ids this node does not know or still has pending."""
+        """Fetch from `src` the digest's ids this node does not know or still has pending
+        (saying what it holds of the pending ones)."""
         missing = [t for t in ids[:MAX_DIGEST_IDS] if isinstance(t, bytes)
                    and store.state_of(t) in (None, TxState.PENDING)]
-        return self.fetch(src, missing, tick)
+        return self.fetch(src, missing, tick, self.held_of(store))
+
+    def held_of(self, store: TxStore, *, body_only: bool = False) -> Callable[[TxId], bytes]:
+        """The bitmap of what this node holds of a transaction: with its record, or the
+        endorsements it buffered while the transaction is unknown (b"": nothing);
+        `body_only`: an unknown one is asked for its body alone (`fetch_named`)."""
+        mask = self.masks.mask
+
+        def held(tx_id: TxId) -> bytes:
+            record = store.get(tx_id)
+            if record is not None:
+                return mask(record.endorsements.values(), holds_tx=True)
+            if body_only:
+                return mask((), holds_tx=False, body_only=True)
+            slot = store.buffered.get(tx_id)
+            return b"" if slot is None else mask(slot.values(), holds_tx=False)
+        return held

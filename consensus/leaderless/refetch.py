@@ -95,10 +95,12 @@ class OverdueFetch:
             self._wake = True
         self._heard[src] = tick
 
-    def due(self, tick: int, pending: Callable[[TxId], bool]) -> list[Send]:
+    def due(self, tick: int, pending: Callable[[TxId], bool],
+            held: Callable[[tuple[TxId, ...]], bytes] = lambda _ids: b"") -> list[Send]:
         """This period's asks: one peer per due transaction (`FIRST_ASK_PEERS` for a first
         ask), grouped per peer (chunks of `MAX_FETCH_IDS`); ids no longer `pending` are
-        forgotten."""
+        forgotten. `held`: the `FetchTransactions.held` field of a chunk of ids (what this
+        node holds of them: the answers carry only the rest)."""
         state = self._state
         for tx_id in [t for t in state if not pending(t)]:
             del state[tx_id]
@@ -123,5 +125,7 @@ class OverdueFetch:
             entry[1] = tick + min(1 << entry[0], MAX_BACKOFF_PERIODS) * self._every
             entry[0] += 1
             entry[2] += fanout
-        return [Send(to=peer, message=FetchTransactions(tx_ids=tuple(ids[i:i + MAX_FETCH_IDS])))
-                for peer, ids in by_peer.items() for i in range(0, len(ids), MAX_FETCH_IDS)]
+        chunks = [(peer, tuple(ids[i:i + MAX_FETCH_IDS]))
+                  for peer, ids in by_peer.items() for i in range(0, len(ids), MAX_FETCH_IDS)]
+        return [Send(to=peer, message=FetchTransactions(tx_ids=chunk, held=held(chunk)))
+                for peer, chunk in chunks]

@@ -38,7 +38,8 @@ class TickWork(CoreParts):
         the fence), the stuck check when the checkpoint batcher flushes; every period a
         full pass (endorse, commit) as a safety net, re-sends, GC."""
         self._ticks += 1
-        out.sends += self._recovery.named_due(self._ticks)
+        out.sends += self._recovery.named_due(
+            self._ticks, self._recovery.held_of(self._store, body_only=True))
         if now is None:
             self._checkpoints.tick(self._proof_of)
             return
@@ -113,8 +114,11 @@ class TickWork(CoreParts):
         for tx_id in self._expired:  # overdue, or named again by a digest: ask (again) now
             self._refetch.add(tx_id, self._ticks)
         self._expired.clear()
+        held_of = self._recovery.held_of(self._store)
+        field = self._recovery.masks.field
         out.sends += self._refetch.due(
-            self._ticks, lambda t: self._store.state_of(t) is TxState.PENDING)
+            self._ticks, lambda t: self._store.state_of(t) is TxState.PENDING,
+            lambda ids: field(ids, held_of))
         out.sends += self._recovery.digest(self._ticks, self._gate.committed_ids())
         self._fetch_buffered(out)
         endorsements: list[Endorsement] = []
@@ -160,8 +164,9 @@ class TickWork(CoreParts):
             if endorsers:
                 peer = endorsers[(self._ticks // self._config.rebroadcast_ticks) % len(endorsers)]
                 by_peer.setdefault(peer, []).append(tx_id)
+        held = self._recovery.held_of(self._store)
         for peer, ids in by_peer.items():
-            out.sends += self._recovery.fetch(peer, ids, self._ticks)
+            out.sends += self._recovery.fetch(peer, ids, self._ticks, held)
 
     def _queue_stuck(self, now: int) -> None:
         for tx_id in self._rules.stuck(now - self._config.delta_old_ms):

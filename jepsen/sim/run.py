@@ -460,6 +460,7 @@ def _run(cfg: RunConfig) -> RunResult:
             "bytes_sent": net_stats.bytes_sent,
             "max_node_sent": max(net_stats.sent_by.values(), default=0),
             **({} if c.network.cpu is None else c.network.cpu.stats()),
+            **{f"bytes:{cls.__name__}": b for cls, b in net_stats.bytes_by_class.items()},
             **{f"gossip:{k}": v for k, v in sorted(
                 (c.fabric.counters if c.fabric is not None else {}).items())},
         },

@@ -27,7 +27,8 @@ def _targets(n: int, period: int, every: int = 20) -> list[str]:
     out = []
     for position, me in enumerate(nodes):
         peers = tuple(x for x in nodes if x != me)
-        recovery = Recovery(peers=peers, every=every, max_entries=64, offset=position)
+        recovery = Recovery(peers=peers, members=nodes, every=every, max_entries=64,
+                            offset=position)
         (send,) = recovery.digest(period * every, [b"t" * 32])
         assert send.to != me
         out.append(send.to)
@@ -53,8 +54,8 @@ def _periods_to_spread(n: int, start: int, down: int, lag_ticks: int, every: int
     on (a block of neighbours) restarted knowing nothing, `lag_ticks` out of phase with the
     others (their tick count restarted), and each node that knows it sends its digest."""
     nodes = tuple(f"n{i}" for i in range(1, n + 1))
-    recoveries = {me: Recovery(peers=tuple(x for x in nodes if x != me), every=every,
-                               max_entries=64, offset=position)
+    recoveries = {me: Recovery(peers=tuple(x for x in nodes if x != me), members=nodes,
+                               every=every, max_entries=64, offset=position)
                   for position, me in enumerate(nodes)}
     restarted = {nodes[(start + i) % n] for i in range(down)}
     know = set(nodes) - restarted

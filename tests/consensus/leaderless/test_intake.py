@@ -32,8 +32,9 @@ def test_endorsement_of_unknown_tx_fetches_it_and_proof_answers() -> None:
     run(core, app, Tick(now_ms=EPOCH))
     tx = make_tx("add x 1")
     ready = run(core, app, Receive(src=N3, message=endorsement("n3", tx)))
+    # The fetch asks for the body alone (bit n+1 = 5 of `held.py`'s bitmap at n = 4).
     assert [(s.to, s.message) for s in ready.messages] == [
-        (N3, FetchTransactions(tx_ids=(tx_id(tx),)))]
+        (N3, FetchTransactions(tx_ids=(tx_id(tx),), held=b"\x20"))]
     # The peer's answer: the transaction with what it knows.
     proof = TransactionProof(tx=tx, endorsements=(endorsement("n2", tx),))
     run(core, app, Receive(src=N3, message=proof))

@@ -10,6 +10,7 @@ from phalanx.consensus.leaderless.recovery import Recovery
 from phalanx.consensus.types import NodeId
 
 PEERS = (NodeId("n2"), NodeId("n3"), NodeId("n4"))
+MEMBERS = (NodeId("n1"), *PEERS)
 T1, T2 = TxId(b"\x01" * 32), TxId(b"\x02" * 32)
 
 
@@ -22,7 +23,7 @@ def _asks(sends: list[Send]) -> dict[str, tuple[TxId, ...]]:
 
 
 def test_no_delay_fetches_at_once_once_per_endorser() -> None:
-    r = Recovery(peers=PEERS, every=20, max_entries=100)
+    r = Recovery(peers=PEERS, members=MEMBERS, every=20, max_entries=100)
     assert _asks(r.fetch_named(PEERS[0], T1, 5)) == {"n2": (T1,)}
     assert r.fetch_named(PEERS[0], T1, 5) == []
     assert _asks(r.fetch_named(PEERS[1], T1, 5)) == {"n3": (T1,)}
@@ -30,7 +31,7 @@ def test_no_delay_fetches_at_once_once_per_endorser() -> None:
 
 
 def test_delay_waits_then_asks_every_endorser_in_one_fetch_each() -> None:
-    r = Recovery(peers=PEERS, every=20, max_entries=100, named_delay=2)
+    r = Recovery(peers=PEERS, members=MEMBERS, every=20, max_entries=100, named_delay=2)
     assert r.fetch_named(PEERS[0], T1, 5) == []
     assert r.fetch_named(PEERS[1], T1, 5) == []
     assert r.fetch_named(PEERS[0], T2, 6) == []
@@ -43,14 +44,14 @@ def test_delay_waits_then_asks_every_endorser_in_one_fetch_each() -> None:
 
 
 def test_arrival_during_the_delay_cancels_the_fetch() -> None:
-    r = Recovery(peers=PEERS, every=20, max_entries=100, named_delay=2)
+    r = Recovery(peers=PEERS, members=MEMBERS, every=20, max_entries=100, named_delay=2)
     assert r.fetch_named(PEERS[0], T1, 5) == []
     r.learned(T1)
     assert r.named_due(50) == []
 
 
 def test_waiting_names_are_bounded() -> None:
-    r = Recovery(peers=PEERS, every=20, max_entries=3, named_delay=1)
+    r = Recovery(peers=PEERS, members=MEMBERS, every=20, max_entries=3, named_delay=1)
     for i in range(10):
         r.fetch_named(PEERS[0], TxId(bytes([i]) * 32), 1)
     assert len(_asks(r.named_due(5))["n2"]) == 3
