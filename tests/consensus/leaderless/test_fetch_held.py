@@ -69,7 +69,7 @@ def _pending_at_n1() -> tuple[object, object, object]:
     return core, app, tx
 
 
-def test_an_answer_leaves_out_what_the_asker_holds_and_is_not_sent_when_nothing_is_left() -> None:
+def test_an_answer_leaves_out_what_the_asker_holds_and_is_the_body_alone_when_nothing_is_left() -> None:
     core, app, tx = _pending_at_n1()
     masks = HeldMasks((N1, N2, N3, N4))
     ask = (tx_id(tx),)
@@ -85,7 +85,10 @@ def test_an_answer_leaves_out_what_the_asker_holds_and_is_not_sent_when_nothing_
     (rest,) = answer(masks.mask([endorsement("n1", tx)], holds_tx=True))
     assert isinstance(rest, TransactionProof)
     assert [e.endorser for e in rest.endorsements] == [N2]  # n1's is held: left out
-    assert answer(masks.mask([endorsement("n1", tx), endorsement("n2", tx)], holds_tx=True)) == []
+    # Nothing left: still answered, with the body alone (its arrival retries the commit).
+    (bare,) = answer(masks.mask([endorsement("n1", tx), endorsement("n2", tx)], holds_tx=True))
+    assert isinstance(bare, TransactionProof)
+    assert bare.tx == tx and bare.endorsements == () and bare.refusals == ()
     # A malformed bitmap is dropped and counted, and answered in full.
     (again,) = answer(b"\1\2\3")
     assert isinstance(again, TransactionProof)
