@@ -255,3 +255,23 @@ def test_an_empty_grant_then_positions_of_the_same_wave_are_both_taken() -> None
     assert called == {others[perm(p)] for p in (3, 4)} - {me}  # one by one (leaf calls)
     assert called
     assert not any(k.startswith("dropped:") for k in machine.status())
+
+
+def test_for_network_sizes_the_leaf_span_to_the_cluster() -> None:
+    """With the cluster's size, a wave ends in ~8 leaf intervals at any n: leaf_span 8 up
+    to n = 72, 22 at n = 180, where a wave then waits for 7 acks instead of 31 and covers
+    everyone two hops sooner, still in exactly n-1 contacts."""
+    def span(nodes: int) -> int:
+        return DisseminationConfig.for_network(tick_ns=10 * MS, max_rtt_ns=320 * MS,
+                                               nodes=nodes).gossip.leaf_span
+    assert [span(n) for n in (0, 4, 60, 72, 120, 180)] == [8, 8, 8, 8, 14, 22]
+    took = {}
+    for leaf_span in (8, span(180)):
+        sim, took[leaf_span] = _wave(180, parallel=1024, latency=(10, 15),
+                                     leaf_span=leaf_span)
+        assert list(sim.wave_contacts().values()) == [179]
+        assert sim.stats.counters.get("call_timeouts", 0) == 0
+        assert sim.stats.sends["CallAck"] == {8: 31, 22: 7}[leaf_span]
+    assert took[22] is not None
+    assert took[8] is not None
+    assert took[22] + 20 <= took[8], took
