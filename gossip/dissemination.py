@@ -43,11 +43,17 @@ from phalanx.gossip.messages import GOSSIP_MESSAGES
 
 GOSSIP_TYPES: frozenset[type] = frozenset(GOSSIP_MESSAGES.values())
 
-LEAF_SPAN = 8
-"""`for_network`'s `GossipConfig.leaf_span`: of a wave's n-1 calls, 7 wait for an ack at
-n = 60 and 31 at n = 180 (GP's midpoint splits: 27 and 63 with its empty grants
-unacknowledged, all n-1 before; docs/GOSSIP.md "Over a WAN")."""
 """The classes a node hands to its layer instead of its core (`Dissemination.handles`)."""
+
+LEAF_SPAN = 8
+"""`for_network`'s smallest `GossipConfig.leaf_span`: of a wave's n-1 calls, 7 wait for
+an ack at n = 60 (GP's midpoint splits: 27 with its empty grants unacknowledged, all n-1
+before; docs/GOSSIP.md "Over a WAN")."""
+
+LEAF_GROUPS = 8
+"""With the cluster's size, `for_network` sizes `leaf_span` so that a wave ends in about
+this many leaf intervals whatever n: (n-1) // 8, at least `LEAF_SPAN` (n = 180: 22, so 7
+acked calls of 179 and 5 hops to the last node, against 31 and 7 with 8)."""
 
 
 def _default_gossip() -> GossipConfig:
@@ -77,7 +83,7 @@ class DisseminationConfig:
 
     @classmethod
     def for_network(cls, *, tick_ns: int, max_rtt_ns: int, parallel_calls: int = 1024,
-                    leaf_span: int = LEAF_SPAN, wave_interval: int = 1
+                    leaf_span: int | None = None, wave_interval: int = 1, nodes: int = 0
                     ) -> DisseminationConfig:
         """The layer's timing in TIME, sized from the network (as `WanConfig.tick_ns` sizes
         a core's tick): the defaults' ticks suit a LAN whose round trip is ~1/2 tick; over a
@@ -89,12 +95,15 @@ class DisseminationConfig:
         over the 5-region WAN, 16 left PBFT's calls queued for seconds, 64 cost 1.0 s p50,
         1024 0.83 s). Intervals of at most `leaf_span` positions are called position by
         position with empty, unacknowledged grants (`GossipConfig.leaf_span`, `LEAF_SPAN`:
-        the same n-1 contacts per wave, fewer acks and hops; 0: GP's splits). Never
-        shorter than the defaults."""
+        the same n-1 contacts per wave, fewer acks and hops; 0: GP's splits; by default
+        `LEAF_SPAN`, or with the cluster's size `nodes`, (nodes-1) // `LEAF_GROUPS` when
+        larger: a tree of the same shape at any n). Never shorter than the defaults."""
         if tick_ns < 1 or max_rtt_ns < 0:
             raise ValueError(f"need tick_ns >= 1 and max_rtt_ns >= 0, got {tick_ns}, "
                              f"{max_rtt_ns}")
         base = cls()
+        if leaf_span is None:
+            leaf_span = max(LEAF_SPAN, (nodes - 1) // LEAF_GROUPS)
         rtt_ticks = -(-max_rtt_ns // tick_ns)  # ceil
         gossip = dataclasses.replace(
             base.gossip, call_timeout=max(base.gossip.call_timeout, rtt_ticks * 3 // 2 + 2),

@@ -20,6 +20,9 @@ Invariants:
   nothing is lost: every position is eventually called by someone, whatever
   the crash set (a crashed caller takes its intervals with it, but a crashed node never
   acknowledged, so its caller kept them).
+- A node keeps state (a `Wave`) only for the waves it owns positions of: a grant of no
+  positions (a leaf call's) of an unknown wave is checked and accepted without any, since
+  such a callee calls no one; a later grant of positions of that wave still starts it.
 - `leaf_span` (0: off, GP verbatim): an interval of at most that many positions is not
   split at its midpoint but called position by position, each call with an EMPTY grant
   ([0, 0), one object per wave: `Wave.leaf_grant`; the caller keeps [a+1, b) whatever
@@ -206,6 +209,11 @@ class Spreader:
             if self.seen.classify((origin, grant.instance), grant.incarnation,
                                   grant.wave) != "fresh":
                 return "stale_wave"
+            if grant.lo == grant.hi:
+                # Nothing to own (a leaf call's empty grant: most callees of a wave): no
+                # wave state, which only a node that calls someone needs. A later grant of
+                # positions in this wave still finds it fresh and starts it then.
+                return "ok"
             wave = self._new_wave(key, grant.seed, grant.rumors, now)
         elif grant.seed != wave.seed:
             return "seed_mismatch"  # two seeds signed for one wave: the origin equivocates

@@ -62,7 +62,8 @@ class GossipFabric:
             raise ValueError(f"tick_ns must be >= 1, got {tick_ns}")
         if config is None and wan is not None:
             config = DisseminationConfig.for_network(tick_ns=tick_ns,
-                                                     max_rtt_ns=wan.max_rtt_ns)
+                                                     max_rtt_ns=wan.max_rtt_ns,
+                                                     nodes=len(nodes))
         wire.register_all(GOSSIP_MESSAGES, registry=codec)
         self._loop = loop
         self._nodes = nodes

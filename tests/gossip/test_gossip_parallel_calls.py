@@ -8,6 +8,7 @@ and hops."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -19,7 +20,8 @@ from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.types import NodeId
 from phalanx.gossip.dissemination import DisseminationConfig
 from phalanx.gossip.machine import GossipConfig, GossipMachine
-from phalanx.gossip.messages import Call, CallAck
+from phalanx.gossip.messages import Call, CallAck, Grant, Rumor, wave_seed
+from phalanx.gossip.permutation import Others, Permutation
 from phalanx.gossip.sim import GossipSim, SimConfig, node_ids
 
 MS = 1_000_000
@@ -208,3 +210,68 @@ def test_wave_interval_batches_a_nodes_rumors_of_several_ticks_into_one_wave() -
         assert list(sim.wave_contacts().values()) == [29] * waves
     with pytest.raises(ValueError, match="wave_interval"):
         GossipConfig(wave_interval=0)
+
+
+def test_leaf_callees_keep_no_wave_state() -> None:
+    """A callee whose grant hands over no position calls no one: it keeps no wave (at
+    n = 180 with leaf_span 8, 148 of a wave's 179 callees), and the wave still covers
+    everyone in n-1 contacts. Only the callees that own positions hold it."""
+    sim, took = _wave(180, parallel=1024, latency=(10, 15), leaf_span=8)
+    assert took is not None
+    assert list(sim.wave_contacts().values()) == [179]
+    holding = [m for m in sim.members if sim.nodes[m].status()["waves_held"]]
+    owners = 1 + sim.stats.sends["CallAck"]  # the origin and every acknowledged callee
+    assert len(holding) == owners == 32
+
+
+def test_an_empty_grant_then_positions_of_the_same_wave_are_both_taken() -> None:
+    """No state after an empty grant does not make the wave stale: a later grant of
+    positions of the same wave (a forwarder's retry, or a Byzantine caller's) is owned and
+    called, and a grant of an old wave is still refused."""
+    members = node_ids(6)
+    me, caller = members[1], members[2]
+    origin = FastCrypto(members[0])
+    unsigned = Rumor(origin=members[0], incarnation=0, seq=0, wave=0, seed=b"s" * 16,
+                     payload=b"x")
+    rumor = dataclasses.replace(unsigned, signature=origin.sign(unsigned))
+    seed = wave_seed(members[0], 0, 0, 0, rumor.seed)
+
+    def grant(lo: int, hi: int) -> Call:
+        return Call(call_id=1, grants=(Grant(origin=members[0], incarnation=0, wave=0,
+                                             instance=0, seed=seed, lo=lo, hi=hi,
+                                             rumors=(rumor,)),))
+
+    machine = GossipMachine(me, members, crypto=FastCrypto(me), rng=random.Random(0),
+                            config=GossipConfig(membership=False, parallel_calls=4,
+                                                leaf_span=2))
+    empty = machine.step(Receive(src=caller, message=grant(0, 0)))
+    assert empty.delivered == (rumor,)
+    assert machine.status()["waves_held"] == 0
+    owned = machine.step(Receive(src=caller, message=grant(3, 5)))
+    assert machine.status()["waves_held"] == 1
+    assert any(isinstance(s.message, CallAck) for s in owned.sends)
+    called = {s.to for s in owned.sends if isinstance(s.message, Call)}
+    others, perm = Others(members, members[0]), Permutation(seed, len(members) - 1)
+    assert called == {others[perm(p)] for p in (3, 4)} - {me}  # one by one (leaf calls)
+    assert called
+    assert not any(k.startswith("dropped:") for k in machine.status())
+
+
+def test_for_network_sizes_the_leaf_span_to_the_cluster() -> None:
+    """With the cluster's size, a wave ends in ~8 leaf intervals at any n: leaf_span 8 up
+    to n = 72, 22 at n = 180, where a wave then waits for 7 acks instead of 31 and covers
+    everyone two hops sooner, still in exactly n-1 contacts."""
+    def span(nodes: int) -> int:
+        return DisseminationConfig.for_network(tick_ns=10 * MS, max_rtt_ns=320 * MS,
+                                               nodes=nodes).gossip.leaf_span
+    assert [span(n) for n in (0, 4, 60, 72, 120, 180)] == [8, 8, 8, 8, 14, 22]
+    took = {}
+    for leaf_span in (8, span(180)):
+        sim, took[leaf_span] = _wave(180, parallel=1024, latency=(10, 15),
+                                     leaf_span=leaf_span)
+        assert list(sim.wave_contacts().values()) == [179]
+        assert sim.stats.counters.get("call_timeouts", 0) == 0
+        assert sim.stats.sends["CallAck"] == {8: 31, 22: 7}[leaf_span]
+    assert took[22] is not None
+    assert took[8] is not None
+    assert took[22] + 20 <= took[8], took
