@@ -34,11 +34,12 @@ if TYPE_CHECKING:
     from phalanx.consensus.leaderless.recovery import Recovery
     from phalanx.consensus.leaderless.refetch import OverdueFetch
     from phalanx.consensus.leaderless.refusals import RefusalTally
-    from phalanx.consensus.leaderless.release import ReleaseGate
+    from phalanx.consensus.leaderless.release import Committed, ReleaseGate
     from phalanx.consensus.leaderless.rules import Rules
     from phalanx.consensus.leaderless.safety import SafetyKernel
     from phalanx.consensus.leaderless.schedule import DueHeap
     from phalanx.consensus.leaderless.store import TxRecord, TxStore
+    from phalanx.consensus.leaderless.tx_codec import TxCodec
     from phalanx.consensus.leaderless.veto import CheckpointMachine
     from phalanx.consensus.types import Message
 
@@ -92,6 +93,9 @@ class CoreParts:
         _seen_applied: int
         _fenced: bool
         _bugs: frozenset[str]
+        _codec: TxCodec
+        _replay: list[Entry]
+        _restart: list[Committed]
 
         def _tx_id(self, tx: Transaction) -> TxId: ...
         def _drop(self, reason: str) -> None: ...
@@ -108,3 +112,5 @@ class CoreParts:
         def _resend_later(self, tx_id: TxId) -> None: ...
         def _seal(self, out: Outbox) -> None: ...
         def _stale_certified(self, proof: TransactionProof) -> None: ...
+        def _new_record(self, tx_id: TxId, tx: Transaction) -> TxRecord: ...
+        def _committed_item(self, record: TxRecord, proof: TransactionProof) -> Committed: ...
