@@ -69,7 +69,8 @@ def _pending_at_n1() -> tuple[object, object, object]:
     return core, app, tx
 
 
-def test_an_answer_leaves_out_what_the_asker_holds_and_is_the_body_alone_when_nothing_is_left() -> None:
+def test_an_answer_leaves_out_what_the_asker_holds_and_is_the_body_alone_if_nothing_is_left(
+) -> None:
     core, app, tx = _pending_at_n1()
     masks = HeldMasks((N1, N2, N3, N4))
     ask = (tx_id(tx),)
@@ -88,7 +89,9 @@ def test_an_answer_leaves_out_what_the_asker_holds_and_is_the_body_alone_when_no
     # Nothing left: still answered, with the body alone (its arrival retries the commit).
     (bare,) = answer(masks.mask([endorsement("n1", tx), endorsement("n2", tx)], holds_tx=True))
     assert isinstance(bare, TransactionProof)
-    assert bare.tx == tx and bare.endorsements == () and bare.refusals == ()
+    assert bare.tx == tx
+    assert bare.endorsements == ()
+    assert bare.refusals == ()
     # A malformed bitmap is dropped and counted, and answered in full.
     (again,) = answer(b"\1\2\3")
     assert isinstance(again, TransactionProof)
