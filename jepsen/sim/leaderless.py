@@ -501,7 +501,7 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
                     contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
                     delta_old_ms=base.delta_old_ms if settle else -1, liars=liars,
-                    unanimous_drop=base.stuck_resolution != "pbft", past_contract=settle == 2)
+                    unanimous_drop=base.stuck_resolution == "veto", past_contract=settle == 2)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`
