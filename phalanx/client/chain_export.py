@@ -2,11 +2,16 @@
 
 Owns the export format, `fetch_chain`, `fetch_blocks` and `attach_certificates`:
 
-    file  = magic "PHALANX-CHAIN-1\\n" | frame(genesis) | frame(block 1) | ... | frame(block n)
+    file  = magic "PHALANX-CHAIN-2\\n" | frame(genesis) | frame(block 1) | ... | frame(block n)
+            | end
     frame = u32 big-endian length | codec bytes (`Genesis`, then `BlockData`s by height)
+    end   = u32 0xFFFFFFFF | u64 big-endian n (the number of blocks)
 
 `read_export` is strict (the magic, every frame complete and decoding to the right type,
-nothing after the last frame) and raises `ExportFormatError` naming what is wrong; whether
+the end mark naming as many blocks as were read, nothing after it) and raises
+`ExportFormatError` naming what is wrong: a file cut at a frame boundary is refused, not
+read as a shorter chain. Version-1 files ("PHALANX-CHAIN-1\\n", no end mark) are still
+read; they cannot tell such a cut. Whether
 the chain itself is valid is `phalanx.apps.chain.validate`'s question, not this module's.
 
 Certificates: a block's header carries, in its `consensus_proof` (which its hash does not
@@ -32,7 +37,11 @@ from phalanx.client.chain import ChainClient
 from phalanx.net.codec import DecodeError
 from phalanx.ops.node_config import ClusterConfig
 
-MAGIC = b"PHALANX-CHAIN-1\n"
+MAGIC = b"PHALANX-CHAIN-2\n"
+MAGIC_V1 = b"PHALANX-CHAIN-1\n"
+"""The first format: no end mark (a cut at a frame boundary reads as a shorter chain)."""
+END = b"\xff\xff\xff\xff"
+"""The end mark's first 4 bytes (a length no frame may have: `MAX_FRAME` is far below)."""
 MAX_FRAME = 64 << 20
 
 
@@ -161,6 +170,7 @@ def write_export(path: Path, genesis: Genesis, blocks: Sequence[BlockData]) -> N
         f.write(MAGIC + _frame(encode(genesis)))
         for block in blocks:
             f.write(_frame(REGISTRY.encode(block)))
+        f.write(END + len(blocks).to_bytes(8, "big"))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -169,18 +179,32 @@ def write_export(path: Path, genesis: Genesis, blocks: Sequence[BlockData]) -> N
 def read_export(path: Path) -> tuple[Genesis, list[BlockData]]:
     """The genesis and blocks in `path`. Raises `ExportFormatError` (or OSError)."""
     data = path.read_bytes()
-    if not data.startswith(MAGIC):
+    marked = data.startswith(MAGIC)
+    if not marked and not data.startswith(MAGIC_V1):
         raise ExportFormatError(f"{path}: not a phalanx chain export (bad magic)")
     pos = len(MAGIC)
     frames: list[bytes] = []
+    ended = False
     while pos < len(data):
         if pos + 4 > len(data):
             raise ExportFormatError(f"{path}: truncated frame header at byte {pos}")
+        if marked and data[pos:pos + 4] == END:
+            if pos + 12 != len(data):
+                raise ExportFormatError(
+                    f"{path}: truncated end mark or bytes after it at byte {pos}")
+            count = int.from_bytes(data[pos + 4:pos + 12], "big")
+            if count != len(frames) - 1:
+                raise ExportFormatError(
+                    f"{path}: the end mark names {count} blocks, the file holds {len(frames) - 1}")
+            ended = True
+            break
         size = int.from_bytes(data[pos:pos + 4], "big")
         if size > MAX_FRAME or pos + 4 + size > len(data):
             raise ExportFormatError(f"{path}: truncated or oversized frame at byte {pos}")
         frames.append(data[pos + 4:pos + 4 + size])
         pos += 4 + size
+    if marked and not ended:
+        raise ExportFormatError(f"{path}: truncated: no end mark (the file was cut short)")
     if not frames:
         raise ExportFormatError(f"{path}: no genesis")
     try:

@@ -73,7 +73,7 @@ def test_transfer_read_blocks_verify_export_validate(
     assert out.startswith("valid: ")
     assert "blocks certified (quorum 2 of 3 node keys, every certificate verified)" in out
     data = bytearray(exported.read_bytes())
-    data[-10] ^= 0x01  # a byte inside the last block's last transaction
+    data[-22] ^= 0x01  # inside the last block's last transaction (before the 12-byte end mark)
     tampered = tmp_path / "tampered.bin"
     tampered.write_bytes(bytes(data))
     code, _, err = run(capsys, cluster, "validate", str(tampered))

@@ -84,6 +84,37 @@ def test_export_round_trips_and_a_damaged_file_is_refused(
         read_export(path)
 
 
+def test_an_export_cut_at_a_frame_boundary_is_refused_not_read_as_a_shorter_chain(
+        chain_dir: Path, tmp_path: Path) -> None:
+    """Every frame boundary: without the end mark (version 1) a cut there read as a valid
+    chain of fewer blocks (hypothesis found one: cut = 309 of the test above)."""
+    from phalanx.client.chain_export import END, MAGIC, MAGIC_V1
+
+    genesis, blocks = _blocks(chain_dir, 3)
+    path = tmp_path / "chain.bin"
+    write_export(path, genesis, blocks)
+    data = path.read_bytes()
+    assert data.startswith(MAGIC)
+    assert data[-12:-8] == END
+    boundaries, pos = [], len(MAGIC)
+    while data[pos:pos + 4] != END:
+        pos += 4 + int.from_bytes(data[pos:pos + 4], "big")
+        boundaries.append(pos)
+    assert len(boundaries) == 1 + len(blocks)
+    for cut in boundaries:
+        path.write_bytes(data[:cut])
+        with pytest.raises(ExportFormatError, match="no end mark"):
+            read_export(path)
+    path.write_bytes(data[:-12] + END + (len(blocks) + 1).to_bytes(8, "big"))
+    with pytest.raises(ExportFormatError, match="end mark names"):
+        read_export(path)
+    path.write_bytes(data + b"x")
+    with pytest.raises(ExportFormatError, match="after it"):
+        read_export(path)
+    path.write_bytes(MAGIC_V1 + data[len(MAGIC):-12])  # a version-1 file: still read
+    assert read_export(path) == (genesis, blocks)
+
+
 def test_the_bank_workload_verifies_blocks_and_stops_at_a_bad_one(chain_dir: Path) -> None:
     from phalanx.ops.node_config import load_cluster_config
 
