@@ -68,6 +68,12 @@ def state(c: Cluster, node: NodeId, tx: Transaction) -> TxState | None:
     return c.nodes[node].core._store.state_of(tx_id(tx))
 
 
+def own_proof(c: Cluster, tx: Transaction, nodes: tuple[NodeId, ...]) -> TransactionProof:
+    """`tx` with the endorsement each of `nodes` holds of its own."""
+    return TransactionProof(tx=tx, endorsements=tuple(
+        c.nodes[n].core._store.records[tx_id(tx)].endorsements[n] for n in nodes))
+
+
 def kept_then_dead(bugs: frozenset[str] = frozenset()) -> tuple[
         HoldingCluster, Transaction, Transaction]:
     """C and T conflict (puts of x from the empty version). Links cut: n1, n2 and n3 each
@@ -94,16 +100,14 @@ def kept_then_dead(bugs: frozenset[str] = frozenset()) -> tuple[
     c.net.clear()
     c.cut.clear()
     c.hold = (tx_id(tc), checkpoint_id(FastCrypto(N1), (tx_id(tc),)))
-    proof = TransactionProof(tx=t, endorsements=tuple(
-        c.nodes[n].core._store.records[tx_id(t)].endorsements[n] for n in (N1, N2, N3)))
+    proof = own_proof(c, t, (N1, N2, N3))
     c.step(N4, Receive(src=N1, message=proof))
     c.deliver()
     c.tick(rounds=20)  # T expires; n1-n3 checkpoint it, n4 vetoes: KEEP
     assert {state(c, n, t) for n in ids} == {TxState.PENDING}
     assert {state(c, n, tc) for n in (N1, N2, N3)} == {TxState.PENDING}
     assert state(c, N4, tc) is None
-    proof_c = TransactionProof(tx=tc, endorsements=tuple(
-        c.nodes[n].core._store.records[tx_id(tc)].endorsements[n] for n in (N1, N2, N3)))
+    proof_c = own_proof(c, tc, (N1, N2, N3))
     c.release()
     c.step(N4, Receive(src=N1, message=proof_c))  # committed at n4, which is not blocked
     assert state(c, N4, tc) is TxState.COMMITTED

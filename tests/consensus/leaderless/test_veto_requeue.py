@@ -7,19 +7,13 @@ so neither could ever commit or drop. `veto_decided_once` (bugs.py) is the old r
 
 from __future__ import annotations
 
-from veto_harness import PERIOD, Cluster, proof, start, tid
+from veto_harness import Cluster, proof, start, tid
 
-from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.messages import StartCheckpoint
-from phalanx.consensus.leaderless.veto import CheckpointMachine
 
 
 def cluster(*, decided_once: bool = False) -> Cluster:
-    c = Cluster(4)
-    c.machines = {node: CheckpointMachine(
-        node_id=node, nodes=c.nodes, crypto=FastCrypto(node), checkpoint_ticks=PERIOD,
-        batch=4, verify_proof=c.verify, decided_once=decided_once) for node in c.nodes}
-    return c
+    return Cluster(4, decided_once=decided_once)
 
 
 def kept_on_five(c: Cluster) -> None:

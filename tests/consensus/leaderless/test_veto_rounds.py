@@ -16,7 +16,7 @@ import dataclasses
 
 import pytest
 from leaderless_harness import EPOCH, REGISTRY, make_tx, tx_id, version
-from test_dead_abort import N1, N2, N3, N4, HoldingCluster, kept_then_dead, state
+from test_dead_abort import N1, N2, N3, N4, HoldingCluster, kept_then_dead, own_proof, state
 from veto_harness import PERIOD, Cluster, proof, restarted, signed, start, tid
 
 from phalanx.consensus.core import Receive
@@ -25,19 +25,14 @@ from phalanx.consensus.leaderless.messages import (
     CheckpointDecision,
     StartCheckpoint,
     Transaction,
-    TransactionProof,
 )
 from phalanx.consensus.leaderless.store import TxState
-from phalanx.consensus.leaderless.veto import CheckpointMachine, checkpoint_id
+from phalanx.consensus.leaderless.veto import checkpoint_id
 from phalanx.consensus.leaderless.veto_votes import retry_wait
 
 
 def cluster(*, no_rounds: bool = False) -> Cluster:
-    c = Cluster(4)
-    c.machines = {node: CheckpointMachine(
-        node_id=node, nodes=c.nodes, crypto=FastCrypto(node), checkpoint_ticks=PERIOD,
-        batch=4, verify_proof=c.verify, no_rounds=no_rounds) for node in c.nodes}
-    return c
+    return Cluster(4, no_rounds=no_rounds)
 
 
 def kept_on_its_own_proof(c: Cluster) -> None:
@@ -218,15 +213,13 @@ def kept_with_a_liar(bugs: frozenset[str]) -> tuple[HoldingCluster, Transaction,
     c.net.clear()
     c.cut.clear()
     c.hold = (tx_id(tc), checkpoint_id(FastCrypto(N1), (tx_id(tc),)))
-    proof_t = TransactionProof(tx=t, endorsements=tuple(
-        c.nodes[n].core._store.records[tx_id(t)].endorsements[n] for n in (N1, N2, N3)))
+    proof_t = own_proof(c, t, (N1, N2, N3))
     c.step(N4, Receive(src=N1, message=proof_t))
     c.deliver()
     c.tick(rounds=20)  # T expires; n1-n3 checkpoint it, n4 vetoes: KEEP
     assert {state(c, n, t) for n in ids} == {TxState.PENDING}
     assert state(c, N4, tc) is None
-    proof_c = TransactionProof(tx=tc, endorsements=tuple(
-        c.nodes[n].core._store.records[tx_id(tc)].endorsements[n] for n in (N1, N2, N3)))
+    proof_c = own_proof(c, tc, (N1, N2, N3))
     c.release()
     c.step(N4, Receive(src=N1, message=proof_c))
     assert state(c, N4, tc) is TxState.COMMITTED

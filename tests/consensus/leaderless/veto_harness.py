@@ -83,14 +83,17 @@ def signed(voter: NodeId, ids: tuple[TxId, ...], *, drop: bool,
 class Cluster:
     """n machines wired by a FIFO network the test controls (loss by predicate)."""
 
-    def __init__(self, n: int = 4, *, batch: int = BATCH, max_open: int = 1024) -> None:
+    def __init__(self, n: int = 4, *, batch: int = BATCH, max_open: int = 1024,
+                 decided_once: bool = False, no_rounds: bool = False) -> None:
+        """`decided_once`, `no_rounds`: the machines' deliberate bugs (`bugs.py`)."""
         self.n = n
         self.nodes = nodes_of(n)
         self.verify = verifier(n)
         self.machines = {
             node: CheckpointMachine(node_id=node, nodes=self.nodes, crypto=FastCrypto(node),
                                     checkpoint_ticks=PERIOD, batch=batch, max_open=max_open,
-                                    verify_proof=self.verify)
+                                    verify_proof=self.verify, decided_once=decided_once,
+                                    no_rounds=no_rounds)
             for node in self.nodes}
         self.proofs: dict[NodeId, dict[TxId, TransactionProof]] = {x: {} for x in self.nodes}
         self.wire: list[tuple[NodeId, Send]] = []
