@@ -234,8 +234,9 @@ class Recovery:
         """Proofs of what this node knows of `ids` (at most `MAX_FETCH_IDS` of them): the
         transaction with its endorsements (its own too, which a record restored from the WAL
         lacks), or its abort certificate. `held` (`HeldMasks.split` of the ask): the
-        endorsements the asker holds are left out (a proof left with nothing to tell still
-        goes, as the body alone)."""
+        endorsements the asker holds are left out, and a proof left with nothing to tell
+        (no endorsement, no refusal) to an asker that holds the transaction is not sent: its
+        arrival would change nothing there (a commit is retried every period, `ticks.py`)."""
         out: list[Send] = []
         masks = self.masks
         zero = masks.zero
@@ -263,12 +264,9 @@ class Recovery:
             if masks.body_only(mask):
                 sent = ()  # its endorsers send it theirs (`fetch_named`)
             elif mask != zero:  # only what the asker lacks
-                # Even with nothing left the proof goes, as the body alone: its arrival
-                # makes the asker try the commit again (`Intake._on_proof`), and 1 s-horizon
-                # seed 44 needs that retry (a record left committable but uncommitted after
-                # its checkpoint was decided; docs/LEADERLESS.md "Answers by what the asker
-                # holds"). The endorsements, the bulk of an answer, stay left out.
                 sent = [e for e in sent if not masks.has(mask, e.endorser)]
+                if not sent and own is None and masks.holds_tx(mask):
+                    continue  # nothing it lacks (docs/LEADERLESS.md "Answers by what ...")
             out.append(Send(to=src, message=TransactionProof(
                 tx=record.tx, endorsements=tuple(sent),
                 refusals=(own,) if own is not None else ())))

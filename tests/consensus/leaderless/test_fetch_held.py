@@ -69,7 +69,7 @@ def _pending_at_n1() -> tuple[object, object, object]:
     return core, app, tx
 
 
-def test_an_answer_leaves_out_what_the_asker_holds_and_is_the_body_alone_if_nothing_is_left(
+def test_an_answer_leaves_out_what_the_asker_holds_and_is_not_sent_when_nothing_is_left(
 ) -> None:
     core, app, tx = _pending_at_n1()
     masks = HeldMasks((N1, N2, N3, N4))
@@ -86,12 +86,14 @@ def test_an_answer_leaves_out_what_the_asker_holds_and_is_the_body_alone_if_noth
     (rest,) = answer(masks.mask([endorsement("n1", tx)], holds_tx=True))
     assert isinstance(rest, TransactionProof)
     assert [e.endorser for e in rest.endorsements] == [N2]  # n1's is held: left out
-    # Nothing left: still answered, with the body alone (its arrival retries the commit).
-    (bare,) = answer(masks.mask([endorsement("n1", tx), endorsement("n2", tx)], holds_tx=True))
-    assert isinstance(bare, TransactionProof)
-    assert bare.tx == tx
-    assert bare.endorsements == ()
-    assert bare.refusals == ()
+    # Nothing left for an asker that holds the transaction: no answer (the body alone would
+    # change nothing there: `test_commit_triggers.py`).
+    assert answer(masks.mask([endorsement("n1", tx), endorsement("n2", tx)], holds_tx=True)) == []
+    # Not holding it, it gets the body (its endorsements it holds stay left out).
+    (body,) = answer(masks.mask([endorsement("n1", tx), endorsement("n2", tx)], holds_tx=False))
+    assert isinstance(body, TransactionProof)
+    assert body.tx == tx
+    assert body.endorsements == ()
     # A malformed bitmap is dropped and counted, and answered in full.
     (again,) = answer(b"\1\2\3")
     assert isinstance(again, TransactionProof)

@@ -15,6 +15,7 @@ runs the long sweeps."""
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import pytest
@@ -125,8 +126,10 @@ def test_every_bug_is_caught_or_covered_elsewhere() -> None:
     mode's (a condition of a kept transaction is never checkpointed again):
     `tests/consensus/leaderless/test_veto_requeue.py` and
     `test_a_kept_checkpoints_other_ids_go_again` (seed 44 of the 1 s horizon, caught by
-    the checker's `quiescence`, judged there past the horizon contract: its conditions stay
-    pending for good; not a runaway since the bounded pull of overdue transactions; seeds
+    the checker's `quiescence`, judged there past the horizon contract: two more
+    transactions than the fixed run's stay pending at every node flagged, the other ids of
+    a checkpoint kept on another's proof; not a runaway since the bounded pull of overdue
+    transactions; seeds
     0-49 of the horizon configuration passed the other checks with it, 2026-12-03, so it is
     pinned, not searched).
     `install_over_forgotten` and `no_overdue_transfer` need the committers of a transaction
@@ -360,29 +363,40 @@ there a node that never held a stuck transaction abstains on its checkpoint, "Ru
 cause 1). Seed 44 settles there: its stuck transactions are held by every node."""
 
 
+def _pending_at_the_end(result: RunResult) -> dict[str, int]:
+    """Per node, the pending transactions the checker's `quiescence` reports at the end."""
+    found = (re.match(r"quiescence: (\S+) holds (\d+) pending", v) for v in result.violations)
+    return {m[1]: int(m[2]) for m in found if m}
+
+
 @pytest.mark.long
 def test_a_kept_checkpoints_other_ids_go_again() -> None:
-    """Seed 44 of the 1 s horizon (docs/LEADERLESS.md "Runaway seeds"): the checkpoint of
-    `c0#6`, `c0#5` and two more was kept on `c0#6`'s proof (applicable on endorsements
-    conditional on `c0#5`, which had four of Q = 5); `c0#5` was never checkpointed again,
-    so neither could commit or drop, and the holders' pulls of the five stuck transactions
-    (n(n-1) `TransactionProof`s a period each) tripped the byte budget at 4.5 s. Now
-    `c0#5` goes out again, is dropped and `c0#6` commits. The seed draws `delta_old_ms` =
-    1,000, not below the horizon: outside the contract, and the run says so (it passes
-    since 2026-12-03; it used to end apart on `converge`). The control `veto_decided_once`
-    no longer runs away since the bounded pull of overdue transactions (`refetch.py`): it
-    is caught by the checker's `quiescence` (`leaderless_checker.py`; judged here outside the
-    contract, `PAST_THE_CONTRACT`): every node ends with
-    three transactions (`c0#5`, `c0#6`, `c1#5`) pending ~5.2 s past their deadline. Long:
-    ~2.7 s of CPU (both runs); the rule itself is
-    `tests/consensus/leaderless/test_veto_requeue.py`."""
+    """Seed 44 of the 1 s horizon (docs/LEADERLESS.md "Runaway seeds"): a checkpoint kept
+    on `c0#6`'s proof named other ids; they were never checkpointed again, and the holders'
+    pulls of the stuck transactions (n(n-1) `TransactionProof`s a period each) tripped the
+    byte budget at 4.5 s. Now the other ids go out again. The seed draws `delta_old_ms` =
+    1,000, not below the horizon: outside the contract, and the run says so. There n1 and
+    n6, killed 0.51-1.75 s and caught up by state transfer, abstain for good on the
+    checkpoints of `c0#5`/`c0#4` and `c1#5` (cause 1: they hold nothing of them, which may
+    have committed and been forgotten), so those three, and `c0#6` and `c0#11` whose
+    endorsements are conditional on them, stay pending at the five others (quiescence,
+    judged here outside the contract: `PAST_THE_CONTRACT`). (From 2026-12-03 10:14 to the
+    change that reverted them, answers with nothing left for the asker were sent as the
+    body alone: they changed nothing at their receivers, but their traffic shifted this
+    seed's schedule so that it settled: docs/LEADERLESS.md "Seed 44 and the body-alone
+    answers".) The control `veto_decided_once` (the old rule) no longer runs away since
+    the bounded pull of overdue transactions (`refetch.py`): it leaves two more pending at
+    every node, `c1#12` and `c1#13`, the other ids of the checkpoint {`c0#6`, `c1#12`,
+    `c1#13`} kept on `c0#6`'s proof, which the fixed run decides. Long: ~7 s of CPU (both
+    runs); the rule itself is `tests/consensus/leaderless/test_veto_requeue.py`."""
     fixed = horizon_run(44, settings=PAST_THE_CONTRACT)
     assert not any(v.startswith("runaway") for v in fixed.violations), fixed.report()
     assert any("LEADERLESS outside the contract: delta_old_ms=1000" in line
                for line in fixed.trace_tail), fixed.report()
-    assert not any(v.startswith("quiescence") for v in fixed.violations), fixed.report()
     old = horizon_run(44, bugs=frozenset({"veto_decided_once"}), settings=PAST_THE_CONTRACT)
-    assert any(v.startswith("quiescence") for v in old.violations), old.report()
+    stuck, stuck_old = _pending_at_the_end(fixed), _pending_at_the_end(old)
+    assert stuck_old, old.report()
+    assert all(stuck_old[n] > stuck.get(n, 0) for n in stuck_old), (stuck, stuck_old)
 
 
 def test_the_horizon_contract_is_named() -> None:
