@@ -514,13 +514,14 @@ class OrderedCheckpoints:
                 self._decided_here(cid, None)
         self._dropped.extend(snap.dropped)  # decisions this node skipped (the core ignores
         # the ones it already knows)
+        self._inputs.append(CheckpointInstalled(meta=ready.snapshot.meta, data=data))
         # A transfer skips the entries, so `_execute` never saw the head executed: move past
-        # every own item the installed state shows done, else a node out of the others' view
-        # (it learns only by transfer) re-submits a done head for ever and the votes queued
-        # behind it are never ordered (docs/LEADERLESS.md "Running it", the pbft-mode runs).
+        # every own item the installed state shows done (its Submit goes in after the
+        # install), else a node out of the others' view (it learns only by transfer)
+        # re-submits a done head for ever and the votes queued behind it are never ordered
+        # (docs/LEADERLESS.md "The leaderless Jepsen matrix").
         while self._head_done():
             self._next_item()
-        self._inputs.append(CheckpointInstalled(meta=ready.snapshot.meta, data=data))
 
     def _head_done(self) -> bool:
         """Whether the head own item's checkpoint is decided or the item is counted in it."""
