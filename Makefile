@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PKG_DIRS := consensus storage apps net jepsen gossip clustersend
 
-.PHONY: demo test lint typecheck pytest bytecode soak sweeps sim-leaderless jepsen bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-scale bench-clustersend attack docs clean
+.PHONY: demo test lint typecheck pytest bytecode soak sweeps sim-leaderless jepsen jepsen-leaderless bench bench-kv bench-leaderless bench-gossip bench-leaderless-gossip bench-scale bench-clustersend attack docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 1; }
@@ -120,6 +120,23 @@ JEPSEN_PBFT_BYZANTINE ?= n1=equivocate corrupt_reply twins
 JEPSEN_GOSSIP_NEMESES ?= kill,partition-one pause,partition-halves,partition-ring,loss,delay kill-leader,kill-majority,kill-all,clock-skew
 GOSSIP_JEPSEN = $(VENV)/bin/phalanx jepsen run --workload gossip --time 60 --rate 10 \
 	  --concurrency 3 --store store
+# The leaderless core (4 endorsers, f = 1): every workload x nemesis mix in both stuck resolutions
+# ("veto" is the default; each word of JEPSEN_LEADERLESS_RESOLUTIONS becomes
+# --option stuck_resolution=WORD). docs/LEADERLESS.md "Running it" lists the runs.
+JEPSEN_LEADERLESS_WORKLOADS   ?= bank set register
+JEPSEN_LEADERLESS_NEMESES     ?= kill pause partition-one,partition-halves
+JEPSEN_LEADERLESS_RESOLUTIONS ?= veto pbft
+JEPSEN_LEADERLESS_TIME        ?= 60
+jepsen-leaderless: $(STAMP)
+	@status=0; for r in $(JEPSEN_LEADERLESS_RESOLUTIONS); do \
+	for w in $(JEPSEN_LEADERLESS_WORKLOADS); do for n in $(JEPSEN_LEADERLESS_NEMESES); do \
+	  echo "== jepsen: leaderless ($$r), 4 nodes, workload $$w, nemesis $$n"; \
+	  $(VENV)/bin/phalanx jepsen run --protocol leaderless --option stuck_resolution=$$r \
+	    --nodes 4 --workload $$w --nemesis $$n --time $(JEPSEN_LEADERLESS_TIME) --rate 20 \
+	    --store store || status=1; \
+	done; done; done; \
+	exit $$status
+
 jepsen: $(STAMP)
 	@status=0; for w in $(JEPSEN_WORKLOADS); do for n in $(JEPSEN_NEMESES); do \
 	  echo "== jepsen: raft, 5 nodes, workload $$w, nemesis $$n"; \
@@ -145,6 +162,7 @@ jepsen: $(STAMP)
 	echo "== jepsen: gossip control, anti-entropy off (must be INVALID)"; \
 	$(GOSSIP_JEPSEN) --protocol raft --nodes 5 --nemesis kill,partition-one \
 	  --gossip-bug no-anti-entropy; test $$? -eq 1 || status=1; \
+	$(MAKE) --no-print-directory jepsen-leaderless || status=1; \
 	exit $$status
 
 bench: $(STAMP)

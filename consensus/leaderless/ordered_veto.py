@@ -515,6 +515,23 @@ class OrderedCheckpoints:
         self._dropped.extend(snap.dropped)  # decisions this node skipped (the core ignores
         # the ones it already knows)
         self._inputs.append(CheckpointInstalled(meta=ready.snapshot.meta, data=data))
+        # A transfer skips the entries, so `_execute` never saw the head executed: move past
+        # every own item the installed state shows done (its Submit goes in after the
+        # install), else a node out of the others' view (it learns only by transfer)
+        # re-submits a done head for ever and the votes queued behind it are never ordered
+        # (docs/LEADERLESS.md "The leaderless Jepsen matrix").
+        while self._head_done():
+            self._next_item()
+
+    def _head_done(self) -> bool:
+        """Whether the head own item's checkpoint is decided or the item is counted in it."""
+        item = self._out.head_item
+        if item is None:
+            return False
+        if self._state.decided(item.checkpoint):
+            return True
+        vote, close = self._state.counted(item.checkpoint, self.node_id)
+        return close if isinstance(item, CloseCheckpoint) else vote
 
     def _execute(self, entry: Entry) -> None:
         for request in entry.requests:
