@@ -397,9 +397,9 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
     `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off),
     `quiescence` (1, the default: the checker judges `quiescence`, `leaderless_checker`,
-    within `_Run._unjudged`'s scope; 2: outside the horizon contract too, for a control
-    whose seed settles there; 0: not, for runs that meet a documented limit under which
-    transactions stay pending for good) and
+    on every old pending transaction but those `leaderless_scope.excuse` excuses, each
+    named in the trace; 2: on every one, nothing excused; 0: not, for runs that meet a
+    documented limit under which transactions stay pending for good) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported

@@ -363,9 +363,10 @@ def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
 
 
 PAST_THE_CONTRACT = (("quiescence", 2),)
-"""The checker's `quiescence` judged outside the horizon contract too (it is not by default:
-there a node that never held a stuck transaction abstains on its checkpoint, "Runaway seeds"
-cause 1). Seed 44 settles there: its stuck transactions are held by every node."""
+"""The checker's `quiescence` judged on every transaction, nothing excused (by default a
+transaction waiting on an abstaining node is: outside the horizon contract a node that never
+held a stuck transaction abstains on its checkpoint, "Runaway seeds" cause 1). Seed 44
+settles there: its stuck transactions are held by every node."""
 
 
 @pytest.mark.long
