@@ -59,11 +59,13 @@ class LeaderlessStatus(CoreStatus):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WaitingCheckpoint:
-    """An undecided checkpoint this node remembers: its id and the voters whose vote is not
-    delivered here yet (sorted; this node among them while it has not voted)."""
+    """An undecided checkpoint this node remembers: its id, its transaction ids and the
+    voters whose vote is not delivered here yet (sorted; this node among them while it has
+    not voted)."""
 
     checkpoint: bytes
     waiting_on: tuple[NodeId, ...]
+    tx_ids: tuple[TxId, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,12 +92,14 @@ class StuckTx:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StuckReport:
     """`LeaderlessCore.stuck(before_ms)`: the pending transactions with a deadline at or
-    before `before_ms` (in the store's order) and the undecided checkpoints this node
-    remembers without having voted in them (`unvoted`: it abstains, veto rule 2, or has not
-    voted yet), for the simulator's per-transaction `quiescence` scope."""
+    before `before_ms` (in the store's order), the undecided checkpoints this node remembers
+    (`undecided`, their ids too: a condition this node holds nothing of may wait in one) and
+    those it has not voted in (`unvoted`: it abstains, veto rule 2, or has not voted yet),
+    for the simulator's per-transaction `quiescence` scope."""
 
     txs: tuple[StuckTx, ...] = ()
     unvoted: tuple[bytes, ...] = ()
+    undecided: tuple[WaitingCheckpoint, ...] = ()
 
 
 def stuck_report(pending: Iterable[TxRecord], *, before_ms: int, horizon: int,
@@ -106,11 +110,14 @@ def stuck_report(pending: Iterable[TxRecord], *, before_ms: int, horizon: int,
     checkpoints by id (empty in the ordered mode), `voters` the sorted members."""
     by_tx: dict[TxId, list[WaitingCheckpoint]] = {}
     unvoted: list[bytes] = []
+    waits: list[WaitingCheckpoint] = []
     for cid, cp in undecided.items():
         if node not in cp.delivered and cp.own is None:
             unvoted.append(cid)
         waiting = WaitingCheckpoint(
-            checkpoint=cid, waiting_on=tuple(v for v in voters if v not in cp.delivered))
+            checkpoint=cid, waiting_on=tuple(v for v in voters if v not in cp.delivered),
+            tx_ids=cp.tx_ids)
+        waits.append(waiting)
         for t in cp.tx_ids:
             by_tx.setdefault(t, []).append(waiting)
     txs = []
@@ -122,7 +129,7 @@ def stuck_report(pending: Iterable[TxRecord], *, before_ms: int, horizon: int,
         txs.append(StuckTx(tx_id=record.tx_id, deadline_ms=record.deadline,
                            checkpoints=tuple(by_tx.get(record.tx_id, ())),
                            conditions=tuple(conditions), past_horizon=record.deadline < horizon))
-    return StuckReport(txs=tuple(txs), unvoted=tuple(unvoted))
+    return StuckReport(txs=tuple(txs), unvoted=tuple(unvoted), undecided=tuple(waits))
 
 
 BENIGN_DUPLICATES = frozenset({"duplicate_tx", "decided_tx", "duplicate_endorsement",

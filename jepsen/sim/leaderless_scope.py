@@ -15,8 +15,8 @@ How a transaction is excused (docs/LEADERLESS.md "Quiescence on by default"; the
 - or for the vote of an honest node that remembers that checkpoint and has not voted in it:
   it abstains, holding nothing of an id past its GC horizon or a commit without a proof
   ("Forgotten commits", liveness cost (2); "Limits" 6 outside the horizon contract);
-- or a held endorsement of it names an excused transaction as a condition (it waits for
-  that decision), transitively.
+- or a held endorsement of it names as a condition an excused transaction, or one (held
+  or not) in such a checkpoint: it waits for that decision; transitively.
 Everything else still pending `delta_old_ms` + `QUIESCENCE_GRACE_MS` past its deadline is
 a `quiescence` violation. A run with nothing excused is judged exactly as before.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from phalanx.consensus.leaderless.status import StuckReport, StuckTx
+from phalanx.consensus.leaderless.status import StuckReport, WaitingCheckpoint
 
 VOTE_WITHHOLDING = frozenset({"silent", "forge_veto"})
 """Byzantine behaviours (`phalanx.jepsen.leaderless_byzantine`) under which the liar's drop
@@ -65,35 +65,40 @@ def excuse(reports: Mapping[str, StuckReport], silent: Mapping[str, str]) -> dic
     for node, report in sorted(reports.items()):
         for cid in report.unvoted:
             abstainers.setdefault(cid, []).append(node)
+    blocked: dict[bytes, str] = {}  # ids in a checkpoint (at any node) waiting for a limit
+    for node, report in sorted(reports.items()):
+        for wc in report.undecided:
+            why = _waits(wc, silent, abstainers)
+            for t in wc.tx_ids if why else ():
+                blocked.setdefault(t, f"in undecided checkpoint {wc.checkpoint[:3].hex()} "
+                                      f"(at {node}), waiting for {why}")
     excused: dict[bytes, str] = {}
     for node, report in sorted(reports.items()):
         for tx in report.txs:
-            if tx.tx_id not in excused:
-                why = _waits(tx, silent, abstainers)
-                if why:
-                    excused[tx.tx_id] = f"at {node}: {why}"
+            if tx.tx_id not in excused and tx.tx_id in blocked:
+                excused[tx.tx_id] = f"at {node}: {blocked[tx.tx_id]}"
     grew = True
-    while grew:  # conditioned on an excused transaction, transitively
+    while grew:  # conditioned on an excused or blocked transaction, transitively
         grew = False
         for node, report in sorted(reports.items()):
             for tx in report.txs:
-                cond = next((c for c in tx.conditions if c in excused), None)
+                cond = next((c for c in tx.conditions if c in excused or c in blocked), None)
                 if tx.tx_id not in excused and cond is not None:
-                    excused[tx.tx_id] = (f"at {node}: endorsed on condition of {cond[:3].hex()}, "
-                                         "which is excused (it waits for that decision)")
+                    excused[tx.tx_id] = (
+                        f"at {node}: endorsed on condition of {cond[:3].hex()} (it waits for "
+                        "that decision), which is " + (
+                            "excused" if cond in excused else blocked[cond]))
                     grew = True
     return excused
 
 
-def _waits(tx: StuckTx, silent: Mapping[str, str],
+def _waits(wc: WaitingCheckpoint, silent: Mapping[str, str],
            abstainers: Mapping[bytes, list[str]]) -> str:
-    for wc in tx.checkpoints:
-        for voter in wc.waiting_on:
-            where = f"in undecided checkpoint {wc.checkpoint[:3].hex()}, waiting for"
-            if voter in silent:
-                return f"{where} {silent[voter]} ({LIMIT_SILENT})"
-            if voter in abstainers.get(wc.checkpoint, ()):
-                return f"{where} {voter}, which abstains ({LIMIT_ABSTAINS})"
+    for voter in wc.waiting_on:
+        if voter in silent:
+            return f"{silent[voter]} ({LIMIT_SILENT})"
+        if voter in abstainers.get(wc.checkpoint, ()):
+            return f"{voter}, which abstains ({LIMIT_ABSTAINS})"
     return ""
 
 

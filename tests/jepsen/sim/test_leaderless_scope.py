@@ -17,28 +17,35 @@ A, B, C, D = b"\xaa" * 4, b"\xbb" * 4, b"\xcc" * 4, b"\xdd" * 4
 CP = b"\x01" * 4
 
 
-def waiting(*voters: str) -> tuple[WaitingCheckpoint, ...]:
-    return (WaitingCheckpoint(checkpoint=CP, waiting_on=tuple(NodeId(v) for v in voters)),)
+def waiting(*voters: str, ids: tuple[bytes, ...] = (A,), cid: bytes = CP
+            ) -> tuple[WaitingCheckpoint, ...]:
+    return (WaitingCheckpoint(checkpoint=cid, waiting_on=tuple(NodeId(v) for v in voters),
+                              tx_ids=ids),)
 
 
 def test_only_what_waits_for_a_silent_voter_or_on_it_is_excused() -> None:
     """A waits in a checkpoint for the silent liar n4, B is endorsed on condition of A, C on
-    condition of B (transitively excused), D waits for n2, which is up and voted: judged."""
+    condition of B (transitively excused), D waits for n2, which is up and voted: judged;
+    E is endorsed on condition of X, which n1 holds nothing of, in the checkpoint with A."""
+    E, X = b"\xee" * 4, b"\x99" * 4
     report = StuckReport(txs=(
         StuckTx(tx_id=A, deadline_ms=10, checkpoints=waiting("n4")),
         StuckTx(tx_id=C, deadline_ms=12, conditions=(B,)),
         StuckTx(tx_id=B, deadline_ms=11, conditions=(A,)),
-        StuckTx(tx_id=D, deadline_ms=13, checkpoints=waiting("n2")),
-    ))
+        StuckTx(tx_id=D, deadline_ms=13, checkpoints=waiting("n2", ids=(D,))),
+        StuckTx(tx_id=E, deadline_ms=14, conditions=(X,)),
+    ), undecided=(*waiting("n4", ids=(A, X)), *waiting("n2", ids=(D,), cid=b"\x02" * 4)))
     silent = silent_voters(honest=("n1", "n2", "n3"), reporting={"n1": 0, "n2": 0, "n3": 0},
                            liars={"n4": ("silent",)}, liars_up={"n4": True},
                            unanimous_drop=True)
     assert list(silent) == ["n4"]
     excused = excuse({"n1": report}, silent)
-    assert list(excused) == [A, B, C]
+    assert list(excused) == [A, B, E, C]
     assert "the liar n4 (silent)" in excused[A]
     assert "\"Limits\" 1" in excused[A]
     assert "condition of aaaaaa" in excused[B]
+    assert "condition of 999999" in excused[E]
+    assert "waiting for the liar n4" in excused[E]
     assert "condition of bbbbbb" in excused[C]
     assert unexcused({"n1": report}, excused) == {"n1": (1, 13)}
 
@@ -46,10 +53,10 @@ def test_only_what_waits_for_a_silent_voter_or_on_it_is_excused() -> None:
 def test_an_abstainer_excuses_only_its_own_checkpoints() -> None:
     """n3 has not voted in CP (it abstains): A, waiting there for n3, is excused; B waits
     for n3 in another checkpoint n3 voted in: judged."""
-    other = (WaitingCheckpoint(checkpoint=b"\x02" * 4, waiting_on=(NodeId("n3"),)),)
+    other = waiting("n3", ids=(B,), cid=b"\x02" * 4)
     reports = {
-        "n1": StuckReport(txs=(StuckTx(tx_id=A, deadline_ms=1, checkpoints=waiting("n3")),
-                               StuckTx(tx_id=B, deadline_ms=2, checkpoints=other))),
+        "n1": StuckReport(txs=(StuckTx(tx_id=A, deadline_ms=1), StuckTx(tx_id=B, deadline_ms=2)),
+                          undecided=(*waiting("n3"), *other)),
         "n3": StuckReport(unvoted=(CP,)),
     }
     excused = excuse(reports, {})
