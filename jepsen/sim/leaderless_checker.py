@@ -32,8 +32,8 @@ Checks (honest replicas only; Byzantine ones are not judged):
   undecided checkpoint waiting for an honest node down or fenced at the end, for a liar
   down or whose drop votes are never delivered (`silent`, `forge_veto`:
   `VOTE_WITHHOLDING`), or for an honest node that abstains ("Forgotten commits", liveness
-  cost (2); "Limits" 6 outside the horizon contract); or one conditioned on an excused
-  one. The tests that meet a documented limit turn it off, naming it (docs/LEADERLESS.md
+  cost (2); "Limits" 6 outside the horizon contract); or one endorsed on condition of an
+  excused one, or of an id (held or not) in such a checkpoint (docs/LEADERLESS.md
   "Quiescence on by default").
 - **decisions** (judged by the run, `leaderless_scope.disagreements`): no two honest nodes
   hold opposite decisions (committed, dropped) of one transaction that is not excused.
