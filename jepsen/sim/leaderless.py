@@ -334,8 +334,9 @@ class _Run:
                 gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
                              "requirements never matched (committed, never applied)")
             core = _inner(node.core)
-            if (name in self._honest and isinstance(status, LeaderlessStatus) and node.up
-                    and not status.recovering and isinstance(core, LeaderlessCore)):
+            if (self._delta_old_ms >= 0 and name in self._honest and node.up
+                    and isinstance(status, LeaderlessStatus) and not status.recovering
+                    and isinstance(core, LeaderlessCore)):
                 reports[name] = core.stuck(settle)
         excused: dict[bytes, str] = {}
         if self._delta_old_ms >= 0:  # the knob `quiescence` (on by default); its scope:
@@ -378,8 +379,7 @@ class _Run:
                         f"{sum(c for c, _ in left.values())} of "
                         f"{sum(len(r.txs) for r in reports.values())} old pending "
                         f"transaction(s) held not excused; {len(excused)} excused")
-        return quiescence(left, delta_old_ms=self._delta_old_ms,
-                          now_ms=now_ms)
+        return quiescence(left, delta_old_ms=self._delta_old_ms, now_ms=now_ms)
 
 
 def _inner(core: Core | None) -> Core | None:
