@@ -80,6 +80,8 @@ from phalanx.consensus.leaderless.status import (
     INVALID_SUBMITS,
     REASONS,
     LeaderlessStatus,
+    StuckReport,
+    stuck_report,
 )
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.ticks import TickWork
@@ -522,6 +524,16 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching, Restore
             key = f"veto_{reason}"
             counts[key] = counts.get(key, 0) + count
         return counts
+
+    def stuck(self, before_ms: int) -> StuckReport:
+        """Which pending transactions with a deadline at or before `before_ms` wait, and on
+        what (`status.stuck_report`): the simulator's inspection; reads only."""
+        veto = self._checkpoints
+        return stuck_report(
+            self._store.pending(), before_ms=before_ms, horizon=self._store.horizon,
+            state_of=self._store.state_of, voters=tuple(sorted(self._config.nodes)),
+            undecided=veto.undecided() if isinstance(veto, CheckpointMachine) else {},
+            node=self._config.node_id)
 
     def status(self) -> LeaderlessStatus:
         return LeaderlessStatus(

@@ -386,6 +386,10 @@ class CheckpointMachine:
                 return True
         return False
 
+    def undecided(self) -> dict[bytes, VetoCheckpoint]:
+        """The undecided checkpoints remembered here, by id (a copy: inspection only)."""
+        return {cid: cp for cid, cp in self._checkpoints.items() if cp.drop is None}
+
     def votes(self) -> tuple[VetoChoice, ...]:
         """This node's votes of the checkpoints it remembers, decided ones too until `gc`
         (for the durable record: a restarted node never votes again on a checkpoint a

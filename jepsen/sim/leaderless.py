@@ -31,6 +31,7 @@ from phalanx.apps.replica import CheckpointPolicy, Replica
 from phalanx.consensus.core import Core, CoreStatus, Input, Ready
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.batching import SubmitBatch
+from phalanx.consensus.leaderless.core import LeaderlessCore
 from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     LeaderlessDurableState,
@@ -38,11 +39,23 @@ from phalanx.consensus.leaderless.messages import (
     Transaction,
     transaction_id,
 )
-from phalanx.consensus.leaderless.status import LeaderlessStatus
+from phalanx.consensus.leaderless.status import LeaderlessStatus, StuckReport
 from phalanx.consensus.types import ClientRequest, Configuration, Entry, HardState, NodeId
 from phalanx.jepsen.leaderless_byzantine import LeaderlessByzantineCore, choose_liars
 from phalanx.jepsen.sim.invariants import InvariantChecker
-from phalanx.jepsen.sim.leaderless_checker import ApplyLog, Versions, check, quiescence
+from phalanx.jepsen.sim.leaderless_checker import (
+    QUIESCENCE_GRACE_MS,
+    ApplyLog,
+    Versions,
+    check,
+    quiescence,
+)
+from phalanx.jepsen.sim.leaderless_scope import (
+    disagreements,
+    excuse,
+    silent_voters,
+    unexcused,
+)
 from phalanx.jepsen.sim.leaderless_workload import OK, LeaderlessWorkload, WorkloadConfig
 from phalanx.jepsen.sim.node import SIM_EPOCH_MS
 from phalanx.jepsen.sim.protocols import Knobs, ProtocolSetup, WorkloadEnv, durable_ready
@@ -232,8 +245,10 @@ class _Run:
                  honest: tuple[str, ...], log: ApplyLog, machines: dict[str, KvStateMachine],
                  codec: WireTxCodec, contract: str = "", delta_old_ms: int = -1,
                  liars: Mapping[str, tuple[str, ...]] | None = None,
-                 unanimous_drop: bool = True, past_contract: bool = False) -> None:
+                 unanimous_drop: bool = True, past_contract: bool = False,
+                 cells: Mapping[str, LeaderlessDurableState] | None = None) -> None:
         self._env = env
+        self._cells = cells if cells is not None else {}
         self._unanimous_drop = unanimous_drop
         self._past_contract = past_contract
         self._delta_old_ms = delta_old_ms
@@ -308,7 +323,9 @@ class _Run:
             return probe.access(a).conflicts_with(probe.access(b), probe.commutes)
 
         gated: list[str] = []
-        pending: dict[str, tuple[int, int]] = {}
+        reports: dict[str, StuckReport] = {}
+        now_ms = SIM_EPOCH_MS + self._env.loop.now // 1_000_000
+        settle = now_ms - self._delta_old_ms - QUIESCENCE_GRACE_MS
         for name, node in self._env.nodes.items():
             status = node.core.status() if node.core is not None else None
             self._env.trace(f"LEADERLESS {name} status: {status}")
@@ -316,80 +333,60 @@ class _Run:
             if name in self._honest and held:
                 gated.append(f"gate: {name} holds {held} committed transaction(s) whose "
                              "requirements never matched (committed, never applied)")
-            if (name in self._honest and isinstance(status, LeaderlessStatus) and node.up
-                    and not status.recovering):
-                pending[name] = (status.pending, status.oldest_pending_ms)
+            core = _inner(node.core)
+            if (self._delta_old_ms >= 0 and name in self._honest and node.up
+                    and isinstance(status, LeaderlessStatus) and not status.recovering
+                    and isinstance(core, LeaderlessCore)):
+                reports[name] = core.stuck(settle)
+        excused: dict[bytes, str] = {}
         if self._delta_old_ms >= 0:  # the knob `quiescence` (on by default); its scope:
-            unjudged = self._unjudged(pending)
-            if unjudged:
-                self._env.trace(f"LEADERLESS quiescence not judged: {unjudged}")
-            else:
-                gated += quiescence(pending, delta_old_ms=self._delta_old_ms,
-                                    now_ms=SIM_EPOCH_MS + self._env.loop.now // 1_000_000)
+            gated += self._quiescence(reports, excused, now_ms)
         w = self.workload
         self._env.trace(f"LEADERLESS clients: {len(w.records)} transactions, {w.ok} ok, "
                         f"{w.failed} fail, {w.infos} info")
         if self._contract:  # last: the failure report's trace tail shows it
             self._env.trace(f"LEADERLESS outside the contract: {self._contract}")
-        return gated + check(records=w.records, log=self._log, finals=finals,
-                             honest=self._honest, faults=self._faults, conflicts=conflicts)
+        names = {transaction_id(r.tx, self._codec.encode): r.describe() for r in w.records}
+        decided = {n: {d.tx_id: d.committed for d in self._cells[n].decided}
+                   for n in self._honest if n in self._cells}
+        split = disagreements(decided, excused, lambda t: names.get(t, t[:3].hex()))
+        return gated + [f"decisions: {p}" for p in split[:8]] + check(
+            records=w.records, log=self._log, finals=finals, honest=self._honest,
+            faults=self._faults, conflicts=conflicts)
 
-    def _unjudged(self, pending: Mapping[str, tuple[int, int]]) -> str:
-        """Why `quiescence` cannot be asked of this run's end (docs/LEADERLESS.md "Limits"
-        1: a DROP needs the delivered votes of all n members, so one voter whose drop vote
-        is never delivered keeps every transaction that needs a DROP pending for good), or
-        "" when it is judged: within the horizon contract (`horizon_contract`; or the knob
-        `quiescence` = 2), every honest node up, unfenced and voting in every checkpoint it
-        remembers (`_abstains`; ignored with `quiescence` = 2 too), and in the veto mode
-        (`unanimous_drop`) every liar up and none with a behaviour of `VOTE_WITHHOLDING`
-        (the pbft mode decides a DROP on n - f ordered votes: its liars are judged)."""
-        if self._contract and not self._past_contract:
-            return ("outside the horizon contract: a node that never held a stuck transaction "
-                    "abstains on its checkpoint and the DROP never comes (docs/LEADERLESS.md "
-                    "\"Limits\" 6, \"Runaway seeds\" cause 1)")
-        silent = [n for n in self._honest if n not in pending]
-        if silent:
-            return (f"{', '.join(silent)} down or fenced at the end: a silent voter blocks "
-                    "every DROP (docs/LEADERLESS.md \"Limits\" 1)")
-        abstaining = [n for n in self._honest if _abstains(self._env.nodes[n].core)]
-        if abstaining and not self._past_contract:
-            return (f"{', '.join(abstaining)} abstain(s) on an undecided checkpoint (holding "
-                    "nothing of an id past the GC horizon: away longer than it, "
-                    "docs/LEADERLESS.md \"Forgotten commits\", liveness cost (2), and "
-                    "\"Limits\" 6)")
-        withholding: list[str] = []
-        for liar, behaviours in sorted(self._liars.items() if self._unanimous_drop else ()):
-            why = sorted(VOTE_WITHHOLDING & set(behaviours))
-            if not self._env.nodes[liar].up:
-                why.append("down")
-            if why:
-                withholding.append(f"{liar} ({'+'.join(why)})")
-        if withholding:
-            return (f"the liar {', '.join(withholding)} never has a drop vote delivered: "
-                    "it blocks every DROP (docs/LEADERLESS.md \"Limits\" 1)")
-        return ""
+    def _quiescence(self, reports: Mapping[str, StuckReport], excused: dict[bytes, str],
+                    now_ms: int) -> list[str]:
+        """Judge `quiescence` within its scope (`leaderless_scope`): with the knob
+        `quiescence` = 2 on every transaction of the honest nodes up and unfenced, else
+        leaving out the `excuse`d ones (filled into `excused`, each named in the trace with
+        its reason). The pbft mode reports no checkpoints: there an honest node down or
+        fenced still leaves the whole run unjudged, as before."""
+        silent = silent_voters(
+            honest=self._honest, reporting=reports, liars=self._liars,
+            liars_up={n: self._env.nodes[n].up for n in self._liars},
+            unanimous_drop=self._unanimous_drop)
+        if not self._past_contract:
+            if not self._unanimous_drop and any(n in silent for n in self._honest):
+                down = ", ".join(n for n in self._honest if n in silent)
+                self._env.trace(f"LEADERLESS quiescence not judged: {down} down or fenced at "
+                                "the end, in the pbft mode (no checkpoint report)")
+                return []
+            excused.update(excuse(reports, silent))
+        left = unexcused(reports, excused)
+        for tx_id, why in excused.items():
+            self._env.trace(f"LEADERLESS quiescence excuses {tx_id[:3].hex()} {why}")
+        self._env.trace(f"LEADERLESS quiescence judged at {len(reports)} node(s): "
+                        f"{sum(c for c, _ in left.values())} of "
+                        f"{sum(len(r.txs) for r in reports.values())} old pending "
+                        f"transaction(s) held not excused; {len(excused)} excused")
+        return quiescence(left, delta_old_ms=self._delta_old_ms, now_ms=now_ms)
 
 
-def _abstains(core: Core | None) -> bool:
-    """Whether this node (the veto mode's `CheckpointMachine`) remembers an undecided
-    checkpoint it has not voted in: it abstains (an id `unprovable` here, rule 2 of the veto
-    procedure), and the DROP waits for it. Read from the core's fields, as `observe` reads
-    the gate (the simulator's view; the pbft mode has no such field: False)."""
+def _inner(core: Core | None) -> Core | None:
+    """The leaderless core under the simulator's wrappers."""
     while isinstance(core, _DurableCell | LeaderlessByzantineCore):
         core = core.inner
-    checkpoints = getattr(getattr(core, "_checkpoints", None), "_checkpoints", None)
-    if not isinstance(checkpoints, dict):
-        return False
-    return any(getattr(cp, "drop", False) is None and getattr(cp, "own", True) is None
-               for cp in checkpoints.values())
-
-
-VOTE_WITHHOLDING = frozenset({"silent", "forge_veto"})
-"""Byzantine behaviours (`phalanx.jepsen.leaderless_byzantine`) under which the liar's drop
-votes are never delivered: ``silent`` sends none, ``forge_veto`` turns each into a veto
-carrying forged endorsements, which no correct node echoes (`forged_veto`). The unanimous
-DROP then never comes (docs/LEADERLESS.md "Limits" 1), so `quiescence` is not judged in a
-run with such a liar (the other checks are)."""
+    return core
 
 
 def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs: Knobs,
@@ -400,15 +397,14 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
     `knobs` set `LeaderlessConfig` fields, `WorkloadConfig` fields, `checkpoint_every`,
     `cut_every` (the replicas' content-defined checkpoints, `CUT_EVERY`; 0: off),
     `quiescence` (1, the default: the checker judges `quiescence`, `leaderless_checker`,
-    within `_Run._unjudged`'s scope; 2: outside the horizon contract too, for a control
-    whose seed settles there; 0: not, for runs that meet a documented limit under which
-    transactions stay pending for good) and
+    on every old pending transaction but those `leaderless_scope.excuse` excuses, each
+    named in the trace; 2: on every one, nothing excused; 0: not, for runs that meet a
+    documented limit under which transactions stay pending for good) and
     `idle_checkpoint_ticks` (`IDLE_CHECKPOINT_TICKS`; 0: no quiet-point checkpoints, as
     under a load that never pauses);
     `byzantine` replicas lie with seeded (or the given) behaviours. Twins are not supported
     (ValueError), nor another app than its recording KV store (`machine`: ValueError)."""
     from phalanx.consensus.leaderless.config import LeaderlessConfig
-    from phalanx.consensus.leaderless.core import LeaderlessCore
 
     if machine is not None:
         raise ValueError("the leaderless simulator runs its own KV workload only (its replicas "
@@ -501,7 +497,8 @@ def sim_setup(*, nodes: int, bugs: frozenset[str], checkpoint_every: int, knobs:
                     faults=faults, honest=honest, log=log, machines=machines, codec=codec,
                     contract=horizon_contract(base.delta_old_ms, base.gc_horizon_ms),
                     delta_old_ms=base.delta_old_ms if settle else -1, liars=liars,
-                    unanimous_drop=base.stuck_resolution == "veto", past_contract=settle == 2)
+                    unanimous_drop=base.stuck_resolution == "veto", past_contract=settle == 2,
+                    cells=cells)
 
     def submit_batch(requests: tuple[ClientRequest, ...]) -> Input:
         # The leaderless core's step takes it (as the runtime's `propose_batch`); `Input`

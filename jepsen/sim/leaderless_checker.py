@@ -25,14 +25,18 @@ Checks (honest replicas only; Byzantine ones are not judged):
   off with the sim knob `quiescence=0`): no honest node still holds a pending transaction
   whose deadline passed more than `delta_old_ms` + `QUIESCENCE_GRACE_MS` before the end.
   Past `delta_old_ms` a stuck transaction is checkpointed and the veto commits or drops it;
-  one pending for good is a liveness bug (the control `veto_decided_once`). Not judged (the
-  run traces why, `jepsen/sim/leaderless.py` `_Run._unjudged`) where a DROP cannot come
-  (docs/LEADERLESS.md "Limits" 1: it needs the delivered votes of all n members): outside
-  the horizon contract ("Limits" 6), an honest node down, fenced or abstaining on an
-  undecided checkpoint at the end ("Forgotten commits", liveness cost (2)), or a liar down
-  or whose drop votes are never delivered (`silent`, `forge_veto`: `VOTE_WITHHOLDING`).
-  The tests that meet a documented limit turn it off, naming it (docs/LEADERLESS.md
+  one pending for good is a liveness bug (the control `veto_decided_once`). Judged per
+  transaction (`leaderless_scope`, from the cores' `stuck` reports): excused, and named in
+  the run's trace with the limit, is a transaction where a DROP cannot come
+  (docs/LEADERLESS.md "Limits" 1: it needs the delivered votes of all n members): in an
+  undecided checkpoint waiting for an honest node down or fenced at the end, for a liar
+  down or whose drop votes are never delivered (`silent`, `forge_veto`:
+  `VOTE_WITHHOLDING`), or for an honest node that abstains ("Forgotten commits", liveness
+  cost (2); "Limits" 6 outside the horizon contract); or one endorsed on condition of an
+  excused one, or of an id (held or not) in such a checkpoint (docs/LEADERLESS.md
   "Quiescence on by default").
+- **decisions** (judged by the run, `leaderless_scope.disagreements`): no two honest nodes
+  hold opposite decisions (committed, dropped) of one transaction that is not excused.
 
 Rules: pure (no simulator, no clocks); the conflict relation is injected.
 """

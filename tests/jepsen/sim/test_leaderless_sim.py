@@ -23,7 +23,7 @@ from bug_seed_search import CatchRange, first_catch
 
 from phalanx.consensus.leaderless.bugs import BUG_NAMES
 from phalanx.jepsen.leaderless_byzantine import LEADERLESS_BEHAVIOURS
-from phalanx.jepsen.sim import leaderless
+from phalanx.jepsen.sim import leaderless_scope
 from phalanx.jepsen.sim.leaderless import SIM_KNOBS, horizon_contract
 from phalanx.jepsen.sim.run import RunConfig, RunResult, run, swarm_choices
 from phalanx.jepsen.sim.sweep import sweep
@@ -199,26 +199,34 @@ def test_the_f_plus_one_control_is_detected() -> None:
     assert any(not r.ok for r in results)
 
 
-def test_quiescence_is_not_judged_past_a_liar_withholding_its_drop_votes(
+def test_quiescence_excuses_only_what_waits_for_a_liar_withholding_its_drop_votes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`quiescence` is judged with a liar too (its honest nodes), but not where the liar's
-    drop votes are never delivered (`VOTE_WITHHOLDING`: docs/LEADERLESS.md "Limits" 1, a DROP
-    needs all n votes). Seed 10 of `make sim-leaderless`'s Byzantine runs (1 s, 3 s):
-    n3 is `silent` (and `withhold_veto`); a checkpoint of one stuck put holds the delivered
-    drops of n1, n2 and n4 and waits for n3's for good. Judged anyway, the run fails
-    `quiescence` at the three honest nodes; seed 7's liar (`equivocate`, `withhold_veto`:
-    its drops are delivered) is judged and passes."""
+    """`quiescence` is judged with a liar too (its honest nodes), per transaction: a
+    transaction is excused where it waits for a drop vote that is never delivered
+    (`VOTE_WITHHOLDING`: docs/LEADERLESS.md "Limits" 1, a DROP needs all n votes). Seed 10
+    of `make sim-leaderless`'s Byzantine runs (1 s, 3 s): n3 is `silent` (and
+    `withhold_veto`); the checkpoint of one stuck put holds the delivered drops of n1, n2
+    and n4 and waits for n3's for good: that transaction (and only it) is excused, named in
+    the trace with the liar, and the rest is judged at the three honest nodes (before,
+    the whole run went unjudged). Judged anyway, the run fails `quiescence` at the three
+    honest nodes; seed 7's liar (`equivocate`, `withhold_veto`: its drops are delivered)
+    has nothing excused and passes."""
     def byzantine(seed: int) -> RunResult:
         return sim(seed, faults=BYZANTINE_FAULTS, byzantine=1, time_s=1.0, liveness_s=3.0)
 
     silent = byzantine(10)
     assert silent.ok, silent.report()
-    assert any("quiescence not judged: the liar n3 (silent)" in line
+    excused = [line for line in silent.trace_tail if "quiescence excuses" in line]
+    assert len(excused) == 1, silent.report()
+    assert "waiting for the liar n3 (silent)" in excused[0], excused
+    assert "\"Limits\" 1" in excused[0], excused
+    assert any("quiescence judged at 3 node(s)" in line and line.endswith("; 1 excused")
                for line in silent.trace_tail), silent.report()
     judged = byzantine(7)
     assert judged.ok, judged.report()
-    assert not any("quiescence not judged" in line for line in judged.trace_tail)
-    monkeypatch.setattr(leaderless, "VOTE_WITHHOLDING", frozenset())
+    assert not any("quiescence excuses" in line or "not judged" in line
+                   for line in judged.trace_tail), judged.report()
+    monkeypatch.setattr(leaderless_scope, "VOTE_WITHHOLDING", frozenset())
     stuck = byzantine(10)
     assert sorted(v.split(" holds")[0] for v in stuck.violations) == [
         "quiescence: n1", "quiescence: n2", "quiescence: n4"], stuck.report()
@@ -358,9 +366,10 @@ def test_a_commit_past_the_others_horizon(seed: int, horizon_ms: int) -> None:
 
 
 PAST_THE_CONTRACT = (("quiescence", 2),)
-"""The checker's `quiescence` judged outside the horizon contract too (it is not by default:
-there a node that never held a stuck transaction abstains on its checkpoint, "Runaway seeds"
-cause 1). Seed 44 settles there: its stuck transactions are held by every node."""
+"""The checker's `quiescence` judged on every transaction, nothing excused (by default a
+transaction waiting on an abstaining node is: outside the horizon contract a node that never
+held a stuck transaction abstains on its checkpoint, "Runaway seeds" cause 1). Seed 44
+settles there: its stuck transactions are held by every node."""
 
 
 def _pending_at_the_end(result: RunResult) -> dict[str, int]:
@@ -397,6 +406,20 @@ def test_a_kept_checkpoints_other_ids_go_again() -> None:
     stuck, stuck_old = _pending_at_the_end(fixed), _pending_at_the_end(old)
     assert stuck_old, old.report()
     assert all(stuck_old[n] > stuck.get(n, 0) for n in stuck_old), (stuck, stuck_old)
+
+
+def test_quiescence_is_judged_per_transaction_outside_the_horizon_contract() -> None:
+    """The control `veto_decided_once` on seed 44 of the 1 s horizon (outside the horizon
+    contract: `delta_old_ms` = 1,000) with the default `quiescence` scope (1). The run used
+    to go unjudged wholesale ("outside the horizon contract") and passed; judged per
+    transaction, its three stuck transactions (kept on another id's proof, never
+    checkpointed again) wait on no undecided checkpoint, abstention or withheld vote, so
+    nothing is excused and every node fails `quiescence`."""
+    old = horizon_run(44, bugs=frozenset({"veto_decided_once"}))
+    assert sorted(v.split(" holds")[0] for v in old.violations
+                  if v.startswith("quiescence")) == [
+        f"quiescence: n{i}" for i in range(1, 8)], old.report()
+    assert any("0 excused" in line for line in old.trace_tail), old.report()
 
 
 def test_the_horizon_contract_is_named() -> None:
