@@ -13,6 +13,14 @@ hashes, so a node never builds the whole permutation (it calls O(log n) position
 Invariants: `Permutation(seed, N)` is a bijection of range(N) (cycle walking on a bijection of
 a superset restricts to a bijection); `identity=True` gives plain GP (position i -> i), which
 the bench uses to show what the permutation buys against adversarial crashes.
+
+Shared memo: π is a pure function of (seed, N, position), and every node of a wave builds its
+own `Permutation` of the same seed, so the round keys and the values looked up are kept in one
+`_Table` per (seed, N), shared by all of them in this process (`_TABLES`, at most
+`_MAX_TABLES`, oldest out; an evicted table lives on in the permutations holding it, just no
+longer shared). A memo of a pure function changes no value and no call order: cores stay
+deterministic and sans-IO (it is a cache, not state: what a lookup returns never depends on
+which node looked first, or on what was evicted).
 """
 
 from __future__ import annotations
@@ -24,6 +32,30 @@ from collections.abc import Sequence
 from phalanx.consensus.types import NodeId
 
 _ROUNDS = 4
+_MAX_TABLES = 4096
+
+
+class _Table:
+    """The round keys and the looked-up values of one (seed, size): see "Shared memo"."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self) -> None:
+        self.keys: tuple[bytes, ...] = ()
+        self.values: dict[int, int] = {}
+
+
+_TABLES: dict[tuple[bytes, int], _Table] = {}
+_NO_VALUES: dict[int, int] = {}  # read only: a permutation's values before its first lookup
+
+
+def _table(seed: bytes, size: int) -> _Table:
+    table = _TABLES.get((seed, size))
+    if table is None:
+        if len(_TABLES) >= _MAX_TABLES:
+            del _TABLES[next(iter(_TABLES))]
+        table = _TABLES[(seed, size)] = _Table()
+    return table
 
 
 class Others:
@@ -47,7 +79,7 @@ class Others:
 class Permutation:
     """A bijection of range(size) drawn from `seed` (or the identity)."""
 
-    __slots__ = ("_bits", "_cache", "_keys", "_mask", "_seed", "identity", "size")
+    __slots__ = ("_bits", "_cache", "_mask", "_seed", "_table", "identity", "size")
 
     def __init__(self, seed: bytes, size: int, *, identity: bool = False) -> None:
         if size < 0:
@@ -60,22 +92,21 @@ class Permutation:
         self._bits = half
         self._mask = (1 << half) - 1
         self._seed = seed
-        self._keys: tuple[bytes, ...] = ()
-        """The round keys, derived at the first lookup (most nodes of a wave get an empty
-        grant and never look one up)."""
-        self._cache: dict[int, int] = {}
+        self._table: _Table | None = None
+        """The shared memo of (seed, size), found at the first lookup (most nodes of a wave
+        get an empty grant and never look one up); its round keys are derived once."""
+        self._cache: dict[int, int] = _NO_VALUES
+        """`_table.values` once it is found (never written through this name)."""
 
     def _round_keys(self) -> tuple[bytes, ...]:
-        self._keys = tuple(
+        return tuple(
             hashlib.blake2b(self._seed, person=b"gp-round" + bytes([r]),
                             digest_size=16).digest()
             for r in range(_ROUNDS)
         )
-        return self._keys
 
-    def _feistel(self, x: int) -> int:
+    def _feistel(self, x: int, keys: tuple[bytes, ...]) -> int:
         bits, mask = self._bits, self._mask
-        keys = self._keys or self._round_keys()
         blake2b, from_bytes = hashlib.blake2b, int.from_bytes
         left, right = x >> bits, x & mask
         for key in keys:
@@ -92,8 +123,17 @@ class Permutation:
         cached = self._cache.get(position)
         if cached is not None:
             return cached
-        x = self._feistel(position)
-        while x >= self.size:  # cycle walking: expected < 4 steps (domain < 4 * size)
-            x = self._feistel(x)
-        self._cache[position] = x
+        table = self._table
+        if table is None:
+            table = self._table = _table(self._seed, self.size)
+        x = table.values.get(position)
+        if x is None:
+            keys = table.keys
+            if not keys:
+                keys = table.keys = self._round_keys()
+            x = self._feistel(position, keys)
+            while x >= self.size:  # cycle walking: expected < 4 steps (domain < 4 * size)
+                x = self._feistel(x, keys)
+            table.values[position] = x
+        self._cache = table.values
         return x
