@@ -361,6 +361,8 @@ class Spreader:
         """The waves owning intervals, oldest first (as `waves` orders them); the active
         index forgets the others."""
         active = self._active
+        if not active:  # (no wave owns intervals: most plans of an idle node)
+            return []
         if len(active) == 1:  # the common case
             for key, wave in active.items():
                 if wave.intervals:
