@@ -15,12 +15,15 @@ a superset restricts to a bijection); `identity=True` gives plain GP (position i
 the bench uses to show what the permutation buys against adversarial crashes.
 
 Shared memo: π is a pure function of (seed, N, position), and every node of a wave builds its
-own `Permutation` of the same seed, so the round keys and the values looked up are kept in one
-`_Table` per (seed, N), shared by all of them in this process (`_TABLES`, at most
-`_MAX_TABLES`, oldest out; an evicted table lives on in the permutations holding it, just no
-longer shared). A memo of a pure function changes no value and no call order: cores stay
-deterministic and sans-IO (it is a cache, not state: what a lookup returns never depends on
-which node looked first, or on what was evicted).
+own `Permutation` of the same seed, so the round keys, the round functions' values and the
+values looked up are kept in one `_Table` per (seed, N), shared by all of them in this
+process (`_TABLES`, at most `_MAX_TABLES`, oldest out; an evicted table lives on in the
+permutations holding it, just no longer shared). A round function takes a half-word (N =
+179: 16 values), so its BLAKE2b is computed at most 2^half times per round and seed, not 4 per
+Feistel evaluation (a wave's n-1 lookups, each called by one node, cost ~1,000 hashes
+before, <= 64 at n = 180). A memo of a pure function changes no value and no call order:
+cores stay deterministic and sans-IO (it is a cache, not state: what a lookup returns never
+depends on which node looked first, or on what was evicted).
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ _MAX_TABLES = 4096
 
 
 class _Table:
-    """The round keys and the looked-up values of one (seed, size): see "Shared memo"."""
+    """The round keys, the round functions' values (by round: half-word -> masked hash) and
+    the looked-up values of one (seed, size): see "Shared memo"."""
 
-    __slots__ = ("keys", "values")
+    __slots__ = ("keys", "rounds", "values")
 
     def __init__(self) -> None:
         self.keys: tuple[bytes, ...] = ()
+        self.rounds: tuple[dict[int, int], ...] = tuple({} for _ in range(_ROUNDS))
         self.values: dict[int, int] = {}
 
 
@@ -105,13 +110,16 @@ class Permutation:
             for r in range(_ROUNDS)
         )
 
-    def _feistel(self, x: int, keys: tuple[bytes, ...]) -> int:
+    def _feistel(self, x: int, table: _Table) -> int:
         bits, mask = self._bits, self._mask
-        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
         left, right = x >> bits, x & mask
-        for key in keys:
-            digest = blake2b(right.to_bytes(4, "big"), key=key, digest_size=8).digest()
-            left, right = right, left ^ (from_bytes(digest, "big") & mask)
+        for r, values in enumerate(table.rounds):
+            f = values.get(right)
+            if f is None:  # the round function, once per (seed, size, round, half-word)
+                digest = hashlib.blake2b(right.to_bytes(4, "big"), key=table.keys[r],
+                                         digest_size=8).digest()
+                f = values[right] = int.from_bytes(digest, "big") & mask
+            left, right = right, left ^ f
         return (left << bits) | right
 
     def __call__(self, position: int) -> int:
@@ -128,12 +136,11 @@ class Permutation:
             table = self._table = _table(self._seed, self.size)
         x = table.values.get(position)
         if x is None:
-            keys = table.keys
-            if not keys:
-                keys = table.keys = self._round_keys()
-            x = self._feistel(position, keys)
+            if not table.keys:
+                table.keys = self._round_keys()
+            x = self._feistel(position, table)
             while x >= self.size:  # cycle walking: expected < 4 steps (domain < 4 * size)
-                x = self._feistel(x, keys)
+                x = self._feistel(x, table)
             table.values[position] = x
         self._cache = table.values
         return x

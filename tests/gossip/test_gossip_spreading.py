@@ -72,6 +72,8 @@ def test_permutations_of_one_seed_share_their_memo_and_eviction_changes_no_value
     assert second._table is table
     assert [second(i) for i in range(179)] == fresh
     assert len(table.values) == 179
+    # each round's hash is computed once per half-word (179 < 2^8: 16 values), not per lookup
+    assert all(len(values) <= 16 for values in table.rounds)
     Permutation(b"s", 100)(5)  # another size, another permutation: its own table
     assert len(permutation._TABLES) == 2
     # bounded: the oldest table goes, its permutations keep (and fill) their own values
