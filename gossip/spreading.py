@@ -269,8 +269,11 @@ class Spreader:
                             kept_wave.intervals.append(kept)
                             kept_wave.next_fresh = False
                             self._active[part.key] = kept_wave
-                        parts[i] = part._replace(kept=True)
-                ack = not all(part.empty for part in parts)
+                        # `part._replace(kept=True)`, without its per-call keyword walk
+                        parts[i] = Part(part.key, part.a, part.b, part.m, part.whole, True,
+                                        part.leaf)
+                ack = not parts[0].empty if len(parts) == 1 else not all(
+                    part.empty for part in parts)
             else:
                 ack = True
             return PlannedCall(target=target, grants=grants, parts=tuple(parts), ack=ack)
