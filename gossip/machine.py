@@ -214,8 +214,10 @@ class GossipMachine:
     # -- plumbing ----------------------------------------------------------------------------
 
     def _count(self, name: str, by: int = 1) -> None:
-        self._counters[name] = self._counters.get(name, 0) + by
-        self._step_counts[name] = self._step_counts.get(name, 0) + by
+        # Into this step's counts only; `_flush` adds them to the totals (once per name
+        # per step, not once per event) and `status` sees both.
+        counts = self._step_counts
+        counts[name] = counts.get(name, 0) + by
 
     def _drop(self, reason: str) -> None:
         self._count("dropped:" + reason)
@@ -238,6 +240,9 @@ class GossipMachine:
                             delivered=tuple(self._delivered),
                             membership=changes,
                             counters=tuple(sorted(self._step_counts.items())))
+        totals = self._counters
+        for name, by in self._step_counts.items():
+            totals[name] = totals.get(name, 0) + by
         self._sends.clear()
         self._delivered.clear()
         self._published.clear()
@@ -264,6 +269,8 @@ class GossipMachine:
         `refutations`, ...) and sizes (`rumors_held`, `waves_held`, `ids_remembered`), for
         metrics."""
         out = dict(self._counters)
+        for name, by in self._step_counts.items():  # (counted in a step not yet flushed)
+            out[name] = out.get(name, 0) + by
         out["rumors_held"] = len(self._store)
         out["waves_held"] = len(self._spreader.waves)
         out["ids_remembered"] = self._store.seen.remembered()

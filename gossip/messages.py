@@ -27,6 +27,7 @@ shapes no correct node produces (negative numbers, lo > hi), so the codec drops 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -121,11 +122,14 @@ class Grant(Message):
             raise ValueError(f"empty interval must have lo <= hi, got [{self.lo}, {self.hi})")
 
 
+@functools.lru_cache(maxsize=4096)
 def wave_seed(origin: NodeId, incarnation: int, wave: int, instance: int,
               seed: bytes) -> bytes:
     """The permutation seed of one instance of a wave: SHA-256 over the wave's id, the
     instance and the origin's signed `Rumor.seed`, so instances are independent and no
-    forwarder can steer a permutation."""
+    forwarder can steer a permutation. Memoised (bounded, least recently used out): a pure
+    function of its arguments, checked by every callee of a wave, so the memo changes no
+    value and no decision, only how often the same hash is computed in one process."""
     h = hashlib.sha256(b"phalanx-gossip-wave\x00")
     h.update(f"{origin}\x00{incarnation}\x00{wave}\x00{instance}\x00".encode())
     h.update(seed)

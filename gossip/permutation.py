@@ -13,6 +13,17 @@ hashes, so a node never builds the whole permutation (it calls O(log n) position
 Invariants: `Permutation(seed, N)` is a bijection of range(N) (cycle walking on a bijection of
 a superset restricts to a bijection); `identity=True` gives plain GP (position i -> i), which
 the bench uses to show what the permutation buys against adversarial crashes.
+
+Shared memo: π is a pure function of (seed, N, position), and every node of a wave builds its
+own `Permutation` of the same seed, so the round keys, the round functions' values and the
+values looked up are kept in one `_Table` per (seed, N), shared by all of them in this
+process (`_TABLES`, at most `_MAX_TABLES`, oldest out; an evicted table lives on in the
+permutations holding it, just no longer shared). A round function takes a half-word (N =
+179: 16 values), so its BLAKE2b is computed at most 2^half times per round and seed, not 4 per
+Feistel evaluation (a wave's n-1 lookups, each called by one node, cost ~1,000 hashes
+before, <= 64 at n = 180). A memo of a pure function changes no value and no call order:
+cores stay deterministic and sans-IO (it is a cache, not state: what a lookup returns never
+depends on which node looked first, or on what was evicted).
 """
 
 from __future__ import annotations
@@ -24,6 +35,32 @@ from collections.abc import Sequence
 from phalanx.consensus.types import NodeId
 
 _ROUNDS = 4
+_MAX_TABLES = 4096
+
+
+class _Table:
+    """The round keys, the round functions' values (by round: half-word -> masked hash) and
+    the looked-up values of one (seed, size): see "Shared memo"."""
+
+    __slots__ = ("keys", "rounds", "values")
+
+    def __init__(self) -> None:
+        self.keys: tuple[bytes, ...] = ()
+        self.rounds: tuple[dict[int, int], ...] = tuple({} for _ in range(_ROUNDS))
+        self.values: dict[int, int] = {}
+
+
+_TABLES: dict[tuple[bytes, int], _Table] = {}
+_NO_VALUES: dict[int, int] = {}  # read only: a permutation's values before its first lookup
+
+
+def _table(seed: bytes, size: int) -> _Table:
+    table = _TABLES.get((seed, size))
+    if table is None:
+        if len(_TABLES) >= _MAX_TABLES:
+            del _TABLES[next(iter(_TABLES))]
+        table = _TABLES[(seed, size)] = _Table()
+    return table
 
 
 class Others:
@@ -47,7 +84,7 @@ class Others:
 class Permutation:
     """A bijection of range(size) drawn from `seed` (or the identity)."""
 
-    __slots__ = ("_bits", "_cache", "_keys", "_mask", "_seed", "identity", "size")
+    __slots__ = ("_bits", "_cache", "_mask", "_seed", "_table", "identity", "size")
 
     def __init__(self, seed: bytes, size: int, *, identity: bool = False) -> None:
         if size < 0:
@@ -60,27 +97,29 @@ class Permutation:
         self._bits = half
         self._mask = (1 << half) - 1
         self._seed = seed
-        self._keys: tuple[bytes, ...] = ()
-        """The round keys, derived at the first lookup (most nodes of a wave get an empty
-        grant and never look one up)."""
-        self._cache: dict[int, int] = {}
+        self._table: _Table | None = None
+        """The shared memo of (seed, size), found at the first lookup (most nodes of a wave
+        get an empty grant and never look one up); its round keys are derived once."""
+        self._cache: dict[int, int] = _NO_VALUES
+        """`_table.values` once it is found (never written through this name)."""
 
     def _round_keys(self) -> tuple[bytes, ...]:
-        self._keys = tuple(
+        return tuple(
             hashlib.blake2b(self._seed, person=b"gp-round" + bytes([r]),
                             digest_size=16).digest()
             for r in range(_ROUNDS)
         )
-        return self._keys
 
-    def _feistel(self, x: int) -> int:
+    def _feistel(self, x: int, table: _Table) -> int:
         bits, mask = self._bits, self._mask
-        keys = self._keys or self._round_keys()
-        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
         left, right = x >> bits, x & mask
-        for key in keys:
-            digest = blake2b(right.to_bytes(4, "big"), key=key, digest_size=8).digest()
-            left, right = right, left ^ (from_bytes(digest, "big") & mask)
+        for r, values in enumerate(table.rounds):
+            f = values.get(right)
+            if f is None:  # the round function, once per (seed, size, round, half-word)
+                digest = hashlib.blake2b(right.to_bytes(4, "big"), key=table.keys[r],
+                                         digest_size=8).digest()
+                f = values[right] = int.from_bytes(digest, "big") & mask
+            left, right = right, left ^ f
         return (left << bits) | right
 
     def __call__(self, position: int) -> int:
@@ -92,8 +131,16 @@ class Permutation:
         cached = self._cache.get(position)
         if cached is not None:
             return cached
-        x = self._feistel(position)
-        while x >= self.size:  # cycle walking: expected < 4 steps (domain < 4 * size)
-            x = self._feistel(x)
-        self._cache[position] = x
+        table = self._table
+        if table is None:
+            table = self._table = _table(self._seed, self.size)
+        x = table.values.get(position)
+        if x is None:
+            if not table.keys:
+                table.keys = self._round_keys()
+            x = self._feistel(position, table)
+            while x >= self.size:  # cycle walking: expected < 4 steps (domain < 4 * size)
+                x = self._feistel(x, table)
+            table.values[position] = x
+        self._cache = table.values
         return x

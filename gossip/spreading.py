@@ -68,6 +68,12 @@ class Wave:
     leaf_grant: Grant | None = None
     """The grant of this wave's leaf calls from this node (empty, [0, 0)): one object for
     all of them while the rumors stay the same, so the calls that carry it can be too."""
+    next_call: tuple[int, int, int, NodeId] | None = None
+    """`next_split` and the node its position names, as of the last time `intervals`
+    changed (valid while `next_fresh`): what `Spreader.plan` compares to find riders, so
+    a wave whose intervals did not change costs it no split and no permutation lookup."""
+    next_fresh: bool = False
+    """False whenever `intervals` changes (every change goes through this module)."""
 
     def next_split(self, leaf_span: int = 0) -> tuple[int, int, int] | None:
         """(a, b, m) of the interval this wave would split next (the largest, then lowest)
@@ -88,6 +94,7 @@ class Wave:
         claimed = self.claimed
         if lo >= hi:
             return
+        self.next_fresh = False
         if claimed.find(1, lo, hi) < 0:  # the common case (disjoint grants): one run
             claimed[lo:hi] = b"\x01" * (hi - lo)
             self.intervals.append((lo, hi))
@@ -230,41 +237,55 @@ class Spreader:
         wave whose next split calls the same node rides along. Claims and removes the
         intervals; `resolve` gives them back. Positions naming this node are skipped."""
         busy = self._busy()
-        span = self.leaf_span
+        me = self.node_id
         for key, wave in busy:
-            split = wave.next_split(span)
-            while split is not None:
-                a, b, m = split
-                target = wave.others[wave.perm(m)]
-                if target != self.node_id:
-                    break
+            nxt = wave.next_call if wave.next_fresh else self._next_call(wave)
+            while nxt is not None and nxt[3] == me:
+                a, b, m, _ = nxt
                 wave.intervals.remove((a, b))  # our own position: owned, never called
                 wave.intervals.extend(iv for iv in ((a, m), (m + 1, b)) if iv[0] < iv[1])
-                split = wave.next_split(span)
-            if split is None:
+                nxt = self._next_call(wave)
+            if nxt is None:
                 continue
-            parts = [self._take(wave, *split)]
+            a, b, m, target = nxt
+            split = (a, b, m)
+            parts = [self._take(wave, a, b, m)]
             if self.balance and not parts[0].leaf:
                 parts += self._handoff(wave, split)
             if len(busy) > 1:
                 for other_key, other in busy:
-                    other_split = other_key != key and other.next_split(span)
-                    if other_split and other.others[other.perm(other_split[2])] == target:
-                        parts.append(self._take(other, *other_split))
+                    if other_key == key:
+                        continue
+                    nxt = other.next_call if other.next_fresh else self._next_call(other)
+                    if nxt is not None and nxt[3] == target:
+                        parts.append(self._take(other, nxt[0], nxt[1], nxt[2]))
             grants = tuple(self._grant(p) for p in parts)
             if self.early_keep:  # what we keep whatever the outcome is ours again now
                 for i, part in enumerate(parts):
                     if not part.whole:
                         kept = (part.m + 1, part.b) if part.leaf else (part.a, part.m)
                         if kept[0] < kept[1]:
-                            self.waves[part.key].intervals.append(kept)
-                            self._active[part.key] = self.waves[part.key]
-                        parts[i] = part._replace(kept=True)
-                ack = not all(part.empty for part in parts)
+                            kept_wave = self.waves[part.key]
+                            kept_wave.intervals.append(kept)
+                            kept_wave.next_fresh = False
+                            self._active[part.key] = kept_wave
+                        # `part._replace(kept=True)`, without its per-call keyword walk
+                        parts[i] = Part(part.key, part.a, part.b, part.m, part.whole, True,
+                                        part.leaf)
+                ack = not parts[0].empty if len(parts) == 1 else not all(
+                    part.empty for part in parts)
             else:
                 ack = True
             return PlannedCall(target=target, grants=grants, parts=tuple(parts), ack=ack)
         return None
+
+    def _next_call(self, wave: Wave) -> tuple[int, int, int, NodeId] | None:
+        """`wave.next_call`, computed again (its intervals changed since)."""
+        split = wave.next_split(self.leaf_span)
+        nxt = None if split is None else (*split, wave.others[wave.perm(split[2])])
+        wave.next_call = nxt
+        wave.next_fresh = True
+        return nxt
 
     def _handoff(self, wave: Wave, split: tuple[int, int, int]) -> list[Part]:
         """The `balance` option: besides [m+1, b), hand the callee whole intervals, largest
@@ -279,12 +300,14 @@ class Spreader:
             if abs((mine - size) - (theirs + size)) >= abs(mine - theirs):
                 break
             wave.intervals.remove((lo, hi))
+            wave.next_fresh = False
             mine, theirs = mine - size, theirs + size
             out.append(Part(wave.key, lo, hi, lo, whole=True))
         return out
 
     def _take(self, wave: Wave, a: int, b: int, m: int) -> Part:
         wave.intervals.remove((a, b))
+        wave.next_fresh = False
         return Part(wave.key, a, b, m, leaf=m == a and b - a <= self.leaf_span)
 
     def _grant(self, part: Part) -> Grant:
@@ -323,6 +346,7 @@ class Spreader:
 
     @staticmethod
     def _resolve(wave: Wave, part: Part, acked: bool) -> None:
+        wave.next_fresh = False
         if part.whole:
             if not acked:
                 wave.intervals.append((part.a, part.b))
@@ -340,6 +364,8 @@ class Spreader:
         """The waves owning intervals, oldest first (as `waves` orders them); the active
         index forgets the others."""
         active = self._active
+        if not active:  # (no wave owns intervals: most plans of an idle node)
+            return []
         if len(active) == 1:  # the common case
             for key, wave in active.items():
                 if wave.intervals:

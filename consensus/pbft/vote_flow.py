@@ -56,6 +56,7 @@ class VoteFlow:
         "_catchup",
         "_commit_quorum",
         "_committed",
+        "_quorum",
         "_requests",
         "_s",
         "_stamp_skew",
@@ -79,6 +80,7 @@ class VoteFlow:
         self._timer = timer
         self._commit_quorum = commit_quorum
         self._stamp_skew = shared.cfg.block_stamp_skew_ms
+        self._quorum = shared.cfg.quorum  # (the config never changes: once, not per vote)
         self._committed: dict[int, Batch] = {}  # committed, waiting to execute in order
         self._awaiting: list[tuple[int, Vote]] = []  # (Ready number, own vote)
         self._ahead = AheadVotes(per_sender=3 * shared.cfg.log_window)
@@ -99,7 +101,6 @@ class VoteFlow:
         s = self._s
         log = s.log
         crypto = s.crypto
-        primary = s.cfg.primary(msg.view)
         if not log.in_window(msg.seq):
             if not (s.active and msg.view == s.view and log.high < msg.seq
                     <= log.high + s.cfg.log_window):
@@ -109,7 +110,7 @@ class VoteFlow:
             return
         match msg:
             case PrePrepare():
-                if msg.replica != primary:
+                if msg.replica != s.cfg.primary(msg.view):
                     s.drop("not_primary")
                     return
                 if not pp_digest_ok(crypto, msg):
@@ -130,7 +131,7 @@ class VoteFlow:
                     self._requests.ordered(msg.batch, wait=True)
                     self.prepare(msg)
             case Prepare():
-                if msg.replica == primary:
+                if msg.replica == s.cfg.primary(msg.view):
                     s.drop("prepare_from_primary")
                     return
                 slot = log.peek(msg.view, msg.seq)
@@ -180,7 +181,7 @@ class VoteFlow:
         if slot is None or slot.pre_prepare is None:
             return
         pp = slot.pre_prepare
-        q = s.cfg.quorum
+        q = self._quorum
         if not slot.certified:
             if not log.prepared(view, seq, q, verified_only=True):
                 return

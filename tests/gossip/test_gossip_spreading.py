@@ -55,6 +55,37 @@ def test_permutation_depends_on_the_seed_and_others_skips_the_origin() -> None:
         a(100)
 
 
+def test_permutations_of_one_seed_share_their_memo_and_eviction_changes_no_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.gossip import permutation
+    monkeypatch.setattr(permutation, "_TABLES", {})
+    fresh = [Permutation(b"s", 179)(i) for i in range(179)]  # the reference values
+    permutation._TABLES.clear()
+    first, second = Permutation(b"s", 179), Permutation(b"s", 179)
+    assert [first(i) for i in range(0, 179, 2)] == fresh[0::2]
+    # the second looks nothing up itself: the first one's values are its own
+    assert len(permutation._TABLES) == 1
+    table = permutation._TABLES[(b"s", 179)]
+    assert second._table is None
+    assert len(table.values) == 90
+    assert second(4) == fresh[4]
+    assert second._table is table
+    assert [second(i) for i in range(179)] == fresh
+    assert len(table.values) == 179
+    # each round's hash is computed once per half-word (179 < 2^8: 16 values), not per lookup
+    assert all(len(values) <= 16 for values in table.rounds)
+    Permutation(b"s", 100)(5)  # another size, another permutation: its own table
+    assert len(permutation._TABLES) == 2
+    # bounded: the oldest table goes, its permutations keep (and fill) their own values
+    monkeypatch.setattr(permutation, "_MAX_TABLES", 2)
+    Permutation(b"t", 179)(0)
+    Permutation(b"u", 179)(0)
+    assert (b"s", 179) not in permutation._TABLES
+    assert len(permutation._TABLES) == 2
+    third = Permutation(b"s", 179)
+    assert [third(i) for i in range(179)] == fresh == [first(i) for i in range(179)]
+
+
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), n=st.integers(2, 48), latency_max=st.integers(1, 3),
        seed=st.integers(0, 2**32), balance=st.booleans())
