@@ -143,7 +143,7 @@ class FastCrypto:
     can verify any node's signature. Forged or mutated signatures fail verification.
     """
 
-    __slots__ = ("_encode", "_keys", "_memo", "_node_id", "_secret")
+    __slots__ = ("_encode", "_keys", "_memo", "_node_id", "_pairs", "_secret")
 
     OPS: ClassVar[list[int]] = [0, 0, 0]
     """Signatures made, signatures verified, MACs made or checked, by every instance: the
@@ -168,6 +168,8 @@ class FastCrypto:
         self._encode = encode
         self._keys: dict[bytes, bytes] = {}
         """Derived keys by label (a key is a pure function of the secret and the label)."""
+        self._pairs: dict[NodeId, bytes] = {}
+        """The MAC key shared with each peer (`_pair_key`, a pure function of the peer)."""
 
     @property
     def node_id(self) -> NodeId:
@@ -200,9 +202,14 @@ class FastCrypto:
         return hmac.compare_digest(expected, signature)
 
     def _pair_key(self, peer: NodeId) -> bytes:
-        me = self._node_id
-        a, b = (me, peer) if me <= peer else (peer, me)
-        return self._key(b"mac:" + a.encode() + b"\x00" + b.encode())
+        key = self._pairs.get(peer)
+        if key is None:
+            me = self._node_id
+            a, b = (me, peer) if me <= peer else (peer, me)
+            key = self._key(b"mac:" + a.encode() + b"\x00" + b.encode())
+            if len(self._pairs) < 4_096:
+                self._pairs[peer] = key
+        return key
 
     def mac(self, peer: NodeId, obj: object) -> bytes:
         _OPS[2] += 1
