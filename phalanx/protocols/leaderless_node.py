@@ -5,7 +5,9 @@ Owns:
 - `ReplicaAppView`: the core's `AppView` over a `Replica` and its machine's
   `EndorsementHooks` (conflicts from `KeyAccess.conflicts_with` with the app's `commutes`,
   access sets cached per command in a bounded cache; policy votes; versions; applied index).
-- `WireTxCodec`: transactions as `phalanx.net.wire` frames (the core's `TxCodec`).
+- `WireTxCodec`: transactions as `phalanx.net.wire` frames (the core's `TxCodec`), their
+  decodes and ids remembered in process-wide memos (the replica's admission and the core
+  share them).
 - `TxLayer`: the replica's `TransactionLayer` (transaction mode: a committed entry's command
   is the encoded signed transaction; dedup by `messages.transaction_id`).
 - `LEADERLESS_NODE` (`ProtocolNode`): the core from a node config (its signing key, the
@@ -43,6 +45,7 @@ from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     LeaderlessDurableState,
     Transaction,
+    TxId,
     transaction_id,
 )
 from phalanx.consensus.types import ClientRequest, NodeId
@@ -205,8 +208,14 @@ class ReplicaAppView:
 
 
 class WireTxCodec:
-    """`Transaction`s as `phalanx.net.wire` frames (the core's `TxCodec`); registers the
-    leaderless wire types on first use."""
+    """`Transaction`s as `phalanx.net.wire` frames (the core's `TxCodec`, and `TxIds`);
+    registers the leaderless wire types on first use.
+
+    Decodes and ids are remembered in memos shared by every instance of the process
+    (`_DECODED`, `_IDS`: pure functions of their inputs, bounded, oldest out first): a node's
+    replica (`TxLayer.unwrap`, at admission) and its core (`_on_submit`) each decode a
+    client's transaction and compute its id, from the same bytes, through their own
+    instances."""
 
     __slots__ = ()
 
@@ -217,11 +226,31 @@ class WireTxCodec:
         return wire.encode(tx)
 
     def decode(self, data: bytes) -> Transaction | None:
+        memo = _DECODED
+        found = memo.get(data)
+        if found is not None:
+            return found
         try:
             tx = wire.decode(data, expected=Transaction)
         except DecodeError:
             return None
-        return tx if type(tx) is Transaction else None
+        if type(tx) is not Transaction:
+            return None
+        if len(memo) >= TX_MEMO:
+            memo.pop(next(iter(memo)), None)
+        memo[data] = tx
+        return tx
+
+    def transaction_id(self, tx: Transaction) -> TxId:
+        """`messages.transaction_id(tx, self.encode)`, remembered (`_IDS`)."""
+        memo = _IDS
+        found = memo.get(tx)
+        if found is None:
+            found = transaction_id(tx, wire.encode)
+            if len(memo) >= TX_MEMO:
+                memo.pop(next(iter(memo)), None)
+            memo[tx] = found
+        return found
 
     def encode_item(self, item: object) -> bytes:
         """The ordered resolution's items and snapshots (`ordered_veto.OrderingCodec`)."""
@@ -232,6 +261,16 @@ class WireTxCodec:
             return wire.decode(data)
         except DecodeError:
             return None
+
+
+TX_MEMO = 4096
+"""Transactions whose decode and id `WireTxCodec` remembers, each (oldest out first)."""
+
+_DECODED: dict[bytes, Transaction] = {}
+"""`WireTxCodec.decode` of the last `TX_MEMO` frames that decoded to a transaction."""
+
+_IDS: dict[Transaction, TxId] = {}
+"""`WireTxCodec.transaction_id` of the last `TX_MEMO` transactions."""
 
 
 class TxLayer:
@@ -258,7 +297,7 @@ class TxLayer:
         if tx is None:
             return None
         pinned = tuple(sorted({r.key for r in tx.requirements if not r.base}))
-        found = transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
+        found = codec.transaction_id(tx), tx.deadline_ms, tx.command, pinned
         if len(memo) >= UNWRAP_MEMO:
             del memo[next(iter(memo))]
         memo[command] = found

@@ -18,6 +18,7 @@ from phalanx.consensus.leaderless.messages import (
     Transaction,
     transaction_id,
 )
+from phalanx.consensus.leaderless.tx_codec import TxIds
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
 from phalanx.net import wire
 from phalanx.ops.signing_keys import TransactionSigner, client_verifier
@@ -189,3 +190,30 @@ def test_app_view_names_the_applied_ids_a_table_would_still_record() -> None:
     storage = MemoryDisk("n2").open()
     assert ReplicaAppView(Replica(KvStateMachine(), checkpoints=storage.checkpoints)
                           ).applied_within(base) == []
+
+
+def test_the_wire_codec_shares_bounded_decode_and_id_memos(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `WireTxCodec` of the process reads one decode memo and one id memo (the
+    replica's `TxLayer` and the core each hold an instance); both are bounded and give what
+    a fresh decode and `transaction_id` give."""
+    monkeypatch.setattr(leaderless_node, "TX_MEMO", 8)
+    monkeypatch.setattr(leaderless_node, "_DECODED", {})
+    monkeypatch.setattr(leaderless_node, "_IDS", {})
+    a, b = WireTxCodec(), WireTxCodec()
+    assert isinstance(a, TxIds)
+    signer = TransactionSigner("alice", bytes(32))
+    txs = [transaction(Put(key=f"k{i}", value=b"v"), no=i, signer=signer) for i in range(20)]
+    for tx in txs:
+        data = a.encode(tx)
+        got = a.decode(data)
+        assert got == tx
+        assert b.decode(data) is got
+        assert b.transaction_id(got) == a.transaction_id(tx) == transaction_id(tx, wire.encode)
+        assert TxLayer(b).unwrap(data) == (transaction_id(tx, wire.encode), tx.deadline_ms,
+                                           tx.command, ())
+    assert len(leaderless_node._DECODED) == 8
+    assert len(leaderless_node._IDS) == 8
+    assert a.decode(a.encode(txs[0])) == txs[0]  # decoded again
+    assert a.decode(b"\xc1garbage") is None
+    assert len(leaderless_node._DECODED) == 8
