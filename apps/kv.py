@@ -311,7 +311,8 @@ class KvStateMachine:
     def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         """Each key's version (`kv_ops.version_of`: SHA-512 of the value, b"" if absent;
         the full version of `kv_versions` for a key written in transaction mode)."""
-        return tuple(self._version(key) for key in keys)
+        version = self._version
+        return tuple([version(key) for key in keys])
 
     def _version(self, key: str) -> bytes:
         meta = self._meta.get(key)
@@ -322,8 +323,8 @@ class KvStateMachine:
     def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         """Each key's BASE version (`kv_versions.base_version`)."""
         get, meta = self._data.get, self._meta.get
-        return tuple(m.base if (m := meta(key)) is not None else kv_ops.version_of(get(key))
-                     for key in keys)
+        return tuple([m.base if (m := meta(key)) is not None else kv_ops.version_of(get(key))
+                      for key in keys])
 
     def needs_base(self, command: bytes) -> tuple[str, ...]:
         """The keys `command` writes only by `kv_ops.ORDER_FREE_OPS` updates (sorted): a
