@@ -112,11 +112,12 @@ class KvNode:
     def __init__(self) -> None:
         from phalanx.apps.kv import KvStateMachine
         from phalanx.apps.replica import Replica
-        from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer
+        from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
         from phalanx.storage.memory import MemoryDisk
         storage = MemoryDisk().open()
+        self.codec = WireTxCodec()  # the replica's layer and the core share it (a real node)
         self.replica = Replica(KvStateMachine(), checkpoints=storage.checkpoints,
-                               transactions=TxLayer())
+                               transactions=TxLayer(self.codec))
         self.view = ReplicaAppView(self.replica)
 
     @property
@@ -154,13 +155,11 @@ def main() -> None:
     apps: dict[NodeId, App | KvNode] = {
         n: KvNode() if kv else App(codec) for n in ids}
     views = {n: a.view if isinstance(a, KvNode) else a for n, a in apps.items()}
-    tx_codec: object = codec
+    codecs = {n: a.codec if isinstance(a, KvNode) else codec for n, a in apps.items()}
     if kv:
         from phalanx.apps.kv_types import Put
         from phalanx.apps.kv_wire import encode_command
         from phalanx.consensus.leaderless.batching import SubmitBatch
-        from phalanx.protocols.leaderless_node import WireTxCodec
-        tx_codec = WireTxCodec()
     client_keys = FastCrypto(NodeId("verifier"), cluster_secret=CLIENT_SECRET)
     signer = FastCrypto(NodeId("c1"), cluster_secret=CLIENT_SECRET)
     # As a real node (`leaderless_node.build_core`): growth notes for the journal's diff,
@@ -168,7 +167,7 @@ def main() -> None:
     notes = ({"growth_notes": True} if "growth_notes" in inspect.signature(
         LeaderlessCore.__init__).parameters else {})
     cores = {n: LeaderlessCore(LeaderlessConfig(node_id=n, nodes=ids), crypto=FastCrypto(n),
-                               client_keys=client_keys, app=views[n], codec=tx_codec,
+                               client_keys=client_keys, app=views[n], codec=codecs[n],
                                **notes)  # type: ignore[arg-type]
              for n in ids}
     last: dict[NodeId, object] = {}
@@ -228,7 +227,7 @@ def main() -> None:
             tx = dataclasses.replace(body, signature=signer.sign(body))
             if kv:  # as a client: one call to every node
                 batch.append(ClientRequest(client_id=tx.client_id, request_no=no,
-                                           command=tx_codec.encode(tx)))  # type: ignore[attr-defined]
+                                           command=codec.encode(tx)))
                 continue
             for node in ids:
                 queue.append((node, Receive(src=ids[(ids.index(node) + 1) % 4], message=tx)))

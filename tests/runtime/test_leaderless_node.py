@@ -192,28 +192,27 @@ def test_app_view_names_the_applied_ids_a_table_would_still_record() -> None:
                           ).applied_within(base) == []
 
 
-def test_the_wire_codec_shares_bounded_decode_and_id_memos(
+def test_the_wire_codec_remembers_bounded_decodes_and_ids(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every `WireTxCodec` of the process reads one decode memo and one id memo (the
-    replica's `TxLayer` and the core each hold an instance); both are bounded and give what
-    a fresh decode and `transaction_id` give."""
+    """A `WireTxCodec` remembers decodes and ids (bounded) and gives what a fresh decode and
+    `transaction_id` give; a real node's `TxLayer` and core share one (`shared_codec`)."""
     monkeypatch.setattr(leaderless_node, "TX_MEMO", 8)
-    monkeypatch.setattr(leaderless_node, "_DECODED", {})
-    monkeypatch.setattr(leaderless_node, "_IDS", {})
-    a, b = WireTxCodec(), WireTxCodec()
-    assert isinstance(a, TxIds)
+    codec = WireTxCodec()
+    assert isinstance(codec, TxIds)
     signer = TransactionSigner("alice", bytes(32))
     txs = [transaction(Put(key=f"k{i}", value=b"v"), no=i, signer=signer) for i in range(20)]
+    layer = TxLayer(codec)
     for tx in txs:
-        data = a.encode(tx)
-        got = a.decode(data)
+        data = codec.encode(tx)
+        got = codec.decode(data)
         assert got == tx
-        assert b.decode(data) is got
-        assert b.transaction_id(got) == a.transaction_id(tx) == transaction_id(tx, wire.encode)
-        assert TxLayer(b).unwrap(data) == (transaction_id(tx, wire.encode), tx.deadline_ms,
-                                           tx.command, ())
-    assert len(leaderless_node._DECODED) == 8
-    assert len(leaderless_node._IDS) == 8
-    assert a.decode(a.encode(txs[0])) == txs[0]  # decoded again
-    assert a.decode(b"\xc1garbage") is None
-    assert len(leaderless_node._DECODED) == 8
+        assert layer.unwrap(data) == (transaction_id(tx, wire.encode), tx.deadline_ms,
+                                      tx.command, ())
+        assert codec.decode(data) is got  # remembered: the core's decode after admission
+        assert codec.transaction_id(got) == transaction_id(tx, wire.encode)
+    assert len(codec._decoded) == 8
+    assert len(codec._ids) == 8
+    assert codec.decode(codec.encode(txs[0])) == txs[0]  # decoded again
+    assert codec.decode(b"\xc1garbage") is None
+    assert len(codec._decoded) == 8
+    assert leaderless_node.shared_codec() is leaderless_node.shared_codec()
