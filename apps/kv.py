@@ -84,6 +84,11 @@ _DONE = Done()
 ACCESS_MEMO = 256
 """Commands whose access sets `KvStateMachine.access` remembers (oldest out first)."""
 
+DECODE_MEMO = 1024
+"""Commands whose decode (and `check` verdict) the transaction-mode paths remember (oldest
+out first): a leaderless node reads each transaction's command for its access set, its
+policy vote (`check`) and its apply (`apply_tx`), one decode before for each."""
+
 
 class KvStateMachine:
     """A replicated key-value store. Keys are `str`, values `bytes` (see `kv_types` limits)."""
@@ -99,10 +104,14 @@ class KvStateMachine:
         """Version metadata of the keys written in transaction mode (`apply_tx`)."""
         self._delivery_check: DeliveryCheck | None = None
         self.refused: dict[str, int] = {}
-        self._access_memo: dict[bytes, KeyAccess] = {}
         """Commands refused at apply by the cluster-sending rules (`phalanx.apps.kv_inbox`),
         by reason: ``reserved_key``, ``uncertified:<why>``, ``compact_not_next``,
         ``prune_gap``... Metrics, not state (not in checkpoints)."""
+        self._access_memo: dict[bytes, KeyAccess] = {}
+        self._decoded: dict[bytes, KvCommand | KvError] = {}
+        """`kv_wire.decode_command` of the last `DECODE_MEMO` commands (`_command`)."""
+        self._verdicts: dict[bytes, Verdict] = {}
+        """`check` of the last `DECODE_MEMO` commands (a pure function of the command)."""
 
     def install_delivery_check(self, check: DeliveryCheck | None) -> None:
         """Verify `CsDeliver` certificates and `CsCompact` proofs with `check` (the
@@ -148,8 +157,8 @@ class KvStateMachine:
         advancing the version metadata of every key it may write (`kv_versions.advance`:
         a commuting update that fits the key's run and whose key is not `pinned` joins it,
         any other write moves the base), whatever its result."""
-        cmd = kv_wire.decode_command(command)
-        access = self._access_of(cmd)
+        cmd = self._command(command)
+        access = self.access(command)
         if access.writes:
             meta = self._meta.mutate()
             updates = {u.key: u for u in access.updates if u.key not in pinned}
@@ -257,7 +266,7 @@ class KvStateMachine:
         memo = self._access_memo
         found = memo.get(command)
         if found is None:
-            found = self._access_of(kv_wire.decode_command(command))
+            found = self._access_of(self._command(command))
             if len(memo) >= ACCESS_MEMO:
                 del memo[next(iter(memo))]
             memo[command] = found
@@ -302,7 +311,8 @@ class KvStateMachine:
     def versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         """Each key's version (`kv_ops.version_of`: SHA-512 of the value, b"" if absent;
         the full version of `kv_versions` for a key written in transaction mode)."""
-        return tuple(self._version(key) for key in keys)
+        version = self._version
+        return tuple([version(key) for key in keys])
 
     def _version(self, key: str) -> bytes:
         meta = self._meta.get(key)
@@ -313,8 +323,8 @@ class KvStateMachine:
     def base_versions(self, keys: Sequence[str]) -> tuple[bytes, ...]:
         """Each key's BASE version (`kv_versions.base_version`)."""
         get, meta = self._data.get, self._meta.get
-        return tuple(m.base if (m := meta(key)) is not None else kv_ops.version_of(get(key))
-                     for key in keys)
+        return tuple([m.base if (m := meta(key)) is not None else kv_ops.version_of(get(key))
+                      for key in keys])
 
     def needs_base(self, command: bytes) -> tuple[str, ...]:
         """The keys `command` writes only by `kv_ops.ORDER_FREE_OPS` updates (sorted): a
@@ -343,13 +353,37 @@ class KvStateMachine:
         return tuple(sorted({*access.reads, *(k for k in access.writes if k not in free)}))
 
     def check(self, command: bytes) -> Verdict:
-        cmd = kv_wire.decode_command(command)
+        """Accept a well-formed command within the limits; remembered (`_verdicts`)."""
+        memo = self._verdicts
+        found = memo.get(command)
+        if found is None:
+            found = self._check(self._command(command))
+            if len(memo) >= DECODE_MEMO:
+                del memo[next(iter(memo))]
+            memo[command] = found
+        return found
+
+    @staticmethod
+    def _check(cmd: KvCommand | KvError) -> Verdict:
         if isinstance(cmd, KvError):
             return Verdict(accept=False, reason=cmd.message)
         problem = validate(cmd)
         if problem is not None:
             return Verdict(accept=False, reason=problem.message)
         return Verdict(accept=True)
+
+    def _command(self, command: bytes) -> KvCommand | KvError:
+        """`kv_wire.decode_command(command)`, remembered (`_decoded`: decoded commands are
+        frozen values, shared by the access set, `check` and `apply_tx`). Not on the plain
+        `apply` path (a WAL replay decodes each command once)."""
+        memo = self._decoded
+        found = memo.get(command)
+        if found is None:
+            found = kv_wire.decode_command(command)
+            if len(memo) >= DECODE_MEMO:
+                del memo[next(iter(memo))]
+            memo[command] = found
+        return found
 
 
 _SIZE_ERRORS = frozenset({KvErrorCode.KEY_TOO_LARGE, KvErrorCode.VALUE_TOO_LARGE,

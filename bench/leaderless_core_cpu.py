@@ -11,10 +11,18 @@ Ready releases and feeds `Persisted` back at once. Reported, over the measured w
   `_WholeRecords` journal did (compare with the last record, encode the whole record);
   and the whole record's size (sampled).
 
+`--app kv` runs a real node's application stack instead of the dict app: per node a
+`Replica` in transaction mode over a `KvStateMachine` (`TxLayer`, in-memory storage), the
+core reading it through `ReplicaAppView`, transactions as `WireTxCodec` frames; each client
+write is a `put` of a fresh key that requires the key absent (as `bench/leaderless.py` at
+0% conflicts), admitted by the replica (`Replica.admit`, `applied_result`, as the driver
+does) and stepped as the runtime's `propose_batch` (one `SubmitBatch` per tick and node).
+The CPU then includes the admission, the app's questions and the replica's apply.
+
 Runs in a few seconds; compare two commits by running it from each (it works before the
 delta journal too: then only the whole-record size is shown).
 
-    .venv/bin/python bench/leaderless_core_cpu.py [--clients 8] [--seconds 10]
+    .venv/bin/python bench/leaderless_core_cpu.py [--clients 8] [--seconds 10] [--app kv]
 """
 
 from __future__ import annotations
@@ -31,8 +39,8 @@ from phalanx.consensus.core import Persisted, Ready, Receive, Tick
 from phalanx.consensus.crypto import FastCrypto
 from phalanx.consensus.leaderless.config import LeaderlessConfig
 from phalanx.consensus.leaderless.core import LeaderlessCore
-from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, Transaction
-from phalanx.consensus.types import Entry, NodeId
+from phalanx.consensus.leaderless.messages import LEADERLESS_MESSAGES, Requirement, Transaction
+from phalanx.consensus.types import ClientRequest, Entry, NodeId
 from phalanx.net import wire
 
 EPOCH = 1_700_000_000_000
@@ -98,11 +106,43 @@ class App:
         self.data[key.decode()] = self.data.get(key.decode(), 0) + int(n)
 
 
+class KvNode:
+    """`--app kv`: a real node's application stack (module docstring)."""
+
+    def __init__(self) -> None:
+        from phalanx.apps.kv import KvStateMachine
+        from phalanx.apps.replica import Replica
+        from phalanx.protocols.leaderless_node import ReplicaAppView, TxLayer, WireTxCodec
+        from phalanx.storage.memory import MemoryDisk
+        storage = MemoryDisk().open()
+        self.codec = WireTxCodec()  # the replica's layer and the core share it (a real node)
+        self.replica = Replica(KvStateMachine(), checkpoints=storage.checkpoints,
+                               transactions=TxLayer(self.codec))
+        self.view = ReplicaAppView(self.replica)
+
+    @property
+    def index(self) -> int:
+        return self.replica.applied_index
+
+    def admit(self, request: ClientRequest) -> bool:
+        """The driver's arrival checks (`driver_calls._on_call`)."""
+        replica = self.replica
+        return (replica.admit(request.client_id, request.command, request.read_only) is None
+                and replica.applied_result(request.command) is None)
+
+    def apply(self, entry: Entry) -> None:
+        self.replica.apply(entry)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8, help="transactions per tick")
     parser.add_argument("--seconds", type=float, default=10.0, help="simulated seconds")
     parser.add_argument("--warmup", type=float, default=2.0, help="simulated seconds not measured")
+    parser.add_argument("--app", choices=("dict", "kv"), default="dict",
+                        help="dict: the toy app; kv: a real node's replica, KV app and "
+                             "wire codec (module docstring)")
+    parser.add_argument("--value-size", type=int, default=100, help="--app kv: value bytes")
     args = parser.parse_args()
     try:
         from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules
@@ -111,7 +151,15 @@ def main() -> None:
         rules = None
     codec = Codec()
     ids = tuple(NodeId(f"n{i}") for i in range(1, 5))
-    apps = {n: App(codec) for n in ids}
+    kv = args.app == "kv"
+    apps: dict[NodeId, App | KvNode] = {
+        n: KvNode() if kv else App(codec) for n in ids}
+    views = {n: a.view if isinstance(a, KvNode) else a for n, a in apps.items()}
+    codecs = {n: a.codec if isinstance(a, KvNode) else codec for n, a in apps.items()}
+    if kv:
+        from phalanx.apps.kv_types import Put
+        from phalanx.apps.kv_wire import encode_command
+        from phalanx.consensus.leaderless.batching import SubmitBatch
     client_keys = FastCrypto(NodeId("verifier"), cluster_secret=CLIENT_SECRET)
     signer = FastCrypto(NodeId("c1"), cluster_secret=CLIENT_SECRET)
     # As a real node (`leaderless_node.build_core`): growth notes for the journal's diff,
@@ -119,7 +167,7 @@ def main() -> None:
     notes = ({"growth_notes": True} if "growth_notes" in inspect.signature(
         LeaderlessCore.__init__).parameters else {})
     cores = {n: LeaderlessCore(LeaderlessConfig(node_id=n, nodes=ids), crypto=FastCrypto(n),
-                               client_keys=client_keys, app=apps[n], codec=codec,
+                               client_keys=client_keys, app=views[n], codec=codecs[n],
                                **notes)  # type: ignore[arg-type]
              for n in ids}
     last: dict[NodeId, object] = {}
@@ -162,14 +210,34 @@ def main() -> None:
         now = EPOCH + 10 * t
         for node in ids:
             queue.append((node, Tick(now_ms=now)))
-        for _ in range(args.clients):
+        batch: list[ClientRequest] = []
+        for c in range(args.clients):
             no += 1
-            body = Transaction(client="c1", client_id="c1", request_no=no,
-                               deadline_ms=now + 5_000, requirements=(),
-                               command=f"add k{no % 16} 1".encode())
+            if kv:
+                key = f"b{c}-{no}"
+                value = (f"{key}|".encode() + b"v" * args.value_size)[:args.value_size]
+                body = Transaction(client="c1", client_id=f"c{c}", request_no=no,
+                                   deadline_ms=now + 5_000,
+                                   requirements=(Requirement(key=key, version=b""),),
+                                   command=encode_command(Put(key=key, value=value)))
+            else:
+                body = Transaction(client="c1", client_id="c1", request_no=no,
+                                   deadline_ms=now + 5_000, requirements=(),
+                                   command=f"add k{no % 16} 1".encode())
             tx = dataclasses.replace(body, signature=signer.sign(body))
+            if kv:  # as a client: one call to every node
+                batch.append(ClientRequest(client_id=tx.client_id, request_no=no,
+                                           command=codec.encode(tx)))
+                continue
             for node in ids:
                 queue.append((node, Receive(src=ids[(ids.index(node) + 1) % 4], message=tx)))
+        if kv:
+            for node in ids:
+                start = time.process_time()
+                admitted = tuple(r for r in batch if apps[node].admit(r))  # type: ignore[union-attr]
+                if measure:
+                    cpu += time.process_time() - start
+                queue.append((node, SubmitBatch(requests=admitted)))
         while queue:
             node, inp = queue.popleft()
             start = time.process_time()
@@ -181,7 +249,7 @@ def main() -> None:
             handle(node, ready, measure)
     committed = sum(a.index for a in apps.values()) / len(apps) - committed0
     records = max(stats["records"], 1)
-    print(f"clients/tick={args.clients} simulated={args.seconds - args.warmup:.0f}s "
+    print(f"app={args.app} clients/tick={args.clients} simulated={args.seconds - args.warmup:.0f}s "
           f"committed={committed:.0f} (of {no} sent)")
     journal = stats["journal_cpu"]
     print(f"CPU per committed tx: cores {cpu / max(committed, 1) * 1e6:.0f} us, journal "

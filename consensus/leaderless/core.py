@@ -85,7 +85,7 @@ from phalanx.consensus.leaderless.status import (
 )
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 from phalanx.consensus.leaderless.ticks import TickWork
-from phalanx.consensus.leaderless.tx_codec import TxCodec
+from phalanx.consensus.leaderless.tx_codec import TxCodec, TxIds
 from phalanx.consensus.leaderless.veto import CheckpointMachine
 from phalanx.consensus.types import ClientRequest, Entry, Message, NodeId
 
@@ -117,6 +117,7 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching, Restore
         self._app = app
         self._codec = codec
         self._ids: dict[Transaction, TxId] = {}
+        self._ids_of = codec if isinstance(codec, TxIds) else None  # once: a runtime Protocol
         self._notes = RecordNotes() if growth_notes else None
         self._bugs = check_bugs(bugs)
         self._peers = config.peers()
@@ -309,7 +310,9 @@ class LeaderlessCore(PeerIntake, TickWork, CatchUp, EndorsementBatching, Restore
         cache = self._ids
         found = cache.get(tx)
         if found is None:
-            found = transaction_id(tx, self._codec.encode)
+            ids = self._ids_of
+            found = (ids.transaction_id(tx) if ids is not None
+                     else transaction_id(tx, self._codec.encode))
             if len(cache) >= TX_ID_CACHE:
                 del cache[next(iter(cache))]
             cache[tx] = found

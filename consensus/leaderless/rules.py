@@ -28,13 +28,19 @@ from collections.abc import Callable
 from phalanx.consensus.leaderless.messages import Endorsement, TxId
 from phalanx.consensus.leaderless.store import TxRecord, TxState, TxStore
 
+QUORUM_MEMO = 64
+"""Policies whose quorum `Rules.quorum` remembers."""
+
 
 class Rules:
-    __slots__ = ("_memo", "_quorum_for", "_store", "count_conditional")
+    __slots__ = ("_memo", "_quorum_for", "_quorums", "_store", "count_conditional")
 
     def __init__(self, store: TxStore, quorum_for: Callable[[str], int]) -> None:
         self._store = store
         self._quorum_for = quorum_for
+        self._quorums: dict[str, int] = {}
+        """`quorum_for` of the policies asked (a pure function of the configuration; at most
+        `QUORUM_MEMO` policies: a client names any)."""
         self._memo: dict[TxId, bool] = {}
         self.count_conditional = False  # the `count_conditional` bug (bugs.py)
 
@@ -43,7 +49,13 @@ class Rules:
         self._memo.clear()
 
     def quorum(self, record: TxRecord) -> int:
-        return self._quorum_for(record.tx.policy)
+        policy = record.tx.policy
+        found = self._quorums.get(policy)
+        if found is None:
+            found = self._quorum_for(policy)
+            if len(self._quorums) < QUORUM_MEMO:
+                self._quorums[policy] = found
+        return found
 
     def applicable(self, tx_id: TxId) -> bool:
         return self._applicable(tx_id, [])[0]
@@ -90,8 +102,9 @@ class Rules:
         if self.count_conditional:  # the `count_conditional` bug (bugs.py)
             return list(record.endorsements.values())
         dropped = TxState.DROPPED
+        state_of = self._store.state_of
         return [e for e in record.endorsements.values()
-                if all(self._store.state_of(c) is dropped for c in e.conditions)]
+                if not e.conditions or all(state_of(c) is dropped for c in e.conditions)]
 
     def dead(self, record: TxRecord) -> list[Endorsement]:
         committed = TxState.COMMITTED

@@ -5,7 +5,9 @@ Owns:
 - `ReplicaAppView`: the core's `AppView` over a `Replica` and its machine's
   `EndorsementHooks` (conflicts from `KeyAccess.conflicts_with` with the app's `commutes`,
   access sets cached per command in a bounded cache; policy votes; versions; applied index).
-- `WireTxCodec`: transactions as `phalanx.net.wire` frames (the core's `TxCodec`).
+- `WireTxCodec`: transactions as `phalanx.net.wire` frames (the core's `TxCodec`), their
+  decodes and ids remembered (bounded); a real node's replica layer and core share one
+  (`shared_codec`), so admission and the core decode and identify a transaction once.
 - `TxLayer`: the replica's `TransactionLayer` (transaction mode: a committed entry's command
   is the encoded signed transaction; dedup by `messages.transaction_id`).
 - `LEADERLESS_NODE` (`ProtocolNode`): the core from a node config (its signing key, the
@@ -43,6 +45,7 @@ from phalanx.consensus.leaderless.messages import (
     LEADERLESS_MESSAGES,
     LeaderlessDurableState,
     Transaction,
+    TxId,
     transaction_id,
 )
 from phalanx.consensus.types import ClientRequest, NodeId
@@ -205,23 +208,52 @@ class ReplicaAppView:
 
 
 class WireTxCodec:
-    """`Transaction`s as `phalanx.net.wire` frames (the core's `TxCodec`); registers the
-    leaderless wire types on first use."""
+    """`Transaction`s as `phalanx.net.wire` frames (the core's `TxCodec`, and `TxIds`);
+    registers the leaderless wire types on first use.
 
-    __slots__ = ()
+    Remembers its decodes and ids (bounded memos, oldest out first; pure functions of their
+    inputs): a node's replica (`TxLayer.unwrap`, at admission) and its core (`_on_submit`)
+    each decode a client's transaction and compute its id, from the same bytes, so a real
+    node gives both one instance (`shared_codec`)."""
+
+    __slots__ = ("_decoded", "_ids")
 
     def __init__(self) -> None:
         wire.register_all(LEADERLESS_MESSAGES)
+        self._decoded: dict[bytes, Transaction] = {}
+        """`decode` of the last `TX_MEMO` frames that decoded to a transaction."""
+        self._ids: dict[Transaction, TxId] = {}
+        """`transaction_id` of the last `TX_MEMO` transactions."""
 
     def encode(self, tx: Transaction) -> bytes:
         return wire.encode(tx)
 
     def decode(self, data: bytes) -> Transaction | None:
+        memo = self._decoded
+        found = memo.get(data)
+        if found is not None:
+            return found
         try:
             tx = wire.decode(data, expected=Transaction)
         except DecodeError:
             return None
-        return tx if type(tx) is Transaction else None
+        if type(tx) is not Transaction:
+            return None
+        if len(memo) >= TX_MEMO:
+            del memo[next(iter(memo))]
+        memo[data] = tx
+        return tx
+
+    def transaction_id(self, tx: Transaction) -> TxId:
+        """`messages.transaction_id(tx, self.encode)`, remembered."""
+        memo = self._ids
+        found = memo.get(tx)
+        if found is None:
+            found = transaction_id(tx, wire.encode)
+            if len(memo) >= TX_MEMO:
+                del memo[next(iter(memo))]
+            memo[tx] = found
+        return found
 
     def encode_item(self, item: object) -> bytes:
         """The ordered resolution's items and snapshots (`ordered_veto.OrderingCodec`)."""
@@ -232,6 +264,20 @@ class WireTxCodec:
             return wire.decode(data)
         except DecodeError:
             return None
+
+
+TX_MEMO = 4096
+"""Transactions whose decode and id a `WireTxCodec` remembers, each (oldest out first)."""
+
+_SHARED: list[WireTxCodec] = []
+
+
+def shared_codec() -> WireTxCodec:
+    """The process's `WireTxCodec` of a real node: its replica's `TxLayer` and its core
+    share it (one node per process), so each transaction is decoded and identified once."""
+    if not _SHARED:
+        _SHARED.append(WireTxCodec())
+    return _SHARED[0]
 
 
 class TxLayer:
@@ -258,7 +304,7 @@ class TxLayer:
         if tx is None:
             return None
         pinned = tuple(sorted({r.key for r in tx.requirements if not r.base}))
-        found = transaction_id(tx, codec.encode), tx.deadline_ms, tx.command, pinned
+        found = codec.transaction_id(tx), tx.deadline_ms, tx.command, pinned
         if len(memo) >= UNWRAP_MEMO:
             del memo[next(iter(memo))]
         memo[command] = found
@@ -341,7 +387,7 @@ class LeaderlessNode:
         return LeaderlessJournal(config, sync)
 
     def transaction_layer(self, config: NodeConfig) -> TxLayer:
-        return TxLayer()
+        return TxLayer(shared_codec())  # the core's codec too (`build_core`)
 
     def build_core(self, config: NodeConfig, *, durable: DurableState, rng: random.Random,
                    byzantine: str | None, pipeline_depth: int,
@@ -363,7 +409,7 @@ class LeaderlessNode:
         honest = LeaderlessCore(
             leaderless_config(config), crypto=crypto,
             client_keys=client_verifier(config.client_keys),
-            app=ReplicaAppView(replica), codec=WireTxCodec(), restored=state,
+            app=ReplicaAppView(replica), codec=shared_codec(), restored=state,
             recovering=durable.recovering, restored_entries=durable.entries,
             checkpoint_format=EnvelopeFormat(), growth_notes=True)  # for the journal's diff
         if byzantine is not None:  # the wrapper must see every input: one Submit each

@@ -266,3 +266,44 @@ def test_pairwise_commuting_commands_give_one_state_in_every_order(
         return _checkpoint(m), results
 
     assert play(ops) == play(shuffled)
+
+
+def test_transaction_mode_decodes_a_command_once_and_answers_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`access`, `check` and `apply_tx` share one decode of a command (`_command`) and
+    `check` remembers its verdict; the answers are those of a machine without the memos."""
+    decodes: list[bytes] = []
+    real = kv_wire.decode_command
+
+    def counting(data: bytes) -> object:
+        decodes.append(data)
+        return real(data)
+
+    monkeypatch.setattr(kv_wire, "decode_command", counting)
+    m, fresh = KvStateMachine(), KvStateMachine()
+    put = enc(Put(key="k", value=b"v"))
+    assert m.access(put).writes == ("k",)
+    assert m.access(put) == fresh.access(put)
+    assert m.check(put).accept
+    assert m.check(put).accept
+    assert m.apply_tx(b"t" * 32, put) == fresh.apply_tx(b"t" * 32, put)
+    assert decodes.count(put) == 2  # one per machine
+    assert m.versions(["k"]) == fresh.versions(["k"])
+    assert m.get("k") == b"v"
+    junk = b"\xc1junk"
+    assert m.check(junk) == fresh.check(junk)
+    assert not m.check(junk).accept
+    assert m.check(junk) is m.check(junk)  # remembered
+
+
+def test_the_decode_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import phalanx.apps.kv as kv_module
+    monkeypatch.setattr(kv_module, "DECODE_MEMO", 4)
+    m = KvStateMachine()
+    for i in range(20):
+        command = enc(Put(key=f"k{i}", value=b"v"))
+        assert m.check(command).accept
+        assert m.apply_tx(bytes([i]) * 32, command) == kv_wire.encode_result(Done())
+    assert len(m._decoded) == 4
+    assert len(m._verdicts) == 4
+    assert m.access(enc(Put(key="k0", value=b"v"))).writes == ("k0",)  # decoded again

@@ -18,6 +18,7 @@ from phalanx.consensus.leaderless.messages import (
     Transaction,
     transaction_id,
 )
+from phalanx.consensus.leaderless.tx_codec import TxIds
 from phalanx.consensus.types import ClientRequest, Entry, EntryKind, NodeId
 from phalanx.net import wire
 from phalanx.ops.signing_keys import TransactionSigner, client_verifier
@@ -189,3 +190,29 @@ def test_app_view_names_the_applied_ids_a_table_would_still_record() -> None:
     storage = MemoryDisk("n2").open()
     assert ReplicaAppView(Replica(KvStateMachine(), checkpoints=storage.checkpoints)
                           ).applied_within(base) == []
+
+
+def test_the_wire_codec_remembers_bounded_decodes_and_ids(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `WireTxCodec` remembers decodes and ids (bounded) and gives what a fresh decode and
+    `transaction_id` give; a real node's `TxLayer` and core share one (`shared_codec`)."""
+    monkeypatch.setattr(leaderless_node, "TX_MEMO", 8)
+    codec = WireTxCodec()
+    assert isinstance(codec, TxIds)
+    signer = TransactionSigner("alice", bytes(32))
+    txs = [transaction(Put(key=f"k{i}", value=b"v"), no=i, signer=signer) for i in range(20)]
+    layer = TxLayer(codec)
+    for tx in txs:
+        data = codec.encode(tx)
+        got = codec.decode(data)
+        assert got == tx
+        assert layer.unwrap(data) == (transaction_id(tx, wire.encode), tx.deadline_ms,
+                                      tx.command, ())
+        assert codec.decode(data) is got  # remembered: the core's decode after admission
+        assert codec.transaction_id(got) == transaction_id(tx, wire.encode)
+    assert len(codec._decoded) == 8
+    assert len(codec._ids) == 8
+    assert codec.decode(codec.encode(txs[0])) == txs[0]  # decoded again
+    assert codec.decode(b"\xc1garbage") is None
+    assert len(codec._decoded) == 8
+    assert leaderless_node.shared_codec() is leaderless_node.shared_codec()
