@@ -64,6 +64,15 @@ def signing_view(obj: object) -> object:
     return view
 
 
+def uncovered_fields(cls: type) -> tuple[str, ...]:
+    """The fields of dataclass type `cls` that `signing_view` keeps (all but `signature` and
+    `auth`), in declaration order; () for a type that is not a dataclass. Two objects of
+    `cls` whose kept fields are equal have equal signing views."""
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in _COVERED_OUT)
+
+
 def repr_encoding(obj: object) -> bytes:
     """A canonical stand-in encoding for frozen dataclasses of ints, strs, bytes, bools,
     tuples and IntEnums: their `repr`. Deterministic, not a wire format."""
@@ -130,6 +139,12 @@ class FastCryptoMemo(Protocol):
         """``blake2b(data)`` (32 bytes)."""
         ...
 
+    def tag_by_value(self, key: bytes, obj: object) -> bytes:
+        """``blake2b(encoding(signing_view(obj)), key=key)`` (32 bytes), for an object met once
+        (a MAC'd message: one per receiver): the covered bytes remembered by the value of
+        the signing view, not by the object, and the tag not remembered."""
+        ...
+
 
 def digest_of(crypto: Hasher, obj: object) -> bytes:
     """The digest of an object's canonical encoding."""
@@ -183,8 +198,8 @@ class FastCrypto:
                 self._keys[label] = key
         return key
 
-    def _tag(self, key: bytes, obj: object, *, memo: bool = True) -> bytes:
-        if memo and self._memo is not None:
+    def _tag(self, key: bytes, obj: object) -> bytes:
+        if self._memo is not None:
             return self._memo.tag(key, obj)
         data = self._encode(signing_view(obj))
         return hashlib.blake2b(data, key=key, digest_size=32).digest()
@@ -218,9 +233,13 @@ class FastCrypto:
     def verify_mac(self, peer: NodeId, obj: object, tag: bytes) -> bool:
         _OPS[2] += 1
         try:
-            # Not through the memo: a MAC'd message reaches one receiver (its tag differs per
-            # peer), so it would only fill the memo with objects never seen again.
-            expected = self._tag(self._pair_key(peer), obj, memo=False)
+            # Not through the memo's objects: a MAC'd message reaches one receiver (its tag
+            # differs per peer), so it would only fill the memo with objects never seen
+            # again; but the n-1 copies a sender MACs differ in their tag only, so their
+            # signing views are equal: the memo keeps their covered bytes by value.
+            key = self._pair_key(peer)
+            memo = self._memo
+            expected = self._tag(key, obj) if memo is None else memo.tag_by_value(key, obj)
         except (TypeError, ValueError):
             return False
         return hmac.compare_digest(expected, tag)
