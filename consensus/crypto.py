@@ -158,7 +158,7 @@ class FastCrypto:
     can verify any node's signature. Forged or mutated signatures fail verification.
     """
 
-    __slots__ = ("_encode", "_keys", "_memo", "_node_id", "_pairs", "_secret")
+    __slots__ = ("_encode", "_keys", "_memo", "_node_id", "_pairs", "_secret", "_signers")
 
     OPS: ClassVar[list[int]] = [0, 0, 0]
     """Signatures made, signatures verified, MACs made or checked, by every instance: the
@@ -185,6 +185,8 @@ class FastCrypto:
         """Derived keys by label (a key is a pure function of the secret and the label)."""
         self._pairs: dict[NodeId, bytes] = {}
         """The MAC key shared with each peer (`_pair_key`, a pure function of the peer)."""
+        self._signers: dict[NodeId, bytes] = {}
+        """Each node's signing key (`_sig_key`, a pure function of the node)."""
 
     @property
     def node_id(self) -> NodeId:
@@ -204,14 +206,26 @@ class FastCrypto:
         data = self._encode(signing_view(obj))
         return hashlib.blake2b(data, key=key, digest_size=32).digest()
 
+    def _sig_key(self, node: NodeId) -> bytes:
+        key = self._signers.get(node)
+        if key is None:
+            key = self._key(b"sig:" + node.encode())
+            if len(self._signers) < 4_096:
+                self._signers[node] = key
+        return key
+
     def sign(self, obj: object) -> bytes:
         _OPS[0] += 1
-        return self._tag(self._key(b"sig:" + self._node_id.encode()), obj)
+        return self._tag(self._sig_key(self._node_id), obj)
 
     def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
         _OPS[1] += 1
         try:
-            expected = self._tag(self._key(b"sig:" + node.encode()), obj)
+            key = self._signers.get(node)
+            if key is None:
+                key = self._sig_key(node)
+            memo = self._memo
+            expected = self._tag(key, obj) if memo is None else memo.tag(key, obj)
         except (TypeError, ValueError):
             return False
         return hmac.compare_digest(expected, signature)

@@ -91,7 +91,9 @@ class CryptoMemo:
 
     def tag(self, key: bytes, obj: object) -> bytes:
         """`blake2b(encode(signing_view(obj)), key=key)`, as `FastCrypto` computes it."""
-        entry = self._entry(obj)
+        entry = self._entries.get(id(obj))  # (`_entry`, inlined for the common hit)
+        if entry is None or entry.obj is not obj:
+            entry = self._entry(obj)
         tag = entry.tags.get(key)
         if tag is not None:
             self.hits += 1
