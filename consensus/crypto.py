@@ -64,6 +64,15 @@ def signing_view(obj: object) -> object:
     return view
 
 
+def uncovered_fields(cls: type) -> tuple[str, ...]:
+    """The fields of dataclass type `cls` that `signing_view` keeps (all but `signature` and
+    `auth`), in declaration order; () for a type that is not a dataclass. Two objects of
+    `cls` whose kept fields are equal have equal signing views."""
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in _COVERED_OUT)
+
+
 def repr_encoding(obj: object) -> bytes:
     """A canonical stand-in encoding for frozen dataclasses of ints, strs, bytes, bools,
     tuples and IntEnums: their `repr`. Deterministic, not a wire format."""
@@ -130,6 +139,12 @@ class FastCryptoMemo(Protocol):
         """``blake2b(data)`` (32 bytes)."""
         ...
 
+    def tag_by_value(self, key: bytes, obj: object) -> bytes:
+        """``blake2b(encoding(signing_view(obj)), key=key)`` (32 bytes), for an object met once
+        (a MAC'd message: one per receiver): the covered bytes remembered by the value of
+        the signing view, not by the object, and the tag not remembered."""
+        ...
+
 
 def digest_of(crypto: Hasher, obj: object) -> bytes:
     """The digest of an object's canonical encoding."""
@@ -143,7 +158,7 @@ class FastCrypto:
     can verify any node's signature. Forged or mutated signatures fail verification.
     """
 
-    __slots__ = ("_encode", "_keys", "_memo", "_node_id", "_pairs", "_secret")
+    __slots__ = ("_encode", "_keys", "_memo", "_node_id", "_pairs", "_secret", "_signers")
 
     OPS: ClassVar[list[int]] = [0, 0, 0]
     """Signatures made, signatures verified, MACs made or checked, by every instance: the
@@ -170,6 +185,8 @@ class FastCrypto:
         """Derived keys by label (a key is a pure function of the secret and the label)."""
         self._pairs: dict[NodeId, bytes] = {}
         """The MAC key shared with each peer (`_pair_key`, a pure function of the peer)."""
+        self._signers: dict[NodeId, bytes] = {}
+        """Each node's signing key (`_sig_key`, a pure function of the node)."""
 
     @property
     def node_id(self) -> NodeId:
@@ -183,20 +200,32 @@ class FastCrypto:
                 self._keys[label] = key
         return key
 
-    def _tag(self, key: bytes, obj: object, *, memo: bool = True) -> bytes:
-        if memo and self._memo is not None:
+    def _tag(self, key: bytes, obj: object) -> bytes:
+        if self._memo is not None:
             return self._memo.tag(key, obj)
         data = self._encode(signing_view(obj))
         return hashlib.blake2b(data, key=key, digest_size=32).digest()
 
+    def _sig_key(self, node: NodeId) -> bytes:
+        key = self._signers.get(node)
+        if key is None:
+            key = self._key(b"sig:" + node.encode())
+            if len(self._signers) < 4_096:
+                self._signers[node] = key
+        return key
+
     def sign(self, obj: object) -> bytes:
         _OPS[0] += 1
-        return self._tag(self._key(b"sig:" + self._node_id.encode()), obj)
+        return self._tag(self._sig_key(self._node_id), obj)
 
     def verify(self, node: NodeId, obj: object, signature: bytes) -> bool:
         _OPS[1] += 1
         try:
-            expected = self._tag(self._key(b"sig:" + node.encode()), obj)
+            key = self._signers.get(node)
+            if key is None:
+                key = self._sig_key(node)
+            memo = self._memo
+            expected = self._tag(key, obj) if memo is None else memo.tag(key, obj)
         except (TypeError, ValueError):
             return False
         return hmac.compare_digest(expected, signature)
@@ -218,9 +247,13 @@ class FastCrypto:
     def verify_mac(self, peer: NodeId, obj: object, tag: bytes) -> bool:
         _OPS[2] += 1
         try:
-            # Not through the memo: a MAC'd message reaches one receiver (its tag differs per
-            # peer), so it would only fill the memo with objects never seen again.
-            expected = self._tag(self._pair_key(peer), obj, memo=False)
+            # Not through the memo's objects: a MAC'd message reaches one receiver (its tag
+            # differs per peer), so it would only fill the memo with objects never seen
+            # again; but the n-1 copies a sender MACs differ in their tag only, so their
+            # signing views are equal: the memo keeps their covered bytes by value.
+            key = self._pair_key(peer)
+            memo = self._memo
+            expected = self._tag(key, obj) if memo is None else memo.tag_by_value(key, obj)
         except (TypeError, ValueError):
             return False
         return hmac.compare_digest(expected, tag)

@@ -148,6 +148,7 @@ class PbftCore:
 
     __slots__ = (
         "_checkpoints",
+        "_others",
         "_requests",
         "_resend_view_change",
         "_s",
@@ -172,6 +173,9 @@ class PbftCore:
         carries the same value for its own checkpoints); default: `crypto.digest(data)`."""
         if crypto.node_id != config.node_id:
             raise LocalProtocolError("crypto and config belong to different nodes")
+        # The replicas a message may come from (every other one), as a set: checked per
+        # message received (`config.replicas` is a tuple: O(n) per lookup).
+        self._others = frozenset(config.replicas) - {config.node_id}
         d = restored.durable if restored is not None else PbftDurableState()
         executed = restored.executed if restored is not None else 0
         safety = (UnfencedSafetyRules if bugs.no_view_fence else SafetyRules)(crypto, d.safety)
@@ -341,7 +345,7 @@ class PbftCore:
 
     def _receive(self, src: NodeId, msg: Message) -> None:
         s = self._s
-        if src not in s.cfg.replicas or src == s.me:
+        if src not in self._others:  # (not a replica, or ourselves)
             s.drop("unknown_sender")
             return
         if not isinstance(msg, _PBFT_TYPES):

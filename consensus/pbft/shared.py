@@ -97,13 +97,19 @@ class Shared:
         self.hard_dirty = False  # the view or the executed seq changed
 
     def begin(self) -> None:
-        """Empty the outbox for a new step."""
-        self.out = []
-        self.early = []
-        self.exec_out = []
+        """Empty the outbox for a new step (a list the last step left empty is kept: most
+        steps add nothing to most of them; `PbftCore._finish` copies what they hold)."""
+        if self.out:
+            self.out = []
+        if self.early:
+            self.early = []
+        if self.exec_out:
+            self.exec_out = []
         self.snapshot_out = None
-        self.rejected_out = []
-        self.new_own = []
+        if self.rejected_out:
+            self.rejected_out = []
+        if self.new_own:
+            self.new_own = []
         self.durable_dirty = False
         self.hard_dirty = False
 

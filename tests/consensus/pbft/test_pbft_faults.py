@@ -442,3 +442,19 @@ def test_a_new_primary_whose_checkpoint_became_stable_meanwhile_refreshes_its_vi
     assert all(c.cores[n].status().view_active for n in c.ids[1:])
     assert [r for e in c.entries[c.ids[2]] for r in e.requests][-1] == req("b", 0)
     c.assert_agreement()
+
+
+def test_votes_from_ourselves_or_a_non_replica_are_dropped_as_unknown_senders() -> None:
+    """The sender check (a set since the n = 180 gossip cell: a tuple scan per message
+    before): a vote that claims to come from the receiver itself, or from a node outside
+    the cluster, is dropped and counted, never stored."""
+    c = Cluster(4, batch_size=1)
+    me, other = c.ids[1], c.ids[2]
+    digest = b"d" * 32
+    c.inject(me, me, _commit(c, me, me, 0, 1, digest))
+    stranger = NodeId("n99")
+    c.inject(stranger, me, Commit(view=0, seq=1, digest=digest, replica=stranger))
+    c.inject(other, me, _commit(c, other, me, 0, 1, digest))  # a real peer: stored
+    c.deliver()
+    assert c.dropped(me).get("unknown_sender") == 2
+    assert "bad_auth" not in c.dropped(me)

@@ -85,6 +85,43 @@ def test_memo_hits_the_same_object_and_stays_bounded() -> None:
     assert len(memo._entries) <= 2
 
 
+def test_mac_checks_share_a_flat_view_by_value_and_nothing_else() -> None:
+    """A sender's n-1 MAC'd copies of one commit are distinct objects with equal signing
+    views: their covered bytes are encoded once (by value). The verdicts are the plain
+    ones, including for a tampered copy and for `view=True` (equal to 1 but not the same
+    encoding: never confused with the `view=1` commit remembered before it)."""
+    memo = CryptoMemo()
+    plain = {n: FastCrypto(n) for n in NODES}
+    cached = {n: FastCrypto(n, memo=memo) for n in NODES}
+    signer = NODES[0]
+
+    def copies(view: int) -> list[tuple[NodeId, Commit, bytes]]:
+        commit = Commit(view=view, seq=7, digest=b"d" * 32, replica=signer)
+        out = []
+        for peer in NODES[1:]:
+            tag = plain[signer].mac(peer, commit)
+            # a new object per receiver, as the network decodes each frame
+            out.append((peer, Commit(view=view, seq=7, digest=bytes(bytearray(b"d" * 32)),
+                                     replica=NodeId(str(signer)), auth=tag), tag))
+        return out
+
+    for peer, copy, tag in copies(1):
+        assert cached[peer].verify_mac(signer, copy, tag)
+        forged = Commit(view=1, seq=8, digest=copy.digest, replica=signer, auth=tag)
+        assert not cached[peer].verify_mac(signer, forged, tag)
+        other = NODES[2] if peer != NODES[2] else NODES[3]  # not the sender: another key
+        assert not cached[peer].verify_mac(other, copy, tag)
+    assert len(memo._views) == 2  # seq 7 once for its 3 copies, seq 8 once
+    assert memo.hits == memo.misses == 0  # (the object memo is not involved)
+    for peer, copy, tag in copies(True):  # 1 == True, repr differs: not by value
+        assert cached[peer].verify_mac(signer, copy, tag) == plain[peer].verify_mac(
+            signer, copy, tag) is True
+        as_int = Commit(view=1, seq=7, digest=copy.digest, replica=signer, auth=tag)
+        assert cached[peer].verify_mac(signer, as_int, tag) is plain[peer].verify_mac(
+            signer, as_int, tag) is False
+    assert len(memo._views) == 2
+
+
 def test_memo_must_share_the_encoding() -> None:
     with pytest.raises(ValueError, match="same encoding"):
         FastCrypto(NODES[0], encode=lambda obj: repr_encoding(obj) + b"!", memo=CryptoMemo())
