@@ -84,6 +84,11 @@ _DONE = Done()
 ACCESS_MEMO = 256
 """Commands whose access sets `KvStateMachine.access` remembers (oldest out first)."""
 
+MEMO_MAX_BYTES = 16 * 1024
+"""Only commands up to this size enter the memos below (`ACCESS_MEMO`, `DECODE_MEMO`): they
+hold the command bytes as keys, and a command may be ~2 MiB (`MAX_COMMAND_BYTES`); a large
+command's decode costs little next to its bytes' handling anyway."""
+
 DECODE_MEMO = 1024
 """Commands whose decode (and `check` verdict) the transaction-mode paths remember (oldest
 out first): a leaderless node reads each transaction's command for its access set, its
@@ -267,6 +272,8 @@ class KvStateMachine:
         found = memo.get(command)
         if found is None:
             found = self._access_of(self._command(command))
+            if len(command) > MEMO_MAX_BYTES:
+                return found
             if len(memo) >= ACCESS_MEMO:
                 del memo[next(iter(memo))]
             memo[command] = found
@@ -358,6 +365,8 @@ class KvStateMachine:
         found = memo.get(command)
         if found is None:
             found = self._check(self._command(command))
+            if len(command) > MEMO_MAX_BYTES:
+                return found
             if len(memo) >= DECODE_MEMO:
                 del memo[next(iter(memo))]
             memo[command] = found
@@ -380,6 +389,8 @@ class KvStateMachine:
         found = memo.get(command)
         if found is None:
             found = kv_wire.decode_command(command)
+            if len(command) > MEMO_MAX_BYTES:
+                return found
             if len(memo) >= DECODE_MEMO:
                 del memo[next(iter(memo))]
             memo[command] = found

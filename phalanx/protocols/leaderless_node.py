@@ -239,6 +239,8 @@ class WireTxCodec:
             return None
         if type(tx) is not Transaction:
             return None
+        if len(data) > TX_MEMO_MAX_BYTES:
+            return tx  # (its bytes as a key: the memo's size stays bounded in bytes too)
         if len(memo) >= TX_MEMO:
             del memo[next(iter(memo))]
         memo[data] = tx
@@ -250,6 +252,8 @@ class WireTxCodec:
         found = memo.get(tx)
         if found is None:
             found = transaction_id(tx, wire.encode)
+            if len(tx.command) > TX_MEMO_MAX_BYTES:
+                return found
             if len(memo) >= TX_MEMO:
                 del memo[next(iter(memo))]
             memo[tx] = found
@@ -268,6 +272,10 @@ class WireTxCodec:
 
 TX_MEMO = 4096
 """Transactions whose decode and id a `WireTxCodec` remembers, each (oldest out first)."""
+
+TX_MEMO_MAX_BYTES = 16 * 1024
+"""Only frames up to this size enter `WireTxCodec`'s decode memo (a transaction's command may
+be ~2 MiB: 4,096 of those would hold gigabytes); larger ones are decoded each time."""
 
 _SHARED: list[WireTxCodec] = []
 
@@ -305,6 +313,8 @@ class TxLayer:
             return None
         pinned = tuple(sorted({r.key for r in tx.requirements if not r.base}))
         found = codec.transaction_id(tx), tx.deadline_ms, tx.command, pinned
+        if len(command) > TX_MEMO_MAX_BYTES:
+            return found
         if len(memo) >= UNWRAP_MEMO:
             del memo[next(iter(memo))]
         memo[command] = found

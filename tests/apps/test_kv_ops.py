@@ -307,3 +307,15 @@ def test_the_decode_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(m._decoded) == 4
     assert len(m._verdicts) == 4
     assert m.access(enc(Put(key="k0", value=b"v"))).writes == ("k0",)  # decoded again
+
+
+def test_large_commands_stay_out_of_the_memos() -> None:
+    """The memos hold command bytes as keys: a command above `MEMO_MAX_BYTES` (a command may
+    be ~2 MiB) is decoded and answered, never kept."""
+    import phalanx.apps.kv as kv_module
+    m, fresh = KvStateMachine(), KvStateMachine()
+    big = enc(Put(key="big", value=b"x" * (kv_module.MEMO_MAX_BYTES + 1)))
+    assert m.access(big).writes == ("big",)
+    assert m.check(big).accept
+    assert m.apply_tx(b"b" * 32, big) == fresh.apply_tx(b"b" * 32, big)
+    assert (len(m._decoded), len(m._verdicts), len(m._access_memo)) == (0, 0, 0)

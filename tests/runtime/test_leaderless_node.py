@@ -216,3 +216,17 @@ def test_the_wire_codec_remembers_bounded_decodes_and_ids(
     assert codec.decode(b"\xc1garbage") is None
     assert len(codec._decoded) == 8
     assert leaderless_node.shared_codec() is leaderless_node.shared_codec()
+
+
+def test_large_transactions_stay_out_of_the_codec_memos() -> None:
+    """A transaction frame above `TX_MEMO_MAX_BYTES` (a command may be ~2 MiB: 4,096 of them
+    would hold gigabytes) is decoded and identified each time, never kept."""
+    codec = WireTxCodec()
+    signer = TransactionSigner("alice", bytes(32))
+    big = transaction(Put(key="big", value=b"x" * leaderless_node.TX_MEMO_MAX_BYTES), no=1,
+                      signer=signer)
+    data = codec.encode(big)
+    assert codec.decode(data) == big
+    assert codec.transaction_id(big) == transaction_id(big, wire.encode)
+    assert TxLayer(codec).unwrap(data) is not None
+    assert (len(codec._decoded), len(codec._ids)) == (0, 0)
