@@ -11,7 +11,7 @@ Ready releases and feeds `Persisted` back at once. Reported, over the measured w
   `_WholeRecords` journal did (compare with the last record, encode the whole record);
   and the whole record's size (sampled).
 
-`--app kv` runs a real node's application stack instead of the dict app: per node a
+`--stack node` runs a real node's application stack instead of the dict app: per node a
 `Replica` in transaction mode over a `KvStateMachine` (`TxLayer`, in-memory storage), the
 core reading it through `ReplicaAppView`, transactions as `WireTxCodec` frames; each client
 write is a `put` of a fresh key that requires the key absent (as `bench/leaderless.py` at
@@ -22,7 +22,7 @@ The CPU then includes the admission, the app's questions and the replica's apply
 Runs in a few seconds; compare two commits by running it from each (it works before the
 delta journal too: then only the whole-record size is shown).
 
-    .venv/bin/python bench/leaderless_core_cpu.py [--clients 8] [--seconds 10] [--app kv]
+    .venv/bin/python bench/leaderless_core_cpu.py [--clients 8] [--seconds 10] [--stack node]
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class App:
 
 
 class KvNode:
-    """`--app kv`: a real node's application stack (module docstring)."""
+    """`--stack node`: a real node's application stack (module docstring)."""
 
     def __init__(self) -> None:
         from phalanx.apps.kv import KvStateMachine
@@ -139,10 +139,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8, help="transactions per tick")
     parser.add_argument("--seconds", type=float, default=10.0, help="simulated seconds")
     parser.add_argument("--warmup", type=float, default=2.0, help="simulated seconds not measured")
-    parser.add_argument("--app", choices=("dict", "kv"), default="dict",
-                        help="dict: the toy app; kv: a real node's replica, KV app and "
+    parser.add_argument("--stack", choices=("toy", "node"), default="toy",
+                        help="toy: the dict app; node: a real node's replica, KV app and "
                              "wire codec (module docstring)")
-    parser.add_argument("--value-size", type=int, default=100, help="--app kv: value bytes")
+    parser.add_argument("--value-size", type=int, default=100, help="--stack node: value bytes")
     args = parser.parse_args()
     try:
         from phalanx.consensus.leaderless.durable import LeaderlessDeltaRules
@@ -151,7 +151,7 @@ def main() -> None:
         rules = None
     codec = Codec()
     ids = tuple(NodeId(f"n{i}") for i in range(1, 5))
-    kv = args.app == "kv"
+    kv = args.stack == "node"
     apps: dict[NodeId, App | KvNode] = {
         n: KvNode() if kv else App(codec) for n in ids}
     views = {n: a.view if isinstance(a, KvNode) else a for n, a in apps.items()}
@@ -249,8 +249,8 @@ def main() -> None:
             handle(node, ready, measure)
     committed = sum(a.index for a in apps.values()) / len(apps) - committed0
     records = max(stats["records"], 1)
-    print(f"app={args.app} clients/tick={args.clients} simulated={args.seconds - args.warmup:.0f}s "
-          f"committed={committed:.0f} (of {no} sent)")
+    print(f"stack={args.stack} clients/tick={args.clients} "
+          f"simulated={args.seconds - args.warmup:.0f}s committed={committed:.0f} (of {no} sent)")
     journal = stats["journal_cpu"]
     print(f"CPU per committed tx: cores {cpu / max(committed, 1) * 1e6:.0f} us, journal "
           f"(diff/compare + encode) {journal / max(committed, 1) * 1e6:.0f} us")
