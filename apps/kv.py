@@ -28,6 +28,7 @@ in `phalanx.apps.kv_validate`, the cluster-sending inbox and outbox rules (the r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import immutables
 
@@ -268,15 +269,10 @@ class KvStateMachine:
         """The command's access set; the last `ACCESS_MEMO` are remembered (a pure function
         of the command, asked several times per transaction: conflicts, requirements,
         base versions, each a decode before)."""
-        memo = self._access_memo
-        found = memo.get(command)
+        found = self._access_memo.get(command)
         if found is None:
-            found = self._access_of(self._command(command))
-            if len(command) > MEMO_MAX_BYTES:
-                return found
-            if len(memo) >= ACCESS_MEMO:
-                del memo[next(iter(memo))]
-            memo[command] = found
+            found = _remember(self._access_memo, command, ACCESS_MEMO,
+                              self._access_of(self._command(command)))
         return found
 
     def _access_of(self, cmd: KvCommand | KvError) -> KeyAccess:
@@ -361,15 +357,10 @@ class KvStateMachine:
 
     def check(self, command: bytes) -> Verdict:
         """Accept a well-formed command within the limits; remembered (`_verdicts`)."""
-        memo = self._verdicts
-        found = memo.get(command)
+        found = self._verdicts.get(command)
         if found is None:
-            found = self._check(self._command(command))
-            if len(command) > MEMO_MAX_BYTES:
-                return found
-            if len(memo) >= DECODE_MEMO:
-                del memo[next(iter(memo))]
-            memo[command] = found
+            found = _remember(self._verdicts, command, DECODE_MEMO,
+                              self._check(self._command(command)))
         return found
 
     @staticmethod
@@ -385,17 +376,25 @@ class KvStateMachine:
         """`kv_wire.decode_command(command)`, remembered (`_decoded`: decoded commands are
         frozen values, shared by the access set, `check` and `apply_tx`). Not on the plain
         `apply` path (a WAL replay decodes each command once)."""
-        memo = self._decoded
-        found = memo.get(command)
+        found = self._decoded.get(command)
         if found is None:
-            found = kv_wire.decode_command(command)
-            if len(command) > MEMO_MAX_BYTES:
-                return found
-            if len(memo) >= DECODE_MEMO:
-                del memo[next(iter(memo))]
-            memo[command] = found
+            found = _remember(self._decoded, command, DECODE_MEMO,
+                              kv_wire.decode_command(command))
         return found
 
+
+
+_V = TypeVar("_V")
+
+
+def _remember(memo: dict[bytes, _V], command: bytes, cap: int, value: _V) -> _V:
+    """`value`, kept in `memo` under `command` (the oldest out first past `cap` entries)
+    unless the command is above `MEMO_MAX_BYTES`."""
+    if len(command) <= MEMO_MAX_BYTES:
+        if len(memo) >= cap:
+            del memo[next(iter(memo))]
+        memo[command] = value
+    return value
 
 _SIZE_ERRORS = frozenset({KvErrorCode.KEY_TOO_LARGE, KvErrorCode.VALUE_TOO_LARGE,
                           KvErrorCode.TXN_TOO_LARGE})
