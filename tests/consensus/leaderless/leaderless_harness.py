@@ -340,3 +340,14 @@ def run(core: LeaderlessCore, app: KvApp, inp: Input) -> Ready:
             return first
         ready = core.step(Persisted(number=ready.number))
         assert not ready.messages, "a Persisted step sent messages: run() would lose them"
+
+
+def pending_at_n1() -> tuple[LeaderlessCore, KvApp, Transaction]:
+    """A solo n1 holding `add x 1` with its own and n2's endorsements (2 < Q = 3: pending)."""
+    core, app = solo()
+    run(core, app, Tick(now_ms=EPOCH))
+    tx = make_tx("add x 1")
+    run(core, app, submit_of(tx))
+    run(core, app, Receive(src=NodeId("n2"), message=endorsement("n2", tx)))
+    assert core.status().pending == 1
+    return core, app, tx

@@ -9,36 +9,21 @@ from __future__ import annotations
 
 from leaderless_harness import (
     EPOCH,
-    KvApp,
     endorsement,
-    make_tx,
+    pending_at_n1,
     run,
-    solo,
-    submit_of,
     tx_id,
 )
 
 from phalanx.consensus.core import Receive, Tick
-from phalanx.consensus.leaderless.core import LeaderlessCore
-from phalanx.consensus.leaderless.messages import Transaction, TransactionProof
+from phalanx.consensus.leaderless.messages import TransactionProof
 from phalanx.consensus.types import NodeId
 
 N2, N3 = NodeId("n2"), NodeId("n3")
 
 
-def _pending_at_n1() -> tuple[LeaderlessCore, KvApp, Transaction]:
-    """n1 holds a transaction with its own and n2's endorsements (2 < Q = 3: pending)."""
-    core, app = solo()
-    run(core, app, Tick(now_ms=EPOCH))
-    tx = make_tx("add x 1")
-    run(core, app, submit_of(tx))
-    run(core, app, Receive(src=N2, message=endorsement("n2", tx)))
-    assert core.status().pending == 1
-    return core, app, tx
-
-
 def test_a_body_alone_proof_changes_nothing_at_a_holder() -> None:
-    core, app, tx = _pending_at_n1()
+    core, app, tx = pending_at_n1()
     before = core.durable_state()
     ready = run(core, app, Receive(src=N3, message=TransactionProof(tx=tx)))
     assert ready.messages == ()
@@ -53,7 +38,7 @@ def test_a_committable_record_commits_at_the_next_period_without_a_message() -> 
     """Whatever makes a record committable without trying its commit (here: n3's
     endorsement put into the record by hand, no intake), the period's full pass commits it:
     a record never waits for a proof's arrival to commit."""
-    core, app, tx = _pending_at_n1()
+    core, app, tx = pending_at_n1()
     record = core._store.get(tx_id(tx))  # white box: no intake, no retry
     assert record is not None
     record.endorsements[N3] = endorsement("n3", tx)

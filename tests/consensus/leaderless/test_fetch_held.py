@@ -15,9 +15,8 @@ from leaderless_harness import (
     client_keys,
     endorsement,
     make_tx,
+    pending_at_n1,
     run,
-    solo,
-    submit_of,
     submit_split_pairs,
     tx_id,
 )
@@ -58,20 +57,9 @@ def test_masks_name_the_unconditional_endorsers_in_sorted_member_order() -> None
     assert masks.split(("x",), 1) is None  # not bytes (peer input)
 
 
-def _pending_at_n1() -> tuple[object, object, object]:
-    """n1 holds a transaction with its own and n2's endorsements (2 < Q = 3: pending)."""
-    core, app = solo()
-    run(core, app, Tick(now_ms=EPOCH))
-    tx = make_tx("add x 1")
-    run(core, app, submit_of(tx))
-    run(core, app, Receive(src=N2, message=endorsement("n2", tx)))
-    assert core.status().pending == 1
-    return core, app, tx
-
-
 def test_an_answer_leaves_out_what_the_asker_holds_and_is_not_sent_when_nothing_is_left(
 ) -> None:
-    core, app, tx = _pending_at_n1()
+    core, app, tx = pending_at_n1()
     masks = HeldMasks((N1, N2, N3, N4))
     ask = (tx_id(tx),)
 
@@ -102,7 +90,7 @@ def test_an_answer_leaves_out_what_the_asker_holds_and_is_not_sent_when_nothing_
 
 
 def test_an_overdue_pull_says_what_it_holds() -> None:
-    core, app, tx = _pending_at_n1()
+    core, app, tx = pending_at_n1()
     masks = HeldMasks((N1, N2, N3, N4))
     fetches = []
     now = EPOCH
@@ -123,7 +111,7 @@ def test_a_certificate_counts_the_held_endorsements_with_the_answers() -> None:
     """An equivocating n3 endorsed conditionally at n1 and unconditionally elsewhere: the
     answer to n1 (which holds n1's and n2's unconditional ones) carries n3's unconditional
     one alone, and n1 commits on the three (before, it needed all three in the proof)."""
-    core, app, tx = _pending_at_n1()
+    core, app, tx = pending_at_n1()
     blocker = make_tx("add y 1", client="c2")
     run(core, app, Receive(src=N3, message=endorsement("n3", tx, (tx_id(blocker),))))
     assert core.status().pending == 1
